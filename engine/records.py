@@ -1,0 +1,68 @@
+"""Plain records the engine hands out: one per draft token, per round, per prompt.
+
+Nothing here knows about torch, a database or a UI; storage and metrics consume these as they are.
+Names follow ../shared/SPEC.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Outcomes of a proposed draft token.
+ACCEPTED, REJECTED, DISCARDED = "accepted", "rejected", "discarded"
+# Kinds of an emitted token.
+CORRECTION, BONUS = "correction", "bonus"  # plus ACCEPTED
+
+
+@dataclass
+class DraftToken:
+    """One token the drafter proposed in a round."""
+
+    position: int  # 1..k within its round
+    token_id: int
+    text: str
+    token_type: str
+    p_draft: float  # processed draft probability of this token
+    p_target: float  # processed target probability of this token
+    beta: float  # sum_x min(p_d(x), p_t(x)) at this position (processed distributions)
+    kl: float  # D_KL(p_t || p_d) at this position, raw temperature-1 distributions (nan if the drafter has none)
+    outcome: str  # accepted / rejected / discarded
+
+
+@dataclass
+class Round:
+    """One draft-then-verify round."""
+
+    prompt_index: int
+    round_index: int
+    k: int  # tokens proposed this round (k_r)
+    accepted: int  # a_r: accepted draft tokens
+    emitted_ids: list[int]  # tokens this round appended to the output (a_r + 1 unless cut by EOS/max_new_tokens)
+    emitted_kinds: list[str]  # accepted / correction / bonus, parallel to emitted_ids
+    draft_seconds: float
+    verify_seconds: float
+    draft_forwards: int  # single-step draft forwards taken while drafting (for c)
+    draft_tokens: list[DraftToken] = field(default_factory=list)
+
+    @property
+    def rejected(self) -> int:
+        return sum(t.outcome == REJECTED for t in self.draft_tokens)
+
+
+@dataclass
+class PromptResult:
+    """What one prompt produced in one run (speculative or target-only)."""
+
+    prompt_index: int
+    prompt: str
+    output_ids: list[int]  # new tokens only
+    text: str
+    wall_seconds: float  # generation wall time (tokenization and loading excluded)
+    # Target-only runs: single-token decode steps and their total time (the numerator of c).
+    decode_steps: int = 0
+    decode_seconds: float = 0.0
+    # Speculative runs: the rounds; the first new token comes from the target's prefill and belongs to none.
+    rounds: list[Round] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
