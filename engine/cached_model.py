@@ -1,0 +1,43 @@
+"""A causal LM plus its KV cache: feed tokens, get next-token logits, roll the cache back.
+
+The speculative loop and the baseline both decode through this, so prefix recomputation never happens:
+after a rejection the cache is cropped to the accepted prefix.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+
+class CachedModel:
+    def __init__(self, model, vocab_size: int):
+        self.model = model
+        self.vocab_size = vocab_size  # logits are cut to the tokenizer's vocabulary (embeddings may be padded)
+        params = inspect.signature(model.forward).parameters
+        # transformers renamed `past_key_values` to `cache`; support both spellings.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._can_keep = "logits_to_keep" in params
+        self.device = next(model.parameters()).device
+        self.cache = None
+        self.length = 0  # tokens currently held in the cache
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Logits [n, V] for the n tokens of input_ids [1, n] (just the last row if last_only)."""
+        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        if last_only and self._can_keep:
+            kwargs["logits_to_keep"] = 1
+        logits = self.model(input_ids=input_ids, **kwargs).logits[0, :, : self.vocab_size]
+        self.length += input_ids.shape[1]
+        return logits[-1:] if last_only else logits
+
+    def rollback(self, length: int) -> None:
+        """Forget every cached token from index `length` on."""
+        if length < self.length:
+            self.cache.crop(length - self.length)  # a negative count: remove that many (all 4.x/5.x caches)
+            self.length = length

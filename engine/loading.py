@@ -1,0 +1,130 @@
+"""Loading a target/draft pair from demo names, HF model ids or local directories, and checking the pair."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import zoo
+from .errors import DraftLabError
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    name: str  # what the user asked for (demo name, HF id or path)
+    source: str  # where it was loaded from
+    model: torch.nn.Module
+    tokenizer: object
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+@dataclass
+class ModelPair:
+    target: LoadedModel
+    draft: LoadedModel
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int  # shared tokenizer vocabulary; logits beyond it (padding) are ignored
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device not in DEVICES:
+        raise DraftLabError(f"unknown device {device!r}; use one of {', '.join(DEVICES)}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DraftLabError("--device cuda asked for, but torch sees no CUDA GPU; use --device cpu or install a CUDA build of torch")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise DraftLabError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[dtype]
+
+
+def _source(name: str) -> str:
+    demo = zoo.resolve(name)
+    if demo is not None:
+        return str(demo)
+    if name in zoo.DEMO_MODELS:
+        raise DraftLabError(f"demo model {name!r} is not built in this install; train it with `python -m engine.zoo.train --model {name}`")
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise DraftLabError(f"model directory {name!r} has no config.json; point at a directory saved with save_pretrained()")
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:  # a path, not an `org/name` hub id
+        raise DraftLabError(f"model {name!r} not found: no such directory; pass an existing local path, an HF model id or demo-target/demo-draft")
+    return name  # an HF model id
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False) -> LoadedModel:
+    """Model in eval mode on `device` plus its tokenizer; a DraftLabError names anything that cannot load."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = _source(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=None
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DraftLabError(
+            f"cannot load model {name!r} ({first[:200]}); check the HF model id or local path, and your network/HF_TOKEN"
+        ) from exc
+    except torch.cuda.OutOfMemoryError as exc:
+        raise DraftLabError(f"CUDA out of memory loading {name!r}; use a smaller --dtype (bfloat16) or a smaller model") from exc
+    model.to(device)
+    model.eval()
+    return LoadedModel(name=name, source=source, model=model, tokenizer=tokenizer)
+
+
+def check_pair(target_tokenizer, draft_tokenizer, target_width: int, draft_width: int) -> int:
+    """Raise unless both tokenizers map every token to the same id; return the shared vocabulary size.
+
+    Embedding/output matrices padded past the vocabulary (width > vocabulary) are fine.
+    """
+    tv, dv = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    t_by_id = {i: t for t, i in tv.items()}
+    d_by_id = {i: t for t, i in dv.items()}
+    differ = sorted(i for i in t_by_id.keys() | d_by_id.keys() if t_by_id.get(i) != d_by_id.get(i))
+    if differ:
+        examples = ", ".join(f"id {i}: {t_by_id.get(i)!r} vs {d_by_id.get(i)!r}" for i in differ[:3])
+        raise DraftLabError(
+            f"target and draft tokenizers disagree on {len(differ)} of {len(t_by_id | d_by_id)} token ids "
+            f"(target vs draft: {examples}); pick a draft that shares the target's tokenizer"
+        )
+    vocab = max(t_by_id) + 1 if t_by_id else 0
+    for role, width in (("target", target_width), ("draft", draft_width)):
+        if width < vocab:
+            raise DraftLabError(f"the {role} model scores {width} tokens but its tokenizer has {vocab}; the checkpoint does not match its tokenizer")
+    return vocab
+
+
+def load_pair(target: str, draft: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False) -> ModelPair:
+    """Load and check a target/draft pair (the check runs before any generation)."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    t = load_model(target, dev, dt, trust_remote_code)
+    d = load_model(draft, dev, dt, trust_remote_code)
+    vocab = check_pair(t.tokenizer, d.tokenizer, _output_width(t.model), _output_width(d.model))
+    return ModelPair(target=t, draft=d, device=dev, dtype=dt, vocab_size=vocab)
+
+
+def _output_width(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]

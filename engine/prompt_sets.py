@@ -1,0 +1,160 @@
+"""Prompt sets: the built-in ones (`code`, `english`, `chinese`, `math`, `mixed`, each with `tune` and
+`validation` splits) and user files (.jsonl / .csv / .txt).
+
+    load_prompts("code")              # = code:tune
+    load_prompts("chinese:validation")
+    load_prompts("my_prompts.jsonl")  # objects with a "prompt" field, one per line
+    load_prompts("my_prompts.csv")    # a "prompt" column
+    load_prompts("my_prompts.txt")    # one prompt per line (blank lines skipped)
+
+Every problem raises `DraftLabError` with one line naming the file, the line, the problem and the fix.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from engine.errors import DraftLabError
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+PROMPT_SETS: tuple[str, ...] = ("code", "english", "chinese", "math", "mixed")
+SPLITS: tuple[str, ...] = ("tune", "validation")
+DEFAULT_SPLIT = "tune"
+FILE_EXTENSIONS: tuple[str, ...] = (".jsonl", ".csv", ".txt")
+
+PROMPT_SET_DESCRIPTIONS = {
+    "code": "Python (with some JavaScript and SQL) code starts: a def line and docstring to continue",
+    "english": "English prose openings, questions and instructions",
+    "chinese": "Chinese prose and questions",
+    "math": "arithmetic and algebra, dense in numbers and formulas",
+    "mixed": "prompts that switch between languages and scripts (Chinese, English, code, others)",
+}
+
+
+def list_prompt_sets() -> list[str]:
+    """Every built-in spec, `NAME:SPLIT`, in a stable order (for menus)."""
+    return [f"{name}:{split}" for name in PROMPT_SETS for split in SPLITS]
+
+
+def builtin_path(name: str, split: str = DEFAULT_SPLIT) -> Path:
+    return PROMPTS_DIR / name / f"{split}.jsonl"
+
+
+def _valid_sets_hint() -> str:
+    return ", ".join(PROMPT_SETS) + " (optionally :" + " or :".join(SPLITS) + ")"
+
+
+def _looks_like_path(spec: str) -> bool:
+    return any(ch in spec for ch in "/\\") or Path(spec).suffix != "" or Path(spec).exists()
+
+
+def load_prompts(spec: str) -> list[str]:
+    """The prompts of a built-in set (`NAME` or `NAME:SPLIT`) or of a .jsonl / .csv / .txt file."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise DraftLabError(f"empty prompt set name: give one of {_valid_sets_hint()} or a .jsonl/.csv/.txt file")
+    spec = spec.strip()
+    name, sep, split = spec.partition(":")
+    if name in PROMPT_SETS:
+        split = split if sep else DEFAULT_SPLIT
+        if split not in SPLITS:
+            raise DraftLabError(f"unknown split {split!r} of prompt set {name!r}: use one of "
+                                + ", ".join(f"{name}:{s}" for s in SPLITS))
+        return _load_file(builtin_path(name, split), display=f"{name}:{split}")
+    if _looks_like_path(spec) and not (sep and name in PROMPT_SETS):
+        return load_prompt_file(spec)
+    raise DraftLabError(f"unknown prompt set {spec!r}: use one of {_valid_sets_hint()}, "
+                        f"or a path to a .jsonl/.csv/.txt file")
+
+
+def load_prompt_file(path: str | Path) -> list[str]:
+    p = Path(path)
+    if p.suffix.lower() not in FILE_EXTENSIONS:
+        raise DraftLabError(f"{p}: unknown prompt file extension {p.suffix or '(none)'!r}: use .jsonl (objects "
+                            f"with a \"prompt\" field), .csv (a \"prompt\" column) or .txt (one prompt a line)")
+    if not p.exists():
+        raise DraftLabError(f"{p}: no such prompt file: check the path, or use a built-in set: {_valid_sets_hint()}")
+    if p.is_dir():
+        raise DraftLabError(f"{p}: is a directory, not a prompt file: give a .jsonl/.csv/.txt file")
+    return _load_file(p, display=str(p))
+
+
+def _read_text(path: Path, display: str) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DraftLabError(f"{display}: cannot read the prompt file ({exc.strerror or exc}): check its permissions")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DraftLabError(f"{display}: line {line}: undecodable bytes ({data[exc.start:exc.start + 4]!r} at byte "
+                            f"{exc.start}): save the file as UTF-8")
+    if not text.strip():
+        raise DraftLabError(f"{display}: the prompt file is empty: add at least one prompt")
+    return text
+
+
+def _load_file(path: Path, display: str) -> list[str]:
+    text = _read_text(path, display)
+    ext = path.suffix.lower()
+    if ext == ".jsonl":
+        prompts = _parse_jsonl(text, display)
+    elif ext == ".csv":
+        prompts = _parse_csv(text, display)
+    else:
+        prompts = [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+    if not prompts:
+        raise DraftLabError(f"{display}: the prompt file has no prompts: add at least one")
+    return prompts
+
+
+def _parse_jsonl(text: str, display: str) -> list[str]:
+    prompts = []
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DraftLabError(f"{display}: line {lineno}: invalid JSON ({exc.msg} at column {exc.colno}): "
+                                f"write one JSON object per line, e.g. {{\"prompt\": \"...\"}}")
+        if not isinstance(obj, dict):
+            raise DraftLabError(f"{display}: line {lineno}: expected a JSON object, got {type(obj).__name__}: "
+                                f"write one object per line, e.g. {{\"prompt\": \"...\"}}")
+        if "prompt" not in obj:
+            keys = ", ".join(sorted(map(str, obj))) or "none"
+            raise DraftLabError(f"{display}: line {lineno}: missing \"prompt\" field (fields: {keys}): "
+                                f"give every line a \"prompt\" string")
+        prompt = obj["prompt"]
+        if not isinstance(prompt, str) or not prompt:
+            raise DraftLabError(f"{display}: line {lineno}: \"prompt\" must be a non-empty string, got "
+                                f"{prompt!r:.40}: fix that line")
+        prompts.append(prompt)
+    return prompts
+
+
+def _parse_csv(text: str, display: str) -> list[str]:
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = reader.fieldnames or []
+    except csv.Error as exc:
+        raise DraftLabError(f"{display}: line 1: malformed CSV header ({exc}): the first row must name the columns")
+    if "prompt" not in [h.strip() for h in header]:
+        raise DraftLabError(f"{display}: line 1: missing \"prompt\" column (columns: {', '.join(header) or 'none'}): "
+                            f"name one column \"prompt\" in the header row")
+    key = next(h for h in header if h.strip() == "prompt")
+    prompts = []
+    try:
+        for row in reader:
+            value = row.get(key)
+            if value is None:
+                raise DraftLabError(f"{display}: line {reader.line_num}: missing \"prompt\" value: give every row "
+                                    f"a prompt")
+            if value.strip():
+                prompts.append(value)
+    except csv.Error as exc:
+        raise DraftLabError(f"{display}: line {reader.line_num}: malformed CSV ({exc}): quote fields that "
+                            f"contain commas, quotes or newlines")
+    return prompts

@@ -1,0 +1,75 @@
+"""One run = one decoder over a list of prompts, following SPEC's timing protocol: tokenization outside the
+clock, one untimed warm-up generation first, wall time of generation per prompt."""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+
+from .baseline import TargetOnlyDecoder
+from .drafting import ModelDrafter
+from .errors import DraftLabError
+from .loading import ModelPair
+from .records import PromptResult
+from .sampling import SamplingConfig
+from .speculative import SpeculativeDecoder
+from .token_types import TokenTyper
+
+WARMUP_TOKENS = 16
+
+
+def eos_ids(pair: ModelPair) -> set[int]:
+    """Token ids that end generation: the target's generation config, else its tokenizer's EOS."""
+    eos = getattr(pair.target.model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = pair.tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+
+
+def encode_prompts(pair: ModelPair, prompts: list[str], max_new_tokens: int) -> list[torch.Tensor]:
+    """Token ids [1, n] per prompt on the pair's device; errors name the prompt that cannot run."""
+    limit = min(_max_positions(pair.target.model), _max_positions(pair.draft.model))
+    encoded = []
+    for i, prompt in enumerate(prompts):
+        ids = pair.tokenizer(prompt, return_tensors="pt").input_ids
+        if ids.shape[1] == 0:
+            raise DraftLabError(f"prompt {i} encodes to no tokens; remove empty prompts from the prompt set")
+        if limit and ids.shape[1] + max_new_tokens > limit:
+            raise DraftLabError(
+                f"prompt {i} has {ids.shape[1]} tokens; with max-new-tokens {max_new_tokens} it exceeds the models' "
+                f"{limit} positions; shorten the prompt or lower --max-new-tokens")
+        encoded.append(ids.to(pair.device))
+    return encoded
+
+
+def _max_positions(model) -> int | None:
+    return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+
+
+def baseline_decoder(pair: ModelPair, cfg: SamplingConfig) -> TargetOnlyDecoder:
+    return TargetOnlyDecoder(pair.target.model, pair.vocab_size, cfg, pair.tokenizer, eos_ids(pair))
+
+
+def speculative_decoder(pair: ModelPair, cfg: SamplingConfig, k: int, typer: TokenTyper | None = None) -> SpeculativeDecoder:
+    if k <= 0:
+        raise DraftLabError(f"k must be a positive integer (got {k}); use e.g. --k 4 or --k 1,2,4,8")
+    drafter = ModelDrafter(pair.draft.model, pair.vocab_size, k, cfg)
+    return SpeculativeDecoder(pair.target.model, drafter, pair.vocab_size, cfg,
+                              typer or TokenTyper(pair.tokenizer), eos_ids(pair))
+
+
+def run_prompts(decoder, prompts: list[str], prompt_ids: list[torch.Tensor], start: int = 0,
+                on_progress: Callable[[int, int], None] | None = None) -> Iterator[PromptResult]:
+    """Yield one PromptResult per prompt from index `start` on, after one untimed warm-up generation.
+
+    on_progress(prompt_index, new tokens so far) runs between rounds/tokens; raising there cancels the run.
+    """
+    if start >= len(prompts):
+        return
+    decoder.generate(prompts[start], prompt_ids[start], start,
+                     max_new_tokens=min(WARMUP_TOKENS, decoder.cfg.max_new_tokens))
+    for i in range(start, len(prompts)):
+        step = None if on_progress is None else (lambda n, i=i: on_progress(i, n))
+        yield decoder.generate(prompts[i], prompt_ids[i], i, on_progress=step)

@@ -1,0 +1,157 @@
+"""The speculative decoding loop: draft k tokens, verify them in one target forward, keep the longest
+acceptable prefix, roll both KV caches back. Lossless: the output is distributed exactly as the target's.
+
+Invariant between rounds: the target's cache holds every committed token but the last; the drafter's cache
+holds a prefix of the committed tokens. One host/device sync per round (`to_host`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from .cached_model import CachedModel
+from .drafting import Drafter, Proposal
+from .records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+from .sampling import SamplingConfig, probabilities, prompt_generator, sample
+from .token_types import TokenTyper
+
+
+def verify(proposal: Proposal, p_target: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator):
+    """Accept each draft token with prob min(1, p_t/p_d) while all before it were accepted; then draw the
+    next token from normalize(max(0, p_t - p_d)) at the first rejection, or from p_t after the last draft
+    (bonus). p_target is [k+1, V]. Returns (accepted count, next token) as 0-d device tensors."""
+    k = proposal.tokens.shape[0]
+    rows = torch.arange(k, device=p_target.device)
+    if cfg.greedy:
+        ok = proposal.tokens == p_target[:k].argmax(-1)
+    else:
+        p_t = p_target[rows, proposal.tokens]
+        p_d = proposal.probs[rows, proposal.tokens]
+        u = torch.rand(k, generator=generator, device=p_target.device)
+        ok = u * p_d < p_t  # u < min(1, p_t / p_d) without dividing by zero
+    n = ok.long().cumprod(0).sum()
+    target_row = p_target.index_select(0, n.view(1))[0]
+    if cfg.greedy:
+        return n, target_row.argmax()
+    draft_row = torch.cat([proposal.probs, torch.zeros_like(target_row)[None]]).index_select(0, n.view(1))[0]
+    residual = residual_distribution(target_row, draft_row)  # at n == k draft_row is 0: plain p_t (bonus)
+    return n, sample(residual, cfg, generator)
+
+
+def residual_distribution(p_target: torch.Tensor, p_draft: torch.Tensor) -> torch.Tensor:
+    """max(0, p_t - p_d), falling back to p_t where rounding left no mass (sampling ignores the scale)."""
+    residual = (p_target - p_draft).clamp(min=0)
+    return torch.where(residual.sum() > 0, residual, p_target)
+
+
+class SpeculativeDecoder:
+    def __init__(self, target_model, drafter: Drafter, vocab_size: int, cfg: SamplingConfig,
+                 typer: TokenTyper, eos_ids: set[int]):
+        self.target = CachedModel(target_model, vocab_size)
+        self.drafter = drafter
+        self.cfg = cfg
+        self.typer = typer
+        self.eos_ids = eos_ids
+        self._sync = torch.cuda.synchronize if self.target.device.type == "cuda" else (lambda: None)
+
+    def _now(self) -> float:
+        self._sync()
+        return time.perf_counter()
+
+    @torch.inference_mode()
+    def generate(self, prompt: str, prompt_ids: torch.Tensor, prompt_index: int,
+                 on_progress: Callable[[int], None] | None = None, max_new_tokens: int | None = None) -> PromptResult:
+        """Decode one prompt; on_progress(new tokens so far) runs between rounds (raise there to cancel)."""
+        cfg, g = self.cfg, prompt_generator(self.cfg.seed, prompt_index, self.target.device)
+        limit = max_new_tokens or cfg.max_new_tokens
+        start = self._now()
+        # Prefill: the target emits the first token alone (it belongs to no round).
+        self.target.reset()
+        first = sample(probabilities(self.target.forward(prompt_ids, last_only=True)[0], cfg), cfg, g)
+        self.drafter.start(prompt_ids)
+        sequence = torch.cat([prompt_ids, first.view(1, 1)], dim=1)
+        output = [int(first)]
+        rounds: list[Round] = []
+        while len(output) < limit and output[-1] not in self.eos_ids:
+            length = sequence.shape[1]
+            t_draft = self._now()
+            proposal = self.drafter.propose(sequence, g)
+            t_verify = self._now()
+            fed = torch.cat([sequence[:, self.target.length :], proposal.tokens.view(1, -1)], dim=1)
+            target_logits = self.target.forward(fed)[-(proposal.tokens.shape[0] + 1) :]
+            p_target = probabilities(target_logits, cfg)
+            n, next_token = verify(proposal, p_target, cfg, g)
+            host = to_host(proposal, p_target, target_logits, n, next_token)
+            t_done = self._now()
+            accepted = host["accepted"]
+            self.target.rollback(length + accepted)
+            self.drafter.accept(length, accepted)
+            round_ = self._record(prompt_index, len(rounds), host, limit - len(output),
+                                  t_verify - t_draft, t_done - t_verify, proposal.forwards)
+            rounds.append(round_)
+            output += round_.emitted_ids
+            sequence = torch.cat([sequence, torch.tensor([round_.emitted_ids], device=sequence.device)], dim=1)
+            if on_progress is not None:
+                on_progress(len(output))
+        wall = self._now() - start
+        text = self.typer.tokenizer.decode(output, skip_special_tokens=True)
+        return PromptResult(prompt_index, prompt, output, text, wall, rounds=rounds)
+
+    def _record(self, prompt_index, round_index, host, budget, draft_s, verify_s, forwards) -> Round:
+        drafted, accepted = host["tokens"], host["accepted"]
+        k = len(drafted)
+        emitted = drafted[:accepted] + [host["next"]]
+        kinds = [ACCEPTED] * accepted + [CORRECTION if accepted < k else BONUS]
+        for j, token in enumerate(emitted):  # stop at EOS; drafts after an accepted EOS are moot
+            if token in self.eos_ids:
+                emitted, kinds = emitted[: j + 1], kinds[: j + 1]
+                break
+        kept_accepted = min(accepted, len(emitted))
+        emitted, kinds = emitted[:budget], kinds[:budget]
+        tokens = []
+        for i, token in enumerate(drafted):
+            if i < kept_accepted:
+                outcome = ACCEPTED
+            elif i == accepted and kept_accepted == accepted:
+                outcome = REJECTED
+            else:
+                outcome = DISCARDED
+            text, kind = self.typer.describe(token)
+            tokens.append(DraftToken(i + 1, token, text, kind, host["p_draft"][i], host["p_target"][i],
+                                     host["beta"][i], host["kl"][i], outcome))
+        return Round(prompt_index, round_index, k, kept_accepted, emitted, kinds, draft_s, verify_s, forwards, tokens)
+
+
+def to_host(proposal: Proposal, p_target: torch.Tensor, target_logits: torch.Tensor,
+            n: torch.Tensor, next_token: torch.Tensor) -> dict:
+    """Everything a round records, computed on the device and moved to the host in one transfer."""
+    k = proposal.tokens.shape[0]
+    rows = torch.arange(k, device=p_target.device)
+    p_t = p_target[:k]
+    beta = torch.minimum(proposal.probs, p_t).sum(-1)
+    if proposal.raw_logits is not None:
+        log_t = target_logits[:k].float().log_softmax(-1)
+        log_d = proposal.raw_logits.float().log_softmax(-1)
+        kl = (log_t.exp() * (log_t - log_d)).sum(-1)
+    else:
+        kl = torch.full((k,), float("nan"), device=p_t.device)
+    packed = torch.cat([
+        torch.stack([n, next_token]).double(),
+        proposal.tokens.double(),
+        proposal.probs[rows, proposal.tokens].double(),
+        p_t[rows, proposal.tokens].double(),
+        beta.double(),
+        kl.double(),
+    ]).tolist()
+    fields = [packed[2 + i * k : 2 + (i + 1) * k] for i in range(5)]
+    return {
+        "accepted": int(packed[0]),
+        "next": int(packed[1]),
+        "tokens": [int(t) for t in fields[0]],
+        "p_draft": fields[1],
+        "p_target": fields[2],
+        "beta": fields[3],
+        "kl": fields[4],
+    }
