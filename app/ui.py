@@ -1,0 +1,103 @@
+"""`draftlab ui`: the dashboard (Streamlit) plus a local worker when no live worker serves the database.
+
+Both run as child processes; stopping the dashboard (Ctrl-C, SIGTERM from `docker stop`) stops the worker too.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ENTRY = Path(__file__).resolve().parent / "main.py"
+ROOT = ENTRY.parent.parent
+DEFAULT_PORT = 8501
+DEFAULT_HOST = "127.0.0.1"  # localhost only unless asked: the dashboard can launch jobs on this machine
+
+
+def streamlit_command(port: int, host: str) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(ENTRY),
+            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
+            "--server.fileWatcherType", "none", "--server.runOnSave", "false",
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
+
+
+def worker_command(db: str) -> list[str]:
+    return [sys.executable, "-m", "app.cli", "worker", "--db", db]
+
+
+def _needs_worker(db: str) -> bool:
+    from storage import open_store, queue
+
+    store = open_store(db)
+    try:
+        return queue.live_workers(store) == 0
+    finally:
+        store.dispose()
+
+
+def _stop(process: subprocess.Popen | None, name: str, timeout: float = 10.0) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"draftlab ui: {name} did not stop in {timeout:g} s; killing it", file=sys.stderr)
+        process.kill()
+        process.wait()
+
+
+def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HOST) -> int:
+    """Run the dashboard until it exits or is interrupted; returns its exit status."""
+    from storage import resolve_url
+
+    url = resolve_url(db)
+    env = dict(os.environ, DRAFTLAB_DB=url)
+    # Children must import the project's packages (app, engine, storage, pages) from a plain checkout too.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    worker = None
+    if _needs_worker(url):
+        worker = subprocess.Popen(worker_command(url), env=env)
+        print(f"draftlab ui: started a local worker (pid {worker.pid}) on {url}", file=sys.stderr)
+    else:
+        print(f"draftlab ui: a live worker already serves {url}; not starting another", file=sys.stderr)
+    dashboard = subprocess.Popen(streamlit_command(port, host), env=env)
+    print(f"draftlab ui: dashboard on http://{host}:{port} (database {url})", file=sys.stderr)
+
+    def _terminate(signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        while True:
+            code = dashboard.poll()
+            if code is not None:
+                return code
+            if worker is not None and worker.poll() is not None:
+                print(f"draftlab ui: the local worker exited with status {worker.returncode}; runs stay queued "
+                      f"until a worker starts (`draftlab worker --db {url}`)", file=sys.stderr)
+                worker = None
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop(dashboard, "the dashboard")
+        _stop(worker, "the worker")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="draftlab ui", description=__doc__)
+    parser.add_argument("--db", default=None, help="database URL (default: $DRAFTLAB_DB, else sqlite:///draftlab.db)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--host", default=DEFAULT_HOST, help="address to bind (0.0.0.0 inside a container)")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = _parse(sys.argv[1:])
+    sys.exit(main(args.db, args.port, args.host))

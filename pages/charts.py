@@ -1,0 +1,150 @@
+"""Every Altair chart the dashboard draws, built from the DataFrames the pages download as CSV.
+
+Each builder takes exactly the frame a page offers for download, so what is drawn and what is exported agree.
+"""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+# Emitted-token kinds (SPEC: a round emits accepted drafts then a correction or a bonus).
+KIND_COLORS = {"first": "#9e9e9e", "accepted": "#2e7d32", "correction": "#c62828", "bonus": "#1565c0"}
+OUTCOME_COLORS = {"accepted": "#2e7d32", "rejected": "#c62828", "discarded": "#9e9e9e"}
+HEIGHT = 260
+
+
+def _x(field: str, title: str) -> alt.X:
+    return alt.X(f"{field}:Q", title=title, axis=alt.Axis(tickMinStep=1))
+
+
+def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None) -> alt.LayerChart:
+    """Measured speedup per swept value (points), the formula's predicted curve (dashed), best value marked.
+
+    frame: x, speedup (measured, NaN where not run), predicted_speedup (formula; NaN where not predicted).
+    """
+    x_title = x
+    frame = frame.rename(columns={x: "x"})
+    long = frame.melt(id_vars=["x"], value_vars=["speedup", "predicted_speedup"], var_name="series",
+                      value_name="value").dropna(subset=["value"])
+    long["series"] = long["series"].map({"speedup": "measured", "predicted_speedup": "predicted (formula)"})
+    color = alt.Color("series:N", title=None, scale=alt.Scale(domain=["measured", "predicted (formula)"],
+                                                                range=["#1565c0", "#9e9e9e"]))
+    tooltip = [alt.Tooltip("x:Q", title=x_title), "series:N", alt.Tooltip("value:Q", format=".3f")]
+    base = alt.Chart(long).encode(_x("x", x_title), alt.Y("value:Q", title="speedup (×)"), color, tooltip=tooltip)
+    predicted = base.transform_filter(alt.datum.series == "predicted (formula)").mark_line(strokeDash=[5, 4])
+    measured = base.transform_filter(alt.datum.series == "measured").mark_line(point=alt.OverlayMarkDef(size=80))
+    even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#bdbdbd").encode(y="y:Q")
+    layers = [even, predicted, measured]
+    if best_x is not None:
+        best = alt.Chart(pd.DataFrame({"x": [best_x], "label": [f"best {x_title} = {best_x:g}"]}))
+        layers.append(best.mark_rule(color="#ef6c00", strokeWidth=2).encode(x="x:Q"))
+        layers.append(best.mark_text(align="left", dx=4, dy=-6, color="#ef6c00").encode(
+            x="x:Q", y=alt.value(8), text="label:N"))
+    return alt.layer(*layers).properties(height=HEIGHT)
+
+
+def rates_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
+    """alpha and draft_acceptance_rate per swept value. frame: x, alpha, draft_acceptance_rate."""
+    x_title = x
+    frame = frame.rename(columns={x: "x"})
+    long = frame.melt(id_vars=["x"], value_vars=["alpha", "draft_acceptance_rate"], var_name="metric")
+    return alt.Chart(long).mark_line(point=True).encode(
+        _x("x", x_title), alt.Y("value:Q", title="rate", scale=alt.Scale(domain=[0, 1])),
+        alt.Color("metric:N", title=None),
+        tooltip=[alt.Tooltip("x:Q", title=x_title), "metric:N", alt.Tooltip("value:Q", format=".3f")],
+    ).properties(height=HEIGHT)
+
+
+def tokens_per_round_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
+    """Measured tokens_per_round and, where given, the formula's expected tokens per round.
+
+    frame: x, tokens_per_round, expected_tokens_per_round (either may be NaN).
+    """
+    x_title = x
+    frame = frame.rename(columns={x: "x"})
+    cols = [c for c in ("tokens_per_round", "expected_tokens_per_round") if c in frame]
+    long = frame.melt(id_vars=["x"], value_vars=cols, var_name="metric").dropna(subset=["value"])
+    return alt.Chart(long).mark_line(point=True).encode(
+        _x("x", x_title), alt.Y("value:Q", title="tokens per round"),
+        alt.Color("metric:N", title=None),
+        alt.StrokeDash("metric:N", title=None),
+        tooltip=[alt.Tooltip("x:Q", title=x_title), "metric:N", alt.Tooltip("value:Q", format=".3f")],
+    ).properties(height=HEIGHT)
+
+
+def acceptance_by_position(frame: pd.DataFrame) -> alt.Chart:
+    """Conditional acceptance per draft position. frame: position, reached, accepted, conditional[, unconditional]."""
+    return alt.Chart(frame).mark_bar(color="#2e7d32").encode(
+        alt.X("position:O", title="draft position"),
+        alt.Y("conditional:Q", title="accepted / reached", scale=alt.Scale(domain=[0, 1])),
+        tooltip=["position:O", "reached:Q", "accepted:Q", alt.Tooltip("conditional:Q", format=".3f")],
+    ).properties(height=HEIGHT)
+
+
+def acceptance_by_type(frame: pd.DataFrame) -> alt.Chart:
+    """Acceptance rate per token type, bars sorted by how many were verified. frame: token_type, verified, accepted, rate."""
+    return alt.Chart(frame).mark_bar().encode(
+        alt.Y("token_type:N", title=None, sort=alt.SortField("verified", order="descending")),
+        alt.X("rate:Q", title="accepted / verified", scale=alt.Scale(domain=[0, 1])),
+        alt.Color("rate:Q", scale=alt.Scale(scheme="redyellowgreen", domain=[0, 1]), legend=None),
+        tooltip=["token_type:N", "verified:Q", "accepted:Q", alt.Tooltip("rate:Q", format=".3f")],
+    ).properties(height=HEIGHT)
+
+
+def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: str, y_title: str,
+                    y_domain: tuple[float, float] | None = None) -> alt.Chart:
+    """One line per series (experiment or run), for Compare. frame: x, y, series columns as named."""
+    scale = alt.Scale(domain=list(y_domain)) if y_domain else alt.Undefined
+    return alt.Chart(frame).mark_line(point=True).encode(
+        _x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale), alt.Color(f"{series}:N", title=None),
+        tooltip=[f"{series}:N", alt.Tooltip(f"{x}:Q", title=x_title), alt.Tooltip(f"{y}:Q", format=".3f")],
+    ).properties(height=HEIGHT)
+
+
+def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, value_title: str) -> alt.Chart:
+    """Bars per category, one colour per series (Compare: acceptance by type across runs)."""
+    return alt.Chart(frame).mark_bar().encode(
+        alt.Y(f"{category}:N", title=None), alt.X(f"{value}:Q", title=value_title, scale=alt.Scale(domain=[0, 1])),
+        alt.Color(f"{series}:N", title=None), alt.YOffset(f"{series}:N"),
+        tooltip=[f"{series}:N", f"{category}:N", alt.Tooltip(f"{value}:Q", format=".3f")],
+    ).properties(height=HEIGHT + 60)
+
+
+def theory_curves(frame: pd.DataFrame, k_selected: int) -> alt.LayerChart:
+    """Speedup and expected tokens per round over k from the formulas. frame: k, predicted_speedup, expected_tokens_per_round."""
+    long = frame.melt(id_vars=["k"], value_vars=["predicted_speedup", "expected_tokens_per_round"], var_name="metric")
+    lines = alt.Chart(long).mark_line(point=True).encode(
+        _x("k", "k (draft tokens per round)"), alt.Y("value:Q", title=None), alt.Color("metric:N", title=None),
+        tooltip=["k:Q", "metric:N", alt.Tooltip("value:Q", format=".3f")])
+    rule = alt.Chart(pd.DataFrame({"k": [k_selected]})).mark_rule(color="#ef6c00").encode(x="k:Q")
+    return alt.layer(lines, rule).properties(height=HEIGHT + 40)
+
+
+def simulation_vs_formula(frame: pd.DataFrame, y: str, y_formula: str, y_title: str) -> alt.LayerChart:
+    """Simulated points against the formula's line. frame: k, y, y_formula."""
+    formula = alt.Chart(frame).mark_line(color="#9e9e9e", strokeDash=[5, 4]).encode(
+        _x("k", "k"), alt.Y(f"{y_formula}:Q", title=y_title), tooltip=["k:Q", alt.Tooltip(f"{y_formula}:Q", format=".3f")])
+    simulated = alt.Chart(frame).mark_point(filled=True, size=70, color="#1565c0").encode(
+        _x("k", "k"), alt.Y(f"{y}:Q"), tooltip=["k:Q", alt.Tooltip(f"{y}:Q", format=".3f")])
+    return alt.layer(formula, simulated).properties(height=HEIGHT)
+
+
+def distribution_pair(frame: pd.DataFrame) -> alt.Chart:
+    """Target and draft probabilities per token id. frame: token, target, draft."""
+    long = frame.melt(id_vars=["token"], value_vars=["target", "draft"], var_name="model", value_name="probability")
+    return alt.Chart(long).mark_bar().encode(
+        alt.X("token:O", title="token id"), alt.Y("probability:Q"), alt.Color("model:N", title=None),
+        alt.XOffset("model:N"), tooltip=["token:O", "model:N", alt.Tooltip("probability:Q", format=".3f")],
+    ).properties(height=HEIGHT - 60)
+
+
+def proposal_probabilities(frame: pd.DataFrame) -> alt.Chart:
+    """p_draft vs p_target of each proposal in a round, coloured by outcome. frame: position, p_draft, p_target, outcome."""
+    long = frame.melt(id_vars=["position", "text", "outcome"], value_vars=["p_draft", "p_target"],
+                      var_name="model", value_name="probability")
+    return alt.Chart(long).mark_bar().encode(
+        alt.X("position:O", title="draft position"), alt.Y("probability:Q", scale=alt.Scale(domain=[0, 1])),
+        alt.XOffset("model:N"), alt.Color("model:N", title=None),
+        alt.Opacity("outcome:N", scale=alt.Scale(domain=["accepted", "rejected", "discarded"], range=[1, 0.9, 0.3])),
+        tooltip=["position:O", "text:N", "model:N", "outcome:N", alt.Tooltip("probability:Q", format=".3f")],
+    ).properties(height=HEIGHT - 40)

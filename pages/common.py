@@ -1,0 +1,117 @@
+"""What every page shares: the store, the selection kept in the URL query string, CSV downloads."""
+from __future__ import annotations
+
+import os
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from storage import open_store
+
+
+@st.cache_resource(show_spinner=False)
+def _open(url: str | None):
+    return open_store(url)
+
+
+def store():
+    """The store named by $DRAFTLAB_DB (set by `draftlab ui`), else storage's default."""
+    return _open(os.environ.get("DRAFTLAB_DB") or None)
+
+
+def query_ids(key: str) -> list[int]:
+    """Integer ids in the query string, `?key=3` or `?key=3,5`; anything malformed is ignored."""
+    raw = st.query_params.get(key, "")
+    ids = []
+    for part in str(raw).split(","):
+        part = part.strip()
+        if part.isdigit():
+            ids.append(int(part))
+    return ids
+
+
+def select_id(label: str, key: str, options: list[int], format_func=str, container=st) -> int | None:
+    """A selectbox over ids, defaulting to and writing back to `?key=`, so the view can be shared as a link."""
+    if not options:
+        return None
+    wanted = query_ids(key)
+    index = options.index(wanted[0]) if wanted and wanted[0] in options else 0
+    chosen = container.selectbox(label, options, index=index, format_func=format_func, key=f"select_{key}")
+    if query_ids(key)[:1] != [chosen]:
+        st.query_params[key] = str(chosen)
+    return chosen
+
+
+def select_ids(label: str, key: str, options: list[int], format_func=str, default: list[int] | None = None) -> list[int]:
+    """A multiselect over ids kept in `?key=1,2`."""
+    wanted = [i for i in query_ids(key) if i in options] or [i for i in (default or []) if i in options]
+    chosen = st.multiselect(label, options, default=wanted, format_func=format_func, key=f"multi_{key}")
+    if query_ids(key) != chosen:
+        if chosen:
+            st.query_params[key] = ",".join(str(i) for i in chosen)
+        elif key in st.query_params:
+            del st.query_params[key]
+    return chosen
+
+
+def csv_download(frame: pd.DataFrame, file_name: str, label: str = "Download CSV", key: str | None = None) -> None:
+    st.download_button(label, frame.to_csv(index=False).encode("utf-8"), file_name=file_name, mime="text/csv",
+                       key=key or f"csv_{file_name}", icon=":material/download:")
+
+
+def chart_with_csv(chart: alt.TopLevelMixin, frame: pd.DataFrame, file_name: str) -> None:
+    """Draw a chart and offer the exact frame it was built from as CSV."""
+    st.altair_chart(chart, width="stretch")
+    csv_download(frame, file_name)
+
+
+def experiment_label(experiments: pd.DataFrame):
+    """format_func for experiment ids: `#3 · name (status)`."""
+    names = dict(zip(experiments["experiment_id"], experiments["name"]))
+    statuses = dict(zip(experiments["experiment_id"], experiments["status"]))
+    return lambda i: f"#{i} · {names.get(i) or 'unnamed'} ({statuses.get(i, '?')})"
+
+
+def run_label(runs: pd.DataFrame, sweep_variable: str = "k"):
+    """format_func for run ids: `run 7 · k=4` or `run 1 · baseline`."""
+    rows = {r.run_id: r for r in runs.itertuples()}
+
+    def label(run_id: int) -> str:
+        r = rows.get(run_id)
+        if r is None:
+            return f"run {run_id}"
+        if r.kind == "baseline":
+            return f"run {run_id} · baseline"
+        value = r.sweep_value if sweep_variable != "k" else r.k
+        return f"run {run_id} · {sweep_variable}={_fmt(value)} ({r.status})"
+
+    return label
+
+
+def _fmt(value) -> str:
+    try:
+        return f"{float(value):g}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def number(value, fmt: str = "{:.3f}", missing: str = "—") -> str:
+    """Formats a metric for st.metric; NaN/None (not measured yet) shows as a dash."""
+    if value is None or (isinstance(value, float) and value != value):
+        return missing
+    try:
+        return fmt.format(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def empty_state(message: str) -> None:
+    st.info(message, icon=":material/science:")
+    st.page_link(nav_page("new"), label="Launch an experiment", icon=":material/add_circle:")
+
+
+def nav_page(key: str):
+    from pages.nav import page  # the registry imports every page module, which import this one
+
+    return page(key)

@@ -1,0 +1,95 @@
+"""Compare: experiments side by side (overlaid sweep curves) and runs side by side (metrics and breakdowns)."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from pages import charts
+from pages.common import chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids, store
+from storage import queries as q
+
+EXPERIMENT_COLUMNS = ["experiment_id", "name", "target", "draft", "prompts", "status", "sweep_variable", "best_value",
+                      "best_speedup", "alpha", "tags"]
+RUN_METRICS = ["kind", "k", "sweep_value", "status", "new_tokens", "tokens_per_second", "speedup", "predicted_speedup",
+               "alpha", "draft_acceptance_rate", "tokens_per_round", "expected_alpha", "kl", "rounds", "proposed",
+               "accepted", "rejected", "c", "draft_step_seconds", "target_step_seconds", "peak_memory_mb",
+               "outputs_match_baseline"]
+
+
+def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataFrame]:
+    label = experiment_label(listing)
+    table = listing[listing["experiment_id"].isin(chosen)]
+    table = table[[c for c in EXPERIMENT_COLUMNS if c in table]]
+    st.dataframe(table, hide_index=True, width="stretch", key="compare_experiments_table")
+    csv_download(table, "compare_experiments.csv")
+    curves, runs_by_experiment = [], {}
+    for experiment_id in chosen:
+        runs_by_experiment[experiment_id] = q.runs(store(), experiment_id)
+        curve = q.sweep_curve(store(), experiment_id)
+        curves.append(curve.assign(experiment=label(experiment_id), experiment_id=experiment_id))
+    curve = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
+    variables = set(listing[listing["experiment_id"].isin(chosen)]["sweep_variable"].fillna("k"))
+    x_title = variables.pop() if len(variables) == 1 else "swept value"
+    if curve.empty or curve["speedup"].isna().all():
+        st.info("None of these experiments has a finished speculative run yet.")
+        return runs_by_experiment
+    left, mid, right = st.columns(3)
+    for column, (y, title, domain) in zip((left, mid, right), (
+            ("speedup", "speedup (×)", None), ("alpha", "alpha", (0, 1)), ("tokens_per_round", "tokens per round", None))):
+        with column:
+            st.subheader(f"{title} vs {x_title}")
+            frame = curve[["experiment", "experiment_id", "run_id", "sweep_value", y]].dropna(subset=[y])
+            chart_with_csv(charts.overlaid_curves(frame, "sweep_value", y, "experiment", x_title, title, domain),
+                           frame, f"compare_{y}.csv")
+    return runs_by_experiment
+
+
+def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
+    everything = pd.concat(runs_by_experiment.values(), ignore_index=True) if runs_by_experiment else pd.DataFrame()
+    if everything.empty:
+        return
+    speculative = everything[everything["kind"] == "speculative"]
+    labels = {}
+    for experiment_id, runs in runs_by_experiment.items():
+        label = run_label(runs)
+        labels.update({int(r): f"#{experiment_id} · {label(int(r))}" for r in runs["run_id"]})
+    chosen = select_ids("Runs", "runs", [int(r) for r in speculative["run_id"]], labels.get)
+    if not chosen:
+        st.caption("Pick two or more runs to compare their metrics and rejection breakdowns.")
+        return
+    table = everything.set_index("run_id").loc[chosen, [c for c in RUN_METRICS if c in everything]]
+    table.index = [labels[r] for r in chosen]
+    st.dataframe(table.T.astype(str), width="stretch", key="compare_runs_table")
+    csv_download(table.reset_index(names="run"), "compare_runs.csv")
+    positions, types = [], []
+    for run_id in chosen:
+        positions.append(q.acceptance_by_position(store(), run_id).assign(run=labels[run_id], run_id=run_id))
+        types.append(q.acceptance_by_type(store(), run_id).assign(run=labels[run_id], run_id=run_id))
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Conditional acceptance by draft position")
+        frame = pd.concat(positions, ignore_index=True)
+        chart_with_csv(charts.overlaid_curves(frame, "position", "conditional", "run", "draft position",
+                                              "accepted / reached", (0, 1)), frame, "compare_by_position.csv")
+    with right:
+        st.subheader("Acceptance by token type")
+        frame = pd.concat(types, ignore_index=True)
+        chart_with_csv(charts.grouped_bars(frame, "token_type", "rate", "run", "accepted / verified"), frame,
+                       "compare_by_type.csv")
+
+
+def render() -> None:
+    st.title("Compare")
+    listing = q.experiments(store())
+    if listing.empty:
+        empty_state("No experiments to compare yet.")
+        return
+    ids = [int(i) for i in listing["experiment_id"]]
+    chosen = select_ids("Experiments", "experiments", ids, experiment_label(listing), default=ids[:2])
+    if not chosen:
+        st.info("Pick one or more experiments.")
+        return
+    st.header("Experiments")
+    runs_by_experiment = _experiments(listing, chosen)
+    st.header("Runs")
+    _runs(runs_by_experiment)

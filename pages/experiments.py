@@ -1,0 +1,82 @@
+"""Experiments: every experiment with status, progress, best value and speedup; live while something runs."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from pages.common import csv_download, empty_state, experiment_label, nav_page, select_id, store
+from storage import queries as q
+from storage import queue
+
+ACTIVE = ("queued", "running")
+REFRESH_SECONDS = 2.0
+ANY = "any"
+COLUMNS = ["experiment_id", "name", "status", "progress", "best_value", "best_speedup", "alpha", "target", "draft",
+           "prompts", "sweep_variable", "sweep_values", "tags", "created", "notes"]
+
+
+def _is_active(frame: pd.DataFrame) -> bool:
+    return bool(len(frame)) and frame["status"].isin(ACTIVE).any()
+
+
+def _filters(everything: pd.DataFrame) -> dict:
+    tags = sorted({t.strip() for s in everything["tags"].fillna("") for t in str(s).split(",") if t.strip()})
+    models = sorted(set(everything["target"].dropna()) | set(everything["draft"].dropna()))
+    statuses = sorted(set(everything["status"].dropna()))
+    c1, c2, c3 = st.columns(3)
+    tag = c1.selectbox("Tag", [ANY, *tags], key="filter_tag")
+    model = c2.selectbox("Model (target or draft)", [ANY, *models], key="filter_model")
+    status = c3.selectbox("Status", [ANY, *statuses], key="filter_status")
+    return {k: (None if v == ANY else v) for k, v in (("tag", tag), ("model", model), ("status", status))}
+
+
+def _table(filters: dict, was_active: bool) -> None:
+    frame = q.experiments(store(), **filters)
+    if was_active and not _is_active(q.experiments(store())):
+        st.rerun()  # the last run finished: redraw the page once, without the timer
+    if frame.empty:
+        st.info("No experiment matches these filters.")
+        return
+    shown = frame[[c for c in COLUMNS if c in frame]].copy()
+    shown["progress"] = shown["progress"].fillna(0) * 100
+    st.dataframe(shown, hide_index=True, width="stretch", key="experiments_table", column_config={
+        "experiment_id": st.column_config.NumberColumn("id", format="%d"),
+        "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100, format="%.0f%%"),
+        "best_value": st.column_config.NumberColumn("best k", help="swept value with the highest measured speedup"),
+        "best_speedup": st.column_config.NumberColumn("best speedup", format="%.2f×"),
+        "alpha": st.column_config.NumberColumn("alpha", format="%.3f", help="alpha of the best run"),
+    })
+    csv_download(frame, "experiments.csv")
+    if _is_active(frame):
+        st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while experiments are queued or running.")
+
+
+def render() -> None:
+    st.title("Experiments")
+    everything = q.experiments(store())
+    if everything.empty:
+        empty_state("No experiments yet. Launch one to see its runs here.")
+        return
+    filters = _filters(everything)
+    active = _is_active(everything)
+    # The timer exists only while something is queued or running; idle dashboards do not poll the database.
+    st.fragment(run_every=REFRESH_SECONDS if active else None)(_table)(filters, active)
+
+    st.subheader("Selected experiment")
+    ids = [int(i) for i in everything["experiment_id"]]
+    experiment_id = select_id("Experiment", "experiment", ids, experiment_label(everything))
+    row = everything.set_index("experiment_id").loc[experiment_id]
+    c1, c2, c3, c4 = st.columns(4)
+    c1.page_link(nav_page("experiment"), label="Open detail", icon=":material/monitoring:",
+                 query_params={"experiment": str(experiment_id)})
+    c2.page_link(nav_page("rounds"), label="Explore rounds", icon=":material/token:",
+                 query_params={"experiment": str(experiment_id)})
+    c3.page_link(nav_page("compare"), label="Compare", icon=":material/compare_arrows:",
+                 query_params={"experiments": str(experiment_id)})
+    if row["status"] in ACTIVE:
+        if c4.button("Cancel experiment", key="cancel", icon=":material/cancel:"):
+            queue.cancel_experiment(store(), experiment_id)
+            st.toast(f"Experiment #{experiment_id} cancelled")
+            st.rerun()
+    else:
+        c4.caption(f"status: {row['status']}")
