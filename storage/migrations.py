@@ -1,0 +1,59 @@
+"""Schema versions: a new database gets the current schema; an older one is upgraded step by step.
+
+`schema_info.version` holds the version. Each step upgrades from `version` to `version + 1` inside one
+transaction, so a crash mid-upgrade leaves the database at the old version. Steps only add (columns,
+tables, indexes): an older DraftLab keeps reading a database a newer one upgraded, as far as SQL allows.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from sqlalchemy import Connection, inspect, text
+
+from .schema import SCHEMA_VERSION, Base, schema_info
+
+
+class SchemaTooNew(RuntimeError):
+    pass
+
+
+def _v1_to_v2(conn: Connection) -> None:
+    """v2: peak memory, device name and tracebacks on runs; the run a worker is executing."""
+    for table, column, sql_type in (("runs", "peak_memory_mb", "DOUBLE PRECISION"), ("runs", "device_name", "VARCHAR(200)"),
+                                    ("runs", "error_detail", "TEXT"), ("workers", "run_id", "INTEGER")):
+        existing = {c["name"] for c in inspect(conn).get_columns(table)}
+        if column not in existing:
+            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+
+
+STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2}
+assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
+
+
+def current_version(conn: Connection) -> int | None:
+    if not inspect(conn).has_table("schema_info"):
+        return None
+    return conn.execute(text("SELECT MAX(version) FROM schema_info")).scalar()
+
+
+def ensure_schema(engine) -> int:
+    """Create or upgrade the schema; return the version found before (None for a new database)."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(704201)"))  # two processes creating at once
+        found = current_version(conn)
+        if found is None:
+            Base.metadata.create_all(conn)
+            conn.execute(schema_info.insert().values(version=SCHEMA_VERSION))
+            return None
+        if found > SCHEMA_VERSION:
+            raise SchemaTooNew(f"the database has schema version {found}, newer than this DraftLab's "
+                               f"{SCHEMA_VERSION}; upgrade DraftLab (pip install -U draftlab) or use another --db")
+        for version in range(found, SCHEMA_VERSION):
+            STEPS[version](conn)
+        # New tables and indexes of later versions (create_all skips what exists).
+        Base.metadata.create_all(conn)
+        if found < SCHEMA_VERSION:
+            conn.execute(schema_info.delete())
+            conn.execute(schema_info.insert().values(version=SCHEMA_VERSION))
+        return found

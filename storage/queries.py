@@ -1,0 +1,296 @@
+"""Read queries for the CLI, exports and dashboard (docs/storage-api.md). Each returns a pandas DataFrame
+computed in SQL; metric names and definitions are SPEC.md's and match engine/metrics.py.
+
+Run-level figures come from the per-prompt rollups (`prompt_results`), which SQL fills from the rounds and
+draft tokens when a prompt commits; the diagnostics (by position, type, token) aggregate `draft_tokens`
+through covering indexes. The only Python arithmetic is predicted_speedup: a formula per row, not an
+aggregate, taken from engine/theory.py so it is defined once.
+"""
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pandas as pd
+from sqlalchemy import select, text
+
+from engine.theory import predicted_speedup as _predicted_speedup
+
+from . import schema
+from .store import Store
+
+F = "DOUBLE PRECISION"  # float division in both SQLite (REAL affinity) and PostgreSQL
+
+RUN_COLUMNS = [
+    "run_id", "kind", "k", "sweep_value", "status", "progress", "error", "started", "finished",
+    "new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted", "rejected",
+    "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha", "kl", "draft_step_seconds",
+    "target_step_seconds", "c", "predicted_speedup", "speedup", "outputs_match_baseline", "peak_memory_mb",
+]
+
+# One row per run with its SPEC metrics; c and speedup against the run's own target-only baseline.
+# outputs_match_baseline: NULL unless greedy; while a run is unfinished it compares the prompts committed so far.
+_RUNS_SQL = f"""
+WITH sel AS (SELECT * FROM runs WHERE {{where}}),
+base AS (SELECT b.* FROM runs b WHERE b.id IN (SELECT baseline_run_id FROM sel)),
+base_n AS (SELECT run_id, COUNT(*) AS n FROM prompt_results WHERE run_id IN (SELECT id FROM base) GROUP BY run_id),
+same AS (
+    SELECT p.run_id, COUNT(*) AS n, SUM(CASE WHEN p.output_ids = bp.output_ids THEN 1 ELSE 0 END) AS same
+    FROM prompt_results p
+    JOIN sel ON sel.id = p.run_id
+    LEFT JOIN prompt_results bp ON bp.run_id = sel.baseline_run_id AND bp.prompt_index = p.prompt_index
+    GROUP BY p.run_id)
+SELECT r.id AS run_id, r.kind, r.k, r.sweep_value, r.status, r.progress, r.error, r.started, r.finished,
+       r.new_tokens, r.wall_seconds, r.tokens_per_second, r.rounds, r.proposed, r.accepted, r.rejected,
+       r.draft_acceptance_rate, r.alpha, r.tokens_per_round, r.expected_alpha, r.kl, r.draft_step_seconds,
+       CASE WHEN r.kind = 'baseline' THEN r.target_step_seconds ELSE b.target_step_seconds END AS target_step_seconds,
+       CASE WHEN r.kind = 'speculative' AND b.target_step_seconds > 0
+            THEN b.target_step_seconds / NULLIF(r.draft_step_seconds, 0) END AS c,
+       CASE WHEN r.kind = 'speculative' AND r.tokens_per_second > 0
+            THEN r.tokens_per_second / NULLIF(b.tokens_per_second, 0) END AS speedup,
+       CASE WHEN r.kind <> 'speculative' OR r.temperature > 0 OR base_n.n IS NULL THEN NULL
+            WHEN COALESCE(same.same, 0) = COALESCE(same.n, 0)
+                 AND (r.status <> 'done' OR COALESCE(same.n, 0) = base_n.n) THEN 1 ELSE 0 END AS outputs_match_baseline,
+       r.peak_memory_mb, r.max_k, r.experiment_id, r.baseline_run_id, r.prompts_done, r.prompts_total,
+       r.temperature, r.top_k, r.top_p, r.seed, r.max_new_tokens, r.created, r.heartbeat, r.worker_id, r.device_name
+FROM sel r
+LEFT JOIN base b ON b.id = r.baseline_run_id
+LEFT JOIN base_n ON base_n.run_id = r.baseline_run_id
+LEFT JOIN same ON same.run_id = r.id
+ORDER BY CASE WHEN r.kind = 'baseline' THEN 0 ELSE 1 END, r.sweep_value, r.id
+"""
+
+_DATETIMES = ("created", "started", "finished", "heartbeat")
+
+
+def _frame(conn, sql: str, params: dict | None = None, columns: list[str] | None = None) -> pd.DataFrame:
+    result = conn.execute(text(sql), params or {})
+    keys = list(result.keys())
+    rows = [tuple(float(v) if isinstance(v, Decimal) else v for v in row) for row in result]
+    df = pd.DataFrame.from_records(rows, columns=keys)
+    for col in _DATETIMES:
+        if col in df.columns:
+            df[col] = pd.to_datetime(df[col])
+    if columns is not None:
+        df = df[columns + [c for c in df.columns if c not in columns]]
+    return df
+
+
+def _nullable_int(df: pd.DataFrame, *columns: str) -> None:
+    for column in columns:
+        if column in df.columns:
+            df[column] = df[column].astype("Int64")
+
+
+def _nullable_bool(df: pd.DataFrame, column: str) -> None:
+    df[column] = pd.Series([None if pd.isna(v) else bool(v) for v in df[column]], index=df.index, dtype=object)
+
+
+def _with_predicted(df: pd.DataFrame) -> pd.DataFrame:
+    """predicted_speedup from the measured alpha, the run's largest k and c (engine/theory.py's formula)."""
+    df["predicted_speedup"] = [
+        _predicted_speedup(a, int(k), c) if pd.notna(a) and pd.notna(c) and c and pd.notna(k) and k else None
+        for a, k, c in zip(df["alpha"], df["max_k"], df["c"])
+    ]
+    df["predicted_speedup"] = df["predicted_speedup"].astype(float)
+    _nullable_bool(df, "outputs_match_baseline")
+    _nullable_int(df, "k", "baseline_run_id", "prompts_total")
+    return df
+
+
+def _runs_where(store: Store, where: str, params: dict) -> pd.DataFrame:
+    with store.read() as conn:
+        df = _frame(conn, _RUNS_SQL.format(where=where), params)
+    return _with_predicted(df)[RUN_COLUMNS + [c for c in df.columns if c not in RUN_COLUMNS]]
+
+
+def runs(store: Store, experiment_id: int) -> pd.DataFrame:
+    """Every run of an experiment (baseline first, then by sweep value) with its SPEC metrics."""
+    return _runs_where(store, "experiment_id = :eid", {"eid": experiment_id})
+
+
+def run_summary(store: Store, run_id: int) -> pd.DataFrame:
+    """One run's row, same columns as runs()."""
+    return _runs_where(store, "id = :rid", {"rid": run_id})
+
+
+def sweep_curve(store: Store, experiment_id: int) -> pd.DataFrame:
+    """Measured and predicted speedup, alpha and tokens_per_round against the swept value."""
+    df = runs(store, experiment_id)
+    df = df[df["kind"] == "speculative"]
+    cols = ["sweep_value", "k", "speedup", "predicted_speedup", "alpha", "draft_acceptance_rate",
+            "tokens_per_round", "c", "run_id", "status"]
+    return df[cols].sort_values(["sweep_value", "run_id"]).reset_index(drop=True)
+
+
+_EXPERIMENTS_SQL = """
+WITH stats AS (
+    SELECT experiment_id,
+           SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END) AS n_running,
+           SUM(CASE WHEN status = 'queued' THEN 1 ELSE 0 END) AS n_queued,
+           SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END) AS n_failed,
+           SUM(CASE WHEN status = 'interrupted' THEN 1 ELSE 0 END) AS n_interrupted,
+           SUM(CASE WHEN status = 'cancelled' THEN 1 ELSE 0 END) AS n_cancelled,
+           SUM(CASE WHEN status = 'done' THEN 1.0 ELSE progress END) / COUNT(*) AS progress
+    FROM runs GROUP BY experiment_id),
+speed AS (
+    SELECT s.experiment_id, s.sweep_value, s.alpha, s.tokens_per_second / NULLIF(b.tokens_per_second, 0) AS speedup
+    FROM runs s JOIN runs b ON b.id = s.baseline_run_id
+    WHERE s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.tokens_per_second > 0),
+best AS (
+    SELECT experiment_id, sweep_value, alpha, speedup,
+           ROW_NUMBER() OVER (PARTITION BY experiment_id ORDER BY speedup DESC, sweep_value) AS rank
+    FROM speed WHERE speedup IS NOT NULL),
+listed AS (
+    SELECT e.id AS experiment_id, e.name, e.created, e.target, e.draft, e.prompts, e.sweep_variable, e.sweep_values,
+           CASE WHEN st.n_running > 0 THEN 'running' WHEN st.n_queued > 0 THEN 'queued'
+                WHEN st.n_failed > 0 THEN 'failed' WHEN st.n_interrupted > 0 THEN 'interrupted'
+                WHEN st.n_cancelled > 0 THEN 'cancelled' ELSE 'done' END AS status,
+           CAST(COALESCE(st.progress, 0) AS DOUBLE PRECISION) AS progress,
+           best.sweep_value AS best_value, best.speedup AS best_speedup, best.alpha AS alpha,
+           e.tags, e.notes
+    FROM experiments e
+    LEFT JOIN stats st ON st.experiment_id = e.id
+    LEFT JOIN best ON best.experiment_id = e.id AND best.rank = 1
+    WHERE {experiment_filter})
+SELECT * FROM listed WHERE {status_filter} ORDER BY experiment_id DESC
+"""
+
+EXPERIMENT_COLUMNS = ["experiment_id", "name", "created", "target", "draft", "prompts", "sweep_variable",
+                      "sweep_values", "status", "progress", "best_value", "best_speedup", "alpha", "tags", "notes"]
+
+
+def experiments(store: Store, tag: str | None = None, model: str | None = None, status: str | None = None) -> pd.DataFrame:
+    """All experiments, newest first, with their status, progress and best run (by measured speedup)."""
+    # Filters are added only when given: PostgreSQL cannot type a bare `:param IS NULL`.
+    conditions = ["1 = 1"]
+    if tag:
+        conditions.append("(',' || e.tags || ',') LIKE ('%,' || :tag || ',%')")
+    if model:
+        conditions.append("(e.target = :model OR e.draft = :model)")
+    sql = _EXPERIMENTS_SQL.format(experiment_filter=" AND ".join(conditions),
+                                  status_filter="status = :status" if status else "1 = 1")
+    params = {key: value for key, value in (("tag", tag), ("model", model), ("status", status)) if value}
+    with store.read() as conn:
+        df = _frame(conn, sql, params, EXPERIMENT_COLUMNS)
+    df["sweep_values"] = [json.loads(v) for v in df["sweep_values"]]
+    return df
+
+
+def experiment(store: Store, experiment_id: int) -> dict | None:
+    """One experiment's fields, its sampling config as a dict, tags as a list, sweep_values as a list."""
+    with store.read() as conn:
+        row = conn.execute(select(schema.experiments).where(schema.experiments.c.id == experiment_id)).mappings().first()
+        if row is None:
+            return None
+        prompt_count = conn.execute(text("SELECT COUNT(*) FROM experiment_prompts WHERE experiment_id = :eid"),
+                                    {"eid": experiment_id}).scalar()
+    d = dict(row)
+    d["experiment_id"] = d.pop("id")
+    d["sweep_values"] = json.loads(d["sweep_values"])
+    d["tag_list"] = [t for t in d["tags"].split(",") if t]
+    d["sampling"] = {key: d[key] for key in ("temperature", "top_k", "top_p", "seed", "max_new_tokens")}
+    d["prompt_count"] = prompt_count or None  # known once the first run has loaded the prompt set
+    return d
+
+
+def acceptance_by_position(store: Store, run_id: int) -> pd.DataFrame:
+    """Per draft position 1..k: verified (reached), accepted, accepted/reached and accepted/rounds."""
+    sql = f"""
+    SELECT position,
+           SUM(CASE WHEN outcome <> 'discarded' THEN 1 ELSE 0 END) AS reached,
+           SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END) AS accepted,
+           CAST(SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END) AS {F})
+               / NULLIF(SUM(CASE WHEN outcome <> 'discarded' THEN 1 ELSE 0 END), 0) AS conditional,
+           CAST(SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END) AS {F})
+               / NULLIF((SELECT rounds FROM runs WHERE id = :rid), 0) AS unconditional
+    FROM draft_tokens WHERE run_id = :rid GROUP BY position ORDER BY position"""
+    with store.read() as conn:
+        return _frame(conn, sql, {"rid": run_id})
+
+
+def acceptance_by_type(store: Store, run_id: int) -> pd.DataFrame:
+    """Per token type (SPEC's table): verified draft tokens, accepted, and the acceptance rate."""
+    sql = f"""
+    SELECT token_type, COUNT(*) AS verified,
+           SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END) AS accepted,
+           CAST(SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END) AS {F}) / COUNT(*) AS rate
+    FROM draft_tokens WHERE run_id = :rid AND outcome <> 'discarded'
+    GROUP BY token_type ORDER BY token_type"""
+    with store.read() as conn:
+        return _frame(conn, sql, {"rid": run_id})
+
+
+def top_rejected_tokens(store: Store, run_id: int, limit: int = 20) -> pd.DataFrame:
+    """The draft tokens the target refused most often: count, times verified, and rejection rate."""
+    sql = f"""
+    WITH counted AS (
+        SELECT token_id, SUM(CASE WHEN outcome = 'rejected' THEN 1 ELSE 0 END) AS rejected, COUNT(*) AS verified
+        FROM draft_tokens WHERE run_id = :rid AND outcome <> 'discarded' GROUP BY token_id),
+    top AS (SELECT * FROM counted WHERE rejected > 0 ORDER BY rejected DESC, token_id LIMIT :limit)
+    SELECT top.token_id,
+           (SELECT d.text FROM draft_tokens d WHERE d.run_id = :rid AND d.token_id = top.token_id LIMIT 1) AS text,
+           (SELECT d.token_type FROM draft_tokens d WHERE d.run_id = :rid AND d.token_id = top.token_id LIMIT 1) AS token_type,
+           top.rejected, top.verified, CAST(top.rejected AS {F}) / top.verified AS rejection_rate
+    FROM top ORDER BY top.rejected DESC, top.token_id"""
+    with store.read() as conn:
+        return _frame(conn, sql, {"rid": run_id, "limit": int(limit)})
+
+
+def per_prompt(store: Store, run_id: int) -> pd.DataFrame:
+    """One row per committed prompt: throughput, rounds, acceptance, and whether it matches the baseline."""
+    sql = f"""
+    SELECT p.prompt_index, p.prompt, p.new_tokens, p.wall_seconds,
+           CAST(p.new_tokens AS {F}) / NULLIF(p.wall_seconds, 0) AS tokens_per_second,
+           p.rounds, p.accepted, p.rejected,
+           CAST(p.accepted AS {F}) / NULLIF(p.accepted + p.rejected, 0) AS alpha,
+           CAST(p.emitted AS {F}) / NULLIF(p.rounds, 0) AS tokens_per_round,
+           CASE WHEN r.kind <> 'speculative' OR r.temperature > 0 OR bp.run_id IS NULL THEN NULL
+                WHEN p.output_ids = bp.output_ids THEN 1 ELSE 0 END AS matches_baseline,
+           p.proposed, p.verified, CAST(p.beta_sum AS {F}) / NULLIF(p.verified, 0) AS expected_alpha, p.text
+    FROM prompt_results p
+    JOIN runs r ON r.id = p.run_id
+    LEFT JOIN prompt_results bp ON bp.run_id = r.baseline_run_id AND bp.prompt_index = p.prompt_index
+    WHERE p.run_id = :rid ORDER BY p.prompt_index"""
+    with store.read() as conn:
+        df = _frame(conn, sql, {"rid": run_id})
+    _nullable_bool(df, "matches_baseline")
+    return df
+
+
+def prompt_output(store: Store, run_id: int, prompt_index: int) -> pd.DataFrame:
+    """The tokens a run emitted for one prompt, in order, with the round and kind that emitted each
+    (kind 'first' = the target's prefill token, 'target' = a baseline token)."""
+    sql = """SELECT position, token_id, text, kind, round_index FROM output_tokens
+             WHERE run_id = :rid AND prompt_index = :pi ORDER BY position"""
+    with store.read() as conn:
+        df = _frame(conn, sql, {"rid": run_id, "pi": prompt_index})
+    _nullable_int(df, "round_index")
+    return df
+
+
+def round_proposals(store: Store, run_id: int, prompt_index: int, round_index: int) -> pd.DataFrame:
+    """The k draft tokens of one round, with both models' probabilities and the outcome."""
+    sql = """SELECT position, token_id, text, token_type, p_draft, p_target, beta, kl, outcome FROM draft_tokens
+             WHERE run_id = :rid AND prompt_index = :pi AND round_index = :ri ORDER BY position"""
+    with store.read() as conn:
+        return _frame(conn, sql, {"rid": run_id, "pi": prompt_index, "ri": round_index})
+
+
+def outputs(store: Store, run_id: int) -> pd.DataFrame:
+    """prompt_index, token_ids (list), text per committed prompt: the `outputs` of the run JSON."""
+    with store.read() as conn:
+        df = _frame(conn, "SELECT prompt_index, output_ids, text FROM prompt_results WHERE run_id = :rid "
+                          "ORDER BY prompt_index", {"rid": run_id})
+    df["token_ids"] = [json.loads(v) for v in df.pop("output_ids")]
+    return df[["prompt_index", "token_ids", "text"]]
+
+
+def draft_token_rows(store: Store, experiment_id: int) -> pd.DataFrame:
+    """Every draft token of an experiment's runs, with the run's k (for exports)."""
+    sql = """SELECT d.run_id, r.k, d.prompt_index, d.round_index, d.position, d.token_id, d.text, d.token_type,
+                    d.p_draft, d.p_target, d.beta, d.kl, d.outcome
+             FROM draft_tokens d JOIN runs r ON r.id = d.run_id
+             WHERE r.experiment_id = :eid ORDER BY d.run_id, d.prompt_index, d.round_index, d.position"""
+    with store.read() as conn:
+        return _frame(conn, sql, {"eid": experiment_id})

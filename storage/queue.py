@@ -1,0 +1,287 @@
+"""The run queue: enqueue experiments, claim runs atomically, heartbeats, progress, cancel and resume.
+
+Claiming is one conditional UPDATE (`... WHERE id = :id AND status = 'queued'`) whose row count says who won,
+so two workers never take the same run, on SQLite (writes serialise) and PostgreSQL (row locks; claims are
+also serialised by an advisory lock so "one running run per experiment" holds under READ COMMITTED).
+"""
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Iterable, Sequence
+
+from sqlalchemy import insert, select, text
+
+from .schema import (BASELINE, CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING, SPECULATIVE, Experiment,
+                     Run, experiment_prompts, experiments, runs, utcnow)
+from .store import Store
+
+SWEEPABLE = ("k", "temperature", "top_k", "top_p")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
+_CLAIM_LOCK = 704202  # PostgreSQL advisory-lock key for claims
+
+
+class QueueError(ValueError):
+    """Bad input to the queue: the message names the problem and the fix."""
+
+
+def _normalize_tags(tags: Iterable[str] | str) -> str:
+    items = tags.split(",") if isinstance(tags, str) else list(tags)
+    cleaned = [t.strip() for t in items if t and t.strip()]
+    return ",".join(dict.fromkeys(cleaned))
+
+
+def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: str, prompts: str, sampling: dict,
+                       device: str = "auto", dtype: str = "auto", sweep_variable: str = "k",
+                       sweep_values: Sequence[float] = (1, 2, 4), k: int = 4, notes: str = "",
+                       tags: Iterable[str] | str = (), prompt_texts: Sequence[str] | None = None,
+                       trust_remote_code: bool = False, reserved_for: str | None = None) -> int:
+    """Create an experiment with its target-only baseline(s) and one speculative run per sweep value, all
+    queued; return the experiment id. A k sweep shares one baseline; a sampling sweep gets one per value
+    (speedup compares equal sampling configs). prompt_texts freezes the prompts now (else the worker loads
+    the `prompts` spec when the first run starts). reserved_for: only that worker may claim the runs."""
+    if sweep_variable not in SWEEPABLE:
+        raise QueueError(f"cannot sweep {sweep_variable!r}; sweep one of {', '.join(SWEEPABLE)}")
+    values = list(sweep_values)
+    if not values:
+        raise QueueError("sweep_values is empty; give at least one value, e.g. k = 1, 2, 4")
+    unknown = set(sampling) - set(SAMPLING_KEYS)
+    if unknown:
+        raise QueueError(f"unknown sampling settings {sorted(unknown)}; use {', '.join(SAMPLING_KEYS)}")
+    config = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 128, **sampling}
+    if sweep_variable == "k":
+        values = [int(v) for v in values]
+        if any(v <= 0 for v in values):
+            raise QueueError(f"k values must be >= 1 (got {values})")
+    name = name or f"{draft} → {target} on {prompts}"
+    with store.session() as s:
+        exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, draft=draft,
+                         prompts=prompts, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                         k=int(k), sweep_variable=sweep_variable, sweep_values=json.dumps(values), **config)
+        s.add(exp)
+        s.flush()
+        common = {"experiment_id": exp.id, "status": QUEUED, "reserved_for": reserved_for}
+        if sweep_variable == "k":
+            baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
+            s.add(baseline)
+            s.flush()
+            for v in values:
+                s.add(Run(kind=SPECULATIVE, k=v, sweep_value=v, baseline_run_id=baseline.id, **common, **config))
+        else:
+            for v in values:
+                run_config = {**config, sweep_variable: v}
+                baseline = Run(kind=BASELINE, k=None, sweep_value=v, **common, **run_config)
+                s.add(baseline)
+                s.flush()
+                s.add(Run(kind=SPECULATIVE, k=int(k), sweep_value=v, baseline_run_id=baseline.id, **common, **run_config))
+        if prompt_texts is not None:
+            s.flush()
+            s.execute(insert(experiment_prompts), [{"experiment_id": exp.id, "prompt_index": i, "prompt": p}
+                                                   for i, p in enumerate(prompt_texts)])
+        return exp.id
+
+
+def store_prompts(store: Store, experiment_id: int, prompts: Sequence[str]) -> list[str]:
+    """Freeze an experiment's prompt texts (first writer wins); return the stored ones."""
+    with store.write() as conn:
+        existing = load_experiment_prompts(conn, experiment_id)
+        if existing is None:
+            conn.execute(insert(experiment_prompts), [{"experiment_id": experiment_id, "prompt_index": i, "prompt": p}
+                                                      for i, p in enumerate(prompts)])
+            return list(prompts)
+        return existing
+
+
+def load_experiment_prompts(conn, experiment_id: int) -> list[str] | None:
+    rows = conn.execute(text("SELECT prompt FROM experiment_prompts WHERE experiment_id = :eid ORDER BY prompt_index"),
+                        {"eid": experiment_id}).scalars().all()
+    return list(rows) if rows else None
+
+
+# --- cancel / resume -------------------------------------------------------------------------------------
+
+def _cancel(store: Store, where: str, params: dict) -> int:
+    now = utcnow()
+    with store.write() as conn:
+        n = conn.execute(text(f"UPDATE runs SET status = :cancelled, finished = :now "
+                              f"WHERE {where} AND status IN (:queued, :interrupted)"),
+                         {**params, "cancelled": CANCELLED, "now": now, "queued": QUEUED, "interrupted": INTERRUPTED}).rowcount
+        n += conn.execute(text(f"UPDATE runs SET cancel_requested = :yes WHERE {where} AND status = :running"),
+                          {**params, "yes": True, "running": RUNNING}).rowcount
+    return n
+
+
+def cancel_run(store: Store, run_id: int) -> bool:
+    """Cancel a queued run now, or ask its worker to stop a running one between rounds (rows kept)."""
+    return _cancel(store, "id = :rid", {"rid": run_id}) > 0
+
+
+def cancel_experiment(store: Store, experiment_id: int) -> int:
+    """Cancel every queued or running run of an experiment; return how many."""
+    return _cancel(store, "experiment_id = :eid", {"eid": experiment_id})
+
+
+def _resume(store: Store, where: str, params: dict) -> int:
+    with store.write() as conn:
+        return conn.execute(text(
+            f"UPDATE runs SET status = :queued, error = NULL, error_detail = NULL, cancel_requested = :no, "
+            f"reserved_for = NULL, finished = NULL WHERE {where} AND status IN (:interrupted, :failed, :cancelled)"),
+            {**params, "queued": QUEUED, "no": False, "interrupted": INTERRUPTED, "failed": FAILED,
+             "cancelled": CANCELLED}).rowcount
+
+
+def resume_run(store: Store, run_id: int) -> bool:
+    """Requeue an interrupted, failed or cancelled run; a worker continues it from its first unfinished
+    prompt, keeping every committed row."""
+    return _resume(store, "id = :rid", {"rid": run_id}) > 0
+
+
+def resume_experiment(store: Store, experiment_id: int) -> int:
+    return _resume(store, "experiment_id = :eid", {"eid": experiment_id})
+
+
+# --- workers ---------------------------------------------------------------------------------------------
+
+def register_worker(store: Store, worker_id: str, host: str = "", pid: int = 0) -> None:
+    now = utcnow()
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})
+        conn.execute(text("INSERT INTO workers (id, host, pid, started, heartbeat) VALUES (:w, :h, :p, :now, :now)"),
+                     {"w": worker_id, "h": host, "p": pid, "now": now})
+
+
+def unregister_worker(store: Store, worker_id: str) -> None:
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})
+
+
+def heartbeat(store: Store, worker_id: str, run_id: int | None) -> None:
+    """The worker is alive (and so is the run it executes)."""
+    now = utcnow()
+    with store.write() as conn:
+        conn.execute(text("UPDATE workers SET heartbeat = :now, run_id = :rid WHERE id = :w"),
+                     {"now": now, "rid": run_id, "w": worker_id})
+        if run_id is not None:
+            conn.execute(text("UPDATE runs SET heartbeat = :now WHERE id = :rid AND status = :running"),
+                         {"now": now, "rid": run_id, "running": RUNNING})
+
+
+def live_workers(store: Store, max_age_seconds: float = 30) -> int:
+    """Workers whose heartbeat is fresher than max_age_seconds."""
+    with store.read() as conn:
+        return int(conn.execute(text("SELECT COUNT(*) FROM workers WHERE heartbeat >= :cutoff"),
+                                {"cutoff": utcnow() - timedelta(seconds=max_age_seconds)}).scalar())
+
+
+def mark_stale(store: Store, stale_seconds: float) -> list[int]:
+    """Runs left `running` by a worker that stopped heartbeating (killed, crashed, machine gone) become
+    `interrupted`, keeping every committed row; so do queued runs reserved for a dead worker. Returns their ids."""
+    cutoff = utcnow() - timedelta(seconds=stale_seconds)
+    params = {"cutoff": cutoff, "running": RUNNING, "queued": QUEUED, "interrupted": INTERRUPTED, "now": utcnow()}
+    with store.write() as conn:
+        stale = conn.execute(text(
+            "SELECT id FROM runs WHERE (status = :running AND (heartbeat IS NULL OR heartbeat < :cutoff)) "
+            "OR (status = :queued AND reserved_for IS NOT NULL "
+            "    AND reserved_for NOT IN (SELECT id FROM workers WHERE heartbeat >= :cutoff))"), params).scalars().all()
+        if stale:
+            conn.execute(text(
+                "UPDATE runs SET status = :interrupted, finished = :now, reserved_for = NULL, "
+                "error = 'its worker stopped (no heartbeat); resume the run to continue from its first unfinished prompt' "
+                f"WHERE id IN ({','.join(str(int(i)) for i in stale)})"), params)
+        conn.execute(text("DELETE FROM workers WHERE heartbeat < :cutoff"), params)
+    return list(stale)
+
+
+# --- claiming and run state ------------------------------------------------------------------------------
+
+_ELIGIBLE = """
+runs.status = 'queued'
+AND (runs.reserved_for IS NULL OR runs.reserved_for = :worker)
+AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.experiment_id = runs.experiment_id AND o.status = 'running')
+AND (runs.baseline_run_id IS NULL OR NOT EXISTS (
+        SELECT 1 FROM runs b WHERE b.id = runs.baseline_run_id AND b.status IN ('queued', 'running')))
+"""
+
+
+def claim_next(store: Store, worker_id: str, experiment_id: int | None = None, prefer_experiment: int | None = None) -> int | None:
+    """Claim the next runnable run and return its id (None when nothing is runnable). Order: the experiment
+    whose models the worker holds, then oldest experiment first; a baseline before its speculative runs;
+    at most one running run per experiment (its timings are not shared with another run's)."""
+    only = "AND runs.experiment_id = :eid" if experiment_id is not None else ""
+    select = text(f"""SELECT runs.id FROM runs WHERE {_ELIGIBLE} {only}
+        ORDER BY CASE WHEN runs.experiment_id = :prefer THEN 0 ELSE 1 END, runs.experiment_id,
+                 CASE WHEN runs.kind = 'baseline' THEN 0 ELSE 1 END, runs.id LIMIT 5""")
+    params = {"worker": worker_id, "eid": experiment_id, "prefer": prefer_experiment if prefer_experiment is not None else -1}
+    for _attempt in range(20):
+        with store.read() as conn:
+            candidates = conn.execute(select, params).scalars().all()
+        if not candidates:
+            return None
+        for run_id in candidates:
+            if claim(store, run_id, worker_id):
+                return run_id
+    return None
+
+
+def claim(store: Store, run_id: int, worker_id: str) -> bool:
+    """Atomically move one queued run to running for worker_id; False if someone else got it first."""
+    now = utcnow()
+    with store.write() as conn:
+        if store.dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CLAIM_LOCK})
+        n = conn.execute(text(
+            f"UPDATE runs SET status = 'running', worker_id = :worker, started = COALESCE(started, :now), "
+            f"heartbeat = :now, finished = NULL, error = NULL, error_detail = NULL, cancel_requested = :no "
+            f"WHERE id = :rid AND {_ELIGIBLE}"),
+            {"worker": worker_id, "now": now, "rid": run_id, "no": False}).rowcount
+    return n == 1
+
+
+def get_run(store: Store, run_id: int) -> dict | None:
+    """A run's row as a dict (typed: datetimes, booleans)."""
+    with store.read() as conn:
+        row = conn.execute(select(runs).where(runs.c.id == run_id)).mappings().first()
+        return dict(row) if row else None
+
+
+def get_experiment(store: Store, experiment_id: int) -> dict | None:
+    with store.read() as conn:
+        row = conn.execute(select(experiments).where(experiments.c.id == experiment_id)).mappings().first()
+        return dict(row) if row else None
+
+
+def start_run(store: Store, run_id: int, prompts_total: int, device_name: str) -> None:
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET prompts_total = :n, device_name = :dev, "
+                          "progress = CAST(prompts_done AS DOUBLE PRECISION) / :n WHERE id = :rid"),
+                     {"n": prompts_total, "dev": device_name, "rid": run_id})
+
+
+def report_progress(store: Store, run_id: int, progress: float) -> bool:
+    """Store progress (0..1) and a heartbeat; return True when a cancel was requested."""
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET progress = :p, heartbeat = :now WHERE id = :rid"),
+                     {"p": min(max(progress, 0.0), 1.0), "now": utcnow(), "rid": run_id})
+        return bool(conn.execute(text("SELECT cancel_requested FROM runs WHERE id = :rid"), {"rid": run_id}).scalar())
+
+
+def finish_run(store: Store, run_id: int, status: str, error: str | None = None, error_detail: str | None = None,
+               peak_memory_mb: float | None = None) -> None:
+    """Close a run as done / failed / cancelled / interrupted (its committed rows stay)."""
+    assert status in (DONE, FAILED, CANCELLED, INTERRUPTED), status
+    with store.write() as conn:
+        conn.execute(text(
+            "UPDATE runs SET status = :status, error = :error, error_detail = :detail, finished = :now, "
+            "peak_memory_mb = COALESCE(:peak, peak_memory_mb), cancel_requested = :no"
+            + (", progress = 1.0" if status == DONE else "") + " WHERE id = :rid"),
+            {"status": status, "error": error, "detail": error_detail, "now": utcnow(), "peak": peak_memory_mb,
+             "no": False, "rid": run_id})
+
+
+def fail_queued_runs(store: Store, experiment_id: int, error: str) -> int:
+    """Fail an experiment's remaining queued runs with an error they would all hit (bad model or prompts)."""
+    with store.write() as conn:
+        return conn.execute(text("UPDATE runs SET status = :failed, error = :error, finished = :now "
+                                 "WHERE experiment_id = :eid AND status = :queued"),
+                            {"failed": FAILED, "error": error, "now": utcnow(), "eid": experiment_id,
+                             "queued": QUEUED}).rowcount

@@ -1,0 +1,137 @@
+"""Writing a run's records: one transaction per prompt, bulk inserts, SQL rollups.
+
+A prompt's rounds, draft tokens and emitted tokens are inserted with executemany (plain dicts, no ORM
+objects), then its `prompt_results` row is built by INSERT ... SELECT over those rows and the run's
+aggregates by UPDATE ... FROM over its prompt rows, so every stored figure is a SQL aggregate and a prompt
+is either fully stored or not at all.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from sqlalchemy import Connection, insert, text
+
+from engine.records import PromptResult
+
+from .schema import BASELINE, FIRST, TARGET, draft_tokens, output_tokens, prompt_results, rounds, utcnow
+
+F = "DOUBLE PRECISION"
+
+
+def encode_ids(ids: list[int]) -> str:
+    """Canonical JSON for a token-id list (compared as text in SQL, so it must be canonical)."""
+    return json.dumps([int(i) for i in ids], separators=(",", ":"))
+
+
+def _output_rows(run_id: int, kind: str, result: PromptResult, texts: list[str]) -> list[dict]:
+    if kind == BASELINE:
+        kinds, owners = [TARGET] * len(result.output_ids), [None] * len(result.output_ids)
+    else:
+        kinds, owners = [FIRST], [None]  # the target's prefill token
+        for r in result.rounds:
+            kinds += r.emitted_kinds
+            owners += [r.round_index] * len(r.emitted_ids)
+    return [{"run_id": run_id, "prompt_index": result.prompt_index, "position": i, "token_id": int(token),
+             "text": texts[i], "kind": kinds[i], "round_index": owners[i]}
+            for i, token in enumerate(result.output_ids)]
+
+
+def _finite_or_none(value: float) -> float | None:
+    return None if value is None or math.isnan(value) else float(value)
+
+
+_PROMPT_ROLLUP = f"""
+INSERT INTO prompt_results (run_id, prompt_index, prompt, output_ids, text, new_tokens, wall_seconds,
+    decode_steps, decode_seconds, finished, rounds, proposed, emitted, max_k, draft_seconds, verify_seconds,
+    draft_forwards, accepted, rejected, verified, beta_sum, kl_sum, kl_count)
+SELECT :run_id, :prompt_index, :prompt, :output_ids, :text, :new_tokens, :wall_seconds,
+    :decode_steps, :decode_seconds, :finished, r.rounds, r.proposed, r.emitted, r.max_k, r.draft_seconds,
+    r.verify_seconds, r.draft_forwards, t.accepted, t.rejected, t.verified, t.beta_sum, t.kl_sum, t.kl_count
+FROM (SELECT COUNT(*) AS rounds, COALESCE(SUM(k), 0) AS proposed, COALESCE(SUM(emitted), 0) AS emitted,
+             COALESCE(MAX(k), 0) AS max_k, COALESCE(SUM(draft_seconds), 0) AS draft_seconds,
+             COALESCE(SUM(verify_seconds), 0) AS verify_seconds, COALESCE(SUM(draft_forwards), 0) AS draft_forwards
+      FROM rounds WHERE run_id = :run_id AND prompt_index = :prompt_index) r,
+     (SELECT COALESCE(SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END), 0) AS accepted,
+             COALESCE(SUM(CASE WHEN outcome = 'rejected' THEN 1 ELSE 0 END), 0) AS rejected,
+             COALESCE(SUM(CASE WHEN outcome <> 'discarded' THEN 1 ELSE 0 END), 0) AS verified,
+             COALESCE(SUM(CASE WHEN outcome <> 'discarded' THEN beta END), 0) AS beta_sum,
+             COALESCE(SUM(CASE WHEN outcome <> 'discarded' THEN kl END), 0) AS kl_sum,
+             COUNT(CASE WHEN outcome <> 'discarded' THEN kl END) AS kl_count
+      FROM draft_tokens WHERE run_id = :run_id AND prompt_index = :prompt_index) t
+"""
+
+# Run aggregates under SPEC names, over the run's committed prompts (engine/metrics.py's definitions).
+_RUN_ROLLUP = f"""
+UPDATE runs SET
+    prompts_done = a.prompts_done,
+    progress = CASE WHEN runs.prompts_total > 0 THEN CAST(a.prompts_done AS {F}) / runs.prompts_total ELSE runs.progress END,
+    new_tokens = a.new_tokens,
+    wall_seconds = a.wall_seconds,
+    tokens_per_second = CAST(a.new_tokens AS {F}) / NULLIF(a.wall_seconds, 0),
+    target_step_seconds = CAST(a.decode_seconds AS {F}) / NULLIF(a.decode_steps, 0),
+    rounds = a.rounds,
+    proposed = a.proposed,
+    accepted = a.accepted,
+    rejected = a.rejected,
+    draft_acceptance_rate = CAST(a.accepted AS {F}) / NULLIF(a.proposed, 0),
+    alpha = CAST(a.accepted AS {F}) / NULLIF(a.accepted + a.rejected, 0),
+    tokens_per_round = CAST(a.emitted AS {F}) / NULLIF(a.rounds, 0),
+    expected_alpha = CAST(a.beta_sum AS {F}) / NULLIF(a.verified, 0),
+    kl = CAST(a.kl_sum AS {F}) / NULLIF(a.kl_count, 0),
+    draft_step_seconds = CAST(a.draft_seconds AS {F}) / NULLIF(a.draft_forwards, 0),
+    max_k = a.max_k
+FROM (SELECT COUNT(*) AS prompts_done, COALESCE(SUM(new_tokens), 0) AS new_tokens,
+             COALESCE(SUM(wall_seconds), 0) AS wall_seconds, COALESCE(SUM(decode_seconds), 0) AS decode_seconds,
+             COALESCE(SUM(decode_steps), 0) AS decode_steps, COALESCE(SUM(rounds), 0) AS rounds,
+             COALESCE(SUM(proposed), 0) AS proposed, COALESCE(SUM(accepted), 0) AS accepted,
+             COALESCE(SUM(rejected), 0) AS rejected, COALESCE(SUM(emitted), 0) AS emitted,
+             COALESCE(SUM(verified), 0) AS verified, COALESCE(SUM(beta_sum), 0) AS beta_sum,
+             COALESCE(SUM(kl_sum), 0) AS kl_sum, COALESCE(SUM(kl_count), 0) AS kl_count,
+             COALESCE(SUM(draft_seconds), 0) AS draft_seconds, COALESCE(SUM(draft_forwards), 0) AS draft_forwards,
+             COALESCE(MAX(max_k), 0) AS max_k
+      FROM prompt_results WHERE run_id = :run_id) a
+WHERE runs.id = :run_id
+"""
+
+
+def record_prompt(conn: Connection, run_id: int, kind: str, result: PromptResult, output_texts: list[str]) -> None:
+    """Store one prompt's result in the caller's transaction; output_texts[i] is output token i's text."""
+    round_rows, token_rows = [], []
+    for r in result.rounds:
+        round_rows.append({"run_id": run_id, "prompt_index": result.prompt_index, "round_index": r.round_index,
+                           "k": r.k, "accepted": r.accepted, "rejected": r.rejected, "emitted": len(r.emitted_ids),
+                           "draft_seconds": r.draft_seconds, "verify_seconds": r.verify_seconds,
+                           "draft_forwards": r.draft_forwards})
+        for t in r.draft_tokens:
+            token_rows.append({"run_id": run_id, "prompt_index": result.prompt_index, "round_index": r.round_index,
+                               "position": t.position, "token_id": int(t.token_id), "text": t.text,
+                               "token_type": t.token_type, "p_draft": float(t.p_draft), "p_target": float(t.p_target),
+                               "beta": float(t.beta), "kl": _finite_or_none(t.kl), "outcome": t.outcome})
+    insert_rows(conn, round_rows, token_rows, _output_rows(run_id, kind, result, output_texts))
+    conn.execute(text(_PROMPT_ROLLUP), {
+        "run_id": run_id, "prompt_index": result.prompt_index, "prompt": result.prompt,
+        "output_ids": encode_ids(result.output_ids), "text": result.text, "new_tokens": result.new_tokens,
+        "wall_seconds": result.wall_seconds, "decode_steps": result.decode_steps,
+        "decode_seconds": result.decode_seconds, "finished": utcnow()})
+    refresh_run(conn, run_id)
+
+
+def insert_rows(conn: Connection, round_rows: list[dict], token_rows: list[dict], output_rows: list[dict]) -> None:
+    """Bulk-insert plain row dicts (executemany)."""
+    for table, rows in ((rounds, round_rows), (draft_tokens, token_rows), (output_tokens, output_rows)):
+        if rows:
+            conn.execute(insert(table), rows)
+
+
+def refresh_run(conn: Connection, run_id: int) -> None:
+    """Recompute a run's aggregate columns from its committed prompt rows."""
+    conn.execute(text(_RUN_ROLLUP), {"run_id": run_id})
+
+
+def clear_from(conn: Connection, run_id: int, prompt_index: int) -> None:
+    """Delete a run's rows for prompts >= prompt_index (none exist when prompts commit atomically;
+    this keeps a resume duplicate-free even so)."""
+    for table in (draft_tokens, rounds, output_tokens, prompt_results):
+        conn.execute(table.delete().where(table.c.run_id == run_id, table.c.prompt_index >= prompt_index))
+    refresh_run(conn, run_id)

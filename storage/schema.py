@@ -1,0 +1,229 @@
+"""The DraftLab database: experiments, their runs, and every prompt, round, emitted token and draft token.
+
+Metric columns use SPEC.md names verbatim. Per-prompt rollups (`prompt_results.accepted`, `.beta_sum`, ...)
+are filled by SQL aggregation over that prompt's rounds and draft tokens when the prompt is committed, and
+run-level aggregates on `runs` by SQL aggregation over the prompt rows; list views read those, so they stay
+fast at millions of draft tokens. Bump SCHEMA_VERSION and add a step to `migrations.STEPS` for any change.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SCHEMA_VERSION = 2
+
+# Run kinds and statuses.
+BASELINE, SPECULATIVE = "baseline", "speculative"
+QUEUED, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED = "queued", "running", "done", "failed", "cancelled", "interrupted"
+STATUSES = (QUEUED, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED)
+# Emitted-token kind of every token of a target-only (baseline) output.
+TARGET = "target"
+FIRST = "first"  # the first token of a speculative output: the target's prefill emits it, no round owns it
+
+
+def utcnow() -> datetime:
+    """Naive UTC: stored the same way by SQLite and PostgreSQL."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+# SQLite stores draft tokens clustered by primary key, so a run's rows sit together on disk.
+_CLUSTERED = {"sqlite_with_rowid": False}
+
+
+class SchemaInfo(Base):
+    __tablename__ = "schema_info"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    notes: Mapped[str] = mapped_column(Text, default="")
+    tags: Mapped[str] = mapped_column(Text, default="")  # comma-separated, no spaces around commas
+    created: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    target: Mapped[str] = mapped_column(Text)
+    draft: Mapped[str] = mapped_column(Text)
+    prompts: Mapped[str] = mapped_column(Text)  # prompt-set spec (`code:validation`) or file path
+    device: Mapped[str] = mapped_column(String(20), default="auto")
+    dtype: Mapped[str] = mapped_column(String(20), default="auto")
+    trust_remote_code: Mapped[bool] = mapped_column(Boolean, default=False)
+    temperature: Mapped[float] = mapped_column(Double, default=0.0)
+    top_k: Mapped[int] = mapped_column(Integer, default=0)
+    top_p: Mapped[float] = mapped_column(Double, default=1.0)
+    seed: Mapped[int] = mapped_column(Integer, default=0)
+    max_new_tokens: Mapped[int] = mapped_column(Integer, default=128)
+    k: Mapped[int] = mapped_column(Integer, default=4)  # k of every run when the sweep is over something else
+    sweep_variable: Mapped[str] = mapped_column(String(40), default="k")
+    sweep_values: Mapped[str] = mapped_column(Text, default="[]")  # JSON list
+
+
+class ExperimentPrompt(Base):
+    """The prompt texts an experiment ran on, frozen when its first run starts (resume and reruns use these)."""
+
+    __tablename__ = "experiment_prompts"
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    prompt_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt: Mapped[str] = mapped_column(Text)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+    id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200), default="")
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    started: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    heartbeat: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the run it is executing
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(20))  # baseline / speculative
+    baseline_run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # speculative: its target-only run
+    sweep_value: Mapped[float | None] = mapped_column(Double, nullable=True)
+    # The run's own configuration (a sweep may vary any of these).
+    k: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    temperature: Mapped[float] = mapped_column(Double)
+    top_k: Mapped[int] = mapped_column(Integer)
+    top_p: Mapped[float] = mapped_column(Double)
+    seed: Mapped[int] = mapped_column(Integer)
+    max_new_tokens: Mapped[int] = mapped_column(Integer)
+    # Queue state.
+    status: Mapped[str] = mapped_column(String(20), default=QUEUED)
+    progress: Mapped[float] = mapped_column(Double, default=0.0)  # 0..1
+    prompts_total: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    prompts_done: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # one line, names the problem and the fix
+    error_detail: Mapped[str | None] = mapped_column(Text, nullable=True)  # traceback, for bug reports
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    reserved_for: Mapped[str | None] = mapped_column(String(80), nullable=True)  # only this worker may claim it
+    worker_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    created: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    started: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    heartbeat: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    device_name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    peak_memory_mb: Mapped[float | None] = mapped_column(Double, nullable=True)
+    # Aggregates over committed prompts (SPEC names), refreshed by SQL after each prompt.
+    new_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    wall_seconds: Mapped[float] = mapped_column(Double, default=0.0)
+    tokens_per_second: Mapped[float | None] = mapped_column(Double, nullable=True)
+    target_step_seconds: Mapped[float | None] = mapped_column(Double, nullable=True)  # baseline runs
+    rounds: Mapped[int] = mapped_column(Integer, default=0)
+    proposed: Mapped[int] = mapped_column(Integer, default=0)
+    accepted: Mapped[int] = mapped_column(Integer, default=0)
+    rejected: Mapped[int] = mapped_column(Integer, default=0)
+    draft_acceptance_rate: Mapped[float | None] = mapped_column(Double, nullable=True)
+    alpha: Mapped[float | None] = mapped_column(Double, nullable=True)
+    tokens_per_round: Mapped[float | None] = mapped_column(Double, nullable=True)
+    expected_alpha: Mapped[float | None] = mapped_column(Double, nullable=True)
+    kl: Mapped[float | None] = mapped_column(Double, nullable=True)
+    draft_step_seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
+    max_k: Mapped[int] = mapped_column(Integer, default=0)  # largest k_r seen (the k of predicted_speedup)
+
+    __table_args__ = (
+        Index("ix_runs_experiment", "experiment_id", "kind"),
+        Index("ix_runs_status", "status", "experiment_id"),
+    )
+
+
+class PromptResult(Base):
+    """One prompt of one run, with SQL rollups of its rounds and draft tokens."""
+
+    __tablename__ = "prompt_results"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    prompt_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt: Mapped[str] = mapped_column(Text)
+    output_ids: Mapped[str] = mapped_column(Text)  # JSON list, canonical separators (compared as text in SQL)
+    text: Mapped[str] = mapped_column(Text)
+    new_tokens: Mapped[int] = mapped_column(Integer)
+    wall_seconds: Mapped[float] = mapped_column(Double)
+    decode_steps: Mapped[int] = mapped_column(Integer, default=0)
+    decode_seconds: Mapped[float] = mapped_column(Double, default=0.0)
+    finished: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # Rollups (SQL aggregates of this prompt's rounds / draft tokens).
+    rounds: Mapped[int] = mapped_column(Integer, default=0)
+    proposed: Mapped[int] = mapped_column(Integer, default=0)
+    emitted: Mapped[int] = mapped_column(Integer, default=0)  # tokens emitted by rounds
+    max_k: Mapped[int] = mapped_column(Integer, default=0)
+    draft_seconds: Mapped[float] = mapped_column(Double, default=0.0)
+    verify_seconds: Mapped[float] = mapped_column(Double, default=0.0)
+    draft_forwards: Mapped[int] = mapped_column(Integer, default=0)
+    accepted: Mapped[int] = mapped_column(Integer, default=0)
+    rejected: Mapped[int] = mapped_column(Integer, default=0)
+    verified: Mapped[int] = mapped_column(Integer, default=0)
+    beta_sum: Mapped[float] = mapped_column(Double, default=0.0)
+    kl_sum: Mapped[float] = mapped_column(Double, default=0.0)
+    kl_count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class RoundRow(Base):
+    __tablename__ = "rounds"
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    k: Mapped[int] = mapped_column(Integer)
+    accepted: Mapped[int] = mapped_column(Integer)
+    rejected: Mapped[int] = mapped_column(Integer)
+    emitted: Mapped[int] = mapped_column(Integer)
+    draft_seconds: Mapped[float] = mapped_column(Double)
+    verify_seconds: Mapped[float] = mapped_column(Double)
+    draft_forwards: Mapped[int] = mapped_column(Integer)
+    __table_args__ = (_CLUSTERED,)
+
+
+class OutputToken(Base):
+    """Every token a run emitted, in output order, with the round (and kind) that emitted it."""
+
+    __tablename__ = "output_tokens"
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0-based index in the new tokens
+    token_id: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(20))  # first / accepted / correction / bonus / target
+    round_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    __table_args__ = (_CLUSTERED,)
+
+
+class DraftTokenRow(Base):
+    __tablename__ = "draft_tokens"
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)  # 1..k
+    token_id: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    token_type: Mapped[str] = mapped_column(String(20))
+    p_draft: Mapped[float] = mapped_column(Double)
+    p_target: Mapped[float] = mapped_column(Double)
+    beta: Mapped[float] = mapped_column(Double)
+    kl: Mapped[float | None] = mapped_column(Double, nullable=True)  # NULL when the drafter has no logits
+    outcome: Mapped[str] = mapped_column(String(12))  # accepted / rejected / discarded
+    __table_args__ = (
+        # Covering indexes: each diagnostic query reads only its index, in GROUP BY order.
+        Index("ix_draft_tokens_position", "run_id", "position", "outcome"),
+        Index("ix_draft_tokens_type", "run_id", "token_type", "outcome"),
+        Index("ix_draft_tokens_token", "run_id", "token_id", "outcome"),
+        _CLUSTERED,
+    )
+
+
+schema_info = SchemaInfo.__table__
+experiments = Experiment.__table__
+experiment_prompts = ExperimentPrompt.__table__
+workers = Worker.__table__
+runs = Run.__table__
+prompt_results = PromptResult.__table__
+rounds = RoundRow.__table__
+output_tokens = OutputToken.__table__
+draft_tokens = DraftTokenRow.__table__

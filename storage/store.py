@@ -1,0 +1,94 @@
+"""Opening a database: URL resolution, SQLite pragmas, schema creation/upgrade."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from .migrations import ensure_schema
+
+DEFAULT_URL = "sqlite:///draftlab.db"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def resolve_url(url: str | None = None) -> str:
+    """--db, else $DRAFTLAB_DB, else sqlite:///draftlab.db; plain postgresql:// means psycopg 3."""
+    url = url or os.environ.get("DRAFTLAB_DB") or DEFAULT_URL
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url
+
+
+@dataclass
+class Store:
+    engine: Engine
+    url: str
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A Session committed on success, rolled back on error."""
+        with sessionmaker(self.engine).begin() as session:
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read transaction: one consistent snapshot."""
+        with self.engine.connect() as conn:
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction. On SQLite it takes the write lock up front (BEGIN IMMEDIATE), so a
+        read-then-write transaction cannot fail with SQLITE_BUSY when another writer got in between."""
+        with self.engine.connect().execution_options(draftlab_immediate=True) as conn:
+            with conn.begin():
+                yield conn
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection, _record):
+        # Let SQLAlchemy, not the driver, decide where transactions begin (so SELECTs and DDL are transactional).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        if make_url(url).database not in (None, "", ":memory:"):
+            cursor.execute("PRAGMA journal_mode=WAL")  # readers never block the writer, nor it them
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; WAL keeps commits atomic
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("draftlab_immediate") else "BEGIN")
+
+    return engine
+
+
+def open_store(url: str | None = None, create: bool = True) -> Store:
+    """Open (and create or upgrade) the database at url (see resolve_url)."""
+    url = resolve_url(url)
+    if make_url(url).get_backend_name() == "sqlite":
+        engine = _sqlite_engine(url)
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    if create:
+        ensure_schema(engine)
+    return Store(engine=engine, url=url)
