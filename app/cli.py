@@ -61,33 +61,151 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="run queued runs")
     worker.add_argument("--db", default=None)
+    worker.add_argument("--until-idle", action="store_true", help="exit when no queued run is left")
 
     lst = sub.add_parser("list", help="experiments and runs")
     lst.add_argument("--db", default=None)
+    lst.add_argument("--json", action="store_true", help="print one JSON object")
 
-    export = sub.add_parser("export", help="an experiment's runs and per-token rows")
+    export = sub.add_parser("export", help="an experiment's runs with metrics, and its per-token rows")
     export.add_argument("experiment_id", type=int)
     export.add_argument("--format", choices=["csv", "json"], default="csv")
+    export.add_argument("--out", default=None,
+                        help="csv: directory for the two files (default .); json: file (default stdout)")
     export.add_argument("--db", default=None)
     return parser
 
 
 def cmd_run(args) -> int:
+    """Enqueue the experiment, execute it here through the worker's code path, print the stored figures."""
     from engine.errors import DraftLabError
+    from engine.loading import load_pair
+    from engine.prompt_sets import load_prompts
+    from engine.runs import encode_prompts
     from engine.sampling import SamplingConfig
+    from storage import open_store, queue
+    from storage.export import run_document
 
     from .report import format_table
-    from .run_local import run_experiment
+    from .worker import Worker
 
     try:
         ks = parse_k_values(args.k)
         cfg = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.max_new_tokens)
-        doc = run_experiment(args, ks, cfg)
+        prompts = load_prompts(args.prompts)
+        store = open_store(args.db)
+        # Bad models or prompts are bad input (exit 2): check them before anything is stored.
+        pair = load_pair(args.target, args.draft, args.device, args.dtype, args.trust_remote_code)
+        encode_prompts(pair, prompts, cfg.max_new_tokens)
     except DraftLabError as exc:
         return _fail(str(exc))
-    except MemoryError as exc:  # torch.cuda.OutOfMemoryError subclasses RuntimeError; see run_local
-        return _fail(f"out of memory: {exc}", EXIT_RUN_FAILED)
+    except Exception as exc:  # an unreachable or unreadable database
+        return _fail(f"cannot open the database ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                     f"check --db / $DRAFTLAB_DB")
+
+    progress = _ProgressBar(len(prompts), cfg.max_new_tokens, 1 + len(ks))
+    worker = Worker(store, progress_hook=progress.update, log=progress.write)
+    experiment_id = queue.enqueue_experiment(
+        store, name=args.name, target=args.target, draft=args.draft, prompts=args.prompts,
+        sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+                  "max_new_tokens": args.max_new_tokens},
+        device=args.device, dtype=args.dtype, sweep_variable="k", sweep_values=ks, k=ks[0],
+        prompt_texts=prompts, trust_remote_code=args.trust_remote_code, reserved_for=worker.id)
+    worker.adopt(pair, queue.get_experiment(store, experiment_id))
+    try:
+        with worker:
+            worker.work(until_idle=True, experiment_id=experiment_id)
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"error: interrupted; resume experiment {experiment_id} with `draftlab worker --db {store.url}` "
+              f"after requeueing it from the dashboard", file=sys.stderr)
+        return 130
+    progress.close()
+    doc = run_document(store, experiment_id)
     print(json.dumps(doc) if args.json else format_table(doc))
+    failed = [r for r in [doc["baseline"], *doc["runs"]] if r and r.get("status") != "done"]
+    for r in failed:
+        print(f"error: run {r['run_id']} {r['status']}: {r.get('error') or ''} (stored in {store.url})", file=sys.stderr)
+    return EXIT_RUN_FAILED if failed else 0
+
+
+class _ProgressBar:
+    """Token progress of the whole experiment on stderr (tqdm), fed by the worker's progress hook."""
+
+    def __init__(self, prompts: int, max_new_tokens: int, runs: int):
+        from tqdm import tqdm
+
+        self.per_prompt, self.per_run = max_new_tokens, prompts * max_new_tokens
+        self.bar = tqdm(total=self.per_run * runs, unit="tok", file=sys.stderr, dynamic_ncols=True)
+        self.runs_seen: list[int] = []
+
+    def update(self, run: dict, prompt_index: int, tokens: int) -> None:
+        if run["id"] not in self.runs_seen:
+            self.runs_seen.append(run["id"])
+            self.bar.set_description("baseline" if run["kind"] == "baseline" else f"k={run['k']}")
+        done = (len(self.runs_seen) - 1) * self.per_run + prompt_index * self.per_prompt + min(tokens, self.per_prompt)
+        self.bar.update(max(0, done - self.bar.n))
+
+    def write(self, message: str) -> None:
+        self.bar.write(f"worker: {message}", file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.update(self.bar.total - self.bar.n) if self.bar.n < self.bar.total else None
+        self.bar.close()
+
+
+def cmd_worker(args) -> int:
+    from .worker import run_worker
+
+    return run_worker(args.db, until_idle=args.until_idle)
+
+
+def cmd_list(args) -> int:
+    from storage import open_store
+    from storage import queries as q
+    from storage.export import plain
+
+    store = open_store(args.db)
+    experiments = q.experiments(store)
+    if args.json:
+        doc = [{**plain(e), "runs": plain(q.runs(store, int(e["experiment_id"])).to_dict(orient="records"))}
+               for e in experiments.to_dict(orient="records")]
+        print(json.dumps({"experiments": doc}))
+        return 0
+    if experiments.empty:
+        print(f"no experiments in {store.url}")
+        return 0
+    fmt = lambda v, spec: format(v, spec) if v is not None and v == v else "-"  # noqa: E731
+    for e in experiments.itertuples():
+        print(f"experiment {e.experiment_id}  {e.name}  [{e.status} {100 * e.progress:.0f}%]  "
+              f"{e.target} / {e.draft}  prompts {e.prompts}  {e.sweep_variable}={e.sweep_values}")
+        for r in q.runs(store, int(e.experiment_id)).itertuples():
+            what = "baseline" if r.kind == "baseline" else f"{e.sweep_variable}={r.sweep_value:g}"
+            print(f"  run {r.run_id:<5} {what:<14} {r.status:<11} {100 * r.progress:3.0f}%  "
+                  f"{fmt(r.tokens_per_second, '8.1f')} tok/s  speedup {fmt(r.speedup, '.2f')}  "
+                  f"alpha {fmt(r.alpha, '.3f')}" + (f"  error: {r.error}" if r.error else ""))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from storage import open_store
+    from storage.export import export_csv, export_json
+
+    store = open_store(args.db)
+    try:
+        if args.format == "json":
+            doc = json.dumps(export_json(store, args.experiment_id))
+            if args.out in (None, "-"):
+                print(doc)
+            else:
+                with open(args.out, "w", encoding="utf-8") as f:
+                    f.write(doc)
+                print(args.out)
+        else:
+            for path in export_csv(store, args.experiment_id, args.out or "."):
+                print(path)
+    except KeyError:
+        return _fail(f"no experiment {args.experiment_id} in {store.url}; `draftlab list` shows the ids")
     return 0
 
 
@@ -98,11 +216,17 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     if args.command == "run":
         return cmd_run(args)
+    if args.command == "worker":
+        return cmd_worker(args)
+    if args.command == "list":
+        return cmd_list(args)
+    if args.command == "export":
+        return cmd_export(args)
     if args.command == "ui":
         from .ui import main as ui_main
 
         return ui_main(db=args.db, port=args.port, host=args.host)
-    return _fail(f"`draftlab {args.command}` needs the storage layer, which this build does not have yet")
+    return _fail(f"unknown command {args.command!r}")
 
 
 if __name__ == "__main__":

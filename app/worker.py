@@ -242,6 +242,12 @@ class Worker:
         self.loaded = _Loaded(key + (experiment["id"],), pair, TokenTyper(pair.tokenizer))
         return self.loaded
 
+    def adopt(self, pair: ModelPair, experiment: dict) -> None:
+        """Use an already loaded pair for this experiment's runs (the CLI loads it first to report bad input)."""
+        key = (experiment["target"], experiment["draft"], experiment["device"], experiment["dtype"],
+               bool(experiment["trust_remote_code"]))
+        self.loaded = _Loaded(key + (experiment["id"],), pair, TokenTyper(pair.tokenizer))
+
     def _release(self) -> None:
         if self.loaded is not None:
             device = self.loaded.pair.device

@@ -1,0 +1,100 @@
+"""Documents built from the stored queries: the `draftlab run --json` object and experiment exports.
+
+Everything here reads through storage.queries, so the CLI JSON, the exports and the dashboard show the
+same figures.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from . import queries as q
+from .store import Store
+
+# Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics.py's speculative_metrics).
+SPECULATIVE_KEYS = ["new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted", "rejected",
+                    "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha", "kl",
+                    "per_position_acceptance", "acceptance_by_type", "draft_step_seconds", "c", "predicted_speedup",
+                    "speedup"]
+
+
+def plain(value):
+    """A JSON-ready Python value: numpy scalars unwrapped, NaN/NA as None, timestamps as ISO strings."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat()
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _outputs(store: Store, run_id: int) -> list[dict]:
+    return [{"prompt_index": int(r.prompt_index), "token_ids": list(r.token_ids), "text": r.text}
+            for r in q.outputs(store, run_id).itertuples()]
+
+
+def run_document(store: Store, experiment_id: int, with_outputs: bool = True) -> dict:
+    """The SPEC `draftlab run --json` object for a stored experiment (one k-sweep baseline)."""
+    runs = q.runs(store, experiment_id)
+    sweep_variable = (q.experiment(store, experiment_id) or {}).get("sweep_variable", "k")
+    baseline_rows = runs[runs["kind"] == "baseline"]
+    doc: dict = {"experiment_id": experiment_id, "baseline": None, "runs": []}
+    for _, b in baseline_rows.iterrows():
+        entry = {"run_id": b.run_id, "status": b.status, "error": b.error, "new_tokens": b.new_tokens,
+                 "wall_seconds": b.wall_seconds, "tokens_per_second": b.tokens_per_second,
+                 "target_step_seconds": b.target_step_seconds}
+        if with_outputs:
+            entry["outputs"] = _outputs(store, int(b.run_id))
+        doc["baseline"] = plain(entry)  # a sampling sweep has several; the last one stands for the set
+        if len(baseline_rows) > 1:
+            doc.setdefault("baselines", []).append(plain(entry))
+    for _, r in runs[runs["kind"] == "speculative"].iterrows():
+        run_id = int(r.run_id)
+        position = q.acceptance_by_position(store, run_id)
+        by_type = q.acceptance_by_type(store, run_id)
+        entry = {"run_id": run_id, "k": r.k, "status": r.status, "error": r.error,
+                 **{key: r[key] for key in SPECULATIVE_KEYS if key in r.index},
+                 "per_position_acceptance": list(position["conditional"]),
+                 "acceptance_by_type": dict(zip(by_type["token_type"], by_type["rate"])),
+                 "outputs_match_baseline": r.outputs_match_baseline}
+        entry = {key: entry[key] for key in ["run_id", "k", "status", "error", *SPECULATIVE_KEYS, "outputs_match_baseline"]}
+        if sweep_variable != "k":
+            entry["sweep_value"] = r.sweep_value
+        if with_outputs:
+            entry["outputs"] = _outputs(store, run_id)
+        doc["runs"].append(plain(entry))
+    return doc
+
+
+def export_json(store: Store, experiment_id: int) -> dict:
+    """An experiment, its runs with every metric, and every draft token."""
+    experiment = q.experiment(store, experiment_id)
+    if experiment is None:
+        raise KeyError(experiment_id)
+    runs = q.runs(store, experiment_id)
+    tokens = q.draft_token_rows(store, experiment_id)
+    return plain({"experiment": experiment,
+                  "runs": runs.to_dict(orient="records"),
+                  "draft_tokens": tokens.to_dict(orient="records")})
+
+
+def export_csv(store: Store, experiment_id: int, directory: str | Path) -> list[Path]:
+    """Write experiment-N-runs.csv and experiment-N-draft-tokens.csv into directory; return their paths."""
+    if q.experiment(store, experiment_id) is None:
+        raise KeyError(experiment_id)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    runs_path = directory / f"experiment-{experiment_id}-runs.csv"
+    tokens_path = directory / f"experiment-{experiment_id}-draft-tokens.csv"
+    q.runs(store, experiment_id).to_csv(runs_path, index=False)
+    q.draft_token_rows(store, experiment_id).to_csv(tokens_path, index=False)
+    return [runs_path, tokens_path]
