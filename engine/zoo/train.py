@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import shlex
 import sys
@@ -55,7 +54,8 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     seed: int = 1234
-    steps: int = 0            # 0: fixed from --minutes after calibration
+    steps: int = 0            # 0: fixed from --minutes when the decay phase starts
+    decay_start: int = 0      # step where the LR starts its linear decay (0: 80 % of steps)
     ckpt_every: int = 100
     eval_batches: int = 20
     kd_teacher: str = ""      # optional: a model dir to distil from (KD loss mixed with CE)
@@ -122,10 +122,17 @@ def get_batch(data: torch.Tensor, cfg: TrainConfig, gen: torch.Generator):
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Warm-up, stable, decay (WSD): linear warm-up, constant LR, then a linear decay to min_lr over the last
+    stretch [decay_start, steps). With a wall budget the decay starts at 80 % of the budget, so the schedule
+    ends on time whatever the machine's speed; the card records both numbers, so --steps/--decay-start
+    reproduce it exactly."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    start = (cfg.decay_start or int(0.8 * cfg.steps)) if cfg.steps else 0
+    if not cfg.steps or step < start:
+        return cfg.lr
+    progress = min(1.0, (step - start) / max(1, cfg.steps - start))
+    return cfg.lr * (1 - (1 - cfg.min_lr_ratio) * progress)
 
 
 @torch.no_grad()
@@ -179,7 +186,7 @@ it is not a useful general model.
 | tokenizer | byte-level BPE, {s['vocab_size']} tokens, shared by all demo models (`python -m engine.zoo.tokenizer`) |
 | weights | float16 safetensors |
 | training | {c['steps']} steps x {c['batch_size']} x {c['seq_len']} tokens = {c['training_tokens']:,} tokens (corpus: {c['corpus_train_tokens']:,} train tokens, {c['corpus_val_tokens']:,} held-out) |
-| optimizer | AdamW lr {c['lr']} (cosine to {c['lr'] * c['min_lr_ratio']:.2g}, {c['warmup_steps']} warm-up), wd {c['weight_decay']}, seed {c['seed']}{c.get('kd_note', '')} |
+| optimizer | AdamW lr {c['lr']} ({c['warmup_steps']} warm-up steps, constant, linear decay to {c['lr'] * c['min_lr_ratio']:.2g} from step {c['decay_start']}), wd {c['weight_decay']}, seed {c['seed']}{c.get('kd_note', '')} |
 | final loss | train {c['final_train_loss']:.3f}, held-out {c['final_val_loss']:.3f} (nats/token) |
 | wall time | {c['wall_minutes']:.1f} min on {c['hardware']} |
 | Python | {c['python']} (the corpus is this version's stdlib) |
@@ -197,6 +204,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", required=True, choices=sorted(SHAPES))
     ap.add_argument("--minutes", type=float, default=0.0, help="wall budget (sets --steps from measured speed)")
     ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--decay-start", type=int, default=0, help="step where the LR decay starts (default 80%%)")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     ap.add_argument("--seq-len", type=int, default=TrainConfig.seq_len)
@@ -224,7 +232,7 @@ def main(argv=None) -> None:
     shape = SHAPES[args.model]
     cfg = TrainConfig(seq_len=args.seq_len, batch_size=args.batch_size,
                       lr=args.lr if args.lr is not None else DEFAULT_LR[args.model], seed=args.seed,
-                      steps=args.steps, ckpt_every=args.ckpt_every, kd_teacher=args.teacher,
+                      steps=args.steps, decay_start=args.decay_start, ckpt_every=args.ckpt_every, kd_teacher=args.teacher,
                       kd_weight=args.kd_weight)
     model = build_model(shape, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
@@ -250,6 +258,7 @@ def main(argv=None) -> None:
         step, elapsed = st["step"], st["elapsed"]
         if not args.steps:
             cfg.steps = st["cfg"]["steps"]
+            cfg.decay_start = st["cfg"].get("decay_start", 0)
         last_loss = st.get("loss", float("nan"))
         print(f"resumed from {ckpt_path} at step {step} ({elapsed / 60:.1f} min done, {cfg.steps} planned)",
               flush=True)
@@ -257,8 +266,6 @@ def main(argv=None) -> None:
     from tqdm import tqdm
 
     model.train()
-    calib_from, calib_at = 10, 40
-    calib_t0 = 0.0
     t_start = time.perf_counter()
     base_elapsed = elapsed
     bar = tqdm(total=cfg.steps or None, initial=step, desc=args.model, dynamic_ncols=True, mininterval=5)
@@ -268,7 +275,7 @@ def main(argv=None) -> None:
             break
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         x, y = get_batch(train, cfg, gen)
-        lr = lr_at(step, cfg) if cfg.steps else cfg.lr * (step + 1) / cfg.warmup_steps
+        lr = lr_at(step, cfg)
         for g in opt.param_groups:
             g["lr"] = lr
         logits = model(input_ids=x).logits
@@ -290,14 +297,12 @@ def main(argv=None) -> None:
         ema = last_loss if ema is None else 0.95 * ema + 0.05 * last_loss
         bar.update(1)
         bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}", min=f"{elapsed / 60:.1f}", refresh=False)
-        if step == calib_from:
-            calib_t0 = elapsed
-        if not cfg.steps and step == calib_at:
-            # speed of steps calib_from..calib_at (the first steps are slow: allocation, warm caches)
-            per_step = (elapsed - calib_t0) / (calib_at - calib_from)
-            cfg.steps = calib_at + max(1, int((args.minutes * 60 - elapsed) / per_step * 0.97))
+        if not cfg.steps and elapsed >= 0.8 * args.minutes * 60:
+            # the decay phase gets the last 20 % of the budget, at the average speed so far
+            cfg.decay_start = step
+            cfg.steps = step + max(1, round(step * 0.25))
             bar.total = cfg.steps
-            print(f"\n{per_step:.2f} s/step -> {cfg.steps} steps in {args.minutes} min", flush=True)
+            print(f"\n{elapsed / step:.2f} s/step: LR decay from step {step} to {cfg.steps}", flush=True)
         if step % 50 == 0:
             print(f"\nstep {step}/{cfg.steps} loss {ema:.4f} lr {lr:.2e} {elapsed / 60:.1f} min", flush=True)
         if step % cfg.ckpt_every == 0 or (cfg.steps and step >= cfg.steps):
@@ -315,6 +320,8 @@ def main(argv=None) -> None:
     print(f"final: train loss {ema if ema is not None else last_loss:.4f}, held-out {val_loss:.4f}, "
           f"{elapsed / 60:.1f} min", flush=True)
     cmd = ["python", "-m", "engine.zoo.train", "--model", args.model, "--steps", str(cfg.steps)]
+    if cfg.decay_start:
+        cmd += ["--decay-start", str(cfg.decay_start)]
     if args.lr is not None:
         cmd += ["--lr", str(args.lr)]
     if args.batch_size != TrainConfig.batch_size:
@@ -333,6 +340,7 @@ def main(argv=None) -> None:
         "training_tokens": cfg.steps * cfg.batch_size * cfg.seq_len,
         "corpus_train_tokens": meta["train_tokens"], "corpus_val_tokens": meta["val_tokens"],
         "lr": cfg.lr, "min_lr_ratio": cfg.min_lr_ratio, "warmup_steps": cfg.warmup_steps,
+        "decay_start": cfg.decay_start or int(0.8 * cfg.steps),
         "weight_decay": cfg.weight_decay, "seed": cfg.seed,
         "final_train_loss": float(ema if ema is not None else last_loss), "final_val_loss": val_loss,
         "wall_minutes": elapsed / 60, "hardware": f"{torch.get_num_threads()} CPU threads ({platform.machine()})",
