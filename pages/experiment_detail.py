@@ -29,9 +29,16 @@ def pooled_prediction_inputs(runs: pd.DataFrame) -> tuple[float, float] | None:
     return float(done["accepted"].sum() / verified), float(done["c"].mean())
 
 
+def by_swept_value(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
+    """The sweep curve with its swept value in a column named after the variable (`k`, `temperature`, ...)."""
+    if sweep_variable == "k":
+        return curve.drop(columns=["sweep_value"]).assign(k=lambda f: f["k"].astype(int))
+    return curve.rename(columns={"sweep_value": sweep_variable})
+
+
 def speedup_frame(curve: pd.DataFrame, sweep_variable: str, prediction: tuple[float, float] | None) -> pd.DataFrame:
     """Measured speedup per swept value and the formula's prediction; the frame the speedup chart draws."""
-    measured = curve.rename(columns={"sweep_value": sweep_variable, "predicted_speedup": "predicted_speedup_run"})
+    measured = by_swept_value(curve, sweep_variable).rename(columns={"predicted_speedup": "predicted_speedup_run"})
     measured = measured[[c for c in (sweep_variable, "run_id", "speedup", "predicted_speedup_run") if c in measured]]
     if sweep_variable != "k":
         return measured.assign(predicted_speedup=measured["predicted_speedup_run"])
@@ -41,13 +48,12 @@ def speedup_frame(curve: pd.DataFrame, sweep_variable: str, prediction: tuple[fl
     k_max = int(max(8, measured["k"].max() if len(measured) else 0, theory.best_k(alpha, c)[0] + 1))
     formula = pd.DataFrame({"k": range(1, k_max + 1)})
     formula["predicted_speedup"] = [theory.predicted_speedup(alpha, k, c) for k in formula["k"]]
-    measured = measured.assign(k=measured["k"].astype(int))
     return formula.merge(measured, on="k", how="outer").sort_values("k").reset_index(drop=True)
 
 
 def tokens_frame(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     """Measured tokens_per_round per run next to the formula's (1 − α^(k+1)) / (1 − α) at that run's α and k."""
-    frame = curve.rename(columns={"sweep_value": sweep_variable})[
+    frame = by_swept_value(curve, sweep_variable)[
         list(dict.fromkeys([sweep_variable, "k", "run_id", "alpha", "tokens_per_round"]))].copy()
     frame["expected_tokens_per_round"] = [
         theory.expected_tokens_per_round(a, int(k)) if pd.notna(a) and pd.notna(k) else np.nan
@@ -93,7 +99,7 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, sweep_variable: str, best_va
                        f"c = {c:.2f} (mean); the formula's best k is {k_best} at {s_best:.2f}×.")
     with right:
         st.subheader(f"Acceptance vs {sweep_variable}")
-        rates = curve.rename(columns={"sweep_value": sweep_variable})[
+        rates = by_swept_value(curve, sweep_variable)[
             list(dict.fromkeys([sweep_variable, "run_id", "alpha", "draft_acceptance_rate"]))]
         chart_with_csv(charts.rates_curve(rates, sweep_variable), rates, "acceptance_curve.csv")
     left, right = st.columns(2)

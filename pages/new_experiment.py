@@ -16,7 +16,8 @@ from storage import queue
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-SWEEP_VARIABLES = ("k",)
+SWEEP_VARIABLES = queue.SWEEPABLE  # k, or a sampling setting with k fixed
+INTEGER_VARIABLES = ("k", "top_k")
 DEFAULT_SWEEP = "1,2,3,4,6,8"
 MAX_K = 64
 UPLOAD_TYPES = ["jsonl", "csv", "txt"]
@@ -37,15 +38,21 @@ def parse_sweep_values(text: str, variable: str = "k") -> list:
         raise ValueError(f"give at least one {variable} value, e.g. {DEFAULT_SWEEP}")
     values = []
     for part in parts:
-        if variable == "k":
-            if not part.isdigit() or not 1 <= int(part) <= MAX_K:
-                raise ValueError(f"k value {part!r} is not a whole number from 1 to {MAX_K}; use e.g. {DEFAULT_SWEEP}")
+        if variable in INTEGER_VARIABLES:
+            low = 1 if variable == "k" else 0
+            if not part.isdigit() or not low <= int(part) <= (MAX_K if variable == "k" else 10**6):
+                hint = f"from 1 to {MAX_K}; use e.g. {DEFAULT_SWEEP}" if variable == "k" else "≥ 0"
+                raise ValueError(f"{variable} value {part!r} is not a whole number {hint}")
             value = int(part)
         else:
             try:
                 value = float(part)
             except ValueError:
                 raise ValueError(f"{variable} value {part!r} is not a number") from None
+            if variable == "temperature" and value < 0:
+                raise ValueError(f"temperature value {part} is negative; 0 means greedy")
+            if variable == "top_p" and not 0 < value <= 1:
+                raise ValueError(f"top_p value {part} is outside (0, 1]")
         if value in values:
             raise ValueError(f"{variable} value {part} is listed twice; list each value once")
         values.append(value)
@@ -70,7 +77,7 @@ def save_upload(name: str, data: bytes) -> Path:
 def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, prompts: str | None,
              prompt_error: str | None, temperature: float, top_k: int, top_p: float, seed: int,
              max_new_tokens: int, device: str, dtype: str, sweep_variable: str, sweep_text: str, k: int,
-             name: str, notes: str, tags_text: str) -> Launch:
+             name: str, notes: str, tags_text: str, prompt_texts: list[str] | None = None) -> Launch:
     """Check every field; a Launch with no errors carries the enqueue_experiment keyword arguments."""
     launch = Launch()
     if not pair_ok:
@@ -113,6 +120,8 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         device=device, dtype=dtype, sweep_variable=sweep_variable, sweep_values=values, k=int(k),
         notes=notes.strip(), tags=tags,
     )
+    if prompt_texts is not None:  # an upload: freeze its prompts now, so any worker can run them
+        launch.kwargs["prompt_texts"] = list(prompt_texts)
     return launch
 
 
@@ -123,8 +132,8 @@ def _pair_check(target: str, draft: str):
         return check_pair_names(target.strip(), draft.strip())
 
 
-def _prompt_source() -> tuple[str | None, str | None]:
-    """(prompt set spec or saved file path, error) from the prompt-set widgets."""
+def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
+    """(prompt set spec or saved file path, error, the uploaded prompts) from the prompt-set widgets."""
     source = st.radio("Prompt set", ["Built-in", "Upload a file"], horizontal=True, key="prompt_source")
     if source == "Built-in":
         sets = list_prompt_sets()
@@ -133,22 +142,22 @@ def _prompt_source() -> tuple[str | None, str | None]:
         try:
             count = len(load_prompts(spec))
         except DraftLabError as exc:
-            return None, str(exc)
+            return None, str(exc), None
         st.caption(f"{count} prompts — {PROMPT_SET_DESCRIPTIONS.get(spec.split(':')[0], '')}")
-        return spec, None
+        return spec, None, None
     upload = st.file_uploader("Prompt file: .jsonl (a \"prompt\" field per line), .csv (a \"prompt\" column) or "
                               ".txt (one prompt a line)", type=UPLOAD_TYPES, key="prompt_upload")
     if upload is None:
-        return None, None
+        return None, None, None
     path = save_upload(upload.name, upload.getvalue())
     try:
-        count = len(load_prompt_file(path))
+        prompts = load_prompt_file(path)
     except DraftLabError as exc:
-        return None, str(exc).replace(str(path), upload.name)
-    if count == 0:
-        return None, f"{upload.name} holds no prompts"
-    st.caption(f"{count} prompts from {upload.name}, saved as `{path}`")
-    return str(path), None
+        return None, str(exc).replace(str(path), upload.name), None
+    if not prompts:
+        return None, f"{upload.name} holds no prompts", None
+    st.caption(f"{len(prompts)} prompts from {upload.name}, saved as `{path}`")
+    return str(path), None, prompts
 
 
 def render() -> None:
@@ -168,7 +177,7 @@ def render() -> None:
         else:
             st.error(f"Pair check: {check.message}", icon=":material/error:")
         st.subheader("Prompts")
-        prompts, prompt_error = _prompt_source()
+        prompts, prompt_error, prompt_texts = _prompt_source()
         if prompt_error:
             st.error(prompt_error, icon=":material/error:")
     with right:
@@ -203,11 +212,15 @@ def render() -> None:
                           prompt_error=prompt_error, temperature=float(temperature), top_k=int(top_k),
                           top_p=float(top_p), seed=int(seed), max_new_tokens=int(max_new_tokens), device=device,
                           dtype=dtype, sweep_variable=sweep_variable, sweep_text=sweep_text, k=int(k), name=name,
-                          notes=notes, tags_text=tags_text)
+                          notes=notes, tags_text=tags_text, prompt_texts=prompt_texts)
         if launch.errors:
             st.error("Not launched:\n" + "\n".join(f"- {e}" for e in launch.errors), icon=":material/error:")
             return
-        experiment_id = queue.enqueue_experiment(store(), **launch.kwargs)
+        try:
+            experiment_id = queue.enqueue_experiment(store(), **launch.kwargs)
+        except queue.QueueError as exc:
+            st.error(f"Not launched: {exc}", icon=":material/error:")
+            return
         values = ", ".join(f"{v:g}" for v in launch.kwargs["sweep_values"])
         st.success(f"Experiment #{experiment_id} queued: a baseline and {len(launch.kwargs['sweep_values'])} runs "
                    f"({launch.kwargs['sweep_variable']} = {values}).", icon=":material/rocket_launch:")

@@ -1,0 +1,378 @@
+"""Every dashboard page under Streamlit's AppTest, against real (temporary) databases: empty, populated by the
+real worker running tiny models, and fed invalid input. Figures on screen are compared with storage's queries."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine import theory
+from storage import open_store
+from storage import queries as q
+from storage import queue
+
+TIMEOUT = 180  # seconds per script run: the CI machine is small and shared
+PAGES = ["new", "experiments", "experiment", "rounds", "compare", "theory"]
+PROMPTS = ["t5 t6 t7 t8", "t9 t10 t11"]
+
+
+def app(page: str, **query) -> AppTest:
+    """The real entry script's router, started on `page`, with `query` in the URL."""
+    at = AppTest.from_string(f"from app.main import run\nrun({page!r})", default_timeout=TIMEOUT)
+    for key, value in query.items():
+        at.query_params[key] = str(value)
+    return at.run()
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def chart_data(at: AppTest) -> list[list[pd.DataFrame]]:
+    """Every Vega-Lite chart's datasets, decoded from what the browser would receive."""
+    return [[pa.ipc.open_stream(d.data.data).read_pandas() for d in chart.proto.datasets]
+            for chart in at.get("vega_lite_chart")]
+
+
+def chart_titles(at: AppTest) -> list[str]:
+    return [json.dumps(json.loads(chart.proto.spec)) for chart in at.get("vega_lite_chart")]
+
+
+def downloads(at: AppTest) -> list[str]:
+    return [b.proto.id.rsplit("csv_", 1)[-1] for b in at.get("download_button")]
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+# --- databases -----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def empty_db(tmp_path, monkeypatch) -> str:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    monkeypatch.setenv("DRAFTLAB_DB", url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def populated_template(tmp_path_factory) -> Path:
+    """Two experiments executed by the real worker on tiny random models (greedy k = 1,2,4; sampled k = 2,3)."""
+    from app.worker import Worker
+    from tests import tiny_models as tm
+
+    def loader(target, draft, device, dtype, trust_remote_code):
+        t = tm.llama(0, sharpness=4.0)
+        return tm.pair(t, tm.noisy_copy(t, 1, 0.3))
+
+    path = tmp_path_factory.mktemp("populated") / "draftlab.db"
+    store = open_store(f"sqlite:///{path}")
+    queue.enqueue_experiment(store, name="tiny greedy", target="tiny-target", draft="tiny-draft", prompts="tiny",
+                             sampling={"max_new_tokens": 16}, sweep_values=[1, 2, 4], tags=("tiny", "greedy"),
+                             notes="first sweep", prompt_texts=PROMPTS, device="cpu")
+    queue.enqueue_experiment(store, name="tiny sampled", target="tiny-target", draft="tiny-draft", prompts="tiny",
+                             sampling={"max_new_tokens": 16, "temperature": 1.0, "seed": 3}, sweep_values=[2, 3],
+                             tags=("tiny",), prompt_texts=PROMPTS, device="cpu")
+    with Worker(store, loader=loader, log=lambda message: None) as worker:
+        worker.work(until_idle=True)
+    store.dispose()
+    return path
+
+
+@pytest.fixture
+def populated(populated_template, tmp_path, monkeypatch):
+    """A private copy of the populated database (tests may write to it); returns its Store."""
+    for suffix in ("", "-wal", "-shm"):
+        source = Path(str(populated_template) + suffix)
+        if source.exists():
+            shutil.copy(source, tmp_path / f"draftlab.db{suffix}")
+    url = f"sqlite:///{tmp_path / 'draftlab.db'}"
+    monkeypatch.setenv("DRAFTLAB_DB", url)
+    store = open_store(url)
+    assert set(q.experiments(store)["status"]) == {"done"}, "the tiny experiments did not finish"
+    return store
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, str]:
+    """Tokenizer + config directories (no weights): two sharing a tokenizer, one with another tokenizer."""
+    from transformers import LlamaConfig
+
+    from tests.tiny_models import tokenizer
+
+    root = tmp_path_factory.mktemp("models")
+    dirs = {}
+    for name, prefix in (("target", "t"), ("draft", "t"), ("other", "u")):
+        tokenizer(64, prefix=prefix).save_pretrained(root / name)
+        LlamaConfig(vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                    num_attention_heads=2).save_pretrained(root / name)
+        dirs[name] = str(root / name)
+    return dirs
+
+
+# --- empty database ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_on_an_empty_database(empty_db, page):
+    at = app(page)
+    assert_clean(at)
+    if page in ("experiments", "experiment", "rounds", "compare"):
+        assert at.info and "No experiments" in at.info[0].value
+        assert not at.dataframe and not at.get("vega_lite_chart")
+
+
+def test_entry_script_routes_to_experiments_by_default(empty_db):
+    at = AppTest.from_file(str(Path(__file__).parent.parent / "app" / "main.py"), default_timeout=TIMEOUT).run()
+    assert_clean(at)
+    assert at.title[0].value == "Experiments"
+
+
+# --- Theory --------------------------------------------------------------------------------------------------
+
+def test_theory_sliders_drive_the_formulas(empty_db):
+    at = app("theory")
+    at.slider(key="theory_alpha").set_value(0.8)
+    at.slider(key="theory_c").set_value(5.0)
+    at.slider(key="theory_k").set_value(3).run()
+    assert_clean(at)
+    shown = metrics(at)
+    assert shown["Speedup at k=3"] == f"{theory.predicted_speedup(0.8, 3, 5.0):.2f}×"
+    assert shown["Tokens per round at k=3"] == f"{theory.expected_tokens_per_round(0.8, 3):.2f}"
+    assert shown["Best k"] == str(theory.best_k(0.8, 5.0, 16)[0])
+    curves = chart_data(at)[0][0]  # long form: k, metric, value
+    assert sorted(set(curves["k"])) == list(range(1, 17))
+    at_3 = curves[(curves["k"] == 3) & (curves["metric"] == "predicted_speedup")]["value"]
+    assert at_3.tolist() == pytest.approx([theory.predicted_speedup(0.8, 3, 5.0)])
+    assert "theory_curves.csv" in downloads(at) and "simulation.csv" in downloads(at)
+
+
+def test_theory_simulator_lands_on_the_formula_and_rejects_bad_k(empty_db):
+    at = app("theory")
+    shown = metrics(at)
+    beta, alpha_hat = float(shown["β = Σ min(p_draft, p_target)"]), float(shown["Simulated α̂ (all k)"])
+    assert alpha_hat == pytest.approx(beta, abs=0.03)
+    at.text_input(key="sim_ks").set_value("0, 2")
+    at.button[0].click().run()  # the form's submit button
+    assert_clean(at)
+    assert any("k values must be whole numbers" in e.value for e in at.error)
+
+
+# --- New experiment ------------------------------------------------------------------------------------------
+
+WIDGETS = {"temperature": "number_input", "top_k": "number_input", "top_p": "number_input", "seed": "number_input",
+           "max_new_tokens": "number_input", "prompt_set": "selectbox", "device": "selectbox", "dtype": "selectbox",
+           "sweep_variable": "selectbox", "sweep_values": "text_input", "name": "text_input", "tags": "text_input",
+           "notes": "text_area"}
+
+
+def _fill(at: AppTest, model_dirs, **fields) -> AppTest:
+    """Fill the New-experiment form (the models default to two directories sharing a tokenizer)."""
+    at.text_input(key="target").set_value(fields.pop("target", model_dirs["target"]))
+    at.text_input(key="draft").set_value(fields.pop("draft", model_dirs["draft"]))
+    for key, value in fields.items():
+        getattr(at, WIDGETS[key])(key=key).set_value(value)
+    return at.run()
+
+
+def test_new_experiment_launch_enqueues_baseline_and_one_run_per_k(empty_db, model_dirs):
+    at = _fill(app("new"), model_dirs, sweep_values="4,1,2", max_new_tokens=8, tags="smoke, cpu", notes="why not",
+               name="launched from the page", prompt_set="code:validation", device="cpu")
+    assert at.success and "tokenizers match" in at.success[0].value
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert not at.error
+    store = open_store(empty_db)
+    listing = q.experiments(store)
+    assert len(listing) == 1
+    row = listing.iloc[0]
+    assert row["name"] == "launched from the page" and row["prompts"] == "code:validation"
+    assert row["target"] == model_dirs["target"] and set(row["tags"].split(",")) == {"smoke", "cpu"}
+    runs = q.runs(store, int(row["experiment_id"]))
+    assert list(runs["kind"]) == ["baseline", "speculative", "speculative", "speculative"]
+    assert sorted(runs["k"].dropna().astype(int)) == [1, 2, 4] and set(runs["status"]) == {"queued"}
+    assert q.experiment(store, int(row["experiment_id"]))["max_new_tokens"] == 8
+    assert f"Experiment #{row['experiment_id']} queued" in at.success[-1].value
+
+
+def test_new_experiment_upload_freezes_the_uploaded_prompts(empty_db, model_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path / "uploads"))
+    at = app("new")
+    at.radio(key="prompt_source").set_value("Upload a file").run()
+    at.get("file_uploader")[0].upload("mine.txt", b"t1 t2\nt3 t4 t5\n", "text/plain")
+    at = _fill(at, model_dirs, sweep_values="2")
+    assert "2 prompts from mine.txt" in " ".join(c.value for c in at.caption)
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    store = open_store(empty_db)
+    row = q.experiments(store).iloc[0]
+    assert row["prompts"].endswith("-mine.txt") and Path(row["prompts"]).parent == tmp_path / "uploads"
+    with store.read() as conn:
+        assert queue.load_experiment_prompts(conn, int(row["experiment_id"])) == ["t1 t2", "t3 t4 t5"]
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"sweep_values": "1, two"}, "whole number"),
+    ({"sweep_values": "0"}, "whole number"),
+    ({"sweep_values": ""}, "at least one"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"top_p": 0.0}, "top-p"),
+    ({"max_new_tokens": 0}, "max new tokens"),
+    ({"draft": "OTHER"}, "disagree"),
+    ({"draft": "/no/such/dir"}, "cannot load the draft tokenizer"),
+])
+def test_new_experiment_invalid_input_shows_an_error_and_enqueues_nothing(empty_db, model_dirs, fields, words):
+    if fields.get("draft") == "OTHER":
+        fields["draft"] = model_dirs["other"]
+    at = _fill(app("new"), model_dirs, **fields)
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert any(words in e.value for e in at.error), [e.value for e in at.error]
+    assert q.experiments(open_store(empty_db)).empty
+
+
+def test_new_experiment_rejects_a_bad_upload(empty_db, model_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path / "uploads"))
+    at = app("new")
+    at.radio(key="prompt_source").set_value("Upload a file").run()
+    at.get("file_uploader")[0].upload("bad.csv", b"question\nhello\n", "text/csv")
+    at = _fill(at, model_dirs)
+    assert any("bad.csv" in e.value for e in at.error)
+    at.button(key="launch").click().run()
+    assert any(e.value.startswith("Not launched") for e in at.error)
+    assert q.experiments(open_store(empty_db)).empty
+
+
+# --- Experiments ---------------------------------------------------------------------------------------------
+
+def test_experiments_table_shows_storage_rows_and_filters(populated):
+    at = app("experiments")
+    assert_clean(at)
+    table = at.dataframe[0].value
+    listing = q.experiments(populated)
+    assert list(table["experiment_id"]) == list(listing["experiment_id"])
+    assert list(table["best_speedup"]) == pytest.approx(list(listing["best_speedup"]))
+    assert list(table["progress"]) == [100.0, 100.0]
+    assert not any("Refreshing" in c.value for c in at.caption)  # nothing runs: no timer
+    at.selectbox(key="filter_tag").set_value("greedy").run()
+    assert list(at.dataframe[0].value["name"]) == ["tiny greedy"]
+    at.selectbox(key="filter_tag").set_value("any")
+    at.selectbox(key="filter_status").set_value("done").run()
+    assert len(at.dataframe[0].value) == 2
+
+
+def test_experiments_live_refresh_and_cancel(populated):
+    experiment_id = queue.enqueue_experiment(populated, name="waiting", target="tiny-target", draft="tiny-draft",
+                                             prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=PROMPTS)
+    at = app("experiments", experiment=experiment_id)
+    assert_clean(at)
+    assert any("Refreshing every" in c.value for c in at.caption)
+    at.button(key="cancel").click().run()
+    assert_clean(at)
+    assert q.experiments(populated, status="cancelled")["experiment_id"].tolist() == [experiment_id]
+
+
+# --- Experiment detail ---------------------------------------------------------------------------------------
+
+def _greedy_id(store) -> int:
+    listing = q.experiments(store)
+    return int(listing[listing["name"] == "tiny greedy"]["experiment_id"].iloc[0])
+
+
+def test_detail_figures_equal_the_storage_queries(populated):
+    experiment_id = _greedy_id(populated)
+    at = app("experiment", experiment=experiment_id)
+    assert_clean(at)
+    row = q.experiments(populated).set_index("experiment_id").loc[experiment_id]
+    shown = metrics(at)
+    assert shown["Best k"] == f"{row['best_value']:g}" and shown["Best speedup"] == f"{row['best_speedup']:.2f}×"
+    assert shown["alpha (best run)"] == f"{row['alpha']:.3f}"
+
+    speedup, rates, tokens, position, by_type = chart_data(at)
+    curve = q.sweep_curve(populated, experiment_id)
+    drawn = speedup[1]  # layer data: measured and predicted, long form
+    measured = drawn[drawn["series"] == "measured"].sort_values("x")
+    assert list(measured["x"]) == [1, 2, 4]
+    assert list(measured["value"]) == pytest.approx(list(curve.sort_values("k")["speedup"]))
+    runs = q.runs(populated, experiment_id)
+    spec = runs[runs["kind"] == "speculative"]
+    alpha = spec["accepted"].sum() / (spec["accepted"].sum() + spec["rejected"].sum())
+    predicted = drawn[drawn["series"] == "predicted (formula)"].set_index("x")["value"]
+    assert predicted.loc[2] == pytest.approx(theory.predicted_speedup(alpha, 2, spec["c"].mean()))
+    assert speedup[2]["x"].tolist() == [row["best_value"]]  # the best-k marker
+    assert sorted(rates[0]["value"]) == pytest.approx(sorted([*curve["alpha"], *curve["draft_acceptance_rate"]]))
+    assert sorted(tokens[0]["value"]) == pytest.approx(sorted(
+        [*curve["tokens_per_round"], *(theory.expected_tokens_per_round(a, k) for a, k in zip(curve["alpha"], curve["k"]))]))
+
+    best_run = int(curve.loc[curve["speedup"].idxmax(), "run_id"])
+    assert at.query_params["run"] == [str(best_run)] or at.query_params["run"] == str(best_run)
+    pd.testing.assert_frame_equal(position[0], q.acceptance_by_position(populated, best_run), check_dtype=False)
+    pd.testing.assert_frame_equal(by_type[0], q.acceptance_by_type(populated, best_run), check_dtype=False)
+    per_prompt = next(d.value for d in at.dataframe if "prompt_index" in d.value)
+    assert per_prompt["tokens_per_round"].tolist() == pytest.approx(
+        q.per_prompt(populated, best_run)["tokens_per_round"].tolist())
+    assert {"speedup_curve.csv", "acceptance_curve.csv", "tokens_per_round.csv", "cost_and_memory.csv",
+            f"run{best_run}_acceptance_by_position.csv", f"run{best_run}_acceptance_by_type.csv",
+            f"run{best_run}_top_rejected_tokens.csv", f"run{best_run}_per_prompt.csv"} <= set(downloads(at))
+
+
+def test_detail_opens_the_run_named_in_the_url(populated):
+    experiment_id = _greedy_id(populated)
+    first_run = int(q.sweep_curve(populated, experiment_id)["run_id"].iloc[0])
+    at = app("experiment", experiment=experiment_id, run=first_run)
+    assert_clean(at)
+    position = chart_data(at)[3][0]
+    pd.testing.assert_frame_equal(position, q.acceptance_by_position(populated, first_run), check_dtype=False)
+
+
+def test_detail_ignores_an_unknown_experiment_in_the_url(populated):
+    at = app("experiment", experiment=999)
+    assert_clean(at)
+    assert at.query_params["experiment"] in (["1"], ["2"], "1", "2")
+
+
+# --- Round explorer ------------------------------------------------------------------------------------------
+
+def test_round_explorer_colours_every_token_and_lists_proposals(populated):
+    experiment_id = _greedy_id(populated)
+    run_id = int(q.sweep_curve(populated, experiment_id).set_index("k").loc[4, "run_id"])
+    at = app("rounds", experiment=experiment_id, run=run_id, prompt=1)
+    assert_clean(at)
+    output = q.prompt_output(populated, run_id, 1)
+    html = next(m.value for m in at.markdown if "white-space:pre-wrap" in m.value)
+    assert html.count("<span") == len(output)
+    assert html.count("color:#c62828") == (output["kind"] == "correction").sum()
+    first_round = int(output["round_index"].dropna().min())
+    proposals = next(d.value for d in at.dataframe if "p_draft" in d.value)
+    expected = q.round_proposals(populated, run_id, 1, first_round)
+    assert proposals["p_target"].tolist() == pytest.approx(expected["p_target"].tolist())
+    assert proposals["outcome"].tolist() == expected["outcome"].tolist()
+    rounds = sorted(int(r) for r in output["round_index"].dropna().unique())
+    if len(rounds) > 1:
+        at.select_slider(key="select_round").set_value(rounds[-1]).run()
+        assert at.query_params["round"] in ([str(rounds[-1])], str(rounds[-1]))
+
+
+# --- Compare -------------------------------------------------------------------------------------------------
+
+def test_compare_overlays_experiments_and_runs(populated):
+    listing = q.experiments(populated)
+    ids = [int(i) for i in listing["experiment_id"]]
+    curves = {i: q.sweep_curve(populated, i) for i in ids}
+    run_a, run_b = int(curves[ids[0]]["run_id"].iloc[0]), int(curves[ids[1]]["run_id"].iloc[0])
+    at = app("compare", experiments=",".join(map(str, ids)), runs=f"{run_a},{run_b}")
+    assert_clean(at)
+    data = chart_data(at)
+    speedup = data[0][0]
+    assert len(speedup) == sum(len(c) for c in curves.values())
+    assert set(speedup["experiment_id"]) == set(ids)
+    position = data[3][0]
+    assert set(position["run_id"]) == {run_a, run_b}
+    assert {"compare_experiments.csv", "compare_speedup.csv", "compare_runs.csv", "compare_by_position.csv",
+            "compare_by_type.csv"} <= set(downloads(at))
+    runs_table = next(d.value for d in at.dataframe if "alpha" in d.value.index)
+    assert runs_table.shape[1] == 2

@@ -1,0 +1,125 @@
+"""The dashboard's logic without a browser: launch validation, the pair check, the simulator, the launcher."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app import simulate as sim
+from app import ui
+from engine import theory
+
+VALID = dict(target="demo-target", draft="demo-draft", pair_ok=True, pair_message="ok", prompts="code:tune",
+             prompt_error=None, temperature=0.0, top_k=0, top_p=1.0, seed=0, max_new_tokens=32, device="auto",
+             dtype="auto", sweep_variable="k", sweep_text="4, 1,2", k=4, name="", notes=" n ", tags_text="a, b,a")
+
+
+def test_parse_sweep_values_sorts_and_rejects_bad_entries():
+    from pages.new_experiment import parse_sweep_values
+
+    assert parse_sweep_values("1,2,3,4,6,8") == [1, 2, 3, 4, 6, 8]
+    assert parse_sweep_values(" 8 4,1 ") == [1, 4, 8]
+    for bad, words in [("", "at least one"), ("0", "whole number"), ("2.5", "whole number"), ("x", "whole number"),
+                       ("1,1", "twice"), ("65", "1 to 64")]:
+        with pytest.raises(ValueError, match=words):
+            parse_sweep_values(bad)
+
+
+def test_validate_builds_enqueue_arguments():
+    from pages.new_experiment import validate
+
+    launch = validate(**VALID)
+    assert launch.errors == []
+    kw = launch.kwargs
+    assert kw["sweep_values"] == [1, 2, 4] and kw["sweep_variable"] == "k"
+    assert kw["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 32}
+    assert kw["tags"] == ("a", "b") and kw["notes"] == "n"
+    assert kw["name"] == "demo-draft → demo-target on code:tune"
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"pair_ok": False, "pair_message": "tokenizers disagree"}, "pair check: tokenizers disagree"),
+    ({"prompts": None}, "choose a built-in set"),
+    ({"prompts": None, "prompt_error": "bad.csv: no prompt column"}, "bad.csv: no prompt column"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"top_k": -1}, "top-k"),
+    ({"top_p": 0.0}, "top-p"),
+    ({"top_p": 1.5}, "top-p"),
+    ({"max_new_tokens": 0}, "max new tokens"),
+    ({"seed": -1}, "seed"),
+    ({"sweep_text": "1,zero"}, "whole number"),
+    ({"device": "tpu"}, "device"),
+])
+def test_validate_reports_each_invalid_field(change, words):
+    from pages.new_experiment import validate
+
+    launch = validate(**{**VALID, **change})
+    assert launch.kwargs == {}
+    assert any(words in e for e in launch.errors), launch.errors
+
+
+def test_save_upload_is_content_addressed(tmp_path, monkeypatch):
+    from pages.new_experiment import save_upload
+
+    monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path))
+    a = save_upload("../my prompts.txt", b"one\ntwo\n")
+    assert a.parent == tmp_path and a.name.endswith("-my_prompts.txt") and a.read_bytes() == b"one\ntwo\n"
+    assert save_upload("my prompts.txt", b"one\ntwo\n") == a
+    assert save_upload("my prompts.txt", b"three\n") != a
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dirs(tmp_path_factory):
+    """Two model directories sharing a tokenizer, one with a different tokenizer, one whose config is too narrow."""
+    from transformers import LlamaConfig
+
+    from tests.tiny_models import tokenizer
+
+    root = tmp_path_factory.mktemp("pair")
+    dirs = {}
+    for name, prefix, width in (("target", "t", 64), ("draft", "t", 80), ("other", "u", 64), ("narrow", "t", 32)):
+        path = root / name
+        tokenizer(64, prefix=prefix).save_pretrained(path)
+        LlamaConfig(vocab_size=width, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                    num_attention_heads=2).save_pretrained(path)
+        dirs[name] = str(path)
+    return dirs
+
+
+def test_pair_check_matches_and_mismatches_from_tokenizers_only(tokenizer_dirs):
+    from app.pair_check import check_pair_names
+
+    ok = check_pair_names(tokenizer_dirs["target"], tokenizer_dirs["draft"])
+    assert ok.ok and ok.vocab_size == 64 and "64" in ok.message
+    other = check_pair_names(tokenizer_dirs["target"], tokenizer_dirs["other"])
+    assert not other.ok and "disagree" in other.message
+    narrow = check_pair_names(tokenizer_dirs["target"], tokenizer_dirs["narrow"])
+    assert not narrow.ok and "draft" in narrow.message
+    missing = check_pair_names(tokenizer_dirs["target"], "/no/such/model/dir")
+    assert not missing.ok and "draft" in missing.message
+    assert not check_pair_names("", "demo-draft").ok
+
+
+def test_simulator_matches_the_formula():
+    frame, summary = sim.simulate(sim.SimulationSetup(vocab=30, rounds=20_000, seed=1), [1, 2, 4, 8])
+    beta = summary["beta"]
+    alpha_hat = frame["accepted"].sum() / (frame["accepted"].sum() + frame["rejected"].sum())
+    assert alpha_hat == pytest.approx(beta, abs=0.02)
+    for row in frame.itertuples():
+        assert row.tokens_per_round == pytest.approx(theory.expected_tokens_per_round(beta, row.k), rel=0.05)
+        assert row.predicted_speedup == pytest.approx(theory.predicted_speedup(beta, row.k, 10.0))
+    assert summary["first_token_total_variation"] < 0.05  # rejection sampling is lossless
+
+
+def test_simulate_rounds_counts_accepted_prefix():
+    rng = np.random.default_rng(0)
+    same = np.full(5, 0.2)
+    accepted, first = sim.simulate_rounds(same, same, 3, 100, rng)
+    assert (accepted == 3).all() and first.shape == (100,)  # identical distributions: every draft accepted
+
+
+def test_ui_commands_bind_and_route(monkeypatch):
+    cmd = ui.streamlit_command(8600, "127.0.0.1")
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app/main.py")
+    assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1" and cmd[cmd.index("--server.port") + 1] == "8600"
+    assert ui.worker_command("sqlite:///x.db")[-3:] == ["worker", "--db", "sqlite:///x.db"]
+    assert ui.DEFAULT_HOST == "127.0.0.1"
