@@ -1,0 +1,162 @@
+"""Shared test setup."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download; an unknown id must fail fast
+
+try:
+    import torch
+
+    # Tiny models on a shared 2-core machine: one intra-op thread is ~10x faster than two fighting for cores.
+    torch.set_num_threads(1)
+except ImportError:  # storage-only environments
+    pass
+
+
+# --- storage: SQLite and PostgreSQL -------------------------------------------------------------------------
+# `db_url` / `store` run a test on SQLite and on a real PostgreSQL server ($DRAFTLAB_TEST_POSTGRES, else
+# 127.0.0.1:5432/test, else one started here with initdb/pg_ctl, else skipped with the reason). Each
+# PostgreSQL test gets a fresh schema, dropped afterwards.
+import shutil  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+from urllib.parse import quote  # noqa: E402
+
+import pytest  # noqa: E402
+
+DEFAULT_TEST_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _pg_unreachable(url: str) -> str | None:
+    """None if a connection works, else why not."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install 'psycopg[binary]')"
+    try:
+        with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), connect_timeout=3):
+            return None
+    except Exception as exc:  # noqa: BLE001 - any failure means "not usable"
+        return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
+def _start_temporary_postgres(base: Path):
+    """initdb + pg_ctl in a temp dir (initdb refuses root). Returns (url or None, why not, stop)."""
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if not (initdb and pg_ctl):
+        return None, "no initdb/pg_ctl on PATH", lambda: None
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return None, "initdb refuses to run as root", lambda: None
+    data = base / "pgdata"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        subprocess.run([initdb, "-D", str(data), "-U", "postgres", "--auth=trust"], check=True,
+                       capture_output=True, timeout=120)
+        subprocess.run([pg_ctl, "-D", str(data), "-l", str(base / "pg.log"), "-w", "-o",
+                        f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start"],
+                       check=True, capture_output=True, timeout=60)
+    except (subprocess.SubprocessError, OSError) as exc:
+        return None, f"could not start a temporary PostgreSQL ({exc})", lambda: None
+
+    def stop():
+        subprocess.run([pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60)
+
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres", "", stop
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """URL of a PostgreSQL server for the session, or a skip that says why there is none."""
+    url = os.environ.get("DRAFTLAB_TEST_POSTGRES")
+    if url:
+        reason = _pg_unreachable(url)
+        if reason:
+            pytest.fail(f"$DRAFTLAB_TEST_POSTGRES={url} is set but unreachable: {reason}")
+        yield url
+        return
+    reason = _pg_unreachable(DEFAULT_TEST_POSTGRES)
+    if reason is None:
+        yield DEFAULT_TEST_POSTGRES
+        return
+    base = Path(tempfile.mkdtemp(prefix="draftlab-pg-"))
+    started, why, stop = _start_temporary_postgres(base)
+    if started is None:
+        shutil.rmtree(base, ignore_errors=True)
+        pytest.skip(f"no PostgreSQL: {DEFAULT_TEST_POSTGRES} unreachable ({reason}); {why}. "
+                    f"Set $DRAFTLAB_TEST_POSTGRES to run the PostgreSQL half of the storage suite")
+    try:
+        yield started
+    finally:
+        stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    """A SQLAlchemy URL on a fresh, empty schema of the test server (dropped after the test)."""
+    import psycopg
+
+    schema = f"draftlab_test_{uuid.uuid4().hex[:12]}"
+    plain = postgres_server.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in plain else "?"
+    yield f"{plain}{sep}options={quote(f'-csearch_path={schema}')}"
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path):
+    """The same test on a SQLite file and on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'draftlab.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def store(db_url):
+    from storage import open_store
+
+    s = open_store(db_url)
+    yield s
+    s.dispose()
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    """Tiny random models saved with save_pretrained, loadable by path: a target, a draft that often
+    agrees with it (a noisy copy), and a draft whose tokenizer does not match."""
+    from tests import tiny_models
+
+    base = tmp_path_factory.mktemp("models")
+    target = tiny_models.llama(0, layers=2, sharpness=4.0)
+    draft = tiny_models.noisy_copy(target, seed=1, noise=0.3)
+    alien = tiny_models.llama(2, layers=1)
+    paths = {}
+    for name, model, tok in (("target", target, tiny_models.tokenizer()), ("draft", draft, tiny_models.tokenizer()),
+                             ("alien", alien, tiny_models.tokenizer(prefix="w"))):
+        path = base / name
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+        paths[name] = str(path)
+    return paths
+
+
+@pytest.fixture
+def wait_for():
+    """wait_for(predicate, timeout): poll until predicate() is truthy, else fail."""
+    def _wait(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(interval)
+        pytest.fail(f"timed out after {timeout}s waiting for {what}")
+    return _wait
