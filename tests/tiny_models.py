@@ -12,10 +12,10 @@ from engine.loading import LoadedModel, ModelPair
 EOS = 1
 
 
-def tokenizer(vocab: int = 64, prefix: str = "t") -> PreTrainedTokenizerFast:
+def tokenizer(vocab: int = 64, prefix: str = "t", eos: bool = True) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel({f"{prefix}{i}": i for i in range(vocab)}, unk_token=f"{prefix}0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"{prefix}{EOS}")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"{prefix}{EOS}" if eos else None)
 
 
 def llama(seed: int, layers: int = 2, vocab: int = 64, hidden: int = 32, sharpness: float = 1.0, eos: int | None = EOS):
