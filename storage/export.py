@@ -6,6 +6,7 @@ same figures.
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -28,7 +29,7 @@ def plain(value):
         return {k: plain(v) for k, v in value.items()}
     if value is None or value is pd.NA or value is pd.NaT:
         return None
-    if isinstance(value, pd.Timestamp):
+    if isinstance(value, datetime):  # pd.Timestamp included
         return value.isoformat()
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         value = value.item()

@@ -70,7 +70,7 @@ def _frame(conn, sql: str, params: dict | None = None, columns: list[str] | None
     df = pd.DataFrame.from_records(rows, columns=keys)
     for col in _DATETIMES:
         if col in df.columns:
-            df[col] = pd.to_datetime(df[col])
+            df[col] = pd.to_datetime(df[col], format="ISO8601")
     if columns is not None:
         df = df[columns + [c for c in df.columns if c not in columns]]
     return df

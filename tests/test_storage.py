@@ -1,0 +1,446 @@
+"""Storage on SQLite and PostgreSQL: schema, SQL metrics == engine/metrics.py, queue atomicity, cancel,
+stale heartbeats, concurrent readers. Records are synthetic (no models), built with the engine's invariants."""
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+import sys
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
+from engine.metrics import outputs_match, speculative_metrics, target_step_seconds, throughput
+from storage import open_store, queue
+from storage import queries as q
+from storage.export import plain, run_document
+from storage.recording import record_prompt
+from storage.schema import SCHEMA_VERSION, utcnow
+
+REL = 1e-12  # SQL sums may associate float additions differently from Python's left-to-right sum
+
+
+def enqueue(store, ks=(2, 4), prompts=3, **kw):
+    return queue.enqueue_experiment(store, name=kw.pop("name", "exp"), target=kw.pop("target", "tgt"),
+                                    draft=kw.pop("draft", "drf"), prompts="inline",
+                                    sampling=kw.pop("sampling", {"temperature": 0.0, "max_new_tokens": 64}),
+                                    sweep_values=list(ks), prompt_texts=[f"p{i}" for i in range(prompts)], **kw)
+
+
+def run_ids(store, experiment_id):
+    frame = q.runs(store, experiment_id)
+    return {(r.kind, None if r.kind == "baseline" else int(r.k)): int(r.run_id) for r in frame.itertuples()}
+
+
+def record(store, run_id, kind, result):
+    with store.write() as conn:
+        record_prompt(conn, run_id, kind, result, [f"tok{t}" for t in result.output_ids])
+
+
+def fill_experiment(store, ks=(2, 4), prompts=3, seed=0, same_outputs_for=None):
+    """An experiment whose runs all completed with synthetic results; returns (id, {run_id: results})."""
+    rng = random.Random(seed)
+    eid = enqueue(store, ks, prompts)
+    ids = run_ids(store, eid)
+    results = {}
+    baseline = [synthetic_baseline(rng, i, 12) for i in range(prompts)]
+    for (kind, k), rid in ids.items():
+        rows = baseline if kind == "baseline" else [synthetic_prompt(rng, i, k, rounds=6) for i in range(prompts)]
+        if kind != "baseline" and k == same_outputs_for:
+            for spec, base in zip(rows, baseline):
+                base.output_ids = list(spec.output_ids)  # make this run lossless against the baseline
+        results[rid] = rows
+    for (kind, k), rid in sorted(ids.items(), key=lambda kv: kv[0][0] != "baseline"):
+        assert queue.claim(store, rid, "test-worker")
+        queue.start_run(store, rid, prompts, "cpu")
+        for result in results[rid]:
+            record(store, rid, kind, result)
+        queue.finish_run(store, rid, "done")
+    return eid, ids, results
+
+
+def assert_close(actual, expected, what):
+    if expected is None:
+        assert actual is None or (isinstance(actual, float) and math.isnan(actual)), what
+    else:
+        assert actual == pytest.approx(expected, rel=REL), what
+
+
+# --- schema -----------------------------------------------------------------------------------------------
+
+def test_importing_storage_does_not_import_torch():
+    code = ("import sys; import storage, storage.queries, storage.queue, storage.recording, storage.export; "
+            "print('torch' in sys.modules, 'streamlit' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_sqlite_is_wal_with_busy_timeout(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 5000
+
+
+def test_default_url_comes_from_env(monkeypatch, tmp_path):
+    from storage import resolve_url
+
+    monkeypatch.delenv("DRAFTLAB_DB", raising=False)
+    assert resolve_url() == "sqlite:///draftlab.db"
+    monkeypatch.setenv("DRAFTLAB_DB", f"sqlite:///{tmp_path}/env.db")
+    assert resolve_url() == f"sqlite:///{tmp_path}/env.db"
+    assert resolve_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+
+
+# Schema version 1, as the first DraftLab wrote it (SQLite DDL, frozen here on purpose).
+V1_DDL = """
+CREATE TABLE schema_info (version INTEGER NOT NULL PRIMARY KEY);
+INSERT INTO schema_info VALUES (1);
+CREATE TABLE experiments (id INTEGER NOT NULL PRIMARY KEY, name VARCHAR(200) NOT NULL, notes TEXT NOT NULL,
+    tags TEXT NOT NULL, created DATETIME NOT NULL, target TEXT NOT NULL, draft TEXT NOT NULL, prompts TEXT NOT NULL,
+    device VARCHAR(20) NOT NULL, dtype VARCHAR(20) NOT NULL, trust_remote_code BOOLEAN NOT NULL,
+    temperature DOUBLE NOT NULL, top_k INTEGER NOT NULL, top_p DOUBLE NOT NULL, seed INTEGER NOT NULL,
+    max_new_tokens INTEGER NOT NULL, k INTEGER NOT NULL, sweep_variable VARCHAR(40) NOT NULL, sweep_values TEXT NOT NULL);
+CREATE TABLE workers (id VARCHAR(80) NOT NULL PRIMARY KEY, host VARCHAR(200) NOT NULL, pid INTEGER NOT NULL,
+    started DATETIME NOT NULL, heartbeat DATETIME NOT NULL);
+CREATE TABLE runs (id INTEGER NOT NULL PRIMARY KEY, experiment_id INTEGER NOT NULL REFERENCES experiments (id),
+    kind VARCHAR(20) NOT NULL, baseline_run_id INTEGER, sweep_value DOUBLE, k INTEGER, temperature DOUBLE NOT NULL,
+    top_k INTEGER NOT NULL, top_p DOUBLE NOT NULL, seed INTEGER NOT NULL, max_new_tokens INTEGER NOT NULL,
+    status VARCHAR(20) NOT NULL, progress DOUBLE NOT NULL, prompts_total INTEGER, prompts_done INTEGER NOT NULL,
+    error TEXT, cancel_requested BOOLEAN NOT NULL, reserved_for VARCHAR(80), worker_id VARCHAR(80),
+    created DATETIME NOT NULL, started DATETIME, finished DATETIME, heartbeat DATETIME,
+    new_tokens INTEGER NOT NULL, wall_seconds DOUBLE NOT NULL, tokens_per_second DOUBLE, target_step_seconds DOUBLE,
+    rounds INTEGER NOT NULL, proposed INTEGER NOT NULL, accepted INTEGER NOT NULL, rejected INTEGER NOT NULL,
+    draft_acceptance_rate DOUBLE, alpha DOUBLE, tokens_per_round DOUBLE, expected_alpha DOUBLE, kl DOUBLE,
+    draft_step_seconds DOUBLE, max_k INTEGER NOT NULL);
+INSERT INTO experiments VALUES (1, 'old', '', 'legacy', '2026-01-01 00:00:00', 'tgt', 'drf', 'code', 'auto', 'auto', 0,
+    0.0, 0, 1.0, 0, 32, 4, 'k', '[4]');
+INSERT INTO runs (id, experiment_id, kind, temperature, top_k, top_p, seed, max_new_tokens, status, progress,
+    prompts_done, cancel_requested, created, new_tokens, wall_seconds, rounds, proposed, accepted, rejected, max_k)
+    VALUES (1, 1, 'baseline', 0.0, 0, 1.0, 0, 32, 'done', 1.0, 0, 0, '2026-01-01 00:00:00', 0, 0.0, 0, 0, 0, 0, 0);
+"""
+
+
+def test_opens_and_upgrades_a_version_1_database(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(V1_DDL)
+    store = open_store(f"sqlite:///{path}")
+    with store.read() as conn:
+        assert conn.execute(text("SELECT version FROM schema_info")).scalar() == SCHEMA_VERSION
+        columns = {row[1] for row in conn.execute(text("PRAGMA table_info(runs)"))}
+    assert {"peak_memory_mb", "device_name", "error_detail"} <= columns
+    assert q.experiments(store)["name"].tolist() == ["old"]
+    assert q.runs(store, 1)["peak_memory_mb"].isna().all()
+    assert set(q.experiments(store, tag="legacy")["experiment_id"]) == {1}
+    # The upgraded database is fully usable: new tables and indexes are there.
+    eid, _, _ = fill_experiment(store, ks=(2,), prompts=1)
+    assert q.experiments(store, status="done")["experiment_id"].tolist() == [eid, 1]
+
+
+def test_a_newer_database_is_refused_with_a_clear_message(tmp_path):
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    store = open_store(url)
+    with store.write() as conn:
+        conn.execute(text("UPDATE schema_info SET version = :v"), {"v": SCHEMA_VERSION + 1})
+    with pytest.raises(RuntimeError, match="newer than this DraftLab"):
+        open_store(url)
+
+
+# --- SQL metrics == engine/metrics.py ----------------------------------------------------------------------
+
+def test_stored_metrics_equal_engine_metrics(store):
+    eid, ids, results = fill_experiment(store, ks=(1, 3, 5), prompts=4, same_outputs_for=3)
+    baseline = results[ids[("baseline", None)]]
+    frame = q.runs(store, eid).set_index("run_id")
+    base_row = frame.loc[ids[("baseline", None)]]
+    assert base_row.new_tokens == throughput(baseline)["new_tokens"]
+    assert_close(base_row.tokens_per_second, throughput(baseline)["tokens_per_second"], "baseline tok/s")
+    assert_close(base_row.target_step_seconds, target_step_seconds(baseline), "target step")
+    for k in (1, 3, 5):
+        rid = ids[("speculative", k)]
+        expected = speculative_metrics(results[rid], baseline)
+        row = frame.loc[rid]
+        for key in ("new_tokens", "rounds", "proposed", "accepted", "rejected"):
+            assert row[key] == expected[key], key
+        for key in ("wall_seconds", "tokens_per_second", "draft_acceptance_rate", "alpha", "tokens_per_round",
+                    "expected_alpha", "kl", "draft_step_seconds", "c", "predicted_speedup", "speedup"):
+            assert_close(row[key], expected[key], f"k={k} {key}")
+        position = q.acceptance_by_position(store, rid)
+        assert position["position"].tolist() == list(range(1, k + 1))
+        for got, want in zip(position["conditional"], expected["per_position_acceptance"]):
+            assert_close(None if math.isnan(got) else got, want, "per position")
+        by_type = q.acceptance_by_type(store, rid)
+        assert dict(zip(by_type["token_type"], by_type["rate"])) == pytest.approx(expected["acceptance_by_type"], rel=REL)
+        assert row.outputs_match_baseline == outputs_match(results[rid], baseline)
+    assert frame.loc[ids[("speculative", 3)]].outputs_match_baseline is True
+    assert frame.loc[ids[("speculative", 1)]].outputs_match_baseline is False
+
+
+def test_run_document_has_the_cli_shape_and_the_engine_figures(store):
+    eid, ids, results = fill_experiment(store, ks=(2,), prompts=2)
+    doc = run_document(store, eid)
+    baseline = results[ids[("baseline", None)]]
+    spec = results[ids[("speculative", 2)]]
+    assert doc["experiment_id"] == eid and doc["baseline"]["run_id"] == ids[("baseline", None)]
+    assert doc["baseline"]["outputs"] == [{"prompt_index": p.prompt_index, "token_ids": p.output_ids, "text": p.text}
+                                          for p in baseline]
+    (entry,) = doc["runs"]
+    expected = speculative_metrics(spec, baseline)
+    for key, value in expected.items():
+        if isinstance(value, float):
+            assert entry[key] == pytest.approx(value, rel=REL), key
+        elif isinstance(value, dict):
+            assert entry[key] == pytest.approx(value, rel=REL), key
+        elif isinstance(value, list):
+            assert entry[key] == pytest.approx(value, rel=REL), key
+        else:
+            assert entry[key] == value, key
+    import json
+    json.dumps(doc, allow_nan=False)  # strict JSON: no NaN
+
+
+def test_diagnostic_queries_count_what_the_records_say(store):
+    eid, ids, results = fill_experiment(store, ks=(4,), prompts=3, seed=7)
+    rid = ids[("speculative", 4)]
+    tokens = [t for p in results[rid] for r in p.rounds for t in r.draft_tokens]
+    rejected = Counter(t.token_id for t in tokens if t.outcome == "rejected")
+    verified = Counter(t.token_id for t in tokens if t.outcome != "discarded")
+    top = q.top_rejected_tokens(store, rid, limit=5)
+    assert len(top) == min(5, len(rejected))
+    for row in top.itertuples():
+        assert row.rejected == rejected[row.token_id] and row.verified == verified[row.token_id]
+        assert row.text == f"tok{row.token_id}"
+        assert row.rejection_rate == pytest.approx(row.rejected / row.verified)
+    assert top["rejected"].tolist() == sorted(top["rejected"], reverse=True)
+    assert top["rejected"].iloc[0] == max(rejected.values())
+
+    prompts = q.per_prompt(store, rid)
+    for row, p in zip(prompts.itertuples(), results[rid]):
+        assert (row.prompt_index, row.new_tokens, row.rounds) == (p.prompt_index, p.new_tokens, len(p.rounds))
+        assert row.accepted == sum(r.accepted for r in p.rounds)
+        assert row.tokens_per_round == pytest.approx(sum(len(r.emitted_ids) for r in p.rounds) / len(p.rounds))
+
+    p = results[rid][1]
+    out = q.prompt_output(store, rid, 1)
+    assert out["token_id"].tolist() == p.output_ids
+    assert out["kind"].iloc[0] == "first" and out["round_index"].isna().iloc[0]
+    assert out["kind"].tolist()[1:] == [kind for r in p.rounds for kind in r.emitted_kinds]
+    proposals = q.round_proposals(store, rid, 1, 2)
+    assert proposals["outcome"].tolist() == [t.outcome for t in p.rounds[2].draft_tokens]
+    assert proposals["p_target"].tolist() == pytest.approx([t.p_target for t in p.rounds[2].draft_tokens])
+    base_out = q.prompt_output(store, ids[("baseline", None)], 0)
+    assert set(base_out["kind"]) == {"target"}
+
+    position = q.acceptance_by_position(store, rid)
+    n_rounds = sum(len(p.rounds) for p in results[rid])
+    assert position["unconditional"].tolist() == pytest.approx((position["accepted"] / n_rounds).tolist())
+
+
+def test_experiment_listing_filters_and_best_run(store):
+    eid, ids, results = fill_experiment(store, ks=(1, 2), prompts=2)
+    other = enqueue(store, (4,), tags=["nightly", "code"], target="big-model")
+    listing = q.experiments(store)
+    assert listing["experiment_id"].tolist() == [other, eid]
+    assert list(listing.columns[:15]) == q.EXPERIMENT_COLUMNS
+    row = listing.set_index("experiment_id").loc[eid]
+    assert row.status == "done" and row.progress == pytest.approx(1.0)
+    speedups = q.runs(store, eid).set_index("run_id")["speedup"]
+    best = speedups.idxmax()
+    assert row.best_speedup == pytest.approx(speedups.max())
+    assert row.best_value == q.runs(store, eid).set_index("run_id").loc[best, "sweep_value"]
+    assert q.experiments(store, tag="code")["experiment_id"].tolist() == [other]
+    assert q.experiments(store, tag="cod").empty  # whole tags only
+    assert q.experiments(store, model="big-model")["experiment_id"].tolist() == [other]
+    assert q.experiments(store, status="queued")["experiment_id"].tolist() == [other]
+    assert q.experiment(store, other)["tags"] == "nightly,code"
+    assert q.experiment(store, other)["sampling"]["max_new_tokens"] == 64
+    assert q.experiment(store, 12345) is None
+    curve = q.sweep_curve(store, eid)
+    assert curve["sweep_value"].tolist() == [1.0, 2.0] and curve["k"].tolist() == [1, 2]
+
+
+def test_sampling_sweep_gets_a_baseline_per_value(store):
+    eid = queue.enqueue_experiment(store, name="t", target="a", draft="b", prompts="code", sampling={},
+                                   sweep_variable="temperature", sweep_values=[0.0, 0.7], k=3)
+    frame = q.runs(store, eid)
+    assert sorted(frame["kind"]) == ["baseline", "baseline", "speculative", "speculative"]
+    spec = frame[frame["kind"] == "speculative"]
+    assert spec["k"].tolist() == [3, 3]
+    with store.read() as conn:
+        pairs = conn.execute(text("SELECT s.temperature, b.temperature FROM runs s JOIN runs b "
+                                  "ON b.id = s.baseline_run_id")).all()
+    assert sorted(pairs) == [(0.0, 0.0), (0.7, 0.7)]
+    with pytest.raises(queue.QueueError):
+        queue.enqueue_experiment(store, name="t", target="a", draft="b", prompts="code", sampling={},
+                                 sweep_variable="draft", sweep_values=[1])
+
+
+# --- the queue ---------------------------------------------------------------------------------------------
+
+def test_claim_order_baseline_first_one_run_per_experiment(store):
+    first = enqueue(store, (2, 4))
+    second = enqueue(store, (8,))
+    ids1, ids2 = run_ids(store, first), run_ids(store, second)
+    # The first experiment's baseline first; its speculative runs wait for it; the other experiment may run.
+    assert queue.claim_next(store, "w1") == ids1[("baseline", None)]
+    assert queue.claim_next(store, "w2") == ids2[("baseline", None)]
+    assert queue.claim_next(store, "w3") is None
+    queue.finish_run(store, ids1[("baseline", None)], "done")
+    assert queue.claim_next(store, "w1", prefer_experiment=first) == ids1[("speculative", 2)]
+    assert queue.claim_next(store, "w3") is None  # experiment 1 busy, experiment 2 busy
+    # A run reserved for a worker is only that worker's.
+    reserved = enqueue(store, (1,), reserved_for="cli-worker")
+    assert queue.claim_next(store, "w3") is None
+    assert queue.claim_next(store, "cli-worker", experiment_id=reserved) == run_ids(store, reserved)[("baseline", None)]
+
+
+def test_two_workers_never_claim_the_same_run(db_url):
+    setup = open_store(db_url)
+    experiments = [enqueue(setup, (1,), prompts=1, name=f"e{i}") for i in range(12)]
+    all_runs = {rid for e in experiments for rid in run_ids(setup, e).values()}
+    claimed: dict[str, list[int]] = {"a": [], "b": []}
+    errors = []
+    barrier = threading.Barrier(2)
+
+    def work(name):
+        store = open_store(db_url)  # its own engine and connections, as a second process would have
+        try:
+            barrier.wait()
+            while True:
+                rid = queue.claim_next(store, f"worker-{name}")
+                if rid is None:
+                    if not queue.claim_next(store, f"worker-{name}"):
+                        break
+                    continue
+                claimed[name].append(rid)
+                queue.finish_run(store, rid, "done")
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            store.dispose()
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in claimed]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert not set(claimed["a"]) & set(claimed["b"])
+    assert set(claimed["a"]) | set(claimed["b"]) == all_runs
+    # And a direct race on one run: exactly one winner.
+    rid = run_ids(setup, enqueue(setup, (1,), name="race"))[("baseline", None)]
+    wins = []
+    race = threading.Barrier(4)
+
+    def grab(i):
+        s = open_store(db_url)
+        race.wait()
+        wins.append(queue.claim(s, rid, f"w{i}"))
+        s.dispose()
+
+    grabbers = [threading.Thread(target=grab, args=(i,)) for i in range(4)]
+    for t in grabbers:
+        t.start()
+    for t in grabbers:
+        t.join(30)
+    assert sorted(wins) == [False, False, False, True]
+
+
+def test_cancel_resume_and_stale_heartbeats(store):
+    eid = enqueue(store, (2, 4))
+    ids = run_ids(store, eid)
+    base, k2, k4 = ids[("baseline", None)], ids[("speculative", 2)], ids[("speculative", 4)]
+    assert queue.claim(store, base, "w")
+    assert queue.report_progress(store, base, 0.3) is False
+    assert queue.cancel_run(store, k4)  # queued: cancelled at once
+    assert queue.get_run(store, k4)["status"] == "cancelled"
+    assert queue.cancel_experiment(store, eid) == 2  # base (running: flagged) + k2 (queued)
+    assert queue.get_run(store, base)["status"] == "running"
+    assert queue.report_progress(store, base, 0.4) is True  # the worker sees the request between rounds
+    queue.finish_run(store, base, "cancelled")
+    assert queue.resume_run(store, base) and queue.get_run(store, base)["status"] == "queued"
+    assert not queue.resume_run(store, base)  # already queued
+
+    # A run whose worker stopped heartbeating becomes interrupted; a fresh one is left alone.
+    assert queue.claim(store, base, "dead-worker")
+    other = run_ids(store, enqueue(store, (1,)))[("baseline", None)]
+    assert queue.claim(store, other, "live-worker")
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET heartbeat = :old WHERE id = :rid"),
+                     {"old": utcnow() - timedelta(seconds=120), "rid": base})
+    assert queue.mark_stale(store, stale_seconds=60) == [base]
+    run = queue.get_run(store, base)
+    assert run["status"] == "interrupted" and "resume" in run["error"]
+    assert queue.get_run(store, other)["status"] == "running"
+
+
+def test_live_workers(store):
+    queue.register_worker(store, "w1", "host", 1)
+    queue.register_worker(store, "w2", "host", 2)
+    with store.write() as conn:
+        conn.execute(text("UPDATE workers SET heartbeat = :old WHERE id = 'w2'"),
+                     {"old": utcnow() - timedelta(seconds=300)})
+    assert queue.live_workers(store, max_age_seconds=30) == 1
+    queue.heartbeat(store, "w2", None)
+    assert queue.live_workers(store) == 2
+    queue.unregister_worker(store, "w1")
+    assert queue.live_workers(store) == 1
+
+
+def test_readers_never_error_while_a_worker_writes(db_url):
+    writer_store = open_store(db_url)
+    eid = enqueue(writer_store, (4,), prompts=40)
+    ids = run_ids(writer_store, eid)
+    rid = ids[("speculative", 4)]
+    assert queue.claim(writer_store, ids[("baseline", None)], "w")
+    queue.finish_run(writer_store, ids[("baseline", None)], "done")
+    assert queue.claim(writer_store, rid, "w")
+    done = threading.Event()
+    errors = []
+
+    def write():
+        rng = random.Random(3)
+        try:
+            for i in range(40):
+                record(writer_store, rid, "speculative", synthetic_prompt(rng, i, 4, rounds=30))
+                queue.report_progress(writer_store, rid, (i + 1) / 40)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            done.set()
+
+    reader_store = open_store(db_url)
+    thread = threading.Thread(target=write)
+    thread.start()
+    reads = 0
+    seen_prompts = []
+    while not done.is_set() or reads < 3:
+        summary = q.run_summary(reader_store, rid)
+        prompts = q.per_prompt(reader_store, rid)
+        q.acceptance_by_position(reader_store, rid)
+        q.experiments(reader_store)
+        # Each read is one snapshot: the run row agrees with the prompt rows it counts.
+        assert int(summary["rounds"].iloc[0]) >= 0
+        seen_prompts.append(len(prompts))
+        reads += 1
+    thread.join()
+    assert not errors
+    assert seen_prompts == sorted(seen_prompts)  # never goes back: each read is a committed snapshot
+    assert len(q.per_prompt(reader_store, rid)) == 40
+    assert q.run_summary(reader_store, rid)["rounds"].iloc[0] == 40 * 30
+    writer_store.dispose()
+    reader_store.dispose()
+
+
+def test_plain_makes_strict_json():
+    import numpy as np
+    import pandas as pd
+
+    assert plain({"a": np.int64(3), "b": float("nan"), "c": [np.float64(0.5), pd.NA]}) == {"a": 3, "b": None, "c": [0.5, None]}
