@@ -1,0 +1,69 @@
+"""The cached loop produces the same rounds as a reference that recomputes the whole prefix every round
+(no KV cache, no rollback): caching and cache rollback change nothing but speed."""
+import pytest
+import torch
+
+from engine import runs
+from engine.drafting import Proposal
+from engine.sampling import SamplingConfig, probabilities, prompt_generator, sample
+from engine.speculative import to_host, verify
+from tests import tiny_models as tm
+
+
+@torch.no_grad()
+def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos_ids):
+    """(drafted ids, accepted, next token, p_draft, p_target) per round, recomputing every prefix."""
+    g = prompt_generator(cfg.seed, prompt_index, "cpu")
+    full = lambda model, seq: model(seq).logits[0, :, :vocab]  # noqa: E731
+    first = sample(probabilities(full(target, prompt_ids)[-1], cfg), cfg, g)
+    seq, out, rounds = torch.cat([prompt_ids, first.view(1, 1)], 1), [int(first)], []
+    while len(out) < cfg.max_new_tokens and out[-1] not in eos_ids:
+        cur, tokens, probs, raw = seq, [], [], []
+        for _ in range(k):
+            logits = full(draft, cur)[-1]
+            p = probabilities(logits, cfg)
+            t = sample(p, cfg, g)
+            tokens.append(t), probs.append(p), raw.append(logits)
+            cur = torch.cat([cur, t.view(1, 1)], 1)
+        proposal = Proposal(torch.stack(tokens), torch.stack(probs), torch.stack(raw), k)
+        t_logits = full(target, cur)[-(k + 1):]
+        p_t = probabilities(t_logits, cfg)
+        n, nxt = verify(proposal, p_t, cfg, g)
+        host = to_host(proposal, p_t, t_logits, n, nxt)
+        emitted = host["tokens"][: host["accepted"]] + [host["next"]]
+        for j, tok in enumerate(emitted):
+            if tok in eos_ids:
+                emitted = emitted[: j + 1]
+                break
+        accepted = min(host["accepted"], len(emitted))  # an accepted EOS ends the round; a budget cut does not
+        emitted = emitted[: cfg.max_new_tokens - len(out)]
+        rounds.append((host["tokens"], accepted, emitted, host["p_draft"], host["p_target"], host["beta"], host["kl"]))
+        out += emitted
+        seq = torch.cat([seq, torch.tensor([emitted])], 1)
+    return out, rounds
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_cached_loop_matches_full_recompute(family, temperature):
+    target = getattr(tm, family)(0, layers=2, sharpness=4.0)
+    p = tm.pair(target, tm.noisy_copy(target, 1, 0.6))
+    cfg = SamplingConfig(temperature=temperature, max_new_tokens=30, seed=4)
+    prompts = ["t3 t4 t5", "t9 t10 t11 t12 t13 t14 t15 t16"]
+    ids = runs.encode_prompts(p, prompts, cfg.max_new_tokens)
+    decoder = runs.speculative_decoder(p, cfg, 3)
+    total_rounds = rejections = 0
+    for i, prompt_ids in enumerate(ids):
+        got = decoder.generate(prompts[i], prompt_ids, i)
+        out, ref = reference_rounds(target, p.draft.model, p.vocab_size, cfg, prompt_ids, i, 3, runs.eos_ids(p))
+        assert got.output_ids == out
+        assert len(got.rounds) == len(ref)
+        for r, (drafted, accepted, emitted, p_d, p_t, beta, kl) in zip(got.rounds, ref):
+            assert [t.token_id for t in r.draft_tokens] == drafted
+            assert r.emitted_ids == emitted
+            assert r.accepted == accepted
+            for t, *expected in zip(r.draft_tokens, p_d, p_t, beta, kl):
+                assert [t.p_draft, t.p_target, t.beta, t.kl] == pytest.approx(expected, rel=1e-3, abs=1e-5)
+        total_rounds += len(ref)
+        rejections += sum(r.rejected for r in got.rounds)
+    assert total_rounds >= 8 and rejections >= 2  # rollbacks really happened
