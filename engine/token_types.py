@@ -25,7 +25,8 @@ RULES: tuple[tuple[str, re.Pattern], ...] = (
     ("number", re.compile(r"\s*[+-]?(\d[\d.,]*|[.,]\d[\d.,]*)\s*")),
     ("english", re.compile(r" ?[A-Za-z]+")),
     ("punctuation", re.compile(r"\s*[,.!?;:'\"`‘’“”…–—]+\s*")),
-    ("code", re.compile(r"\s*([A-Za-z0-9_]*[_0-9][A-Za-z0-9_]*|[A-Za-z_]\w*|[^\w\s]+)\s*")),
+    # Operators, brackets, `_`, identifiers with `_`/digits, and runs of them (`self.`, `():`) — ASCII only.
+    ("code", re.compile(r"\s*(?:[A-Za-z0-9_]|[!-/:-@\[-`{-~])+\s*")),
 )
 
 _CJK_LEAD_BYTES = range(0xE3, 0xEA)
