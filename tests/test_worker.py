@@ -1,0 +1,234 @@
+"""The worker and the persisting CLI with tiny saved models: stored figures == engine metrics, one model load
+per experiment, failures recorded while the queue goes on, cancel between rounds, SIGKILL then resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from app.worker import Worker
+from engine.loading import load_pair
+from engine.metrics import outputs_match, speculative_metrics, target_step_seconds
+from storage import open_store, queue
+from storage import queries as q
+from storage.export import run_document
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32 t33 t34"]
+
+
+class RecordingWorker(Worker):
+    """A worker that also keeps the engine's PromptResults, to hold the stored figures against them."""
+
+    def __init__(self, *args, **kwargs):
+        self.loads = []
+        kwargs.setdefault("loader", lambda *a: (self.loads.append(a), load_pair(*a))[1])
+        kwargs.setdefault("heartbeat_seconds", 0.5)
+        kwargs.setdefault("log", lambda message: None)
+        super().__init__(*args, **kwargs)
+        self.results: dict[int, list] = {}
+
+    def _record(self, run, result, typer):
+        self.results.setdefault(run["id"], []).append(result)
+        super()._record(run, result, typer)
+
+
+def enqueue(store, models, ks=(1, 3), prompts=PROMPTS, max_new_tokens=16, temperature=0.0, **kw):
+    return queue.enqueue_experiment(
+        store, name=kw.pop("name", "tiny"), target=kw.pop("target", models["target"]),
+        draft=kw.pop("draft", models["draft"]), prompts=kw.pop("prompts_spec", "inline"),
+        sampling={"temperature": temperature, "max_new_tokens": max_new_tokens, "seed": 3},
+        device="cpu", sweep_values=list(ks), prompt_texts=prompts, **kw)
+
+
+def kinds(store, experiment_id):
+    return {(r.kind, None if r.kind == "baseline" else int(r.k)): int(r.run_id) for r in q.runs(store, experiment_id).itertuples()}
+
+
+def test_worker_runs_an_experiment_and_stores_the_engine_figures(store, model_dirs):
+    eid = enqueue(store, model_dirs, ks=(1, 3))
+    worker = RecordingWorker(store)
+    with worker:
+        executed = worker.work(until_idle=True)
+    ids = kinds(store, eid)
+    assert executed[0] == ids[("baseline", None)]  # the baseline runs before the speculative runs
+    assert len(worker.loads) == 1  # one model load for the whole experiment
+    runs = q.runs(store, eid).set_index("run_id")
+    assert (runs["status"] == "done").all() and (runs["progress"] == 1.0).all()
+    assert (runs["peak_memory_mb"] > 0).all() and (runs["prompts_done"] == len(PROMPTS)).all()
+    baseline = worker.results[ids[("baseline", None)]]
+    assert runs.loc[ids[("baseline", None)], "target_step_seconds"] == pytest.approx(target_step_seconds(baseline), rel=1e-12)
+    for k in (1, 3):
+        rid = ids[("speculative", k)]
+        expected = speculative_metrics(worker.results[rid], baseline)
+        row = runs.loc[rid]
+        for key in ("new_tokens", "rounds", "proposed", "accepted", "rejected"):
+            assert row[key] == expected[key], key
+        for key in ("tokens_per_second", "alpha", "draft_acceptance_rate", "tokens_per_round", "expected_alpha",
+                    "kl", "draft_step_seconds", "c", "speedup", "predicted_speedup"):
+            assert row[key] == pytest.approx(expected[key], rel=1e-12), key
+        assert row.outputs_match_baseline is True and outputs_match(worker.results[rid], baseline)
+        texts = q.prompt_output(store, rid, 0)["text"].tolist()
+        assert " ".join(texts) == worker.results[rid][0].text
+    assert q.experiments(store).set_index("experiment_id").loc[eid, "status"] == "done"
+
+
+def test_failures_are_recorded_and_the_queue_goes_on(tmp_path, model_dirs, monkeypatch):
+    store = open_store(f"sqlite:///{tmp_path / 'q.db'}")
+    bad_file = tmp_path / "broken.jsonl"
+    bad_file.write_text('{"prompt": "t5 t6"}\n{not json}\n')
+    missing = enqueue(store, model_dirs, ks=(2,), target=str(tmp_path / "no-such-model"), name="missing")
+    mismatch = enqueue(store, model_dirs, ks=(2,), draft=model_dirs["alien"], name="mismatch")
+    bad_prompts = enqueue(store, model_dirs, ks=(2,), prompts=None, prompts_spec=str(bad_file), name="bad prompts")
+    oom = enqueue(store, model_dirs, ks=(1, 2), prompts=PROMPTS[:1], name="oom")
+    good = enqueue(store, model_dirs, ks=(2,), prompts=PROMPTS[:2], name="good")
+
+    import app.worker as worker_module
+    real_run_prompts = worker_module.run_prompts
+
+    def run_prompts(decoder, *args, **kwargs):
+        if getattr(getattr(decoder, "drafter", None), "k", None) == 1:
+            raise __import__("torch").cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_run_prompts(decoder, *args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "run_prompts", run_prompts)
+    with RecordingWorker(store) as worker:
+        worker.work(until_idle=True)
+
+    def statuses(eid):
+        return {r.run_id: (r.status, r.error) for r in q.runs(store, eid).itertuples()}
+
+    for eid, pattern in ((missing, "not found"), (mismatch, "tokenizers disagree"), (bad_prompts, "broken.jsonl")):
+        for status, error in statuses(eid).values():  # every run of the experiment, not just the first
+            assert status == "failed" and pattern in error, (status, error)
+            assert "\n" not in error
+    oom_runs = q.runs(store, oom).set_index("k", drop=False)
+    assert oom_runs.loc[1, "status"] == "failed" and "CUDA out of memory" in oom_runs.loc[1, "error"]
+    assert (oom_runs[oom_runs["k"] != 1]["status"] == "done").all()
+    assert all(status == "done" for status, _ in statuses(good).values())
+    detail = queue.get_run(store, int(oom_runs.loc[1, "run_id"]))["error_detail"]
+    assert "OutOfMemoryError" in detail
+
+
+def test_cancel_stops_between_rounds_and_resume_finishes_without_duplicates(tmp_path, model_dirs):
+    store = open_store(f"sqlite:///{tmp_path / 'c.db'}")
+    eid = enqueue(store, model_dirs, ks=(2,))
+    ids = kinds(store, eid)
+    rid = ids[("speculative", 2)]
+
+    def cancel_during_prompt_2(run, prompt_index, tokens):
+        if run["id"] == rid and prompt_index == 2:
+            queue.cancel_run(store, rid)
+
+    with RecordingWorker(store, progress_seconds=0.0, progress_hook=cancel_during_prompt_2) as worker:
+        worker.work(until_idle=True)
+    run = queue.get_run(store, rid)
+    assert run["status"] == "cancelled" and run["prompts_done"] == 2
+    assert q.per_prompt(store, rid)["prompt_index"].tolist() == [0, 1]  # finished prompts kept, none half-written
+
+    assert queue.resume_run(store, rid)
+    with RecordingWorker(store) as worker:
+        worker.work(until_idle=True)
+    assert queue.get_run(store, rid)["status"] == "done"
+    assert worker.results[rid][0].prompt_index == 2  # resumed at the first unfinished prompt
+    with store.read() as conn:
+        rounds = conn.execute(text("SELECT COUNT(*), COUNT(DISTINCT prompt_index * 100000 + round_index) "
+                                   "FROM rounds WHERE run_id = :r"), {"r": rid}).one()
+    assert rounds[0] == rounds[1] == q.run_summary(store, rid)["rounds"].iloc[0]
+    assert q.run_summary(store, rid)["outputs_match_baseline"].iloc[0] is True
+
+
+def test_sigkill_mid_run_keeps_rows_and_resume_completes(db_url, model_dirs, wait_for):
+    store = open_store(db_url)
+    prompts = [f"t{i} t{i + 1} t{i + 2}" for i in range(3, 11)]
+    eid = enqueue(store, model_dirs, ks=(2,), prompts=prompts, max_new_tokens=20)
+    rid = kinds(store, eid)[("speculative", 2)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app.worker", "--db", db_url, "--until-idle", "--heartbeat", "0.2"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: (queue.get_run(store, rid) or {}).get("prompts_done", 0) >= 2 or proc.poll() is not None,
+                 timeout=120, what="the worker to commit two prompts of the speculative run")
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    kept = q.per_prompt(store, rid)
+    assert len(kept) >= 2 and queue.get_run(store, rid)["status"] == "running"
+
+    time.sleep(1.0)  # let its heartbeat go stale
+    worker = RecordingWorker(store, stale_seconds=0.8)
+    assert worker.start() == [rid]
+    try:
+        run = queue.get_run(store, rid)
+        assert run["status"] == "interrupted"
+        assert q.per_prompt(store, rid)["wall_seconds"].tolist()[: len(kept)] == kept["wall_seconds"].tolist()
+        assert queue.resume_run(store, rid)
+        worker.work(until_idle=True)
+    finally:
+        worker.stop()
+    assert worker.results[rid][0].prompt_index == len(kept)  # resumed at the first unfinished prompt
+    final = q.per_prompt(store, rid)
+    assert final["prompt_index"].tolist() == list(range(len(prompts)))
+    assert final["wall_seconds"].tolist()[: len(kept)] == kept["wall_seconds"].tolist()  # committed rows untouched
+    summary = q.run_summary(store, rid).iloc[0]
+    assert summary.status == "done" and summary.outputs_match_baseline is True
+    with store.read() as conn:
+        total, distinct = conn.execute(text(
+            "SELECT COUNT(*), COUNT(DISTINCT CAST(prompt_index AS VARCHAR(10)) || ':' || CAST(round_index AS VARCHAR(10)) "
+            "|| ':' || CAST(position AS VARCHAR(10))) FROM draft_tokens WHERE run_id = :r"), {"r": rid}).one()
+    assert total == distinct == summary.proposed
+    store.dispose()
+
+
+def test_cli_run_persists_and_its_json_is_the_stored_figures(tmp_path, model_dirs, capsys):
+    from app.cli import main
+
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("\n".join(PROMPTS[:2]) + "\n")
+    argv = ["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts", str(prompt_file),
+            "--k", "1,2", "--max-new-tokens", "12", "--device", "cpu", "--db", db, "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    store = open_store(db)
+    eid = doc["experiment_id"]
+    assert doc == json.loads(json.dumps(run_document(store, eid)))
+    runs = q.runs(store, eid).set_index("run_id")
+    assert doc["baseline"]["tokens_per_second"] == runs.loc[doc["baseline"]["run_id"], "tokens_per_second"]
+    assert len(doc["baseline"]["outputs"]) == 2
+    for entry in doc["runs"]:
+        row = runs.loc[entry["run_id"]]
+        for key in ("rounds", "accepted", "alpha", "tokens_per_round", "c", "speedup", "predicted_speedup"):
+            assert entry[key] == row[key], key
+        assert entry["per_position_acceptance"] == q.acceptance_by_position(store, entry["run_id"])["conditional"].tolist()
+        assert entry["outputs_match_baseline"] is True
+    assert [e["k"] for e in doc["runs"]] == [1, 2]
+
+    assert main(["list", "--db", db]) == 0
+    listing = capsys.readouterr().out
+    assert f"experiment {eid}" in listing and "k=2" in listing
+    assert main(["export", str(eid), "--format", "csv", "--out", str(tmp_path / "out"), "--db", db]) == 0
+    runs_csv, tokens_csv = capsys.readouterr().out.split()
+    assert Path(runs_csv).read_text().startswith("run_id,kind,k,")
+    assert sum(1 for _ in open(tokens_csv)) - 1 == int(runs["proposed"].sum())
+    assert main(["export", str(eid), "--format", "json", "--db", db]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert len(exported["runs"]) == 3 and len(exported["draft_tokens"]) == int(runs["proposed"].sum())
+
+    # Bad input: exit 2, one error line, nothing stored.
+    before = len(q.experiments(store))
+    assert main([*argv[:2], str(tmp_path / "nope"), *argv[3:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:")
+    assert len(q.experiments(store)) == before
