@@ -1,0 +1,118 @@
+"""Bad input ends in exactly one `error:` line naming the problem and the fix, exit 2, and stores nothing."""
+import json
+
+import pytest
+import torch
+
+from app.cli import main
+from engine.errors import DraftLabError
+from engine.loading import check_pair, load_model
+from tests import tiny_models as tm
+
+
+@pytest.fixture
+def run_cli(model_dirs, tmp_path, capsys):
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+
+    def run(*extra, target=None, draft=None, prompts=None):
+        if prompts is None:
+            prompts = tmp_path / "prompts.txt"
+            prompts.write_text("t3 t4 t5\nt9 t10\n")
+        argv = ["run", "--target", target or model_dirs["target"], "--draft", draft or model_dirs["draft"],
+                "--prompts", str(prompts), "--max-new-tokens", "8", "--db", db, *extra]
+        code = main(argv)
+        out, err = capsys.readouterr()
+        return code, out, err
+    run.db = db
+    return run
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--k", "0"), "--k values must be >= 1"),
+    (("--k", "2,-1"), "--k values must be >= 1"),
+    (("--k", "two"), "--k must be positive integers"),
+    (("--temperature", "-0.5"), "temperature must be >= 0"),
+    (("--top-p", "0"), "top-p must be in (0, 1]"),
+    (("--max-new-tokens", "0"), "max-new-tokens must be > 0"),
+    (("--device", "tpu"), "invalid choice"),
+])
+def test_bad_sampling_and_k_values(run_cli, args, needle):
+    code, out, err = run_cli(*args)
+    assert code == 2 and out == ""
+    assert needle in _one_error_line(err)
+
+
+def test_unknown_model_path_is_named(run_cli, tmp_path):
+    missing = str(tmp_path / "no" / "such-model")
+    code, _, err = run_cli(target=missing)
+    assert code == 2
+    line = _one_error_line(err)
+    assert missing in line and "not found" in line
+
+
+def test_unknown_hub_id_fails_fast_offline(run_cli):
+    code, _, err = run_cli(draft="draftlab-nonexistent/model-xyz")
+    assert code == 2 and "draftlab-nonexistent/model-xyz" in _one_error_line(err)
+
+
+def test_mismatched_tokenizers_say_how_many_ids_differ(run_cli, model_dirs):
+    code, _, err = run_cli(draft=model_dirs["alien"])
+    line = _one_error_line(err)
+    assert code == 2 and "disagree on 64 of 64 token ids" in line and "'t0' vs 'w0'" in line
+
+
+def test_malformed_prompt_file_names_file_and_line(run_cli, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "t3 t4"}\n{"text": "no prompt field"}\n')
+    code, _, err = run_cli(prompts=bad)
+    line = _one_error_line(err)
+    assert code == 2 and "bad.jsonl" in line and "2" in line and "prompt" in line
+
+
+def test_bad_input_stores_nothing_and_keeps_what_was_stored(run_cli):
+    code, out, _ = run_cli("--k", "2", "--json")
+    assert code == 0
+    first = json.loads(out)
+    assert run_cli("--k", "0")[0] == 2
+    assert run_cli(target="/nonexistent/model")[0] == 2
+    code, out, _ = run_cli("--k", "2", "--json")
+    second = json.loads(out)
+    assert second["experiment_id"] == first["experiment_id"] + 1  # the failed invocations stored no experiment
+    assert second["runs"][0]["outputs"] == first["runs"][0]["outputs"]  # same seed, same output
+
+
+def test_padded_embeddings_are_fine_but_a_short_head_is_not():
+    tok = tm.tokenizer(64)
+    assert check_pair(tok, tm.tokenizer(64), 128, 72) == 64  # padded past the vocabulary: fine
+    with pytest.raises(DraftLabError, match="scores 60 tokens but its tokenizer has 64"):
+        check_pair(tok, tm.tokenizer(64), 60, 64)
+
+
+def test_loaded_models_are_in_eval_mode(model_dirs):
+    m = load_model(model_dirs["target"], torch.device("cpu"), torch.float32)
+    assert not m.model.training
+
+
+def test_json_document_follows_the_spec(run_cli):
+    code, out, err = run_cli("--k", "1,3", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert set(doc) == {"experiment_id", "baseline", "runs"}
+    assert {"run_id", "new_tokens", "wall_seconds", "tokens_per_second", "target_step_seconds", "outputs"} <= set(doc["baseline"])
+    spec_keys = {"run_id", "k", "new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted",
+                 "rejected", "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha",
+                 "per_position_acceptance", "acceptance_by_type", "draft_step_seconds", "c", "predicted_speedup",
+                 "speedup", "outputs_match_baseline", "outputs"}
+    assert [r["k"] for r in doc["runs"]] == [1, 3]
+    for r in doc["runs"]:
+        assert spec_keys <= set(r)
+        assert r["outputs_match_baseline"] is True  # greedy
+        assert len(r["per_position_acceptance"]) == r["k"]
+    assert "baseline" in err or "k=" in err  # the progress bar went to stderr
