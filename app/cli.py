@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("--db", default=None)
     lst.add_argument("--json", action="store_true", help="print one JSON object")
 
+    resume = sub.add_parser("resume", help="requeue an experiment's interrupted, failed or cancelled runs")
+    resume.add_argument("experiment_id", type=int)
+    resume.add_argument("--db", default=None)
+
     export = sub.add_parser("export", help="an experiment's runs with metrics, and its per-token rows")
     export.add_argument("experiment_id", type=int)
     export.add_argument("--format", choices=["csv", "json"], default="csv")
@@ -117,8 +121,9 @@ def cmd_run(args) -> int:
             worker.work(until_idle=True, experiment_id=experiment_id)
     except KeyboardInterrupt:
         progress.close()
-        print(f"error: interrupted; resume experiment {experiment_id} with `draftlab worker --db {store.url}` "
-              f"after requeueing it from the dashboard", file=sys.stderr)
+        queue.interrupt_queued(store, experiment_id, "`draftlab run` was interrupted before this run started")
+        print(f"error: interrupted; finished prompts are stored. Continue with `draftlab resume {experiment_id} "
+              f"--db {store.url}` and then `draftlab worker --db {store.url}`", file=sys.stderr)
         return 130
     progress.close()
     doc = run_document(store, experiment_id)
@@ -187,6 +192,19 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_resume(args) -> int:
+    from storage import open_store, queue
+    from storage import queries as q
+
+    store = open_store(args.db)
+    if q.experiment(store, args.experiment_id) is None:
+        return _fail(f"no experiment {args.experiment_id} in {store.url}; `draftlab list` shows the ids")
+    n = queue.resume_experiment(store, args.experiment_id)
+    print(f"requeued {n} run(s) of experiment {args.experiment_id}; a worker continues each from its first "
+          f"unfinished prompt (`draftlab worker --db {store.url}`)")
+    return 0
+
+
 def cmd_export(args) -> int:
     from storage import open_store
     from storage.export import export_csv, export_json
@@ -220,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_worker(args)
     if args.command == "list":
         return cmd_list(args)
+    if args.command == "resume":
+        return cmd_resume(args)
     if args.command == "export":
         return cmd_export(args)
     if args.command == "ui":

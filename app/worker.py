@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import signal
 import socket
 import sys
 import threading
@@ -114,12 +115,17 @@ class Worker:
         """Execute queued runs (only experiment_id's, if given); return the ids executed. Without
         until_idle, poll forever."""
         executed = []
+        last_sweep = time.monotonic()
         while not self._stop.is_set():
             prefer = self.loaded.key[-1] if self.loaded else None
             run_id = queue.claim_next(self.store, self.id, experiment_id=experiment_id, prefer_experiment=prefer)
             if run_id is None:
                 if until_idle:
                     break
+                if time.monotonic() - last_sweep > self.stale_seconds:  # another worker may have died since
+                    for stale in queue.mark_stale(self.store, self.stale_seconds):
+                        self.log(f"run {stale} had no heartbeat for {self.stale_seconds:g}s: marked interrupted")
+                    last_sweep = time.monotonic()
                 time.sleep(self.poll_seconds)
                 continue
             self.execute(run_id)
@@ -274,9 +280,15 @@ def main(argv: list[str] | None = None) -> int:
                       stale_seconds=args.stale, poll_seconds=args.poll)
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through Worker.execute, which marks the run interrupted
+
+
 def run_worker(db: str | None, until_idle: bool = False, **options) -> int:
     store = open_store(db)
     worker = Worker(store, **options)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     worker.log(f"{worker.id} serving {store.url}")
     try:
         with worker:

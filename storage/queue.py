@@ -121,8 +121,20 @@ def cancel_experiment(store: Store, experiment_id: int) -> int:
     return _cancel(store, "experiment_id = :eid", {"eid": experiment_id})
 
 
+def interrupt_queued(store: Store, experiment_id: int, reason: str) -> int:
+    """Mark an experiment's still-queued runs `interrupted` (its foreground `draftlab run` was stopped)."""
+    with store.write() as conn:
+        return conn.execute(text("UPDATE runs SET status = :interrupted, error = :reason, reserved_for = NULL "
+                                 "WHERE experiment_id = :eid AND status = :queued"),
+                            {"interrupted": INTERRUPTED, "reason": reason, "eid": experiment_id,
+                             "queued": QUEUED}).rowcount
+
+
 def _resume(store: Store, where: str, params: dict) -> int:
     with store.write() as conn:
+        # Queued runs reserved for a (gone) foreground worker become claimable by any worker.
+        conn.execute(text(f"UPDATE runs SET reserved_for = NULL WHERE {where} AND status = :queued"),
+                     {**params, "queued": QUEUED})
         return conn.execute(text(
             f"UPDATE runs SET status = :queued, error = NULL, error_detail = NULL, cancel_requested = :no, "
             f"reserved_for = NULL, finished = NULL WHERE {where} AND status IN (:interrupted, :failed, :cancelled)"),

@@ -232,3 +232,33 @@ def test_cli_run_persists_and_its_json_is_the_stored_figures(tmp_path, model_dir
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")
     assert len(q.experiments(store)) == before
+
+
+def test_sigterm_marks_the_run_interrupted_and_cli_resume_requeues_it(tmp_path, model_dirs, wait_for, capsys):
+    from app.cli import main
+
+    db = f"sqlite:///{tmp_path / 'term.db'}"
+    store = open_store(db)
+    prompts = [f"t{i} t{i + 1}" for i in range(3, 9)]
+    eid = enqueue(store, model_dirs, ks=(2,), prompts=prompts, max_new_tokens=20)
+    rid = kinds(store, eid)[("speculative", 2)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", db], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (queue.get_run(store, rid) or {}).get("prompts_done", 0) >= 1 or proc.poll() is not None,
+                 timeout=120, what="the worker to commit a prompt")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run = queue.get_run(store, rid)
+    assert run["status"] == "interrupted" and run["prompts_done"] >= 1  # at once, no stale heartbeat needed
+    assert queue.live_workers(store) == 0
+    assert main(["resume", str(eid), "--db", db]) == 0
+    assert "requeued 1 run" in capsys.readouterr().out
+    with RecordingWorker(store) as worker:
+        worker.work(until_idle=True)
+    assert q.run_summary(store, rid)["status"].iloc[0] == "done"
+    assert q.per_prompt(store, rid)["prompt_index"].tolist() == list(range(len(prompts)))
