@@ -64,7 +64,7 @@ class TrainConfig:
 
 SHAPES = {
     # target: many layers (CPU forward cost is mostly per-layer overhead, so depth sets c)
-    "demo-target": ModelShape(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=640),
+    "demo-target": ModelShape(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=512),
     # draft: 2 thin layers
     "demo-draft": ModelShape(hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=512),
     "demo-draft-distilled": ModelShape(hidden_size=192, num_hidden_layers=2, num_attention_heads=3,
@@ -191,7 +191,7 @@ it is not a useful general model.
 | wall time | {c['wall_minutes']:.1f} min on {c['hardware']} |
 | Python | {c['python']} (the corpus is this version's stdlib) |
 
-Reproduce (from the repository root; resumes from `checkpoints/{c['model']}/` if interrupted):
+{('**Interim:** ' + c['interim'] + chr(10) + chr(10)) if c.get('interim') else ''}Reproduce (from the repository root; resumes from `checkpoints/{c['model']}/` if interrupted):
 
 ```
 {c['command']}
@@ -210,14 +210,17 @@ def main(argv=None) -> None:
     ap.add_argument("--seq-len", type=int, default=TrainConfig.seq_len)
     ap.add_argument("--seed", type=int, default=TrainConfig.seed)
     ap.add_argument("--ckpt-every", type=int, default=TrainConfig.ckpt_every)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1 default: on a shared 2-core machine 2 threads oversubscribe badly)")
     ap.add_argument("--teacher", default="", help="model dir to distil from (KD loss); off by default")
     ap.add_argument("--kd-weight", type=float, default=0.0)
     ap.add_argument("--out", type=Path, default=None, help="export dir (default engine/zoo/<model>/)")
     ap.add_argument("--ckpt-dir", type=Path, default=None)
     ap.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint")
+    ap.add_argument("--export-only", action="store_true",
+                    help="export the current checkpoint as it is (an interim model; training is not run)")
     args = ap.parse_args(argv)
-    if not args.steps and not args.minutes:
+    if not args.steps and not args.minutes and not args.export_only:
         ap.error("give --steps or --minutes")
 
     torch.set_num_threads(args.threads)
@@ -270,7 +273,14 @@ def main(argv=None) -> None:
     base_elapsed = elapsed
     bar = tqdm(total=cfg.steps or None, initial=step, desc=args.model, dynamic_ncols=True, mininterval=5)
     ema = None
-    while True:
+    interim = None
+    if args.export_only:
+        if not step:
+            ap.error(f"--export-only: no checkpoint at {ckpt_path}")
+        interim = (f"interim export of the checkpoint at step {step} (planned: {cfg.steps or 'not fixed yet'}); "
+                   f"not the final weights")
+        cfg.eval_batches = 4
+    while not args.export_only:
         if cfg.steps and step >= cfg.steps:
             break
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
@@ -319,7 +329,8 @@ def main(argv=None) -> None:
     val_loss = evaluate(model, val, cfg)
     print(f"final: train loss {ema if ema is not None else last_loss:.4f}, held-out {val_loss:.4f}, "
           f"{elapsed / 60:.1f} min", flush=True)
-    cmd = ["python", "-m", "engine.zoo.train", "--model", args.model, "--steps", str(cfg.steps)]
+    done_steps = step if interim else cfg.steps
+    cmd = ["python", "-m", "engine.zoo.train", "--model", args.model, "--steps", str(done_steps)]
     if cfg.decay_start:
         cmd += ["--decay-start", str(cfg.decay_start)]
     if args.lr is not None:
@@ -336,8 +347,8 @@ def main(argv=None) -> None:
 
     card = {
         "model": args.model, "shape": dataclasses.asdict(shape), "parameters": n_params,
-        "steps": cfg.steps, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
-        "training_tokens": cfg.steps * cfg.batch_size * cfg.seq_len,
+        "steps": done_steps, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
+        "training_tokens": done_steps * cfg.batch_size * cfg.seq_len,
         "corpus_train_tokens": meta["train_tokens"], "corpus_val_tokens": meta["val_tokens"],
         "lr": cfg.lr, "min_lr_ratio": cfg.min_lr_ratio, "warmup_steps": cfg.warmup_steps,
         "decay_start": cfg.decay_start or int(0.8 * cfg.steps),
@@ -346,6 +357,8 @@ def main(argv=None) -> None:
         "wall_minutes": elapsed / 60, "hardware": f"{torch.get_num_threads()} CPU threads ({platform.machine()})",
         "python": platform.python_version(), "command": " ".join(shlex.quote(c) for c in cmd),
     }
+    if interim:
+        card["interim"] = interim
     if teacher is not None:
         card["kd_note"] = f"; KD from {args.teacher} weight {args.kd_weight}"
     out = args.out or ZOO_DIR / args.model
