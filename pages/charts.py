@@ -11,6 +11,7 @@ import pandas as pd
 KIND_COLORS = {"first": "#9e9e9e", "accepted": "#2e7d32", "correction": "#c62828", "bonus": "#1565c0"}
 OUTCOME_COLORS = {"accepted": "#2e7d32", "rejected": "#c62828", "discarded": "#9e9e9e"}
 HEIGHT = 260
+BOTTOM = alt.Legend(orient="bottom")  # legends below the plot keep narrow columns' plots wide
 
 
 def _x(field: str, title: str) -> alt.X:
@@ -27,7 +28,7 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
     long = frame.melt(id_vars=["x"], value_vars=["speedup", "predicted_speedup"], var_name="series",
                       value_name="value").dropna(subset=["value"])
     long["series"] = long["series"].map({"speedup": "measured", "predicted_speedup": "predicted (formula)"})
-    color = alt.Color("series:N", title=None, scale=alt.Scale(domain=["measured", "predicted (formula)"],
+    color = alt.Color("series:N", title=None, legend=BOTTOM, scale=alt.Scale(domain=["measured", "predicted (formula)"],
                                                                 range=["#1565c0", "#9e9e9e"]))
     tooltip = [alt.Tooltip("x:Q", title=x_title), "series:N", alt.Tooltip("value:Q", format=".3f")]
     base = alt.Chart(long).encode(_x("x", x_title), alt.Y("value:Q", title="speedup (×)"), color, tooltip=tooltip)
@@ -50,7 +51,7 @@ def rates_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
     long = frame.melt(id_vars=["x"], value_vars=["alpha", "draft_acceptance_rate"], var_name="metric")
     return alt.Chart(long).mark_line(point=True).encode(
         _x("x", x_title), alt.Y("value:Q", title="rate", scale=alt.Scale(domain=[0, 1])),
-        alt.Color("metric:N", title=None),
+        alt.Color("metric:N", title=None, legend=BOTTOM),
         tooltip=[alt.Tooltip("x:Q", title=x_title), "metric:N", alt.Tooltip("value:Q", format=".3f")],
     ).properties(height=HEIGHT)
 
@@ -66,8 +67,8 @@ def tokens_per_round_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
     long = frame.melt(id_vars=["x"], value_vars=cols, var_name="metric").dropna(subset=["value"])
     return alt.Chart(long).mark_line(point=True).encode(
         _x("x", x_title), alt.Y("value:Q", title="tokens per round"),
-        alt.Color("metric:N", title=None),
-        alt.StrokeDash("metric:N", title=None),
+        alt.Color("metric:N", title=None, legend=BOTTOM),
+        alt.StrokeDash("metric:N", title=None, legend=BOTTOM),
         tooltip=[alt.Tooltip("x:Q", title=x_title), "metric:N", alt.Tooltip("value:Q", format=".3f")],
     ).properties(height=HEIGHT)
 
@@ -96,7 +97,7 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
     """One line per series (experiment or run), for Compare. frame: x, y, series columns as named."""
     scale = alt.Scale(domain=list(y_domain)) if y_domain else alt.Undefined
     return alt.Chart(frame).mark_line(point=True).encode(
-        _x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale), alt.Color(f"{series}:N", title=None),
+        _x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale), alt.Color(f"{series}:N", title=None, legend=BOTTOM),
         tooltip=[f"{series}:N", alt.Tooltip(f"{x}:Q", title=x_title), alt.Tooltip(f"{y}:Q", format=".3f")],
     ).properties(height=HEIGHT)
 
@@ -105,7 +106,7 @@ def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, va
     """Bars per category, one colour per series (Compare: acceptance by type across runs)."""
     return alt.Chart(frame).mark_bar().encode(
         alt.Y(f"{category}:N", title=None), alt.X(f"{value}:Q", title=value_title, scale=alt.Scale(domain=[0, 1])),
-        alt.Color(f"{series}:N", title=None), alt.YOffset(f"{series}:N"),
+        alt.Color(f"{series}:N", title=None, legend=BOTTOM), alt.YOffset(f"{series}:N"),
         tooltip=[f"{series}:N", f"{category}:N", alt.Tooltip(f"{value}:Q", format=".3f")],
     ).properties(height=HEIGHT + 60)
 
@@ -114,7 +115,7 @@ def theory_curves(frame: pd.DataFrame, k_selected: int) -> alt.LayerChart:
     """Speedup and expected tokens per round over k from the formulas. frame: k, predicted_speedup, expected_tokens_per_round."""
     long = frame.melt(id_vars=["k"], value_vars=["predicted_speedup", "expected_tokens_per_round"], var_name="metric")
     lines = alt.Chart(long).mark_line(point=True).encode(
-        _x("k", "k (draft tokens per round)"), alt.Y("value:Q", title=None), alt.Color("metric:N", title=None),
+        _x("k", "k (draft tokens per round)"), alt.Y("value:Q", title=None), alt.Color("metric:N", title=None, legend=BOTTOM),
         tooltip=["k:Q", "metric:N", alt.Tooltip("value:Q", format=".3f")])
     rule = alt.Chart(pd.DataFrame({"k": [k_selected]})).mark_rule(color="#ef6c00").encode(x="k:Q")
     return alt.layer(lines, rule).properties(height=HEIGHT + 40)
@@ -133,7 +134,7 @@ def distribution_pair(frame: pd.DataFrame) -> alt.Chart:
     """Target and draft probabilities per token id. frame: token, target, draft."""
     long = frame.melt(id_vars=["token"], value_vars=["target", "draft"], var_name="model", value_name="probability")
     return alt.Chart(long).mark_bar().encode(
-        alt.X("token:O", title="token id"), alt.Y("probability:Q"), alt.Color("model:N", title=None),
+        alt.X("token:O", title="token id"), alt.Y("probability:Q"), alt.Color("model:N", title=None, legend=BOTTOM),
         alt.XOffset("model:N"), tooltip=["token:O", "model:N", alt.Tooltip("probability:Q", format=".3f")],
     ).properties(height=HEIGHT - 60)
 
@@ -144,7 +145,7 @@ def proposal_probabilities(frame: pd.DataFrame) -> alt.Chart:
                       var_name="model", value_name="probability")
     return alt.Chart(long).mark_bar().encode(
         alt.X("position:O", title="draft position"), alt.Y("probability:Q", scale=alt.Scale(domain=[0, 1])),
-        alt.XOffset("model:N"), alt.Color("model:N", title=None),
+        alt.XOffset("model:N"), alt.Color("model:N", title=None, legend=BOTTOM),
         alt.Opacity("outcome:N", scale=alt.Scale(domain=["accepted", "rejected", "discarded"], range=[1, 0.9, 0.3])),
         tooltip=["position:O", "text:N", "model:N", "outcome:N", alt.Tooltip("probability:Q", format=".3f")],
     ).properties(height=HEIGHT - 40)

@@ -76,7 +76,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame) -> None:
     sweep_variable = row.get("sweep_variable") or "k"
     cols = st.columns(5)
     progress = row["progress"] if pd.notna(row["progress"]) else 0.0
-    cols[0].metric("Status", str(row["status"]), f"{progress * 100:.0f}% done", delta_color="off")
+    cols[0].metric("Status", str(row["status"]) if row["status"] not in ACTIVE else f"{row['status']} {progress:.0%}")
     cols[1].metric(f"Best {sweep_variable}", number(row["best_value"], "{:g}"))
     cols[2].metric("Best speedup", number(row["best_speedup"], "{:.2f}×"))
     cols[3].metric("alpha (best run)", number(row["alpha"]))

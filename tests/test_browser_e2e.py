@@ -1,0 +1,229 @@
+"""End to end in a real browser: `draftlab ui` on a temporary database, a demo-pair experiment (k = 1,2,4)
+launched from the New-experiment page, run by the local worker that `ui` starts, then its detail page checked
+against storage's queries, with screenshots of the real app saved for the README.
+
+Needs Debian's chromium at /usr/bin/chromium (driven by Playwright); skipped, with that reason, without it.
+"""
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOTS = Path(os.environ.get("DRAFTLAB_SCREENSHOTS") or ROOT / "docs" / "screenshots")
+TARGET, DRAFT = os.environ.get("DRAFTLAB_E2E_TARGET", "demo-target"), os.environ.get("DRAFTLAB_E2E_DRAFT", "demo-draft")
+PROMPTS = "def fibonacci(n):\n" "The capital of France is"
+MAX_NEW_TOKENS = 24
+RUN_TIMEOUT_S = 420  # model loading plus four small runs on a shared 2-core CPU
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason=f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"draftlab ui exited with status {process.returncode} before serving")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.read().strip() == b"ok":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the dashboard did not answer at {url} within {timeout:g} s")
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory):
+    """`draftlab ui` (through `python -m app.cli`) on a temporary database and a free port."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    db = f"sqlite:///{tmp / 'draftlab.db'}"
+    port = _free_port()
+    env = dict(os.environ, DRAFTLAB_UPLOAD_DIR=str(tmp / "uploads"), PYTHONPATH=str(ROOT))
+    log = open(tmp / "ui.log", "wb")
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--db", db, "--port", str(port)],
+                               cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, process)
+        yield {"url": url, "db": db, "tmp": tmp, "log": tmp / "ui.log"}
+    finally:
+        process.send_signal(signal.SIGTERM)  # app.ui stops the dashboard and its worker
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield chromium
+        chromium.close()
+
+
+def _field(page, label: str):
+    return page.get_by_label(label, exact=True)
+
+
+def _commit(locator, value: str) -> None:
+    """Type into a Streamlit input and commit it (Streamlit reads text inputs on Enter)."""
+    locator.click()
+    locator.fill(value)
+    locator.press("Enter")
+
+
+def _settle(page, timeout_ms: int = 120_000) -> None:
+    """Wait until Streamlit has finished the current script run."""
+    page.wait_for_timeout(300)
+    page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
+
+
+def _downloads(page) -> dict[str, pd.DataFrame]:
+    """Click every visible CSV download button on the page; the frames by file name."""
+    frames = {}
+    buttons = page.locator('[data-testid="stDownloadButton"] button')
+    for i in range(buttons.count()):
+        if not buttons.nth(i).is_visible():  # inside a collapsed expander
+            continue
+        with page.expect_download(timeout=60_000) as info:
+            buttons.nth(i).click()
+        download = info.value
+        frames[download.suggested_filename] = pd.read_csv(io.BytesIO(Path(download.path()).read_bytes()))
+        _settle(page)
+    return frames
+
+
+def _wait_done(db: str, experiment_id: int, log: Path) -> None:
+    from storage import open_store
+    from storage import queries as q
+
+    store = open_store(db)
+    deadline = time.time() + RUN_TIMEOUT_S
+    status = None
+    while time.time() < deadline:
+        status = q.experiments(store).set_index("experiment_id").loc[experiment_id, "status"]
+        if status not in ("queued", "running"):
+            break
+        time.sleep(2)
+    runs = q.runs(store, experiment_id)
+    assert status == "done", (f"experiment ended {status!r}; runs:\n{runs[['run_id', 'kind', 'k', 'status', 'error']]}"
+                              f"\nui log tail:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, browser, tmp_path):
+    from storage import open_store
+    from storage import queries as q
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1500, "height": 1900}, accept_downloads=True)
+    page.set_default_timeout(120_000)
+
+    # New experiment: demo pair preselected, a two-prompt upload, k = 1,2,4.
+    page.goto(f"{dashboard['url']}/new")
+    page.get_by_text("Pair check:").wait_for()
+    if TARGET != "demo-target" or DRAFT != "demo-draft":
+        _commit(_field(page, "Target model"), TARGET)
+        _settle(page)
+        _commit(_field(page, "Draft model"), DRAFT)
+        _settle(page)
+    assert _field(page, "Target model").input_value() == TARGET
+    page.get_by_text("tokenizers match").wait_for()
+    page.get_by_text("Upload a file").click()
+    _settle(page)
+    prompts = tmp_path / "two_prompts.txt"
+    prompts.write_text(PROMPTS + "\n")
+    page.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(str(prompts))
+    page.get_by_text("2 prompts from two_prompts.txt").wait_for()
+    _commit(_field(page, "Max new tokens"), str(MAX_NEW_TOKENS))
+    _settle(page)
+    _commit(_field(page, "k values"), "1,2,4")
+    _settle(page)
+    _commit(_field(page, "Name"), "e2e demo sweep")
+    _settle(page)
+    page.screenshot(path=str(SCREENSHOTS / "new_experiment.png"))
+    page.get_by_role("button", name="Launch").click()
+    queued = page.get_by_text(re.compile(r"Experiment #\d+ queued"))
+    queued.wait_for()
+    experiment_id = int(re.search(r"#(\d+)", queued.inner_text()).group(1))
+
+    # Experiments: live progress while it runs.
+    page.goto(dashboard["url"])  # the default page lives at the root URL
+    page.get_by_text("Refreshing every").wait_for()
+    _wait_done(dashboard["db"], experiment_id, dashboard["log"])
+    page.get_by_text("Refreshing every").wait_for(state="detached", timeout=30_000)
+    _settle(page)
+    page.screenshot(path=str(SCREENSHOTS / "experiments.png"))
+
+    # Detail: the charts render, and what they draw is what storage computes.
+    store = open_store(dashboard["db"])
+    row = q.experiments(store).set_index("experiment_id").loc[experiment_id]
+    curve = q.sweep_curve(store, experiment_id)
+    best_run = int(curve.loc[curve["speedup"].idxmax(), "run_id"])
+    page.goto(f"{dashboard['url']}/experiment?experiment={experiment_id}")
+    page.get_by_text("Speedup vs k").wait_for()
+    _settle(page)
+    charts = page.locator('[data-testid="stVegaLiteChart"]')
+    charts.nth(4).wait_for()
+    assert charts.count() == 5  # speedup, acceptance, tokens per round, by position, by type
+    for i in range(charts.count()):
+        charts.nth(i).locator("canvas, svg").first.wait_for()
+        assert charts.nth(i).bounding_box()["height"] > 100
+    values = dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
+                      page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
+    assert values["Best k"] == f"{row['best_value']:g}"
+    assert values["Best speedup"] == f"{row['best_speedup']:.2f}×"
+    assert values["alpha (best run)"] == f"{row['alpha']:.3f}"
+    assert f"run={best_run}" in page.url
+    page.screenshot(path=str(SCREENSHOTS / "experiment_detail.png"))
+
+    frames = _downloads(page)
+    drawn = frames["speedup_curve.csv"].dropna(subset=["speedup"]).sort_values("k")
+    assert drawn["k"].tolist() == [1, 2, 4]
+    assert drawn["speedup"].tolist() == pytest.approx(curve.sort_values("k")["speedup"].tolist())
+    position = frames[f"run{best_run}_acceptance_by_position.csv"]
+    expected = q.acceptance_by_position(store, best_run)
+    assert position["position"].tolist() == expected["position"].tolist()
+    assert position["conditional"].tolist() == pytest.approx(expected["conditional"].tolist())
+    by_type = frames[f"run{best_run}_acceptance_by_type.csv"]
+    expected = q.acceptance_by_type(store, best_run)
+    assert by_type["token_type"].tolist() == expected["token_type"].tolist()
+    assert by_type["rate"].tolist() == pytest.approx(expected["rate"].tolist())
+    assert by_type["verified"].tolist() == expected["verified"].tolist()
+
+    # The other views of the same experiment, for the README.
+    page.goto(f"{dashboard['url']}/rounds?experiment={experiment_id}&run={best_run}&prompt=0")
+    page.get_by_text("the draft's proposals").wait_for()
+    _settle(page)
+    page.screenshot(path=str(SCREENSHOTS / "round_explorer.png"))
+    page.goto(f"{dashboard['url']}/theory")
+    page.get_by_text("Monte Carlo simulator").wait_for()
+    _settle(page)
+    page.screenshot(path=str(SCREENSHOTS / "theory.png"))
+    page.close()
