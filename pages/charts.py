@@ -11,7 +11,7 @@ import pandas as pd
 KIND_COLORS = {"first": "#9e9e9e", "accepted": "#2e7d32", "correction": "#c62828", "bonus": "#1565c0"}
 OUTCOME_COLORS = {"accepted": "#2e7d32", "rejected": "#c62828", "discarded": "#9e9e9e"}
 HEIGHT = 260
-BOTTOM = alt.Legend(orient="bottom")  # legends below the plot keep narrow columns' plots wide
+BOTTOM = alt.Legend(orient="bottom", labelLimit=0)  # legends below the plot keep narrow columns' plots wide
 
 
 def _x(field: str, title: str) -> alt.X:
@@ -118,7 +118,8 @@ def theory_curves(frame: pd.DataFrame, k_selected: int) -> alt.LayerChart:
         _x("k", "k (draft tokens per round)"), alt.Y("value:Q", title=None), alt.Color("metric:N", title=None, legend=BOTTOM),
         tooltip=["k:Q", "metric:N", alt.Tooltip("value:Q", format=".3f")])
     rule = alt.Chart(pd.DataFrame({"k": [k_selected]})).mark_rule(color="#ef6c00").encode(x="k:Q")
-    return alt.layer(lines, rule).properties(height=HEIGHT + 40)
+    even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#bdbdbd", strokeDash=[2, 2]).encode(y="y:Q")
+    return alt.layer(even, lines, rule).properties(height=HEIGHT + 40)
 
 
 def simulation_vs_formula(frame: pd.DataFrame, y: str, y_formula: str, y_title: str) -> alt.LayerChart:
@@ -146,6 +147,7 @@ def proposal_probabilities(frame: pd.DataFrame) -> alt.Chart:
     return alt.Chart(long).mark_bar().encode(
         alt.X("position:O", title="draft position"), alt.Y("probability:Q", scale=alt.Scale(domain=[0, 1])),
         alt.XOffset("model:N"), alt.Color("model:N", title=None, legend=BOTTOM),
-        alt.Opacity("outcome:N", scale=alt.Scale(domain=["accepted", "rejected", "discarded"], range=[1, 0.9, 0.3])),
+        alt.Opacity("outcome:N", legend=None,
+                    scale=alt.Scale(domain=["accepted", "rejected", "discarded"], range=[1, 0.9, 0.3])),
         tooltip=["position:O", "text:N", "model:N", "outcome:N", alt.Tooltip("probability:Q", format=".3f")],
     ).properties(height=HEIGHT - 40)

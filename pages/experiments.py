@@ -9,6 +9,7 @@ from storage import queries as q
 from storage import queue
 
 ACTIVE = ("queued", "running")
+RESUMABLE = ("failed", "cancelled", "interrupted")
 REFRESH_SECONDS = 2.0
 ANY = "any"
 COLUMNS = ["experiment_id", "name", "status", "progress", "best_value", "best_speedup", "alpha", "target", "draft",
@@ -77,6 +78,12 @@ def render() -> None:
         if c4.button("Cancel experiment", key="cancel", icon=":material/cancel:"):
             queue.cancel_experiment(store(), experiment_id)
             st.toast(f"Experiment #{experiment_id} cancelled")
+            st.rerun()
+    elif row["status"] in RESUMABLE:
+        if c4.button("Resume experiment", key="resume", icon=":material/replay:",
+                     help="requeue its unfinished runs; a worker continues from the first unfinished prompt"):
+            queue.resume_experiment(store(), experiment_id)
+            st.toast(f"Experiment #{experiment_id} requeued")
             st.rerun()
     else:
         c4.caption(f"status: {row['status']}")

@@ -35,7 +35,7 @@ def _formulas() -> None:
     m4.metric("Speedup at best k", f"{s_best:.2f}×")
     frame = formula_frame(alpha, c)
     chart_with_csv(charts.theory_curves(frame, k), frame, "theory_curves.csv")
-    st.caption("Below 1× the draft costs more than it saves. Raising α (a better-matched draft) moves the best k "
+    st.caption("Below 1× (the dashed line) the draft costs more than it saves. Raising α (a better-matched draft) moves the best k "
                "up; a slower draft (smaller c) moves it down.")
 
 
@@ -70,7 +70,7 @@ def _simulator() -> None:
     alpha_hat = frame["accepted"].sum() / (frame["accepted"].sum() + frame["rejected"].sum())
     m1, m2, m3 = st.columns(3)
     m1.metric("β = Σ min(p_draft, p_target)", f"{summary['beta']:.3f}")
-    m2.metric("Simulated α̂ (all k)", f"{alpha_hat:.3f}", f"{alpha_hat - summary['beta']:+.3f} vs β", delta_color="off")
+    m2.metric("Simulated α̂ (all k)", f"{alpha_hat:.3f}", help=f"{alpha_hat - summary['beta']:+.4f} from β: sampling noise")
     m3.metric("Emitted vs target (total variation)", f"{summary['first_token_total_variation']:.3f}",
               help="first token of each round against the target distribution: near 0 = lossless")
     left, right = st.columns(2)

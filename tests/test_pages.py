@@ -144,7 +144,7 @@ def test_theory_sliders_drive_the_formulas(empty_db):
     assert shown["Speedup at k=3"] == f"{theory.predicted_speedup(0.8, 3, 5.0):.2f}×"
     assert shown["Tokens per round at k=3"] == f"{theory.expected_tokens_per_round(0.8, 3):.2f}"
     assert shown["Best k"] == str(theory.best_k(0.8, 5.0, 16)[0])
-    curves = chart_data(at)[0][0]  # long form: k, metric, value
+    curves = next(d for d in chart_data(at)[0] if "metric" in d)  # long form: k, metric, value
     assert sorted(set(curves["k"])) == list(range(1, 17))
     at_3 = curves[(curves["k"] == 3) & (curves["metric"] == "predicted_speedup")]["value"]
     assert at_3.tolist() == pytest.approx([theory.predicted_speedup(0.8, 3, 5.0)])
@@ -274,6 +274,9 @@ def test_experiments_live_refresh_and_cancel(populated):
     at.button(key="cancel").click().run()
     assert_clean(at)
     assert q.experiments(populated, status="cancelled")["experiment_id"].tolist() == [experiment_id]
+    at.button(key="resume").click().run()
+    assert_clean(at)
+    assert q.experiments(populated, status="queued")["experiment_id"].tolist() == [experiment_id]
 
 
 # --- Experiment detail ---------------------------------------------------------------------------------------
