@@ -94,37 +94,44 @@ def cmd_run(args) -> int:
     from .worker import Worker
 
     try:
+        # Bad settings, prompts or models are bad input (exit 2): checked before anything is stored.
         ks = parse_k_values(args.k)
         cfg = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.max_new_tokens)
         prompts = load_prompts(args.prompts)
-        store = open_store(args.db)
-        # Bad models or prompts are bad input (exit 2): check them before anything is stored.
         pair = load_pair(args.target, args.draft, args.device, args.dtype, args.trust_remote_code)
         encode_prompts(pair, prompts, cfg.max_new_tokens)
     except DraftLabError as exc:
         return _fail(str(exc))
-    except Exception as exc:  # an unreachable or unreadable database
-        return _fail(f"cannot open the database ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+    try:
+        store = open_store(args.db)
+    except Exception as exc:  # unreachable server, unwritable file, a database from a newer DraftLab
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return _fail(f"cannot open the database {args.db or '(default)'} ({type(exc).__name__}: {first}); "
                      f"check --db / $DRAFTLAB_DB")
 
     progress = _ProgressBar(len(prompts), cfg.max_new_tokens, 1 + len(ks))
     worker = Worker(store, progress_hook=progress.update, log=progress.write)
-    experiment_id = queue.enqueue_experiment(
-        store, name=args.name, target=args.target, draft=args.draft, prompts=args.prompts,
-        sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-                  "max_new_tokens": args.max_new_tokens},
-        device=args.device, dtype=args.dtype, sweep_variable="k", sweep_values=ks, k=ks[0],
-        prompt_texts=prompts, trust_remote_code=args.trust_remote_code, reserved_for=worker.id)
-    worker.adopt(pair, queue.get_experiment(store, experiment_id))
+    worker.start()  # registered before its reserved runs exist, so no other worker takes them for orphans
+    experiment_id = None
     try:
-        with worker:
-            worker.work(until_idle=True, experiment_id=experiment_id)
+        experiment_id = queue.enqueue_experiment(
+            store, name=args.name, target=args.target, draft=args.draft, prompts=args.prompts,
+            sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+                      "max_new_tokens": args.max_new_tokens},
+            device=args.device, dtype=args.dtype, sweep_variable="k", sweep_values=ks, k=ks[0],
+            prompt_texts=prompts, trust_remote_code=args.trust_remote_code, reserved_for=worker.id)
+        worker.adopt(pair, queue.get_experiment(store, experiment_id))
+        worker.work(until_idle=True, experiment_id=experiment_id)
     except KeyboardInterrupt:
         progress.close()
+        if experiment_id is None:
+            return _fail("interrupted before anything was stored", 130)
         queue.interrupt_queued(store, experiment_id, "`draftlab run` was interrupted before this run started")
         print(f"error: interrupted; finished prompts are stored. Continue with `draftlab resume {experiment_id} "
               f"--db {store.url}` and then `draftlab worker --db {store.url}`", file=sys.stderr)
         return 130
+    finally:
+        worker.stop()
     progress.close()
     doc = run_document(store, experiment_id)
     print(json.dumps(doc) if args.json else format_table(doc))

@@ -193,7 +193,7 @@ def mark_stale(store: Store, stale_seconds: float) -> list[int]:
     with store.write() as conn:
         stale = conn.execute(text(
             "SELECT id FROM runs WHERE (status = :running AND (heartbeat IS NULL OR heartbeat < :cutoff)) "
-            "OR (status = :queued AND reserved_for IS NOT NULL "
+            "OR (status = :queued AND reserved_for IS NOT NULL AND created < :cutoff "
             "    AND reserved_for NOT IN (SELECT id FROM workers WHERE heartbeat >= :cutoff))"), params).scalars().all()
         if stale:
             conn.execute(text(
