@@ -1,0 +1,76 @@
+"""The loop only talks to the Drafter interface: a model-free drafter (prompt lookup, one-hot proposals)
+and a dynamic-k policy plug in without touching engine/speculative.py, and stay lossless."""
+import math
+
+import torch
+
+from engine import runs
+from engine.drafting import ModelDrafter, Proposal
+from engine.sampling import SamplingConfig
+from engine.speculative import SpeculativeDecoder
+from engine.token_types import TokenTyper
+from tests import tiny_models as tm
+
+
+class PromptLookupDrafter:
+    """Proposes the k tokens that followed the last earlier occurrence of the current last token."""
+
+    def __init__(self, k: int, vocab: int):
+        self.k, self.vocab = k, vocab
+
+    def start(self, prompt_ids):
+        pass
+
+    def propose(self, sequence, generator):
+        seq = sequence[0].tolist()
+        last = seq[-1]
+        hits = [i for i in range(len(seq) - 1) if seq[i] == last]
+        follow = seq[hits[-1] + 1:][: self.k] if hits else []
+        follow = (follow + [last] * self.k)[: self.k]
+        tokens = torch.tensor(follow)
+        return Proposal(tokens, torch.nn.functional.one_hot(tokens, self.vocab).float(), None, forwards=0)
+
+    def accept(self, sequence_length, num_accepted):
+        pass
+
+
+class GrowShrinkDrafter(ModelDrafter):
+    """transformers' heuristic: k += 2 after a fully accepted round, k -= 1 (min 1) otherwise."""
+
+    def accept(self, sequence_length, num_accepted):
+        super().accept(sequence_length, num_accepted)
+        self.k = self.k + 2 if num_accepted == self.k else max(1, self.k - 1)
+
+
+def _pair():
+    target = tm.llama(0, layers=2, sharpness=4.0)
+    return tm.pair(target, tm.noisy_copy(target, 1, 0.3))
+
+
+def _decode(p, drafter, cfg, prompts):
+    decoder = SpeculativeDecoder(p.target.model, drafter, p.vocab_size, cfg, TokenTyper(p.tokenizer), runs.eos_ids(p))
+    ids = runs.encode_prompts(p, prompts, cfg.max_new_tokens)
+    return [decoder.generate(text, i_ids, i) for i, (text, i_ids) in enumerate(zip(prompts, ids))]
+
+
+PROMPTS = ["t3 t4 t5 t3 t4 t5 t3 t4", "t9 t10 t11 t12 t9 t10"]
+
+
+def test_prompt_lookup_drafter_is_lossless_and_has_no_kl():
+    p = _pair()
+    cfg = SamplingConfig(temperature=0, max_new_tokens=30)
+    base = list(runs.run_prompts(runs.baseline_decoder(p, cfg), PROMPTS, runs.encode_prompts(p, PROMPTS, 30)))
+    spec = _decode(p, PromptLookupDrafter(3, p.vocab_size), cfg, PROMPTS)
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base]
+    tokens = [t for s in spec for r in s.rounds for t in r.draft_tokens]
+    assert tokens and all(math.isnan(t.kl) and t.p_draft == 1.0 for t in tokens)
+
+
+def test_dynamic_k_policy_changes_k_per_round_and_stays_lossless():
+    p = _pair()
+    cfg = SamplingConfig(temperature=0, max_new_tokens=40)
+    base = list(runs.run_prompts(runs.baseline_decoder(p, cfg), PROMPTS, runs.encode_prompts(p, PROMPTS, 40)))
+    spec = _decode(p, GrowShrinkDrafter(p.draft.model, p.vocab_size, 2, cfg), cfg, PROMPTS)
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base]
+    ks = {r.k for s in spec for r in s.rounds}
+    assert len(ks) > 1  # k really varied from round to round
