@@ -2,12 +2,35 @@
 
 A tokenizer loads in well under a second (a 150k-entry vocabulary included) and `check_pair` is a dict
 comparison, but the first call imports transformers (and with it torch: several seconds), so results are
-cached per model name and per pair; the page shows a spinner for the first one.
+cached per model name and per pair, and `warm_up()` does that import in the background when the dashboard
+starts, so the first check on the New-experiment page takes milliseconds, not seconds.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
+
+_warming: threading.Thread | None = None
+
+
+def warm_up() -> None:
+    """Import transformers and the engine's loader in a daemon thread, once per process."""
+    global _warming
+    if _warming is None:
+        def _import() -> None:
+            import transformers  # noqa: F401
+
+            import engine.loading  # noqa: F401
+
+        _warming = threading.Thread(target=_import, name="draftlab-pair-check-warm-up", daemon=True)
+        _warming.start()
+
+
+def wait_warm() -> None:
+    """Block until a started warm-up finished: transformers' lazy imports are not safe from two threads at once."""
+    if _warming is not None:
+        _warming.join()
 
 
 @dataclass(frozen=True)
@@ -35,6 +58,7 @@ def model_source(name: str) -> str:
 @lru_cache(maxsize=32)
 def _tokenizer_and_width(name: str):
     """(tokenizer, output width) for a model name; the width is the config's vocab_size (no weights loaded)."""
+    wait_warm()
     from transformers import AutoConfig, AutoTokenizer
 
     source = model_source(name)
@@ -47,6 +71,7 @@ def _tokenizer_and_width(name: str):
 @lru_cache(maxsize=64)
 def check_pair_names(target: str, draft: str) -> PairCheck:
     """Do `target` and `draft` share a tokenizer (same id for every token)? Cached per pair."""
+    wait_warm()
     from engine.errors import DraftLabError
     from engine.loading import check_pair
 

@@ -28,7 +28,7 @@ def query_ids(key: str) -> list[int]:
         part = part.strip()
         if part.isdigit():
             ids.append(int(part))
-    return ids
+    return list(dict.fromkeys(ids))
 
 
 def select_id(label: str, key: str, options: list[int], format_func=str, container=st) -> int | None:

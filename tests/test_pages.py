@@ -63,6 +63,9 @@ def empty_db(tmp_path, monkeypatch) -> str:
 @pytest.fixture(scope="session")
 def populated_template(tmp_path_factory) -> Path:
     """Two experiments executed by the real worker on tiny random models (greedy k = 1,2,4; sampled k = 2,3)."""
+    from app.pair_check import wait_warm
+
+    wait_warm()  # earlier AppTests started the dashboard's background transformers import; let it finish
     from app.worker import Worker
     from tests import tiny_models as tm
 
@@ -101,6 +104,9 @@ def populated(populated_template, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
     """Tokenizer + config directories (no weights): two sharing a tokenizer, one with another tokenizer."""
+    from app.pair_check import wait_warm
+
+    wait_warm()
     from transformers import LlamaConfig
 
     from tests.tiny_models import tokenizer
@@ -367,7 +373,7 @@ def test_compare_overlays_experiments_and_runs(populated):
     ids = [int(i) for i in listing["experiment_id"]]
     curves = {i: q.sweep_curve(populated, i) for i in ids}
     run_a, run_b = int(curves[ids[0]]["run_id"].iloc[0]), int(curves[ids[1]]["run_id"].iloc[0])
-    at = app("compare", experiments=",".join(map(str, ids)), runs=f"{run_a},{run_b}")
+    at = app("compare", experiments=",".join(map(str, ids)), runs=f"{run_a},{run_b},{run_a}")  # repeats ignored
     assert_clean(at)
     data = chart_data(at)
     speedup = data[0][0]

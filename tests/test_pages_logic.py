@@ -70,6 +70,9 @@ def test_save_upload_is_content_addressed(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def tokenizer_dirs(tmp_path_factory):
     """Two model directories sharing a tokenizer, one with a different tokenizer, one whose config is too narrow."""
+    from app.pair_check import wait_warm
+
+    wait_warm()  # a dashboard AppTest may still be importing transformers in the background
     from transformers import LlamaConfig
 
     from tests.tiny_models import tokenizer
