@@ -44,6 +44,15 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     return runs_by_experiment
 
 
+def _cell(value) -> str:
+    """One metric for the side-by-side table: 4 significant digits, blanks for missing."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
 def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
     everything = pd.concat(runs_by_experiment.values(), ignore_index=True) if runs_by_experiment else pd.DataFrame()
     if everything.empty:
@@ -59,7 +68,7 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
         return
     table = everything.set_index("run_id").loc[chosen, [c for c in RUN_METRICS if c in everything]]
     table.index = [labels[r] for r in chosen]
-    st.dataframe(table.T.astype(str), width="stretch", key="compare_runs_table")
+    st.dataframe(table.T.map(_cell), width="stretch", key="compare_runs_table")
     csv_download(table.reset_index(names="run"), "compare_runs.csv")
     positions, types = [], []
     for run_id in chosen:

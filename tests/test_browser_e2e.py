@@ -101,9 +101,10 @@ def _commit(locator, value: str) -> None:
 
 
 def _settle(page, timeout_ms: int = 120_000) -> None:
-    """Wait until Streamlit has finished the current script run."""
+    """Wait until Streamlit has finished the current script run, and the grids and charts have painted."""
     page.wait_for_timeout(300)
     page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
+    page.wait_for_timeout(1000)
 
 
 def _downloads(page) -> dict[str, pd.DataFrame]:
