@@ -59,8 +59,14 @@ def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HO
     env = dict(os.environ, DRAFTLAB_DB=url)
     # Children must import the project's packages (app, engine, storage, pages) from a plain checkout too.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    try:
+        needs_worker = _needs_worker(url)
+    except Exception as exc:  # noqa: BLE001 - an unreachable or unreadable database: one line, not a traceback
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        print(f"error: cannot open the database {url} ({first}); check --db / $DRAFTLAB_DB", file=sys.stderr)
+        return 2
     worker = None
-    if _needs_worker(url):
+    if needs_worker:
         worker = subprocess.Popen(worker_command(url), env=env)
         print(f"draftlab ui: started a local worker (pid {worker.pid}) on {url}", file=sys.stderr)
     else:

@@ -126,3 +126,50 @@ def test_ui_commands_bind_and_route(monkeypatch):
     assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1" and cmd[cmd.index("--server.port") + 1] == "8600"
     assert ui.worker_command("sqlite:///x.db")[-3:] == ["worker", "--db", "sqlite:///x.db"]
     assert ui.DEFAULT_HOST == "127.0.0.1"
+
+
+class _FakeProcess:
+    """Stands in for a child process: exits with `code` after `polls` polls, records terminate()."""
+
+    started: list["_FakeProcess"] = []
+
+    def __init__(self, cmd, env=None, **_):
+        self.cmd, self.env, self.returncode, self.terminated = cmd, env, None, False
+        self.polls = 2 if "streamlit" in cmd else 10**9
+        self.pid = 4242
+        _FakeProcess.started.append(self)
+
+    def poll(self):
+        self.polls -= 1
+        if self.polls <= 0 and self.returncode is None:
+            self.returncode = 0
+        return self.returncode
+
+    def terminate(self):
+        self.terminated, self.returncode = True, -15
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+@pytest.mark.parametrize("live, starts_worker", [(0, True), (1, False)])
+def test_ui_starts_a_worker_only_when_none_is_alive_and_stops_it(tmp_path, monkeypatch, live, starts_worker):
+    from storage import queue
+
+    _FakeProcess.started = []
+    monkeypatch.setattr(ui.subprocess, "Popen", _FakeProcess)
+    monkeypatch.setattr(ui.time, "sleep", lambda s: None)
+    monkeypatch.setattr(queue, "live_workers", lambda store, max_age_seconds=30: live)
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    assert ui.main(url, 8599, "127.0.0.1") == 0
+    kinds = ["worker" if "worker" in p.cmd else "streamlit" for p in _FakeProcess.started]
+    assert kinds == (["worker", "streamlit"] if starts_worker else ["streamlit"])
+    assert all(p.env["DRAFTLAB_DB"] == url for p in _FakeProcess.started)
+    if starts_worker:
+        assert _FakeProcess.started[0].terminated  # the dashboard exited: its worker is stopped too
+
+
+def test_ui_reports_an_unreachable_database_in_one_line(capsys):
+    assert ui.main("postgresql://nobody@127.0.0.1:1/none", 8599, "127.0.0.1") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot open the database") and err.count("\n") == 1
