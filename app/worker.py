@@ -75,6 +75,8 @@ class Worker:
         self.current_run: int | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
+        self._live_progress: tuple[int, float] | None = None  # (run id, 0..1) while generating
+        self._cancel_requested = threading.Event()
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
@@ -96,9 +98,20 @@ class Worker:
         queue.unregister_worker(self.store, self.id)
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_seconds):
+        """Heartbeats, plus the running run's progress and cancel flag: written from this thread so no
+        database I/O happens inside a timed generation."""
+        last_beat, reported = time.monotonic(), None
+        while not self._stop.wait(min(self.progress_seconds, self.heartbeat_seconds)):
             try:
-                queue.heartbeat(self.store, self.id, self.current_run)
+                live = self._live_progress
+                if live is not None and live != reported:
+                    run_id, value = live
+                    if queue.report_progress(self.store, run_id, value):
+                        self._cancel_requested.set()
+                    reported = live
+                if time.monotonic() - last_beat >= self.heartbeat_seconds:
+                    queue.heartbeat(self.store, self.id, self.current_run)
+                    last_beat = time.monotonic()
             except Exception as exc:  # a locked or briefly unreachable database must not kill the worker
                 self.log(f"heartbeat failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
 
@@ -194,22 +207,23 @@ class Worker:
             torch.cuda.reset_peak_memory_stats(loaded.pair.device)
 
         total, budget = len(prompts), cfg.max_new_tokens
-        last = [0.0]
+        self._cancel_requested.clear()
 
         def on_progress(prompt_index: int, tokens: int) -> None:
+            # Inside the timed generation: memory only; the heartbeat thread writes it and reads cancels.
             if self.progress_hook is not None:
                 self.progress_hook(run, prompt_index, tokens)
-            now = time.monotonic()
-            if now - last[0] < self.progress_seconds:
-                return
-            last[0] = now
-            if queue.report_progress(self.store, run["id"], (prompt_index + min(tokens, budget) / budget) / total):
+            self._live_progress = (run["id"], (prompt_index + min(tokens, budget) / budget) / total)
+            if self._cancel_requested.is_set():
                 raise RunCancelled(f"run {run['id']} cancelled")
 
-        for result in run_prompts(decoder, prompts, prompt_ids, start=start, on_progress=on_progress):
-            self._record(run, result, loaded.typer)
-            if queue.report_progress(self.store, run["id"], (result.prompt_index + 1) / total):
-                raise RunCancelled(f"run {run['id']} cancelled")
+        try:
+            for result in run_prompts(decoder, prompts, prompt_ids, start=start, on_progress=on_progress):
+                self._record(run, result, loaded.typer)  # between prompts, outside any timed generation
+                if queue.report_progress(self.store, run["id"], (result.prompt_index + 1) / total):
+                    raise RunCancelled(f"run {run['id']} cancelled")
+        finally:
+            self._live_progress = None
 
     def _record(self, run: dict, result: PromptResult, typer: TokenTyper) -> None:
         texts = [typer.describe(int(t))[0] for t in result.output_ids]

@@ -272,8 +272,8 @@ def start_run(store: Store, run_id: int, prompts_total: int, device_name: str) -
 def report_progress(store: Store, run_id: int, progress: float) -> bool:
     """Store progress (0..1) and a heartbeat; return True when a cancel was requested."""
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET progress = :p, heartbeat = :now WHERE id = :rid"),
-                     {"p": min(max(progress, 0.0), 1.0), "now": utcnow(), "rid": run_id})
+        conn.execute(text("UPDATE runs SET progress = :p, heartbeat = :now WHERE id = :rid AND status = :running"),
+                     {"p": min(max(progress, 0.0), 1.0), "now": utcnow(), "rid": run_id, "running": RUNNING})
         return bool(conn.execute(text("SELECT cancel_requested FROM runs WHERE id = :rid"), {"rid": run_id}).scalar())
 
 
