@@ -5,7 +5,6 @@ speculative loop, so the two differ only in drafting.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -21,11 +20,6 @@ class TargetOnlyDecoder:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
-        self._sync = torch.cuda.synchronize if self.target.device.type == "cuda" else (lambda: None)
-
-    def _now(self) -> float:
-        self._sync()
-        return time.perf_counter()
 
     @torch.inference_mode()
     def generate(self, prompt: str, prompt_ids: torch.Tensor, prompt_index: int,
@@ -33,18 +27,17 @@ class TargetOnlyDecoder:
         """Decode one prompt; on_progress(new tokens so far) runs after each token (raise there to cancel)."""
         cfg, g = self.cfg, prompt_generator(self.cfg.seed, prompt_index, self.target.device)
         limit = max_new_tokens or cfg.max_new_tokens
-        start = self._now()
-        self.target.reset()
-        token = sample(probabilities(self.target.forward(prompt_ids, last_only=True)[0], cfg), cfg, g)
+        start = self.target.now()
+        token = sample(probabilities(self.target.prefill(prompt_ids), cfg), cfg, g)
         output = [int(token)]
-        first_done = self._now()
+        first_done = self.target.now()
         while len(output) < limit and output[-1] not in self.eos_ids:
             logits = self.target.forward(token.view(1, 1))[0]
             token = sample(probabilities(logits, cfg), cfg, g)
             output.append(int(token))  # the per-token EOS check syncs, as any generate() loop does
             if on_progress is not None:
                 on_progress(len(output))
-        end = self._now()
+        end = self.target.now()
         text = self.tokenizer.decode(output, skip_special_tokens=True)
         return PromptResult(prompt_index, prompt, output, text, end - start,
                             decode_steps=len(output) - 1, decode_seconds=end - first_done)

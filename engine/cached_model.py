@@ -6,6 +6,7 @@ after a rejection the cache is cropped to the accepted prefix.
 from __future__ import annotations
 
 import inspect
+import time
 
 import torch
 from transformers import DynamicCache
@@ -26,6 +27,17 @@ class CachedModel:
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
+
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """Start a new sequence: an empty cache filled with the prompt; next-token logits [V]."""
+        self.reset()
+        return self.forward(prompt_ids, last_only=True)[0]
+
+    def now(self) -> float:
+        """A clock reading after queued device work finished (SPEC timing protocol: sync before reading)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Logits [n, V] for the n tokens of input_ids [1, n] (just the last row if last_only)."""

@@ -48,8 +48,7 @@ class ModelDrafter:
         self.cfg = cfg
 
     def start(self, prompt_ids: torch.Tensor) -> None:
-        self.lm.reset()
-        self.lm.forward(prompt_ids, last_only=True)
+        self.lm.prefill(prompt_ids)
 
     def propose(self, sequence: torch.Tensor, generator: torch.Generator) -> Proposal:
         pending = sequence[:, self.lm.length :]

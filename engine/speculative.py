@@ -6,7 +6,6 @@ holds a prefix of the committed tokens. One host/device sync per round (`to_host
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -54,11 +53,6 @@ class SpeculativeDecoder:
         self.cfg = cfg
         self.typer = typer
         self.eos_ids = eos_ids
-        self._sync = torch.cuda.synchronize if self.target.device.type == "cuda" else (lambda: None)
-
-    def _now(self) -> float:
-        self._sync()
-        return time.perf_counter()
 
     @torch.inference_mode()
     def generate(self, prompt: str, prompt_ids: torch.Tensor, prompt_index: int,
@@ -66,25 +60,25 @@ class SpeculativeDecoder:
         """Decode one prompt; on_progress(new tokens so far) runs between rounds (raise there to cancel)."""
         cfg, g = self.cfg, prompt_generator(self.cfg.seed, prompt_index, self.target.device)
         limit = max_new_tokens or cfg.max_new_tokens
-        start = self._now()
+        now = self.target.now
+        start = now()
         # Prefill: the target emits the first token alone (it belongs to no round).
-        self.target.reset()
-        first = sample(probabilities(self.target.forward(prompt_ids, last_only=True)[0], cfg), cfg, g)
+        first = sample(probabilities(self.target.prefill(prompt_ids), cfg), cfg, g)
         self.drafter.start(prompt_ids)
         sequence = torch.cat([prompt_ids, first.view(1, 1)], dim=1)
         output = [int(first)]
         rounds: list[Round] = []
         while len(output) < limit and output[-1] not in self.eos_ids:
             length = sequence.shape[1]
-            t_draft = self._now()
+            t_draft = now()
             proposal = self.drafter.propose(sequence, g)
-            t_verify = self._now()
+            t_verify = now()
             fed = torch.cat([sequence[:, self.target.length :], proposal.tokens.view(1, -1)], dim=1)
             target_logits = self.target.forward(fed)[-(proposal.tokens.shape[0] + 1) :]
             p_target = probabilities(target_logits, cfg)
             n, next_token = verify(proposal, p_target, cfg, g)
             host = to_host(proposal, p_target, target_logits, n, next_token)
-            t_done = self._now()
+            t_done = now()
             accepted = host["accepted"]
             self.target.rollback(length + accepted)
             self.drafter.accept(length, accepted)
@@ -95,7 +89,7 @@ class SpeculativeDecoder:
             sequence = torch.cat([sequence, torch.tensor([round_.emitted_ids], device=sequence.device)], dim=1)
             if on_progress is not None:
                 on_progress(len(output))
-        wall = self._now() - start
+        wall = now() - start
         text = self.typer.tokenizer.decode(output, skip_special_tokens=True)
         return PromptResult(prompt_index, prompt, output, text, wall, rounds=rounds)
 
