@@ -403,3 +403,19 @@ def test_compare_overlays_experiments_and_runs(populated):
             "compare_by_type.csv"} <= set(downloads(at))
     runs_table = next(d.value for d in at.dataframe if "alpha" in d.value.index)
     assert runs_table.shape[1] == 2
+
+
+def test_pages_of_an_experiment_that_has_not_run_yet(populated):
+    experiment_id = queue.enqueue_experiment(populated, name="queued only", target="tiny-target", draft="tiny-draft",
+                                             prompts="tiny", sampling={}, sweep_values=[1, 2], prompt_texts=PROMPTS)
+    at = app("experiment", experiment=experiment_id)
+    assert_clean(at)
+    assert any("Refreshing every" in c.value for c in at.caption)
+    assert any("No speculative run has finished yet" in i.value for i in at.info)
+    assert metrics(at)["Status"].startswith("queued")
+    at = app("rounds", experiment=experiment_id)
+    assert_clean(at)
+    assert any("no outputs yet" in i.value for i in at.info)
+    at = app("compare", experiments=experiment_id)
+    assert_clean(at)
+    assert any("None of these experiments has a finished" in i.value for i in at.info)
