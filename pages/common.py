@@ -31,12 +31,16 @@ def query_ids(key: str) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
-def select_id(label: str, key: str, options: list[int], format_func=str, container=st) -> int | None:
+def select_id(label: str, key: str, options: list[int], format_func=str, container=st,
+              default: int | None = None) -> int | None:
     """A selectbox over ids, defaulting to and writing back to `?key=`, so the view can be shared as a link."""
     if not options:
         return None
     wanted = query_ids(key)
-    index = options.index(wanted[0]) if wanted and wanted[0] in options else 0
+    if wanted and wanted[0] in options:
+        index = options.index(wanted[0])
+    else:
+        index = options.index(default) if default in options else 0
     chosen = container.selectbox(label, options, index=index, format_func=format_func, key=f"select_{key}")
     if query_ids(key)[:1] != [chosen]:
         st.query_params[key] = str(chosen)

@@ -16,8 +16,8 @@ REFRESH_SECONDS = 2.0
 RUN_COLUMNS = ["run_id", "kind", "k", "sweep_value", "status", "progress", "new_tokens", "wall_seconds",
                "tokens_per_second", "speedup", "predicted_speedup", "alpha", "draft_acceptance_rate",
                "tokens_per_round", "expected_alpha", "kl", "outputs_match_baseline", "error"]
-COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "target_step_seconds", "draft_step_seconds", "c",
-                "peak_memory_mb", "tokens_per_second", "wall_seconds"]
+COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "c", "peak_memory_mb", "target_step_seconds",
+                "draft_step_seconds", "tokens_per_second", "wall_seconds"]
 
 
 def pooled_prediction_inputs(runs: pd.DataFrame) -> tuple[float, float] | None:
@@ -110,8 +110,13 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, sweep_variable: str, best_va
                                                      sweep_variable), tokens, "tokens_per_round.csv")
     with right:
         st.subheader("Cost: c and memory")
-        cost = runs[[c for c in COST_COLUMNS if c in runs]]
-        st.dataframe(cost, hide_index=True, width="stretch", key="cost_table")
+        columns = [c for c in COST_COLUMNS if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
+        cost = runs[columns]
+        st.dataframe(cost, hide_index=True, width="stretch", key="cost_table", column_config={
+            "c": st.column_config.NumberColumn(format="%.2f"),
+            "peak_memory_mb": st.column_config.NumberColumn("peak memory (MB)", format="%.0f"),
+            "target_step_seconds": st.column_config.NumberColumn(format="%.5f"),
+            "draft_step_seconds": st.column_config.NumberColumn(format="%.5f")})
         csv_download(cost, "cost_and_memory.csv")
         st.caption("c = target step / draft step (single-token forwards); peak memory as the worker measured it.")
 
@@ -123,9 +128,8 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value) -> None:
     st.header("Why drafts are rejected")
     ids = [int(i) for i in speculative["run_id"]]
     best_runs = speculative[speculative["sweep_value"] == best_value]["run_id"] if best_value is not None else []
-    if "run" not in st.query_params and len(best_runs):
-        ids.insert(0, ids.pop(ids.index(int(best_runs.iloc[0]))))  # default to the best run
-    run_id = select_id("Run", "run", ids, run_label(runs, sweep_variable))
+    default = int(best_runs.iloc[0]) if len(best_runs) else None
+    run_id = select_id("Run (the best one unless chosen)", "run", ids, run_label(runs, sweep_variable), default=default)
     left, right = st.columns(2)
     with left:
         st.subheader("Conditional acceptance by draft position")
