@@ -1,6 +1,8 @@
 """Experiment detail: the speedup curve against the formula, and why drafts were rejected."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -61,11 +63,17 @@ def tokens_frame(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     return frame
 
 
+def _short(prompts) -> str:
+    """A built-in set as is; an uploaded or local file by its name (the full path is in the CSV/exports)."""
+    text = str(prompts)
+    return Path(text).name if "/" in text or "\\" in text else text
+
+
 def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame) -> None:
     sampling = experiment.get("sampling") or {}
     st.caption(" · ".join(filter(None, [
         f"**{experiment.get('draft')}** drafting for **{experiment.get('target')}**",
-        f"prompts `{experiment.get('prompts')}`",
+        f"prompts `{_short(experiment.get('prompts'))}`",
         ", ".join(f"{k}={v}" for k, v in sampling.items()) if isinstance(sampling, dict) else str(sampling),
         f"device {experiment.get('device', 'auto')}/{experiment.get('dtype', 'auto')}",
         f"tags: {row.get('tags')}" if row.get("tags") else "",
