@@ -61,7 +61,7 @@ def select_ids(label: str, key: str, options: list[int], format_func=str, defaul
 
 def csv_download(frame: pd.DataFrame, file_name: str, label: str = "Download CSV", key: str | None = None) -> None:
     st.download_button(label, frame.to_csv(index=False).encode("utf-8"), file_name=file_name, mime="text/csv",
-                       key=key or f"csv_{file_name}", icon=":material/download:")
+                       key=key or f"csv_{file_name}", icon=":material/download:", on_click="ignore")
 
 
 def chart_with_csv(chart: alt.TopLevelMixin, frame: pd.DataFrame, file_name: str) -> None:
