@@ -273,6 +273,10 @@ def test_experiments_table_shows_storage_rows_and_filters(populated):
     at.selectbox(key="filter_tag").set_value("any")
     at.selectbox(key="filter_status").set_value("done").run()
     assert len(at.dataframe[0].value) == 3
+    at.selectbox(key="filter_status").set_value("any")
+    at.selectbox(key="filter_model").set_value("tiny-draft").run()
+    assert len(at.dataframe[0].value) == 3
+    assert at.selectbox(key="filter_model").options == ["any", "tiny-draft", "tiny-target"]
 
 
 def test_experiments_live_refresh_and_cancel(populated):
