@@ -32,7 +32,7 @@ class TargetOnlyDecoder:
         output = [int(token)]
         first_done = self.target.now()
         while len(output) < limit and output[-1] not in self.eos_ids:
-            logits = self.target.forward(token.view(1, 1))[0]
+            logits = self.target.forward(token.view(1, 1), keep=1)[0]
             token = sample(probabilities(logits, cfg), cfg, g)
             output.append(int(token))  # the per-token EOS check syncs, as any generate() loop does
             if on_progress is not None:

@@ -31,7 +31,7 @@ class CachedModel:
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         """Start a new sequence: an empty cache filled with the prompt; next-token logits [V]."""
         self.reset()
-        return self.forward(prompt_ids, last_only=True)[0]
+        return self.forward(prompt_ids, keep=1)[0]
 
     def now(self) -> float:
         """A clock reading after queued device work finished (SPEC timing protocol: sync before reading)."""
@@ -39,14 +39,14 @@ class CachedModel:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Logits [n, V] for the n tokens of input_ids [1, n] (just the last row if last_only)."""
+    def forward(self, input_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        """Logits [n, V] for the n tokens of input_ids [1, n], or for the last `keep` of them."""
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
-        if last_only and self._can_keep:
-            kwargs["logits_to_keep"] = 1
+        if keep and self._can_keep:
+            kwargs["logits_to_keep"] = keep  # skip the output head on prompt positions nobody reads
         logits = self.model(input_ids=input_ids, **kwargs).logits[0, :, : self.vocab_size]
         self.length += input_ids.shape[1]
-        return logits[-1:] if last_only else logits
+        return logits[-keep:] if keep else logits
 
     def rollback(self, length: int) -> None:
         """Forget every cached token from index `length` on."""

@@ -48,13 +48,15 @@ class ModelDrafter:
         self.cfg = cfg
 
     def start(self, prompt_ids: torch.Tensor) -> None:
-        self.lm.prefill(prompt_ids)
+        self.lm.reset()
+        if prompt_ids.shape[1] > 1:  # all but the last prompt token: the first proposal feeds that one
+            self.lm.forward(prompt_ids[:, :-1], keep=1)
 
     def propose(self, sequence: torch.Tensor, generator: torch.Generator) -> Proposal:
         pending = sequence[:, self.lm.length :]
         tokens, probs, raw = [], [], []
         for _ in range(self.k):
-            logits = self.lm.forward(pending, last_only=True)[0]
+            logits = self.lm.forward(pending, keep=1)[0]
             p = probabilities(logits, self.cfg)
             token = sample(p, self.cfg, generator)
             tokens.append(token)

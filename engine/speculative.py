@@ -1,8 +1,9 @@
 """The speculative decoding loop: draft k tokens, verify them in one target forward, keep the longest
 acceptable prefix, roll both KV caches back. Lossless: the output is distributed exactly as the target's.
 
-Invariant between rounds: the target's cache holds every committed token but the last; the drafter's cache
-holds a prefix of the committed tokens. One host/device sync per round (`to_host`).
+Invariant between rounds: the target's cache holds a prefix of the committed tokens (all but the last after
+the first round; empty before it, so the prefill pass verifies the first drafts); the drafter's cache holds a
+prefix too. One host/device sync per round (`to_host`).
 """
 from __future__ import annotations
 
@@ -62,19 +63,18 @@ class SpeculativeDecoder:
         limit = max_new_tokens or cfg.max_new_tokens
         now = self.target.now
         start = now()
-        # Prefill: the target emits the first token alone (it belongs to no round).
-        first = sample(probabilities(self.target.prefill(prompt_ids), cfg), cfg, g)
+        # The first round starts from the prompt: the target's prefill pass also verifies the first drafts.
+        self.target.reset()
         self.drafter.start(prompt_ids)
-        sequence = torch.cat([prompt_ids, first.view(1, 1)], dim=1)
-        output = [int(first)]
-        rounds: list[Round] = []
-        while len(output) < limit and output[-1] not in self.eos_ids:
+        sequence, output, rounds = prompt_ids, [], []
+        while len(output) < limit and not (output and output[-1] in self.eos_ids):
             length = sequence.shape[1]
             t_draft = now()
             proposal = self.drafter.propose(sequence, g)
             t_verify = now()
+            k = proposal.tokens.shape[0]
             fed = torch.cat([sequence[:, self.target.length :], proposal.tokens.view(1, -1)], dim=1)
-            target_logits = self.target.forward(fed)[-(proposal.tokens.shape[0] + 1) :]
+            target_logits = self.target.forward(fed, keep=k + 1)
             p_target = probabilities(target_logits, cfg)
             n, next_token = verify(proposal, p_target, cfg, g)
             host = to_host(proposal, p_target, target_logits, n, next_token)

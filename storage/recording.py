@@ -28,7 +28,8 @@ def _output_rows(run_id: int, kind: str, result: PromptResult, texts: list[str])
     if kind == BASELINE:
         kinds, owners = [TARGET] * len(result.output_ids), [None] * len(result.output_ids)
     else:
-        kinds, owners = [FIRST], [None]  # the target's prefill token
+        leading = len(result.output_ids) - sum(len(r.emitted_ids) for r in result.rounds)
+        kinds, owners = [FIRST] * leading, [None] * leading  # tokens no round emitted (a prefill-only first token)
         for r in result.rounds:
             kinds += r.emitted_kinds
             owners += [r.round_index] * len(r.emitted_ids)

@@ -15,9 +15,8 @@ def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos
     """(drafted ids, accepted, next token, p_draft, p_target) per round, recomputing every prefix."""
     g = prompt_generator(cfg.seed, prompt_index, "cpu")
     full = lambda model, seq: model(seq).logits[0, :, :vocab]  # noqa: E731
-    first = sample(probabilities(full(target, prompt_ids)[-1], cfg), cfg, g)
-    seq, out, rounds = torch.cat([prompt_ids, first.view(1, 1)], 1), [int(first)], []
-    while len(out) < cfg.max_new_tokens and out[-1] not in eos_ids:
+    seq, out, rounds = prompt_ids, [], []
+    while len(out) < cfg.max_new_tokens and not (out and out[-1] in eos_ids):
         cur, tokens, probs, raw = seq, [], [], []
         for _ in range(k):
             logits = full(draft, cur)[-1]
