@@ -9,8 +9,8 @@ PYTHON=${PYTHON:-python3}
 if ! python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
     pip install -q torch
-  else  # a CPU wheel already on disk (find-links), else PyTorch's CPU index
-    pip install -q --no-index torch==2.13.0 2>/dev/null \
+  else  # the CPU build: a `+cpu` wheel your pip already knows (find-links / a local index), else PyTorch's CPU index
+    pip install -q "torch==2.13.0+cpu" 2>/dev/null \
       || pip install -q torch --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
