@@ -76,7 +76,7 @@ def tokens_per_round_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
 def acceptance_by_position(frame: pd.DataFrame) -> alt.Chart:
     """Conditional acceptance per draft position. frame: position, reached, accepted, conditional[, unconditional]."""
     return alt.Chart(frame).mark_bar(color="#2e7d32").encode(
-        alt.X("position:O", title="draft position"),
+        alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0)),
         alt.Y("conditional:Q", title="accepted / reached", scale=alt.Scale(domain=[0, 1])),
         tooltip=["position:O", "reached:Q", "accepted:Q", alt.Tooltip("conditional:Q", format=".3f")],
     ).properties(height=HEIGHT)
@@ -135,7 +135,7 @@ def distribution_pair(frame: pd.DataFrame) -> alt.Chart:
     """Target and draft probabilities per token id. frame: token, target, draft."""
     long = frame.melt(id_vars=["token"], value_vars=["target", "draft"], var_name="model", value_name="probability")
     return alt.Chart(long).mark_bar().encode(
-        alt.X("token:O", title="token id"), alt.Y("probability:Q"), alt.Color("model:N", title=None, legend=BOTTOM),
+        alt.X("token:O", title="token id", axis=alt.Axis(labelAngle=0)), alt.Y("probability:Q"), alt.Color("model:N", title=None, legend=BOTTOM),
         alt.XOffset("model:N"), tooltip=["token:O", "model:N", alt.Tooltip("probability:Q", format=".3f")],
     ).properties(height=HEIGHT - 60)
 
@@ -145,7 +145,7 @@ def proposal_probabilities(frame: pd.DataFrame) -> alt.Chart:
     long = frame.melt(id_vars=["position", "text", "outcome"], value_vars=["p_draft", "p_target"],
                       var_name="model", value_name="probability")
     return alt.Chart(long).mark_bar().encode(
-        alt.X("position:O", title="draft position"), alt.Y("probability:Q", scale=alt.Scale(domain=[0, 1])),
+        alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0)), alt.Y("probability:Q", scale=alt.Scale(domain=[0, 1])),
         alt.XOffset("model:N"), alt.Color("model:N", title=None, legend=BOTTOM),
         alt.Opacity("outcome:N", legend=None,
                     scale=alt.Scale(domain=["accepted", "rejected", "discarded"], range=[1, 0.9, 0.3])),
