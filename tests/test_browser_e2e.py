@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 import re
 import signal
 import socket
@@ -23,7 +24,8 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOTS = Path(os.environ.get("DRAFTLAB_SCREENSHOTS") or ROOT / "docs" / "screenshots")
+# Screenshots land in a temp dir; `DRAFTLAB_SCREENSHOTS=docs/screenshots` regenerates the README's images.
+SCREENSHOTS = Path(os.environ.get("DRAFTLAB_SCREENSHOTS") or Path(tempfile.gettempdir()) / "draftlab-screenshots")
 TARGET, DRAFT = os.environ.get("DRAFTLAB_E2E_TARGET", "demo-target"), os.environ.get("DRAFTLAB_E2E_DRAFT", "demo-draft")
 PROMPTS = "def fibonacci(n):\n" "The capital of France is"
 # Small by default (about a minute on a shared 2-core CPU); the README's screenshots come from a larger run:
