@@ -138,21 +138,20 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value) -> None:
     best_runs = speculative[speculative["sweep_value"] == best_value]["run_id"] if best_value is not None else []
     default = int(best_runs.iloc[0]) if len(best_runs) else None
     run_id = select_id("Run (the best one unless chosen)", "run", ids, run_label(runs, sweep_variable), default=default)
-    left, right = st.columns(2)
-    with left:
-        st.subheader("Conditional acceptance by draft position")
-        position = q.acceptance_by_position(store(), run_id)
-        if position.empty:
-            st.caption("No rounds recorded yet.")
-        else:
-            chart_with_csv(charts.acceptance_by_position(position), position, f"run{run_id}_acceptance_by_position.csv")
-    with right:
-        st.subheader("Acceptance by token type")
-        by_type = q.acceptance_by_type(store(), run_id)
-        if by_type.empty:
-            st.caption("No verified tokens yet.")
-        else:
-            chart_with_csv(charts.acceptance_by_type(by_type), by_type, f"run{run_id}_acceptance_by_type.csv")
+    breakdowns = (
+        ("Conditional acceptance by draft position", q.acceptance_by_position, charts.acceptance_by_position,
+         "acceptance_by_position", "No rounds recorded yet."),
+        ("Acceptance by token type", q.acceptance_by_type, charts.acceptance_by_type,
+         "acceptance_by_type", "No verified tokens yet."),
+    )
+    for column, (title, query, chart, name, empty) in zip(st.columns(2), breakdowns):
+        with column:
+            st.subheader(title)
+            frame = query(store(), run_id)
+            if frame.empty:
+                st.caption(empty)
+            else:
+                chart_with_csv(chart(frame), frame, f"run{run_id}_{name}.csv")
     left, right = st.columns([2, 3])
     with left:
         st.subheader("Top rejected tokens")
