@@ -54,8 +54,10 @@ def _stop(process: subprocess.Popen | None, name: str, timeout: float = 10.0) ->
 def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HOST) -> int:
     """Run the dashboard until it exits or is interrupted; returns its exit status."""
     from storage import resolve_url
+    from storage.store import safe_url
 
     url = resolve_url(db)
+    shown = safe_url(url)  # what we print: the password stays out of logs and terminals
     env = dict(os.environ, DRAFTLAB_DB=url)
     # Children must import the project's packages (app, engine, storage, pages) from a plain checkout too.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -63,16 +65,16 @@ def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HO
         needs_worker = _needs_worker(url)
     except Exception as exc:  # noqa: BLE001 - an unreachable or unreadable database: one line, not a traceback
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        print(f"error: cannot open the database {url} ({first}); check --db / $DRAFTLAB_DB", file=sys.stderr)
+        print(f"error: cannot open the database {shown} ({first}); check --db / $DRAFTLAB_DB", file=sys.stderr)
         return 2
     worker = None
     if needs_worker:
         worker = subprocess.Popen(worker_command(url), env=env)
-        print(f"draftlab ui: started a local worker (pid {worker.pid}) on {url}", file=sys.stderr)
+        print(f"draftlab ui: started a local worker (pid {worker.pid}) on {shown}", file=sys.stderr)
     else:
-        print(f"draftlab ui: a live worker already serves {url}; not starting another", file=sys.stderr)
+        print(f"draftlab ui: a live worker already serves {shown}; not starting another", file=sys.stderr)
     dashboard = subprocess.Popen(streamlit_command(port, host), env=env)
-    print(f"draftlab ui: dashboard on http://{host}:{port} (database {url})", file=sys.stderr)
+    print(f"draftlab ui: dashboard on http://{host}:{port} (database {shown})", file=sys.stderr)
 
     def _terminate(signum, _frame):
         raise KeyboardInterrupt
@@ -85,7 +87,7 @@ def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HO
                 return code
             if worker is not None and worker.poll() is not None:
                 print(f"draftlab ui: the local worker exited with status {worker.returncode}; runs stay queued "
-                      f"until a worker starts (`draftlab worker --db {url}`)", file=sys.stderr)
+                      f"until a worker starts (`draftlab worker --db {shown}`)", file=sys.stderr)
                 worker = None
             time.sleep(0.5)
     except KeyboardInterrupt:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -26,10 +27,24 @@ def resolve_url(url: str | None = None) -> str:
     return url
 
 
+def safe_url(url: str | None = None) -> str:
+    """The URL (resolved as open_store would) with its password hidden, for anything printed or shown."""
+    url = resolve_url(url)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a parseable URL: mask whatever sits between `user:` and `@`
+        return re.sub(r"(://[^:/@]*:).*@", r"\1***@", url)  # greedy: a stray @ in the password stays hidden
+
+
 @dataclass
 class Store:
     engine: Engine
     url: str
+
+    @property
+    def safe_url(self) -> str:
+        """The URL with its password hidden: use this, never `url`, in messages and pages."""
+        return safe_url(self.url)
 
     @property
     def dialect(self) -> str:
@@ -55,6 +70,12 @@ class Store:
         with self.engine.connect().execution_options(draftlab_immediate=True) as conn:
             with conn.begin():
                 yield conn
+
+    def check_writable(self) -> None:
+        """Raise (the driver's error) unless this store accepts writes: a read-only SQLite file, a read-only
+        PostgreSQL transaction or a role without UPDATE fails here rather than at a command's first write."""
+        with self.write() as conn:
+            conn.execute(text("UPDATE schema_info SET version = version WHERE 1 = 0"))
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -116,3 +116,46 @@ def test_json_document_follows_the_spec(run_cli):
         assert r["outputs_match_baseline"] is True  # greedy
         assert len(r["per_position_acceptance"]) == r["k"]
     assert "baseline" in err or "k=" in err  # the progress bar went to stderr
+
+
+# --- the database named on the command line ------------------------------------------------------------------
+
+def _with_password(url: str) -> tuple[str, str]:
+    """`url` with a password in it (trust-auth test servers ignore it), and that password."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    secret = parsed.password or "s3cret"
+    return parsed.set(password=secret).render_as_string(hide_password=False), secret
+
+
+def test_a_database_password_never_appears_in_cli_output(postgres_url, capsys):
+    from storage import open_store, queue
+
+    url, secret = _with_password(postgres_url)
+    outputs = []
+
+    def cli(*argv):
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        outputs.append((argv, code, out + err))
+        return code
+
+    cli("list", "--db", url)  # "no experiments in <url>"
+    cli("resume", "99", "--db", url)  # "no experiment 99 in <url>"
+    cli("export", "99", "--db", url)
+    store = open_store(url)
+    experiment_id = queue.enqueue_experiment(store, name="pw", target="draftlab-nonexistent/t",
+                                             draft="draftlab-nonexistent/d", prompts="tiny", sampling={},
+                                             sweep_values=[1], prompt_texts=["t1 t2"])
+    queue.cancel_experiment(store, experiment_id)
+    store.dispose()
+    assert cli("resume", str(experiment_id), "--db", url) == 0  # the hint names `draftlab worker --db <url>`
+    cli("worker", "--until-idle", "--db", url)  # "serving <url>", then the runs fail to load their models
+    cli("list", "--db", url)
+    cli("list", "--json", "--db", url)
+    host = url.split("@", 1)[1].split("/", 1)[0]
+    assert cli("ui", "--db", url.replace(f"@{host}/", "@127.0.0.1:1/")) == 2  # unreachable: one error line
+    leaks = [(argv[0], text) for argv, _, text in outputs if secret in text]
+    assert not leaks, leaks
+    assert any("***" in text for _, _, text in outputs)

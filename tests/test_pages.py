@@ -51,6 +51,29 @@ def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
+def page_text(at: AppTest) -> str:
+    """Everything this run sent towards the browser, as text: every element's message, recursively."""
+    parts = []
+
+    def walk(node) -> None:
+        if getattr(node, "proto", None) is not None:
+            parts.append(str(node.proto))
+        for child in getattr(node, "children", {}).values():
+            walk(child)
+
+    walk(at._tree)
+    return "\n".join(parts)
+
+
+def with_password(url: str) -> tuple[str, str]:
+    """`url` with a password in it (trust-auth test servers ignore it), and that password."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    secret = parsed.password or "s3cret"
+    return parsed.set(password=secret).render_as_string(hide_password=False), secret
+
+
 # --- databases -----------------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -423,3 +446,21 @@ def test_pages_of_an_experiment_that_has_not_run_yet(populated):
     at = app("compare", experiments=experiment_id)
     assert_clean(at)
     assert any("None of these experiments has a finished" in i.value for i in at.info)
+
+
+# --- what pages never show -----------------------------------------------------------------------------------
+
+def test_a_database_password_never_appears_on_a_page(postgres_url, monkeypatch):
+    url, secret = with_password(postgres_url)
+    store = open_store(url)
+    queue.enqueue_experiment(store, name="pw", target="tiny-target", draft="tiny-draft", prompts="tiny",
+                             sampling={}, sweep_values=[1], prompt_texts=PROMPTS)
+    store.dispose()
+    monkeypatch.setenv("DRAFTLAB_DB", url)
+    for page in PAGES:
+        at = app(page)
+        assert_clean(at)
+        text = page_text(at)
+        assert secret not in text, page
+        if page == "experiments":
+            assert "· pw (queued)" in text  # page_text does see what the page shows
