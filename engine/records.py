@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Outcomes of a proposed draft token.
+# Outcomes of a proposed draft token. Draft i owns output slot i of its round (itself when accepted, else the
+# correction that replaced it). When an EOS or max_new_tokens cuts the round, only drafts whose slot was emitted
+# are accepted / rejected; every draft past the cut is discarded, even one verification accepted, so
+# `accepted` counts emitted drafts and `rejected` rounds whose correction was emitted.
 ACCEPTED, REJECTED, DISCARDED = "accepted", "rejected", "discarded"
 # Kinds of an emitted token.
 CORRECTION, BONUS = "correction", "bonus"  # plus ACCEPTED
@@ -35,7 +38,7 @@ class Round:
     prompt_index: int
     round_index: int
     k: int  # tokens proposed this round (k_r)
-    accepted: int  # a_r: accepted draft tokens
+    accepted: int  # a_r: accepted draft tokens that were emitted (a cut round counts none past the cut)
     emitted_ids: list[int]  # tokens this round appended to the output (a_r + 1 unless cut by EOS/max_new_tokens)
     emitted_kinds: list[str]  # accepted / correction / bonus, parallel to emitted_ids
     draft_seconds: float

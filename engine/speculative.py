@@ -94,28 +94,28 @@ class SpeculativeDecoder:
         return PromptResult(prompt_index, prompt, output, text, wall, rounds=rounds)
 
     def _record(self, prompt_index, round_index, host, budget, draft_s, verify_s, forwards) -> Round:
-        drafted, accepted = host["tokens"], host["accepted"]
-        k = len(drafted)
-        emitted = drafted[:accepted] + [host["next"]]
-        kinds = [ACCEPTED] * accepted + [CORRECTION if accepted < k else BONUS]
-        for j, token in enumerate(emitted):  # stop at EOS; drafts after an accepted EOS are moot
-            if token in self.eos_ids:
-                emitted, kinds = emitted[: j + 1], kinds[: j + 1]
-                break
-        kept_accepted = min(accepted, len(emitted))
-        emitted, kinds = emitted[:budget], kinds[:budget]
+        drafted = host["tokens"]
+        emitted, kinds, accepted, outcomes = settle_round(drafted, host["accepted"], host["next"], self.eos_ids, budget)
         tokens = []
-        for i, token in enumerate(drafted):
-            if i < kept_accepted:
-                outcome = ACCEPTED
-            elif i == accepted and kept_accepted == accepted:
-                outcome = REJECTED
-            else:
-                outcome = DISCARDED
+        for i, (token, outcome) in enumerate(zip(drafted, outcomes)):
             text, kind = self.typer.describe(token)
             tokens.append(DraftToken(i + 1, token, text, kind, host["p_draft"][i], host["p_target"][i],
                                      host["beta"][i], host["kl"][i], outcome))
-        return Round(prompt_index, round_index, k, kept_accepted, emitted, kinds, draft_s, verify_s, forwards, tokens)
+        return Round(prompt_index, round_index, len(drafted), accepted, emitted, kinds, draft_s, verify_s, forwards, tokens)
+
+
+def settle_round(drafted: list[int], accepted: int, next_token: int, eos_ids: set[int], budget: int):
+    """(emitted ids, their kinds, a_r, each draft's outcome) of a round whose verification accepted
+    `accepted` drafts and drew `next_token`. An EOS or the token budget may cut the round: the drafts past the
+    cut are discarded, whether verification accepted or refused them, so a_r counts emitted drafts only."""
+    emitted = drafted[:accepted] + [next_token]
+    kinds = [ACCEPTED] * accepted + [CORRECTION if accepted < len(drafted) else BONUS]
+    kept = next((j + 1 for j, token in enumerate(emitted) if token in eos_ids), len(emitted))
+    kept = min(kept, budget)
+    # Draft i owns output slot i: itself if accepted, else the correction that replaced it.
+    outcomes = [DISCARDED if i >= kept else ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED
+                for i in range(len(drafted))]
+    return emitted[:kept], kinds[:kept], min(accepted, kept), outcomes
 
 
 def to_host(proposal: Proposal, p_target: torch.Tensor, target_logits: torch.Tensor,

@@ -34,9 +34,12 @@ def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos
             if tok in eos_ids:
                 emitted = emitted[: j + 1]
                 break
-        accepted = min(host["accepted"], len(emitted))  # an accepted EOS ends the round; a budget cut does not
         emitted = emitted[: cfg.max_new_tokens - len(out)]
-        rounds.append((host["tokens"], accepted, emitted, host["p_draft"], host["p_target"], host["beta"], host["kl"]))
+        accepted = min(host["accepted"], len(emitted))  # EOS and budget cuts alike: only emitted drafts count
+        outcomes = ["accepted" if i < accepted else "rejected" if i == host["accepted"] < len(emitted) else "discarded"
+                    for i in range(k)]
+        rounds.append((host["tokens"], accepted, emitted, outcomes, host["p_draft"], host["p_target"], host["beta"],
+                       host["kl"]))
         out += emitted
         seq = torch.cat([seq, torch.tensor([emitted])], 1)
     return out, rounds
@@ -57,10 +60,11 @@ def test_cached_loop_matches_full_recompute(family, temperature):
         out, ref = reference_rounds(target, p.draft.model, p.vocab_size, cfg, prompt_ids, i, 3, runs.eos_ids(p))
         assert got.output_ids == out
         assert len(got.rounds) == len(ref)
-        for r, (drafted, accepted, emitted, p_d, p_t, beta, kl) in zip(got.rounds, ref):
+        for r, (drafted, accepted, emitted, outcomes, p_d, p_t, beta, kl) in zip(got.rounds, ref):
             assert [t.token_id for t in r.draft_tokens] == drafted
             assert r.emitted_ids == emitted
             assert r.accepted == accepted
+            assert [t.outcome for t in r.draft_tokens] == outcomes
             for t, *expected in zip(r.draft_tokens, p_d, p_t, beta, kl):
                 assert [t.p_draft, t.p_target, t.beta, t.kl] == pytest.approx(expected, rel=1e-3, abs=1e-5)
         total_rounds += len(ref)
