@@ -167,19 +167,23 @@ class _ProgressBar:
 
 
 def cmd_worker(args) -> int:
-    from storage.store import resolve_url
-
     from .worker import run_worker
 
-    return run_worker(args.db, until_idle=args.until_idle, log=_worker_log(resolve_url(args.db)))
+    store = open_store_or_fail(args.db, write=True)  # the worker registers itself: it needs to write
+    if isinstance(store, int):
+        return store
+    url = store.url
+    store.dispose()
+    return run_worker(url, until_idle=args.until_idle, log=_worker_log(url))
 
 
 def cmd_list(args) -> int:
-    from storage import open_store
     from storage import queries as q
     from storage.export import plain
 
-    store = open_store(args.db)
+    store = open_store_or_fail(args.db)
+    if isinstance(store, int):
+        return store
     experiments = q.experiments(store)
     if args.json:
         doc = [{**plain(e), "runs": plain(q.runs(store, int(e["experiment_id"])).to_dict(orient="records"))}
@@ -202,10 +206,12 @@ def cmd_list(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from storage import open_store, queue
+    from storage import queue
     from storage import queries as q
 
-    store = open_store(args.db)
+    store = open_store_or_fail(args.db, write=True)
+    if isinstance(store, int):
+        return store
     if q.experiment(store, args.experiment_id) is None:
         return _fail(f"no experiment {args.experiment_id} in {store.safe_url}; `draftlab list` shows the ids")
     n = queue.resume_experiment(store, args.experiment_id)
@@ -215,10 +221,11 @@ def cmd_resume(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from storage import open_store
     from storage.export import export_csv, export_json
 
-    store = open_store(args.db)
+    store = open_store_or_fail(args.db)
+    if isinstance(store, int):
+        return store
     try:
         if args.format == "json":
             doc = json.dumps(export_json(store, args.experiment_id))
@@ -243,14 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     if args.command == "run":
         return cmd_run(args)
-    if args.command == "worker":
-        return cmd_worker(args)
-    if args.command == "list":
-        return cmd_list(args)
-    if args.command == "resume":
-        return cmd_resume(args)
-    if args.command == "export":
-        return cmd_export(args)
+    commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export}
+    if args.command in commands:
+        return _database_errors_reported(commands[args.command], args)
     if args.command == "ui":
         from .ui import main as ui_main
 
@@ -259,6 +261,57 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # --- helpers shared by the subcommands -----------------------------------------------------------------------
+
+DB_FIX = "check --db / $DRAFTLAB_DB"
+
+
+def db_error_reason(exc: BaseException, url: str | None = None) -> str:
+    """`Type: first line` of a database error (the driver's own error when SQLAlchemy wraps one), at most 200
+    characters, with the password of `url` hidden."""
+    orig = getattr(exc, "orig", None) or exc
+    first = (str(orig).strip().splitlines() or [""])[0][:200]
+    reason = f"{type(orig).__name__}: {first}" if first else type(orig).__name__
+    return _scrub(reason, url) if url else reason
+
+
+def open_store_or_fail(db: str | None, write: bool = False):
+    """The Store for `db` (--db, else $DRAFTLAB_DB, else the default), or EXIT_BAD_INPUT after one `error:` line
+    on stderr naming the database (password hidden) and the fix. `write=True` also makes sure the database
+    accepts writes (a read-only SQLite file opens fine and fails only at the first write).
+
+    Use: `store = open_store_or_fail(args.db); if isinstance(store, int): return store`.
+    """
+    from storage import open_store
+    from storage.store import resolve_url, safe_url
+
+    url = resolve_url(db)
+    try:
+        store = open_store(url)
+    except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server, unwritable file, newer schema
+        return _fail(f"cannot open the database {safe_url(url)} ({db_error_reason(exc, url)}); {DB_FIX}")
+    if write:
+        try:
+            store.check_writable()
+        except Exception as exc:  # noqa: BLE001
+            store.dispose()
+            return _fail(f"the database {safe_url(url)} does not accept writes ({db_error_reason(exc, url)}); "
+                         f"{DB_FIX} (a writable database) or make this one writable")
+    return store
+
+
+def _database_errors_reported(command, args) -> int:
+    """Run a subcommand; a database failure after opening (the server went away, the file turned read-only)
+    ends in one `error:` line and exit status 2, not a traceback."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from storage.store import resolve_url, safe_url
+
+    try:
+        return command(args)
+    except SQLAlchemyError as exc:
+        url = resolve_url(args.db)
+        return _fail(f"the database {safe_url(url)} failed ({db_error_reason(exc, url)}); {DB_FIX}")
+
 
 def _scrub(text: str, url: str) -> str:
     """`text` with the database URL's password hidden (a full URL becomes its safe form)."""
@@ -281,4 +334,3 @@ def _worker_log(url: str):
 
 if __name__ == "__main__":
     sys.exit(main())
-

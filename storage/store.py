@@ -31,7 +31,8 @@ def safe_url(url: str | None = None) -> str:
     """The URL (resolved as open_store would) with its password hidden, for anything printed or shown."""
     url = resolve_url(url)
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        return parsed.render_as_string(hide_password=True) if parsed.password else url  # sqlite paths stay verbatim
     except Exception:  # noqa: BLE001 - not a parseable URL: mask whatever sits between `user:` and `@`
         return re.sub(r"(://[^:/@]*:).*@", r"\1***@", url)  # greedy: a stray @ in the password stays hidden
 

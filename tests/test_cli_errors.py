@@ -159,3 +159,59 @@ def test_a_database_password_never_appears_in_cli_output(postgres_url, capsys):
     leaks = [(argv[0], text) for argv, _, text in outputs if secret in text]
     assert not leaks, leaks
     assert any("***" in text for _, _, text in outputs)
+
+
+BAD_DATABASES = {
+    "missing directory": "sqlite:////nonexistent-draftlab-dir/sub/draftlab.db",
+    "unreachable server": "postgresql://postgres:s3cret@127.0.0.1:1/test",
+    "not a URL": "not-a-database-url",
+}
+
+
+@pytest.mark.parametrize("command", [["list"], ["list", "--json"], ["export", "1"], ["resume", "1"],
+                                     ["worker", "--until-idle"]], ids=lambda c: " ".join(c))
+@pytest.mark.parametrize("db", list(BAD_DATABASES.values()), ids=list(BAD_DATABASES))
+def test_a_bad_database_is_one_error_line_naming_it(command, db, capsys):
+    from storage.store import safe_url
+
+    code = main([*command, "--db", db])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    line = _one_error_line(err)
+    assert "Traceback" not in err and out == ""
+    assert safe_url(db) in line and "--db" in line  # names the database and the fix
+    assert "s3cret" not in err
+
+
+@pytest.fixture
+def read_only_db(tmp_path):
+    """A database holding one cancelled experiment, and a read-only URL on it (mode=ro: read-only even as root)."""
+    from storage import open_store, queue
+
+    path = tmp_path / "ro.db"
+    store = open_store(f"sqlite:///{path}")
+    experiment_id = queue.enqueue_experiment(store, name="ro", target="t", draft="d", prompts="tiny", sampling={},
+                                             sweep_values=[1], prompt_texts=["t1 t2"])
+    queue.cancel_experiment(store, experiment_id)
+    store.dispose()
+    return f"sqlite:///file:{path}?mode=ro&uri=true", experiment_id
+
+
+@pytest.mark.parametrize("command", ["resume", "worker"])
+def test_a_read_only_database_fails_before_the_first_write(read_only_db, command, capsys):
+    url, experiment_id = read_only_db
+    argv = ["resume", str(experiment_id)] if command == "resume" else ["worker", "--until-idle"]
+    code = main([*argv, "--db", url])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    line = _one_error_line(err)
+    assert "Traceback" not in err
+    assert url in line and "does not accept writes" in line and "--db" in line
+
+
+def test_reading_commands_work_on_a_read_only_database(read_only_db, capsys, tmp_path):
+    url, experiment_id = read_only_db
+    assert main(["list", "--db", url]) == 0
+    assert "experiment 1" in capsys.readouterr().out
+    assert main(["export", str(experiment_id), "--format", "json", "--db", url]) == 0
+    assert json.loads(capsys.readouterr().out)
