@@ -201,7 +201,7 @@ def cmd_list(args) -> int:
             what = "baseline" if r.kind == "baseline" else f"{e.sweep_variable}={r.sweep_value:g}"
             print(f"  run {r.run_id:<5} {what:<14} {r.status:<11} {100 * r.progress:3.0f}%  "
                   f"{fmt(r.tokens_per_second, '8.1f')} tok/s  speedup {fmt(r.speedup, '.2f')}  "
-                  f"alpha {fmt(r.alpha, '.3f')}" + (f"  error: {r.error}" if r.error else ""))
+                  f"alpha {fmt(r.alpha, '.3f')}" + (f"  error: {r.error}" if _present(r.error) else ""))
     return 0
 
 
@@ -311,6 +311,11 @@ def _database_errors_reported(command, args) -> int:
     except SQLAlchemyError as exc:
         url = resolve_url(args.db)
         return _fail(f"the database {safe_url(url)} failed ({db_error_reason(exc, url)}); {DB_FIX}")
+
+
+def _present(value) -> bool:
+    """A value a frame cell really holds: not None, not NaN (pandas fills a sibling's missing text with NaN), not ''."""
+    return value is not None and value == value and str(value).strip() != ""
 
 
 def _scrub(text: str, url: str) -> str:

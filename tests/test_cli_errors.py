@@ -215,3 +215,22 @@ def test_reading_commands_work_on_a_read_only_database(read_only_db, capsys, tmp
     assert "experiment 1" in capsys.readouterr().out
     assert main(["export", str(experiment_id), "--format", "json", "--db", url]) == 0
     assert json.loads(capsys.readouterr().out)
+
+
+def test_list_shows_an_error_only_for_the_run_that_has_one(tmp_path, capsys):
+    from storage import open_store, queue
+
+    url = f"sqlite:///{tmp_path / 'errors.db'}"
+    store = open_store(url)
+    experiment_id = queue.enqueue_experiment(store, name="half failed", target="t", draft="d", prompts="tiny",
+                                             sampling={}, sweep_values=[1], prompt_texts=["t1 t2"])
+    baseline = queue.claim_next(store, "w")
+    queue.finish_run(store, baseline, "failed", error="boom: out of memory")
+    queue.cancel_experiment(store, experiment_id)  # the k=1 run: cancelled, no error
+    store.dispose()
+    assert main(["list", "--db", url]) == 0
+    out = capsys.readouterr().out
+    run_lines = [line for line in out.splitlines() if line.lstrip().startswith("run ")]
+    assert len(run_lines) == 2, out
+    assert [("error:" in line) for line in run_lines] == [True, False], out
+    assert "error: boom: out of memory" in run_lines[0] and "nan" not in out
