@@ -243,21 +243,18 @@ def cmd_export(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a parse error (already reported)
-        return int(exc.code or 0)
-    if args.command == "run":
-        return cmd_run(args)
-    commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export}
-    if args.command in commands:
-        return _database_errors_reported(commands[args.command], args)
-    if args.command == "ui":
-        from .ui import main as ui_main
+EXIT_CLOSED_PIPE = 128 + 13  # what a shell reports for a command stopped by SIGPIPE
 
-        return ui_main(db=args.db, port=args.port, host=args.host)
-    return _fail(f"unknown command {args.command!r}")
+
+def main(argv: list[str] | None = None) -> int:
+    """Every subcommand; a closed stdout (`draftlab list | head`) ends quietly with EXIT_CLOSED_PIPE."""
+    try:
+        status = _dispatch(argv)
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_CLOSED_PIPE
 
 
 # --- helpers shared by the subcommands -----------------------------------------------------------------------

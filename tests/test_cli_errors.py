@@ -104,12 +104,13 @@ def test_json_document_follows_the_spec(run_cli):
     code, out, err = run_cli("--k", "1,3", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert set(doc) == {"experiment_id", "baseline", "runs"}
+    assert set(doc) == {"experiment_id", "baseline", "runs", "repeats", "verdict", "best", "tied_with"}
     assert {"run_id", "new_tokens", "wall_seconds", "tokens_per_second", "target_step_seconds", "outputs"} <= set(doc["baseline"])
     spec_keys = {"run_id", "k", "new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted",
                  "rejected", "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha",
                  "per_position_acceptance", "acceptance_by_type", "draft_step_seconds", "c", "predicted_speedup",
-                 "speedup", "outputs_match_baseline", "outputs"}
+                 "speedup", "outputs_match_baseline", "outputs", "speedup_ci", "timing_warning", "verify_cost",
+                 "predicted_speedup_refined", "sweep_variable", "sweep_value"}
     assert [r["k"] for r in doc["runs"]] == [1, 3]
     for r in doc["runs"]:
         assert spec_keys <= set(r)
@@ -234,3 +235,34 @@ def test_list_shows_an_error_only_for_the_run_that_has_one(tmp_path, capsys):
     assert len(run_lines) == 2, out
     assert [("error:" in line) for line in run_lines] == [True, False], out
     assert "error: boom: out of memory" in run_lines[0] and "nan" not in out
+
+
+@pytest.mark.parametrize("argv", [["list"], ["list", "--json"], ["--help"]], ids=" ".join)
+def test_a_closed_pipe_ends_quietly(tmp_path, argv):
+    """`draftlab list | head`: the reader is gone before the output is flushed; no BrokenPipeError traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from storage import open_store, queue
+
+    url = f"sqlite:///{tmp_path / 'pipe.db'}"
+    store = open_store(url)
+    for i in range(3):
+        queue.enqueue_experiment(store, name=f"e{i}", target="t", draft="d", prompts="tiny", sampling={},
+                                 sweep_values=[1, 2], prompt_texts=["t1 t2"])
+    store.dispose()
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # like `head` that has exited
+    root = Path(__file__).resolve().parent.parent
+    try:
+        command = [sys.executable, "-m", "app.cli", *argv, *(["--db", url] if argv[0] == "list" else [])]
+        done = subprocess.run(command, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+    finally:
+        os.close(write_end)
+    assert done.stderr == "", done.stderr
+    if argv[0] == "list":  # (argparse itself swallows the failed write of --help and exits 0)
+        assert done.returncode == 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe stopped
