@@ -257,6 +257,35 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CLOSED_PIPE
 
 
+def _discard_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's final flush of the dead pipe is silent too."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file descriptor (captured, replaced): nothing to flush later
+        pass
+
+
+def _dispatch(argv: list[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a parse error (already reported)
+        return int(exc.code or 0)
+    if args.command == "run":
+        return cmd_run(args)
+    commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export}
+    if args.command in commands:
+        return _database_errors_reported(commands[args.command], args)
+    if args.command == "ui":
+        from .ui import main as ui_main
+
+        return ui_main(db=args.db, port=args.port, host=args.host)
+    return _fail(f"unknown command {args.command!r}")
+
+
 # --- helpers shared by the subcommands -----------------------------------------------------------------------
 
 DB_FIX = "check --db / $DRAFTLAB_DB"
