@@ -33,6 +33,26 @@ def parse_k_values(text: str) -> list[int]:
     return values
 
 
+DEFAULT_REPEATS = 3  # see README, "Timing protocol": what the demo pair needs to meet the spread goal
+AUTO_K_MAX = 8
+
+
+def parse_k_spec(text: str) -> tuple[list[int], int | None]:
+    """--k: `4`, `1,2,4,8`, or `auto` / `auto:K` (predict, then confirm, up to K). Returns (k values, K or None)."""
+    from engine.errors import DraftLabError
+
+    spec = text.strip().lower()
+    if spec == "auto" or spec.startswith("auto:"):
+        try:
+            k_max = int(spec.split(":", 1)[1]) if ":" in spec else AUTO_K_MAX
+        except ValueError:
+            raise DraftLabError(f"--k auto takes a largest k like auto:8 (got {text!r})") from None
+        if k_max < 2:
+            raise DraftLabError(f"--k auto needs a largest k of at least 2 (got {text!r}); use e.g. --k auto:8")
+        return [k_max], k_max
+    return parse_k_values(text), None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="draftlab", description="Tune speculative-decoding draft models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -41,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", required=True, help="demo-target, an HF model id or a local directory")
     run.add_argument("--draft", required=True, help="demo-draft, an HF model id or a local directory")
     run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed) or a .jsonl/.csv/.txt file")
-    run.add_argument("--k", default="4", help="draft length, or a comma-separated sweep (1,2,4,8)")
+    run.add_argument("--k", default="4", help="draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, "
+                                              "predict the speedup of every k, then measure the 3 best predicted")
+    run.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                     help=f"timed decodes per prompt and configuration, medians used (default {DEFAULT_REPEATS})")
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--top-k", type=int, default=0)
     run.add_argument("--top-p", type=float, default=1.0)
@@ -95,7 +118,9 @@ def cmd_run(args) -> int:
 
     try:
         # Bad settings, prompts or models are bad input (exit 2): checked before anything is stored.
-        ks = parse_k_values(args.k)
+        ks, k_auto = parse_k_spec(args.k)
+        if args.repeats < 1:
+            raise DraftLabError(f"--repeats must be >= 1 (got {args.repeats}); use e.g. --repeats 3")
         cfg = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.max_new_tokens)
         prompts = load_prompts(args.prompts)
         pair = load_pair(args.target, args.draft, args.device, args.dtype, args.trust_remote_code)
@@ -109,7 +134,7 @@ def cmd_run(args) -> int:
         return _fail(f"cannot open the database {args.db or '(default)'} ({type(exc).__name__}: {first}); "
                      f"check --db / $DRAFTLAB_DB")
 
-    progress = _ProgressBar(len(prompts), cfg.max_new_tokens, 1 + len(ks))
+    progress = _ProgressBar(len(prompts), cfg.max_new_tokens, 1 + len(ks), args.repeats)
     worker = Worker(store, progress_hook=progress.update, log=progress.write)
     worker.start()  # registered before its reserved runs exist, so no other worker takes them for orphans
     experiment_id = None
@@ -119,7 +144,8 @@ def cmd_run(args) -> int:
             sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
                       "max_new_tokens": args.max_new_tokens},
             device=args.device, dtype=args.dtype, sweep_variable="k", sweep_values=ks, k=ks[0],
-            prompt_texts=prompts, trust_remote_code=args.trust_remote_code, reserved_for=worker.id)
+            prompt_texts=prompts, trust_remote_code=args.trust_remote_code, reserved_for=worker.id,
+            repeats=args.repeats, k_auto=k_auto)
         worker.adopt(pair, queue.get_experiment(store, experiment_id))
         worker.work(until_idle=True, experiment_id=experiment_id)
     except KeyboardInterrupt:
@@ -142,20 +168,26 @@ def cmd_run(args) -> int:
 
 
 class _ProgressBar:
-    """Token progress of the whole experiment on stderr (tqdm), fed by the worker's progress hook."""
+    """Token progress of the whole experiment on stderr (tqdm), fed by the worker's progress hook: every
+    (run, prompt, repeat) decode counts up to max_new_tokens; runs queued later (`--k auto`) extend the total."""
 
-    def __init__(self, prompts: int, max_new_tokens: int, runs: int):
+    def __init__(self, prompts: int, max_new_tokens: int, runs: int, repeats: int = 1):
         from tqdm import tqdm
 
-        self.per_prompt, self.per_run = max_new_tokens, prompts * max_new_tokens
+        self.per_prompt, self.per_run = max_new_tokens, prompts * max_new_tokens * repeats
         self.bar = tqdm(total=self.per_run * runs, unit="tok", file=sys.stderr, dynamic_ncols=True)
-        self.runs_seen: list[int] = []
+        self.expected_runs, self.runs_seen = runs, set()
+        self.decodes: dict[tuple, int] = {}
 
-    def update(self, run: dict, prompt_index: int, tokens: int) -> None:
+    def update(self, run: dict, prompt_index: int, tokens: int, repeat: int = 0) -> None:
         if run["id"] not in self.runs_seen:
-            self.runs_seen.append(run["id"])
-            self.bar.set_description("baseline" if run["kind"] == "baseline" else f"k={run['k']}")
-        done = (len(self.runs_seen) - 1) * self.per_run + prompt_index * self.per_prompt + min(tokens, self.per_prompt)
+            self.runs_seen.add(run["id"])
+            if len(self.runs_seen) > self.expected_runs:
+                self.bar.total += self.per_run
+        self.bar.set_description(f"prompt {prompt_index + 1} " + ("baseline" if run["kind"] == "baseline" else f"k={run['k']}"),
+                                 refresh=False)
+        self.decodes[(run["id"], prompt_index, repeat)] = min(tokens, self.per_prompt)
+        done = sum(self.decodes.values())
         self.bar.update(max(0, done - self.bar.n))
 
     def write(self, message: str) -> None:

@@ -23,16 +23,32 @@ def speculative_entry(k: int, results: list[PromptResult], baseline: list[Prompt
 
 
 def format_table(doc: dict) -> str:
-    """A fixed-width summary: one line for the baseline, one per speculative run."""
+    """A fixed-width summary: the baseline, one line per speculative run with its speedup interval, the
+    verdict, and any timing warning."""
     b = doc["baseline"]
-    lines = [f"experiment {doc['experiment_id']}" if doc.get("experiment_id") is not None else "experiment (not stored)",
-             f"baseline  {b['new_tokens']:>6} tokens  {b['tokens_per_second']:8.1f} tok/s  "
-             f"target step {1000 * (b['target_step_seconds'] or 0):.2f} ms",
-             f"{'k':>3} {'tok/s':>8} {'speedup':>8} {'pred.':>6} {'alpha':>6} {'accept':>7} {'tok/rnd':>7} {'c':>6} match"]
     fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
+    lines = [f"experiment {doc['experiment_id']}" if doc.get("experiment_id") is not None else "experiment (not stored)",
+             f"baseline  {b['new_tokens']:>6} tokens  {fmt(b['tokens_per_second'], '8.1f')} tok/s  "
+             f"target step {1000 * (b['target_step_seconds'] or 0):.2f} ms"
+             + (f"  ({doc['repeats']} repeats, medians)" if doc.get("repeats") else ""),
+             f"{'k':>3} {'tok/s':>8} {'speedup (95% CI)':>19} {'refined':>7} {'formula':>7} {'alpha':>6} "
+             f"{'tok/rnd':>7} {'c':>6} {'verify':>6} match"]
     for r in doc["runs"]:
-        lines.append(f"{r['k']:>3} {fmt(r['tokens_per_second'], '8.1f')} {fmt(r['speedup'], '8.2f')} "
-                     f"{fmt(r['predicted_speedup'], '6.2f')} {fmt(r['alpha'], '6.3f')} "
-                     f"{fmt(r['draft_acceptance_rate'], '7.3f')} {fmt(r['tokens_per_round'], '7.2f')} "
-                     f"{fmt(r['c'], '6.2f')} {r['outputs_match_baseline']}")
+        ci = r.get("speedup_ci")
+        speed = (f"{r['speedup']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})" if r.get("speedup") is not None and ci
+                 else fmt(r.get("speedup"), ".2f"))
+        lines.append(f"{r['k']:>3} {fmt(r['tokens_per_second'], '8.1f')} {speed:>19} "
+                     f"{fmt(r.get('predicted_speedup_refined'), '7.2f')} {fmt(r['predicted_speedup'], '7.2f')} "
+                     f"{fmt(r['alpha'], '6.3f')} {fmt(r['tokens_per_round'], '7.2f')} {fmt(r['c'], '6.2f')} "
+                     f"{fmt(r.get('verify_cost'), '6.2f')} {r['outputs_match_baseline']}"
+                     + (f"  predicted {r['predicted']:.2f} ({100 * r['prediction_error']:+.0f} %)"
+                        if r.get("prediction_error") is not None else ""))
+    for r in doc["runs"]:
+        if r.get("timing_warning"):
+            lines.append(f"warning: k={r['k']}: {r['timing_warning']}")
+    if doc.get("predicted_curve"):
+        curve = "  ".join(f"k={k}: {v:.2f}" for k, v in doc["predicted_curve"].items())
+        lines.append(f"predicted curve (before measuring k = {doc.get('confirmed')}): {curve}")
+    if doc.get("verdict"):
+        lines.append(doc["verdict"]["text"])
     return "\n".join(lines)

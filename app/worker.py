@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import signal
 import socket
 import sys
@@ -28,14 +27,16 @@ from engine.errors import DraftLabError, RunCancelled
 from engine.loading import ModelPair, load_pair
 from engine.prompt_sets import load_prompts
 from engine.records import PromptResult
-from engine.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
+from engine.profile import verify_profile
+from engine.protocol import median_repeat, schedule
+from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
 from engine.sampling import SamplingConfig
 from engine.token_types import TokenTyper
 from storage import Store, open_store, queue
 from storage.recording import clear_from, record_prompt
 from storage.schema import BASELINE, CANCELLED, DONE, FAILED, INTERRUPTED
 
-ProgressHook = Callable[[dict, int, int], None]  # (run row, prompt index, new tokens so far)
+ProgressHook = Callable[[dict, int, int, int], None]  # (run row, prompt index, new tokens so far, repeat)
 
 
 class SetupError(Exception):
@@ -50,11 +51,52 @@ class _Loaded:
     encoded: dict = field(default_factory=dict)  # (experiment_id, max_new_tokens) -> prompt ids
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak GPU memory allocated by torch on CUDA; on CPU the process's peak resident set size."""
+def _reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_mb(pair: ModelPair, decoder) -> float:
+    """One decode's peak memory: torch's peak allocation on CUDA (reset before each decode, so runs of an
+    experiment do not inherit each other's peaks); on CPU, where RSS cannot be reset, the bytes of the
+    models the arm uses plus its peak KV caches."""
+    if pair.device.type == "cuda":
+        return torch.cuda.max_memory_allocated(pair.device) / 2**20
+    return arm_memory_bytes(pair, decoder) / 2**20
+
+
+def arm_memory_bytes(pair: ModelPair, decoder) -> int:
+    """Parameters and buffers of the target (and of the draft when the arm drafts with it), plus the peak
+    size of the KV caches the decoder held."""
+    models = [pair.target.model]
+    drafter = getattr(decoder, "drafter", None)
+    if drafter is not None and getattr(getattr(drafter, "lm", None), "model", None) is not None:
+        models.append(drafter.lm.model)
+    total = sum(t.numel() * t.element_size() for m in models for t in [*m.parameters(), *m.buffers()])
+    caches = [getattr(decoder, "target", None), getattr(drafter, "lm", None)]
+    return total + sum(_cache_bytes(c) for c in caches if c is not None)
+
+
+def _cache_bytes(lm) -> int:
+    peak = getattr(lm, "peak_cache_bytes", None)
+    if peak is not None:
+        return int(peak)
+    layers = getattr(lm.cache, "layers", []) if lm.cache is not None else []
+    return sum(t.numel() * t.element_size() for layer in layers
+               for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor))
+
+
+def lease_key(device: str) -> str:
+    """The timing lease a job on `device` (auto / cpu / cuda / cuda:N) needs: one per physical device."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        device = "cuda:0"
+    return f"{socket.gethostname()}:{device}"
+
+
+def _label(run: dict) -> str:
+    return f"run {run['id']} ({run['kind']}" + (f", k={run['k']})" if run["k"] else ")")
 
 
 class Worker:
@@ -75,8 +117,9 @@ class Worker:
         self.current_run: int | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
-        self._live_progress: tuple[int, float] | None = None  # (run id, 0..1) while generating
-        self._cancel_requested = threading.Event()
+        self._live_progress: dict[int, float] = {}  # run id -> 0..1 while it generates
+        self._group: list[int] = []  # the runs being timed together
+        self._cancelled: set[int] = set()  # runs of the group whose cancel was requested
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
@@ -98,19 +141,21 @@ class Worker:
         queue.unregister_worker(self.store, self.id)
 
     def _heartbeat_loop(self) -> None:
-        """Heartbeats, plus the running run's progress and cancel flag: written from this thread so no
-        database I/O happens inside a timed generation."""
-        last_beat, reported = time.monotonic(), None
+        """Heartbeats (worker, its runs, its device lease), the running runs' progress and their cancel flags:
+        written from this thread so no database I/O happens inside a timed generation."""
+        last_beat, reported = time.monotonic(), {}
         while not self._stop.wait(min(self.progress_seconds, self.heartbeat_seconds)):
             try:
-                live = self._live_progress
-                if live is not None and live != reported:
-                    run_id, value = live
-                    if queue.report_progress(self.store, run_id, value):
-                        self._cancel_requested.set()
-                    reported = live
+                for run_id, value in list(self._live_progress.items()):
+                    if reported.get(run_id) != value:
+                        if queue.report_progress(self.store, run_id, value):
+                            self._cancelled.add(run_id)
+                        reported[run_id] = value
+                group = list(self._group)
+                if group:
+                    self._cancelled.update(queue.cancel_requested(self.store, group))
                 if time.monotonic() - last_beat >= self.heartbeat_seconds:
-                    queue.heartbeat(self.store, self.id, self.current_run)
+                    queue.heartbeat(self.store, self.id, self.current_run, group)
                     last_beat = time.monotonic()
             except Exception as exc:  # a locked or briefly unreachable database must not kill the worker
                 self.log(f"heartbeat failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
@@ -126,13 +171,14 @@ class Worker:
 
     def work(self, until_idle: bool = False, experiment_id: int | None = None) -> list[int]:
         """Execute queued runs (only experiment_id's, if given); return the ids executed. Without
-        until_idle, poll forever."""
+        until_idle, poll forever. An experiment's queued runs are claimed together and timed prompt-major
+        under this machine's device lease (one timed job per device)."""
         executed = []
-        last_sweep = time.monotonic()
+        last_sweep, waiting_on = time.monotonic(), None
         while not self._stop.is_set():
             prefer = self.loaded.key[-1] if self.loaded else None
-            run_id = queue.claim_next(self.store, self.id, experiment_id=experiment_id, prefer_experiment=prefer)
-            if run_id is None:
+            eid = queue.next_experiment(self.store, self.id, experiment_id=experiment_id, prefer_experiment=prefer)
+            if eid is None:
                 if until_idle:
                     break
                 if time.monotonic() - last_sweep > self.stale_seconds:  # another worker may have died since
@@ -141,94 +187,167 @@ class Worker:
                     last_sweep = time.monotonic()
                 time.sleep(self.poll_seconds)
                 continue
-            self.execute(run_id)
-            executed.append(run_id)
+            device = lease_key(queue.get_experiment(self.store, eid)["device"])
+            holder = queue.acquire_lease(self.store, device, self.id, eid, self.stale_seconds)
+            if holder is not None:
+                if waiting_on != holder:
+                    self.log(f"experiment {eid} waits for {device}: worker {holder} is timing on it")
+                    waiting_on = holder
+                time.sleep(self.poll_seconds)
+                continue
+            waiting_on = None
+            try:
+                run_ids = queue.claim_group(self.store, eid, self.id)
+                if run_ids:
+                    self.execute_group(eid, run_ids)
+                    executed += run_ids
+            finally:
+                queue.release_lease(self.store, device, self.id)
         return executed
 
     def execute(self, run_id: int) -> str:
-        """Execute one claimed run to its end state (done / failed / cancelled); return that state."""
-        run = queue.get_run(self.store, run_id)
-        experiment = queue.get_experiment(self.store, run["experiment_id"])
-        label = f"run {run_id} ({run['kind']}" + (f", k={run['k']})" if run["k"] else ")")
-        self.current_run = run_id
-        queue.heartbeat(self.store, self.id, run_id)
-        self.log(f"{label} of experiment {experiment['id']} started")
+        """Execute one claimed run on its own (its baseline already stored); return its end state."""
+        return self.execute_group(queue.get_run(self.store, run_id)["experiment_id"], [run_id])[run_id]
+
+    def execute_group(self, experiment_id: int, run_ids: list[int]) -> dict[int, str]:
+        """Execute claimed runs of one experiment together, prompt-major (timing protocol v2), each to its end
+        state (done / failed / cancelled); return {run id: state}."""
+        experiment = queue.get_experiment(self.store, experiment_id)
+        group = {rid: queue.get_run(self.store, rid) for rid in run_ids}
+        outcome: dict[int, tuple[str, str | None, str | None]] = {}  # run id -> (status, error, detail)
+        self._group, self._cancelled = list(run_ids), set()
+        self.current_run = run_ids[0]
+        queue.heartbeat(self.store, self.id, self.current_run)
+        self.log(f"experiment {experiment_id}: timing {len(run_ids)} run(s) prompt-major, "
+                 f"{experiment['repeats'] or 1} repeat(s) each")
+        memory: dict[int, float] = {}
         try:
-            self._execute(run, experiment)
-            status, error, detail = DONE, None, None
-        except RunCancelled:
-            status, error, detail = CANCELLED, None, None
+            self._time_group(experiment, group, outcome, memory)
         except SetupError as exc:
-            status, error, detail = FAILED, str(exc), traceback.format_exc()
-            queue.fail_queued_runs(self.store, experiment["id"], str(exc))
-        except torch.cuda.OutOfMemoryError:
-            status, detail = FAILED, traceback.format_exc()
-            error = (f"CUDA out of memory in {label}; lower max-new-tokens, use dtype bfloat16/float16 "
-                     f"or a smaller model")
-            self._release()
-        except DraftLabError as exc:
-            status, error, detail = FAILED, str(exc), traceback.format_exc()
+            for rid in group:
+                outcome.setdefault(rid, (FAILED, str(exc), traceback.format_exc()))
+            queue.fail_queued_runs(self.store, experiment_id, str(exc))
         except (KeyboardInterrupt, SystemExit):
-            queue.finish_run(self.store, run_id, INTERRUPTED, "the worker was stopped; resume the run to continue")
-            self.current_run = None
+            for rid in group:
+                if rid not in outcome:
+                    queue.finish_run(self.store, rid, INTERRUPTED, "the worker was stopped; resume the run to continue")
+            self.current_run, self._group = None, []
             raise
         except Exception as exc:  # a bug or an environment problem: record it, keep serving the queue
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            status, error, detail = FAILED, f"{type(exc).__name__}: {first}", traceback.format_exc()
-        peak = peak_memory_mb(self.loaded.pair.device) if self.loaded else None
-        queue.finish_run(self.store, run_id, status, error, detail, peak)
-        self.current_run = None
-        self.log(f"{label} {status}" + (f": {error}" if error else ""))
-        return status
+            for rid in group:
+                outcome.setdefault(rid, (FAILED, f"{type(exc).__name__}: {first}", traceback.format_exc()))
+        states = {}
+        for rid, run in group.items():
+            status, error, detail = outcome.get(rid, (DONE, None, None))
+            queue.finish_run(self.store, rid, status, error, detail, memory.get(rid))
+            self.log(f"{_label(run)} {status}" + (f": {error}" if error else ""))
+            states[rid] = status
+        self.current_run, self._group = None, []
+        if experiment["k_auto"] and experiment["predicted_curve"] is None:
+            from .autok import plan_confirmation
 
-    # --- one run -----------------------------------------------------------------------------------------
+            planned = plan_confirmation(self.store, experiment_id)
+            if planned:
+                self.log(f"experiment {experiment_id}: predicted curve made; confirming k = {planned}")
+        return states
 
-    def _execute(self, run: dict, experiment: dict) -> None:
+    # --- one timed group -----------------------------------------------------------------------------------
+
+    def _time_group(self, experiment: dict, group: dict[int, dict], outcome: dict, memory: dict) -> None:
         prompts = self._prompts(experiment)
         loaded = self._pair(experiment)
-        cfg = SamplingConfig(run["temperature"], run["top_k"], run["top_p"], run["seed"], run["max_new_tokens"])
-        encoded_key = (experiment["id"], cfg.max_new_tokens)
-        if encoded_key not in loaded.encoded:
+        repeats = int(experiment["repeats"] or 1)
+        decoders, budgets = {}, {}
+        for rid, run in group.items():
+            cfg = SamplingConfig(run["temperature"], run["top_k"], run["top_p"], run["seed"], run["max_new_tokens"])
+            encoded_key = (experiment["id"], cfg.max_new_tokens)
+            if encoded_key not in loaded.encoded:
+                try:
+                    loaded.encoded[encoded_key] = encode_prompts(loaded.pair, prompts, cfg.max_new_tokens)
+                except DraftLabError as exc:
+                    raise SetupError(str(exc)) from exc
             try:
-                loaded.encoded[encoded_key] = encode_prompts(loaded.pair, prompts, cfg.max_new_tokens)
+                decoders[rid] = (baseline_decoder(loaded.pair, cfg) if run["kind"] == BASELINE
+                                 else speculative_decoder(loaded.pair, cfg, run["k"], loaded.typer))
             except DraftLabError as exc:
-                raise SetupError(str(exc)) from exc
-        prompt_ids = loaded.encoded[encoded_key]
-        if run["kind"] == BASELINE:
-            decoder = baseline_decoder(loaded.pair, cfg)
-        else:
-            decoder = speculative_decoder(loaded.pair, cfg, run["k"], loaded.typer)
-
-        start = run["prompts_done"] or 0  # resume: the first unfinished prompt
+                outcome[rid] = (FAILED, str(exc), None)
+                continue
+            budgets[rid] = (loaded.encoded[encoded_key], cfg.max_new_tokens)
+        start = {rid: group[rid]["prompts_done"] or 0 for rid in decoders}  # resume: first unfinished prompt
         with self.store.write() as conn:
-            clear_from(conn, run["id"], start)
-        queue.start_run(self.store, run["id"], len(prompts), _device_name(loaded.pair.device))
-        if loaded.pair.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(loaded.pair.device)
+            for rid in decoders:
+                clear_from(conn, rid, start[rid])
+        for rid in decoders:
+            queue.start_run(self.store, rid, len(prompts), _device_name(loaded.pair.device))
+        if experiment["k_auto"] and decoders:
+            self._profile_verify(experiment, loaded, next(iter(budgets.values()))[0][0])
 
-        total, budget = len(prompts), cfg.max_new_tokens
-        self._cancel_requested.clear()
+        total = len(prompts)
+        active = list(decoders)
+        warmed: set[int] = set()
+        for i in range(min(start.values(), default=total), total):
+            arms = [rid for rid in active if rid not in outcome and start[rid] <= i]
+            if not any(rid not in outcome for rid in active):
+                break
+            timed: dict[int, list] = {rid: [] for rid in arms}
+            slots: dict[int, list] = {rid: [] for rid in arms}
+            for slot, (repeat, rid) in enumerate(schedule(arms, i, repeats)):
+                if rid in outcome:
+                    continue
+                prompt_ids, budget = budgets[rid]
+                try:
+                    if rid not in warmed:  # one untimed warm-up per arm (SPEC timing protocol)
+                        decoders[rid].generate(prompts[i], prompt_ids[i], i, max_new_tokens=min(WARMUP_TOKENS, budget))
+                        warmed.add(rid)
+                    on_progress = self._progress_callback(group[rid], i, repeat, repeats, total, budget)
+                    _reset_peak(loaded.pair.device)
+                    timed[rid].append(decoders[rid].generate(prompts[i], prompt_ids[i], i, on_progress=on_progress))
+                    memory[rid] = max(memory.get(rid, 0.0), _peak_mb(loaded.pair, decoders[rid]))
+                    slots[rid].append(slot)
+                except RunCancelled:
+                    outcome[rid] = (CANCELLED, None, None)
+                except torch.cuda.OutOfMemoryError:
+                    outcome[rid] = (FAILED, f"CUDA out of memory in {_label(group[rid])}; lower max-new-tokens, use "
+                                            f"dtype bfloat16/float16 or a smaller model", traceback.format_exc())
+                    torch.cuda.empty_cache()
+                except DraftLabError as exc:
+                    outcome[rid] = (FAILED, str(exc), traceback.format_exc())
+                finally:
+                    self._live_progress.pop(rid, None)
+            finished = [rid for rid in arms if rid not in outcome and len(timed[rid]) == repeats]
+            with self.store.write() as conn:  # one transaction per prompt: every arm's rows, or none
+                for rid in finished:
+                    self._record(conn, group[rid], median_repeat(timed[rid]), timed[rid], slots[rid], loaded.typer)
+            for rid in finished:
+                if queue.report_progress(self.store, rid, (i + 1) / total) or rid in self._cancelled:
+                    outcome[rid] = (CANCELLED, None, None)
 
-        def on_progress(prompt_index: int, tokens: int) -> None:
+    def _progress_callback(self, run: dict, prompt_index: int, repeat: int, repeats: int, total: int, budget: int):
+        def on_progress(tokens: int) -> None:
             # Inside the timed generation: memory only; the heartbeat thread writes it and reads cancels.
             if self.progress_hook is not None:
-                self.progress_hook(run, prompt_index, tokens)
-            self._live_progress = (run["id"], (prompt_index + min(tokens, budget) / budget) / total)
-            if self._cancel_requested.is_set():
+                self.progress_hook(run, prompt_index, tokens, repeat)
+            done = prompt_index + (repeat + min(tokens, budget) / budget) / repeats
+            self._live_progress[run["id"]] = done / total
+            if run["id"] in self._cancelled:
                 raise RunCancelled(f"run {run['id']} cancelled")
+        return on_progress
 
-        try:
-            for result in run_prompts(decoder, prompts, prompt_ids, start=start, on_progress=on_progress):
-                self._record(run, result, loaded.typer)  # between prompts, outside any timed generation
-                if queue.report_progress(self.store, run["id"], (result.prompt_index + 1) / total):
-                    raise RunCancelled(f"run {run['id']} cancelled")
-        finally:
-            self._live_progress = None
+    def _profile_verify(self, experiment: dict, loaded: "_Loaded", prompt_ids: torch.Tensor) -> None:
+        """`--k auto`: the target's verify-cost profile, once per experiment, under the device lease."""
+        if queue.load_verify_profile(self.store, experiment["id"]):
+            return
+        n_max = int(experiment["k_auto"]) + 1
+        cfg = SamplingConfig(experiment["temperature"], experiment["top_k"], experiment["top_p"], experiment["seed"],
+                             experiment["max_new_tokens"])
+        profile = verify_profile(loaded.pair.target.model, loaded.pair.vocab_size, prompt_ids, n_max, cfg)
+        queue.store_verify_profile(self.store, experiment["id"], profile)
 
-    def _record(self, run: dict, result: PromptResult, typer: TokenTyper) -> None:
+    def _record(self, conn, run: dict, result: PromptResult, repeats: list[PromptResult], slots: list[int],
+                typer: TokenTyper) -> None:
         texts = [typer.describe(int(t))[0] for t in result.output_ids]
-        with self.store.write() as conn:
-            record_prompt(conn, run["id"], run["kind"], result, texts)
+        record_prompt(conn, run["id"], run["kind"], result, texts, repeats=repeats, slots=slots)
 
     def _prompts(self, experiment: dict) -> list[str]:
         with self.store.read() as conn:

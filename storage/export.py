@@ -18,7 +18,7 @@ from .store import Store
 SPECULATIVE_KEYS = ["new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted", "rejected",
                     "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha", "kl",
                     "per_position_acceptance", "acceptance_by_type", "draft_step_seconds", "c", "predicted_speedup",
-                    "speedup"]
+                    "speedup", "speedup_ci", "speedup_note", "timing_warning", "verify_cost", "predicted_speedup_refined"]
 
 
 def plain(value):
@@ -44,35 +44,54 @@ def _outputs(store: Store, run_id: int) -> list[dict]:
 
 
 def run_document(store: Store, experiment_id: int, with_outputs: bool = True) -> dict:
-    """The SPEC `draftlab run --json` object for a stored experiment (one k-sweep baseline)."""
+    """The SPEC `draftlab run --json` object for a stored experiment, plus timing protocol v2's keys:
+    `repeats`, the `verdict` (best configuration, `tied_with`, too wide to choose) and, for `--k auto`,
+    `predicted_curve`, `confirmed` and each confirmed run's `prediction_error`."""
     runs = q.runs(store, experiment_id)
-    sweep_variable = (q.experiment(store, experiment_id) or {}).get("sweep_variable", "k")
+    experiment = q.experiment(store, experiment_id) or {}
+    sweep_variable = experiment.get("sweep_variable", "k")
+    auto = experiment.get("predicted_curve") or {}
+    curve = {int(k): v for k, v in (auto.get("curve") or {}).items()}
+    confirmed = list(auto.get("confirmed") or [])
     baseline_rows = runs[runs["kind"] == "baseline"]
-    doc: dict = {"experiment_id": experiment_id, "baseline": None, "runs": []}
+    doc: dict = {"experiment_id": experiment_id, "repeats": experiment.get("repeats"), "baseline": None, "runs": []}
     for _, b in baseline_rows.iterrows():
         entry = {"run_id": b.run_id, "status": b.status, "error": b.error, "new_tokens": b.new_tokens,
                  "wall_seconds": b.wall_seconds, "tokens_per_second": b.tokens_per_second,
                  "target_step_seconds": b.target_step_seconds}
         if with_outputs:
             entry["outputs"] = _outputs(store, int(b.run_id))
-        doc["baseline"] = plain(entry)  # a sampling sweep has several; the last one stands for the set
+        if doc["baseline"] is None:
+            doc["baseline"] = plain(entry)  # the first pass's; a sampling sweep or `--k auto` lists them all
         if len(baseline_rows) > 1:
             doc.setdefault("baselines", []).append(plain(entry))
     for _, r in runs[runs["kind"] == "speculative"].iterrows():
         run_id = int(r.run_id)
         position = q.acceptance_by_position(store, run_id)
         by_type = q.acceptance_by_type(store, run_id)
+        ci = [r.speedup_ci_lo, r.speedup_ci_hi] if pd.notna(r.speedup_ci_lo) else None
         entry = {"run_id": run_id, "k": r.k, "status": r.status, "error": r.error,
                  **{key: r[key] for key in SPECULATIVE_KEYS if key in r.index},
+                 "speedup_ci": ci,
                  "per_position_acceptance": list(position["conditional"]),
                  "acceptance_by_type": dict(zip(by_type["token_type"], by_type["rate"])),
-                 "outputs_match_baseline": r.outputs_match_baseline}
-        entry = {key: entry[key] for key in ["run_id", "k", "status", "error", *SPECULATIVE_KEYS, "outputs_match_baseline"]}
-        if sweep_variable != "k":
-            entry["sweep_value"] = r.sweep_value
+                 "outputs_match_baseline": r.outputs_match_baseline,
+                 "sweep_variable": sweep_variable, "sweep_value": r.sweep_value,
+                 "draft": experiment.get("draft"), "baseline_run_id": r.baseline_run_id}
+        keys = ["run_id", "k", "status", "error", *SPECULATIVE_KEYS, "outputs_match_baseline", "sweep_variable",
+                "sweep_value", "draft", "baseline_run_id"]
+        entry = {key: entry[key] for key in keys}
+        if int(r.k) in confirmed and int(r.baseline_run_id) != int(runs[runs["kind"] == "baseline"]["run_id"].iloc[0]):
+            entry["predicted"] = curve.get(int(r.k))
+            entry["prediction_error"] = (curve[int(r.k)] / r.speedup - 1) if pd.notna(r.speedup) and r.speedup else None
         if with_outputs:
             entry["outputs"] = _outputs(store, run_id)
         doc["runs"].append(plain(entry))
+    doc["verdict"] = plain(q.verdict(store, experiment_id))
+    doc["best"], doc["tied_with"] = doc["verdict"]["best"], doc["verdict"]["tied_with"]
+    if experiment.get("k_auto"):
+        doc["predicted_curve"] = {str(k): v for k, v in curve.items()} or None
+        doc["confirmed"] = confirmed
     return doc
 
 
@@ -83,8 +102,12 @@ def export_json(store: Store, experiment_id: int) -> dict:
         raise KeyError(experiment_id)
     runs = q.runs(store, experiment_id)
     tokens = q.draft_token_rows(store, experiment_id)
+    timings = [{"run_id": int(rid), **row} for rid in runs["run_id"]
+               for row in q.timings(store, int(rid)).to_dict(orient="records")]
     return plain({"experiment": experiment,
+                  "verdict": q.verdict(store, experiment_id),
                   "runs": runs.to_dict(orient="records"),
+                  "timings": timings,
                   "draft_tokens": tokens.to_dict(orient="records")})
 
 
@@ -96,6 +119,11 @@ def export_csv(store: Store, experiment_id: int, directory: str | Path) -> list[
     directory.mkdir(parents=True, exist_ok=True)
     runs_path = directory / f"experiment-{experiment_id}-runs.csv"
     tokens_path = directory / f"experiment-{experiment_id}-draft-tokens.csv"
-    q.runs(store, experiment_id).to_csv(runs_path, index=False)
+    timings_path = directory / f"experiment-{experiment_id}-timings.csv"
+    runs = q.runs(store, experiment_id)
+    runs.to_csv(runs_path, index=False)
     q.draft_token_rows(store, experiment_id).to_csv(tokens_path, index=False)
-    return [runs_path, tokens_path]
+    frames = [q.timings(store, int(rid)).assign(run_id=int(rid)) for rid in runs["run_id"]]
+    timings = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["run_id"])
+    timings.to_csv(timings_path, index=False)
+    return [runs_path, tokens_path, timings_path]

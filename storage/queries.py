@@ -25,7 +25,8 @@ RUN_COLUMNS = [
     "run_id", "kind", "k", "sweep_value", "status", "progress", "error", "started", "finished",
     "new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted", "rejected",
     "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha", "kl", "draft_step_seconds",
-    "target_step_seconds", "c", "predicted_speedup", "speedup", "outputs_match_baseline", "peak_memory_mb",
+    "target_step_seconds", "c", "predicted_speedup", "speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_note",
+    "timing_warning", "verify_cost", "predicted_speedup_refined", "outputs_match_baseline", "peak_memory_mb",
 ]
 
 # One row per run with its SPEC metrics; c and speedup against the run's own target-only baseline.
@@ -46,8 +47,16 @@ SELECT r.id AS run_id, r.kind, r.k, r.sweep_value, r.status, r.progress, r.error
        CASE WHEN r.kind = 'baseline' THEN r.target_step_seconds ELSE b.target_step_seconds END AS target_step_seconds,
        CASE WHEN r.kind = 'speculative' AND b.target_step_seconds > 0
             THEN b.target_step_seconds / NULLIF(r.draft_step_seconds, 0) END AS c,
-       CASE WHEN r.kind = 'speculative' AND r.tokens_per_second > 0
-            THEN r.tokens_per_second / NULLIF(b.tokens_per_second, 0) END AS speedup,
+       CASE WHEN b.status IN ('failed', 'cancelled') THEN NULL ELSE r.speedup END AS speedup,
+       CASE WHEN b.status IN ('failed', 'cancelled') THEN NULL ELSE r.speedup_ci_lo END AS speedup_ci_lo,
+       CASE WHEN b.status IN ('failed', 'cancelled') THEN NULL ELSE r.speedup_ci_hi END AS speedup_ci_hi,
+       CASE WHEN r.kind <> 'speculative' THEN NULL
+            WHEN b.status = 'failed' THEN 'no speedup: its baseline failed; resume the experiment to rerun it'
+            WHEN b.status = 'cancelled' THEN 'no speedup: its baseline was cancelled; resume the experiment to rerun it'
+            WHEN r.status <> 'done' AND r.speedup IS NOT NULL THEN 'in progress: over the prompts finished so far'
+       END AS speedup_note,
+       CASE WHEN b.status IN ('failed', 'cancelled') THEN NULL ELSE r.timing_warning END AS timing_warning,
+       r.verify_cost, r.predicted_speedup_refined,
        CASE WHEN r.kind <> 'speculative' OR r.temperature > 0 OR base_n.n IS NULL THEN NULL
             WHEN COALESCE(same.same, 0) = COALESCE(same.n, 0)
                  AND (r.status <> 'done' OR COALESCE(same.n, 0) = base_n.n) THEN 1 ELSE 0 END AS outputs_match_baseline,
@@ -118,8 +127,9 @@ def sweep_curve(store: Store, experiment_id: int) -> pd.DataFrame:
     """Measured and predicted speedup, alpha and tokens_per_round against the swept value."""
     df = runs(store, experiment_id)
     df = df[df["kind"] == "speculative"]
-    cols = ["sweep_value", "k", "speedup", "predicted_speedup", "alpha", "draft_acceptance_rate",
-            "tokens_per_round", "c", "run_id", "status"]
+    cols = ["sweep_value", "k", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup",
+            "predicted_speedup_refined", "alpha", "draft_acceptance_rate", "tokens_per_round", "c", "run_id", "status",
+            "timing_warning"]
     return df[cols].sort_values(["sweep_value", "run_id"]).reset_index(drop=True)
 
 
@@ -134,13 +144,21 @@ WITH stats AS (
            SUM(CASE WHEN status = 'done' THEN 1.0 ELSE progress END) / COUNT(*) AS progress
     FROM runs GROUP BY experiment_id),
 speed AS (
-    SELECT s.experiment_id, s.sweep_value, s.alpha, s.tokens_per_second / NULLIF(b.tokens_per_second, 0) AS speedup
+    SELECT s.experiment_id, s.sweep_value, s.alpha, s.speedup, s.speedup_ci_lo, s.speedup_ci_hi
     FROM runs s JOIN runs b ON b.id = s.baseline_run_id
-    WHERE s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.tokens_per_second > 0),
+    WHERE s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.speedup IS NOT NULL
+      AND s.timing_warning IS NULL),
 best AS (
-    SELECT experiment_id, sweep_value, alpha, speedup,
+    SELECT experiment_id, sweep_value, alpha, speedup, speedup_ci_lo, speedup_ci_hi,
            ROW_NUMBER() OVER (PARTITION BY experiment_id ORDER BY speedup DESC, sweep_value) AS rank
-    FROM speed WHERE speedup IS NOT NULL),
+    FROM speed),
+ties AS (
+    SELECT best.experiment_id, COUNT(*) AS n_tied FROM best
+    JOIN speed o ON o.experiment_id = best.experiment_id AND o.sweep_value <> best.sweep_value
+    WHERE best.rank = 1 AND o.speedup_ci_lo <= best.speedup_ci_hi AND o.speedup_ci_hi >= best.speedup_ci_lo
+    GROUP BY best.experiment_id),
+warned AS (
+    SELECT experiment_id, COUNT(*) AS n_warnings FROM runs WHERE timing_warning IS NOT NULL GROUP BY experiment_id),
 listed AS (
     SELECT e.id AS experiment_id, e.name, e.created, e.target, e.draft, e.prompts, e.sweep_variable, e.sweep_values,
            CASE WHEN st.n_running > 0 THEN 'running' WHEN st.n_queued > 0 THEN 'queued'
@@ -148,16 +166,20 @@ listed AS (
                 WHEN st.n_cancelled > 0 THEN 'cancelled' ELSE 'done' END AS status,
            CAST(COALESCE(st.progress, 0) AS DOUBLE PRECISION) AS progress,
            best.sweep_value AS best_value, best.speedup AS best_speedup, best.alpha AS alpha,
-           e.tags, e.notes
+           e.tags, e.notes, best.speedup_ci_lo AS best_ci_lo, best.speedup_ci_hi AS best_ci_hi,
+           COALESCE(ties.n_tied, 0) AS n_tied, COALESCE(warned.n_warnings, 0) AS timing_warnings, e.repeats
     FROM experiments e
     LEFT JOIN stats st ON st.experiment_id = e.id
     LEFT JOIN best ON best.experiment_id = e.id AND best.rank = 1
+    LEFT JOIN ties ON ties.experiment_id = e.id
+    LEFT JOIN warned ON warned.experiment_id = e.id
     WHERE {experiment_filter})
 SELECT * FROM listed WHERE {status_filter} ORDER BY experiment_id DESC
 """
 
 EXPERIMENT_COLUMNS = ["experiment_id", "name", "created", "target", "draft", "prompts", "sweep_variable",
-                      "sweep_values", "status", "progress", "best_value", "best_speedup", "alpha", "tags", "notes"]
+                      "sweep_values", "status", "progress", "best_value", "best_speedup", "alpha", "tags", "notes",
+                      "best_ci_lo", "best_ci_hi", "n_tied", "timing_warnings", "repeats"]
 
 
 def experiments(store: Store, tag: str | None = None, model: str | None = None, status: str | None = None) -> pd.DataFrame:
@@ -191,7 +213,70 @@ def experiment(store: Store, experiment_id: int) -> dict | None:
     d["tag_list"] = [t for t in d["tags"].split(",") if t]
     d["sampling"] = {key: d[key] for key in ("temperature", "top_k", "top_p", "seed", "max_new_tokens")}
     d["prompt_count"] = prompt_count or None  # known once the first run has loaded the prompt set
+    d["predicted_curve"] = json.loads(d["predicted_curve"]) if d.get("predicted_curve") else None
     return d
+
+
+def round_costs(store: Store, run_id: int) -> dict:
+    """A run's committed totals: rounds, wall, draft and verify seconds (the inputs of the cost model)."""
+    sql = """SELECT COALESCE(SUM(rounds), 0) AS rounds, COALESCE(SUM(wall_seconds), 0) AS wall_seconds,
+                    COALESCE(SUM(draft_seconds), 0) AS draft_seconds, COALESCE(SUM(verify_seconds), 0) AS verify_seconds
+             FROM prompt_results WHERE run_id = :rid"""
+    with store.read() as conn:
+        row = conn.execute(text(sql), {"rid": run_id}).mappings().one()
+    return {key: float(value) for key, value in row.items()}
+
+
+def timings(store: Store, run_id: int) -> pd.DataFrame:
+    """Every timed decode of a run: prompt_index, repeat, slot (place in the prompt's interleaved order),
+    new_tokens, wall_seconds, draft_seconds, verify_seconds, decode_seconds, decode_steps."""
+    sql = """SELECT prompt_index, repeat, slot, new_tokens, wall_seconds, draft_seconds, verify_seconds,
+                    decode_seconds, decode_steps FROM timings WHERE run_id = :rid ORDER BY prompt_index, repeat"""
+    with store.read() as conn:
+        return _frame(conn, sql, {"rid": run_id})
+
+
+def verdict(store: Store, experiment_id: int) -> dict:
+    """The experiment's choice in words: the best finished configuration by measured speedup (runs with a
+    timing warning are never crowned), those statistically tied with it (overlapping 95 % intervals), and
+    whether the spread is too wide to choose. Keys: best (sweep value or None), speedup, speedup_ci,
+    tied_with (list), too_wide (bool), text."""
+    from .stats import TOO_WIDE, tied_with
+
+    exp = experiment(store, experiment_id) or {}
+    variable = exp.get("sweep_variable", "k")
+    df = runs(store, experiment_id)
+    spec = df[df["kind"] == "speculative"]
+    done = spec[(spec["status"] == "done") & spec["speedup"].notna() & spec["timing_warning"].isna()
+                & spec["speedup_ci_lo"].notna()]
+    pending = int((spec["status"].isin(["queued", "running"])).sum())
+    if done.empty:
+        text_ = "no finished run to choose from yet" if pending else "no run finished with a usable speedup"
+        return {"best": None, "speedup": None, "speedup_ci": None, "tied_with": [], "too_wide": False, "text": text_}
+    top = done.sort_values(["speedup", "sweep_value"], ascending=[False, True]).iloc[0]
+    value = lambda v: int(v) if variable in ("k", "top_k") else float(v)  # noqa: E731
+    others = {value(r.sweep_value): (r.speedup_ci_lo, r.speedup_ci_hi) for r in done.itertuples()
+              if r.run_id != top.run_id}
+    ties = sorted(tied_with((top.speedup_ci_lo, top.speedup_ci_hi), others))
+    best = value(top.sweep_value)
+    interval = f"{top.speedup:.2f}× ({top.speedup_ci_lo:.2f}–{top.speedup_ci_hi:.2f})"
+    text_ = f"best {variable} {best:g} at {interval}"
+    if ties:
+        text_ += f", tied with {_words([f'{t:g}' for t in ties])}"
+    too_wide = top.speedup_ci_hi / top.speedup_ci_lo > TOO_WIDE if top.speedup_ci_lo > 0 else True
+    if too_wide:
+        text_ += (f"; the interval is too wide to choose by (more than {100 * (TOO_WIDE - 1):.0f} % from end to end): "
+                  f"rerun with more --repeats or more prompts")
+    elif ties and len(ties) == len(others):
+        text_ += "; no configuration is measurably better than the others"
+    if pending:
+        text_ += f" ({pending} run(s) still to finish)"
+    return {"best": best, "speedup": float(top.speedup), "speedup_ci": [float(top.speedup_ci_lo), float(top.speedup_ci_hi)],
+            "tied_with": ties, "too_wide": bool(too_wide), "text": text_}
+
+
+def _words(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def acceptance_by_position(store: Store, run_id: int) -> pd.DataFrame:

@@ -13,7 +13,8 @@ from typing import Iterable, Sequence
 from sqlalchemy import insert, select, text
 
 from .schema import (BASELINE, CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING, SPECULATIVE, Experiment,
-                     Run, experiment_prompts, experiments, runs, utcnow)
+                     Run, experiment_prompts, experiments, runs, utcnow,
+                     verify_profile)
 from .store import Store
 
 SWEEPABLE = ("k", "temperature", "top_k", "top_p")
@@ -35,11 +36,20 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                        device: str = "auto", dtype: str = "auto", sweep_variable: str = "k",
                        sweep_values: Sequence[float] = (1, 2, 4), k: int = 4, notes: str = "",
                        tags: Iterable[str] | str = (), prompt_texts: Sequence[str] | None = None,
-                       trust_remote_code: bool = False, reserved_for: str | None = None) -> int:
+                       trust_remote_code: bool = False, reserved_for: str | None = None, repeats: int = 1,
+                       k_auto: int | None = None) -> int:
     """Create an experiment with its target-only baseline(s) and one speculative run per sweep value, all
     queued; return the experiment id. A k sweep shares one baseline; a sampling sweep gets one per value
     (speedup compares equal sampling configs). prompt_texts freezes the prompts now (else the worker loads
-    the `prompts` spec when the first run starts). reserved_for: only that worker may claim the runs."""
+    the `prompts` spec when the first run starts). reserved_for: only that worker may claim the runs.
+    repeats: timed decodes per prompt and arm (medians used). k_auto: "predict, then confirm" up to that k —
+    only the baseline and k = k_auto are queued; the worker predicts the curve and queues the best k values."""
+    if int(repeats) < 1:
+        raise QueueError(f"repeats must be >= 1 (got {repeats}); use e.g. --repeats 3")
+    if k_auto is not None:
+        if int(k_auto) < 2:
+            raise QueueError(f"--k auto needs a largest k of at least 2 (got {k_auto}); use e.g. --k auto or auto:8")
+        sweep_variable, sweep_values, k = "k", [int(k_auto)], int(k_auto)
     if sweep_variable not in SWEEPABLE:
         raise QueueError(f"cannot sweep {sweep_variable!r}; sweep one of {', '.join(SWEEPABLE)}")
     values = list(sweep_values)
@@ -57,7 +67,8 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     with store.session() as s:
         exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, draft=draft,
                          prompts=prompts, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                         k=int(k), sweep_variable=sweep_variable, sweep_values=json.dumps(values), **config)
+                         k=int(k), sweep_variable=sweep_variable, sweep_values=json.dumps(values), repeats=int(repeats),
+                         k_auto=int(k_auto) if k_auto is not None else None, **config)
         s.add(exp)
         s.flush()
         common = {"experiment_id": exp.id, "status": QUEUED, "reserved_for": reserved_for}
@@ -79,6 +90,33 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
             s.execute(insert(experiment_prompts), [{"experiment_id": exp.id, "prompt_index": i, "prompt": p}
                                                    for i, p in enumerate(prompt_texts)])
         return exp.id
+
+
+def add_k_runs(store: Store, experiment_id: int, ks: Sequence[int]) -> list[int]:
+    """Queue a new timed pass of an experiment: a fresh baseline and one speculative run per k, paired with
+    it (the confirmation step of `--k auto`); reserved like the experiment's first runs. Returns run ids."""
+    exp = get_experiment(store, experiment_id)
+    with store.read() as conn:
+        reserved = conn.execute(text("SELECT reserved_for FROM runs WHERE experiment_id = :eid ORDER BY id LIMIT 1"),
+                                {"eid": experiment_id}).scalar()
+    config = {key: exp[key] for key in SAMPLING_KEYS}
+    common = {"experiment_id": experiment_id, "status": QUEUED, "reserved_for": reserved}
+    with store.session() as s:
+        baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
+        s.add(baseline)
+        s.flush()
+        added = [Run(kind=SPECULATIVE, k=int(k), sweep_value=int(k), baseline_run_id=baseline.id, **common, **config)
+                 for k in ks]
+        s.add_all(added)
+        s.flush()
+        return [baseline.id] + [r.id for r in added]
+
+
+def set_predicted_curve(store: Store, experiment_id: int, curve: dict, confirmed: Sequence[int]) -> None:
+    with store.write() as conn:
+        conn.execute(text("UPDATE experiments SET predicted_curve = :c WHERE id = :eid"),
+                     {"c": json.dumps({"curve": {str(k): v for k, v in curve.items()}, "confirmed": list(confirmed)}),
+                      "eid": experiment_id})
 
 
 def store_prompts(store: Store, experiment_id: int, prompts: Sequence[str]) -> list[str]:
@@ -165,17 +203,42 @@ def register_worker(store: Store, worker_id: str, host: str = "", pid: int = 0) 
 def unregister_worker(store: Store, worker_id: str) -> None:
     with store.write() as conn:
         conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})
+        conn.execute(text("DELETE FROM device_leases WHERE worker_id = :w"), {"w": worker_id})
 
 
-def heartbeat(store: Store, worker_id: str, run_id: int | None) -> None:
-    """The worker is alive (and so is the run it executes)."""
+def heartbeat(store: Store, worker_id: str, run_id: int | None, group: Sequence[int] = ()) -> None:
+    """The worker is alive (and so are the runs it executes: run_id and the group timed with it)."""
     now = utcnow()
+    ids = sorted({int(i) for i in group} | ({int(run_id)} if run_id is not None else set()))
     with store.write() as conn:
         conn.execute(text("UPDATE workers SET heartbeat = :now, run_id = :rid WHERE id = :w"),
                      {"now": now, "rid": run_id, "w": worker_id})
-        if run_id is not None:
-            conn.execute(text("UPDATE runs SET heartbeat = :now WHERE id = :rid AND status = :running"),
-                         {"now": now, "rid": run_id, "running": RUNNING})
+        conn.execute(text("UPDATE device_leases SET heartbeat = :now WHERE worker_id = :w"), {"now": now, "w": worker_id})
+        if ids:
+            conn.execute(text(f"UPDATE runs SET heartbeat = :now WHERE id IN ({','.join(map(str, ids))}) "
+                              "AND status = :running"), {"now": now, "running": RUNNING})
+
+
+def cancel_requested(store: Store, run_ids: Sequence[int]) -> set[int]:
+    """Which of these runs have a cancel request pending."""
+    if not run_ids:
+        return set()
+    with store.read() as conn:
+        return set(conn.execute(text(f"SELECT id FROM runs WHERE id IN ({','.join(str(int(i)) for i in run_ids)}) "
+                                     "AND cancel_requested = :yes"), {"yes": True}).scalars().all())
+
+
+def store_verify_profile(store: Store, experiment_id: int, profile: dict[int, float]) -> None:
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM verify_profile WHERE experiment_id = :eid"), {"eid": experiment_id})
+        conn.execute(insert(verify_profile), [{"experiment_id": experiment_id, "n": int(n), "seconds": float(t)}
+                                              for n, t in sorted(profile.items())])
+
+
+def load_verify_profile(store: Store, experiment_id: int) -> dict[int, float]:
+    with store.read() as conn:
+        return {int(n): float(t) for n, t in conn.execute(
+            text("SELECT n, seconds FROM verify_profile WHERE experiment_id = :eid ORDER BY n"), {"eid": experiment_id})}
 
 
 def live_workers(store: Store, max_age_seconds: float = 30) -> int:
@@ -201,6 +264,7 @@ def mark_stale(store: Store, stale_seconds: float) -> list[int]:
                 "error = 'its worker stopped (no heartbeat); resume the run to continue from its first unfinished prompt' "
                 f"WHERE id IN ({','.join(str(int(i)) for i in stale)})"), params)
         conn.execute(text("DELETE FROM workers WHERE heartbeat < :cutoff"), params)
+        conn.execute(text("DELETE FROM device_leases WHERE heartbeat < :cutoff"), params)
     return list(stale)
 
 
@@ -233,6 +297,70 @@ def claim_next(store: Store, worker_id: str, experiment_id: int | None = None, p
             if claim(store, run_id, worker_id):
                 return run_id
     return None
+
+
+def next_experiment(store: Store, worker_id: str, experiment_id: int | None = None,
+                    prefer_experiment: int | None = None) -> int | None:
+    """The experiment whose queued runs this worker should time next (see claim_next for the order)."""
+    only = "AND runs.experiment_id = :eid" if experiment_id is not None else ""
+    sql = text(f"""SELECT runs.experiment_id FROM runs
+        WHERE runs.status = 'queued' AND (runs.reserved_for IS NULL OR runs.reserved_for = :worker) {only}
+          AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.experiment_id = runs.experiment_id AND o.status = 'running')
+        ORDER BY CASE WHEN runs.experiment_id = :prefer THEN 0 ELSE 1 END, runs.experiment_id LIMIT 1""")
+    with store.read() as conn:
+        return conn.execute(sql, {"worker": worker_id, "eid": experiment_id,
+                                  "prefer": prefer_experiment if prefer_experiment is not None else -1}).scalar()
+
+
+def claim_group(store: Store, experiment_id: int, worker_id: str) -> list[int]:
+    """Atomically move every queued run of an experiment that this worker may take to running: they are
+    timed together, prompt-major (timing protocol v2). Empty if another worker is running the experiment."""
+    now = utcnow()
+    with store.write() as conn:
+        if store.dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CLAIM_LOCK})
+        busy = conn.execute(text("SELECT COUNT(*) FROM runs WHERE experiment_id = :eid AND status = 'running'"),
+                            {"eid": experiment_id}).scalar()
+        if busy:
+            return []
+        ids = conn.execute(text("SELECT id FROM runs WHERE experiment_id = :eid AND status = 'queued' "
+                                "AND (reserved_for IS NULL OR reserved_for = :worker) ORDER BY id"),
+                           {"eid": experiment_id, "worker": worker_id}).scalars().all()
+        if ids:
+            conn.execute(text(
+                "UPDATE runs SET status = 'running', worker_id = :worker, started = COALESCE(started, :now), "
+                "heartbeat = :now, finished = NULL, error = NULL, error_detail = NULL, cancel_requested = :no "
+                f"WHERE id IN ({','.join(str(int(i)) for i in ids)})"), {"worker": worker_id, "now": now, "no": False})
+    return list(ids)
+
+
+def acquire_lease(store: Store, device: str, worker_id: str, experiment_id: int | None,
+                  stale_seconds: float) -> str | None:
+    """Take the device's timing lease (one timed job per device). None when this worker holds it now, else
+    the id of the live worker holding it. A lease whose holder stopped heartbeating is taken over."""
+    now = utcnow()
+    cutoff = now - timedelta(seconds=stale_seconds)
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM device_leases WHERE device = :d AND (heartbeat < :cutoff "
+                          "OR worker_id NOT IN (SELECT id FROM workers))"), {"d": device, "cutoff": cutoff})
+        holder = conn.execute(text("SELECT worker_id FROM device_leases WHERE device = :d"), {"d": device}).scalar()
+        if holder is not None and holder != worker_id:
+            conn.execute(text("UPDATE workers SET waiting_for = :d WHERE id = :w"), {"d": device, "w": worker_id})
+            return holder
+        if holder is None:
+            conn.execute(text("INSERT INTO device_leases (device, worker_id, experiment_id, acquired, heartbeat) "
+                              "VALUES (:d, :w, :eid, :now, :now)"),
+                         {"d": device, "w": worker_id, "eid": experiment_id, "now": now})
+        else:
+            conn.execute(text("UPDATE device_leases SET experiment_id = :eid, heartbeat = :now WHERE device = :d"),
+                         {"d": device, "eid": experiment_id, "now": now})
+        conn.execute(text("UPDATE workers SET waiting_for = NULL WHERE id = :w"), {"w": worker_id})
+    return None
+
+
+def release_lease(store: Store, device: str, worker_id: str) -> None:
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM device_leases WHERE device = :d AND worker_id = :w"), {"d": device, "w": worker_id})
 
 
 def claim(store: Store, run_id: int, worker_id: str) -> bool:

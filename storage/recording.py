@@ -14,7 +14,10 @@ from sqlalchemy import Connection, insert, text
 
 from engine.records import PromptResult
 
-from .schema import BASELINE, FIRST, TARGET, draft_tokens, output_tokens, prompt_results, rounds, utcnow
+from engine.theory import expected_round_length, refined_speedup
+
+from . import stats
+from .schema import BASELINE, FIRST, TARGET, draft_tokens, output_tokens, prompt_results, rounds, timings, utcnow
 
 F = "DOUBLE PRECISION"
 
@@ -96,8 +99,11 @@ WHERE runs.id = :run_id
 """
 
 
-def record_prompt(conn: Connection, run_id: int, kind: str, result: PromptResult, output_texts: list[str]) -> None:
-    """Store one prompt's result in the caller's transaction; output_texts[i] is output token i's text."""
+def record_prompt(conn: Connection, run_id: int, kind: str, result: PromptResult, output_texts: list[str],
+                  repeats: list[PromptResult] | None = None, slots: list[int] | None = None) -> None:
+    """Store one prompt's result in the caller's transaction; output_texts[i] is output token i's text.
+    `repeats` are every timed decode of the prompt (result is one of them: the median repeat) and `slots`
+    their places in the prompt's interleaved order; each becomes a `timings` row."""
     round_rows, token_rows = [], []
     for r in result.rounds:
         round_rows.append({"run_id": run_id, "prompt_index": result.prompt_index, "round_index": r.round_index,
@@ -110,6 +116,12 @@ def record_prompt(conn: Connection, run_id: int, kind: str, result: PromptResult
                                "token_type": t.token_type, "p_draft": float(t.p_draft), "p_target": float(t.p_target),
                                "beta": float(t.beta), "kl": _finite_or_none(t.kl), "outcome": t.outcome})
     insert_rows(conn, round_rows, token_rows, _output_rows(run_id, kind, result, output_texts))
+    timed = repeats or [result]
+    bulk_insert(conn, timings, [
+        {"run_id": run_id, "prompt_index": result.prompt_index, "repeat": i, "slot": (slots or [0] * len(timed))[i],
+         "new_tokens": r.new_tokens, "wall_seconds": r.wall_seconds,
+         "draft_seconds": sum(x.draft_seconds for x in r.rounds), "verify_seconds": sum(x.verify_seconds for x in r.rounds),
+         "decode_seconds": r.decode_seconds, "decode_steps": r.decode_steps} for i, r in enumerate(timed)])
     conn.execute(text(_PROMPT_ROLLUP), {
         "run_id": run_id, "prompt_index": result.prompt_index, "prompt": result.prompt,
         "output_ids": encode_ids(result.output_ids), "text": result.text, "new_tokens": result.new_tokens,
@@ -140,13 +152,61 @@ def bulk_insert(conn: Connection, table, rows: list[dict]) -> None:
 
 
 def refresh_run(conn: Connection, run_id: int) -> None:
-    """Recompute a run's aggregate columns from its committed prompt rows."""
+    """Recompute a run's aggregate columns from its committed prompt rows (and, for a speculative run, its
+    paired figures; for a baseline, those of the runs paired with it)."""
     conn.execute(text(_RUN_ROLLUP), {"run_id": run_id})
+    paired = conn.execute(text("SELECT id FROM runs WHERE id = :rid AND baseline_run_id IS NOT NULL "
+                               "UNION SELECT id FROM runs WHERE baseline_run_id = :rid"), {"rid": run_id}).scalars().all()
+    for rid in paired:
+        refresh_paired(conn, rid)
+
+
+_PAIRS = """SELECT bp.new_tokens, bp.wall_seconds, p.new_tokens, p.wall_seconds
+FROM prompt_results p JOIN runs r ON r.id = p.run_id
+JOIN prompt_results bp ON bp.run_id = r.baseline_run_id AND bp.prompt_index = p.prompt_index
+WHERE p.run_id = :rid ORDER BY p.prompt_index"""
+
+_COSTS = f"""SELECT r.rounds, r.tokens_per_round, b.target_step_seconds,
+       (SELECT SUM(draft_seconds) FROM prompt_results WHERE run_id = r.id),
+       (SELECT SUM(verify_seconds) FROM prompt_results WHERE run_id = r.id)
+FROM runs r JOIN runs b ON b.id = r.baseline_run_id WHERE r.id = :rid"""
+
+_POSITIONS = f"""SELECT position, CAST(SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END) AS {F})
+    / NULLIF(SUM(CASE WHEN outcome <> 'discarded' THEN 1 ELSE 0 END), 0)
+FROM draft_tokens WHERE run_id = :rid GROUP BY position ORDER BY position"""
+
+
+def refresh_paired(conn: Connection, run_id: int) -> None:
+    """A speculative run's figures against its baseline (timing protocol v2): `speedup` and its 95 % paired
+    bootstrap interval over the prompts both finished, `verify_cost` (a verify forward in target steps),
+    `predicted_speedup_refined` from its own round times, and `timing_warning` when the measured speedup is
+    physically impossible (above tokens per round)."""
+    pairs = conn.execute(text(_PAIRS), {"rid": run_id}).all()
+    columns = list(zip(*pairs)) if pairs else [[], [], [], []]
+    speedup = stats.paired_speedup(*columns)
+    interval = stats.paired_bootstrap_ci(*columns, seed=run_id) if speedup is not None else None
+    rounds_, tokens_per_round, t_target, draft_s, verify_s = conn.execute(text(_COSTS), {"rid": run_id}).one()
+    verify_cost = refined = None
+    if rounds_ and t_target:
+        verify_cost = (verify_s or 0.0) / rounds_ / t_target
+        per_position = [float(v) if v is not None else 0.0
+                        for _, v in conn.execute(text(_POSITIONS), {"rid": run_id}).all()]
+        refined = refined_speedup(expected_round_length(per_position), t_target,
+                                  (draft_s or 0.0) / rounds_, (verify_s or 0.0) / rounds_)
+    warning = None
+    if speedup is not None and tokens_per_round and speedup > tokens_per_round:
+        warning = (f"measured speedup {speedup:.2f}x exceeds its {tokens_per_round:.2f} tokens per round, which no "
+                   f"real speedup can (every round costs a target forward): the timing drifted; rerun with more "
+                   f"--repeats or on a quieter machine")
+    conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, verify_cost = :vc, "
+                      "predicted_speedup_refined = :ref, timing_warning = :w WHERE id = :rid"),
+                 {"s": speedup, "lo": interval[0] if interval else None, "hi": interval[1] if interval else None,
+                  "vc": verify_cost, "ref": refined, "w": warning, "rid": run_id})
 
 
 def clear_from(conn: Connection, run_id: int, prompt_index: int) -> None:
     """Delete a run's rows for prompts >= prompt_index (none exist when prompts commit atomically;
     this keeps a resume duplicate-free even so)."""
-    for table in (draft_tokens, rounds, output_tokens, prompt_results):
+    for table in (draft_tokens, rounds, output_tokens, timings, prompt_results):
         conn.execute(table.delete().where(table.c.run_id == run_id, table.c.prompt_index >= prompt_index))
     refresh_run(conn, run_id)

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Run kinds and statuses.
 BASELINE, SPECULATIVE = "baseline", "speculative"
@@ -62,6 +62,11 @@ class Experiment(Base):
     k: Mapped[int] = mapped_column(Integer, default=4)  # k of every run when the sweep is over something else
     sweep_variable: Mapped[str] = mapped_column(String(40), default="k")
     sweep_values: Mapped[str] = mapped_column(Text, default="[]")  # JSON list
+    # Timing protocol v2: every prompt is decoded `repeats` times per arm, medians used.
+    repeats: Mapped[int] = mapped_column(Integer, default=1)
+    # `--k auto`: the largest k to try; the predicted speedup-vs-k curve (JSON {"k": speedup}) once made.
+    k_auto: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    predicted_curve: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ExperimentPrompt(Base):
@@ -81,6 +86,7 @@ class Worker(Base):
     started: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     heartbeat: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
     run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the run it is executing
+    waiting_for: Mapped[str | None] = mapped_column(String(200), nullable=True)  # a device lease it waits for
 
 
 class Run(Base):
@@ -129,6 +135,13 @@ class Run(Base):
     kl: Mapped[float | None] = mapped_column(Double, nullable=True)
     draft_step_seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
     max_k: Mapped[int] = mapped_column(Integer, default=0)  # largest k_r seen (the k of predicted_speedup)
+    # Timing protocol v2 (paired with the baseline over the prompts both finished; refreshed per prompt).
+    speedup: Mapped[float | None] = mapped_column(Double, nullable=True)
+    speedup_ci_lo: Mapped[float | None] = mapped_column(Double, nullable=True)
+    speedup_ci_hi: Mapped[float | None] = mapped_column(Double, nullable=True)
+    verify_cost: Mapped[float | None] = mapped_column(Double, nullable=True)
+    predicted_speedup_refined: Mapped[float | None] = mapped_column(Double, nullable=True)
+    timing_warning: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (
         Index("ix_runs_experiment", "experiment_id", "kind"),
@@ -164,6 +177,44 @@ class PromptResult(Base):
     beta_sum: Mapped[float] = mapped_column(Double, default=0.0)
     kl_sum: Mapped[float] = mapped_column(Double, default=0.0)
     kl_count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Timing(Base):
+    """Every timed decode of a prompt: one row per (run, prompt, repeat). `prompt_results` keeps the median
+    repeat; these keep the spread."""
+
+    __tablename__ = "timings"
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    repeat: Mapped[int] = mapped_column(Integer, primary_key=True)
+    slot: Mapped[int] = mapped_column(Integer)  # position of this decode in its prompt's rotated order
+    new_tokens: Mapped[int] = mapped_column(Integer)
+    wall_seconds: Mapped[float] = mapped_column(Double)
+    draft_seconds: Mapped[float] = mapped_column(Double, default=0.0)
+    verify_seconds: Mapped[float] = mapped_column(Double, default=0.0)
+    decode_seconds: Mapped[float] = mapped_column(Double, default=0.0)
+    decode_steps: Mapped[int] = mapped_column(Integer, default=0)
+    __table_args__ = (_CLUSTERED,)
+
+
+class DeviceLease(Base):
+    """One timed job per device: a worker holds its device's lease while it times an experiment."""
+
+    __tablename__ = "device_leases"
+    device: Mapped[str] = mapped_column(String(200), primary_key=True)  # host:cpu, host:cuda:0
+    worker_id: Mapped[str] = mapped_column(String(80))
+    experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    acquired: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    heartbeat: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class VerifyProfile(Base):
+    """t_verify(n): one target forward over n new tokens, measured once per experiment (`--k auto`)."""
+
+    __tablename__ = "verify_profile"
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seconds: Mapped[float] = mapped_column(Double)
 
 
 class RoundRow(Base):
@@ -227,3 +278,6 @@ prompt_results = PromptResult.__table__
 rounds = RoundRow.__table__
 output_tokens = OutputToken.__table__
 draft_tokens = DraftTokenRow.__table__
+timings = Timing.__table__
+device_leases = DeviceLease.__table__
+verify_profile = VerifyProfile.__table__

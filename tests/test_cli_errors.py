@@ -104,12 +104,13 @@ def test_json_document_follows_the_spec(run_cli):
     code, out, err = run_cli("--k", "1,3", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert set(doc) == {"experiment_id", "baseline", "runs"}
+    assert set(doc) == {"experiment_id", "baseline", "runs", "repeats", "verdict", "best", "tied_with"}
     assert {"run_id", "new_tokens", "wall_seconds", "tokens_per_second", "target_step_seconds", "outputs"} <= set(doc["baseline"])
     spec_keys = {"run_id", "k", "new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted",
                  "rejected", "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha",
                  "per_position_acceptance", "acceptance_by_type", "draft_step_seconds", "c", "predicted_speedup",
-                 "speedup", "outputs_match_baseline", "outputs"}
+                 "speedup", "outputs_match_baseline", "outputs", "speedup_ci", "timing_warning", "verify_cost",
+                 "predicted_speedup_refined", "sweep_variable", "sweep_value"}
     assert [r["k"] for r in doc["runs"]] == [1, 3]
     for r in doc["runs"]:
         assert spec_keys <= set(r)

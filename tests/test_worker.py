@@ -34,10 +34,12 @@ class RecordingWorker(Worker):
         kwargs.setdefault("log", lambda message: None)
         super().__init__(*args, **kwargs)
         self.results: dict[int, list] = {}
+        self.repeats: dict[int, list] = {}
 
-    def _record(self, run, result, typer):
+    def _record(self, conn, run, result, repeats, slots, typer):
         self.results.setdefault(run["id"], []).append(result)
-        super()._record(run, result, typer)
+        self.repeats.setdefault(run["id"], []).append((repeats, slots))
+        super()._record(conn, run, result, repeats, slots, typer)
 
 
 def enqueue(store, models, ks=(1, 3), prompts=PROMPTS, max_new_tokens=16, temperature=0.0, **kw):
@@ -91,14 +93,17 @@ def test_failures_are_recorded_and_the_queue_goes_on(tmp_path, model_dirs, monke
     good = enqueue(store, model_dirs, ks=(2,), prompts=PROMPTS[:2], name="good")
 
     import app.worker as worker_module
-    real_run_prompts = worker_module.run_prompts
+    real_speculative_decoder = worker_module.speculative_decoder
 
-    def run_prompts(decoder, *args, **kwargs):
-        if getattr(getattr(decoder, "drafter", None), "k", None) == 1:
-            raise __import__("torch").cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real_run_prompts(decoder, *args, **kwargs)
+    def speculative_decoder(pair, cfg, k, typer=None):
+        decoder = real_speculative_decoder(pair, cfg, k, typer)
+        if k == 1:
+            def out_of_memory(*args, **kwargs):
+                raise __import__("torch").cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            decoder.generate = out_of_memory
+        return decoder
 
-    monkeypatch.setattr(worker_module, "run_prompts", run_prompts)
+    monkeypatch.setattr(worker_module, "speculative_decoder", speculative_decoder)
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
 
@@ -123,7 +128,7 @@ def test_cancel_stops_between_rounds_and_resume_finishes_without_duplicates(tmp_
     ids = kinds(store, eid)
     rid = ids[("speculative", 2)]
 
-    def cancel_during_prompt_2(run, prompt_index, tokens):
+    def cancel_during_prompt_2(run, prompt_index, tokens, repeat):
         if run["id"] == rid and prompt_index == 2:
             queue.cancel_run(store, rid)
 
@@ -168,12 +173,14 @@ def test_sigkill_mid_run_keeps_rows_and_resume_completes(db_url, model_dirs, wai
 
     time.sleep(1.0)  # let its heartbeat go stale
     worker = RecordingWorker(store, stale_seconds=0.8)
-    assert worker.start() == [rid]
+    base = kinds(store, eid)[("baseline", None)]
+    assert sorted(worker.start()) == [base, rid]  # the baseline is timed alongside, prompt by prompt
     try:
         run = queue.get_run(store, rid)
         assert run["status"] == "interrupted"
+        assert queue.get_run(store, base)["prompts_done"] == run["prompts_done"]  # one transaction per prompt
         assert q.per_prompt(store, rid)["wall_seconds"].tolist()[: len(kept)] == kept["wall_seconds"].tolist()
-        assert queue.resume_run(store, rid)
+        assert queue.resume_experiment(store, eid) == 2
         worker.work(until_idle=True)
     finally:
         worker.stop()
@@ -219,7 +226,8 @@ def test_cli_run_persists_and_its_json_is_the_stored_figures(tmp_path, model_dir
     listing = capsys.readouterr().out
     assert f"experiment {eid}" in listing and "k=2" in listing
     assert main(["export", str(eid), "--format", "csv", "--out", str(tmp_path / "out"), "--db", db]) == 0
-    runs_csv, tokens_csv = capsys.readouterr().out.split()
+    runs_csv, tokens_csv, timings_csv = capsys.readouterr().out.split()
+    assert sum(1 for _ in open(timings_csv)) - 1 == 3 * 2 * 3  # 3 runs x 2 prompts x 3 repeats (the default)
     assert Path(runs_csv).read_text().startswith("run_id,kind,k,")
     assert sum(1 for _ in open(tokens_csv)) - 1 == int(runs["proposed"].sum())
     assert main(["export", str(eid), "--format", "json", "--db", db]) == 0
@@ -257,7 +265,7 @@ def test_sigterm_marks_the_run_interrupted_and_cli_resume_requeues_it(tmp_path, 
     assert run["status"] == "interrupted" and run["prompts_done"] >= 1  # at once, no stale heartbeat needed
     assert queue.live_workers(store) == 0
     assert main(["resume", str(eid), "--db", db]) == 0
-    assert "requeued 1 run" in capsys.readouterr().out
+    assert "requeued 2 run" in capsys.readouterr().out  # the baseline was timed alongside it
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
     assert q.run_summary(store, rid)["status"].iloc[0] == "done"

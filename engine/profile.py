@@ -1,0 +1,62 @@
+"""The target's verify-cost profile: t_verify(n), one forward over n new tokens on top of a cached prompt.
+
+A verify pass feeds k+1 tokens; on a GPU that costs about one single-token step, on a CPU (or a large batch)
+it grows with n. `--k auto` measures the profile once per experiment and predicts the whole speedup-vs-k curve
+from it and one run at the largest k (engine.theory.predicted_curve).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .cached_model import CachedModel
+from .sampling import SamplingConfig, probabilities
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+@torch.inference_mode()
+def verify_profile(model, vocab_size: int, prompt_ids: torch.Tensor, n_max: int, cfg: SamplingConfig | None = None,
+                   repeats: int = 9) -> dict[int, float]:
+    """Seconds of one verify step over n = 1..n_max new tokens after prompt_ids [1, L]: the target forward,
+    the processed distributions of its n rows and one host sync, as the loop does it. Interleaved over n and
+    repeated; the per-n medians are made non-decreasing in n (isotonic), since feeding more tokens never
+    costs less and a noisy machine otherwise bends the predicted curve."""
+    cfg = cfg or SamplingConfig()
+    lm = CachedModel(model, vocab_size)
+    lm.reset()
+    lm.forward(prompt_ids, keep=1)
+    length = lm.length
+    fill = prompt_ids[:, -1:].expand(1, n_max)  # any tokens do: the cost of a forward does not depend on them
+
+    def step(n: int) -> float:
+        start = _clock(lm.device)
+        probabilities(lm.forward(fill[:, :n], keep=n), cfg).sum().item()
+        elapsed = time.perf_counter() - start
+        lm.rollback(length)
+        return elapsed
+
+    step(n_max)  # warm-up at the largest shape
+    times: dict[int, list[float]] = {n: [] for n in range(1, n_max + 1)}
+    for repeat in range(repeats):
+        for n in (range(1, n_max + 1) if repeat % 2 == 0 else range(n_max, 0, -1)):
+            times[n].append(step(n))
+    medians = [statistics.median(times[n]) for n in range(1, n_max + 1)]
+    return dict(zip(range(1, n_max + 1), non_decreasing(medians)))
+
+
+def non_decreasing(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, c2), (m1, c1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(int(c))]
