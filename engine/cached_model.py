@@ -6,6 +6,7 @@ after a rejection the cache is cropped to the accepted prefix.
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 
 import torch
@@ -21,6 +22,7 @@ class CachedModel:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._can_keep = "logits_to_keep" in params
         self.device = next(model.parameters()).device
+        self.max_positions = max_positions(model.config) or sys.maxsize
         self.cache = None
         self.length = 0  # tokens currently held in the cache
 
@@ -53,3 +55,8 @@ class CachedModel:
         if length < self.length:
             self.cache.crop(length - self.length)  # a negative count: remove that many (all 4.x/5.x caches)
             self.length = length
+
+
+def max_positions(config) -> int | None:
+    """The model's context length (position embeddings), None if its config does not say."""
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)

@@ -7,6 +7,7 @@ from typing import Callable, Iterator
 import torch
 
 from .baseline import TargetOnlyDecoder
+from .cached_model import max_positions
 from .drafting import ModelDrafter
 from .errors import DraftLabError
 from .loading import ModelPair
@@ -30,7 +31,7 @@ def eos_ids(pair: ModelPair) -> set[int]:
 
 def encode_prompts(pair: ModelPair, prompts: list[str], max_new_tokens: int) -> list[torch.Tensor]:
     """Token ids [1, n] per prompt on the pair's device; errors name the prompt that cannot run."""
-    limit = min(_max_positions(pair.target.model), _max_positions(pair.draft.model))
+    limit = context_limit(pair)
     encoded = []
     for i, prompt in enumerate(prompts):
         ids = pair.tokenizer(prompt, return_tensors="pt").input_ids
@@ -44,8 +45,20 @@ def encode_prompts(pair: ModelPair, prompts: list[str], max_new_tokens: int) -> 
     return encoded
 
 
-def _max_positions(model) -> int | None:
-    return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+def context_limit(pair: ModelPair) -> int | None:
+    """The smaller of the two models' position limits (None if neither config states one)."""
+    return min(filter(None, (max_positions(pair.target.model.config), max_positions(pair.draft.model.config))),
+               default=None)
+
+
+def check_k(pair: ModelPair, k: int) -> None:
+    """Refuse a k no round can use: even a one-token prompt plus k drafts must fit the models' positions."""
+    if k <= 0:
+        raise DraftLabError(f"k must be a positive integer (got {k}); use e.g. --k 4 or --k 1,2,4,8")
+    limit = context_limit(pair)
+    if limit and k >= limit:
+        raise DraftLabError(f"k {k} cannot fit the models' {limit} positions (a round holds the prompt plus k drafts); "
+                            f"use a k below {limit}, e.g. --k 4 or --k 1,2,4,8")
 
 
 def baseline_decoder(pair: ModelPair, cfg: SamplingConfig) -> TargetOnlyDecoder:
@@ -53,8 +66,7 @@ def baseline_decoder(pair: ModelPair, cfg: SamplingConfig) -> TargetOnlyDecoder:
 
 
 def speculative_decoder(pair: ModelPair, cfg: SamplingConfig, k: int, typer: TokenTyper | None = None) -> SpeculativeDecoder:
-    if k <= 0:
-        raise DraftLabError(f"k must be a positive integer (got {k}); use e.g. --k 4 or --k 1,2,4,8")
+    check_k(pair, k)
     drafter = ModelDrafter(pair.draft.model, pair.vocab_size, k, cfg)
     return SpeculativeDecoder(pair.target.model, drafter, pair.vocab_size, cfg,
                               typer or TokenTyper(pair.tokenizer), eos_ids(pair))

@@ -1,5 +1,6 @@
-"""The speculative decoding loop: draft k tokens, verify them in one target forward, keep the longest
+"""The speculative decoding loop: draft k_r tokens, verify them in one target forward, keep the longest
 acceptable prefix, roll both KV caches back. Lossless: the output is distributed exactly as the target's.
+k_r is the drafter's k capped by what is left (token budget, context positions); k_r = 0 is a plain target step.
 
 Invariant between rounds: the target's cache holds a prefix of the committed tokens (all but the last after
 the first round; empty before it, so the prefill pass verifies the first drafts); the drafter's cache holds a
@@ -69,10 +70,14 @@ class SpeculativeDecoder:
         sequence, output, rounds = prompt_ids, [], []
         while len(output) < limit and not (output and output[-1] in self.eos_ids):
             length = sequence.shape[1]
+            # A round emits up to k_r + 1 tokens and the target scores positions up to length + k_r - 1.
+            cap = max(0, min(limit - len(output) - 1, self.target.max_positions - length))
             t_draft = now()
-            proposal = self.drafter.propose(sequence, g)
+            proposal = self.drafter.propose(sequence, g, cap)
             t_verify = now()
             k = proposal.tokens.shape[0]
+            if k > cap:
+                raise ValueError(f"{type(self.drafter).__name__} proposed {k} tokens; this round allows {cap}")
             fed = torch.cat([sequence[:, self.target.length :], proposal.tokens.view(1, -1)], dim=1)
             target_logits = self.target.forward(fed, keep=k + 1)
             p_target = probabilities(target_logits, cfg)

@@ -13,7 +13,8 @@ from tests import tiny_models as tm
 
 
 class PromptLookupDrafter:
-    """Proposes the k tokens that followed the last earlier occurrence of the current last token."""
+    """Proposes the (up to k) tokens that followed the last earlier occurrence of the current last token; no
+    occurrence, no drafts (the round is one plain target step)."""
 
     def __init__(self, k: int, vocab: int):
         self.k, self.vocab = k, vocab
@@ -21,13 +22,12 @@ class PromptLookupDrafter:
     def start(self, prompt_ids):
         pass
 
-    def propose(self, sequence, generator):
+    def propose(self, sequence, generator, max_tokens):
         seq = sequence[0].tolist()
         last = seq[-1]
         hits = [i for i in range(len(seq) - 1) if seq[i] == last]
-        follow = seq[hits[-1] + 1:][: self.k] if hits else []
-        follow = (follow + [last] * self.k)[: self.k]
-        tokens = torch.tensor(follow)
+        follow = seq[hits[-1] + 1:][: min(self.k, max_tokens)] if hits else []
+        tokens = torch.tensor(follow, dtype=torch.long)
         return Proposal(tokens, torch.nn.functional.one_hot(tokens, self.vocab).float(), None, forwards=0)
 
     def accept(self, sequence_length, num_accepted):
@@ -64,6 +64,7 @@ def test_prompt_lookup_drafter_is_lossless_and_has_no_kl():
     assert [s.output_ids for s in spec] == [b.output_ids for b in base]
     tokens = [t for s in spec for r in s.rounds for t in r.draft_tokens]
     assert tokens and all(math.isnan(t.kl) and t.p_draft == 1.0 for t in tokens)
+    assert any(r.k == 0 for s in spec for r in s.rounds)  # rounds without a match ran without drafts
 
 
 def test_dynamic_k_policy_changes_k_per_round_and_stays_lossless():

@@ -17,15 +17,16 @@ def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos
     full = lambda model, seq: model(seq).logits[0, :, :vocab]  # noqa: E731
     seq, out, rounds = prompt_ids, [], []
     while len(out) < cfg.max_new_tokens and not (out and out[-1] in eos_ids):
-        cur, tokens, probs, raw = seq, [], [], []
-        for _ in range(k):
+        k_r = min(k, cfg.max_new_tokens - len(out) - 1)  # the round's k_r + 1 tokens fit the budget
+        cur, proposal = seq, Proposal.empty(vocab, seq.device)
+        for _ in range(k_r):
             logits = full(draft, cur)[-1]
             p = probabilities(logits, cfg)
             t = sample(p, cfg, g)
-            tokens.append(t), probs.append(p), raw.append(logits)
+            proposal = Proposal(torch.cat([proposal.tokens, t.view(1)]), torch.cat([proposal.probs, p[None]]),
+                                torch.cat([proposal.raw_logits, logits[None]]), k_r)
             cur = torch.cat([cur, t.view(1, 1)], 1)
-        proposal = Proposal(torch.stack(tokens), torch.stack(probs), torch.stack(raw), k)
-        t_logits = full(target, cur)[-(k + 1):]
+        t_logits = full(target, cur)[-(k_r + 1):]
         p_t = probabilities(t_logits, cfg)
         n, nxt = verify(proposal, p_t, cfg, g)
         host = to_host(proposal, p_t, t_logits, n, nxt)
@@ -37,7 +38,7 @@ def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos
         emitted = emitted[: cfg.max_new_tokens - len(out)]
         accepted = min(host["accepted"], len(emitted))  # EOS and budget cuts alike: only emitted drafts count
         outcomes = ["accepted" if i < accepted else "rejected" if i == host["accepted"] < len(emitted) else "discarded"
-                    for i in range(k)]
+                    for i in range(k_r)]
         rounds.append((host["tokens"], accepted, emitted, outcomes, host["p_draft"], host["p_target"], host["beta"],
                        host["kl"]))
         out += emitted
