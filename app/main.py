@@ -12,17 +12,34 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `streamlit run` puts app/ on the path, not the project root
     sys.path.insert(0, str(ROOT))
 
+import logging  # noqa: E402
+
 import streamlit as st  # noqa: E402
 
 from app.pair_check import warm_up  # noqa: E402
 from pages.nav import all_pages  # noqa: E402
+
+log = logging.getLogger("draftlab.dashboard")
+if not logging.getLogger("draftlab").handlers:  # the server's stderr; Streamlit only configures its own loggers
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("draftlab").addHandler(_handler)
+
+UNEXPECTED = ("This page hit an unexpected error. It has been logged on the server; reload the page or pick another "
+              "one, and tell whoever runs this dashboard if it keeps happening.")
 
 
 def run(start: str | None = None) -> None:
     """Route to the page in the URL; `start` picks the default page (tests open a page directly this way)."""
     st.set_page_config(page_title="DraftLab", page_icon=":material/science:", layout="wide")
     warm_up()  # the pair check's transformers import, off the first page view
-    st.navigation(all_pages(start)).run()
+    page = st.navigation(all_pages(start))
+    try:
+        page.run()
+    except Exception:  # noqa: BLE001 - st.rerun/st.stop are BaseExceptions and pass through
+        # The traceback (server paths, SQL, URLs) goes to the server's log only; the browser gets one line.
+        log.exception("page %r failed", getattr(page, "url_path", None) or getattr(page, "title", "?"))
+        st.error(UNEXPECTED, icon=":material/error:")
 
 
 if __name__ == "__main__":

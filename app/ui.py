@@ -22,7 +22,10 @@ def streamlit_command(port: int, host: str) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(ENTRY),
             "--server.address", host, "--server.port", str(port), "--server.headless", "true",
             "--server.fileWatcherType", "none", "--server.runOnSave", "false",
-            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
+            # Uncaught exceptions: a generic message in the browser, details only in this process's log
+            # ("none"; the deprecated False would mean "stacktrace").
+            "--client.showErrorDetails", "none"]
 
 
 def worker_command(db: str) -> list[str]:

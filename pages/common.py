@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import altair as alt
 import pandas as pd
@@ -20,14 +21,19 @@ def store():
     return _open(os.environ.get("DRAFTLAB_DB") or None)
 
 
+_ID = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit() also takes '²' and '①', which int() refuses
+
+
+def parse_id(text) -> int | None:
+    """An id from the URL: 1 to 9 ASCII digits (surrounding spaces allowed), else None."""
+    text = str(text).strip()
+    return int(text) if _ID.fullmatch(text) else None
+
+
 def query_ids(key: str) -> list[int]:
     """Integer ids in the query string, `?key=3` or `?key=3,5`; anything malformed is ignored."""
     raw = st.query_params.get(key, "")
-    ids = []
-    for part in str(raw).split(","):
-        part = part.strip()
-        if part.isdigit():
-            ids.append(int(part))
+    ids = [i for i in (parse_id(part) for part in str(raw).split(",")) if i is not None]
     return list(dict.fromkeys(ids))
 
 

@@ -464,3 +464,62 @@ def test_a_database_password_never_appears_on_a_page(postgres_url, monkeypatch):
         assert secret not in text, page
         if page == "experiments":
             assert "· pw (queued)" in text  # page_text does see what the page shows
+
+
+# --- hostile URLs and unexpected errors ----------------------------------------------------------------------
+
+NOT_ASCII_DIGITS = {"experiment": "²", "run": "①", "experiments": "1,²", "runs": "①,1", "prompt": "٣", "round": "²"}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_unicode_digits_in_the_url_are_ignored_like_any_malformed_id(populated, page):
+    at = app(page, **NOT_ASCII_DIGITS)
+    assert_clean(at)
+    text = page_text(at)
+    assert "Traceback" not in text and "invalid literal" not in text
+
+
+def test_query_ids_accept_ascii_digits_only(empty_db):
+    from pages.common import parse_id
+
+    assert [parse_id(s) for s in ("3", " 12 ", "007", "123456789")] == [3, 12, 7, 123456789]
+    assert [parse_id(s) for s in ("²", "①", "٣", "３", "1²", "-1", "+1", "1.0", "", "1234567890", "1_000")] == [None] * 11
+
+
+def test_an_unexpected_error_is_logged_and_shown_as_one_short_message(populated, monkeypatch, caplog):
+    import logging
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom in /srv/draftlab/secret/path.py")
+
+    monkeypatch.setattr(q, "experiments", broken)
+    with caplog.at_level(logging.ERROR, logger="draftlab"):
+        at = app("experiments")
+    assert not at.exception  # no traceback, no exception message in the browser
+    assert len(at.error) == 1 and "unexpected error" in at.error[0].value
+    text = page_text(at)
+    assert "/srv/draftlab" not in text and "RuntimeError" not in text and "Traceback" not in text
+    logged = [r for r in caplog.records if r.exc_info and "boom in /srv/draftlab" in str(r.exc_info[1])]
+    assert logged, "the exception was not logged on the server"
+
+
+def test_the_dashboard_hides_error_details_from_the_browser():
+    """`draftlab ui` runs Streamlit with client.showErrorDetails=none (not False, which means "stacktrace")."""
+    from streamlit import config
+
+    from app.ui import streamlit_command
+
+    command = streamlit_command(8501, "127.0.0.1")
+    value = command[command.index("--client.showErrorDetails") + 1]
+    assert value == "none" and value in {v.value for v in config.ShowErrorDetailsConfigOptions}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_an_unreachable_database_is_one_message_without_its_password(page, monkeypatch):
+    monkeypatch.setenv("DRAFTLAB_DB", "postgresql://draftlab:s3cret@127.0.0.1:1/draftlab")
+    at = app(page)
+    assert not at.exception
+    text = page_text(at)
+    assert "s3cret" not in text and "Traceback" not in text
+    if page not in ("new", "theory"):  # the new-experiment form opens the database only to launch; theory never
+        assert len(at.error) == 1 and "unexpected error" in at.error[0].value
