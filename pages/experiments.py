@@ -1,4 +1,9 @@
-"""Experiments: every experiment with status, progress, best value and speedup; live while something runs."""
+"""Experiments: every experiment with status, progress, best value and speedup; live while something runs.
+
+While something is queued or running the table refreshes every REFRESH_SECONDS. While idle the page still polls,
+every IDLE_POLL_SECONDS, with one listing query, and redraws itself when work appears (queued from the CLI or
+another browser) or ends, so a dashboard left open notices new work.
+"""
 from __future__ import annotations
 
 import pandas as pd
@@ -10,7 +15,8 @@ from storage import queue
 
 ACTIVE = ("queued", "running")
 RESUMABLE = ("failed", "cancelled", "interrupted")
-REFRESH_SECONDS = 2.0
+REFRESH_SECONDS = 2.0  # the table, while something is queued or running
+IDLE_POLL_SECONDS = 5.0  # the cheap check for new work, while nothing is
 ANY = "any"
 COLUMNS = ["experiment_id", "name", "status", "progress", "best_value", "best_speedup", "alpha", "target", "draft",
            "prompts", "sweep_variable", "sweep_values", "tags", "created", "notes"]
@@ -18,6 +24,23 @@ COLUMNS = ["experiment_id", "name", "status", "progress", "best_value", "best_sp
 
 def _is_active(frame: pd.DataFrame) -> bool:
     return bool(len(frame)) and frame["status"].isin(ACTIVE).any()
+
+
+def page_state(listing: pd.DataFrame) -> tuple:
+    """What the page's layout and timer depend on: which experiments exist, and whether any is active."""
+    ids = tuple(sorted(int(i) for i in listing["experiment_id"])) if len(listing) else ()
+    return ids, bool(_is_active(listing))
+
+
+def needs_full_rerun(seen: tuple, listing: pd.DataFrame) -> bool:
+    """True when `listing` (fresh) no longer matches the state the page was drawn for."""
+    return page_state(listing) != seen
+
+
+def _watch(seen: tuple) -> None:
+    """The idle poll on an empty database: draws nothing, redraws the page once experiments exist."""
+    if needs_full_rerun(seen, q.experiments(store())):
+        st.rerun()
 
 
 def _filters(everything: pd.DataFrame) -> dict:
@@ -31,10 +54,10 @@ def _filters(everything: pd.DataFrame) -> dict:
     return {k: (None if v == ANY else v) for k, v in (("tag", tag), ("model", model), ("status", status))}
 
 
-def _table(filters: dict, was_active: bool) -> None:
+def _table(filters: dict, seen: tuple) -> None:
+    if needs_full_rerun(seen, q.experiments(store())):
+        st.rerun()  # new experiments, or work started or finished: redraw the page once, with the right timer
     frame = q.experiments(store(), **filters)
-    if was_active and not _is_active(q.experiments(store())):
-        st.rerun()  # the last run finished: redraw the page once, without the timer
     if frame.empty:
         st.info("No experiment matches these filters.")
         return
@@ -48,20 +71,21 @@ def _table(filters: dict, was_active: bool) -> None:
         "alpha": st.column_config.NumberColumn("alpha", format="%.3f", help="alpha of the best run"),
     })
     csv_download(frame, "experiments.csv")
-    if _is_active(frame):
+    if seen[1]:
         st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while experiments are queued or running.")
 
 
 def render() -> None:
     st.title("Experiments")
     everything = q.experiments(store())
+    seen = page_state(everything)
     if everything.empty:
         empty_state("No experiments yet. Launch one to see its runs here.")
+        st.fragment(run_every=IDLE_POLL_SECONDS)(_watch)(seen)
         return
     filters = _filters(everything)
-    active = _is_active(everything)
-    # The timer exists only while something is queued or running; idle dashboards do not poll the database.
-    st.fragment(run_every=REFRESH_SECONDS if active else None)(_table)(filters, active)
+    # Every REFRESH_SECONDS while something is queued or running; a slower poll while idle (see the docstring).
+    st.fragment(run_every=REFRESH_SECONDS if seen[1] else IDLE_POLL_SECONDS)(_table)(filters, seen)
 
     st.subheader("Selected experiment")
     ids = [int(i) for i in everything["experiment_id"]]

@@ -523,3 +523,50 @@ def test_an_unreachable_database_is_one_message_without_its_password(page, monke
     assert "s3cret" not in text and "Traceback" not in text
     if page not in ("new", "theory"):  # the new-experiment form opens the database only to launch; theory never
         assert len(at.error) == 1 and "unexpected error" in at.error[0].value
+
+
+# --- Experiments: noticing work that starts elsewhere --------------------------------------------------------
+
+class _FragmentRecorder:
+    """Stands in for `streamlit` inside pages.experiments: records each fragment's run_every, changes nothing."""
+
+    def __init__(self):
+        import streamlit
+
+        self._st, self.intervals = streamlit, []
+
+    def __getattr__(self, name):
+        return getattr(self._st, name)
+
+    def fragment(self, func=None, *, run_every=None, **kwargs):
+        self.intervals.append(run_every)
+        return self._st.fragment(func, run_every=run_every, **kwargs)
+
+
+@pytest.mark.parametrize("database", ["empty_db", "populated"])
+def test_an_idle_experiments_page_keeps_polling(database, request, monkeypatch):
+    import pages.experiments as page
+
+    request.getfixturevalue(database)
+    recorder = _FragmentRecorder()
+    monkeypatch.setattr(page, "st", recorder)
+    at = app("experiments")
+    assert_clean(at)
+    assert recorder.intervals and all(i is not None for i in recorder.intervals), recorder.intervals
+    assert not any("Refreshing" in c.value for c in at.caption)  # idle: no progress timer announced
+
+
+def test_the_idle_poll_asks_for_a_full_redraw_only_when_work_appears_or_ends(populated):
+    import pages.experiments as page
+
+    seen = page.page_state(q.experiments(populated))
+    assert not page.needs_full_rerun(seen, q.experiments(populated))  # nothing changed: the poll stays cheap
+    experiment_id = queue.enqueue_experiment(populated, name="from the CLI", target="tiny-target", draft="tiny-draft",
+                                             prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=PROMPTS)
+    assert page.needs_full_rerun(seen, q.experiments(populated))  # new work: redraw, with the 2 s timer
+    active = page.page_state(q.experiments(populated))
+    queue.cancel_experiment(populated, experiment_id)
+    assert page.needs_full_rerun(active, q.experiments(populated))  # nothing runs any more: back to the idle poll
+    cancelled = page.page_state(q.experiments(populated))
+    queue.resume_experiment(populated, experiment_id)  # `draftlab resume` elsewhere: same ids, active again
+    assert page.needs_full_rerun(cancelled, q.experiments(populated))
