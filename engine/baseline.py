@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from .cached_model import CachedModel
+from .clock import RoundClock
 from .records import PromptResult
 from .sampling import SamplingConfig, probabilities, prompt_generator, sample
 
@@ -17,6 +18,7 @@ from .sampling import SamplingConfig, probabilities, prompt_generator, sample
 class TargetOnlyDecoder:
     def __init__(self, target_model, vocab_size: int, cfg: SamplingConfig, tokenizer, eos_ids: set[int]):
         self.target = CachedModel(target_model, vocab_size)
+        self.clock = RoundClock(self.target.device)
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
@@ -27,17 +29,17 @@ class TargetOnlyDecoder:
         """Decode one prompt; on_progress(new tokens so far) runs after each token (raise there to cancel)."""
         cfg, g = self.cfg, prompt_generator(self.cfg.seed, prompt_index, self.target.device)
         limit = max_new_tokens or cfg.max_new_tokens
-        start = self.target.now()
+        start = self.clock.wall()
         token = sample(probabilities(self.target.prefill(prompt_ids), cfg), cfg, g)
         output = [int(token)]
-        first_done = self.target.now()
+        first_done = self.clock.wall()  # int() above already waited: this sync costs nothing
         while len(output) < limit and output[-1] not in self.eos_ids:
             logits = self.target.forward(token.view(1, 1), keep=1)[0]
             token = sample(probabilities(logits, cfg), cfg, g)
             output.append(int(token))  # the per-token EOS check syncs, as any generate() loop does
             if on_progress is not None:
                 on_progress(len(output))
-        end = self.target.now()
+        end = self.clock.wall()
         text = self.tokenizer.decode(output, skip_special_tokens=True)
         return PromptResult(prompt_index, prompt, output, text, end - start,
                             decode_steps=len(output) - 1, decode_seconds=end - first_done)

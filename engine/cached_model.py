@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import time
 
 import torch
 from transformers import DynamicCache
@@ -34,12 +33,6 @@ class CachedModel:
         """Start a new sequence: an empty cache filled with the prompt; next-token logits [V]."""
         self.reset()
         return self.forward(prompt_ids, keep=1)[0]
-
-    def now(self) -> float:
-        """A clock reading after queued device work finished (SPEC timing protocol: sync before reading)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
 
     def forward(self, input_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
         """Logits [n, V] for the n tokens of input_ids [1, n], or for the last `keep` of them."""

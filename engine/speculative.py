@@ -4,7 +4,8 @@ k_r is the drafter's k capped by what is left (token budget, context positions);
 
 Invariant between rounds: the target's cache holds a prefix of the committed tokens (all but the last after
 the first round; empty before it, so the prefill pass verifies the first drafts); the drafter's cache holds a
-prefix too. One host/device sync per round (`to_host`).
+prefix too. One host/device sync per round (`to_host`); draft and verify are timed by device events read
+after it (engine/clock.py).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Callable
 import torch
 
 from .cached_model import CachedModel
+from .clock import RoundClock
 from .drafting import Drafter, Proposal
 from .records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
 from .sampling import SamplingConfig, probabilities, prompt_generator, sample
@@ -51,6 +53,7 @@ class SpeculativeDecoder:
     def __init__(self, target_model, drafter: Drafter, vocab_size: int, cfg: SamplingConfig,
                  typer: TokenTyper, eos_ids: set[int]):
         self.target = CachedModel(target_model, vocab_size)
+        self.clock = RoundClock(self.target.device)
         self.drafter = drafter
         self.cfg = cfg
         self.typer = typer
@@ -62,8 +65,8 @@ class SpeculativeDecoder:
         """Decode one prompt; on_progress(new tokens so far) runs between rounds (raise there to cancel)."""
         cfg, g = self.cfg, prompt_generator(self.cfg.seed, prompt_index, self.target.device)
         limit = max_new_tokens or cfg.max_new_tokens
-        now = self.target.now
-        start = now()
+        clock = self.clock
+        start = clock.wall()
         # The first round starts from the prompt: the target's prefill pass also verifies the first drafts.
         self.target.reset()
         self.drafter.start(prompt_ids)
@@ -72,9 +75,9 @@ class SpeculativeDecoder:
             length = sequence.shape[1]
             # A round emits up to k_r + 1 tokens and the target scores positions up to length + k_r - 1.
             cap = max(0, min(limit - len(output) - 1, self.target.max_positions - length))
-            t_draft = now()
+            t_draft = clock.mark()
             proposal = self.drafter.propose(sequence, g, cap)
-            t_verify = now()
+            t_verify = clock.mark()
             k = proposal.tokens.shape[0]
             if k > cap:
                 raise ValueError(f"{type(self.drafter).__name__} proposed {k} tokens; this round allows {cap}")
@@ -82,19 +85,21 @@ class SpeculativeDecoder:
             target_logits = self.target.forward(fed, keep=k + 1)
             p_target = probabilities(target_logits, cfg)
             n, next_token = verify(proposal, p_target, cfg, g)
-            host = to_host(proposal, p_target, target_logits, n, next_token)
-            t_done = now()
+            t_done = clock.mark()
+            host = to_host(proposal, p_target, target_logits, n, next_token)  # the sync; t_done has completed
             accepted = host["accepted"]
             self.target.rollback(length + accepted)
             self.drafter.accept(length, accepted)
             round_ = self._record(prompt_index, len(rounds), host, limit - len(output),
-                                  t_verify - t_draft, t_done - t_verify, proposal.forwards)
+                                  clock.seconds(t_draft, t_verify), clock.seconds(t_verify, t_done), proposal.forwards)
             rounds.append(round_)
             output += round_.emitted_ids
-            sequence = torch.cat([sequence, torch.tensor([round_.emitted_ids], device=sequence.device)], dim=1)
+            # Built from device tensors: a host-to-device copy would be a second sync.
+            emitted = torch.cat([proposal.tokens[:accepted], next_token.view(1)])[: len(round_.emitted_ids)]
+            sequence = torch.cat([sequence, emitted.view(1, -1)], dim=1)
             if on_progress is not None:
                 on_progress(len(output))
-        wall = now() - start
+        wall = clock.wall() - start
         text = self.typer.tokenizer.decode(output, skip_special_tokens=True)
         return PromptResult(prompt_index, prompt, output, text, wall, rounds=rounds)
 
