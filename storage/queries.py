@@ -102,6 +102,8 @@ def _with_predicted(df: pd.DataFrame) -> pd.DataFrame:
         for a, k, c in zip(df["alpha"], df["max_k"], df["c"])
     ]
     df["predicted_speedup"] = df["predicted_speedup"].astype(float)
+    for column in ("speedup", "speedup_ci_lo", "speedup_ci_hi", "verify_cost", "predicted_speedup_refined", "c"):
+        df[column] = pd.to_numeric(df[column]).astype(float)  # all-NULL columns would come back as objects
     _nullable_bool(df, "outputs_match_baseline")
     _nullable_int(df, "k", "baseline_run_id", "prompts_total")
     return df
