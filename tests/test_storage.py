@@ -313,14 +313,23 @@ def test_two_workers_never_claim_the_same_run(db_url):
 
     def work(name):
         store = open_store(db_url)  # its own engine and connections, as a second process would have
+        # Worker a's first look finds nothing claimable, as when worker b holds the run that blocks the rest:
+        # the retry below then runs on every execution instead of only on unlucky timing.
+        first_look_empty = name == "a"
         try:
             barrier.wait()
             while True:
-                rid = queue.claim_next(store, f"worker-{name}")
+                if first_look_empty:
+                    first_look_empty, rid = False, None
+                else:
+                    rid = queue.claim_next(store, f"worker-{name}")
                 if rid is None:
-                    if not queue.claim_next(store, f"worker-{name}"):
+                    # Nothing claimable now: the other worker may hold the run that blocks the rest. Look once
+                    # more; a run claimed then is this worker's like any other (recorded and finished below).
+                    # If there is still none, stop: whoever holds a run claims what its finish unblocks.
+                    rid = queue.claim_next(store, f"worker-{name}")
+                    if rid is None:
                         break
-                    continue
                 claimed[name].append(rid)
                 queue.finish_run(store, rid, "done")
         except Exception as exc:  # noqa: BLE001
