@@ -1,7 +1,8 @@
 """A causal LM plus its KV cache: feed tokens, get next-token logits, roll the cache back.
 
 The speculative loop and the baseline both decode through this, so prefix recomputation never happens:
-after a rejection the cache is cropped to the accepted prefix.
+after a rejection the cache is cropped to the accepted prefix. Every layer keeps its full history so a crop
+can land anywhere (see `rollback_cache`).
 """
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import inspect
 import sys
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, cache_utils
+
+from .errors import DraftLabError
+
+# Recurrent states (linear attention, SSM, conv) summarise the whole past in place: no crop rewinds them.
+_RECURRENT = tuple(getattr(cache_utils, name) for name in ("LinearAttentionCacheLayerMixin",) if hasattr(cache_utils, name))
+_CROPPABLE = (cache_utils.DynamicLayer, cache_utils.DummyLayer)
 
 
 class CachedModel:
@@ -22,11 +29,11 @@ class CachedModel:
         self._can_keep = "logits_to_keep" in params
         self.device = next(model.parameters()).device
         self.max_positions = max_positions(model.config) or sys.maxsize
-        self.cache = None
+        self.cache = rollback_cache(model)  # refuses an unsupported model before any run starts
         self.length = 0  # tokens currently held in the cache
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = rollback_cache(self.model)
         self.length = 0
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
@@ -53,3 +60,25 @@ class CachedModel:
 def max_positions(config) -> int | None:
     """The model's context length (position embeddings), None if its config does not say."""
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def rollback_cache(model) -> DynamicCache:
+    """An empty DynamicCache for `model` whose every layer can be cropped to any earlier length.
+
+    transformers gives sliding-window and chunked-attention layers a DynamicSlidingWindowLayer, which drops keys
+    older than the window: a rollback past the window cannot bring them back. Those layers get a full-history
+    DynamicLayer instead. The model still attends only within its window: the mask is built from the config
+    (sliding_window / attention_chunk_size), not from what the cache holds; the price is memory for old keys.
+    """
+    cache = DynamicCache(config=model.config)
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, _RECURRENT) or not isinstance(layer, _CROPPABLE):
+            types = getattr(model.config.get_text_config(decoder=True), "layer_types", None) or []
+            kind = types[i] if i < len(types) else type(layer).__name__
+            name = model.config.name_or_path or model.config.model_type
+            raise DraftLabError(
+                f"{name} has {kind} layers whose cache cannot be rolled back to an earlier token, which every "
+                f"speculative round needs; use a target and draft built from attention layers only")
+        if isinstance(layer, cache_utils.DynamicSlidingWindowLayer):
+            cache.layers[i] = cache_utils.DynamicLayer()
+    return cache
