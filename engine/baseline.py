@@ -43,3 +43,10 @@ class TargetOnlyDecoder:
         text = self.tokenizer.decode(output, skip_special_tokens=True)
         return PromptResult(prompt_index, prompt, output, text, end - start,
                             decode_steps=len(output) - 1, decode_seconds=end - first_done)
+
+    def peak_cache_bytes(self) -> int:
+        """Peak KV-cache bytes since the last reset (engine/memory.py)."""
+        return self.target.peak_cache_bytes
+
+    def reset_peak_cache_bytes(self) -> None:
+        self.target.reset_peak()

@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache, cache_utils
 
 from .errors import DraftLabError
+from .memory import cache_bytes
 
 # Recurrent states (linear attention, SSM, conv) summarise the whole past in place: no crop rewinds them.
 _RECURRENT = tuple(getattr(cache_utils, name) for name in ("LinearAttentionCacheLayerMixin",) if hasattr(cache_utils, name))
@@ -31,6 +32,10 @@ class CachedModel:
         self.max_positions = max_positions(model.config) or sys.maxsize
         self.cache = rollback_cache(model)  # refuses an unsupported model before any run starts
         self.length = 0  # tokens currently held in the cache
+        # Every layer holds every token (rollback_cache), so the cache's size is length x a constant: the peak
+        # is tracked as a length, with no per-forward walk over the layers.
+        self.peak_length = 0
+        self._token_bytes = None
 
     def reset(self) -> None:
         self.cache = rollback_cache(self.model)
@@ -48,7 +53,19 @@ class CachedModel:
             kwargs["logits_to_keep"] = keep  # skip the output head on prompt positions nobody reads
         logits = self.model(input_ids=input_ids, **kwargs).logits[0, :, : self.vocab_size]
         self.length += input_ids.shape[1]
+        if self.length > self.peak_length:
+            self.peak_length = self.length
+            if self._token_bytes is None:
+                self._token_bytes = cache_bytes(self.cache) // self.length
         return logits[-keep:] if keep else logits
+
+    @property
+    def peak_cache_bytes(self) -> int:
+        """Most bytes the KV cache held since the last `reset_peak` (tensor sizes, no device sync)."""
+        return self.peak_length * (self._token_bytes or 0)
+
+    def reset_peak(self) -> None:
+        self.peak_length = 0
 
     def rollback(self, length: int) -> None:
         """Forget every cached token from index `length` on."""

@@ -82,3 +82,10 @@ class ModelDrafter:
 
     def accept(self, sequence_length: int, num_accepted: int) -> None:
         self.lm.rollback(sequence_length + num_accepted)
+
+    # Optional for a Drafter: the decoder adds this to its own peak (engine/memory.py).
+    def peak_cache_bytes(self) -> int:
+        return self.lm.peak_cache_bytes
+
+    def reset_peak_cache_bytes(self) -> None:
+        self.lm.reset_peak()

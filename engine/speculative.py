@@ -103,6 +103,16 @@ class SpeculativeDecoder:
         text = self.typer.tokenizer.decode(output, skip_special_tokens=True)
         return PromptResult(prompt_index, prompt, output, text, wall, rounds=rounds)
 
+    def peak_cache_bytes(self) -> int:
+        """Peak KV-cache bytes since the last reset: the target's plus the drafter's, if it has a cache."""
+        drafter = getattr(self.drafter, "peak_cache_bytes", None)
+        return self.target.peak_cache_bytes + (drafter() if drafter else 0)
+
+    def reset_peak_cache_bytes(self) -> None:
+        self.target.reset_peak()
+        if hasattr(self.drafter, "reset_peak_cache_bytes"):
+            self.drafter.reset_peak_cache_bytes()
+
     def _record(self, prompt_index, round_index, host, budget, draft_s, verify_s, forwards) -> Round:
         drafted = host["tokens"]
         emitted, kinds, accepted, outcomes = settle_round(drafted, host["accepted"], host["next"], self.eos_ids, budget)
