@@ -80,7 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     ui = sub.add_parser("ui", help="the dashboard, plus a local worker if none is alive")
     ui.add_argument("--db", default=None)
     ui.add_argument("--port", type=int, default=8501)
-    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--host", default="127.0.0.1",
+                    help="address to bind; beyond loopback (0.0.0.0) it needs $DRAFTLAB_PASSWORD or OIDC "
+                         "in .streamlit/secrets.toml [auth]")
+    ui.add_argument("--insecure", action="store_true",
+                    help="serve beyond loopback without a login (only behind a VPN or an authenticating proxy)")
 
     worker = sub.add_parser("worker", help="run queued runs")
     worker.add_argument("--db", default=None)
@@ -314,7 +318,7 @@ def _dispatch(argv: list[str] | None) -> int:
     if args.command == "ui":
         from .ui import main as ui_main
 
-        return ui_main(db=args.db, port=args.port, host=args.host)
+        return ui_main(db=args.db, port=args.port, host=args.host, insecure=args.insecure)
     return _fail(f"unknown command {args.command!r}")
 
 

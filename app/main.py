@@ -1,4 +1,5 @@
-"""Dashboard entry script (`streamlit run app/main.py`, started by `draftlab ui`): it only routes.
+"""Dashboard entry script (`streamlit run app/main.py`, started by `draftlab ui`): the login (app/access.py), then
+routing; a page's unexpected exception is logged here and shown as one short message.
 
 The pages live in the top-level `pages/` package, registered as callables, so Streamlit's legacy `pages/`
 auto-discovery (a folder beside the entry script) never kicks in.
@@ -16,6 +17,7 @@ import logging  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
+from app.access import gate  # noqa: E402
 from app.pair_check import warm_up  # noqa: E402
 from pages.nav import all_pages  # noqa: E402
 
@@ -32,8 +34,13 @@ UNEXPECTED = ("This page hit an unexpected error. It has been logged on the serv
 def run(start: str | None = None) -> None:
     """Route to the page in the URL; `start` picks the default page (tests open a page directly this way)."""
     st.set_page_config(page_title="DraftLab", page_icon=":material/science:", layout="wide")
+    admitted = gate()  # the login (OIDC or $DRAFTLAB_PASSWORD) when one is configured; draws nothing else
+    # Routing is resolved either way, so after logging in the visitor lands on the page the URL asked for; before
+    # that the menu is hidden and no page runs.
+    page = st.navigation(all_pages(start), position="sidebar" if admitted else "hidden")
+    if not admitted:
+        return
     warm_up()  # the pair check's transformers import, off the first page view
-    page = st.navigation(all_pages(start))
     try:
         page.run()
     except Exception:  # noqa: BLE001 - st.rerun/st.stop are BaseExceptions and pass through

@@ -16,6 +16,9 @@ ENTRY = Path(__file__).resolve().parent / "main.py"
 ROOT = ENTRY.parent.parent
 DEFAULT_PORT = 8501
 DEFAULT_HOST = "127.0.0.1"  # localhost only unless asked: the dashboard can launch jobs on this machine
+INSECURE_HELP = ("serve beyond loopback without a login (only behind something that authenticates: a VPN, "
+                 "an authenticating proxy); otherwise set $DRAFTLAB_PASSWORD or configure OIDC in "
+                 ".streamlit/secrets.toml [auth]")
 
 
 def streamlit_command(port: int, host: str) -> list[str]:
@@ -29,7 +32,10 @@ def streamlit_command(port: int, host: str) -> list[str]:
 
 
 def worker_command(db: str) -> list[str]:
-    return [sys.executable, "-m", "app.cli", "worker", "--db", db]
+    """The local worker; a URL with a password travels in $DRAFTLAB_DB only, never on a command line (`ps`)."""
+    from storage.store import safe_url
+
+    return [sys.executable, "-m", "app.cli", "worker", *(["--db", db] if safe_url(db) == db else [])]
 
 
 def _needs_worker(db: str) -> bool:
@@ -54,16 +60,26 @@ def _stop(process: subprocess.Popen | None, name: str, timeout: float = 10.0) ->
         process.wait()
 
 
-def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HOST) -> int:
-    """Run the dashboard until it exits or is interrupted; returns its exit status."""
+def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HOST, insecure: bool = False) -> int:
+    """Run the dashboard until it exits or is interrupted; returns its exit status.
+
+    Beyond loopback it needs a login (app/access.py: OIDC in .streamlit/secrets.toml, or $DRAFTLAB_PASSWORD)
+    unless `insecure`; without one it refuses with one `error:` line and status 2, before starting anything."""
     from storage import resolve_url
     from storage.store import safe_url
 
+    from app.access import PASSWORD_ENV, login_mode, serving_refusal
+
+    refusal = serving_refusal(host, insecure)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     url = resolve_url(db)
     shown = safe_url(url)  # what we print: the password stays out of logs and terminals
     env = dict(os.environ, DRAFTLAB_DB=url)
     # Children must import the project's packages (app, engine, storage, pages) from a plain checkout too.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    worker_env = {k: v for k, v in env.items() if k != PASSWORD_ENV}  # only the dashboard checks it
     try:
         needs_worker = _needs_worker(url)
     except Exception as exc:  # noqa: BLE001 - an unreachable or unreadable database: one line, not a traceback
@@ -74,12 +90,12 @@ def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HO
         return 2
     worker = None
     if needs_worker:
-        worker = subprocess.Popen(worker_command(url), env=env)
+        worker = subprocess.Popen(worker_command(url), env=worker_env)
         print(f"draftlab ui: started a local worker (pid {worker.pid}) on {shown}", file=sys.stderr)
     else:
         print(f"draftlab ui: a live worker already serves {shown}; not starting another", file=sys.stderr)
     dashboard = subprocess.Popen(streamlit_command(port, host), env=env)
-    print(f"draftlab ui: dashboard on http://{host}:{port} (database {shown})", file=sys.stderr)
+    print(f"draftlab ui: dashboard on http://{host}:{port} (database {shown}; {login_mode(host)})", file=sys.stderr)
 
     def _terminate(signum, _frame):
         raise KeyboardInterrupt
@@ -108,9 +124,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--db", default=None, help="database URL (default: $DRAFTLAB_DB, else sqlite:///draftlab.db)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--host", default=DEFAULT_HOST, help="address to bind (0.0.0.0 inside a container)")
+    parser.add_argument("--insecure", action="store_true", help=INSECURE_HELP)
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     args = _parse(sys.argv[1:])
-    sys.exit(main(args.db, args.port, args.host))
+    sys.exit(main(args.db, args.port, args.host, args.insecure))

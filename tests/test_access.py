@@ -1,0 +1,194 @@
+"""Who may use the dashboard: `draftlab ui` refuses to serve beyond loopback without a login, and the entry
+script shows nothing but the login until the visitor passes it ($DRAFTLAB_PASSWORD, or OIDC when configured)."""
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.cli import main
+from storage import queries as q
+from tests.test_pages import TIMEOUT, app, assert_clean, page_text, populated, populated_template  # noqa: F401
+
+PASSWORD = "correct horse battery staple ünïcode"
+OIDC = {"redirect_uri": "http://dash.example:8501/oauth2callback", "cookie_secret": "x" * 40, "client_id": "draftlab",
+        "client_secret": "oidc-client-secret", "server_metadata_url": "https://idp.example/.well-known/openid-configuration"}
+
+
+@pytest.fixture
+def no_login_configured(tmp_path, monkeypatch):
+    """No $DRAFTLAB_PASSWORD and no secrets.toml where Streamlit looks (./.streamlit, ~/.streamlit)."""
+    monkeypatch.delenv("DRAFTLAB_PASSWORD", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    from streamlit import config
+
+    monkeypatch.setattr(config, "get_option", lambda name, _get=config.get_option: (
+        [str(tmp_path / ".streamlit" / "secrets.toml")] if name == "secrets.files" else _get(name)))
+    return tmp_path
+
+
+class _FakeProcess:
+    """Stands in for the dashboard and worker processes: records how it was started, exits at once."""
+    started: list[tuple[list[str], dict]] = []
+
+    def __init__(self, command, env=None, **_):
+        self.pid, self.returncode = 4242, 0
+        _FakeProcess.started.append((command, env or {}))
+
+    def poll(self):
+        return 0
+
+    def terminate(self):
+        pass
+
+    def wait(self, timeout=None):
+        return 0
+
+    def kill(self):
+        pass
+
+
+@pytest.fixture
+def fake_processes(monkeypatch):
+    import app.ui as ui
+
+    _FakeProcess.started = []
+    monkeypatch.setattr(ui.subprocess, "Popen", _FakeProcess)
+    return _FakeProcess.started
+
+
+def _one_error_line(err: str) -> str:
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+# --- draftlab ui ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "dash.example"])
+def test_ui_refuses_to_serve_beyond_loopback_without_a_login(no_login_configured, fake_processes, capsys, host):
+    db = f"sqlite:///{no_login_configured / 'ui.db'}"
+    assert main(["ui", "--host", host, "--db", db]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"--host {host}" in line and "DRAFTLAB_PASSWORD" in line and "--insecure" in line and "[auth]" in line
+    assert fake_processes == []  # nothing was started
+
+
+@pytest.mark.parametrize("argv, env", [
+    (["--host", "127.0.0.1"], {}),
+    (["--host", "localhost"], {}),
+    (["--host", "0.0.0.0", "--insecure"], {}),
+    (["--host", "0.0.0.0"], {"DRAFTLAB_PASSWORD": PASSWORD}),
+], ids=["loopback", "localhost", "insecure", "password"])
+def test_ui_serves_when_a_login_or_loopback_allows_it(no_login_configured, fake_processes, capsys, monkeypatch,
+                                                      argv, env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    db = f"sqlite:///{no_login_configured / 'ui.db'}"
+    assert main(["ui", *argv, "--db", db]) == 0
+    err = capsys.readouterr().err
+    assert "error:" not in err
+    dashboard = next(env for command, env in fake_processes if "streamlit" in command)
+    worker = next(env for command, env in fake_processes if "worker" in command)
+    if "DRAFTLAB_PASSWORD" in env:
+        assert PASSWORD not in err and "password from $DRAFTLAB_PASSWORD" in err  # the mode, never the password
+        assert dashboard["DRAFTLAB_PASSWORD"] == PASSWORD and "DRAFTLAB_PASSWORD" not in worker
+
+
+def _write_secrets(directory, auth: dict) -> None:
+    path = directory / ".streamlit" / "secrets.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("[auth]\n" + "".join(f'{key} = "{value}"\n' for key, value in auth.items()))
+
+
+@pytest.mark.parametrize("authlib_installed", [True, False])
+def test_ui_accepts_oidc_configured_in_secrets(no_login_configured, fake_processes, capsys, monkeypatch,
+                                               authlib_installed):
+    import sys
+    import types
+
+    _write_secrets(no_login_configured, OIDC)
+    monkeypatch.setitem(sys.modules, "authlib", types.ModuleType("authlib") if authlib_installed else None)
+    code = main(["ui", "--host", "0.0.0.0", "--db", f"sqlite:///{no_login_configured / 'ui.db'}"])
+    err = capsys.readouterr().err
+    assert "oidc-client-secret" not in err and "x" * 40 not in err
+    if authlib_installed:
+        assert code == 0 and "OIDC login" in err
+    else:  # st.login could not work: not a login
+        assert code == 2 and "Authlib is not installed" in _one_error_line(err) and fake_processes == []
+
+
+def test_ui_with_unusable_oidc_names_what_is_missing(no_login_configured, fake_processes, capsys):
+    _write_secrets(no_login_configured, {"redirect_uri": OIDC["redirect_uri"], "client_id": "x"})
+    assert main(["ui", "--host", "0.0.0.0", "--db", f"sqlite:///{no_login_configured / 'ui.db'}"]) == 2
+    assert "lacks cookie_secret" in _one_error_line(capsys.readouterr().err)
+    assert fake_processes == []
+
+
+# --- the login in the entry script ---------------------------------------------------------------------------
+
+def _login(at: AppTest, password: str) -> AppTest:
+    at.text_input(key="draftlab_password").set_value(password)
+    return at.button[0].click().run()  # the form's submit button
+
+
+def _greedy(store) -> int:
+    listing = q.experiments(store)
+    return int(listing[listing["name"] == "tiny greedy"]["experiment_id"].iloc[0])
+
+
+def test_with_a_password_nothing_shows_before_login(populated, monkeypatch):
+    monkeypatch.setenv("DRAFTLAB_PASSWORD", PASSWORD)
+    for page in ("experiments", "experiment", "rounds", "compare", "new", "theory"):
+        at = app(page, experiment=_greedy(populated))
+        assert_clean(at)
+        text = page_text(at)
+        assert [t.value for t in at.title] == ["DraftLab"] and at.text_input(key="draftlab_password")
+        assert not at.dataframe and not at.get("vega_lite_chart") and not at.metric and not at.selectbox
+        assert "tiny greedy" not in text and "tiny-target" not in text and PASSWORD not in text
+
+
+def test_a_wrong_password_is_refused(populated, monkeypatch):
+    monkeypatch.setenv("DRAFTLAB_PASSWORD", PASSWORD)
+    at = _login(app("experiments"), "correct horse battery staple")
+    assert_clean(at)
+    assert [e.value for e in at.error] == ["Wrong password."]
+    assert not at.dataframe and "tiny greedy" not in page_text(at)
+    at = _login(at, "")
+    assert [e.value for e in at.error] == ["Wrong password."] and not at.dataframe
+
+
+def test_the_right_password_admits_to_the_page_in_the_url(populated, monkeypatch):
+    monkeypatch.setenv("DRAFTLAB_PASSWORD", PASSWORD)
+    experiment_id = _greedy(populated)
+    at = _login(app("experiment", experiment=experiment_id), PASSWORD)
+    assert_clean(at)
+    assert not at.error and at.title[0].value == "Experiment detail"
+    assert at.selectbox(key="select_experiment").value == experiment_id and at.get("vega_lite_chart")
+    assert PASSWORD not in page_text(at)
+    at.run()  # later runs of the same session stay admitted
+    assert at.title[0].value == "Experiment detail" and not at.text_input
+    at.sidebar.button(key="draftlab_logout").click().run()
+    assert at.text_input(key="draftlab_password") and not at.get("vega_lite_chart")
+
+
+def test_without_a_login_configured_the_dashboard_opens_directly(populated, monkeypatch):
+    monkeypatch.delenv("DRAFTLAB_PASSWORD", raising=False)
+    at = app("experiments")
+    assert_clean(at)
+    assert at.title[0].value == "Experiments" and at.dataframe
+
+
+def test_with_oidc_configured_nothing_shows_until_the_provider_says_who_it_is(populated, monkeypatch):
+    monkeypatch.setenv("DRAFTLAB_PASSWORD", PASSWORD)  # OIDC wins when both are configured
+    at = AppTest.from_string("from app.main import run\nrun('experiments')", default_timeout=TIMEOUT)
+    at.secrets["auth"] = OIDC
+    at.run()
+    assert_clean(at)
+    assert not at.dataframe and "tiny greedy" not in page_text(at) and not at.text_input
+    assert any(b.label.startswith("Log in") for b in at.button) or any("Authlib" in e.value for e in at.error)
+    assert "oidc-client-secret" not in page_text(at)
+    at.user = {"is_logged_in": True, "email": "someone@example.com"}
+    at.run()
+    assert_clean(at)
+    assert at.title[0].value == "Experiments" and at.dataframe
