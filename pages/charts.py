@@ -18,24 +18,55 @@ def _x(field: str, title: str) -> alt.X:
     return alt.X(f"{field}:Q", title=title, axis=alt.Axis(tickMinStep=1))
 
 
-def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None) -> alt.LayerChart:
-    """Measured speedup per swept value (points), the formula's predicted curve (dashed), best value marked.
+SPEEDUP_SERIES = {"speedup": ("measured", "#1565c0"),
+                  "predicted_speedup_refined": ("predicted (cost-aware)", "#6a1b9a"),
+                  "predicted_speedup": ("predicted (formula)", "#9e9e9e"),
+                  "predicted_auto": ("predicted (k auto)", "#00897b")}
+FINISHED = "finished"  # `state` of a run whose status is done; any other state is drawn hollow
 
-    frame: x, speedup (measured, NaN where not run), predicted_speedup (formula; NaN where not predicted).
+
+def speedup_text(speedup, lo=None, hi=None) -> str:
+    """`1.31× (1.22–1.40)`: a speedup with its 95 % interval; `1.31×` without one; `—` when not measured."""
+    if speedup is None or pd.isna(speedup):
+        return "—"
+    if lo is None or hi is None or pd.isna(lo) or pd.isna(hi):
+        return f"{speedup:.2f}×"
+    return f"{speedup:.2f}× ({lo:.2f}–{hi:.2f})"
+
+
+def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None) -> alt.LayerChart:
+    """Measured speedup per swept value with its 95 % interval (error bars; hollow while the run is not finished),
+    the predictions as dashed lines, the best value marked.
+
+    frame: x, speedup, speedup_ci_lo, speedup_ci_hi, state (FINISHED or not), and any of predicted_speedup_refined,
+    predicted_speedup, predicted_auto (NaN where not predicted).
     """
     x_title = x
-    frame = frame.rename(columns={x: "x"})
-    long = frame.melt(id_vars=["x"], value_vars=["speedup", "predicted_speedup"], var_name="series",
+    frame = frame.rename(columns={x: "x", "speedup_ci_lo": "lo", "speedup_ci_hi": "hi"})
+    for column in ("lo", "hi", "state"):
+        if column not in frame:
+            frame[column] = None
+    series = [c for c in SPEEDUP_SERIES if c in frame]
+    long = frame.melt(id_vars=["x", "lo", "hi", "state"], value_vars=series, var_name="series",
                       value_name="value").dropna(subset=["value"])
-    long["series"] = long["series"].map({"speedup": "measured", "predicted_speedup": "predicted (formula)"})
-    color = alt.Color("series:N", title=None, legend=BOTTOM, scale=alt.Scale(domain=["measured", "predicted (formula)"],
-                                                                range=["#1565c0", "#9e9e9e"]))
-    tooltip = [alt.Tooltip("x:Q", title=x_title), "series:N", alt.Tooltip("value:Q", format=".3f")]
+    long.loc[long["series"] != "speedup", ["lo", "hi", "state"]] = None  # intervals and states are the measurement's
+    long["series"] = long["series"].map(lambda s: SPEEDUP_SERIES[s][0])
+    shown = [SPEEDUP_SERIES[s] for s in series if SPEEDUP_SERIES[s][0] in set(long["series"])]
+    color = alt.Color("series:N", title=None, legend=BOTTOM,
+                      scale=alt.Scale(domain=[n for n, _ in shown], range=[c for _, c in shown]))
+    tooltip = [alt.Tooltip("x:Q", title=x_title), "series:N", alt.Tooltip("value:Q", format=".3f"),
+               alt.Tooltip("lo:Q", title="95 % low", format=".3f"), alt.Tooltip("hi:Q", title="95 % high", format=".3f"),
+               alt.Tooltip("state:N", title="run")]
     base = alt.Chart(long).encode(_x("x", x_title), alt.Y("value:Q", title="speedup (×)"), color, tooltip=tooltip)
-    predicted = base.transform_filter(alt.datum.series == "predicted (formula)").mark_line(strokeDash=[5, 4])
-    measured = base.transform_filter(alt.datum.series == "measured").mark_line(point=alt.OverlayMarkDef(size=80))
+    is_measured = alt.datum.series == "measured"
+    predicted = base.transform_filter(~is_measured).mark_line(strokeDash=[5, 4], point=alt.OverlayMarkDef(size=25))
+    measured = base.transform_filter(is_measured)
+    bars = measured.transform_filter("isValid(datum.lo)").mark_errorbar(ticks=True).encode(
+        alt.Y("lo:Q", title="speedup (×)"), alt.Y2("hi:Q"))
+    points = measured.mark_point(filled=False, size=90, strokeWidth=2).encode(fill=alt.condition(
+        alt.datum.state == FINISHED, alt.value(SPEEDUP_SERIES["speedup"][1]), alt.value("white")))
     even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#bdbdbd").encode(y="y:Q")
-    layers = [even, predicted, measured]
+    layers = [even, predicted, measured.mark_line(), bars, points]
     if best_x is not None:
         best = alt.Chart(pd.DataFrame({"x": [best_x], "label": [f"best {x_title} = {best_x:g}"]}))
         layers.append(best.mark_rule(color="#ef6c00", strokeWidth=2).encode(x="x:Q"))
@@ -93,13 +124,26 @@ def acceptance_by_type(frame: pd.DataFrame) -> alt.Chart:
 
 
 def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: str, y_title: str,
-                    y_domain: tuple[float, float] | None = None) -> alt.Chart:
-    """One line per series (experiment or run), for Compare. frame: x, y, series columns as named."""
+                    y_domain: tuple[float, float] | None = None, lo: str | None = None,
+                    hi: str | None = None) -> alt.Chart | alt.LayerChart:
+    """One line per series (experiment or run), for Compare. frame: x, y, series columns as named; with `lo` and
+    `hi` (a 95 % interval per point) error bars too, and hollow points where a `state` column is not FINISHED."""
     scale = alt.Scale(domain=list(y_domain)) if y_domain else alt.Undefined
-    return alt.Chart(frame).mark_line(point=True).encode(
-        _x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale), alt.Color(f"{series}:N", title=None, legend=BOTTOM),
-        tooltip=[f"{series}:N", alt.Tooltip(f"{x}:Q", title=x_title), alt.Tooltip(f"{y}:Q", format=".3f")],
-    ).properties(height=HEIGHT)
+    tooltip = [f"{series}:N", alt.Tooltip(f"{x}:Q", title=x_title), alt.Tooltip(f"{y}:Q", format=".3f")]
+    if lo and hi:
+        tooltip += [alt.Tooltip(f"{lo}:Q", title="95 % low", format=".3f"),
+                    alt.Tooltip(f"{hi}:Q", title="95 % high", format=".3f")]
+    base = alt.Chart(frame).encode(_x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale),
+                                   alt.Color(f"{series}:N", title=None, legend=BOTTOM), tooltip=tooltip)
+    if not (lo and hi):
+        return base.mark_line(point=True).properties(height=HEIGHT)
+    bars = base.transform_filter(f"isValid(datum['{lo}'])").mark_errorbar(ticks=True).encode(
+        alt.Y(f"{lo}:Q", title=y_title, scale=scale), alt.Y2(f"{hi}:Q"))
+    fill = alt.Fill(f"{series}:N", legend=None)  # the same colours as the lines
+    if "state" in frame:
+        fill = alt.condition(alt.datum.state == FINISHED, fill, alt.value("white"))
+    points = base.mark_point(filled=False, size=60, strokeWidth=2).encode(fill=fill)
+    return alt.layer(base.mark_line(), bars, points).properties(height=HEIGHT)
 
 
 def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, value_title: str) -> alt.Chart:

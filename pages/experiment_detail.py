@@ -1,4 +1,5 @@
-"""Experiment detail: the speedup curve against the formula, and why drafts were rejected."""
+"""Experiment detail: the verdict with its uncertainty, the speedup curve against the predictions, and why drafts
+were rejected."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,16 +16,21 @@ from storage import queries as q
 
 ACTIVE = ("queued", "running")
 REFRESH_SECONDS = 2.0
-RUN_COLUMNS = ["run_id", "kind", "k", "sweep_value", "status", "progress", "new_tokens", "wall_seconds",
-               "tokens_per_second", "speedup", "predicted_speedup", "alpha", "draft_acceptance_rate",
-               "tokens_per_round", "expected_alpha", "kl", "outputs_match_baseline", "error"]
-COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "c", "peak_memory_mb", "target_step_seconds",
+RUN_COLUMNS = ["check", "run_id", "kind", "k", "sweep_value", "status", "progress", "new_tokens", "wall_seconds",
+               "tokens_per_second", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined",
+               "predicted_speedup", "alpha", "draft_acceptance_rate", "tokens_per_round", "expected_alpha", "kl",
+               "outputs_match_baseline", "speedup_note", "timing_warning", "error"]
+COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "c", "verify_cost", "peak_memory_mb", "target_step_seconds",
                 "draft_step_seconds", "tokens_per_second", "wall_seconds"]
+IMPOSSIBLE = "⚠ impossible speedup"  # the Runs table's mark on a run with a timing_warning
+MEASURED = ["run_id", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined"]
+ERROR_FORMAT = st.column_config.NumberColumn(format="percent", help="predicted / measured − 1")
 
 
 def pooled_prediction_inputs(runs: pd.DataFrame) -> tuple[float, float] | None:
     """(α, c) over the finished speculative runs: α = Σaccepted / Σ(accepted + rejected), c their mean."""
-    done = runs[(runs["kind"] == "speculative") & runs["accepted"].notna() & runs["c"].notna()]
+    done = runs[(runs["kind"] == "speculative") & (runs["status"] == "done") & runs["accepted"].notna()
+                & runs["c"].notna()]
     verified = done["accepted"].sum() + done["rejected"].sum()
     if done.empty or verified == 0:
         return None
@@ -38,19 +44,43 @@ def by_swept_value(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     return curve.rename(columns={"sweep_value": sweep_variable})
 
 
-def speedup_frame(curve: pd.DataFrame, sweep_variable: str, prediction: tuple[float, float] | None) -> pd.DataFrame:
-    """Measured speedup per swept value and the formula's prediction; the frame the speedup chart draws."""
-    measured = by_swept_value(curve, sweep_variable).rename(columns={"predicted_speedup": "predicted_speedup_run"})
-    measured = measured[[c for c in (sweep_variable, "run_id", "speedup", "predicted_speedup_run") if c in measured]]
+def speedup_frame(curve: pd.DataFrame, sweep_variable: str, prediction: tuple[float, float] | None,
+                  auto_curve: dict | None = None) -> pd.DataFrame:
+    """What the speedup chart draws: per swept value the measured speedup with its 95 % interval and whether its
+    run finished (`state`), that run's cost-aware prediction, and the formula's (a k sweep: its curve at every k
+    from the pooled α and c; otherwise each run's own); `--k auto` adds the curve it predicted (predicted_auto)."""
+    values = by_swept_value(curve, sweep_variable)
+    measured = values[[sweep_variable, *MEASURED]].assign(
+        state=np.where(values["status"] == "done", charts.FINISHED, "not finished"))
     if sweep_variable != "k":
-        return measured.assign(predicted_speedup=measured["predicted_speedup_run"])
-    if prediction is None:
+        return measured.assign(predicted_speedup=values["predicted_speedup"])
+    auto = {int(k): float(v) for k, v in (auto_curve or {}).items()}
+    if prediction is None and not auto:
         return measured.assign(predicted_speedup=np.nan)
-    alpha, c = prediction
-    k_max = int(max(8, measured["k"].max() if len(measured) else 0, theory.best_k(alpha, c)[0] + 1))
-    formula = pd.DataFrame({"k": range(1, k_max + 1)})
-    formula["predicted_speedup"] = [theory.predicted_speedup(alpha, k, c) for k in formula["k"]]
-    return formula.merge(measured, on="k", how="outer").sort_values("k").reset_index(drop=True)
+    k_max = max([8, *measured["k"], *auto] + ([theory.best_k(*prediction)[0] + 1] if prediction else []))
+    predicted = pd.DataFrame({"k": range(1, int(k_max) + 1)})
+    predicted["predicted_speedup"] = [theory.predicted_speedup(prediction[0], k, prediction[1]) if prediction
+                                      else np.nan for k in predicted["k"]]
+    if auto:
+        predicted["predicted_auto"] = predicted["k"].map(auto)
+    return predicted.merge(measured, on="k", how="outer").sort_values("k").reset_index(drop=True)
+
+
+def prediction_table(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
+    """Each run's measured speedup next to its cost-aware prediction and the article's formula (at the run's own α,
+    k and c), with each prediction's error: predicted / measured − 1."""
+    table = by_swept_value(curve, sweep_variable)[[sweep_variable, *MEASURED, "predicted_speedup"]]
+    return table.assign(refined_error=table["predicted_speedup_refined"] / table["speedup"] - 1,
+                        formula_error=table["predicted_speedup"] / table["speedup"] - 1).replace([np.inf, -np.inf], np.nan)
+
+
+def auto_k_table(experiment: dict, curve: pd.DataFrame) -> pd.DataFrame:
+    """`--k auto`: each confirmed k, measured after the curve was predicted, against that prediction."""
+    auto = experiment.get("predicted_curve") or {}
+    predicted = {int(k): float(v) for k, v in (auto.get("curve") or {}).items()}
+    confirmed = curve[curve["k"].isin([int(k) for k in auto.get("confirmed") or []])]
+    table = confirmed[["k", *MEASURED[:-1]]].assign(predicted=confirmed["k"].astype(int).map(predicted))
+    return table.assign(prediction_error=table["predicted"] / table["speedup"] - 1).reset_index(drop=True)
 
 
 def tokens_frame(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
@@ -69,47 +99,70 @@ def _short(prompts) -> str:
     return Path(text).name if "/" in text or "\\" in text else text
 
 
-def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame) -> None:
+def _best_run(runs: pd.DataFrame, best) -> pd.Series | None:
+    """The finished, unwarned run the verdict crowned (None before there is one)."""
+    chosen = runs[(runs["kind"] == "speculative") & (runs["status"] == "done") & runs["timing_warning"].isna()
+                  & (runs["sweep_value"] == best)] if best is not None else runs.iloc[:0]
+    return chosen.iloc[0] if len(chosen) else None
+
+
+def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict) -> None:
     sampling = experiment.get("sampling") or {}
     st.caption(" · ".join(filter(None, [
         f"**{experiment.get('draft')}** drafting for **{experiment.get('target')}**",
         f"prompts `{_short(experiment.get('prompts'))}`",
         ", ".join(f"{k}={v}" for k, v in sampling.items()) if isinstance(sampling, dict) else str(sampling),
         f"device {experiment.get('device', 'auto')}/{experiment.get('dtype', 'auto')}",
+        f"{experiment['repeats']} timed repeats per prompt (medians)" if experiment.get("repeats") else "",
+        f"k auto up to {experiment['k_auto']}" if experiment.get("k_auto") else "",
         f"tags: {row.get('tags')}" if row.get("tags") else "",
     ])))
     if experiment.get("notes"):
         st.markdown(f"> {experiment['notes']}")
     baseline = runs[runs["kind"] == "baseline"]
     sweep_variable = row.get("sweep_variable") or "k"
+    best_run = _best_run(runs, verdict["best"])
     cols = st.columns(5)
     progress = row["progress"] if pd.notna(row["progress"]) else 0.0
     cols[0].metric("Status", str(row["status"]) if row["status"] not in ACTIVE else f"{row['status']} {progress:.0%}")
-    cols[1].metric(f"Best {sweep_variable}", number(row["best_value"], "{:g}"))
-    cols[2].metric("Best speedup", number(row["best_speedup"], "{:.2f}×"))
-    cols[3].metric("alpha (best run)", number(row["alpha"]))
+    cols[1].metric(f"Best {sweep_variable}", number(verdict["best"], "{:g}"))
+    cols[2].metric("Best speedup", charts.speedup_text(verdict["speedup"], *(verdict["speedup_ci"] or [None, None])),
+                   help="measured, with its 95 % interval (paired bootstrap over the prompts)")
+    cols[3].metric("alpha (best run)", number(best_run["alpha"] if best_run is not None else None))
     cols[4].metric("Baseline tokens/s", number(baseline["tokens_per_second"].iloc[0] if len(baseline) else None,
                                                "{:.1f}"))
+    say = st.warning if verdict["too_wide"] else st.info
+    say(f"**Verdict:** {verdict['text']}.", icon=":material/warning:" if verdict["too_wide"] else ":material/gavel:")
 
 
-def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, sweep_variable: str, best_value) -> None:
+def _warnings(runs: pd.DataFrame, sweep_variable: str) -> None:
+    for r in runs[runs["timing_warning"].notna()].itertuples():
+        st.warning(f"Run {r.run_id} ({sweep_variable} = {r.sweep_value:g}) is never picked as the best: "
+                   f"{r.timing_warning}.", icon=":material/warning:")
+
+
+def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_variable: str, best_value) -> None:
     prediction = pooled_prediction_inputs(runs) if sweep_variable == "k" else None
+    auto_curve = (experiment.get("predicted_curve") or {}).get("curve")
     left, right = st.columns(2)
     with left:
         st.subheader(f"Speedup vs {sweep_variable}")
-        frame = speedup_frame(curve, sweep_variable, prediction)
-        best = float(best_value) if best_value is not None and pd.notna(best_value) else None
-        chart_with_csv(charts.speedup_curve(frame, sweep_variable, best), frame, "speedup_curve.csv")
+        frame = speedup_frame(curve, sweep_variable, prediction, auto_curve)
+        chart_with_csv(charts.speedup_curve(frame, sweep_variable, best_value), frame, "speedup_curve.csv")
+        st.caption("Points: measured, with 95 % intervals (paired bootstrap over prompts); hollow: the run has not "
+                   "finished and cannot be the best. Dashed purple: the cost-aware prediction E[L]·t / (k·t_d + verify) "
+                   "from the run's own round times.")
         if prediction:
             alpha, c = prediction
             k_best, s_best = theory.best_k(alpha, c)
-            st.caption(f"Dashed: (1 − α^(k+1)) / ((1 − α)(1 + k/c)) with α = {alpha:.3f} (pooled over the runs) and "
-                       f"c = {c:.2f} (mean); the formula's best k is {k_best} at {s_best:.2f}×.")
+            st.caption(f"Dashed grey: (1 − α^(k+1)) / ((1 − α)(1 + k/c)) with α = {alpha:.3f} (pooled over the "
+                       f"finished runs) and c = {c:.2f} (mean); the formula's best k is {k_best} at {s_best:.2f}×.")
     with right:
         st.subheader(f"Acceptance vs {sweep_variable}")
         rates = by_swept_value(curve, sweep_variable)[
             list(dict.fromkeys([sweep_variable, "run_id", "alpha", "draft_acceptance_rate"]))]
         chart_with_csv(charts.rates_curve(rates, sweep_variable), rates, "acceptance_curve.csv")
+    _predictions(curve, experiment, sweep_variable)
     left, right = st.columns(2)
     with left:
         st.subheader(f"Tokens per round vs {sweep_variable}")
@@ -117,16 +170,44 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, sweep_variable: str, best_va
         chart_with_csv(charts.tokens_per_round_curve(tokens.drop(columns=["k"]) if sweep_variable != "k" else tokens,
                                                      sweep_variable), tokens, "tokens_per_round.csv")
     with right:
-        st.subheader("Cost: c and memory")
+        st.subheader("Cost: c, verify cost and memory")
         columns = [c for c in COST_COLUMNS if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
         cost = runs[columns]
         st.dataframe(cost, hide_index=True, width="stretch", key="cost_table", column_config={
             "c": st.column_config.NumberColumn(format="%.2f"),
+            "verify_cost": st.column_config.NumberColumn(format="%.2f"),
             "peak_memory_mb": st.column_config.NumberColumn("peak memory (MB)", format="%.0f"),
             "target_step_seconds": st.column_config.NumberColumn(format="%.5f"),
             "draft_step_seconds": st.column_config.NumberColumn(format="%.5f")})
         csv_download(cost, "cost_and_memory.csv")
-        st.caption("c = target step / draft step (single-token forwards); peak memory as the worker measured it.")
+        st.caption("c = target step / draft step (single-token forwards); verify_cost = one verify forward over the "
+                   "round's tokens, in target steps (the formula assumes 1); peak memory as the worker measured it.")
+
+
+def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> None:
+    st.subheader("Predicted against measured")
+    table = prediction_table(curve, sweep_variable)
+    st.dataframe(table, hide_index=True, width="stretch", key="prediction_table", column_config={
+        "predicted_speedup_refined": st.column_config.NumberColumn("cost-aware", format="%.3f"),
+        "predicted_speedup": st.column_config.NumberColumn("formula", format="%.3f"),
+        "refined_error": ERROR_FORMAT, "formula_error": ERROR_FORMAT})
+    csv_download(table, "predicted_vs_measured.csv")
+    k_auto = experiment.get("k_auto")
+    if not k_auto:
+        return
+    if not experiment.get("predicted_curve"):
+        st.info(f"k auto: k = {k_auto} is measured first; from it and the verify-cost profile every k's speedup is "
+                f"predicted, then the best predicted k values are measured to confirm.", icon=":material/hourglass:")
+        return
+    confirmed = auto_k_table(experiment, curve)
+    st.markdown(f"**k auto**: the teal curve was predicted from k = {k_auto} alone; "
+                + (f"confirmed at k = {', '.join(str(k) for k in confirmed['k'])}:" if len(confirmed) else
+                   "its best k is the one already measured, so nothing else was timed."))
+    if len(confirmed):
+        st.dataframe(confirmed, hide_index=True, width="stretch", key="auto_k_table",
+                     column_config={"predicted": st.column_config.NumberColumn(format="%.3f"),
+                                    "prediction_error": ERROR_FORMAT})
+        csv_download(confirmed, "k_auto_confirmation.csv")
 
 
 def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value) -> None:
@@ -179,23 +260,27 @@ def _body(experiment_id: int) -> None:
     listing = q.experiments(store())
     row = listing.set_index("experiment_id").loc[experiment_id]
     runs = q.runs(store(), experiment_id)
+    verdict = q.verdict(store(), experiment_id)
     sweep_variable = row.get("sweep_variable") or "k"
-    _header(experiment, row, runs)
+    _header(experiment, row, runs, verdict)
     failed = runs[runs["status"] == "failed"]
     for failure in failed.itertuples():
         st.error(f"run {failure.run_id} ({failure.kind}) failed: {failure.error}", icon=":material/error:")
+    _warnings(runs, sweep_variable)
     with st.expander("Runs", expanded=row["status"] in ACTIVE):
-        table = runs[[c for c in RUN_COLUMNS if c in runs]].assign(progress=lambda f: f["progress"].fillna(0) * 100)
-        st.dataframe(table, hide_index=True, width="stretch", key="runs_table", column_config={
-            "progress": st.column_config.ProgressColumn(min_value=0, max_value=100, format="%.0f%%")})
+        table = runs.assign(progress=runs["progress"].fillna(0) * 100,
+                            check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
+        st.dataframe(table[[c for c in RUN_COLUMNS if c in table]], hide_index=True, width="stretch", key="runs_table",
+                     column_config={"check": st.column_config.TextColumn(""),
+                                    "progress": st.column_config.ProgressColumn(min_value=0, max_value=100,
+                                                                                format="%.0f%%")})
         csv_download(runs, f"experiment{experiment_id}_runs.csv")
     curve = q.sweep_curve(store(), experiment_id)
     if curve["speedup"].notna().any() if "speedup" in curve else False:
-        _sweep(curve, runs, sweep_variable, row["best_value"])
+        _sweep(curve, runs, experiment, sweep_variable, verdict["best"])
     else:
         st.info("No speculative run has finished yet; the curves appear as runs complete.", icon=":material/hourglass:")
-    best = row["best_value"] if pd.notna(row["best_value"]) else None
-    _breakdowns(runs, sweep_variable, best)
+    _breakdowns(runs, sweep_variable, verdict["best"])
 
 
 def render() -> None:

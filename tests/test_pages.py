@@ -329,7 +329,8 @@ def test_detail_figures_equal_the_storage_queries(populated):
     assert_clean(at)
     row = q.experiments(populated).set_index("experiment_id").loc[experiment_id]
     shown = metrics(at)
-    assert shown["Best k"] == f"{row['best_value']:g}" and shown["Best speedup"] == f"{row['best_speedup']:.2f}×"
+    assert shown["Best k"] == f"{row['best_value']:g}"
+    assert shown["Best speedup"] == f"{row['best_speedup']:.2f}× ({row['best_ci_lo']:.2f}–{row['best_ci_hi']:.2f})"
     assert shown["alpha (best run)"] == f"{row['alpha']:.3f}"
 
     speedup, rates, tokens, position, by_type = chart_data(at)
@@ -570,3 +571,170 @@ def test_the_idle_poll_asks_for_a_full_redraw_only_when_work_appears_or_ends(pop
     cancelled = page.page_state(q.experiments(populated))
     queue.resume_experiment(populated, experiment_id)  # `draftlab resume` elsewhere: same ids, active again
     assert page.needs_full_rerun(cancelled, q.experiments(populated))
+
+
+# --- Timing protocol v2 on the dashboard: intervals, the physics guard, unfinished runs, predictions ----------
+
+def _crafted_prompt(prompt_index, k, accepts, draft_s, verify_s):
+    """A speculative prompt whose wall time is exactly its rounds' draft + verify time (engine invariants kept)."""
+    from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+
+    rounds = []
+    for index, a in enumerate(accepts):
+        drafts = [DraftToken(i + 1, 10 + i, f"t{i}", "english", 0.5, 0.5, 0.5, 0.1,
+                             ACCEPTED if i < a else REJECTED if i == a else DISCARDED) for i in range(k)]
+        rounds.append(Round(prompt_index, index, k, a, list(range(a + 1)),
+                            [ACCEPTED] * a + [BONUS if a == k else CORRECTION], draft_s, verify_s, k, drafts))
+    output = [t for r in rounds for t in r.emitted_ids]
+    return PromptResult(prompt_index, f"p{prompt_index}", output, "x", len(accepts) * (draft_s + verify_s), rounds=rounds)
+
+
+def _crafted_baseline(prompt_index, tokens=8, step=0.010):
+    from engine.records import PromptResult
+
+    return PromptResult(prompt_index, f"p{prompt_index}", list(range(tokens)), "x", tokens * step,
+                        decode_steps=tokens, decode_seconds=tokens * step)
+
+
+def _record_runs(store, runs: dict, done: bool = True) -> None:
+    """runs: {run_id: (kind, [PromptResult])}, recorded as the worker records them; then closed as done."""
+    from tests.test_storage import record
+
+    for run_id, (kind, results) in runs.items():
+        for result in results:
+            record(store, run_id, kind, result)
+        if done:
+            queue.finish_run(store, run_id, "done")
+
+
+# k=1 is timed 6x faster than the baseline with 1.5 tokens per round (impossible: a timing_warning); k=2 is honest
+# (about 2x, its prompts a little apart so its interval has a width); k=4 is faster still but has only finished 2
+# of 4 prompts.
+CRAFTED = {1: ([1, 0, 1, 0], 0.001, 0.0015), 2: ([2, 1, 2], 0.002, 0.010), 4: ([4, 4, 3], 0.004, 0.011)}
+
+
+@pytest.fixture
+def crafted(empty_db):
+    """A k = 1, 2, 4 experiment recorded from crafted timings; k = 4 still running. Returns (store, id, run ids by k)."""
+    from tests.test_storage import enqueue, run_ids
+
+    store = open_store(empty_db)
+    experiment_id = enqueue(store, ks=(1, 2, 4), prompts=4, name="crafted", repeats=3)
+    ids = run_ids(store, experiment_id)
+    assert queue.claim_group(store, experiment_id, "w")
+    for run_id in ids.values():
+        queue.start_run(store, run_id, 4, "cpu")
+    spec = {k: [_crafted_prompt(i, k, accepts, draft_s, verify_s * (1 + 0.1 * i)) for i in range(4)]
+            for k, (accepts, draft_s, verify_s) in CRAFTED.items()}
+    _record_runs(store, {ids[("baseline", None)]: ("baseline", [_crafted_baseline(i) for i in range(4)]),
+                         ids[("speculative", 1)]: ("speculative", spec[1]),
+                         ids[("speculative", 2)]: ("speculative", spec[2])})
+    _record_runs(store, {ids[("speculative", 4)]: ("speculative", spec[4][:2])}, done=False)
+    return store, experiment_id, {k: ids[("speculative", k)] for k in CRAFTED}
+
+
+def _set_speedups(store, run_ids: dict, speedups: dict) -> None:
+    from sqlalchemy import text
+
+    with store.write() as conn:
+        for k, (s, lo, hi) in speedups.items():
+            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
+                              "timing_warning = NULL WHERE id = :rid"), {"s": s, "lo": lo, "hi": hi, "rid": run_ids[k]})
+
+
+def _measured(at: AppTest) -> pd.DataFrame:
+    """The speedup chart's measured points (long form: x, series, value, lo, hi, state)."""
+    drawn = next(d for chart in chart_data(at) for d in chart if "series" in d and "lo" in d)
+    return drawn[drawn["series"] == "measured"].sort_values("x").reset_index(drop=True)
+
+
+def test_detail_headline_carries_the_interval_and_names_the_ties(populated):
+    experiment_id = _greedy_id(populated)
+    ids = {int(r.k): int(r.run_id) for r in q.sweep_curve(populated, experiment_id).itertuples()}
+    _set_speedups(populated, ids, {1: (1.10, 1.05, 1.15), 2: (1.31, 1.22, 1.40), 4: (1.25, 1.18, 1.33)})
+    at = app("experiment", experiment=experiment_id)
+    assert_clean(at)
+    assert metrics(at)["Best k"] == "2" and metrics(at)["Best speedup"] == "1.31× (1.22–1.40)"
+    assert any("best k 2 at 1.31× (1.22–1.40), tied with 4" in i.value for i in at.info)
+    measured = _measured(at)
+    assert measured[["x", "lo", "hi"]].values.tolist() == [[1, 1.05, 1.15], [2, 1.22, 1.40], [4, 1.18, 1.33]]
+    assert '"errorbar"' in chart_titles(at)[0]
+
+    _set_speedups(populated, ids, {2: (1.31, 0.90, 1.90)})  # the best one's interval spans 2x: no choice
+    at = app("experiment", experiment=experiment_id)
+    assert_clean(at)
+    assert any("too wide to choose" in w.value for w in at.warning)
+
+
+def test_detail_warns_about_an_impossible_speedup_and_never_crowns_it(crafted):
+    store, experiment_id, ids = crafted
+    runs = q.runs(store, experiment_id).set_index("run_id")
+    assert runs.loc[ids[1], "speedup"] > runs.loc[ids[1], "tokens_per_round"]  # what the recording path flags
+    at = app("experiment", experiment=experiment_id)
+    assert_clean(at)
+    warned = [w.value for w in at.warning if f"Run {ids[1]} (k = 1)" in w.value]
+    assert len(warned) == 1 and runs.loc[ids[1], "timing_warning"] in warned[0]
+    assert metrics(at)["Best k"] == "2"
+    table = next(d.value for d in at.dataframe if "check" in d.value).set_index("run_id")
+    assert table.loc[ids[1], "check"].startswith("⚠") and table.loc[ids[2], "check"] == ""
+
+
+def test_detail_draws_unfinished_runs_hollow_and_never_as_the_headline(crafted):
+    store, experiment_id, ids = crafted
+    runs = q.runs(store, experiment_id).set_index("run_id")
+    assert runs.loc[ids[4], "status"] == "running" and runs.loc[ids[4], "speedup"] > runs.loc[ids[2], "speedup"]
+    at = app("experiment", experiment=experiment_id)
+    assert_clean(at)
+    assert metrics(at)["Best k"] == "2"
+    best = runs.loc[ids[2]]
+    assert metrics(at)["Best speedup"] == f"{best.speedup:.2f}× ({best.speedup_ci_lo:.2f}–{best.speedup_ci_hi:.2f})"
+    measured = _measured(at).set_index("x")
+    assert measured.loc[4, "state"] == "not finished" and measured.loc[2, "state"] == "finished"
+    assert measured.loc[4, "value"] == pytest.approx(runs.loc[ids[4], "speedup"])
+    assert '"white"' in chart_titles(at)[0]  # the hollow fill of unfinished points
+
+
+def test_detail_sets_predictions_beside_the_measurement(crafted):
+    store, experiment_id, ids = crafted
+    at = app("experiment", experiment=experiment_id)
+    assert_clean(at)
+    table = next(d.value for d in at.dataframe if "refined_error" in d.value).set_index("run_id")
+    curve = q.sweep_curve(store, experiment_id).set_index("run_id")
+    for run_id in ids.values():
+        row = curve.loc[run_id]
+        assert table.loc[run_id, "refined_error"] == pytest.approx(row.predicted_speedup_refined / row.speedup - 1)
+        assert table.loc[run_id, "formula_error"] == pytest.approx(row.predicted_speedup / row.speedup - 1)
+    drawn = next(d for chart in chart_data(at) for d in chart if "series" in d and "lo" in d)
+    assert {"measured", "predicted (cost-aware)", "predicted (formula)"} <= set(drawn["series"])
+    cost = next(d.value for d in at.dataframe if "verify_cost" in d.value and "peak_memory_mb" in d.value)
+    runs = q.runs(store, experiment_id)
+    assert cost["verify_cost"].tolist() == pytest.approx(runs["verify_cost"].tolist(), nan_ok=True)
+    assert "predicted_vs_measured.csv" in downloads(at)
+
+
+def test_detail_of_a_k_auto_experiment_plots_its_predicted_curve_and_confirmations(empty_db):
+    from tests.test_storage import enqueue, run_ids
+
+    store = open_store(empty_db)
+    experiment_id = enqueue(store, ks=(1,), prompts=3, name="auto", k_auto=4)
+    probe = run_ids(store, experiment_id)
+    _record_runs(store, {probe[("baseline", None)]: ("baseline", [_crafted_baseline(i) for i in range(3)]),
+                         probe[("speculative", 4)]: ("speculative", [_crafted_prompt(i, 4, [4, 2, 3], 0.004, 0.011)
+                                                                     for i in range(3)])})
+    predicted = {1: 1.4, 2: 2.1, 3: 2.5, 4: 2.6}
+    queue.set_predicted_curve(store, experiment_id, predicted, [2, 3])
+    base, k2, k3 = queue.add_k_runs(store, experiment_id, [2, 3])
+    _record_runs(store, {base: ("baseline", [_crafted_baseline(i) for i in range(3)]),
+                         k2: ("speculative", [_crafted_prompt(i, 2, [2, 1, 2], 0.002, 0.010) for i in range(3)]),
+                         k3: ("speculative", [_crafted_prompt(i, 3, [3, 1, 2], 0.003, 0.010) for i in range(3)])})
+    at = app("experiment", experiment=experiment_id)
+    assert_clean(at)
+    drawn = next(d for chart in chart_data(at) for d in chart if "series" in d and "lo" in d)
+    auto = drawn[drawn["series"] == "predicted (k auto)"].set_index("x")["value"]
+    assert auto.to_dict() == pytest.approx(predicted)
+    confirmed = next(d.value for d in at.dataframe if "prediction_error" in d.value)
+    measured = q.runs(store, experiment_id).set_index("run_id")["speedup"]
+    assert confirmed["k"].tolist() == [2, 3]
+    assert confirmed["prediction_error"].tolist() == pytest.approx(
+        [predicted[2] / measured[k2] - 1, predicted[3] / measured[k3] - 1])
+    assert any("confirmed at k = 2, 3" in m.value for m in at.markdown)
