@@ -15,9 +15,15 @@ from transformers import DynamicCache, cache_utils
 from .errors import DraftLabError
 from .memory import cache_bytes
 
-# Recurrent states (linear attention, SSM, conv) summarise the whole past in place: no crop rewinds them.
-_RECURRENT = tuple(getattr(cache_utils, name) for name in ("LinearAttentionCacheLayerMixin",) if hasattr(cache_utils, name))
-_CROPPABLE = (cache_utils.DynamicLayer, cache_utils.DummyLayer)
+
+def _classes(*names: str) -> tuple:
+    return tuple(getattr(cache_utils, name) for name in names if hasattr(cache_utils, name))
+
+
+# Linear-attention / SSM / conv layers update one state in place instead of storing a row per token:
+# a rollback cannot rewind them.
+_RECURRENT = _classes("LinearAttentionCacheLayerMixin")
+_CROPPABLE = _classes("DynamicLayer", "DummyLayer")
 
 
 class CachedModel:

@@ -1,4 +1,5 @@
-"""Plain records the engine hands out: one per draft token, per round, per prompt.
+"""Plain records the engine hands out: one per draft token, per round, per prompt; and `settle_round`, the
+rule that turns a verified round into its emitted tokens and draft outcomes.
 
 Nothing here knows about torch, a database or a UI; storage and metrics consume these as they are.
 Names follow ../shared/SPEC.md.
@@ -69,3 +70,18 @@ class PromptResult:
     @property
     def new_tokens(self) -> int:
         return len(self.output_ids)
+
+
+def settle_round(drafted: list[int], accepted: int, next_token: int, eos_ids: set[int], budget: int):
+    """(emitted ids, their kinds, a_r, each draft's outcome) of a round whose verification accepted
+    `accepted` drafts and drew `next_token`. An EOS or the token budget may cut the round: the drafts past the
+    cut are discarded, whether verification accepted or refused them, so a_r counts emitted drafts only. (The
+    loop caps k_r so that the budget never cuts a round; should one be cut, it is settled like an EOS cut.)"""
+    emitted = drafted[:accepted] + [next_token]
+    kinds = [ACCEPTED] * accepted + [CORRECTION if accepted < len(drafted) else BONUS]
+    kept = next((j + 1 for j, token in enumerate(emitted) if token in eos_ids), len(emitted))
+    kept = min(kept, budget)
+    # Draft i owns output slot i: itself if accepted, else the correction that replaced it.
+    outcomes = [DISCARDED if i >= kept else ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED
+                for i in range(len(drafted))]
+    return emitted[:kept], kinds[:kept], min(accepted, kept), outcomes

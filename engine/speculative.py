@@ -16,7 +16,7 @@ import torch
 from .cached_model import CachedModel
 from .clock import RoundClock
 from .drafting import Drafter, Proposal
-from .records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+from .records import DraftToken, PromptResult, Round, settle_round
 from .sampling import SamplingConfig, probabilities, prompt_generator, sample
 from .token_types import TokenTyper
 
@@ -122,20 +122,6 @@ class SpeculativeDecoder:
             tokens.append(DraftToken(i + 1, token, text, kind, host["p_draft"][i], host["p_target"][i],
                                      host["beta"][i], host["kl"][i], outcome))
         return Round(prompt_index, round_index, len(drafted), accepted, emitted, kinds, draft_s, verify_s, forwards, tokens)
-
-
-def settle_round(drafted: list[int], accepted: int, next_token: int, eos_ids: set[int], budget: int):
-    """(emitted ids, their kinds, a_r, each draft's outcome) of a round whose verification accepted
-    `accepted` drafts and drew `next_token`. An EOS or the token budget may cut the round: the drafts past the
-    cut are discarded, whether verification accepted or refused them, so a_r counts emitted drafts only."""
-    emitted = drafted[:accepted] + [next_token]
-    kinds = [ACCEPTED] * accepted + [CORRECTION if accepted < len(drafted) else BONUS]
-    kept = next((j + 1 for j, token in enumerate(emitted) if token in eos_ids), len(emitted))
-    kept = min(kept, budget)
-    # Draft i owns output slot i: itself if accepted, else the correction that replaced it.
-    outcomes = [DISCARDED if i >= kept else ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED
-                for i in range(len(drafted))]
-    return emitted[:kept], kinds[:kept], min(accepted, kept), outcomes
 
 
 def to_host(proposal: Proposal, p_target: torch.Tensor, target_logits: torch.Tensor,

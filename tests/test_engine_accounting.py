@@ -36,7 +36,7 @@ def test_max_new_tokens_cut_counts_only_emitted_drafts(budget):
 
 
 def _settle(drafted, accepted, next_token, budget=100):
-    from engine.speculative import settle_round
+    from engine.records import settle_round
 
     return settle_round(drafted, accepted, next_token, {tm.EOS}, budget)
 
