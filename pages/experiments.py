@@ -18,8 +18,22 @@ RESUMABLE = ("failed", "cancelled", "interrupted")
 REFRESH_SECONDS = 2.0  # the table, while something is queued or running
 IDLE_POLL_SECONDS = 5.0  # the cheap check for new work, while nothing is
 ANY = "any"
-COLUMNS = ["experiment_id", "name", "status", "progress", "best_value", "best_speedup", "alpha", "target", "draft",
-           "prompts", "sweep_variable", "sweep_values", "tags", "created", "notes"]
+COLUMNS = ["experiment_id", "check", "name", "status", "progress", "best_value", "best_speedup", "interval", "n_tied",
+           "alpha", "target", "draft", "prompts", "sweep_variable", "sweep_values", "repeats", "tags", "created", "notes"]
+
+
+_COLUMN_CONFIG = {
+    "experiment_id": st.column_config.NumberColumn("id", format="%d"),
+    "check": st.column_config.TextColumn("", help="runs whose measured speedup exceeds their tokens per round (the "
+                                                  "timing drifted): never picked as the best"),
+    "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100, format="%.0f%%"),
+    "best_value": st.column_config.NumberColumn("best k", help="finished swept value with the highest measured speedup"),
+    "best_speedup": st.column_config.NumberColumn("best speedup", format="%.2f×"),
+    "interval": st.column_config.TextColumn("95 % interval", help="of the best speedup: paired bootstrap over prompts"),
+    "n_tied": st.column_config.NumberColumn("ties", format="%d", help="other values whose interval overlaps the best "
+                                                                      "one's: statistically tied with it"),
+    "alpha": st.column_config.NumberColumn("alpha", format="%.3f", help="alpha of the best run"),
+}
 
 
 def _is_active(frame: pd.DataFrame) -> bool:
@@ -54,22 +68,31 @@ def _filters(everything: pd.DataFrame) -> dict:
     return {k: (None if v == ANY else v) for k, v in (("tag", tag), ("model", model), ("status", status))}
 
 
+def _waiting() -> None:
+    """One line per worker waiting for a device another worker is timing on (one timed job per device)."""
+    leases = q.device_leases(store())
+    for r in leases[leases["waiting_worker"].notna()].itertuples():
+        holder = (f"held by worker {r.worker_id}" + (f", timing experiment #{r.experiment_id}"
+                                                     if pd.notna(r.experiment_id) else "")
+                  if pd.notna(r.worker_id) else "free now: it starts at its next poll")
+        st.info(f"Worker {r.waiting_worker} is waiting for device {r.device} ({holder}).", icon=":material/hourglass:")
+
+
 def _table(filters: dict, seen: tuple) -> None:
     if needs_full_rerun(seen, q.experiments(store())):
         st.rerun()  # new experiments, or work started or finished: redraw the page once, with the right timer
+    _waiting()
     frame = q.experiments(store(), **filters)
     if frame.empty:
         st.info("No experiment matches these filters.")
         return
-    shown = frame[[c for c in COLUMNS if c in frame]].copy()
-    shown["progress"] = shown["progress"].fillna(0) * 100
-    st.dataframe(shown, hide_index=True, width="stretch", key="experiments_table", column_config={
-        "experiment_id": st.column_config.NumberColumn("id", format="%d"),
-        "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100, format="%.0f%%"),
-        "best_value": st.column_config.NumberColumn("best k", help="swept value with the highest measured speedup"),
-        "best_speedup": st.column_config.NumberColumn("best speedup", format="%.2f×"),
-        "alpha": st.column_config.NumberColumn("alpha", format="%.3f", help="alpha of the best run"),
-    })
+    shown = frame.assign(
+        progress=frame["progress"].fillna(0) * 100,
+        interval=[f"{lo:.2f}–{hi:.2f}" if pd.notna(lo) and pd.notna(hi) else "" for lo, hi in
+                  zip(frame["best_ci_lo"], frame["best_ci_hi"])],
+        check=[f"⚠ {n} impossible speedup{'s' if n > 1 else ''}" if n else "" for n in frame["timing_warnings"]])
+    st.dataframe(shown[[c for c in COLUMNS if c in shown]], hide_index=True, width="stretch", key="experiments_table",
+                 column_config=_COLUMN_CONFIG)
     csv_download(frame, "experiments.csv")
     if seen[1]:
         st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while experiments are queued or running.")

@@ -381,3 +381,27 @@ def draft_token_rows(store: Store, experiment_id: int) -> pd.DataFrame:
              WHERE r.experiment_id = :eid ORDER BY d.run_id, d.prompt_index, d.round_index, d.position"""
     with store.read() as conn:
         return _frame(conn, sql, {"eid": experiment_id})
+
+
+def device_leases(store: Store, max_age_seconds: float = 30) -> pd.DataFrame:
+    """Who times on which device (one timed job per device): a row per device that is leased or waited for, and per
+    worker waiting for it. device; worker_id, experiment_id, acquired, heartbeat: the lease's holder, what it
+    times, since when, its last beat (NULL when nobody holds the device); waiting_worker: a worker whose
+    `waiting_for` names the device (NULL when none waits). Waiting workers silent for max_age_seconds are left out."""
+    sql = """
+    WITH devices AS (SELECT device FROM device_leases
+                     UNION SELECT waiting_for FROM workers WHERE waiting_for IS NOT NULL AND heartbeat >= :cutoff)
+    SELECT d.device, l.worker_id, l.experiment_id, l.acquired, l.heartbeat, w.id AS waiting_worker
+    FROM devices d
+    LEFT JOIN device_leases l ON l.device = d.device
+    LEFT JOIN workers w ON w.waiting_for = d.device AND w.heartbeat >= :cutoff
+    ORDER BY d.device, w.id"""
+    from datetime import timedelta
+
+    from .schema import utcnow
+
+    with store.read() as conn:
+        df = _frame(conn, sql, {"cutoff": utcnow() - timedelta(seconds=max_age_seconds)})
+    df["acquired"] = pd.to_datetime(df["acquired"], format="ISO8601")
+    _nullable_int(df, "experiment_id")
+    return df

@@ -738,3 +738,52 @@ def test_detail_of_a_k_auto_experiment_plots_its_predicted_curve_and_confirmatio
     assert confirmed["prediction_error"].tolist() == pytest.approx(
         [predicted[2] / measured[k2] - 1, predicted[3] / measured[k3] - 1])
     assert any("confirmed at k = 2, 3" in m.value for m in at.markdown)
+
+
+def test_experiments_list_shows_the_best_with_its_interval_ties_and_a_warning_mark(crafted):
+    store, experiment_id, ids = crafted
+    at = app("experiments")
+    assert_clean(at)
+    row = at.dataframe[0].value.set_index("experiment_id").loc[experiment_id]
+    best = q.run_summary(store, ids[2]).iloc[0]
+    assert row["best_value"] == 2 and row["best_speedup"] == pytest.approx(best.speedup)
+    assert row["interval"] == f"{best.speedup_ci_lo:.2f}–{best.speedup_ci_hi:.2f}"
+    assert row["check"] == "⚠ 1 impossible speedup" and row["n_tied"] == 0 and row["repeats"] == 3
+
+
+def test_experiments_page_names_the_worker_a_waiting_worker_waits_for(crafted):
+    store, experiment_id, _ = crafted
+    for worker in ("gpu-box-1", "gpu-box-2"):
+        queue.register_worker(store, worker)
+    assert queue.acquire_lease(store, "gpu-box:cuda:0", "gpu-box-1", experiment_id, stale_seconds=60) is None
+    assert queue.acquire_lease(store, "gpu-box:cuda:0", "gpu-box-2", None, stale_seconds=60) == "gpu-box-1"
+    leases = q.device_leases(store)
+    assert leases[["device", "worker_id", "experiment_id", "waiting_worker"]].values.tolist() == [
+        ["gpu-box:cuda:0", "gpu-box-1", experiment_id, "gpu-box-2"]]
+    at = app("experiments")
+    assert_clean(at)
+    assert [i.value for i in at.info if "waiting" in i.value] == [
+        f"Worker gpu-box-2 is waiting for device gpu-box:cuda:0 (held by worker gpu-box-1, timing experiment "
+        f"#{experiment_id})."]
+    queue.release_lease(store, "gpu-box:cuda:0", "gpu-box-1")
+    assert queue.acquire_lease(store, "gpu-box:cuda:0", "gpu-box-2", None, stale_seconds=60) is None
+    assert q.device_leases(store)["waiting_worker"].isna().all()
+    at = app("experiments")
+    assert not [i.value for i in at.info if "waiting" in i.value]
+
+
+def test_device_leases_query_on_sqlite_and_postgresql(store):
+    experiment_id = queue.enqueue_experiment(store, name="l", target="t", draft="d", prompts="p", sampling={},
+                                             sweep_values=[1], prompt_texts=PROMPTS)
+    assert q.device_leases(store).empty
+    for worker in ("a", "b", "c"):
+        queue.register_worker(store, worker)
+    assert queue.acquire_lease(store, "host:cpu", "a", experiment_id, stale_seconds=60) is None
+    for waiter in ("c", "b"):
+        assert queue.acquire_lease(store, "host:cpu", waiter, None, stale_seconds=60) == "a"
+    leases = q.device_leases(store)
+    assert leases["waiting_worker"].tolist() == ["b", "c"] and set(leases["worker_id"]) == {"a"}
+    assert leases["experiment_id"].tolist() == [experiment_id] * 2 and leases["acquired"].notna().all()
+    queue.unregister_worker(store, "a")  # the holder is gone: its lease goes, the others still wait
+    leases = q.device_leases(store)
+    assert leases["waiting_worker"].tolist() == ["b", "c"] and leases["worker_id"].isna().all()
