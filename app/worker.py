@@ -27,6 +27,7 @@ from engine.errors import DraftLabError, RunCancelled
 from engine.loading import ModelPair, load_pair
 from engine.prompt_sets import load_prompts
 from engine.records import PromptResult
+from engine.memory import model_bytes
 from engine.profile import verify_profile
 from engine.protocol import median_repeat, schedule
 from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
@@ -51,9 +52,10 @@ class _Loaded:
     encoded: dict = field(default_factory=dict)  # (experiment_id, max_new_tokens) -> prompt ids
 
 
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+def _reset_peak(pair: ModelPair, decoder) -> None:
+    if pair.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(pair.device)
+    decoder.reset_peak_cache_bytes()
 
 
 def _peak_mb(pair: ModelPair, decoder) -> float:
@@ -67,23 +69,12 @@ def _peak_mb(pair: ModelPair, decoder) -> float:
 
 def arm_memory_bytes(pair: ModelPair, decoder) -> int:
     """Parameters and buffers of the target (and of the draft when the arm drafts with it), plus the peak
-    size of the KV caches the decoder held."""
+    KV-cache bytes of the decode."""
     models = [pair.target.model]
-    drafter = getattr(decoder, "drafter", None)
-    if drafter is not None and getattr(getattr(drafter, "lm", None), "model", None) is not None:
-        models.append(drafter.lm.model)
-    total = sum(t.numel() * t.element_size() for m in models for t in [*m.parameters(), *m.buffers()])
-    caches = [getattr(decoder, "target", None), getattr(drafter, "lm", None)]
-    return total + sum(_cache_bytes(c) for c in caches if c is not None)
-
-
-def _cache_bytes(lm) -> int:
-    peak = getattr(lm, "peak_cache_bytes", None)
-    if peak is not None:
-        return int(peak)
-    layers = getattr(lm.cache, "layers", []) if lm.cache is not None else []
-    return sum(t.numel() * t.element_size() for layer in layers
-               for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor))
+    drafter_lm = getattr(getattr(decoder, "drafter", None), "lm", None)
+    if drafter_lm is not None:
+        models.append(drafter_lm.model)
+    return sum(model_bytes(m) for m in models) + decoder.peak_cache_bytes()
 
 
 def lease_key(device: str) -> str:
@@ -301,7 +292,7 @@ class Worker:
                         decoders[rid].generate(prompts[i], prompt_ids[i], i, max_new_tokens=min(WARMUP_TOKENS, budget))
                         warmed.add(rid)
                     on_progress = self._progress_callback(group[rid], i, repeat, repeats, total, budget)
-                    _reset_peak(loaded.pair.device)
+                    _reset_peak(loaded.pair, decoders[rid])
                     timed[rid].append(decoders[rid].generate(prompts[i], prompt_ids[i], i, on_progress=on_progress))
                     memory[rid] = max(memory.get(rid, 0.0), _peak_mb(loaded.pair, decoders[rid]))
                     slots[rid].append(slot)
