@@ -1,6 +1,7 @@
 """Compare: experiments side by side (overlaid sweep curves) and runs side by side (metrics and breakdowns)."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -9,18 +10,26 @@ from pages.common import chart_with_csv, csv_download, empty_state, experiment_l
 from storage import queries as q
 
 EXPERIMENT_COLUMNS = ["experiment_id", "name", "target", "draft", "prompts", "status", "sweep_variable", "best_value",
-                      "best_speedup", "alpha", "tags"]
-RUN_METRICS = ["kind", "k", "sweep_value", "status", "new_tokens", "tokens_per_second", "speedup", "predicted_speedup",
-               "alpha", "draft_acceptance_rate", "tokens_per_round", "expected_alpha", "kl", "rounds", "proposed",
-               "accepted", "rejected", "c", "draft_step_seconds", "target_step_seconds", "peak_memory_mb",
-               "outputs_match_baseline"]
+                      "best", "n_tied", "timing_warnings", "repeats", "alpha", "tags"]
+RUN_METRICS = ["kind", "k", "sweep_value", "status", "new_tokens", "tokens_per_second", "speedup", "speedup_ci_lo",
+               "speedup_ci_hi", "predicted_speedup_refined", "predicted_speedup", "alpha", "draft_acceptance_rate",
+               "tokens_per_round", "expected_alpha", "kl", "rounds", "proposed", "accepted", "rejected", "c",
+               "verify_cost", "draft_step_seconds", "target_step_seconds", "peak_memory_mb", "outputs_match_baseline",
+               "speedup_note", "timing_warning"]
+INTERVAL = {"lo": "speedup_ci_lo", "hi": "speedup_ci_hi"}  # the speedup chart's error bars
 
 
 def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataFrame]:
     label = experiment_label(listing)
     table = listing[listing["experiment_id"].isin(chosen)]
+    table = table.assign(best=[charts.speedup_text(s, lo, hi) for s, lo, hi in
+                               zip(table["best_speedup"], table["best_ci_lo"], table["best_ci_hi"])])
     table = table[[c for c in EXPERIMENT_COLUMNS if c in table]]
-    st.dataframe(table, hide_index=True, width="stretch", key="compare_experiments_table")
+    st.dataframe(table, hide_index=True, width="stretch", key="compare_experiments_table", column_config={
+        "best": st.column_config.TextColumn("best speedup (95 % interval)"),
+        "n_tied": st.column_config.NumberColumn("ties", help="values statistically tied with the best"),
+        "timing_warnings": st.column_config.NumberColumn("⚠ impossible", help="runs timed faster than their tokens "
+                                                                              "per round allow (never the best)")})
     csv_download(table, "compare_experiments.csv")
     curves, runs_by_experiment = [], {}
     for experiment_id in chosen:
@@ -33,14 +42,19 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     if curve.empty or curve["speedup"].isna().all():
         st.info("None of these experiments has a finished speculative run yet.")
         return runs_by_experiment
+    curve["state"] = np.where(curve["status"] == "done", charts.FINISHED, "not finished")
     left, mid, right = st.columns(3)
     for column, (y, title, domain) in zip((left, mid, right), (
             ("speedup", "speedup (×)", None), ("alpha", "alpha", (0, 1)), ("tokens_per_round", "tokens per round", None))):
         with column:
             st.subheader(f"{title} vs {x_title}")
-            frame = curve[["experiment", "experiment_id", "run_id", "sweep_value", y]].dropna(subset=[y])
-            chart_with_csv(charts.overlaid_curves(frame, "sweep_value", y, "experiment", x_title, title, domain),
-                           frame, f"compare_{y}.csv")
+            interval = INTERVAL if y == "speedup" else {}
+            frame = curve[["experiment", "experiment_id", "run_id", "sweep_value", y, *interval.values(),
+                           *(["state"] if interval else [])]].dropna(subset=[y])
+            chart_with_csv(charts.overlaid_curves(frame, "sweep_value", y, "experiment", x_title, title, domain,
+                                                  **interval), frame, f"compare_{y}.csv")
+    st.caption("Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
+               "have not finished.")
     return runs_by_experiment
 
 

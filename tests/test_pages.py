@@ -787,3 +787,21 @@ def test_device_leases_query_on_sqlite_and_postgresql(store):
     queue.unregister_worker(store, "a")  # the holder is gone: its lease goes, the others still wait
     leases = q.device_leases(store)
     assert leases["waiting_worker"].tolist() == ["b", "c"] and leases["worker_id"].isna().all()
+
+
+def test_compare_draws_speedup_intervals_and_lists_the_best_with_its_interval(crafted):
+    store, experiment_id, ids = crafted
+    at = app("compare", experiments=experiment_id, runs=f"{ids[1]},{ids[2]}")
+    assert_clean(at)
+    speedup = chart_data(at)[0][0].set_index("run_id")
+    runs = q.runs(store, experiment_id).set_index("run_id")
+    for run_id in ids.values():
+        assert speedup.loc[run_id, ["speedup_ci_lo", "speedup_ci_hi"]].tolist() == pytest.approx(
+            runs.loc[run_id, ["speedup_ci_lo", "speedup_ci_hi"]].tolist())
+    assert speedup.loc[ids[4], "state"] == "not finished" and '"errorbar"' in chart_titles(at)[0]
+    table = next(d.value for d in at.dataframe if "best" in d.value)
+    best = runs.loc[ids[2]]
+    assert table["best"].tolist() == [f"{best.speedup:.2f}× ({best.speedup_ci_lo:.2f}–{best.speedup_ci_hi:.2f})"]
+    assert table["timing_warnings"].tolist() == [1]
+    metrics_table = next(d.value for d in at.dataframe if "timing_warning" in d.value.index)
+    assert "exceeds" in metrics_table.loc["timing_warning"].iloc[0] and metrics_table.loc["timing_warning"].iloc[1] == ""
