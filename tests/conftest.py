@@ -1,6 +1,8 @@
 """Shared test setup."""
 import os
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download; an unknown id must fail fast
 
 try:
@@ -12,10 +14,44 @@ except ImportError:  # storage-only environments
     pass
 
 
+# --- services the suite needs: PostgreSQL and a browser ------------------------------------------------------
+# scripts/test.sh (the README's test command, all CI runs) sets DRAFTLAB_REQUIRE_SERVICES=1: a test whose server
+# or browser is missing then FAILS with the reason. Plain `pytest` skips such tests, with the reason, and so does
+# scripts/test.sh when DRAFTLAB_ALLOW_SKIP=1 says so on purpose.
+REQUIRE_ENV, ALLOW_SKIP_ENV = "DRAFTLAB_REQUIRE_SERVICES", "DRAFTLAB_ALLOW_SKIP"
+BROWSER_TESTS = "test_browser_e2e.py"  # its module-level skipif (no chromium) is turned into a failure below
+
+
+def services_required() -> bool:
+    return os.environ.get(REQUIRE_ENV) == "1" and os.environ.get(ALLOW_SKIP_ENV) != "1"
+
+
+def _required_message(reason: str) -> str:
+    return (f"{reason}. scripts/test.sh requires it (set {ALLOW_SKIP_ENV}=1 to let the tests that need it skip "
+            f"instead)")
+
+
+def missing_service(reason: str):
+    """A test cannot run without a service: fail when the run requires services, else skip; both say why."""
+    if services_required():
+        pytest.fail(_required_message(reason), pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.path.name == BROWSER_TESTS and services_required() and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = _required_message(reason.removeprefix("Skipped: "))
+
+
 # --- storage: SQLite and PostgreSQL -------------------------------------------------------------------------
 # `db_url` / `store` run a test on SQLite and on a real PostgreSQL server ($DRAFTLAB_TEST_POSTGRES, else
-# 127.0.0.1:5432/test, else one started here with initdb/pg_ctl, else skipped with the reason). Each
-# PostgreSQL test gets a fresh schema, dropped afterwards.
+# 127.0.0.1:5432/test, else one started here with initdb/pg_ctl — as the `postgres` user when run as root —,
+# else skipped or failed with the reason, see above). Each PostgreSQL test gets a fresh schema, dropped afterwards.
 import shutil  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
@@ -24,8 +60,6 @@ import time  # noqa: E402
 import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
 from urllib.parse import quote  # noqa: E402
-
-import pytest  # noqa: E402
 
 DEFAULT_TEST_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -43,35 +77,54 @@ def _pg_unreachable(url: str) -> str | None:
         return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
+def _unprivileged_prefix(base: Path):
+    """([], None) normally; as root (initdb refuses root) the `runuser -u postgres --` prefix, with `base` handed
+    to that user; (None, why) when there is no such user."""
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0):
+        return [], None
+    import pwd
+
+    runuser = shutil.which("runuser")
+    try:
+        user = pwd.getpwnam("postgres")
+    except KeyError:
+        return None, "initdb refuses to run as root and there is no `postgres` user to run it as"
+    if not runuser:
+        return None, "initdb refuses to run as root and runuser (util-linux) is missing"
+    os.chown(base, user.pw_uid, user.pw_gid)
+    return [runuser, "-u", "postgres", "--"], None
+
+
 def _start_temporary_postgres(base: Path):
-    """initdb + pg_ctl in a temp dir (initdb refuses root). Returns (url or None, why not, stop)."""
+    """initdb + pg_ctl in a temp dir. Returns (url or None, why not, stop)."""
     initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
     if not (initdb and pg_ctl):
         return None, "no initdb/pg_ctl on PATH", lambda: None
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        return None, "initdb refuses to run as root", lambda: None
+    prefix, why = _unprivileged_prefix(base)
+    if prefix is None:
+        return None, why, lambda: None
     data = base / "pgdata"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     try:
-        subprocess.run([initdb, "-D", str(data), "-U", "postgres", "--auth=trust"], check=True,
+        subprocess.run([*prefix, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"], check=True,
                        capture_output=True, timeout=120)
-        subprocess.run([pg_ctl, "-D", str(data), "-l", str(base / "pg.log"), "-w", "-o",
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-l", str(base / "pg.log"), "-w", "-o",
                         f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start"],
                        check=True, capture_output=True, timeout=60)
     except (subprocess.SubprocessError, OSError) as exc:
         return None, f"could not start a temporary PostgreSQL ({exc})", lambda: None
 
     def stop():
-        subprocess.run([pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60)
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60)
 
     return f"postgresql://postgres@127.0.0.1:{port}/postgres", "", stop
 
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    """URL of a PostgreSQL server for the session, or a skip that says why there is none."""
+    """URL of a PostgreSQL server for the session, else a skip or failure (missing_service) that says why."""
     url = os.environ.get("DRAFTLAB_TEST_POSTGRES")
     if url:
         reason = _pg_unreachable(url)
@@ -87,8 +140,8 @@ def postgres_server():
     started, why, stop = _start_temporary_postgres(base)
     if started is None:
         shutil.rmtree(base, ignore_errors=True)
-        pytest.skip(f"no PostgreSQL: {DEFAULT_TEST_POSTGRES} unreachable ({reason}); {why}. "
-                    f"Set $DRAFTLAB_TEST_POSTGRES to run the PostgreSQL half of the storage suite")
+        missing_service(f"no PostgreSQL: {DEFAULT_TEST_POSTGRES} unreachable ({reason}); {why}. Set "
+                        f"$DRAFTLAB_TEST_POSTGRES, or start a server there, to run the PostgreSQL half of the suite")
     try:
         yield started
     finally:
