@@ -112,7 +112,7 @@ def cmd_run(args) -> int:
     from engine.errors import DraftLabError
     from engine.loading import load_pair
     from engine.prompt_sets import load_prompts
-    from engine.runs import encode_prompts
+    from engine.runs import check_k, encode_prompts
     from engine.sampling import SamplingConfig
     from storage import open_store, queue
     from storage.export import run_document
@@ -128,6 +128,8 @@ def cmd_run(args) -> int:
         cfg = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.max_new_tokens)
         prompts = load_prompts(args.prompts)
         pair = load_pair(args.target, args.draft, args.device, args.dtype, args.trust_remote_code)
+        for k in ks:
+            check_k(pair, k)
         encode_prompts(pair, prompts, cfg.max_new_tokens)
     except DraftLabError as exc:
         return _fail(str(exc))

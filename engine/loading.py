@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from .cached_model import rollback_cache
+
 from . import zoo
 from .errors import DraftLabError
 
@@ -125,6 +127,8 @@ def load_pair(target: str, draft: str, device: str = "auto", dtype: str = "auto"
     d = load_model(draft, dev, dt, trust_remote_code)
     vocab = check_pair(t.tokenizer, d.tokenizer, _output_width(t.model), _output_width(d.model))
     pair = ModelPair(target=t, draft=d, device=dev, dtype=dt, vocab_size=vocab)
+    for model in (t.model, d.model):  # a model whose KV cache cannot roll back is refused now, not mid-run
+        rollback_cache(model)
     configure_cpu_threads(pair)
     return pair
 

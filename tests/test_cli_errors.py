@@ -266,3 +266,19 @@ def test_a_closed_pipe_ends_quietly(tmp_path, argv):
     assert done.stderr == "", done.stderr
     if argv[0] == "list":  # (argparse itself swallows the failed write of --help and exits 0)
         assert done.returncode == 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe stopped
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--k", "1000"), "cannot fit the models' 256 positions"),
+    (("--k", "auto:1"), "largest k of at least 2"),
+    (("--k", "auto:x"), "auto:8"),
+    (("--repeats", "0"), "--repeats must be >= 1"),
+])
+def test_k_and_repeats_are_checked_before_anything_is_stored(run_cli, extra, message):
+    code, out, err = run_cli(*extra)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], err
+    from storage import open_store
+    from storage import queries as q
+    assert q.experiments(open_store(run_cli.db)).empty
