@@ -277,8 +277,16 @@ def test_a_closed_pipe_ends_quietly(tmp_path, argv):
 def test_k_and_repeats_are_checked_before_anything_is_stored(run_cli, extra, message):
     code, out, err = run_cli(*extra)
     assert code == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], err
+    assert message in _one_error_line(err)
     from storage import open_store
     from storage import queries as q
     assert q.experiments(open_store(run_cli.db)).empty
+
+
+def test_worker_log_lines_hide_the_password_in_every_form():
+    from app.cli import _scrub
+
+    url = "postgresql+psycopg://draftlab:p%40ss-w0rd@db.example/lab"
+    line = _scrub(f"serving {url}; auth failed for password 'p@ss-w0rd' (p%40ss-w0rd)", url)
+    assert "p@ss-w0rd" not in line and "p%40ss-w0rd" not in line
+    assert "postgresql+psycopg://draftlab:***@db.example/lab" in line
