@@ -17,6 +17,9 @@ from storage import queue
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SWEEP_VARIABLES = queue.SWEEPABLE  # k, or a sampling setting with k fixed
+AUTO_K = "k: auto (predict, then confirm)"  # `--k auto`: one more choice of what to vary
+SWEEP_CHOICES = (SWEEP_VARIABLES[0], AUTO_K, *SWEEP_VARIABLES[1:])
+DEFAULT_REPEATS, DEFAULT_K_AUTO = 3, 8
 INTEGER_VARIABLES = ("k", "top_k")
 DEFAULT_SWEEP = "1,2,3,4,6,8"
 MAX_K = 64
@@ -77,8 +80,10 @@ def save_upload(name: str, data: bytes) -> Path:
 def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, prompts: str | None,
              prompt_error: str | None, temperature: float, top_k: int, top_p: float, seed: int,
              max_new_tokens: int, device: str, dtype: str, sweep_variable: str, sweep_text: str, k: int,
-             name: str, notes: str, tags_text: str, prompt_texts: list[str] | None = None) -> Launch:
-    """Check every field; a Launch with no errors carries the enqueue_experiment keyword arguments."""
+             name: str, notes: str, tags_text: str, prompt_texts: list[str] | None = None,
+             repeats: int = DEFAULT_REPEATS, k_auto: int | None = None) -> Launch:
+    """Check every field; a Launch with no errors carries the enqueue_experiment keyword arguments. With k_auto
+    (the largest k) the experiment is `--k auto`: sweep_text is not used."""
     launch = Launch()
     if not pair_ok:
         launch.errors.append(f"pair check: {pair_message}")
@@ -102,11 +107,18 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         launch.errors.append(f"dtype must be one of {', '.join(DTYPES)}")
     if sweep_variable not in SWEEP_VARIABLES:
         launch.errors.append(f"swept variable must be one of {', '.join(SWEEP_VARIABLES)}")
-    try:
-        values = parse_sweep_values(sweep_text, sweep_variable)
-    except ValueError as exc:
-        launch.errors.append(str(exc))
-        values = []
+    if repeats < 1:
+        launch.errors.append("repeats must be at least 1 (3 or more narrow the speedup's interval)")
+    if k_auto is not None:
+        sweep_variable, values, k = "k", [k_auto], k_auto
+        if not 2 <= k_auto <= MAX_K:
+            launch.errors.append(f"the largest k for k auto must be from 2 to {MAX_K}")
+    else:
+        try:
+            values = parse_sweep_values(sweep_text, sweep_variable)
+        except ValueError as exc:
+            launch.errors.append(str(exc))
+            values = []
     if not 1 <= k <= MAX_K:
         launch.errors.append(f"k must be from 1 to {MAX_K}")
     if launch.errors:
@@ -118,7 +130,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         sampling={"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed),
                   "max_new_tokens": int(max_new_tokens)},
         device=device, dtype=dtype, sweep_variable=sweep_variable, sweep_values=values, k=int(k),
-        notes=notes.strip(), tags=tags,
+        notes=notes.strip(), tags=tags, repeats=int(repeats), k_auto=int(k_auto) if k_auto is not None else None,
     )
     if prompt_texts is not None:  # an upload: freeze its prompts now, so any worker can run them
         launch.kwargs["prompt_texts"] = list(prompt_texts)
@@ -195,12 +207,22 @@ def render() -> None:
         dtype = c2.selectbox("Dtype", DTYPES, key="dtype")
         st.subheader("Sweep")
         c1, c2 = st.columns([1, 2])
-        sweep_variable = c1.selectbox("Swept variable", SWEEP_VARIABLES, key="sweep_variable")
-        sweep_text = c2.text_input(f"{sweep_variable} values", DEFAULT_SWEEP, key="sweep_values",
-                                   help="comma-separated; one speculative run each")
-        k = 4
+        choice = c1.selectbox("Swept variable", SWEEP_CHOICES, key="sweep_variable", help="one variable at a time")
+        sweep_variable, sweep_text, k, k_auto = ("k" if choice == AUTO_K else choice), "", 4, None
+        if choice == AUTO_K:
+            k_auto = c2.number_input("Largest k", min_value=2, max_value=MAX_K, value=DEFAULT_K_AUTO, step=1,
+                                     key="k_auto", help="this k is measured first; from it and the target's verify "
+                                     "cost the speedup of every smaller k is predicted, then the 3 best predicted are "
+                                     "measured against a fresh baseline to confirm")
+        else:
+            sweep_text = c2.text_input(f"{sweep_variable} values", DEFAULT_SWEEP, key="sweep_values",
+                                       help="comma-separated; one speculative run each")
         if sweep_variable != "k":
             k = st.number_input("k (fixed)", value=4, step=1, key="fixed_k")
+        repeats = st.number_input("Repeats", min_value=1, value=DEFAULT_REPEATS, step=1, key="repeats",
+                                  help="each prompt is decoded this many times per configuration (the baseline and "
+                                  "every swept value, interleaved), and the median time is used; more repeats narrow "
+                                  "the speedup's 95 % interval on a noisy machine")
     st.subheader("Label")
     c1, c2 = st.columns([1, 1])
     name = c1.text_input("Name", "", key="name", placeholder="defaults to draft → target on prompts")
@@ -212,7 +234,8 @@ def render() -> None:
                           prompt_error=prompt_error, temperature=float(temperature), top_k=int(top_k),
                           top_p=float(top_p), seed=int(seed), max_new_tokens=int(max_new_tokens), device=device,
                           dtype=dtype, sweep_variable=sweep_variable, sweep_text=sweep_text, k=int(k), name=name,
-                          notes=notes, tags_text=tags_text, prompt_texts=prompt_texts)
+                          notes=notes, tags_text=tags_text, prompt_texts=prompt_texts, repeats=int(repeats),
+                          k_auto=int(k_auto) if k_auto is not None else None)
         if launch.errors:
             st.error("Not launched:\n" + "\n".join(f"- {e}" for e in launch.errors), icon=":material/error:")
             return
@@ -222,8 +245,11 @@ def render() -> None:
             st.error(f"Not launched: {exc}", icon=":material/error:")
             return
         values = ", ".join(f"{v:g}" for v in launch.kwargs["sweep_values"])
-        st.success(f"Experiment #{experiment_id} queued: a baseline and {len(launch.kwargs['sweep_values'])} runs "
-                   f"({launch.kwargs['sweep_variable']} = {values}).", icon=":material/rocket_launch:")
+        plan = (f"a baseline and k = {values}; the best predicted k values are measured when it finishes"
+                if k_auto is not None else
+                f"a baseline and {len(launch.kwargs['sweep_values'])} runs ({launch.kwargs['sweep_variable']} = {values})")
+        st.success(f"Experiment #{experiment_id} queued: {plan}, {launch.kwargs['repeats']} repeats per prompt.",
+                   icon=":material/rocket_launch:")
         st.page_link(nav_page("experiment"), label=f"Open experiment #{experiment_id}",
                      query_params={"experiment": str(experiment_id)}, icon=":material/monitoring:")
         st.page_link(nav_page("experiments"), label="Watch progress on Experiments", icon=":material/list:")

@@ -807,6 +807,31 @@ def test_compare_draws_speedup_intervals_and_lists_the_best_with_its_interval(cr
     assert "exceeds" in metrics_table.loc["timing_warning"].iloc[0] and metrics_table.loc["timing_warning"].iloc[1] == ""
 
 
+def test_new_experiment_repeats_and_auto_k_reach_the_queue(empty_db, model_dirs):
+    from pages.new_experiment import AUTO_K
+
+    at = _fill(app("new"), model_dirs, sweep_values="1,2", max_new_tokens=8, name="listed")
+    assert at.number_input(key="repeats").value == 3  # the default
+    at.number_input(key="repeats").set_value(2)
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    at.selectbox(key="sweep_variable").set_value(AUTO_K).run()
+    assert at.number_input(key="k_auto").value == 8 and not [t for t in at.text_input if t.key == "sweep_values"]
+    at.number_input(key="k_auto").set_value(6)
+    at.number_input(key="repeats").set_value(5)
+    at.text_input(key="name").set_value("auto")
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert not at.error and "k = 6" in at.success[-1].value and "5 repeats per prompt" in at.success[-1].value
+    store = open_store(empty_db)
+    listing = q.experiments(store).set_index("name")
+    listed, auto = (q.experiment(store, int(listing.loc[n, "experiment_id"])) for n in ("listed", "auto"))
+    assert (listed["repeats"], listed["k_auto"], listed["sweep_values"]) == (2, None, [1, 2])
+    assert (auto["repeats"], auto["k_auto"], auto["sweep_values"]) == (5, 6, [6])
+    runs = q.runs(store, auto["experiment_id"])
+    assert runs["kind"].tolist() == ["baseline", "speculative"] and runs["k"].iloc[1] == 6
+
+
 def test_the_new_experiment_form_cannot_trust_remote_code(empty_db, model_dirs):
     """trust_remote_code stays CLI-only (`draftlab run --trust-remote-code`): no widget, no URL parameter."""
     at = _fill(app("new", trust_remote_code="true", trust="1"), model_dirs, sweep_values="1", device="cpu")

@@ -197,3 +197,15 @@ def test_pooled_prediction_inputs_use_finished_runs_only():
     alpha, c = pooled_prediction_inputs(runs)
     assert alpha == pytest.approx(90 / 150) and c == pytest.approx(5.0)
     assert pooled_prediction_inputs(runs[runs["status"] != "done"]) is None
+
+
+def test_validate_passes_repeats_and_auto_k_and_checks_them():
+    from pages.new_experiment import validate
+
+    assert validate(**VALID).kwargs["repeats"] == 3 and validate(**VALID).kwargs["k_auto"] is None
+    kw = validate(**{**VALID, "sweep_text": "", "repeats": 5, "k_auto": 8}).kwargs
+    assert (kw["repeats"], kw["k_auto"], kw["sweep_variable"], kw["sweep_values"], kw["k"]) == (5, 8, "k", [8], 8)
+    for change, words in [({"repeats": 0}, "repeats must be at least 1"), ({"k_auto": 1}, "from 2 to 64"),
+                          ({"k_auto": 65}, "from 2 to 64")]:
+        launch = validate(**{**VALID, **change})
+        assert launch.kwargs == {} and any(words in e for e in launch.errors), launch.errors
