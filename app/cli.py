@@ -384,16 +384,22 @@ def _present(value) -> bool:
 
 def _scrub(text: str, url: str) -> str:
     """`text` with the database URL's password hidden (a full URL becomes its safe form)."""
+    import re
+
     from sqlalchemy.engine import make_url
 
     from storage.store import safe_url
 
     text = text.replace(url, safe_url(url))
     try:
-        password = make_url(url).password
+        decoded = make_url(url).password
     except Exception:  # noqa: BLE001 - unparseable: safe_url above already masked what it could
-        password = None
-    return text.replace(str(password), "***") if password else text
+        decoded = None
+    raw = re.search(r"://[^:/@]*:(.*)@", url)
+    for secret in {str(decoded or ""), raw.group(1) if raw else ""}:
+        if len(secret) >= 4:  # a shorter one would mangle every message it happens to occur in
+            text = text.replace(secret, "***")
+    return text
 
 
 def _worker_log(url: str):
