@@ -156,8 +156,10 @@ def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, va
 
 
 def theory_curves(frame: pd.DataFrame, k_selected: int) -> alt.LayerChart:
-    """Speedup and expected tokens per round over k from the formulas. frame: k, predicted_speedup, expected_tokens_per_round."""
-    long = frame.melt(id_vars=["k"], value_vars=["predicted_speedup", "expected_tokens_per_round"], var_name="metric")
+    """Speedup and expected tokens per round over k from the formulas. frame: k, predicted_speedup,
+    expected_tokens_per_round[, refined_speedup]."""
+    series = [c for c in ("predicted_speedup", "refined_speedup", "expected_tokens_per_round") if c in frame]
+    long = frame.melt(id_vars=["k"], value_vars=series, var_name="metric")
     lines = alt.Chart(long).mark_line(point=True).encode(
         _x("k", "k (draft tokens per round)"), alt.Y("value:Q", title=None), alt.Color("metric:N", title=None, legend=BOTTOM),
         tooltip=["k:Q", "metric:N", alt.Tooltip("value:Q", format=".3f")])

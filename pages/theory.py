@@ -1,42 +1,121 @@
-"""Theory: SPEC's formulas live, and a Monte Carlo simulator of rounds on random distributions beside them."""
+"""Theory: SPEC's formulas live (α, c and verify cost set by hand or loaded from a measured run), and a Monte Carlo
+simulator of rounds on random distributions beside them."""
 from __future__ import annotations
+
+import logging
 
 import pandas as pd
 import streamlit as st
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.simulate import SimulationSetup, simulate
 from engine import theory
 from pages import charts
-from pages.common import chart_with_csv
+from pages.common import chart_with_csv, experiment_label, number, run_label, store
+from storage import queries as q
 
 K_MAX = 16
+ALPHA_RANGE, C_RANGE, VERIFY_MIN = (0.0, 0.99), (1.0, 50.0), 0.01
+DEFAULTS = {"theory_alpha": 0.75, "theory_c": 8.0, "theory_k": 4, "theory_verify": None}
+log = logging.getLogger("draftlab.dashboard")
 
 
-def formula_frame(alpha: float, c: float, k_max: int = K_MAX) -> pd.DataFrame:
-    """predicted_speedup and expected tokens per round for k = 1..k_max."""
+def refined_speedup(alpha: float, k: int, c: float, verify_cost: float) -> float:
+    """E[L_k] / (k/c + verify_cost): the article's formula with the verify forward at its measured cost (in target
+    steps) instead of one target step; verify_cost = 1 gives back predicted_speedup."""
+    return theory.expected_tokens_per_round(alpha, k) / (k / c + verify_cost)
+
+
+def formula_frame(alpha: float, c: float, k_max: int = K_MAX, verify_cost: float | None = None) -> pd.DataFrame:
+    """predicted_speedup and expected tokens per round for k = 1..k_max; refined_speedup too when verify_cost is known."""
     ks = range(1, k_max + 1)
-    return pd.DataFrame({"k": list(ks),
-                         "predicted_speedup": [theory.predicted_speedup(alpha, k, c) for k in ks],
-                         "expected_tokens_per_round": [theory.expected_tokens_per_round(alpha, k) for k in ks]})
+    frame = pd.DataFrame({"k": list(ks),
+                          "predicted_speedup": [theory.predicted_speedup(alpha, k, c) for k in ks],
+                          "expected_tokens_per_round": [theory.expected_tokens_per_round(alpha, k) for k in ks]})
+    if verify_cost is not None:
+        frame.insert(2, "refined_speedup", [refined_speedup(alpha, k, c, verify_cost) for k in ks])
+    return frame
+
+
+def measured_settings(run: pd.Series) -> dict:
+    """A run's α, c, k and verify cost as slider values (clamped into the sliders' ranges)."""
+    clamp = lambda v, lo, hi: min(max(float(v), lo), hi)  # noqa: E731
+    return {"theory_alpha": clamp(run["alpha"], *ALPHA_RANGE), "theory_c": clamp(run["c"], *C_RANGE),
+            "theory_k": int(clamp(run["k"], 1, K_MAX)),
+            "theory_verify": max(float(run["verify_cost"]), VERIFY_MIN) if pd.notna(run["verify_cost"]) else None}
+
+
+def _loader() -> None:
+    """'Load from experiment': fills the sliders from a measured run when the choice changes."""
+    try:
+        listing = q.experiments(store())
+    except SQLAlchemyError as exc:
+        log.warning("theory page: cannot read experiments (%s)", type(exc).__name__)
+        st.caption("Measured runs cannot be read right now; the formulas below work without them.")
+        return
+    c1, c2 = st.columns(2)
+    ids = [None, *(int(i) for i in listing["experiment_id"])]
+    label = experiment_label(listing)
+    experiment_id = c1.selectbox("Load from experiment", ids, key="theory_experiment",
+                                 format_func=lambda i: "— set α, c and verify cost by hand" if i is None else label(i))
+    if experiment_id is None:
+        st.session_state.pop("theory_loaded", None)  # picking the same run again loads it again
+        return
+    runs = q.runs(store(), experiment_id)
+    runs = runs[(runs["kind"] == "speculative") & runs["alpha"].notna() & runs["c"].notna()]
+    runs = runs.set_index("run_id", drop=False)
+    if runs.empty:
+        c2.caption("No run of this experiment has a measured α and c yet.")
+        return
+    best = q.verdict(store(), experiment_id)["best"]  # the run the detail page's headline names, first
+    best = runs[(runs["sweep_value"] == best) & (runs["status"] == "done") & runs["timing_warning"].isna()]["run_id"]
+    options = [int(i) for i in runs["run_id"]]
+    run_id = c2.selectbox("Run", options, key="theory_run", format_func=run_label(runs),
+                          index=options.index(int(best.iloc[0])) if len(best) else 0)
+    if st.session_state.get("theory_loaded") != (experiment_id, run_id):  # a new choice: fill the sliders once
+        st.session_state.update(measured_settings(runs.loc[run_id]), theory_loaded=(experiment_id, run_id))
+    run = runs.loc[run_id]
+    measured = charts.speedup_text(run["speedup"], run["speedup_ci_lo"], run["speedup_ci_hi"])
+    st.caption(f"Measured in run {run_id}: α = {run['alpha']:.3f}, c = {run['c']:.2f}, verify cost = "
+               f"{number(run['verify_cost'], '{:.2f}')} target steps, speedup {measured} (a value outside a slider's "
+               f"range is clamped to it; move the sliders to explore from there).")
 
 
 def _formulas() -> None:
-    st.latex(r"E[\text{tokens per round}] = \frac{1-\alpha^{k+1}}{1-\alpha} \qquad "
-             r"\text{speedup} = \frac{1-\alpha^{k+1}}{(1-\alpha)(1+k/c)}")
-    c1, c2, c3 = st.columns(3)
-    alpha = c1.slider("α (acceptance per verified token)", 0.0, 0.99, 0.75, 0.01, key="theory_alpha")
-    c = c2.slider("c (target step / draft step)", 1.0, 50.0, 8.0, 0.5, key="theory_c")
-    k = c3.slider("k (draft tokens per round)", 1, K_MAX, 4, key="theory_k")
+    for key, value in DEFAULTS.items():
+        st.session_state.setdefault(key, value)  # once: the widgets below take their values from here
+    _loader()
+    st.latex(r"E[L_k] = \frac{1-\alpha^{k+1}}{1-\alpha} \qquad "
+             r"\text{speedup} = \frac{E[L_k]}{1+k/c} \qquad \text{refined} = \frac{E[L_k]}{k/c + \text{verify cost}}")
+    c1, c2, c3, c4 = st.columns(4)
+    alpha = c1.slider("α (acceptance per verified token)", *ALPHA_RANGE, step=0.01, key="theory_alpha")
+    c = c2.slider("c (target step / draft step)", *C_RANGE, step=0.5, key="theory_c")
+    k = c3.slider("k (draft tokens per round)", 1, K_MAX, key="theory_k")
+    verify = c4.number_input("verify cost (target steps)", min_value=VERIFY_MIN, step=0.05, key="theory_verify",
+                             placeholder="unknown",
+                             help="one verify forward over the round's k + 1 tokens, in single-token target steps "
+                                  "(verify_cost of a measured run); the article's formula assumes 1")
     k_best, s_best = theory.best_k(alpha, c, K_MAX)
     m1, m2, m3, m4 = st.columns(4)
     m1.metric(f"Speedup at k={k}", f"{theory.predicted_speedup(alpha, k, c):.2f}×")
     m2.metric(f"Tokens per round at k={k}", f"{theory.expected_tokens_per_round(alpha, k):.2f}")
     m3.metric("Best k", str(k_best))
     m4.metric("Speedup at best k", f"{s_best:.2f}×")
-    frame = formula_frame(alpha, c)
+    frame = formula_frame(alpha, c, verify_cost=verify)
+    if verify is not None:
+        refined_best = frame.loc[frame["refined_speedup"].idxmax()]
+        m1, m2, m3, _ = st.columns(4)
+        m1.metric(f"Refined speedup at k={k}", f"{refined_speedup(alpha, k, c, verify):.2f}×")
+        m2.metric("Refined best k", str(int(refined_best["k"])))
+        m3.metric("Refined speedup at best k", f"{refined_best['refined_speedup']:.2f}×")
     chart_with_csv(charts.theory_curves(frame, k), frame, "theory_curves.csv")
     st.caption("Below 1× (the dashed line) the draft costs more than it saves. Raising α (a better-matched draft) moves the best k "
                "up; a slower draft (smaller c) moves it down.")
+    if verify is not None:
+        st.caption("Refined (cost-aware) curve: E[L]·t / (k·t_d + verify) in target steps t, i.e. E[L_k] / (k/c + verify "
+                   "cost) with E[L_k] = (1 − α^(k+1)) / (1 − α); the verify forward is charged its measured cost instead "
+                   "of one target step (verify cost 1 gives back the article's formula). A run measures it at its own k; "
+                   "here it is held constant over k.")
 
 
 def _simulator() -> None:

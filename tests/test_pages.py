@@ -844,3 +844,52 @@ def test_the_new_experiment_form_cannot_trust_remote_code(empty_db, model_dirs):
     store = open_store(empty_db)
     experiment_id = int(q.experiments(store)["experiment_id"].iloc[0])
     assert not queue.get_experiment(store, experiment_id)["trust_remote_code"]
+
+
+def test_theory_loads_alpha_c_and_verify_cost_from_a_measured_run(crafted):
+    from pages.theory import refined_speedup
+
+    store, experiment_id, ids = crafted
+    at = app("theory")
+    assert_clean(at)
+    assert at.selectbox(key="theory_experiment").value is None  # by hand until an experiment is picked
+    assert not any("refined" in m.label.lower() for m in at.metric)
+    at.selectbox(key="theory_experiment").set_value(experiment_id).run()
+    assert_clean(at)
+    run = q.run_summary(store, ids[2]).iloc[0]  # the finished run with the best speedup is loaded first
+    assert at.selectbox(key="theory_run").value == ids[2]
+    assert at.slider(key="theory_alpha").value == pytest.approx(run.alpha)
+    assert at.slider(key="theory_c").value == pytest.approx(run.c)
+    assert at.slider(key="theory_k").value == 2
+    assert at.number_input(key="theory_verify").value == pytest.approx(run.verify_cost)
+    expected = refined_speedup(run.alpha, 2, run.c, run.verify_cost)
+    assert metrics(at)["Refined speedup at k=2"] == f"{expected:.2f}×"
+    assert metrics(at)["Speedup at k=2"] == f"{theory.predicted_speedup(run.alpha, 2, run.c):.2f}×"
+    curves = next(d for d in chart_data(at)[0] if "metric" in d)
+    refined = curves[curves["metric"] == "refined_speedup"].set_index("k")["value"]
+    assert refined.loc[2] == pytest.approx(expected) and len(refined) == 16
+    assert any("E[L_k] / (k/c + verify cost)" in c.value for c in at.caption)
+
+    at.slider(key="theory_alpha").set_value(0.5).run()  # moving a slider afterwards is not undone by the loader
+    assert at.slider(key="theory_alpha").value == 0.5
+    at.selectbox(key="theory_run").set_value(ids[1]).run()
+    assert at.slider(key="theory_k").value == 1
+    assert at.slider(key="theory_alpha").value == pytest.approx(q.run_summary(store, ids[1]).iloc[0].alpha)
+
+
+def test_theory_refined_curve_is_the_formula_at_verify_cost_one():
+    from pages.theory import formula_frame
+
+    frame = formula_frame(0.7, 5.0, k_max=8, verify_cost=1.0)
+    assert frame["refined_speedup"].tolist() == pytest.approx(frame["predicted_speedup"].tolist())
+    costly = formula_frame(0.7, 5.0, k_max=8, verify_cost=1.5)
+    assert (costly["refined_speedup"] < costly["predicted_speedup"]).all()
+    assert "refined_speedup" not in formula_frame(0.7, 5.0)
+
+
+def test_theory_works_without_a_reachable_database(monkeypatch):
+    monkeypatch.setenv("DRAFTLAB_DB", "postgresql://draftlab:s3cret@127.0.0.1:1/draftlab")
+    at = app("theory")
+    assert_clean(at)
+    assert not at.error and any("cannot be read right now" in c.value for c in at.caption)
+    assert metrics(at)["Best k"]  # the formulas are still drawn
