@@ -76,10 +76,14 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
                  "per_position_acceptance": list(position["conditional"]),
                  "acceptance_by_type": dict(zip(by_type["token_type"], by_type["rate"])),
                  "outputs_match_baseline": r.outputs_match_baseline,
-                 "sweep_variable": sweep_variable, "sweep_value": r.sweep_value,
-                 "draft": experiment.get("draft"), "baseline_run_id": r.baseline_run_id}
+                 "sweep_variable": sweep_variable,
+                 "sweep_value": r.sweep_label if sweep_variable in ("draft", "drafter") else r.sweep_value,
+                 # rows from before drafts were stored per run (schema 2) name no drafter: the experiment's draft
+                 "draft": r.draft if pd.notna(r.draft) else None if pd.notna(r.drafter) else experiment.get("draft"),
+                 "drafter": r.drafter if pd.notna(r.drafter) else "model",
+                 "baseline_run_id": r.baseline_run_id}
         keys = ["run_id", "k", "status", "error", *SPECULATIVE_KEYS, "outputs_match_baseline", "sweep_variable",
-                "sweep_value", "draft", "baseline_run_id"]
+                "sweep_value", "draft", "drafter", "baseline_run_id"]
         entry = {key: entry[key] for key in keys}
         if int(r.k) in confirmed and int(r.baseline_run_id) != int(runs[runs["kind"] == "baseline"]["run_id"].iloc[0]):
             entry["predicted"] = curve.get(int(r.k))

@@ -28,13 +28,16 @@ def _v1_to_v2(conn: Connection) -> None:
 
 def _v2_to_v3(conn: Connection) -> None:
     """v3: timing protocol v2 (repeats, paired speedup with its interval, verify cost, timing warnings,
-    `--k auto`), device leases (new tables come from create_all)."""
+    `--k auto`), device leases (new tables come from create_all); each run's draft and drafter (sweeps over
+    drafts and drafting strategies)."""
     for table, column, sql_type in (
             ("experiments", "repeats", "INTEGER DEFAULT 1"), ("experiments", "k_auto", "INTEGER"),
             ("experiments", "predicted_curve", "TEXT"), ("workers", "waiting_for", "VARCHAR(200)"),
             ("runs", "speedup", "DOUBLE PRECISION"), ("runs", "speedup_ci_lo", "DOUBLE PRECISION"),
             ("runs", "speedup_ci_hi", "DOUBLE PRECISION"), ("runs", "verify_cost", "DOUBLE PRECISION"),
-            ("runs", "predicted_speedup_refined", "DOUBLE PRECISION"), ("runs", "timing_warning", "TEXT")):
+            ("runs", "predicted_speedup_refined", "DOUBLE PRECISION"), ("runs", "timing_warning", "TEXT"),
+            ("experiments", "drafter", "VARCHAR(80) DEFAULT 'model'"), ("runs", "draft", "TEXT"),
+            ("runs", "drafter", "VARCHAR(80)"), ("runs", "sweep_label", "TEXT")):
         existing = {c["name"] for c in inspect(conn).get_columns(table)}
         if column not in existing:
             conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))

@@ -61,7 +61,8 @@ SELECT r.id AS run_id, r.kind, r.k, r.sweep_value, r.status, r.progress, r.error
             WHEN COALESCE(same.same, 0) = COALESCE(same.n, 0)
                  AND (r.status <> 'done' OR COALESCE(same.n, 0) = base_n.n) THEN 1 ELSE 0 END AS outputs_match_baseline,
        r.peak_memory_mb, r.max_k, r.experiment_id, r.baseline_run_id, r.prompts_done, r.prompts_total,
-       r.temperature, r.top_k, r.top_p, r.seed, r.max_new_tokens, r.created, r.heartbeat, r.worker_id, r.device_name
+       r.temperature, r.top_k, r.top_p, r.seed, r.max_new_tokens, r.created, r.heartbeat, r.worker_id, r.device_name,
+       r.draft, r.drafter, r.sweep_label
 FROM sel r
 LEFT JOIN base b ON b.id = r.baseline_run_id
 LEFT JOIN base_n ON base_n.run_id = r.baseline_run_id
@@ -256,15 +257,18 @@ def verdict(store: Store, experiment_id: int) -> dict:
         text_ = "no finished run to choose from yet" if pending else "no run finished with a usable speedup"
         return {"best": None, "speedup": None, "speedup_ci": None, "tied_with": [], "too_wide": False, "text": text_}
     top = done.sort_values(["speedup", "sweep_value"], ascending=[False, True]).iloc[0]
-    value = lambda v: int(v) if variable in ("k", "top_k") else float(v)  # noqa: E731
-    others = {value(r.sweep_value): (r.speedup_ci_lo, r.speedup_ci_hi) for r in done.itertuples()
-              if r.run_id != top.run_id}
+    def value(run):
+        if variable in ("draft", "drafter"):
+            return run.sweep_label
+        return int(run.sweep_value) if variable in ("k", "top_k") else float(run.sweep_value)
+    others = {value(r): (r.speedup_ci_lo, r.speedup_ci_hi) for r in done.itertuples() if r.run_id != top.run_id}
     ties = sorted(tied_with((top.speedup_ci_lo, top.speedup_ci_hi), others))
-    best = value(top.sweep_value)
+    best = value(top)
     interval = f"{top.speedup:.2f}× ({top.speedup_ci_lo:.2f}–{top.speedup_ci_hi:.2f})"
-    text_ = f"best {variable} {best:g} at {interval}"
+    show = lambda v: v if isinstance(v, str) else f"{v:g}"  # noqa: E731
+    text_ = f"best {variable} {show(best)} at {interval}"
     if ties:
-        text_ += f", tied with {_words([f'{t:g}' for t in ties])}"
+        text_ += f", tied with {_words([show(t) for t in ties])}"
     too_wide = top.speedup_ci_hi / top.speedup_ci_lo > TOO_WIDE if top.speedup_ci_lo > 0 else True
     if too_wide:
         text_ += (f"; the interval is too wide to choose by (more than {100 * (TOO_WIDE - 1):.0f} % from end to end): "

@@ -67,6 +67,7 @@ class Experiment(Base):
     # `--k auto`: the largest k to try; the predicted speedup-vs-k curve (JSON {"k": speedup}) once made.
     k_auto: Mapped[int | None] = mapped_column(Integer, nullable=True)
     predicted_curve: Mapped[str | None] = mapped_column(Text, nullable=True)
+    drafter: Mapped[str] = mapped_column(String(80), default="model")  # drafter spec of every run unless swept
 
 
 class ExperimentPrompt(Base):
@@ -98,6 +99,9 @@ class Run(Base):
     sweep_value: Mapped[float | None] = mapped_column(Double, nullable=True)
     # The run's own configuration (a sweep may vary any of these).
     k: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    draft: Mapped[str | None] = mapped_column(Text, nullable=True)  # the draft model (NULL: baseline, or no model)
+    drafter: Mapped[str | None] = mapped_column(String(80), nullable=True)  # model / heuristic / confidence:T / ...
+    sweep_label: Mapped[str | None] = mapped_column(Text, nullable=True)  # the swept value as text (any variable)
     temperature: Mapped[float] = mapped_column(Double)
     top_k: Mapped[int] = mapped_column(Integer)
     top_p: Mapped[float] = mapped_column(Double)

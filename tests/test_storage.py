@@ -281,7 +281,7 @@ def test_sampling_sweep_gets_a_baseline_per_value(store):
     assert sorted(pairs) == [(0.0, 0.0), (0.7, 0.7)]
     with pytest.raises(queue.QueueError):
         queue.enqueue_experiment(store, name="t", target="a", draft="b", prompts="code", sampling={},
-                                 sweep_variable="draft", sweep_values=[1])
+                                 sweep_variable="seed", sweep_values=[1])  # seeds are not a tuning variable
 
 
 # --- the queue ---------------------------------------------------------------------------------------------
