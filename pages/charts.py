@@ -5,6 +5,7 @@ Each builder takes exactly the frame a page offers for download, so what is draw
 from __future__ import annotations
 
 import altair as alt
+import numpy as np
 import pandas as pd
 
 # Emitted-token kinds (SPEC: a round emits accepted drafts then a correction or a bonus).
@@ -22,7 +23,14 @@ SPEEDUP_SERIES = {"speedup": ("measured", "#1565c0"),
                   "predicted_speedup_refined": ("predicted (cost-aware)", "#6a1b9a"),
                   "predicted_speedup": ("predicted (formula)", "#9e9e9e"),
                   "predicted_auto": ("predicted (k auto)", "#00897b")}
-FINISHED = "finished"  # `state` of a run whose status is done; any other state is drawn hollow
+FINISHED, UNFINISHED, WARNED = "finished", "not finished", "timing warning"  # a measured point's `state`
+STATE_SHAPES = alt.Scale(domain=[FINISHED, UNFINISHED, WARNED], range=["circle", "circle", "cross"])
+
+
+def run_states(frame: pd.DataFrame) -> np.ndarray:
+    """Each run's `state` for the speedup charts, from its status and timing_warning: only FINISHED points are
+    filled (the others can never be the best); a WARNED one (impossible speedup) is also drawn as a cross."""
+    return np.select([frame["timing_warning"].notna(), frame["status"] == "done"], [WARNED, FINISHED], UNFINISHED)
 
 
 def speedup_text(speedup, lo=None, hi=None) -> str:
@@ -63,8 +71,9 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
     measured = base.transform_filter(is_measured)
     bars = measured.transform_filter("isValid(datum.lo)").mark_errorbar(ticks=True).encode(
         alt.Y("lo:Q", title="speedup (×)"), alt.Y2("hi:Q"))
-    points = measured.mark_point(filled=False, size=90, strokeWidth=2).encode(fill=alt.condition(
-        alt.datum.state == FINISHED, alt.value(SPEEDUP_SERIES["speedup"][1]), alt.value("white")))
+    points = measured.mark_point(filled=False, size=90, strokeWidth=2).encode(
+        fill=alt.condition(alt.datum.state == FINISHED, alt.value(SPEEDUP_SERIES["speedup"][1]), alt.value("white")),
+        shape=alt.Shape("state:N", scale=STATE_SHAPES, legend=None))
     even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#bdbdbd").encode(y="y:Q")
     layers = [even, predicted, measured.mark_line(), bars, points]
     if best_x is not None:
@@ -143,6 +152,8 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
     if "state" in frame:
         fill = alt.condition(alt.datum.state == FINISHED, fill, alt.value("white"))
     points = base.mark_point(filled=False, size=60, strokeWidth=2).encode(fill=fill)
+    if "state" in frame:
+        points = points.encode(shape=alt.Shape("state:N", scale=STATE_SHAPES, legend=None))
     return alt.layer(base.mark_line(), bars, points).properties(height=HEIGHT)
 
 

@@ -1,7 +1,6 @@
 """Compare: experiments side by side (overlaid sweep curves) and runs side by side (metrics and breakdowns)."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -9,8 +8,8 @@ from pages import charts
 from pages.common import chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids, store
 from storage import queries as q
 
-EXPERIMENT_COLUMNS = ["experiment_id", "name", "target", "draft", "prompts", "status", "sweep_variable", "best_value",
-                      "best", "n_tied", "timing_warnings", "repeats", "alpha", "tags"]
+EXPERIMENT_COLUMNS = ["experiment_id", "name", "status", "sweep_variable", "best_value", "best", "n_tied",
+                      "timing_warnings", "alpha", "repeats", "target", "draft", "prompts", "tags"]
 RUN_METRICS = ["kind", "k", "sweep_value", "status", "new_tokens", "tokens_per_second", "speedup", "speedup_ci_lo",
                "speedup_ci_hi", "predicted_speedup_refined", "predicted_speedup", "alpha", "draft_acceptance_rate",
                "tokens_per_round", "expected_alpha", "kl", "rounds", "proposed", "accepted", "rejected", "c",
@@ -42,7 +41,7 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     if curve.empty or curve["speedup"].isna().all():
         st.info("None of these experiments has a finished speculative run yet.")
         return runs_by_experiment
-    curve["state"] = np.where(curve["status"] == "done", charts.FINISHED, "not finished")
+    curve["state"] = charts.run_states(curve)
     left, mid, right = st.columns(3)
     for column, (y, title, domain) in zip((left, mid, right), (
             ("speedup", "speedup (×)", None), ("alpha", "alpha", (0, 1)), ("tokens_per_round", "tokens per round", None))):
@@ -54,7 +53,7 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
             chart_with_csv(charts.overlaid_curves(frame, "sweep_value", y, "experiment", x_title, title, domain,
                                                   **interval), frame, f"compare_{y}.csv")
     st.caption("Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
-               "have not finished.")
+               "have not finished, crosses impossible speedups (timing warnings).")
     return runs_by_experiment
 
 

@@ -24,7 +24,9 @@ COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "c", "verify_cost", "peak_
                 "draft_step_seconds", "tokens_per_second", "wall_seconds"]
 IMPOSSIBLE = "⚠ impossible speedup"  # the Runs table's mark on a run with a timing_warning
 MEASURED = ["run_id", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined"]
-ERROR_FORMAT = st.column_config.NumberColumn(format="percent", help="predicted / measured − 1")
+ERRORS = {f"{name}_error": st.column_config.NumberColumn(f"{label} error", format="percent",
+                                                          help="predicted / measured − 1")
+          for name, label in (("refined", "cost-aware"), ("formula", "formula"), ("prediction", "prediction"))}
 
 
 def pooled_prediction_inputs(runs: pd.DataFrame) -> tuple[float, float] | None:
@@ -50,8 +52,7 @@ def speedup_frame(curve: pd.DataFrame, sweep_variable: str, prediction: tuple[fl
     run finished (`state`), that run's cost-aware prediction, and the formula's (a k sweep: its curve at every k
     from the pooled α and c; otherwise each run's own); `--k auto` adds the curve it predicted (predicted_auto)."""
     values = by_swept_value(curve, sweep_variable)
-    measured = values[[sweep_variable, *MEASURED]].assign(
-        state=np.where(values["status"] == "done", charts.FINISHED, "not finished"))
+    measured = values[[sweep_variable, *MEASURED]].assign(state=charts.run_states(values))
     if sweep_variable != "k":
         return measured.assign(predicted_speedup=values["predicted_speedup"])
     auto = {int(k): float(v) for k, v in (auto_curve or {}).items()}
@@ -122,9 +123,10 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict)
     baseline = runs[runs["kind"] == "baseline"]
     sweep_variable = row.get("sweep_variable") or "k"
     best_run = _best_run(runs, verdict["best"])
-    cols = st.columns(5)
+    cols = st.columns([1, 1, 2.4, 1, 1])  # the best speedup carries its interval: `1.31× (1.22–1.40)`
     progress = row["progress"] if pd.notna(row["progress"]) else 0.0
-    cols[0].metric("Status", str(row["status"]) if row["status"] not in ACTIVE else f"{row['status']} {progress:.0%}")
+    cols[0].metric("Status", str(row["status"]), delta=f"{progress:.0%} done" if row["status"] in ACTIVE else None,
+                   delta_color="off", delta_arrow="off")
     cols[1].metric(f"Best {sweep_variable}", number(verdict["best"], "{:g}"))
     cols[2].metric("Best speedup", charts.speedup_text(verdict["speedup"], *(verdict["speedup_ci"] or [None, None])),
                    help="measured, with its 95 % interval (paired bootstrap over the prompts)")
@@ -150,8 +152,8 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_vari
         frame = speedup_frame(curve, sweep_variable, prediction, auto_curve)
         chart_with_csv(charts.speedup_curve(frame, sweep_variable, best_value), frame, "speedup_curve.csv")
         st.caption("Points: measured, with 95 % intervals (paired bootstrap over prompts); hollow: the run has not "
-                   "finished and cannot be the best. Dashed purple: the cost-aware prediction E[L]·t / (k·t_d + verify) "
-                   "from the run's own round times.")
+                   "finished, a cross: an impossible speedup (timing warning); neither can be the best. Dashed purple: "
+                   "the cost-aware prediction E[L]·t / (k·t_d + verify) from the run's own round times.")
         if prediction:
             alpha, c = prediction
             k_best, s_best = theory.best_k(alpha, c)
@@ -190,7 +192,7 @@ def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> 
     st.dataframe(table, hide_index=True, width="stretch", key="prediction_table", column_config={
         "predicted_speedup_refined": st.column_config.NumberColumn("cost-aware", format="%.3f"),
         "predicted_speedup": st.column_config.NumberColumn("formula", format="%.3f"),
-        "refined_error": ERROR_FORMAT, "formula_error": ERROR_FORMAT})
+        **ERRORS})
     csv_download(table, "predicted_vs_measured.csv")
     k_auto = experiment.get("k_auto")
     if not k_auto:
@@ -206,7 +208,7 @@ def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> 
     if len(confirmed):
         st.dataframe(confirmed, hide_index=True, width="stretch", key="auto_k_table",
                      column_config={"predicted": st.column_config.NumberColumn(format="%.3f"),
-                                    "prediction_error": ERROR_FORMAT})
+                                    "prediction_error": ERRORS["prediction_error"]})
         csv_download(confirmed, "k_auto_confirmation.csv")
 
 

@@ -677,6 +677,7 @@ def test_detail_warns_about_an_impossible_speedup_and_never_crowns_it(crafted):
     assert metrics(at)["Best k"] == "2"
     table = next(d.value for d in at.dataframe if "check" in d.value).set_index("run_id")
     assert table.loc[ids[1], "check"].startswith("⚠") and table.loc[ids[2], "check"] == ""
+    assert _measured(at).set_index("x").loc[1, "state"] == "timing warning"  # drawn as a hollow cross
 
 
 def test_detail_draws_unfinished_runs_hollow_and_never_as_the_headline(crafted):
