@@ -42,12 +42,13 @@ def speedup_text(speedup, lo=None, hi=None) -> str:
     return f"{speedup:.2f}× ({lo:.2f}–{hi:.2f})"
 
 
-def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None) -> alt.LayerChart:
+def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None,
+                  best_label: str | None = None) -> alt.LayerChart:
     """Measured speedup per swept value with its 95 % interval (error bars; hollow while the run is not finished),
     the predictions as dashed lines, the best value marked.
 
     frame: x, speedup, speedup_ci_lo, speedup_ci_hi, state (FINISHED or not), and any of predicted_speedup_refined,
-    predicted_speedup, predicted_auto (NaN where not predicted).
+    predicted_speedup, predicted_auto (NaN where not predicted). best_label: how to name best_x (default: the number).
     """
     x_title = x
     frame = frame.rename(columns={x: "x", "speedup_ci_lo": "lo", "speedup_ci_hi": "hi"})
@@ -77,7 +78,8 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
     even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#bdbdbd").encode(y="y:Q")
     layers = [even, predicted, measured.mark_line(), bars, points]
     if best_x is not None:
-        best = alt.Chart(pd.DataFrame({"x": [best_x], "label": [f"best {x_title} = {best_x:g}"]}))
+        label = f"best {x_title} = {best_label or f'{best_x:g}'}"
+        best = alt.Chart(pd.DataFrame({"x": [best_x], "label": [label]}))
         layers.append(best.mark_rule(color="#ef6c00", strokeWidth=2).encode(x="x:Q"))
         layers.append(best.mark_text(align="left", dx=4, dy=-6, color="#ef6c00").encode(
             x="x:Q", y=alt.value(8), text="label:N"))

@@ -100,11 +100,25 @@ def _short(prompts) -> str:
     return Path(text).name if "/" in text or "\\" in text else text
 
 
+def best_sweep_value(runs: pd.DataFrame, best) -> float | None:
+    """The verdict's best as a sweep_value (a draft or drafter sweep names it by its sweep_label)."""
+    if isinstance(best, str):
+        match = runs.loc[runs["sweep_label"] == best, "sweep_value"]
+        return float(match.iloc[0]) if len(match) else None
+    return best
+
+
 def _best_run(runs: pd.DataFrame, best) -> pd.Series | None:
     """The finished, unwarned run the verdict crowned (None before there is one)."""
     chosen = runs[(runs["kind"] == "speculative") & (runs["status"] == "done") & runs["timing_warning"].isna()
-                  & (runs["sweep_value"] == best)] if best is not None else runs.iloc[:0]
+                  & (runs["sweep_value"] == best_sweep_value(runs, best))] if best is not None else runs.iloc[:0]
     return chosen.iloc[0] if len(chosen) else None
+
+
+def _value_text(run) -> str:
+    """A run's swept value as shown to people: its label when it has one (`demo-draft`), else the number."""
+    label = getattr(run, "sweep_label", None)
+    return str(label) if label is not None and pd.notna(label) else f"{run.sweep_value:g}"
 
 
 def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict) -> None:
@@ -139,7 +153,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict)
 
 def _warnings(runs: pd.DataFrame, sweep_variable: str) -> None:
     for r in runs[runs["timing_warning"].notna()].itertuples():
-        st.warning(f"Run {r.run_id} ({sweep_variable} = {r.sweep_value:g}) is never picked as the best: "
+        st.warning(f"Run {r.run_id} ({sweep_variable} = {_value_text(r)}) is never picked as the best: "
                    f"{r.timing_warning}.", icon=":material/warning:")
 
 
@@ -150,7 +164,9 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_vari
     with left:
         st.subheader(f"Speedup vs {sweep_variable}")
         frame = speedup_frame(curve, sweep_variable, prediction, auto_curve)
-        chart_with_csv(charts.speedup_curve(frame, sweep_variable, best_value), frame, "speedup_curve.csv")
+        label = best_value if isinstance(best_value, str) else None  # a draft or drafter sweep's best, by name
+        chart_with_csv(charts.speedup_curve(frame, sweep_variable, best_sweep_value(runs, best_value), label), frame,
+                       "speedup_curve.csv")
         st.caption("Points: measured, with 95 % intervals (paired bootstrap over prompts); hollow: the run has not "
                    "finished, a cross: an impossible speedup (timing warning); neither can be the best. Dashed purple: "
                    "the cost-aware prediction E[L]·t / (k·t_d + verify) from the run's own round times.")
@@ -218,6 +234,7 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value) -> None:
         return
     st.header("Why drafts are rejected")
     ids = [int(i) for i in speculative["run_id"]]
+    best_value = best_sweep_value(runs, best_value)
     best_runs = speculative[speculative["sweep_value"] == best_value]["run_id"] if best_value is not None else []
     default = int(best_runs.iloc[0]) if len(best_runs) else None
     run_id = select_id("Run (the best one unless chosen)", "run", ids, run_label(runs, sweep_variable), default=default)

@@ -12,6 +12,7 @@ from app.simulate import SimulationSetup, simulate
 from engine import theory
 from pages import charts
 from pages.common import chart_with_csv, experiment_label, number, run_label, store
+from pages.experiment_detail import best_sweep_value
 from storage import queries as q
 
 K_MAX = 16
@@ -67,7 +68,7 @@ def _loader() -> None:
     if runs.empty:
         c2.caption("No run of this experiment has a measured α and c yet.")
         return
-    best = q.verdict(store(), experiment_id)["best"]  # the run the detail page's headline names, first
+    best = best_sweep_value(runs, q.verdict(store(), experiment_id)["best"])  # the detail page's headline run, first
     best = runs[(runs["sweep_value"] == best) & (runs["status"] == "done") & runs["timing_warning"].isna()]["run_id"]
     options = [int(i) for i in runs["run_id"]]
     run_id = c2.selectbox("Run", options, key="theory_run", format_func=run_label(runs),
