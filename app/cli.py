@@ -100,9 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="an experiment's runs with metrics, and its per-token rows")
     export.add_argument("experiment_id", type=int)
-    export.add_argument("--format", choices=["csv", "json"], default="csv")
+    export.add_argument("--format", choices=["csv", "json", "deploy"], default="csv",
+                        help="deploy: one JSON document with the equivalent vLLM, SGLang, llama.cpp and transformers "
+                             "settings of a run (the experiment's best unless --run names one)")
+    export.add_argument("--run", type=int, default=None, dest="run_id",
+                        help="deploy: the speculative run to carry to production (default: the verdict's best)")
     export.add_argument("--out", default=None,
-                        help="csv: directory for the two files (default .); json: file (default stdout)")
+                        help="csv: directory for the two files (default .); json, deploy: file (default stdout)")
     export.add_argument("--db", default=None)
     return parser
 
@@ -259,14 +263,18 @@ def cmd_resume(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from storage.deploy import DeployError, deploy_document
     from storage.export import export_csv, export_json
 
+    if args.run_id is not None and args.format != "deploy":
+        return _fail(f"--run applies to --format deploy only (got --format {args.format})")
     store = open_store_or_fail(args.db)
     if isinstance(store, int):
         return store
     try:
-        if args.format == "json":
-            doc = json.dumps(export_json(store, args.experiment_id))
+        if args.format in ("json", "deploy"):
+            doc = (json.dumps(export_json(store, args.experiment_id)) if args.format == "json" else
+                   json.dumps(deploy_document(store, args.experiment_id, args.run_id), indent=2))
             if args.out in (None, "-"):
                 print(doc)
             else:
@@ -278,6 +286,8 @@ def cmd_export(args) -> int:
                 print(path)
     except KeyError:
         return _fail(f"no experiment {args.experiment_id} in {store.safe_url}; `draftlab list` shows the ids")
+    except DeployError as exc:
+        return _fail(str(exc))
     return 0
 
 

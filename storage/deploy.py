@@ -1,0 +1,467 @@
+"""Carry a measured configuration to production: the equivalent settings for the serving engines users deploy on.
+
+`deploy_settings(run, experiment)` turns one stored speculative run (target, draft, k, drafter spec, sampling) into
+what vLLM, SGLang, llama.cpp and transformers take, each as a string to paste (a command line or a Python
+snippet) plus `notes`: what the engine cannot express and what to check. `deploy_document(store, eid, run_id)`
+picks the run (the experiment's best by the verdict unless one is named) and wraps the settings with what was
+measured. Pure: no torch, no streamlit; the same document feeds `draftlab export --format deploy` and the
+dashboard's "Use these settings" panel (pages/deploy_panel.py).
+
+Every flag below was checked against the engine's own source or documentation (stored public copies of the
+upstream repositories; the files and commits are named next to each mapping). Engines change their flags between
+releases; the notes say where a flag is recent.
+
+Drafter specs (engine/drafting.py): `model` (constant k), `heuristic` (transformers' +2/-1 schedule, k restarting
+at every prompt), `confidence:T` (a round stops after the first draft whose top probability is below T, that
+draft kept), `prompt-lookup:N` (longest n-gram n <= N ending the sequence, continuation of its earliest
+occurrence; no draft model).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+ENGINES = ("vllm", "sglang", "llama_cpp", "transformers")
+DRAFTER_NAMES = ("model", "heuristic", "confidence", "prompt-lookup")
+DEFAULT_DRAFTER = "model"
+
+
+class DeployError(ValueError):
+    """No settings can be derived (no run to choose, a baseline, an unknown drafter): the message says why and
+    what to do."""
+
+
+# --- inputs ----------------------------------------------------------------------------------------------------
+
+def parse_drafter(spec) -> tuple[str, float | int | None]:
+    """(name, parameter) of a drafter spec: `model`, `heuristic`, `confidence:T` (0 < T < 1), `prompt-lookup:N`
+    (N >= 1). Empty/None means `model` (runs stored before drafters existed). Mirrors engine/drafting.py's
+    parse_drafter without importing torch."""
+    text = str(spec).strip() if _present(spec) else ""
+    if not text:
+        return DEFAULT_DRAFTER, None
+    name, colon, raw = text.partition(":")
+    name, raw = name.strip(), raw.strip()
+    if name not in DRAFTER_NAMES:
+        raise DeployError(f"unknown drafter {text!r}: no serving-engine mapping for it (known: model, heuristic, "
+                          f"confidence:T, prompt-lookup:N)")
+    if name in ("model", "heuristic"):
+        if colon:
+            raise DeployError(f"drafter {name!r} takes no parameter (got {text!r})")
+        return name, None
+    try:
+        value = float(raw) if name == "confidence" else int(raw)
+    except ValueError:
+        value = None
+    if value is None or (name == "confidence" and not 0 < value < 1) or (name == "prompt-lookup" and value < 1):
+        what = "a threshold 0 < T < 1" if name == "confidence" else "an n-gram size N >= 1"
+        raise DeployError(f"drafter {text!r}: needs {what} after the colon")
+    return name, value
+
+
+def _present(value) -> bool:
+    """A value a stored cell really holds: not None, NaN or pandas.NA."""
+    if value is None:
+        return False
+    try:
+        return bool(value == value)  # False for NaN
+    except (TypeError, ValueError):  # pandas.NA: its truth is ambiguous
+        return False
+
+
+def _pick(run: dict, experiment: dict, key: str, default=None):
+    """A setting: the run's own value (a sweep varies it per run), else the experiment's, else `default`."""
+    for source in (run, experiment, experiment.get("sampling") or {}):
+        value = source.get(key) if isinstance(source, dict) else None
+        if _present(value) and str(value).strip() != "":
+            return value
+    return default
+
+
+def _model_ref(name: str) -> str:
+    """A model name an engine can load: DraftLab's shipped demo models are directories inside the package."""
+    from engine.zoo import resolve  # plain pathlib; no torch
+
+    path = resolve(name)
+    return str(path) if path is not None else name
+
+
+def configuration(run: dict, experiment: dict) -> dict:
+    """The run's settings that matter to an engine, with defaults for values older databases lack."""
+    name, param = parse_drafter(_pick(run, {}, "drafter") or experiment.get("drafter") or DEFAULT_DRAFTER)
+    k = _pick(run, experiment, "k")
+    if not _present(k) or int(k) < 1:
+        raise DeployError(f"run {run.get('run_id')} has no draft length k (a baseline runs the target alone); "
+                          f"pick a speculative run")
+    draft = _pick(run, {}, "draft")
+    if draft is None:  # older databases: the experiment's draft (a draft sweep stores one per run)
+        draft = experiment.get("draft")
+    if name != "prompt-lookup" and not draft:
+        raise DeployError(f"run {run.get('run_id')} drafts with a draft model ({name}) but none is stored for it")
+    temperature = float(_pick(run, experiment, "temperature", 0.0))
+    top_k = int(_pick(run, experiment, "top_k", 0))
+    top_p = float(_pick(run, experiment, "top_p", 1.0))
+    return {
+        "run_id": int(run["run_id"]) if _present(run.get("run_id")) else None,
+        "experiment_id": int(eid) if (eid := _pick(run, experiment, "experiment_id")) is not None else None,
+        "target": str(experiment.get("target") or ""),
+        "draft": str(draft) if draft and name != "prompt-lookup" else None,
+        "drafter": name if param is None else f"{name}:{param:g}" if isinstance(param, float) else f"{name}:{param}",
+        "k": int(k),
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "seed": int(_pick(run, experiment, "seed", 0)),
+        "max_new_tokens": int(_pick(run, experiment, "max_new_tokens", 128)),
+        "dtype": str(experiment.get("dtype") or "auto"),
+        "trust_remote_code": bool(experiment.get("trust_remote_code") or False),
+        "greedy": temperature <= 0,
+        "_drafter": (name, param),
+    }
+
+
+# --- formatting ------------------------------------------------------------------------------------------------
+
+def _num(value: float) -> str:
+    """A float as a flag value: shortest exact text (0.7, 1.0, 0.95)."""
+    return repr(float(value))
+
+
+def _command(groups: list[list[str]]) -> tuple[str, str]:
+    """(one-line command, the same with one flag per line and `\\` continuations for display)."""
+    quoted = [" ".join(shlex.quote(part) for part in group) for group in groups]
+    return " ".join(quoted), " \\\n    ".join(quoted)
+
+
+def _same_distribution_note(cfg: dict) -> list[str]:
+    if cfg["greedy"]:
+        return []
+    return [f"DraftLab draws prompt i from a generator seeded by (seed={cfg['seed']}, i); no engine draws the same "
+            f"way, so sampled outputs match DraftLab's in distribution, not token for token."]
+
+
+# --- vLLM ------------------------------------------------------------------------------------------------------
+# Checked: vllm-project/vllm main, vllm/config/speculative.py @ 002e77c1 (SpeculativeConfig: `method` incl.
+# "draft_model" and "ngram", `model`, `num_speculative_tokens` (> 0), `prompt_lookup_max` / `prompt_lookup_min`
+# (when only max is given, min is set EQUAL to max in __post_init__, although docs/.../configuration.md says it
+# defaults to 1 — so min is always passed here), `draft_sample_method` "greedy" (default: argmax drafts, treated as
+# one-hot) | "probabilistic", `num_speculative_tokens_per_batch_size` (dynamic k keyed on batch size));
+# docs/features/speculative_decoding/draft_model.md (`vllm serve T --speculative-config '{"model": D,
+# "num_speculative_tokens": 5, "method": "draft_model"}'`), n_gram.md, dynamic_speculative_decoding.md;
+# vllm/sampling_params.py @ 00388f65 (temperature 0 = greedy, top_k "0 (or -1)" = all tokens, min_p,
+# repetition_penalty, seed).
+
+def _vllm(cfg: dict) -> dict:
+    name, param = cfg["_drafter"]
+    notes: list[str] = []
+    if name == "prompt-lookup":
+        spec = {"method": "ngram", "num_speculative_tokens": cfg["k"], "prompt_lookup_max": int(param),
+                "prompt_lookup_min": 1}
+        notes.append(f"ngram proposer: tries n-grams from prompt_lookup_max={int(param)} down to prompt_lookup_min=1 "
+                     f"like DraftLab; which earlier occurrence it continues from may differ from DraftLab's earliest "
+                     f"one, so check the acceptance rate in vLLM's spec-decode metrics.")
+    else:
+        spec = {"method": "draft_model", "model": _model_ref(cfg["draft"]), "num_speculative_tokens": cfg["k"]}
+        if not cfg["greedy"]:
+            spec["draft_sample_method"] = "probabilistic"
+            notes.append("draft_sample_method \"probabilistic\" samples the drafts and verifies with their "
+                         "probabilities, as DraftLab measured; it is recent (vllm/config/speculative.py on main): an "
+                         "older vLLM rejects the key — drop it there, its drafts are then the draft's argmax "
+                         "(verified as one-hot), still lossless but with a different acceptance rate than measured.")
+        if name == "heuristic":
+            notes.append(f"Not expressible: vLLM keeps num_speculative_tokens fixed per request; its dynamic k "
+                         f"(num_speculative_tokens_per_batch_size) follows the batch size, not acceptance. This is the "
+                         f"heuristic's starting k={cfg['k']}; run a constant-k sweep (drafter `model`) to choose the k "
+                         f"to serve.")
+        if name == "confidence":
+            notes.append(f"Not expressible: vLLM has no draft-confidence stop; every round drafts "
+                         f"{cfg['k']} tokens (the confidence:{param:g} run's upper bound).")
+    config_json = json.dumps(spec)
+    groups = [["vllm", "serve", _model_ref(cfg["target"])], ["--speculative-config", config_json]]
+    if cfg["dtype"] != "auto":
+        groups.append(["--dtype", cfg["dtype"]])
+    if cfg["trust_remote_code"]:
+        groups.append(["--trust-remote-code"])
+    command, snippet = _command(groups)
+    request = _openai_request(cfg, top_k_off=-1)
+    if not cfg["greedy"]:
+        request["seed"] = cfg["seed"]
+    notes.append("Send the sampling settings with every request (the `request` fields of /v1/completions): by "
+                 "default vLLM takes missing ones from the model's generation_config.json.")
+    notes += _same_distribution_note(cfg)
+    return {"language": "bash", "command": command, "snippet": snippet, "speculative_config": config_json,
+            "request": request, "notes": notes}
+
+
+def _openai_request(cfg: dict, top_k_off: int) -> dict:
+    """Sampling fields of an OpenAI-style completion request (vLLM and SGLang accept top_k, min_p and
+    repetition_penalty there too). top_k_off: the engine's value for "no top-k"."""
+    if cfg["greedy"]:
+        return {"temperature": 0.0, "max_tokens": cfg["max_new_tokens"]}
+    return {"temperature": cfg["temperature"], "top_p": cfg["top_p"],
+            "top_k": cfg["top_k"] if cfg["top_k"] > 0 else top_k_off, "min_p": 0.0, "repetition_penalty": 1.0,
+            "max_tokens": cfg["max_new_tokens"]}
+
+
+# --- SGLang ----------------------------------------------------------------------------------------------------
+# Checked: sgl-project/sglang python/sglang/srt/server_args.py @ 001067ff (`--speculative-algorithm` builtins EAGLE,
+# EAGLE3, NEXTN, STANDALONE, NGRAM, ...; `--speculative-draft-model-path`; `--speculative-num-steps`;
+# `--speculative-eagle-topk`; `--speculative-num-draft-tokens`; ngram: `--speculative-ngram-max-bfs-breadth`
+# (default 10), no match-window flags any more); its speculative handler: with topk == 1, num_draft_tokens is
+# forced to num_steps + 1 (the count includes the root, the last verified token; cpp_ngram/ngram.cpp passes
+# `suffix.back()` as the root for NGRAM too), `--speculative-use-rejection-sampling` raises NotImplementedError
+# for anything but EAGLE/EAGLE3; docs/advanced_features/speculative_decoding.md @ 067ad4d3 (STANDALONE = a
+# smaller draft LLM; NGRAM = a cache of earlier tokens); adaptive_speculative_decoding.md (`--speculative-adaptive`
+# is EAGLE with topk 1 only); sampling_params.py (top_k -1 = whole vocabulary); `--sampling-defaults` ("model":
+# defaults from the model's generation_config.json).
+
+def _sglang(cfg: dict) -> dict:
+    name, param = cfg["_drafter"]
+    notes: list[str] = []
+    groups = [["python", "-m", "sglang.launch_server"], ["--model-path", _model_ref(cfg["target"])]]
+    if name == "prompt-lookup":
+        groups += [["--speculative-algorithm", "NGRAM"], ["--speculative-num-draft-tokens", str(cfg["k"] + 1)],
+                   ["--speculative-ngram-max-bfs-breadth", "1"]]
+        notes.append(f"Not expressible: the lookup n-gram size N={int(param)} (current SGLang has no option for it; "
+                     f"older releases took --speculative-ngram-max-match-window-size).")
+        notes.append("NGRAM drafts from a cache of tokens seen before, shared by all requests, not only this "
+                     "prompt: close to prompt lookup but not the same; check its acceptance rate.")
+        notes.append(f"--speculative-num-draft-tokens counts the last verified token too: {cfg['k'] + 1} = k + 1 "
+                     f"verifies up to k={cfg['k']} drafts; --speculative-ngram-max-bfs-breadth 1 keeps one chain "
+                     f"(no tree), as DraftLab drafts.")
+    else:
+        groups += [["--speculative-algorithm", "STANDALONE"],
+                   ["--speculative-draft-model-path", _model_ref(cfg["draft"])],
+                   ["--speculative-num-steps", str(cfg["k"])], ["--speculative-eagle-topk", "1"],
+                   ["--speculative-num-draft-tokens", str(cfg["k"] + 1)]]
+        notes.append(f"STANDALONE with topk 1 drafts one chain of k={cfg['k']} tokens; SGLang requires "
+                     f"num-draft-tokens = num-steps + 1 when topk is 1.")
+        if not cfg["greedy"]:
+            notes.append("At temperature > 0 STANDALONE drafts the draft's argmax and verifies target-only "
+                         "(--speculative-use-rejection-sampling is EAGLE/EAGLE3 only): lossless, but its acceptance "
+                         "rate differs from DraftLab's measured alpha.")
+        if name == "heuristic":
+            notes.append(f"Not expressible: STANDALONE keeps num-steps fixed (--speculative-adaptive, which moves "
+                         f"between step tiers on an average accept length, is EAGLE-only). This is the heuristic's "
+                         f"starting k={cfg['k']}; choose the served k from a constant-k sweep.")
+        if name == "confidence":
+            notes.append(f"Not expressible: SGLang has no draft-confidence stop; every round drafts k={cfg['k']}. "
+                         f"Leave --speculative-accept-threshold-single/-acc at 1.0: they relax acceptance (lossy), "
+                         f"they do not stop drafting.")
+    if cfg["dtype"] != "auto":
+        groups.append(["--dtype", cfg["dtype"]])
+    if cfg["trust_remote_code"]:
+        groups.append(["--trust-remote-code"])
+    command, snippet = _command(groups)
+    notes.append("Send the sampling settings with every request (`request`); by default (--sampling-defaults "
+                 "model) SGLang fills missing ones from the model's generation_config.json.")
+    notes += _same_distribution_note(cfg)
+    return {"language": "bash", "command": command, "snippet": snippet, "request": _openai_request(cfg, top_k_off=-1),
+            "notes": notes}
+
+
+# --- llama.cpp -------------------------------------------------------------------------------------------------
+# Checked: ggml-org/llama.cpp common/arg.cpp (the index holds several revisions; these flags read the same in each:
+# `-md, --model-draft FNAME`; `--draft-max, --draft, --draft-n N`;
+# `--draft-min, --draft-n-min N`; `--draft-p-min P` "minimum speculative decoding probability (greedy)", all for
+# llama-server; `--temp`, `--top-k` (0 = disabled), `--top-p` (1.0 = disabled), `--min-p` (0.0 = disabled)),
+# common/common.h defaults n_max 16, n_min 0, p_min 0.75 (common/speculative.cpp stops a draft when the top
+# candidate's probability < p_min, dropping that token), sampling defaults top_k 40, top_p 0.95, min_p 0.05;
+# docs/speculative.md @ 067318e6 (`--spec-type ngram-simple`: the m tokens after the last match of the current
+# n-gram; `--spec-ngram-size-n N`, `--spec-ngram-size-m M`).
+
+def _gguf(name: str) -> str:
+    return f"{Path(str(name).rstrip('/')).name}.gguf"
+
+
+def _llama_cpp(cfg: dict) -> dict:
+    name, param = cfg["_drafter"]
+    notes: list[str] = []
+    groups = [["llama-server"], ["-m", _gguf(cfg["target"])]]
+    convert = [cfg["target"]]
+    if name == "prompt-lookup":
+        groups += [["--spec-type", "ngram-simple"], ["--spec-ngram-size-n", str(int(param))],
+                   ["--spec-ngram-size-m", str(cfg["k"])], ["--draft-max", str(cfg["k"])]]
+        notes.append(f"ngram-simple matches exactly the last {int(param)} tokens and continues its LAST earlier "
+                     f"occurrence; DraftLab falls back to shorter n-grams (n <= {int(param)}) and continues the "
+                     f"earliest one, so acceptance can differ. The n-gram options changed across llama.cpp builds "
+                     f"(checked docs/speculative.md): confirm them with `llama-server --help`.")
+    else:
+        convert.append(cfg["draft"])
+        p_min = float(param) if name == "confidence" else 0.0
+        groups += [["-md", _gguf(cfg["draft"])], ["--draft-max", str(cfg["k"])], ["--draft-min", "0"],
+                   ["--draft-p-min", _num(p_min)]]
+        if name == "confidence":
+            notes.append(f"--draft-p-min {p_min:g} stops a round when the draft's top probability falls below "
+                         f"{p_min:g}, like confidence:{p_min:g}, but llama.cpp drops that last draft (DraftLab keeps "
+                         f"it) and takes the probability over the draft sampler's few top candidates.")
+        else:
+            notes.append("--draft-p-min 0.0: llama.cpp's default (0.75) would end rounds early on low-confidence "
+                         "drafts; 0 keeps k constant, as measured.")
+        if name == "heuristic":
+            notes.append(f"Not expressible: llama.cpp has no +2/-1 schedule; --draft-max is the heuristic's "
+                         f"starting k={cfg['k']}. Choose the served k from a constant-k sweep.")
+        notes.append("llama.cpp drafts the draft's most likely tokens and accepts those the target's own sample "
+                     "matches: lossless, but at temperature > 0 the acceptance rate differs from DraftLab's alpha."
+                     if not cfg["greedy"] else "Greedy: llama.cpp accepts drafts that equal the target's argmax, "
+                     "as DraftLab does.")
+    if cfg["greedy"]:
+        groups.append(["--temp", "0.0"])
+    else:
+        groups += [["--temp", _num(cfg["temperature"])], ["--top-k", str(max(cfg["top_k"], 0))],
+                   ["--top-p", _num(cfg["top_p"])], ["--min-p", "0.0"], ["--repeat-penalty", "1.0"],
+                   ["--seed", str(cfg["seed"])]]
+        notes.append("Sampling flags are set explicitly: llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05) "
+                     "would change the distribution DraftLab measured.")
+    command, snippet = _command(groups)
+    notes.append("llama.cpp loads GGUF files: convert each model with llama.cpp's convert_hf_to_gguf.py ("
+                 + "; ".join(f"{_model_ref(m)} -> {_gguf(m)}" for m in convert)
+                 + "). Quantizing the draft or the target changes alpha and c: re-measure before relying on the "
+                   "speedup.")
+    notes += _same_distribution_note(cfg)
+    return {"language": "bash", "command": command, "snippet": snippet, "notes": notes}
+
+
+# --- transformers ----------------------------------------------------------------------------------------------
+# Checked: transformers 5.24.0 (the version DraftLab's engine tests run), generation/configuration_utils.py
+# (num_assistant_tokens, num_assistant_tokens_schedule "heuristic" | "heuristic_transient" | "constant",
+# assistant_confidence_threshold, prompt_lookup_num_tokens, max_matching_ngram_size; global defaults 20,
+# "constant", 0.4, top_k 50), generation/candidate_generator.py (AssistedCandidateGenerator reads
+# num_assistant_tokens, the schedule and the threshold from the ASSISTANT's generation_config — passing them to
+# target.generate() does nothing, verified on the demo pair — and re-fits the threshold by ROC when scikit-learn is
+# installed; PromptLookupCandidateGenerator takes prompt_lookup_num_tokens / max_matching_ngram_size from the
+# call), generation/stopping_criteria.py (ConfidenceCriteria: stop after a drafted token whose probability < T,
+# the token kept), generation/utils.py (the criterion only when the threshold > 0).
+
+def _transformers(cfg: dict) -> dict:
+    name, param = cfg["_drafter"]
+    notes: list[str] = []
+    load = {"dtype": "auto" if cfg["dtype"] == "auto" else cfg["dtype"]}
+    if cfg["trust_remote_code"]:
+        load["trust_remote_code"] = True
+    load_args = ", ".join(f"{key}={value!r}" for key, value in load.items())
+    target = _model_ref(cfg["target"])
+    lines = ["import torch", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+             f"tokenizer = AutoTokenizer.from_pretrained({target!r})",
+             f"target = AutoModelForCausalLM.from_pretrained({target!r}, {load_args})"]
+    kwargs: dict = {}
+    assistant: dict = {}
+    if name == "prompt-lookup":
+        kwargs.update(prompt_lookup_num_tokens=cfg["k"], max_matching_ngram_size=int(param))
+        notes.append("Prompt lookup in transformers tries n-grams from max_matching_ngram_size down to 1 and "
+                     "continues the earliest match, as DraftLab's prompt-lookup does.")
+    else:
+        schedule = "heuristic_transient" if name == "heuristic" else "constant"
+        assistant = {"num_assistant_tokens": cfg["k"], "num_assistant_tokens_schedule": schedule,
+                     "assistant_confidence_threshold": float(param) if name == "confidence" else 0.0}
+        draft = _model_ref(cfg["draft"])
+        lines.append(f"draft = AutoModelForCausalLM.from_pretrained({draft!r}, {load_args})")
+        lines.append("# assisted generation reads these from the draft's generation_config, not from generate()")
+        lines += [f"draft.generation_config.{key} = {value!r}" for key, value in assistant.items()]
+        kwargs["assistant_model"] = "draft"
+        notes.append("num_assistant_tokens, num_assistant_tokens_schedule and assistant_confidence_threshold are "
+                     "set on draft.generation_config: transformers' AssistedCandidateGenerator reads them there "
+                     "(given to generate() they are ignored, leaving the defaults k=20 and threshold 0.4).")
+        if name == "heuristic":
+            notes.append("\"heuristic_transient\" restarts k at num_assistant_tokens on every generate() call, as "
+                         "DraftLab restarts it at every prompt; \"heuristic\" would carry k over between calls.")
+        elif name == "confidence":
+            notes.append(f"assistant_confidence_threshold={param:g}: transformers stops after a draft whose own "
+                         f"probability is below {param:g} (DraftLab: whose distribution's top probability is; the "
+                         f"same at temperature 0), and with scikit-learn installed it re-fits the threshold during "
+                         f"generation, which DraftLab does not.")
+        else:
+            notes.append("assistant_confidence_threshold=0.0 turns off transformers' default early stop (0.4), "
+                         "so every round drafts k tokens as measured.")
+    if cfg["greedy"]:
+        kwargs["do_sample"] = False
+    else:
+        kwargs.update(do_sample=True, temperature=cfg["temperature"], top_k=max(cfg["top_k"], 0), top_p=cfg["top_p"])
+        notes.append("top_k=0 disables top-k (transformers' default is 50); the model's generation_config.json "
+                     "still supplies any other sampling setting it names.")
+    kwargs["max_new_tokens"] = cfg["max_new_tokens"]
+    rendered = ", ".join(f"{key}={value}" if key == "assistant_model" else f"{key}={value!r}"
+                         for key, value in kwargs.items())
+    lines += ["", f"torch.manual_seed({cfg['seed']})",
+              'inputs = tokenizer("def fibonacci(n):", return_tensors="pt").to(target.device)',
+              f"output = target.generate(**inputs, {rendered})",
+              'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))']
+    notes += _same_distribution_note(cfg)
+    generate_kwargs = {key: value for key, value in kwargs.items() if key != "assistant_model"}
+    return {"language": "python", "snippet": "\n".join(lines) + "\n", "generate_kwargs": generate_kwargs,
+            "assistant_generation_config": assistant, "notes": notes}
+
+
+# --- public API ------------------------------------------------------------------------------------------------
+
+def deploy_settings(run: dict, experiment: dict) -> dict:
+    """{"vllm": ..., "sglang": ..., "llama_cpp": ..., "transformers": ...} for one speculative run.
+
+    Each engine: `snippet` (what to paste: a command with one flag per line, or Python), `language`, `notes`
+    (what it cannot express, what to check); commands also as one line (`command`); vLLM's JSON
+    (`speculative_config`); vLLM/SGLang request sampling fields (`request`); transformers' literal generate()
+    arguments (`generate_kwargs`) and the draft's generation_config (`assistant_generation_config`).
+    `run`: a row of queries.runs() as a dict (draft / drafter optional), `experiment`: queries.experiment()."""
+    cfg = configuration(run, experiment or {})
+    return {"vllm": _vllm(cfg), "sglang": _sglang(cfg), "llama_cpp": _llama_cpp(cfg),
+            "transformers": _transformers(cfg)}
+
+
+def _chosen_run(store, experiment_id: int, run_id: int | None):
+    from . import queries as q
+
+    runs = q.runs(store, experiment_id)
+    if run_id is not None:
+        rows = runs[runs["run_id"] == int(run_id)]
+        if rows.empty:
+            raise DeployError(f"run {run_id} is not a run of experiment {experiment_id}; `draftlab list` shows "
+                              f"each experiment's runs")
+        row = rows.iloc[0]
+        if row["kind"] != "speculative":
+            raise DeployError(f"run {run_id} is the target-only baseline; pick a speculative run of experiment "
+                              f"{experiment_id}")
+        return row, "given"
+    best = q.verdict(store, experiment_id)["best"]
+    chosen = runs[(runs["kind"] == "speculative") & (runs["status"] == "done") & runs["timing_warning"].isna()
+                  & (runs["sweep_value"] == best)] if best is not None else runs.iloc[:0]
+    if chosen.empty:
+        raise DeployError(f"experiment {experiment_id} has no best run yet (no finished run with a usable "
+                          f"speedup); name one with --run RUN_ID")
+    return chosen.iloc[0], "best"
+
+
+def _stored_run_columns(store, run_id: int) -> dict:
+    """Every column the runs table has for this run (draft / drafter exist only in newer schemas)."""
+    from sqlalchemy import text
+
+    with store.read() as conn:
+        row = conn.execute(text("SELECT * FROM runs WHERE id = :rid"), {"rid": run_id}).mappings().first()
+    return dict(row) if row is not None else {}
+
+
+def deploy_document(store, experiment_id: int, run_id: int | None = None) -> dict:
+    """The deploy settings of an experiment's run — its best by queries.verdict unless `run_id` names one —
+    with the configuration they came from and what that run measured. KeyError: no such experiment;
+    DeployError: no run to choose, or a baseline."""
+    from . import queries as q
+    from .export import plain
+
+    experiment = q.experiment(store, experiment_id)
+    if experiment is None:
+        raise KeyError(experiment_id)
+    row, chosen_by = _chosen_run(store, experiment_id, run_id)
+    rid = int(row["run_id"])
+    stored = {key: value for key, value in _stored_run_columns(store, rid).items() if key != "id"}
+    run = plain({**stored, **row.to_dict()})
+    cfg = configuration(run, experiment)
+    ci = [run.get("speedup_ci_lo"), run.get("speedup_ci_hi")]
+    return plain({
+        "experiment_id": int(experiment_id), "run_id": rid, "chosen": chosen_by,
+        "configuration": {key: value for key, value in cfg.items() if not key.startswith("_")},
+        "measured": {"status": run.get("status"), "speedup": run.get("speedup"),
+                     "speedup_ci": ci if all(v is not None for v in ci) else None, "alpha": run.get("alpha"),
+                     "tokens_per_round": run.get("tokens_per_round"), "c": run.get("c"),
+                     "timing_warning": run.get("timing_warning")},
+        "engines": deploy_settings(run, experiment),
+    })

@@ -1,0 +1,331 @@
+"""Carrying a run to production (storage/deploy.py): every engine's settings parsed back — vLLM's JSON, the command
+lines split like a shell would, the transformers snippet compiled and its arguments read back with ast — for every
+drafter spec, with the inexpressible settings noted; and `draftlab export --format deploy` on a crafted database
+gives the same document as storage.deploy."""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import shlex
+
+import pandas as pd
+import pytest
+from sqlalchemy import inspect, text
+
+from storage import queries as q
+from storage.deploy import DeployError, configuration, deploy_document, deploy_settings, parse_drafter
+from tests.test_storage import fill_experiment
+
+EXPERIMENT = {"experiment_id": 7, "target": "org/target-8B", "draft": "org/draft 0.5B", "temperature": 0.0,
+              "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 64, "dtype": "auto", "trust_remote_code": False}
+SAMPLING = {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "seed": 11}
+DRAFTERS = ["model", "heuristic", "confidence:0.4", "prompt-lookup:3"]
+SWITCHES = {"--trust-remote-code"}  # flags that take no value
+BAD_TEXT = ("None", "nan", "NaN", "inf", "null")
+
+
+def settings(drafter: str, k: int = 4, **run) -> dict:
+    return deploy_settings({"run_id": 3, "k": k, "drafter": drafter, **run}, EXPERIMENT)
+
+
+def flags(engine: dict, head: int) -> dict[str, str | None]:
+    """The command's flags after its first `head` words (program and positionals), checked well formed: the
+    one-line command and the displayed snippet split alike, every flag starts with '-', each has its value
+    (switches excepted), and no value reads None / nan."""
+    argv = shlex.split(engine["command"])
+    assert shlex.split(engine["snippet"].replace("\\\n", " ")) == argv
+    assert not any(word in BAD_TEXT for word in argv), argv
+    out: dict[str, str | None] = {}
+    rest = argv[head:]
+    while rest:
+        flag, rest = rest[0], rest[1:]
+        assert flag.startswith("-") and flag not in out, (flag, argv)
+        if flag in SWITCHES:
+            out[flag] = None
+            continue
+        assert rest and not rest[0].startswith("--"), f"{flag} has no value in {argv}"
+        out[flag], rest = rest[0], rest[1:]
+    return out
+
+
+def generate_call(snippet: str) -> tuple[dict, dict]:
+    """(the literal keyword arguments of target.generate(...), the draft.generation_config attributes set)."""
+    compile(snippet, "<deploy snippet>", "exec")
+    tree = ast.parse(snippet)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "generate"]
+    assert len(calls) == 1
+    kwargs = {kw.arg: (kw.value.id if isinstance(kw.value, ast.Name) else ast.literal_eval(kw.value))
+              for kw in calls[0].keywords if kw.arg is not None}
+    assigned = {n.targets[0].attr: ast.literal_eval(n.value) for n in ast.walk(tree)
+                if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Attribute)
+                and ast.unparse(n.targets[0].value) == "draft.generation_config"}
+    return kwargs, assigned
+
+
+def inexpressible(engine: dict) -> str:
+    return " ".join(note for note in engine["notes"] if note.startswith("Not expressible"))
+
+
+@pytest.mark.parametrize("sampling", [{}, SAMPLING], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_every_engine_parses_back(drafter, sampling):
+    doc = settings(drafter, **sampling)
+    assert set(doc) == {"vllm", "sglang", "llama_cpp", "transformers"}
+    name = drafter.split(":")[0]
+    greedy = not sampling
+    json.dumps(doc, allow_nan=False)  # strict JSON all the way down
+    for engine in doc.values():
+        assert engine["notes"] and all(isinstance(n, str) and n for n in engine["notes"])
+
+    # vLLM: the --speculative-config JSON and the request's sampling fields
+    vllm = doc["vllm"]
+    head = flags(vllm, 3)
+    assert shlex.split(vllm["command"])[:3] == ["vllm", "serve", "org/target-8B"]
+    spec = json.loads(head["--speculative-config"])
+    assert spec == json.loads(vllm["speculative_config"])
+    if name == "prompt-lookup":
+        assert spec == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    else:
+        expected = {"method": "draft_model", "model": "org/draft 0.5B", "num_speculative_tokens": 4}
+        assert spec == (expected if greedy else {**expected, "draft_sample_method": "probabilistic"})
+    request = vllm["request"]
+    assert request["temperature"] == (0.0 if greedy else 0.7) and request["max_tokens"] == 64
+    if not greedy:
+        assert (request["top_k"], request["top_p"], request["min_p"], request["seed"]) == (20, 0.9, 0.0, 11)
+
+    # SGLang: STANDALONE chain of k drafts (num-draft-tokens counts the root) or NGRAM
+    sglang = flags(doc["sglang"], 3)
+    assert sglang["--model-path"] == "org/target-8B"
+    if name == "prompt-lookup":
+        assert sglang == {"--model-path": "org/target-8B", "--speculative-algorithm": "NGRAM",
+                          "--speculative-num-draft-tokens": "5", "--speculative-ngram-max-bfs-breadth": "1"}
+    else:
+        assert {key: sglang[key] for key in sglang if key != "--model-path"} == {
+            "--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": "org/draft 0.5B",
+            "--speculative-num-steps": "4", "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "5"}
+    assert "--speculative-use-rejection-sampling" not in sglang  # EAGLE/EAGLE3 only
+
+    # llama.cpp: llama-server with a draft model or an n-gram spec type; sampling made explicit
+    llama = flags(doc["llama_cpp"], 1)
+    assert llama["-m"] == "target-8B.gguf"
+    if name == "prompt-lookup":
+        assert "-md" not in llama and "--draft-p-min" not in llama
+        assert (llama["--spec-type"], llama["--spec-ngram-size-n"], llama["--spec-ngram-size-m"],
+                llama["--draft-max"]) == ("ngram-simple", "3", "4", "4")
+    else:
+        assert (llama["-md"], llama["--draft-max"], llama["--draft-min"]) == ("draft 0.5B.gguf", "4", "0")
+        assert float(llama["--draft-p-min"]) == (0.4 if name == "confidence" else 0.0)
+    if greedy:
+        assert float(llama["--temp"]) == 0.0
+    else:
+        assert {key: float(llama[key]) for key in ("--temp", "--top-k", "--top-p", "--min-p", "--seed")} == {
+            "--temp": 0.7, "--top-k": 20, "--top-p": 0.9, "--min-p": 0.0, "--seed": 11}
+
+    # transformers: the snippet compiles; generate()'s arguments and the draft's generation_config read back
+    tf = doc["transformers"]
+    kwargs, assigned = generate_call(tf["snippet"])
+    assert {key: value for key, value in kwargs.items() if key != "assistant_model"} == tf["generate_kwargs"]
+    assert kwargs["max_new_tokens"] == 64
+    if greedy:
+        assert kwargs["do_sample"] is False and "temperature" not in kwargs
+    else:
+        assert (kwargs["do_sample"], kwargs["temperature"], kwargs["top_k"], kwargs["top_p"]) == (True, 0.7, 20, 0.9)
+    if name == "prompt-lookup":
+        assert "assistant_model" not in kwargs and assigned == {}
+        assert (kwargs["prompt_lookup_num_tokens"], kwargs["max_matching_ngram_size"]) == (4, 3)
+    else:
+        assert kwargs["assistant_model"] == "draft"
+        assert "num_assistant_tokens" not in kwargs  # generate() ignores it: it belongs on the draft's config
+        assert assigned == tf["assistant_generation_config"] == {
+            "num_assistant_tokens": 4,
+            "num_assistant_tokens_schedule": "heuristic_transient" if name == "heuristic" else "constant",
+            "assistant_confidence_threshold": 0.4 if name == "confidence" else 0.0}
+
+    # what each engine cannot express is said, not invented
+    assert inexpressible(doc["transformers"]) == ""
+    if name == "model":
+        assert all(inexpressible(engine) == "" for engine in doc.values())
+    if name == "heuristic":
+        for engine in ("vllm", "sglang", "llama_cpp"):
+            assert "starting k=4" in inexpressible(doc[engine])
+    if name == "confidence":
+        assert "confidence" in inexpressible(doc["vllm"]) and "confidence" in inexpressible(doc["sglang"])
+        assert inexpressible(doc["llama_cpp"]) == ""  # --draft-p-min expresses it (with a caveat note)
+        assert any("drops that last draft" in note for note in doc["llama_cpp"]["notes"])
+    if name == "prompt-lookup":
+        assert "N=3" in inexpressible(doc["sglang"])
+        assert inexpressible(doc["vllm"]) == "" and inexpressible(doc["llama_cpp"]) == ""
+
+
+def test_a_run_without_a_drafter_is_a_constant_k_draft_model_run():
+    for missing in ({}, {"drafter": None}, {"drafter": ""}, {"drafter": float("nan")}, {"drafter": pd.NA}):
+        run = {"run_id": 1, "k": 3, **missing}
+        assert configuration(run, EXPERIMENT)["drafter"] == "model"
+        assert json.loads(deploy_settings(run, EXPERIMENT)["vllm"]["speculative_config"])["method"] == "draft_model"
+    # the run's own draft and drafter win over the experiment's (draft and drafter sweeps store one per run)
+    cfg = configuration({"run_id": 1, "k": 2, "draft": "org/other", "drafter": "confidence:0.50"}, EXPERIMENT)
+    assert (cfg["draft"], cfg["drafter"]) == ("org/other", "confidence:0.5")
+    assert configuration({"run_id": 1, "k": 2}, {**EXPERIMENT, "drafter": "heuristic"})["drafter"] == "heuristic"
+
+
+def test_bad_input_says_why():
+    with pytest.raises(DeployError, match="baseline"):
+        configuration({"run_id": 1, "k": None}, EXPERIMENT)
+    for spec in ("eagle", "confidence:1.5", "confidence", "prompt-lookup:0", "model:2"):
+        with pytest.raises(DeployError):
+            parse_drafter(spec)
+    with pytest.raises(DeployError, match="draft model"):
+        configuration({"run_id": 1, "k": 2, "draft": None}, {**EXPERIMENT, "draft": ""})
+    lookup = {"run_id": 1, "k": 2, "drafter": "prompt-lookup:2"}
+    assert configuration(lookup, {**EXPERIMENT, "draft": ""})["draft"] is None  # no draft model needed
+    assert parse_drafter("prompt-lookup:3") == ("prompt-lookup", 3)
+
+
+def test_dtype_remote_code_and_demo_models_reach_every_engine():
+    from engine.zoo import resolve
+
+    experiment = {**EXPERIMENT, "target": "demo-target", "draft": "demo-draft", "dtype": "bfloat16",
+                  "trust_remote_code": True}
+    doc = deploy_settings({"run_id": 1, "k": 2}, experiment)
+    target = str(resolve("demo-target") or "demo-target")
+    vllm, sglang = flags(doc["vllm"], 3), flags(doc["sglang"], 3)
+    assert shlex.split(doc["vllm"]["command"])[2] == target and sglang["--model-path"] == target
+    for engine in (vllm, sglang):
+        assert engine["--dtype"] == "bfloat16" and "--trust-remote-code" in engine
+    assert flags(doc["llama_cpp"], 1)["-md"] == "demo-draft.gguf"
+    generate_call(doc["transformers"]["snippet"])
+    snippet = doc["transformers"]["snippet"]
+    assert "trust_remote_code=True" in snippet and "dtype='bfloat16'" in snippet
+
+
+# --- a stored experiment, through the CLI ----------------------------------------------------------------------
+
+def _export(db_url, capsys, *argv) -> tuple[int, str, str]:
+    from app.cli import main
+
+    code = main(["export", *argv, "--db", db_url])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_export_deploy_prints_the_document_of_the_best_run(store, db_url, capsys, tmp_path):
+    eid, ids, _ = fill_experiment(store, ks=(2, 4), prompts=3)
+    verdict = q.verdict(store, eid)
+    assert verdict["best"] in (2, 4)
+    best_run = ids[("speculative", verdict["best"])]
+
+    code, out, err = _export(db_url, capsys, str(eid), "--format", "deploy")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc == json.loads(json.dumps(deploy_document(store, eid)))
+    assert (doc["run_id"], doc["chosen"], doc["configuration"]["k"]) == (best_run, "best", verdict["best"])
+    assert doc["measured"]["speedup"] == pytest.approx(verdict["speedup"])
+    assert set(doc["engines"]) == {"vllm", "sglang", "llama_cpp", "transformers"}
+    spec = json.loads(doc["engines"]["vllm"]["speculative_config"])
+    assert spec == {"method": "draft_model", "model": "drf", "num_speculative_tokens": verdict["best"]}
+
+    other = ids[("speculative", 2 if verdict["best"] == 4 else 4)]
+    code, out, err = _export(db_url, capsys, str(eid), "--format", "deploy", "--run", str(other),
+                             "--out", str(tmp_path / "deploy.json"))
+    assert code == 0 and out.strip() == str(tmp_path / "deploy.json")
+    doc = json.loads((tmp_path / "deploy.json").read_text())
+    assert (doc["run_id"], doc["chosen"]) == (other, "given")
+    assert doc == json.loads(json.dumps(deploy_document(store, eid, other)))
+
+
+def test_export_deploy_reads_a_stored_drafter_and_refuses_what_it_cannot_carry(store, db_url, capsys):
+    eid, ids, _ = fill_experiment(store, ks=(2, 4), prompts=3)
+    run = ids[("speculative", 4)]
+    has_drafter = "drafter" in {c["name"] for c in inspect(store.engine).get_columns("runs")}
+    if has_drafter:  # schemas that store a drafter per run: the run's spec is carried
+        with store.write() as conn:
+            conn.execute(text("UPDATE runs SET drafter = 'prompt-lookup:3' WHERE id = :rid"), {"rid": run})
+    code, out, err = _export(db_url, capsys, str(eid), "--format", "deploy", "--run", str(run))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["configuration"]["drafter"] == ("prompt-lookup:3" if has_drafter else "model")
+    method = json.loads(doc["engines"]["vllm"]["speculative_config"])["method"]
+    assert method == ("ngram" if has_drafter else "draft_model")
+
+    for argv, says in ((["--run", str(ids[("baseline", None)])], "baseline"), (["--run", "999999"], "not a run"),
+                       ([], None)):
+        if not argv:  # no finished run to crown: a clear error, not a traceback
+            with store.write() as conn:
+                conn.execute(text("UPDATE runs SET timing_warning = 'x' WHERE experiment_id = :eid "
+                                  "AND kind = 'speculative'"), {"eid": eid})
+            says = "--run RUN_ID"
+        code, out, err = _export(db_url, capsys, str(eid), "--format", "deploy", *argv)
+        assert code == 2 and out == "" and err.startswith("error: ") and says in err and err.count("\n") == 1, err
+    code, out, err = _export(db_url, capsys, "424242", "--format", "deploy")
+    assert code == 2 and "no experiment 424242" in err
+    code, out, err = _export(db_url, capsys, str(eid), "--format", "json", "--run", str(run))
+    assert code == 2 and "--format deploy" in err
+
+
+def test_deploy_panel_draws_one_tab_per_engine(tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    from storage import open_store
+
+    url = f"sqlite:///{tmp_path / 'panel.db'}"
+    store = open_store(url)
+    eid, _, _ = fill_experiment(store, ks=(2, 4), prompts=3)
+    expected = deploy_document(store, eid)
+    store.dispose()
+
+    def script(url, eid):
+        from pages.deploy_panel import render_deploy_panel
+        from storage import open_store
+
+        render_deploy_panel(open_store(url), eid, None, expanded=True)
+        render_deploy_panel(open_store(url), 424242)
+
+    at = AppTest.from_function(script, args=(url, eid), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [tab.label for tab in at.tabs] == ["vLLM", "SGLang", "llama.cpp", "transformers"]
+    codes = [c.value.strip() for c in at.code]
+    for key in ("vllm", "sglang", "llama_cpp", "transformers"):
+        assert expected["engines"][key]["snippet"].strip() in codes
+    captions = " ".join(c.value for c in at.caption)
+    assert f"#{expected['run_id']}" in captions and "No settings to carry to production yet" in captions
+    for note in expected["engines"]["llama_cpp"]["notes"]:
+        assert note in captions
+    assert len(at.get("download_button")) == 1
+    assert not math.isnan(expected["measured"]["speedup"])
+
+
+def test_the_deploy_module_needs_neither_torch_nor_streamlit():
+    import subprocess
+    import sys
+
+    code = "import sys, storage.deploy; print('torch' in sys.modules, 'streamlit' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("drafter", ["confidence:0.4", "prompt-lookup:3"])
+def test_the_transformers_snippet_runs_on_the_demo_pair(drafter, monkeypatch, capsys):
+    """The snippet is executable as printed, and the draft's k / schedule / threshold reach transformers'
+    candidate generator (which reads them from the draft's generation_config)."""
+    pytest.importorskip("torch")
+    from engine.zoo import resolve
+    from transformers.generation import candidate_generator as cg
+
+    if resolve("demo-target") is None or resolve("demo-draft") is None:
+        pytest.skip("the demo models are not built in this checkout")
+    seen = []
+    original = cg.AssistedCandidateGenerator.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        seen.append((self.num_assistant_tokens, self.assistant_generation_config.num_assistant_tokens_schedule,
+                     self.assistant_confidence_threshold))
+
+    monkeypatch.setattr(cg.AssistedCandidateGenerator, "__init__", spy)
+    experiment = {"target": "demo-target", "draft": "demo-draft", "max_new_tokens": 12}
+    snippet = deploy_settings({"run_id": 1, "k": 3, "drafter": drafter}, experiment)["transformers"]["snippet"]
+    exec(compile(snippet, "<deploy snippet>", "exec"), {})
+    assert capsys.readouterr().out.strip()  # it printed a continuation
+    assert seen == ([(3, "constant", 0.4)] if drafter.startswith("confidence") else [])
