@@ -150,7 +150,7 @@ speed AS (
     SELECT s.experiment_id, s.sweep_value, s.alpha, s.speedup, s.speedup_ci_lo, s.speedup_ci_hi
     FROM runs s JOIN runs b ON b.id = s.baseline_run_id
     WHERE s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.speedup IS NOT NULL
-      AND s.timing_warning IS NULL),
+      AND s.speedup_ci_lo IS NOT NULL AND s.timing_warning IS NULL),
 best AS (
     SELECT experiment_id, sweep_value, alpha, speedup, speedup_ci_lo, speedup_ci_hi,
            ROW_NUMBER() OVER (PARTITION BY experiment_id ORDER BY speedup DESC, sweep_value) AS rank
@@ -160,8 +160,9 @@ ties AS (
     JOIN speed o ON o.experiment_id = best.experiment_id AND o.sweep_value <> best.sweep_value
     WHERE best.rank = 1 AND o.speedup_ci_lo <= best.speedup_ci_hi AND o.speedup_ci_hi >= best.speedup_ci_lo
     GROUP BY best.experiment_id),
-warned AS (
-    SELECT experiment_id, COUNT(*) AS n_warnings FROM runs WHERE timing_warning IS NOT NULL GROUP BY experiment_id),
+warned AS (  -- as runs() shows them: a failed or cancelled baseline leaves no speedup to warn about
+    SELECT s.experiment_id, COUNT(*) AS n_warnings FROM runs s JOIN runs b ON b.id = s.baseline_run_id
+    WHERE s.timing_warning IS NOT NULL AND b.status NOT IN ('failed', 'cancelled') GROUP BY s.experiment_id),
 listed AS (
     SELECT e.id AS experiment_id, e.name, e.created, e.target, e.draft, e.prompts, e.sweep_variable, e.sweep_values,
            CASE WHEN st.n_running > 0 THEN 'running' WHEN st.n_queued > 0 THEN 'queued'
