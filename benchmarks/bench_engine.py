@@ -104,6 +104,12 @@ def main() -> None:
     def draftlab(i):
         return decoder.generate(prompts[i], ids[i], i).output_ids
 
+    # transformers 5 reads the assistant's schedule from the draft's own generation_config (arguments passed to
+    # generate() are ignored for these three), so set them there: constant k, no confidence stop.
+    pair.draft.model.generation_config.num_assistant_tokens = args.k
+    pair.draft.model.generation_config.num_assistant_tokens_schedule = "constant"
+    pair.draft.model.generation_config.assistant_confidence_threshold = 0.0
+
     def transformers_assisted(i):
         out = pair.target.model.generate(
             ids[i], attention_mask=torch.ones_like(ids[i]), assistant_model=pair.draft.model, do_sample=False,
