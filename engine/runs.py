@@ -8,7 +8,7 @@ import torch
 
 from .baseline import TargetOnlyDecoder
 from .cached_model import max_positions
-from .drafting import ModelDrafter
+from .drafting import DEFAULT_DRAFTER, make_drafter
 from .errors import DraftLabError
 from .loading import ModelPair
 from .records import PromptResult
@@ -46,9 +46,10 @@ def encode_prompts(pair: ModelPair, prompts: list[str], max_new_tokens: int) -> 
 
 
 def context_limit(pair: ModelPair) -> int | None:
-    """The smaller of the two models' position limits (None if neither config states one)."""
-    return min(filter(None, (max_positions(pair.target.model.config), max_positions(pair.draft.model.config))),
-               default=None)
+    """The smaller of the models' position limits (None if no config states one); a pair loaded without a draft
+    model (for a drafter that needs none) has the target's."""
+    models = [pair.target] + ([pair.draft] if pair.draft is not None else [])
+    return min(filter(None, (max_positions(m.model.config) for m in models)), default=None)
 
 
 def check_k(pair: ModelPair, k: int) -> None:
@@ -65,11 +66,17 @@ def baseline_decoder(pair: ModelPair, cfg: SamplingConfig) -> TargetOnlyDecoder:
     return TargetOnlyDecoder(pair.target.model, pair.vocab_size, cfg, pair.tokenizer, eos_ids(pair))
 
 
-def speculative_decoder(pair: ModelPair, cfg: SamplingConfig, k: int, typer: TokenTyper | None = None) -> SpeculativeDecoder:
+def speculative_decoder(pair: ModelPair, cfg: SamplingConfig, k: int, typer: TokenTyper | None = None,
+                        drafter: str = DEFAULT_DRAFTER) -> SpeculativeDecoder:
+    """A decoder drafting with the strategy `drafter` names (engine/drafting.py: model, heuristic, confidence:T,
+    prompt-lookup:N) and k (the starting k for heuristic). The pair may lack a draft model when the drafter
+    needs none (engine.drafting.needs_draft_model)."""
     check_k(pair, k)
-    drafter = ModelDrafter(pair.draft.model, pair.vocab_size, k, cfg)
-    return SpeculativeDecoder(pair.target.model, drafter, pair.vocab_size, cfg,
-                              typer or TokenTyper(pair.tokenizer), eos_ids(pair))
+    eos = eos_ids(pair)
+    strategy = make_drafter(drafter, draft_model=pair.draft.model if pair.draft is not None else None,
+                            vocab_size=pair.vocab_size, k=k, cfg=cfg, eos_ids=eos)
+    return SpeculativeDecoder(pair.target.model, strategy, pair.vocab_size, cfg,
+                              typer or TokenTyper(pair.tokenizer), eos)
 
 
 def run_prompts(decoder, prompts: list[str], prompt_ids: list[torch.Tensor], start: int = 0,

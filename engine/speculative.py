@@ -24,7 +24,11 @@ from .token_types import TokenTyper
 def verify(proposal: Proposal, p_target: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator):
     """Accept each draft token with prob min(1, p_t/p_d) while all before it were accepted; then draw the
     next token from normalize(max(0, p_t - p_d)) at the first rejection, or from p_t after the last draft
-    (bonus). p_target is [k+1, V]. Returns (accepted count, next token) as 0-d device tensors."""
+    (bonus). p_target is [k+1, V]. Returns (accepted count, next token) as 0-d device tensors.
+
+    A drafter without a distribution (prompt lookup) proposes point masses, p_d = onehot(x): the test is then
+    u < p_t(x), i.e. acceptance with probability min(1, p_t(x)), and the residual max(0, p_t - onehot(x)) is p_t
+    with x removed (both exact in floating point: p_d is exactly 1 and 0)."""
     k = proposal.tokens.shape[0]
     rows = torch.arange(k, device=p_target.device)
     if cfg.greedy:
