@@ -37,7 +37,7 @@ def _v2_to_v3(conn: Connection) -> None:
             ("runs", "speedup_ci_hi", "DOUBLE PRECISION"), ("runs", "verify_cost", "DOUBLE PRECISION"),
             ("runs", "predicted_speedup_refined", "DOUBLE PRECISION"), ("runs", "timing_warning", "TEXT"),
             ("experiments", "drafter", "VARCHAR(80) DEFAULT 'model'"), ("runs", "draft", "TEXT"),
-            ("runs", "drafter", "VARCHAR(80)"), ("runs", "sweep_label", "TEXT")):
+            ("runs", "drafter", "VARCHAR(80)"), ("runs", "sweep_label", "TEXT"), ("experiments", "validates", "INTEGER")):
         existing = {c["name"] for c in inspect(conn).get_columns(table)}
         if column not in existing:
             conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))

@@ -68,6 +68,7 @@ class Experiment(Base):
     k_auto: Mapped[int | None] = mapped_column(Integer, nullable=True)
     predicted_curve: Mapped[str | None] = mapped_column(Text, nullable=True)
     drafter: Mapped[str] = mapped_column(String(80), default="model")  # drafter spec of every run unless swept
+    validates: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the tuning experiment this one validates
 
 
 class ExperimentPrompt(Base):

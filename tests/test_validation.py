@@ -1,0 +1,77 @@
+"""Validation on held-out prompts: the plan reruns the best configuration on the other split, the experiment is
+linked to the one it validates, and the verdict flips when α drops beyond sampling error or the speedup
+interval falls below the tune's (crafted records with known α and timings)."""
+from __future__ import annotations
+
+import pytest
+
+from storage import queue
+from storage.validation import ValidationError, held_out_prompts, validation_plan, validation_result
+from tests.test_storage import run_ids
+from tests.test_timing_protocol import _base_prompt, _fill, _spec_prompt
+
+
+def test_held_out_split_of_a_tune_set():
+    assert held_out_prompts("code") == held_out_prompts("code:tune") == "code:validation"
+    with pytest.raises(ValidationError, match="pass held-out prompts with --prompts"):
+        held_out_prompts("code:validation")
+    with pytest.raises(ValidationError, match="--prompts FILE"):
+        held_out_prompts("/data/my prompts.jsonl")
+
+
+def _experiment(store, accepts_by_k: dict, prompts="code:tune", verify=0.010, validates=None, ks=None):
+    """An experiment whose k runs accept per round as given (same pattern on each of 6 prompts)."""
+    ks = ks or sorted(accepts_by_k)
+    eid = queue.enqueue_experiment(store, name="e", target="tgt", draft="drf", prompts=prompts,
+                                   sampling={"temperature": 0.0, "max_new_tokens": 64}, sweep_values=ks,
+                                   prompt_texts=[f"p{i}" for i in range(6)], validates=validates)
+    rows, base = {}, None
+    for k, accepts in accepts_by_k.items():
+        spec = [_spec_prompt(i, [a for a in accepts[i % len(accepts)]], k, draft_s=0.002 * k,
+                             verify_s=verify * (1 + 0.05 * (i % 3))) for i in range(6)]
+        rows[("speculative", k)] = spec
+        base = base or [_base_prompt(i, s.new_tokens, 0.010) for i, s in enumerate(spec)]
+    rows[("baseline", None)] = base
+    ids = _fill(store, eid, rows)
+    for rid in ids.values():
+        queue.finish_run(store, rid, "done")
+    return eid
+
+
+TUNE = {1: [[1, 0, 1, 1, 0, 1] * 4], 2: [[2, 2, 1, 2, 0, 2, 2, 1] * 3]}
+
+
+def test_plan_reruns_the_best_configuration_on_the_other_split(store):
+    tune = _experiment(store, TUNE)
+    plan = validation_plan(store, tune)
+    assert plan["prompts"] == "code:validation" and plan["validates"] == tune
+    assert plan["sweep_values"] == [2] and plan["k"] == 2 and plan["drafter"] == "model" and plan["draft"] == "drf"
+    vid = queue.enqueue_experiment(store, **plan, prompt_texts=["q0"])
+    assert queue.get_experiment(store, vid)["validates"] == tune
+    with pytest.raises(ValidationError, match="itself a validation"):
+        validation_plan(store, vid)
+    with pytest.raises(ValidationError, match="the set the experiment was tuned on"):
+        validation_plan(store, tune, prompts="code:tune")
+
+
+def test_verdict_holds_then_flips_on_an_alpha_drop_and_on_a_slower_interval(store):
+    tune = _experiment(store, TUNE)
+    same = _experiment(store, {2: TUNE[2]}, prompts="code:validation", validates=tune)
+    result = validation_result(store, same)
+    assert result["holds"] is True and result["reason"].startswith("holds")
+    # Held-out prompts on which the draft is right far less often: α 0.56 -> about 0.2.
+    worse = _experiment(store, {2: [[0, 0, 1, 0, 2, 0, 0, 0] * 3]}, prompts="code:validation", validates=tune)
+    result = validation_result(store, worse)
+    assert result["holds"] is False and "beyond sampling error" in result["reason"]
+    # Same acceptance, but every verify pass three times as slow: the speedup interval falls below the tune's.
+    slower = _experiment(store, {2: TUNE[2]}, prompts="code:validation", validates=tune, verify=0.030)
+    result = validation_result(store, slower)
+    assert result["holds"] is False and "wholly below the tune's" in result["reason"]
+
+
+def test_nothing_to_validate_is_one_clear_error(store):
+    eid = queue.enqueue_experiment(store, name="e", target="t", draft="d", prompts="code", sampling={},
+                                   sweep_values=[2], prompt_texts=["p"])
+    with pytest.raises(ValidationError, match="no finished best configuration"):
+        validation_plan(store, eid)
+    _ = run_ids
