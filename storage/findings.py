@@ -1,0 +1,505 @@
+"""What an experiment's data says, in a few sentences with their numbers, each with what to try next.
+
+    findings(store, experiment_id) -> list[dict]
+
+Each finding is a dict:
+
+    kind      one of KINDS (below)
+    severity  "error" (the experiment is broken: say it loudly), "warning" (a figure cannot be trusted) or "info"
+    title     a few words
+    detail    one sentence with the numbers it rests on
+    chart     the experiment-detail chart that shows it: a key of CHARTS ("speedup", "by-position", ...)
+    next      what to try next, in words
+    prefill   the New-experiment form's fields for that next step (prefill_url() turns it into a link); a
+              "page" key names another page ("distill", which does not exist yet)
+    data      the numbers themselves, for programs and tests
+
+Everything is computed from stored rows when called: the aggregations are the SQL GROUP BY queries of
+storage.queries (acceptance by position and by token type of one run, the runs' own aggregates, the verdict) plus
+one SQL join of each run against its baseline here; pandas only sifts the few rows those return. A finding
+appears only when the data supports it; below the minimum sample (MIN_VERIFIED verified draft tokens) the
+position and token-type findings are replaced by one that says the data is too thin. No torch, no streamlit.
+"""
+from __future__ import annotations
+
+import math
+from urllib.parse import urlencode
+
+import pandas as pd
+from sqlalchemy import text
+
+from engine import theory
+
+from . import queries as q
+from .store import Store
+
+# --- thresholds (each rule below names the ones it uses) ------------------------------------------------------
+MIN_VERIFIED = 30           # verified draft tokens below which a share or a rate is not reported
+LOW_ACCEPTANCE = 0.30       # a draft position accepting less than this (conditional) mostly wastes its draft step
+MIN_REJECTIONS = 10         # rejections of the run below which no token type is blamed
+MIN_TYPE_REJECTIONS = 5     # rejections of one token type below which it is not blamed
+OVER_REPRESENTED = 1.5      # rejection share / draft share from which a token type is blamed ...
+MIN_Z = 2.0                 # ... when its rejection count is also this many binomial SDs above the run's rate
+FORMULA_OFF = 0.10          # |formula / measured - 1| from which the formula is said to be off
+LOW_SPEEDUP = 1.05          # the formula's best speedup under which a draft cannot pay
+WORTH_IT = 1.2              # the speedup a faster draft is asked to reach (the c it would need is reported)
+MORE_REPEATS = 5            # the least --repeats suggested when a measurement has to be repeated
+
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
+KINDS = ("sampling_mismatch", "timing_warning", "positions", "token_type", "thin_data", "tie", "prediction",
+         "formula", "low_c")
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+# The experiment-detail page's charts a finding can point at (the panel maps each to its anchor on the page).
+CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs")
+NEW_PAGE = "new"            # pages/nav.py's URL path of the New-experiment page
+DISTILL_PAGE = "distill"    # a distillation page: not built yet, linked anyway
+ALTERNATIVE_DRAFTERS = ("confidence:0.5", "heuristic")  # engine/drafting.py specs that stop drafting early
+
+
+def findings(store: Store, experiment_id: int) -> list[dict]:
+    """The findings of one experiment, most severe first (empty for an unknown experiment or one without data)."""
+    experiment = q.experiment(store, experiment_id)
+    if experiment is None:
+        return []
+    runs = q.runs(store, experiment_id)
+    verdict = q.verdict(store, experiment_id)
+    ctx = _Context(store, experiment, runs, verdict)
+    found: list[dict] = []
+    for rule in (_sampling_mismatch, _timing_warnings, _positions_and_types, _tie, _prediction, _formula, _low_c):
+        found += rule(ctx)
+    return sorted(found, key=lambda f: SEVERITY_ORDER[f["severity"]])  # stable: rule order within a severity
+
+
+# --- links to the next experiment -------------------------------------------------------------------------------
+
+def prefill_query(prefill: dict) -> tuple[str, dict[str, str]]:
+    """(page URL path, query parameters as strings) of a finding's prefill."""
+    page = str(prefill.get("page") or NEW_PAGE)
+    return page, {key: _param(value) for key, value in prefill.items() if key != "page" and value is not None}
+
+
+def prefill_url(prefill: dict) -> str:
+    """A relative URL (`new?target=...&sweep=k&values=1%2C2`) that opens the page with the form prefilled; relative,
+    so it works under any base URL path."""
+    page, params = prefill_query(prefill)
+    return f"{page}?{urlencode(params)}" if params else page
+
+
+def _param(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value)) if abs(value) < 1e15 else repr(value)
+    return str(value)
+
+
+# --- shared context ---------------------------------------------------------------------------------------------
+
+class _Context:
+    def __init__(self, store: Store, experiment: dict, runs: pd.DataFrame, verdict: dict):
+        self.store, self.experiment, self.runs, self.verdict = store, experiment, runs, verdict
+        self.experiment_id = int(experiment["experiment_id"])
+        self.variable = experiment.get("sweep_variable") or "k"
+        spec = runs[runs["kind"] == "speculative"]
+        self.spec = spec
+        # Finished, usable, never warned: what the verdict chooses from.
+        self.done = spec[(spec["status"] == "done") & spec["speedup"].notna() & spec["timing_warning"].isna()]
+
+    def value(self, v):
+        return int(v) if self.variable in ("k", "top_k") else float(v)
+
+    def label(self, row) -> str:
+        """`k = 4` (a k sweep) or `temperature = 0.7`."""
+        if pd.isna(row.sweep_value):
+            return f"run {row.run_id}"
+        return f"{self.variable} = {self.value(row.sweep_value):g}"
+
+    def prefill(self, title: str, **fields) -> dict:
+        """The experiment's own configuration with `fields` changed (a None value drops that field)."""
+        e = self.experiment
+        base = {"target": e["target"], "draft": e["draft"], "prompts": e["prompts"],
+                **{key: e[key] for key in SAMPLING_KEYS},
+                "device": e.get("device"), "dtype": e.get("dtype"), "repeats": int(e.get("repeats") or 1),
+                "sweep": self.variable, "values": ",".join(f"{self.value(v):g}" for v in e["sweep_values"]),
+                "k": None if self.variable == "k" else int(e["k"]),
+                "notes": f"Follow-up to experiment #{self.experiment_id}: {title}"}
+        if e.get("k_auto"):
+            base.update(sweep="auto", values=None, k_auto=int(e["k_auto"]))
+        base.update(fields)
+        return {key: value for key, value in base.items() if value is not None}
+
+    def run_sampling(self, row) -> dict:
+        """A run's own sampling settings (in a sampling sweep they differ from the experiment's defaults)."""
+        return {key: (float(row[key]) if key in ("temperature", "top_p") else int(row[key])) for key in SAMPLING_KEYS}
+
+    def more_repeats(self) -> int:
+        return max(MORE_REPEATS, 2 * int(self.experiment.get("repeats") or 1))
+
+
+def _finding(kind, severity, title, detail, chart, next_, prefill, data, alternatives=()) -> dict:
+    assert kind in KINDS and chart in CHARTS, (kind, chart)
+    return {"kind": kind, "severity": severity, "title": title, "detail": detail, "chart": chart, "next": next_,
+            "prefill": prefill, "alternatives": list(alternatives), "data": data}
+
+
+def _cap(s: str) -> str:
+    """First letter up, the rest untouched (str.capitalize would lowercase model names)."""
+    return s[:1].upper() + s[1:]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+def _x(s: float) -> str:
+    return f"{s:.2f}×"
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _ks(values, sep: str = ",") -> str:
+    """Distinct k values in order: "1,2" for a form field, "1, 2" (sep=", ") for a sentence."""
+    return sep.join(str(int(v)) for v in sorted(set(int(v) for v in values)))
+
+
+# --- sampling settings differing between arms -------------------------------------------------------------------
+
+_MISMATCH_SQL = """
+SELECT s.id AS run_id, s.sweep_value, b.id AS baseline_run_id,
+       s.temperature, b.temperature AS b_temperature, s.top_k, b.top_k AS b_top_k, s.top_p, b.top_p AS b_top_p,
+       s.seed, b.seed AS b_seed, s.max_new_tokens, b.max_new_tokens AS b_max_new_tokens
+FROM runs s JOIN runs b ON b.id = s.baseline_run_id
+WHERE s.experiment_id = :eid AND s.kind = 'speculative'
+  AND (s.temperature <> b.temperature OR s.top_k <> b.top_k OR s.top_p <> b.top_p OR s.seed <> b.seed
+       OR s.max_new_tokens <> b.max_new_tokens)
+ORDER BY s.id"""
+
+
+def _sampling_mismatch(ctx: _Context) -> list[dict]:
+    """Rule: any speculative run whose temperature/top_k/top_p/seed/max_new_tokens differ from its own baseline's
+    (SQL join of each run with its baseline). Every arm of a comparison must decode alike, so this is an error."""
+    with ctx.store.read() as conn:
+        rows = conn.execute(text(_MISMATCH_SQL), {"eid": ctx.experiment_id}).mappings().all()
+    if not rows:
+        return []
+    parts, data = [], []
+    for r in rows:
+        differ = {key: (r[key], r[f"b_{key}"]) for key in SAMPLING_KEYS if r[key] != r[f"b_{key}"]}
+        what = ", ".join(f"{key} = {run:g} against {base:g}" for key, (run, base) in differ.items())
+        value = f" ({ctx.variable} = {ctx.value(r['sweep_value']):g})" if r["sweep_value"] is not None else ""
+        parts.append(f"run {r['run_id']}{value} decoded with {what} in its baseline (run {r['baseline_run_id']})")
+        data.append({"run_id": int(r["run_id"]), "baseline_run_id": int(r["baseline_run_id"]),
+                     "differ": {key: [float(a), float(b)] for key, (a, b) in differ.items()}})
+    title = "Sampling settings differ between arms"
+    detail = (f"{_cap(_join(parts))}: its speedup compares two different decodings, and this should never "
+              f"happen (every arm of an experiment shares one sampling configuration).")
+    return [_finding("sampling_mismatch", "error", title, detail, "runs",
+                     "Do not use these speedups; queue the experiment again and report this as a bug.",
+                     ctx.prefill(title), {"runs": data})]
+
+
+# --- timing warnings --------------------------------------------------------------------------------------------
+
+def _timing_warnings(ctx: _Context) -> list[dict]:
+    """Rule: any run with a timing_warning (its measured speedup exceeds its tokens per round)."""
+    warned = ctx.spec[ctx.spec["timing_warning"].notna()]
+    if warned.empty:
+        return []
+    parts = [f"the run at {ctx.label(r)} measured {_x(r.speedup)} with {r.tokens_per_round:.2f} tokens per round"
+             for r in warned.itertuples()]
+    repeats = ctx.more_repeats()
+    title = f"Timing drifted in {len(warned)} run{'s' if len(warned) > 1 else ''}"
+    detail = (f"{_cap(_join(parts))}, faster than any round can be (each costs a target forward), so "
+              f"{'these runs are' if len(warned) > 1 else 'this run is'} never picked as the best.")
+    return [_finding("timing_warning", "warning", title, detail, "speedup",
+                     f"Timing drifted: rerun with more --repeats ({repeats}) or on a quieter machine.",
+                     ctx.prefill(title, repeats=repeats),
+                     {"run_ids": [int(r) for r in warned["run_id"]], "repeats": repeats})]
+
+
+# --- why drafts are rejected: positions and token types ---------------------------------------------------------
+
+def _focus_run(ctx: _Context):
+    """The run the rejection findings look at: the verdict's best, else (no best yet) the speculative run with
+    the most verified draft tokens. (row, why) or (None, None)."""
+    if ctx.verdict["best"] is not None:
+        best = ctx.done[ctx.done["sweep_value"] == ctx.verdict["best"]]
+        if len(best):
+            return best.iloc[0], "the best run"
+    verified = (ctx.spec["accepted"].fillna(0) + ctx.spec["rejected"].fillna(0))
+    if verified.empty or verified.max() <= 0:
+        return None, None
+    return ctx.spec.loc[verified.idxmax()], "the run with the most verified drafts; no best run yet"
+
+
+def _positions_and_types(ctx: _Context) -> list[dict]:
+    row, why = _focus_run(ctx)
+    if row is None:
+        return []
+    verified = int(row.accepted + row.rejected)
+    where = f"run {row.run_id} ({ctx.label(row)}, {why})"
+    if verified < MIN_VERIFIED:
+        title = "Too few verified drafts to say why drafts are rejected"
+        sampling = ctx.run_sampling(row)
+        tokens = sampling["max_new_tokens"] * 2
+        return [_finding(
+            "thin_data", "info", title,
+            f"{_cap(where)} has {verified} verified draft tokens, under the {MIN_VERIFIED} needed before "
+            f"acceptance by position or by token type says anything.",
+            "by-position", f"Run more prompts or more new tokens per prompt (e.g. max new tokens {tokens}).",
+            ctx.prefill(title, **{**sampling, "max_new_tokens": tokens}), {"run_id": int(row.run_id), "verified": verified,
+                                                        "minimum": MIN_VERIFIED})]
+    return _positions(ctx, row, where) + _token_type(ctx, row, where)
+
+
+def _positions(ctx: _Context, row, where: str) -> list[dict]:
+    """Rule (conditional acceptance by draft position of the focus run, SQL GROUP BY position): the first position
+    i with at least MIN_VERIFIED drafts reaching it that accepts under LOW_ACCEPTANCE, the positions from i on
+    pooled also under it. Then k above i - 1 mostly wastes draft steps: try k up to i - 1 or a drafter that stops
+    early."""
+    pos = q.acceptance_by_position(ctx.store, int(row.run_id))
+    pos = pos[pos["reached"] > 0].sort_values("position")
+    for i in pos["position"]:
+        here = pos[pos["position"] == i].iloc[0]
+        tail = pos[pos["position"] >= i]
+        pooled = tail["accepted"].sum() / tail["reached"].sum()
+        if here.reached >= MIN_VERIFIED and here.conditional < LOW_ACCEPTANCE and pooled < LOW_ACCEPTANCE:
+            break
+    else:
+        return []
+    i, last = int(i), int(pos["position"].max())
+    head = pos[pos["position"] < i]
+    span = f"position {i}" if i == last else f"positions {i}–{last}"
+    per_round = float(tail["unconditional"].sum())
+    steps = last - i + 1
+    detail = (f"In {where}, draft {span} accepted {int(tail['accepted'].sum())} of the {int(tail['reached'].sum())} "
+              f"drafts that reached {'it' if i == last else 'them'} ({_pct(pooled)}; position {i}: "
+              f"{int(here.accepted)}/{int(here.reached)}), adding {per_round:.2f} accepted tokens per round for "
+              f"{steps} draft step{'s' if steps > 1 else ''} every round")
+    data = {"run_id": int(row.run_id), "position": i, "acceptance": float(pooled),
+            "position_acceptance": float(here.conditional), "reached": int(tail["reached"].sum()),
+            "accepted": int(tail["accepted"].sum()), "threshold": LOW_ACCEPTANCE}
+    # The next experiment sweeps k at this run's own sampling settings.
+    sampling = ctx.run_sampling(row)
+    if i == 1:
+        title = f"Even the first draft position accepts only {_pct(pooled)}"
+        detail += "."
+        next_ = (f"Every draft step mostly wastes its time: keep k = 1 and try a better-aligned draft (distillation) "
+                 f"or a drafter that drafts less when unsure ({' or '.join(ALTERNATIVE_DRAFTERS)}).")
+        prefill = ctx.prefill(title, sweep="k", values="1", k=None, k_auto=None, **sampling)
+    else:
+        head_rate = head["accepted"].sum() / head["reached"].sum()
+        title = f"Draft positions {i}+ accept only {_pct(pooled)}"
+        detail += f", while {'position 1' if i == 2 else f'positions 1–{i - 1}'} accepted {_pct(head_rate)}."
+        data["head_acceptance"] = float(head_rate)
+        next_ = (f"k above {i - 1} mostly wastes draft steps: try k = {_ks(range(1, i), ', ')}, or a drafter that "
+                 f"drafts less when unsure ({' or '.join(ALTERNATIVE_DRAFTERS)}).")
+        prefill = ctx.prefill(title, sweep="k", values=_ks(range(1, i)), k=None, k_auto=None, **sampling)
+    # A drafter that stops early keeps the run's k as its cap (heuristic: as its starting k).
+    drafters = [{"label": f"the {d} drafter", "prefill": ctx.prefill(f"{title}: the {d} drafter", sweep="k",
+                                                                    values=str(int(row.k)), k=None, k_auto=None,
+                                                                    drafter=d, **sampling)}
+                for d in ALTERNATIVE_DRAFTERS]
+    return [_finding("positions", "info", title, detail, "by-position", next_, prefill, data, drafters)]
+
+
+def _token_type(ctx: _Context, row, where: str) -> list[dict]:
+    """Rule (acceptance by token type of the focus run, SQL GROUP BY token_type): per type, its share of the run's
+    rejections over its share of verified drafts. Blamed: the type with the highest ratio, at least
+    OVER_REPRESENTED, with at least MIN_TYPE_REJECTIONS rejections (of at least MIN_REJECTIONS in the run) and
+    a rejection count MIN_Z binomial standard deviations above what the run's overall rejection rate predicts."""
+    types = q.acceptance_by_type(ctx.store, int(row.run_id))
+    if types.empty:
+        return []
+    types = types.assign(rejected=types["verified"] - types["accepted"])
+    verified, rejected = int(types["verified"].sum()), int(types["rejected"].sum())
+    if verified < MIN_VERIFIED or rejected < MIN_REJECTIONS or rejected == verified:
+        return []
+    rate = rejected / verified
+    types = types.assign(
+        draft_share=types["verified"] / verified, rejection_share=types["rejected"] / rejected,
+        z=(types["rejected"] - types["verified"] * rate) / (types["verified"] * rate * (1 - rate)) ** 0.5)
+    types = types.assign(ratio=types["rejection_share"] / types["draft_share"])
+    blamed = types[(types["ratio"] >= OVER_REPRESENTED) & (types["rejected"] >= MIN_TYPE_REJECTIONS)
+                   & (types["z"] >= MIN_Z)]
+    if blamed.empty:
+        return []
+    t = blamed.sort_values(["ratio", "rejected"], ascending=False).iloc[0]
+    title = f"Tokens of type {t.token_type} draw {t.ratio:.1f}× their share of rejections"
+    detail = (f"In {where}, {t.token_type} tokens are {_pct(t.rejection_share)} of the rejections "
+              f"({int(t.rejected)} of {rejected}) but {_pct(t.draft_share)} of the verified drafts "
+              f"({int(t.verified)} of {verified}): the target refuses {_pct(t.rejected / t.verified)} of them against "
+              f"{_pct(rate)} overall.")
+    prefill = {"page": DISTILL_PAGE, "focus_from": ctx.experiment_id, "focus": str(t.token_type),
+               "target": ctx.experiment["target"], "draft": ctx.experiment["draft"]}
+    return [_finding("token_type", "info", title, detail, "by-type",
+                     f"Distil the draft with a focus on {t.token_type} tokens.", prefill,
+                     {"run_id": int(row.run_id), "token_type": str(t.token_type), "ratio": float(t.ratio),
+                      "rejection_share": float(t.rejection_share), "draft_share": float(t.draft_share),
+                      "rejected": int(t.rejected), "verified": int(t.verified), "run_rejected": rejected,
+                      "run_verified": verified})]
+
+
+# --- statistically tied best configurations ---------------------------------------------------------------------
+
+def _tie(ctx: _Context) -> list[dict]:
+    """Rule: the verdict's tied_with is not empty (95 % intervals overlapping the best one's)."""
+    v = ctx.verdict
+    if v["best"] is None or not v["tied_with"]:
+        return []
+    by_value = {ctx.value(r.sweep_value): r for r in ctx.done.itertuples()}
+    shown = [v["best"], *v["tied_with"]]
+    parts = [f"{ctx.variable} = {value:g} at {_x(by_value[value].speedup)} ({by_value[value].speedup_ci_lo:.2f}–"
+             f"{by_value[value].speedup_ci_hi:.2f})" for value in shown if value in by_value]
+    repeats = ctx.more_repeats()
+    cheaper = [t for t in v["tied_with"] if t < v["best"]] if ctx.variable == "k" else []
+    title = f"{len(shown)} configurations are statistically tied"
+    detail = (f"The 95 % intervals of {_join(parts)} overlap: the measurement cannot tell "
+              f"{'them' if len(shown) > 2 else 'the two'} apart.")
+    if cheaper:
+        next_ = (f"Take the cheaper k = {min(cheaper)} (fewer draft steps, a smaller KV cache), or add prompts or "
+                 f"--repeats ({repeats}) to separate them.")
+    else:
+        next_ = f"Add prompts or --repeats ({repeats}) to separate them."
+    values = ",".join(f"{value:g}" for value in sorted(shown))
+    prefill = ctx.prefill(title, sweep=ctx.variable, values=values, k_auto=None, repeats=repeats,
+                          k=None if ctx.variable == "k" else int(ctx.experiment["k"]))
+    return [_finding("tie", "info", title, detail, "speedup", next_, prefill,
+                     {"best": v["best"], "tied_with": list(v["tied_with"]),
+                      "cheaper": min(cheaper) if cheaper else None, "repeats": repeats})]
+
+
+# --- predictions against the measurement (k sweeps) -------------------------------------------------------------
+
+def _k_runs(ctx: _Context) -> pd.DataFrame:
+    """Finished, usable runs of a k sweep (at least two, else nothing to choose between)."""
+    if ctx.variable != "k" or ctx.verdict["best"] is None:
+        return ctx.done.iloc[:0]
+    done = ctx.done[ctx.done["k"].notna()]
+    return done if done["k"].nunique() >= 2 else done.iloc[:0]
+
+
+def _prediction(ctx: _Context) -> list[dict]:
+    """Rule (k sweeps with two or more finished k): the k with the highest predicted_speedup_refined against the
+    measured best k (the verdict's); the same k, or one tied with it, is agreement."""
+    done = _k_runs(ctx)
+    done = done[done["predicted_speedup_refined"].notna()]
+    if done["k"].nunique() < 2:
+        return []
+    best = int(ctx.verdict["best"])
+    measured = done[done["k"] == best].iloc[0]
+    top = done.sort_values(["predicted_speedup_refined", "k"], ascending=[False, True]).iloc[0]
+    k_ref = int(top.k)
+    data = {"measured_best": best, "refined_best": k_ref, "measured_speedup": float(measured.speedup),
+            "refined_at_best": float(measured.predicted_speedup_refined)}
+    if k_ref == best or k_ref in ctx.verdict["tied_with"]:
+        tie = "" if k_ref == best else f" (k = {k_ref}, tied with the measured best k = {best})"
+        title = f"The cost-aware prediction agrees: k = {best}"
+        detail = (f"The cost-aware prediction picks the measured best{tie}: it puts k = {best} at "
+                  f"{_x(measured.predicted_speedup_refined)} where {_x(measured.speedup)} was measured.")
+        k_max = int(done["k"].max())
+        next_ = (f"On this pair, k auto (measure k = {k_max}, predict every smaller k, confirm the 3 best) can stand "
+                 f"in for a full sweep.")
+        prefill = ctx.prefill(title, sweep="auto", values=None, k=None, k_auto=max(k_max, 2))
+    else:
+        title = f"The cost-aware prediction picks k = {k_ref}, the measurement k = {best}"
+        detail = (f"The cost-aware prediction puts k = {k_ref} at {_x(top.predicted_speedup_refined)} and k = {best} "
+                  f"at {_x(measured.predicted_speedup_refined)}, but k = {k_ref} measured {_x(top.speedup)} and "
+                  f"k = {best} {_x(measured.speedup)}.")
+        repeats = ctx.more_repeats()
+        next_ = (f"The gap is timing noise or per-round overhead: measure k = {_ks([k_ref, best], ', ')} again "
+                 f"with more --repeats ({repeats}).")
+        prefill = ctx.prefill(title, sweep="k", values=_ks([k_ref, best]), k=None, k_auto=None, repeats=repeats)
+    return [_finding("prediction", "info", title, detail, "predictions", next_, prefill, data)]
+
+
+def _pooled(done: pd.DataFrame) -> tuple[float, float] | None:
+    """(α, c) pooled over runs as the detail page does: Σ accepted / Σ verified, c's mean."""
+    done = done[done["c"].notna() & done["alpha"].notna()]
+    verified = done["accepted"].sum() + done["rejected"].sum()
+    if done.empty or verified < MIN_VERIFIED:
+        return None
+    return float(done["accepted"].sum() / verified), float(done["c"].mean())
+
+
+def _formula(ctx: _Context) -> list[dict]:
+    """Rule (k sweeps with two or more finished k): the article's formula, with α and c pooled over the finished
+    runs, picks theory.best_k; at the measured best k it predicts predicted_speedup (the run's own α and c). Said
+    when its best k differs from the measured one or it is off by FORMULA_OFF or more; the mean verify_cost says
+    why (the formula assumes a verify pass costs 1 target step)."""
+    done = _k_runs(ctx)
+    pooled = _pooled(done)
+    if pooled is None:
+        return []
+    best = int(ctx.verdict["best"])
+    measured = done[done["k"] == best].iloc[0]
+    if pd.isna(measured.predicted_speedup):
+        return []
+    alpha, c = pooled
+    k_f, s_f = theory.best_k(alpha, c)
+    error = float(measured.predicted_speedup / measured.speedup - 1)
+    if k_f == best and abs(error) < FORMULA_OFF:
+        return []
+    verify = float(done["verify_cost"].mean()) if done["verify_cost"].notna().any() else math.nan
+    if verify > 1.05:
+        why = f"a verify pass costs {verify:.2f} target steps here, not the formula's 1"
+    elif not math.isnan(verify):
+        why = f"the verify pass costs {verify:.2f} target steps, so the gap is overhead outside draft and verify steps"
+    else:
+        why = "the verify cost was not measured"
+    title = (f"The article's formula picks k = {k_f}, the measurement k = {best}" if k_f != best else
+             f"The article's formula is off by {100 * error:+.0f} % at k = {best}")
+    detail = (f"With α = {alpha:.3f} and c = {c:.2f} the formula's best k is {k_f} at {_x(s_f)} and it puts k = {best} "
+              f"at {_x(measured.predicted_speedup)} against {_x(measured.speedup)} measured ({100 * error:+.0f} %): "
+              f"{why}.")
+    k_max = max(int(done["k"].max()), k_f, 2)
+    return [_finding("formula", "info", title, detail, "speedup",
+                     "Choose k by the cost-aware prediction (k auto), not the formula.",
+                     ctx.prefill(title, sweep="auto", values=None, k=None, k_auto=k_max),
+                     {"formula_best": k_f, "formula_speedup": float(s_f), "measured_best": best, "error": error,
+                      "alpha": alpha, "c": c, "verify_cost": None if math.isnan(verify) else verify})]
+
+
+# --- a draft too slow to pay -------------------------------------------------------------------------------------
+
+def _c_needed(alpha: float, goal: float = WORTH_IT) -> float | None:
+    """The smallest c (to 2 digits) with which the formula's best k reaches `goal` at this α; None if no c can
+    (the formula's limit as c grows is 1 / (1 - α))."""
+    if alpha >= 1 or 1 / (1 - alpha) <= goal:
+        return None
+    lo, hi = 1.0, 1e6
+    if theory.best_k(alpha, hi, k_max=64)[1] < goal:
+        return None
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if theory.best_k(alpha, mid, k_max=64)[1] < goal else (lo, mid)
+    return math.ceil(hi * 100) / 100  # rounded up: the c returned does reach the goal
+
+
+def _low_c(ctx: _Context) -> list[dict]:
+    """Rule: over the finished speculative runs with at least MIN_VERIFIED verified drafts and a measured c, the
+    highest speedup the formula predicts at its best k (theory.best_k with the run's α and c) is under LOW_SPEEDUP.
+    The formula is the optimistic bound (it ignores the verify pass's cost), so the draft cannot pay."""
+    spec = ctx.spec[(ctx.spec["status"] == "done") & ctx.spec["c"].notna() & ctx.spec["alpha"].notna()
+                    & (ctx.spec["accepted"] + ctx.spec["rejected"] >= MIN_VERIFIED)]
+    if spec.empty:
+        return []
+    rows = [(theory.best_k(float(r.alpha), float(r.c)), r) for r in spec.itertuples() if r.c > 0]
+    if not rows:
+        return []
+    (k_f, s_f), r = max(rows, key=lambda kv: kv[0][1])
+    if s_f >= LOW_SPEEDUP:
+        return []
+    need = _c_needed(float(r.alpha))
+    title = f"The draft is too slow to pay (c = {r.c:.2f})"
+    detail = (f"With α = {r.alpha:.3f} and c = {r.c:.2f} ({ctx.label(r)}, the most promising run), even the formula's "
+              f"best k ({k_f}) predicts only {_x(s_f)}, and the formula leaves out the verify pass's cost"
+              + (f"; at this α the draft {ctx.experiment['draft']} would need c ≥ {need:.1f} to reach {_x(WORTH_IT)}."
+                 if need else f"; at this α no draft speed reaches {_x(WORTH_IT)}."))
+    prefill = ctx.prefill(title, sweep="k", values="2,4,8", k=None, k_auto=None, drafter="prompt-lookup:3")
+    return [_finding("low_c", "info", title, detail, "cost",
+                     "Try a faster (smaller) draft, or prompt-lookup drafting (prompt-lookup:3, no draft model).",
+                     prefill, {"run_id": int(r.run_id), "alpha": float(r.alpha), "c": float(r.c), "best_k": k_f,
+                               "predicted": float(s_f), "c_needed": need})]
