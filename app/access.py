@@ -117,44 +117,55 @@ def _app_auth_section():
         return None
 
 
-def gate() -> bool:
-    """Call before any page is drawn: True when this session may see the dashboard; otherwise it draws the login
-    (and nothing else) and returns False."""
+def is_admitted() -> bool:
+    """True when this session may see the dashboard: OIDC configured and logged in, else the password entered in
+    this session, else no login configured. Draws nothing."""
     import streamlit as st
 
     auth = _app_auth_section()
     if auth:  # OIDC configured: it decides, even when a password is set too
-        if st.user.get("is_logged_in"):
-            st.sidebar.button("Log out", on_click=st.logout, icon=":material/logout:", key="draftlab_logout")
-            return True
-        st.title("DraftLab")
+        return bool(st.user.get("is_logged_in"))
+    return configured_password() is None or bool(st.session_state.get(_ADMITTED))
+
+
+def login() -> None:
+    """Draw the login, and nothing else, for a session that is not admitted. Call it after st.navigation, so the
+    rerun after a successful login stays on the page the URL asked for."""
+    import streamlit as st
+
+    st.title("DraftLab")
+    auth = _app_auth_section()
+    if auth:
         problem = oidc_problem(auth)
         if problem:
             st.error(f"Login is configured but cannot work: {problem}.", icon=":material/lock:")
-            return False
+            return
         st.caption("Log in to see the experiments.")
         for provider in _providers(auth):
             label = "Log in" if provider is None else f"Log in with {provider}"
             st.button(label, on_click=st.login, args=(() if provider is None else (provider,)),
                       icon=":material/login:", key=f"draftlab_login_{provider or 'default'}")
-        return False
-
+        return
     password = configured_password()
-    if password is None or st.session_state.get(_ADMITTED):
-        if password is not None:
-            st.sidebar.button("Log out", on_click=_log_out, icon=":material/logout:", key="draftlab_logout")
-        return True
-    st.title("DraftLab")
     with st.form("draftlab_login"):
         entered = st.text_input("Password", type="password", key=_PASSWORD_FIELD)
         submitted = st.form_submit_button("Log in", icon=":material/login:")
-    if submitted:
+    if submitted and password is not None:
         if hmac.compare_digest(entered.encode("utf-8"), password.encode("utf-8")):
             st.session_state[_ADMITTED] = True
             st.rerun()  # the page the URL asked for, now
         time.sleep(WRONG_PASSWORD_DELAY_S)
         st.error("Wrong password.", icon=":material/lock:")
-    return False
+
+
+def logout_button() -> None:
+    """A sidebar "Log out" for an admitted session, when some login is configured."""
+    import streamlit as st
+
+    if _app_auth_section():
+        st.sidebar.button("Log out", on_click=st.logout, icon=":material/logout:", key="draftlab_logout")
+    elif configured_password() is not None:
+        st.sidebar.button("Log out", on_click=_log_out, icon=":material/logout:", key="draftlab_logout")
 
 
 def _log_out() -> None:

@@ -17,7 +17,7 @@ import logging  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
-from app.access import gate  # noqa: E402
+from app import access  # noqa: E402
 from app.pair_check import warm_up  # noqa: E402
 from pages.nav import all_pages  # noqa: E402
 
@@ -34,12 +34,14 @@ UNEXPECTED = ("This page hit an unexpected error. It has been logged on the serv
 def run(start: str | None = None) -> None:
     """Route to the page in the URL; `start` picks the default page (tests open a page directly this way)."""
     st.set_page_config(page_title="DraftLab", page_icon=":material/science:", layout="wide")
-    admitted = gate()  # the login (OIDC or $DRAFTLAB_PASSWORD) when one is configured; draws nothing else
-    # Routing is resolved either way, so after logging in the visitor lands on the page the URL asked for; before
-    # that the menu is hidden and no page runs.
+    admitted = access.is_admitted()  # OIDC or $DRAFTLAB_PASSWORD, when one is configured
+    # Routing is resolved either way, before the login, so the rerun after logging in stays on the page the URL
+    # asked for; until then the menu is hidden, no page runs and only the login is drawn.
     page = st.navigation(all_pages(start), position="sidebar" if admitted else "hidden")
     if not admitted:
+        access.login()
         return
+    access.logout_button()
     warm_up()  # the pair check's transformers import, off the first page view
     try:
         page.run()
