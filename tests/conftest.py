@@ -19,7 +19,7 @@ except ImportError:  # storage-only environments
 # or browser is missing then FAILS with the reason. Plain `pytest` skips such tests, with the reason, and so does
 # scripts/test.sh when DRAFTLAB_ALLOW_SKIP=1 says so on purpose.
 REQUIRE_ENV, ALLOW_SKIP_ENV = "DRAFTLAB_REQUIRE_SERVICES", "DRAFTLAB_ALLOW_SKIP"
-BROWSER_TESTS = "test_browser_e2e.py"  # its module-level skipif (no chromium) is turned into a failure below
+BROWSER_TESTS = "test_browser_"  # test_browser_*.py: their module-level skipif (no chromium) becomes a failure below
 
 
 def services_required() -> bool:
@@ -42,7 +42,8 @@ def missing_service(reason: str):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and item.path.name == BROWSER_TESTS and services_required() and not hasattr(report, "wasxfail"):
+    if (report.skipped and item.path.name.startswith(BROWSER_TESTS) and services_required()
+            and not hasattr(report, "wasxfail")):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = _required_message(reason.removeprefix("Skipped: "))
