@@ -10,6 +10,8 @@ import streamlit as st
 
 from engine import theory
 from pages import charts
+from pages.deploy_panel import render_deploy_panel
+from pages.findings_panel import render_findings
 from pages.common import (chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number, run_label,
                           select_id, store)
 from storage import queries as q
@@ -286,6 +288,8 @@ def _body(experiment_id: int) -> None:
     for failure in failed.itertuples():
         st.error(f"run {failure.run_id} ({failure.kind}) failed: {failure.error}", icon=":material/error:")
     _warnings(runs, sweep_variable)
+    if row["status"] not in ACTIVE:  # findings read every draft token: once the runs are done, not on each refresh
+        render_findings(store(), experiment_id)
     with st.expander("Runs", expanded=row["status"] in ACTIVE):
         table = runs.assign(progress=runs["progress"].fillna(0) * 100,
                             check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
@@ -300,6 +304,8 @@ def _body(experiment_id: int) -> None:
     else:
         st.info("No speculative run has finished yet; the curves appear as runs complete.", icon=":material/hourglass:")
     _breakdowns(runs, sweep_variable, verdict["best"])
+    if verdict["best"] is not None:
+        render_deploy_panel(store(), experiment_id, None)
 
 
 def render() -> None:

@@ -22,6 +22,8 @@ position and token-type findings are replaced by one that says the data is too t
 """
 from __future__ import annotations
 
+import logging
+
 import math
 from urllib.parse import urlencode
 
@@ -55,6 +57,8 @@ NEW_PAGE = "new"            # pages/nav.py's URL path of the New-experiment page
 DISTILL_PAGE = "distill"    # a distillation page: not built yet, linked anyway
 ALTERNATIVE_DRAFTERS = ("confidence:0.5", "heuristic")  # engine/drafting.py specs that stop drafting early
 
+_log = logging.getLogger(__name__)
+
 
 def findings(store: Store, experiment_id: int) -> list[dict]:
     """The findings of one experiment, most severe first (empty for an unknown experiment or one without data)."""
@@ -66,7 +70,10 @@ def findings(store: Store, experiment_id: int) -> list[dict]:
     ctx = _Context(store, experiment, runs, verdict)
     found: list[dict] = []
     for rule in (_sampling_mismatch, _timing_warnings, _positions_and_types, _tie, _prediction, _formula, _low_c):
-        found += rule(ctx)
+        try:
+            found += rule(ctx)
+        except Exception:  # one rule's surprise (a label where a number was expected) must not hide the others
+            _log.exception("finding rule %s failed on experiment %s", rule.__name__, experiment_id)
     return sorted(found, key=lambda f: SEVERITY_ORDER[f["severity"]])  # stable: rule order within a severity
 
 
@@ -354,7 +361,8 @@ def _tie(ctx: _Context) -> list[dict]:
     parts = [f"{ctx.variable} = {value:g} at {_x(by_value[value].speedup)} ({by_value[value].speedup_ci_lo:.2f}–"
              f"{by_value[value].speedup_ci_hi:.2f})" for value in shown if value in by_value]
     repeats = ctx.more_repeats()
-    cheaper = [t for t in v["tied_with"] if t < v["best"]] if ctx.variable == "k" else []
+    numeric = ctx.variable == "k" and isinstance(v["best"], (int, float))  # draft/drafter sweeps name their best
+    cheaper = [t for t in v["tied_with"] if isinstance(t, (int, float)) and t < v["best"]] if numeric else []
     title = f"{len(shown)} configurations are statistically tied"
     detail = (f"The 95 % intervals of {_join(parts)} overlap: the measurement cannot tell "
               f"{'them' if len(shown) > 2 else 'the two'} apart.")
