@@ -53,6 +53,13 @@ def parse_k_spec(text: str) -> tuple[list[int], int | None]:
     return parse_k_values(text), None
 
 
+STALE_HELP = ("a run whose worker has not heartbeated for $DRAFTLAB_STALE_SECONDS seconds (default 60), or whose "
+              "worker process is gone on this host, counts as interrupted")
+DB_RETRY_HELP = ("A database write that fails (disk full, read-only file, server restarting) is retried with backoff "
+                 "for $DRAFTLAB_DB_RETRY_SECONDS seconds (default 300), the results held in memory, before the runs "
+                 "fail with the reason")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="draftlab", description="Tune speculative-decoding draft models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -76,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--db", default=None, help="SQLAlchemy URL (default $DRAFTLAB_DB or sqlite:///draftlab.db)")
     run.add_argument("--name", default=None)
     run.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    run.description = (f"Baseline + one speculative run per k, timed here and stored. Ctrl-C or SIGTERM stops it "
+                       f"with its runs interrupted (finished prompts stored; `draftlab resume` continues them). "
+                       f"{DB_RETRY_HELP}.")
 
     ui = sub.add_parser("ui", help="the dashboard, plus a local worker if none is alive")
     ui.add_argument("--db", default=None)
@@ -86,15 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--insecure", action="store_true",
                     help="serve beyond loopback without a login (only behind a VPN or an authenticating proxy)")
 
-    worker = sub.add_parser("worker", help="run queued runs")
+    worker = sub.add_parser("worker", help="run queued runs", description=f"Run queued runs. {STALE_HELP}. "
+                            f"{DB_RETRY_HELP}.")
     worker.add_argument("--db", default=None)
     worker.add_argument("--until-idle", action="store_true", help="exit when no queued run is left")
 
-    lst = sub.add_parser("list", help="experiments and runs")
+    lst = sub.add_parser("list", help="experiments and runs", description=f"Experiments and runs. {STALE_HELP}; "
+                         f"list marks such runs interrupted.")
     lst.add_argument("--db", default=None)
     lst.add_argument("--json", action="store_true", help="print one JSON object")
 
-    resume = sub.add_parser("resume", help="requeue an experiment's interrupted, failed or cancelled runs")
+    resume = sub.add_parser("resume", help="requeue an experiment's interrupted, failed or cancelled runs",
+                            description=f"Requeue an experiment's interrupted, failed or cancelled runs. {STALE_HELP}; "
+                                        f"resume requeues those too, in the same step.")
     resume.add_argument("experiment_id", type=int)
     resume.add_argument("--db", default=None)
 
@@ -118,11 +132,6 @@ def cmd_run(args) -> int:
     from engine.prompt_sets import load_prompts
     from engine.runs import check_k, encode_prompts
     from engine.sampling import SamplingConfig
-    from storage import open_store, queue
-    from storage.export import run_document
-
-    from .report import format_table
-    from .worker import Worker
 
     try:
         # Bad settings, prompts or models are bad input (exit 2): checked before anything is stored.
@@ -137,18 +146,53 @@ def cmd_run(args) -> int:
         encode_prompts(pair, prompts, cfg.max_new_tokens)
     except DraftLabError as exc:
         return _fail(str(exc))
-    try:
-        store = open_store(args.db)
-    except Exception as exc:  # unreachable server, unwritable file, a database from a newer DraftLab
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return _fail(f"cannot open the database {args.db or '(default)'} ({type(exc).__name__}: {first}); "
-                     f"check --db / $DRAFTLAB_DB")
+    store = open_store_or_fail(args.db, write=True)  # a bad --db or a read-only database: exit 2, nothing run
+    if isinstance(store, int):
+        return store
+    return _run_here(args, store, pair, prompts, cfg, ks, k_auto)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the runs are closed as interrupted and the command says how to resume."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
+
+
+def _run_here(args, store, pair, prompts, cfg, ks, k_auto) -> int:
+    """cmd_run once the input is checked: enqueue, time the runs here, print the stored figures. A database
+    that fails for good, Ctrl-C and SIGTERM each end in one `error:` line that says what is stored and how to
+    continue (password hidden), never a traceback."""
+    import shlex
+    import signal
+    import threading
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from storage import queue
+    from storage.export import run_document
+
+    from .report import format_table
+    from .worker import DatabaseUnavailable, Worker, transient_db_error
+
+    url, safe = store.url, store.safe_url
+
+    def continue_with(experiment_id):
+        quoted = shlex.quote(safe)
+        return f"`draftlab resume {experiment_id} --db {quoted}` and then `draftlab worker --db {quoted}`"
 
     progress = _ProgressBar(len(prompts), cfg.max_new_tokens, 1 + len(ks), args.repeats)
-    worker = Worker(store, progress_hook=progress.update, log=progress.write)
-    worker.start()  # registered before its reserved runs exist, so no other worker takes them for orphans
-    experiment_id = None
     try:
+        worker = Worker(store, progress_hook=progress.update, log=lambda message: progress.write(_scrub(str(message), url)))
+    except queue.QueueError as exc:  # a bad $DRAFTLAB_STALE_SECONDS / $DRAFTLAB_DB_RETRY_SECONDS
+        progress.close()
+        return _fail(str(exc))
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    experiment_id, failure = None, None
+    try:
+        worker.start()  # registered before its reserved runs exist, so no other worker takes them for orphans
         experiment_id = queue.enqueue_experiment(
             store, name=args.name, target=args.target, draft=args.draft, prompts=args.prompts,
             sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
@@ -158,23 +202,60 @@ def cmd_run(args) -> int:
             repeats=args.repeats, k_auto=k_auto)
         worker.adopt(pair, queue.get_experiment(store, experiment_id))
         worker.work(until_idle=True, experiment_id=experiment_id)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        status, what = (128 + signal.SIGTERM, "terminated (SIGTERM)") if isinstance(exc, _Terminated) else (130, "interrupted")
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         progress.close()
+        if experiment_id is not None:
+            try:  # one attempt; if the database refuses, the runs of this (then gone) process are swept as dead
+                queue.interrupt_queued(store, experiment_id, "`draftlab run` was stopped before this run started")
+            except SQLAlchemyError:
+                pass
+        _stop_quietly(worker)
         if experiment_id is None:
-            return _fail("interrupted before anything was stored", 130)
-        queue.interrupt_queued(store, experiment_id, "`draftlab run` was interrupted before this run started")
-        print(f"error: interrupted; finished prompts are stored. Continue with `draftlab resume {experiment_id} "
-              f"--db {store.url}` and then `draftlab worker --db {store.url}`", file=sys.stderr)
-        return 130
+            return _fail(f"{what} before anything was stored", status)
+        return _fail(f"{what}; finished prompts are stored. Continue with {continue_with(experiment_id)}", status)
+    except DatabaseUnavailable as exc:
+        failure = str(exc)
+    except SQLAlchemyError as exc:
+        if not transient_db_error(exc):
+            raise
+        failure = f"the database {safe} failed ({db_error_reason(exc, url)})"
     finally:
-        worker.stop()
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    _stop_quietly(worker)
     progress.close()
-    doc = run_document(store, experiment_id)
+    if failure is not None and (experiment_id is None or worker.unfinished):
+        if experiment_id is None:
+            return _fail(f"{failure}; nothing was run. {DB_FIX}", EXIT_RUN_FAILED)
+        runs = ", ".join(str(r) for r in sorted(worker.unfinished))
+        return _fail(f"{failure}; every prompt committed before is kept, and run(s) {runs} show as interrupted once "
+                     f"it accepts writes. Continue with {continue_with(experiment_id)}", EXIT_RUN_FAILED)
+    try:
+        doc = run_document(store, experiment_id)
+    except SQLAlchemyError as exc:
+        return _fail(f"the database {safe} failed while reading experiment {experiment_id}'s results "
+                     f"({db_error_reason(exc, url)}); they are stored: `draftlab list --db {shlex.quote(safe)}`",
+                     EXIT_RUN_FAILED)
     print(json.dumps(doc) if args.json else format_table(doc))
-    failed = [r for r in [doc["baseline"], *doc["runs"]] if r and r.get("status") != "done"]
-    for r in failed:
-        print(f"error: run {r['run_id']} {r['status']}: {r.get('error') or ''} (stored in {store.url})", file=sys.stderr)
+    failed: dict[tuple, list[int]] = {}  # runs that share one status and error: one line
+    for r in [doc["baseline"], *doc["runs"]]:
+        if r and r.get("status") != "done":
+            failed.setdefault((r["status"], r.get("error") or ""), []).append(r["run_id"])
+    for (status, error), ids in failed.items():
+        which = f"run {ids[0]}" if len(ids) == 1 else "runs " + ", ".join(map(str, ids))
+        print(f"error: {which} {status}: {error} (stored in {safe})", file=sys.stderr)
     return EXIT_RUN_FAILED if failed else 0
+
+
+def _stop_quietly(worker) -> None:
+    """worker.stop(), whose only failure left is a database that refuses: the worker's log said so already."""
+    try:
+        worker.stop()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 class _ProgressBar:
@@ -219,13 +300,33 @@ def cmd_worker(args) -> int:
     return run_worker(url, until_idle=args.until_idle, log=_worker_log(url))
 
 
+def _stale_window_or_fail():
+    """$DRAFTLAB_STALE_SECONDS as seconds, or EXIT_BAD_INPUT after one `error:` line."""
+    from storage import queue
+
+    try:
+        return queue.stale_window()
+    except queue.QueueError as exc:
+        return _fail(str(exc))
+
+
 def cmd_list(args) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from storage import queue
     from storage import queries as q
     from storage.export import plain
 
+    stale = _stale_window_or_fail()
+    if isinstance(stale, int):
+        return stale
     store = open_store_or_fail(args.db)
     if isinstance(store, int):
         return store
+    try:  # runs whose worker is gone show as interrupted, not `running` forever (a read-only database: as stored)
+        queue.mark_stale(store, stale)
+    except SQLAlchemyError:
+        pass
     experiments = q.experiments(store)
     if args.json:
         doc = [{**plain(e), "runs": plain(q.runs(store, int(e["experiment_id"])).to_dict(orient="records"))}
@@ -251,14 +352,22 @@ def cmd_resume(args) -> int:
     from storage import queue
     from storage import queries as q
 
+    stale = _stale_window_or_fail()
+    if isinstance(stale, int):
+        return stale
     store = open_store_or_fail(args.db, write=True)
     if isinstance(store, int):
         return store
     if q.experiment(store, args.experiment_id) is None:
         return _fail(f"no experiment {args.experiment_id} in {store.safe_url}; `draftlab list` shows the ids")
+    queue.mark_stale(store, stale)  # a dead owner's runs (process gone here, or no heartbeat) are requeued too
     n = queue.resume_experiment(store, args.experiment_id)
     print(f"requeued {n} run(s) of experiment {args.experiment_id}; a worker continues each from its first "
           f"unfinished prompt (`draftlab worker --db {store.safe_url}`)")
+    running = int((q.runs(store, args.experiment_id)["status"] == "running").sum())
+    if running:
+        print(f"{running} run(s) of experiment {args.experiment_id} are still running on a live worker (heartbeat "
+              f"within {stale:g}s): left to it")
     return 0
 
 

@@ -4,8 +4,14 @@
 
 One worker holds one target/draft pair and reuses it across runs that need the same models. A heartbeat
 thread keeps `workers.heartbeat` / `runs.heartbeat` fresh while the main thread generates; on start the
-worker marks runs whose heartbeat went stale as `interrupted`. Any error in a run fails that run with a
-one-line message and the worker goes on with the queue.
+worker marks runs of dead workers `interrupted` (no heartbeat for $DRAFTLAB_STALE_SECONDS, or a process gone on
+this host). Any error in a run fails that run with a one-line message and the worker goes on with the queue.
+
+A database that stops accepting writes (disk full, read-only file, server restarting) does not kill it: the
+failed write is retried with backoff (one log line per outage) and a prompt's results wait in memory until
+the database takes them. Past $DRAFTLAB_DB_RETRY_SECONDS (default 300) of outage it gives up on the runs it
+holds: they end `failed` with the reason as soon as the database accepts writes again (or, if the worker
+exits first, `interrupted` by the next sweep), and `--until-idle` / `draftlab run` end with DatabaseUnavailable.
 """
 from __future__ import annotations
 
@@ -38,6 +44,46 @@ from storage.recording import clear_from, record_prompt
 from storage.schema import BASELINE, CANCELLED, DONE, FAILED, INTERRUPTED
 
 ProgressHook = Callable[[dict, int, int, int], None]  # (run row, prompt index, new tokens so far, repeat)
+
+DB_RETRY_ENV, DEFAULT_DB_RETRY_SECONDS = "DRAFTLAB_DB_RETRY_SECONDS", 300.0
+MAX_BACKOFF_SECONDS = 5.0
+_LOST = "lost"  # a run this worker no longer owns (swept as stale and taken over): nothing of it is written
+
+
+class DatabaseUnavailable(Exception):
+    """The database refused writes (or connections) for longer than the worker's retry bound."""
+
+
+def db_retry_window(value: float | None = None) -> float:
+    """How long a worker retries a failed database write: `value`, else $DRAFTLAB_DB_RETRY_SECONDS, else 300."""
+    if value is not None:
+        return float(value)
+    raw = os.environ.get(DB_RETRY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_DB_RETRY_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise queue.QueueError(f"${DB_RETRY_ENV} must be a number of seconds >= 0 (got {raw!r}); e.g. {DB_RETRY_ENV}=300")
+    return seconds
+
+
+def transient_db_error(exc: BaseException) -> bool:
+    """A database error worth retrying: the database refused the write or the connection (read-only, disk
+    full, locked, server down or restarting), as opposed to a bug in a statement."""
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+    return isinstance(exc, (OperationalError, InterfaceError)) or (
+        isinstance(exc, DBAPIError) and bool(getattr(exc, "connection_invalidated", False)))
+
+
+def db_reason(exc: BaseException) -> str:
+    """`DriverError: first line` of a database error, short."""
+    orig = getattr(exc, "orig", None) or exc
+    first = (str(orig).strip().splitlines() or [""])[0][:160]
+    return f"{type(orig).__name__}: {first}" if first else type(orig).__name__
 
 
 class SetupError(Exception):
@@ -92,13 +138,14 @@ def _label(run: dict) -> str:
 
 class Worker:
     def __init__(self, store: Store, worker_id: str | None = None, heartbeat_seconds: float = 5.0,
-                 stale_seconds: float = 60.0, poll_seconds: float = 2.0, progress_seconds: float = 0.5,
+                 stale_seconds: float | None = None, poll_seconds: float = 2.0, progress_seconds: float = 0.5,
                  progress_hook: ProgressHook | None = None, log: Callable[[str], None] | None = None,
-                 loader: Callable[..., ModelPair] = load_pair):
+                 loader: Callable[..., ModelPair] = load_pair, db_retry_seconds: float | None = None):
         self.store = store
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.heartbeat_seconds = heartbeat_seconds
-        self.stale_seconds = stale_seconds
+        self.stale_seconds = queue.stale_window(stale_seconds)  # $DRAFTLAB_STALE_SECONDS unless given
+        self.db_retry_seconds = db_retry_window(db_retry_seconds)  # $DRAFTLAB_DB_RETRY_SECONDS unless given
         self.poll_seconds = poll_seconds
         self.progress_seconds = progress_seconds
         self.progress_hook = progress_hook
@@ -111,45 +158,158 @@ class Worker:
         self._live_progress: dict[int, float] = {}  # run id -> 0..1 while it generates
         self._group: list[int] = []  # the runs being timed together
         self._cancelled: set[int] = set()  # runs of the group whose cancel was requested
+        # Runs whose end (status, error, detail, peak MB) the database did not take yet: written when it does.
+        self.unfinished: dict[int, tuple] = {}
+        self._outage_lock = threading.Lock()
+        self._outage_since: float | None = None  # monotonic time of the current outage's first failed write
+        self._gave_up = False  # this outage already passed the retry bound (logged once)
+        self._last_heartbeat_error = ""
+
+    # --- the database, retried -----------------------------------------------------------------------------
+
+    def _db_failed(self, exc: BaseException) -> float:
+        """Note a refused write or connection; the first of an outage is logged. Returns the outage's start."""
+        with self._outage_lock:
+            first = self._outage_since is None
+            if first:
+                self._outage_since = time.monotonic()
+            since = self._outage_since
+        if first:
+            self.log(f"the database does not accept writes ({db_reason(exc)}); retrying with backoff for up to "
+                     f"{self.db_retry_seconds:g}s, finished prompts held in memory until it does")
+        return since
+
+    def _db_ok(self) -> None:
+        """A write went through: end the outage, if any (logged)."""
+        with self._outage_lock:
+            since, self._outage_since, self._gave_up = self._outage_since, None, False
+        if since is not None:
+            self.log(f"the database accepts writes again (after {time.monotonic() - since:.1f}s)")
+
+    def _db(self, fn: Callable, *args, write: bool = True, **kwargs):
+        """fn(*args, **kwargs), retried with exponential backoff (0.1 s doubling to 5 s) while the database refuses
+        it (transient errors only), until db_retry_seconds after the start of the outage (so once a worker gave
+        up, every call fails at once until a write gets through); then DatabaseUnavailable. fn runs whole
+        transactions, so a retry never sees half of a failed one."""
+        delay, deadline = 0.1, None
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - filtered just below
+                if not transient_db_error(exc):
+                    raise
+                since = self._db_failed(exc)
+                if deadline is None:  # fixed at the first failure: a heartbeat that gets through does not extend it
+                    deadline = since + self.db_retry_seconds
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DatabaseUnavailable(f"the database did not accept writes for {self.db_retry_seconds:g}s "
+                                              f"({db_reason(exc)})") from exc
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, MAX_BACKOFF_SECONDS)
+                continue
+            if write:
+                self._db_ok()
+            return result
+
+    def _give_up(self, exc: DatabaseUnavailable) -> None:
+        with self._outage_lock:
+            first, self._gave_up = not self._gave_up, True
+        if first:
+            self.log(f"giving up: {exc}")
+
+    def _finish(self, run_id: int, status: str, error: str | None, detail: str | None, peak: float | None,
+                label: str) -> None:
+        """Write a run's end state (while this worker still owns it); when the database refuses it for good,
+        keep it in `unfinished` to write once the database accepts writes again."""
+        try:
+            closed = self._db(queue.finish_run, self.store, run_id, status, error, detail, peak, self.id)
+        except DatabaseUnavailable:
+            self.unfinished[run_id] = (status, error, detail, peak)
+            self.log(f"{label} {status}" + (f": {error}" if error else "") + " (to be written when the database "
+                     "accepts writes again)")
+            return
+        if closed:
+            self.log(f"{label} {status}" + (f": {error}" if error else ""))
+        else:
+            self.log(f"{label} is no longer this worker's (swept as stale and taken over); left as it is")
+
+    def flush_unfinished(self) -> bool:
+        """Write the end states the database refused before (one attempt each); True when none is left."""
+        for run_id, (status, error, detail, peak) in list(self.unfinished.items()):
+            try:
+                queue.finish_run(self.store, run_id, status, error, detail, peak, self.id)
+            except Exception as exc:  # noqa: BLE001 - still refused: try again later
+                if not transient_db_error(exc):
+                    self.log(f"run {run_id}: could not write its end ({db_reason(exc)})")
+                break
+            del self.unfinished[run_id]
+            self._db_ok()
+            self.log(f"run {run_id}: its end ({status}) is written now that the database accepts writes")
+        return not self.unfinished
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
     def start(self) -> list[int]:
         """Register, start heartbeating, and mark runs of dead workers `interrupted` (returned)."""
-        queue.register_worker(self.store, self.id, socket.gethostname(), os.getpid())
-        interrupted = queue.mark_stale(self.store, self.stale_seconds)
-        for run_id in interrupted:
-            self.log(f"run {run_id} had no heartbeat for {self.stale_seconds:g}s: marked interrupted")
+        self._db(queue.register_worker, self.store, self.id, queue.host_identity(), os.getpid())
+        interrupted = self._sweep()
         self._stop.clear()
         self._beat = threading.Thread(target=self._heartbeat_loop, name="draftlab-heartbeat", daemon=True)
         self._beat.start()
         return interrupted
 
+    def _sweep(self) -> list[int]:
+        interrupted = self._db(queue.mark_stale, self.store, self.stale_seconds)
+        for run_id in interrupted:
+            self.log(f"run {run_id}: its worker is gone (process ended or no heartbeat for {self.stale_seconds:g}s); "
+                     f"marked interrupted")
+        return interrupted
+
     def stop(self) -> None:
+        """Stop heartbeating, write what the database refused before, unregister. Never raises for a database
+        that is down: a worker it cannot unregister is swept as dead by the next worker, resume or list."""
         self._stop.set()
         if self._beat is not None:
             self._beat.join(timeout=5)
-        queue.unregister_worker(self.store, self.id)
+        try:
+            self.flush_unfinished()
+            queue.unregister_worker(self.store, self.id)
+        except Exception as exc:  # noqa: BLE001
+            if not transient_db_error(exc):
+                raise
+            self.log(f"could not unregister ({db_reason(exc)}); the next sweep takes this worker for gone")
 
     def _heartbeat_loop(self) -> None:
         """Heartbeats (worker, its runs, its device lease), the running runs' progress and their cancel flags:
-        written from this thread so no database I/O happens inside a timed generation."""
+        written from this thread so no database I/O happens inside a timed generation. A database that refuses
+        them is one log line per outage (shared with the main thread), not one per beat."""
         last_beat, reported = time.monotonic(), {}
         while not self._stop.wait(min(self.progress_seconds, self.heartbeat_seconds)):
             try:
+                wrote = False
                 for run_id, value in list(self._live_progress.items()):
                     if reported.get(run_id) != value:
                         if queue.report_progress(self.store, run_id, value):
                             self._cancelled.add(run_id)
                         reported[run_id] = value
+                        wrote = True
                 group = list(self._group)
                 if group:
                     self._cancelled.update(queue.cancel_requested(self.store, group))
                 if time.monotonic() - last_beat >= self.heartbeat_seconds:
                     queue.heartbeat(self.store, self.id, self.current_run, group)
-                    last_beat = time.monotonic()
-            except Exception as exc:  # a locked or briefly unreachable database must not kill the worker
-                self.log(f"heartbeat failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+                    last_beat, wrote = time.monotonic(), True
+                if wrote:
+                    self._db_ok()
+            except Exception as exc:  # noqa: BLE001 - a locked or unreachable database must not kill the worker
+                if transient_db_error(exc):
+                    self._db_failed(exc)
+                else:
+                    message = f"heartbeat failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+                    if message != self._last_heartbeat_error:
+                        self.log(message)
+                        self._last_heartbeat_error = message
 
     def __enter__(self) -> "Worker":
         self.start()
@@ -162,39 +322,55 @@ class Worker:
 
     def work(self, until_idle: bool = False, experiment_id: int | None = None) -> list[int]:
         """Execute queued runs (only experiment_id's, if given); return the ids executed. Without
-        until_idle, poll forever. An experiment's queued runs are claimed together and timed prompt-major
-        under this machine's device lease (one timed job per device)."""
+        until_idle, poll forever, waiting out database outages; with it, a database that stays unwritable past
+        the retry bound ends the call with DatabaseUnavailable. An experiment's queued runs are claimed together
+        and timed prompt-major under this machine's device lease (one timed job per device)."""
         executed = []
         last_sweep, waiting_on = time.monotonic(), None
         while not self._stop.is_set():
-            prefer = self.loaded.key[-1] if self.loaded else None
-            eid = queue.next_experiment(self.store, self.id, experiment_id=experiment_id, prefer_experiment=prefer)
-            if eid is None:
-                if until_idle:
-                    break
-                if time.monotonic() - last_sweep > self.stale_seconds:  # another worker may have died since
-                    for stale in queue.mark_stale(self.store, self.stale_seconds):
-                        self.log(f"run {stale} had no heartbeat for {self.stale_seconds:g}s: marked interrupted")
-                    last_sweep = time.monotonic()
-                time.sleep(self.poll_seconds)
-                continue
-            device = lease_key(queue.get_experiment(self.store, eid)["device"])
-            holder = queue.acquire_lease(self.store, device, self.id, eid, self.stale_seconds)
-            if holder is not None:
-                if waiting_on != holder:
-                    self.log(f"experiment {eid} waits for {device}: worker {holder} is timing on it")
-                    waiting_on = holder
-                time.sleep(self.poll_seconds)
-                continue
-            waiting_on = None
             try:
-                run_ids = queue.claim_group(self.store, eid, self.id)
-                if run_ids:
-                    self.execute_group(eid, run_ids)
-                    executed += run_ids
-            finally:
-                queue.release_lease(self.store, device, self.id)
+                if self.unfinished:
+                    self.flush_unfinished()
+                prefer = self.loaded.key[-1] if self.loaded else None
+                eid = self._db(queue.next_experiment, self.store, self.id, experiment_id=experiment_id,
+                               prefer_experiment=prefer, write=False)
+                if eid is None:
+                    if until_idle:
+                        break
+                    if time.monotonic() - last_sweep > self.stale_seconds:  # another worker may have died since
+                        self._sweep()
+                        last_sweep = time.monotonic()
+                    time.sleep(self.poll_seconds)
+                    continue
+                device = lease_key(self._db(queue.get_experiment, self.store, eid, write=False)["device"])
+                holder = self._db(queue.acquire_lease, self.store, device, self.id, eid, self.stale_seconds)
+                if holder is not None:
+                    if waiting_on != holder:
+                        self.log(f"experiment {eid} waits for {device}: worker {holder} is timing on it")
+                        waiting_on = holder
+                    time.sleep(self.poll_seconds)
+                    continue
+                waiting_on = None
+                try:
+                    run_ids = self._db(queue.claim_group, self.store, eid, self.id)
+                    if run_ids:
+                        executed += run_ids
+                        self.execute_group(eid, run_ids)
+                finally:
+                    self._release_lease(device)
+            except DatabaseUnavailable as exc:
+                self._give_up(exc)
+                if until_idle:
+                    raise
+                time.sleep(self.poll_seconds)
         return executed
+
+    def _release_lease(self, device: str) -> None:
+        try:  # one attempt: a lease left behind ends with this worker (unregister, or the next sweep)
+            queue.release_lease(self.store, device, self.id)
+        except Exception as exc:  # noqa: BLE001
+            if not transient_db_error(exc):
+                raise
 
     def execute(self, run_id: int) -> str:
         """Execute one claimed run on its own (its baseline already stored); return its end state."""
@@ -202,43 +378,76 @@ class Worker:
 
     def execute_group(self, experiment_id: int, run_ids: list[int]) -> dict[int, str]:
         """Execute claimed runs of one experiment together, prompt-major (timing protocol v2), each to its end
-        state (done / failed / cancelled); return {run id: state}."""
-        experiment = queue.get_experiment(self.store, experiment_id)
-        group = {rid: queue.get_run(self.store, rid) for rid in run_ids}
+        state (done / failed / cancelled); return {run id: state}. A database that stays unwritable past the
+        retry bound fails the runs with the reason (written once it accepts writes: see `unfinished`) and
+        raises DatabaseUnavailable."""
         outcome: dict[int, tuple[str, str | None, str | None]] = {}  # run id -> (status, error, detail)
         self._group, self._cancelled = list(run_ids), set()
         self.current_run = run_ids[0]
-        queue.heartbeat(self.store, self.id, self.current_run)
-        self.log(f"experiment {experiment_id}: timing {len(run_ids)} run(s) prompt-major, "
-                 f"{experiment['repeats'] or 1} repeat(s) each")
+        group: dict[int, dict] = {}
         memory: dict[int, float] = {}
+        experiment = None
+        db_failure = None
         try:
+            experiment = self._db(queue.get_experiment, self.store, experiment_id, write=False)
+            group = {rid: self._db(queue.get_run, self.store, rid, write=False) for rid in run_ids}
+            self._db(queue.heartbeat, self.store, self.id, self.current_run, run_ids)
+            self.log(f"experiment {experiment_id}: timing {len(run_ids)} run(s) prompt-major, "
+                     f"{experiment['repeats'] or 1} repeat(s) each")
             self._time_group(experiment, group, outcome, memory)
         except SetupError as exc:
-            for rid in group:
+            for rid in run_ids:
                 outcome.setdefault(rid, (FAILED, str(exc), traceback.format_exc()))
-            queue.fail_queued_runs(self.store, experiment_id, str(exc))
+            try:
+                self._db(queue.fail_queued_runs, self.store, experiment_id, str(exc))
+            except DatabaseUnavailable as unavailable:
+                db_failure = unavailable
+        except DatabaseUnavailable as exc:
+            db_failure = exc
+            self._give_up(exc)
+            reason = (f"{exc}; its unsaved prompt was dropped, every committed one is kept; `draftlab resume "
+                      f"{experiment_id}` continues from the first unfinished prompt")
+            for rid in run_ids:
+                outcome.setdefault(rid, (FAILED, reason, None))
         except (KeyboardInterrupt, SystemExit):
-            for rid in group:
-                if rid not in outcome:
-                    queue.finish_run(self.store, rid, INTERRUPTED, "the worker was stopped; resume the run to continue")
+            for rid in run_ids:  # one attempt each: if the database refuses, the dead-worker sweep takes over
+                status, error, detail = outcome.get(
+                    rid, (INTERRUPTED, "the worker was stopped; resume the run to continue", None))
+                if status == _LOST:
+                    continue
+                try:
+                    queue.finish_run(self.store, rid, status, error, detail, memory.get(rid), self.id)
+                except Exception as exc:  # noqa: BLE001
+                    if not transient_db_error(exc):
+                        raise
             self.current_run, self._group = None, []
             raise
         except Exception as exc:  # a bug or an environment problem: record it, keep serving the queue
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            for rid in group:
+            for rid in run_ids:
                 outcome.setdefault(rid, (FAILED, f"{type(exc).__name__}: {first}", traceback.format_exc()))
         states = {}
-        for rid, run in group.items():
+        for rid in run_ids:
             status, error, detail = outcome.get(rid, (DONE, None, None))
-            queue.finish_run(self.store, rid, status, error, detail, memory.get(rid))
-            self.log(f"{_label(run)} {status}" + (f": {error}" if error else ""))
             states[rid] = status
+            label = _label(group[rid]) if rid in group else f"run {rid}"
+            if status == _LOST:
+                self.log(f"{label} is no longer this worker's (swept as stale and taken over); dropped")
+                continue
+            self._finish(rid, status, error, detail, memory.get(rid), label)
         self.current_run, self._group = None, []
+        if db_failure is not None:
+            raise db_failure
         if experiment["k_auto"] and experiment["predicted_curve"] is None:
             from .autok import plan_confirmation
 
-            planned = plan_confirmation(self.store, experiment_id)
+            try:  # one attempt: it writes in several transactions, a blind retry could queue its runs twice
+                planned = plan_confirmation(self.store, experiment_id)
+            except Exception as exc:  # noqa: BLE001
+                if not transient_db_error(exc):
+                    raise
+                self.log(f"experiment {experiment_id}: could not plan the k confirmation ({db_reason(exc)})")
+                planned = None
             if planned:
                 self.log(f"experiment {experiment_id}: predicted curve made; confirming k = {planned}")
         return states
@@ -266,11 +475,14 @@ class Worker:
                 continue
             budgets[rid] = (loaded.encoded[encoded_key], cfg.max_new_tokens)
         start = {rid: group[rid]["prompts_done"] or 0 for rid in decoders}  # resume: first unfinished prompt
-        with self.store.write() as conn:
+
+        def prepare():
+            with self.store.write() as conn:
+                for rid in decoders:
+                    clear_from(conn, rid, start[rid])
             for rid in decoders:
-                clear_from(conn, rid, start[rid])
-        for rid in decoders:
-            queue.start_run(self.store, rid, len(prompts), _device_name(loaded.pair.device))
+                queue.start_run(self.store, rid, len(prompts), _device_name(loaded.pair.device))
+        self._db(prepare)
         if experiment["k_auto"] and decoders:
             self._profile_verify(experiment, loaded, next(iter(budgets.values()))[0][0])
 
@@ -307,11 +519,24 @@ class Worker:
                 finally:
                     self._live_progress.pop(rid, None)
             finished = [rid for rid in arms if rid not in outcome and len(timed[rid]) == repeats]
-            with self.store.write() as conn:  # one transaction per prompt: every arm's rows, or none
-                for rid in finished:
-                    self._record(conn, group[rid], median_repeat(timed[rid]), timed[rid], slots[rid], loaded.typer)
+
+            def commit(i=i, finished=finished, timed=timed, slots=slots):
+                # One transaction per prompt: every arm's rows, or none. Only runs this worker still owns are
+                # written, and a prompt already committed (a commit whose answer was lost) is not written again,
+                # so the retry of a failed commit never duplicates a row.
+                with self.store.write() as conn:
+                    owned = queue.fence(conn, finished, self.id)
+                    stored = queue.committed_prompts(conn, list(owned), i)
+                    for rid in finished:
+                        if rid in owned and rid not in stored:
+                            self._record(conn, group[rid], median_repeat(timed[rid]), timed[rid], slots[rid],
+                                         loaded.typer)
+                    return owned
+            owned = self._db(commit)  # a refused write is retried; the results wait here meanwhile
             for rid in finished:
-                if queue.report_progress(self.store, rid, (i + 1) / total) or rid in self._cancelled:
+                if rid not in owned:
+                    outcome[rid] = (_LOST, None, None)
+                elif owned[rid] or rid in self._cancelled:
                     outcome[rid] = (CANCELLED, None, None)
 
     def _progress_callback(self, run: dict, prompt_index: int, repeat: int, repeats: int, total: int, budget: int):
@@ -327,13 +552,13 @@ class Worker:
 
     def _profile_verify(self, experiment: dict, loaded: "_Loaded", prompt_ids: torch.Tensor) -> None:
         """`--k auto`: the target's verify-cost profile, once per experiment, under the device lease."""
-        if queue.load_verify_profile(self.store, experiment["id"]):
+        if self._db(queue.load_verify_profile, self.store, experiment["id"], write=False):
             return
         n_max = int(experiment["k_auto"]) + 1
         cfg = SamplingConfig(experiment["temperature"], experiment["top_k"], experiment["top_p"], experiment["seed"],
                              experiment["max_new_tokens"])
         profile = verify_profile(loaded.pair.target.model, loaded.pair.vocab_size, prompt_ids, n_max, cfg)
-        queue.store_verify_profile(self.store, experiment["id"], profile)
+        self._db(queue.store_verify_profile, self.store, experiment["id"], profile)
 
     def _record(self, conn, run: dict, result: PromptResult, repeats: list[PromptResult], slots: list[int],
                 typer: TokenTyper) -> None:
@@ -341,8 +566,10 @@ class Worker:
         record_prompt(conn, run["id"], run["kind"], result, texts, repeats=repeats, slots=slots)
 
     def _prompts(self, experiment: dict) -> list[str]:
-        with self.store.read() as conn:
-            stored = queue.load_experiment_prompts(conn, experiment["id"])
+        def load_stored():
+            with self.store.read() as conn:
+                return queue.load_experiment_prompts(conn, experiment["id"])
+        stored = self._db(load_stored, write=False)
         if stored is not None:
             return stored
         try:
@@ -351,7 +578,7 @@ class Worker:
             raise SetupError(str(exc)) from exc
         if not prompts:
             raise SetupError(f"prompt set {experiment['prompts']!r} has no prompts; add some or pick another set")
-        return queue.store_prompts(self.store, experiment["id"], prompts)
+        return self._db(queue.store_prompts, self.store, experiment["id"], prompts)
 
     def _pair(self, experiment: dict) -> _Loaded:
         key = (experiment["target"], experiment["draft"], experiment["device"], experiment["dtype"],
@@ -393,15 +620,23 @@ def _device_name(device: torch.device) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="draftlab worker", description="Execute queued DraftLab runs.")
+    parser = argparse.ArgumentParser(prog="draftlab worker", description="Execute queued DraftLab runs.",
+                                     epilog=f"{queue.STALE_HELP}. {DB_RETRY_HELP}.")
     parser.add_argument("--db", default=None)
     parser.add_argument("--until-idle", action="store_true", help="exit when no queued run is left")
     parser.add_argument("--heartbeat", type=float, default=5.0, help="heartbeat interval, seconds")
-    parser.add_argument("--stale", type=float, default=60.0, help="heartbeat age that marks a run interrupted")
+    parser.add_argument("--stale", type=float, default=None,
+                        help=f"heartbeat age that marks a run interrupted (default ${queue.STALE_ENV} or "
+                             f"{queue.DEFAULT_STALE_SECONDS:g})")
     parser.add_argument("--poll", type=float, default=2.0, help="queue poll interval when idle, seconds")
     args = parser.parse_args(argv)
     return run_worker(args.db, until_idle=args.until_idle, heartbeat_seconds=args.heartbeat,
                       stale_seconds=args.stale, poll_seconds=args.poll)
+
+
+DB_RETRY_HELP = ("A database write that fails (disk full, read-only file, server restarting) is retried with backoff "
+                 "for $DRAFTLAB_DB_RETRY_SECONDS seconds (default 300), the results held in memory, before the runs "
+                 "fail with the reason")  # the same words as app/cli.py's (which must not import torch)
 
 
 def _exit_on_sigterm(signum, frame):
@@ -409,16 +644,26 @@ def _exit_on_sigterm(signum, frame):
 
 
 def run_worker(db: str | None, until_idle: bool = False, **options) -> int:
+    """`draftlab worker`: 0 when done (or idle with --until-idle), 130 on Ctrl-C, 1 after one `error:` line when
+    the database stayed unwritable past the retry bound (--until-idle only; without it the worker waits)."""
     store = open_store(db)
-    worker = Worker(store, **options)
+    try:
+        worker = Worker(store, **options)
+    except queue.QueueError as exc:  # a bad $DRAFTLAB_STALE_SECONDS / $DRAFTLAB_DB_RETRY_SECONDS
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    worker.log(f"{worker.id} serving {store.url}")
+    worker.log(f"{worker.id} serving {store.safe_url}")
     try:
         with worker:
             worker.work(until_idle=until_idle)
     except KeyboardInterrupt:
         return 130
+    except DatabaseUnavailable as exc:
+        print(f"error: {exc} on {store.safe_url}; runs it held show as failed, or as interrupted once the "
+              f"database accepts writes; `draftlab resume EXPERIMENT` requeues them", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -7,6 +7,8 @@ also serialised by an advisory lock so "one running run per experiment" holds un
 from __future__ import annotations
 
 import json
+import os
+import socket
 from datetime import timedelta
 from typing import Iterable, Sequence
 
@@ -14,16 +16,39 @@ from sqlalchemy import insert, select, text
 
 from .schema import (BASELINE, CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING, SPECULATIVE, Experiment,
                      Run, experiment_prompts, experiments, runs, utcnow,
-                     verify_profile)
+                     verify_profile, workers)
 from .store import Store
 
-SWEEPABLE = ("k", "temperature", "top_k", "top_p")
+SWEEPABLE = ("k", "temperature", "top_k", "top_p", "draft", "drafter")
+CATEGORICAL = ("draft", "drafter")  # swept values are names; runs of one sweep share a baseline
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
 _CLAIM_LOCK = 704202  # PostgreSQL advisory-lock key for claims
+
+# The stale window: a run whose worker has not heartbeated for this long is taken for dead (by workers,
+# `draftlab resume` and `draftlab list`). A worker on this host whose process is gone is dead at once.
+STALE_ENV, DEFAULT_STALE_SECONDS = "DRAFTLAB_STALE_SECONDS", 60.0
+STALE_HELP = (f"a run whose worker has not heartbeated for ${STALE_ENV} seconds (default {DEFAULT_STALE_SECONDS:g}), "
+              f"or whose worker process is gone on this host, counts as interrupted")
 
 
 class QueueError(ValueError):
     """Bad input to the queue: the message names the problem and the fix."""
+
+
+def stale_window(value: float | None = None) -> float:
+    """The stale window in seconds: `value` if given, else $DRAFTLAB_STALE_SECONDS, else 60."""
+    if value is not None:
+        return float(value)
+    raw = os.environ.get(STALE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_STALE_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise QueueError(f"${STALE_ENV} must be a number of seconds > 0 (got {raw!r}); e.g. {STALE_ENV}=60")
+    return seconds
 
 
 def _normalize_tags(tags: Iterable[str] | str) -> str:
@@ -37,10 +62,11 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                        sweep_values: Sequence[float] = (1, 2, 4), k: int = 4, notes: str = "",
                        tags: Iterable[str] | str = (), prompt_texts: Sequence[str] | None = None,
                        trust_remote_code: bool = False, reserved_for: str | None = None, repeats: int = 1,
-                       k_auto: int | None = None) -> int:
+                       k_auto: int | None = None, drafter: str = "model", validates: int | None = None) -> int:
     """Create an experiment with its target-only baseline(s) and one speculative run per sweep value, all
     queued; return the experiment id. A k sweep shares one baseline; a sampling sweep gets one per value
-    (speedup compares equal sampling configs). prompt_texts freezes the prompts now (else the worker loads
+    (speedup compares equal sampling configs); a draft or drafter sweep shares one baseline, each run naming its
+    draft model and drafter spec. prompt_texts freezes the prompts now (else the worker loads
     the `prompts` spec when the first run starts). reserved_for: only that worker may claim the runs.
     repeats: timed decodes per prompt and arm (medians used). k_auto: "predict, then confirm" up to that k —
     only the baseline and k = k_auto are queued; the worker predicts the curve and queues the best k values."""
@@ -63,28 +89,39 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
         values = [int(v) for v in values]
         if any(v <= 0 for v in values):
             raise QueueError(f"k values must be >= 1 (got {values})")
-    name = name or f"{draft} → {target} on {prompts}"
+    if sweep_variable in CATEGORICAL:
+        values = [str(v).strip() for v in values]
+        if any(not v for v in values) or len(set(values)) < len(values):
+            raise QueueError(f"{sweep_variable} values must be distinct and non-empty (got {values})")
+    draft_of = lambda v: v if sweep_variable == "draft" else draft  # noqa: E731
+    drafter_of = lambda v: v if sweep_variable == "drafter" else drafter  # noqa: E731
+    name = name or f"{','.join(values) if sweep_variable == 'draft' else draft} → {target} on {prompts}"
     with store.session() as s:
-        exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, draft=draft,
+        exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, drafter=drafter,
+                         validates=validates,
+                         draft=",".join(values) if sweep_variable == "draft" else draft,
                          prompts=prompts, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                          k=int(k), sweep_variable=sweep_variable, sweep_values=json.dumps(values), repeats=int(repeats),
                          k_auto=int(k_auto) if k_auto is not None else None, **config)
         s.add(exp)
         s.flush()
         common = {"experiment_id": exp.id, "status": QUEUED, "reserved_for": reserved_for}
-        if sweep_variable == "k":
+        if sweep_variable in ("k", *CATEGORICAL):
             baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
             s.add(baseline)
             s.flush()
-            for v in values:
-                s.add(Run(kind=SPECULATIVE, k=v, sweep_value=v, baseline_run_id=baseline.id, **common, **config))
+            for i, v in enumerate(values):
+                s.add(Run(kind=SPECULATIVE, k=v if sweep_variable == "k" else int(k),
+                          sweep_value=v if sweep_variable == "k" else i, sweep_label=str(v), draft=draft_of(v),
+                          drafter=drafter_of(v), baseline_run_id=baseline.id, **common, **config))
         else:
             for v in values:
                 run_config = {**config, sweep_variable: v}
                 baseline = Run(kind=BASELINE, k=None, sweep_value=v, **common, **run_config)
                 s.add(baseline)
                 s.flush()
-                s.add(Run(kind=SPECULATIVE, k=int(k), sweep_value=v, baseline_run_id=baseline.id, **common, **run_config))
+                s.add(Run(kind=SPECULATIVE, k=int(k), sweep_value=v, sweep_label=f"{v:g}", draft=draft, drafter=drafter,
+                          baseline_run_id=baseline.id, **common, **run_config))
         if prompt_texts is not None:
             s.flush()
             s.execute(insert(experiment_prompts), [{"experiment_id": exp.id, "prompt_index": i, "prompt": p}
@@ -105,8 +142,8 @@ def add_k_runs(store: Store, experiment_id: int, ks: Sequence[int]) -> list[int]
         baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
         s.add(baseline)
         s.flush()
-        added = [Run(kind=SPECULATIVE, k=int(k), sweep_value=int(k), baseline_run_id=baseline.id, **common, **config)
-                 for k in ks]
+        added = [Run(kind=SPECULATIVE, k=int(k), sweep_value=int(k), sweep_label=str(int(k)), draft=exp["draft"],
+                     drafter=exp["drafter"], baseline_run_id=baseline.id, **common, **config) for k in ks]
         s.add_all(added)
         s.flush()
         return [baseline.id] + [r.id for r in added]
@@ -248,24 +285,85 @@ def live_workers(store: Store, max_age_seconds: float = 30) -> int:
                                 {"cutoff": utcnow() - timedelta(seconds=max_age_seconds)}).scalar())
 
 
-def mark_stale(store: Store, stale_seconds: float) -> list[int]:
-    """Runs left `running` by a worker that stopped heartbeating (killed, crashed, machine gone) become
-    `interrupted`, keeping every committed row; so do queued runs reserved for a dead worker. Returns their ids."""
-    cutoff = utcnow() - timedelta(seconds=stale_seconds)
-    params = {"cutoff": cutoff, "running": RUNNING, "queued": QUEUED, "interrupted": INTERRUPTED, "now": utcnow()}
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists here (a process of another user counts as alive)."""
+    if pid is None or int(pid) <= 0:
+        return True  # unknown: let the heartbeat decide
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def host_identity() -> str:
+    """What a worker registers as its host: the host name, plus the PID namespace where there is one (Linux),
+    so that a process id is only ever checked in the namespace it belongs to (a container sharing the host
+    name, e.g. with --network host, is another host here)."""
+    host = socket.gethostname()
+    try:
+        return f"{host}#{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return host
+
+
+def dead_workers(conn, cutoff) -> list[str]:
+    """Registered workers that are gone: no heartbeat since `cutoff`, or (on this host) no process."""
+    rows = conn.execute(select(workers.c.id, workers.c.host, workers.c.pid, workers.c.heartbeat)).all()  # typed
+    here = host_identity()
+    return [r.id for r in rows if r.heartbeat is None or r.heartbeat < cutoff
+            or (r.host == here and not _pid_alive(r.pid))]
+
+
+_STALE_RUNS = """SELECT id FROM runs WHERE
+    (status = :running AND (heartbeat IS NULL OR heartbeat < :cutoff OR worker_id IN ({dead})))
+ OR (status = :queued AND reserved_for IS NOT NULL AND (reserved_for IN ({dead})
+     OR (created < :cutoff AND reserved_for NOT IN (SELECT id FROM workers WHERE heartbeat >= :cutoff))))"""
+
+
+def stale_runs(conn, cutoff, dead: Sequence[str]) -> list[int]:
+    """Runs left `running` by a dead worker (see dead_workers) or with no heartbeat since cutoff, and queued
+    runs reserved for a dead worker."""
+    names = {f"dead{i}": w for i, w in enumerate(dead)}
+    placeholders = ", ".join(f":{n}" for n in names) or "NULL"
+    return list(conn.execute(text(_STALE_RUNS.format(dead=placeholders)),
+                             {"cutoff": cutoff, "running": RUNNING, "queued": QUEUED, **names}).scalars().all())
+
+
+STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); "
+               "resume the run to continue from its first unfinished prompt")
+
+
+def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
+    """Runs left `running` by a worker that is gone (killed, crashed, machine gone) become `interrupted`,
+    keeping every committed row; so do queued runs reserved for a dead worker. A worker is gone when it sent
+    no heartbeat for the stale window (see stale_window()), or at once when it ran on this host and its
+    process no longer exists. Looks first and writes only when there is something to sweep. Returns run ids."""
+    seconds = stale_window(stale_seconds)
+    cutoff = utcnow() - timedelta(seconds=seconds)
+    with store.read() as conn:
+        dead = dead_workers(conn, cutoff)
+        stale = stale_runs(conn, cutoff, dead)
+        leases = conn.execute(text("SELECT COUNT(*) FROM device_leases WHERE heartbeat < :cutoff"),
+                              {"cutoff": cutoff}).scalar()
+    if not (dead or stale or leases):
+        return []
+    params = {"cutoff": cutoff, "interrupted": INTERRUPTED, "now": utcnow(),
+              "error": STALE_ERROR.format(seconds=seconds)}
     with store.write() as conn:
-        stale = conn.execute(text(
-            "SELECT id FROM runs WHERE (status = :running AND (heartbeat IS NULL OR heartbeat < :cutoff)) "
-            "OR (status = :queued AND reserved_for IS NOT NULL AND created < :cutoff "
-            "    AND reserved_for NOT IN (SELECT id FROM workers WHERE heartbeat >= :cutoff))"), params).scalars().all()
+        dead = dead_workers(conn, cutoff)
+        stale = stale_runs(conn, cutoff, dead)
         if stale:
             conn.execute(text(
-                "UPDATE runs SET status = :interrupted, finished = :now, reserved_for = NULL, "
-                "error = 'its worker stopped (no heartbeat); resume the run to continue from its first unfinished prompt' "
+                "UPDATE runs SET status = :interrupted, finished = :now, reserved_for = NULL, error = :error "
                 f"WHERE id IN ({','.join(str(int(i)) for i in stale)})"), params)
-        conn.execute(text("DELETE FROM workers WHERE heartbeat < :cutoff"), params)
+        for worker_id in dead:
+            conn.execute(text("DELETE FROM device_leases WHERE worker_id = :w"), {"w": worker_id})
+            conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})
         conn.execute(text("DELETE FROM device_leases WHERE heartbeat < :cutoff"), params)
-    return list(stale)
+    return stale
 
 
 # --- claiming and run state ------------------------------------------------------------------------------
@@ -406,16 +504,44 @@ def report_progress(store: Store, run_id: int, progress: float) -> bool:
 
 
 def finish_run(store: Store, run_id: int, status: str, error: str | None = None, error_detail: str | None = None,
-               peak_memory_mb: float | None = None) -> None:
-    """Close a run as done / failed / cancelled / interrupted (its committed rows stay)."""
+               peak_memory_mb: float | None = None, worker_id: str | None = None) -> bool:
+    """Close a run as done / failed / cancelled / interrupted (its committed rows stay). With worker_id, only
+    while that worker still owns it (`running`, its worker_id): a worker whose runs were swept as stale and
+    taken over must not close them. Returns whether the run was closed."""
     assert status in (DONE, FAILED, CANCELLED, INTERRUPTED), status
+    owned = " AND status = :running AND worker_id = :worker" if worker_id is not None else ""
     with store.write() as conn:
-        conn.execute(text(
+        return conn.execute(text(
             "UPDATE runs SET status = :status, error = :error, error_detail = :detail, finished = :now, "
             "peak_memory_mb = COALESCE(:peak, peak_memory_mb), cancel_requested = :no"
-            + (", progress = 1.0" if status == DONE else "") + " WHERE id = :rid"),
+            + (", progress = 1.0" if status == DONE else "") + " WHERE id = :rid" + owned),
             {"status": status, "error": error, "detail": error_detail, "now": utcnow(), "peak": peak_memory_mb,
-             "no": False, "rid": run_id})
+             "no": False, "rid": run_id, "running": RUNNING, "worker": worker_id}).rowcount == 1
+
+
+def fence(conn, run_ids: Sequence[int], worker_id: str) -> dict[int, bool]:
+    """In the caller's write transaction: which of these runs this worker still owns (`running` with its
+    worker_id), each with its cancel request; their heartbeat is refreshed. A run swept as stale and taken
+    over by another worker is missing, so its new owner's rows are never written twice."""
+    if not run_ids:
+        return {}
+    ids = ",".join(str(int(i)) for i in run_ids)
+    owned = {int(rid): bool(cancel) for rid, cancel in conn.execute(text(
+        f"SELECT id, cancel_requested FROM runs WHERE id IN ({ids}) AND status = :running AND worker_id = :w"),
+        {"running": RUNNING, "w": worker_id}).all()}
+    if owned:
+        conn.execute(text(f"UPDATE runs SET heartbeat = :now WHERE id IN ({','.join(map(str, owned))})"),
+                     {"now": utcnow()})
+    return owned
+
+
+def committed_prompts(conn, run_ids: Sequence[int], prompt_index: int) -> set[int]:
+    """Which of these runs already have prompt_index committed (a commit whose answer was lost, then retried)."""
+    if not run_ids:
+        return set()
+    return set(conn.execute(text(f"SELECT run_id FROM prompt_results WHERE prompt_index = :i "
+                                 f"AND run_id IN ({','.join(str(int(i)) for i in run_ids)})"),
+                            {"i": prompt_index}).scalars().all())
 
 
 def fail_queued_runs(store: Store, experiment_id: int, error: str) -> int:
