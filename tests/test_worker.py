@@ -270,3 +270,138 @@ def test_sigterm_marks_the_run_interrupted_and_cli_resume_requeues_it(tmp_path, 
         worker.work(until_idle=True)
     assert q.run_summary(store, rid)["status"].iloc[0] == "done"
     assert q.per_prompt(store, rid)["prompt_index"].tolist() == list(range(len(prompts)))
+
+
+# --- a dead owner is noticed at once (issue 9) -----------------------------------------------------------------
+
+def _cli_run(db, model_dirs, prompt_file, env, *extra):
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--target", model_dirs["target"], "--draft",
+                             model_dirs["draft"], "--prompts", str(prompt_file), "--k", "1,2", "--max-new-tokens", "24",
+                             "--repeats", "1", "--device", "cpu", "--db", db, *extra],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _first_prompt_committed(store, proc):
+    def check():
+        if proc.poll() is not None:
+            return True
+        with store.read() as conn:
+            return conn.execute(text("SELECT COUNT(*) FROM prompt_results")).scalar() >= 3
+    return check
+
+
+def test_sigkill_of_draftlab_run_then_one_resume_and_a_worker_finish_it(db_url, model_dirs, wait_for, tmp_path, capsys):
+    from app.cli import main
+
+    store = open_store(db_url)
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("\n".join(f"t{i} t{i + 1} t{i + 2}" for i in range(3, 13)) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = _cli_run(db_url, model_dirs, prompt_file, env)
+    try:
+        wait_for(_first_prompt_committed(store, proc), timeout=120, what="`draftlab run` to commit a prompt")
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    eid = int(q.experiments(store)["experiment_id"].iloc[0])
+    kept = {rid: q.per_prompt(store, rid)["wall_seconds"].tolist() for rid in kinds(store, eid).values()}
+    # No 60 s wait: the owner's process is gone on this host, so `list` and `resume` see it at once.
+    assert main(["list", "--db", db_url]) == 0
+    listing = capsys.readouterr().out
+    statuses = [line.split()[3] for line in listing.splitlines() if line.lstrip().startswith("run ")]
+    assert statuses == ["interrupted"] * 3, listing
+    assert main(["resume", str(eid), "--db", db_url]) == 0
+    assert "requeued 3 run(s)" in capsys.readouterr().out  # every run of the experiment, in one step
+    assert main(["worker", "--until-idle", "--db", db_url]) == 0
+    capsys.readouterr()
+    runs = q.runs(store, eid)
+    assert (runs["status"] == "done").all(), runs[["run_id", "status", "error"]]
+    for rid, walls in kept.items():
+        final = q.per_prompt(store, rid)
+        assert final["prompt_index"].tolist() == list(range(10))
+        assert final["wall_seconds"].tolist()[: len(walls)] == walls  # committed rows untouched
+    with store.read() as conn:
+        for table, key in (("rounds", "run_id, prompt_index, round_index"), ("timings", "run_id, prompt_index, repeat"),
+                           ("prompt_results", "run_id, prompt_index")):
+            dup = conn.execute(text(f"SELECT COUNT(*) FROM (SELECT {key} FROM {table} GROUP BY {key} "
+                                    f"HAVING COUNT(*) > 1) d")).scalar()
+            assert dup == 0, table
+        assert conn.execute(text("SELECT COUNT(*) FROM timings")).scalar() == 3 * 10
+    store.dispose()
+
+
+def test_sigterm_to_draftlab_run_interrupts_like_ctrl_c(db_url, model_dirs, wait_for, tmp_path):
+    if db_url.startswith("postgresql"):  # a password (trust auth ignores it) that must never be printed
+        db_url = db_url.replace("postgresql://postgres@", "postgresql://postgres:s3cret-pw@")
+    store = open_store(db_url)
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("\n".join(f"t{i} t{i + 1}" for i in range(3, 13)) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = _cli_run(db_url, model_dirs, prompt_file, env)
+    try:
+        wait_for(_first_prompt_committed(store, proc), timeout=120, what="`draftlab run` to commit a prompt")
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    assert code == 128 + signal.SIGTERM, err[-2000:]
+    assert "Traceback" not in err and "s3cret-pw" not in err, err[-2000:]
+    errors = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "draftlab resume" in errors[0] and store.safe_url in errors[0], errors
+    with store.read() as conn:
+        statuses = conn.execute(text("SELECT status FROM runs")).scalars().all()
+        workers = conn.execute(text("SELECT COUNT(*) FROM workers")).scalar()
+    assert statuses == ["interrupted"] * 3 and workers == 0  # at once: no heartbeat has to go stale
+    store.dispose()
+
+
+def test_mark_stale_sweeps_a_dead_process_on_this_host_at_once(store):
+    eid = enqueue(store, {"target": "t", "draft": "d"}, ks=(1,))
+    ids = kinds(store, eid)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = queue.host_identity()  # this host name (and PID namespace)
+    queue.register_worker(store, "dead-here", host, dead.pid)
+    queue.register_worker(store, "dead-elsewhere", "some-other-host", dead.pid)
+    queue.register_worker(store, "alive-here", host, os.getpid())
+    assert queue.claim(store, ids[("baseline", None)], "dead-here")
+    other = kinds(store, enqueue(store, {"target": "t", "draft": "d"}, ks=(1,)))
+    assert queue.claim(store, other[("baseline", None)], "dead-elsewhere")  # can't tell: heartbeat decides
+    third = kinds(store, enqueue(store, {"target": "t", "draft": "d"}, ks=(1,), reserved_for="dead-here"))
+    mine = kinds(store, enqueue(store, {"target": "t", "draft": "d"}, ks=(1,)))
+    assert queue.claim(store, mine[("baseline", None)], "alive-here")
+    swept = queue.mark_stale(store, stale_seconds=3600)
+    assert sorted(swept) == sorted([ids[("baseline", None)], *third.values()])
+    assert queue.get_run(store, other[("baseline", None)])["status"] == "running"
+    assert queue.get_run(store, mine[("baseline", None)])["status"] == "running"
+    assert "gone" in queue.get_run(store, ids[("baseline", None)])["error"]
+    with store.read() as conn:
+        assert set(conn.execute(text("SELECT id FROM workers")).scalars()) == {"dead-elsewhere", "alive-here"}
+    assert queue.mark_stale(store, stale_seconds=3600) == []  # nothing left: no write at all
+
+
+def test_the_stale_window_is_one_setting(monkeypatch, store, capsys):
+    from app.cli import build_parser
+
+    monkeypatch.setenv("DRAFTLAB_STALE_SECONDS", "7.5")
+    assert queue.stale_window() == 7.5
+    assert Worker(store).stale_seconds == 7.5
+    monkeypatch.setenv("DRAFTLAB_STALE_SECONDS", "soon")
+    with pytest.raises(queue.QueueError, match="DRAFTLAB_STALE_SECONDS"):
+        queue.stale_window()
+    monkeypatch.delenv("DRAFTLAB_STALE_SECONDS")
+    assert queue.stale_window() == 60.0
+    from app import cli
+    assert cli.STALE_HELP == queue.STALE_HELP  # one setting, described in the same words everywhere
+    for command in ("worker", "resume", "list"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"] if command != "resume" else [command, "1", "--help"])
+        assert "DRAFTLAB_STALE_SECONDS" in capsys.readouterr().out.replace("\n", " "), command
