@@ -1,4 +1,10 @@
-"""New experiment: pick the pair (checked before launch), prompts, sampling and the sweep; Launch enqueues it."""
+"""New experiment: pick the pair (checked before launch), prompts, sampling, the drafter and the one variable to
+sweep (k, k auto, a sampling setting, the draft or the drafting strategy); Launch enqueues it.
+
+A link can fill the form: `new?target=...&draft=...&sweep=k&values=1,2,4&drafter=confidence:0.5` (the parameters
+storage/findings.py's prefill_query writes; pages/prefill.py parses them strictly). They are put into the widgets
+when the form is first drawn; a bad one is left out with a short note.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -6,24 +12,39 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import streamlit as st
 
 from engine.errors import DraftLabError
-from engine.prompt_sets import PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file, load_prompts
+from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
+                                load_prompts)
 from pages.common import nav_page, store
+from pages.prefill import (AUTO_K, DEFAULT_NGRAM, DEFAULT_SWEEP, DEFAULT_THRESHOLD, DEVICES, DRAFTER_KINDS,
+                           DRAFTER_PARAMETERS, DRAFTER_SUMMARY, DTYPES, INTEGER_VARIABLES, MAX_K, NUMERIC_SWEEPS,
+                           SWEEP_CHOICES, SWEEP_LABELS, canonical_drafter, drafter_spec, drafter_specs, md_text,
+                           parse_names, parse_prefill, parse_sweep_values)
 from storage import queue
 
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-SWEEP_VARIABLES = queue.SWEEPABLE  # k, or a sampling setting with k fixed
-AUTO_K = "k: auto (predict, then confirm)"  # `--k auto`: one more choice of what to vary
-SWEEP_CHOICES = (SWEEP_VARIABLES[0], AUTO_K, *SWEEP_VARIABLES[1:])
+__all__ = ["AUTO_K", "DEFAULT_SWEEP", "INTEGER_VARIABLES", "MAX_K", "Launch", "parse_sweep_values", "render",
+           "save_upload", "upload_dir", "validate"]
+
+SWEEP_VARIABLES = queue.SWEEPABLE  # k, a sampling setting with k fixed, the draft or the drafter
 DEFAULT_REPEATS, DEFAULT_K_AUTO = 3, 8
-INTEGER_VARIABLES = ("k", "top_k")
-DEFAULT_SWEEP = "1,2,3,4,6,8"
-MAX_K = 64
 UPLOAD_TYPES = ["jsonl", "csv", "txt"]
+DEMO_DRAFTS = ("demo-draft", "demo-draft-distilled")  # offered as draft candidates; any other name can be typed
+DEFAULT_DRAFTER_SWEEP = ["model", "heuristic", "confidence", "prompt-lookup"]
+LINK_NOTES = "new_experiment_link_notes"  # session key: what the link's parameters left out
+# Each widget's first value: the page seeds st.session_state with these (or the link's values) and creates the
+# widgets without value=/index=, so a value from a link never competes with a default.
+DEFAULTS = {
+    "target": "demo-target", "draft": "demo-draft", "prompt_source": "Built-in", "temperature": 0.0, "top_k": 0,
+    "top_p": 1.0, "seed": 0, "max_new_tokens": 128, "device": "auto", "dtype": "auto", "sweep_variable": "k",
+    "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "fixed_k": 4, "repeats": DEFAULT_REPEATS, "name": "",
+    "tags": "", "notes": "", "drafter": "model", "drafter_threshold": DEFAULT_THRESHOLD, "drafter_ngram": DEFAULT_NGRAM,
+    "drafter_sweep": DEFAULT_DRAFTER_SWEEP, "drafter_sweep_t": f"{DEFAULT_THRESHOLD:g}",
+    "drafter_sweep_n": str(DEFAULT_NGRAM),
+}
 
 
 @dataclass
@@ -32,34 +53,6 @@ class Launch:
 
     errors: list[str] = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
-
-
-def parse_sweep_values(text: str, variable: str = "k") -> list:
-    """`1,2,4` → [1, 2, 4]; raises ValueError naming the bad entry and the fix."""
-    parts = [p.strip() for p in re.split(r"[,\s]+", text or "") if p.strip()]
-    if not parts:
-        raise ValueError(f"give at least one {variable} value, e.g. {DEFAULT_SWEEP}")
-    values = []
-    for part in parts:
-        if variable in INTEGER_VARIABLES:
-            low = 1 if variable == "k" else 0
-            if not part.isdigit() or not low <= int(part) <= (MAX_K if variable == "k" else 10**6):
-                hint = f"from 1 to {MAX_K}; use e.g. {DEFAULT_SWEEP}" if variable == "k" else "≥ 0"
-                raise ValueError(f"{variable} value {part!r} is not a whole number {hint}")
-            value = int(part)
-        else:
-            try:
-                value = float(part)
-            except ValueError:
-                raise ValueError(f"{variable} value {part!r} is not a number") from None
-            if variable == "temperature" and value < 0:
-                raise ValueError(f"temperature value {part} is negative; 0 means greedy")
-            if variable == "top_p" and not 0 < value <= 1:
-                raise ValueError(f"top_p value {part} is outside (0, 1]")
-        if value in values:
-            raise ValueError(f"{variable} value {part} is listed twice; list each value once")
-        values.append(value)
-    return sorted(values)
 
 
 def upload_dir() -> Path:
@@ -77,15 +70,27 @@ def save_upload(name: str, data: bytes) -> Path:
     return path
 
 
+def _format(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
 def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, prompts: str | None,
              prompt_error: str | None, temperature: float, top_k: int, top_p: float, seed: int,
              max_new_tokens: int, device: str, dtype: str, sweep_variable: str, sweep_text: str, k: int,
              name: str, notes: str, tags_text: str, prompt_texts: list[str] | None = None,
-             repeats: int = DEFAULT_REPEATS, k_auto: int | None = None) -> Launch:
-    """Check every field; a Launch with no errors carries the enqueue_experiment keyword arguments. With k_auto
-    (the largest k) the experiment is `--k auto`: sweep_text is not used."""
+             repeats: int = DEFAULT_REPEATS, k_auto: int | None = None, drafter: str = "model",
+             sweep_list: Sequence[str] | None = None, sweep_error: str | None = None,
+             pair_checks: Sequence[tuple[str, bool, str]] | None = None) -> Launch:
+    """Check every field; a Launch with no errors carries the enqueue_experiment keyword arguments (plain text:
+    the page escapes it). With k_auto (the largest k) the experiment is `--k auto`: sweep_text is not used. A draft
+    or drafter sweep takes its names as sweep_list (else from sweep_text, comma-separated); a draft sweep is
+    checked by pair_checks, (draft, ok, message) for each candidate, instead of pair_ok; sweep_error is a problem
+    the form found in the swept values itself. `drafter` applies to every run unless the drafter is what is swept."""
     launch = Launch()
-    if not pair_ok:
+    if sweep_variable == "draft" and pair_checks is not None:
+        launch.errors += [f"pair check for draft {candidate!r}: {message}"
+                          for candidate, ok, message in pair_checks if not ok]
+    elif not pair_ok:
         launch.errors.append(f"pair check: {pair_message}")
     if prompt_error:
         launch.errors.append(f"prompts: {prompt_error}")
@@ -109,32 +114,72 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         launch.errors.append(f"swept variable must be one of {', '.join(SWEEP_VARIABLES)}")
     if repeats < 1:
         launch.errors.append("repeats must be at least 1 (3 or more narrow the speedup's interval)")
+    if sweep_variable == "drafter":
+        drafter = "model"  # each run names its own
+    else:
+        try:
+            drafter = canonical_drafter(drafter)
+        except ValueError as exc:
+            launch.errors.append(f"drafter: {exc}")
+    values: list = []
     if k_auto is not None:
         sweep_variable, values, k = "k", [k_auto], k_auto
         if not 2 <= k_auto <= MAX_K:
             launch.errors.append(f"the largest k for k auto must be from 2 to {MAX_K}")
-    else:
+    elif sweep_error:
+        launch.errors.append(sweep_error)
+    elif sweep_variable in SWEEP_VARIABLES:
         try:
-            values = parse_sweep_values(sweep_text, sweep_variable)
+            if sweep_variable in ("draft", "drafter") and sweep_list is not None:
+                values = parse_names(sweep_list, sweep_variable)
+            else:
+                values = parse_sweep_values(sweep_text, sweep_variable)
         except ValueError as exc:
             launch.errors.append(str(exc))
-            values = []
     if not 1 <= k <= MAX_K:
         launch.errors.append(f"k must be from 1 to {MAX_K}")
     if launch.errors:
         return launch
     tags = tuple(dict.fromkeys(t.strip() for t in tags_text.split(",") if t.strip()))
-    default_name = f"{draft} → {target} on {Path(prompts).name if os.sep in prompts else prompts}"
+    if sweep_variable == "draft":
+        draft = values[0]
+        models = f"{', '.join(values)} → {target.strip()}"
+    elif sweep_variable == "drafter":
+        models = f"{draft.strip()} ({', '.join(values)}) → {target.strip()}"
+    else:
+        models = f"{draft.strip()}{'' if drafter == 'model' else f' [{drafter}]'} → {target.strip()}"
+    default_name = f"{models} on {Path(prompts).name if os.sep in prompts else prompts}"
     launch.kwargs = dict(
         name=name.strip() or default_name, target=target.strip(), draft=draft.strip(), prompts=prompts,
         sampling={"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed),
                   "max_new_tokens": int(max_new_tokens)},
         device=device, dtype=dtype, sweep_variable=sweep_variable, sweep_values=values, k=int(k),
         notes=notes.strip(), tags=tags, repeats=int(repeats), k_auto=int(k_auto) if k_auto is not None else None,
+        drafter=drafter,
     )
     if prompt_texts is not None:  # an upload: freeze its prompts now, so any worker can run them
         launch.kwargs["prompt_texts"] = list(prompt_texts)
     return launch
+
+
+# --- widgets ----------------------------------------------------------------------------------------------------
+
+def _seed(key: str, default=None) -> None:
+    """Give a widget its first value through st.session_state (the widget is then created without one)."""
+    if key not in st.session_state:
+        st.session_state[key] = DEFAULTS[key] if default is None else default
+
+
+def _apply_link() -> None:
+    """On the form's first draw (a fresh visit of the page): the link's query parameters into the widgets."""
+    params = {key: st.query_params.get_all(key) for key in st.query_params}
+    try:
+        values, notes = parse_prefill(params, list_prompt_sets(), DEFAULT_SPLIT)
+    except Exception as exc:  # noqa: BLE001 - a link must never break the form
+        values, notes = {}, [f"the link's parameters could not be read ({type(exc).__name__})"]
+    for key, value in values.items():
+        st.session_state[key] = value
+    st.session_state[LINK_NOTES] = notes
 
 
 def _pair_check(target: str, draft: str):
@@ -144,13 +189,22 @@ def _pair_check(target: str, draft: str):
         return check_pair_names(target.strip(), draft.strip())
 
 
+def _show_check(check, label: str = "Pair check") -> None:
+    if check.ok:
+        st.success(f"{label}: {md_text(check.message)}", icon=":material/check_circle:")
+    else:
+        st.error(f"{label}: {md_text(check.message)}", icon=":material/error:")
+
+
 def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
     """(prompt set spec or saved file path, error, the uploaded prompts) from the prompt-set widgets."""
+    _seed("prompt_source")
     source = st.radio("Prompt set", ["Built-in", "Upload a file"], horizontal=True, key="prompt_source")
     if source == "Built-in":
         sets = list_prompt_sets()
-        spec = st.selectbox("Built-in set (NAME:SPLIT)", sets, index=sets.index("code:tune") if "code:tune" in sets else 0,
-                            key="prompt_set", help="Tune on `tune`, confirm on `validation`.")
+        _seed("prompt_set", "code:tune" if "code:tune" in sets else sets[0])
+        spec = st.selectbox("Built-in set (NAME:SPLIT)", sets, key="prompt_set", persist_state="page",
+                            help="Tune on `tune`, confirm on `validation`.")
         try:
             count = len(load_prompts(spec))
         except DraftLabError as exc:
@@ -168,87 +222,197 @@ def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
         return None, str(exc).replace(str(path), upload.name), None
     if not prompts:
         return None, f"{upload.name} holds no prompts", None
-    st.caption(f"{len(prompts)} prompts from {upload.name}, saved as `{path}`")
+    st.caption(md_text(f"{len(prompts)} prompts from {upload.name}, saved as {path}"))
     return str(path), None, prompts
+
+
+def _parameter_input(kind: str, key: str, container=st) -> float | int:
+    """The number a confidence (T) or prompt-lookup (N) drafter takes."""
+    param = DRAFTER_PARAMETERS[kind]
+    _seed(key)
+    if kind == "confidence":
+        return container.number_input(f"{param.label} (confidence threshold)", min_value=0.0, max_value=1.0,
+                                      step=0.05, key=key, persist_state="page", help=param.meaning)
+    return container.number_input(f"{param.label} (longest n-gram)", min_value=1, max_value=64, step=1, key=key,
+                                  persist_state="page", help=param.meaning)
+
+
+def _kind_label(kind: str) -> str:
+    return f"{kind}:{DRAFTER_PARAMETERS[kind].label}" if kind in DRAFTER_PARAMETERS else kind
+
+
+def _drafter_choice() -> str:
+    """The one drafter every run uses (when the drafter is not what is swept), as a spec."""
+    c1, c2 = st.columns([2, 1])
+    _seed("drafter")
+    kind = c1.selectbox("Drafter", DRAFTER_KINDS, key="drafter", persist_state="page",
+                        format_func=_kind_label,
+                        help="how each round's draft tokens are proposed: " + "; ".join(DRAFTER_SUMMARY.values()))
+    value = None
+    if kind == "confidence":
+        value = round(float(_parameter_input(kind, "drafter_threshold", c2)), 6)  # 0.1 + 0.2 steps: 0.3, not 0.30…04
+    elif kind == "prompt-lookup":
+        value = int(_parameter_input(kind, "drafter_ngram", c2))
+        st.caption("prompt-lookup drafts without the draft model; the pair is still loaded and checked")
+    return drafter_spec(kind, value)
+
+
+def _draft_candidates(target: str) -> tuple[list[str], list[tuple[str, bool, str]]]:
+    """The drafts a draft sweep compares, each pair-checked against the target (tokenizers only)."""
+    current = str(st.session_state.get("draft", DEFAULTS["draft"]) or "").strip()
+    _seed("draft_candidates", [current] if current else [])
+    chosen = st.multiselect("Draft candidates", DEMO_DRAFTS, key="draft_candidates", accept_new_options=True,
+                            persist_state="page", placeholder="pick a demo draft or type a model id / path",
+                            help="one speculative run per draft, all against one baseline; type an HF model id or "
+                            "a local directory and press Enter to add it")
+    names = [str(n).strip() for n in chosen if str(n).strip()]
+    checks = []
+    for name in names:
+        check = _pair_check(target, name)
+        _show_check(check, f"Pair check {md_text(name)}")
+        checks.append((name, check.ok, check.message))
+    if not names:
+        st.info("Add at least one draft to compare.", icon=":material/info:")
+    return names, checks
+
+
+def _drafter_sweep() -> tuple[list[str] | None, str | None]:
+    """(the drafter specs a drafter sweep compares, or None and why not) from its widgets."""
+    _seed("drafter_sweep")
+    kinds = st.multiselect("Drafters", DRAFTER_KINDS, key="drafter_sweep", persist_state="page",
+                           format_func=_kind_label,
+                           help="one speculative run per drafter (per T or N listed), all against one baseline; "
+                           + "; ".join(DRAFTER_SUMMARY.values()))
+    c1, c2 = st.columns(2)
+    if "confidence" in kinds:
+        _seed("drafter_sweep_t")
+        c1.text_input("confidence T values", key="drafter_sweep_t", persist_state="page",
+                      help="comma-separated thresholds, 0 < T < 1; one run each")
+    if "prompt-lookup" in kinds:
+        _seed("drafter_sweep_n")
+        c2.text_input("prompt-lookup N values", key="drafter_sweep_n", persist_state="page",
+                      help="comma-separated longest n-gram sizes, N ≥ 1; one run each")
+    try:
+        return drafter_specs(kinds, st.session_state.get("drafter_sweep_t", ""),
+                             st.session_state.get("drafter_sweep_n", "")), None
+    except ValueError as exc:
+        return None, str(exc)
 
 
 def render() -> None:
     st.title("New experiment")
     st.caption("A target-only baseline plus one speculative run per swept value, queued for the worker.")
+    if "target" not in st.session_state:  # a fresh visit: the form's widgets are not there yet
+        _apply_link()
+    link_notes = st.session_state.get(LINK_NOTES) or []
+    if link_notes:
+        st.caption("Left out from the link: " + "; ".join(md_text(n) for n in link_notes))
+    _seed("sweep_variable")
+    choice = st.session_state["sweep_variable"]  # the selectbox below: the Models column depends on it
 
     left, right = st.columns(2)
     with left:
         st.subheader("Models")
-        target = st.text_input("Target model", "demo-target", key="target",
-                               help="demo-target, an HF model id or a local directory")
-        draft = st.text_input("Draft model", "demo-draft", key="draft",
-                              help="demo-draft, demo-draft-distilled, an HF model id or a local directory")
-        check = _pair_check(target, draft)
-        if check.ok:
-            st.success(f"Pair check: {check.message}", icon=":material/check_circle:")
+        _seed("target")
+        target = st.text_input("Target model", key="target", help="demo-target, an HF model id or a local directory")
+        checks = None
+        if choice == "draft":
+            candidates, checks = _draft_candidates(target)
+            draft, check_ok, check_message = (candidates[0] if candidates else ""), True, ""
         else:
-            st.error(f"Pair check: {check.message}", icon=":material/error:")
+            _seed("draft")
+            draft = st.text_input("Draft model", key="draft", persist_state="page",
+                                  help="demo-draft, demo-draft-distilled, an HF model id or a local directory")
+            check = _pair_check(target, draft)
+            _show_check(check)
+            check_ok, check_message = check.ok, check.message
+        drafter = "model" if choice == "drafter" else _drafter_choice()
         st.subheader("Prompts")
         prompts, prompt_error, prompt_texts = _prompt_source()
         if prompt_error:
-            st.error(prompt_error, icon=":material/error:")
+            st.error(md_text(prompt_error), icon=":material/error:")
     with right:
         st.subheader("Sampling")
+        for key in ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "device", "dtype"):
+            _seed(key)
         c1, c2, c3 = st.columns(3)
-        temperature = c1.number_input("Temperature", min_value=None, value=0.0, step=0.1, key="temperature",
-                                      help="0 = greedy")
-        top_k = c2.number_input("Top-k", value=0, step=1, key="top_k", help="0 = off")
-        top_p = c3.number_input("Top-p", value=1.0, step=0.05, key="top_p", help="1 = off")
+        temperature = c1.number_input("Temperature", min_value=None, step=0.1, key="temperature", help="0 = greedy")
+        top_k = c2.number_input("Top-k", step=1, key="top_k", help="0 = off")
+        top_p = c3.number_input("Top-p", step=0.05, key="top_p", help="1 = off")
         c1, c2 = st.columns(2)
-        seed = c1.number_input("Seed", value=0, step=1, key="seed")
-        max_new_tokens = c2.number_input("Max new tokens", value=128, step=16, key="max_new_tokens")
+        seed = c1.number_input("Seed", step=1, key="seed")
+        max_new_tokens = c2.number_input("Max new tokens", step=16, key="max_new_tokens")
         c1, c2 = st.columns(2)
         device = c1.selectbox("Device", DEVICES, key="device")
         dtype = c2.selectbox("Dtype", DTYPES, key="dtype")
         st.subheader("Sweep")
         c1, c2 = st.columns([1, 2])
-        choice = c1.selectbox("Swept variable", SWEEP_CHOICES, key="sweep_variable", help="one variable at a time")
-        sweep_variable, sweep_text, k, k_auto = ("k" if choice == AUTO_K else choice), "", 4, None
+        choice = c1.selectbox("Swept variable", SWEEP_CHOICES, key="sweep_variable", help="one variable at a time",
+                              format_func=lambda c: SWEEP_LABELS.get(c, c))
+        sweep_variable, sweep_text, sweep_list, sweep_error = ("k" if choice == AUTO_K else choice), "", None, None
+        k, k_auto = 4, None
         if choice == AUTO_K:
-            k_auto = c2.number_input("Largest k", min_value=2, max_value=MAX_K, value=DEFAULT_K_AUTO, step=1,
-                                     key="k_auto", help="this k is measured first; from it and the target's verify "
-                                     "cost the speedup of every smaller k is predicted, then the 3 best predicted are "
+            _seed("k_auto")
+            k_auto = c2.number_input("Largest k", min_value=2, max_value=MAX_K, step=1, key="k_auto",
+                                     persist_state="page",
+                                     help="this k is measured first; from it and the target's verify cost the "
+                                     "speedup of every smaller k is predicted, then the 3 best predicted are "
                                      "measured against a fresh baseline to confirm")
-        else:
-            sweep_text = c2.text_input(f"{sweep_variable} values", DEFAULT_SWEEP, key="sweep_values",
+        elif choice in NUMERIC_SWEEPS:
+            _seed("sweep_values")
+            sweep_text = c2.text_input(f"{sweep_variable} values", key="sweep_values", persist_state="page",
                                        help="comma-separated; one speculative run each")
+        elif choice == "draft":
+            c2.caption("One speculative run per draft candidate (listed under Models), k fixed below, all against "
+                       "one target-only baseline.")
+            sweep_list = candidates
+        elif choice == "drafter":
+            with c2:
+                sweep_list, sweep_error = _drafter_sweep()
+            if sweep_error:
+                st.error(md_text(sweep_error), icon=":material/error:")
         if sweep_variable != "k":
-            k = st.number_input("k (fixed)", value=4, step=1, key="fixed_k")
-        repeats = st.number_input("Repeats", min_value=1, value=DEFAULT_REPEATS, step=1, key="repeats",
+            _seed("fixed_k")
+            k = st.number_input("k (fixed)" if choice != "drafter" else "k (fixed; heuristic: its starting k)",
+                                step=1, key="fixed_k", persist_state="page")
+        _seed("repeats")
+        repeats = st.number_input("Repeats", min_value=1, step=1, key="repeats",
                                   help="each prompt is decoded this many times per configuration (the baseline and "
                                   "every swept value, interleaved), and the median time is used; more repeats narrow "
                                   "the speedup's 95 % interval on a noisy machine")
     st.subheader("Label")
+    for key in ("name", "tags", "notes"):
+        _seed(key)
     c1, c2 = st.columns([1, 1])
-    name = c1.text_input("Name", "", key="name", placeholder="defaults to draft → target on prompts")
-    tags_text = c2.text_input("Tags", "", key="tags", placeholder="comma-separated, e.g. baseline, code")
-    notes = st.text_area("Notes", "", key="notes", height=80)
+    name = c1.text_input("Name", key="name", placeholder="defaults to draft → target on prompts")
+    tags_text = c2.text_input("Tags", key="tags", placeholder="comma-separated, e.g. baseline, code")
+    notes = st.text_area("Notes", key="notes", height=80)
 
     if st.button("Launch", type="primary", key="launch", icon=":material/rocket_launch:"):
-        launch = validate(target=target, draft=draft, pair_ok=check.ok, pair_message=check.message, prompts=prompts,
+        launch = validate(target=target, draft=draft, pair_ok=check_ok, pair_message=check_message, prompts=prompts,
                           prompt_error=prompt_error, temperature=float(temperature), top_k=int(top_k),
                           top_p=float(top_p), seed=int(seed), max_new_tokens=int(max_new_tokens), device=device,
                           dtype=dtype, sweep_variable=sweep_variable, sweep_text=sweep_text, k=int(k), name=name,
                           notes=notes, tags_text=tags_text, prompt_texts=prompt_texts, repeats=int(repeats),
-                          k_auto=int(k_auto) if k_auto is not None else None)
+                          k_auto=int(k_auto) if k_auto is not None else None, drafter=drafter,
+                          sweep_list=sweep_list, sweep_error=sweep_error, pair_checks=checks)
         if launch.errors:
-            st.error("Not launched:\n" + "\n".join(f"- {e}" for e in launch.errors), icon=":material/error:")
+            st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors),
+                     icon=":material/error:")
             return
         try:
             experiment_id = queue.enqueue_experiment(store(), **launch.kwargs)
         except queue.QueueError as exc:
-            st.error(f"Not launched: {exc}", icon=":material/error:")
+            st.error(f"Not launched: {md_text(exc)}", icon=":material/error:")
             return
-        values = ", ".join(f"{v:g}" for v in launch.kwargs["sweep_values"])
+        kw = launch.kwargs
+        values = md_text(", ".join(_format(v) for v in kw["sweep_values"]))
         plan = (f"a baseline and k = {values}; the best predicted k values are measured when it finishes"
                 if k_auto is not None else
-                f"a baseline and {len(launch.kwargs['sweep_values'])} runs ({launch.kwargs['sweep_variable']} = {values})")
-        st.success(f"Experiment #{experiment_id} queued: {plan}, {launch.kwargs['repeats']} repeats per prompt.",
+                f"a baseline and {len(kw['sweep_values'])} runs ({kw['sweep_variable']} = {values})")
+        if kw["drafter"] != "model" and kw["sweep_variable"] != "drafter":
+            plan += f", drafter {md_text(kw['drafter'])}"
+        st.success(f"Experiment #{experiment_id} queued: {plan}, {kw['repeats']} repeats per prompt.",
                    icon=":material/rocket_launch:")
         st.page_link(nav_page("experiment"), label=f"Open experiment #{experiment_id}",
                      query_params={"experiment": str(experiment_id)}, icon=":material/monitoring:")

@@ -919,3 +919,143 @@ def test_detail_of_a_sweep_named_by_labels_marks_its_best_by_name(populated, mon
     best = next(d for chart in chart_data(at) for d in chart if "label" in d)
     assert best["label"].tolist() == ["best k = draft-2"] and best["x"].tolist() == [2]
     assert any("(k = draft-4) is never picked" in w.value for w in at.warning)
+
+
+# --- New experiment: a link fills the form; draft and drafter sweeps ---------------------------------------------
+
+def _runs_table(store, experiment_id: int) -> pd.DataFrame:
+    """The runs' own columns (draft, drafter, label) in insertion order, straight from the runs table."""
+    from sqlalchemy import text
+
+    with store.read() as conn:
+        return pd.DataFrame(conn.execute(text(
+            "SELECT kind, draft, drafter, sweep_label, k, baseline_run_id, temperature FROM runs "
+            "WHERE experiment_id = :eid ORDER BY id"), {"eid": experiment_id}).mappings().all())
+
+
+def _launched(url: str) -> dict:
+    store = open_store(url)
+    listing = q.experiments(store)
+    assert len(listing) == 1, listing
+    return q.experiment(store, int(listing["experiment_id"].iloc[0]))
+
+
+def test_new_experiment_link_from_a_finding_fills_the_form(empty_db, model_dirs):
+    from storage.findings import prefill_query
+
+    page, params = prefill_query({
+        "target": model_dirs["target"], "draft": model_dirs["draft"], "prompts": "math:validation", "temperature": 0.0,
+        "top_k": 40, "top_p": 0.9, "seed": 7, "max_new_tokens": 8, "device": "cpu", "dtype": "float32", "repeats": 5,
+        "sweep": "temperature", "values": "0.5,1", "k": 3, "notes": "Follow-up: **not bold** [x](http://e.vil)",
+        "drafter": "confidence:0.3"})
+    at = app(page, **params)
+    assert_clean(at)
+    assert at.text_input(key="target").value == model_dirs["target"]
+    assert at.text_input(key="draft").value == model_dirs["draft"]
+    assert at.selectbox(key="prompt_set").value == "math:validation"
+    assert [at.number_input(key=k).value for k in ("temperature", "top_k", "top_p", "seed", "max_new_tokens")] == \
+        [0.0, 40, 0.9, 7, 8]
+    assert (at.selectbox(key="device").value, at.selectbox(key="dtype").value) == ("cpu", "float32")
+    assert at.selectbox(key="sweep_variable").value == "temperature"
+    assert at.text_input(key="sweep_values").value == "0.5,1"
+    assert (at.number_input(key="fixed_k").value, at.number_input(key="repeats").value) == (3, 5)
+    assert at.selectbox(key="drafter").value == "confidence" and at.number_input(key="drafter_threshold").value == 0.3
+    assert at.text_area(key="notes").value == "Follow-up: **not bold** [x](http://e.vil)"
+    assert "**not bold**" not in page_text(at).replace(at.text_area(key="notes").value, "")  # only the text area
+    assert not any("Left out" in c.value for c in at.caption)
+    at.number_input(key="seed").set_value(8).run()  # the link fills the form once: edits stay
+    assert at.number_input(key="seed").value == 8 and at.number_input(key="top_k").value == 40
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    experiment = _launched(empty_db)
+    assert (experiment["sweep_variable"], experiment["sweep_values"], experiment["k"], experiment["repeats"]) == \
+        ("temperature", [0.5, 1.0], 3, 5)
+    assert (experiment["seed"], experiment["top_k"], experiment["prompts"]) == (8, 40, "math:validation")
+    runs = _runs_table(open_store(empty_db), experiment["experiment_id"])
+    assert set(runs.loc[runs["kind"] == "speculative", "drafter"]) == {"confidence:0.3"}  # one drafter, every run
+
+
+def test_new_experiment_link_with_a_bad_parameter_ignores_it_with_a_note(empty_db):
+    at = app("new", seed="٣", top_p="2", sweep="auto", k_auto="6", notes="*hi*", prompts="../x.txt",
+             drafter="confidence:1")
+    assert_clean(at)
+    assert at.number_input(key="seed").value == 0 and at.number_input(key="top_p").value == 1.0
+    assert at.selectbox(key="prompt_set").value == "code:tune" and at.selectbox(key="drafter").value == "model"
+    assert at.selectbox(key="sweep_variable").value == "k: auto (predict, then confirm)"
+    assert at.number_input(key="k_auto").value == 6 and at.text_area(key="notes").value == "*hi*"
+    note = next(c.value for c in at.caption if c.value.startswith("Left out from the link"))
+    for key in ("seed", "top\\_p", "prompts", "drafter"):
+        assert key in note, note
+
+
+def test_new_experiment_draft_sweep_enqueues_one_run_per_candidate(empty_db, model_dirs):
+    at = _fill(app("new"), model_dirs, max_new_tokens=8, name="drafts")
+    at.selectbox(key="sweep_variable").set_value("draft").run()
+    assert at.multiselect(key="draft_candidates").value == [model_dirs["draft"]]  # starts from the draft field
+    assert not [t for t in at.text_input if t.key == "draft"]
+    candidates = [model_dirs["draft"], model_dirs["target"]]
+    at.multiselect(key="draft_candidates").set_value(candidates).run()
+    assert_clean(at)
+    assert len([s for s in at.success if "tokenizers match" in s.value]) == 2
+    at.number_input(key="fixed_k").set_value(3)
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    experiment = _launched(empty_db)
+    assert (experiment["sweep_variable"], experiment["sweep_values"], experiment["k"]) == ("draft", candidates, 3)
+    runs = _runs_table(open_store(empty_db), experiment["experiment_id"])
+    assert runs["kind"].tolist() == ["baseline", "speculative", "speculative"]
+    spec = runs[runs["kind"] == "speculative"]
+    assert spec["draft"].tolist() == candidates and spec["sweep_label"].tolist() == candidates
+    assert set(spec["drafter"]) == {"model"} and spec["k"].tolist() == [3, 3]
+    assert spec["baseline_run_id"].nunique() == 1  # one shared baseline
+    at.selectbox(key="sweep_variable").set_value("k").run()  # the single draft field is back, as it was
+    assert at.text_input(key="draft").value == model_dirs["draft"]
+
+
+def test_new_experiment_drafter_sweep_enqueues_the_specs(empty_db, model_dirs):
+    at = _fill(app("new"), model_dirs, max_new_tokens=8, name="drafters")
+    at.selectbox(key="sweep_variable").set_value("drafter").run()
+    assert not [s for s in at.selectbox if s.key == "drafter"]  # swept, so no single drafter choice
+    at.multiselect(key="drafter_sweep").set_value(["model", "confidence", "prompt-lookup"]).run()
+    at.text_input(key="drafter_sweep_t").set_value("0.3, 0.7")
+    at.text_input(key="drafter_sweep_n").set_value("2").run()
+    assert_clean(at)
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    specs = ["model", "confidence:0.3", "confidence:0.7", "prompt-lookup:2"]
+    experiment = _launched(empty_db)
+    assert (experiment["sweep_variable"], experiment["sweep_values"]) == ("drafter", specs)
+    runs = _runs_table(open_store(empty_db), experiment["experiment_id"])
+    spec = runs[runs["kind"] == "speculative"]
+    assert spec["drafter"].tolist() == specs and set(spec["draft"]) == {model_dirs["draft"]}
+    assert runs["kind"].tolist().count("baseline") == 1
+    assert "drafter = model, confidence:0.3" in at.success[-1].value.replace("\u2060", "")
+
+
+def test_new_experiment_drafter_sweep_with_a_bad_threshold_is_not_launched(empty_db, model_dirs):
+    at = _fill(app("new"), model_dirs)
+    at.selectbox(key="sweep_variable").set_value("drafter").run()
+    at.multiselect(key="drafter_sweep").set_value(["confidence"]).run()
+    at.text_input(key="drafter_sweep_t").set_value("1.5").run()
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert any("Not launched" in e.value and "probability threshold" in e.value for e in at.error)
+    assert q.experiments(open_store(empty_db)).empty
+
+
+def test_new_experiment_a_mismatched_draft_candidate_blocks_the_launch(empty_db, model_dirs):
+    from pages.prefill import md_text
+
+    at = app("new", sweep="draft", values=f"{model_dirs['draft']},{model_dirs['other']}")
+    at.text_input(key="target").set_value(model_dirs["target"]).run()
+    assert at.multiselect(key="draft_candidates").value == [model_dirs["draft"], model_dirs["other"]]
+    assert any(md_text(model_dirs["other"]) in e.value and "disagree" in e.value for e in at.error)
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    blocked = [e.value for e in at.error if e.value.startswith("Not launched")]
+    assert blocked and md_text(f"pair check for draft {model_dirs['other']!r}") in blocked[0]
+    assert md_text(f"draft {model_dirs['draft']!r}") not in blocked[0]  # only the mismatched one is named
+    assert q.experiments(open_store(empty_db)).empty
