@@ -21,38 +21,7 @@ def _fail(message: str, status: int = EXIT_BAD_INPUT) -> int:
     return status
 
 
-def parse_k_values(text: str) -> list[int]:
-    from engine.errors import DraftLabError
-
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise DraftLabError(f"--k must be positive integers like 4 or 1,2,4,8 (got {text!r})") from None
-    if not values or any(v <= 0 for v in values):
-        raise DraftLabError(f"--k values must be >= 1 (got {text!r}); use e.g. --k 4 or --k 1,2,4,8")
-    return values
-
-
 DEFAULT_REPEATS = 3  # see README, "Timing protocol": what the demo pair needs to meet the spread goal
-AUTO_K_MAX = 8
-
-
-def parse_k_spec(text: str) -> tuple[list[int], int | None]:
-    """--k: `4`, `1,2,4,8`, or `auto` / `auto:K` (predict, then confirm, up to K). Returns (k values, K or None)."""
-    from engine.errors import DraftLabError
-
-    spec = text.strip().lower()
-    if spec == "auto" or spec.startswith("auto:"):
-        try:
-            k_max = int(spec.split(":", 1)[1]) if ":" in spec else AUTO_K_MAX
-        except ValueError:
-            raise DraftLabError(f"--k auto takes a largest k like auto:8 (got {text!r})") from None
-        if k_max < 2:
-            raise DraftLabError(f"--k auto needs a largest k of at least 2 (got {text!r}); use e.g. --k auto:8")
-        return [k_max], k_max
-    return parse_k_values(text), None
-
-
 STALE_HELP = ("a run whose worker has not heartbeated for $DRAFTLAB_STALE_SECONDS seconds (default 60), or whose "
               "worker process is gone on this host, counts as interrupted")
 DB_RETRY_HELP = ("A database write that fails (disk full, read-only file, server restarting) is retried with backoff "
@@ -64,17 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="draftlab", description="Tune speculative-decoding draft models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = sub.add_parser("run", help="baseline + one speculative run per k; prints a table or --json")
+    run = sub.add_parser("run", help="baseline + one speculative run per swept value; prints a table or --json")
     run.add_argument("--target", required=True, help="demo-target, an HF model id or a local directory")
-    run.add_argument("--draft", required=True, help="demo-draft, an HF model id or a local directory")
+    run.add_argument("--draft", default=None,
+                     help="demo-draft, an HF model id or a local directory; a comma list compares drafts "
+                          "(not needed when every drafter is prompt-lookup)")
+    run.add_argument("--drafter", default="model",
+                     help="model (default), heuristic, confidence:T or prompt-lookup:N; a comma list compares them")
     run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed) or a .jsonl/.csv/.txt file")
     run.add_argument("--k", default="4", help="draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, "
                                               "predict the speedup of every k, then measure the 3 best predicted")
     run.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                      help=f"timed decodes per prompt and configuration, medians used (default {DEFAULT_REPEATS})")
-    run.add_argument("--temperature", type=float, default=0.0)
-    run.add_argument("--top-k", type=int, default=0)
-    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--temperature", default="0", help="0 = greedy; a comma list sweeps it")
+    run.add_argument("--top-k", default="0", help="0 = off; a comma list sweeps it")
+    run.add_argument("--top-p", default="1.0", help="1 = off; a comma list sweeps it")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -83,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--db", default=None, help="SQLAlchemy URL (default $DRAFTLAB_DB or sqlite:///draftlab.db)")
     run.add_argument("--name", default=None)
     run.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
-    run.description = (f"Baseline + one speculative run per k, timed here and stored. Ctrl-C or SIGTERM stops it "
+    run.description = (f"Baseline + one speculative run per swept value (a comma list in at most one of --k, "
+                       f"--temperature, --top-k, --top-p, --draft, --drafter), timed here and stored. Ctrl-C or SIGTERM stops it "
                        f"with its runs interrupted (finished prompts stored; `draftlab resume` continues them). "
                        f"{DB_RETRY_HELP}.")
 
@@ -112,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("experiment_id", type=int)
     resume.add_argument("--db", default=None)
 
+    validate = sub.add_parser("validate", help="rerun an experiment's best configuration on held-out prompts")
+    validate.add_argument("experiment_id", type=int)
+    validate.add_argument("--prompts", default=None,
+                          help="held-out prompts (default: the validation split of the experiment's built-in set)")
+    validate.add_argument("--db", default=None)
+    validate.add_argument("--json", action="store_true", help="print one JSON object")
+
     export = sub.add_parser("export", help="an experiment's runs with metrics, and its per-token rows")
     export.add_argument("experiment_id", type=int)
     export.add_argument("--format", choices=["csv", "json", "deploy"], default="csv",
@@ -127,29 +108,103 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args) -> int:
     """Enqueue the experiment, execute it here through the worker's code path, print the stored figures."""
+    from engine.drafting import needs_draft_model, parse_drafter
     from engine.errors import DraftLabError
-    from engine.loading import load_pair
+    from engine.loading import load_pair, with_draft
     from engine.prompt_sets import load_prompts
     from engine.runs import check_k, encode_prompts
     from engine.sampling import SamplingConfig
 
+    from .sweep import parse_sweep
+
     try:
         # Bad settings, prompts or models are bad input (exit 2): checked before anything is stored.
-        ks, k_auto = parse_k_spec(args.k)
+        sweep = parse_sweep({"k": args.k, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                             "draft": args.draft if args.draft is not None else "-", "drafter": args.drafter})
         if args.repeats < 1:
             raise DraftLabError(f"--repeats must be >= 1 (got {args.repeats}); use e.g. --repeats 3")
-        cfg = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.max_new_tokens)
+        for spec in sweep.drafters:
+            parse_drafter(spec)
+        drafts = [None if d == "-" else d for d in sweep.drafts]
+        if any(needs_draft_model(spec) for spec in sweep.drafters) and None in drafts:
+            raise DraftLabError("--draft is missing: the model, heuristic and confidence drafters draft with a model; "
+                                "pass --draft MODEL, or use --drafter prompt-lookup:N alone")
+        values = sweep.values if sweep.variable in ("temperature", "top_k", "top_p") else [None]
+        for value in values:  # every sampling configuration of the sweep must be valid
+            settings = {**{key: sweep.fixed.get(key) for key in ("temperature", "top_k", "top_p")},
+                        **({sweep.variable: value} if value is not None else {})}
+            cfg = SamplingConfig(settings["temperature"], settings["top_k"], settings["top_p"], args.seed,
+                                 args.max_new_tokens)
         prompts = load_prompts(args.prompts)
-        pair = load_pair(args.target, args.draft, args.device, args.dtype, args.trust_remote_code)
-        for k in ks:
-            check_k(pair, k)
+        model_drafts = [d for d, spec in zip(drafts * len(sweep.drafters), sweep.drafters * len(drafts))
+                        if needs_draft_model(spec)]
+        first = model_drafts[0] if model_drafts else None
+        pair = load_pair(args.target, first, args.device, args.dtype, args.trust_remote_code)
+        others = {d: with_draft(pair, d, args.trust_remote_code) for d in dict.fromkeys([*model_drafts, None]) if d != first}
+        for k in sweep.ks:
+            for p in [pair, *others.values()]:
+                check_k(p, k)
         encode_prompts(pair, prompts, cfg.max_new_tokens)
     except DraftLabError as exc:
         return _fail(str(exc))
     store = open_store_or_fail(args.db, write=True)  # a bad --db or a read-only database: exit 2, nothing run
     if isinstance(store, int):
         return store
-    return _run_here(args, store, pair, prompts, cfg, ks, k_auto)
+    fixed = sweep.fixed
+    enqueue = dict(
+        name=args.name, target=args.target, prompts=args.prompts,
+        draft=",".join(d or "" for d in drafts) if sweep.variable == "draft" else (drafts[0] or ""),
+        drafter=fixed.get("drafter", "model"),
+        sampling={"temperature": fixed.get("temperature", 0.0), "top_k": fixed.get("top_k", 0),
+                  "top_p": fixed.get("top_p", 1.0), "seed": args.seed, "max_new_tokens": args.max_new_tokens},
+        device=args.device, dtype=args.dtype, sweep_variable=sweep.variable, sweep_values=sweep.values,
+        k=int(fixed.get("k", sweep.ks[0])), trust_remote_code=args.trust_remote_code, repeats=args.repeats,
+        k_auto=sweep.k_auto)
+    arms = 1 + len(sweep.values) + (len(sweep.values) - 1 if sweep.variable in ("temperature", "top_k", "top_p") else 0)
+    return _run_here(args, store, pair, others, prompts, enqueue, arms)
+
+
+def cmd_validate(args) -> int:
+    """Rerun an experiment's best configuration and its baseline on held-out prompts, here, as a linked
+    experiment; print tune against validation with the verdict in words."""
+    from engine.errors import DraftLabError
+    from engine.loading import load_pair
+    from engine.prompt_sets import load_prompts
+    from engine.runs import encode_prompts
+    from storage.validation import ValidationError, validation_plan
+
+    store = open_store_or_fail(args.db, write=True)
+    if isinstance(store, int):
+        return store
+    try:
+        plan = validation_plan(store, args.experiment_id, args.prompts)
+        prompts = load_prompts(plan["prompts"])
+        draft = plan["draft"] or None
+        from engine.drafting import needs_draft_model
+
+        pair = load_pair(plan["target"], draft if needs_draft_model(plan["drafter"]) else None, plan["device"],
+                         plan["dtype"], plan["trust_remote_code"])
+        encode_prompts(pair, prompts, plan["sampling"]["max_new_tokens"])
+    except (ValidationError, DraftLabError) as exc:
+        return _fail(str(exc))
+    args.repeats, args.name = plan["repeats"], plan["name"]
+    return _run_here(args, store, pair, {}, prompts, plan, 2, report=_validation_report)
+
+
+def _validation_report(store, experiment_id: int, as_json: bool) -> str:
+    from storage.export import plain
+    from storage.validation import validation_result
+
+    result = validation_result(store, experiment_id)
+    keys = ["run_id", "k", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "alpha", "tokens_per_round",
+            "accepted", "rejected", "c", "verify_cost", "timing_warning", "prompts_done"]
+    doc = plain({**result, "tune": {key: result["tune"][key] for key in keys},
+                 "validation": {key: result["validation"][key] for key in keys}})
+    if as_json:
+        return json.dumps(doc)
+    return (f"experiment {experiment_id} validates experiment {doc['validates']} "
+            f"(k={doc['configuration']['k']}, {doc['configuration']['drafter']}, {doc['configuration']['draft']})\n"
+            f"{doc['reason']}")
 
 
 class _Terminated(KeyboardInterrupt):
@@ -160,7 +215,7 @@ def _raise_terminated(signum, frame):
     raise _Terminated()
 
 
-def _run_here(args, store, pair, prompts, cfg, ks, k_auto) -> int:
+def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, report=None) -> int:
     """cmd_run once the input is checked: enqueue, time the runs here, print the stored figures. A database
     that fails for good, Ctrl-C and SIGTERM each end in one `error:` line that says what is stored and how to
     continue (password hidden), never a traceback."""
@@ -182,7 +237,7 @@ def _run_here(args, store, pair, prompts, cfg, ks, k_auto) -> int:
         quoted = shlex.quote(safe)
         return f"`draftlab resume {experiment_id} --db {quoted}` and then `draftlab worker --db {quoted}`"
 
-    progress = _ProgressBar(len(prompts), cfg.max_new_tokens, 1 + len(ks), args.repeats)
+    progress = _ProgressBar(len(prompts), enqueue["sampling"]["max_new_tokens"], arms, args.repeats)
     try:
         worker = Worker(store, progress_hook=progress.update, log=lambda message: progress.write(_scrub(str(message), url)))
     except queue.QueueError as exc:  # a bad $DRAFTLAB_STALE_SECONDS / $DRAFTLAB_DB_RETRY_SECONDS
@@ -193,14 +248,8 @@ def _run_here(args, store, pair, prompts, cfg, ks, k_auto) -> int:
     experiment_id, failure = None, None
     try:
         worker.start()  # registered before its reserved runs exist, so no other worker takes them for orphans
-        experiment_id = queue.enqueue_experiment(
-            store, name=args.name, target=args.target, draft=args.draft, prompts=args.prompts,
-            sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-                      "max_new_tokens": args.max_new_tokens},
-            device=args.device, dtype=args.dtype, sweep_variable="k", sweep_values=ks, k=ks[0],
-            prompt_texts=prompts, trust_remote_code=args.trust_remote_code, reserved_for=worker.id,
-            repeats=args.repeats, k_auto=k_auto)
-        worker.adopt(pair, queue.get_experiment(store, experiment_id))
+        experiment_id = queue.enqueue_experiment(store, **enqueue, prompt_texts=prompts, reserved_for=worker.id)
+        worker.adopt(pair, queue.get_experiment(store, experiment_id), others)
         worker.work(until_idle=True, experiment_id=experiment_id)
     except KeyboardInterrupt as exc:
         status, what = (128 + signal.SIGTERM, "terminated (SIGTERM)") if isinstance(exc, _Terminated) else (130, "interrupted")
@@ -239,7 +288,7 @@ def _run_here(args, store, pair, prompts, cfg, ks, k_auto) -> int:
         return _fail(f"the database {safe} failed while reading experiment {experiment_id}'s results "
                      f"({db_error_reason(exc, url)}); they are stored: `draftlab list --db {shlex.quote(safe)}`",
                      EXIT_RUN_FAILED)
-    print(json.dumps(doc) if args.json else format_table(doc))
+    print(report(store, experiment_id, args.json) if report else json.dumps(doc) if args.json else format_table(doc))
     failed: dict[tuple, list[int]] = {}  # runs that share one status and error: one line
     for r in [doc["baseline"], *doc["runs"]]:
         if r and r.get("status") != "done":
@@ -433,7 +482,8 @@ def _dispatch(argv: list[str] | None) -> int:
         return int(exc.code or 0)
     if args.command == "run":
         return cmd_run(args)
-    commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export}
+    commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export,
+                "validate": cmd_validate}
     if args.command in commands:
         return _database_errors_reported(commands[args.command], args)
     if args.command == "ui":

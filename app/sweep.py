@@ -55,7 +55,7 @@ def _values(option: str, text) -> list:
         values = [parse(v) for v in items]
     except ValueError:
         raise DraftLabError(f"{_flag(option)} takes {parse.__name__} values like {example.split(' ', 1)[1]} "
-                            f"(got {text!r})") from None
+                            f"(got {text!r}); list one value or several separated by commas") from None
     if len(set(values)) < len(values):
         raise DraftLabError(f"{_flag(option)} lists a value twice ({text!r}); list each value once")
     if option == "k" and any(v <= 0 for v in values):

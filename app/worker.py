@@ -30,7 +30,8 @@ from typing import Callable
 import torch
 
 from engine.errors import DraftLabError, RunCancelled
-from engine.loading import ModelPair, load_pair
+from engine.drafting import needs_draft_model
+from engine.loading import ModelPair, load_pair, with_draft
 from engine.prompt_sets import load_prompts
 from engine.records import PromptResult
 from engine.memory import model_bytes
@@ -96,6 +97,7 @@ class _Loaded:
     pair: ModelPair
     typer: TokenTyper
     encoded: dict = field(default_factory=dict)  # (experiment_id, max_new_tokens) -> prompt ids
+    others: dict = field(default_factory=dict)  # draft name (None: no draft model) -> a pair on the same target
 
 
 def _reset_peak(pair: ModelPair, decoder) -> None:
@@ -121,6 +123,25 @@ def arm_memory_bytes(pair: ModelPair, decoder) -> int:
     if drafter_lm is not None:
         models.append(drafter_lm.model)
     return sum(model_bytes(m) for m in models) + decoder.peak_cache_bytes()
+
+
+def _drafter_of(run: dict, experiment: dict) -> str:
+    return run.get("drafter") or experiment.get("drafter") or "model"
+
+
+def _draft_of(run: dict, experiment: dict) -> str | None:
+    """The run's draft model; runs stored before drafts were recorded per run use the experiment's."""
+    return run.get("draft") or (experiment["draft"] if run.get("drafter") is None else None)
+
+
+def _primary_draft(experiment: dict, runs) -> str | None:
+    """The draft loaded with the target: the first speculative run's that needs one (None if none does)."""
+    for run in runs:
+        if run["kind"] != BASELINE and needs_draft_model(_drafter_of(run, experiment)):
+            return _draft_of(run, experiment)
+    if experiment.get("sweep_variable") == "draft" or not experiment.get("draft"):
+        return None
+    return experiment["draft"] if needs_draft_model(experiment.get("drafter") or "model") else None
 
 
 def lease_key(device: str) -> str:
@@ -456,7 +477,7 @@ class Worker:
 
     def _time_group(self, experiment: dict, group: dict[int, dict], outcome: dict, memory: dict) -> None:
         prompts = self._prompts(experiment)
-        loaded = self._pair(experiment)
+        loaded = self._pair(experiment, _primary_draft(experiment, group.values()))
         repeats = int(experiment["repeats"] or 1)
         decoders, budgets = {}, {}
         for rid, run in group.items():
@@ -468,8 +489,13 @@ class Worker:
                 except DraftLabError as exc:
                     raise SetupError(str(exc)) from exc
             try:
-                decoders[rid] = (baseline_decoder(loaded.pair, cfg) if run["kind"] == BASELINE
-                                 else speculative_decoder(loaded.pair, cfg, run["k"], loaded.typer))
+                if run["kind"] == BASELINE:
+                    decoders[rid] = baseline_decoder(loaded.pair, cfg)
+                else:
+                    drafter = _drafter_of(run, experiment)
+                    pair = self._pair_for(loaded, _draft_of(run, experiment) if needs_draft_model(drafter) else None,
+                                          experiment)
+                    decoders[rid] = speculative_decoder(pair, cfg, run["k"], loaded.typer, drafter=drafter)
             except DraftLabError as exc:
                 outcome[rid] = (FAILED, str(exc), None)
                 continue
@@ -580,30 +606,47 @@ class Worker:
             raise SetupError(f"prompt set {experiment['prompts']!r} has no prompts; add some or pick another set")
         return self._db(queue.store_prompts, self.store, experiment["id"], prompts)
 
-    def _pair(self, experiment: dict) -> _Loaded:
-        key = (experiment["target"], experiment["draft"], experiment["device"], experiment["dtype"],
+    def _pair_for(self, loaded: _Loaded, draft: str | None, experiment: dict) -> ModelPair:
+        """The loaded target with `draft` (another candidate of a draft sweep, or None for drafters that need
+        no model), loaded once and pair-checked."""
+        if draft == loaded.key[1]:
+            return loaded.pair
+        if draft not in loaded.others:
+            self.log(f"loading draft {draft}" if draft else "drafting without a draft model")
+            try:
+                loaded.others[draft] = with_draft(loaded.pair, draft, bool(experiment["trust_remote_code"]))
+            except torch.cuda.OutOfMemoryError as exc:
+                raise DraftLabError(f"CUDA out of memory loading draft {draft}; use dtype bfloat16/float16 or a "
+                                    f"smaller draft") from exc
+        return loaded.others[draft]
+
+    def _pair(self, experiment: dict, draft: str | None = None) -> _Loaded:
+        draft = draft if draft is not None else experiment["draft"]
+        key = (experiment["target"], draft, experiment["device"], experiment["dtype"],
                bool(experiment["trust_remote_code"]))
         if self.loaded is not None and self.loaded.key[:-1] == key:
             self.loaded.key = key + (experiment["id"],)
             return self.loaded
         self._release()
-        self.log(f"loading {experiment['target']} + {experiment['draft']}")
+        self.log(f"loading {experiment['target']}" + (f" + {draft}" if draft else ""))
         try:
-            pair = self.loader(experiment["target"], experiment["draft"], experiment["device"], experiment["dtype"],
+            pair = self.loader(experiment["target"], draft, experiment["device"], experiment["dtype"],
                                bool(experiment["trust_remote_code"]))
         except DraftLabError as exc:
             raise SetupError(str(exc)) from exc
         except torch.cuda.OutOfMemoryError as exc:
-            raise SetupError(f"CUDA out of memory loading {experiment['target']} + {experiment['draft']}; "
+            raise SetupError(f"CUDA out of memory loading {experiment['target']} + {draft}; "
                              f"use dtype bfloat16/float16 or smaller models") from exc
         self.loaded = _Loaded(key + (experiment["id"],), pair, TokenTyper(pair.tokenizer))
         return self.loaded
 
-    def adopt(self, pair: ModelPair, experiment: dict) -> None:
-        """Use an already loaded pair for this experiment's runs (the CLI loads it first to report bad input)."""
-        key = (experiment["target"], experiment["draft"], experiment["device"], experiment["dtype"],
+    def adopt(self, pair: ModelPair, experiment: dict, others: dict | None = None) -> None:
+        """Use already loaded pairs for this experiment's runs (the CLI loads them first to report bad input):
+        `pair` with the first draft, `others` {draft name or None: pair} for the rest of a draft sweep."""
+        draft = pair.draft.name if pair.draft is not None else None
+        key = (experiment["target"], draft, experiment["device"], experiment["dtype"],
                bool(experiment["trust_remote_code"]))
-        self.loaded = _Loaded(key + (experiment["id"],), pair, TokenTyper(pair.tokenizer))
+        self.loaded = _Loaded(key + (experiment["id"],), pair, TokenTyper(pair.tokenizer), others=dict(others or {}))
 
     def _release(self) -> None:
         if self.loaded is not None:

@@ -31,7 +31,7 @@ class LoadedModel:
 @dataclass
 class ModelPair:
     target: LoadedModel
-    draft: LoadedModel
+    draft: LoadedModel | None  # None: drafting needs no model (prompt lookup)
     device: torch.device
     dtype: torch.dtype
     vocab_size: int  # shared tokenizer vocabulary; logits beyond it (padding) are ignored
@@ -119,18 +119,31 @@ def check_pair(target_tokenizer, draft_tokenizer, target_width: int, draft_width
     return vocab
 
 
-def load_pair(target: str, draft: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False) -> ModelPair:
-    """Load and check a target/draft pair (the check runs before any generation)."""
+def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str = "auto",
+              trust_remote_code: bool = False) -> ModelPair:
+    """Load and check a target/draft pair (the check runs before any generation). draft=None loads the target
+    alone, for drafters that need no model (prompt lookup)."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     t = load_model(target, dev, dt, trust_remote_code)
-    d = load_model(draft, dev, dt, trust_remote_code)
-    vocab = check_pair(t.tokenizer, d.tokenizer, _output_width(t.model), _output_width(d.model))
-    pair = ModelPair(target=t, draft=d, device=dev, dtype=dt, vocab_size=vocab)
-    for model in (t.model, d.model):  # a model whose KV cache cannot roll back is refused now, not mid-run
-        rollback_cache(model)
+    rollback_cache(t.model)  # a model whose KV cache cannot roll back is refused now, not mid-run
+    width = _output_width(t.model)
+    pair = ModelPair(target=t, draft=None, device=dev, dtype=dt,
+                     vocab_size=check_pair(t.tokenizer, t.tokenizer, width, width))
+    if draft is not None:
+        pair = with_draft(pair, draft, trust_remote_code)
     configure_cpu_threads(pair)
     return pair
+
+
+def with_draft(pair: ModelPair, draft: str | None, trust_remote_code: bool = False) -> ModelPair:
+    """The same (already loaded) target with another draft, pair-checked; None: no draft model."""
+    if draft is None:
+        return ModelPair(pair.target, None, pair.device, pair.dtype, pair.vocab_size)
+    d = load_model(draft, pair.device, pair.dtype, trust_remote_code)
+    vocab = check_pair(pair.target.tokenizer, d.tokenizer, _output_width(pair.target.model), _output_width(d.model))
+    rollback_cache(d.model)
+    return ModelPair(target=pair.target, draft=d, device=pair.device, dtype=pair.dtype, vocab_size=vocab)
 
 
 SMALL_MODEL_PARAMETERS = 100_000_000

@@ -21,6 +21,9 @@ from .store import Store
 
 SWEEPABLE = ("k", "temperature", "top_k", "top_p", "draft", "drafter")
 CATEGORICAL = ("draft", "drafter")  # swept values are names; runs of one sweep share a baseline
+# Drafters that propose without a draft model: their runs record no draft (engine.drafting.needs_draft_model
+# decides; storage cannot import the engine, and a test holds the two equal).
+NO_MODEL_DRAFTERS = ("prompt-lookup",)
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
 _CLAIM_LOCK = 704202  # PostgreSQL advisory-lock key for claims
 
@@ -93,8 +96,12 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
         values = [str(v).strip() for v in values]
         if any(not v for v in values) or len(set(values)) < len(values):
             raise QueueError(f"{sweep_variable} values must be distinct and non-empty (got {values})")
-    draft_of = lambda v: v if sweep_variable == "draft" else draft  # noqa: E731
     drafter_of = lambda v: v if sweep_variable == "drafter" else drafter  # noqa: E731
+
+    def draft_of(v):
+        if str(drafter_of(v)).split(":")[0] in NO_MODEL_DRAFTERS:
+            return None
+        return v if sweep_variable == "draft" else draft
     name = name or f"{','.join(values) if sweep_variable == 'draft' else draft} → {target} on {prompts}"
     with store.session() as s:
         exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, drafter=drafter,

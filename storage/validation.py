@@ -61,8 +61,9 @@ def validation_plan(store: Store, experiment_id: int, prompts: str | None = None
     return {
         "name": f"validate #{experiment_id}: k={k} {drafter} {draft} on {held_out}",
         "target": exp["target"], "draft": draft, "drafter": drafter, "prompts": held_out,
-        "sampling": {key: best[key] if key in best else exp[key]
-                     for key in ("temperature", "top_k", "top_p", "seed", "max_new_tokens")},
+        # plain Python numbers: a numpy int64 would reach SQLite as a blob
+        "sampling": {key: cast(best[key]) for key, cast in (("temperature", float), ("top_k", int), ("top_p", float),
+                                                            ("seed", int), ("max_new_tokens", int))},
         "device": exp["device"], "dtype": exp["dtype"], "trust_remote_code": bool(exp["trust_remote_code"]),
         "sweep_variable": "k", "sweep_values": [k], "k": k, "repeats": int(exp.get("repeats") or 1),
         "validates": experiment_id, "tags": exp.get("tag_list") or [],

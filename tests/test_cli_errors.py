@@ -37,7 +37,7 @@ def _one_error_line(err: str) -> str:
 @pytest.mark.parametrize("args, needle", [
     (("--k", "0"), "--k values must be >= 1"),
     (("--k", "2,-1"), "--k values must be >= 1"),
-    (("--k", "two"), "--k must be positive integers"),
+    (("--k", "two"), "--k takes int values like 1,2,4,8"),
     (("--temperature", "-0.5"), "temperature must be >= 0"),
     (("--top-p", "0"), "top-p must be in (0, 1]"),
     (("--max-new-tokens", "0"), "max-new-tokens must be > 0"),
@@ -290,3 +290,39 @@ def test_worker_log_lines_hide_the_password_in_every_form():
     line = _scrub(f"serving {url}; auth failed for password 'p@ss-w0rd' (p%40ss-w0rd)", url)
     assert "p@ss-w0rd" not in line and "p%40ss-w0rd" not in line
     assert "postgresql+psycopg://draftlab:***@db.example/lab" in line
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--k", "1,2", "--temperature", "0,0.5"), "sweep one variable at a time: --k and --temperature"),
+    (("--drafter", "nonsense"), "nonsense"),
+    (("--temperature", "0,-1"), "temperature must be >= 0"),
+])
+def test_sweeps_are_one_variable_at_a_time_and_checked_up_front(run_cli, extra, message):
+    code, out, err = run_cli(*extra)
+    assert code == 2 and out == "" and message in _one_error_line(err)
+
+
+def test_a_drafter_sweep_needs_no_draft_for_prompt_lookup_and_compares_strategies(run_cli, model_dirs):
+    code, out, err = run_cli("--drafter", "model,heuristic,prompt-lookup:2", "--k", "2", "--json", "--repeats", "1")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [(r["sweep_variable"], r["sweep_value"], r["drafter"]) for r in doc["runs"]] == [
+        ("drafter", "model", "model"), ("drafter", "heuristic", "heuristic"),
+        ("drafter", "prompt-lookup:2", "prompt-lookup:2")]
+    assert [r["draft"] for r in doc["runs"]] == [model_dirs["draft"], model_dirs["draft"], None]
+    assert all(r["outputs_match_baseline"] is True for r in doc["runs"])  # every drafter lossless (greedy)
+    code, out, err = run_cli("--drafter", "prompt-lookup:3", "--draft", "", "--json", "--repeats", "1")
+    assert code == 2 and "empty value" in _one_error_line(err)
+
+
+def test_a_draft_sweep_compares_drafts_and_the_target_as_its_own_draft_accepts_everything(run_cli, model_dirs):
+    code, out, err = run_cli("--draft", f"{model_dirs['draft']},{model_dirs['target']}", "--k", "3", "--json",
+                             "--repeats", "1")
+    assert code == 0, err
+    doc = json.loads(out)
+    by_draft = {r["draft"]: r for r in doc["runs"]}
+    assert set(by_draft) == {model_dirs["draft"], model_dirs["target"]}
+    assert by_draft[model_dirs["target"]]["alpha"] == 1.0 and by_draft[model_dirs["draft"]]["alpha"] < 1.0
+    assert all(r["sweep_variable"] == "draft" and r["outputs_match_baseline"] for r in doc["runs"])
+    code, out, err = run_cli("--draft", f"{model_dirs['draft']},{model_dirs['alien']}")
+    assert code == 2 and "tokenizers disagree" in _one_error_line(err)

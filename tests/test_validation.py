@@ -75,3 +75,29 @@ def test_nothing_to_validate_is_one_clear_error(store):
     with pytest.raises(ValidationError, match="no finished best configuration"):
         validation_plan(store, eid)
     _ = run_ids
+
+
+def test_draftlab_validate_reruns_the_best_on_held_out_prompts(tmp_path, model_dirs, capsys):
+    import json
+
+    from app.cli import main
+    from storage import open_store
+    from storage import queries as q
+
+    db = f"sqlite:///{tmp_path / 'v.db'}"
+    tune, held_out = tmp_path / "tune.txt", tmp_path / "held_out.txt"
+    tune.write_text("t3 t4 t5\nt9 t10\nt20 t21 t22\n")
+    held_out.write_text("t30 t31\nt7 t8 t9\n")
+    common = ["--target", model_dirs["target"], "--draft", model_dirs["draft"], "--max-new-tokens", "8",
+              "--device", "cpu", "--db", db, "--repeats", "1"]
+    assert main(["run", *common, "--prompts", str(tune), "--k", "1,2", "--json"]) == 0
+    tune_id = json.loads(capsys.readouterr().out)["experiment_id"]
+    assert main(["validate", str(tune_id), "--db", db]) == 2  # a file has no built-in held-out split
+    assert "--prompts FILE" in capsys.readouterr().err
+    assert main(["validate", str(tune_id), "--db", db, "--prompts", str(held_out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["validates"] == tune_id and doc["holds"] in (True, False) and doc["reason"]
+    assert doc["configuration"]["k"] == doc["tune"]["k"] == doc["validation"]["k"]
+    store = open_store(db)
+    assert q.experiment(store, doc["experiment_id"])["validates"] == tune_id
+    assert q.experiment(store, doc["experiment_id"])["prompts"] == str(held_out)

@@ -95,8 +95,8 @@ def test_failures_are_recorded_and_the_queue_goes_on(tmp_path, model_dirs, monke
     import app.worker as worker_module
     real_speculative_decoder = worker_module.speculative_decoder
 
-    def speculative_decoder(pair, cfg, k, typer=None):
-        decoder = real_speculative_decoder(pair, cfg, k, typer)
+    def speculative_decoder(pair, cfg, k, typer=None, drafter="model"):
+        decoder = real_speculative_decoder(pair, cfg, k, typer, drafter=drafter)
         if k == 1:
             def out_of_memory(*args, **kwargs):
                 raise __import__("torch").cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
