@@ -113,13 +113,25 @@ class _Context:
         self.done = spec[(spec["status"] == "done") & spec["speedup"].notna() & spec["timing_warning"].isna()]
 
     def value(self, v):
+        if self.variable in ("draft", "drafter"):
+            return str(v)  # swept names (sweep_value is then only an index)
         return int(v) if self.variable in ("k", "top_k") else float(v)
+
+    def key(self, row):
+        """A run's swept value as the verdict names it (the label for draft/drafter sweeps)."""
+        return row.sweep_label if self.variable in ("draft", "drafter") else self.value(row.sweep_value)
+
+    def show(self, v) -> str:
+        v = self.value(v)
+        return v if isinstance(v, str) else f"{v:g}"
 
     def label(self, row) -> str:
         """`k = 4` (a k sweep) or `temperature = 0.7`."""
+        if self.variable in ("draft", "drafter") and isinstance(getattr(row, "sweep_label", None), str):
+            return f"{self.variable} = {row.sweep_label}"
         if pd.isna(row.sweep_value):
             return f"run {row.run_id}"
-        return f"{self.variable} = {self.value(row.sweep_value):g}"
+        return f"{self.variable} = {self.show(row.sweep_value)}"
 
     def prefill(self, title: str, **fields) -> dict:
         """The experiment's own configuration with `fields` changed (a None value drops that field)."""
@@ -127,7 +139,8 @@ class _Context:
         base = {"target": e["target"], "draft": e["draft"], "prompts": e["prompts"],
                 **{key: e[key] for key in SAMPLING_KEYS},
                 "device": e.get("device"), "dtype": e.get("dtype"), "repeats": int(e.get("repeats") or 1),
-                "sweep": self.variable, "values": ",".join(f"{self.value(v):g}" for v in e["sweep_values"]),
+                "sweep": self.variable, "values": ",".join(self.show(v) for v in e["sweep_values"]),
+                "drafter": e.get("drafter") if self.variable != "drafter" else None,
                 "k": None if self.variable == "k" else int(e["k"]),
                 "notes": f"Follow-up to experiment #{self.experiment_id}: {title}"}
         if e.get("k_auto"):
@@ -356,9 +369,9 @@ def _tie(ctx: _Context) -> list[dict]:
     v = ctx.verdict
     if v["best"] is None or not v["tied_with"]:
         return []
-    by_value = {ctx.value(r.sweep_value): r for r in ctx.done.itertuples()}
+    by_value = {ctx.key(r): r for r in ctx.done.itertuples()}
     shown = [v["best"], *v["tied_with"]]
-    parts = [f"{ctx.variable} = {value:g} at {_x(by_value[value].speedup)} ({by_value[value].speedup_ci_lo:.2f}–"
+    parts = [f"{ctx.variable} = {ctx.show(value)} at {_x(by_value[value].speedup)} ({by_value[value].speedup_ci_lo:.2f}–"
              f"{by_value[value].speedup_ci_hi:.2f})" for value in shown if value in by_value]
     repeats = ctx.more_repeats()
     numeric = ctx.variable == "k" and isinstance(v["best"], (int, float))  # draft/drafter sweeps name their best
@@ -371,7 +384,7 @@ def _tie(ctx: _Context) -> list[dict]:
                  f"--repeats ({repeats}) to separate them.")
     else:
         next_ = f"Add prompts or --repeats ({repeats}) to separate them."
-    values = ",".join(f"{value:g}" for value in sorted(shown))
+    values = ",".join(ctx.show(value) for value in sorted(shown))
     prefill = ctx.prefill(title, sweep=ctx.variable, values=values, k_auto=None, repeats=repeats,
                           k=None if ctx.variable == "k" else int(ctx.experiment["k"]))
     return [_finding("tie", "info", title, detail, "speedup", next_, prefill,

@@ -369,3 +369,31 @@ def test_panel_escapes_user_text_and_links_the_chart_and_the_form(tmp_path):
                      {"eid": eid})
     at = _panel(url, eid)
     assert len(at.error) == 1 and at.error[0].value.startswith("**Sampling settings differ between arms.**")
+
+
+def test_a_draft_sweep_gets_findings_with_names_not_numbers(store):
+    from storage import findings as f
+    from storage import queue
+    from tests.test_timing_protocol import _base_prompt, _fill, _spec_prompt
+
+    eid = queue.enqueue_experiment(store, name="drafts", target="tgt", draft="a", prompts="code:tune", sampling={},
+                                   sweep_variable="draft", sweep_values=["small-draft", "big-draft"], k=2,
+                                   drafter="heuristic", prompt_texts=[f"p{i}" for i in range(3)])
+    spec = [_spec_prompt(i, [2, 1, 2, 0], 2, draft_s=0.002, verify_s=0.011) for i in range(3)]
+    rows = {("speculative", "small-draft"): spec, ("speculative", "big-draft"): spec,
+            ("baseline", None): [_base_prompt(i, s.new_tokens, 0.010) for i, s in enumerate(spec)]}
+    from storage import queries as q
+    ids = {(r.kind, None if r.kind == "baseline" else r.sweep_label): int(r.run_id)
+           for r in q.runs(store, eid).itertuples()}
+    for key, results in rows.items():
+        queue.claim(store, ids[key], "w")
+        queue.start_run(store, ids[key], 3, "cpu")
+        for r in results:
+            from tests.test_storage import record
+            record(store, ids[key], key[0], r)
+        queue.finish_run(store, ids[key], "done")
+    found = f.findings(store, eid)
+    tie = [x for x in found if x["kind"] == "tie"]
+    assert tie and "small-draft" in tie[0]["detail"] + tie[0]["title"] + str(tie[0]["prefill"])
+    assert all(x["prefill"].get("drafter", "heuristic") == "heuristic" for x in found if x["prefill"].get("sweep") == "draft")
+    _ = _fill
