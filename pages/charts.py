@@ -12,7 +12,16 @@ import pandas as pd
 KIND_COLORS = {"first": "#9e9e9e", "accepted": "#2e7d32", "correction": "#c62828", "bonus": "#1565c0"}
 OUTCOME_COLORS = {"accepted": "#2e7d32", "rejected": "#c62828", "discarded": "#9e9e9e"}
 HEIGHT = 260
-BOTTOM = alt.Legend(orient="bottom", labelLimit=0)  # legends below the plot keep narrow columns' plots wide
+BOTTOM = alt.Legend(orient="bottom", labelLimit=0, symbolLimit=0)  # below the plot: narrow columns' plots stay wide
+# Compare's series (experiments, runs): one per line under the plot, never truncated, never dropped.
+SERIES_LEGEND = alt.Legend(orient="bottom", direction="vertical", columns=1, labelLimit=0, symbolLimit=0)
+MIN_SAMPLE = 30  # a rate from fewer verified tokens than this is flagged as a small sample
+
+
+def series_scale(frame: pd.DataFrame, series: str) -> alt.Scale:
+    """Distinct categorical colours for Compare's series: tableau10, tableau20 beyond ten."""
+    n = frame[series].nunique() if series in frame else 0
+    return alt.Scale(scheme="tableau20" if n > 10 else "tableau10")
 
 
 def _x(field: str, title: str) -> alt.X:
@@ -115,23 +124,40 @@ def tokens_per_round_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
     ).properties(height=HEIGHT)
 
 
-def acceptance_by_position(frame: pd.DataFrame) -> alt.Chart:
-    """Conditional acceptance per draft position. frame: position, reached, accepted, conditional[, unconditional]."""
-    return alt.Chart(frame).mark_bar(color="#2e7d32").encode(
+def acceptance_by_position(frame: pd.DataFrame) -> alt.LayerChart:
+    """Conditional acceptance per draft position, each bar labelled with its n (tokens that reached it); bars from
+    fewer than MIN_SAMPLE tokens are faded and starred. frame: position, reached, accepted, conditional[, ...]."""
+    frame = with_counts(frame, "reached")
+    base = alt.Chart(frame).encode(
         alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0)),
-        alt.Y("conditional:Q", title="accepted / reached", scale=alt.Scale(domain=[0, 1])),
-        tooltip=["position:O", "reached:Q", "accepted:Q", alt.Tooltip("conditional:Q", format=".3f")],
-    ).properties(height=HEIGHT)
+        alt.Y("conditional:Q", title="accepted / reached", scale=alt.Scale(domain=[0, 1.1]),
+              axis=alt.Axis(values=[0, 0.2, 0.4, 0.6, 0.8, 1.0])),
+        tooltip=["position:O", alt.Tooltip("reached:Q", title="n (reached)"), "accepted:Q",
+                 alt.Tooltip("conditional:Q", format=".3f"), alt.Tooltip("sample:N", title="sample")])
+    bars = base.mark_bar(color="#2e7d32").encode(opacity=alt.condition(alt.datum.small, alt.value(0.45), alt.value(1.0)))
+    labels = base.mark_text(dy=-6, fontSize=10, color="#424242").encode(text="n_label:N")
+    return alt.layer(bars, labels).properties(height=HEIGHT)
 
 
-def acceptance_by_type(frame: pd.DataFrame) -> alt.Chart:
-    """Acceptance rate per token type, bars sorted by how many were verified. frame: token_type, verified, accepted, rate."""
-    return alt.Chart(frame).mark_bar().encode(
+def acceptance_by_type(frame: pd.DataFrame) -> alt.LayerChart:
+    """Acceptance rate per token type, bars sorted by how many were verified, each labelled with its n; fewer than
+    MIN_SAMPLE verified tokens: faded and starred. frame: token_type, verified, accepted, rate."""
+    frame = with_counts(frame, "verified")
+    base = alt.Chart(frame).encode(
         alt.Y("token_type:N", title=None, sort=alt.SortField("verified", order="descending")),
-        alt.X("rate:Q", title="accepted / verified", scale=alt.Scale(domain=[0, 1])),
+        alt.X("rate:Q", title="accepted / verified", scale=alt.Scale(domain=[0, 1.15]),
+              axis=alt.Axis(values=[0, 0.2, 0.4, 0.6, 0.8, 1.0])),
+        tooltip=["token_type:N", alt.Tooltip("verified:Q", title="n (verified)"), "accepted:Q",
+                 alt.Tooltip("rate:Q", format=".3f"), alt.Tooltip("sample:N", title="sample")])
+    bars = base.mark_bar().encode(
         alt.Color("rate:Q", scale=alt.Scale(scheme="redyellowgreen", domain=[0, 1]), legend=None),
-        tooltip=["token_type:N", "verified:Q", "accepted:Q", alt.Tooltip("rate:Q", format=".3f")],
-    ).properties(height=HEIGHT)
+        opacity=alt.condition(alt.datum.small, alt.value(0.45), alt.value(1.0)))
+    labels = base.mark_text(align="left", dx=3, fontSize=10, color="#424242").encode(text="n_label:N")
+    return alt.layer(bars, labels).properties(height=HEIGHT)
+
+
+SMALL_SAMPLE_NOTE = (f"n = tokens behind each rate; a starred, faded bar rests on fewer than {MIN_SAMPLE} tokens: "
+                     f"too few to read much into.")
 
 
 def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: str, y_title: str,
@@ -144,13 +170,13 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
     if lo and hi:
         tooltip += [alt.Tooltip(f"{lo}:Q", title="95 % low", format=".3f"),
                     alt.Tooltip(f"{hi}:Q", title="95 % high", format=".3f")]
-    base = alt.Chart(frame).encode(_x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale),
-                                   alt.Color(f"{series}:N", title=None, legend=BOTTOM), tooltip=tooltip)
+    color = alt.Color(f"{series}:N", title=None, legend=SERIES_LEGEND, scale=series_scale(frame, series))
+    base = alt.Chart(frame).encode(_x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale), color, tooltip=tooltip)
     if not (lo and hi):
         return base.mark_line(point=True).properties(height=HEIGHT)
     bars = base.transform_filter(f"isValid(datum['{lo}'])").mark_errorbar(ticks=True).encode(
         alt.Y(f"{lo}:Q", title=y_title, scale=scale), alt.Y2(f"{hi}:Q"))
-    fill = alt.Fill(f"{series}:N", legend=None)  # the same colours as the lines
+    fill = alt.Fill(f"{series}:N", legend=None, scale=series_scale(frame, series))  # the same colours as the lines
     if "state" in frame:
         fill = alt.condition(alt.datum.state == FINISHED, fill, alt.value("white"))
     points = base.mark_point(filled=False, size=60, strokeWidth=2).encode(fill=fill)
@@ -159,13 +185,33 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
     return alt.layer(base.mark_line(), bars, points).properties(height=HEIGHT)
 
 
-def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, value_title: str) -> alt.Chart:
-    """Bars per category, one colour per series (Compare: acceptance by type across runs)."""
-    return alt.Chart(frame).mark_bar().encode(
-        alt.Y(f"{category}:N", title=None), alt.X(f"{value}:Q", title=value_title, scale=alt.Scale(domain=[0, 1])),
-        alt.Color(f"{series}:N", title=None, legend=BOTTOM), alt.YOffset(f"{series}:N"),
-        tooltip=[f"{series}:N", f"{category}:N", alt.Tooltip(f"{value}:Q", format=".3f")],
-    ).properties(height=HEIGHT + 60)
+def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, value_title: str,
+                 count: str | None = None) -> alt.LayerChart:
+    """Bars per category, one colour per series (Compare: acceptance by type across runs); with `count` (the
+    number of tokens behind each rate) an `n=` label at each bar's end, and small samples (< MIN_SAMPLE) faded."""
+    encoding = [alt.Y(f"{category}:N", title=None),
+                alt.X(f"{value}:Q", title=value_title, scale=alt.Scale(domain=[0, 1])),
+                alt.Color(f"{series}:N", title=None, legend=SERIES_LEGEND, scale=series_scale(frame, series)),
+                alt.YOffset(f"{series}:N")]
+    tooltip = [f"{series}:N", f"{category}:N", alt.Tooltip(f"{value}:Q", format=".3f")]
+    if count:
+        frame = with_counts(frame, count)
+        tooltip += [alt.Tooltip(f"{count}:Q", title="n"), alt.Tooltip("sample:N", title="sample")]
+    base = alt.Chart(frame).encode(*encoding, tooltip=tooltip)
+    bars = base.mark_bar()
+    if not count:
+        return alt.layer(bars).properties(height=HEIGHT + 60)
+    bars = bars.encode(opacity=alt.condition(alt.datum.small, alt.value(0.45), alt.value(1.0)))
+    labels = base.mark_text(align="left", dx=3, fontSize=10, color="#424242").encode(text="n_label:N")
+    return alt.layer(bars, labels).properties(height=HEIGHT + 60)
+
+
+def with_counts(frame: pd.DataFrame, count: str) -> pd.DataFrame:
+    """The frame with what rate bars are labelled with: n_label (`n=12*` below MIN_SAMPLE), small, sample."""
+    n = frame[count].fillna(0).astype(int)
+    small = n < MIN_SAMPLE
+    return frame.assign(n_label=[f"n={v}" + ("*" if s else "") for v, s in zip(n, small)], small=small,
+                        sample=np.where(small, f"small (< {MIN_SAMPLE} tokens)", "ok"))
 
 
 def theory_curves(frame: pd.DataFrame, k_selected: int) -> alt.LayerChart:

@@ -18,7 +18,38 @@ def _open(url: str | None):
 
 def store():
     """The store named by $DRAFTLAB_DB (set by `draftlab ui`), else storage's default."""
-    return _open(os.environ.get("DRAFTLAB_DB") or None)
+    return _open(_url())
+
+
+def _url() -> str | None:
+    return os.environ.get("DRAFTLAB_DB") or None
+
+
+# --- query results cached per version -------------------------------------------------------------------------
+# A finished run's rows never change, so a page's queries are cached keyed on (database URL, query, arguments,
+# version stamp): the stamp (storage.queries.experiment_version, one aggregate over `runs`) changes whenever a
+# run commits a prompt, beats, finishes or is cancelled, so a rerun or the 2 s refresh recomputes only what moved.
+
+@st.cache_data(show_spinner=False, max_entries=512, ttl=3600)
+def _cached_query(url: str | None, name: str, args: tuple, kwargs: tuple, version: tuple):
+    from storage import queries as q
+
+    return getattr(q, name)(_open(url), *args, **dict(kwargs))
+
+
+def version(experiment_id: int | None = None) -> tuple:
+    """The experiment's version stamp (all experiments' when None)."""
+    from storage import queries as q
+
+    return q.experiment_version(store(), experiment_id)
+
+
+def cached(name: str, *args, experiment_id: int | None = None, stamp: tuple | None = None, **kwargs):
+    """storage.queries.<name>(store, *args, **kwargs), cached until `experiment_id`'s version changes (every
+    experiment's version when experiment_id is None). Pass `stamp` to reuse one already read this rerun."""
+    stamp = stamp if stamp is not None else version(experiment_id)
+    result = _cached_query(_url(), name, tuple(args), tuple(sorted(kwargs.items())), stamp)
+    return result.copy() if isinstance(result, pd.DataFrame) else result
 
 
 _ID = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit() also takes '²' and '①', which int() refuses

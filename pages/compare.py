@@ -5,10 +5,9 @@ import pandas as pd
 import streamlit as st
 
 from pages import charts
-from pages.common import chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids, store
-from storage import queries as q
+from pages.common import cached, chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids, version
 
-EXPERIMENT_COLUMNS = ["experiment_id", "name", "status", "sweep_variable", "best_value", "best", "n_tied",
+EXPERIMENT_COLUMNS = ["experiment_id", "name", "badges", "status", "sweep_variable", "best_value", "best", "n_tied",
                       "timing_warnings", "alpha", "repeats", "target", "draft", "prompts", "tags"]
 RUN_METRICS = ["kind", "k", "sweep_value", "status", "new_tokens", "tokens_per_second", "speedup", "speedup_ci_lo",
                "speedup_ci_hi", "predicted_speedup_refined", "predicted_speedup", "alpha", "draft_acceptance_rate",
@@ -18,22 +17,49 @@ RUN_METRICS = ["kind", "k", "sweep_value", "status", "new_tokens", "tokens_per_s
 INTERVAL = {"lo": "speedup_ci_lo", "hi": "speedup_ci_hi"}  # the speedup chart's error bars
 
 
+def _show(value) -> str:
+    return value if isinstance(value, str) else f"{value:g}"
+
+
+def badges(experiment_id: int, verdict: dict, links: pd.DataFrame) -> str:
+    """The table's badges: `🤝 tied with 2, 4` (the verdict's ties), `✔ validates #3` (a validation experiment),
+    `✔ validated by #7` (a tuning experiment a validation experiment links to)."""
+    out = []
+    if verdict.get("tied_with"):
+        out.append("🤝 tied with " + ", ".join(_show(v) for v in verdict["tied_with"]))
+    validates = links.loc[links["experiment_id"] == experiment_id, "validates"]
+    if len(validates):
+        out.append(f"✔ validates #{int(validates.iloc[0])}")
+    by = links.loc[links["validates"] == experiment_id, "experiment_id"]
+    if len(by):
+        out.append("✔ validated by " + ", ".join(f"#{int(i)}" for i in by))
+    return " · ".join(out)
+
+
 def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataFrame]:
     label = experiment_label(listing)
     table = listing[listing["experiment_id"].isin(chosen)]
+    links = cached("validation_links")
+    stamps = {experiment_id: version(experiment_id) for experiment_id in chosen}
+    verdicts = {int(i): cached("verdict", int(i), experiment_id=int(i), stamp=stamps[int(i)])
+                for i in table["experiment_id"]}
     table = table.assign(best=[charts.speedup_text(s, lo, hi) for s, lo, hi in
-                               zip(table["best_speedup"], table["best_ci_lo"], table["best_ci_hi"])])
+                               zip(table["best_speedup"], table["best_ci_lo"], table["best_ci_hi"])],
+                         badges=[badges(int(i), verdicts[int(i)], links) for i in table["experiment_id"]])
     table = table[[c for c in EXPERIMENT_COLUMNS if c in table]]
     st.dataframe(table, hide_index=True, width="stretch", key="compare_experiments_table", column_config={
         "best": st.column_config.TextColumn("best speedup (95 % interval)"),
+        "badges": st.column_config.TextColumn("", help="🤝 values statistically tied with the best (overlapping 95 % "
+                                                      "intervals); ✔ a validation experiment and the one it validates"),
         "n_tied": st.column_config.NumberColumn("ties", help="values statistically tied with the best"),
         "timing_warnings": st.column_config.NumberColumn("⚠ impossible", help="runs timed faster than their tokens "
                                                                               "per round allow (never the best)")})
     csv_download(table, "compare_experiments.csv")
     curves, runs_by_experiment = [], {}
     for experiment_id in chosen:
-        runs_by_experiment[experiment_id] = q.runs(store(), experiment_id)
-        curve = q.sweep_curve(store(), experiment_id)
+        runs_by_experiment[experiment_id] = cached("runs", experiment_id, experiment_id=experiment_id,
+                                                   stamp=stamps[experiment_id])
+        curve = cached("sweep_curve", experiment_id, experiment_id=experiment_id, stamp=stamps[experiment_id])
         curves.append(curve.assign(experiment=label(experiment_id), experiment_id=experiment_id))
     curve = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
     variables = set(listing[listing["experiment_id"].isin(chosen)]["sweep_variable"].fillna("k"))
@@ -84,9 +110,12 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
     st.dataframe(table.T.map(_cell), width="stretch", key="compare_runs_table")
     csv_download(table.reset_index(names="run"), "compare_runs.csv")
     positions, types = [], []
+    experiment_of = {int(r): e for e, runs in runs_by_experiment.items() for r in runs["run_id"]}
     for run_id in chosen:
-        positions.append(q.acceptance_by_position(store(), run_id).assign(run=labels[run_id], run_id=run_id))
-        types.append(q.acceptance_by_type(store(), run_id).assign(run=labels[run_id], run_id=run_id))
+        positions.append(cached("acceptance_by_position", run_id, experiment_id=experiment_of[run_id])
+                         .assign(run=labels[run_id], run_id=run_id))
+        types.append(cached("acceptance_by_type", run_id, experiment_id=experiment_of[run_id])
+                     .assign(run=labels[run_id], run_id=run_id))
     left, right = st.columns(2)
     with left:
         st.subheader("Conditional acceptance by draft position")
@@ -96,13 +125,14 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
     with right:
         st.subheader("Acceptance by token type")
         frame = pd.concat(types, ignore_index=True)
-        chart_with_csv(charts.grouped_bars(frame, "token_type", "rate", "run", "accepted / verified"), frame,
-                       "compare_by_type.csv")
+        chart_with_csv(charts.grouped_bars(frame, "token_type", "rate", "run", "accepted / verified", count="verified"),
+                       frame, "compare_by_type.csv")
+        st.caption(charts.SMALL_SAMPLE_NOTE)
 
 
 def render() -> None:
     st.title("Compare")
-    listing = q.experiments(store())
+    listing = cached("experiments")
     if listing.empty:
         empty_state("No experiments to compare yet.")
         return

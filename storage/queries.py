@@ -410,3 +410,34 @@ def device_leases(store: Store, max_age_seconds: float = 30) -> pd.DataFrame:
     df["acquired"] = pd.to_datetime(df["acquired"], format="ISO8601")
     _nullable_int(df, "experiment_id")
     return df
+
+
+def experiment_version(store: Store, experiment_id: int | None = None) -> tuple:
+    """A cheap stamp of what an experiment's runs hold (all runs when experiment_id is None): it changes whenever a
+    run is added, claimed, commits a prompt, beats, finishes, fails or is cancelled, or has its speedup recomputed,
+    so the dashboard can cache query results per version. One aggregate over `runs` (no draft tokens read)."""
+    where = "WHERE experiment_id = :eid" if experiment_id is not None else ""
+    sql = f"""SELECT COUNT(*), COALESCE(SUM(prompts_done), 0), MAX(heartbeat), MAX(finished), MAX(started),
+                     SUM(CASE WHEN status = 'done' THEN 1 ELSE 0 END), SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END),
+                     SUM(CASE WHEN status = 'queued' THEN 1 ELSE 0 END), SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END),
+                     SUM(CASE WHEN status = 'cancelled' THEN 1 ELSE 0 END),
+                     SUM(CASE WHEN timing_warning IS NULL THEN 0 ELSE 1 END),
+                     CAST(COALESCE(SUM(speedup), 0) AS {F}), CAST(COALESCE(SUM(speedup_ci_lo), 0) AS {F}),
+                     CAST(COALESCE(SUM(speedup_ci_hi), 0) AS {F}), COALESCE(SUM(rounds), 0)
+              FROM runs {where}"""
+    with store.read() as conn:
+        row = conn.execute(text(sql), {"eid": experiment_id} if experiment_id is not None else {}).one()
+        if experiment_id is None:
+            extra = conn.execute(text("SELECT COUNT(*), MAX(id) FROM experiments")).one()
+        else:
+            extra = conn.execute(text("SELECT name, tags, notes, validates, predicted_curve FROM experiments WHERE id = :eid"),
+                                 {"eid": experiment_id}).one_or_none()
+    return tuple(str(v) for v in (*row, *(extra or ())))
+
+
+def validation_links(store: Store) -> pd.DataFrame:
+    """experiment_id, validates: every validation experiment and the tuning experiment it validates."""
+    with store.read() as conn:
+        df = _frame(conn, "SELECT id AS experiment_id, validates FROM experiments WHERE validates IS NOT NULL "
+                          "ORDER BY id")
+    return df
