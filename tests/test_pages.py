@@ -1030,7 +1030,10 @@ def test_new_experiment_drafter_sweep_enqueues_the_specs(empty_db, model_dirs):
     assert (experiment["sweep_variable"], experiment["sweep_values"]) == ("drafter", specs)
     runs = _runs_table(open_store(empty_db), experiment["experiment_id"])
     spec = runs[runs["kind"] == "speculative"]
-    assert spec["drafter"].tolist() == specs and set(spec["draft"]) == {model_dirs["draft"]}
+    assert spec["drafter"].tolist() == specs
+    drafts = dict(zip(spec["drafter"], spec["draft"]))  # prompt lookup drafts with no model: its run names none
+    assert all(d == model_dirs["draft"] for name, d in drafts.items() if not name.startswith("prompt-lookup"))
+    assert pd.isna(drafts["prompt-lookup:2"])
     assert runs["kind"].tolist().count("baseline") == 1
     assert "drafter = model, confidence:0.3" in at.success[-1].value.replace("\u2060", "")
 
@@ -1059,3 +1062,67 @@ def test_new_experiment_a_mismatched_draft_candidate_blocks_the_launch(empty_db,
     assert blocked and md_text(f"pair check for draft {model_dirs['other']!r}") in blocked[0]
     assert md_text(f"draft {model_dirs['draft']!r}") not in blocked[0]  # only the mismatched one is named
     assert q.experiments(open_store(empty_db)).empty
+
+
+# --- issue 12: the tuning team's dashboard ----------------------------------------------------------------------
+
+def _specs(at: AppTest) -> list[dict]:
+    return [json.loads(chart.proto.spec) for chart in at.get("vega_lite_chart")]
+
+
+def _encodings(spec: dict, channel: str) -> list[dict]:
+    """Every `channel` encoding of a (layered) Vega-Lite spec."""
+    found = [spec.get("encoding", {}).get(channel)] if spec.get("encoding", {}).get(channel) else []
+    for layer in spec.get("layer", []):
+        found += _encodings(layer, channel)
+    return found
+
+
+def test_compare_legends_are_whole_colours_distinct_and_badges_name_ties_and_validation(crafted):
+    from sqlalchemy import text
+
+    from tests.test_storage import enqueue
+
+    store, experiment_id, ids = crafted
+    long_name = "validation of the crafted sweep on held-out prompts, a long name " * 2
+    validation = enqueue(store, ks=(2,), prompts=2, name=long_name)
+    with store.write() as conn:
+        conn.execute(text("UPDATE experiments SET validates = :v WHERE id = :id"), {"v": experiment_id, "id": validation})
+    _set_speedups(store, ids, {1: (1.25, 1.18, 1.35), 2: (1.31, 1.22, 1.40)})
+    at = app("compare", experiments=f"{experiment_id},{validation}", runs=f"{ids[1]},{ids[2]}")
+    assert_clean(at)
+    colours = [c for spec in _specs(at) for c in _encodings(spec, "color") if c.get("legend")]
+    assert colours, "Compare draws no legend"
+    for colour in colours:
+        assert colour["legend"]["labelLimit"] == 0 and colour["legend"]["symbolLimit"] == 0
+        assert colour["scale"]["scheme"] in ("tableau10", "tableau20")
+    table = next(d.value for d in at.dataframe if "badges" in d.value).set_index("experiment_id")
+    assert table.loc[experiment_id, "badges"] == f"🤝 tied with 1 · ✔ validated by #{validation}"
+    assert table.loc[validation, "badges"] == f"✔ validates #{experiment_id}"
+    by_type = [json.dumps(spec) for spec in _specs(at) if "token_type" in json.dumps(spec)]
+    assert len(by_type) == 1 and "n_label" in by_type[0] and '"text"' in by_type[0]
+    assert next(d for chart in chart_data(at) for d in chart if "token_type" in d)["verified"].notna().all()
+
+
+def test_detail_rate_bars_carry_their_counts_and_flag_small_samples(crafted):
+    store, experiment_id, ids = crafted
+    at = app("experiment", experiment=experiment_id, run=ids[2])
+    assert_clean(at)
+    data = [d for chart in chart_data(at) for d in chart]
+    by_position = next(d for d in data if "reached" in d and "position" in d).sort_values("position")
+    assert by_position["reached"].tolist() == q.acceptance_by_position(store, ids[2])["reached"].tolist()
+    by_type = next(d for d in data if "verified" in d and "token_type" in d)
+    assert by_type["verified"].tolist() == q.acceptance_by_type(store, ids[2])["verified"].tolist()
+    labelled = [spec for spec in _specs(at) if "n_label" in json.dumps(spec)]
+    assert len(labelled) == 2  # both rate charts: an `n=` text layer over the bars, computed from the counts
+    for spec in labelled:
+        assert any(layer["mark"]["type"] == "text" and layer["encoding"]["text"]["field"] == "n_label"
+                   for layer in spec["layer"])
+    assert any("fewer than 30 tokens" in c.value for c in at.caption)
+
+
+def test_count_labels_star_only_small_samples():
+    from pages.charts import with_counts
+
+    frame = with_counts(pd.DataFrame({"verified": [29, 30, 1000]}), "verified")
+    assert frame["n_label"].tolist() == ["n=29*", "n=30", "n=1000"] and frame["small"].tolist() == [True, False, False]
