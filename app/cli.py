@@ -86,6 +86,35 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("experiment_id", type=int)
     resume.add_argument("--db", default=None)
 
+    distill = sub.add_parser(
+        "distill", help="train a copy of a draft toward its target (KL on the target's continuations)",
+        description="Distil a draft toward its target: forward KL(p_target || p_draft) on the target's greedy "
+                    "continuations of the prompts (generated once and cached with the target's top-k "
+                    "distributions), optionally weighted toward the token types and draft positions an experiment "
+                    "rejected most (--focus-from). Writes an HF model directory with MODEL_CARD.md; held-out KL and "
+                    "greedy alpha (k=4) before/after on the validation split of --prompts (a file: the same file).")
+    distill.add_argument("--target", required=True, help="demo-target, an HF model id or a local directory")
+    distill.add_argument("--draft", required=True, help="the draft to start from (same tokenizer as the target)")
+    distill.add_argument("--prompts", required=True,
+                         help="NAME[:tune] (held out: NAME:validation) or a .jsonl/.csv/.txt file (held out: the same file)")
+    distill.add_argument("--steps", type=int, required=True, help="optimiser steps (each: --batch-size sequences)")
+    distill.add_argument("--out", required=True, help="directory for the distilled model (created if missing)")
+    distill.add_argument("--focus-from", type=int, default=None, metavar="EXPERIMENT_ID",
+                         help="weight the loss by this stored experiment's rejection profile (its best run): token "
+                              "types and draft positions with low acceptance count more")
+    distill.add_argument("--lr", type=float, default=3e-4)
+    distill.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's continuations")
+    distill.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
+    distill.add_argument("--samples", type=int, default=1,
+                         help="continuations per training prompt: the target's greedy one, plus SAMPLES-1 drawn from "
+                              "the target at temperature 1 (more data for small prompt sets; default 1)")
+    distill.add_argument("--seed", type=int, default=0)
+    distill.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    distill.add_argument("--db", default=None, help="database of --focus-from (default $DRAFTLAB_DB or sqlite:///draftlab.db)")
+    distill.add_argument("--json", action="store_true",
+                         help='print one JSON object: {"out", "steps", "kl_before", "kl_after", "alpha_before", '
+                              '"alpha_after"}')
+
     validate = sub.add_parser("validate", help="rerun an experiment's best configuration on held-out prompts")
     validate.add_argument("experiment_id", type=int)
     validate.add_argument("--prompts", default=None,
@@ -205,6 +234,215 @@ def _validation_report(store, experiment_id: int, as_json: bool) -> str:
     return (f"experiment {experiment_id} validates experiment {doc['validates']} "
             f"(k={doc['configuration']['k']}, {doc['configuration']['drafter']}, {doc['configuration']['draft']})\n"
             f"{doc['reason']}")
+
+
+FOCUS_FLOOR = 0.05  # a type or position the target always accepted still weighs a little (1 - acceptance floor)
+FOCUS_CLIP = (0.25, 4.0)  # focus weights are clipped to this range after normalising to mean 1
+
+
+def focus_profile_weights(profile: dict) -> dict:
+    """{key: (acceptance, count)} -> {key: weight}: (1 - acceptance), floored at FOCUS_FLOOR, normalised to a
+    count-weighted mean of 1, clipped to FOCUS_CLIP. Keys with no count or no acceptance are left out (weight 1)."""
+    rows = {key: (float(acc), int(n)) for key, (acc, n) in profile.items() if n and acc is not None and acc == acc}
+    if not rows:
+        return {}
+    raw = {key: max(1.0 - acc, FOCUS_FLOOR) for key, (acc, _) in rows.items()}
+    total = sum(n for _, n in rows.values())
+    mean = sum(raw[key] * n for key, (_, n) in rows.items()) / total
+    lo, hi = FOCUS_CLIP
+    return {key: min(hi, max(lo, w / mean)) for key, w in raw.items()}
+
+
+def focus_weights(store, experiment_id: int) -> dict:
+    """The --focus-from weights of a stored experiment: read from its best run (queries.verdict; without one,
+    the speculative run with the most verified draft tokens). Keys: experiment_id, run_id, k, how,
+    type_weights {type: w}, position_weights {position: w}, acceptance_by_type, acceptance_by_position."""
+    from engine.errors import DraftLabError
+    from storage import queries as q
+
+    exp = q.experiment(store, experiment_id)
+    if exp is None:
+        raise DraftLabError(f"--focus-from {experiment_id}: no experiment {experiment_id} in {store.safe_url}; "
+                            f"`draftlab list --db {store.safe_url}` shows the ids")
+    df = q.runs(store, experiment_id)
+    spec = df[(df["kind"] == "speculative") & ((df["accepted"].fillna(0) + df["rejected"].fillna(0)) > 0)]
+    if spec.empty:
+        raise DraftLabError(f"--focus-from {experiment_id}: the experiment has no speculative run with verified draft "
+                            f"tokens (a model drafter, run to completion); run it first or pick another experiment")
+    best, variable = q.verdict(store, experiment_id)["best"], exp.get("sweep_variable", "k")
+    chosen, how = None, "its best run by measured speedup"
+    if best is not None:
+        for r in spec.itertuples():
+            value = (r.sweep_label if variable in ("draft", "drafter") else
+                     int(r.sweep_value) if variable in ("k", "top_k") else float(r.sweep_value))
+            if value == best:
+                chosen = r
+                break
+    if chosen is None:
+        chosen = spec.assign(verified=spec["accepted"].fillna(0) + spec["rejected"].fillna(0)) \
+            .sort_values(["verified", "run_id"], ascending=[False, True]).iloc[0]
+        chosen, how = next(r for r in spec.itertuples() if r.run_id == chosen["run_id"]), \
+            "no best run by speedup: the run with the most verified draft tokens"
+    run_id = int(chosen.run_id)
+    by_type = q.acceptance_by_type(store, run_id)
+    by_pos = q.acceptance_by_position(store, run_id)
+    types = {str(r.token_type): (r.rate, r.verified) for r in by_type.itertuples()}
+    positions = {int(r.position): (r.conditional, r.reached) for r in by_pos.itertuples()}
+    return {"experiment_id": experiment_id, "run_id": run_id, "k": int(chosen.k) if chosen.k == chosen.k else 4,
+            "how": how, "type_weights": focus_profile_weights(types),
+            "position_weights": focus_profile_weights(positions),
+            "acceptance_by_type": {k: float(v[0]) for k, v in types.items()},
+            "acceptance_by_position": {k: (None if v[0] is None or v[0] != v[0] else float(v[0]))
+                                       for k, v in positions.items()}}
+
+
+def _distill_validation_set(spec: str) -> tuple[str, str]:
+    """(held-out prompt set, note for the card) of a --prompts value: NAME / NAME:tune -> NAME:validation;
+    NAME:validation or a file: the same prompts, said so."""
+    from engine.prompt_sets import PROMPT_SETS
+
+    name, sep, split = spec.strip().partition(":")
+    if name in PROMPT_SETS:
+        if (split if sep else "tune") == "tune":
+            return f"{name}:validation", ""
+        return spec, " — the same prompts as training (--prompts named the validation split): not held out"
+    return spec, " — the same file as training (a prompt file has no validation split): not held out"
+
+
+def _distill_command(args) -> str:
+    """The exact command of this run, every setting explicit (a --db password masked)."""
+    import shlex
+
+    cmd = ["draftlab", "distill", "--target", args.target, "--draft", args.draft, "--prompts", args.prompts,
+           "--steps", str(args.steps), "--out", args.out, "--lr", f"{args.lr:g}", "--max-new-tokens",
+           str(args.max_new_tokens), "--batch-size", str(args.batch_size), "--samples", str(args.samples),
+           "--seed", str(args.seed)]
+    if args.device != "auto":
+        cmd += ["--device", args.device]
+    if args.focus_from is not None:
+        cmd += ["--focus-from", str(args.focus_from)]
+        if args.db:
+            from storage.store import safe_url
+
+            cmd += ["--db", safe_url(args.db)]
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+def cmd_distill(args) -> int:
+    """Check everything (settings, --out, --focus-from, prompts, the pair), then train and write the model
+    directory; print the held-out figures (a table, or --json)."""
+    import platform
+    import time
+    from pathlib import Path
+
+    import torch
+    from tqdm import tqdm
+
+    from engine import distill as ds
+    from engine.errors import DraftLabError
+    from engine.loading import load_model, load_pair
+    from engine.prompt_sets import load_prompts
+    from engine.runs import encode_prompts
+
+    started = time.perf_counter()
+    try:
+        cfg = ds.DistillConfig(steps=args.steps, lr=args.lr, max_new_tokens=args.max_new_tokens,
+                               batch_size=args.batch_size, seed=args.seed, samples=args.samples)
+        out = ds.check_out_dir(args.out)
+    except DraftLabError as exc:
+        return _fail(str(exc))
+    focus = None
+    if args.focus_from is not None:
+        store = open_store_or_fail(args.db)
+        if isinstance(store, int):
+            return store
+        try:
+            focus = focus_weights(store, args.focus_from)
+        except DraftLabError as exc:
+            return _fail(str(exc))
+        finally:
+            store.dispose()
+        cfg.k = focus["k"] if focus["k"] > 0 else cfg.k
+    try:
+        val_spec, val_note = _distill_validation_set(args.prompts)
+        train_prompts, val_prompts = load_prompts(args.prompts), load_prompts(val_spec)
+        pair = load_pair(args.target, args.draft, args.device, "float32")
+        encode_prompts(pair, train_prompts, cfg.max_new_tokens)
+        encode_prompts(pair, val_prompts, cfg.max_new_tokens)
+    except DraftLabError as exc:
+        return _fail(str(exc))
+
+    bar, done = None, None
+    try:
+        for rec in ds.distill(pair, train_prompts, val_prompts, cfg,
+                              focus["type_weights"] if focus else None, focus["position_weights"] if focus else None):
+            kind = rec["kind"]
+            if kind == "phase":
+                if bar is not None:
+                    bar.close()
+                    bar = None
+                if rec["phase"].startswith("target continuations"):
+                    total = cfg.samples * len(train_prompts) if "train" in rec["phase"] else len(val_prompts)
+                    bar = tqdm(total=total, desc=rec["phase"], unit="prompt", file=sys.stderr, dynamic_ncols=True)
+                else:
+                    print(f"distill: {rec['phase']}", file=sys.stderr, flush=True)
+            elif kind == "generated":
+                bar.update(1)
+            elif kind == "before":
+                print(f"distill: before: held-out KL {rec['kl']:.4f}, alpha {rec['alpha']:.3f}", file=sys.stderr,
+                      flush=True)
+                bar = tqdm(total=cfg.steps, desc="distill", unit="step", file=sys.stderr, dynamic_ncols=True,
+                           mininterval=1)
+            elif kind == "step":
+                bar.update(1)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", refresh=False)
+            elif kind == "eval":
+                bar.write(f"distill: step {rec['step']}: train loss {rec['train_loss']:.4f}, held-out KL "
+                          f"{rec['kl']:.4f}", file=sys.stderr)
+            elif kind == "prepared":
+                prepared = rec
+            elif kind == "trained":
+                done = rec
+    except DraftLabError as exc:
+        return _fail(str(exc))
+    finally:
+        if bar is not None:
+            bar.close()
+
+    print(f"distill: saving to {out} and measuring the saved weights", file=sys.stderr, flush=True)
+    dtype = ds.saved_dtype(pair.draft.source)
+    params = pair.draft.parameters
+    ds.save_model(pair.draft.model, pair.draft.tokenizer, out, dtype)
+    saved = load_model(str(out), pair.device, pair.dtype)
+    after = ds.evaluate_saved(pair, saved, val_prompts, done["validation"], cfg.max_new_tokens, cfg.k)
+    before = done["before"]
+    device = (torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else
+              f"CPU, {torch.get_num_threads()} thread(s) ({platform.machine()})")
+    record = {
+        "name": out.resolve().name, "target": args.target, "draft": args.draft, "parameters": params,
+        "prompts": args.prompts, "train_prompts": len(train_prompts), "train_tokens": prepared["train_tokens"],
+        "validation": val_spec, "validation_note": val_note, "validation_prompts": len(val_prompts),
+        "validation_tokens": prepared["validation_tokens"], **ds.config_record(cfg),
+        "continuations": "greedy" + (f" + {cfg.samples - 1} sampled (temperature 1)" if cfg.samples > 1 else ""),
+        "train_sequences": prepared["train_sequences"], "dtype": str(dtype).removeprefix("torch."), "hardware": device,
+        "train_seconds": done["seconds"], "total_seconds": time.perf_counter() - started,
+        "curve": done["curve"], "weights": done["weights"], "focus": focus,
+        "kl_before": done["kl_before"], "kl_after": after["kl"],
+        "alpha_before": before["alpha"], "alpha_after": after["alpha"],
+        "tokens_per_round_before": before["tokens_per_round"], "tokens_per_round_after": after["tokens_per_round"],
+        "lossless_before": before.get("lossless"), "lossless_after": after.get("lossless"),
+        "command": _distill_command(args),
+    }
+    ds.write_card(out, record)
+    result = {"out": str(out), "steps": cfg.steps, "kl_before": record["kl_before"], "kl_after": record["kl_after"],
+              "alpha_before": record["alpha_before"], "alpha_after": record["alpha_after"]}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{out}: {cfg.steps} steps in {done['seconds'] / 60:.1f} min; held-out {val_spec}: KL "
+              f"{record['kl_before']:.4f} -> {record['kl_after']:.4f}, alpha {record['alpha_before']:.3f} -> "
+              f"{record['alpha_after']:.3f}; lossless {record['lossless_after']}")
+    return 0
 
 
 class _Terminated(KeyboardInterrupt):
@@ -483,7 +721,7 @@ def _dispatch(argv: list[str] | None) -> int:
     if args.command == "run":
         return cmd_run(args)
     commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export,
-                "validate": cmd_validate}
+                "validate": cmd_validate, "distill": cmd_distill}
     if args.command in commands:
         return _database_errors_reported(commands[args.command], args)
     if args.command == "ui":

@@ -1,0 +1,450 @@
+"""Distil a draft toward its target: forward KL(p_target || p_draft) on the target's own continuations.
+
+Data (generated once, then cached for every step): the target's GREEDY continuation of every training prompt
+(the exact text target-only greedy decoding emits, via engine.baseline), plus `samples - 1` continuations
+sampled from the target at temperature 1 (on-policy for the target; more text, less overfitting on small prompt
+sets), and the target's top-`top_k`
+next-token distribution at every continuation position (one teacher-forced target forward per sequence). A step
+draws `batch_size` cached sequences, runs the draft over them and minimises, per continuation position,
+
+    sum_{x in top-k of p_t}  p~_t(x) (log p~_t(x) - log p_d(x))       (p~_t: p_t renormalised over its top k)
+
+weighted per token (`type_weights`, `position_weights`: the `--focus-from` profile, mean 1) and averaged.
+Held-out figures use the full vocabulary: kl = mean D_KL(p_t || p_d) over the target's greedy continuations of
+the validation prompts; alpha = greedy speculative acceptance (k=4 by default) on those prompts.
+
+Pure torch + transformers: `distill()` yields plain dict records; storage, CLI and dashboards stay outside.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from .errors import DraftLabError
+from .loading import LoadedModel, ModelPair
+from .metrics import outputs_match, speculative_metrics
+from .runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
+from .sampling import SamplingConfig
+from .token_types import TokenTyper
+
+EVAL_K = 4  # draft length of the held-out acceptance measurement
+BONUS = 0  # "draft position" of a bonus slot: no draft proposed it
+
+
+@dataclass
+class DistillConfig:
+    steps: int
+    lr: float = 3e-4
+    max_new_tokens: int = 128
+    batch_size: int = 8  # sequences per step
+    top_k: int = 64  # target distribution kept per position (renormalised over these)
+    warmup_steps: int = 0  # 0: 10 % of steps (at most 50)
+    min_lr_ratio: float = 0.1  # cosine decay to lr * this
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_points: int = 8  # held-out KL measured this many times along the run (the loss curve's second column)
+    samples: int = 1  # continuations per training prompt: the greedy one, plus samples - 1 drawn at temperature 1
+    k: int = EVAL_K  # draft length for the alpha measurement and the position profile
+
+    def __post_init__(self):
+        if not isinstance(self.steps, int) or self.steps <= 0:
+            raise DraftLabError(f"--steps must be a positive integer (got {self.steps}); use e.g. --steps 300")
+        if not self.lr > 0 or not math.isfinite(self.lr):
+            raise DraftLabError(f"--lr must be a positive number (got {self.lr}); use e.g. --lr 3e-4")
+        if self.max_new_tokens <= 0:
+            raise DraftLabError(f"--max-new-tokens must be > 0 (got {self.max_new_tokens}); use e.g. 128")
+        if self.samples <= 0:
+            raise DraftLabError(f"--samples must be >= 1 (got {self.samples}); 1 = the greedy continuation only")
+        if self.batch_size <= 0 or self.top_k <= 0:
+            raise DraftLabError("batch size and top-k must be positive")
+
+
+@dataclass
+class Sequence:
+    """One prompt and the target's greedy continuation of it (token ids)."""
+
+    prompt_ids: list[int]
+    continuation: list[int]
+    # filled by prepare(): teacher top-k per continuation position, draft position and token weight per position
+    topk_ids: torch.Tensor | None = None
+    topk_logp: torch.Tensor | None = None
+    positions: list[int] = field(default_factory=list)
+    weights: torch.Tensor | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.continuation
+
+
+# --- data ----------------------------------------------------------------------------------------------------
+
+def _batch(seqs: list[Sequence], device) -> tuple[torch.Tensor, list[int]]:
+    """Right-padded ids [B, L] (causal attention: real tokens never see the padding) and each sequence's length."""
+    lengths = [len(s.ids) for s in seqs]
+    ids = torch.zeros(len(seqs), max(lengths), dtype=torch.long)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s.ids)] = torch.tensor(s.ids)
+    return ids.to(device), lengths
+
+
+def _continuation_logits(model, seqs: list[Sequence], vocab: int, device) -> list[torch.Tensor]:
+    """Per sequence, logits [T, vocab] predicting each continuation token (teacher-forced)."""
+    ids, _ = _batch(seqs, device)
+    logits = model(input_ids=ids).logits[..., :vocab]
+    out = []
+    for row, s in enumerate(seqs):
+        p, t = len(s.prompt_ids), len(s.continuation)
+        out.append(logits[row, p - 1 : p - 1 + t])
+    return out
+
+
+def _chunks(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+@torch.no_grad()
+def cache_teacher(target_model, seqs: list[Sequence], vocab: int, top_k: int, device, batch: int = 8) -> None:
+    """Store the target's top-k log-probabilities (renormalised over the k) at every continuation position."""
+    k = min(top_k, vocab)
+    for chunk in _chunks(seqs, batch):
+        for s, logits in zip(chunk, _continuation_logits(target_model, chunk, vocab, device)):
+            values, idx = logits.float().log_softmax(-1).topk(k, dim=-1)
+            s.topk_ids = idx.cpu()
+            s.topk_logp = values.log_softmax(-1).cpu()
+
+
+@torch.no_grad()
+def greedy_positions(draft_model, seqs: list[Sequence], vocab: int, k: int, device, batch: int = 8) -> None:
+    """The draft position (1..k, or BONUS) each continuation token takes when this draft speculates greedily
+    with draft length k against the target: exact for greedy decoding, since every accepted prefix is the
+    target's own text, so the draft's proposals are its teacher-forced argmaxes."""
+    for chunk in _chunks(seqs, batch):
+        for s, logits in zip(chunk, _continuation_logits(draft_model, chunk, vocab, device)):
+            match = (logits.argmax(-1).cpu() == torch.tensor(s.continuation)).tolist()
+            positions, j, t = [BONUS] * len(match), 0, len(match)
+            while j < t:
+                for i in range(1, k + 1):
+                    slot = j + i - 1
+                    if slot >= t:
+                        j = t
+                        break
+                    positions[slot] = i
+                    if not match[slot]:
+                        j = slot + 1
+                        break
+                else:
+                    j += k + 1  # all k accepted: slot j + k is the bonus token (BONUS already)
+            s.positions = positions
+
+
+def assign_weights(seqs: list[Sequence], typer: TokenTyper, type_weights: dict | None,
+                   position_weights: dict | None) -> dict:
+    """Per-token loss weights = type weight (of the target's token) x position weight (of its draft slot),
+    normalised to mean 1 over all training tokens. Types/positions missing from the dicts weigh 1.
+    Returns a summary: the mean weight and token count per type and per position."""
+    type_weights, position_weights = type_weights or {}, {int(k): v for k, v in (position_weights or {}).items()}
+    raw, by_type, by_pos = [], {}, {}
+    for s in seqs:
+        types = [typer.describe(t)[1] for t in s.continuation]
+        w = [float(type_weights.get(ty, 1.0)) * float(position_weights.get(pos, 1.0))
+             for ty, pos in zip(types, s.positions or [BONUS] * len(types))]
+        raw.append((w, types))
+    total = sum(len(w) for w, _ in raw)
+    mean = sum(sum(w) for w, _ in raw) / total if total else 1.0
+    for s, (w, types) in zip(seqs, raw):
+        s.weights = torch.tensor([x / mean for x in w], dtype=torch.float32)
+        for x, ty, pos in zip(s.weights.tolist(), types, s.positions or [BONUS] * len(types)):
+            by_type.setdefault(ty, []).append(x)
+            by_pos.setdefault(pos, []).append(x)
+    summarise = lambda d: {key: {"tokens": len(v), "mean_weight": sum(v) / len(v)} for key, v in sorted(d.items())}  # noqa: E731
+    return {"by_type": summarise(by_type), "by_position": summarise(by_pos)}
+
+
+# --- loss and measurements -----------------------------------------------------------------------------------
+
+def batch_loss(draft_model, seqs: list[Sequence], vocab: int, device) -> torch.Tensor:
+    """Weighted mean over continuation positions of the top-k forward KL (the training objective)."""
+    num, den = 0.0, 0
+    for s, logits in zip(seqs, _continuation_logits(draft_model, seqs, vocab, device)):
+        logp_d = logits.float().log_softmax(-1)
+        ids, logp_t = s.topk_ids.to(device), s.topk_logp.to(device)
+        kl = (logp_t.exp() * (logp_t - logp_d.gather(-1, ids))).sum(-1)
+        w = s.weights.to(device) if s.weights is not None else torch.ones_like(kl)
+        num = num + (w * kl).sum()
+        den += kl.shape[0]
+    return num / max(den, 1)
+
+
+@torch.no_grad()
+def mean_kl(target_model, draft_model, seqs: list[Sequence], vocab: int, device, batch: int = 8) -> float:
+    """Mean full-vocabulary D_KL(p_t || p_d) over every continuation position of `seqs` (nats)."""
+    total, count = 0.0, 0
+    for chunk in _chunks(seqs, batch):
+        t_logits = _continuation_logits(target_model, chunk, vocab, device)
+        d_logits = _continuation_logits(draft_model, chunk, vocab, device)
+        for lt, ld in zip(t_logits, d_logits):
+            logp_t, logp_d = lt.float().log_softmax(-1), ld.float().log_softmax(-1)
+            total += float((logp_t.exp() * (logp_t - logp_d)).sum())
+            count += lt.shape[0]
+    return total / count if count else float("nan")
+
+
+def greedy_alpha(pair: ModelPair, prompts: list[str], max_new_tokens: int, k: int = EVAL_K,
+                 reference: list[Sequence] | None = None) -> dict:
+    """Greedy speculative decoding with the pair's draft at draft length k: alpha (engine.metrics) and, when the
+    target's continuations are given, whether every output equals them (lossless)."""
+    cfg = SamplingConfig(0.0, 0, 1.0, 0, max_new_tokens)
+    encoded = encode_prompts(pair, prompts, max_new_tokens)
+    results = list(run_prompts(speculative_decoder(pair, cfg, k), prompts, encoded))
+    m = speculative_metrics(results)
+    out = {"alpha": m["alpha"], "tokens_per_round": m["tokens_per_round"]}
+    if reference is not None:
+        out["lossless"] = all(r.output_ids == s.continuation for r, s in zip(results, reference))
+    return out
+
+
+# --- training ------------------------------------------------------------------------------------------------
+
+def lr_at(step: int, cfg: DistillConfig) -> float:
+    warm = cfg.warmup_steps or min(50, max(1, cfg.steps // 10))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    progress = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def distill(pair: ModelPair, train_prompts: list[str], val_prompts: list[str], cfg: DistillConfig,
+            type_weights: dict | None = None, position_weights: dict | None = None) -> Iterator[dict]:
+    """Train pair.draft.model in place (float32 on the pair's device). Yields plain records:
+
+    {"kind": "phase", "phase": "..."}                      before each preparation stage
+    {"kind": "generated", "split": "train"|"validation", "prompt": i, "of": n}
+    {"kind": "prepared", "train_tokens", "validation_tokens", "weights": {...}}
+    {"kind": "before", "kl", "alpha", "lossless"}          held-out figures of the draft as given
+    {"kind": "step", "step", "loss", "lr", "seconds"}      after every optimiser step (step counts from 1)
+    {"kind": "eval", "step", "kl", "train_loss"}           held-out KL along the run (the loss curve)
+    {"kind": "trained", "seconds", "curve": [...], ...}    the end of training (weights still in memory)
+    """
+    if pair.draft is None:
+        raise DraftLabError("distillation needs a draft model; pass --draft MODEL")
+    torch.manual_seed(cfg.seed)
+    target, draft, device, vocab = pair.target.model, pair.draft.model, pair.device, pair.vocab_size
+    target.eval()
+
+    yield {"kind": "phase", "phase": "target continuations (train)"}
+    train: list[Sequence] = []
+    for sample in range(cfg.samples):  # 0: greedy; then temperature-1 samples, each with its own seed
+        temperature, seed = (0.0, 0) if sample == 0 else (1.0, cfg.seed * 1009 + sample)
+        for i, s in enumerate(_generate(pair, train_prompts, cfg.max_new_tokens, temperature, seed)):
+            train.append(s)
+            yield {"kind": "generated", "split": "train", "prompt": sample * len(train_prompts) + i,
+                   "of": cfg.samples * len(train_prompts)}
+    yield {"kind": "phase", "phase": "target continuations (validation)"}
+    val: list[Sequence] = []
+    for i, s in enumerate(_generate(pair, val_prompts, cfg.max_new_tokens)):
+        val.append(s)
+        yield {"kind": "generated", "split": "validation", "prompt": i, "of": len(val_prompts)}
+    train = [s for s in train if s.continuation]
+    if not train:
+        raise DraftLabError("the target generated nothing for any training prompt (EOS first); use other prompts")
+
+    yield {"kind": "phase", "phase": "teacher distributions and draft profile"}
+    cache_teacher(target, train, vocab, cfg.top_k, device)
+    draft.eval()
+    greedy_positions(draft, train, vocab, cfg.k, device)
+    summary = assign_weights(train, TokenTyper(pair.tokenizer), type_weights, position_weights)
+    yield {"kind": "prepared", "train_sequences": len(train), "train_tokens": sum(len(s.continuation) for s in train),
+           "validation_sequences": len(val), "validation_tokens": sum(len(s.continuation) for s in val),
+           "weights": summary}
+
+    yield {"kind": "phase", "phase": "held-out figures before training"}
+    kl_before = mean_kl(target, draft, val, vocab, device)
+    before = greedy_alpha(pair, val_prompts, cfg.max_new_tokens, cfg.k, val)
+    yield {"kind": "before", "kl": kl_before, **before}
+
+    draft.float().train()
+    decay = [p for p in draft.parameters() if p.dim() >= 2 and p.requires_grad]
+    other = [p for p in draft.parameters() if p.dim() < 2 and p.requires_grad]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    every = max(1, cfg.steps // max(1, cfg.eval_points))
+    curve = [{"step": 0, "train_loss": None, "kl": kl_before}]
+    start, window = time.perf_counter(), []
+    for step in range(1, cfg.steps + 1):
+        lr = lr_at(step - 1, cfg)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        pick = torch.randperm(len(train), generator=gen)[: cfg.batch_size].tolist()
+        loss = batch_loss(draft, [train[i] for i in pick], vocab, device)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
+        opt.step()
+        value = loss.item()
+        window.append(value)
+        yield {"kind": "step", "step": step, "loss": value, "lr": lr, "seconds": time.perf_counter() - start}
+        if step % every == 0 or step == cfg.steps:
+            draft.eval()
+            kl = mean_kl(target, draft, val, vocab, device)
+            draft.train()
+            point = {"step": step, "train_loss": sum(window) / len(window), "kl": kl}
+            window = []
+            curve.append(point)
+            yield {"kind": "eval", **point}
+    draft.eval()
+    yield {"kind": "trained", "seconds": time.perf_counter() - start, "curve": curve, "kl_before": kl_before,
+           "before": before, "validation": val, "weights": summary}
+
+
+def _generate(pair: ModelPair, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,
+              seed: int = 0) -> Iterator[Sequence]:
+    """The target's continuations, exactly as target-only decoding emits them (EOS included): greedy at
+    temperature 0, else drawn from p_t / temperature with the engine's per-prompt generator of `seed`."""
+    cfg = SamplingConfig(temperature, 0, 1.0, seed, max_new_tokens)
+    encoded = encode_prompts(pair, prompts, max_new_tokens)
+    decoder = baseline_decoder(pair, cfg)
+    for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        yield Sequence(ids[0].tolist(), list(decoder.generate(prompt, ids, i).output_ids))
+
+
+def evaluate_saved(pair: ModelPair, draft: LoadedModel, val_prompts: list[str], val: list[Sequence],
+                   max_new_tokens: int, k: int = EVAL_K) -> dict:
+    """Held-out KL and alpha of a draft (e.g. the saved one, reloaded) against the pair's target."""
+    evaluated = ModelPair(pair.target, draft, pair.device, pair.dtype, pair.vocab_size)
+    kl = mean_kl(pair.target.model, draft.model, val, pair.vocab_size, pair.device)
+    return {"kl": kl, **greedy_alpha(evaluated, val_prompts, max_new_tokens, k, val)}
+
+
+# --- output --------------------------------------------------------------------------------------------------
+
+def saved_dtype(source: str) -> torch.dtype:
+    """The dtype a model directory's config.json records (float32 when it says nothing)."""
+    try:
+        cfg = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return torch.float32
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(str(name), torch.float32)
+
+
+def check_out_dir(out: str | Path) -> Path:
+    """Refuse an --out that cannot take a model directory, before any work: it must be a directory (or not
+    exist yet) that this process can create and write."""
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise DraftLabError(f"--out {out} is a file, not a directory; pass a new or existing directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".draftlab-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise DraftLabError(f"--out {out} is not writable ({exc.strerror or exc}); pass a directory you can write "
+                            f"to") from None
+    return path
+
+
+def save_model(model, tokenizer, out: Path, dtype: torch.dtype) -> None:
+    """save_pretrained (safetensors, in `dtype`) and the tokenizer."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(dtype).eval()
+    model.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+
+
+def write_card(out: Path, record: dict) -> None:
+    """MODEL_CARD.md (render_card) and the same record as distill.json."""
+    (out / "MODEL_CARD.md").write_text(render_card(record), encoding="utf-8")
+    (out / "distill.json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _fmt(value, spec=".4f") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def render_card(c: dict) -> str:
+    """MODEL_CARD.md of a distilled draft from the run's record (see app/cli.py cmd_distill)."""
+    curve = "\n".join(f"| {p['step']} | {_fmt(p['train_loss'])} | {_fmt(p['kl'])} |" for p in c["curve"])
+    focus = c.get("focus")
+    if focus:
+        types = ", ".join(f"{k} {v:.2f}" for k, v in sorted(focus["type_weights"].items()))
+        positions = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(focus["position_weights"].items(), key=lambda kv: int(kv[0])))
+        focus_text = (f"Per-token loss weights from experiment {focus['experiment_id']}'s run {focus['run_id']} "
+                      f"({focus['how']}): weight = type weight x draft-position weight, normalised to mean 1 over the "
+                      f"training tokens.\n\n- token type weights: {types}\n- draft position weights: {positions}\n"
+                      f"- token type = SPEC type of the target's token; position = the slot it takes when the "
+                      f"original draft speculates greedily with k={c['k']} (bonus slots weigh 1)\n")
+    else:
+        focus_text = "None: every continuation token weighs 1.\n"
+    eff = "\n".join(f"| {ty} | {v['tokens']} | {v['mean_weight']:.2f} |" for ty, v in c["weights"]["by_type"].items())
+    return f"""# {c['name']}
+
+A draft distilled toward `{c['target']}` from `{c['draft']}` by `draftlab distill` (engine/distill.py): same
+architecture and size as `{c['draft']}` ({c['parameters']:,} parameters), same tokenizer as the target.
+
+## Data
+
+- prompts: `{c['prompts']}` ({c['train_prompts']} prompts); continuations: the target's {c['continuations']}
+  continuation(s) of each prompt ({c['train_sequences']} sequences of up to {c['max_new_tokens']} new tokens,
+  {c['train_tokens']:,} tokens in all), generated once and cached with the target's top-{c['top_k']} next-token
+  distribution at every continuation position
+- loss: forward KL(p_target || p_draft) over the target's top-{c['top_k']} (renormalised), per continuation token
+- held-out: `{c['validation']}` ({c['validation_prompts']} prompts, {c['validation_tokens']:,} target tokens){c.get('validation_note', '')}
+
+## Training
+
+| | |
+|---|---|
+| steps | {c['steps']} x {c['batch_size']} sequences |
+| optimizer | AdamW lr {c['lr']:g} ({c['warmup_steps']} warm-up steps, cosine to {c['lr'] * c['min_lr_ratio']:.2g}), betas (0.9, 0.95), grad clip {c['grad_clip']}, seed {c['seed']} |
+| wall time | {c['train_seconds'] / 60:.1f} min training, {c['total_seconds'] / 60:.1f} min in all, on {c['hardware']} |
+| weights | {c['dtype']} safetensors |
+
+Loss curve (train: weighted top-k KL, mean since the previous row; held-out: full-vocabulary KL, nats/token):
+
+| step | train loss | held-out KL |
+|---|---|---|
+{curve}
+
+## Focus
+
+{focus_text}
+Mean loss weight per token type over the training tokens:
+
+| type | tokens | mean weight |
+|---|---|---|
+{eff}
+
+## Before / after (held-out `{c['validation']}`, greedy, k={c['k']})
+
+| | {c['draft']} | {c['name']} |
+|---|---|---|
+| KL(p_t ‖ p_d), nats/token | {_fmt(c['kl_before'])} | {_fmt(c['kl_after'])} |
+| alpha | {_fmt(c['alpha_before'], '.3f')} | {_fmt(c['alpha_after'], '.3f')} |
+| tokens per round | {_fmt(c['tokens_per_round_before'], '.2f')} | {_fmt(c['tokens_per_round_after'], '.2f')} |
+| output == target-only | {c['lossless_before']} | {c['lossless_after']} |
+
+(after: measured on the saved {c['dtype']} weights, reloaded.)
+
+## Reproduce
+
+```
+{c['command']}
+```
+"""
+
+
+def config_record(cfg: DistillConfig) -> dict:
+    d = asdict(cfg)
+    d["warmup_steps"] = cfg.warmup_steps or min(50, max(1, cfg.steps // 10))
+    return d
