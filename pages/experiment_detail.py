@@ -11,9 +11,12 @@ import streamlit as st
 from engine import theory
 from pages import charts
 from pages.deploy_panel import render_deploy_panel
+from pages import findings_panel
 from pages.findings_panel import render_findings
-from pages.common import (chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number, run_label,
-                          select_id, store)
+from pages.drafting_panel import render_k_distribution
+from pages.validation_panel import render_validation
+from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
+                          run_label, run_stamp, select_id, store, version)
 from storage import queries as q
 
 ACTIVE = ("queued", "running")
@@ -29,6 +32,21 @@ MEASURED = ["run_id", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "pr
 ERRORS = {f"{name}_error": st.column_config.NumberColumn(f"{label} error", format="percent",
                                                           help="predicted / measured − 1")
           for name, label in (("refined", "cost-aware"), ("formula", "formula"), ("prediction", "prediction"))}
+
+
+def _findings(store_, experiment_id: int) -> list[dict]:
+    """storage.findings.findings, cached per experiment version when it reads the dashboard's own store: findings
+    read every draft token (about 0.5 s on a million), so the detail page computes them once per version, not on
+    every rerun. Installed as pages/findings_panel.py's `findings` below (that module is not ours to edit; its
+    owner may prefer render_findings to take the findings instead)."""
+    from storage.findings import findings
+
+    if getattr(store_, "url", None) != getattr(store(), "url", None):
+        return findings(store_, experiment_id)
+    return cached("storage.findings:findings", experiment_id, experiment_id=experiment_id)
+
+
+findings_panel.findings = _findings
 
 
 def pooled_prediction_inputs(runs: pd.DataFrame) -> tuple[float, float] | None:
@@ -66,7 +84,8 @@ def speedup_frame(curve: pd.DataFrame, sweep_variable: str, prediction: tuple[fl
                                       else np.nan for k in predicted["k"]]
     if auto:
         predicted["predicted_auto"] = predicted["k"].map(auto)
-    return predicted.merge(measured, on="k", how="outer").sort_values("k").reset_index(drop=True)
+    frame = predicted.merge(measured, on="k", how="outer").sort_values("k").reset_index(drop=True)
+    return frame.assign(run_id=frame["run_id"].astype("Int64"))  # k values with no run: blank, not a float id
 
 
 def prediction_table(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
@@ -230,7 +249,7 @@ def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> 
         csv_download(confirmed, "k_auto_confirmation.csv")
 
 
-def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value) -> None:
+def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value, experiment_id: int) -> None:
     speculative = runs[runs["kind"] == "speculative"]
     if speculative.empty:
         return
@@ -240,24 +259,25 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value) -> None:
     best_runs = speculative[speculative["sweep_value"] == best_value]["run_id"] if best_value is not None else []
     default = int(best_runs.iloc[0]) if len(best_runs) else None
     run_id = select_id("Run (the best one unless chosen)", "run", ids, run_label(runs, sweep_variable), default=default)
+    stamp = run_stamp(runs, run_id)  # a finished run's breakdowns are read once, not on every refresh
     breakdowns = (
-        ("Conditional acceptance by draft position", q.acceptance_by_position, charts.acceptance_by_position,
-         "acceptance_by_position", "No rounds recorded yet."),
-        ("Acceptance by token type", q.acceptance_by_type, charts.acceptance_by_type,
-         "acceptance_by_type", "No verified tokens yet."),
+        ("Conditional acceptance by draft position", "acceptance_by_position", charts.acceptance_by_position,
+         "No rounds recorded yet."),
+        ("Acceptance by token type", "acceptance_by_type", charts.acceptance_by_type, "No verified tokens yet."),
     )
-    for column, (title, query, chart, name, empty) in zip(st.columns(2), breakdowns):
+    for column, (title, name, chart, empty) in zip(st.columns(2), breakdowns):
         with column:
             st.subheader(title)
-            frame = query(store(), run_id)
+            frame = cached(name, run_id, stamp=stamp)
             if frame.empty:
                 st.caption(empty)
             else:
                 chart_with_csv(chart(frame), frame, f"run{run_id}_{name}.csv")
+                st.caption(charts.SMALL_SAMPLE_NOTE)
     left, right = st.columns([2, 3])
     with left:
         st.subheader("Top rejected tokens")
-        rejected = q.top_rejected_tokens(store(), run_id, limit=20)
+        rejected = cached("top_rejected_tokens", run_id, limit=20, stamp=stamp)
         shown = rejected.assign(token=rejected["text"].map(lambda t: repr(t)[1:-1] if isinstance(t, str) else t))
         st.dataframe(shown[["token", *[c for c in rejected if c not in ("token", "text")]]], hide_index=True,
                      width="stretch", key="rejected_table",
@@ -265,7 +285,7 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value) -> None:
         csv_download(rejected, f"run{run_id}_top_rejected_tokens.csv")
     with right:
         st.subheader("Per prompt")
-        per_prompt = q.per_prompt(store(), run_id)
+        per_prompt = cached("per_prompt", run_id, stamp=stamp)
         st.dataframe(per_prompt, hide_index=True, width="stretch", key="per_prompt_table",
                      column_config={"prompt": st.column_config.TextColumn(width="medium"),
                                     "alpha": st.column_config.NumberColumn(format="%.3f"),
@@ -276,12 +296,13 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value) -> None:
                      query_params={"experiment": st.query_params.get("experiment", ""), "run": str(run_id)})
 
 
-def _body(experiment_id: int) -> None:
-    experiment = q.experiment(store(), experiment_id) or {}
-    listing = q.experiments(store())
+def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
+    stamp = version(experiment_id)  # every query below is cached until this experiment's runs change
+    experiment = cached("experiment", experiment_id, stamp=stamp) or {}
+    listing = listing if listing is not None else cached("experiments")
     row = listing.set_index("experiment_id").loc[experiment_id]
-    runs = q.runs(store(), experiment_id)
-    verdict = q.verdict(store(), experiment_id)
+    runs = cached("runs", experiment_id, stamp=stamp)
+    verdict = cached("verdict", experiment_id, stamp=stamp)
     sweep_variable = row.get("sweep_variable") or "k"
     _header(experiment, row, runs, verdict)
     failed = runs[runs["status"] == "failed"]
@@ -290,7 +311,7 @@ def _body(experiment_id: int) -> None:
     _warnings(runs, sweep_variable)
     if row["status"] not in ACTIVE:  # findings read every draft token: once the runs are done, not on each refresh
         render_findings(store(), experiment_id)
-    with st.expander("Runs", expanded=row["status"] in ACTIVE):
+    with st.expander("Runs", expanded=True):  # the same expander whatever the status: it stays open once done
         table = runs.assign(progress=runs["progress"].fillna(0) * 100,
                             check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
         st.dataframe(table[[c for c in RUN_COLUMNS if c in table]], hide_index=True, width="stretch", key="runs_table",
@@ -298,19 +319,21 @@ def _body(experiment_id: int) -> None:
                                     "progress": st.column_config.ProgressColumn(min_value=0, max_value=100,
                                                                                 format="%.0f%%")})
         csv_download(runs, f"experiment{experiment_id}_runs.csv")
-    curve = q.sweep_curve(store(), experiment_id)
+    curve = cached("sweep_curve", experiment_id, stamp=stamp)
     if curve["speedup"].notna().any() if "speedup" in curve else False:
         _sweep(curve, runs, experiment, sweep_variable, verdict["best"])
     else:
         st.info("No speculative run has finished yet; the curves appear as runs complete.", icon=":material/hourglass:")
-    _breakdowns(runs, sweep_variable, verdict["best"])
+    _breakdowns(runs, sweep_variable, verdict["best"], experiment_id)
+    render_k_distribution(runs)
+    render_validation(experiment, verdict)
     if verdict["best"] is not None:
         render_deploy_panel(store(), experiment_id, None)
 
 
 def render() -> None:
     st.title("Experiment detail")
-    listing = q.experiments(store())
+    listing = cached("experiments")
     if listing.empty:
         empty_state("No experiments yet.")
         return
@@ -324,9 +347,10 @@ def render() -> None:
 
 
 def _live(experiment_id: int, was_active: bool) -> None:
+    listing = cached("experiments")  # cached per version: the 2 s refresh re-reads only what a commit changed
     if was_active:
-        status = q.experiments(store()).set_index("experiment_id").loc[experiment_id, "status"]
+        status = listing.set_index("experiment_id").loc[experiment_id, "status"]
         if status not in ACTIVE:
             st.rerun()  # finished: one full redraw, and the timer goes away
-    _body(experiment_id)
+    _body(experiment_id, listing)
 

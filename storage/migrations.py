@@ -17,33 +17,40 @@ class SchemaTooNew(RuntimeError):
     pass
 
 
-def _v1_to_v2(conn: Connection) -> None:
-    """v2: peak memory, device name and tracebacks on runs; the run a worker is executing."""
-    for table, column, sql_type in (("runs", "peak_memory_mb", "DOUBLE PRECISION"), ("runs", "device_name", "VARCHAR(200)"),
-                                    ("runs", "error_detail", "TEXT"), ("workers", "run_id", "INTEGER")):
+def _add_columns(conn: Connection, columns) -> None:
+    """ALTER TABLE ... ADD COLUMN for each (table, column, SQL type) not there yet (steps may be re-run)."""
+    for table, column, sql_type in columns:
         existing = {c["name"] for c in inspect(conn).get_columns(table)}
         if column not in existing:
             conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+
+
+def _v1_to_v2(conn: Connection) -> None:
+    """v2: peak memory, device name and tracebacks on runs; the run a worker is executing."""
+    _add_columns(conn, (("runs", "peak_memory_mb", "DOUBLE PRECISION"), ("runs", "device_name", "VARCHAR(200)"),
+                        ("runs", "error_detail", "TEXT"), ("workers", "run_id", "INTEGER")))
 
 
 def _v2_to_v3(conn: Connection) -> None:
     """v3: timing protocol v2 (repeats, paired speedup with its interval, verify cost, timing warnings,
-    `--k auto`), device leases (new tables come from create_all); each run's draft and drafter (sweeps over
-    drafts and drafting strategies)."""
-    for table, column, sql_type in (
-            ("experiments", "repeats", "INTEGER DEFAULT 1"), ("experiments", "k_auto", "INTEGER"),
-            ("experiments", "predicted_curve", "TEXT"), ("workers", "waiting_for", "VARCHAR(200)"),
-            ("runs", "speedup", "DOUBLE PRECISION"), ("runs", "speedup_ci_lo", "DOUBLE PRECISION"),
-            ("runs", "speedup_ci_hi", "DOUBLE PRECISION"), ("runs", "verify_cost", "DOUBLE PRECISION"),
-            ("runs", "predicted_speedup_refined", "DOUBLE PRECISION"), ("runs", "timing_warning", "TEXT"),
-            ("experiments", "drafter", "VARCHAR(80) DEFAULT 'model'"), ("runs", "draft", "TEXT"),
-            ("runs", "drafter", "VARCHAR(80)"), ("runs", "sweep_label", "TEXT"), ("experiments", "validates", "INTEGER")):
-        existing = {c["name"] for c in inspect(conn).get_columns(table)}
-        if column not in existing:
-            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+    `--k auto`), device leases (new tables come from create_all)."""
+    _add_columns(conn, (
+        ("experiments", "repeats", "INTEGER DEFAULT 1"), ("experiments", "k_auto", "INTEGER"),
+        ("experiments", "predicted_curve", "TEXT"), ("workers", "waiting_for", "VARCHAR(200)"),
+        ("runs", "speedup", "DOUBLE PRECISION"), ("runs", "speedup_ci_lo", "DOUBLE PRECISION"),
+        ("runs", "speedup_ci_hi", "DOUBLE PRECISION"), ("runs", "verify_cost", "DOUBLE PRECISION"),
+        ("runs", "predicted_speedup_refined", "DOUBLE PRECISION"), ("runs", "timing_warning", "TEXT")))
 
 
-STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(conn: Connection) -> None:
+    """v4: each run's draft, drafter and swept value as text (sweeps over drafts and drafting strategies); the
+    experiment a validation experiment validates."""
+    _add_columns(conn, (
+        ("experiments", "drafter", "VARCHAR(80) DEFAULT 'model'"), ("runs", "draft", "TEXT"),
+        ("runs", "drafter", "VARCHAR(80)"), ("runs", "sweep_label", "TEXT"), ("experiments", "validates", "INTEGER")))
+
+
+STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

@@ -171,7 +171,8 @@ listed AS (
            CAST(COALESCE(st.progress, 0) AS DOUBLE PRECISION) AS progress,
            best.sweep_value AS best_value, best.speedup AS best_speedup, best.alpha AS alpha,
            e.tags, e.notes, best.speedup_ci_lo AS best_ci_lo, best.speedup_ci_hi AS best_ci_hi,
-           COALESCE(ties.n_tied, 0) AS n_tied, COALESCE(warned.n_warnings, 0) AS timing_warnings, e.repeats
+           COALESCE(ties.n_tied, 0) AS n_tied, COALESCE(warned.n_warnings, 0) AS timing_warnings, e.repeats,
+           e.validates, (SELECT MAX(v.id) FROM experiments v WHERE v.validates = e.id) AS validated_by
     FROM experiments e
     LEFT JOIN stats st ON st.experiment_id = e.id
     LEFT JOIN best ON best.experiment_id = e.id AND best.rank = 1
@@ -183,7 +184,7 @@ SELECT * FROM listed WHERE {status_filter} ORDER BY experiment_id DESC
 
 EXPERIMENT_COLUMNS = ["experiment_id", "name", "created", "target", "draft", "prompts", "sweep_variable",
                       "sweep_values", "status", "progress", "best_value", "best_speedup", "alpha", "tags", "notes",
-                      "best_ci_lo", "best_ci_hi", "n_tied", "timing_warnings", "repeats"]
+                      "best_ci_lo", "best_ci_hi", "n_tied", "timing_warnings", "repeats", "validates", "validated_by"]
 
 
 def experiments(store: Store, tag: str | None = None, model: str | None = None, status: str | None = None) -> pd.DataFrame:
@@ -441,3 +442,60 @@ def validation_links(store: Store) -> pd.DataFrame:
         df = _frame(conn, "SELECT id AS experiment_id, validates FROM experiments WHERE validates IS NOT NULL "
                           "ORDER BY id")
     return df
+
+
+def k_distribution(store: Store, run_id: int) -> pd.DataFrame:
+    """How many rounds drafted each k_r (a heuristic or confidence drafter varies it per round): k, rounds, share."""
+    sql = f"""SELECT k, COUNT(*) AS rounds,
+                     CAST(COUNT(*) AS {F}) / (SELECT COUNT(*) FROM rounds WHERE run_id = :rid) AS share
+              FROM rounds WHERE run_id = :rid GROUP BY k ORDER BY k"""
+    with store.read() as conn:
+        return _frame(conn, sql, {"rid": run_id})
+
+
+WORKER_HEALTH_COLUMNS = ["worker_id", "host", "pid", "device", "status", "experiment_id", "runs", "progress",
+                         "waiting_for", "heartbeat_age_s", "started"]
+
+
+def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
+    """The workers' state for the dashboard. Returns {"workers": DataFrame, "queued_runs", "queued_experiments",
+    "running_runs": int}; one row per registered worker (WORKER_HEALTH_COLUMNS): device: its pinned device
+    (`...@cuda:1`, see `draftlab worker --devices`), else the lease it holds, else None; status: stale (no
+    heartbeat for the stale window, or its process gone on this host: the next sweep takes its runs for
+    interrupted), timing (runs in progress), waiting (for a device lease) or idle; experiment_id, runs,
+    progress: what it times (the mean progress of its running runs); heartbeat_age_s: seconds since its last beat."""
+    from datetime import timedelta
+
+    from . import queue
+    from .schema import utcnow
+
+    seconds = queue.stale_window(stale_seconds)
+    now = utcnow()
+    with store.read() as conn:
+        rows = conn.execute(select(schema.workers)).mappings().all()
+        dead = set(queue.dead_workers(conn, now - timedelta(seconds=seconds)))
+        leases = dict(conn.execute(text("SELECT worker_id, device FROM device_leases")).all())
+        running = conn.execute(text(f"""SELECT worker_id, MIN(experiment_id) AS experiment_id, COUNT(*) AS runs,
+                                               AVG(CAST(progress AS {F})) AS progress
+                                        FROM runs WHERE status = 'running' GROUP BY worker_id""")).mappings().all()
+        queued = conn.execute(text("SELECT COUNT(*), COUNT(DISTINCT experiment_id) FROM runs "
+                                   "WHERE status = 'queued'")).one()
+    busy = {r["worker_id"]: r for r in running}
+    out = []
+    for w in sorted(rows, key=lambda r: r["id"]):
+        timing = busy.get(w["id"])
+        device = w["id"].rsplit("@", 1)[1] if "@" in w["id"] else None
+        lease = leases.get(w["id"])
+        status = ("stale" if w["id"] in dead else "timing" if timing else "waiting" if w["waiting_for"] else "idle")
+        out.append({"worker_id": w["id"], "host": (w["host"] or "").split("#")[0], "pid": w["pid"],
+                    "device": device or (lease.split(":", 1)[1] if lease and ":" in lease else lease),
+                    "status": status, "experiment_id": timing["experiment_id"] if timing else None,
+                    "runs": int(timing["runs"]) if timing else 0,
+                    "progress": float(timing["progress"]) if timing and timing["progress"] is not None else None,
+                    "waiting_for": w["waiting_for"],
+                    "heartbeat_age_s": (now - w["heartbeat"]).total_seconds() if w["heartbeat"] else None,
+                    "started": w["started"]})
+    frame = pd.DataFrame(out, columns=WORKER_HEALTH_COLUMNS)
+    _nullable_int(frame, "experiment_id")
+    return {"workers": frame, "queued_runs": int(queued[0]), "queued_experiments": int(queued[1]),
+            "running_runs": sum(int(r["runs"]) for r in running)}

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Run kinds and statuses.
 BASELINE, SPECULATIVE = "baseline", "speculative"

@@ -1,0 +1,56 @@
+"""The detail page's validation panel and k_r distribution (AppTest on crafted records)."""
+from __future__ import annotations
+
+import pytest
+
+from storage import open_store, queue
+from storage import queries as q
+from tests.test_pages import app, assert_clean
+from tests.test_validation import TUNE, _experiment
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    monkeypatch.setenv("DRAFTLAB_DB", url)
+    return open_store(url)
+
+
+def test_validate_button_queues_the_best_on_the_held_out_split_and_the_result_is_judged(db):
+    tune = _experiment(db, TUNE)
+    at = app("experiment", experiment=tune)
+    assert_clean(at)
+    button = next(b for b in at.button if b.key == "validate")
+    assert "code:validation" in button.label
+    at = button.click().run()
+    assert_clean(at)
+    validations = q.experiments(db)
+    queued = validations[validations["validates"] == tune]
+    assert len(queued) == 1 and queued.iloc[0]["prompts"] == "code:validation"
+    assert q.experiments(db).set_index("experiment_id").loc[tune, "validated_by"] == queued.iloc[0]["experiment_id"]
+    # A finished validation experiment shows tune against validation and the verdict in words.
+    done = _experiment(db, {2: TUNE[2]}, prompts="code:validation", validates=tune)
+    at = app("experiment", experiment=done)
+    assert_clean(at)
+    assert any(s.value == "Validation" for s in at.subheader)
+    assert any("holds" in m.value and "α 0.800 on tune" in m.value for m in at.success)
+    worse = _experiment(db, {2: [[0, 0, 1, 0, 2, 0, 0, 0] * 3]}, prompts="code:validation", validates=tune)
+    at = app("experiment", experiment=worse)
+    assert any("does not hold" in w.value for w in at.warning)
+
+
+def test_k_distribution_shows_for_a_drafter_that_varies_k(db):
+    eid = _experiment(db, TUNE)
+    with db.write() as conn:
+        from sqlalchemy import text
+
+        conn.execute(text("UPDATE runs SET drafter = 'heuristic' WHERE experiment_id = :e AND kind = 'speculative'"),
+                     {"e": eid})
+    at = app("experiment", experiment=eid)
+    assert_clean(at)
+    assert any(s.value.startswith("Tokens drafted per round") for s in at.subheader)
+    spec = q.runs(db, eid)
+    rid = int(spec[spec["k"] == 2]["run_id"].iloc[0])
+    dist = q.k_distribution(db, rid)
+    assert dist["rounds"].sum() == q.run_summary(db, rid)["rounds"].iloc[0] and dist["share"].sum() == pytest.approx(1)
+    _ = queue
