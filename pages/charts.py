@@ -12,6 +12,10 @@ import pandas as pd
 KIND_COLORS = {"first": "#9e9e9e", "accepted": "#2e7d32", "correction": "#c62828", "bonus": "#1565c0"}
 OUTCOME_COLORS = {"accepted": "#2e7d32", "rejected": "#c62828", "discarded": "#9e9e9e"}
 HEIGHT = 260
+# Altair validates every channel object as it is built and the whole spec again when Streamlit serializes it; the
+# first pass is debugging help and most of a page's chart time (the detail page's reruns), so it is off. The full
+# spec is still validated once, in to_dict.
+alt.utils.schemapi.disable_debug_mode()
 BOTTOM = alt.Legend(orient="bottom", labelLimit=0, symbolLimit=0)  # below the plot: narrow columns' plots stay wide
 # Compare's series (experiments, runs): one per line under the plot, never truncated, never dropped.
 SERIES_LEGEND = alt.Legend(orient="bottom", direction="vertical", columns=1, labelLimit=0, symbolLimit=0)
@@ -90,8 +94,9 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
         label = f"best {x_title} = {best_label or f'{best_x:g}'}"
         best = alt.Chart(pd.DataFrame({"x": [best_x], "label": [label]}))
         layers.append(best.mark_rule(color="#ef6c00", strokeWidth=2).encode(x="x:Q"))
-        layers.append(best.mark_text(align="left", dx=4, dy=-6, color="#ef6c00").encode(
-            x="x:Q", y=alt.value(8), text="label:N"))
+        # Above the plot area (y < 0), where no measured or predicted point can be: the label never covers the line.
+        layers.append(best.mark_text(align="center", baseline="bottom", dy=-4, color="#ef6c00", fontWeight="bold").encode(
+            x="x:Q", y=alt.value(0), text="label:N"))
     return alt.layer(*layers).properties(height=HEIGHT)
 
 
@@ -127,13 +132,12 @@ def tokens_per_round_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
 def acceptance_by_position(frame: pd.DataFrame) -> alt.LayerChart:
     """Conditional acceptance per draft position, each bar labelled with its n (tokens that reached it); bars from
     fewer than MIN_SAMPLE tokens are faded and starred. frame: position, reached, accepted, conditional[, ...]."""
-    frame = with_counts(frame, "reached")
-    base = alt.Chart(frame).encode(
+    base = alt.Chart(frame).transform_calculate(**count_labels("reached")).encode(
         alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0)),
         alt.Y("conditional:Q", title="accepted / reached", scale=alt.Scale(domain=[0, 1.1]),
               axis=alt.Axis(values=[0, 0.2, 0.4, 0.6, 0.8, 1.0])),
         tooltip=["position:O", alt.Tooltip("reached:Q", title="n (reached)"), "accepted:Q",
-                 alt.Tooltip("conditional:Q", format=".3f"), alt.Tooltip("sample:N", title="sample")])
+                 alt.Tooltip("conditional:Q", format=".3f")])
     bars = base.mark_bar(color="#2e7d32").encode(opacity=alt.condition(alt.datum.small, alt.value(0.45), alt.value(1.0)))
     labels = base.mark_text(dy=-6, fontSize=10, color="#424242").encode(text="n_label:N")
     return alt.layer(bars, labels).properties(height=HEIGHT)
@@ -142,13 +146,12 @@ def acceptance_by_position(frame: pd.DataFrame) -> alt.LayerChart:
 def acceptance_by_type(frame: pd.DataFrame) -> alt.LayerChart:
     """Acceptance rate per token type, bars sorted by how many were verified, each labelled with its n; fewer than
     MIN_SAMPLE verified tokens: faded and starred. frame: token_type, verified, accepted, rate."""
-    frame = with_counts(frame, "verified")
-    base = alt.Chart(frame).encode(
+    base = alt.Chart(frame).transform_calculate(**count_labels("verified")).encode(
         alt.Y("token_type:N", title=None, sort=alt.SortField("verified", order="descending")),
         alt.X("rate:Q", title="accepted / verified", scale=alt.Scale(domain=[0, 1.15]),
               axis=alt.Axis(values=[0, 0.2, 0.4, 0.6, 0.8, 1.0])),
         tooltip=["token_type:N", alt.Tooltip("verified:Q", title="n (verified)"), "accepted:Q",
-                 alt.Tooltip("rate:Q", format=".3f"), alt.Tooltip("sample:N", title="sample")])
+                 alt.Tooltip("rate:Q", format=".3f")])
     bars = base.mark_bar().encode(
         alt.Color("rate:Q", scale=alt.Scale(scheme="redyellowgreen", domain=[0, 1]), legend=None),
         opacity=alt.condition(alt.datum.small, alt.value(0.45), alt.value(1.0)))
@@ -195,9 +198,10 @@ def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, va
                 alt.YOffset(f"{series}:N")]
     tooltip = [f"{series}:N", f"{category}:N", alt.Tooltip(f"{value}:Q", format=".3f")]
     if count:
-        frame = with_counts(frame, count)
-        tooltip += [alt.Tooltip(f"{count}:Q", title="n"), alt.Tooltip("sample:N", title="sample")]
+        tooltip += [alt.Tooltip(f"{count}:Q", title="n")]
     base = alt.Chart(frame).encode(*encoding, tooltip=tooltip)
+    if count:
+        base = base.transform_calculate(**count_labels(count))
     bars = base.mark_bar()
     if not count:
         return alt.layer(bars).properties(height=HEIGHT + 60)
@@ -206,12 +210,18 @@ def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, va
     return alt.layer(bars, labels).properties(height=HEIGHT + 60)
 
 
+def count_labels(count: str) -> dict:
+    """Vega expressions for what a rate bar is labelled with, from its count column (left as is in the data, so the
+    chart's data is still the frame the page downloads): n_label (`n=12*`: starred below MIN_SAMPLE) and small."""
+    return {"n_label": f"'n=' + datum['{count}'] + (datum['{count}'] < {MIN_SAMPLE} ? '*' : '')",
+            "small": f"datum['{count}'] < {MIN_SAMPLE}"}
+
+
 def with_counts(frame: pd.DataFrame, count: str) -> pd.DataFrame:
-    """The frame with what rate bars are labelled with: n_label (`n=12*` below MIN_SAMPLE), small, sample."""
+    """The labels count_labels() computes in the browser, computed here (for tests and for anyone reading the code)."""
     n = frame[count].fillna(0).astype(int)
     small = n < MIN_SAMPLE
-    return frame.assign(n_label=[f"n={v}" + ("*" if s else "") for v, s in zip(n, small)], small=small,
-                        sample=np.where(small, f"small (< {MIN_SAMPLE} tokens)", "ok"))
+    return frame.assign(n_label=[f"n={v}" + ("*" if s else "") for v, s in zip(n, small)], small=small)
 
 
 def theory_curves(frame: pd.DataFrame, k_selected: int) -> alt.LayerChart:
@@ -256,3 +266,69 @@ def proposal_probabilities(frame: pd.DataFrame) -> alt.Chart:
                     scale=alt.Scale(domain=["accepted", "rejected", "discarded"], range=[1, 0.9, 0.3])),
         tooltip=["position:O", "text:N", "model:N", "outcome:N", alt.Tooltip("probability:Q", format=".3f")],
     ).properties(height=HEIGHT - 40)
+
+
+TOKEN_SELECTION = "token"  # the token chart's point selection: clicking a token selects its round
+LINE_CHARS = 80  # the token chart wraps its lines at this many characters (and at every newline)
+
+
+def token_layout(output: pd.DataFrame, line_chars: int = LINE_CHARS) -> pd.DataFrame:
+    """Where each emitted token sits in the token chart: the output laid out as text, `line` and character offset
+    `x`..`x2`, wrapped at line_chars and after a newline. shown: the token with whitespace made visible (Vega draws
+    it as text, never as HTML). round: the round that emitted it (-1: the prefill token, no round).
+    output: position, token_id, text, kind, round_index (storage.queries.prompt_output)."""
+    rows, line, x = [], 0, 0
+    for token in output.itertuples():
+        text = str(token.text) if isinstance(token.text, str) else ""
+        shown = text.replace("\n", "↵").replace("\t", "→")
+        shown = shown.replace(" ", "·") if not shown.strip() else shown
+        width = max(len(shown), 1)
+        if x and x + width > line_chars:
+            line, x = line + 1, 0
+        rows.append({"position": int(token.position), "token_id": int(token.token_id), "shown": shown,
+                     "kind": token.kind, "round": int(token.round_index) if pd.notna(token.round_index) else -1,
+                     "line": line, "x": x, "x2": x + width})
+        x += width
+        if "\n" in text:
+            line, x = line + 1, 0
+    return pd.DataFrame(rows, columns=["position", "token_id", "shown", "kind", "round", "line", "x", "x2"])
+
+
+def token_chart(layout: pd.DataFrame, selected_round: int | None, line_chars: int = LINE_CHARS) -> alt.LayerChart:
+    """The output token by token, coloured by how each was produced, the selected round boxed in orange; a click
+    on a token selects its round (a point selection named TOKEN_SELECTION over the `round` field)."""
+    frame = layout.assign(selected=layout["round"] == (selected_round if selected_round is not None else -2))
+    pick = alt.selection_point(name=TOKEN_SELECTION, fields=["round"], on="click", clear=False, empty=False)
+    lines = int(frame["line"].max()) + 1 if len(frame) else 1
+    x = alt.X("x:Q", axis=None, scale=alt.Scale(domain=[0, line_chars], nice=False))
+    y = alt.Y("line:O", axis=None)
+    tooltip = [alt.Tooltip("round:Q", title="round (-1: prefill)"), "kind:N", "token_id:Q", "position:Q",
+               alt.Tooltip("shown:N", title="token")]
+    boxes = alt.Chart(frame).mark_rect(cornerRadius=2).encode(
+        x, alt.X2("x2:Q"), y,
+        color=alt.Color("kind:N", legend=None, scale=alt.Scale(domain=list(KIND_COLORS), range=list(KIND_COLORS.values()))),
+        opacity=alt.condition(alt.datum.selected, alt.value(0.35), alt.value(0.08)),
+        stroke=alt.condition(alt.datum.selected, alt.value("#ef6c00"), alt.value(None)),
+        tooltip=tooltip).add_params(pick)
+    text = alt.Chart(frame).mark_text(align="left", baseline="middle", font="monospace", fontSize=12, dx=1).encode(
+        x, y, alt.Text("shown:N"),
+        color=alt.Color("kind:N", legend=None, scale=alt.Scale(domain=list(KIND_COLORS), range=list(KIND_COLORS.values()))),
+        tooltip=tooltip)
+    return alt.layer(boxes, text).properties(height=max(40, 20 * lines)).configure_view(stroke=None)
+
+
+def selected_round(event, rounds: list[int]) -> int | None:
+    """The round a token-chart selection picked (st.altair_chart(..., on_select="rerun")'s state), or None when
+    nothing, the prefill token, or a round not in `rounds` was clicked."""
+    try:
+        points = (event or {}).get("selection", {}).get(TOKEN_SELECTION) or []
+    except AttributeError:
+        return None
+    for point in points if isinstance(points, list) else []:
+        try:
+            value = int(point.get("round"))
+        except (AttributeError, TypeError, ValueError):
+            continue
+        if value in rounds:
+            return value
+    return None

@@ -32,9 +32,10 @@ def _url() -> str | None:
 
 @st.cache_data(show_spinner=False, max_entries=512, ttl=3600)
 def _cached_query(url: str | None, name: str, args: tuple, kwargs: tuple, version: tuple):
-    from storage import queries as q
+    import importlib
 
-    return getattr(q, name)(_open(url), *args, **dict(kwargs))
+    module, _, function = name.rpartition(":")  # `runs` (storage.queries) or `storage.findings:findings`
+    return getattr(importlib.import_module(module or "storage.queries"), function)(_open(url), *args, **dict(kwargs))
 
 
 def version(experiment_id: int | None = None) -> tuple:
@@ -44,8 +45,18 @@ def version(experiment_id: int | None = None) -> tuple:
     return q.experiment_version(store(), experiment_id)
 
 
+def run_stamp(runs: pd.DataFrame, run_id: int) -> tuple:
+    """One run's version from its row in runs(): a finished run's never changes, so its breakdowns stay cached
+    while the experiment's other runs go on."""
+    row = runs.loc[runs["run_id"] == run_id]
+    if row.empty:
+        return ("run", run_id)
+    r = row.iloc[0]
+    return ("run", run_id, *(str(r.get(c)) for c in ("status", "prompts_done", "rounds", "finished", "heartbeat")))
+
+
 def cached(name: str, *args, experiment_id: int | None = None, stamp: tuple | None = None, **kwargs):
-    """storage.queries.<name>(store, *args, **kwargs), cached until `experiment_id`'s version changes (every
+    """storage.queries.<name>(store, *args, **kwargs) (or `module:function`), cached until `experiment_id`'s version changes (every
     experiment's version when experiment_id is None). Pass `stamp` to reuse one already read this rerun."""
     stamp = stamp if stamp is not None else version(experiment_id)
     result = _cached_query(_url(), name, tuple(args), tuple(sorted(kwargs.items())), stamp)

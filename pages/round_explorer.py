@@ -8,8 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from pages import charts
-from pages.common import chart_with_csv, csv_download, empty_state, experiment_label, query_ids, run_label, select_id, store
-from storage import queries as q
+from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, query_ids, run_label,
+                          run_stamp, select_id, version)
 
 KIND_LABELS = {"first": "first token (target prefill, no round)", "accepted": "accepted draft",
                "correction": "correction (after a rejection)", "bonus": "bonus (all drafts accepted)"}
@@ -44,14 +44,14 @@ def legend_html(output: pd.DataFrame) -> str:
 
 def render() -> None:
     st.title("Round explorer")
-    listing = q.experiments(store())
+    listing = cached("experiments")
     if listing.empty:
         empty_state("No experiments yet: the round explorer shows the rounds of a finished speculative run.")
         return
     c1, c2, c3 = st.columns(3)
     ids = [int(i) for i in listing["experiment_id"]]
     experiment_id = select_id("Experiment", "experiment", ids, experiment_label(listing), container=c1)
-    runs = q.runs(store(), experiment_id)
+    runs = cached("runs", experiment_id, stamp=version(experiment_id))
     speculative = runs[runs["kind"] == "speculative"]
     if speculative.empty:
         st.info("This experiment has no speculative runs.")
@@ -59,7 +59,8 @@ def render() -> None:
     sweep_variable = listing.set_index("experiment_id").loc[experiment_id, "sweep_variable"] or "k"
     run_id = select_id("Run", "run", [int(i) for i in speculative["run_id"]], run_label(runs, sweep_variable),
                        container=c2)
-    per_prompt = q.per_prompt(store(), run_id)
+    stamp = run_stamp(runs, run_id)  # a finished run's rounds are read once, then every slider move is a cache hit
+    per_prompt = cached("per_prompt", run_id, stamp=stamp)
     if per_prompt.empty:
         st.info("This run has no outputs yet; pick a finished run.", icon=":material/hourglass:")
         return
@@ -67,38 +68,70 @@ def render() -> None:
     prompt_index = select_id("Prompt", "prompt", list(prompts), lambda i: f"{i}: {str(prompts[i])[:60]}",
                              container=c3)
 
-    output = q.prompt_output(store(), run_id, prompt_index)
+    output = cached("prompt_output", run_id, prompt_index, stamp=stamp)
     rounds = sorted(int(r) for r in output["round_index"].dropna().unique())
-    st.markdown(f"**Prompt {prompt_index}:** `{str(prompts[prompt_index])[:500]}`")
+    st.markdown(f"**Prompt {prompt_index}:**")
+    st.code(str(prompts[prompt_index]), language=None, wrap_lines=True)  # its line breaks kept, nothing interpreted
     selected = None
     if rounds:
+        _follow_click(rounds, (run_id, prompt_index))
         wanted = query_ids("round")
         default = wanted[0] if wanted and wanted[0] in rounds else rounds[0]
-        selected = st.select_slider("Round", rounds, value=default, key="select_round") if len(rounds) > 1 else rounds[0]
-        st.query_params["round"] = str(selected)
+        if len(rounds) > 1:
+            if st.session_state.get("select_round") not in rounds:  # first view, or another run or prompt
+                st.session_state["select_round"] = default
+            selected = st.select_slider("Round", rounds, key="select_round")
+        else:
+            selected = rounds[0]
+        if query_ids("round")[:1] != [selected]:
+            st.query_params["round"] = str(selected)
     st.markdown(legend_html(output), unsafe_allow_html=True)
-    st.markdown(output_html(output, selected), unsafe_allow_html=True)
+    if len(output):
+        st.caption("Click a token to select the round that emitted it.")
+        st.altair_chart(charts.token_chart(charts.token_layout(output), selected), width="stretch",
+                        on_select="rerun", selection_mode=charts.TOKEN_SELECTION, key="token_chart")
+    with st.expander("The output as text"):
+        st.markdown(output_html(output, selected), unsafe_allow_html=True)
     csv_download(output, f"run{run_id}_prompt{prompt_index}_output.csv", "Download output tokens (CSV)")
     if selected is None:
         st.caption("No rounds in this output.")
         return
 
     st.subheader(f"Round {selected}: the draft's proposals")
-    proposals = q.round_proposals(store(), run_id, prompt_index, selected)
+    proposals = cached("round_proposals", run_id, prompt_index, selected, stamp=stamp)
     emitted = output[output["round_index"] == selected]
     st.caption("Emitted this round: " + " ".join(f"`{_visible(t)}` ({k})" for t, k in zip(emitted["text"], emitted["kind"])))
     if proposals.empty:
         st.caption("No proposals were recorded for this round.")
         return
     shown = proposals.assign(token=proposals["text"].map(lambda t: repr(t)[1:-1] if isinstance(t, str) else t))
-    left, right = st.columns([3, 2])
+    shown = shown[["position", "token", *[c for c in proposals if c not in ("position", "text")]]]
+    # Sized to its content: every row shown (no inner scroll), every column at its width (the outcome never cut).
+    st.dataframe(shown, hide_index=True, width="content", height=TABLE_ROW * (len(shown) + 1) + 3,
+                 key="proposals_table", column_config={
+                     "token": st.column_config.TextColumn(width="medium"),
+                     "outcome": st.column_config.TextColumn(width="small"),
+                     **{c: st.column_config.NumberColumn(format="%.4f") for c in ("p_draft", "p_target", "beta", "kl")}})
+    left, right = st.columns([2, 3])
     with left:
-        st.dataframe(shown[["position", "token", *[c for c in proposals if c not in ("position", "text")]]],
-                     hide_index=True, width="stretch", key="proposals_table", column_config={
-                         c: st.column_config.NumberColumn(format="%.4f") for c in ("p_draft", "p_target", "beta", "kl")})
         st.caption("A draft token is accepted with probability min(1, p_target / p_draft) (greedy: iff it is the "
                    "target's argmax); β = Σ min(p_draft, p_target) is its expected acceptance; tokens after the "
                    "first rejection are discarded, never verified.")
     with right:
         chart_with_csv(charts.proposal_probabilities(proposals), proposals,
                        f"run{run_id}_prompt{prompt_index}_round{selected}_proposals.csv")
+
+
+TABLE_ROW = 35  # st.dataframe's row height in pixels (header included)
+
+
+def _follow_click(rounds: list[int], view: tuple) -> None:
+    """A click on the token chart (its selection, read from the last run's widget state) moves the round slider
+    and the URL to the clicked token's round; a click already followed is not applied again, so the slider stays
+    free to move."""
+    picked = charts.selected_round(st.session_state.get("token_chart"), rounds)
+    if picked is None or st.session_state.get("token_chart_followed") == (view, picked):
+        return
+    st.session_state["token_chart_followed"] = (view, picked)
+    st.session_state["select_round"] = picked
+    st.query_params["round"] = str(picked)

@@ -1126,3 +1126,47 @@ def test_count_labels_star_only_small_samples():
 
     frame = with_counts(pd.DataFrame({"verified": [29, 30, 1000]}), "verified")
     assert frame["n_label"].tolist() == ["n=29*", "n=30", "n=1000"] and frame["small"].tolist() == [True, False, False]
+
+
+def test_token_selection_maps_to_its_round():
+    from pages.charts import selected_round
+
+    rounds = [0, 1, 2]
+    assert selected_round({"selection": {"token": [{"round": 2}]}}, rounds) == 2
+    assert selected_round({"selection": {"token": [{"round": -1}]}}, rounds) is None  # the prefill token: no round
+    assert selected_round({"selection": {"token": [{"round": 7}]}}, rounds) is None
+    assert selected_round({"selection": {"token": []}}, rounds) is None
+    assert selected_round({"selection": {"token": [{"round": "<b>1</b>"}]}}, rounds) is None
+    assert selected_round(None, rounds) is None and selected_round("junk", rounds) is None
+
+
+def test_token_layout_keeps_line_breaks_and_marks_the_prefill_token():
+    from pages.charts import token_layout
+
+    output = pd.DataFrame({"position": [0, 1, 2, 3], "token_id": [5, 6, 7, 8], "text": ["a", "b\n", "<i>c", " "],
+                           "kind": ["first", "accepted", "correction", "bonus"], "round_index": [None, 0, 0, 1]})
+    layout = token_layout(output)
+    assert layout["round"].tolist() == [-1, 0, 0, 1]
+    assert layout["line"].tolist() == [0, 0, 1, 1] and layout["shown"].tolist() == ["a", "b↵", "<i>c", "·"]
+
+
+def test_round_explorer_token_chart_selects_a_round_and_shows_its_proposals(crafted, monkeypatch):
+    from pages import charts
+
+    store, experiment_id, ids = crafted
+    at = app("rounds", experiment=experiment_id, run=ids[2], prompt=1)
+    assert_clean(at)
+    params = [p for spec in _specs(at) for p in spec.get("params", []) + [
+        p for layer in spec.get("layer", []) for p in layer.get("params", [])] if p.get("name") == "token"]
+    assert len(params) == 1 and params[0]["select"]["type"] == "point" and params[0]["select"]["fields"] == ["round"]
+    assert any(c.value == "p1" for c in at.code)  # the prompt as a code block
+    output = q.prompt_output(store, ids[2], 1)
+    last = int(output["round_index"].dropna().max())
+    monkeypatch.setattr(charts, "selected_round", lambda event, rounds: last)  # what a click on its token yields
+    at.run()
+    assert_clean(at)
+    assert at.query_params["round"] in ([str(last)], str(last)) and at.select_slider(key="select_round").value == last
+    proposals = next(d.value for d in at.dataframe if "p_draft" in d.value)
+    assert proposals["outcome"].tolist() == q.round_proposals(store, ids[2], 1, last)["outcome"].tolist()
+    at.select_slider(key="select_round").set_value(0).run()  # the slider stays free after a click
+    assert at.select_slider(key="select_round").value == 0
