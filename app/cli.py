@@ -362,7 +362,7 @@ def cmd_distill(args) -> int:
             return _fail(str(exc))
         finally:
             store.dispose()
-        cfg.k = focus["k"] if focus["k"] > 0 else cfg.k
+        cfg.profile_k = focus["k"] if focus["k"] > 0 else cfg.k
     try:
         val_spec, val_note = _distill_validation_set(args.prompts)
         train_prompts, val_prompts = load_prompts(args.prompts), load_prompts(val_spec)
@@ -426,6 +426,7 @@ def cmd_distill(args) -> int:
         "continuations": "greedy" + (f" + {cfg.samples - 1} sampled (temperature 1)" if cfg.samples > 1 else ""),
         "train_sequences": prepared["train_sequences"], "dtype": str(dtype).removeprefix("torch."), "hardware": device,
         "train_seconds": done["seconds"], "total_seconds": time.perf_counter() - started,
+        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "curve": done["curve"], "weights": done["weights"], "focus": focus,
         "kl_before": done["kl_before"], "kl_after": after["kl"],
         "alpha_before": before["alpha"], "alpha_after": after["alpha"],

@@ -51,7 +51,8 @@ class DistillConfig:
     seed: int = 0
     eval_points: int = 8  # held-out KL measured this many times along the run (the loss curve's second column)
     samples: int = 1  # continuations per training prompt: the greedy one, plus samples - 1 drawn at temperature 1
-    k: int = EVAL_K  # draft length for the alpha measurement and the position profile
+    k: int = EVAL_K  # draft length of the held-out alpha measurement
+    profile_k: int = 0  # draft length of the position profile (--focus-from: its run's k); 0: k
 
     def __post_init__(self):
         if not isinstance(self.steps, int) or self.steps <= 0:
@@ -259,7 +260,7 @@ def distill(pair: ModelPair, train_prompts: list[str], val_prompts: list[str], c
     yield {"kind": "phase", "phase": "teacher distributions and draft profile"}
     cache_teacher(target, train, vocab, cfg.top_k, device)
     draft.eval()
-    greedy_positions(draft, train, vocab, cfg.k, device)
+    greedy_positions(draft, train, vocab, cfg.profile_k or cfg.k, device)
     summary = assign_weights(train, TokenTyper(pair.tokenizer), type_weights, position_weights)
     yield {"kind": "prepared", "train_sequences": len(train), "train_tokens": sum(len(s.continuation) for s in train),
            "validation_sequences": len(val), "validation_tokens": sum(len(s.continuation) for s in val),
@@ -276,7 +277,7 @@ def distill(pair: ModelPair, train_prompts: list[str], val_prompts: list[str], c
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(cfg.seed)
-    every = max(1, cfg.steps // max(1, cfg.eval_points))
+    every = max(1, math.ceil(cfg.steps / max(1, cfg.eval_points)))
     curve = [{"step": 0, "train_loss": None, "kl": kl_before}]
     start, window = time.perf_counter(), []
     for step in range(1, cfg.steps + 1):
@@ -368,6 +369,10 @@ def write_card(out: Path, record: dict) -> None:
     (out / "distill.json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
 def _fmt(value, spec=".4f") -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
@@ -383,7 +388,7 @@ def render_card(c: dict) -> str:
                       f"({focus['how']}): weight = type weight x draft-position weight, normalised to mean 1 over the "
                       f"training tokens.\n\n- token type weights: {types}\n- draft position weights: {positions}\n"
                       f"- token type = SPEC type of the target's token; position = the slot it takes when the "
-                      f"original draft speculates greedily with k={c['k']} (bonus slots weigh 1)\n")
+                      f"original draft speculates greedily with k={c['profile_k'] or c['k']} (bonus slots weigh 1)\n")
     else:
         focus_text = "None: every continuation token weighs 1.\n"
     eff = "\n".join(f"| {ty} | {v['tokens']} | {v['mean_weight']:.2f} |" for ty, v in c["weights"]["by_type"].items())
@@ -407,7 +412,7 @@ architecture and size as `{c['draft']}` ({c['parameters']:,} parameters), same t
 |---|---|
 | steps | {c['steps']} x {c['batch_size']} sequences |
 | optimizer | AdamW lr {c['lr']:g} ({c['warmup_steps']} warm-up steps, cosine to {c['lr'] * c['min_lr_ratio']:.2g}), betas (0.9, 0.95), grad clip {c['grad_clip']}, seed {c['seed']} |
-| wall time | {c['train_seconds'] / 60:.1f} min training, {c['total_seconds'] / 60:.1f} min in all, on {c['hardware']} |
+| wall time | {_duration(c['train_seconds'])} training, {_duration(c['total_seconds'])} in all (generation, evaluation and saving included), on {c['hardware']}, finished {c['finished']} |
 | weights | {c['dtype']} safetensors |
 
 Loss curve (train: weighted top-k KL, mean since the previous row; held-out: full-vocabulary KL, nats/token):
