@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{DB_RETRY_HELP}.")
     worker.add_argument("--db", default=None)
     worker.add_argument("--until-idle", action="store_true", help="exit when no queued run is left")
+    worker.add_argument("--devices", default=None,
+                        help="one worker process per device: `all` (every CUDA GPU; one CPU worker without one) or "
+                             "a comma list of cuda:N / cpu:N (cpu:N: CPU slots with leases of their own). Each child "
+                             "sees only its GPU (CUDA_VISIBLE_DEVICES) and holds that device's lease; a child that "
+                             "dies is restarted with backoff and its runs requeued; SIGTERM / Ctrl-C stops them all, "
+                             "their runs interrupted. Without it: one worker, each experiment on its own device")
 
     lst = sub.add_parser("list", help="experiments and runs", description=f"Experiments and runs. {STALE_HELP}; "
                          f"list marks such runs interrupted.")
@@ -585,6 +591,17 @@ def cmd_worker(args) -> int:
         return store
     url = store.url
     store.dispose()
+    if args.devices is not None:
+        from .supervisor import DevicesError, parse_devices, run_supervisor
+
+        try:
+            devices = parse_devices(args.devices)
+        except DevicesError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            return 2
+        if devices != ["cpu"]:
+            return run_supervisor(url, devices, until_idle=args.until_idle,
+                                  log=lambda m: print(f"supervisor: {_scrub(str(m), url)}", file=sys.stderr, flush=True))
     return run_worker(url, until_idle=args.until_idle, log=_worker_log(url))
 
 

@@ -145,12 +145,37 @@ def _primary_draft(experiment: dict, runs) -> str | None:
 
 
 def lease_key(device: str) -> str:
-    """The timing lease a job on `device` (auto / cpu / cuda / cuda:N) needs: one per physical device."""
+    """The timing lease a job on `device` (auto / cpu / cuda / cuda:N, or cpu:N: a CPU worker slot of
+    `draftlab worker --devices cpu:0,cpu:1`, its own lease so such workers time side by side) needs: one per
+    physical device (per slot for cpu:N)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         device = "cuda:0"
     return f"{socket.gethostname()}:{device}"
+
+
+def place(experiment_device: str, pinned: str | None) -> str:
+    """Where a pinned worker (`draftlab worker --devices`: cuda:N or cpu:N) times an experiment: an experiment
+    on auto/cuda goes to the worker's device; one that names a device (cpu, cuda:N) keeps it (and its lease)."""
+    if pinned is None or experiment_device not in ("auto", "cuda"):
+        return experiment_device
+    if experiment_device == "cuda" and pinned.startswith("cpu"):
+        return "cuda"  # asked for a GPU: a CPU slot does not quietly time it on the CPU
+    return pinned
+
+
+def load_device(device: str) -> str:
+    """The device string the loader gets: a cpu:N slot loads on the CPU; a worker pinned to cuda:N sees only that
+    GPU (CUDA_VISIBLE_DEVICES=N, set by the supervisor or by pin_cuda()), so it loads on "cuda"."""
+    return device.split(":")[0] if ":" in device else device
+
+
+def pin_cuda(device: str | None) -> None:
+    """A worker pinned to cuda:N sees only GPU N: CUDA_VISIBLE_DEVICES=N unless set already (the supervisor
+    sets it). Call before CUDA is initialised. The lease and the worker id keep the physical name cuda:N."""
+    if device and device.startswith("cuda:") and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
 
 
 def _label(run: dict) -> str:
@@ -161,9 +186,12 @@ class Worker:
     def __init__(self, store: Store, worker_id: str | None = None, heartbeat_seconds: float = 5.0,
                  stale_seconds: float | None = None, poll_seconds: float = 2.0, progress_seconds: float = 0.5,
                  progress_hook: ProgressHook | None = None, log: Callable[[str], None] | None = None,
-                 loader: Callable[..., ModelPair] = load_pair, db_retry_seconds: float | None = None):
+                 loader: Callable[..., ModelPair] = load_pair, db_retry_seconds: float | None = None,
+                 device: str | None = None):
         self.store = store
-        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.device = device  # pinned (cuda:N / cpu:N, see place()); None: each experiment's own device
+        suffix = f"@{device}" if device else ""  # the dashboard's Workers view reads the device from the id
+        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:80 - len(suffix)] + suffix
         self.heartbeat_seconds = heartbeat_seconds
         self.stale_seconds = queue.stale_window(stale_seconds)  # $DRAFTLAB_STALE_SECONDS unless given
         self.db_retry_seconds = db_retry_window(db_retry_seconds)  # $DRAFTLAB_DB_RETRY_SECONDS unless given
@@ -363,7 +391,8 @@ class Worker:
                         last_sweep = time.monotonic()
                     time.sleep(self.poll_seconds)
                     continue
-                device = lease_key(self._db(queue.get_experiment, self.store, eid, write=False)["device"])
+                device = lease_key(place(self._db(queue.get_experiment, self.store, eid, write=False)["device"],
+                                         self.device))
                 holder = self._db(queue.acquire_lease, self.store, device, self.id, eid, self.stale_seconds)
                 if holder is not None:
                     if waiting_on != holder:
@@ -507,7 +536,7 @@ class Worker:
                 for rid in decoders:
                     clear_from(conn, rid, start[rid])
             for rid in decoders:
-                queue.start_run(self.store, rid, len(prompts), _device_name(loaded.pair.device))
+                queue.start_run(self.store, rid, len(prompts), _device_name(loaded.pair.device, self.device))
         self._db(prepare)
         if experiment["k_auto"] and decoders:
             self._profile_verify(experiment, loaded, next(iter(budgets.values()))[0][0])
@@ -622,15 +651,15 @@ class Worker:
 
     def _pair(self, experiment: dict, draft: str | None = None) -> _Loaded:
         draft = draft if draft is not None else experiment["draft"]
-        key = (experiment["target"], draft, experiment["device"], experiment["dtype"],
-               bool(experiment["trust_remote_code"]))
+        device = load_device(place(experiment["device"], self.device))
+        key = (experiment["target"], draft, device, experiment["dtype"], bool(experiment["trust_remote_code"]))
         if self.loaded is not None and self.loaded.key[:-1] == key:
             self.loaded.key = key + (experiment["id"],)
             return self.loaded
         self._release()
         self.log(f"loading {experiment['target']}" + (f" + {draft}" if draft else ""))
         try:
-            pair = self.loader(experiment["target"], draft, experiment["device"], experiment["dtype"],
+            pair = self.loader(experiment["target"], draft, device, experiment["dtype"],
                                bool(experiment["trust_remote_code"]))
         except DraftLabError as exc:
             raise SetupError(str(exc)) from exc
@@ -656,10 +685,14 @@ class Worker:
                 torch.cuda.empty_cache()
 
 
-def _device_name(device: torch.device) -> str:
+def _device_name(device: torch.device, pinned: str | None = None) -> str:
+    """What runs.device_name records: the GPU's name and which one (the physical cuda:N of a pinned worker),
+    or cpu (cpu:N for a CPU slot of `--devices cpu:0,cpu:1`)."""
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return "cpu"
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        which = pinned if pinned and pinned.startswith("cuda:") else f"cuda:{index}"
+        return f"{torch.cuda.get_device_name(device)} ({which})"
+    return pinned if pinned and pinned.startswith("cpu:") else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -672,9 +705,13 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"heartbeat age that marks a run interrupted (default ${queue.STALE_ENV} or "
                              f"{queue.DEFAULT_STALE_SECONDS:g})")
     parser.add_argument("--poll", type=float, default=2.0, help="queue poll interval when idle, seconds")
+    parser.add_argument("--device", default=None, help="pin to cuda:N or cpu:N (what `draftlab worker --devices` "
+                        "starts one worker per); experiments on auto/cuda run there")
+    parser.add_argument("--worker-id", default=None, help=argparse.SUPPRESS)  # given by app/supervisor.py
     args = parser.parse_args(argv)
+    pin_cuda(args.device)
     return run_worker(args.db, until_idle=args.until_idle, heartbeat_seconds=args.heartbeat,
-                      stale_seconds=args.stale, poll_seconds=args.poll)
+                      stale_seconds=args.stale, poll_seconds=args.poll, device=args.device, worker_id=args.worker_id)
 
 
 DB_RETRY_HELP = ("A database write that fails (disk full, read-only file, server restarting) is retried with backoff "

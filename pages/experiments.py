@@ -78,6 +78,27 @@ def _waiting() -> None:
         st.info(f"Worker {r.waiting_worker} is waiting for device {r.device} ({holder}).", icon=":material/hourglass:")
 
 
+def _workers() -> None:
+    """Worker health: who is alive, on which device, timing what; the queue's depth; stale workers flagged."""
+    health = q.worker_health(store())
+    frame = health["workers"]
+    stale = int((frame["status"] == "stale").sum())
+    label = (f"Workers: {len(frame) - stale} alive" + (f", ⚠ {stale} stale" if stale else "")
+             + f" · {health['queued_runs']} run(s) queued in {health['queued_experiments']} experiment(s)")
+    with st.expander(label, expanded=bool(stale) or (health["queued_runs"] > 0 and len(frame) == stale)):
+        if frame.empty:
+            st.caption("No worker is registered: start one with `draftlab worker` (or `--devices all`).")
+            return
+        if stale:
+            st.warning(f"{stale} worker(s) stopped heartbeating or their process is gone; the next sweep marks their "
+                       f"runs interrupted (`draftlab resume` continues them).", icon=":material/heart_broken:")
+        st.dataframe(frame.assign(progress=frame["progress"] * 100), hide_index=True, width="stretch",
+                     key="workers_table", column_config={
+                         "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100,
+                                                                     format="%.0f%%"),
+                         "heartbeat_age_s": st.column_config.NumberColumn("last beat", format="%.0f s ago")})
+
+
 def _table(filters: dict, seen: tuple) -> None:
     if needs_full_rerun(seen, q.experiments(store())):
         st.rerun()  # new experiments, or work started or finished: redraw the page once, with the right timer
@@ -85,6 +106,7 @@ def _table(filters: dict, seen: tuple) -> None:
     frame = q.experiments(store(), **filters)
     if frame.empty:
         st.info("No experiment matches these filters.")
+        _workers()
         return
     shown = frame.assign(
         progress=frame["progress"].fillna(0) * 100,
@@ -96,6 +118,7 @@ def _table(filters: dict, seen: tuple) -> None:
     csv_download(frame, "experiments.csv")
     if seen[1]:
         st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while experiments are queued or running.")
+    _workers()  # below the experiments table (the page's first dataframe)
 
 
 def render() -> None:
