@@ -224,14 +224,31 @@ def with_counts(frame: pd.DataFrame, count: str) -> pd.DataFrame:
     return frame.assign(n_label=[f"n={v}" + ("*" if s else "") for v, s in zip(n, small)], small=small)
 
 
+THEORY_SERIES = {"predicted_speedup": "speedup (article's formula)",
+                 "refined_speedup": "speedup (cost-aware: measured verify cost)",
+                 "expected_tokens_per_round": "expected tokens per round E[L_k]"}
+
+
+def _named(field: str, names: dict[str, str]) -> str:
+    """A Vega expression naming `field`'s raw values for people (the data keeps the raw names: the CSV's)."""
+    expression = f"datum['{field}']"
+    for raw, name in reversed(list(names.items())):
+        expression = f"datum['{field}'] === '{raw}' ? '{name}' : ({expression})"
+    return expression
+
+
 def theory_curves(frame: pd.DataFrame, k_selected: int) -> alt.LayerChart:
     """Speedup and expected tokens per round over k from the formulas. frame: k, predicted_speedup,
-    expected_tokens_per_round[, refined_speedup]."""
-    series = [c for c in ("predicted_speedup", "refined_speedup", "expected_tokens_per_round") if c in frame]
+    expected_tokens_per_round[, refined_speedup]. Both are ratios to one target step's output (×, tokens per
+    round), so they share the y axis; the legend names them in words."""
+    series = [c for c in THEORY_SERIES if c in frame]
     long = frame.melt(id_vars=["k"], value_vars=series, var_name="metric")
-    lines = alt.Chart(long).mark_line(point=True).encode(
-        _x("k", "k (draft tokens per round)"), alt.Y("value:Q", title=None), alt.Color("metric:N", title=None, legend=BOTTOM),
-        tooltip=["k:Q", "metric:N", alt.Tooltip("value:Q", format=".3f")])
+    names = [THEORY_SERIES[c] for c in series]
+    lines = alt.Chart(long).transform_calculate(series=_named("metric", THEORY_SERIES)).mark_line(point=True).encode(
+        _x("k", "k (draft tokens per round)"),
+        alt.Y("value:Q", title="speedup (×) · tokens per round"),
+        alt.Color("series:N", title=None, legend=BOTTOM, sort=names, scale=alt.Scale(domain=names)),
+        tooltip=["k:Q", alt.Tooltip("series:N", title="curve"), alt.Tooltip("value:Q", format=".3f")])
     rule = alt.Chart(pd.DataFrame({"k": [k_selected]})).mark_rule(color="#ef6c00").encode(x="k:Q")
     even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#bdbdbd", strokeDash=[2, 2]).encode(y="y:Q")
     return alt.layer(even, lines, rule).properties(height=HEIGHT + 40)

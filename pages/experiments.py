@@ -33,7 +33,21 @@ _COLUMN_CONFIG = {
     "n_tied": st.column_config.NumberColumn("ties", format="%d", help="other values whose interval overlaps the best "
                                                                       "one's: statistically tied with it"),
     "alpha": st.column_config.NumberColumn("alpha", format="%.3f", help="alpha of the best run"),
+    # Compact widths so the right-hand columns fit beside the metrics instead of being cut off (full text on hover
+    # and in the CSV).
+    "name": st.column_config.TextColumn("name", width="medium"),
+    "status": st.column_config.TextColumn("status", width="small"),
+    "target": st.column_config.TextColumn("target", width="small"),
+    "draft": st.column_config.TextColumn("draft", width="small"),
+    "prompts": st.column_config.TextColumn("prompts", width="small"),
+    "sweep_variable": st.column_config.TextColumn("swept", width="small"),
+    "sweep_values": st.column_config.ListColumn("values", width="small"),
+    "repeats": st.column_config.NumberColumn("repeats", format="%d", width="small"),
+    "tags": st.column_config.TextColumn("tags", width="small"),
+    "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm", width="small"),
+    "notes": st.column_config.TextColumn("notes", width="medium"),
 }
+PENDING = "—"  # a metric not measured yet (a queued or running experiment), instead of the grid's "None"
 
 
 def _is_active(frame: pd.DataFrame) -> bool:
@@ -110,11 +124,11 @@ def _table(filters: dict, seen: tuple) -> None:
         return
     shown = frame.assign(
         progress=frame["progress"].fillna(0) * 100,
-        interval=[f"{lo:.2f}–{hi:.2f}" if pd.notna(lo) and pd.notna(hi) else "" for lo, hi in
+        interval=[f"{lo:.2f}–{hi:.2f}" if pd.notna(lo) and pd.notna(hi) else PENDING for lo, hi in
                   zip(frame["best_ci_lo"], frame["best_ci_hi"])],
         check=[f"⚠ {n} impossible speedup{'s' if n > 1 else ''}" if n else "" for n in frame["timing_warnings"]])
     st.dataframe(shown[[c for c in COLUMNS if c in shown]], hide_index=True, width="stretch", key="experiments_table",
-                 column_config=_COLUMN_CONFIG)
+                 column_config=_COLUMN_CONFIG, placeholder=PENDING)
     csv_download(frame, "experiments.csv")
     if seen[1]:
         st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while experiments are queued or running.")

@@ -1170,3 +1170,44 @@ def test_round_explorer_token_chart_selects_a_round_and_shows_its_proposals(craf
     assert proposals["outcome"].tolist() == q.round_proposals(store, ids[2], 1, last)["outcome"].tolist()
     at.select_slider(key="select_round").set_value(0).run()  # the slider stays free after a click
     assert at.select_slider(key="select_round").value == 0
+
+
+def test_theory_chart_has_a_y_title_and_names_its_curves_in_words(empty_db):
+    at = app("theory")
+    assert_clean(at)
+    spec = json.dumps(_specs(at)[0], ensure_ascii=False)
+    assert "speedup (×) · tokens per round" in spec
+    for name in ("speedup (article's formula)", "expected tokens per round E[L_k]"):
+        assert name in spec
+    assert '"field": "series"' in spec  # the legend's field: the words, not predicted_speedup
+
+
+def test_experiments_table_shows_a_dash_for_pending_metrics(crafted):
+    from tests.test_storage import enqueue
+
+    store, _, _ = crafted
+    pending = enqueue(store, ks=(2,), prompts=2, name="not run yet")
+    at = app("experiments")
+    assert_clean(at)
+    grid = next(d for d in at.dataframe if "interval" in d.value)
+    assert grid.proto.placeholder == "—"  # every missing cell (best k, speedup, alpha) reads — not None
+    row = grid.value.set_index("experiment_id").loc[pending]
+    assert row["interval"] == "—" and pd.isna(row["best_speedup"])
+    config = json.loads(grid.proto.columns)
+    assert config["notes"]["width"] == "medium" and config["target"]["width"] == "small"
+
+
+def test_detail_speedup_csv_has_integer_run_ids_and_the_runs_table_stays_open_once_done(populated):
+    from pages.experiment_detail import pooled_prediction_inputs, speedup_frame
+
+    experiment_id = _greedy_id(populated)
+    runs, curve = q.runs(populated, experiment_id), q.sweep_curve(populated, experiment_id)
+    frame = speedup_frame(curve, "k", pooled_prediction_inputs(runs))
+    assert len(frame) > len(curve)  # the formula's k values without a run
+    lines = frame.to_csv(index=False).splitlines()
+    run_ids = [line.split(",")[lines[0].split(",").index("run_id")] for line in lines[1:]]
+    assert {r for r in run_ids if r} == {str(int(r)) for r in curve["run_id"]}  # 7, never 7.0
+    at = app("experiment", experiment=experiment_id)
+    assert_clean(at)
+    runs_box = next(e for e in at.expander if e.label == "Runs")
+    assert runs_box.proto.expanded  # done: the table is open, not folded away
