@@ -48,9 +48,10 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def parse_devices(spec: str, count: Callable[[], int] = gpu_count) -> list[str]:
+def parse_devices(spec: str, count: Callable[[], int] | None = None) -> list[str]:
     """`all` -> cuda:0..N-1 (one CPU worker, ["cpu"], on a machine without a GPU); else a comma list of distinct
-    cuda:N / cpu:N."""
+    cuda:N / cpu:N. count: how many GPUs there are (default gpu_count)."""
+    count = count or (lambda: gpu_count())
     spec = (spec or "").strip()
     if spec == "all":
         n = count()
@@ -147,9 +148,9 @@ class Supervisor:
         `draftlab resume`."""
         from sqlalchemy import text
 
-        from storage import open_store, queue
+        from storage import queue
 
-        store = open_store(self.db_url)
+        store = self._store()
         try:
             queue.mark_stale(store)
             with store.write() as conn:
@@ -161,8 +162,15 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - never let the supervisor die of a database outage
             self.log(f"could not requeue the runs of {worker_id} ({type(exc).__name__}); `draftlab resume` does")
             return []
-        finally:
-            store.dispose()
+
+    def _store(self):
+        """One store for the supervisor's sweeps, opened at the first death (not per death: a kill is requeued
+        in a few database round trips)."""
+        if getattr(self, "_opened", None) is None:
+            from storage import open_store
+
+            self._opened = open_store(self.db_url)
+        return self._opened
 
     # --- the loop --------------------------------------------------------------------------------------------
 
@@ -194,6 +202,9 @@ class Supervisor:
                 time.sleep(self.poll_seconds)
             return self._shutdown()
         finally:
+            if getattr(self, "_opened", None) is not None:
+                self._opened.dispose()
+                self._opened = None
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
 
@@ -219,15 +230,12 @@ class Supervisor:
 
     def _requeue_or_interrupt(self, child: Child) -> None:
         """A child killed at shutdown: its runs become interrupted (resumable), its lease goes."""
-        from storage import open_store, queue
+        from storage import queue
 
-        store = open_store(self.db_url)
         try:
-            queue.mark_stale(store)
+            queue.mark_stale(self._store())
         except Exception:  # noqa: BLE001 - the next sweep does it
             pass
-        finally:
-            store.dispose()
 
 
 def run_supervisor(db_url: str, devices: list[str], until_idle: bool = False, log=None, **kwargs) -> int:

@@ -162,6 +162,9 @@ def test_four_workers_drain_forty_runs_while_a_killer_sigkills_them(postgres_url
         if sup.poll() is None:
             sup.kill()
             sup.wait()
+    print(f"\nchaos: {total} runs done; {len(killer.killed)} SIGKILLs "
+          f"({sum(1 for k in killer.killed if k[3] is not None)} of a worker timing a run); "
+          f"{err.count('requeued')} deaths with runs requeued; {err.count(' started (pid ')} worker starts")
     assert done_at == {"done": total}, (done_at, err[-4000:])
     assert sup.returncode == 143, err[-3000:]
     assert len(killer.killed) >= 3, killer.killed  # the chaos happened
