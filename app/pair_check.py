@@ -4,12 +4,21 @@ A tokenizer loads in well under a second (a 150k-entry vocabulary included) and 
 comparison, but the first call imports transformers (and with it torch: several seconds), so results are
 cached per model name and per pair, and `warm_up()` does that import in the background when the dashboard
 starts, so the first check on the New-experiment page takes milliseconds, not seconds.
+
+A local directory's results are keyed on its files (names, sizes, mtimes): adding a config.json re-checks. An HF id
+not in the local cache is looked up with a NETWORK_TIMEOUT-second probe first (at once with $HF_HUB_OFFLINE), so
+an unreachable hub or an unknown id fails in seconds with the same message, never after transformers' long
+retries; such failures are not cached (the next check tries again).
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+
+NETWORK_TIMEOUT = 4.0  # seconds for the Hugging Face Hub probe of an uncached model id
 
 _warming: threading.Thread | None = None
 
@@ -55,35 +64,104 @@ def model_source(name: str) -> str:
     return name
 
 
+def fingerprint(name: str) -> tuple:
+    """What a cached check of `name` depends on: for a local directory (or a file path) its files' names, sizes
+    and mtimes, so a config.json added, removed or rewritten re-checks; () for anything else (an HF id, a demo)."""
+    path = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or os.sep in name and path.exists()
+    if not looks_local and not path.exists():
+        return ()
+    try:
+        if path.is_dir():
+            entries = sorted(path.iterdir())
+            return ("dir", *((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries if e.is_file()))
+        stat = path.stat()
+        return ("file", stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        return ("missing",)
+
+
+class _Unreachable(Exception):
+    """The hub could not be asked in time (offline, or no network): a failure worth retrying, so never cached."""
+
+
+def _offline() -> bool:
+    return str(os.environ.get("HF_HUB_OFFLINE", "")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _hub_reachable(repo_id: str) -> None:
+    """For an HF id not in the local cache: ask the hub about it within NETWORK_TIMEOUT seconds, so an unreachable
+    network fails fast (transformers would retry for much longer); an unknown id raises its own error here."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id: let transformers word the error
+        return
+    if isinstance(cached, str):
+        return  # in the local cache: loads without the network
+    if _offline():
+        raise _Unreachable(f"{repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
+    import requests
+
+    try:
+        HfApi().model_info(repo_id, timeout=NETWORK_TIMEOUT)
+    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
+        raise _Unreachable(f"the Hugging Face Hub did not answer within {NETWORK_TIMEOUT:g} s "
+                           f"({type(exc).__name__})") from exc
+    except Exception as exc:  # noqa: BLE001 - 401/404 and the like: the id or the token is wrong
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise OSError(first) from exc
+
+
+def _is_hub_id(name: str) -> bool:
+    return not fingerprint(name) and name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
 @lru_cache(maxsize=32)
-def _tokenizer_and_width(name: str):
-    """(tokenizer, output width) for a model name; the width is the config's vocab_size (no weights loaded)."""
+def _tokenizer_and_width(name: str, files: tuple = ()):
+    """(tokenizer, output width) for a model name; the width is the config's vocab_size (no weights loaded).
+    `files`: the name's fingerprint(), part of the cache key only."""
     wait_warm()
     from transformers import AutoConfig, AutoTokenizer
 
     source = model_source(name)
+    if source == name and _is_hub_id(name):
+        _hub_reachable(name)
     tokenizer = AutoTokenizer.from_pretrained(source)
     config = AutoConfig.from_pretrained(source)
     width = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", None)
     return tokenizer, int(width) if width else len(tokenizer.get_vocab())
 
 
-@lru_cache(maxsize=64)
 def check_pair_names(target: str, draft: str) -> PairCheck:
-    """Do `target` and `draft` share a tokenizer (same id for every token)? Cached per pair."""
+    """Do `target` and `draft` share a tokenizer (same id for every token)? Cached per pair and per the content of
+    a local directory (see fingerprint); a failure to reach the hub is not cached."""
+    target, draft = str(target).strip(), str(draft).strip()
+    try:
+        return _check_pair(target, draft, fingerprint(target) if target else (), fingerprint(draft) if draft else ())
+    except _Unreachable as exc:
+        role, name = exc.args[1:3] if len(exc.args) >= 3 else ("model", "")
+        return PairCheck(False, f"cannot load the {role} tokenizer {name!r} ({exc.args[0]}); check the HF model id "
+                                f"or local path, and your network/HF_TOKEN")
+
+
+@lru_cache(maxsize=64)
+def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple) -> PairCheck:
     wait_warm()
     from engine.errors import DraftLabError
     from engine.loading import check_pair
 
-    target, draft = target.strip(), draft.strip()
     if not target or not draft:
         return PairCheck(False, "give both a target and a draft model (demo-target, demo-draft, an HF id or a local path)")
     loaded = {}
-    for role, name in (("target", target), ("draft", draft)):
+    for role, name, files in (("target", target, target_files), ("draft", draft, draft_files)):
         try:
-            loaded[role] = _tokenizer_and_width(name)
+            loaded[role] = _tokenizer_and_width(name, files)
         except DraftLabError as exc:
             return PairCheck(False, str(exc))
+        except _Unreachable as exc:
+            raise _Unreachable(str(exc), role, name) from exc  # not cached: the next check asks again
         except Exception as exc:  # noqa: BLE001 - any loader failure is the user's input to fix, shown inline
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             return PairCheck(False, f"cannot load the {role} tokenizer {name!r} ({first}); check the HF model id "

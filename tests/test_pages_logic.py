@@ -209,3 +209,46 @@ def test_validate_passes_repeats_and_auto_k_and_checks_them():
                           ({"k_auto": 65}, "from 2 to 64")]:
         launch = validate(**{**VALID, **change})
         assert launch.kwargs == {} and any(words in e for e in launch.errors), launch.errors
+
+
+def test_pair_check_rechecks_a_directory_whose_files_changed(tokenizer_dirs, tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from app.pair_check import check_pair_names
+
+    draft = tmp_path / "draft"
+    shutil.copytree(tokenizer_dirs["draft"], draft)
+    (draft / "config.json").unlink()
+    first = check_pair_names(tokenizer_dirs["target"], str(draft))
+    assert not first.ok and "draft" in first.message
+    shutil.copy(Path(tokenizer_dirs["draft"]) / "config.json", draft / "config.json")
+    again = check_pair_names(tokenizer_dirs["target"], str(draft))
+    assert again.ok, again.message  # keyed on the directory's files: the added config.json is seen
+
+
+def test_pair_check_of_an_uncached_hub_id_fails_in_seconds_offline_or_unreachable(tokenizer_dirs, monkeypatch):
+    import time
+
+    import requests
+    from huggingface_hub import HfApi
+
+    from app.pair_check import check_pair_names
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    offline = check_pair_names(tokenizer_dirs["target"], "someone-unknown/not-in-any-cache")
+    assert not offline.ok and "cannot load the draft tokenizer" in offline.message and "HF_HUB_OFFLINE" in offline.message
+    assert time.perf_counter() - start < 5
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    calls = []
+
+    def unreachable(self, repo_id, timeout=None, **kw):
+        calls.append(timeout)
+        raise requests.exceptions.ConnectTimeout("timed out")
+
+    monkeypatch.setattr(HfApi, "model_info", unreachable)
+    for _ in range(2):  # a network failure is not cached: the second check asks again
+        failed = check_pair_names(tokenizer_dirs["target"], "someone-unknown/not-in-any-cache")
+        assert not failed.ok and "did not answer within" in failed.message and "check the HF model id" in failed.message
+    assert len(calls) == 2 and all(0 < t <= 10 for t in calls)
