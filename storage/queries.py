@@ -97,10 +97,14 @@ def _nullable_bool(df: pd.DataFrame, column: str) -> None:
 
 
 def _with_predicted(df: pd.DataFrame) -> pd.DataFrame:
-    """predicted_speedup from the measured alpha, the run's largest k and c (engine/theory.py's formula)."""
+    """predicted_speedup from the measured alpha, the run's largest k and c (engine/theory.py's formula). The
+    formula assumes a constant k: runs whose drafter varies k per round (heuristic, confidence, prompt lookup)
+    get none rather than a number that means nothing."""
+    constant = [d is None or (isinstance(d, float) and pd.isna(d)) or d == "model"
+                for d in (df["drafter"] if "drafter" in df else [None] * len(df))]
     df["predicted_speedup"] = [
-        _predicted_speedup(a, int(k), c) if pd.notna(a) and pd.notna(c) and c and pd.notna(k) and k else None
-        for a, k, c in zip(df["alpha"], df["max_k"], df["c"])
+        _predicted_speedup(a, int(k), c) if ok and pd.notna(a) and pd.notna(c) and c and pd.notna(k) and k else None
+        for a, k, c, ok in zip(df["alpha"], df["max_k"], df["c"], constant)
     ]
     df["predicted_speedup"] = df["predicted_speedup"].astype(float)
     for column in ("speedup", "speedup_ci_lo", "speedup_ci_hi", "verify_cost", "predicted_speedup_refined", "c"):
