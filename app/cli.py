@@ -411,6 +411,11 @@ def cmd_distill(args) -> int:
                 done = rec
     except DraftLabError as exc:
         return _fail(str(exc))
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+            bar = None
+        return _fail(f"interrupted before the model was saved; nothing was written to {out} (rerun the command)", 130)
     finally:
         if bar is not None:
             bar.close()

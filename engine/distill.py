@@ -388,7 +388,7 @@ def render_card(c: dict) -> str:
                       f"({focus['how']}): weight = type weight x draft-position weight, normalised to mean 1 over the "
                       f"training tokens.\n\n- token type weights: {types}\n- draft position weights: {positions}\n"
                       f"- token type = SPEC type of the target's token; position = the slot it takes when the "
-                      f"original draft speculates greedily with k={c['profile_k'] or c['k']} (bonus slots weigh 1)\n")
+                      f"original draft speculates greedily with k={c.get('profile_k') or c['k']} (bonus slots weigh 1)\n")
     else:
         focus_text = "None: every continuation token weighs 1.\n"
     eff = "\n".join(f"| {ty} | {v['tokens']} | {v['mean_weight']:.2f} |" for ty, v in c["weights"]["by_type"].items())
@@ -412,7 +412,7 @@ architecture and size as `{c['draft']}` ({c['parameters']:,} parameters), same t
 |---|---|
 | steps | {c['steps']} x {c['batch_size']} sequences |
 | optimizer | AdamW lr {c['lr']:g} ({c['warmup_steps']} warm-up steps, cosine to {c['lr'] * c['min_lr_ratio']:.2g}), betas (0.9, 0.95), grad clip {c['grad_clip']}, seed {c['seed']} |
-| wall time | {_duration(c['train_seconds'])} training, {_duration(c['total_seconds'])} in all (generation, evaluation and saving included), on {c['hardware']}, finished {c['finished']} |
+| wall time | {_duration(c['train_seconds'])} training, {_duration(c['total_seconds'])} in all (generation, evaluation and saving included), on {c['hardware']}{', finished ' + c['finished'] if c.get('finished') else ''} |
 | weights | {c['dtype']} safetensors |
 
 Loss curve (train: weighted top-k KL, mean since the previous row; held-out: full-vocabulary KL, nats/token):

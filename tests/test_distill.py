@@ -224,3 +224,27 @@ def test_bad_input_is_one_error_line(case, model_dirs, prompts_file, tmp_path, c
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert needle in _one_error_line(err)
+
+
+# --- the shipped distilled demo draft ------------------------------------------------------------------------
+
+def test_shipped_distilled_draft_loads_by_demo_name_and_is_lossless():
+    from engine import zoo
+    from engine.prompt_sets import load_prompts
+
+    path = zoo.resolve("demo-draft-distilled")
+    assert path is not None, "engine/zoo/demo-draft-distilled is not built"
+    card = (path / "MODEL_CARD.md").read_text()
+    assert "draftlab distill --target demo-target --draft demo-draft --prompts code:tune" in card
+    # same size as demo-draft, fp16 like it; every shipped weight file together stays within 30 MB
+    assert (path / "model.safetensors").stat().st_size == (zoo.ZOO_DIR / "demo-draft" / "model.safetensors").stat().st_size
+    assert json.loads((path / "config.json").read_text())["dtype"] == "float16"
+    assert sum(p.stat().st_size for p in zoo.ZOO_DIR.glob("*/model.safetensors")) <= 30 * 2**20
+
+    pair = load_pair("demo-target", "demo-draft-distilled", "cpu")
+    prompts = load_prompts("code:validation")[:2]
+    cfg = SamplingConfig(0.0, 0, 1.0, 0, 16)
+    ids = encode_prompts(pair, prompts, 16)
+    base = list(run_prompts(baseline_decoder(pair, cfg), prompts, ids))
+    spec = list(run_prompts(speculative_decoder(pair, cfg, 4), prompts, ids))
+    assert outputs_match(spec, base)
