@@ -165,11 +165,14 @@ SMALL_SAMPLE_NOTE = (f"n = tokens behind each rate; a starred, faded bar rests o
 
 def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: str, y_title: str,
                     y_domain: tuple[float, float] | None = None, lo: str | None = None,
-                    hi: str | None = None) -> alt.Chart | alt.LayerChart:
+                    hi: str | None = None, count: str | None = None) -> alt.Chart | alt.LayerChart:
     """One line per series (experiment or run), for Compare. frame: x, y, series columns as named; with `lo` and
-    `hi` (a 95 % interval per point) error bars too, and hollow points where a `state` column is not FINISHED."""
+    `hi` (a 95 % interval per point) error bars too, and hollow points where a `state` column is not FINISHED;
+    `count`: the column holding each rate's n, shown in the tooltip."""
     scale = alt.Scale(domain=list(y_domain)) if y_domain else alt.Undefined
     tooltip = [f"{series}:N", alt.Tooltip(f"{x}:Q", title=x_title), alt.Tooltip(f"{y}:Q", format=".3f")]
+    if count:  # the tokens behind each rate
+        tooltip.append(alt.Tooltip(f"{count}:Q", title="n"))
     if lo and hi:
         tooltip += [alt.Tooltip(f"{lo}:Q", title="95 % low", format=".3f"),
                     alt.Tooltip(f"{hi}:Q", title="95 % high", format=".3f")]

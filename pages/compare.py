@@ -121,7 +121,8 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
         st.subheader("Conditional acceptance by draft position")
         frame = pd.concat(positions, ignore_index=True)
         chart_with_csv(charts.overlaid_curves(frame, "position", "conditional", "run", "draft position",
-                                              "accepted / reached", (0, 1)), frame, "compare_by_position.csv")
+                                              "accepted / reached", (0, 1), count="reached"), frame,
+                       "compare_by_position.csv")
     with right:
         st.subheader("Acceptance by token type")
         frame = pd.concat(types, ignore_index=True)
