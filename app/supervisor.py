@@ -72,6 +72,17 @@ def parse_devices(spec: str, count: Callable[[], int] | None = None) -> list[str
     return devices
 
 
+def _stop_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM when the supervisor dies, even by SIGKILL, so no worker is
+    orphaned; the child then ends its runs interrupted as on any SIGTERM."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux/glibc: the children outlive a killed supervisor
+        pass
+
+
 @dataclass
 class Child:
     device: str
@@ -113,7 +124,7 @@ class Supervisor:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         # Its own process group: a Ctrl-C in the terminal reaches the supervisor, which stops the children itself
         # (one SIGTERM each), instead of every child seeing SIGINT at once.
-        child.proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        child.proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_stop_with_parent)
         child.started, child.restart_at = time.monotonic(), None
         self.log(f"{child.device}: worker {child.worker_id} started (pid {child.proc.pid})")
 
@@ -187,6 +198,10 @@ class Supervisor:
                 pass
         self.log(f"{len(self.children)} worker(s): {', '.join(self.devices)}")
         try:
+            try:  # opened now, so the first death is swept without a connection set-up
+                self._store()
+            except Exception:  # noqa: BLE001 - a database down now: the children wait it out; sweeps retry
+                self._opened = None
             for child in self.children:
                 self._spawn(child)
             while self._stopping is None:

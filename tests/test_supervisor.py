@@ -243,3 +243,33 @@ def test_worker_devices_all_without_a_gpu_stays_one_cpu_worker_and_bad_devices_e
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --devices takes `all` or a comma list of cuda:N / cpu:N (got 'gpu0'); "
                    "e.g. --devices cuda:0,cuda:1"]
+
+
+def test_a_killed_supervisor_takes_its_children_with_it(tmp_path, model_dirs, wait_for):
+    url = f"sqlite:///{tmp_path / 'sup.db'}"
+    store = open_store(url)
+    _enqueue(store, model_dirs, 1, max_new_tokens=200)
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0"],
+                            cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def running_pid():
+            with store.read() as conn:
+                return conn.execute(text("SELECT w.pid FROM workers w JOIN runs r ON r.worker_id = w.id "
+                                         "WHERE r.status = 'running' AND r.prompts_total IS NOT NULL")).scalar()
+        pid = wait_for(running_pid, timeout=120, what="a run in progress")
+        proc.kill()  # SIGKILL: the supervisor cannot forward anything; PR_SET_PDEATHSIG sends the child SIGTERM
+        proc.wait()
+
+        def gone():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # exited (not reaped yet)
+            except FileNotFoundError:
+                return True
+        wait_for(gone, timeout=30, what="the orphaned worker to stop")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with store.read() as conn:
+        statuses = dict(conn.execute(text("SELECT status, COUNT(*) FROM runs GROUP BY status")).all())
+    assert statuses == {"interrupted": 3}, statuses  # ended by its SIGTERM handler: resumable, nothing lost
