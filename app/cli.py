@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args) -> int:
     """Enqueue the experiment, execute it here through the worker's code path, print the stored figures."""
-    from engine.drafting import needs_draft_model, parse_drafter
+    from engine.drafting import canonical_drafter, needs_draft_model, parse_drafter
     from engine.errors import DraftLabError
     from engine.loading import load_pair, with_draft
     from engine.prompt_sets import load_prompts
@@ -160,6 +160,9 @@ def cmd_run(args) -> int:
             raise DraftLabError(f"--repeats must be >= 1 (got {args.repeats}); use e.g. --repeats 3")
         for spec in sweep.drafters:
             parse_drafter(spec)
+        if sweep.k_auto and sweep.drafters != ["model"]:
+            raise DraftLabError("--k auto predicts a constant-k curve: use it with --drafter model (the default); "
+                                "sweep --drafter with a fixed --k instead")
         drafts = [None if d == "-" else d for d in sweep.drafts]
         if any(needs_draft_model(spec) for spec in sweep.drafters) and None in drafts:
             raise DraftLabError("--draft is missing: the model, heuristic and confidence drafters draft with a model; "
@@ -189,10 +192,11 @@ def cmd_run(args) -> int:
     enqueue = dict(
         name=args.name, target=args.target, prompts=args.prompts,
         draft=",".join(d or "" for d in drafts) if sweep.variable == "draft" else (drafts[0] or ""),
-        drafter=fixed.get("drafter", "model"),
+        drafter=canonical_drafter(fixed.get("drafter", "model")),
         sampling={"temperature": fixed.get("temperature", 0.0), "top_k": fixed.get("top_k", 0),
                   "top_p": fixed.get("top_p", 1.0), "seed": args.seed, "max_new_tokens": args.max_new_tokens},
-        device=args.device, dtype=args.dtype, sweep_variable=sweep.variable, sweep_values=sweep.values,
+        device=args.device, dtype=args.dtype, sweep_variable=sweep.variable,
+        sweep_values=[canonical_drafter(v) for v in sweep.values] if sweep.variable == "drafter" else sweep.values,
         k=int(fixed.get("k", sweep.ks[0])), trust_remote_code=args.trust_remote_code, repeats=args.repeats,
         k_auto=sweep.k_auto)
     arms = 1 + len(sweep.values) + (len(sweep.values) - 1 if sweep.variable in ("temperature", "top_k", "top_p") else 0)

@@ -326,3 +326,8 @@ def test_a_draft_sweep_compares_drafts_and_the_target_as_its_own_draft_accepts_e
     assert all(r["sweep_variable"] == "draft" and r["outputs_match_baseline"] for r in doc["runs"])
     code, out, err = run_cli("--draft", f"{model_dirs['draft']},{model_dirs['alien']}")
     assert code == 2 and "tokenizers disagree" in _one_error_line(err)
+
+
+def test_k_auto_is_for_the_constant_k_drafter(run_cli):
+    code, out, err = run_cli("--k", "auto:4", "--drafter", "heuristic")
+    assert code == 2 and "--k auto predicts a constant-k curve" in _one_error_line(err)
