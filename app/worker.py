@@ -125,6 +125,12 @@ def arm_memory_bytes(pair: ModelPair, decoder) -> int:
     return sum(model_bytes(m) for m in models) + decoder.peak_cache_bytes()
 
 
+def _draft_parameters(decoder) -> int | None:
+    """Parameters of the draft model a decoder drafts with (None: a baseline, or a drafter with no model)."""
+    lm = getattr(getattr(decoder, "drafter", None), "lm", None)
+    return sum(p.numel() for p in lm.model.parameters()) if lm is not None else None
+
+
 def _drafter_of(run: dict, experiment: dict) -> str:
     return run.get("drafter") or experiment.get("drafter") or "model"
 
@@ -536,7 +542,8 @@ class Worker:
                 for rid in decoders:
                     clear_from(conn, rid, start[rid])
             for rid in decoders:
-                queue.start_run(self.store, rid, len(prompts), _device_name(loaded.pair.device, self.device))
+                queue.start_run(self.store, rid, len(prompts), _device_name(loaded.pair.device, self.device),
+                                draft_parameters=_draft_parameters(decoders[rid]))
         self._db(prepare)
         if experiment["k_auto"] and decoders:
             self._profile_verify(experiment, loaded, next(iter(budgets.values()))[0][0])

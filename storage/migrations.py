@@ -43,11 +43,12 @@ def _v2_to_v3(conn: Connection) -> None:
 
 
 def _v3_to_v4(conn: Connection) -> None:
-    """v4: each run's draft, drafter and swept value as text (sweeps over drafts and drafting strategies); the
-    experiment a validation experiment validates."""
+    """v4: each run's draft, drafter, its draft's size and swept value as text (sweeps over drafts and drafting
+    strategies); the experiment a validation experiment validates."""
     _add_columns(conn, (
         ("experiments", "drafter", "VARCHAR(80) DEFAULT 'model'"), ("runs", "draft", "TEXT"),
-        ("runs", "drafter", "VARCHAR(80)"), ("runs", "sweep_label", "TEXT"), ("experiments", "validates", "INTEGER")))
+        ("runs", "drafter", "VARCHAR(80)"), ("runs", "sweep_label", "TEXT"), ("experiments", "validates", "INTEGER"),
+        ("runs", "draft_parameters", "BIGINT")))
 
 
 STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}

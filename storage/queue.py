@@ -495,11 +495,12 @@ def get_experiment(store: Store, experiment_id: int) -> dict | None:
         return dict(row) if row else None
 
 
-def start_run(store: Store, run_id: int, prompts_total: int, device_name: str) -> None:
+def start_run(store: Store, run_id: int, prompts_total: int, device_name: str,
+              draft_parameters: int | None = None) -> None:
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET prompts_total = :n, device_name = :dev, "
+        conn.execute(text("UPDATE runs SET prompts_total = :n, device_name = :dev, draft_parameters = :dp, "
                           "progress = CAST(prompts_done AS DOUBLE PRECISION) / :n WHERE id = :rid"),
-                     {"n": prompts_total, "dev": device_name, "rid": run_id})
+                     {"n": prompts_total, "dev": device_name, "dp": draft_parameters, "rid": run_id})
 
 
 def report_progress(store: Store, run_id: int, progress: float) -> bool:

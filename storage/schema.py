@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import (Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
+from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA_VERSION = 4
@@ -124,6 +124,7 @@ class Run(Base):
     heartbeat: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     device_name: Mapped[str | None] = mapped_column(String(200), nullable=True)
     peak_memory_mb: Mapped[float | None] = mapped_column(Double, nullable=True)
+    draft_parameters: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # of the draft model it used
     # Aggregates over committed prompts (SPEC names), refreshed by SQL after each prompt.
     new_tokens: Mapped[int] = mapped_column(Integer, default=0)
     wall_seconds: Mapped[float] = mapped_column(Double, default=0.0)

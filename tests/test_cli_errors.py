@@ -324,6 +324,11 @@ def test_a_draft_sweep_compares_drafts_and_the_target_as_its_own_draft_accepts_e
     assert set(by_draft) == {model_dirs["draft"], model_dirs["target"]}
     assert by_draft[model_dirs["target"]]["alpha"] == 1.0 and by_draft[model_dirs["draft"]]["alpha"] < 1.0
     assert all(r["sweep_variable"] == "draft" and r["outputs_match_baseline"] for r in doc["runs"])
+    from storage import open_store
+    from storage import queries as q
+    runs = q.runs(open_store(run_cli.db), doc["experiment_id"]).set_index("draft")
+    assert runs.loc[model_dirs["target"], "draft_parameters"] > 0  # the cost account: the draft's size ...
+    assert runs.loc[model_dirs["target"], "extra_memory_mb"] > 0  # ... and the memory it adds to the baseline's
     code, out, err = run_cli("--draft", f"{model_dirs['draft']},{model_dirs['alien']}")
     assert code == 2 and "tokenizers disagree" in _one_error_line(err)
 
