@@ -26,7 +26,7 @@ from tests.fault_tools import audit
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13"]
-EXPERIMENTS, KS, MAX_NEW_TOKENS = 8, (1, 2, 3, 4), 6  # 8 x (baseline + 4 k) = 40 runs
+EXPERIMENTS, KS, MAX_NEW_TOKENS = 8, (1, 2, 3, 4), 12  # 8 x (baseline + 4 k) = 40 runs
 WORKER_ARGS = ["--heartbeat", "0.5", "--poll", "0.3"]
 
 
@@ -91,7 +91,7 @@ def leftovers(store) -> dict[str, int]:
 class Killer:
     """SIGKILLs a random worker (one timing a run when there is one) every `every` seconds, `kills` times at most."""
 
-    def __init__(self, store, every=(2.5, 4.0), kills=8, seed=13):
+    def __init__(self, store, every=(0.8, 1.6), kills=8, seed=13):
         self.store, self.every, self.max_kills = store, every, kills
         self.rng = random.Random(seed)
         self.killed: list[tuple[float, int, str, int | None]] = []  # (time, pid, worker id, run it was timing)
