@@ -1,4 +1,4 @@
-"""`draftlab` command line: run, worker, list, export, ui (SPEC.md's CLI contract).
+"""`draftlab` command line: run, worker, list, export, ui (the CLI contract: README, docs/metrics.md).
 
 Bad input ends in exactly one `error: …` line on stderr and exit status 2; a failed run exits 1.
 """
@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+from storage.queue import STALE_HELP  # one wording for every command (no torch: storage only)
 
 EXIT_BAD_INPUT, EXIT_RUN_FAILED = 2, 1
 
@@ -22,8 +24,6 @@ def _fail(message: str, status: int = EXIT_BAD_INPUT) -> int:
 
 
 DEFAULT_REPEATS = 3  # see README, "Timing protocol": what the demo pair needs to meet the spread goal
-STALE_HELP = ("a run whose worker has not heartbeated for $DRAFTLAB_STALE_SECONDS seconds (default 60), or whose "
-              "worker process is gone on this host, counts as interrupted")
 DB_RETRY_HELP = ("A database write that fails (disk full, read-only file, server restarting) is retried with backoff "
                  "for $DRAFTLAB_DB_RETRY_SECONDS seconds (default 300), the results held in memory, before the runs "
                  "fail with the reason")

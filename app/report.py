@@ -1,4 +1,4 @@
-"""The `draftlab run --json` document (SPEC.md's CLI contract) and its human-readable table."""
+"""The `draftlab run --json` document (the CLI contract: README, docs/metrics.md) and its human-readable table."""
 from __future__ import annotations
 
 from engine.metrics import outputs_match, speculative_metrics, target_step_seconds, throughput

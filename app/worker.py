@@ -57,18 +57,7 @@ class DatabaseUnavailable(Exception):
 
 def db_retry_window(value: float | None = None) -> float:
     """How long a worker retries a failed database write: `value`, else $DRAFTLAB_DB_RETRY_SECONDS, else 300."""
-    if value is not None:
-        return float(value)
-    raw = os.environ.get(DB_RETRY_ENV, "").strip()
-    if not raw:
-        return DEFAULT_DB_RETRY_SECONDS
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds >= 0 or seconds == float("inf"):
-        raise queue.QueueError(f"${DB_RETRY_ENV} must be a number of seconds >= 0 (got {raw!r}); e.g. {DB_RETRY_ENV}=300")
-    return seconds
+    return queue.seconds_setting(DB_RETRY_ENV, DEFAULT_DB_RETRY_SECONDS, value, allow_zero=True)
 
 
 def transient_db_error(exc: BaseException) -> bool:

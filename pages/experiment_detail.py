@@ -11,7 +11,6 @@ import streamlit as st
 from engine import theory
 from pages import charts
 from pages.deploy_panel import render_deploy_panel
-from pages import findings_panel
 from pages.findings_panel import render_findings
 from pages.drafting_panel import render_k_distribution
 from pages.validation_panel import render_validation
@@ -34,19 +33,6 @@ ERRORS = {f"{name}_error": st.column_config.NumberColumn(f"{label} error", forma
           for name, label in (("refined", "cost-aware"), ("formula", "formula"), ("prediction", "prediction"))}
 
 
-def _findings(store_, experiment_id: int) -> list[dict]:
-    """storage.findings.findings, cached per experiment version when it reads the dashboard's own store: findings
-    read every draft token (about 0.5 s on a million), so the detail page computes them once per version, not on
-    every rerun. Installed as pages/findings_panel.py's `findings` below (that module is not ours to edit; its
-    owner may prefer render_findings to take the findings instead)."""
-    from storage.findings import findings
-
-    if getattr(store_, "url", None) != getattr(store(), "url", None):
-        return findings(store_, experiment_id)
-    return cached("storage.findings:findings", experiment_id, experiment_id=experiment_id)
-
-
-findings_panel.findings = _findings
 
 
 def pooled_prediction_inputs(runs: pd.DataFrame) -> tuple[float, float] | None:
@@ -309,8 +295,9 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     for failure in failed.itertuples():
         st.error(f"run {failure.run_id} ({failure.kind}) failed: {failure.error}", icon=":material/error:")
     _warnings(runs, sweep_variable)
-    if row["status"] not in ACTIVE:  # findings read every draft token: once the runs are done, not on each refresh
-        render_findings(store(), experiment_id)
+    if row["status"] not in ACTIVE:  # findings read every draft token: once the runs are done, cached per version
+        render_findings(store(), experiment_id,
+                        cached("storage.findings:findings", experiment_id, experiment_id=experiment_id))
     with st.expander("Runs", expanded=True):  # the same expander whatever the status: it stays open once done
         table = runs.assign(progress=runs["progress"].fillna(0) * 100,
                             check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))

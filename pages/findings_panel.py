@@ -75,9 +75,9 @@ def _try_it(prefill: dict, label: str) -> None:
                     f"*\\(the {md_escape(page)} page is not built yet\\)*")
 
 
-def render_findings(store, experiment_id: int) -> list[dict]:
-    """Draw the experiment's findings (most severe first) and return them."""
-    found = findings(store, experiment_id)
+def render_findings(store, experiment_id: int, found: list[dict] | None = None) -> list[dict]:
+    """Draw the experiment's findings (most severe first; computed here unless the caller has them) and return them."""
+    found = findings(store, experiment_id) if found is None else found
     st.subheader("Findings", anchor="findings")
     if not found:
         st.caption("Nothing to report yet: findings appear as runs finish.")

@@ -38,20 +38,26 @@ class QueueError(ValueError):
     """Bad input to the queue: the message names the problem and the fix."""
 
 
-def stale_window(value: float | None = None) -> float:
-    """The stale window in seconds: `value` if given, else $DRAFTLAB_STALE_SECONDS, else 60."""
+def seconds_setting(env: str, default: float, value: float | None = None, allow_zero: bool = False) -> float:
+    """A duration setting: `value` if given, else $env, else `default`; a bad $env is a QueueError naming it."""
     if value is not None:
         return float(value)
-    raw = os.environ.get(STALE_ENV, "").strip()
+    raw = os.environ.get(env, "").strip()
     if not raw:
-        return DEFAULT_STALE_SECONDS
+        return default
     try:
         seconds = float(raw)
     except ValueError:
         seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise QueueError(f"${STALE_ENV} must be a number of seconds > 0 (got {raw!r}); e.g. {STALE_ENV}=60")
+    if not (seconds >= 0 if allow_zero else seconds > 0) or seconds == float("inf"):
+        raise QueueError(f"${env} must be a number of seconds {'>=' if allow_zero else '>'} 0 (got {raw!r}); "
+                         f"e.g. {env}={default:g}")
     return seconds
+
+
+def stale_window(value: float | None = None) -> float:
+    """The stale window in seconds: `value` if given, else $DRAFTLAB_STALE_SECONDS, else 60."""
+    return seconds_setting(STALE_ENV, DEFAULT_STALE_SECONDS, value)
 
 
 def _normalize_tags(tags: Iterable[str] | str) -> str:
