@@ -306,19 +306,6 @@ def focus_weights(store, experiment_id: int) -> dict:
                                        for k, v in positions.items()}}
 
 
-def _distill_validation_set(spec: str) -> tuple[str, str]:
-    """(held-out prompt set, note for the card) of a --prompts value: NAME / NAME:tune -> NAME:validation;
-    NAME:validation or a file: the same prompts, said so."""
-    from engine.prompt_sets import PROMPT_SETS
-
-    name, sep, split = spec.strip().partition(":")
-    if name in PROMPT_SETS:
-        if (split if sep else "tune") == "tune":
-            return f"{name}:validation", ""
-        return spec, " — the same prompts as training (--prompts named the validation split): not held out"
-    return spec, " — the same file as training (a prompt file has no validation split): not held out"
-
-
 def _distill_command(args) -> str:
     """The exact command of this run, every setting explicit (a --db password masked)."""
     import shlex
@@ -341,18 +328,16 @@ def _distill_command(args) -> str:
 def cmd_distill(args) -> int:
     """Check everything (settings, --out, --focus-from, prompts, the pair), then train and write the model
     directory; print the held-out figures (a table, or --json)."""
-    import platform
     import time
-    from pathlib import Path
 
-    import torch
     from tqdm import tqdm
 
     from engine import distill as ds
     from engine.errors import DraftLabError
-    from engine.loading import load_model, load_pair
-    from engine.prompt_sets import load_prompts
+    from engine.loading import load_pair
+    from engine.prompt_sets import held_out_split, load_prompts
     from engine.runs import encode_prompts
+    from app.distill_card import finish_distilled
 
     started = time.perf_counter()
     try:
@@ -374,7 +359,7 @@ def cmd_distill(args) -> int:
             store.dispose()
         cfg.profile_k = focus["k"] if focus["k"] > 0 else cfg.k
     try:
-        val_spec, val_note = _distill_validation_set(args.prompts)
+        val_spec, val_note = held_out_split(args.prompts)
         train_prompts, val_prompts = load_prompts(args.prompts), load_prompts(val_spec)
         pair = load_pair(args.target, args.draft, args.device, "float32")
         encode_prompts(pair, train_prompts, cfg.max_new_tokens)
@@ -425,31 +410,10 @@ def cmd_distill(args) -> int:
             bar.close()
 
     print(f"distill: saving to {out} and measuring the saved weights", file=sys.stderr, flush=True)
-    dtype = ds.saved_dtype(pair.draft.source)
-    params = pair.draft.parameters
-    ds.save_model(pair.draft.model, pair.draft.tokenizer, out, dtype)
-    saved = load_model(str(out), pair.device, pair.dtype)
-    after = ds.evaluate_saved(pair, saved, val_prompts, done["validation"], cfg.max_new_tokens, cfg.k)
-    before = done["before"]
-    device = (torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else
-              f"CPU, {torch.get_num_threads()} thread(s) ({platform.machine()})")
-    record = {
-        "name": out.resolve().name, "target": args.target, "draft": args.draft, "parameters": params,
-        "prompts": args.prompts, "train_prompts": len(train_prompts), "train_tokens": prepared["train_tokens"],
-        "validation": val_spec, "validation_note": val_note, "validation_prompts": len(val_prompts),
-        "validation_tokens": prepared["validation_tokens"], **ds.config_record(cfg),
-        "continuations": "greedy" + (f" + {cfg.samples - 1} sampled (temperature 1)" if cfg.samples > 1 else ""),
-        "train_sequences": prepared["train_sequences"], "dtype": str(dtype).removeprefix("torch."), "hardware": device,
-        "train_seconds": done["seconds"], "total_seconds": time.perf_counter() - started,
-        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "curve": done["curve"], "weights": done["weights"], "focus": focus,
-        "kl_before": done["kl_before"], "kl_after": after["kl"],
-        "alpha_before": before["alpha"], "alpha_after": after["alpha"],
-        "tokens_per_round_before": before["tokens_per_round"], "tokens_per_round_after": after["tokens_per_round"],
-        "lossless_before": before.get("lossless"), "lossless_after": after.get("lossless"),
-        "command": _distill_command(args),
-    }
-    ds.write_card(out, record)
+    record = finish_distilled(pair, out, cfg, prepared, done, focus, started, name=out.resolve().name,
+                              target=args.target, draft=args.draft, prompts=args.prompts, validation=val_spec,
+                              validation_note=val_note, train_prompts=train_prompts, val_prompts=val_prompts,
+                              command=_distill_command(args))
     result = {"out": str(out), "steps": cfg.steps, "kl_before": record["kl_before"], "kl_after": record["kl_after"],
               "alpha_before": record["alpha_before"], "alpha_after": record["alpha_after"]}
     if args.json:

@@ -40,7 +40,7 @@ from engine.protocol import median_repeat, schedule
 from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
 from engine.sampling import SamplingConfig
 from engine.token_types import TokenTyper
-from storage import Store, open_store, queue
+from storage import Store, open_store, queue, training
 from storage.recording import clear_from, record_prompt
 from storage.schema import BASELINE, CANCELLED, DONE, FAILED, INTERRUPTED
 
@@ -182,8 +182,10 @@ class Worker:
                  stale_seconds: float | None = None, poll_seconds: float = 2.0, progress_seconds: float = 0.5,
                  progress_hook: ProgressHook | None = None, log: Callable[[str], None] | None = None,
                  loader: Callable[..., ModelPair] = load_pair, db_retry_seconds: float | None = None,
-                 device: str | None = None):
+                 device: str | None = None, train_jobs: bool = True):
         self.store = store
+        self.train_jobs = train_jobs  # also run training jobs (draftlab run's foreground worker does not)
+        self.trained: list[int] = []  # training jobs this worker ran
         self.device = device  # pinned (cuda:N / cpu:N, see place()); None: each experiment's own device
         suffix = f"@{device}" if device else ""  # the dashboard's Workers view reads the device from the id
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:80 - len(suffix)] + suffix
@@ -378,7 +380,10 @@ class Worker:
                 prefer = self.loaded.key[-1] if self.loaded else None
                 eid = self._db(queue.next_experiment, self.store, self.id, experiment_id=experiment_id,
                                prefer_experiment=prefer, write=False)
-                if eid is None:
+                job = None  # a training job, once no experiment waits (timed experiments are short; jobs long)
+                if eid is None and experiment_id is None and self.train_jobs:
+                    job = self._db(training.next_job, self.store, write=False)
+                if eid is None and job is None:
                     if until_idle:
                         break
                     if time.monotonic() - last_sweep > self.stale_seconds:  # another worker may have died since
@@ -386,17 +391,24 @@ class Worker:
                         last_sweep = time.monotonic()
                     time.sleep(self.poll_seconds)
                     continue
-                device = lease_key(place(self._db(queue.get_experiment, self.store, eid, write=False)["device"],
-                                         self.device))
+                where = (self._db(queue.get_experiment, self.store, eid, write=False) if job is None else
+                         self._db(training.get_job, self.store, job, write=False))["device"]
+                device = lease_key(place(where, self.device))
+                what = f"experiment {eid}" if job is None else f"training job {job}"
                 holder = self._db(queue.acquire_lease, self.store, device, self.id, eid, self.stale_seconds)
                 if holder is not None:
                     if waiting_on != holder:
-                        self.log(f"experiment {eid} waits for {device}: worker {holder} is timing on it")
+                        self.log(f"{what} waits for {device}: worker {holder} is using it")
                         waiting_on = holder
                     time.sleep(self.poll_seconds)
                     continue
                 waiting_on = None
                 try:
+                    if job is not None:
+                        if self._db(training.claim_job, self.store, job, self.id):
+                            self.trained.append(job)
+                            run_training(self, job)
+                        continue
                     run_ids = self._db(queue.claim_group, self.store, eid, self.id)
                     if run_ids:
                         executed += run_ids
@@ -679,6 +691,12 @@ class Worker:
             self.loaded = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+
+
+def run_training(worker: "Worker", job_id: int) -> str:
+    from app.training import execute
+
+    return execute(worker, job_id)
 
 
 def _device_name(device: torch.device, pinned: str | None = None) -> str:

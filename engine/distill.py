@@ -13,12 +13,14 @@ weighted per token (`type_weights`, `position_weights`: the `--focus-from` profi
 Held-out figures use the full vocabulary: kl = mean D_KL(p_t || p_d) over the target's greedy continuations of
 the validation prompts; alpha = greedy speculative acceptance (k=4 by default) on those prompts.
 
-Pure torch + transformers: `distill()` yields plain dict records; storage, CLI and dashboards stay outside.
+Pure torch + transformers: `Distiller` (and `distill()`, the same without checkpoints) yields plain dict records;
+storage, CLI and dashboards stay outside.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -222,9 +224,13 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def distill(pair: ModelPair, train_prompts: list[str], val_prompts: list[str], cfg: DistillConfig,
-            type_weights: dict | None = None, position_weights: dict | None = None) -> Iterator[dict]:
-    """Train pair.draft.model in place (float32 on the pair's device). Yields plain records:
+class Distiller:
+    """One distillation run, in stages the caller drives: `prepare()` (the target's continuations, teacher
+    distributions, focus weights, held-out figures before), then `train()` (optimiser steps from `self.step + 1`).
+    Between any two records the caller may `save_checkpoint(dir)`; `load_checkpoint(dir)` restores the prepared
+    data and the training state (draft weights, optimiser, batch sampler and RNG states, curve) so `train()`
+    continues with the next step exactly as an uninterrupted run would. Trains pair.draft.model in place
+    (float32 on the pair's device). Records (plain dicts):
 
     {"kind": "phase", "phase": "..."}                      before each preparation stage
     {"kind": "generated", "split": "train"|"validation", "prompt": i, "of": n}
@@ -234,77 +240,198 @@ def distill(pair: ModelPair, train_prompts: list[str], val_prompts: list[str], c
     {"kind": "eval", "step", "kl", "train_loss"}           held-out KL along the run (the loss curve)
     {"kind": "trained", "seconds", "curve": [...], ...}    the end of training (weights still in memory)
     """
-    if pair.draft is None:
-        raise DraftLabError("distillation needs a draft model; pass --draft MODEL")
-    torch.manual_seed(cfg.seed)
-    target, draft, device, vocab = pair.target.model, pair.draft.model, pair.device, pair.vocab_size
-    target.eval()
 
-    yield {"kind": "phase", "phase": "target continuations (train)"}
-    train: list[Sequence] = []
-    for sample in range(cfg.samples):  # 0: greedy; then temperature-1 samples, each with its own seed
-        temperature, seed = (0.0, 0) if sample == 0 else (1.0, cfg.seed * 1009 + sample)
-        for i, s in enumerate(_generate(pair, train_prompts, cfg.max_new_tokens, temperature, seed)):
-            train.append(s)
-            yield {"kind": "generated", "split": "train", "prompt": sample * len(train_prompts) + i,
-                   "of": cfg.samples * len(train_prompts)}
-    yield {"kind": "phase", "phase": "target continuations (validation)"}
-    val: list[Sequence] = []
-    for i, s in enumerate(_generate(pair, val_prompts, cfg.max_new_tokens)):
-        val.append(s)
-        yield {"kind": "generated", "split": "validation", "prompt": i, "of": len(val_prompts)}
-    train = [s for s in train if s.continuation]
-    if not train:
-        raise DraftLabError("the target generated nothing for any training prompt (EOS first); use other prompts")
+    DATA, STATE = "data.pt", "state.pt"
 
-    yield {"kind": "phase", "phase": "teacher distributions and draft profile"}
-    cache_teacher(target, train, vocab, cfg.top_k, device)
-    draft.eval()
-    greedy_positions(draft, train, vocab, cfg.profile_k or cfg.k, device)
-    summary = assign_weights(train, TokenTyper(pair.tokenizer), type_weights, position_weights)
-    yield {"kind": "prepared", "train_sequences": len(train), "train_tokens": sum(len(s.continuation) for s in train),
-           "validation_sequences": len(val), "validation_tokens": sum(len(s.continuation) for s in val),
-           "weights": summary}
+    def __init__(self, pair: ModelPair, train_prompts: list[str], val_prompts: list[str], cfg: DistillConfig,
+                 type_weights: dict | None = None, position_weights: dict | None = None):
+        if pair.draft is None:
+            raise DraftLabError("distillation needs a draft model; pass --draft MODEL")
+        self.pair, self.cfg = pair, cfg
+        self.train_prompts, self.val_prompts = list(train_prompts), list(val_prompts)
+        self.type_weights, self.position_weights = type_weights, position_weights
+        self.train_seqs: list[Sequence] = []
+        self.val_seqs: list[Sequence] = []
+        self.prepared: dict | None = None  # the "prepared" record
+        self.before: dict | None = None  # held-out figures of the draft as given (alpha, tokens/round, lossless)
+        self.kl_before: float | None = None
+        self.step = 0  # optimiser steps done
+        self.curve: list[dict] = []
+        self.window: list[float] = []  # train losses since the last eval point
+        self.seconds = 0.0  # training time so far (over every resumed session)
+        self.opt = None
+        self.gen: torch.Generator | None = None
 
-    yield {"kind": "phase", "phase": "held-out figures before training"}
-    kl_before = mean_kl(target, draft, val, vocab, device)
-    before = greedy_alpha(pair, val_prompts, cfg.max_new_tokens, cfg.k, val)
-    yield {"kind": "before", "kl": kl_before, **before}
+    # --- stages ---
 
-    draft.float().train()
-    decay = [p for p in draft.parameters() if p.dim() >= 2 and p.requires_grad]
-    other = [p for p in draft.parameters() if p.dim() < 2 and p.requires_grad]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    every = max(1, math.ceil(cfg.steps / max(1, cfg.eval_points)))
-    curve = [{"step": 0, "train_loss": None, "kl": kl_before}]
-    start, window = time.perf_counter(), []
-    for step in range(1, cfg.steps + 1):
-        lr = lr_at(step - 1, cfg)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        pick = torch.randperm(len(train), generator=gen)[: cfg.batch_size].tolist()
-        loss = batch_loss(draft, [train[i] for i in pick], vocab, device)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
-        opt.step()
-        value = loss.item()
-        window.append(value)
-        yield {"kind": "step", "step": step, "loss": value, "lr": lr, "seconds": time.perf_counter() - start}
-        if step % every == 0 or step == cfg.steps:
-            draft.eval()
-            kl = mean_kl(target, draft, val, vocab, device)
-            draft.train()
-            point = {"step": step, "train_loss": sum(window) / len(window), "kl": kl}
-            window = []
-            curve.append(point)
-            yield {"kind": "eval", **point}
-    draft.eval()
-    yield {"kind": "trained", "seconds": time.perf_counter() - start, "curve": curve, "kl_before": kl_before,
-           "before": before, "validation": val, "weights": summary}
+    def prepare(self) -> Iterator[dict]:
+        cfg, pair = self.cfg, self.pair
+        torch.manual_seed(cfg.seed)
+        target, draft, device, vocab = pair.target.model, pair.draft.model, pair.device, pair.vocab_size
+        target.eval()
+        yield {"kind": "phase", "phase": "target continuations (train)"}
+        train: list[Sequence] = []
+        for sample in range(cfg.samples):  # 0: greedy; then temperature-1 samples, each with its own seed
+            temperature, seed = (0.0, 0) if sample == 0 else (1.0, cfg.seed * 1009 + sample)
+            for i, s in enumerate(_generate(pair, self.train_prompts, cfg.max_new_tokens, temperature, seed)):
+                train.append(s)
+                yield {"kind": "generated", "split": "train", "prompt": sample * len(self.train_prompts) + i,
+                       "of": cfg.samples * len(self.train_prompts)}
+        yield {"kind": "phase", "phase": "target continuations (validation)"}
+        val: list[Sequence] = []
+        for i, s in enumerate(_generate(pair, self.val_prompts, cfg.max_new_tokens)):
+            val.append(s)
+            yield {"kind": "generated", "split": "validation", "prompt": i, "of": len(self.val_prompts)}
+        train = [s for s in train if s.continuation]
+        if not train:
+            raise DraftLabError("the target generated nothing for any training prompt (EOS first); use other prompts")
+
+        yield {"kind": "phase", "phase": "teacher distributions and draft profile"}
+        cache_teacher(target, train, vocab, cfg.top_k, device)
+        draft.eval()
+        greedy_positions(draft, train, vocab, cfg.profile_k or cfg.k, device)
+        summary = assign_weights(train, TokenTyper(pair.tokenizer), self.type_weights, self.position_weights)
+        self.train_seqs, self.val_seqs = train, val
+        self.prepared = {"kind": "prepared", "train_sequences": len(train),
+                         "train_tokens": sum(len(s.continuation) for s in train), "validation_sequences": len(val),
+                         "validation_tokens": sum(len(s.continuation) for s in val), "weights": summary}
+        yield self.prepared
+
+        yield {"kind": "phase", "phase": "held-out figures before training"}
+        self.kl_before = mean_kl(target, draft, val, vocab, device)
+        self.before = greedy_alpha(pair, self.val_prompts, cfg.max_new_tokens, cfg.k, val)
+        self.curve = [{"step": 0, "train_loss": None, "kl": self.kl_before}]
+        yield {"kind": "before", "kl": self.kl_before, **self.before}
+
+    def _optimizer(self) -> None:
+        draft, cfg = self.pair.draft.model, self.cfg
+        draft.float().train()
+        decay = [p for p in draft.parameters() if p.dim() >= 2 and p.requires_grad]
+        other = [p for p in draft.parameters() if p.dim() < 2 and p.requires_grad]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                      {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+
+    def train(self) -> Iterator[dict]:
+        if self.prepared is None:
+            raise RuntimeError("Distiller.train() before prepare() or load_checkpoint()")
+        cfg, pair = self.cfg, self.pair
+        target, draft, device, vocab = pair.target.model, pair.draft.model, pair.device, pair.vocab_size
+        if self.opt is None:
+            self._optimizer()
+        draft.train()
+        every = max(1, math.ceil(cfg.steps / max(1, cfg.eval_points)))
+        start = time.perf_counter() - self.seconds
+        if self.step and (self.step % every == 0 or self.step == cfg.steps) and self.curve[-1]["step"] != self.step:
+            yield self._eval(start)  # a checkpoint taken between a step and its held-out measurement
+        while self.step < cfg.steps:
+            step = self.step + 1
+            lr = lr_at(step - 1, cfg)
+            for g in self.opt.param_groups:
+                g["lr"] = lr
+            pick = torch.randperm(len(self.train_seqs), generator=self.gen)[: cfg.batch_size].tolist()
+            loss = batch_loss(draft, [self.train_seqs[i] for i in pick], vocab, device)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
+            self.opt.step()
+            value = loss.item()
+            self.window.append(value)
+            self.step, self.seconds = step, time.perf_counter() - start
+            yield {"kind": "step", "step": step, "loss": value, "lr": lr, "seconds": self.seconds}
+            if step % every == 0 or step == cfg.steps:
+                yield self._eval(start)
+        draft.eval()
+        yield {"kind": "trained", "seconds": self.seconds, "curve": self.curve, "kl_before": self.kl_before,
+               "before": self.before, "validation": self.val_seqs, "weights": self.prepared["weights"]}
+
+    def _eval(self, start: float) -> dict:
+        """Held-out KL after `self.step` steps: the curve's next point (train loss: mean since the last one)."""
+        pair = self.pair
+        pair.draft.model.eval()
+        kl = mean_kl(pair.target.model, pair.draft.model, self.val_seqs, pair.vocab_size, pair.device)
+        pair.draft.model.train()
+        point = {"step": self.step, "train_loss": sum(self.window) / len(self.window) if self.window else None,
+                 "kl": kl}
+        self.window = []
+        self.curve.append(point)
+        self.seconds = time.perf_counter() - start
+        return {"kind": "eval", **point}
+
+    # --- checkpoints ---
+
+    def save_checkpoint(self, directory: str | Path) -> None:
+        """The prepared data (written once) and the training state after `self.step` steps, each replaced
+        atomically (a kill mid-write leaves the previous checkpoint)."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        if not (path / self.DATA).exists():
+            _atomic_save(path / self.DATA, {
+                "fingerprint": self._fingerprint(), "train": [_seq_dict(s) for s in self.train_seqs],
+                "validation": [_seq_dict(s) for s in self.val_seqs], "prepared": self.prepared,
+                "before": self.before, "kl_before": self.kl_before})
+        if self.opt is None:
+            self._optimizer()
+        _atomic_save(path / self.STATE, {
+            "step": self.step, "curve": self.curve, "window": self.window, "seconds": self.seconds,
+            "draft": self.pair.draft.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "sampler": self.gen.get_state(), "torch_rng": torch.get_rng_state()})
+
+    def load_checkpoint(self, directory: str | Path) -> bool:
+        """Restore what save_checkpoint wrote; False (nothing changed) when there is no checkpoint for this
+        configuration there. With only the data saved, training starts at step 1 without regenerating it."""
+        path = Path(directory)
+        if not (path / self.DATA).exists():
+            return False
+        data = torch.load(path / self.DATA, weights_only=True)
+        if data.get("fingerprint") != self._fingerprint():
+            return False
+        self.train_seqs = [_seq_from(d) for d in data["train"]]
+        self.val_seqs = [_seq_from(d) for d in data["validation"]]
+        self.prepared, self.before, self.kl_before = data["prepared"], data["before"], data["kl_before"]
+        self.curve = [{"step": 0, "train_loss": None, "kl": self.kl_before}]
+        self._optimizer()
+        if (path / self.STATE).exists():
+            state = torch.load(path / self.STATE, weights_only=True)
+            self.pair.draft.model.load_state_dict(state["draft"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.gen.set_state(state["sampler"])
+            torch.set_rng_state(state["torch_rng"])
+            self.step, self.curve, self.window = int(state["step"]), list(state["curve"]), list(state["window"])
+            self.seconds = float(state["seconds"])
+        return True
+
+    def _fingerprint(self) -> dict:
+        """What a checkpoint must match to be resumed: the settings and prompts (not the step count's
+        schedule alone: a changed --steps changes the learning-rate schedule, so it is part of it)."""
+        return {"config": asdict(self.cfg), "train": self.train_prompts, "validation": self.val_prompts,
+                "type_weights": self.type_weights or {},
+                "position_weights": {str(k): v for k, v in (self.position_weights or {}).items()}}
+
+
+def _seq_dict(s: Sequence) -> dict:
+    return {"prompt_ids": s.prompt_ids, "continuation": s.continuation, "topk_ids": s.topk_ids,
+            "topk_logp": s.topk_logp, "positions": s.positions, "weights": s.weights}
+
+
+def _seq_from(d: dict) -> Sequence:
+    return Sequence(list(d["prompt_ids"]), list(d["continuation"]), d["topk_ids"], d["topk_logp"],
+                    list(d["positions"]), d["weights"])
+
+
+def _atomic_save(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def distill(pair: ModelPair, train_prompts: list[str], val_prompts: list[str], cfg: DistillConfig,
+            type_weights: dict | None = None, position_weights: dict | None = None) -> Iterator[dict]:
+    """A whole run without checkpoints: Distiller.prepare() then Distiller.train() (see Distiller for the records)."""
+    run = Distiller(pair, train_prompts, val_prompts, cfg, type_weights, position_weights)
+    yield from run.prepare()
+    yield from run.train()
 
 
 def _generate(pair: ModelPair, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,

@@ -158,3 +158,14 @@ def _parse_csv(text: str, display: str) -> list[str]:
         raise DraftLabError(f"{display}: line {reader.line_num}: malformed CSV ({exc}): quote fields that "
                             f"contain commas, quotes or newlines")
     return prompts
+
+
+def held_out_split(spec: str) -> tuple[str, str]:
+    """(held-out prompt set, a note when it is not held out) of a training prompt spec: NAME / NAME:tune ->
+    NAME:validation; NAME:validation or a file: the same prompts, and the note says so."""
+    name, sep, split = spec.strip().partition(":")
+    if name in PROMPT_SETS:
+        if (split if sep else "tune") == "tune":
+            return f"{name}:validation", ""
+        return spec, " — the same prompts as training (--prompts named the validation split): not held out"
+    return spec, " — the same file as training (a prompt file has no validation split): not held out"

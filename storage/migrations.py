@@ -51,7 +51,11 @@ def _v3_to_v4(conn: Connection) -> None:
         ("runs", "draft_parameters", "BIGINT")))
 
 
-STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+def _v4_to_v5(conn: Connection) -> None:
+    """v5: training jobs (`Train a draft`) and their curves: new tables only, which create_all adds."""
+
+
+STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

@@ -264,6 +264,8 @@ def heartbeat(store: Store, worker_id: str, run_id: int | None, group: Sequence[
         conn.execute(text("UPDATE workers SET heartbeat = :now, run_id = :rid WHERE id = :w"),
                      {"now": now, "rid": run_id, "w": worker_id})
         conn.execute(text("UPDATE device_leases SET heartbeat = :now WHERE worker_id = :w"), {"now": now, "w": worker_id})
+        conn.execute(text("UPDATE training_jobs SET heartbeat = :now WHERE worker_id = :w AND status = :running"),
+                     {"now": now, "w": worker_id, "running": RUNNING})
         if ids:
             conn.execute(text(f"UPDATE runs SET heartbeat = :now WHERE id IN ({','.join(map(str, ids))}) "
                               "AND status = :running"), {"now": now, "running": RUNNING})
@@ -345,6 +347,8 @@ def stale_runs(conn, cutoff, dead: Sequence[str]) -> list[int]:
                              {"cutoff": cutoff, "running": RUNNING, "queued": QUEUED, **names}).scalars().all())
 
 
+TRAINING_STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); "
+                        "resume the job to continue from its last checkpoint")
 STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); "
                "resume the run to continue from its first unfinished prompt")
 
@@ -353,21 +357,26 @@ def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
     """Runs left `running` by a worker that is gone (killed, crashed, machine gone) become `interrupted`,
     keeping every committed row; so do queued runs reserved for a dead worker. A worker is gone when it sent
     no heartbeat for the stale window (see stale_window()), or at once when it ran on this host and its
-    process no longer exists. Looks first and writes only when there is something to sweep. Returns run ids."""
+    process no longer exists; training jobs of such workers too. Looks first and writes only when there is
+    something to sweep. Returns run ids."""
     seconds = stale_window(stale_seconds)
     cutoff = utcnow() - timedelta(seconds=seconds)
+    from .training import interrupt_stale, stale_jobs
+
     with store.read() as conn:
         dead = dead_workers(conn, cutoff)
         stale = stale_runs(conn, cutoff, dead)
+        jobs = stale_jobs(conn, cutoff, dead)
         leases = conn.execute(text("SELECT COUNT(*) FROM device_leases WHERE heartbeat < :cutoff"),
                               {"cutoff": cutoff}).scalar()
-    if not (dead or stale or leases):
+    if not (dead or stale or jobs or leases):
         return []
     params = {"cutoff": cutoff, "interrupted": INTERRUPTED, "now": utcnow(),
               "error": STALE_ERROR.format(seconds=seconds)}
     with store.write() as conn:
         dead = dead_workers(conn, cutoff)
         stale = stale_runs(conn, cutoff, dead)
+        interrupt_stale(conn, stale_jobs(conn, cutoff, dead), TRAINING_STALE_ERROR.format(seconds=seconds))
         if stale:
             conn.execute(text(
                 "UPDATE runs SET status = :interrupted, finished = :now, reserved_for = NULL, error = :error "

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Run kinds and statuses.
 BASELINE, SPECULATIVE = "baseline", "speculative"
@@ -275,6 +275,69 @@ class DraftTokenRow(Base):
     )
 
 
+class TrainingJob(Base):
+    """A "train a draft" job (`draftlab distill` run by a worker): its settings, queue state, the step it reached,
+    its checkpoint, the held-out figures before and after, and the experiment that evaluates the result."""
+
+    __tablename__ = "training_jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))  # the trained draft's directory name under $DRAFTLAB_MODELS
+    out: Mapped[str] = mapped_column(Text)  # the model directory it writes (absolute)
+    created: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    notes: Mapped[str] = mapped_column(Text, default="")
+    target: Mapped[str] = mapped_column(Text)
+    draft: Mapped[str] = mapped_column(Text)  # the draft it starts from
+    prompts: Mapped[str] = mapped_column(Text)  # training prompt set spec or file path
+    validation: Mapped[str] = mapped_column(Text)  # held-out prompt set spec or file path
+    steps: Mapped[int] = mapped_column(Integer)
+    lr: Mapped[float] = mapped_column(Double)
+    batch_size: Mapped[int] = mapped_column(Integer, default=8)
+    max_new_tokens: Mapped[int] = mapped_column(Integer, default=128)
+    samples: Mapped[int] = mapped_column(Integer, default=1)
+    seed: Mapped[int] = mapped_column(Integer, default=0)
+    focus_from: Mapped[int | None] = mapped_column(Integer, nullable=True)  # experiment whose rejections weigh the loss
+    device: Mapped[str] = mapped_column(String(20), default="auto")
+    # Queue state (as runs).
+    status: Mapped[str] = mapped_column(String(20), default=QUEUED)
+    phase: Mapped[str | None] = mapped_column(String(200), nullable=True)  # what it is doing now, in words
+    step: Mapped[int] = mapped_column(Integer, default=0)  # optimiser steps done (and recorded)
+    checkpoint_step: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the step its checkpoint holds
+    progress: Mapped[float] = mapped_column(Double, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error_detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    started: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    heartbeat: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    device_name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # Results (held-out split, greedy, k = eval_k).
+    train_seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
+    eval_k: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    kl_before: Mapped[float | None] = mapped_column(Double, nullable=True)
+    kl_after: Mapped[float | None] = mapped_column(Double, nullable=True)
+    alpha_before: Mapped[float | None] = mapped_column(Double, nullable=True)
+    alpha_after: Mapped[float | None] = mapped_column(Double, nullable=True)
+    tokens_per_round_before: Mapped[float | None] = mapped_column(Double, nullable=True)
+    tokens_per_round_after: Mapped[float | None] = mapped_column(Double, nullable=True)
+    eval_experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # before/after, timed
+
+    __table_args__ = (Index("ix_training_jobs_status", "status", "id"),)
+
+
+class TrainingPoint(Base):
+    """The live curves of a training job: one row per optimiser step (loss, lr), with the held-out KL on the
+    steps where it was measured (step 0: before training)."""
+
+    __tablename__ = "training_points"
+    job_id: Mapped[int] = mapped_column(ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    loss: Mapped[float | None] = mapped_column(Double, nullable=True)
+    lr: Mapped[float | None] = mapped_column(Double, nullable=True)
+    kl: Mapped[float | None] = mapped_column(Double, nullable=True)
+    seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
 schema_info = SchemaInfo.__table__
 experiments = Experiment.__table__
 experiment_prompts = ExperimentPrompt.__table__
@@ -287,3 +350,5 @@ draft_tokens = DraftTokenRow.__table__
 timings = Timing.__table__
 device_leases = DeviceLease.__table__
 verify_profile = VerifyProfile.__table__
+training_jobs = TrainingJob.__table__
+training_points = TrainingPoint.__table__

@@ -1,0 +1,255 @@
+"""Training jobs ("Train a draft"): `draftlab distill` as a queued job a worker runs, with live curves, cancel
+and resume from its checkpoint, and the trained drafts a team can pick as candidates.
+
+A job is claimed by one conditional UPDATE (as runs are). The worker writes its step, phase, progress and curve
+points in one transaction fenced to the worker that owns the job; the answer carries a pending cancel. A cancel
+stops the job after its current step with a checkpoint of exactly that step; resume requeues it and the next
+worker continues from the checkpoint (curve points past the checkpoint, which only a killed worker leaves, are
+dropped first, so no step is ever recorded twice). Where trained drafts are written is one setting,
+$DRAFTLAB_MODELS (default ./models): share that directory and the database, and a team uses each other's drafts.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+from sqlalchemy import insert, select, text
+
+from .queue import QueueError
+from .schema import (CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING, TrainingJob, training_jobs,
+                     training_points, utcnow)
+from .store import Store
+
+MODELS_ENV, DEFAULT_MODELS_DIR = "DRAFTLAB_MODELS", "models"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+CHECKPOINT_DIR = ".checkpoint"  # inside the job's output directory; removed once the job is done
+ACTIVE = (QUEUED, RUNNING)
+
+
+def models_dir() -> Path:
+    """Where trained drafts are written: $DRAFTLAB_MODELS, else ./models (absolute)."""
+    return Path(os.environ.get(MODELS_ENV) or DEFAULT_MODELS_DIR).expanduser().resolve()
+
+
+def checkpoint_dir(job: dict) -> Path:
+    return Path(job["out"]) / CHECKPOINT_DIR
+
+
+def _positive(value, name: str, example: str, integer: bool = True):
+    try:
+        number = int(value) if integer else float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if integer and (isinstance(value, float) and not float(value).is_integer()):
+        number = float("nan")
+    if not (number > 0) or not math.isfinite(number):
+        raise QueueError(f"{name} must be a positive {'integer' if integer else 'number'} (got {value!r}); "
+                         f"use e.g. {example}")
+    return number
+
+
+def enqueue_training(store: Store, *, name: str, target: str, draft: str, prompts: str, validation: str,
+                     steps: int, lr: float = 3e-4, batch_size: int = 8, max_new_tokens: int = 128, samples: int = 1,
+                     seed: int = 0, focus_from: int | None = None, device: str = "auto", notes: str = "",
+                     models: str | Path | None = None) -> int:
+    """Queue a training job writing `models/name` (models: $DRAFTLAB_MODELS unless given); return its id. Refused
+    (QueueError, nothing stored) for bad settings, a name that is not a plain directory name, a directory that
+    already holds a model, or a name another queued, running or finished job writes."""
+    steps = _positive(steps, "steps", "300")
+    lr = _positive(lr, "learning rate", "3e-4", integer=False)
+    batch_size = _positive(batch_size, "batch size", "8")
+    max_new_tokens = _positive(max_new_tokens, "max new tokens", "128")
+    samples = _positive(samples, "samples", "1 (the greedy continuation only)")
+    name = (name or "").strip()
+    if not NAME_PATTERN.match(name):
+        raise QueueError(f"draft name {name!r} is not a plain directory name; use letters, digits, '.', '_' and "
+                         f"'-' (e.g. demo-draft-distilled-2)")
+    for field, value in (("target", target), ("draft", draft), ("prompts", prompts), ("validation", validation)):
+        if not str(value or "").strip():
+            raise QueueError(f"{field} is empty; name a model / prompt set")
+    out = (Path(models) if models is not None else models_dir()).expanduser().resolve() / name
+    if (out / "config.json").exists():
+        raise QueueError(f"{out} already holds a model; pick another name (nothing is overwritten)")
+    with store.write() as conn:
+        if focus_from is not None and conn.execute(text("SELECT COUNT(*) FROM experiments WHERE id = :e"),
+                                                   {"e": int(focus_from)}).scalar() == 0:
+            raise QueueError(f"focus experiment {focus_from} does not exist; pick one from the Experiments list")
+        taken = conn.execute(text("SELECT id FROM training_jobs WHERE out = :out AND status NOT IN (:f, :c)"),
+                             {"out": str(out), "f": FAILED, "c": CANCELLED}).scalar()
+        if taken is not None:
+            raise QueueError(f"training job {taken} already writes {out}; pick another name")
+        return conn.execute(insert(training_jobs).values(
+            name=name, out=str(out), created=utcnow(), notes=notes or "", target=target.strip(), draft=draft.strip(),
+            prompts=prompts.strip(), validation=validation.strip(), steps=steps, lr=lr, batch_size=batch_size,
+            max_new_tokens=max_new_tokens, samples=samples, seed=int(seed), focus_from=focus_from, device=device,
+            status=QUEUED, step=0, progress=0.0, cancel_requested=False)).inserted_primary_key[0]
+
+
+def get_job(store: Store, job_id: int) -> dict | None:
+    with store.read() as conn:
+        row = conn.execute(select(training_jobs).where(training_jobs.c.id == int(job_id))).mappings().first()
+        return dict(row) if row else None
+
+
+def next_job(store: Store) -> int | None:
+    """The oldest queued training job."""
+    with store.read() as conn:
+        return conn.execute(text("SELECT id FROM training_jobs WHERE status = :q ORDER BY id LIMIT 1"),
+                            {"q": QUEUED}).scalar()
+
+
+def claim_job(store: Store, job_id: int, worker_id: str) -> bool:
+    """Atomically move a queued job to running for worker_id; False if another worker got it first."""
+    now = utcnow()
+    with store.write() as conn:
+        return conn.execute(text(
+            "UPDATE training_jobs SET status = :running, worker_id = :w, started = COALESCE(started, :now), "
+            "heartbeat = :now, finished = NULL, error = NULL, error_detail = NULL, cancel_requested = :no "
+            "WHERE id = :id AND status = :queued"),
+            {"running": RUNNING, "w": worker_id, "now": now, "no": False, "id": int(job_id),
+             "queued": QUEUED}).rowcount == 1
+
+
+def _owned(conn, job_id: int, worker_id: str):
+    return conn.execute(text("SELECT cancel_requested FROM training_jobs WHERE id = :id AND status = :running "
+                             "AND worker_id = :w"), {"id": int(job_id), "running": RUNNING, "w": worker_id}).first()
+
+
+def report(store: Store, job_id: int, worker_id: str, points: Sequence[dict] = (), **fields) -> dict:
+    """Write a job's progress (fields of training_jobs: phase, step, progress, checkpoint_step, device_name, results)
+    and new curve points ({step, loss, lr, kl, seconds}; an existing step is updated, e.g. its KL) in one
+    transaction, only while worker_id owns the job. Returns {"owned": bool, "cancel": bool}."""
+    allowed = {c.name for c in training_jobs.columns} - {"id", "status", "worker_id", "cancel_requested"}
+    unknown = set(fields) - allowed
+    if unknown:
+        raise ValueError(f"unknown training job fields {sorted(unknown)}")
+    with store.write() as conn:
+        owned = _owned(conn, job_id, worker_id)
+        if owned is None:
+            return {"owned": False, "cancel": False}
+        sets = ", ".join(f"{k} = :{k}" for k in fields)
+        conn.execute(text(f"UPDATE training_jobs SET heartbeat = :now{', ' + sets if sets else ''} WHERE id = :id"),
+                     {**fields, "now": utcnow(), "id": int(job_id)})
+        if points:
+            steps = [int(p["step"]) for p in points]
+            have = {int(s): None for s in conn.execute(text(
+                f"SELECT step FROM training_points WHERE job_id = :id AND step IN ({','.join(map(str, steps))})"),
+                {"id": int(job_id)}).scalars()}
+            for p in points:
+                row = {"job_id": int(job_id), "step": int(p["step"]), "loss": p.get("loss"), "lr": p.get("lr"),
+                       "kl": p.get("kl"), "seconds": p.get("seconds")}
+                if int(p["step"]) in have:  # an eval point on a step already written: fill in what it adds
+                    conn.execute(text("UPDATE training_points SET loss = COALESCE(:loss, loss), lr = COALESCE(:lr, lr), "
+                                      "kl = COALESCE(:kl, kl), seconds = COALESCE(:seconds, seconds) "
+                                      "WHERE job_id = :job_id AND step = :step"), row)
+                else:
+                    conn.execute(insert(training_points).values(**row))
+                    have[int(p["step"])] = None
+        return {"owned": True, "cancel": bool(owned[0])}
+
+
+def rewind(store: Store, job_id: int, worker_id: str, step: int) -> bool:
+    """The job continues from a checkpoint at `step`: drop curve points after it (left by a killed worker) and
+    set its step back. Only while worker_id owns the job."""
+    with store.write() as conn:
+        if _owned(conn, job_id, worker_id) is None:
+            return False
+        conn.execute(text("DELETE FROM training_points WHERE job_id = :id AND step > :s"), {"id": int(job_id), "s": step})
+        conn.execute(text("UPDATE training_jobs SET step = :s WHERE id = :id"), {"id": int(job_id), "s": step})
+        return True
+
+
+def finish_job(store: Store, job_id: int, status: str, error: str | None = None, error_detail: str | None = None,
+               worker_id: str | None = None, **results) -> bool:
+    """Close a job (done / failed / cancelled / interrupted) with any result columns; with worker_id only while
+    that worker owns it. Returns whether it was closed."""
+    assert status in (DONE, FAILED, CANCELLED, INTERRUPTED), status
+    owned = " AND status = :running AND worker_id = :w" if worker_id is not None else ""
+    sets = "".join(f", {k} = :{k}" for k in results)
+    with store.write() as conn:
+        return conn.execute(text(
+            "UPDATE training_jobs SET status = :status, error = :error, error_detail = :detail, finished = :now, "
+            f"cancel_requested = :no{sets}" + (", progress = 1.0" if status == DONE else "") + " WHERE id = :id" + owned),
+            {**results, "status": status, "error": error, "detail": error_detail, "now": utcnow(), "no": False,
+             "id": int(job_id), "running": RUNNING, "w": worker_id}).rowcount == 1
+
+
+def cancel_job(store: Store, job_id: int) -> bool:
+    """Cancel a queued job now, or ask its worker to stop a running one after its current step (a checkpoint of
+    that step is kept, so resume continues from it)."""
+    with store.write() as conn:
+        n = conn.execute(text("UPDATE training_jobs SET status = :c, finished = :now WHERE id = :id "
+                              "AND status IN (:q, :i)"),
+                         {"c": CANCELLED, "now": utcnow(), "id": int(job_id), "q": QUEUED, "i": INTERRUPTED}).rowcount
+        n += conn.execute(text("UPDATE training_jobs SET cancel_requested = :yes WHERE id = :id AND status = :r"),
+                          {"yes": True, "id": int(job_id), "r": RUNNING}).rowcount
+    return n > 0
+
+
+def resume_job(store: Store, job_id: int) -> bool:
+    """Requeue a cancelled, interrupted or failed job; a worker continues it from its checkpoint."""
+    with store.write() as conn:
+        return conn.execute(text(
+            "UPDATE training_jobs SET status = :q, error = NULL, error_detail = NULL, cancel_requested = :no, "
+            "finished = NULL WHERE id = :id AND status IN (:c, :i, :f)"),
+            {"q": QUEUED, "no": False, "id": int(job_id), "c": CANCELLED, "i": INTERRUPTED, "f": FAILED}).rowcount == 1
+
+
+def stale_jobs(conn, cutoff, dead: Sequence[str]) -> list[int]:
+    """Running jobs whose worker is dead (see queue.dead_workers) or sent no heartbeat since cutoff."""
+    names = {f"dead{i}": w for i, w in enumerate(dead)}
+    placeholders = ", ".join(f":{n}" for n in names) or "NULL"
+    return list(conn.execute(text(
+        f"SELECT id FROM training_jobs WHERE status = :running AND (heartbeat IS NULL OR heartbeat < :cutoff "
+        f"OR worker_id IN ({placeholders}))"), {"running": RUNNING, "cutoff": cutoff, **names}).scalars())
+
+
+def interrupt_stale(conn, ids: Sequence[int], error: str) -> None:
+    if ids:
+        conn.execute(text(f"UPDATE training_jobs SET status = :i, finished = :now, error = :e "
+                          f"WHERE id IN ({','.join(str(int(i)) for i in ids)})"),
+                     {"i": INTERRUPTED, "now": utcnow(), "e": error})
+
+
+# --- reads for the dashboard -----------------------------------------------------------------------------
+
+JOB_COLUMNS = [c.name for c in TrainingJob.__table__.columns if c.name != "error_detail"]
+
+
+def jobs(store: Store) -> pd.DataFrame:
+    """Every training job, newest first (JOB_COLUMNS)."""
+    with store.read() as conn:
+        rows = conn.execute(select(*[training_jobs.c[c] for c in JOB_COLUMNS]).order_by(training_jobs.c.id.desc())).all()
+    return pd.DataFrame([tuple(r) for r in rows], columns=JOB_COLUMNS)
+
+
+def points(store: Store, job_id: int) -> pd.DataFrame:
+    """A job's curve: step, loss, lr, kl (NULL where not measured), seconds."""
+    with store.read() as conn:
+        rows = conn.execute(text("SELECT step, loss, lr, kl, seconds FROM training_points WHERE job_id = :id "
+                                 "ORDER BY step"), {"id": int(job_id)}).all()
+    return pd.DataFrame([tuple(r) for r in rows], columns=["step", "loss", "lr", "kl", "seconds"])
+
+
+def version(store: Store) -> tuple:
+    """A cheap stamp that changes whenever any job is added, moves, reports or ends (cache key for pages)."""
+    with store.read() as conn:
+        row = conn.execute(text("SELECT COUNT(*), MAX(id), MAX(heartbeat), MAX(finished), SUM(step), "
+                                "SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END), "
+                                "SUM(CASE WHEN status = 'queued' THEN 1 ELSE 0 END), "
+                                "SUM(CASE WHEN cancel_requested THEN 1 ELSE 0 END) FROM training_jobs")).one()
+    return tuple(str(v) for v in row)
+
+
+def trained_drafts(store: Store) -> list[dict]:
+    """Drafts finished training jobs wrote (newest first): name, out (the path to load), target, draft, job_id,
+    alpha_before, alpha_after. Offered as draft candidates on the New-experiment page."""
+    with store.read() as conn:
+        rows = conn.execute(text("SELECT id, name, out, target, draft, alpha_before, alpha_after FROM training_jobs "
+                                 "WHERE status = :done ORDER BY id DESC"), {"done": DONE}).mappings().all()
+    return [{"job_id": r["id"], "name": r["name"], "out": r["out"], "target": r["target"], "draft": r["draft"],
+             "alpha_before": r["alpha_before"], "alpha_after": r["alpha_after"]} for r in rows]
