@@ -316,25 +316,31 @@ def token_layout(output: pd.DataFrame, line_chars: int = LINE_CHARS) -> pd.DataF
 
 def token_chart(layout: pd.DataFrame, selected_round: int | None, line_chars: int = LINE_CHARS) -> alt.LayerChart:
     """The output token by token, coloured by how each was produced, the selected round boxed in orange; a click
-    on a token selects its round (a point selection named TOKEN_SELECTION over the `round` field)."""
+    on a token selects its round (a point selection named TOKEN_SELECTION over the `round` field).
+
+    Layers, bottom to top: the coloured boxes, the token texts, and an invisible box per token that carries the
+    selection and the tooltip. The browser gives a click to the topmost mark under the pointer, so whether it
+    lands on a glyph, on the space after it or on the box's edge, the mark that receives it is the one holding the
+    selection, and its datum is that token's."""
     frame = layout.assign(selected=layout["round"] == (selected_round if selected_round is not None else -2))
     pick = alt.selection_point(name=TOKEN_SELECTION, fields=["round"], on="click", clear=False, empty=False)
     lines = int(frame["line"].max()) + 1 if len(frame) else 1
     x = alt.X("x:Q", axis=None, scale=alt.Scale(domain=[0, line_chars], nice=False))
     y = alt.Y("line:O", axis=None)
+    kind = alt.Color("kind:N", legend=None, scale=alt.Scale(domain=list(KIND_COLORS), range=list(KIND_COLORS.values())))
     tooltip = [alt.Tooltip("round:Q", title="round (-1: prefill)"), "kind:N", "token_id:Q", "position:Q",
                alt.Tooltip("shown:N", title="token")]
-    boxes = alt.Chart(frame).mark_rect(cornerRadius=2).encode(
-        x, alt.X2("x2:Q"), y,
-        color=alt.Color("kind:N", legend=None, scale=alt.Scale(domain=list(KIND_COLORS), range=list(KIND_COLORS.values()))),
+    base = alt.Chart(frame)
+    boxes = base.mark_rect(cornerRadius=2).encode(
+        x, alt.X2("x2:Q"), y, color=kind,
         opacity=alt.condition(alt.datum.selected, alt.value(0.35), alt.value(0.08)),
-        stroke=alt.condition(alt.datum.selected, alt.value("#ef6c00"), alt.value(None)),
-        tooltip=tooltip).add_params(pick)
-    text = alt.Chart(frame).mark_text(align="left", baseline="middle", font="monospace", fontSize=12, dx=1).encode(
-        x, y, alt.Text("shown:N"),
-        color=alt.Color("kind:N", legend=None, scale=alt.Scale(domain=list(KIND_COLORS), range=list(KIND_COLORS.values()))),
-        tooltip=tooltip)
-    return alt.layer(boxes, text).properties(height=max(40, 20 * lines)).configure_view(stroke=None)
+        stroke=alt.condition(alt.datum.selected, alt.value("#ef6c00"), alt.value(None)))
+    text = base.mark_text(align="left", baseline="middle", font="monospace", fontSize=12, dx=1).encode(
+        x, y, alt.Text("shown:N"), color=kind)
+    # Transparent, not absent: a fully transparent fill is still painted, so it receives the pointer.
+    hits = base.mark_rect(fill="transparent", stroke=None, cursor="pointer").encode(
+        x, alt.X2("x2:Q"), y, tooltip=tooltip).add_params(pick)
+    return alt.layer(boxes, text, hits).properties(height=max(40, 20 * lines)).configure_view(stroke=None)
 
 
 def selected_round(event, rounds: list[int]) -> int | None:

@@ -73,14 +73,15 @@ def render() -> None:
     st.markdown(f"**Prompt {prompt_index}:**")
     st.code(str(prompts[prompt_index]), language=None, wrap_lines=True)  # its line breaks kept, nothing interpreted
     selected = None
+    chart_key = _token_chart_key((run_id, prompt_index))
     if rounds:
-        _follow_click(rounds, (run_id, prompt_index))
+        _follow_click(rounds, chart_key)
         wanted = query_ids("round")
         default = wanted[0] if wanted and wanted[0] in rounds else rounds[0]
         if len(rounds) > 1:
             if st.session_state.get("select_round") not in rounds:  # first view, or another run or prompt
                 st.session_state["select_round"] = default
-            selected = st.select_slider("Round", rounds, key="select_round")
+            selected = st.select_slider("Round", rounds, key="select_round", on_change=_forget_click)
         else:
             selected = rounds[0]
         if query_ids("round")[:1] != [selected]:
@@ -89,7 +90,7 @@ def render() -> None:
     if len(output):
         st.caption("Click a token to select the round that emitted it.")
         st.altair_chart(charts.token_chart(charts.token_layout(output), selected), width="stretch",
-                        on_select="rerun", selection_mode=charts.TOKEN_SELECTION, key="token_chart")
+                        on_select="rerun", selection_mode=charts.TOKEN_SELECTION, key=chart_key)
     with st.expander("The output as text"):
         st.markdown(output_html(output, selected), unsafe_allow_html=True)
     csv_download(output, f"run{run_id}_prompt{prompt_index}_output.csv", "Download output tokens (CSV)")
@@ -125,13 +126,28 @@ def render() -> None:
 TABLE_ROW = 35  # st.dataframe's row height in pixels (header included)
 
 
-def _follow_click(rounds: list[int], view: tuple) -> None:
+def _token_chart_key(view: tuple) -> str:
+    """The token chart's widget key: a new one for each run and prompt shown and after each move of the round
+    slider, so the chart's selection only ever holds a click made since then (a keyed chart keeps its selection
+    across reruns, and clicking the token already selected changes nothing Streamlit would send)."""
+    state = st.session_state
+    if state.get("token_chart_view") != view:
+        state["token_chart_view"] = view
+        _forget_click()
+    return f"token_chart_{state['token_chart_generation']}"
+
+
+def _forget_click() -> None:
+    """The round slider moved (or the view changed): drop the chart's last click, so that clicking the same
+    token again selects its round again, and the slider stays where it was put."""
+    st.session_state["token_chart_generation"] = st.session_state.get("token_chart_generation", 0) + 1
+
+
+def _follow_click(rounds: list[int], chart_key: str) -> None:
     """A click on the token chart (its selection, read from the last run's widget state) moves the round slider
-    and the URL to the clicked token's round; a click already followed is not applied again, so the slider stays
-    free to move."""
-    picked = charts.selected_round(st.session_state.get("token_chart"), rounds)
-    if picked is None or st.session_state.get("token_chart_followed") == (view, picked):
+    and the URL to the clicked token's round."""
+    picked = charts.selected_round(st.session_state.get(chart_key), rounds)
+    if picked is None:
         return
-    st.session_state["token_chart_followed"] = (view, picked)
     st.session_state["select_round"] = picked
     st.query_params["round"] = str(picked)

@@ -1162,14 +1162,37 @@ def test_round_explorer_token_chart_selects_a_round_and_shows_its_proposals(craf
     assert any(c.value == "p1" for c in at.code)  # the prompt as a code block
     output = q.prompt_output(store, ids[2], 1)
     last = int(output["round_index"].dropna().max())
-    monkeypatch.setattr(charts, "selected_round", lambda event, rounds: last)  # what a click on its token yields
+    assert at.select_slider(key="select_round").value == 0
+    # A click on a token of round `last`: the chart's widget (its key names a generation) holds that selection
+    # until the slider moves or another prompt is shown, which gives the chart a fresh key and no selection.
+    clicked_in = []
+
+    def click_held_by_the_current_chart(event, rounds):
+        import streamlit as st
+
+        return last if st.session_state["token_chart_generation"] in clicked_in else None
+
+    monkeypatch.setattr(charts, "selected_round", click_held_by_the_current_chart)
+    clicked_in.append(at.session_state["token_chart_generation"])
     at.run()
     assert_clean(at)
     assert at.query_params["round"] in ([str(last)], str(last)) and at.select_slider(key="select_round").value == last
     proposals = next(d.value for d in at.dataframe if "p_draft" in d.value)
     assert proposals["outcome"].tolist() == q.round_proposals(store, ids[2], 1, last)["outcome"].tolist()
     at.select_slider(key="select_round").set_value(0).run()  # the slider stays free after a click
+    assert_clean(at)
     assert at.select_slider(key="select_round").value == 0
+    at.run()
+    assert at.select_slider(key="select_round").value == 0  # and stays there on the next rerun
+    clicked_in.append(at.session_state["token_chart_generation"])  # the same token clicked again
+    at.run()
+    assert at.select_slider(key="select_round").value == last  # selects its round again
+    spec = next(spec for spec in _specs(at) if "shown" in json.dumps(spec))
+    layers = spec["layer"]
+    assert [layer["mark"]["type"] for layer in layers] == ["rect", "text", "rect"]
+    token = [p for p in spec.get("params", []) if p["name"] == "token"]  # Altair lifts a layer's selection up
+    assert token and token[0]["views"] == [layers[-1]["name"]]  # the topmost mark, the one clicked, holds it
+    assert layers[-1]["mark"]["fill"] == "transparent" and "tooltip" in layers[-1]["encoding"]
 
 
 def test_theory_chart_has_a_y_title_and_names_its_curves_in_words(empty_db):
