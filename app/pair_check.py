@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -134,19 +135,49 @@ def _tokenizer_and_width(name: str, files: tuple = ()):
     return tokenizer, int(width) if width else len(tokenizer.get_vocab())
 
 
+RESULTS_KEPT = 64  # pair checks remembered (least recently used dropped first)
+_results: OrderedDict[tuple, PairCheck] = OrderedDict()
+_results_lock = threading.Lock()
+
+
+def _result_key(target: str, draft: str) -> tuple:
+    target, draft = str(target).strip(), str(draft).strip()
+    return target, draft, fingerprint(target) if target else (), fingerprint(draft) if draft else ()
+
+
+def cached_check(target: str, draft: str) -> PairCheck | None:
+    """The pair's check if one is remembered for the models as they are now (a local directory's files unchanged),
+    else None: then check_pair_names has real work to do (loading tokenizers, maybe asking the hub), and the page
+    says so while it runs instead of leaving the last result up."""
+    key = _result_key(target, draft)
+    with _results_lock:
+        found = _results.get(key)
+        if found is not None:
+            _results.move_to_end(key)
+        return found
+
+
 def check_pair_names(target: str, draft: str) -> PairCheck:
     """Do `target` and `draft` share a tokenizer (same id for every token)? Cached per pair and per the content of
     a local directory (see fingerprint); a failure to reach the hub is not cached."""
-    target, draft = str(target).strip(), str(draft).strip()
+    key = _result_key(target, draft)
+    found = cached_check(target, draft)
+    if found is not None:
+        return found
     try:
-        return _check_pair(target, draft, fingerprint(target) if target else (), fingerprint(draft) if draft else ())
+        result = _check_pair(*key)
     except _Unreachable as exc:
         role, name = exc.args[1:3] if len(exc.args) >= 3 else ("model", "")
         return PairCheck(False, f"cannot load the {role} tokenizer {name!r} ({exc.args[0]}); check the HF model id "
                                 f"or local path, and your network/HF_TOKEN")
+    with _results_lock:
+        _results[key] = result
+        _results.move_to_end(key)
+        while len(_results) > RESULTS_KEPT:
+            _results.popitem(last=False)
+    return result
 
 
-@lru_cache(maxsize=64)
 def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple) -> PairCheck:
     wait_warm()
     from engine.errors import DraftLabError

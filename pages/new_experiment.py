@@ -182,18 +182,40 @@ def _apply_link() -> None:
     st.session_state[LINK_NOTES] = notes
 
 
-def _pair_check(target: str, draft: str):
-    from app.pair_check import check_pair_names
+CHECKING = "checking that the two tokenizers match (the first check after a start loads transformers)…"
 
-    with st.spinner("Checking that the two tokenizers match (the first check loads transformers)…"):
-        return check_pair_names(target.strip(), draft.strip())
+
+@dataclass(frozen=True)
+class _CheckOnPage:
+    """A pair check and where its result goes on the page: `slot`, the placeholder that said `checking…` while
+    it ran (None when the result was already known: then it is drawn in the same place directly)."""
+
+    ok: bool
+    message: str
+    slot: object = None
+
+
+def _pair_check(target: str, draft: str) -> _CheckOnPage:
+    """The pair check of target and draft. One that has work to do (not remembered, or a local directory that
+    changed) first puts `checking…` where its result will go, so the last result (a green `tokenizers match`)
+    never stays up while a new check runs; _show_check then draws the result in that place."""
+    from app.pair_check import cached_check, check_pair_names
+
+    target, draft = target.strip(), draft.strip()
+    check, slot = cached_check(target, draft), None
+    if check is None:
+        slot = st.empty()
+        slot.info(f"Pair check: {CHECKING}", icon=":material/hourglass_top:")
+        check = check_pair_names(target, draft)
+    return _CheckOnPage(check.ok, check.message, slot)
 
 
 def _show_check(check, label: str = "Pair check") -> None:
+    where = getattr(check, "slot", None) or st
     if check.ok:
-        st.success(f"{label}: {md_text(check.message)}", icon=":material/check_circle:")
+        where.success(f"{label}: {md_text(check.message)}", icon=":material/check_circle:")
     else:
-        st.error(f"{label}: {md_text(check.message)}", icon=":material/error:")
+        where.error(f"{label}: {md_text(check.message)}", icon=":material/error:")
 
 
 def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:

@@ -1234,3 +1234,52 @@ def test_detail_speedup_csv_has_integer_run_ids_and_the_runs_table_stays_open_on
     assert_clean(at)
     runs_box = next(e for e in at.expander if e.label == "Runs")
     assert runs_box.proto.expanded  # done: the table is open, not folded away
+
+
+def _element_paths(at: AppTest) -> dict[tuple, object]:
+    """Every element of the last run by its place on the page (its index path in the block tree), which is what
+    the browser keys its elements on: an element sent to a place replaces what the last run left there."""
+    found = {}
+
+    def walk(node, path) -> None:
+        children = getattr(node, "children", None)
+        if children:
+            for index, child in children.items():
+                walk(child, (*path, index))
+        elif getattr(node, "proto", None) is not None:
+            found[path] = node
+
+    walk(at._tree, ())
+    return found
+
+
+def test_new_experiment_pair_check_replaces_the_last_result_with_checking_while_it_runs(empty_db, model_dirs,
+                                                                                         tmp_path, monkeypatch):
+    import app.pair_check as pair_check
+
+    at = _fill(app("new"), model_dirs)
+    assert_clean(at)
+    matched = [p for p, e in _element_paths(at).items() if e.type == "success" and "tokenizers match" in e.value]
+    assert len(matched) == 1
+    place = matched[0]
+
+    def interrupted(target, draft):
+        raise RuntimeError("the check is still running")
+
+    # Another draft, whose check has work to do, stopped mid-check: the page as a browser shows it meanwhile.
+    other = tmp_path / "another-draft"
+    shutil.copytree(model_dirs["draft"], other)
+    monkeypatch.setattr(pair_check, "check_pair_names", interrupted)
+    at.text_input(key="draft").set_value(str(other)).run()
+    elements = _element_paths(at)
+    assert place in elements and elements[place].type == "info", elements.get(place)
+    assert "checking that the two tokenizers match" in elements[place].value  # the old note's place: it is gone
+    assert not [e for e in at.success if "tokenizers match" in e.value]
+    monkeypatch.undo()
+    at.run()  # the check finishes: its result takes that place
+    assert_clean(at)
+    elements = _element_paths(at)
+    assert elements[place].type == "success" and "tokenizers match" in elements[place].value
+    at.text_input(key="draft").set_value(model_dirs["draft"]).run()  # remembered: drawn at once, in the same place
+    elements = _element_paths(at)
+    assert elements[place].type == "success" and not [e for e in at.info if "checking" in e.value]
