@@ -165,10 +165,14 @@ SMALL_SAMPLE_NOTE = (f"n = tokens behind each rate; a starred, faded bar rests o
 
 def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: str, y_title: str,
                     y_domain: tuple[float, float] | None = None, lo: str | None = None,
-                    hi: str | None = None, count: str | None = None) -> alt.Chart | alt.LayerChart:
-    """One line per series (experiment or run), for Compare. frame: x, y, series columns as named; with `lo` and
-    `hi` (a 95 % interval per point) error bars too, and hollow points where a `state` column is not FINISHED;
-    `count`: the column holding each rate's n, shown in the tooltip."""
+                    hi: str | None = None, count: str | None = None, end_label: str | None = None,
+                    width: int | None = None) -> alt.Chart | alt.LayerChart:
+    """One line per series (experiment or run), for Compare. frame: x, y, series columns as named (rows without a
+    y are left out of the drawing, so one frame can feed several panels); with `lo` and `hi` (a 95 % interval per
+    point) error bars too, and hollow points where a `state` column is not FINISHED; `count`: the column holding
+    each rate's n, shown in the tooltip; `end_label`: a column whose value is written, in the line's colour, at the
+    last point of each line (its largest x), so lines can be told apart without the legend; `width`: in pixels
+    (a panel of small multiples; else the chart fills its column)."""
     scale = alt.Scale(domain=list(y_domain)) if y_domain else alt.Undefined
     tooltip = [f"{series}:N", alt.Tooltip(f"{x}:Q", title=x_title), alt.Tooltip(f"{y}:Q", format=".3f")]
     if count:  # the tokens behind each rate
@@ -177,18 +181,79 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
         tooltip += [alt.Tooltip(f"{lo}:Q", title="95 % low", format=".3f"),
                     alt.Tooltip(f"{hi}:Q", title="95 % high", format=".3f")]
     color = alt.Color(f"{series}:N", title=None, legend=SERIES_LEGEND, scale=series_scale(frame, series))
-    base = alt.Chart(frame).encode(_x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale), color, tooltip=tooltip)
+    # Field names in expressions are the page's own column names, never user text (names are data, not code).
+    base = alt.Chart(frame).transform_filter(f"isValid(datum['{y}'])").encode(
+        _x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale), color, tooltip=tooltip)
+    layers = []
     if not (lo and hi):
-        return base.mark_line(point=True).properties(height=HEIGHT)
-    bars = base.transform_filter(f"isValid(datum['{lo}'])").mark_errorbar(ticks=True).encode(
-        alt.Y(f"{lo}:Q", title=y_title, scale=scale), alt.Y2(f"{hi}:Q"))
-    fill = alt.Fill(f"{series}:N", legend=None, scale=series_scale(frame, series))  # the same colours as the lines
-    if "state" in frame:
-        fill = alt.condition(alt.datum.state == FINISHED, fill, alt.value("white"))
-    points = base.mark_point(filled=False, size=60, strokeWidth=2).encode(fill=fill)
-    if "state" in frame:
-        points = points.encode(shape=alt.Shape("state:N", scale=STATE_SHAPES, legend=None))
-    return alt.layer(base.mark_line(), bars, points).properties(height=HEIGHT)
+        layers.append(base.mark_line(point=True))
+    else:
+        bars = base.transform_filter(f"isValid(datum['{lo}'])").mark_errorbar(ticks=True).encode(
+            alt.Y(f"{lo}:Q", title=y_title, scale=scale), alt.Y2(f"{hi}:Q"))
+        fill = alt.Fill(f"{series}:N", legend=None, scale=series_scale(frame, series))  # the lines' colours
+        if "state" in frame:
+            fill = alt.condition(alt.datum.state == FINISHED, fill, alt.value("white"))
+        points = base.mark_point(filled=False, size=60, strokeWidth=2).encode(fill=fill)
+        if "state" in frame:
+            points = points.encode(shape=alt.Shape("state:N", scale=STATE_SHAPES, legend=None))
+        layers += [base.mark_line(), bars, points]
+    if end_label:
+        labels = alt.Chart(end_labels(frame, x, y, series, end_label, y_domain)).encode(
+            _x(x, x_title), alt.Y("label_y:Q", title=y_title, scale=scale), color, text=alt.Text(f"{end_label}:N"),
+            tooltip=[f"{series}:N"])
+        # Right of the point in the plot's left half, left of it in the right half: the label stays in the plot.
+        for side, align, dx in (("left", "right", -6), ("right", "left", 6)):
+            layers.append(labels.transform_filter(f"datum.side === '{side}'").mark_text(
+                align=align, baseline="middle", dx=dx, dy=-10, fontSize=11, fontWeight="bold",
+                limit=END_LABEL_LIMIT))
+    chart = alt.layer(*layers) if len(layers) > 1 else layers[0]
+    return chart.properties(height=HEIGHT, **({"width": width} if width else {}))
+
+
+END_LABEL_LIMIT = 170  # pixels: a longer name is cut with an ellipsis (the legend keeps it whole)
+END_LABEL_GAP = 0.08  # of the y range: labels closer than this are moved apart
+
+
+def end_labels(frame: pd.DataFrame, x: str, y: str, series: str, label: str,
+               y_domain: tuple[float, float] | None = None) -> pd.DataFrame:
+    """Where each line's end label goes: the series' last point (largest x with a y), `label_y` its height moved
+    down just enough that no two labels overlap (at least END_LABEL_GAP of the y range apart, top to bottom), and
+    `side`, where the label sits: `left` of a point in the right half of the x range, `right` of one in the left
+    half. Columns: series, label, x, y, label_y, side. Vega draws the label as text: a name is never markup."""
+    valid = frame.dropna(subset=[y, x])
+    if valid.empty:
+        return pd.DataFrame(columns=list(dict.fromkeys([series, label, x, y, "label_y", "side"])))
+    last = valid.sort_values(x).groupby(series, sort=False).tail(1)
+    last = last[list(dict.fromkeys([series, label, x, y]))].sort_values(y, ascending=False).reset_index(drop=True)
+    low, high = y_domain if y_domain else (min(0.0, float(valid[y].min())), float(valid[y].max()))
+    gap = END_LABEL_GAP * ((high - low) or 1.0)
+    placed = []
+    for value in last[y].astype(float):
+        placed.append(value if not placed else min(value, placed[-1] - gap))
+    middle = (float(frame[x].min()) + float(frame[x].max())) / 2
+    return last.assign(label_y=placed, side=np.where(last[x].astype(float) > middle, "left", "right"))
+
+
+SWEEP_PANELS = (("speedup", "speedup (×)", None), ("alpha", "alpha", (0, 1)),
+                ("tokens_per_round", "tokens per round", None))
+PANEL_WIDTH = 250  # pixels per small multiple: three side by side fit the page beside the sidebar at 1280 px
+
+
+def sweep_panels(frame: pd.DataFrame, x: str, series: str, x_title: str, end_label: str | None = None,
+                 interval: dict | None = None) -> alt.HConcatChart:
+    """Small multiples of sweeps across experiments: one panel per metric of SWEEP_PANELS (speedup with its 95 %
+    interval, alpha, tokens_per_round) against the swept value, one colour per series and one legend shared by
+    the panels; each line labelled at its end with `end_label`. frame: x, series, the metrics (any may be NaN),
+    interval's lo/hi columns and state; the one frame every panel draws from (and the page's CSV)."""
+    panels = []
+    for y, title, domain in SWEEP_PANELS:
+        if y not in frame:
+            continue
+        bounds = (interval or {}) if y == "speedup" else {}
+        panels.append(overlaid_curves(frame, x, y, series, x_title, title, domain, **bounds, end_label=end_label,
+                                      width=PANEL_WIDTH).properties(title=f"{title} vs {x_title}"))
+    return alt.hconcat(*panels, spacing=28).resolve_scale(color="shared", fill="shared").resolve_legend(
+        color="shared")
 
 
 def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, value_title: str,

@@ -38,6 +38,11 @@ def badges(experiment_id: int, verdict: dict, links: pd.DataFrame) -> str:
 
 def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataFrame]:
     label = experiment_label(listing)
+    names = dict(zip(listing["experiment_id"], listing["name"]))
+
+    def short_label(experiment_id: int) -> str:  # a line's end label: `#3 · name`, without the status
+        return f"#{experiment_id} · {names.get(experiment_id) or 'unnamed'}"
+
     table = listing[listing["experiment_id"].isin(chosen)]
     links = cached("validation_links")
     stamps = {experiment_id: version(experiment_id) for experiment_id in chosen}
@@ -60,7 +65,8 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
         runs_by_experiment[experiment_id] = cached("runs", experiment_id, experiment_id=experiment_id,
                                                    stamp=stamps[experiment_id])
         curve = cached("sweep_curve", experiment_id, experiment_id=experiment_id, stamp=stamps[experiment_id])
-        curves.append(curve.assign(experiment=label(experiment_id), experiment_id=experiment_id))
+        curves.append(curve.assign(experiment=label(experiment_id), experiment_id=experiment_id,
+                                   experiment_name=short_label(experiment_id)))
     curve = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
     variables = set(listing[listing["experiment_id"].isin(chosen)]["sweep_variable"].fillna("k"))
     x_title = variables.pop() if len(variables) == 1 else "swept value"
@@ -68,16 +74,13 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
         st.info("None of these experiments has a finished speculative run yet.")
         return runs_by_experiment
     curve["state"] = charts.run_states(curve)
-    left, mid, right = st.columns(3)
-    for column, (y, title, domain) in zip((left, mid, right), (
-            ("speedup", "speedup (×)", None), ("alpha", "alpha", (0, 1)), ("tokens_per_round", "tokens per round", None))):
-        with column:
-            st.subheader(f"{title} vs {x_title}")
-            interval = INTERVAL if y == "speedup" else {}
-            frame = curve[["experiment", "experiment_id", "run_id", "sweep_value", y, *interval.values(),
-                           *(["state"] if interval else [])]].dropna(subset=[y])
-            chart_with_csv(charts.overlaid_curves(frame, "sweep_value", y, "experiment", x_title, title, domain,
-                                                  **interval), frame, f"compare_{y}.csv")
+    st.subheader(f"Speedup, alpha and tokens per round vs {x_title}")
+    frame = curve[["experiment", "experiment_name", "experiment_id", "run_id", "sweep_value", "speedup",
+                   *INTERVAL.values(), "state", "alpha", "tokens_per_round"]]
+    # Its own width (panels of PANEL_WIDTH side by side): a concatenated chart cannot stretch to the column.
+    st.altair_chart(charts.sweep_panels(frame, "sweep_value", "experiment", x_title, end_label="experiment_name",
+                                        interval=INTERVAL), width="content")
+    csv_download(frame, "compare_sweep.csv")
     st.caption("Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
                "have not finished, crosses impossible speedups (timing warnings).")
     return runs_by_experiment

@@ -422,13 +422,13 @@ def test_compare_overlays_experiments_and_runs(populated):
     run_a, run_b = int(curves[ids[0]]["run_id"].iloc[0]), int(curves[ids[1]]["run_id"].iloc[0])
     at = app("compare", experiments=",".join(map(str, ids)), runs=f"{run_a},{run_b},{run_a}")  # repeats ignored
     assert_clean(at)
-    data = chart_data(at)
-    speedup = data[0][0]
+    data = [d for chart in chart_data(at) for d in chart]
+    speedup = next(d for d in data if "speedup" in d and "alpha" in d)  # the sweep panels' one frame
     assert len(speedup) == sum(len(c) for c in curves.values())
     assert set(speedup["experiment_id"]) == set(ids)
-    position = data[3][0]
+    position = next(d for d in data if "conditional" in d)
     assert set(position["run_id"]) == {run_a, run_b}
-    assert {"compare_experiments.csv", "compare_speedup.csv", "compare_runs.csv", "compare_by_position.csv",
+    assert {"compare_experiments.csv", "compare_sweep.csv", "compare_runs.csv", "compare_by_position.csv",
             "compare_by_type.csv"} <= set(downloads(at))
     runs_table = next(d.value for d in at.dataframe if "alpha" in d.value.index)
     assert runs_table.shape[1] == 2
@@ -795,7 +795,7 @@ def test_compare_draws_speedup_intervals_and_lists_the_best_with_its_interval(cr
     store, experiment_id, ids = crafted
     at = app("compare", experiments=experiment_id, runs=f"{ids[1]},{ids[2]}")
     assert_clean(at)
-    speedup = chart_data(at)[0][0].set_index("run_id")
+    speedup = next(d for d in chart_data(at)[0] if "speedup_ci_lo" in d).set_index("run_id")
     runs = q.runs(store, experiment_id).set_index("run_id")
     for run_id in ids.values():
         assert speedup.loc[run_id, ["speedup_ci_lo", "speedup_ci_hi"]].tolist() == pytest.approx(
@@ -1283,3 +1283,49 @@ def test_new_experiment_pair_check_replaces_the_last_result_with_checking_while_
     at.text_input(key="draft").set_value(model_dirs["draft"]).run()  # remembered: drawn at once, in the same place
     elements = _element_paths(at)
     assert elements[place].type == "success" and not [e for e in at.info if "checking" in e.value]
+
+
+def test_compare_sweeps_are_small_multiples_with_one_legend_and_names_at_the_line_ends(populated):
+    from sqlalchemy import text
+
+    listing = q.experiments(populated)
+    a, b = (int(i) for i in listing[listing["sweep_variable"] == "k"]["experiment_id"][:2])
+    odd = """<b>bold</b> "quoted" 'single' {braces}"""
+    with populated.write() as conn:
+        conn.execute(text("UPDATE experiments SET name = :n WHERE id = :id"), {"n": odd, "id": b})
+    at = app("compare", experiments=f"{a},{b}")
+    assert_clean(at)
+    spec = next(s for s in _specs(at) if "hconcat" in s)
+    panels = spec["hconcat"]
+    assert [p["title"] for p in panels] == ["speedup (×) vs k", "alpha vs k", "tokens per round vs k"]
+    assert spec["resolve"]["scale"]["color"] == "shared" and spec["resolve"]["legend"]["color"] == "shared"
+    assert '"errorbar"' in json.dumps(panels[0]) and '"errorbar"' not in json.dumps(panels[1:])
+    for panel in panels:  # one colour per experiment, the same field and legend in every panel
+        fields = {c["field"] for c in _encodings(panel, "color")}
+        assert fields == {"experiment"}
+        labels = [layer for layer in panel["layer"] if layer["mark"]["type"] == "text"]
+        assert [label["mark"]["align"] for label in labels] == ["right", "left"]  # left / right of the point
+        assert {label["encoding"]["text"]["field"] for label in labels} == {"experiment_name"}
+    ends = [d for chart in chart_data(at) for d in chart if "label_y" in d]
+    assert len(ends) == 3  # one table of end labels per panel
+    names = dict(zip(listing["experiment_id"], listing["name"]))
+    last = {f"#{a} · {names[a]}": q.sweep_curve(populated, a)["sweep_value"].max(),
+            f"#{b} · {odd}": q.sweep_curve(populated, b)["sweep_value"].max()}
+    for end in ends:  # one label per experiment, at its last swept value, its name verbatim (drawn as text)
+        assert dict(zip(end["experiment_name"], end["sweep_value"])) == last
+    expressions = json.dumps([t for p in panels for layer in p["layer"] for t in layer.get("transform", [])])
+    assert "bold" not in expressions  # a name is data, never part of a Vega expression
+    assert "compare_sweep.csv" in downloads(at)
+
+
+def test_end_labels_sit_at_each_lines_last_point_and_never_overlap():
+    from pages.charts import END_LABEL_GAP, end_labels
+
+    frame = pd.DataFrame({"series": ["a", "a", "b", "b", "c", "c"], "name": ["A", "A", "B", "B", "C", "C"],
+                          "x": [1, 4, 1, 4, 1, 2], "y": [0.5, 0.9, 0.4, 0.9, 0.2, float("nan")]})
+    labels = end_labels(frame, "x", "y", "series", "name", (0, 1)).set_index("series")
+    assert labels["x"].to_dict() == {"a": 4, "b": 4, "c": 1}  # c's last point with a value is x = 1
+    assert labels.loc["a", "label_y"] == 0.9  # the top one stays at its point
+    assert labels.loc["a", "label_y"] - labels.loc["b", "label_y"] == pytest.approx(END_LABEL_GAP)  # moved apart
+    assert labels.loc["c", "label_y"] == 0.2
+    assert labels["side"].to_dict() == {"a": "left", "b": "left", "c": "right"}  # c ends in the left half
