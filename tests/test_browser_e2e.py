@@ -1,6 +1,8 @@
 """End to end in a real browser: `draftlab ui` on a temporary database, a demo-pair experiment (k = 1,2,4)
-launched from the New-experiment page, run by the local worker that `ui` starts, then its detail page checked
-against storage's queries, with screenshots of the real app saved for the README.
+launched from the New-experiment page (and a smaller second sweep queued behind it), run by the local worker that
+`ui` starts, then its detail page checked against storage's queries, a token click in the round explorer selecting
+its round, Compare's legend and line labels naming both experiments, with screenshots of the real app saved for the
+README.
 
 Needs Debian's chromium at /usr/bin/chromium (driven by Playwright); skipped, with that reason, without it.
 """
@@ -150,6 +152,30 @@ def _wait_done(db: str, experiment_id: int, log: Path) -> None:
                               f"\nui log tail:\n{log.read_text(errors='replace')[-3000:]}")
 
 
+def _shown_round(page) -> int:
+    """The round whose proposals the round explorer shows (its heading: `Round 3: the draft's proposals`)."""
+    heading = page.get_by_text(re.compile(r"^Round \d+: the draft's proposals$"))
+    return int(re.search(r"\d+", heading.inner_text()).group())
+
+
+def _token_boxes(page) -> dict[int, object]:
+    """The token chart's click targets by round: the first token of each round (the prefill token is round -1).
+    Each token's box on the chart's top layer carries its round in its tooltip, which Vega also writes into the
+    element's aria-label."""
+    boxes = page.locator('[data-testid="stVegaLiteChart"] path[aria-label*="round (-1: prefill): "]')
+    boxes.first.wait_for()
+    found = {}
+    for i in range(boxes.count()):
+        label = boxes.nth(i).get_attribute("aria-label")
+        found.setdefault(int(re.search(r"round \(-1: prefill\): (-?\d+)", label).group(1)), boxes.nth(i))
+    return found
+
+
+def _legend_labels(page) -> list[str]:
+    """Every legend entry drawn on the page's charts, as text."""
+    return page.locator('[data-testid="stVegaLiteChart"] .role-legend-label text').all_text_contents()
+
+
 def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, browser, tmp_path):
     from storage import open_store
     from storage import queries as q
@@ -190,6 +216,12 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
     queued = page.get_by_text(re.compile(r"Experiment #\d+ queued"))
     queued.wait_for()
     experiment_id = int(re.search(r"#(\d+)", queued.inner_text()).group(1))
+    # A second, smaller sweep of the same pair, for Compare (queued behind the first; its name is not HTML).
+    from storage import queue
+
+    second = queue.enqueue_experiment(open_store(dashboard["db"]), name="e2e second <i>sweep</i>", target=TARGET,
+                                      draft=DRAFT, prompts=prompts.name, sampling={"max_new_tokens": MAX_NEW_TOKENS},
+                                      sweep_values=[1, 2], prompt_texts=load_prompt_file(prompts)[:2])
 
     # Experiments: live progress while it runs.
     page.goto(dashboard["url"])  # the default page lives at the root URL
@@ -199,6 +231,7 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
         assert _status(dashboard["db"], experiment_id) not in ("queued", "running"), "no live refresh while running"
     page.goto("about:blank")  # an idle browser while the runs are timed: the CPU is small and shared
     _wait_done(dashboard["db"], experiment_id, dashboard["log"])
+    _wait_done(dashboard["db"], second, dashboard["log"])
     page.goto(dashboard["url"])
     page.get_by_text("Selected experiment").wait_for()
     _settle(page)
@@ -247,10 +280,42 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
     page.get_by_text("the draft's proposals").wait_for()
     _settle(page)
     page.screenshot(path=str(SCREENSHOTS / "round_explorer.png"))
+    # A click on a token selects the round that emitted it and shows that round's proposals.
+    first = _shown_round(page)
+    boxes = _token_boxes(page)
+    other = next(r for r in boxes if r >= 0 and r != first)  # a round other than the one shown
+    box = boxes[other].bounding_box()
+    page.mouse.click(box["x"] + 4, box["y"] + box["height"] / 2)  # on the token's first glyph, as a person would
+    _settle(page)
+    assert _shown_round(page) == other and f"round={other}" in page.url
+    # The slider moves back freely, and clicking the same token again selects its round again.
+    page.get_by_role("slider").focus()
+    page.keyboard.press("Home")
+    _settle(page)
+    assert _shown_round(page) == first
+    _token_boxes(page)[other].click()  # Playwright clicks only if this box is what the pointer hits there
+    _settle(page)
+    assert _shown_round(page) == other
+    page.mouse.move(0, 0)  # off the token: its tooltip would cover the buttons below
+    page.locator("#vg-tooltip-element.visible").wait_for(state="hidden")
+    frames = _downloads(page)
+    proposals = frames[f"run{best_run}_prompt0_round{other}_proposals.csv"]
+    expected = q.round_proposals(store, best_run, 0, other)
+    assert proposals["outcome"].tolist() == expected["outcome"].tolist()
+    assert proposals["p_draft"].tolist() == pytest.approx(expected["p_draft"].tolist())
+
     other_run = int(curve[curve["run_id"] != best_run]["run_id"].iloc[0])
-    page.goto(f"{dashboard['url']}/compare?experiments={experiment_id}&runs={other_run},{best_run}")
+    page.goto(f"{dashboard['url']}/compare?experiments={experiment_id},{second}&runs={other_run},{best_run}")
     page.get_by_text("Conditional acceptance by draft position").wait_for()
     _settle(page)
+    # The legend names every experiment in full (not cut to "● i…"), the HTML in a name shown as text.
+    labels = q.experiments(store).set_index("experiment_id")
+    legend = _legend_labels(page)
+    ends = page.locator('[data-testid="stVegaLiteChart"] .mark-text.role-mark text').all_text_contents()
+    for shown in (experiment_id, second):
+        assert f"#{shown} · {labels.loc[shown, 'name']} (done)" in legend, legend
+        # and each line carries its experiment's name at its end, in all three panels of the sweep view
+        assert ends.count(f"#{shown} · {labels.loc[shown, 'name']}") == 3, ends
     page.screenshot(path=str(SCREENSHOTS / "compare.png"))
     page.goto(f"{dashboard['url']}/theory")
     page.get_by_text("Monte Carlo simulator").wait_for()
