@@ -98,7 +98,8 @@ def _workers() -> None:
     frame = health["workers"]
     stale = int((frame["status"] == "stale").sum())
     label = (f"Workers: {len(frame) - stale} alive" + (f", ⚠ {stale} stale" if stale else "")
-             + f" · {health['queued_runs']} run(s) queued in {health['queued_experiments']} experiment(s)")
+             + f" · {health['queued_runs']} run(s) queued in {health['queued_experiments']} experiment(s)"
+             + (f" · {health['queued_training_jobs']} training job(s) queued" if health["queued_training_jobs"] else ""))
     with st.expander(label, expanded=bool(stale) or (health["queued_runs"] > 0 and len(frame) == stale)):
         if frame.empty:
             st.caption("No worker is registered: start one with `draftlab worker` (or `--devices all`).")

@@ -10,6 +10,7 @@ PAGES = {
     "experiment": ("experiment_detail", "Experiment detail", ":material/monitoring:"),
     "rounds": ("round_explorer", "Round explorer", ":material/token:"),
     "compare": ("compare", "Compare", ":material/compare_arrows:"),
+    "train": ("train", "Train a draft", ":material/model_training:"),
     "theory": ("theory", "Theory", ":material/functions:"),
 }
 DEFAULT = "experiments"

@@ -279,11 +279,33 @@ def _drafter_choice() -> str:
     return drafter_spec(kind, value)
 
 
+def _trained_drafts() -> dict[str, str]:
+    """{path: label} of the drafts finished training jobs wrote (Train a draft), newest first."""
+    import logging
+
+    from storage import training
+
+    try:
+        drafts = training.trained_drafts(store())
+    except Exception:  # noqa: BLE001 - the form works without the database (it opens it to launch)
+        logging.getLogger("draftlab.dashboard").warning("could not list trained drafts", exc_info=True)
+        return {}
+    return {d["out"]: f"{d['name']} (trained, job {d['job_id']})" for d in drafts}
+
+
+def _pick_trained() -> None:
+    picked = st.session_state.get("trained_pick")
+    if picked:
+        st.session_state["draft"] = picked
+
+
 def _draft_candidates(target: str) -> tuple[list[str], list[tuple[str, bool, str]]]:
     """The drafts a draft sweep compares, each pair-checked against the target (tokenizers only)."""
     current = str(st.session_state.get("draft", DEFAULTS["draft"]) or "").strip()
     _seed("draft_candidates", [current] if current else [])
-    chosen = st.multiselect("Draft candidates", DEMO_DRAFTS, key="draft_candidates", accept_new_options=True,
+    trained = _trained_drafts()
+    chosen = st.multiselect("Draft candidates", list(dict.fromkeys([*DEMO_DRAFTS, *trained])), key="draft_candidates",
+                            accept_new_options=True, format_func=lambda v: trained.get(v, v),
                             persist_state="page", placeholder="pick a demo draft or type a model id / path",
                             help="one speculative run per draft, all against one baseline; type an HF model id or "
                             "a local directory and press Enter to add it")
@@ -343,6 +365,11 @@ def render() -> None:
             draft, check_ok, check_message = (candidates[0] if candidates else ""), True, ""
         else:
             _seed("draft")
+            trained = _trained_drafts()
+            if trained:
+                st.selectbox("Trained drafts", [None, *trained], key="trained_pick", on_change=_pick_trained,
+                             format_func=lambda v: "pick one to use it as the draft" if v is None else trained[v],
+                             help="drafts that Train a draft jobs wrote; choosing one fills in Draft model")
             draft = st.text_input("Draft model", key="draft", persist_state="page",
                                   help="demo-draft, demo-draft-distilled, an HF model id or a local directory")
             check = _pair_check(target, draft)

@@ -467,7 +467,8 @@ def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
     "running_runs": int}; one row per registered worker (WORKER_HEALTH_COLUMNS): device: its pinned device
     (`...@cuda:1`, see `draftlab worker --devices`), else the lease it holds, else None; status: stale (no
     heartbeat for the stale window, or its process gone on this host: the next sweep takes its runs for
-    interrupted), timing (runs in progress), waiting (for a device lease) or idle; experiment_id, runs,
+    interrupted), timing (runs in progress), training (job N) (a Train-a-draft job), waiting (for a device lease)
+    or idle; experiment_id, runs,
     progress: what it times (the mean progress of its running runs); heartbeat_age_s: seconds since its last beat."""
     from datetime import timedelta
 
@@ -485,13 +486,18 @@ def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
                                         FROM runs WHERE status = 'running' GROUP BY worker_id""")).mappings().all()
         queued = conn.execute(text("SELECT COUNT(*), COUNT(DISTINCT experiment_id) FROM runs "
                                    "WHERE status = 'queued'")).one()
+        training = dict(conn.execute(text("SELECT worker_id, MIN(id) FROM training_jobs WHERE status = 'running' "
+                                          "GROUP BY worker_id")).all())
+        queued_jobs = conn.execute(text("SELECT COUNT(*) FROM training_jobs WHERE status = 'queued'")).scalar()
     busy = {r["worker_id"]: r for r in running}
     out = []
     for w in sorted(rows, key=lambda r: r["id"]):
         timing = busy.get(w["id"])
         device = w["id"].rsplit("@", 1)[1] if "@" in w["id"] else None
         lease = leases.get(w["id"])
-        status = ("stale" if w["id"] in dead else "timing" if timing else "waiting" if w["waiting_for"] else "idle")
+        job = training.get(w["id"])
+        status = ("stale" if w["id"] in dead else "timing" if timing else f"training (job {job})" if job is not None
+                  else "waiting" if w["waiting_for"] else "idle")
         out.append({"worker_id": w["id"], "host": (w["host"] or "").split("#")[0], "pid": w["pid"],
                     "device": device or (lease.split(":", 1)[1] if lease and ":" in lease else lease),
                     "status": status, "experiment_id": timing["experiment_id"] if timing else None,
@@ -503,4 +509,5 @@ def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
     frame = pd.DataFrame(out, columns=WORKER_HEALTH_COLUMNS)
     _nullable_int(frame, "experiment_id")
     return {"workers": frame, "queued_runs": int(queued[0]), "queued_experiments": int(queued[1]),
+            "queued_training_jobs": int(queued_jobs or 0),
             "running_runs": sum(int(r["runs"]) for r in running)}

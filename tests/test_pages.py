@@ -17,7 +17,7 @@ from storage import queries as q
 from storage import queue
 
 TIMEOUT = 180  # seconds per script run: the CI machine is small and shared
-PAGES = ["new", "experiments", "experiment", "rounds", "compare", "theory"]
+PAGES = ["new", "experiments", "experiment", "rounds", "compare", "theory", "train"]
 PROMPTS = ["t5 t6 t7 t8", "t9 t10 t11"]
 
 

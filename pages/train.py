@@ -1,0 +1,294 @@
+"""Train a draft: distil a draft toward its target as a queued job (the worker runs `draftlab distill`), watch its
+loss and held-out KL live, cancel it, resume it from its checkpoint, and read its before/after figures and the
+timed experiment that compares the trained draft with the one it started from. `?job=ID` selects a job."""
+from __future__ import annotations
+
+import math
+import os
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from engine.errors import DraftLabError
+from engine.prompt_sets import PROMPT_SET_DESCRIPTIONS, held_out_split, list_prompt_sets, load_prompt_file, load_prompts
+from pages.common import csv_download, nav_page, number, select_id, store
+from pages.prefill import md_text
+from storage import queries as q
+from storage import training
+from storage.queue import QueueError
+from storage.schema import CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING
+
+REFRESH_SECONDS = 2.0
+DEVICES = ["auto", "cpu", "cuda"]
+NO_FOCUS = 0
+DEFAULTS = {"train_target": "demo-target", "train_draft": "demo-draft", "train_steps": 200, "train_lr": 3e-4,
+            "train_batch_size": 8, "train_samples": 1, "train_max_new_tokens": 128, "train_seed": 0,
+            "train_device": "auto", "train_source": "Built-in", "train_set": "code:tune"}
+
+
+def _seed(key: str) -> None:
+    if key not in st.session_state:
+        st.session_state[key] = DEFAULTS[key]
+
+
+def _pair_check(target: str, draft: str):
+    """The tokenizer check, drawn into one placeholder: 'checking…' replaces the previous answer while it runs."""
+    from app.pair_check import check_pair_names
+
+    slot = st.empty()
+    slot.caption("Checking that the two tokenizers match…")
+    check = check_pair_names(target.strip(), draft.strip())
+    if check.ok:
+        slot.success(f"Pair check: {md_text(check.message)}", icon=":material/check_circle:")
+    else:
+        slot.error(f"Pair check: {md_text(check.message)}", icon=":material/error:")
+    return check
+
+
+def _prompts() -> tuple[str | None, str | None, str | None]:
+    """(training prompt spec or saved corpus path, held-out spec, error)."""
+    from pages.new_experiment import UPLOAD_TYPES, save_upload
+
+    _seed("train_source")
+    source = st.radio("Training prompts", ["Built-in", "Upload a corpus"], horizontal=True, key="train_source")
+    sets = list_prompt_sets()
+    if source == "Built-in":
+        _seed("train_set")
+        spec = st.selectbox("Built-in set (NAME:SPLIT)", sets, key="train_set",
+                            help="train on `tune`; the held-out figures use `validation`")
+        try:
+            st.caption(f"{len(load_prompts(spec))} prompts — {PROMPT_SET_DESCRIPTIONS.get(spec.split(':')[0], '')}")
+        except DraftLabError as exc:
+            return None, None, str(exc)
+        default_val = held_out_split(spec)[0]
+    else:
+        upload = st.file_uploader("Corpus: .jsonl (a \"prompt\" field per line), .csv (a \"prompt\" column) or .txt "
+                                  "(one prompt a line); the target continues each one", type=UPLOAD_TYPES,
+                                  key="train_upload")
+        if upload is None:
+            return None, None, None
+        path = save_upload(upload.name, upload.getvalue())
+        try:
+            texts = load_prompt_file(path)
+        except DraftLabError as exc:
+            return None, None, str(exc).replace(str(path), upload.name)
+        if not texts:
+            return None, None, f"{upload.name} holds no prompts"
+        st.caption(md_text(f"{len(texts)} prompts from {upload.name}"))
+        spec, default_val = str(path), "code:validation"
+    options = list(dict.fromkeys([default_val, *sets] + ([spec] if source != "Built-in" else [])))
+    val = st.selectbox("Held-out prompts (the before/after figures)", options, key="train_validation",
+                       format_func=lambda v: "the training corpus itself (not held out)" if v == spec else v)
+    if val == spec:
+        st.caption("Held-out figures on the training prompts measure fit, not generalisation.")
+    return spec, val, None
+
+
+def _focus_options() -> tuple[list[int], dict]:
+    exps = q.experiments(store())
+    if exps.empty:
+        return [NO_FOCUS], {NO_FOCUS: "none (every token weighs 1)"}
+    done = exps[exps["status"] == "done"]
+    labels = {NO_FOCUS: "none (every token weighs 1)"}
+    labels.update({int(r.experiment_id): f"#{r.experiment_id} · {r.name}" for r in done.itertuples()})
+    return list(labels), labels
+
+
+def _form() -> None:
+    st.subheader("New training job")
+    for key in DEFAULTS:
+        if key.startswith("train_") and key not in ("train_source", "train_set"):
+            _seed(key)
+    models = training.models_dir()
+    c1, c2 = st.columns(2)
+    target = c1.text_input("Target model", key="train_target", help="demo-target, an HF model id or a local directory")
+    draft = c2.text_input("Draft to start from", key="train_draft",
+                          help="its copy is trained; the original is left as it is")
+    check = _pair_check(target, draft) if target.strip() and draft.strip() else None
+    spec, val, prompt_error = _prompts()
+    if prompt_error:
+        st.error(md_text(prompt_error), icon=":material/error:")
+    c1, c2, c3, c4 = st.columns(4)
+    steps = c1.number_input("Steps", min_value=1, step=50, key="train_steps", help="optimiser steps")
+    lr = c2.number_input("Learning rate", min_value=0.0, step=1e-4, format="%.1e", key="train_lr")
+    batch = c3.number_input("Batch size", min_value=1, step=1, key="train_batch_size", help="sequences per step")
+    samples = c4.number_input("Continuations per prompt", min_value=1, step=1, key="train_samples",
+                              help="1: the target's greedy continuation; more adds temperature-1 samples")
+    c1, c2, c3, c4 = st.columns(4)
+    max_new = c1.number_input("Max new tokens", min_value=1, step=16, key="train_max_new_tokens",
+                              help="length of the target's continuations")
+    seed = c2.number_input("Seed", step=1, key="train_seed")
+    device = c3.selectbox("Device", DEVICES, key="train_device")
+    ids, labels = _focus_options()
+    focus = c4.selectbox("Focus on an experiment's rejections", ids, format_func=labels.get, key="train_focus",
+                         help="weigh the loss by (1 - acceptance) of each token type and draft position in that "
+                              "experiment's best run")
+    default_name = f"{os.path.basename(draft.strip().rstrip('/')) or 'draft'}-distilled-{_next_id()}"
+    name = st.text_input("Name of the trained draft", value=default_name, key=f"train_name_{default_name}")
+    st.caption(f"Written to this directory. Trained drafts go to `${training.MODELS_ENV}` (here: the directory "
+               f"above); share it and the database, and the team sees each other's drafts.")
+    st.code(str(models / name.strip()), language=None)
+    problems = []
+    if check is not None and not check.ok:
+        problems.append("the pair check failed")
+    if spec is None:
+        problems.append("no training prompts")
+    disabled = bool(problems) or check is None
+    if st.button("Queue training job", type="primary", icon=":material/model_training:", disabled=disabled,
+                 key="train_launch", help="; ".join(problems) or None):
+        try:
+            job_id = training.enqueue_training(
+                store(), name=name, target=target, draft=draft, prompts=spec, validation=val, steps=int(steps),
+                lr=float(lr), batch_size=int(batch), max_new_tokens=int(max_new), samples=int(samples), seed=int(seed),
+                focus_from=None if focus == NO_FOCUS else int(focus), device=device)
+        except QueueError as exc:
+            st.error(md_text(str(exc)), icon=":material/error:")
+        else:
+            st.query_params["job"] = str(job_id)
+            st.toast(f"Training job {job_id} queued")
+            st.rerun()
+
+
+def _next_id() -> int:
+    frame = training.jobs(store())
+    return int(frame["id"].max()) + 1 if not frame.empty else 1
+
+
+def _curve_chart(points: pd.DataFrame) -> alt.Chart | None:
+    if points.empty:
+        return None
+    loss = points.dropna(subset=["loss"]).assign(series="train loss (weighted top-k KL)", value=lambda d: d["loss"])
+    kl = points.dropna(subset=["kl"]).assign(series="held-out KL (nats/token)", value=lambda d: d["kl"])
+    frame = pd.concat([loss, kl])[["step", "series", "value"]]
+    if frame.empty:
+        return None
+    base = alt.Chart(frame).encode(
+        x=alt.X("step:Q", title="step"), y=alt.Y("value:Q", title="KL (nats per token)"),
+        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom", labelLimit=0)),
+        tooltip=[alt.Tooltip("step:Q"), alt.Tooltip("series:N"), alt.Tooltip("value:Q", format=".4f")])
+    return (base.transform_filter(alt.datum.series != "held-out KL (nats/token)").mark_line(opacity=0.6)
+            + base.transform_filter(alt.datum.series == "held-out KL (nats/token)").mark_line(point=True)
+            ).properties(height=280)
+
+
+def _figures(job: dict) -> None:
+    def delta(after, before, fmt):
+        if after is None or before is None or any(isinstance(v, float) and math.isnan(v) for v in (after, before)):
+            return None
+        return fmt.format(after - before)
+
+    c1, c2, c3 = st.columns(3)
+    c1.metric("held-out KL before → after", f"{number(job['kl_before'], '{:.3f}')} → {number(job['kl_after'], '{:.3f}')}",
+              delta=delta(job["kl_after"], job["kl_before"], "{:+.3f}"), delta_color="inverse")
+    c2.metric(f"α (greedy, k={job['eval_k'] or 4})", f"{number(job['alpha_before'])} → {number(job['alpha_after'])}",
+              delta=delta(job["alpha_after"], job["alpha_before"], "{:+.3f}"))
+    c3.metric("tokens per round", f"{number(job['tokens_per_round_before'], '{:.2f}')} → "
+              f"{number(job['tokens_per_round_after'], '{:.2f}')}",
+              delta=delta(job["tokens_per_round_after"], job["tokens_per_round_before"], "{:+.2f}"))
+
+
+def _evaluation(job: dict) -> None:
+    eid = job["eval_experiment_id"]
+    if eid is None:
+        return
+    runs = q.runs(store(), int(eid))
+    spec = runs[runs["kind"] == "speculative"]
+    st.markdown(f"**Before/after experiment #{int(eid)}** — both drafts timed against one baseline on "
+                f"`{md_text(job['validation'])}` (greedy, k={job['eval_k'] or 4}, interleaved):")
+    if spec.empty:
+        st.caption("queued")
+    else:
+        names = [job["draft"], job["name"]]
+        rows = []
+        for i, r in enumerate(spec.itertuples()):
+            interval = (f"{r.speedup:.2f}× ({r.speedup_ci_lo:.2f}–{r.speedup_ci_hi:.2f})"
+                        if pd.notna(r.speedup) and pd.notna(r.speedup_ci_lo) else "—")
+            rows.append({"draft": names[i] if i < len(names) else str(i), "status": r.status,
+                         "alpha": r.alpha, "kl": r.kl, "tokens_per_round": r.tokens_per_round,
+                         "speedup (95% CI)": interval, "output == target": r.outputs_match_baseline})
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="content", key=f"eval_{job['id']}")
+    st.page_link(nav_page("experiment"), label=f"Open experiment #{int(eid)}", icon=":material/monitoring:",
+                 query_params={"experiment": str(int(eid))})
+
+
+def _job_view(job_id: int) -> None:
+    job = training.get_job(store(), job_id)
+    if job is None:
+        st.info("That job is gone.")
+        return
+    status = job["status"]
+    st.markdown(f"**Job {job_id} · {md_text(job['name'])}** — {status}"
+                + (f" · {md_text(job['phase'])}" if job["phase"] and status in (RUNNING, CANCELLED) else "")
+                + (f" · on {md_text(job['device_name'])}" if job["device_name"] else ""))
+    st.caption(md_text(f"{job['draft']} → {job['target']} on {job['prompts']} (held-out: {job['validation']}); "
+                       f"{job['steps']} steps × {job['batch_size']}, lr {job['lr']:g}"
+                       + (f", focus: experiment {job['focus_from']}" if job["focus_from"] is not None else "")
+                       + f"; writes {job['out']}"))
+    if status in (RUNNING, QUEUED):
+        st.progress(float(job["progress"] or 0.0), text=f"step {job['step']} of {job['steps']}"
+                    + (f" (checkpoint at step {job['checkpoint_step']})" if job["checkpoint_step"] else ""))
+    if job["error"]:
+        st.error(md_text(job["error"]), icon=":material/error:")
+    points = training.points(store(), job_id)
+    chart = _curve_chart(points)
+    if chart is not None:
+        st.altair_chart(chart, width="stretch")
+        csv_download(points, f"training-job-{job_id}-curve.csv", key=f"curve_csv_{job_id}")
+    if job["kl_before"] is not None:
+        _figures(job)
+    c1, c2, _ = st.columns([1, 1, 3])
+    if status in (RUNNING, QUEUED):
+        if c1.button("Cancel", key=f"cancel_job_{job_id}", icon=":material/cancel:",
+                     help="stops after the current step; its checkpoint is kept so Resume continues from there"):
+            training.cancel_job(store(), job_id)
+            st.rerun()
+    elif status in (CANCELLED, INTERRUPTED, FAILED):
+        if c1.button("Resume", key=f"resume_job_{job_id}", icon=":material/replay:",
+                     help="requeue it; a worker continues from its last checkpoint"):
+            training.resume_job(store(), job_id)
+            st.rerun()
+    if status == DONE:
+        st.success(md_text(f"Trained draft saved: {job['out']} — offered among the draft candidates of New "
+                           f"experiment"), icon=":material/check_circle:")
+        c2.page_link(nav_page("new"), label="New experiment", icon=":material/add_circle:")
+        _evaluation(job)
+
+
+def _jobs() -> None:
+    frame = training.jobs(store())
+    if frame.empty:
+        st.caption("No training jobs yet.")
+        return
+    active = frame["status"].isin([RUNNING, QUEUED]).any()
+    shown = frame.assign(progress=frame["progress"].fillna(0.0))[
+        ["id", "name", "status", "step", "steps", "progress", "phase", "alpha_before", "alpha_after",
+         "eval_experiment_id", "created"]]
+    st.dataframe(shown, hide_index=True, width="stretch", key="jobs_table", column_config={
+        "id": st.column_config.NumberColumn("job", width="small"),
+        "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0),
+        "alpha_before": st.column_config.NumberColumn("α before", format="%.3f"),
+        "alpha_after": st.column_config.NumberColumn("α after", format="%.3f"),
+        "eval_experiment_id": st.column_config.NumberColumn("before/after experiment", format="%d"),
+    })
+    if active:
+        st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while a job is queued or running.")
+    ids = [int(i) for i in frame["id"]]
+    job_id = select_id("Job", "job", ids, lambda i: f"job {i} · {frame.set_index('id').loc[i, 'name']}")
+    _job_view(job_id)
+
+
+def render() -> None:
+    st.title("Train a draft")
+    st.caption("Distil a copy of a draft toward its target: forward KL(p_target ‖ p_draft) on the target's own "
+               "continuations of a prompt set (cached once), optionally weighted toward what an experiment's "
+               "drafts got rejected for. A worker runs the job; when it ends the trained draft is measured on "
+               "held-out prompts and timed against the draft it started from.")
+    left, right = st.columns([2, 3])
+    with left:
+        _form()
+    with right:
+        st.subheader("Training jobs")
+        frame = training.jobs(store())
+        busy = not frame.empty and frame["status"].isin([RUNNING, QUEUED]).any()
+        st.fragment(run_every=REFRESH_SECONDS if busy else None)(_jobs)()

@@ -1,0 +1,125 @@
+"""The Train-a-draft page under AppTest: the form queues a job (and refuses bad ones, storing nothing), the job
+view shows the live curve, cancel and resume, the before/after figures and experiment of a finished job, and
+the trained draft is offered on the New-experiment page."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from storage import open_store, training
+from tests.test_pages import app, assert_clean, chart_data, page_text
+from tests.test_training import TRAIN, VAL
+
+
+@pytest.fixture
+def train_db(tmp_path, monkeypatch, model_dirs):
+    url = f"sqlite:///{tmp_path / 'train.db'}"
+    monkeypatch.setenv("DRAFTLAB_DB", url)
+    monkeypatch.setenv("DRAFTLAB_MODELS", str(tmp_path / "shared-models"))
+    monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path / "uploads"))
+    store = open_store(url)
+    yield store, model_dirs, tmp_path
+    store.dispose()
+
+
+def _fill(at, model_dirs, name="my-draft"):
+    at.text_input(key="train_target").set_value(model_dirs["target"])
+    at.text_input(key="train_draft").set_value(model_dirs["draft"]).run()
+    at.number_input(key="train_steps").set_value(6)
+    at.number_input(key="train_batch_size").set_value(3)
+    at.number_input(key="train_max_new_tokens").set_value(8).run()
+    name_box = next(t for t in at.text_input if t.key and t.key.startswith("train_name_"))
+    name_box.set_value(name).run()
+    return at
+
+
+def test_the_form_queues_a_job_and_shows_where_drafts_go(train_db):
+    store, model_dirs, tmp_path = train_db
+    at = app("train")
+    assert_clean(at)
+    assert at.title[0].value == "Train a draft"
+    assert str(tmp_path / "shared-models" / "demo-draft-distilled-1") in page_text(at)
+    assert "DRAFTLAB_MODELS" in page_text(at)
+    _fill(at, model_dirs)
+    assert any("tokenizers match" in s.value or "Pair check" in s.value for s in at.success)
+    at.button(key="train_launch").click().run()
+    assert_clean(at)
+    jobs = training.jobs(store)
+    assert len(jobs) == 1
+    job = training.get_job(store, int(jobs["id"].iloc[0]))
+    assert job["status"] == "queued" and job["steps"] == 6 and job["batch_size"] == 3
+    assert job["prompts"] == "code:tune" and job["validation"] == "code:validation"
+    assert job["out"] == str(tmp_path / "shared-models" / "my-draft")
+    assert at.query_params["job"] == [str(job["id"])] or at.query_params["job"] == str(job["id"])
+    assert "Job " in page_text(at) and "queued" in page_text(at)
+
+
+def test_a_mismatched_pair_blocks_and_a_bad_name_is_one_error_nothing_stored(train_db):
+    store, model_dirs, _ = train_db
+    at = app("train")
+    at.text_input(key="train_target").set_value(model_dirs["target"])
+    at.text_input(key="train_draft").set_value(model_dirs["alien"]).run()
+    assert any("disagree" in e.value for e in at.error)
+    assert at.button(key="train_launch").disabled
+    at = _fill(app("train"), model_dirs, name="../escape")
+    at.button(key="train_launch").click().run()
+    assert_clean(at)
+    assert any("not a plain directory name" in e.value for e in at.error)
+    assert training.jobs(store).empty
+
+
+def test_cancel_and_resume_buttons_drive_the_job(train_db):
+    store, model_dirs, tmp_path = train_db
+    jid = training.enqueue_training(store, name="j", target=model_dirs["target"], draft=model_dirs["draft"],
+                                    prompts="code:tune", validation="code:validation", steps=50)
+    assert training.claim_job(store, jid, "w")
+    training.report(store, jid, "w", [{"step": 0, "kl": 1.0}, {"step": 1, "loss": 0.9, "lr": 1e-4},
+                                      {"step": 2, "loss": 0.8, "lr": 1e-4}], step=2, progress=0.04, phase="training")
+    at = app("train", job=jid)
+    assert_clean(at)
+    assert "step 2 of 50" in page_text(at)
+    series = set(chart_data(at)[0][0]["series"])
+    assert series == {"train loss (weighted top-k KL)", "held-out KL (nats/token)"}
+    at.button(key=f"cancel_job_{jid}").click().run()
+    assert training.get_job(store, jid)["cancel_requested"] is True
+    training.finish_job(store, jid, "cancelled", worker_id="w", checkpoint_step=2)
+    at = app("train", job=jid)
+    at.button(key=f"resume_job_{jid}").click().run()
+    assert training.get_job(store, jid)["status"] == "queued"
+
+
+def test_a_finished_job_shows_its_figures_and_its_draft_is_a_candidate(train_db, monkeypatch):
+    store, model_dirs, tmp_path = train_db
+    from app.worker import Worker
+
+    prompts, val = tmp_path / "train.txt", tmp_path / "val.txt"
+    prompts.write_text("\n".join(TRAIN) + "\n")
+    val.write_text("\n".join(VAL) + "\n")
+    monkeypatch.setattr("app.training.EVAL_REPEATS", 1)
+    jid = training.enqueue_training(store, name="tiny-distilled", target=model_dirs["target"], draft=model_dirs["draft"],
+                                    prompts=str(prompts), validation=str(val), steps=8, lr=3e-3, batch_size=3,
+                                    max_new_tokens=8)
+    with Worker(store, heartbeat_seconds=0.2, poll_seconds=0.05, log=lambda m: None) as worker:
+        worker.work(until_idle=True)
+    job = training.get_job(store, jid)
+    assert job["status"] == "done", job["error"]
+
+    at = app("train", job=jid)
+    assert_clean(at)
+    text = page_text(at)
+    assert "Trained draft saved" in text and f"Before/after experiment #{job['eval_experiment_id']}" in text
+    labels = {m.label: m.value for m in at.metric}
+    assert labels["held-out KL before → after"] == f"{job['kl_before']:.3f} → {job['kl_after']:.3f}"
+    assert labels["α (greedy, k=4)"] == f"{job['alpha_before']:.3f} → {job['alpha_after']:.3f}"
+    steps = chart_data(at)[0][0]
+    assert sorted(set(steps["step"])) == list(range(9))
+
+    # New experiment: offered as a candidate of a draft sweep, and as a one-click draft
+    at = app("new")
+    at.selectbox(key="trained_pick").set_value(job["out"]).run()
+    assert_clean(at)
+    assert at.text_input(key="draft").value == job["out"]
+    at.selectbox(key="sweep_variable").set_value("draft").run()
+    options = at.multiselect(key="draft_candidates").options
+    assert "tiny-distilled (trained, job 1)" in options, options
