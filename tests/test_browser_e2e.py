@@ -12,20 +12,19 @@ import io
 import os
 import tempfile
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-CHROMIUM = "/usr/bin/chromium"
-ROOT = Path(__file__).resolve().parent.parent
+from tests.browser import chromium, needs_chromium
+from tests.browser import commit as _commit
+from tests.browser import dashboard as ui
+from tests.browser import field as _field
+from tests.browser import settle as _settle
+
 # Screenshots land in a temp dir; `DRAFTLAB_SCREENSHOTS=docs/screenshots` regenerates the README's images.
 SCREENSHOTS = Path(os.environ.get("DRAFTLAB_SCREENSHOTS") or Path(tempfile.gettempdir()) / "draftlab-screenshots")
 TARGET, DRAFT = os.environ.get("DRAFTLAB_E2E_TARGET", "demo-target"), os.environ.get("DRAFTLAB_E2E_DRAFT", "demo-draft")
@@ -36,82 +35,20 @@ PROMPT_FILE = os.environ.get("DRAFTLAB_E2E_PROMPT_FILE")
 MAX_NEW_TOKENS = int(os.environ.get("DRAFTLAB_E2E_MAX_NEW_TOKENS", "24"))
 RUN_TIMEOUT_S = 420  # model loading plus four small runs on a shared 2-core CPU
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                reason=f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"draftlab ui exited with status {process.returncode} before serving")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.read().strip() == b"ok":
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the dashboard did not answer at {url} within {timeout:g} s")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
     """`draftlab ui` (through `python -m app.cli`) on a temporary database and a free port."""
-    tmp = tmp_path_factory.mktemp("e2e")
-    db = f"sqlite:///{tmp / 'draftlab.db'}"
-    port = _free_port()
-    env = dict(os.environ, DRAFTLAB_UPLOAD_DIR=str(tmp / "uploads"), PYTHONPATH=str(ROOT))
-    log = open(tmp / "ui.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--db", db, "--port", str(port)],
-                               cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, process)
-        yield {"url": url, "db": db, "tmp": tmp, "log": tmp / "ui.log"}
-    finally:
-        process.send_signal(signal.SIGTERM)  # app.ui stops the dashboard and its worker
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
+    with ui(tmp_path_factory.mktemp("e2e")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield chromium
-        chromium.close()
-
-
-def _field(page, label: str):
-    return page.get_by_label(label, exact=True)
-
-
-def _commit(locator, value: str) -> None:
-    """Type into a Streamlit input and commit it (Streamlit reads text inputs on Enter)."""
-    locator.click()
-    locator.fill(value)
-    locator.press("Enter")
-
-
-def _settle(page, timeout_ms: int = 120_000) -> None:
-    """Wait until Streamlit has finished the current script run, and the grids and charts have painted."""
-    page.wait_for_timeout(300)
-    page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
-    page.wait_for_timeout(1000)
+    with chromium() as launched:
+        yield launched
 
 
 def _downloads(page) -> dict[str, pd.DataFrame]:

@@ -1,0 +1,100 @@
+"""What the browser tests (test_browser_*.py) share: `draftlab ui` on a free port, Debian's chromium driven by
+Playwright, and the waits that make a Streamlit page safe to read."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
+needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                    reason=f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"draftlab ui exited with status {process.returncode} before serving")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.read().strip() == b"ok":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the dashboard did not answer at {url} within {timeout:g} s")
+
+
+@contextlib.contextmanager
+def dashboard(tmp: Path, **env):
+    """`draftlab ui` (through `python -m app.cli`, so with its local worker) on `tmp/draftlab.db` and a free port;
+    yields {url, db, tmp, log}. Stopped with SIGTERM (app.ui stops the dashboard and its worker)."""
+    db = f"sqlite:///{tmp / 'draftlab.db'}"
+    port = free_port()
+    environ = dict(os.environ, DRAFTLAB_UPLOAD_DIR=str(tmp / "uploads"), PYTHONPATH=str(ROOT), **env)
+    log = open(tmp / "ui.log", "wb")
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--db", db, "--port", str(port)],
+                               cwd=tmp, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+        yield {"url": url, "db": db, "tmp": tmp, "log": tmp / "ui.log"}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+@contextlib.contextmanager
+def chromium():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def field(page, label: str):
+    return page.get_by_label(label, exact=True)
+
+
+def commit(locator, value: str) -> None:
+    """Type into a Streamlit input and commit it (Streamlit reads text inputs on Enter)."""
+    locator.click()
+    locator.fill(value)
+    locator.press("Enter")
+
+
+def settle(page, timeout_ms: int = 120_000) -> None:
+    """Wait until Streamlit has finished the current script run, and the grids and charts have painted."""
+    page.wait_for_timeout(300)
+    page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
+    page.wait_for_timeout(1000)
+
+
+def log_tail(log: Path, chars: int = 3000) -> str:
+    return log.read_text(errors="replace")[-chars:]

@@ -1,0 +1,90 @@
+"""Train a draft, end to end in a real browser: `draftlab ui` (with its local worker) and $DRAFTLAB_MODELS in a
+temporary directory; a short training job of the demo pair on an uploaded corpus is queued from the page, the
+worker trains it, the page shows the job done with its curves and before/after figures, the trained draft is an
+HF directory under $DRAFTLAB_MODELS, and New experiment offers it: picking it fills in the draft and its pair check
+passes. Needs Debian's chromium at /usr/bin/chromium, like test_browser_e2e.py."""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.browser import chromium, commit, dashboard, field, log_tail, needs_chromium, settle
+
+pytestmark = needs_chromium
+CORPUS = ["def add(a, b):\n", "for i in range(10):\n", "The capital of France is"]
+TRAIN_TIMEOUT_S = 300  # loading, the target's continuations, 4 steps and the held-out figures, on a shared CPU
+
+
+def _wait_trained(db: str, job_id: int, log: Path) -> dict:
+    from storage import open_store, training
+
+    store = open_store(db)
+    deadline, job = time.time() + TRAIN_TIMEOUT_S, None
+    while time.time() < deadline:
+        job = training.get_job(store, job_id)
+        if job["status"] not in ("queued", "running"):
+            break
+        time.sleep(1)
+    store.dispose()
+    assert job["status"] == "done", f"job ended {job['status']!r}: {job['error']}\nui log tail:\n{log_tail(log)}"
+    return job
+
+
+def _pick(page, label: str, option: str) -> None:
+    """Choose an option of a Streamlit selectbox, as a person would: open it, click the option."""
+    page.get_by_label(label, exact=True).click()
+    page.get_by_role("option", name=option, exact=True).click()
+    settle(page)
+
+
+def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path):
+    models = tmp_path / "models"
+    with dashboard(tmp_path, DRAFTLAB_MODELS=str(models)) as served, chromium() as browser:
+        page = browser.new_page(viewport={"width": 1500, "height": 1900})
+        page.set_default_timeout(120_000)
+        page.goto(f"{served['url']}/train")
+        page.get_by_text("tokenizers match").wait_for()  # demo-target / demo-draft preselected
+        page.get_by_text("Upload a corpus").click()
+        settle(page)
+        corpus = tmp_path / "corpus.txt"
+        corpus.write_text("\n".join(CORPUS) + "\n")
+        page.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(str(corpus))
+        page.get_by_text(f"{len(CORPUS)} prompts from corpus.txt").wait_for()
+        settle(page)
+        for label, value in (("Steps", "4"), ("Batch size", "2"), ("Max new tokens", "8"),
+                             ("Name of the trained draft", "browser-draft")):
+            commit(field(page, label), value)
+            settle(page)
+        out = models / "browser-draft"
+        page.get_by_text(str(out), exact=True).wait_for()  # where it will be written, from $DRAFTLAB_MODELS
+        page.get_by_role("button", name="Queue training job").click()
+        page.wait_for_url(re.compile(r"[?&]job=\d+"))
+        job_id = int(re.search(r"job=(\d+)", page.url).group(1))
+
+        page.goto("about:blank")  # an idle browser while the job trains: the CPU is small and shared
+        job = _wait_trained(served["db"], job_id, served["log"])
+        assert job["out"] == str(out) and (out / "config.json").exists() and (out / "model.safetensors").exists()
+        assert job["step"] == 4 and job["kl_before"] > 0 and job["kl_after"] > 0  # four steps: figures, not a gain
+
+        page.goto(f"{served['url']}/train?job={job_id}")
+        page.get_by_text("Trained draft saved:").wait_for()
+        settle(page)
+        assert page.get_by_text(f"Job {job_id} · browser-draft").count() == 1
+        chart = page.locator('[data-testid="stVegaLiteChart"]').first
+        chart.locator("canvas, svg").first.wait_for()
+        assert "held-out KL (nats/token)" in chart.locator(".role-legend-label text").all_text_contents()
+        values = dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
+                          page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
+        assert values["held-out KL before → after"] == f"{job['kl_before']:.3f} → {job['kl_after']:.3f}"
+
+        # New experiment offers the trained draft; picking it makes it the draft, and the pair check passes.
+        page.goto(f"{served['url']}/new")
+        page.get_by_text("tokenizers match").wait_for()
+        settle(page)
+        _pick(page, "Trained drafts", f"browser-draft (trained, job {job_id})")
+        assert field(page, "Draft model").input_value() == str(out)
+        page.get_by_text("tokenizers match").wait_for()
+        page.close()
