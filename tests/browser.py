@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +17,8 @@ import pytest
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
+# Screenshots land in a temp dir; `DRAFTLAB_SCREENSHOTS=docs/screenshots` regenerates the README's images.
+SCREENSHOTS = Path(os.environ.get("DRAFTLAB_SCREENSHOTS") or Path(tempfile.gettempdir()) / "draftlab-screenshots")
 needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                     reason=f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)")
 

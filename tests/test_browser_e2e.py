@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 import re
 import time
 from pathlib import Path
@@ -19,14 +18,12 @@ import pandas as pd
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from tests.browser import chromium, needs_chromium
+from tests.browser import SCREENSHOTS, chromium, needs_chromium
 from tests.browser import commit as _commit
 from tests.browser import dashboard as ui
 from tests.browser import field as _field
 from tests.browser import settle as _settle
 
-# Screenshots land in a temp dir; `DRAFTLAB_SCREENSHOTS=docs/screenshots` regenerates the README's images.
-SCREENSHOTS = Path(os.environ.get("DRAFTLAB_SCREENSHOTS") or Path(tempfile.gettempdir()) / "draftlab-screenshots")
 TARGET, DRAFT = os.environ.get("DRAFTLAB_E2E_TARGET", "demo-target"), os.environ.get("DRAFTLAB_E2E_DRAFT", "demo-draft")
 PROMPTS = "def fibonacci(n):\n" "The capital of France is"
 # Small by default (about a minute on a shared 2-core CPU); the README's screenshots come from a larger run:
