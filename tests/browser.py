@@ -99,5 +99,20 @@ def settle(page, timeout_ms: int = 120_000) -> None:
     page.wait_for_timeout(1000)
 
 
+def upload_prompts(page, given: str | None, tmp: Path, default: list[str]) -> Path:
+    """Upload a prompt file into the page's file uploader: `given` (a path) or a file of `default`'s lines;
+    waits for the page to count its prompts. Returns the file."""
+    from engine.prompt_sets import load_prompt_file
+
+    if given:
+        path = Path(given).resolve()
+    else:
+        path = tmp / "prompts.txt"
+        path.write_text("\n".join(default) + "\n")
+    page.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(str(path))
+    page.get_by_text(f"{len(load_prompt_file(path))} prompts from {path.name}").wait_for()
+    return path
+
+
 def log_tail(log: Path, chars: int = 3000) -> str:
     return log.read_text(errors="replace")[-chars:]

@@ -18,14 +18,14 @@ import pandas as pd
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from tests.browser import SCREENSHOTS, chromium, needs_chromium
+from tests.browser import SCREENSHOTS, chromium, needs_chromium, upload_prompts
 from tests.browser import commit as _commit
 from tests.browser import dashboard as ui
 from tests.browser import field as _field
 from tests.browser import settle as _settle
 
 TARGET, DRAFT = os.environ.get("DRAFTLAB_E2E_TARGET", "demo-target"), os.environ.get("DRAFTLAB_E2E_DRAFT", "demo-draft")
-PROMPTS = "def fibonacci(n):\n" "The capital of France is"
+PROMPTS = ["def fibonacci(n):", "The capital of France is"]
 # Small by default (about a minute on a shared 2-core CPU); the README's screenshots come from a larger run:
 #   DRAFTLAB_E2E_PROMPT_FILE=engine/prompts/code/validation.jsonl DRAFTLAB_E2E_MAX_NEW_TOKENS=64 pytest tests/test_browser_e2e.py
 PROMPT_FILE = os.environ.get("DRAFTLAB_E2E_PROMPT_FILE")
@@ -130,15 +130,9 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
     page.get_by_text("tokenizers match").wait_for()
     page.get_by_text("Upload a file").click()
     _settle(page)
-    if PROMPT_FILE:
-        prompts = Path(PROMPT_FILE).resolve()
-    else:
-        prompts = tmp_path / "two_prompts.txt"
-        prompts.write_text(PROMPTS + "\n")
+    prompts = upload_prompts(page, PROMPT_FILE, tmp_path, PROMPTS)
     from engine.prompt_sets import load_prompt_file
 
-    page.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(str(prompts))
-    page.get_by_text(f"{len(load_prompt_file(prompts))} prompts from {prompts.name}").wait_for()
     _commit(_field(page, "Max new tokens"), str(MAX_NEW_TOKENS))
     _settle(page)
     _commit(_field(page, "k values"), "1,2,4")

@@ -10,7 +10,7 @@ import re
 import time
 from pathlib import Path
 
-from tests.browser import SCREENSHOTS, chromium, commit, dashboard, field, log_tail, needs_chromium, settle
+from tests.browser import SCREENSHOTS, chromium, commit, dashboard, field, log_tail, needs_chromium, settle, upload_prompts
 
 pytestmark = needs_chromium
 CORPUS = ["def add(a, b):\n", "for i in range(10):\n", "The capital of France is"]
@@ -53,15 +53,7 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
         page.get_by_text("tokenizers match").wait_for()  # demo-target / demo-draft preselected
         page.get_by_text("Upload a corpus").click()
         settle(page)
-        if CORPUS_FILE:
-            corpus = Path(CORPUS_FILE).resolve()
-        else:
-            corpus = tmp_path / "corpus.txt"
-            corpus.write_text("\n".join(CORPUS) + "\n")
-        from engine.prompt_sets import load_prompt_file
-
-        page.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(str(corpus))
-        page.get_by_text(f"{len(load_prompt_file(corpus))} prompts from {corpus.name}").wait_for()
+        upload_prompts(page, CORPUS_FILE, tmp_path, CORPUS)
         settle(page)
         for label, value in (("Steps", str(STEPS)), ("Batch size", "2"), ("Max new tokens", "8"),
                              ("Name of the trained draft", "browser-draft")):
