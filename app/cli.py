@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--until-idle", action="store_true", help="exit when no queued run is left")
     worker.add_argument("--devices", default=None,
                         help="one worker process per device: `all` (every CUDA GPU; one CPU worker without one) or "
-                             "a comma list of cuda:N / cpu:N (cpu:N: CPU slots with leases of their own). Each child "
+                             "a comma list of cuda:N / cpu:N (cpu:N: CPU slots with leases of their own), or groups "
+                             "cuda:0+cuda:1 (one worker owning both, for targets larger than one GPU). Each child "
                              "sees only its GPU (CUDA_VISIBLE_DEVICES) and holds that device's lease; a child that "
                              "dies is restarted with backoff and its runs requeued; SIGTERM / Ctrl-C stops them all, "
                              "their runs interrupted. Without it: one worker, each experiment on its own device")

@@ -8,6 +8,9 @@ other users can read):
   worker id (`...@cuda:N`) and runs.device_name. Experiments on device auto/cuda run on the child's GPU; one
   that asks for the CPU runs on the CPU under the host's `host:cpu` lease. `cpu:N` names a CPU slot (its own
   lease `host:cpu:N`), for machines without a GPU and for the tests.
+- grouped: `cuda:0+cuda:1` is one child that sees both GPUs (CUDA_VISIBLE_DEVICES=0,1) and places a target over
+  as many of them as it needs, leasing each (app/worker.py `_lease_devices`); `cpu:0+cpu:1` is the fake
+  equivalent for the tests.
 - restarted: a child that dies (crash, OOM killer, SIGKILL) is logged and restarted after a backoff (1 s,
   doubling to 60 s, back to 1 s once a child has lived 60 s). The runs it held are swept (its process is gone,
   so at once) and requeued: the next worker continues each from its first unfinished prompt, its committed
@@ -50,26 +53,32 @@ def gpu_count() -> int:
 
 def parse_devices(spec: str, count: Callable[[], int] | None = None) -> list[str]:
     """`all` -> cuda:0..N-1 (one CPU worker, ["cpu"], on a machine without a GPU); else a comma list of distinct
-    cuda:N / cpu:N. count: how many GPUs there are (default gpu_count)."""
+    cuda:N / cpu:N, each item one worker; `cuda:0+cuda:1` is a group: one worker owning both GPUs (for targets
+    larger than one GPU; `cpu:0+cpu:1` its fake equivalent), written back in index order. count: how many GPUs
+    there are (default gpu_count)."""
     count = count or (lambda: gpu_count())
     spec = (spec or "").strip()
     if spec == "all":
         n = count()
         return [f"cuda:{i}" for i in range(n)] or ["cpu"]
-    devices = [d.strip() for d in spec.split(",") if d.strip()]
-    bad = [d for d in devices if not DEVICE_RE.match(d)]
-    if not devices or bad:
-        raise DevicesError(f"--devices takes `all` or a comma list of cuda:N / cpu:N (got {spec!r}); "
-                           f"e.g. --devices cuda:0,cuda:1")
-    if len(set(devices)) < len(devices):
-        raise DevicesError(f"--devices names a device twice ({spec!r}); one worker per device")
+    items = [[m.strip() for m in d.split("+")] for d in spec.split(",") if d.strip()]
+    members = [m for item in items for m in item]
+    if not items or any(not DEVICE_RE.match(m) for m in members):
+        raise DevicesError(f"--devices takes `all` or a comma list of cuda:N / cpu:N, or groups joined with + "
+                           f"(got {spec!r}); e.g. --devices cuda:0,cuda:1 or cuda:0+cuda:1,cuda:2")
+    if len(set(members)) < len(members):
+        raise DevicesError(f"--devices names a device twice ({spec!r}); each device belongs to one worker")
+    mixed = [item for item in items if len({m.split(":")[0] for m in item}) > 1]
+    if mixed:
+        raise DevicesError(f"--devices group {'+'.join(mixed[0])} mixes cuda and cpu; a group is GPUs "
+                           f"(cuda:0+cuda:1) or CPU slots (cpu:0+cpu:1)")
     n = None
-    for d in devices:
-        if d.startswith("cuda:"):
+    for m in members:
+        if m.startswith("cuda:"):
             n = count() if n is None else n
-            if int(d.split(":")[1]) >= n:
-                raise DevicesError(f"--devices {d}: torch sees {n} CUDA GPU(s) here; use --devices all, or cpu:N")
-    return devices
+            if int(m.split(":")[1]) >= n:
+                raise DevicesError(f"--devices {m}: torch sees {n} CUDA GPU(s) here; use --devices all, or cpu:N")
+    return ["+".join(sorted(item, key=lambda m: int(m.split(":")[1]))) for item in items]
 
 
 def _stop_with_parent() -> None:
@@ -115,8 +124,8 @@ class Supervisor:
     def _spawn(self, child: Child) -> None:
         env = dict(os.environ if self.env is None else self.env)
         env["DRAFTLAB_DB"] = self.db_url
-        if child.device.startswith("cuda:"):
-            env["CUDA_VISIBLE_DEVICES"] = child.device.split(":", 1)[1]
+        if child.device.startswith("cuda:"):  # cuda:N, or a group cuda:0+cuda:1 -> 0,1
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(m.split(":", 1)[1] for m in child.device.split("+"))
         child.worker_id = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"[:80 - len(child.device) - 1] + f"@{child.device}"
         argv = [sys.executable, "-m", "app.worker", "--device", child.device, "--worker-id", child.worker_id,
                 *(["--until-idle"] if self.until_idle else []), *self.worker_args]

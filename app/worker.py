@@ -31,7 +31,8 @@ import torch
 
 from engine.errors import DraftLabError, RunCancelled
 from engine.drafting import needs_draft_model
-from engine.loading import ModelPair, load_pair, with_draft
+from engine import placement
+from engine.loading import ModelPair, load_pair, plan_pair, resolve_dtype, with_draft
 from engine.prompt_sets import load_prompts
 from engine.records import PromptResult
 from engine.memory import model_bytes
@@ -89,18 +90,22 @@ class _Loaded:
     others: dict = field(default_factory=dict)  # draft name (None: no draft model) -> a pair on the same target
 
 
+def _gpus_of(pair: ModelPair) -> list[torch.device]:
+    return [d for d in pair.devices if d.type == "cuda"]
+
+
 def _reset_peak(pair: ModelPair, decoder) -> None:
-    if pair.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(pair.device)
+    for gpu in _gpus_of(pair):
+        torch.cuda.reset_peak_memory_stats(gpu)
     decoder.reset_peak_cache_bytes()
 
 
 def _peak_mb(pair: ModelPair, decoder) -> float:
-    """One decode's peak memory: torch's peak allocation on CUDA (reset before each decode, so runs of an
-    experiment do not inherit each other's peaks); on CPU, where RSS cannot be reset, the bytes of the
-    models the arm uses plus its peak KV caches."""
+    """One decode's peak memory: torch's peak allocation on CUDA, summed over the GPUs the pair is on (reset
+    before each decode, so runs of an experiment do not inherit each other's peaks); on CPU, where RSS cannot be
+    reset, the bytes of the models the arm uses plus its peak KV caches."""
     if pair.device.type == "cuda":
-        return torch.cuda.max_memory_allocated(pair.device) / 2**20
+        return sum(torch.cuda.max_memory_allocated(gpu) for gpu in _gpus_of(pair)) / 2**20
     return arm_memory_bytes(pair, decoder) / 2**20
 
 
@@ -139,6 +144,12 @@ def _primary_draft(experiment: dict, runs) -> str | None:
     return experiment["draft"] if needs_draft_model(experiment.get("drafter") or "model") else None
 
 
+def group_members(device: str) -> list[str]:
+    """The devices of a `+` group (`cuda:0+cuda:1`: one worker owning both GPUs), in index order; a plain device
+    is a group of one."""
+    return sorted(device.split("+"), key=lambda d: (d.split(":")[0], int(d.split(":")[1]) if ":" in d else -1))
+
+
 def lease_key(device: str) -> str:
     """The timing lease a job on `device` (auto / cpu / cuda / cuda:N, or cpu:N: a CPU worker slot of
     `draftlab worker --devices cpu:0,cpu:1`, its own lease so such workers time side by side) needs: one per
@@ -161,16 +172,21 @@ def place(experiment_device: str, pinned: str | None) -> str:
 
 
 def load_device(device: str) -> str:
-    """The device string the loader gets: a cpu:N slot loads on the CPU; a worker pinned to cuda:N sees only that
-    GPU (CUDA_VISIBLE_DEVICES=N, set by the supervisor or by pin_cuda()), so it loads on "cuda"."""
+    """The device string the loader gets: a cpu:N slot (or a cpu:0+cpu:1 group) loads on the CPU; a worker pinned
+    to cuda:N sees only that GPU (CUDA_VISIBLE_DEVICES=N, set by the supervisor or by pin_cuda()), so it loads on
+    "cuda"; a cuda:0+cuda:1 group sees its GPUs only and loads on "auto" (over as many of them as the target
+    needs)."""
+    if "+" in device:
+        return "auto" if device.startswith("cuda") else "cpu"
     return device.split(":")[0] if ":" in device else device
 
 
 def pin_cuda(device: str | None) -> None:
-    """A worker pinned to cuda:N sees only GPU N: CUDA_VISIBLE_DEVICES=N unless set already (the supervisor
-    sets it). Call before CUDA is initialised. The lease and the worker id keep the physical name cuda:N."""
+    """A worker pinned to cuda:N (or a group cuda:0+cuda:1) sees only its GPUs: CUDA_VISIBLE_DEVICES=N (0,1)
+    unless set already (the supervisor sets it). Call before CUDA is initialised. The leases and the worker id keep
+    the physical names."""
     if device and device.startswith("cuda:") and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":", 1)[1] for d in group_members(device))
 
 
 def _label(run: dict) -> str:
@@ -182,11 +198,17 @@ class Worker:
                  stale_seconds: float | None = None, poll_seconds: float = 2.0, progress_seconds: float = 0.5,
                  progress_hook: ProgressHook | None = None, log: Callable[[str], None] | None = None,
                  loader: Callable[..., ModelPair] = load_pair, db_retry_seconds: float | None = None,
-                 device: str | None = None, train_jobs: bool = True):
+                 device: str | None = None, train_jobs: bool = True,
+                 free_memory: Callable[[], list[int]] | None = None):
         self.store = store
         self.train_jobs = train_jobs  # also run training jobs (draftlab run's foreground worker does not)
         self.trained: list[int] = []  # training jobs this worker ran
-        self.device = device  # pinned (cuda:N / cpu:N, see place()); None: each experiment's own device
+        self.device = device  # pinned (cuda:N / cpu:N or a + group, see place()); None: each experiment's own
+        # Free bytes per GPU this worker sees, for placement plans (tests give fake figures to cpu:0+cpu:1 groups).
+        self.free_memory = free_memory or placement.free_gpu_memory
+        self._plans: dict[tuple, int] = {}  # (target, draft, dtype, trust) -> GPUs its plan took
+        self._gpus: int | DraftLabError | None = None  # this job's plan: a GPU count, why none fits, or no plan
+        self.leased: list[str] = []  # the physical devices this job's leases are for, index order
         suffix = f"@{device}" if device else ""  # the dashboard's Workers view reads the device from the id
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:80 - len(suffix)] + suffix
         self.heartbeat_seconds = heartbeat_seconds
@@ -391,18 +413,25 @@ class Worker:
                         last_sweep = time.monotonic()
                     time.sleep(self.poll_seconds)
                     continue
-                where = (self._db(queue.get_experiment, self.store, eid, write=False) if job is None else
-                         self._db(training.get_job, self.store, job, write=False))["device"]
-                device = lease_key(place(where, self.device))
+                item = (self._db(queue.get_experiment, self.store, eid, write=False) if job is None else
+                        self._db(training.get_job, self.store, job, write=False))
+                placed = place(item["device"], self.device)
+                if job is None:
+                    devices = self._lease_devices(placed, item["target"], _primary_draft(item, []), item["dtype"],
+                                                  bool(item["trust_remote_code"]))
+                else:  # training loads in float32 (app/training.py)
+                    devices = self._lease_devices(placed, item["target"], item["draft"], "float32", False)
+                keys = [lease_key(d) for d in devices]
                 what = f"experiment {eid}" if job is None else f"training job {job}"
-                holder = self._db(queue.acquire_lease, self.store, device, self.id, eid, self.stale_seconds)
-                if holder is not None:
-                    if waiting_on != holder:
-                        self.log(f"{what} waits for {device}: worker {holder} is using it")
-                        waiting_on = holder
+                held = self._acquire_leases(keys, eid)
+                if isinstance(held, tuple):
+                    key, holder = held
+                    if waiting_on != held:
+                        self.log(f"{what} waits for {key}: worker {holder} is using it")
+                        waiting_on = held
                     time.sleep(self.poll_seconds)
                     continue
-                waiting_on = None
+                waiting_on, self.leased = None, devices
                 try:
                     if job is not None:
                         if self._db(training.claim_job, self.store, job, self.id):
@@ -414,13 +443,66 @@ class Worker:
                         executed += run_ids
                         self.execute_group(eid, run_ids)
                 finally:
-                    self._release_lease(device)
+                    self.leased, self._gpus = [], None
+                    for key in reversed(keys):
+                        self._release_lease(key)
             except DatabaseUnavailable as exc:
                 self._give_up(exc)
                 if until_idle:
                     raise
                 time.sleep(self.poll_seconds)
         return executed
+
+    def _lease_devices(self, placed: str, target: str, draft: str | None, dtype: str, trust: bool) -> list[str]:
+        """The devices a job placed on `placed` leases, physical names in index order: that one device, or, where
+        the worker sees several GPUs (a `cuda:0+cuda:1` group, or plain `draftlab worker` on auto), the fewest of
+        them the pair fits (engine.placement: config-only, before any lease; a cpu:0+cpu:1 group is the fake
+        equivalent, planned on `free_memory`). Sets self._gpus for the load: the count, or the DraftLabError
+        saying the pair fits none (the job then fails with it under its first device's lease)."""
+        self._gpus = None
+        if "+" in placed:
+            visible = group_members(placed)
+        elif placed == "auto" and torch.cuda.is_available():
+            visible = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        else:
+            visible = []
+        if len(visible) < 2:
+            return [visible[0] if visible else placed]
+        on_gpu = visible[0].startswith("cuda")
+        loaded = self.loaded
+        if on_gpu and loaded is not None and (loaded.key[0], *loaded.key[2:5]) == (target, load_device(placed),
+                                                                                   dtype, trust):
+            used = [d.index or 0 for d in _gpus_of(loaded.pair)]  # already loaded here (draftlab run adopts it)
+            self._gpus = len(used)
+            return [visible[i] for i in used]
+        plan_key = (target, draft, dtype, trust)
+        if plan_key not in self._plans:
+            if on_gpu:
+                self._release()  # this worker's own loaded pair is not free memory, but it is about to go
+            free = self.free_memory()
+            if not free:
+                return visible[:1]
+            try:
+                dt = resolve_dtype(dtype, torch.device("cuda" if on_gpu else "cpu"))
+                self._plans[plan_key] = plan_pair(target, draft, dt, trust, free=free[:len(visible)]).gpus
+            except DraftLabError as exc:
+                self._gpus = exc
+                return visible[:1]
+        self._gpus = self._plans[plan_key]
+        return visible[:self._gpus]
+
+    def _acquire_leases(self, keys: list[str], experiment_id: int | None) -> None | tuple[str, str]:
+        """Take every lease in `keys` (index order) or none: on the first held by another live worker, give back
+        those taken here and return (that lease, its holder); None when all are this worker's."""
+        taken = []
+        for key in keys:
+            holder = self._db(queue.acquire_lease, self.store, key, self.id, experiment_id, self.stale_seconds)
+            if holder is not None:
+                for mine in reversed(taken):
+                    self._release_lease(mine)
+                return key, holder
+            taken.append(key)
+        return None
 
     def _release_lease(self, device: str) -> None:
         try:  # one attempt: a lease left behind ends with this worker (unregister, or the next sweep)
@@ -543,7 +625,8 @@ class Worker:
                 for rid in decoders:
                     clear_from(conn, rid, start[rid])
             for rid in decoders:
-                queue.start_run(self.store, rid, len(prompts), _device_name(loaded.pair.device, self.device),
+                queue.start_run(self.store, rid, len(prompts), _device_name(loaded.pair.device, self.device,
+                                                                            self.leased),
                                 draft_parameters=_draft_parameters(decoders[rid]))
         self._db(prepare)
         if experiment["k_auto"] and decoders:
@@ -664,16 +747,22 @@ class Worker:
         if self.loaded is not None and self.loaded.key[:-1] == key:
             self.loaded.key = key + (experiment["id"],)
             return self.loaded
+        if isinstance(self._gpus, DraftLabError):  # the placement plan found no set of GPUs that holds the pair
+            raise SetupError(str(self._gpus))
         self._release()
-        self.log(f"loading {experiment['target']}" + (f" + {draft}" if draft else ""))
+        self.log(f"loading {experiment['target']}" + (f" + {draft}" if draft else "") +
+                 (f" over {self._gpus} GPUs" if isinstance(self._gpus, int) and self._gpus > 1 else ""))
+        # The GPU count the leases were taken for (a plan made on this worker's several GPUs), so the load matches.
+        spread = {"gpus": self._gpus} if isinstance(self._gpus, int) and device == "auto" else {}
         try:
             pair = self.loader(experiment["target"], draft, device, experiment["dtype"],
-                               bool(experiment["trust_remote_code"]))
+                               bool(experiment["trust_remote_code"]), **spread)
         except DraftLabError as exc:
             raise SetupError(str(exc)) from exc
         except torch.cuda.OutOfMemoryError as exc:
-            raise SetupError(f"CUDA out of memory loading {experiment['target']} + {draft}; "
-                             f"use dtype bfloat16/float16 or smaller models") from exc
+            raise SetupError(f"CUDA out of memory loading {experiment['target']} + {draft}; use dtype "
+                             f"bfloat16/float16, smaller models, or more GPUs (`draftlab worker --devices "
+                             f"cuda:0+cuda:1`, or plain `draftlab worker`, which sees them all)") from exc
         self.loaded = _Loaded(key + (experiment["id"],), pair, TokenTyper(pair.tokenizer))
         return self.loaded
 
@@ -699,9 +788,15 @@ def run_training(worker: "Worker", job_id: int) -> str:
     return execute(worker, job_id)
 
 
-def _device_name(device: torch.device, pinned: str | None = None) -> str:
+def _device_name(device: torch.device, pinned: str | None = None, leased: list[str] | None = None) -> str:
     """What runs.device_name records: the GPU's name and which one (the physical cuda:N of a pinned worker),
-    or cpu (cpu:N for a CPU slot of `--devices cpu:0,cpu:1`)."""
+    or cpu (cpu:N for a CPU slot of `--devices cpu:0,cpu:1`). A job over several devices (`leased`, their
+    physical names) names them all: `NVIDIA H200 ×2 (cuda:0, cuda:1)` (`cpu ×2 (cpu:0, cpu:1)` for fake slots)."""
+    if leased and len(leased) > 1:
+        kinds = ([torch.cuda.get_device_name(i) for i in range(len(leased))] if device.type == "cuda" else ["cpu"])
+        return f"{' + '.join(dict.fromkeys(kinds))} ×{len(leased)} ({', '.join(leased)})"
+    if leased and pinned and "+" in pinned:
+        pinned = leased[0]  # one device of a + group
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         which = pinned if pinned and pinned.startswith("cuda:") else f"cuda:{index}"
@@ -719,8 +814,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"heartbeat age that marks a run interrupted (default ${queue.STALE_ENV} or "
                              f"{queue.DEFAULT_STALE_SECONDS:g})")
     parser.add_argument("--poll", type=float, default=2.0, help="queue poll interval when idle, seconds")
-    parser.add_argument("--device", default=None, help="pin to cuda:N or cpu:N (what `draftlab worker --devices` "
-                        "starts one worker per); experiments on auto/cuda run there")
+    parser.add_argument("--device", default=None, help="pin to cuda:N or cpu:N, or a group cuda:0+cuda:1 (what "
+                        "`draftlab worker --devices` starts one worker per); experiments on auto/cuda run there")
     parser.add_argument("--worker-id", default=None, help=argparse.SUPPRESS)  # given by app/supervisor.py
     args = parser.parse_args(argv)
     pin_cuda(args.device)

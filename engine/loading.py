@@ -1,6 +1,7 @@
 """Loading a target/draft pair from demo names, HF model ids or local directories, and checking the pair."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +10,7 @@ import torch
 
 from .cached_model import rollback_cache
 
-from . import zoo
+from . import placement, zoo
 from .errors import DraftLabError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -39,6 +40,14 @@ class ModelPair:
     @property
     def tokenizer(self):
         return self.target.tokenizer
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """Every device the pair's weights are on, in index order: `device` alone, or the GPUs a target too large
+        for one GPU is dispatched over (the draft and the inputs on the first, `device`)."""
+        models = [self.target.model] + ([self.draft.model] if self.draft is not None else [])
+        return tuple(sorted({d for m in models for d in placement.model_devices(m)},
+                            key=lambda d: (d.type, -1 if d.index is None else d.index)))
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -75,26 +84,41 @@ def _source(name: str) -> str:
     return name  # an HF model id
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False) -> LoadedModel:
-    """Model in eval mode on `device` plus its tokenizer; a DraftLabError names anything that cannot load."""
+def load_model(name: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False,
+               max_memory: dict[int, int] | None = None) -> LoadedModel:
+    """Model in eval mode on `device` plus its tokenizer; a DraftLabError names anything that cannot load.
+    max_memory ({GPU index: bytes}, engine.placement.plan): the model is dispatched over those GPUs by accelerate
+    (`device_map="auto"`) instead, never moved afterwards."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = _source(name)
+    spread = {}
+    if max_memory:
+        if importlib.util.find_spec("accelerate") is None:
+            raise DraftLabError(f"{name!r} is placed over {len(max_memory)} GPUs, which needs accelerate; "
+                                f"pip install accelerate")
+        spread = {"device_map": "auto", "max_memory": max_memory}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=None
+            source, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=None, **spread
         )
     except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DraftLabError(
-            f"cannot load model {name!r} ({first[:200]}); check the HF model id or local path, and your network/HF_TOKEN"
-        ) from exc
+        raise _cannot_load(name, exc) from exc
     except torch.cuda.OutOfMemoryError as exc:
         raise DraftLabError(f"CUDA out of memory loading {name!r}; use a smaller --dtype (bfloat16) or a smaller model") from exc
-    model.to(device)
+    if spread:
+        _check_dispatched(name, model)
+    else:
+        model.to(device)
     model.eval()
     return LoadedModel(name=name, source=source, model=model, tokenizer=tokenizer)
+
+
+def _cannot_load(name: str, exc: Exception) -> DraftLabError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DraftLabError(
+        f"cannot load model {name!r} ({first[:200]}); check the HF model id or local path, and your network/HF_TOKEN")
 
 
 def check_pair(target_tokenizer, draft_tokenizer, target_width: int, draft_width: int) -> int:
@@ -119,13 +143,48 @@ def check_pair(target_tokenizer, draft_tokenizer, target_width: int, draft_width
     return vocab
 
 
+def _check_dispatched(name: str, model) -> None:
+    """A dispatched model must sit on GPUs only: accelerate puts what does not fit the budget on the CPU or disk."""
+    spilled = sorted({str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
+    if spilled:
+        raise DraftLabError(f"{name!r} does not fit the GPUs it was given (accelerate put part of it on "
+                            f"{' and '.join(spilled)}); give the worker more GPUs or use --dtype bfloat16")
+
+
+def plan_pair(target: str, draft: str | None, dtype: torch.dtype, trust_remote_code: bool = False,
+              free: list[int] | None = None) -> placement.Placement:
+    """How many GPUs the pair takes (engine.placement.plan), from the models' configs and each visible GPU's free
+    memory (`free`, else measured now); no weights are loaded."""
+    free = placement.free_gpu_memory() if free is None else free
+    return placement.plan(_weight_bytes(target, dtype, trust_remote_code), _weight_bytes(draft, dtype, trust_remote_code),
+                          free, target=f"target {target}", dtype=dtype)
+
+
+def _weight_bytes(name: str | None, dtype: torch.dtype, trust_remote_code: bool) -> int:
+    if name is None:
+        return 0
+    try:
+        return placement.weight_bytes(_source(name), dtype, trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        raise _cannot_load(name, exc) from exc
+
+
 def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str = "auto",
-              trust_remote_code: bool = False) -> ModelPair:
+              trust_remote_code: bool = False, gpus: int | None = None) -> ModelPair:
     """Load and check a target/draft pair (the check runs before any generation). draft=None loads the target
-    alone, for drafters that need no model (prompt lookup)."""
+    alone, for drafters that need no model (prompt lookup). With device auto and several visible GPUs the target
+    goes on the fewest GPUs it fits (plan_pair; `gpus` fixes that count, as a worker that leased them does), over
+    several with accelerate; the draft always on the first."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    t = load_model(target, dev, dt, trust_remote_code)
+    budget = None  # {GPU index: bytes} for the target when it is spread over several GPUs
+    if device == "auto" and dev.type == "cuda" and torch.cuda.device_count() > 1:
+        dev, free = torch.device("cuda", 0), placement.free_gpu_memory()
+        if gpus is None:
+            budget = plan_pair(target, draft, dt, trust_remote_code, free).max_memory
+        elif gpus > 1:
+            budget = placement.budget(free[:gpus], _weight_bytes(draft, dt, trust_remote_code))
+    t = load_model(target, dev, dt, trust_remote_code, max_memory=budget)
     rollback_cache(t.model)  # a model whose KV cache cannot roll back is refused now, not mid-run
     width = _output_width(t.model)
     pair = ModelPair(target=t, draft=None, device=dev, dtype=dt,
@@ -140,6 +199,7 @@ def with_draft(pair: ModelPair, draft: str | None, trust_remote_code: bool = Fal
     """The same (already loaded) target with another draft, pair-checked; None: no draft model."""
     if draft is None:
         return ModelPair(pair.target, None, pair.device, pair.dtype, pair.vocab_size)
+    # On the target's first device (pair.device), where the inputs go and a dispatched target returns its logits.
     d = load_model(draft, pair.device, pair.dtype, trust_remote_code)
     vocab = check_pair(pair.target.tokenizer, d.tokenizer, _output_width(pair.target.model), _output_width(d.model))
     rollback_cache(d.model)

@@ -241,8 +241,8 @@ def test_worker_devices_all_without_a_gpu_stays_one_cpu_worker_and_bad_devices_e
     assert [c[0] for c in calls] == ["worker", "worker"]  # today's single worker, not a supervisor
     assert main(["worker", "--devices", "gpu0", "--db", url]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: --devices takes `all` or a comma list of cuda:N / cpu:N (got 'gpu0'); "
-                   "e.g. --devices cuda:0,cuda:1"]
+    assert err == ["error: --devices takes `all` or a comma list of cuda:N / cpu:N, or groups joined with + "
+                   "(got 'gpu0'); e.g. --devices cuda:0,cuda:1 or cuda:0+cuda:1,cuda:2"]
 
 
 def test_a_killed_supervisor_takes_its_children_with_it(tmp_path, model_dirs, wait_for):
