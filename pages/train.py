@@ -109,26 +109,28 @@ def _form() -> None:
     spec, val, prompt_error = _prompts()
     if prompt_error:
         st.error(md_text(prompt_error), icon=":material/error:")
-    c1, c2, c3, c4 = st.columns(4)
+    c1, c2, c3 = st.columns(3)
     steps = c1.number_input("Steps", min_value=1, step=50, key="train_steps", help="optimiser steps")
     lr = c2.number_input("Learning rate", min_value=0.0, step=1e-4, format="%.1e", key="train_lr")
     batch = c3.number_input("Batch size", min_value=1, step=1, key="train_batch_size", help="sequences per step")
-    samples = c4.number_input("Continuations per prompt", min_value=1, step=1, key="train_samples",
-                              help="1: the target's greedy continuation; more adds temperature-1 samples")
-    c1, c2, c3, c4 = st.columns(4)
-    max_new = c1.number_input("Max new tokens", min_value=1, step=16, key="train_max_new_tokens",
+    c1, c2, c3 = st.columns(3)
+    samples = c1.number_input("Samples per prompt", min_value=1, step=1, key="train_samples",
+                              help="continuations per prompt: 1 is the target's greedy one; more adds "
+                                   "temperature-1 samples")
+    max_new = c2.number_input("Max new tokens", min_value=1, step=16, key="train_max_new_tokens",
                               help="length of the target's continuations")
-    seed = c2.number_input("Seed", step=1, key="train_seed")
-    device = c3.selectbox("Device", DEVICES, key="train_device")
+    seed = c3.number_input("Seed", step=1, key="train_seed")
+    c1, c2 = st.columns([1, 2])
+    device = c1.selectbox("Device", DEVICES, key="train_device")
     ids, labels = _focus_options()
-    focus = c4.selectbox("Focus on an experiment's rejections", ids, format_func=labels.get, key="train_focus",
+    focus = c2.selectbox("Focus on an experiment's rejections", ids, format_func=labels.get, key="train_focus",
                          help="weigh the loss by (1 - acceptance) of each token type and draft position in that "
                               "experiment's best run")
     default_name = f"{os.path.basename(draft.strip().rstrip('/')) or 'draft'}-distilled-{_next_id()}"
     name = st.text_input("Name of the trained draft", value=default_name, key=f"train_name_{default_name}")
     st.caption(f"Written to this directory. Trained drafts go to `${training.MODELS_ENV}` (here: the directory "
                f"above); share it and the database, and the team sees each other's drafts.")
-    st.code(str(models / name.strip()), language=None)
+    st.code(str(models / name.strip()), language=None, wrap_lines=True)
     problems = []
     if check is not None and not check.ok:
         problems.append("the pair check failed")
@@ -164,7 +166,7 @@ def _curve_chart(points: pd.DataFrame) -> alt.Chart | None:
     if frame.empty:
         return None
     base = alt.Chart(frame).encode(
-        x=alt.X("step:Q", title="step"), y=alt.Y("value:Q", title="KL (nats per token)"),
+        x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)), y=alt.Y("value:Q", title="KL (nats per token)"),
         color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom", labelLimit=0)),
         tooltip=[alt.Tooltip("step:Q"), alt.Tooltip("series:N"), alt.Tooltip("value:Q", format=".4f")])
     return (base.transform_filter(alt.datum.series != "held-out KL (nats/token)").mark_line(opacity=0.6)
@@ -178,13 +180,14 @@ def _figures(job: dict) -> None:
             return None
         return fmt.format(after - before)
 
+    # Each figure after training, the delta against before, and before itself in the label (values stay short).
     c1, c2, c3 = st.columns(3)
-    c1.metric("held-out KL before → after", f"{number(job['kl_before'], '{:.3f}')} → {number(job['kl_after'], '{:.3f}')}",
+    c1.metric(f"held-out KL (before: {number(job['kl_before'], '{:.3f}')})", number(job["kl_after"], "{:.3f}"),
               delta=delta(job["kl_after"], job["kl_before"], "{:+.3f}"), delta_color="inverse")
-    c2.metric(f"α (greedy, k={job['eval_k'] or 4})", f"{number(job['alpha_before'])} → {number(job['alpha_after'])}",
-              delta=delta(job["alpha_after"], job["alpha_before"], "{:+.3f}"))
-    c3.metric("tokens per round", f"{number(job['tokens_per_round_before'], '{:.2f}')} → "
-              f"{number(job['tokens_per_round_after'], '{:.2f}')}",
+    c2.metric(f"α, greedy k={job['eval_k'] or 4} (before: {number(job['alpha_before'])})",
+              number(job["alpha_after"]), delta=delta(job["alpha_after"], job["alpha_before"], "{:+.3f}"))
+    c3.metric(f"tokens per round (before: {number(job['tokens_per_round_before'], '{:.2f}')})",
+              number(job["tokens_per_round_after"], "{:.2f}"),
               delta=delta(job["tokens_per_round_after"], job["tokens_per_round_before"], "{:+.2f}"))
 
 
@@ -207,7 +210,8 @@ def _evaluation(job: dict) -> None:
             rows.append({"draft": names[i] if i < len(names) else str(i), "status": r.status,
                          "alpha": r.alpha, "kl": r.kl, "tokens_per_round": r.tokens_per_round,
                          "speedup (95% CI)": interval, "output == target": r.outputs_match_baseline})
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="content", key=f"eval_{job['id']}")
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="content", key=f"eval_{job['id']}",
+                     placeholder="—")
     st.page_link(nav_page("experiment"), label=f"Open experiment #{int(eid)}", icon=":material/monitoring:",
                  query_params={"experiment": str(int(eid))})
 
@@ -237,7 +241,7 @@ def _job_view(job_id: int) -> None:
         csv_download(points, f"training-job-{job_id}-curve.csv", key=f"curve_csv_{job_id}")
     if job["kl_before"] is not None:
         _figures(job)
-    c1, c2, _ = st.columns([1, 1, 3])
+    c1, c2, _ = st.columns([1, 2, 2])
     if status in (RUNNING, QUEUED):
         if c1.button("Cancel", key=f"cancel_job_{job_id}", icon=":material/cancel:",
                      help="stops after the current step; its checkpoint is kept so Resume continues from there"):
@@ -264,7 +268,7 @@ def _jobs() -> None:
     shown = frame.assign(progress=frame["progress"].fillna(0.0))[
         ["id", "name", "status", "step", "steps", "progress", "phase", "alpha_before", "alpha_after",
          "eval_experiment_id", "created"]]
-    st.dataframe(shown, hide_index=True, width="stretch", key="jobs_table", column_config={
+    st.dataframe(shown, hide_index=True, width="stretch", key="jobs_table", placeholder="—", column_config={
         "id": st.column_config.NumberColumn("job", width="small"),
         "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0),
         "alpha_before": st.column_config.NumberColumn("α before", format="%.3f"),

@@ -110,8 +110,8 @@ def test_a_finished_job_shows_its_figures_and_its_draft_is_a_candidate(train_db,
     text = page_text(at)
     assert "Trained draft saved" in text and f"Before/after experiment #{job['eval_experiment_id']}" in text
     labels = {m.label: m.value for m in at.metric}
-    assert labels["held-out KL before → after"] == f"{job['kl_before']:.3f} → {job['kl_after']:.3f}"
-    assert labels["α (greedy, k=4)"] == f"{job['alpha_before']:.3f} → {job['alpha_after']:.3f}"
+    assert labels[f"held-out KL (before: {job['kl_before']:.3f})"] == f"{job['kl_after']:.3f}"
+    assert labels[f"α, greedy k=4 (before: {job['alpha_before']:.3f})"] == f"{job['alpha_after']:.3f}"
     steps = chart_data(at)[0][0]
     assert sorted(set(steps["step"])) == list(range(9))
 
