@@ -91,7 +91,8 @@ class _Loaded:
 
 
 def _gpus_of(pair: ModelPair) -> list[torch.device]:
-    return [d for d in pair.devices if d.type == "cuda"]
+    """The GPUs the pair's weights are on (several for a target placed over them); none for a CPU pair."""
+    return [d for d in pair.devices if d.type == "cuda"] if pair.device.type == "cuda" else []
 
 
 def _reset_peak(pair: ModelPair, decoder) -> None:

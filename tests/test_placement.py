@@ -175,10 +175,10 @@ def test_a_job_that_needs_both_slots_of_a_group_leases_both_while_a_single_slot_
         group = _quiet(store, "cpu:0+cpu:1", free_memory=lambda: [tight, tight], progress_hook=hook)
         with group:
             group.work(until_idle=True)
+            assert _leases(store) == {}  # both given back after the job (not only when the worker stops)
     leases, holder = seen[0]
     assert leases == {f"{HOST}:cpu:0": group.id, f"{HOST}:cpu:1": group.id}
     assert holder == group.id  # the worker on cpu:1 waits while the group holds it
-    assert _leases(store) == {}  # both given back
     assert _device_names(store, eid) == [("done", "cpu ×2 (cpu:0, cpu:1)", None)] * 2
 
     roomy = _enqueue(store, model_dirs)  # room on one slot: the group takes cpu:0 alone
@@ -191,10 +191,10 @@ def test_a_job_larger_than_every_slot_of_the_worker_fails_with_the_fix(store, mo
     eid = _enqueue(store, model_dirs)
     with _quiet(store, "cpu:0+cpu:1", free_memory=lambda: [1000, 1000]) as group:
         group.work(until_idle=True)
+        assert _leases(store) == {}
     rows = _device_names(store, eid)
     assert [r[0] for r in rows] == ["failed", "failed"]
     assert all("needs ~" in r[2] and "--devices cuda:0+cuda:1" in r[2] and "\n" not in r[2] for r in rows)
-    assert _leases(store) == {}
 
 
 # --- a dispatched target ----------------------------------------------------------------------------------------
@@ -206,7 +206,9 @@ def test_greedy_speculative_with_an_accelerate_dispatched_target_equals_target_o
     plain = tm.pair(copy.deepcopy(target), tm.noisy_copy(target, seed=1, noise=0.6))
     device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu",
                   **{f"model.layers.{i}": "cpu" for i in range(4)}}
-    dispatched = dispatch_model(target, device_map=device_map, force_hooks=True)
+    # As transformers' from_pretrained(device_map=...) does it: the KV cache is never moved by the hooks.
+    dispatched = dispatch_model(target, device_map=device_map, force_hooks=True,
+                                skip_keys=target._skip_keys_device_placement)
     assert dispatched._hf_hook.io_same_device and hasattr(dispatched.model.layers[3], "_hf_hook")  # hooks in place
     spread = tm.pair(dispatched, plain.draft.model)
     assert spread.devices == (torch.device("cpu"),) == model_devices(dispatched)
@@ -218,3 +220,28 @@ def test_greedy_speculative_with_an_accelerate_dispatched_target_equals_target_o
         spec = list(runs.run_prompts(runs.speculative_decoder(spread, cfg, k), prompts, ids))
         assert [s.output_ids for s in spec] == [b.output_ids for b in base]
         assert sum(r.rejected for s in spec for r in s.rounds) > 0  # rollbacks happened through the hooks
+
+
+def test_the_top_level_hook_returns_logits_to_the_input_device_and_leaves_the_cache_on_its_layers():
+    """What a target over several GPUs relies on: its logits come back to the first GPU (where the draft and the
+    sampling are), and the KV cache, whose layers live on their GPUs, passes through untouched (CachedModel's
+    `cache` keyword and the output's `cache` field are accelerate's skip_keys)."""
+    from accelerate import dispatch_model
+    from transformers import DynamicCache
+
+    from engine.cached_model import CachedModel
+
+    target = tm.llama(0, layers=2)
+    device_map = {"model": "cpu", "lm_head": "cpu"}
+    dispatched = dispatch_model(target, device_map=device_map, force_hooks=True,
+                                skip_keys=target._skip_keys_device_placement)
+    cached = CachedModel(dispatched, 64)
+    hook = dispatched._hf_hook
+    assert cached._cache_kw in hook.skip_keys
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), 0)
+    output_type = type(dispatched(torch.tensor([[5, 6]])))
+    hook.input_device = torch.device("meta")  # stands for "the first GPU": anything but where the tensors are
+    out = hook.post_forward(dispatched, output_type(logits=torch.zeros(2), cache=cache))
+    assert out.logits.device.type == "meta"
+    assert out.cache is cache and cache.layers[0].keys.device.type == "cpu"
