@@ -245,3 +245,67 @@ def test_the_top_level_hook_returns_logits_to_the_input_device_and_leaves_the_ca
     out = hook.post_forward(dispatched, output_type(logits=torch.zeros(2), cache=cache))
     assert out.logits.device.type == "meta"
     assert out.cache is cache and cache.layers[0].keys.device.type == "cpu"
+
+
+def test_load_pair_on_auto_with_two_gpus_spreads_a_large_target_and_puts_the_draft_on_the_first(model_dirs,
+                                                                                                 monkeypatch):
+    """The wiring of engine.loading.load_pair over several GPUs, with torch's CUDA queries faked (no GPU here):
+    the target gets accelerate's max_memory over the planned GPUs, the draft none, on cuda:0."""
+    import engine.loading as loading
+
+    calls = []
+
+    def fake_load(name, device, dtype, trust_remote_code=False, max_memory=None):
+        calls.append((name, device, dtype, max_memory))
+        built = tm.llama(0)
+        return loading.LoadedModel(name, name, built, tm.tokenizer())
+
+    draft_bytes = weight_bytes(model_dirs["draft"], torch.bfloat16)
+    size = weight_bytes(model_dirs["target"], torch.bfloat16) + draft_bytes
+    tight = int(size / (1 - HEADROOM) * 0.6)  # the pair needs both GPUs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(loading.placement, "free_gpu_memory", lambda: [tight, tight])
+    monkeypatch.setattr(loading, "load_model", fake_load)
+    pair = loading.load_pair(model_dirs["target"], model_dirs["draft"], "auto", "auto")
+    (t_name, t_dev, t_dtype, t_budget), (d_name, d_dev, _, d_budget) = calls
+    assert (t_name, t_dev, t_dtype) == (model_dirs["target"], torch.device("cuda", 0), torch.bfloat16)
+    assert t_budget == {0: int(tight * (1 - HEADROOM)) - draft_bytes, 1: int(tight * (1 - HEADROOM))}
+    assert (d_name, d_dev, d_budget) == (model_dirs["draft"], torch.device("cuda", 0), None)
+    assert pair.device == torch.device("cuda", 0)
+
+    calls.clear()  # a worker that leased one GPU: one, whatever the plan would say now
+    loading.load_pair(model_dirs["target"], None, "auto", "auto", gpus=1)
+    assert calls[0][3] is None
+    calls.clear()
+    monkeypatch.setattr(loading.placement, "free_gpu_memory", lambda: [10 * GB, 10 * GB])
+    loading.load_pair(model_dirs["target"], None, "auto", "auto")  # room on one: no dispatch
+    assert calls[0][1:] == (torch.device("cuda", 0), torch.bfloat16, None)
+    calls.clear()  # ... unless the worker leased two for it
+    loading.load_pair(model_dirs["target"], None, "auto", "auto", gpus=2)
+    assert sorted(calls[0][3]) == [0, 1]
+
+
+def test_a_plain_worker_seeing_two_gpus_leases_both_for_a_large_target_and_loads_it_on_both(store, model_dirs,
+                                                                                           monkeypatch):
+    """Plain `draftlab worker` on a machine with two GPUs (torch's CUDA queries faked; the fake loader loads on
+    the CPU): the plan takes both, the leases are host:cuda:0 and host:cuda:1, the loader is told gpus=2."""
+    from engine.loading import load_pair
+
+    size = weight_bytes(model_dirs["target"], torch.bfloat16) + weight_bytes(model_dirs["draft"], torch.bfloat16)
+    tight = int(size / (1 - HEADROOM) * 0.6)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    loads, seen = [], []
+
+    def loader(target, draft, device, dtype, trust_remote_code, **options):
+        loads.append((device, options))
+        return load_pair(target, draft, "cpu", "float32")
+    eid = _enqueue(store, model_dirs)
+    worker = _quiet(store, None, free_memory=lambda: [tight, tight], loader=loader,
+                    progress_hook=lambda *a: seen or seen.append(_leases(store)))
+    with worker:
+        worker.work(until_idle=True)
+    assert loads == [("auto", {"gpus": 2})]
+    assert seen == [{f"{HOST}:cuda:0": worker.id, f"{HOST}:cuda:1": worker.id}]
+    assert [r[0] for r in _device_names(store, eid)] == ["done", "done"]
