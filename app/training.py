@@ -113,10 +113,15 @@ def _train(worker, job: dict, label: str) -> tuple[str, dict]:
     out = ds.check_out_dir(job["out"])
     ckpt = training.checkpoint_dir(job)
     train_prompts, val_prompts = load_prompts(job["prompts"]), load_prompts(job["validation"])
-    pair = worker.loader(job["target"], job["draft"], load_device(place(job["device"], worker.device)), "float32", False)
+    device = load_device(place(job["device"], worker.device))
+    if isinstance(worker._gpus, DraftLabError):  # the placement plan found no set of GPUs that holds the pair
+        raise worker._gpus
+    # The GPU count the worker leased for this job (its placement plan), so the load spreads over exactly those.
+    spread = {"gpus": worker._gpus} if isinstance(worker._gpus, int) and device == "auto" else {}
+    pair = worker.loader(job["target"], job["draft"], device, "float32", False, **spread)
     encode_prompts(pair, train_prompts, cfg.max_new_tokens)
     encode_prompts(pair, val_prompts, cfg.max_new_tokens)
-    report(device_name=_device_name(pair.device, worker.device), eval_k=cfg.k)
+    report(device_name=_device_name(pair.device, worker.device, worker.leased), eval_k=cfg.k)
 
     run = ds.Distiller(pair, train_prompts, val_prompts, cfg, focus["type_weights"] if focus else None,
                        focus["position_weights"] if focus else None)

@@ -5,6 +5,7 @@ offered as a candidate, and a before/after experiment queued and timed."""
 from __future__ import annotations
 
 import json
+import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -236,3 +237,41 @@ def test_a_job_that_cannot_load_its_models_fails_with_one_line(train_setup, tmp_
     job = training.get_job(store, jid)
     assert job["status"] == "failed" and "not found" in job["error"] and "\n" not in job["error"]
     assert training.resume_job(store, jid)  # failures are resumable like runs
+
+
+def test_a_training_job_too_large_for_one_slot_leases_both_of_its_group(train_setup, monkeypatch):
+    """A job whose pair needs two devices of a `+` group takes both leases (and names both); one too large for the
+    whole group fails at once with the fix, leaving no lease behind."""
+    from engine.placement import HEADROOM, weight_bytes
+
+    store, settings = train_setup
+    size = weight_bytes(settings["target"], torch.float32) + weight_bytes(settings["draft"], torch.float32)
+    tight = int(size / (1 - HEADROOM) * 0.6)  # each slot holds 60 % of the pair: it takes two
+    spread = training.enqueue_training(store, name="spread", **{**settings, "steps": 2})
+    held = []
+    original = training.report
+
+    def watch(store_, job_id, worker_id, points=(), **fields):
+        with store.read() as conn:
+            held.append(sorted(conn.execute(text("SELECT device FROM device_leases")).scalars()))
+        return original(store_, job_id, worker_id, points, **fields)
+
+    monkeypatch.setattr(training, "report", watch)
+    with Worker(store, device="cpu:0+cpu:1", free_memory=lambda: [tight, tight], log=lambda m: None,
+                heartbeat_seconds=0.5, poll_seconds=0.05) as worker:
+        worker.work(until_idle=True)
+    monkeypatch.setattr(training, "report", original)
+    job = training.get_job(store, spread)
+    host = socket.gethostname()
+    assert job["status"] == "done", job["error"]
+    assert job["device_name"] == "cpu ×2 (cpu:0, cpu:1)"
+    assert held and all(h == [f"{host}:cpu:0", f"{host}:cpu:1"] for h in held)
+
+    big = training.enqueue_training(store, name="big", **{**settings, "steps": 2})
+    with Worker(store, device="cpu:0+cpu:1", free_memory=lambda: [1000, 1000], log=lambda m: None,
+                heartbeat_seconds=0.5, poll_seconds=0.05) as worker:
+        worker.work(until_idle=True)
+    job = training.get_job(store, big)
+    assert job["status"] == "failed" and "needs ~" in job["error"] and "\n" not in job["error"]
+    with store.read() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM device_leases")).scalar() == 0
