@@ -22,11 +22,11 @@ def _show(value) -> str:
 
 
 def badges(experiment_id: int, verdict: dict, links: pd.DataFrame) -> str:
-    """The table's badges: `🤝 tied with 2, 4` (the verdict's ties), `✔ validates #3` (a validation experiment),
+    """The table's badges: `≈ tied with 2, 4` (the verdict's ties), `✔ validates #3` (a validation experiment),
     `✔ validated by #7` (a tuning experiment a validation experiment links to)."""
     out = []
     if verdict.get("tied_with"):
-        out.append("🤝 tied with " + ", ".join(_show(v) for v in verdict["tied_with"]))
+        out.append("≈ tied with " + ", ".join(_show(v) for v in verdict["tied_with"]))
     validates = links.loc[links["experiment_id"] == experiment_id, "validates"]
     if len(validates):
         out.append(f"✔ validates #{int(validates.iloc[0])}")
@@ -54,7 +54,7 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     table = table[[c for c in EXPERIMENT_COLUMNS if c in table]]
     st.dataframe(table, hide_index=True, width="stretch", key="compare_experiments_table", column_config={
         "best": st.column_config.TextColumn("best speedup (95 % interval)"),
-        "badges": st.column_config.TextColumn("", help="🤝 values statistically tied with the best (overlapping 95 % "
+        "badges": st.column_config.TextColumn("", help="≈ values statistically tied with the best (overlapping 95 % "
                                                       "intervals); ✔ a validation experiment and the one it validates"),
         "n_tied": st.column_config.NumberColumn("ties", help="values statistically tied with the best"),
         "timing_warnings": st.column_config.NumberColumn("⚠ impossible", help="runs timed faster than their tokens "

@@ -1097,7 +1097,7 @@ def test_compare_legends_are_whole_colours_distinct_and_badges_name_ties_and_val
         assert colour["legend"]["labelLimit"] == 0 and colour["legend"]["symbolLimit"] == 0
         assert colour["scale"]["scheme"] in ("tableau10", "tableau20")
     table = next(d.value for d in at.dataframe if "badges" in d.value).set_index("experiment_id")
-    assert table.loc[experiment_id, "badges"] == f"🤝 tied with 1 · ✔ validated by #{validation}"
+    assert table.loc[experiment_id, "badges"] == f"≈ tied with 1 · ✔ validated by #{validation}"
     assert table.loc[validation, "badges"] == f"✔ validates #{experiment_id}"
     by_type = [json.dumps(spec) for spec in _specs(at) if "token_type" in json.dumps(spec)]
     assert len(by_type) == 1 and "n_label" in by_type[0] and '"text"' in by_type[0]
