@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="keep the database at --db when it exists")
     parser.add_argument("--tokens", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--pages", default="experiments,experiment,rounds,rounds (slider),compare,theory,new")
+    parser.add_argument("--pages", default="experiments,experiment,rounds,rounds (slider),compare,theory,new,train")
     args = parser.parse_args(argv)
 
     path = Path(args.db)
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "compare": ("compare", {"experiments": f"{eid},{others[0]}", "runs": rid}),
         "theory": ("theory", {}),
         "new": ("new", {}),
+        "train": ("train", {}),
     }
     print(f"{'page':<18} {'first s':>8} {'median s':>9} {'max s':>7} {'cpu med s':>10}  budget (on the median)")
     over = []
