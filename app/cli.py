@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "continuations of the prompts (generated once and cached with the target's top-k "
                     "distributions), optionally weighted toward the token types and draft positions an experiment "
                     "rejected most (--focus-from). Writes an HF model directory with MODEL_CARD.md; held-out KL and "
-                    "greedy alpha (k=4) before/after on the validation split of --prompts (a file: the same file).")
+                    "greedy alpha (k=4) before/after on the validation split of --prompts (a file: the same file). "
+                    "Interrupted (Ctrl-C, SIGTERM), it keeps its last checkpoint in OUT/.checkpoint (the target's "
+                    "continuations once, then the training state every 30 s): the same command continues from it.")
     distill.add_argument("--target", required=True, help="demo-target, an HF model id or a local directory")
     distill.add_argument("--draft", required=True, help="the draft to start from (same tokenizer as the target)")
     distill.add_argument("--prompts", required=True,
@@ -326,9 +328,29 @@ def _distill_command(args) -> str:
     return " ".join(shlex.quote(c) for c in cmd)
 
 
+CHECKPOINT_DIR = ".checkpoint"  # under --out; removed once the model is saved
+CHECKPOINT_SECONDS = 30.0  # an interrupted `draftlab distill` loses at most this much training
+
+
+def _checkpoint(run, ckpt) -> int:
+    """Save the run's state between two steps; return the step it holds."""
+    run.save_checkpoint(ckpt)
+    return run.step
+
+
+def _prepare_then_train(run, ckpt):
+    """A fresh run's records: the target's continuations, a checkpoint of them (a rerun never regenerates
+    them), then training."""
+    yield from run.prepare()
+    _checkpoint(run, ckpt)
+    yield {"kind": "prepared_saved"}
+    yield from run.train()
+
+
 def cmd_distill(args) -> int:
     """Check everything (settings, --out, --focus-from, prompts, the pair), then train and write the model
     directory; print the held-out figures (a table, or --json)."""
+    import shutil
     import time
 
     from tqdm import tqdm
@@ -368,10 +390,22 @@ def cmd_distill(args) -> int:
     except DraftLabError as exc:
         return _fail(str(exc))
 
-    bar, done = None, None
+    run = ds.Distiller(pair, train_prompts, val_prompts, cfg, focus["type_weights"] if focus else None,
+                       focus["position_weights"] if focus else None)
+    ckpt = out / CHECKPOINT_DIR
+    bar, done, prepared, saved = None, None, None, None
+    if run.load_checkpoint(ckpt):  # the same command, interrupted before: continue where its checkpoint is
+        print(f"distill: continuing from the checkpoint in {ckpt} at step {run.step} of {cfg.steps}",
+              file=sys.stderr, flush=True)
+        prepared, saved = run.prepared, run.step
+        bar = tqdm(total=cfg.steps, initial=run.step, desc="distill", unit="step", file=sys.stderr,
+                   dynamic_ncols=True, mininterval=1)
+        records = run.train()
+    else:
+        records = _prepare_then_train(run, ckpt)
+    last_checkpoint = time.monotonic()
     try:
-        for rec in ds.distill(pair, train_prompts, val_prompts, cfg,
-                              focus["type_weights"] if focus else None, focus["position_weights"] if focus else None):
+        for rec in records:
             kind = rec["kind"]
             if kind == "phase":
                 if bar is not None:
@@ -392,11 +426,16 @@ def cmd_distill(args) -> int:
             elif kind == "step":
                 bar.update(1)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", refresh=False)
+                if time.monotonic() - last_checkpoint >= CHECKPOINT_SECONDS and run.step < cfg.steps:
+                    saved = _checkpoint(run, ckpt)  # between two steps: a resume repeats none and skips none
+                    last_checkpoint = time.monotonic()
             elif kind == "eval":
                 bar.write(f"distill: step {rec['step']}: train loss {rec['train_loss']:.4f}, held-out KL "
                           f"{rec['kl']:.4f}", file=sys.stderr)
             elif kind == "prepared":
                 prepared = rec
+            elif kind == "prepared_saved":
+                saved = 0
             elif kind == "trained":
                 done = rec
     except DraftLabError as exc:
@@ -405,7 +444,11 @@ def cmd_distill(args) -> int:
         if bar is not None:
             bar.close()
             bar = None
-        return _fail(f"interrupted before the model was saved; nothing was written to {out} (rerun the command)", 130)
+        if saved is None:
+            return _fail(f"interrupted before the model was saved; nothing was written to {out} (rerun the command)",
+                         130)
+        return _fail(f"interrupted at step {run.step}; no model saved yet. {ckpt} holds step {saved}: run the same "
+                     f"command again to continue from it", 130)
     finally:
         if bar is not None:
             bar.close()
@@ -415,6 +458,7 @@ def cmd_distill(args) -> int:
                               target=args.target, draft=args.draft, prompts=args.prompts, validation=val_spec,
                               validation_note=val_note, train_prompts=train_prompts, val_prompts=val_prompts,
                               command=_distill_command(args))
+    shutil.rmtree(ckpt, ignore_errors=True)
     result = {"out": str(out), "steps": cfg.steps, "kl_before": record["kl_before"], "kl_after": record["kl_after"],
               "alpha_before": record["alpha_before"], "alpha_after": record["alpha_after"]}
     if args.json:

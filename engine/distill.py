@@ -403,9 +403,10 @@ class Distiller:
         return True
 
     def _fingerprint(self) -> dict:
-        """What a checkpoint must match to be resumed: the settings and prompts (not the step count's
+        """What a checkpoint must match to be resumed: the models, settings and prompts (not the step count's
         schedule alone: a changed --steps changes the learning-rate schedule, so it is part of it)."""
-        return {"config": asdict(self.cfg), "train": self.train_prompts, "validation": self.val_prompts,
+        return {"config": asdict(self.cfg), "target": self.pair.target.name, "draft": self.pair.draft.name,
+                "train": self.train_prompts, "validation": self.val_prompts,
                 "type_weights": self.type_weights or {},
                 "position_weights": {str(k): v for k, v in (self.position_weights or {}).items()}}
 

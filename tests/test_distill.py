@@ -195,6 +195,59 @@ def test_cli_distill_writes_a_model_that_loads_and_speculates_losslessly(model_d
     assert outputs_match(spec, base)
 
 
+def test_cli_distill_interrupted_continues_from_its_checkpoint_without_repeating_a_step(model_dirs, prompts_file,
+                                                                                        tmp_path, capsys, monkeypatch):
+    """Ctrl-C at step 4 of 8 (a checkpoint every step, so step 3's is there; step 4's state is not saved: an
+    interrupt can land mid-step), then the same command: it continues at step 4, and the saved model is the one
+    an uninterrupted run writes, bit for bit."""
+    from safetensors.torch import load_file
+
+    import app.cli as cli
+
+    monkeypatch.setattr(cli, "CHECKPOINT_SECONDS", 0.0)
+
+    def command(out):
+        return ["distill", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
+                prompts_file, "--steps", "8", "--lr", "3e-3", "--max-new-tokens", "10", "--batch-size", "3",
+                "--out", str(out), "--json"]
+
+    assert main(command(tmp_path / "straight")) == 0
+    capsys.readouterr()
+    original = cli._checkpoint
+
+    def interrupt_at_step_4(run, ckpt):
+        if run.step == 4:
+            raise KeyboardInterrupt
+        return original(run, ckpt)
+
+    out = tmp_path / "interrupted"
+    monkeypatch.setattr(cli, "_checkpoint", interrupt_at_step_4)
+    assert main(command(out)) == 130
+    line = _one_error_line(capsys.readouterr().err)
+    assert "interrupted at step 4" in line and "holds step 3" in line and "same command" in line
+    assert not (out / "model.safetensors").exists() and (out / ".checkpoint").is_dir()
+
+    monkeypatch.setattr(cli, "_checkpoint", original)
+    steps_taken = []
+    train = ds.Distiller.train
+
+    def counted(self):
+        for rec in train(self):
+            if rec["kind"] == "step":
+                steps_taken.append(rec["step"])
+            yield rec
+
+    monkeypatch.setattr(ds.Distiller, "train", counted)
+    assert main(command(out)) == 0
+    err = capsys.readouterr().err
+    assert "continuing from the checkpoint" in err and "at step 3 of 8" in err
+    assert steps_taken == [4, 5, 6, 7, 8]  # none repeated, none skipped
+    assert not (out / ".checkpoint").exists()  # gone once the model is saved
+    resumed, straight = load_file(out / "model.safetensors"), load_file(tmp_path / "straight" / "model.safetensors")
+    assert resumed.keys() == straight.keys()
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)
+
+
 # --- bad input -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", ["mismatched tokenizers", "steps 0", "negative steps", "out is a file",
