@@ -13,7 +13,7 @@ weighted per token (`type_weights`, `position_weights`: the `--focus-from` profi
 Held-out figures use the full vocabulary: kl = mean D_KL(p_t || p_d) over the target's greedy continuations of
 the validation prompts; alpha = greedy speculative acceptance (k=4 by default) on those prompts.
 
-Pure torch + transformers: `Distiller` (and `distill()`, the same without checkpoints) yields plain dict records;
+Pure torch + transformers: `Distiller` yields plain dict records;
 storage, CLI and dashboards stay outside.
 """
 from __future__ import annotations
@@ -24,13 +24,13 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
 from .errors import DraftLabError
 from .loading import LoadedModel, ModelPair
-from .metrics import outputs_match, speculative_metrics
+from .metrics import speculative_metrics
 from .runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
 from .sampling import SamplingConfig
 from .token_types import TokenTyper
@@ -316,7 +316,7 @@ class Distiller:
         if self.prepared is None:
             raise RuntimeError("Distiller.train() before prepare() or load_checkpoint()")
         cfg, pair = self.cfg, self.pair
-        target, draft, device, vocab = pair.target.model, pair.draft.model, pair.device, pair.vocab_size
+        draft, device, vocab = pair.draft.model, pair.device, pair.vocab_size
         if self.opt is None:
             self._optimizer()
         draft.train()
@@ -425,14 +425,6 @@ def _atomic_save(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
-
-
-def distill(pair: ModelPair, train_prompts: list[str], val_prompts: list[str], cfg: DistillConfig,
-            type_weights: dict | None = None, position_weights: dict | None = None) -> Iterator[dict]:
-    """A whole run without checkpoints: Distiller.prepare() then Distiller.train() (see Distiller for the records)."""
-    run = Distiller(pair, train_prompts, val_prompts, cfg, type_weights, position_weights)
-    yield from run.prepare()
-    yield from run.train()
 
 
 def _generate(pair: ModelPair, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,

@@ -46,8 +46,7 @@ class ModelPair:
         """Every device the pair's weights are on, in index order: `device` alone, or the GPUs a target too large
         for one GPU is dispatched over (the draft and the inputs on the first, `device`)."""
         models = [self.target.model] + ([self.draft.model] if self.draft is not None else [])
-        return tuple(sorted({d for m in models for d in placement.model_devices(m)},
-                            key=lambda d: (d.type, -1 if d.index is None else d.index)))
+        return placement.model_devices(*models)
 
 
 def resolve_device(device: str = "auto") -> torch.device:

@@ -71,9 +71,9 @@ def budget(free: list[int], draft_bytes: int, headroom: float = HEADROOM) -> dic
     return {i: u - (draft_bytes if i == 0 else 0) for i, u in enumerate(usable)}
 
 
-def model_devices(model: torch.nn.Module) -> tuple[torch.device, ...]:
-    """The devices a model's parameters live on, in index order (several for a model dispatched by accelerate)."""
-    found = {p.device for p in model.parameters()}
+def model_devices(*models: torch.nn.Module) -> tuple[torch.device, ...]:
+    """The devices the models' parameters live on, in index order (several for a model dispatched by accelerate)."""
+    found = {p.device for model in models for p in model.parameters()}
     return tuple(sorted(found, key=lambda d: (d.type, -1 if d.index is None else d.index)))
 
 

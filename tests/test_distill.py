@@ -45,7 +45,8 @@ def test_distillation_lowers_heldout_kl():
     draft = tm.noisy_copy(target, seed=1, noise=0.5)
     pair = tm.pair(target, draft)
     cfg = ds.DistillConfig(steps=25, lr=3e-3, max_new_tokens=16, batch_size=4, eval_points=5)
-    records = list(ds.distill(pair, TRAIN, VAL, cfg))
+    run = ds.Distiller(pair, TRAIN, VAL, cfg)
+    records = [*run.prepare(), *run.train()]
     kinds = [r["kind"] for r in records]
     assert kinds.count("step") == 25 and kinds[-1] == "trained"
     done = records[-1]
