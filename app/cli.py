@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(not needed when every drafter is prompt-lookup)")
     run.add_argument("--drafter", default="model",
                      help="model (default), heuristic, confidence:T or prompt-lookup:N; a comma list compares them")
-    run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed) or a .jsonl/.csv/.txt file")
+    run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed), a .jsonl/.csv/.txt file, or several joined with + (code:validation+english:validation)")
     run.add_argument("--k", default="4", help="draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, "
                                               "predict the speedup of every k, then measure the 3 best predicted")
     run.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--target", required=True, help="demo-target, an HF model id or a local directory")
     distill.add_argument("--draft", required=True, help="the draft to start from (same tokenizer as the target)")
     distill.add_argument("--prompts", required=True,
-                         help="NAME[:tune] (held out: NAME:validation) or a .jsonl/.csv/.txt file (held out: the same file)")
+                         help="NAME[:tune] (held out: NAME:validation), a .jsonl/.csv/.txt file (held out: the same file), or several joined with + (code+english: held out code:validation+english:validation)")
     distill.add_argument("--steps", type=int, required=True, help="optimiser steps (each: --batch-size sequences)")
     distill.add_argument("--out", required=True, help="directory for the distilled model (created if missing)")
     distill.add_argument("--focus-from", type=int, default=None, metavar="EXPERIMENT_ID",

@@ -111,11 +111,15 @@ def main(argv=None) -> int:
                 print(f"best k for {name}: k={best['k']} at {fmt_ci(best['speedup'], best['lo'], best['hi'])}, "
                       f"alpha {best['alpha']:.3f}, KL {best['kl']:.3f}, tokens/round {best['tokens_per_round']:.2f}")
             sys.stdout.flush()
-    print("\nsummary (best k per draft)")
+    print("\nsummary (best k per draft; separated: the distilled draft's interval lies wholly above the plain one's)")
     print(f"{'prompts':<20} {'T':>3} {'draft':<22} {'k':>2} {'alpha':>6} {'KL':>6} {'tok/rd':>6} {'speedup (95% CI)':>18}")
     for prompts, temperature, name, b in summary:
         print(f"{prompts:<20} {temperature:>3g} {name:<22} {b['k']:>2} {b['alpha']:>6.3f} {b['kl']:>6.3f} "
-              f"{b['tokens_per_round']:>6.2f} {fmt_ci(b['speedup'], b['lo'], b['hi']):>18}")
+              f"{b['tokens_per_round']:>6.2f} {fmt_ci(b['speedup'], b['lo'], b['hi']):>18}", end="")
+        if name == DRAFTS[1]:
+            plain = next(p for q, t, n, p in summary if (q, t, n) == (prompts, temperature, DRAFTS[0]))
+            print(f"  {'separated' if b['lo'] > plain['hi'] else 'overlapping'}", end="")
+        print()
     return 0
 
 

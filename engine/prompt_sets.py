@@ -6,6 +6,7 @@
     load_prompts("my_prompts.jsonl")  # objects with a "prompt" field, one per line
     load_prompts("my_prompts.csv")    # a "prompt" column
     load_prompts("my_prompts.txt")    # one prompt per line (blank lines skipped)
+    load_prompts("code+english")      # several sets as one: code:tune's prompts, then english:tune's
 
 Every problem raises `DraftLabError` with one line naming the file, the line, the problem and the fix.
 """
@@ -23,6 +24,7 @@ PROMPT_SETS: tuple[str, ...] = ("code", "english", "chinese", "math", "mixed")
 SPLITS: tuple[str, ...] = ("tune", "validation")
 DEFAULT_SPLIT = "tune"
 FILE_EXTENSIONS: tuple[str, ...] = (".jsonl", ".csv", ".txt")
+UNION = "+"  # code:tune+english:tune: several sets as one
 
 PROMPT_SET_DESCRIPTIONS = {
     "code": "Python (with some JavaScript and SQL) code starts: a def line and docstring to continue",
@@ -50,10 +52,25 @@ def _looks_like_path(spec: str) -> bool:
     return any(ch in spec for ch in "/\\") or Path(spec).suffix != "" or Path(spec).exists()
 
 
+def union_parts(spec: str) -> list[str]:
+    """The sets a union spec `A+B+...` joins (`code:tune+english:tune`, `code+english`); [spec] for one set, or
+    for an existing file whose name holds a '+'."""
+    spec = spec.strip()
+    if UNION not in spec or Path(spec).exists():
+        return [spec]
+    return [part.strip() for part in spec.split(UNION)]
+
+
 def load_prompts(spec: str) -> list[str]:
-    """The prompts of a built-in set (`NAME` or `NAME:SPLIT`) or of a .jsonl / .csv / .txt file."""
+    """The prompts of a built-in set (`NAME` or `NAME:SPLIT`), of a .jsonl / .csv / .txt file, or of several
+    joined with '+' (`code:tune+english:tune`: the first set's prompts, then the next's)."""
     if not isinstance(spec, str) or not spec.strip():
         raise DraftLabError(f"empty prompt set name: give one of {_valid_sets_hint()} or a .jsonl/.csv/.txt file")
+    parts = union_parts(spec)
+    if len(parts) > 1:
+        if not all(parts):
+            raise DraftLabError(f"empty set in {spec.strip()!r}: join sets with single '+', e.g. code:tune+english:tune")
+        return [prompt for part in parts for prompt in load_prompts(part)]
     spec = spec.strip()
     name, sep, split = spec.partition(":")
     if name in PROMPT_SETS:
@@ -162,7 +179,13 @@ def _parse_csv(text: str, display: str) -> list[str]:
 
 def held_out_split(spec: str) -> tuple[str, str]:
     """(held-out prompt set, a note when it is not held out) of a training prompt spec: NAME / NAME:tune ->
-    NAME:validation; NAME:validation or a file: the same prompts, and the note says so."""
+    NAME:validation; NAME:validation or a file: the same prompts, and the note says so. A union maps each of its
+    sets (code+english:tune -> code:validation+english:validation)."""
+    parts = union_parts(spec)
+    if len(parts) > 1:
+        held = [held_out_split(part) for part in parts]
+        note = next((n for _, n in held if n), "")
+        return UNION.join(h for h, _ in held), note and " — part of it the same prompts as training: not all held out"
     name, sep, split = spec.strip().partition(":")
     if name in PROMPT_SETS:
         if (split if sep else "tune") == "tune":

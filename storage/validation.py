@@ -22,7 +22,11 @@ class ValidationError(ValueError):
 
 
 def held_out_prompts(spec: str) -> str:
-    """The validation split of a built-in tune set (`code`, `code:tune` -> `code:validation`)."""
+    """The validation split of a built-in tune set (`code`, `code:tune` -> `code:validation`), of each set of a
+    union (`code+english` -> `code:validation+english:validation`)."""
+    parts = spec.split("+")
+    if len(parts) > 1 and all(part.strip().partition(":")[0] in BUILTIN_SETS for part in parts):
+        return "+".join(held_out_prompts(part) for part in parts)
     name, _, split = spec.strip().partition(":")
     if name in BUILTIN_SETS:
         if split in ("", "tune"):

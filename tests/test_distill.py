@@ -59,6 +59,36 @@ def test_distillation_lowers_heldout_kl():
     assert after == pytest.approx(curve[-1]["kl"], rel=1e-4)
 
 
+def test_batched_samples_are_drawn_from_the_target():
+    """The sampled training continuations (decoded many at a time, left-padded) follow p_t: the first sampled token
+    of a short and a long prompt sharing batches passes a chi-square test against the target's own next-token
+    distribution (padding that leaked into attention or positions would shift the short prompt's); continuations
+    end at EOS (kept) or at max_new_tokens; the same seed gives the same data, another seed other data."""
+    from tests.test_engine_sampling import chi2_pvalue
+
+    target = tm.llama(0, layers=2, sharpness=2.0)
+    pair = tm.pair(target, tm.noisy_copy(target, seed=1, noise=0.5))
+    short, long = "t9", "t3 t4 t5 t6 t7 t8 t10"
+    n = 1200
+    seqs = list(ds._sample_batched(pair, [short, long] * n, 3, seed=5, batch=64))
+    assert len(seqs) == 2 * n
+    for s in seqs:
+        assert 1 <= len(s.continuation) <= 3
+        assert len(s.continuation) == 3 or s.continuation[-1] == tm.EOS
+        assert tm.EOS not in s.continuation[:-1]
+    for i, prompt in enumerate((short, long)):
+        ids = pair.tokenizer(prompt, return_tensors="pt").input_ids
+        assert seqs[i].prompt_ids == ids[0].tolist()
+        with torch.no_grad():
+            p = target(input_ids=ids).logits[0, -1].softmax(-1).double()
+        observed = torch.bincount(torch.tensor([s.continuation[0] for s in seqs[i::2]]), minlength=len(p))
+        assert chi2_pvalue(observed.double().numpy(), p.numpy()) > 1e-3, prompt
+    again = [s.continuation for s in ds._sample_batched(pair, [short, long] * n, 3, seed=5, batch=64)]
+    assert again == [s.continuation for s in seqs]
+    other = [s.continuation for s in ds._sample_batched(pair, [short, long] * n, 3, seed=6, batch=64)]
+    assert other != again
+
+
 def test_greedy_positions_follow_the_speculative_rounds():
     """A draft position per continuation token, as greedy speculation with k=2 would assign it."""
     seq = ds.Sequence([5], [7, 8, 9, 10, 11, 12])

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from engine.errors import DraftLabError
-from engine.prompt_sets import PROMPT_SETS, SPLITS, builtin_path, list_prompt_sets, load_prompts
+from engine.prompt_sets import PROMPT_SETS, SPLITS, builtin_path, held_out_split, list_prompt_sets, load_prompts
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -169,3 +169,22 @@ def test_unknown_set_and_split_list_the_valid_ones():
     msg = _error("code:test")
     assert "code:tune" in msg and "code:validation" in msg
     _error("")
+
+
+def test_union_of_sets_and_its_held_out_split(tmp_path):
+    code, english = load_prompts("code:tune"), load_prompts("english:tune")
+    assert load_prompts("code:tune+english:tune") == code + english
+    assert load_prompts(" code + english ") == code + english  # bare names: their tune splits
+    f = tmp_path / "extra.txt"
+    f.write_text("one\ntwo\n")
+    assert load_prompts(f"math:validation+{f}") == load_prompts("math:validation") + ["one", "two"]
+    plus = tmp_path / "a+b.txt"  # an existing file whose name holds '+' is that file
+    plus.write_text("x\n")
+    assert load_prompts(str(plus)) == ["x"]
+    assert held_out_split("code+english:tune") == ("code:validation+english:validation", "")
+    held, note = held_out_split("code+english:validation")
+    assert held == "code:validation+english:validation" and "not all held out" in note
+    for bad in ("code++english", "code+", "code+nope"):
+        with pytest.raises(DraftLabError) as err:
+            load_prompts(bad)
+        assert "\n" not in str(err.value)

@@ -17,6 +17,11 @@ def test_held_out_split_of_a_tune_set():
         held_out_prompts("code:validation")
     with pytest.raises(ValidationError, match="--prompts FILE"):
         held_out_prompts("/data/my prompts.jsonl")
+    assert held_out_prompts("code+english:tune") == "code:validation+english:validation"
+    with pytest.raises(ValidationError, match="pass held-out prompts with --prompts"):
+        held_out_prompts("code+english:validation")
+    with pytest.raises(ValidationError, match="--prompts FILE"):
+        held_out_prompts("/data/a+b.jsonl")
 
 
 def _experiment(store, accepts_by_k: dict, prompts="code:tune", verify=0.010, validates=None, ks=None):
