@@ -319,7 +319,7 @@ def test_shipped_distilled_draft_loads_by_demo_name_and_is_lossless():
     path = zoo.resolve("demo-draft-distilled")
     assert path is not None, "engine/zoo/demo-draft-distilled is not built"
     card = (path / "MODEL_CARD.md").read_text()
-    assert "draftlab distill --target demo-target --draft demo-draft --prompts code:tune" in card
+    assert "draftlab distill --target demo-target --draft demo-draft --prompts code+english+math+mixed+chinese" in card
     # same size as demo-draft, fp16 like it; every shipped weight file together stays within 30 MB
     assert (path / "model.safetensors").stat().st_size == (zoo.ZOO_DIR / "demo-draft" / "model.safetensors").stat().st_size
     assert json.loads((path / "config.json").read_text())["dtype"] == "float16"
