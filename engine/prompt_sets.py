@@ -25,6 +25,7 @@ SPLITS: tuple[str, ...] = ("tune", "validation")
 DEFAULT_SPLIT = "tune"
 FILE_EXTENSIONS: tuple[str, ...] = (".jsonl", ".csv", ".txt")
 UNION = "+"  # code:tune+english:tune: several sets as one
+EVERY_SET = UNION.join(PROMPT_SETS)  # every built-in set's tune split, one after another
 
 PROMPT_SET_DESCRIPTIONS = {
     "code": "Python (with some JavaScript and SQL) code starts: a def line and docstring to continue",

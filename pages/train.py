@@ -11,7 +11,8 @@ import pandas as pd
 import streamlit as st
 
 from engine.errors import DraftLabError
-from engine.prompt_sets import PROMPT_SET_DESCRIPTIONS, held_out_split, list_prompt_sets, load_prompt_file, load_prompts
+from engine.prompt_sets import (EVERY_SET, PROMPT_SET_DESCRIPTIONS, held_out_split, list_prompt_sets,
+                                 load_prompt_file, load_prompts)
 from pages.common import csv_download, nav_page, number, select_id, store
 from pages.prefill import md_text
 from storage import queries as q
@@ -55,10 +56,13 @@ def _prompts() -> tuple[str | None, str | None, str | None]:
     sets = list_prompt_sets()
     if source == "Built-in":
         _seed("train_set")
-        spec = st.selectbox("Built-in set (NAME:SPLIT)", sets, key="train_set",
+        spec = st.selectbox("Built-in set (NAME:SPLIT)", sets + [EVERY_SET], key="train_set",
+                            format_func=lambda v: f"{v} (every set's tune split)" if v == EVERY_SET else v,
                             help="train on `tune`; the held-out figures use `validation`")
+        about = ("every built-in set's tune split, one after another" if spec == EVERY_SET
+                 else PROMPT_SET_DESCRIPTIONS.get(spec.split(':')[0], ''))
         try:
-            st.caption(f"{len(load_prompts(spec))} prompts — {PROMPT_SET_DESCRIPTIONS.get(spec.split(':')[0], '')}")
+            st.caption(f"{len(load_prompts(spec))} prompts — {about}")
         except DraftLabError as exc:
             return None, None, str(exc)
         default_val = held_out_split(spec)[0]
@@ -78,6 +82,9 @@ def _prompts() -> tuple[str | None, str | None, str | None]:
         st.caption(md_text(f"{len(texts)} prompts from {upload.name}"))
         spec, default_val = str(path), "code:validation"
     options = list(dict.fromkeys([default_val, *sets] + ([spec] if source != "Built-in" else [])))
+    if st.session_state.get("train_validation_of") != spec:  # another training set: its own held-out split
+        st.session_state["train_validation_of"] = spec
+        st.session_state["train_validation"] = default_val
     val = st.selectbox("Held-out prompts (the before/after figures)", options, key="train_validation",
                        format_func=lambda v: "the training corpus itself (not held out)" if v == spec else v)
     if val == spec:

@@ -55,6 +55,26 @@ def test_the_form_queues_a_job_and_shows_where_drafts_go(train_db):
     assert "Job " in page_text(at) and "queued" in page_text(at)
 
 
+def test_every_tune_split_at_once_is_one_choice_held_out_on_every_validation_split(train_db):
+    from engine.prompt_sets import EVERY_SET, PROMPT_SETS, load_prompts
+
+    store, model_dirs, _ = train_db
+    at = _fill(app("train"), model_dirs)
+    at.selectbox(key="train_set").set_value(EVERY_SET).run()
+    assert_clean(at)
+    assert f"{len(load_prompts(EVERY_SET))} prompts" in page_text(at)
+    held_out = "+".join(f"{name}:validation" for name in PROMPT_SETS)
+    assert at.selectbox(key="train_validation").value == held_out
+    at.button(key="train_launch").click().run()
+    job = training.get_job(store, int(training.jobs(store)["id"].iloc[0]))
+    assert job["prompts"] == EVERY_SET and job["validation"] == held_out
+    at.selectbox(key="train_set").set_value("english:tune").run()  # the held-out split follows the training set
+    assert at.selectbox(key="train_validation").value == "english:validation"
+    at.selectbox(key="train_validation").set_value("math:validation").run()  # and a choice of its own is kept
+    at.number_input(key="train_steps").set_value(7).run()
+    assert at.selectbox(key="train_validation").value == "math:validation"
+
+
 def test_a_mismatched_pair_blocks_and_a_bad_name_is_one_error_nothing_stored(train_db):
     store, model_dirs, _ = train_db
     at = app("train")
