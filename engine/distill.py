@@ -464,7 +464,11 @@ def _sample_batched(pair: ModelPair, prompts: list[str], max_new_tokens: int, se
         ids = torch.tensor([[pad] * (width - len(x)) + x for x in chunk], device=pair.device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device=pair.device)
         torch.manual_seed(seed * 100_003 + b)
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)[:, width:].tolist()
+        own, model.generation_config = model.generation_config, GenerationConfig()
+        try:  # generate fills what gen_cfg leaves unset from the model's config (a repetition penalty, min_p…): not p_t
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)[:, width:].tolist()
+        finally:
+            model.generation_config = own
         for prompt_ids, new in zip(chunk, out):
             end = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
             yield Sequence(prompt_ids, new[:end])

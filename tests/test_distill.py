@@ -69,6 +69,11 @@ def test_batched_samples_are_drawn_from_the_target():
     target = tm.llama(0, layers=2, sharpness=2.0)
     pair = tm.pair(target, tm.noisy_copy(target, seed=1, noise=0.5))
     short, long = "t9", "t3 t4 t5 t6 t7 t8 t10"
+    # a model's own generation defaults (as a hub model's generation_config.json sets them) must not apply: here
+    # they would forbid the short prompt's most likely next token and cut the tail
+    with torch.no_grad():
+        top = int(target(input_ids=pair.tokenizer(short, return_tensors="pt").input_ids).logits[0, -1].argmax())
+    target.generation_config.update(top_k=3, min_p=0.2, suppress_tokens=[top])
     n = 1200
     seqs = list(ds._sample_batched(pair, [short, long] * n, 3, seed=5, batch=64))
     assert len(seqs) == 2 * n
@@ -87,6 +92,7 @@ def test_batched_samples_are_drawn_from_the_target():
     assert again == [s.continuation for s in seqs]
     other = [s.continuation for s in ds._sample_batched(pair, [short, long] * n, 3, seed=6, batch=64)]
     assert other != again
+    assert target.generation_config.top_k == 3  # and the model's own settings are left as they were
 
 
 def test_greedy_positions_follow_the_speculative_rounds():
