@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from engine.variables import VARIABLES  # the swept variables' options (plain Python, no torch)
 from storage.queue import STALE_HELP  # one wording for every command (no torch: storage only)
 
 EXIT_BAD_INPUT, EXIT_RUN_FAILED = 2, 1
@@ -35,19 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="baseline + one speculative run per swept value; prints a table or --json")
     run.add_argument("--target", required=True, help="demo-target, an HF model id or a local directory")
-    run.add_argument("--draft", default=None,
-                     help="demo-draft, an HF model id or a local directory; a comma list compares drafts "
-                          "(not needed when every drafter is prompt-lookup)")
-    run.add_argument("--drafter", default="model",
-                     help="model (default), heuristic, confidence:T or prompt-lookup:N; a comma list compares them")
+    for variable in VARIABLES.values():  # --k, --temperature, --top-k, --top-p, --draft, --drafter
+        run.add_argument(variable.flag, default=variable.default, help=variable.help)
     run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed), a .jsonl/.csv/.txt file, or several joined with + (code:validation+english:validation)")
-    run.add_argument("--k", default="4", help="draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, "
-                                              "predict the speedup of every k, then measure the 3 best predicted")
     run.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                      help=f"timed decodes per prompt and configuration, medians used (default {DEFAULT_REPEATS})")
-    run.add_argument("--temperature", default="0", help="0 = greedy; a comma list sweeps it")
-    run.add_argument("--top-k", default="0", help="0 = off; a comma list sweeps it")
-    run.add_argument("--top-p", default="1.0", help="1 = off; a comma list sweeps it")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -56,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--db", default=None, help="SQLAlchemy URL (default $DRAFTLAB_DB or sqlite:///draftlab.db)")
     run.add_argument("--name", default=None)
     run.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
-    run.description = (f"Baseline + one speculative run per swept value (a comma list in at most one of --k, "
-                       f"--temperature, --top-k, --top-p, --draft, --drafter), timed here and stored. Ctrl-C or SIGTERM stops it "
+    run.description = (f"Baseline + one speculative run per swept value (a comma list in at most one of "
+                       f"{', '.join(v.flag for v in VARIABLES.values())}), timed here and stored. Ctrl-C or SIGTERM stops it "
                        f"with its runs interrupted (finished prompts stored; `draftlab resume` continues them). "
                        f"{DB_RETRY_HELP}.")
 
@@ -146,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args) -> int:
     """Enqueue the experiment, execute it here through the worker's code path, print the stored figures."""
-    from engine.drafting import canonical_drafter, needs_draft_model, parse_drafter
+    from engine.drafter_specs import canonical_drafter, needs_draft_model
     from engine.errors import DraftLabError
     from engine.loading import load_pair, with_draft
     from engine.prompt_sets import load_prompts
@@ -157,12 +150,10 @@ def cmd_run(args) -> int:
 
     try:
         # Bad settings, prompts or models are bad input (exit 2): checked before anything is stored.
-        sweep = parse_sweep({"k": args.k, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                             "draft": args.draft if args.draft is not None else "-", "drafter": args.drafter})
+        options = {name: getattr(args, name) for name in VARIABLES}
+        sweep = parse_sweep({**options, "draft": args.draft if args.draft is not None else "-"})
         if args.repeats < 1:
             raise DraftLabError(f"--repeats must be >= 1 (got {args.repeats}); use e.g. --repeats 3")
-        for spec in sweep.drafters:
-            parse_drafter(spec)
         if sweep.k_auto and sweep.drafters != ["model"]:
             raise DraftLabError("--k auto predicts a constant-k curve: use it with --drafter model (the default); "
                                 "sweep --drafter with a fixed --k instead")
@@ -170,7 +161,8 @@ def cmd_run(args) -> int:
         if any(needs_draft_model(spec) for spec in sweep.drafters) and None in drafts:
             raise DraftLabError("--draft is missing: the model, heuristic and confidence drafters draft with a model; "
                                 "pass --draft MODEL, or use --drafter prompt-lookup:N alone")
-        values = sweep.values if sweep.variable in ("temperature", "top_k", "top_p") else [None]
+        per_value = VARIABLES[sweep.variable].per_value_baseline  # a sampling setting: one baseline per value
+        values = sweep.values if per_value else [None]
         for value in values:  # every sampling configuration of the sweep must be valid
             settings = {**{key: sweep.fixed.get(key) for key in ("temperature", "top_k", "top_p")},
                         **({sweep.variable: value} if value is not None else {})}
@@ -199,10 +191,10 @@ def cmd_run(args) -> int:
         sampling={"temperature": fixed.get("temperature", 0.0), "top_k": fixed.get("top_k", 0),
                   "top_p": fixed.get("top_p", 1.0), "seed": args.seed, "max_new_tokens": args.max_new_tokens},
         device=args.device, dtype=args.dtype, sweep_variable=sweep.variable,
-        sweep_values=[canonical_drafter(v) for v in sweep.values] if sweep.variable == "drafter" else sweep.values,
+        sweep_values=sweep.values,
         k=int(fixed.get("k", sweep.ks[0])), trust_remote_code=args.trust_remote_code, repeats=args.repeats,
         k_auto=sweep.k_auto)
-    arms = 1 + len(sweep.values) + (len(sweep.values) - 1 if sweep.variable in ("temperature", "top_k", "top_p") else 0)
+    arms = 1 + len(sweep.values) + (len(sweep.values) - 1 if VARIABLES[sweep.variable].per_value_baseline else 0)
     return _run_here(args, store, pair, others, prompts, enqueue, arms)
 
 
@@ -222,7 +214,7 @@ def cmd_validate(args) -> int:
         plan = validation_plan(store, args.experiment_id, args.prompts)
         prompts = load_prompts(plan["prompts"])
         draft = plan["draft"] or None
-        from engine.drafting import needs_draft_model
+        from engine.drafter_specs import needs_draft_model
 
         pair = load_pair(plan["target"], draft if needs_draft_model(plan["drafter"]) else None, plan["device"],
                          plan["dtype"], plan["trust_remote_code"])

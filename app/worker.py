@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from engine.errors import DraftLabError, RunCancelled
-from engine.drafting import needs_draft_model
+from engine.drafter_specs import needs_draft_model
 from engine import placement
 from engine.loading import ModelPair, load_pair, plan_pair, resolve_dtype, with_draft
 from engine.prompt_sets import load_prompts

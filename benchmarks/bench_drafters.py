@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from engine.drafting import needs_draft_model
+from engine.drafter_specs import needs_draft_model
 from engine.loading import load_pair
 from engine.metrics import outputs_match, speculative_metrics
 from engine.prompt_sets import load_prompts

@@ -1,7 +1,8 @@
 """Drafting strategies: what proposes the k tokens of a round.
 
 The speculative loop only talks to the `Drafter` interface (start / propose / accept), the way transformers'
-candidate generators do. Each strategy is one class below plus one line in `DRAFTERS`; a spec string names it:
+candidate generators do. Each strategy is one class below, described once in engine/drafter_specs.py (its spec's
+name, parameter, whether it needs the draft model; the entry names the class here). A spec string names it:
 
     model            the draft model, a constant k per round (Leviathan et al.)
     heuristic        the draft model; k starts at --k, +2 after a round whose drafts were all accepted, else -1
@@ -20,14 +21,13 @@ Every drafter is lossless through the same verification (engine/speculative.py);
 """
 from __future__ import annotations
 
-import difflib
-import math
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
 from .cached_model import CachedModel
+from .drafter_specs import SPECS, parse_drafter
 from .errors import DraftLabError
 from .sampling import SamplingConfig, probabilities, sample
 
@@ -69,16 +69,6 @@ class Drafter(Protocol):
         """The round that started at `sequence_length` kept `num_accepted` proposed tokens; adapt state / k."""
 
 
-@dataclass(frozen=True)
-class Parameter:
-    """The one parameter a drafter's spec carries after the colon (`confidence:0.5`)."""
-
-    kind: type  # int or float
-    meaning: str  # what it is and its range, for error messages
-    example: str  # a valid spec
-    valid: Callable[[float], bool]
-
-
 # --- drafting with a draft model -------------------------------------------------------------------------------
 
 class ModelDrafter:
@@ -89,10 +79,6 @@ class ModelDrafter:
     or two after a bonus round, so the draft stays in step without an extra forward).
     """
 
-    usage = "model"
-    summary = "the draft model, a constant k per round"
-    parameter: Parameter | None = None
-    needs_model = True
 
     def __init__(self, model, vocab_size: int, k: int, cfg: SamplingConfig):
         self.lm = CachedModel(model, vocab_size)
@@ -153,8 +139,6 @@ class HeuristicDrafter(ModelDrafter):
     "heuristic" carries k over to the next generate() call, which would make a prompt depend on its
     predecessors, on resumes and on the warm-up)."""
 
-    usage = "heuristic"
-    summary = "the draft model; k +2 after a fully accepted round, -1 (min 1) otherwise (transformers)"
 
     def __init__(self, model, vocab_size: int, k: int, cfg: SamplingConfig):
         super().__init__(model, vocab_size, k, cfg)
@@ -190,10 +174,6 @@ class ConfidenceDrafter(ModelDrafter):
     with transformers' test (the drawn token's probability). One host read per draft (the stop decision).
     transformers also re-fits T during generation when scikit-learn is installed; here T is fixed."""
 
-    usage = "confidence:T"
-    summary = "the draft model; a round stops after a draft whose top probability is below T"
-    parameter = Parameter(float, "a probability threshold T with 0 < T < 1", "confidence:0.5",
-                          lambda t: 0 < t < 1)
 
     def __init__(self, model, vocab_size: int, k: int, cfg: SamplingConfig, threshold: float):
         super().__init__(model, vocab_size, k, cfg)
@@ -220,10 +200,6 @@ class PromptLookupDrafter:
     the host with an index of each n-gram's first occurrence, so a round costs O(N^2) dictionary work plus one
     read of the few new tokens (a tiny device->host copy on a GPU)."""
 
-    usage = "prompt-lookup:N"
-    summary = "no model: the continuation of the longest n-gram (n <= N) that ends the sequence and occurred before"
-    parameter = Parameter(int, "the longest n-gram N to match, an integer >= 1", "prompt-lookup:3", lambda n: n >= 1)
-    needs_model = False
 
     def __init__(self, max_ngram: int, vocab_size: int, k: int, eos_ids=()):
         self.max_ngram = max_ngram
@@ -270,72 +246,22 @@ class PromptLookupDrafter:
         pass  # the accepted tokens and the correction arrive with the next round's sequence
 
 
-# --- the registry ----------------------------------------------------------------------------------------------
+# --- the registry: engine/drafter_specs.py describes each drafter; its `implementation` names the class here ----
 
-DRAFTERS: dict[str, type] = {
-    "model": ModelDrafter,
-    "heuristic": HeuristicDrafter,
-    "confidence": ConfidenceDrafter,
-    "prompt-lookup": PromptLookupDrafter,
-}
-DEFAULT_DRAFTER = "model"
-
-
-def drafter_usage() -> str:
-    """'model, heuristic, confidence:T (0 < T < 1), ...': every spec form, for help texts and error messages."""
-    return ", ".join(cls.usage + (f" ({cls.parameter.meaning})" if cls.parameter else "")
-                     for cls in DRAFTERS.values())
-
-
-def parse_drafter(spec: str) -> tuple[str, int | float | None]:
-    """(name, parameter) of a drafter spec such as "model" or "confidence:0.5"; the parameter is None for a
-    drafter that takes none. A DraftLabError names the problem and the fix."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise DraftLabError(f"empty drafter spec; use one of {drafter_usage()}")
-    name, colon, raw = spec.strip().partition(":")
-    name, raw = name.strip(), raw.strip()
-    cls = DRAFTERS.get(name)
-    if cls is None:
-        close = difflib.get_close_matches(name, DRAFTERS, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise DraftLabError(f"unknown drafter {name!r} in {spec!r}; {hint}use one of {drafter_usage()}")
-    param = cls.parameter
-    if param is None:
-        if colon:
-            raise DraftLabError(f"drafter {name!r} takes no parameter (got {spec!r}); use --drafter {name}")
-        return name, None
-    if not raw:
-        raise DraftLabError(f"drafter {name!r} needs {param.meaning} after a colon (got {spec!r}); "
-                            f"use e.g. --drafter {param.example}")
-    try:
-        value = param.kind(raw)
-    except ValueError:
-        value = None
-    if value is None or (isinstance(value, float) and not math.isfinite(value)) or not param.valid(value):
-        raise DraftLabError(f"drafter {name!r}: {raw!r} is not {param.meaning}; use e.g. --drafter {param.example}")
-    return name, value
-
-
-def canonical_drafter(spec: str) -> str:
-    """One spelling per drafter configuration ("confidence:0.50 " -> "confidence:0.5"), for records and keys."""
-    name, value = parse_drafter(spec)
-    return name if value is None else f"{name}:{value!r}"  # repr: the shortest spelling that reads back exactly
-
-
-def needs_draft_model(spec: str) -> bool:
-    """Whether the drafter drafts with the draft model (False: a run needs no draft model at all)."""
-    return DRAFTERS[parse_drafter(spec)[0]].needs_model
+def drafter_class(name: str) -> type:
+    """The class implementing the drafter `name` (a key of engine.drafter_specs.SPECS)."""
+    return globals()[SPECS[name].implementation]
 
 
 def make_drafter(spec: str, *, draft_model, vocab_size: int, k: int, cfg: SamplingConfig, eos_ids=()) -> Drafter:
     """The drafter a spec names, proposing up to k tokens a round (its starting k for `heuristic`).
     draft_model may be None for a drafter that needs none; eos_ids end a prompt-lookup proposal."""
     name, value = parse_drafter(spec)
-    cls = DRAFTERS[name]
-    if cls.needs_model and draft_model is None:
-        free = ", ".join(c.usage for c in DRAFTERS.values() if not c.needs_model)
+    if SPECS[name].needs_model and draft_model is None:
+        free = ", ".join(s.usage for s in SPECS.values() if not s.needs_model)
         raise DraftLabError(f"drafter {name!r} drafts with the draft model, but none is loaded; load a draft model "
                             f"or use a drafter without one ({free})")
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
         raise DraftLabError(f"k must be a positive integer (got {k!r}); use e.g. --k 4 or --k 1,2,4,8")
-    return cls.from_spec(value, draft_model=draft_model, vocab_size=vocab_size, k=k, cfg=cfg, eos_ids=eos_ids)
+    return drafter_class(name).from_spec(value, draft_model=draft_model, vocab_size=vocab_size, k=k, cfg=cfg,
+                                         eos_ids=eos_ids)

@@ -8,7 +8,8 @@ import torch
 
 from .baseline import TargetOnlyDecoder
 from .cached_model import max_positions
-from .drafting import DEFAULT_DRAFTER, make_drafter
+from .drafter_specs import DEFAULT_DRAFTER
+from .drafting import make_drafter
 from .errors import DraftLabError
 from .loading import ModelPair
 from .records import PromptResult
@@ -70,7 +71,7 @@ def speculative_decoder(pair: ModelPair, cfg: SamplingConfig, k: int, typer: Tok
                         drafter: str = DEFAULT_DRAFTER) -> SpeculativeDecoder:
     """A decoder drafting with the strategy `drafter` names (engine/drafting.py: model, heuristic, confidence:T,
     prompt-lookup:N) and k (the starting k for heuristic). The pair may lack a draft model when the drafter
-    needs none (engine.drafting.needs_draft_model)."""
+    needs none (engine.drafter_specs.needs_draft_model)."""
     check_k(pair, k)
     eos = eos_ids(pair)
     strategy = make_drafter(drafter, draft_model=pair.draft.model if pair.draft is not None else None,

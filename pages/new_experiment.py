@@ -17,6 +17,7 @@ from typing import Sequence
 import streamlit as st
 
 from engine.errors import DraftLabError
+from engine.variables import VARIABLES
 from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
                                 load_prompts)
 from pages.common import nav_page, store
@@ -29,7 +30,7 @@ from storage import queue
 __all__ = ["AUTO_K", "DEFAULT_SWEEP", "INTEGER_VARIABLES", "MAX_K", "Launch", "parse_sweep_values", "render",
            "save_upload", "upload_dir", "validate"]
 
-SWEEP_VARIABLES = queue.SWEEPABLE  # k, a sampling setting with k fixed, the draft or the drafter
+SWEEP_VARIABLES = tuple(VARIABLES)  # engine/variables.py: k, a sampling setting with k fixed, the draft or the drafter
 DEFAULT_REPEATS, DEFAULT_K_AUTO = 3, 8
 UPLOAD_TYPES = ["jsonl", "csv", "txt"]
 DEMO_DRAFTS = ("demo-draft", "demo-draft-distilled")  # offered as draft candidates; any other name can be typed
@@ -253,14 +254,14 @@ def _parameter_input(kind: str, key: str, container=st) -> float | int:
     param = DRAFTER_PARAMETERS[kind]
     _seed(key)
     if kind == "confidence":
-        return container.number_input(f"{param.label} (confidence threshold)", min_value=0.0, max_value=1.0,
+        return container.number_input(f"{param.symbol} (confidence threshold)", min_value=0.0, max_value=1.0,
                                       step=0.05, key=key, persist_state="page", help=param.meaning)
-    return container.number_input(f"{param.label} (longest n-gram)", min_value=1, max_value=64, step=1, key=key,
+    return container.number_input(f"{param.symbol} (longest n-gram)", min_value=1, max_value=64, step=1, key=key,
                                   persist_state="page", help=param.meaning)
 
 
 def _kind_label(kind: str) -> str:
-    return f"{kind}:{DRAFTER_PARAMETERS[kind].label}" if kind in DRAFTER_PARAMETERS else kind
+    return f"{kind}:{DRAFTER_PARAMETERS[kind].symbol}" if kind in DRAFTER_PARAMETERS else kind
 
 
 def _drafter_choice() -> str:

@@ -1,5 +1,6 @@
 """The New-experiment form's link parameters (`new?target=...&sweep=k&values=1,2`), parsed strictly, and the
-drafter specs the form offers, checked without the engine (engine/drafting.py imports torch; pages must not).
+swept variables and drafter specs the form offers, from their one description (engine/variables.py and
+engine/drafter_specs.py: plain Python, no torch).
 
     values, notes = parse_prefill(params, prompt_sets)  # widget key -> value; one short note per ignored parameter
 
@@ -8,109 +9,55 @@ caption (escaped with md_text). The parameters are those storage/findings.py's p
 """
 from __future__ import annotations
 
-import math
 import re
-from typing import Callable, Iterable, Mapping, NamedTuple
+from typing import Iterable, Mapping, NamedTuple
+
+from engine.drafter_specs import SPECS, parse_drafter
+from engine.errors import DraftLabError
+from engine.numbers import ascii_float, ascii_int
+from engine.variables import MAX_K, VARIABLES, Variable
 
 # --- what the form offers ---------------------------------------------------------------------------------------
+# Swept variables and drafters are described once, in engine/variables.py and engine/drafter_specs.py (torch-free);
+# the form's choices, bounds and parsers below are read from those descriptions.
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-NUMERIC_SWEEPS = ("k", "temperature", "top_k", "top_p")
+NUMERIC_SWEEPS = tuple(name for name, v in VARIABLES.items() if not v.categorical)
 AUTO_K = "k: auto (predict, then confirm)"  # `--k auto`: one more choice of what to vary
-SWEEP_CHOICES = ("k", AUTO_K, "temperature", "top_k", "top_p", "draft", "drafter")
-SWEEP_LABELS = {"draft": "draft (compare drafts)", "drafter": "drafter (drafting strategy)"}
-URL_SWEEPS = {"k": "k", "auto": AUTO_K, "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-              "draft": "draft", "drafter": "drafter"}  # the link's `sweep=` -> the selectbox's option
-INTEGER_VARIABLES = ("k", "top_k")
-MAX_K = 64
+SWEEP_CHOICES = ("k", AUTO_K, *(name for name in VARIABLES if name != "k"))
+SWEEP_LABELS = {name: v.choice for name, v in VARIABLES.items() if v.label}
+URL_SWEEPS = {"auto": AUTO_K, **{name: name for name in VARIABLES}}  # the link's `sweep=` -> the selectbox's option
+INTEGER_VARIABLES = tuple(name for name, v in VARIABLES.items() if v.kind is int)
 DEFAULT_SWEEP = "1,2,3,4,6,8"
-MAX_NAME = 300      # characters of a model name from a link
 MAX_NOTES = 4000    # characters of notes from a link
 
-
-# --- drafter specs (mirrors engine/drafting.py's registry; tests/test_prefill.py checks they agree) -------------
-
-class DrafterParameter(NamedTuple):
-    kind: type  # int or float
-    meaning: str
-    example: str
-    valid: Callable[[float], bool]
-    label: str  # the form's input for it
-
-
-DRAFTER_KINDS = ("model", "heuristic", "confidence", "prompt-lookup")
-DRAFTER_SUMMARY = {
-    "model": "model: the draft model, a constant k per round",
-    "heuristic": "heuristic: the draft model, k starts at k, +2 after a fully accepted round, else -1",
-    "confidence": "confidence:T: the draft model, a round stops after a draft whose top probability < T",
-    "prompt-lookup": "prompt-lookup:N: no draft model, the longest earlier n-gram (n ≤ N) proposes what followed",
-}
-DRAFTER_PARAMETERS = {
-    "confidence": DrafterParameter(float, "a probability threshold T with 0 < T < 1", "confidence:0.5",
-                                   lambda t: 0 < t < 1, "T"),
-    "prompt-lookup": DrafterParameter(int, "the longest n-gram N to match, an integer >= 1", "prompt-lookup:3",
-                                      lambda n: n >= 1, "N"),
-}
-DEFAULT_THRESHOLD, DEFAULT_NGRAM = 0.5, 3
-
-_INT = re.compile(r"\+?[0-9]{1,9}")  # ASCII digits only: int() also takes '٣' and '³'-like digits
-_FLOAT = re.compile(r"[+-]?(?:[0-9]{1,12}(?:\.[0-9]{0,12})?|\.[0-9]{1,12})(?:[eE][+-]?[0-9]{1,3})?")
-
-
-def ascii_int(text) -> int | None:
-    """An integer written with ASCII digits (an optional '+', surrounding spaces allowed), else None."""
-    text = str(text).strip()
-    return int(text) if _INT.fullmatch(text) else None
-
-
-def ascii_float(text) -> float | None:
-    """A finite decimal number written with ASCII characters (1, 0.5, .5, 1e-3), else None: no 'nan', 'inf',
-    '1_0' or non-ASCII digits, which float() would take."""
-    text = str(text).strip()
-    if not _FLOAT.fullmatch(text):
-        return None
-    value = float(text)
-    return value if math.isfinite(value) else None
+DRAFTER_KINDS = tuple(SPECS)
+DRAFTER_SUMMARY = {name: f"{spec.usage}: {spec.summary}" for name, spec in SPECS.items()}
+DRAFTER_PARAMETERS = {name: spec.parameter for name, spec in SPECS.items() if spec.parameter}
+DEFAULT_THRESHOLD = SPECS["confidence"].parameter.default
+DEFAULT_NGRAM = SPECS["prompt-lookup"].parameter.default
 
 
 def parse_drafter_spec(spec) -> tuple[str, int | float | None]:
-    """(name, parameter) of `model`, `heuristic`, `confidence:T` or `prompt-lookup:N`, as engine.drafting's
-    parse_drafter reads it (ASCII numbers only); a ValueError names the problem and the fix."""
-    usage = "model, heuristic, confidence:T (0 < T < 1) or prompt-lookup:N (N >= 1)"
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"empty drafter; use {usage}")
-    name, colon, raw = spec.strip().partition(":")
-    name, raw = name.strip(), raw.strip()
-    if name not in DRAFTER_KINDS:
-        raise ValueError(f"unknown drafter {spec.strip()[:40]!r}; use {usage}")
-    param = DRAFTER_PARAMETERS.get(name)
-    if param is None:
-        if colon:
-            raise ValueError(f"drafter {name!r} takes no parameter (got {spec.strip()[:40]!r}); use {name}")
-        return name, None
-    if not raw:
-        raise ValueError(f"drafter {name!r} needs {param.meaning} after a colon; use e.g. {param.example}")
-    value = ascii_int(raw) if param.kind is int else ascii_float(raw)
-    if value is None or not param.valid(value):
-        raise ValueError(f"drafter {name!r}: {raw[:40]!r} is not {param.meaning}; use e.g. {param.example}")
-    return name, value
+    """(name, parameter) of a drafter spec, as the engine reads it; a ValueError names the problem and the fix."""
+    try:
+        return parse_drafter(spec)
+    except DraftLabError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def canonical_drafter(spec) -> str:
-    """One spelling per drafter ("confidence: 0.50" -> "confidence:0.5"), as engine.drafting.canonical_drafter."""
+    """One spelling per drafter ("confidence: 0.50" -> "confidence:0.5"); a ValueError names a bad spec."""
     name, value = parse_drafter_spec(spec)
-    return name if value is None else f"{name}:{value!r}"
+    return SPECS[name].spec(value)
 
 
 def drafter_spec(name: str, value=None) -> str:
-    return name if value is None or name not in DRAFTER_PARAMETERS else f"{name}:{value!r}"
+    return SPECS[name].spec(value) if name in SPECS else name
 
 
 # --- model names ------------------------------------------------------------------------------------------------
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
 
 def check_model_name(text) -> str:
     """A model name as the form takes it (stripped), or a ValueError: empty, too long, a control character, or a
@@ -118,13 +65,12 @@ def check_model_name(text) -> str:
     name = str(text).strip()
     if not name:
         raise ValueError("a model name is empty")
-    if len(name) > MAX_NAME:
-        raise ValueError(f"a model name is longer than {MAX_NAME} characters")
-    if _CONTROL.search(name):
-        raise ValueError("a model name holds a control character")
     if "," in name:
         raise ValueError(f"model name {name[:60]!r} holds a comma; give one name per entry")
-    return name
+    try:
+        return VARIABLES["draft"].parse(name)
+    except DraftLabError as exc:
+        raise ValueError(str(exc)) from None
 
 
 # --- sweep values -----------------------------------------------------------------------------------------------
@@ -132,31 +78,16 @@ def check_model_name(text) -> str:
 def parse_sweep_values(text: str, variable: str = "k") -> list:
     """Numeric `1,2,4` → [1, 2, 4] (sorted); a draft or drafter list `a, b` → ['a', 'b'] (in the given order,
     drafter specs canonical). Raises ValueError naming the bad entry and the fix."""
-    if variable in ("draft", "drafter"):
+    v = VARIABLES[variable]
+    if v.categorical:
         return parse_names(str(text or "").split(","), variable)
     parts = [p.strip() for p in re.split(r"[,\s]+", text or "") if p.strip()]
     if not parts:
-        raise ValueError(f"give at least one {variable} value, e.g. {DEFAULT_SWEEP}")
-    values = []
-    for part in parts:
-        if variable in INTEGER_VARIABLES:
-            low, high = (1, MAX_K) if variable == "k" else (0, 10**6)
-            value = ascii_int(part)
-            if value is None or not low <= value <= high:
-                hint = f"from 1 to {MAX_K}; use e.g. {DEFAULT_SWEEP}" if variable == "k" else "≥ 0"
-                raise ValueError(f"{variable} value {part[:40]!r} is not a whole number {hint}")
-        else:
-            value = ascii_float(part)
-            if value is None:
-                raise ValueError(f"{variable} value {part[:40]!r} is not a number")
-            if variable == "temperature" and value < 0:
-                raise ValueError(f"temperature value {part} is negative; 0 means greedy")
-            if variable == "top_p" and not 0 < value <= 1:
-                raise ValueError(f"top_p value {part} is outside (0, 1]")
-        if value in values:
-            raise ValueError(f"{variable} value {part} is listed twice; list each value once")
-        values.append(value)
-    return sorted(values)
+        raise ValueError(f"give at least one {variable} value, e.g. {DEFAULT_SWEEP if variable == 'k' else v.example}")
+    try:
+        return v.parse_list(parts)
+    except DraftLabError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def parse_names(items: Iterable[str], variable: str) -> list[str]:
@@ -177,15 +108,15 @@ def parse_names(items: Iterable[str], variable: str) -> list[str]:
 
 
 def drafter_specs(kinds: Iterable[str], thresholds: str, ngrams: str) -> list[str]:
-    """The drafter sweep's specs from the form: each chosen kind, once per listed T (confidence) or N
-    (prompt-lookup). Raises ValueError naming a bad T or N."""
+    """The drafter sweep's specs from the form: each chosen kind, once per listed parameter value (T for
+    confidence, N for prompt-lookup). Raises ValueError naming a bad T or N."""
+    listed = {"confidence": thresholds, "prompt-lookup": ngrams}
     specs = []
     for kind in kinds:
-        if kind in DRAFTER_PARAMETERS:
-            raw = thresholds if kind == "confidence" else ngrams
-            items = [p.strip() for p in str(raw or "").split(",") if p.strip()]
+        param = DRAFTER_PARAMETERS.get(kind)
+        if param is not None:
+            items = [p.strip() for p in str(listed.get(kind) or "").split(",") if p.strip()]
             if not items:
-                param = DRAFTER_PARAMETERS[kind]
                 raise ValueError(f"{kind} needs {param.meaning}; list one or more, e.g. {param.example.split(':')[1]}")
             specs += [f"{kind}:{item}" for item in items]
         else:
@@ -195,7 +126,7 @@ def drafter_specs(kinds: Iterable[str], thresholds: str, ngrams: str) -> list[st
 
 def split_drafter_specs(specs: Iterable[str]) -> tuple[list[str], str | None, str | None]:
     """The inverse of drafter_specs: (kinds in registry order, T list, N list) of canonical specs."""
-    kinds, params = [], {"confidence": [], "prompt-lookup": []}
+    kinds, params = [], {name: [] for name in DRAFTER_PARAMETERS}
     for spec in specs:
         name, value = parse_drafter_spec(spec)
         if name not in kinds:
@@ -208,16 +139,18 @@ def split_drafter_specs(specs: Iterable[str]) -> tuple[list[str], str | None, st
 
 # --- link parameters --------------------------------------------------------------------------------------------
 
-# The link's numeric parameters: (widget key, int or float, low, high, what a valid value is).
+# The link's numeric parameters: (widget key, the setting's description). The swept variables' bounds come from
+# engine/variables.py; the others are the form's own (seed, budget, repeats, k auto's largest k).
+_Bounded = NamedTuple("_Bounded", [("kind", type), ("low", float), ("high", float), ("meaning", str)])
 NUMBERS = {
-    "temperature": ("temperature", float, 0.0, 100.0, "a number ≥ 0 (0 means greedy)"),
-    "top_k": ("top_k", int, 0, 10**6, "a whole number ≥ 0 (0 turns it off)"),
-    "top_p": ("top_p", float, 0.0, 1.0, "a number in (0, 1] (1 turns it off)"),
-    "seed": ("seed", int, 0, 2**31 - 1, "a whole number ≥ 0"),
-    "max_new_tokens": ("max_new_tokens", int, 1, 10**6, "a whole number ≥ 1"),
-    "k": ("fixed_k", int, 1, MAX_K, f"a whole number from 1 to {MAX_K}"),
-    "k_auto": ("k_auto", int, 2, MAX_K, f"a whole number from 2 to {MAX_K}"),
-    "repeats": ("repeats", int, 1, 1000, "a whole number ≥ 1"),
+    "temperature": ("temperature", VARIABLES["temperature"]),
+    "top_k": ("top_k", VARIABLES["top_k"]),
+    "top_p": ("top_p", VARIABLES["top_p"]),
+    "seed": ("seed", _Bounded(int, 0, 2**31 - 1, "a whole number ≥ 0")),
+    "max_new_tokens": ("max_new_tokens", _Bounded(int, 1, 10**6, "a whole number ≥ 1")),
+    "k": ("fixed_k", VARIABLES["k"]),
+    "k_auto": ("k_auto", _Bounded(int, 2, MAX_K, f"a whole number from 2 to {MAX_K}")),
+    "repeats": ("repeats", _Bounded(int, 1, 1000, "a whole number ≥ 1")),
 }
 KNOWN = ("target", "draft", "prompts", "device", "dtype", "sweep", "values", "notes", "drafter", *NUMBERS)
 
@@ -261,14 +194,15 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
             values["prompt_source"], values["prompt_set"] = "Built-in", spec
         else:
             bad("prompts", "not a built-in prompt set (upload a file instead)")
-    for key, (widget, kind, low, high, meaning) in NUMBERS.items():
+    for key, (widget, setting) in NUMBERS.items():
         if key in raw:
-            number = ascii_int(raw[key]) if kind is int else ascii_float(raw[key])
-            ok = number is not None and low <= number <= high and not (key == "top_p" and number == 0)
+            number = ascii_int(raw[key]) if setting.kind is int else ascii_float(raw[key])
+            ok = number is not None and (setting.in_range(number) if isinstance(setting, Variable)
+                                         else setting.low <= number <= setting.high)
             if ok:
                 values[widget] = number
             else:
-                bad(key, f"not {meaning}")
+                bad(key, f"not {setting.meaning}")
     for key, options in (("device", DEVICES), ("dtype", DTYPES)):
         if key in raw:
             if raw[key].strip() in options:

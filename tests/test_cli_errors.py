@@ -35,11 +35,13 @@ def _one_error_line(err: str) -> str:
 
 
 @pytest.mark.parametrize("args, needle", [
-    (("--k", "0"), "--k values must be >= 1"),
-    (("--k", "2,-1"), "--k values must be >= 1"),
-    (("--k", "two"), "--k takes int values like 1,2,4,8"),
-    (("--temperature", "-0.5"), "temperature must be >= 0"),
-    (("--top-p", "0"), "top-p must be in (0, 1]"),
+    (("--k", "0"), "k value '0' is not a whole number from 1 to 64"),
+    (("--k", "2,-1"), "k value '-1' is not a whole number from 1 to 64"),
+    (("--k", "two"), "k value 'two' is not a whole number"),
+    (("--k", "４"), "k value '４' is not a whole number"),
+    (("--temperature", "-0.5"), "temperature value '-0.5' is not a number from 0"),
+    (("--temperature", "nan"), "temperature value 'nan' is not a number"),
+    (("--top-p", "0"), "top_p value '0' is not a number in (0, 1]"),
     (("--max-new-tokens", "0"), "max-new-tokens must be > 0"),
     (("--device", "tpu"), "invalid choice"),
 ])
@@ -269,7 +271,7 @@ def test_a_closed_pipe_ends_quietly(tmp_path, argv):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("--k", "1000"), "cannot fit the models' 256 positions"),
+    (("--k", "1000"), "not a whole number from 1 to 64"),
     (("--k", "auto:1"), "largest k of at least 2"),
     (("--k", "auto:x"), "auto:8"),
     (("--repeats", "0"), "--repeats must be >= 1"),
@@ -295,7 +297,7 @@ def test_worker_log_lines_hide_the_password_in_every_form():
 @pytest.mark.parametrize("extra, message", [
     (("--k", "1,2", "--temperature", "0,0.5"), "sweep one variable at a time: --k and --temperature"),
     (("--drafter", "nonsense"), "nonsense"),
-    (("--temperature", "0,-1"), "temperature must be >= 0"),
+    (("--temperature", "0,-1"), "temperature value '-1' is not a number from 0"),
 ])
 def test_sweeps_are_one_variable_at_a_time_and_checked_up_front(run_cli, extra, message):
     code, out, err = run_cli(*extra)

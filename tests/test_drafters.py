@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from engine import runs, speculative
-from engine.drafting import (DRAFTERS, ConfidenceDrafter, HeuristicDrafter, ModelDrafter, PromptLookupDrafter,
-                             Proposal, canonical_drafter, drafter_usage, heuristic_next_k, make_drafter,
-                             needs_draft_model, parse_drafter)
+from engine import drafting
+from engine.drafter_specs import SPECS as DRAFTER_SPECS, DrafterSpec, canonical_drafter, drafter_usage, needs_draft_model, parse_drafter
+from engine.drafting import (ConfidenceDrafter, HeuristicDrafter, ModelDrafter, PromptLookupDrafter, Proposal,
+                             drafter_class, heuristic_next_k, make_drafter)
 from engine.errors import DraftLabError
 from engine.metrics import speculative_metrics
 from engine.records import ACCEPTED, BONUS, DISCARDED, REJECTED
@@ -39,16 +40,16 @@ def test_parse_drafter(spec, parsed):
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("confidence:1.5", ["'1.5'", "0 < T < 1", "--drafter confidence:0.5"]),
+    ("confidence:1.5", ["'1.5'", "0 < T < 1", "confidence:0.5"]),
     ("confidence:0", ["'0'", "0 < T < 1"]),
     ("confidence:nan", ["'nan'", "0 < T < 1"]),
     ("confidence:x", ["'x'", "0 < T < 1"]),
-    ("confidence", ["needs a probability threshold", "--drafter confidence:0.5"]),
-    ("prompt-lookup:0", ["'0'", "integer >= 1", "--drafter prompt-lookup:3"]),
-    ("prompt-lookup:2.5", ["'2.5'", "integer >= 1"]),
-    ("prompt-lookup", ["needs the longest n-gram", "--drafter prompt-lookup:3"]),
-    ("heuristic:3", ["takes no parameter", "--drafter heuristic"]),
-    ("model:2", ["takes no parameter", "--drafter model"]),
+    ("confidence", ["needs a probability threshold", "confidence:0.5"]),
+    ("prompt-lookup:0", ["'0'", "integer from 1", "prompt-lookup:3"]),
+    ("prompt-lookup:2.5", ["'2.5'", "integer from 1"]),
+    ("prompt-lookup", ["needs the longest n-gram", "prompt-lookup:3"]),
+    ("heuristic:3", ["takes no parameter", "use heuristic"]),
+    ("model:2", ["takes no parameter", "use model"]),
     ("heuristc", ["unknown drafter 'heuristc'", "did you mean 'heuristic'", "prompt-lookup:N"]),
     ("eagle", ["unknown drafter 'eagle'", "model, heuristic, confidence:T"]),
     ("", ["empty drafter spec", "model, heuristic"]),
@@ -63,14 +64,15 @@ def test_bad_specs_are_refused_in_one_line_naming_the_fix(spec, words):
 
 
 def test_registry_entries_are_complete():
-    for name, cls in DRAFTERS.items():
-        assert cls.usage.split(":")[0] == name and cls.summary
-        assert (cls.parameter is None) == (":" not in cls.usage)
-        assert callable(cls.from_spec) and isinstance(cls.needs_model, bool)
-        if cls.parameter:  # its example is a valid spec
-            assert parse_drafter(cls.parameter.example)[0] == name
-    assert [name for name in DRAFTERS if not needs_draft_model(DRAFTERS[name].parameter.example
-                                                               if DRAFTERS[name].parameter else name)] == ["prompt-lookup"]
+    for name, spec in DRAFTER_SPECS.items():
+        assert spec.name == name and spec.usage.split(":")[0] == name and spec.summary
+        assert (spec.parameter is None) == (":" not in spec.usage)
+        assert callable(drafter_class(name).from_spec) and isinstance(spec.needs_model, bool)
+        if spec.parameter:  # its example is a valid spec, its default a valid parameter
+            assert parse_drafter(spec.parameter.example)[0] == name
+            assert spec.parameter.valid(spec.parameter.default)
+    assert [name for name, spec in DRAFTER_SPECS.items() if not spec.needs_model] == ["prompt-lookup"]
+    assert [name for name, spec in DRAFTER_SPECS.items() if spec.constant_k] == ["model"]
     assert canonical_drafter(" confidence:0.50") == "confidence:0.5" and canonical_drafter("prompt-lookup:03") == "prompt-lookup:3"
     assert canonical_drafter("confidence:0.123456789") == "confidence:0.123456789"
 
@@ -78,7 +80,6 @@ def test_registry_entries_are_complete():
 def test_a_new_drafter_is_one_class_and_one_registry_line(monkeypatch):
     class RepeatLast:
         """Proposes the last token again, k times (a point mass each)."""
-        usage, summary, parameter, needs_model = "repeat-last", "the last token, k times", None, False
 
         def __init__(self, vocab_size, k):
             self.vocab_size, self.k = vocab_size, k
@@ -96,7 +97,9 @@ def test_a_new_drafter_is_one_class_and_one_registry_line(monkeypatch):
         def accept(self, sequence_length, num_accepted):
             pass
 
-    monkeypatch.setitem(DRAFTERS, "repeat-last", RepeatLast)
+    monkeypatch.setattr(drafting, "RepeatLast", RepeatLast, raising=False)
+    monkeypatch.setitem(DRAFTER_SPECS, "repeat-last", DrafterSpec("repeat-last", "RepeatLast", "the last token, k times",
+                                                          needs_model=False, constant_k=False))
     assert "repeat-last" in drafter_usage() and not needs_draft_model("repeat-last")
     p = dataclasses.replace(_pair("llama"), draft=None)
     cfg = SamplingConfig(temperature=0, max_new_tokens=20)

@@ -30,7 +30,7 @@ SPECS = ["model", "heuristic", " model ", "confidence:0.5", "confidence: 0.25 ",
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_drafter_specs_read_as_the_engine_reads_them(spec):
-    from engine.drafting import canonical_drafter, parse_drafter
+    from engine.drafter_specs import canonical_drafter, parse_drafter
     from engine.errors import DraftLabError
 
     try:
@@ -44,21 +44,23 @@ def test_drafter_specs_read_as_the_engine_reads_them(spec):
     assert got == expected
 
 
-@pytest.mark.parametrize("spec", ["confidence:٠.٥", "prompt-lookup:٣", "confidence:0_5", "prompt-lookup:1_0"])
+@pytest.mark.parametrize("spec", ["confidence:٠.٥", "prompt-lookup:٣", "confidence:0_5", "prompt-lookup:1_0",
+                                  "prompt-lookup:３", "confidence:nan"])
 def test_drafter_numbers_are_ascii_only(spec):
+    from engine.drafter_specs import parse_drafter
+    from engine.errors import DraftLabError
+
     with pytest.raises(ValueError):
         pf.parse_drafter_spec(spec)
+    with pytest.raises(DraftLabError):  # the CLI and the engine read the same spec the same way
+        parse_drafter(spec)
 
 
 def test_the_page_offers_every_drafter_of_the_engine():
-    from engine.drafting import DRAFTERS
+    from engine.drafter_specs import SPECS
 
-    assert tuple(DRAFTERS) == pf.DRAFTER_KINDS
-    for name, cls in DRAFTERS.items():
-        mine = pf.DRAFTER_PARAMETERS.get(name)
-        assert (mine is None) == (cls.parameter is None)
-        if mine:
-            assert (mine.kind, mine.example) == (cls.parameter.kind, cls.parameter.example)
+    assert tuple(SPECS) == pf.DRAFTER_KINDS
+    assert {name for name, spec in SPECS.items() if spec.parameter} == set(pf.DRAFTER_PARAMETERS)
 
 
 def test_drafter_sweep_specs_and_back():

@@ -31,8 +31,8 @@ def test_any_one_option_may_list_values(option, text, values):
     ({"k": "1,2", "draft": "a,b"}, "sweep one variable at a time: --k and --draft both list values"),
     ({"temperature": "0,1", "top_p": "0.9,1"}, "--temperature and --top-p"),
     ({"k": "auto", "drafter": "model,heuristic"}, "--k auto sweeps k itself"),
-    ({"k": "1,,2"}, "empty value"), ({"k": "0,2"}, ">= 1"), ({"top_k": "a"}, "int values"),
-    ({"draft": "a,a"}, "lists a value twice"), ({"k": "auto:1"}, "at least 2"),
+    ({"k": "1,,2"}, "empty value"), ({"k": "0,2"}, "from 1 to 64"), ({"top_k": "a"}, "not a whole number"),
+    ({"draft": "a,a"}, "lists a twice"), ({"k": "auto:1"}, "at least 2"),
 ])
 def test_bad_sweeps_are_one_line_errors(changes, message):
     with pytest.raises(DraftLabError, match=message):
@@ -46,9 +46,9 @@ def test_k_auto():
 
 
 def test_the_queue_knows_which_drafters_need_no_model_as_the_engine_does():
-    from engine.drafting import DRAFTERS, needs_draft_model
+    from engine.drafter_specs import SPECS, needs_draft_model
     from storage.queue import NO_MODEL_DRAFTERS
 
-    for name in DRAFTERS:
+    for name in SPECS:
         spec = {"confidence": "confidence:0.5", "prompt-lookup": "prompt-lookup:3"}.get(name, name)
         assert needs_draft_model(spec) == (name not in NO_MODEL_DRAFTERS), name

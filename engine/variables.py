@@ -1,0 +1,155 @@
+"""The swept variables: one description of each, read by the CLI (`--k 1,2,4`), the New-experiment form and its
+link prefill (`new?sweep=top_p&values=0.8,1`), the queue (how a sweep becomes runs), the worker, the queries and
+findings (how a run's swept value is read back and shown), export, validation and deploy.
+
+Each `Variable` says what it is called everywhere (runs column, CLI flag, URL key, form label), how one value is
+parsed and bounded (ASCII numbers, engine/numbers.py), how it is shown, whether its values are names (a draft or
+a drafter spec: `sweep_value` then stores the value's index and `sweep_label` the name), and whether the
+target-only baseline depends on it (a sampling setting: one baseline per value; k, draft, drafter: one shared).
+
+A new swept variable is one entry in VARIABLES, its column in storage/schema.py, what the engine does with it,
+and (for deployment) its mapping in storage/deploy.py. Plain Python, no torch: storage and pages import it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from .drafter_specs import DEFAULT_DRAFTER, canonical_drafter
+from .errors import DraftLabError
+from .numbers import ascii_float, ascii_int
+
+MAX_K = 64  # the largest k anyone sweeps (the form's bound, --k's, and the prefill's)
+MAX_TOP_K = 10**6
+MAX_TEMPERATURE = 100.0
+MAX_NAME = 300  # characters of a model name
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str  # the runs/experiments column, the URL's `sweep=` key, the CLI option's dest
+    kind: type  # int, float or str (names: a draft model, a drafter spec)
+    meaning: str  # what one valid value is, for error messages: "a whole number from 1 to 64"
+    example: str  # a valid list of values: "1,2,4,8"
+    default: str | None = None  # the value when not given (CLI text); None: required where it matters
+    help: str = ""  # the CLI's help, what a form field's help says
+    label: str = ""  # the form's choice: "draft (compare drafts)"; the name when empty
+    low: float | None = None  # numeric bounds (inclusive unless low_open)
+    high: float | None = None
+    low_open: bool = False
+    per_value_baseline: bool = False  # the target's own decoding depends on it: one baseline per value
+    check_name: Callable[[str], str] | None = None  # names: the value as stored, or a DraftLabError
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def categorical(self) -> bool:
+        """Values are names; runs store the index as sweep_value and the name as sweep_label."""
+        return self.kind is str
+
+    @property
+    def choice(self) -> str:
+        return self.label or self.name
+
+    def parse(self, text) -> int | float | str:
+        """One value from its text (a DraftLabError names the problem and the fix)."""
+        raw = str(text).strip()
+        if self.categorical:
+            if not raw:
+                raise DraftLabError(f"{self.flag} has an empty value; use e.g. {self.flag} {self.example}")
+            return self.check_name(raw) if self.check_name else raw
+        value = ascii_int(raw) if self.kind is int else ascii_float(raw)
+        if value is None or not self.in_range(value):
+            raise DraftLabError(f"{self.name} value {raw[:40]!r} is not {self.meaning}; use e.g. "
+                                f"{self.flag} {self.example}")
+        return value
+
+    def in_range(self, value) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def parse_list(self, text) -> list:
+        """Comma-separated values, each once: numbers sorted, names in the order given."""
+        items = [item.strip() for item in str(text).split(",")] if not isinstance(text, (list, tuple)) else \
+            [str(item).strip() for item in text]
+        if not items or any(not item for item in items):
+            raise DraftLabError(f"{self.flag} {str(text)[:60]!r} has an empty value; use e.g. "
+                                f"{self.flag} {self.example}")
+        values = [self.parse(item) for item in items]
+        seen = set()
+        for value in values:
+            if value in seen:
+                raise DraftLabError(f"{self.flag} lists {self.show(value)} twice; list each value once")
+            seen.add(value)
+        return values if self.categorical else sorted(values)
+
+    def coerce(self, value) -> int | float | str:
+        """A stored or programmatic value as this variable's type (numbers from a float column, names stripped)."""
+        if self.categorical:
+            return str(value).strip()
+        return int(value) if self.kind is int else float(value)
+
+    def show(self, value) -> str:
+        """How a value reads on a page or in a sentence: 4, 0.7, demo-draft, confidence:0.5."""
+        if self.categorical:
+            return str(value)
+        value = self.coerce(value)
+        return str(value) if self.kind is int else f"{value:g}"
+
+    def run_value(self, run) -> int | float | str | None:
+        """A stored run's swept value (a runs row: a mapping or a pandas row with sweep_value and sweep_label);
+        None for a baseline of a shared-baseline sweep."""
+        get = run.get if hasattr(run, "get") else lambda key, default=None: getattr(run, key, default)
+        if self.categorical:
+            label = get("sweep_label")
+            return str(label) if isinstance(label, str) else None
+        value = get("sweep_value")
+        if value is None or value != value:  # NULL / NaN
+            return None
+        return self.coerce(value)
+
+    def sweep_value(self, value, index: int) -> float:
+        """What a run stores as sweep_value: the number, or a name's index in the sweep."""
+        return float(index) if self.categorical else value
+
+
+def _model_name(text: str) -> str:
+    name = text.strip()
+    if len(name) > MAX_NAME:
+        raise DraftLabError(f"a model name is longer than {MAX_NAME} characters; give a shorter path or id")
+    if re.search(r"[\x00-\x1f\x7f]", name):
+        raise DraftLabError("a model name holds a control character; give the model's id or path")
+    return name
+
+
+VARIABLES: dict[str, Variable] = {v.name: v for v in (
+    Variable("k", int, f"a whole number from 1 to {MAX_K}", "1,2,4,8", "4",
+             "draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, predict the speedup of every k, "
+             "then measure the 3 best predicted", low=1, high=MAX_K),
+    Variable("temperature", float, f"a number from 0 to {MAX_TEMPERATURE:g} (0 means greedy)", "0,0.7,1", "0",
+             "0 = greedy; a comma list sweeps it", low=0.0, high=MAX_TEMPERATURE, per_value_baseline=True),
+    Variable("top_k", int, f"a whole number from 0 to {MAX_TOP_K} (0 turns it off)", "0,20,50", "0",
+             "0 = off; a comma list sweeps it", low=0, high=MAX_TOP_K, per_value_baseline=True),
+    Variable("top_p", float, "a number in (0, 1] (1 turns it off)", "0.8,0.95,1", "1.0",
+             "1 = off; a comma list sweeps it", low=0.0, high=1.0, low_open=True, per_value_baseline=True),
+    Variable("draft", str, "a draft model's id or path", "demo-draft,demo-draft-distilled", None,
+             "demo-draft, demo-draft-distilled, an HF model id or a local directory; a comma list compares drafts "
+             "(not needed when every drafter is prompt-lookup)", label="draft (compare drafts)", check_name=_model_name),
+    Variable("drafter", str, "a drafter spec", "model,heuristic,prompt-lookup:3", DEFAULT_DRAFTER,
+             "model (default), heuristic, confidence:T or prompt-lookup:N; a comma list compares them",
+             label="drafter (drafting strategy)", check_name=canonical_drafter),
+)}
+DEFAULT_VARIABLE = "k"
+
+
+def variable(name: str | None) -> Variable:
+    """The description of a swept variable by name (None or empty: k, what experiments stored before sweeps had
+    a variable). A DraftLabError names the variables there are."""
+    v = VARIABLES.get(name or DEFAULT_VARIABLE)
+    if v is None:
+        raise DraftLabError(f"cannot sweep {name!r}; sweep one of {', '.join(VARIABLES)}")
+    return v
