@@ -1,7 +1,7 @@
 """The `draftlab run --json` document (the CLI contract: README, docs/metrics.md) and its human-readable table."""
 from __future__ import annotations
 
-from engine.metrics import outputs_match, speculative_metrics, target_step_seconds, throughput
+from engine.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds, throughput
 from engine.records import PromptResult
 
 

@@ -23,7 +23,7 @@ import torch
 
 from engine.drafter_specs import needs_draft_model
 from engine.loading import load_pair
-from engine.metrics import outputs_match, speculative_metrics
+from engine.metrics_oracle import outputs_match, speculative_metrics
 from engine.prompt_sets import load_prompts
 from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
 from engine.sampling import SamplingConfig

@@ -30,7 +30,7 @@ import torch
 
 from .errors import DraftLabError
 from .loading import LoadedModel, ModelPair
-from .metrics import speculative_metrics
+from .metrics_oracle import speculative_metrics
 from .runs import baseline_decoder, encode_prompts, eos_ids, run_prompts, speculative_decoder
 from .sampling import SamplingConfig
 from .token_types import TokenTyper
@@ -203,7 +203,7 @@ def mean_kl(target_model, draft_model, seqs: list[Sequence], vocab: int, device,
 
 def greedy_alpha(pair: ModelPair, prompts: list[str], max_new_tokens: int, k: int = EVAL_K,
                  reference: list[Sequence] | None = None) -> dict:
-    """Greedy speculative decoding with the pair's draft at draft length k: alpha (engine.metrics) and, when the
+    """Greedy speculative decoding with the pair's draft at draft length k: alpha (engine.metrics_oracle) and, when the
     target's continuations are given, whether every output equals them (lossless)."""
     cfg = SamplingConfig(0.0, 0, 1.0, 0, max_new_tokens)
     encoded = encode_prompts(pair, prompts, max_new_tokens)

@@ -16,6 +16,7 @@ from pages.drafting_panel import render_k_distribution
 from pages.validation_panel import render_validation
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
                           run_label, run_stamp, select_id, store, version)
+from storage import formula
 from storage import queries as q
 
 ACTIVE = ("queued", "running")
@@ -30,19 +31,10 @@ IMPOSSIBLE = "⚠ impossible speedup"  # the Runs table's mark on a run with a t
 MEASURED = ["run_id", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined"]
 ERRORS = {f"{name}_error": st.column_config.NumberColumn(f"{label} error", format="percent",
                                                           help="predicted / measured − 1")
-          for name, label in (("refined", "cost-aware"), ("formula", "formula"), ("prediction", "prediction"))}
+          for name, label in (("refined", "cost-aware"), ("formula", "formula at run's α, c"),
+                              ("prediction", "prediction"))}
 
 
-
-
-def pooled_prediction_inputs(runs: pd.DataFrame) -> tuple[float, float] | None:
-    """(α, c) over the finished speculative runs: α = Σaccepted / Σ(accepted + rejected), c their mean."""
-    done = runs[(runs["kind"] == "speculative") & (runs["status"] == "done") & runs["accepted"].notna()
-                & runs["c"].notna()]
-    verified = done["accepted"].sum() + done["rejected"].sum()
-    if done.empty or verified == 0:
-        return None
-    return float(done["accepted"].sum() / verified), float(done["c"].mean())
 
 
 def by_swept_value(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
@@ -52,22 +44,24 @@ def by_swept_value(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     return curve.rename(columns={"sweep_value": sweep_variable})
 
 
-def speedup_frame(curve: pd.DataFrame, sweep_variable: str, prediction: tuple[float, float] | None,
+def speedup_frame(curve: pd.DataFrame, sweep_variable: str, pooled: formula.Pooled | None,
                   auto_curve: dict | None = None) -> pd.DataFrame:
     """What the speedup chart draws: per swept value the measured speedup with its 95 % interval and whether its
-    run finished (`state`), that run's cost-aware prediction, and the formula's (a k sweep: its curve at every k
-    from the pooled α and c; otherwise each run's own); `--k auto` adds the curve it predicted (predicted_auto)."""
+    run finished (`state`), that run's cost-aware prediction, and the formula's (a k sweep: the experiment's formula
+    curve, storage/formula.py, at every k; otherwise each run's own); `--k auto` adds the curve it predicted
+    (predicted_auto)."""
     values = by_swept_value(curve, sweep_variable)
     measured = values[[sweep_variable, *MEASURED]].assign(state=charts.run_states(values))
     if sweep_variable != "k":
         return measured.assign(predicted_speedup=values["predicted_speedup"])
     auto = {int(k): float(v) for k, v in (auto_curve or {}).items()}
-    if prediction is None and not auto:
+    if pooled is None and not auto:
         return measured.assign(predicted_speedup=np.nan)
-    k_max = max([8, *measured["k"], *auto] + ([theory.best_k(*prediction)[0] + 1] if prediction else []))
-    predicted = pd.DataFrame({"k": range(1, int(k_max) + 1)})
-    predicted["predicted_speedup"] = [theory.predicted_speedup(prediction[0], k, prediction[1]) if prediction
-                                      else np.nan for k in predicted["k"]]
+    ks = [*measured["k"], *auto]
+    if pooled is not None:
+        predicted = formula.formula_curve(pooled, ks)
+    else:
+        predicted = pd.DataFrame({"k": range(1, max([formula.K_MAX_SHOWN, *ks]) + 1)}).assign(predicted_speedup=np.nan)
     if auto:
         predicted["predicted_auto"] = predicted["k"].map(auto)
     frame = predicted.merge(measured, on="k", how="outer").sort_values("k").reset_index(drop=True)
@@ -165,23 +159,22 @@ def _warnings(runs: pd.DataFrame, sweep_variable: str) -> None:
 
 
 def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_variable: str, best_value) -> None:
-    prediction = pooled_prediction_inputs(runs) if sweep_variable == "k" else None
+    pooled = formula.pooled_inputs(store(), int(experiment["experiment_id"])) if sweep_variable == "k" else None
     auto_curve = (experiment.get("predicted_curve") or {}).get("curve")
     left, right = st.columns(2)
     with left:
         st.subheader(f"Speedup vs {sweep_variable}")
-        frame = speedup_frame(curve, sweep_variable, prediction, auto_curve)
+        frame = speedup_frame(curve, sweep_variable, pooled, auto_curve)
         label = best_value if isinstance(best_value, str) else None  # a draft or drafter sweep's best, by name
         chart_with_csv(charts.speedup_curve(frame, sweep_variable, best_sweep_value(runs, best_value), label), frame,
                        "speedup_curve.csv")
         st.caption("Points: measured, with 95 % intervals (paired bootstrap over prompts); hollow: the run has not "
                    "finished, a cross: an impossible speedup (timing warning); neither can be the best. Dashed purple: "
                    "the cost-aware prediction E[L]·t / (k·t_d + verify) from the run's own round times.")
-        if prediction:
-            alpha, c = prediction
-            k_best, s_best = theory.best_k(alpha, c)
-            st.caption(f"Dashed grey: (1 − α^(k+1)) / ((1 − α)(1 + k/c)) with α = {alpha:.3f} (pooled over the "
-                       f"finished runs) and c = {c:.2f} (mean); the formula's best k is {k_best} at {s_best:.2f}×.")
+        if pooled:
+            k_best, s_best = pooled.best_k()
+            st.caption(f"Dashed grey: the article's formula (1 − α^(k+1)) / ((1 − α)(1 + k/c)) with "
+                       f"{pooled.describe()}; its best k is {k_best} at {s_best:.2f}×.")
     with right:
         st.subheader(f"Acceptance vs {sweep_variable}")
         rates = by_swept_value(curve, sweep_variable)[
@@ -214,7 +207,10 @@ def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> 
     table = prediction_table(curve, sweep_variable)
     st.dataframe(table, hide_index=True, width="stretch", key="prediction_table", column_config={
         "predicted_speedup_refined": st.column_config.NumberColumn("cost-aware", format="%.3f"),
-        "predicted_speedup": st.column_config.NumberColumn("formula", format="%.3f"),
+        "predicted_speedup": st.column_config.NumberColumn(
+            "formula at run's α, c", format="%.3f",
+            help="the article's formula at this run's own α, k and c (SPEC's predicted_speedup); the speedup chart's "
+                 "grey curve pools α and c over the sweep instead"),
         **ERRORS})
     csv_download(table, "predicted_vs_measured.csv")
     k_auto = experiment.get("k_auto")

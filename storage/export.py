@@ -14,7 +14,7 @@ import pandas as pd
 from . import queries as q
 from .store import Store
 
-# Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics.py's speculative_metrics).
+# Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics_oracle.py's speculative_metrics).
 SPECULATIVE_KEYS = ["new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted", "rejected",
                     "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha", "kl",
                     "per_position_acceptance", "acceptance_by_type", "draft_step_seconds", "c", "predicted_speedup",

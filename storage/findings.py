@@ -32,11 +32,12 @@ from sqlalchemy import text
 
 from engine import theory
 
+from . import formula
 from . import queries as q
 from .store import Store
 
 # --- thresholds (each rule below names the ones it uses) ------------------------------------------------------
-MIN_VERIFIED = 30           # verified draft tokens below which a share or a rate is not reported
+MIN_VERIFIED = formula.MIN_VERIFIED  # verified draft tokens below which a share or a rate is not reported
 LOW_ACCEPTANCE = 0.30       # a draft position accepting less than this (conditional) mostly wastes its draft step
 MIN_REJECTIONS = 10         # rejections of the run below which no token type is blamed
 MIN_TYPE_REJECTIONS = 5     # rejections of one token type below which it is not blamed
@@ -436,31 +437,23 @@ def _prediction(ctx: _Context) -> list[dict]:
     return [_finding("prediction", "info", title, detail, "predictions", next_, prefill, data)]
 
 
-def _pooled(done: pd.DataFrame) -> tuple[float, float] | None:
-    """(α, c) pooled over runs as the detail page does: Σ accepted / Σ verified, c's mean."""
-    done = done[done["c"].notna() & done["alpha"].notna()]
-    verified = done["accepted"].sum() + done["rejected"].sum()
-    if done.empty or verified < MIN_VERIFIED:
-        return None
-    return float(done["accepted"].sum() / verified), float(done["c"].mean())
-
-
 def _formula(ctx: _Context) -> list[dict]:
-    """Rule (k sweeps with two or more finished k): the article's formula, with α and c pooled over the finished
-    runs, picks theory.best_k; at the measured best k it predicts predicted_speedup (the run's own α and c). Said
-    when its best k differs from the measured one or it is off by FORMULA_OFF or more; the mean verify_cost says
-    why (the formula assumes a verify pass costs 1 target step)."""
+    """Rule (k sweeps with two or more finished k): the article's formula (storage/formula.py: α and c pooled over
+    the finished constant-k runs) picks its best k and predicts the measured best k's speedup from the same curve.
+    Said when its best k differs from the measured one or it is off by FORMULA_OFF or more; the mean verify_cost
+    says why (the formula assumes a verify pass costs 1 target step)."""
     done = _k_runs(ctx)
-    pooled = _pooled(done)
+    if done.empty:
+        return []
+    pooled = formula.pooled_inputs(ctx.store, ctx.experiment_id)
     if pooled is None:
         return []
     best = int(ctx.verdict["best"])
     measured = done[done["k"] == best].iloc[0]
-    if pd.isna(measured.predicted_speedup):
-        return []
-    alpha, c = pooled
-    k_f, s_f = theory.best_k(alpha, c)
-    error = float(measured.predicted_speedup / measured.speedup - 1)
+    alpha, c = pooled.alpha, pooled.c
+    k_f, s_f = pooled.best_k()
+    at_best = pooled.speedup(best)
+    error = float(at_best / measured.speedup - 1)
     if k_f == best and abs(error) < FORMULA_OFF:
         return []
     verify = float(done["verify_cost"].mean()) if done["verify_cost"].notna().any() else math.nan
@@ -472,9 +465,8 @@ def _formula(ctx: _Context) -> list[dict]:
         why = "the verify cost was not measured"
     title = (f"The article's formula picks k = {k_f}, the measurement k = {best}" if k_f != best else
              f"The article's formula is off by {100 * error:+.0f} % at k = {best}")
-    detail = (f"With α = {alpha:.3f} and c = {c:.2f} the formula's best k is {k_f} at {_x(s_f)} and it puts k = {best} "
-              f"at {_x(measured.predicted_speedup)} against {_x(measured.speedup)} measured ({100 * error:+.0f} %): "
-              f"{why}.")
+    detail = (f"With {pooled.describe()}, the formula's best k is {k_f} at {_x(s_f)} and it puts k = {best} "
+              f"at {_x(at_best)} against {_x(measured.speedup)} measured ({100 * error:+.0f} %): {why}.")
     k_max = max(int(done["k"].max()), k_f, 2)
     return [_finding("formula", "info", title, detail, "speedup",
                      "Choose k by the cost-aware prediction (k auto), not the formula.",

@@ -1,5 +1,5 @@
 """Read queries for the CLI, exports and dashboard (docs/storage-api.md). Each returns a pandas DataFrame
-computed in SQL; metric names and definitions are SPEC.md's and match engine/metrics.py.
+computed in SQL; metric names and definitions are SPEC.md's and match engine/metrics_oracle.py.
 
 Run-level figures come from the per-prompt rollups (`prompt_results`), which SQL fills from the rounds and
 draft tokens when a prompt commits; the diagnostics (by position, type, token) aggregate `draft_tokens`
@@ -14,6 +14,7 @@ from decimal import Decimal
 import pandas as pd
 from sqlalchemy import select, text
 
+from engine.drafter_specs import SPECS
 from engine.theory import predicted_speedup as _predicted_speedup
 
 from . import schema
@@ -101,7 +102,7 @@ def _with_predicted(df: pd.DataFrame) -> pd.DataFrame:
     """predicted_speedup from the measured alpha, the run's largest k and c (engine/theory.py's formula). The
     formula assumes a constant k: runs whose drafter varies k per round (heuristic, confidence, prompt lookup)
     get none rather than a number that means nothing."""
-    constant = [d is None or (isinstance(d, float) and pd.isna(d)) or d == "model"
+    constant = [d is None or (isinstance(d, float) and pd.isna(d)) or _constant_k(d)
                 for d in (df["drafter"] if "drafter" in df else [None] * len(df))]
     df["predicted_speedup"] = [
         _predicted_speedup(a, int(k), c) if ok and pd.notna(a) and pd.notna(c) and c and pd.notna(k) and k else None
@@ -113,6 +114,12 @@ def _with_predicted(df: pd.DataFrame) -> pd.DataFrame:
     _nullable_bool(df, "outputs_match_baseline")
     _nullable_int(df, "k", "baseline_run_id", "prompts_total")
     return df
+
+
+def _constant_k(drafter: str) -> bool:
+    """Whether a stored drafter spec proposes a constant k (engine/drafter_specs.py); an unknown one does not."""
+    spec = SPECS.get(str(drafter).partition(":")[0].strip())
+    return spec is not None and spec.constant_k
 
 
 def _runs_where(store: Store, where: str, params: dict) -> pd.DataFrame:

@@ -65,7 +65,7 @@ FROM (SELECT COUNT(*) AS rounds, COALESCE(SUM(k), 0) AS proposed, COALESCE(SUM(e
       FROM draft_tokens WHERE run_id = :run_id AND prompt_index = :prompt_index) t
 """
 
-# Run aggregates under SPEC names, over the run's committed prompts (engine/metrics.py's definitions).
+# Run aggregates under SPEC names, over the run's committed prompts (engine/metrics_oracle.py's definitions).
 _RUN_ROLLUP = f"""
 UPDATE runs SET
     prompts_done = a.prompts_done,

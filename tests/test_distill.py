@@ -12,7 +12,7 @@ import torch
 from app.cli import focus_profile_weights, focus_weights, main
 from engine import distill as ds
 from engine.loading import load_pair
-from engine.metrics import outputs_match
+from engine.metrics_oracle import outputs_match
 from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
 from engine.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
 from engine.sampling import SamplingConfig

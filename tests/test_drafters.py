@@ -17,7 +17,7 @@ from engine.drafter_specs import SPECS as DRAFTER_SPECS, DrafterSpec, canonical_
 from engine.drafting import (ConfidenceDrafter, HeuristicDrafter, ModelDrafter, PromptLookupDrafter, Proposal,
                              drafter_class, heuristic_next_k, make_drafter)
 from engine.errors import DraftLabError
-from engine.metrics import speculative_metrics
+from engine.metrics_oracle import speculative_metrics
 from engine.records import ACCEPTED, BONUS, DISCARDED, REJECTED
 from engine.sampling import SamplingConfig, probabilities
 from tests import tiny_models as tm

@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from engine import runs
-from engine.metrics import speculative_metrics
+from engine.metrics_oracle import speculative_metrics
 from engine.records import ACCEPTED, DISCARDED, REJECTED
 from engine.sampling import SamplingConfig
 from tests import tiny_models as tm

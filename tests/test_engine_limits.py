@@ -10,7 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from engine import runs
 from engine.drafting import ModelDrafter
 from engine.errors import DraftLabError
-from engine.metrics import speculative_metrics
+from engine.metrics_oracle import speculative_metrics
 from engine.sampling import SamplingConfig
 from engine.speculative import SpeculativeDecoder
 from engine.token_types import TokenTyper

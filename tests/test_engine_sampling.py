@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 from engine import runs, speculative
-from engine.metrics import speculative_metrics
+from engine.metrics_oracle import speculative_metrics
 from engine.sampling import SamplingConfig
 from tests import tiny_models as tm
 

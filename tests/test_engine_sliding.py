@@ -7,7 +7,7 @@ import transformers
 
 from engine import runs
 from engine.errors import DraftLabError
-from engine.metrics import speculative_metrics
+from engine.metrics_oracle import speculative_metrics
 from engine.sampling import SamplingConfig
 from tests import tiny_models as tm
 from tests.test_engine_reference import reference_rounds

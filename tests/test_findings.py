@@ -216,7 +216,7 @@ def test_the_formula_is_off_by_the_verify_cost_and_the_cost_aware_prediction_agr
     assert k_f > 4  # the formula, blind to the verify cost, wants a long draft
     assert formula["data"]["formula_best"] == k_f and formula["data"]["measured_best"] == 2
     assert formula["data"]["alpha"] == pytest.approx(alpha) and formula["data"]["c"] == pytest.approx(10.0)
-    error = theory.predicted_speedup(0.8, 2, 10.0) / runs.loc[2, "speedup"] - 1
+    error = theory.predicted_speedup(alpha, 2, 10.0) / runs.loc[2, "speedup"] - 1  # the same curve's value at k = 2
     assert formula["data"]["error"] == pytest.approx(error)
     assert f"best k is {k_f} at {s_f:.2f}×" in formula["detail"]
     assert f"({100 * error:+.0f} %): a verify pass costs 1.60 target steps here" in formula["detail"]
@@ -397,3 +397,40 @@ def test_a_draft_sweep_gets_findings_with_names_not_numbers(store):
     assert tie and "small-draft" in tie[0]["detail"] + tie[0]["title"] + str(tie[0]["prefill"])
     assert all(x["prefill"].get("drafter", "heuristic") == "heuristic" for x in found if x["prefill"].get("sweep") == "draft")
     _ = _fill
+
+
+def test_the_formula_is_one_curve_the_detail_page_and_the_findings_both_read(store):
+    """storage/formula.py pools α and c once (SQL over finished constant-k runs): the finding's 'puts k = 2 at X' is
+    the detail page's grey curve at k = 2, and a run's own predicted_speedup (a different figure) is not used."""
+    from pages.experiment_detail import speedup_frame
+    from storage import formula
+
+    spec = {2: ([[(a, ["code"] * 2) for a in (2, 2, 1, 2, 0, 2, 1, 2)]] * 3, 0.002, 0.012),
+            4: ([[(a, ["code"] * 4) for a in (4, 3, 4, 2, 4, 1, 3, 4)]] * 3, 0.004, 0.020)}
+    eid, ids = _run_experiment(store, spec, prompts=3)
+    pooled = formula.pooled_inputs(store, eid)
+    alpha = (12 + 25) * 3 / ((12 + 3 + 25 + 4) * 3)
+    assert pooled.alpha == pytest.approx(alpha) and pooled.c == pytest.approx(10.0)
+    assert (pooled.verified, pooled.runs) == ((12 + 3 + 25 + 4) * 3, 2)
+    found = _by_kind(fd.findings(store, eid))["formula"]
+    frame = speedup_frame(q.sweep_curve(store, eid), "k", pooled).set_index("k")
+    assert f"puts k = 2 at {frame.loc[2, 'predicted_speedup']:.2f}×" in found["detail"]
+    assert f"best k is {found['data']['formula_best']} at {frame['predicted_speedup'].max():.2f}×" in found["detail"]
+    own = q.runs(store, eid).set_index("k").loc[2, "predicted_speedup"]  # the run's own α = 0.8: another number
+    assert f"{own:.2f}×" != f"{frame.loc[2, 'predicted_speedup']:.2f}×"
+
+    # Only finished constant-k runs count: k = 4 rerun as heuristic, or unfinished, leaves k = 2's α alone.
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET drafter = 'heuristic' WHERE id = :rid"), {"rid": ids[4]})
+    assert formula.pooled_inputs(store, eid).alpha == pytest.approx(12 / 15)
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET drafter = 'model', status = 'running' WHERE id = :rid"), {"rid": ids[4]})
+    assert formula.pooled_inputs(store, eid).runs == 1
+
+
+def test_no_formula_under_the_minimum_of_verified_drafts(store):
+    spec = {2: ([[(a, ["code"] * 2) for a in (2, 1)]] * 3, 0.002, 0.012)}  # 3 x (2 + 2) = 12 verified drafts
+    eid, _ = _run_experiment(store, spec, prompts=3)
+    from storage import formula
+
+    assert formula.MIN_VERIFIED > 12 and formula.pooled_inputs(store, eid) is None

@@ -1221,11 +1221,12 @@ def test_experiments_table_shows_a_dash_for_pending_metrics(crafted):
 
 
 def test_detail_speedup_csv_has_integer_run_ids_and_the_runs_table_stays_open_once_done(populated):
-    from pages.experiment_detail import pooled_prediction_inputs, speedup_frame
+    from pages.experiment_detail import speedup_frame
+    from storage.formula import pooled_inputs
 
     experiment_id = _greedy_id(populated)
-    runs, curve = q.runs(populated, experiment_id), q.sweep_curve(populated, experiment_id)
-    frame = speedup_frame(curve, "k", pooled_prediction_inputs(runs))
+    curve = q.sweep_curve(populated, experiment_id)
+    frame = speedup_frame(curve, "k", pooled_inputs(populated, experiment_id))
     assert len(frame) > len(curve)  # the formula's k values without a run
     lines = frame.to_csv(index=False).splitlines()
     run_ids = [line.split(",")[lines[0].split(",").index("run_id")] for line in lines[1:]]

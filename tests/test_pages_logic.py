@@ -177,28 +177,6 @@ def test_ui_reports_an_unreachable_database_in_one_line(capsys):
 
 # --- Experiment detail: what the predictions and the headline are built from ----------------------------------
 
-def _runs_frame(rows):
-    import pandas as pd
-
-    columns = ["run_id", "kind", "status", "k", "accepted", "rejected", "c"]
-    return pd.DataFrame([dict(zip(columns, r)) for r in rows])
-
-
-def test_pooled_prediction_inputs_use_finished_runs_only():
-    from pages.experiment_detail import pooled_prediction_inputs
-
-    runs = _runs_frame([
-        (1, "baseline", "done", None, None, None, None),
-        (2, "speculative", "done", 2, 60, 40, 4.0),
-        (3, "speculative", "done", 4, 30, 20, 6.0),
-        (4, "speculative", "running", 6, 1, 99, 50.0),  # half-way: its α and c are not the experiment's yet
-        (5, "speculative", "failed", 8, 0, 10, 1.0),
-    ])
-    alpha, c = pooled_prediction_inputs(runs)
-    assert alpha == pytest.approx(90 / 150) and c == pytest.approx(5.0)
-    assert pooled_prediction_inputs(runs[runs["status"] != "done"]) is None
-
-
 def test_validate_passes_repeats_and_auto_k_and_checks_them():
     from pages.new_experiment import validate
 

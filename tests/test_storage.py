@@ -1,4 +1,4 @@
-"""Storage on SQLite and PostgreSQL: schema, SQL metrics == engine/metrics.py, queue atomicity, cancel,
+"""Storage on SQLite and PostgreSQL: schema, SQL metrics == engine/metrics_oracle.py, queue atomicity, cancel,
 stale heartbeats, concurrent readers. Records are synthetic (no models), built with the engine's invariants."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
-from engine.metrics import outputs_match, speculative_metrics, target_step_seconds, throughput
+from engine.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds, throughput
 from storage import open_store, queue
 from storage import queries as q
 from storage.export import plain, run_document
@@ -153,7 +153,7 @@ def test_a_newer_database_is_refused_with_a_clear_message(tmp_path):
         open_store(url)
 
 
-# --- SQL metrics == engine/metrics.py ----------------------------------------------------------------------
+# --- SQL metrics == engine/metrics_oracle.py ----------------------------------------------------------------------
 
 def test_stored_metrics_equal_engine_metrics(store):
     eid, ids, results = fill_experiment(store, ks=(1, 3, 5), prompts=4, same_outputs_for=3)

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from app.worker import Worker
 from engine import distill as ds
 from engine.loading import load_pair
-from engine.metrics import outputs_match
+from engine.metrics_oracle import outputs_match
 from engine.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
 from engine.sampling import SamplingConfig
 from storage import queue, training

@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from app.worker import Worker
 from engine.loading import load_pair
-from engine.metrics import outputs_match, speculative_metrics, target_step_seconds
+from engine.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds
 from storage import open_store, queue
 from storage import queries as q
 from storage.export import run_document

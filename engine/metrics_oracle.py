@@ -1,6 +1,10 @@
-"""Every metric of SPEC.md computed from engine records: the one place the CLI, exports and tests use.
+"""The test oracle: SPEC.md's metrics computed in Python from in-memory engine records.
 
-(The storage layer computes the same definitions in SQL over stored rows; tests hold the two equal.)
+What users see is storage's SQL over stored rows (storage/recording.py's rollups, storage/queries.py,
+storage/formula.py); tests/test_storage.py holds the two equal on crafted runs. Besides the tests, only
+`draftlab distill` reads it, for a draft's α before anything is stored. Its `speedup` is the ratio of throughputs
+over the same prompts, decoded once each: what storage/stats.paired_speedup gives when every prompt was decoded by
+both arms (the product pairs prompts and repeats; this oracle does not).
 """
 from __future__ import annotations
 
