@@ -8,6 +8,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from engine.variables import variable
 from storage import open_store
 
 
@@ -135,17 +136,11 @@ def run_label(runs: pd.DataFrame, sweep_variable: str = "k"):
             return f"run {run_id}"
         if r.kind == "baseline":
             return f"run {run_id} · baseline"
-        value = r.sweep_value if sweep_variable != "k" else r.k
-        return f"run {run_id} · {sweep_variable}={_fmt(value)} ({r.status})"
+        swept = variable(sweep_variable)
+        value = r.k if swept.name == "k" else swept.run_value(r)  # a draft sweep's name, not its index
+        return f"run {run_id} · {swept.name}={swept.show(value) if value is not None else '?'} ({r.status})"
 
     return label
-
-
-def _fmt(value) -> str:
-    try:
-        return f"{float(value):g}"
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def number(value, fmt: str = "{:.3f}", missing: str = "—") -> str:

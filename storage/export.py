@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from engine.variables import variable
+
 from . import queries as q
 from .store import Store
 
@@ -50,6 +52,7 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
     runs = q.runs(store, experiment_id)
     experiment = q.experiment(store, experiment_id) or {}
     sweep_variable = experiment.get("sweep_variable", "k")
+    swept = variable(sweep_variable)
     auto = experiment.get("predicted_curve") or {}
     curve = {int(k): v for k, v in (auto.get("curve") or {}).items()}
     confirmed = list(auto.get("confirmed") or [])
@@ -77,7 +80,7 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
                  "acceptance_by_type": dict(zip(by_type["token_type"], by_type["rate"])),
                  "outputs_match_baseline": r.outputs_match_baseline,
                  "sweep_variable": sweep_variable,
-                 "sweep_value": r.sweep_label if sweep_variable in ("draft", "drafter") else r.sweep_value,
+                 "sweep_value": swept.run_value(r),
                  # rows from before drafts were stored per run (schema 2) name no drafter: the experiment's draft
                  "draft": r.draft if pd.notna(r.draft) else None if pd.notna(r.drafter) else experiment.get("draft"),
                  "drafter": r.drafter if pd.notna(r.drafter) else "model",

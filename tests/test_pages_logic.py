@@ -230,3 +230,21 @@ def test_pair_check_of_an_uncached_hub_id_fails_in_seconds_offline_or_unreachabl
         failed = check_pair_names(tokenizer_dirs["target"], "someone-unknown/not-in-any-cache")
         assert not failed.ok and "did not answer within" in failed.message and "check the HF model id" in failed.message
     assert len(calls) == 2 and all(0 < t <= 10 for t in calls)
+
+
+def test_run_labels_name_a_swept_draft_not_its_index():
+    """A draft or drafter sweep stores the name's index as sweep_value; the run picker shows the name."""
+    import pandas as pd
+
+    from pages.common import run_label
+
+    runs = pd.DataFrame([
+        {"run_id": 1, "kind": "baseline", "k": None, "sweep_value": None, "sweep_label": None, "status": "done"},
+        {"run_id": 2, "kind": "speculative", "k": 4, "sweep_value": 0.0, "sweep_label": "demo-draft", "status": "done"},
+        {"run_id": 3, "kind": "speculative", "k": 4, "sweep_value": 1.0, "sweep_label": "prompt-lookup:3",
+         "status": "running"}])
+    assert run_label(runs, "draft")(2) == "run 2 · draft=demo-draft (done)"
+    assert run_label(runs, "drafter")(3) == "run 3 · drafter=prompt-lookup:3 (running)"
+    assert run_label(runs, "k")(2) == "run 2 · k=4 (done)" and run_label(runs, "k")(1) == "run 1 · baseline"
+    top_p = runs.assign(sweep_value=[0.9, 0.95, 1.0], sweep_label=["0.9", "0.95", "1"])
+    assert run_label(top_p, "top_p")(2) == "run 2 · top_p=0.95 (done)"
