@@ -35,6 +35,8 @@ class Variable:
     default: str | None = None  # the value when not given (CLI text); None: required where it matters
     help: str = ""  # the CLI's help, what a form field's help says
     label: str = ""  # the form's choice: "draft (compare drafts)"; the name when empty
+    title: str = ""  # a form field's title: "Top-k"
+    step: float | None = None  # a number input's step in the form
     low: float | None = None  # numeric bounds (inclusive unless low_open)
     high: float | None = None
     low_open: bool = False
@@ -129,13 +131,16 @@ def _model_name(text: str) -> str:
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("k", int, f"a whole number from 1 to {MAX_K}", "1,2,4,8", "4",
              "draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, predict the speedup of every k, "
-             "then measure the 3 best predicted", low=1, high=MAX_K),
+             "then measure the 3 best predicted", low=1, high=MAX_K, title="k", step=1),
     Variable("temperature", float, f"a number from 0 to {MAX_TEMPERATURE:g} (0 means greedy)", "0,0.7,1", "0",
-             "0 = greedy; a comma list sweeps it", low=0.0, high=MAX_TEMPERATURE, per_value_baseline=True),
+             "0 = greedy; a comma list sweeps it", low=0.0, high=MAX_TEMPERATURE, per_value_baseline=True,
+             title="Temperature", step=0.1),
     Variable("top_k", int, f"a whole number from 0 to {MAX_TOP_K} (0 turns it off)", "0,20,50", "0",
-             "0 = off; a comma list sweeps it", low=0, high=MAX_TOP_K, per_value_baseline=True),
+             "0 = off; a comma list sweeps it", low=0, high=MAX_TOP_K, per_value_baseline=True, title="Top-k",
+             step=1),
     Variable("top_p", float, "a number in (0, 1] (1 turns it off)", "0.8,0.95,1", "1.0",
-             "1 = off; a comma list sweeps it", low=0.0, high=1.0, low_open=True, per_value_baseline=True),
+             "1 = off; a comma list sweeps it", low=0.0, high=1.0, low_open=True, per_value_baseline=True,
+             title="Top-p", step=0.05),
     Variable("draft", str, "a draft model's id or path", "demo-draft,demo-draft-distilled", None,
              "demo-draft, demo-draft-distilled, an HF model id or a local directory; a comma list compares drafts "
              "(not needed when every drafter is prompt-lookup)", label="draft (compare drafts)", check_name=_model_name),

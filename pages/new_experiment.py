@@ -97,12 +97,9 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         launch.errors.append(f"prompts: {prompt_error}")
     elif not prompts:
         launch.errors.append("prompts: choose a built-in set or upload a .jsonl/.csv/.txt file")
-    if temperature < 0:
-        launch.errors.append("temperature must be ≥ 0 (0 means greedy)")
-    if top_k < 0:
-        launch.errors.append("top-k must be ≥ 0 (0 turns it off)")
-    if not 0 < top_p <= 1:
-        launch.errors.append("top-p must be in (0, 1] (1 turns it off)")
+    for setting, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+        if not VARIABLES[setting].in_range(value):  # the bounds every input of this setting shares
+            launch.errors.append(f"{VARIABLES[setting].title.lower()} must be {VARIABLES[setting].meaning}")
     if seed < 0:
         launch.errors.append("seed must be ≥ 0")
     if max_new_tokens < 1:
@@ -137,8 +134,8 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
                 values = parse_sweep_values(sweep_text, sweep_variable)
         except ValueError as exc:
             launch.errors.append(str(exc))
-    if not 1 <= k <= MAX_K:
-        launch.errors.append(f"k must be from 1 to {MAX_K}")
+    if not VARIABLES["k"].in_range(k):
+        launch.errors.append(f"k must be {VARIABLES['k'].meaning}")
     if launch.errors:
         return launch
     tags = tuple(dict.fromkeys(t.strip() for t in tags_text.split(",") if t.strip()))
@@ -385,10 +382,11 @@ def render() -> None:
         st.subheader("Sampling")
         for key in ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "device", "dtype"):
             _seed(key)
-        c1, c2, c3 = st.columns(3)
-        temperature = c1.number_input("Temperature", min_value=None, step=0.1, key="temperature", help="0 = greedy")
-        top_k = c2.number_input("Top-k", step=1, key="top_k", help="0 = off")
-        top_p = c3.number_input("Top-p", step=0.05, key="top_p", help="1 = off")
+        fixed = {}  # each sampling setting's one value (engine/variables.py: title, step, help)
+        for column, setting in zip(st.columns(3), ("temperature", "top_k", "top_p")):
+            v = VARIABLES[setting]
+            fixed[setting] = column.number_input(v.title, step=v.step, key=setting, help=v.help.split(";")[0])
+        temperature, top_k, top_p = fixed["temperature"], fixed["top_k"], fixed["top_p"]
         c1, c2 = st.columns(2)
         seed = c1.number_input("Seed", step=1, key="seed")
         max_new_tokens = c2.number_input("Max new tokens", step=16, key="max_new_tokens")
