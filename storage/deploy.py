@@ -11,10 +11,10 @@ Every flag below was checked against the engine's own source or documentation (s
 upstream repositories; the files and commits are named next to each mapping). Engines change their flags between
 releases; the notes say where a flag is recent.
 
-Drafter specs (engine/drafting.py): `model` (constant k), `heuristic` (transformers' +2/-1 schedule, k restarting
-at every prompt), `confidence:T` (a round stops after the first draft whose top probability is below T, that
-draft kept), `prompt-lookup:N` (longest n-gram n <= N ending the sequence, continuation of its earliest
-occurrence; no draft model).
+Drafter specs are described once in engine/drafter_specs.py: `model` (constant k), `heuristic` (transformers' +2/-1
+schedule, k restarting at every prompt), `confidence:T` (a round stops after the first draft whose top probability
+is below T, that draft kept), `prompt-lookup:N` (longest n-gram n <= N ending the sequence, continuation of its
+earliest occurrence; no draft model). A new drafter adds its mapping to each engine function below.
 """
 from __future__ import annotations
 
@@ -22,9 +22,12 @@ import json
 import shlex
 from pathlib import Path
 
+from engine.drafter_specs import DEFAULT_DRAFTER, SPECS
+from engine.drafter_specs import parse_drafter as _parse_spec
+from engine.errors import DraftLabError
+
 ENGINES = ("vllm", "sglang", "llama_cpp", "transformers")
-DRAFTER_NAMES = ("model", "heuristic", "confidence", "prompt-lookup")
-DEFAULT_DRAFTER = "model"
+DRAFTER_NAMES = tuple(SPECS)  # each has a mapping per engine below (tests/test_deploy.py holds them equal)
 
 
 class DeployError(ValueError):
@@ -35,29 +38,15 @@ class DeployError(ValueError):
 # --- inputs ----------------------------------------------------------------------------------------------------
 
 def parse_drafter(spec) -> tuple[str, float | int | None]:
-    """(name, parameter) of a drafter spec: `model`, `heuristic`, `confidence:T` (0 < T < 1), `prompt-lookup:N`
-    (N >= 1). Empty/None means `model` (runs stored before drafters existed). Mirrors engine/drafting.py's
-    parse_drafter without importing torch."""
+    """(name, parameter) of a stored drafter spec, read as the engine reads it (engine/drafter_specs.py). Empty/None
+    means `model` (runs stored before drafters existed); a spec no engine mapping knows is a DeployError."""
     text = str(spec).strip() if _present(spec) else ""
     if not text:
         return DEFAULT_DRAFTER, None
-    name, colon, raw = text.partition(":")
-    name, raw = name.strip(), raw.strip()
-    if name not in DRAFTER_NAMES:
-        raise DeployError(f"unknown drafter {text!r}: no serving-engine mapping for it (known: model, heuristic, "
-                          f"confidence:T, prompt-lookup:N)")
-    if name in ("model", "heuristic"):
-        if colon:
-            raise DeployError(f"drafter {name!r} takes no parameter (got {text!r})")
-        return name, None
     try:
-        value = float(raw) if name == "confidence" else int(raw)
-    except ValueError:
-        value = None
-    if value is None or (name == "confidence" and not 0 < value < 1) or (name == "prompt-lookup" and value < 1):
-        what = "a threshold 0 < T < 1" if name == "confidence" else "an n-gram size N >= 1"
-        raise DeployError(f"drafter {text!r}: needs {what} after the colon")
-    return name, value
+        return _parse_spec(text)
+    except DraftLabError as exc:
+        raise DeployError(f"{exc} (no serving-engine mapping for {text[:60]!r})") from None
 
 
 def _present(value) -> bool:

@@ -14,13 +14,16 @@ import pytest
 from sqlalchemy import inspect, text
 
 from storage import queries as q
+from engine.drafter_specs import SPECS
 from storage.deploy import DeployError, configuration, deploy_document, deploy_settings, parse_drafter
 from tests.test_storage import fill_experiment
 
 EXPERIMENT = {"experiment_id": 7, "target": "org/target-8B", "draft": "org/draft 0.5B", "temperature": 0.0,
               "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 64, "dtype": "auto", "trust_remote_code": False}
 SAMPLING = {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "seed": 11}
-DRAFTERS = ["model", "heuristic", "confidence:0.4", "prompt-lookup:3"]
+# Every drafter the engine has (engine/drafter_specs.py), with a parameter where it takes one: a new drafter
+# without a deploy mapping fails test_every_engine_parses_back.
+DRAFTERS = [spec.parameter.example if spec.parameter else name for name, spec in SPECS.items()]
 SWITCHES = {"--trust-remote-code"}  # flags that take no value
 BAD_TEXT = ("None", "nan", "NaN", "inf", "null")
 
@@ -116,7 +119,7 @@ def test_every_engine_parses_back(drafter, sampling):
                 llama["--draft-max"]) == ("ngram-simple", "3", "4", "4")
     else:
         assert (llama["-md"], llama["--draft-max"], llama["--draft-min"]) == ("draft 0.5B.gguf", "4", "0")
-        assert float(llama["--draft-p-min"]) == (0.4 if name == "confidence" else 0.0)
+        assert float(llama["--draft-p-min"]) == (float(drafter.split(":")[1]) if name == "confidence" else 0.0)
     if greedy:
         assert float(llama["--temp"]) == 0.0
     else:
@@ -141,7 +144,7 @@ def test_every_engine_parses_back(drafter, sampling):
         assert assigned == tf["assistant_generation_config"] == {
             "num_assistant_tokens": 4,
             "num_assistant_tokens_schedule": "heuristic_transient" if name == "heuristic" else "constant",
-            "assistant_confidence_threshold": 0.4 if name == "confidence" else 0.0}
+            "assistant_confidence_threshold": float(drafter.split(":")[1]) if name == "confidence" else 0.0}
 
     # what each engine cannot express is said, not invented
     assert inexpressible(doc["transformers"]) == ""
