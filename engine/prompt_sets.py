@@ -8,7 +8,10 @@
     load_prompts("my_prompts.txt")    # one prompt per line (blank lines skipped)
     load_prompts("code+english")      # several sets as one: code:tune's prompts, then english:tune's
 
-Every problem raises `DraftLabError` with one line naming the file, the line, the problem and the fix.
+Every problem raises `DraftLabError` with one line naming the file, the line, the problem and the fix. A prompt is
+text a tokenizer can take: no NUL character, no unpaired surrogate (not valid Unicode), not only whitespace, at
+most limit("prompt_chars") characters; a file holds at most limit("prompts") prompts and limit("prompt_file_mb")
+megabytes (engine/limits.py: $DRAFTLAB_LIMIT_...).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import json
 from pathlib import Path
 
 from engine.errors import DraftLabError
+from engine.limits import limit, over
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 PROMPT_SETS: tuple[str, ...] = ("code", "english", "chinese", "math", "mixed")
@@ -98,7 +102,42 @@ def load_prompt_file(path: str | Path) -> list[str]:
     return _load_file(p, display=str(p))
 
 
+def check_prompt(text: str, where: str) -> str:
+    """The prompt itself, or a DraftLabError naming `where` (e.g. "prompts.jsonl: line 3") and the fix."""
+    if "\x00" in text:
+        raise DraftLabError(f"{where}: the prompt holds a NUL character (\\x00): remove it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DraftLabError(f"{where}: the prompt holds an unpaired surrogate ({text[exc.start]!r} at character "
+                            f"{exc.start}), which is not valid Unicode: fix the text (an escaped \\ud800 alone "
+                            f"in JSON does this)") from None
+    if not text.strip():
+        raise DraftLabError(f"{where}: the prompt is only whitespace: give it text, or remove it")
+    if len(text) > limit("prompt_chars"):
+        raise DraftLabError(f"{where}: the prompt has {len(text)} characters, more than the limit of "
+                            f"{limit('prompt_chars')}: shorten it, or raise the limit with DRAFTLAB_LIMIT_PROMPT_CHARS")
+    return text
+
+
+def check_prompts(prompts: list[str], display: str) -> list[str]:
+    """Every prompt checked (check_prompt) and their count bounded by limit("prompts")."""
+    if len(prompts) > limit("prompts"):
+        raise DraftLabError(f"{display}: " + over("prompts", len(prompts), "the prompt set"))
+    for i, prompt in enumerate(prompts):
+        check_prompt(prompt, f"{display}: prompt {i + 1}")
+    return prompts
+
+
 def _read_text(path: Path, display: str) -> str:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    if size > limit("prompt_file_mb") * 1024 * 1024:
+        raise DraftLabError(f"{display}: the prompt file has {size / 2**20:.1f} MB, more than the limit of "
+                            f"{limit('prompt_file_mb')} MB: split it, or raise the limit with "
+                            f"DRAFTLAB_LIMIT_PROMPT_FILE_MB")
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -125,7 +164,7 @@ def _load_file(path: Path, display: str) -> list[str]:
         prompts = [line.rstrip("\r") for line in text.split("\n") if line.strip()]
     if not prompts:
         raise DraftLabError(f"{display}: the prompt file has no prompts: add at least one")
-    return prompts
+    return check_prompts(prompts, display)
 
 
 def _parse_jsonl(text: str, display: str) -> list[str]:
@@ -138,6 +177,9 @@ def _parse_jsonl(text: str, display: str) -> list[str]:
         except json.JSONDecodeError as exc:
             raise DraftLabError(f"{display}: line {lineno}: invalid JSON ({exc.msg} at column {exc.colno}): "
                                 f"write one JSON object per line, e.g. {{\"prompt\": \"...\"}}")
+        except RecursionError:
+            raise DraftLabError(f"{display}: line {lineno}: JSON nested too deeply to read: write one flat object "
+                                f"per line, e.g. {{\"prompt\": \"...\"}}") from None
         if not isinstance(obj, dict):
             raise DraftLabError(f"{display}: line {lineno}: expected a JSON object, got {type(obj).__name__}: "
                                 f"write one object per line, e.g. {{\"prompt\": \"...\"}}")
@@ -149,7 +191,7 @@ def _parse_jsonl(text: str, display: str) -> list[str]:
         if not isinstance(prompt, str) or not prompt:
             raise DraftLabError(f"{display}: line {lineno}: \"prompt\" must be a non-empty string, got "
                                 f"{prompt!r:.40}: fix that line")
-        prompts.append(prompt)
+        prompts.append(check_prompt(prompt, f"{display}: line {lineno}"))
     return prompts
 
 

@@ -1,0 +1,125 @@
+"""Fuzz tests (hypothesis) of what users type or upload: the number parsers every input shares
+(engine/numbers.py), the swept variables' and drafter specs' parsers (engine/variables.py,
+engine/drafter_specs.py) and the prompt-file loaders (engine/prompt_sets.py). Whatever the input, the answer is a
+value inside the documented bounds or one DraftLabError line — never another exception. Bounded: a fixed number
+of examples per test, no deadline flakiness on a loaded machine."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.drafter_specs import SPECS, parse_drafter
+from engine.errors import DraftLabError
+from engine.numbers import ascii_float, ascii_int
+from engine.prompt_sets import load_prompt_file
+from engine.variables import VARIABLES
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                       HealthCheck.function_scoped_fixture])
+# Text users might type: ASCII digits and signs, other scripts' digits, fullwidth forms, spaces, odd floats.
+typed = st.one_of(st.text(max_size=30), st.text(alphabet="0123456789+-.eE ,_", max_size=20),
+                  st.sampled_from(["nan", "inf", "-inf", "1e999", "٣", "３", "1_0", "", " ", "+", "-0", "0x10",
+                                   "10" * 30, "1e-300", "²"]))
+
+
+@FUZZ
+@given(typed)
+def test_numbers_are_ascii_and_finite_or_refused(text):
+    value = ascii_int(text)
+    if value is not None:
+        assert str(text).strip().lstrip("+-").isascii() and str(text).strip().lstrip("+-").isdigit()
+    f = ascii_float(text)
+    if f is not None:
+        assert math.isfinite(f) and str(text).isascii()
+
+
+@FUZZ
+@given(st.sampled_from(sorted(VARIABLES)), typed)
+def test_a_swept_variable_gives_a_bounded_value_or_one_line(name, text):
+    v = VARIABLES[name]
+    try:
+        values = v.parse_list(text)
+    except DraftLabError as exc:
+        assert "\n" not in str(exc) and str(exc)
+        return
+    assert values and len(set(values)) == len(values)
+    for value in values:
+        if not v.categorical:
+            assert isinstance(value, v.kind) and v.in_range(value)
+
+
+@FUZZ
+@given(st.one_of(typed, st.builds(lambda n, t: f"{n}:{t}", st.sampled_from(sorted(SPECS)), typed)))
+def test_a_drafter_spec_is_valid_or_one_line(text):
+    try:
+        name, value = parse_drafter(text)
+    except DraftLabError as exc:
+        assert "\n" not in str(exc)
+        return
+    param = SPECS[name].parameter
+    assert (value is None) == (param is None)
+    if param is not None:
+        assert isinstance(value, param.kind) and param.valid(value)
+
+
+json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                                     st.text(max_size=20)),
+                           lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                   st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                           max_leaves=10)
+lines = st.one_of(st.text(max_size=40),
+                  st.builds(lambda v: json.dumps({"prompt": v}), json_values),
+                  st.builds(lambda t: json.dumps({"prompt": t}, ensure_ascii=True), st.text(max_size=20)),
+                  st.sampled_from(['{"prompt": "a\\ud800"}', '{"prompt": "\\u0000"}', "[" * 5000, '"just a string"',
+                                   '{"prompt": "   "}', "prompt", '"a,b",c']))
+
+
+@FUZZ
+@given(st.sampled_from([".jsonl", ".csv", ".txt"]), st.lists(lines, max_size=6))
+def test_a_prompt_file_loads_clean_prompts_or_one_line(tmp_path_factory, suffix, content):
+    path = tmp_path_factory.mktemp("fuzz") / f"prompts{suffix}"
+    path.write_text("\n".join(content), encoding="utf-8", errors="surrogatepass")
+    try:
+        prompts = load_prompt_file(path)
+    except DraftLabError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert prompts
+    for prompt in prompts:
+        assert isinstance(prompt, str) and prompt.strip() and "\x00" not in prompt
+        prompt.encode("utf-8")  # valid Unicode: a tokenizer and both databases take it
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"prompt": "a\\u0000b"}\n', "NUL character"),
+    ('{"prompt": "a\\ud800b"}\n', "unpaired surrogate"),
+    ('{"prompt": " \\t "}\n', "only whitespace"),
+    ("[" * 100_000 + "\n", "nested too deeply"),
+])
+def test_the_probe_prompts_are_refused_in_one_line(tmp_path, content, words):
+    path = tmp_path / "p.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DraftLabError, match=words) as err:
+        load_prompt_file(path)
+    assert "\n" not in str(err.value)
+
+
+def test_prompt_limits_are_settable(tmp_path, monkeypatch):
+    path = tmp_path / "p.txt"
+    path.write_text("a\nb\nc\n", encoding="utf-8")
+    assert load_prompt_file(path) == ["a", "b", "c"]
+    monkeypatch.setenv("DRAFTLAB_LIMIT_PROMPTS", "2")
+    with pytest.raises(DraftLabError, match="more than the limit of 2: use fewer, or raise it with DRAFTLAB_LIMIT_PROMPTS"):
+        load_prompt_file(path)
+    monkeypatch.setenv("DRAFTLAB_LIMIT_PROMPTS", "２")
+    with pytest.raises(DraftLabError, match=r"\$DRAFTLAB_LIMIT_PROMPTS must be a whole number"):
+        load_prompt_file(path)
+    monkeypatch.delenv("DRAFTLAB_LIMIT_PROMPTS")
+    monkeypatch.setenv("DRAFTLAB_LIMIT_PROMPT_FILE_MB", "1")
+    path.write_text("x" * (2 * 2**20), encoding="utf-8")
+    with pytest.raises(DraftLabError, match="2.0 MB, more than the limit of 1 MB"):
+        load_prompt_file(path)
