@@ -11,6 +11,8 @@ import sys
 from engine.variables import VARIABLES  # the swept variables' options (plain Python, no torch)
 from storage.queue import STALE_HELP  # one wording for every command (no torch: storage only)
 
+from .db_errors import db_error_reason, scrub
+
 EXIT_BAD_INPUT, EXIT_RUN_FAILED = 2, 1
 
 
@@ -484,7 +486,8 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
     from storage.export import run_document
 
     from .report import format_table
-    from .worker import DatabaseUnavailable, Worker, transient_db_error
+    from .db_errors import DatabaseUnavailable, transient_db_error
+    from .worker import Worker
 
     url, safe = store.url, store.safe_url
 
@@ -494,7 +497,7 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
 
     progress = _ProgressBar(len(prompts), enqueue["sampling"]["max_new_tokens"], arms, args.repeats)
     try:
-        worker = Worker(store, progress_hook=progress.update, log=lambda message: progress.write(_scrub(str(message), url)))
+        worker = Worker(store, progress_hook=progress.update, log=lambda message: progress.write(scrub(str(message), url)))
     except queue.QueueError as exc:  # a bad $DRAFTLAB_STALE_SECONDS / $DRAFTLAB_DB_RETRY_SECONDS
         progress.close()
         return _fail(str(exc))
@@ -611,7 +614,7 @@ def cmd_worker(args) -> int:
             return 2
         if devices != ["cpu"]:
             return run_supervisor(url, devices, until_idle=args.until_idle,
-                                  log=lambda m: print(f"supervisor: {_scrub(str(m), url)}", file=sys.stderr, flush=True))
+                                  log=lambda m: print(f"supervisor: {scrub(str(m), url)}", file=sys.stderr, flush=True))
     return run_worker(url, until_idle=args.until_idle, log=_worker_log(url))
 
 
@@ -764,15 +767,6 @@ def _dispatch(argv: list[str] | None) -> int:
 DB_FIX = "check --db / $DRAFTLAB_DB"
 
 
-def db_error_reason(exc: BaseException, url: str | None = None) -> str:
-    """`Type: first line` of a database error (the driver's own error when SQLAlchemy wraps one), at most 200
-    characters, with the password of `url` hidden."""
-    orig = getattr(exc, "orig", None) or exc
-    first = (str(orig).strip().splitlines() or [""])[0][:200]
-    reason = f"{type(orig).__name__}: {first}" if first else type(orig).__name__
-    return _scrub(reason, url) if url else reason
-
-
 def open_store_or_fail(db: str | None, write: bool = False):
     """The Store for `db` (--db, else $DRAFTLAB_DB, else the default), or EXIT_BAD_INPUT after one `error:` line
     on stderr naming the database (password hidden) and the fix. `write=True` also makes sure the database
@@ -817,29 +811,9 @@ def _present(value) -> bool:
     return value is not None and value == value and str(value).strip() != ""
 
 
-def _scrub(text: str, url: str) -> str:
-    """`text` with the database URL's password hidden (a full URL becomes its safe form)."""
-    import re
-
-    from sqlalchemy.engine import make_url
-
-    from storage.store import safe_url
-
-    text = text.replace(url, safe_url(url))
-    try:
-        decoded = make_url(url).password
-    except Exception:  # noqa: BLE001 - unparseable: safe_url above already masked what it could
-        decoded = None
-    raw = re.search(r"://[^:/@]*:(.*)@", url)
-    for secret in {str(decoded or ""), raw.group(1) if raw else ""}:
-        if len(secret) >= 4:  # a shorter one would mangle every message it happens to occur in
-            text = text.replace(secret, "***")
-    return text
-
-
 def _worker_log(url: str):
     """The worker's stderr log line, with the database password hidden in every message."""
-    return lambda message: print(f"worker: {_scrub(str(message), url)}", file=sys.stderr, flush=True)
+    return lambda message: print(f"worker: {scrub(str(message), url)}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def execute(worker, job_id: int) -> str:
 
 
 def queue_unavailable(exc: BaseException) -> bool:
-    from app.worker import DatabaseUnavailable
+    from app.db_errors import DatabaseUnavailable
 
     return isinstance(exc, DatabaseUnavailable)
 

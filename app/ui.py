@@ -83,7 +83,7 @@ def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HO
     try:
         needs_worker = _needs_worker(url)
     except Exception as exc:  # noqa: BLE001 - an unreachable or unreadable database: one line, not a traceback
-        from app.cli import db_error_reason
+        from app.db_errors import db_error_reason
 
         print(f"error: cannot open the database {shown} ({db_error_reason(exc, url)}); check --db / $DRAFTLAB_DB",
               file=sys.stderr)

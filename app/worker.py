@@ -42,6 +42,8 @@ from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, specula
 from engine.sampling import SamplingConfig
 from engine.token_types import TokenTyper
 from storage import Store, open_store, queue, training
+
+from .db_errors import DatabaseUnavailable, db_reason, transient_db_error
 from storage.recording import clear_from, record_prompt
 from storage.schema import BASELINE, CANCELLED, DONE, FAILED, INTERRUPTED
 
@@ -52,29 +54,9 @@ MAX_BACKOFF_SECONDS = 5.0
 _LOST = "lost"  # a run this worker no longer owns (swept as stale and taken over): nothing of it is written
 
 
-class DatabaseUnavailable(Exception):
-    """The database refused writes (or connections) for longer than the worker's retry bound."""
-
-
 def db_retry_window(value: float | None = None) -> float:
     """How long a worker retries a failed database write: `value`, else $DRAFTLAB_DB_RETRY_SECONDS, else 300."""
     return queue.seconds_setting(DB_RETRY_ENV, DEFAULT_DB_RETRY_SECONDS, value, allow_zero=True)
-
-
-def transient_db_error(exc: BaseException) -> bool:
-    """A database error worth retrying: the database refused the write or the connection (read-only, disk
-    full, locked, server down or restarting), as opposed to a bug in a statement."""
-    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-
-    return isinstance(exc, (OperationalError, InterfaceError)) or (
-        isinstance(exc, DBAPIError) and bool(getattr(exc, "connection_invalidated", False)))
-
-
-def db_reason(exc: BaseException) -> str:
-    """`DriverError: first line` of a database error, short."""
-    orig = getattr(exc, "orig", None) or exc
-    first = (str(orig).strip().splitlines() or [""])[0][:160]
-    return f"{type(orig).__name__}: {first}" if first else type(orig).__name__
 
 
 class SetupError(Exception):

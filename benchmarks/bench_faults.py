@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from app.worker import DatabaseUnavailable, Worker  # noqa: E402
+from app.db_errors import DatabaseUnavailable  # noqa: E402
+from app.worker import Worker  # noqa: E402
 from storage import open_store, queue  # noqa: E402
 from tests import tiny_models  # noqa: E402
 from tests.fault_tools import (CommitWatcher, DiskFull, OwnPostgres, SqliteWriteFault, audit,  # noqa: E402

@@ -286,10 +286,10 @@ def test_k_and_repeats_are_checked_before_anything_is_stored(run_cli, extra, mes
 
 
 def test_worker_log_lines_hide_the_password_in_every_form():
-    from app.cli import _scrub
+    from app.db_errors import scrub
 
     url = "postgresql+psycopg://draftlab:p%40ss-w0rd@db.example/lab"
-    line = _scrub(f"serving {url}; auth failed for password 'p@ss-w0rd' (p%40ss-w0rd)", url)
+    line = scrub(f"serving {url}; auth failed for password 'p@ss-w0rd' (p%40ss-w0rd)", url)
     assert "p@ss-w0rd" not in line and "p%40ss-w0rd" not in line
     assert "postgresql+psycopg://draftlab:***@db.example/lab" in line
 

@@ -14,7 +14,8 @@ import time
 import pytest
 from sqlalchemy import text
 
-from app.worker import DatabaseUnavailable, Worker
+from app.db_errors import DatabaseUnavailable
+from app.worker import Worker
 from storage import open_store, queue
 from tests.fault_tools import CommitWatcher, OwnPostgres, SqliteWriteFault, audit
 
