@@ -299,15 +299,6 @@ def test_deploy_panel_draws_one_tab_per_engine(tmp_path):
     assert not math.isnan(expected["measured"]["speedup"])
 
 
-def test_the_deploy_module_needs_neither_torch_nor_streamlit():
-    import subprocess
-    import sys
-
-    code = "import sys, storage.deploy; print('torch' in sys.modules, 'streamlit' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "False"]
-
-
 @pytest.mark.parametrize("drafter", ["confidence:0.4", "prompt-lookup:3"])
 def test_the_transformers_snippet_runs_on_the_demo_pair(drafter, monkeypatch, capsys):
     """The snippet is executable as printed, and the draft's k / schedule / threshold reach transformers'

@@ -296,15 +296,6 @@ def test_a_timing_warning_says_rerun_with_more_repeats(store):
     assert warned["prefill"]["repeats"] == fd.MORE_REPEATS
 
 
-def test_importing_findings_does_not_import_torch_or_streamlit():
-    import subprocess
-    import sys
-
-    code = "import sys, storage.findings; print('torch' in sys.modules, 'streamlit' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "False"]
-
-
 def test_an_unknown_or_empty_experiment_has_no_findings(store):
     assert fd.findings(store, 999) == []
     eid = enqueue(store, ks=(2,), prompts=2)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import subprocess
-import sys
 import threading
 from collections import Counter
 from datetime import timedelta
@@ -71,13 +69,6 @@ def assert_close(actual, expected, what):
 
 
 # --- schema -----------------------------------------------------------------------------------------------
-
-def test_importing_storage_does_not_import_torch():
-    code = ("import sys; import storage, storage.queries, storage.queue, storage.recording, storage.export; "
-            "print('torch' in sys.modules, 'streamlit' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "False"]
-
 
 def test_sqlite_is_wal_with_busy_timeout(tmp_path):
     store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
