@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from engine import zoo  # the shipped models' names (plain Python, no torch)
 from engine.variables import VARIABLES  # the swept variables' options (plain Python, no torch)
 from storage.queue import STALE_HELP  # one wording for every command (no torch: storage only)
 
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="baseline + one speculative run per swept value; prints a table or --json")
-    run.add_argument("--target", required=True, help="demo-target, an HF model id or a local directory")
+    run.add_argument("--target", required=True, help=zoo.model_help("target"))
     for variable in VARIABLES.values():  # --k, --temperature, --top-k, --top-p, --draft, --drafter
         run.add_argument(variable.flag, default=variable.default, help=variable.help)
     run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed), a .jsonl/.csv/.txt file, or several joined with + (code:validation+english:validation)")
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "greedy alpha (k=4) before/after on the validation split of --prompts (a file: the same file). "
                     "Interrupted (Ctrl-C, SIGTERM), it keeps its last checkpoint in OUT/.checkpoint (the target's "
                     "continuations once, then the training state every 30 s): the same command continues from it.")
-    distill.add_argument("--target", required=True, help="demo-target, an HF model id or a local directory")
+    distill.add_argument("--target", required=True, help=zoo.model_help("target"))
     distill.add_argument("--draft", required=True, help="the draft to start from (same tokenizer as the target)")
     distill.add_argument("--prompts", required=True,
                          help="NAME[:tune] (held out: NAME:validation), a .jsonl/.csv/.txt file (held out: the same file), or several joined with + (code+english: held out code:validation+english:validation)")

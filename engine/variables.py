@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from . import zoo
 from .drafter_specs import DEFAULT_DRAFTER, canonical_drafter
 from .errors import DraftLabError
 from .numbers import ascii_float, ascii_int
@@ -142,8 +143,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "1 = off; a comma list sweeps it", low=0.0, high=1.0, low_open=True, per_value_baseline=True,
              title="Top-p", step=0.05),
     Variable("draft", str, "a draft model's id or path", "demo-draft,demo-draft-distilled", None,
-             "demo-draft, demo-draft-distilled, an HF model id or a local directory; a comma list compares drafts "
-             "(not needed when every drafter is prompt-lookup)", label="draft (compare drafts)", check_name=_model_name),
+             f"{zoo.model_help('draft')}; a comma list compares drafts (not needed when every drafter is "
+             "prompt-lookup)", label="draft (compare drafts)", check_name=_model_name),
     Variable("drafter", str, "a drafter spec", "model,heuristic,prompt-lookup:3", DEFAULT_DRAFTER,
              "model (default), heuristic, confidence:T or prompt-lookup:N; a comma list compares them",
              label="drafter (drafting strategy)", check_name=canonical_drafter),

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import streamlit as st
 
+from engine import zoo
 from engine.errors import DraftLabError
 from engine.variables import VARIABLES
 from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
@@ -33,13 +34,12 @@ __all__ = ["AUTO_K", "DEFAULT_SWEEP", "INTEGER_VARIABLES", "MAX_K", "Launch", "p
 SWEEP_VARIABLES = tuple(VARIABLES)  # engine/variables.py: k, a sampling setting with k fixed, the draft or the drafter
 DEFAULT_REPEATS, DEFAULT_K_AUTO = 3, 8
 UPLOAD_TYPES = ["jsonl", "csv", "txt"]
-DEMO_DRAFTS = ("demo-draft", "demo-draft-distilled")  # offered as draft candidates; any other name can be typed
 DEFAULT_DRAFTER_SWEEP = ["model", "heuristic", "confidence", "prompt-lookup"]
 LINK_NOTES = "new_experiment_link_notes"  # session key: what the link's parameters left out
 # Each widget's first value: the page seeds st.session_state with these (or the link's values) and creates the
 # widgets without value=/index=, so a value from a link never competes with a default.
 DEFAULTS = {
-    "target": "demo-target", "draft": "demo-draft", "prompt_source": "Built-in", "temperature": 0.0, "top_k": 0,
+    "target": zoo.DEMO_TARGET, "draft": zoo.DEMO_DRAFTS[0], "prompt_source": "Built-in", "temperature": 0.0, "top_k": 0,
     "top_p": 1.0, "seed": 0, "max_new_tokens": 128, "device": "auto", "dtype": "auto", "sweep_variable": "k",
     "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "fixed_k": 4, "repeats": DEFAULT_REPEATS, "name": "",
     "tags": "", "notes": "", "drafter": "model", "drafter_threshold": DEFAULT_THRESHOLD, "drafter_ngram": DEFAULT_NGRAM,
@@ -291,8 +291,8 @@ def _trained_drafts() -> dict[str, str]:
     return {d["out"]: f"{d['name']} (trained, job {d['job_id']})" for d in drafts}
 
 
-def _pick_trained() -> None:
-    picked = st.session_state.get("trained_pick")
+def _pick_draft() -> None:
+    picked = st.session_state.get("draft_pick")
     if picked:
         st.session_state["draft"] = picked
 
@@ -302,7 +302,7 @@ def _draft_candidates(target: str) -> tuple[list[str], list[tuple[str, bool, str
     current = str(st.session_state.get("draft", DEFAULTS["draft"]) or "").strip()
     _seed("draft_candidates", [current] if current else [])
     trained = _trained_drafts()
-    chosen = st.multiselect("Draft candidates", list(dict.fromkeys([*DEMO_DRAFTS, *trained])), key="draft_candidates",
+    chosen = st.multiselect("Draft candidates", list(dict.fromkeys([*zoo.DEMO_DRAFTS, *trained])), key="draft_candidates",
                             accept_new_options=True, format_func=lambda v: trained.get(v, v),
                             persist_state="page", placeholder="pick a demo draft or type a model id / path",
                             help="one speculative run per draft, all against one baseline; type an HF model id or "
@@ -356,7 +356,7 @@ def render() -> None:
     with left:
         st.subheader("Models")
         _seed("target")
-        target = st.text_input("Target model", key="target", help="demo-target, an HF model id or a local directory")
+        target = st.text_input("Target model", key="target", help=zoo.model_help("target"))
         checks = None
         if choice == "draft":
             candidates, checks = _draft_candidates(target)
@@ -364,12 +364,14 @@ def render() -> None:
         else:
             _seed("draft")
             trained = _trained_drafts()
-            if trained:
-                st.selectbox("Trained drafts", [None, *trained], key="trained_pick", on_change=_pick_trained,
-                             format_func=lambda v: "pick one to use it as the draft" if v is None else trained[v],
-                             help="drafts that Train a draft jobs wrote; choosing one fills in Draft model")
+            shipped = {name: f"{name} (shipped)" for name in zoo.DEMO_DRAFTS}
+            choices = {**shipped, **trained}
+            st.selectbox("Shipped and trained drafts", [None, *choices], key="draft_pick", on_change=_pick_draft,
+                         format_func=lambda v: "pick one to use it as the draft" if v is None else choices[v],
+                         help="the drafts shipped with DraftLab and those Train a draft jobs wrote; choosing one "
+                              "fills in Draft model")
             draft = st.text_input("Draft model", key="draft", persist_state="page",
-                                  help="demo-draft, demo-draft-distilled, an HF model id or a local directory")
+                                  help=zoo.model_help("draft"))
             check = _pair_check(target, draft)
             _show_check(check)
             check_ok, check_message = check.ok, check.message

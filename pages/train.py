@@ -10,9 +10,10 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from engine import zoo
 from engine.errors import DraftLabError
-from engine.prompt_sets import (EVERY_SET, PROMPT_SET_DESCRIPTIONS, held_out_split, list_prompt_sets,
-                                 load_prompt_file, load_prompts)
+from engine.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTIONS, UNION, held_out_split,
+                                list_prompt_sets, load_prompt_file, load_prompts)
 from pages.common import csv_download, nav_page, number, select_id, store
 from pages.prefill import md_text
 from storage import queries as q
@@ -23,9 +24,23 @@ from storage.schema import CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING
 REFRESH_SECONDS = 2.0
 DEVICES = ["auto", "cpu", "cuda"]
 NO_FOCUS = 0
-DEFAULTS = {"train_target": "demo-target", "train_draft": "demo-draft", "train_steps": 200, "train_lr": 3e-4,
-            "train_batch_size": 8, "train_samples": 1, "train_max_new_tokens": 128, "train_seed": 0,
-            "train_device": "auto", "train_source": "Built-in", "train_set": "code:tune"}
+
+
+def _set_choice(spec: str) -> str:
+    """The built-in set menu's entry naming the same prompts as `spec` (`code+english+...`: every set's tune split)."""
+    def parts(s: str) -> frozenset:
+        return frozenset(p if ":" in p else f"{p}:{DEFAULT_SPLIT}" for p in s.split(UNION))
+
+    return next((choice for choice in [*list_prompt_sets(), EVERY_SET] if parts(choice) == parts(spec)), spec)
+
+
+# The form starts from the recipe that made the shipped demo-draft-distilled (its distill.json, the command the
+# README gives), not from the first version's settings, which made a weak draft.
+_RECIPE = zoo.recipe("demo-draft-distilled")
+DEFAULTS = {"train_target": zoo.DEMO_TARGET, "train_draft": zoo.DEMO_DRAFTS[0], "train_steps": _RECIPE["steps"],
+            "train_lr": _RECIPE["lr"], "train_batch_size": _RECIPE["batch_size"], "train_samples": _RECIPE["samples"],
+            "train_max_new_tokens": _RECIPE["max_new_tokens"], "train_seed": _RECIPE["seed"],
+            "train_device": "auto", "train_source": "Built-in", "train_set": _set_choice(_RECIPE["prompts"])}
 
 
 def _seed(key: str) -> None:
@@ -109,7 +124,7 @@ def _form() -> None:
             _seed(key)
     models = training.models_dir()
     c1, c2 = st.columns(2)
-    target = c1.text_input("Target model", key="train_target", help="demo-target, an HF model id or a local directory")
+    target = c1.text_input("Target model", key="train_target", help=zoo.model_help("target"))
     draft = c2.text_input("Draft to start from", key="train_draft",
                           help="its copy is trained; the original is left as it is")
     check = _pair_check(target, draft) if target.strip() and draft.strip() else None

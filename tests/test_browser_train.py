@@ -55,7 +55,8 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
         settle(page)
         upload_prompts(page, CORPUS_FILE, tmp_path, CORPUS)
         settle(page)
-        for label, value in (("Steps", str(STEPS)), ("Batch size", "2"), ("Max new tokens", "8"),
+        for label, value in (("Steps", str(STEPS)), ("Batch size", "2"), ("Samples per prompt", "1"),
+                             ("Max new tokens", "8"),
                              ("Name of the trained draft", "browser-draft")):
             commit(field(page, label), value)
             settle(page)
@@ -87,7 +88,7 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
         page.goto(f"{served['url']}/new")
         page.get_by_text("tokenizers match").wait_for()
         settle(page)
-        _pick(page, "Trained drafts", f"browser-draft (trained, job {job_id})")
+        _pick(page, "Shipped and trained drafts", f"browser-draft (trained, job {job_id})")
         assert field(page, "Draft model").input_value() == str(out)
         page.get_by_text("tokenizers match").wait_for()
         page.close()

@@ -232,6 +232,35 @@ def test_new_experiment_launch_enqueues_baseline_and_one_run_per_k(empty_db, mod
     assert f"Experiment #{row['experiment_id']} queued" in at.success[-1].value
 
 
+def _shipped_drafts() -> set[str]:
+    """The draft models that ship in engine/zoo (every built model there but the target)."""
+    from engine import zoo
+
+    return {p.name for p in zoo.ZOO_DIR.iterdir() if (p / "config.json").exists()} - {zoo.DEMO_TARGET}
+
+
+def test_every_shipped_draft_is_a_primary_draft_choice_and_in_the_cli_help(empty_db, capsys):
+    """demo-draft-distilled was offered only among a draft sweep's candidates: the one-draft form's picker listed
+    trained drafts only, and named none when there were none."""
+    from app.cli import main
+
+    shipped = _shipped_drafts()
+    assert {"demo-draft", "demo-draft-distilled"} <= shipped
+    at = app("new")
+    assert_clean(at)
+    options = at.selectbox(key="draft_pick").options
+    for name in shipped:
+        assert f"{name} (shipped)" in options, options
+    at.selectbox(key="draft_pick").set_value("demo-draft-distilled").run()
+    assert_clean(at)
+    assert at.text_input(key="draft").value == "demo-draft-distilled"
+    assert all(name in at.text_input(key="draft").help for name in shipped)
+    assert main(["run", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    draft_help = help_text[help_text.rindex("--draft DRAFT"):help_text.rindex("--drafter DRAFTER")]
+    assert all(name in draft_help for name in shipped), draft_help
+
+
 def test_new_experiment_upload_freezes_the_uploaded_prompts(empty_db, model_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path / "uploads"))
     at = app("new")

@@ -26,6 +26,8 @@ def train_db(tmp_path, monkeypatch, model_dirs):
 def _fill(at, model_dirs, name="my-draft"):
     at.text_input(key="train_target").set_value(model_dirs["target"])
     at.text_input(key="train_draft").set_value(model_dirs["draft"]).run()
+    at.selectbox(key="train_set").set_value("code:tune").run()  # the default (every set, 16 samples) is the full recipe
+    at.number_input(key="train_samples").set_value(1)
     at.number_input(key="train_steps").set_value(6)
     at.number_input(key="train_batch_size").set_value(3)
     at.number_input(key="train_max_new_tokens").set_value(8).run()
@@ -53,6 +55,38 @@ def test_the_form_queues_a_job_and_shows_where_drafts_go(train_db):
     assert job["out"] == str(tmp_path / "shared-models" / "my-draft")
     assert at.query_params["job"] == [str(job["id"])] or at.query_params["job"] == str(job["id"])
     assert "Job " in page_text(at) and "queued" in page_text(at)
+
+
+def test_the_form_starts_from_the_recipe_that_made_demo_draft_distilled(train_db):
+    """The defaults are the settings of the shipped demo-draft-distilled (its distill.json, the command the README
+    gives), not the first version's (code:tune, 200 steps at lr 3e-4, 1 sample), which the README says made a weak
+    draft."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from engine import zoo
+    from engine.prompt_sets import EVERY_SET
+
+    card = json.loads((zoo.ZOO_DIR / "demo-draft-distilled" / "distill.json").read_text())
+    at = app("train")
+    assert_clean(at)
+    shown = {key: at.number_input(key=f"train_{key}").value
+             for key in ("steps", "lr", "batch_size", "samples", "max_new_tokens", "seed")}
+    assert shown == {key: card[key] for key in shown}
+    assert (shown["steps"], shown["lr"], shown["samples"]) == (1200, 0.001, 16)
+    assert set(at.selectbox(key="train_set").value.split("+")) == set(card["prompts"].split("+")) \
+        == set(EVERY_SET.split("+"))
+    assert at.text_input(key="train_target").value == card["target"]
+    assert at.text_input(key="train_draft").value == card["draft"]
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Distillation"):]
+    command = re.search(r"`(draftlab distill --target demo-target\s.*?)`", section, re.S).group(1)
+    words = shlex.split(command)
+    flags = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(2, len(words) - 1, 2)}
+    assert flags["prompts"] == card["prompts"]
+    for key in ("steps", "lr", "batch_size", "samples", "max_new_tokens", "seed"):
+        assert float(flags[key]) == shown[key], key
 
 
 def test_every_tune_split_at_once_is_one_choice_held_out_on_every_validation_split(train_db):
@@ -137,7 +171,7 @@ def test_a_finished_job_shows_its_figures_and_its_draft_is_a_candidate(train_db,
 
     # New experiment: offered as a candidate of a draft sweep, and as a one-click draft
     at = app("new")
-    at.selectbox(key="trained_pick").set_value(job["out"]).run()
+    at.selectbox(key="draft_pick").set_value(job["out"]).run()
     assert_clean(at)
     assert at.text_input(key="draft").value == job["out"]
     at.selectbox(key="sweep_variable").set_value("draft").run()
