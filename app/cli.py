@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", default=None,
                         help="csv: directory for the two files (default .); json, deploy: file (default stdout)")
     export.add_argument("--db", default=None)
+    from .import_metrics import add_parser as add_import_metrics
+
+    add_import_metrics(sub)
     return parser
 
 
@@ -719,6 +722,12 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_import_metrics(args) -> int:
+    from .import_metrics import command
+
+    return command(args)
+
+
 EXIT_CLOSED_PIPE = 128 + 13  # what a shell reports for a command stopped by SIGPIPE
 
 
@@ -753,7 +762,7 @@ def _dispatch(argv: list[str] | None) -> int:
     if args.command == "run":
         return cmd_run(args)
     commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export,
-                "validate": cmd_validate, "distill": cmd_distill}
+                "validate": cmd_validate, "distill": cmd_distill, "import-metrics": cmd_import_metrics}
     if args.command in commands:
         return _database_errors_reported(commands[args.command], args)
     if args.command == "ui":

@@ -32,6 +32,7 @@ LIMITS: dict[str, Limit] = {item.name: item for item in (
     Limit("prompts", 2000, "prompts per experiment (or per prompt file)"),
     Limit("prompt_file_mb", 20, "megabytes per prompt file or upload"),
     Limit("prompt_chars", 100_000, "characters per prompt"),
+    Limit("metrics_mb", 10, "megabytes per metrics scrape (draftlab import-metrics)"),
 )}
 
 

@@ -143,6 +143,24 @@ def acceptance_by_position(frame: pd.DataFrame) -> alt.LayerChart:
     return alt.layer(bars, labels).properties(height=HEIGHT)
 
 
+def production_positions(frame: pd.DataFrame) -> alt.LayerChart:
+    """Conditional acceptance per draft position: the lab run's estimate with its 95 % interval (grey bar and rule)
+    and each production series as a point. frame: position, source ('lab' or a series label), conditional, lo, hi."""
+    x = alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0))
+    y_scale = alt.Scale(domain=[0, 1])
+    lab_data = frame[frame["source"] == "lab"]
+    prod_data = frame[frame["source"] != "lab"]
+    interval = alt.Chart(lab_data).mark_rule(color="#9e9e9e", strokeWidth=6, opacity=0.6).encode(
+        x, alt.Y("lo:Q", title="accepted / reached", scale=y_scale), alt.Y2("hi:Q"),
+        tooltip=["position:O", alt.Tooltip("conditional:Q", title="lab", format=".3f"),
+                 alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f")])
+    lab = alt.Chart(lab_data).mark_tick(color="#424242", thickness=2, size=18).encode(x, alt.Y("conditional:Q"))
+    points = alt.Chart(prod_data).mark_point(filled=True, size=80).encode(
+        x, alt.Y("conditional:Q"), alt.Color("source:N", title="production"),
+        tooltip=["source:N", "position:O", alt.Tooltip("conditional:Q", format=".3f")])
+    return alt.layer(interval, lab, points).properties(height=HEIGHT)
+
+
 def acceptance_by_type(frame: pd.DataFrame) -> alt.LayerChart:
     """Acceptance rate per token type, bars sorted by how many were verified, each labelled with its n; fewer than
     MIN_SAMPLE verified tokens: faded and starred. frame: token_type, verified, accepted, rate."""

@@ -14,6 +14,7 @@ from pages.deploy_panel import render_deploy_panel
 from pages.findings_panel import render_findings
 from pages.drafting_panel import render_k_distribution
 from pages.validation_panel import render_validation
+from pages.production_panel import render_production
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
                           run_label, run_stamp, select_id, store, version)
 from storage import formula
@@ -310,6 +311,7 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     _breakdowns(runs, sweep_variable, verdict["best"], experiment_id)
     render_k_distribution(runs)
     render_validation(experiment, verdict)
+    render_production(experiment_id)
     if verdict["best"] is not None:
         render_deploy_panel(store(), experiment_id, None)
 

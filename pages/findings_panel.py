@@ -27,10 +27,11 @@ HEADING_ANCHORS = {
     "by-position": "conditional-acceptance-by-draft-position",
     "by-type": "acceptance-by-token-type",
     "runs": None,  # the Runs table sits in an expander without a heading
+    "production": "production-against-the-lab",
 }
 CHART_NAMES = {"speedup": "the speedup chart", "predictions": "predicted against measured",
                "cost": "the cost table", "by-position": "acceptance by position", "by-type": "acceptance by token type",
-               "runs": "the Runs table"}
+               "runs": "the Runs table", "production": "production against the lab"}
 BOXES = {"error": (st.error, ":material/error:"), "warning": (st.warning, ":material/warning:")}
 
 # Markdown's backslash-escapable punctuation, plus what Streamlit reads on top of it ($ math, :emoji: and
@@ -95,7 +96,8 @@ def render_findings(store, experiment_id: int, found: list[dict] | None = None) 
                 else:
                     st.markdown(body)
             with links:
-                _try_it(finding["prefill"], "Try it")
+                if finding["prefill"]:
+                    _try_it(finding["prefill"], "Try it")
                 for alternative in finding.get("alternatives", []):
                     _try_it(alternative["prefill"], f"Try {alternative['label']}")
     return found

@@ -32,7 +32,7 @@ from sqlalchemy import text
 
 from engine import theory
 
-from . import formula
+from . import formula, production
 from . import queries as q
 from .store import Store
 
@@ -50,10 +50,10 @@ MORE_REPEATS = 5            # the least --repeats suggested when a measurement h
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
 KINDS = ("sampling_mismatch", "timing_warning", "positions", "token_type", "thin_data", "tie", "prediction",
-         "formula", "low_c")
+         "formula", "low_c", "production")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # The experiment-detail page's charts a finding can point at (the panel maps each to its anchor on the page).
-CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs")
+CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production")
 NEW_PAGE = "new"            # pages/nav.py's URL path of the New-experiment page
 DISTILL_PAGE = "distill"    # a distillation page: not built yet, linked anyway
 ALTERNATIVE_DRAFTERS = ("confidence:0.5", "heuristic")  # engine/drafting.py specs that stop drafting early
@@ -70,7 +70,8 @@ def findings(store: Store, experiment_id: int) -> list[dict]:
     verdict = q.verdict(store, experiment_id)
     ctx = _Context(store, experiment, runs, verdict)
     found: list[dict] = []
-    for rule in (_sampling_mismatch, _timing_warnings, _positions_and_types, _tie, _prediction, _formula, _low_c):
+    for rule in (_sampling_mismatch, _timing_warnings, _positions_and_types, _tie, _prediction, _formula, _low_c,
+                 _production):
         try:
             found += rule(ctx)
         except Exception:  # one rule's surprise (a label where a number was expected) must not hide the others
@@ -516,3 +517,38 @@ def _low_c(ctx: _Context) -> list[dict]:
                      "Try a faster (smaller) draft, or prompt-lookup drafting (prompt-lookup:3, no draft model).",
                      prefill, {"run_id": int(r.run_id), "alpha": float(r.alpha), "c": float(r.c), "best_k": k_f,
                                "predicted": float(s_f), "c_needed": need})]
+
+
+# --- production against the lab ----------------------------------------------------------------------------------
+
+def _production(ctx: _Context) -> list[dict]:
+    """Rule: per imported production series (storage/production.py) with a lab run of its k, production α (or the
+    draft acceptance rate when the server counts no positions) against the lab run's prompt-clustered 95 %
+    interval; outside it, the traffic differs from the prompts tuned on (a warning); inside, the lab holds (info)."""
+    found = []
+    for item in production.comparison(ctx.store, ctx.experiment_id):
+        if item.get("metric") is None:
+            continue
+        name = "α" if item["metric"] == "alpha" else "draft acceptance rate"
+        figures = (f"production {name} {item['production']:.3f} vs lab {item['lab']:.3f} "
+                   f"({item['lo']:.3f}–{item['hi']:.3f}, run {item['run_id']})")
+        where = ""
+        if item.get("position"):
+            p = item["position"]
+            where = (f"; the first position outside the lab's interval is {p['position']}: {p['production']:.3f} vs "
+                     f"{p['lab']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})")
+        data = {key: item.get(key) for key in ("series_id", "run_id", "metric", "production", "lab", "lo", "hi",
+                                                "outside", "position")}
+        if item["outside"]:
+            title = f"Production ({item['label']}) falls outside the lab's interval"
+            detail = (f"{_cap(figures)}{where}: the traffic differs from the prompts tuned on "
+                      f"({ctx.experiment['prompts']}).")
+            found.append(_finding("production", "warning", title, detail, "production",
+                                  "Capture prompts from production and distill the draft on them (Train a draft), "
+                                  "then validate on held-out production prompts.", {"page": "train"}, data))
+        else:
+            title = f"Production ({item['label']}) matches the lab"
+            detail = f"{_cap(figures)}{where}: the lab's verdict holds for this traffic."
+            found.append(_finding("production", "info", title, detail, "production",
+                                  "Nothing to change; import again after the traffic changes.", None, data))
+    return found

@@ -55,7 +55,12 @@ def _v4_to_v5(conn: Connection) -> None:
     """v5: training jobs (`Train a draft`) and their curves: new tables only, which create_all adds."""
 
 
-STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
+def _v5_to_v6(conn: Connection) -> None:
+    """v6: production counters imported from a serving engine (`draftlab import-metrics`): new tables only."""
+
+
+STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
+                                                  5: _v5_to_v6}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

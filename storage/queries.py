@@ -428,7 +428,8 @@ def device_leases(store: Store, max_age_seconds: float = 30) -> pd.DataFrame:
 def experiment_version(store: Store, experiment_id: int | None = None) -> tuple:
     """A cheap stamp of what an experiment's runs hold (all runs when experiment_id is None): it changes whenever a
     run is added, claimed, commits a prompt, beats, finishes, fails or is cancelled, or has its speedup recomputed,
-    so the dashboard can cache query results per version. One aggregate over `runs` (no draft tokens read)."""
+    or a production series is imported, so the dashboard can cache query results per version. One aggregate over
+    `runs` (no draft tokens read)."""
     where = "WHERE experiment_id = :eid" if experiment_id is not None else ""
     sql = f"""SELECT COUNT(*), COALESCE(SUM(prompts_done), 0), MAX(heartbeat), MAX(finished), MAX(started),
                      SUM(CASE WHEN status = 'done' THEN 1 ELSE 0 END), SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END),
@@ -445,6 +446,9 @@ def experiment_version(store: Store, experiment_id: int | None = None) -> tuple:
         else:
             extra = conn.execute(text("SELECT name, tags, notes, validates, predicted_curve FROM experiments WHERE id = :eid"),
                                  {"eid": experiment_id}).one_or_none()
+            # production series imported later (`draftlab import-metrics`) change the findings too
+            extra = (*(extra or ()), *conn.execute(text(
+                "SELECT COUNT(*), MAX(id) FROM production_series WHERE experiment_id = :eid"), {"eid": experiment_id}).one())
     return tuple(str(v) for v in (*row, *(extra or ())))
 
 

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Run kinds and statuses.
 BASELINE, SPECULATIVE = "baseline", "speculative"
@@ -338,6 +338,34 @@ class TrainingPoint(Base):
     seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
+class ProductionSeries(Base):
+    """A serving engine's speculative-decoding counters over one window (`draftlab import-metrics`), linked to
+    the experiment (and its run of the same configuration) it is compared with. Counts as the engine reports them
+    (docs/metrics.md, "Production"); `seconds` is the window between two scrapes (NULL: since the server started)."""
+
+    __tablename__ = "production_series"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), nullable=True)
+    label: Mapped[str] = mapped_column(String(200))
+    source: Mapped[str] = mapped_column(Text)  # file path or URL without credentials or query
+    engine: Mapped[str] = mapped_column(String(200), default="")  # engine label(s) summed over
+    created: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
+    drafts: Mapped[int] = mapped_column(BigInteger)
+    draft_tokens: Mapped[int] = mapped_column(BigInteger)
+    accepted: Mapped[int] = mapped_column(BigInteger)
+
+
+class ProductionPosition(Base):
+    """Rounds whose draft at `position` (1-based) was accepted, as the engine counts them (unconditional)."""
+
+    __tablename__ = "production_positions"
+    series_id: Mapped[int] = mapped_column(ForeignKey("production_series.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    accepted: Mapped[int] = mapped_column(BigInteger)
+
+
 schema_info = SchemaInfo.__table__
 experiments = Experiment.__table__
 experiment_prompts = ExperimentPrompt.__table__
@@ -352,3 +380,5 @@ device_leases = DeviceLease.__table__
 verify_profile = VerifyProfile.__table__
 training_jobs = TrainingJob.__table__
 training_points = TrainingPoint.__table__
+production_series = ProductionSeries.__table__
+production_positions = ProductionPosition.__table__
