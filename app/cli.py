@@ -723,9 +723,20 @@ def cmd_export(args) -> int:
 
 
 def cmd_import_metrics(args) -> int:
+    from engine.errors import DraftLabError
+    from storage.production import ProductionError
+
     from .import_metrics import command
 
-    return command(args)
+    store = open_store_or_fail(args.db, write=True)
+    if isinstance(store, int):
+        return store
+    try:
+        return command(args, store)
+    except (DraftLabError, ProductionError) as exc:
+        return _fail(str(exc))
+    finally:
+        store.dispose()
 
 
 EXIT_CLOSED_PIPE = 128 + 13  # what a shell reports for a command stopped by SIGPIPE

@@ -43,34 +43,27 @@ def add_parser(sub) -> None:
     p.add_argument("--db", default=None)
 
 
-def command(args) -> int:
+def command(args, store) -> int:
+    """Scrape, store, print one line; bad input raises DraftLabError / ProductionError (the CLI prints it)."""
     from engine.errors import DraftLabError
-    from storage.production import ProductionError, add_series, series
+    from storage.production import add_series, series
 
-    from .cli import _fail, open_store_or_fail
     from .production_scrape import public_source, scrape
 
     if len(args.sources) > 2:
-        return _fail(f"give one SOURCE (with --interval for two scrapes of it) or two saved scrapes, not "
-                     f"{len(args.sources)}")
+        raise DraftLabError(f"give one SOURCE (with --interval for two scrapes of it) or two saved scrapes, not "
+                            f"{len(args.sources)}")
     if len(args.sources) == 2 and args.interval is not None:
-        return _fail("--interval scrapes one SOURCE twice: give one SOURCE with it, or two saved scrapes without it")
-    store = open_store_or_fail(args.db, write=True)
-    if isinstance(store, int):
-        return store
-    try:
-        if args.interval is not None:
-            print(f"scraping {public_source(args.sources[0])} twice, {args.interval:g} s apart …", file=sys.stderr)
-        counters, seconds = scrape(args.sources, args.interval, args.engine)
-        label = args.label if args.label is not None else f"production {len(series(store, args.experiment_id)) + 1}"
-        stored = add_series(store, args.experiment_id, drafts=counters.drafts, draft_tokens=counters.draft_tokens,
-                            accepted=counters.accepted, per_position=counters.per_position, label=label,
-                            source=" → ".join(public_source(s) for s in args.sources),
-                            engine=",".join(counters.engines), seconds=seconds, run_id=args.run_id)
-    except (DraftLabError, ProductionError) as exc:
-        return _fail(str(exc))
-    finally:
-        store.dispose()
+        raise DraftLabError("--interval scrapes one SOURCE twice: give one SOURCE with it, or two saved scrapes "
+                            "without it")
+    if args.interval is not None:
+        print(f"scraping {public_source(args.sources[0])} twice, {args.interval:g} s apart …", file=sys.stderr)
+    counters, seconds = scrape(args.sources, args.interval, args.engine)
+    label = args.label if args.label is not None else f"production {len(series(store, args.experiment_id)) + 1}"
+    stored = add_series(store, args.experiment_id, drafts=counters.drafts, draft_tokens=counters.draft_tokens,
+                        accepted=counters.accepted, per_position=counters.per_position, label=label,
+                        source=" → ".join(public_source(s) for s in args.sources),
+                        engine=",".join(counters.engines), seconds=seconds, run_id=args.run_id)
     rate = counters.accepted / counters.draft_tokens
     compared = (f"compared with run {stored['run_id']}" if stored["run_id"] is not None else
                 f"no finished run at k = {stored['k']} in experiment {args.experiment_id} to compare with yet")
