@@ -247,108 +247,10 @@ def _validation_report(store, experiment_id: int, as_json: bool) -> str:
             f"{doc['reason']}")
 
 
-FOCUS_FLOOR = 0.05  # a type or position the target always accepted still weighs a little (1 - acceptance floor)
-FOCUS_CLIP = (0.25, 4.0)  # focus weights are clipped to this range after normalising to mean 1
-
-
-def focus_profile_weights(profile: dict) -> dict:
-    """{key: (acceptance, count)} -> {key: weight}: (1 - acceptance), floored at FOCUS_FLOOR, normalised to a
-    count-weighted mean of 1, clipped to FOCUS_CLIP. Keys with no count or no acceptance are left out (weight 1)."""
-    rows = {key: (float(acc), int(n)) for key, (acc, n) in profile.items() if n and acc is not None and acc == acc}
-    if not rows:
-        return {}
-    raw = {key: max(1.0 - acc, FOCUS_FLOOR) for key, (acc, _) in rows.items()}
-    total = sum(n for _, n in rows.values())
-    mean = sum(raw[key] * n for key, (_, n) in rows.items()) / total
-    lo, hi = FOCUS_CLIP
-    return {key: min(hi, max(lo, w / mean)) for key, w in raw.items()}
-
-
-def focus_weights(store, experiment_id: int) -> dict:
-    """The --focus-from weights of a stored experiment: read from its best run (queries.verdict; without one,
-    the speculative run with the most verified draft tokens). Keys: experiment_id, run_id, k, how,
-    type_weights {type: w}, position_weights {position: w}, acceptance_by_type, acceptance_by_position."""
-    from engine.errors import DraftLabError
-    from storage import queries as q
-
-    exp = q.experiment(store, experiment_id)
-    if exp is None:
-        raise DraftLabError(f"--focus-from {experiment_id}: no experiment {experiment_id} in {store.safe_url}; "
-                            f"`draftlab list --db {store.safe_url}` shows the ids")
-    df = q.runs(store, experiment_id)
-    spec = df[(df["kind"] == "speculative") & ((df["accepted"].fillna(0) + df["rejected"].fillna(0)) > 0)]
-    if spec.empty:
-        raise DraftLabError(f"--focus-from {experiment_id}: the experiment has no speculative run with verified draft "
-                            f"tokens (a model drafter, run to completion); run it first or pick another experiment")
-    best, variable = q.verdict(store, experiment_id)["best"], exp.get("sweep_variable", "k")
-    chosen, how = None, "its best run by measured speedup"
-    if best is not None:
-        for r in spec.itertuples():
-            value = (r.sweep_label if variable in ("draft", "drafter") else
-                     int(r.sweep_value) if variable in ("k", "top_k") else float(r.sweep_value))
-            if value == best:
-                chosen = r
-                break
-    if chosen is None:
-        chosen = spec.assign(verified=spec["accepted"].fillna(0) + spec["rejected"].fillna(0)) \
-            .sort_values(["verified", "run_id"], ascending=[False, True]).iloc[0]
-        chosen, how = next(r for r in spec.itertuples() if r.run_id == chosen["run_id"]), \
-            "no best run by speedup: the run with the most verified draft tokens"
-    run_id = int(chosen.run_id)
-    by_type = q.acceptance_by_type(store, run_id)
-    by_pos = q.acceptance_by_position(store, run_id)
-    types = {str(r.token_type): (r.rate, r.verified) for r in by_type.itertuples()}
-    positions = {int(r.position): (r.conditional, r.reached) for r in by_pos.itertuples()}
-    return {"experiment_id": experiment_id, "run_id": run_id, "k": int(chosen.k) if chosen.k == chosen.k else 4,
-            "how": how, "type_weights": focus_profile_weights(types),
-            "position_weights": focus_profile_weights(positions),
-            "acceptance_by_type": {k: float(v[0]) for k, v in types.items()},
-            "acceptance_by_position": {k: (None if v[0] is None or v[0] != v[0] else float(v[0]))
-                                       for k, v in positions.items()}}
-
-
-def _distill_command(args) -> str:
-    """The exact command of this run, every setting explicit (a --db password masked)."""
-    import shlex
-
-    cmd = ["draftlab", "distill", "--target", args.target, "--draft", args.draft, "--prompts", args.prompts,
-           "--steps", str(args.steps), "--out", args.out, "--lr", f"{args.lr:g}", "--max-new-tokens",
-           str(args.max_new_tokens), "--batch-size", str(args.batch_size), "--samples", str(args.samples),
-           "--seed", str(args.seed)]
-    if args.device != "auto":
-        cmd += ["--device", args.device]
-    if args.focus_from is not None:
-        cmd += ["--focus-from", str(args.focus_from)]
-        if args.db:
-            from storage.store import safe_url
-
-            cmd += ["--db", safe_url(args.db)]
-    return " ".join(shlex.quote(c) for c in cmd)
-
-
-CHECKPOINT_DIR = ".checkpoint"  # under --out; removed once the model is saved
-CHECKPOINT_SECONDS = 30.0  # an interrupted `draftlab distill` loses at most this much training
-
-
-def _checkpoint(run, ckpt) -> int:
-    """Save the run's state between two steps; return the step it holds."""
-    run.save_checkpoint(ckpt)
-    return run.step
-
-
-def _prepare_then_train(run, ckpt):
-    """A fresh run's records: the target's continuations, a checkpoint of them (a rerun never regenerates
-    them), then training."""
-    yield from run.prepare()
-    _checkpoint(run, ckpt)
-    yield {"kind": "prepared_saved"}
-    yield from run.train()
-
-
 def cmd_distill(args) -> int:
     """Check everything (settings, --out, --focus-from, prompts, the pair), then train and write the model
-    directory; print the held-out figures (a table, or --json)."""
-    import shutil
+    directory; print the held-out figures (a table, or --json). The steps, checkpoints and card are
+    app/distill_driver.py's (the worker's training jobs run the same driver); this shows its records."""
     import time
 
     from tqdm import tqdm
@@ -358,12 +260,14 @@ def cmd_distill(args) -> int:
     from engine.loading import load_pair
     from engine.prompt_sets import held_out_split, load_prompts
     from engine.runs import encode_prompts
-    from app.distill_card import finish_distilled
+    from storage.focus import focus_weights
+
+    from . import distill_driver as driver
 
     started = time.perf_counter()
     try:
-        cfg = ds.DistillConfig(steps=args.steps, lr=args.lr, max_new_tokens=args.max_new_tokens,
-                               batch_size=args.batch_size, seed=args.seed, samples=args.samples)
+        cfg = driver.distill_config(args.steps, args.lr, args.max_new_tokens, args.batch_size, args.seed,
+                                    args.samples)
         out = ds.check_out_dir(args.out)
     except DraftLabError as exc:
         return _fail(str(exc))
@@ -378,7 +282,7 @@ def cmd_distill(args) -> int:
             return _fail(str(exc))
         finally:
             store.dispose()
-        cfg.profile_k = focus["k"] if focus["k"] > 0 else cfg.k
+        driver.focus_on(cfg, focus)
     try:
         val_spec, val_note = held_out_split(args.prompts)
         train_prompts, val_prompts = load_prompts(args.prompts), load_prompts(val_spec)
@@ -388,22 +292,18 @@ def cmd_distill(args) -> int:
     except DraftLabError as exc:
         return _fail(str(exc))
 
-    run = ds.Distiller(pair, train_prompts, val_prompts, cfg, focus["type_weights"] if focus else None,
-                       focus["position_weights"] if focus else None)
-    ckpt = out / CHECKPOINT_DIR
+    ckpt = driver.checkpoint_of(out)
+    run, continued = driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt)
     bar, done, prepared, saved = None, None, None, None
-    if run.load_checkpoint(ckpt):  # the same command, interrupted before: continue where its checkpoint is
+    if continued:  # the same command, interrupted before: continue where its checkpoint is
         print(f"distill: continuing from the checkpoint in {ckpt} at step {run.step} of {cfg.steps}",
               file=sys.stderr, flush=True)
         prepared, saved = run.prepared, run.step
         bar = tqdm(total=cfg.steps, initial=run.step, desc="distill", unit="step", file=sys.stderr,
                    dynamic_ncols=True, mininterval=1)
-        records = run.train()
-    else:
-        records = _prepare_then_train(run, ckpt)
     last_checkpoint = time.monotonic()
     try:
-        for rec in records:
+        for rec in driver.records(run, ckpt, continued):
             kind = rec["kind"]
             if kind == "phase":
                 if bar is not None:
@@ -424,8 +324,8 @@ def cmd_distill(args) -> int:
             elif kind == "step":
                 bar.update(1)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", refresh=False)
-                if time.monotonic() - last_checkpoint >= CHECKPOINT_SECONDS and run.step < cfg.steps:
-                    saved = _checkpoint(run, ckpt)  # between two steps: a resume repeats none and skips none
+                if time.monotonic() - last_checkpoint >= driver.CHECKPOINT_SECONDS and run.step < cfg.steps:
+                    saved = driver.checkpoint(run, ckpt)  # between two steps: a resume repeats none and skips none
                     last_checkpoint = time.monotonic()
             elif kind == "eval":
                 bar.write(f"distill: step {rec['step']}: train loss {rec['train_loss']:.4f}, held-out KL "
@@ -452,11 +352,10 @@ def cmd_distill(args) -> int:
             bar.close()
 
     print(f"distill: saving to {out} and measuring the saved weights", file=sys.stderr, flush=True)
-    record = finish_distilled(pair, out, cfg, prepared, done, focus, started, name=out.resolve().name,
-                              target=args.target, draft=args.draft, prompts=args.prompts, validation=val_spec,
-                              validation_note=val_note, train_prompts=train_prompts, val_prompts=val_prompts,
-                              command=_distill_command(args))
-    shutil.rmtree(ckpt, ignore_errors=True)
+    record = driver.finish(pair, out, cfg, prepared, done, focus, started, ckpt, name=out.resolve().name,
+                           target=args.target, draft=args.draft, prompts=args.prompts, validation=val_spec,
+                           validation_note=val_note, train_prompts=train_prompts, val_prompts=val_prompts,
+                           command=driver.distill_command(vars(args)))
     result = {"out": str(out), "steps": cfg.steps, "kl_before": record["kl_before"], "kl_after": record["kl_after"],
               "alpha_before": record["alpha_before"], "alpha_after": record["alpha_after"]}
     if args.json:

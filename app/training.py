@@ -3,7 +3,7 @@
 The job reports its phase, step, progress and curve points (train loss every step, held-out KL at the eval
 points) about once a second, in one fenced transaction whose answer carries a pending cancel. Checkpoints go
 to `<out>/.checkpoint`: the prepared data once (the target's continuations and top-k distributions, so a resume
-never regenerates them), then the training state every CHECKPOINT_SECONDS and at a cancel, always between two
+never regenerates them), then the training state every CHECKPOINT_SECONDS (app/distill_driver.py, the driver `draftlab distill` runs too) and at a cancel, always between two
 steps. Cancel stops after the current step; resume continues from the checkpoint with the next step, exactly as
 an uninterrupted job would (a killed worker's steps after its last checkpoint are dropped and redone). When
 training ends the draft is saved, reloaded and measured on the held-out prompts (card and figures), and a
@@ -11,8 +11,6 @@ before/after experiment is queued: the starting draft against the trained one, t
 """
 from __future__ import annotations
 
-import argparse
-import shutil
 import time
 import traceback
 
@@ -23,9 +21,13 @@ from engine.errors import DraftLabError
 from engine.prompt_sets import load_prompts
 from engine.runs import encode_prompts
 from storage import queue, training
+from storage.focus import focus_weights
 from storage.schema import CANCELLED, DONE, FAILED, INTERRUPTED
 
-CHECKPOINT_SECONDS = 30.0  # a killed worker loses at most this much training
+from . import distill_driver as driver
+from .db_errors import DatabaseUnavailable
+from .placement import device_name, load_device, place
+
 REPORT_SECONDS = 1.0  # curve points and progress reach the dashboard this often
 EVAL_REPEATS = 3  # timed decodes per prompt and draft in the before/after experiment
 
@@ -36,14 +38,8 @@ class _Lost(Exception):
 
 def job_command(job: dict, db_url: str | None = None) -> str:
     """The `draftlab distill` command equivalent to a job (for its model card)."""
-    from app.cli import _distill_command
-
-    args = argparse.Namespace(target=job["target"], draft=job["draft"], prompts=job["prompts"], steps=job["steps"],
-                              out=job["out"], lr=job["lr"], max_new_tokens=job["max_new_tokens"],
-                              batch_size=job["batch_size"], samples=job["samples"], seed=job["seed"],
-                              device=job["device"] if job["device"] in ("cpu", "cuda") else "auto",
-                              focus_from=job["focus_from"], db=db_url)
-    return _distill_command(args)
+    return driver.distill_command({**job, "device": job["device"] if job["device"] in ("cpu", "cuda") else "auto",
+                            "db": db_url})
 
 
 def execute(worker, job_id: int) -> str:
@@ -74,7 +70,7 @@ def execute(worker, job_id: int) -> str:
     except DraftLabError as exc:
         status, results, error, detail = FAILED, {}, str(exc), traceback.format_exc()
     except Exception as exc:  # noqa: BLE001 - a bug or an environment problem: record it, keep serving the queue
-        if queue_unavailable(exc):
+        if isinstance(exc, DatabaseUnavailable):
             raise
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         status, results, error, detail = FAILED, {}, f"{type(exc).__name__}: {first}", traceback.format_exc()
@@ -83,17 +79,7 @@ def execute(worker, job_id: int) -> str:
     return status
 
 
-def queue_unavailable(exc: BaseException) -> bool:
-    from app.db_errors import DatabaseUnavailable
-
-    return isinstance(exc, DatabaseUnavailable)
-
-
 def _train(worker, job: dict, label: str) -> tuple[str, dict]:
-    from app.cli import focus_weights
-    from app.distill_card import finish_distilled
-    from app.worker import _device_name, load_device, place
-
     store, job_id, started = worker.store, job["id"], time.perf_counter()
 
     def report(points=(), **fields) -> dict:
@@ -104,14 +90,14 @@ def _train(worker, job: dict, label: str) -> tuple[str, dict]:
 
     worker._release()  # the training pair is its own (its draft is trained in place): free the cached one first
     report(phase="loading models and prompts")
-    cfg = ds.DistillConfig(steps=int(job["steps"]), lr=float(job["lr"]), max_new_tokens=int(job["max_new_tokens"]),
-                           batch_size=int(job["batch_size"]), seed=int(job["seed"]), samples=int(job["samples"]))
+    cfg = driver.distill_config(job["steps"], job["lr"], job["max_new_tokens"], job["batch_size"], job["seed"],
+                                job["samples"])
     focus = None
     if job["focus_from"] is not None:
         focus = worker._db(focus_weights, store, int(job["focus_from"]), write=False)
-        cfg.profile_k = focus["k"] if focus["k"] > 0 else cfg.k
+        driver.focus_on(cfg, focus)
     out = ds.check_out_dir(job["out"])
-    ckpt = training.checkpoint_dir(job)
+    ckpt = driver.checkpoint_of(out)
     train_prompts, val_prompts = load_prompts(job["prompts"]), load_prompts(job["validation"])
     device = load_device(place(job["device"], worker.device))
     if isinstance(worker._gpus, DraftLabError):  # the placement plan found no set of GPUs that holds the pair
@@ -121,47 +107,51 @@ def _train(worker, job: dict, label: str) -> tuple[str, dict]:
     pair = worker.loader(job["target"], job["draft"], device, "float32", False, **spread)
     encode_prompts(pair, train_prompts, cfg.max_new_tokens)
     encode_prompts(pair, val_prompts, cfg.max_new_tokens)
-    report(device_name=_device_name(pair.device, worker.device, worker.leased), eval_k=cfg.k)
+    report(device_name=device_name(pair.device, worker.device, worker.leased), eval_k=cfg.k)
 
-    run = ds.Distiller(pair, train_prompts, val_prompts, cfg, focus["type_weights"] if focus else None,
-                       focus["position_weights"] if focus else None)
-    if run.load_checkpoint(ckpt):
+    run, continued = driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt)
+    if continued:
         worker._db(training.rewind, store, job_id, worker.id, run.step)
         worker.log(f"{label}: continuing from its checkpoint at step {run.step}")
         report(phase=f"training (continued from the checkpoint at step {run.step})", checkpoint_step=run.step,
                progress=run.step / cfg.steps)
     else:
         worker._db(training.rewind, store, job_id, worker.id, 0)
-        last = 0.0
-        for rec in run.prepare():
-            if rec["kind"] == "phase":
-                report(phase=rec["phase"])
-            elif rec["kind"] == "generated" and time.monotonic() - last >= REPORT_SECONDS:
+    pending, last, last_report, last_checkpoint, done = [], 0.0, time.monotonic(), time.monotonic(), None
+    for rec in driver.records(run, ckpt, continued):
+        if rec["kind"] == "phase":
+            report(phase=rec["phase"])
+            continue
+        elif rec["kind"] == "generated":
+            if time.monotonic() - last >= REPORT_SECONDS:
                 last = time.monotonic()
                 if report(phase=f"target continuations ({rec['split']}): prompt {rec['prompt'] + 1} of {rec['of']}")["cancel"]:
                     return CANCELLED, {"phase": "cancelled while generating the target's continuations"}
-            elif rec["kind"] == "before":
-                report([{"step": 0, "kl": rec["kl"]}], kl_before=rec["kl"], alpha_before=rec["alpha"],
-                       tokens_per_round_before=rec["tokens_per_round"])
-        run.save_checkpoint(ckpt)  # the prepared data: a resume never regenerates it
-        report(phase="training", checkpoint_step=0)
-
-    pending, last_report, last_checkpoint, done = [], time.monotonic(), time.monotonic(), None
-    for rec in run.train():
-        if rec["kind"] == "step":
+            continue
+        elif rec["kind"] == "before":
+            report([{"step": 0, "kl": rec["kl"]}], kl_before=rec["kl"], alpha_before=rec["alpha"],
+                   tokens_per_round_before=rec["tokens_per_round"])
+            continue
+        elif rec["kind"] == "prepared_saved":  # the prepared data: a resume never regenerates it
+            report(phase="training", checkpoint_step=0)
+            last_report = last_checkpoint = time.monotonic()
+            continue
+        elif rec["kind"] == "step":
             pending.append({"step": rec["step"], "loss": rec["loss"], "lr": rec["lr"], "seconds": rec["seconds"]})
         elif rec["kind"] == "eval":
             pending.append({"step": rec["step"], "kl": rec["kl"]})
         elif rec["kind"] == "trained":
             done = rec
             break
+        else:
+            continue
         now = time.monotonic()
         if rec["kind"] == "step" and now - last_report < REPORT_SECONDS and run.step < cfg.steps:
             continue
         answer = report(pending, step=run.step, progress=run.step / cfg.steps, phase="training")
         pending, last_report = [], now
-        if answer["cancel"] or now - last_checkpoint >= CHECKPOINT_SECONDS:
-            run.save_checkpoint(ckpt)
+        if answer["cancel"] or now - last_checkpoint >= driver.CHECKPOINT_SECONDS:
+            driver.checkpoint(run, ckpt)
             last_checkpoint = now
             report(checkpoint_step=run.step)
             if answer["cancel"]:
@@ -170,12 +160,11 @@ def _train(worker, job: dict, label: str) -> tuple[str, dict]:
 
     validation_note = (" — the same prompts as training: not held out" if job["validation"] == job["prompts"]
                        else "")
-    record = finish_distilled(pair, out, cfg, run.prepared, done, focus, started, name=job["name"],
-                              target=job["target"], draft=job["draft"], prompts=job["prompts"],
-                              validation=job["validation"], validation_note=validation_note,
-                              train_prompts=train_prompts, val_prompts=val_prompts,
-                              command=job_command(job, store.safe_url if job["focus_from"] is not None else None))
-    shutil.rmtree(ckpt, ignore_errors=True)
+    record = driver.finish(pair, out, cfg, run.prepared, done, focus, started, ckpt, name=job["name"],
+                           target=job["target"], draft=job["draft"], prompts=job["prompts"],
+                           validation=job["validation"], validation_note=validation_note,
+                           train_prompts=train_prompts, val_prompts=val_prompts,
+                           command=job_command(job, store.safe_url if job["focus_from"] is not None else None))
     eval_id = worker._db(queue.enqueue_experiment, store,
                          name=f"{job['name']}: before/after training job {job_id}", target=job["target"],
                          draft=job["draft"], prompts=job["validation"],

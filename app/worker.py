@@ -44,6 +44,7 @@ from engine.token_types import TokenTyper
 from storage import Store, open_store, queue, training
 
 from .db_errors import DatabaseUnavailable, db_reason, transient_db_error
+from .placement import device_name, gpus_of, group_members, lease_key, load_device, pin_cuda, place
 from storage.recording import clear_from, record_prompt
 from storage.schema import BASELINE, CANCELLED, DONE, FAILED, INTERRUPTED
 
@@ -72,13 +73,8 @@ class _Loaded:
     others: dict = field(default_factory=dict)  # draft name (None: no draft model) -> a pair on the same target
 
 
-def _gpus_of(pair: ModelPair) -> list[torch.device]:
-    """The GPUs the pair's weights are on (several for a target placed over them); none for a CPU pair."""
-    return [d for d in pair.devices if d.type == "cuda"] if pair.device.type == "cuda" else []
-
-
 def _reset_peak(pair: ModelPair, decoder) -> None:
-    for gpu in _gpus_of(pair):
+    for gpu in gpus_of(pair):
         torch.cuda.reset_peak_memory_stats(gpu)
     decoder.reset_peak_cache_bytes()
 
@@ -88,7 +84,7 @@ def _peak_mb(pair: ModelPair, decoder) -> float:
     before each decode, so runs of an experiment do not inherit each other's peaks); on CPU, where RSS cannot be
     reset, the bytes of the models the arm uses plus its peak KV caches."""
     if pair.device.type == "cuda":
-        return sum(torch.cuda.max_memory_allocated(gpu) for gpu in _gpus_of(pair)) / 2**20
+        return sum(torch.cuda.max_memory_allocated(gpu) for gpu in gpus_of(pair)) / 2**20
     return arm_memory_bytes(pair, decoder) / 2**20
 
 
@@ -125,51 +121,6 @@ def _primary_draft(experiment: dict, runs) -> str | None:
     if experiment.get("sweep_variable") == "draft" or not experiment.get("draft"):
         return None
     return experiment["draft"] if needs_draft_model(experiment.get("drafter") or "model") else None
-
-
-def group_members(device: str) -> list[str]:
-    """The devices of a `+` group (`cuda:0+cuda:1`: one worker owning both GPUs), in index order; a plain device
-    is a group of one."""
-    return sorted(device.split("+"), key=lambda d: (d.split(":")[0], int(d.split(":")[1]) if ":" in d else -1))
-
-
-def lease_key(device: str) -> str:
-    """The timing lease a job on `device` (auto / cpu / cuda / cuda:N, or cpu:N: a CPU worker slot of
-    `draftlab worker --devices cpu:0,cpu:1`, its own lease so such workers time side by side) needs: one per
-    physical device (per slot for cpu:N)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        device = "cuda:0"
-    return f"{socket.gethostname()}:{device}"
-
-
-def place(experiment_device: str, pinned: str | None) -> str:
-    """Where a pinned worker (`draftlab worker --devices`: cuda:N or cpu:N) times an experiment: an experiment
-    on auto/cuda goes to the worker's device; one that names a device (cpu, cuda:N) keeps it (and its lease)."""
-    if pinned is None or experiment_device not in ("auto", "cuda"):
-        return experiment_device
-    if experiment_device == "cuda" and pinned.startswith("cpu"):
-        return "cuda"  # asked for a GPU: a CPU slot does not quietly time it on the CPU
-    return pinned
-
-
-def load_device(device: str) -> str:
-    """The device string the loader gets: a cpu:N slot (or a cpu:0+cpu:1 group) loads on the CPU; a worker pinned
-    to cuda:N sees only that GPU (CUDA_VISIBLE_DEVICES=N, set by the supervisor or by pin_cuda()), so it loads on
-    "cuda"; a cuda:0+cuda:1 group sees its GPUs only and loads on "auto" (over as many of them as the target
-    needs)."""
-    if "+" in device:
-        return "auto" if device.startswith("cuda") else "cpu"
-    return device.split(":")[0] if ":" in device else device
-
-
-def pin_cuda(device: str | None) -> None:
-    """A worker pinned to cuda:N (or a group cuda:0+cuda:1) sees only its GPUs: CUDA_VISIBLE_DEVICES=N (0,1)
-    unless set already (the supervisor sets it). Call before CUDA is initialised. The leases and the worker id keep
-    the physical names."""
-    if device and device.startswith("cuda:") and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":", 1)[1] for d in group_members(device))
 
 
 def _label(run: dict) -> str:
@@ -455,7 +406,7 @@ class Worker:
         loaded = self.loaded
         if on_gpu and loaded is not None and (loaded.key[0], *loaded.key[2:5]) == (target, load_device(placed),
                                                                                    dtype, trust):
-            used = [d.index or 0 for d in _gpus_of(loaded.pair)]  # already loaded here (draftlab run adopts it)
+            used = [d.index or 0 for d in gpus_of(loaded.pair)]  # already loaded here (draftlab run adopts it)
             self._gpus = len(used)
             return [visible[i] for i in used]
         plan_key = (target, draft, dtype, trust)
@@ -608,7 +559,7 @@ class Worker:
                 for rid in decoders:
                     clear_from(conn, rid, start[rid])
             for rid in decoders:
-                queue.start_run(self.store, rid, len(prompts), _device_name(loaded.pair.device, self.device,
+                queue.start_run(self.store, rid, len(prompts), device_name(loaded.pair.device, self.device,
                                                                             self.leased),
                                 draft_parameters=_draft_parameters(decoders[rid]))
         self._db(prepare)
@@ -769,22 +720,6 @@ def run_training(worker: "Worker", job_id: int) -> str:
     from app.training import execute
 
     return execute(worker, job_id)
-
-
-def _device_name(device: torch.device, pinned: str | None = None, leased: list[str] | None = None) -> str:
-    """What runs.device_name records: the GPU's name and which one (the physical cuda:N of a pinned worker),
-    or cpu (cpu:N for a CPU slot of `--devices cpu:0,cpu:1`). A job over several devices (`leased`, their
-    physical names) names them all: `NVIDIA H200 ×2 (cuda:0, cuda:1)` (`cpu ×2 (cpu:0, cpu:1)` for fake slots)."""
-    if leased and len(leased) > 1:
-        kinds = ([torch.cuda.get_device_name(i) for i in range(len(leased))] if device.type == "cuda" else ["cpu"])
-        return f"{' + '.join(dict.fromkeys(kinds))} ×{len(leased)} ({', '.join(leased)})"
-    if leased and pinned and "+" in pinned:
-        pinned = leased[0]  # one device of a + group
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        which = pinned if pinned and pinned.startswith("cuda:") else f"cuda:{index}"
-        return f"{torch.cuda.get_device_name(device)} ({which})"
-    return pinned if pinned and pinned.startswith("cpu:") else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,8 @@ from sqlalchemy import insert, select, text
 from .schema import (BASELINE, CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING, SPECULATIVE, Experiment,
                      Run, experiment_prompts, experiments, runs, utcnow,
                      verify_profile, workers)
+from .errors import QueueError
+from .settings import DEFAULT_STALE_SECONDS, STALE_ENV, STALE_HELP, seconds_setting, stale_window  # noqa: F401
 from .store import Store
 
 SWEEPABLE = ("k", "temperature", "top_k", "top_p", "draft", "drafter")
@@ -26,39 +28,6 @@ CATEGORICAL = ("draft", "drafter")  # swept values are names; runs of one sweep 
 NO_MODEL_DRAFTERS = ("prompt-lookup",)
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
 _CLAIM_LOCK = 704202  # PostgreSQL advisory-lock key for claims
-
-# The stale window: a run whose worker has not heartbeated for this long is taken for dead (by workers,
-# `draftlab resume` and `draftlab list`). A worker on this host whose process is gone is dead at once.
-STALE_ENV, DEFAULT_STALE_SECONDS = "DRAFTLAB_STALE_SECONDS", 60.0
-STALE_HELP = (f"a run whose worker has not heartbeated for ${STALE_ENV} seconds (default {DEFAULT_STALE_SECONDS:g}), "
-              f"or whose worker process is gone on this host, counts as interrupted")
-
-
-class QueueError(ValueError):
-    """Bad input to the queue: the message names the problem and the fix."""
-
-
-def seconds_setting(env: str, default: float, value: float | None = None, allow_zero: bool = False) -> float:
-    """A duration setting: `value` if given, else $env, else `default`; a bad $env is a QueueError naming it."""
-    if value is not None:
-        return float(value)
-    raw = os.environ.get(env, "").strip()
-    if not raw:
-        return default
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if not (seconds >= 0 if allow_zero else seconds > 0) or seconds == float("inf"):
-        raise QueueError(f"${env} must be a number of seconds {'>=' if allow_zero else '>'} 0 (got {raw!r}); "
-                         f"e.g. {env}={default:g}")
-    return seconds
-
-
-def stale_window(value: float | None = None) -> float:
-    """The stale window in seconds: `value` if given, else $DRAFTLAB_STALE_SECONDS, else 60."""
-    return seconds_setting(STALE_ENV, DEFAULT_STALE_SECONDS, value)
-
 
 def _normalize_tags(tags: Iterable[str] | str) -> str:
     items = tags.split(",") if isinstance(tags, str) else list(tags)

@@ -19,7 +19,7 @@ from typing import Sequence
 import pandas as pd
 from sqlalchemy import insert, select, text
 
-from .queue import QueueError
+from .errors import QueueError
 from .schema import (CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING, TrainingJob, training_jobs,
                      training_points, utcnow)
 from .store import Store

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import focus_profile_weights, focus_weights, main
+from app.cli import main
+from storage.focus import focus_profile_weights, focus_weights
 from engine import distill as ds
 from engine.loading import load_pair
 from engine.metrics_oracle import outputs_match
@@ -239,9 +240,9 @@ def test_cli_distill_interrupted_continues_from_its_checkpoint_without_repeating
     an uninterrupted run writes, bit for bit."""
     from safetensors.torch import load_file
 
-    import app.cli as cli
+    import app.distill_driver as driver
 
-    monkeypatch.setattr(cli, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(driver, "CHECKPOINT_SECONDS", 0.0)
 
     def command(out):
         return ["distill", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
@@ -250,7 +251,7 @@ def test_cli_distill_interrupted_continues_from_its_checkpoint_without_repeating
 
     assert main(command(tmp_path / "straight")) == 0
     capsys.readouterr()
-    original = cli._checkpoint
+    original = driver.checkpoint
 
     def interrupt_at_step_4(run, ckpt):
         if run.step == 4:
@@ -258,13 +259,13 @@ def test_cli_distill_interrupted_continues_from_its_checkpoint_without_repeating
         return original(run, ckpt)
 
     out = tmp_path / "interrupted"
-    monkeypatch.setattr(cli, "_checkpoint", interrupt_at_step_4)
+    monkeypatch.setattr(driver, "checkpoint", interrupt_at_step_4)
     assert main(command(out)) == 130
     line = _one_error_line(capsys.readouterr().err)
     assert "interrupted at step 4" in line and "holds step 3" in line and "same command" in line
     assert not (out / "model.safetensors").exists() and (out / ".checkpoint").is_dir()
 
-    monkeypatch.setattr(cli, "_checkpoint", original)
+    monkeypatch.setattr(driver, "checkpoint", original)
     steps_taken = []
     train = ds.Distiller.train
 

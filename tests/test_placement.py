@@ -14,7 +14,8 @@ from sqlalchemy import text
 
 import app.supervisor as supervisor
 from app.supervisor import DevicesError, parse_devices
-from app.worker import Worker, _device_name, group_members, load_device, place
+from app.placement import device_name, group_members, load_device, place
+from app.worker import Worker
 from engine import runs
 from engine.errors import DraftLabError
 from engine.loading import _check_dispatched, load_model, plan_pair
@@ -121,11 +122,11 @@ def test_the_recorded_device_names_every_device_of_the_job(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     gpu = torch.device("cuda", 0)
-    assert _device_name(gpu, "cuda:2+cuda:3", ["cuda:2", "cuda:3"]) == "NVIDIA H200 ×2 (cuda:2, cuda:3)"
-    assert _device_name(gpu, None, ["cuda:0", "cuda:1", "cuda:2"]) == "NVIDIA H200 ×3 (cuda:0, cuda:1, cuda:2)"
-    assert _device_name(gpu, "cuda:2+cuda:3", ["cuda:2"]) == "NVIDIA H200 (cuda:2)"  # one GPU of the group
-    assert _device_name(gpu, "cuda:1") == "NVIDIA H200 (cuda:1)"  # a pinned worker, as before
-    assert _device_name(torch.device("cpu"), "cpu:0+cpu:1", ["cpu:0", "cpu:1"]) == "cpu ×2 (cpu:0, cpu:1)"
+    assert device_name(gpu, "cuda:2+cuda:3", ["cuda:2", "cuda:3"]) == "NVIDIA H200 ×2 (cuda:2, cuda:3)"
+    assert device_name(gpu, None, ["cuda:0", "cuda:1", "cuda:2"]) == "NVIDIA H200 ×3 (cuda:0, cuda:1, cuda:2)"
+    assert device_name(gpu, "cuda:2+cuda:3", ["cuda:2"]) == "NVIDIA H200 (cuda:2)"  # one GPU of the group
+    assert device_name(gpu, "cuda:1") == "NVIDIA H200 (cuda:1)"  # a pinned worker, as before
+    assert device_name(torch.device("cpu"), "cpu:0+cpu:1", ["cpu:0", "cpu:1"]) == "cpu ×2 (cpu:0, cpu:1)"
 
 
 # --- leases -----------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from app.supervisor import DevicesError, parse_devices
-from app.worker import lease_key, load_device, place
+from app.placement import lease_key, load_device, place
 from storage import open_store, queue
 
 ROOT = Path(__file__).resolve().parent.parent

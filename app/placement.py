@@ -1,0 +1,83 @@
+"""Where a worker's job runs: an experiment's device against the worker's pinned one, what the loader is given,
+which timing leases (one per physical device) the job needs, and how the device is named in the results.
+
+    place()         an experiment's device (auto / cpu / cuda / cuda:N) on a pinned worker (cuda:N, cpu:N, a + group)
+    load_device()   the device string the loader gets for it
+    lease_key()     the timing lease of one device on this host; group_members(): the devices of a + group
+    pin_cuda()      CUDA_VISIBLE_DEVICES for a worker pinned to GPUs
+    device_name()   what runs.device_name and a training job record
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from engine.loading import ModelPair
+
+
+def gpus_of(pair: ModelPair) -> list[torch.device]:
+    """The GPUs the pair's weights are on (several for a target placed over them); none for a CPU pair."""
+    return [d for d in pair.devices if d.type == "cuda"] if pair.device.type == "cuda" else []
+
+
+def group_members(device: str) -> list[str]:
+    """The devices of a `+` group (`cuda:0+cuda:1`: one worker owning both GPUs), in index order; a plain device
+    is a group of one."""
+    return sorted(device.split("+"), key=lambda d: (d.split(":")[0], int(d.split(":")[1]) if ":" in d else -1))
+
+
+def lease_key(device: str) -> str:
+    """The timing lease a job on `device` (auto / cpu / cuda / cuda:N, or cpu:N: a CPU worker slot of
+    `draftlab worker --devices cpu:0,cpu:1`, its own lease so such workers time side by side) needs: one per
+    physical device (per slot for cpu:N)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        device = "cuda:0"
+    return f"{socket.gethostname()}:{device}"
+
+
+def place(experiment_device: str, pinned: str | None) -> str:
+    """Where a pinned worker (`draftlab worker --devices`: cuda:N or cpu:N) times an experiment: an experiment
+    on auto/cuda goes to the worker's device; one that names a device (cpu, cuda:N) keeps it (and its lease)."""
+    if pinned is None or experiment_device not in ("auto", "cuda"):
+        return experiment_device
+    if experiment_device == "cuda" and pinned.startswith("cpu"):
+        return "cuda"  # asked for a GPU: a CPU slot does not quietly time it on the CPU
+    return pinned
+
+
+def load_device(device: str) -> str:
+    """The device string the loader gets: a cpu:N slot (or a cpu:0+cpu:1 group) loads on the CPU; a worker pinned
+    to cuda:N sees only that GPU (CUDA_VISIBLE_DEVICES=N, set by the supervisor or by pin_cuda()), so it loads on
+    "cuda"; a cuda:0+cuda:1 group sees its GPUs only and loads on "auto" (over as many of them as the target
+    needs)."""
+    if "+" in device:
+        return "auto" if device.startswith("cuda") else "cpu"
+    return device.split(":")[0] if ":" in device else device
+
+
+def pin_cuda(device: str | None) -> None:
+    """A worker pinned to cuda:N (or a group cuda:0+cuda:1) sees only its GPUs: CUDA_VISIBLE_DEVICES=N (0,1)
+    unless set already (the supervisor sets it). Call before CUDA is initialised. The leases and the worker id keep
+    the physical names."""
+    if device and device.startswith("cuda:") and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":", 1)[1] for d in group_members(device))
+
+
+def device_name(device: torch.device, pinned: str | None = None, leased: list[str] | None = None) -> str:
+    """What runs.device_name records: the GPU's name and which one (the physical cuda:N of a pinned worker),
+    or cpu (cpu:N for a CPU slot of `--devices cpu:0,cpu:1`). A job over several devices (`leased`, their
+    physical names) names them all: `NVIDIA H200 ×2 (cuda:0, cuda:1)` (`cpu ×2 (cpu:0, cpu:1)` for fake slots)."""
+    if leased and len(leased) > 1:
+        kinds = ([torch.cuda.get_device_name(i) for i in range(len(leased))] if device.type == "cuda" else ["cpu"])
+        return f"{' + '.join(dict.fromkeys(kinds))} ×{len(leased)} ({', '.join(leased)})"
+    if leased and pinned and "+" in pinned:
+        pinned = leased[0]  # one device of a + group
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        which = pinned if pinned and pinned.startswith("cuda:") else f"cuda:{index}"
+        return f"{torch.cuda.get_device_name(device)} ({which})"
+    return pinned if pinned and pinned.startswith("cpu:") else "cpu"
