@@ -1,5 +1,5 @@
 """Prompt sets: the built-in ones (`code`, `english`, `chinese`, `math`, `mixed`, each with `tune` and
-`validation` splits) and user files (.jsonl / .csv / .txt).
+`validation` splits, and `chat`: conversations) and user files (.jsonl / .csv / .txt / .parquet / .arrow).
 
     load_prompts("code")              # = code:tune
     load_prompts("chinese:validation")
@@ -7,6 +7,12 @@
     load_prompts("my_prompts.csv")    # a "prompt" column
     load_prompts("my_prompts.txt")    # one prompt per line (blank lines skipped)
     load_prompts("code+english")      # several sets as one: code:tune's prompts, then english:tune's
+    load_prompts("chats.jsonl")       # conversations: {"messages": [...]} or ShareGPT {"conversations": [...]}
+    load_prompts("export.parquet")    # a dataset export (.parquet / .arrow / .feather): a prompt, messages or
+                                      # conversations column
+
+A conversation is returned as an engine.chat.Chat (cut after its last user turn); engine.chat.render turns it
+into text with the target tokenizer's chat template where the models are loaded.
 
 Every problem raises `DraftLabError` with one line naming the file, the line, the problem and the fix. A prompt is
 text a tokenizer can take: no NUL character, no unpaired surrogate (not valid Unicode), not only whitespace, at
@@ -20,14 +26,18 @@ import io
 import json
 from pathlib import Path
 
+from engine.chat import Chat, conversation, is_conversation
 from engine.errors import DraftLabError
 from engine.limits import limit, over
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
-PROMPT_SETS: tuple[str, ...] = ("code", "english", "chinese", "math", "mixed")
+PROMPT_SETS: tuple[str, ...] = ("code", "english", "chinese", "math", "mixed")  # plain text
+CHAT_SETS: tuple[str, ...] = ("chat",)  # conversations (OpenAI `messages`): rendered by the target's chat template
+BUILTIN_SETS: tuple[str, ...] = PROMPT_SETS + CHAT_SETS
 SPLITS: tuple[str, ...] = ("tune", "validation")
 DEFAULT_SPLIT = "tune"
-FILE_EXTENSIONS: tuple[str, ...] = (".jsonl", ".csv", ".txt")
+FILE_EXTENSIONS: tuple[str, ...] = (".jsonl", ".csv", ".txt", ".parquet", ".arrow", ".feather")
+TABLE_EXTENSIONS: tuple[str, ...] = (".parquet", ".arrow", ".feather")
 UNION = "+"  # code:tune+english:tune: several sets as one
 EVERY_SET = UNION.join(PROMPT_SETS)  # every built-in set's tune split, one after another
 
@@ -37,12 +47,13 @@ PROMPT_SET_DESCRIPTIONS = {
     "chinese": "Chinese prose and questions",
     "math": "arithmetic and algebra, dense in numbers and formulas",
     "mixed": "prompts that switch between languages and scripts (Chinese, English, code, others)",
+    "chat": "conversations (system, user and assistant turns) for a chat model: rendered by its chat template",
 }
 
 
 def list_prompt_sets() -> list[str]:
     """Every built-in spec, `NAME:SPLIT`, in a stable order (for menus)."""
-    return [f"{name}:{split}" for name in PROMPT_SETS for split in SPLITS]
+    return [f"{name}:{split}" for name in BUILTIN_SETS for split in SPLITS]
 
 
 def builtin_path(name: str, split: str = DEFAULT_SPLIT) -> Path:
@@ -50,7 +61,7 @@ def builtin_path(name: str, split: str = DEFAULT_SPLIT) -> Path:
 
 
 def _valid_sets_hint() -> str:
-    return ", ".join(PROMPT_SETS) + " (optionally :" + " or :".join(SPLITS) + ")"
+    return ", ".join(BUILTIN_SETS) + " (optionally :" + " or :".join(SPLITS) + ")"
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -66,7 +77,7 @@ def union_parts(spec: str) -> list[str]:
     return [part.strip() for part in spec.split(UNION)]
 
 
-def load_prompts(spec: str) -> list[str]:
+def load_prompts(spec: str) -> list[str | Chat]:
     """The prompts of a built-in set (`NAME` or `NAME:SPLIT`), of a .jsonl / .csv / .txt file, or of several
     joined with '+' (`code:tune+english:tune`: the first set's prompts, then the next's)."""
     if not isinstance(spec, str) or not spec.strip():
@@ -78,13 +89,13 @@ def load_prompts(spec: str) -> list[str]:
         return [prompt for part in parts for prompt in load_prompts(part)]
     spec = spec.strip()
     name, sep, split = spec.partition(":")
-    if name in PROMPT_SETS:
+    if name in BUILTIN_SETS:
         split = split if sep else DEFAULT_SPLIT
         if split not in SPLITS:
             raise DraftLabError(f"unknown split {split!r} of prompt set {name!r}: use one of "
                                 + ", ".join(f"{name}:{s}" for s in SPLITS))
         return _load_file(builtin_path(name, split), display=f"{name}:{split}")
-    if _looks_like_path(spec) and not (sep and name in PROMPT_SETS):
+    if _looks_like_path(spec) and not (sep and name in BUILTIN_SETS):
         return load_prompt_file(spec)
     raise DraftLabError(f"unknown prompt set {spec!r}: use one of {_valid_sets_hint()}, "
                         f"or a path to a .jsonl/.csv/.txt file")
@@ -94,7 +105,8 @@ def load_prompt_file(path: str | Path) -> list[str]:
     p = Path(path)
     if p.suffix.lower() not in FILE_EXTENSIONS:
         raise DraftLabError(f"{p}: unknown prompt file extension {p.suffix or '(none)'!r}: use .jsonl (objects "
-                            f"with a \"prompt\" field), .csv (a \"prompt\" column) or .txt (one prompt a line)")
+                            f"with a \"prompt\" field or a conversation), .csv (a \"prompt\" column), .txt (one "
+                            f"prompt a line) or .parquet/.arrow (a prompt, messages or conversations column)")
     if not p.exists():
         raise DraftLabError(f"{p}: no such prompt file: check the path, or use a built-in set: {_valid_sets_hint()}")
     if p.is_dir():
@@ -120,16 +132,29 @@ def check_prompt(text: str, where: str) -> str:
     return text
 
 
-def check_prompts(prompts: list[str], display: str) -> list[str]:
-    """Every prompt checked (check_prompt) and their count bounded by limit("prompts")."""
+def _checked_chat(chat: Chat, where: str) -> Chat:
+    """A conversation whose every turn's text, and all of them together, pass check_prompt."""
+    for _, content in chat.messages:
+        if content.strip():
+            check_prompt(content, where)
+    check_prompt(chat.plain(), where)
+    return chat
+
+
+def check_prompts(prompts: list, display: str) -> list:
+    """Every prompt checked (check_prompt; a conversation: every turn's text, and its turns together) and their
+    count bounded by limit("prompts")."""
     if len(prompts) > limit("prompts"):
         raise DraftLabError(f"{display}: " + over("prompts", len(prompts), "the prompt set"))
     for i, prompt in enumerate(prompts):
-        check_prompt(prompt, f"{display}: prompt {i + 1}")
+        if isinstance(prompt, Chat):
+            _checked_chat(prompt, f"{display}: prompt {i + 1}")
+        else:
+            check_prompt(prompt, f"{display}: prompt {i + 1}")
     return prompts
 
 
-def _read_text(path: Path, display: str) -> str:
+def _check_size(path: Path, display: str) -> None:
     try:
         size = path.stat().st_size
     except OSError:
@@ -138,6 +163,10 @@ def _read_text(path: Path, display: str) -> str:
         raise DraftLabError(f"{display}: the prompt file has {size / 2**20:.1f} MB, more than the limit of "
                             f"{limit('prompt_file_mb')} MB: split it, or raise the limit with "
                             f"DRAFTLAB_LIMIT_PROMPT_FILE_MB")
+
+
+def _read_text(path: Path, display: str) -> str:
+    _check_size(path, display)
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -153,9 +182,14 @@ def _read_text(path: Path, display: str) -> str:
     return text
 
 
-def _load_file(path: Path, display: str) -> list[str]:
-    text = _read_text(path, display)
+def _load_file(path: Path, display: str) -> list:
     ext = path.suffix.lower()
+    if ext in TABLE_EXTENSIONS:
+        prompts = _load_table(path, display)
+        if not prompts:
+            raise DraftLabError(f"{display}: the prompt file has no prompts: add at least one")
+        return check_prompts(prompts, display)
+    text = _read_text(path, display)
     if ext == ".jsonl":
         prompts = _parse_jsonl(text, display)
     elif ext == ".csv":
@@ -183,10 +217,13 @@ def _parse_jsonl(text: str, display: str) -> list[str]:
         if not isinstance(obj, dict):
             raise DraftLabError(f"{display}: line {lineno}: expected a JSON object, got {type(obj).__name__}: "
                                 f"write one object per line, e.g. {{\"prompt\": \"...\"}}")
+        if "prompt" not in obj and is_conversation(obj):
+            prompts.append(_checked_chat(conversation(obj, f"{display}: line {lineno}"), f"{display}: line {lineno}"))
+            continue
         if "prompt" not in obj:
             keys = ", ".join(sorted(map(str, obj))) or "none"
             raise DraftLabError(f"{display}: line {lineno}: missing \"prompt\" field (fields: {keys}): "
-                                f"give every line a \"prompt\" string")
+                                f"give every line a \"prompt\" string, \"messages\" or \"conversations\"")
         prompt = obj["prompt"]
         if not isinstance(prompt, str) or not prompt:
             raise DraftLabError(f"{display}: line {lineno}: \"prompt\" must be a non-empty string, got "
@@ -220,6 +257,41 @@ def _parse_csv(text: str, display: str) -> list[str]:
     return prompts
 
 
+def _load_table(path: Path, display: str) -> list:
+    """A dataset export (Parquet, Arrow IPC / Feather): a `prompt` column of text, or a `messages` /
+    `conversations` column of turns (one conversation a row)."""
+    _check_size(path, display)
+    try:
+        import pyarrow.feather as feather
+        import pyarrow.parquet as parquet
+
+        table = (parquet.read_table(path) if path.suffix.lower() == ".parquet" else feather.read_table(path))
+        frame = table.to_pandas()
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors for truncated or foreign files
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise DraftLabError(f"{display}: cannot read it as {path.suffix.lower()[1:]} ({first}): export the dataset "
+                            f"again, or save it as .jsonl") from None
+    if len(frame) > limit("prompts"):
+        raise DraftLabError(f"{display}: " + over("prompts", len(frame), "the prompt set"))
+    for column in ("prompt", "messages", "conversations"):
+        if column in frame.columns:
+            break
+    else:
+        raise DraftLabError(f"{display}: no \"prompt\", \"messages\" or \"conversations\" column (columns: "
+                            f"{', '.join(map(str, frame.columns))[:200] or 'none'}): name one of them so")
+    prompts = []
+    for row, value in enumerate(frame[column], start=1):
+        where = f"{display}: row {row}"
+        if column == "prompt":
+            if not isinstance(value, str):
+                raise DraftLabError(f"{where}: \"prompt\" must be text, got {type(value).__name__}: fix that row")
+            if value.strip():
+                prompts.append(check_prompt(value, where))
+        else:
+            prompts.append(_checked_chat(conversation({column: value}, where), where))
+    return prompts
+
+
 def held_out_split(spec: str) -> tuple[str, str]:
     """(held-out prompt set, a note when it is not held out) of a training prompt spec: NAME / NAME:tune ->
     NAME:validation; NAME:validation or a file: the same prompts, and the note says so. A union maps each of its
@@ -230,7 +302,7 @@ def held_out_split(spec: str) -> tuple[str, str]:
         note = next((n for _, n in held if n), "")
         return UNION.join(h for h, _ in held), note and " — part of it the same prompts as training: not all held out"
     name, sep, split = spec.strip().partition(":")
-    if name in PROMPT_SETS:
+    if name in BUILTIN_SETS:
         if (split if sep else "tune") == "tune":
             return f"{name}:validation", ""
         return spec, " — the same prompts as training (--prompts named the validation split): not held out"

@@ -14,7 +14,7 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 def test_names_match_spec():
     assert set(PROMPT_SETS) == {"code", "english", "chinese", "math", "mixed"}
     assert set(SPLITS) == {"tune", "validation"}
-    assert len(list_prompt_sets()) == 10
+    assert len(list_prompt_sets()) == 12 and "chat:tune" in list_prompt_sets()  # + the chat set
 
 
 @pytest.mark.parametrize("spec", [f"{n}:{s}" for n in ("code", "english", "chinese", "math", "mixed")

@@ -1,0 +1,112 @@
+"""Prompts as teams have them (engine/chat.py, engine/prompt_sets.py): OpenAI `messages` and ShareGPT
+`conversations` JSONL, Parquet/Arrow exports, cut after the last user turn, rendered by the target tokenizer's chat
+template (or a FILE, or none); the built-in chat set; every problem one line."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from engine.chat import Chat, render
+from engine.errors import DraftLabError
+from engine.prompt_sets import load_prompts
+from engine.zoo import DEMO_TARGET, resolve
+from tests import tiny_models as tm
+
+TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+
+
+@pytest.fixture
+def chat_tokenizer():
+    tok = tm.tokenizer()
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+def _jsonl(tmp_path, rows, name="chats.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+OPENAI = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                       {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Sum 2+2"},
+                       {"role": "assistant", "content": "4"}]}
+SHAREGPT = {"conversations": [{"from": "human", "value": "你好"}, {"from": "gpt", "value": "你好！"}]}
+
+
+def test_openai_and_sharegpt_are_cut_after_the_last_user_turn(tmp_path, chat_tokenizer):
+    prompts = load_prompts(_jsonl(tmp_path, [OPENAI, SHAREGPT, {"prompt": "plain text"}]))
+    assert prompts[0] == Chat((("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello!"), ("user", "Sum 2+2")))
+    assert prompts[1] == Chat((("user", "你好"),))
+    assert prompts[2] == "plain text"
+    text = render(prompts, chat_tokenizer)
+    assert text == ["<system>Be brief.<user>Hi<assistant>Hello!<user>Sum 2+2<assistant>", "<user>你好<assistant>",
+                    "plain text"]  # a plain prompt is never templated
+
+
+def test_none_and_file_templates(tmp_path, chat_tokenizer):
+    prompts = load_prompts(_jsonl(tmp_path, [OPENAI]))
+    assert render(prompts, chat_tokenizer, "none") == ["Be brief.\n\nHi\n\nHello!\n\nSum 2+2"]
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    assert render(prompts, chat_tokenizer, str(template)) == ["[Be brief.][Hi][Hello!][Sum 2+2]"]
+
+
+def test_a_tokenizer_without_a_template_is_one_line(tmp_path):
+    prompts = load_prompts(_jsonl(tmp_path, [OPENAI]))
+    with pytest.raises(DraftLabError, match=r"conversations but .*has no chat template: pass --chat-template FILE"):
+        render(prompts, tm.tokenizer())
+    assert render(["plain"], tm.tokenizer()) == ["plain"]  # plain prompts need no template
+    with pytest.raises(DraftLabError, match="no such file"):
+        render(prompts, tm.tokenizer(), str(tmp_path / "missing.jinja"))
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"messages": []}, "must be a non-empty list of turns"),
+    ({"messages": [{"role": "assistant", "content": "x"}]}, "has no user turn"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "unknown role 'wizard'"),
+    ({"messages": [{"role": "user"}]}, 'every turn needs "role" and "content"'),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, "is not text"),
+    ({"messages": [{"role": "user", "content": "a\x00b"}]}, "NUL"),
+    ({"conversations": [{"from": "human", "value": 3}]}, "content must be text"),
+])
+def test_bad_conversations_are_one_line(tmp_path, row, message):
+    with pytest.raises(DraftLabError, match=message) as info:
+        load_prompts(_jsonl(tmp_path, [row]))
+    assert "chats.jsonl: line 1" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_openai_content_parts_are_joined(tmp_path):
+    row = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    assert load_prompts(_jsonl(tmp_path, [row])) == [Chat((("user", "ab"),))]
+
+
+def test_parquet_and_arrow_exports(tmp_path, chat_tokenizer):
+    frame = pd.DataFrame({"conversations": [SHAREGPT["conversations"]], "id": [1]})
+    frame.to_parquet(tmp_path / "export.parquet")
+    assert load_prompts(str(tmp_path / "export.parquet")) == [Chat((("user", "你好"),))]
+    pd.DataFrame({"messages": [OPENAI["messages"]]}).to_feather(tmp_path / "export.arrow")
+    assert render(load_prompts(str(tmp_path / "export.arrow")), chat_tokenizer)[0].endswith("<user>Sum 2+2<assistant>")
+    pd.DataFrame({"prompt": ["one", "two"]}).to_parquet(tmp_path / "plain.parquet")
+    assert load_prompts(str(tmp_path / "plain.parquet")) == ["one", "two"]
+    pd.DataFrame({"text": ["x"]}).to_parquet(tmp_path / "other.parquet")
+    with pytest.raises(DraftLabError, match='no "prompt", "messages" or "conversations" column'):
+        load_prompts(str(tmp_path / "other.parquet"))
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DraftLabError, match="cannot read it as parquet"):
+        load_prompts(str(tmp_path / "broken.parquet"))
+
+
+def test_builtin_chat_set_renders_with_the_demo_template():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve(DEMO_TARGET))
+    for split in ("tune", "validation"):
+        chats = load_prompts(f"chat:{split}")
+        assert len(chats) >= 12 and all(isinstance(c, Chat) for c in chats)
+        text = render(chats, tok)
+        assert all(t.endswith("Assistant:") for t in text)
+        assert any(t.count("User:") == 2 for t in text)  # a multi-turn conversation keeps its earlier turns
+    assert not set(render(load_prompts("chat:tune"), tok)) & set(render(load_prompts("chat:validation"), tok))
