@@ -27,6 +27,9 @@ def _fail(message: str, status: int = EXIT_BAD_INPUT) -> int:
     return status
 
 
+CHAT_TEMPLATE_HELP = ("how conversation prompts become text: auto (the target tokenizer's chat template, with the "
+                      "generation prompt), none (the turns' texts joined by blank lines), or a Jinja template FILE; "
+                      "plain prompts are never templated (default auto)")
 DEFAULT_REPEATS = 3  # see README, "Timing protocol": what the demo pair needs to meet the spread goal
 DB_RETRY_HELP = ("A database write that fails (disk full, read-only file, server restarting) is retried with backoff "
                  "for $DRAFTLAB_DB_RETRY_SECONDS seconds (default 300), the results held in memory, before the runs "
@@ -41,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", required=True, help=zoo.model_help("target"))
     for variable in VARIABLES.values():  # --k, --temperature, --top-k, --top-p, --draft, --drafter
         run.add_argument(variable.flag, default=variable.default, help=variable.help)
-    run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed), a .jsonl/.csv/.txt file, or several joined with + (code:validation+english:validation)")
+    run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed; chat: conversations), a .jsonl/.csv/.txt/.parquet/.arrow file (a prompt, or a conversation: OpenAI messages or ShareGPT conversations), or several joined with + (code:validation+english:validation)")
+    run.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
     run.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                      help=f"timed decodes per prompt and configuration, medians used (default {DEFAULT_REPEATS})")
     run.add_argument("--seed", type=int, default=0)
@@ -102,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--draft", required=True, help="the draft to start from (same tokenizer as the target)")
     distill.add_argument("--prompts", required=True,
                          help="NAME[:tune] (held out: NAME:validation), a .jsonl/.csv/.txt file (held out: the same file), or several joined with + (code+english: held out code:validation+english:validation)")
+    distill.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
     distill.add_argument("--steps", type=int, required=True, help="optimiser steps (each: --batch-size sequences)")
     distill.add_argument("--out", required=True, help="directory for the distilled model (created if missing)")
     distill.add_argument("--focus-from", type=int, default=None, metavar="EXPERIMENT_ID",
@@ -148,6 +153,7 @@ def cmd_run(args) -> int:
     from engine.drafter_specs import canonical_drafter, needs_draft_model
     from engine.errors import DraftLabError
     from engine.loading import load_pair, with_draft
+    from engine.chat import render, template_text
     from engine.prompt_sets import load_prompts
     from engine.runs import check_k, encode_prompts
     from engine.sampling import SamplingConfig
@@ -183,6 +189,8 @@ def cmd_run(args) -> int:
         for k in sweep.ks:
             for p in [pair, *others.values()]:
                 check_k(p, k)
+        prompts = render(prompts, pair.tokenizer, args.chat_template, what=args.prompts)
+        chat_template = template_text(args.chat_template) or args.chat_template
         encode_prompts(pair, prompts, cfg.max_new_tokens)
     except DraftLabError as exc:
         return _fail(str(exc))
@@ -199,7 +207,7 @@ def cmd_run(args) -> int:
         device=args.device, dtype=args.dtype, sweep_variable=sweep.variable,
         sweep_values=sweep.values,
         k=int(fixed.get("k", sweep.ks[0])), trust_remote_code=args.trust_remote_code, repeats=args.repeats,
-        k_auto=sweep.k_auto)
+        k_auto=sweep.k_auto, chat_template=chat_template)
     arms = 1 + len(sweep.values) + (len(sweep.values) - 1 if VARIABLES[sweep.variable].per_value_baseline else 0)
     return _run_here(args, store, pair, others, prompts, enqueue, arms)
 
@@ -209,6 +217,7 @@ def cmd_validate(args) -> int:
     experiment; print tune against validation with the verdict in words."""
     from engine.errors import DraftLabError
     from engine.loading import load_pair
+    from engine.chat import render
     from engine.prompt_sets import load_prompts
     from engine.runs import encode_prompts
     from storage.validation import ValidationError, validation_plan
@@ -224,6 +233,7 @@ def cmd_validate(args) -> int:
 
         pair = load_pair(plan["target"], draft if needs_draft_model(plan["drafter"]) else None, plan["device"],
                          plan["dtype"], plan["trust_remote_code"])
+        prompts = render(prompts, pair.tokenizer, plan["chat_template"], what=plan["prompts"])
         encode_prompts(pair, prompts, plan["sampling"]["max_new_tokens"])
     except (ValidationError, DraftLabError) as exc:
         return _fail(str(exc))
@@ -287,6 +297,8 @@ def cmd_distill(args) -> int:
         val_spec, val_note = held_out_split(args.prompts)
         train_prompts, val_prompts = load_prompts(args.prompts), load_prompts(val_spec)
         pair = load_pair(args.target, args.draft, args.device, "float32")
+        train_prompts = render(train_prompts, pair.tokenizer, args.chat_template, what=args.prompts)
+        val_prompts = render(val_prompts, pair.tokenizer, args.chat_template, what=val_spec)
         encode_prompts(pair, train_prompts, cfg.max_new_tokens)
         encode_prompts(pair, val_prompts, cfg.max_new_tokens)
     except DraftLabError as exc:

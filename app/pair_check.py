@@ -135,6 +135,17 @@ def _tokenizer_and_width(name: str, files: tuple = ()):
     return tokenizer, int(width) if width else len(tokenizer.get_vocab())
 
 
+def render_prompts(target: str, prompts: list) -> list[str]:
+    """An upload's prompts as the target will see them: conversations through its tokenizer's chat template
+    (engine/chat.py, `auto`), plain prompts as they are. The tokenizer is the pair check's (cached), never weights."""
+    from engine.chat import Chat, render
+
+    if not any(isinstance(p, Chat) for p in prompts):
+        return list(prompts)
+    tokenizer, _ = _tokenizer_and_width(target, fingerprint(target))
+    return render(prompts, tokenizer, what="the uploaded prompts")
+
+
 RESULTS_KEPT = 64  # pair checks remembered (least recently used dropped first)
 _results: OrderedDict[tuple, PairCheck] = OrderedDict()
 _results_lock = threading.Lock()

@@ -18,6 +18,7 @@ import torch
 
 from engine import distill as ds
 from engine.errors import DraftLabError
+from engine.chat import AUTO, render
 from engine.prompt_sets import load_prompts
 from engine.runs import encode_prompts
 from storage import queue, training
@@ -105,6 +106,9 @@ def _train(worker, job: dict, label: str) -> tuple[str, dict]:
     # The GPU count the worker leased for this job (its placement plan), so the load spreads over exactly those.
     spread = {"gpus": worker._gpus} if isinstance(worker._gpus, int) and device == "auto" else {}
     pair = worker.loader(job["target"], job["draft"], device, "float32", False, **spread)
+    # conversations (a chat JSONL captured from production) through the target's own chat template
+    train_prompts = render(train_prompts, pair.tokenizer, AUTO, what=job["prompts"])
+    val_prompts = render(val_prompts, pair.tokenizer, AUTO, what=job["validation"])
     encode_prompts(pair, train_prompts, cfg.max_new_tokens)
     encode_prompts(pair, val_prompts, cfg.max_new_tokens)
     report(device_name=device_name(pair.device, worker.device, worker.leased), eval_k=cfg.k)

@@ -33,6 +33,7 @@ from engine.errors import DraftLabError, RunCancelled
 from engine.drafter_specs import needs_draft_model
 from engine import placement
 from engine.loading import ModelPair, load_pair, plan_pair, resolve_dtype, with_draft
+from engine.chat import render
 from engine.prompt_sets import load_prompts
 from engine.records import PromptResult
 from engine.memory import model_bytes
@@ -528,8 +529,8 @@ class Worker:
     # --- one timed group -----------------------------------------------------------------------------------
 
     def _time_group(self, experiment: dict, group: dict[int, dict], outcome: dict, memory: dict) -> None:
-        prompts = self._prompts(experiment)
         loaded = self._pair(experiment, _primary_draft(experiment, group.values()))
+        prompts = self._prompts(experiment, loaded.pair.tokenizer)
         repeats = int(experiment["repeats"] or 1)
         decoders, budgets = {}, {}
         for rid, run in group.items():
@@ -645,7 +646,9 @@ class Worker:
         texts = [typer.describe(int(t))[0] for t in result.output_ids]
         record_prompt(conn, run["id"], run["kind"], result, texts, repeats=repeats, slots=slots)
 
-    def _prompts(self, experiment: dict) -> list[str]:
+    def _prompts(self, experiment: dict, tokenizer) -> list[str]:
+        """The experiment's frozen prompt texts; the first run freezes them: its prompt spec loaded, conversations
+        rendered by the target tokenizer's chat template (engine/chat.py), so what is stored is what the models see."""
         def load_stored():
             with self.store.read() as conn:
                 return queue.load_experiment_prompts(conn, experiment["id"])
@@ -653,7 +656,7 @@ class Worker:
         if stored is not None:
             return stored
         try:
-            prompts = load_prompts(experiment["prompts"])
+            prompts = render(load_prompts(experiment["prompts"]), tokenizer, experiment.get("chat_template") or "auto")
         except DraftLabError as exc:
             raise SetupError(str(exc)) from exc
         if not prompts:

@@ -33,7 +33,7 @@ __all__ = ["AUTO_K", "DEFAULT_SWEEP", "INTEGER_VARIABLES", "MAX_K", "Launch", "p
 
 SWEEP_VARIABLES = tuple(VARIABLES)  # engine/variables.py: k, a sampling setting with k fixed, the draft or the drafter
 DEFAULT_REPEATS, DEFAULT_K_AUTO = 3, 8
-UPLOAD_TYPES = ["jsonl", "csv", "txt"]
+UPLOAD_TYPES = ["jsonl", "csv", "txt", "parquet", "arrow", "feather"]
 DEFAULT_DRAFTER_SWEEP = ["model", "heuristic", "confidence", "prompt-lookup"]
 LINK_NOTES = "new_experiment_link_notes"  # session key: what the link's parameters left out
 # Each widget's first value: the page seeds st.session_state with these (or the link's values) and creates the
@@ -156,7 +156,13 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         drafter=drafter,
     )
     if prompt_texts is not None:  # an upload: freeze its prompts now, so any worker can run them
-        launch.kwargs["prompt_texts"] = list(prompt_texts)
+        from app.pair_check import render_prompts
+
+        try:  # conversations become the text the target sees (its chat template), frozen as such
+            launch.kwargs["prompt_texts"] = render_prompts(target.strip(), list(prompt_texts))
+        except DraftLabError as exc:
+            launch.errors.append(f"prompts: {exc}")
+            launch.kwargs = {}
     return launch
 
 
@@ -231,8 +237,9 @@ def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
             return None, str(exc), None
         st.caption(f"{count} prompts — {PROMPT_SET_DESCRIPTIONS.get(spec.split(':')[0], '')}")
         return spec, None, None
-    upload = st.file_uploader("Prompt file: .jsonl (a \"prompt\" field per line), .csv (a \"prompt\" column) or "
-                              ".txt (one prompt a line)", type=UPLOAD_TYPES, key="prompt_upload")
+    upload = st.file_uploader("Prompt file: .jsonl (a \"prompt\" field, or a conversation: OpenAI \"messages\" or "
+                              "ShareGPT \"conversations\", per line), .csv (a \"prompt\" column), .txt (one prompt a "
+                              "line) or a .parquet/.arrow dataset export", type=UPLOAD_TYPES, key="prompt_upload")
     if upload is None:
         return None, None, None
     path = save_upload(upload.name, upload.getvalue())

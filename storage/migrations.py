@@ -59,8 +59,13 @@ def _v5_to_v6(conn: Connection) -> None:
     """v6: production counters imported from a serving engine (`draftlab import-metrics`): new tables only."""
 
 
+def _v6_to_v7(conn: Connection) -> None:
+    """v7: how an experiment's conversation prompts become text (its chat template)."""
+    _add_columns(conn, (("experiments", "chat_template", "TEXT DEFAULT 'auto'"),))
+
+
 STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
-                                                  5: _v5_to_v6}
+                                                  5: _v5_to_v6, 6: _v6_to_v7}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

@@ -40,14 +40,16 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                        sweep_values: Sequence[float] = (1, 2, 4), k: int = 4, notes: str = "",
                        tags: Iterable[str] | str = (), prompt_texts: Sequence[str] | None = None,
                        trust_remote_code: bool = False, reserved_for: str | None = None, repeats: int = 1,
-                       k_auto: int | None = None, drafter: str = "model", validates: int | None = None) -> int:
+                       k_auto: int | None = None, drafter: str = "model", validates: int | None = None,
+                       chat_template: str = "auto") -> int:
     """Create an experiment with its target-only baseline(s) and one speculative run per sweep value, all
     queued; return the experiment id. A k sweep shares one baseline; a sampling sweep gets one per value
     (speedup compares equal sampling configs); a draft or drafter sweep shares one baseline, each run naming its
     draft model and drafter spec. prompt_texts freezes the prompts now (else the worker loads
     the `prompts` spec when the first run starts). reserved_for: only that worker may claim the runs.
     repeats: timed decodes per prompt and arm (medians used). k_auto: "predict, then confirm" up to that k —
-    only the baseline and k = k_auto are queued; the worker predicts the curve and queues the best k values."""
+    only the baseline and k = k_auto are queued; the worker predicts the curve and queues the best k values.
+    chat_template: how conversation prompts become text (engine/chat.py): auto, none, or a template's text."""
     if int(repeats) < 1:
         raise QueueError(f"repeats must be >= 1 (got {repeats}); use e.g. --repeats 3")
     if k_auto is not None:
@@ -80,7 +82,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     name = name or f"{','.join(values) if sweep_variable == 'draft' else draft} → {target} on {prompts}"
     with store.session() as s:
         exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, drafter=drafter,
-                         validates=validates,
+                         validates=validates, chat_template=chat_template or "auto",
                          draft=",".join(values) if sweep_variable == "draft" else draft,
                          prompts=prompts, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                          k=int(k), sweep_variable=sweep_variable, sweep_values=json.dumps(values), repeats=int(repeats),

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Run kinds and statuses.
 BASELINE, SPECULATIVE = "baseline", "speculative"
@@ -69,6 +69,9 @@ class Experiment(Base):
     predicted_curve: Mapped[str | None] = mapped_column(Text, nullable=True)
     drafter: Mapped[str] = mapped_column(String(80), default="model")  # drafter spec of every run unless swept
     validates: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the tuning experiment this one validates
+    # How conversation prompts become text (engine/chat.py): "auto" (the target tokenizer's template), "none", or
+    # the Jinja text of a --chat-template FILE (stored, so a worker elsewhere renders the same).
+    chat_template: Mapped[str] = mapped_column(Text, default="auto")
 
 
 class ExperimentPrompt(Base):

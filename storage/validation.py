@@ -71,6 +71,7 @@ def validation_plan(store: Store, experiment_id: int, prompts: str | None = None
         "device": exp["device"], "dtype": exp["dtype"], "trust_remote_code": bool(exp["trust_remote_code"]),
         "sweep_variable": "k", "sweep_values": [k], "k": k, "repeats": int(exp.get("repeats") or 1),
         "validates": experiment_id, "tags": exp.get("tag_list") or [],
+        "chat_template": exp.get("chat_template") or "auto",  # held-out conversations rendered as the tuned ones
     }
 
 

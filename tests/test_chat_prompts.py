@@ -110,3 +110,70 @@ def test_builtin_chat_set_renders_with_the_demo_template():
         assert all(t.endswith("Assistant:") for t in text)
         assert any(t.count("User:") == 2 for t in text)  # a multi-turn conversation keeps its earlier turns
     assert not set(render(load_prompts("chat:tune"), tok)) & set(render(load_prompts("chat:validation"), tok))
+
+
+# --- through the worker and the CLI: what is stored is what the models saw ---------------------------------------
+
+def test_worker_freezes_rendered_conversations_and_a_missing_template_fails_the_experiment(tmp_path):
+    from app.worker import Worker
+    from storage import open_store, queue
+    from storage import queries as q
+
+    chats = _jsonl(tmp_path, [OPENAI, SHAREGPT])
+    store = open_store(f"sqlite:///{tmp_path / 'chat.db'}")
+    with_template = queue.enqueue_experiment(store, name="chat", target="t", draft="d", prompts=chats,
+                                             sampling={"max_new_tokens": 4}, sweep_values=[2], device="cpu")
+    plain_tokenizer = queue.enqueue_experiment(store, name="chat, no template", target="t-plain", draft="d",
+                                               prompts=chats, sampling={"max_new_tokens": 4}, sweep_values=[2],
+                                               device="cpu")
+
+    def loader(target, draft, device, dtype, trust_remote_code, **kw):
+        t = tm.llama(0)
+        tok = tm.tokenizer()
+        if target == "t":
+            tok.chat_template = TEMPLATE
+        return tm.pair(t, tm.noisy_copy(t, 1, 0.3), tok)
+
+    with Worker(store, loader=loader, log=lambda message: None) as worker:
+        worker.work(until_idle=True)
+    with store.read() as conn:
+        frozen = queue.load_experiment_prompts(conn, with_template)
+    assert frozen == ["<system>Be brief.<user>Hi<assistant>Hello!<user>Sum 2+2<assistant>", "<user>你好<assistant>"]
+    runs = q.runs(store, with_template)
+    assert set(runs["status"]) == {"done"}
+    shown = q.per_prompt(store, int(runs[runs["kind"] == "speculative"]["run_id"].iloc[0]))
+    assert shown["prompt"].tolist() == frozen  # the per-prompt table and round explorer show the rendered text
+    failed = q.runs(store, plain_tokenizer)
+    assert set(failed["status"]) == {"failed"}
+    assert "has no chat template: pass --chat-template FILE" in failed["error"].iloc[0]
+
+
+def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    from app.cli import main
+    from storage import open_store, queue
+    from storage import queries as q
+
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
+                 "--max-new-tokens", "4", "--repeats", "1", "--db", db]) == 0
+    store = open_store(db)
+    eid = int(q.experiments(store)["experiment_id"].iloc[0])
+    with store.read() as conn:
+        frozen = queue.load_experiment_prompts(conn, eid)
+    tok = AutoTokenizer.from_pretrained(resolve(DEMO_TARGET))
+    assert frozen == render(load_prompts("chat:validation"), tok)
+    assert q.experiment(store, eid)["chat_template"] == "auto"
+    capsys.readouterr()
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}=>")
+    assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
+                 "--max-new-tokens", "4", "--repeats", "1", "--chat-template", str(template), "--db", db]) == 0
+    second = int(q.experiments(store)["experiment_id"].max())
+    assert q.experiment(store, second)["chat_template"] == template.read_text()  # the text, not the path
+    with store.read() as conn:
+        assert all(p.endswith("=>") for p in queue.load_experiment_prompts(conn, second))
+    assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
+                 "--chat-template", str(tmp_path / "nope.jinja"), "--db", db]) == 2
+    assert "--chat-template" in capsys.readouterr().err and len(q.experiments(store)) == 2
