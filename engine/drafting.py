@@ -17,7 +17,10 @@ name, parameter, whether it needs the draft model; the entry names the class her
     needs_draft_model("prompt-lookup:3")  # False: run it without a draft model
 
 Every drafter is lossless through the same verification (engine/speculative.py); a drafter without a distribution
-(prompt lookup) proposes point masses (p_d = 1 on its token) and no logits (KL is NaN).
+(prompt lookup) proposes point masses (p_d = 1 on its token) and no logits (KL is NaN). With
+SamplingConfig.draft_sampling = "greedy" a model drafter proposes its argmax as a point mass too (its logits still
+give KL; the confidence policy still reads its distribution): the draft then behaves as a server that drafts by
+argmax whatever the temperature, and the output keeps the target's distribution.
 """
 from __future__ import annotations
 
@@ -101,12 +104,17 @@ class ModelDrafter:
             return Proposal.empty(self.lm.vocab_size, self.lm.device)
         pending = sequence[:, self.lm.length :]
         tokens, probs, raw = [], [], []
+        greedy_drafts = self.cfg.draft_sampling == "greedy" and not self.cfg.greedy
         for i in range(k):
             logits = self.lm.forward(pending, keep=1)[0]
             p = probabilities(logits, self.cfg)
-            token = sample(p, self.cfg, generator)
+            if greedy_drafts:  # propose p_d's argmax; verified as a point mass (Proposal.point_masses' rule)
+                token = p.argmax()
+                probs.append(torch.nn.functional.one_hot(token, p.shape[-1]).to(p.dtype))
+            else:
+                token = sample(p, self.cfg, generator)
+                probs.append(p)
             tokens.append(token)
-            probs.append(p)
             raw.append(logits)
             if i + 1 < k and self.stop_after(p):
                 break

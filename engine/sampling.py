@@ -13,6 +13,9 @@ import torch
 from .errors import DraftLabError
 
 
+DRAFT_SAMPLING = ("probabilistic", "greedy")
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy
@@ -20,8 +23,14 @@ class SamplingConfig:
     top_p: float = 1.0  # 1 = off
     seed: int = 0
     max_new_tokens: int = 128
+    # How a draft model proposes (engine/drafting.py): "probabilistic" draws each draft from p_d; "greedy" proposes
+    # p_d's argmax and verification treats it as a point mass (still lossless), as vLLM's V1 drafter long did.
+    draft_sampling: str = "probabilistic"
 
     def __post_init__(self):
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise DraftLabError(f"draft sampling must be one of {', '.join(DRAFT_SAMPLING)} (got "
+                                f"{str(self.draft_sampling)[:40]!r})")
         if self.temperature < 0:
             raise DraftLabError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy decoding")
         if self.top_k < 0:

@@ -90,3 +90,47 @@ def test_same_seed_same_output_different_seed_differs():
         cfg = SamplingConfig(temperature=1.0, max_new_tokens=32, seed=seed)
         outs.append(runs.speculative_decoder(p, cfg, 3).generate("t4 t5", ids[0], 0).output_ids)
     assert outs[0] == outs[1] and outs[0] != outs[2]
+
+
+def sample_counts_with(p, prompt_ids, **cfg_fields):
+    cfg = SamplingConfig(temperature=1.0, max_new_tokens=NEW, seed=11, **cfg_fields)
+    decoder = runs.speculative_decoder(p, cfg, K)
+    counts = np.zeros(V**NEW)
+    accepted = proposed = 0
+    for i in range(SAMPLES):
+        result = decoder.generate("t2 t3", prompt_ids, i)
+        counts[np.ravel_multi_index(result.output_ids, (V,) * NEW)] += 1
+        accepted += sum(r.accepted for r in result.rounds)
+        proposed += sum(r.k for r in result.rounds)
+    return counts, accepted / max(proposed, 1)
+
+
+def test_greedy_drafting_stays_lossless_and_proposes_the_argmax(setup):
+    """--draft-sampling greedy: the draft proposes its argmax, verified as a point mass; the output still follows
+    the target's distribution (chi-squared), and every proposed draft is the draft's argmax with p_draft 1."""
+    p, prompt_ids, probs = setup
+    counts, _ = sample_counts_with(p, prompt_ids, draft_sampling="greedy")
+    assert chi2_pvalue(counts, probs) > 1e-3
+    cfg = SamplingConfig(temperature=1.0, max_new_tokens=NEW, seed=3, draft_sampling="greedy")
+    result = runs.speculative_decoder(p, cfg, K).generate("t2 t3", prompt_ids, 0)
+    drafts = [t for r in result.rounds for t in r.draft_tokens]
+    assert drafts and all(t.p_draft == 1.0 for t in drafts)
+    assert all(t.beta == pytest.approx(t.p_target) for t in drafts)  # E[accept] of a point mass is p_t(x)
+
+
+def test_greedy_drafting_without_the_point_mass_rule_is_detected(setup, monkeypatch):
+    """Proposing the argmax but verifying with the full p_d (what a point-mass bug would do) biases the output."""
+    from engine import drafting
+
+    p, prompt_ids, probs = setup
+    real = torch.nn.functional.one_hot
+    monkeypatch.setattr(drafting.torch.nn.functional, "one_hot", lambda t, n: real(t, n) * 0 + 1.0 / n)
+    counts, _ = sample_counts_with(p, prompt_ids, draft_sampling="greedy")
+    assert chi2_pvalue(counts, probs) < 1e-6
+
+
+def test_bad_draft_sampling_is_one_line():
+    from engine.errors import DraftLabError
+
+    with pytest.raises(DraftLabError, match="draft sampling must be one of probabilistic, greedy"):
+        SamplingConfig(temperature=1.0, draft_sampling="argmax")
