@@ -153,7 +153,7 @@ def cmd_run(args) -> int:
     from engine.drafter_specs import canonical_drafter, needs_draft_model
     from engine.errors import DraftLabError
     from engine.loading import load_pair, with_draft
-    from engine.chat import render, template_text
+    from engine.chat import render, resolve_option
     from engine.prompt_sets import load_prompts
     from engine.runs import check_k, encode_prompts
     from engine.sampling import SamplingConfig
@@ -189,8 +189,8 @@ def cmd_run(args) -> int:
         for k in sweep.ks:
             for p in [pair, *others.values()]:
                 check_k(p, k)
-        prompts = render(prompts, pair.tokenizer, args.chat_template, what=args.prompts)
-        chat_template = template_text(args.chat_template) or args.chat_template
+        chat_template = resolve_option(args.chat_template)  # a FILE's text: stored, so any worker renders alike
+        prompts = render(prompts, pair.tokenizer, chat_template, what=args.prompts)
         encode_prompts(pair, prompts, cfg.max_new_tokens)
     except DraftLabError as exc:
         return _fail(str(exc))
@@ -266,6 +266,7 @@ def cmd_distill(args) -> int:
     from tqdm import tqdm
 
     from engine import distill as ds
+    from engine.chat import render, resolve_option
     from engine.errors import DraftLabError
     from engine.loading import load_pair
     from engine.prompt_sets import held_out_split, load_prompts
@@ -297,8 +298,9 @@ def cmd_distill(args) -> int:
         val_spec, val_note = held_out_split(args.prompts)
         train_prompts, val_prompts = load_prompts(args.prompts), load_prompts(val_spec)
         pair = load_pair(args.target, args.draft, args.device, "float32")
-        train_prompts = render(train_prompts, pair.tokenizer, args.chat_template, what=args.prompts)
-        val_prompts = render(val_prompts, pair.tokenizer, args.chat_template, what=val_spec)
+        chat_template = resolve_option(args.chat_template)
+        train_prompts = render(train_prompts, pair.tokenizer, chat_template, what=args.prompts)
+        val_prompts = render(val_prompts, pair.tokenizer, chat_template, what=val_spec)
         encode_prompts(pair, train_prompts, cfg.max_new_tokens)
         encode_prompts(pair, val_prompts, cfg.max_new_tokens)
     except DraftLabError as exc:

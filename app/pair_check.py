@@ -135,15 +135,16 @@ def _tokenizer_and_width(name: str, files: tuple = ()):
     return tokenizer, int(width) if width else len(tokenizer.get_vocab())
 
 
-def render_prompts(target: str, prompts: list) -> list[str]:
-    """An upload's prompts as the target will see them: conversations through its tokenizer's chat template
-    (engine/chat.py, `auto`), plain prompts as they are. The tokenizer is the pair check's (cached), never weights."""
+def render_prompts(target: str, prompts: list, chat_template: str = "auto") -> list[str]:
+    """An upload's prompts as the target will see them: conversations through `chat_template` (engine/chat.py:
+    auto = its tokenizer's, none, or a template's text), plain prompts as they are. The tokenizer is the pair
+    check's (cached), never weights."""
     from engine.chat import Chat, render
 
     if not any(isinstance(p, Chat) for p in prompts):
         return list(prompts)
     tokenizer, _ = _tokenizer_and_width(target, fingerprint(target))
-    return render(prompts, tokenizer, what="the uploaded prompts")
+    return render(prompts, tokenizer, chat_template, what="the uploaded prompts")
 
 
 RESULTS_KEPT = 64  # pair checks remembered (least recently used dropped first)

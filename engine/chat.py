@@ -88,29 +88,33 @@ def conversation(obj: dict, where: str) -> Chat:
     return Chat(tuple(messages[: last_user + 1]))
 
 
-def template_text(option: str) -> str | None:
-    """The Jinja text of a --chat-template FILE; None for auto / none. Refused: a missing or huge file."""
+def resolve_option(option: str) -> str:
+    """A --chat-template value as stored and rendered with: auto, none, or the Jinja text of the FILE it names
+    (the text, so a worker on another machine renders the same). Refused: a missing, unreadable or huge file."""
     if option in (AUTO, NONE):
-        return None
+        return option
     path = Path(option)
     if not path.is_file():
-        raise DraftLabError(f"--chat-template {option}: no such file; give auto (the target tokenizer's template), "
-                            f"none, or a Jinja template file")
+        raise DraftLabError(f"--chat-template {option[:200]}: no such file; give auto (the target tokenizer's "
+                            f"template), none, or a Jinja template file")
     if path.stat().st_size > MAX_TEMPLATE_BYTES:
         raise DraftLabError(f"--chat-template {option}: larger than 1 MB, not a chat template")
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DraftLabError(f"--chat-template {option}: cannot read it as UTF-8 text ({exc})") from None
+    if not text.strip() or text.strip() in (AUTO, NONE):
+        raise DraftLabError(f"--chat-template {option}: the file holds no template")
+    return text
 
 
 def render(prompts: list, tokenizer, option: str = AUTO, what: str = "the prompts") -> list[str]:
     """The text of every prompt as the models will see it: strings as they are, conversations through the
-    chosen template (module docstring)."""
+    template `option` names: auto, none, or a template's Jinja text (resolve_option turns a FILE into that)."""
     chats = [p for p in prompts if isinstance(p, Chat)]
     if not chats:
         return list(prompts)
-    template = template_text(option)
+    template = None if option in (AUTO, NONE) else option
     if option == AUTO and not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "") or "the target"
         raise DraftLabError(f"{what} are conversations but {name}'s tokenizer has no chat template: pass "

@@ -8,6 +8,7 @@ import streamlit as st
 
 from engine.errors import DraftLabError
 from pages.common import nav_page, store
+from pages.new_experiment import UPLOAD_TYPES
 from pages.prefill import md_text
 from storage import queue
 from storage.validation import ValidationError, held_out_prompts, validation_plan, validation_result
@@ -42,8 +43,9 @@ def render_validation(experiment: dict, verdict: dict) -> None:
             default = None
         st.caption("Reruns the best configuration and its baseline on prompts the tuning never saw, as a new "
                    "experiment linked to this one; the worker runs it.")
-        upload = None if default else st.file_uploader("Held-out prompts (.jsonl / .csv / .txt)",
-                                                       type=["jsonl", "csv", "txt"], key="validation_file")
+        upload = None if default else st.file_uploader("Held-out prompts (.jsonl, conversations too / .csv / .txt "
+                                                       "/ .parquet / .arrow)", type=UPLOAD_TYPES,
+                                                       key="validation_file")
         if st.button("Validate" + (f" on {default}" if default else ""), key="validate", disabled=not default and
                      upload is None):
             try:
@@ -52,6 +54,10 @@ def render_validation(experiment: dict, verdict: dict) -> None:
                 if upload is not None:
                     spec, texts = _held_out_file(upload)
                 plan = validation_plan(store(), eid, spec)
+                if texts is not None:  # conversations: rendered as the tuning experiment's were, then frozen
+                    from app.pair_check import render_prompts
+
+                    texts = render_prompts(plan["target"], texts, plan["chat_template"])
                 vid = queue.enqueue_experiment(store(), **plan, prompt_texts=texts)
             except (ValidationError, DraftLabError) as exc:  # DraftLabError: a malformed held-out file
                 st.error(md_text(str(exc)), icon=":material/error:")

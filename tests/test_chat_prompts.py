@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from engine.chat import Chat, render
+from engine.chat import Chat, render, resolve_option
 from engine.errors import DraftLabError
 from engine.prompt_sets import load_prompts
 from engine.zoo import DEMO_TARGET, resolve
@@ -51,7 +51,9 @@ def test_none_and_file_templates(tmp_path, chat_tokenizer):
     assert render(prompts, chat_tokenizer, "none") == ["Be brief.\n\nHi\n\nHello!\n\nSum 2+2"]
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
-    assert render(prompts, chat_tokenizer, str(template)) == ["[Be brief.][Hi][Hello!][Sum 2+2]"]
+    text = resolve_option(str(template))  # a FILE is stored and rendered as its text
+    assert text == template.read_text()
+    assert render(prompts, chat_tokenizer, text) == ["[Be brief.][Hi][Hello!][Sum 2+2]"]
 
 
 def test_a_tokenizer_without_a_template_is_one_line(tmp_path):
@@ -60,7 +62,7 @@ def test_a_tokenizer_without_a_template_is_one_line(tmp_path):
         render(prompts, tm.tokenizer())
     assert render(["plain"], tm.tokenizer()) == ["plain"]  # plain prompts need no template
     with pytest.raises(DraftLabError, match="no such file"):
-        render(prompts, tm.tokenizer(), str(tmp_path / "missing.jinja"))
+        resolve_option(str(tmp_path / "missing.jinja"))
 
 
 @pytest.mark.parametrize("row, message", [
@@ -123,6 +125,9 @@ def test_worker_freezes_rendered_conversations_and_a_missing_template_fails_the_
     store = open_store(f"sqlite:///{tmp_path / 'chat.db'}")
     with_template = queue.enqueue_experiment(store, name="chat", target="t", draft="d", prompts=chats,
                                              sampling={"max_new_tokens": 4}, sweep_values=[2], device="cpu")
+    custom = queue.enqueue_experiment(store, name="chat, own template", target="t-plain", draft="d", prompts=chats,
+                                      sampling={"max_new_tokens": 4}, sweep_values=[2], device="cpu",
+                                      chat_template="{% for m in messages %}{{ m['content'] }}|{% endfor %}")
     plain_tokenizer = queue.enqueue_experiment(store, name="chat, no template", target="t-plain", draft="d",
                                                prompts=chats, sampling={"max_new_tokens": 4}, sweep_values=[2],
                                                device="cpu")
@@ -143,6 +148,8 @@ def test_worker_freezes_rendered_conversations_and_a_missing_template_fails_the_
     assert set(runs["status"]) == {"done"}
     shown = q.per_prompt(store, int(runs[runs["kind"] == "speculative"]["run_id"].iloc[0]))
     assert shown["prompt"].tolist() == frozen  # the per-prompt table and round explorer show the rendered text
+    with store.read() as conn:  # a stored template text renders in the worker, whatever the tokenizer has
+        assert queue.load_experiment_prompts(conn, custom) == ["Be brief.|Hi|Hello!|Sum 2+2|", "你好|"]
     failed = q.runs(store, plain_tokenizer)
     assert set(failed["status"]) == {"failed"}
     assert "has no chat template: pass --chat-template FILE" in failed["error"].iloc[0]
@@ -177,3 +184,31 @@ def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
     assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
                  "--chat-template", str(tmp_path / "nope.jinja"), "--db", db]) == 2
     assert "--chat-template" in capsys.readouterr().err and len(q.experiments(store)) == 2
+
+
+def test_cli_distill_takes_conversations(model_dirs, tmp_path, capsys):
+    """A chat JSONL (as captured from production) is a distillation set: refused in one line without a template,
+    trained on with --chat-template none."""
+    from app.cli import main
+
+    chats = _jsonl(tmp_path, [{"messages": [{"role": "user", "content": f"t{i} t{i + 1} t{i + 2}"}]}
+                              for i in range(3, 9)])
+    argv = ["distill", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts", chats,
+            "--steps", "1", "--max-new-tokens", "4", "--batch-size", "2"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 2
+    assert "has no chat template" in capsys.readouterr().err
+    assert main([*argv, "--out", str(tmp_path / "b"), "--chat-template", "none"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "b" / "config.json").is_file()
+
+
+def test_dashboard_uploads_render_through_the_pair_checks_tokenizer(model_dirs, tmp_path):
+    """The New-experiment and validation uploads freeze conversations as text (app/pair_check.render_prompts):
+    the tokenizer's template (auto), the experiment's own (none or a template's text); plain prompts untouched."""
+    from app.pair_check import render_prompts
+
+    prompts = load_prompts(_jsonl(tmp_path, [OPENAI, {"prompt": "plain"}]))
+    with pytest.raises(DraftLabError, match="the uploaded prompts are conversations but"):
+        render_prompts(model_dirs["target"], prompts)
+    assert render_prompts(model_dirs["target"], prompts, "none") == ["Be brief.\n\nHi\n\nHello!\n\nSum 2+2", "plain"]
+    assert render_prompts(model_dirs["target"], prompts, "{{ messages[-1]['content'] }}!") == ["Sum 2+2!", "plain"]
+    assert render_prompts(model_dirs["target"], ["a", "b"]) == ["a", "b"]
