@@ -22,6 +22,19 @@ SERIES_LEGEND = alt.Legend(orient="bottom", direction="vertical", columns=1, lab
 MIN_SAMPLE = 30  # a rate from fewer verified tokens than this is flagged as a small sample
 
 
+# Names and labels (experiments, runs, drafts, series) reach Vega as data: fields, and predicates that compare a
+# field with a value (Vega-Lite writes the value into its expressions as a JSON string). An expression written here
+# names only this module's own field names; text from people or the database is never pasted into one.
+def is_value(field: str, value) -> alt.FieldEqualPredicate:
+    """Rows whose `field` equals `value`."""
+    return alt.FieldEqualPredicate(field=field, equal=value)
+
+
+def is_valid(field: str) -> alt.FieldValidPredicate:
+    """Rows with a `field` value (not null, not NaN)."""
+    return alt.FieldValidPredicate(field=field, valid=True)
+
+
 def series_scale(frame: pd.DataFrame, series: str) -> alt.Scale:
     """Distinct categorical colours for Compare's series: tableau10, tableau20 beyond ten."""
     n = frame[series].nunique() if series in frame else 0
@@ -72,7 +85,7 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
     long = frame.melt(id_vars=["x", "lo", "hi", "state"], value_vars=series, var_name="series",
                       value_name="value").dropna(subset=["value"])
     long.loc[long["series"] != "speedup", ["lo", "hi", "state"]] = None  # intervals and states are the measurement's
-    long["series"] = long["series"].map(lambda s: SPEEDUP_SERIES[s][0])
+    long["series"] = long["series"].map(lambda s: SPEEDUP_SERIES[s][0])  # the legend's words, as data
     shown = [SPEEDUP_SERIES[s] for s in series if SPEEDUP_SERIES[s][0] in set(long["series"])]
     color = alt.Color("series:N", title=None, legend=BOTTOM,
                       scale=alt.Scale(domain=[n for n, _ in shown], range=[c for _, c in shown]))
@@ -80,13 +93,13 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
                alt.Tooltip("lo:Q", title="95 % low", format=".3f"), alt.Tooltip("hi:Q", title="95 % high", format=".3f"),
                alt.Tooltip("state:N", title="run")]
     base = alt.Chart(long).encode(_x("x", x_title), alt.Y("value:Q", title="speedup (×)"), color, tooltip=tooltip)
-    is_measured = alt.datum.series == "measured"
+    is_measured = is_value("series", SPEEDUP_SERIES["speedup"][0])
     predicted = base.transform_filter(~is_measured).mark_line(strokeDash=[5, 4], point=alt.OverlayMarkDef(size=25))
     measured = base.transform_filter(is_measured)
-    bars = measured.transform_filter("isValid(datum.lo)").mark_errorbar(ticks=True).encode(
+    bars = measured.transform_filter(is_valid("lo")).mark_errorbar(ticks=True).encode(
         alt.Y("lo:Q", title="speedup (×)"), alt.Y2("hi:Q"))
     points = measured.mark_point(filled=False, size=90, strokeWidth=2).encode(
-        fill=alt.condition(alt.datum.state == FINISHED, alt.value(SPEEDUP_SERIES["speedup"][1]), alt.value("white")),
+        fill=alt.condition(is_value("state", FINISHED), alt.value(SPEEDUP_SERIES["speedup"][1]), alt.value("white")),
         shape=alt.Shape("state:N", scale=STATE_SHAPES, legend=None))
     even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#bdbdbd").encode(y="y:Q")
     layers = [even, predicted, measured.mark_line(), bars, points]
@@ -138,7 +151,7 @@ def acceptance_by_position(frame: pd.DataFrame) -> alt.LayerChart:
               axis=alt.Axis(values=[0, 0.2, 0.4, 0.6, 0.8, 1.0])),
         tooltip=["position:O", alt.Tooltip("reached:Q", title="n (reached)"), "accepted:Q",
                  alt.Tooltip("conditional:Q", format=".3f")])
-    bars = base.mark_bar(color="#2e7d32").encode(opacity=alt.condition(alt.datum.small, alt.value(0.45), alt.value(1.0)))
+    bars = base.mark_bar(color="#2e7d32").encode(opacity=alt.condition(is_value("small", True), alt.value(0.45), alt.value(1.0)))
     labels = base.mark_text(dy=-6, fontSize=10, color="#424242").encode(text="n_label:N")
     return alt.layer(bars, labels).properties(height=HEIGHT)
 
@@ -172,7 +185,7 @@ def acceptance_by_type(frame: pd.DataFrame) -> alt.LayerChart:
                  alt.Tooltip("rate:Q", format=".3f")])
     bars = base.mark_bar().encode(
         alt.Color("rate:Q", scale=alt.Scale(scheme="redyellowgreen", domain=[0, 1]), legend=None),
-        opacity=alt.condition(alt.datum.small, alt.value(0.45), alt.value(1.0)))
+        opacity=alt.condition(is_value("small", True), alt.value(0.45), alt.value(1.0)))
     labels = base.mark_text(align="left", dx=3, fontSize=10, color="#424242").encode(text="n_label:N")
     return alt.layer(bars, labels).properties(height=HEIGHT)
 
@@ -199,18 +212,17 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
         tooltip += [alt.Tooltip(f"{lo}:Q", title="95 % low", format=".3f"),
                     alt.Tooltip(f"{hi}:Q", title="95 % high", format=".3f")]
     color = alt.Color(f"{series}:N", title=None, legend=SERIES_LEGEND, scale=series_scale(frame, series))
-    # Field names in expressions are the page's own column names, never user text (names are data, not code).
-    base = alt.Chart(frame).transform_filter(f"isValid(datum['{y}'])").encode(
+    base = alt.Chart(frame).transform_filter(is_valid(y)).encode(
         _x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale), color, tooltip=tooltip)
     layers = []
     if not (lo and hi):
         layers.append(base.mark_line(point=True))
     else:
-        bars = base.transform_filter(f"isValid(datum['{lo}'])").mark_errorbar(ticks=True).encode(
+        bars = base.transform_filter(is_valid(lo)).mark_errorbar(ticks=True).encode(
             alt.Y(f"{lo}:Q", title=y_title, scale=scale), alt.Y2(f"{hi}:Q"))
         fill = alt.Fill(f"{series}:N", legend=None, scale=series_scale(frame, series))  # the lines' colours
         if "state" in frame:
-            fill = alt.condition(alt.datum.state == FINISHED, fill, alt.value("white"))
+            fill = alt.condition(is_value("state", FINISHED), fill, alt.value("white"))
         points = base.mark_point(filled=False, size=60, strokeWidth=2).encode(fill=fill)
         if "state" in frame:
             points = points.encode(shape=alt.Shape("state:N", scale=STATE_SHAPES, legend=None))
@@ -221,7 +233,7 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
             tooltip=[f"{series}:N"])
         # Right of the point in the plot's left half, left of it in the right half: the label stays in the plot.
         for side, align, dx in (("left", "right", -6), ("right", "left", 6)):
-            layers.append(labels.transform_filter(f"datum.side === '{side}'").mark_text(
+            layers.append(labels.transform_filter(is_value("side", side)).mark_text(
                 align=align, baseline="middle", dx=dx, dy=-10, fontSize=11, fontWeight="bold",
                 limit=END_LABEL_LIMIT))
     chart = alt.layer(*layers) if len(layers) > 1 else layers[0]
@@ -291,14 +303,15 @@ def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, va
     bars = base.mark_bar()
     if not count:
         return alt.layer(bars).properties(height=HEIGHT + 60)
-    bars = bars.encode(opacity=alt.condition(alt.datum.small, alt.value(0.45), alt.value(1.0)))
+    bars = bars.encode(opacity=alt.condition(is_value("small", True), alt.value(0.45), alt.value(1.0)))
     labels = base.mark_text(align="left", dx=3, fontSize=10, color="#424242").encode(text="n_label:N")
     return alt.layer(bars, labels).properties(height=HEIGHT + 60)
 
 
 def count_labels(count: str) -> dict:
     """Vega expressions for what a rate bar is labelled with, from its count column (left as is in the data, so the
-    chart's data is still the frame the page downloads): n_label (`n=12*`: starred below MIN_SAMPLE) and small."""
+    chart's data is still the frame the page downloads): n_label (`n=12*`: starred below MIN_SAMPLE) and small.
+    `count` is one of the pages' own column names (verified, reached), never a name from the data."""
     return {"n_label": f"'n=' + datum['{count}'] + (datum['{count}'] < {MIN_SAMPLE} ? '*' : '')",
             "small": f"datum['{count}'] < {MIN_SAMPLE}"}
 
@@ -315,22 +328,15 @@ THEORY_SERIES = {"predicted_speedup": "speedup (article's formula)",
                  "expected_tokens_per_round": "expected tokens per round E[L_k]"}
 
 
-def _named(field: str, names: dict[str, str]) -> str:
-    """A Vega expression naming `field`'s raw values for people (the data keeps the raw names: the CSV's)."""
-    expression = f"datum['{field}']"
-    for raw, name in reversed(list(names.items())):
-        expression = f"datum['{field}'] === '{raw}' ? '{name}' : ({expression})"
-    return expression
-
-
 def theory_curves(frame: pd.DataFrame, k_selected: int) -> alt.LayerChart:
     """Speedup and expected tokens per round over k from the formulas. frame: k, predicted_speedup,
     expected_tokens_per_round[, refined_speedup]. Both are ratios to one target step's output (×, tokens per
     round), so they share the y axis; the legend names them in words."""
     series = [c for c in THEORY_SERIES if c in frame]
     long = frame.melt(id_vars=["k"], value_vars=series, var_name="metric")
+    long["series"] = long["metric"].map(THEORY_SERIES)  # the curves' names in words, as data (`metric`: the CSV's)
     names = [THEORY_SERIES[c] for c in series]
-    lines = alt.Chart(long).transform_calculate(series=_named("metric", THEORY_SERIES)).mark_line(point=True).encode(
+    lines = alt.Chart(long).mark_line(point=True).encode(
         _x("k", "k (draft tokens per round)"),
         alt.Y("value:Q", title="speedup (×) · tokens per round"),
         alt.Color("series:N", title=None, legend=BOTTOM, sort=names, scale=alt.Scale(domain=names)),
@@ -369,6 +375,39 @@ def proposal_probabilities(frame: pd.DataFrame) -> alt.Chart:
                     scale=alt.Scale(domain=["accepted", "rejected", "discarded"], range=[1, 0.9, 0.3])),
         tooltip=["position:O", "text:N", "model:N", "outcome:N", alt.Tooltip("probability:Q", format=".3f")],
     ).properties(height=HEIGHT - 40)
+
+
+def k_distribution(frame: pd.DataFrame) -> alt.Chart:
+    """The share of rounds that drafted each k_r, one bar per run side by side. frame: k, rounds, share, run (the
+    run's label: a drafter spec, a draft's name)."""
+    return alt.Chart(frame).mark_bar().encode(
+        x=alt.X("k:O", title="k_r (drafts in the round)"),
+        y=alt.Y("share:Q", title="share of rounds", axis=alt.Axis(format="%")),
+        color=alt.Color("run:N", title="run", legend=alt.Legend(labelLimit=0)), xOffset="run:N",
+        tooltip=["run:N", "k:O", "rounds:Q", alt.Tooltip("share:Q", format=".1%")])
+
+
+TRAINING_LOSS, HELD_OUT_KL = "train loss (weighted top-k KL)", "held-out KL (nats/token)"
+
+
+def training_curves(points: pd.DataFrame) -> alt.LayerChart | None:
+    """A training job's loss per step (a thin line) and its held-out KL (points where it was measured); None when
+    there is nothing to draw yet. points: step, loss, kl (either may be missing at a step)."""
+    if points.empty:
+        return None
+    loss = points.dropna(subset=["loss"]).assign(series=TRAINING_LOSS, value=lambda d: d["loss"])
+    kl = points.dropna(subset=["kl"]).assign(series=HELD_OUT_KL, value=lambda d: d["kl"])
+    frame = pd.concat([loss, kl])[["step", "series", "value"]]
+    if frame.empty:
+        return None
+    base = alt.Chart(frame).encode(
+        x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)),
+        y=alt.Y("value:Q", title="KL (nats per token)"),
+        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom", labelLimit=0)),
+        tooltip=[alt.Tooltip("step:Q"), alt.Tooltip("series:N"), alt.Tooltip("value:Q", format=".4f")])
+    held_out = is_value("series", HELD_OUT_KL)
+    return (base.transform_filter(~held_out).mark_line(opacity=0.6)
+            + base.transform_filter(held_out).mark_line(point=True)).properties(height=280)
 
 
 TOKEN_SELECTION = "token"  # the token chart's point selection: clicking a token selects its round
@@ -416,8 +455,8 @@ def token_chart(layout: pd.DataFrame, selected_round: int | None, line_chars: in
     base = alt.Chart(frame)
     boxes = base.mark_rect(cornerRadius=2).encode(
         x, alt.X2("x2:Q"), y, color=kind,
-        opacity=alt.condition(alt.datum.selected, alt.value(0.35), alt.value(0.08)),
-        stroke=alt.condition(alt.datum.selected, alt.value("#ef6c00"), alt.value(None)))
+        opacity=alt.condition(is_value("selected", True), alt.value(0.35), alt.value(0.08)),
+        stroke=alt.condition(is_value("selected", True), alt.value("#ef6c00"), alt.value(None)))
     text = base.mark_text(align="left", baseline="middle", font="monospace", fontSize=12, dx=1).encode(
         x, y, alt.Text("shown:N"), color=kind)
     # Transparent, not absent: a fully transparent fill is still painted, so it receives the pointer.

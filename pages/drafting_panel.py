@@ -2,10 +2,10 @@
 (and every drafter drafts fewer in a prompt's last round), so the per-position charts read against this."""
 from __future__ import annotations
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
+from pages import charts
 from pages.common import store
 from storage import queries as q
 
@@ -28,8 +28,5 @@ def render_k_distribution(runs: pd.DataFrame) -> None:
     st.subheader("Tokens drafted per round (k_r)")
     st.caption("A heuristic, confidence or prompt-lookup drafter chooses k_r round by round; the per-position "
                "acceptance above is conditional on the rounds that reached each position.")
-    chart = alt.Chart(frame).mark_bar().encode(
-        x=alt.X("k:O", title="k_r (drafts in the round)"), y=alt.Y("share:Q", title="share of rounds", axis=alt.Axis(format="%")),
-        color=alt.Color("run:N", title="run", legend=alt.Legend(labelLimit=0)), xOffset="run:N",
-        tooltip=["run", "k", "rounds", alt.Tooltip("share:Q", format=".1%")])
+    chart = charts.k_distribution(frame)
     st.altair_chart(chart, width="stretch")

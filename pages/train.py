@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
@@ -14,6 +13,7 @@ from engine import zoo
 from engine.errors import DraftLabError
 from engine.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTIONS, UNION, held_out_split,
                                 list_prompt_sets, load_prompt_file, load_prompts)
+from pages import charts
 from pages.common import csv_download, nav_page, number, select_id, store
 from pages.prefill import md_text
 from storage import queries as q
@@ -179,23 +179,6 @@ def _next_id() -> int:
     return int(frame["id"].max()) + 1 if not frame.empty else 1
 
 
-def _curve_chart(points: pd.DataFrame) -> alt.Chart | None:
-    if points.empty:
-        return None
-    loss = points.dropna(subset=["loss"]).assign(series="train loss (weighted top-k KL)", value=lambda d: d["loss"])
-    kl = points.dropna(subset=["kl"]).assign(series="held-out KL (nats/token)", value=lambda d: d["kl"])
-    frame = pd.concat([loss, kl])[["step", "series", "value"]]
-    if frame.empty:
-        return None
-    base = alt.Chart(frame).encode(
-        x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)), y=alt.Y("value:Q", title="KL (nats per token)"),
-        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom", labelLimit=0)),
-        tooltip=[alt.Tooltip("step:Q"), alt.Tooltip("series:N"), alt.Tooltip("value:Q", format=".4f")])
-    return (base.transform_filter(alt.datum.series != "held-out KL (nats/token)").mark_line(opacity=0.6)
-            + base.transform_filter(alt.datum.series == "held-out KL (nats/token)").mark_line(point=True)
-            ).properties(height=280)
-
-
 def _figures(job: dict) -> None:
     def delta(after, before, fmt):
         if after is None or before is None or any(isinstance(v, float) and math.isnan(v) for v in (after, before)):
@@ -257,7 +240,7 @@ def _job_view(job_id: int) -> None:
     if job["error"]:
         st.error(md_text(job["error"]), icon=":material/error:")
     points = training.points(store(), job_id)
-    chart = _curve_chart(points)
+    chart = charts.training_curves(points)
     if chart is not None:
         st.altair_chart(chart, width="stretch")
         csv_download(points, f"training-job-{job_id}-curve.csv", key=f"curve_csv_{job_id}")

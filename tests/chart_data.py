@@ -1,0 +1,143 @@
+"""Names that break code built by pasting text: quotes, apostrophes, `<`, `&`, non-ASCII. What the chart tests
+(test_pages_charts.py without a browser, test_browser_charts.py in one) put in every name, label and prompt, and
+the database the browser test seeds with them: one finished experiment of each kind, from crafted records (no
+model is loaded), production counters beside one, and a finished training job."""
+from __future__ import annotations
+
+import os
+
+NASTY = "it's \"quoted\" <b>x</b> & 中文 é"  # one string that closes a quote of either kind and opens a tag
+NAMES = {
+    "k": f"k sweep · {NASTY}",
+    "validation": f"held-out check: the draft's \"best\" <k> & é",
+    "draft": f"draft sweep: 'a' vs \"b\" <&> 中文",
+    "drafter": f"drafter sweep — it's <all> & \"more\" é",
+    "auto": f"k auto: O'Brien's \"guess\" < 5 & 中文",
+    "temperature": f"temperature sweep: l'été \"chaud\" <hot> &amp;",
+}
+TARGET = "target's \"big\" <model> & 中文"
+DRAFT = "draft's \"small\" <model> & é"
+DRAFTS = ["d'raft \"one\" <1> & 中", "draft 'two' \"2\" <&> é"]  # a draft sweep's values: its runs' labels
+PROMPTS_NAME = "prompts: it's \"mine\" <set> & é.txt"
+PROMPT_TEXTS = [f"He said \"it's <fine> & done\" 中文 é {i}" for i in range(3)] + ["x < y && y > 'z' \\ \" é"]
+TOKEN_TEXTS = ["it's", " \"q\"", " <b>", " &", " 中文", " é", "'", "\\", "</script>", " ${x}"]
+TAGS = ("it's", "<b>", "中文")
+
+
+def _prompt(prompt_index: int, rounds_k: list[int], accepts: list[int], draft_s: float, verify_s: float):
+    """A speculative prompt (engine invariants kept: wall time is the rounds' draft + verify time) whose round r
+    drafts rounds_k[r] tokens and accepts accepts[r] of them; token texts from TOKEN_TEXTS."""
+    from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+
+    rounds, next_id = [], 0
+    for index, (k, a) in enumerate(zip(rounds_k, accepts)):
+        a = min(a, k)
+        drafts = [DraftToken(i + 1, 10 + (next_id + i) % len(TOKEN_TEXTS), TOKEN_TEXTS[(next_id + i) % len(TOKEN_TEXTS)],
+                             "english" if i % 2 else "code", 0.6, 0.5, 0.5, 0.1,
+                             ACCEPTED if i < a else REJECTED if i == a else DISCARDED) for i in range(k)]
+        emitted = [next_id + i for i in range(a + 1)]
+        next_id += a + 1
+        rounds.append(Round(prompt_index, index, k, a, emitted, [ACCEPTED] * a + [BONUS if a == k else CORRECTION],
+                            draft_s * k, verify_s, k, drafts))
+    output = [t for r in rounds for t in r.emitted_ids]
+    wall = sum(r.draft_seconds + r.verify_seconds for r in rounds)
+    return PromptResult(prompt_index, PROMPT_TEXTS[prompt_index % len(PROMPT_TEXTS)], output, "x", wall, rounds=rounds)
+
+
+def _baseline(prompt_index: int, tokens: int, step: float = 0.010):
+    from engine.records import PromptResult
+
+    return PromptResult(prompt_index, PROMPT_TEXTS[prompt_index % len(PROMPT_TEXTS)], list(range(tokens)), "x",
+                        tokens * step, decode_steps=tokens, decode_seconds=tokens * step)
+
+
+PROMPTS = len(PROMPT_TEXTS)
+ACCEPTS = [3, 1, 2, 0, 4, 2]  # per round, cut at the round's k
+
+
+def _fill(store, experiment_id: int, varying_k: bool = False) -> dict[int, str]:
+    """Record every queued run of an experiment from crafted prompts and close it as done; a drafter that varies
+    k drafts 1..k tokens round by round. Returns {run_id: its label}."""
+    from storage import queue
+    from storage import queries as q
+    from storage.recording import record_prompt
+
+    runs = q.runs(store, experiment_id)
+    todo = runs[runs["status"] == "queued"]
+    labels = {}
+    for run in todo.itertuples():
+        queue.claim(store, int(run.run_id), "seed")
+        queue.start_run(store, int(run.run_id), PROMPTS, "cpu")
+        if run.kind == "baseline":
+            results = [_baseline(i, 14 + i) for i in range(PROMPTS)]
+        else:
+            k = int(run.k)
+            varies = varying_k and str(run.drafter).split(":")[0] != "model"
+            rounds_k = [max(1, k - (r % k)) if varies else k for r in range(6)]
+            results = [_prompt(i, rounds_k, ACCEPTS, 0.001, 0.011 * (1 + 0.1 * i)) for i in range(PROMPTS)]
+        with store.write() as conn:
+            for result in results:
+                texts = [TOKEN_TEXTS[t % len(TOKEN_TEXTS)] for t in range(len(result.output_ids))]
+                record_prompt(conn, int(run.run_id), run.kind, result, texts)
+        queue.finish_run(store, int(run.run_id), "done")
+        labels[int(run.run_id)] = run.sweep_label
+    return labels
+
+
+def seed(store, models_dir) -> dict:
+    """One finished experiment of each kind, every name, label, draft, target, prompt and token text holding
+    NASTY's characters; and a finished training job. Returns {kind: experiment id, "job": job id}."""
+    from storage import queue, training
+
+    common = dict(target=TARGET, prompts=PROMPTS_NAME, sampling={"max_new_tokens": 16}, prompt_texts=PROMPT_TEXTS,
+                  tags=TAGS, notes=f"notes: {NASTY}", device="cpu")
+    ids = {}
+    ids["k"] = queue.enqueue_experiment(store, **{**common, "prompts": "code:tune"}, name=NAMES["k"], draft=DRAFT,
+                                        sweep_values=[1, 2, 4])
+    ids["validation"] = queue.enqueue_experiment(store, **{**common, "prompts": "code:validation"},
+                                                 name=NAMES["validation"], draft=DRAFT, sweep_values=[2],
+                                                 validates=ids["k"])
+    ids["draft"] = queue.enqueue_experiment(store, **common, name=NAMES["draft"], draft=DRAFT, sweep_variable="draft",
+                                            sweep_values=DRAFTS, k=2)
+    ids["drafter"] = queue.enqueue_experiment(store, **common, name=NAMES["drafter"], draft=DRAFT,
+                                              sweep_variable="drafter",
+                                              sweep_values=["model", "confidence:0.3", "prompt-lookup:3"], k=3)
+    ids["temperature"] = queue.enqueue_experiment(store, **common, name=NAMES["temperature"], draft=DRAFT,
+                                                  sweep_variable="temperature", sweep_values=[0.0, 0.7], k=2)
+    for kind in ("k", "validation", "draft", "drafter", "temperature"):
+        _fill(store, ids[kind], varying_k=kind == "drafter")
+    # `--k auto`: k = 4 measured first, the predicted curve, then the confirmations at k = 2 and 3.
+    ids["auto"] = queue.enqueue_experiment(store, **common, name=NAMES["auto"], draft=DRAFT, sweep_values=[4],
+                                           k_auto=4)
+    _fill(store, ids["auto"])
+    queue.set_predicted_curve(store, ids["auto"], {1: 1.3, 2: 1.9, 3: 2.2, 4: 2.3}, [2, 3])
+    queue.add_k_runs(store, ids["auto"], [2, 3])
+    _fill(store, ids["auto"])
+
+    # Production counters imported against the k sweep's k = 4 run (`draftlab import-metrics`), named by people.
+    from storage import production
+
+    for label, accepted in ((f"vLLM prod: {NASTY}", (80, 50, 30, 12)), ("canary 'b' <2> & é", (70, 40, 20, 8))):
+        production.add_series(store, ids["k"], drafts=100, draft_tokens=400, accepted=sum(accepted),
+                              per_position=dict(enumerate(accepted, start=1)), label=label,
+                              source="http://server/metrics?q='x'&y=<z>", engine="vllm", seconds=60.0)
+
+    job = training.enqueue_training(store, name="browser-draft", target=TARGET, draft=DRAFT, prompts=PROMPTS_NAME,
+                                    validation=f"held-out: {NASTY}", steps=4, models=models_dir,
+                                    notes=f"notes: {NASTY}")
+    assert training.claim_job(store, job, "seed")
+    training.report(store, job, "seed", points=[{"step": s, "loss": 1.0 / s, "lr": 3e-4, "seconds": 0.1 * s,
+                                                 "kl": 0.9 / s if s % 2 == 0 else None} for s in range(1, 5)],
+                    step=4, progress=1.0)
+    training.finish_job(store, job, "done", worker_id="seed", kl_before=1.2, kl_after=0.4, alpha_before=0.5,
+                        alpha_after=0.7, tokens_per_round_before=1.8, tokens_per_round_after=2.4, eval_k=4)
+    ids["job"] = job
+    return ids
+
+
+def idle_worker(store) -> None:
+    """Register this process as a live worker, so `draftlab ui` starts no local worker of its own (nothing is
+    queued: it would only load its libraries on the shared CPU)."""
+    from storage import queue
+
+    queue.register_worker(store, "chart-test (idle)", queue.host_identity(), os.getpid())
