@@ -75,6 +75,24 @@ def sample(probs: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator)
     return (probs / noise).argmax(-1)
 
 
+def sample_rows(probs: torch.Tensor, cfg: SamplingConfig, generators: list[torch.Generator],
+                draw: list[bool] | None = None) -> torch.Tensor:
+    """One token per row of probs [B, V], row r drawing from generators[r] exactly as `sample` would (the same
+    noise, so a row consumes its generator as a batch-1 decode of it does). Rows with draw[r] False take no noise
+    from their generator (their token is the argmax, for a row that needs none). No host sync."""
+    if cfg.greedy:
+        return probs.argmax(-1)
+    ones = None
+    noise = []
+    for r, g in enumerate(generators):
+        if draw is None or draw[r]:
+            noise.append(torch.empty_like(probs[r]).exponential_(1.0, generator=g))
+        else:
+            ones = torch.ones_like(probs[r]) if ones is None else ones
+            noise.append(ones)
+    return (probs / torch.stack(noise)).argmax(-1)
+
+
 def prompt_generator(seed: int, prompt_index: int, device: torch.device | str) -> torch.Generator:
     """The generator prompt i of a run draws from, seeded by (seed, i): reproducible per prompt, any order."""
     g = torch.Generator(device=device)

@@ -17,7 +17,7 @@ from .cached_model import CachedModel
 from .clock import RoundClock
 from .drafting import Drafter, Proposal
 from .records import DraftToken, PromptResult, Round, settle_round
-from .sampling import SamplingConfig, probabilities, prompt_generator, sample
+from .sampling import SamplingConfig, probabilities, prompt_generator, sample_rows
 from .token_types import TokenTyper
 
 
@@ -28,29 +28,78 @@ def verify(proposal: Proposal, p_target: torch.Tensor, cfg: SamplingConfig, gene
 
     A drafter without a distribution (prompt lookup) proposes point masses, p_d = onehot(x): the test is then
     u < p_t(x), i.e. acceptance with probability min(1, p_t(x)), and the residual max(0, p_t - onehot(x)) is p_t
-    with x removed (both exact in floating point: p_d is exactly 1 and 0)."""
+    with x removed (both exact in floating point: p_d is exactly 1 and 0). The batch-1 case of `verify_rows`."""
     k = proposal.tokens.shape[0]
-    rows = torch.arange(k, device=p_target.device)
+    n, next_token = verify_rows(proposal.tokens[None], proposal.probs[None], [k], None, p_target[None], cfg,
+                                [generator])
+    return n[0], next_token[0]
+
+
+def verify_rows(tokens: torch.Tensor, draft_probs: torch.Tensor, ks: list[int], valid: torch.Tensor | None,
+                p_target: torch.Tensor, cfg: SamplingConfig, generators: list[torch.Generator]):
+    """`verify` for B rows at once (engine/batched.py; batch 1 is `verify`): tokens [B, K] and draft_probs
+    [B, K, V], row r proposing its first ks[r] (valid [B, K] marks them; None when every row proposed K, and
+    draft_probs is zero past ks[r]); p_target [B, K+1, V], row r's slot i scoring draft i. Row r draws its ks[r]
+    uniforms and its correction / bonus from generators[r], as a batch-1 decode of it would. Returns (accepted
+    counts [B], next tokens [B]) on the device, without a host sync."""
+    batch, k = tokens.shape
     if cfg.greedy:
-        ok = proposal.tokens == p_target[:k].argmax(-1)
+        ok = tokens == p_target[:, :k].argmax(-1)
     else:
-        p_t = p_target[rows, proposal.tokens]
-        p_d = proposal.probs[rows, proposal.tokens]
-        u = torch.rand(k, generator=generator, device=p_target.device)
+        p_t = p_target[:, :k].gather(-1, tokens[..., None])[..., 0]
+        p_d = draft_probs.gather(-1, tokens[..., None])[..., 0]
+        draws = [torch.rand(kr, generator=g, device=p_target.device) for kr, g in zip(ks, generators)]
+        u = torch.stack([torch.nn.functional.pad(d, (0, k - d.shape[0]), value=1.0) for d in draws])
         ok = u * p_d < p_t  # u < min(1, p_t / p_d) without dividing by zero
-    n = ok.long().cumprod(0).sum()
-    target_row = p_target.index_select(0, n.view(1))[0]
+    if valid is not None:
+        ok = ok & valid
+    n = ok.long().cumprod(1).sum(1)
+    rows = torch.arange(batch, device=p_target.device)
+    target_row = p_target[rows, n]
     if cfg.greedy:
-        return n, target_row.argmax()
-    draft_row = torch.cat([proposal.probs, torch.zeros_like(target_row)[None]]).index_select(0, n.view(1))[0]
+        return n, target_row.argmax(-1)
+    draft_row = torch.cat([draft_probs, torch.zeros_like(target_row)[:, None]], 1)[rows, n]
     residual = residual_distribution(target_row, draft_row)  # at n == k draft_row is 0: plain p_t (bonus)
-    return n, sample(residual, cfg, generator)
+    return n, sample_rows(residual, cfg, generators)
 
 
 def residual_distribution(p_target: torch.Tensor, p_draft: torch.Tensor) -> torch.Tensor:
-    """max(0, p_t - p_d), falling back to p_t where rounding left no mass (sampling ignores the scale)."""
+    """max(0, p_t - p_d) per row of [..., V], falling back to p_t where rounding left no mass (sampling ignores
+    the scale)."""
     residual = (p_target - p_draft).clamp(min=0)
-    return torch.where(residual.sum() > 0, residual, p_target)
+    return torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_target)
+
+
+def draft_stats(tokens: torch.Tensor, draft_probs: torch.Tensor, draft_logits: torch.Tensor | None,
+                p_target: torch.Tensor, target_logits: torch.Tensor):
+    """What a round records per draft token, on the device, for tokens [..., k] with their distributions
+    [..., k, V] (the target's scoring each draft's slot): (p_draft of the token, p_target of the token,
+    beta = sum min(p_d, p_t), KL(p_t || p_d) of the raw logits, NaN without draft logits), each [..., k]."""
+    idx = tokens[..., None]
+    p_d = draft_probs.gather(-1, idx)[..., 0]
+    p_t = p_target.gather(-1, idx)[..., 0]
+    beta = torch.minimum(draft_probs, p_target).sum(-1)
+    if draft_logits is not None:
+        log_t = target_logits.float().log_softmax(-1)
+        log_d = draft_logits.float().log_softmax(-1)
+        kl = (log_t.exp() * (log_t - log_d)).sum(-1)
+    else:
+        kl = torch.full(tokens.shape, float("nan"), device=p_t.device)
+    return p_d, p_t, beta, kl
+
+
+def round_record(typer: TokenTyper, eos_ids: set[int], prompt_index: int, round_index: int, host: dict,
+                 budget: int, draft_s: float, verify_s: float, forwards: int) -> Round:
+    """The Round a verified round's host fields (see `to_host`) settle into; the batch-1 and batched loops both
+    build their records here."""
+    drafted = host["tokens"]
+    emitted, kinds, accepted, outcomes = settle_round(drafted, host["accepted"], host["next"], eos_ids, budget)
+    tokens = []
+    for i, (token, outcome) in enumerate(zip(drafted, outcomes)):
+        text, kind = typer.describe(token)
+        tokens.append(DraftToken(i + 1, token, text, kind, host["p_draft"][i], host["p_target"][i],
+                                 host["beta"][i], host["kl"][i], outcome))
+    return Round(prompt_index, round_index, len(drafted), accepted, emitted, kinds, draft_s, verify_s, forwards, tokens)
 
 
 class SpeculativeDecoder:
@@ -118,34 +167,21 @@ class SpeculativeDecoder:
             self.drafter.reset_peak_cache_bytes()
 
     def _record(self, prompt_index, round_index, host, budget, draft_s, verify_s, forwards) -> Round:
-        drafted = host["tokens"]
-        emitted, kinds, accepted, outcomes = settle_round(drafted, host["accepted"], host["next"], self.eos_ids, budget)
-        tokens = []
-        for i, (token, outcome) in enumerate(zip(drafted, outcomes)):
-            text, kind = self.typer.describe(token)
-            tokens.append(DraftToken(i + 1, token, text, kind, host["p_draft"][i], host["p_target"][i],
-                                     host["beta"][i], host["kl"][i], outcome))
-        return Round(prompt_index, round_index, len(drafted), accepted, emitted, kinds, draft_s, verify_s, forwards, tokens)
+        return round_record(self.typer, self.eos_ids, prompt_index, round_index, host, budget, draft_s, verify_s,
+                            forwards)
 
 
 def to_host(proposal: Proposal, p_target: torch.Tensor, target_logits: torch.Tensor,
             n: torch.Tensor, next_token: torch.Tensor) -> dict:
     """Everything a round records, computed on the device and moved to the host in one transfer."""
     k = proposal.tokens.shape[0]
-    rows = torch.arange(k, device=p_target.device)
-    p_t = p_target[:k]
-    beta = torch.minimum(proposal.probs, p_t).sum(-1)
-    if proposal.raw_logits is not None:
-        log_t = target_logits[:k].float().log_softmax(-1)
-        log_d = proposal.raw_logits.float().log_softmax(-1)
-        kl = (log_t.exp() * (log_t - log_d)).sum(-1)
-    else:
-        kl = torch.full((k,), float("nan"), device=p_t.device)
+    p_d, p_t, beta, kl = draft_stats(proposal.tokens, proposal.probs, proposal.raw_logits, p_target[:k],
+                                     target_logits[:k])
     packed = torch.cat([
         torch.stack([n, next_token]).double(),
         proposal.tokens.double(),
-        proposal.probs[rows, proposal.tokens].double(),
-        p_t[rows, proposal.tokens].double(),
+        p_d.double(),
+        p_t.double(),
         beta.double(),
         kl.double(),
     ]).tolist()

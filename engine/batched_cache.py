@@ -1,0 +1,151 @@
+"""A causal LM plus one KV cache shared by B sequences of different lengths: the batched CachedModel.
+
+Layout. The cache has B rows and C columns (one DynamicCache, every layer full-history: `rollback_cache`). A
+column of a row holds a real token or a HOLE; `mask` [B, C] says which, and is the attention mask of every
+forward, so no query ever attends to a hole. Prompts start left-padded (the padding is holes). Each row's
+tokens get their real positions, counted per row (`position_ids` = the number of real tokens before it), which
+is what rotary models (Llama) and absolute-position ones (GPT-2) both read, so a row computes exactly what it
+computes alone: same keys, same positions, the same set of attended keys.
+
+Rollback (the choice, and its cost). When rows accept different numbers of drafts, `rollback(lengths)` does
+not crop: it turns every column past row r's first lengths[r] real tokens into a hole (one masked update on the
+device, no host sync). The rejected drafts' columns stay allocated and are attended to as masked keys; the next
+round feeds each row only its new tokens (no re-feeding of accepted ones). Then
+  - `trim(n)` crops the n trailing columns that are holes in every row (the count is read with the round's one
+    host transfer), so a round in which the row with the most drafts kept them all leaves no trailing holes;
+  - `compact(rows)` drops finished rows and realigns the rest (a stable gather per layer that moves each row's
+    real tokens to the right, left-padding the rest): it runs when rows finish and when holes exceed a share of
+    the width (`BatchedDecoder`'s compact_ratio). Moving a column is exact: cached keys already carry their
+    rotary position and GPT-2 keys none.
+What holes cost: memory and attention over masked columns (at most compact_ratio x the longest row between
+compactions) plus the compaction copies; benchmarks/bench_batch.py prints the mean hole share and the time
+compaction took. The alternative (crop to the shortest accepted length and re-feed the rest) costs forward
+width instead: every round would re-feed up to k tokens per row.
+
+One shape per forward: `forward(ids, valid)` feeds ids [B, W] where valid [B, W] marks real tokens (a row
+with fewer new tokens than W pads them as holes).
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+
+import torch
+
+from .cached_model import max_positions, rollback_cache
+from .memory import cache_bytes
+
+
+def to_device(values: list, device: torch.device, dtype=torch.long) -> torch.Tensor:
+    """A small host list as a device tensor without a host/device sync (pinned, non-blocking on CUDA)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def left_pad(rows: list[torch.Tensor], device: torch.device, pad_id: int = 0):
+    """(ids [B, W], valid [B, W]) for 1-D token tensors of different lengths, right-aligned."""
+    widths = [int(t.shape[0]) for t in rows]
+    width = max(widths, default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    for r, t in enumerate(rows):
+        if widths[r]:
+            ids[r, width - widths[r]:] = t
+    starts = to_device([width - w for w in widths], device)
+    valid = torch.arange(width, device=device)[None, :] >= starts[:, None]
+    return ids, valid
+
+
+class BatchCache:
+    def __init__(self, model, vocab_size: int):
+        self.model = model
+        self.vocab_size = vocab_size
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._can_keep = "logits_to_keep" in params
+        self.device = next(model.parameters()).device
+        self.max_positions = max_positions(model.config) or sys.maxsize
+        self.peak_cells = 0  # most (row, column) slots held since reset_peak, holes included
+        self._cell_bytes = None
+        self.compactions = 0
+        self.reset(0)
+
+    def reset(self, batch: int) -> None:
+        self.cache = rollback_cache(self.model)
+        self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)  # real tokens per row
+
+    @property
+    def width(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def batch(self) -> int:
+        return self.mask.shape[0]
+
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        """Logits [B, W, V] for ids [B, W] (or the last `keep` columns); valid [B, W] marks real tokens."""
+        positions = (self.lengths[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
+        mask = torch.cat([self.mask, valid], 1)
+        kwargs = {self._cache_kw: self.cache, "use_cache": True, "attention_mask": mask.long(),
+                  "position_ids": positions}
+        if keep and self._can_keep:
+            kwargs["logits_to_keep"] = keep
+        logits = self.model(input_ids=ids, **kwargs).logits[:, :, : self.vocab_size]
+        self.mask = mask
+        self.lengths = self.lengths + valid.sum(1)
+        cells = mask.numel()
+        if cells > self.peak_cells:
+            self.peak_cells = cells
+            if self._cell_bytes is None and cells:
+                self._cell_bytes = cache_bytes(self.cache) // cells
+        return logits[:, -keep:] if keep else logits
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Forget, in row r, every real token from index lengths[r] on (device tensor [B]; no sync): their
+        columns become holes."""
+        real = self.mask.long().cumsum(1)  # 1-based index of each real token in its row
+        self.mask = self.mask & (real <= lengths[:, None])
+        self.lengths = torch.minimum(self.lengths, lengths)
+
+    def trailing_holes(self) -> torch.Tensor:
+        """How many last columns are holes in every row (a 0-d device tensor: read it with the round's transfer)."""
+        used = self.mask.any(0)
+        return (~used).flip(0).long().cumprod(0).sum()
+
+    def trim(self, n: int) -> None:
+        """Crop the last n columns (they must be holes in every row: `trailing_holes`)."""
+        if n > 0:
+            self.cache.crop(-n)
+            self.mask = self.mask[:, : self.width - n]
+
+    def compact(self, rows: list[int] | None = None) -> None:
+        """Keep only batch rows `rows` (all when None), each row's real tokens right-aligned in the fewest columns:
+        a gather per layer (one host read of the new width)."""
+        mask, lengths = self.mask, self.lengths
+        if rows is not None:
+            index = to_device(rows, self.device)
+            mask, lengths = mask.index_select(0, index), lengths.index_select(0, index)
+        width = int(lengths.max()) if lengths.numel() else 0
+        order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices[:, mask.shape[1] - width:]
+        for layer in self.cache.layers:
+            if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                if rows is not None:
+                    t = t.index_select(0, index)
+                gather = order[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+                setattr(layer, name, t.gather(2, gather))
+        self.mask = mask.gather(1, order)
+        self.lengths = lengths
+        self.compactions += 1
+
+    @property
+    def peak_cache_bytes(self) -> int:
+        """Most bytes the KV cache held since the last `reset_peak` (holes included; tensor sizes, no sync)."""
+        return self.peak_cells * (self._cell_bytes or 0)
+
+    def reset_peak(self) -> None:
+        self.peak_cells = 0
