@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from engine.theory import predicted_curve
-from storage import Store, queue
+from storage import Store
+from storage.experiments import add_k_runs, load_verify_profile, set_predicted_curve
 from storage import queries as q
 
 CONFIRM = 3  # how many of the best predicted k values are measured
@@ -25,7 +26,7 @@ def plan_confirmation(store: Store, experiment_id: int, confirm: int = CONFIRM) 
         return None
     probe = probe.iloc[0]
     baseline = runs[runs["run_id"] == probe["baseline_run_id"]]
-    profile = queue.load_verify_profile(store, experiment_id)
+    profile = load_verify_profile(store, experiment_id)
     if baseline.empty or baseline.iloc[0]["status"] != "done" or not profile or not probe["rounds"]:
         return None
     costs = q.round_costs(store, int(probe["run_id"]))
@@ -40,6 +41,6 @@ def plan_confirmation(store: Store, experiment_id: int, confirm: int = CONFIRM) 
     best = sorted(curve, key=lambda k: -curve[k])[:confirm]
     to_measure = sorted(k for k in best if k != k_max)
     if to_measure:
-        queue.add_k_runs(store, experiment_id, to_measure)
-    queue.set_predicted_curve(store, experiment_id, curve, to_measure)
+        add_k_runs(store, experiment_id, to_measure)
+    set_predicted_curve(store, experiment_id, curve, to_measure)
     return to_measure

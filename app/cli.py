@@ -10,7 +10,7 @@ import sys
 
 from engine import zoo  # the shipped models' names (plain Python, no torch)
 from engine.variables import VARIABLES  # the swept variables' options (plain Python, no torch)
-from storage.queue import STALE_HELP  # one wording for every command (no torch: storage only)
+from storage.settings import STALE_HELP
 
 from .db_errors import db_error_reason, scrub
 
@@ -399,7 +399,9 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from storage import queue
+    from storage import run_state
+    from storage.errors import QueueError
+    from storage.experiments import enqueue_experiment, get_experiment
     from storage.export import run_document
 
     from .report import format_table
@@ -415,7 +417,7 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
     progress = _ProgressBar(len(prompts), enqueue["sampling"]["max_new_tokens"], arms, args.repeats)
     try:
         worker = Worker(store, progress_hook=progress.update, log=lambda message: progress.write(scrub(str(message), url)))
-    except queue.QueueError as exc:  # a bad $DRAFTLAB_STALE_SECONDS / $DRAFTLAB_DB_RETRY_SECONDS
+    except QueueError as exc:  # a bad $DRAFTLAB_STALE_SECONDS / $DRAFTLAB_DB_RETRY_SECONDS
         progress.close()
         return _fail(str(exc))
     main_thread = threading.current_thread() is threading.main_thread()
@@ -423,8 +425,8 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
     experiment_id, failure = None, None
     try:
         worker.start()  # registered before its reserved runs exist, so no other worker takes them for orphans
-        experiment_id = queue.enqueue_experiment(store, **enqueue, prompt_texts=prompts, reserved_for=worker.id)
-        worker.adopt(pair, queue.get_experiment(store, experiment_id), others)
+        experiment_id = enqueue_experiment(store, **enqueue, prompt_texts=prompts, reserved_for=worker.id)
+        worker.adopt(pair, get_experiment(store, experiment_id), others)
         worker.work(until_idle=True, experiment_id=experiment_id)
     except KeyboardInterrupt as exc:
         status, what = (128 + signal.SIGTERM, "terminated (SIGTERM)") if isinstance(exc, _Terminated) else (130, "interrupted")
@@ -433,7 +435,7 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
         progress.close()
         if experiment_id is not None:
             try:  # one attempt; if the database refuses, the runs of this (then gone) process are swept as dead
-                queue.interrupt_queued(store, experiment_id, "`draftlab run` was stopped before this run started")
+                run_state.interrupt_queued(store, experiment_id, "`draftlab run` was stopped before this run started")
             except SQLAlchemyError:
                 pass
         _stop_quietly(worker)
@@ -537,19 +539,19 @@ def cmd_worker(args) -> int:
 
 def _stale_window_or_fail():
     """$DRAFTLAB_STALE_SECONDS as seconds, or EXIT_BAD_INPUT after one `error:` line."""
-    from storage import queue
+    from storage.errors import QueueError
+    from storage.settings import stale_window
 
     try:
-        return queue.stale_window()
-    except queue.QueueError as exc:
+        return stale_window()
+    except QueueError as exc:
         return _fail(str(exc))
 
 
 def cmd_list(args) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from storage import queue
-    from storage import queries as q
+    from storage import liveness, queries as q
     from storage.export import plain
 
     stale = _stale_window_or_fail()
@@ -559,7 +561,7 @@ def cmd_list(args) -> int:
     if isinstance(store, int):
         return store
     try:  # runs whose worker is gone show as interrupted, not `running` forever (a read-only database: as stored)
-        queue.mark_stale(store, stale)
+        liveness.mark_stale(store, stale)
     except SQLAlchemyError:
         pass
     experiments = q.experiments(store)
@@ -584,8 +586,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from storage import queue
-    from storage import queries as q
+    from storage import liveness, queries as q, run_state
 
     stale = _stale_window_or_fail()
     if isinstance(stale, int):
@@ -595,8 +596,8 @@ def cmd_resume(args) -> int:
         return store
     if q.experiment(store, args.experiment_id) is None:
         return _fail(f"no experiment {args.experiment_id} in {store.safe_url}; `draftlab list` shows the ids")
-    queue.mark_stale(store, stale)  # a dead owner's runs (process gone here, or no heartbeat) are requeued too
-    n = queue.resume_experiment(store, args.experiment_id)
+    liveness.mark_stale(store, stale)  # a dead owner's runs (process gone here, or no heartbeat) are requeued too
+    n = run_state.resume_experiment(store, args.experiment_id)
     print(f"requeued {n} run(s) of experiment {args.experiment_id}; a worker continues each from its first "
           f"unfinished prompt (`draftlab worker --db {store.safe_url}`)")
     running = int((q.runs(store, args.experiment_id)["status"] == "running").sum())

@@ -1,25 +1,6 @@
-"""The `draftlab run --json` document (the CLI contract: README, docs/metrics.md) and its human-readable table."""
+"""The human-readable table of a `draftlab run` document (storage/export.run_document: the CLI contract, README,
+docs/metrics.md)."""
 from __future__ import annotations
-
-from engine.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds, throughput
-from engine.records import PromptResult
-
-
-def _outputs(results: list[PromptResult]) -> list[dict]:
-    return [{"prompt_index": p.prompt_index, "token_ids": p.output_ids, "text": p.text} for p in results]
-
-
-def baseline_entry(results: list[PromptResult], run_id: int | None = None) -> dict:
-    return {"run_id": run_id, **throughput(results), "target_step_seconds": target_step_seconds(results),
-            "outputs": _outputs(results)}
-
-
-def speculative_entry(k: int, results: list[PromptResult], baseline: list[PromptResult], greedy: bool,
-                      run_id: int | None = None) -> dict:
-    metrics = speculative_metrics(results, baseline)
-    return {"run_id": run_id, "k": k, **metrics,
-            "outputs_match_baseline": outputs_match(results, baseline) if greedy else None,
-            "outputs": _outputs(results)}
 
 
 def format_table(doc: dict) -> str:

@@ -168,17 +168,17 @@ class Supervisor:
         `draftlab resume`."""
         from sqlalchemy import text
 
-        from storage import queue
+        from storage import liveness, run_state
 
         store = self._store()
         try:
-            queue.mark_stale(store)
+            liveness.mark_stale(store)
             with store.write() as conn:
                 ids = conn.execute(text("SELECT id FROM runs WHERE worker_id = :w AND status = 'interrupted'"),
                                    {"w": worker_id}).scalars().all()
                 conn.execute(text("DELETE FROM device_leases WHERE worker_id = :w"), {"w": worker_id})
                 conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})
-            return [rid for rid in ids if queue.resume_run(store, rid)]
+            return [rid for rid in ids if run_state.resume_run(store, rid)]
         except Exception as exc:  # noqa: BLE001 - never let the supervisor die of a database outage
             self.log(f"could not requeue the runs of {worker_id} ({type(exc).__name__}); `draftlab resume` does")
             return []
@@ -254,10 +254,10 @@ class Supervisor:
 
     def _requeue_or_interrupt(self, child: Child) -> None:
         """A child killed at shutdown: its runs become interrupted (resumable), its lease goes."""
-        from storage import queue
+        from storage import liveness
 
         try:
-            queue.mark_stale(self._store())
+            liveness.mark_stale(self._store())
         except Exception:  # noqa: BLE001 - the next sweep does it
             pass
 

@@ -21,7 +21,8 @@ from engine.errors import DraftLabError
 from engine.chat import AUTO, render
 from engine.prompt_sets import load_prompts
 from engine.runs import encode_prompts
-from storage import queue, training
+from storage import training
+from storage.experiments import enqueue_experiment
 from storage.focus import focus_weights
 from storage.schema import CANCELLED, DONE, FAILED, INTERRUPTED
 
@@ -169,7 +170,7 @@ def _train(worker, job: dict, label: str) -> tuple[str, dict]:
                            validation=job["validation"], validation_note=validation_note,
                            train_prompts=train_prompts, val_prompts=val_prompts,
                            command=job_command(job, store.safe_url if job["focus_from"] is not None else None))
-    eval_id = worker._db(queue.enqueue_experiment, store,
+    eval_id = worker._db(enqueue_experiment, store,
                          name=f"{job['name']}: before/after training job {job_id}", target=job["target"],
                          draft=job["draft"], prompts=job["validation"],
                          sampling={"temperature": 0.0, "max_new_tokens": int(job["max_new_tokens"])},

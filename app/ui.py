@@ -39,11 +39,11 @@ def worker_command(db: str) -> list[str]:
 
 
 def _needs_worker(db: str) -> bool:
-    from storage import open_store, queue
+    from storage import liveness, open_store
 
     store = open_store(db)
     try:
-        return queue.live_workers(store) == 0
+        return liveness.live_workers(store) == 0
     finally:
         store.dispose()
 

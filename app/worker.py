@@ -42,7 +42,12 @@ from engine.protocol import median_repeat, schedule
 from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
 from engine.sampling import SamplingConfig
 from engine.token_types import TokenTyper
-from storage import Store, open_store, queue, training
+from storage import Store, liveness, open_store, run_state, training
+from storage.errors import QueueError
+from storage.experiments import (get_experiment, load_experiment_prompts, load_verify_profile, store_prompts,
+                                 store_verify_profile)
+from storage.leases import acquire_lease, release_lease
+from storage.settings import DEFAULT_STALE_SECONDS, STALE_ENV, STALE_HELP, seconds_setting, stale_window
 
 from .db_errors import DatabaseUnavailable, db_reason, transient_db_error
 from .placement import device_name, gpus_of, group_members, lease_key, load_device, pin_cuda, place
@@ -58,7 +63,7 @@ _LOST = "lost"  # a run this worker no longer owns (swept as stale and taken ove
 
 def db_retry_window(value: float | None = None) -> float:
     """How long a worker retries a failed database write: `value`, else $DRAFTLAB_DB_RETRY_SECONDS, else 300."""
-    return queue.seconds_setting(DB_RETRY_ENV, DEFAULT_DB_RETRY_SECONDS, value, allow_zero=True)
+    return seconds_setting(DB_RETRY_ENV, DEFAULT_DB_RETRY_SECONDS, value, allow_zero=True)
 
 
 class SetupError(Exception):
@@ -147,7 +152,7 @@ class Worker:
         suffix = f"@{device}" if device else ""  # the dashboard's Workers view reads the device from the id
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:80 - len(suffix)] + suffix
         self.heartbeat_seconds = heartbeat_seconds
-        self.stale_seconds = queue.stale_window(stale_seconds)  # $DRAFTLAB_STALE_SECONDS unless given
+        self.stale_seconds = stale_window(stale_seconds)  # $DRAFTLAB_STALE_SECONDS unless given
         self.db_retry_seconds = db_retry_window(db_retry_seconds)  # $DRAFTLAB_DB_RETRY_SECONDS unless given
         self.poll_seconds = poll_seconds
         self.progress_seconds = progress_seconds
@@ -226,7 +231,7 @@ class Worker:
         """Write a run's end state (while this worker still owns it); when the database refuses it for good,
         keep it in `unfinished` to write once the database accepts writes again."""
         try:
-            closed = self._db(queue.finish_run, self.store, run_id, status, error, detail, peak, self.id)
+            closed = self._db(run_state.finish_run, self.store, run_id, status, error, detail, peak, self.id)
         except DatabaseUnavailable:
             self.unfinished[run_id] = (status, error, detail, peak)
             self.log(f"{label} {status}" + (f": {error}" if error else "") + " (to be written when the database "
@@ -241,7 +246,7 @@ class Worker:
         """Write the end states the database refused before (one attempt each); True when none is left."""
         for run_id, (status, error, detail, peak) in list(self.unfinished.items()):
             try:
-                queue.finish_run(self.store, run_id, status, error, detail, peak, self.id)
+                run_state.finish_run(self.store, run_id, status, error, detail, peak, self.id)
             except Exception as exc:  # noqa: BLE001 - still refused: try again later
                 if not transient_db_error(exc):
                     self.log(f"run {run_id}: could not write its end ({db_reason(exc)})")
@@ -255,7 +260,7 @@ class Worker:
 
     def start(self) -> list[int]:
         """Register, start heartbeating, and mark runs of dead workers `interrupted` (returned)."""
-        self._db(queue.register_worker, self.store, self.id, queue.host_identity(), os.getpid())
+        self._db(liveness.register_worker, self.store, self.id, liveness.host_identity(), os.getpid())
         interrupted = self._sweep()
         self._stop.clear()
         self._beat = threading.Thread(target=self._heartbeat_loop, name="draftlab-heartbeat", daemon=True)
@@ -263,7 +268,7 @@ class Worker:
         return interrupted
 
     def _sweep(self) -> list[int]:
-        interrupted = self._db(queue.mark_stale, self.store, self.stale_seconds)
+        interrupted = self._db(liveness.mark_stale, self.store, self.stale_seconds)
         for run_id in interrupted:
             self.log(f"run {run_id}: its worker is gone (process ended or no heartbeat for {self.stale_seconds:g}s); "
                      f"marked interrupted")
@@ -277,7 +282,7 @@ class Worker:
             self._beat.join(timeout=5)
         try:
             self.flush_unfinished()
-            queue.unregister_worker(self.store, self.id)
+            liveness.unregister_worker(self.store, self.id)
         except Exception as exc:  # noqa: BLE001
             if not transient_db_error(exc):
                 raise
@@ -293,15 +298,15 @@ class Worker:
                 wrote = False
                 for run_id, value in list(self._live_progress.items()):
                     if reported.get(run_id) != value:
-                        if queue.report_progress(self.store, run_id, value):
+                        if run_state.report_progress(self.store, run_id, value):
                             self._cancelled.add(run_id)
                         reported[run_id] = value
                         wrote = True
                 group = list(self._group)
                 if group:
-                    self._cancelled.update(queue.cancel_requested(self.store, group))
+                    self._cancelled.update(run_state.cancel_requested(self.store, group))
                 if time.monotonic() - last_beat >= self.heartbeat_seconds:
-                    queue.heartbeat(self.store, self.id, self.current_run, group)
+                    liveness.heartbeat(self.store, self.id, self.current_run, group)
                     last_beat, wrote = time.monotonic(), True
                 if wrote:
                     self._db_ok()
@@ -335,7 +340,7 @@ class Worker:
                 if self.unfinished:
                     self.flush_unfinished()
                 prefer = self.loaded.key[-1] if self.loaded else None
-                eid = self._db(queue.next_experiment, self.store, self.id, experiment_id=experiment_id,
+                eid = self._db(run_state.next_experiment, self.store, self.id, experiment_id=experiment_id,
                                prefer_experiment=prefer, write=False)
                 job = None  # a training job, once no experiment waits (timed experiments are short; jobs long)
                 if eid is None and experiment_id is None and self.train_jobs:
@@ -348,7 +353,7 @@ class Worker:
                         last_sweep = time.monotonic()
                     time.sleep(self.poll_seconds)
                     continue
-                item = (self._db(queue.get_experiment, self.store, eid, write=False) if job is None else
+                item = (self._db(get_experiment, self.store, eid, write=False) if job is None else
                         self._db(training.get_job, self.store, job, write=False))
                 placed = place(item["device"], self.device)
                 if job is None:
@@ -373,7 +378,7 @@ class Worker:
                             self.trained.append(job)
                             run_training(self, job)
                         continue
-                    run_ids = self._db(queue.claim_group, self.store, eid, self.id)
+                    run_ids = self._db(run_state.claim_group, self.store, eid, self.id)
                     if run_ids:
                         executed += run_ids
                         self.execute_group(eid, run_ids)
@@ -431,7 +436,7 @@ class Worker:
         those taken here and return (that lease, its holder); None when all are this worker's."""
         taken = []
         for key in keys:
-            holder = self._db(queue.acquire_lease, self.store, key, self.id, experiment_id, self.stale_seconds)
+            holder = self._db(acquire_lease, self.store, key, self.id, experiment_id, self.stale_seconds)
             if holder is not None:
                 for mine in reversed(taken):
                     self._release_lease(mine)
@@ -441,14 +446,10 @@ class Worker:
 
     def _release_lease(self, device: str) -> None:
         try:  # one attempt: a lease left behind ends with this worker (unregister, or the next sweep)
-            queue.release_lease(self.store, device, self.id)
+            release_lease(self.store, device, self.id)
         except Exception as exc:  # noqa: BLE001
             if not transient_db_error(exc):
                 raise
-
-    def execute(self, run_id: int) -> str:
-        """Execute one claimed run on its own (its baseline already stored); return its end state."""
-        return self.execute_group(queue.get_run(self.store, run_id)["experiment_id"], [run_id])[run_id]
 
     def execute_group(self, experiment_id: int, run_ids: list[int]) -> dict[int, str]:
         """Execute claimed runs of one experiment together, prompt-major (timing protocol v2), each to its end
@@ -463,9 +464,9 @@ class Worker:
         experiment = None
         db_failure = None
         try:
-            experiment = self._db(queue.get_experiment, self.store, experiment_id, write=False)
-            group = {rid: self._db(queue.get_run, self.store, rid, write=False) for rid in run_ids}
-            self._db(queue.heartbeat, self.store, self.id, self.current_run, run_ids)
+            experiment = self._db(get_experiment, self.store, experiment_id, write=False)
+            group = {rid: self._db(run_state.get_run, self.store, rid, write=False) for rid in run_ids}
+            self._db(liveness.heartbeat, self.store, self.id, self.current_run, run_ids)
             self.log(f"experiment {experiment_id}: timing {len(run_ids)} run(s) prompt-major, "
                      f"{experiment['repeats'] or 1} repeat(s) each")
             self._time_group(experiment, group, outcome, memory)
@@ -473,7 +474,7 @@ class Worker:
             for rid in run_ids:
                 outcome.setdefault(rid, (FAILED, str(exc), traceback.format_exc()))
             try:
-                self._db(queue.fail_queued_runs, self.store, experiment_id, str(exc))
+                self._db(run_state.fail_queued_runs, self.store, experiment_id, str(exc))
             except DatabaseUnavailable as unavailable:
                 db_failure = unavailable
         except DatabaseUnavailable as exc:
@@ -490,7 +491,7 @@ class Worker:
                 if status == _LOST:
                     continue
                 try:
-                    queue.finish_run(self.store, rid, status, error, detail, memory.get(rid), self.id)
+                    run_state.finish_run(self.store, rid, status, error, detail, memory.get(rid), self.id)
                 except Exception as exc:  # noqa: BLE001
                     if not transient_db_error(exc):
                         raise
@@ -560,7 +561,7 @@ class Worker:
                 for rid in decoders:
                     clear_from(conn, rid, start[rid])
             for rid in decoders:
-                queue.start_run(self.store, rid, len(prompts), device_name(loaded.pair.device, self.device,
+                run_state.start_run(self.store, rid, len(prompts), device_name(loaded.pair.device, self.device,
                                                                             self.leased),
                                 draft_parameters=_draft_parameters(decoders[rid]))
         self._db(prepare)
@@ -606,8 +607,8 @@ class Worker:
                 # written, and a prompt already committed (a commit whose answer was lost) is not written again,
                 # so the retry of a failed commit never duplicates a row.
                 with self.store.write() as conn:
-                    owned = queue.fence(conn, finished, self.id)
-                    stored = queue.committed_prompts(conn, list(owned), i)
+                    owned = run_state.fence(conn, finished, self.id)
+                    stored = run_state.committed_prompts(conn, list(owned), i)
                     for rid in finished:
                         if rid in owned and rid not in stored:
                             self._record(conn, group[rid], median_repeat(timed[rid]), timed[rid], slots[rid],
@@ -633,13 +634,13 @@ class Worker:
 
     def _profile_verify(self, experiment: dict, loaded: "_Loaded", prompt_ids: torch.Tensor) -> None:
         """`--k auto`: the target's verify-cost profile, once per experiment, under the device lease."""
-        if self._db(queue.load_verify_profile, self.store, experiment["id"], write=False):
+        if self._db(load_verify_profile, self.store, experiment["id"], write=False):
             return
         n_max = int(experiment["k_auto"]) + 1
         cfg = SamplingConfig(experiment["temperature"], experiment["top_k"], experiment["top_p"], experiment["seed"],
                              experiment["max_new_tokens"])
         profile = verify_profile(loaded.pair.target.model, loaded.pair.vocab_size, prompt_ids, n_max, cfg)
-        self._db(queue.store_verify_profile, self.store, experiment["id"], profile)
+        self._db(store_verify_profile, self.store, experiment["id"], profile)
 
     def _record(self, conn, run: dict, result: PromptResult, repeats: list[PromptResult], slots: list[int],
                 typer: TokenTyper) -> None:
@@ -651,7 +652,7 @@ class Worker:
         rendered by the target tokenizer's chat template (engine/chat.py), so what is stored is what the models see."""
         def load_stored():
             with self.store.read() as conn:
-                return queue.load_experiment_prompts(conn, experiment["id"])
+                return load_experiment_prompts(conn, experiment["id"])
         stored = self._db(load_stored, write=False)
         if stored is not None:
             return stored
@@ -661,7 +662,7 @@ class Worker:
             raise SetupError(str(exc)) from exc
         if not prompts:
             raise SetupError(f"prompt set {experiment['prompts']!r} has no prompts; add some or pick another set")
-        return self._db(queue.store_prompts, self.store, experiment["id"], prompts)
+        return self._db(store_prompts, self.store, experiment["id"], prompts)
 
     def _pair_for(self, loaded: _Loaded, draft: str | None, experiment: dict) -> ModelPair:
         """The loaded target with `draft` (another candidate of a draft sweep, or None for drafters that need
@@ -727,13 +728,13 @@ def run_training(worker: "Worker", job_id: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="draftlab worker", description="Execute queued DraftLab runs.",
-                                     epilog=f"{queue.STALE_HELP}. {DB_RETRY_HELP}.")
+                                     epilog=f"{STALE_HELP}. {DB_RETRY_HELP}.")
     parser.add_argument("--db", default=None)
     parser.add_argument("--until-idle", action="store_true", help="exit when no queued run is left")
     parser.add_argument("--heartbeat", type=float, default=5.0, help="heartbeat interval, seconds")
     parser.add_argument("--stale", type=float, default=None,
-                        help=f"heartbeat age that marks a run interrupted (default ${queue.STALE_ENV} or "
-                             f"{queue.DEFAULT_STALE_SECONDS:g})")
+                        help=f"heartbeat age that marks a run interrupted (default ${STALE_ENV} or "
+                             f"{DEFAULT_STALE_SECONDS:g})")
     parser.add_argument("--poll", type=float, default=2.0, help="queue poll interval when idle, seconds")
     parser.add_argument("--device", default=None, help="pin to cuda:N or cpu:N, or a group cuda:0+cuda:1 (what "
                         "`draftlab worker --devices` starts one worker per); experiments on auto/cuda run there")
@@ -750,7 +751,7 @@ DB_RETRY_HELP = ("A database write that fails (disk full, read-only file, server
 
 
 def _exit_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds through Worker.execute, which marks the run interrupted
+    raise SystemExit(128 + signum)  # unwinds through Worker.execute_group, which marks the runs interrupted
 
 
 def run_worker(db: str | None, until_idle: bool = False, **options) -> int:
@@ -759,7 +760,7 @@ def run_worker(db: str | None, until_idle: bool = False, **options) -> int:
     store = open_store(db)
     try:
         worker = Worker(store, **options)
-    except queue.QueueError as exc:  # a bad $DRAFTLAB_STALE_SECONDS / $DRAFTLAB_DB_RETRY_SECONDS
+    except QueueError as exc:  # a bad $DRAFTLAB_STALE_SECONDS / $DRAFTLAB_DB_RETRY_SECONDS
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     if threading.current_thread() is threading.main_thread():

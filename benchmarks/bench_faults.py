@@ -42,7 +42,8 @@ import torch  # noqa: E402
 
 from app.db_errors import DatabaseUnavailable  # noqa: E402
 from app.worker import Worker  # noqa: E402
-from storage import open_store, queue  # noqa: E402
+from storage import open_store  # noqa: E402
+from storage.experiments import enqueue_experiment  # noqa: E402
 from tests import tiny_models  # noqa: E402
 from tests.fault_tools import (CommitWatcher, DiskFull, OwnPostgres, SqliteWriteFault, audit,  # noqa: E402
                                chmod_read_only)
@@ -67,7 +68,7 @@ def make_models(base: Path) -> dict[str, str]:
 
 
 def enqueue(store, models, prompts=PROMPTS, name="bench"):
-    return queue.enqueue_experiment(store, name=name, target=models["target"], draft=models["draft"],
+    return enqueue_experiment(store, name=name, target=models["target"], draft=models["draft"],
                                     prompts="inline", sampling={"temperature": 0.0, "max_new_tokens": 8, "seed": 3},
                                     device="cpu", sweep_values=[1, 2], prompt_texts=prompts)
 

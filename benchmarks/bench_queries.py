@@ -67,36 +67,36 @@ def record(store, run_id: int, kind: str, result: PromptResult) -> None:
 
 def fill(store, tokens: int, k: int = 8, prompts: int = 500, other_experiments: int = 50, seed: int = 0) -> dict:
     """One experiment whose k=8 run holds `tokens` draft tokens, plus small experiments for the list views."""
-    from storage import queries as q
-    from storage import queue
+    from storage import queries as q, run_state
+    from storage.experiments import enqueue_experiment
 
     rng = random.Random(seed)
     rounds_per_prompt = max(1, tokens // (prompts * k))
     prompt_texts = [f"synthetic prompt {i}" for i in range(prompts)]
-    experiment_id = queue.enqueue_experiment(
+    experiment_id = enqueue_experiment(
         store, name="bench", target="bench-target", draft="bench-draft", prompts="synthetic",
         sampling={"temperature": 0.0, "max_new_tokens": 4096}, sweep_values=[k], prompt_texts=prompt_texts,
         tags=["bench"])
     run_ids = {r.kind: int(r.run_id) for r in q.runs(store, experiment_id).itertuples()}
+    assert sorted(run_state.claim_group(store, experiment_id, "bench")) == sorted(run_ids.values())
     for kind, run_id in run_ids.items():
-        assert queue.claim(store, run_id, "bench")
-        queue.start_run(store, run_id, prompts, "cpu")
+        run_state.start_run(store, run_id, prompts, "cpu")
         for i in range(prompts):
             result = (synthetic_prompt(rng, i, k, rounds_per_prompt) if kind == "speculative"
                       else synthetic_baseline(rng, i, rounds_per_prompt * 4))
             record(store, run_id, kind, result)
-        queue.finish_run(store, run_id, "done")
+        run_state.finish_run(store, run_id, "done")
     for e in range(other_experiments):
-        eid = queue.enqueue_experiment(store, name=f"small {e}", target="t", draft="d", prompts="synthetic",
+        eid = enqueue_experiment(store, name=f"small {e}", target="t", draft="d", prompts="synthetic",
                                        sampling={}, sweep_values=[1, 2, 4], prompt_texts=prompt_texts[:4],
                                        tags=["small", f"group{e % 5}"])
+        run_state.claim_group(store, eid, "bench")
         for r in q.runs(store, eid).itertuples():
-            queue.claim(store, int(r.run_id), "bench")
             for i in range(4):
                 result = (synthetic_prompt(rng, i, int(r.k), 5) if r.kind == "speculative"
                           else synthetic_baseline(rng, i, 20))
                 record(store, int(r.run_id), r.kind, result)
-            queue.finish_run(store, int(r.run_id), "done")
+            run_state.finish_run(store, int(r.run_id), "done")
     return {"experiment_id": experiment_id, "run_id": run_ids["speculative"], "baseline_id": run_ids["baseline"],
             "rounds_per_prompt": rounds_per_prompt}
 
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sqlalchemy import text
 
-    from storage import open_store
-    from storage import queries as q
+    from storage import open_store, queries as q
 
     path = Path(args.db)
     for suffix in ("", "-wal", "-shm"):

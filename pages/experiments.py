@@ -10,8 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from pages.common import csv_download, empty_state, experiment_label, nav_page, select_id, store
-from storage import queries as q
-from storage import queue
+from storage import queries as q, run_state
 
 ACTIVE = ("queued", "running")
 RESUMABLE = ("failed", "cancelled", "interrupted")
@@ -161,13 +160,13 @@ def render() -> None:
                  query_params={"experiments": str(experiment_id)})
     if row["status"] in ACTIVE:
         if c4.button("Cancel experiment", key="cancel", icon=":material/cancel:"):
-            queue.cancel_experiment(store(), experiment_id)
+            run_state.cancel_experiment(store(), experiment_id)
             st.toast(f"Experiment #{experiment_id} cancelled")
             st.rerun()
     elif row["status"] in RESUMABLE:
         if c4.button("Resume experiment", key="resume", icon=":material/replay:",
                      help="requeue its unfinished runs; a worker continues from the first unfinished prompt"):
-            queue.resume_experiment(store(), experiment_id)
+            run_state.resume_experiment(store(), experiment_id)
             st.toast(f"Experiment #{experiment_id} requeued")
             st.rerun()
     else:

@@ -26,7 +26,8 @@ from pages.prefill import (AUTO_K, DEFAULT_NGRAM, DEFAULT_SWEEP, DEFAULT_THRESHO
                            DRAFTER_PARAMETERS, DRAFTER_SUMMARY, DTYPES, INTEGER_VARIABLES, MAX_K, NUMERIC_SWEEPS,
                            SWEEP_CHOICES, SWEEP_LABELS, canonical_drafter, drafter_spec, drafter_specs, md_text,
                            parse_names, parse_prefill, parse_sweep_values)
-from storage import queue
+from storage.errors import QueueError
+from storage.experiments import enqueue_experiment
 
 __all__ = ["AUTO_K", "DEFAULT_SWEEP", "INTEGER_VARIABLES", "MAX_K", "Launch", "parse_sweep_values", "render",
            "save_upload", "upload_dir", "validate"]
@@ -50,7 +51,7 @@ DEFAULTS = {
 
 @dataclass
 class Launch:
-    """A validated experiment, ready for queue.enqueue_experiment, or the problems that stop it."""
+    """A validated experiment, ready for enqueue_experiment, or the problems that stop it."""
 
     errors: list[str] = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
@@ -458,8 +459,8 @@ def render() -> None:
                      icon=":material/error:")
             return
         try:
-            experiment_id = queue.enqueue_experiment(store(), **launch.kwargs)
-        except queue.QueueError as exc:
+            experiment_id = enqueue_experiment(store(), **launch.kwargs)
+        except QueueError as exc:
             st.error(f"Not launched: {md_text(exc)}", icon=":material/error:")
             return
         kw = launch.kwargs

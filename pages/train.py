@@ -16,9 +16,8 @@ from engine.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTION
 from pages import charts
 from pages.common import csv_download, nav_page, number, select_id, store
 from pages.prefill import md_text
-from storage import queries as q
-from storage import training
-from storage.queue import QueueError
+from storage import queries as q, training
+from storage.errors import QueueError
 from storage.schema import CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING
 
 REFRESH_SECONDS = 2.0

@@ -10,7 +10,7 @@ from engine.errors import DraftLabError
 from pages.common import nav_page, store
 from pages.new_experiment import UPLOAD_TYPES
 from pages.prefill import md_text
-from storage import queue
+from storage.experiments import enqueue_experiment
 from storage.validation import ValidationError, held_out_prompts, validation_plan, validation_result
 
 _COLUMNS = ["k", "speedup", "speedup_ci_lo", "speedup_ci_hi", "alpha", "tokens_per_round", "accepted", "rejected", "c"]
@@ -58,7 +58,7 @@ def render_validation(experiment: dict, verdict: dict) -> None:
                     from app.pair_check import render_prompts
 
                     texts = render_prompts(plan["target"], texts, plan["chat_template"])
-                vid = queue.enqueue_experiment(store(), **plan, prompt_texts=texts)
+                vid = enqueue_experiment(store(), **plan, prompt_texts=texts)
             except (ValidationError, DraftLabError) as exc:  # DraftLabError: a malformed held-out file
                 st.error(md_text(str(exc)), icon=":material/error:")
             else:

@@ -483,14 +483,15 @@ def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
     progress: what it times (the mean progress of its running runs); heartbeat_age_s: seconds since its last beat."""
     from datetime import timedelta
 
-    from . import queue
+    from . import liveness
+    from .settings import stale_window
     from .schema import utcnow
 
-    seconds = queue.stale_window(stale_seconds)
+    seconds = stale_window(stale_seconds)
     now = utcnow()
     with store.read() as conn:
         rows = conn.execute(select(schema.workers)).mappings().all()
-        dead = set(queue.dead_workers(conn, now - timedelta(seconds=seconds)))
+        dead = set(liveness.dead_workers(conn, now - timedelta(seconds=seconds)))
         leases = dict(conn.execute(text("SELECT worker_id, device FROM device_leases")).all())
         running = conn.execute(text(f"""SELECT worker_id, MIN(experiment_id) AS experiment_id, COUNT(*) AS runs,
                                                AVG(CAST(progress AS {F})) AS progress

@@ -200,7 +200,7 @@ def resume_job(store: Store, job_id: int) -> bool:
 
 
 def stale_jobs(conn, cutoff, dead: Sequence[str]) -> list[int]:
-    """Running jobs whose worker is dead (see queue.dead_workers) or sent no heartbeat since cutoff."""
+    """Running jobs whose worker is dead (see liveness.dead_workers) or sent no heartbeat since cutoff."""
     names = {f"dead{i}": w for i, w in enumerate(dead)}
     placeholders = ", ".join(f":{n}" for n in names) or "NULL"
     return list(conn.execute(text(

@@ -48,7 +48,7 @@ def _best_run(store: Store, experiment_id: int) -> pd.Series:
 
 
 def validation_plan(store: Store, experiment_id: int, prompts: str | None = None) -> dict:
-    """Keyword arguments for queue.enqueue_experiment that rerun the best configuration on held-out prompts."""
+    """Keyword arguments for experiments.enqueue_experiment that rerun the best configuration on held-out prompts."""
     exp = q.experiment(store, experiment_id)
     if exp is None:
         raise ValidationError(f"no experiment {experiment_id} in {store.safe_url}; `draftlab list` shows the ids")

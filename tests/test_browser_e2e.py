@@ -65,15 +65,13 @@ def _downloads(page) -> dict[str, pd.DataFrame]:
 
 
 def _status(db: str, experiment_id: int) -> str:
-    from storage import open_store
-    from storage import queries as q
+    from storage import open_store, queries as q
 
     return q.experiments(open_store(db)).set_index("experiment_id").loc[experiment_id, "status"]
 
 
 def _wait_done(db: str, experiment_id: int, log: Path) -> None:
-    from storage import open_store
-    from storage import queries as q
+    from storage import open_store, queries as q
 
     deadline = time.time() + RUN_TIMEOUT_S
     status = None
@@ -112,8 +110,7 @@ def _legend_labels(page) -> list[str]:
 
 
 def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, browser, tmp_path):
-    from storage import open_store
-    from storage import queries as q
+    from storage import open_store, queries as q
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1500, "height": 1900}, accept_downloads=True)
@@ -147,9 +144,9 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
     queued.wait_for()
     experiment_id = int(re.search(r"#(\d+)", queued.inner_text()).group(1))
     # A second, smaller sweep of the same pair, for Compare (queued behind the first; its name is not HTML).
-    from storage import queue
+    from storage.experiments import enqueue_experiment
 
-    second = queue.enqueue_experiment(open_store(dashboard["db"]), name="e2e second <i>sweep</i>", target=TARGET,
+    second = enqueue_experiment(open_store(dashboard["db"]), name="e2e second <i>sweep</i>", target=TARGET,
                                       draft=DRAFT, prompts=prompts.name, sampling={"max_new_tokens": MAX_NEW_TOKENS},
                                       sweep_values=[1, 2], prompt_texts=load_prompt_file(prompts)[:2])
 

@@ -24,13 +24,14 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
 
 @pytest.fixture
 def dashboard(tmp_path):
-    from storage import open_store, queue
+    from storage import open_store, run_state
+    from storage.experiments import enqueue_experiment
 
     db = f"sqlite:///{tmp_path / 'login.db'}"
     store = open_store(db)
-    experiment_id = queue.enqueue_experiment(store, name="behind the login", target="a", draft="b", prompts="tiny",
+    experiment_id = enqueue_experiment(store, name="behind the login", target="a", draft="b", prompts="tiny",
                                              sampling={}, sweep_values=[1], prompt_texts=["t1"])
-    queue.cancel_experiment(store, experiment_id)  # nothing for the local worker to do
+    run_state.cancel_experiment(store, experiment_id)  # nothing for the local worker to do
     store.dispose()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,12 +18,13 @@ def _title(page) -> str:
 
 
 def test_every_page_has_its_own_path_and_the_root_opens_the_experiments_list(tmp_path):
-    from storage import open_store, queue
+    from storage import open_store, run_state
+    from storage.experiments import enqueue_experiment
 
     store = open_store(f"sqlite:///{tmp_path / 'draftlab.db'}")
-    experiment_id = queue.enqueue_experiment(store, name="routed", target="a", draft="b", prompts="tiny",
+    experiment_id = enqueue_experiment(store, name="routed", target="a", draft="b", prompts="tiny",
                                              sampling={}, sweep_values=[1], prompt_texts=["t1"])
-    queue.cancel_experiment(store, experiment_id)  # nothing for the local worker to do
+    run_state.cancel_experiment(store, experiment_id)  # nothing for the local worker to do
     store.dispose()
     with dashboard(tmp_path) as served, chromium() as browser:
         page = browser.new_page()

@@ -4,7 +4,7 @@ a random worker every few seconds; the supervisor restarts it and requeues its r
 done, once: no (run, prompt), (run, prompt, round) or (run, prompt, repeat) row duplicated or missing, no lease or
 worker row left behind, and the figures equal those of one worker draining the same experiments.
 
-Claims stay the advisory-locked conditional update of storage.queue.claim_group: this test is its evidence under
+Claims stay the advisory-locked conditional update of storage.run_state.claim_group: this test is its evidence under
 load (four claimers, restarts, sweeps and requeues racing them). The helpers serve benchmarks/bench_scale.py too.
 """
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from storage import open_store, queue
+from storage import open_store
+from storage.experiments import enqueue_experiment
 from tests.fault_tools import audit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ WORKER_ARGS = ["--heartbeat", "0.5", "--poll", "0.3"]
 
 def enqueue_drain(store, model_dirs, experiments=EXPERIMENTS, ks=KS, max_new_tokens=MAX_NEW_TOKENS) -> list[int]:
     """The drain: `experiments` x (baseline + one run per k), device auto (a pinned worker's own device)."""
-    return [queue.enqueue_experiment(store, name=f"chaos {i}", target=model_dirs["target"], draft=model_dirs["draft"],
+    return [enqueue_experiment(store, name=f"chaos {i}", target=model_dirs["target"], draft=model_dirs["draft"],
                                      prompts="inline", sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens,
                                                                  "seed": 3},
                                      device="auto", sweep_values=list(ks), prompt_texts=PROMPTS)

@@ -118,17 +118,18 @@ def test_builtin_chat_set_renders_with_the_demo_template():
 
 def test_worker_freezes_rendered_conversations_and_a_missing_template_fails_the_experiment(tmp_path):
     from app.worker import Worker
-    from storage import open_store, queue
+    from storage import open_store
+    from storage.experiments import enqueue_experiment, load_experiment_prompts
     from storage import queries as q
 
     chats = _jsonl(tmp_path, [OPENAI, SHAREGPT])
     store = open_store(f"sqlite:///{tmp_path / 'chat.db'}")
-    with_template = queue.enqueue_experiment(store, name="chat", target="t", draft="d", prompts=chats,
+    with_template = enqueue_experiment(store, name="chat", target="t", draft="d", prompts=chats,
                                              sampling={"max_new_tokens": 4}, sweep_values=[2], device="cpu")
-    custom = queue.enqueue_experiment(store, name="chat, own template", target="t-plain", draft="d", prompts=chats,
+    custom = enqueue_experiment(store, name="chat, own template", target="t-plain", draft="d", prompts=chats,
                                       sampling={"max_new_tokens": 4}, sweep_values=[2], device="cpu",
                                       chat_template="{% for m in messages %}{{ m['content'] }}|{% endfor %}")
-    plain_tokenizer = queue.enqueue_experiment(store, name="chat, no template", target="t-plain", draft="d",
+    plain_tokenizer = enqueue_experiment(store, name="chat, no template", target="t-plain", draft="d",
                                                prompts=chats, sampling={"max_new_tokens": 4}, sweep_values=[2],
                                                device="cpu")
 
@@ -142,14 +143,14 @@ def test_worker_freezes_rendered_conversations_and_a_missing_template_fails_the_
     with Worker(store, loader=loader, log=lambda message: None) as worker:
         worker.work(until_idle=True)
     with store.read() as conn:
-        frozen = queue.load_experiment_prompts(conn, with_template)
+        frozen = load_experiment_prompts(conn, with_template)
     assert frozen == ["<system>Be brief.<user>Hi<assistant>Hello!<user>Sum 2+2<assistant>", "<user>你好<assistant>"]
     runs = q.runs(store, with_template)
     assert set(runs["status"]) == {"done"}
     shown = q.per_prompt(store, int(runs[runs["kind"] == "speculative"]["run_id"].iloc[0]))
     assert shown["prompt"].tolist() == frozen  # the per-prompt table and round explorer show the rendered text
     with store.read() as conn:  # a stored template text renders in the worker, whatever the tokenizer has
-        assert queue.load_experiment_prompts(conn, custom) == ["Be brief.|Hi|Hello!|Sum 2+2|", "你好|"]
+        assert load_experiment_prompts(conn, custom) == ["Be brief.|Hi|Hello!|Sum 2+2|", "你好|"]
     failed = q.runs(store, plain_tokenizer)
     assert set(failed["status"]) == {"failed"}
     assert "has no chat template: pass --chat-template FILE" in failed["error"].iloc[0]
@@ -159,7 +160,8 @@ def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
     from transformers import AutoTokenizer
 
     from app.cli import main
-    from storage import open_store, queue
+    from storage import open_store
+    from storage.experiments import load_experiment_prompts
     from storage import queries as q
 
     db = f"sqlite:///{tmp_path / 'cli.db'}"
@@ -168,7 +170,7 @@ def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
     store = open_store(db)
     eid = int(q.experiments(store)["experiment_id"].iloc[0])
     with store.read() as conn:
-        frozen = queue.load_experiment_prompts(conn, eid)
+        frozen = load_experiment_prompts(conn, eid)
     tok = AutoTokenizer.from_pretrained(resolve(DEMO_TARGET))
     assert frozen == render(load_prompts("chat:validation"), tok)
     assert q.experiment(store, eid)["chat_template"] == "auto"
@@ -180,7 +182,7 @@ def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
     second = int(q.experiments(store)["experiment_id"].max())
     assert q.experiment(store, second)["chat_template"] == template.read_text()  # the text, not the path
     with store.read() as conn:
-        assert all(p.endswith("=>") for p in queue.load_experiment_prompts(conn, second))
+        assert all(p.endswith("=>") for p in load_experiment_prompts(conn, second))
     assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
                  "--chat-template", str(tmp_path / "nope.jinja"), "--db", db]) == 2
     assert "--chat-template" in capsys.readouterr().err and len(q.experiments(store)) == 2

@@ -133,7 +133,8 @@ def _with_password(url: str) -> tuple[str, str]:
 
 
 def test_a_database_password_never_appears_in_cli_output(postgres_url, capsys):
-    from storage import open_store, queue
+    from storage import open_store, run_state
+    from storage.experiments import enqueue_experiment
 
     url, secret = _with_password(postgres_url)
     outputs = []
@@ -148,10 +149,10 @@ def test_a_database_password_never_appears_in_cli_output(postgres_url, capsys):
     cli("resume", "99", "--db", url)  # "no experiment 99 in <url>"
     cli("export", "99", "--db", url)
     store = open_store(url)
-    experiment_id = queue.enqueue_experiment(store, name="pw", target="draftlab-nonexistent/t",
+    experiment_id = enqueue_experiment(store, name="pw", target="draftlab-nonexistent/t",
                                              draft="draftlab-nonexistent/d", prompts="tiny", sampling={},
                                              sweep_values=[1], prompt_texts=["t1 t2"])
-    queue.cancel_experiment(store, experiment_id)
+    run_state.cancel_experiment(store, experiment_id)
     store.dispose()
     assert cli("resume", str(experiment_id), "--db", url) == 0  # the hint names `draftlab worker --db <url>`
     cli("worker", "--until-idle", "--db", url)  # "serving <url>", then the runs fail to load their models
@@ -189,13 +190,14 @@ def test_a_bad_database_is_one_error_line_naming_it(command, db, capsys):
 @pytest.fixture
 def read_only_db(tmp_path):
     """A database holding one cancelled experiment, and a read-only URL on it (mode=ro: read-only even as root)."""
-    from storage import open_store, queue
+    from storage import open_store, run_state
+    from storage.experiments import enqueue_experiment
 
     path = tmp_path / "ro.db"
     store = open_store(f"sqlite:///{path}")
-    experiment_id = queue.enqueue_experiment(store, name="ro", target="t", draft="d", prompts="tiny", sampling={},
+    experiment_id = enqueue_experiment(store, name="ro", target="t", draft="d", prompts="tiny", sampling={},
                                              sweep_values=[1], prompt_texts=["t1 t2"])
-    queue.cancel_experiment(store, experiment_id)
+    run_state.cancel_experiment(store, experiment_id)
     store.dispose()
     return f"sqlite:///file:{path}?mode=ro&uri=true", experiment_id
 
@@ -221,15 +223,16 @@ def test_reading_commands_work_on_a_read_only_database(read_only_db, capsys, tmp
 
 
 def test_list_shows_an_error_only_for_the_run_that_has_one(tmp_path, capsys):
-    from storage import open_store, queue
+    from storage import open_store, run_state
+    from storage.experiments import enqueue_experiment
 
     url = f"sqlite:///{tmp_path / 'errors.db'}"
     store = open_store(url)
-    experiment_id = queue.enqueue_experiment(store, name="half failed", target="t", draft="d", prompts="tiny",
+    experiment_id = enqueue_experiment(store, name="half failed", target="t", draft="d", prompts="tiny",
                                              sampling={}, sweep_values=[1], prompt_texts=["t1 t2"])
-    baseline = queue.claim_next(store, "w")
-    queue.finish_run(store, baseline, "failed", error="boom: out of memory")
-    queue.cancel_experiment(store, experiment_id)  # the k=1 run: cancelled, no error
+    baseline, speculative = sorted(run_state.claim_group(store, experiment_id, "w"))  # the baseline comes first
+    run_state.finish_run(store, baseline, "failed", error="boom: out of memory")
+    run_state.finish_run(store, speculative, "cancelled")  # the k=1 run: cancelled, no error
     store.dispose()
     assert main(["list", "--db", url]) == 0
     out = capsys.readouterr().out
@@ -247,12 +250,13 @@ def test_a_closed_pipe_ends_quietly(tmp_path, argv):
     import sys
     from pathlib import Path
 
-    from storage import open_store, queue
+    from storage import open_store
+    from storage.experiments import enqueue_experiment
 
     url = f"sqlite:///{tmp_path / 'pipe.db'}"
     store = open_store(url)
     for i in range(3):
-        queue.enqueue_experiment(store, name=f"e{i}", target="t", draft="d", prompts="tiny", sampling={},
+        enqueue_experiment(store, name=f"e{i}", target="t", draft="d", prompts="tiny", sampling={},
                                  sweep_values=[1, 2], prompt_texts=["t1 t2"])
     store.dispose()
     read_end, write_end = os.pipe()
@@ -280,8 +284,7 @@ def test_k_and_repeats_are_checked_before_anything_is_stored(run_cli, extra, mes
     code, out, err = run_cli(*extra)
     assert code == 2 and out == ""
     assert message in _one_error_line(err)
-    from storage import open_store
-    from storage import queries as q
+    from storage import open_store, queries as q
     assert q.experiments(open_store(run_cli.db)).empty
 
 
@@ -326,8 +329,7 @@ def test_a_draft_sweep_compares_drafts_and_the_target_as_its_own_draft_accepts_e
     assert set(by_draft) == {model_dirs["draft"], model_dirs["target"]}
     assert by_draft[model_dirs["target"]]["alpha"] == 1.0 and by_draft[model_dirs["draft"]]["alpha"] < 1.0
     assert all(r["sweep_variable"] == "draft" and r["outputs_match_baseline"] for r in doc["runs"])
-    from storage import open_store
-    from storage import queries as q
+    from storage import open_store, queries as q
     runs = q.runs(open_store(run_cli.db), doc["experiment_id"]).set_index("draft")
     assert runs.loc[model_dirs["target"], "draft_parameters"] > 0  # the cost account: the draft's size ...
     assert runs.loc[model_dirs["target"], "extra_memory_mb"] > 0  # ... and the memory it adds to the baseline's

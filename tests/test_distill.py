@@ -17,7 +17,7 @@ from engine.metrics_oracle import outputs_match
 from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
 from engine.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
 from engine.sampling import SamplingConfig
-from storage import open_store, queue
+from storage import open_store, run_state
 from tests import tiny_models as tm
 from tests.test_storage import enqueue, record, run_ids
 
@@ -156,13 +156,13 @@ def _crafted_experiment(store) -> tuple[int, int]:
         spec_results.append(PromptResult(p, f"p{p}", output, "x", len(rounds) * 0.012, rounds=rounds))
         base_results.append(PromptResult(p, f"p{p}", output, "x", len(output) * 0.01, decode_steps=len(output),
                                          decode_seconds=len(output) * 0.01))
+    assert sorted(run_state.claim_group(store, eid, "w")) == sorted(ids.values())
     for rid, kind, results in ((ids[("baseline", None)], "baseline", base_results),
                                (ids[("speculative", 4)], "speculative", spec_results)):
-        assert queue.claim(store, rid, "w")
-        queue.start_run(store, rid, 2, "cpu")
+        run_state.start_run(store, rid, 2, "cpu")
         for result in results:
             record(store, rid, kind, result)
-        queue.finish_run(store, rid, "done")
+        run_state.finish_run(store, rid, "done")
     return eid, ids[("speculative", 4)]
 
 

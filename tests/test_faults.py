@@ -16,14 +16,15 @@ from sqlalchemy import text
 
 from app.db_errors import DatabaseUnavailable
 from app.worker import Worker
-from storage import open_store, queue
+from storage import open_store
+from storage.experiments import enqueue_experiment, get_experiment
 from tests.fault_tools import CommitWatcher, OwnPostgres, SqliteWriteFault, audit
 
 PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32", "t8 t9", "t14 t15 t16"]
 
 
 def enqueue(store, models, ks=(1, 2), prompts=PROMPTS, max_new_tokens=8, name="fault"):
-    return queue.enqueue_experiment(store, name=name, target=models["target"], draft=models["draft"], prompts="inline",
+    return enqueue_experiment(store, name=name, target=models["target"], draft=models["draft"], prompts="inline",
                                     sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens, "seed": 3},
                                     device="cpu", sweep_values=list(ks), prompt_texts=prompts)
 
@@ -65,7 +66,7 @@ def test_a_short_outage_mid_run_is_retried_and_every_prompt_is_committed(tmp_pat
     assert len(outage_lines(logs)) == 1, logs  # one line for the outage, not one per retry or heartbeat
     assert any("accepts writes again" in line for line in logs), logs
     assert not any("Traceback" in line for line in logs)
-    assert queue.get_experiment(store, eid)
+    assert get_experiment(store, eid)
     store.dispose()
 
 

@@ -10,9 +10,8 @@ from sqlalchemy import text
 
 from engine import theory
 from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
-from storage import findings as fd
-from storage import queries as q
-from storage import queue
+from storage import findings as fd, queries as q, run_state
+from storage.experiments import enqueue_experiment
 from tests.test_storage import enqueue, fill_experiment, record, run_ids
 
 BASE_STEP = 0.010  # the baseline's seconds per token: c = BASE_STEP / draft step
@@ -49,12 +48,12 @@ def _run_experiment(store, spec: dict, prompts: int, **kw) -> tuple[int, dict]:
     first = next(iter(results.values()))
     rows = {ids[("baseline", None)]: ("baseline", [_baseline(i, r.new_tokens) for i, r in enumerate(first)])}
     rows.update({ids[("speculative", k)]: ("speculative", results[k]) for k in spec})
+    assert sorted(run_state.claim_group(store, eid, "w")) == sorted(rows)
     for rid, (kind, prompt_results) in rows.items():
-        assert queue.claim(store, rid, "w")
-        queue.start_run(store, rid, prompts, "cpu")
+        run_state.start_run(store, rid, prompts, "cpu")
         for result in prompt_results:
             record(store, rid, kind, result)
-        queue.finish_run(store, rid, "done")
+        run_state.finish_run(store, rid, "done")
     return eid, {k: ids[("speculative", k)] for k in spec}
 
 
@@ -116,16 +115,16 @@ def test_a_temperature_sweep_suggests_k_at_the_best_runs_own_temperature(store):
     by_temperature = {(r.kind, r.temperature): int(r.run_id) for r in runs.itertuples()}
     weak = [[(1, ["code"] * 4)] * 25] * 4  # temperature 0: k = 4 accepting one draft a round, slower
     rows = {0.0: (weak, 0.004, 0.020), 0.7: (_positions_rounds(), 0.004, 0.012)}
+    assert sorted(run_state.claim_group(store, eid, "w")) == sorted(by_temperature.values())
     for temperature, (per_prompt, draft_s, verify_s) in rows.items():
         spec = [_prompt(i, 4, rounds, draft_s, verify_s) for i, rounds in enumerate(per_prompt)]
         for kind, results in (("baseline", [_baseline(i, r.new_tokens) for i, r in enumerate(spec)]),
                               ("speculative", spec)):
             rid = by_temperature[(kind, temperature)]
-            assert queue.claim(store, rid, "w")
-            queue.start_run(store, rid, 4, "cpu")
+            run_state.start_run(store, rid, 4, "cpu")
             for result in results:
                 record(store, rid, kind, result)
-            queue.finish_run(store, rid, "done")
+            run_state.finish_run(store, rid, "done")
     assert q.verdict(store, eid)["best"] == 0.7
     found = _by_kind(fd.findings(store, eid))
     assert "sampling_mismatch" not in found  # each arm has its own baseline at its own temperature
@@ -169,7 +168,7 @@ def three_ks(store):
     eid = enqueue(store, ks=(1, 2, 4), prompts=3, repeats=3)
     ids = run_ids(store, eid)
     for rid in ids.values():
-        queue.finish_run(store, rid, "done")
+        run_state.finish_run(store, rid, "done")
     return store, eid, ids
 
 
@@ -363,11 +362,11 @@ def test_panel_escapes_user_text_and_links_the_chart_and_the_form(tmp_path):
 
 
 def test_a_draft_sweep_gets_findings_with_names_not_numbers(store):
-    from storage import findings as f
-    from storage import queue
+    from storage import findings as f, run_state
+    from storage.experiments import enqueue_experiment
     from tests.test_timing_protocol import _base_prompt, _fill, _spec_prompt
 
-    eid = queue.enqueue_experiment(store, name="drafts", target="tgt", draft="a", prompts="code:tune", sampling={},
+    eid = enqueue_experiment(store, name="drafts", target="tgt", draft="a", prompts="code:tune", sampling={},
                                    sweep_variable="draft", sweep_values=["small-draft", "big-draft"], k=2,
                                    drafter="heuristic", prompt_texts=[f"p{i}" for i in range(3)])
     spec = [_spec_prompt(i, [2, 1, 2, 0], 2, draft_s=0.002, verify_s=0.011) for i in range(3)]
@@ -376,13 +375,13 @@ def test_a_draft_sweep_gets_findings_with_names_not_numbers(store):
     from storage import queries as q
     ids = {(r.kind, None if r.kind == "baseline" else r.sweep_label): int(r.run_id)
            for r in q.runs(store, eid).itertuples()}
+    run_state.claim_group(store, eid, "w")
     for key, results in rows.items():
-        queue.claim(store, ids[key], "w")
-        queue.start_run(store, ids[key], 3, "cpu")
+        run_state.start_run(store, ids[key], 3, "cpu")
         for r in results:
             from tests.test_storage import record
             record(store, ids[key], key[0], r)
-        queue.finish_run(store, ids[key], "done")
+        run_state.finish_run(store, ids[key], "done")
     found = f.findings(store, eid)
     tie = [x for x in found if x["kind"] == "tie"]
     assert tie and "small-draft" in tie[0]["detail"] + tie[0]["title"] + str(tie[0]["prefill"])

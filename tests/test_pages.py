@@ -12,9 +12,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine import theory
-from storage import open_store
-from storage import queries as q
-from storage import queue
+from storage import liveness, open_store, queries as q, run_state
+from storage.experiments import add_k_runs, enqueue_experiment, get_experiment, load_experiment_prompts, set_predicted_curve
+from storage.leases import acquire_lease, release_lease
 
 TIMEOUT = 180  # seconds per script run: the CI machine is small and shared
 PAGES = ["new", "experiments", "experiment", "rounds", "compare", "theory", "train"]
@@ -99,13 +99,13 @@ def populated_template(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("populated") / "draftlab.db"
     store = open_store(f"sqlite:///{path}")
-    queue.enqueue_experiment(store, name="tiny greedy", target="tiny-target", draft="tiny-draft", prompts="tiny",
+    enqueue_experiment(store, name="tiny greedy", target="tiny-target", draft="tiny-draft", prompts="tiny",
                              sampling={"max_new_tokens": 16}, sweep_values=[1, 2, 4], tags=("tiny", "greedy"),
                              notes="first sweep", prompt_texts=PROMPTS, device="cpu")
-    queue.enqueue_experiment(store, name="tiny sampled", target="tiny-target", draft="tiny-draft", prompts="tiny",
+    enqueue_experiment(store, name="tiny sampled", target="tiny-target", draft="tiny-draft", prompts="tiny",
                              sampling={"max_new_tokens": 16, "temperature": 1.0, "seed": 3}, sweep_values=[2, 3],
                              tags=("tiny",), prompt_texts=PROMPTS, device="cpu")
-    queue.enqueue_experiment(store, name="tiny temperature sweep", target="tiny-target", draft="tiny-draft",
+    enqueue_experiment(store, name="tiny temperature sweep", target="tiny-target", draft="tiny-draft",
                              prompts="tiny", sampling={"max_new_tokens": 8}, sweep_variable="temperature",
                              sweep_values=[0.0, 1.0], k=2, prompt_texts=PROMPTS[:1], device="cpu")
     with Worker(store, loader=loader, log=lambda message: None) as worker:
@@ -274,7 +274,7 @@ def test_new_experiment_upload_freezes_the_uploaded_prompts(empty_db, model_dirs
     row = q.experiments(store).iloc[0]
     assert row["prompts"].endswith("-mine.txt") and Path(row["prompts"]).parent == tmp_path / "uploads"
     with store.read() as conn:
-        assert queue.load_experiment_prompts(conn, int(row["experiment_id"])) == ["t1 t2", "t3 t4 t5"]
+        assert load_experiment_prompts(conn, int(row["experiment_id"])) == ["t1 t2", "t3 t4 t5"]
 
 
 @pytest.mark.parametrize("fields, words", [
@@ -332,7 +332,7 @@ def test_experiments_table_shows_storage_rows_and_filters(populated):
 
 
 def test_experiments_live_refresh_and_cancel(populated):
-    experiment_id = queue.enqueue_experiment(populated, name="waiting", target="tiny-target", draft="tiny-draft",
+    experiment_id = enqueue_experiment(populated, name="waiting", target="tiny-target", draft="tiny-draft",
                                              prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=PROMPTS)
     at = app("experiments", experiment=experiment_id)
     assert_clean(at)
@@ -464,7 +464,7 @@ def test_compare_overlays_experiments_and_runs(populated):
 
 
 def test_pages_of_an_experiment_that_has_not_run_yet(populated):
-    experiment_id = queue.enqueue_experiment(populated, name="queued only", target="tiny-target", draft="tiny-draft",
+    experiment_id = enqueue_experiment(populated, name="queued only", target="tiny-target", draft="tiny-draft",
                                              prompts="tiny", sampling={}, sweep_values=[1, 2], prompt_texts=PROMPTS)
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
@@ -484,7 +484,7 @@ def test_pages_of_an_experiment_that_has_not_run_yet(populated):
 def test_a_database_password_never_appears_on_a_page(postgres_url, monkeypatch):
     url, secret = with_password(postgres_url)
     store = open_store(url)
-    queue.enqueue_experiment(store, name="pw", target="tiny-target", draft="tiny-draft", prompts="tiny",
+    enqueue_experiment(store, name="pw", target="tiny-target", draft="tiny-draft", prompts="tiny",
                              sampling={}, sweep_values=[1], prompt_texts=PROMPTS)
     store.dispose()
     monkeypatch.setenv("DRAFTLAB_DB", url)
@@ -592,14 +592,14 @@ def test_the_idle_poll_asks_for_a_full_redraw_only_when_work_appears_or_ends(pop
 
     seen = page.page_state(q.experiments(populated))
     assert not page.needs_full_rerun(seen, q.experiments(populated))  # nothing changed: the poll stays cheap
-    experiment_id = queue.enqueue_experiment(populated, name="from the CLI", target="tiny-target", draft="tiny-draft",
+    experiment_id = enqueue_experiment(populated, name="from the CLI", target="tiny-target", draft="tiny-draft",
                                              prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=PROMPTS)
     assert page.needs_full_rerun(seen, q.experiments(populated))  # new work: redraw, with the 2 s timer
     active = page.page_state(q.experiments(populated))
-    queue.cancel_experiment(populated, experiment_id)
+    run_state.cancel_experiment(populated, experiment_id)
     assert page.needs_full_rerun(active, q.experiments(populated))  # nothing runs any more: back to the idle poll
     cancelled = page.page_state(q.experiments(populated))
-    queue.resume_experiment(populated, experiment_id)  # `draftlab resume` elsewhere: same ids, active again
+    run_state.resume_experiment(populated, experiment_id)  # `draftlab resume` elsewhere: same ids, active again
     assert page.needs_full_rerun(cancelled, q.experiments(populated))
 
 
@@ -634,7 +634,7 @@ def _record_runs(store, runs: dict, done: bool = True) -> None:
         for result in results:
             record(store, run_id, kind, result)
         if done:
-            queue.finish_run(store, run_id, "done")
+            run_state.finish_run(store, run_id, "done")
 
 
 # k=1 is timed 6x faster than the baseline with 1.5 tokens per round (impossible: a timing_warning); k=2 is honest
@@ -651,9 +651,9 @@ def crafted(empty_db):
     store = open_store(empty_db)
     experiment_id = enqueue(store, ks=(1, 2, 4), prompts=4, name="crafted", repeats=3)
     ids = run_ids(store, experiment_id)
-    assert queue.claim_group(store, experiment_id, "w")
+    assert run_state.claim_group(store, experiment_id, "w")
     for run_id in ids.values():
-        queue.start_run(store, run_id, 4, "cpu")
+        run_state.start_run(store, run_id, 4, "cpu")
     spec = {k: [_crafted_prompt(i, k, accepts, draft_s, verify_s * (1 + 0.1 * i)) for i in range(4)]
             for k, (accepts, draft_s, verify_s) in CRAFTED.items()}
     _record_runs(store, {ids[("baseline", None)]: ("baseline", [_crafted_baseline(i) for i in range(4)]),
@@ -753,8 +753,8 @@ def test_detail_of_a_k_auto_experiment_plots_its_predicted_curve_and_confirmatio
                          probe[("speculative", 4)]: ("speculative", [_crafted_prompt(i, 4, [4, 2, 3], 0.004, 0.011)
                                                                      for i in range(3)])})
     predicted = {1: 1.4, 2: 2.1, 3: 2.5, 4: 2.6}
-    queue.set_predicted_curve(store, experiment_id, predicted, [2, 3])
-    base, k2, k3 = queue.add_k_runs(store, experiment_id, [2, 3])
+    set_predicted_curve(store, experiment_id, predicted, [2, 3])
+    base, k2, k3 = add_k_runs(store, experiment_id, [2, 3])
     _record_runs(store, {base: ("baseline", [_crafted_baseline(i) for i in range(3)]),
                          k2: ("speculative", [_crafted_prompt(i, 2, [2, 1, 2], 0.002, 0.010) for i in range(3)]),
                          k3: ("speculative", [_crafted_prompt(i, 3, [3, 1, 2], 0.003, 0.010) for i in range(3)])})
@@ -785,9 +785,9 @@ def test_experiments_list_shows_the_best_with_its_interval_ties_and_a_warning_ma
 def test_experiments_page_names_the_worker_a_waiting_worker_waits_for(crafted):
     store, experiment_id, _ = crafted
     for worker in ("gpu-box-1", "gpu-box-2"):
-        queue.register_worker(store, worker)
-    assert queue.acquire_lease(store, "gpu-box:cuda:0", "gpu-box-1", experiment_id, stale_seconds=60) is None
-    assert queue.acquire_lease(store, "gpu-box:cuda:0", "gpu-box-2", None, stale_seconds=60) == "gpu-box-1"
+        liveness.register_worker(store, worker)
+    assert acquire_lease(store, "gpu-box:cuda:0", "gpu-box-1", experiment_id, stale_seconds=60) is None
+    assert acquire_lease(store, "gpu-box:cuda:0", "gpu-box-2", None, stale_seconds=60) == "gpu-box-1"
     leases = q.device_leases(store)
     assert leases[["device", "worker_id", "experiment_id", "waiting_worker"]].values.tolist() == [
         ["gpu-box:cuda:0", "gpu-box-1", experiment_id, "gpu-box-2"]]
@@ -796,26 +796,26 @@ def test_experiments_page_names_the_worker_a_waiting_worker_waits_for(crafted):
     assert [i.value for i in at.info if "waiting" in i.value] == [
         f"Worker gpu-box-2 is waiting for device gpu-box:cuda:0 (held by worker gpu-box-1, timing experiment "
         f"#{experiment_id})."]
-    queue.release_lease(store, "gpu-box:cuda:0", "gpu-box-1")
-    assert queue.acquire_lease(store, "gpu-box:cuda:0", "gpu-box-2", None, stale_seconds=60) is None
+    release_lease(store, "gpu-box:cuda:0", "gpu-box-1")
+    assert acquire_lease(store, "gpu-box:cuda:0", "gpu-box-2", None, stale_seconds=60) is None
     assert q.device_leases(store)["waiting_worker"].isna().all()
     at = app("experiments")
     assert not [i.value for i in at.info if "waiting" in i.value]
 
 
 def test_device_leases_query_on_sqlite_and_postgresql(store):
-    experiment_id = queue.enqueue_experiment(store, name="l", target="t", draft="d", prompts="p", sampling={},
+    experiment_id = enqueue_experiment(store, name="l", target="t", draft="d", prompts="p", sampling={},
                                              sweep_values=[1], prompt_texts=PROMPTS)
     assert q.device_leases(store).empty
     for worker in ("a", "b", "c"):
-        queue.register_worker(store, worker)
-    assert queue.acquire_lease(store, "host:cpu", "a", experiment_id, stale_seconds=60) is None
+        liveness.register_worker(store, worker)
+    assert acquire_lease(store, "host:cpu", "a", experiment_id, stale_seconds=60) is None
     for waiter in ("c", "b"):
-        assert queue.acquire_lease(store, "host:cpu", waiter, None, stale_seconds=60) == "a"
+        assert acquire_lease(store, "host:cpu", waiter, None, stale_seconds=60) == "a"
     leases = q.device_leases(store)
     assert leases["waiting_worker"].tolist() == ["b", "c"] and set(leases["worker_id"]) == {"a"}
     assert leases["experiment_id"].tolist() == [experiment_id] * 2 and leases["acquired"].notna().all()
-    queue.unregister_worker(store, "a")  # the holder is gone: its lease goes, the others still wait
+    liveness.unregister_worker(store, "a")  # the holder is gone: its lease goes, the others still wait
     leases = q.device_leases(store)
     assert leases["waiting_worker"].tolist() == ["b", "c"] and leases["worker_id"].isna().all()
 
@@ -874,7 +874,7 @@ def test_the_new_experiment_form_cannot_trust_remote_code(empty_db, model_dirs):
     assert_clean(at)
     store = open_store(empty_db)
     experiment_id = int(q.experiments(store)["experiment_id"].iloc[0])
-    assert not queue.get_experiment(store, experiment_id)["trust_remote_code"]
+    assert not get_experiment(store, experiment_id)["trust_remote_code"]
 
 
 def test_theory_loads_alpha_c_and_verify_cost_from_a_measured_run(crafted):

@@ -154,12 +154,12 @@ class _FakeProcess:
 
 @pytest.mark.parametrize("live, starts_worker", [(0, True), (1, False)])
 def test_ui_starts_a_worker_only_when_none_is_alive_and_stops_it(tmp_path, monkeypatch, live, starts_worker):
-    from storage import queue
+    from storage import liveness
 
     _FakeProcess.started = []
     monkeypatch.setattr(ui.subprocess, "Popen", _FakeProcess)
     monkeypatch.setattr(ui.time, "sleep", lambda s: None)
-    monkeypatch.setattr(queue, "live_workers", lambda store, max_age_seconds=30: live)
+    monkeypatch.setattr(liveness, "live_workers", lambda store, max_age_seconds=30: live)
     url = f"sqlite:///{tmp_path / 'ui.db'}"
     assert ui.main(url, 8599, "127.0.0.1") == 0
     kinds = ["worker" if "worker" in p.cmd else "streamlit" for p in _FakeProcess.started]

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage import open_store, queue
-from storage import queries as q
+from storage import open_store, queries as q
 from tests.test_pages import app, assert_clean
 from tests.test_validation import TUNE, _experiment
 

@@ -21,7 +21,8 @@ from engine.errors import DraftLabError
 from engine.loading import _check_dispatched, load_model, plan_pair
 from engine.placement import HEADROOM, Placement, model_devices, plan, weight_bytes
 from engine.sampling import SamplingConfig
-from storage import queue
+from storage.experiments import enqueue_experiment
+from storage.leases import acquire_lease, release_lease
 from tests import tiny_models as tm
 
 GB = 10**9
@@ -143,17 +144,17 @@ def _quiet(store, device, **kw):
 def test_a_group_takes_its_leases_all_or_nothing_and_gives_them_back(store):
     k0, k1 = f"{HOST}:cpu:0", f"{HOST}:cpu:1"
     with _quiet(store, "cpu:0+cpu:1") as group, _quiet(store, "cpu:1") as single:
-        assert queue.acquire_lease(store, k1, single.id, None, 60) is None
+        assert acquire_lease(store, k1, single.id, None, 60) is None
         assert group._acquire_leases([k0, k1], None) == (k1, single.id)
         assert _leases(store) == {k1: single.id}  # cpu:0 was given back: nothing held while it waits
-        queue.release_lease(store, k1, single.id)
+        release_lease(store, k1, single.id)
         assert group._acquire_leases([k0, k1], None) is None
         assert _leases(store) == {k0: group.id, k1: group.id}
-        assert queue.acquire_lease(store, k1, single.id, None, 60) == group.id  # the single slot now waits
+        assert acquire_lease(store, k1, single.id, None, 60) == group.id  # the single slot now waits
 
 
 def _enqueue(store, model_dirs, **kw):
-    return queue.enqueue_experiment(store, name="big", target=model_dirs["target"], draft=model_dirs["draft"],
+    return enqueue_experiment(store, name="big", target=model_dirs["target"], draft=model_dirs["draft"],
                                     prompts="inline", sampling={"temperature": 0.0, "max_new_tokens": 6, "seed": 3},
                                     device="auto", sweep_values=[2], prompt_texts=PROMPTS, **kw)
 
@@ -172,7 +173,7 @@ def test_a_job_that_needs_both_slots_of_a_group_leases_both_while_a_single_slot_
     with _quiet(store, "cpu:1") as single:
         def hook(run, prompt_index, tokens, repeat):
             if not seen:
-                seen.append((_leases(store), queue.acquire_lease(store, f"{HOST}:cpu:1", single.id, None, 60)))
+                seen.append((_leases(store), acquire_lease(store, f"{HOST}:cpu:1", single.id, None, 60)))
         group = _quiet(store, "cpu:0+cpu:1", free_memory=lambda: [tight, tight], progress_hook=hook)
         with group:
             group.work(until_idle=True)

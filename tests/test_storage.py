@@ -13,7 +13,9 @@ from sqlalchemy import text
 
 from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
 from engine.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds, throughput
-from storage import open_store, queue
+from storage import liveness, open_store, run_state
+from storage.errors import QueueError
+from storage.experiments import enqueue_experiment
 from storage import queries as q
 from storage.export import plain, run_document
 from storage.recording import record_prompt
@@ -23,7 +25,7 @@ REL = 1e-12  # SQL sums may associate float additions differently from Python's 
 
 
 def enqueue(store, ks=(2, 4), prompts=3, **kw):
-    return queue.enqueue_experiment(store, name=kw.pop("name", "exp"), target=kw.pop("target", "tgt"),
+    return enqueue_experiment(store, name=kw.pop("name", "exp"), target=kw.pop("target", "tgt"),
                                     draft=kw.pop("draft", "drf"), prompts="inline",
                                     sampling=kw.pop("sampling", {"temperature": 0.0, "max_new_tokens": 64}),
                                     sweep_values=list(ks), prompt_texts=[f"p{i}" for i in range(prompts)], **kw)
@@ -52,12 +54,12 @@ def fill_experiment(store, ks=(2, 4), prompts=3, seed=0, same_outputs_for=None):
             for spec, base in zip(rows, baseline):
                 base.output_ids = list(spec.output_ids)  # make this run lossless against the baseline
         results[rid] = rows
+    assert sorted(run_state.claim_group(store, eid, "test-worker")) == sorted(ids.values())
     for (kind, k), rid in sorted(ids.items(), key=lambda kv: kv[0][0] != "baseline"):
-        assert queue.claim(store, rid, "test-worker")
-        queue.start_run(store, rid, prompts, "cpu")
+        run_state.start_run(store, rid, prompts, "cpu")
         for result in results[rid]:
             record(store, rid, kind, result)
-        queue.finish_run(store, rid, "done")
+        run_state.finish_run(store, rid, "done")
     return eid, ids, results
 
 
@@ -260,7 +262,7 @@ def test_experiment_listing_filters_and_best_run(store):
 
 
 def test_sampling_sweep_gets_a_baseline_per_value(store):
-    eid = queue.enqueue_experiment(store, name="t", target="a", draft="b", prompts="code", sampling={},
+    eid = enqueue_experiment(store, name="t", target="a", draft="b", prompts="code", sampling={},
                                    sweep_variable="temperature", sweep_values=[0.0, 0.7], k=3)
     frame = q.runs(store, eid)
     assert sorted(frame["kind"]) == ["baseline", "baseline", "speculative", "speculative"]
@@ -270,28 +272,34 @@ def test_sampling_sweep_gets_a_baseline_per_value(store):
         pairs = conn.execute(text("SELECT s.temperature, b.temperature FROM runs s JOIN runs b "
                                   "ON b.id = s.baseline_run_id")).all()
     assert sorted(pairs) == [(0.0, 0.0), (0.7, 0.7)]
-    with pytest.raises(queue.QueueError):
-        queue.enqueue_experiment(store, name="t", target="a", draft="b", prompts="code", sampling={},
+    with pytest.raises(QueueError):
+        enqueue_experiment(store, name="t", target="a", draft="b", prompts="code", sampling={},
                                  sweep_variable="seed", sweep_values=[1])  # seeds are not a tuning variable
 
 
 # --- the queue ---------------------------------------------------------------------------------------------
 
-def test_claim_order_baseline_first_one_run_per_experiment(store):
+def test_claim_order_one_worker_per_experiment(store):
     first = enqueue(store, (2, 4))
     second = enqueue(store, (8,))
     ids1, ids2 = run_ids(store, first), run_ids(store, second)
-    # The first experiment's baseline first; its speculative runs wait for it; the other experiment may run.
-    assert queue.claim_next(store, "w1") == ids1[("baseline", None)]
-    assert queue.claim_next(store, "w2") == ids2[("baseline", None)]
-    assert queue.claim_next(store, "w3") is None
-    queue.finish_run(store, ids1[("baseline", None)], "done")
-    assert queue.claim_next(store, "w1", prefer_experiment=first) == ids1[("speculative", 2)]
-    assert queue.claim_next(store, "w3") is None  # experiment 1 busy, experiment 2 busy
+    # The oldest experiment first, all its queued runs at once (timed together); the other experiment may run.
+    assert run_state.next_experiment(store, "w1") == first
+    assert run_state.claim_group(store, first, "w1") == sorted(ids1.values())
+    assert run_state.next_experiment(store, "w2") == second
+    assert run_state.claim_group(store, first, "w2") == []  # another worker is running it
+    assert run_state.claim_group(store, second, "w2") == sorted(ids2.values())
+    assert run_state.next_experiment(store, "w3") is None
+    # The experiment whose models a worker holds comes first.
+    third, fourth = enqueue(store, (1,)), enqueue(store, (1,))
+    assert run_state.next_experiment(store, "w3") == third
+    assert run_state.next_experiment(store, "w3", prefer_experiment=fourth) == fourth
     # A run reserved for a worker is only that worker's.
     reserved = enqueue(store, (1,), reserved_for="cli-worker")
-    assert queue.claim_next(store, "w3") is None
-    assert queue.claim_next(store, "cli-worker", experiment_id=reserved) == run_ids(store, reserved)[("baseline", None)]
+    assert run_state.next_experiment(store, "w3", experiment_id=reserved) is None
+    assert run_state.claim_group(store, reserved, "w3") == []
+    assert run_state.next_experiment(store, "cli-worker", experiment_id=reserved) == reserved
+    assert run_state.claim_group(store, reserved, "cli-worker") == sorted(run_ids(store, reserved).values())
 
 
 def test_two_workers_never_claim_the_same_run(db_url):
@@ -304,25 +312,17 @@ def test_two_workers_never_claim_the_same_run(db_url):
 
     def work(name):
         store = open_store(db_url)  # its own engine and connections, as a second process would have
-        # Worker a's first look finds nothing claimable, as when worker b holds the run that blocks the rest:
-        # the retry below then runs on every execution instead of only on unlucky timing.
-        first_look_empty = name == "a"
         try:
             barrier.wait()
             while True:
-                if first_look_empty:
-                    first_look_empty, rid = False, None
-                else:
-                    rid = queue.claim_next(store, f"worker-{name}")
-                if rid is None:
-                    # Nothing claimable now: the other worker may hold the run that blocks the rest. Look once
-                    # more; a run claimed then is this worker's like any other (recorded and finished below).
-                    # If there is still none, stop: whoever holds a run claims what its finish unblocks.
-                    rid = queue.claim_next(store, f"worker-{name}")
-                    if rid is None:
-                        break
-                claimed[name].append(rid)
-                queue.finish_run(store, rid, "done")
+                eid = run_state.next_experiment(store, f"worker-{name}")
+                if eid is None:
+                    break
+                # Both may pick the same experiment: one claims its runs, the other gets none and looks again.
+                rids = run_state.claim_group(store, eid, f"worker-{name}")
+                claimed[name] += rids
+                for rid in rids:
+                    run_state.finish_run(store, rid, "done")
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -335,16 +335,16 @@ def test_two_workers_never_claim_the_same_run(db_url):
         t.join(60)
     assert not errors
     assert not set(claimed["a"]) & set(claimed["b"])
-    assert set(claimed["a"]) | set(claimed["b"]) == all_runs
-    # And a direct race on one run: exactly one winner.
-    rid = run_ids(setup, enqueue(setup, (1,), name="race"))[("baseline", None)]
+    assert sorted(claimed["a"] + claimed["b"]) == sorted(all_runs)
+    # And a direct race on one experiment: exactly one winner, who takes every run.
+    race_eid = enqueue(setup, (1,), name="race")
     wins = []
     race = threading.Barrier(4)
 
     def grab(i):
         s = open_store(db_url)
         race.wait()
-        wins.append(queue.claim(s, rid, f"w{i}"))
+        wins.append(run_state.claim_group(s, race_eid, f"w{i}"))
         s.dispose()
 
     grabbers = [threading.Thread(target=grab, args=(i,)) for i in range(4)]
@@ -352,48 +352,51 @@ def test_two_workers_never_claim_the_same_run(db_url):
         t.start()
     for t in grabbers:
         t.join(30)
-    assert sorted(wins) == [False, False, False, True]
+    assert sorted(wins, key=len) == [[], [], [], sorted(run_ids(setup, race_eid).values())]
 
 
 def test_cancel_resume_and_stale_heartbeats(store):
     eid = enqueue(store, (2, 4))
     ids = run_ids(store, eid)
     base, k2, k4 = ids[("baseline", None)], ids[("speculative", 2)], ids[("speculative", 4)]
-    assert queue.claim(store, base, "w")
-    assert queue.report_progress(store, base, 0.3) is False
-    assert queue.cancel_run(store, k4)  # queued: cancelled at once
-    assert queue.get_run(store, k4)["status"] == "cancelled"
-    assert queue.cancel_experiment(store, eid) == 2  # base (running: flagged) + k2 (queued)
-    assert queue.get_run(store, base)["status"] == "running"
-    assert queue.report_progress(store, base, 0.4) is True  # the worker sees the request between rounds
-    queue.finish_run(store, base, "cancelled")
-    assert queue.resume_run(store, base) and queue.get_run(store, base)["status"] == "queued"
-    assert not queue.resume_run(store, base)  # already queued
+    with store.write() as conn:  # only the baseline is this worker's to claim; k = 2 and 4 stay queued
+        conn.execute(text(f"UPDATE runs SET reserved_for = 'other' WHERE id IN ({k2}, {k4})"))
+    assert run_state.claim_group(store, eid, "w") == [base]
+    assert run_state.report_progress(store, base, 0.3) is False
+    assert run_state.cancel_run(store, k4)  # queued: cancelled at once
+    assert run_state.get_run(store, k4)["status"] == "cancelled"
+    assert run_state.cancel_experiment(store, eid) == 2  # base (running: flagged) + k2 (queued)
+    assert run_state.get_run(store, base)["status"] == "running"
+    assert run_state.report_progress(store, base, 0.4) is True  # the worker sees the request between rounds
+    run_state.finish_run(store, base, "cancelled")
+    assert run_state.resume_run(store, base) and run_state.get_run(store, base)["status"] == "queued"
+    assert not run_state.resume_run(store, base)  # already queued
 
     # A run whose worker stopped heartbeating becomes interrupted; a fresh one is left alone.
-    assert queue.claim(store, base, "dead-worker")
-    other = run_ids(store, enqueue(store, (1,)))[("baseline", None)]
-    assert queue.claim(store, other, "live-worker")
+    assert run_state.claim_group(store, eid, "dead-worker") == [base]  # k = 2 and 4 are cancelled
+    other_eid = enqueue(store, (1,))
+    other = run_ids(store, other_eid)[("baseline", None)]
+    assert other in run_state.claim_group(store, other_eid, "live-worker")
     with store.write() as conn:
         conn.execute(text("UPDATE runs SET heartbeat = :old WHERE id = :rid"),
                      {"old": utcnow() - timedelta(seconds=120), "rid": base})
-    assert queue.mark_stale(store, stale_seconds=60) == [base]
-    run = queue.get_run(store, base)
+    assert liveness.mark_stale(store, stale_seconds=60) == [base]
+    run = run_state.get_run(store, base)
     assert run["status"] == "interrupted" and "resume" in run["error"]
-    assert queue.get_run(store, other)["status"] == "running"
+    assert run_state.get_run(store, other)["status"] == "running"
 
 
 def test_live_workers(store):
-    queue.register_worker(store, "w1", "host", 1)
-    queue.register_worker(store, "w2", "host", 2)
+    liveness.register_worker(store, "w1", "host", 1)
+    liveness.register_worker(store, "w2", "host", 2)
     with store.write() as conn:
         conn.execute(text("UPDATE workers SET heartbeat = :old WHERE id = 'w2'"),
                      {"old": utcnow() - timedelta(seconds=300)})
-    assert queue.live_workers(store, max_age_seconds=30) == 1
-    queue.heartbeat(store, "w2", None)
-    assert queue.live_workers(store) == 2
-    queue.unregister_worker(store, "w1")
-    assert queue.live_workers(store) == 1
+    assert liveness.live_workers(store, max_age_seconds=30) == 1
+    liveness.heartbeat(store, "w2", None)
+    assert liveness.live_workers(store) == 2
+    liveness.unregister_worker(store, "w1")
+    assert liveness.live_workers(store) == 1
 
 
 def test_readers_never_error_while_a_worker_writes(db_url):
@@ -401,9 +404,8 @@ def test_readers_never_error_while_a_worker_writes(db_url):
     eid = enqueue(writer_store, (4,), prompts=40)
     ids = run_ids(writer_store, eid)
     rid = ids[("speculative", 4)]
-    assert queue.claim(writer_store, ids[("baseline", None)], "w")
-    queue.finish_run(writer_store, ids[("baseline", None)], "done")
-    assert queue.claim(writer_store, rid, "w")
+    assert run_state.claim_group(writer_store, eid, "w") == sorted(ids.values())
+    run_state.finish_run(writer_store, ids[("baseline", None)], "done")
     done = threading.Event()
     errors = []
 
@@ -412,7 +414,7 @@ def test_readers_never_error_while_a_worker_writes(db_url):
         try:
             for i in range(40):
                 record(writer_store, rid, "speculative", synthetic_prompt(rng, i, 4, rounds=30))
-                queue.report_progress(writer_store, rid, (i + 1) / 40)
+                run_state.report_progress(writer_store, rid, (i + 1) / 40)
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
         finally:

@@ -15,7 +15,8 @@ from sqlalchemy import text
 
 from app.supervisor import DevicesError, parse_devices
 from app.placement import lease_key, load_device, place
-from storage import open_store, queue
+from storage import liveness, open_store, run_state
+from storage.experiments import enqueue_experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13"]
@@ -47,7 +48,7 @@ def test_pinned_workers_place_auto_experiments_on_their_device_with_its_own_leas
 
 
 def _enqueue(store, model_dirs, n, ks=(1, 2), max_new_tokens=6):
-    return [queue.enqueue_experiment(store, name=f"sup {i}", target=model_dirs["target"], draft=model_dirs["draft"],
+    return [enqueue_experiment(store, name=f"sup {i}", target=model_dirs["target"], draft=model_dirs["draft"],
                                      prompts="inline", sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens,
                                                                  "seed": 3},
                                      device="auto", sweep_values=list(ks), prompt_texts=PROMPTS) for i in range(n)]
@@ -141,13 +142,13 @@ def test_worker_health_shows_devices_what_each_times_the_queue_and_stale_workers
     from storage.schema import utcnow
 
     eids = _enqueue(store, model_dirs, 2)
-    here = queue.host_identity()
+    here = liveness.host_identity()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    queue.register_worker(store, "box:1:aaaaaa@cuda:1", here, os.getpid())
-    queue.register_worker(store, "box:2:bbbbbb", here, os.getpid())
-    queue.register_worker(store, "box:3:cccccc@cpu:3", here, dead.pid)  # its process is gone: stale at once
-    assert queue.claim_group(store, eids[0], "box:1:aaaaaa@cuda:1")
+    liveness.register_worker(store, "box:1:aaaaaa@cuda:1", here, os.getpid())
+    liveness.register_worker(store, "box:2:bbbbbb", here, os.getpid())
+    liveness.register_worker(store, "box:3:cccccc@cpu:3", here, dead.pid)  # its process is gone: stale at once
+    assert run_state.claim_group(store, eids[0], "box:1:aaaaaa@cuda:1")
     with store.write() as conn:
         conn.execute(text("UPDATE runs SET progress = 0.5 WHERE status = 'running'"))
         conn.execute(text("INSERT INTO device_leases (device, worker_id, experiment_id, acquired, heartbeat) "
@@ -170,7 +171,7 @@ def test_the_experiments_page_draws_the_workers_expander(tmp_path, model_dirs, m
     monkeypatch.setenv("DRAFTLAB_DB", url)
     store = open_store(url)
     _enqueue(store, model_dirs, 1)
-    queue.register_worker(store, "box:1:aaaaaa@cpu:0", queue.host_identity(), os.getpid())
+    liveness.register_worker(store, "box:1:aaaaaa@cpu:0", liveness.host_identity(), os.getpid())
     at = AppTest.from_string("from app.main import run\nrun('experiments')", default_timeout=180).run()
     assert not at.exception, [e.value for e in at.exception]
     labels = [e.label for e in at.expander]

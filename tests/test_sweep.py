@@ -47,7 +47,7 @@ def test_k_auto():
 
 def test_the_queue_knows_which_drafters_need_no_model_as_the_engine_does():
     from engine.drafter_specs import SPECS, needs_draft_model
-    from storage.queue import NO_MODEL_DRAFTERS
+    from storage.experiments import NO_MODEL_DRAFTERS
 
     for name in SPECS:
         spec = {"confidence": "confidence:0.5", "prompt-lookup": "prompt-lookup:3"}.get(name, name)

@@ -15,7 +15,9 @@ from sqlalchemy import text
 from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
 from engine.protocol import median_repeat, schedule
 from engine.records import ACCEPTED, DISCARDED, REJECTED, BONUS, CORRECTION, DraftToken, PromptResult, Round
-from storage import open_store, queue
+from storage import liveness, open_store, run_state
+from storage.experiments import enqueue_experiment, get_experiment
+from storage.leases import acquire_lease, release_lease
 from storage import queries as q
 from storage.export import run_document
 from storage.recording import record_prompt
@@ -115,10 +117,10 @@ def _base_prompt(prompt_index, tokens, step):
 
 def _fill(store, eid, rows: dict):
     ids = run_ids(store, eid)
+    run_state.claim_group(store, eid, "w")
     for (kind, k), results in rows.items():
         rid = ids[(kind, k)]
-        queue.claim(store, rid, "w")
-        queue.start_run(store, rid, 3, "cpu")
+        run_state.start_run(store, rid, 3, "cpu")
         for r in results:
             record(store, rid, kind, r)
     return ids
@@ -131,7 +133,7 @@ def test_refined_prediction_equals_the_measured_speedup_on_synthetic_round_timin
     base = [_base_prompt(i, s.new_tokens, 0.010) for i, s in enumerate(spec)]
     ids = _fill(store, eid, {("baseline", None): base, ("speculative", 3): spec})
     for rid in ids.values():
-        queue.finish_run(store, rid, "done")
+        run_state.finish_run(store, rid, "done")
     row = q.run_summary(store, ids[("speculative", 3)]).iloc[0]
     assert row.predicted_speedup_refined == pytest.approx(row.speedup, rel=1e-9)
     assert row.verify_cost == pytest.approx(1.2)  # a 12 ms verify over a 10 ms target step
@@ -147,7 +149,7 @@ def test_an_impossible_speedup_carries_a_warning_and_is_never_crowned(store):
     base = [_base_prompt(i, 6, 0.010) for i in range(3)]
     ids = _fill(store, eid, {("baseline", None): base, ("speculative", 1): fast, ("speculative", 2): honest})
     for rid in ids.values():
-        queue.finish_run(store, rid, "done")
+        run_state.finish_run(store, rid, "done")
     runs = q.runs(store, eid).set_index("k")
     assert runs.loc[1, "speedup"] > runs.loc[1, "tokens_per_round"]
     assert "exceeds" in runs.loc[1, "timing_warning"]
@@ -173,8 +175,8 @@ def test_speedup_pairs_only_the_prompts_both_arms_finished_and_needs_a_live_base
     assert "in progress" in row.speedup_note
     assert q.verdict(store, eid)["best"] is None  # a run still going never sets the headline
     assert pd.isna(q.experiments(store).set_index("experiment_id").loc[eid, "best_value"])
-    queue.finish_run(store, ids[("baseline", None)], "failed", "boom")
-    queue.finish_run(store, rid, "done")
+    run_state.finish_run(store, ids[("baseline", None)], "failed", "boom")
+    run_state.finish_run(store, rid, "done")
     row = q.run_summary(store, rid).iloc[0]
     assert pd.isna(row.speedup) and "baseline failed" in row.speedup_note
     assert q.verdict(store, eid)["best"] is None
@@ -184,7 +186,7 @@ def test_verdict_names_ties_and_a_spread_too_wide_to_choose(store):
     eid = enqueue(store, ks=(1, 2, 4), prompts=3)
     ids = run_ids(store, eid)
     for rid in ids.values():
-        queue.finish_run(store, rid, "done")
+        run_state.finish_run(store, rid, "done")
     with store.write() as conn:
         for k, (s, lo, hi) in {1: (1.10, 1.05, 1.15), 2: (1.31, 1.22, 1.40), 4: (1.25, 1.18, 1.33)}.items():
             conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi "
@@ -206,7 +208,7 @@ def test_worker_times_arms_interleaved_in_the_scheduled_order_and_stores_every_r
     store = open_store(f"sqlite:///{tmp_path / 'i.db'}")
     from tests.test_worker import enqueue as enqueue_models
 
-    eid = queue.enqueue_experiment(
+    eid = enqueue_experiment(
         store, name="i", target=model_dirs["target"], draft=model_dirs["draft"], prompts="inline",
         sampling={"temperature": 0.0, "max_new_tokens": 10, "seed": 3}, device="cpu", sweep_values=[1, 3],
         prompt_texts=PROMPTS, repeats=3)
@@ -229,7 +231,7 @@ def test_worker_times_arms_interleaved_in_the_scheduled_order_and_stores_every_r
 
 def test_interrupted_group_resumes_at_the_first_prompt_not_finished_by_every_arm(tmp_path, model_dirs):
     store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
-    eid = queue.enqueue_experiment(
+    eid = enqueue_experiment(
         store, name="r", target=model_dirs["target"], draft=model_dirs["draft"], prompts="inline",
         sampling={"temperature": 0.0, "max_new_tokens": 10, "seed": 3}, device="cpu", sweep_values=[2],
         prompt_texts=PROMPTS, repeats=2)
@@ -245,10 +247,10 @@ def test_interrupted_group_resumes_at_the_first_prompt_not_finished_by_every_arm
         worker.work(until_idle=True)
     worker.stop()
     for rid in ids.values():
-        run = queue.get_run(store, rid)
+        run = run_state.get_run(store, rid)
         assert run["status"] == "interrupted" and run["prompts_done"] == 2  # every arm, or none, per prompt
     kept = {rid: q.per_prompt(store, rid)["wall_seconds"].tolist() for rid in ids.values()}
-    assert queue.resume_experiment(store, eid) == 2
+    assert run_state.resume_experiment(store, eid) == 2
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
     for rid in ids.values():
@@ -262,27 +264,27 @@ def test_interrupted_group_resumes_at_the_first_prompt_not_finished_by_every_arm
 
 def test_a_second_worker_waits_for_the_device_lease(tmp_path):
     store = open_store(f"sqlite:///{tmp_path / 'l.db'}")
-    queue.register_worker(store, "w1")
-    queue.register_worker(store, "w2")
-    assert queue.acquire_lease(store, "host:cpu", "w1", 1, stale_seconds=60) is None
-    assert queue.acquire_lease(store, "host:cpu", "w2", 2, stale_seconds=60) == "w1"
-    assert queue.acquire_lease(store, "host:cuda:1", "w2", 2, stale_seconds=60) is None  # another device
+    liveness.register_worker(store, "w1")
+    liveness.register_worker(store, "w2")
+    assert acquire_lease(store, "host:cpu", "w1", 1, stale_seconds=60) is None
+    assert acquire_lease(store, "host:cpu", "w2", 2, stale_seconds=60) == "w1"
+    assert acquire_lease(store, "host:cuda:1", "w2", 2, stale_seconds=60) is None  # another device
     with store.read() as conn:
         assert conn.execute(text("SELECT waiting_for FROM workers WHERE id = 'w2'")).scalar() is None
-    queue.release_lease(store, "host:cpu", "w1")
-    assert queue.acquire_lease(store, "host:cpu", "w2", 2, stale_seconds=60) is None
-    queue.unregister_worker(store, "w2")  # a worker that goes away frees its leases
-    assert queue.acquire_lease(store, "host:cpu", "w1", 1, stale_seconds=60) is None
+    release_lease(store, "host:cpu", "w1")
+    assert acquire_lease(store, "host:cpu", "w2", 2, stale_seconds=60) is None
+    liveness.unregister_worker(store, "w2")  # a worker that goes away frees its leases
+    assert acquire_lease(store, "host:cpu", "w1", 1, stale_seconds=60) is None
 
 
 def test_peak_memory_is_per_run_not_cumulative(tmp_path, model_dirs):
     store = open_store(f"sqlite:///{tmp_path / 'm.db'}")
-    first = queue.enqueue_experiment(
+    first = enqueue_experiment(
         store, name="m", target=model_dirs["target"], draft=model_dirs["draft"], prompts="inline",
         sampling={"temperature": 0.0, "max_new_tokens": 10}, device="cpu", sweep_values=[1, 4], prompt_texts=PROMPTS)
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
-    second = queue.enqueue_experiment(
+    second = enqueue_experiment(
         store, name="m2", target=model_dirs["target"], draft=model_dirs["draft"], prompts="inline",
         sampling={"temperature": 0.0, "max_new_tokens": 10}, device="cpu", sweep_values=[4, 1], prompt_texts=PROMPTS)
     with RecordingWorker(store) as worker:
@@ -339,10 +341,10 @@ def test_k_auto_finds_the_best_k_of_a_full_sweep_with_deterministic_timings(tmp_
     prompts = [f"t{i} t{i + 3} t{i + 7}" for i in range(2, 14)]
     common = dict(target=model_dirs["target"], draft=model_dirs["draft"], prompts="inline", device="cpu",
                   sampling={"temperature": 0.0, "max_new_tokens": 24, "seed": 1}, prompt_texts=prompts, repeats=1)
-    full = queue.enqueue_experiment(store, name="full", sweep_values=[1, 2, 3, 4, 5, 6], **common)
-    auto = queue.enqueue_experiment(store, name="auto", k_auto=6, **common)
+    full = enqueue_experiment(store, name="full", sweep_values=[1, 2, 3, 4, 5, 6], **common)
+    auto = enqueue_experiment(store, name="auto", k_auto=6, **common)
     with RecordingWorker(store) as worker:
-        worker.adopt(pair, queue.get_experiment(store, full))
+        worker.adopt(pair, get_experiment(store, full))
         worker.work(until_idle=True)
     measured = q.verdict(store, full)
     doc = run_document(store, auto, with_outputs=False)

@@ -19,8 +19,9 @@ from engine.loading import load_pair
 from engine.metrics_oracle import outputs_match
 from engine.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
 from engine.sampling import SamplingConfig
-from storage import queue, training
-from storage.queue import QueueError
+from storage import liveness, training
+from storage.experiments import get_experiment
+from storage.errors import QueueError
 from storage.schema import utcnow
 from tests import tiny_models as tm
 
@@ -132,13 +133,13 @@ def test_one_claim_wins_reports_are_fenced_cancel_and_resume(store, tmp_path):
 
 def test_a_dead_workers_job_is_swept_interrupted(store, tmp_path):
     jid = _job(store, tmp_path)
-    queue.register_worker(store, "ghost", "elsewhere", 1)
+    liveness.register_worker(store, "ghost", "elsewhere", 1)
     assert training.claim_job(store, jid, "ghost")
     old = utcnow() - timedelta(seconds=600)
     with store.write() as conn:
         conn.execute(text("UPDATE workers SET heartbeat = :t"), {"t": old})
         conn.execute(text("UPDATE training_jobs SET heartbeat = :t"), {"t": old})
-    queue.mark_stale(store, 60)
+    liveness.mark_stale(store, 60)
     job = training.get_job(store, jid)
     assert job["status"] == "interrupted" and "last checkpoint" in job["error"]
 
@@ -218,7 +219,7 @@ def test_a_job_is_cancelled_after_a_step_and_resumes_from_its_checkpoint(train_s
                          list(run_prompts(baseline_decoder(pair, cfg), VAL, ids)))
 
     # the before/after experiment: the starting draft against the trained one, on the held-out prompts, timed
-    exp = queue.get_experiment(store, job["eval_experiment_id"])
+    exp = get_experiment(store, job["eval_experiment_id"])
     assert exp["sweep_variable"] == "draft" and json.loads(exp["sweep_values"]) == [settings["draft"], str(out)]
     assert exp["prompts"] == settings["validation"] and exp["temperature"] == 0.0
     from storage import queries

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from storage import queue
+from storage import run_state
+from storage.experiments import enqueue_experiment, get_experiment
 from storage.validation import ValidationError, held_out_prompts, validation_plan, validation_result
 from tests.test_storage import run_ids
 from tests.test_timing_protocol import _base_prompt, _fill, _spec_prompt
@@ -27,7 +28,7 @@ def test_held_out_split_of_a_tune_set():
 def _experiment(store, accepts_by_k: dict, prompts="code:tune", verify=0.010, validates=None, ks=None):
     """An experiment whose k runs accept per round as given (same pattern on each of 6 prompts)."""
     ks = ks or sorted(accepts_by_k)
-    eid = queue.enqueue_experiment(store, name="e", target="tgt", draft="drf", prompts=prompts,
+    eid = enqueue_experiment(store, name="e", target="tgt", draft="drf", prompts=prompts,
                                    sampling={"temperature": 0.0, "max_new_tokens": 64}, sweep_values=ks,
                                    prompt_texts=[f"p{i}" for i in range(6)], validates=validates)
     rows, base = {}, None
@@ -39,7 +40,7 @@ def _experiment(store, accepts_by_k: dict, prompts="code:tune", verify=0.010, va
     rows[("baseline", None)] = base
     ids = _fill(store, eid, rows)
     for rid in ids.values():
-        queue.finish_run(store, rid, "done")
+        run_state.finish_run(store, rid, "done")
     return eid
 
 
@@ -51,8 +52,8 @@ def test_plan_reruns_the_best_configuration_on_the_other_split(store):
     plan = validation_plan(store, tune)
     assert plan["prompts"] == "code:validation" and plan["validates"] == tune
     assert plan["sweep_values"] == [2] and plan["k"] == 2 and plan["drafter"] == "model" and plan["draft"] == "drf"
-    vid = queue.enqueue_experiment(store, **plan, prompt_texts=["q0"])
-    assert queue.get_experiment(store, vid)["validates"] == tune
+    vid = enqueue_experiment(store, **plan, prompt_texts=["q0"])
+    assert get_experiment(store, vid)["validates"] == tune
     with pytest.raises(ValidationError, match="itself a validation"):
         validation_plan(store, vid)
     with pytest.raises(ValidationError, match="the set the experiment was tuned on"):
@@ -75,7 +76,7 @@ def test_verdict_holds_then_flips_on_an_alpha_drop_and_on_a_slower_interval(stor
 
 
 def test_nothing_to_validate_is_one_clear_error(store):
-    eid = queue.enqueue_experiment(store, name="e", target="t", draft="d", prompts="code", sampling={},
+    eid = enqueue_experiment(store, name="e", target="t", draft="d", prompts="code", sampling={},
                                    sweep_values=[2], prompt_texts=["p"])
     with pytest.raises(ValidationError, match="no finished best configuration"):
         validation_plan(store, eid)
@@ -86,8 +87,7 @@ def test_draftlab_validate_reruns_the_best_on_held_out_prompts(tmp_path, model_d
     import json
 
     from app.cli import main
-    from storage import open_store
-    from storage import queries as q
+    from storage import open_store, queries as q
 
     db = f"sqlite:///{tmp_path / 'v.db'}"
     tune, held_out = tmp_path / "tune.txt", tmp_path / "held_out.txt"

@@ -16,7 +16,10 @@ from sqlalchemy import text
 from app.worker import Worker
 from engine.loading import load_pair
 from engine.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds
-from storage import open_store, queue
+from storage import liveness, open_store, run_state
+from storage.errors import QueueError
+from storage.experiments import enqueue_experiment
+from storage.settings import STALE_HELP, stale_window
 from storage import queries as q
 from storage.export import run_document
 
@@ -43,7 +46,7 @@ class RecordingWorker(Worker):
 
 
 def enqueue(store, models, ks=(1, 3), prompts=PROMPTS, max_new_tokens=16, temperature=0.0, **kw):
-    return queue.enqueue_experiment(
+    return enqueue_experiment(
         store, name=kw.pop("name", "tiny"), target=kw.pop("target", models["target"]),
         draft=kw.pop("draft", models["draft"]), prompts=kw.pop("prompts_spec", "inline"),
         sampling={"temperature": temperature, "max_new_tokens": max_new_tokens, "seed": 3},
@@ -118,7 +121,7 @@ def test_failures_are_recorded_and_the_queue_goes_on(tmp_path, model_dirs, monke
     assert oom_runs.loc[1, "status"] == "failed" and "CUDA out of memory" in oom_runs.loc[1, "error"]
     assert (oom_runs[oom_runs["k"] != 1]["status"] == "done").all()
     assert all(status == "done" for status, _ in statuses(good).values())
-    detail = queue.get_run(store, int(oom_runs.loc[1, "run_id"]))["error_detail"]
+    detail = run_state.get_run(store, int(oom_runs.loc[1, "run_id"]))["error_detail"]
     assert "OutOfMemoryError" in detail
 
 
@@ -130,18 +133,18 @@ def test_cancel_stops_between_rounds_and_resume_finishes_without_duplicates(tmp_
 
     def cancel_during_prompt_2(run, prompt_index, tokens, repeat):
         if run["id"] == rid and prompt_index == 2:
-            queue.cancel_run(store, rid)
+            run_state.cancel_run(store, rid)
 
     with RecordingWorker(store, progress_seconds=0.0, progress_hook=cancel_during_prompt_2) as worker:
         worker.work(until_idle=True)
-    run = queue.get_run(store, rid)
+    run = run_state.get_run(store, rid)
     assert run["status"] == "cancelled" and run["prompts_done"] == 2
     assert q.per_prompt(store, rid)["prompt_index"].tolist() == [0, 1]  # finished prompts kept, none half-written
 
-    assert queue.resume_run(store, rid)
+    assert run_state.resume_run(store, rid)
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
-    assert queue.get_run(store, rid)["status"] == "done"
+    assert run_state.get_run(store, rid)["status"] == "done"
     assert worker.results[rid][0].prompt_index == 2  # resumed at the first unfinished prompt
     with store.read() as conn:
         rounds = conn.execute(text("SELECT COUNT(*), COUNT(DISTINCT prompt_index * 100000 + round_index) "
@@ -159,7 +162,7 @@ def test_sigkill_mid_run_keeps_rows_and_resume_completes(db_url, model_dirs, wai
     proc = subprocess.Popen([sys.executable, "-m", "app.worker", "--db", db_url, "--until-idle", "--heartbeat", "0.2"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: (queue.get_run(store, rid) or {}).get("prompts_done", 0) >= 2 or proc.poll() is not None,
+        wait_for(lambda: (run_state.get_run(store, rid) or {}).get("prompts_done", 0) >= 2 or proc.poll() is not None,
                  timeout=120, what="the worker to commit two prompts of the speculative run")
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
         os.kill(proc.pid, signal.SIGKILL)
@@ -169,18 +172,18 @@ def test_sigkill_mid_run_keeps_rows_and_resume_completes(db_url, model_dirs, wai
             proc.kill()
         proc.stderr.close()
     kept = q.per_prompt(store, rid)
-    assert len(kept) >= 2 and queue.get_run(store, rid)["status"] == "running"
+    assert len(kept) >= 2 and run_state.get_run(store, rid)["status"] == "running"
 
     time.sleep(1.0)  # let its heartbeat go stale
     worker = RecordingWorker(store, stale_seconds=0.8)
     base = kinds(store, eid)[("baseline", None)]
     assert sorted(worker.start()) == [base, rid]  # the baseline is timed alongside, prompt by prompt
     try:
-        run = queue.get_run(store, rid)
+        run = run_state.get_run(store, rid)
         assert run["status"] == "interrupted"
-        assert queue.get_run(store, base)["prompts_done"] == run["prompts_done"]  # one transaction per prompt
+        assert run_state.get_run(store, base)["prompts_done"] == run["prompts_done"]  # one transaction per prompt
         assert q.per_prompt(store, rid)["wall_seconds"].tolist()[: len(kept)] == kept["wall_seconds"].tolist()
-        assert queue.resume_experiment(store, eid) == 2
+        assert run_state.resume_experiment(store, eid) == 2
         worker.work(until_idle=True)
     finally:
         worker.stop()
@@ -254,16 +257,16 @@ def test_sigterm_marks_the_run_interrupted_and_cli_resume_requeues_it(tmp_path, 
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", db], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: (queue.get_run(store, rid) or {}).get("prompts_done", 0) >= 1 or proc.poll() is not None,
+        wait_for(lambda: (run_state.get_run(store, rid) or {}).get("prompts_done", 0) >= 1 or proc.poll() is not None,
                  timeout=120, what="the worker to commit a prompt")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 128 + signal.SIGTERM
     finally:
         if proc.poll() is None:
             proc.kill()
-    run = queue.get_run(store, rid)
+    run = run_state.get_run(store, rid)
     assert run["status"] == "interrupted" and run["prompts_done"] >= 1  # at once, no stale heartbeat needed
-    assert queue.live_workers(store) == 0
+    assert liveness.live_workers(store) == 0
     assert main(["resume", str(eid), "--db", db]) == 0
     assert "requeued 2 run" in capsys.readouterr().out  # the baseline was timed alongside it
     with RecordingWorker(store) as worker:
@@ -368,39 +371,41 @@ def test_mark_stale_sweeps_a_dead_process_on_this_host_at_once(store):
     ids = kinds(store, eid)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    host = queue.host_identity()  # this host name (and PID namespace)
-    queue.register_worker(store, "dead-here", host, dead.pid)
-    queue.register_worker(store, "dead-elsewhere", "some-other-host", dead.pid)
-    queue.register_worker(store, "alive-here", host, os.getpid())
-    assert queue.claim(store, ids[("baseline", None)], "dead-here")
-    other = kinds(store, enqueue(store, {"target": "t", "draft": "d"}, ks=(1,)))
-    assert queue.claim(store, other[("baseline", None)], "dead-elsewhere")  # can't tell: heartbeat decides
+    host = liveness.host_identity()  # this host name (and PID namespace)
+    liveness.register_worker(store, "dead-here", host, dead.pid)
+    liveness.register_worker(store, "dead-elsewhere", "some-other-host", dead.pid)
+    liveness.register_worker(store, "alive-here", host, os.getpid())
+    assert run_state.claim_group(store, eid, "dead-here")
+    other_eid = enqueue(store, {"target": "t", "draft": "d"}, ks=(1,))
+    other = kinds(store, other_eid)
+    assert run_state.claim_group(store, other_eid, "dead-elsewhere")  # can't tell: heartbeat decides
     third = kinds(store, enqueue(store, {"target": "t", "draft": "d"}, ks=(1,), reserved_for="dead-here"))
-    mine = kinds(store, enqueue(store, {"target": "t", "draft": "d"}, ks=(1,)))
-    assert queue.claim(store, mine[("baseline", None)], "alive-here")
-    swept = queue.mark_stale(store, stale_seconds=3600)
-    assert sorted(swept) == sorted([ids[("baseline", None)], *third.values()])
-    assert queue.get_run(store, other[("baseline", None)])["status"] == "running"
-    assert queue.get_run(store, mine[("baseline", None)])["status"] == "running"
-    assert "gone" in queue.get_run(store, ids[("baseline", None)])["error"]
+    mine_eid = enqueue(store, {"target": "t", "draft": "d"}, ks=(1,))
+    mine = kinds(store, mine_eid)
+    assert run_state.claim_group(store, mine_eid, "alive-here")
+    swept = liveness.mark_stale(store, stale_seconds=3600)
+    assert sorted(swept) == sorted([*ids.values(), *third.values()])
+    assert run_state.get_run(store, other[("baseline", None)])["status"] == "running"
+    assert run_state.get_run(store, mine[("baseline", None)])["status"] == "running"
+    assert "gone" in run_state.get_run(store, ids[("baseline", None)])["error"]
     with store.read() as conn:
         assert set(conn.execute(text("SELECT id FROM workers")).scalars()) == {"dead-elsewhere", "alive-here"}
-    assert queue.mark_stale(store, stale_seconds=3600) == []  # nothing left: no write at all
+    assert liveness.mark_stale(store, stale_seconds=3600) == []  # nothing left: no write at all
 
 
 def test_the_stale_window_is_one_setting(monkeypatch, store, capsys):
     from app.cli import build_parser
 
     monkeypatch.setenv("DRAFTLAB_STALE_SECONDS", "7.5")
-    assert queue.stale_window() == 7.5
+    assert stale_window() == 7.5
     assert Worker(store).stale_seconds == 7.5
     monkeypatch.setenv("DRAFTLAB_STALE_SECONDS", "soon")
-    with pytest.raises(queue.QueueError, match="DRAFTLAB_STALE_SECONDS"):
-        queue.stale_window()
+    with pytest.raises(QueueError, match="DRAFTLAB_STALE_SECONDS"):
+        stale_window()
     monkeypatch.delenv("DRAFTLAB_STALE_SECONDS")
-    assert queue.stale_window() == 60.0
+    assert stale_window() == 60.0
     from app import cli
-    assert cli.STALE_HELP == queue.STALE_HELP  # one setting, described in the same words everywhere
+    assert cli.STALE_HELP == STALE_HELP  # one setting, described in the same words everywhere
     for command in ("worker", "resume", "list"):
         with pytest.raises(SystemExit):
             build_parser().parse_args([command, "--help"] if command != "resume" else [command, "1", "--help"])

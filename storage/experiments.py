@@ -1,0 +1,169 @@
+"""Experiment creation: an experiment with its runs (a baseline per sampling configuration, one speculative run
+per swept value), its frozen prompts, the `--k auto` confirmation pass and its predicted curve, and the verify
+profile it is predicted from. Every run is created `queued`; storage/run_state.py moves them on.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterable, Sequence
+
+from sqlalchemy import insert, select, text
+
+from .errors import QueueError
+from .schema import BASELINE, QUEUED, SPECULATIVE, Experiment, Run, experiment_prompts, experiments, verify_profile
+from .store import Store
+
+SWEEPABLE = ("k", "temperature", "top_k", "top_p", "draft", "drafter")
+CATEGORICAL = ("draft", "drafter")  # swept values are names; runs of one sweep share a baseline
+# Drafters that propose without a draft model: their runs record no draft (engine.drafting.needs_draft_model
+# decides; storage cannot import the engine, and a test holds the two equal).
+NO_MODEL_DRAFTERS = ("prompt-lookup",)
+
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
+
+
+def _normalize_tags(tags: Iterable[str] | str) -> str:
+    items = tags.split(",") if isinstance(tags, str) else list(tags)
+    cleaned = [t.strip() for t in items if t and t.strip()]
+    return ",".join(dict.fromkeys(cleaned))
+
+
+def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: str, prompts: str, sampling: dict,
+                       device: str = "auto", dtype: str = "auto", sweep_variable: str = "k",
+                       sweep_values: Sequence[float] = (1, 2, 4), k: int = 4, notes: str = "",
+                       tags: Iterable[str] | str = (), prompt_texts: Sequence[str] | None = None,
+                       trust_remote_code: bool = False, reserved_for: str | None = None, repeats: int = 1,
+                       k_auto: int | None = None, drafter: str = "model", validates: int | None = None,
+                       chat_template: str = "auto") -> int:
+    """Create an experiment with its target-only baseline(s) and one speculative run per sweep value, all
+    queued; return the experiment id. A k sweep shares one baseline; a sampling sweep gets one per value
+    (speedup compares equal sampling configs); a draft or drafter sweep shares one baseline, each run naming its
+    draft model and drafter spec. prompt_texts freezes the prompts now (else the worker loads
+    the `prompts` spec when the first run starts). reserved_for: only that worker may claim the runs.
+    repeats: timed decodes per prompt and arm (medians used). k_auto: "predict, then confirm" up to that k —
+    only the baseline and k = k_auto are queued; the worker predicts the curve and queues the best k values.
+    chat_template: how conversation prompts become text (engine/chat.py): auto, none, or a template's text."""
+    if int(repeats) < 1:
+        raise QueueError(f"repeats must be >= 1 (got {repeats}); use e.g. --repeats 3")
+    if k_auto is not None:
+        if int(k_auto) < 2:
+            raise QueueError(f"--k auto needs a largest k of at least 2 (got {k_auto}); use e.g. --k auto or auto:8")
+        sweep_variable, sweep_values, k = "k", [int(k_auto)], int(k_auto)
+    if sweep_variable not in SWEEPABLE:
+        raise QueueError(f"cannot sweep {sweep_variable!r}; sweep one of {', '.join(SWEEPABLE)}")
+    values = list(sweep_values)
+    if not values:
+        raise QueueError("sweep_values is empty; give at least one value, e.g. k = 1, 2, 4")
+    unknown = set(sampling) - set(SAMPLING_KEYS)
+    if unknown:
+        raise QueueError(f"unknown sampling settings {sorted(unknown)}; use {', '.join(SAMPLING_KEYS)}")
+    config = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 128, **sampling}
+    if sweep_variable == "k":
+        values = [int(v) for v in values]
+        if any(v <= 0 for v in values):
+            raise QueueError(f"k values must be >= 1 (got {values})")
+    if sweep_variable in CATEGORICAL:
+        values = [str(v).strip() for v in values]
+        if any(not v for v in values) or len(set(values)) < len(values):
+            raise QueueError(f"{sweep_variable} values must be distinct and non-empty (got {values})")
+    drafter_of = lambda v: v if sweep_variable == "drafter" else drafter  # noqa: E731
+
+    def draft_of(v):
+        if str(drafter_of(v)).split(":")[0] in NO_MODEL_DRAFTERS:
+            return None
+        return v if sweep_variable == "draft" else draft
+    name = name or f"{','.join(values) if sweep_variable == 'draft' else draft} → {target} on {prompts}"
+    with store.session() as s:
+        exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, drafter=drafter,
+                         validates=validates, chat_template=chat_template or "auto",
+                         draft=",".join(values) if sweep_variable == "draft" else draft,
+                         prompts=prompts, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                         k=int(k), sweep_variable=sweep_variable, sweep_values=json.dumps(values), repeats=int(repeats),
+                         k_auto=int(k_auto) if k_auto is not None else None, **config)
+        s.add(exp)
+        s.flush()
+        common = {"experiment_id": exp.id, "status": QUEUED, "reserved_for": reserved_for}
+        if sweep_variable in ("k", *CATEGORICAL):
+            baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
+            s.add(baseline)
+            s.flush()
+            for i, v in enumerate(values):
+                s.add(Run(kind=SPECULATIVE, k=v if sweep_variable == "k" else int(k),
+                          sweep_value=v if sweep_variable == "k" else i, sweep_label=str(v), draft=draft_of(v),
+                          drafter=drafter_of(v), baseline_run_id=baseline.id, **common, **config))
+        else:
+            for v in values:
+                run_config = {**config, sweep_variable: v}
+                baseline = Run(kind=BASELINE, k=None, sweep_value=v, **common, **run_config)
+                s.add(baseline)
+                s.flush()
+                s.add(Run(kind=SPECULATIVE, k=int(k), sweep_value=v, sweep_label=f"{v:g}", draft=draft, drafter=drafter,
+                          baseline_run_id=baseline.id, **common, **run_config))
+        if prompt_texts is not None:
+            s.flush()
+            s.execute(insert(experiment_prompts), [{"experiment_id": exp.id, "prompt_index": i, "prompt": p}
+                                                   for i, p in enumerate(prompt_texts)])
+        return exp.id
+
+
+def add_k_runs(store: Store, experiment_id: int, ks: Sequence[int]) -> list[int]:
+    """Queue a new timed pass of an experiment: a fresh baseline and one speculative run per k, paired with
+    it (the confirmation step of `--k auto`); reserved like the experiment's first runs. Returns run ids."""
+    exp = get_experiment(store, experiment_id)
+    with store.read() as conn:
+        reserved = conn.execute(text("SELECT reserved_for FROM runs WHERE experiment_id = :eid ORDER BY id LIMIT 1"),
+                                {"eid": experiment_id}).scalar()
+    config = {key: exp[key] for key in SAMPLING_KEYS}
+    common = {"experiment_id": experiment_id, "status": QUEUED, "reserved_for": reserved}
+    with store.session() as s:
+        baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
+        s.add(baseline)
+        s.flush()
+        added = [Run(kind=SPECULATIVE, k=int(k), sweep_value=int(k), sweep_label=str(int(k)), draft=exp["draft"],
+                     drafter=exp["drafter"], baseline_run_id=baseline.id, **common, **config) for k in ks]
+        s.add_all(added)
+        s.flush()
+        return [baseline.id] + [r.id for r in added]
+
+
+def set_predicted_curve(store: Store, experiment_id: int, curve: dict, confirmed: Sequence[int]) -> None:
+    with store.write() as conn:
+        conn.execute(text("UPDATE experiments SET predicted_curve = :c WHERE id = :eid"),
+                     {"c": json.dumps({"curve": {str(k): v for k, v in curve.items()}, "confirmed": list(confirmed)}),
+                      "eid": experiment_id})
+
+
+def store_prompts(store: Store, experiment_id: int, prompts: Sequence[str]) -> list[str]:
+    """Freeze an experiment's prompt texts (first writer wins); return the stored ones."""
+    with store.write() as conn:
+        existing = load_experiment_prompts(conn, experiment_id)
+        if existing is None:
+            conn.execute(insert(experiment_prompts), [{"experiment_id": experiment_id, "prompt_index": i, "prompt": p}
+                                                      for i, p in enumerate(prompts)])
+            return list(prompts)
+        return existing
+
+
+def load_experiment_prompts(conn, experiment_id: int) -> list[str] | None:
+    rows = conn.execute(text("SELECT prompt FROM experiment_prompts WHERE experiment_id = :eid ORDER BY prompt_index"),
+                        {"eid": experiment_id}).scalars().all()
+    return list(rows) if rows else None
+
+
+def get_experiment(store: Store, experiment_id: int) -> dict | None:
+    with store.read() as conn:
+        row = conn.execute(select(experiments).where(experiments.c.id == experiment_id)).mappings().first()
+        return dict(row) if row else None
+
+
+def store_verify_profile(store: Store, experiment_id: int, profile: dict[int, float]) -> None:
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM verify_profile WHERE experiment_id = :eid"), {"eid": experiment_id})
+        conn.execute(insert(verify_profile), [{"experiment_id": experiment_id, "n": int(n), "seconds": float(t)}
+                                              for n, t in sorted(profile.items())])
+
+
+def load_verify_profile(store: Store, experiment_id: int) -> dict[int, float]:
+    with store.read() as conn:
+        return {int(n): float(t) for n, t in conn.execute(
+            text("SELECT n, seconds FROM verify_profile WHERE experiment_id = :eid ORDER BY n"), {"eid": experiment_id})}

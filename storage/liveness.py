@@ -1,0 +1,141 @@
+"""Liveness: workers register and heartbeat; a worker that is gone (no heartbeat for the stale window, or on
+this host a process that no longer exists) has its runs and training jobs marked `interrupted` by the next
+sweep (mark_stale: run by workers, `draftlab resume` and `draftlab list`), its leases dropped.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Sequence
+
+from sqlalchemy import select, text
+
+from .schema import INTERRUPTED, QUEUED, RUNNING, utcnow, workers
+from .settings import stale_window
+from .store import Store
+from .training import interrupt_stale, stale_jobs
+
+
+def register_worker(store: Store, worker_id: str, host: str = "", pid: int = 0) -> None:
+    now = utcnow()
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})
+        conn.execute(text("INSERT INTO workers (id, host, pid, started, heartbeat) VALUES (:w, :h, :p, :now, :now)"),
+                     {"w": worker_id, "h": host, "p": pid, "now": now})
+
+
+def unregister_worker(store: Store, worker_id: str) -> None:
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})
+        conn.execute(text("DELETE FROM device_leases WHERE worker_id = :w"), {"w": worker_id})
+
+
+def heartbeat(store: Store, worker_id: str, run_id: int | None, group: Sequence[int] = ()) -> None:
+    """The worker is alive (and so are the runs it executes: run_id and the group timed with it)."""
+    now = utcnow()
+    ids = sorted({int(i) for i in group} | ({int(run_id)} if run_id is not None else set()))
+    with store.write() as conn:
+        conn.execute(text("UPDATE workers SET heartbeat = :now, run_id = :rid WHERE id = :w"),
+                     {"now": now, "rid": run_id, "w": worker_id})
+        conn.execute(text("UPDATE device_leases SET heartbeat = :now WHERE worker_id = :w"), {"now": now, "w": worker_id})
+        conn.execute(text("UPDATE training_jobs SET heartbeat = :now WHERE worker_id = :w AND status = :running"),
+                     {"now": now, "w": worker_id, "running": RUNNING})
+        if ids:
+            conn.execute(text(f"UPDATE runs SET heartbeat = :now WHERE id IN ({','.join(map(str, ids))}) "
+                              "AND status = :running"), {"now": now, "running": RUNNING})
+
+
+def live_workers(store: Store, max_age_seconds: float = 30) -> int:
+    """Workers whose heartbeat is fresher than max_age_seconds."""
+    with store.read() as conn:
+        return int(conn.execute(text("SELECT COUNT(*) FROM workers WHERE heartbeat >= :cutoff"),
+                                {"cutoff": utcnow() - timedelta(seconds=max_age_seconds)}).scalar())
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists here (a process of another user counts as alive)."""
+    if pid is None or int(pid) <= 0:
+        return True  # unknown: let the heartbeat decide
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def host_identity() -> str:
+    """What a worker registers as its host: the host name, plus the PID namespace where there is one (Linux),
+    so that a process id is only ever checked in the namespace it belongs to (a container sharing the host
+    name, e.g. with --network host, is another host here)."""
+    host = socket.gethostname()
+    try:
+        return f"{host}#{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return host
+
+
+def dead_workers(conn, cutoff) -> list[str]:
+    """Registered workers that are gone: no heartbeat since `cutoff`, or (on this host) no process."""
+    rows = conn.execute(select(workers.c.id, workers.c.host, workers.c.pid, workers.c.heartbeat)).all()  # typed
+    here = host_identity()
+    return [r.id for r in rows if r.heartbeat is None or r.heartbeat < cutoff
+            or (r.host == here and not _pid_alive(r.pid))]
+
+
+STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); "
+               "resume the run to continue from its first unfinished prompt")
+
+
+_STALE_RUNS = """SELECT id FROM runs WHERE
+    (status = :running AND (heartbeat IS NULL OR heartbeat < :cutoff OR worker_id IN ({dead})))
+ OR (status = :queued AND reserved_for IS NOT NULL AND (reserved_for IN ({dead})
+     OR (created < :cutoff AND reserved_for NOT IN (SELECT id FROM workers WHERE heartbeat >= :cutoff))))"""
+
+
+def stale_runs(conn, cutoff, dead: Sequence[str]) -> list[int]:
+    """Runs left `running` by a dead worker (see dead_workers) or with no heartbeat since cutoff, and queued
+    runs reserved for a dead worker."""
+    names = {f"dead{i}": w for i, w in enumerate(dead)}
+    placeholders = ", ".join(f":{n}" for n in names) or "NULL"
+    return list(conn.execute(text(_STALE_RUNS.format(dead=placeholders)),
+                             {"cutoff": cutoff, "running": RUNNING, "queued": QUEUED, **names}).scalars().all())
+
+
+TRAINING_STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); "
+                        "resume the job to continue from its last checkpoint")
+
+
+def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
+    """Runs left `running` by a worker that is gone (killed, crashed, machine gone) become `interrupted`,
+    keeping every committed row; so do queued runs reserved for a dead worker. A worker is gone when it sent
+    no heartbeat for the stale window (see stale_window()), or at once when it ran on this host and its
+    process no longer exists; training jobs of such workers too. Looks first and writes only when there is
+    something to sweep. Returns run ids."""
+    seconds = stale_window(stale_seconds)
+    cutoff = utcnow() - timedelta(seconds=seconds)
+    with store.read() as conn:
+        dead = dead_workers(conn, cutoff)
+        stale = stale_runs(conn, cutoff, dead)
+        jobs = stale_jobs(conn, cutoff, dead)
+        leases = conn.execute(text("SELECT COUNT(*) FROM device_leases WHERE heartbeat < :cutoff"),
+                              {"cutoff": cutoff}).scalar()
+    if not (dead or stale or jobs or leases):
+        return []
+    params = {"cutoff": cutoff, "interrupted": INTERRUPTED, "now": utcnow(),
+              "error": STALE_ERROR.format(seconds=seconds)}
+    with store.write() as conn:
+        dead = dead_workers(conn, cutoff)
+        stale = stale_runs(conn, cutoff, dead)
+        interrupt_stale(conn, stale_jobs(conn, cutoff, dead), TRAINING_STALE_ERROR.format(seconds=seconds))
+        if stale:
+            conn.execute(text(
+                "UPDATE runs SET status = :interrupted, finished = :now, reserved_for = NULL, error = :error "
+                f"WHERE id IN ({','.join(str(int(i)) for i in stale)})"), params)
+        for worker_id in dead:
+            conn.execute(text("DELETE FROM device_leases WHERE worker_id = :w"), {"w": worker_id})
+            conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})
+        conn.execute(text("DELETE FROM device_leases WHERE heartbeat < :cutoff"), params)
+    return stale
