@@ -11,7 +11,6 @@ from sqlalchemy import text
 from engine import theory
 from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
 from storage import findings as fd, queries as q, run_state
-from storage.experiments import enqueue_experiment
 from tests.test_storage import enqueue, fill_experiment, record, run_ids
 
 BASE_STEP = 0.010  # the baseline's seconds per token: c = BASE_STEP / draft step

@@ -52,4 +52,3 @@ def test_k_distribution_shows_for_a_drafter_that_varies_k(db):
     rid = int(spec[spec["k"] == 2]["run_id"].iloc[0])
     dist = q.k_distribution(db, rid)
     assert dist["rounds"].sum() == q.run_summary(db, rid)["rounds"].iloc[0] and dist["share"].sum() == pytest.approx(1)
-    _ = queue
