@@ -58,16 +58,15 @@ ACCEPTS = [3, 1, 2, 0, 4, 2]  # per round, cut at the round's k
 def _fill(store, experiment_id: int, varying_k: bool = False) -> dict[int, str]:
     """Record every queued run of an experiment from crafted prompts and close it as done; a drafter that varies
     k drafts 1..k tokens round by round. Returns {run_id: its label}."""
-    from storage import queue
-    from storage import queries as q
+    from storage import queries as q, run_state
     from storage.recording import record_prompt
 
     runs = q.runs(store, experiment_id)
     todo = runs[runs["status"] == "queued"]
     labels = {}
+    run_state.claim_group(store, experiment_id, "seed")  # every queued run of the experiment, as a worker does
     for run in todo.itertuples():
-        queue.claim(store, int(run.run_id), "seed")
-        queue.start_run(store, int(run.run_id), PROMPTS, "cpu")
+        run_state.start_run(store, int(run.run_id), PROMPTS, "cpu")
         if run.kind == "baseline":
             results = [_baseline(i, 14 + i) for i in range(PROMPTS)]
         else:
@@ -79,7 +78,7 @@ def _fill(store, experiment_id: int, varying_k: bool = False) -> dict[int, str]:
             for result in results:
                 texts = [TOKEN_TEXTS[t % len(TOKEN_TEXTS)] for t in range(len(result.output_ids))]
                 record_prompt(conn, int(run.run_id), run.kind, result, texts)
-        queue.finish_run(store, int(run.run_id), "done")
+        run_state.finish_run(store, int(run.run_id), "done")
         labels[int(run.run_id)] = run.sweep_label
     return labels
 
@@ -87,31 +86,32 @@ def _fill(store, experiment_id: int, varying_k: bool = False) -> dict[int, str]:
 def seed(store, models_dir) -> dict:
     """One finished experiment of each kind, every name, label, draft, target, prompt and token text holding
     NASTY's characters; and a finished training job. Returns {kind: experiment id, "job": job id}."""
-    from storage import queue, training
+    from storage import training
+    from storage.experiments import add_k_runs, enqueue_experiment, set_predicted_curve
 
     common = dict(target=TARGET, prompts=PROMPTS_NAME, sampling={"max_new_tokens": 16}, prompt_texts=PROMPT_TEXTS,
                   tags=TAGS, notes=f"notes: {NASTY}", device="cpu")
     ids = {}
-    ids["k"] = queue.enqueue_experiment(store, **{**common, "prompts": "code:tune"}, name=NAMES["k"], draft=DRAFT,
+    ids["k"] = enqueue_experiment(store, **{**common, "prompts": "code:tune"}, name=NAMES["k"], draft=DRAFT,
                                         sweep_values=[1, 2, 4])
-    ids["validation"] = queue.enqueue_experiment(store, **{**common, "prompts": "code:validation"},
+    ids["validation"] = enqueue_experiment(store, **{**common, "prompts": "code:validation"},
                                                  name=NAMES["validation"], draft=DRAFT, sweep_values=[2],
                                                  validates=ids["k"])
-    ids["draft"] = queue.enqueue_experiment(store, **common, name=NAMES["draft"], draft=DRAFT, sweep_variable="draft",
+    ids["draft"] = enqueue_experiment(store, **common, name=NAMES["draft"], draft=DRAFT, sweep_variable="draft",
                                             sweep_values=DRAFTS, k=2)
-    ids["drafter"] = queue.enqueue_experiment(store, **common, name=NAMES["drafter"], draft=DRAFT,
+    ids["drafter"] = enqueue_experiment(store, **common, name=NAMES["drafter"], draft=DRAFT,
                                               sweep_variable="drafter",
                                               sweep_values=["model", "confidence:0.3", "prompt-lookup:3"], k=3)
-    ids["temperature"] = queue.enqueue_experiment(store, **common, name=NAMES["temperature"], draft=DRAFT,
+    ids["temperature"] = enqueue_experiment(store, **common, name=NAMES["temperature"], draft=DRAFT,
                                                   sweep_variable="temperature", sweep_values=[0.0, 0.7], k=2)
     for kind in ("k", "validation", "draft", "drafter", "temperature"):
         _fill(store, ids[kind], varying_k=kind == "drafter")
     # `--k auto`: k = 4 measured first, the predicted curve, then the confirmations at k = 2 and 3.
-    ids["auto"] = queue.enqueue_experiment(store, **common, name=NAMES["auto"], draft=DRAFT, sweep_values=[4],
+    ids["auto"] = enqueue_experiment(store, **common, name=NAMES["auto"], draft=DRAFT, sweep_values=[4],
                                            k_auto=4)
     _fill(store, ids["auto"])
-    queue.set_predicted_curve(store, ids["auto"], {1: 1.3, 2: 1.9, 3: 2.2, 4: 2.3}, [2, 3])
-    queue.add_k_runs(store, ids["auto"], [2, 3])
+    set_predicted_curve(store, ids["auto"], {1: 1.3, 2: 1.9, 3: 2.2, 4: 2.3}, [2, 3])
+    add_k_runs(store, ids["auto"], [2, 3])
     _fill(store, ids["auto"])
 
     # Production counters imported against the k sweep's k = 4 run (`draftlab import-metrics`), named by people.
@@ -138,6 +138,6 @@ def seed(store, models_dir) -> dict:
 def idle_worker(store) -> None:
     """Register this process as a live worker, so `draftlab ui` starts no local worker of its own (nothing is
     queued: it would only load its libraries on the shared CPU)."""
-    from storage import queue
+    from storage import liveness
 
-    queue.register_worker(store, "chart-test (idle)", queue.host_identity(), os.getpid())
+    liveness.register_worker(store, "chart-test (idle)", liveness.host_identity(), os.getpid())
