@@ -77,7 +77,8 @@ def _slot_mask(ks: list[int], width: int, device) -> torch.Tensor | None:
 
 class BatchModelDrafter:
     """The draft model for B rows with one cache (model, heuristic and confidence:T drafters of
-    engine/drafting.py, whose policies it applies per row: the same k, heuristic_next_k, the same threshold rule).
+    engine/drafting.py, whose policies it applies per row: the same k, heuristic_next_k, the same threshold rule;
+    with draft_sampling "greedy" it proposes each row's argmax as a point mass, as ModelDrafter does).
 
     A round's first draft forward feeds each row what its cache lacks (left-padded); each further step feeds the
     last draft of the rows still drafting (the others' columns are holes). A row's last draft is never fed."""
@@ -110,11 +111,17 @@ class BatchModelDrafter:
             return BatchProposal.empty(len(seqs), lm.vocab_size, lm.device)
         ids, valid = left_pad([s[c:] for s, c in zip(seqs, self.cached)], lm.device)
         tokens, probs, raw = [], [], []
+        greedy_drafts = cfg.draft_sampling == "greedy" and not cfg.greedy
         for i in range(max(ks)):
             logits = lm.forward(ids, valid, keep=1)[:, 0]
             p = probabilities(logits, cfg)
-            tokens.append(sample_rows(p, cfg, generators, [i < k for k in ks]))
-            probs.append(p)
+            if greedy_drafts:  # the argmax as a point mass, as engine.drafting.ModelDrafter proposes it
+                token = p.argmax(-1)
+                probs.append(torch.nn.functional.one_hot(token, p.shape[-1]).to(p.dtype))
+            else:
+                token = sample_rows(p, cfg, generators, [i < k for k in ks])
+                probs.append(p)
+            tokens.append(token)
             raw.append(logits)
             if self.threshold is not None:  # one host read per draft step, as the batch-1 confidence drafter
                 low = (p.max(-1).values < self.threshold).tolist()

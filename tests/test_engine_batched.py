@@ -217,10 +217,12 @@ def sampled_pvalues(pair, cfg, drafter):
 
 TOP_P = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=NEW_S, seed=11)
 TOP_K = SamplingConfig(temperature=1.0, top_k=3, max_new_tokens=NEW_S, seed=12)
+GREEDY_DRAFTS = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=NEW_S, seed=13, draft_sampling="greedy")
 
 
 @pytest.mark.parametrize("cfg, drafter", [(TOP_P, "model"), (TOP_K, "model"), (TOP_P, "prompt-lookup:1"),
-                                          (TOP_K, "confidence:0.6"), (TOP_P, "heuristic")])
+                                          (TOP_K, "confidence:0.6"), (TOP_P, "heuristic"),
+                                          (GREEDY_DRAFTS, "model")])
 def test_sampled_rows_follow_target_distribution_at_batch_8(sampled_pair, cfg, drafter):
     assert min(sampled_pvalues(sampled_pair, cfg, drafter)) > 1e-3
 
@@ -236,8 +238,8 @@ def test_sampled_row_draws_as_the_batch1_loop_does(sampled_pair):
     batch-1 loop's output, whatever decodes beside it (exactly, as long as the batched forward's float rounding
     flips no draw: none does for these tiny models)."""
     ids = runs.encode_prompts(sampled_pair, SAMPLED_PROMPTS, NEW_S)
-    for drafter in ("model", "prompt-lookup:1"):
-        cfg = SamplingConfig(temperature=1.0, top_k=4, max_new_tokens=NEW_S, seed=5)
+    for drafter, drafting in (("model", "probabilistic"), ("prompt-lookup:1", "probabilistic"), ("model", "greedy")):
+        cfg = SamplingConfig(temperature=1.0, top_k=4, max_new_tokens=NEW_S, seed=5, draft_sampling=drafting)
         single = runs.speculative_decoder(sampled_pair, cfg, 2, drafter=drafter)
         alone = [single.generate(SAMPLED_PROMPTS[i % 2], ids[i % 2], i).output_ids for i in range(16)]
         decoder = batched.batched_speculative_decoder(sampled_pair, cfg, 2, drafter=drafter)

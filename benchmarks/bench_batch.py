@@ -1,0 +1,208 @@
+"""Is DraftLab's baseline handicapped? (issue 20 item 6) Batched target-only decoding vs transformers' generate(),
+and the batch-1 speculative loop vs transformers' assisted generation, side by side in one process.
+
+1. Target-only throughput at batch 1, 4 and 16: DraftLab's BatchedTargetOnlyDecoder (engine/batched.py) vs
+   model.generate() on the same pair, the same prompts in the same batches, the same left padding (the batch's
+   prompts left-padded to its longest), greedy, the same max_new_tokens and EOS. Throughput = new tokens up to and
+   including EOS over wall time (generate() keeps computing finished rows to the batch's end; DraftLab drops them:
+   that difference is part of what is measured). Goal: ratio >= 0.9.
+2. Batch-1 speculative decoding, greedy, constant k: DraftLab's batch-1 loop (engine/speculative.py) and the batched
+   decoder at batch 1 vs assisted generation with its schedule set on the draft's generation_config
+   (num_assistant_tokens = k, num_assistant_tokens_schedule = 'constant'; transformers 5 reads them there).
+   Goal: wall ratio <= 0.80.
+3. What the batched speculative decoder's rollback costs at batch 4 and 16: the mean share of the target cache's
+   columns that are holes (rejected drafts, padding) and the time spent compacting, and its throughput vs the
+   batched baseline at the same batch size.
+
+Each comparison is interleaved (A B, then B A, batch by batch) and repeated; medians and the spread (min-max) of
+the per-repeat ratio are printed. Outputs are compared token for token (DraftLab's rows equal each prompt decoded
+alone; generate()'s padded batch may differ where padding changes float rounding: the count is printed).
+
+    python benchmarks/bench_batch.py                      # demo pair, code:validation, 16 prompts
+    python benchmarks/bench_batch.py --repeats 5 --max-new-tokens 64 --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from engine import batched
+from engine.batched_cache import BatchCache, left_pad
+from engine.loading import load_pair
+from engine.prompt_sets import load_prompts
+from engine.runs import encode_prompts, eos_ids, speculative_decoder
+from engine.sampling import SamplingConfig
+
+
+def spread(values: list[float]) -> str:
+    return f"median {statistics.median(values):.3f}  (min {min(values):.3f}, max {max(values):.3f})"
+
+
+def interleaved(arms: dict, units: list, repeats: int, sync) -> dict:
+    """{arm: [total wall per repeat]}: each unit runs under every arm, A B then B A on alternate repeats."""
+    walls = {name: [] for name in arms}
+    for rep in range(repeats):
+        order = list(arms) if rep % 2 == 0 else list(reversed(arms))
+        totals = dict.fromkeys(arms, 0.0)
+        for unit in units:
+            for name in order:
+                sync()
+                t = time.perf_counter()
+                arms[name](unit)
+                sync()
+                totals[name] += time.perf_counter() - t
+        for name in arms:
+            walls[name].append(totals[name])
+    return walls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="demo-target")
+    ap.add_argument("--draft", default="demo-draft")
+    ap.add_argument("--prompts", default="code:validation")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--batch-sizes", default="1,4,16")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: baseline, speculative, rollback")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+
+    pair = load_pair(args.target, args.draft, args.device, args.dtype)
+    prompts = load_prompts(args.prompts)[: args.num_prompts]
+    ids = encode_prompts(pair, prompts, args.max_new_tokens)
+    cfg = SamplingConfig(temperature=0, max_new_tokens=args.max_new_tokens)
+    eos = sorted(eos_ids(pair))
+    pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    target = pair.target.model
+    sync = torch.cuda.synchronize if pair.device.type == "cuda" else (lambda: None)
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    print(f"pair: {pair.target.name} ({pair.target.parameters / 1e6:.1f}M) / {pair.draft.name} "
+          f"({pair.draft.parameters / 1e6:.1f}M) on {pair.device.type} {str(pair.dtype).removeprefix('torch.')}, "
+          f"torch threads {torch.get_num_threads()}; {len(prompts)} prompts from {args.prompts}, "
+          f"max_new_tokens {args.max_new_tokens}, greedy, {args.repeats} interleaved repeats")
+
+    def cut(row: list[int]) -> list[int]:
+        """Tokens up to and including the first EOS (what a row produced)."""
+        end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        return row[:end]
+
+    def batches(size):
+        return [list(range(s, min(s + size, len(prompts)))) for s in range(0, len(prompts), size)]
+
+    with torch.inference_mode():
+        # --- 1. target-only throughput ------------------------------------------------------------------------
+        if "baseline" not in skip:
+            base = batched.batched_baseline_decoder(pair, cfg)
+
+            def draftlab(rows):
+                return [r.output_ids for r in base.generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], rows)]
+
+            def hf(rows):
+                batch_ids, valid = left_pad([ids[i][0] for i in rows], pair.device, pad)
+                out = target.generate(batch_ids, attention_mask=valid.long(), do_sample=False,
+                                      max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+                return [cut(row) for row in out[:, batch_ids.shape[1]:].tolist()]
+
+            print("\n1. target-only throughput, DraftLab batched vs transformers generate() (same batches, left padding)")
+            print(f"{'batch':>5} {'tokens':>6} {'DraftLab tok/s':>15} {'generate tok/s':>15}  {'ratio DraftLab/generate (tok/s)':<40} same ids")
+            for size in sizes:
+                units = batches(size)
+                draftlab(units[0]), hf(units[0])  # untimed warm-up at this shape
+                ours, theirs = [r for u in units for r in draftlab(u)], [r for u in units for r in hf(u)]
+                same = sum(a == b for a, b in zip(ours, theirs))
+                tokens, hf_tokens = sum(map(len, ours)), sum(map(len, theirs))
+                walls = interleaved({"draftlab": draftlab, "hf": hf}, units, args.repeats, sync)
+                ratios = [(tokens / a) / (hf_tokens / b) for a, b in zip(walls["draftlab"], walls["hf"])]
+                print(f"{size:>5} {tokens:>6} {tokens / statistics.median(walls['draftlab']):>15.1f} "
+                      f"{hf_tokens / statistics.median(walls['hf']):>15.1f}  {spread(ratios):<40} {same}/{len(prompts)}")
+
+        # --- 2. batch-1 speculative vs assisted generation ----------------------------------------------------------
+        if "speculative" not in skip:
+            loop = speculative_decoder(pair, cfg, args.k)
+            batch1 = batched.batched_speculative_decoder(pair, cfg, args.k)
+            gc = pair.draft.model.generation_config
+            gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = args.k, "constant"
+            gc.assistant_confidence_threshold = 0.0
+
+            def spec_loop(i):
+                return loop.generate(prompts[i], ids[i], i).output_ids
+
+            def spec_batched(i):
+                return batch1.generate_batch([prompts[i]], [ids[i]], [i])[0].output_ids
+
+            def assisted(i):
+                out = target.generate(ids[i], attention_mask=torch.ones_like(ids[i]), assistant_model=pair.draft.model,
+                                      do_sample=False, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
+                                      pad_token_id=pad)
+                return out[0, ids[i].shape[1]:].tolist()
+
+            units = list(range(len(prompts)))
+            for fn in (spec_loop, spec_batched, assisted):
+                fn(0)
+            same = sum(spec_loop(i) == assisted(i) == spec_batched(i) for i in units)
+            walls = interleaved({"loop": spec_loop, "batched": spec_batched, "assisted": assisted}, units,
+                                args.repeats, sync)
+            print(f"\n2. batch-1 speculative decoding, k={args.k} constant, vs assisted generation "
+                  f"(identical ids, all three: {same}/{len(prompts)})")
+            for name in walls:
+                print(f"{name:>9} wall per pass: {spread(walls[name])} s")
+            for name in ("loop", "batched"):
+                ratios = [a / b for a, b in zip(walls[name], walls["assisted"])]
+                print(f"{name:>9} / assisted wall ratio: {spread(ratios)}")
+
+        # --- 3. what rollback and compaction cost in the batched speculative decoder ------------------------------
+        if "rollback" not in skip:
+            compact_s = [0.0]
+            original = BatchCache.compact
+
+            def timed_compact(self, rows=None):
+                sync()
+                t = time.perf_counter()
+                original(self, rows)
+                sync()
+                if self is spec.target or self is spec.drafter.lm:  # the speculative arm's caches only
+                    compact_s[0] += time.perf_counter() - t
+            BatchCache.compact = timed_compact
+            spec = batched.batched_speculative_decoder(pair, cfg, args.k)
+            base = batched.batched_baseline_decoder(pair, cfg)
+            print(f"\n3. batched speculative (k={args.k}) vs batched target-only, and what holes cost")
+            print(f"{'batch':>5} {'speedup (wall ratio base/spec)':<40} {'hole share':>10} {'compactions':>11} "
+                  f"{'compact % of spec wall':>22} same ids")
+            for size in [s for s in sizes if s > 1] or sizes:
+                units = batches(size)
+                hole, comps = [], 0
+
+                def spec_run(rows):
+                    nonlocal comps
+                    before = spec.target.compactions
+                    out = [r.output_ids for r in spec.generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], rows)]
+                    hole.append(spec.hole_share)
+                    comps += spec.target.compactions - before
+                    return out
+
+                def base_run(rows):
+                    return [r.output_ids for r in base.generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], rows)]
+
+                spec_run(units[0]), base_run(units[0])
+                same = sum(a == b for u in units for a, b in zip(spec_run(u), base_run(u)))
+                hole.clear()
+                comps = 0
+                compact_s[0] = 0.0
+                walls = interleaved({"spec": spec_run, "base": base_run}, units, args.repeats, sync)
+                speedups = [b / s for s, b in zip(walls["spec"], walls["base"])]
+                share = 100 * compact_s[0] / sum(walls["spec"])
+                print(f"{size:>5} {spread(speedups):<40} {statistics.mean(hole):>10.2f} {comps // args.repeats:>11} "
+                      f"{share:>21.2f}% {same}/{len(prompts)}")
+            BatchCache.compact = original
+
+
+if __name__ == "__main__":
+    main()
