@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from engine.wording import noun, plural
 from engine import zoo  # the shipped models' names (plain Python, no torch)
 from engine.variables import VARIABLES  # the swept variables' options (plain Python, no torch)
 from storage.settings import STALE_HELP
@@ -375,7 +376,7 @@ def cmd_distill(args) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{out}: {cfg.steps} steps in {done['seconds'] / 60:.1f} min; held-out {val_spec}: KL "
+        print(f"{out}: {plural(cfg.steps, 'step')} in {done['seconds'] / 60:.1f} min; held-out {val_spec}: KL "
               f"{record['kl_before']:.4f} -> {record['kl_after']:.4f}, alpha {record['alpha_before']:.3f} -> "
               f"{record['alpha_after']:.3f}; lossless {record['lossless_after']}")
     return 0
@@ -457,7 +458,8 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
         if experiment_id is None:
             return _fail(f"{failure}; nothing was run. {DB_FIX}", EXIT_RUN_FAILED)
         runs = ", ".join(str(r) for r in sorted(worker.unfinished))
-        return _fail(f"{failure}; every prompt committed before is kept, and run(s) {runs} show as interrupted once "
+        return _fail(f"{failure}; every prompt committed before is kept, and {noun(len(worker.unfinished), 'run')} "
+                     f"{runs} show as interrupted once "
                      f"it accepts writes. Continue with {continue_with(experiment_id)}", EXIT_RUN_FAILED)
     try:
         doc = run_document(store, experiment_id)
@@ -488,6 +490,8 @@ class _ProgressBar:
     """Token progress of the whole experiment on stderr (tqdm), fed by the worker's progress hook: every
     (run, prompt, repeat) decode counts up to max_new_tokens; runs queued later (`--k auto`) extend the total."""
 
+    PREFIX = "draftlab run: "  # the command's own lines: `draftlab run` times the runs itself, no worker is involved
+
     def __init__(self, prompts: int, max_new_tokens: int, runs: int, repeats: int = 1):
         from tqdm import tqdm
 
@@ -508,9 +512,18 @@ class _ProgressBar:
         self.bar.update(max(0, done - self.bar.n))
 
     def write(self, message: str) -> None:
-        self.bar.write(f"worker: {message}", file=sys.stderr)
+        """A line of this command's own (`draftlab run: run 2 (speculative, k=1) done`; no worker process is
+        involved). Above the bar while it moves; once it is full, without redrawing it: close() draws the final
+        progress line once (tqdm.write redrew the full bar after every message, so it printed four times)."""
+        line = f"{self.PREFIX}{message}"
+        if self.bar.n < self.bar.total:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            self.bar.clear()
+            print(line, file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        self.bar.set_description("all runs", refresh=False)
         self.bar.update(self.bar.total - self.bar.n) if self.bar.n < self.bar.total else None
         self.bar.close()
 
@@ -598,11 +611,11 @@ def cmd_resume(args) -> int:
         return _fail(f"no experiment {args.experiment_id} in {store.safe_url}; `draftlab list` shows the ids")
     liveness.mark_stale(store, stale)  # a dead owner's runs (process gone here, or no heartbeat) are requeued too
     n = run_state.resume_experiment(store, args.experiment_id)
-    print(f"requeued {n} run(s) of experiment {args.experiment_id}; a worker continues each from its first "
+    print(f"requeued {plural(n, 'run')} of experiment {args.experiment_id}; a worker continues each from its first "
           f"unfinished prompt (`draftlab worker --db {store.safe_url}`)")
     running = int((q.runs(store, args.experiment_id)["status"] == "running").sum())
     if running:
-        print(f"{running} run(s) of experiment {args.experiment_id} are still running on a live worker (heartbeat "
+        print(f"{plural(running, 'run')} of experiment {args.experiment_id} {noun(running, 'is', 'are')} still running on a live worker (heartbeat "
               f"within {stale:g}s): left to it")
     return 0
 

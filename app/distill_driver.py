@@ -20,6 +20,7 @@ import torch
 
 from engine import distill as ds
 from engine.loading import ModelPair, load_model
+from engine.wording import plural
 from storage.training import CHECKPOINT_DIR
 
 CHECKPOINT_SECONDS = 30.0  # an interrupted distillation loses at most this much training
@@ -108,7 +109,7 @@ def finish_distilled(pair: ModelPair, out: Path, cfg: ds.DistillConfig, prepared
     after = ds.evaluate_saved(pair, saved, val_prompts, done["validation"], cfg.max_new_tokens, cfg.k)
     before = done["before"]
     hardware = (torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else
-                f"CPU, {torch.get_num_threads()} thread(s) ({platform.machine()})")
+                f"CPU, {plural(torch.get_num_threads(), 'thread')} ({platform.machine()})")
     record = {
         "name": name, "target": target, "draft": draft, "parameters": params,
         "prompts": prompts, "train_prompts": len(train_prompts), "train_tokens": prepared["train_tokens"],

@@ -2,6 +2,11 @@
 docs/metrics.md)."""
 from __future__ import annotations
 
+from engine.wording import noun, plural
+from storage.columns import COLUMNS, show
+
+SAME = COLUMNS["outputs_match_baseline"]  # the table's last column, explained under it
+
 
 def format_table(doc: dict) -> str:
     """A fixed-width summary: the baseline, one line per speculative run with its speedup interval, the
@@ -11,9 +16,10 @@ def format_table(doc: dict) -> str:
     lines = [f"experiment {doc['experiment_id']}" if doc.get("experiment_id") is not None else "experiment (not stored)",
              f"baseline  {b['new_tokens']:>6} tokens  {fmt(b['tokens_per_second'], '8.1f')} tok/s  "
              f"target step {1000 * (b['target_step_seconds'] or 0):.2f} ms"
-             + (f"  ({doc['repeats']} repeats, medians)" if doc.get("repeats") else ""),
+             + (f"  ({plural(doc['repeats'], 'repeat')}, {noun(doc['repeats'], 'median')})" if doc.get("repeats")
+                else ""),
              f"{'k':>3} {'tok/s':>8} {'speedup (95% CI)':>19} {'refined':>7} {'formula':>7} {'alpha':>6} "
-             f"{'tok/rnd':>7} {'c':>6} {'verify':>6} match"]
+             f"{'tok/rnd':>7} {'c':>6} {'verify':>6} {SAME.header}"]
     for r in doc["runs"]:
         ci = r.get("speedup_ci")
         speed = (f"{r['speedup']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})" if r.get("speedup") is not None and ci
@@ -21,9 +27,11 @@ def format_table(doc: dict) -> str:
         lines.append(f"{r['k']:>3} {fmt(r['tokens_per_second'], '8.1f')} {speed:>19} "
                      f"{fmt(r.get('predicted_speedup_refined'), '7.2f')} {fmt(r['predicted_speedup'], '7.2f')} "
                      f"{fmt(r['alpha'], '6.3f')} {fmt(r['tokens_per_round'], '7.2f')} {fmt(r['c'], '6.2f')} "
-                     f"{fmt(r.get('verify_cost'), '6.2f')} {r['outputs_match_baseline']}"
+                     f"{fmt(r.get('verify_cost'), '6.2f')} {show('outputs_match_baseline', r['outputs_match_baseline'])}"
                      + (f"  predicted {r['predicted']:.2f} ({100 * r['prediction_error']:+.0f} %)"
                         if r.get("prediction_error") is not None else ""))
+    if doc["runs"]:
+        lines.append(f"{SAME.header}: {SAME.help}")
     for r in doc["runs"]:
         if r.get("timing_warning"):
             lines.append(f"warning: k={r['k']}: {r['timing_warning']}")

@@ -33,6 +33,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine.wording import noun, plural
+
 DEVICE_RE = re.compile(r"^(cuda|cpu):\d+$")
 BACKOFF_START, BACKOFF_MAX, HEALTHY_SECONDS = 1.0, 60.0, 60.0
 STOP_GRACE_SECONDS = 30.0
@@ -77,7 +79,7 @@ def parse_devices(spec: str, count: Callable[[], int] | None = None) -> list[str
         if m.startswith("cuda:"):
             n = count() if n is None else n
             if int(m.split(":")[1]) >= n:
-                raise DevicesError(f"--devices {m}: torch sees {n} CUDA GPU(s) here; use --devices all, or cpu:N")
+                raise DevicesError(f"--devices {m}: torch sees {plural(n, 'CUDA GPU')} here; use --devices all, or cpu:N")
     return ["+".join(sorted(item, key=lambda m: int(m.split(":")[1]))) for item in items]
 
 
@@ -142,7 +144,7 @@ class Supervisor:
         lived = time.monotonic() - child.started
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
         requeued = self._requeue(child.worker_id)
-        note = f"; its run(s) {', '.join(map(str, requeued))} requeued" if requeued else ""
+        note = f"; its {noun(len(requeued), 'run')} {', '.join(map(str, requeued))} requeued" if requeued else ""
         child.proc = None
         if self._stopping is not None:
             return
@@ -205,7 +207,7 @@ class Supervisor:
                 handlers[sig] = signal.signal(sig, self._on_signal)
             except ValueError:  # not the main thread (tests): stop() instead
                 pass
-        self.log(f"{len(self.children)} worker(s): {', '.join(self.devices)}")
+        self.log(f"{plural(len(self.children), 'worker')}: {', '.join(self.devices)}")
         try:
             try:  # opened now, so the first death is swept without a connection set-up
                 self._store()
@@ -238,7 +240,7 @@ class Supervisor:
     def _shutdown(self) -> int:
         signum = self._stopping
         live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
-        self.log(f"stopping {len(live)} worker(s) ({signal.Signals(signum).name}); their runs end interrupted")
+        self.log(f"stopping {plural(len(live), 'worker')} ({signal.Signals(signum).name}); their runs end interrupted")
         for child in live:
             child.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SECONDS

@@ -21,6 +21,7 @@ from engine.errors import DraftLabError
 from engine.chat import AUTO, render
 from engine.prompt_sets import load_prompts
 from engine.runs import encode_prompts
+from engine.wording import plural
 from storage import training
 from storage.experiments import enqueue_experiment
 from storage.focus import focus_weights
@@ -49,7 +50,7 @@ def execute(worker, job_id: int) -> str:
     store = worker.store
     job = worker._db(training.get_job, store, job_id, write=False)
     label = f"training job {job_id} ({job['name']})"
-    worker.log(f"{label}: {job['draft']} toward {job['target']} on {job['prompts']}, {job['steps']} steps")
+    worker.log(f"{label}: {job['draft']} toward {job['target']} on {job['prompts']}, {plural(job['steps'], 'step')}")
     try:
         status, results = _train(worker, job, label)
         error = detail = None

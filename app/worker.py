@@ -42,6 +42,7 @@ from engine.protocol import median_repeat, schedule
 from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
 from engine.sampling import SamplingConfig
 from engine.token_types import TokenTyper
+from engine.wording import plural
 from storage import Store, liveness, open_store, run_state, training
 from storage.errors import QueueError
 from storage.experiments import (get_experiment, load_experiment_prompts, load_verify_profile, store_prompts,
@@ -467,8 +468,8 @@ class Worker:
             experiment = self._db(get_experiment, self.store, experiment_id, write=False)
             group = {rid: self._db(run_state.get_run, self.store, rid, write=False) for rid in run_ids}
             self._db(liveness.heartbeat, self.store, self.id, self.current_run, run_ids)
-            self.log(f"experiment {experiment_id}: timing {len(run_ids)} run(s) prompt-major, "
-                     f"{experiment['repeats'] or 1} repeat(s) each")
+            self.log(f"experiment {experiment_id}: timing {plural(len(run_ids), 'run')} prompt-major, "
+                     f"{plural(experiment['repeats'] or 1, 'repeat')} each")
             self._time_group(experiment, group, outcome, memory)
         except SetupError as exc:
             for rid in run_ids:

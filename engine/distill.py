@@ -34,6 +34,7 @@ from .metrics_oracle import speculative_metrics
 from .runs import baseline_decoder, encode_prompts, eos_ids, run_prompts, speculative_decoder
 from .sampling import SamplingConfig
 from .token_types import TokenTyper
+from .wording import noun, plural
 
 EVAL_K = 4  # draft length of the held-out acceptance measurement
 BONUS = 0  # "draft position" of a bonus slot: no draft proposed it
@@ -555,12 +556,12 @@ architecture and size as `{c['draft']}` ({c['parameters']:,} parameters), same t
 
 ## Data
 
-- prompts: `{c['prompts']}` ({c['train_prompts']} prompts); continuations: the target's {c['continuations']}
-  continuation(s) of each prompt ({c['train_sequences']} sequences of up to {c['max_new_tokens']} new tokens,
+- prompts: `{c['prompts']}` ({plural(c['train_prompts'], 'prompt')}); continuations: the target's {c['continuations']}
+  {noun(c.get('samples', 1), 'continuation')} of each prompt ({c['train_sequences']} sequences of up to {c['max_new_tokens']} new tokens,
   {c['train_tokens']:,} tokens in all), generated once and cached with the target's top-{c['top_k']} next-token
   distribution at every continuation position
 - loss: forward KL(p_target || p_draft) over the target's top-{c['top_k']} (renormalised), per continuation token
-- held-out: `{c['validation']}` ({c['validation_prompts']} prompts, {c['validation_tokens']:,} target tokens){c.get('validation_note', '')}
+- held-out: `{c['validation']}` ({plural(c['validation_prompts'], 'prompt')}, {plural(c['validation_tokens'], 'target token', thousands=True)}){c.get('validation_note', '')}
 
 ## Training
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import DraftLabError
+from .wording import noun, plural
 
 HEADROOM = 0.2  # fraction of each GPU's free memory left for KV caches, activations and the CUDA context
 
@@ -54,7 +55,7 @@ def plan(target_bytes: int, draft_bytes: int, free: list[int], target: str = "th
     for n in range(2, len(usable) + 1):
         if need <= sum(usable[:n]) and draft_bytes < usable[0]:
             return Placement(n, budget(free[:n], draft_bytes, headroom))
-    have = (f"the {len(free)} visible GPU(s) have {' + '.join(_gb(f) for f in free)} free" if free else
+    have = (f"the {plural(len(free), 'visible GPU')} {noun(len(free), 'has', 'have')} {' + '.join(_gb(f) for f in free)} free" if free else
             "torch sees no GPU")
     dtype_fix = " or --dtype bfloat16" if dtype.itemsize > 2 else ""
     draft = f" (+ {_gb(draft_bytes)} for the draft)" if draft_bytes else ""

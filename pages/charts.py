@@ -38,7 +38,10 @@ def is_valid(field: str) -> alt.FieldValidPredicate:
 def series_scale(frame: pd.DataFrame, series: str) -> alt.Scale:
     """Distinct categorical colours for Compare's series: tableau10, tableau20 beyond ten."""
     n = frame[series].nunique() if series in frame else 0
-    return alt.Scale(scheme="tableau20" if n > 10 else "tableau10")
+    # The domain is every series of the frame, in order, so separate charts drawn from one frame (Compare's sweep
+    # panels) give each series the same colour even where a panel has no point of it.
+    domain = sorted(frame[series].dropna().astype(str).unique()) if series in frame else alt.Undefined
+    return alt.Scale(scheme="tableau20" if n > 10 else "tableau10", domain=domain)
 
 
 def _x(field: str, title: str) -> alt.X:
@@ -266,24 +269,40 @@ def end_labels(frame: pd.DataFrame, x: str, y: str, series: str, label: str,
 
 SWEEP_PANELS = (("speedup", "speedup (×)", None), ("alpha", "alpha", (0, 1)),
                 ("tokens_per_round", "tokens per round", None))
-PANEL_WIDTH = 250  # pixels per small multiple: three side by side fit the page beside the sidebar at 1280 px
 
 
 def sweep_panels(frame: pd.DataFrame, x: str, series: str, x_title: str, end_label: str | None = None,
-                 interval: dict | None = None) -> alt.HConcatChart:
-    """Small multiples of sweeps across experiments: one panel per metric of SWEEP_PANELS (speedup with its 95 %
-    interval, alpha, tokens_per_round) against the swept value, one colour per series and one legend shared by
-    the panels; each line labelled at its end with `end_label`. frame: x, series, the metrics (any may be NaN),
-    interval's lo/hi columns and state; the one frame every panel draws from (and the page's CSV)."""
+                 interval: dict | None = None) -> list:
+    """Small multiples of sweeps across experiments, as separate charts (each fills its own column, so none runs
+    past the page: a concatenated chart has a fixed width): one per metric of SWEEP_PANELS (speedup with its 95 %
+    interval, alpha, tokens_per_round) against the swept value, one colour per series, the same in every panel
+    (series_scale's domain); no legend of their own (series_legend draws the one they share); each line labelled
+    at its end with `end_label`. frame: x, series, the metrics (any may be NaN), interval's lo/hi columns and
+    state; the one frame every panel draws from (and the page's CSV)."""
     panels = []
     for y, title, domain in SWEEP_PANELS:
         if y not in frame:
             continue
         bounds = (interval or {}) if y == "speedup" else {}
-        panels.append(overlaid_curves(frame, x, y, series, x_title, title, domain, **bounds, end_label=end_label,
-                                      width=PANEL_WIDTH).properties(title=f"{title} vs {x_title}"))
-    return alt.hconcat(*panels, spacing=28).resolve_scale(color="shared", fill="shared").resolve_legend(
-        color="shared")
+        panel = overlaid_curves(frame, x, y, series, x_title, title, domain, **bounds, end_label=end_label)
+        for layer in getattr(panel, "layer", None) or [panel]:
+            if layer.encoding is not alt.Undefined and layer.encoding.color is not alt.Undefined:
+                layer.encoding.color.legend = None
+        panels.append(panel.properties(title=f"{title} vs {x_title}"))
+    return panels
+
+
+def series_legend(frame: pd.DataFrame, series: str) -> alt.LayerChart:
+    """The legend several charts share, drawn once as a chart of its own: a dot in each series' colour (the
+    scale series_scale gives every chart of `frame`) and its name, drawn by Vega as text."""
+    names = sorted(frame[series].dropna().astype(str).unique())
+    rows = pd.DataFrame({series: names, "row": range(len(names))})
+    base = alt.Chart(rows).encode(alt.Y("row:O", axis=None), tooltip=[f"{series}:N"])
+    dots = base.mark_point(filled=True, size=90, opacity=1).encode(
+        x=alt.value(8), color=alt.Color(f"{series}:N", legend=None, scale=series_scale(frame, series)))
+    labels = base.mark_text(align="left", baseline="middle", fontSize=12).encode(x=alt.value(20),
+                                                                                text=f"{series}:N")
+    return alt.layer(dots, labels).properties(height=22 * max(len(names), 1))
 
 
 def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, value_title: str,

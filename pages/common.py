@@ -119,6 +119,55 @@ def chart_with_csv(chart: alt.TopLevelMixin, frame: pd.DataFrame, file_name: str
     csv_download(frame, file_name)
 
 
+# --- tables: headers, help and number formats from storage/columns.py -----------------------------------------
+
+_KINDS = {"number": "NumberColumn", "text": "TextColumn", "progress": "ProgressColumn", "list": "ListColumn",
+          "datetime": "DatetimeColumn", "checkbox": "CheckboxColumn"}
+
+
+def column_config(names, columns: dict | None = None, headers: dict | None = None, **overrides) -> dict:
+    """Streamlit column configs of `names` from the column table (storage/columns.py): its header, help and number
+    format. `headers` renames a column for this table (`sweep_value` as "temperature"); `overrides` replaces a
+    column's config outright."""
+    from storage.columns import COLUMNS, EXPERIMENT_COLUMNS
+
+    table = columns if columns is not None else {**EXPERIMENT_COLUMNS, **COLUMNS}
+    config = {}
+    for name in names:
+        column = table.get(name)
+        if column is None:
+            continue
+        kind = getattr(st.column_config, _KINDS[column.kind])
+        kwargs = {"help": column.help or None, "width": column.width}
+        if column.kind == "number":
+            kwargs["format"] = column.fmt
+        elif column.kind == "progress":
+            kwargs.update(format=column.fmt, min_value=0, max_value=100)
+        elif column.kind == "datetime":
+            kwargs["format"] = "YYYY-MM-DD HH:mm"
+        config[name] = kind((headers or {}).get(name, column.header), **kwargs)
+    config.update(overrides)
+    return config
+
+
+def table(frame: pd.DataFrame, names, key: str, columns: dict | None = None, headers: dict | None = None,
+          **overrides) -> None:
+    """st.dataframe of `frame`'s columns among `names`, in that order, configured from the column table; a missing
+    figure (the baseline's speedup, a running run's α) shows as "—", never "None"."""
+    from storage.columns import MISSING
+
+    shown = [n for n in names if n in frame]
+    st.dataframe(frame[shown], hide_index=True, width="stretch", key=key, placeholder=MISSING,
+                 column_config=column_config(shown, columns, headers, **overrides))
+
+
+def show(name: str, value) -> str:
+    """One figure as text in its column's format (storage/columns.py), the same digits the tables show."""
+    from storage.columns import show as _show
+
+    return _show(name, value)
+
+
 def experiment_label(experiments: pd.DataFrame):
     """format_func for experiment ids: `#3 · name (status)`."""
     names = dict(zip(experiments["experiment_id"], experiments["name"]))

@@ -5,7 +5,10 @@ import pandas as pd
 import streamlit as st
 
 from pages import charts
-from pages.common import cached, chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids, version
+from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids,
+                          show, version)
+from pages.common import table as show_table
+from storage.columns import COLUMNS
 
 EXPERIMENT_COLUMNS = ["experiment_id", "name", "badges", "status", "sweep_variable", "best_value", "best", "n_tied",
                       "timing_warnings", "alpha", "repeats", "target", "draft", "prompts", "tags"]
@@ -52,13 +55,12 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
                                zip(table["best_speedup"], table["best_ci_lo"], table["best_ci_hi"])],
                          badges=[badges(int(i), verdicts[int(i)], links) for i in table["experiment_id"]])
     table = table[[c for c in EXPERIMENT_COLUMNS if c in table]]
-    st.dataframe(table, hide_index=True, width="stretch", key="compare_experiments_table", column_config={
-        "best": st.column_config.TextColumn("best speedup (95 % interval)"),
-        "badges": st.column_config.TextColumn("", help="≈ values statistically tied with the best (overlapping 95 % "
-                                                      "intervals); ✔ a validation experiment and the one it validates"),
-        "n_tied": st.column_config.NumberColumn("ties", help="values statistically tied with the best"),
-        "timing_warnings": st.column_config.NumberColumn("⚠ impossible", help="runs timed faster than their tokens "
-                                                                              "per round allow (never the best)")})
+    show_table(table, EXPERIMENT_COLUMNS, "compare_experiments_table",
+               best=st.column_config.TextColumn("best speedup (95 % interval)",
+                                                help="measured, with its 95 % interval (paired bootstrap over prompts)"),
+               badges=st.column_config.TextColumn("ties · validation",
+                                                  help="≈ values statistically tied with the best (overlapping 95 % "
+                                                       "intervals); ✔ a validation experiment and the one it validates"))
     csv_download(table, "compare_experiments.csv")
     curves, runs_by_experiment = [], {}
     for experiment_id in chosen:
@@ -77,22 +79,16 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     st.subheader(f"Speedup, alpha and tokens per round vs {x_title}")
     frame = curve[["experiment", "experiment_name", "experiment_id", "run_id", "sweep_value", "speedup",
                    *INTERVAL.values(), "state", "alpha", "tokens_per_round"]]
-    # Its own width (panels of PANEL_WIDTH side by side): a concatenated chart cannot stretch to the column.
-    st.altair_chart(charts.sweep_panels(frame, "sweep_value", "experiment", x_title, end_label="experiment_name",
-                                        interval=INTERVAL), width="content")
+    panels = charts.sweep_panels(frame, "sweep_value", "experiment", x_title, end_label="experiment_name",
+                                 interval=INTERVAL)
+    for column, panel in zip(st.columns(len(panels)), panels):  # each fills its column: nothing runs off the page
+        with column:
+            st.altair_chart(panel, width="stretch")
+    st.altair_chart(charts.series_legend(frame, "experiment"), width="stretch")  # the legend the panels share
     csv_download(frame, "compare_sweep.csv")
     st.caption("Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
                "have not finished, crosses impossible speedups (timing warnings).")
     return runs_by_experiment
-
-
-def _cell(value) -> str:
-    """One metric for the side-by-side table: 4 significant digits, blanks for missing."""
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
@@ -108,9 +104,13 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
     if not chosen:
         st.caption("Pick two or more runs to compare their metrics and rejection breakdowns.")
         return
-    table = everything.set_index("run_id").loc[chosen, [c for c in RUN_METRICS if c in everything]]
+    metrics = [c for c in RUN_METRICS if c in everything]
+    table = everything.set_index("run_id").loc[chosen, metrics]
     table.index = [labels[r] for r in chosen]
-    st.dataframe(table.T.map(_cell), width="stretch", key="compare_runs_table")
+    # One row per metric, named by its header and written in its one format (storage/columns.py), as every table.
+    side_by_side = pd.DataFrame({run: [show(m, v) for m, v in row.items()] for run, row in table.iterrows()},
+                                index=[COLUMNS[m].header if m in COLUMNS else m for m in metrics])
+    st.dataframe(side_by_side, width="stretch", key="compare_runs_table")
     csv_download(table.reset_index(names="run"), "compare_runs.csv")
     positions, types = [], []
     experiment_of = {int(r): e for e, runs in runs_by_experiment.items() for r in runs["run_id"]}

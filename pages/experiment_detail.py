@@ -15,17 +15,20 @@ from pages.findings_panel import render_findings
 from pages.drafting_panel import render_k_distribution
 from pages.validation_panel import render_validation
 from pages.production_panel import render_production
+from engine.wording import plural
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
-                          run_label, run_stamp, select_id, store, version)
-from storage import formula
+                          run_label, run_stamp, select_id, show, store, table, version)
+from storage import columns, formula
 from storage import queries as q
 
 ACTIVE = ("queued", "running")
 REFRESH_SECONDS = 2.0
-RUN_COLUMNS = ["check", "run_id", "kind", "k", "sweep_value", "status", "progress", "new_tokens", "wall_seconds",
-               "tokens_per_second", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined",
-               "predicted_speedup", "alpha", "draft_acceptance_rate", "tokens_per_round", "expected_alpha", "kl",
-               "outputs_match_baseline", "speedup_note", "timing_warning", "error"]
+# The Runs table: headers, help and formats from storage/columns.py. Wall seconds are in the cost table, a timing
+# warning and an error in the boxes above the table (the ⚠ check column marks the run): the CSV keeps every column.
+RUN_COLUMNS = ["check", "run_id", "kind", "k", "sweep_value", "status", "progress", "new_tokens", "tokens_per_second",
+               "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined", "predicted_speedup", "alpha",
+               "draft_acceptance_rate", "tokens_per_round", "expected_alpha", "kl", "outputs_match_baseline",
+               "speedup_note"]
 COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "c", "verify_cost", "peak_memory_mb", "target_step_seconds",
                 "draft_step_seconds", "tokens_per_second", "wall_seconds"]
 IMPOSSIBLE = "⚠ impossible speedup"  # the Runs table's mark on a run with a timing_warning
@@ -130,7 +133,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict)
         f"prompts `{_short(experiment.get('prompts'))}`",
         ", ".join(f"{k}={v}" for k, v in sampling.items()) if isinstance(sampling, dict) else str(sampling),
         f"device {experiment.get('device', 'auto')}/{experiment.get('dtype', 'auto')}",
-        f"{experiment['repeats']} timed repeats per prompt (medians)" if experiment.get("repeats") else "",
+        f"{plural(experiment['repeats'], 'timed repeat')} per prompt (medians)" if experiment.get("repeats") else "",
         f"k auto up to {experiment['k_auto']}" if experiment.get("k_auto") else "",
         f"tags: {row.get('tags')}" if row.get("tags") else "",
     ])))
@@ -146,7 +149,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict)
     cols[1].metric(f"Best {sweep_variable}", number(verdict["best"], "{:g}"))
     cols[2].metric("Best speedup", charts.speedup_text(verdict["speedup"], *(verdict["speedup_ci"] or [None, None])),
                    help="measured, with its 95 % interval (paired bootstrap over the prompts)")
-    cols[3].metric("alpha (best run)", number(best_run["alpha"] if best_run is not None else None))
+    cols[3].metric("α (best run)", show("alpha", best_run["alpha"] if best_run is not None else None))
     cols[4].metric("Baseline tokens/s", number(baseline["tokens_per_second"].iloc[0] if len(baseline) else None,
                                                "{:.1f}"))
     say = st.warning if verdict["too_wide"] else st.info
@@ -190,14 +193,9 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_vari
                                                      sweep_variable), tokens, "tokens_per_round.csv")
     with right:
         st.subheader("Cost: c, verify cost and memory")
-        columns = [c for c in COST_COLUMNS if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
-        cost = runs[columns]
-        st.dataframe(cost, hide_index=True, width="stretch", key="cost_table", column_config={
-            "c": st.column_config.NumberColumn(format="%.2f"),
-            "verify_cost": st.column_config.NumberColumn(format="%.2f"),
-            "peak_memory_mb": st.column_config.NumberColumn("peak memory (MB)", format="%.0f"),
-            "target_step_seconds": st.column_config.NumberColumn(format="%.5f"),
-            "draft_step_seconds": st.column_config.NumberColumn(format="%.5f")})
+        shown = [c for c in COST_COLUMNS if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
+        cost = runs[shown]
+        table(cost, shown, "cost_table", headers={"sweep_value": sweep_variable})
         csv_download(cost, "cost_and_memory.csv")
         st.caption("c = target step / draft step (single-token forwards); verify_cost = one verify forward over the "
                    "round's tokens, in target steps (the formula assumes 1); peak memory as the worker measured it.")
@@ -205,15 +203,9 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_vari
 
 def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> None:
     st.subheader("Predicted against measured")
-    table = prediction_table(curve, sweep_variable)
-    st.dataframe(table, hide_index=True, width="stretch", key="prediction_table", column_config={
-        "predicted_speedup_refined": st.column_config.NumberColumn("cost-aware", format="%.3f"),
-        "predicted_speedup": st.column_config.NumberColumn(
-            "formula at run's α, c", format="%.3f",
-            help="the article's formula at this run's own α, k and c (SPEC's predicted_speedup); the speedup chart's "
-                 "grey curve pools α and c over the sweep instead"),
-        **ERRORS})
-    csv_download(table, "predicted_vs_measured.csv")
+    predictions = prediction_table(curve, sweep_variable)
+    table(predictions, list(predictions.columns), "prediction_table", **ERRORS)
+    csv_download(predictions, "predicted_vs_measured.csv")
     k_auto = experiment.get("k_auto")
     if not k_auto:
         return
@@ -226,9 +218,10 @@ def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> 
                 + (f"confirmed at k = {', '.join(str(k) for k in confirmed['k'])}:" if len(confirmed) else
                    "its best k is the one already measured, so nothing else was timed."))
     if len(confirmed):
-        st.dataframe(confirmed, hide_index=True, width="stretch", key="auto_k_table",
-                     column_config={"predicted": st.column_config.NumberColumn(format="%.3f"),
-                                    "prediction_error": ERRORS["prediction_error"]})
+        table(confirmed, list(confirmed.columns), "auto_k_table",
+              predicted=st.column_config.NumberColumn("predicted", format=columns.SPEEDUP,
+                                                      help="the k auto curve's prediction for this k"),
+              prediction_error=ERRORS["prediction_error"])
         csv_download(confirmed, "k_auto_confirmation.csv")
 
 
@@ -262,18 +255,13 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value, experiment_
         st.subheader("Top rejected tokens")
         rejected = cached("top_rejected_tokens", run_id, limit=20, stamp=stamp)
         shown = rejected.assign(token=rejected["text"].map(lambda t: repr(t)[1:-1] if isinstance(t, str) else t))
-        st.dataframe(shown[["token", *[c for c in rejected if c not in ("token", "text")]]], hide_index=True,
-                     width="stretch", key="rejected_table",
-                     column_config={"rejection_rate": st.column_config.NumberColumn(format="%.3f")})
+        table(shown, ["token", *[c for c in rejected if c not in ("token", "text")]], "rejected_table")
         csv_download(rejected, f"run{run_id}_top_rejected_tokens.csv")
     with right:
         st.subheader("Per prompt")
         per_prompt = cached("per_prompt", run_id, stamp=stamp)
-        st.dataframe(per_prompt, hide_index=True, width="stretch", key="per_prompt_table",
-                     column_config={"prompt": st.column_config.TextColumn(width="medium"),
-                                    "alpha": st.column_config.NumberColumn(format="%.3f"),
-                                    "tokens_per_round": st.column_config.NumberColumn(format="%.2f"),
-                                    "tokens_per_second": st.column_config.NumberColumn(format="%.1f")})
+        table(per_prompt, list(per_prompt.columns), "per_prompt_table",
+              prompt=st.column_config.TextColumn("prompt", width="medium"))
         csv_download(per_prompt, f"run{run_id}_per_prompt.csv")
         st.page_link(nav_page("rounds"), label="Explore this run's rounds", icon=":material/token:",
                      query_params={"experiment": st.query_params.get("experiment", ""), "run": str(run_id)})
@@ -296,12 +284,10 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
         render_findings(store(), experiment_id,
                         cached("storage.findings:findings", experiment_id, experiment_id=experiment_id))
     with st.expander("Runs", expanded=True):  # the same expander whatever the status: it stays open once done
-        table = runs.assign(progress=runs["progress"].fillna(0) * 100,
+        shown = runs.assign(progress=runs["progress"].fillna(0) * 100,
                             check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
-        st.dataframe(table[[c for c in RUN_COLUMNS if c in table]], hide_index=True, width="stretch", key="runs_table",
-                     column_config={"check": st.column_config.TextColumn(""),
-                                    "progress": st.column_config.ProgressColumn(min_value=0, max_value=100,
-                                                                                format="%.0f%%")})
+        table(shown, [c for c in RUN_COLUMNS if not (c == "sweep_value" and sweep_variable == "k")], "runs_table",
+              headers={"sweep_value": sweep_variable})
         csv_download(runs, f"experiment{experiment_id}_runs.csv")
     curve = cached("sweep_curve", experiment_id, stamp=stamp)
     if curve["speedup"].notna().any() if "speedup" in curve else False:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from pages.common import csv_download, empty_state, experiment_label, nav_page, select_id, store
+from engine.wording import noun, plural
+from pages.common import csv_download, empty_state, experiment_label, nav_page, select_id, show, store, table
 from storage import queries as q, run_state
 
 ACTIVE = ("queued", "running")
@@ -17,36 +18,9 @@ RESUMABLE = ("failed", "cancelled", "interrupted")
 REFRESH_SECONDS = 2.0  # the table, while something is queued or running
 IDLE_POLL_SECONDS = 5.0  # the cheap check for new work, while nothing is
 ANY = "any"
-COLUMNS = ["experiment_id", "check", "name", "status", "progress", "best_value", "best_speedup", "interval", "n_tied",
-           "alpha", "target", "draft", "prompts", "sweep_variable", "sweep_values", "repeats", "tags", "created", "notes"]
-
-
-_COLUMN_CONFIG = {
-    "experiment_id": st.column_config.NumberColumn("id", format="%d"),
-    "check": st.column_config.TextColumn("", help="runs whose measured speedup exceeds their tokens per round (the "
-                                                  "timing drifted): never picked as the best"),
-    "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100, format="%.0f%%"),
-    "best_value": st.column_config.NumberColumn("best k", help="finished swept value with the highest measured speedup"),
-    "best_speedup": st.column_config.NumberColumn("best speedup", format="%.2f×"),
-    "interval": st.column_config.TextColumn("95 % interval", help="of the best speedup: paired bootstrap over prompts"),
-    "n_tied": st.column_config.NumberColumn("ties", format="%d", help="other values whose interval overlaps the best "
-                                                                      "one's: statistically tied with it"),
-    "alpha": st.column_config.NumberColumn("alpha", format="%.3f", help="alpha of the best run"),
-    # Compact widths so the right-hand columns fit beside the metrics instead of being cut off (full text on hover
-    # and in the CSV).
-    "name": st.column_config.TextColumn("name", width="medium"),
-    "status": st.column_config.TextColumn("status", width="small"),
-    "target": st.column_config.TextColumn("target", width="small"),
-    "draft": st.column_config.TextColumn("draft", width="small"),
-    "prompts": st.column_config.TextColumn("prompts", width="small"),
-    "sweep_variable": st.column_config.TextColumn("swept", width="small"),
-    "sweep_values": st.column_config.ListColumn("values", width="small"),
-    "repeats": st.column_config.NumberColumn("repeats", format="%d", width="small"),
-    "tags": st.column_config.TextColumn("tags", width="small"),
-    "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm", width="small"),
-    "notes": st.column_config.TextColumn("notes", width="medium"),
-}
-PENDING = "—"  # a metric not measured yet (a queued or running experiment), instead of the grid's "None"
+COLUMNS = ["experiment_id", "timing_warnings", "name", "status", "progress", "best_value", "best_speedup", "interval",
+           "n_tied", "alpha", "target", "draft", "prompts", "sweep_variable", "sweep_values", "repeats", "tags",
+           "created", "notes"]  # headers, help and formats: storage/columns.py
 
 
 def _is_active(frame: pd.DataFrame) -> bool:
@@ -97,14 +71,16 @@ def _workers() -> None:
     frame = health["workers"]
     stale = int((frame["status"] == "stale").sum())
     label = (f"Workers: {len(frame) - stale} alive" + (f", ⚠ {stale} stale" if stale else "")
-             + f" · {health['queued_runs']} run(s) queued in {health['queued_experiments']} experiment(s)"
-             + (f" · {health['queued_training_jobs']} training job(s) queued" if health["queued_training_jobs"] else ""))
+             + f" · {plural(health['queued_runs'], 'run')} queued in {plural(health['queued_experiments'], 'experiment')}"
+             + (f" · {plural(health['queued_training_jobs'], 'training job')} queued" if health["queued_training_jobs"]
+                else ""))
     with st.expander(label, expanded=bool(stale) or (health["queued_runs"] > 0 and len(frame) == stale)):
         if frame.empty:
             st.caption("No worker is registered: start one with `draftlab worker` (or `--devices all`).")
             return
         if stale:
-            st.warning(f"{stale} worker(s) stopped heartbeating or their process is gone; the next sweep marks their "
+            st.warning(f"{plural(stale, 'worker')} stopped heartbeating or {noun(stale, 'its', 'their')} process "
+                       f"is gone; the next sweep marks their "
                        f"runs interrupted (`draftlab resume` continues them).", icon=":material/heart_broken:")
         st.dataframe(frame.assign(progress=frame["progress"] * 100), hide_index=True, width="stretch",
                      key="workers_table", column_config={
@@ -124,11 +100,9 @@ def _table(filters: dict, seen: tuple) -> None:
         return
     shown = frame.assign(
         progress=frame["progress"].fillna(0) * 100,
-        interval=[f"{lo:.2f}–{hi:.2f}" if pd.notna(lo) and pd.notna(hi) else PENDING for lo, hi in
-                  zip(frame["best_ci_lo"], frame["best_ci_hi"])],
-        check=[f"⚠ {n} impossible speedup{'s' if n > 1 else ''}" if n else "" for n in frame["timing_warnings"]])
-    st.dataframe(shown[[c for c in COLUMNS if c in shown]], hide_index=True, width="stretch", key="experiments_table",
-                 column_config=_COLUMN_CONFIG, placeholder=PENDING)
+        interval=[f"{show('speedup_ci_lo', lo)}–{show('speedup_ci_hi', hi)}" if pd.notna(lo) and pd.notna(hi)
+                  else None for lo, hi in zip(frame["best_ci_lo"], frame["best_ci_hi"])])
+    table(shown, COLUMNS, "experiments_table")
     csv_download(frame, "experiments.csv")
     if seen[1]:
         st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while experiments are queued or running.")

@@ -18,6 +18,7 @@ import streamlit as st
 
 from engine import zoo
 from engine.errors import DraftLabError
+from engine.wording import plural
 from engine.variables import VARIABLES
 from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
                                 load_prompts)
@@ -236,7 +237,7 @@ def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
             count = len(load_prompts(spec))
         except DraftLabError as exc:
             return None, str(exc), None
-        st.caption(f"{count} prompts — {PROMPT_SET_DESCRIPTIONS.get(spec.split(':')[0], '')}")
+        st.caption(f"{plural(count, 'prompt')} — {PROMPT_SET_DESCRIPTIONS.get(spec.split(':')[0], '')}")
         return spec, None, None
     upload = st.file_uploader("Prompt file: .jsonl (a \"prompt\" field, or a conversation: OpenAI \"messages\" or "
                               "ShareGPT \"conversations\", per line), .csv (a \"prompt\" column), .txt (one prompt a "
@@ -250,7 +251,7 @@ def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
         return None, str(exc).replace(str(path), upload.name), None
     if not prompts:
         return None, f"{upload.name} holds no prompts", None
-    st.caption(md_text(f"{len(prompts)} prompts from {upload.name}, saved as {path}"))
+    st.caption(md_text(f"{plural(len(prompts), 'prompt')} from {upload.name}, saved as {path}"))
     return str(path), None, prompts
 
 
@@ -467,10 +468,10 @@ def render() -> None:
         values = md_text(", ".join(_format(v) for v in kw["sweep_values"]))
         plan = (f"a baseline and k = {values}; the best predicted k values are measured when it finishes"
                 if k_auto is not None else
-                f"a baseline and {len(kw['sweep_values'])} runs ({kw['sweep_variable']} = {values})")
+                f"a baseline and {plural(len(kw['sweep_values']), 'run')} ({kw['sweep_variable']} = {values})")
         if kw["drafter"] != "model" and kw["sweep_variable"] != "drafter":
             plan += f", drafter {md_text(kw['drafter'])}"
-        st.success(f"Experiment #{experiment_id} queued: {plan}, {kw['repeats']} repeats per prompt.",
+        st.success(f"Experiment #{experiment_id} queued: {plan}, {plural(kw['repeats'], 'repeat')} per prompt.",
                    icon=":material/rocket_launch:")
         st.page_link(nav_page("experiment"), label=f"Open experiment #{experiment_id}",
                      query_params={"experiment": str(experiment_id)}, icon=":material/monitoring:")

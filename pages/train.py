@@ -11,6 +11,7 @@ import streamlit as st
 
 from engine import zoo
 from engine.errors import DraftLabError
+from engine.wording import plural
 from engine.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTIONS, UNION, held_out_split,
                                 list_prompt_sets, load_prompt_file, load_prompts)
 from pages import charts
@@ -76,7 +77,7 @@ def _prompts() -> tuple[str | None, str | None, str | None]:
         about = ("every built-in set's tune split, one after another" if spec == EVERY_SET
                  else PROMPT_SET_DESCRIPTIONS.get(spec.split(':')[0], ''))
         try:
-            st.caption(f"{len(load_prompts(spec))} prompts — {about}")
+            st.caption(f"{plural(len(load_prompts(spec)), 'prompt')} — {about}")
         except DraftLabError as exc:
             return None, None, str(exc)
         default_val = held_out_split(spec)[0]
@@ -93,7 +94,7 @@ def _prompts() -> tuple[str | None, str | None, str | None]:
             return None, None, str(exc).replace(str(path), upload.name)
         if not texts:
             return None, None, f"{upload.name} holds no prompts"
-        st.caption(md_text(f"{len(texts)} prompts from {upload.name}"))
+        st.caption(md_text(f"{plural(len(texts), 'prompt')} from {upload.name}"))
         spec, default_val = str(path), "code:validation"
     options = list(dict.fromkeys([default_val, *sets] + ([spec] if source != "Built-in" else [])))
     if st.session_state.get("train_validation_of") != spec:  # another training set: its own held-out split
@@ -230,7 +231,7 @@ def _job_view(job_id: int) -> None:
                 + (f" · {md_text(job['phase'])}" if job["phase"] and status in (RUNNING, CANCELLED) else "")
                 + (f" · on {md_text(job['device_name'])}" if job["device_name"] else ""))
     st.caption(md_text(f"{job['draft']} → {job['target']} on {job['prompts']} (held-out: {job['validation']}); "
-                       f"{job['steps']} steps × {job['batch_size']}, lr {job['lr']:g}"
+                       f"{plural(job['steps'], 'step')} × {job['batch_size']}, lr {job['lr']:g}"
                        + (f", focus: experiment {job['focus_from']}" if job["focus_from"] is not None else "")
                        + f"; writes {job['out']}"))
     if status in (RUNNING, QUEUED):

@@ -13,14 +13,13 @@ import pandas as pd
 
 from engine.variables import variable
 
+from . import columns
 from . import queries as q
 from .store import Store
 
-# Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics_oracle.py's speculative_metrics).
-SPECULATIVE_KEYS = ["new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted", "rejected",
-                    "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha", "kl",
-                    "per_position_acceptance", "acceptance_by_type", "draft_step_seconds", "c", "predicted_speedup",
-                    "speedup", "speedup_ci", "speedup_note", "timing_warning", "verify_cost", "predicted_speedup_refined"]
+# Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics_oracle.py's speculative_metrics):
+# the column table's `json` entries (storage/columns.py), where each key's header, help and format live too.
+SPECULATIVE_KEYS = columns.SPECULATIVE_KEYS
 
 
 def plain(value):

@@ -16,19 +16,15 @@ from sqlalchemy import select, text
 
 from engine.drafter_specs import SPECS
 from engine.theory import predicted_speedup as _predicted_speedup
+from engine.wording import plural
 
 from . import schema
+from .columns import RUN_QUERY
 from .store import Store
 
 F = "DOUBLE PRECISION"  # float division in both SQLite (REAL affinity) and PostgreSQL
 
-RUN_COLUMNS = [
-    "run_id", "kind", "k", "sweep_value", "status", "progress", "error", "started", "finished",
-    "new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted", "rejected",
-    "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha", "kl", "draft_step_seconds",
-    "target_step_seconds", "c", "predicted_speedup", "speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_note",
-    "timing_warning", "verify_cost", "predicted_speedup_refined", "outputs_match_baseline", "peak_memory_mb",
-]
+RUN_COLUMNS = RUN_QUERY  # runs()' columns, in order: storage/columns.py's table (headers, help, formats too)
 
 # One row per run with its SPEC metrics; c and speedup against the run's own target-only baseline.
 # outputs_match_baseline: NULL unless greedy; while a run is unfinished it compares the prompts committed so far.
@@ -290,7 +286,7 @@ def verdict(store: Store, experiment_id: int) -> dict:
     elif ties and len(ties) == len(others):
         text_ += "; no configuration is measurably better than the others"
     if pending:
-        text_ += f" ({pending} run(s) still to finish)"
+        text_ += f" ({plural(pending, 'run')} still to finish)"
     return {"best": best, "speedup": float(top.speedup), "speedup_ci": [float(top.speedup_ci_lo), float(top.speedup_ci_hi)],
             "tied_with": ties, "too_wide": bool(too_wide), "text": text_}
 

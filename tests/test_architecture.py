@@ -26,7 +26,7 @@ UI = {"streamlit", "altair"}
 # storage and the pages may import these.
 TORCH_FREE_ENGINE = {"engine.errors", "engine.numbers", "engine.limits", "engine.variables", "engine.drafter_specs",
                      "engine.records", "engine.theory", "engine.metrics_oracle", "engine.protocol",
-                     "engine.prompt_sets", "engine.token_types", "engine.zoo"}
+                     "engine.prompt_sets", "engine.token_types", "engine.zoo", "engine.wording"}
 # Modules that load models or time decodes: the pages never import them, directly or not.
 MODEL_RUNNERS = {"app.worker"}
 

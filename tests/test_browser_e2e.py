@@ -184,7 +184,7 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
                       page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
     assert values["Best k"] == f"{row['best_value']:g}"
     assert values["Best speedup"] == f"{row['best_speedup']:.2f}× ({row['best_ci_lo']:.2f}–{row['best_ci_hi']:.2f})"
-    assert values["alpha (best run)"] == f"{row['alpha']:.3f}"
+    assert values["α (best run)"] == f"{row['alpha']:.3f}"
     assert f"run={best_run}" in page.url
     page.screenshot(path=str(SCREENSHOTS / "experiment_detail.png"))
 

@@ -360,7 +360,7 @@ def test_detail_figures_equal_the_storage_queries(populated):
     shown = metrics(at)
     assert shown["Best k"] == f"{row['best_value']:g}"
     assert shown["Best speedup"] == f"{row['best_speedup']:.2f}× ({row['best_ci_lo']:.2f}–{row['best_ci_hi']:.2f})"
-    assert shown["alpha (best run)"] == f"{row['alpha']:.3f}"
+    assert shown["α (best run)"] == f"{row['alpha']:.3f}"
 
     speedup, rates, tokens, position, by_type = chart_data(at)
     curve = q.sweep_curve(populated, experiment_id)
@@ -388,6 +388,65 @@ def test_detail_figures_equal_the_storage_queries(populated):
     assert {"speedup_curve.csv", "acceptance_curve.csv", "tokens_per_round.csv", "cost_and_memory.csv",
             f"run{best_run}_acceptance_by_position.csv", f"run{best_run}_acceptance_by_type.csv",
             f"run{best_run}_top_rejected_tokens.csv", f"run{best_run}_per_prompt.csv"} <= set(downloads(at))
+
+
+def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_table(populated):
+    """storage/columns.py: no raw or blank header, the baseline's missing figures as "—" (not "None"), "same output"
+    explained, and α in one format on every page: the detail's tile, runs and per-prompt tables, the experiments
+    list and Compare (0.635 in one table, 0.636 in another before)."""
+    from storage.columns import COLUMNS, EXPERIMENT_COLUMNS, MISSING, show
+
+    experiment_id = _greedy_id(populated)
+    row = q.experiments(populated).set_index("experiment_id").loc[experiment_id]
+    at = app("experiment", experiment=experiment_id)
+    assert_clean(at)
+    assert metrics(at)["α (best run)"] == show("alpha", row["alpha"]) == "%.3f" % row["alpha"]
+    runs_grid = next(d for d in at.dataframe if "outputs_match_baseline" in d.value)
+    per_prompt_grid = next(d for d in at.dataframe if "prompt_index" in d.value)
+    for grid in at.dataframe:  # runs, cost, predictions, rejected tokens, per prompt
+        assert grid.proto.placeholder == MISSING
+        config = json.loads(grid.proto.columns)
+        for name in grid.value.columns:
+            label = config.get(name, {}).get("label")
+            assert label, f"{name!r} has no header of its own"  # neither blank nor the raw name by default
+    runs_config = json.loads(runs_grid.proto.columns)
+    assert runs_config["outputs_match_baseline"]["label"] == "same output"
+    assert "token for token" in runs_config["outputs_match_baseline"]["help"]
+    for grid in (runs_grid, per_prompt_grid):
+        assert json.loads(grid.proto.columns)["alpha"]["type_config"]["format"] == COLUMNS["alpha"].fmt
+    baseline = runs_grid.value[runs_grid.value["kind"] == "baseline"].iloc[0]
+    assert pd.isna(baseline["speedup"]) and pd.isna(baseline["alpha"])  # drawn as the placeholder
+
+    listing = app("experiments")
+    grid = next(d for d in listing.dataframe if "best_speedup" in d.value)
+    config = json.loads(grid.proto.columns)
+    assert config["alpha"]["type_config"]["format"] == EXPERIMENT_COLUMNS["alpha"].fmt == COLUMNS["alpha"].fmt
+    assert all(config.get(name, {}).get("label") for name in grid.value.columns)
+
+    compare = app("compare", experiments=str(experiment_id))
+    runs = q.runs(populated, experiment_id)
+    two = [int(r) for r in runs[runs["kind"] == "speculative"]["run_id"][:2]]
+    compare.multiselect(key="multi_runs").set_value(two).run()
+    assert_clean(compare)
+    side = next(d.value for d in compare.dataframe if "α" in d.value.index)
+    by_id = runs.set_index("run_id")
+    assert list(side.loc["α"]) == [show("alpha", by_id.loc[r, "alpha"]) for r in two]
+    assert "alpha" not in side.index and not any(v == "None" for v in side.to_numpy().ravel())
+
+
+def test_the_run_columns_export_keys_and_page_columns_are_one_table(populated):
+    from storage import export
+    from storage.columns import COLUMNS, RUN_QUERY, SPECULATIVE_KEYS, show
+
+    experiment_id = _greedy_id(populated)
+    assert list(q.runs(populated, experiment_id).columns[:len(RUN_QUERY)]) == RUN_QUERY
+    assert all(name in COLUMNS for name in RUN_QUERY)
+    doc = export.run_document(populated, experiment_id, with_outputs=False)
+    assert export.SPECULATIVE_KEYS is SPECULATIVE_KEYS
+    keys = list(doc["runs"][0])
+    assert [k for k in keys if k in SPECULATIVE_KEYS] == SPECULATIVE_KEYS  # in the table's (SPEC) order
+    assert show("alpha", 0.63549) == "0.635" and show("speedup", 1.2) == "1.20×" and show("alpha", None) == "—"
+    assert show("outputs_match_baseline", True) == "yes" and show("sweep_value", 4.0) == "4"
 
 
 def test_detail_of_a_temperature_sweep_plots_against_temperature(populated):
@@ -459,7 +518,7 @@ def test_compare_overlays_experiments_and_runs(populated):
     assert set(position["run_id"]) == {run_a, run_b}
     assert {"compare_experiments.csv", "compare_sweep.csv", "compare_runs.csv", "compare_by_position.csv",
             "compare_by_type.csv"} <= set(downloads(at))
-    runs_table = next(d.value for d in at.dataframe if "alpha" in d.value.index)
+    runs_table = next(d.value for d in at.dataframe if "α" in d.value.index)
     assert runs_table.shape[1] == 2
 
 
@@ -779,7 +838,9 @@ def test_experiments_list_shows_the_best_with_its_interval_ties_and_a_warning_ma
     best = q.run_summary(store, ids[2]).iloc[0]
     assert row["best_value"] == 2 and row["best_speedup"] == pytest.approx(best.speedup)
     assert row["interval"] == f"{best.speedup_ci_lo:.2f}–{best.speedup_ci_hi:.2f}"
-    assert row["check"] == "⚠ 1 impossible speedup" and row["n_tied"] == 0 and row["repeats"] == 3
+    assert row["timing_warnings"] == 1 and row["n_tied"] == 0 and row["repeats"] == 3
+    config = json.loads(at.dataframe[0].proto.columns)
+    assert config["timing_warnings"]["label"] == "⚠ impossible" and "never the best" in config["timing_warnings"]["help"]
 
 
 def test_experiments_page_names_the_worker_a_waiting_worker_waits_for(crafted):
@@ -834,8 +895,8 @@ def test_compare_draws_speedup_intervals_and_lists_the_best_with_its_interval(cr
     best = runs.loc[ids[2]]
     assert table["best"].tolist() == [f"{best.speedup:.2f}× ({best.speedup_ci_lo:.2f}–{best.speedup_ci_hi:.2f})"]
     assert table["timing_warnings"].tolist() == [1]
-    metrics_table = next(d.value for d in at.dataframe if "timing_warning" in d.value.index)
-    assert "exceeds" in metrics_table.loc["timing_warning"].iloc[0] and metrics_table.loc["timing_warning"].iloc[1] == ""
+    metrics_table = next(d.value for d in at.dataframe if "timing warning" in d.value.index)  # its header
+    assert "exceeds" in metrics_table.loc["timing warning"].iloc[0] and metrics_table.loc["timing warning"].iloc[1] == "—"
 
 
 def test_new_experiment_repeats_and_auto_k_reach_the_queue(empty_db, model_dirs):
@@ -1244,9 +1305,10 @@ def test_experiments_table_shows_a_dash_for_pending_metrics(crafted):
     grid = next(d for d in at.dataframe if "interval" in d.value)
     assert grid.proto.placeholder == "—"  # every missing cell (best k, speedup, alpha) reads — not None
     row = grid.value.set_index("experiment_id").loc[pending]
-    assert row["interval"] == "—" and pd.isna(row["best_speedup"])
+    assert pd.isna(row["interval"]) and pd.isna(row["best_speedup"])
     config = json.loads(grid.proto.columns)
-    assert config["notes"]["width"] == "medium" and config["target"]["width"] == "small"
+    # model names are never squeezed into a narrow column ('demo-targe' at 1400 px): the grid sizes it to fit
+    assert config["notes"]["width"] == "medium" and "width" not in config["target"]
 
 
 def test_detail_speedup_csv_has_integer_run_ids_and_the_runs_table_stays_open_once_done(populated):
@@ -1315,7 +1377,9 @@ def test_new_experiment_pair_check_replaces_the_last_result_with_checking_while_
     assert elements[place].type == "success" and not [e for e in at.info if "checking" in e.value]
 
 
-def test_compare_sweeps_are_small_multiples_with_one_legend_and_names_at_the_line_ends(populated):
+def test_compare_sweeps_are_separate_panels_with_one_legend_and_names_at_the_line_ends(populated):
+    """Separate charts, each stretched to its column (a concatenation of fixed-width panels ran its third panel off
+    the page), one legend (under the first) and the same colour for an experiment in every panel."""
     from sqlalchemy import text
 
     listing = q.experiments(populated)
@@ -1325,14 +1389,22 @@ def test_compare_sweeps_are_small_multiples_with_one_legend_and_names_at_the_lin
         conn.execute(text("UPDATE experiments SET name = :n WHERE id = :id"), {"n": odd, "id": b})
     at = app("compare", experiments=f"{a},{b}")
     assert_clean(at)
-    spec = next(s for s in _specs(at) if "hconcat" in s)
-    panels = spec["hconcat"]
-    assert [p["title"] for p in panels] == ["speedup (×) vs k", "alpha vs k", "tokens per round vs k"]
-    assert spec["resolve"]["scale"]["color"] == "shared" and spec["resolve"]["legend"]["color"] == "shared"
+    titles = ["speedup (×) vs k", "alpha vs k", "tokens per round vs k"]
+    panels = [s for s in _specs(at) if s.get("title") in titles]
+    assert not [s for s in _specs(at) if "hconcat" in s]
+    assert [p["title"] for p in panels] == titles
+    assert all("width" not in p for p in panels)  # no fixed width: each chart fills its column
+    for panel in panels:  # no legend of their own: the one they share is a chart of its own below them
+        assert all(c.get("legend", "absent") is None for c in _encodings(panel, "color"))
+    legend = next(s for s in _specs(at) if "row" in json.dumps(s) and "title" not in s)
+    assert {c["field"] for c in _encodings(legend, "color")} == {"experiment"}
+    assert _encodings(legend, "color")[0]["scale"]["domain"] == _encodings(panels[0], "color")[0]["scale"]["domain"]
     assert '"errorbar"' in json.dumps(panels[0]) and '"errorbar"' not in json.dumps(panels[1:])
-    for panel in panels:  # one colour per experiment, the same field and legend in every panel
+    for panel in panels:  # one colour per experiment, the same field and colour domain in every panel
         fields = {c["field"] for c in _encodings(panel, "color")}
         assert fields == {"experiment"}
+        domains = {json.dumps(c["scale"]["domain"], ensure_ascii=False) for c in _encodings(panel, "color")}
+        assert len(domains) == 1 and len(json.loads(domains.pop())) == 2
         labels = [layer for layer in panel["layer"] if layer["mark"]["type"] == "text"]
         assert [label["mark"]["align"] for label in labels] == ["right", "left"]  # left / right of the point
         assert {label["encoding"]["text"]["field"] for label in labels} == {"experiment_name"}

@@ -52,7 +52,7 @@ def test_a_pair_that_fits_no_gpus_is_one_line_naming_the_sizes_and_the_fixes():
         plan(150 * GB, 0, [80 * GB, 80 * GB], target="target big/model")
     message = str(err.value)
     assert "\n" not in message
-    assert "target big/model needs ~150 GB in bfloat16" in message and "2 visible GPU(s) have 80 GB + 80 GB free" in message
+    assert "target big/model needs ~150 GB in bfloat16" in message and "2 visible GPUs have 80 GB + 80 GB free" in message
     assert "draftlab worker --devices cuda:0+cuda:1" in message and "--dtype" not in message
     with pytest.raises(DraftLabError, match=r"float32 .* or --dtype bfloat16$"):
         plan(150 * GB, 0, [80 * GB, 80 * GB], dtype=torch.float32)

@@ -175,7 +175,7 @@ def test_the_experiments_page_draws_the_workers_expander(tmp_path, model_dirs, m
     at = AppTest.from_string("from app.main import run\nrun('experiments')", default_timeout=180).run()
     assert not at.exception, [e.value for e in at.exception]
     labels = [e.label for e in at.expander]
-    assert any(label.startswith("Workers: 1 alive · 3 run(s) queued in 1 experiment(s)") for label in labels), labels
+    assert any(label.startswith("Workers: 1 alive · 3 runs queued in 1 experiment") for label in labels), labels
     assert list(at.dataframe[1].value["device"]) == ["cpu:0"]  # the experiments table stays the first dataframe
 
 

@@ -318,7 +318,7 @@ def test_sigkill_of_draftlab_run_then_one_resume_and_a_worker_finish_it(db_url, 
     statuses = [line.split()[3] for line in listing.splitlines() if line.lstrip().startswith("run ")]
     assert statuses == ["interrupted"] * 3, listing
     assert main(["resume", str(eid), "--db", db_url]) == 0
-    assert "requeued 3 run(s)" in capsys.readouterr().out  # every run of the experiment, in one step
+    assert "requeued 3 runs" in capsys.readouterr().out  # every run of the experiment, in one step
     assert main(["worker", "--until-idle", "--db", db_url]) == 0
     capsys.readouterr()
     runs = q.runs(store, eid)

@@ -1,0 +1,33 @@
+"""What `draftlab run` says on stderr while it times the runs itself: its own lines (no worker process is
+involved, so no "worker:" prefix), counts in words, and the progress bar's final line once."""
+from __future__ import annotations
+
+import re
+
+from tests.test_cli_errors import run_cli  # noqa: F401 - the fixture
+
+
+def _segments(err: str) -> list[str]:
+    """stderr as a log file shows it: every carriage return and newline starts a line of its own."""
+    return [s.strip() for s in re.split(r"[\r\n]", err) if s.strip()]
+
+
+def test_run_prints_its_own_lines_and_one_final_progress_line(run_cli):
+    code, out, err = run_cli("--k", "1,2", "--repeats", "1")
+    assert code == 0, err
+    lines = _segments(err)
+    assert not [s for s in lines if s.startswith("worker:")], err
+    done = [s for s in lines if s.startswith("draftlab run: run ") and s.endswith(" done")]
+    assert done == ["draftlab run: run 1 (baseline) done", "draftlab run: run 2 (speculative, k=1) done",
+                    "draftlab run: run 3 (speculative, k=2) done"], err
+    assert "draftlab run: experiment 1: timing 3 runs prompt-major, 1 repeat each" in lines, err
+    full = [s for s in lines if "100%|" in s and "tok" in s]  # ours, not transformers' "Loading weights" bars
+    assert len(full) == 1, full  # printed once, after the runs' lines
+    assert lines.index(full[0]) > max(lines.index(s) for s in done)
+    assert full[0].startswith("all runs: 100%|")  # not the description of whichever decode reported last
+    assert "(1 repeat, median)" in out
+    header = next(line for line in out.splitlines() if "speedup (95% CI)" in line)
+    assert header.endswith("same output")  # the last column, not an unexplained "match"
+    assert "same output: greedy runs only: every prompt's output equals the baseline's token for token" in out
+    rows = [line for line in out.splitlines() if line.strip().startswith(("1 ", "2 "))]
+    assert rows and all(line.endswith(" yes") for line in rows), rows  # greedy: lossless
