@@ -10,10 +10,14 @@ import sys
 
 from engine.wording import noun, plural
 from engine import zoo  # the shipped models' names (plain Python, no torch)
-from engine.variables import VARIABLES  # the swept variables' options (plain Python, no torch)
+from engine.limits import LIMITS
+from engine.variables import SETTINGS, VARIABLES  # the swept variables and settings (plain Python, no torch)
+from storage.schema import NAME_CHARS
 from storage.settings import STALE_HELP
 
+from .arguments import ID as _ID, described as _described, positive_number as _positive_number, whole as _whole
 from .db_errors import db_error_reason, scrub
+from .ui import PORTS as UI_PORTS  # (stdlib only at import)
 
 EXIT_BAD_INPUT, EXIT_RUN_FAILED = 2, 1
 
@@ -31,6 +35,8 @@ def _fail(message: str, status: int = EXIT_BAD_INPUT) -> int:
 CHAT_TEMPLATE_HELP = ("how conversation prompts become text: auto (the target tokenizer's chat template, with the "
                       "generation prompt), none (the turns' texts joined by blank lines), or a Jinja template FILE; "
                       "plain prompts are never templated (default auto)")
+
+
 DEFAULT_REPEATS = 3  # see README, "Timing protocol": what the demo pair needs to meet the spread goal
 DB_RETRY_HELP = ("A database write that fails (disk full, read-only file, server restarting) is retried with backoff "
                  "for $DRAFTLAB_DB_RETRY_SECONDS seconds (default 300), the results held in memory, before the runs "
@@ -47,15 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
         run.add_argument(variable.flag, default=variable.default, help=variable.help)
     run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed; chat: conversations), a .jsonl/.csv/.txt/.parquet/.arrow file (a prompt, or a conversation: OpenAI messages or ShareGPT conversations), or several joined with + (code:validation+english:validation)")
     run.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
-    run.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
-                     help=f"timed decodes per prompt and configuration, medians used (default {DEFAULT_REPEATS})")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--max-new-tokens", type=int, default=128)
+    run.add_argument("--repeats", type=_described(SETTINGS["repeats"]), default=DEFAULT_REPEATS,
+                     help=f"timed decodes per prompt and configuration, medians used (default {DEFAULT_REPEATS}; at "
+                          f"most $DRAFTLAB_LIMIT_REPEATS, default {LIMITS['repeats'].default})")
+    run.add_argument("--seed", type=_described(SETTINGS["seed"]), default=0, help=SETTINGS["seed"].help)
+    run.add_argument("--max-new-tokens", type=_described(SETTINGS["max_new_tokens"]), default=128,
+                     help=f"new tokens per prompt (default 128; at most $DRAFTLAB_LIMIT_MAX_NEW_TOKENS, default "
+                          f"{LIMITS['max_new_tokens'].default})")
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     run.add_argument("--trust-remote-code", action="store_true", help="allow model repos to run their own code")
     run.add_argument("--db", default=None, help="SQLAlchemy URL (default $DRAFTLAB_DB or sqlite:///draftlab.db)")
-    run.add_argument("--name", default=None)
+    run.add_argument("--name", default=None, help=f"the experiment's name (at most {NAME_CHARS} characters)")
     run.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     run.description = (f"Baseline + one speculative run per swept value (a comma list in at most one of "
                        f"{', '.join(v.flag for v in VARIABLES.values())}), timed here and stored. Ctrl-C or SIGTERM stops it "
@@ -64,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ui = sub.add_parser("ui", help="the dashboard, plus a local worker if none is alive")
     ui.add_argument("--db", default=None)
-    ui.add_argument("--port", type=int, default=8501)
+    ui.add_argument("--port", type=_whole(*UI_PORTS, what="a TCP port"), default=8501)
     ui.add_argument("--host", default="127.0.0.1",
                     help="address to bind; beyond loopback (0.0.0.0) it needs $DRAFTLAB_PASSWORD or OIDC "
                          "in .streamlit/secrets.toml [auth]")
@@ -91,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="requeue an experiment's interrupted, failed or cancelled runs",
                             description=f"Requeue an experiment's interrupted, failed or cancelled runs. {STALE_HELP}; "
                                         f"resume requeues those too, in the same step.")
-    resume.add_argument("experiment_id", type=int)
+    resume.add_argument("experiment_id", type=_ID)
     resume.add_argument("--db", default=None)
 
     distill = sub.add_parser(
@@ -108,18 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--prompts", required=True,
                          help="NAME[:tune] (held out: NAME:validation), a .jsonl/.csv/.txt file (held out: the same file), or several joined with + (code+english: held out code:validation+english:validation)")
     distill.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
-    distill.add_argument("--steps", type=int, required=True, help="optimiser steps (each: --batch-size sequences)")
-    distill.add_argument("--out", required=True, help="directory for the distilled model (created if missing)")
-    distill.add_argument("--focus-from", type=int, default=None, metavar="EXPERIMENT_ID",
+    distill.add_argument("--steps", type=_whole(1), required=True, help="optimiser steps (each: --batch-size sequences)")
+    distill.add_argument("--out", required=True,
+                         help="directory for the distilled model (created if missing; an existing one must be empty, "
+                              "or hold only this command's checkpoint, unless --overwrite; never a shipped model)")
+    distill.add_argument("--overwrite", action="store_true",
+                         help="write into a non-empty --out (files of the same name are replaced)")
+    distill.add_argument("--focus-from", type=_ID, default=None, metavar="EXPERIMENT_ID",
                          help="weight the loss by this stored experiment's rejection profile (its best run): token "
                               "types and draft positions with low acceptance count more")
-    distill.add_argument("--lr", type=float, default=3e-4)
-    distill.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's continuations")
-    distill.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
-    distill.add_argument("--samples", type=int, default=1,
+    distill.add_argument("--lr", type=_positive_number, default=3e-4)
+    distill.add_argument("--max-new-tokens", type=_described(SETTINGS["max_new_tokens"]), default=128,
+                         help="length of the target's continuations")
+    distill.add_argument("--batch-size", type=_whole(1), default=8, help="sequences per step (default 8)")
+    distill.add_argument("--samples", type=_whole(1), default=1,
                          help="continuations per training prompt: the target's greedy one, plus SAMPLES-1 drawn from "
                               "the target at temperature 1 (more data for small prompt sets; default 1)")
-    distill.add_argument("--seed", type=int, default=0)
+    distill.add_argument("--seed", type=_described(SETTINGS["seed"]), default=0)
     distill.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     distill.add_argument("--db", default=None, help="database of --focus-from (default $DRAFTLAB_DB or sqlite:///draftlab.db)")
     distill.add_argument("--json", action="store_true",
@@ -127,21 +141,23 @@ def build_parser() -> argparse.ArgumentParser:
                               '"alpha_after"}')
 
     validate = sub.add_parser("validate", help="rerun an experiment's best configuration on held-out prompts")
-    validate.add_argument("experiment_id", type=int)
+    validate.add_argument("experiment_id", type=_ID)
     validate.add_argument("--prompts", default=None,
                           help="held-out prompts (default: the validation split of the experiment's built-in set)")
     validate.add_argument("--db", default=None)
     validate.add_argument("--json", action="store_true", help="print one JSON object")
 
     export = sub.add_parser("export", help="an experiment's runs with metrics, and its per-token rows")
-    export.add_argument("experiment_id", type=int)
+    export.add_argument("experiment_id", type=_ID)
     export.add_argument("--format", choices=["csv", "json", "deploy"], default="csv",
                         help="deploy: one JSON document with the equivalent vLLM, SGLang, llama.cpp and transformers "
                              "settings of a run (the experiment's best unless --run names one)")
-    export.add_argument("--run", type=int, default=None, dest="run_id",
+    export.add_argument("--run", type=_ID, default=None, dest="run_id",
                         help="deploy: the speculative run to carry to production (default: the verdict's best)")
     export.add_argument("--out", default=None,
-                        help="csv: directory for the two files (default .); json, deploy: file (default stdout)")
+                        help="csv: directory for the files (default .; created if missing); json, deploy: file "
+                             "(default stdout; its folder must exist); an existing file is kept unless --overwrite")
+    export.add_argument("--overwrite", action="store_true", help="replace files --out already holds")
     export.add_argument("--db", default=None)
     from .import_metrics import add_parser as add_import_metrics
 
@@ -161,12 +177,16 @@ def cmd_run(args) -> int:
 
     from .sweep import parse_sweep
 
+    from engine.limits import check_all
+
     try:
         # Bad settings, prompts or models are bad input (exit 2): checked before anything is stored.
+        check_all()  # a $DRAFTLAB_LIMIT_... typo, even for a limit no option here named
         options = {name: getattr(args, name) for name in VARIABLES}
         sweep = parse_sweep({**options, "draft": args.draft if args.draft is not None else "-"})
-        if args.repeats < 1:
-            raise DraftLabError(f"--repeats must be >= 1 (got {args.repeats}); use e.g. --repeats 3")
+        if args.name is not None and len(args.name) > NAME_CHARS:
+            raise DraftLabError(f"--name is {len(args.name)} characters, longer than the {NAME_CHARS} an experiment's "
+                                f"name holds; give a shorter one (notes hold the rest, on the dashboard)")
         if sweep.k_auto and sweep.drafters != ["model"]:
             raise DraftLabError("--k auto predicts a constant-k curve: use it with --drafter model (the default); "
                                 "sweep --drafter with a fixed --k instead")
@@ -280,7 +300,7 @@ def cmd_distill(args) -> int:
     try:
         cfg = driver.distill_config(args.steps, args.lr, args.max_new_tokens, args.batch_size, args.seed,
                                     args.samples)
-        out = ds.check_out_dir(args.out)
+        out = ds.check_distill_out(args.out, args.overwrite, driver.CHECKPOINT_DIR)
     except DraftLabError as exc:
         return _fail(str(exc))
     focus = None
@@ -443,6 +463,10 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
         if experiment_id is None:
             return _fail(f"{what} before anything was stored", status)
         return _fail(f"{what}; finished prompts are stored. Continue with {continue_with(experiment_id)}", status)
+    except QueueError as exc:  # the queue's last check refused a value (nothing was stored)
+        _stop_quietly(worker)
+        progress.close()
+        return _fail(str(exc))
     except DatabaseUnavailable as exc:
         failure = str(exc)
     except SQLAlchemyError as exc:
@@ -626,6 +650,9 @@ def cmd_export(args) -> int:
 
     if args.run_id is not None and args.format != "deploy":
         return _fail(f"--run applies to --format deploy only (got --format {args.format})")
+    problem = _export_out_problem(args)
+    if problem:
+        return _fail(problem)
     store = open_store_or_fail(args.db)
     if isinstance(store, int):
         return store
@@ -642,6 +669,9 @@ def cmd_export(args) -> int:
         else:
             for path in export_csv(store, args.experiment_id, args.out or "."):
                 print(path)
+    except OSError as exc:  # the folder went away or turned unwritable since the check
+        return _fail(f"cannot write --out {args.out or '.'} ({exc.strerror or exc}); pass a file or folder you can "
+                     f"write to")
     except KeyError:
         return _fail(f"no experiment {args.experiment_id} in {store.safe_url}; `draftlab list` shows the ids")
     except DeployError as exc:
@@ -664,6 +694,38 @@ def cmd_import_metrics(args) -> int:
         return _fail(str(exc))
     finally:
         store.dispose()
+
+
+def _export_out_problem(args) -> str | None:
+    """What is wrong with `export --out`, checked before the database is read: json and deploy write one file
+    (not a directory, in a folder that exists), csv writes its files into a directory (created if missing, not a
+    file); a file already there is kept unless --overwrite."""
+    import os
+    from pathlib import Path
+
+    from storage.export import csv_names
+
+    if args.format in ("json", "deploy"):
+        if args.out in (None, "-"):
+            return None
+        out = Path(args.out).expanduser()
+        if out.is_dir():
+            return (f"--out {args.out} is a directory; --format {args.format} writes one file: name it, e.g. "
+                    f"--out {os.path.join(args.out, f'experiment-{args.experiment_id}.json')}")
+        folder = out.parent if str(out.parent) else Path(".")
+        if not folder.is_dir():
+            return f"--out {args.out}: the folder {folder} does not exist; create it first or name a file in a folder that exists"
+        files = [out] if out.exists() else []
+    else:
+        out = Path(args.out or ".").expanduser()
+        if out.exists() and not out.is_dir():
+            return (f"--out {args.out} is a file; --format csv writes {len(csv_names(args.experiment_id))} files "
+                    f"into a directory: pass a directory (created if missing)")
+        files = [out / name for name in csv_names(args.experiment_id) if (out / name).exists()]
+    if files and not args.overwrite:
+        shown = ", ".join(str(f) for f in files)
+        return f"--out: {shown} already exists; pass --overwrite to replace it, or another --out"
+    return None
 
 
 EXIT_CLOSED_PIPE = 128 + 13  # what a shell reports for a command stopped by SIGPIPE

@@ -5,17 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.numbers import ascii_float, ascii_int
+from engine.numbers import ascii_float
 
-MAX_ID = 2**31 - 1  # ids are INTEGER columns on SQLite and PostgreSQL alike
-
-
-def _id(raw: str) -> int:
-    value = ascii_int(raw)
-    if value is None or not 1 <= value <= MAX_ID:
-        raise argparse.ArgumentTypeError(f"ids are whole numbers 1 to {MAX_ID} (got {raw[:40]!r}); `draftlab list` "
-                                         f"shows them")
-    return value
+from .arguments import ID as _id  # ids: 1 to engine/numbers.DB_INT_MAX, ASCII digits, one wording
 
 
 def _seconds(raw: str) -> float:
@@ -23,6 +15,9 @@ def _seconds(raw: str) -> float:
     if value is None or not 0 < value <= 86_400:
         raise argparse.ArgumentTypeError(f"--interval must be seconds in (0, 86400] (got {raw[:40]!r}); e.g. 60")
     return value
+
+
+_seconds.accepts = lambda value: isinstance(value, float) and 0 < value <= 86_400
 
 
 def add_parser(sub) -> None:

@@ -60,6 +60,17 @@ def _stop(process: subprocess.Popen | None, name: str, timeout: float = 10.0) ->
         process.wait()
 
 
+PORTS = (1, 65535)
+
+
+def port_refusal(port) -> str | None:
+    """Why `port` cannot be served on (checked before a worker or the dashboard starts), else None."""
+    low, high = PORTS
+    if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= high:
+        return f"--port {port} is not a TCP port; use a whole number from {low} to {high}, e.g. --port {DEFAULT_PORT}"
+    return None
+
+
 def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HOST, insecure: bool = False) -> int:
     """Run the dashboard until it exits or is interrupted; returns its exit status.
 
@@ -70,7 +81,7 @@ def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HO
 
     from app.access import PASSWORD_ENV, login_mode, serving_refusal
 
-    refusal = serving_refusal(host, insecure)
+    refusal = serving_refusal(host, insecure) or port_refusal(port)
     if refusal:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
@@ -122,7 +133,7 @@ def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HO
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="draftlab ui", description=__doc__)
     parser.add_argument("--db", default=None, help="database URL (default: $DRAFTLAB_DB, else sqlite:///draftlab.db)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"{PORTS[0]} to {PORTS[1]}")
     parser.add_argument("--host", default=DEFAULT_HOST, help="address to bind (0.0.0.0 inside a container)")
     parser.add_argument("--insecure", action="store_true", help=INSECURE_HELP)
     return parser.parse_args(argv)

@@ -495,6 +495,26 @@ def saved_dtype(source: str) -> torch.dtype:
     return {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(str(name), torch.float32)
 
 
+def check_distill_out(out: str | Path, overwrite: bool = False, checkpoint: str | None = None) -> Path:
+    """`draftlab distill --out`, before anything is written: never a shipped model's directory (engine/zoo, with or
+    without `overwrite`); an existing directory must be empty, or hold only `checkpoint` (the same command's
+    interrupted run, which it continues), unless `overwrite`; then check_out_dir."""
+    from . import zoo
+
+    path = Path(out).expanduser()
+    resolved, shipped = path.resolve(), zoo.ZOO_DIR.resolve()
+    if resolved == shipped or shipped in resolved.parents:
+        raise DraftLabError(f"--out {out} is inside the shipped models' folder ({shipped}); distilled models go "
+                            f"elsewhere, e.g. --out models/my-draft (shipped models are never overwritten)")
+    if path.is_dir() and not overwrite:
+        entries = sorted(entry.name for entry in path.iterdir() if entry.name != checkpoint)
+        if entries:
+            shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+            raise DraftLabError(f"--out {out} is not empty (it holds {shown}); pass a new or empty directory, or "
+                                f"--overwrite to write into it anyway")
+    return check_out_dir(path)
+
+
 def check_out_dir(out: str | Path) -> Path:
     """Refuse an --out that cannot take a model directory, before any work: it must be a directory (or not
     exist yet) that this process can create and write."""

@@ -33,6 +33,9 @@ LIMITS: dict[str, Limit] = {item.name: item for item in (
     Limit("prompt_file_mb", 20, "megabytes per prompt file or upload"),
     Limit("prompt_chars", 100_000, "characters per prompt"),
     Limit("metrics_mb", 10, "megabytes per metrics scrape (draftlab import-metrics)"),
+    Limit("repeats", 100, "timed decodes per prompt and configuration (--repeats)"),
+    Limit("max_new_tokens", 4096, "new tokens per prompt (--max-new-tokens)"),
+    Limit("swept_values", 64, "swept values per experiment"),
 )}
 
 
@@ -47,6 +50,13 @@ def limit(name: str) -> int:
         raise DraftLabError(f"${item.env} must be a whole number >= 1 (got {raw[:40]!r}); unset it for the default "
                             f"{item.default} {item.meaning}")
     return value
+
+
+def check_all() -> None:
+    """Every $DRAFTLAB_LIMIT_<NAME> that is set holds a valid bound (a DraftLabError names the first that does
+    not): checked once up front, so a typo in one is reported before anything is queued."""
+    for name in LIMITS:
+        limit(name)
 
 
 def over(name: str, count: int, what: str) -> str:

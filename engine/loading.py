@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from .cached_model import rollback_cache
 
@@ -104,6 +105,8 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, trust_remote
         )
     except (OSError, ValueError, KeyError) as exc:
         raise _cannot_load(name, exc) from exc
+    except SafetensorError as exc:  # garbage or a truncated download: not an OSError
+        raise _corrupt_weights(name, source, exc) from exc
     except torch.cuda.OutOfMemoryError as exc:
         raise DraftLabError(f"CUDA out of memory loading {name!r}; use a smaller --dtype (bfloat16) or a smaller model") from exc
     if spread:
@@ -112,6 +115,28 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, trust_remote
         model.to(device)
     model.eval()
     return LoadedModel(name=name, source=source, model=model, tokenizer=tokenizer)
+
+
+def _corrupt_weights(name: str, source: str, exc: Exception) -> DraftLabError:
+    """A weights file safetensors cannot read, named (the first of a local directory's files that fails to open)."""
+    from safetensors import safe_open
+
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    bad = None
+    folder = Path(source)
+    if folder.is_dir():
+        for path in sorted(folder.glob("*.safetensors")):
+            try:
+                with safe_open(str(path), framework="pt"):
+                    pass
+            except Exception:  # noqa: BLE001 - SafetensorError, OSError: this is the file that does not read
+                bad = path
+                break
+    if bad is not None:
+        return DraftLabError(f"cannot load model {name!r}: its weights file {bad} is corrupt or truncated ({first}); "
+                             f"copy or download the model again, or save it again with save_pretrained()")
+    return DraftLabError(f"cannot load model {name!r}: a weights file is corrupt or truncated ({first}); download it "
+                         f"again (a hub id: remove the model from the Hugging Face cache first)")
 
 
 def _cannot_load(name: str, exc: Exception) -> DraftLabError:

@@ -11,6 +11,10 @@ from __future__ import annotations
 import math
 import re
 
+# The largest whole number every database column that holds one takes (PostgreSQL's INTEGER; SQLite's are 64-bit):
+# seeds and ids beyond it are refused as input, the same on both databases.
+DB_INT_MAX = 2**31 - 1
+
 _INT = re.compile(r"[+-]?[0-9]{1,19}")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,3})?")
 

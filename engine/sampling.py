@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import DraftLabError
+from .variables import MIN_TEMPERATURE
 
 
 DRAFT_SAMPLING = ("probabilistic", "greedy")
@@ -33,6 +34,9 @@ class SamplingConfig:
                                 f"{str(self.draft_sampling)[:40]!r})")
         if self.temperature < 0:
             raise DraftLabError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy decoding")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise DraftLabError(f"temperature {self.temperature:g} is too small to compute with (a value above 0 must "
+                                f"be at least {MIN_TEMPERATURE:g}); use 0 for greedy decoding")
         if self.top_k < 0:
             raise DraftLabError(f"top-k must be >= 0 (got {self.top_k}); use 0 to disable it")
         if not 0 < self.top_p <= 1:

@@ -19,11 +19,15 @@ from typing import Callable
 from . import zoo
 from .drafter_specs import DEFAULT_DRAFTER, canonical_drafter
 from .errors import DraftLabError
-from .numbers import ascii_float, ascii_int
+from .limits import LIMITS, limit, over
+from .numbers import DB_INT_MAX, ascii_float, ascii_int
 
 MAX_K = 64  # the largest k anyone sweeps (the form's bound, --k's, and the prefill's)
 MAX_TOP_K = 10**6
 MAX_TEMPERATURE = 100.0
+# The smallest temperature above 0: below it sampling is greedy in all but exact ties, and float32 logits divided
+# by it overflow or divide by zero (1e-300 is 0 in float32). 0 is greedy decoding, anything from this up samples.
+MIN_TEMPERATURE = 1e-3
 MAX_NAME = 300  # characters of a model name
 
 
@@ -31,7 +35,7 @@ MAX_NAME = 300  # characters of a model name
 class Variable:
     name: str  # the runs/experiments column, the URL's `sweep=` key, the CLI option's dest
     kind: type  # int, float or str (names: a draft model, a drafter spec)
-    meaning: str  # what one valid value is, for error messages: "a whole number from 1 to 64"
+    what: str  # what one valid value is, for error messages: "a whole number from 1 to 64" ({upper}: the limit)
     example: str  # a valid list of values: "1,2,4,8"
     default: str | None = None  # the value when not given (CLI text); None: required where it matters
     help: str = ""  # the CLI's help, what a form field's help says
@@ -41,8 +45,15 @@ class Variable:
     low: float | None = None  # numeric bounds (inclusive unless low_open)
     high: float | None = None
     low_open: bool = False
+    min_positive: float | None = None  # a value above 0 must be at least this (temperature: 0 or >= 0.001)
+    limit: str | None = None  # the engine/limits.py bound that is its upper bound (settable by $DRAFTLAB_LIMIT_...)
     per_value_baseline: bool = False  # the target's own decoding depends on it: one baseline per value
     check_name: Callable[[str], str] | None = None  # names: the value as stored, or a DraftLabError
+
+    @property
+    def meaning(self) -> str:
+        """What one valid value is, with the limit in force filled in: "a whole number from 1 to 100"."""
+        return self.what.format(upper=self.upper) if self.limit else self.what
 
     @property
     def flag(self) -> str:
@@ -65,15 +76,30 @@ class Variable:
                 raise DraftLabError(f"{self.flag} has an empty value; use e.g. {self.flag} {self.example}")
             return self.check_name(raw) if self.check_name else raw
         value = ascii_int(raw) if self.kind is int else ascii_float(raw)
+        if value is not None and self.limit and value > self.upper:
+            raise DraftLabError(f"{self.flag} {raw[:40]} is more than the limit of {self.upper} "
+                                f"{LIMITS[self.limit].meaning.split(' (')[0]}: use fewer, or raise it with "
+                                f"${LIMITS[self.limit].env}")
+        if value is not None and self.min_positive is not None and 0 < value < self.min_positive:
+            raise DraftLabError(f"{self.name} value {raw[:40]!r} is too small to compute with (a value above 0 must "
+                                f"be at least {self.min_positive:g}); use 0 for greedy decoding or e.g. "
+                                f"{self.flag} {self.min_positive:g}")
         if value is None or not self.in_range(value):
             raise DraftLabError(f"{self.name} value {raw[:40]!r} is not {self.meaning}; use e.g. "
                                 f"{self.flag} {self.example}")
         return value
 
+    @property
+    def upper(self) -> float | None:
+        """The largest value: the limit in force (engine/limits.py) when it has one, else `high`."""
+        return limit(self.limit) if self.limit else self.high
+
     def in_range(self, value) -> bool:
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
-        return self.high is None or value <= self.high
+        if self.min_positive is not None and 0 < value < self.min_positive:
+            return False
+        return self.upper is None or value <= self.upper
 
     def parse_list(self, text) -> list:
         """Comma-separated values, each once: numbers sorted, names in the order given."""
@@ -82,6 +108,8 @@ class Variable:
         if not items or any(not item for item in items):
             raise DraftLabError(f"{self.flag} {str(text)[:60]!r} has an empty value; use e.g. "
                                 f"{self.flag} {self.example}")
+        if len(items) > limit("swept_values"):
+            raise DraftLabError(f"{self.flag}: " + over("swept_values", len(items), "the sweep"))
         values = [self.parse(item) for item in items]
         seen = set()
         for value in values:
@@ -133,8 +161,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("k", int, f"a whole number from 1 to {MAX_K}", "1,2,4,8", "4",
              "draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, predict the speedup of every k, "
              "then measure the 3 best predicted", low=1, high=MAX_K, title="k", step=1),
-    Variable("temperature", float, f"a number from 0 to {MAX_TEMPERATURE:g} (0 means greedy)", "0,0.7,1", "0",
-             "0 = greedy; a comma list sweeps it", low=0.0, high=MAX_TEMPERATURE, per_value_baseline=True,
+    Variable("temperature", float, f"0 (greedy) or a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}",
+             "0,0.7,1", "0", f"0 = greedy, else {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}; a comma list sweeps it",
+             low=0.0, high=MAX_TEMPERATURE, min_positive=MIN_TEMPERATURE, per_value_baseline=True,
              title="Temperature", step=0.1),
     Variable("top_k", int, f"a whole number from 0 to {MAX_TOP_K} (0 turns it off)", "0,20,50", "0",
              "0 = off; a comma list sweeps it", low=0, high=MAX_TOP_K, per_value_baseline=True, title="Top-k",
@@ -150,6 +179,20 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              label="drafter (drafting strategy)", check_name=canonical_drafter),
 )}
 DEFAULT_VARIABLE = "k"
+
+# The fixed numeric settings of an experiment, described the same way (never swept): the CLI's options, the form's
+# fields and its link prefill, and the queue's last check read these. Seeds fit the INTEGER column on every database
+# (engine/numbers.py's DB_INT_MAX); repeats and max new tokens are bounded by engine/limits.py.
+SETTINGS: dict[str, Variable] = {v.name: v for v in (
+    Variable("seed", int, f"a whole number from 0 to {DB_INT_MAX}", "0", "0",
+             f"prompt i samples from a generator seeded by (seed, i); 0 to {DB_INT_MAX}", low=0, high=DB_INT_MAX,
+             title="Seed", step=1),
+    Variable("repeats", int, "a whole number from 1 to {upper}", "3", None,
+             "timed decodes per prompt and configuration, medians used", low=1, limit="repeats", title="Repeats",
+             step=1),
+    Variable("max_new_tokens", int, "a whole number from 1 to {upper}", "128", "128", "new tokens per prompt", low=1,
+             limit="max_new_tokens", title="Max new tokens", step=16),
+)}
 
 
 def variable(name: str | None) -> Variable:

@@ -18,8 +18,9 @@ import streamlit as st
 
 from engine import zoo
 from engine.errors import DraftLabError
+from engine.limits import LIMITS
 from engine.wording import plural
-from engine.variables import VARIABLES
+from engine.variables import SETTINGS, VARIABLES
 from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
                                 load_prompts)
 from pages.common import nav_page, store
@@ -29,6 +30,7 @@ from pages.prefill import (AUTO_K, DEFAULT_NGRAM, DEFAULT_SWEEP, DEFAULT_THRESHO
                            parse_names, parse_prefill, parse_sweep_values)
 from storage.errors import QueueError
 from storage.experiments import enqueue_experiment
+from storage.schema import NAME_CHARS
 
 __all__ = ["AUTO_K", "DEFAULT_SWEEP", "INTEGER_VARIABLES", "MAX_K", "Launch", "parse_sweep_values", "render",
            "save_upload", "upload_dir", "validate"]
@@ -102,18 +104,19 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     for setting, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
         if not VARIABLES[setting].in_range(value):  # the bounds every input of this setting shares
             launch.errors.append(f"{VARIABLES[setting].title.lower()} must be {VARIABLES[setting].meaning}")
-    if seed < 0:
-        launch.errors.append("seed must be ≥ 0")
-    if max_new_tokens < 1:
-        launch.errors.append("max new tokens must be at least 1")
+    for setting, value in (("seed", seed), ("max_new_tokens", max_new_tokens), ("repeats", repeats)):
+        described = SETTINGS[setting]  # engine/variables.py: the CLI's bounds, with engine/limits.py's caps
+        if not described.in_range(value):
+            cap = f" (raise the cap with ${LIMITS[described.limit].env})" if described.limit else ""
+            launch.errors.append(f"{described.title.lower()} must be {described.meaning}{cap}")
+    if len(name.strip()) > NAME_CHARS:
+        launch.errors.append(f"name is {len(name.strip())} characters; an experiment's name holds at most {NAME_CHARS}")
     if device not in DEVICES:
         launch.errors.append(f"device must be one of {', '.join(DEVICES)}")
     if dtype not in DTYPES:
         launch.errors.append(f"dtype must be one of {', '.join(DTYPES)}")
     if sweep_variable not in SWEEP_VARIABLES:
         launch.errors.append(f"swept variable must be one of {', '.join(SWEEP_VARIABLES)}")
-    if repeats < 1:
-        launch.errors.append("repeats must be at least 1 (3 or more narrow the speedup's interval)")
     if sweep_variable == "drafter":
         drafter = "model"  # each run names its own
     else:
@@ -148,7 +151,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         models = f"{draft.strip()} ({', '.join(values)}) → {target.strip()}"
     else:
         models = f"{draft.strip()}{'' if drafter == 'model' else f' [{drafter}]'} → {target.strip()}"
-    default_name = f"{models} on {Path(prompts).name if os.sep in prompts else prompts}"
+    default_name = f"{models} on {Path(prompts).name if os.sep in prompts else prompts}"[:NAME_CHARS]
     launch.kwargs = dict(
         name=name.strip() or default_name, target=target.strip(), draft=draft.strip(), prompts=prompts,
         sampling={"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed),
@@ -399,8 +402,11 @@ def render() -> None:
             fixed[setting] = column.number_input(v.title, step=v.step, key=setting, help=v.help.split(";")[0])
         temperature, top_k, top_p = fixed["temperature"], fixed["top_k"], fixed["top_p"]
         c1, c2 = st.columns(2)
-        seed = c1.number_input("Seed", step=1, key="seed")
-        max_new_tokens = c2.number_input("Max new tokens", step=16, key="max_new_tokens")
+        seed = c1.number_input(SETTINGS["seed"].title, step=1, key="seed", min_value=0,
+                               max_value=SETTINGS["seed"].upper)
+        max_new_tokens = c2.number_input(SETTINGS["max_new_tokens"].title, step=16, key="max_new_tokens", min_value=1,
+                                         max_value=SETTINGS["max_new_tokens"].upper,
+                                         help=f"at most ${LIMITS['max_new_tokens'].env}")
         c1, c2 = st.columns(2)
         device = c1.selectbox("Device", DEVICES, key="device")
         dtype = c2.selectbox("Dtype", DTYPES, key="dtype")
@@ -435,7 +441,7 @@ def render() -> None:
             k = st.number_input("k (fixed)" if choice != "drafter" else "k (fixed; heuristic: its starting k)",
                                 step=1, key="fixed_k", persist_state="page")
         _seed("repeats")
-        repeats = st.number_input("Repeats", min_value=1, step=1, key="repeats",
+        repeats = st.number_input("Repeats", min_value=1, max_value=SETTINGS["repeats"].upper, step=1, key="repeats",
                                   help="each prompt is decoded this many times per configuration (the baseline and "
                                   "every swept value, interleaved), and the median time is used; more repeats narrow "
                                   "the speedup's 95 % interval on a noisy machine")

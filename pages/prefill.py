@@ -15,7 +15,7 @@ from typing import Iterable, Mapping, NamedTuple
 from engine.drafter_specs import SPECS, parse_drafter
 from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
-from engine.variables import MAX_K, VARIABLES, Variable
+from engine.variables import MAX_K, SETTINGS, VARIABLES, Variable
 
 # --- what the form offers ---------------------------------------------------------------------------------------
 # Swept variables and drafters are described once, in engine/variables.py and engine/drafter_specs.py (torch-free);
@@ -140,17 +140,18 @@ def split_drafter_specs(specs: Iterable[str]) -> tuple[list[str], str | None, st
 # --- link parameters --------------------------------------------------------------------------------------------
 
 # The link's numeric parameters: (widget key, the setting's description). The swept variables' bounds come from
-# engine/variables.py; the others are the form's own (seed, budget, repeats, k auto's largest k).
+# engine/variables.py (VARIABLES, and SETTINGS: seed, max new tokens, repeats, with engine/limits.py's caps);
+# k auto's largest k is the form's own.
 _Bounded = NamedTuple("_Bounded", [("kind", type), ("low", float), ("high", float), ("meaning", str)])
 NUMBERS = {
     "temperature": ("temperature", VARIABLES["temperature"]),
     "top_k": ("top_k", VARIABLES["top_k"]),
     "top_p": ("top_p", VARIABLES["top_p"]),
-    "seed": ("seed", _Bounded(int, 0, 2**31 - 1, "a whole number ≥ 0")),
-    "max_new_tokens": ("max_new_tokens", _Bounded(int, 1, 10**6, "a whole number ≥ 1")),
+    "seed": ("seed", SETTINGS["seed"]),
+    "max_new_tokens": ("max_new_tokens", SETTINGS["max_new_tokens"]),
     "k": ("fixed_k", VARIABLES["k"]),
     "k_auto": ("k_auto", _Bounded(int, 2, MAX_K, f"a whole number from 2 to {MAX_K}")),
-    "repeats": ("repeats", _Bounded(int, 1, 1000, "a whole number ≥ 1")),
+    "repeats": ("repeats", SETTINGS["repeats"]),
 }
 KNOWN = ("target", "draft", "prompts", "device", "dtype", "sweep", "values", "notes", "drafter", *NUMBERS)
 

@@ -5,12 +5,14 @@ profile it is predicted from. Every run is created `queued`; storage/run_state.p
 from __future__ import annotations
 
 import json
+import numbers
 from typing import Iterable, Sequence
 
 from sqlalchemy import insert, select, text
 
 from .errors import QueueError
-from .schema import BASELINE, QUEUED, SPECULATIVE, Experiment, Run, experiment_prompts, experiments, verify_profile
+from .schema import (BASELINE, NAME_CHARS, QUEUED, SPECULATIVE, Experiment, Run, experiment_prompts, experiments,
+                     verify_profile)
 from .store import Store
 
 SWEEPABLE = ("k", "temperature", "top_k", "top_p", "draft", "drafter")
@@ -20,6 +22,39 @@ CATEGORICAL = ("draft", "drafter")  # swept values are names; runs of one sweep 
 NO_MODEL_DRAFTERS = ("prompt-lookup",)
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
+
+
+def check_bounds(name: str | None, config: dict, repeats, sweep_variable: str, values: Sequence) -> None:
+    """The queue's last check before anything is stored, whoever enqueues (the CLI and the form check the same
+    descriptions earlier): every sampling setting, the repeats and each swept number within its bounds
+    (engine/variables.py, with engine/limits.py's caps), at most the swept-values limit, the name within its
+    column. A QueueError names the problem; SQLite and PostgreSQL never see a value one of them would refuse."""
+    from engine.errors import DraftLabError
+    from engine.limits import check_all, limit, over
+    from engine.variables import SETTINGS, VARIABLES
+
+    try:
+        check_all()
+    except DraftLabError as exc:  # a bad $DRAFTLAB_LIMIT_...
+        raise QueueError(str(exc)) from None
+
+    if name is not None and len(name) > NAME_CHARS:
+        raise QueueError(f"the name is {len(name)} characters, longer than the {NAME_CHARS} an experiment's name "
+                         f"holds; give a shorter one")
+    for key, value in [*config.items(), ("repeats", repeats)]:
+        described = VARIABLES.get(key) or SETTINGS[key]
+        if not _number(value) or not described.in_range(value):
+            raise QueueError(f"{key} {value!r} is not {described.meaning}")
+    if len(values) > limit("swept_values"):
+        raise QueueError(over("swept_values", len(values), "the sweep"))
+    described = VARIABLES[sweep_variable]
+    for value in ([] if described.categorical else values):
+        if not _number(value) or not described.in_range(value):
+            raise QueueError(f"{sweep_variable} value {value!r} is not {described.meaning}")
+
+
+def _number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _normalize_tags(tags: Iterable[str] | str) -> str:
@@ -66,13 +101,14 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
         values = [str(v).strip() for v in values]
         if any(not v for v in values) or len(set(values)) < len(values):
             raise QueueError(f"{sweep_variable} values must be distinct and non-empty (got {values})")
+    check_bounds(name, config, repeats, sweep_variable, values)
     drafter_of = lambda v: v if sweep_variable == "drafter" else drafter  # noqa: E731
 
     def draft_of(v):
         if str(drafter_of(v)).split(":")[0] in NO_MODEL_DRAFTERS:
             return None
         return v if sweep_variable == "draft" else draft
-    name = name or f"{','.join(values) if sweep_variable == 'draft' else draft} → {target} on {prompts}"
+    name = name or f"{','.join(values) if sweep_variable == 'draft' else draft} → {target} on {prompts}"[:NAME_CHARS]
     with store.session() as s:
         exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, drafter=drafter,
                          validates=validates, chat_template=chat_template or "auto",

@@ -117,15 +117,18 @@ def export_json(store: Store, experiment_id: int) -> dict:
                   "draft_tokens": tokens.to_dict(orient="records")})
 
 
+def csv_names(experiment_id: int) -> list[str]:
+    """The files export_csv writes: runs, draft tokens, timings."""
+    return [f"experiment-{experiment_id}-{what}.csv" for what in ("runs", "draft-tokens", "timings")]
+
+
 def export_csv(store: Store, experiment_id: int, directory: str | Path) -> list[Path]:
-    """Write experiment-N-runs.csv and experiment-N-draft-tokens.csv into directory; return their paths."""
+    """Write experiment-N-runs.csv, -draft-tokens.csv and -timings.csv into directory; return their paths."""
     if q.experiment(store, experiment_id) is None:
         raise KeyError(experiment_id)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    runs_path = directory / f"experiment-{experiment_id}-runs.csv"
-    tokens_path = directory / f"experiment-{experiment_id}-draft-tokens.csv"
-    timings_path = directory / f"experiment-{experiment_id}-timings.csv"
+    runs_path, tokens_path, timings_path = (directory / name for name in csv_names(experiment_id))
     runs = q.runs(store, experiment_id)
     runs.to_csv(runs_path, index=False)
     q.draft_token_rows(store, experiment_id).to_csv(tokens_path, index=False)

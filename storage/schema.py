@@ -13,6 +13,7 @@ from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA_VERSION = 7
+NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
 BASELINE, SPECULATIVE = "baseline", "speculative"
@@ -44,7 +45,7 @@ class SchemaInfo(Base):
 class Experiment(Base):
     __tablename__ = "experiments"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(NAME_CHARS))
     notes: Mapped[str] = mapped_column(Text, default="")
     tags: Mapped[str] = mapped_column(Text, default="")  # comma-separated, no spaces around commas
     created: Mapped[datetime] = mapped_column(DateTime, default=utcnow)

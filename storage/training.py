@@ -52,6 +52,23 @@ def _positive(value, name: str, example: str, integer: bool = True):
     return number
 
 
+def _within_columns(**values) -> None:
+    """Every number of a job within what its INTEGER column holds on SQLite and PostgreSQL alike (seed and max new
+    tokens: their description in engine/variables.py, the cap of engine/limits.py included)."""
+    from engine.numbers import DB_INT_MAX
+    from engine.variables import SETTINGS
+
+    for key, value in values.items():
+        if value is None:
+            continue
+        setting = SETTINGS.get(key)
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+        ok = setting.in_range(number) if setting is not None else 0 <= number <= DB_INT_MAX
+        if not ok:
+            meaning = setting.meaning if setting is not None else f"a whole number up to {DB_INT_MAX}"
+            raise QueueError(f"{key.replace('_', ' ')} {value!r} is not {meaning}")
+
+
 def enqueue_training(store: Store, *, name: str, target: str, draft: str, prompts: str, validation: str,
                      steps: int, lr: float = 3e-4, batch_size: int = 8, max_new_tokens: int = 128, samples: int = 1,
                      seed: int = 0, focus_from: int | None = None, device: str = "auto", notes: str = "",
@@ -64,6 +81,8 @@ def enqueue_training(store: Store, *, name: str, target: str, draft: str, prompt
     batch_size = _positive(batch_size, "batch size", "8")
     max_new_tokens = _positive(max_new_tokens, "max new tokens", "128")
     samples = _positive(samples, "samples", "1 (the greedy continuation only)")
+    _within_columns(steps=steps, batch_size=batch_size, samples=samples, max_new_tokens=max_new_tokens, seed=seed,
+                    focus_from=focus_from)
     name = (name or "").strip()
     if not NAME_PATTERN.match(name):
         raise QueueError(f"draft name {name!r} is not a plain directory name; use letters, digits, '.', '_' and "

@@ -39,10 +39,10 @@ def _one_error_line(err: str) -> str:
     (("--k", "2,-1"), "k value '-1' is not a whole number from 1 to 64"),
     (("--k", "two"), "k value 'two' is not a whole number"),
     (("--k", "４"), "k value '４' is not a whole number"),
-    (("--temperature", "-0.5"), "temperature value '-0.5' is not a number from 0"),
-    (("--temperature", "nan"), "temperature value 'nan' is not a number"),
+    (("--temperature", "-0.5"), "temperature value '-0.5' is not 0 (greedy) or a number from 0.001 to 100"),
+    (("--temperature", "nan"), "temperature value 'nan' is not 0 (greedy) or a number"),
     (("--top-p", "0"), "top_p value '0' is not a number in (0, 1]"),
-    (("--max-new-tokens", "0"), "max-new-tokens must be > 0"),
+    (("--max-new-tokens", "0"), "max_new_tokens value '0' is not a whole number from 1 to 4096"),
     (("--device", "tpu"), "invalid choice"),
 ])
 def test_bad_sampling_and_k_values(run_cli, args, needle):
@@ -278,7 +278,7 @@ def test_a_closed_pipe_ends_quietly(tmp_path, argv):
     (("--k", "1000"), "not a whole number from 1 to 64"),
     (("--k", "auto:1"), "largest k of at least 2"),
     (("--k", "auto:x"), "auto:8"),
-    (("--repeats", "0"), "--repeats must be >= 1"),
+    (("--repeats", "0"), "repeats value '0' is not a whole number from 1 to 100"),
 ])
 def test_k_and_repeats_are_checked_before_anything_is_stored(run_cli, extra, message):
     code, out, err = run_cli(*extra)
@@ -300,7 +300,7 @@ def test_worker_log_lines_hide_the_password_in_every_form():
 @pytest.mark.parametrize("extra, message", [
     (("--k", "1,2", "--temperature", "0,0.5"), "sweep one variable at a time: --k and --temperature"),
     (("--drafter", "nonsense"), "nonsense"),
-    (("--temperature", "0,-1"), "temperature value '-1' is not a number from 0"),
+    (("--temperature", "0,-1"), "temperature value '-1' is not 0 (greedy) or a number from 0.001"),
 ])
 def test_sweeps_are_one_variable_at_a_time_and_checked_up_front(run_cli, extra, message):
     code, out, err = run_cli(*extra)
@@ -340,3 +340,279 @@ def test_a_draft_sweep_compares_drafts_and_the_target_as_its_own_draft_accepts_e
 def test_k_auto_is_for_the_constant_k_drafter(run_cli):
     code, out, err = run_cli("--k", "auto:4", "--drafter", "heuristic")
     assert code == 2 and "--k auto predicts a constant-k curve" in _one_error_line(err)
+
+
+# --- issue 21: every input checked once, before anything is stored, the same answer on SQLite and PostgreSQL ---
+
+def _experiments(url):
+    from storage import open_store
+    from storage import queries as q
+
+    store = open_store(url)
+    try:
+        return len(q.experiments(store))
+    finally:
+        store.dispose()
+
+
+@pytest.fixture
+def run_on(model_dirs, tmp_path, capsys, db_url):
+    """`draftlab run` on the tiny pair against `db_url` (SQLite and PostgreSQL)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("t3 t4 t5\nt9 t10\n")
+
+    def run(*extra):
+        code = main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
+                     str(prompts), "--max-new-tokens", "4", "--repeats", "1", "--db", db_url, *extra])
+        out, err = capsys.readouterr()
+        return code, out, err
+    run.db = db_url
+    return run
+
+
+PROBE_RUN_INPUTS = [  # the probe's tracebacks, half-stored experiments and silently accepted values
+    (("--seed", str(10**30)), "seed value '1000000000000000000000000000000' is not a whole number from 0 to 2147483647"),
+    (("--seed", "-1"), "is not a whole number from 0 to 2147483647"),
+    (("--seed", str(2**40)), "is not a whole number from 0 to 2147483647"),
+    (("--seed", "３"), "seed value '３' is not a whole number"),
+    (("--top-k", str(10**12)), "top_k value '1000000000000' is not a whole number from 0 to 1000000"),
+    (("--repeats", str(2**40)), "more than the limit of 100 timed decodes per prompt and configuration"),
+    (("--repeats", "1000000000"), "$DRAFTLAB_LIMIT_REPEATS"),
+    (("--repeats", "٣"), "repeats value '٣' is not a whole number"),
+    (("--max-new-tokens", "1000000"), "$DRAFTLAB_LIMIT_MAX_NEW_TOKENS"),
+    (("--name", "n" * 300), "--name is 300 characters, longer than the 200"),
+    (("--temperature", "1e-300"), "too small to compute with"),
+    (("--temperature", "inf"), "temperature value 'inf' is not"),
+    (("--k", ",".join(str(k) for k in range(1, 66))), "DRAFTLAB_LIMIT_SWEPT_VALUES"),
+]
+
+
+@pytest.mark.parametrize("extra, needle", PROBE_RUN_INPUTS, ids=lambda v: " ".join(v)[:40] if isinstance(v, tuple) else None)
+def test_run_refuses_out_of_range_input_in_one_line_on_both_databases(run_on, extra, needle):
+    code, out, err = run_on(*extra)
+    assert code == 2 and out == "", err
+    assert needle in _one_error_line(err) and "Traceback" not in err
+    assert _experiments(run_on.db) == 0  # nothing stored, on SQLite as on PostgreSQL
+
+
+def test_the_documented_bounds_fit_every_database(run_on):
+    """The largest seed, top-k, repeats and name the CLI takes are stored as given (PostgreSQL's INTEGER and
+    varchar(200) included), and the smallest temperature above 0 samples."""
+    code, out, err = run_on("--seed", str(2**31 - 1), "--top-k", str(10**6), "--name", "n" * 200, "--temperature",
+                            "0.001", "--k", "2", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    from storage import open_store
+    from storage import queries as q
+
+    store = open_store(run_on.db)
+    exp = q.experiment(store, doc["experiment_id"])
+    store.dispose()
+    assert (exp["seed"], exp["top_k"], exp["name"], exp["temperature"]) == (2**31 - 1, 10**6, "n" * 200, 0.001)
+    assert all(r["status"] == "done" for r in [doc["baseline"], *doc["runs"]])
+
+
+def test_limits_are_settable_from_the_environment(run_cli, monkeypatch):
+    monkeypatch.setenv("DRAFTLAB_LIMIT_REPEATS", "2")
+    monkeypatch.setenv("DRAFTLAB_LIMIT_SWEPT_VALUES", "2")
+    code, _, err = run_cli("--repeats", "3")
+    assert code == 2 and "more than the limit of 2" in _one_error_line(err)
+    code, _, err = run_cli("--k", "1,2,3")
+    assert code == 2 and "more than the limit of 2: use fewer, or raise it with DRAFTLAB_LIMIT_SWEPT_VALUES" in \
+        _one_error_line(err)
+    monkeypatch.setenv("DRAFTLAB_LIMIT_REPEATS", "zwei")
+    code, _, err = run_cli("--repeats", "1")
+    assert code == 2 and "$DRAFTLAB_LIMIT_REPEATS must be a whole number" in _one_error_line(err)
+    code, _, err = run_cli()  # the default --repeats: the bad limit is still reported, before anything is stored
+    assert code == 2 and "$DRAFTLAB_LIMIT_REPEATS must be a whole number" in _one_error_line(err)
+    monkeypatch.delenv("DRAFTLAB_LIMIT_REPEATS")
+    assert _experiments(run_cli.db) == 0
+
+
+BAD_IDS = [str(2**63), str(10**30), "٣", "３", "-1", "0", "1e3"]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+@pytest.mark.parametrize("command", [["validate", "{id}"], ["export", "{id}"], ["resume", "{id}"],
+                                     ["export", "1", "--format", "deploy", "--run", "{id}"],
+                                     ["distill", "--target", "t", "--draft", "d", "--prompts", "code", "--steps", "1",
+                                      "--out", "{tmp}/o", "--focus-from", "{id}"]], ids=lambda c: c[0])
+def test_ids_out_of_range_or_not_ascii_are_one_line(command, bad, db_url, tmp_path, capsys):
+    argv = [part.format(id=bad, tmp=tmp_path) for part in command] + ["--db", db_url]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", err
+    line = _one_error_line(err)
+    assert "is not an id (a whole number) from 1 to 2147483647" in line and "Traceback" not in err
+    assert not (tmp_path / "o").exists()  # distill wrote nothing
+
+
+def test_an_id_past_every_stored_one_is_not_found_on_both_databases(db_url, capsys):
+    from storage import open_store
+
+    open_store(db_url).dispose()
+    for argv in (["export", str(2**31 - 1)], ["resume", str(2**31 - 1)]):
+        assert main([*argv, "--db", db_url]) == 2
+        assert "no experiment 2147483647" in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_corrupt_weights_file_is_named_with_the_fix(run_cli, model_dirs, tmp_path, damage):
+    import shutil
+
+    broken = tmp_path / f"draft-{damage}"
+    shutil.copytree(model_dirs["draft"], broken)
+    weights = broken / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(b"not a safetensors file" * 4 if damage == "garbage" else data[: len(data) // 2])
+    code, out, err = run_cli(draft=str(broken))
+    assert code == 2 and out == ""
+    line = _one_error_line(err)
+    assert str(weights) in line and "corrupt or truncated" in line and "save it again" in line
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def exported(tmp_path):
+    """A database with one experiment, and `export` on it."""
+    from storage import open_store
+    from storage.experiments import enqueue_experiment
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    store = open_store(url)
+    experiment_id = enqueue_experiment(store, name="x", target="t", draft="d", prompts="tiny", sampling={},
+                                             sweep_values=[1], prompt_texts=["t1 t2"])
+    store.dispose()
+    return url, experiment_id
+
+
+@pytest.mark.parametrize("fmt", ["json", "deploy"])
+def test_export_to_a_file_refuses_a_directory_a_missing_folder_and_an_existing_file(exported, tmp_path, capsys, fmt):
+    url, experiment_id = exported
+
+    def export(*extra):
+        code = main(["export", str(experiment_id), "--format", fmt, "--db", url, *extra])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    for out_arg, words in [(str(tmp_path), "is a directory"), (str(tmp_path / "missing" / "x.json"), "does not exist")]:
+        code, out, err = export("--out", out_arg)
+        assert code == 2 and out == "" and words in _one_error_line(err) and "Traceback" not in err
+    assert not (tmp_path / "missing").exists()
+    existing = tmp_path / "kept.json"
+    existing.write_text("mine")
+    code, out, err = export("--out", str(existing))
+    assert code == 2 and "already exists; pass --overwrite" in _one_error_line(err)
+    assert existing.read_text() == "mine"
+    if fmt == "json":  # (deploy of a never-run experiment has no best run to carry: its own error)
+        assert export("--out", str(existing), "--overwrite")[0] == 0
+        assert json.loads(existing.read_text())
+
+
+def test_export_csv_refuses_a_file_as_its_directory_and_keeps_existing_files(exported, tmp_path, capsys):
+    url, experiment_id = exported
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    assert main(["export", str(experiment_id), "--db", url, "--out", str(afile)]) == 2
+    assert "is a file" in _one_error_line(capsys.readouterr().err) and afile.read_text() == "mine"
+    folder = tmp_path / "new" / "folder"
+    assert main(["export", str(experiment_id), "--db", url, "--out", str(folder)]) == 0  # created if missing
+    capsys.readouterr()
+    runs = folder / f"experiment-{experiment_id}-runs.csv"
+    runs.write_text("edited")
+    assert main(["export", str(experiment_id), "--db", url, "--out", str(folder)]) == 2
+    assert "already exists; pass --overwrite" in _one_error_line(capsys.readouterr().err)
+    assert runs.read_text() == "edited"
+    assert main(["export", str(experiment_id), "--db", url, "--out", str(folder), "--overwrite"]) == 0
+    assert runs.read_text().startswith("run_id")
+
+
+@pytest.mark.parametrize("port", ["70000", "0", "-1", "８５０１", "http"])
+def test_ui_refuses_a_bad_port_before_starting_anything(port, tmp_path, monkeypatch, capsys):
+    from app import ui
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("a process was started for a bad --port")
+
+    monkeypatch.setattr(ui.subprocess, "Popen", no_process)
+    code = main(["ui", "--port", port, "--db", f"sqlite:///{tmp_path / 'ui.db'}"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and "not a TCP port" in _one_error_line(err)
+    # the dashboard's own entry (python -m app.ui, or a caller) checks it too, before the database or a worker
+    monkeypatch.setattr(ui, "_needs_worker", no_process)
+    assert ui.main(f"sqlite:///{tmp_path / 'ui.db'}", 70000) == 2
+    assert "--port 70000 is not a TCP port" in _one_error_line(capsys.readouterr().err)
+
+
+def _distill(out, *extra):
+    """`draftlab distill` whose prompts do not exist: --out is checked first, so a refusal names --out (and should
+    the check be missing, the command still ends before training or writing a model)."""
+    return main(["distill", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "no-such-set", "--steps",
+                 "1", "--out", str(out), *extra])
+
+
+def test_distill_refuses_a_non_empty_out_unless_overwrite(tmp_path, capsys):
+    from engine.distill import check_distill_out
+
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert _distill(out) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "is not empty (it holds notes.txt)" in line and "--overwrite" in line
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert check_distill_out(out, overwrite=True) == out
+    resumable = tmp_path / "resumable"
+    (resumable / ".checkpoint").mkdir(parents=True)  # an interrupted run of the same command: continued
+    assert check_distill_out(resumable, checkpoint=".checkpoint") == resumable
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_distill_never_writes_into_a_shipped_model(tmp_path, capsys, overwrite):
+    from engine import zoo
+
+    shipped = zoo.ZOO_DIR / "demo-draft"
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in shipped.iterdir())
+    assert _distill(shipped, *(["--overwrite"] if overwrite else [])) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "shipped models" in line and "--out" in line
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in shipped.iterdir()) == before
+    assert _distill(zoo.ZOO_DIR / "demo-draft-2", "--overwrite") == 2  # a new folder among them: refused too
+    assert not (zoo.ZOO_DIR / "demo-draft-2").exists()
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"sampling": {"seed": 2**40}}, "seed 1099511627776 is not a whole number from 0 to 2147483647"),
+    ({"sampling": {"top_k": 10**12}}, "top_k"), ({"sampling": {"temperature": 1e-300}}, "temperature"),
+    ({"sampling": {"temperature": float("nan")}}, "temperature"), ({"sampling": {"max_new_tokens": 10**6}}, "4096"),
+    ({"repeats": 2**40}, "repeats"), ({"name": "n" * 300}, "longer than the 200"),
+    ({"sweep_values": list(range(1, 66))}, "swept values"), ({"sweep_values": [1, 2**40]}, "k value"),
+])
+def test_the_queue_refuses_what_no_database_column_holds(store, change, words):
+    """Whoever enqueues (the form, a script), the queue checks the same descriptions before the first INSERT."""
+    from storage import queries as q
+    from storage.errors import QueueError
+    from storage.experiments import enqueue_experiment
+
+    kwargs = dict(name="x", target="t", draft="d", prompts="tiny", sampling={}, sweep_values=[1],
+                  prompt_texts=["t1 t2"])
+    with pytest.raises(QueueError, match=words.replace("(", r"\(")):
+        enqueue_experiment(store, **{**kwargs, **change})
+    assert q.experiments(store).empty
+    long_target = "t" * 400  # a generated name is cut to the column, not refused
+    experiment_id = enqueue_experiment(store, **{**kwargs, "name": None, "target": long_target})
+    assert len(q.experiment(store, experiment_id)["name"]) == 200
+
+
+@pytest.mark.parametrize("change, words", [({"seed": 2**40}, "seed 1099511627776 is not a whole number from 0"),
+                                           ({"steps": 2**40}, "steps"), ({"max_new_tokens": 10**6}, "4096"),
+                                           ({"focus_from": 2**63}, "focus from")])
+def test_a_training_job_refuses_what_no_column_holds(store, tmp_path, change, words):
+    from storage import training
+    from storage.errors import QueueError
+
+    kwargs = dict(name="d2", target="demo-target", draft="demo-draft", prompts="code:tune",
+                  validation="code:validation", steps=3, models=tmp_path)
+    with pytest.raises(QueueError, match=words):
+        training.enqueue_training(store, **{**kwargs, **change})
+    assert training.enqueue_training(store, **{**kwargs, "seed": 2**31 - 1}) > 0

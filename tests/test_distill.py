@@ -295,9 +295,9 @@ def test_bad_input_is_one_error_line(case, model_dirs, prompts_file, tmp_path, c
     blocker.write_text("x")
     argv = {"target": model_dirs["target"], "draft": model_dirs["draft"], "steps": "3", "out": str(tmp_path / "o"),
             "lr": "1e-3"}
-    needle = {"mismatched tokenizers": "tokenizers disagree", "steps 0": "--steps must be a positive integer",
-              "negative steps": "--steps must be a positive integer", "out is a file": "is a file",
-              "out under a file": "not writable", "lr 0": "--lr must be a positive number"}[case]
+    needle = {"mismatched tokenizers": "tokenizers disagree", "steps 0": "--steps: '0' is not a whole number from 1",
+              "negative steps": "--steps: '-5' is not a whole number from 1", "out is a file": "is a file",
+              "out under a file": "not writable", "lr 0": "--lr: '0' is not a positive number"}[case]
     if case == "mismatched tokenizers":
         argv["draft"] = model_dirs["alien"]
     elif case == "steps 0":

@@ -123,3 +123,57 @@ def test_prompt_limits_are_settable(tmp_path, monkeypatch):
     path.write_text("x" * (2 * 2**20), encoding="utf-8")
     with pytest.raises(DraftLabError, match="2.0 MB, more than the limit of 1 MB"):
         load_prompt_file(path)
+
+
+def _cli_number_options():
+    """Every option and argument of every `draftlab` subcommand that reads a number: (where, its argparse type)."""
+    import argparse
+
+    from app.cli import build_parser
+
+    found = []
+    for group in build_parser()._subparsers._group_actions:
+        for command, sub in group.choices.items():
+            for action in sub._actions:
+                if callable(action.type) and not isinstance(action, argparse._HelpAction):
+                    found.append((f"{command} {'/'.join(action.option_strings) or action.dest}", action.type))
+    return found
+
+
+CLI_NUMBERS = _cli_number_options()
+
+
+def test_every_cli_number_has_a_checked_parser():
+    """No bare int/float left: Python's int() takes '٣' and 10**30, float() 'nan' (the probe's tracebacks)."""
+    assert len(CLI_NUMBERS) >= 15, CLI_NUMBERS
+    bare = [where for where, parse in CLI_NUMBERS if parse in (int, float) or not hasattr(parse, "accepts")]
+    assert not bare, bare
+
+
+@FUZZ
+@given(st.sampled_from(range(len(CLI_NUMBERS))), st.one_of(typed, st.integers().map(str)))
+def test_every_cli_number_parser_gives_a_bounded_value_or_one_line(index, text):
+    import argparse
+
+    from engine.numbers import DB_INT_MAX
+
+    where, parse = CLI_NUMBERS[index]
+    try:
+        value = parse(text)
+    except argparse.ArgumentTypeError as exc:
+        assert str(exc) and "\n" not in str(exc), where
+        return
+    assert parse.accepts(value), (where, text, value)
+    assert isinstance(value, float) or abs(value) <= DB_INT_MAX, (where, value)  # fits every database column
+
+
+def test_every_limit_is_documented_in_the_readme_with_its_default():
+    from pathlib import Path
+
+    from engine.limits import LIMITS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    rows = {line.split("`")[-2]: line for line in readme.splitlines() if line.startswith("|") and "`DRAFTLAB_LIMIT_" in line}
+    for item in LIMITS.values():
+        assert item.env in rows, f"README's limits table lacks {item.env}"
+        assert f"| {item.default} |" in rows[item.env], rows[item.env]

@@ -181,10 +181,16 @@ def test_validate_passes_repeats_and_auto_k_and_checks_them():
     from pages.new_experiment import validate
 
     assert validate(**VALID).kwargs["repeats"] == 3 and validate(**VALID).kwargs["k_auto"] is None
+    edge = validate(**{**VALID, "seed": 2**31 - 1, "repeats": 100, "max_new_tokens": 4096, "name": "n" * 200})
+    assert edge.kwargs and not edge.errors
     kw = validate(**{**VALID, "sweep_text": "", "repeats": 5, "k_auto": 8}).kwargs
     assert (kw["repeats"], kw["k_auto"], kw["sweep_variable"], kw["sweep_values"], kw["k"]) == (5, 8, "k", [8], 8)
-    for change, words in [({"repeats": 0}, "repeats must be at least 1"), ({"k_auto": 1}, "from 2 to 64"),
-                          ({"k_auto": 65}, "from 2 to 64")]:
+    for change, words in [({"repeats": 0}, "repeats must be a whole number from 1 to 100"),
+                          ({"repeats": 101}, "$DRAFTLAB_LIMIT_REPEATS"), ({"seed": 2**31}, "seed must be"),
+                          ({"max_new_tokens": 4097}, "from 1 to 4096"), ({"name": "n" * 201}, "at most 200"),
+                          ({"temperature": 1e-300}, "temperature must be 0 (greedy) or a number from 0.001"),
+                          ({"sweep_text": ",".join(map(str, range(1, 66)))}, "DRAFTLAB_LIMIT_SWEPT_VALUES"),
+                          ({"k_auto": 1}, "from 2 to 64"), ({"k_auto": 65}, "from 2 to 64")]:
         launch = validate(**{**VALID, **change})
         assert launch.kwargs == {} and any(words in e for e in launch.errors), launch.errors
 

@@ -66,7 +66,7 @@ def test_sweep_values_of_every_variable():
     assert pf.parse_sweep_values("1,0.5", "temperature") == [0.5, 1.0]
     assert pf.parse_sweep_values(" b , a ,", "draft") == ["b", "a"]  # names keep their order
     assert pf.parse_sweep_values("heuristic,confidence: 0.50", "drafter") == ["heuristic", "confidence:0.5"]
-    for text, variable, words in [("٣", "k", "whole number"), ("nan", "temperature", "not a number"),
+    for text, variable, words in [("٣", "k", "whole number"), ("nan", "temperature", r"is not 0 \(greedy\) or a number"),
                                   ("1_0", "top_k", "whole number"), ("a,a", "draft", "twice"),
                                   ("confidence:0.5,confidence:.5", "drafter", "twice"), (",", "draft", "at least one"),
                                   ("beam", "drafter", "unknown drafter")]:

@@ -181,7 +181,7 @@ def test_bad_imports_are_one_line_and_store_nothing(store, tmp_path, capsys):
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, (argv, err)
     for bad_id in ("0", "９", "99999999999999999999"):
         assert main(["import-metrics", before, "--experiment", bad_id, "--db", store.url]) == 2
-        assert "ids are whole numbers" in capsys.readouterr().err
+        assert "is not an id (a whole number) from 1 to 2147483647" in capsys.readouterr().err
     assert main(["import-metrics", before, "--experiment", str(eid + 100), "--db", store.url]) == 2
     assert f"no experiment {eid + 100}" in capsys.readouterr().err
     assert _series_count(store) == 0
