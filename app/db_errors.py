@@ -12,13 +12,70 @@ class DatabaseUnavailable(Exception):
     """The database refused writes (or connections) for longer than the worker's retry bound."""
 
 
-def transient_db_error(exc: BaseException) -> bool:
-    """A database error worth retrying: the database refused the write or the connection (read-only, disk
-    full, locked, server down or restarting), as opposed to a bug in a statement."""
+# An outage, not a bug in a statement: worth retrying whatever exception class the driver raised it as (psycopg
+# raises a read-only database as InternalError, SQLAlchemy wraps each as the DB-API class it maps to). PostgreSQL
+# by SQLSTATE (https://www.postgresql.org/docs/current/errcodes-appendix.html), SQLite by its primary result code.
+TRANSIENT_SQLSTATES = {
+    "25006": "read-only transaction (default_transaction_read_only, a standby, a hot-standby promotion pending)",
+    "57P01": "admin shutdown (the server is stopping, or pg_terminate_backend ended the session)",
+    "57P02": "crash shutdown",
+    "57P03": "cannot connect now (the server is starting or recovering)",
+    "57P05": "idle session timeout",
+    "40001": "serialization failure",
+    "40P01": "deadlock detected",
+    "55P03": "lock not available",
+}
+TRANSIENT_SQLSTATE_CLASSES = {
+    "08": "connection exception",
+    "53": "insufficient resources (disk full, out of memory, too many connections)",
+    "58": "system error (I/O)",
+}
+# SQLite primary result codes: BUSY, LOCKED ('database is locked'), READONLY ('attempt to write a readonly
+# database'), IOERR ('disk I/O error'), FULL ('database or disk is full'), CANTOPEN, PROTOCOL.
+TRANSIENT_SQLITE_CODES = {5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 8: "SQLITE_READONLY", 10: "SQLITE_IOERR",
+                          13: "SQLITE_FULL", 14: "SQLITE_CANTOPEN", 15: "SQLITE_PROTOCOL"}
+_SQLITE_MESSAGES = ("database is locked", "database table is locked", "readonly database", "disk i/o error",
+                    "database or disk is full", "unable to open database file")
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a PostgreSQL error (psycopg 3's `sqlstate`, psycopg2's `pgcode`), wrapped or not."""
+    for err in (getattr(exc, "orig", None), exc):
+        code = getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
+        if isinstance(code, str) and len(code) == 5:
+            return code
+    return None
+
+
+def outage_kind(exc: BaseException) -> str | None:
+    """What kind of database outage `exc` is (a few words, for logs), or None when it is not one: a bug in a
+    statement, a constraint, bad data. Classified by SQLSTATE and the driver's error code before the exception
+    class, so a read-only PostgreSQL (InternalError) is an outage like a stopped one (OperationalError)."""
     from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-    return isinstance(exc, (OperationalError, InterfaceError)) or (
-        isinstance(exc, DBAPIError) and bool(getattr(exc, "connection_invalidated", False)))
+    code = sqlstate(exc)
+    if code is not None:
+        kind = TRANSIENT_SQLSTATES.get(code) or TRANSIENT_SQLSTATE_CLASSES.get(code[:2])
+        if kind is not None:
+            return f"{kind} [{code}]"
+    orig = getattr(exc, "orig", None) or exc
+    sqlite_code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(sqlite_code, int) and (sqlite_code & 0xFF) in TRANSIENT_SQLITE_CODES:
+        return TRANSIENT_SQLITE_CODES[sqlite_code & 0xFF]
+    if type(orig).__module__ == "sqlite3" and any(m in str(orig).lower() for m in _SQLITE_MESSAGES):
+        return "SQLite: " + str(orig).strip()[:60]
+    if isinstance(exc, DBAPIError) and getattr(exc, "connection_invalidated", False):
+        return "connection lost"
+    if isinstance(exc, (OperationalError, InterfaceError)):  # the DB-API's own class for "the database failed"
+        return "operational error" + (f" [{code}]" if code else "")
+    return None
+
+
+def transient_db_error(exc: BaseException) -> bool:
+    """A database error worth retrying: an outage (outage_kind) — the database refused the write or the
+    connection (read-only, shut down, unreachable, serialization conflict, locked, disk full) — as opposed to a bug
+    in a statement."""
+    return outage_kind(exc) is not None
 
 
 def db_reason(exc: BaseException) -> str:

@@ -50,7 +50,7 @@ from storage.experiments import (get_experiment, load_experiment_prompts, load_v
 from storage.leases import acquire_lease, release_lease
 from storage.settings import DEFAULT_STALE_SECONDS, STALE_ENV, STALE_HELP, seconds_setting, stale_window
 
-from .db_errors import DatabaseUnavailable, db_reason, transient_db_error
+from .db_errors import DatabaseUnavailable, db_reason, outage_kind, transient_db_error
 from .placement import device_name, gpus_of, group_members, lease_key, load_device, pin_cuda, place
 from storage.recording import clear_from, record_prompt
 from storage.schema import BASELINE, CANCELLED, DONE, FAILED, INTERRUPTED
@@ -184,7 +184,7 @@ class Worker:
                 self._outage_since = time.monotonic()
             since = self._outage_since
         if first:
-            self.log(f"the database does not accept writes ({db_reason(exc)}); retrying with backoff for up to "
+            self.log(f"the database does not accept writes ({outage_kind(exc) or 'error'}: {db_reason(exc)}); retrying with backoff for up to "
                      f"{self.db_retry_seconds:g}s, finished prompts held in memory until it does")
         return since
 
