@@ -22,8 +22,8 @@ waited for; draft_seconds / draft_forwards is still one draft forward's time, at
 `wall_seconds` is from the batch's start to that row's last token: its request latency.
 
 Finished rows (EOS, budget) leave the batch after the round they finish in: both caches drop their rows
-(`BatchCache.compact`), so they cost no further forward work; the cost is one gather of the caches when a row
-leaves. The target-only decoder does the same per token.
+(`BatchCache.select`), so they cost no further forward work; the cost is one index_select of the caches when rows
+leave (benchmarks/bench_batch.py times it). The target-only decoder does the same per token.
 
 Rows are lossless: greedy rows equal the target-only decoding of that prompt alone token for token, sampled rows
 follow the target's distribution (tests/test_engine_batched.py).
@@ -123,7 +123,8 @@ class BatchModelDrafter:
                 probs.append(p)
             tokens.append(token)
             raw.append(logits)
-            if self.threshold is not None:  # one host read per draft step, as the batch-1 confidence drafter
+            # confidence:T: one host read of the top probabilities per step that can continue (as the batch-1 one)
+            if self.threshold is not None and any(i + 1 < k for k in ks):
                 low = (p.max(-1).values < self.threshold).tolist()
                 ks = [i + 1 if low[r] and i + 1 < ks[r] else ks[r] for r in range(len(ks))]
             going = [i + 1 < k for k in ks]
@@ -153,13 +154,13 @@ class BatchModelDrafter:
         self.lm.trim(trailing or 0)
 
     def select(self, rows: list[int]) -> None:
-        self.lm.compact(rows)
+        self.lm.select(rows)
         self.ks = [self.ks[r] for r in rows]
         self.cached = [self.cached[r] for r in rows]
 
-    def maybe_compact(self) -> None:
+    def maybe_compact(self, ratio: float) -> None:
         longest = max(self.cached, default=0)
-        if self.lm.width > COMPACT_RATIO * longest + COMPACT_SLACK:
+        if self.lm.width > ratio * longest + COMPACT_SLACK:
             self.lm.compact()
 
     def peak_cache_bytes(self) -> int:
@@ -213,7 +214,7 @@ class BatchPromptLookup:
     def select(self, rows: list[int]) -> None:
         self.rows = [self.rows[r] for r in rows]
 
-    def maybe_compact(self) -> None:
+    def maybe_compact(self, ratio: float) -> None:
         pass
 
 
@@ -337,14 +338,14 @@ class BatchedSpeculativeDecoder:
                 for o in finished:
                     walls[o] = now
                 if keep:
-                    target.compact(keep)
+                    target.select(keep)
                     self.drafter.select(keep)
                 cached = [cached[r] for r in keep]
                 state.select(keep)
             elif self.compact_ratio is not None:
                 if target.width > self.compact_ratio * max(cached) + COMPACT_SLACK:
                     target.compact()
-                self.drafter.maybe_compact()
+                self.drafter.maybe_compact(self.compact_ratio)
         self.hole_share = holes / max(1, self.rounds)
         return [PromptResult(prompt_indices[o], prompts[o], outputs[o],
                              self.typer.tokenizer.decode(outputs[o], skip_special_tokens=True), walls[o],
@@ -421,7 +422,7 @@ class BatchedTargetOnlyDecoder:
                     break
                 index = to_device(keep, target.device)
                 token = token.index_select(0, index)
-                target.compact(keep)
+                target.select(keep)
                 state.select(keep)
                 ones = ones[: len(keep)]
             logits = target.forward(token[:, None], ones, keep=1)[:, 0]

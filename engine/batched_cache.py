@@ -13,13 +13,14 @@ device, no host sync). The rejected drafts' columns stay allocated and are atten
 round feeds each row only its new tokens (no re-feeding of accepted ones). Then
   - `trim(n)` crops the n trailing columns that are holes in every row (the count is read with the round's one
     host transfer), so a round in which the row with the most drafts kept them all leaves no trailing holes;
-  - `compact(rows)` drops finished rows and realigns the rest (a stable gather per layer that moves each row's
-    real tokens to the right, left-padding the rest): it runs when rows finish and when holes exceed a share of
-    the width (`BatchedDecoder`'s compact_ratio). Moving a column is exact: cached keys already carry their
-    rotary position and GPT-2 keys none.
+  - `select(rows)` drops finished rows (an index_select per layer, and the leading columns no kept row uses are
+    sliced off);
+  - `compact()` realigns the rows (a stable gather per layer that moves each row's real tokens to the right,
+    left-padding the rest) when the width exceeds compact_ratio x the longest row + a slack (engine/batched.py:
+    2x + 16). Moving a column is exact: cached keys already carry their rotary position and GPT-2 keys none.
 What holes cost: memory and attention over masked columns (at most compact_ratio x the longest row between
 compactions) plus the compaction copies; benchmarks/bench_batch.py prints the mean hole share and the time
-compaction took. The alternative (crop to the shortest accepted length and re-feed the rest) costs forward
+select and compact took. The alternative (crop to the shortest accepted length and re-feed the rest) costs forward
 width instead: every round would re-feed up to k tokens per row.
 
 One shape per forward: `forward(ids, valid)` feeds ids [B, W] where valid [B, W] marks real tokens (a row
@@ -119,6 +120,22 @@ class BatchCache:
         if n > 0:
             self.cache.crop(-n)
             self.mask = self.mask[:, : self.width - n]
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only batch rows `rows` (finished rows leave): an index_select per layer, then the leading columns
+        that are holes in every kept row are sliced off (one host read). Much cheaper than `compact`'s gather
+        (about 10x on CPU), so rows leave often and realignment stays rare."""
+        index = to_device(rows, self.device)
+        mask = self.mask.index_select(0, index)
+        used = mask.any(0)
+        lead = int(used.int().argmax()) if bool(used.any()) else mask.shape[1]
+        for layer in self.cache.layers:
+            if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            layer.keys = layer.keys.index_select(0, index)[:, :, lead:]
+            layer.values = layer.values.index_select(0, index)[:, :, lead:]
+        self.mask = mask[:, lead:]
+        self.lengths = self.lengths.index_select(0, index)
 
     def compact(self, rows: list[int] | None = None) -> None:
         """Keep only batch rows `rows` (all when None), each row's real tokens right-aligned in the fewest columns:

@@ -277,3 +277,24 @@ def test_peak_cache_bytes_grow_with_the_batch(family):
         decoder.generate_batch(PROMPTS[:batch], ids[:batch], list(range(batch)))
         peaks.append(decoder.peak_cache_bytes())
     assert 0 < peaks[0] < peaks[1]
+
+
+def test_broken_row_drop_is_detected(eos_pair, monkeypatch):
+    """Mutation: when rows leave, keeping the wrong rows' keys/values (the mask right) breaks greedy equality."""
+    prompts = [f"t{i} t{i + 1}" + f" t{i + 2}" * (i % 5) for i in range(2, 18)]
+    cfg = SamplingConfig(temperature=0, max_new_tokens=30)
+    ids = runs.encode_prompts(eos_pair, prompts, 30)
+    alone = [b.output_ids for b in runs.run_prompts(runs.baseline_decoder(eos_pair, cfg), prompts, ids)]
+    original = BatchCache.select
+
+    def shuffled(self, rows):
+        layers = [(layer, layer.keys, layer.values) for layer in self.cache.layers]
+        original(self, rows)
+        wrong = rows[1:] + rows[:1]
+        for (layer, keys, values), new in zip(layers, self.cache.layers):
+            index = torch.tensor(wrong)
+            new.keys = keys.index_select(0, index)[:, :, keys.shape[2] - new.keys.shape[2]:]
+            new.values = values.index_select(0, index)[:, :, values.shape[2] - new.values.shape[2]:]
+    monkeypatch.setattr(BatchCache, "select", shuffled)
+    rows = batched.batched_speculative_decoder(eos_pair, cfg, 4).generate_batch(prompts, ids, list(range(len(prompts))))
+    assert [r.output_ids for r in rows] != alone
