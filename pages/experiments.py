@@ -12,6 +12,7 @@ import streamlit as st
 from engine.wording import noun, plural
 from pages.common import csv_download, empty_state, experiment_label, nav_page, select_id, show, store, table
 from storage import queries as q, run_state
+from storage.columns import MISSING
 
 ACTIVE = ("queued", "running")
 RESUMABLE = ("failed", "cancelled", "interrupted")
@@ -83,7 +84,7 @@ def _workers() -> None:
                        f"is gone; the next sweep marks their "
                        f"runs interrupted (`draftlab resume` continues them).", icon=":material/heart_broken:")
         st.dataframe(frame.assign(progress=frame["progress"] * 100), hide_index=True, width="stretch",
-                     key="workers_table", column_config={
+                     key="workers_table", placeholder=MISSING, column_config={
                          "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100,
                                                                      format="%.0f%%"),
                          "heartbeat_age_s": st.column_config.NumberColumn("last beat", format="%.0f s ago")})

@@ -15,7 +15,7 @@ from engine.wording import plural
 from engine.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTIONS, UNION, held_out_split,
                                 list_prompt_sets, load_prompt_file, load_prompts)
 from pages import charts
-from pages.common import csv_download, nav_page, number, select_id, store
+from pages.common import csv_download, nav_page, number, select_id, store, table
 from pages.prefill import md_text
 from storage import queries as q, training
 from storage.errors import QueueError
@@ -211,12 +211,15 @@ def _evaluation(job: dict) -> None:
         rows = []
         for i, r in enumerate(spec.itertuples()):
             interval = (f"{r.speedup:.2f}× ({r.speedup_ci_lo:.2f}–{r.speedup_ci_hi:.2f})"
-                        if pd.notna(r.speedup) and pd.notna(r.speedup_ci_lo) else "—")
+                        if pd.notna(r.speedup) and pd.notna(r.speedup_ci_lo) else None)
             rows.append({"draft": names[i] if i < len(names) else str(i), "status": r.status,
                          "alpha": r.alpha, "kl": r.kl, "tokens_per_round": r.tokens_per_round,
-                         "speedup (95% CI)": interval, "output == target": r.outputs_match_baseline})
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="content", key=f"eval_{job['id']}",
-                     placeholder="—")
+                         "best": interval, "outputs_match_baseline": r.outputs_match_baseline})
+        frame = pd.DataFrame(rows)
+        table(frame, list(frame.columns), f"eval_{job['id']}",  # headers, help and formats: storage/columns.py
+              draft=st.column_config.TextColumn("draft"),
+              best=st.column_config.TextColumn("speedup (95 % interval)",
+                                               help="against the target alone, paired bootstrap over prompts"))
     st.page_link(nav_page("experiment"), label=f"Open experiment #{int(eid)}", icon=":material/monitoring:",
                  query_params={"experiment": str(int(eid))})
 

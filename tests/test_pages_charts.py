@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import re
 
+import altair as alt
 import numpy as np
 import pandas as pd
 import pytest
@@ -110,9 +111,10 @@ CASES = {
     "overlaid_curves with intervals and end labels": lambda: charts.overlaid_curves(
         _across(SERIES), "sweep_value", "speedup", "experiment", "k", "speedup", None, lo="speedup_ci_lo",
         hi="speedup_ci_hi", end_label="experiment_name"),
-    "sweep_panels": lambda: charts.sweep_panels(_across(SERIES), "sweep_value", "experiment", "swept value",
-                                                end_label="experiment_name",
-                                                interval={"lo": "speedup_ci_lo", "hi": "speedup_ci_hi"}),
+    "sweep_panels": lambda: alt.vconcat(*charts.sweep_panels(  # separate charts: checked together here
+        _across(SERIES), "sweep_value", "experiment", "swept value", end_label="experiment_name",
+        interval={"lo": "speedup_ci_lo", "hi": "speedup_ci_hi"})),
+    "series_legend": lambda: charts.series_legend(_across(SERIES), "experiment"),
     "grouped_bars": lambda: charts.grouped_bars(pd.concat([_by_type().assign(run=name) for name in SERIES]),
                                                 "token_type", "rate", "run", "accepted / verified", count="verified"),
     "grouped_bars without counts": lambda: charts.grouped_bars(
@@ -158,7 +160,8 @@ def test_no_name_is_pasted_into_a_vega_expression(case):
     assert pasted(spec) == [], f"{case}: names in expressions (pass them as data: a field or a predicate)"
 
 
-@pytest.mark.parametrize("case", ["speedup_curve by label", "theory_curves", "sweep_panels", "k_distribution",
+@pytest.mark.parametrize("case", ["speedup_curve by label", "theory_curves", "sweep_panels", "series_legend",
+                                  "k_distribution",
                                   "training_curves", "token_chart", "production_positions"])
 def test_the_names_are_in_the_data(case):
     """The check above looks at the right thing: the names these charts show are in their data, whole."""
@@ -166,6 +169,7 @@ def test_the_names_are_in_the_data(case):
     shown = data_strings(spec)
     expected = {"speedup_curve by label": {f"best draft = {DRAFTS[0]}"},
                 "theory_curves": set(charts.THEORY_SERIES.values()), "sweep_panels": set(SERIES),
+                "series_legend": set(SERIES),
                 "k_distribution": {DRAFTS[0], NAMES["drafter"]},
                 "training_curves": {charts.TRAINING_LOSS, charts.HELD_OUT_KL}, "token_chart": {"it's", " <b>"},
                 "production_positions": {NAMES["k"], DRAFTS[0]}}[case]

@@ -168,6 +168,11 @@ def test_a_finished_job_shows_its_figures_and_its_draft_is_a_candidate(train_db,
     assert labels[f"α, greedy k=4 (before: {job['alpha_before']:.3f})"] == f"{job['alpha_after']:.3f}"
     steps = chart_data(at)[0][0]
     assert sorted(set(steps["step"])) == list(range(9))
+    grid = next(d for d in at.dataframe if "outputs_match_baseline" in d.value)  # the before/after runs
+    config = json.loads(grid.proto.columns)
+    assert grid.proto.placeholder == "—"  # the baseline has no speedup: a dash, not "None"
+    assert config["alpha"]["label"] == "α" and config["alpha"]["type_config"]["format"] == "%.3f"
+    assert config["outputs_match_baseline"]["label"] == "same output" and config["outputs_match_baseline"]["help"]
 
     # New experiment: offered as a candidate of a draft sweep, and as a one-click draft
     at = app("new")
