@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help='print one JSON object: {"out", "steps", "kl_before", "kl_after", "alpha_before", '
                               '"alpha_after"}')
 
-    validate = sub.add_parser("validate", help="rerun an experiment's best configuration on held-out prompts")
+    validate = sub.add_parser("validate", help="rerun an experiment's chosen configuration (the verdict's: the best, "
+                                               "or the cheaper one tied with it) on held-out prompts")
     validate.add_argument("experiment_id", type=_ID)
     validate.add_argument("--prompts", default=None,
                           help="held-out prompts (default: the validation split of the experiment's built-in set)")
@@ -151,9 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("experiment_id", type=_ID)
     export.add_argument("--format", choices=["csv", "json", "deploy"], default="csv",
                         help="deploy: one JSON document with the equivalent vLLM, SGLang, llama.cpp and transformers "
-                             "settings of a run (the experiment's best unless --run names one)")
+                             "settings of a run (the verdict's choice unless --run names one: the best, or the cheaper "
+                             "configuration statistically tied with it), with the verdict's ties and caveats")
     export.add_argument("--run", type=_ID, default=None, dest="run_id",
-                        help="deploy: the speculative run to carry to production (default: the verdict's best)")
+                        help="deploy: the speculative run to carry to production (default: the verdict's choice)")
+    export.add_argument("--with-max-new-tokens", action="store_true",
+                        help="deploy: also carry the experiment's max new tokens as the serving length (by default "
+                             "it is left out: it was the test's measurement budget)")
     export.add_argument("--out", default=None,
                         help="csv: directory for the files (default .; created if missing); json, deploy: file "
                              "(default stdout; its folder must exist); an existing file is kept unless --overwrite")
@@ -650,6 +655,8 @@ def cmd_export(args) -> int:
 
     if args.run_id is not None and args.format != "deploy":
         return _fail(f"--run applies to --format deploy only (got --format {args.format})")
+    if args.with_max_new_tokens and args.format != "deploy":
+        return _fail(f"--with-max-new-tokens applies to --format deploy only (got --format {args.format})")
     problem = _export_out_problem(args)
     if problem:
         return _fail(problem)
@@ -659,7 +666,8 @@ def cmd_export(args) -> int:
     try:
         if args.format in ("json", "deploy"):
             doc = (json.dumps(export_json(store, args.experiment_id)) if args.format == "json" else
-                   json.dumps(deploy_document(store, args.experiment_id, args.run_id), indent=2))
+                   json.dumps(deploy_document(store, args.experiment_id, args.run_id, args.with_max_new_tokens),
+                              indent=2))
             if args.out in (None, "-"):
                 print(doc)
             else:

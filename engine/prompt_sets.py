@@ -10,6 +10,7 @@
     load_prompts("chats.jsonl")       # conversations: {"messages": [...]} or ShareGPT {"conversations": [...]}
     load_prompts("export.parquet")    # a dataset export (.parquet / .arrow / .feather): a prompt, messages or
                                       # conversations column
+    set_name("code")                  # "code:tune": how sentences name a set (an upload by its own file name)
 
 A conversation is returned as an engine.chat.Chat (cut after its last user turn); engine.chat.render turns it
 into text with the target tokenizer's chat template where the models are loaded.
@@ -22,8 +23,11 @@ megabytes (engine/limits.py: $DRAFTLAB_LIMIT_...).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
+import os
+import re
 from pathlib import Path
 
 from engine.chat import Chat, conversation, is_conversation
@@ -307,3 +311,42 @@ def held_out_split(spec: str) -> tuple[str, str]:
             return f"{name}:validation", ""
         return spec, " — the same prompts as training (--prompts named the validation split): not held out"
     return spec, " — the same file as training (a prompt file has no validation split): not held out"
+
+
+# --- names -----------------------------------------------------------------------------------------------------
+
+_UPLOAD_HASH = re.compile(r"^[0-9a-f]{12}-")  # upload_file_name's prefix: 12 hex digits of the content's sha256
+
+
+def upload_dir() -> Path:
+    """Where the dashboard keeps uploaded prompt files for the worker to read: $DRAFTLAB_UPLOAD_DIR, else
+    ~/.cache/draftlab/uploads."""
+    return Path(os.environ.get("DRAFTLAB_UPLOAD_DIR") or Path.home() / ".cache" / "draftlab" / "uploads").resolve()
+
+
+def upload_file_name(name: str, data: bytes) -> str:
+    """The content-addressed name an uploaded file is kept under in upload_dir(): `<12 hex>-<its name, made safe>`
+    (the same file gets the same name)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name) or "prompts.txt"
+    return f"{hashlib.sha256(data).hexdigest()[:12]}-{safe}"
+
+
+def set_name(spec) -> str:
+    """How a sentence or a table names a prompt spec: a built-in set with its split (`code` -> `code:tune`,
+    `code:validation` as is), each set of a union, a file by its file name (an uploaded one by the name it was
+    uploaded under: no cache directory, no content hash)."""
+    text = str(spec or "").strip()
+    parts = union_parts(text)
+    if len(parts) > 1:
+        return UNION.join(set_name(part) for part in parts)
+    name, sep, split = text.partition(":")
+    if name in PROMPT_SETS and (not sep or split in SPLITS):
+        return f"{name}:{split if sep else DEFAULT_SPLIT}"
+    if not _looks_like_path(text):
+        return text
+    path = Path(text)
+    try:
+        uploaded = path.parent.resolve() == upload_dir()
+    except OSError:
+        uploaded = False
+    return _UPLOAD_HASH.sub("", path.name) if uploaded else path.name

@@ -4,8 +4,9 @@ findings (how a run's swept value is read back and shown), export, validation an
 
 Each `Variable` says what it is called everywhere (runs column, CLI flag, URL key, form label), how one value is
 parsed and bounded (ASCII numbers, engine/numbers.py), how it is shown, whether its values are names (a draft or
-a drafter spec: `sweep_value` then stores the value's index and `sweep_label` the name), and whether the
-target-only baseline depends on it (a sampling setting: one baseline per value; k, draft, drafter: one shared).
+a drafter spec: `sweep_value` then stores the value's index and `sweep_label` the name), whether the
+target-only baseline depends on it (a sampling setting: one baseline per value; k, draft, drafter: one shared),
+and what serving a value costs (a smaller k, a smaller draft, no draft model: the verdict's cheaper tied choice).
 
 A new swept variable is one entry in VARIABLES, its column in storage/schema.py, what the engine does with it,
 and (for deployment) its mapping in storage/deploy.py. Plain Python, no torch: storage and pages import it.
@@ -13,11 +14,12 @@ and (for deployment) its mapping in storage/deploy.py. Plain Python, no torch: s
 from __future__ import annotations
 
 import re
+from numbers import Real
 from dataclasses import dataclass
 from typing import Callable
 
 from . import zoo
-from .drafter_specs import DEFAULT_DRAFTER, canonical_drafter
+from .drafter_specs import DEFAULT_DRAFTER, canonical_drafter, needs_draft_model
 from .errors import DraftLabError
 from .limits import LIMITS, limit, over
 from .numbers import DB_INT_MAX, ascii_float, ascii_int
@@ -49,6 +51,11 @@ class Variable:
     limit: str | None = None  # the engine/limits.py bound that is its upper bound (settable by $DRAFTLAB_LIMIT_...)
     per_value_baseline: bool = False  # the target's own decoding depends on it: one baseline per value
     check_name: Callable[[str], str] | None = None  # names: the value as stored, or a DraftLabError
+    # What serving a value costs, to choose among statistically tied values (storage/verdict.py deploys the
+    # cheapest): (value, the run's column getter) -> a number, lower is cheaper; None when unknown. No cost: no
+    # value is cheaper than another (a sampling setting changes what is generated, not what it costs).
+    cost: Callable[[object, Callable], float | None] | None = None
+    cheaper_because: str = ""  # why a lower cost is cheaper, for the verdict's and the findings' sentences
 
     @property
     def meaning(self) -> str:
@@ -143,6 +150,16 @@ class Variable:
             return None
         return self.coerce(value)
 
+    def run_cost(self, run) -> float | None:
+        """What serving this run's swept value costs (lower is cheaper; `cost` above), None when not comparable."""
+        if self.cost is None:
+            return None
+        value = self.run_value(run)
+        if value is None:
+            return None
+        get = run.get if hasattr(run, "get") else lambda key, default=None: getattr(run, key, default)
+        return self.cost(value, get)
+
     def sweep_value(self, value, index: int) -> float:
         """What a run stores as sweep_value: the number, or a name's index in the sweep."""
         return float(index) if self.categorical else value
@@ -157,10 +174,17 @@ def _model_name(text: str) -> str:
     return name
 
 
+def _draft_size(value, get) -> float | None:
+    """A draft's cost: the parameters of the model the run loaded (unknown for runs stored before they were)."""
+    size = get("draft_parameters")
+    return float(size) if isinstance(size, Real) and size == size and size > 0 else None
+
+
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("k", int, f"a whole number from 1 to {MAX_K}", "1,2,4,8", "4",
              "draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, predict the speedup of every k, "
-             "then measure the 3 best predicted", low=1, high=MAX_K, title="k", step=1),
+             "then measure the 3 best predicted", low=1, high=MAX_K, title="k", step=1,
+             cost=lambda value, get: float(value), cheaper_because="fewer draft steps, a smaller KV cache"),
     Variable("temperature", float, f"0 (greedy) or a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}",
              "0,0.7,1", "0", f"0 = greedy, else {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}; a comma list sweeps it",
              low=0.0, high=MAX_TEMPERATURE, min_positive=MIN_TEMPERATURE, per_value_baseline=True,
@@ -173,10 +197,13 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              title="Top-p", step=0.05),
     Variable("draft", str, "a draft model's id or path", "demo-draft,demo-draft-distilled", None,
              f"{zoo.model_help('draft')}; a comma list compares drafts (not needed when every drafter is "
-             "prompt-lookup)", label="draft (compare drafts)", check_name=_model_name),
+             "prompt-lookup)", label="draft (compare drafts)", check_name=_model_name,
+             cost=_draft_size, cheaper_because="a smaller draft model"),
     Variable("drafter", str, "a drafter spec", "model,heuristic,prompt-lookup:3", DEFAULT_DRAFTER,
              "model (default), heuristic, confidence:T or prompt-lookup:N; a comma list compares them",
-             label="drafter (drafting strategy)", check_name=canonical_drafter),
+             label="drafter (drafting strategy)", check_name=canonical_drafter,
+             cost=lambda value, get: 1.0 if needs_draft_model(str(value)) else 0.0,
+             cheaper_because="no draft model to load or run"),
 )}
 DEFAULT_VARIABLE = "k"
 

@@ -44,8 +44,19 @@ def series_scale(frame: pd.DataFrame, series: str) -> alt.Scale:
     return alt.Scale(scheme="tableau20" if n > 10 else "tableau10", domain=domain)
 
 
-def _x(field: str, title: str) -> alt.X:
-    return alt.X(f"{field}:Q", title=title, axis=alt.Axis(tickMinStep=1))
+def _x(field: str, title: str, values=None) -> alt.X:
+    """The swept value on a quantitative x axis. Whole numbers (k, top-k; the values drawn, or k when none are
+    given) get whole-number ticks; a single value gets a span around it, a unit either side for a whole number
+    (without one, Vega ticked the zero-width domain as `2.000000`)."""
+    xs = pd.Series([] if values is None else list(values), dtype=float).dropna()
+    whole = bool((xs == xs.round()).all()) if len(xs) else values is None
+    axis = alt.Axis(tickMinStep=1, format="d") if whole else alt.Axis()
+    scale = alt.Undefined
+    if xs.nunique() == 1:
+        v = float(xs.iloc[0])
+        pad = 1.0 if whole else max(abs(v) / 2, 0.1)
+        scale = alt.Scale(domain=[max(v - pad, 0.0) if v >= 0 else v - pad, v + pad])
+    return alt.X(f"{field}:Q", title=title, axis=axis, scale=scale)
 
 
 SPEEDUP_SERIES = {"speedup": ("measured", "#1565c0"),
@@ -95,7 +106,8 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
     tooltip = [alt.Tooltip("x:Q", title=x_title), "series:N", alt.Tooltip("value:Q", format=".3f"),
                alt.Tooltip("lo:Q", title="95 % low", format=".3f"), alt.Tooltip("hi:Q", title="95 % high", format=".3f"),
                alt.Tooltip("state:N", title="run")]
-    base = alt.Chart(long).encode(_x("x", x_title), alt.Y("value:Q", title="speedup (×)"), color, tooltip=tooltip)
+    base = alt.Chart(long).encode(_x("x", x_title, long["x"]), alt.Y("value:Q", title="speedup (×)"), color,
+                                  tooltip=tooltip)
     is_measured = is_value("series", SPEEDUP_SERIES["speedup"][0])
     predicted = base.transform_filter(~is_measured).mark_line(strokeDash=[5, 4], point=alt.OverlayMarkDef(size=25))
     measured = base.transform_filter(is_measured)
@@ -122,7 +134,7 @@ def rates_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
     frame = frame.rename(columns={x: "x"})
     long = frame.melt(id_vars=["x"], value_vars=["alpha", "draft_acceptance_rate"], var_name="metric")
     return alt.Chart(long).mark_line(point=True).encode(
-        _x("x", x_title), alt.Y("value:Q", title="rate", scale=alt.Scale(domain=[0, 1])),
+        _x("x", x_title, long["x"]), alt.Y("value:Q", title="rate", scale=alt.Scale(domain=[0, 1])),
         alt.Color("metric:N", title=None, legend=BOTTOM),
         tooltip=[alt.Tooltip("x:Q", title=x_title), "metric:N", alt.Tooltip("value:Q", format=".3f")],
     ).properties(height=HEIGHT)
@@ -138,7 +150,7 @@ def tokens_per_round_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
     cols = [c for c in ("tokens_per_round", "expected_tokens_per_round") if c in frame]
     long = frame.melt(id_vars=["x"], value_vars=cols, var_name="metric").dropna(subset=["value"])
     return alt.Chart(long).mark_line(point=True).encode(
-        _x("x", x_title), alt.Y("value:Q", title="tokens per round"),
+        _x("x", x_title, long["x"]), alt.Y("value:Q", title="tokens per round"),
         alt.Color("metric:N", title=None, legend=BOTTOM),
         alt.StrokeDash("metric:N", title=None, legend=BOTTOM),
         tooltip=[alt.Tooltip("x:Q", title=x_title), "metric:N", alt.Tooltip("value:Q", format=".3f")],
@@ -216,7 +228,7 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
                     alt.Tooltip(f"{hi}:Q", title="95 % high", format=".3f")]
     color = alt.Color(f"{series}:N", title=None, legend=SERIES_LEGEND, scale=series_scale(frame, series))
     base = alt.Chart(frame).transform_filter(is_valid(y)).encode(
-        _x(x, x_title), alt.Y(f"{y}:Q", title=y_title, scale=scale), color, tooltip=tooltip)
+        _x(x, x_title, frame[x]), alt.Y(f"{y}:Q", title=y_title, scale=scale), color, tooltip=tooltip)
     layers = []
     if not (lo and hi):
         layers.append(base.mark_line(point=True))
@@ -232,7 +244,8 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
         layers += [base.mark_line(), bars, points]
     if end_label:
         labels = alt.Chart(end_labels(frame, x, y, series, end_label, y_domain)).encode(
-            _x(x, x_title), alt.Y("label_y:Q", title=y_title, scale=scale), color, text=alt.Text(f"{end_label}:N"),
+            _x(x, x_title, frame[x]), alt.Y("label_y:Q", title=y_title, scale=scale), color,
+            text=alt.Text(f"{end_label}:N"),
             tooltip=[f"{series}:N"])
         # Right of the point in the plot's left half, left of it in the right half: the label stays in the plot.
         for side, align, dx in (("left", "right", -6), ("right", "left", 6)):

@@ -1,11 +1,14 @@
 """The "Use these settings" panel: a measured run's equivalent vLLM, SGLang, llama.cpp and transformers settings,
-one tab per engine, from storage.deploy (the document `draftlab export --format deploy` prints)."""
+one tab per engine, from storage.deploy (the document `draftlab export --format deploy` prints): the verdict's choice
+(the best, or the cheaper configuration statistically tied with it) with the verdict's caveats (ties, an interval too
+wide to choose by). The test's max new tokens is carried only when the checkbox asks for it."""
 from __future__ import annotations
 
 import json
 
 import streamlit as st
 
+from pages.prefill import md_text
 from storage.deploy import DeployError, deploy_document
 
 TABS = (("vllm", "vLLM"), ("sglang", "SGLang"), ("llama_cpp", "llama.cpp"), ("transformers", "transformers"))
@@ -13,25 +16,32 @@ TABS = (("vllm", "vLLM"), ("sglang", "SGLang"), ("llama_cpp", "llama.cpp"), ("tr
 
 def _summary(doc: dict) -> str:
     cfg, measured = doc["configuration"], doc["measured"]
-    which = "the best run" if doc["chosen"] == "best" else "run"
+    which = {"best": "the best run", "cheaper tied": "the cheaper run tied with the best"}.get(doc["chosen"], "run")
     draft = f"draft `{cfg['draft']}` → " if cfg.get("draft") else ""
     sampling = ("greedy" if cfg["greedy"] else
                 f"temperature {cfg['temperature']:g}, top-k {cfg['top_k'] or 'off'}, top-p {cfg['top_p']:g}")
     speed = f" · measured {measured['speedup']:.2f}×" if measured.get("speedup") is not None else ""
+    length = (f", {cfg['max_new_tokens']} new tokens (the test's)" if cfg.get("max_new_tokens") is not None else "")
     return (f"From {which} #{doc['run_id']}: {draft}target `{cfg['target']}`, drafter `{cfg['drafter']}`, "
-            f"k = {cfg['k']}, {sampling}{speed}. Each tab says what its engine cannot express.")
+            f"k = {cfg['k']}, {sampling}{length}{speed}. Each tab says what its engine cannot express.")
 
 
 def render_deploy_panel(store, experiment_id: int, run_id: int | None = None, expanded: bool = False) -> None:
     """A "Use these settings" expander for `run_id` (None: the experiment's best run by the verdict)."""
     with st.expander("Use these settings", expanded=expanded, icon=":material/rocket_launch:"):
+        with_length = st.checkbox("Copy the test's max new tokens", value=False,
+                                  key=f"deploy_max_new_tokens_{experiment_id}_{run_id}",
+                                  help="The experiment stopped every prompt at its max new tokens to measure; that "
+                                       "is not a serving length, so it is left out unless checked.")
         try:
-            doc = deploy_document(store, experiment_id, run_id)
+            doc = deploy_document(store, experiment_id, run_id, with_length)
         except (DeployError, KeyError) as exc:
             reason = str(exc) if isinstance(exc, DeployError) else f"no experiment {experiment_id}"
             st.caption(f"No settings to carry to production yet: {reason}.")
             return
         st.caption(_summary(doc))
+        for caveat in doc["caveats"]:
+            st.warning(md_text(caveat), icon=":material/balance:")
         for tab, (key, label) in zip(st.tabs([label for _, label in TABS]), TABS):
             engine = doc["engines"][key]
             with tab:

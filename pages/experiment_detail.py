@@ -2,13 +2,12 @@
 were rejected."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import streamlit as st
 
 from engine import theory
+from engine.prompt_sets import set_name
 from pages import charts
 from pages.deploy_panel import render_deploy_panel
 from pages.findings_panel import render_findings
@@ -99,25 +98,18 @@ def tokens_frame(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     return frame
 
 
-def _short(prompts) -> str:
-    """A built-in set as is; an uploaded or local file by its name (the full path is in the CSV/exports)."""
-    text = str(prompts)
-    return Path(text).name if "/" in text or "\\" in text else text
+def best_run(runs: pd.DataFrame, verdict: dict) -> pd.Series | None:
+    """The run the verdict (storage/verdict.py) crowned, None before there is one."""
+    run_id = verdict.get("best_run_id")
+    rows = runs[runs["run_id"] == run_id] if run_id is not None else runs.iloc[:0]
+    return rows.iloc[0] if len(rows) else None
 
 
-def best_sweep_value(runs: pd.DataFrame, best) -> float | None:
-    """The verdict's best as a sweep_value (a draft or drafter sweep names it by its sweep_label)."""
-    if isinstance(best, str):
-        match = runs.loc[runs["sweep_label"] == best, "sweep_value"]
-        return float(match.iloc[0]) if len(match) else None
-    return best
-
-
-def _best_run(runs: pd.DataFrame, best) -> pd.Series | None:
-    """The finished, unwarned run the verdict crowned (None before there is one)."""
-    chosen = runs[(runs["kind"] == "speculative") & (runs["status"] == "done") & runs["timing_warning"].isna()
-                  & (runs["sweep_value"] == best_sweep_value(runs, best))] if best is not None else runs.iloc[:0]
-    return chosen.iloc[0] if len(chosen) else None
+def best_x(runs: pd.DataFrame, verdict: dict, sweep_variable: str) -> float | None:
+    """Where the speedup chart marks the best: its k (a k sweep), else its sweep_value (a draft or drafter sweep's
+    index, its name being the label)."""
+    run = best_run(runs, verdict)
+    return None if run is None else float(run["k"] if sweep_variable == "k" else run["sweep_value"])
 
 
 def _value_text(run) -> str:
@@ -130,7 +122,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict)
     sampling = experiment.get("sampling") or {}
     st.caption(" · ".join(filter(None, [
         f"**{experiment.get('draft')}** drafting for **{experiment.get('target')}**",
-        f"prompts `{_short(experiment.get('prompts'))}`",
+        f"prompts `{set_name(experiment.get('prompts'))}`",
         ", ".join(f"{k}={v}" for k, v in sampling.items()) if isinstance(sampling, dict) else str(sampling),
         f"device {experiment.get('device', 'auto')}/{experiment.get('dtype', 'auto')}",
         f"{plural(experiment['repeats'], 'timed repeat')} per prompt (medians)" if experiment.get("repeats") else "",
@@ -141,7 +133,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict)
         st.markdown(f"> {experiment['notes']}")
     baseline = runs[runs["kind"] == "baseline"]
     sweep_variable = row.get("sweep_variable") or "k"
-    best_run = _best_run(runs, verdict["best"])
+    best = best_run(runs, verdict)
     cols = st.columns([1, 1, 2.4, 1, 1])  # the best speedup carries its interval: `1.31× (1.22–1.40)`
     progress = row["progress"] if pd.notna(row["progress"]) else 0.0
     cols[0].metric("Status", str(row["status"]), delta=f"{progress:.0%} done" if row["status"] in ACTIVE else None,
@@ -149,7 +141,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict)
     cols[1].metric(f"Best {sweep_variable}", number(verdict["best"], "{:g}"))
     cols[2].metric("Best speedup", charts.speedup_text(verdict["speedup"], *(verdict["speedup_ci"] or [None, None])),
                    help="measured, with its 95 % interval (paired bootstrap over the prompts)")
-    cols[3].metric("α (best run)", show("alpha", best_run["alpha"] if best_run is not None else None))
+    cols[3].metric("α (best run)", show("alpha", best["alpha"] if best is not None else None))
     cols[4].metric("Baseline tokens/s", number(baseline["tokens_per_second"].iloc[0] if len(baseline) else None,
                                                "{:.1f}"))
     say = st.warning if verdict["too_wide"] else st.info
@@ -162,16 +154,16 @@ def _warnings(runs: pd.DataFrame, sweep_variable: str) -> None:
                    f"{r.timing_warning}.", icon=":material/warning:")
 
 
-def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_variable: str, best_value) -> None:
+def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_variable: str, verdict: dict) -> None:
     pooled = formula.pooled_inputs(store(), int(experiment["experiment_id"])) if sweep_variable == "k" else None
     auto_curve = (experiment.get("predicted_curve") or {}).get("curve")
     left, right = st.columns(2)
     with left:
         st.subheader(f"Speedup vs {sweep_variable}")
         frame = speedup_frame(curve, sweep_variable, pooled, auto_curve)
-        label = best_value if isinstance(best_value, str) else None  # a draft or drafter sweep's best, by name
-        chart_with_csv(charts.speedup_curve(frame, sweep_variable, best_sweep_value(runs, best_value), label), frame,
-                       "speedup_curve.csv")
+        label = verdict["best"] if isinstance(verdict["best"], str) else None  # a draft or drafter sweep's, by name
+        chart_with_csv(charts.speedup_curve(frame, sweep_variable, best_x(runs, verdict, sweep_variable), label),
+                       frame, "speedup_curve.csv")
         st.caption("Points: measured, with 95 % intervals (paired bootstrap over prompts); hollow: the run has not "
                    "finished, a cross: an impossible speedup (timing warning); neither can be the best. Dashed purple: "
                    "the cost-aware prediction E[L]·t / (k·t_d + verify) from the run's own round times.")
@@ -225,15 +217,14 @@ def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> 
         csv_download(confirmed, "k_auto_confirmation.csv")
 
 
-def _breakdowns(runs: pd.DataFrame, sweep_variable: str, best_value, experiment_id: int) -> None:
+def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experiment_id: int) -> None:
     speculative = runs[runs["kind"] == "speculative"]
     if speculative.empty:
         return
     st.header("Why drafts are rejected")
     ids = [int(i) for i in speculative["run_id"]]
-    best_value = best_sweep_value(runs, best_value)
-    best_runs = speculative[speculative["sweep_value"] == best_value]["run_id"] if best_value is not None else []
-    default = int(best_runs.iloc[0]) if len(best_runs) else None
+    best = best_run(speculative, verdict)
+    default = int(best["run_id"]) if best is not None else None
     run_id = select_id("Run (the best one unless chosen)", "run", ids, run_label(runs, sweep_variable), default=default)
     stamp = run_stamp(runs, run_id)  # a finished run's breakdowns are read once, not on every refresh
     breakdowns = (
@@ -273,7 +264,7 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     listing = listing if listing is not None else cached("experiments")
     row = listing.set_index("experiment_id").loc[experiment_id]
     runs = cached("runs", experiment_id, stamp=stamp)
-    verdict = cached("verdict", experiment_id, stamp=stamp)
+    verdict = cached("storage.verdict:verdict_dict", experiment_id, stamp=stamp)
     sweep_variable = row.get("sweep_variable") or "k"
     _header(experiment, row, runs, verdict)
     failed = runs[runs["status"] == "failed"]
@@ -291,10 +282,10 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
         csv_download(runs, f"experiment{experiment_id}_runs.csv")
     curve = cached("sweep_curve", experiment_id, stamp=stamp)
     if curve["speedup"].notna().any() if "speedup" in curve else False:
-        _sweep(curve, runs, experiment, sweep_variable, verdict["best"])
+        _sweep(curve, runs, experiment, sweep_variable, verdict)
     else:
         st.info("No speculative run has finished yet; the curves appear as runs complete.", icon=":material/hourglass:")
-    _breakdowns(runs, sweep_variable, verdict["best"], experiment_id)
+    _breakdowns(runs, sweep_variable, verdict, experiment_id)
     render_k_distribution(runs)
     render_validation(experiment, verdict)
     render_production(experiment_id)

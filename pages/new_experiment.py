@@ -7,9 +7,7 @@ when the form is first drawn; a bad one is left out with a short note.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -18,6 +16,7 @@ import streamlit as st
 
 from engine import zoo
 from engine.errors import DraftLabError
+from engine import prompt_sets
 from engine.limits import LIMITS
 from engine.wording import plural
 from engine.variables import SETTINGS, VARIABLES
@@ -61,14 +60,13 @@ class Launch:
 
 
 def upload_dir() -> Path:
-    """Where uploaded prompt files are kept for the worker to read: $DRAFTLAB_UPLOAD_DIR, else ~/.cache/draftlab/uploads."""
-    return Path(os.environ.get("DRAFTLAB_UPLOAD_DIR") or Path.home() / ".cache" / "draftlab" / "uploads").resolve()
+    """Where uploaded prompt files are kept for the worker to read (engine/prompt_sets.py's upload_dir)."""
+    return prompt_sets.upload_dir()
 
 
 def save_upload(name: str, data: bytes) -> Path:
     """Save an uploaded prompt file under a content-addressed name (same file → same path) and return it."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name) or "prompts.txt"
-    path = upload_dir() / f"{hashlib.sha256(data).hexdigest()[:12]}-{safe}"
+    path = upload_dir() / prompt_sets.upload_file_name(name, data)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         path.write_bytes(data)

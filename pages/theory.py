@@ -12,8 +12,8 @@ from app.simulate import SimulationSetup, simulate
 from engine import theory
 from pages import charts
 from pages.common import chart_with_csv, experiment_label, number, run_label, store
-from pages.experiment_detail import best_sweep_value
 from storage import queries as q
+from storage.verdict import verdict
 
 K_MAX = 16
 ALPHA_RANGE, C_RANGE, VERIFY_MIN = (0.0, 0.99), (1.0, 50.0), 0.01
@@ -68,11 +68,11 @@ def _loader() -> None:
     if runs.empty:
         c2.caption("No run of this experiment has a measured α and c yet.")
         return
-    best = best_sweep_value(runs, q.verdict(store(), experiment_id)["best"])  # the detail page's headline run, first
-    best = runs[(runs["sweep_value"] == best) & (runs["status"] == "done") & runs["timing_warning"].isna()]["run_id"]
+    best = verdict(store(), experiment_id).best  # the detail page's headline run, first
+    best = [best.run_id] if best is not None and best.run_id in runs.index else []
     options = [int(i) for i in runs["run_id"]]
     run_id = c2.selectbox("Run", options, key="theory_run", format_func=run_label(runs),
-                          index=options.index(int(best.iloc[0])) if len(best) else 0)
+                          index=options.index(int(best[0])) if best else 0)
     if st.session_state.get("theory_loaded") != (experiment_id, run_id):  # a new choice: fill the sliders once
         st.session_state.update(measured_settings(runs.loc[run_id]), theory_loaded=(experiment_id, run_id))
     run = runs.loc[run_id]

@@ -1,4 +1,5 @@
-"""Validation on the detail page: a button that queues the best configuration on held-out prompts (the other
+"""Validation on the detail page: a button that queues the verdict's choice (storage/verdict.py: the best, or the
+cheaper configuration statistically tied with it) on held-out prompts (the other
 split of a built-in set, or an uploaded file), and, on a validation experiment, tune against validation with
 the verdict in words. The worker runs what the button queues, like any experiment."""
 from __future__ import annotations
@@ -7,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.errors import DraftLabError
+from engine.prompt_sets import set_name
 from pages.common import nav_page, store
 from pages.new_experiment import UPLOAD_TYPES
 from pages.prefill import md_text
@@ -41,13 +43,13 @@ def render_validation(experiment: dict, verdict: dict) -> None:
             default = held_out_prompts(experiment["prompts"])
         except ValidationError:
             default = None
-        st.caption("Reruns the best configuration and its baseline on prompts the tuning never saw, as a new "
-                   "experiment linked to this one; the worker runs it.")
+        st.caption("Reruns the verdict's choice (the best, or the cheaper configuration tied with it) and its baseline "
+                   "on prompts the tuning never saw, as a new experiment linked to this one; the worker runs it.")
         upload = None if default else st.file_uploader("Held-out prompts (.jsonl, conversations too / .csv / .txt "
                                                        "/ .parquet / .arrow)", type=UPLOAD_TYPES,
                                                        key="validation_file")
-        if st.button("Validate" + (f" on {default}" if default else ""), key="validate", disabled=not default and
-                     upload is None):
+        if st.button("Validate" + (f" on {set_name(default)}" if default else ""), key="validate",
+                     disabled=not default and upload is None):
             try:
                 texts = None
                 spec = default
@@ -77,5 +79,7 @@ def _render_result(validation_id: int) -> None:
     holds = result["holds"]
     message = md_text(f"Validates experiment #{result['validates']}: {result['reason']}")
     (st.success if holds else st.warning if holds is False else st.info)(message)
-    table = pd.DataFrame([result["tune"][_COLUMNS], result["validation"][_COLUMNS]], index=["tune", "validation"])
+    names = [f"#{result['validates']}, tuned on {result['tune_set']}",
+             f"#{result['experiment_id']}, validated on {result['validation_set']}"]
+    table = pd.DataFrame([result["tune"][_COLUMNS], result["validation"][_COLUMNS]], index=names)
     st.dataframe(table, width="stretch")

@@ -3,9 +3,12 @@
 `deploy_settings(run, experiment)` turns one stored speculative run (target, draft, k, drafter spec, sampling) into
 what vLLM, SGLang, llama.cpp and transformers take, each as a string to paste (a command line or a Python
 snippet) plus `notes`: what the engine cannot express and what to check. `deploy_document(store, eid, run_id)`
-picks the run (the experiment's best by the verdict unless one is named) and wraps the settings with what was
-measured. Pure: no torch, no streamlit; the same document feeds `draftlab export --format deploy` and the
-dashboard's "Use these settings" panel (pages/deploy_panel.py).
+picks the run (the verdict's choice, storage/verdict.py: the best, or the cheaper configuration statistically tied
+with it, unless one is named) and wraps the settings with what was measured and the verdict's caveats (ties, an
+interval too wide to choose by). A test's max_new_tokens is a measurement budget, not a serving setting: it is
+carried only when asked (`with_max_new_tokens`, `--with-max-new-tokens`, the panel's checkbox). Pure: no torch, no
+streamlit; the same document feeds `draftlab export --format deploy` and the dashboard's "Use these settings"
+panel (pages/deploy_panel.py).
 
 Every flag below was checked against the engine's own source or documentation (stored public copies of the
 upstream repositories; the files and commits are named next to each mapping). Engines change their flags between
@@ -76,8 +79,9 @@ def _model_ref(name: str) -> str:
     return str(path) if path is not None else name
 
 
-def configuration(run: dict, experiment: dict) -> dict:
-    """The run's settings that matter to an engine, with defaults for values older databases lack."""
+def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False) -> dict:
+    """The run's settings that matter to an engine, with defaults for values older databases lack. max_new_tokens:
+    the test's budget when `with_max_new_tokens`, else None (each engine's own default or the user's length)."""
     name, param = parse_drafter(_pick(run, {}, "drafter") or experiment.get("drafter") or DEFAULT_DRAFTER)
     k = _pick(run, experiment, "k")
     if not _present(k) or int(k) < 1:
@@ -102,7 +106,8 @@ def configuration(run: dict, experiment: dict) -> dict:
         "top_k": top_k,
         "top_p": top_p,
         "seed": int(_pick(run, experiment, "seed", 0)),
-        "max_new_tokens": int(_pick(run, experiment, "max_new_tokens", 128)),
+        "max_new_tokens": int(_pick(run, experiment, "max_new_tokens", 128)) if with_max_new_tokens else None,
+        "_measured_max_new_tokens": int(_pick(run, experiment, "max_new_tokens", 128)),
         "dtype": str(experiment.get("dtype") or "auto"),
         "trust_remote_code": bool(experiment.get("trust_remote_code") or False),
         "greedy": temperature <= 0,
@@ -121,6 +126,15 @@ def _command(groups: list[list[str]]) -> tuple[str, str]:
     """(one-line command, the same with one flag per line and `\\` continuations for display)."""
     quoted = [" ".join(shlex.quote(part) for part in group) for group in groups]
     return " ".join(quoted), " \\\n    ".join(quoted)
+
+
+def _length_note(cfg: dict, how: str) -> list[str]:
+    """What an engine does without max_new_tokens (not carried unless asked): `how` says where to set a length."""
+    if cfg["max_new_tokens"] is not None:
+        return [f"The length is the test's budget, {cfg['max_new_tokens']} new tokens (copied as asked); set your "
+                f"own for real requests."]
+    return [f"No length is set: the test stopped at {cfg['_measured_max_new_tokens']} new tokens to measure, not as a "
+            f"serving setting. {how} (`draftlab export --format deploy --with-max-new-tokens` copies the test's)."]
 
 
 def _same_distribution_note(cfg: dict) -> list[str]:
@@ -178,6 +192,7 @@ def _vllm(cfg: dict) -> dict:
         request["seed"] = cfg["seed"]
     notes.append("Send the sampling settings with every request (the `request` fields of /v1/completions): by "
                  "default vLLM takes missing ones from the model's generation_config.json.")
+    notes += _length_note(cfg, "Send max_tokens with each request (/v1/completions otherwise stops at 16)")
     notes += _same_distribution_note(cfg)
     return {"language": "bash", "command": command, "snippet": snippet, "speculative_config": config_json,
             "request": request, "notes": notes}
@@ -186,11 +201,12 @@ def _vllm(cfg: dict) -> dict:
 def _openai_request(cfg: dict, top_k_off: int) -> dict:
     """Sampling fields of an OpenAI-style completion request (vLLM and SGLang accept top_k, min_p and
     repetition_penalty there too). top_k_off: the engine's value for "no top-k"."""
+    length = {} if cfg["max_new_tokens"] is None else {"max_tokens": cfg["max_new_tokens"]}
     if cfg["greedy"]:
-        return {"temperature": 0.0, "max_tokens": cfg["max_new_tokens"]}
+        return {"temperature": 0.0, **length}
     return {"temperature": cfg["temperature"], "top_p": cfg["top_p"],
             "top_k": cfg["top_k"] if cfg["top_k"] > 0 else top_k_off, "min_p": 0.0, "repetition_penalty": 1.0,
-            "max_tokens": cfg["max_new_tokens"]}
+            **length}
 
 
 # --- SGLang ----------------------------------------------------------------------------------------------------
@@ -245,6 +261,7 @@ def _sglang(cfg: dict) -> dict:
     command, snippet = _command(groups)
     notes.append("Send the sampling settings with every request (`request`); by default (--sampling-defaults "
                  "model) SGLang fills missing ones from the model's generation_config.json.")
+    notes += _length_note(cfg, "Send max_tokens with each request")
     notes += _same_distribution_note(cfg)
     return {"language": "bash", "command": command, "snippet": snippet, "request": _openai_request(cfg, top_k_off=-1),
             "notes": notes}
@@ -369,7 +386,10 @@ def _transformers(cfg: dict) -> dict:
         kwargs.update(do_sample=True, temperature=cfg["temperature"], top_k=max(cfg["top_k"], 0), top_p=cfg["top_p"])
         notes.append("top_k=0 disables top-k (transformers' default is 50); the model's generation_config.json "
                      "still supplies any other sampling setting it names.")
-    kwargs["max_new_tokens"] = cfg["max_new_tokens"]
+    if cfg["max_new_tokens"] is not None:
+        kwargs["max_new_tokens"] = cfg["max_new_tokens"]
+    notes += _length_note(cfg, "Pass max_new_tokens to generate() (without it the model's generation_config "
+                               "decides, 20 tokens in total by default)")
     rendered = ", ".join(f"{key}={value}" if key == "assistant_model" else f"{key}={value!r}"
                          for key, value in kwargs.items())
     lines += ["", f"torch.manual_seed({cfg['seed']})",
@@ -384,20 +404,23 @@ def _transformers(cfg: dict) -> dict:
 
 # --- public API ------------------------------------------------------------------------------------------------
 
-def deploy_settings(run: dict, experiment: dict) -> dict:
+def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = False) -> dict:
     """{"vllm": ..., "sglang": ..., "llama_cpp": ..., "transformers": ...} for one speculative run.
 
     Each engine: `snippet` (what to paste: a command with one flag per line, or Python), `language`, `notes`
     (what it cannot express, what to check); commands also as one line (`command`); vLLM's JSON
     (`speculative_config`); vLLM/SGLang request sampling fields (`request`); transformers' literal generate()
     arguments (`generate_kwargs`) and the draft's generation_config (`assistant_generation_config`).
-    `run`: a row of queries.runs() as a dict (draft / drafter optional), `experiment`: queries.experiment()."""
-    cfg = configuration(run, experiment or {})
+    `run`: a row of queries.runs() as a dict (draft / drafter optional), `experiment`: queries.experiment();
+    with_max_new_tokens: carry the test's max_new_tokens (a measurement budget) as the length."""
+    cfg = configuration(run, experiment or {}, with_max_new_tokens)
     return {"vllm": _vllm(cfg), "sglang": _sglang(cfg), "llama_cpp": _llama_cpp(cfg),
             "transformers": _transformers(cfg)}
 
 
-def _chosen_run(store, experiment_id: int, run_id: int | None):
+def _chosen_run(store, experiment_id: int, run_id: int | None, v):
+    """(the runs row to deploy, why): the named run ("given"), else the verdict's chosen one ("best", or "cheaper
+    tied" when a cheaper configuration is statistically tied with the best)."""
     from . import queries as q
 
     runs = q.runs(store, experiment_id)
@@ -411,13 +434,38 @@ def _chosen_run(store, experiment_id: int, run_id: int | None):
             raise DeployError(f"run {run_id} is the target-only baseline; pick a speculative run of experiment "
                               f"{experiment_id}")
         return row, "given"
-    best = q.verdict(store, experiment_id)["best"]
-    chosen = runs[(runs["kind"] == "speculative") & (runs["status"] == "done") & runs["timing_warning"].isna()
-                  & (runs["sweep_value"] == best)] if best is not None else runs.iloc[:0]
-    if chosen.empty:
-        raise DeployError(f"experiment {experiment_id} has no best run yet (no finished run with a usable "
-                          f"speedup); name one with --run RUN_ID")
-    return chosen.iloc[0], "best"
+    row = v.run(runs, "chosen")
+    if row is None:
+        raise DeployError(f"experiment {experiment_id} has no best run yet ({v.text}); name one with --run RUN_ID")
+    return row, "cheaper tied" if v.cheaper is not None else "best"
+
+
+def caveats(v, run_id: int) -> list[str]:
+    """What the verdict (storage/verdict.py) says about the deployed run, in sentences: the cheaper tied choice,
+    the other ties, an interval too wide to choose by, a named run that is not the verdict's choice."""
+    from engine.variables import variable
+
+    if v.best is None:
+        return [f"No verdict to rest on yet ({v.text})."]
+    name, show = v.variable, v.show
+    out = []
+    if v.chosen is not None and run_id != v.chosen.run_id:
+        out.append(f"Run {run_id} was named; the verdict would deploy {name} = {show(v.chosen.value)} "
+                   f"(run {v.chosen.run_id}).")
+    if v.cheaper is not None:
+        out.append(f"{name} = {show(v.cheaper.value)} ({v.cheaper.speedup:.2f}×, {v.cheaper.ci[0]:.2f}–"
+                   f"{v.cheaper.ci[1]:.2f}) is statistically tied with the best, {name} = {show(v.best.value)} "
+                   f"({v.best.speedup:.2f}×, {v.best.ci[0]:.2f}–{v.best.ci[1]:.2f}): these settings take the cheaper "
+                   f"one ({variable(name).cheaper_because}).")
+    others = [c for c in v.tied if v.cheaper is None or c.run_id != v.cheaper.run_id]
+    if others:
+        out.append(f"{'Also tied' if v.cheaper is not None else 'Tied'} with the best: {name} = "
+                   f"{', '.join(show(c.value) for c in others)} (overlapping 95 % intervals): the measurement cannot "
+                   f"tell them apart; more prompts or --repeats would.")
+    if v.too_wide:
+        out.append(f"The best's interval ({v.best.ci[0]:.2f}–{v.best.ci[1]:.2f}) is too wide to choose by: rerun with "
+                   f"more --repeats or more prompts before relying on this choice.")
+    return out
 
 
 def _stored_run_columns(store, run_id: int) -> dict:
@@ -429,28 +477,33 @@ def _stored_run_columns(store, run_id: int) -> dict:
     return dict(row) if row is not None else {}
 
 
-def deploy_document(store, experiment_id: int, run_id: int | None = None) -> dict:
-    """The deploy settings of an experiment's run — its best by queries.verdict unless `run_id` names one —
-    with the configuration they came from and what that run measured. KeyError: no such experiment;
-    DeployError: no run to choose, or a baseline."""
+def deploy_document(store, experiment_id: int, run_id: int | None = None, with_max_new_tokens: bool = False) -> dict:
+    """The deploy settings of an experiment's run — the verdict's choice (storage/verdict.py) unless `run_id`
+    names one — with the configuration they came from, what that run measured, the verdict and its `caveats`
+    (the cheaper tied choice, ties, an interval too wide to choose by). The test's max_new_tokens only
+    `with_max_new_tokens`. KeyError: no such experiment; DeployError: no run to choose, or a baseline."""
     from . import queries as q
     from .export import plain
+    from .verdict import verdict
 
     experiment = q.experiment(store, experiment_id)
     if experiment is None:
         raise KeyError(experiment_id)
-    row, chosen_by = _chosen_run(store, experiment_id, run_id)
+    v = verdict(store, experiment_id)
+    row, chosen_by = _chosen_run(store, experiment_id, run_id, v)
     rid = int(row["run_id"])
     stored = {key: value for key, value in _stored_run_columns(store, rid).items() if key != "id"}
     run = plain({**stored, **row.to_dict()})
-    cfg = configuration(run, experiment)
+    cfg = configuration(run, experiment, with_max_new_tokens)
     ci = [run.get("speedup_ci_lo"), run.get("speedup_ci_hi")]
     return plain({
         "experiment_id": int(experiment_id), "run_id": rid, "chosen": chosen_by,
+        "verdict": v.as_dict(), "caveats": caveats(v, rid),
         "configuration": {key: value for key, value in cfg.items() if not key.startswith("_")},
         "measured": {"status": run.get("status"), "speedup": run.get("speedup"),
-                     "speedup_ci": ci if all(v is not None for v in ci) else None, "alpha": run.get("alpha"),
+                     "speedup_ci": ci if all(x is not None for x in ci) else None, "alpha": run.get("alpha"),
                      "tokens_per_round": run.get("tokens_per_round"), "c": run.get("c"),
-                     "timing_warning": run.get("timing_warning")},
-        "engines": deploy_settings(run, experiment),
+                     "timing_warning": run.get("timing_warning"),
+                     "max_new_tokens": cfg["_measured_max_new_tokens"]},
+        "engines": deploy_settings(run, experiment, with_max_new_tokens),
     })

@@ -16,6 +16,7 @@ from engine.variables import variable
 from . import columns
 from . import queries as q
 from .store import Store
+from .verdict import verdict_dict
 
 # Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics_oracle.py's speculative_metrics):
 # the column table's `json` entries (storage/columns.py), where each key's header, help and format live too.
@@ -46,7 +47,8 @@ def _outputs(store: Store, run_id: int) -> list[dict]:
 
 def run_document(store: Store, experiment_id: int, with_outputs: bool = True) -> dict:
     """The SPEC `draftlab run --json` object for a stored experiment, plus timing protocol v2's keys:
-    `repeats`, the `verdict` (best configuration, `tied_with`, too wide to choose) and, for `--k auto`,
+    `repeats`, the `verdict` (storage/verdict.py: best configuration, `tied_with`, too wide to choose, the cheaper
+    tied `chosen`) and, for `--k auto`,
     `predicted_curve`, `confirmed` and each confirmed run's `prediction_error`."""
     runs = q.runs(store, experiment_id)
     experiment = q.experiment(store, experiment_id) or {}
@@ -93,7 +95,7 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
         if with_outputs:
             entry["outputs"] = _outputs(store, run_id)
         doc["runs"].append(plain(entry))
-    doc["verdict"] = plain(q.verdict(store, experiment_id))
+    doc["verdict"] = plain(verdict_dict(store, experiment_id))
     doc["best"], doc["tied_with"] = doc["verdict"]["best"], doc["verdict"]["tied_with"]
     if experiment.get("k_auto"):
         doc["predicted_curve"] = {str(k): v for k, v in curve.items()} or None
@@ -111,7 +113,7 @@ def export_json(store: Store, experiment_id: int) -> dict:
     timings = [{"run_id": int(rid), **row} for rid in runs["run_id"]
                for row in q.timings(store, int(rid)).to_dict(orient="records")]
     return plain({"experiment": experiment,
-                  "verdict": q.verdict(store, experiment_id),
+                  "verdict": verdict_dict(store, experiment_id),
                   "runs": runs.to_dict(orient="records"),
                   "timings": timings,
                   "draft_tokens": tokens.to_dict(orient="records")})

@@ -15,8 +15,9 @@ Each finding is a dict:
     data      the numbers themselves, for programs and tests
 
 Everything is computed from stored rows when called: the aggregations are the SQL GROUP BY queries of
-storage.queries (acceptance by position and by token type of one run, the runs' own aggregates, the verdict) plus
-one SQL join of each run against its baseline here; pandas only sifts the few rows those return. A finding
+storage.queries (acceptance by position and by token type of one run, the runs' own aggregates), the verdict
+(storage/verdict.py: which run is best, which are tied, the cheaper tied choice) plus one SQL join of each run
+against its baseline here; pandas only sifts the few rows those return. A finding
 appears only when the data supports it; below the minimum sample (MIN_VERIFIED verified draft tokens) the
 position and token-type findings are replaced by one that says the data is too thin. No torch, no streamlit.
 """
@@ -32,9 +33,13 @@ from sqlalchemy import text
 
 from engine import theory
 
+from engine.variables import variable
+
 from . import formula, production
 from . import queries as q
+from . import validation as val
 from .store import Store
+from .verdict import Verdict, judge
 
 # --- thresholds (each rule below names the ones it uses) ------------------------------------------------------
 MIN_VERIFIED = formula.MIN_VERIFIED  # verified draft tokens below which a share or a rate is not reported
@@ -49,8 +54,8 @@ WORTH_IT = 1.2              # the speedup a faster draft is asked to reach (the 
 MORE_REPEATS = 5            # the least --repeats suggested when a measurement has to be repeated
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
-KINDS = ("sampling_mismatch", "timing_warning", "positions", "token_type", "thin_data", "tie", "prediction",
-         "formula", "low_c", "production")
+KINDS = ("sampling_mismatch", "timing_warning", "validation", "positions", "token_type", "thin_data", "tie",
+         "prediction", "formula", "low_c", "production")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # The experiment-detail page's charts a finding can point at (the panel maps each to its anchor on the page).
 CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production")
@@ -67,11 +72,11 @@ def findings(store: Store, experiment_id: int) -> list[dict]:
     if experiment is None:
         return []
     runs = q.runs(store, experiment_id)
-    verdict = q.verdict(store, experiment_id)
+    verdict = judge(experiment_id, experiment.get("sweep_variable") or "k", runs, q.choosable(store, experiment_id))
     ctx = _Context(store, experiment, runs, verdict)
     found: list[dict] = []
-    for rule in (_sampling_mismatch, _timing_warnings, _positions_and_types, _tie, _prediction, _formula, _low_c,
-                 _production):
+    for rule in (_sampling_mismatch, _timing_warnings, _validation, _positions_and_types, _tie, _prediction, _formula,
+                 _low_c, _production):
         try:
             found += rule(ctx)
         except Exception:  # one rule's surprise (a label where a number was expected) must not hide the others
@@ -105,35 +110,27 @@ def _param(value) -> str:
 # --- shared context ---------------------------------------------------------------------------------------------
 
 class _Context:
-    def __init__(self, store: Store, experiment: dict, runs: pd.DataFrame, verdict: dict):
+    def __init__(self, store: Store, experiment: dict, runs: pd.DataFrame, verdict: Verdict):
         self.store, self.experiment, self.runs, self.verdict = store, experiment, runs, verdict
         self.experiment_id = int(experiment["experiment_id"])
-        self.variable = experiment.get("sweep_variable") or "k"
+        self.variable = verdict.variable
+        self.swept = variable(self.variable)
         spec = runs[runs["kind"] == "speculative"]
         self.spec = spec
-        # Finished, usable, never warned: what the verdict chooses from.
-        self.done = spec[(spec["status"] == "done") & spec["speedup"].notna() & spec["timing_warning"].isna()]
+        # What the verdict chooses from (queries.CHOOSABLE): finished, usable, never warned.
+        self.done = spec[spec["run_id"].isin([c.run_id for c in verdict.candidates])]
 
     def value(self, v):
-        if self.variable in ("draft", "drafter"):
-            return str(v)  # swept names (sweep_value is then only an index)
-        return int(v) if self.variable in ("k", "top_k") else float(v)
-
-    def key(self, row):
-        """A run's swept value as the verdict names it (the label for draft/drafter sweeps)."""
-        return row.sweep_label if self.variable in ("draft", "drafter") else self.value(row.sweep_value)
+        """A swept value (a stored number, or a name) as the variable's type."""
+        return self.swept.coerce(v)
 
     def show(self, v) -> str:
-        v = self.value(v)
-        return v if isinstance(v, str) else f"{v:g}"
+        return self.swept.show(v)
 
     def label(self, row) -> str:
-        """`k = 4` (a k sweep) or `temperature = 0.7`."""
-        if self.variable in ("draft", "drafter") and isinstance(getattr(row, "sweep_label", None), str):
-            return f"{self.variable} = {row.sweep_label}"
-        if pd.isna(row.sweep_value):
-            return f"run {row.run_id}"
-        return f"{self.variable} = {self.show(row.sweep_value)}"
+        """`k = 4` (a k sweep), `temperature = 0.7` or `drafter = prompt-lookup:3`."""
+        value = self.swept.run_value(row)
+        return f"run {row.run_id}" if value is None else f"{self.variable} = {self.show(value)}"
 
     def prefill(self, title: str, **fields) -> dict:
         """The experiment's own configuration with `fields` changed (a None value drops that field)."""
@@ -189,7 +186,7 @@ def _ks(values, sep: str = ",") -> str:
 # --- sampling settings differing between arms -------------------------------------------------------------------
 
 _MISMATCH_SQL = """
-SELECT s.id AS run_id, s.sweep_value, b.id AS baseline_run_id,
+SELECT s.id AS run_id, s.sweep_value, s.sweep_label, b.id AS baseline_run_id,
        s.temperature, b.temperature AS b_temperature, s.top_k, b.top_k AS b_top_k, s.top_p, b.top_p AS b_top_p,
        s.seed, b.seed AS b_seed, s.max_new_tokens, b.max_new_tokens AS b_max_new_tokens
 FROM runs s JOIN runs b ON b.id = s.baseline_run_id
@@ -210,7 +207,8 @@ def _sampling_mismatch(ctx: _Context) -> list[dict]:
     for r in rows:
         differ = {key: (r[key], r[f"b_{key}"]) for key in SAMPLING_KEYS if r[key] != r[f"b_{key}"]}
         what = ", ".join(f"{key} = {run:g} against {base:g}" for key, (run, base) in differ.items())
-        value = f" ({ctx.variable} = {ctx.value(r['sweep_value']):g})" if r["sweep_value"] is not None else ""
+        value = ctx.swept.run_value(r)
+        value = f" ({ctx.variable} = {ctx.show(value)})" if value is not None else ""
         parts.append(f"run {r['run_id']}{value} decoded with {what} in its baseline (run {r['baseline_run_id']})")
         data.append({"run_id": int(r["run_id"]), "baseline_run_id": int(r["baseline_run_id"]),
                      "differ": {key: [float(a), float(b)] for key, (a, b) in differ.items()}})
@@ -241,15 +239,45 @@ def _timing_warnings(ctx: _Context) -> list[dict]:
                      {"run_ids": [int(r) for r in warned["run_id"]], "repeats": repeats})]
 
 
+# --- a validation experiment: does the gain hold on held-out prompts ---------------------------------------------
+
+def _validation(ctx: _Context) -> list[dict]:
+    """Rule (a validation experiment whose run finished): storage/validation.py's result, the tuning run against
+    the held-out one. Holds: info; does not hold (α dropped beyond sampling error, one-sided, or the speedup
+    interval fell wholly below the tuning run's): a warning, and the next step tunes again on the held-out set."""
+    if not ctx.experiment.get("validates"):
+        return []
+    result = val.validation_result(ctx.store, ctx.experiment_id)
+    if result["holds"] is None:
+        return []
+    tuned, held = int(result["validates"]), result["validation_set"]
+    k = int(result["configuration"]["k"])
+    data = {"holds": bool(result["holds"]), "validates": tuned, "tune_set": result["tune_set"],
+            "validation_set": held, "tune_run_id": int(result["tune"]["run_id"]),
+            "validation_run_id": int(result["validation"]["run_id"]), "alpha": result["alpha"]}
+    if result["holds"]:
+        title = f"The gain of experiment #{tuned} holds on {held}"
+        repeats = ctx.more_repeats()
+        next_ = (f"Carry k = {k} to production (\"Use these settings\" below), or confirm on more prompts or "
+                 f"--repeats ({repeats}).")
+        prefill = ctx.prefill(title, repeats=repeats)
+        return [_finding("validation", "info", title, _cap(result["reason"]) + ".", "speedup", next_, prefill, data)]
+    title = f"The gain of experiment #{tuned} does not hold on {held}"
+    around = sorted({max(1, k // 2), k, k + 1, 2 * k})
+    next_ = (f"The tuned configuration does not carry over: sweep k again ({_ks(around, ', ')}) on prompts like "
+             f"{held}, or tune on a set closer to what you serve.")
+    prefill = ctx.prefill(title, sweep="k", values=_ks(around), k=None, k_auto=None)
+    return [_finding("validation", "warning", title, _cap(result["reason"]) + ".", "speedup", next_, prefill, data)]
+
+
 # --- why drafts are rejected: positions and token types ---------------------------------------------------------
 
 def _focus_run(ctx: _Context):
     """The run the rejection findings look at: the verdict's best, else (no best yet) the speculative run with
     the most verified draft tokens. (row, why) or (None, None)."""
-    if ctx.verdict["best"] is not None:
-        best = ctx.done[ctx.done["sweep_value"] == ctx.verdict["best"]]
-        if len(best):
-            return best.iloc[0], "the best run"
+    best = ctx.verdict.run(ctx.spec, "best")
+    if best is not None:
+        return best, "the best run"
     verified = (ctx.spec["accepted"].fillna(0) + ctx.spec["rejected"].fillna(0))
     if verified.empty or verified.max() <= 0:
         return None, None
@@ -367,38 +395,37 @@ def _token_type(ctx: _Context, row, where: str) -> list[dict]:
 # --- statistically tied best configurations ---------------------------------------------------------------------
 
 def _tie(ctx: _Context) -> list[dict]:
-    """Rule: the verdict's tied_with is not empty (95 % intervals overlapping the best one's)."""
+    """Rule: the verdict ties other configurations with the best (95 % intervals overlapping the best one's); the
+    next step takes the verdict's cheaper tied choice when there is one (what deploy carries)."""
     v = ctx.verdict
-    if v["best"] is None or not v["tied_with"]:
+    if v.best is None or not v.tied:
         return []
-    by_value = {ctx.key(r): r for r in ctx.done.itertuples()}
-    shown = [v["best"], *v["tied_with"]]
-    parts = [f"{ctx.variable} = {ctx.show(value)} at {_x(by_value[value].speedup)} ({by_value[value].speedup_ci_lo:.2f}–"
-             f"{by_value[value].speedup_ci_hi:.2f})" for value in shown if value in by_value]
+    shown = [v.best, *v.tied]
+    parts = [f"{ctx.variable} = {ctx.show(c.value)} at {_x(c.speedup)} ({c.ci[0]:.2f}–{c.ci[1]:.2f})" for c in shown]
     repeats = ctx.more_repeats()
-    numeric = ctx.variable == "k" and isinstance(v["best"], (int, float))  # draft/drafter sweeps name their best
-    cheaper = [t for t in v["tied_with"] if isinstance(t, (int, float)) and t < v["best"]] if numeric else []
+    cheaper = v.cheaper
     title = f"{len(shown)} configurations are statistically tied"
     detail = (f"The 95 % intervals of {_join(parts)} overlap: the measurement cannot tell "
               f"{'them' if len(shown) > 2 else 'the two'} apart.")
-    if cheaper:
-        next_ = (f"Take the cheaper k = {min(cheaper)} (fewer draft steps, a smaller KV cache), or add prompts or "
-                 f"--repeats ({repeats}) to separate them.")
+    if cheaper is not None:
+        next_ = (f"Take the cheaper {ctx.variable} = {ctx.show(cheaper.value)} ({ctx.swept.cheaper_because}; what "
+                 f"\"Use these settings\" deploys), or add prompts or --repeats ({repeats}) to separate them.")
     else:
         next_ = f"Add prompts or --repeats ({repeats}) to separate them."
-    values = ",".join(ctx.show(value) for value in sorted(shown))
+    values = [c.value for c in shown]
+    values = ",".join(ctx.show(value) for value in (values if ctx.swept.categorical else sorted(values)))
     prefill = ctx.prefill(title, sweep=ctx.variable, values=values, k_auto=None, repeats=repeats,
                           k=None if ctx.variable == "k" else int(ctx.experiment["k"]))
     return [_finding("tie", "info", title, detail, "speedup", next_, prefill,
-                     {"best": v["best"], "tied_with": list(v["tied_with"]),
-                      "cheaper": min(cheaper) if cheaper else None, "repeats": repeats})]
+                     {"best": v.best.value, "tied_with": [c.value for c in v.tied],
+                      "cheaper": cheaper.value if cheaper else None, "repeats": repeats})]
 
 
 # --- predictions against the measurement (k sweeps) -------------------------------------------------------------
 
 def _k_runs(ctx: _Context) -> pd.DataFrame:
     """Finished, usable runs of a k sweep (at least two, else nothing to choose between)."""
-    if ctx.variable != "k" or ctx.verdict["best"] is None:
+    if ctx.variable != "k" or ctx.verdict.best is None:
         return ctx.done.iloc[:0]
     done = ctx.done[ctx.done["k"].notna()]
     return done if done["k"].nunique() >= 2 else done.iloc[:0]
@@ -411,13 +438,15 @@ def _prediction(ctx: _Context) -> list[dict]:
     done = done[done["predicted_speedup_refined"].notna()]
     if done["k"].nunique() < 2:
         return []
-    best = int(ctx.verdict["best"])
-    measured = done[done["k"] == best].iloc[0]
+    best = int(ctx.verdict.best.value)
+    measured = ctx.verdict.run(done)
+    if measured is None:  # the best has no cost-aware prediction
+        return []
     top = done.sort_values(["predicted_speedup_refined", "k"], ascending=[False, True]).iloc[0]
     k_ref = int(top.k)
     data = {"measured_best": best, "refined_best": k_ref, "measured_speedup": float(measured.speedup),
             "refined_at_best": float(measured.predicted_speedup_refined)}
-    if k_ref == best or k_ref in ctx.verdict["tied_with"]:
+    if k_ref == best or k_ref in [c.value for c in ctx.verdict.tied]:
         tie = "" if k_ref == best else f" (k = {k_ref}, tied with the measured best k = {best})"
         title = f"The cost-aware prediction agrees: k = {best}"
         detail = (f"The cost-aware prediction picks the measured best{tie}: it puts k = {best} at "
@@ -449,8 +478,8 @@ def _formula(ctx: _Context) -> list[dict]:
     pooled = formula.pooled_inputs(ctx.store, ctx.experiment_id)
     if pooled is None:
         return []
-    best = int(ctx.verdict["best"])
-    measured = done[done["k"] == best].iloc[0]
+    best = int(ctx.verdict.best.value)
+    measured = ctx.verdict.run(done)
     alpha, c = pooled.alpha, pooled.c
     k_f, s_f = pooled.best_k()
     at_best = pooled.speedup(best)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from engine.errors import DraftLabError
 
 from . import queries as q
+from .verdict import verdict
 
 FOCUS_FLOOR = 0.05  # a type or position the target always accepted still weighs a little (1 - acceptance floor)
 FOCUS_CLIP = (0.25, 4.0)  # focus weights are clipped to this range after normalising to mean 1
@@ -27,7 +28,7 @@ def focus_profile_weights(profile: dict) -> dict:
 
 
 def focus_weights(store, experiment_id: int) -> dict:
-    """The --focus-from weights of a stored experiment: read from its best run (queries.verdict; without one,
+    """The --focus-from weights of a stored experiment: read from its best run (storage/verdict.py; without one,
     the speculative run with the most verified draft tokens). Keys: experiment_id, run_id, k, how,
     type_weights {type: w}, position_weights {position: w}, acceptance_by_type, acceptance_by_position."""
     exp = q.experiment(store, experiment_id)
@@ -39,15 +40,10 @@ def focus_weights(store, experiment_id: int) -> dict:
     if spec.empty:
         raise DraftLabError(f"--focus-from {experiment_id}: the experiment has no speculative run with verified draft "
                             f"tokens (a model drafter, run to completion); run it first or pick another experiment")
-    best, variable = q.verdict(store, experiment_id)["best"], exp.get("sweep_variable", "k")
+    best = verdict(store, experiment_id).run(spec)
     chosen, how = None, "its best run by measured speedup"
     if best is not None:
-        for r in spec.itertuples():
-            value = (r.sweep_label if variable in ("draft", "drafter") else
-                     int(r.sweep_value) if variable in ("k", "top_k") else float(r.sweep_value))
-            if value == best:
-                chosen = r
-                break
+        chosen = next(r for r in spec.itertuples() if r.run_id == best["run_id"])
     if chosen is None:
         chosen = spec.assign(verified=spec["accepted"].fillna(0) + spec["rejected"].fillna(0)) \
             .sort_values(["verified", "run_id"], ascending=[False, True]).iloc[0]

@@ -16,7 +16,6 @@ from sqlalchemy import select, text
 
 from engine.drafter_specs import SPECS
 from engine.theory import predicted_speedup as _predicted_speedup
-from engine.wording import plural
 
 from . import schema
 from .columns import RUN_QUERY
@@ -144,7 +143,15 @@ def sweep_curve(store: Store, experiment_id: int) -> pd.DataFrame:
     return df[cols].sort_values(["sweep_value", "run_id"]).reset_index(drop=True)
 
 
-_EXPERIMENTS_SQL = """
+# The one rule of which runs can be chosen as an experiment's best (storage/verdict.py and the listing's best
+# columns): a speculative run `s` that finished, with its baseline `b` finished, a measured speedup with its
+# interval, and no timing warning (a run timed faster than its tokens per round allow is never crowned). RANK: the
+# highest measured speedup first; on equal speedups the smaller swept value, then the older run.
+CHOOSABLE = ("s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.speedup IS NOT NULL "
+             "AND s.speedup_ci_lo IS NOT NULL AND s.speedup_ci_hi IS NOT NULL AND s.timing_warning IS NULL")
+RANK = "s.speedup DESC, s.sweep_value, s.id"
+
+_EXPERIMENTS_SQL = f"""
 WITH stats AS (
     SELECT experiment_id,
            SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END) AS n_running,
@@ -155,18 +162,15 @@ WITH stats AS (
            SUM(CASE WHEN status = 'done' THEN 1.0 ELSE progress END) / COUNT(*) AS progress
     FROM runs GROUP BY experiment_id),
 speed AS (
-    SELECT s.experiment_id, s.sweep_value, s.alpha, s.speedup, s.speedup_ci_lo, s.speedup_ci_hi
+    SELECT s.id, s.experiment_id, s.sweep_value, s.sweep_label, s.alpha, s.speedup, s.speedup_ci_lo, s.speedup_ci_hi,
+           ROW_NUMBER() OVER (PARTITION BY s.experiment_id ORDER BY {RANK}) AS rank
     FROM runs s JOIN runs b ON b.id = s.baseline_run_id
-    WHERE s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.speedup IS NOT NULL
-      AND s.speedup_ci_lo IS NOT NULL AND s.timing_warning IS NULL),
-best AS (
-    SELECT experiment_id, sweep_value, alpha, speedup, speedup_ci_lo, speedup_ci_hi,
-           ROW_NUMBER() OVER (PARTITION BY experiment_id ORDER BY speedup DESC, sweep_value) AS rank
-    FROM speed),
+    WHERE {CHOOSABLE}),
+best AS (SELECT * FROM speed WHERE rank = 1),
 ties AS (
     SELECT best.experiment_id, COUNT(*) AS n_tied FROM best
-    JOIN speed o ON o.experiment_id = best.experiment_id AND o.sweep_value <> best.sweep_value
-    WHERE best.rank = 1 AND o.speedup_ci_lo <= best.speedup_ci_hi AND o.speedup_ci_hi >= best.speedup_ci_lo
+    JOIN speed o ON o.experiment_id = best.experiment_id AND o.id <> best.id
+    WHERE o.speedup_ci_lo <= best.speedup_ci_hi AND o.speedup_ci_hi >= best.speedup_ci_lo
     GROUP BY best.experiment_id),
 warned AS (  -- as runs() shows them: a failed or cancelled baseline leaves no speedup to warn about
     SELECT s.experiment_id, COUNT(*) AS n_warnings FROM runs s JOIN runs b ON b.id = s.baseline_run_id
@@ -183,11 +187,11 @@ listed AS (
            e.validates, (SELECT MAX(v.id) FROM experiments v WHERE v.validates = e.id) AS validated_by
     FROM experiments e
     LEFT JOIN stats st ON st.experiment_id = e.id
-    LEFT JOIN best ON best.experiment_id = e.id AND best.rank = 1
+    LEFT JOIN best ON best.experiment_id = e.id
     LEFT JOIN ties ON ties.experiment_id = e.id
     LEFT JOIN warned ON warned.experiment_id = e.id
-    WHERE {experiment_filter})
-SELECT * FROM listed WHERE {status_filter} ORDER BY experiment_id DESC
+    WHERE {{experiment_filter}})
+SELECT * FROM listed WHERE {{status_filter}} ORDER BY experiment_id DESC
 """
 
 EXPERIMENT_COLUMNS = ["experiment_id", "name", "created", "target", "draft", "prompts", "sweep_variable",
@@ -249,50 +253,12 @@ def timings(store: Store, run_id: int) -> pd.DataFrame:
         return _frame(conn, sql, {"rid": run_id})
 
 
-def verdict(store: Store, experiment_id: int) -> dict:
-    """The experiment's choice in words: the best finished configuration by measured speedup (runs with a
-    timing warning are never crowned), those statistically tied with it (overlapping 95 % intervals), and
-    whether the spread is too wide to choose. Keys: best (sweep value or None), speedup, speedup_ci,
-    tied_with (list), too_wide (bool), text."""
-    from .stats import TOO_WIDE, tied_with
-
-    exp = experiment(store, experiment_id) or {}
-    variable = exp.get("sweep_variable", "k")
-    df = runs(store, experiment_id)
-    spec = df[df["kind"] == "speculative"]
-    done = spec[(spec["status"] == "done") & spec["speedup"].notna() & spec["timing_warning"].isna()
-                & spec["speedup_ci_lo"].notna()]
-    pending = int((spec["status"].isin(["queued", "running"])).sum())
-    if done.empty:
-        text_ = "no finished run to choose from yet" if pending else "no run finished with a usable speedup"
-        return {"best": None, "speedup": None, "speedup_ci": None, "tied_with": [], "too_wide": False, "text": text_}
-    top = done.sort_values(["speedup", "sweep_value"], ascending=[False, True]).iloc[0]
-    def value(run):
-        if variable in ("draft", "drafter"):
-            return run.sweep_label
-        return int(run.sweep_value) if variable in ("k", "top_k") else float(run.sweep_value)
-    others = {value(r): (r.speedup_ci_lo, r.speedup_ci_hi) for r in done.itertuples() if r.run_id != top.run_id}
-    ties = sorted(tied_with((top.speedup_ci_lo, top.speedup_ci_hi), others))
-    best = value(top)
-    interval = f"{top.speedup:.2f}× ({top.speedup_ci_lo:.2f}–{top.speedup_ci_hi:.2f})"
-    show = lambda v: v if isinstance(v, str) else f"{v:g}"  # noqa: E731
-    text_ = f"best {variable} {show(best)} at {interval}"
-    if ties:
-        text_ += f", tied with {_words([show(t) for t in ties])}"
-    too_wide = top.speedup_ci_hi / top.speedup_ci_lo > TOO_WIDE if top.speedup_ci_lo > 0 else True
-    if too_wide:
-        text_ += (f"; the interval is too wide to choose by (more than {100 * (TOO_WIDE - 1):.0f} % from end to end): "
-                  f"rerun with more --repeats or more prompts")
-    elif ties and len(ties) == len(others):
-        text_ += "; no configuration is measurably better than the others"
-    if pending:
-        text_ += f" ({plural(pending, 'run')} still to finish)"
-    return {"best": best, "speedup": float(top.speedup), "speedup_ci": [float(top.speedup_ci_lo), float(top.speedup_ci_hi)],
-            "tied_with": ties, "too_wide": bool(too_wide), "text": text_}
-
-
-def _words(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+def choosable(store: Store, experiment_id: int) -> list[int]:
+    """The ids of the runs a verdict may choose from (CHOOSABLE), best first (RANK): storage/verdict.py reads them."""
+    sql = f"""SELECT s.id FROM runs s JOIN runs b ON b.id = s.baseline_run_id
+              WHERE s.experiment_id = :eid AND {CHOOSABLE} ORDER BY {RANK}"""
+    with store.read() as conn:
+        return [int(rid) for (rid,) in conn.execute(text(sql), {"eid": experiment_id})]
 
 
 def acceptance_by_position(store: Store, run_id: int) -> pd.DataFrame:

@@ -1,20 +1,33 @@
-"""Validation: rerun an experiment's best configuration and its baseline on prompts the tuning never saw
-(the article's last step), as a new experiment linked to the first, and say in words whether the gain holds.
+"""Validation: rerun an experiment's chosen configuration (the verdict's, storage/verdict.py: the best, or the
+cheaper one tied with it, what deploy carries) and its baseline on prompts the tuning never saw (the article's last
+step), as a new experiment linked to the first, and say in words whether the gain holds.
 
-It does not hold when α drops beyond sampling error (a one-sided two-proportion z-test over verified draft
-tokens, z > 1.96) or when the validation speedup's 95 % interval lies wholly below the tune's.
+It does not hold when
+  - α drops beyond sampling error: a one-sided test at 5 % (z > Z_ONE_SIDED) of the tuning α against the held-out α,
+    each with a prompt-level standard error (prompts are the sampled units, `alpha_estimate`), or
+  - the held-out speedup's 95 % interval lies wholly below the tuning run's.
+A rise of α is reported as a rise (the test looks for a drop only). Sets are named by their names
+(engine/prompt_sets.py's set_name: `code:validation`, an uploaded file's own name).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from statistics import NormalDist
 
 import pandas as pd
+from sqlalchemy import text
+
+from engine.prompt_sets import set_name
 
 from . import queries as q
 from .store import Store
+from .verdict import verdict
 
 BUILTIN_SETS = ("code", "english", "chinese", "math", "mixed")
-Z_CRITICAL = 1.96
+CONFIDENCE = 0.95  # of the one-sided test for a drop of α
+Z_ONE_SIDED = NormalDist().inv_cdf(CONFIDENCE)  # 1.645
+CONFIGURATION = ("k", "drafter", "draft", "temperature", "top_k", "top_p")  # what a validation reruns
 
 
 class ValidationError(ValueError):
@@ -33,37 +46,38 @@ def held_out_prompts(spec: str) -> str:
             return f"{name}:validation"
         raise ValidationError(f"the experiment already ran on {spec!r}, not a tune split; pass held-out prompts "
                               f"with --prompts (a built-in NAME:validation or a .jsonl/.csv/.txt file)")
-    raise ValidationError(f"the experiment ran on the file {spec!r}, which has no built-in held-out split; pass "
-                          f"the held-out prompts with --prompts FILE")
+    raise ValidationError(f"the experiment ran on the file {set_name(spec)!r}, which has no built-in held-out split; "
+                          f"pass the held-out prompts with --prompts FILE")
 
 
-def _best_run(store: Store, experiment_id: int) -> pd.Series:
-    verdict = q.verdict(store, experiment_id)
-    if verdict["best"] is None:
+def _chosen_run(store: Store, experiment_id: int) -> pd.Series:
+    """The run the verdict chose to deploy (never a run it refuses, such as a timing-warned one)."""
+    v = verdict(store, experiment_id)
+    row = v.run(q.runs(store, experiment_id), "chosen")
+    if row is None:
         raise ValidationError(f"experiment {experiment_id} has no finished best configuration to validate "
-                              f"({verdict['text']}); let it finish or resume it first")
-    runs = q.runs(store, experiment_id)
-    spec = runs[(runs["kind"] == "speculative") & (runs["status"] == "done") & runs["speedup"].notna()]
-    return spec.loc[spec["speedup"].idxmax()] if not spec.empty else None
+                              f"({v.text}); let it finish or resume it first")
+    return row
 
 
 def validation_plan(store: Store, experiment_id: int, prompts: str | None = None) -> dict:
-    """Keyword arguments for experiments.enqueue_experiment that rerun the best configuration on held-out prompts."""
+    """Keyword arguments for experiments.enqueue_experiment that rerun the chosen configuration on held-out prompts."""
     exp = q.experiment(store, experiment_id)
     if exp is None:
         raise ValidationError(f"no experiment {experiment_id} in {store.safe_url}; `draftlab list` shows the ids")
     if exp.get("validates"):
         raise ValidationError(f"experiment {experiment_id} is itself a validation (of experiment {exp['validates']}); "
                               f"validate the tuning experiment instead")
-    best = _best_run(store, experiment_id)
+    best = _chosen_run(store, experiment_id)
     held_out = prompts or held_out_prompts(exp["prompts"])
     if held_out.strip() == exp["prompts"].strip():
-        raise ValidationError(f"--prompts {held_out!r} is the set the experiment was tuned on; pass held-out prompts")
+        raise ValidationError(f"--prompts {set_name(held_out)!r} is the set the experiment was tuned on; pass "
+                              f"held-out prompts")
     k = int(best["k"])
     draft = best["draft"] if pd.notna(best.get("draft")) else exp["draft"]
     drafter = best["drafter"] if pd.notna(best.get("drafter")) else exp.get("drafter") or "model"
     return {
-        "name": f"validate #{experiment_id}: k={k} {drafter} {draft} on {held_out}",
+        "name": f"validate #{experiment_id}: k={k} {drafter} {draft} on {set_name(held_out)}",
         "target": exp["target"], "draft": draft, "drafter": drafter, "prompts": held_out,
         # plain Python numbers: a numpy int64 would reach SQLite as a blob
         "sampling": {key: cast(best[key]) for key, cast in (("temperature", float), ("top_k", int), ("top_p", float),
@@ -75,39 +89,129 @@ def validation_plan(store: Store, experiment_id: int, prompts: str | None = None
     }
 
 
-def _alpha_drop_z(tune: pd.Series, validation: pd.Series) -> float | None:
-    n_t, n_v = tune["accepted"] + tune["rejected"], validation["accepted"] + validation["rejected"]
-    if not n_t or not n_v:
+# --- α with a prompt-level standard error ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AlphaEstimate:
+    """A run's α = Σ accepted / Σ verified over its prompts, and the standard error of that ratio with the prompt
+    as the sampled unit (tokens of one prompt are not independent draws: they share its text and its drafts)."""
+    alpha: float
+    se: float | None  # None under two prompts
+    prompts: int
+    verified: int
+
+
+# Per run, the sums the clustered (prompt-level) variance of a ratio estimator needs: with a_i accepted and n_i
+# verified draft tokens of prompt i, α = A / N and Var(α) ≈ m / (m - 1) · Σ (a_i − α n_i)² / N², where
+# Σ (a_i − α n_i)² = Σ a_i² − 2α Σ a_i n_i + α² Σ n_i².
+_ALPHA_SQL = """
+SELECT COUNT(*) AS m, SUM(accepted) AS a, SUM(accepted + rejected) AS n,
+       SUM(CAST(accepted AS DOUBLE PRECISION) * accepted) AS aa,
+       SUM(CAST(accepted AS DOUBLE PRECISION) * (accepted + rejected)) AS an,
+       SUM(CAST(accepted + rejected AS DOUBLE PRECISION) * (accepted + rejected)) AS nn
+FROM prompt_results WHERE run_id = :rid AND accepted IS NOT NULL AND rejected IS NOT NULL"""
+
+
+def alpha_estimate(store: Store, run_id: int) -> AlphaEstimate | None:
+    """The run's α and its prompt-level standard error (one SQL aggregate); None without verified draft tokens."""
+    with store.read() as conn:
+        row = conn.execute(text(_ALPHA_SQL), {"rid": int(run_id)}).mappings().one()
+    if not row["m"] or not row["n"]:
         return None
-    pooled = (tune["accepted"] + validation["accepted"]) / (n_t + n_v)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / n_t + 1 / n_v))
-    return (tune["alpha"] - validation["alpha"]) / se if se > 0 else 0.0
+    m, a, n = int(row["m"]), float(row["a"]), float(row["n"])
+    alpha = a / n
+    if m < 2:
+        return AlphaEstimate(alpha, None, m, int(n))
+    spread = float(row["aa"]) - 2 * alpha * float(row["an"]) + alpha ** 2 * float(row["nn"])
+    return AlphaEstimate(alpha, math.sqrt(max(spread, 0.0) * m / (m - 1)) / n, m, int(n))
+
+
+def alpha_drop_z(tune: AlphaEstimate, held_out: AlphaEstimate) -> float | None:
+    """(α tune − α held out) / √(se_tune² + se_held_out²): positive for a drop; None without both standard errors.
+    An infinite z: both standard errors are 0 and α differs."""
+    if tune.se is None or held_out.se is None:
+        return None
+    se = math.hypot(tune.se, held_out.se)
+    diff = tune.alpha - held_out.alpha
+    return diff / se if se > 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
+
+
+def _tuning_run(store: Store, tuned_id: int, validation: pd.Series) -> pd.Series:
+    """The tuning experiment's run the validation reran: the verdict's chosen one, or (a verdict that has moved
+    since) the finished run with the validation's configuration."""
+    runs = q.runs(store, tuned_id)
+    chosen = verdict(store, tuned_id).run(runs, "chosen")
+    if chosen is not None and _same_configuration(chosen, validation):
+        return chosen
+    spec = runs[(runs["kind"] == "speculative") & (runs["status"] == "done")]
+    same = [row for _, row in spec.iterrows() if _same_configuration(row, validation)]
+    if same:
+        return same[0]
+    if chosen is None:
+        raise ValidationError(f"experiment {tuned_id} has no finished run to compare the validation with")
+    return chosen
+
+
+def _same_configuration(a: pd.Series, b: pd.Series) -> bool:
+    def norm(value):
+        return None if value is None or (not isinstance(value, str) and pd.isna(value)) else value
+    return all(norm(a.get(key)) == norm(b.get(key)) for key in CONFIGURATION)
 
 
 def validation_result(store: Store, validation_id: int) -> dict:
-    """{experiment_id, validates, configuration, tune, validation, holds (True/False/None), reason}."""
+    """{experiment_id, validates, configuration, tune, validation (runs rows), tune_set, validation_set (names),
+    alpha {tune, tune_se, validation, validation_se, z, critical, test}, holds (True/False/None), reason}."""
     exp = q.experiment(store, validation_id)
     if exp is None or not exp.get("validates"):
         raise ValidationError(f"experiment {validation_id} is not a validation experiment")
-    tune = _best_run(store, int(exp["validates"]))
+    tuned_id = int(exp["validates"])
+    tuned = q.experiment(store, tuned_id) or {}
     runs = q.runs(store, validation_id)
-    spec = runs[runs["kind"] == "speculative"]
-    validation = spec.iloc[0]
-    result = {"experiment_id": validation_id, "validates": int(exp["validates"]),
+    validation = runs[runs["kind"] == "speculative"].iloc[0]
+    tune = _tuning_run(store, tuned_id, validation)
+    tune_set, held_set = set_name(tuned.get("prompts")), set_name(exp.get("prompts"))
+    result = {"experiment_id": validation_id, "validates": tuned_id,
               "configuration": {"k": int(validation["k"]), "draft": exp["draft"], "drafter": exp.get("drafter"),
                                 **exp["sampling"]},
-              "tune": tune, "validation": validation, "holds": None, "reason": ""}
+              "tune": tune, "validation": validation, "tune_set": tune_set, "validation_set": held_set,
+              "alpha": None, "holds": None, "reason": ""}
     if validation["status"] != "done" or pd.isna(validation["speedup"]) or pd.isna(validation["speedup_ci_lo"]):
         result["reason"] = f"the validation run is {validation['status']}; no verdict yet"
         return result
-    z = _alpha_drop_z(tune, validation)
-    alpha = f"α {tune['alpha']:.3f} on tune, {validation['alpha']:.3f} on held-out prompts"
-    speed = (f"speedup {validation['speedup']:.2f}× ({validation['speedup_ci_lo']:.2f}–{validation['speedup_ci_hi']:.2f}) "
-             f"against {tune['speedup']:.2f}× ({tune['speedup_ci_lo']:.2f}–{tune['speedup_ci_hi']:.2f}) on tune")
-    if z is not None and z > Z_CRITICAL:
-        result.update(holds=False, reason=f"does not hold: {alpha}, a drop beyond sampling error (z = {z:.1f}); {speed}")
+    a_tune, a_held = alpha_estimate(store, int(tune["run_id"])), alpha_estimate(store, int(validation["run_id"]))
+    z = alpha_drop_z(a_tune, a_held) if a_tune and a_held else None
+    if a_tune and a_held:
+        result["alpha"] = {"tune": a_tune.alpha, "tune_se": a_tune.se, "validation": a_held.alpha,
+                           "validation_se": a_held.se, "z": z, "critical": Z_ONE_SIDED,
+                           "test": f"one-sided drop at {100 * (1 - CONFIDENCE):.0f} %, prompt-level standard errors"}
+    alpha, dropped = _alpha_words(a_tune, a_held, z, tune_set, held_set)
+    speed = (f"speedup {validation['speedup']:.2f}× ({validation['speedup_ci_lo']:.2f}–"
+             f"{validation['speedup_ci_hi']:.2f}) on {held_set} against {tune['speedup']:.2f}× "
+             f"({tune['speedup_ci_lo']:.2f}–{tune['speedup_ci_hi']:.2f}) on {tune_set}")
+    if dropped:
+        result.update(holds=False, reason=f"does not hold: {alpha}; {speed}")
     elif validation["speedup_ci_hi"] < tune["speedup_ci_lo"]:
-        result.update(holds=False, reason=f"does not hold: the {speed}, its interval wholly below the tune's; {alpha}")
+        result.update(holds=False, reason=f"does not hold: the {speed}, its interval wholly below the tuning run's; "
+                                          f"{alpha}")
     else:
-        result.update(holds=True, reason=f"holds: {alpha} (within sampling error); {speed}")
+        result.update(holds=True, reason=f"holds: {alpha}; {speed}")
     return result
+
+
+def _alpha_words(tune: AlphaEstimate | None, held: AlphaEstimate | None, z: float | None, tune_set: str,
+                 held_set: str) -> tuple[str, bool]:
+    """(what the α comparison found, in words; whether α dropped beyond sampling error)."""
+    if tune is None or held is None:
+        return "α not measured (no verified draft tokens)", False
+    change = held.alpha - tune.alpha
+    moved = (f"from {tune.alpha:.3f} on {tune_set} to {held.alpha:.3f} on {held_set} ({change:+.3f})")
+    test = f"one-sided test at {100 * (1 - CONFIDENCE):.0f} %, prompt-level standard errors"
+    if change > 0:
+        return f"α rose {moved}", False
+    if change == 0:
+        return f"α {tune.alpha:.3f} on both {tune_set} and {held_set}", False
+    if z is None:
+        return f"α fell {moved}; too few prompts (under 2 in a run) to tell a drop from sampling error", False
+    if z > Z_ONE_SIDED:
+        return f"α fell {moved}, a drop beyond sampling error (z = {z:.1f} > {Z_ONE_SIDED:.2f}, {test})", True
+    return f"α fell {moved}, within sampling error (z = {z:.1f} ≤ {Z_ONE_SIDED:.2f}, {test})", False

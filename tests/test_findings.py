@@ -11,6 +11,7 @@ from sqlalchemy import text
 from engine import theory
 from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
 from storage import findings as fd, queries as q, run_state
+from storage.verdict import verdict_dict
 from tests.test_storage import enqueue, fill_experiment, record, run_ids
 
 BASE_STEP = 0.010  # the baseline's seconds per token: c = BASE_STEP / draft step
@@ -124,7 +125,7 @@ def test_a_temperature_sweep_suggests_k_at_the_best_runs_own_temperature(store):
             for result in results:
                 record(store, rid, kind, result)
             run_state.finish_run(store, rid, "done")
-    assert q.verdict(store, eid)["best"] == 0.7
+    assert verdict_dict(store, eid)["best"] == 0.7
     found = _by_kind(fd.findings(store, eid))
     assert "sampling_mismatch" not in found  # each arm has its own baseline at its own temperature
     positions = found["positions"]
@@ -232,7 +233,7 @@ def test_no_formula_finding_when_the_formula_matches_the_measurement(store):
     spec = {1: ([[(a, ["code"]) for a in (0, 1) * 3]] * 3, 0.002, BASE_STEP),
             2: ([[(a, ["code"] * 2) for a in (0, 1, 2, 1) * 2]] * 3, 0.004, BASE_STEP)}  # 60 verified drafts
     eid, _ = _run_experiment(store, spec, prompts=3)
-    assert theory.best_k(11 / 20, 5.0)[0] == 2 and q.verdict(store, eid)["best"] == 2
+    assert theory.best_k(11 / 20, 5.0)[0] == 2 and verdict_dict(store, eid)["best"] == 2
     found = _by_kind(fd.findings(store, eid))
     assert "formula" not in found and found["prediction"]["data"]["refined_best"] == 2
 

@@ -987,28 +987,30 @@ def test_theory_works_without_a_reachable_database(monkeypatch):
     assert metrics(at)["Best k"]  # the formulas are still drawn
 
 
-def test_detail_of_a_sweep_named_by_labels_marks_its_best_by_name(populated, monkeypatch):
+def test_detail_of_a_sweep_named_by_labels_marks_its_best_by_name(populated):
     """Draft and drafter sweeps: runs carry sweep_value = their index and sweep_label = the name, and the verdict
-    names the best by label; the page maps it back to its run instead of failing."""
+    (storage/verdict.py, through engine/variables.py's run_value) names the best by label; the page marks its run."""
     from sqlalchemy import text
 
     experiment_id = _greedy_id(populated)
     with populated.write() as conn:
         conn.execute(text("UPDATE runs SET sweep_label = 'draft-' || CAST(k AS TEXT) WHERE experiment_id = :eid "
                           "AND kind = 'speculative'"), {"eid": experiment_id})
+        conn.execute(text("UPDATE experiments SET sweep_variable = 'draft' WHERE id = :eid"), {"eid": experiment_id})
     curve = q.sweep_curve(populated, experiment_id)
     best_run = int(curve.loc[curve["k"] == 2, "run_id"].iloc[0])
-    real = q.verdict
-    monkeypatch.setattr(q, "verdict", lambda store, eid: {**real(store, eid), "best": "draft-2", "text": "best draft-2"})
+    with populated.write() as conn:  # k = 2 measured best (the greedy experiment's runs are crafted so)
+        conn.execute(text("UPDATE runs SET speedup = speedup + 1, speedup_ci_lo = speedup_ci_lo + 1, "
+                          "speedup_ci_hi = speedup_ci_hi + 1 WHERE id = :rid"), {"rid": best_run})
     with populated.write() as conn:
         conn.execute(text("UPDATE runs SET timing_warning = 'drifted' WHERE id = :rid"),
                      {"rid": int(curve.loc[curve["k"] == 4, "run_id"].iloc[0])})
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
-    assert metrics(at)["Best k"] == "draft-2" and at.query_params["run"] in ([str(best_run)], str(best_run))
+    assert metrics(at)["Best draft"] == "draft-2" and at.query_params["run"] in ([str(best_run)], str(best_run))
     best = next(d for chart in chart_data(at) for d in chart if "label" in d)
-    assert best["label"].tolist() == ["best k = draft-2"] and best["x"].tolist() == [2]
-    assert any("(k = draft-4) is never picked" in w.value for w in at.warning)
+    assert best["label"].tolist() == ["best draft = draft-2"] and best["x"].tolist() == [2]
+    assert any("(draft = draft-4) is never picked" in w.value for w in at.warning)
 
 
 # --- New experiment: a link fills the form; draft and drafter sweeps ---------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from app import simulate as sim
@@ -254,3 +255,18 @@ def test_run_labels_name_a_swept_draft_not_its_index():
     assert run_label(runs, "k")(2) == "run 2 · k=4 (done)" and run_label(runs, "k")(1) == "run 1 · baseline"
     top_p = runs.assign(sweep_value=[0.9, 0.95, 1.0], sweep_label=["0.9", "0.95", "1"])
     assert run_label(top_p, "top_p")(2) == "run 2 · top_p=0.95 (done)"
+
+
+def test_a_k_axis_ticks_whole_numbers_even_for_one_k():
+    """A validation experiment measures one k: the axis used to tick its zero-width domain as `2.000000`."""
+    from pages import charts
+
+    one = charts.rates_curve(pd.DataFrame({"k": [2], "alpha": [0.8], "draft_acceptance_rate": [0.7]})).to_dict()
+    x = one["encoding"]["x"]
+    assert x["axis"]["format"] == "d" and x["axis"]["tickMinStep"] == 1 and x["scale"]["domain"] == [1.0, 3.0]
+    many = charts.rates_curve(pd.DataFrame({"k": [1, 2, 4], "alpha": [0.8] * 3,
+                                            "draft_acceptance_rate": [0.7] * 3})).to_dict()["encoding"]["x"]
+    assert many["axis"]["format"] == "d" and "scale" not in many
+    temperature = charts.rates_curve(pd.DataFrame({"temperature": [0.0, 0.7], "alpha": [0.8] * 2,
+                                                   "draft_acceptance_rate": [0.7] * 2}), "temperature").to_dict()
+    assert "format" not in temperature["encoding"]["x"].get("axis", {})  # 0.7 is not a whole number

@@ -32,7 +32,12 @@ def test_validate_button_queues_the_best_on_the_held_out_split_and_the_result_is
     at = app("experiment", experiment=done)
     assert_clean(at)
     assert any(s.value == "Validation" for s in at.subheader)
-    assert any("holds" in m.value and "α 0.800 on tune" in m.value for m in at.success)
+    assert any("holds" in m.value and "α 0.800 on both code:tune and code:validation" in m.value.replace("\u2060", "")
+               for m in at.success)
+    # ... and findings: the validation's own (a done validation experiment used to have "Nothing to report yet").
+    assert not any("Nothing to report" in c.value for c in at.caption)
+    assert any("The gain of experiment #1 holds on code:validation" in m.value.replace("\u2060", "").replace("\\", "")
+               for m in at.markdown)
     worse = _experiment(db, {2: [[0, 0, 1, 0, 2, 0, 0, 0] * 3]}, prompts="code:validation", validates=tune)
     at = app("experiment", experiment=worse)
     assert any("does not hold" in w.value for w in at.warning)

@@ -22,6 +22,7 @@ from storage import queries as q
 from storage.export import run_document
 from storage.recording import record_prompt
 from storage.stats import paired_bootstrap_ci, paired_speedup, tied_with
+from storage.verdict import verdict_dict
 from tests.test_storage import enqueue, record, run_ids
 from tests.test_worker import PROMPTS, RecordingWorker, kinds
 
@@ -154,7 +155,7 @@ def test_an_impossible_speedup_carries_a_warning_and_is_never_crowned(store):
     assert runs.loc[1, "speedup"] > runs.loc[1, "tokens_per_round"]
     assert "exceeds" in runs.loc[1, "timing_warning"]
     assert pd.isna(runs.loc[2, "timing_warning"])
-    assert q.verdict(store, eid)["best"] == 2
+    assert verdict_dict(store, eid)["best"] == 2
     listing = q.experiments(store).set_index("experiment_id").loc[eid]
     assert listing.best_value == 2 and listing.timing_warnings == 1
     assert "exceeds" in run_document(store, eid, with_outputs=False)["runs"][0]["timing_warning"]
@@ -173,13 +174,13 @@ def test_speedup_pairs_only_the_prompts_both_arms_finished_and_needs_a_live_base
                               [s.new_tokens for s in spec], [s.wall_seconds for s in spec])
     assert row.speedup == pytest.approx(expected)  # not divided by the whole baseline's throughput
     assert "in progress" in row.speedup_note
-    assert q.verdict(store, eid)["best"] is None  # a run still going never sets the headline
+    assert verdict_dict(store, eid)["best"] is None  # a run still going never sets the headline
     assert pd.isna(q.experiments(store).set_index("experiment_id").loc[eid, "best_value"])
     run_state.finish_run(store, ids[("baseline", None)], "failed", "boom")
     run_state.finish_run(store, rid, "done")
     row = q.run_summary(store, rid).iloc[0]
     assert pd.isna(row.speedup) and "baseline failed" in row.speedup_note
-    assert q.verdict(store, eid)["best"] is None
+    assert verdict_dict(store, eid)["best"] is None
 
 
 def test_verdict_names_ties_and_a_spread_too_wide_to_choose(store):
@@ -191,13 +192,13 @@ def test_verdict_names_ties_and_a_spread_too_wide_to_choose(store):
         for k, (s, lo, hi) in {1: (1.10, 1.05, 1.15), 2: (1.31, 1.22, 1.40), 4: (1.25, 1.18, 1.33)}.items():
             conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi "
                               "WHERE id = :rid"), {"s": s, "lo": lo, "hi": hi, "rid": ids[("speculative", k)]})
-    v = q.verdict(store, eid)
+    v = verdict_dict(store, eid)
     assert v["best"] == 2 and v["tied_with"] == [4] and not v["too_wide"]
     assert v["text"].startswith("best k 2 at 1.31× (1.22–1.40), tied with 4")
     with store.write() as conn:
         conn.execute(text("UPDATE runs SET speedup_ci_lo = 0.9, speedup_ci_hi = 1.9 WHERE id = :rid"),
                      {"rid": ids[("speculative", 2)]})
-    v = q.verdict(store, eid)
+    v = verdict_dict(store, eid)
     assert v["too_wide"] and "too wide to choose" in v["text"]
 
 
@@ -346,7 +347,7 @@ def test_k_auto_finds_the_best_k_of_a_full_sweep_with_deterministic_timings(tmp_
     with RecordingWorker(store) as worker:
         worker.adopt(pair, get_experiment(store, full))
         worker.work(until_idle=True)
-    measured = q.verdict(store, full)
+    measured = verdict_dict(store, full)
     doc = run_document(store, auto, with_outputs=False)
     curve = {int(k): v for k, v in doc["predicted_curve"].items()}
     assert sorted(curve) == [1, 2, 3, 4, 5, 6]

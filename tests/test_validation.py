@@ -72,7 +72,7 @@ def test_verdict_holds_then_flips_on_an_alpha_drop_and_on_a_slower_interval(stor
     # Same acceptance, but every verify pass three times as slow: the speedup interval falls below the tune's.
     slower = _experiment(store, {2: TUNE[2]}, prompts="code:validation", validates=tune, verify=0.030)
     result = validation_result(store, slower)
-    assert result["holds"] is False and "wholly below the tune's" in result["reason"]
+    assert result["holds"] is False and "wholly below the tuning run's" in result["reason"]
 
 
 def test_nothing_to_validate_is_one_clear_error(store):
@@ -106,3 +106,90 @@ def test_draftlab_validate_reruns_the_best_on_held_out_prompts(tmp_path, model_d
     store = open_store(db)
     assert q.experiment(store, doc["experiment_id"])["validates"] == tune_id
     assert q.experiment(store, doc["experiment_id"])["prompts"] == str(held_out)
+
+
+# --- what the verdict tested, in words; α with a prompt-level standard error -------------------------------------
+
+HIGH, LOW = [2] * 12, [0] * 12  # k = 2: every draft accepted (24 of 24 verified) / the first rejected (0 of 12)
+
+
+def test_alpha_has_a_prompt_level_standard_error(store):
+    """Prompts alternate between a draft that is always right and one that is always wrong: tokens of one prompt
+    are not independent draws, so the standard error is the spread between prompts, not √(α(1 − α)/N)."""
+    import math
+
+    import numpy as np
+
+    from storage.validation import alpha_estimate
+
+    eid = _experiment(store, {2: [HIGH, LOW]})
+    rid = run_ids(store, eid)[("speculative", 2)]
+    est = alpha_estimate(store, rid)
+    a, n = np.array([24, 0] * 3, dtype=float), np.array([24, 12] * 3, dtype=float)
+    alpha = a.sum() / n.sum()
+    oracle = math.sqrt(len(a) / (len(a) - 1) * ((a - alpha * n) ** 2).sum()) / n.sum()  # the ratio's clustered SE
+    assert (est.alpha, est.prompts, est.verified) == (pytest.approx(2 / 3), 6, 108)
+    assert est.se == pytest.approx(oracle) and est.se > 2.5 * math.sqrt(alpha * (1 - alpha) / n.sum())
+    same = _experiment(store, {2: [TUNE[2][0]]})  # every prompt alike: no spread between prompts
+    assert alpha_estimate(store, run_ids(store, same)[("speculative", 2)]).se == pytest.approx(0, abs=1e-6)
+
+
+def test_a_drop_within_prompt_level_sampling_error_is_said_so(store):
+    """α 0.667 -> 0.500 over six prompts each: a token-level test calls it a drop (z ≈ 2.4), the prompt-level one
+    does not (z ≈ 0.5), and the sentence says which test it ran."""
+    from storage.validation import Z_ONE_SIDED
+
+    tune = _experiment(store, {2: [HIGH, LOW]})
+    held = _experiment(store, {2: [HIGH, LOW, LOW]}, prompts="code:validation", validates=tune)
+    result = validation_result(store, held)
+    alpha = result["alpha"]
+    assert alpha["tune"] == pytest.approx(2 / 3) and alpha["validation"] == pytest.approx(0.5)
+    assert 0 < alpha["z"] < Z_ONE_SIDED
+    pooled = (72 + 48) / (108 + 96)
+    token_z = (2 / 3 - 0.5) / (pooled * (1 - pooled) * (1 / 108 + 1 / 96)) ** 0.5
+    assert token_z > 1.96  # what treating tokens as independent concluded
+    assert ("α fell from 0.667 on code:tune to 0.500 on code:validation (-0.167), within sampling error (z = 0.5 ≤ "
+            "1.64, one-sided test at 5 %, prompt-level standard errors)") in result["reason"]
+
+
+def test_a_rise_is_reported_as_a_rise(store):
+    tune = _experiment(store, {2: TUNE[2]})
+    better = _experiment(store, {2: [[2, 2, 2, 2, 1, 2, 2, 2] * 3]}, prompts="code:validation", validates=tune)
+    result = validation_result(store, better)
+    assert result["holds"] is True
+    assert "α rose from 0.800 on code:tune to 0.938 on code:validation (+0.137)" in result["reason"]
+    assert "sampling error" not in result["reason"]  # the test looks for a drop; a rise is not "within" anything
+
+
+def test_sets_are_named_by_their_names(store, tmp_path, monkeypatch):
+    """A set named code:validation is never called "tune"; an uploaded file by its own name, not its cache path."""
+    from engine.prompt_sets import set_name, upload_dir, upload_file_name
+
+    monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path / "uploads"))
+    uploaded = str(upload_dir() / upload_file_name("my held-out.jsonl", b'{"prompt": "x"}\n'))
+    assert set_name(uploaded) == "my_held-out.jsonl" and set_name("code") == "code:tune"
+    assert set_name("code+english:validation") == "code:tune+english:validation"
+    assert set_name("/data/0123456789ab-mine.txt") == "0123456789ab-mine.txt"  # a hash-like name outside uploads
+    tune = _experiment(store, {2: TUNE[2]}, prompts="code:validation")
+    plan = validation_plan(store, tune, prompts=uploaded)
+    assert plan["name"] == "validate #1: k=2 model drf on my_held-out.jsonl" or plan["name"].endswith(
+        "on my_held-out.jsonl")
+    held = _experiment(store, {2: TUNE[2]}, prompts=uploaded, validates=tune)
+    reason = validation_result(store, held)["reason"]
+    assert "on code:validation" in reason and "on my_held-out.jsonl" in reason
+    assert " tune" not in reason.replace("tuning run", "") and str(tmp_path) not in reason
+
+
+def test_a_done_validation_experiment_has_its_finding(store):
+    from storage.findings import findings
+
+    tune = _experiment(store, TUNE)
+    same = _experiment(store, {2: TUNE[2]}, prompts="code:validation", validates=tune)
+    found = [f for f in findings(store, same) if f["kind"] == "validation"]
+    assert len(found) == 1 and found[0]["severity"] == "info" and found[0]["data"]["holds"] is True
+    assert found[0]["title"] == f"The gain of experiment #{tune} holds on code:validation"
+    worse = _experiment(store, {2: [[0, 0, 1, 0, 2, 0, 0, 0] * 3]}, prompts="code:validation", validates=tune)
+    found = next(f for f in findings(store, worse) if f["kind"] == "validation")
+    assert found["severity"] == "warning" and "beyond sampling error" in found["detail"]
+    assert found["prefill"]["sweep"] == "k" and found["prefill"]["prompts"] == "code:validation"
+    assert not [f for f in findings(store, tune) if f["kind"] == "validation"]  # a tuning experiment: none

@@ -1,0 +1,186 @@
+"""The one verdict (storage/verdict.py): which run is best, which are tied with it, the cheaper tied choice, and
+every reader of it (deploy, validation, findings, the listing, the CLI) agreeing on it. Crafted runs whose speedups
+and intervals are set directly, SQLite and PostgreSQL."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import text
+
+from engine.variables import variable
+from storage import findings as fd
+from storage import queries as q
+from storage import experiments, run_state
+from storage.deploy import DeployError, deploy_document
+from storage.validation import validation_plan
+from storage.verdict import verdict, verdict_dict
+
+
+def _experiment(store, sweep_variable="k", values=(1, 2, 4), **kw):
+    return experiments.enqueue_experiment(store, name="v", target="tgt", draft="drf", prompts="code:tune",
+                                    sampling={"temperature": 0.0, "max_new_tokens": 64}, sweep_variable=sweep_variable,
+                                    sweep_values=list(values), prompt_texts=["p0", "p1"], **kw)
+
+
+def _measured(store, eid, speedups: dict, warned=(), status="done", **columns) -> dict:
+    """Finish every run and give the speculative ones (keyed by their swept value) speedup and interval."""
+    swept = variable(q.experiment(store, eid)["sweep_variable"])
+    runs = q.runs(store, eid)
+    ids = {}
+    for r in runs.itertuples():
+        if r.kind == "baseline" or status == "done":  # else the speculative runs stay queued
+            run_state.finish_run(store, int(r.run_id), "done")
+    with store.write() as conn:
+        for _, r in runs[runs["kind"] == "speculative"].iterrows():
+            value = swept.run_value(r)
+            ids[value] = int(r.run_id)
+            s, lo, hi = speedups[value]
+            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
+                              "timing_warning = :w WHERE id = :rid"),
+                         {"s": s, "lo": lo, "hi": hi, "w": "drifted" if value in warned else None, "rid": r.run_id})
+            for column, by_value in columns.items():
+                conn.execute(text(f"UPDATE runs SET {column} = :v WHERE id = :rid"),
+                             {"v": by_value[value], "rid": r.run_id})
+    return ids
+
+
+def test_the_cheaper_tied_k_is_chosen_and_said(store):
+    eid = _experiment(store)
+    ids = _measured(store, eid, {1: (1.25, 1.18, 1.33), 2: (1.31, 1.22, 1.40), 4: (1.10, 1.05, 1.15)})
+    v = verdict(store, eid)
+    assert (v.best.value, v.best.run_id) == (2, ids[2]) and [c.value for c in v.tied] == [1]
+    assert (v.chosen.value, v.chosen.run_id, v.cheaper.value) == (1, ids[1], 1) and not v.too_wide
+    assert v.text == ("best k 2 at 1.31× (1.22–1.40), tied with 1; take the cheaper tied k = 1 (fewer draft steps, "
+                      "a smaller KV cache)")
+    d = verdict_dict(store, eid)
+    assert (d["best"], d["best_run_id"], d["chosen"], d["chosen_run_id"], d["cheaper"], d["tied_with"]) == \
+        (2, ids[2], 1, ids[1], 1, [1])
+    json.dumps(d)  # plain JSON
+    # A tie with a dearer k only: the best itself is deployed.
+    eid = _experiment(store)
+    _measured(store, eid, {1: (1.05, 1.00, 1.10), 2: (1.31, 1.22, 1.40), 4: (1.25, 1.18, 1.33)})
+    v = verdict(store, eid)
+    assert [c.value for c in v.tied] == [4] and v.chosen is v.best and v.cheaper is None
+    assert "cheaper" not in v.text
+
+
+def test_a_sampling_sweep_has_no_cheaper_value(store):
+    eid = _experiment(store, "temperature", (0.0, 0.7))
+    _measured(store, eid, {0.0: (1.20, 1.10, 1.30), 0.7: (1.25, 1.15, 1.35)})
+    v = verdict(store, eid)
+    assert (v.best.value, [c.value for c in v.tied], v.chosen.value) == (0.7, [0.0], 0.7)
+
+
+def test_a_drafter_sweep_deploys_by_name_and_prefers_no_draft_model_when_tied(store, db_url, capsys):
+    """The issue's reproduction: `--drafter model,prompt-lookup:3` then `export --format deploy` said "no best run
+    yet" (the verdict returned a label, deploy compared it with sweep_value)."""
+    from app.cli import main
+
+    eid = _experiment(store, "drafter", ("model", "prompt-lookup:3"), k=2)
+    ids = _measured(store, eid, {"model": (1.40, 1.30, 1.50), "prompt-lookup:3": (1.35, 1.28, 1.44)})
+    v = verdict(store, eid)
+    assert (v.best.value, v.chosen.value) == ("model", "prompt-lookup:3")
+    assert "take the cheaper tied drafter = prompt-lookup:3 (no draft model to load or run)" in v.text
+    assert main(["export", str(eid), "--format", "deploy", "--db", db_url]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["run_id"], doc["chosen"]) == (ids["prompt-lookup:3"], "cheaper tied")
+    assert doc["configuration"]["drafter"] == "prompt-lookup:3" and doc["configuration"]["k"] == 2
+    assert json.loads(doc["engines"]["vllm"]["speculative_config"])["method"] == "ngram"
+    assert any("statistically tied with the best, drafter = model" in c for c in doc["caveats"])
+    # Not tied: the measured best, named by its label, is deployed.
+    eid = _experiment(store, "drafter", ("model", "prompt-lookup:3"), k=2)
+    ids = _measured(store, eid, {"model": (1.60, 1.55, 1.65), "prompt-lookup:3": (1.35, 1.28, 1.44)})
+    doc = deploy_document(store, eid)
+    assert (doc["run_id"], doc["chosen"], doc["configuration"]["drafter"]) == (ids["model"], "best", "model")
+    assert doc["caveats"] == []
+
+
+def test_a_draft_sweep_prefers_the_smaller_tied_draft_when_sizes_are_known(store):
+    eid = _experiment(store, "draft", ("big-draft", "small-draft"))
+    speed = {"big-draft": (1.40, 1.30, 1.50), "small-draft": (1.35, 1.28, 1.44)}
+    ids = _measured(store, eid, speed, draft_parameters={"big-draft": 500_000_000, "small-draft": 100_000_000})
+    v = verdict(store, eid)
+    assert (v.best.run_id, v.chosen.run_id, v.chosen.value) == (ids["big-draft"], ids["small-draft"], "small-draft")
+    plan = validation_plan(store, eid)  # validation reruns what deploy carries
+    assert plan["draft"] == "small-draft"
+    eid = _experiment(store, "draft", ("big-draft", "small-draft"))
+    _measured(store, eid, speed)  # sizes unknown: no cheaper one
+    assert verdict(store, eid).chosen.value == "big-draft"
+
+
+def test_a_timing_warned_or_unfinished_run_is_never_chosen_by_any_reader(store):
+    eid = _experiment(store, values=(1, 2))
+    ids = _measured(store, eid, {1: (1.20, 1.15, 1.25), 2: (3.00, 2.90, 3.10)}, warned=(2,))
+    v = verdict(store, eid)
+    assert (v.best.value, v.tied, v.chosen.value) == (1, (), 1)
+    assert deploy_document(store, eid)["run_id"] == ids[1]
+    assert validation_plan(store, eid)["k"] == 1  # validation used to take the fastest run, warned or not
+    listing = q.experiments(store).set_index("experiment_id").loc[eid]
+    assert (listing.best_value, listing.best_speedup, listing.n_tied) == (1, 1.20, 0)
+    eid = _experiment(store, values=(1, 2))
+    _measured(store, eid, {1: (1.20, 1.15, 1.25), 2: (1.30, 1.25, 1.35)}, status="queued")
+    v = verdict(store, eid)
+    assert v.best is None and v.chosen is None and v.pending == 2 and v.text == "no finished run to choose from yet"
+    with pytest.raises(DeployError, match="no best run yet"):
+        deploy_document(store, eid)
+
+
+def test_the_listing_and_the_verdict_agree(store):
+    for speeds in ({1: (1.25, 1.18, 1.33), 2: (1.31, 1.22, 1.40), 4: (1.10, 1.05, 1.15)},
+                   {1: (1.31, 1.22, 1.40), 2: (1.31, 1.25, 1.37), 4: (1.40, 1.39, 1.41)},
+                   {1: (1.0, 0.5, 1.5), 2: (1.1, 0.6, 1.6), 4: (1.2, 0.7, 1.7)}):
+        eid = _experiment(store)
+        _measured(store, eid, speeds)
+        v = verdict(store, eid)
+        row = q.experiments(store).set_index("experiment_id").loc[eid]
+        assert (row.best_value, row.best_speedup, row.n_tied) == (v.best.value, v.best.speedup, len(v.tied))
+
+
+def test_deploy_states_ties_and_a_too_wide_interval_and_never_copies_the_test_length_unless_asked(store):
+    eid = _experiment(store)
+    ids = _measured(store, eid, {1: (1.25, 0.90, 1.60), 2: (1.31, 0.95, 1.70), 4: (1.28, 0.92, 1.65)})
+    doc = deploy_document(store, eid)
+    assert (doc["run_id"], doc["chosen"], doc["configuration"]["k"]) == (ids[1], "cheaper tied", 1)
+    caveats = " ".join(doc["caveats"])
+    assert "k = 1 (1.25×, 0.90–1.60) is statistically tied with the best, k = 2" in caveats
+    assert "Also tied with the best: k = 4" in caveats and "too wide to choose by" in caveats
+    assert doc["verdict"]["too_wide"] and doc["verdict"]["chosen"] == 1
+    assert doc["configuration"]["max_new_tokens"] is None and doc["measured"]["max_new_tokens"] == 64
+    for engine in ("vllm", "sglang"):
+        assert "max_tokens" not in doc["engines"][engine]["request"]
+    assert "max_new_tokens" not in doc["engines"]["transformers"]["generate_kwargs"]
+    assert any("No length is set: the test stopped at 64" in n for n in doc["engines"]["vllm"]["notes"])
+    asked = deploy_document(store, eid, with_max_new_tokens=True)
+    assert asked["configuration"]["max_new_tokens"] == 64
+    assert asked["engines"]["vllm"]["request"]["max_tokens"] == asked["engines"]["sglang"]["request"]["max_tokens"] == 64
+    assert asked["engines"]["transformers"]["generate_kwargs"]["max_new_tokens"] == 64
+    named = deploy_document(store, eid, ids[4])
+    assert named["chosen"] == "given" and f"Run {ids[4]} was named; the verdict would deploy k = 1" in named["caveats"][0]
+
+
+def test_cli_export_takes_with_max_new_tokens_for_deploy_only(store, db_url, capsys):
+    from app.cli import main
+
+    eid = _experiment(store, values=(2,))
+    _measured(store, eid, {2: (1.31, 1.22, 1.40)})
+    assert main(["export", str(eid), "--format", "deploy", "--with-max-new-tokens", "--db", db_url]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["engines"]["vllm"]["request"]["max_tokens"] == 64
+    assert main(["export", str(eid), "--format", "json", "--with-max-new-tokens", "--db", db_url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--with-max-new-tokens applies to --format deploy only" in err
+
+
+def test_findings_take_the_cheaper_tied_choice_and_the_focus_run_is_the_verdicts(store):
+    eid = _experiment(store, "drafter", ("model", "prompt-lookup:3"), k=2)
+    ids = _measured(store, eid, {"model": (1.40, 1.30, 1.50), "prompt-lookup:3": (1.35, 1.28, 1.44)})
+    tie = next(f for f in fd.findings(store, eid) if f["kind"] == "tie")
+    assert tie["data"]["cheaper"] == "prompt-lookup:3" and tie["data"]["best"] == "model"
+    assert "Take the cheaper drafter = prompt-lookup:3 (no draft model to load or run" in tie["next"]
+    assert "drafter = model at 1.40×" in tie["detail"]
+    from storage.findings import _Context, _focus_run
+
+    ctx = _Context(store, q.experiment(store, eid), q.runs(store, eid), verdict(store, eid))
+    row, why = _focus_run(ctx)
+    assert (int(row.run_id), why) == (ids["model"], "the best run")  # the label used to miss (sweep_value compared)
