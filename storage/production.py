@@ -14,13 +14,12 @@ of one prompt are not independent draws.
 """
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 from sqlalchemy import insert, text
 
 from .queries import F, _frame
 from .schema import DONE, SPECULATIVE, production_positions, production_series
+from .stats import clustered_ratio_se
 from .store import Store
 
 Z95 = 1.959964
@@ -128,17 +127,14 @@ def positions(store: Store, experiment_id: int) -> pd.DataFrame:
 
 
 def clustered_ratio(numerators, denominators) -> tuple[float, float, float] | None:
-    """Σnum / Σden with a 95 % interval that treats each pair (a prompt) as one independent draw: the ratio
-    estimator's standard error sqrt(n / (n - 1) · Σ (num_i - r·den_i)²) / Σden. None without a denominator."""
-    pairs = [(float(a), float(b)) for a, b in zip(numerators, denominators) if b and b > 0]
-    total = sum(b for _, b in pairs)
-    if not pairs or total <= 0:
+    """Σnum / Σden with a 95 % interval that treats each pair (a prompt) as one independent draw (storage/stats.py's
+    clustered_ratio_se). None without a denominator."""
+    estimate = clustered_ratio_se(numerators, denominators)
+    if estimate is None:
         return None
-    ratio = sum(a for a, _ in pairs) / total
-    n = len(pairs)
-    if n < 2:
+    ratio, se, _ = estimate
+    if se is None:
         return ratio, float("nan"), float("nan")
-    se = math.sqrt(n / (n - 1) * sum((a - ratio * b) ** 2 for a, b in pairs)) / total
     return ratio, max(0.0, ratio - Z95 * se), min(1.0, ratio + Z95 * se)
 
 

@@ -1,10 +1,13 @@
-"""Uncertainty of a measured speedup: a paired bootstrap over prompts, and which configurations tie.
+"""Uncertainty of a measured speedup (a paired bootstrap over prompts, and which configurations tie) and of a rate
+pooled over prompts (α, a position's acceptance: a ratio with a prompt-level standard error).
 
 `speedup` pairs a run with its baseline prompt by prompt (timing protocol v2): throughput over the prompts
 both finished, run / baseline. Its interval resamples prompts with replacement, keeping each prompt's two
 timings together, so drift that hits both arms of a prompt cancels instead of widening the interval.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -45,3 +48,19 @@ def tied_with(best: tuple[float, float], others: dict) -> list:
     """Keys of `others` ({key: (lo, hi)}) whose interval overlaps the best configuration's (lo, hi)."""
     lo, hi = best
     return [key for key, (o_lo, o_hi) in others.items() if o_lo <= hi and o_hi >= lo]
+
+
+def clustered_ratio_se(numerators, denominators) -> tuple[float, float | None, int] | None:
+    """(Σnum / Σden, its standard error, prompts) treating each pair (a prompt) as one independent draw: the ratio
+    estimator's sqrt(n / (n - 1) · Σ (num_i − r·den_i)²) / Σden. Tokens of one prompt are not independent draws (they
+    share its text and its drafts), so this is the error of α, not √(α(1 − α)/N). Pairs without a denominator are
+    left out; the error is None under two prompts; None without a denominator at all."""
+    pairs = [(float(a), float(b)) for a, b in zip(numerators, denominators) if b and b > 0]
+    total = sum(b for _, b in pairs)
+    if not pairs or total <= 0:
+        return None
+    ratio = sum(a for a, _ in pairs) / total
+    n = len(pairs)
+    if n < 2:
+        return ratio, None, n
+    return ratio, math.sqrt(n / (n - 1) * sum((a - ratio * b) ** 2 for a, b in pairs)) / total, n

@@ -4,7 +4,8 @@ step), as a new experiment linked to the first, and say in words whether the gai
 
 It does not hold when
   - α drops beyond sampling error: a one-sided test at 5 % (z > Z_ONE_SIDED) of the tuning α against the held-out α,
-    each with a prompt-level standard error (prompts are the sampled units, `alpha_estimate`), or
+    each with a prompt-level standard error (prompts are the sampled units: storage/stats.py's clustered_ratio_se,
+    the one production comparisons use too), or
   - the held-out speedup's 95 % interval lies wholly below the tuning run's.
 A rise of α is reported as a rise (the test looks for a drop only). Sets are named by their names
 (engine/prompt_sets.py's set_name: `code:validation`, an uploaded file's own name).
@@ -21,6 +22,7 @@ from sqlalchemy import text
 from engine.prompt_sets import set_name
 
 from . import queries as q
+from .stats import clustered_ratio_se
 from .store import Store
 from .verdict import verdict
 
@@ -101,29 +103,18 @@ class AlphaEstimate:
     verified: int
 
 
-# Per run, the sums the clustered (prompt-level) variance of a ratio estimator needs: with a_i accepted and n_i
-# verified draft tokens of prompt i, α = A / N and Var(α) ≈ m / (m - 1) · Σ (a_i − α n_i)² / N², where
-# Σ (a_i − α n_i)² = Σ a_i² − 2α Σ a_i n_i + α² Σ n_i².
-_ALPHA_SQL = """
-SELECT COUNT(*) AS m, SUM(accepted) AS a, SUM(accepted + rejected) AS n,
-       SUM(CAST(accepted AS DOUBLE PRECISION) * accepted) AS aa,
-       SUM(CAST(accepted AS DOUBLE PRECISION) * (accepted + rejected)) AS an,
-       SUM(CAST(accepted + rejected AS DOUBLE PRECISION) * (accepted + rejected)) AS nn
-FROM prompt_results WHERE run_id = :rid AND accepted IS NOT NULL AND rejected IS NOT NULL"""
-
-
 def alpha_estimate(store: Store, run_id: int) -> AlphaEstimate | None:
-    """The run's α and its prompt-level standard error (one SQL aggregate); None without verified draft tokens."""
+    """The run's α and its prompt-level standard error (storage/stats.py's clustered_ratio_se over the run's
+    per-prompt rollups); None without verified draft tokens."""
     with store.read() as conn:
-        row = conn.execute(text(_ALPHA_SQL), {"rid": int(run_id)}).mappings().one()
-    if not row["m"] or not row["n"]:
+        rows = conn.execute(text("SELECT accepted, accepted + rejected AS verified FROM prompt_results "
+                                 "WHERE run_id = :rid AND accepted IS NOT NULL AND rejected IS NOT NULL"),
+                            {"rid": int(run_id)}).all()
+    estimate = clustered_ratio_se([r.accepted for r in rows], [r.verified for r in rows])
+    if estimate is None:
         return None
-    m, a, n = int(row["m"]), float(row["a"]), float(row["n"])
-    alpha = a / n
-    if m < 2:
-        return AlphaEstimate(alpha, None, m, int(n))
-    spread = float(row["aa"]) - 2 * alpha * float(row["an"]) + alpha ** 2 * float(row["nn"])
-    return AlphaEstimate(alpha, math.sqrt(max(spread, 0.0) * m / (m - 1)) / n, m, int(n))
+    alpha, se, prompts = estimate
+    return AlphaEstimate(alpha, se, prompts, int(sum(r.verified for r in rows)))
 
 
 def alpha_drop_z(tune: AlphaEstimate, held_out: AlphaEstimate) -> float | None:
