@@ -19,8 +19,9 @@ from storage.verdict import verdict, verdict_dict
 
 def _experiment(store, sweep_variable="k", values=(1, 2, 4), **kw):
     return experiments.enqueue_experiment(store, name="v", target="tgt", draft="drf", prompts="code:tune",
-                                    sampling={"temperature": 0.0, "max_new_tokens": 64}, sweep_variable=sweep_variable,
-                                    sweep_values=list(values), prompt_texts=["p0", "p1"], **kw)
+                                          sampling={"temperature": 0.0, "max_new_tokens": 64},
+                                          sweep_variable=sweep_variable, sweep_values=list(values),
+                                          prompt_texts=["p0", "p1"], **kw)
 
 
 def _measured(store, eid, speedups: dict, warned=(), status="done", **columns) -> dict:
