@@ -17,6 +17,7 @@ from storage.settings import STALE_HELP
 
 from .arguments import ID as _ID, described as _described, positive_number as _positive_number, whole as _whole
 from .db_errors import db_error_reason, scrub
+from .db_retry import DB_RETRY_HELP  # torch-free, as this module's top must be
 from .ui import PORTS as UI_PORTS  # (stdlib only at import)
 
 EXIT_BAD_INPUT, EXIT_RUN_FAILED = 2, 1
@@ -38,9 +39,6 @@ CHAT_TEMPLATE_HELP = ("how conversation prompts become text: auto (the target to
 
 
 DEFAULT_REPEATS = 3  # see README, "Timing protocol": what the demo pair needs to meet the spread goal
-DB_RETRY_HELP = ("A database write that fails (disk full, read-only file, server restarting) is retried with backoff "
-                 "for $DRAFTLAB_DB_RETRY_SECONDS seconds (default 300), the results held in memory, before the runs "
-                 "fail with the reason")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -558,7 +556,7 @@ class _ProgressBar:
 
 
 def cmd_worker(args) -> int:
-    from .worker import run_worker
+    from .worker_process import run_worker
 
     store = open_store_or_fail(args.db, write=True)  # the worker registers itself: it needs to write
     if isinstance(store, int):

@@ -6,15 +6,24 @@ which timing leases (one per physical device) the job needs, and how the device 
     lease_key()     the timing lease of one device on this host; group_members(): the devices of a + group
     pin_cuda()      CUDA_VISIBLE_DEVICES for a worker pinned to GPUs
     device_name()   what runs.device_name and a training job record
+    lease_devices() the devices a job leases (the fewest GPUs its pair fits, engine/placement.py's plan)
+    acquire_leases() / release_device_lease(): take all of a job's leases or none; give one back
 """
 from __future__ import annotations
 
 import os
 import socket
+from typing import Callable
 
 import torch
 
-from engine.loading import ModelPair
+from engine.errors import DraftLabError
+from engine.loading import ModelPair, plan_pair, resolve_dtype
+from storage import Store
+from storage.leases import acquire_lease, release_lease
+
+from .db_errors import transient_db_error
+from .db_retry import DbRetry
 
 
 def gpus_of(pair: ModelPair) -> list[torch.device]:
@@ -81,3 +90,66 @@ def device_name(device: torch.device, pinned: str | None = None, leased: list[st
         which = pinned if pinned and pinned.startswith("cuda:") else f"cuda:{index}"
         return f"{torch.cuda.get_device_name(device)} ({which})"
     return pinned if pinned and pinned.startswith("cpu:") else "cpu"
+
+
+# --- leases: one timed job per physical device ---------------------------------------------------------------
+
+def lease_devices(placed: str, target: str, draft: str | None, dtype: str, trust: bool, *, loaded,
+                  release: Callable[[], None], plans: dict,
+                  free_memory: Callable[[], list[int]]) -> tuple[list[str], int | DraftLabError | None]:
+    """The devices a job placed on `placed` leases, physical names in index order: that one device, or, where the
+    worker sees several GPUs (a `cuda:0+cuda:1` group, or plain `draftlab worker` on auto), the fewest of them the
+    pair fits (engine.placement: config-only, before any lease; a cpu:0+cpu:1 group is the fake equivalent, planned
+    on `free_memory`). Also the job's plan for the load: the GPU count, or the DraftLabError saying the pair fits
+    none (the job then fails with it under its first device's lease), or None. `loaded`: the worker's held pair
+    (app/model_cache.LoadedPair or None), `release` drops it; `plans` caches (target, draft, dtype, trust) -> GPUs."""
+    if "+" in placed:
+        visible = group_members(placed)
+    elif placed == "auto" and torch.cuda.is_available():
+        visible = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    else:
+        visible = []
+    if len(visible) < 2:
+        return [visible[0] if visible else placed], None
+    on_gpu = visible[0].startswith("cuda")
+    if on_gpu and loaded is not None and (loaded.key[0], *loaded.key[2:5]) == (target, load_device(placed), dtype,
+                                                                               trust):
+        used = [d.index or 0 for d in gpus_of(loaded.pair)]  # already loaded here (draftlab run adopts it)
+        return [visible[i] for i in used], len(used)
+    plan_key = (target, draft, dtype, trust)
+    if plan_key not in plans:
+        if on_gpu:
+            release()  # this worker's own loaded pair is not free memory, but it is about to go
+        free = free_memory()
+        if not free:
+            return visible[:1], None
+        try:
+            dt = resolve_dtype(dtype, torch.device("cuda" if on_gpu else "cpu"))
+            plans[plan_key] = plan_pair(target, draft, dt, trust, free=free[:len(visible)]).gpus
+        except DraftLabError as exc:
+            return visible[:1], exc
+    return visible[:plans[plan_key]], plans[plan_key]
+
+
+def acquire_leases(db: DbRetry, store: Store, keys: list[str], worker_id: str, experiment_id: int | None,
+                   stale_seconds: float) -> None | tuple[str, str]:
+    """Take every lease in `keys` (index order) or none: on the first held by another live worker, give back those
+    taken here and return (that lease, its holder); None when all are this worker's."""
+    taken = []
+    for key in keys:
+        holder = db.retry(acquire_lease, store, key, worker_id, experiment_id, stale_seconds)
+        if holder is not None:
+            for mine in reversed(taken):
+                release_device_lease(store, mine, worker_id)
+            return key, holder
+        taken.append(key)
+    return None
+
+
+def release_device_lease(store: Store, key: str, worker_id: str) -> None:
+    """Give a lease back: one attempt (a lease left behind ends with this worker: unregister, or the next sweep)."""
+    try:
+        release_lease(store, key, worker_id)
+    except Exception as exc:  # noqa: BLE001
+        if not transient_db_error(exc):
+            raise

@@ -1,6 +1,6 @@
 """`draftlab worker --devices cuda:0,cuda:1 | all`: one worker process per device under one command.
 
-Each child is `python -m app.worker --device D` (the database URL travels in $DRAFTLAB_DB, not on a command line
+Each child is `python -m app.worker_process --device D` (the database URL travels in $DRAFTLAB_DB, not on a command line
 other users can read):
 
 - pinned: a child for cuda:N runs with CUDA_VISIBLE_DEVICES=N, so it sees that GPU alone (no stray CUDA context
@@ -9,7 +9,7 @@ other users can read):
   that asks for the CPU runs on the CPU under the host's `host:cpu` lease. `cpu:N` names a CPU slot (its own
   lease `host:cpu:N`), for machines without a GPU and for the tests.
 - grouped: `cuda:0+cuda:1` is one child that sees both GPUs (CUDA_VISIBLE_DEVICES=0,1) and places a target over
-  as many of them as it needs, leasing each (app/worker.py `_lease_devices`); `cpu:0+cpu:1` is the fake
+  as many of them as it needs, leasing each (app/placement.py `lease_devices`); `cpu:0+cpu:1` is the fake
   equivalent for the tests.
 - restarted: a child that dies (crash, OOM killer, SIGKILL) is logged and restarted after a backoff (1 s,
   doubling to 60 s, back to 1 s once a child has lived 60 s). The runs it held are swept (its process is gone,
@@ -129,7 +129,7 @@ class Supervisor:
         if child.device.startswith("cuda:"):  # cuda:N, or a group cuda:0+cuda:1 -> 0,1
             env["CUDA_VISIBLE_DEVICES"] = ",".join(m.split(":", 1)[1] for m in child.device.split("+"))
         child.worker_id = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"[:80 - len(child.device) - 1] + f"@{child.device}"
-        argv = [sys.executable, "-m", "app.worker", "--device", child.device, "--worker-id", child.worker_id,
+        argv = [sys.executable, "-m", "app.worker_process", "--device", child.device, "--worker-id", child.worker_id,
                 *(["--until-idle"] if self.until_idle else []), *self.worker_args]
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

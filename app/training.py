@@ -29,6 +29,7 @@ from storage.schema import CANCELLED, DONE, FAILED, INTERRUPTED
 
 from . import distill_driver as driver
 from .db_errors import DatabaseUnavailable
+from .job_context import JobContext
 from .placement import device_name, load_device, place
 
 REPORT_SECONDS = 1.0  # curve points and progress reach the dashboard this often
@@ -45,22 +46,22 @@ def job_command(job: dict, db_url: str | None = None) -> str:
                             "db": db_url})
 
 
-def execute(worker, job_id: int) -> str:
+def execute(job_ctx: JobContext, job_id: int) -> str:
     """Run a claimed training job to its end state (done / failed / cancelled / interrupted); return it."""
-    store = worker.store
-    job = worker._db(training.get_job, store, job_id, write=False)
+    store = job_ctx.store
+    job = job_ctx.retry(training.get_job, store, job_id, write=False)
     label = f"training job {job_id} ({job['name']})"
-    worker.log(f"{label}: {job['draft']} toward {job['target']} on {job['prompts']}, {plural(job['steps'], 'step')}")
+    job_ctx.log(f"{label}: {job['draft']} toward {job['target']} on {job['prompts']}, {plural(job['steps'], 'step')}")
     try:
-        status, results = _train(worker, job, label)
+        status, results = _train(job_ctx, job, label)
         error = detail = None
     except _Lost:
-        worker.log(f"{label} is no longer this worker's (swept as stale and taken over); left as it is")
+        job_ctx.log(f"{label} is no longer this worker's (swept as stale and taken over); left as it is")
         return "lost"
     except (KeyboardInterrupt, SystemExit):
         try:  # one attempt: if the database refuses, the dead-worker sweep marks it interrupted
             training.finish_job(store, job_id, INTERRUPTED, "the worker was stopped; resume the job to continue "
-                                "from its last checkpoint", worker_id=worker.id)
+                                "from its last checkpoint", worker_id=job_ctx.worker_id)
         except Exception:  # noqa: BLE001
             pass
         raise
@@ -77,52 +78,51 @@ def execute(worker, job_id: int) -> str:
             raise
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         status, results, error, detail = FAILED, {}, f"{type(exc).__name__}: {first}", traceback.format_exc()
-    closed = worker._db(training.finish_job, store, job_id, status, error, detail, worker.id, **results)
-    worker.log(f"{label} {status}" + (f": {error}" if error else "") + ("" if closed else " (no longer this worker's)"))
+    closed = job_ctx.retry(training.finish_job, store, job_id, status, error, detail, job_ctx.worker_id, **results)
+    job_ctx.log(f"{label} {status}" + (f": {error}" if error else "") + ("" if closed else " (no longer this worker's)"))
     return status
 
 
-def _train(worker, job: dict, label: str) -> tuple[str, dict]:
-    store, job_id, started = worker.store, job["id"], time.perf_counter()
+def _train(job_ctx: JobContext, job: dict, label: str) -> tuple[str, dict]:
+    store, job_id, started = job_ctx.store, job["id"], time.perf_counter()
 
     def report(points=(), **fields) -> dict:
-        answer = worker._db(training.report, store, job_id, worker.id, list(points), **fields)
+        answer = job_ctx.retry(training.report, store, job_id, job_ctx.worker_id, list(points), **fields)
         if not answer["owned"]:
             raise _Lost()
         return answer
 
-    worker._release()  # the training pair is its own (its draft is trained in place): free the cached one first
+    job_ctx.models.release()  # the training pair is its own (its draft is trained in place): free the cached one first
     report(phase="loading models and prompts")
     cfg = driver.distill_config(job["steps"], job["lr"], job["max_new_tokens"], job["batch_size"], job["seed"],
                                 job["samples"])
     focus = None
     if job["focus_from"] is not None:
-        focus = worker._db(focus_weights, store, int(job["focus_from"]), write=False)
+        focus = job_ctx.retry(focus_weights, store, int(job["focus_from"]), write=False)
         driver.focus_on(cfg, focus)
     out = ds.check_out_dir(job["out"])
     ckpt = driver.checkpoint_of(out)
     train_prompts, val_prompts = load_prompts(job["prompts"]), load_prompts(job["validation"])
-    device = load_device(place(job["device"], worker.device))
-    if isinstance(worker._gpus, DraftLabError):  # the placement plan found no set of GPUs that holds the pair
-        raise worker._gpus
-    # The GPU count the worker leased for this job (its placement plan), so the load spreads over exactly those.
-    spread = {"gpus": worker._gpus} if isinstance(worker._gpus, int) and device == "auto" else {}
-    pair = worker.loader(job["target"], job["draft"], device, "float32", False, **spread)
+    device = load_device(place(job["device"], job_ctx.device))
+    # The GPU count the worker leased for this job (its placement plan), so the load spreads over exactly those; a
+    # plan that found no set of GPUs holding the pair raises its DraftLabError here.
+    spread = job_ctx.spread(device)
+    pair = job_ctx.models.loader(job["target"], job["draft"], device, "float32", False, **spread)
     # conversations (a chat JSONL captured from production) through the target's own chat template
     train_prompts = render(train_prompts, pair.tokenizer, AUTO, what=job["prompts"])
     val_prompts = render(val_prompts, pair.tokenizer, AUTO, what=job["validation"])
     encode_prompts(pair, train_prompts, cfg.max_new_tokens)
     encode_prompts(pair, val_prompts, cfg.max_new_tokens)
-    report(device_name=device_name(pair.device, worker.device, worker.leased), eval_k=cfg.k)
+    report(device_name=device_name(pair.device, job_ctx.device, job_ctx.leased), eval_k=cfg.k)
 
     run, continued = driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt)
     if continued:
-        worker._db(training.rewind, store, job_id, worker.id, run.step)
-        worker.log(f"{label}: continuing from its checkpoint at step {run.step}")
+        job_ctx.retry(training.rewind, store, job_id, job_ctx.worker_id, run.step)
+        job_ctx.log(f"{label}: continuing from its checkpoint at step {run.step}")
         report(phase=f"training (continued from the checkpoint at step {run.step})", checkpoint_step=run.step,
                progress=run.step / cfg.steps)
     else:
-        worker._db(training.rewind, store, job_id, worker.id, 0)
+        job_ctx.retry(training.rewind, store, job_id, job_ctx.worker_id, 0)
     pending, last, last_report, last_checkpoint, done = [], 0.0, time.monotonic(), time.monotonic(), None
     for rec in driver.records(run, ckpt, continued):
         if rec["kind"] == "phase":
@@ -171,7 +171,7 @@ def _train(worker, job: dict, label: str) -> tuple[str, dict]:
                            validation=job["validation"], validation_note=validation_note,
                            train_prompts=train_prompts, val_prompts=val_prompts,
                            command=job_command(job, store.safe_url if job["focus_from"] is not None else None))
-    eval_id = worker._db(enqueue_experiment, store,
+    eval_id = job_ctx.retry(enqueue_experiment, store,
                          name=f"{job['name']}: before/after training job {job_id}", target=job["target"],
                          draft=job["draft"], prompts=job["validation"],
                          sampling={"temperature": 0.0, "max_new_tokens": int(job["max_new_tokens"])},
@@ -179,7 +179,7 @@ def _train(worker, job: dict, label: str) -> tuple[str, dict]:
                          k=cfg.k, repeats=EVAL_REPEATS, tags=["distill", f"training-job-{job_id}"],
                          notes=f"Before/after of training job {job_id}: {job['draft']} against the draft it trained "
                                f"({out}) on the held-out {job['validation']}, greedy, k={cfg.k}.")
-    worker.log(f"{label}: saved {out}; held-out alpha {record['alpha_before']:.3f} -> {record['alpha_after']:.3f}; "
+    job_ctx.log(f"{label}: saved {out}; held-out alpha {record['alpha_before']:.3f} -> {record['alpha_after']:.3f}; "
                f"experiment {eval_id} times before against after")
     return DONE, {"phase": "done", "step": run.step, "train_seconds": record["train_seconds"],
                   "kl_after": record["kl_after"], "alpha_after": record["alpha_after"],

@@ -229,14 +229,14 @@ def test_readme_compose_command_and_service_names_match_the_file():
 
 def test_worker_devices_all_without_a_gpu_stays_one_cpu_worker_and_bad_devices_exit_2(tmp_path, monkeypatch, capsys):
     import app.supervisor as supervisor
-    import app.worker as worker_module
+    import app.worker_process as worker_process
     from app.cli import main
 
     url = f"sqlite:///{tmp_path / 'one.db'}"
     calls = []
     monkeypatch.setattr(supervisor, "gpu_count", lambda: 0)
     monkeypatch.setattr(supervisor, "run_supervisor", lambda *a, **k: calls.append(("supervisor", a)) or 0)
-    monkeypatch.setattr(worker_module, "run_worker", lambda *a, **k: calls.append(("worker", a)) or 0)
+    monkeypatch.setattr(worker_process, "run_worker", lambda *a, **k: calls.append(("worker", a)) or 0)
     assert main(["worker", "--devices", "all", "--db", url]) == 0
     assert main(["worker", "--db", url]) == 0
     assert [c[0] for c in calls] == ["worker", "worker"]  # today's single worker, not a supervisor

@@ -95,8 +95,8 @@ def test_failures_are_recorded_and_the_queue_goes_on(tmp_path, model_dirs, monke
     oom = enqueue(store, model_dirs, ks=(1, 2), prompts=PROMPTS[:1], name="oom")
     good = enqueue(store, model_dirs, ks=(2,), prompts=PROMPTS[:2], name="good")
 
-    import app.worker as worker_module
-    real_speculative_decoder = worker_module.speculative_decoder
+    import app.timing as timing_module
+    real_speculative_decoder = timing_module.speculative_decoder
 
     def speculative_decoder(pair, cfg, k, typer=None, drafter="model"):
         decoder = real_speculative_decoder(pair, cfg, k, typer, drafter=drafter)
@@ -106,7 +106,7 @@ def test_failures_are_recorded_and_the_queue_goes_on(tmp_path, model_dirs, monke
             decoder.generate = out_of_memory
         return decoder
 
-    monkeypatch.setattr(worker_module, "speculative_decoder", speculative_decoder)
+    monkeypatch.setattr(timing_module, "speculative_decoder", speculative_decoder)
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
 
@@ -159,7 +159,7 @@ def test_sigkill_mid_run_keeps_rows_and_resume_completes(db_url, model_dirs, wai
     eid = enqueue(store, model_dirs, ks=(2,), prompts=prompts, max_new_tokens=20)
     rid = kinds(store, eid)[("speculative", 2)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "app.worker", "--db", db_url, "--until-idle", "--heartbeat", "0.2"],
+    proc = subprocess.Popen([sys.executable, "-m", "app.worker_process", "--db", db_url, "--until-idle", "--heartbeat", "0.2"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: (run_state.get_run(store, rid) or {}).get("prompts_done", 0) >= 2 or proc.poll() is not None,

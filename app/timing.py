@@ -1,0 +1,228 @@
+"""The timing executor: one experiment's claimed runs timed together, prompt-major (timing protocol v2, README
+"Timing protocol"), on the job's models, each prompt's rows committed in one transaction fenced to the worker
+that owns the runs. The Worker (app/worker.py) claims the runs, calls time_group, and closes them.
+"""
+from __future__ import annotations
+
+import traceback
+
+import torch
+
+from engine.chat import render
+from engine.drafter_specs import DEFAULT_DRAFTER, needs_draft_model
+from engine.errors import DraftLabError, RunCancelled
+from engine.loading import ModelPair
+from engine.memory import model_bytes
+from engine.profile import verify_profile
+from engine.prompt_sets import load_prompts
+from engine.protocol import median_repeat, schedule
+from engine.records import PromptResult
+from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
+from engine.sampling import SamplingConfig
+from engine.token_types import TokenTyper
+from storage import run_state
+from storage.experiments import load_experiment_prompts, load_verify_profile, store_prompts, store_verify_profile
+from storage.recording import clear_from, record_prompt
+from storage.schema import BASELINE, CANCELLED, FAILED
+
+from .job_context import JobContext
+from .model_cache import LoadedPair, SetupError
+from .placement import device_name, gpus_of
+
+LOST = "lost"  # a run this worker no longer owns (swept as stale and taken over): nothing of it is written
+
+
+def _reset_peak(pair: ModelPair, decoder) -> None:
+    for gpu in gpus_of(pair):
+        torch.cuda.reset_peak_memory_stats(gpu)
+    decoder.reset_peak_cache_bytes()
+
+
+def _peak_mb(pair: ModelPair, decoder) -> float:
+    """One decode's peak memory: torch's peak allocation on CUDA, summed over the GPUs the pair is on (reset
+    before each decode, so runs of an experiment do not inherit each other's peaks); on CPU, where RSS cannot be
+    reset, the bytes of the models the arm uses plus its peak KV caches."""
+    if pair.device.type == "cuda":
+        return sum(torch.cuda.max_memory_allocated(gpu) for gpu in gpus_of(pair)) / 2**20
+    return arm_memory_bytes(pair, decoder) / 2**20
+
+
+def arm_memory_bytes(pair: ModelPair, decoder) -> int:
+    """Parameters and buffers of the target (and of the draft when the arm drafts with it), plus the peak
+    KV-cache bytes of the decode."""
+    models = [pair.target.model]
+    drafter_lm = getattr(getattr(decoder, "drafter", None), "lm", None)
+    if drafter_lm is not None:
+        models.append(drafter_lm.model)
+    return sum(model_bytes(m) for m in models) + decoder.peak_cache_bytes()
+
+
+def _draft_parameters(decoder) -> int | None:
+    """Parameters of the draft model a decoder drafts with (None: a baseline, or a drafter with no model)."""
+    lm = getattr(getattr(decoder, "drafter", None), "lm", None)
+    return sum(p.numel() for p in lm.model.parameters()) if lm is not None else None
+
+
+def _drafter_of(run: dict, experiment: dict) -> str:
+    return run.get("drafter") or experiment.get("drafter") or DEFAULT_DRAFTER
+
+
+def _draft_of(run: dict, experiment: dict) -> str | None:
+    """The run's draft model: None when its drafter drafts without one (engine/drafter_specs.py's needs_model);
+    runs stored before drafts were recorded per run use the experiment's."""
+    if not needs_draft_model(_drafter_of(run, experiment)):
+        return None
+    return run.get("draft") or experiment["draft"]
+
+
+def primary_draft(experiment: dict, runs) -> str | None:
+    """The draft loaded with the target: the first speculative run's that needs one (None if none does)."""
+    for run in runs:
+        if run["kind"] != BASELINE and needs_draft_model(_drafter_of(run, experiment)):
+            return _draft_of(run, experiment)
+    if experiment.get("sweep_variable") == "draft" or not experiment.get("draft"):
+        return None
+    return experiment["draft"] if needs_draft_model(experiment.get("drafter") or DEFAULT_DRAFTER) else None
+
+
+def run_label(run: dict) -> str:
+    return f"run {run['id']} ({run['kind']}" + (f", k={run['k']})" if run["k"] else ")")
+
+
+def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcome: dict, memory: dict) -> None:
+    """Time the claimed runs of one experiment together, prompt-major (timing protocol v2): load the pair, encode
+    the prompts, one untimed warm-up per arm, then per prompt every arm's repeats in the protocol's order, each
+    prompt committed in one fenced transaction. Writes each run's end into `outcome` (run id -> (status, error,
+    detail)) and its peak memory into `memory`; SetupError for what every run would hit."""
+    loaded = job.models.pair(experiment, primary_draft(experiment, group.values()), job.gpus)
+    prompts = _prompts(job, experiment, loaded.pair.tokenizer)
+    repeats = int(experiment["repeats"] or 1)
+    decoders, budgets = {}, {}
+    for rid, run in group.items():
+        cfg = SamplingConfig(run["temperature"], run["top_k"], run["top_p"], run["seed"], run["max_new_tokens"])
+        encoded_key = (experiment["id"], cfg.max_new_tokens)
+        if encoded_key not in loaded.encoded:
+            try:
+                loaded.encoded[encoded_key] = encode_prompts(loaded.pair, prompts, cfg.max_new_tokens)
+            except DraftLabError as exc:
+                raise SetupError(str(exc)) from exc
+        try:
+            if run["kind"] == BASELINE:
+                decoders[rid] = baseline_decoder(loaded.pair, cfg)
+            else:
+                drafter = _drafter_of(run, experiment)
+                pair = job.models.pair_for(loaded, _draft_of(run, experiment), experiment)
+                decoders[rid] = speculative_decoder(pair, cfg, run["k"], loaded.typer, drafter=drafter)
+        except DraftLabError as exc:
+            outcome[rid] = (FAILED, str(exc), None)
+            continue
+        budgets[rid] = (loaded.encoded[encoded_key], cfg.max_new_tokens)
+    start = {rid: group[rid]["prompts_done"] or 0 for rid in decoders}  # resume: first unfinished prompt
+
+    def prepare():
+        with job.store.write() as conn:
+            for rid in decoders:
+                clear_from(conn, rid, start[rid])
+        for rid in decoders:
+            run_state.start_run(job.store, rid, len(prompts), device_name(loaded.pair.device, job.device,
+                                                                        job.leased),
+                            draft_parameters=_draft_parameters(decoders[rid]))
+    job.retry(prepare)
+    if experiment["k_auto"] and decoders:
+        _profile_verify(job, experiment, loaded, next(iter(budgets.values()))[0][0])
+
+    total = len(prompts)
+    active = list(decoders)
+    warmed: set[int] = set()
+    for i in range(min(start.values(), default=total), total):
+        arms = [rid for rid in active if rid not in outcome and start[rid] <= i]
+        if not any(rid not in outcome for rid in active):
+            break
+        timed: dict[int, list] = {rid: [] for rid in arms}
+        slots: dict[int, list] = {rid: [] for rid in arms}
+        for slot, (repeat, rid) in enumerate(schedule(arms, i, repeats)):
+            if rid in outcome:
+                continue
+            prompt_ids, budget = budgets[rid]
+            try:
+                if rid not in warmed:  # one untimed warm-up per arm (SPEC timing protocol)
+                    decoders[rid].generate(prompts[i], prompt_ids[i], i, max_new_tokens=min(WARMUP_TOKENS, budget))
+                    warmed.add(rid)
+                on_progress = _progress_callback(job, group[rid], i, repeat, repeats, total, budget)
+                _reset_peak(loaded.pair, decoders[rid])
+                timed[rid].append(decoders[rid].generate(prompts[i], prompt_ids[i], i, on_progress=on_progress))
+                memory[rid] = max(memory.get(rid, 0.0), _peak_mb(loaded.pair, decoders[rid]))
+                slots[rid].append(slot)
+            except RunCancelled:
+                outcome[rid] = (CANCELLED, None, None)
+            except torch.cuda.OutOfMemoryError:
+                outcome[rid] = (FAILED, f"CUDA out of memory in {run_label(group[rid])}; lower max-new-tokens, use "
+                                        f"dtype bfloat16/float16 or a smaller model", traceback.format_exc())
+                torch.cuda.empty_cache()
+            except DraftLabError as exc:
+                outcome[rid] = (FAILED, str(exc), traceback.format_exc())
+            finally:
+                job.live_progress.pop(rid, None)
+        finished = [rid for rid in arms if rid not in outcome and len(timed[rid]) == repeats]
+
+        def commit(i=i, finished=finished, timed=timed, slots=slots):
+            # One transaction per prompt: every arm's rows, or none. Only runs this worker still owns are
+            # written, and a prompt already committed (a commit whose answer was lost) is not written again,
+            # so the retry of a failed commit never duplicates a row.
+            with job.store.write() as conn:
+                owned = run_state.fence(conn, finished, job.worker_id)
+                stored = run_state.committed_prompts(conn, list(owned), i)
+                for rid in finished:
+                    if rid in owned and rid not in stored:
+                        _record(conn, group[rid], median_repeat(timed[rid]), timed[rid], slots[rid],
+                                     loaded.typer)
+                return owned
+        owned = job.retry(commit)  # a refused write is retried; the results wait here meanwhile
+        for rid in finished:
+            if rid not in owned:
+                outcome[rid] = (LOST, None, None)
+            elif owned[rid] or rid in job.cancelled:
+                outcome[rid] = (CANCELLED, None, None)
+
+def _progress_callback(job: JobContext, run: dict, prompt_index: int, repeat: int, repeats: int, total: int, budget: int):
+    def on_progress(tokens: int) -> None:
+        # Inside the timed generation: memory only; the heartbeat thread writes it and reads cancels.
+        if job.progress_hook is not None:
+            job.progress_hook(run, prompt_index, tokens, repeat)
+        done = prompt_index + (repeat + min(tokens, budget) / budget) / repeats
+        job.live_progress[run["id"]] = done / total
+        if run["id"] in job.cancelled:
+            raise RunCancelled(f"run {run['id']} cancelled")
+    return on_progress
+
+def _profile_verify(job: JobContext, experiment: dict, loaded: LoadedPair, prompt_ids: torch.Tensor) -> None:
+    """`--k auto`: the target's verify-cost profile, once per experiment, under the device lease."""
+    if job.retry(load_verify_profile, job.store, experiment["id"], write=False):
+        return
+    n_max = int(experiment["k_auto"]) + 1
+    cfg = SamplingConfig(experiment["temperature"], experiment["top_k"], experiment["top_p"], experiment["seed"],
+                         experiment["max_new_tokens"])
+    profile = verify_profile(loaded.pair.target.model, loaded.pair.vocab_size, prompt_ids, n_max, cfg)
+    job.retry(store_verify_profile, job.store, experiment["id"], profile)
+
+def _record(conn, run: dict, result: PromptResult, repeats: list[PromptResult], slots: list[int],
+            typer: TokenTyper) -> None:
+    texts = [typer.describe(int(t))[0] for t in result.output_ids]
+    record_prompt(conn, run["id"], run["kind"], result, texts, repeats=repeats, slots=slots)
+
+def _prompts(job: JobContext, experiment: dict, tokenizer) -> list[str]:
+    """The experiment's frozen prompt texts; the first run freezes them: its prompt spec loaded, conversations
+    rendered by the target tokenizer's chat template (engine/chat.py), so what is stored is what the models see."""
+    def load_stored():
+        with job.store.read() as conn:
+            return load_experiment_prompts(conn, experiment["id"])
+    stored = job.retry(load_stored, write=False)
+    if stored is not None:
+        return stored
+    try:
+        prompts = render(load_prompts(experiment["prompts"]), tokenizer, experiment.get("chat_template") or "auto")
+    except DraftLabError as exc:
+        raise SetupError(str(exc)) from exc
+    if not prompts:
+        raise SetupError(f"prompt set {experiment['prompts']!r} has no prompts; add some or pick another set")
+    return job.retry(store_prompts, job.store, experiment["id"], prompts)
