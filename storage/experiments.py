@@ -10,18 +10,26 @@ from typing import Iterable, Sequence
 
 from sqlalchemy import insert, select, text
 
+from engine.drafter_specs import SPECS
+from engine.variables import VARIABLES
+
 from .errors import QueueError
 from .schema import (BASELINE, NAME_CHARS, QUEUED, SPECULATIVE, Experiment, Run, experiment_prompts, experiments,
                      verify_profile)
 from .store import Store
 
-SWEEPABLE = ("k", "temperature", "top_k", "top_p", "draft", "drafter")
-CATEGORICAL = ("draft", "drafter")  # swept values are names; runs of one sweep share a baseline
-# Drafters that propose without a draft model: their runs record no draft (engine.drafting.needs_draft_model
-# decides; storage cannot import the engine, and a test holds the two equal).
-NO_MODEL_DRAFTERS = ("prompt-lookup",)
+# The run settings every run stores: the sampling variables (engine/variables.py: those the target's own decoding
+# depends on, each with its default) plus the seed and the token budget.
+SAMPLING_DEFAULTS = {**{v.name: v.parse(v.default) for v in VARIABLES.values() if v.per_value_baseline},
+                     "seed": 0, "max_new_tokens": 128}
+SAMPLING_KEYS = tuple(SAMPLING_DEFAULTS)
 
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
+
+def _needs_model(drafter: str) -> bool:
+    """Whether runs of this drafter spec record a draft model (engine/drafter_specs.py's needs_model; a spec the
+    registry does not know is taken to need one, as the engine's own check then reports it)."""
+    spec = SPECS.get(str(drafter).split(":")[0].strip())
+    return spec is None or spec.needs_model
 
 
 def check_bounds(name: str | None, config: dict, repeats, sweep_variable: str, values: Sequence) -> None:
@@ -84,20 +92,21 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
         if int(k_auto) < 2:
             raise QueueError(f"--k auto needs a largest k of at least 2 (got {k_auto}); use e.g. --k auto or auto:8")
         sweep_variable, sweep_values, k = "k", [int(k_auto)], int(k_auto)
-    if sweep_variable not in SWEEPABLE:
-        raise QueueError(f"cannot sweep {sweep_variable!r}; sweep one of {', '.join(SWEEPABLE)}")
+    swept = VARIABLES.get(sweep_variable)  # engine/variables.py: the one description of each swept variable
+    if swept is None:
+        raise QueueError(f"cannot sweep {sweep_variable!r}; sweep one of {', '.join(VARIABLES)}")
     values = list(sweep_values)
     if not values:
         raise QueueError("sweep_values is empty; give at least one value, e.g. k = 1, 2, 4")
     unknown = set(sampling) - set(SAMPLING_KEYS)
     if unknown:
         raise QueueError(f"unknown sampling settings {sorted(unknown)}; use {', '.join(SAMPLING_KEYS)}")
-    config = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 128, **sampling}
+    config = {**SAMPLING_DEFAULTS, **sampling}
     if sweep_variable == "k":
         values = [int(v) for v in values]
         if any(v <= 0 for v in values):
             raise QueueError(f"k values must be >= 1 (got {values})")
-    if sweep_variable in CATEGORICAL:
+    if swept.categorical:
         values = [str(v).strip() for v in values]
         if any(not v for v in values) or len(set(values)) < len(values):
             raise QueueError(f"{sweep_variable} values must be distinct and non-empty (got {values})")
@@ -105,7 +114,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     drafter_of = lambda v: v if sweep_variable == "drafter" else drafter  # noqa: E731
 
     def draft_of(v):
-        if str(drafter_of(v)).split(":")[0] in NO_MODEL_DRAFTERS:
+        if not _needs_model(drafter_of(v)):
             return None
         return v if sweep_variable == "draft" else draft
     name = name or f"{','.join(values) if sweep_variable == 'draft' else draft} → {target} on {prompts}"[:NAME_CHARS]
@@ -119,22 +128,22 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
         s.add(exp)
         s.flush()
         common = {"experiment_id": exp.id, "status": QUEUED, "reserved_for": reserved_for}
-        if sweep_variable in ("k", *CATEGORICAL):
+        if not swept.per_value_baseline:  # k, draft, drafter: the target decodes alike, one shared baseline
             baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
             s.add(baseline)
             s.flush()
             for i, v in enumerate(values):
                 s.add(Run(kind=SPECULATIVE, k=v if sweep_variable == "k" else int(k),
-                          sweep_value=v if sweep_variable == "k" else i, sweep_label=str(v), draft=draft_of(v),
+                          sweep_value=swept.sweep_value(v, i), sweep_label=str(v), draft=draft_of(v),
                           drafter=drafter_of(v), baseline_run_id=baseline.id, **common, **config))
-        else:
-            for v in values:
+        else:  # a sampling setting: one baseline per value (speedup compares equal sampling configs)
+            for i, v in enumerate(values):
                 run_config = {**config, sweep_variable: v}
-                baseline = Run(kind=BASELINE, k=None, sweep_value=v, **common, **run_config)
+                baseline = Run(kind=BASELINE, k=None, sweep_value=swept.sweep_value(v, i), **common, **run_config)
                 s.add(baseline)
                 s.flush()
-                s.add(Run(kind=SPECULATIVE, k=int(k), sweep_value=v, sweep_label=f"{v:g}", draft=draft, drafter=drafter,
-                          baseline_run_id=baseline.id, **common, **run_config))
+                s.add(Run(kind=SPECULATIVE, k=int(k), sweep_value=swept.sweep_value(v, i), sweep_label=f"{v:g}",
+                          draft=draft, drafter=drafter, baseline_run_id=baseline.id, **common, **run_config))
         if prompt_texts is not None:
             s.flush()
             s.execute(insert(experiment_prompts), [{"experiment_id": exp.id, "prompt_index": i, "prompt": p}

@@ -43,12 +43,3 @@ def test_k_auto():
     s = sweep(k="auto:6")
     assert s.variable == "k" and s.k_auto == 6 and s.values == [6]
     assert sweep(k="auto").k_auto == 8
-
-
-def test_the_queue_knows_which_drafters_need_no_model_as_the_engine_does():
-    from engine.drafter_specs import SPECS, needs_draft_model
-    from storage.experiments import NO_MODEL_DRAFTERS
-
-    for name in SPECS:
-        spec = {"confidence": "confidence:0.5", "prompt-lookup": "prompt-lookup:3"}.get(name, name)
-        assert needs_draft_model(spec) == (name not in NO_MODEL_DRAFTERS), name
