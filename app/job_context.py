@@ -31,6 +31,9 @@ class JobContext:
     progress_hook: ProgressHook | None = None
     live_progress: dict[int, float] = field(default_factory=dict)  # run id -> 0..1 (the heartbeat thread writes it)
     cancelled: set[int] = field(default_factory=set)  # runs whose cancel was requested (the heartbeat thread reads it)
+    # Writes one prompt's rows of a run in the caller's transaction (None: app/timing.record); the Worker passes its
+    # own `record`, which a subclass may extend (tests keep the engine's results).
+    record: Callable | None = None
 
     def retry(self, fn: Callable, *args, write: bool = True, **kwargs):
         """fn(*args, **kwargs) with the worker's database retry (app/db_retry.py)."""

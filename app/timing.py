@@ -174,7 +174,7 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
                 stored = run_state.committed_prompts(conn, list(owned), i)
                 for rid in finished:
                     if rid in owned and rid not in stored:
-                        _record(conn, group[rid], median_repeat(timed[rid]), timed[rid], slots[rid],
+                        (job.record or record)(conn, group[rid], median_repeat(timed[rid]), timed[rid], slots[rid],
                                      loaded.typer)
                 return owned
         owned = job.retry(commit)  # a refused write is retried; the results wait here meanwhile
@@ -205,8 +205,9 @@ def _profile_verify(job: JobContext, experiment: dict, loaded: LoadedPair, promp
     profile = verify_profile(loaded.pair.target.model, loaded.pair.vocab_size, prompt_ids, n_max, cfg)
     job.retry(store_verify_profile, job.store, experiment["id"], profile)
 
-def _record(conn, run: dict, result: PromptResult, repeats: list[PromptResult], slots: list[int],
+def record(conn, run: dict, result: PromptResult, repeats: list[PromptResult], slots: list[int],
             typer: TokenTyper) -> None:
+    """Write one timed prompt's rows of a run: the median repeat's tokens and rounds, every repeat's timings."""
     texts = [typer.describe(int(t))[0] for t in result.output_ids]
     record_prompt(conn, run["id"], run["kind"], result, texts, repeats=repeats, slots=slots)
 

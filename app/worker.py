@@ -41,6 +41,7 @@ from .job_context import JobContext, ProgressHook
 from .model_cache import ModelCache, SetupError
 from .placement import acquire_leases, lease_devices, lease_key, place, release_device_lease
 from .timing import LOST, primary_draft, run_label, time_group
+from .timing import record as record_rows
 
 
 class Worker:
@@ -335,7 +336,11 @@ class Worker:
         """What the current job may use of this worker (see app/job_context.py)."""
         return JobContext(self.store, self.id, self.db, self.log, self.models, device=self.device,
                           leased=list(self.leased), gpus=self._gpus, progress_hook=self.progress_hook,
-                          live_progress=self._live_progress, cancelled=self._cancelled)
+                          live_progress=self._live_progress, cancelled=self._cancelled, record=self.record)
+
+    def record(self, conn, run: dict, result, repeats: list, slots: list[int], typer) -> None:
+        """Write one timed prompt's rows of a run (median result, every repeat, their slots) in `conn`'s transaction."""
+        record_rows(conn, run, result, repeats, slots, typer)
 
     @property
     def loaded(self):

@@ -39,10 +39,10 @@ class RecordingWorker(Worker):
         self.results: dict[int, list] = {}
         self.repeats: dict[int, list] = {}
 
-    def _record(self, conn, run, result, repeats, slots, typer):
+    def record(self, conn, run, result, repeats, slots, typer):
         self.results.setdefault(run["id"], []).append(result)
         self.repeats.setdefault(run["id"], []).append((repeats, slots))
-        super()._record(conn, run, result, repeats, slots, typer)
+        super().record(conn, run, result, repeats, slots, typer)
 
 
 def enqueue(store, models, ks=(1, 3), prompts=PROMPTS, max_new_tokens=16, temperature=0.0, **kw):
