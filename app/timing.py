@@ -184,6 +184,7 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
             elif owned[rid] or rid in job.cancelled:
                 outcome[rid] = (CANCELLED, None, None)
 
+
 def _progress_callback(job: JobContext, run: dict, prompt_index: int, repeat: int, repeats: int, total: int, budget: int):
     def on_progress(tokens: int) -> None:
         # Inside the timed generation: memory only; the heartbeat thread writes it and reads cancels.
@@ -195,6 +196,7 @@ def _progress_callback(job: JobContext, run: dict, prompt_index: int, repeat: in
             raise RunCancelled(f"run {run['id']} cancelled")
     return on_progress
 
+
 def _profile_verify(job: JobContext, experiment: dict, loaded: LoadedPair, prompt_ids: torch.Tensor) -> None:
     """`--k auto`: the target's verify-cost profile, once per experiment, under the device lease."""
     if job.retry(load_verify_profile, job.store, experiment["id"], write=False):
@@ -205,11 +207,13 @@ def _profile_verify(job: JobContext, experiment: dict, loaded: LoadedPair, promp
     profile = verify_profile(loaded.pair.target.model, loaded.pair.vocab_size, prompt_ids, n_max, cfg)
     job.retry(store_verify_profile, job.store, experiment["id"], profile)
 
+
 def record(conn, run: dict, result: PromptResult, repeats: list[PromptResult], slots: list[int],
             typer: TokenTyper) -> None:
     """Write one timed prompt's rows of a run: the median repeat's tokens and rounds, every repeat's timings."""
     texts = [typer.describe(int(t))[0] for t in result.output_ids]
     record_prompt(conn, run["id"], run["kind"], result, texts, repeats=repeats, slots=slots)
+
 
 def _prompts(job: JobContext, experiment: dict, tokenizer) -> list[str]:
     """The experiment's frozen prompt texts; the first run freezes them: its prompt spec loaded, conversations

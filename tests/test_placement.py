@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 import app.supervisor as supervisor
 from app.supervisor import DevicesError, parse_devices
-from app.placement import device_name, group_members, load_device, place
+from app.placement import acquire_leases, device_name, group_members, load_device, place
 from app.worker import Worker
 from engine import runs
 from engine.errors import DraftLabError
@@ -145,10 +145,10 @@ def test_a_group_takes_its_leases_all_or_nothing_and_gives_them_back(store):
     k0, k1 = f"{HOST}:cpu:0", f"{HOST}:cpu:1"
     with _quiet(store, "cpu:0+cpu:1") as group, _quiet(store, "cpu:1") as single:
         assert acquire_lease(store, k1, single.id, None, 60) is None
-        assert group._acquire_leases([k0, k1], None) == (k1, single.id)
+        assert acquire_leases(group.db, store, [k0, k1], group.id, None, 60) == (k1, single.id)
         assert _leases(store) == {k1: single.id}  # cpu:0 was given back: nothing held while it waits
         release_lease(store, k1, single.id)
-        assert group._acquire_leases([k0, k1], None) is None
+        assert acquire_leases(group.db, store, [k0, k1], group.id, None, 60) is None
         assert _leases(store) == {k0: group.id, k1: group.id}
         assert acquire_lease(store, k1, single.id, None, 60) == group.id  # the single slot now waits
 
