@@ -9,13 +9,96 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import threading
 import time
+from collections import deque
 from pathlib import Path
 
 PASSWORD_ENV = "DRAFTLAB_PASSWORD"
 _ADMITTED = "_draftlab_admitted"  # session-state flag set by a correct password
 _PASSWORD_FIELD = "draftlab_password"
 WRONG_PASSWORD_DELAY_S = 1.0  # each wrong guess costs the guesser a second
+# Throttling that holds across sessions (every browser session of one dashboard process shares it): an address
+# with ADDRESS_FAILURES wrong passwords within LOGIN_WINDOW_S is locked out for LOCKOUT_S (the right password
+# included); with GLOBAL_FAILURES wrong passwords from all addresses together within the window, every login
+# waits until the oldest of them is LOGIN_WINDOW_S old (a guesser with many addresses gets that many guesses per
+# window, no more). A correct password clears its address's count.
+ADDRESS_FAILURES, GLOBAL_FAILURES = 5, 50
+LOGIN_WINDOW_S, LOCKOUT_S = 15 * 60.0, 15 * 60.0
+MAX_TRACKED_ADDRESSES = 10_000  # the oldest address is forgotten past this (bounded memory under a spray)
+
+
+class LoginThrottle:
+    """Wrong-password counts per client address and overall, with lockouts (see ADDRESS_FAILURES above).
+    Thread-safe: Streamlit runs each session's script in its own thread. `clock` is injectable for tests."""
+
+    def __init__(self, clock=time.monotonic, per_address: int = ADDRESS_FAILURES, overall: int = GLOBAL_FAILURES,
+                 window: float = LOGIN_WINDOW_S, lockout: float = LOCKOUT_S):
+        self.clock, self.per_address, self.overall, self.window, self.lockout = (clock, per_address, overall,
+                                                                                 window, lockout)
+        self._lock = threading.Lock()
+        self._failures: dict[str, deque] = {}  # address -> times of its recent wrong passwords
+        self._locked_until: dict[str, float] = {}
+        self._all: deque = deque()  # times of every recent wrong password
+
+    def _prune(self, now: float) -> None:
+        while self._all and self._all[0] <= now - self.window:
+            self._all.popleft()
+        for address in [a for a, until in self._locked_until.items() if until <= now]:
+            del self._locked_until[address]
+
+    def wait(self, address: str) -> tuple[float, str]:
+        """(seconds before `address` may try a password, why) — (0, "") when it may try now."""
+        with self._lock:
+            now = self.clock()
+            self._prune(now)
+            until = self._locked_until.get(address, 0.0)
+            if until > now:
+                return until - now, "address"
+            if len(self._all) >= self.overall:
+                return self._all[len(self._all) - self.overall] + self.window - now, "overall"
+            return 0.0, ""
+
+    def failed(self, address: str) -> None:
+        with self._lock:
+            now = self.clock()
+            self._prune(now)
+            self._all.append(now)
+            times = self._failures.pop(address, deque())  # re-inserted last: the dict stays oldest-first
+            times.append(now)
+            while times and times[0] <= now - self.window:
+                times.popleft()
+            self._failures[address] = times
+            if len(times) >= self.per_address:
+                self._locked_until[address] = now + self.lockout
+                times.clear()
+            while len(self._failures) > MAX_TRACKED_ADDRESSES:
+                del self._failures[next(iter(self._failures))]
+
+    def succeeded(self, address: str) -> None:
+        with self._lock:
+            self._failures.pop(address, None)
+
+
+THROTTLE = LoginThrottle()  # one per dashboard process: every session's login goes through it
+
+
+def client_address() -> str:
+    """The browser's address as Streamlit sees it (behind a proxy: the proxy's; "unknown" when not told)."""
+    import streamlit as st
+
+    try:
+        address = st.context.ip_address
+    except Exception:  # noqa: BLE001 - outside a browser session
+        address = None
+    return address if isinstance(address, str) and address else "unknown"
+
+
+def _refusal(seconds: float, why: str) -> str:
+    minutes = max(1, round(seconds / 60))
+    where = "from this address" if why == "address" else "on this dashboard"
+    return (f"Too many wrong passwords {where}: logins are paused for about {minutes} min. "
+            f"Try again then (ask whoever runs the dashboard if you forgot the password).")
 
 
 def configured_password() -> str | None:
@@ -151,9 +234,16 @@ def login() -> None:
         entered = st.text_input("Password", type="password", key=_PASSWORD_FIELD)
         submitted = st.form_submit_button("Log in", icon=":material/login:")
     if submitted and password is not None:
+        address = client_address()
+        seconds, why = THROTTLE.wait(address)
+        if seconds > 0:  # locked out: the password is not even compared
+            st.error(_refusal(seconds, why), icon=":material/lock:")
+            return
         if hmac.compare_digest(entered.encode("utf-8"), password.encode("utf-8")):
+            THROTTLE.succeeded(address)
             st.session_state[_ADMITTED] = True
             st.rerun()  # the page the URL asked for, now
+        THROTTLE.failed(address)
         time.sleep(WRONG_PASSWORD_DELAY_S)
         st.error("Wrong password.", icon=":material/lock:")
 

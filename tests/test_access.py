@@ -2,6 +2,8 @@
 script shows nothing but the login until the visitor passes it ($DRAFTLAB_PASSWORD, or OIDC when configured)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -12,6 +14,16 @@ from tests.test_pages import TIMEOUT, app, assert_clean, page_text, populated, p
 PASSWORD = "correct horse battery staple ünïcode"
 OIDC = {"redirect_uri": "http://dash.example:8501/oauth2callback", "cookie_secret": "x" * 40, "client_id": "draftlab",
         "client_secret": "oidc-client-secret", "server_metadata_url": "https://idp.example/.well-known/openid-configuration"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_throttle(monkeypatch):
+    """Each test starts with no wrong passwords counted (the throttle is one per process, shared by sessions)."""
+    import app.access as access
+
+    throttle = access.LoginThrottle()
+    monkeypatch.setattr(access, "THROTTLE", throttle)
+    return throttle
 
 
 @pytest.fixture
@@ -192,3 +204,63 @@ def test_with_oidc_configured_nothing_shows_until_the_provider_says_who_it_is(po
     at.run()
     assert_clean(at)
     assert at.title[0].value == "Experiments" and at.dataframe
+
+
+# --- login throttling across sessions ---------------------------------------------------------------------------
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_throttle_locks_an_address_out_and_counts_every_address_overall():
+    from app.access import LoginThrottle
+
+    clock = _Clock()
+    throttle = LoginThrottle(clock, per_address=3, overall=7, window=60, lockout=120)
+    for _ in range(2):
+        throttle.failed("10.0.0.1")
+    assert throttle.wait("10.0.0.1") == (0.0, "")
+    throttle.succeeded("10.0.0.1")  # the right password clears the count
+    for _ in range(3):
+        assert throttle.wait("10.0.0.1")[0] == 0
+        throttle.failed("10.0.0.1")
+    assert throttle.wait("10.0.0.1") == (120.0, "address")  # the third in a row locks it out
+    assert throttle.wait("10.0.0.2") == (0.0, "")  # another address is not locked out ...
+    clock.now += 30
+    throttle.failed("10.0.0.2")
+    throttle.failed("10.0.0.3")
+    assert throttle.wait("10.0.0.4") == (30.0, "overall")  # ... until 7 wrong passwords overall pause everyone
+    clock.now += 30
+    assert throttle.wait("10.0.0.4") == (0.0, "")  # the first three are a window old
+    assert throttle.wait("10.0.0.1") == (60.0, "address")
+    clock.now += 60
+    assert throttle.wait("10.0.0.1") == (0.0, "")  # the lockout is over
+    throttle.failed("10.0.0.1")
+    assert throttle.wait("10.0.0.1") == (0.0, "")  # and its count started again
+
+
+def test_wrong_passwords_from_several_sessions_lock_the_address_out(populated, monkeypatch, fresh_throttle):
+    """Eight parallel sessions used to get eight guesses each; now five wrong passwords from one address, in any
+    sessions, lock it out, the right password included, and the page says for how long."""
+    import app.access as access
+
+    monkeypatch.setenv("DRAFTLAB_PASSWORD", PASSWORD)
+    monkeypatch.setattr(access, "WRONG_PASSWORD_DELAY_S", 0.0)
+    monkeypatch.setattr(access, "client_address", lambda: "203.0.113.7")  # (AppTest has no real client)
+    sessions = [app("experiments") for _ in range(3)]
+    for attempt in range(access.ADDRESS_FAILURES):
+        at = _login(sessions[attempt % 3], f"guess {attempt}")
+        assert [e.value for e in at.error] == ["Wrong password."]
+    at = _login(app("experiments"), PASSWORD)  # a fresh session, the right password: still locked out
+    assert_clean(at)
+    assert len(at.error) == 1 and at.error[0].value.startswith("Too many wrong passwords from this address")
+    assert "15 min" in at.error[0].value and not at.dataframe and "tiny greedy" not in page_text(at)
+    fresh_throttle.clock = lambda: time.monotonic() + access.LOCKOUT_S  # the lockout has passed
+    at = _login(app("experiments"), PASSWORD)
+    assert not at.error and at.title[0].value == "Experiments" and at.dataframe
+    monkeypatch.setattr(access, "client_address", lambda: "198.51.100.9")
+    assert fresh_throttle.wait("198.51.100.9") == (0.0, "")  # another address was never locked out
