@@ -92,11 +92,27 @@ def commit(locator, value: str) -> None:
     locator.press("Enter")
 
 
+QUIET_MS = 1_500  # a page is settled when Streamlit has said so for this long in a row
+BUSY = '[data-testid="stSkeleton"], [data-stale="true"]'  # an element whose code still loads, or left from a run
+
+
 def settle(page, timeout_ms: int = 120_000) -> None:
-    """Wait until Streamlit has finished the current script run, and the grids and charts have painted."""
-    page.wait_for_timeout(300)
-    page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout_ms)
-    page.wait_for_timeout(1000)
+    """Wait until Streamlit has finished the current script run, and the grids and charts have painted: its app root
+    says `notRunning` (the attribute Streamlit's own browser tests wait on), no element is a placeholder while its
+    component's code loads (the chart and grid components load on first use) and none is stale (left from the
+    previous run), all of that for QUIET_MS in a row. A single look is not enough: the running state shows only once
+    the rerun a click asked for has started, and a page may rerun itself at once (e.g. to write its choice into the
+    URL); on a loaded machine the browser can also paint the query string before the elements."""
+    app = page.locator('[data-testid="stApp"]')
+    quiet_since = started = page.evaluate("Date.now()")
+    while page.evaluate("Date.now()") - quiet_since < QUIET_MS:
+        if page.evaluate("Date.now()") - started > timeout_ms:  # e.g. a page refreshing itself every 2 s
+            raise TimeoutError(f"the page never stayed idle for {QUIET_MS} ms within {timeout_ms} ms")
+        if app.get_attribute("data-test-script-state") != "notRunning" or page.locator(BUSY).count():
+            page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout_ms)
+            page.wait_for_function(f"() => !document.querySelector({BUSY!r})", timeout=timeout_ms)
+            quiet_since = page.evaluate("Date.now()")
+        page.wait_for_timeout(100)
 
 
 def upload_prompts(page, given: str | None, tmp: Path, default: list[str]) -> Path:

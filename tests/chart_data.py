@@ -32,9 +32,10 @@ def _prompt(prompt_index: int, rounds_k: list[int], accepts: list[int], draft_s:
     rounds, next_id = [], 0
     for index, (k, a) in enumerate(zip(rounds_k, accepts)):
         a = min(a, k)
-        drafts = [DraftToken(i + 1, 10 + (next_id + i) % len(TOKEN_TEXTS), TOKEN_TEXTS[(next_id + i) % len(TOKEN_TEXTS)],
-                             "english" if i % 2 else "code", 0.6, 0.5, 0.5, 0.1,
-                             ACCEPTED if i < a else REJECTED if i == a else DISCARDED) for i in range(k)]
+        texts = [(next_id + i) % len(TOKEN_TEXTS) for i in range(k)]
+        outcomes = [ACCEPTED if i < a else REJECTED if i == a else DISCARDED for i in range(k)]
+        drafts = [DraftToken(i + 1, 10 + texts[i], TOKEN_TEXTS[texts[i]], "english" if i % 2 else "code", 0.6, 0.5,
+                             0.5, 0.1, outcomes[i]) for i in range(k)]
         emitted = [next_id + i for i in range(a + 1)]
         next_id += a + 1
         rounds.append(Round(prompt_index, index, k, a, emitted, [ACCEPTED] * a + [BONUS if a == k else CORRECTION],

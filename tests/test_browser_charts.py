@@ -1,25 +1,28 @@
 """Every chart draws, in a real browser: `draftlab ui` on a database seeded (tests/chart_data.py) with one finished
-experiment of each kind (k sweep, validation, draft sweep, drafter sweep, temperature sweep, `--k auto`) and a
-finished training job, every name, label, draft, target, prompt and token text holding quotes, apostrophes, `<`,
-`&` and non-ASCII. Every page of the navigation is opened (the detail page once per kind of experiment, Compare
-with all of them, Theory loaded from a measured run), every expander opened, and the test fails on any console
-error or uncaught page error (Vega's "Unexpected identifier" when a name is pasted into an expression) and on any
-chart whose drawing has no height.
+experiment of each kind (k sweep, its validation, draft sweep, drafter sweep with k_r varying, temperature sweep,
+`--k auto`), production counters beside the k sweep and a finished training job, every name, label, draft,
+target, prompt and token text holding quotes, apostrophes, `<`, `&` and non-ASCII. Every page of the navigation
+is opened (the detail page once per kind of experiment, the Round explorer on a draft sweep's run, Compare with
+all six and runs of three, Train on the job, Theory loaded from a measured run), every expander opened, and the
+test fails on any console error or uncaught page error (Vega's "Unexpected identifier" when a name is pasted into
+an expression), on a Python exception shown on the page, on any chart with no drawing or a drawing of height 0,
+and on a view that should have charts and has none.
 
-One console error is ignored: chromium's failed fetch of the favicon (offline there is none to fetch); it is
-recognised by its URL only. Needs Debian's chromium at /usr/bin/chromium, like test_browser_e2e.py."""
+Console errors that are not the dashboard's are ignored, recognised by their URL only (see `ignored`): the
+favicon fetch, which fails offline, and Streamlit's client probing /PAGE/_stcore/ before the root. On a failure a
+screenshot of the view is saved (tests/browser.py's SCREENSHOTS). Needs Debian's chromium at /usr/bin/chromium,
+like test_browser_e2e.py."""
 from __future__ import annotations
 
 from urllib.parse import quote
 
 import pytest
 
-from tests.browser import SCREENSHOTS, chromium, dashboard, needs_chromium
+from tests.browser import SCREENSHOTS, chromium, dashboard, needs_chromium, settle
 from tests.chart_data import NAMES, idle_worker, seed
 
 pytestmark = needs_chromium
 DRAW_TIMEOUT_MS = 15_000  # after the script run: how long a chart may take to paint before it counts as not drawn
-QUIET_MS = 1_500  # the script run is over when Streamlit has said so for this long
 
 
 def ignored(url: str) -> bool:
@@ -33,10 +36,11 @@ def ignored(url: str) -> bool:
     return (url.startswith("https://fonts.gstatic.com/s/i/short-term/release/materialsymbolsrounded/science/")
             or any(f"/{key}/_stcore/" in url for key in PAGES))
 
+
 # Each chart of the page: its container, whether Vega drew into it (a canvas or svg under .vega-embed), and the
 # drawing's size; with the nearest heading above it, to name it in a failure.
 CHARTS_JS = """() => Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]')).map((chart, i) => {
-  const drawn = chart.querySelector('.vega-embed > canvas, .vega-embed > svg.marks, .vega-embed canvas, .vega-embed svg.marks');
+  const drawn = chart.querySelector('.vega-embed canvas, .vega-embed svg.marks');
   const box = drawn ? drawn.getBoundingClientRect() : {width: 0, height: 0};
   let heading = '', node = chart;
   while (node && !heading) {
@@ -65,7 +69,7 @@ def served(tmp_path_factory):
         yield {**running, "ids": ids}
 
 
-def visits(ids: dict) -> list[tuple[str, str, str]]:
+def visits(ids: dict) -> list[tuple[str, str, str, bool]]:
     """(navigation key, what is shown, path and query, whether it has charts) of every view the test opens."""
     experiments = ",".join(str(ids[kind]) for kind in NAMES)
     from storage import open_store
@@ -89,18 +93,20 @@ def visits(ids: dict) -> list[tuple[str, str, str]]:
     return out
 
 
-def _problems(page, shown: str, messages: list[str]) -> tuple[list[str], int]:
-    """What is wrong with the page as drawn (console errors since the last look, charts not drawn), and how many
-    charts it has."""
+def _problems(page, shown: str, messages: list[str], charted: bool) -> tuple[list[str], int]:
+    """What is wrong with the page as drawn (console errors since the last look, charts not drawn, no chart where
+    `charted` says there are some), and how many charts it has."""
     found = [f"{shown}: {m}" for m in messages]
     messages.clear()
     deadline = page.evaluate("Date.now()") + DRAW_TIMEOUT_MS
     while True:
         charts = page.evaluate(CHARTS_JS)
         blank = [c for c in charts if not c["drawn"] or c["height"] <= 0 or c["width"] <= 0]
-        if not blank or page.evaluate("Date.now()") > deadline:
+        if (charts or not charted) and not blank or page.evaluate("Date.now()") > deadline:
             break
         page.wait_for_timeout(250)
+    if charted and not charts:  # a view that lost its charts altogether would pass every other check
+        found.append(f"{shown}: no chart at all")
     for c in blank:
         size = f"{c['width']:.0f}x{c['height']:.0f} px" if c["drawn"] else "nothing drawn"
         found.append(f"{shown}: chart {c['index']} under {c['heading']!r}: {size}")
@@ -110,24 +116,6 @@ def _problems(page, shown: str, messages: list[str]) -> tuple[list[str], int]:
     found += [f"{shown}: exception on the page: {text[:500]}"
               for text in page.locator('[data-testid="stException"]').all_inner_texts()]
     return found, len(charts)
-
-
-BUSY = ('[data-testid="stSkeleton"], [data-stale="true"]')  # an element still loading its code, or left from a run
-
-
-def _finished(page) -> None:
-    """Wait until the page's script runs are over and drawn: Streamlit's app root says `notRunning` (the attribute
-    its own browser tests wait on), no element is a placeholder while its component's code loads (the chart
-    component is loaded on first use) and none is stale, and all of that for QUIET_MS in a row (a page may rerun
-    itself at once, e.g. to write its choice into the URL)."""
-    app = page.locator('[data-testid="stApp"]')
-    quiet_since = page.evaluate("Date.now()")
-    while page.evaluate("Date.now()") - quiet_since < QUIET_MS:
-        if app.get_attribute("data-test-script-state") != "notRunning" or page.locator(BUSY).count():
-            page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
-            page.wait_for_function(f"() => !document.querySelector({BUSY!r})", timeout=120_000)
-            quiet_since = page.evaluate("Date.now()")
-        page.wait_for_timeout(100)
 
 
 def _open_expanders(page) -> None:
@@ -142,7 +130,7 @@ def _load_theory_from_a_run(page, experiment: str) -> None:
     """Theory: 'Load from experiment' a measured run, which adds the cost-aware curve to the main chart."""
     page.get_by_label("Load from experiment", exact=True).click()
     page.get_by_role("option", name=experiment, exact=True).click()
-    _finished(page)
+    settle(page)
 
 
 def test_every_page_draws_every_chart_with_names_that_hold_quotes_tags_and_non_ascii(served):
@@ -165,13 +153,11 @@ def test_every_page_draws_every_chart_with_names_that_hold_quotes_tags_and_non_a
         for key, shown, path, charted in visits(ids):
             page.goto(f"{served['url']}/{path}")
             page.locator("h1").first.wait_for()
-            _finished(page)
+            settle(page)
             if key == "theory":
                 _load_theory_from_a_run(page, f"#{ids['k']} · {NAMES['k']} (done)")
             _open_expanders(page)
-            found, count = _problems(page, shown, messages)
-            if charted and not count:  # a view that lost its charts altogether would pass every check above
-                found.append(f"{shown}: no chart at all")
+            found, count = _problems(page, shown, messages, charted)
             if found:
                 SCREENSHOTS.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(SCREENSHOTS / f"charts-{key}-{len(problems)}.png"), full_page=True)
