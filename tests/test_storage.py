@@ -15,7 +15,7 @@ from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
 from engine.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds, throughput
 from storage import liveness, open_store, run_state
 from storage.errors import QueueError
-from storage.experiments import enqueue_experiment
+from storage.experiments import add_k_runs, enqueue_experiment
 from storage import queries as q
 from storage.export import plain, run_document
 from storage.recording import record_prompt
@@ -288,8 +288,14 @@ def test_claim_order_one_worker_per_experiment(store):
     assert run_state.claim_group(store, first, "w1") == sorted(ids1.values())
     assert run_state.next_experiment(store, "w2") == second
     assert run_state.claim_group(store, first, "w2") == []  # another worker is running it
+    added = add_k_runs(store, first, [8])  # queued while w1 times the rest: still not another worker's to take
+    assert run_state.next_experiment(store, "w2") == second
+    assert run_state.claim_group(store, first, "w2") == []
     assert run_state.claim_group(store, second, "w2") == sorted(ids2.values())
     assert run_state.next_experiment(store, "w3") is None
+    for rid in ids1.values():
+        run_state.finish_run(store, rid, "done")
+    assert run_state.claim_group(store, first, "w3") == added  # once w1 is done, the new pass is anyone's
     # The experiment whose models a worker holds comes first.
     third, fourth = enqueue(store, (1,)), enqueue(store, (1,))
     assert run_state.next_experiment(store, "w3") == third
