@@ -231,7 +231,8 @@ def cmd_run(args) -> int:
         device=args.device, dtype=args.dtype, sweep_variable=sweep.variable,
         sweep_values=sweep.values,
         k=int(fixed.get("k", sweep.ks[0])), trust_remote_code=args.trust_remote_code, repeats=args.repeats,
-        k_auto=sweep.k_auto, chat_template=chat_template)
+        k_auto=sweep.k_auto, chat_template=chat_template,
+        draft_sampling=fixed.get("draft_sampling", "probabilistic"))
     arms = 1 + len(sweep.values) + (len(sweep.values) - 1 if VARIABLES[sweep.variable].per_value_baseline else 0)
     return _run_here(args, store, pair, others, prompts, enqueue, arms)
 

@@ -99,7 +99,8 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
     repeats = int(experiment["repeats"] or 1)
     decoders, budgets = {}, {}
     for rid, run in group.items():
-        cfg = SamplingConfig(run["temperature"], run["top_k"], run["top_p"], run["seed"], run["max_new_tokens"])
+        cfg = SamplingConfig(run["temperature"], run["top_k"], run["top_p"], run["seed"], run["max_new_tokens"],
+                             draft_sampling=run.get("draft_sampling") or "probabilistic")
         encoded_key = (experiment["id"], cfg.max_new_tokens)
         if encoded_key not in loaded.encoded:
             try:

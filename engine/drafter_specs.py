@@ -79,6 +79,9 @@ SPECS: dict[str, DrafterSpec] = {spec.name: spec for spec in (
                           1, 65, default=3), needs_model=False, constant_k=False),
 )}
 DEFAULT_DRAFTER = "model"
+# How a draft model proposes (engine/drafting.py): draws from p_d, or its argmax verified as a point mass.
+DRAFT_SAMPLING = ("probabilistic", "greedy")
+DEFAULT_DRAFT_SAMPLING = "probabilistic"
 
 
 def drafter_usage() -> str:

@@ -11,10 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from .errors import DraftLabError
+from .drafter_specs import DRAFT_SAMPLING
 from .variables import MIN_TEMPERATURE
-
-
-DRAFT_SAMPLING = ("probabilistic", "greedy")
 
 
 @dataclass(frozen=True)

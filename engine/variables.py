@@ -8,8 +8,10 @@ a drafter spec: `sweep_value` then stores the value's index and `sweep_label` th
 target-only baseline depends on it (a sampling setting: one baseline per value; k, draft, drafter: one shared),
 and what serving a value costs (a smaller k, a smaller draft, no draft model: the verdict's cheaper tied choice).
 
-A new swept variable is one entry in VARIABLES, its column in storage/schema.py, what the engine does with it,
-and (for deployment) its mapping in storage/deploy.py. Plain Python, no torch: storage and pages import it.
+A new swept variable is one entry in VARIABLES, its column in storage/schema.py (+ a migration step), what the
+engine does with it, where the worker hands it to the engine (app/timing.py), the run column set by
+storage/experiments.py, the CLI's enqueue call, the form when it needs a widget of its own, and its deploy mapping:
+draft_sampling took 11 files besides the engine's own change, so the goal of 4 is not reached yet. Plain Python, no torch: storage and pages import it.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import zoo
-from .drafter_specs import DEFAULT_DRAFTER, canonical_drafter, needs_draft_model
+from .drafter_specs import (DEFAULT_DRAFT_SAMPLING, DEFAULT_DRAFTER, DRAFT_SAMPLING, canonical_drafter,
+                            needs_draft_model)
 from .errors import DraftLabError
 from .limits import LIMITS, limit, over
 from .numbers import DB_INT_MAX, ascii_float, ascii_int
@@ -180,6 +183,14 @@ def _draft_size(value, get) -> float | None:
     return float(size) if isinstance(size, Real) and size == size and size > 0 else None
 
 
+def _draft_sampling(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in DRAFT_SAMPLING:
+        raise DraftLabError(f"--draft-sampling {text[:40]!r} is not one of {', '.join(DRAFT_SAMPLING)}; use e.g. "
+                            f"--draft-sampling greedy (drafts by argmax, as vLLM's V1 drafter did)")
+    return mode
+
+
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("k", int, f"a whole number from 1 to {MAX_K}", "1,2,4,8", "4",
              "draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, predict the speedup of every k, "
@@ -204,6 +215,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              label="drafter (drafting strategy)", check_name=canonical_drafter,
              cost=lambda value, get: 1.0 if needs_draft_model(str(value)) else 0.0,
              cheaper_because="no draft model to load or run"),
+    Variable("draft_sampling", str, "probabilistic or greedy", "probabilistic,greedy", DEFAULT_DRAFT_SAMPLING,
+             "how the draft model proposes: probabilistic (draws from its distribution) or greedy (its argmax, "
+             "verified as a point mass: still lossless; what a server that drafts by argmax sees); a comma list "
+             "compares them", label="draft sampling (probabilistic or greedy)", check_name=_draft_sampling),
 )}
 DEFAULT_VARIABLE = "k"
 

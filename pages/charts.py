@@ -173,11 +173,12 @@ def acceptance_by_position(frame: pd.DataFrame) -> alt.LayerChart:
 
 def production_positions(frame: pd.DataFrame) -> alt.LayerChart:
     """Conditional acceptance per draft position: the lab run's estimate with its 95 % interval (grey bar and rule)
-    and each production series as a point. frame: position, source ('lab' or a series label), conditional, lo, hi."""
+    and each production series as a point. frame: position, source (a label), kind ('lab' or 'production'),
+    conditional, lo, hi."""
     x = alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0))
     y_scale = alt.Scale(domain=[0, 1])
-    lab_data = frame[frame["source"] == "lab"]
-    prod_data = frame[frame["source"] != "lab"]
+    lab_data = frame[frame["kind"] == "lab"]
+    prod_data = frame[frame["kind"] != "lab"]
     interval = alt.Chart(lab_data).mark_rule(color="#9e9e9e", strokeWidth=6, opacity=0.6).encode(
         x, alt.Y("lo:Q", title="accepted / reached", scale=y_scale), alt.Y2("hi:Q"),
         tooltip=["position:O", alt.Tooltip("conditional:Q", title="lab", format=".3f"),

@@ -19,6 +19,7 @@ from engine.errors import DraftLabError
 from engine import prompt_sets
 from engine.limits import LIMITS
 from engine.wording import plural
+from engine.drafter_specs import DRAFT_SAMPLING
 from engine.variables import SETTINGS, VARIABLES
 from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
                                 load_prompts)
@@ -47,7 +48,7 @@ DEFAULTS = {
     "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "fixed_k": 4, "repeats": DEFAULT_REPEATS, "name": "",
     "tags": "", "notes": "", "drafter": "model", "drafter_threshold": DEFAULT_THRESHOLD, "drafter_ngram": DEFAULT_NGRAM,
     "drafter_sweep": DEFAULT_DRAFTER_SWEEP, "drafter_sweep_t": f"{DEFAULT_THRESHOLD:g}",
-    "drafter_sweep_n": str(DEFAULT_NGRAM),
+    "drafter_sweep_n": str(DEFAULT_NGRAM), "draft_sampling": "probabilistic",
 }
 
 
@@ -83,7 +84,8 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
              name: str, notes: str, tags_text: str, prompt_texts: list[str] | None = None,
              repeats: int = DEFAULT_REPEATS, k_auto: int | None = None, drafter: str = "model",
              sweep_list: Sequence[str] | None = None, sweep_error: str | None = None,
-             pair_checks: Sequence[tuple[str, bool, str]] | None = None) -> Launch:
+             pair_checks: Sequence[tuple[str, bool, str]] | None = None,
+             draft_sampling: str = "probabilistic") -> Launch:
     """Check every field; a Launch with no errors carries the enqueue_experiment keyword arguments (plain text:
     the page escapes it). With k_auto (the largest k) the experiment is `--k auto`: sweep_text is not used. A draft
     or drafter sweep takes its names as sweep_list (else from sweep_text, comma-separated); a draft sweep is
@@ -131,7 +133,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         launch.errors.append(sweep_error)
     elif sweep_variable in SWEEP_VARIABLES:
         try:
-            if sweep_variable in ("draft", "drafter") and sweep_list is not None:
+            if VARIABLES[sweep_variable].categorical and sweep_list is not None:
                 values = parse_names(sweep_list, sweep_variable)
             else:
                 values = parse_sweep_values(sweep_text, sweep_variable)
@@ -156,7 +158,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
                   "max_new_tokens": int(max_new_tokens)},
         device=device, dtype=dtype, sweep_variable=sweep_variable, sweep_values=values, k=int(k),
         notes=notes.strip(), tags=tags, repeats=int(repeats), k_auto=int(k_auto) if k_auto is not None else None,
-        drafter=drafter,
+        drafter=drafter, draft_sampling=draft_sampling if sweep_variable != "draft_sampling" else "probabilistic",
     )
     if prompt_texts is not None:  # an upload: freeze its prompts now, so any worker can run them
         from app.pair_check import render_prompts
@@ -434,6 +436,15 @@ def render() -> None:
                 sweep_list, sweep_error = _drafter_sweep()
             if sweep_error:
                 st.error(md_text(sweep_error), icon=":material/error:")
+        elif choice == "draft_sampling":
+            c2.caption("One speculative run drafting from the draft's distribution and one proposing its argmax "
+                       "(verified as a point mass: what a server that drafts by argmax sees), one shared baseline.")
+            sweep_list = list(DRAFT_SAMPLING)
+        draft_sampling = "probabilistic"
+        if choice != "draft_sampling":
+            _seed("draft_sampling")
+            draft_sampling = st.selectbox("Draft sampling", DRAFT_SAMPLING, key="draft_sampling",
+                                          persist_state="page", help=VARIABLES["draft_sampling"].help)
         if sweep_variable != "k":
             _seed("fixed_k")
             k = st.number_input("k (fixed)" if choice != "drafter" else "k (fixed; heuristic: its starting k)",
@@ -458,7 +469,8 @@ def render() -> None:
                           dtype=dtype, sweep_variable=sweep_variable, sweep_text=sweep_text, k=int(k), name=name,
                           notes=notes, tags_text=tags_text, prompt_texts=prompt_texts, repeats=int(repeats),
                           k_auto=int(k_auto) if k_auto is not None else None, drafter=drafter,
-                          sweep_list=sweep_list, sweep_error=sweep_error, pair_checks=checks)
+                          sweep_list=sweep_list, sweep_error=sweep_error, pair_checks=checks,
+                          draft_sampling=draft_sampling)
         if launch.errors:
             st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors),
                      icon=":material/error:")

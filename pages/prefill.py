@@ -97,13 +97,22 @@ def parse_names(items: Iterable[str], variable: str) -> list[str]:
     for item in items:
         if not str(item).strip():
             continue
-        value = check_model_name(item) if variable == "draft" else canonical_drafter(item)
+        if variable == "draft":
+            value = check_model_name(item)
+        elif variable == "drafter":
+            value = canonical_drafter(item)
+        else:  # another categorical variable (draft sampling): its own description parses it
+            try:
+                value = VARIABLES[variable].parse(item)
+            except DraftLabError as exc:
+                raise ValueError(str(exc)) from None
         if value in values:
             raise ValueError(f"{what} {value[:60]!r} is listed twice; list each once")
         values.append(value)
     if not values:
         raise ValueError("give at least one draft to compare, e.g. demo-draft" if variable == "draft" else
-                         "give at least one drafter to compare, e.g. model and prompt-lookup:3")
+                         "give at least one drafter to compare, e.g. model and prompt-lookup:3" if variable == "drafter"
+                         else f"give at least one {variable} value, e.g. {VARIABLES[variable].example}")
     return values
 
 

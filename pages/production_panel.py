@@ -17,20 +17,22 @@ TABLE = {"label": "series", "source": "source", "seconds": "window (s)", "drafts
 
 
 def position_frame(experiment_id: int, table: pd.DataFrame) -> pd.DataFrame:
-    """position, source, conditional, lo, hi: the lab runs' rows ('lab') and each series' points."""
+    """position, source, kind, conditional, lo, hi: the lab run's rows (kind 'lab') and each series' points (kind
+    'production'; a series may be labelled anything, "lab" included)."""
     frames = []
     prod = cached("storage.production:positions", experiment_id, experiment_id=experiment_id)
     for row in table.itertuples(index=False):
         mine = prod[prod["series_id"] == row.series_id]
-        frames.append(pd.DataFrame({"position": mine["position"], "source": row.label,
+        frames.append(pd.DataFrame({"position": mine["position"], "source": row.label, "kind": "production",
                                     "conditional": mine["conditional"], "lo": None, "hi": None}))
     run_ids = sorted({int(r) for r in table["run_id"].dropna()})
     if len(run_ids) == 1:  # one lab run to draw the interval of; several would need one panel each
         lab = cached("storage.production:lab_positions", run_ids[0], experiment_id=experiment_id)
-        frames.append(lab.assign(source="lab")[["position", "source", "conditional", "lo", "hi"]])
+        frames.append(lab.assign(source=f"lab (run {run_ids[0]})", kind="lab")[
+            ["position", "source", "kind", "conditional", "lo", "hi"]])
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["position", "source", "conditional", "lo", "hi"])
+        columns=["position", "source", "kind", "conditional", "lo", "hi"])
 
 
 def render_production(experiment_id: int) -> None:

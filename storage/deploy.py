@@ -111,6 +111,7 @@ def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False
         "dtype": str(experiment.get("dtype") or "auto"),
         "trust_remote_code": bool(experiment.get("trust_remote_code") or False),
         "greedy": temperature <= 0,
+        "draft_sampling": str(_pick(run, experiment, "draft_sampling", "probabilistic") or "probabilistic"),
         "_drafter": (name, param),
     }
 
@@ -166,12 +167,18 @@ def _vllm(cfg: dict) -> dict:
                      f"one, so check the acceptance rate in vLLM's spec-decode metrics.")
     else:
         spec = {"method": "draft_model", "model": _model_ref(cfg["draft"]), "num_speculative_tokens": cfg["k"]}
-        if not cfg["greedy"]:
+        if not cfg["greedy"] and cfg["draft_sampling"] == "greedy":
+            spec["draft_sample_method"] = "greedy"
+            notes.append("draft_sample_method \"greedy\": the drafts are the draft's argmax, verified as one-hot, "
+                         "as DraftLab measured (--draft-sampling greedy); it is vLLM's default, so an older vLLM "
+                         "without the key behaves the same — drop the key there.")
+        elif not cfg["greedy"]:
             spec["draft_sample_method"] = "probabilistic"
             notes.append("draft_sample_method \"probabilistic\" samples the drafts and verifies with their "
                          "probabilities, as DraftLab measured; it is recent (vllm/config/speculative.py on main): an "
                          "older vLLM rejects the key — drop it there, its drafts are then the draft's argmax "
-                         "(verified as one-hot), still lossless but with a different acceptance rate than measured.")
+                         "(verified as one-hot), still lossless but with a different acceptance rate than measured: "
+                         "measure that with --draft-sampling greedy.")
         if name == "heuristic":
             notes.append(f"Not expressible: vLLM keeps num_speculative_tokens fixed per request; its dynamic k "
                          f"(num_speculative_tokens_per_batch_size) follows the batch size, not acceptance. This is the "
@@ -358,6 +365,10 @@ def _transformers(cfg: dict) -> dict:
         notes.append("Prompt lookup in transformers tries n-grams from max_matching_ngram_size down to 1 and "
                      "continues the earliest match, as DraftLab's prompt-lookup does.")
     else:
+        if not cfg["greedy"] and cfg["draft_sampling"] == "greedy":
+            notes.append("Not expressible: transformers' assisted generation samples the assistant's drafts from "
+                         "its distribution when do_sample=True; DraftLab measured argmax drafts "
+                         "(--draft-sampling greedy), so expect the acceptance of a probabilistic run instead.")
         schedule = "heuristic_transient" if name == "heuristic" else "constant"
         assistant = {"num_assistant_tokens": cfg["k"], "num_assistant_tokens_schedule": schedule,
                      "assistant_confidence_threshold": float(param) if name == "confidence" else 0.0}

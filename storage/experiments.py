@@ -77,7 +77,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                        tags: Iterable[str] | str = (), prompt_texts: Sequence[str] | None = None,
                        trust_remote_code: bool = False, reserved_for: str | None = None, repeats: int = 1,
                        k_auto: int | None = None, drafter: str = "model", validates: int | None = None,
-                       chat_template: str = "auto") -> int:
+                       chat_template: str = "auto", draft_sampling: str = "probabilistic") -> int:
     """Create an experiment with its target-only baseline(s) and one speculative run per sweep value, all
     queued; return the experiment id. A k sweep shares one baseline; a sampling sweep gets one per value
     (speedup compares equal sampling configs); a draft or drafter sweep shares one baseline, each run naming its
@@ -112,6 +112,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
             raise QueueError(f"{sweep_variable} values must be distinct and non-empty (got {values})")
     check_bounds(name, config, repeats, sweep_variable, values)
     drafter_of = lambda v: v if sweep_variable == "drafter" else drafter  # noqa: E731
+    sampling_of = lambda v: v if sweep_variable == "draft_sampling" else draft_sampling  # noqa: E731
 
     def draft_of(v):
         if not _needs_model(drafter_of(v)):
@@ -120,7 +121,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     name = name or f"{','.join(values) if sweep_variable == 'draft' else draft} → {target} on {prompts}"[:NAME_CHARS]
     with store.session() as s:
         exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, drafter=drafter,
-                         validates=validates, chat_template=chat_template or "auto",
+                         validates=validates, chat_template=chat_template or "auto", draft_sampling=draft_sampling,
                          draft=",".join(values) if sweep_variable == "draft" else draft,
                          prompts=prompts, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                          k=int(k), sweep_variable=sweep_variable, sweep_values=json.dumps(values), repeats=int(repeats),
@@ -135,7 +136,8 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
             for i, v in enumerate(values):
                 s.add(Run(kind=SPECULATIVE, k=v if sweep_variable == "k" else int(k),
                           sweep_value=swept.sweep_value(v, i), sweep_label=str(v), draft=draft_of(v),
-                          drafter=drafter_of(v), baseline_run_id=baseline.id, **common, **config))
+                          drafter=drafter_of(v), draft_sampling=sampling_of(v), baseline_run_id=baseline.id,
+                          **common, **config))
         else:  # a sampling setting: one baseline per value (speedup compares equal sampling configs)
             for i, v in enumerate(values):
                 run_config = {**config, sweep_variable: v}
@@ -143,7 +145,8 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                 s.add(baseline)
                 s.flush()
                 s.add(Run(kind=SPECULATIVE, k=int(k), sweep_value=swept.sweep_value(v, i), sweep_label=f"{v:g}",
-                          draft=draft, drafter=drafter, baseline_run_id=baseline.id, **common, **run_config))
+                          draft=draft, drafter=drafter, draft_sampling=draft_sampling, baseline_run_id=baseline.id,
+                          **common, **run_config))
         if prompt_texts is not None:
             s.flush()
             s.execute(insert(experiment_prompts), [{"experiment_id": exp.id, "prompt_index": i, "prompt": p}
@@ -165,7 +168,8 @@ def add_k_runs(store: Store, experiment_id: int, ks: Sequence[int]) -> list[int]
         s.add(baseline)
         s.flush()
         added = [Run(kind=SPECULATIVE, k=int(k), sweep_value=int(k), sweep_label=str(int(k)), draft=exp["draft"],
-                     drafter=exp["drafter"], baseline_run_id=baseline.id, **common, **config) for k in ks]
+                     drafter=exp["drafter"], draft_sampling=exp.get("draft_sampling") or "probabilistic",
+                     baseline_run_id=baseline.id, **common, **config) for k in ks]
         s.add_all(added)
         s.flush()
         return [baseline.id] + [r.id for r in added]

@@ -64,8 +64,14 @@ def _v6_to_v7(conn: Connection) -> None:
     _add_columns(conn, (("experiments", "chat_template", "TEXT DEFAULT 'auto'"),))
 
 
+def _v7_to_v8(conn: Connection) -> None:
+    """v8: how the draft model proposes (probabilistic or greedy), on experiments and runs."""
+    _add_columns(conn, (("experiments", "draft_sampling", "VARCHAR(20) DEFAULT 'probabilistic'"),
+                        ("runs", "draft_sampling", "VARCHAR(20) DEFAULT 'probabilistic'")))
+
+
 STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
-                                                  5: _v5_to_v6, 6: _v6_to_v7}
+                                                  5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -73,6 +73,7 @@ class Experiment(Base):
     # How conversation prompts become text (engine/chat.py): "auto" (the target tokenizer's template), "none", or
     # the Jinja text of a --chat-template FILE (stored, so a worker elsewhere renders the same).
     chat_template: Mapped[str] = mapped_column(Text, default="auto")
+    draft_sampling: Mapped[str] = mapped_column(String(20), default="probabilistic")  # of every run unless swept
 
 
 class ExperimentPrompt(Base):
@@ -129,6 +130,7 @@ class Run(Base):
     device_name: Mapped[str | None] = mapped_column(String(200), nullable=True)
     peak_memory_mb: Mapped[float | None] = mapped_column(Double, nullable=True)
     draft_parameters: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # of the draft model it used
+    draft_sampling: Mapped[str] = mapped_column(String(20), default="probabilistic")  # probabilistic / greedy
     # Aggregates over committed prompts (SPEC names), refreshed by SQL after each prompt.
     new_tokens: Mapped[int] = mapped_column(Integer, default=0)
     wall_seconds: Mapped[float] = mapped_column(Double, default=0.0)

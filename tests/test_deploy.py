@@ -324,3 +324,19 @@ def test_the_transformers_snippet_runs_on_the_demo_pair(drafter, monkeypatch, ca
     exec(compile(snippet, "<deploy snippet>", "exec"), {})
     assert capsys.readouterr().out.strip()  # it printed a continuation
     assert seen == ([(3, "constant", 0.4)] if drafter.startswith("confidence") else [])
+
+
+def test_draft_sampling_reaches_vllm_and_transformers_says_what_it_cannot():
+    """--draft-sampling greedy is vLLM's draft_sample_method "greedy"; probabilistic its "probabilistic";
+    transformers (which samples the assistant's drafts) says it cannot express greedy drafts."""
+    from storage.deploy import deploy_settings
+
+    experiment = {"target": "demo-target", "draft": "demo-draft", "drafter": "model", "dtype": "auto"}
+    base = {"run_id": 1, "k": 3, "temperature": 0.8, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 64,
+            "drafter": "model", "draft": "demo-draft"}
+    greedy = deploy_settings({**base, "draft_sampling": "greedy"}, experiment)
+    assert json.loads(greedy["vllm"]["speculative_config"])["draft_sample_method"] == "greedy"
+    assert any("Not expressible" in n and "--draft-sampling greedy" in n for n in greedy["transformers"]["notes"])
+    sampled = deploy_settings({**base, "draft_sampling": "probabilistic"}, experiment)
+    assert json.loads(sampled["vllm"]["speculative_config"])["draft_sample_method"] == "probabilistic"
+    assert not any("--draft-sampling greedy)" in n for n in sampled["transformers"]["notes"])

@@ -132,6 +132,7 @@ CASES = {
     "token_chart": lambda: charts.token_chart(charts.token_layout(_output()), 1),
     "production_positions": lambda: charts.production_positions(pd.DataFrame({
         "position": [1, 2, 1, 2, 1, 2], "source": ["lab", "lab", NAMES["k"], NAMES["k"], DRAFTS[0], DRAFTS[0]],
+        "kind": ["lab", "lab"] + ["production"] * 4,
         "conditional": [0.8, 0.6, 0.75, 0.5, 0.7, 0.55], "lo": [0.7, 0.5, None, None, None, None],
         "hi": [0.9, 0.7, None, None, None, None]})),
     "k_distribution": lambda: charts.k_distribution(pd.DataFrame({

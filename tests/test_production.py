@@ -269,8 +269,9 @@ def test_detail_page_shows_production_next_to_the_lab(tmp_path, monkeypatch):
     assert drawn, "no production chart"
     frame = pd.concat(drawn)
     prod = frame[frame["source"] == "prod 'eu' <1>"].sort_values("position")
+    assert set(prod["kind"]) == {"production"}
     assert prod["conditional"].tolist() == pytest.approx([0.8, 0.75, 40 / 60, 0.5])
-    lab = frame[frame["source"] == "lab"].sort_values("position")
+    lab = frame[frame["kind"] == "lab"].sort_values("position")
     expected = production.lab_positions(store, run_id)
     assert lab["lo"].tolist() == pytest.approx(expected["lo"].tolist())
     assert "verdict holds for this traffic" in page_text(at)  # the finding (markdown-escaped apostrophe)
