@@ -104,11 +104,6 @@ def _token_boxes(page) -> dict[int, object]:
     return found
 
 
-def _legend_labels(page) -> list[str]:
-    """Every legend entry drawn on the page's charts, as text."""
-    return page.locator('[data-testid="stVegaLiteChart"] .role-legend-label text').all_text_contents()
-
-
 def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, browser, tmp_path):
     from storage import open_store, queries as q
 
