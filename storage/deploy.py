@@ -451,9 +451,10 @@ def _chosen_run(store, experiment_id: int, run_id: int | None, v):
     return row, "cheaper tied" if v.cheaper is not None else "best"
 
 
-def caveats(v, run_id: int) -> list[str]:
+def caveats(v, run_id: int, measured: tuple | None = None) -> list[str]:
     """What the verdict (storage/verdict.py) says about the deployed run, in sentences: the cheaper tied choice,
-    the other ties, an interval too wide to choose by, a named run that is not the verdict's choice."""
+    the other ties, an interval too wide to choose by, a named run that is not the verdict's choice, and (from
+    `measured`: the deployed run's speedup and interval) a run not measured faster than the target alone."""
     from engine.variables import variable
 
     if v.best is None:
@@ -476,6 +477,13 @@ def caveats(v, run_id: int) -> list[str]:
     if v.too_wide:
         out.append(f"The best's interval ({v.best.ci[0]:.2f}–{v.best.ci[1]:.2f}) is too wide to choose by: rerun with "
                    f"more --repeats or more prompts before relying on this choice.")
+    speedup, lo, hi = measured or (None, None, None)
+    if speedup is not None and hi is not None and hi < 1:
+        out.append(f"These settings measured slower than the target alone ({speedup:.2f}×, {lo:.2f}–{hi:.2f}): "
+                   f"serving without speculation is faster on this hardware.")
+    elif speedup is not None and lo is not None and lo <= 1:
+        out.append(f"These settings were not measured faster than the target alone ({speedup:.2f}×, "
+                   f"{lo:.2f}–{hi:.2f} includes 1×): speculation may not pay here.")
     return out
 
 
@@ -509,7 +517,8 @@ def deploy_document(store, experiment_id: int, run_id: int | None = None, with_m
     ci = [run.get("speedup_ci_lo"), run.get("speedup_ci_hi")]
     return plain({
         "experiment_id": int(experiment_id), "run_id": rid, "chosen": chosen_by,
-        "verdict": v.as_dict(), "caveats": caveats(v, rid),
+        "verdict": v.as_dict(),
+        "caveats": caveats(v, rid, (run.get("speedup"), run.get("speedup_ci_lo"), run.get("speedup_ci_hi"))),
         "configuration": {key: value for key, value in cfg.items() if not key.startswith("_")},
         "measured": {"status": run.get("status"), "speedup": run.get("speedup"),
                      "speedup_ci": ci if all(x is not None for x in ci) else None, "alpha": run.get("alpha"),

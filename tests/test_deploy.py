@@ -340,3 +340,20 @@ def test_draft_sampling_reaches_vllm_and_transformers_says_what_it_cannot():
     sampled = deploy_settings({**base, "draft_sampling": "probabilistic"}, experiment)
     assert json.loads(sampled["vllm"]["speculative_config"])["draft_sample_method"] == "probabilistic"
     assert not any("--draft-sampling greedy)" in n for n in sampled["transformers"]["notes"])
+
+
+def test_a_deployed_run_not_faster_than_the_target_says_so():
+    """The caveats name a run measured slower than the target alone (interval below 1) and one whose interval
+    includes 1; a clear speedup gets neither sentence."""
+    from types import SimpleNamespace
+
+    from storage.deploy import caveats
+
+    v = SimpleNamespace(best=SimpleNamespace(value=2, speedup=0.9, ci=(0.8, 0.95)), chosen=None, cheaper=None,
+                        tied=[], too_wide=False, variable="k", show=str, text="")
+    slower = caveats(v, 1, (0.9, 0.8, 0.95))
+    assert any("measured slower than the target alone (0.90×, 0.80–0.95)" in c for c in slower)
+    unsure = caveats(v, 1, (0.94, 0.67, 1.42))
+    assert any("not measured faster than the target alone (0.94×, 0.67–1.42 includes 1×)" in c for c in unsure)
+    clear = caveats(v, 1, (1.4, 1.3, 1.5))
+    assert not any("target alone" in c for c in clear)
