@@ -10,7 +10,7 @@ from pages.common import (cached, chart_with_csv, csv_download, empty_state, exp
 from pages.common import table as show_table
 from storage.columns import COLUMNS
 
-EXPERIMENT_COLUMNS = ["experiment_id", "name", "badges", "status", "sweep_variable", "best_value", "best", "n_tied",
+EXPERIMENT_COLUMNS = ["experiment_id", "name", "badges", "status", "sweep_variable", "best_label", "best", "n_tied",
                       "timing_warnings", "alpha", "repeats", "target", "draft", "prompts", "tags"]
 RUN_METRICS = ["kind", "k", "sweep_value", "status", "new_tokens", "tokens_per_second", "speedup", "speedup_ci_lo",
                "speedup_ci_hi", "predicted_speedup_refined", "predicted_speedup", "alpha", "draft_acceptance_rate",

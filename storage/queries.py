@@ -181,7 +181,8 @@ listed AS (
                 WHEN st.n_failed > 0 THEN 'failed' WHEN st.n_interrupted > 0 THEN 'interrupted'
                 WHEN st.n_cancelled > 0 THEN 'cancelled' ELSE 'done' END AS status,
            CAST(COALESCE(st.progress, 0) AS DOUBLE PRECISION) AS progress,
-           best.sweep_value AS best_value, best.speedup AS best_speedup, best.alpha AS alpha,
+           best.sweep_value AS best_value, best.sweep_label AS best_label, best.speedup AS best_speedup,
+           best.alpha AS alpha,
            e.tags, e.notes, best.speedup_ci_lo AS best_ci_lo, best.speedup_ci_hi AS best_ci_hi,
            COALESCE(ties.n_tied, 0) AS n_tied, COALESCE(warned.n_warnings, 0) AS timing_warnings, e.repeats,
            e.validates, (SELECT MAX(v.id) FROM experiments v WHERE v.validates = e.id) AS validated_by
@@ -195,7 +196,8 @@ SELECT * FROM listed WHERE {{status_filter}} ORDER BY experiment_id DESC
 """
 
 EXPERIMENT_COLUMNS = ["experiment_id", "name", "created", "target", "draft", "prompts", "sweep_variable",
-                      "sweep_values", "status", "progress", "best_value", "best_speedup", "alpha", "tags", "notes",
+                      "sweep_values", "status", "progress", "best_value", "best_label", "best_speedup", "alpha", "tags",
+                      "notes",
                       "best_ci_lo", "best_ci_hi", "n_tied", "timing_warnings", "repeats", "validates", "validated_by"]
 
 

@@ -185,3 +185,23 @@ def test_findings_take_the_cheaper_tied_choice_and_the_focus_run_is_the_verdicts
     ctx = _Context(store, q.experiment(store, eid), q.runs(store, eid), verdict(store, eid))
     row, why = _focus_run(ctx)
     assert (int(row.run_id), why) == (ids["model"], "the best run")  # the label used to miss (sweep_value compared)
+
+
+def test_the_listing_names_a_draft_sweeps_best_by_its_label(store):
+    """A drafter sweep's best run is listed by its name (best_label), not the index its sweep_value stores; the
+    Experiments and Compare tables show best_label."""
+    from pages.compare import EXPERIMENT_COLUMNS as COMPARE
+    from pages.experiments import COLUMNS as LISTING
+    from storage import experiments as ex
+    from storage import queries as q
+
+    eid = ex.enqueue_experiment(store, name="drafters", target="t", draft="d", prompts="inline",
+                                sampling={"max_new_tokens": 8}, sweep_variable="drafter",
+                                sweep_values=["model", "prompt-lookup:3"], prompt_texts=["p0"])
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET status = 'done', speedup = 1.5, speedup_ci_lo = 1.4, speedup_ci_hi = 1.6 "
+                          "WHERE experiment_id = :e AND sweep_label = 'prompt-lookup:3'"), {"e": eid})
+        conn.execute(text("UPDATE runs SET status = 'done' WHERE experiment_id = :e AND kind = 'baseline'"), {"e": eid})
+    row = q.experiments(store).set_index("experiment_id").loc[eid]
+    assert row["best_label"] == "prompt-lookup:3" and row["best_value"] == 1
+    assert "best_label" in LISTING and "best_label" in COMPARE and "best_value" not in LISTING + COMPARE
