@@ -283,7 +283,6 @@ def test_new_experiment_upload_freezes_the_uploaded_prompts(empty_db, model_dirs
     ({"sweep_values": ""}, "at least one"),
     ({"temperature": -1.0}, "temperature"),
     ({"top_p": 0.0}, "top-p"),
-    ({"max_new_tokens": 0}, "max new tokens"),
     ({"draft": "OTHER"}, "disagree"),
     ({"draft": "/no/such/dir"}, "cannot load the draft tokenizer"),
 ])
@@ -295,6 +294,21 @@ def test_new_experiment_invalid_input_shows_an_error_and_enqueues_nothing(empty_
     assert_clean(at)
     assert any(words in e.value for e in at.error), [e.value for e in at.error]
     assert q.experiments(open_store(empty_db)).empty
+
+
+def test_new_experiment_bounds_max_new_tokens_in_the_widget_and_in_validate(empty_db, model_dirs):
+    """The Max new tokens field itself holds 1 to the cap (a browser cannot submit 0 or more: the widget clamps),
+    and validate() refuses out-of-range values from any other caller."""
+    from engine.variables import SETTINGS
+    from pages.new_experiment import validate
+
+    at = app("new")
+    widget = at.number_input(key="max_new_tokens")
+    assert (widget.proto.min, widget.proto.max) == (1, SETTINGS["max_new_tokens"].upper)
+    launch = validate(target="t", draft="d", pair_ok=True, pair_message="", prompts="code:tune", prompt_error=None,
+                      temperature=0.0, top_k=0, top_p=1.0, seed=0, max_new_tokens=0, device="auto", dtype="auto",
+                      sweep_variable="k", sweep_text="4", k=4, name="", notes="", tags_text="")
+    assert any("max new tokens must be" in e for e in launch.errors)
 
 
 def test_new_experiment_rejects_a_bad_upload(empty_db, model_dirs, tmp_path, monkeypatch):
