@@ -19,14 +19,13 @@ from statistics import NormalDist
 import pandas as pd
 from sqlalchemy import text
 
-from engine.prompt_sets import set_name
+from engine.prompt_sets import BUILTIN_SETS, set_name
 
 from . import queries as q
 from .stats import clustered_ratio_se
 from .store import Store
 from .verdict import verdict
 
-BUILTIN_SETS = ("code", "english", "chinese", "math", "mixed")
 CONFIDENCE = 0.95  # of the one-sided test for a drop of α
 Z_ONE_SIDED = NormalDist().inv_cdf(CONFIDENCE)  # 1.645
 CONFIGURATION = ("k", "drafter", "draft", "temperature", "top_k", "top_p")  # what a validation reruns

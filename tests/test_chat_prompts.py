@@ -178,7 +178,7 @@ def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}=>")
     assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
-                 "--max-new-tokens", "4", "--repeats", "1", "--chat-template", str(template), "--db", db]) == 0
+                 "--max-new-tokens", "16", "--repeats", "2", "--chat-template", str(template), "--db", db]) == 0
     second = int(q.experiments(store)["experiment_id"].max())
     assert q.experiment(store, second)["chat_template"] == template.read_text()  # the text, not the path
     with store.read() as conn:
@@ -214,3 +214,24 @@ def test_dashboard_uploads_render_through_the_pair_checks_tokenizer(model_dirs, 
     assert render_prompts(model_dirs["target"], prompts, "none") == ["Be brief.\n\nHi\n\nHello!\n\nSum 2+2", "plain"]
     assert render_prompts(model_dirs["target"], prompts, "{{ messages[-1]['content'] }}!") == ["Sum 2+2!", "plain"]
     assert render_prompts(model_dirs["target"], ["a", "b"]) == ["a", "b"]
+
+
+def test_cli_validate_holds_out_conversations_rendered_like_the_tuned_ones(tmp_path, capsys):
+    """Tuned on chat:tune, `draftlab validate` reruns the chosen run on chat:validation, its conversations rendered
+    with the tuned experiment's chat template (here a FILE's text, stored on the experiment)."""
+    from app.cli import main
+    from storage import open_store, queries as q
+    from storage.experiments import load_experiment_prompts
+
+    db = f"sqlite:///{tmp_path / 'v.db'}"
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}=>")
+    assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:tune", "--k", "2",
+                 "--max-new-tokens", "16", "--repeats", "2", "--chat-template", str(template), "--db", db]) == 0
+    assert main(["validate", "1", "--db", db]) == 0, capsys.readouterr().err
+    store = open_store(db)
+    vid = int(q.experiments(store)["experiment_id"].max())
+    assert q.experiment(store, vid)["prompts"] == "chat:validation"
+    with store.read() as conn:
+        frozen = load_experiment_prompts(conn, vid)
+    assert frozen == [c.plain().replace("\n\n", "\n") + "\n=>" for c in load_prompts("chat:validation")]
