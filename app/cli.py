@@ -205,6 +205,7 @@ def cmd_run(args) -> int:
             cfg = SamplingConfig(settings["temperature"], settings["top_k"], settings["top_p"], args.seed,
                                  args.max_new_tokens)
         prompts = load_prompts(args.prompts)
+        _check_batch_rows(sweep, len(prompts))  # before any model loads
         model_drafts = [d for d, spec in zip(drafts * len(sweep.drafters), sweep.drafters * len(drafts))
                         if needs_draft_model(spec)]
         first = model_drafts[0] if model_drafts else None
@@ -215,7 +216,8 @@ def cmd_run(args) -> int:
                 check_k(p, k)
         chat_template = resolve_option(args.chat_template)  # a FILE's text: stored, so any worker renders alike
         prompts = render(prompts, pair.tokenizer, chat_template, what=args.prompts)
-        encode_prompts(pair, prompts, cfg.max_new_tokens)
+        encoded = encode_prompts(pair, prompts, cfg.max_new_tokens)
+        _check_batch_sizes(sweep, pair, others, encoded, args.max_new_tokens)
     except DraftLabError as exc:
         return _fail(str(exc))
     store = open_store_or_fail(args.db, write=True)  # a bad --db or a read-only database: exit 2, nothing run
@@ -227,7 +229,8 @@ def cmd_run(args) -> int:
         draft=",".join(d or "" for d in drafts) if sweep.variable == "draft" else (drafts[0] or ""),
         drafter=canonical_drafter(fixed.get("drafter", "model")),
         sampling={"temperature": fixed.get("temperature", 0.0), "top_k": fixed.get("top_k", 0),
-                  "top_p": fixed.get("top_p", 1.0), "seed": args.seed, "max_new_tokens": args.max_new_tokens},
+                  "top_p": fixed.get("top_p", 1.0), "batch_size": fixed.get("batch_size", 1), "seed": args.seed,
+                  "max_new_tokens": args.max_new_tokens},
         device=args.device, dtype=args.dtype, sweep_variable=sweep.variable,
         sweep_values=sweep.values,
         k=int(fixed.get("k", sweep.ks[0])), trust_remote_code=args.trust_remote_code, repeats=args.repeats,
@@ -235,6 +238,35 @@ def cmd_run(args) -> int:
         draft_sampling=fixed.get("draft_sampling", "probabilistic"))
     arms = 1 + len(sweep.values) + (len(sweep.values) - 1 if VARIABLES[sweep.variable].per_value_baseline else 0)
     return _run_here(args, store, pair, others, prompts, enqueue, arms)
+
+
+def _check_batch_rows(sweep, prompts: int) -> int:
+    """The largest batch size of the sweep; a DraftLabError when it has more rows than there are prompts."""
+    from engine.errors import DraftLabError
+
+    sizes = sweep.values if sweep.variable == "batch_size" else [sweep.fixed.get("batch_size", 1)]
+    largest = max(int(size) for size in sizes)
+    if largest > prompts:
+        raise DraftLabError(f"--batch-size {largest} needs at least {largest} prompts but the prompt set has "
+                            f"{prompts}; use --batch-size {prompts} or less, or more prompts")
+    return largest
+
+
+def _check_batch_sizes(sweep, pair, others: dict, encoded: list, max_new_tokens: int) -> None:
+    """Refuse, before anything is stored, a batch size with more rows than prompts (never silently a smaller
+    batch) or whose KV caches cannot fit in what the device has free (engine/memory.py)."""
+    from engine.errors import DraftLabError
+    from engine.memory import check_batch_fits
+
+    largest = _check_batch_rows(sweep, len(encoded))
+    if sweep.variable != "batch_size" and largest == 1:
+        return  # the batch-1 loops: nothing batched to size
+    drafts = [p.draft.model for p in (pair, *others.values()) if p.draft is not None]
+    models = [pair.target.model] + drafts[:1]  # the target and its draft (the largest one when several)
+    if len(drafts) > 1:
+        models = [pair.target.model, max(drafts, key=lambda m: sum(t.numel() for t in m.parameters()))]
+    check_batch_fits(models, pair.device, largest, max(int(ids.shape[-1]) for ids in encoded), max_new_tokens,
+                     max(sweep.ks))
 
 
 def cmd_validate(args) -> int:

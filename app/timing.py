@@ -17,6 +17,8 @@ from engine.profile import verify_profile
 from engine.prompt_sets import load_prompts
 from engine.protocol import median_repeat, schedule
 from engine.records import PromptResult
+from engine.batched import batched_baseline_decoder, batched_speculative_decoder
+from engine.memory import check_batch_fits
 from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
 from engine.sampling import SamplingConfig
 from engine.token_types import TokenTyper
@@ -97,6 +99,7 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
     loaded = job.models.pair(experiment, primary_draft(experiment, group.values()), job.gpus)
     prompts = _prompts(job, experiment, loaded.pair.tokenizer)
     repeats = int(experiment["repeats"] or 1)
+    batched = is_batched(experiment, group)
     decoders, budgets = {}, {}
     for rid, run in group.items():
         cfg = SamplingConfig(run["temperature"], run["top_k"], run["top_p"], run["seed"], run["max_new_tokens"],
@@ -108,12 +111,15 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
             except DraftLabError as exc:
                 raise SetupError(str(exc)) from exc
         try:
+            if batched:
+                _check_batch(loaded, job, experiment, run, prompts, loaded.encoded[encoded_key], cfg)
             if run["kind"] == BASELINE:
-                decoders[rid] = baseline_decoder(loaded.pair, cfg)
+                decoders[rid] = (batched_baseline_decoder if batched else baseline_decoder)(loaded.pair, cfg)
             else:
                 drafter = _drafter_of(run, experiment)
                 pair = job.models.pair_for(loaded, _draft_of(run, experiment), experiment)
-                decoders[rid] = speculative_decoder(pair, cfg, run["k"], loaded.typer, drafter=drafter)
+                decoders[rid] = (batched_speculative_decoder if batched else speculative_decoder)(
+                    pair, cfg, run["k"], loaded.typer, drafter=drafter)
         except DraftLabError as exc:
             outcome[rid] = (FAILED, str(exc), None)
             continue
@@ -132,6 +138,8 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
     if experiment["k_auto"] and decoders:
         _profile_verify(job, experiment, loaded, next(iter(budgets.values()))[0][0])
 
+    if batched:
+        return _time_batches(job, group, outcome, memory, loaded, prompts, repeats, decoders, budgets, start)
     total = len(prompts)
     active = list(decoders)
     warmed: set[int] = set()
@@ -184,6 +192,110 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
                 outcome[rid] = (LOST, None, None)
             elif owned[rid] or rid in job.cancelled:
                 outcome[rid] = (CANCELLED, None, None)
+
+
+def batch_size_of(run: dict) -> int:
+    return int(run.get("batch_size") or 1)
+
+
+def is_batched(experiment: dict, group: dict[int, dict]) -> bool:
+    """Whether an experiment's runs decode through the batched decoders (engine/batched.py): a batch-size sweep
+    (batch 1 included, so every size is timed by one decoder) or a fixed batch size above 1. Other experiments
+    keep the batch-1 loops."""
+    return experiment.get("sweep_variable") == "batch_size" or any(batch_size_of(r) > 1 for r in group.values())
+
+
+def _check_batch(loaded: LoadedPair, job: JobContext, experiment: dict, run: dict, prompts: list[str],
+                 prompt_ids: list, cfg: SamplingConfig) -> None:
+    """Refuse a batch size before it runs: more rows than prompts (never silently a smaller batch), or KV caches
+    that cannot fit in what the device has free (engine/memory.py)."""
+    size = batch_size_of(run)
+    if size > len(prompts):
+        raise DraftLabError(f"batch size {size} needs at least {size} prompts but the prompt set has {len(prompts)}; "
+                            f"use --batch-size {len(prompts)} or less, or more prompts")
+    models = [loaded.pair.target.model]
+    if run["kind"] != BASELINE and needs_draft_model(_drafter_of(run, experiment)):
+        draft = job.models.pair_for(loaded, _draft_of(run, experiment), experiment).draft
+        if draft is not None:
+            models.append(draft.model)
+    longest = max(int(ids.shape[-1]) for ids in prompt_ids)
+    check_batch_fits(models, loaded.pair.device, size, longest, cfg.max_new_tokens,
+                     int(run["k"] or 0) if run["kind"] != BASELINE else 0)
+
+
+def _time_batches(job: JobContext, group: dict[int, dict], outcome: dict, memory: dict, loaded: LoadedPair,
+                  prompts: list[str], repeats: int, decoders: dict, budgets: dict, start: dict) -> None:
+    """Timing protocol v2 at batch size B: prompts grouped in order into batches of B (the last batch holds what
+    is left); the arms of one batch size (its baseline and speculative runs) decode each batch `repeats` times,
+    interleaved in the protocol's rotated order, one untimed warm-up batch per arm; the median repeat (by the
+    batch's wall time, its longest row's) is recorded row by row, every repeat's timings kept, and each batch is
+    committed in one fenced transaction. Batch sizes run one after another."""
+    total = len(prompts)
+    warmed: set[int] = set()
+    for size in sorted({batch_size_of(group[rid]) for rid in decoders}):
+        members = [rid for rid in decoders if batch_size_of(group[rid]) == size]
+        for b, first in enumerate(range(0, total, size)):
+            last = min(first + size, total)
+            arms = [rid for rid in members if rid not in outcome and start[rid] <= first]
+            if not arms:
+                continue
+            indices = list(range(first, last))
+            timed: dict[int, list] = {rid: [] for rid in arms}
+            slots: dict[int, list] = {rid: [] for rid in arms}
+            for slot, (repeat, rid) in enumerate(schedule(arms, b, repeats)):
+                if rid in outcome:
+                    continue
+                prompt_ids, budget = budgets[rid]
+                decoder = decoders[rid]
+                try:
+                    if rid not in warmed:  # one untimed warm-up batch per arm
+                        decoder.generate_batch(prompts[first:last], prompt_ids[first:last], indices,
+                                               max_new_tokens=min(WARMUP_TOKENS, budget))
+                        warmed.add(rid)
+                    tick = _progress_callback(job, group[rid], first, repeat, repeats, total, budget)
+                    _reset_peak(loaded.pair, decoder)
+                    timed[rid].append(decoder.generate_batch(prompts[first:last], prompt_ids[first:last], indices,
+                                                             on_progress=lambda index, tokens, tick=tick: tick(tokens)))
+                    memory[rid] = max(memory.get(rid, 0.0), _peak_mb(loaded.pair, decoder))
+                    slots[rid].append(slot)
+                except RunCancelled:
+                    outcome[rid] = (CANCELLED, None, None)
+                except torch.cuda.OutOfMemoryError:
+                    outcome[rid] = (FAILED, f"CUDA out of memory in {run_label(group[rid])} at batch size {size}; "
+                                            f"use a smaller --batch-size or fewer --max-new-tokens",
+                                    traceback.format_exc())
+                    torch.cuda.empty_cache()
+                except DraftLabError as exc:
+                    outcome[rid] = (FAILED, str(exc), traceback.format_exc())
+                finally:
+                    job.live_progress.pop(rid, None)
+            finished = [rid for rid in arms if rid not in outcome and len(timed[rid]) == repeats]
+
+            def commit(first=first, finished=finished, timed=timed, slots=slots):
+                # One transaction per batch: every row of every arm, or none (as per prompt at batch 1).
+                with job.store.write() as conn:
+                    owned = run_state.fence(conn, finished, job.worker_id)
+                    stored = run_state.committed_prompts(conn, list(owned), first)
+                    for rid in finished:
+                        if rid in owned and rid not in stored:
+                            runs = timed[rid]
+                            median = runs.index(median_batch(runs))
+                            for row in range(len(runs[median])):
+                                (job.record or record)(conn, group[rid], runs[median][row], [r[row] for r in runs],
+                                                       slots[rid], loaded.typer)
+                    return owned
+            owned = job.retry(commit)
+            for rid in finished:
+                if rid not in owned:
+                    outcome[rid] = (LOST, None, None)
+                elif owned[rid] or rid in job.cancelled:
+                    outcome[rid] = (CANCELLED, None, None)
+
+
+def median_batch(repeats: list[list[PromptResult]]) -> list[PromptResult]:
+    """The repeat of a batch whose wall time (its longest row's) is the median (the lower middle one)."""
+    ranked = sorted(repeats, key=lambda rows: max(r.wall_seconds for r in rows))
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def _progress_callback(job: JobContext, run: dict, prompt_index: int, repeat: int, repeats: int, total: int, budget: int):

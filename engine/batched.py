@@ -285,6 +285,7 @@ class BatchedSpeculativeDecoder:
         outputs = [[] for _ in range(count)]
         rounds = [[] for _ in range(count)]
         walls = [0.0] * count
+        arrivals = [[] for _ in range(count)]  # each row's token arrival times (seconds from the batch's start)
         self.rounds, holes = 0, 0.0
         while state.live:
             lengths = [s.shape[0] for s in state.seqs]
@@ -311,6 +312,7 @@ class BatchedSpeculativeDecoder:
             host = rows_to_host(proposal, p_target, logits, n, next_tokens,
                                 [target.trailing_holes(), self.drafter.trailing_holes()])
             draft_s, verify_s = clock.seconds(t_draft, t_verify), clock.seconds(t_verify, t_done)
+            arrived = clock.wall() - start  # the round's tokens reached the host together (after the transfer)
             self.rounds += 1
             finished, keep = [], []
             for r, (o, row) in enumerate(zip(state.live, host["rows"])):
@@ -318,6 +320,7 @@ class BatchedSpeculativeDecoder:
                                                   limit - len(outputs[o]), draft_s, verify_s, proposal.forwards)
                 rounds[o].append(round_)
                 outputs[o] += round_.emitted_ids
+                arrivals[o] += [arrived] * len(round_.emitted_ids)
                 a = row["accepted"]
                 cached[r] = lengths[r] + a
                 emitted = torch.cat([proposal.tokens[r, :a], next_tokens[r : r + 1]])[: len(round_.emitted_ids)]
@@ -334,9 +337,8 @@ class BatchedSpeculativeDecoder:
             self.drafter.settle(lengths, accepted, host["trailing"][1])
             holes += 1 - sum(n + a for n, a in zip(lengths, accepted)) / max(1, target.batch * target.width)
             if finished:
-                now = clock.wall() - start
                 for o in finished:
-                    walls[o] = now
+                    walls[o] = arrived
                 if keep:
                     target.select(keep)
                     self.drafter.select(keep)
@@ -349,7 +351,7 @@ class BatchedSpeculativeDecoder:
         self.hole_share = holes / max(1, self.rounds)
         return [PromptResult(prompt_indices[o], prompts[o], outputs[o],
                              self.typer.tokenizer.decode(outputs[o], skip_special_tokens=True), walls[o],
-                             rounds=rounds[o]) for o in range(count)]
+                             rounds=rounds[o], token_seconds=arrivals[o]) for o in range(count)]
 
     def peak_cache_bytes(self) -> int:
         drafter = getattr(self.drafter, "peak_cache_bytes", None)
@@ -409,6 +411,7 @@ class BatchedTargetOnlyDecoder:
         token = sample_rows(probabilities(target.forward(ids, valid, keep=1)[:, 0], cfg), cfg, state.generators)
         outputs = [[t] for t in token.tolist()]
         first_done = clock.wall()  # tolist() above already waited
+        arrivals = [[first_done - start] for _ in range(count)]
         ones = torch.ones(count, 1, dtype=torch.bool, device=target.device)
         walls, decode = [0.0] * count, [0.0] * count
         while True:
@@ -427,13 +430,17 @@ class BatchedTargetOnlyDecoder:
                 ones = ones[: len(keep)]
             logits = target.forward(token[:, None], ones, keep=1)[:, 0]
             token = sample_rows(probabilities(logits, cfg), cfg, state.generators)
-            for o, t in zip(state.live, token.tolist()):
+            step = token.tolist()
+            arrived = clock.wall() - start
+            for o, t in zip(state.live, step):
                 outputs[o].append(t)
+                arrivals[o].append(arrived)
                 if on_progress is not None:
                     on_progress(prompt_indices[o], len(outputs[o]))
         return [PromptResult(prompt_indices[o], prompts[o], outputs[o],
                              self.tokenizer.decode(outputs[o], skip_special_tokens=True), walls[o],
-                             decode_steps=len(outputs[o]) - 1, decode_seconds=decode[o]) for o in range(count)]
+                             decode_steps=len(outputs[o]) - 1, decode_seconds=decode[o], token_seconds=arrivals[o])
+                for o in range(count)]
 
     def peak_cache_bytes(self) -> int:
         return self.target.peak_cache_bytes

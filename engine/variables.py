@@ -34,6 +34,9 @@ MAX_TEMPERATURE = 100.0
 # by it overflow or divide by zero (1e-300 is 0 in float32). 0 is greedy decoding, anything from this up samples.
 MIN_TEMPERATURE = 1e-3
 MAX_NAME = 300  # characters of a model name
+# The largest batch size anyone sweeps: requests decoded together per forward (a server's running batch). Whether
+# a batch fits is checked per run before it decodes (engine/memory.py's batch estimate), this is only the bound.
+MAX_BATCH_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("top_p", float, "a number in (0, 1] (1 turns it off)", "0.8,0.95,1", "1.0",
              "1 = off; a comma list sweeps it", low=0.0, high=1.0, low_open=True, per_value_baseline=True,
              title="Top-p", step=0.05),
+    Variable("batch_size", int, f"a whole number from 1 to {MAX_BATCH_SIZE}", "1,4,16", "1",
+             "requests decoded together, B prompts per forward (prompts grouped in order into batches of B); a comma "
+             "list sweeps it, each batch size with its own target-only baseline at that batch size",
+             low=1, high=MAX_BATCH_SIZE, per_value_baseline=True, title="Batch size", step=1),
     Variable("draft", str, "a draft model's id or path", "demo-draft,demo-draft-distilled", None,
              f"{zoo.model_help('draft')}; a comma list compares drafts (not needed when every drafter is "
              "prompt-lookup)", label="draft (compare drafts)", check_name=_model_name,

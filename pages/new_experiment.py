@@ -44,7 +44,8 @@ LINK_NOTES = "new_experiment_link_notes"  # session key: what the link's paramet
 # widgets without value=/index=, so a value from a link never competes with a default.
 DEFAULTS = {
     "target": zoo.DEMO_TARGET, "draft": zoo.DEMO_DRAFTS[0], "prompt_source": "Built-in", "temperature": 0.0, "top_k": 0,
-    "top_p": 1.0, "seed": 0, "max_new_tokens": 128, "device": "auto", "dtype": "auto", "sweep_variable": "k",
+    "top_p": 1.0, "batch_size": 1, "seed": 0, "max_new_tokens": 128, "device": "auto", "dtype": "auto",
+    "sweep_variable": "k",
     "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "fixed_k": 4, "repeats": DEFAULT_REPEATS, "name": "",
     "tags": "", "notes": "", "drafter": "model", "drafter_threshold": DEFAULT_THRESHOLD, "drafter_ngram": DEFAULT_NGRAM,
     "drafter_sweep": DEFAULT_DRAFTER_SWEEP, "drafter_sweep_t": f"{DEFAULT_THRESHOLD:g}",
@@ -85,7 +86,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
              repeats: int = DEFAULT_REPEATS, k_auto: int | None = None, drafter: str = "model",
              sweep_list: Sequence[str] | None = None, sweep_error: str | None = None,
              pair_checks: Sequence[tuple[str, bool, str]] | None = None,
-             draft_sampling: str = "probabilistic") -> Launch:
+             draft_sampling: str = "probabilistic", batch_size: int = 1) -> Launch:
     """Check every field; a Launch with no errors carries the enqueue_experiment keyword arguments (plain text:
     the page escapes it). With k_auto (the largest k) the experiment is `--k auto`: sweep_text is not used. A draft
     or drafter sweep takes its names as sweep_list (else from sweep_text, comma-separated); a draft sweep is
@@ -101,7 +102,8 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         launch.errors.append(f"prompts: {prompt_error}")
     elif not prompts:
         launch.errors.append("prompts: choose a built-in set or upload a .jsonl/.csv/.txt file")
-    for setting, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+    for setting, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                           ("batch_size", batch_size)):
         if not VARIABLES[setting].in_range(value):  # the bounds every input of this setting shares
             launch.errors.append(f"{VARIABLES[setting].title.lower()} must be {VARIABLES[setting].meaning}")
     for setting, value in (("seed", seed), ("max_new_tokens", max_new_tokens), ("repeats", repeats)):
@@ -155,7 +157,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     launch.kwargs = dict(
         name=name.strip() or default_name, target=target.strip(), draft=draft.strip(), prompts=prompts,
         sampling={"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed),
-                  "max_new_tokens": int(max_new_tokens)},
+                  "max_new_tokens": int(max_new_tokens), "batch_size": int(batch_size)},
         device=device, dtype=dtype, sweep_variable=sweep_variable, sweep_values=values, k=int(k),
         notes=notes.strip(), tags=tags, repeats=int(repeats), k_auto=int(k_auto) if k_auto is not None else None,
         drafter=drafter, draft_sampling=draft_sampling if sweep_variable != "draft_sampling" else "probabilistic",
@@ -401,6 +403,10 @@ def render() -> None:
             v = VARIABLES[setting]
             fixed[setting] = column.number_input(v.title, step=v.step, key=setting, help=v.help.split(";")[0])
         temperature, top_k, top_p = fixed["temperature"], fixed["top_k"], fixed["top_p"]
+        _seed("batch_size")
+        fixed["batch_size"] = st.number_input(VARIABLES["batch_size"].title, step=1, key="batch_size", min_value=1,
+                                              max_value=int(VARIABLES["batch_size"].upper),
+                                              help=VARIABLES["batch_size"].help.split(";")[0])
         c1, c2 = st.columns(2)
         seed = c1.number_input(SETTINGS["seed"].title, step=1, key="seed", min_value=0,
                                max_value=SETTINGS["seed"].upper)
@@ -470,7 +476,7 @@ def render() -> None:
                           notes=notes, tags_text=tags_text, prompt_texts=prompt_texts, repeats=int(repeats),
                           k_auto=int(k_auto) if k_auto is not None else None, drafter=drafter,
                           sweep_list=sweep_list, sweep_error=sweep_error, pair_checks=checks,
-                          draft_sampling=draft_sampling)
+                          draft_sampling=draft_sampling, batch_size=int(fixed["batch_size"]))
         if launch.errors:
             st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors),
                      icon=":material/error:")

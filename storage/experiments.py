@@ -111,6 +111,10 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
         if any(not v for v in values) or len(set(values)) < len(values):
             raise QueueError(f"{sweep_variable} values must be distinct and non-empty (got {values})")
     check_bounds(name, config, repeats, sweep_variable, values)
+    largest = max(values) if sweep_variable == "batch_size" else config["batch_size"]
+    if prompt_texts is not None and int(largest) > len(prompt_texts):
+        raise QueueError(f"batch size {largest} needs at least {largest} prompts but the prompt set has "
+                         f"{len(prompt_texts)}; use a batch size of {len(prompt_texts)} or less, or more prompts")
     drafter_of = lambda v: v if sweep_variable == "drafter" else drafter  # noqa: E731
     sampling_of = lambda v: v if sweep_variable == "draft_sampling" else draft_sampling  # noqa: E731
 

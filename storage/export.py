@@ -21,6 +21,8 @@ from .verdict import verdict_dict
 # Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics_oracle.py's speculative_metrics):
 # the column table's `json` entries (storage/columns.py), where each key's header, help and format live too.
 SPECULATIVE_KEYS = columns.SPECULATIVE_KEYS
+# A baseline's serving figures in the JSON, as a speculative run's (docs/metrics.md "Serving metrics").
+SERVING_KEYS = ("batch_size", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "latency_p50", "latency_p95")
 
 
 def plain(value):
@@ -62,7 +64,8 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
     for _, b in baseline_rows.iterrows():
         entry = {"run_id": b.run_id, "status": b.status, "error": b.error, "new_tokens": b.new_tokens,
                  "wall_seconds": b.wall_seconds, "tokens_per_second": b.tokens_per_second,
-                 "target_step_seconds": b.target_step_seconds}
+                 "target_step_seconds": b.target_step_seconds,
+                 **{key: b[key] for key in SERVING_KEYS if key in b.index}}
         if with_outputs:
             entry["outputs"] = _outputs(store, int(b.run_id))
         if doc["baseline"] is None:

@@ -18,8 +18,11 @@ class SchemaTooNew(RuntimeError):
 
 
 def _add_columns(conn: Connection, columns) -> None:
-    """ALTER TABLE ... ADD COLUMN for each (table, column, SQL type) not there yet (steps may be re-run)."""
+    """ALTER TABLE ... ADD COLUMN for each (table, column, SQL type) not there yet (steps may be re-run); a table
+    an older version did not have yet is left to create_all, which creates it with every column."""
     for table, column, sql_type in columns:
+        if not inspect(conn).has_table(table):
+            continue
         existing = {c["name"] for c in inspect(conn).get_columns(table)}
         if column not in existing:
             conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
@@ -70,8 +73,18 @@ def _v7_to_v8(conn: Connection) -> None:
                         ("runs", "draft_sampling", "VARCHAR(20) DEFAULT 'probabilistic'")))
 
 
+def _v8_to_v9(conn: Connection) -> None:
+    """v9: batch size as a swept variable (runs and experiments), each output token's arrival time, and the
+    serving metrics per run (time to first token, inter-token and per-request latency percentiles)."""
+    _add_columns(conn, (
+        ("experiments", "batch_size", "INTEGER DEFAULT 1"), ("runs", "batch_size", "INTEGER DEFAULT 1"),
+        ("output_tokens", "seconds", "DOUBLE PRECISION"),
+        *(("runs", column, "DOUBLE PRECISION") for column in ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95",
+                                                               "latency_p50", "latency_p95"))))
+
+
 STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
-                                                  5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8}
+                                                  5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8, 8: _v8_to_v9}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

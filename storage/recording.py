@@ -36,8 +36,11 @@ def _output_rows(run_id: int, kind: str, result: PromptResult, texts: list[str])
         for r in result.rounds:
             kinds += r.emitted_kinds
             owners += [r.round_index] * len(r.emitted_ids)
+    arrivals = result.token_seconds if result.token_seconds is not None and \
+        len(result.token_seconds) == len(result.output_ids) else [None] * len(result.output_ids)
     return [{"run_id": run_id, "prompt_index": result.prompt_index, "position": i, "token_id": int(token),
-             "text": texts[i], "kind": kinds[i], "round_index": owners[i]}
+             "text": texts[i], "kind": kinds[i], "round_index": owners[i],
+             "seconds": None if arrivals[i] is None else float(arrivals[i])}
             for i, token in enumerate(result.output_ids)]
 
 
@@ -65,14 +68,21 @@ FROM (SELECT COUNT(*) AS rounds, COALESCE(SUM(k), 0) AS proposed, COALESCE(SUM(e
       FROM draft_tokens WHERE run_id = :run_id AND prompt_index = :prompt_index) t
 """
 
+# A run's batches (prompts grouped in order into batches of its batch_size; batch 1: one prompt each) with their
+# tokens and wall time: a batch lasts until its last row's last token, the longest row's wall_seconds.
+_BATCHES = """SELECT pr.prompt_index / COALESCE(NULLIF(rr.batch_size, 0), 1) AS batch, SUM(pr.new_tokens) AS tokens,
+       MAX(pr.wall_seconds) AS batch_seconds
+FROM prompt_results pr JOIN runs rr ON rr.id = pr.run_id
+WHERE pr.run_id = :run_id GROUP BY pr.prompt_index / COALESCE(NULLIF(rr.batch_size, 0), 1)"""
+
 # Run aggregates under SPEC names, over the run's committed prompts (engine/metrics_oracle.py's definitions).
 _RUN_ROLLUP = f"""
 UPDATE runs SET
     prompts_done = a.prompts_done,
     progress = CASE WHEN runs.prompts_total > 0 THEN CAST(a.prompts_done AS {F}) / runs.prompts_total ELSE runs.progress END,
     new_tokens = a.new_tokens,
-    wall_seconds = a.wall_seconds,
-    tokens_per_second = CAST(a.new_tokens AS {F}) / NULLIF(a.wall_seconds, 0),
+    wall_seconds = w.wall_seconds,
+    tokens_per_second = CAST(a.new_tokens AS {F}) / NULLIF(w.wall_seconds, 0),
     target_step_seconds = CAST(a.decode_seconds AS {F}) / NULLIF(a.decode_steps, 0),
     rounds = a.rounds,
     proposed = a.proposed,
@@ -94,7 +104,8 @@ FROM (SELECT COUNT(*) AS prompts_done, COALESCE(SUM(new_tokens), 0) AS new_token
              COALESCE(SUM(kl_sum), 0) AS kl_sum, COALESCE(SUM(kl_count), 0) AS kl_count,
              COALESCE(SUM(draft_seconds), 0) AS draft_seconds, COALESCE(SUM(draft_forwards), 0) AS draft_forwards,
              COALESCE(MAX(max_k), 0) AS max_k
-      FROM prompt_results WHERE run_id = :run_id) a
+      FROM prompt_results WHERE run_id = :run_id) a,
+     (SELECT COALESCE(SUM(batch_seconds), 0) AS wall_seconds FROM ({_BATCHES}) b) w
 WHERE runs.id = :run_id
 """
 
@@ -151,20 +162,49 @@ def bulk_insert(conn: Connection, table, rows: list[dict]) -> None:
     conn.exec_driver_sql(str(compiled), params)
 
 
+# Serving metrics' samples (docs/metrics.md "Serving metrics"), from the committed rows of the run's median
+# repeats: each request's first-token arrival and latency, and every gap between consecutive tokens of a request.
+_FIRST_TOKENS = """SELECT o.seconds FROM output_tokens o WHERE o.run_id = :run_id AND o.position = 0
+AND o.seconds IS NOT NULL ORDER BY o.seconds"""
+_GAPS = """SELECT o.seconds - prev.seconds FROM output_tokens o JOIN output_tokens prev
+ON prev.run_id = o.run_id AND prev.prompt_index = o.prompt_index AND prev.position = o.position - 1
+WHERE o.run_id = :run_id AND o.seconds IS NOT NULL AND prev.seconds IS NOT NULL"""
+_LATENCIES = """SELECT p.wall_seconds FROM prompt_results p WHERE p.run_id = :run_id
+AND EXISTS (SELECT 1 FROM output_tokens o WHERE o.run_id = p.run_id AND o.prompt_index = p.prompt_index
+            AND o.seconds IS NOT NULL)"""
+
+
+def refresh_serving(conn: Connection, run_id: int) -> None:
+    """A run's serving metrics: time to first token, inter-token latency and per-request latency, each at p50
+    and p95 (stats.percentile); NULL for a run whose decoder reported no token arrivals."""
+    figures = {}
+    for name, query in (("ttft", _FIRST_TOKENS), ("itl", _GAPS), ("latency", _LATENCIES)):
+        values = [float(v) for v in conn.execute(text(query), {"run_id": run_id}).scalars().all()]
+        for q in (50, 95):
+            figures[f"{name}_p{q}"] = stats.percentile(values, q)
+    conn.execute(text("UPDATE runs SET " + ", ".join(f"{c} = :{c}" for c in figures) + " WHERE id = :run_id"),
+                 {**figures, "run_id": run_id})
+
+
 def refresh_run(conn: Connection, run_id: int) -> None:
     """Recompute a run's aggregate columns from its committed prompt rows (and, for a speculative run, its
     paired figures; for a baseline, those of the runs paired with it)."""
     conn.execute(text(_RUN_ROLLUP), {"run_id": run_id})
+    refresh_serving(conn, run_id)
     paired = conn.execute(text("SELECT id FROM runs WHERE id = :rid AND baseline_run_id IS NOT NULL "
                                "UNION SELECT id FROM runs WHERE baseline_run_id = :rid"), {"rid": run_id}).scalars().all()
     for rid in paired:
         refresh_paired(conn, rid)
 
 
-_PAIRS = """SELECT bp.new_tokens, bp.wall_seconds, p.new_tokens, p.wall_seconds
+# Paired (baseline, run) figures per batch, the resampling unit (rows of a batch share every forward, so they are
+# not independent): tokens summed over the batch's rows, the batch's wall time its longest row's. At batch size 1
+# a batch is a prompt. A run and its baseline always share a batch size (engine/variables.py: one baseline each).
+_PAIRS = """SELECT SUM(bp.new_tokens), MAX(bp.wall_seconds), SUM(p.new_tokens), MAX(p.wall_seconds)
 FROM prompt_results p JOIN runs r ON r.id = p.run_id
 JOIN prompt_results bp ON bp.run_id = r.baseline_run_id AND bp.prompt_index = p.prompt_index
-WHERE p.run_id = :rid ORDER BY p.prompt_index"""
+WHERE p.run_id = :rid GROUP BY p.prompt_index / COALESCE(NULLIF(r.batch_size, 0), 1)
+ORDER BY p.prompt_index / COALESCE(NULLIF(r.batch_size, 0), 1)"""
 
 _COSTS = f"""SELECT r.rounds, r.tokens_per_round, b.target_step_seconds,
        (SELECT SUM(draft_seconds) FROM prompt_results WHERE run_id = r.id),

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -58,6 +58,7 @@ class Experiment(Base):
     temperature: Mapped[float] = mapped_column(Double, default=0.0)
     top_k: Mapped[int] = mapped_column(Integer, default=0)
     top_p: Mapped[float] = mapped_column(Double, default=1.0)
+    batch_size: Mapped[int] = mapped_column(Integer, default=1)  # requests decoded together (unless swept)
     seed: Mapped[int] = mapped_column(Integer, default=0)
     max_new_tokens: Mapped[int] = mapped_column(Integer, default=128)
     k: Mapped[int] = mapped_column(Integer, default=4)  # k of every run when the sweep is over something else
@@ -111,6 +112,7 @@ class Run(Base):
     temperature: Mapped[float] = mapped_column(Double)
     top_k: Mapped[int] = mapped_column(Integer)
     top_p: Mapped[float] = mapped_column(Double)
+    batch_size: Mapped[int] = mapped_column(Integer, default=1)  # prompts decoded together per forward
     seed: Mapped[int] = mapped_column(Integer)
     max_new_tokens: Mapped[int] = mapped_column(Integer)
     # Queue state.
@@ -154,6 +156,13 @@ class Run(Base):
     verify_cost: Mapped[float | None] = mapped_column(Double, nullable=True)
     predicted_speedup_refined: Mapped[float | None] = mapped_column(Double, nullable=True)
     timing_warning: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Serving metrics (docs/metrics.md "Serving metrics"), over the median repeat of each committed batch.
+    ttft_p50: Mapped[float | None] = mapped_column(Double, nullable=True)  # time to first token, seconds
+    ttft_p95: Mapped[float | None] = mapped_column(Double, nullable=True)
+    itl_p50: Mapped[float | None] = mapped_column(Double, nullable=True)  # inter-token latency, seconds
+    itl_p95: Mapped[float | None] = mapped_column(Double, nullable=True)
+    latency_p50: Mapped[float | None] = mapped_column(Double, nullable=True)  # per-request latency, seconds
+    latency_p95: Mapped[float | None] = mapped_column(Double, nullable=True)
 
     __table_args__ = (
         Index("ix_runs_experiment", "experiment_id", "kind"),
@@ -255,6 +264,9 @@ class OutputToken(Base):
     text: Mapped[str] = mapped_column(Text)
     kind: Mapped[str] = mapped_column(String(20))  # first / accepted / correction / bonus / target
     round_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # When the token reached the host, seconds from its batch's start (a round's tokens share one time); NULL for
+    # decoders that do not report arrivals (the batch-1 loops) and rows stored before schema v9.
+    seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
     __table_args__ = (_CLUSTERED,)
 
 

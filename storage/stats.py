@@ -64,3 +64,11 @@ def clustered_ratio_se(numerators, denominators) -> tuple[float, float | None, i
     if n < 2:
         return ratio, None, n
     return ratio, math.sqrt(n / (n - 1) * sum((a - ratio * b) ** 2 for a, b in pairs)) / total, n
+
+
+def percentile(values, q: float) -> float | None:
+    """The q-th percentile of the values, linearly interpolated between the two nearest ranks (numpy's default
+    method: rank (n - 1) * q / 100 from 0); None for no values."""
+    if len(values) == 0:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=float), q))
