@@ -256,7 +256,7 @@ def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
         return None, str(exc).replace(str(path), upload.name), None
     if not prompts:
         return None, f"{upload.name} holds no prompts", None
-    st.caption(md_text(f"{plural(len(prompts), 'prompt')} from {upload.name}, saved as {path}"))
+    st.caption(md_text(f"{plural(len(prompts), 'prompt')} from {upload.name}"))  # never the server's path
     return str(path), None, prompts
 
 

@@ -261,13 +261,33 @@ def test_every_shipped_draft_is_a_primary_draft_choice_and_in_the_cli_help(empty
     assert all(name in draft_help for name in shipped), draft_help
 
 
+def test_new_experiment_upload_of_conversations_renders_them_or_says_why_not(empty_db, model_dirs, tmp_path,
+                                                                            monkeypatch):
+    """A chat JSONL upload is rendered by the target's chat template before it is frozen; a target without one is
+    refused at Launch in one line, and nothing is queued."""
+    import json as _json
+
+    monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path / "uploads"))
+    chats = "".join(_json.dumps({"messages": [{"role": "user", "content": f"t{i} t{i + 1}"}]}) + "\n"
+                    for i in (1, 3))
+    at = app("new")
+    at.radio(key="prompt_source").set_value("Upload a file").run()
+    at.get("file_uploader")[0].upload("chats.jsonl", chats.encode(), "application/jsonl")
+    at = _fill(at, model_dirs, sweep_values="2")
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert any("conversations but" in e.value and "has no chat template" in e.value for e in at.error)
+    assert q.experiments(open_store(empty_db)).empty
+
+
 def test_new_experiment_upload_freezes_the_uploaded_prompts(empty_db, model_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path / "uploads"))
     at = app("new")
     at.radio(key="prompt_source").set_value("Upload a file").run()
     at.get("file_uploader")[0].upload("mine.txt", b"t1 t2\nt3 t4 t5\n", "text/plain")
     at = _fill(at, model_dirs, sweep_values="2")
-    assert "2 prompts from mine.txt" in " ".join(c.value for c in at.caption)
+    captions = " ".join(c.value for c in at.caption)
+    assert "2 prompts from mine.txt" in captions and str(tmp_path) not in captions  # no server path shown
     at.button(key="launch").click().run()
     assert_clean(at)
     store = open_store(empty_db)
