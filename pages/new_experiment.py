@@ -29,7 +29,7 @@ from pages.prefill import (AUTO_K, DEFAULT_NGRAM, DEFAULT_SWEEP, DEFAULT_THRESHO
                            SWEEP_CHOICES, SWEEP_LABELS, canonical_drafter, drafter_spec, drafter_specs, md_text,
                            parse_names, parse_prefill, parse_sweep_values)
 from storage.errors import QueueError
-from storage.experiments import enqueue_experiment
+from storage.experiments import DUPLICATE_WINDOW_SECONDS, enqueue_experiment, recent_duplicate
 from storage.schema import NAME_CHARS
 
 __all__ = ["AUTO_K", "DEFAULT_SWEEP", "INTEGER_VARIABLES", "MAX_K", "Launch", "parse_sweep_values", "render",
@@ -480,6 +480,13 @@ def render() -> None:
         if launch.errors:
             st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors),
                      icon=":material/error:")
+            return
+        first = recent_duplicate(store(), launch.kwargs)
+        if first is not None:  # Launch pressed twice: link to the first instead of queuing a copy
+            st.info(f"Experiment #{first} with exactly these settings was queued less than "
+                    f"{DUPLICATE_WINDOW_SECONDS // 60} minutes ago; not queuing a copy.", icon=":material/content_copy:")
+            st.page_link(nav_page("experiment"), label=f"Open experiment #{first}",
+                         query_params={"experiment": str(first)}, icon=":material/monitoring:")
             return
         try:
             experiment_id = enqueue_experiment(store(), **launch.kwargs)

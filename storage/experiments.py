@@ -158,6 +158,45 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
         return exp.id
 
 
+DUPLICATE_WINDOW_SECONDS = 120  # a second Launch of the same settings within this links to the first
+
+
+def recent_duplicate(store: Store, launch: dict, window_seconds: float = DUPLICATE_WINDOW_SECONDS) -> int | None:
+    """The id of an experiment queued in the last `window_seconds` with exactly the settings `launch` (the keyword
+    arguments of enqueue_experiment) would queue again, or None: the dashboard links to it instead of queuing a
+    copy when Launch is pressed twice. Name, notes and tags do not count; an upload counts by its content (its
+    saved path holds the content's hash)."""
+    from datetime import timedelta
+
+    from .schema import utcnow
+
+    sweep_variable = launch.get("sweep_variable", "k")
+    values = list(launch["sweep_values"])
+    k_auto = launch.get("k_auto")
+    if k_auto is not None:
+        sweep_variable, values = "k", [int(k_auto)]
+    swept = VARIABLES[sweep_variable]
+    values = [str(v).strip() for v in values] if swept.categorical else [swept.coerce(v) for v in values]
+    draft = ",".join(values) if sweep_variable == "draft" else launch["draft"]
+    wanted = {"target": launch["target"], "draft": draft, "prompts": launch["prompts"],
+              "device": launch.get("device", "auto"), "dtype": launch.get("dtype", "auto"),
+              "sweep_variable": sweep_variable, "k": int(k_auto if k_auto is not None else launch.get("k", 4)),
+              "repeats": int(launch.get("repeats", 1)), "drafter": launch.get("drafter", "model"),
+              "draft_sampling": launch.get("draft_sampling", "probabilistic"),
+              "chat_template": launch.get("chat_template") or "auto",
+              **{**SAMPLING_DEFAULTS, **launch.get("sampling", {})}}
+    since = utcnow() - timedelta(seconds=window_seconds)
+    query = select(experiments.c.id, experiments.c.sweep_values, experiments.c.k_auto).where(
+        experiments.c.created >= since, experiments.c.validates.is_(None),
+        *(experiments.c[column] == value for column, value in wanted.items())).order_by(experiments.c.id.desc())
+    with store.read() as conn:
+        for row in conn.execute(query):
+            stored = json.loads(row.sweep_values or "[]")
+            if stored == values and (row.k_auto is None) == (k_auto is None):
+                return int(row.id)
+    return None
+
+
 def add_k_runs(store: Store, experiment_id: int, ks: Sequence[int]) -> list[int]:
     """Queue a new timed pass of an experiment: a fresh baseline and one speculative run per k, paired with
     it (the confirmation step of `--k auto`); reserved like the experiment's first runs. Returns run ids."""

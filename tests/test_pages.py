@@ -230,6 +230,28 @@ def test_new_experiment_launch_enqueues_baseline_and_one_run_per_k(empty_db, mod
     assert sorted(runs["k"].dropna().astype(int)) == [1, 2, 4] and set(runs["status"]) == {"queued"}
     assert q.experiment(store, int(row["experiment_id"]))["max_new_tokens"] == 8
     assert f"Experiment #{row['experiment_id']} queued" in at.success[-1].value
+    # Launch pressed again with the same settings: a link to the first, no copy queued (issue 21 item 4)
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert len(q.experiments(store)) == 1
+    assert any(f"Experiment #{row['experiment_id']} with exactly these settings" in i.value for i in at.info)
+    # a changed setting is a new experiment
+    at.text_input(key="sweep_values").set_value("1,2").run()
+    at.button(key="launch").click().run()
+    assert len(q.experiments(store)) == 2
+
+
+def test_recent_duplicate_matches_settings_not_labels(store):
+    from storage.experiments import enqueue_experiment, recent_duplicate
+
+    launch = dict(name="a", target="t", draft="d", prompts="code:tune", sampling={"max_new_tokens": 8},
+                  sweep_values=[4, 1, 2], tags=("x",))
+    first = enqueue_experiment(store, **launch)
+    assert recent_duplicate(store, {**launch, "name": "b", "notes": "n", "tags": ()}) == first
+    assert recent_duplicate(store, {**launch, "sweep_values": [1, 2]}) is None
+    assert recent_duplicate(store, {**launch, "sampling": {"max_new_tokens": 16}}) is None
+    assert recent_duplicate(store, {**launch, "drafter": "heuristic"}) is None
+    assert recent_duplicate(store, launch, window_seconds=-1) is None  # outside the window
 
 
 def _shipped_drafts() -> set[str]:
