@@ -23,7 +23,7 @@ from engine.drafter_specs import DRAFT_SAMPLING
 from engine.variables import SETTINGS, VARIABLES
 from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
                                 load_prompts)
-from pages.common import nav_page, store
+from pages.common import cached, nav_page, store
 from pages.prefill import (AUTO_K, DEFAULT_NGRAM, DEFAULT_SWEEP, DEFAULT_THRESHOLD, DEVICES, DRAFTER_KINDS,
                            DRAFTER_PARAMETERS, DRAFTER_SUMMARY, DTYPES, INTEGER_VARIABLES, MAX_K, NUMERIC_SWEEPS,
                            SWEEP_CHOICES, SWEEP_LABELS, canonical_drafter, drafter_spec, drafter_specs, md_text,
@@ -227,6 +227,54 @@ def _show_check(check, label: str = "Pair check") -> None:
         where.success(f"{label}: {md_text(check.message)}", icon=":material/check_circle:")
     else:
         where.error(f"{label}: {md_text(check.message)}", icon=":material/error:")
+
+
+def workload(prompt_count: int, arms: int, max_new_tokens: int, repeats: int, tokens_per_second: float | None):
+    """(tokens at most, seconds at the measured target speed or None): every arm decodes every prompt `repeats`
+    times up to max_new_tokens (speculative arms are counted at the target's speed: the estimate assumes no
+    speedup)."""
+    tokens = prompt_count * arms * max_new_tokens * repeats
+    return tokens, (tokens / tokens_per_second if tokens_per_second else None)
+
+
+def arms_of(sweep_variable: str, values: int, k_auto: int | None) -> int:
+    """Timed arms of an experiment: a shared baseline + one run per value, a baseline per value for a sampling
+    sweep, and for k auto the k_max pass plus a confirmation pass (a baseline and the 3 best k)."""
+    if k_auto is not None:
+        return 2 + 4
+    return 2 * values if VARIABLES[sweep_variable].per_value_baseline else 1 + values
+
+
+def _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, max_new_tokens, repeats):
+    """What Launch would decode, and how long that takes at this target's last measured speed."""
+    try:
+        count = len(prompt_texts) if prompt_texts is not None else len(load_prompts(prompts)) if prompts else 0
+        values = (len(sweep_list) if sweep_list is not None and VARIABLES[sweep_variable].categorical else
+                  len(parse_sweep_values(sweep_text, sweep_variable)) if k_auto is None else 1)
+    except (DraftLabError, ValueError):
+        return
+    if not count:
+        return
+    arms = arms_of(sweep_variable, values, k_auto)
+    speed = cached("target_speed", target.strip()) if target.strip() else None
+    tokens, seconds = workload(count, arms, max_new_tokens, repeats, speed and speed["tokens_per_second"])
+    text = (f"Launch decodes at most {tokens:,} tokens: {plural(count, 'prompt')} × {plural(arms, 'arm')} × "
+            f"{plural(repeats, 'repeat')} × {max_new_tokens} new tokens")
+    if seconds is not None:
+        where = f" on {speed['device_name']}" if speed.get("device_name") else ""
+        text += (f"; at this target's last measured speed ({speed['tokens_per_second']:.1f} tokens/s{where}, "
+                 f"experiment #{speed['experiment_id']}) about {_duration(seconds)} on one worker.")
+    else:
+        text += "; this target has no measured speed yet, so no duration estimate."
+    st.caption(md_text(text))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
@@ -460,6 +508,8 @@ def render() -> None:
                                   help="each prompt is decoded this many times per configuration (the baseline and "
                                   "every swept value, interleaved), and the median time is used; more repeats narrow "
                                   "the speedup's 95 % interval on a noisy machine")
+        _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, int(max_new_tokens),
+                  int(repeats))
     st.subheader("Label")
     for key in ("name", "tags", "notes"):
         _seed(key)

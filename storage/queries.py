@@ -219,6 +219,18 @@ def experiments(store: Store, tag: str | None = None, model: str | None = None, 
     return df
 
 
+def target_speed(store: Store, target: str) -> dict | None:
+    """The most recent finished target-only run of `target`: {tokens_per_second, experiment_id, device_name}, or
+    None when this target was never measured (the New-experiment page's duration estimate)."""
+    sql = """SELECT r.tokens_per_second, r.experiment_id, r.device_name FROM runs r
+             JOIN experiments e ON e.id = r.experiment_id
+             WHERE r.kind = 'baseline' AND r.status = 'done' AND e.target = :target AND r.tokens_per_second > 0
+             ORDER BY r.finished DESC, r.id DESC LIMIT 1"""
+    with store.read() as conn:
+        row = conn.execute(text(sql), {"target": target}).mappings().first()
+    return dict(row) if row is not None else None
+
+
 def experiment(store: Store, experiment_id: int) -> dict | None:
     """One experiment's fields, its sampling config as a dict, tags as a list, sweep_values as a list."""
     with store.read() as conn:

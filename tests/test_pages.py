@@ -241,6 +241,31 @@ def test_new_experiment_launch_enqueues_baseline_and_one_run_per_k(empty_db, mod
     assert len(q.experiments(store)) == 2
 
 
+def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs):
+    """Before Launch: prompts × arms × repeats × new tokens, and a duration at the target's last measured speed
+    (storage.queries.target_speed) once one baseline of it finished."""
+    from sqlalchemy import text
+
+    from engine.prompt_sets import load_prompts
+    from pages.new_experiment import arms_of, workload
+
+    at = _fill(app("new"), model_dirs, sweep_values="1,2,4", max_new_tokens=16, prompt_set="code:validation")
+    caption = next(c.value for c in at.caption if "Launch decodes" in c.value)
+    n = len(load_prompts("code:validation"))
+    assert f"at most {n * 4 * 3 * 16:,} tokens" in caption and "no measured speed yet" in caption
+    store = open_store(empty_db)
+    eid = enqueue_experiment(store, name="m", target=model_dirs["target"], draft="d", prompts="code:tune",
+                             sampling={"max_new_tokens": 8}, sweep_values=[2])
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET status = 'done', tokens_per_second = 40.0, device_name = 'cpu', "
+                          "finished = created WHERE experiment_id = :e AND kind = 'baseline'"), {"e": eid})
+    at = _fill(app("new"), model_dirs, sweep_values="1,2,4", max_new_tokens=16, prompt_set="code:validation")
+    caption = next(c.value for c in at.caption if "Launch decodes" in c.value)
+    assert "40.0 tokens/s on cpu" in caption and f"#{eid}" in caption
+    assert workload(n, 4, 16, 3, 40.0) == (n * 4 * 16 * 3, n * 4 * 16 * 3 / 40.0)
+    assert arms_of("k", 3, None) == 4 and arms_of("temperature", 2, None) == 4 and arms_of("k", 1, 8) == 6
+
+
 def test_recent_duplicate_matches_settings_not_labels(store):
     from storage.experiments import enqueue_experiment, recent_duplicate
 
