@@ -248,6 +248,31 @@ def login() -> None:
         st.error("Wrong password.", icon=":material/lock:")
 
 
+def launcher() -> str:
+    """Who is queuing work from this session, as experiments.launched_by stores it: the OIDC user's email (or
+    name), else "password from ADDRESS" or "local ADDRESS" (no login configured)."""
+    import streamlit as st
+
+    if _app_auth_section():
+        user = st.user
+        who = user.get("email") or user.get("name") or user.get("sub") or "unknown"
+        return f"oidc:{who}"[:200]
+    address = client_address()
+    return (f"password from {address}" if configured_password() is not None else f"local {address}")[:200]
+
+
+def cli_launcher() -> str:
+    """The CLI's launched_by: `cli USER@HOST`."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name in this environment
+        user = "unknown"
+    return f"cli {user}@{socket.gethostname()}"[:200]
+
+
 def logout_button() -> None:
     """A sidebar "Log out" for an admitted session, when some login is configured."""
     import streamlit as st

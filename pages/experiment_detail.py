@@ -9,6 +9,7 @@ import streamlit as st
 from engine import theory
 from engine.prompt_sets import set_name
 from pages import charts
+from pages.prefill import md_text
 from pages.deploy_panel import render_deploy_panel
 from pages.findings_panel import render_findings
 from pages.drafting_panel import render_k_distribution
@@ -128,6 +129,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict)
         f"{plural(experiment['repeats'], 'timed repeat')} per prompt (medians)" if experiment.get("repeats") else "",
         f"k auto up to {experiment['k_auto']}" if experiment.get("k_auto") else "",
         f"tags: {row.get('tags')}" if row.get("tags") else "",
+        f"launched by {md_text(experiment['launched_by'])}" if experiment.get("launched_by") else "",
     ])))
     if experiment.get("notes"):
         st.markdown(f"> {experiment['notes']}")

@@ -531,6 +531,9 @@ def render() -> None:
             st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors),
                      icon=":material/error:")
             return
+        from app.access import launcher
+
+        launch.kwargs["launched_by"] = launcher()
         first = recent_duplicate(store(), launch.kwargs)
         if first is not None:  # Launch pressed twice: link to the first instead of queuing a copy
             st.info(f"Experiment #{first} with exactly these settings was queued less than "

@@ -165,7 +165,7 @@ def _form() -> None:
             job_id = training.enqueue_training(
                 store(), name=name, target=target, draft=draft, prompts=spec, validation=val, steps=int(steps),
                 lr=float(lr), batch_size=int(batch), max_new_tokens=int(max_new), samples=int(samples), seed=int(seed),
-                focus_from=None if focus == NO_FOCUS else int(focus), device=device)
+                focus_from=None if focus == NO_FOCUS else int(focus), device=device, launched_by=_launcher())
         except QueueError as exc:
             st.error(md_text(str(exc)), icon=":material/error:")
         else:
@@ -304,3 +304,9 @@ def render() -> None:
         frame = training.jobs(store())
         busy = not frame.empty and frame["status"].isin([RUNNING, QUEUED]).any()
         st.fragment(run_every=REFRESH_SECONDS if busy else None)(_jobs)()
+
+
+def _launcher() -> str:
+    from app.access import launcher
+
+    return launcher()

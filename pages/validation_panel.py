@@ -60,7 +60,9 @@ def render_validation(experiment: dict, verdict: dict) -> None:
                     from app.pair_check import render_prompts
 
                     texts = render_prompts(plan["target"], texts, plan["chat_template"])
-                vid = enqueue_experiment(store(), **plan, prompt_texts=texts)
+                from app.access import launcher
+
+                vid = enqueue_experiment(store(), **plan, prompt_texts=texts, launched_by=launcher())
             except (ValidationError, DraftLabError) as exc:  # DraftLabError: a malformed held-out file
                 st.error(md_text(str(exc)), icon=":material/error:")
             else:

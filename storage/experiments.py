@@ -77,7 +77,8 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                        tags: Iterable[str] | str = (), prompt_texts: Sequence[str] | None = None,
                        trust_remote_code: bool = False, reserved_for: str | None = None, repeats: int = 1,
                        k_auto: int | None = None, drafter: str = "model", validates: int | None = None,
-                       chat_template: str = "auto", draft_sampling: str = "probabilistic") -> int:
+                       chat_template: str = "auto", draft_sampling: str = "probabilistic",
+                       launched_by: str | None = None) -> int:
     """Create an experiment with its target-only baseline(s) and one speculative run per sweep value, all
     queued; return the experiment id. A k sweep shares one baseline; a sampling sweep gets one per value
     (speedup compares equal sampling configs); a draft or drafter sweep shares one baseline, each run naming its
@@ -111,6 +112,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
         if any(not v for v in values) or len(set(values)) < len(values):
             raise QueueError(f"{sweep_variable} values must be distinct and non-empty (got {values})")
     check_bounds(name, config, repeats, sweep_variable, values)
+    launched_by = launched_by[:200] if launched_by else None
     largest = max(values) if sweep_variable == "batch_size" else config["batch_size"]
     if prompt_texts is not None and int(largest) > len(prompt_texts):
         raise QueueError(f"batch size {largest} needs at least {largest} prompts but the prompt set has "
@@ -126,6 +128,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     with store.session() as s:
         exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, drafter=drafter,
                          validates=validates, chat_template=chat_template or "auto", draft_sampling=draft_sampling,
+                         launched_by=launched_by,
                          draft=",".join(values) if sweep_variable == "draft" else draft,
                          prompts=prompts, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                          k=int(k), sweep_variable=sweep_variable, sweep_values=json.dumps(values), repeats=int(repeats),
@@ -133,6 +136,8 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
         s.add(exp)
         s.flush()
         common = {"experiment_id": exp.id, "status": QUEUED, "reserved_for": reserved_for}
+        new_runs = (1 + len(values)) if not swept.per_value_baseline else 2 * len(values)
+        check_launcher_cap(s.connection(), launched_by, new_runs)
         if not swept.per_value_baseline:  # k, draft, drafter: the target decodes alike, one shared baseline
             baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
             s.add(baseline)
@@ -156,6 +161,25 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
             s.execute(insert(experiment_prompts), [{"experiment_id": exp.id, "prompt_index": i, "prompt": p}
                                                    for i, p in enumerate(prompt_texts)])
         return exp.id
+
+
+def check_launcher_cap(conn, launched_by: str | None, new_runs: int) -> None:
+    """Refuse (QueueError) work that would take `launched_by` past limit("queued_runs") unfinished runs (queued or
+    running, over all its experiments; each unfinished training job counts as one). None: not attributed, no cap."""
+    from engine.limits import LIMITS, limit
+
+    if not launched_by:
+        return
+    pending = conn.execute(text(
+        "SELECT COUNT(*) FROM runs r JOIN experiments e ON e.id = r.experiment_id "
+        "WHERE e.launched_by = :who AND r.status IN ('queued', 'running')"), {"who": launched_by}).scalar()
+    pending += conn.execute(text("SELECT COUNT(*) FROM training_jobs WHERE launched_by = :who "
+                                 "AND status IN ('queued', 'running')"), {"who": launched_by}).scalar()
+    cap = limit("queued_runs")
+    if pending + new_runs > cap:
+        raise QueueError(f"{launched_by} has {pending} unfinished runs queued and this adds {new_runs}, more than the "
+                         f"limit of {cap} per launcher: wait for them or cancel some (whoever runs the dashboard can "
+                         f"raise it with ${LIMITS['queued_runs'].env})")
 
 
 DUPLICATE_WINDOW_SECONDS = 120  # a second Launch of the same settings within this links to the first

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -48,6 +48,8 @@ class Experiment(Base):
     name: Mapped[str] = mapped_column(String(NAME_CHARS))
     notes: Mapped[str] = mapped_column(Text, default="")
     tags: Mapped[str] = mapped_column(Text, default="")  # comma-separated, no spaces around commas
+    # Who queued it: "oidc:<email>", "password from <address>", "local <address>" (dashboard) or "cli <user>@<host>".
+    launched_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
     created: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     target: Mapped[str] = mapped_column(Text)
     draft: Mapped[str] = mapped_column(Text)
@@ -300,6 +302,7 @@ class TrainingJob(Base):
     __tablename__ = "training_jobs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(200))  # the trained draft's directory name under $DRAFTLAB_MODELS
+    launched_by: Mapped[str | None] = mapped_column(String(200), nullable=True)  # as experiments.launched_by
     out: Mapped[str] = mapped_column(Text)  # the model directory it writes (absolute)
     created: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     notes: Mapped[str] = mapped_column(Text, default="")

@@ -72,7 +72,7 @@ def _within_columns(**values) -> None:
 def enqueue_training(store: Store, *, name: str, target: str, draft: str, prompts: str, validation: str,
                      steps: int, lr: float = 3e-4, batch_size: int = 8, max_new_tokens: int = 128, samples: int = 1,
                      seed: int = 0, focus_from: int | None = None, device: str = "auto", notes: str = "",
-                     models: str | Path | None = None) -> int:
+                     models: str | Path | None = None, launched_by: str | None = None) -> int:
     """Queue a training job writing `models/name` (models: $DRAFTLAB_MODELS unless given); return its id. Refused
     (QueueError, nothing stored) for bad settings, a name that is not a plain directory name, a directory that
     already holds a model, or a name another queued, running or finished job writes."""
@@ -97,6 +97,9 @@ def enqueue_training(store: Store, *, name: str, target: str, draft: str, prompt
         if focus_from is not None and conn.execute(text("SELECT COUNT(*) FROM experiments WHERE id = :e"),
                                                    {"e": int(focus_from)}).scalar() == 0:
             raise QueueError(f"focus experiment {focus_from} does not exist; pick one from the Experiments list")
+        from .experiments import check_launcher_cap
+
+        check_launcher_cap(conn, launched_by, 1)
         taken = conn.execute(text("SELECT id FROM training_jobs WHERE out = :out AND status NOT IN (:f, :c)"),
                              {"out": str(out), "f": FAILED, "c": CANCELLED}).scalar()
         if taken is not None:
@@ -105,7 +108,8 @@ def enqueue_training(store: Store, *, name: str, target: str, draft: str, prompt
             name=name, out=str(out), created=utcnow(), notes=notes or "", target=target.strip(), draft=draft.strip(),
             prompts=prompts.strip(), validation=validation.strip(), steps=steps, lr=lr, batch_size=batch_size,
             max_new_tokens=max_new_tokens, samples=samples, seed=int(seed), focus_from=focus_from, device=device,
-            status=QUEUED, step=0, progress=0.0, cancel_requested=False)).inserted_primary_key[0]
+            status=QUEUED, step=0, progress=0.0, cancel_requested=False,
+            launched_by=launched_by[:200] if launched_by else None)).inserted_primary_key[0]
 
 
 def get_job(store: Store, job_id: int) -> dict | None:
