@@ -36,6 +36,7 @@ LIMITS: dict[str, Limit] = {item.name: item for item in (
     Limit("repeats", 100, "timed decodes per prompt and configuration (--repeats)"),
     Limit("max_new_tokens", 4096, "new tokens per prompt (--max-new-tokens)"),
     Limit("swept_values", 64, "swept values per experiment"),
+    Limit("upload_days", 30, "days an uploaded prompt file is kept (unless an unfinished training job reads it)"),
     Limit("queued_runs", 1000, "queued runs per launcher (experiments and training jobs not yet finished)"),
 )}
 

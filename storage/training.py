@@ -112,6 +112,14 @@ def enqueue_training(store: Store, *, name: str, target: str, draft: str, prompt
             launched_by=launched_by[:200] if launched_by else None)).inserted_primary_key[0]
 
 
+def unfinished_job_files(store: Store) -> set[str]:
+    """The prompt specs (file paths among them) that queued or running training jobs will still read."""
+    with store.read() as conn:
+        rows = conn.execute(text("SELECT prompts, validation FROM training_jobs WHERE status IN (:q, :r)"),
+                            {"q": QUEUED, "r": RUNNING}).all()
+    return {spec for row in rows for value in row for spec in str(value or "").split("+") if spec.strip()}
+
+
 def get_job(store: Store, job_id: int) -> dict | None:
     with store.read() as conn:
         row = conn.execute(select(training_jobs).where(training_jobs.c.id == int(job_id))).mappings().first()

@@ -63,3 +63,30 @@ def test_dashboard_launch_records_the_session(tmp_path, monkeypatch, model_dirs)
     store = open_store(url)
     eid = int(q.experiments(store)["experiment_id"].iloc[0])
     assert q.experiment(store, eid)["launched_by"] == "local unknown"  # no login configured; AppTest has no address
+
+
+def test_uploads_are_pruned_after_their_retention_unless_a_training_job_reads_them(tmp_path, monkeypatch):
+    """limit("upload_days"): an upload older than that goes when the next one is saved; one an unfinished training
+    job reads stays, and so does the file just uploaded again (its retention starts over)."""
+    import os
+    import time
+
+    from storage import open_store
+    from pages import new_experiment as ne
+
+    url = f"sqlite:///{tmp_path / 'u.db'}"
+    monkeypatch.setenv("DRAFTLAB_DB", url)
+    monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path / "uploads"))
+    monkeypatch.setenv("DRAFTLAB_LIMIT_UPLOAD_DAYS", "30")
+    store = open_store(url)
+    old = ne.save_upload("old.txt", b"a b\n")
+    used = ne.save_upload("used.txt", b"c d\n")
+    again = ne.save_upload("again.txt", b"e f\n")
+    long_ago = time.time() - 31 * 86400
+    for path in (old, used, again):
+        os.utime(path, (long_ago, long_ago))
+    enqueue_training(store, name="d3", target="t", draft="d", prompts=str(used), validation="code:validation",
+                     steps=5, models=tmp_path / "models")
+    ne.save_upload("again.txt", b"e f\n")  # the same content uploaded again
+    assert not old.exists() and used.exists() and again.exists()
+    assert ne.prune_uploads() == []  # nothing else is due
