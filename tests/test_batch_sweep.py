@@ -72,6 +72,14 @@ def test_a_batch_size_sweep_runs_through_the_worker(store, model_dirs):
                 for prompt, repeat, slot in timings:
                     slots.setdefault((prompt // 4, repeat), set()).add(slot)
                 assert all(len(s) == 1 for s in slots.values())
+    # The median repeat of each batch is recorded, all its rows from that one repeat (2 repeats: the lower one).
+    for (kind, size), rid in by.items():
+        recorded, repeats = worker.results[rid], worker.repeats[rid]
+        for first in range(0, len(PROMPTS), size):
+            rows = range(first, min(first + size, len(PROMPTS)))
+            walls = [max(repeats[j][0][r].wall_seconds for j in rows) for r in range(2)]
+            chosen = walls.index(min(walls))
+            assert all(recorded[j] is repeats[j][0][chosen] for j in rows)
     # Serving metrics, by hand from the engine's own arrival times of the recorded (median) repeats.
     for key, rid in by.items():
         results = worker.results[rid]
@@ -222,3 +230,23 @@ def test_an_older_database_gains_the_batch_columns(tmp_path):
         assert conn.execute(text("SELECT batch_size FROM runs")).scalars().all() == [1]
     assert {"batch_size", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "latency_p50", "latency_p95"} <= runs
     assert "batch_size" in experiments and "seconds" in tokens
+
+
+def test_cli_k_sweep_at_a_fixed_batch_size(tmp_path, model_dirs, capsys):
+    """`--batch-size 2 --k 1,2`: every run (the shared baseline too) decodes in batches of 2 and reports its
+    serving metrics in the JSON; the outputs equal the baseline's (greedy)."""
+    from app.cli import main
+
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("\n".join(PROMPTS[:4]) + "\n")
+    assert main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
+                 str(prompt_file), "--k", "1,2", "--batch-size", "2", "--max-new-tokens", "8", "--repeats", "1",
+                 "--device", "cpu", "--db", db, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert q.experiment(open_store(db), doc["experiment_id"])["batch_size"] == 2
+    for entry in [doc["baseline"], *doc["runs"]]:
+        assert entry["batch_size"] == 2
+        assert 0 < entry["ttft_p50"] <= entry["ttft_p95"] <= entry["latency_p95"]
+        assert entry["latency_p50"] <= entry["latency_p95"] and entry["itl_p50"] <= entry["itl_p95"]
+    assert all(entry["outputs_match_baseline"] is True for entry in doc["runs"])
