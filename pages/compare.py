@@ -4,6 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.prompt_sets import set_name
+
 from pages import charts
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids,
                           show, version)
@@ -53,7 +55,8 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
                 for i in table["experiment_id"]}
     table = table.assign(best=[charts.speedup_text(s, lo, hi) for s, lo, hi in
                                zip(table["best_speedup"], table["best_ci_lo"], table["best_ci_hi"])],
-                         badges=[badges(int(i), verdicts[int(i)], links) for i in table["experiment_id"]])
+                         badges=[badges(int(i), verdicts[int(i)], links) for i in table["experiment_id"]],
+                         prompts=[set_name(p) for p in table["prompts"]])  # never an upload's server path
     table = table[[c for c in EXPERIMENT_COLUMNS if c in table]]
     show_table(table, EXPERIMENT_COLUMNS, "compare_experiments_table",
                best=st.column_config.TextColumn("best speedup (95 % interval)",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.prompt_sets import set_name
+
 from engine.wording import noun, plural
 from pages.common import csv_download, empty_state, experiment_label, nav_page, select_id, show, store, table
 from storage import queries as q, run_state
@@ -100,6 +102,7 @@ def _table(filters: dict, seen: tuple) -> None:
         _workers()
         return
     shown = frame.assign(
+        prompts=[set_name(p) for p in frame["prompts"]],  # an upload by its file name, never the server's path
         progress=frame["progress"].fillna(0) * 100,
         interval=[f"{show('speedup_ci_lo', lo)}–{show('speedup_ci_hi', hi)}" if pd.notna(lo) and pd.notna(hi)
                   else None for lo, hi in zip(frame["best_ci_lo"], frame["best_ci_hi"])])

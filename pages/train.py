@@ -9,6 +9,8 @@ import os
 import pandas as pd
 import streamlit as st
 
+from engine.prompt_sets import set_name
+
 from engine import zoo
 from engine.errors import DraftLabError
 from engine.wording import plural
@@ -233,7 +235,8 @@ def _job_view(job_id: int) -> None:
     st.markdown(f"**Job {job_id} · {md_text(job['name'])}** — {status}"
                 + (f" · {md_text(job['phase'])}" if job["phase"] and status in (RUNNING, CANCELLED) else "")
                 + (f" · on {md_text(job['device_name'])}" if job["device_name"] else ""))
-    st.caption(md_text(f"{job['draft']} → {job['target']} on {job['prompts']} (held-out: {job['validation']}); "
+    st.caption(md_text(f"{job['draft']} → {job['target']} on {set_name(job['prompts'])} (held-out: "
+                       f"{set_name(job['validation'])}); "
                        f"{plural(job['steps'], 'step')} × {job['batch_size']}, lr {job['lr']:g}"
                        + (f", focus: experiment {job['focus_from']}" if job["focus_from"] is not None else "")
                        + f"; writes {job['out']}"))

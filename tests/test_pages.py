@@ -342,6 +342,12 @@ def test_new_experiment_upload_freezes_the_uploaded_prompts(empty_db, model_dirs
     assert row["prompts"].endswith("-mine.txt") and Path(row["prompts"]).parent == tmp_path / "uploads"
     with store.read() as conn:
         assert load_experiment_prompts(conn, int(row["experiment_id"])) == ["t1 t2", "t3 t4 t5"]
+    for page, query in (("experiments", {}), ("experiment", {"experiment": row["experiment_id"]}),
+                        ("compare", {"experiments": row["experiment_id"]})):
+        shown = app(page, **query)
+        assert_clean(shown)
+        assert str(tmp_path) not in page_text(shown), page  # the upload is named, its server path never shown
+    assert "mine.txt" in page_text(app("experiments"))
 
 
 @pytest.mark.parametrize("fields, words", [
