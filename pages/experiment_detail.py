@@ -31,6 +31,9 @@ RUN_COLUMNS = ["check", "run_id", "kind", "k", "sweep_value", "status", "progres
                "speedup_note"]
 COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "c", "verify_cost", "peak_memory_mb", "target_step_seconds",
                 "draft_step_seconds", "tokens_per_second", "wall_seconds"]
+# Serving metrics (docs/metrics.md "Serving metrics"): runs decoded in batches report them, batch-1 loops do not.
+SERVING_COLUMNS = ["run_id", "kind", "k", "sweep_value", "batch_size", "tokens_per_second", "ttft_p50", "ttft_p95",
+                   "itl_p50", "itl_p95", "latency_p50", "latency_p95"]
 IMPOSSIBLE = "⚠ impossible speedup"  # the Runs table's mark on a run with a timing_warning
 MEASURED = ["run_id", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined"]
 ERRORS = {f"{name}_error": st.column_config.NumberColumn(f"{label} error", format="percent",
@@ -193,6 +196,15 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_vari
         csv_download(cost, "cost_and_memory.csv")
         st.caption("c = target step / draft step (single-token forwards); verify_cost = one verify forward over the "
                    "round's tokens, in target steps (the formula assumes 1); peak memory as the worker measured it.")
+    if "ttft_p50" in runs and runs["ttft_p50"].notna().any():
+        st.subheader("Serving: throughput and latency at the batch size")
+        shown = [c for c in SERVING_COLUMNS if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
+        serving = runs[shown]
+        table(serving, shown, "serving_table", headers={"sweep_value": sweep_variable})
+        csv_download(serving, "serving.csv")
+        st.caption("tokens/s over the batch; TTFT, inter-token (ITL) and per-request latency at p50 and p95 over "
+                   "requests. A speculative round's tokens arrive together, so its ITL p50 can be 0 while p95 shows "
+                   "the stall between rounds a streaming user feels (docs/metrics.md, Serving metrics).")
 
 
 def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> None:

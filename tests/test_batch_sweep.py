@@ -250,3 +250,23 @@ def test_cli_k_sweep_at_a_fixed_batch_size(tmp_path, model_dirs, capsys):
         assert 0 < entry["ttft_p50"] <= entry["ttft_p95"] <= entry["latency_p95"]
         assert entry["latency_p50"] <= entry["latency_p95"] and entry["itl_p50"] <= entry["itl_p95"]
     assert all(entry["outputs_match_baseline"] is True for entry in doc["runs"])
+
+
+def test_the_detail_page_shows_the_serving_table(tmp_path, model_dirs, monkeypatch):
+    """The experiment page's Serving table holds each run's stored serving figures."""
+    from tests.test_pages import app, assert_clean
+
+    url = f"sqlite:///{tmp_path / 'pages.db'}"
+    monkeypatch.setenv("DRAFTLAB_DB", url)
+    store = open_store(url)
+    eid = enqueue(store, model_dirs, [1, 4], repeats=1)
+    with RecordingWorker(store) as worker:
+        worker.work(until_idle=True)
+    at = app("experiment", experiment=eid)
+    assert_clean(at)
+    assert "Serving: throughput and latency at the batch size" in [s.value for s in at.subheader]
+    shown = next(d.value for d in at.dataframe if "ttft_p50" in d.value.columns)
+    runs = q.runs(store, eid).set_index("run_id")
+    for _, row in shown.iterrows():
+        for name in ("batch_size", "tokens_per_second", "ttft_p50", "itl_p95", "latency_p95"):
+            assert row[name] == pytest.approx(runs.loc[row["run_id"], name]), name
