@@ -20,6 +20,8 @@ def format_table(doc: dict) -> str:
                 else ""),
              f"{'k':>3} {'tok/s':>8} {'speedup (95% CI)':>19} {'refined':>7} {'formula':>7} {'alpha':>6} "
              f"{'tok/rnd':>7} {'c':>6} {'verify':>6} {SAME.header}"]
+    # Runs decoded in batches (a batch-size sweep, or B > 1) name their batch size and serving figures.
+    batched = any((r.get("batch_size") or 1) > 1 or r.get("ttft_p50") is not None for r in doc["runs"])
     for r in doc["runs"]:
         ci = r.get("speedup_ci")
         speed = (f"{r['speedup']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})" if r.get("speedup") is not None and ci
@@ -29,7 +31,10 @@ def format_table(doc: dict) -> str:
                      f"{fmt(r['alpha'], '6.3f')} {fmt(r['tokens_per_round'], '7.2f')} {fmt(r['c'], '6.2f')} "
                      f"{fmt(r.get('verify_cost'), '6.2f')} {show('outputs_match_baseline', r['outputs_match_baseline'])}"
                      + (f"  predicted {r['predicted']:.2f} ({100 * r['prediction_error']:+.0f} %)"
-                        if r.get("prediction_error") is not None else ""))
+                        if r.get("prediction_error") is not None else "")
+                     + (f"  batch {r['batch_size']}: TTFT p50 {fmt(r.get('ttft_p50'), '.3f')} s, ITL p95 "
+                        f"{fmt(r.get('itl_p95'), '.3f')} s, latency p95 {fmt(r.get('latency_p95'), '.3f')} s"
+                        if batched else ""))
     if doc["runs"]:
         lines.append(f"{SAME.header}: {SAME.help}")
     for r in doc["runs"]:

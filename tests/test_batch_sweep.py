@@ -250,6 +250,9 @@ def test_cli_k_sweep_at_a_fixed_batch_size(tmp_path, model_dirs, capsys):
         assert 0 < entry["ttft_p50"] <= entry["ttft_p95"] <= entry["latency_p95"]
         assert entry["latency_p50"] <= entry["latency_p95"] and entry["itl_p50"] <= entry["itl_p95"]
     assert all(entry["outputs_match_baseline"] is True for entry in doc["runs"])
+    from app.report import format_table
+    lines = format_table(doc).splitlines()  # the human table names each run's batch and serving figures
+    assert sum(1 for line in lines if "batch 2: TTFT p50" in line and "latency p95" in line) == 2
 
 
 def test_the_detail_page_shows_the_serving_table(tmp_path, model_dirs, monkeypatch):
