@@ -17,6 +17,7 @@ from storage import open_store
 from storage.errors import QueueError
 from storage.settings import DEFAULT_STALE_SECONDS, STALE_ENV, STALE_HELP
 
+from .arguments import positive_number
 from .db_errors import DatabaseUnavailable
 from .db_retry import DB_RETRY_HELP
 from .placement import pin_cuda
@@ -26,13 +27,17 @@ from .worker import Worker
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="draftlab worker", description="Execute queued DraftLab runs.",
                                      epilog=f"{STALE_HELP}. {DB_RETRY_HELP}.")
+    def one_line(message):  # one `error:` line, not argparse's usage block
+        print(f"error: {message} (see `draftlab worker --help`)", file=sys.stderr)
+        raise SystemExit(2)
+    parser.error = one_line
     parser.add_argument("--db", default=None)
     parser.add_argument("--until-idle", action="store_true", help="exit when no queued run is left")
-    parser.add_argument("--heartbeat", type=float, default=5.0, help="heartbeat interval, seconds")
-    parser.add_argument("--stale", type=float, default=None,
+    parser.add_argument("--heartbeat", type=positive_number, default=5.0, help="heartbeat interval, seconds")
+    parser.add_argument("--stale", type=positive_number, default=None,
                         help=f"heartbeat age that marks a run interrupted (default ${STALE_ENV} or "
                              f"{DEFAULT_STALE_SECONDS:g})")
-    parser.add_argument("--poll", type=float, default=2.0, help="queue poll interval when idle, seconds")
+    parser.add_argument("--poll", type=positive_number, default=2.0, help="queue poll interval when idle, seconds")
     parser.add_argument("--device", default=None, help="pin to cuda:N or cpu:N, or a group cuda:0+cuda:1 (what "
                         "`draftlab worker --devices` starts one worker per); experiments on auto/cuda run there")
     parser.add_argument("--worker-id", default=None, help=argparse.SUPPRESS)  # given by app/supervisor.py

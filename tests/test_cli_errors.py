@@ -616,3 +616,14 @@ def test_a_training_job_refuses_what_no_column_holds(store, tmp_path, change, wo
     with pytest.raises(QueueError, match=words):
         training.enqueue_training(store, **{**kwargs, **change})
     assert training.enqueue_training(store, **{**kwargs, "seed": 2**31 - 1}) > 0
+
+
+@pytest.mark.parametrize("option", ["--poll", "--heartbeat", "--stale"])
+@pytest.mark.parametrize("value", ["nan", "-1", "inf", "0", "５"])
+def test_worker_process_durations_are_finite_positive_numbers(option, value, capsys, tmp_path):
+    from app.worker_process import main as worker_main
+
+    with pytest.raises(SystemExit) as exit_:
+        worker_main([option, value, "--db", f"sqlite:///{tmp_path / 'w.db'}", "--until-idle"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "positive number" in err
