@@ -923,7 +923,7 @@ def test_experiments_list_shows_the_best_with_its_interval_ties_and_a_warning_ma
     assert_clean(at)
     row = at.dataframe[0].value.set_index("experiment_id").loc[experiment_id]
     best = q.run_summary(store, ids[2]).iloc[0]
-    assert row["best_value"] == 2 and row["best_speedup"] == pytest.approx(best.speedup)
+    assert row["best_label"] == "2" and row["best_speedup"] == pytest.approx(best.speedup)
     assert row["interval"] == f"{best.speedup_ci_lo:.2f}–{best.speedup_ci_hi:.2f}"
     assert row["timing_warnings"] == 1 and row["n_tied"] == 0 and row["repeats"] == 3
     config = json.loads(at.dataframe[0].proto.columns)
