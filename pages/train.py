@@ -17,7 +17,7 @@ from engine.wording import plural
 from engine.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTIONS, UNION, held_out_split,
                                 list_prompt_sets, load_prompt_file, load_prompts)
 from pages import charts
-from pages.common import csv_download, nav_page, number, select_id, store, table
+from pages.common import csv_download, nav_page, number, parse_id, select_id, store, table
 from pages.prefill import md_text
 from storage import queries as q, training
 from storage.errors import QueueError
@@ -147,6 +147,10 @@ def _form() -> None:
     c1, c2 = st.columns([1, 2])
     device = c1.selectbox("Device", DEVICES, key="train_device")
     ids, labels = _focus_options()
+    wanted = parse_id(st.query_params.get("focus_from"))  # a finding's "Try it" link (storage/findings.py)
+    if wanted in ids and st.session_state.get("train_focus_from_link") != wanted:
+        st.session_state["train_focus"] = wanted  # once per link, so the user can still change it
+        st.session_state["train_focus_from_link"] = wanted
     focus = c2.selectbox("Focus on an experiment's rejections", ids, format_func=labels.get, key="train_focus",
                          help="weigh the loss by (1 - acceptance) of each token type and draft position in that "
                               "experiment's best run")

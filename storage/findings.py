@@ -60,7 +60,7 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # The experiment-detail page's charts a finding can point at (the panel maps each to its anchor on the page).
 CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production")
 NEW_PAGE = "new"            # pages/nav.py's URL path of the New-experiment page
-DISTILL_PAGE = "distill"    # a distillation page: not built yet, linked anyway
+DISTILL_PAGE = "train"      # pages/nav.py's Train-a-draft page: `focus_from` preselects the experiment to focus on
 ALTERNATIVE_DRAFTERS = ("confidence:0.5", "heuristic")  # engine/drafting.py specs that stop drafting early
 
 _log = logging.getLogger(__name__)

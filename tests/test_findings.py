@@ -104,9 +104,9 @@ def test_positions_and_token_type_name_the_weak_position_and_type(store):
     assert blamed["data"]["ratio"] == pytest.approx((59 / 99) / (61 / 304))
     assert "60 % of the rejections (59 of 99) but 20 % of the verified drafts (61 of 304)" in blamed["detail"]
     assert blamed["next"] == "Distil the draft with a focus on whitespace tokens."
-    assert blamed["prefill"]["page"] == "distill" and blamed["prefill"]["focus_from"] == eid
+    assert blamed["prefill"]["page"] == "train" and blamed["prefill"]["focus_from"] == eid
     url = fd.prefill_url(blamed["prefill"])
-    assert url.startswith("distill?") and parse_qs(urlsplit(url).query)["focus"] == ["whitespace"]
+    assert url.startswith("train?") and parse_qs(urlsplit(url).query)["focus"] == ["whitespace"]
 
 
 def test_a_temperature_sweep_suggests_k_at_the_best_runs_own_temperature(store):
@@ -307,7 +307,7 @@ def test_prefill_url_is_relative_and_encoded():
     url = fd.prefill_url({"target": "org/m (v2)", "sweep": "k", "values": "1,2", "top_p": 1.0, "temperature": 0.7,
                           "prompts": "code:tune"})
     assert url == "new?target=org%2Fm+%28v2%29&sweep=k&values=1%2C2&top_p=1&temperature=0.7&prompts=code%3Atune"
-    assert fd.prefill_query({"page": "distill", "focus_from": 3}) == ("distill", {"focus_from": "3"})
+    assert fd.prefill_query({"page": "train", "focus_from": 3}) == ("train", {"focus_from": "3"})
 
 
 def _panel(url: str, experiment_id: int):
@@ -345,14 +345,17 @@ def test_panel_escapes_user_text_and_links_the_chart_and_the_form(tmp_path):
     assert prefill["drafter"] == "prompt-lookup:3"
     assert md_escape("*x* :smile: $y$") == "\\*x\\* \\:\u2060smile\\:\u2060 \\$y\\$"  # no emoji, no math
 
-    # A page that does not exist yet (distillation) gets a plain relative link; the chart links are in-page anchors.
+    # The token-type finding's "Try it" opens the Train page focused on this experiment; chart links are anchors.
     eid, _ = _run_experiment(store, {4: (_positions_rounds(), 0.004, 0.012)}, prompts=4)
     at = _panel(url, eid)
     shown = "\n".join(m.value for m in at.markdown)
-    assert f"[Try it](distill?focus_from={eid}&focus=whitespace&target=tgt&draft=drf)" in shown
+    assert "not built yet" not in shown
     assert "(#acceptance-by-token-type)" in shown and "(#conditional-acceptance-by-draft-position)" in shown
-    labels = [p.proto.label for p in at.get("page_link")]
-    assert labels == ["Try it", md_escape("Try the confidence:0.5 drafter"), "Try the heuristic drafter"]
+    links = [p.proto for p in at.get("page_link")]
+    train = [link for link in links if link.page == "train"]
+    assert len(train) == 1 and parse_qs(train[0].query_string)["focus_from"] == [str(eid)]
+    labels = [link.label for link in links]
+    assert labels.count("Try it") == 2 and md_escape("Try the confidence:0.5 drafter") in labels
 
     with store.write() as conn:  # an arm decoded differently from its baseline: said loudly, first
         conn.execute(text("UPDATE runs SET temperature = 0.5 WHERE experiment_id = :eid AND kind = 'speculative'"),

@@ -182,3 +182,27 @@ def test_a_finished_job_shows_its_figures_and_its_draft_is_a_candidate(train_db,
     at.selectbox(key="sweep_variable").set_value("draft").run()
     options = at.multiselect(key="draft_candidates").options
     assert "tiny-distilled (trained, job 1)" in options, options
+
+
+def test_a_findings_link_preselects_the_experiment_to_focus_on(train_db):
+    """The token-type finding's "Try it" opens `train?focus_from=ID` (storage/findings.DISTILL_PAGE): that
+    experiment is the focus, and the user can still change it."""
+    from sqlalchemy import text
+
+    from storage.experiments import enqueue_experiment
+    from storage.findings import DISTILL_PAGE
+    from pages.nav import PAGES
+
+    store, model_dirs, _ = train_db
+    eid = enqueue_experiment(store, name="focus me", target="t", draft="d", prompts="code:tune",
+                             sampling={"max_new_tokens": 8}, sweep_values=[2])
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET status = 'done' WHERE experiment_id = :e"), {"e": eid})
+    assert DISTILL_PAGE in PAGES  # a real page, not "not built yet"
+    at = app(DISTILL_PAGE, focus_from=eid)
+    assert_clean(at)
+    assert at.selectbox(key="train_focus").value == eid
+    from pages.train import NO_FOCUS
+
+    at.selectbox(key="train_focus").set_value(NO_FOCUS).run()
+    assert at.selectbox(key="train_focus").value == NO_FOCUS  # the link chose once; the user's choice stands
