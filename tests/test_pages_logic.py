@@ -32,7 +32,8 @@ def test_validate_builds_enqueue_arguments():
     assert launch.errors == []
     kw = launch.kwargs
     assert kw["sweep_values"] == [1, 2, 4] and kw["sweep_variable"] == "k"
-    assert kw["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 32}
+    assert kw["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 32,
+                             "batch_size": 1}
     assert kw["tags"] == ("a", "b") and kw["notes"] == "n"
     assert kw["name"] == "demo-draft → demo-target on code:tune"
 
