@@ -235,8 +235,9 @@ def cmd_run(args) -> int:
         sweep_values=sweep.values,
         k=int(fixed.get("k", sweep.ks[0])), trust_remote_code=args.trust_remote_code, repeats=args.repeats,
         k_auto=sweep.k_auto, chat_template=chat_template,
-        draft_sampling=fixed.get("draft_sampling", "probabilistic"))
+        draft_sampling=fixed.get("draft_sampling", "probabilistic"), batch_sizes=sweep.batch_sizes)
     arms = 1 + len(sweep.values) + (len(sweep.values) - 1 if VARIABLES[sweep.variable].per_value_baseline else 0)
+    arms *= len(sweep.batch_sizes or [None])
     return _run_here(args, store, pair, others, prompts, enqueue, arms)
 
 
@@ -244,8 +245,7 @@ def _check_batch_rows(sweep, prompts: int) -> int:
     """The largest batch size of the sweep; a DraftLabError when it has more rows than there are prompts."""
     from engine.errors import DraftLabError
 
-    sizes = sweep.values if sweep.variable == "batch_size" else [sweep.fixed.get("batch_size", 1)]
-    largest = max(int(size) for size in sizes)
+    largest = max(sweep.sizes)
     if largest > prompts:
         raise DraftLabError(f"--batch-size {largest} needs at least {largest} prompts but the prompt set has "
                             f"{prompts}; use --batch-size {prompts} or less, or more prompts")
@@ -259,7 +259,7 @@ def _check_batch_sizes(sweep, pair, others: dict, encoded: list, max_new_tokens:
     from engine.memory import check_batch_fits
 
     largest = _check_batch_rows(sweep, len(encoded))
-    if sweep.variable != "batch_size" and largest == 1:
+    if largest == 1:
         return  # the batch-1 loops: nothing batched to size
     drafts = [p.draft.model for p in (pair, *others.values()) if p.draft is not None]
     models = [pair.target.model] + drafts[:1]  # the target and its draft (the largest one when several)

@@ -2,6 +2,8 @@
 docs/metrics.md)."""
 from __future__ import annotations
 
+import json
+
 from engine.wording import noun, plural
 from storage.columns import COLUMNS, show
 
@@ -43,6 +45,15 @@ def format_table(doc: dict) -> str:
     if doc.get("predicted_curve"):
         curve = "  ".join(f"k={k}: {v:.2f}" for k, v in doc["predicted_curve"].items())
         lines.append(f"predicted curve (before measuring k = {doc.get('confirmed')}): {curve}")
-    if doc.get("verdict"):
+    grid = doc.get("schedule")
+    if grid:  # a grid: each batch size's baseline, verdict and the schedule to serve
+        for b in doc.get("baselines") or []:
+            lines.append(f"baseline at batch {b.get('batch_size')}: {fmt(b['tokens_per_second'], '.1f')} tok/s")
+        lines += [step["text"] for step in grid["steps"]]
+        lines.append(grid["text"])
+        if grid.get("num_speculative_tokens_per_batch_size"):
+            lines.append("vLLM num_speculative_tokens_per_batch_size: "
+                         + json.dumps(grid["num_speculative_tokens_per_batch_size"]))
+    elif doc.get("verdict"):
         lines.append(doc["verdict"]["text"])
     return "\n".join(lines)

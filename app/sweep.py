@@ -2,7 +2,10 @@
 
 The article's rule for tuning a draft: change one variable per sweep, so a difference in speedup has one
 cause. Each swept variable's option (engine/variables.py: `--k`, `--temperature`, `--top-k`, `--top-p`, `--draft`,
-`--drafter`) takes one value or a comma-separated list; at most one of them may be a list.
+`--drafter`, `--batch-size`, ...) takes one value or a comma-separated list; at most one of them may be a list,
+except that `--batch-size` may list values next to another list: a grid (`--batch-size 1,4,16 --k 1,2,3,4`), the
+other variable swept at each batch size, each with its own target-only baseline at that batch size. Batch size is
+the one allowed outer axis: what serves best changes with it (the k schedule, storage/schedule.py).
 """
 from __future__ import annotations
 
@@ -22,6 +25,14 @@ class Sweep:
     values: list  # the swept values (one value: a single configuration)
     fixed: dict  # the other five options' single values
     k_auto: int | None = None  # `--k auto[:K]`: predict, then confirm up to K
+    batch_sizes: list | None = None  # a grid's outer axis: the sweep at each of these batch sizes (None: no grid)
+
+    @property
+    def sizes(self) -> list[int]:
+        """Every batch size the sweep decodes at."""
+        if self.batch_sizes:
+            return [int(v) for v in self.batch_sizes]
+        return [int(v) for v in self.values] if self.variable == "batch_size" else [int(self.fixed["batch_size"])]
 
     @property
     def ks(self) -> list[int]:
@@ -53,11 +64,17 @@ def parse_sweep(options: dict) -> Sweep:
             raise DraftLabError(f"--k auto needs a largest k of at least 2 (got {options['k']!r}); use e.g. --k auto:8")
     parsed = {name: ([k_auto] if name == "k" and k_auto else _values(name, text)) for name, text in options.items()}
     listed = [name for name, values in parsed.items() if len(values) > 1]
+    batch_sizes = None
+    if "batch_size" in listed and len(listed) == 2 and not k_auto:  # a grid: batch size is the outer axis
+        listed.remove("batch_size")
+        batch_sizes = parsed["batch_size"]
     if k_auto and listed:
         raise DraftLabError(f"--k auto sweeps k itself; give {', '.join(VARIABLES[n].flag for n in listed)} one value")
     if len(listed) > 1:
-        raise DraftLabError(f"sweep one variable at a time: {' and '.join(VARIABLES[n].flag for n in listed)} both list values; "
-                            f"keep the list in one of them and give the others one value")
+        raise DraftLabError(f"sweep one variable at a time: {' and '.join(VARIABLES[n].flag for n in listed)} "
+                            f"{'both ' if len(listed) == 2 else 'all '}list values; "
+                            f"keep the list in one of them and give the others one value (--batch-size may list "
+                            f"values next to one other list: a grid)")
     variable = listed[0] if listed else "k"
     fixed = {name: values[0] for name, values in parsed.items() if name != variable}
-    return Sweep(variable, parsed[variable], fixed, k_auto)
+    return Sweep(variable, parsed[variable], fixed, k_auto, batch_sizes)

@@ -201,8 +201,9 @@ def batch_size_of(run: dict) -> int:
 def is_batched(experiment: dict, group: dict[int, dict]) -> bool:
     """Whether an experiment's runs decode through the batched decoders (engine/batched.py): a batch-size sweep
     (batch 1 included, so every size is timed by one decoder) or a fixed batch size above 1. Other experiments
-    keep the batch-1 loops."""
-    return experiment.get("sweep_variable") == "batch_size" or any(batch_size_of(r) > 1 for r in group.values())
+    keep the batch-1 loops. A grid (batch sizes as the outer axis) decodes every batch size, 1 included, batched."""
+    return experiment.get("sweep_variable") == "batch_size" or bool(experiment.get("batch_sizes")) \
+        or any(batch_size_of(r) > 1 for r in group.values())
 
 
 def _check_batch(loaded: LoadedPair, job: JobContext, experiment: dict, run: dict, prompts: list[str],

@@ -78,7 +78,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                        trust_remote_code: bool = False, reserved_for: str | None = None, repeats: int = 1,
                        k_auto: int | None = None, drafter: str = "model", validates: int | None = None,
                        chat_template: str = "auto", draft_sampling: str = "probabilistic",
-                       launched_by: str | None = None) -> int:
+                       launched_by: str | None = None, batch_sizes: Sequence[int] | None = None) -> int:
     """Create an experiment with its target-only baseline(s) and one speculative run per sweep value, all
     queued; return the experiment id. A k sweep shares one baseline; a sampling sweep gets one per value
     (speedup compares equal sampling configs); a draft or drafter sweep shares one baseline, each run naming its
@@ -86,7 +86,9 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     the `prompts` spec when the first run starts). reserved_for: only that worker may claim the runs.
     repeats: timed decodes per prompt and arm (medians used). k_auto: "predict, then confirm" up to that k —
     only the baseline and k = k_auto are queued; the worker predicts the curve and queues the best k values.
-    chat_template: how conversation prompts become text (engine/chat.py): auto, none, or a template's text."""
+    chat_template: how conversation prompts become text (engine/chat.py): auto, none, or a template's text.
+    batch_sizes: a grid (`--batch-size 1,4,16 --k 1,2,3,4`): the whole sweep, baselines included, once at each
+    batch size (the one allowed outer axis), each batch size's runs paired with its own baseline."""
     if int(repeats) < 1:
         raise QueueError(f"repeats must be >= 1 (got {repeats}); use e.g. --repeats 3")
     if k_auto is not None:
@@ -112,8 +114,9 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
         if any(not v for v in values) or len(set(values)) < len(values):
             raise QueueError(f"{sweep_variable} values must be distinct and non-empty (got {values})")
     check_bounds(name, config, repeats, sweep_variable, values)
+    sizes = _grid_sizes(batch_sizes, sweep_variable, config)
     launched_by = launched_by[:200] if launched_by else None
-    largest = max(values) if sweep_variable == "batch_size" else config["batch_size"]
+    largest = max(values) if sweep_variable == "batch_size" else max(sizes)
     if prompt_texts is not None and int(largest) > len(prompt_texts):
         raise QueueError(f"batch size {largest} needs at least {largest} prompts but the prompt set has "
                          f"{len(prompt_texts)}; use a batch size of {len(prompt_texts)} or less, or more prompts")
@@ -132,35 +135,59 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                          draft=",".join(values) if sweep_variable == "draft" else draft,
                          prompts=prompts, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                          k=int(k), sweep_variable=sweep_variable, sweep_values=json.dumps(values), repeats=int(repeats),
-                         k_auto=int(k_auto) if k_auto is not None else None, **config)
+                         k_auto=int(k_auto) if k_auto is not None else None,
+                         batch_sizes=json.dumps(sizes) if batch_sizes is not None else None,
+                         **{**config, "batch_size": sizes[0]})
         s.add(exp)
         s.flush()
         common = {"experiment_id": exp.id, "status": QUEUED, "reserved_for": reserved_for}
-        new_runs = (1 + len(values)) if not swept.per_value_baseline else 2 * len(values)
+        new_runs = ((1 + len(values)) if not swept.per_value_baseline else 2 * len(values)) * len(sizes)
         check_launcher_cap(s.connection(), launched_by, new_runs)
-        if not swept.per_value_baseline:  # k, draft, drafter: the target decodes alike, one shared baseline
-            baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
-            s.add(baseline)
-            s.flush()
-            for i, v in enumerate(values):
-                s.add(Run(kind=SPECULATIVE, k=v if sweep_variable == "k" else int(k),
-                          sweep_value=swept.sweep_value(v, i), sweep_label=str(v), draft=draft_of(v),
-                          drafter=drafter_of(v), draft_sampling=sampling_of(v), baseline_run_id=baseline.id,
-                          **common, **config))
-        else:  # a sampling setting: one baseline per value (speedup compares equal sampling configs)
-            for i, v in enumerate(values):
-                run_config = {**config, sweep_variable: v}
-                baseline = Run(kind=BASELINE, k=None, sweep_value=swept.sweep_value(v, i), **common, **run_config)
+        for size in sizes:  # one batch size unless a grid: the sweep, baselines included, at each
+            at_size = {**config, "batch_size": size}
+            if not swept.per_value_baseline:  # k, draft, drafter: the target decodes alike, one shared baseline
+                baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **at_size)
                 s.add(baseline)
                 s.flush()
-                s.add(Run(kind=SPECULATIVE, k=int(k), sweep_value=swept.sweep_value(v, i), sweep_label=f"{v:g}",
-                          draft=draft, drafter=drafter, draft_sampling=draft_sampling, baseline_run_id=baseline.id,
-                          **common, **run_config))
+                for i, v in enumerate(values):
+                    s.add(Run(kind=SPECULATIVE, k=v if sweep_variable == "k" else int(k),
+                              sweep_value=swept.sweep_value(v, i), sweep_label=str(v), draft=draft_of(v),
+                              drafter=drafter_of(v), draft_sampling=sampling_of(v), baseline_run_id=baseline.id,
+                              **common, **at_size))
+            else:  # a sampling setting: one baseline per value (speedup compares equal sampling configs)
+                for i, v in enumerate(values):
+                    run_config = {**at_size, sweep_variable: v}
+                    baseline = Run(kind=BASELINE, k=None, sweep_value=swept.sweep_value(v, i), **common, **run_config)
+                    s.add(baseline)
+                    s.flush()
+                    s.add(Run(kind=SPECULATIVE, k=int(k), sweep_value=swept.sweep_value(v, i), sweep_label=f"{v:g}",
+                              draft=draft, drafter=drafter, draft_sampling=draft_sampling, baseline_run_id=baseline.id,
+                              **common, **run_config))
         if prompt_texts is not None:
             s.flush()
             s.execute(insert(experiment_prompts), [{"experiment_id": exp.id, "prompt_index": i, "prompt": p}
                                                    for i, p in enumerate(prompt_texts)])
         return exp.id
+
+
+def _grid_sizes(batch_sizes, sweep_variable: str, config: dict) -> list[int]:
+    """The batch sizes the sweep runs at: the grid's outer axis (each a whole number within batch_size's bounds,
+    each once, sorted), else the one fixed batch size."""
+    if batch_sizes is None:
+        return [int(config["batch_size"])]
+    described = VARIABLES["batch_size"]
+    sizes = list(batch_sizes)
+    if sweep_variable == "batch_size":
+        raise QueueError("a grid sweeps another variable at each batch size; give the batch sizes as the sweep "
+                         "(sweep_variable batch_size) or as batch_sizes, not both")
+    if not sizes or any(not _number(v) or v != int(v) or not described.in_range(v) for v in sizes):
+        raise QueueError(f"batch_sizes {sizes!r} must be whole numbers, each {described.meaning}")
+    if len(set(int(v) for v in sizes)) < len(sizes):
+        raise QueueError(f"batch_sizes {sizes!r} lists a batch size twice; list each once")
+    from engine.limits import limit, over
+    if len(sizes) > limit("swept_values"):
+        raise QueueError(over("swept_values", len(sizes), "the batch sizes"))
+    return sorted(int(v) for v in sizes)
 
 
 def check_launcher_cap(conn, launched_by: str | None, new_runs: int) -> None:
@@ -208,7 +235,11 @@ def recent_duplicate(store: Store, launch: dict, window_seconds: float = DUPLICA
               "repeats": int(launch.get("repeats", 1)), "drafter": launch.get("drafter", "model"),
               "draft_sampling": launch.get("draft_sampling", "probabilistic"),
               "chat_template": launch.get("chat_template") or "auto",
+              "batch_sizes": None if launch.get("batch_sizes") is None else
+              json.dumps(sorted(int(v) for v in launch["batch_sizes"])),
               **{**SAMPLING_DEFAULTS, **launch.get("sampling", {})}}
+    if wanted["batch_sizes"] is not None:
+        wanted["batch_size"] = json.loads(wanted["batch_sizes"])[0]
     since = utcnow() - timedelta(seconds=window_seconds)
     query = select(experiments.c.id, experiments.c.sweep_values, experiments.c.k_auto).where(
         experiments.c.created >= since, experiments.c.validates.is_(None),

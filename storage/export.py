@@ -16,6 +16,7 @@ from engine.variables import variable
 from . import columns
 from . import queries as q
 from .store import Store
+from .schedule import schedule_dict
 from .verdict import verdict_dict
 
 # Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics_oracle.py's speculative_metrics):
@@ -50,7 +51,7 @@ def _outputs(store: Store, run_id: int) -> list[dict]:
 def run_document(store: Store, experiment_id: int, with_outputs: bool = True) -> dict:
     """The SPEC `draftlab run --json` object for a stored experiment, plus timing protocol v2's keys:
     `repeats`, the `verdict` (storage/verdict.py: best configuration, `tied_with`, too wide to choose, the cheaper
-    tied `chosen`) and, for `--k auto`,
+    tied `chosen`), for a grid its `batch_sizes` and `schedule` (storage/schedule.py) and, for `--k auto`,
     `predicted_curve`, `confirmed` and each confirmed run's `prediction_error`."""
     runs = q.runs(store, experiment_id)
     experiment = q.experiment(store, experiment_id) or {}
@@ -100,6 +101,10 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
         doc["runs"].append(plain(entry))
     doc["verdict"] = plain(verdict_dict(store, experiment_id))
     doc["best"], doc["tied_with"] = doc["verdict"]["best"], doc["verdict"]["tied_with"]
+    grid = schedule_dict(store, experiment_id)
+    if grid is not None:  # a grid: the verdict per batch size and the k schedule (storage/schedule.py)
+        doc["batch_sizes"] = q.grid_sizes(experiment)
+        doc["schedule"] = plain(grid)
     if experiment.get("k_auto"):
         doc["predicted_curve"] = {str(k): v for k, v in curve.items()} or None
         doc["confirmed"] = confirmed
@@ -117,6 +122,7 @@ def export_json(store: Store, experiment_id: int) -> dict:
                for row in q.timings(store, int(rid)).to_dict(orient="records")]
     return plain({"experiment": experiment,
                   "verdict": verdict_dict(store, experiment_id),
+                  **({"schedule": schedule_dict(store, experiment_id)} if q.grid_sizes(experiment) else {}),
                   "runs": runs.to_dict(orient="records"),
                   "timings": timings,
                   "draft_tokens": tokens.to_dict(orient="records")})

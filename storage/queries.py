@@ -162,16 +162,19 @@ WITH stats AS (
            SUM(CASE WHEN status = 'cancelled' THEN 1 ELSE 0 END) AS n_cancelled,
            SUM(CASE WHEN status = 'done' THEN 1.0 ELSE progress END) / COUNT(*) AS progress
     FROM runs GROUP BY experiment_id),
-speed AS (
+speed AS (  -- a grid (batch_sizes set) is judged at its smallest batch size, as storage/verdict.py does
     SELECT s.id, s.experiment_id, s.sweep_value, s.sweep_label, s.alpha, s.speedup, s.speedup_ci_lo, s.speedup_ci_hi,
-           ROW_NUMBER() OVER (PARTITION BY s.experiment_id ORDER BY {RANK}) AS rank
-    FROM runs s JOIN runs b ON b.id = s.baseline_run_id
+           s.batch_size, CASE WHEN g.batch_sizes IS NULL THEN 0 ELSE 1 END AS grid,
+           ROW_NUMBER() OVER (PARTITION BY s.experiment_id
+                              ORDER BY CASE WHEN g.batch_sizes IS NULL THEN 0 ELSE s.batch_size END, {RANK}) AS rank
+    FROM runs s JOIN runs b ON b.id = s.baseline_run_id JOIN experiments g ON g.id = s.experiment_id
     WHERE {CHOOSABLE}),
 best AS (SELECT * FROM speed WHERE rank = 1),
 ties AS (
     SELECT best.experiment_id, COUNT(*) AS n_tied FROM best
     JOIN speed o ON o.experiment_id = best.experiment_id AND o.id <> best.id
     WHERE o.speedup_ci_lo <= best.speedup_ci_hi AND o.speedup_ci_hi >= best.speedup_ci_lo
+      AND (best.grid = 0 OR o.batch_size = best.batch_size)
     GROUP BY best.experiment_id),
 warned AS (  -- as runs() shows them: a failed or cancelled baseline leaves no speedup to warn about
     SELECT s.experiment_id, COUNT(*) AS n_warnings FROM runs s JOIN runs b ON b.id = s.baseline_run_id
@@ -247,6 +250,15 @@ def experiment(store: Store, experiment_id: int) -> dict | None:
     d["prompt_count"] = prompt_count or None  # known once the first run has loaded the prompt set
     d["predicted_curve"] = json.loads(d["predicted_curve"]) if d.get("predicted_curve") else None
     return d
+
+
+def grid_sizes(experiment: dict) -> list[int] | None:
+    """A grid experiment's batch sizes (its outer axis), None for a sweep at one batch size."""
+    raw = experiment.get("batch_sizes")
+    if raw is None or (isinstance(raw, float) and raw != raw):
+        return None
+    sizes = json.loads(raw) if isinstance(raw, str) else list(raw)
+    return [int(v) for v in sizes] or None
 
 
 def round_costs(store: Store, run_id: int) -> dict:

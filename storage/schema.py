@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -66,6 +66,9 @@ class Experiment(Base):
     k: Mapped[int] = mapped_column(Integer, default=4)  # k of every run when the sweep is over something else
     sweep_variable: Mapped[str] = mapped_column(String(40), default="k")
     sweep_values: Mapped[str] = mapped_column(Text, default="[]")  # JSON list
+    # A grid's outer axis: the batch sizes at which the sweep is run (JSON list, each with its own target-only
+    # baseline; storage/schedule.py's k schedule); NULL for a sweep at one batch size.
+    batch_sizes: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Timing protocol v2: every prompt is decoded `repeats` times per arm, medians used.
     repeats: Mapped[int] = mapped_column(Integer, default=1)
     # `--k auto`: the largest k to try; the predicted speedup-vs-k curve (JSON {"k": speedup}) once made.

@@ -19,7 +19,7 @@ draft or drafter sweep, the number otherwise). No torch, no streamlit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -90,10 +90,15 @@ class Verdict:
 
 
 def verdict(store: Store, experiment_id: int) -> Verdict:
-    """The experiment's verdict (an unknown experiment, or one with nothing finished: no best, a sentence why)."""
+    """The experiment's verdict (an unknown experiment, or one with nothing finished: no best, a sentence why).
+    A grid's is the verdict at its smallest batch size; its schedule (storage/schedule.py) has one per batch size."""
     exp = q.experiment(store, experiment_id) or {}
     runs = q.runs(store, experiment_id)
-    return judge(experiment_id, exp.get("sweep_variable") or "k", runs, q.choosable(store, experiment_id))
+    sizes = q.grid_sizes(exp)
+    if sizes:  # a grid: the verdict at its smallest batch size (storage/schedule.py judges each batch size)
+        runs = runs[runs["batch_size"] == min(sizes)]
+    v = judge(experiment_id, exp.get("sweep_variable") or "k", runs, q.choosable(store, experiment_id))
+    return replace(v, text=f"at batch {min(sizes)}: {v.text}") if sizes else v
 
 
 def verdict_dict(store: Store, experiment_id: int) -> dict:

@@ -1,0 +1,166 @@
+"""A batch × k grid (issue 20, items 2 and 4): `--batch-size 1,4,16 --k 1,2,4` is one experiment whose k sweep runs
+at each batch size with its own target-only baseline there; storage/schedule.py judges each batch size with the one
+verdict rule and gives the k to serve (0 where speculation measurably loses) and vLLM's
+num_speculative_tokens_per_batch_size. Crafted speedups on SQLite and PostgreSQL, the CLI's grid end to end."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import text
+
+from app.sweep import parse_sweep
+from engine.errors import DraftLabError
+from storage import experiments, run_state
+from storage import queries as q
+from storage.errors import QueueError
+from storage.export import run_document
+from storage.schedule import schedule
+from storage.verdict import verdict
+
+OPTIONS = {"k": "4", "temperature": "0", "top_k": "0", "top_p": "1", "batch_size": "1", "draft": "d",
+           "drafter": "model", "draft_sampling": "probabilistic"}
+
+
+def _grid(store, sizes=(1, 4, 16), ks=(1, 2, 4), prompts=16, **kw):
+    return experiments.enqueue_experiment(store, name="grid", target="tgt", draft="drf", prompts="code:tune",
+                                          sampling={"temperature": 0.0, "max_new_tokens": 64}, sweep_values=list(ks),
+                                          batch_sizes=list(sizes), prompt_texts=[f"p{i}" for i in range(prompts)],
+                                          **kw)
+
+
+def _measure(store, eid, speeds: dict) -> dict:
+    """Finish every run; give the speculative run at (batch size, k) speedup and interval speeds[(B, k)]."""
+    runs = q.runs(store, eid)
+    ids = {}
+    for r in runs.itertuples():
+        run_state.finish_run(store, int(r.run_id), "done")
+    with store.write() as conn:
+        for r in runs[runs["kind"] == "speculative"].itertuples():
+            key = (int(r.batch_size), int(r.k))
+            ids[key] = int(r.run_id)
+            s, lo, hi = speeds[key]
+            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi WHERE id = :rid"),
+                         {"s": s, "lo": lo, "hi": hi, "rid": r.run_id})
+    return ids
+
+
+SPEEDS = {(1, 1): (1.20, 1.15, 1.25), (1, 2): (1.40, 1.32, 1.48), (1, 4): (1.30, 1.25, 1.35),
+          (4, 1): (1.10, 1.05, 1.15), (4, 2): (1.12, 1.06, 1.18), (4, 4): (0.95, 0.90, 1.00),
+          (16, 1): (0.92, 0.88, 0.96), (16, 2): (0.85, 0.80, 0.90), (16, 4): (0.70, 0.65, 0.75)}
+
+
+def test_a_grid_queues_the_sweep_at_each_batch_size_with_its_own_baseline(store):
+    eid = _grid(store)
+    runs = q.runs(store, eid)
+    assert len(runs) == 3 * (1 + 3)
+    baselines = runs[runs["kind"] == "baseline"].set_index("run_id")["batch_size"].to_dict()
+    assert sorted(baselines.values()) == [1, 4, 16]
+    for r in runs[runs["kind"] == "speculative"].itertuples():
+        assert baselines[int(r.baseline_run_id)] == int(r.batch_size)  # paired at its own batch size
+    assert sorted((int(r.batch_size), int(r.k)) for r in runs[runs["kind"] == "speculative"].itertuples()) == \
+        [(b, k) for b in (1, 4, 16) for k in (1, 2, 4)]
+    exp = q.experiment(store, eid)
+    assert q.grid_sizes(exp) == [1, 4, 16] and exp["sweep_variable"] == "k" and exp["batch_size"] == 1
+    # Not a grid: no batch sizes, no schedule.
+    plain = experiments.enqueue_experiment(store, name="one", target="t", draft="d", prompts="code:tune",
+                                           sampling={}, sweep_values=[1, 2])
+    assert q.grid_sizes(q.experiment(store, plain)) is None and schedule(store, plain) is None
+
+
+def test_the_schedule_judges_each_batch_size_and_switches_speculation_off_where_it_loses(store):
+    eid = _grid(store)
+    ids = _measure(store, eid, SPEEDS)
+    s = schedule(store, eid)
+    assert [(step.batch_size, step.k) for step in s.steps] == [(1, 2), (4, 1), (16, 0)]
+    one, four, sixteen = s.steps
+    assert one.gains and not one.loses and one.verdict.best.run_id == ids[(1, 2)]
+    # At batch 4, k=2 is best, tied with k=1: the cheaper tied k is served.
+    assert four.verdict.best.run_id == ids[(4, 2)] and four.verdict.chosen.run_id == ids[(4, 1)] and four.gains
+    assert sixteen.loses and sixteen.value is None and sixteen.verdict.best.run_id == ids[(16, 1)]
+    assert sixteen.text == ("at batch 16 speculation costs 8 % (0.92× (0.88–0.96) at the best k, 1): switch it off "
+                            "(k = 0) at batch 16")
+    assert s.ranges == [[1, 3, 2], [4, 15, 1], [16, 16, 0]] and s.off_from == 16
+    assert s.text.endswith("Switch speculation off from batch 16")
+    assert "batch 1: k = 2 (1.40× (1.32–1.48))" in s.text
+    # The experiment's one verdict (listing, deploy base) is the smallest batch size's, and says so.
+    v = verdict(store, eid)
+    assert v.best.run_id == ids[(1, 2)] and v.text.startswith("at batch 1: best k 2")
+    row = q.experiments(store).set_index("experiment_id").loc[eid]
+    assert (row.best_value, row.best_speedup, row.n_tied) == (2, 1.40, len(v.tied)) == (2, 1.40, 1)  # k=4 ties
+    doc = run_document(store, eid, with_outputs=False)
+    assert doc["batch_sizes"] == [1, 4, 16] and doc["schedule"]["num_speculative_tokens_per_batch_size"] == \
+        [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
+    json.dumps(doc)
+
+
+def test_a_batch_size_where_no_k_is_measurably_faster_keeps_its_k_and_says_so(store):
+    eid = _grid(store, sizes=(2, 8), ks=(1, 3))
+    _measure(store, eid, {(2, 1): (1.3, 1.2, 1.4), (2, 3): (1.1, 1.0, 1.2),
+                          (8, 1): (1.01, 0.95, 1.07), (8, 3): (0.97, 0.90, 1.04)})
+    s = schedule(store, eid)
+    assert [(step.batch_size, step.k, step.gains, step.loses) for step in s.steps] == \
+        [(2, 1, True, False), (8, 1, False, False)]
+    assert "not measurably faster than the target alone" in s.steps[1].text and s.off_from is None
+    assert s.ranges == [[1, 8, 1]]  # the first range starts at 1 (vLLM's rule); equal neighbours merge
+
+
+def test_a_pending_batch_size_is_left_out_of_the_ranges(store):
+    eid = _grid(store, sizes=(1, 4), ks=(1, 2))
+    runs = q.runs(store, eid)
+    for r in runs[runs["batch_size"] == 1].itertuples():
+        run_state.finish_run(store, int(r.run_id), "done")
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET speedup = 1.3, speedup_ci_lo = 1.2, speedup_ci_hi = 1.4 "
+                          "WHERE experiment_id = :e AND kind = 'speculative' AND batch_size = 1"), {"e": eid})
+    s = schedule(store, eid)
+    assert [(step.batch_size, step.k) for step in s.steps] == [(1, 1), (4, None)]
+    assert s.ranges == [[1, 1, 1]] and s.steps[1].text == "at batch 4: no finished run to choose from yet"
+
+
+def test_bad_grids_are_refused_before_anything_is_stored(store):
+    before = len(q.experiments(store))
+    for sizes, message in (([0, 4], "whole numbers"), ([4, 4], "twice"), ([1, 2.5], "whole numbers"),
+                           ([1, 257], "whole numbers")):
+        with pytest.raises(QueueError, match=message):
+            _grid(store, sizes=sizes)
+    with pytest.raises(QueueError, match="needs at least 16 prompts"):
+        _grid(store, sizes=(1, 16), prompts=8)
+    with pytest.raises(QueueError, match="not both"):
+        experiments.enqueue_experiment(store, name="g", target="t", draft="d", prompts="p", sampling={},
+                                       sweep_variable="batch_size", sweep_values=[1, 2], batch_sizes=[1, 2])
+    assert len(q.experiments(store)) == before
+
+
+def test_the_cli_parses_a_grid_and_refuses_a_third_list():
+    sweep = parse_sweep({**OPTIONS, "k": "1,2,4", "batch_size": "16,1,4"})
+    assert (sweep.variable, sweep.values, sweep.batch_sizes, sweep.sizes) == ("k", [1, 2, 4], [1, 4, 16], [1, 4, 16])
+    alone = parse_sweep({**OPTIONS, "batch_size": "1,4"})  # batch size alone is a batch-size sweep, not a grid
+    assert (alone.variable, alone.batch_sizes) == ("batch_size", None)
+    with pytest.raises(DraftLabError, match="one variable at a time"):
+        parse_sweep({**OPTIONS, "k": "1,2", "top_p": "0.9,1", "batch_size": "1,4"})
+    with pytest.raises(DraftLabError, match="one variable at a time"):
+        parse_sweep({**OPTIONS, "k": "1,2", "top_p": "0.9,1"})
+
+
+def test_cli_runs_a_grid_end_to_end(tmp_path, model_dirs, capsys):
+    """`--batch-size 1,2 --k 1,2`: one experiment, a baseline per batch size, every output equal to its baseline's
+    (greedy), the schedule in the JSON and in the table."""
+    from app.cli import main
+    from app.report import format_table
+
+    db = f"sqlite:///{tmp_path / 'grid.db'}"
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\nt30 t31 t32\n")
+    assert main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
+                 str(prompt_file), "--k", "1,2", "--batch-size", "1,2", "--max-new-tokens", "8", "--repeats", "1",
+                 "--device", "cpu", "--db", db, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["batch_sizes"] == [1, 2] and len(doc["baselines"]) == 2 and len(doc["runs"]) == 4
+    assert sorted((r["batch_size"], r["k"]) for r in doc["runs"]) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert all(r["outputs_match_baseline"] is True and r["status"] == "done" for r in doc["runs"])
+    base_of = {b["run_id"]: b["batch_size"] for b in doc["baselines"]}
+    assert all(base_of[r["baseline_run_id"]] == r["batch_size"] for r in doc["runs"])
+    assert [step["batch_size"] for step in doc["schedule"]["steps"]] == [1, 2]
+    table = format_table(doc)
+    assert "baseline at batch 2:" in table and doc["schedule"]["text"] in table
