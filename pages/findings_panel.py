@@ -28,10 +28,12 @@ HEADING_ANCHORS = {
     "by-type": "acceptance-by-token-type",
     "runs": None,  # the Runs table sits in an expander without a heading
     "production": "production-against-the-lab",
+    "schedule": "k-schedule",
 }
 CHART_NAMES = {"speedup": "the speedup chart", "predictions": "predicted against measured",
                "cost": "the cost table", "by-position": "acceptance by position", "by-type": "acceptance by token type",
-               "runs": "the Runs table", "production": "production against the lab"}
+               "runs": "the Runs table", "production": "production against the lab",
+               "schedule": "the k schedule"}
 BOXES = {"error": (st.error, ":material/error:"), "warning": (st.warning, ":material/warning:")}
 
 # Markdown's backslash-escapable punctuation, plus what Streamlit reads on top of it ($ math, :emoji: and

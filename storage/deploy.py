@@ -187,6 +187,7 @@ def _vllm(cfg: dict) -> dict:
         if name == "confidence":
             notes.append(f"Not expressible: vLLM has no draft-confidence stop; every round drafts "
                          f"{cfg['k']} tokens (the confidence:{param:g} run's upper bound).")
+    notes += _vllm_schedule(cfg, spec)
     config_json = json.dumps(spec)
     groups = [["vllm", "serve", _model_ref(cfg["target"])], ["--speculative-config", config_json]]
     if cfg["dtype"] != "auto":
@@ -203,6 +204,47 @@ def _vllm(cfg: dict) -> dict:
     notes += _same_distribution_note(cfg)
     return {"language": "bash", "command": command, "snippet": snippet, "speculative_config": config_json,
             "request": request, "notes": notes}
+
+
+def _vllm_schedule(cfg: dict, spec: dict) -> list[str]:
+    """A grid's k schedule as vLLM's `num_speculative_tokens_per_batch_size` (checked: vllm-project/vllm
+    vllm/v1/spec_decode/dynamic/utils.py @ 14b450ca: entries [bs_lo, bs_hi, k], sorted, non-overlapping, the first
+    from 1, k >= 0; a gap takes the k of the range before it, batch sizes past the last range take its k, and
+    every k is capped at num_speculative_tokens, which must be > 0): num_speculative_tokens becomes the schedule's
+    largest k. No schedule (not a grid, or one k everywhere): nothing changes."""
+    grid = cfg.get("_schedule")
+    if not grid or not grid["ranges"]:
+        return []
+    ranges = grid["ranges"]
+    if len(ranges) == 1:
+        return [f"The k schedule measured one k at every batch size ({grid['sizes_text']}): "
+                f"num_speculative_tokens={ranges[0][2]} alone expresses it."]
+    spec["num_speculative_tokens"] = max(k for _, _, k in ranges)
+    spec["num_speculative_tokens_per_batch_size"] = ranges
+    notes = [f"num_speculative_tokens_per_batch_size carries the k schedule measured at batch sizes "
+             f"{grid['sizes_text']} ([start_bs, end_bs, k]; k = 0 turns speculation off in that range); "
+             f"num_speculative_tokens={spec['num_speculative_tokens']} is its largest k (vLLM caps every entry at it). "
+             f"Batch sizes between two measured ones take the k of the smaller one; above {grid['largest']} vLLM "
+             f"keeps the last entry's k, which was not measured there."]
+    if grid["smallest"] > 1:
+        notes.append(f"The first range starts at batch size 1 as vLLM requires; batch sizes below "
+                     f"{grid['smallest']} were not measured.")
+    notes.append("num_speculative_tokens_per_batch_size is recent (vLLM's dynamic speculative decoding): an older "
+                 "vLLM rejects the key: drop it there and serve the k of your usual batch size.")
+    notes.append("vLLM's batch size is the number of requests in a decode step, which changes as requests arrive "
+                 "and finish; DraftLab's is B prompts decoded together from their start: check the schedule "
+                 "against vLLM's spec-decode metrics at your traffic.")
+    return notes
+
+
+def _schedule_note(cfg: dict, engine: str) -> list[str]:
+    """For an engine that cannot take a k per batch size: what the measured schedule says, and which k these
+    settings serve."""
+    grid = cfg.get("_schedule")
+    if not grid or len({k for _, _, k in grid["ranges"]}) < 2:
+        return []
+    return [f"Not expressible: {engine} takes one k for every batch size; these settings serve k={cfg['k']} "
+            f"(the choice at batch {grid['smallest']}). The measured schedule: {grid['steps_text']}."]
 
 
 def _openai_request(cfg: dict, top_k_off: int) -> dict:
@@ -270,6 +312,7 @@ def _sglang(cfg: dict) -> dict:
                  "model) SGLang fills missing ones from the model's generation_config.json.")
     notes += _length_note(cfg, "Send max_tokens with each request")
     notes += _same_distribution_note(cfg)
+    notes += _schedule_note(cfg, "SGLang (its adaptive mode is EAGLE-only)")
     return {"language": "bash", "command": command, "snippet": snippet, "request": _openai_request(cfg, top_k_off=-1),
             "notes": notes}
 
@@ -333,6 +376,7 @@ def _llama_cpp(cfg: dict) -> dict:
                  + "). Quantizing the draft or the target changes alpha and c: re-measure before relying on the "
                    "speedup.")
     notes += _same_distribution_note(cfg)
+    notes += _schedule_note(cfg, "llama.cpp")
     return {"language": "bash", "command": command, "snippet": snippet, "notes": notes}
 
 
@@ -408,6 +452,9 @@ def _transformers(cfg: dict) -> dict:
               f"output = target.generate(**inputs, {rendered})",
               'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))']
     notes += _same_distribution_note(cfg)
+    if cfg.get("_schedule"):
+        notes.append(f"transformers' assisted generation decodes one request at a time: the schedule's batch "
+                     f"{cfg['_schedule']['smallest']} entry applies (k={cfg['k']}).")
     generate_kwargs = {key: value for key, value in kwargs.items() if key != "assistant_model"}
     return {"language": "python", "snippet": "\n".join(lines) + "\n", "generate_kwargs": generate_kwargs,
             "assistant_generation_config": assistant, "notes": notes}
@@ -415,7 +462,8 @@ def _transformers(cfg: dict) -> dict:
 
 # --- public API ------------------------------------------------------------------------------------------------
 
-def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = False) -> dict:
+def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = False,
+                    schedule: dict | None = None) -> dict:
     """{"vllm": ..., "sglang": ..., "llama_cpp": ..., "transformers": ...} for one speculative run.
 
     Each engine: `snippet` (what to paste: a command with one flag per line, or Python), `language`, `notes`
@@ -423,8 +471,17 @@ def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = Fal
     (`speculative_config`); vLLM/SGLang request sampling fields (`request`); transformers' literal generate()
     arguments (`generate_kwargs`) and the draft's generation_config (`assistant_generation_config`).
     `run`: a row of queries.runs() as a dict (draft / drafter optional), `experiment`: queries.experiment();
-    with_max_new_tokens: carry the test's max_new_tokens (a measurement budget) as the length."""
+    with_max_new_tokens: carry the test's max_new_tokens (a measurement budget) as the length. schedule: a k
+    grid's storage/schedule.py Schedule.as_dict() (vLLM takes it as num_speculative_tokens_per_batch_size, the
+    other engines say they cannot)."""
     cfg = configuration(run, experiment or {}, with_max_new_tokens)
+    if schedule and schedule.get("num_speculative_tokens_per_batch_size"):
+        sizes = [step["batch_size"] for step in schedule["steps"] if step["k"] is not None]
+        cfg["_schedule"] = {
+            "ranges": schedule["num_speculative_tokens_per_batch_size"], "smallest": min(sizes),
+            "largest": max(sizes), "sizes_text": ", ".join(map(str, sizes)),
+            "steps_text": "; ".join(f"batch {step['batch_size']}: " + (f"k={step['k']}" if step["k"] else "off")
+                                    for step in schedule["steps"] if step["k"] is not None)}
     return {"vllm": _vllm(cfg), "sglang": _sglang(cfg), "llama_cpp": _llama_cpp(cfg),
             "transformers": _transformers(cfg)}
 
@@ -496,6 +553,23 @@ def _stored_run_columns(store, run_id: int) -> dict:
     return dict(row) if row is not None else {}
 
 
+def _grid_schedule(store, experiment_id: int, experiment: dict, run_id: int | None) -> dict | None:
+    """A k grid's schedule to deploy (storage/schedule.py), None when not a grid, not over k, or a run is named. A
+    DeployError when speculation measurably loses at every batch size measured: there is nothing to deploy."""
+    from . import queries as q
+    from .schedule import schedule
+
+    if run_id is not None or not q.grid_sizes(experiment) or (experiment.get("sweep_variable") or "k") != "k":
+        return None
+    grid = schedule(store, experiment_id)
+    known = [step for step in grid.steps if step.k is not None]
+    if known and all(step.k == 0 for step in known):
+        raise DeployError(f"experiment {experiment_id}: speculation measurably loses at every batch size measured "
+                          f"({', '.join(str(step.batch_size) for step in known)}): serve the target alone, there is "
+                          f"nothing to deploy ({grid.text})")
+    return grid.as_dict()
+
+
 def deploy_document(store, experiment_id: int, run_id: int | None = None, with_max_new_tokens: bool = False) -> dict:
     """The deploy settings of an experiment's run — the verdict's choice (storage/verdict.py) unless `run_id`
     names one — with the configuration they came from, what that run measured, the verdict and its `caveats`
@@ -509,6 +583,7 @@ def deploy_document(store, experiment_id: int, run_id: int | None = None, with_m
     if experiment is None:
         raise KeyError(experiment_id)
     v = verdict(store, experiment_id)
+    grid = _grid_schedule(store, experiment_id, experiment, run_id)
     row, chosen_by = _chosen_run(store, experiment_id, run_id, v)
     rid = int(row["run_id"])
     stored = {key: value for key, value in _stored_run_columns(store, rid).items() if key != "id"}
@@ -518,12 +593,15 @@ def deploy_document(store, experiment_id: int, run_id: int | None = None, with_m
     return plain({
         "experiment_id": int(experiment_id), "run_id": rid, "chosen": chosen_by,
         "verdict": v.as_dict(),
-        "caveats": caveats(v, rid, (run.get("speedup"), run.get("speedup_ci_lo"), run.get("speedup_ci_hi"))),
+        "caveats": caveats(v, rid, (run.get("speedup"), run.get("speedup_ci_lo"), run.get("speedup_ci_hi")))
+        + ([f"A grid: {grid['text']}; these settings are batch {grid['steps'][0]['batch_size']}'s choice, vLLM's "
+            f"carry the whole schedule."] if grid else []),
+        **({"schedule": grid} if grid else {}),
         "configuration": {key: value for key, value in cfg.items() if not key.startswith("_")},
         "measured": {"status": run.get("status"), "speedup": run.get("speedup"),
                      "speedup_ci": ci if all(x is not None for x in ci) else None, "alpha": run.get("alpha"),
                      "tokens_per_round": run.get("tokens_per_round"), "c": run.get("c"),
                      "timing_warning": run.get("timing_warning"),
                      "max_new_tokens": cfg["_measured_max_new_tokens"]},
-        "engines": deploy_settings(run, experiment, with_max_new_tokens),
+        "engines": deploy_settings(run, experiment, with_max_new_tokens, grid),
     })

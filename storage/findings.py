@@ -39,6 +39,7 @@ from . import formula, production
 from . import queries as q
 from . import validation as val
 from .store import Store
+from .schedule import schedule
 from .verdict import Verdict, judge
 
 # --- thresholds (each rule below names the ones it uses) ------------------------------------------------------
@@ -54,11 +55,12 @@ WORTH_IT = 1.2              # the speedup a faster draft is asked to reach (the 
 MORE_REPEATS = 5            # the least --repeats suggested when a measurement has to be repeated
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
+MISMATCH_KEYS = (*SAMPLING_KEYS, "batch_size")  # what every arm must share with its own baseline
 KINDS = ("sampling_mismatch", "timing_warning", "validation", "positions", "token_type", "thin_data", "tie",
-         "prediction", "formula", "low_c", "production")
+         "prediction", "formula", "low_c", "production", "schedule")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # The experiment-detail page's charts a finding can point at (the panel maps each to its anchor on the page).
-CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production")
+CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production", "schedule")
 NEW_PAGE = "new"            # pages/nav.py's URL path of the New-experiment page
 DISTILL_PAGE = "train"      # pages/nav.py's Train-a-draft page: `focus_from` preselects the experiment to focus on
 ALTERNATIVE_DRAFTERS = ("confidence:0.5", "heuristic")  # engine/drafting.py specs that stop drafting early
@@ -72,11 +74,13 @@ def findings(store: Store, experiment_id: int) -> list[dict]:
     if experiment is None:
         return []
     runs = q.runs(store, experiment_id)
-    verdict = judge(experiment_id, experiment.get("sweep_variable") or "k", runs, q.choosable(store, experiment_id))
-    ctx = _Context(store, experiment, runs, verdict)
+    grid = schedule(store, experiment_id)  # a grid: the rules below look at its smallest batch size, as its verdict
+    judged = runs if grid is None else runs[runs["batch_size"] == grid.steps[0].batch_size]
+    verdict = judge(experiment_id, experiment.get("sweep_variable") or "k", judged, q.choosable(store, experiment_id))
+    ctx = _Context(store, experiment, judged, verdict, grid, runs)
     found: list[dict] = []
-    for rule in (_sampling_mismatch, _timing_warnings, _validation, _positions_and_types, _tie, _prediction, _formula,
-                 _low_c, _production):
+    for rule in (_sampling_mismatch, _timing_warnings, _validation, _schedule, _positions_and_types, _tie, _prediction,
+                 _formula, _low_c, _production):
         try:
             found += rule(ctx)
         except Exception:  # one rule's surprise (a label where a number was expected) must not hide the others
@@ -110,8 +114,11 @@ def _param(value) -> str:
 # --- shared context ---------------------------------------------------------------------------------------------
 
 class _Context:
-    def __init__(self, store: Store, experiment: dict, runs: pd.DataFrame, verdict: Verdict):
+    def __init__(self, store: Store, experiment: dict, runs: pd.DataFrame, verdict: Verdict, grid=None,
+                 every_run: pd.DataFrame | None = None):
         self.store, self.experiment, self.runs, self.verdict = store, experiment, runs, verdict
+        self.grid = grid  # a grid's storage/schedule.py Schedule (then `runs` are its smallest batch size's)
+        self.every_run = runs if every_run is None else every_run
         self.experiment_id = int(experiment["experiment_id"])
         self.variable = verdict.variable
         self.swept = variable(self.variable)
@@ -188,11 +195,12 @@ def _ks(values, sep: str = ",") -> str:
 _MISMATCH_SQL = """
 SELECT s.id AS run_id, s.sweep_value, s.sweep_label, b.id AS baseline_run_id,
        s.temperature, b.temperature AS b_temperature, s.top_k, b.top_k AS b_top_k, s.top_p, b.top_p AS b_top_p,
-       s.seed, b.seed AS b_seed, s.max_new_tokens, b.max_new_tokens AS b_max_new_tokens
+       s.seed, b.seed AS b_seed, s.max_new_tokens, b.max_new_tokens AS b_max_new_tokens,
+       s.batch_size, b.batch_size AS b_batch_size
 FROM runs s JOIN runs b ON b.id = s.baseline_run_id
 WHERE s.experiment_id = :eid AND s.kind = 'speculative'
   AND (s.temperature <> b.temperature OR s.top_k <> b.top_k OR s.top_p <> b.top_p OR s.seed <> b.seed
-       OR s.max_new_tokens <> b.max_new_tokens)
+       OR s.max_new_tokens <> b.max_new_tokens OR s.batch_size <> b.batch_size)
 ORDER BY s.id"""
 
 
@@ -205,7 +213,7 @@ def _sampling_mismatch(ctx: _Context) -> list[dict]:
         return []
     parts, data = [], []
     for r in rows:
-        differ = {key: (r[key], r[f"b_{key}"]) for key in SAMPLING_KEYS if r[key] != r[f"b_{key}"]}
+        differ = {key: (r[key], r[f"b_{key}"]) for key in MISMATCH_KEYS if r[key] != r[f"b_{key}"]}
         what = ", ".join(f"{key} = {run:g} against {base:g}" for key, (run, base) in differ.items())
         value = ctx.swept.run_value(r)
         value = f" ({ctx.variable} = {ctx.show(value)})" if value is not None else ""
@@ -224,7 +232,8 @@ def _sampling_mismatch(ctx: _Context) -> list[dict]:
 
 def _timing_warnings(ctx: _Context) -> list[dict]:
     """Rule: any run with a timing_warning (its measured speedup exceeds its tokens per round)."""
-    warned = ctx.spec[ctx.spec["timing_warning"].notna()]
+    spec = ctx.every_run[ctx.every_run["kind"] == "speculative"]
+    warned = spec[spec["timing_warning"].notna()]
     if warned.empty:
         return []
     parts = [f"the run at {ctx.label(r)} measured {_x(r.speedup)} with {r.tokens_per_round:.2f} tokens per round"
@@ -268,6 +277,65 @@ def _validation(ctx: _Context) -> list[dict]:
              f"{held}, or tune on a set closer to what you serve.")
     prefill = ctx.prefill(title, sweep="k", values=_ks(around), k=None, k_auto=None)
     return [_finding("validation", "warning", title, _cap(result["reason"]) + ".", "speedup", next_, prefill, data)]
+
+
+# --- a grid: the k schedule across batch sizes --------------------------------------------------------------------
+
+def _schedule(ctx: _Context) -> list[dict]:
+    """Rule (a grid with two or more judged batch sizes, storage/schedule.py): the k to serve at each batch size in
+    one sentence, where speculation measurably loses (from which batch size to switch it off) with a follow-up grid
+    between the last batch size that gains and the first that loses; and, separately, the batch sizes where no
+    configuration is measurably faster or slower than the target alone (more --repeats decide them)."""
+    grid = ctx.grid
+    known = [step for step in (grid.steps if grid else ()) if step.k is not None]
+    if len(known) < 2:
+        return []
+    out = []
+    data = {"schedule": [{"batch_size": st.batch_size, "k": st.k} for st in known], "ranges": grid.ranges,
+            "off_from": grid.off_from}
+    losing = [st for st in known if st.loses]
+    if losing:
+        first = losing[0]
+        gaining = [st.batch_size for st in known if not st.loses and st.batch_size < first.batch_size]
+        title = (f"Switch speculation off from batch {grid.off_from}" if grid.off_from is not None else
+                 f"Speculation loses at batch {_join([str(st.batch_size) for st in losing])}")
+        detail = _cap("; ".join(st.text for st in losing)) + f". Where it pays: {grid.text.split(': ', 1)[1]}."
+        if gaining:
+            low, high = gaining[-1], first.batch_size
+            between = sorted({low, *(b for b in (low + (high - low) // 4, (low + high) // 2,
+                                                  high - (high - low) // 4) if low < b < high), high})
+            next_ = (f"Serve with the schedule (\"Use these settings\" carries it to vLLM as "
+                     f"num_speculative_tokens_per_batch_size), and locate the crossover: the same k sweep at batch "
+                     f"sizes {_join([str(b) for b in between])}.")
+            prefill = ctx.prefill(title, batch_sizes=",".join(map(str, between)))
+        else:
+            next_ = ("Speculation does not pay at any batch size measured from here up: serve the target alone "
+                     "there, or try a cheaper drafter (prompt-lookup) or a smaller k.")
+            prefill = ctx.prefill(title, sweep="drafter", values="model,prompt-lookup:3", k=1,
+                                  batch_sizes=",".join(str(st.batch_size) for st in known))
+        out.append(_finding("schedule", "info", title, detail, "schedule", next_, prefill, data))
+    else:
+        ks = [st.k for st in known]
+        title = (f"Serve k = {ks[0]} at every batch size measured" if len(set(ks)) == 1 else
+                 "The best k changes with the batch size")
+        detail = _cap(grid.text) + "."
+        next_ = ("Serve with the schedule (\"Use these settings\" carries it to vLLM as "
+                 "num_speculative_tokens_per_batch_size); measure larger batch sizes to find where it stops paying.")
+        larger = [known[-1].batch_size * 2, known[-1].batch_size * 4]
+        prefill = ctx.prefill(title, batch_sizes=",".join(str(b) for b in larger if b <= variable("batch_size").upper))
+        out.append(_finding("schedule", "info", title, detail, "schedule", next_, prefill, data))
+    unsure = [st for st in known if not st.loses and not st.gains]
+    if unsure:
+        repeats = ctx.more_repeats()
+        sizes = [str(st.batch_size) for st in unsure]
+        title = f"No measurable gain at batch {_join(sizes)}"
+        detail = _cap("; ".join(st.text for st in unsure)) + "."
+        out.append(_finding("schedule", "warning", title, detail, "schedule",
+                            f"Rerun those batch sizes with more --repeats ({repeats}) or more prompts to decide "
+                            f"between speculating and serving the target alone.",
+                            ctx.prefill(title, repeats=repeats, batch_sizes=",".join(sizes)),
+                            {"batch_sizes": [st.batch_size for st in unsure], "repeats": repeats}))
+    return out
 
 
 # --- why drafts are rejected: positions and token types ---------------------------------------------------------

@@ -164,3 +164,82 @@ def test_cli_runs_a_grid_end_to_end(tmp_path, model_dirs, capsys):
     assert [step["batch_size"] for step in doc["schedule"]["steps"]] == [1, 2]
     table = format_table(doc)
     assert "baseline at batch 2:" in table and doc["schedule"]["text"] in table
+
+
+def test_deploy_carries_the_schedule_to_vllm_and_says_what_other_engines_cannot(store):
+    from storage.deploy import deploy_document
+
+    eid = _grid(store)
+    ids = _measure(store, eid, SPEEDS)
+    doc = deploy_document(store, eid)
+    assert doc["run_id"] == ids[(1, 2)] and doc["configuration"]["k"] == 2  # batch 1's choice
+    spec = json.loads(doc["engines"]["vllm"]["speculative_config"])
+    assert spec["num_speculative_tokens"] == 2
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
+    assert "num_speculative_tokens_per_batch_size" in doc["engines"]["vllm"]["command"]
+    for engine in ("sglang", "llama_cpp"):
+        assert any(n.startswith("Not expressible") and "batch 16: off" in n for n in doc["engines"][engine]["notes"])
+    assert any("one request at a time" in n for n in doc["engines"]["transformers"]["notes"])
+    assert doc["schedule"]["off_from"] == 16 and any(c.startswith("A grid: k schedule") for c in doc["caveats"])
+    # A named run deploys that run alone, no schedule.
+    named = deploy_document(store, eid, run_id=ids[(4, 1)])
+    assert "schedule" not in named and "num_speculative_tokens_per_batch_size" not in \
+        named["engines"]["vllm"]["speculative_config"]
+
+
+def test_deploy_refuses_a_grid_where_speculation_loses_everywhere(store):
+    from storage.deploy import DeployError, deploy_document
+
+    eid = _grid(store, sizes=(1, 4), ks=(1, 2))
+    _measure(store, eid, {(1, 1): (0.9, 0.85, 0.95), (1, 2): (0.8, 0.7, 0.9),
+                          (4, 1): (0.7, 0.6, 0.8), (4, 2): (0.6, 0.5, 0.7)})
+    with pytest.raises(DeployError, match=r"loses at every batch size measured \(1, 4\): serve the target alone"):
+        deploy_document(store, eid)
+
+
+def test_a_grid_with_one_k_everywhere_needs_no_schedule_key(store):
+    from storage.deploy import deploy_document
+
+    eid = _grid(store, sizes=(1, 4), ks=(1, 2))
+    _measure(store, eid, {(1, 1): (1.1, 1.05, 1.15), (1, 2): (1.4, 1.3, 1.5),
+                          (4, 1): (1.0, 0.95, 1.05), (4, 2): (1.2, 1.15, 1.25)})
+    spec = json.loads(deploy_document(store, eid)["engines"]["vllm"]["speculative_config"])
+    assert spec["num_speculative_tokens"] == 2 and "num_speculative_tokens_per_batch_size" not in spec
+
+
+def test_findings_say_where_to_switch_speculation_off_and_which_batch_sizes_are_undecided(store):
+    from storage.findings import findings, prefill_url
+
+    eid = _grid(store)
+    _measure(store, eid, SPEEDS)
+    found = [f for f in findings(store, eid) if f["kind"] == "schedule"]
+    assert [f["title"] for f in found] == ["Switch speculation off from batch 16"]
+    detail = found[0]["detail"]
+    assert detail.startswith("At batch 16 speculation costs 8 % (0.92× (0.88–0.96) at the best k, 1)")
+    assert "batch 1: k = 2" in detail and "batch 4: k = 1" in detail
+    assert found[0]["prefill"]["batch_sizes"] == "4,7,10,13,16" and found[0]["data"]["off_from"] == 16
+    assert "batch_sizes=4%2C7%2C10%2C13%2C16" in prefill_url(found[0]["prefill"])
+    # Batch 8 neither gains nor loses: a warning naming it, with more repeats.
+    eid = _grid(store, sizes=(2, 8), ks=(1, 3))
+    _measure(store, eid, {(2, 1): (1.3, 1.2, 1.4), (2, 3): (1.1, 1.0, 1.2),
+                          (8, 1): (1.01, 0.95, 1.07), (8, 3): (0.97, 0.90, 1.04)})
+    found = {f["title"]: f for f in findings(store, eid) if f["kind"] == "schedule"}
+    assert set(found) == {"Serve k = 1 at every batch size measured", "No measurable gain at batch 8"}
+    assert found["No measurable gain at batch 8"]["severity"] == "warning"
+    assert found["No measurable gain at batch 8"]["prefill"]["batch_sizes"] == "8"
+    # Not a grid: no schedule finding.
+    plain = experiments.enqueue_experiment(store, name="one", target="t", draft="d", prompts="code:tune",
+                                           sampling={}, sweep_values=[1, 2])
+    assert not [f for f in findings(store, plain) if f["kind"] == "schedule"]
+
+
+def test_the_other_findings_look_at_the_smallest_batch_size_of_a_grid(store):
+    from storage.findings import findings
+
+    eid = _grid(store, sizes=(1, 4), ks=(1, 2))
+    _measure(store, eid, {(1, 1): (1.30, 1.25, 1.35), (1, 2): (1.28, 1.20, 1.36),
+                          (4, 1): (0.90, 0.85, 0.95), (4, 2): (0.80, 0.75, 0.85)})
+    tie = [f for f in findings(store, eid) if f["kind"] == "tie"]
+    # k=1 and k=2 are tied at batch 1; batch 4's runs never enter the batch-1 tie.
+    assert len(tie) == 1 and tie[0]["data"]["best"] == 1 and tie[0]["data"]["tied_with"] == [2]
+    assert "0.90" not in tie[0]["detail"] and "0.80" not in tie[0]["detail"]
