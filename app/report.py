@@ -51,9 +51,12 @@ def format_table(doc: dict) -> str:
             lines.append(f"baseline at batch {b.get('batch_size')}: {fmt(b['tokens_per_second'], '.1f')} tok/s")
         lines += [step["text"] for step in grid["steps"]]
         lines.append(grid["text"])
-        if grid.get("num_speculative_tokens_per_batch_size"):
-            lines.append("vLLM num_speculative_tokens_per_batch_size: "
-                         + json.dumps(grid["num_speculative_tokens_per_batch_size"]))
+        ranges = grid.get("num_speculative_tokens_per_batch_size") or []
+        if len(ranges) > 1:
+            lines.append("vLLM num_speculative_tokens_per_batch_size: " + json.dumps(ranges))
+        elif ranges:
+            lines.append(f"vLLM: num_speculative_tokens={ranges[0][2]} at every batch size (one k: no schedule)"
+                         if ranges[0][2] else "vLLM: no speculation at any batch size")
     elif doc.get("verdict"):
         lines.append(doc["verdict"]["text"])
     return "\n".join(lines)

@@ -253,10 +253,10 @@ def _time_batches(job: JobContext, group: dict[int, dict], outcome: dict, memory
                         decoder.generate_batch(prompts[first:last], prompt_ids[first:last], indices,
                                                max_new_tokens=min(WARMUP_TOKENS, budget))
                         warmed.add(rid)
-                    tick = _progress_callback(job, group[rid], first, repeat, repeats, total, budget)
+                    tick = _batch_progress(job, group[rid], first, last, repeat, repeats, total, budget)
                     _reset_peak(loaded.pair, decoder)
                     timed[rid].append(decoder.generate_batch(prompts[first:last], prompt_ids[first:last], indices,
-                                                             on_progress=lambda index, tokens, tick=tick: tick(tokens)))
+                                                             on_progress=tick))
                     memory[rid] = max(memory.get(rid, 0.0), _peak_mb(loaded.pair, decoder))
                     slots[rid].append(slot)
                 except RunCancelled:
@@ -297,6 +297,24 @@ def median_batch(repeats: list[list[PromptResult]]) -> list[PromptResult]:
     """The repeat of a batch whose wall time (its longest row's) is the median (the lower middle one)."""
     ranked = sorted(repeats, key=lambda rows: max(r.wall_seconds for r in rows))
     return ranked[(len(ranked) - 1) // 2]
+
+
+def _batch_progress(job: JobContext, run: dict, first: int, last: int, repeat: int, repeats: int, total: int,
+                    budget: int):
+    """on_progress(prompt index, tokens) for a batch of prompts first..last-1: each row reports its own prompt to
+    the progress hook (`draftlab run`'s bar counts every row's tokens), and the run's live progress counts the
+    batch's rows by their own tokens."""
+    rows: dict[int, int] = {}
+
+    def on_progress(index: int, tokens: int) -> None:
+        rows[index] = min(tokens, budget)
+        if job.progress_hook is not None:
+            job.progress_hook(run, index, tokens, repeat)
+        batch = (repeat * (last - first) + sum(rows.values()) / budget) / repeats
+        job.live_progress[run["id"]] = (first + batch) / total
+        if run["id"] in job.cancelled:
+            raise RunCancelled(f"run {run['id']} cancelled")
+    return on_progress
 
 
 def _progress_callback(job: JobContext, run: dict, prompt_index: int, repeat: int, repeats: int, total: int, budget: int):

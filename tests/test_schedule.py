@@ -243,3 +243,23 @@ def test_the_other_findings_look_at_the_smallest_batch_size_of_a_grid(store):
     # k=1 and k=2 are tied at batch 1; batch 4's runs never enter the batch-1 tie.
     assert len(tie) == 1 and tie[0]["data"]["best"] == 1 and tie[0]["data"]["tied_with"] == [2]
     assert "0.90" not in tie[0]["detail"] and "0.80" not in tie[0]["detail"]
+
+
+def test_a_grid_runs_through_the_worker_and_reports_every_row_of_a_batch(store, model_dirs):
+    """The worker times each batch size's arms together; progress reaches the hook for every prompt of a batch (the
+    CLI's bar counted only a batch's first row before), and every run ends done, paired at its batch size."""
+    from tests.test_worker import RecordingWorker
+
+    prompts = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32 t33"]
+    eid = experiments.enqueue_experiment(store, name="grid", target=model_dirs["target"], draft=model_dirs["draft"],
+                                         prompts="inline", sampling={"temperature": 0.0, "max_new_tokens": 6},
+                                         device="cpu", sweep_values=[1, 2], batch_sizes=[1, 2], prompt_texts=prompts)
+    seen: dict[int, set] = {}
+    worker = RecordingWorker(store, progress_hook=lambda run, index, tokens, repeat=0:
+                             seen.setdefault(run["id"], set()).add(index))
+    with worker:
+        worker.work(until_idle=True)
+    runs = q.runs(store, eid)
+    assert (runs["status"] == "done").all(), runs["error"].tolist()
+    assert all(seen[int(rid)] == {0, 1, 2, 3} for rid in runs["run_id"]), seen
+    assert [step.k is not None for step in schedule(store, eid).steps] == [True, True]
