@@ -59,7 +59,7 @@ SELECT r.id AS run_id, r.kind, r.k, r.sweep_value, r.status, r.progress, r.error
                  AND (r.status <> 'done' OR COALESCE(same.n, 0) = base_n.n) THEN 1 ELSE 0 END AS outputs_match_baseline,
        r.peak_memory_mb, r.max_k, r.experiment_id, r.baseline_run_id, r.prompts_done, r.prompts_total,
        r.temperature, r.top_k, r.top_p, r.seed, r.max_new_tokens, r.created, r.heartbeat, r.worker_id, r.device_name,
-       r.draft, r.drafter, r.sweep_label, r.draft_parameters,
+       r.draft, r.drafter, r.draft_sampling, r.sweep_label, r.draft_parameters,
        CASE WHEN r.kind = 'speculative' THEN r.peak_memory_mb - b.peak_memory_mb END AS extra_memory_mb
 FROM sel r
 LEFT JOIN base b ON b.id = r.baseline_run_id

@@ -82,7 +82,11 @@ def validation_plan(store: Store, experiment_id: int, prompts: str | None = None
         "target": exp["target"], "draft": draft, "drafter": drafter, "prompts": held_out,
         # plain Python numbers: a numpy int64 would reach SQLite as a blob
         "sampling": {key: cast(best[key]) for key, cast in (("temperature", float), ("top_k", int), ("top_p", float),
-                                                            ("seed", int), ("max_new_tokens", int))},
+                                                            ("seed", int), ("max_new_tokens", int))}
+        | {"batch_size": int(best["batch_size"]) if pd.notna(best.get("batch_size")) else 1},
+        # at the batch size it was measured at (a grid's: its smallest, whose verdict this is), drafting as it did
+        "draft_sampling": str(best["draft_sampling"]) if pd.notna(best.get("draft_sampling")) else
+        exp.get("draft_sampling") or "probabilistic",
         "device": exp["device"], "dtype": exp["dtype"], "trust_remote_code": bool(exp["trust_remote_code"]),
         "sweep_variable": "k", "sweep_values": [k], "k": k, "repeats": int(exp.get("repeats") or 1),
         "validates": experiment_id, "tags": exp.get("tag_list") or [],

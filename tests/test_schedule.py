@@ -263,3 +263,18 @@ def test_a_grid_runs_through_the_worker_and_reports_every_row_of_a_batch(store, 
     assert (runs["status"] == "done").all(), runs["error"].tolist()
     assert all(seen[int(rid)] == {0, 1, 2, 3} for rid in runs["run_id"]), seen
     assert [step.k is not None for step in schedule(store, eid).steps] == [True, True]
+
+
+def test_validation_reruns_the_choice_at_the_batch_size_it_was_measured_at(store):
+    from storage.experiments import get_experiment
+    from storage.validation import validation_plan
+
+    eid = _grid(store, sizes=(4, 8), ks=(1, 2), draft_sampling="greedy")
+    ids = _measure(store, eid, {(4, 1): (1.1, 1.05, 1.15), (4, 2): (1.4, 1.3, 1.5),
+                                (8, 1): (1.0, 0.95, 1.05), (8, 2): (1.2, 1.15, 1.25)})
+    plan = validation_plan(store, eid)
+    assert (plan["k"], plan["sampling"]["batch_size"], plan["draft_sampling"]) == (2, 4, "greedy")
+    vid = experiments.enqueue_experiment(store, **plan, prompt_texts=[f"q{i}" for i in range(4)])
+    runs = q.runs(store, vid)
+    assert set(runs["batch_size"]) == {4} and get_experiment(store, vid)["draft_sampling"] == "greedy"
+    assert ids[(4, 2)] in q.runs(store, eid)["run_id"].tolist()
