@@ -128,6 +128,57 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
     return alt.layer(*layers).properties(height=HEIGHT)
 
 
+SCHEDULE_SERVE, SCHEDULE_OFF = "served", "off (k = 0)"  # a schedule marker's `mark`
+SCHEDULE_MARKS = alt.Scale(domain=[SCHEDULE_SERVE, SCHEDULE_OFF], range=["diamond", "cross"])
+
+
+def schedule_curve(frame: pd.DataFrame, served: pd.DataFrame, x: str = "k", x_title: str | None = None,
+                   nominal: bool = False) -> alt.LayerChart:
+    """A grid's k schedule: measured speedup against the swept value, one line per batch size (never mixed), each
+    point with its 95 % interval (error bars; hollow while the run has not finished, a cross for a timing warning),
+    a rule at 1× (the target alone at that batch size), and what each batch size serves marked with a large
+    diamond in its line's colour; where speculation measurably loses the marker is a cross at k = 0, 1× (the target
+    alone), labelled in words.
+
+    frame: x, batch (the batch size's name, e.g. `batch 4`), batch_size, speedup, speedup_ci_lo, speedup_ci_hi,
+    state. served: x, batch, batch_size, speedup, mark (SCHEDULE_SERVE or SCHEDULE_OFF), label (words), label_y
+    (where an off label goes). Batch sizes keep their numeric order in the legend. nominal: the swept values are
+    names (a draft or drafter grid): x is the name, in the frame's order."""
+    x_title = x_title or x
+    data = frame.rename(columns={x: "x", "speedup_ci_lo": "lo", "speedup_ci_hi": "hi"})
+    marks = served.rename(columns={x: "x"})
+    names = list(dict.fromkeys(
+        pd.concat([data[["batch_size", "batch"]], marks[["batch_size", "batch"]]]).sort_values("batch_size")["batch"]))
+    scale = alt.Scale(domain=names, scheme="tableau20" if len(names) > 10 else "tableau10")
+    color = alt.Color("batch:N", title="batch size", legend=BOTTOM, scale=scale, sort=names)
+    if nominal:
+        order = list(dict.fromkeys(data["x"].astype(str)))
+        x_enc = alt.X("x:N", title=x_title, sort=order, axis=alt.Axis(labelAngle=0, labelLimit=160))
+    else:
+        x_enc = _x("x", x_title, pd.concat([data["x"], marks["x"]]))
+    y_title = "speedup (×) vs the target alone at that batch size"
+    tooltip = ["batch:N", alt.Tooltip("x:N" if nominal else "x:Q", title=x_title),
+               alt.Tooltip("speedup:Q", format=".3f"), alt.Tooltip("lo:Q", title="95 % low", format=".3f"),
+               alt.Tooltip("hi:Q", title="95 % high", format=".3f"), alt.Tooltip("state:N", title="run")]
+    base = alt.Chart(data).transform_filter(is_valid("speedup")).encode(
+        x_enc, alt.Y("speedup:Q", title=y_title), color, tooltip=tooltip)
+    bars = base.transform_filter(is_valid("lo")).mark_errorbar(ticks=True).encode(
+        alt.Y("lo:Q", title=y_title), alt.Y2("hi:Q"))
+    fill = alt.condition(is_value("state", FINISHED), alt.Fill("batch:N", legend=None, scale=scale),
+                         alt.value("white"))
+    points = base.mark_point(filled=False, size=60, strokeWidth=2).encode(
+        fill=fill, shape=alt.Shape("state:N", scale=STATE_SHAPES, legend=None))
+    even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#757575", strokeDash=[4, 3]).encode(y="y:Q")
+    mark_tooltip = ["label:N", alt.Tooltip("speedup:Q", format=".3f")]
+    chosen = alt.Chart(marks).mark_point(size=320, strokeWidth=3, filled=False).encode(
+        x_enc, alt.Y("speedup:Q", title=y_title), color,
+        shape=alt.Shape("mark:N", scale=SCHEDULE_MARKS, title="what to serve", legend=BOTTOM), tooltip=mark_tooltip)
+    off = alt.Chart(marks).transform_filter(is_value("mark", SCHEDULE_OFF)).mark_text(
+        align="left", baseline="middle", dx=12, fontSize=11, fontWeight="bold").encode(
+        x_enc, alt.Y("label_y:Q", title=y_title), color, text="label:N", tooltip=mark_tooltip)
+    return alt.layer(even, base.mark_line(), bars, points, chosen, off).properties(height=HEIGHT + 60)
+
+
 def rates_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
     """alpha and draft_acceptance_rate per swept value. frame: x, alpha, draft_acceptance_rate."""
     x_title = x

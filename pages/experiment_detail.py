@@ -15,6 +15,7 @@ from pages.findings_panel import render_findings
 from pages.drafting_panel import render_k_distribution
 from pages.validation_panel import render_validation
 from pages.production_panel import render_production
+from pages.schedule_panel import batch_name, headline, render_schedule
 from engine.wording import plural
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
                           run_label, run_stamp, select_id, show, store, table, version)
@@ -78,7 +79,8 @@ def speedup_frame(curve: pd.DataFrame, sweep_variable: str, pooled: formula.Pool
 def prediction_table(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     """Each run's measured speedup next to its cost-aware prediction and the article's formula (at the run's own α,
     k and c), with each prediction's error: predicted / measured − 1."""
-    table = by_swept_value(curve, sweep_variable)[[sweep_variable, *MEASURED, "predicted_speedup"]]
+    grid = ["batch_size"] if "batch_size" in curve else []  # a grid: each row's batch size
+    table = by_swept_value(curve, sweep_variable)[[*grid, sweep_variable, *MEASURED, "predicted_speedup"]]
     return table.assign(refined_error=table["predicted_speedup_refined"] / table["speedup"] - 1,
                         formula_error=table["predicted_speedup"] / table["speedup"] - 1).replace([np.inf, -np.inf], np.nan)
 
@@ -122,7 +124,7 @@ def _value_text(run) -> str:
     return str(label) if label is not None and pd.notna(label) else f"{run.sweep_value:g}"
 
 
-def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict) -> None:
+def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict, schedule: dict | None) -> None:
     sampling = experiment.get("sampling") or {}
     st.caption(" · ".join(filter(None, [
         f"**{experiment.get('draft')}** drafting for **{experiment.get('target')}**",
@@ -139,16 +141,27 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict)
     baseline = runs[runs["kind"] == "baseline"]
     sweep_variable = row.get("sweep_variable") or "k"
     best = best_run(runs, verdict)
+    # A grid's one verdict is its smallest batch size's (storage/verdict.py): the metrics say so; the headline is
+    # the schedule's, every batch size's verdict in one sentence.
+    smallest = schedule["steps"][0]["batch_size"] if schedule and schedule["steps"] else None
+    at = f" ({batch_name(smallest)})" if smallest is not None else ""
+    if smallest is not None:
+        baseline = baseline[baseline["batch_size"] == smallest]
     cols = st.columns([1, 1, 2.4, 1, 1])  # the best speedup carries its interval: `1.31× (1.22–1.40)`
     progress = row["progress"] if pd.notna(row["progress"]) else 0.0
     cols[0].metric("Status", str(row["status"]), delta=f"{progress:.0%} done" if row["status"] in ACTIVE else None,
                    delta_color="off", delta_arrow="off")
-    cols[1].metric(f"Best {sweep_variable}", number(verdict["best"], "{:g}"))
-    cols[2].metric("Best speedup", charts.speedup_text(verdict["speedup"], *(verdict["speedup_ci"] or [None, None])),
+    cols[1].metric(f"Best {sweep_variable}{at}", number(verdict["best"], "{:g}"))
+    cols[2].metric(f"Best speedup{at}",
+                   charts.speedup_text(verdict["speedup"], *(verdict["speedup_ci"] or [None, None])),
                    help="measured, with its 95 % interval (paired bootstrap over the prompts)")
-    cols[3].metric("α (best run)", show("alpha", best["alpha"] if best is not None else None))
-    cols[4].metric("Baseline tokens/s", number(baseline["tokens_per_second"].iloc[0] if len(baseline) else None,
-                                               "{:.1f}"))
+    cols[3].metric(f"α (best run{', ' + batch_name(smallest) if smallest is not None else ''})",
+                   show("alpha", best["alpha"] if best is not None else None))
+    cols[4].metric(f"Baseline tokens/s{at}", number(baseline["tokens_per_second"].iloc[0] if len(baseline) else None,
+                                                    "{:.1f}"))
+    if schedule is not None:
+        headline(schedule)
+        return
     say = st.warning if verdict["too_wide"] else st.info
     say(f"**Verdict:** {verdict['text']}.", icon=":material/warning:" if verdict["too_wide"] else ":material/gavel:")
 
@@ -159,7 +172,36 @@ def _warnings(runs: pd.DataFrame, sweep_variable: str) -> None:
                    f"{r.timing_warning}.", icon=":material/warning:")
 
 
-def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_variable: str, verdict: dict) -> None:
+def grid_frame(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
+    """A grid's per-run curves, one series per batch size (`batch`): the swept value, α, draft acceptance and
+    tokens per round. curve: sweep_curve with each run's batch_size."""
+    values = by_swept_value(curve, sweep_variable)
+    shown = list(dict.fromkeys(["batch_size", sweep_variable, "run_id", "alpha", "draft_acceptance_rate",
+                                "tokens_per_round"]))
+    frame = values[shown].assign(batch=values["batch_size"].map(batch_name))
+    return frame.sort_values(["batch_size", sweep_variable]).reset_index(drop=True)
+
+
+def _grid_curves(curve: pd.DataFrame, sweep_variable: str) -> None:
+    """A grid's acceptance and tokens per round against the swept value, one line per batch size (runs at
+    different batch sizes are never one line); the speedup is the k schedule's chart above."""
+    frame = grid_frame(curve, sweep_variable)
+    for column, (y, title, domain, name) in zip(st.columns(2), (
+            ("alpha", "α", (0, 1), "acceptance_by_batch_size.csv"),
+            ("tokens_per_round", "tokens per round", None, "tokens_per_round_by_batch_size.csv"))):
+        with column:
+            st.subheader(f"{title} vs {sweep_variable} at each batch size")
+            chart_with_csv(charts.overlaid_curves(frame, sweep_variable, y, "batch", sweep_variable, title, domain), frame, name)
+
+
+def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_variable: str, verdict: dict,
+           grid: bool = False) -> None:
+    if grid:
+        _grid_curves(curve, sweep_variable)
+        _predictions(curve, experiment, sweep_variable)
+        _cost(runs, sweep_variable, grid)
+        _serving(runs, sweep_variable)
+        return
     pooled = formula.pooled_inputs(store(), int(experiment["experiment_id"])) if sweep_variable == "k" else None
     auto_curve = (experiment.get("predicted_curve") or {}).get("curve")
     left, right = st.columns(2)
@@ -189,13 +231,22 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_vari
         chart_with_csv(charts.tokens_per_round_curve(tokens.drop(columns=["k"]) if sweep_variable != "k" else tokens,
                                                      sweep_variable), tokens, "tokens_per_round.csv")
     with right:
-        st.subheader("Cost: c, verify cost and memory")
-        shown = [c for c in COST_COLUMNS if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
-        cost = runs[shown]
-        table(cost, shown, "cost_table", headers={"sweep_value": sweep_variable})
-        csv_download(cost, "cost_and_memory.csv")
-        st.caption("c = target step / draft step (single-token forwards); verify_cost = one verify forward over the "
-                   "round's tokens, in target steps (the formula assumes 1); peak memory as the worker measured it.")
+        _cost(runs, sweep_variable, False)
+    _serving(runs, sweep_variable)
+
+
+def _cost(runs: pd.DataFrame, sweep_variable: str, grid: bool) -> None:
+    st.subheader("Cost: c, verify cost and memory")
+    names = (["batch_size"] if grid else []) + COST_COLUMNS  # a grid: which batch size each run decoded at
+    shown = [c for c in dict.fromkeys(names) if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
+    cost = runs[shown]
+    table(cost, shown, "cost_table", headers={"sweep_value": sweep_variable})
+    csv_download(cost, "cost_and_memory.csv")
+    st.caption("c = target step / draft step (single-token forwards); verify_cost = one verify forward over the "
+               "round's tokens, in target steps (the formula assumes 1); peak memory as the worker measured it.")
+
+
+def _serving(runs: pd.DataFrame, sweep_variable: str) -> None:
     if "ttft_p50" in runs and runs["ttft_p50"].notna().any():
         st.subheader("Serving: throughput and latency at the batch size")
         shown = [c for c in SERVING_COLUMNS if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
@@ -231,7 +282,8 @@ def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> 
         csv_download(confirmed, "k_auto_confirmation.csv")
 
 
-def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experiment_id: int) -> None:
+def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experiment_id: int,
+                grid: bool = False) -> None:
     speculative = runs[runs["kind"] == "speculative"]
     if speculative.empty:
         return
@@ -239,7 +291,11 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experime
     ids = [int(i) for i in speculative["run_id"]]
     best = best_run(speculative, verdict)
     default = int(best["run_id"]) if best is not None else None
-    run_id = select_id("Run (the best one unless chosen)", "run", ids, run_label(runs, sweep_variable), default=default)
+    label = run_label(runs, sweep_variable)
+    if grid:  # the same k at several batch sizes: name the batch size too
+        sizes = dict(zip(runs["run_id"], runs["batch_size"]))
+        label = (lambda plain: lambda run_id: f"{plain(run_id)} · {batch_name(sizes.get(run_id, 0))}")(label)
+    run_id = select_id("Run (the best one unless chosen)", "run", ids, label, default=default)
     stamp = run_stamp(runs, run_id)  # a finished run's breakdowns are read once, not on every refresh
     breakdowns = (
         ("Conditional acceptance by draft position", "acceptance_by_position", charts.acceptance_by_position,
@@ -280,7 +336,9 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     runs = cached("runs", experiment_id, stamp=stamp)
     verdict = cached("storage.verdict:verdict_dict", experiment_id, stamp=stamp)
     sweep_variable = row.get("sweep_variable") or "k"
-    _header(experiment, row, runs, verdict)
+    grid = q.grid_sizes(experiment) is not None  # a batch × k grid: a schedule, batch sizes never mixed
+    schedule = cached("storage.schedule:schedule_dict", experiment_id, stamp=stamp) if grid else None
+    _header(experiment, row, runs, verdict, schedule)
     failed = runs[runs["status"] == "failed"]
     for failure in failed.itertuples():
         st.error(f"run {failure.run_id} ({failure.kind}) failed: {failure.error}", icon=":material/error:")
@@ -291,15 +349,21 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     with st.expander("Runs", expanded=True):  # the same expander whatever the status: it stays open once done
         shown = runs.assign(progress=runs["progress"].fillna(0) * 100,
                             check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
-        table(shown, [c for c in RUN_COLUMNS if not (c == "sweep_value" and sweep_variable == "k")], "runs_table",
-              headers={"sweep_value": sweep_variable})
+        names = [c for c in RUN_COLUMNS if not (c == "sweep_value" and sweep_variable == "k")]
+        if grid:  # which batch size each run decoded at, beside its kind
+            names.insert(names.index("kind") + 1, "batch_size")
+        table(shown, names, "runs_table", headers={"sweep_value": sweep_variable})
         csv_download(runs, f"experiment{experiment_id}_runs.csv")
+    if schedule is not None:
+        render_schedule(schedule, runs, sweep_variable, experiment_id)
     curve = cached("sweep_curve", experiment_id, stamp=stamp)
+    if grid:
+        curve = curve.merge(runs[["run_id", "batch_size"]], on="run_id", how="left")
     if curve["speedup"].notna().any() if "speedup" in curve else False:
-        _sweep(curve, runs, experiment, sweep_variable, verdict)
+        _sweep(curve, runs, experiment, sweep_variable, verdict, grid)
     else:
         st.info("No speculative run has finished yet; the curves appear as runs complete.", icon=":material/hourglass:")
-    _breakdowns(runs, sweep_variable, verdict, experiment_id)
+    _breakdowns(runs, sweep_variable, verdict, experiment_id, grid)
     render_k_distribution(runs)
     render_validation(experiment, verdict)
     render_production(experiment_id)

@@ -1,8 +1,10 @@
 """New experiment: pick the pair (checked before launch), prompts, sampling, the drafter and the one variable to
-sweep (k, k auto, a sampling setting, the draft or the drafting strategy); Launch enqueues it.
+sweep (k, k auto, a sampling setting, the draft or the drafting strategy), optionally at several batch sizes (a
+grid, whose detail page gives a k schedule); Launch enqueues it.
 
 A link can fill the form: `new?target=...&draft=...&sweep=k&values=1,2,4&drafter=confidence:0.5` (the parameters
-storage/findings.py's prefill_query writes; pages/prefill.py parses them strictly). They are put into the widgets
+storage/findings.py's prefill_query writes; pages/prefill.py parses them strictly), and `batch_sizes=1,4,16` for a
+grid: the sweep at each batch size (the "At batch sizes" field). They are put into the widgets
 when the form is first drawn; a bad one is left out with a short note.
 """
 from __future__ import annotations
@@ -49,8 +51,12 @@ DEFAULTS = {
     "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "fixed_k": 4, "repeats": DEFAULT_REPEATS, "name": "",
     "tags": "", "notes": "", "drafter": "model", "drafter_threshold": DEFAULT_THRESHOLD, "drafter_ngram": DEFAULT_NGRAM,
     "drafter_sweep": DEFAULT_DRAFTER_SWEEP, "drafter_sweep_t": f"{DEFAULT_THRESHOLD:g}",
-    "drafter_sweep_n": str(DEFAULT_NGRAM), "draft_sampling": "probabilistic",
+    "drafter_sweep_n": str(DEFAULT_NGRAM), "draft_sampling": "probabilistic", "grid_batch_sizes": "",
 }
+GRID_HELP = ("optional, comma-separated (e.g. 1,4,16): run the whole sweep, baselines included, at each of these "
+             "batch sizes, each paired with its own target-only baseline there; the experiment then gives a k "
+             "schedule (the k to serve at each batch size, off where speculation loses). Each batch size is "
+             f"{VARIABLES['batch_size'].meaning}; with a list, Batch size above is not used")
 
 
 @dataclass
@@ -115,12 +121,15 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
              repeats: int = DEFAULT_REPEATS, k_auto: int | None = None, drafter: str = "model",
              sweep_list: Sequence[str] | None = None, sweep_error: str | None = None,
              pair_checks: Sequence[tuple[str, bool, str]] | None = None,
-             draft_sampling: str = "probabilistic", batch_size: int = 1) -> Launch:
+             draft_sampling: str = "probabilistic", batch_size: int = 1, grid_text: str = "",
+             prompt_count: int | None = None) -> Launch:
     """Check every field; a Launch with no errors carries the enqueue_experiment keyword arguments (plain text:
     the page escapes it). With k_auto (the largest k) the experiment is `--k auto`: sweep_text is not used. A draft
     or drafter sweep takes its names as sweep_list (else from sweep_text, comma-separated); a draft sweep is
     checked by pair_checks, (draft, ok, message) for each candidate, instead of pair_ok; sweep_error is a problem
-    the form found in the swept values itself. `drafter` applies to every run unless the drafter is what is swept."""
+    the form found in the swept values itself. `drafter` applies to every run unless the drafter is what is swept.
+    grid_text: the optional "at batch sizes" list (two or more): the sweep at each, a grid (not with k auto or a
+    batch-size sweep). prompt_count: the prompt set's size, when known: no batch size may have more rows."""
     launch = Launch()
     if sweep_variable == "draft" and pair_checks is not None:
         launch.errors += [f"pair check for draft {candidate!r}: {message}"
@@ -172,6 +181,21 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
             launch.errors.append(str(exc))
     if not VARIABLES["k"].in_range(k):
         launch.errors.append(f"k must be {VARIABLES['k'].meaning}")
+    sizes = None  # a grid's batch sizes
+    if grid_text.strip() and k_auto is None and sweep_variable != "batch_size":
+        try:
+            sizes = parse_sweep_values(grid_text, "batch_size")  # engine/variables.py's bounds
+        except ValueError as exc:
+            launch.errors.append(f"at batch sizes: {exc}")
+        else:
+            if len(sizes) < 2:
+                launch.errors.append(f"at batch sizes: a grid lists two or more batch sizes (got {sizes[0]}); "
+                                     f"for one batch size set Batch size instead and leave this empty")
+                sizes = None
+    largest = max(sizes or (values if sweep_variable == "batch_size" and values else [batch_size]))
+    if prompt_count is not None and VARIABLES["batch_size"].in_range(largest) and largest > prompt_count:
+        launch.errors.append(f"batch size {largest} needs at least {largest} prompts but the prompt set has "
+                             f"{prompt_count}; use a batch size of {prompt_count} or less, or more prompts")
     if launch.errors:
         return launch
     tags = tuple(dict.fromkeys(t.strip() for t in tags_text.split(",") if t.strip()))
@@ -186,11 +210,13 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     launch.kwargs = dict(
         name=name.strip() or default_name, target=target.strip(), draft=draft.strip(), prompts=prompts,
         sampling={"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed),
-                  "max_new_tokens": int(max_new_tokens), "batch_size": int(batch_size)},
+                  "max_new_tokens": int(max_new_tokens), "batch_size": int(sizes[0] if sizes else batch_size)},
         device=device, dtype=dtype, sweep_variable=sweep_variable, sweep_values=values, k=int(k),
         notes=notes.strip(), tags=tags, repeats=int(repeats), k_auto=int(k_auto) if k_auto is not None else None,
         drafter=drafter, draft_sampling=draft_sampling if sweep_variable != "draft_sampling" else "probabilistic",
     )
+    if sizes:
+        launch.kwargs["batch_sizes"] = sizes
     if prompt_texts is not None:  # an upload: freeze its prompts now, so any worker can run them
         from app.pair_check import render_prompts
 
@@ -258,11 +284,12 @@ def _show_check(check, label: str = "Pair check") -> None:
         where.error(f"{label}: {md_text(check.message)}", icon=":material/error:")
 
 
-def workload(prompt_count: int, arms: int, max_new_tokens: int, repeats: int, tokens_per_second: float | None):
+def workload(prompt_count: int, arms: int, max_new_tokens: int, repeats: int, tokens_per_second: float | None,
+             batch_sizes: int = 1):
     """(tokens at most, seconds at the measured target speed or None): every arm decodes every prompt `repeats`
-    times up to max_new_tokens (speculative arms are counted at the target's speed: the estimate assumes no
-    speedup)."""
-    tokens = prompt_count * arms * max_new_tokens * repeats
+    times up to max_new_tokens, at each of a grid's `batch_sizes` (speculative arms are counted at the target's
+    speed: the estimate assumes no speedup)."""
+    tokens = prompt_count * arms * max_new_tokens * repeats * batch_sizes
     return tokens, (tokens / tokens_per_second if tokens_per_second else None)
 
 
@@ -274,10 +301,28 @@ def arms_of(sweep_variable: str, values: int, k_auto: int | None) -> int:
     return 2 * values if VARIABLES[sweep_variable].per_value_baseline else 1 + values
 
 
-def _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, max_new_tokens, repeats):
+def _prompt_count(prompts, prompt_texts) -> int | None:
+    """How many prompts the chosen set holds, None when it cannot be read (its error is shown where it is chosen)."""
+    try:
+        return len(prompt_texts) if prompt_texts is not None else len(load_prompts(prompts)) if prompts else None
+    except DraftLabError:
+        return None
+
+
+def grid_count(grid_text: str) -> int:
+    """How many batch sizes the "at batch sizes" field lists (1 when empty or unreadable: no grid)."""
+    try:
+        sizes = parse_sweep_values(grid_text, "batch_size") if grid_text.strip() else []
+    except ValueError:
+        return 1
+    return len(sizes) if len(sizes) > 1 else 1
+
+
+def _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, max_new_tokens, repeats,
+              batch_sizes: int = 1):
     """What Launch would decode, and how long that takes at this target's last measured speed."""
     try:
-        count = len(prompt_texts) if prompt_texts is not None else len(load_prompts(prompts)) if prompts else 0
+        count = _prompt_count(prompts, prompt_texts) or 0
         values = (len(sweep_list) if sweep_list is not None and VARIABLES[sweep_variable].categorical else
                   len(parse_sweep_values(sweep_text, sweep_variable)) if k_auto is None else 1)
     except (DraftLabError, ValueError):
@@ -286,9 +331,11 @@ def _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_l
         return
     arms = arms_of(sweep_variable, values, k_auto)
     speed = cached("target_speed", target.strip()) if target.strip() else None
-    tokens, seconds = workload(count, arms, max_new_tokens, repeats, speed and speed["tokens_per_second"])
+    tokens, seconds = workload(count, arms, max_new_tokens, repeats, speed and speed["tokens_per_second"],
+                               batch_sizes)
+    grid = f"{plural(batch_sizes, 'batch size')} × " if batch_sizes > 1 else ""
     text = (f"Launch decodes at most {tokens:,} tokens: {plural(count, 'prompt')} × {plural(arms, 'arm')} × "
-            f"{plural(repeats, 'repeat')} × {max_new_tokens} new tokens")
+            f"{grid}{plural(repeats, 'repeat')} × {max_new_tokens} new tokens")
     if seconds is not None:
         where = f" on {speed['device_name']}" if speed.get("device_name") else ""
         text += (f"; at this target's last measured speed ({speed['tokens_per_second']:.1f} tokens/s{where}, "
@@ -523,6 +570,11 @@ def render() -> None:
             c2.caption("One speculative run drafting from the draft's distribution and one proposing its argmax "
                        "(verified as a point mass: what a server that drafts by argmax sees), one shared baseline.")
             sweep_list = list(DRAFT_SAMPLING)
+        grid_text = ""
+        if choice not in (AUTO_K, "batch_size"):  # a grid: the sweep at each of several batch sizes
+            _seed("grid_batch_sizes")
+            grid_text = st.text_input("At batch sizes (optional: a grid)", key="grid_batch_sizes",
+                                      persist_state="page", placeholder="e.g. 1,4,16", help=GRID_HELP)
         draft_sampling = "probabilistic"
         if choice != "draft_sampling":
             _seed("draft_sampling")
@@ -538,7 +590,7 @@ def render() -> None:
                                   "every swept value, interleaved), and the median time is used; more repeats narrow "
                                   "the speedup's 95 % interval on a noisy machine")
         _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, int(max_new_tokens),
-                  int(repeats))
+                  int(repeats), grid_count(grid_text))
     st.subheader("Label")
     for key in ("name", "tags", "notes"):
         _seed(key)
@@ -555,7 +607,8 @@ def render() -> None:
                           notes=notes, tags_text=tags_text, prompt_texts=prompt_texts, repeats=int(repeats),
                           k_auto=int(k_auto) if k_auto is not None else None, drafter=drafter,
                           sweep_list=sweep_list, sweep_error=sweep_error, pair_checks=checks,
-                          draft_sampling=draft_sampling, batch_size=int(fixed["batch_size"]))
+                          draft_sampling=draft_sampling, batch_size=int(fixed["batch_size"]), grid_text=grid_text,
+                          prompt_count=_prompt_count(prompts, prompt_texts))
         if launch.errors:
             st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors),
                      icon=":material/error:")
@@ -582,6 +635,9 @@ def render() -> None:
                 f"a baseline and {plural(len(kw['sweep_values']), 'run')} ({kw['sweep_variable']} = {values})")
         if kw["drafter"] != "model" and kw["sweep_variable"] != "drafter":
             plan += f", drafter {md_text(kw['drafter'])}"
+        if kw.get("batch_sizes"):
+            plan += (f", at batch sizes {', '.join(str(b) for b in kw['batch_sizes'])} (each with its own "
+                     f"baseline)")
         st.success(f"Experiment #{experiment_id} queued: {plan}, {plural(kw['repeats'], 'repeat')} per prompt.",
                    icon=":material/rocket_launch:")
         st.page_link(nav_page("experiment"), label=f"Open experiment #{experiment_id}",

@@ -162,7 +162,8 @@ NUMBERS = {
     "k_auto": ("k_auto", _Bounded(int, 2, MAX_K, f"a whole number from 2 to {MAX_K}")),
     "repeats": ("repeats", SETTINGS["repeats"]),
 }
-KNOWN = ("target", "draft", "prompts", "device", "dtype", "sweep", "values", "notes", "drafter", *NUMBERS)
+KNOWN = ("target", "draft", "prompts", "device", "dtype", "sweep", "values", "notes", "drafter", "batch_sizes",
+         *NUMBERS)
 
 
 def _shown(value) -> str:
@@ -269,6 +270,20 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
                     values["drafter_sweep_n"] = ngrams
             else:
                 values["sweep_values"] = ",".join(f"{v:g}" for v in parsed)
+    if "batch_sizes" in raw:  # a grid: the sweep at each of these batch sizes (the form's "at batch sizes")
+        if variable in (AUTO_K, "batch_size"):
+            notes.append(f"batch_sizes: ignored when sweeping {'k auto' if variable == AUTO_K else 'batch size'} "
+                         f"(a grid sweeps another variable at each batch size)")
+        else:
+            try:
+                sizes = parse_sweep_values(raw["batch_sizes"], "batch_size")
+            except ValueError as exc:
+                bad("batch_sizes", str(exc))
+            else:
+                if len(sizes) < 2:
+                    bad("batch_sizes", "a grid lists two or more batch sizes")
+                else:
+                    values["grid_batch_sizes"] = ",".join(str(v) for v in sizes)
     return values, notes
 
 

@@ -14,6 +14,7 @@ NAMES = {
     "drafter": f"drafter sweep — it's <all> & \"more\" é",
     "auto": f"k auto: O'Brien's \"guess\" < 5 & 中文",
     "temperature": f"temperature sweep: l'été \"chaud\" <hot> &amp;",
+    "grid": f"batch × k grid: it's \"served\" <B> & 中文",
 }
 TARGET = "target's \"big\" <model> & 中文"
 DRAFT = "draft's \"small\" <model> & é"
@@ -53,12 +54,15 @@ def _baseline(prompt_index: int, tokens: int, step: float = 0.010):
 
 
 PROMPTS = len(PROMPT_TEXTS)
+GRID_VERIFY = 0.25  # a verify forward's extra cost per extra row and draft token (batch 1: none)
 ACCEPTS = [3, 1, 2, 0, 4, 2]  # per round, cut at the round's k
 
 
 def _fill(store, experiment_id: int, varying_k: bool = False) -> dict[int, str]:
     """Record every queued run of an experiment from crafted prompts and close it as done; a drafter that varies
-    k drafts 1..k tokens round by round. Returns {run_id: its label}."""
+    k drafts 1..k tokens round by round; a speculative run's verify forward costs more the larger its batch size
+    and k (GRID_VERIFY), so a grid's schedule switches speculation off at its largest batch size. Returns
+    {run_id: its label}."""
     from storage import queries as q, run_state
     from storage.recording import record_prompt
 
@@ -74,7 +78,8 @@ def _fill(store, experiment_id: int, varying_k: bool = False) -> dict[int, str]:
             k = int(run.k)
             varies = varying_k and str(run.drafter).split(":")[0] != "model"
             rounds_k = [max(1, k - (r % k)) if varies else k for r in range(6)]
-            results = [_prompt(i, rounds_k, ACCEPTS, 0.001, 0.011 * (1 + 0.1 * i)) for i in range(PROMPTS)]
+            verify = 0.011 * (1 + GRID_VERIFY * (int(run.batch_size) - 1) * k)
+            results = [_prompt(i, rounds_k, ACCEPTS, 0.001, verify * (1 + 0.1 * i)) for i in range(PROMPTS)]
         with store.write() as conn:
             for result in results:
                 texts = [TOKEN_TEXTS[t % len(TOKEN_TEXTS)] for t in range(len(result.output_ids))]
@@ -105,7 +110,10 @@ def seed(store, models_dir) -> dict:
                                               sweep_values=["model", "confidence:0.3", "prompt-lookup:3"], k=3)
     ids["temperature"] = enqueue_experiment(store, **common, name=NAMES["temperature"], draft=DRAFT,
                                                   sweep_variable="temperature", sweep_values=[0.0, 0.7], k=2)
-    for kind in ("k", "validation", "draft", "drafter", "temperature"):
+    # A batch × k grid: the k sweep at batch sizes 1, 2 and 4, each with its own baseline (k schedule).
+    ids["grid"] = enqueue_experiment(store, **common, name=NAMES["grid"], draft=DRAFT, sweep_values=[1, 2, 4],
+                                     batch_sizes=[1, 2, 4])
+    for kind in ("k", "validation", "draft", "drafter", "temperature", "grid"):
         _fill(store, ids[kind], varying_k=kind == "drafter")
     # `--k auto`: k = 4 measured first, the predicted curve, then the confirmations at k = 2 and 3.
     ids["auto"] = enqueue_experiment(store, **common, name=NAMES["auto"], draft=DRAFT, sweep_values=[4],

@@ -1,6 +1,6 @@
 """Every chart draws, in a real browser: `draftlab ui` on a database seeded (tests/chart_data.py) with one finished
 experiment of each kind (k sweep, its validation, draft sweep, drafter sweep with k_r varying, temperature sweep,
-`--k auto`), production counters beside the k sweep and a finished training job, every name, label, draft,
+`--k auto`, a batch × k grid with its k schedule), production counters beside the k sweep and a finished training job, every name, label, draft,
 target, prompt and token text holding quotes, apostrophes, `<`, `&` and non-ASCII. Every page of the navigation
 is opened (the detail page once per kind of experiment, the Round explorer on a draft sweep's run, Compare with
 all six and runs of three, Train on the job, Theory loaded from a measured run), every expander opened, and the

@@ -95,11 +95,27 @@ def _output() -> pd.DataFrame:
                          "round_index": [None] + [i // 3 for i in range(len(texts) - 1)]})
 
 
+def _grid() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A grid's points (a k sweep per batch size, each batch size named by a nasty name) and what each serves: a
+    k at the first two, off (k = 0) at the last, labelled in words that hold the names."""
+    points = pd.concat([_sweep().assign(batch=name, batch_size=size)
+                        for size, name in enumerate([NAMES["k"], *DRAFTS], start=1)], ignore_index=True)
+    served = pd.DataFrame({"k": [2, 1, 0], "batch": [NAMES["k"], *DRAFTS], "batch_size": [1, 2, 3],
+                           "speedup": [1.5, 1.2, 1.0], "mark": [charts.SCHEDULE_SERVE] * 2 + [charts.SCHEDULE_OFF],
+                           "label": [f"{NAMES['k']}: serve k = 2", f"{DRAFTS[0]}: serve k = 1",
+                                     f"{DRAFTS[1]}: off, k = 0"], "label_y": [1.5, 1.2, 1.0]})
+    return points, served
+
+
 # One case per builder: (the call, what it is). A builder added to pages/charts.py without a case fails
 # test_every_builder_is_covered.
 CASES = {
     "speedup_curve": lambda: charts.speedup_curve(_sweep(), "k", 2, None),
     "speedup_curve by label": lambda: charts.speedup_curve(_sweep("draft"), "draft", 1, DRAFTS[0]),
+    "schedule_curve": lambda: charts.schedule_curve(*_grid(), "k", "k (0 = off)"),
+    "schedule_curve by name": lambda: charts.schedule_curve(
+        _grid()[0].assign(draft=lambda f: [DRAFTS[int(k) % 2] for k in f["k"]]).drop(columns=["k"]),
+        _grid()[1].iloc[:2].assign(draft=DRAFTS).drop(columns=["k"]), "draft", "draft", nominal=True),
     "rates_curve": lambda: charts.rates_curve(_sweep()[["k", "alpha", "draft_acceptance_rate"]]),
     "tokens_per_round_curve": lambda: charts.tokens_per_round_curve(
         _sweep()[["k", "tokens_per_round", "expected_tokens_per_round"]]),
@@ -161,7 +177,7 @@ def test_no_name_is_pasted_into_a_vega_expression(case):
     assert pasted(spec) == [], f"{case}: names in expressions (pass them as data: a field or a predicate)"
 
 
-@pytest.mark.parametrize("case", ["speedup_curve by label", "theory_curves", "sweep_panels", "series_legend",
+@pytest.mark.parametrize("case", ["speedup_curve by label", "schedule_curve", "theory_curves", "sweep_panels", "series_legend",
                                   "k_distribution",
                                   "training_curves", "token_chart", "production_positions"])
 def test_the_names_are_in_the_data(case):
@@ -169,6 +185,7 @@ def test_the_names_are_in_the_data(case):
     spec = CASES[case]().to_dict()
     shown = data_strings(spec)
     expected = {"speedup_curve by label": {f"best draft = {DRAFTS[0]}"},
+                "schedule_curve": {NAMES["k"], *DRAFTS, f"{DRAFTS[1]}: off, k = 0", charts.SCHEDULE_OFF},
                 "theory_curves": set(charts.THEORY_SERIES.values()), "sweep_panels": set(SERIES),
                 "series_legend": set(SERIES),
                 "k_distribution": {DRAFTS[0], NAMES["drafter"]},

@@ -1,0 +1,187 @@
+"""A grid experiment's k schedule on the detail page (`--batch-size 1,4,16 --k 1,2,3,4`): what to serve at each
+batch size (storage/schedule.py: the one verdict rule per batch size, k = 0 where speculation measurably loses),
+as a chart (speedup vs k, one line per batch size), a table (the served k with its interval, its ties, throughput
+and latency) and vLLM's num_speculative_tokens_per_batch_size. Reads storage's schedule and runs, draws with
+pages/charts.py."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from engine.variables import variable
+from pages import charts
+from pages.common import chart_with_csv, csv_download, table
+from pages.prefill import md_text
+from storage import columns
+
+OFF_LABEL_GAP = 0.04  # in speedup units: off labels stacked at 1× are this far apart
+# The table: what each batch size serves and what that costs a user (the chosen run's figures; where speculation
+# is off, the target alone's, which is then what is served).
+TABLE_COLUMNS = ["batch_size", "serve", "speedup_interval", "tied_with", "verdict", "baseline_tokens_per_second",
+                 "tokens_per_second", "ttft_p50", "itl_p95", "latency_p95"]
+
+
+def batch_name(size) -> str:
+    return f"batch {int(size)}"
+
+
+def x_of(runs: pd.DataFrame, sweep_variable: str) -> pd.Series:
+    """Each run's swept value as the chart places it: k for a k grid, the name for a draft or drafter grid, else
+    the number."""
+    if sweep_variable == "k":
+        return runs["k"].astype(float)
+    if variable(sweep_variable).categorical:
+        return runs["sweep_label"].astype(str)
+    return runs["sweep_value"].astype(float)
+
+
+def curve_frame(runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
+    """The chart's points: every speculative run at its batch size (x = its swept value, named after the
+    variable), with its measured speedup, 95 % interval and state; batch sizes never mixed (`batch`)."""
+    spec = runs[runs["kind"] == "speculative"]
+    frame = pd.DataFrame({
+        "batch_size": spec["batch_size"].astype(int), "batch": spec["batch_size"].map(batch_name),
+        sweep_variable: x_of(spec, sweep_variable), "run_id": spec["run_id"].astype(int),
+        "speedup": spec["speedup"].astype(float), "speedup_ci_lo": spec["speedup_ci_lo"].astype(float),
+        "speedup_ci_hi": spec["speedup_ci_hi"].astype(float), "state": charts.run_states(spec)})
+    return frame.sort_values(["batch_size", sweep_variable, "run_id"]).reset_index(drop=True)
+
+
+def served_frame(schedule: dict, runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
+    """What each batch size serves, as the chart marks it: the chosen run's value and speedup, or, where
+    speculation measurably loses (a k grid), k = 0 at 1× (the target alone) with a label in words. Batch sizes with
+    nothing finished are left out."""
+    swept = variable(sweep_variable)
+    chosen = runs.set_index("run_id")
+    rows = []
+    for step in schedule["steps"]:
+        size = int(step["batch_size"])
+        if step["loses"] and sweep_variable == "k":
+            rows.append({"batch_size": size, "batch": batch_name(size), sweep_variable: 0.0, "speedup": 1.0,
+                         "mark": charts.SCHEDULE_OFF,
+                         "label": f"{batch_name(size)}: off, k = 0 (best {_interval(step)})"})
+        elif not step["loses"] and step["run_id"] is not None and step["run_id"] in chosen.index:
+            run = chosen.loc[step["run_id"]]
+            x = x_of(chosen.loc[[step["run_id"]]], sweep_variable).iloc[0]
+            rows.append({"batch_size": size, "batch": batch_name(size), sweep_variable: x,
+                         "speedup": float(step["speedup"]), "mark": charts.SCHEDULE_SERVE,
+                         "label": f"{batch_name(size)}: serve {swept.name} = {swept.show(swept.run_value(run))} "
+                                  f"({_interval(step)})"})
+    frame = pd.DataFrame(rows, columns=["batch_size", "batch", sweep_variable, "speedup", "mark", "label"])
+    off = frame["mark"] == charts.SCHEDULE_OFF
+    frame["label_y"] = frame["speedup"].astype(float)
+    frame.loc[off, "label_y"] = 1.0 - OFF_LABEL_GAP * np.arange(int(off.sum()))  # stacked below one another
+    return frame
+
+
+def schedule_table(schedule: dict, runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
+    """One row per batch size: what to serve (the value, `off (k = 0)` where speculation measurably loses, `—`
+    before anything finished), its speedup with the 95 % interval (the best's where off), the values tied with the
+    best, the verdict in a word, the baseline's tokens/s at that batch size, and the served configuration's
+    tokens/s, TTFT p50, ITL p95 and latency p95 (the target alone's where off)."""
+    swept = variable(sweep_variable)
+    by_id = runs.set_index("run_id")
+    baselines = runs[runs["kind"] == "baseline"]
+    rows = []
+    for step in schedule["steps"]:
+        size = int(step["batch_size"])
+        run = by_id.loc[step["run_id"]] if step["run_id"] is not None and step["run_id"] in by_id.index else None
+        at_size = baselines[baselines["batch_size"] == size]
+        if run is not None and pd.notna(run["baseline_run_id"]) and int(run["baseline_run_id"]) in by_id.index:
+            base = by_id.loc[int(run["baseline_run_id"])]
+        else:
+            base = at_size.set_index("run_id").iloc[0] if len(at_size) else None
+        if step["loses"]:
+            serve, verdict = "off (k = 0)" if sweep_variable == "k" else "off", "speculation loses: switch it off"
+        elif run is not None:
+            serve = swept.show(swept.run_value(run))
+            verdict = ("faster" if step["gains"] else "not measurably faster") + (" (interval too wide)"
+                                                                                   if step["too_wide"] else "")
+        else:
+            serve, verdict = columns.MISSING, "nothing finished yet"
+        served = base if step["loses"] else run  # what is served: the target alone where speculation is off
+        figure = lambda name, row=served: float(row[name]) if row is not None and pd.notna(row.get(name)) else np.nan  # noqa: E731
+        ci = step["speedup_ci"] or [None, None]
+        rows.append({
+            "batch_size": size, "serve": serve, "k": step["k"],
+            "speedup": step["speedup"], "speedup_ci_lo": ci[0], "speedup_ci_hi": ci[1],
+            "speedup_interval": charts.speedup_text(step["speedup"], *ci),
+            "tied_with": tie_text(step, swept, None if step["loses"] else step["value"]),
+            "verdict": verdict,
+            "baseline_tokens_per_second": float(base["tokens_per_second"]) if base is not None
+            and pd.notna(base["tokens_per_second"]) else np.nan,
+            "tokens_per_second": figure("tokens_per_second"), "ttft_p50": figure("ttft_p50"),
+            "itl_p95": figure("itl_p95"), "latency_p95": figure("latency_p95"), "text": step["text"]})
+    frame = pd.DataFrame(rows, columns=["batch_size", "serve", "k", "speedup", "speedup_ci_lo", "speedup_ci_hi",
+                                        "speedup_interval", "tied_with", "verdict", "baseline_tokens_per_second",
+                                        "tokens_per_second", "ttft_p50", "itl_p95", "latency_p95", "text"])
+    return frame.assign(k=frame["k"].astype("Int64"))
+
+
+def tie_text(step: dict, swept, served) -> str:
+    """The values statistically tied at this batch size (the best and those whose interval overlaps it), but the
+    one served: `4`; `2 (best)` when the cheaper tied value is served instead of the best; `—` with no tie."""
+    group = ([step["best"]] if step["best"] is not None else []) + list(step["tied_with"])
+    if len(group) < 2:
+        return columns.MISSING
+    return ", ".join(swept.show(v) + (" (best)" if v == step["best"] else "") for v in group if v != served)
+
+
+def _interval(step: dict) -> str:
+    return charts.speedup_text(step["speedup"], *(step["speedup_ci"] or [None, None]))
+
+
+def headline(schedule: dict) -> None:
+    """The schedule's sentence where a single sweep shows its verdict; a warning when a batch size's best interval
+    is too wide to choose by."""
+    wide = [s for s in schedule["steps"] if s["too_wide"]]
+    say = st.warning if wide else st.info
+    say(f"**Schedule:** {md_text(schedule['text'])}.",
+        icon=":material/warning:" if wide else ":material/gavel:")
+
+
+def render_schedule(schedule: dict, runs: pd.DataFrame, sweep_variable: str, experiment_id: int) -> None:
+    """The k schedule section: chart, table, each batch size's verdict and vLLM's setting."""
+    swept = variable(sweep_variable)
+    st.header("k schedule" if sweep_variable == "k" else f"Best {swept.name} per batch size")
+    points = curve_frame(runs, sweep_variable)
+    served = served_frame(schedule, runs, sweep_variable)
+    if points["speedup"].notna().any():
+        title = "k (draft tokens per round; 0 = speculation off)" if sweep_variable == "k" else swept.name
+        chart = charts.schedule_curve(points, served, sweep_variable, title, nominal=swept.categorical)
+        st.subheader(f"Speedup vs {swept.name} at each batch size")
+        chart_with_csv(chart, points, f"experiment{experiment_id}_schedule_curve.csv")
+        st.caption("One line per batch size, each against its own target-only baseline at that batch size; points "
+                   "with 95 % intervals (paired bootstrap, batches as the resampling unit when rows share a "
+                   "forward), hollow while unfinished. Diamonds: what each batch size serves; a cross at k = 0, 1×: "
+                   "speculation measurably loses there (its best interval lies below 1×), so serve the target "
+                   "alone. Dashed: 1×, the target alone.")
+    else:
+        st.info("No run of the grid has a speedup yet; the schedule appears as batch sizes finish.",
+                icon=":material/hourglass:")
+    shown = schedule_table(schedule, runs, sweep_variable)
+    table(shown, TABLE_COLUMNS, "schedule_table",
+          serve=st.column_config.TextColumn(f"{swept.name} to serve", help="the verdict's choice at this batch "
+                                            "size (the cheaper of tied values); off: speculation measurably loses"),
+          speedup_interval=st.column_config.TextColumn("speedup (95 %)", help="the served run's measured speedup "
+                                                       "with its 95 % interval; where off, the best run's"),
+          tied_with=st.column_config.TextColumn("tied", help="the other values statistically tied at this batch "
+                                                "size: the best and those whose 95 % interval overlaps the best's"),
+          verdict=st.column_config.TextColumn("verdict"),
+          baseline_tokens_per_second=st.column_config.NumberColumn(
+              "baseline tokens/s", format="%.1f", help="the target alone at this batch size, over the batch"),
+          tokens_per_second=st.column_config.NumberColumn(
+              "served tokens/s", format="%.1f", help="the served configuration (the target alone where off)"))
+    csv_download(shown, f"experiment{experiment_id}_schedule.csv")
+    st.caption("TTFT p50, ITL p95 and latency p95 are the served configuration's (the target alone where "
+               "speculation is off), over requests (docs/metrics.md, Serving metrics).")
+    for step in schedule["steps"]:
+        st.markdown(f"- {md_text(step['text'])}")
+    ranges = schedule.get("num_speculative_tokens_per_batch_size")
+    if ranges:
+        st.markdown("vLLM: `num_speculative_tokens_per_batch_size` (entries [start_bs, end_bs, k], k = 0: no "
+                    "drafts; the last entry's k holds above its end)")
+        st.code(json.dumps(ranges), language="json")
