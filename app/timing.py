@@ -15,7 +15,7 @@ from engine.loading import ModelPair
 from engine.memory import model_bytes
 from engine.profile import verify_profile
 from engine.prompt_sets import load_prompts
-from engine.protocol import median_repeat, schedule
+from engine.protocol import schedule
 from engine.records import PromptResult
 from engine.batched import batched_baseline_decoder, batched_speculative_decoder
 from engine.memory import check_batch_fits
@@ -138,60 +138,7 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
     if experiment["k_auto"] and decoders:
         _profile_verify(job, experiment, loaded, next(iter(budgets.values()))[0][0])
 
-    if batched:
-        return _time_batches(job, group, outcome, memory, loaded, prompts, repeats, decoders, budgets, start)
-    total = len(prompts)
-    active = list(decoders)
-    warmed: set[int] = set()
-    for i in range(min(start.values(), default=total), total):
-        arms = [rid for rid in active if rid not in outcome and start[rid] <= i]
-        if not any(rid not in outcome for rid in active):
-            break
-        timed: dict[int, list] = {rid: [] for rid in arms}
-        slots: dict[int, list] = {rid: [] for rid in arms}
-        for slot, (repeat, rid) in enumerate(schedule(arms, i, repeats)):
-            if rid in outcome:
-                continue
-            prompt_ids, budget = budgets[rid]
-            try:
-                if rid not in warmed:  # one untimed warm-up per arm (SPEC timing protocol)
-                    decoders[rid].generate(prompts[i], prompt_ids[i], i, max_new_tokens=min(WARMUP_TOKENS, budget))
-                    warmed.add(rid)
-                on_progress = _progress_callback(job, group[rid], i, repeat, repeats, total, budget)
-                _reset_peak(loaded.pair, decoders[rid])
-                timed[rid].append(decoders[rid].generate(prompts[i], prompt_ids[i], i, on_progress=on_progress))
-                memory[rid] = max(memory.get(rid, 0.0), _peak_mb(loaded.pair, decoders[rid]))
-                slots[rid].append(slot)
-            except RunCancelled:
-                outcome[rid] = (CANCELLED, None, None)
-            except torch.cuda.OutOfMemoryError:
-                outcome[rid] = (FAILED, f"CUDA out of memory in {run_label(group[rid])}; lower max-new-tokens, use "
-                                        f"dtype bfloat16/float16 or a smaller model", traceback.format_exc())
-                torch.cuda.empty_cache()
-            except DraftLabError as exc:
-                outcome[rid] = (FAILED, str(exc), traceback.format_exc())
-            finally:
-                job.live_progress.pop(rid, None)
-        finished = [rid for rid in arms if rid not in outcome and len(timed[rid]) == repeats]
-
-        def commit(i=i, finished=finished, timed=timed, slots=slots):
-            # One transaction per prompt: every arm's rows, or none. Only runs this worker still owns are
-            # written, and a prompt already committed (a commit whose answer was lost) is not written again,
-            # so the retry of a failed commit never duplicates a row.
-            with job.store.write() as conn:
-                owned = run_state.fence(conn, finished, job.worker_id)
-                stored = run_state.committed_prompts(conn, list(owned), i)
-                for rid in finished:
-                    if rid in owned and rid not in stored:
-                        (job.record or record)(conn, group[rid], median_repeat(timed[rid]), timed[rid], slots[rid],
-                                     loaded.typer)
-                return owned
-        owned = job.retry(commit)  # a refused write is retried; the results wait here meanwhile
-        for rid in finished:
-            if rid not in owned:
-                outcome[rid] = (LOST, None, None)
-            elif owned[rid] or rid in job.cancelled:
-                outcome[rid] = (CANCELLED, None, None)
+    _time_units(job, group, outcome, memory, loaded, prompts, repeats, decoders, budgets, start, batched)
 
 
 def batch_size_of(run: dict) -> int:
@@ -224,18 +171,30 @@ def _check_batch(loaded: LoadedPair, job: JobContext, experiment: dict, run: dic
                      int(run["k"] or 0) if run["kind"] != BASELINE else 0)
 
 
-def _time_batches(job: JobContext, group: dict[int, dict], outcome: dict, memory: dict, loaded: LoadedPair,
-                  prompts: list[str], repeats: int, decoders: dict, budgets: dict, start: dict) -> None:
-    """Timing protocol v2 at batch size B: prompts grouped in order into batches of B (the last batch holds what
-    is left); the arms of one batch size (its baseline and speculative runs) decode each batch `repeats` times,
-    interleaved in the protocol's rotated order, one untimed warm-up batch per arm; the median repeat (by the
-    batch's wall time, its longest row's) is recorded row by row, every repeat's timings kept, and each batch is
-    committed in one fenced transaction. Batch sizes run one after another."""
+def _decode(decoder, batched: bool, prompts: list[str], prompt_ids: list, indices: list[int], **kw) -> list[PromptResult]:
+    """One unit's rows: a batch through a batched decoder, or one prompt through a batch-1 loop (its one row).
+    on_progress(prompt index, tokens) either way."""
+    if batched:
+        return decoder.generate_batch(prompts, prompt_ids, indices, **kw)
+    on_progress = kw.pop("on_progress", None)
+    index = indices[0]
+    return [decoder.generate(prompts[0], prompt_ids[0], index, **kw,
+                             on_progress=None if on_progress is None else lambda tokens: on_progress(index, tokens))]
+
+
+def _time_units(job: JobContext, group: dict[int, dict], outcome: dict, memory: dict, loaded: LoadedPair,
+                prompts: list[str], repeats: int, decoders: dict, budgets: dict, start: dict, batched: bool) -> None:
+    """Timing protocol v2, the unit being a prompt (the batch-1 loops) or a batch of B prompts (the batched
+    decoders: prompts grouped in order into batches of B, the last batch holding what is left): the arms of one
+    batch size (its baseline and speculative runs) decode each unit `repeats` times, interleaved in the protocol's
+    rotated order, one untimed warm-up per arm; the median repeat (by the unit's wall time, its longest row's) is
+    recorded row by row, every repeat's timings kept, and each unit is committed in one fenced transaction (every
+    arm's rows, or none). Batch sizes run one after another."""
     total = len(prompts)
     warmed: set[int] = set()
     for size in sorted({batch_size_of(group[rid]) for rid in decoders}):
         members = [rid for rid in decoders if batch_size_of(group[rid]) == size]
-        for b, first in enumerate(range(0, total, size)):
+        for unit, first in enumerate(range(0, total, size)):
             last = min(first + size, total)
             arms = [rid for rid in members if rid not in outcome and start[rid] <= first]
             if not arms:
@@ -243,28 +202,28 @@ def _time_batches(job: JobContext, group: dict[int, dict], outcome: dict, memory
             indices = list(range(first, last))
             timed: dict[int, list] = {rid: [] for rid in arms}
             slots: dict[int, list] = {rid: [] for rid in arms}
-            for slot, (repeat, rid) in enumerate(schedule(arms, b, repeats)):
+            for slot, (repeat, rid) in enumerate(schedule(arms, unit, repeats)):
                 if rid in outcome:
                     continue
                 prompt_ids, budget = budgets[rid]
                 decoder = decoders[rid]
+                unit_args = (decoder, batched, prompts[first:last], prompt_ids[first:last], indices)
                 try:
-                    if rid not in warmed:  # one untimed warm-up batch per arm
-                        decoder.generate_batch(prompts[first:last], prompt_ids[first:last], indices,
-                                               max_new_tokens=min(WARMUP_TOKENS, budget))
+                    if rid not in warmed:  # one untimed warm-up per arm (SPEC timing protocol)
+                        _decode(*unit_args, max_new_tokens=min(WARMUP_TOKENS, budget))
                         warmed.add(rid)
-                    tick = _batch_progress(job, group[rid], first, last, repeat, repeats, total, budget)
+                    tick = _unit_progress(job, group[rid], first, last, repeat, repeats, total, budget)
                     _reset_peak(loaded.pair, decoder)
-                    timed[rid].append(decoder.generate_batch(prompts[first:last], prompt_ids[first:last], indices,
-                                                             on_progress=tick))
+                    timed[rid].append(_decode(*unit_args, on_progress=tick))
                     memory[rid] = max(memory.get(rid, 0.0), _peak_mb(loaded.pair, decoder))
                     slots[rid].append(slot)
                 except RunCancelled:
                     outcome[rid] = (CANCELLED, None, None)
                 except torch.cuda.OutOfMemoryError:
-                    outcome[rid] = (FAILED, f"CUDA out of memory in {run_label(group[rid])} at batch size {size}; "
-                                            f"use a smaller --batch-size or fewer --max-new-tokens",
-                                    traceback.format_exc())
+                    fix = (f"at batch size {size}; use a smaller --batch-size or fewer --max-new-tokens" if size > 1
+                           else "; lower max-new-tokens, use dtype bfloat16/float16 or a smaller model")
+                    outcome[rid] = (FAILED, f"CUDA out of memory in {run_label(group[rid])}{' ' if size > 1 else ''}"
+                                            f"{fix}", traceback.format_exc())
                     torch.cuda.empty_cache()
                 except DraftLabError as exc:
                     outcome[rid] = (FAILED, str(exc), traceback.format_exc())
@@ -273,7 +232,8 @@ def _time_batches(job: JobContext, group: dict[int, dict], outcome: dict, memory
             finished = [rid for rid in arms if rid not in outcome and len(timed[rid]) == repeats]
 
             def commit(first=first, finished=finished, timed=timed, slots=slots):
-                # One transaction per batch: every row of every arm, or none (as per prompt at batch 1).
+                # Only runs this worker still owns are written, and a unit already committed (a commit whose
+                # answer was lost) is not written again, so the retry of a failed commit never duplicates a row.
                 with job.store.write() as conn:
                     owned = run_state.fence(conn, finished, job.worker_id)
                     stored = run_state.committed_prompts(conn, list(owned), first)
@@ -285,7 +245,7 @@ def _time_batches(job: JobContext, group: dict[int, dict], outcome: dict, memory
                                 (job.record or record)(conn, group[rid], runs[median][row], [r[row] for r in runs],
                                                        slots[rid], loaded.typer)
                     return owned
-            owned = job.retry(commit)
+            owned = job.retry(commit)  # a refused write is retried; the results wait here meanwhile
             for rid in finished:
                 if rid not in owned:
                     outcome[rid] = (LOST, None, None)
@@ -294,16 +254,17 @@ def _time_batches(job: JobContext, group: dict[int, dict], outcome: dict, memory
 
 
 def median_batch(repeats: list[list[PromptResult]]) -> list[PromptResult]:
-    """The repeat of a batch whose wall time (its longest row's) is the median (the lower middle one)."""
+    """The repeat of a unit whose wall time (its longest row's) is the median (the lower middle one): at batch 1,
+    engine/protocol.py's median_repeat of the prompt."""
     ranked = sorted(repeats, key=lambda rows: max(r.wall_seconds for r in rows))
     return ranked[(len(ranked) - 1) // 2]
 
 
-def _batch_progress(job: JobContext, run: dict, first: int, last: int, repeat: int, repeats: int, total: int,
+def _unit_progress(job: JobContext, run: dict, first: int, last: int, repeat: int, repeats: int, total: int,
                     budget: int):
-    """on_progress(prompt index, tokens) for a batch of prompts first..last-1: each row reports its own prompt to
-    the progress hook (`draftlab run`'s bar counts every row's tokens), and the run's live progress counts the
-    batch's rows by their own tokens."""
+    """on_progress(prompt index, tokens) for a unit of prompts first..last-1 (one prompt at batch 1): each row
+    reports its own prompt to the progress hook (`draftlab run`'s bar counts every row's tokens), and the run's live
+    progress counts the unit's rows by their own tokens."""
     rows: dict[int, int] = {}
 
     def on_progress(index: int, tokens: int) -> None:
@@ -312,18 +273,6 @@ def _batch_progress(job: JobContext, run: dict, first: int, last: int, repeat: i
             job.progress_hook(run, index, tokens, repeat)
         batch = (repeat * (last - first) + sum(rows.values()) / budget) / repeats
         job.live_progress[run["id"]] = (first + batch) / total
-        if run["id"] in job.cancelled:
-            raise RunCancelled(f"run {run['id']} cancelled")
-    return on_progress
-
-
-def _progress_callback(job: JobContext, run: dict, prompt_index: int, repeat: int, repeats: int, total: int, budget: int):
-    def on_progress(tokens: int) -> None:
-        # Inside the timed generation: memory only; the heartbeat thread writes it and reads cancels.
-        if job.progress_hook is not None:
-            job.progress_hook(run, prompt_index, tokens, repeat)
-        done = prompt_index + (repeat + min(tokens, budget) / budget) / repeats
-        job.live_progress[run["id"]] = done / total
         if run["id"] in job.cancelled:
             raise RunCancelled(f"run {run['id']} cancelled")
     return on_progress
