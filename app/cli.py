@@ -652,9 +652,11 @@ def cmd_list(args) -> int:
     fmt = lambda v, spec: format(v, spec) if v is not None and v == v else "-"  # noqa: E731
     for e in experiments.itertuples():
         print(f"experiment {e.experiment_id}  {e.name}  [{e.status} {100 * e.progress:.0f}%]  "
-              f"{e.target} / {e.draft}  prompts {e.prompts}  {e.sweep_variable}={e.sweep_values}")
+              f"{e.target} / {e.draft}  prompts {e.prompts}  {e.sweep_variable}={e.sweep_values}"
+              + (f" at batch sizes {e.batch_sizes}" if e.batch_sizes else ""))
         for r in q.runs(store, int(e.experiment_id)).itertuples():
             what = "baseline" if r.kind == "baseline" else f"{e.sweep_variable}={r.sweep_value:g}"
+            what += f" @{int(r.batch_size)}" if e.batch_sizes else ""
             print(f"  run {r.run_id:<5} {what:<14} {r.status:<11} {100 * r.progress:3.0f}%  "
                   f"{fmt(r.tokens_per_second, '8.1f')} tok/s  speedup {fmt(r.speedup, '.2f')}  "
                   f"alpha {fmt(r.alpha, '.3f')}" + (f"  error: {r.error}" if _present(r.error) else ""))

@@ -189,7 +189,8 @@ listed AS (
            best.alpha AS alpha,
            e.tags, e.notes, best.speedup_ci_lo AS best_ci_lo, best.speedup_ci_hi AS best_ci_hi,
            COALESCE(ties.n_tied, 0) AS n_tied, COALESCE(warned.n_warnings, 0) AS timing_warnings, e.repeats,
-           e.validates, (SELECT MAX(v.id) FROM experiments v WHERE v.validates = e.id) AS validated_by
+           e.validates, (SELECT MAX(v.id) FROM experiments v WHERE v.validates = e.id) AS validated_by,
+           e.batch_sizes
     FROM experiments e
     LEFT JOIN stats st ON st.experiment_id = e.id
     LEFT JOIN best ON best.experiment_id = e.id
@@ -202,7 +203,8 @@ SELECT * FROM listed WHERE {{status_filter}} ORDER BY experiment_id DESC
 EXPERIMENT_COLUMNS = ["experiment_id", "name", "created", "target", "draft", "prompts", "sweep_variable",
                       "sweep_values", "status", "progress", "best_value", "best_label", "best_speedup", "alpha", "tags",
                       "notes",
-                      "best_ci_lo", "best_ci_hi", "n_tied", "timing_warnings", "repeats", "validates", "validated_by"]
+                      "best_ci_lo", "best_ci_hi", "n_tied", "timing_warnings", "repeats", "validates", "validated_by",
+                      "batch_sizes"]
 
 
 def experiments(store: Store, tag: str | None = None, model: str | None = None, status: str | None = None) -> pd.DataFrame:
@@ -219,6 +221,7 @@ def experiments(store: Store, tag: str | None = None, model: str | None = None, 
     with store.read() as conn:
         df = _frame(conn, sql, params, EXPERIMENT_COLUMNS)
     df["sweep_values"] = [json.loads(v) for v in df["sweep_values"]]
+    df["batch_sizes"] = [grid_sizes({"batch_sizes": v}) for v in df["batch_sizes"]]  # a grid's, else None
     return df
 
 

@@ -278,3 +278,18 @@ def test_validation_reruns_the_choice_at_the_batch_size_it_was_measured_at(store
     runs = q.runs(store, vid)
     assert set(runs["batch_size"]) == {4} and get_experiment(store, vid)["draft_sampling"] == "greedy"
     assert ids[(4, 2)] in q.runs(store, eid)["run_id"].tolist()
+
+
+def test_the_listing_and_draftlab_list_name_a_grids_batch_sizes(store, capsys):
+    from app.cli import main
+
+    eid = _grid(store, sizes=(1, 4), ks=(1, 2))
+    listing = q.experiments(store).set_index("experiment_id")
+    assert listing.loc[eid, "batch_sizes"] == [1, 4]
+    plain = experiments.enqueue_experiment(store, name="one", target="t", draft="d", prompts="code:tune",
+                                           sampling={}, sweep_values=[1, 2])
+    assert q.experiments(store).set_index("experiment_id").loc[plain, "batch_sizes"] is None
+    assert main(["list", "--db", store.url]) == 0
+    out = capsys.readouterr().out
+    assert f"experiment {eid}  grid" in out and "k=[1, 2] at batch sizes [1, 4]" in out
+    assert "k=2 @4" in out and "baseline @1" in out
