@@ -129,7 +129,6 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
 
 
 SCHEDULE_SERVE, SCHEDULE_OFF = "served", "off (k = 0)"  # a schedule marker's `mark`
-SCHEDULE_MARKS = alt.Scale(domain=[SCHEDULE_SERVE, SCHEDULE_OFF], range=["diamond", "cross"])
 
 
 def schedule_curve(frame: pd.DataFrame, served: pd.DataFrame, x: str = "k", x_title: str | None = None,
@@ -142,7 +141,8 @@ def schedule_curve(frame: pd.DataFrame, served: pd.DataFrame, x: str = "k", x_ti
 
     frame: x, batch (the batch size's name, e.g. `batch 4`), batch_size, speedup, speedup_ci_lo, speedup_ci_hi,
     state. served: x, batch, batch_size, speedup, mark (SCHEDULE_SERVE or SCHEDULE_OFF), label (words), label_y
-    (where an off label goes). Batch sizes keep their numeric order in the legend. nominal: the swept values are
+    (where an off label goes), and optionally why (the interval behind it, in the tooltip). The y axis does not
+    start at 0: the spread around 1× is what matters. Batch sizes keep their numeric order in the legend. nominal: the swept values are
     names (a draft or drafter grid): x is the name, in the frame's order."""
     x_title = x_title or x
     data = frame.rename(columns={x: "x", "speedup_ci_lo": "lo", "speedup_ci_hi": "hi"})
@@ -156,27 +156,33 @@ def schedule_curve(frame: pd.DataFrame, served: pd.DataFrame, x: str = "k", x_ti
         x_enc = alt.X("x:N", title=x_title, sort=order, axis=alt.Axis(labelAngle=0, labelLimit=160))
     else:
         x_enc = _x("x", x_title, pd.concat([data["x"], marks["x"]]))
-    y_title = "speedup (×) vs the target alone at that batch size"
+    y_title = "speedup (×) at that batch size"
+    y_scale = alt.Scale(zero=False)  # the spread between batch sizes, not the distance from 0
     tooltip = ["batch:N", alt.Tooltip("x:N" if nominal else "x:Q", title=x_title),
                alt.Tooltip("speedup:Q", format=".3f"), alt.Tooltip("lo:Q", title="95 % low", format=".3f"),
                alt.Tooltip("hi:Q", title="95 % high", format=".3f"), alt.Tooltip("state:N", title="run")]
     base = alt.Chart(data).transform_filter(is_valid("speedup")).encode(
-        x_enc, alt.Y("speedup:Q", title=y_title), color, tooltip=tooltip)
+        x_enc, alt.Y("speedup:Q", title=y_title, scale=y_scale), color, tooltip=tooltip)
     bars = base.transform_filter(is_valid("lo")).mark_errorbar(ticks=True).encode(
-        alt.Y("lo:Q", title=y_title), alt.Y2("hi:Q"))
+        alt.Y("lo:Q", title=y_title, scale=y_scale), alt.Y2("hi:Q"))
     fill = alt.condition(is_value("state", FINISHED), alt.Fill("batch:N", legend=None, scale=scale),
                          alt.value("white"))
     points = base.mark_point(filled=False, size=60, strokeWidth=2).encode(
         fill=fill, shape=alt.Shape("state:N", scale=STATE_SHAPES, legend=None))
-    even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#757575", strokeDash=[4, 3]).encode(y="y:Q")
-    mark_tooltip = ["label:N", alt.Tooltip("speedup:Q", format=".3f")]
-    chosen = alt.Chart(marks).mark_point(size=320, strokeWidth=3, filled=False).encode(
-        x_enc, alt.Y("speedup:Q", title=y_title), color,
-        shape=alt.Shape("mark:N", scale=SCHEDULE_MARKS, title="what to serve", legend=BOTTOM), tooltip=mark_tooltip)
-    off = alt.Chart(marks).transform_filter(is_value("mark", SCHEDULE_OFF)).mark_text(
-        align="left", baseline="middle", dx=12, fontSize=11, fontWeight="bold").encode(
-        x_enc, alt.Y("label_y:Q", title=y_title), color, text="label:N", tooltip=mark_tooltip)
-    return alt.layer(even, base.mark_line(), bars, points, chosen, off).properties(height=HEIGHT + 60)
+    even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#757575", strokeDash=[4, 3]).encode(
+        alt.Y("y:Q", scale=y_scale))
+    mark_tooltip = ["label:N", *(["why:N"] if "why" in marks else []), alt.Tooltip("speedup:Q", format=".3f")]
+    # Fixed shapes, not a shape channel: the points' state shapes and these would share one scale in the layer.
+    marked = alt.Chart(marks).encode(x_enc, alt.Y("speedup:Q", title=y_title, scale=y_scale), color,
+                                     tooltip=mark_tooltip)
+    chosen = marked.transform_filter(is_value("mark", SCHEDULE_SERVE)).mark_point(
+        shape="diamond", size=360, strokeWidth=3, filled=False)
+    off_mark = marked.transform_filter(is_value("mark", SCHEDULE_OFF)).mark_point(
+        shape="cross", size=260, strokeWidth=1, filled=True, opacity=1)
+    off_label = alt.Chart(marks).transform_filter(is_value("mark", SCHEDULE_OFF)).mark_text(
+        align="left", baseline="bottom", dx=10, dy=-4, fontSize=11, fontWeight="bold").encode(
+        x_enc, alt.Y("label_y:Q", title=y_title, scale=y_scale), color, text="label:N", tooltip=mark_tooltip)
+    return alt.layer(even, base.mark_line(), bars, points, chosen, off_mark, off_label).properties(height=HEIGHT + 80)
 
 
 def rates_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:

@@ -61,16 +61,16 @@ def served_frame(schedule: dict, runs: pd.DataFrame, sweep_variable: str) -> pd.
         size = int(step["batch_size"])
         if step["loses"] and sweep_variable == "k":
             rows.append({"batch_size": size, "batch": batch_name(size), sweep_variable: 0.0, "speedup": 1.0,
-                         "mark": charts.SCHEDULE_OFF,
-                         "label": f"{batch_name(size)}: off, k = 0 (best {_interval(step)})"})
+                         "mark": charts.SCHEDULE_OFF, "label": f"{batch_name(size)}: off (k = 0)",
+                         "why": f"speculation loses at {batch_name(size)}: best {_interval(step)}"})
         elif not step["loses"] and step["run_id"] is not None and step["run_id"] in chosen.index:
             run = chosen.loc[step["run_id"]]
             x = x_of(chosen.loc[[step["run_id"]]], sweep_variable).iloc[0]
             rows.append({"batch_size": size, "batch": batch_name(size), sweep_variable: x,
                          "speedup": float(step["speedup"]), "mark": charts.SCHEDULE_SERVE,
-                         "label": f"{batch_name(size)}: serve {swept.name} = {swept.show(swept.run_value(run))} "
-                                  f"({_interval(step)})"})
-    frame = pd.DataFrame(rows, columns=["batch_size", "batch", sweep_variable, "speedup", "mark", "label"])
+                         "label": f"{batch_name(size)}: serve {swept.name} = {swept.show(swept.run_value(run))}",
+                         "why": f"{'faster' if step['gains'] else 'not measurably faster'}: {_interval(step)}"})
+    frame = pd.DataFrame(rows, columns=["batch_size", "batch", sweep_variable, "speedup", "mark", "label", "why"])
     off = frame["mark"] == charts.SCHEDULE_OFF
     frame["label_y"] = frame["speedup"].astype(float)
     frame.loc[off, "label_y"] = 1.0 - OFF_LABEL_GAP * np.arange(int(off.sum()))  # stacked below one another

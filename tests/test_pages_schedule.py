@@ -104,7 +104,8 @@ def test_the_grid_chart_draws_one_line_per_batch_size_and_marks_what_each_serves
     assert served.loc["batch 1", ["x", "speedup"]].tolist() == [2, 1.40]
     assert served.loc["batch 4", ["x", "speedup"]].tolist() == [1, 1.10]
     assert served.loc["batch 16", ["x", "speedup", "mark"]].tolist() == [0, 1.0, charts.SCHEDULE_OFF]
-    assert "off, k = 0" in served.loc["batch 16", "label"]
+    assert served.loc["batch 16", "label"] == "batch 16: off (k = 0)"
+    assert served.loc["batch 16", "why"] == "speculation loses at batch 16: best 0.92× (0.88–0.96)"
     # The single sweep's speedup curve (every run against k) is not drawn; acceptance is one line per batch size.
     assert not any("series" in d and "measured" in set(d["series"]) for d in drawn)
     alpha = next(d for d in drawn if "alpha" in d and "batch" in d)
