@@ -228,9 +228,9 @@ def cmd_run(args) -> int:
         name=args.name, target=args.target, prompts=args.prompts,
         draft=",".join(d or "" for d in drafts) if sweep.variable == "draft" else (drafts[0] or ""),
         drafter=canonical_drafter(fixed.get("drafter", "model")),
-        sampling={"temperature": fixed.get("temperature", 0.0), "top_k": fixed.get("top_k", 0),
-                  "top_p": fixed.get("top_p", 1.0), "batch_size": fixed.get("batch_size", 1), "seed": args.seed,
-                  "max_new_tokens": args.max_new_tokens},
+        # every setting the target's own decoding depends on (engine/variables.py), as given; the swept one varies
+        sampling={**{name: fixed[name] for name, v in VARIABLES.items() if v.per_value_baseline and name in fixed},
+                  "seed": args.seed, "max_new_tokens": args.max_new_tokens},
         device=args.device, dtype=args.dtype, sweep_variable=sweep.variable,
         sweep_values=sweep.values,
         k=int(fixed.get("k", sweep.ks[0])), trust_remote_code=args.trust_remote_code, repeats=args.repeats,
