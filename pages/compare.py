@@ -10,6 +10,7 @@ from pages import charts
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids,
                           show, version)
 from pages.common import table as show_table
+from storage import queries as q
 from storage.columns import COLUMNS
 
 EXPERIMENT_COLUMNS = ["experiment_id", "name", "badges", "status", "sweep_variable", "best_label", "best", "n_tied",
@@ -66,12 +67,18 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
                                                        "intervals); ✔ a validation experiment and the one it validates"))
     csv_download(table, "compare_experiments.csv")
     curves, runs_by_experiment = [], {}
+    rows = listing.set_index("experiment_id")
     for experiment_id in chosen:
-        runs_by_experiment[experiment_id] = cached("runs", experiment_id, experiment_id=experiment_id,
-                                                   stamp=stamps[experiment_id])
+        runs = runs_by_experiment[experiment_id] = cached("runs", experiment_id, experiment_id=experiment_id,
+                                                          stamp=stamps[experiment_id])
         curve = cached("sweep_curve", experiment_id, experiment_id=experiment_id, stamp=stamps[experiment_id])
-        curves.append(curve.assign(experiment=label(experiment_id), experiment_id=experiment_id,
-                                   experiment_name=short_label(experiment_id)))
+        at = ""
+        if experiment_id in rows.index and q.grid_sizes(rows.loc[experiment_id].to_dict()) is not None:
+            # a batch × k grid: one line per batch size, never one line through every batch size
+            sizes = curve["run_id"].map(dict(zip(runs["run_id"], runs["batch_size"])))
+            at = " · batch " + sizes.astype(int).astype(str)
+        curves.append(curve.assign(experiment=label(experiment_id) + at, experiment_id=experiment_id,
+                                   experiment_name=short_label(experiment_id) + at))
     curve = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
     variables = set(listing[listing["experiment_id"].isin(chosen)]["sweep_variable"].fillna("k"))
     x_title = variables.pop() if len(variables) == 1 else "swept value"

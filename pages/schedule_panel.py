@@ -146,7 +146,8 @@ def headline(schedule: dict) -> None:
 def render_schedule(schedule: dict, runs: pd.DataFrame, sweep_variable: str, experiment_id: int) -> None:
     """The k schedule section: chart, table, each batch size's verdict and vLLM's setting."""
     swept = variable(sweep_variable)
-    st.header("k schedule" if sweep_variable == "k" else f"Best {swept.name} per batch size")
+    st.header("k schedule" if sweep_variable == "k" else f"Best {swept.name} per batch size",
+              anchor="k-schedule")  # where the schedule findings link (pages/findings_panel.py)
     points = curve_frame(runs, sweep_variable)
     served = served_frame(schedule, runs, sweep_variable)
     if points["speedup"].notna().any():

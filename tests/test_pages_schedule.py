@@ -196,3 +196,20 @@ def test_a_link_fills_the_grid_field_or_says_why_not(empty_db):
     at = app("new", batch_sizes="1,4", values="1,2")
     assert_clean(at)
     assert at.text_input(key="grid_batch_sizes").value == "1,4"
+
+
+def test_compare_draws_a_grid_as_one_line_per_batch_size(grid, empty_db):
+    store, eid, ids = grid
+    plain = enqueue_experiment(store, name="plain", target="tgt", draft="drf", prompts="code:tune",
+                               sampling={"max_new_tokens": 64}, sweep_values=[1, 2], prompt_texts=["a", "b"])
+    for r in q.runs(store, plain).itertuples():
+        run_state.finish_run(store, int(r.run_id), "done")
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET speedup = 1.3, speedup_ci_lo = 1.2, speedup_ci_hi = 1.4 "
+                          "WHERE experiment_id = :e AND kind = 'speculative'"), {"e": plain})
+    at = app("compare", experiments=f"{eid},{plain}")
+    assert_clean(at)
+    drawn = next(d for chart in chart_data(at) for d in chart if "experiment_name" in d and "speedup" in d)
+    lines = drawn.groupby("experiment_name")["sweep_value"].apply(sorted).to_dict()
+    assert lines == {**{f"#{eid} · grid <b>it's</b> · batch {b}": [1.0, 2.0, 4.0] for b in (1, 4, 16)},
+                     f"#{plain} · plain": [1.0, 2.0]}
