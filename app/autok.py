@@ -1,46 +1,112 @@
 """`--k auto` ("predict, then confirm"): after the run at the largest k, predict the whole speedup-vs-k curve
-from its per-position acceptance, its draft step time and the target's verify-cost profile, then queue a new
-timed pass (fresh baseline) for the best predicted k values only."""
+from that run alone (its per-prompt, per-position acceptance, its own batch-round costs, the speedup it measured
+against its interleaved baseline) and the shape of the target's verify-cost profile, then queue a new timed pass
+(fresh baseline) for the best predicted k values only. engine/theory.py's modelled_seconds / anchored_curve hold
+the model; docs/metrics.md states it."""
 from __future__ import annotations
 
 import math
 
-from engine.theory import predicted_curve
+import pandas as pd
+
+from engine.theory import anchored_curve, modelled_seconds
 from storage import Store
-from storage.experiments import add_k_runs, load_verify_profile, set_predicted_curve
+from storage.experiments import add_k_runs, load_verify_profiles, set_predicted_curve
 from storage import queries as q
 
 CONFIRM = 3  # how many of the best predicted k values are measured
+# A prompt's acceptance at a position is its own accepted / reached drafts pulled toward the run's pooled rate by
+# this many pseudo-drafts: a prompt reaches its deep positions only a few times.
+SHRINK = 4.0
+
+
+def row_acceptance(store: Store, run_id: int, k_max: int) -> dict[int, tuple[list[float], int]]:
+    """Each prompt's (per-position acceptance 1..k_max, new tokens) in a run."""
+    pooled = [0.0 if v is None or math.isnan(v) else float(v)
+              for v in q.acceptance_by_position(store, run_id)["conditional"]]
+    pooled += [0.0] * (k_max - len(pooled))
+    by_prompt = q.acceptance_by_prompt_position(store, run_id)
+    rows = {}
+    for index, tokens in q.prompt_tokens(store, run_id).items():
+        own = by_prompt[by_prompt["prompt_index"] == index].set_index("position") if len(by_prompt) else pd.DataFrame()
+        acceptance = []
+        for position in range(1, k_max + 1):
+            reached = float(own.at[position, "reached"]) if position in own.index else 0.0
+            accepted = float(own.at[position, "accepted"]) if position in own.index else 0.0
+            acceptance.append((accepted + SHRINK * pooled[position - 1]) / (reached + SHRINK))
+        rows[index] = (acceptance, tokens)
+    return rows
+
+
+def cost_model(store: Store, probe) -> dict | None:
+    """The k_max run's inputs to engine.theory.modelled_seconds (None when it has no rounds): its prompts grouped
+    into its batches, and its per-batch-round draft, verify (past the first round) and other seconds, and what
+    its first rounds' verify (the prefill) cost beyond a steady round's."""
+    run_id, batch = int(probe["run_id"]), int(probe.get("batch_size") or 1)
+    costs = q.batch_round_costs(store, run_id)
+    rounds, batches = costs["rounds"], costs["batches"]
+    if rounds <= 0 or batches <= 0:
+        return None
+    rows = row_acceptance(store, run_id, int(probe["k"]))
+    grouped: dict[int, list] = {}
+    for index in sorted(rows):
+        grouped.setdefault(index // batch, []).append(rows[index])
+    steady = rounds - batches
+    verify = ((costs["verify_seconds"] - costs["first_verify_seconds"]) / steady if steady > 0
+              else costs["verify_seconds"] / rounds)
+    return {"batches": list(grouped.values()), "draft_per_round": costs["draft_seconds"] / rounds,
+            "verify_per_round": verify, "first_round_extra": costs["first_verify_seconds"] - batches * verify,
+            "other_per_round": (costs["wall_seconds"] - costs["draft_seconds"] - costs["verify_seconds"]) / rounds}
+
+
+def predict_curve(store: Store, probe, profile: dict[int, float]) -> dict[int, float] | None:
+    """The predicted speedup of every k = 1..k_max from the run at k_max (`probe`, a row of storage.queries.runs,
+    finished with its speedup) and the verify-cost profile at its batch size; None without what it needs."""
+    model = cost_model(store, probe)
+    speedup = probe.get("speedup")
+    if model is None or speedup is None or pd.isna(speedup) or not profile:
+        return None
+    k_max = int(probe["k"])
+    return anchored_curve(modelled_seconds(k_max=k_max, verify_shape=profile, **model), k_max, float(speedup))
 
 
 def plan_confirmation(store: Store, experiment_id: int, confirm: int = CONFIRM) -> list[int] | None:
-    """Make and store the predicted curve, queue the runs that confirm it; return the k values queued
-    (None when the largest-k run or its baseline did not finish, or the curve exists already)."""
+    """Make and store the predicted curve at each batch size of the experiment (one, or a grid's), and queue, per
+    batch size, the runs that confirm it (a fresh baseline at that batch size and its best predicted k values);
+    return the k values queued (at every batch size; None until every batch size's run at the largest k has
+    finished with its baseline, or when the curves exist already). A batch size whose run at the largest k
+    failed gets no curve."""
     experiment = q.experiment(store, experiment_id)
     if experiment is None or not experiment["k_auto"] or experiment["predicted_curve"] is not None:
         return None
     k_max = int(experiment["k_auto"])
     runs = q.runs(store, experiment_id)
-    probe = runs[(runs["kind"] == "speculative") & (runs["k"] == k_max) & (runs["status"] == "done")]
-    if probe.empty:
+    probes = runs[(runs["kind"] == "speculative") & (runs["k"] == k_max)]
+    waiting = runs[runs["run_id"].isin(probes["baseline_run_id"]) | runs["run_id"].isin(probes["run_id"])]
+    if probes.empty or waiting["status"].isin(["queued", "running"]).any():
         return None
-    probe = probe.iloc[0]
-    baseline = runs[runs["run_id"] == probe["baseline_run_id"]]
-    profile = load_verify_profile(store, experiment_id)
-    if baseline.empty or baseline.iloc[0]["status"] != "done" or not profile or not probe["rounds"]:
+    profiles = load_verify_profiles(store, experiment_id)
+    curves: dict[int, tuple[dict, list[int]]] = {}
+    for _, probe in probes.sort_values("batch_size").iterrows():
+        size = int(probe.get("batch_size") or 1)
+        baseline = runs[runs["run_id"] == probe["baseline_run_id"]]
+        if probe["status"] != "done" or baseline.empty or baseline.iloc[0]["status"] != "done":
+            continue
+        if not probe["rounds"] or not profiles.get(size):
+            continue
+        curve = predict_curve(store, probe, profiles[size])
+        if not curve:
+            continue
+        best = sorted(curve, key=lambda k: -curve[k])[:confirm]
+        curves[size] = (curve, sorted(k for k in best if k != k_max))
+    if not curves:
         return None
-    costs = q.round_costs(store, int(probe["run_id"]))
-    per_position = [0.0 if v is None or math.isnan(v) else float(v)
-                    for v in q.acceptance_by_position(store, int(probe["run_id"]))["conditional"]]
-    # Everything a round costs besides its draft steps and the bare verify forward (sampling, acceptance, the
-    # host transfer, the prompt's prefill shared out over its rounds) is taken as a constant per round.
-    overhead = (costs["wall_seconds"] - costs["draft_seconds"]) / costs["rounds"] - profile[k_max + 1]
-    base = baseline.iloc[0]
-    curve = predicted_curve(per_position, float(probe["draft_step_seconds"]), overhead, profile,
-                            float(base["wall_seconds"]) / float(base["new_tokens"]))
-    best = sorted(curve, key=lambda k: -curve[k])[:confirm]
-    to_measure = sorted(k for k in best if k != k_max)
-    if to_measure:
-        add_k_runs(store, experiment_id, to_measure)
-    set_predicted_curve(store, experiment_id, curve, to_measure)
-    return to_measure
+    queued = []
+    for size, (curve, to_measure) in curves.items():
+        if to_measure:
+            add_k_runs(store, experiment_id, to_measure, batch_size=size)
+            queued += to_measure
+    first = curves[min(curves)]
+    batched = q.grid_sizes(experiment) is not None or any(size > 1 for size in curves)
+    set_predicted_curve(store, experiment_id, first[0], first[1], curves if batched else None)
+    return queued

@@ -42,7 +42,11 @@ def format_table(doc: dict) -> str:
     for r in doc["runs"]:
         if r.get("timing_warning"):
             lines.append(f"warning: k={r['k']}: {r['timing_warning']}")
-    if doc.get("predicted_curve"):
+    if doc.get("predicted_curves"):  # `--k auto` at batch sizes: one predicted curve each
+        for size, entry in doc["predicted_curves"].items():
+            curve = "  ".join(f"k={k}: {v:.2f}" for k, v in entry["curve"].items())
+            lines.append(f"predicted curve at batch {size} (before measuring k = {entry['confirmed']}): {curve}")
+    elif doc.get("predicted_curve"):
         curve = "  ".join(f"k={k}: {v:.2f}" for k, v in doc["predicted_curve"].items())
         lines.append(f"predicted curve (before measuring k = {doc.get('confirmed')}): {curve}")
     grid = doc.get("schedule")

@@ -65,7 +65,8 @@ def parse_sweep(options: dict) -> Sweep:
     parsed = {name: ([k_auto] if name == "k" and k_auto else _values(name, text)) for name, text in options.items()}
     listed = [name for name, values in parsed.items() if len(values) > 1]
     batch_sizes = None
-    if "batch_size" in listed and len(listed) == 2 and not k_auto:  # a grid: batch size is the outer axis
+    # A grid: batch size is the outer axis, next to one other list or to `--k auto` (predicted at each batch size).
+    if "batch_size" in listed and (len(listed) == 2 and not k_auto or listed == ["batch_size"] and k_auto):
         listed.remove("batch_size")
         batch_sizes = parsed["batch_size"]
     if k_auto and listed:

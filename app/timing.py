@@ -13,7 +13,7 @@ from engine.drafter_specs import DEFAULT_DRAFTER, needs_draft_model
 from engine.errors import DraftLabError, RunCancelled
 from engine.loading import ModelPair
 from engine.memory import model_bytes
-from engine.profile import verify_profile
+from engine.profile import batched_verify_profile, verify_profile
 from engine.prompt_sets import load_prompts
 from engine.protocol import schedule
 from engine.records import PromptResult
@@ -23,7 +23,9 @@ from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, specula
 from engine.sampling import SamplingConfig
 from engine.token_types import TokenTyper
 from storage import run_state
-from storage.experiments import load_experiment_prompts, load_verify_profile, store_prompts, store_verify_profile
+from storage.experiments import (load_experiment_prompts, load_verify_profiles, store_prompts, store_verify_profile,
+                                 store_verify_profiles)
+from storage.queries import grid_sizes
 from storage.recording import clear_from, record_prompt
 from storage.schema import BASELINE, CANCELLED, FAILED
 
@@ -136,7 +138,7 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
                             draft_parameters=_draft_parameters(decoders[rid]))
     job.retry(prepare)
     if experiment["k_auto"] and decoders:
-        _profile_verify(job, experiment, loaded, next(iter(budgets.values()))[0][0])
+        _profile_verify(job, experiment, loaded, next(iter(budgets.values()))[0], batched)
 
     _time_units(job, group, outcome, memory, loaded, prompts, repeats, decoders, budgets, start, batched)
 
@@ -278,15 +280,22 @@ def _unit_progress(job: JobContext, run: dict, first: int, last: int, repeat: in
     return on_progress
 
 
-def _profile_verify(job: JobContext, experiment: dict, loaded: LoadedPair, prompt_ids: torch.Tensor) -> None:
-    """`--k auto`: the target's verify-cost profile, once per experiment, under the device lease."""
-    if job.retry(load_verify_profile, job.store, experiment["id"], write=False):
+def _profile_verify(job: JobContext, experiment: dict, loaded: LoadedPair, prompt_ids: list[torch.Tensor],
+                    batched: bool) -> None:
+    """`--k auto`: the target's verify-cost profile, once per experiment, under the device lease, through the
+    path its runs verify with: the batch-1 loop's cache, or the batched cache at each of its batch sizes."""
+    if job.retry(load_verify_profiles, job.store, experiment["id"], write=False):
         return
     n_max = int(experiment["k_auto"]) + 1
     cfg = SamplingConfig(experiment["temperature"], experiment["top_k"], experiment["top_p"], experiment["seed"],
                          experiment["max_new_tokens"])
-    profile = verify_profile(loaded.pair.target.model, loaded.pair.vocab_size, prompt_ids, n_max, cfg)
-    job.retry(store_verify_profile, job.store, experiment["id"], profile)
+    model, vocab = loaded.pair.target.model, loaded.pair.vocab_size
+    if batched:
+        sizes = grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)]
+        profiles = batched_verify_profile(model, vocab, prompt_ids, sizes, n_max, cfg)
+        job.retry(store_verify_profiles, job.store, experiment["id"], profiles)
+    else:
+        job.retry(store_verify_profile, job.store, experiment["id"], verify_profile(model, vocab, prompt_ids[0], n_max, cfg))
 
 
 def record(conn, run: dict, result: PromptResult, repeats: list[PromptResult], slots: list[int],

@@ -86,11 +86,18 @@ def prediction_table(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
 
 
 def auto_k_table(experiment: dict, curve: pd.DataFrame) -> pd.DataFrame:
-    """`--k auto`: each confirmed k, measured after the curve was predicted, against that prediction."""
-    auto = experiment.get("predicted_curve") or {}
-    predicted = {int(k): float(v) for k, v in (auto.get("curve") or {}).items()}
-    confirmed = curve[curve["k"].isin([int(k) for k in auto.get("confirmed") or []])]
-    table = confirmed[["k", *MEASURED[:-1]]].assign(predicted=confirmed["k"].astype(int).map(predicted))
+    """`--k auto`: each confirmed k, measured after the curve was predicted, against that prediction (its batch
+    size's curve: at several batch sizes each has its own, and the table names the batch size)."""
+    curves = q.predicted_curves(experiment)
+    sizes = (curve["batch_size"].fillna(1).astype(int) if "batch_size" in curve  # a grid: each row's batch size
+             else pd.Series(int(experiment.get("batch_size") or 1), index=curve.index, dtype=int))
+    ks = curve["k"].astype(int)
+    keep = [bool(b in curves and k in curves[b][1]) for b, k in zip(sizes, ks)]
+    confirmed = curve[keep]
+    predicted = [curves[b][0].get(k) for b, k, kept in zip(sizes, ks, keep) if kept]
+    table = confirmed[["k", *MEASURED[:-1]]].assign(predicted=pd.Series(predicted, index=confirmed.index, dtype=float))
+    if len(curves) > 1:
+        table.insert(0, "batch_size", sizes[keep].to_numpy())
     return table.assign(prediction_error=table["predicted"] / table["speedup"] - 1).reset_index(drop=True)
 
 

@@ -15,7 +15,7 @@ from engine.variables import VARIABLES
 
 from .errors import QueueError
 from .schema import (BASELINE, NAME_CHARS, QUEUED, SPECULATIVE, Experiment, Run, experiment_prompts, experiments,
-                     verify_profile)
+                     batch_verify_profile, verify_profile)
 from .store import Store
 
 # The run settings every run stores: the sampling variables (engine/variables.py: those the target's own decoding
@@ -252,14 +252,17 @@ def recent_duplicate(store: Store, launch: dict, window_seconds: float = DUPLICA
     return None
 
 
-def add_k_runs(store: Store, experiment_id: int, ks: Sequence[int]) -> list[int]:
+def add_k_runs(store: Store, experiment_id: int, ks: Sequence[int], batch_size: int | None = None) -> list[int]:
     """Queue a new timed pass of an experiment: a fresh baseline and one speculative run per k, paired with
-    it (the confirmation step of `--k auto`); reserved like the experiment's first runs. Returns run ids."""
+    it (the confirmation step of `--k auto`), at `batch_size` (default: the experiment's); reserved like the
+    experiment's first runs. Returns run ids."""
     exp = get_experiment(store, experiment_id)
     with store.read() as conn:
         reserved = conn.execute(text("SELECT reserved_for FROM runs WHERE experiment_id = :eid ORDER BY id LIMIT 1"),
                                 {"eid": experiment_id}).scalar()
     config = {key: exp[key] for key in SAMPLING_KEYS}
+    if batch_size is not None:
+        config["batch_size"] = int(batch_size)
     common = {"experiment_id": experiment_id, "status": QUEUED, "reserved_for": reserved}
     with store.session() as s:
         baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
@@ -273,11 +276,18 @@ def add_k_runs(store: Store, experiment_id: int, ks: Sequence[int]) -> list[int]
         return [baseline.id] + [r.id for r in added]
 
 
-def set_predicted_curve(store: Store, experiment_id: int, curve: dict, confirmed: Sequence[int]) -> None:
+def set_predicted_curve(store: Store, experiment_id: int, curve: dict, confirmed: Sequence[int],
+                        by_batch_size: dict[int, tuple[dict, Sequence[int]]] | None = None) -> None:
+    """Store `--k auto`'s predicted curve and the k values queued to confirm it. A grid (or any batch size above
+    1) passes by_batch_size {B: (curve, confirmed)}: stored under "by_batch_size" {"B": {"curve", "confirmed"}},
+    with curve / confirmed the smallest batch size's (what a reader of one curve shows)."""
+    doc = {"curve": {str(k): v for k, v in curve.items()}, "confirmed": list(confirmed)}
+    if by_batch_size:
+        doc["by_batch_size"] = {str(b): {"curve": {str(k): v for k, v in c.items()}, "confirmed": list(ks)}
+                                for b, (c, ks) in sorted(by_batch_size.items())}
     with store.write() as conn:
         conn.execute(text("UPDATE experiments SET predicted_curve = :c WHERE id = :eid"),
-                     {"c": json.dumps({"curve": {str(k): v for k, v in curve.items()}, "confirmed": list(confirmed)}),
-                      "eid": experiment_id})
+                     {"c": json.dumps(doc), "eid": experiment_id})
 
 
 def store_prompts(store: Store, experiment_id: int, prompts: Sequence[str]) -> list[str]:
@@ -314,3 +324,26 @@ def load_verify_profile(store: Store, experiment_id: int) -> dict[int, float]:
     with store.read() as conn:
         return {int(n): float(t) for n, t in conn.execute(
             text("SELECT n, seconds FROM verify_profile WHERE experiment_id = :eid ORDER BY n"), {"eid": experiment_id})}
+
+
+def store_verify_profiles(store: Store, experiment_id: int, profiles: dict[int, dict[int, float]]) -> None:
+    """The batched verify-cost profile {batch size: {n: seconds}} (engine.profile.batched_verify_profile)."""
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM batch_verify_profile WHERE experiment_id = :eid"), {"eid": experiment_id})
+        conn.execute(insert(batch_verify_profile), [
+            {"experiment_id": experiment_id, "batch_size": int(b), "n": int(n), "seconds": float(t)}
+            for b, profile in sorted(profiles.items()) for n, t in sorted(profile.items())])
+
+
+def load_verify_profiles(store: Store, experiment_id: int) -> dict[int, dict[int, float]]:
+    """{batch size: {n: seconds}}: the batched profile where one was measured, else the batch-1 loop's profile
+    as batch size 1; empty when neither was."""
+    profiles: dict[int, dict[int, float]] = {}
+    with store.read() as conn:
+        for b, n, t in conn.execute(text("SELECT batch_size, n, seconds FROM batch_verify_profile "
+                                         "WHERE experiment_id = :eid ORDER BY batch_size, n"), {"eid": experiment_id}):
+            profiles.setdefault(int(b), {})[int(n)] = float(t)
+    if profiles:
+        return profiles
+    single = load_verify_profile(store, experiment_id)
+    return {1: single} if single else {}

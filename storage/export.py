@@ -60,6 +60,7 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
     auto = experiment.get("predicted_curve") or {}
     curve = {int(k): v for k, v in (auto.get("curve") or {}).items()}
     confirmed = list(auto.get("confirmed") or [])
+    curves = q.predicted_curves(experiment)  # {batch size: (curve, confirmed)}
     baseline_rows = runs[runs["kind"] == "baseline"]
     doc: dict = {"experiment_id": experiment_id, "repeats": experiment.get("repeats"), "baseline": None, "runs": []}
     for _, b in baseline_rows.iterrows():
@@ -93,9 +94,11 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
         keys = ["run_id", "k", "status", "error", *SPECULATIVE_KEYS, "outputs_match_baseline", "sweep_variable",
                 "sweep_value", "draft", "drafter", "baseline_run_id"]
         entry = {key: entry[key] for key in keys}
-        if int(r.k) in confirmed and int(r.baseline_run_id) != int(runs[runs["kind"] == "baseline"]["run_id"].iloc[0]):
-            entry["predicted"] = curve.get(int(r.k))
-            entry["prediction_error"] = (curve[int(r.k)] / r.speedup - 1) if pd.notna(r.speedup) and r.speedup else None
+        at_size, confirmed_at_size = curves.get(int(r.batch_size) if pd.notna(r.batch_size) else 1, ({}, []))
+        if experiment.get("k_auto") and int(r.k) != int(experiment["k_auto"]) and int(r.k) in confirmed_at_size:
+            # a confirmation (the first pass holds only k = k_auto), against its batch size's predicted curve
+            entry["predicted"] = at_size.get(int(r.k))
+            entry["prediction_error"] = (at_size[int(r.k)] / r.speedup - 1) if pd.notna(r.speedup) and r.speedup else None
         if with_outputs:
             entry["outputs"] = _outputs(store, run_id)
         doc["runs"].append(plain(entry))
@@ -108,6 +111,9 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
     if experiment.get("k_auto"):
         doc["predicted_curve"] = {str(k): v for k, v in curve.items()} or None
         doc["confirmed"] = confirmed
+        if auto.get("by_batch_size"):  # one predicted curve per batch size (a grid, or a batch size above 1)
+            doc["predicted_curves"] = {str(b): {"curve": {str(k): v for k, v in c.items()}, "confirmed": ks}
+                                       for b, (c, ks) in sorted(curves.items())}
     return doc
 
 

@@ -93,9 +93,14 @@ def _v10_to_v11(conn: Connection) -> None:
     _add_columns(conn, (("experiments", "batch_sizes", "TEXT"),))
 
 
+def _v11_to_v12(conn: Connection) -> None:
+    """v12: the verify-cost profile per batch size (`--k auto` at batch sizes above 1 and in a grid): a new table
+    only, which create_all adds."""
+
+
 STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                   5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8, 8: _v8_to_v9,
-                                                  9: _v9_to_v10, 10: _v10_to_v11}
+                                                  9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

@@ -264,6 +264,21 @@ def grid_sizes(experiment: dict) -> list[int] | None:
     return [int(v) for v in sizes] or None
 
 
+def predicted_curves(experiment: dict) -> dict[int, tuple[dict[int, float], list[int]]]:
+    """{batch size: (predicted curve {k: speedup}, confirmed k values)} of a `--k auto` experiment (storage.queries
+    .experiment's dict); a curve stored without batch sizes is the experiment's batch size's. Empty before."""
+    auto = experiment.get("predicted_curve") or {}
+    if isinstance(auto, str):
+        auto = json.loads(auto)
+    if not auto:
+        return {}
+    def parsed(entry):
+        return {int(k): float(v) for k, v in (entry.get("curve") or {}).items()}, [int(k) for k in entry.get("confirmed") or []]
+    if auto.get("by_batch_size"):
+        return {int(b): parsed(entry) for b, entry in auto["by_batch_size"].items()}
+    return {int(experiment.get("batch_size") or 1): parsed(auto)}
+
+
 def round_costs(store: Store, run_id: int) -> dict:
     """A run's committed totals: rounds, wall, draft and verify seconds (the inputs of the cost model)."""
     sql = """SELECT COALESCE(SUM(rounds), 0) AS rounds, COALESCE(SUM(wall_seconds), 0) AS wall_seconds,
@@ -272,6 +287,52 @@ def round_costs(store: Store, run_id: int) -> dict:
     with store.read() as conn:
         row = conn.execute(text(sql), {"rid": run_id}).mappings().one()
     return {key: float(value) for key, value in row.items()}
+
+
+_BATCH_OF = "{t}.prompt_index / COALESCE(NULLIF(r.batch_size, 0), 1)"
+
+
+def batch_round_costs(store: Store, run_id: int) -> dict:
+    """A run's costs counted per batch round (rows of a batch share every round's forwards, so each of its rows
+    stores the batch round's draft and verify seconds: read once per batch round; at batch size 1 a batch is a
+    prompt): batches, batch rounds, their draft and verify seconds, the first rounds' (which carry the
+    prefill), and the batches' wall seconds (each its longest row's)."""
+    rounds_of = _BATCH_OF.format(t="rd")
+    walls_of = _BATCH_OF.format(t="pr")
+    sql = f"""
+    WITH br AS (SELECT {rounds_of} AS batch, rd.round_index, MAX(rd.draft_seconds) AS draft,
+                       MAX(rd.verify_seconds) AS verify
+                FROM rounds rd JOIN runs r ON r.id = rd.run_id WHERE rd.run_id = :rid
+                GROUP BY {rounds_of}, rd.round_index),
+         bw AS (SELECT {walls_of} AS batch, MAX(pr.wall_seconds) AS wall
+                FROM prompt_results pr JOIN runs r ON r.id = pr.run_id WHERE pr.run_id = :rid GROUP BY {walls_of})
+    SELECT (SELECT COUNT(*) FROM bw) AS batches, (SELECT COUNT(*) FROM br) AS rounds,
+           (SELECT COALESCE(SUM(draft), 0) FROM br) AS draft_seconds,
+           (SELECT COALESCE(SUM(verify), 0) FROM br) AS verify_seconds,
+           (SELECT COALESCE(SUM(verify), 0) FROM br WHERE round_index = 0) AS first_verify_seconds,
+           (SELECT COALESCE(SUM(wall), 0) FROM bw) AS wall_seconds"""
+    with store.read() as conn:
+        row = conn.execute(text(sql), {"rid": run_id}).mappings().one()
+    return {key: float(value or 0) for key, value in row.items()}
+
+
+def acceptance_by_prompt_position(store: Store, run_id: int) -> pd.DataFrame:
+    """Per prompt and draft position: verified (reached) and accepted drafts, and the prompt's new tokens."""
+    sql = """
+    SELECT t.prompt_index, t.position,
+           SUM(CASE WHEN t.outcome <> 'discarded' THEN 1 ELSE 0 END) AS reached,
+           SUM(CASE WHEN t.outcome = 'accepted' THEN 1 ELSE 0 END) AS accepted
+    FROM draft_tokens t WHERE t.run_id = :rid GROUP BY t.prompt_index, t.position ORDER BY t.prompt_index, t.position"""
+    with store.read() as conn:
+        return _frame(conn, sql, {"rid": run_id})
+
+
+def prompt_tokens(store: Store, run_id: int) -> dict[int, int]:
+    """Each committed prompt's new tokens."""
+    with store.read() as conn:
+        return {int(i): int(n) for i, n in conn.execute(
+            text("SELECT prompt_index, new_tokens FROM prompt_results WHERE run_id = :rid ORDER BY prompt_index"),
+            {"rid": run_id})}
 
 
 def timings(store: Store, run_id: int) -> pd.DataFrame:

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -243,6 +243,17 @@ class VerifyProfile(Base):
     seconds: Mapped[float] = mapped_column(Double)
 
 
+class BatchVerifyProfile(Base):
+    """t_verify(B, n): one batched target forward of B rows over n new tokens each, measured once per experiment
+    and batch size (`--k auto` on the batched decoders: a fixed batch size above 1 or a grid)."""
+
+    __tablename__ = "batch_verify_profile"
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    batch_size: Mapped[int] = mapped_column(Integer, primary_key=True)
+    n: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seconds: Mapped[float] = mapped_column(Double)
+
+
 class RoundRow(Base):
     __tablename__ = "rounds"
     run_id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -402,6 +413,7 @@ draft_tokens = DraftTokenRow.__table__
 timings = Timing.__table__
 device_leases = DeviceLease.__table__
 verify_profile = VerifyProfile.__table__
+batch_verify_profile = BatchVerifyProfile.__table__
 training_jobs = TrainingJob.__table__
 training_points = TrainingPoint.__table__
 production_series = ProductionSeries.__table__
