@@ -176,18 +176,21 @@ def experiment_label(experiments: pd.DataFrame):
 
 
 def run_label(runs: pd.DataFrame, sweep_variable: str = "k"):
-    """format_func for run ids: `run 7 · k=4` or `run 1 · baseline`."""
+    """format_func for run ids: `run 7 · k=4` or `run 1 · baseline`; where the runs span several batch sizes (a
+    grid) each names its batch size too: `run 7 · k=4 · batch 16`."""
     rows = {r.run_id: r for r in runs.itertuples()}
+    grid = sweep_variable != "batch_size" and "batch_size" in runs and runs["batch_size"].nunique() > 1
 
     def label(run_id: int) -> str:
         r = rows.get(run_id)
         if r is None:
             return f"run {run_id}"
+        at = f" · batch {int(r.batch_size)}" if grid and pd.notna(r.batch_size) else ""
         if r.kind == "baseline":
-            return f"run {run_id} · baseline"
+            return f"run {run_id} · baseline{at}"
         swept = variable(sweep_variable)
         value = r.k if swept.name == "k" else swept.run_value(r)  # a draft sweep's name, not its index
-        return f"run {run_id} · {swept.name}={swept.show(value) if value is not None else '?'} ({r.status})"
+        return f"run {run_id} · {swept.name}={swept.show(value) if value is not None else '?'}{at} ({r.status})"
 
     return label
 

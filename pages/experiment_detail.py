@@ -289,8 +289,7 @@ def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> 
         csv_download(confirmed, "k_auto_confirmation.csv")
 
 
-def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experiment_id: int,
-                grid: bool = False) -> None:
+def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experiment_id: int) -> None:
     speculative = runs[runs["kind"] == "speculative"]
     if speculative.empty:
         return
@@ -298,11 +297,8 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experime
     ids = [int(i) for i in speculative["run_id"]]
     best = best_run(speculative, verdict)
     default = int(best["run_id"]) if best is not None else None
-    label = run_label(runs, sweep_variable)
-    if grid:  # the same k at several batch sizes: name the batch size too
-        sizes = dict(zip(runs["run_id"], runs["batch_size"]))
-        label = (lambda plain: lambda run_id: f"{plain(run_id)} · {batch_name(sizes.get(run_id, 0))}")(label)
-    run_id = select_id("Run (the best one unless chosen)", "run", ids, label, default=default)
+    run_id = select_id("Run (the best one unless chosen)", "run", ids, run_label(runs, sweep_variable),
+                       default=default)  # a grid's labels name each run's batch size
     stamp = run_stamp(runs, run_id)  # a finished run's breakdowns are read once, not on every refresh
     breakdowns = (
         ("Conditional acceptance by draft position", "acceptance_by_position", charts.acceptance_by_position,
@@ -370,7 +366,7 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
         _sweep(curve, runs, experiment, sweep_variable, verdict, grid)
     else:
         st.info("No speculative run has finished yet; the curves appear as runs complete.", icon=":material/hourglass:")
-    _breakdowns(runs, sweep_variable, verdict, experiment_id, grid)
+    _breakdowns(runs, sweep_variable, verdict, experiment_id)
     render_k_distribution(runs)
     render_validation(experiment, verdict)
     render_production(experiment_id)

@@ -85,6 +85,9 @@ def test_the_detail_page_of_a_grid_shows_its_k_schedule(grid):
     assert any("at batch 16 speculation costs 8 % (0.92× (0.88–0.96)" in _plain(m.value) for m in at.markdown)  # each batch size's sentence
     assert json.loads(next(c.value for c in at.code)) == [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
     assert f"experiment{eid}_schedule.csv" in downloads(at)
+    # The run picker (and the Round explorer's, Compare's) names each run's batch size: k = 1 is run three times.
+    options = at.selectbox(key="select_run").options
+    assert f"run {ids[(16, 1)]} · k=1 · batch 16 (done)" in options and len(set(options)) == 9
     for shown in at.dataframe:  # every table of the page, the schedule's included, has a header per column
         config = json.loads(shown.proto.columns)
         assert all(config.get(name, {}).get("label") for name in shown.value.columns), list(shown.value.columns)
