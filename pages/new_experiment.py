@@ -53,7 +53,8 @@ DEFAULTS = {
     "drafter_sweep": DEFAULT_DRAFTER_SWEEP, "drafter_sweep_t": f"{DEFAULT_THRESHOLD:g}",
     "drafter_sweep_n": str(DEFAULT_NGRAM), "draft_sampling": "probabilistic", "grid_batch_sizes": "",
 }
-GRID_HELP = ("optional, comma-separated (e.g. 1,4,16): run the whole sweep, baselines included, at each of these "
+GRID_HELP = ("optional, comma-separated (e.g. 1,4,16): run the whole sweep (k auto: its probe, prediction and "
+             "confirmations), baselines included, at each of these "
              "batch sizes, each paired with its own target-only baseline there; the experiment then gives a k "
              "schedule (the k to serve at each batch size, off where speculation loses). Each batch size is "
              f"{VARIABLES['batch_size'].meaning}; with a list, Batch size above is not used")
@@ -128,7 +129,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     or drafter sweep takes its names as sweep_list (else from sweep_text, comma-separated); a draft sweep is
     checked by pair_checks, (draft, ok, message) for each candidate, instead of pair_ok; sweep_error is a problem
     the form found in the swept values itself. `drafter` applies to every run unless the drafter is what is swept.
-    grid_text: the optional "at batch sizes" list (two or more): the sweep at each, a grid (not with k auto or a
+    grid_text: the optional "at batch sizes" list (two or more): the sweep (or k auto) at each, a grid (not with a
     batch-size sweep). prompt_count: the prompt set's size, when known: no batch size may have more rows."""
     launch = Launch()
     if sweep_variable == "draft" and pair_checks is not None:
@@ -182,7 +183,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     if not VARIABLES["k"].in_range(k):
         launch.errors.append(f"k must be {VARIABLES['k'].meaning}")
     sizes = None  # a grid's batch sizes
-    if grid_text.strip() and k_auto is None and sweep_variable != "batch_size":
+    if grid_text.strip() and sweep_variable != "batch_size":  # k auto too: predicted, then confirmed at each
         try:
             sizes = parse_sweep_values(grid_text, "batch_size")  # engine/variables.py's bounds
         except ValueError as exc:
@@ -571,7 +572,7 @@ def render() -> None:
                        "(verified as a point mass: what a server that drafts by argmax sees), one shared baseline.")
             sweep_list = list(DRAFT_SAMPLING)
         grid_text = ""
-        if choice not in (AUTO_K, "batch_size"):  # a grid: the sweep at each of several batch sizes
+        if choice != "batch_size":  # a grid: the sweep (or k auto's prediction) at each of several batch sizes
             _seed("grid_batch_sizes")
             grid_text = st.text_input("At batch sizes (optional: a grid)", key="grid_batch_sizes",
                                       persist_state="page", placeholder="e.g. 1,4,16", help=GRID_HELP)

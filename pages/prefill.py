@@ -271,9 +271,9 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
             else:
                 values["sweep_values"] = ",".join(f"{v:g}" for v in parsed)
     if "batch_sizes" in raw:  # a grid: the sweep at each of these batch sizes (the form's "at batch sizes")
-        if variable in (AUTO_K, "batch_size"):
-            notes.append(f"batch_sizes: ignored when sweeping {'k auto' if variable == AUTO_K else 'batch size'} "
-                         f"(a grid sweeps another variable at each batch size)")
+        if variable == "batch_size":
+            notes.append("batch_sizes: ignored when sweeping batch size (a grid sweeps another variable at each "
+                         "batch size)")
         else:
             try:
                 sizes = parse_sweep_values(raw["batch_sizes"], "batch_size")

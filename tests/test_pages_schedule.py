@@ -182,8 +182,10 @@ def test_validate_checks_every_batch_size_against_the_prompt_count():
     assert refused.errors == ["batch size 8 needs at least 8 prompts but the prompt set has 4; use a batch size of "
                               "4 or less, or more prompts"]
     assert validate(**{**VALID, "sweep_variable": "batch_size", "sweep_text": "1,8"}, prompt_count=4).errors
-    # k auto and a batch-size sweep take no grid: the field is not shown, and a stale value is not used
-    assert "batch_sizes" not in validate(**VALID, k_auto=4, grid_text="1,4").kwargs
+    # k auto predicts, then confirms, at each batch size; a batch-size sweep takes no grid (a stale value is unused)
+    assert validate(**VALID, k_auto=4, grid_text="1,4").kwargs["batch_sizes"] == [1, 4]
+    assert "batch_sizes" not in validate(**{**VALID, "sweep_variable": "batch_size", "sweep_text": "1,2"},
+                                         grid_text="1,4").kwargs
 
 
 def test_a_link_fills_the_grid_field_or_says_why_not(empty_db):
@@ -216,3 +218,23 @@ def test_compare_draws_a_grid_as_one_line_per_batch_size(grid, empty_db):
     lines = drawn.groupby("experiment_name")["sweep_value"].apply(sorted).to_dict()
     assert lines == {**{f"#{eid} · grid <b>it's</b> · batch {b}": [1.0, 2.0, 4.0] for b in (1, 4, 16)},
                      f"#{plain} · plain": [1.0, 2.0]}
+
+
+def test_the_form_launches_k_auto_at_several_batch_sizes(empty_db, model_dirs):
+    """k auto with batch sizes is a grid too (predicted, then confirmed, at each): a probe and a baseline per
+    batch size are queued."""
+    from pages.new_experiment import AUTO_K
+
+    at = _fill(app("new"), model_dirs, max_new_tokens=8, prompt_set="code:validation")
+    at.selectbox(key="sweep_variable").set_value(AUTO_K).run()
+    at.number_input(key="k_auto").set_value(4)
+    at.text_input(key="grid_batch_sizes").set_value("1,2").run()
+    assert any("2 batch sizes" in c.value for c in at.caption if "Launch decodes" in c.value)
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    experiment = _launched(empty_db)
+    assert (experiment["k_auto"], q.grid_sizes(experiment)) == (4, [1, 2])
+    runs = q.runs(open_store(empty_db), experiment["experiment_id"])
+    assert sorted((int(r.batch_size), r.kind, None if r.kind == "baseline" else int(r.k)) for r in runs.itertuples()) \
+        == [(1, "baseline", None), (1, "speculative", 4), (2, "baseline", None), (2, "speculative", 4)]
