@@ -33,16 +33,18 @@ class TargetOnlyDecoder:
         token = sample(probabilities(self.target.prefill(prompt_ids), cfg), cfg, g)
         output = [int(token)]
         first_done = self.clock.wall()  # int() above already waited: this sync costs nothing
+        arrivals = [first_done - start]  # when each token reached the host, seconds from the start
         while len(output) < limit and output[-1] not in self.eos_ids:
             logits = self.target.forward(token.view(1, 1), keep=1)[0]
             token = sample(probabilities(logits, cfg), cfg, g)
             output.append(int(token))  # the per-token EOS check syncs, as any generate() loop does
+            arrivals.append(self.clock.now() - start)
             if on_progress is not None:
                 on_progress(len(output))
         end = self.clock.wall()
         text = self.tokenizer.decode(output, skip_special_tokens=True)
         return PromptResult(prompt_index, prompt, output, text, end - start,
-                            decode_steps=len(output) - 1, decode_seconds=end - first_done)
+                            decode_steps=len(output) - 1, decode_seconds=end - first_done, token_seconds=arrivals)
 
     def peak_cache_bytes(self) -> int:
         """Peak KV-cache bytes since the last reset (engine/memory.py)."""

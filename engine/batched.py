@@ -309,10 +309,11 @@ class BatchedSpeculativeDecoder:
             target.rollback(kept)
             self.drafter.rollback(kept)
             t_done = clock.mark()
-            host = rows_to_host(proposal, p_target, logits, n, next_tokens,
-                                [target.trailing_holes(), self.drafter.trailing_holes()])
+            host = speculative.rows_to_host(proposal.tokens, proposal.probs, proposal.raw_logits, proposal.ks, p_target,
+                                            logits, n, next_tokens, [target.trailing_holes(),
+                                                                     self.drafter.trailing_holes()])
             draft_s, verify_s = clock.seconds(t_draft, t_verify), clock.seconds(t_verify, t_done)
-            arrived = clock.wall() - start  # the round's tokens reached the host together (after the transfer)
+            arrived = clock.now() - start  # the round's tokens reached the host together, with the transfer
             self.rounds += 1
             finished, keep = [], []
             for r, (o, row) in enumerate(zip(state.live, host["rows"])):
@@ -363,28 +364,6 @@ class BatchedSpeculativeDecoder:
             self.drafter.reset_peak_cache_bytes()
 
 
-def rows_to_host(proposal: BatchProposal, p_target: torch.Tensor, target_logits: torch.Tensor, n: torch.Tensor,
-                 next_tokens: torch.Tensor, extras: list) -> dict:
-    """engine.speculative.to_host for every row in ONE transfer: {"rows": [to_host's dict per row, cut to the
-    row's k_r], "trailing": the extras (None where an extra is None)}."""
-    batch, width = proposal.tokens.shape
-    p_d, p_t, beta, kl = speculative.draft_stats(proposal.tokens, proposal.probs, proposal.raw_logits,
-                                                 p_target[:, :width], target_logits[:, :width])
-    fields = [n, next_tokens, proposal.tokens, p_d, p_t, beta, kl]
-    table = torch.cat([f.double().reshape(batch, -1) for f in fields], 1)
-    present = [e for e in extras if e is not None]
-    flat = torch.cat([table.reshape(-1)] + [e.double().reshape(1) for e in present]).tolist()
-    stride = 2 + 5 * width
-    rows = []
-    for r, k in enumerate(proposal.ks):
-        row = flat[r * stride : (r + 1) * stride]
-        cols = [row[2 + i * width : 2 + i * width + k] for i in range(5)]
-        rows.append({"accepted": int(row[0]), "next": int(row[1]), "tokens": [int(t) for t in cols[0]],
-                     "p_draft": cols[1], "p_target": cols[2], "beta": cols[3], "kl": cols[4]})
-    tail = iter(int(v) for v in flat[batch * stride :])
-    return {"rows": rows, "trailing": [None if e is None else next(tail) for e in extras]}
-
-
 class BatchedTargetOnlyDecoder:
     """Target-only decoding of B prompts through the same BatchCache: one forward per token for every running
     row; a row leaves the batch when it finishes (one cache gather). One host read per token (the EOS check, as
@@ -431,7 +410,7 @@ class BatchedTargetOnlyDecoder:
             logits = target.forward(token[:, None], ones, keep=1)[:, 0]
             token = sample_rows(probabilities(logits, cfg), cfg, state.generators)
             step = token.tolist()
-            arrived = clock.wall() - start
+            arrived = clock.now() - start
             for o, t in zip(state.live, step):
                 outputs[o].append(t)
                 arrivals[o].append(arrived)

@@ -4,7 +4,8 @@ CUDA kernels run asynchronously, so a host clock read mid-round needs torch.cuda
 queue and leaves the GPU idle until the host launches again. Instead the loop `mark`s CUDA events at the round's
 boundaries and reads the intervals after the round's one host transfer, which waits for the device anyway; the
 last mark must come before that transfer. On CPU a mark is a perf_counter reading. `wall` synchronizes: the
-per-prompt wall time (SPEC timing protocol), read once at the start and once at the end of a prompt.
+per-prompt wall time (SPEC timing protocol), read once at the start and once at the end of a prompt; `now`, read
+right after a round's transfer, is when its tokens arrived (no extra synchronization).
 """
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class RoundClock:
         """Host seconds, after all queued device work finished."""
         if self.on_cuda:
             self._synchronize()
+        return time.perf_counter()
+
+    def now(self) -> float:
+        """Host seconds without waiting for the device: right after a host transfer, when what it carried (a
+        round's tokens) reached the host, since the transfer itself waited for the work queued before it."""
         return time.perf_counter()
 
     def mark(self):

@@ -66,8 +66,8 @@ class PromptResult:
     decode_seconds: float = 0.0
     # Speculative runs: the rounds; the first new token comes from the target's prefill and belongs to none.
     rounds: list[Round] = field(default_factory=list)
-    # Batched decoders: when each output token reached the host, seconds from the batch's start (a speculative
-    # round's tokens share its time); None from decoders that do not report arrivals.
+    # When each output token reached the host, seconds from the decode's start (a batch's start for the batched
+    # decoders; a speculative round's tokens share its time); None from a decoder that reports no arrivals.
     token_seconds: list[float] | None = None
 
     @property

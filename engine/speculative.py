@@ -5,7 +5,8 @@ k_r is the drafter's k capped by what is left (token budget, context positions);
 Invariant between rounds: the target's cache holds a prefix of the committed tokens (all but the last after
 the first round; empty before it, so the prefill pass verifies the first drafts); the drafter's cache holds a
 prefix too. One host/device sync per round (`to_host`); draft and verify are timed by device events read
-after it (engine/clock.py).
+after it (engine/clock.py), and the round's tokens arrive together right after it (PromptResult.token_seconds,
+seconds from the decode's start, as the batched decoders record them).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def verify_rows(tokens: torch.Tensor, draft_probs: torch.Tensor, ks: list[int], 
     counts [B], next tokens [B]) on the device, without a host sync."""
     batch, k = tokens.shape
     if cfg.greedy:
-        ok = tokens == p_target[:, :k].argmax(-1)
+        best = p_target.argmax(-1)  # the target's token at every slot [B, K+1]: drafts' checks and the next token
+        ok = tokens == best[:, :k]
     else:
         p_t = p_target[:, :k].gather(-1, tokens[..., None])[..., 0]
         p_d = draft_probs.gather(-1, tokens[..., None])[..., 0]
@@ -54,10 +56,10 @@ def verify_rows(tokens: torch.Tensor, draft_probs: torch.Tensor, ks: list[int], 
     if valid is not None:
         ok = ok & valid
     n = ok.long().cumprod(1).sum(1)
+    if cfg.greedy:
+        return n, best.gather(1, n[:, None])[:, 0]
     rows = torch.arange(batch, device=p_target.device)
     target_row = p_target[rows, n]
-    if cfg.greedy:
-        return n, target_row.argmax(-1)
     draft_row = torch.cat([draft_probs, torch.zeros_like(target_row)[:, None]], 1)[rows, n]
     residual = residual_distribution(target_row, draft_row)  # at n == k draft_row is 0: plain p_t (bonus)
     return n, sample_rows(residual, cfg, generators)
@@ -123,7 +125,7 @@ class SpeculativeDecoder:
         # The first round starts from the prompt: the target's prefill pass also verifies the first drafts.
         self.target.reset()
         self.drafter.start(prompt_ids)
-        sequence, output, rounds = prompt_ids, [], []
+        sequence, output, rounds, arrivals = prompt_ids, [], [], []
         while len(output) < limit and not (output and output[-1] in self.eos_ids):
             length = sequence.shape[1]
             # A round emits up to k_r + 1 tokens and the target scores positions up to length + k_r - 1.
@@ -140,6 +142,7 @@ class SpeculativeDecoder:
             n, next_token = verify(proposal, p_target, cfg, g)
             t_done = clock.mark()
             host = to_host(proposal, p_target, target_logits, n, next_token)  # the sync; t_done has completed
+            arrived = clock.now() - start  # the round's tokens reached the host together, with the transfer
             accepted = host["accepted"]
             self.target.rollback(length + accepted)
             self.drafter.accept(length, accepted)
@@ -147,6 +150,7 @@ class SpeculativeDecoder:
                                   clock.seconds(t_draft, t_verify), clock.seconds(t_verify, t_done), proposal.forwards)
             rounds.append(round_)
             output += round_.emitted_ids
+            arrivals += [arrived] * len(round_.emitted_ids)
             # Built from device tensors: a host-to-device copy would be a second sync.
             emitted = torch.cat([proposal.tokens[:accepted], next_token.view(1)])[: len(round_.emitted_ids)]
             sequence = torch.cat([sequence, emitted.view(1, -1)], dim=1)
@@ -154,7 +158,7 @@ class SpeculativeDecoder:
                 on_progress(len(output))
         wall = clock.wall() - start
         text = self.typer.tokenizer.decode(output, skip_special_tokens=True)
-        return PromptResult(prompt_index, prompt, output, text, wall, rounds=rounds)
+        return PromptResult(prompt_index, prompt, output, text, wall, rounds=rounds, token_seconds=arrivals)
 
     def peak_cache_bytes(self) -> int:
         """Peak KV-cache bytes since the last reset: the target's plus the drafter's, if it has a cache."""
@@ -173,25 +177,33 @@ class SpeculativeDecoder:
 
 def to_host(proposal: Proposal, p_target: torch.Tensor, target_logits: torch.Tensor,
             n: torch.Tensor, next_token: torch.Tensor) -> dict:
-    """Everything a round records, computed on the device and moved to the host in one transfer."""
-    k = proposal.tokens.shape[0]
-    p_d, p_t, beta, kl = draft_stats(proposal.tokens, proposal.probs, proposal.raw_logits, p_target[:k],
-                                     target_logits[:k])
-    packed = torch.cat([
-        torch.stack([n, next_token]).double(),
-        proposal.tokens.double(),
-        p_d.double(),
-        p_t.double(),
-        beta.double(),
-        kl.double(),
-    ]).tolist()
-    fields = [packed[2 + i * k : 2 + (i + 1) * k] for i in range(5)]
-    return {
-        "accepted": int(packed[0]),
-        "next": int(packed[1]),
-        "tokens": [int(t) for t in fields[0]],
-        "p_draft": fields[1],
-        "p_target": fields[2],
-        "beta": fields[3],
-        "kl": fields[4],
-    }
+    """Everything a round records, computed on the device and moved to the host in one transfer: the one-row
+    case of `rows_to_host`."""
+    raw = proposal.raw_logits
+    return rows_to_host(proposal.tokens[None], proposal.probs[None], None if raw is None else raw[None],
+                        [proposal.tokens.shape[0]], p_target[None], target_logits[None], n.view(1),
+                        next_token.view(1))["rows"][0]
+
+
+def rows_to_host(tokens: torch.Tensor, draft_probs: torch.Tensor, draft_logits: torch.Tensor | None, ks: list[int],
+                 p_target: torch.Tensor, target_logits: torch.Tensor, n: torch.Tensor, next_tokens: torch.Tensor,
+                 extras: list = ()) -> dict:
+    """What a round records for B rows (tokens [B, K] and the rest as `verify_rows` takes them, n and next_tokens
+    [B]), computed on the device and moved to the host in ONE transfer (`.tolist()`, the round's one sync), with
+    the 0-d integer tensors `extras` (None allowed). Returns {"rows": per row {"accepted", "next", "tokens",
+    "p_draft", "p_target", "beta", "kl"}, cut to the row's ks[r], "trailing": the extras as ints (None where
+    None)}."""
+    batch, width = tokens.shape
+    stats = torch.stack(draft_stats(tokens, draft_probs, draft_logits, p_target[:, :width], target_logits[:, :width]))
+    present = [e.reshape(1) for e in extras if e is not None]
+    ints = [n, next_tokens, tokens.reshape(-1), *present]  # row r's tokens at 2 * batch + r * width
+    flat = torch.cat([torch.cat(ints).double(), stats.reshape(-1).double()]).tolist()
+    head = batch * (2 + width) + len(present)
+    rows = []
+    for r, k in enumerate(ks):
+        at = 2 * batch + r * width
+        cols = [flat[head + (i * batch + r) * width : head + (i * batch + r) * width + k] for i in range(4)]
+        rows.append({"accepted": int(flat[r]), "next": int(flat[batch + r]), "tokens": [int(t) for t in flat[at : at + k]],
+                     "p_draft": cols[0], "p_target": cols[1], "beta": cols[2], "kl": cols[3]})
+    tail = iter(int(v) for v in flat[batch * (2 + width) : head])
+    return {"rows": rows, "trailing": [None if e is None else next(tail) for e in extras]}
