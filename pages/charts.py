@@ -132,7 +132,7 @@ SCHEDULE_SERVE, SCHEDULE_OFF = "served", "off (k = 0)"  # a schedule marker's `m
 
 
 def schedule_curve(frame: pd.DataFrame, served: pd.DataFrame, x: str = "k", x_title: str | None = None,
-                   nominal: bool = False) -> alt.LayerChart:
+                   nominal: bool = False, predicted: pd.DataFrame | None = None) -> alt.LayerChart:
     """A grid's k schedule: measured speedup against the swept value, one line per batch size (never mixed), each
     point with its 95 % interval (error bars; hollow while the run has not finished, a cross for a timing warning),
     a rule at 1× (the target alone at that batch size), and what each batch size serves marked with a large
@@ -142,13 +142,15 @@ def schedule_curve(frame: pd.DataFrame, served: pd.DataFrame, x: str = "k", x_ti
     frame: x, batch (the batch size's name, e.g. `batch 4`), batch_size, speedup, speedup_ci_lo, speedup_ci_hi,
     state. served: x, batch, batch_size, speedup, mark (SCHEDULE_SERVE or SCHEDULE_OFF), label (words), label_y
     (where an off label goes), and optionally why (the interval behind it, in the tooltip). The y axis does not
-    start at 0: the spread around 1× is what matters. Batch sizes keep their numeric order in the legend. nominal: the swept values are
+    start at 0: the spread around 1× is what matters. predicted (`--k auto` at several batch sizes): x, batch,
+    batch_size, predicted_speedup: each batch size's predicted curve, dashed in its line's colour. Batch sizes keep their numeric order in the legend. nominal: the swept values are
     names (a draft or drafter grid): x is the name, in the frame's order."""
     x_title = x_title or x
     data = frame.rename(columns={x: "x", "speedup_ci_lo": "lo", "speedup_ci_hi": "hi"})
     marks = served.rename(columns={x: "x"})
-    names = list(dict.fromkeys(
-        pd.concat([data[["batch_size", "batch"]], marks[["batch_size", "batch"]]]).sort_values("batch_size")["batch"]))
+    guesses = predicted.rename(columns={x: "x"}) if predicted is not None and len(predicted) else None
+    named = [d[["batch_size", "batch"]] for d in (data, marks, guesses) if d is not None]
+    names = list(dict.fromkeys(pd.concat(named).sort_values("batch_size")["batch"]))
     scale = alt.Scale(domain=names, scheme="tableau20" if len(names) > 10 else "tableau10")
     color = alt.Color("batch:N", title="batch size", legend=BOTTOM, scale=scale, sort=names)
     if nominal:
@@ -182,7 +184,13 @@ def schedule_curve(frame: pd.DataFrame, served: pd.DataFrame, x: str = "k", x_ti
     off_label = alt.Chart(marks).transform_filter(is_value("mark", SCHEDULE_OFF)).mark_text(
         align="left", baseline="bottom", dx=10, dy=-4, fontSize=11, fontWeight="bold").encode(
         x_enc, alt.Y("label_y:Q", title=y_title, scale=y_scale), color, text="label:N", tooltip=mark_tooltip)
-    return alt.layer(even, base.mark_line(), bars, points, chosen, off_mark, off_label).properties(height=HEIGHT + 80)
+    layers = [even, base.mark_line(), bars, points, chosen, off_mark, off_label]
+    if guesses is not None:
+        layers.insert(1, alt.Chart(guesses).mark_line(strokeDash=[5, 4], opacity=0.7, point=alt.OverlayMarkDef(
+            size=20)).encode(x_enc, alt.Y("predicted_speedup:Q", title=y_title, scale=y_scale), color, tooltip=[
+                "batch:N", alt.Tooltip("x:Q", title=x_title),
+                alt.Tooltip("predicted_speedup:Q", title="predicted (k auto)", format=".3f")]))
+    return alt.layer(*layers).properties(height=HEIGHT + 80)
 
 
 def rates_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:

@@ -358,7 +358,7 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
         table(shown, names, "runs_table", headers={"sweep_value": sweep_variable})
         csv_download(runs, f"experiment{experiment_id}_runs.csv")
     if schedule is not None:
-        render_schedule(schedule, runs, sweep_variable, experiment_id)
+        render_schedule(schedule, runs, sweep_variable, {**experiment, "experiment_id": experiment_id})
     curve = cached("sweep_curve", experiment_id, stamp=stamp)
     if grid:
         curve = curve.merge(runs[["run_id", "batch_size"]], on="run_id", how="left")

@@ -16,6 +16,7 @@ from pages import charts
 from pages.common import chart_with_csv, csv_download, table
 from pages.prefill import md_text
 from storage import columns
+from storage import queries as q
 
 OFF_LABEL_GAP = 0.04  # in speedup units: off labels stacked at 1× are this far apart
 # The table: what each batch size serves and what that costs a user (the chosen run's figures; where speculation
@@ -75,6 +76,14 @@ def served_frame(schedule: dict, runs: pd.DataFrame, sweep_variable: str) -> pd.
     frame["label_y"] = frame["speedup"].astype(float)
     frame.loc[off, "label_y"] = 1.0 - OFF_LABEL_GAP * np.arange(int(off.sum()))  # stacked below one another
     return frame
+
+
+def predicted_frame(experiment: dict) -> pd.DataFrame:
+    """`--k auto` at several batch sizes: each batch size's predicted curve (k, predicted_speedup); empty
+    otherwise."""
+    rows = [{"batch_size": size, "batch": batch_name(size), "k": float(k), "predicted_speedup": speedup}
+            for size, (curve, _) in sorted(q.predicted_curves(experiment).items()) for k, speedup in sorted(curve.items())]
+    return pd.DataFrame(rows, columns=["batch_size", "batch", "k", "predicted_speedup"])
 
 
 def schedule_table(schedule: dict, runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
@@ -143,18 +152,25 @@ def headline(schedule: dict) -> None:
         icon=":material/warning:" if wide else ":material/gavel:")
 
 
-def render_schedule(schedule: dict, runs: pd.DataFrame, sweep_variable: str, experiment_id: int) -> None:
+def render_schedule(schedule: dict, runs: pd.DataFrame, sweep_variable: str, experiment: dict) -> None:
     """The k schedule section: chart, table, each batch size's verdict and vLLM's setting."""
     swept = variable(sweep_variable)
     st.header("k schedule" if sweep_variable == "k" else f"Best {swept.name} per batch size",
               anchor="k-schedule")  # where the schedule findings link (pages/findings_panel.py)
+    experiment_id = int(experiment["experiment_id"])
     points = curve_frame(runs, sweep_variable)
     served = served_frame(schedule, runs, sweep_variable)
+    predicted = predicted_frame(experiment) if sweep_variable == "k" else None
     if points["speedup"].notna().any():
         title = "k (draft tokens per round; 0 = speculation off)" if sweep_variable == "k" else swept.name
-        chart = charts.schedule_curve(points, served, sweep_variable, title, nominal=swept.categorical)
+        chart = charts.schedule_curve(points, served, sweep_variable, title, nominal=swept.categorical,
+                                      predicted=predicted)
         st.subheader(f"Speedup vs {swept.name} at each batch size")
         chart_with_csv(chart, points, f"experiment{experiment_id}_schedule_curve.csv")
+        if predicted is not None and len(predicted):
+            csv_download(predicted, f"experiment{experiment_id}_k_auto_curves.csv", "Download the predicted curves")
+            st.caption("Dashed: k auto's predicted curve at each batch size (from its k_max run there and that batch "
+                       "size's verify profile); the measured confirmations are the points.")
         st.caption("One line per batch size, each against its own target-only baseline at that batch size; points "
                    "with 95 % intervals (paired bootstrap, batches as the resampling unit when rows share a "
                    "forward), hollow while unfinished. Diamonds: what each batch size serves; a cross at k = 0, 1×: "

@@ -115,6 +115,9 @@ def seed(store, models_dir) -> dict:
                                      batch_sizes=[1, 2, 4])
     for kind in ("k", "validation", "draft", "drafter", "temperature", "grid"):
         _fill(store, ids[kind], varying_k=kind == "drafter")
+    # Predicted curves per batch size, as `--k auto --batch-size 1,2,4` stores them: the k schedule draws them dashed.
+    by_size = {b: ({k: 1.6 - 0.2 * b - 0.05 * k for k in range(1, 5)}, []) for b in (1, 2, 4)}
+    set_predicted_curve(store, ids["grid"], by_size[1][0], [], by_batch_size=by_size)
     # `--k auto`: k = 4 measured first, the predicted curve, then the confirmations at k = 2 and 3.
     ids["auto"] = enqueue_experiment(store, **common, name=NAMES["auto"], draft=DRAFT, sweep_values=[4],
                                            k_auto=4)

@@ -117,6 +117,9 @@ CASES = {
     "schedule_curve by name": lambda: charts.schedule_curve(
         _grid()[0].assign(draft=lambda f: [DRAFTS[int(k) % 2] for k in f["k"]]).drop(columns=["k"]),
         _grid()[1].iloc[:2].assign(draft=DRAFTS).drop(columns=["k"]), "draft", "draft", nominal=True),
+    "schedule_curve with predictions": lambda: charts.schedule_curve(*_grid(), "k", "k", predicted=pd.DataFrame({
+        "k": [1, 2, 3, 1, 2, 3], "batch": [NAMES["k"]] * 3 + [DRAFTS[0]] * 3, "batch_size": [1] * 3 + [2] * 3,
+        "predicted_speedup": [1.2, 1.4, 1.3, 1.0, 1.1, 0.9]})),
     "rates_curve": lambda: charts.rates_curve(_sweep()[["k", "alpha", "draft_acceptance_rate"]]),
     "tokens_per_round_curve": lambda: charts.tokens_per_round_curve(
         _sweep()[["k", "tokens_per_round", "expected_tokens_per_round"]]),

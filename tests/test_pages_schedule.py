@@ -238,3 +238,26 @@ def test_the_form_launches_k_auto_at_several_batch_sizes(empty_db, model_dirs):
     runs = q.runs(open_store(empty_db), experiment["experiment_id"])
     assert sorted((int(r.batch_size), r.kind, None if r.kind == "baseline" else int(r.k)) for r in runs.itertuples()) \
         == [(1, "baseline", None), (1, "speculative", 4), (2, "baseline", None), (2, "speculative", 4)]
+
+
+def test_a_k_auto_grid_draws_each_batch_size_predicted_curve_beside_its_measurements(empty_db):
+    from storage.experiments import add_k_runs, set_predicted_curve
+
+    store = open_store(empty_db)
+    eid = enqueue_experiment(store, name="auto grid", target="tgt", draft="drf", prompts="code:tune",
+                             sampling={"max_new_tokens": 64}, sweep_values=[4], k_auto=4, batch_sizes=[1, 2],
+                             prompt_texts=[f"p{i}" for i in range(4)])
+    curves = {1: ({1: 1.2, 2: 1.4, 3: 1.35, 4: 1.3}, [2, 3]), 2: ({1: 1.05, 2: 1.1, 3: 1.0, 4: 0.95}, [2])}
+    set_predicted_curve(store, eid, *curves[1], by_batch_size=curves)
+    for r in q.runs(store, eid).itertuples():
+        run_state.finish_run(store, int(r.run_id), "done")
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET speedup = 1.25, speedup_ci_lo = 1.2, speedup_ci_hi = 1.3 "
+                          "WHERE experiment_id = :e AND kind = 'speculative'"), {"e": eid})
+    at = app("experiment", experiment=eid)
+    assert_clean(at)
+    drawn = [d for chart in chart_data(at) for d in chart]
+    predicted = next(d for d in drawn if "predicted_speedup" in d and "batch" in d)
+    assert {b: dict(zip(g["x"].astype(int), g["predicted_speedup"])) for b, g in predicted.groupby("batch")} == \
+        {"batch 1": curves[1][0], "batch 2": curves[2][0]}
+    assert f"experiment{eid}_k_auto_curves.csv" in downloads(at)
