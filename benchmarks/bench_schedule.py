@@ -1,7 +1,8 @@
 """The k schedule of a pair across batch sizes (issue 20 item 8): one `draftlab run --batch-size ... --k ... --json`
 grid through the product's CLI (a separate process, as a user runs it), then per batch size a table of the
 target-only baseline and every k: speedup with its 95 % interval (paired, resampling batches), throughput over the
-batch, TTFT p50, ITL p50 / p95 and request latency p95; then the schedule (the k to serve at each batch size, k = 0
+batch, tokens per round, c (target step / draft step), verify cost (a verify pass in target steps), TTFT p50,
+ITL p50 / p95 and request latency p95; then the schedule (the k to serve at each batch size, k = 0
 where speculation measurably loses) and vLLM's `num_speculative_tokens_per_batch_size` ranges; then the wall time
 of the whole command and the load average before and after it.
 
@@ -73,8 +74,8 @@ def command(args, prompts: str, db: str) -> list[str]:
 def table(size: int, baseline: dict | None, runs: list[dict], step: dict | None) -> list[str]:
     lines = [f"\nbatch {size}" + (f"  (baseline {fmt(baseline.get('tokens_per_second'), '.1f')} tok/s)" if baseline
                                  else ""),
-             f"{'k':>6} {'speedup (95% CI)':>19} {'tok/s':>7} {'tok/rnd':>7} {'TTFT p50':>8} {'ITL p50':>7} "
-             f"{'ITL p95':>7} {'lat p95':>7}  (ms)"]
+             f"{'k':>6} {'speedup (95% CI)':>19} {'tok/s':>7} {'tok/rnd':>7} {'c':>5} {'verify':>6} {'TTFT p50':>8} "
+             f"{'ITL p50':>7} {'ITL p95':>7} {'lat p95':>7}  (ms)"]
     for r in ([baseline] if baseline else []) + runs:
         is_base = r is baseline
         ci = r.get("speedup_ci")
@@ -84,6 +85,7 @@ def table(size: int, baseline: dict | None, runs: list[dict], step: dict | None)
         mark = "" if is_base or not step or step.get("run_id") != r["run_id"] else " <- serve"
         lines.append(f"{'target' if is_base else r['k']:>6} {speed:>19} {fmt(r.get('tokens_per_second'), '.1f'):>7} "
                      f"{'1.00' if is_base else fmt(r.get('tokens_per_round'), '.2f'):>7} "
+                     f"{'-' if is_base else fmt(r.get('c'), '.2f'):>5} {'-' if is_base else fmt(r.get('verify_cost'), '.2f'):>6} "
                      f"{ms(r.get('ttft_p50')):>8} {ms(r.get('itl_p50')):>7} {ms(r.get('itl_p95')):>7} "
                      f"{ms(r.get('latency_p95')):>7}" + mark
                      + (f"  ({r['status']}: {r.get('error')})" if r.get("status") != "done" else ""))
@@ -127,7 +129,13 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--db", default="", help="SQLAlchemy URL to keep (default: a temporary SQLite file)")
     ap.add_argument("--json", default="", help="also write the run's JSON document to this file")
+    ap.add_argument("--from-json", default="", help="print the tables of a document saved by --json; run nothing")
     args = ap.parse_args(argv)
+    if args.from_json:
+        doc = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+        print(f"experiment {doc['experiment_id']}, {doc.get('repeats')} repeats (from {args.from_json})")
+        print("\n".join(report(doc)))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         prompts = str(prompt_file(args.prompts, args.num_prompts, folder)) if args.num_prompts else args.prompts

@@ -33,6 +33,11 @@ def test_the_benchmark_prints_each_batch_sizes_table_and_the_schedule_from_the_r
     assert "vLLM num_speculative_tokens_per_batch_size: " + (json.dumps(ranges) if ranges else "none") in out
     assert re.search(r"wall time of the whole command: \d+ s .*load average after", out)
     assert re.search(r"load average \(1/5/15 min\) before [\d.]+/[\d.]+/[\d.]+", out)
+    # --from-json reprints the same tables from the saved document, running nothing
+    assert bench_schedule.main(["--from-json", str(doc_path)]) == 0
+    again = capsys.readouterr().out
+    tables = out[out.index("\nbatch 1  "):out.index("outputs equal to the baseline's")]
+    assert tables in again
 
 
 def test_too_few_prompts_for_num_prompts_is_one_line_naming_the_fix(tmp_path):
