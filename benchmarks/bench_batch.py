@@ -9,7 +9,10 @@ and the batch-1 speculative loop vs transformers' assisted generation, side by s
 2. Batch-1 speculative decoding, greedy, constant k: DraftLab's batch-1 loop (engine/speculative.py) and the batched
    decoder at batch 1 vs assisted generation with its schedule set on the draft's generation_config
    (num_assistant_tokens = k, num_assistant_tokens_schedule = 'constant'; transformers 5 reads them there).
-   Goal: wall ratio <= 0.80.
+   Goal: wall ratio <= 0.80. Also printed: the CPU-time ratio (process time, which other jobs on a shared machine
+   disturb less), and where the time goes, from as many passes again with every model forward clocked: forwards
+   per pass for each model, the share of the wall outside them, and the loop's forward time over assisted
+   generation's wall (the ratio the loop would reach with no overhead of its own).
 3. What the batched speculative decoder's rollback costs at batch 4 and 16: the mean share of the target cache's
    columns that are holes (rejected drafts, padding), how many realignments (compactions) a pass needed, the time
    spent dropping finished rows and realigning (select + compact), and its throughput vs the batched baseline at
@@ -25,6 +28,7 @@ alone; generate()'s padded batch may differ where padding changes float rounding
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -42,22 +46,67 @@ def spread(values: list[float]) -> str:
     return f"median {statistics.median(values):.3f}  (min {min(values):.3f}, max {max(values):.3f})"
 
 
-def interleaved(arms: dict, units: list, repeats: int, sync) -> dict:
-    """{arm: [total wall per repeat]}: each unit runs under every arm, A B then B A on alternate repeats."""
+def interleaved(arms: dict, units: list, repeats: int, sync, cpu: dict | None = None) -> dict:
+    """{arm: [total wall per repeat]}: each unit runs under every arm, A B then B A on alternate repeats. With a
+    dict `cpu`, it receives {arm: [process CPU seconds per repeat]} too (a figure other jobs on the machine
+    disturb less than wall time; meaningful on CPU only)."""
     walls = {name: [] for name in arms}
     for rep in range(repeats):
         order = list(arms) if rep % 2 == 0 else list(reversed(arms))
-        totals = dict.fromkeys(arms, 0.0)
+        totals, cpus = dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0.0)
         for unit in units:
             for name in order:
                 sync()
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 arms[name](unit)
                 sync()
                 totals[name] += time.perf_counter() - t
+                cpus[name] += time.process_time() - c
         for name in arms:
             walls[name].append(totals[name])
+            if cpu is not None:
+                cpu.setdefault(name, []).append(cpus[name])
     return walls
+
+
+def forward_split(arms: dict, units: list, models: dict, repeats: int, sync) -> tuple[dict, dict]:
+    """Where each arm's time goes, over `repeats` more interleaved passes with every model forward clocked
+    (functools.wraps keeps each forward's signature, which generate() inspects): ({arm: [wall per pass]},
+    {arm: [(forwards per model, seconds inside them) per pass]})."""
+    current, inside = [None], {}
+
+    def clocked(name, forward):
+        @functools.wraps(forward)
+        def run(*args, **kwargs):
+            sync()
+            t = time.perf_counter()
+            out = forward(*args, **kwargs)
+            sync()
+            count, seconds = inside[current[0]].get(name, (0, 0.0))
+            inside[current[0]][name] = (count + 1, seconds + time.perf_counter() - t)
+            return out
+        return run
+
+    def tagged(arm):
+        def run(unit):
+            current[0] = arm
+            return arms[arm](unit)
+        return run
+    for name, model in models.items():
+        model.forward = clocked(name, model.forward)
+    try:
+        passes = {arm: [] for arm in arms}
+        walls = {arm: [] for arm in arms}
+        for _ in range(repeats):
+            inside.clear()
+            inside.update({arm: {} for arm in arms})
+            for arm, wall in interleaved({arm: tagged(arm) for arm in arms}, units, 1, sync).items():
+                walls[arm] += wall
+                passes[arm].append(inside[arm])
+        return walls, passes
+    finally:
+        for model in models.values():
+            del model.forward  # the class's forward again
 
 
 def main() -> None:
@@ -149,8 +198,9 @@ def main() -> None:
             for fn in (spec_loop, spec_batched, assisted):
                 fn(0)
             same = sum(spec_loop(i) == assisted(i) == spec_batched(i) for i in units)
-            walls = interleaved({"loop": spec_loop, "batched": spec_batched, "assisted": assisted}, units,
-                                args.repeats, sync)
+            arms = {"loop": spec_loop, "batched": spec_batched, "assisted": assisted}
+            cpu = {}
+            walls = interleaved(arms, units, args.repeats, sync, cpu)
             print(f"\n2. batch-1 speculative decoding, k={args.k} constant, vs assisted generation "
                   f"(identical ids, all three: {same}/{len(prompts)})")
             for name in walls:
@@ -158,6 +208,21 @@ def main() -> None:
             for name in ("loop", "batched"):
                 ratios = [a / b for a, b in zip(walls[name], walls["assisted"])]
                 print(f"{name:>9} / assisted wall ratio: {spread(ratios)}")
+            if pair.device.type == "cpu":
+                for name in ("loop", "batched"):
+                    ratios = [a / b for a, b in zip(cpu[name], cpu["assisted"])]
+                    print(f"{name:>9} / assisted CPU-time ratio: {spread(ratios)}")
+            # Where the time goes: more interleaved passes with every model forward clocked (not in the ratios above).
+            split_walls, split = forward_split(arms, units, {"target": target, "draft": pair.draft.model},
+                                               args.repeats, sync)
+            print("   where a pass's wall goes (as many passes again, every model forward clocked):")
+            for name, passes in split.items():
+                forwards = " + ".join(f"{n} {m}" for m, (n, _) in passes[0].items())
+                inside = [sum(s for _, s in p.values()) for p in passes]
+                outside = [100 * (w - i) / w for w, i in zip(split_walls[name], inside)]
+                print(f"{name:>9}: {forwards} forwards a pass; outside them: {spread(outside)} % of the wall")
+            floor = [sum(s for _, s in p.values()) / w for p, w in zip(split["loop"], split_walls["assisted"])]
+            print(f"   loop's forwards alone / assisted wall (the loop with no overhead at all): {spread(floor)}")
 
         # --- 3. what rollback and compaction cost in the batched speculative decoder ------------------------------
         if "rollback" not in skip:
