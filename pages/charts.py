@@ -136,8 +136,8 @@ def schedule_curve(frame: pd.DataFrame, served: pd.DataFrame, x: str = "k", x_ti
     """A grid's k schedule: measured speedup against the swept value, one line per batch size (never mixed), each
     point with its 95 % interval (error bars; hollow while the run has not finished, a cross for a timing warning),
     a rule at 1× (the target alone at that batch size), and what each batch size serves marked with a large
-    diamond in its line's colour; where speculation measurably loses the marker is a cross at k = 0, 1× (the target
-    alone), labelled in words.
+    diamond in its line's colour; where the target alone is served the marker is a cross at k = 0, 1×, labelled in
+    words.
 
     frame: x, batch (the batch size's name, e.g. `batch 4`), batch_size, speedup, speedup_ci_lo, speedup_ci_hi,
     state. served: x, batch, batch_size, speedup, mark (SCHEDULE_SERVE or SCHEDULE_OFF), label (words), label_y

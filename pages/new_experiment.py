@@ -56,7 +56,7 @@ DEFAULTS = {
 GRID_HELP = ("optional, comma-separated (e.g. 1,4,16): run the whole sweep (k auto: its probe, prediction and "
              "confirmations), baselines included, at each of these "
              "batch sizes, each paired with its own target-only baseline there; the experiment then gives a k "
-             "schedule (the k to serve at each batch size, off where speculation loses). Each batch size is "
+             "schedule (the k to serve at each batch size, off where no k is measurably faster). Each batch size is "
              f"{VARIABLES['batch_size'].meaning}; with a list, Batch size above is not used")
 
 

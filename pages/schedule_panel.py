@@ -1,5 +1,5 @@
 """A grid experiment's k schedule on the detail page (`--batch-size 1,4,16 --k 1,2,3,4`): what to serve at each
-batch size (storage/schedule.py: the one verdict rule per batch size, k = 0 where speculation measurably loses),
+batch size (storage/schedule.py: the one verdict rule per batch size, k = 0 where no k is measurably faster),
 as a chart (speedup vs k, one line per batch size), a table (the served k with its interval, its ties, throughput
 and latency) and vLLM's num_speculative_tokens_per_batch_size. Reads storage's schedule and runs, draws with
 pages/charts.py."""
@@ -53,18 +53,19 @@ def curve_frame(runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
 
 def served_frame(schedule: dict, runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     """What each batch size serves, as the chart marks it: the chosen run's value and speedup, or, where
-    speculation measurably loses (a k grid), k = 0 at 1× (the target alone) with a label in words. Batch sizes with
+    the target alone is served (a k grid), k = 0 at 1× with a label in words. Batch sizes with
     nothing finished are left out."""
     swept = variable(sweep_variable)
     chosen = runs.set_index("run_id")
     rows = []
     for step in schedule["steps"]:
         size = int(step["batch_size"])
-        if step["loses"] and sweep_variable == "k":
+        if step["off"] and sweep_variable == "k":
+            why = "speculation loses" if step["loses"] else "no k measurably faster"
             rows.append({"batch_size": size, "batch": batch_name(size), sweep_variable: 0.0, "speedup": 1.0,
                          "mark": charts.SCHEDULE_OFF, "label": f"{batch_name(size)}: off (k = 0)",
-                         "why": f"speculation loses at {batch_name(size)}: best {_interval(step)}"})
-        elif not step["loses"] and step["run_id"] is not None and step["run_id"] in chosen.index:
+                         "why": f"{why} at {batch_name(size)}: best {_interval(step)}"})
+        elif not step["off"] and step["run_id"] is not None and step["run_id"] in chosen.index:
             run = chosen.loc[step["run_id"]]
             x = x_of(chosen.loc[[step["run_id"]]], sweep_variable).iloc[0]
             rows.append({"batch_size": size, "batch": batch_name(size), sweep_variable: x,
@@ -87,7 +88,7 @@ def predicted_frame(experiment: dict) -> pd.DataFrame:
 
 
 def schedule_table(schedule: dict, runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
-    """One row per batch size: what to serve (the value, `off (k = 0)` where speculation measurably loses, `—`
+    """One row per batch size: what to serve (the value, `off (k = 0)` where the target alone is served, `—`
     before anything finished), its speedup with the 95 % interval (the best's where off), the values tied with the
     best, the verdict in a word, the baseline's tokens/s at that batch size, and the served configuration's
     tokens/s, TTFT p50, ITL p95 and latency p95 (the target alone's where off)."""
@@ -103,22 +104,23 @@ def schedule_table(schedule: dict, runs: pd.DataFrame, sweep_variable: str) -> p
             base = by_id.loc[int(run["baseline_run_id"])]
         else:
             base = at_size.set_index("run_id").iloc[0] if len(at_size) else None
-        if step["loses"]:
-            serve, verdict = "off (k = 0)" if sweep_variable == "k" else "off", "speculation loses: switch it off"
+        if step["off"]:
+            serve = "off (k = 0)" if sweep_variable == "k" else "off"
+            verdict = ("speculation loses: switch it off" if step["loses"] else
+                       "not measurably faster: the target alone is tied and cheaper")
         elif run is not None:
             serve = swept.show(swept.run_value(run))
-            verdict = ("faster" if step["gains"] else "not measurably faster") + (" (interval too wide)"
-                                                                                   if step["too_wide"] else "")
+            verdict = "faster" + (" (interval too wide)" if step["too_wide"] else "")
         else:
             serve, verdict = columns.MISSING, "nothing finished yet"
-        served = base if step["loses"] else run  # what is served: the target alone where speculation is off
+        served = base if step["off"] else run  # what is served: the target alone where speculation is off
         figure = lambda name, row=served: float(row[name]) if row is not None and pd.notna(row.get(name)) else np.nan  # noqa: E731
         ci = step["speedup_ci"] or [None, None]
         rows.append({
             "batch_size": size, "serve": serve, "k": step["k"],
             "speedup": step["speedup"], "speedup_ci_lo": ci[0], "speedup_ci_hi": ci[1],
             "speedup_interval": charts.speedup_text(step["speedup"], *ci),
-            "tied_with": tie_text(step, swept, None if step["loses"] else step["value"]),
+            "tied_with": tie_text(step, swept, None if step["off"] else step["value"]),
             "verdict": verdict,
             "baseline_tokens_per_second": float(base["tokens_per_second"]) if base is not None
             and pd.notna(base["tokens_per_second"]) else np.nan,
@@ -174,15 +176,16 @@ def render_schedule(schedule: dict, runs: pd.DataFrame, sweep_variable: str, exp
         st.caption("One line per batch size, each against its own target-only baseline at that batch size; points "
                    "with 95 % intervals (paired bootstrap, batches as the resampling unit when rows share a "
                    "forward), hollow while unfinished. Diamonds: what each batch size serves; a cross at k = 0, 1×: "
-                   "speculation measurably loses there (its best interval lies below 1×), so serve the target "
-                   "alone. Dashed: 1×, the target alone.")
+                   "serve the target alone there (speculation measurably loses, or no k is measurably faster: "
+                   "the target alone is then tied with the best and cheaper). Dashed: 1×, the target alone.")
     else:
         st.info("No run of the grid has a speedup yet; the schedule appears as batch sizes finish.",
                 icon=":material/hourglass:")
     shown = schedule_table(schedule, runs, sweep_variable)
     table(shown, TABLE_COLUMNS, "schedule_table",
-          serve=st.column_config.TextColumn(f"{swept.name} to serve", help="the verdict's choice at this batch "
-                                            "size (the cheaper of tied values); off: speculation measurably loses"),
+          serve=st.column_config.TextColumn(f"{swept.name} to serve", help="the cheapest configuration tied with "
+                                            "this batch size's best that is measurably faster than the target "
+                                            "alone; off: none is (speculation loses, or no gain is measurable)"),
           speedup_interval=st.column_config.TextColumn("speedup (95 %)", help="the served run's measured speedup "
                                                        "with its 95 % interval; where off, the best run's"),
           tied_with=st.column_config.TextColumn("tied", help="the other values statistically tied at this batch "

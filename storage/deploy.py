@@ -555,7 +555,7 @@ def _stored_run_columns(store, run_id: int) -> dict:
 
 def _grid_schedule(store, experiment_id: int, experiment: dict, run_id: int | None) -> dict | None:
     """A k grid's schedule to deploy (storage/schedule.py), None when not a grid, not over k, or a run is named. A
-    DeployError when speculation measurably loses at every batch size measured: there is nothing to deploy."""
+    DeployError when every batch size measured is served without speculation: there is nothing to deploy."""
     from . import queries as q
     from .schedule import schedule
 
@@ -564,9 +564,9 @@ def _grid_schedule(store, experiment_id: int, experiment: dict, run_id: int | No
     grid = schedule(store, experiment_id)
     known = [step for step in grid.steps if step.k is not None]
     if known and all(step.k == 0 for step in known):
-        raise DeployError(f"experiment {experiment_id}: speculation measurably loses at every batch size measured "
-                          f"({', '.join(str(step.batch_size) for step in known)}): serve the target alone, there is "
-                          f"nothing to deploy ({grid.text})")
+        raise DeployError(f"experiment {experiment_id}: speculation is not measurably faster at any batch size "
+                          f"measured ({', '.join(str(step.batch_size) for step in known)}): serve the target alone, "
+                          f"there is nothing to deploy ({grid.text})")
     return grid.as_dict()
 
 

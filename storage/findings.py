@@ -282,10 +282,11 @@ def _validation(ctx: _Context) -> list[dict]:
 # --- a grid: the k schedule across batch sizes --------------------------------------------------------------------
 
 def _schedule(ctx: _Context) -> list[dict]:
-    """Rule (a grid with two or more judged batch sizes, storage/schedule.py): the k to serve at each batch size in
-    one sentence, where speculation measurably loses (from which batch size to switch it off) with a follow-up grid
-    between the last batch size that gains and the first that loses; and, separately, the batch sizes where no
-    configuration is measurably faster or slower than the target alone (more --repeats decide them)."""
+    """Rule (a grid with two or more judged batch sizes, storage/schedule.py): where the schedule serves the target
+    alone (speculation measurably slower, or not measurably faster) and from which batch size to switch it off,
+    with a follow-up grid between the last batch size that gains and the first that does not; else the k to serve
+    at each batch size. Separately, a warning for the batch sizes where no configuration is measurably faster or
+    slower than the target alone (served without speculation; more --repeats could show a gain)."""
     grid = ctx.grid
     known = [step for step in (grid.steps if grid else ()) if step.k is not None]
     if len(known) < 2:
@@ -293,24 +294,28 @@ def _schedule(ctx: _Context) -> list[dict]:
     out = []
     data = {"schedule": [{"batch_size": st.batch_size, "k": st.k} for st in known], "ranges": grid.ranges,
             "off_from": grid.off_from}
-    losing = [st for st in known if st.loses]
-    if losing:
-        first = losing[0]
-        gaining = [st.batch_size for st in known if not st.loses and st.batch_size < first.batch_size]
+    off = [st for st in known if st.off]
+    if off:
+        first = off[0]
+        sizes = _join([str(st.batch_size) for st in off])
         title = (f"Switch speculation off from batch {grid.off_from}" if grid.off_from is not None else
-                 f"Speculation loses at batch {_join([str(st.batch_size) for st in losing])}")
-        detail = _cap("; ".join(st.text for st in losing)) + f". Where it pays: {grid.text.split(': ', 1)[1]}."
+                 f"Speculation does not pay at batch {sizes}")
+        paying = [st for st in known if not st.off]
+        detail = _cap("; ".join(st.text for st in off)) + "."
+        if paying:
+            detail += " Where it pays: " + "; ".join(st.text.split(": ", 1)[1] for st in paying) + "."
+        gaining = [st.batch_size for st in paying if st.batch_size < first.batch_size]
         if gaining:
             low, high = gaining[-1], first.batch_size
             between = sorted({low, *(b for b in (low + (high - low) // 4, (low + high) // 2,
                                                   high - (high - low) // 4) if low < b < high), high})
             next_ = (f"Serve with the schedule (\"Use these settings\" carries it to vLLM as "
-                     f"num_speculative_tokens_per_batch_size), and locate the crossover: the same k sweep at batch "
+                     f"num_speculative_tokens_per_batch_size), and locate the crossover: the same sweep at batch "
                      f"sizes {_join([str(b) for b in between])}.")
             prefill = ctx.prefill(title, batch_sizes=",".join(map(str, between)))
         else:
-            next_ = ("Speculation does not pay at any batch size measured from here up: serve the target alone "
-                     "there, or try a cheaper drafter (prompt-lookup) or a smaller k.")
+            next_ = ("Speculation does not pay at any batch size measured from the smallest up: serve the target "
+                     "alone there, or try a cheaper drafter (prompt-lookup) or a smaller k.")
             prefill = ctx.prefill(title, sweep="drafter", values="model,prompt-lookup:3", k=1,
                                   batch_sizes=",".join(str(st.batch_size) for st in known))
         out.append(_finding("schedule", "info", title, detail, "schedule", next_, prefill, data))

@@ -1,16 +1,24 @@
 """The k schedule of a grid experiment (`--batch-size 1,4,16 --k 1,2,3,4`): at each batch size, the verdict among
-that batch size's runs (storage/verdict.py's one rule: best, ties, too wide, the cheaper tied choice), and what to
-serve there: the chosen k, or k = 0 where speculation measurably loses (the best run's whole 95 % interval below
-1: every k is slower than the target alone at that batch size).
+that batch size's runs (storage/verdict.py's one rule: best, ties, too wide), and what to serve there.
+
+What to serve is the verdict's cheaper-tied rule with the target alone as one more candidate, at exactly 1× and
+the cheapest of all (no draft to load or run):
+- the best run's whole 95 % interval above 1 (`gains`): serve the cheapest configuration among the best and those
+  tied with it that are themselves measurably faster than the target alone (a tied k whose interval reaches 1 is
+  tied with the target alone too, which is cheaper still);
+- otherwise serve the target alone (k = 0, `off`): where the best's interval lies wholly below 1 speculation
+  measurably loses (`loses`), and where it includes 1 the target alone is tied with the best and cheaper (more
+  repeats or prompts could still show a gain: the step says so).
 
     s = schedule(store, experiment_id)     None unless the experiment is a grid
     s.steps       one Step per batch size, smallest first
     s.ranges      vLLM's num_speculative_tokens_per_batch_size entries [start_bs, end_bs, k]
+    s.off_from    the batch size from which every measured batch size is served without speculation
     s.text        the schedule in one sentence; each step's own sentence is step.text
 
 Each batch size's runs are paired with their own target-only baseline at that batch size, so a step's speedups
-are that batch size's. Only a k grid has a schedule to serve; a grid over another variable still has one verdict
-per batch size (its `value`). No torch, no streamlit.
+are that batch size's. Only a k grid has a schedule to serve as k; a grid over another variable has the same
+choice per batch size (its `value`). No torch, no streamlit.
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from engine.variables import variable
 
 from . import queries as q
 from .store import Store
-from .verdict import Verdict, judge
+from .verdict import Choice, Verdict, judge
 
 
 @dataclass(frozen=True)
@@ -30,25 +38,30 @@ class Step:
     """One batch size of the schedule."""
     batch_size: int
     verdict: Verdict
-    k: int | None  # what to serve: the chosen k, 0 = do not speculate, None = nothing finished to choose from
+    served: Choice | None  # the run whose configuration to serve; None when off or nothing finished
+    k: int | None  # the k to serve: the served run's, 0 = the target alone, None = nothing finished to choose from
     loses: bool  # the best run's interval lies wholly below 1: speculation measurably loses here
-    gains: bool  # the chosen run's interval lies wholly above 1: measurably faster than the target alone
+    gains: bool  # the best run's interval lies wholly above 1 (the served run's too)
     text: str
 
     @property
+    def off(self) -> bool:
+        """Served without speculation (the target alone)."""
+        return self.k == 0
+
+    @property
     def value(self):
-        """The chosen swept value (a k, a drafter, ...); None when speculation loses or nothing finished."""
-        return None if self.loses or self.verdict.chosen is None else self.verdict.chosen.value
+        """The served swept value (a k, a drafter, ...); None when off or nothing finished."""
+        return None if self.served is None else self.served.value
 
     def as_dict(self) -> dict:
-        chosen = None if self.loses else self.verdict.chosen
-        best = self.verdict.best
-        return {"batch_size": self.batch_size, "k": self.k, "value": self.value, "loses": self.loses,
-                "gains": self.gains, "run_id": chosen.run_id if chosen else None,
-                "speedup": chosen.speedup if chosen else best.speedup if best else None,
-                "speedup_ci": list((chosen or best).ci) if (chosen or best) else None,
-                "best": best.value if best else None, "tied_with": [t.value for t in self.verdict.tied],
-                "too_wide": self.verdict.too_wide, "text": self.text}
+        best, shown = self.verdict.best, self.served or self.verdict.best
+        return {"batch_size": self.batch_size, "k": self.k, "value": self.value, "off": self.off,
+                "loses": self.loses, "gains": self.gains, "run_id": self.served.run_id if self.served else None,
+                "speedup": shown.speedup if shown else None, "speedup_ci": list(shown.ci) if shown else None,
+                "best": best.value if best else None, "best_run_id": best.run_id if best else None,
+                "tied_with": [t.value for t in self.verdict.tied], "too_wide": self.verdict.too_wide,
+                "text": self.text}
 
 
 @dataclass(frozen=True)
@@ -63,7 +76,7 @@ class Schedule:
         1, each measured batch size's k until the next measured one (vLLM keeps the last entry's k above its end).
         Batch sizes without a finished choice are left out; empty for a grid over something other than k."""
         known = [s for s in self.steps if s.k is not None]
-        if self.variable != "k" or not known:
+        if self.variable != "k" or not known:  # (known: k is the served k, 0 when off)
             return []
         out = []
         for i, step in enumerate(known):
@@ -77,10 +90,10 @@ class Schedule:
 
     @property
     def off_from(self) -> int | None:
-        """The smallest batch size from which speculation measurably loses at every measured batch size."""
+        """The smallest batch size from which every measured batch size is served without speculation."""
         first = None
         for step in self.steps:
-            if step.loses:
+            if step.off:
                 first = step.batch_size if first is None else first
             elif step.k is not None:
                 first = None
@@ -93,14 +106,16 @@ class Schedule:
         swept = variable(self.variable)
         parts = []
         for s in self.steps:
+            best = s.verdict.best
             if s.k is None:
                 parts.append(f"batch {s.batch_size}: {s.verdict.text}")
             elif s.loses:
-                parts.append(f"batch {s.batch_size}: off ({_interval(s.verdict.best)} at best)")
+                parts.append(f"batch {s.batch_size}: off (slower: {_interval(best)} at best)")
+            elif s.off:
+                parts.append(f"batch {s.batch_size}: off (not measurably faster: {_interval(best)} at best)")
             else:
-                c = s.verdict.chosen
-                parts.append(f"batch {s.batch_size}: {swept.name} = {swept.show(c.value)} ({_interval(c)})"
-                             + ("" if s.gains else ", not measurably faster than the target alone"))
+                parts.append(f"batch {s.batch_size}: {swept.name} = {swept.show(s.served.value)} "
+                             f"({_interval(s.served)})")
         text = ("k schedule: " if self.variable == "k" else f"best {swept.name} per batch size: ") + "; ".join(parts)
         off = self.off_from
         if off is not None:
@@ -139,22 +154,39 @@ def judge_schedule(experiment_id: int, sweep_variable: str, sizes: list[int], ru
 
 
 def _step(size: int, v: Verdict, sweep_variable: str) -> Step:
-    if v.best is None:
-        return Step(size, v, None, False, False, f"at batch {size}: {v.text}")
-    loses = v.best.ci[1] < 1.0
-    chosen = v.chosen
-    gains = not loses and chosen.ci[0] > 1.0
+    """What to serve at one batch size (the rule in the module's docstring), with its sentence."""
     swept = variable(sweep_variable)
-    if loses:
-        cost = 100 * (1 - v.best.speedup)
-        text = (f"at batch {size} speculation costs {cost:.0f} % ({_interval(v.best)} at the best {swept.name}, "
-                f"{swept.show(v.best.value)}): switch it off (k = 0) at batch {size}")
-        return Step(size, v, 0, True, False, text)
-    text = f"at batch {size}: {v.text}"
-    if not gains:
-        text += (f"; {swept.name} = {swept.show(chosen.value)} is not measurably faster than the target alone at "
-                 f"this batch size (its interval includes 1×): serving without speculation costs nothing measurable")
-    return Step(size, v, int(chosen.k) if chosen.k is not None else None, False, gains, text)
+    best = v.best
+    if best is None:
+        return Step(size, v, None, None, False, False, f"at batch {size}: {v.text}")
+    if best.ci[1] < 1.0:
+        cost = 100 * (1 - best.speedup)
+        text = (f"at batch {size} speculation costs {cost:.0f} % ({_interval(best)} at the best {swept.name}, "
+                f"{swept.show(best.value)}): switch it off (k = 0) at batch {size}")
+        return Step(size, v, None, 0, True, False, text)
+    if best.ci[0] <= 1.0:
+        text = (f"at batch {size} no {swept.name} is measurably faster than the target alone (the best, "
+                f"{swept.name} = {swept.show(best.value)}, at {_interval(best)}): serve the target alone there "
+                f"(k = 0: tied with the best, and cheaper); more --repeats or prompts could still show a gain")
+        return Step(size, v, None, 0, False, False, text)
+    faster = [c for c in (best, *v.tied) if c.ci[0] > 1.0]  # measurably faster than the target alone
+    served = best
+    if best.cost is not None:
+        cheaper = [c for c in faster if c.cost is not None and c.cost < best.cost]
+        if cheaper:  # the cheapest; among equally cheap ones the faster (candidates are best first)
+            served = min(cheaper, key=lambda c: (c.cost, v.candidates.index(c)))
+    name, show = swept.name, swept.show
+    text = f"at batch {size}: serve {name} = {show(served.value)} at {_interval(served)}"
+    if served is not best:
+        text += (f", tied with the best, {name} = {show(best.value)} at {_interval(best)}, and cheaper "
+                 f"({swept.cheaper_because})")
+    slower = [c for c in v.tied if c.ci[0] <= 1.0]
+    if slower:
+        text += (f"; {name} = {', '.join(show(c.value) for c in slower)} also tied with the best but not measurably "
+                 f"faster than the target alone")
+    if v.too_wide:
+        text += "; the best's interval is too wide to choose by: rerun with more --repeats or more prompts"
+    return Step(size, v, served, int(served.k) if served.k is not None else None, False, True, text)
 
 
 def _interval(c) -> str:

@@ -94,15 +94,30 @@ def test_the_schedule_judges_each_batch_size_and_switches_speculation_off_where_
     json.dumps(doc)
 
 
-def test_a_batch_size_where_no_k_is_measurably_faster_keeps_its_k_and_says_so(store):
+def test_where_no_k_is_measurably_faster_the_target_alone_is_served(store):
+    """The target alone (1×, no draft) is one more candidate, the cheapest: tied with a best whose interval includes
+    1, it is served; a cheaper k tied with the best but not itself measurably faster is never served."""
+    eid = _grid(store, sizes=(2, 8), ks=(1, 3))
+    ids = _measure(store, eid, {(2, 1): (1.1, 0.98, 1.2), (2, 3): (1.3, 1.2, 1.4),
+                                (8, 1): (1.01, 0.95, 1.07), (8, 3): (0.97, 0.90, 1.04)})
+    s = schedule(store, eid)
+    assert [(step.batch_size, step.k, step.gains, step.loses, step.off) for step in s.steps] == \
+        [(2, 3, True, False, False), (8, 0, False, False, True)]
+    two, eight = s.steps
+    # At batch 2 the verdict's cheaper tied k = 1 reaches 1×: k = 3, measurably faster, is served.
+    assert two.verdict.chosen.run_id == ids[(2, 1)] and two.served.run_id == ids[(2, 3)]
+    assert "k = 1 also tied with the best but not measurably faster than the target alone" in two.text
+    assert eight.served is None and eight.value is None and "serve the target alone there" in eight.text
+    assert s.ranges == [[1, 7, 3], [8, 8, 0]] and s.off_from == 8
+    assert "batch 8: off (not measurably faster: 1.01× (0.95–1.07) at best)" in s.text
+    assert s.as_dict()["steps"][1]["off"] is True and s.as_dict()["steps"][1]["run_id"] is None
+
+
+def test_one_k_everywhere_merges_into_one_range(store):
     eid = _grid(store, sizes=(2, 8), ks=(1, 3))
     _measure(store, eid, {(2, 1): (1.3, 1.2, 1.4), (2, 3): (1.1, 1.0, 1.2),
-                          (8, 1): (1.01, 0.95, 1.07), (8, 3): (0.97, 0.90, 1.04)})
-    s = schedule(store, eid)
-    assert [(step.batch_size, step.k, step.gains, step.loses) for step in s.steps] == \
-        [(2, 1, True, False), (8, 1, False, False)]
-    assert "not measurably faster than the target alone" in s.steps[1].text and s.off_from is None
-    assert s.ranges == [[1, 8, 1]]  # the first range starts at 1 (vLLM's rule); equal neighbours merge
+                          (8, 1): (1.2, 1.1, 1.3), (8, 3): (0.97, 0.90, 1.04)})
+    assert schedule(store, eid).ranges == [[1, 8, 1]]  # the first range starts at 1 (vLLM's rule)
 
 
 def test_a_pending_batch_size_is_left_out_of_the_ranges(store):
@@ -193,7 +208,7 @@ def test_deploy_refuses_a_grid_where_speculation_loses_everywhere(store):
     eid = _grid(store, sizes=(1, 4), ks=(1, 2))
     _measure(store, eid, {(1, 1): (0.9, 0.85, 0.95), (1, 2): (0.8, 0.7, 0.9),
                           (4, 1): (0.7, 0.6, 0.8), (4, 2): (0.6, 0.5, 0.7)})
-    with pytest.raises(DeployError, match=r"loses at every batch size measured \(1, 4\): serve the target alone"):
+    with pytest.raises(DeployError, match=r"not measurably faster at any batch size measured \(1, 4\): serve the target alone"):
         deploy_document(store, eid)
 
 
@@ -216,7 +231,7 @@ def test_findings_say_where_to_switch_speculation_off_and_which_batch_sizes_are_
     assert [f["title"] for f in found] == ["Switch speculation off from batch 16"]
     detail = found[0]["detail"]
     assert detail.startswith("At batch 16 speculation costs 8 % (0.92× (0.88–0.96) at the best k, 1)")
-    assert "batch 1: k = 2" in detail and "batch 4: k = 1" in detail
+    assert "Where it pays: serve k = 2 at 1.40× (1.32–1.48)" in detail and "serve k = 1 at 1.10×" in detail
     assert found[0]["prefill"]["batch_sizes"] == "4,7,10,13,16" and found[0]["data"]["off_from"] == 16
     assert "batch_sizes=4%2C7%2C10%2C13%2C16" in prefill_url(found[0]["prefill"])
     # Batch 8 neither gains nor loses: a warning naming it, with more repeats.
@@ -224,7 +239,7 @@ def test_findings_say_where_to_switch_speculation_off_and_which_batch_sizes_are_
     _measure(store, eid, {(2, 1): (1.3, 1.2, 1.4), (2, 3): (1.1, 1.0, 1.2),
                           (8, 1): (1.01, 0.95, 1.07), (8, 3): (0.97, 0.90, 1.04)})
     found = {f["title"]: f for f in findings(store, eid) if f["kind"] == "schedule"}
-    assert set(found) == {"Serve k = 1 at every batch size measured", "No measurable gain at batch 8"}
+    assert set(found) == {"Switch speculation off from batch 8", "No measurable gain at batch 8"}
     assert found["No measurable gain at batch 8"]["severity"] == "warning"
     assert found["No measurable gain at batch 8"]["prefill"]["batch_sizes"] == "8"
     # Not a grid: no schedule finding.
