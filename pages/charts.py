@@ -141,7 +141,8 @@ def schedule_curve(frame: pd.DataFrame, served: pd.DataFrame, x: str = "k", x_ti
 
     frame: x, batch (the batch size's name, e.g. `batch 4`), batch_size, speedup, speedup_ci_lo, speedup_ci_hi,
     state. served: x, batch, batch_size, speedup, mark (SCHEDULE_SERVE or SCHEDULE_OFF), label (words), label_y
-    (where an off label goes), and optionally why (the interval behind it, in the tooltip). The y axis does not
+    (where an off label goes), optionally caption (the off label's text, one for all off batch sizes, drawn in
+    grey), and optionally why (the interval behind it, in the tooltip). The y axis does not
     start at 0: the spread around 1× is what matters. predicted (`--k auto` at several batch sizes): x, batch,
     batch_size, predicted_speedup: each batch size's predicted curve, dashed in its line's colour. Batch sizes keep their numeric order in the legend. nominal: the swept values are
     names (a draft or drafter grid): x is the name, in the frame's order."""
@@ -182,8 +183,9 @@ def schedule_curve(frame: pd.DataFrame, served: pd.DataFrame, x: str = "k", x_ti
     off_mark = marked.transform_filter(is_value("mark", SCHEDULE_OFF)).mark_point(
         shape="cross", size=260, strokeWidth=1, filled=True, opacity=1)
     off_label = alt.Chart(marks).transform_filter(is_value("mark", SCHEDULE_OFF)).mark_text(
-        align="left", baseline="bottom", dx=10, dy=-4, fontSize=11, fontWeight="bold").encode(
-        x_enc, alt.Y("label_y:Q", title=y_title, scale=y_scale), color, text="label:N", tooltip=mark_tooltip)
+        align="left", baseline="bottom", dx=10, dy=-4, fontSize=11, fontWeight="bold", color="#424242").encode(
+        x_enc, alt.Y("label_y:Q", title=y_title, scale=y_scale), *([] if "caption" in marks else [color]),
+        text=("caption:N" if "caption" in marks else "label:N"), tooltip=mark_tooltip)
     layers = [even, base.mark_line(), bars, points, chosen, off_mark, off_label]
     if guesses is not None:
         layers.insert(1, alt.Chart(guesses).mark_line(strokeDash=[5, 4], opacity=0.7, point=alt.OverlayMarkDef(

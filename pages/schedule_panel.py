@@ -18,7 +18,6 @@ from pages.prefill import md_text
 from storage import columns
 from storage import queries as q
 
-OFF_LABEL_GAP = 0.04  # in speedup units: off labels stacked at 1× are this far apart
 # The table: what each batch size serves and what that costs a user (the chosen run's figures; where speculation
 # is off, the target alone's, which is then what is served).
 TABLE_COLUMNS = ["batch_size", "serve", "speedup_interval", "tied_with", "verdict", "baseline_tokens_per_second",
@@ -75,7 +74,12 @@ def served_frame(schedule: dict, runs: pd.DataFrame, sweep_variable: str) -> pd.
     frame = pd.DataFrame(rows, columns=["batch_size", "batch", sweep_variable, "speedup", "mark", "label", "why"])
     off = frame["mark"] == charts.SCHEDULE_OFF
     frame["label_y"] = frame["speedup"].astype(float)
-    frame.loc[off, "label_y"] = 1.0 - OFF_LABEL_GAP * np.arange(int(off.sum()))  # stacked below one another
+    # Every off batch size's cross sits at (0, 1×): one caption names them all (stacked captions overlapped).
+    frame["caption"] = frame["label"]
+    if int(off.sum()) > 1:
+        names = ", ".join(frame.loc[off, "batch"])
+        frame.loc[off, "caption"] = ""
+        frame.loc[frame.index[off][0], "caption"] = f"off (k = 0): {names}"
     return frame
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
+
 import pytest
 from sqlalchemy import text
 
@@ -261,3 +263,15 @@ def test_a_k_auto_grid_draws_each_batch_size_predicted_curve_beside_its_measurem
     assert {b: dict(zip(g["x"].astype(int), g["predicted_speedup"])) for b, g in predicted.groupby("batch")} == \
         {"batch 1": curves[1][0], "batch 2": curves[2][0]}
     assert f"experiment{eid}_k_auto_curves.csv" in downloads(at)
+
+
+def test_off_batch_sizes_share_one_caption():
+    """Every off batch size's cross sits at (0, 1×); their captions, stacked, overlapped into an unreadable block
+    (four off batch sizes on the README grid): one caption names them all."""
+    from pages.schedule_panel import served_frame
+
+    steps = [{"batch_size": b, "k": 0, "off": True, "loses": b == 16, "gains": False, "run_id": None,
+              "speedup": 0.9, "speedup_ci": [0.8, 1.05], "value": None} for b in (2, 4, 16)]
+    frame = served_frame({"steps": steps}, pd.DataFrame({"run_id": [], "k": []}), "k")
+    assert list(frame["caption"]) == ["off (k = 0): batch 2, batch 4, batch 16", "", ""]
+    assert list(frame["label"]) == ["batch 2: off (k = 0)", "batch 4: off (k = 0)", "batch 16: off (k = 0)"]
