@@ -22,8 +22,9 @@ def format_table(doc: dict) -> str:
                 else ""),
              f"{'k':>3} {'tok/s':>8} {'speedup (95% CI)':>19} {'refined':>7} {'formula':>7} {'alpha':>6} "
              f"{'tok/rnd':>7} {'c':>6} {'verify':>6} {SAME.header}"]
-    # Runs decoded in batches (a batch-size sweep, or B > 1) name their batch size and serving figures.
-    batched = any((r.get("batch_size") or 1) > 1 or r.get("ttft_p50") is not None for r in doc["runs"])
+    # Runs decoded in batches (B > 1, as in a batch-size sweep) name their batch size and serving figures (every run
+    # has serving figures, batch-1 runs too: the table adds them only where batch sizes are in play).
+    batched = any((r.get("batch_size") or 1) > 1 for r in doc["runs"])
     for r in doc["runs"]:
         ci = r.get("speedup_ci")
         speed = (f"{r['speedup']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})" if r.get("speedup") is not None and ci
