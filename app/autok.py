@@ -20,6 +20,12 @@ CONFIRM = 3  # how many of the best predicted k values are measured
 SHRINK = 4.0
 
 
+def batch_size_of(run) -> int:
+    """A run's batch size (rows stored before batch sizes existed: 1)."""
+    size = run.get("batch_size")
+    return int(size) if size is not None and not pd.isna(size) else 1
+
+
 def row_acceptance(store: Store, run_id: int, k_max: int) -> dict[int, tuple[list[float], int]]:
     """Each prompt's (per-position acceptance 1..k_max, new tokens) in a run."""
     pooled = [0.0 if v is None or math.isnan(v) else float(v)
@@ -42,7 +48,7 @@ def cost_model(store: Store, probe) -> dict | None:
     """The k_max run's inputs to engine.theory.modelled_seconds (None when it has no rounds): its prompts grouped
     into its batches, and its per-batch-round draft, verify (past the first round) and other seconds, and what
     its first rounds' verify (the prefill) cost beyond a steady round's."""
-    run_id, batch = int(probe["run_id"]), int(probe.get("batch_size") or 1)
+    run_id, batch = int(probe["run_id"]), batch_size_of(probe)
     costs = q.batch_round_costs(store, run_id)
     rounds, batches = costs["rounds"], costs["batches"]
     if rounds <= 0 or batches <= 0:
@@ -88,7 +94,7 @@ def plan_confirmation(store: Store, experiment_id: int, confirm: int = CONFIRM) 
     profiles = load_verify_profiles(store, experiment_id)
     curves: dict[int, tuple[dict, list[int]]] = {}
     for _, probe in probes.sort_values("batch_size").iterrows():
-        size = int(probe.get("batch_size") or 1)
+        size = batch_size_of(probe)
         baseline = runs[runs["run_id"] == probe["baseline_run_id"]]
         if probe["status"] != "done" or baseline.empty or baseline.iloc[0]["status"] != "done":
             continue

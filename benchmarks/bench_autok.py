@@ -87,12 +87,21 @@ def evaluate(db: Path) -> list[dict]:
         if size == 1 or len(by_batch) == 1:
             curves["old"] = old_curve(store, probe, baseline, profile)
         print(f"  batch {size}: k={k_max} measured {probe['speedup']:.3f} (the anchor)")
-        for _, r in at[at["baseline_run_id"] != probe["baseline_run_id"]].sort_values("k").iterrows():
+        checks = at[at["baseline_run_id"] != probe["baseline_run_id"]].sort_values("k")
+        for _, r in checks.iterrows():
             k, measured = int(r["k"]), float(r["speedup"])
             errors = {name: c[k] / measured - 1 for name, c in curves.items() if c and k in c}
             rows.append({"batch": size, "k": k, "measured": measured, **errors})
-            print(f"    k={k}: measured {measured:.3f}  " + "  ".join(
+            print(f"    k={k}: measured {measured:.3f} ({r['speedup_ci_lo']:.2f}-{r['speedup_ci_hi']:.2f})  " + "  ".join(
                 f"{name} {curves[name][k]:.3f} ({100 * e:+.1f} %)" for name, e in errors.items()))
+        if len(checks):  # how the machine moved between the pass at k=K and the confirming pass
+            fresh = runs[runs["run_id"] == checks["baseline_run_id"].iloc[0]].iloc[0]
+            print(f"    between the passes: target step x{fresh['target_step_seconds'] / baseline['target_step_seconds']:.2f}"
+                  f", draft step x{checks['draft_step_seconds'].mean() / probe['draft_step_seconds']:.2f}")
+        if len(checks) > 1 and curves["new"]:  # does the prediction rank the confirmed k values as measured?
+            ks = [int(k) for k in checks["k"]]
+            print(f"    best confirmed k: predicted {max(ks, key=lambda k: curves['new'][k])}, measured "
+                  f"{int(checks.loc[checks['speedup'].idxmax(), 'k'])}")
     return rows
 
 
@@ -105,6 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--load", type=int, default=0, help="CPU-burning processes running meanwhile")
+    ap.add_argument("--keep", default=None, help="keep each invocation's database in this folder")
     args = ap.parse_args(argv)
     command = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "run",
                "--target", "demo-target", "--draft", "demo-draft", "--prompts", args.prompts,
@@ -119,7 +129,10 @@ def main(argv=None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for n in range(args.invocations):
-                db = Path(tmp) / f"auto{n}.db"
+                db = Path(args.keep or tmp) / f"auto{n}.db"
+                if args.keep:
+                    db.parent.mkdir(parents=True, exist_ok=True)
+                    db.unlink(missing_ok=True)
                 t0 = time.perf_counter()
                 out = subprocess.run([*command, "--db", f"sqlite:///{db}"], capture_output=True, text=True, env=env,
                                      cwd=ROOT)

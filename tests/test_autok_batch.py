@@ -135,3 +135,23 @@ def test_a_version_11_database_gains_the_batched_profile_and_keeps_its_batch_1_p
     assert load_verify_profiles(store, eid) == {1: {1: 0.01, 2: 0.012, 3: 0.013, 4: 0.015}}
     store_verify_profiles(store, eid, {1: {1: 0.02, 2: 0.03}, 4: {1: 0.05, 2: 0.07}})
     assert load_verify_profiles(store, eid) == {1: {1: 0.02, 2: 0.03}, 4: {1: 0.05, 2: 0.07}}
+
+
+def test_k_auto_at_one_batch_size_above_1_predicts_at_that_batch_size(tmp_path, model_dirs, capsys):
+    """`--k auto:2 --batch-size 2` (no grid): the profile, the curve and the confirmation are at batch size 2."""
+    from app.cli import main
+
+    db = f"sqlite:///{tmp_path / 'auto2.db'}"
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\nt30 t31 t32\n")
+    assert main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
+                 str(prompt_file), "--k", "auto:2", "--batch-size", "2", "--max-new-tokens", "8", "--repeats", "1",
+                 "--device", "cpu", "--db", db, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    store = open_store(db)
+    assert sorted(load_verify_profiles(store, doc["experiment_id"])) == [2]
+    assert list(doc["predicted_curves"]) == ["2"] and doc["predicted_curves"]["2"]["confirmed"] == [1]
+    check = next(r for r in doc["runs"] if r["k"] == 1)
+    base_of = {b["run_id"]: b["batch_size"] for b in doc["baselines"]}
+    assert check["batch_size"] == 2 and base_of[check["baseline_run_id"]] == 2
+    assert check["prediction_error"] == pytest.approx(doc["predicted_curves"]["2"]["curve"]["1"] / check["speedup"] - 1)
