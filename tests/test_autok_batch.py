@@ -77,15 +77,10 @@ def test_cli_parses_k_auto_with_batch_sizes_as_a_grid():
 def test_k_auto_at_two_batch_sizes_end_to_end(tmp_path, model_dirs, capsys):
     """`--k auto:3 --batch-size 1,2`: a profile and a predicted curve per batch size, confirmations at each batch
     size paired with a fresh baseline of that batch size, each with its prediction_error."""
-    from app.cli import main
+    from tests.cli_runs import run_json
 
-    db = f"sqlite:///{tmp_path / 'auto.db'}"
-    prompt_file = tmp_path / "prompts.txt"
-    prompt_file.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\nt30 t31 t32\n")
-    assert main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                 str(prompt_file), "--k", "auto:3", "--batch-size", "1,2", "--max-new-tokens", "12", "--repeats", "1",
-                 "--device", "cpu", "--db", db, "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    doc, db = run_json(tmp_path, model_dirs, capsys, "--k", "auto:3", "--batch-size", "1,2", "--max-new-tokens", "12",
+                       "--repeats", "1", name="auto.db")
     store = open_store(db)
     eid = doc["experiment_id"]
     experiment = q.experiment(store, eid)
@@ -139,15 +134,10 @@ def test_a_version_11_database_gains_the_batched_profile_and_keeps_its_batch_1_p
 
 def test_k_auto_at_one_batch_size_above_1_predicts_at_that_batch_size(tmp_path, model_dirs, capsys):
     """`--k auto:2 --batch-size 2` (no grid): the profile, the curve and the confirmation are at batch size 2."""
-    from app.cli import main
+    from tests.cli_runs import run_json
 
-    db = f"sqlite:///{tmp_path / 'auto2.db'}"
-    prompt_file = tmp_path / "prompts.txt"
-    prompt_file.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\nt30 t31 t32\n")
-    assert main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                 str(prompt_file), "--k", "auto:2", "--batch-size", "2", "--max-new-tokens", "8", "--repeats", "1",
-                 "--device", "cpu", "--db", db, "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    doc, db = run_json(tmp_path, model_dirs, capsys, "--k", "auto:2", "--batch-size", "2", "--max-new-tokens", "8",
+                       "--repeats", "1", name="auto2.db")
     store = open_store(db)
     assert sorted(load_verify_profiles(store, doc["experiment_id"])) == [2]
     assert list(doc["predicted_curves"]) == ["2"] and doc["predicted_curves"]["2"]["confirmed"] == [1]

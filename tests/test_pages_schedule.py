@@ -119,8 +119,8 @@ def test_the_grid_chart_draws_one_line_per_batch_size_and_marks_what_each_serves
     assert sorted(predictions["batch_size"].tolist()) == sorted([1, 4, 16] * 3)
 
 
-def test_a_plain_sweep_keeps_its_verdict_and_single_curve(empty_db):
-    store = open_store(empty_db)
+def _plain_sweep(store) -> int:
+    """A finished k sweep at one batch size (not a grid), every speculative run at 1.3× (1.2–1.4)."""
     eid = enqueue_experiment(store, name="plain", target="tgt", draft="drf", prompts="code:tune",
                              sampling={"max_new_tokens": 64}, sweep_values=[1, 2], prompt_texts=["a", "b"])
     for r in q.runs(store, eid).itertuples():
@@ -128,6 +128,11 @@ def test_a_plain_sweep_keeps_its_verdict_and_single_curve(empty_db):
     with store.write() as conn:
         conn.execute(text("UPDATE runs SET speedup = 1.3, speedup_ci_lo = 1.2, speedup_ci_hi = 1.4 "
                           "WHERE experiment_id = :e AND kind = 'speculative'"), {"e": eid})
+    return eid
+
+
+def test_a_plain_sweep_keeps_its_verdict_and_single_curve(empty_db):
+    eid = _plain_sweep(open_store(empty_db))
     at = app("experiment", experiment=eid)
     assert_clean(at)
     assert any("**Verdict:**" in i.value for i in at.info) and not any("Schedule:" in i.value for i in at.info)
@@ -207,13 +212,7 @@ def test_a_link_fills_the_grid_field_or_says_why_not(empty_db):
 
 def test_compare_draws_a_grid_as_one_line_per_batch_size(grid, empty_db):
     store, eid, ids = grid
-    plain = enqueue_experiment(store, name="plain", target="tgt", draft="drf", prompts="code:tune",
-                               sampling={"max_new_tokens": 64}, sweep_values=[1, 2], prompt_texts=["a", "b"])
-    for r in q.runs(store, plain).itertuples():
-        run_state.finish_run(store, int(r.run_id), "done")
-    with store.write() as conn:
-        conn.execute(text("UPDATE runs SET speedup = 1.3, speedup_ci_lo = 1.2, speedup_ci_hi = 1.4 "
-                          "WHERE experiment_id = :e AND kind = 'speculative'"), {"e": plain})
+    plain = _plain_sweep(store)
     at = app("compare", experiments=f"{eid},{plain}")
     assert_clean(at)
     drawn = next(d for chart in chart_data(at) for d in chart if "experiment_name" in d and "speedup" in d)

@@ -161,16 +161,11 @@ def test_the_cli_parses_a_grid_and_refuses_a_third_list():
 def test_cli_runs_a_grid_end_to_end(tmp_path, model_dirs, capsys):
     """`--batch-size 1,2 --k 1,2`: one experiment, a baseline per batch size, every output equal to its baseline's
     (greedy), the schedule in the JSON and in the table."""
-    from app.cli import main
     from app.report import format_table
+    from tests.cli_runs import run_json
 
-    db = f"sqlite:///{tmp_path / 'grid.db'}"
-    prompt_file = tmp_path / "prompts.txt"
-    prompt_file.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\nt30 t31 t32\n")
-    assert main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                 str(prompt_file), "--k", "1,2", "--batch-size", "1,2", "--max-new-tokens", "8", "--repeats", "1",
-                 "--device", "cpu", "--db", db, "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    doc, _ = run_json(tmp_path, model_dirs, capsys, "--k", "1,2", "--batch-size", "1,2", "--max-new-tokens", "8",
+                      "--repeats", "1")
     assert doc["batch_sizes"] == [1, 2] and len(doc["baselines"]) == 2 and len(doc["runs"]) == 4
     assert sorted((r["batch_size"], r["k"]) for r in doc["runs"]) == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert all(r["outputs_match_baseline"] is True and r["status"] == "done" for r in doc["runs"])
