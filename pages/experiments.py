@@ -22,7 +22,7 @@ REFRESH_SECONDS = 2.0  # the table, while something is queued or running
 IDLE_POLL_SECONDS = 5.0  # the cheap check for new work, while nothing is
 ANY = "any"
 COLUMNS = ["experiment_id", "timing_warnings", "name", "status", "progress", "best_label", "best_speedup", "interval",
-           "n_tied", "alpha", "target", "draft", "prompts", "sweep_variable", "sweep_values", "repeats", "tags",
+           "n_tied", "alpha", "target", "draft", "prompts", "sweep_variable", "sweep_values", "batch_sizes", "repeats", "tags",
            "created", "notes"]  # headers, help and formats: storage/columns.py
 
 

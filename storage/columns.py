@@ -113,6 +113,8 @@ EXPERIMENT = [
     _c("prompts", "prompts", "the prompt set or file", kind="text"),
     _c("sweep_variable", "swept", "the variable the runs vary", kind="text"),
     _c("sweep_values", "values", "its values, one run each", kind="list"),
+    _c("batch_sizes", "at batch sizes", "a grid: the sweep at each of these batch sizes, each with its own baseline "
+       "(the best, ties and α are its smallest batch size's; the detail page has the k schedule)", kind="list"),
     _c("best_value", "best value", "the best run's sweep_value (a draft or drafter sweep: its index)", kind="text"),
     _c("best_label", "best", "the swept value whose finished run measured the highest speedup", kind="text"),
     _c("best_speedup", "best speedup", "the best run's measured speedup", SPEEDUP),

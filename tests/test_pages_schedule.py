@@ -274,3 +274,12 @@ def test_off_batch_sizes_share_one_caption():
     frame = served_frame({"steps": steps}, pd.DataFrame({"run_id": [], "k": []}), "k")
     assert list(frame["caption"]) == ["off (k = 0): batch 2, batch 4, batch 16", "", ""]
     assert list(frame["label"]) == ["batch 2: off (k = 0)", "batch 4: off (k = 0)", "batch 16: off (k = 0)"]
+
+
+def test_the_experiments_page_names_a_grids_batch_sizes(grid):
+    store, eid, ids = grid
+    at = app("experiments")
+    assert_clean(at)
+    listing = next(d.value for d in at.dataframe if "batch_sizes" in d.value)
+    row = listing.set_index("experiment_id").loc[eid]
+    assert list(row["batch_sizes"]) == [1, 4, 16]
