@@ -40,7 +40,7 @@ from . import queries as q
 from . import validation as val
 from .store import Store
 from .schedule import schedule
-from .verdict import Verdict, judge
+from .verdict import Verdict, judge, judged_runs
 
 # --- thresholds (each rule below names the ones it uses) ------------------------------------------------------
 MIN_VERIFIED = formula.MIN_VERIFIED  # verified draft tokens below which a share or a rate is not reported
@@ -75,7 +75,7 @@ def findings(store: Store, experiment_id: int) -> list[dict]:
         return []
     runs = q.runs(store, experiment_id)
     grid = schedule(store, experiment_id)  # a grid: the rules below look at its smallest batch size, as its verdict
-    judged = runs if grid is None else runs[runs["batch_size"] == grid.steps[0].batch_size]
+    judged = judged_runs(experiment, runs)
     verdict = judge(experiment_id, experiment.get("sweep_variable") or "k", judged, q.choosable(store, experiment_id))
     ctx = _Context(store, experiment, judged, verdict, grid, runs)
     found: list[dict] = []

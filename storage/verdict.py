@@ -93,12 +93,17 @@ def verdict(store: Store, experiment_id: int) -> Verdict:
     """The experiment's verdict (an unknown experiment, or one with nothing finished: no best, a sentence why).
     A grid's is the verdict at its smallest batch size; its schedule (storage/schedule.py) has one per batch size."""
     exp = q.experiment(store, experiment_id) or {}
-    runs = q.runs(store, experiment_id)
+    v = judge(experiment_id, exp.get("sweep_variable") or "k", judged_runs(exp, q.runs(store, experiment_id)),
+              q.choosable(store, experiment_id))
     sizes = q.grid_sizes(exp)
-    if sizes:  # a grid: the verdict at its smallest batch size (storage/schedule.py judges each batch size)
-        runs = runs[runs["batch_size"] == min(sizes)]
-    v = judge(experiment_id, exp.get("sweep_variable") or "k", runs, q.choosable(store, experiment_id))
     return replace(v, text=f"at batch {min(sizes)}: {v.text}") if sizes else v
+
+
+def judged_runs(experiment: dict, runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs an experiment's one verdict judges: all of them, or a grid's at its smallest batch size
+    (storage/schedule.py judges each batch size; the listing's SQL applies the same rule)."""
+    sizes = q.grid_sizes(experiment)
+    return runs[runs["batch_size"] == min(sizes)] if sizes else runs
 
 
 def verdict_dict(store: Store, experiment_id: int) -> dict:
