@@ -17,7 +17,6 @@ from engine.profile import batched_verify_profile, verify_profile
 from engine.prompt_sets import load_prompts
 from engine.protocol import schedule
 from engine.records import PromptResult
-from engine.batched import batched_baseline_decoder, batched_speculative_decoder
 from engine.memory import check_batch_fits
 from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
 from engine.sampling import SamplingConfig
@@ -116,12 +115,11 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
             if batched:
                 _check_batch(loaded, job, experiment, run, prompts, loaded.encoded[encoded_key], cfg)
             if run["kind"] == BASELINE:
-                decoders[rid] = (batched_baseline_decoder if batched else baseline_decoder)(loaded.pair, cfg)
+                decoders[rid] = baseline_decoder(loaded.pair, cfg)
             else:
                 drafter = _drafter_of(run, experiment)
                 pair = job.models.pair_for(loaded, _draft_of(run, experiment), experiment)
-                decoders[rid] = (batched_speculative_decoder if batched else speculative_decoder)(
-                    pair, cfg, run["k"], loaded.typer, drafter=drafter)
+                decoders[rid] = speculative_decoder(pair, cfg, run["k"], loaded.typer, drafter=drafter)
         except DraftLabError as exc:
             outcome[rid] = (FAILED, str(exc), None)
             continue
@@ -140,7 +138,7 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
     if experiment["k_auto"] and decoders:
         _profile_verify(job, experiment, loaded, next(iter(budgets.values()))[0], batched)
 
-    _time_units(job, group, outcome, memory, loaded, prompts, repeats, decoders, budgets, start, batched)
+    _time_units(job, group, outcome, memory, loaded, prompts, repeats, decoders, budgets, start)
 
 
 def batch_size_of(run: dict) -> int:
@@ -148,9 +146,9 @@ def batch_size_of(run: dict) -> int:
 
 
 def is_batched(experiment: dict, group: dict[int, dict]) -> bool:
-    """Whether an experiment's runs decode through the batched decoders (engine/batched.py): a batch-size sweep
-    (batch 1 included, so every size is timed by one decoder) or a fixed batch size above 1. Other experiments
-    keep the batch-1 loops. A grid (batch sizes as the outer axis) decodes every batch size, 1 included, batched."""
+    """Whether an experiment measures batch sizes: a batch-size sweep or grid, or a fixed batch size above 1 (its
+    batch sizes are checked against the prompt count and memory, and its verify profile is kept per batch size).
+    Every experiment decodes through the same loop; batch 1 is its one-row case."""
     return experiment.get("sweep_variable") == "batch_size" or bool(experiment.get("batch_sizes")) \
         or any(batch_size_of(r) > 1 for r in group.values())
 
@@ -173,22 +171,10 @@ def _check_batch(loaded: LoadedPair, job: JobContext, experiment: dict, run: dic
                      int(run["k"] or 0) if run["kind"] != BASELINE else 0)
 
 
-def _decode(decoder, batched: bool, prompts: list[str], prompt_ids: list, indices: list[int], **kw) -> list[PromptResult]:
-    """One unit's rows: a batch through a batched decoder, or one prompt through a batch-1 loop (its one row).
-    on_progress(prompt index, tokens) either way."""
-    if batched:
-        return decoder.generate_batch(prompts, prompt_ids, indices, **kw)
-    on_progress = kw.pop("on_progress", None)
-    index = indices[0]
-    return [decoder.generate(prompts[0], prompt_ids[0], index, **kw,
-                             on_progress=None if on_progress is None else lambda tokens: on_progress(index, tokens))]
-
-
 def _time_units(job: JobContext, group: dict[int, dict], outcome: dict, memory: dict, loaded: LoadedPair,
-                prompts: list[str], repeats: int, decoders: dict, budgets: dict, start: dict, batched: bool) -> None:
-    """Timing protocol v2, the unit being a prompt (the batch-1 loops) or a batch of B prompts (the batched
-    decoders: prompts grouped in order into batches of B, the last batch holding what is left): the arms of one
-    batch size (its baseline and speculative runs) decode each unit `repeats` times, interleaved in the protocol's
+                prompts: list[str], repeats: int, decoders: dict, budgets: dict, start: dict) -> None:
+    """Timing protocol v2, the unit being a batch of B prompts (one prompt at batch 1; prompts grouped in order into
+    batches of B, the last batch holding what is left): the arms of one batch size (its baseline and speculative runs) decode each unit `repeats` times, interleaved in the protocol's
     rotated order, one untimed warm-up per arm; the median repeat (by the unit's wall time, its longest row's) is
     recorded row by row, every repeat's timings kept, and each unit is committed in one fenced transaction (every
     arm's rows, or none). Batch sizes run one after another."""
@@ -209,14 +195,14 @@ def _time_units(job: JobContext, group: dict[int, dict], outcome: dict, memory: 
                     continue
                 prompt_ids, budget = budgets[rid]
                 decoder = decoders[rid]
-                unit_args = (decoder, batched, prompts[first:last], prompt_ids[first:last], indices)
+                unit_args = (prompts[first:last], prompt_ids[first:last], indices)
                 try:
                     if rid not in warmed:  # one untimed warm-up per arm (SPEC timing protocol)
-                        _decode(*unit_args, max_new_tokens=min(WARMUP_TOKENS, budget))
+                        decoder.generate_batch(*unit_args, max_new_tokens=min(WARMUP_TOKENS, budget))
                         warmed.add(rid)
                     tick = _unit_progress(job, group[rid], first, last, repeat, repeats, total, budget)
                     _reset_peak(loaded.pair, decoder)
-                    timed[rid].append(_decode(*unit_args, on_progress=tick))
+                    timed[rid].append(decoder.generate_batch(*unit_args, on_progress=tick))
                     memory[rid] = max(memory.get(rid, 0.0), _peak_mb(loaded.pair, decoder))
                     slots[rid].append(slot)
                 except RunCancelled:
@@ -283,7 +269,7 @@ def _unit_progress(job: JobContext, run: dict, first: int, last: int, repeat: in
 def _profile_verify(job: JobContext, experiment: dict, loaded: LoadedPair, prompt_ids: list[torch.Tensor],
                     batched: bool) -> None:
     """`--k auto`: the target's verify-cost profile, once per experiment, under the device lease, through the
-    path its runs verify with: the batch-1 loop's cache, or the batched cache at each of its batch sizes."""
+    cache path its runs verify with, at each of its batch sizes (batch 1 for an experiment that measures none)."""
     if job.retry(load_verify_profiles, job.store, experiment["id"], write=False):
         return
     n_max = int(experiment["k_auto"]) + 1

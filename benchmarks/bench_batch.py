@@ -1,13 +1,13 @@
 """Is DraftLab's baseline handicapped? (issue 20 item 6) Batched target-only decoding vs transformers' generate(),
 and the batch-1 speculative loop vs transformers' assisted generation, side by side in one process.
 
-1. Target-only throughput at batch 1, 4 and 16: DraftLab's BatchedTargetOnlyDecoder (engine/batched.py) vs
+1. Target-only throughput at batch 1, 4 and 16: DraftLab's TargetOnlyDecoder (engine/baseline.py) vs
    model.generate() on the same pair, the same prompts in the same batches, the same left padding (the batch's
    prompts left-padded to its longest), greedy, the same max_new_tokens and EOS. Throughput = new tokens up to and
    including EOS over wall time (generate() keeps computing finished rows to the batch's end; DraftLab drops them:
    that difference is part of what is measured). Goal: ratio >= 0.9.
-2. Batch-1 speculative decoding, greedy, constant k: DraftLab's batch-1 loop (engine/speculative.py) and the batched
-   decoder at batch 1 vs assisted generation with its schedule set on the draft's generation_config
+2. Batch-1 speculative decoding, greedy, constant k: DraftLab's loop (engine/speculative.py, its one-row case) vs
+   assisted generation with its schedule set on the draft's generation_config
    (num_assistant_tokens = k, num_assistant_tokens_schedule = 'constant'; transformers 5 reads them there).
    Goal: wall ratio <= 0.80. Also printed: the CPU-time ratio (process time, which other jobs on a shared machine
    disturb less), and where the time goes, from as many passes again with every model forward clocked: forwards
@@ -34,11 +34,10 @@ import time
 
 import torch
 
-from engine import batched
 from engine.batched_cache import BatchCache, left_pad
 from engine.loading import load_pair
 from engine.prompt_sets import load_prompts
-from engine.runs import encode_prompts, eos_ids, speculative_decoder
+from engine.runs import baseline_decoder, encode_prompts, eos_ids, speculative_decoder
 from engine.sampling import SamplingConfig
 
 
@@ -150,7 +149,7 @@ def main() -> None:
     with torch.inference_mode():
         # --- 1. target-only throughput ------------------------------------------------------------------------
         if "baseline" not in skip:
-            base = batched.batched_baseline_decoder(pair, cfg)
+            base = baseline_decoder(pair, cfg)
 
             def draftlab(rows):
                 return [r.output_ids for r in base.generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], rows)]
@@ -177,16 +176,12 @@ def main() -> None:
         # --- 2. batch-1 speculative vs assisted generation ----------------------------------------------------------
         if "speculative" not in skip:
             loop = speculative_decoder(pair, cfg, args.k)
-            batch1 = batched.batched_speculative_decoder(pair, cfg, args.k)
             gc = pair.draft.model.generation_config
             gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = args.k, "constant"
             gc.assistant_confidence_threshold = 0.0
 
             def spec_loop(i):
                 return loop.generate(prompts[i], ids[i], i).output_ids
-
-            def spec_batched(i):
-                return batch1.generate_batch([prompts[i]], [ids[i]], [i])[0].output_ids
 
             def assisted(i):
                 out = target.generate(ids[i], attention_mask=torch.ones_like(ids[i]), assistant_model=pair.draft.model,
@@ -195,21 +190,21 @@ def main() -> None:
                 return out[0, ids[i].shape[1]:].tolist()
 
             units = list(range(len(prompts)))
-            for fn in (spec_loop, spec_batched, assisted):
+            for fn in (spec_loop, assisted):
                 fn(0)
-            same = sum(spec_loop(i) == assisted(i) == spec_batched(i) for i in units)
-            arms = {"loop": spec_loop, "batched": spec_batched, "assisted": assisted}
+            same = sum(spec_loop(i) == assisted(i) for i in units)
+            arms = {"loop": spec_loop, "assisted": assisted}
             cpu = {}
             walls = interleaved(arms, units, args.repeats, sync, cpu)
             print(f"\n2. batch-1 speculative decoding, k={args.k} constant, vs assisted generation "
-                  f"(identical ids, all three: {same}/{len(prompts)})")
+                  f"(identical ids: {same}/{len(prompts)})")
             for name in walls:
                 print(f"{name:>9} wall per pass: {spread(walls[name])} s")
-            for name in ("loop", "batched"):
+            for name in ("loop",):
                 ratios = [a / b for a, b in zip(walls[name], walls["assisted"])]
                 print(f"{name:>9} / assisted wall ratio: {spread(ratios)}")
             if pair.device.type == "cpu":
-                for name in ("loop", "batched"):
+                for name in ("loop",):
                     ratios = [a / b for a, b in zip(cpu[name], cpu["assisted"])]
                     print(f"{name:>9} / assisted CPU-time ratio: {spread(ratios)}")
             # Where the time goes: more interleaved passes with every model forward clocked (not in the ratios above).
@@ -240,8 +235,8 @@ def main() -> None:
                 return run
             for name, method in originals.items():
                 setattr(BatchCache, name, timed(method))
-            spec = batched.batched_speculative_decoder(pair, cfg, args.k)
-            base = batched.batched_baseline_decoder(pair, cfg)
+            spec = speculative_decoder(pair, cfg, args.k)
+            base = baseline_decoder(pair, cfg)
             print(f"\n3. batched speculative (k={args.k}) vs batched target-only, and what holes cost")
             print(f"{'batch':>5} {'speedup (wall ratio base/spec)':<40} {'hole share':>10} {'compactions':>11} "
                   f"{'select+compact % of spec wall':>29} same ids")

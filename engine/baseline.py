@@ -1,7 +1,8 @@
 """Target-only autoregressive decoding: the denominator of every speedup.
 
-Same logits processing, same per-prompt generator, same KV cache wrapper and stopping rules as the
-speculative loop, so the two differ only in drafting.
+Same logits processing, same per-prompt generator, same KV cache path (engine/batched_cache.py) and stopping rules
+as the speculative loop (engine/speculative.py), so the two differ only in drafting; B prompts decode together and
+a single prompt is the one-row case.
 """
 from __future__ import annotations
 
@@ -9,45 +10,77 @@ from typing import Callable
 
 import torch
 
-from .cached_model import CachedModel
+from .batched_cache import BatchCache, left_pad, to_device
 from .clock import RoundClock
 from .records import PromptResult
-from .sampling import SamplingConfig, probabilities, prompt_generator, sample
+from .rows import Rows
+from .sampling import SamplingConfig, probabilities, sample_rows
 
 
 class TargetOnlyDecoder:
+    """Target-only decoding of B prompts through the speculative loop's BatchCache: one forward per token for every
+    running row; a row leaves the batch when it finishes (one cache gather). One host read per token (the EOS
+    check, as any generate() loop)."""
+
     def __init__(self, target_model, vocab_size: int, cfg: SamplingConfig, tokenizer, eos_ids: set[int]):
-        self.target = CachedModel(target_model, vocab_size)
+        self.target = BatchCache(target_model, vocab_size)
         self.clock = RoundClock(self.target.device)
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
 
-    @torch.inference_mode()
     def generate(self, prompt: str, prompt_ids: torch.Tensor, prompt_index: int,
                  on_progress: Callable[[int], None] | None = None, max_new_tokens: int | None = None) -> PromptResult:
-        """Decode one prompt; on_progress(new tokens so far) runs after each token (raise there to cancel)."""
-        cfg, g = self.cfg, prompt_generator(self.cfg.seed, prompt_index, self.target.device)
+        """Decode one prompt (the one-row batch); on_progress(new tokens so far) runs after each token."""
+        step = None if on_progress is None else (lambda index, tokens: on_progress(tokens))
+        return self.generate_batch([prompt], [prompt_ids], [prompt_index], step, max_new_tokens)[0]
+
+    @torch.inference_mode()
+    def generate_batch(self, prompts: list[str], prompt_ids: list[torch.Tensor], prompt_indices: list[int],
+                       on_progress: Callable[[int, int], None] | None = None,
+                       max_new_tokens: int | None = None) -> list[PromptResult]:
+        cfg, clock, target = self.cfg, self.clock, self.target
         limit = max_new_tokens or cfg.max_new_tokens
-        start = self.clock.wall()
-        token = sample(probabilities(self.target.prefill(prompt_ids), cfg), cfg, g)
-        output = [int(token)]
-        first_done = self.clock.wall()  # int() above already waited: this sync costs nothing
-        arrivals = [first_done - start]  # when each token reached the host, seconds from the start
-        while len(output) < limit and output[-1] not in self.eos_ids:
-            logits = self.target.forward(token.view(1, 1), keep=1)[0]
-            token = sample(probabilities(logits, cfg), cfg, g)
-            output.append(int(token))  # the per-token EOS check syncs, as any generate() loop does
-            arrivals.append(self.clock.now() - start)
-            if on_progress is not None:
-                on_progress(len(output))
-        end = self.clock.wall()
-        text = self.tokenizer.decode(output, skip_special_tokens=True)
-        return PromptResult(prompt_index, prompt, output, text, end - start,
-                            decode_steps=len(output) - 1, decode_seconds=end - first_done, token_seconds=arrivals)
+        count = len(prompts)
+        start = clock.wall()
+        state = Rows(prompt_ids, prompt_indices, cfg, target.device)
+        target.reset(count)
+        ids, valid = left_pad(state.seqs, target.device)
+        token = sample_rows(probabilities(target.forward(ids, valid, keep=1)[:, 0], cfg), cfg, state.generators)
+        outputs = [[t] for t in token.tolist()]
+        first_done = clock.wall()  # tolist() above already waited
+        arrivals = [[first_done - start] for _ in range(count)]
+        ones = torch.ones(count, 1, dtype=torch.bool, device=target.device)
+        walls, decode = [0.0] * count, [0.0] * count
+        while True:
+            keep = [r for r, o in enumerate(state.live) if len(outputs[o]) < limit and outputs[o][-1] not in self.eos_ids]
+            if len(keep) < len(state.live):
+                now = clock.wall()
+                for r, o in enumerate(state.live):
+                    if r not in keep:
+                        walls[o], decode[o] = now - start, now - first_done
+                if not keep:
+                    break
+                index = to_device(keep, target.device)
+                token = token.index_select(0, index)
+                target.select(keep)
+                state.select(keep)
+                ones = ones[: len(keep)]
+            logits = target.forward(token[:, None], ones, keep=1)[:, 0]
+            token = sample_rows(probabilities(logits, cfg), cfg, state.generators)
+            step = token.tolist()
+            arrived = clock.now() - start
+            for o, t in zip(state.live, step):
+                outputs[o].append(t)
+                arrivals[o].append(arrived)
+                if on_progress is not None:
+                    on_progress(prompt_indices[o], len(outputs[o]))
+        return [PromptResult(prompt_indices[o], prompts[o], outputs[o],
+                             self.tokenizer.decode(outputs[o], skip_special_tokens=True), walls[o],
+                             decode_steps=len(outputs[o]) - 1, decode_seconds=decode[o], token_seconds=arrivals[o])
+                for o in range(count)]
 
     def peak_cache_bytes(self) -> int:
-        """Peak KV-cache bytes since the last reset (engine/memory.py)."""
         return self.target.peak_cache_bytes
 
     def reset_peak_cache_bytes(self) -> None:

@@ -1,4 +1,4 @@
-"""A causal LM plus one KV cache shared by B sequences of different lengths: the batched CachedModel.
+"""A causal LM plus one KV cache shared by B sequences of different lengths (one sequence is the one-row case).
 
 Layout. The cache has B rows and C columns (one DynamicCache, every layer full-history: `rollback_cache`). A
 column of a row holds a real token or a HOLE; `mask` [B, C] says which, and is the attention mask of every
@@ -86,11 +86,16 @@ class BatchCache:
         return self.mask.shape[0]
 
     def forward(self, ids: torch.Tensor, valid: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        """Logits [B, W, V] for ids [B, W] (or the last `keep` columns); valid [B, W] marks real tokens."""
-        positions = (self.lengths[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
+        """Logits [B, W, V] for ids [B, W] (or the last `keep` columns); valid [B, W] marks real tokens.
+
+        One row is dense: it has no padding, and its only holes are trailing ones, which the decoders `trim` before
+        the next forward, so every column is a real token at its own position. It goes through the model's own
+        causal path (no attention mask, positions from the cache's length), as a plain generate() step does."""
         mask = torch.cat([self.mask, valid], 1)
-        kwargs = {self._cache_kw: self.cache, "use_cache": True, "attention_mask": mask.long(),
-                  "position_ids": positions}
+        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        if mask.shape[0] > 1:
+            kwargs["attention_mask"] = mask.long()
+            kwargs["position_ids"] = (self.lengths[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
         if keep and self._can_keep:
             kwargs["logits_to_keep"] = keep
         logits = self.model(input_ids=ids, **kwargs).logits[:, :, : self.vocab_size]
@@ -124,7 +129,11 @@ class BatchCache:
     def select(self, rows: list[int]) -> None:
         """Keep only batch rows `rows` (finished rows leave): an index_select per layer, then the leading columns
         that are holes in every kept row are sliced off (one host read). Much cheaper than `compact`'s gather
-        (about 10x on CPU), so rows leave often and realignment stays rare."""
+        (about 10x on CPU), so rows leave often and realignment stays rare. When one row is left it is realigned
+        (`compact`): a single row must be dense (`forward`)."""
+        if len(rows) == 1:
+            self.compact(rows)
+            return
         index = to_device(rows, self.device)
         mask = self.mask.index_select(0, index)
         used = mask.any(0)

@@ -5,8 +5,9 @@ New-experiment form and its link prefill, the queue, the findings and the deploy
     heuristic        the draft model; k starts at --k, +2 after a round whose drafts were all accepted, else -1
     confidence:T     the draft model; a round stops after the first draft whose top probability is below T
     prompt-lookup:N  no model: the continuation of the longest earlier n-gram (n <= N) ending the sequence
+    suffix:D         no model: suffix decoding over suffix trees of depth D (`suffix` = `suffix:24`, vLLM's default)
 
-A new drafter is its class in engine/drafting.py plus one entry in SPECS (and its mapping in storage/deploy.py).
+A new drafter is its class in engine/drafting.py plus one entry in SPECS.
 Plain Python, no torch: storage and pages import it. Numbers in a spec are ASCII (engine/numbers.py).
 
     parse_drafter("confidence:0.50") -> ("confidence", 0.5)
@@ -53,6 +54,8 @@ class DrafterSpec:
     parameter: Parameter | None = None
     needs_model: bool = True  # drafts with the draft model (False: a run loads none)
     constant_k: bool = True  # every round proposes k drafts (until the budget ends): the formula's assumption
+    needs_hidden_states: bool = False  # drafts from the target's hidden states (EAGLE-style heads)
+    default_parameter: bool = False  # the bare name is the spec with the parameter's default (`suffix` = `suffix:24`)
 
     @property
     def usage(self) -> str:
@@ -77,6 +80,11 @@ SPECS: dict[str, DrafterSpec] = {spec.name: spec for spec in (
                 "no draft model; the continuation of the longest earlier n-gram (n ≤ N) that ends the sequence",
                 Parameter(int, "N", "the longest n-gram N to match, an integer from 1 to 64", "prompt-lookup:3",
                           1, 65, default=3), needs_model=False, constant_k=False),
+    DrafterSpec("suffix", "SuffixDrafter",
+                "no draft model; the most frequent continuation of the longest match of the context in suffix trees "
+                "of depth D over the prompt, the output and earlier responses (vLLM's suffix decoding)",
+                Parameter(int, "D", "the suffix tree depth D, an integer from 1 to 64", "suffix:24", 1, 65, default=24),
+                needs_model=False, constant_k=False, default_parameter=True),
 )}
 DEFAULT_DRAFTER = "model"
 # How a draft model proposes (engine/drafting.py): draws from p_d, or its argmax verified as a point mass.
@@ -107,6 +115,8 @@ def parse_drafter(text) -> tuple[str, int | float | None]:
         if colon:
             raise DraftLabError(f"drafter {name!r} takes no parameter (got {shown!r}); use {name}")
         return name, None
+    if not raw and not colon and spec.default_parameter:
+        return name, param.default
     if not raw:
         raise DraftLabError(f"drafter {name!r} needs {param.meaning} after a colon (got {shown!r}); "
                             f"use e.g. {param.example}")

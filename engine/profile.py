@@ -12,7 +12,6 @@ import time
 import torch
 
 from .batched_cache import BatchCache, left_pad
-from .cached_model import CachedModel
 from .sampling import SamplingConfig, probabilities
 
 
@@ -22,34 +21,13 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-@torch.inference_mode()
 def verify_profile(model, vocab_size: int, prompt_ids: torch.Tensor, n_max: int, cfg: SamplingConfig | None = None,
                    repeats: int = 9) -> dict[int, float]:
-    """Seconds of one verify step over n = 1..n_max new tokens after prompt_ids [1, L]: the target forward,
-    the processed distributions of its n rows and one host sync, as the loop does it. Interleaved over n and
-    repeated; the per-n medians are made non-decreasing in n (isotonic), since feeding more tokens never
-    costs less and a noisy machine otherwise bends the predicted curve."""
-    cfg = cfg or SamplingConfig()
-    lm = CachedModel(model, vocab_size)
-    lm.reset()
-    lm.forward(prompt_ids, keep=1)
-    length = lm.length
-    fill = prompt_ids[:, -1:].expand(1, n_max)  # any tokens do: the cost of a forward does not depend on them
-
-    def step(n: int) -> float:
-        start = _clock(lm.device)
-        probabilities(lm.forward(fill[:, :n], keep=n), cfg).sum().item()
-        elapsed = time.perf_counter() - start
-        lm.rollback(length)
-        return elapsed
-
-    step(n_max)  # warm-up at the largest shape
-    times: dict[int, list[float]] = {n: [] for n in range(1, n_max + 1)}
-    for repeat in range(repeats):
-        for n in (range(1, n_max + 1) if repeat % 2 == 0 else range(n_max, 0, -1)):
-            times[n].append(step(n))
-    medians = [statistics.median(times[n]) for n in range(1, n_max + 1)]
-    return dict(zip(range(1, n_max + 1), non_decreasing(medians)))
+    """Seconds of one verify step over n = 1..n_max new tokens after prompt_ids [1, L]: the one-row case of
+    `batched_verify_profile` (the target forward, the processed distributions of its n rows and one host sync, as
+    the loop does it; interleaved over n, repeated, made non-decreasing in n: feeding more tokens never costs less,
+    and a noisy machine otherwise bends the predicted curve)."""
+    return batched_verify_profile(model, vocab_size, [prompt_ids], [1], n_max, cfg, repeats)[1]
 
 
 def non_decreasing(values: list[float]) -> list[float]:

@@ -1,5 +1,6 @@
-"""One run = one decoder over a list of prompts, following SPEC's timing protocol: tokenization outside the
-clock, one untimed warm-up generation first, wall time of generation per prompt."""
+"""Building the decoders of a run (engine/speculative.py, engine/baseline.py: one loop each, B prompts at a time, a
+single prompt the one-row case) and running them over a list of prompts, following SPEC's timing protocol:
+tokenization outside the clock, one untimed warm-up generation first, wall time of generation per prompt."""
 from __future__ import annotations
 
 from typing import Callable, Iterator
@@ -69,8 +70,8 @@ def baseline_decoder(pair: ModelPair, cfg: SamplingConfig) -> TargetOnlyDecoder:
 
 def speculative_decoder(pair: ModelPair, cfg: SamplingConfig, k: int, typer: TokenTyper | None = None,
                         drafter: str = DEFAULT_DRAFTER) -> SpeculativeDecoder:
-    """A decoder drafting with the strategy `drafter` names (engine/drafting.py: model, heuristic, confidence:T,
-    prompt-lookup:N) and k (the starting k for heuristic). The pair may lack a draft model when the drafter
+    """A decoder drafting with the strategy `drafter` names (engine/drafter_specs.py, engine/drafting.py) and k (the
+    most drafts a round proposes; the starting k for heuristic). The pair may lack a draft model when the drafter
     needs none (engine.drafter_specs.needs_draft_model)."""
     check_k(pair, k)
     eos = eos_ids(pair)
@@ -93,3 +94,19 @@ def run_prompts(decoder, prompts: list[str], prompt_ids: list[torch.Tensor], sta
     for i in range(start, len(prompts)):
         step = None if on_progress is None else (lambda n, i=i: on_progress(i, n))
         yield decoder.generate(prompts[i], prompt_ids[i], i, on_progress=step)
+
+
+def run_batches(decoder, prompts: list[str], prompt_ids: list[torch.Tensor], batch_size: int,
+                warmup_tokens: int = WARMUP_TOKENS):
+    """Yield one list of PromptResults per batch of `batch_size` consecutive prompts (the last batch may be
+    smaller: it holds what is left), after one untimed warm-up batch of the first prompts."""
+    if not prompts:
+        return
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise DraftLabError(f"batch size must be a positive integer (got {batch_size!r}); use e.g. 1, 4 or 16")
+    first = min(batch_size, len(prompts))
+    decoder.generate_batch(prompts[:first], prompt_ids[:first], list(range(first)),
+                           max_new_tokens=min(warmup_tokens, decoder.cfg.max_new_tokens))
+    for s in range(0, len(prompts), batch_size):
+        e = min(s + batch_size, len(prompts))
+        yield decoder.generate_batch(prompts[s:e], prompt_ids[s:e], list(range(s, e)))

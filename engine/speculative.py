@@ -1,12 +1,37 @@
-"""The speculative decoding loop: draft k_r tokens, verify them in one target forward, keep the longest
-acceptable prefix, roll both KV caches back. Lossless: the output is distributed exactly as the target's.
-k_r is the drafter's k capped by what is left (token budget, context positions); k_r = 0 is a plain target step.
+"""The speculative decoding loop: B prompts of different lengths decoded together (a single prompt is the one-row
+case: there is no second loop), every drafter through one protocol (engine/drafting.py), one cache path
+(engine/batched_cache.py: left padding, per-row positions, holes, rollback, compaction).
 
-Invariant between rounds: the target's cache holds a prefix of the committed tokens (all but the last after
-the first round; empty before it, so the prefill pass verifies the first drafts); the drafter's cache holds a
-prefix too. One host/device sync per round (`to_host`); draft and verify are timed by device events read
-after it (engine/clock.py), and the round's tokens arrive together right after it (PromptResult.token_seconds,
-seconds from the decode's start, as the batched decoders record them).
+Per round, for the rows still running:
+  1. the drafter proposes k_r <= cap_r tokens for each row r (ragged: padded to K = max k_r); cap_r is what is
+     left of the row's token budget and of the target's positions, so a round never overruns either;
+  2. ONE target forward scores every row: row r feeds [its pending tokens (left-padded), its drafts (right-padded
+     to K)], so slot i of every row scores draft i. The first round starts from the prompt: the target's prefill
+     pass verifies the first drafts;
+  3. ONE vectorised verify (engine/verification.py) gives per-row accepted counts a_r and correction / bonus tokens;
+  4. both caches roll back on the device (the rejected columns become holes; a one-row cache crops them) and
+     everything the round records moves to the host in ONE transfer (`.tolist()`), which also carries the hole
+     counts `trim` needs. Draft and verify are timed by device events read after it (engine/clock.py), and the
+     round's tokens arrive together right after it (PromptResult.token_seconds).
+Then each row's Round is settled (engine.verification.round_record), so a row yields the same records (per round,
+per draft token) as that prompt decoded alone, and storage logs them unchanged.
+
+Invariant between rounds: each row's target cache holds a prefix of its committed tokens (all but the last after
+the first round), and so does the drafter's.
+
+Randomness: row r draws from prompt_generator(seed, its prompt index) in a fixed order (its drafts, then its k_r
+uniforms, then its correction), so a row never depends on the rows beside it: a sampled row equals that prompt
+decoded alone.
+
+Timing: every row's Round carries the batch round's draft and verify seconds and draft forwards (what that row
+waited for; draft_seconds / draft_forwards is still one draft forward's time, at this batch size). A row's
+`wall_seconds` is from the batch's start to that row's last token: its request latency.
+
+Finished rows (EOS, budget) leave the batch after the round they finish in: both caches drop their rows
+(`BatchCache.select`), so they cost no further forward work.
+
+Rows are lossless: greedy rows equal the target-only decoding of that prompt alone token for token, sampled rows
+follow the target's distribution (tests/test_engine_batched.py, tests/test_engine_sampling.py).
 """
 from __future__ import annotations
 
@@ -14,151 +39,125 @@ from typing import Callable
 
 import torch
 
-from .cached_model import CachedModel
+from .batched_cache import BatchCache, left_pad, to_device
 from .clock import RoundClock
-from .drafting import Drafter, Proposal
-from .records import DraftToken, PromptResult, Round, settle_round
-from .sampling import SamplingConfig, probabilities, prompt_generator, sample_rows
+from .drafting import COMPACT_SLACK, Drafter
+from .records import PromptResult
+from .rows import Rows
+from .sampling import SamplingConfig, probabilities
 from .token_types import TokenTyper
+from .verification import round_record, rows_to_host, verify_rows
 
-
-def verify(proposal: Proposal, p_target: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator):
-    """Accept each draft token with prob min(1, p_t/p_d) while all before it were accepted; then draw the
-    next token from normalize(max(0, p_t - p_d)) at the first rejection, or from p_t after the last draft
-    (bonus). p_target is [k+1, V]. Returns (accepted count, next token) as 0-d device tensors.
-
-    A drafter without a distribution (prompt lookup) proposes point masses, p_d = onehot(x): the test is then
-    u < p_t(x), i.e. acceptance with probability min(1, p_t(x)), and the residual max(0, p_t - onehot(x)) is p_t
-    with x removed (both exact in floating point: p_d is exactly 1 and 0). The batch-1 case of `verify_rows`."""
-    k = proposal.tokens.shape[0]
-    n, next_token = verify_rows(proposal.tokens[None], proposal.probs[None], [k], None, p_target[None], cfg,
-                                [generator])
-    return n[0], next_token[0]
-
-
-def verify_rows(tokens: torch.Tensor, draft_probs: torch.Tensor, ks: list[int], valid: torch.Tensor | None,
-                p_target: torch.Tensor, cfg: SamplingConfig, generators: list[torch.Generator]):
-    """`verify` for B rows at once (engine/batched.py; batch 1 is `verify`): tokens [B, K] and draft_probs
-    [B, K, V], row r proposing its first ks[r] (valid [B, K] marks them; None when every row proposed K, and
-    draft_probs is zero past ks[r]); p_target [B, K+1, V], row r's slot i scoring draft i. Row r draws its ks[r]
-    uniforms and its correction / bonus from generators[r], as a batch-1 decode of it would. Returns (accepted
-    counts [B], next tokens [B]) on the device, without a host sync."""
-    batch, k = tokens.shape
-    if cfg.greedy:
-        best = p_target.argmax(-1)  # the target's token at every slot [B, K+1]: drafts' checks and the next token
-        ok = tokens == best[:, :k]
-    else:
-        p_t = p_target[:, :k].gather(-1, tokens[..., None])[..., 0]
-        p_d = draft_probs.gather(-1, tokens[..., None])[..., 0]
-        draws = [torch.rand(kr, generator=g, device=p_target.device) for kr, g in zip(ks, generators)]
-        u = torch.stack([torch.nn.functional.pad(d, (0, k - d.shape[0]), value=1.0) for d in draws])
-        ok = u * p_d < p_t  # u < min(1, p_t / p_d) without dividing by zero
-    if valid is not None:
-        ok = ok & valid
-    n = ok.long().cumprod(1).sum(1)
-    if cfg.greedy:
-        return n, best.gather(1, n[:, None])[:, 0]
-    rows = torch.arange(batch, device=p_target.device)
-    target_row = p_target[rows, n]
-    draft_row = torch.cat([draft_probs, torch.zeros_like(target_row)[:, None]], 1)[rows, n]
-    residual = residual_distribution(target_row, draft_row)  # at n == k draft_row is 0: plain p_t (bonus)
-    return n, sample_rows(residual, cfg, generators)
-
-
-def residual_distribution(p_target: torch.Tensor, p_draft: torch.Tensor) -> torch.Tensor:
-    """max(0, p_t - p_d) per row of [..., V], falling back to p_t where rounding left no mass (sampling ignores
-    the scale)."""
-    residual = (p_target - p_draft).clamp(min=0)
-    return torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_target)
-
-
-def draft_stats(tokens: torch.Tensor, draft_probs: torch.Tensor, draft_logits: torch.Tensor | None,
-                p_target: torch.Tensor, target_logits: torch.Tensor):
-    """What a round records per draft token, on the device, for tokens [..., k] with their distributions
-    [..., k, V] (the target's scoring each draft's slot): (p_draft of the token, p_target of the token,
-    beta = sum min(p_d, p_t), KL(p_t || p_d) of the raw logits, NaN without draft logits), each [..., k]."""
-    idx = tokens[..., None]
-    p_d = draft_probs.gather(-1, idx)[..., 0]
-    p_t = p_target.gather(-1, idx)[..., 0]
-    beta = torch.minimum(draft_probs, p_target).sum(-1)
-    if draft_logits is not None:
-        log_t = target_logits.float().log_softmax(-1)
-        log_d = draft_logits.float().log_softmax(-1)
-        kl = (log_t.exp() * (log_t - log_d)).sum(-1)
-    else:
-        kl = torch.full(tokens.shape, float("nan"), device=p_t.device)
-    return p_d, p_t, beta, kl
-
-
-def round_record(typer: TokenTyper, eos_ids: set[int], prompt_index: int, round_index: int, host: dict,
-                 budget: int, draft_s: float, verify_s: float, forwards: int) -> Round:
-    """The Round a verified round's host fields (see `to_host`) settle into; the batch-1 and batched loops both
-    build their records here."""
-    drafted = host["tokens"]
-    emitted, kinds, accepted, outcomes = settle_round(drafted, host["accepted"], host["next"], eos_ids, budget)
-    tokens = []
-    for i, (token, outcome) in enumerate(zip(drafted, outcomes)):
-        text, kind = typer.describe(token)
-        tokens.append(DraftToken(i + 1, token, text, kind, host["p_draft"][i], host["p_target"][i],
-                                 host["beta"][i], host["kl"][i], outcome))
-    return Round(prompt_index, round_index, len(drafted), accepted, emitted, kinds, draft_s, verify_s, forwards, tokens)
+# Realign a cache when its width exceeds this many times its longest row (+ COMPACT_SLACK): holes from rejections.
+COMPACT_RATIO = 2.0
 
 
 class SpeculativeDecoder:
-    def __init__(self, target_model, drafter: Drafter, vocab_size: int, cfg: SamplingConfig,
-                 typer: TokenTyper, eos_ids: set[int]):
-        self.target = CachedModel(target_model, vocab_size)
+    def __init__(self, target_model, drafter: Drafter, vocab_size: int, cfg: SamplingConfig, typer: TokenTyper,
+                 eos_ids: set[int], compact_ratio: float | None = COMPACT_RATIO):
+        self.target = BatchCache(target_model, vocab_size)
         self.clock = RoundClock(self.target.device)
         self.drafter = drafter
         self.cfg = cfg
         self.typer = typer
         self.eos_ids = eos_ids
+        self.compact_ratio = compact_ratio
+        self.rounds = 0  # batched rounds of the last generate_batch
+        self.hole_share = 0.0  # mean share of the target cache's columns that were holes, over its rounds
 
-    @torch.inference_mode()
     def generate(self, prompt: str, prompt_ids: torch.Tensor, prompt_index: int,
                  on_progress: Callable[[int], None] | None = None, max_new_tokens: int | None = None) -> PromptResult:
-        """Decode one prompt; on_progress(new tokens so far) runs between rounds (raise there to cancel)."""
-        cfg, g = self.cfg, prompt_generator(self.cfg.seed, prompt_index, self.target.device)
+        """Decode one prompt (the one-row batch); on_progress(new tokens so far) runs between rounds (raise there
+        to cancel)."""
+        step = None if on_progress is None else (lambda index, tokens: on_progress(tokens))
+        return self.generate_batch([prompt], [prompt_ids], [prompt_index], step, max_new_tokens)[0]
+
+    @torch.inference_mode()
+    def generate_batch(self, prompts: list[str], prompt_ids: list[torch.Tensor], prompt_indices: list[int],
+                       on_progress: Callable[[int, int], None] | None = None,
+                       max_new_tokens: int | None = None) -> list[PromptResult]:
+        """Decode prompts together (prompt_ids[i] is [1, n_i]); one PromptResult per prompt, in input order.
+        on_progress(prompt index, new tokens so far) runs for each running row between rounds."""
+        cfg, clock, target = self.cfg, self.clock, self.target
         limit = max_new_tokens or cfg.max_new_tokens
-        clock = self.clock
+        count = len(prompts)
         start = clock.wall()
-        # The first round starts from the prompt: the target's prefill pass also verifies the first drafts.
-        self.target.reset()
-        self.drafter.start(prompt_ids)
-        sequence, output, rounds, arrivals = prompt_ids, [], [], []
-        while len(output) < limit and not (output and output[-1] in self.eos_ids):
-            length = sequence.shape[1]
-            # A round emits up to k_r + 1 tokens and the target scores positions up to length + k_r - 1.
-            cap = max(0, min(limit - len(output) - 1, self.target.max_positions - length))
+        state = Rows(prompt_ids, prompt_indices, cfg, target.device)
+        target.reset(count)
+        self.drafter.start(state.seqs, state.history, list(prompt_indices))
+        cached = [0] * count  # real tokens in each row's target cache
+        outputs = [[] for _ in range(count)]
+        rounds = [[] for _ in range(count)]
+        walls = [0.0] * count
+        arrivals = [[] for _ in range(count)]  # each row's token arrival times (seconds from the batch's start)
+        self.rounds, holes = 0, 0.0
+        while state.live:
+            lengths = [s.shape[0] for s in state.seqs]
+            caps = [max(0, min(limit - len(outputs[o]) - 1, target.max_positions - n))
+                    for o, n in zip(state.live, lengths)]
             t_draft = clock.mark()
-            proposal = self.drafter.propose(sequence, g, cap)
+            proposal = self.drafter.propose(state.seqs, state.history, state.generators, caps)
             t_verify = clock.mark()
-            k = proposal.tokens.shape[0]
-            if k > cap:
-                raise ValueError(f"{type(self.drafter).__name__} proposed {k} tokens; this round allows {cap}")
-            fed = torch.cat([sequence[:, self.target.length :], proposal.tokens.view(1, -1)], dim=1)
-            target_logits = self.target.forward(fed, keep=k + 1)
-            p_target = probabilities(target_logits, cfg)
-            n, next_token = verify(proposal, p_target, cfg, g)
+            for k, cap in zip(proposal.ks, caps):
+                if k > cap:
+                    raise ValueError(f"{type(self.drafter).__name__} proposed {k} tokens; this round allows {cap}")
+            width = proposal.tokens.shape[1]
+            pending, pending_valid = left_pad([s[c:] for s, c in zip(state.seqs, cached)], target.device)
+            slots = proposal.valid if proposal.valid is not None else torch.ones_like(proposal.tokens, dtype=torch.bool)
+            logits = target.forward(torch.cat([pending, proposal.tokens], 1), torch.cat([pending_valid, slots], 1),
+                                    keep=width + 1)
+            p_target = probabilities(logits, cfg)
+            n, next_tokens = verify_rows(proposal.tokens, proposal.probs, proposal.ks, proposal.valid, p_target, cfg,
+                                         state.generators)
+            kept = to_device(lengths, target.device) + n
+            target.rollback(kept)
+            self.drafter.rollback(kept)
             t_done = clock.mark()
-            host = to_host(proposal, p_target, target_logits, n, next_token)  # the sync; t_done has completed
+            host = rows_to_host(proposal.tokens, proposal.probs, proposal.raw_logits, proposal.ks, p_target, logits,
+                                n, next_tokens, [target.trailing_holes(), self.drafter.trailing_holes()])
+            draft_s, verify_s = clock.seconds(t_draft, t_verify), clock.seconds(t_verify, t_done)
             arrived = clock.now() - start  # the round's tokens reached the host together, with the transfer
-            accepted = host["accepted"]
-            self.target.rollback(length + accepted)
-            self.drafter.accept(length, accepted)
-            round_ = self._record(prompt_index, len(rounds), host, limit - len(output),
-                                  clock.seconds(t_draft, t_verify), clock.seconds(t_verify, t_done), proposal.forwards)
-            rounds.append(round_)
-            output += round_.emitted_ids
-            arrivals += [arrived] * len(round_.emitted_ids)
-            # Built from device tensors: a host-to-device copy would be a second sync.
-            emitted = torch.cat([proposal.tokens[:accepted], next_token.view(1)])[: len(round_.emitted_ids)]
-            sequence = torch.cat([sequence, emitted.view(1, -1)], dim=1)
-            if on_progress is not None:
-                on_progress(len(output))
-        wall = clock.wall() - start
-        text = self.typer.tokenizer.decode(output, skip_special_tokens=True)
-        return PromptResult(prompt_index, prompt, output, text, wall, rounds=rounds, token_seconds=arrivals)
+            self.rounds += 1
+            finished, keep = [], []
+            for r, (o, row) in enumerate(zip(state.live, host["rows"])):
+                round_ = round_record(self.typer, self.eos_ids, prompt_indices[o], len(rounds[o]), row,
+                                      limit - len(outputs[o]), draft_s, verify_s, proposal.forwards)
+                rounds[o].append(round_)
+                outputs[o] += round_.emitted_ids
+                arrivals[o] += [arrived] * len(round_.emitted_ids)
+                a = row["accepted"]
+                cached[r] = lengths[r] + a
+                # Built from device tensors: a host-to-device copy would be a second sync.
+                emitted = torch.cat([proposal.tokens[r, :a], next_tokens[r: r + 1]])[: len(round_.emitted_ids)]
+                state.seqs[r] = torch.cat([state.seqs[r], emitted])
+                state.history[r] = state.history[r] + round_.emitted_ids
+                if len(outputs[o]) >= limit or outputs[o][-1] in self.eos_ids:
+                    finished.append(o)
+                else:
+                    keep.append(r)
+                if on_progress is not None:
+                    on_progress(prompt_indices[o], len(outputs[o]))
+            accepted = [row["accepted"] for row in host["rows"]]
+            target.trim(host["trailing"][0])
+            self.drafter.settle(lengths, accepted, host["trailing"][1])
+            holes += 1 - sum(n + a for n, a in zip(lengths, accepted)) / max(1, target.batch * target.width)
+            if finished:
+                for o in finished:
+                    walls[o] = arrived
+                if keep:
+                    target.select(keep)
+                    self.drafter.select(keep)
+                cached = [cached[r] for r in keep]
+                state.select(keep)
+            elif self.compact_ratio is not None:
+                if target.width > self.compact_ratio * max(cached) + COMPACT_SLACK:
+                    target.compact()
+                self.drafter.maybe_compact(self.compact_ratio)
+        self.hole_share = holes / max(1, self.rounds)
+        self.drafter.finish(list(prompt_indices), outputs)
+        return [PromptResult(prompt_indices[o], prompts[o], outputs[o],
+                             self.typer.tokenizer.decode(outputs[o], skip_special_tokens=True), walls[o],
+                             rounds=rounds[o], token_seconds=arrivals[o]) for o in range(count)]
 
     def peak_cache_bytes(self) -> int:
         """Peak KV-cache bytes since the last reset: the target's plus the drafter's, if it has a cache."""
@@ -169,41 +168,3 @@ class SpeculativeDecoder:
         self.target.reset_peak()
         if hasattr(self.drafter, "reset_peak_cache_bytes"):
             self.drafter.reset_peak_cache_bytes()
-
-    def _record(self, prompt_index, round_index, host, budget, draft_s, verify_s, forwards) -> Round:
-        return round_record(self.typer, self.eos_ids, prompt_index, round_index, host, budget, draft_s, verify_s,
-                            forwards)
-
-
-def to_host(proposal: Proposal, p_target: torch.Tensor, target_logits: torch.Tensor,
-            n: torch.Tensor, next_token: torch.Tensor) -> dict:
-    """Everything a round records, computed on the device and moved to the host in one transfer: the one-row
-    case of `rows_to_host`."""
-    raw = proposal.raw_logits
-    return rows_to_host(proposal.tokens[None], proposal.probs[None], None if raw is None else raw[None],
-                        [proposal.tokens.shape[0]], p_target[None], target_logits[None], n.view(1),
-                        next_token.view(1))["rows"][0]
-
-
-def rows_to_host(tokens: torch.Tensor, draft_probs: torch.Tensor, draft_logits: torch.Tensor | None, ks: list[int],
-                 p_target: torch.Tensor, target_logits: torch.Tensor, n: torch.Tensor, next_tokens: torch.Tensor,
-                 extras: list = ()) -> dict:
-    """What a round records for B rows (tokens [B, K] and the rest as `verify_rows` takes them, n and next_tokens
-    [B]), computed on the device and moved to the host in ONE transfer (`.tolist()`, the round's one sync), with
-    the 0-d integer tensors `extras` (None allowed). Returns {"rows": per row {"accepted", "next", "tokens",
-    "p_draft", "p_target", "beta", "kl"}, cut to the row's ks[r], "trailing": the extras as ints (None where
-    None)}."""
-    batch, width = tokens.shape
-    stats = torch.stack(draft_stats(tokens, draft_probs, draft_logits, p_target[:, :width], target_logits[:, :width]))
-    present = [e.reshape(1) for e in extras if e is not None]
-    ints = [n, next_tokens, tokens.reshape(-1), *present]  # row r's tokens at 2 * batch + r * width
-    flat = torch.cat([torch.cat(ints).double(), stats.reshape(-1).double()]).tolist()
-    head = batch * (2 + width) + len(present)
-    rows = []
-    for r, k in enumerate(ks):
-        at = 2 * batch + r * width
-        cols = [flat[head + (i * batch + r) * width : head + (i * batch + r) * width + k] for i in range(4)]
-        rows.append({"accepted": int(flat[r]), "next": int(flat[batch + r]), "tokens": [int(t) for t in flat[at : at + k]],
-                     "p_draft": cols[0], "p_target": cols[1], "beta": cols[2], "kl": cols[3]})
-    tail = iter(int(v) for v in flat[batch * (2 + width) : head])
-    return {"rows": rows, "trailing": [None if e is None else next(tail) for e in extras]}

@@ -1,45 +1,38 @@
-"""The loop only talks to the Drafter interface: a model-free drafter (prompt lookup, one-hot proposals)
-and a dynamic-k policy plug in without touching engine/speculative.py, and stay lossless."""
+"""The loop only talks to the Drafter protocol (engine/drafting.py): a model-free drafter (one-hot proposals) and a
+dynamic-k policy plug in without touching engine/speculative.py, and stay lossless."""
 import math
 
 import torch
 
 from engine import runs
-from engine.drafting import ModelDrafter, Proposal
+from engine.drafting import HostDrafter, ModelDrafter
 from engine.sampling import SamplingConfig
 from engine.speculative import SpeculativeDecoder
 from engine.token_types import TokenTyper
 from tests import tiny_models as tm
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(HostDrafter):
     """Proposes the (up to k) tokens that followed the last earlier occurrence of the current last token; no
     occurrence, no drafts (the round is one plain target step)."""
 
     def __init__(self, k: int, vocab: int):
-        self.k, self.vocab = k, vocab
+        super().__init__(vocab, k)
 
-    def start(self, prompt_ids):
-        pass
+    def begin_row(self, history, prompt_index):
+        return None
 
-    def propose(self, sequence, generator, max_tokens):
-        seq = sequence[0].tolist()
+    def follow(self, state, seq, max_tokens):
         last = seq[-1]
         hits = [i for i in range(len(seq) - 1) if seq[i] == last]
-        follow = seq[hits[-1] + 1:][: min(self.k, max_tokens)] if hits else []
-        tokens = torch.tensor(follow, dtype=torch.long)
-        return Proposal(tokens, torch.nn.functional.one_hot(tokens, self.vocab).float(), None, forwards=0)
-
-    def accept(self, sequence_length, num_accepted):
-        pass
+        return seq[hits[-1] + 1:][:max_tokens] if hits else []
 
 
 class GrowShrinkDrafter(ModelDrafter):
     """transformers' heuristic: k += 2 after a fully accepted round, k -= 1 (min 1) otherwise."""
 
-    def accept(self, sequence_length, num_accepted):
-        super().accept(sequence_length, num_accepted)
-        self.k = self.k + 2 if num_accepted == self.k else max(1, self.k - 1)
+    def next_ks(self, ks, proposed, accepted):
+        return [k + 2 if a == k else max(1, k - 1) for k, a in zip(ks, accepted)]
 
 
 def _pair():

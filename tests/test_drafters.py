@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine import runs, speculative
+from engine import runs, speculative, verification
 from engine import drafting
 from engine.drafter_specs import SPECS as DRAFTER_SPECS, DrafterSpec, canonical_drafter, drafter_usage, needs_draft_model, parse_drafter
 from engine.drafting import (ConfidenceDrafter, HeuristicDrafter, ModelDrafter, PromptLookupDrafter, Proposal,
+                             SuffixDrafter,
                              drafter_class, heuristic_next_k, make_drafter)
 from engine.errors import DraftLabError
 from engine.metrics_oracle import speculative_metrics
@@ -23,7 +24,7 @@ from engine.sampling import SamplingConfig, probabilities
 from tests import tiny_models as tm
 from tests.test_engine_sampling import chi2_pvalue
 
-SPECS = ["model", "heuristic", "confidence:0.5", "prompt-lookup:1", "prompt-lookup:3"]
+SPECS = ["model", "heuristic", "confidence:0.5", "prompt-lookup:1", "prompt-lookup:3", "suffix", "suffix:8"]
 PROMPTS = ["t5", "t9 t3 t22 t9 t3", "t40 t41 t2 t8 t9 t10 t11 t12 t13 t14 t15 t16 t17 t18 t19 t20 t21 t22 t23 t24 t25"]
 NEW = 40
 
@@ -71,31 +72,25 @@ def test_registry_entries_are_complete():
         if spec.parameter:  # its example is a valid spec, its default a valid parameter
             assert parse_drafter(spec.parameter.example)[0] == name
             assert spec.parameter.valid(spec.parameter.default)
-    assert [name for name, spec in DRAFTER_SPECS.items() if not spec.needs_model] == ["prompt-lookup"]
+    assert [name for name, spec in DRAFTER_SPECS.items() if not spec.needs_model] == ["prompt-lookup", "suffix"]
     assert [name for name, spec in DRAFTER_SPECS.items() if spec.constant_k] == ["model"]
     assert canonical_drafter(" confidence:0.50") == "confidence:0.5" and canonical_drafter("prompt-lookup:03") == "prompt-lookup:3"
     assert canonical_drafter("confidence:0.123456789") == "confidence:0.123456789"
 
 
-def test_a_new_drafter_is_one_class_and_one_registry_line(monkeypatch):
-    class RepeatLast:
+def test_a_new_drafter_is_one_class_and_its_declaration(monkeypatch):
+    class RepeatLast(drafting.HostDrafter):
         """Proposes the last token again, k times (a point mass each)."""
-
-        def __init__(self, vocab_size, k):
-            self.vocab_size, self.k = vocab_size, k
 
         @classmethod
         def from_spec(cls, param, *, draft_model, vocab_size, k, cfg, eos_ids):
-            return cls(vocab_size, k)
+            return cls(vocab_size, k, eos_ids)
 
-        def start(self, prompt_ids):
-            pass
+        def begin_row(self, history, prompt_index):
+            return None
 
-        def propose(self, sequence, generator, max_tokens):
-            return Proposal.point_masses(sequence[0, -1:].repeat(min(self.k, max_tokens)), self.vocab_size)
-
-        def accept(self, sequence_length, num_accepted):
-            pass
+        def follow(self, state, history, max_tokens):
+            return history[-1:] * max_tokens
 
     monkeypatch.setattr(drafting, "RepeatLast", RepeatLast, raising=False)
     monkeypatch.setitem(DRAFTER_SPECS, "repeat-last", DrafterSpec("repeat-last", "RepeatLast", "the last token, k times",
@@ -114,7 +109,8 @@ def test_make_drafter_builds_each_class_and_needs_a_model_only_when_it_drafts_wi
     cfg = SamplingConfig()
     built = {spec: make_drafter(spec, draft_model=target, vocab_size=64, k=3, cfg=cfg) for spec in SPECS}
     assert [type(d) for d in built.values()] == [ModelDrafter, HeuristicDrafter, ConfidenceDrafter,
-                                                 PromptLookupDrafter, PromptLookupDrafter]
+                                                 PromptLookupDrafter, PromptLookupDrafter, SuffixDrafter, SuffixDrafter]
+    assert built["suffix"].cache.depth == 24 and built["suffix:8"].cache.depth == 8
     assert built["confidence:0.5"].threshold == 0.5 and built["prompt-lookup:3"].max_ngram == 3
     assert all(d.k == 3 for d in built.values())
     make_drafter("prompt-lookup:2", draft_model=None, vocab_size=64, k=3, cfg=cfg)
@@ -182,7 +178,7 @@ def test_every_drafter_greedy_equals_target_only(family, spec, k):
     tokens = [t for s in spec_results for r in s.rounds for t in r.draft_tokens]
     m = speculative_metrics(spec_results, base)
     assert m["proposed"] > 0 and 0 < m["accepted"]
-    if spec.startswith("prompt-lookup"):
+    if not needs_draft_model(spec):  # model-free: point masses, no logits
         assert all(math.isnan(t.kl) and t.p_draft == 1.0 and t.beta == t.p_target for t in tokens)
         assert all(r.draft_forwards == 0 for s in spec_results for r in s.rounds)
     else:
@@ -278,7 +274,7 @@ def test_a_broken_point_mass_correction_is_detected(sampling_setup, monkeypatch)
     """Correcting from p_t instead of p_t without the rejected token biases prompt lookup: the chi-squared sees it."""
     p, prompt_ids = sampling_setup
     p = dataclasses.replace(p, draft=None)
-    monkeypatch.setattr(speculative, "residual_distribution", lambda p_t, p_d: p_t)
+    monkeypatch.setattr(verification, "residual_distribution", lambda p_t, p_d: p_t)
     counts, _ = sample_counts(p, prompt_ids, "prompt-lookup:2", SAMPLING)
     assert chi2_pvalue(counts, exact_joint(p.target.model, prompt_ids, SAMPLING)) < 1e-6
 
@@ -290,21 +286,28 @@ def test_verify_treats_a_point_mass_exactly():
     p_t = torch.tensor([[0.1, 0.6, 0.3, 0.0], [0.25, 0.25, 0.25, 0.25]])
     g = torch.Generator().manual_seed(0)
     draws = 20000
-    proposal = Proposal.point_masses(torch.tensor([1]), 4)
+    proposal = Proposal.point_masses([[1]], 4, torch.device("cpu"))
     outcomes = collections.Counter()
     for _ in range(draws):
-        n, nxt = speculative.verify(proposal, p_t, cfg, g)
+        n, nxt = verify_one(proposal, p_t, cfg, g)
         outcomes[(int(n), int(nxt))] += 1
     accepted = sum(c for (n, _), c in outcomes.items() if n == 1)
     assert abs(accepted / draws - 0.6) < 4 * math.sqrt(0.6 * 0.4 / draws)
     rejected = {t: c for (n, t), c in outcomes.items() if n == 0}
     assert set(rejected) <= {0, 2}  # never the rejected token itself, never a zero-probability one
     assert abs(rejected[0] / sum(rejected.values()) - 0.25) < 0.03  # 0.1 / (0.1 + 0.3)
-    assert torch.equal(speculative.residual_distribution(p_t[0], proposal.probs[0]), torch.tensor([0.1, 0, 0.3, 0]))
+    assert torch.equal(verification.residual_distribution(p_t[0], proposal.probs[0, 0]), torch.tensor([0.1, 0, 0.3, 0]))
     for token, expected in ((3, 0), (1, 1)):  # p_t(x) = 0: always rejected; p_t(x) = 1: always accepted
         certain = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
-        single = Proposal.point_masses(torch.tensor([token]), 4)
-        assert {int(speculative.verify(single, certain, cfg, g)[0]) for _ in range(200)} == {expected}
+        single = Proposal.point_masses([[token]], 4, torch.device("cpu"))
+        assert {int(verify_one(single, certain, cfg, g)[0]) for _ in range(200)} == {expected}
+
+
+def verify_one(proposal, p_target, cfg, generator):
+    """The verification of a one-row proposal against p_target [k + 1, V]: (accepted, next token)."""
+    n, next_token = verification.verify_rows(proposal.tokens, proposal.probs, proposal.ks, proposal.valid,
+                                             p_target[None], cfg, [generator])
+    return n[0], next_token[0]
 
 
 # --- each drafter follows its reference round by round ---------------------------------------------------------
@@ -431,8 +434,9 @@ def test_confidence_stops_where_the_drafts_top_probability_falls_below_the_thres
 
 def lookup(sequence, max_ngram, k, eos=()):
     drafter = PromptLookupDrafter(max_ngram, 100, k, eos)
-    drafter.start(torch.tensor([sequence]))
-    return drafter.propose(torch.tensor([sequence]), None, k).tokens.tolist()
+    drafter.start([torch.tensor(sequence)], [list(sequence)], [0])
+    proposal = drafter.propose([torch.tensor(sequence)], [list(sequence)], [None], [k])
+    return proposal.tokens[0, : proposal.ks[0]].tolist()
 
 
 def reference_lookup(seq, max_ngram, k, eos=()):
@@ -475,10 +479,11 @@ def test_prompt_lookup_index_grows_with_the_sequence():
     rng = random.Random(1)
     seq = [rng.randrange(4) for _ in range(5)]
     drafter = PromptLookupDrafter(3, 10, 4, ())
-    drafter.start(torch.tensor([seq]))
+    drafter.start([torch.tensor(seq)], [list(seq)], [0])
     for _ in range(60):
         seq += [rng.randrange(4) for _ in range(rng.randrange(1, 4))]
-        got = drafter.propose(torch.tensor([seq]), None, 4).tokens.tolist()
+        proposal = drafter.propose([torch.tensor(seq)], [list(seq)], [None], [4])
+        got = proposal.tokens[0, : proposal.ks[0]].tolist()
         assert got == reference_lookup(seq, 3, 4)
 
 

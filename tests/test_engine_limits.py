@@ -62,10 +62,10 @@ class SpyDrafter(ModelDrafter):
         super().__init__(*args, **kwargs)
         self.calls = []
 
-    def propose(self, sequence, generator, max_tokens):
-        proposal = super().propose(sequence, generator, max_tokens)
-        self.calls.append((sequence.shape[1], max_tokens, proposal.tokens.shape[0]))
-        assert proposal.tokens.shape[0] <= max_tokens
+    def propose(self, seqs, history, generators, caps):
+        proposal = super().propose(seqs, history, generators, caps)
+        self.calls.append((seqs[0].shape[0], caps[0], proposal.ks[0]))
+        assert proposal.ks[0] <= caps[0]
         return proposal
 
 

@@ -44,7 +44,7 @@ def test_baseline_peak_cache_bytes_is_the_longest_prompt_not_a_running_total():
     assert decoder.peak_cache_bytes() == 0
     decoder.generate(prompts[1], ids[1], 1)
     assert decoder.peak_cache_bytes() == (2 + short.new_tokens - 1) * TOKEN_BYTES
-    assert cache_bytes(decoder.target.cache) == decoder.target.length * TOKEN_BYTES
+    assert cache_bytes(decoder.target.cache) == decoder.target.width * TOKEN_BYTES
 
 
 def test_speculative_peak_cache_bytes_counts_both_caches_at_their_longest():

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from engine import runs
-from engine.drafting import Proposal
 from engine.sampling import SamplingConfig, probabilities, prompt_generator, sample
-from engine.speculative import to_host, verify
+from engine.verification import rows_to_host, verify_rows
 from tests import tiny_models as tm
 
 
@@ -18,18 +17,19 @@ def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos
     seq, out, rounds = prompt_ids, [], []
     while len(out) < cfg.max_new_tokens and not (out and out[-1] in eos_ids):
         k_r = min(k, cfg.max_new_tokens - len(out) - 1)  # the round's k_r + 1 tokens fit the budget
-        cur, proposal = seq, Proposal.empty(vocab, seq.device)
+        cur = seq
+        tokens = torch.empty(0, dtype=torch.long)
+        probs = raw = torch.empty(0, vocab)
         for _ in range(k_r):
             logits = full(draft, cur)[-1]
             p = probabilities(logits, cfg)
             t = sample(p, cfg, g)
-            proposal = Proposal(torch.cat([proposal.tokens, t.view(1)]), torch.cat([proposal.probs, p[None]]),
-                                torch.cat([proposal.raw_logits, logits[None]]), k_r)
+            tokens, probs, raw = torch.cat([tokens, t.view(1)]), torch.cat([probs, p[None]]), torch.cat([raw, logits[None]])
             cur = torch.cat([cur, t.view(1, 1)], 1)
         t_logits = full(target, cur)[-(k_r + 1):]
         p_t = probabilities(t_logits, cfg)
-        n, nxt = verify(proposal, p_t, cfg, g)
-        host = to_host(proposal, p_t, t_logits, n, nxt)
+        n, nxt = verify_rows(tokens[None], probs[None], [k_r], None, p_t[None], cfg, [g])
+        host = rows_to_host(tokens[None], probs[None], raw[None], [k_r], p_t[None], t_logits[None], n, nxt)["rows"][0]
         emitted = host["tokens"][: host["accepted"]] + [host["next"]]
         for j, tok in enumerate(emitted):
             if tok in eos_ids:

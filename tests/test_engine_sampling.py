@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from engine import runs, speculative
+from engine import runs, verification
 from engine.metrics_oracle import speculative_metrics
 from engine.sampling import SamplingConfig
 from tests import tiny_models as tm
@@ -64,7 +64,7 @@ def test_sampled_outputs_follow_target_distribution(setup):
 def test_broken_correction_rule_is_detected(setup, monkeypatch):
     p, prompt_ids, probs = setup
     # Drawing the correction from p_t instead of normalize(max(0, p_t - p_d)) biases the output.
-    monkeypatch.setattr(speculative, "residual_distribution", lambda p_t, p_d: p_t)
+    monkeypatch.setattr(verification, "residual_distribution", lambda p_t, p_d: p_t)
     assert chi2_pvalue(sample_counts(p, prompt_ids), probs) < 1e-6
 
 

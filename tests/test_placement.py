@@ -226,18 +226,18 @@ def test_greedy_speculative_with_an_accelerate_dispatched_target_equals_target_o
 
 def test_the_top_level_hook_returns_logits_to_the_input_device_and_leaves_the_cache_on_its_layers():
     """What a target over several GPUs relies on: its logits come back to the first GPU (where the draft and the
-    sampling are), and the KV cache, whose layers live on their GPUs, passes through untouched (CachedModel's
+    sampling are), and the KV cache, whose layers live on their GPUs, passes through untouched (BatchCache's
     `cache` keyword and the output's `cache` field are accelerate's skip_keys)."""
     from accelerate import dispatch_model
     from transformers import DynamicCache
 
-    from engine.cached_model import CachedModel
+    from engine.batched_cache import BatchCache
 
     target = tm.llama(0, layers=2)
     device_map = {"model": "cpu", "lm_head": "cpu"}
     dispatched = dispatch_model(target, device_map=device_map, force_hooks=True,
                                 skip_keys=target._skip_keys_device_placement)
-    cached = CachedModel(dispatched, 64)
+    cached = BatchCache(dispatched, 64)
     hook = dispatched._hf_hook
     assert cached._cache_kw in hook.skip_keys
     cache = DynamicCache()

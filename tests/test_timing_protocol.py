@@ -317,18 +317,18 @@ class FakeClock:
 
 @pytest.fixture
 def fake_clock(monkeypatch):
-    from engine import cached_model
+    from engine.batched_cache import BatchCache
 
     holder = {}
-    real_forward = cached_model.CachedModel.forward
+    real_forward = BatchCache.forward
 
-    def forward(self, input_ids, keep=None):
+    def forward(self, ids, valid, keep=None):
         clock = holder.get("clock")
         if clock is not None:
-            clock.now += clock.cost(self.model, input_ids.shape[1])
-        return real_forward(self, input_ids, keep)
+            clock.now += clock.cost(self.model, ids.shape[1])
+        return real_forward(self, ids, valid, keep)
 
-    monkeypatch.setattr(cached_model.CachedModel, "forward", forward)
+    monkeypatch.setattr(BatchCache, "forward", forward)
     monkeypatch.setattr(time, "perf_counter", lambda: holder["clock"].now if "clock" in holder else 0.0)
     return holder
 
