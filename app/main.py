@@ -3,6 +3,11 @@ routing; a page's unexpected exception is logged here and shown as one short mes
 
 The pages live in the top-level `pages/` package, registered as callables, so Streamlit's legacy `pages/`
 auto-discovery (a folder beside the entry script) never kicks in.
+
+Every page has its own path (`/experiments`, `/new`, ...). The root URL is a hidden page that switches to the start
+page (the experiments list unless a test starts elsewhere), keeping the query string: Streamlit serves its default
+page at the root only, so a visible default page would have no path of its own (`/experiments` answered "page not
+found").
 """
 from __future__ import annotations
 

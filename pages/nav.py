@@ -4,11 +4,6 @@ The routing (app/main.py, the entry script) builds one `st.Page` per key from th
 here every run; a page links to another by key (`page(key)`) without importing it: pages link to each other both
 ways, so importing the target would make the page modules one import cycle. Each key's `st.Page` is the same in
 every session (same render, title, icon and path), so one registry serves the whole process.
-
-Every page has its own path (`/experiments`, `/new`, ...). The root URL is a hidden page that switches to the start
-page (the experiments list unless a test starts elsewhere), keeping the query string: Streamlit serves its default
-page at the root only, so a visible default page would have no path of its own (`/experiments` answered "page not
-found").
 """
 from __future__ import annotations
 
