@@ -482,7 +482,7 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
     experiment_id, failure = None, None
     try:
         worker.start()  # registered before its reserved runs exist, so no other worker takes them for orphans
-        from .access import cli_launcher
+        from pages.access import cli_launcher
 
         experiment_id = enqueue_experiment(store, **enqueue, prompt_texts=prompts, reserved_for=worker.id,
                                            launched_by=cli_launcher())

@@ -1,8 +1,13 @@
-"""Dashboard entry script (`streamlit run app/main.py`, started by `draftlab ui`): the login (app/access.py), then
+"""Dashboard entry script (`streamlit run app/main.py`, started by `draftlab ui`): the login (pages/access.py), then
 routing; a page's unexpected exception is logged here and shown as one short message.
 
 The pages live in the top-level `pages/` package, registered as callables, so Streamlit's legacy `pages/`
 auto-discovery (a folder beside the entry script) never kicks in.
+
+Every page has its own path (`/experiments`, `/new`, ...). The root URL is a hidden page that switches to the start
+page (the experiments list unless a test starts elsewhere), keeping the query string: Streamlit serves its default
+page at the root only, so a visible default page would have no path of its own (`/experiments` answered "page not
+found").
 """
 from __future__ import annotations
 
@@ -17,9 +22,10 @@ import logging  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
-from app import access  # noqa: E402
-from app.pair_check import warm_up  # noqa: E402
-from pages.nav import all_pages  # noqa: E402
+from pages import access  # noqa: E402
+from pages import compare, experiment_detail, experiments, new_experiment, round_explorer, theory, train  # noqa: E402
+from pages.nav import DEFAULT, PAGES, ROOT, register  # noqa: E402
+from pages.pair_check import warm_up  # noqa: E402
 
 log = logging.getLogger("draftlab.dashboard")
 if not logging.getLogger("draftlab").handlers:  # the server's stderr; Streamlit only configures its own loggers
@@ -27,8 +33,34 @@ if not logging.getLogger("draftlab").handlers:  # the server's stderr; Streamlit
     _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("draftlab").addHandler(_handler)
 
+# key (pages/nav.py) -> the page module's render
+RENDERS = {
+    "new": new_experiment.render,
+    "experiments": experiments.render,
+    "experiment": experiment_detail.render,
+    "rounds": round_explorer.render,
+    "compare": compare.render,
+    "train": train.render,
+    "theory": theory.render,
+}
+
 UNEXPECTED = ("This page hit an unexpected error. It has been logged on the server; reload the page or pick another "
               "one, and tell whoever runs this dashboard if it keeps happening.")
+
+
+def all_pages(start: str | None = None) -> list:
+    """Every page at its own path, plus the hidden root page that opens `start` (default: the experiments list),
+    built fresh each run so any page can be the start page; registered for the pages' links (pages/nav.py)."""
+    pages = {key: st.Page(RENDERS[key], title=title, icon=icon, url_path=key) for key, (title, icon) in PAGES.items()}
+    register(pages)
+    target = pages[start or DEFAULT]
+
+    def open_start_page() -> None:
+        st.switch_page(target, query_params=st.query_params.to_dict())
+
+    root = st.Page(open_start_page, title=target.title, icon=target.icon, url_path=ROOT, default=True,
+                   visibility="hidden")
+    return [root, *pages.values()]
 
 
 def run(start: str | None = None) -> None:

@@ -74,12 +74,12 @@ def port_refusal(port) -> str | None:
 def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HOST, insecure: bool = False) -> int:
     """Run the dashboard until it exits or is interrupted; returns its exit status.
 
-    Beyond loopback it needs a login (app/access.py: OIDC in .streamlit/secrets.toml, or $DRAFTLAB_PASSWORD)
+    Beyond loopback it needs a login (pages/access.py: OIDC in .streamlit/secrets.toml, or $DRAFTLAB_PASSWORD)
     unless `insecure`; without one it refuses with one `error:` line and status 2, before starting anything."""
     from storage import resolve_url
     from storage.store import safe_url
 
-    from app.access import PASSWORD_ENV, login_mode, serving_refusal
+    from pages.access import PASSWORD_ENV, login_mode, serving_refusal
 
     refusal = serving_refusal(host, insecure) or port_refusal(port)
     if refusal:

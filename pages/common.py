@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.variables import variable
+from pages.nav import page
 from storage import open_store
 
 
@@ -32,11 +33,9 @@ def _url() -> str | None:
 # run commits a prompt, beats, finishes or is cancelled, so a rerun or the 2 s refresh recomputes only what moved.
 
 @st.cache_data(show_spinner=False, max_entries=512, ttl=3600)
-def _cached_query(url: str | None, name: str, args: tuple, kwargs: tuple, version: tuple):
-    import importlib
-
-    module, _, function = name.rpartition(":")  # `runs` (storage.queries) or `storage.findings:findings`
-    return getattr(importlib.import_module(module or "storage.queries"), function)(_open(url), *args, **dict(kwargs))
+def _cached_query(url: str | None, name: str, args: tuple, kwargs: tuple, version: tuple, _query):
+    # `name` (the query's module and name) is its part of the cache key; Streamlit hashes no `_` argument
+    return _query(_open(url), *args, **dict(kwargs))
 
 
 def version(experiment_id: int | None = None) -> tuple:
@@ -56,11 +55,16 @@ def run_stamp(runs: pd.DataFrame, run_id: int) -> tuple:
     return ("run", run_id, *(str(r.get(c)) for c in ("status", "prompts_done", "rounds", "finished", "heartbeat")))
 
 
-def cached(name: str, *args, experiment_id: int | None = None, stamp: tuple | None = None, **kwargs):
-    """storage.queries.<name>(store, *args, **kwargs) (or `module:function`), cached until `experiment_id`'s version changes (every
-    experiment's version when experiment_id is None). Pass `stamp` to reuse one already read this rerun."""
+def cached(query, *args, experiment_id: int | None = None, stamp: tuple | None = None, **kwargs):
+    """query(store, *args, **kwargs), cached until `experiment_id`'s version changes (every experiment's version when
+    experiment_id is None): `query` is a storage function (`verdict_dict`) or the name of one in storage.queries
+    (`"runs"`). Pass `stamp` to reuse one already read this rerun."""
+    from storage import queries as q
+
+    query = getattr(q, query) if isinstance(query, str) else query
     stamp = stamp if stamp is not None else version(experiment_id)
-    result = _cached_query(_url(), name, tuple(args), tuple(sorted(kwargs.items())), stamp)
+    result = _cached_query(_url(), f"{query.__module__}.{query.__qualname__}", tuple(args),
+                           tuple(sorted(kwargs.items())), stamp, query)
     return result.copy() if isinstance(result, pd.DataFrame) else result
 
 
@@ -211,6 +215,4 @@ def empty_state(message: str) -> None:
 
 
 def nav_page(key: str):
-    from pages.nav import page  # the registry imports every page module, which import this one
-
     return page(key)

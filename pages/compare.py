@@ -12,6 +12,7 @@ from pages.common import (cached, chart_with_csv, csv_download, empty_state, exp
 from pages.common import table as show_table
 from storage import queries as q
 from storage.columns import COLUMNS
+from storage.verdict import verdict_dict
 
 EXPERIMENT_COLUMNS = ["experiment_id", "name", "badges", "status", "sweep_variable", "best_label", "best", "n_tied",
                       "timing_warnings", "alpha", "repeats", "target", "draft", "prompts", "tags"]
@@ -52,7 +53,7 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     table = listing[listing["experiment_id"].isin(chosen)]
     links = cached("validation_links")
     stamps = {experiment_id: version(experiment_id) for experiment_id in chosen}
-    verdicts = {int(i): cached("storage.verdict:verdict_dict", int(i), experiment_id=int(i), stamp=stamps[int(i)])
+    verdicts = {int(i): cached(verdict_dict, int(i), experiment_id=int(i), stamp=stamps[int(i)])
                 for i in table["experiment_id"]}
     table = table.assign(best=[charts.speedup_text(s, lo, hi) for s, lo, hi in
                                zip(table["best_speedup"], table["best_ci_lo"], table["best_ci_hi"])],

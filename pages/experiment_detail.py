@@ -21,6 +21,9 @@ from pages.common import (cached, chart_with_csv, csv_download, empty_state, exp
                           run_label, run_stamp, select_id, show, store, table, version)
 from storage import columns, formula
 from storage import queries as q
+from storage.findings import findings
+from storage.schedule import schedule_dict
+from storage.verdict import verdict_dict
 
 ACTIVE = ("queued", "running")
 REFRESH_SECONDS = 2.0
@@ -337,10 +340,10 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     listing = listing if listing is not None else cached("experiments")
     row = listing.set_index("experiment_id").loc[experiment_id]
     runs = cached("runs", experiment_id, stamp=stamp)
-    verdict = cached("storage.verdict:verdict_dict", experiment_id, stamp=stamp)
+    verdict = cached(verdict_dict, experiment_id, stamp=stamp)
     sweep_variable = row.get("sweep_variable") or "k"
     grid = q.grid_sizes(experiment) is not None  # a batch × k grid: a schedule, batch sizes never mixed
-    schedule = cached("storage.schedule:schedule_dict", experiment_id, stamp=stamp) if grid else None
+    schedule = cached(schedule_dict, experiment_id, stamp=stamp) if grid else None
     _header(experiment, row, runs, verdict, schedule)
     failed = runs[runs["status"] == "failed"]
     for failure in failed.itertuples():
@@ -348,7 +351,7 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     _warnings(runs, sweep_variable)
     if row["status"] not in ACTIVE:  # findings read every draft token: once the runs are done, cached per version
         render_findings(store(), experiment_id,
-                        cached("storage.findings:findings", experiment_id, experiment_id=experiment_id))
+                        cached(findings, experiment_id, experiment_id=experiment_id))
     with st.expander("Runs", expanded=True):  # the same expander whatever the status: it stays open once done
         shown = runs.assign(progress=runs["progress"].fillna(0) * 100,
                             check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))

@@ -1,44 +1,38 @@
-"""The page registry: one `st.Page` per module of pages/, built fresh each run so any page can be the start page.
+"""The page registry: every page's key (also its URL path), title and icon, and the `st.Page` a link points at.
 
-Every page has its own path (`/experiments`, `/new`, ...). The root URL is a hidden page that switches to the start
-page (the experiments list unless a test starts elsewhere), keeping the query string: Streamlit serves its default
-page at the root only, so a visible default page would have no path of its own (`/experiments` answered "page not
-found").
+The routing (app/main.py, the entry script) builds one `st.Page` per key from the page modules and registers them
+here every run; a page links to another by key (`page(key)`) without importing it: pages link to each other both
+ways, so importing the target would make the page modules one import cycle. Each key's `st.Page` is the same in
+every session (same render, title, icon and path), so one registry serves the whole process.
 """
 from __future__ import annotations
 
 import streamlit as st
 
-# key -> (module, title, icon); the key is also the URL path.
+# key -> (title, icon); the key is also the URL path.
 PAGES = {
-    "new": ("new_experiment", "New experiment", ":material/add_circle:"),
-    "experiments": ("experiments", "Experiments", ":material/list:"),
-    "experiment": ("experiment_detail", "Experiment detail", ":material/monitoring:"),
-    "rounds": ("round_explorer", "Round explorer", ":material/token:"),
-    "compare": ("compare", "Compare", ":material/compare_arrows:"),
-    "train": ("train", "Train a draft", ":material/model_training:"),
-    "theory": ("theory", "Theory", ":material/functions:"),
+    "new": ("New experiment", ":material/add_circle:"),
+    "experiments": ("Experiments", ":material/list:"),
+    "experiment": ("Experiment detail", ":material/monitoring:"),
+    "rounds": ("Round explorer", ":material/token:"),
+    "compare": ("Compare", ":material/compare_arrows:"),
+    "train": ("Train a draft", ":material/model_training:"),
+    "theory": ("Theory", ":material/functions:"),
 }
 DEFAULT = "experiments"
 ROOT = "start"  # the hidden root page's reserved path (Streamlit serves it at "/")
 
-
-def page(key: str):
-    import importlib
-
-    module, title, icon = PAGES[key]
-    render = importlib.import_module(f"pages.{module}").render
-    return st.Page(render, title=title, icon=icon, url_path=key)
+_routed: dict[str, st.Page] = {}  # key -> the st.Page the routing registered
 
 
-def all_pages(start: str | None = None) -> list:
-    """Every page at its own path, plus the hidden root page that opens `start` (default: the experiments list)."""
-    pages = {key: page(key) for key in PAGES}
-    target = pages[start or DEFAULT]
+def register(pages: dict[str, st.Page]) -> None:
+    """Called by the routing with the pages it hands st.navigation, before any page runs."""
+    _routed.update(pages)
 
-    def open_start_page() -> None:
-        st.switch_page(target, query_params=st.query_params.to_dict())
 
-    root = st.Page(open_start_page, title=target.title, icon=target.icon, url_path=ROOT, default=True,
-                   visibility="hidden")
-    return [root, *pages.values()]
+def page(key: str) -> st.Page:
+    """The registered page at `key`, for st.page_link and st.switch_page."""
+    if key not in _routed:
+        raise LookupError(f"no page routed at {key!r}: the routing (app/main.py all_pages) registers every page "
+                          f"before one runs; a test that draws a page alone calls all_pages() first")
+    return _routed[key]

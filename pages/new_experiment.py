@@ -219,7 +219,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     if sizes:
         launch.kwargs["batch_sizes"] = sizes
     if prompt_texts is not None:  # an upload: freeze its prompts now, so any worker can run them
-        from app.pair_check import render_prompts
+        from pages.pair_check import render_prompts
 
         try:  # conversations become the text the target sees (its chat template), frozen as such
             launch.kwargs["prompt_texts"] = render_prompts(target.strip(), list(prompt_texts))
@@ -266,7 +266,7 @@ def _pair_check(target: str, draft: str) -> _CheckOnPage:
     """The pair check of target and draft. One that has work to do (not remembered, or a local directory that
     changed) first puts `checking…` where its result will go, so the last result (a green `tokenizers match`)
     never stays up while a new check runs; _show_check then draws the result in that place."""
-    from app.pair_check import cached_check, check_pair_names
+    from pages.pair_check import cached_check, check_pair_names
 
     target, draft = target.strip(), draft.strip()
     check, slot = cached_check(target, draft), None
@@ -614,7 +614,7 @@ def render() -> None:
             st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors),
                      icon=":material/error:")
             return
-        from app.access import launcher
+        from pages.access import launcher
 
         launch.kwargs["launched_by"] = launcher()
         first = recent_duplicate(store(), launch.kwargs)

@@ -20,14 +20,14 @@ def position_frame(experiment_id: int, table: pd.DataFrame) -> pd.DataFrame:
     """position, source, kind, conditional, lo, hi: the lab run's rows (kind 'lab') and each series' points (kind
     'production'; a series may be labelled anything, "lab" included)."""
     frames = []
-    prod = cached("storage.production:positions", experiment_id, experiment_id=experiment_id)
+    prod = cached(production.positions, experiment_id, experiment_id=experiment_id)
     for row in table.itertuples(index=False):
         mine = prod[prod["series_id"] == row.series_id]
         frames.append(pd.DataFrame({"position": mine["position"], "source": row.label, "kind": "production",
                                     "conditional": mine["conditional"], "lo": None, "hi": None}))
     run_ids = sorted({int(r) for r in table["run_id"].dropna()})
     if len(run_ids) == 1:  # one lab run to draw the interval of; several would need one panel each
-        lab = cached("storage.production:lab_positions", run_ids[0], experiment_id=experiment_id)
+        lab = cached(production.lab_positions, run_ids[0], experiment_id=experiment_id)
         frames.append(lab.assign(source=f"lab (run {run_ids[0]})", kind="lab")[
             ["position", "source", "kind", "conditional", "lo", "hi"]])
     frames = [f for f in frames if not f.empty]
@@ -36,7 +36,7 @@ def position_frame(experiment_id: int, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def render_production(experiment_id: int) -> None:
-    table = cached("storage.production:series", experiment_id, experiment_id=experiment_id)
+    table = cached(production.series, experiment_id, experiment_id=experiment_id)
     if table.empty:
         return
     st.subheader("Production against the lab")

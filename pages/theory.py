@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.simulate import SimulationSetup, simulate
+from engine.simulate import SimulationSetup, simulate
 from engine import theory
 from pages import charts
 from pages.common import chart_with_csv, experiment_label, number, run_label, store

@@ -52,7 +52,7 @@ def _seed(key: str) -> None:
 
 def _pair_check(target: str, draft: str):
     """The tokenizer check, drawn into one placeholder: 'checking…' replaces the previous answer while it runs."""
-    from app.pair_check import check_pair_names
+    from pages.pair_check import check_pair_names
 
     slot = st.empty()
     slot.caption("Checking that the two tokenizers match…")
@@ -314,6 +314,6 @@ def render() -> None:
 
 
 def _launcher() -> str:
-    from app.access import launcher
+    from pages.access import launcher
 
     return launcher()

@@ -57,10 +57,10 @@ def render_validation(experiment: dict, verdict: dict) -> None:
                     spec, texts = _held_out_file(upload)
                 plan = validation_plan(store(), eid, spec)
                 if texts is not None:  # conversations: rendered as the tuning experiment's were, then frozen
-                    from app.pair_check import render_prompts
+                    from pages.pair_check import render_prompts
 
                     texts = render_prompts(plan["target"], texts, plan["chat_template"])
-                from app.access import launcher
+                from pages.access import launcher
 
                 vid = enqueue_experiment(store(), **plan, prompt_texts=texts, launched_by=launcher())
             except (ValidationError, DraftLabError) as exc:  # DraftLabError: a malformed held-out file

@@ -28,7 +28,7 @@ def test_every_page_has_its_own_path_and_the_root_opens_the_experiments_list(tmp
     store.dispose()
     with dashboard(tmp_path) as served, chromium() as browser:
         page = browser.new_page()
-        for key, (_module, title, _icon) in PAGES.items():
+        for key, (title, _icon) in PAGES.items():
             page.goto(f"{served['url']}/{key}")
             settle(page)
             assert page.get_by_text("Page not found").count() == 0, key

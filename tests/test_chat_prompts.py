@@ -204,9 +204,9 @@ def test_cli_distill_takes_conversations(model_dirs, tmp_path, capsys):
 
 
 def test_dashboard_uploads_render_through_the_pair_checks_tokenizer(model_dirs, tmp_path):
-    """The New-experiment and validation uploads freeze conversations as text (app/pair_check.render_prompts):
+    """The New-experiment and validation uploads freeze conversations as text (pages/pair_check.render_prompts):
     the tokenizer's template (auto), the experiment's own (none or a template's text); plain prompts untouched."""
-    from app.pair_check import render_prompts
+    from pages.pair_check import render_prompts
 
     prompts = load_prompts(_jsonl(tmp_path, [OPENAI, {"prompt": "plain"}]))
     with pytest.raises(DraftLabError, match="the uploaded prompts are conversations but"):

@@ -316,7 +316,7 @@ def _panel(url: str, experiment_id: int):
 
     script = f"""
 import streamlit as st
-from pages.nav import all_pages
+from app.main import all_pages
 from pages.findings_panel import render_findings
 from storage import open_store
 st.navigation(all_pages("experiment"), position="hidden")

@@ -87,7 +87,7 @@ def empty_db(tmp_path, monkeypatch) -> str:
 def populated_template(tmp_path_factory) -> Path:
     """Three experiments executed by the real worker on tiny random models: greedy k = 1,2,4; sampled k = 2,3;
     a temperature sweep (0, 1) at k = 2."""
-    from app.pair_check import wait_warm
+    from pages.pair_check import wait_warm
 
     wait_warm()  # earlier AppTests started the dashboard's background transformers import; let it finish
     from app.worker import Worker
@@ -131,7 +131,7 @@ def populated(populated_template, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
     """Tokenizer + config directories (no weights): two sharing a tokenizer, one with another tokenizer."""
-    from app.pair_check import wait_warm
+    from pages.pair_check import wait_warm
 
     wait_warm()
     from transformers import LlamaConfig
@@ -1436,7 +1436,7 @@ def _element_paths(at: AppTest) -> dict[tuple, object]:
 
 def test_new_experiment_pair_check_replaces_the_last_result_with_checking_while_it_runs(empty_db, model_dirs,
                                                                                          tmp_path, monkeypatch):
-    import app.pair_check as pair_check
+    import pages.pair_check as pair_check
 
     at = _fill(app("new"), model_dirs)
     assert_clean(at)

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from pages import charts
+from pages import theory as theory_page
 from tests.chart_data import DRAFTS, NAMES, NASTY, TOKEN_TEXTS
 
 SERIES = [NAMES["k"], NAMES["draft"], *DRAFTS]  # e.g. Compare's experiments, runs and their end labels
@@ -139,8 +140,7 @@ CASES = {
                                                 "token_type", "rate", "run", "accepted / verified", count="verified"),
     "grouped_bars without counts": lambda: charts.grouped_bars(
         pd.concat([_by_type().assign(run=name) for name in SERIES]), "token_type", "rate", "run", "rate"),
-    "theory_curves": lambda: charts.theory_curves(__import__("pages.theory", fromlist=["x"]).formula_frame(
-        0.7, 5.0, k_max=8, verify_cost=1.2), 3),
+    "theory_curves": lambda: charts.theory_curves(theory_page.formula_frame(0.7, 5.0, k_max=8, verify_cost=1.2), 3),
     "simulation_vs_formula": lambda: charts.simulation_vs_formula(
         pd.DataFrame({"k": [1, 2], "speedup": [1.1, 1.3], "predicted_speedup": [1.1, 1.2]}), "speedup",
         "predicted_speedup", "speedup (×)"),

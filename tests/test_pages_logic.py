@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from app import simulate as sim
+from engine import simulate as sim
 from app import ui
 from engine import theory
 
@@ -72,7 +72,7 @@ def test_save_upload_is_content_addressed(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def tokenizer_dirs(tmp_path_factory):
     """Two model directories sharing a tokenizer, one with a different tokenizer, one whose config is too narrow."""
-    from app.pair_check import wait_warm
+    from pages.pair_check import wait_warm
 
     wait_warm()  # a dashboard AppTest may still be importing transformers in the background
     from transformers import LlamaConfig
@@ -91,7 +91,7 @@ def tokenizer_dirs(tmp_path_factory):
 
 
 def test_pair_check_matches_and_mismatches_from_tokenizers_only(tokenizer_dirs):
-    from app.pair_check import check_pair_names
+    from pages.pair_check import check_pair_names
 
     ok = check_pair_names(tokenizer_dirs["target"], tokenizer_dirs["draft"])
     assert ok.ok and ok.vocab_size == 64 and "64" in ok.message
@@ -201,7 +201,7 @@ def test_pair_check_rechecks_a_directory_whose_files_changed(tokenizer_dirs, tmp
     import shutil
     from pathlib import Path
 
-    from app.pair_check import check_pair_names
+    from pages.pair_check import check_pair_names
 
     draft = tmp_path / "draft"
     shutil.copytree(tokenizer_dirs["draft"], draft)
@@ -219,7 +219,7 @@ def test_pair_check_of_an_uncached_hub_id_fails_in_seconds_offline_or_unreachabl
     import requests
     from huggingface_hub import HfApi
 
-    from app.pair_check import check_pair_names
+    from pages.pair_check import check_pair_names
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
