@@ -627,7 +627,7 @@ def _stale_window_or_fail():
 def cmd_list(args) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from storage import liveness, queries as q
+    from storage import liveness, catalog, queries as q
     from storage.export import plain
 
     stale = _stale_window_or_fail()
@@ -640,7 +640,7 @@ def cmd_list(args) -> int:
         liveness.mark_stale(store, stale)
     except SQLAlchemyError:
         pass
-    experiments = q.experiments(store)
+    experiments = catalog.experiments(store)
     if args.json:
         doc = [{**plain(e), "runs": plain(q.runs(store, int(e["experiment_id"])).to_dict(orient="records"))}
                for e in experiments.to_dict(orient="records")]
@@ -664,7 +664,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from storage import liveness, queries as q, run_state
+    from storage import liveness, catalog, queries as q, run_state
 
     stale = _stale_window_or_fail()
     if isinstance(stale, int):

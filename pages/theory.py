@@ -12,7 +12,7 @@ from app.simulate import SimulationSetup, simulate
 from engine import theory
 from pages import charts
 from pages.common import chart_with_csv, experiment_label, number, run_label, store
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.verdict import verdict
 
 K_MAX = 16
@@ -49,7 +49,7 @@ def measured_settings(run: pd.Series) -> dict:
 def _loader() -> None:
     """'Load from experiment': fills the sliders from a measured run when the choice changes."""
     try:
-        listing = q.experiments(store())
+        listing = catalog.experiments(store())
     except SQLAlchemyError as exc:
         log.warning("theory page: cannot read experiments (%s)", type(exc).__name__)
         st.caption("Measured runs cannot be read right now; the formulas below work without them.")

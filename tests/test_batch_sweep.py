@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from engine.variables import VARIABLES
 from storage import open_store
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.errors import QueueError
 from storage.export import run_document
 from storage.experiments import enqueue_experiment
@@ -133,7 +133,7 @@ def test_too_few_prompts_for_the_batch_is_refused(tmp_path, model_dirs):
     store = open_store(f"sqlite:///{tmp_path / 'q.db'}")
     with pytest.raises(QueueError, match=r"batch size 16 needs at least 16 prompts but the prompt set has 8"):
         enqueue(store, model_dirs, [1, 16])
-    assert q.experiments(store).empty  # nothing stored
+    assert catalog.experiments(store).empty  # nothing stored
 
 
 def test_cli_refusals_are_one_line_exit_2(tmp_path, model_dirs, capsys, monkeypatch):
@@ -161,7 +161,7 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path, model_dirs, capsys, monkeypa
     line = refused("--batch-size", "2")
     assert "KV cache" in line and "smaller --batch-size" in line
     monkeypatch.undo()
-    assert q.experiments(open_store(db)).empty  # nothing stored by any refusal
+    assert catalog.experiments(open_store(db)).empty  # nothing stored by any refusal
 
 
 def test_the_worker_refuses_a_batch_that_cannot_fit(tmp_path, model_dirs, monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from pages import charts
-from storage import open_store, queries as q, run_state
+from storage import open_store, catalog, queries as q, run_state
 from storage.experiments import enqueue_experiment
 from tests.test_pages import _fill, _launched, app, assert_clean, chart_data, downloads, empty_db, metrics, model_dirs  # noqa: F401
 
@@ -174,7 +174,7 @@ def test_the_form_refuses_a_bad_grid_in_one_line_and_queues_nothing(empty_db, mo
     assert_clean(at)
     errors = [_plain(e.value) for e in at.error if "Not launched" in e.value]
     assert errors and words in errors[0], errors
-    assert q.experiments(open_store(empty_db)).empty
+    assert catalog.experiments(open_store(empty_db)).empty
 
 
 def test_validate_checks_every_batch_size_against_the_prompt_count():

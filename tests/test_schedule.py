@@ -12,7 +12,7 @@ from sqlalchemy import text
 from app.sweep import parse_sweep
 from engine.errors import DraftLabError
 from storage import experiments, run_state
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.errors import QueueError
 from storage.export import run_document
 from storage.schedule import schedule
@@ -86,7 +86,7 @@ def test_the_schedule_judges_each_batch_size_and_switches_speculation_off_where_
     # The experiment's one verdict (listing, deploy base) is the smallest batch size's, and says so.
     v = verdict(store, eid)
     assert v.best.run_id == ids[(1, 2)] and v.text.startswith("at batch 1: best k 2")
-    row = q.experiments(store).set_index("experiment_id").loc[eid]
+    row = catalog.experiments(store).set_index("experiment_id").loc[eid]
     assert (row.best_value, row.best_speedup, row.n_tied) == (2, 1.40, len(v.tied)) == (2, 1.40, 1)  # k=4 ties
     doc = run_document(store, eid, with_outputs=False)
     assert doc["batch_sizes"] == [1, 4, 16] and doc["schedule"]["num_speculative_tokens_per_batch_size"] == \
@@ -104,8 +104,9 @@ def test_where_no_k_is_measurably_faster_the_target_alone_is_served(store):
     assert [(step.batch_size, step.k, step.gains, step.loses, step.off) for step in s.steps] == \
         [(2, 3, True, False, False), (8, 0, False, False, True)]
     two, eight = s.steps
-    # At batch 2 the verdict's cheaper tied k = 1 reaches 1×: k = 3, measurably faster, is served.
-    assert two.verdict.chosen.run_id == ids[(2, 1)] and two.served.run_id == ids[(2, 3)]
+    # At batch 2 the cheaper tied k = 1 reaches 1×: k = 3, measurably faster, is served, and the verdict at batch 2
+    # chooses the same (one rule: storage/verdict.py's `serve`).
+    assert two.verdict.chosen.run_id == two.served.run_id == ids[(2, 3)] and two.verdict.k == two.k == 3
     assert "k = 1 also tied with the best but not measurably faster than the target alone" in two.text
     assert eight.served is None and eight.value is None and "serve the target alone there" in eight.text
     assert s.ranges == [[1, 7, 3], [8, 8, 0]] and s.off_from == 8
@@ -134,7 +135,7 @@ def test_a_pending_batch_size_is_left_out_of_the_ranges(store):
 
 
 def test_bad_grids_are_refused_before_anything_is_stored(store):
-    before = len(q.experiments(store))
+    before = len(catalog.experiments(store))
     for sizes, message in (([0, 4], "whole numbers"), ([4, 4], "twice"), ([1, 2.5], "whole numbers"),
                            ([1, 257], "whole numbers")):
         with pytest.raises(QueueError, match=message):
@@ -144,7 +145,7 @@ def test_bad_grids_are_refused_before_anything_is_stored(store):
     with pytest.raises(QueueError, match="not both"):
         experiments.enqueue_experiment(store, name="g", target="t", draft="d", prompts="p", sampling={},
                                        sweep_variable="batch_size", sweep_values=[1, 2], batch_sizes=[1, 2])
-    assert len(q.experiments(store)) == before
+    assert len(catalog.experiments(store)) == before
 
 
 def test_the_cli_parses_a_grid_and_refuses_a_third_list():
@@ -294,11 +295,11 @@ def test_the_listing_and_draftlab_list_name_a_grids_batch_sizes(store, capsys):
     from app.cli import main
 
     eid = _grid(store, sizes=(1, 4), ks=(1, 2))
-    listing = q.experiments(store).set_index("experiment_id")
+    listing = catalog.experiments(store).set_index("experiment_id")
     assert listing.loc[eid, "batch_sizes"] == [1, 4]
     plain = experiments.enqueue_experiment(store, name="one", target="t", draft="d", prompts="code:tune",
                                            sampling={}, sweep_values=[1, 2])
-    assert q.experiments(store).set_index("experiment_id").loc[plain, "batch_sizes"] is None
+    assert catalog.experiments(store).set_index("experiment_id").loc[plain, "batch_sizes"] is None
     assert main(["list", "--db", store.url]) == 0
     out = capsys.readouterr().out
     assert f"experiment {eid}  grid" in out and "k=[1, 2] at batch sizes [1, 4]" in out

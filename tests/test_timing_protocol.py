@@ -18,7 +18,7 @@ from engine.records import ACCEPTED, DISCARDED, REJECTED, BONUS, CORRECTION, Dra
 from storage import liveness, open_store, run_state
 from storage.experiments import enqueue_experiment, get_experiment
 from storage.leases import acquire_lease, release_lease
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.export import run_document
 from storage.recording import record_prompt
 from storage.stats import paired_bootstrap_ci, paired_speedup, tied_with
@@ -156,7 +156,7 @@ def test_an_impossible_speedup_carries_a_warning_and_is_never_crowned(store):
     assert "exceeds" in runs.loc[1, "timing_warning"]
     assert pd.isna(runs.loc[2, "timing_warning"])
     assert verdict_dict(store, eid)["best"] == 2
-    listing = q.experiments(store).set_index("experiment_id").loc[eid]
+    listing = catalog.experiments(store).set_index("experiment_id").loc[eid]
     assert listing.best_value == 2 and listing.timing_warnings == 1
     assert "exceeds" in run_document(store, eid, with_outputs=False)["runs"][0]["timing_warning"]
 
@@ -175,7 +175,7 @@ def test_speedup_pairs_only_the_prompts_both_arms_finished_and_needs_a_live_base
     assert row.speedup == pytest.approx(expected)  # not divided by the whole baseline's throughput
     assert "in progress" in row.speedup_note
     assert verdict_dict(store, eid)["best"] is None  # a run still going never sets the headline
-    assert pd.isna(q.experiments(store).set_index("experiment_id").loc[eid, "best_value"])
+    assert pd.isna(catalog.experiments(store).set_index("experiment_id").loc[eid, "best_value"])
     run_state.finish_run(store, ids[("baseline", None)], "failed", "boom")
     run_state.finish_run(store, rid, "done")
     row = q.run_summary(store, rid).iloc[0]

@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from engine.variables import variable
 from storage import findings as fd
-from storage import queries as q
+from storage import catalog, queries as q
 from storage import experiments, run_state
 from storage.deploy import DeployError, deploy_document
 from storage.validation import validation_plan
@@ -117,7 +117,7 @@ def test_a_timing_warned_or_unfinished_run_is_never_chosen_by_any_reader(store):
     assert (v.best.value, v.tied, v.chosen.value) == (1, (), 1)
     assert deploy_document(store, eid)["run_id"] == ids[1]
     assert validation_plan(store, eid)["k"] == 1  # validation used to take the fastest run, warned or not
-    listing = q.experiments(store).set_index("experiment_id").loc[eid]
+    listing = catalog.experiments(store).set_index("experiment_id").loc[eid]
     assert (listing.best_value, listing.best_speedup, listing.n_tied) == (1, 1.20, 0)
     eid = _experiment(store, values=(1, 2))
     _measured(store, eid, {1: (1.20, 1.15, 1.25), 2: (1.30, 1.25, 1.35)}, status="queued")
@@ -134,17 +134,17 @@ def test_the_listing_and_the_verdict_agree(store):
         eid = _experiment(store)
         _measured(store, eid, speeds)
         v = verdict(store, eid)
-        row = q.experiments(store).set_index("experiment_id").loc[eid]
+        row = catalog.experiments(store).set_index("experiment_id").loc[eid]
         assert (row.best_value, row.best_speedup, row.n_tied) == (v.best.value, v.best.speedup, len(v.tied))
 
 
 def test_deploy_states_ties_and_a_too_wide_interval_and_never_copies_the_test_length_unless_asked(store):
     eid = _experiment(store)
-    ids = _measured(store, eid, {1: (1.25, 0.90, 1.60), 2: (1.31, 0.95, 1.70), 4: (1.28, 0.92, 1.65)})
+    ids = _measured(store, eid, {1: (1.25, 1.02, 1.60), 2: (1.31, 1.03, 1.70), 4: (1.28, 1.01, 1.65)})
     doc = deploy_document(store, eid)
     assert (doc["run_id"], doc["chosen"], doc["configuration"]["k"]) == (ids[1], "cheaper tied", 1)
     caveats = " ".join(doc["caveats"])
-    assert "k = 1 (1.25×, 0.90–1.60) is statistically tied with the best, k = 2" in caveats
+    assert "k = 1 (1.25×, 1.02–1.60) is statistically tied with the best, k = 2" in caveats
     assert "Also tied with the best: k = 4" in caveats and "too wide to choose by" in caveats
     assert doc["verdict"]["too_wide"] and doc["verdict"]["chosen"] == 1
     assert doc["configuration"]["max_new_tokens"] is None and doc["measured"]["max_new_tokens"] == 64
@@ -193,7 +193,7 @@ def test_the_listing_names_a_draft_sweeps_best_by_its_label(store):
     from pages.compare import EXPERIMENT_COLUMNS as COMPARE
     from pages.experiments import COLUMNS as LISTING
     from storage import experiments as ex
-    from storage import queries as q
+    from storage import catalog, queries as q
 
     eid = ex.enqueue_experiment(store, name="drafters", target="t", draft="d", prompts="inline",
                                 sampling={"max_new_tokens": 8}, sweep_variable="drafter",
@@ -202,6 +202,6 @@ def test_the_listing_names_a_draft_sweeps_best_by_its_label(store):
         conn.execute(text("UPDATE runs SET status = 'done', speedup = 1.5, speedup_ci_lo = 1.4, speedup_ci_hi = 1.6 "
                           "WHERE experiment_id = :e AND sweep_label = 'prompt-lookup:3'"), {"e": eid})
         conn.execute(text("UPDATE runs SET status = 'done' WHERE experiment_id = :e AND kind = 'baseline'"), {"e": eid})
-    row = q.experiments(store).set_index("experiment_id").loc[eid]
+    row = catalog.experiments(store).set_index("experiment_id").loc[eid]
     assert row["best_label"] == "prompt-lookup:3" and row["best_value"] == 1
     assert "best_label" in LISTING and "best_label" in COMPARE and "best_value" not in LISTING + COMPARE
