@@ -304,3 +304,36 @@ def test_the_listing_and_draftlab_list_name_a_grids_batch_sizes(store, capsys):
     out = capsys.readouterr().out
     assert f"experiment {eid}  grid" in out and "k=[1, 2] at batch sizes [1, 4]" in out
     assert "k=2 @4" in out and "baseline @1" in out
+
+
+def test_one_answer_the_verdict_schedule_findings_and_every_deploy_tab_serve_the_same_k(store):
+    """Issue 27's case: at batch 1 k = 3 (1.17×, 1.07–1.29) is best and k = 1 (1.05×, 0.95–1.16) is tied but not
+    measurably faster than the target alone. The verdict, the schedule, the tie finding, and the deploy document with
+    every engine's tab serve k = 3 at batch 1 and say which batch size their one k is for; batch 2's entry is asked
+    for by name."""
+    from storage import findings as fd
+    from storage.deploy import DeployError, deploy_document
+    from storage.verdict import verdict
+
+    eid = _grid(store, sizes=(1, 2), ks=(1, 3), prompts=4)
+    ids = _measure(store, eid, {(1, 1): (1.05, 0.95, 1.16), (1, 3): (1.17, 1.07, 1.29),
+                                (2, 1): (1.12, 1.06, 1.18), (2, 3): (1.15, 1.08, 1.22)})
+    v, s = verdict(store, eid), schedule(store, eid)
+    assert v.chosen.run_id == s.at(1).served.run_id == ids[(1, 3)] and v.k == s.at(1).k == 3
+    assert v.cheaper is None and "take the cheaper" not in v.text
+    tie = next(f for f in fd.findings(store, eid) if f["kind"] == "tie")
+    assert tie["data"]["cheaper"] is None and "Take the cheaper" not in tie["next"]
+    doc = deploy_document(store, eid)
+    assert (doc["run_id"], doc["batch_size"], doc["configuration"]["k"]) == (ids[(1, 3)], 1, 3)
+    assert not any("may not pay" in c for c in doc["caveats"])
+    assert "--speculative-num-steps 3" in doc["engines"]["sglang"]["command"]
+    assert "--draft-max 3" in doc["engines"]["llama_cpp"]["command"]
+    assert doc["engines"]["transformers"]["assistant_generation_config"]["num_assistant_tokens"] == 3
+    assert any("schedule's entry for batch 1" in n for n in doc["engines"]["sglang"]["notes"])
+    assert any("schedule's batch 1 entry" in n for n in doc["engines"]["transformers"]["notes"])
+    two = deploy_document(store, eid, batch_size=2)  # batch 2: k = 1 is tied, measurably faster and cheaper
+    assert (two["run_id"], two["batch_size"], two["configuration"]["k"]) == (ids[(2, 1)], 2, 1)
+    assert two["verdict"]["chosen_run_id"] == s.at(2).served.run_id == ids[(2, 1)]
+    assert any("schedule's entry for batch 2" in n for n in two["engines"]["llama_cpp"]["notes"])
+    with pytest.raises(DeployError, match="measured no batch size 4; pick one of 1, 2"):
+        deploy_document(store, eid, batch_size=4)
