@@ -627,6 +627,7 @@ def _stale_window_or_fail():
 def cmd_list(args) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
+    from engine.variables import variable
     from storage import liveness, catalog, queries as q
     from storage.export import plain
 
@@ -651,11 +652,12 @@ def cmd_list(args) -> int:
         return 0
     fmt = lambda v, spec: format(v, spec) if v is not None and v == v else "-"  # noqa: E731
     for e in experiments.itertuples():
+        swept = variable(e.sweep_variable)
         print(f"experiment {e.experiment_id}  {e.name}  [{e.status} {100 * e.progress:.0f}%]  "
               f"{e.target} / {e.draft}  prompts {e.prompts}  {e.sweep_variable}={e.sweep_values}"
               + (f" at batch sizes {e.batch_sizes}" if e.batch_sizes else ""))
         for r in q.runs(store, int(e.experiment_id)).itertuples():
-            what = "baseline" if r.kind == "baseline" else f"{e.sweep_variable}={r.sweep_value:g}"
+            what = "baseline" if r.kind == "baseline" else f"{swept.name}={swept.show(swept.run_value(r))}"
             what += f" @{int(r.batch_size)}" if e.batch_sizes else ""
             print(f"  run {r.run_id:<5} {what:<14} {r.status:<11} {100 * r.progress:3.0f}%  "
                   f"{fmt(r.tokens_per_second, '8.1f')} tok/s  speedup {fmt(r.speedup, '.2f')}  "

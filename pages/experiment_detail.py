@@ -8,6 +8,7 @@ import streamlit as st
 
 from engine import theory
 from engine.prompt_sets import set_name
+from engine.variables import variable
 from pages import charts
 from pages.prefill import md_text
 from pages.deploy_panel import render_deploy_panel
@@ -33,8 +34,8 @@ RUN_COLUMNS = ["check", "run_id", "kind", "k", "sweep_value", "status", "progres
 COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "c", "verify_cost", "peak_memory_mb", "target_step_seconds",
                 "draft_step_seconds", "tokens_per_second", "wall_seconds"]
 # Serving metrics (docs/metrics.md "Serving metrics"): runs decoded in batches report them, batch-1 loops do not.
-SERVING_COLUMNS = ["run_id", "kind", "k", "sweep_value", "batch_size", "tokens_per_second", "ttft_p50", "ttft_p95",
-                   "itl_p50", "itl_p95", "latency_p50", "latency_p95"]
+SERVING_COLUMNS = ["run_id", "kind", "k", "sweep_value", "batch_size", "tokens_per_second", "ttft_seconds_p50", "ttft_seconds_p95",
+                   "itl_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p50", "request_latency_seconds_p95"]
 IMPOSSIBLE = "⚠ impossible speedup"  # the Runs table's mark on a run with a timing_warning
 MEASURED = ["run_id", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined"]
 ERRORS = {f"{name}_error": st.column_config.NumberColumn(f"{label} error", format="percent",
@@ -242,11 +243,20 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_vari
     _serving(runs, sweep_variable)
 
 
+def labelled(runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
+    """The runs with each swept value as it reads (a draft or drafter sweep: its name, not the index sweep_value
+    stores; engine/variables.py's run_value), for the tables."""
+    swept = variable(sweep_variable)
+    if not swept.categorical:
+        return runs
+    return runs.assign(sweep_value=[swept.run_value(row) for _, row in runs.iterrows()])
+
+
 def _cost(runs: pd.DataFrame, sweep_variable: str, grid: bool) -> None:
     st.subheader("Cost: c, verify cost and memory")
     names = (["batch_size"] if grid else []) + COST_COLUMNS  # a grid: which batch size each run decoded at
     shown = [c for c in dict.fromkeys(names) if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
-    cost = runs[shown]
+    cost = labelled(runs, sweep_variable)[shown]
     table(cost, shown, "cost_table", headers={"sweep_value": sweep_variable})
     csv_download(cost, "cost_and_memory.csv")
     st.caption("c = target step / draft step (single-token forwards); verify_cost = one verify forward over the "
@@ -254,10 +264,10 @@ def _cost(runs: pd.DataFrame, sweep_variable: str, grid: bool) -> None:
 
 
 def _serving(runs: pd.DataFrame, sweep_variable: str) -> None:
-    if "ttft_p50" in runs and runs["ttft_p50"].notna().any():
+    if "ttft_seconds_p50" in runs and runs["ttft_seconds_p50"].notna().any():
         st.subheader("Serving: throughput and latency at the batch size")
         shown = [c for c in SERVING_COLUMNS if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
-        serving = runs[shown]
+        serving = labelled(runs, sweep_variable)[shown]
         table(serving, shown, "serving_table", headers={"sweep_value": sweep_variable})
         csv_download(serving, "serving.csv")
         st.caption("tokens/s over the batch; TTFT, inter-token (ITL) and per-request latency at p50 and p95 over "
@@ -350,8 +360,8 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
         render_findings(store(), experiment_id,
                         cached("storage.findings:findings", experiment_id, experiment_id=experiment_id))
     with st.expander("Runs", expanded=True):  # the same expander whatever the status: it stays open once done
-        shown = runs.assign(progress=runs["progress"].fillna(0) * 100,
-                            check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
+        shown = labelled(runs, sweep_variable).assign(progress=runs["progress"].fillna(0) * 100,
+                                                      check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
         names = [c for c in RUN_COLUMNS if not (c == "sweep_value" and sweep_variable == "k")]
         if grid:  # which batch size each run decoded at, beside its kind
             names.insert(names.index("kind") + 1, "batch_size")

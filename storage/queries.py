@@ -52,8 +52,11 @@ SELECT r.id AS run_id, r.kind, r.k, r.sweep_value, r.status, r.progress, r.error
             WHEN r.status <> 'done' AND r.speedup IS NOT NULL THEN 'in progress: over the prompts finished so far'
        END AS speedup_note,
        CASE WHEN b.status IN ('failed', 'cancelled') THEN NULL ELSE r.timing_warning END AS timing_warning,
-       r.verify_cost, r.predicted_speedup_refined, r.batch_size, r.ttft_p50, r.ttft_p95, r.itl_p50, r.itl_p95,
-       r.latency_p50, r.latency_p95,
+       r.verify_cost, r.predicted_speedup_refined, r.batch_size,
+       -- SPEC's serving names carry their unit; the columns keep their first names (no migration)
+       r.ttft_p50 AS ttft_seconds_p50, r.ttft_p95 AS ttft_seconds_p95, r.itl_p50 AS itl_seconds_p50,
+       r.itl_p95 AS itl_seconds_p95, r.latency_p50 AS request_latency_seconds_p50,
+       r.latency_p95 AS request_latency_seconds_p95,
        CASE WHEN r.kind <> 'speculative' OR r.temperature > 0 OR base_n.n IS NULL THEN NULL
             WHEN COALESCE(same.same, 0) = COALESCE(same.n, 0)
                  AND (r.status <> 'done' OR COALESCE(same.n, 0) = base_n.n) THEN 1 ELSE 0 END AS outputs_match_baseline,

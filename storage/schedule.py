@@ -134,6 +134,20 @@ class Schedule:
             text += f". Switch speculation off from batch {off}"
         return text
 
+    def k_schedule(self) -> list[dict]:
+        """SPEC's `k_schedule` of a grid's run JSON: per batch size the k served (0: the target alone), its speedup
+        and interval (null when off), the values tied with the best, and a sentence where it is off or undecided."""
+        out = []
+        for step in self.steps:
+            served = step.served
+            entry = {"batch_size": step.batch_size, "k": step.k, "speedup": served.speedup if served else None,
+                     "speedup_ci": list(served.ci) if served else None,
+                     "tied_with": [t.value for t in step.verdict.tied]}
+            if served is None:
+                entry["text"] = step.text
+            out.append(entry)
+        return out
+
     def as_dict(self) -> dict:
         return {"variable": self.variable, "steps": [s.as_dict() for s in self.steps],
                 "num_speculative_tokens_per_batch_size": self.ranges or None, "off_from": self.off_from,

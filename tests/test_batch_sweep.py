@@ -104,7 +104,7 @@ def test_a_batch_size_sweep_runs_through_the_worker(store, model_dirs):
     doc = run_document(store, eid, with_outputs=False)
     for entry in doc["runs"] + doc["baselines"]:
         row = runs.loc[entry["run_id"]]
-        for name in ("batch_size", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "latency_p50", "latency_p95"):
+        for name in ("batch_size", "ttft_seconds_p50", "ttft_seconds_p95", "itl_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p50", "request_latency_seconds_p95"):
             assert entry[name] == row[name], name
 
 
@@ -228,7 +228,7 @@ def test_an_older_database_gains_the_batch_columns(tmp_path):
         experiments = {row[1] for row in conn.execute(text("PRAGMA table_info(experiments)"))}
         tokens = {row[1] for row in conn.execute(text("PRAGMA table_info(output_tokens)"))}
         assert conn.execute(text("SELECT batch_size FROM runs")).scalars().all() == [1]
-    assert {"batch_size", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "latency_p50", "latency_p95"} <= runs
+    assert {"batch_size", "ttft_seconds_p50", "ttft_seconds_p95", "itl_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p50", "request_latency_seconds_p95"} <= runs
     assert "batch_size" in experiments and "seconds" in tokens
 
 
@@ -247,8 +247,8 @@ def test_cli_k_sweep_at_a_fixed_batch_size(tmp_path, model_dirs, capsys):
     assert q.experiment(open_store(db), doc["experiment_id"])["batch_size"] == 2
     for entry in [doc["baseline"], *doc["runs"]]:
         assert entry["batch_size"] == 2
-        assert 0 < entry["ttft_p50"] <= entry["ttft_p95"] <= entry["latency_p95"]
-        assert entry["latency_p50"] <= entry["latency_p95"] and entry["itl_p50"] <= entry["itl_p95"]
+        assert 0 < entry["ttft_seconds_p50"] <= entry["ttft_seconds_p95"] <= entry["request_latency_seconds_p95"]
+        assert entry["request_latency_seconds_p50"] <= entry["request_latency_seconds_p95"] and entry["itl_seconds_p50"] <= entry["itl_seconds_p95"]
     assert all(entry["outputs_match_baseline"] is True for entry in doc["runs"])
     from app.report import format_table
     lines = format_table(doc).splitlines()  # the human table names each run's batch and serving figures
@@ -268,8 +268,8 @@ def test_the_detail_page_shows_the_serving_table(tmp_path, model_dirs, monkeypat
     at = app("experiment", experiment=eid)
     assert_clean(at)
     assert "Serving: throughput and latency at the batch size" in [s.value for s in at.subheader]
-    shown = next(d.value for d in at.dataframe if "ttft_p50" in d.value.columns)
+    shown = next(d.value for d in at.dataframe if "ttft_seconds_p50" in d.value.columns)
     runs = q.runs(store, eid).set_index("run_id")
     for _, row in shown.iterrows():
-        for name in ("batch_size", "tokens_per_second", "ttft_p50", "itl_p95", "latency_p95"):
+        for name in ("batch_size", "tokens_per_second", "ttft_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p95"):
             assert row[name] == pytest.approx(runs.loc[row["run_id"], name]), name

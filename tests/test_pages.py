@@ -1026,7 +1026,7 @@ def test_the_new_experiment_form_cannot_trust_remote_code(empty_db, model_dirs):
 
 
 def test_theory_loads_alpha_c_and_verify_cost_from_a_measured_run(crafted):
-    from pages.theory import refined_speedup
+    from pages.theory import cost_aware_speedup
 
     store, experiment_id, ids = crafted
     at = app("theory")
@@ -1041,11 +1041,11 @@ def test_theory_loads_alpha_c_and_verify_cost_from_a_measured_run(crafted):
     assert at.slider(key="theory_c").value == pytest.approx(run.c)
     assert at.slider(key="theory_k").value == 2
     assert at.number_input(key="theory_verify").value == pytest.approx(run.verify_cost)
-    expected = refined_speedup(run.alpha, 2, run.c, run.verify_cost)
+    expected = cost_aware_speedup(run.alpha, 2, run.c, run.verify_cost)
     assert metrics(at)["Refined speedup at k=2"] == f"{expected:.2f}×"
     assert metrics(at)["Speedup at k=2"] == f"{theory.predicted_speedup(run.alpha, 2, run.c):.2f}×"
     curves = next(d for d in chart_data(at)[0] if "metric" in d)
-    refined = curves[curves["metric"] == "refined_speedup"].set_index("k")["value"]
+    refined = curves[curves["metric"] == "cost_aware_speedup"].set_index("k")["value"]
     assert refined.loc[2] == pytest.approx(expected) and len(refined) == 16
     assert any("E[L_k] / (k/c + verify cost)" in c.value for c in at.caption)
 
@@ -1060,10 +1060,10 @@ def test_theory_refined_curve_is_the_formula_at_verify_cost_one():
     from pages.theory import formula_frame
 
     frame = formula_frame(0.7, 5.0, k_max=8, verify_cost=1.0)
-    assert frame["refined_speedup"].tolist() == pytest.approx(frame["predicted_speedup"].tolist())
+    assert frame["cost_aware_speedup"].tolist() == pytest.approx(frame["predicted_speedup"].tolist())
     costly = formula_frame(0.7, 5.0, k_max=8, verify_cost=1.5)
-    assert (costly["refined_speedup"] < costly["predicted_speedup"]).all()
-    assert "refined_speedup" not in formula_frame(0.7, 5.0)
+    assert (costly["cost_aware_speedup"] < costly["predicted_speedup"]).all()
+    assert "cost_aware_speedup" not in formula_frame(0.7, 5.0)
 
 
 def test_theory_works_without_a_reachable_database(monkeypatch):

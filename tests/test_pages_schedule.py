@@ -82,8 +82,8 @@ def test_the_detail_page_of_a_grid_shows_its_k_schedule(grid):
     assert table["tied_with"].tolist() == ["4", "2 (best)", "1 (best), 2"]  # batch 4 serves the cheaper tied k
     assert table["baseline_tokens_per_second"].tolist() == [50.0, 160.0, 400.0]
     assert table.loc[1, "tokens_per_second"] == pytest.approx(50.0 * 1.40)  # the chosen run's
-    assert table.loc[4, "itl_p95"] == pytest.approx(0.03 * 1)  # k = 1's, the one served at batch 4
-    assert table.loc[16, "tokens_per_second"] == 400.0 and table.loc[16, "latency_p95"] == 8.0  # off: the baseline's
+    assert table.loc[4, "itl_seconds_p95"] == pytest.approx(0.03 * 1)  # k = 1's, the one served at batch 4
+    assert table.loc[16, "tokens_per_second"] == 400.0 and table.loc[16, "request_latency_seconds_p95"] == 8.0  # off: the baseline's
     assert any("at batch 16 speculation costs 8 % (0.92× (0.88–0.96)" in _plain(m.value) for m in at.markdown)  # each batch size's sentence
     assert json.loads(next(c.value for c in at.code)) == [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
     assert f"experiment{eid}_schedule.csv" in downloads(at)
