@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "configuration statistically tied with it), with the verdict's ties and caveats")
     export.add_argument("--run", type=_ID, default=None, dest="run_id",
                         help="deploy: the speculative run to carry to production (default: the verdict's choice)")
+    export.add_argument("--batch-size", type=_whole(1), default=None, dest="batch_size",
+                        help="deploy, a grid: the batch size whose k schedule entry the one-k engines take (default "
+                             "the smallest; vLLM carries the whole schedule)")
     export.add_argument("--with-max-new-tokens", action="store_true",
                         help="deploy: also carry the experiment's max new tokens as the serving length (by default "
                              "it is left out: it was the test's measurement budget)")
@@ -693,6 +696,8 @@ def cmd_export(args) -> int:
 
     if args.run_id is not None and args.format != "deploy":
         return _fail(f"--run applies to --format deploy only (got --format {args.format})")
+    if args.batch_size is not None and args.format != "deploy":
+        return _fail(f"--batch-size applies to --format deploy only (got --format {args.format})")
     if args.with_max_new_tokens and args.format != "deploy":
         return _fail(f"--with-max-new-tokens applies to --format deploy only (got --format {args.format})")
     problem = _export_out_problem(args)
@@ -704,7 +709,8 @@ def cmd_export(args) -> int:
     try:
         if args.format in ("json", "deploy"):
             doc = (json.dumps(export_json(store, args.experiment_id)) if args.format == "json" else
-                   json.dumps(deploy_document(store, args.experiment_id, args.run_id, args.with_max_new_tokens),
+                   json.dumps(deploy_document(store, args.experiment_id, args.run_id, args.with_max_new_tokens,
+                                              args.batch_size),
                               indent=2))
             if args.out in (None, "-"):
                 print(doc)
