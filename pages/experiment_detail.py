@@ -344,7 +344,7 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experime
 def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     stamp = version(experiment_id)  # every query below is cached until this experiment's runs change
     experiment = cached("experiment", experiment_id, stamp=stamp) or {}
-    listing = listing if listing is not None else cached("experiments")
+    listing = listing if listing is not None else cached("storage.catalog:experiments")
     row = listing.set_index("experiment_id").loc[experiment_id]
     runs = cached("runs", experiment_id, stamp=stamp)
     verdict = cached("storage.verdict:verdict_dict", experiment_id, stamp=stamp)
@@ -386,7 +386,7 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
 
 def render() -> None:
     st.title("Experiment detail")
-    listing = cached("experiments")
+    listing = cached("storage.catalog:experiments")
     if listing.empty:
         empty_state("No experiments yet.")
         return
@@ -400,7 +400,7 @@ def render() -> None:
 
 
 def _live(experiment_id: int, was_active: bool) -> None:
-    listing = cached("experiments")  # cached per version: the 2 s refresh re-reads only what a commit changed
+    listing = cached("storage.catalog:experiments")  # cached per version: the 2 s refresh re-reads only what a commit changed
     if was_active:
         status = listing.set_index("experiment_id").loc[experiment_id, "status"]
         if status not in ACTIVE:
