@@ -91,6 +91,9 @@ def test_the_schedule_judges_each_batch_size_and_switches_speculation_off_where_
     doc = run_document(store, eid, with_outputs=False)
     assert doc["batch_sizes"] == [1, 4, 16] and doc["schedule"]["num_speculative_tokens_per_batch_size"] == \
         [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
+    assert [(e["batch_size"], e["k"]) for e in doc["k_schedule"]] == [(1, 2), (4, 1), (16, 0)]
+    assert list(doc["k_schedule"][0]) == ["batch_size", "k", "speedup", "speedup_ci", "tied_with"]
+    assert doc["k_schedule"][2]["speedup"] is None and doc["k_schedule"][2]["text"].startswith("at batch 16")
     json.dumps(doc)
 
 
