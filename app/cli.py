@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "configuration statistically tied with it), with the verdict's ties and caveats")
     export.add_argument("--run", type=_ID, default=None, dest="run_id",
                         help="deploy: the speculative run to carry to production (default: the verdict's choice)")
+    export.add_argument("--batch-size", type=_whole(1), default=None, dest="batch_size",
+                        help="deploy, a grid: the batch size whose k schedule entry the one-k engines take (default "
+                             "the smallest; vLLM carries the whole schedule)")
     export.add_argument("--with-max-new-tokens", action="store_true",
                         help="deploy: also carry the experiment's max new tokens as the serving length (by default "
                              "it is left out: it was the test's measurement budget)")
@@ -627,7 +630,8 @@ def _stale_window_or_fail():
 def cmd_list(args) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from storage import liveness, queries as q
+    from engine.variables import variable
+    from storage import liveness, catalog, queries as q
     from storage.export import plain
 
     stale = _stale_window_or_fail()
@@ -640,7 +644,7 @@ def cmd_list(args) -> int:
         liveness.mark_stale(store, stale)
     except SQLAlchemyError:
         pass
-    experiments = q.experiments(store)
+    experiments = catalog.experiments(store)
     if args.json:
         doc = [{**plain(e), "runs": plain(q.runs(store, int(e["experiment_id"])).to_dict(orient="records"))}
                for e in experiments.to_dict(orient="records")]
@@ -651,11 +655,12 @@ def cmd_list(args) -> int:
         return 0
     fmt = lambda v, spec: format(v, spec) if v is not None and v == v else "-"  # noqa: E731
     for e in experiments.itertuples():
+        swept = variable(e.sweep_variable)
         print(f"experiment {e.experiment_id}  {e.name}  [{e.status} {100 * e.progress:.0f}%]  "
               f"{e.target} / {e.draft}  prompts {e.prompts}  {e.sweep_variable}={e.sweep_values}"
               + (f" at batch sizes {e.batch_sizes}" if e.batch_sizes else ""))
         for r in q.runs(store, int(e.experiment_id)).itertuples():
-            what = "baseline" if r.kind == "baseline" else f"{e.sweep_variable}={r.sweep_value:g}"
+            what = "baseline" if r.kind == "baseline" else f"{swept.name}={swept.show(swept.run_value(r))}"
             what += f" @{int(r.batch_size)}" if e.batch_sizes else ""
             print(f"  run {r.run_id:<5} {what:<14} {r.status:<11} {100 * r.progress:3.0f}%  "
                   f"{fmt(r.tokens_per_second, '8.1f')} tok/s  speedup {fmt(r.speedup, '.2f')}  "
@@ -664,7 +669,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from storage import liveness, queries as q, run_state
+    from storage import liveness, catalog, queries as q, run_state
 
     stale = _stale_window_or_fail()
     if isinstance(stale, int):
@@ -691,6 +696,8 @@ def cmd_export(args) -> int:
 
     if args.run_id is not None and args.format != "deploy":
         return _fail(f"--run applies to --format deploy only (got --format {args.format})")
+    if args.batch_size is not None and args.format != "deploy":
+        return _fail(f"--batch-size applies to --format deploy only (got --format {args.format})")
     if args.with_max_new_tokens and args.format != "deploy":
         return _fail(f"--with-max-new-tokens applies to --format deploy only (got --format {args.format})")
     problem = _export_out_problem(args)
@@ -702,7 +709,8 @@ def cmd_export(args) -> int:
     try:
         if args.format in ("json", "deploy"):
             doc = (json.dumps(export_json(store, args.experiment_id)) if args.format == "json" else
-                   json.dumps(deploy_document(store, args.experiment_id, args.run_id, args.with_max_new_tokens),
+                   json.dumps(deploy_document(store, args.experiment_id, args.run_id, args.with_max_new_tokens,
+                                              args.batch_size),
                               indent=2))
             if args.out in (None, "-"):
                 print(doc)

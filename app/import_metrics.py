@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from engine.numbers import ascii_float
@@ -36,12 +37,13 @@ def add_parser(sub) -> None:
     p.add_argument("--run", type=_id, default=None, dest="run_id",
                    help="the lab run the server's configuration matches (default: the experiment's run at its k)")
     p.add_argument("--db", default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object (SPEC's Production counters keys)")
 
 
 def command(args, store) -> int:
-    """Scrape, store, print one line; bad input raises DraftLabError / ProductionError (the CLI prints it)."""
+    """Scrape, store, print one line (`--json`: one JSON object); bad input raises DraftLabError / ProductionError (the CLI prints it)."""
     from engine.errors import DraftLabError
-    from storage.production import add_series, series
+    from storage.production import add_series, series, series_document
 
     from .production_scrape import public_source, scrape
 
@@ -59,6 +61,9 @@ def command(args, store) -> int:
                         accepted=counters.accepted, per_position=counters.per_position, label=label,
                         source=" → ".join(public_source(s) for s in args.sources),
                         engine=",".join(counters.engines), seconds=seconds, run_id=args.run_id)
+    if args.json:
+        print(json.dumps(series_document(store, args.experiment_id, int(stored["series_id"]))))
+        return 0
     rate = counters.accepted / counters.draft_tokens
     compared = (f"compared with run {stored['run_id']}" if stored["run_id"] is not None else
                 f"no finished run at k = {stored['k']} in experiment {args.experiment_id} to compare with yet")

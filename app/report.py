@@ -35,8 +35,8 @@ def format_table(doc: dict) -> str:
                      f"{fmt(r.get('verify_cost'), '6.2f')} {show('outputs_match_baseline', r['outputs_match_baseline'])}"
                      + (f"  predicted {r['predicted']:.2f} ({100 * r['prediction_error']:+.0f} %)"
                         if r.get("prediction_error") is not None else "")
-                     + (f"  batch {r['batch_size']}: TTFT p50 {fmt(r.get('ttft_p50'), '.3f')} s, ITL p95 "
-                        f"{fmt(r.get('itl_p95'), '.3f')} s, latency p95 {fmt(r.get('latency_p95'), '.3f')} s"
+                     + (f"  batch {r['batch_size']}: TTFT p50 {fmt(r.get('ttft_seconds_p50'), '.3f')} s, ITL p95 "
+                        f"{fmt(r.get('itl_seconds_p95'), '.3f')} s, latency p95 {fmt(r.get('request_latency_seconds_p95'), '.3f')} s"
                         if batched else ""))
     if doc["runs"]:
         lines.append(f"{SAME.header}: {SAME.help}")

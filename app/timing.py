@@ -15,7 +15,7 @@ from engine.loading import ModelPair
 from engine.memory import model_bytes
 from engine.profile import batched_verify_profile, verify_profile
 from engine.prompt_sets import load_prompts
-from engine.protocol import schedule
+from engine.protocol import interleaved_order
 from engine.records import PromptResult
 from engine.memory import check_batch_fits
 from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
@@ -190,7 +190,7 @@ def _time_units(job: JobContext, group: dict[int, dict], outcome: dict, memory: 
             indices = list(range(first, last))
             timed: dict[int, list] = {rid: [] for rid in arms}
             slots: dict[int, list] = {rid: [] for rid in arms}
-            for slot, (repeat, rid) in enumerate(schedule(arms, unit, repeats)):
+            for slot, (repeat, rid) in enumerate(interleaved_order(arms, unit, repeats)):
                 if rid in outcome:
                     continue
                 prompt_ids, budget = budgets[rid]

@@ -88,6 +88,9 @@ class Worker:
         """Write a run's end state (while this worker still owns it); when the database refuses it for good,
         keep it in `unfinished` to write once the database accepts writes again."""
         try:
+            broken = self.db.retry(run_state.not_lossless, self.store, run_id, write=False) if status == DONE else None
+            if broken:  # greedy outputs that differ from the baseline's: never judged, scheduled or deployed
+                status, error = FAILED, broken
             closed = self.db.retry(run_state.finish_run, self.store, run_id, status, error, detail, peak, self.id)
         except DatabaseUnavailable:
             self.unfinished[run_id] = (status, error, detail, peak)

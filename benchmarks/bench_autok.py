@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.theory import modelled_seconds  # noqa: E402
 from app.autok import cost_model, predict_curve  # noqa: E402
-from storage import open_store, queries as q  # noqa: E402
+from storage import open_store, catalog, queries as q  # noqa: E402
 from storage.experiments import load_verify_profile  # noqa: E402
 
 BURN = "while True: pass"
@@ -72,7 +72,7 @@ def profiles(store, experiment_id: int) -> dict[int, dict[int, float]]:
 
 def evaluate(db: Path) -> list[dict]:
     store = open_store(f"sqlite:///{db}")
-    eid = int(q.experiments(store)["experiment_id"].iloc[0])
+    eid = int(catalog.experiments(store)["experiment_id"].iloc[0])
     runs = q.runs(store, eid)
     k_max = int(q.experiment(store, eid)["k_auto"])
     by_batch = profiles(store, eid)

@@ -43,10 +43,10 @@ def build(path: Path, tokens: int) -> dict:
 def found(path: Path) -> dict:
     """The big experiment and its speculative run in a database built earlier."""
     from storage import open_store
-    from storage import queries as q
+    from storage import catalog, queries as q
 
     store = open_store(f"sqlite:///{path}")
-    listing = q.experiments(store)
+    listing = catalog.experiments(store)
     eid = int(listing.loc[listing["name"] == "bench", "experiment_id"].iloc[0])
     runs = q.runs(store, eid)
     rid = int(runs.loc[runs["kind"] == "speculative", "run_id"].iloc[0])
@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("DRAFTLAB_PASSWORD", None)
     eid, rid = ids["experiment_id"], ids["run_id"]
     from storage import open_store
-    from storage import queries as q
+    from storage import catalog, queries as q
 
-    others = [int(i) for i in q.experiments(open_store(os.environ["DRAFTLAB_DB"]))["experiment_id"] if int(i) != eid]
+    others = [int(i) for i in catalog.experiments(open_store(os.environ["DRAFTLAB_DB"]))["experiment_id"] if int(i) != eid]
     cases = {
         "experiments": ("experiments", {}),
         "experiment": ("experiment", {"experiment": eid, "run": rid}),

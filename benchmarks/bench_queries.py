@@ -67,7 +67,7 @@ def record(store, run_id: int, kind: str, result: PromptResult) -> None:
 
 def fill(store, tokens: int, k: int = 8, prompts: int = 500, other_experiments: int = 50, seed: int = 0) -> dict:
     """One experiment whose k=8 run holds `tokens` draft tokens, plus small experiments for the list views."""
-    from storage import queries as q, run_state
+    from storage import catalog, queries as q, run_state
     from storage.experiments import enqueue_experiment
 
     rng = random.Random(seed)
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sqlalchemy import text
 
-    from storage import open_store, queries as q
+    from storage import open_store, catalog, queries as q
 
     path = Path(args.db)
     for suffix in ("", "-wal", "-shm"):
@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
     eid, rid = ids["experiment_id"], ids["run_id"]
     cases = [
-        ("experiments()", lambda: q.experiments(store)),
-        ("experiments(tag=)", lambda: q.experiments(store, tag="group3")),
+        ("experiments()", lambda: catalog.experiments(store)),
+        ("experiments(tag=)", lambda: catalog.experiments(store, tag="group3")),
         ("experiment(id)", lambda: q.experiment(store, eid)),
         ("runs(experiment)", lambda: q.runs(store, eid)),
         ("run_summary(run)", lambda: q.run_summary(store, rid)),

@@ -13,7 +13,7 @@ from typing import Hashable, Sequence
 from .records import PromptResult
 
 
-def schedule(arms: Sequence[Hashable], prompt_index: int, repeats: int) -> list[tuple[int, Hashable]]:
+def interleaved_order(arms: Sequence[Hashable], prompt_index: int, repeats: int) -> list[tuple[int, Hashable]]:
     """(repeat, arm) pairs in the order they decode one prompt: every arm once per repeat, the arm order
     rotated by one place per (prompt, repeat) so each arm takes every slot equally often."""
     arms = list(arms)

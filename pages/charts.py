@@ -424,13 +424,13 @@ def with_counts(frame: pd.DataFrame, count: str) -> pd.DataFrame:
 
 
 THEORY_SERIES = {"predicted_speedup": "speedup (article's formula)",
-                 "refined_speedup": "speedup (cost-aware: measured verify cost)",
+                 "cost_aware_speedup": "speedup (cost-aware: measured verify cost)",
                  "expected_tokens_per_round": "expected tokens per round E[L_k]"}
 
 
 def theory_curves(frame: pd.DataFrame, k_selected: int) -> alt.LayerChart:
     """Speedup and expected tokens per round over k from the formulas. frame: k, predicted_speedup,
-    expected_tokens_per_round[, refined_speedup]. Both are ratios to one target step's output (×, tokens per
+    expected_tokens_per_round[, cost_aware_speedup]. Both are ratios to one target step's output (×, tokens per
     round), so they share the y axis; the legend names them in words."""
     series = [c for c in THEORY_SERIES if c in frame]
     long = frame.melt(id_vars=["k"], value_vars=series, var_name="metric")

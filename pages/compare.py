@@ -147,7 +147,7 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
 
 def render() -> None:
     st.title("Compare")
-    listing = cached("experiments")
+    listing = cached("storage.catalog:experiments")
     if listing.empty:
         empty_state("No experiments to compare yet.")
         return

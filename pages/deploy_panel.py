@@ -1,6 +1,7 @@
 """The "Use these settings" panel: a measured run's equivalent vLLM, SGLang, llama.cpp and transformers settings,
 one tab per engine, from storage.deploy (the document `draftlab export --format deploy` prints): the verdict's choice
-(the best, or the cheaper configuration statistically tied with it) with the verdict's caveats (ties, an interval too
+(the one rule: the cheapest configuration tied with the best that is measurably faster than the target alone; a
+grid's: the k schedule's entry for the batch size picked, the smallest first) with the verdict's caveats (ties, an interval too
 wide to choose by). The test's max new tokens is carried only when the checkbox asks for it."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import streamlit as st
 
 from pages.prefill import md_text
+from storage import queries as q
 from storage.deploy import DeployError, deploy_document
 
 TABS = (("vllm", "vLLM"), ("sglang", "SGLang"), ("llama_cpp", "llama.cpp"), ("transformers", "transformers"))
@@ -17,6 +19,8 @@ TABS = (("vllm", "vLLM"), ("sglang", "SGLang"), ("llama_cpp", "llama.cpp"), ("tr
 def _summary(doc: dict) -> str:
     cfg, measured = doc["configuration"], doc["measured"]
     which = {"best": "the best run", "cheaper tied": "the cheaper run tied with the best"}.get(doc["chosen"], "run")
+    if doc.get("batch_size") is not None:  # a grid: the schedule's entry for this batch size
+        which += f" at batch {doc['batch_size']} (the k schedule's entry there; vLLM's tab carries every batch size)"
     draft = f"draft `{cfg['draft']}` → " if cfg.get("draft") else ""
     sampling = ("greedy" if cfg["greedy"] else
                 f"temperature {cfg['temperature']:g}, top-k {cfg['top_k'] or 'off'}, top-p {cfg['top_p']:g}")
@@ -33,8 +37,12 @@ def render_deploy_panel(store, experiment_id: int, run_id: int | None = None, ex
                                   key=f"deploy_max_new_tokens_{experiment_id}_{run_id}",
                                   help="The experiment stopped every prompt at its max new tokens to measure; that "
                                        "is not a serving length, so it is left out unless checked.")
+        sizes = q.grid_sizes(q.experiment(store, experiment_id) or {}) if run_id is None else None
+        batch_size = st.selectbox("For batch size", sizes, index=0, key=f"deploy_batch_{experiment_id}",
+                                  help="A grid: the engines that take one k take the k schedule's entry for this "
+                                       "batch size.") if sizes else None
         try:
-            doc = deploy_document(store, experiment_id, run_id, with_length)
+            doc = deploy_document(store, experiment_id, run_id, with_length, batch_size)
         except (DeployError, KeyError) as exc:
             reason = str(exc) if isinstance(exc, DeployError) else f"no experiment {experiment_id}"
             st.caption(f"No settings to carry to production yet: {reason}.")

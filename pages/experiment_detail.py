@@ -8,6 +8,7 @@ import streamlit as st
 
 from engine import theory
 from engine.prompt_sets import set_name
+from engine.variables import variable
 from pages import charts
 from pages.prefill import md_text
 from pages.deploy_panel import render_deploy_panel
@@ -36,8 +37,8 @@ RUN_COLUMNS = ["check", "run_id", "kind", "k", "sweep_value", "status", "progres
 COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "c", "verify_cost", "peak_memory_mb", "target_step_seconds",
                 "draft_step_seconds", "tokens_per_second", "wall_seconds"]
 # Serving metrics (docs/metrics.md "Serving metrics"): runs decoded in batches report them, batch-1 loops do not.
-SERVING_COLUMNS = ["run_id", "kind", "k", "sweep_value", "batch_size", "tokens_per_second", "ttft_p50", "ttft_p95",
-                   "itl_p50", "itl_p95", "latency_p50", "latency_p95"]
+SERVING_COLUMNS = ["run_id", "kind", "k", "sweep_value", "batch_size", "tokens_per_second", "ttft_seconds_p50", "ttft_seconds_p95",
+                   "itl_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p50", "request_latency_seconds_p95"]
 IMPOSSIBLE = "⚠ impossible speedup"  # the Runs table's mark on a run with a timing_warning
 MEASURED = ["run_id", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined"]
 ERRORS = {f"{name}_error": st.column_config.NumberColumn(f"{label} error", format="percent",
@@ -245,11 +246,20 @@ def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_vari
     _serving(runs, sweep_variable)
 
 
+def labelled(runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
+    """The runs with each swept value as it reads (a draft or drafter sweep: its name, not the index sweep_value
+    stores; engine/variables.py's run_value), for the tables."""
+    swept = variable(sweep_variable)
+    if not swept.categorical:
+        return runs
+    return runs.assign(sweep_value=[swept.run_value(row) for _, row in runs.iterrows()])
+
+
 def _cost(runs: pd.DataFrame, sweep_variable: str, grid: bool) -> None:
     st.subheader("Cost: c, verify cost and memory")
     names = (["batch_size"] if grid else []) + COST_COLUMNS  # a grid: which batch size each run decoded at
     shown = [c for c in dict.fromkeys(names) if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
-    cost = runs[shown]
+    cost = labelled(runs, sweep_variable)[shown]
     table(cost, shown, "cost_table", headers={"sweep_value": sweep_variable})
     csv_download(cost, "cost_and_memory.csv")
     st.caption("c = target step / draft step (single-token forwards); verify_cost = one verify forward over the "
@@ -257,10 +267,10 @@ def _cost(runs: pd.DataFrame, sweep_variable: str, grid: bool) -> None:
 
 
 def _serving(runs: pd.DataFrame, sweep_variable: str) -> None:
-    if "ttft_p50" in runs and runs["ttft_p50"].notna().any():
+    if "ttft_seconds_p50" in runs and runs["ttft_seconds_p50"].notna().any():
         st.subheader("Serving: throughput and latency at the batch size")
         shown = [c for c in SERVING_COLUMNS if c in runs and not (c == "sweep_value" and sweep_variable == "k")]
-        serving = runs[shown]
+        serving = labelled(runs, sweep_variable)[shown]
         table(serving, shown, "serving_table", headers={"sweep_value": sweep_variable})
         csv_download(serving, "serving.csv")
         st.caption("tokens/s over the batch; TTFT, inter-token (ITL) and per-request latency at p50 and p95 over "
@@ -337,7 +347,7 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experime
 def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     stamp = version(experiment_id)  # every query below is cached until this experiment's runs change
     experiment = cached("experiment", experiment_id, stamp=stamp) or {}
-    listing = listing if listing is not None else cached("experiments")
+    listing = listing if listing is not None else cached("storage.catalog:experiments")
     row = listing.set_index("experiment_id").loc[experiment_id]
     runs = cached("runs", experiment_id, stamp=stamp)
     verdict = cached(verdict_dict, experiment_id, stamp=stamp)
@@ -353,8 +363,8 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
         render_findings(store(), experiment_id,
                         cached(findings, experiment_id, experiment_id=experiment_id))
     with st.expander("Runs", expanded=True):  # the same expander whatever the status: it stays open once done
-        shown = runs.assign(progress=runs["progress"].fillna(0) * 100,
-                            check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
+        shown = labelled(runs, sweep_variable).assign(progress=runs["progress"].fillna(0) * 100,
+                                                      check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
         names = [c for c in RUN_COLUMNS if not (c == "sweep_value" and sweep_variable == "k")]
         if grid:  # which batch size each run decoded at, beside its kind
             names.insert(names.index("kind") + 1, "batch_size")
@@ -379,7 +389,7 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
 
 def render() -> None:
     st.title("Experiment detail")
-    listing = cached("experiments")
+    listing = cached("storage.catalog:experiments")
     if listing.empty:
         empty_state("No experiments yet.")
         return
@@ -393,7 +403,7 @@ def render() -> None:
 
 
 def _live(experiment_id: int, was_active: bool) -> None:
-    listing = cached("experiments")  # cached per version: the 2 s refresh re-reads only what a commit changed
+    listing = cached("storage.catalog:experiments")  # cached per version: the 2 s refresh re-reads only what a commit changed
     if was_active:
         status = listing.set_index("experiment_id").loc[experiment_id, "status"]
         if status not in ACTIVE:

@@ -13,7 +13,7 @@ from engine.prompt_sets import set_name
 
 from engine.wording import noun, plural
 from pages.common import csv_download, empty_state, experiment_label, nav_page, select_id, show, store, table
-from storage import queries as q, run_state
+from storage import catalog, queries as q, run_state
 from storage.columns import MISSING
 
 ACTIVE = ("queued", "running")
@@ -43,7 +43,7 @@ def needs_full_rerun(seen: tuple, listing: pd.DataFrame) -> bool:
 
 def _watch(seen: tuple) -> None:
     """The idle poll on an empty database: draws nothing, redraws the page once experiments exist."""
-    if needs_full_rerun(seen, q.experiments(store())):
+    if needs_full_rerun(seen, catalog.experiments(store())):
         st.rerun()
 
 
@@ -93,10 +93,10 @@ def _workers() -> None:
 
 
 def _table(filters: dict, seen: tuple) -> None:
-    if needs_full_rerun(seen, q.experiments(store())):
+    if needs_full_rerun(seen, catalog.experiments(store())):
         st.rerun()  # new experiments, or work started or finished: redraw the page once, with the right timer
     _waiting()
-    frame = q.experiments(store(), **filters)
+    frame = catalog.experiments(store(), **filters)
     if frame.empty:
         st.info("No experiment matches these filters.")
         _workers()
@@ -115,7 +115,7 @@ def _table(filters: dict, seen: tuple) -> None:
 
 def render() -> None:
     st.title("Experiments")
-    everything = q.experiments(store())
+    everything = catalog.experiments(store())
     seen = page_state(everything)
     if everything.empty:
         empty_state("No experiments yet. Launch one to see its runs here.")

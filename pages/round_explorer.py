@@ -44,7 +44,7 @@ def legend_html(output: pd.DataFrame) -> str:
 
 def render() -> None:
     st.title("Round explorer")
-    listing = cached("experiments")
+    listing = cached("storage.catalog:experiments")
     if listing.empty:
         empty_state("No experiments yet: the round explorer shows the rounds of a finished speculative run.")
         return

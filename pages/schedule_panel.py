@@ -21,7 +21,7 @@ from storage import queries as q
 # The table: what each batch size serves and what that costs a user (the chosen run's figures; where speculation
 # is off, the target alone's, which is then what is served).
 TABLE_COLUMNS = ["batch_size", "serve", "speedup_interval", "tied_with", "verdict", "baseline_tokens_per_second",
-                 "tokens_per_second", "ttft_p50", "itl_p95", "latency_p95"]
+                 "tokens_per_second", "ttft_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p95"]
 
 
 def batch_name(size) -> str:
@@ -128,11 +128,11 @@ def schedule_table(schedule: dict, runs: pd.DataFrame, sweep_variable: str) -> p
             "verdict": verdict,
             "baseline_tokens_per_second": float(base["tokens_per_second"]) if base is not None
             and pd.notna(base["tokens_per_second"]) else np.nan,
-            "tokens_per_second": figure("tokens_per_second"), "ttft_p50": figure("ttft_p50"),
-            "itl_p95": figure("itl_p95"), "latency_p95": figure("latency_p95"), "text": step["text"]})
+            "tokens_per_second": figure("tokens_per_second"), "ttft_seconds_p50": figure("ttft_seconds_p50"),
+            "itl_seconds_p95": figure("itl_seconds_p95"), "request_latency_seconds_p95": figure("request_latency_seconds_p95"), "text": step["text"]})
     frame = pd.DataFrame(rows, columns=["batch_size", "serve", "k", "speedup", "speedup_ci_lo", "speedup_ci_hi",
                                         "speedup_interval", "tied_with", "verdict", "baseline_tokens_per_second",
-                                        "tokens_per_second", "ttft_p50", "itl_p95", "latency_p95", "text"])
+                                        "tokens_per_second", "ttft_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p95", "text"])
     return frame.assign(k=frame["k"].astype("Int64"))
 
 

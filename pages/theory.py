@@ -12,7 +12,7 @@ from engine.simulate import SimulationSetup, simulate
 from engine import theory
 from pages import charts
 from pages.common import chart_with_csv, experiment_label, number, run_label, store
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.verdict import verdict
 
 K_MAX = 16
@@ -21,20 +21,20 @@ DEFAULTS = {"theory_alpha": 0.75, "theory_c": 8.0, "theory_k": 4, "theory_verify
 log = logging.getLogger("draftlab.dashboard")
 
 
-def refined_speedup(alpha: float, k: int, c: float, verify_cost: float) -> float:
+def cost_aware_speedup(alpha: float, k: int, c: float, verify_cost: float) -> float:
     """E[L_k] / (k/c + verify_cost): the article's formula with the verify forward at its measured cost (in target
     steps) instead of one target step; verify_cost = 1 gives back predicted_speedup."""
     return theory.expected_tokens_per_round(alpha, k) / (k / c + verify_cost)
 
 
 def formula_frame(alpha: float, c: float, k_max: int = K_MAX, verify_cost: float | None = None) -> pd.DataFrame:
-    """predicted_speedup and expected tokens per round for k = 1..k_max; refined_speedup too when verify_cost is known."""
+    """predicted_speedup and expected tokens per round for k = 1..k_max; cost_aware_speedup too when verify_cost is known."""
     ks = range(1, k_max + 1)
     frame = pd.DataFrame({"k": list(ks),
                           "predicted_speedup": [theory.predicted_speedup(alpha, k, c) for k in ks],
                           "expected_tokens_per_round": [theory.expected_tokens_per_round(alpha, k) for k in ks]})
     if verify_cost is not None:
-        frame.insert(2, "refined_speedup", [refined_speedup(alpha, k, c, verify_cost) for k in ks])
+        frame.insert(2, "cost_aware_speedup", [cost_aware_speedup(alpha, k, c, verify_cost) for k in ks])
     return frame
 
 
@@ -49,7 +49,7 @@ def measured_settings(run: pd.Series) -> dict:
 def _loader() -> None:
     """'Load from experiment': fills the sliders from a measured run when the choice changes."""
     try:
-        listing = q.experiments(store())
+        listing = catalog.experiments(store())
     except SQLAlchemyError as exc:
         log.warning("theory page: cannot read experiments (%s)", type(exc).__name__)
         st.caption("Measured runs cannot be read right now; the formulas below work without them.")
@@ -104,11 +104,11 @@ def _formulas() -> None:
     m4.metric("Speedup at best k", f"{s_best:.2f}×")
     frame = formula_frame(alpha, c, verify_cost=verify)
     if verify is not None:
-        refined_best = frame.loc[frame["refined_speedup"].idxmax()]
+        refined_best = frame.loc[frame["cost_aware_speedup"].idxmax()]
         m1, m2, m3, _ = st.columns(4)
-        m1.metric(f"Refined speedup at k={k}", f"{refined_speedup(alpha, k, c, verify):.2f}×")
+        m1.metric(f"Cost-aware speedup at k={k}", f"{cost_aware_speedup(alpha, k, c, verify):.2f}×")
         m2.metric("Refined best k", str(int(refined_best["k"])))
-        m3.metric("Refined speedup at best k", f"{refined_best['refined_speedup']:.2f}×")
+        m3.metric("Cost-aware speedup at best k", f"{refined_best['cost_aware_speedup']:.2f}×")
     chart_with_csv(charts.theory_curves(frame, k), frame, "theory_curves.csv")
     st.caption("Below 1× (the dashed line) the draft costs more than it saves. Raising α (a better-matched draft) moves the best k "
                "up; a slower draft (smaller c) moves it down.")

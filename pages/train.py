@@ -19,7 +19,7 @@ from engine.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTION
 from pages import charts
 from pages.common import csv_download, nav_page, number, parse_id, select_id, store, table
 from pages.prefill import md_text
-from storage import queries as q, training
+from storage import catalog, queries as q, training
 from storage.errors import QueueError
 from storage.schema import CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING
 
@@ -110,7 +110,7 @@ def _prompts() -> tuple[str | None, str | None, str | None]:
 
 
 def _focus_options() -> tuple[list[int], dict]:
-    exps = q.experiments(store())
+    exps = catalog.experiments(store())
     if exps.empty:
         return [NO_FOCUS], {NO_FOCUS: "none (every token weighs 1)"}
     done = exps[exps["status"] == "done"]

@@ -85,16 +85,16 @@ RUN = [
     # Serving metrics (docs/metrics.md "Serving metrics"): over the median repeat of each batch.
     _c("batch_size", "batch", "requests decoded together per forward (prompts grouped in order into batches)",
        "%d", json=True),
-    _c("ttft_p50", "TTFT p50 (s)", "time to first token, median over requests: from the batch's start to the "
+    _c("ttft_seconds_p50", "TTFT p50 (s)", "time to first token, median over requests: from the batch's start to the "
        "request's first token reaching the host", "%.4f", json=True),
-    _c("ttft_p95", "TTFT p95 (s)", "time to first token, 95th percentile over requests", "%.4f", json=True),
-    _c("itl_p50", "ITL p50 (s)", "inter-token latency, median over every gap between a request's consecutive "
+    _c("ttft_seconds_p95", "TTFT p95 (s)", "time to first token, 95th percentile over requests", "%.4f", json=True),
+    _c("itl_seconds_p50", "ITL p50 (s)", "inter-token latency, median over every gap between a request's consecutive "
        "tokens (a speculative round's tokens arrive together: gaps of 0 inside a round)", "%.4f", json=True),
-    _c("itl_p95", "ITL p95 (s)", "inter-token latency, 95th percentile: the stall a streaming user feels",
+    _c("itl_seconds_p95", "ITL p95 (s)", "inter-token latency, 95th percentile: the stall a streaming user feels",
        "%.4f", json=True),
-    _c("latency_p50", "latency p50 (s)", "per-request latency, median: from the batch's start to the request's "
+    _c("request_latency_seconds_p50", "latency p50 (s)", "per-request latency, median: from the batch's start to the request's "
        "last token", "%.4f", json=True),
-    _c("latency_p95", "latency p95 (s)", "per-request latency, 95th percentile over requests", "%.4f", json=True),
+    _c("request_latency_seconds_p95", "latency p95 (s)", "per-request latency, 95th percentile over requests", "%.4f", json=True),
     _c("outputs_match_baseline", "same output", "greedy runs only: every prompt's output equals the baseline's "
        "token for token (speculative decoding is lossless); blank when sampling, where outputs differ by design",
        kind="checkbox"),

@@ -3,8 +3,9 @@
 `deploy_settings(run, experiment)` turns one stored speculative run (target, draft, k, drafter spec, sampling) into
 what vLLM, SGLang, llama.cpp and transformers take, each as a string to paste (a command line or a Python
 snippet) plus `notes`: what the engine cannot express and what to check. `deploy_document(store, eid, run_id)`
-picks the run (the verdict's choice, storage/verdict.py: the best, or the cheaper configuration statistically tied
-with it, unless one is named) and wraps the settings with what was measured and the verdict's caveats (ties, an
+picks the run (the verdict's choice, storage/verdict.py's one rule: the cheapest configuration tied with the best
+that is measurably faster than the target alone, unless one is named; a grid's: the schedule's entry for the batch
+size asked, default the smallest) and wraps the settings with what was measured and the verdict's caveats (ties, an
 interval too wide to choose by). A test's max_new_tokens is a measurement budget, not a serving setting: it is
 carried only when asked (`with_max_new_tokens`, `--with-max-new-tokens`, the panel's checkbox). Pure: no torch, no
 streamlit; the same document feeds `draftlab export --format deploy` and the dashboard's "Use these settings"
@@ -243,8 +244,9 @@ def _schedule_note(cfg: dict, engine: str) -> list[str]:
     grid = cfg.get("_schedule")
     if not grid or len({k for _, _, k in grid["ranges"]}) < 2:
         return []
-    return [f"Not expressible: {engine} takes one k for every batch size; these settings serve k={cfg['k']} "
-            f"(the choice at batch {grid['smallest']}). The measured schedule: {grid['steps_text']}."]
+    return [f"Not expressible: {engine} takes one k for every batch size; these settings serve k={cfg['k']}, the "
+            f"schedule's entry for batch {grid['for_batch']} (`--batch-size` / the panel's batch size picks another). "
+            f"The measured schedule: {grid['steps_text']}."]
 
 
 def _openai_request(cfg: dict, top_k_off: int) -> dict:
@@ -453,8 +455,8 @@ def _transformers(cfg: dict) -> dict:
               'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))']
     notes += _same_distribution_note(cfg)
     if cfg.get("_schedule"):
-        notes.append(f"transformers' assisted generation decodes one request at a time: the schedule's batch "
-                     f"{cfg['_schedule']['smallest']} entry applies (k={cfg['k']}).")
+        notes.append(f"transformers' assisted generation decodes one request at a time: these settings take the "
+                     f"schedule's batch {cfg['_schedule']['for_batch']} entry (k={cfg['k']}).")
     generate_kwargs = {key: value for key, value in kwargs.items() if key != "assistant_model"}
     return {"language": "python", "snippet": "\n".join(lines) + "\n", "generate_kwargs": generate_kwargs,
             "assistant_generation_config": assistant, "notes": notes}
@@ -463,7 +465,7 @@ def _transformers(cfg: dict) -> dict:
 # --- public API ------------------------------------------------------------------------------------------------
 
 def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = False,
-                    schedule: dict | None = None) -> dict:
+                    schedule: dict | None = None, for_batch: int | None = None) -> dict:
     """{"vllm": ..., "sglang": ..., "llama_cpp": ..., "transformers": ...} for one speculative run.
 
     Each engine: `snippet` (what to paste: a command with one flag per line, or Python), `language`, `notes`
@@ -473,12 +475,14 @@ def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = Fal
     `run`: a row of queries.runs() as a dict (draft / drafter optional), `experiment`: queries.experiment();
     with_max_new_tokens: carry the test's max_new_tokens (a measurement budget) as the length. schedule: a k
     grid's storage/schedule.py Schedule.as_dict() (vLLM takes it as num_speculative_tokens_per_batch_size, the
-    other engines say they cannot)."""
+    other engines say they cannot); for_batch: the batch size whose entry the one-k engines take (default the
+    smallest)."""
     cfg = configuration(run, experiment or {}, with_max_new_tokens)
     if schedule and schedule.get("num_speculative_tokens_per_batch_size"):
         sizes = [step["batch_size"] for step in schedule["steps"] if step["k"] is not None]
         cfg["_schedule"] = {
             "ranges": schedule["num_speculative_tokens_per_batch_size"], "smallest": min(sizes),
+            "for_batch": for_batch if for_batch is not None else min(sizes),
             "largest": max(sizes), "sizes_text": ", ".join(map(str, sizes)),
             "steps_text": "; ".join(f"batch {step['batch_size']}: " + (f"k={step['k']}" if step["k"] else "off")
                                     for step in schedule["steps"] if step["k"] is not None)}
@@ -486,9 +490,11 @@ def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = Fal
             "transformers": _transformers(cfg)}
 
 
-def _chosen_run(store, experiment_id: int, run_id: int | None, v):
-    """(the runs row to deploy, why): the named run ("given"), else the verdict's chosen one ("best", or "cheaper
-    tied" when a cheaper configuration is statistically tied with the best)."""
+def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: int | None = None,
+                grid=None):
+    """(the runs row to deploy, why): the named run ("given"), else the verdict's chosen one (storage/verdict.py's
+    `serve`: "best", or "cheaper tied" when a cheaper configuration tied with the best is measurably faster than the
+    target alone). A DeployError when the verdict serves the target alone, or the named run is not lossless."""
     from . import queries as q
 
     runs = q.runs(store, experiment_id)
@@ -501,10 +507,22 @@ def _chosen_run(store, experiment_id: int, run_id: int | None, v):
         if row["kind"] != "speculative":
             raise DeployError(f"run {run_id} is the target-only baseline; pick a speculative run of experiment "
                               f"{experiment_id}")
+        if row["outputs_match_baseline"] is False:
+            raise DeployError(f"run {run_id} is not lossless (its greedy outputs differ from its baseline's"
+                              + (f": {row['error']}" if isinstance(row["error"], str) else "")
+                              + "); pick a run whose outputs match")
         return row, "given"
+    where = f" at batch {batch_size}" if batch_size is not None else ""
+    if v.target_alone:
+        paying = [st.batch_size for st in (grid.steps if grid else ()) if st.k]
+        elsewhere = (f"; the schedule speculates at batch {', '.join(map(str, paying))}: pass --batch-size "
+                     f"{paying[0]}" if paying else "")
+        raise DeployError(f"experiment {experiment_id}: no configuration is measurably faster than the target "
+                          f"alone{where} ({v.text}): serve the target alone, there is nothing to deploy{elsewhere}")
     row = v.run(runs, "chosen")
     if row is None:
-        raise DeployError(f"experiment {experiment_id} has no best run yet ({v.text}); name one with --run RUN_ID")
+        raise DeployError(f"experiment {experiment_id} has no best run yet{where} ({v.text}); name one with --run "
+                          f"RUN_ID")
     return row, "cheaper tied" if v.cheaper is not None else "best"
 
 
@@ -553,15 +571,11 @@ def _stored_run_columns(store, run_id: int) -> dict:
     return dict(row) if row is not None else {}
 
 
-def _grid_schedule(store, experiment_id: int, experiment: dict, run_id: int | None) -> dict | None:
+def _grid_schedule(experiment_id: int, experiment: dict, run_id: int | None, grid) -> dict | None:
     """A k grid's schedule to deploy (storage/schedule.py), None when not a grid, not over k, or a run is named. A
     DeployError when every batch size measured is served without speculation: there is nothing to deploy."""
-    from . import queries as q
-    from .schedule import schedule
-
-    if run_id is not None or not q.grid_sizes(experiment) or (experiment.get("sweep_variable") or "k") != "k":
+    if run_id is not None or grid is None or (experiment.get("sweep_variable") or "k") != "k":
         return None
-    grid = schedule(store, experiment_id)
     known = [step for step in grid.steps if step.k is not None]
     if known and all(step.k == 0 for step in known):
         raise DeployError(f"experiment {experiment_id}: speculation is not measurably faster at any batch size "
@@ -570,21 +584,38 @@ def _grid_schedule(store, experiment_id: int, experiment: dict, run_id: int | No
     return grid.as_dict()
 
 
-def deploy_document(store, experiment_id: int, run_id: int | None = None, with_max_new_tokens: bool = False) -> dict:
-    """The deploy settings of an experiment's run — the verdict's choice (storage/verdict.py) unless `run_id`
-    names one — with the configuration they came from, what that run measured, the verdict and its `caveats`
-    (the cheaper tied choice, ties, an interval too wide to choose by). The test's max_new_tokens only
-    `with_max_new_tokens`. KeyError: no such experiment; DeployError: no run to choose, or a baseline."""
+def deploy_document(store, experiment_id: int, run_id: int | None = None, with_max_new_tokens: bool = False,
+                    batch_size: int | None = None) -> dict:
+    """The deploy settings of an experiment's run — the verdict's choice (storage/verdict.py's one rule) unless
+    `run_id` names one — with the configuration they came from, what that run measured, the verdict and its
+    `caveats` (the cheaper tied choice, ties, an interval too wide to choose by). A grid's one-k settings are the
+    schedule's entry for `batch_size` (default: the smallest), named in `batch_size`; vLLM's carry the whole
+    schedule. The test's max_new_tokens only `with_max_new_tokens`. KeyError: no such experiment; DeployError: no
+    run to choose, the target alone to serve, a baseline, or a batch size the grid did not measure."""
     from . import queries as q
     from .export import plain
+    from .schedule import schedule
     from .verdict import verdict
 
     experiment = q.experiment(store, experiment_id)
     if experiment is None:
         raise KeyError(experiment_id)
-    v = verdict(store, experiment_id)
-    grid = _grid_schedule(store, experiment_id, experiment, run_id)
-    row, chosen_by = _chosen_run(store, experiment_id, run_id, v)
+    sizes = q.grid_sizes(experiment)
+    if batch_size is not None and (sizes is None or run_id is not None):
+        raise DeployError(f"--batch-size picks a grid's schedule entry; experiment {experiment_id} "
+                          + ("names a run with --run: drop one of them" if sizes else
+                             "measured one batch size: leave --batch-size out"))
+    grid = schedule(store, experiment_id) if sizes and run_id is None else None
+    if grid is not None:
+        try:
+            step = grid.at(batch_size)
+        except DraftLabError as exc:
+            raise DeployError(str(exc)) from None
+        v, batch_size = step.verdict, step.batch_size
+    else:
+        v = verdict(store, experiment_id)
+    vllm_grid = _grid_schedule(experiment_id, experiment, run_id, grid)
+    row, chosen_by = _chosen_run(store, experiment_id, run_id, v, batch_size, grid)
     rid = int(row["run_id"])
     stored = {key: value for key, value in _stored_run_columns(store, rid).items() if key != "id"}
     run = plain({**stored, **row.to_dict()})
@@ -592,16 +623,17 @@ def deploy_document(store, experiment_id: int, run_id: int | None = None, with_m
     ci = [run.get("speedup_ci_lo"), run.get("speedup_ci_hi")]
     return plain({
         "experiment_id": int(experiment_id), "run_id": rid, "chosen": chosen_by,
+        **({"batch_size": batch_size} if grid is not None else {}),
         "verdict": v.as_dict(),
         "caveats": caveats(v, rid, (run.get("speedup"), run.get("speedup_ci_lo"), run.get("speedup_ci_hi")))
-        + ([f"A grid: {grid['text']}; these settings are batch {grid['steps'][0]['batch_size']}'s choice, vLLM's "
-            f"carry the whole schedule."] if grid else []),
-        **({"schedule": grid} if grid else {}),
+        + ([f"A grid: {grid.text}; these settings are the schedule's entry for batch {batch_size}"
+            + (", vLLM's carry the whole schedule." if vllm_grid else ".")] if grid is not None else []),
+        **({"schedule": vllm_grid} if vllm_grid else {}),
         "configuration": {key: value for key, value in cfg.items() if not key.startswith("_")},
         "measured": {"status": run.get("status"), "speedup": run.get("speedup"),
                      "speedup_ci": ci if all(x is not None for x in ci) else None, "alpha": run.get("alpha"),
                      "tokens_per_round": run.get("tokens_per_round"), "c": run.get("c"),
                      "timing_warning": run.get("timing_warning"),
                      "max_new_tokens": cfg["_measured_max_new_tokens"]},
-        "engines": deploy_settings(run, experiment, with_max_new_tokens, grid),
+        "engines": deploy_settings(run, experiment, with_max_new_tokens, vllm_grid, batch_size),
     })

@@ -16,14 +16,15 @@ from engine.variables import variable
 from . import columns
 from . import queries as q
 from .store import Store
-from .schedule import schedule_dict
+from .schedule import schedule, schedule_dict
 from .verdict import verdict_dict
 
 # Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics_oracle.py's speculative_metrics):
 # the column table's `json` entries (storage/columns.py), where each key's header, help and format live too.
 SPECULATIVE_KEYS = columns.SPECULATIVE_KEYS
 # A baseline's serving figures in the JSON, as a speculative run's (docs/metrics.md "Serving metrics").
-SERVING_KEYS = ("batch_size", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "latency_p50", "latency_p95")
+SERVING_KEYS = ("batch_size", "ttft_seconds_p50", "ttft_seconds_p95", "itl_seconds_p50", "itl_seconds_p95",
+                "request_latency_seconds_p50", "request_latency_seconds_p95")
 
 
 def plain(value):
@@ -51,7 +52,8 @@ def _outputs(store: Store, run_id: int) -> list[dict]:
 def run_document(store: Store, experiment_id: int, with_outputs: bool = True) -> dict:
     """The SPEC `draftlab run --json` object for a stored experiment, plus timing protocol v2's keys:
     `repeats`, the `verdict` (storage/verdict.py: best configuration, `tied_with`, too wide to choose, the cheaper
-    tied `chosen`), for a grid its `batch_sizes` and `schedule` (storage/schedule.py) and, for `--k auto`,
+    tied `chosen`), for a grid its `batch_sizes`, SPEC's `k_schedule` and the whole `schedule` (storage/schedule.py)
+    and, for `--k auto`,
     `predicted_curve`, `confirmed` and each confirmed run's `prediction_error`."""
     runs = q.runs(store, experiment_id)
     experiment = q.experiment(store, experiment_id) or {}
@@ -104,10 +106,11 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
         doc["runs"].append(plain(entry))
     doc["verdict"] = plain(verdict_dict(store, experiment_id))
     doc["best"], doc["tied_with"] = doc["verdict"]["best"], doc["verdict"]["tied_with"]
-    grid = schedule_dict(store, experiment_id)
-    if grid is not None:  # a grid: the verdict per batch size and the k schedule (storage/schedule.py)
+    grid = schedule(store, experiment_id)
+    if grid is not None:  # a grid: SPEC's k_schedule, and the verdict per batch size (storage/schedule.py)
         doc["batch_sizes"] = q.grid_sizes(experiment)
-        doc["schedule"] = plain(grid)
+        doc["k_schedule"] = plain(grid.k_schedule())
+        doc["schedule"] = plain(grid.as_dict())
     if experiment.get("k_auto"):
         doc["predicted_curve"] = {str(k): v for k, v in curve.items()} or None
         doc["confirmed"] = confirmed

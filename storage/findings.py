@@ -542,13 +542,15 @@ def _prediction(ctx: _Context) -> list[dict]:
 
 def _formula(ctx: _Context) -> list[dict]:
     """Rule (k sweeps with two or more finished k): the article's formula (storage/formula.py: α and c pooled over
-    the finished constant-k runs) picks its best k and predicts the measured best k's speedup from the same curve.
+    the finished constant-k runs, a grid's at its judged batch size only) picks its best k and predicts the measured best k's speedup from the same curve.
     Said when its best k differs from the measured one or it is off by FORMULA_OFF or more; the mean verify_cost
     says why (the formula assumes a verify pass costs 1 target step)."""
     done = _k_runs(ctx)
     if done.empty:
         return []
-    pooled = formula.pooled_inputs(ctx.store, ctx.experiment_id)
+    # a grid: the judged (smallest) batch size's runs only, as the verdict judges (α and c differ per batch size)
+    at = min(ctx.grid.steps, key=lambda s: s.batch_size).batch_size if ctx.grid is not None and ctx.grid.steps else None
+    pooled = formula.pooled_inputs(ctx.store, ctx.experiment_id, at)
     if pooled is None:
         return []
     best = int(ctx.verdict.best.value)

@@ -35,7 +35,7 @@ FROM runs r JOIN runs b ON b.id = r.baseline_run_id
 WHERE r.experiment_id = :eid AND r.kind = 'speculative' AND r.status = 'done'
   AND (r.drafter IS NULL OR r.drafter IN ({constant}))
   AND b.status = 'done' AND b.target_step_seconds > 0 AND r.draft_step_seconds > 0
-  AND r.accepted IS NOT NULL AND r.rejected IS NOT NULL"""
+  AND r.accepted IS NOT NULL AND r.rejected IS NOT NULL{at_batch}"""
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,13 @@ class Pooled:
                 f"run{'s' if self.runs != 1 else ''}) and c = {self.c:.2f} (their mean)")
 
 
-def pooled_inputs(store: Store, experiment_id: int) -> Pooled | None:
+def pooled_inputs(store: Store, experiment_id: int, batch_size: int | None = None) -> Pooled | None:
     """The experiment's pooled α and c (see the module doc), or None when fewer than MIN_VERIFIED draft tokens
-    were verified by finished constant-k runs with a measured c."""
-    params = {"eid": experiment_id, **{f"d{i}": name for i, name in enumerate(_CONSTANT_K)}}
-    sql = _POOLED_SQL.format(constant=", ".join(f":d{i}" for i in range(len(_CONSTANT_K))))
+    were verified by finished constant-k runs with a measured c. batch_size: only that batch size's runs (a grid's
+    α and c differ per batch size: never pooled across them)."""
+    params = {"eid": experiment_id, "bs": batch_size, **{f"d{i}": name for i, name in enumerate(_CONSTANT_K)}}
+    sql = _POOLED_SQL.format(constant=", ".join(f":d{i}" for i in range(len(_CONSTANT_K))),
+                             at_batch=" AND r.batch_size = :bs" if batch_size is not None else "")
     with store.read() as conn:
         row = conn.execute(text(sql), params).mappings().first()
     if row is None or not row["runs"] or row["verified"] is None or int(row["verified"]) < MIN_VERIFIED \

@@ -120,6 +120,20 @@ ORDER BY p.series_id, p.position
 """
 
 
+def series_document(store: Store, experiment_id: int, series_id: int) -> dict:
+    """One series as `draftlab import-metrics --json` prints it (SPEC "Production counters"), exactly: experiment_id,
+    label, drafts, draft_tokens, accepted, draft_acceptance_rate (accepted / draft_tokens), mean_acceptance_length
+    (1 + accepted / drafts) and per_position_acceptance (conditional, from `positions`)."""
+    table = series(store, experiment_id).set_index("series_id")
+    row = table.loc[series_id]
+    at = positions(store, experiment_id)
+    return {"experiment_id": int(experiment_id), "label": str(row["label"]), "drafts": int(row["drafts"]),
+            "draft_tokens": int(row["draft_tokens"]), "accepted": int(row["accepted"]),
+            "draft_acceptance_rate": float(row["draft_acceptance_rate"]),
+            "mean_acceptance_length": float(row["tokens_per_round"]),
+            "per_position_acceptance": [float(v) for v in at[at["series_id"] == series_id]["conditional"]]}
+
+
 def positions(store: Store, experiment_id: int) -> pd.DataFrame:
     """Per series and position: rounds that reached it, accepted there, and the conditional acceptance."""
     with store.read() as conn:

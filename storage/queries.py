@@ -52,8 +52,11 @@ SELECT r.id AS run_id, r.kind, r.k, r.sweep_value, r.status, r.progress, r.error
             WHEN r.status <> 'done' AND r.speedup IS NOT NULL THEN 'in progress: over the prompts finished so far'
        END AS speedup_note,
        CASE WHEN b.status IN ('failed', 'cancelled') THEN NULL ELSE r.timing_warning END AS timing_warning,
-       r.verify_cost, r.predicted_speedup_refined, r.batch_size, r.ttft_p50, r.ttft_p95, r.itl_p50, r.itl_p95,
-       r.latency_p50, r.latency_p95,
+       r.verify_cost, r.predicted_speedup_refined, r.batch_size,
+       -- SPEC's serving names carry their unit; the columns keep their first names (no migration)
+       r.ttft_p50 AS ttft_seconds_p50, r.ttft_p95 AS ttft_seconds_p95, r.itl_p50 AS itl_seconds_p50,
+       r.itl_p95 AS itl_seconds_p95, r.latency_p50 AS request_latency_seconds_p50,
+       r.latency_p95 AS request_latency_seconds_p95,
        CASE WHEN r.kind <> 'speculative' OR r.temperature > 0 OR base_n.n IS NULL THEN NULL
             WHEN COALESCE(same.same, 0) = COALESCE(same.n, 0)
                  AND (r.status <> 'done' OR COALESCE(same.n, 0) = base_n.n) THEN 1 ELSE 0 END AS outputs_match_baseline,
@@ -144,8 +147,8 @@ def sweep_curve(store: Store, experiment_id: int) -> pd.DataFrame:
     return df[cols].sort_values(["sweep_value", "run_id"]).reset_index(drop=True)
 
 
-# The one rule of which runs can be chosen as an experiment's best (storage/verdict.py and the listing's best
-# columns): a speculative run `s` that finished, with its baseline `b` finished, a measured speedup with its
+# The one rule of which runs can be chosen as an experiment's best (storage/verdict.py; the listing, the schedule,
+# findings and deploy read the verdict): a speculative run `s` that finished, with its baseline `b` finished, a measured speedup with its
 # interval, and no timing warning (a run timed faster than its tokens per round allow is never crowned). RANK: the
 # highest measured speedup first; on equal speedups the smaller swept value, then the older run.
 CHOOSABLE = ("s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.speedup IS NOT NULL "
@@ -162,20 +165,6 @@ WITH stats AS (
            SUM(CASE WHEN status = 'cancelled' THEN 1 ELSE 0 END) AS n_cancelled,
            SUM(CASE WHEN status = 'done' THEN 1.0 ELSE progress END) / COUNT(*) AS progress
     FROM runs GROUP BY experiment_id),
-speed AS (  -- a grid (batch_sizes set) is judged at its smallest batch size, as storage/verdict.py does
-    SELECT s.id, s.experiment_id, s.sweep_value, s.sweep_label, s.alpha, s.speedup, s.speedup_ci_lo, s.speedup_ci_hi,
-           s.batch_size, CASE WHEN g.batch_sizes IS NULL THEN 0 ELSE 1 END AS grid,
-           ROW_NUMBER() OVER (PARTITION BY s.experiment_id
-                              ORDER BY CASE WHEN g.batch_sizes IS NULL THEN 0 ELSE s.batch_size END, {RANK}) AS rank
-    FROM runs s JOIN runs b ON b.id = s.baseline_run_id JOIN experiments g ON g.id = s.experiment_id
-    WHERE {CHOOSABLE}),
-best AS (SELECT * FROM speed WHERE rank = 1),
-ties AS (
-    SELECT best.experiment_id, COUNT(*) AS n_tied FROM best
-    JOIN speed o ON o.experiment_id = best.experiment_id AND o.id <> best.id
-    WHERE o.speedup_ci_lo <= best.speedup_ci_hi AND o.speedup_ci_hi >= best.speedup_ci_lo
-      AND (best.grid = 0 OR o.batch_size = best.batch_size)
-    GROUP BY best.experiment_id),
 warned AS (  -- as runs() shows them: a failed or cancelled baseline leaves no speedup to warn about
     SELECT s.experiment_id, COUNT(*) AS n_warnings FROM runs s JOIN runs b ON b.id = s.baseline_run_id
     WHERE s.timing_warning IS NOT NULL AND b.status NOT IN ('failed', 'cancelled') GROUP BY s.experiment_id),
@@ -185,30 +174,26 @@ listed AS (
                 WHEN st.n_failed > 0 THEN 'failed' WHEN st.n_interrupted > 0 THEN 'interrupted'
                 WHEN st.n_cancelled > 0 THEN 'cancelled' ELSE 'done' END AS status,
            CAST(COALESCE(st.progress, 0) AS DOUBLE PRECISION) AS progress,
-           best.sweep_value AS best_value, best.sweep_label AS best_label, best.speedup AS best_speedup,
-           best.alpha AS alpha,
-           e.tags, e.notes, best.speedup_ci_lo AS best_ci_lo, best.speedup_ci_hi AS best_ci_hi,
-           COALESCE(ties.n_tied, 0) AS n_tied, COALESCE(warned.n_warnings, 0) AS timing_warnings, e.repeats,
+           e.tags, e.notes, COALESCE(warned.n_warnings, 0) AS timing_warnings, e.repeats,
            e.validates, (SELECT MAX(v.id) FROM experiments v WHERE v.validates = e.id) AS validated_by,
            e.batch_sizes
     FROM experiments e
     LEFT JOIN stats st ON st.experiment_id = e.id
-    LEFT JOIN best ON best.experiment_id = e.id
-    LEFT JOIN ties ON ties.experiment_id = e.id
     LEFT JOIN warned ON warned.experiment_id = e.id
     WHERE {{experiment_filter}})
 SELECT * FROM listed WHERE {{status_filter}} ORDER BY experiment_id DESC
 """
 
-EXPERIMENT_COLUMNS = ["experiment_id", "name", "created", "target", "draft", "prompts", "sweep_variable",
-                      "sweep_values", "status", "progress", "best_value", "best_label", "best_speedup", "alpha", "tags",
-                      "notes",
-                      "best_ci_lo", "best_ci_hi", "n_tied", "timing_warnings", "repeats", "validates", "validated_by",
-                      "batch_sizes"]
+# The listing's own columns (storage/catalog.py adds the best run's, from each experiment's verdict).
+EXPERIMENT_ROW_COLUMNS = ["experiment_id", "name", "created", "target", "draft", "prompts", "sweep_variable",
+                          "sweep_values", "status", "progress", "tags", "notes", "timing_warnings", "repeats",
+                          "validates", "validated_by", "batch_sizes"]
 
 
-def experiments(store: Store, tag: str | None = None, model: str | None = None, status: str | None = None) -> pd.DataFrame:
-    """All experiments, newest first, with their status, progress and best run (by measured speedup)."""
+def experiment_rows(store: Store, tag: str | None = None, model: str | None = None,
+                    status: str | None = None) -> pd.DataFrame:
+    """All experiments, newest first, with their status and progress (storage/catalog.py's `experiments` adds the
+    best run, from the verdict)."""
     # Filters are added only when given: PostgreSQL cannot type a bare `:param IS NULL`.
     conditions = ["1 = 1"]
     if tag:
@@ -219,7 +204,7 @@ def experiments(store: Store, tag: str | None = None, model: str | None = None, 
                                   status_filter="status = :status" if status else "1 = 1")
     params = {key: value for key, value in (("tag", tag), ("model", model), ("status", status)) if value}
     with store.read() as conn:
-        df = _frame(conn, sql, params, EXPERIMENT_COLUMNS)
+        df = _frame(conn, sql, params, EXPERIMENT_ROW_COLUMNS)
     df["sweep_values"] = [json.loads(v) for v in df["sweep_values"]]
     df["batch_sizes"] = [grid_sizes({"batch_sizes": v}) for v in df["batch_sizes"]]  # a grid's, else None
     return df
@@ -342,6 +327,27 @@ def timings(store: Store, run_id: int) -> pd.DataFrame:
                     decode_seconds, decode_steps FROM timings WHERE run_id = :rid ORDER BY prompt_index, repeat"""
     with store.read() as conn:
         return _frame(conn, sql, {"rid": run_id})
+
+
+_VERDICT_ROWS_SQL = f"""
+SELECT s.id AS run_id, s.experiment_id, s.kind, s.status, s.k, s.sweep_value, s.sweep_label, s.draft_parameters,
+       s.batch_size, s.alpha, s.speedup, s.speedup_ci_lo, s.speedup_ci_hi,
+       CASE WHEN {CHOOSABLE} THEN 1 ELSE 0 END AS choosable, e.sweep_variable, e.batch_sizes
+FROM runs s LEFT JOIN runs b ON b.id = s.baseline_run_id JOIN experiments e ON e.id = s.experiment_id
+WHERE s.kind = 'speculative' AND {{where}}
+ORDER BY s.experiment_id, CASE WHEN {CHOOSABLE} THEN 0 ELSE 1 END, {RANK}"""
+
+
+def verdict_rows(store: Store, experiment_id: int | None = None) -> pd.DataFrame:
+    """What verdicts judge, of one experiment or of all (the listing: one query): every speculative run with its
+    swept value, cost inputs, speedup and interval, `choosable` (CHOOSABLE) and the experiment's sweep_variable and
+    batch_sizes; per experiment the choosable runs come first, best first (RANK)."""
+    where, params = ("s.experiment_id = :eid", {"eid": experiment_id}) if experiment_id is not None else ("1 = 1", {})
+    with store.read() as conn:
+        df = _frame(conn, _VERDICT_ROWS_SQL.format(where=where), params)
+    for column in ("speedup", "speedup_ci_lo", "speedup_ci_hi", "alpha"):
+        df[column] = pd.to_numeric(df[column]).astype(float)
+    return df
 
 
 def choosable(store: Store, experiment_id: int) -> list[int]:

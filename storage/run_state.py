@@ -7,6 +7,7 @@ serialised by an advisory lock so "one running run per experiment" holds under R
 """
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 from sqlalchemy import select, text
@@ -76,6 +77,32 @@ def report_progress(store: Store, run_id: int, progress: float) -> bool:
         conn.execute(text("UPDATE runs SET progress = :p, heartbeat = :now WHERE id = :rid AND status = :running"),
                      {"p": min(max(progress, 0.0), 1.0), "now": utcnow(), "rid": run_id, "running": RUNNING})
         return bool(conn.execute(text("SELECT cancel_requested FROM runs WHERE id = :rid"), {"rid": run_id}).scalar())
+
+
+# A greedy speculative run's first committed prompt whose output differs from its baseline's (the comparison
+# queries.runs' outputs_match_baseline makes; greedy: temperature 0 or unset).
+_FIRST_DIFFERENCE_SQL = """
+SELECT p.prompt_index, p.output_ids, bp.output_ids AS baseline_ids
+FROM prompt_results p
+JOIN runs r ON r.id = p.run_id
+JOIN prompt_results bp ON bp.run_id = r.baseline_run_id AND bp.prompt_index = p.prompt_index
+WHERE p.run_id = :rid AND r.kind = 'speculative' AND COALESCE(r.temperature, 0) <= 0 AND p.output_ids <> bp.output_ids
+ORDER BY p.prompt_index LIMIT 1"""
+
+
+def not_lossless(store: Store, run_id: int) -> str | None:
+    """Why a greedy speculative run is not lossless ("not lossless: prompt i differs at token j": the first prompt
+    whose output differs from its baseline's, the first new token where they part, both from 0), None when every
+    prompt both committed matches (or the run samples, or is a baseline). The worker closes such a run as failed
+    with it (SPEC "Lossless at every batch size"), so no verdict, schedule or deploy takes it (queries.CHOOSABLE
+    wants done)."""
+    with store.read() as conn:
+        row = conn.execute(text(_FIRST_DIFFERENCE_SQL), {"rid": run_id}).first()
+    if row is None:
+        return None
+    mine, theirs = json.loads(row.output_ids), json.loads(row.baseline_ids)
+    token = next((j for j, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+    return f"not lossless: prompt {int(row.prompt_index)} differs at token {token}"
 
 
 def finish_run(store: Store, run_id: int, status: str, error: str | None = None, error_detail: str | None = None,

@@ -1,14 +1,14 @@
 """The k schedule of a grid experiment (`--batch-size 1,4,16 --k 1,2,3,4`): at each batch size, the verdict among
 that batch size's runs (storage/verdict.py's one rule: best, ties, too wide), and what to serve there.
 
-What to serve is the verdict's cheaper-tied rule with the target alone as one more candidate, at exactly 1× and
-the cheapest of all (no draft to load or run):
-- the best run's whole 95 % interval above 1 (`gains`): serve the cheapest configuration among the best and those
-  tied with it that are themselves measurably faster than the target alone (a tied k whose interval reaches 1 is
-  tied with the target alone too, which is cheaper still);
-- otherwise serve the target alone (k = 0, `off`): where the best's interval lies wholly below 1 speculation
-  measurably loses (`loses`), and where it includes 1 the target alone is tied with the best and cheaper (more
-  repeats or prompts could still show a gain: the step says so).
+What to serve is the verdict's `chosen` at that batch size (storage/verdict.py's `serve`, the one rule of SPEC "One
+answer", which "Use these settings", findings and deploy read too):
+- the cheapest configuration among the best and those tied with it that is itself measurably faster than the
+  target alone (`gains`: its whole 95 % interval above 1; a tied k whose interval reaches 1 is tied with the target
+  alone too, which is cheaper still);
+- if none is, the target alone (k = 0, `off`): where the best's interval lies wholly below 1 speculation measurably
+  loses (`loses`), and where it includes 1 the target alone is tied with the best and cheaper (more repeats or
+  prompts could still show a gain: the step says so).
 
     s = schedule(store, experiment_id)     None unless the experiment is a grid
     s.steps       one Step per batch size, smallest first
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from engine.errors import DraftLabError
 from engine.variables import variable
 
 from . import queries as q
@@ -41,7 +42,7 @@ class Step:
     served: Choice | None  # the run whose configuration to serve; None when off or nothing finished
     k: int | None  # the k to serve: the served run's, 0 = the target alone, None = nothing finished to choose from
     loses: bool  # the best run's interval lies wholly below 1: speculation measurably loses here
-    gains: bool  # the best run's interval lies wholly above 1 (the served run's too)
+    gains: bool  # a configuration is served: its interval lies wholly above 1
     text: str
 
     @property
@@ -69,6 +70,17 @@ class Schedule:
     experiment_id: int
     variable: str
     steps: tuple[Step, ...]
+
+    def at(self, batch_size: int | None = None) -> Step:
+        """The step of a batch size (None: the smallest); a DraftLabError names the batch sizes measured."""
+        if batch_size is None and self.steps:
+            return self.steps[0]
+        for step in self.steps:
+            if step.batch_size == batch_size:
+                return step
+        sizes = ", ".join(str(s.batch_size) for s in self.steps)
+        raise DraftLabError(f"experiment {self.experiment_id} measured no batch size {batch_size}; pick one of "
+                            f"{sizes}")
 
     @property
     def ranges(self) -> list[list[int]]:
@@ -122,6 +134,20 @@ class Schedule:
             text += f". Switch speculation off from batch {off}"
         return text
 
+    def k_schedule(self) -> list[dict]:
+        """SPEC's `k_schedule` of a grid's run JSON: per batch size the k served (0: the target alone), its speedup
+        and interval (null when off), the values tied with the best, and a sentence where it is off or undecided."""
+        out = []
+        for step in self.steps:
+            served = step.served
+            entry = {"batch_size": step.batch_size, "k": step.k, "speedup": served.speedup if served else None,
+                     "speedup_ci": list(served.ci) if served else None,
+                     "tied_with": [t.value for t in step.verdict.tied]}
+            if served is None:
+                entry["text"] = step.text
+            out.append(entry)
+        return out
+
     def as_dict(self) -> dict:
         return {"variable": self.variable, "steps": [s.as_dict() for s in self.steps],
                 "num_speculative_tokens_per_batch_size": self.ranges or None, "off_from": self.off_from,
@@ -154,9 +180,10 @@ def judge_schedule(experiment_id: int, sweep_variable: str, sizes: list[int], ru
 
 
 def _step(size: int, v: Verdict, sweep_variable: str) -> Step:
-    """What to serve at one batch size (the rule in the module's docstring), with its sentence."""
+    """What to serve at one batch size: the verdict's `chosen` (storage/verdict.py's `serve`, the one rule), with its
+    sentence."""
     swept = variable(sweep_variable)
-    best = v.best
+    best, served = v.best, v.chosen
     if best is None:
         return Step(size, v, None, None, False, False, f"at batch {size}: {v.text}")
     if best.ci[1] < 1.0:
@@ -164,23 +191,18 @@ def _step(size: int, v: Verdict, sweep_variable: str) -> Step:
         text = (f"at batch {size} speculation costs {cost:.0f} % ({_interval(best)} at the best {swept.name}, "
                 f"{swept.show(best.value)}): switch it off (k = 0) at batch {size}")
         return Step(size, v, None, 0, True, False, text)
-    if best.ci[0] <= 1.0:
+    if served is None:
         text = (f"at batch {size} no {swept.name} is measurably faster than the target alone (the best, "
                 f"{swept.name} = {swept.show(best.value)}, at {_interval(best)}): serve the target alone there "
                 f"(k = 0: tied with the best, and cheaper); more --repeats or prompts could still show a gain")
         return Step(size, v, None, 0, False, False, text)
-    faster = [c for c in (best, *v.tied) if c.ci[0] > 1.0]  # measurably faster than the target alone
-    served = best
-    if best.cost is not None:
-        cheaper = [c for c in faster if c.cost is not None and c.cost < best.cost]
-        if cheaper:  # the cheapest; among equally cheap ones the faster (candidates are best first)
-            served = min(cheaper, key=lambda c: (c.cost, v.candidates.index(c)))
     name, show = swept.name, swept.show
     text = f"at batch {size}: serve {name} = {show(served.value)} at {_interval(served)}"
     if served is not best:
-        text += (f", tied with the best, {name} = {show(best.value)} at {_interval(best)}, and cheaper "
-                 f"({swept.cheaper_because})")
-    slower = [c for c in v.tied if c.ci[0] <= 1.0]
+        text += (f", tied with the best, {name} = {show(best.value)} at {_interval(best)}, and "
+                 + (f"cheaper ({swept.cheaper_because})" if v.cheaper is not None else
+                    "measurably faster than the target alone, which the best is not"))
+    slower = [c for c in v.tied if c.ci[0] <= 1.0 and c is not served]
     if slower:
         text += (f"; {name} = {', '.join(show(c.value) for c in slower)} also tied with the best but not measurably "
                  f"faster than the target alone")

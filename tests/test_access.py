@@ -8,7 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.cli import main
-from storage import queries as q
+from storage import catalog, queries as q
 from tests.test_pages import TIMEOUT, app, assert_clean, page_text, populated, populated_template  # noqa: F401
 
 PASSWORD = "correct horse battery staple ünïcode"
@@ -145,7 +145,7 @@ def _login(at: AppTest, password: str) -> AppTest:
 
 
 def _greedy(store) -> int:
-    listing = q.experiments(store)
+    listing = catalog.experiments(store)
     return int(listing[listing["name"] == "tiny greedy"]["experiment_id"].iloc[0])
 
 

@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from engine.variables import VARIABLES
 from storage import open_store
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.errors import QueueError
 from storage.export import run_document
 from storage.experiments import enqueue_experiment
@@ -88,7 +88,7 @@ def test_a_batch_size_sweep_runs_through_the_worker(store, model_dirs):
         gaps = [b - a for r in results for a, b in zip(r.token_seconds, r.token_seconds[1:])]
         latency = [r.wall_seconds for r in results]
         row = runs.loc[rid]
-        for name, values in (("ttft", first), ("itl", gaps), ("latency", latency)):
+        for name, values in (("ttft_seconds", first), ("itl_seconds", gaps), ("request_latency_seconds", latency)):
             for pct in (50, 95):
                 assert row[f"{name}_p{pct}"] == pytest.approx(_percentile(values, pct), rel=1e-9, abs=1e-12), name
         # Throughput over the batch: tokens over the sum of the batches' walls (each its longest row's).
@@ -104,7 +104,8 @@ def test_a_batch_size_sweep_runs_through_the_worker(store, model_dirs):
     doc = run_document(store, eid, with_outputs=False)
     for entry in doc["runs"] + doc["baselines"]:
         row = runs.loc[entry["run_id"]]
-        for name in ("batch_size", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "latency_p50", "latency_p95"):
+        for name in ("batch_size", "ttft_seconds_p50", "ttft_seconds_p95", "itl_seconds_p50", "itl_seconds_p95",
+                     "request_latency_seconds_p50", "request_latency_seconds_p95"):
             assert entry[name] == row[name], name
 
 
@@ -133,7 +134,7 @@ def test_too_few_prompts_for_the_batch_is_refused(tmp_path, model_dirs):
     store = open_store(f"sqlite:///{tmp_path / 'q.db'}")
     with pytest.raises(QueueError, match=r"batch size 16 needs at least 16 prompts but the prompt set has 8"):
         enqueue(store, model_dirs, [1, 16])
-    assert q.experiments(store).empty  # nothing stored
+    assert catalog.experiments(store).empty  # nothing stored
 
 
 def test_cli_refusals_are_one_line_exit_2(tmp_path, model_dirs, capsys, monkeypatch):
@@ -161,7 +162,7 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path, model_dirs, capsys, monkeypa
     line = refused("--batch-size", "2")
     assert "KV cache" in line and "smaller --batch-size" in line
     monkeypatch.undo()
-    assert q.experiments(open_store(db)).empty  # nothing stored by any refusal
+    assert catalog.experiments(open_store(db)).empty  # nothing stored by any refusal
 
 
 def test_the_worker_refuses_a_batch_that_cannot_fit(tmp_path, model_dirs, monkeypatch):
@@ -228,6 +229,7 @@ def test_an_older_database_gains_the_batch_columns(tmp_path):
         experiments = {row[1] for row in conn.execute(text("PRAGMA table_info(experiments)"))}
         tokens = {row[1] for row in conn.execute(text("PRAGMA table_info(output_tokens)"))}
         assert conn.execute(text("SELECT batch_size FROM runs")).scalars().all() == [1]
+    # the database columns keep their first names (queries.runs gives them SPEC's names with units)
     assert {"batch_size", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "latency_p50", "latency_p95"} <= runs
     assert "batch_size" in experiments and "seconds" in tokens
 
@@ -247,8 +249,9 @@ def test_cli_k_sweep_at_a_fixed_batch_size(tmp_path, model_dirs, capsys):
     assert q.experiment(open_store(db), doc["experiment_id"])["batch_size"] == 2
     for entry in [doc["baseline"], *doc["runs"]]:
         assert entry["batch_size"] == 2
-        assert 0 < entry["ttft_p50"] <= entry["ttft_p95"] <= entry["latency_p95"]
-        assert entry["latency_p50"] <= entry["latency_p95"] and entry["itl_p50"] <= entry["itl_p95"]
+        assert 0 < entry["ttft_seconds_p50"] <= entry["ttft_seconds_p95"] <= entry["request_latency_seconds_p95"]
+        assert entry["request_latency_seconds_p50"] <= entry["request_latency_seconds_p95"]
+        assert entry["itl_seconds_p50"] <= entry["itl_seconds_p95"]
     assert all(entry["outputs_match_baseline"] is True for entry in doc["runs"])
     from app.report import format_table
     lines = format_table(doc).splitlines()  # the human table names each run's batch and serving figures
@@ -268,8 +271,8 @@ def test_the_detail_page_shows_the_serving_table(tmp_path, model_dirs, monkeypat
     at = app("experiment", experiment=eid)
     assert_clean(at)
     assert "Serving: throughput and latency at the batch size" in [s.value for s in at.subheader]
-    shown = next(d.value for d in at.dataframe if "ttft_p50" in d.value.columns)
+    shown = next(d.value for d in at.dataframe if "ttft_seconds_p50" in d.value.columns)
     runs = q.runs(store, eid).set_index("run_id")
     for _, row in shown.iterrows():
-        for name in ("batch_size", "tokens_per_second", "ttft_p50", "itl_p95", "latency_p95"):
+        for name in ("batch_size", "tokens_per_second", "ttft_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p95"):
             assert row[name] == pytest.approx(runs.loc[row["run_id"], name]), name

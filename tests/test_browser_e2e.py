@@ -65,13 +65,13 @@ def _downloads(page) -> dict[str, pd.DataFrame]:
 
 
 def _status(db: str, experiment_id: int) -> str:
-    from storage import open_store, queries as q
+    from storage import open_store, catalog, queries as q
 
-    return q.experiments(open_store(db)).set_index("experiment_id").loc[experiment_id, "status"]
+    return catalog.experiments(open_store(db)).set_index("experiment_id").loc[experiment_id, "status"]
 
 
 def _wait_done(db: str, experiment_id: int, log: Path) -> None:
-    from storage import open_store, queries as q
+    from storage import open_store, catalog, queries as q
 
     deadline = time.time() + RUN_TIMEOUT_S
     status = None
@@ -105,7 +105,7 @@ def _token_boxes(page) -> dict[int, object]:
 
 
 def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, browser, tmp_path):
-    from storage import open_store, queries as q
+    from storage import open_store, catalog, queries as q
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1500, "height": 1900}, accept_downloads=True)
@@ -163,7 +163,7 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
 
     # Detail: the charts render, and what they draw is what storage computes.
     store = open_store(dashboard["db"])
-    row = q.experiments(store).set_index("experiment_id").loc[experiment_id]
+    row = catalog.experiments(store).set_index("experiment_id").loc[experiment_id]
     curve = q.sweep_curve(store, experiment_id)
     best_run = int(curve.loc[curve["speedup"].idxmax(), "run_id"])
     page.goto(f"{dashboard['url']}/experiment?experiment={experiment_id}")
@@ -232,7 +232,7 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
     _settle(page)
     # The sweep panels' shared legend (a chart of its own under them) names every experiment in full (not cut to
     # "● i…"), the HTML in a name shown as text.
-    labels = q.experiments(store).set_index("experiment_id")
+    labels = catalog.experiments(store).set_index("experiment_id")
     ends = page.locator('[data-testid="stVegaLiteChart"] .mark-text.role-mark text').all_text_contents()
     for shown in (experiment_id, second):
         assert ends.count(f"#{shown} · {labels.loc[shown, 'name']} (done)") == 1, ends

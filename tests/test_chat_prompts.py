@@ -120,7 +120,7 @@ def test_worker_freezes_rendered_conversations_and_a_missing_template_fails_the_
     from app.worker import Worker
     from storage import open_store
     from storage.experiments import enqueue_experiment, load_experiment_prompts
-    from storage import queries as q
+    from storage import catalog, queries as q
 
     chats = _jsonl(tmp_path, [OPENAI, SHAREGPT])
     store = open_store(f"sqlite:///{tmp_path / 'chat.db'}")
@@ -162,13 +162,13 @@ def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
     from app.cli import main
     from storage import open_store
     from storage.experiments import load_experiment_prompts
-    from storage import queries as q
+    from storage import catalog, queries as q
 
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
                  "--max-new-tokens", "4", "--repeats", "1", "--db", db]) == 0
     store = open_store(db)
-    eid = int(q.experiments(store)["experiment_id"].iloc[0])
+    eid = int(catalog.experiments(store)["experiment_id"].iloc[0])
     with store.read() as conn:
         frozen = load_experiment_prompts(conn, eid)
     tok = AutoTokenizer.from_pretrained(resolve(DEMO_TARGET))
@@ -179,13 +179,13 @@ def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
     template.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}=>")
     assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
                  "--max-new-tokens", "16", "--repeats", "2", "--chat-template", str(template), "--db", db]) == 0
-    second = int(q.experiments(store)["experiment_id"].max())
+    second = int(catalog.experiments(store)["experiment_id"].max())
     assert q.experiment(store, second)["chat_template"] == template.read_text()  # the text, not the path
     with store.read() as conn:
         assert all(p.endswith("=>") for p in load_experiment_prompts(conn, second))
     assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
                  "--chat-template", str(tmp_path / "nope.jinja"), "--db", db]) == 2
-    assert "--chat-template" in capsys.readouterr().err and len(q.experiments(store)) == 2
+    assert "--chat-template" in capsys.readouterr().err and len(catalog.experiments(store)) == 2
 
 
 def test_cli_distill_takes_conversations(model_dirs, tmp_path, capsys):
@@ -220,7 +220,7 @@ def test_cli_validate_holds_out_conversations_rendered_like_the_tuned_ones(tmp_p
     """Tuned on chat:tune, `draftlab validate` reruns the chosen run on chat:validation, its conversations rendered
     with the tuned experiment's chat template (here a FILE's text, stored on the experiment)."""
     from app.cli import main
-    from storage import open_store, queries as q
+    from storage import open_store, catalog, queries as q
     from storage.experiments import load_experiment_prompts
 
     db = f"sqlite:///{tmp_path / 'v.db'}"
@@ -230,7 +230,7 @@ def test_cli_validate_holds_out_conversations_rendered_like_the_tuned_ones(tmp_p
                  "--max-new-tokens", "16", "--repeats", "2", "--chat-template", str(template), "--db", db]) == 0
     assert main(["validate", "1", "--db", db]) == 0, capsys.readouterr().err
     store = open_store(db)
-    vid = int(q.experiments(store)["experiment_id"].max())
+    vid = int(catalog.experiments(store)["experiment_id"].max())
     assert q.experiment(store, vid)["prompts"] == "chat:validation"
     with store.read() as conn:
         frozen = load_experiment_prompts(conn, vid)

@@ -284,8 +284,8 @@ def test_k_and_repeats_are_checked_before_anything_is_stored(run_cli, extra, mes
     code, out, err = run_cli(*extra)
     assert code == 2 and out == ""
     assert message in _one_error_line(err)
-    from storage import open_store, queries as q
-    assert q.experiments(open_store(run_cli.db)).empty
+    from storage import open_store, catalog, queries as q
+    assert catalog.experiments(open_store(run_cli.db)).empty
 
 
 def test_worker_log_lines_hide_the_password_in_every_form():
@@ -329,7 +329,7 @@ def test_a_draft_sweep_compares_drafts_and_the_target_as_its_own_draft_accepts_e
     assert set(by_draft) == {model_dirs["draft"], model_dirs["target"]}
     assert by_draft[model_dirs["target"]]["alpha"] == 1.0 and by_draft[model_dirs["draft"]]["alpha"] < 1.0
     assert all(r["sweep_variable"] == "draft" and r["outputs_match_baseline"] for r in doc["runs"])
-    from storage import open_store, queries as q
+    from storage import open_store, catalog, queries as q
     runs = q.runs(open_store(run_cli.db), doc["experiment_id"]).set_index("draft")
     assert runs.loc[model_dirs["target"], "draft_parameters"] > 0  # the cost account: the draft's size ...
     assert runs.loc[model_dirs["target"], "extra_memory_mb"] > 0  # ... and the memory it adds to the baseline's
@@ -346,11 +346,11 @@ def test_k_auto_is_for_the_constant_k_drafter(run_cli):
 
 def _experiments(url):
     from storage import open_store
-    from storage import queries as q
+    from storage import catalog, queries as q
 
     store = open_store(url)
     try:
-        return len(q.experiments(store))
+        return len(catalog.experiments(store))
     finally:
         store.dispose()
 
@@ -403,7 +403,7 @@ def test_the_documented_bounds_fit_every_database(run_on):
     assert code == 0, err
     doc = json.loads(out)
     from storage import open_store
-    from storage import queries as q
+    from storage import catalog, queries as q
 
     store = open_store(run_on.db)
     exp = q.experiment(store, doc["experiment_id"])
@@ -590,7 +590,7 @@ def test_distill_never_writes_into_a_shipped_model(tmp_path, capsys, overwrite):
 ])
 def test_the_queue_refuses_what_no_database_column_holds(store, change, words):
     """Whoever enqueues (the form, a script), the queue checks the same descriptions before the first INSERT."""
-    from storage import queries as q
+    from storage import catalog, queries as q
     from storage.errors import QueueError
     from storage.experiments import enqueue_experiment
 
@@ -598,7 +598,7 @@ def test_the_queue_refuses_what_no_database_column_holds(store, change, words):
                   prompt_texts=["t1 t2"])
     with pytest.raises(QueueError, match=words.replace("(", r"\(")):
         enqueue_experiment(store, **{**kwargs, **change})
-    assert q.experiments(store).empty
+    assert catalog.experiments(store).empty
     long_target = "t" * 400  # a generated name is cut to the column, not refused
     experiment_id = enqueue_experiment(store, **{**kwargs, "name": None, "target": long_target})
     assert len(q.experiment(store, experiment_id)["name"]) == 200

@@ -8,7 +8,7 @@ from sqlalchemy import text
 
 from app.cli import main
 from storage import open_store
-from storage import queries as q
+from storage import catalog, queries as q
 
 
 def test_a_draft_sampling_sweep_runs_end_to_end(tmp_path, capsys, db_url):
@@ -17,7 +17,7 @@ def test_a_draft_sampling_sweep_runs_end_to_end(tmp_path, capsys, db_url):
                  "--repeats", "1", "--db", db_url, "--json"]) == 0, capsys.readouterr().err
     doc = json.loads(capsys.readouterr().out)
     store = open_store(db_url)
-    eid = doc["experiment_id"] if "experiment_id" in doc else int(q.experiments(store)["experiment_id"].max())
+    eid = doc["experiment_id"] if "experiment_id" in doc else int(catalog.experiments(store)["experiment_id"].max())
     runs = q.runs(store, eid)
     spec = runs[runs["kind"] == "speculative"].sort_values("sweep_value")
     assert spec["sweep_label"].tolist() == ["probabilistic", "greedy"]

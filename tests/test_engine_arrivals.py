@@ -69,5 +69,5 @@ def test_a_plain_batch_1_run_stores_serving_metrics(tmp_path, model_dirs, capsys
     doc = json.loads(capsys.readouterr().out)
     for entry in [doc["baseline"], *doc["runs"]]:
         assert entry["batch_size"] == 1
-        assert 0 < entry["ttft_p50"] <= entry["ttft_p95"] <= entry["latency_p95"]
-        assert 0 <= entry["itl_p50"] <= entry["itl_p95"] and entry["latency_p50"] <= entry["latency_p95"]
+        assert 0 < entry["ttft_seconds_p50"] <= entry["ttft_seconds_p95"] <= entry["request_latency_seconds_p95"]
+        assert 0 <= entry["itl_seconds_p50"] <= entry["itl_seconds_p95"] and entry["request_latency_seconds_p50"] <= entry["request_latency_seconds_p95"]

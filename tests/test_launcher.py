@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.errors import QueueError
 from storage.experiments import enqueue_experiment
 from storage.training import enqueue_training
@@ -23,7 +23,7 @@ def test_launcher_is_recorded_and_capped_per_launcher(store, monkeypatch, tmp_pa
     with pytest.raises(QueueError, match=r"oidc:ana@example.com has 4 unfinished runs queued and this adds 4, more "
                                          r"than the limit of 6 per launcher.*DRAFTLAB_LIMIT_QUEUED_RUNS"):
         _launch(store, "oidc:ana@example.com")
-    assert len(q.experiments(store)) == 1  # nothing stored
+    assert len(catalog.experiments(store)) == 1  # nothing stored
     _launch(store, "password from 10.0.0.7")  # another launcher has its own budget
     with store.write() as conn:  # finished work no longer counts
         conn.execute(text("UPDATE runs SET status = 'done' WHERE experiment_id = :e"), {"e": first})
@@ -48,7 +48,7 @@ def test_cli_runs_record_the_cli_user(tmp_path, capsys):
     assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "code:validation", "--k", "2",
                  "--max-new-tokens", "4", "--repeats", "1", "--db", db]) == 0
     store = open_store(db)
-    eid = int(q.experiments(store)["experiment_id"].iloc[0])
+    eid = int(catalog.experiments(store)["experiment_id"].iloc[0])
     assert q.experiment(store, eid)["launched_by"].startswith(f"cli {getpass.getuser()}@")
 
 
@@ -61,7 +61,7 @@ def test_dashboard_launch_records_the_session(tmp_path, monkeypatch, model_dirs)
     at = _fill(app("new"), model_dirs, sweep_values="2")
     at.button(key="launch").click().run()
     store = open_store(url)
-    eid = int(q.experiments(store)["experiment_id"].iloc[0])
+    eid = int(catalog.experiments(store)["experiment_id"].iloc[0])
     assert q.experiment(store, eid)["launched_by"] == "local unknown"  # no login configured; AppTest has no address
 
 

@@ -12,7 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine import theory
-from storage import liveness, open_store, queries as q, run_state
+from storage import liveness, open_store, catalog, queries as q, run_state
 from storage.experiments import add_k_runs, enqueue_experiment, get_experiment, load_experiment_prompts, set_predicted_curve
 from storage.leases import acquire_lease, release_lease
 
@@ -124,7 +124,7 @@ def populated(populated_template, tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'draftlab.db'}"
     monkeypatch.setenv("DRAFTLAB_DB", url)
     store = open_store(url)
-    assert set(q.experiments(store)["status"]) == {"done"}, "the tiny experiments did not finish"
+    assert set(catalog.experiments(store)["status"]) == {"done"}, "the tiny experiments did not finish"
     return store
 
 
@@ -220,7 +220,7 @@ def test_new_experiment_launch_enqueues_baseline_and_one_run_per_k(empty_db, mod
     assert_clean(at)
     assert not at.error
     store = open_store(empty_db)
-    listing = q.experiments(store)
+    listing = catalog.experiments(store)
     assert len(listing) == 1
     row = listing.iloc[0]
     assert row["name"] == "launched from the page" and row["prompts"] == "code:validation"
@@ -233,12 +233,12 @@ def test_new_experiment_launch_enqueues_baseline_and_one_run_per_k(empty_db, mod
     # Launch pressed again with the same settings: a link to the first, no copy queued (issue 21 item 4)
     at.button(key="launch").click().run()
     assert_clean(at)
-    assert len(q.experiments(store)) == 1
+    assert len(catalog.experiments(store)) == 1
     assert any(f"Experiment #{row['experiment_id']} with exactly these settings" in i.value for i in at.info)
     # a changed setting is a new experiment
     at.text_input(key="sweep_values").set_value("1,2").run()
     at.button(key="launch").click().run()
-    assert len(q.experiments(store)) == 2
+    assert len(catalog.experiments(store)) == 2
 
 
 def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs):
@@ -324,7 +324,7 @@ def test_new_experiment_upload_of_conversations_renders_them_or_says_why_not(emp
     at.button(key="launch").click().run()
     assert_clean(at)
     assert any("conversations but" in e.value and "has no chat template" in e.value for e in at.error)
-    assert q.experiments(open_store(empty_db)).empty
+    assert catalog.experiments(open_store(empty_db)).empty
 
 
 def test_new_experiment_upload_freezes_the_uploaded_prompts(empty_db, model_dirs, tmp_path, monkeypatch):
@@ -338,7 +338,7 @@ def test_new_experiment_upload_freezes_the_uploaded_prompts(empty_db, model_dirs
     at.button(key="launch").click().run()
     assert_clean(at)
     store = open_store(empty_db)
-    row = q.experiments(store).iloc[0]
+    row = catalog.experiments(store).iloc[0]
     assert row["prompts"].endswith("-mine.txt") and Path(row["prompts"]).parent == tmp_path / "uploads"
     with store.read() as conn:
         assert load_experiment_prompts(conn, int(row["experiment_id"])) == ["t1 t2", "t3 t4 t5"]
@@ -366,7 +366,7 @@ def test_new_experiment_invalid_input_shows_an_error_and_enqueues_nothing(empty_
     at.button(key="launch").click().run()
     assert_clean(at)
     assert any(words in e.value for e in at.error), [e.value for e in at.error]
-    assert q.experiments(open_store(empty_db)).empty
+    assert catalog.experiments(open_store(empty_db)).empty
 
 
 def test_new_experiment_bounds_max_new_tokens_in_the_widget_and_in_validate(empty_db, model_dirs):
@@ -393,7 +393,7 @@ def test_new_experiment_rejects_a_bad_upload(empty_db, model_dirs, tmp_path, mon
     assert any("bad.csv" in e.value for e in at.error)
     at.button(key="launch").click().run()
     assert any(e.value.startswith("Not launched") for e in at.error)
-    assert q.experiments(open_store(empty_db)).empty
+    assert catalog.experiments(open_store(empty_db)).empty
 
 
 # --- Experiments ---------------------------------------------------------------------------------------------
@@ -402,7 +402,7 @@ def test_experiments_table_shows_storage_rows_and_filters(populated):
     at = app("experiments")
     assert_clean(at)
     table = at.dataframe[0].value
-    listing = q.experiments(populated)
+    listing = catalog.experiments(populated)
     assert list(table["experiment_id"]) == list(listing["experiment_id"])
     assert list(table["best_speedup"]) == pytest.approx(list(listing["best_speedup"]), nan_ok=True)
     assert set(table["progress"]) == {100.0}
@@ -426,16 +426,16 @@ def test_experiments_live_refresh_and_cancel(populated):
     assert any("Refreshing every" in c.value for c in at.caption)
     at.button(key="cancel").click().run()
     assert_clean(at)
-    assert q.experiments(populated, status="cancelled")["experiment_id"].tolist() == [experiment_id]
+    assert catalog.experiments(populated, status="cancelled")["experiment_id"].tolist() == [experiment_id]
     at.button(key="resume").click().run()
     assert_clean(at)
-    assert q.experiments(populated, status="queued")["experiment_id"].tolist() == [experiment_id]
+    assert catalog.experiments(populated, status="queued")["experiment_id"].tolist() == [experiment_id]
 
 
 # --- Experiment detail ---------------------------------------------------------------------------------------
 
 def _greedy_id(store) -> int:
-    listing = q.experiments(store)
+    listing = catalog.experiments(store)
     return int(listing[listing["name"] == "tiny greedy"]["experiment_id"].iloc[0])
 
 
@@ -443,7 +443,7 @@ def test_detail_figures_equal_the_storage_queries(populated):
     experiment_id = _greedy_id(populated)
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
-    row = q.experiments(populated).set_index("experiment_id").loc[experiment_id]
+    row = catalog.experiments(populated).set_index("experiment_id").loc[experiment_id]
     shown = metrics(at)
     assert shown["Best k"] == f"{row['best_value']:g}"
     assert shown["Best speedup"] == f"{row['best_speedup']:.2f}× ({row['best_ci_lo']:.2f}–{row['best_ci_hi']:.2f})"
@@ -484,7 +484,7 @@ def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_tabl
     from storage.columns import COLUMNS, EXPERIMENT_COLUMNS, MISSING, show
 
     experiment_id = _greedy_id(populated)
-    row = q.experiments(populated).set_index("experiment_id").loc[experiment_id]
+    row = catalog.experiments(populated).set_index("experiment_id").loc[experiment_id]
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
     assert metrics(at)["α (best run)"] == show("alpha", row["alpha"]) == "%.3f" % row["alpha"]
@@ -537,7 +537,7 @@ def test_the_run_columns_export_keys_and_page_columns_are_one_table(populated):
 
 
 def test_detail_of_a_temperature_sweep_plots_against_temperature(populated):
-    listing = q.experiments(populated)
+    listing = catalog.experiments(populated)
     experiment_id = int(listing[listing["name"] == "tiny temperature sweep"]["experiment_id"].iloc[0])
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
@@ -548,7 +548,7 @@ def test_detail_of_a_temperature_sweep_plots_against_temperature(populated):
     measured = speedup[speedup["series"] == "measured"].sort_values("x")
     assert measured["x"].tolist() == [0.0, 1.0]
     assert measured["value"].tolist() == pytest.approx(curve.sort_values("sweep_value")["speedup"].tolist(), nan_ok=True)
-    assert metrics(at)["Best temperature"] == f"{q.experiments(populated).set_index('experiment_id').loc[experiment_id, 'best_value']:g}"
+    assert metrics(at)["Best temperature"] == f"{catalog.experiments(populated).set_index('experiment_id').loc[experiment_id, 'best_value']:g}"
 
 
 def test_detail_opens_the_run_named_in_the_url(populated):
@@ -563,7 +563,7 @@ def test_detail_opens_the_run_named_in_the_url(populated):
 def test_detail_ignores_an_unknown_experiment_in_the_url(populated):
     at = app("experiment", experiment=999)
     assert_clean(at)
-    assert str(at.query_params["experiment"]).strip("[]'") in {str(i) for i in q.experiments(populated)["experiment_id"]}
+    assert str(at.query_params["experiment"]).strip("[]'") in {str(i) for i in catalog.experiments(populated)["experiment_id"]}
 
 
 # --- Round explorer ------------------------------------------------------------------------------------------
@@ -591,7 +591,7 @@ def test_round_explorer_colours_every_token_and_lists_proposals(populated):
 # --- Compare -------------------------------------------------------------------------------------------------
 
 def test_compare_overlays_experiments_and_runs(populated):
-    listing = q.experiments(populated)
+    listing = catalog.experiments(populated)
     ids = [int(i) for i in listing["experiment_id"]]
     curves = {i: q.sweep_curve(populated, i) for i in ids}
     run_a, run_b = int(curves[ids[0]]["run_id"].iloc[0]), int(curves[ids[1]]["run_id"].iloc[0])
@@ -736,17 +736,17 @@ def test_an_idle_experiments_page_keeps_polling(database, request, monkeypatch):
 def test_the_idle_poll_asks_for_a_full_redraw_only_when_work_appears_or_ends(populated):
     import pages.experiments as page
 
-    seen = page.page_state(q.experiments(populated))
-    assert not page.needs_full_rerun(seen, q.experiments(populated))  # nothing changed: the poll stays cheap
+    seen = page.page_state(catalog.experiments(populated))
+    assert not page.needs_full_rerun(seen, catalog.experiments(populated))  # nothing changed: the poll stays cheap
     experiment_id = enqueue_experiment(populated, name="from the CLI", target="tiny-target", draft="tiny-draft",
                                              prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=PROMPTS)
-    assert page.needs_full_rerun(seen, q.experiments(populated))  # new work: redraw, with the 2 s timer
-    active = page.page_state(q.experiments(populated))
+    assert page.needs_full_rerun(seen, catalog.experiments(populated))  # new work: redraw, with the 2 s timer
+    active = page.page_state(catalog.experiments(populated))
     run_state.cancel_experiment(populated, experiment_id)
-    assert page.needs_full_rerun(active, q.experiments(populated))  # nothing runs any more: back to the idle poll
-    cancelled = page.page_state(q.experiments(populated))
+    assert page.needs_full_rerun(active, catalog.experiments(populated))  # nothing runs any more: back to the idle poll
+    cancelled = page.page_state(catalog.experiments(populated))
     run_state.resume_experiment(populated, experiment_id)  # `draftlab resume` elsewhere: same ids, active again
-    assert page.needs_full_rerun(cancelled, q.experiments(populated))
+    assert page.needs_full_rerun(cancelled, catalog.experiments(populated))
 
 
 # --- Timing protocol v2 on the dashboard: intervals, the physics guard, unfinished runs, predictions ----------
@@ -1003,7 +1003,7 @@ def test_new_experiment_repeats_and_auto_k_reach_the_queue(empty_db, model_dirs)
     assert_clean(at)
     assert not at.error and "k = 6" in at.success[-1].value and "5 repeats per prompt" in at.success[-1].value
     store = open_store(empty_db)
-    listing = q.experiments(store).set_index("name")
+    listing = catalog.experiments(store).set_index("name")
     listed, auto = (q.experiment(store, int(listing.loc[n, "experiment_id"])) for n in ("listed", "auto"))
     assert (listed["repeats"], listed["k_auto"], listed["sweep_values"]) == (2, None, [1, 2])
     assert (auto["repeats"], auto["k_auto"], auto["sweep_values"]) == (5, 6, [6])
@@ -1021,12 +1021,12 @@ def test_the_new_experiment_form_cannot_trust_remote_code(empty_db, model_dirs):
     at.button(key="launch").click().run()
     assert_clean(at)
     store = open_store(empty_db)
-    experiment_id = int(q.experiments(store)["experiment_id"].iloc[0])
+    experiment_id = int(catalog.experiments(store)["experiment_id"].iloc[0])
     assert not get_experiment(store, experiment_id)["trust_remote_code"]
 
 
 def test_theory_loads_alpha_c_and_verify_cost_from_a_measured_run(crafted):
-    from pages.theory import refined_speedup
+    from pages.theory import cost_aware_speedup
 
     store, experiment_id, ids = crafted
     at = app("theory")
@@ -1041,11 +1041,11 @@ def test_theory_loads_alpha_c_and_verify_cost_from_a_measured_run(crafted):
     assert at.slider(key="theory_c").value == pytest.approx(run.c)
     assert at.slider(key="theory_k").value == 2
     assert at.number_input(key="theory_verify").value == pytest.approx(run.verify_cost)
-    expected = refined_speedup(run.alpha, 2, run.c, run.verify_cost)
+    expected = cost_aware_speedup(run.alpha, 2, run.c, run.verify_cost)
     assert metrics(at)["Refined speedup at k=2"] == f"{expected:.2f}×"
     assert metrics(at)["Speedup at k=2"] == f"{theory.predicted_speedup(run.alpha, 2, run.c):.2f}×"
     curves = next(d for d in chart_data(at)[0] if "metric" in d)
-    refined = curves[curves["metric"] == "refined_speedup"].set_index("k")["value"]
+    refined = curves[curves["metric"] == "cost_aware_speedup"].set_index("k")["value"]
     assert refined.loc[2] == pytest.approx(expected) and len(refined) == 16
     assert any("E[L_k] / (k/c + verify cost)" in c.value for c in at.caption)
 
@@ -1060,10 +1060,10 @@ def test_theory_refined_curve_is_the_formula_at_verify_cost_one():
     from pages.theory import formula_frame
 
     frame = formula_frame(0.7, 5.0, k_max=8, verify_cost=1.0)
-    assert frame["refined_speedup"].tolist() == pytest.approx(frame["predicted_speedup"].tolist())
+    assert frame["cost_aware_speedup"].tolist() == pytest.approx(frame["predicted_speedup"].tolist())
     costly = formula_frame(0.7, 5.0, k_max=8, verify_cost=1.5)
-    assert (costly["refined_speedup"] < costly["predicted_speedup"]).all()
-    assert "refined_speedup" not in formula_frame(0.7, 5.0)
+    assert (costly["cost_aware_speedup"] < costly["predicted_speedup"]).all()
+    assert "cost_aware_speedup" not in formula_frame(0.7, 5.0)
 
 
 def test_theory_works_without_a_reachable_database(monkeypatch):
@@ -1114,7 +1114,7 @@ def _runs_table(store, experiment_id: int) -> pd.DataFrame:
 
 def _launched(url: str) -> dict:
     store = open_store(url)
-    listing = q.experiments(store)
+    listing = catalog.experiments(store)
     assert len(listing) == 1, listing
     return q.experiment(store, int(listing["experiment_id"].iloc[0]))
 
@@ -1225,7 +1225,7 @@ def test_new_experiment_drafter_sweep_with_a_bad_threshold_is_not_launched(empty
     at.button(key="launch").click().run()
     assert_clean(at)
     assert any("Not launched" in e.value and "probability threshold" in e.value for e in at.error)
-    assert q.experiments(open_store(empty_db)).empty
+    assert catalog.experiments(open_store(empty_db)).empty
 
 
 def test_new_experiment_a_mismatched_draft_candidate_blocks_the_launch(empty_db, model_dirs):
@@ -1240,7 +1240,7 @@ def test_new_experiment_a_mismatched_draft_candidate_blocks_the_launch(empty_db,
     blocked = [e.value for e in at.error if e.value.startswith("Not launched")]
     assert blocked and md_text(f"pair check for draft {model_dirs['other']!r}") in blocked[0]
     assert md_text(f"draft {model_dirs['draft']!r}") not in blocked[0]  # only the mismatched one is named
-    assert q.experiments(open_store(empty_db)).empty
+    assert catalog.experiments(open_store(empty_db)).empty
 
 
 # --- issue 12: the tuning team's dashboard ----------------------------------------------------------------------
@@ -1471,7 +1471,7 @@ def test_compare_sweeps_are_separate_panels_with_one_legend_and_names_at_the_lin
     the page), one legend (under the first) and the same colour for an experiment in every panel."""
     from sqlalchemy import text
 
-    listing = q.experiments(populated)
+    listing = catalog.experiments(populated)
     a, b = (int(i) for i in listing[listing["sweep_variable"] == "k"]["experiment_id"][:2])
     odd = """<b>bold</b> "quoted" 'single' {braces}"""
     with populated.write() as conn:

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from pages import charts
-from storage import open_store, queries as q, run_state
+from storage import open_store, catalog, queries as q, run_state
 from storage.experiments import enqueue_experiment
 from tests.test_pages import _fill, _launched, app, assert_clean, chart_data, downloads, empty_db, metrics, model_dirs  # noqa: F401
 
@@ -82,8 +82,8 @@ def test_the_detail_page_of_a_grid_shows_its_k_schedule(grid):
     assert table["tied_with"].tolist() == ["4", "2 (best)", "1 (best), 2"]  # batch 4 serves the cheaper tied k
     assert table["baseline_tokens_per_second"].tolist() == [50.0, 160.0, 400.0]
     assert table.loc[1, "tokens_per_second"] == pytest.approx(50.0 * 1.40)  # the chosen run's
-    assert table.loc[4, "itl_p95"] == pytest.approx(0.03 * 1)  # k = 1's, the one served at batch 4
-    assert table.loc[16, "tokens_per_second"] == 400.0 and table.loc[16, "latency_p95"] == 8.0  # off: the baseline's
+    assert table.loc[4, "itl_seconds_p95"] == pytest.approx(0.03 * 1)  # k = 1's, the one served at batch 4
+    assert table.loc[16, "tokens_per_second"] == 400.0 and table.loc[16, "request_latency_seconds_p95"] == 8.0  # off: the baseline's
     assert any("at batch 16 speculation costs 8 % (0.92× (0.88–0.96)" in _plain(m.value) for m in at.markdown)  # each batch size's sentence
     assert json.loads(next(c.value for c in at.code)) == [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
     assert f"experiment{eid}_schedule.csv" in downloads(at)
@@ -174,7 +174,7 @@ def test_the_form_refuses_a_bad_grid_in_one_line_and_queues_nothing(empty_db, mo
     assert_clean(at)
     errors = [_plain(e.value) for e in at.error if "Not launched" in e.value]
     assert errors and words in errors[0], errors
-    assert q.experiments(open_store(empty_db)).empty
+    assert catalog.experiments(open_store(empty_db)).empty
 
 
 def test_validate_checks_every_batch_size_against_the_prompt_count():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage import open_store, queries as q
+from storage import open_store, catalog, queries as q
 from tests.test_pages import app, assert_clean
 from tests.test_validation import TUNE, _experiment
 
@@ -23,10 +23,10 @@ def test_validate_button_queues_the_best_on_the_held_out_split_and_the_result_is
     assert "code:validation" in button.label
     at = button.click().run()
     assert_clean(at)
-    validations = q.experiments(db)
+    validations = catalog.experiments(db)
     queued = validations[validations["validates"] == tune]
     assert len(queued) == 1 and queued.iloc[0]["prompts"] == "code:validation"
-    assert q.experiments(db).set_index("experiment_id").loc[tune, "validated_by"] == queued.iloc[0]["experiment_id"]
+    assert catalog.experiments(db).set_index("experiment_id").loc[tune, "validated_by"] == queued.iloc[0]["experiment_id"]
     # A finished validation experiment shows tune against validation and the verdict in words.
     done = _experiment(db, {2: TUNE[2]}, prompts="code:validation", validates=tune)
     at = app("experiment", experiment=done)

@@ -132,6 +132,23 @@ def test_two_scrapes_are_stored_converted_in_sql_and_compared(store, tmp_path, c
     assert found[0]["prefill"] == {"page": "train"}
 
 
+def test_import_metrics_json_prints_exactly_the_spec_keys(store, tmp_path, capsys):
+    import json
+
+    eid, _ = _lab(store, [[2] * 20] * 4)
+    before, after = _files(tmp_path)
+    assert main(["import-metrics", before, after, "--experiment", str(eid), "--label", "eu", "--json",
+                 "--db", store.url]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc) == ["experiment_id", "label", "drafts", "draft_tokens", "accepted", "draft_acceptance_rate",
+                         "mean_acceptance_length", "per_position_acceptance"]
+    assert (doc["experiment_id"], doc["label"], doc["drafts"], doc["draft_tokens"], doc["accepted"]) == \
+        (eid, "eu", 200, 800, 400)
+    assert doc["draft_acceptance_rate"] == pytest.approx(400 / 800)
+    assert doc["mean_acceptance_length"] == pytest.approx(1 + 400 / 200)
+    assert doc["per_position_acceptance"] == pytest.approx([0.8, 0.75, 40 / 60, 0.5])
+
+
 def test_production_inside_the_lab_interval_says_the_lab_holds(store, tmp_path):
     # Lab per prompt: α of 0.55, 0.8, 0.7, 0.75 (spread) -> production's 0.714 lies inside the interval.
     eid, _ = _lab(store, [[2, 1, 3, 2, 1, 2], [4, 3, 2, 4, 3, 2], [3, 2, 3, 2, 4, 1], [3, 3, 2, 4, 2, 3]])

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from app.sweep import parse_sweep
 from engine.errors import DraftLabError
 from storage import experiments, run_state
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.errors import QueueError
 from storage.export import run_document
 from storage.schedule import schedule
@@ -86,11 +86,14 @@ def test_the_schedule_judges_each_batch_size_and_switches_speculation_off_where_
     # The experiment's one verdict (listing, deploy base) is the smallest batch size's, and says so.
     v = verdict(store, eid)
     assert v.best.run_id == ids[(1, 2)] and v.text.startswith("at batch 1: best k 2")
-    row = q.experiments(store).set_index("experiment_id").loc[eid]
+    row = catalog.experiments(store).set_index("experiment_id").loc[eid]
     assert (row.best_value, row.best_speedup, row.n_tied) == (2, 1.40, len(v.tied)) == (2, 1.40, 1)  # k=4 ties
     doc = run_document(store, eid, with_outputs=False)
     assert doc["batch_sizes"] == [1, 4, 16] and doc["schedule"]["num_speculative_tokens_per_batch_size"] == \
         [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
+    assert [(e["batch_size"], e["k"]) for e in doc["k_schedule"]] == [(1, 2), (4, 1), (16, 0)]
+    assert list(doc["k_schedule"][0]) == ["batch_size", "k", "speedup", "speedup_ci", "tied_with"]
+    assert doc["k_schedule"][2]["speedup"] is None and doc["k_schedule"][2]["text"].startswith("at batch 16")
     json.dumps(doc)
 
 
@@ -104,8 +107,9 @@ def test_where_no_k_is_measurably_faster_the_target_alone_is_served(store):
     assert [(step.batch_size, step.k, step.gains, step.loses, step.off) for step in s.steps] == \
         [(2, 3, True, False, False), (8, 0, False, False, True)]
     two, eight = s.steps
-    # At batch 2 the verdict's cheaper tied k = 1 reaches 1×: k = 3, measurably faster, is served.
-    assert two.verdict.chosen.run_id == ids[(2, 1)] and two.served.run_id == ids[(2, 3)]
+    # At batch 2 the cheaper tied k = 1 reaches 1×: k = 3, measurably faster, is served, and the verdict at batch 2
+    # chooses the same (one rule: storage/verdict.py's `serve`).
+    assert two.verdict.chosen.run_id == two.served.run_id == ids[(2, 3)] and two.verdict.k == two.k == 3
     assert "k = 1 also tied with the best but not measurably faster than the target alone" in two.text
     assert eight.served is None and eight.value is None and "serve the target alone there" in eight.text
     assert s.ranges == [[1, 7, 3], [8, 8, 0]] and s.off_from == 8
@@ -134,7 +138,7 @@ def test_a_pending_batch_size_is_left_out_of_the_ranges(store):
 
 
 def test_bad_grids_are_refused_before_anything_is_stored(store):
-    before = len(q.experiments(store))
+    before = len(catalog.experiments(store))
     for sizes, message in (([0, 4], "whole numbers"), ([4, 4], "twice"), ([1, 2.5], "whole numbers"),
                            ([1, 257], "whole numbers")):
         with pytest.raises(QueueError, match=message):
@@ -144,7 +148,7 @@ def test_bad_grids_are_refused_before_anything_is_stored(store):
     with pytest.raises(QueueError, match="not both"):
         experiments.enqueue_experiment(store, name="g", target="t", draft="d", prompts="p", sampling={},
                                        sweep_variable="batch_size", sweep_values=[1, 2], batch_sizes=[1, 2])
-    assert len(q.experiments(store)) == before
+    assert len(catalog.experiments(store)) == before
 
 
 def test_the_cli_parses_a_grid_and_refuses_a_third_list():
@@ -294,12 +298,45 @@ def test_the_listing_and_draftlab_list_name_a_grids_batch_sizes(store, capsys):
     from app.cli import main
 
     eid = _grid(store, sizes=(1, 4), ks=(1, 2))
-    listing = q.experiments(store).set_index("experiment_id")
+    listing = catalog.experiments(store).set_index("experiment_id")
     assert listing.loc[eid, "batch_sizes"] == [1, 4]
     plain = experiments.enqueue_experiment(store, name="one", target="t", draft="d", prompts="code:tune",
                                            sampling={}, sweep_values=[1, 2])
-    assert q.experiments(store).set_index("experiment_id").loc[plain, "batch_sizes"] is None
+    assert catalog.experiments(store).set_index("experiment_id").loc[plain, "batch_sizes"] is None
     assert main(["list", "--db", store.url]) == 0
     out = capsys.readouterr().out
     assert f"experiment {eid}  grid" in out and "k=[1, 2] at batch sizes [1, 4]" in out
     assert "k=2 @4" in out and "baseline @1" in out
+
+
+def test_one_answer_the_verdict_schedule_findings_and_every_deploy_tab_serve_the_same_k(store):
+    """Issue 27's case: at batch 1 k = 3 (1.17×, 1.07–1.29) is best and k = 1 (1.05×, 0.95–1.16) is tied but not
+    measurably faster than the target alone. The verdict, the schedule, the tie finding, and the deploy document with
+    every engine's tab serve k = 3 at batch 1 and say which batch size their one k is for; batch 2's entry is asked
+    for by name."""
+    from storage import findings as fd
+    from storage.deploy import DeployError, deploy_document
+    from storage.verdict import verdict
+
+    eid = _grid(store, sizes=(1, 2), ks=(1, 3), prompts=4)
+    ids = _measure(store, eid, {(1, 1): (1.05, 0.95, 1.16), (1, 3): (1.17, 1.07, 1.29),
+                                (2, 1): (1.12, 1.06, 1.18), (2, 3): (1.15, 1.08, 1.22)})
+    v, s = verdict(store, eid), schedule(store, eid)
+    assert v.chosen.run_id == s.at(1).served.run_id == ids[(1, 3)] and v.k == s.at(1).k == 3
+    assert v.cheaper is None and "take the cheaper" not in v.text
+    tie = next(f for f in fd.findings(store, eid) if f["kind"] == "tie")
+    assert tie["data"]["cheaper"] is None and "Take the cheaper" not in tie["next"]
+    doc = deploy_document(store, eid)
+    assert (doc["run_id"], doc["batch_size"], doc["configuration"]["k"]) == (ids[(1, 3)], 1, 3)
+    assert not any("may not pay" in c for c in doc["caveats"])
+    assert "--speculative-num-steps 3" in doc["engines"]["sglang"]["command"]
+    assert "--draft-max 3" in doc["engines"]["llama_cpp"]["command"]
+    assert doc["engines"]["transformers"]["assistant_generation_config"]["num_assistant_tokens"] == 3
+    assert any("schedule's entry for batch 1" in n for n in doc["engines"]["sglang"]["notes"])
+    assert any("schedule's batch 1 entry" in n for n in doc["engines"]["transformers"]["notes"])
+    two = deploy_document(store, eid, batch_size=2)  # batch 2: k = 1 is tied, measurably faster and cheaper
+    assert (two["run_id"], two["batch_size"], two["configuration"]["k"]) == (ids[(2, 1)], 2, 1)
+    assert two["verdict"]["chosen_run_id"] == s.at(2).served.run_id == ids[(2, 1)]
+    assert any("schedule's entry for batch 2" in n for n in two["engines"]["llama_cpp"]["notes"])
+    with pytest.raises(DeployError, match="measured no batch size 4; pick one of 1, 2"):
+        deploy_document(store, eid, batch_size=4)

@@ -16,7 +16,7 @@ from engine.metrics_oracle import outputs_match, speculative_metrics, target_ste
 from storage import liveness, open_store, run_state
 from storage.errors import QueueError
 from storage.experiments import add_k_runs, enqueue_experiment
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.export import plain, run_document
 from storage.recording import record_prompt
 from storage.schema import SCHEMA_VERSION, utcnow
@@ -129,12 +129,12 @@ def test_opens_and_upgrades_a_version_1_database(tmp_path):
         assert conn.execute(text("SELECT version FROM schema_info")).scalar() == SCHEMA_VERSION
         columns = {row[1] for row in conn.execute(text("PRAGMA table_info(runs)"))}
     assert {"peak_memory_mb", "device_name", "error_detail"} <= columns
-    assert q.experiments(store)["name"].tolist() == ["old"]
+    assert catalog.experiments(store)["name"].tolist() == ["old"]
     assert q.runs(store, 1)["peak_memory_mb"].isna().all()
-    assert set(q.experiments(store, tag="legacy")["experiment_id"]) == {1}
+    assert set(catalog.experiments(store, tag="legacy")["experiment_id"]) == {1}
     # The upgraded database is fully usable: new tables and indexes are there.
     eid, _, _ = fill_experiment(store, ks=(2,), prompts=1)
-    assert q.experiments(store, status="done")["experiment_id"].tolist() == [eid, 1]
+    assert catalog.experiments(store, status="done")["experiment_id"].tolist() == [eid, 1]
 
 
 def test_a_newer_database_is_refused_with_a_clear_message(tmp_path):
@@ -240,9 +240,9 @@ def test_diagnostic_queries_count_what_the_records_say(store):
 def test_experiment_listing_filters_and_best_run(store):
     eid, ids, results = fill_experiment(store, ks=(1, 2), prompts=2)
     other = enqueue(store, (4,), tags=["nightly", "code"], target="big-model")
-    listing = q.experiments(store)
+    listing = catalog.experiments(store)
     assert listing["experiment_id"].tolist() == [other, eid]
-    assert list(listing.columns[:len(q.EXPERIMENT_COLUMNS)]) == q.EXPERIMENT_COLUMNS
+    assert list(listing.columns[:len(catalog.EXPERIMENT_COLUMNS)]) == catalog.EXPERIMENT_COLUMNS
     row = listing.set_index("experiment_id").loc[eid]
     assert row.status == "done" and row.progress == pytest.approx(1.0)
     runs = q.runs(store, eid).set_index("run_id")
@@ -250,10 +250,10 @@ def test_experiment_listing_filters_and_best_run(store):
     best = speedups.idxmax()
     assert row.best_speedup == pytest.approx(speedups.max())
     assert row.best_value == q.runs(store, eid).set_index("run_id").loc[best, "sweep_value"]
-    assert q.experiments(store, tag="code")["experiment_id"].tolist() == [other]
-    assert q.experiments(store, tag="cod").empty  # whole tags only
-    assert q.experiments(store, model="big-model")["experiment_id"].tolist() == [other]
-    assert q.experiments(store, status="queued")["experiment_id"].tolist() == [other]
+    assert catalog.experiments(store, tag="code")["experiment_id"].tolist() == [other]
+    assert catalog.experiments(store, tag="cod").empty  # whole tags only
+    assert catalog.experiments(store, model="big-model")["experiment_id"].tolist() == [other]
+    assert catalog.experiments(store, status="queued")["experiment_id"].tolist() == [other]
     assert q.experiment(store, other)["tags"] == "nightly,code"
     assert q.experiment(store, other)["sampling"]["max_new_tokens"] == 64
     assert q.experiment(store, 12345) is None
@@ -435,7 +435,7 @@ def test_readers_never_error_while_a_worker_writes(db_url):
         summary = q.run_summary(reader_store, rid)
         prompts = q.per_prompt(reader_store, rid)
         q.acceptance_by_position(reader_store, rid)
-        q.experiments(reader_store)
+        catalog.experiments(reader_store)
         # Each read is one snapshot: the run row agrees with the prompt rows it counts.
         assert int(summary["rounds"].iloc[0]) >= 0
         seen_prompts.append(len(prompts))

@@ -13,12 +13,12 @@ import pytest
 from sqlalchemy import text
 
 from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
-from engine.protocol import median_repeat, schedule
+from engine.protocol import median_repeat, interleaved_order
 from engine.records import ACCEPTED, DISCARDED, REJECTED, BONUS, CORRECTION, DraftToken, PromptResult, Round
 from storage import liveness, open_store, run_state
 from storage.experiments import enqueue_experiment, get_experiment
 from storage.leases import acquire_lease, release_lease
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.export import run_document
 from storage.recording import record_prompt
 from storage.stats import paired_bootstrap_ci, paired_speedup, tied_with
@@ -33,13 +33,13 @@ def test_schedule_decodes_every_arm_once_per_repeat_and_rotates_the_slots():
     arms = ["base", "k1", "k2", "k4"]
     slots = Counter()
     for prompt in range(8):
-        order = schedule(arms, prompt, repeats=3)
+        order = interleaved_order(arms, prompt, repeats=3)
         assert len(order) == 12
         for repeat in range(3):
             assert sorted(a for r, a in order if r == repeat) == sorted(arms)  # every arm once per repeat
             for slot, (_, arm) in enumerate(o for o in order if o[0] == repeat):
                 slots[(arm, slot)] += 1
-        assert order[0][1] != schedule(arms, prompt + 1, 3)[0][1]  # the first arm changes from prompt to prompt
+        assert order[0][1] != interleaved_order(arms, prompt + 1, 3)[0][1]  # the first arm changes from prompt to prompt
     # Over the prompts and repeats, every arm held every slot equally often: drift lands on all alike.
     assert set(slots.values()) == {8 * 3 // 4}
 
@@ -156,7 +156,7 @@ def test_an_impossible_speedup_carries_a_warning_and_is_never_crowned(store):
     assert "exceeds" in runs.loc[1, "timing_warning"]
     assert pd.isna(runs.loc[2, "timing_warning"])
     assert verdict_dict(store, eid)["best"] == 2
-    listing = q.experiments(store).set_index("experiment_id").loc[eid]
+    listing = catalog.experiments(store).set_index("experiment_id").loc[eid]
     assert listing.best_value == 2 and listing.timing_warnings == 1
     assert "exceeds" in run_document(store, eid, with_outputs=False)["runs"][0]["timing_warning"]
 
@@ -175,7 +175,7 @@ def test_speedup_pairs_only_the_prompts_both_arms_finished_and_needs_a_live_base
     assert row.speedup == pytest.approx(expected)  # not divided by the whole baseline's throughput
     assert "in progress" in row.speedup_note
     assert verdict_dict(store, eid)["best"] is None  # a run still going never sets the headline
-    assert pd.isna(q.experiments(store).set_index("experiment_id").loc[eid, "best_value"])
+    assert pd.isna(catalog.experiments(store).set_index("experiment_id").loc[eid, "best_value"])
     run_state.finish_run(store, ids[("baseline", None)], "failed", "boom")
     run_state.finish_run(store, rid, "done")
     row = q.run_summary(store, rid).iloc[0]
@@ -221,7 +221,7 @@ def test_worker_times_arms_interleaved_in_the_scheduled_order_and_stores_every_r
         rows = conn.execute(text("SELECT prompt_index, repeat, slot, run_id FROM timings ORDER BY prompt_index, slot")).all()
     assert len(rows) == len(PROMPTS) * 3 * len(arms)
     for i in range(len(PROMPTS)):
-        assert [(r.repeat, r.run_id) for r in rows if r.prompt_index == i] == schedule(arms, i, 3)
+        assert [(r.repeat, r.run_id) for r in rows if r.prompt_index == i] == interleaved_order(arms, i, 3)
     for rid in arms:  # the stored prompt is the median repeat, its timing one of the three
         for i, (repeats, _) in enumerate(worker.repeats[rid]):
             walls = sorted(r.wall_seconds for r in repeats)

@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from engine.variables import variable
 from storage import findings as fd
-from storage import queries as q
+from storage import catalog, queries as q
 from storage import experiments, run_state
 from storage.deploy import DeployError, deploy_document
 from storage.validation import validation_plan
@@ -117,7 +117,7 @@ def test_a_timing_warned_or_unfinished_run_is_never_chosen_by_any_reader(store):
     assert (v.best.value, v.tied, v.chosen.value) == (1, (), 1)
     assert deploy_document(store, eid)["run_id"] == ids[1]
     assert validation_plan(store, eid)["k"] == 1  # validation used to take the fastest run, warned or not
-    listing = q.experiments(store).set_index("experiment_id").loc[eid]
+    listing = catalog.experiments(store).set_index("experiment_id").loc[eid]
     assert (listing.best_value, listing.best_speedup, listing.n_tied) == (1, 1.20, 0)
     eid = _experiment(store, values=(1, 2))
     _measured(store, eid, {1: (1.20, 1.15, 1.25), 2: (1.30, 1.25, 1.35)}, status="queued")
@@ -134,17 +134,17 @@ def test_the_listing_and_the_verdict_agree(store):
         eid = _experiment(store)
         _measured(store, eid, speeds)
         v = verdict(store, eid)
-        row = q.experiments(store).set_index("experiment_id").loc[eid]
+        row = catalog.experiments(store).set_index("experiment_id").loc[eid]
         assert (row.best_value, row.best_speedup, row.n_tied) == (v.best.value, v.best.speedup, len(v.tied))
 
 
 def test_deploy_states_ties_and_a_too_wide_interval_and_never_copies_the_test_length_unless_asked(store):
     eid = _experiment(store)
-    ids = _measured(store, eid, {1: (1.25, 0.90, 1.60), 2: (1.31, 0.95, 1.70), 4: (1.28, 0.92, 1.65)})
+    ids = _measured(store, eid, {1: (1.25, 1.02, 1.60), 2: (1.31, 1.03, 1.70), 4: (1.28, 1.01, 1.65)})
     doc = deploy_document(store, eid)
     assert (doc["run_id"], doc["chosen"], doc["configuration"]["k"]) == (ids[1], "cheaper tied", 1)
     caveats = " ".join(doc["caveats"])
-    assert "k = 1 (1.25×, 0.90–1.60) is statistically tied with the best, k = 2" in caveats
+    assert "k = 1 (1.25×, 1.02–1.60) is statistically tied with the best, k = 2" in caveats
     assert "Also tied with the best: k = 4" in caveats and "too wide to choose by" in caveats
     assert doc["verdict"]["too_wide"] and doc["verdict"]["chosen"] == 1
     assert doc["configuration"]["max_new_tokens"] is None and doc["measured"]["max_new_tokens"] == 64
@@ -193,7 +193,7 @@ def test_the_listing_names_a_draft_sweeps_best_by_its_label(store):
     from pages.compare import EXPERIMENT_COLUMNS as COMPARE
     from pages.experiments import COLUMNS as LISTING
     from storage import experiments as ex
-    from storage import queries as q
+    from storage import catalog, queries as q
 
     eid = ex.enqueue_experiment(store, name="drafters", target="t", draft="d", prompts="inline",
                                 sampling={"max_new_tokens": 8}, sweep_variable="drafter",
@@ -202,6 +202,51 @@ def test_the_listing_names_a_draft_sweeps_best_by_its_label(store):
         conn.execute(text("UPDATE runs SET status = 'done', speedup = 1.5, speedup_ci_lo = 1.4, speedup_ci_hi = 1.6 "
                           "WHERE experiment_id = :e AND sweep_label = 'prompt-lookup:3'"), {"e": eid})
         conn.execute(text("UPDATE runs SET status = 'done' WHERE experiment_id = :e AND kind = 'baseline'"), {"e": eid})
-    row = q.experiments(store).set_index("experiment_id").loc[eid]
+    row = catalog.experiments(store).set_index("experiment_id").loc[eid]
     assert row["best_label"] == "prompt-lookup:3" and row["best_value"] == 1
     assert "best_label" in LISTING and "best_label" in COMPARE and "best_value" not in LISTING + COMPARE
+
+
+def test_a_greedy_run_whose_outputs_differ_fails_as_not_lossless_and_is_never_judged_or_deployed(store):
+    """The worker closes a greedy run whose stored token ids differ from its baseline's as failed, naming the first
+    differing prompt and token; the verdict never chooses it (though its speedup is the highest) and deploy refuses
+    it by name."""
+    import random
+
+    from app.worker import Worker
+    from benchmarks.bench_queries import record, synthetic_baseline, synthetic_prompt
+
+    eid = _experiment(store, values=(1, 2))
+    runs = q.runs(store, eid)
+    base_id = int(runs[runs["kind"] == "baseline"]["run_id"].iloc[0])
+    ids = {int(r.k): int(r.run_id) for r in runs[runs["kind"] == "speculative"].itertuples()}
+    worker = Worker(store, worker_id="w-lossless", log=lambda message: None)
+    assert sorted(run_state.claim_group(store, eid, worker.id)) == sorted([base_id, *ids.values()])
+    rng = random.Random(0)
+    baseline = [synthetic_baseline(rng, i, 12) for i in range(2)]
+    for rid in (base_id, *ids.values()):
+        run_state.start_run(store, rid, 2, "cpu")
+    for i, base in enumerate(baseline):
+        record(store, base_id, "baseline", base)
+        for k, rid in ids.items():
+            spec = synthetic_prompt(rng, i, k, rounds=3)
+            spec.output_ids = list(base.output_ids)
+            if k == 2 and i == 1:
+                spec.output_ids[5] += 1  # prompt 1 parts from the baseline at new token 5
+            record(store, rid, "speculative", spec)
+    assert run_state.not_lossless(store, ids[1]) is None and run_state.not_lossless(store, base_id) is None
+    for rid in (base_id, *ids.values()):
+        worker._finish(rid, "done", None, None, None, f"run {rid}")
+    after = q.runs(store, eid).set_index("run_id")
+    assert after.loc[ids[2], "status"] == "failed"
+    assert after.loc[ids[2], "error"] == "not lossless: prompt 1 differs at token 5"
+    assert (after.loc[ids[1], "status"], after.loc[base_id, "status"]) == ("done", "done")
+    with store.write() as conn:  # k = 2 measured fastest: it must still never be judged
+        for k, speed in ((1, (1.2, 1.1, 1.3)), (2, (1.9, 1.8, 2.0))):
+            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi WHERE id = :r"),
+                         {"s": speed[0], "lo": speed[1], "hi": speed[2], "r": ids[k]})
+    v = verdict(store, eid)
+    assert [c.run_id for c in v.candidates] == [ids[1]] and v.chosen.run_id == ids[1]
+    assert deploy_document(store, eid)["run_id"] == ids[1]
+    with pytest.raises(DeployError, match="not lossless: prompt 1 differs at token 5"):
+        deploy_document(store, eid, ids[2])

@@ -20,7 +20,7 @@ from storage import liveness, open_store, run_state
 from storage.errors import QueueError
 from storage.experiments import enqueue_experiment
 from storage.settings import STALE_HELP, stale_window
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.export import run_document
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def test_worker_runs_an_experiment_and_stores_the_engine_figures(store, model_di
         assert row.outputs_match_baseline is True and outputs_match(worker.results[rid], baseline)
         texts = q.prompt_output(store, rid, 0)["text"].tolist()
         assert " ".join(texts) == worker.results[rid][0].text
-    assert q.experiments(store).set_index("experiment_id").loc[eid, "status"] == "done"
+    assert catalog.experiments(store).set_index("experiment_id").loc[eid, "status"] == "done"
 
 
 def test_failures_are_recorded_and_the_queue_goes_on(tmp_path, model_dirs, monkeypatch):
@@ -238,11 +238,11 @@ def test_cli_run_persists_and_its_json_is_the_stored_figures(tmp_path, model_dir
     assert len(exported["runs"]) == 3 and len(exported["draft_tokens"]) == int(runs["proposed"].sum())
 
     # Bad input: exit 2, one error line, nothing stored.
-    before = len(q.experiments(store))
+    before = len(catalog.experiments(store))
     assert main([*argv[:2], str(tmp_path / "nope"), *argv[3:]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")
-    assert len(q.experiments(store)) == before
+    assert len(catalog.experiments(store)) == before
 
 
 def test_sigterm_marks_the_run_interrupted_and_cli_resume_requeues_it(tmp_path, model_dirs, wait_for, capsys):
@@ -310,7 +310,7 @@ def test_sigkill_of_draftlab_run_then_one_resume_and_a_worker_finish_it(db_url, 
         if proc.poll() is None:
             proc.kill()
         proc.stderr.close()
-    eid = int(q.experiments(store)["experiment_id"].iloc[0])
+    eid = int(catalog.experiments(store)["experiment_id"].iloc[0])
     kept = {rid: q.per_prompt(store, rid)["wall_seconds"].tolist() for rid in kinds(store, eid).values()}
     # No 60 s wait: the owner's process is gone on this host, so `list` and `resume` see it at once.
     assert main(["list", "--db", db_url]) == 0
