@@ -10,7 +10,7 @@ from pages import charts
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids,
                           show, version)
 from pages.common import table as show_table
-from storage import queries as q
+from storage import catalog, queries as q
 from storage.columns import COLUMNS
 from storage.verdict import verdict_dict
 
@@ -147,7 +147,7 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
 
 def render() -> None:
     st.title("Compare")
-    listing = cached("storage.catalog:experiments")
+    listing = cached(catalog.experiments)
     if listing.empty:
         empty_state("No experiments to compare yet.")
         return

@@ -20,7 +20,7 @@ from pages.schedule_panel import batch_name, headline, render_schedule
 from engine.wording import plural
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
                           run_label, run_stamp, select_id, show, store, table, version)
-from storage import columns, formula
+from storage import catalog, columns, formula
 from storage import queries as q
 from storage.findings import findings
 from storage.schedule import schedule_dict
@@ -347,7 +347,7 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experime
 def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     stamp = version(experiment_id)  # every query below is cached until this experiment's runs change
     experiment = cached("experiment", experiment_id, stamp=stamp) or {}
-    listing = listing if listing is not None else cached("storage.catalog:experiments")
+    listing = listing if listing is not None else cached(catalog.experiments)
     row = listing.set_index("experiment_id").loc[experiment_id]
     runs = cached("runs", experiment_id, stamp=stamp)
     verdict = cached(verdict_dict, experiment_id, stamp=stamp)
@@ -389,7 +389,7 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
 
 def render() -> None:
     st.title("Experiment detail")
-    listing = cached("storage.catalog:experiments")
+    listing = cached(catalog.experiments)
     if listing.empty:
         empty_state("No experiments yet.")
         return
@@ -403,7 +403,7 @@ def render() -> None:
 
 
 def _live(experiment_id: int, was_active: bool) -> None:
-    listing = cached("storage.catalog:experiments")  # cached per version: the 2 s refresh re-reads only what a commit changed
+    listing = cached(catalog.experiments)  # cached per version: the 2 s refresh re-reads only what a commit changed
     if was_active:
         status = listing.set_index("experiment_id").loc[experiment_id, "status"]
         if status not in ACTIVE:

@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import charts
+from storage import catalog
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, query_ids, run_label,
                           run_stamp, select_id, version)
 
@@ -44,7 +45,7 @@ def legend_html(output: pd.DataFrame) -> str:
 
 def render() -> None:
     st.title("Round explorer")
-    listing = cached("storage.catalog:experiments")
+    listing = cached(catalog.experiments)
     if listing.empty:
         empty_state("No experiments yet: the round explorer shows the rounds of a finished speculative run.")
         return
