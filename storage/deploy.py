@@ -18,7 +18,10 @@ releases; the notes say where a flag is recent.
 Drafter specs are described once in engine/drafter_specs.py: `model` (constant k), `heuristic` (transformers' +2/-1
 schedule, k restarting at every prompt), `confidence:T` (a round stops after the first draft whose top probability
 is below T, that draft kept), `prompt-lookup:N` (longest n-gram n <= N ending the sequence, continuation of its
-earliest occurrence; no draft model). A new drafter adds its mapping to each engine function below.
+earliest occurrence; no draft model), `suffix:D` (suffix decoding, no draft model). Each declaration carries its
+mapping per engine (`DrafterSpec.serving`: the engine's name for the drafting, its settings, what differs); the
+engine functions below assemble a command from it and never look at a drafter's name. An engine that cannot express
+a drafter gets a tab that says so.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from engine.drafter_specs import parse_drafter as _parse_spec
 from engine.errors import DraftLabError
 
 ENGINES = ("vllm", "sglang", "llama_cpp", "transformers")
-DRAFTER_NAMES = tuple(SPECS)  # each has a mapping per engine below (tests/test_deploy.py holds them equal)
+DRAFTER_NAMES = tuple(SPECS)  # each declares its mapping per engine (DrafterSpec.serving; tests/test_deploy.py)
 
 
 class DeployError(ValueError):
@@ -91,7 +94,8 @@ def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False
     draft = _pick(run, {}, "draft")
     if draft is None:  # older databases: the experiment's draft (a draft sweep stores one per run)
         draft = experiment.get("draft")
-    if name != "prompt-lookup" and not draft:
+    needs_model = SPECS[name].needs_model
+    if needs_model and not draft:
         raise DeployError(f"run {run.get('run_id')} drafts with a draft model ({name}) but none is stored for it")
     temperature = float(_pick(run, experiment, "temperature", 0.0))
     top_k = int(_pick(run, experiment, "top_k", 0))
@@ -100,7 +104,7 @@ def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False
         "run_id": int(run["run_id"]) if _present(run.get("run_id")) else None,
         "experiment_id": int(eid) if (eid := _pick(run, experiment, "experiment_id")) is not None else None,
         "target": str(experiment.get("target") or ""),
-        "draft": str(draft) if draft and name != "prompt-lookup" else None,
+        "draft": str(draft) if draft and needs_model else None,
         "drafter": name if param is None else f"{name}:{param:g}" if isinstance(param, float) else f"{name}:{param}",
         "k": int(k),
         "temperature": temperature,
@@ -157,17 +161,31 @@ def _same_distribution_note(cfg: dict) -> list[str]:
 # vllm/sampling_params.py @ 00388f65 (temperature 0 = greedy, top_k "0 (or -1)" = all tokens, min_p,
 # repetition_penalty, seed).
 
-def _vllm(cfg: dict) -> dict:
+def _drafting(cfg: dict, engine: str):
+    """(the drafter's declaration, its Serving on `engine`, parameter) for the run's drafter."""
     name, param = cfg["_drafter"]
+    spec = SPECS[name]
+    return spec, spec.serving[engine], param
+
+
+def _not_expressible(cfg: dict, serving) -> dict:
+    """The tab of an engine that cannot run the drafter: what it lacks, and no command."""
+    notes = serving.texts(cfg["_drafter"][1], cfg["k"])
+    return {"language": "text", "command": "", "snippet": f"# {notes[0]}\n", "notes": notes}
+
+
+def _vllm(cfg: dict) -> dict:
+    drafter, serving, param = _drafting(cfg, "vllm")
+    if serving.how is None:
+        return _not_expressible(cfg, serving)
     notes: list[str] = []
-    if name == "prompt-lookup":
-        spec = {"method": "ngram", "num_speculative_tokens": cfg["k"], "prompt_lookup_max": int(param),
-                "prompt_lookup_min": 1}
-        notes.append(f"ngram proposer: tries n-grams from prompt_lookup_max={int(param)} down to prompt_lookup_min=1 "
-                     f"like DraftLab; which earlier occurrence it continues from may differ from DraftLab's earliest "
-                     f"one, so check the acceptance rate in vLLM's spec-decode metrics.")
-    else:
-        spec = {"method": "draft_model", "model": _model_ref(cfg["draft"]), "num_speculative_tokens": cfg["k"]}
+    spec = {"method": serving.how}
+    if drafter.needs_model:
+        spec["model"] = _model_ref(cfg["draft"])
+    spec["num_speculative_tokens"] = cfg["k"]
+    spec.update(serving.settings(param, cfg["k"]))
+    notes += serving.texts(param, cfg["k"])
+    if drafter.needs_model:
         if not cfg["greedy"] and cfg["draft_sampling"] == "greedy":
             spec["draft_sample_method"] = "greedy"
             notes.append("draft_sample_method \"greedy\": the drafts are the draft's argmax, verified as one-hot, "
@@ -180,14 +198,6 @@ def _vllm(cfg: dict) -> dict:
                          "older vLLM rejects the key — drop it there, its drafts are then the draft's argmax "
                          "(verified as one-hot), still lossless but with a different acceptance rate than measured: "
                          "measure that with --draft-sampling greedy.")
-        if name == "heuristic":
-            notes.append(f"Not expressible: vLLM keeps num_speculative_tokens fixed per request; its dynamic k "
-                         f"(num_speculative_tokens_per_batch_size) follows the batch size, not acceptance. This is the "
-                         f"heuristic's starting k={cfg['k']}; run a constant-k sweep (drafter `model`) to choose the k "
-                         f"to serve.")
-        if name == "confidence":
-            notes.append(f"Not expressible: vLLM has no draft-confidence stop; every round drafts "
-                         f"{cfg['k']} tokens (the confidence:{param:g} run's upper bound).")
     notes += _vllm_schedule(cfg, spec)
     config_json = json.dumps(spec)
     groups = [["vllm", "serve", _model_ref(cfg["target"])], ["--speculative-config", config_json]]
@@ -273,38 +283,19 @@ def _openai_request(cfg: dict, top_k_off: int) -> dict:
 # defaults from the model's generation_config.json).
 
 def _sglang(cfg: dict) -> dict:
-    name, param = cfg["_drafter"]
-    notes: list[str] = []
-    groups = [["python", "-m", "sglang.launch_server"], ["--model-path", _model_ref(cfg["target"])]]
-    if name == "prompt-lookup":
-        groups += [["--speculative-algorithm", "NGRAM"], ["--speculative-num-draft-tokens", str(cfg["k"] + 1)],
-                   ["--speculative-ngram-max-bfs-breadth", "1"]]
-        notes.append(f"Not expressible: the lookup n-gram size N={int(param)} (current SGLang has no option for it; "
-                     f"older releases took --speculative-ngram-max-match-window-size).")
-        notes.append("NGRAM drafts from a cache of tokens seen before, shared by all requests, not only this "
-                     "prompt: close to prompt lookup but not the same; check its acceptance rate.")
-        notes.append(f"--speculative-num-draft-tokens counts the last verified token too: {cfg['k'] + 1} = k + 1 "
-                     f"verifies up to k={cfg['k']} drafts; --speculative-ngram-max-bfs-breadth 1 keeps one chain "
-                     f"(no tree), as DraftLab drafts.")
-    else:
-        groups += [["--speculative-algorithm", "STANDALONE"],
-                   ["--speculative-draft-model-path", _model_ref(cfg["draft"])],
-                   ["--speculative-num-steps", str(cfg["k"])], ["--speculative-eagle-topk", "1"],
-                   ["--speculative-num-draft-tokens", str(cfg["k"] + 1)]]
-        notes.append(f"STANDALONE with topk 1 drafts one chain of k={cfg['k']} tokens; SGLang requires "
-                     f"num-draft-tokens = num-steps + 1 when topk is 1.")
-        if not cfg["greedy"]:
-            notes.append("At temperature > 0 STANDALONE drafts the draft's argmax and verifies target-only "
-                         "(--speculative-use-rejection-sampling is EAGLE/EAGLE3 only): lossless, but its acceptance "
-                         "rate differs from DraftLab's measured alpha.")
-        if name == "heuristic":
-            notes.append(f"Not expressible: STANDALONE keeps num-steps fixed (--speculative-adaptive, which moves "
-                         f"between step tiers on an average accept length, is EAGLE-only). This is the heuristic's "
-                         f"starting k={cfg['k']}; choose the served k from a constant-k sweep.")
-        if name == "confidence":
-            notes.append(f"Not expressible: SGLang has no draft-confidence stop; every round drafts k={cfg['k']}. "
-                         f"Leave --speculative-accept-threshold-single/-acc at 1.0: they relax acceptance (lossy), "
-                         f"they do not stop drafting.")
+    drafter, serving, param = _drafting(cfg, "sglang")
+    if serving.how is None:
+        return _not_expressible(cfg, serving)
+    groups = [["python", "-m", "sglang.launch_server"], ["--model-path", _model_ref(cfg["target"])],
+              ["--speculative-algorithm", serving.how]]
+    if drafter.needs_model:
+        groups.append(["--speculative-draft-model-path", _model_ref(cfg["draft"])])
+    groups += [[flag, str(value)] for flag, value in serving.settings(param, cfg["k"])]
+    notes = serving.texts(param, cfg["k"])
+    if drafter.needs_model and not cfg["greedy"]:
+        notes.append("At temperature > 0 STANDALONE drafts the draft's argmax and verifies target-only "
+                     "(--speculative-use-rejection-sampling is EAGLE/EAGLE3 only): lossless, but its acceptance "
+                     "rate differs from DraftLab's measured alpha.")
     if cfg["dtype"] != "auto":
         groups.append(["--dtype", cfg["dtype"]])
     if cfg["trust_remote_code"]:
@@ -334,32 +325,18 @@ def _gguf(name: str) -> str:
 
 
 def _llama_cpp(cfg: dict) -> dict:
-    name, param = cfg["_drafter"]
-    notes: list[str] = []
+    drafter, serving, param = _drafting(cfg, "llama_cpp")
+    if serving.how is None:
+        return _not_expressible(cfg, serving)
     groups = [["llama-server"], ["-m", _gguf(cfg["target"])]]
     convert = [cfg["target"]]
-    if name == "prompt-lookup":
-        groups += [["--spec-type", "ngram-simple"], ["--spec-ngram-size-n", str(int(param))],
-                   ["--spec-ngram-size-m", str(cfg["k"])], ["--draft-max", str(cfg["k"])]]
-        notes.append(f"ngram-simple matches exactly the last {int(param)} tokens and continues its LAST earlier "
-                     f"occurrence; DraftLab falls back to shorter n-grams (n <= {int(param)}) and continues the "
-                     f"earliest one, so acceptance can differ. The n-gram options changed across llama.cpp builds "
-                     f"(checked docs/speculative.md): confirm them with `llama-server --help`.")
-    else:
+    if drafter.needs_model:
         convert.append(cfg["draft"])
-        p_min = float(param) if name == "confidence" else 0.0
-        groups += [["-md", _gguf(cfg["draft"])], ["--draft-max", str(cfg["k"])], ["--draft-min", "0"],
-                   ["--draft-p-min", _num(p_min)]]
-        if name == "confidence":
-            notes.append(f"--draft-p-min {p_min:g} stops a round when the draft's top probability falls below "
-                         f"{p_min:g}, like confidence:{p_min:g}, but llama.cpp drops that last draft (DraftLab keeps "
-                         f"it) and takes the probability over the draft sampler's few top candidates.")
-        else:
-            notes.append("--draft-p-min 0.0: llama.cpp's default (0.75) would end rounds early on low-confidence "
-                         "drafts; 0 keeps k constant, as measured.")
-        if name == "heuristic":
-            notes.append(f"Not expressible: llama.cpp has no +2/-1 schedule; --draft-max is the heuristic's "
-                         f"starting k={cfg['k']}. Choose the served k from a constant-k sweep.")
+        groups.append(["-md", _gguf(cfg["draft"])])
+    groups += [[flag, _num(value) if isinstance(value, float) else str(value)]
+               for flag, value in serving.settings(param, cfg["k"])]
+    notes = serving.texts(param, cfg["k"])
+    if drafter.needs_model:
         notes.append("llama.cpp drafts the draft's most likely tokens and accepts those the target's own sample "
                      "matches: lossless, but at temperature > 0 the acceptance rate differs from DraftLab's alpha."
                      if not cfg["greedy"] else "Greedy: llama.cpp accepts drafts that equal the target's argmax, "
@@ -394,7 +371,9 @@ def _llama_cpp(cfg: dict) -> dict:
 # the token kept), generation/utils.py (the criterion only when the threshold > 0).
 
 def _transformers(cfg: dict) -> dict:
-    name, param = cfg["_drafter"]
+    drafter, serving, param = _drafting(cfg, "transformers")
+    if serving.how is None:
+        return _not_expressible(cfg, serving)
     notes: list[str] = []
     load = {"dtype": "auto" if cfg["dtype"] == "auto" else cfg["dtype"]}
     if cfg["trust_remote_code"]:
@@ -406,18 +385,15 @@ def _transformers(cfg: dict) -> dict:
              f"target = AutoModelForCausalLM.from_pretrained({target!r}, {load_args})"]
     kwargs: dict = {}
     assistant: dict = {}
-    if name == "prompt-lookup":
-        kwargs.update(prompt_lookup_num_tokens=cfg["k"], max_matching_ngram_size=int(param))
-        notes.append("Prompt lookup in transformers tries n-grams from max_matching_ngram_size down to 1 and "
-                     "continues the earliest match, as DraftLab's prompt-lookup does.")
+    if not drafter.needs_model:  # a model-free drafter: its settings are generate() arguments
+        kwargs.update(serving.settings(param, cfg["k"]))
+        notes += serving.texts(param, cfg["k"])
     else:
         if not cfg["greedy"] and cfg["draft_sampling"] == "greedy":
             notes.append("Not expressible: transformers' assisted generation samples the assistant's drafts from "
                          "its distribution when do_sample=True; DraftLab measured argmax drafts "
                          "(--draft-sampling greedy), so expect the acceptance of a probabilistic run instead.")
-        schedule = "heuristic_transient" if name == "heuristic" else "constant"
-        assistant = {"num_assistant_tokens": cfg["k"], "num_assistant_tokens_schedule": schedule,
-                     "assistant_confidence_threshold": float(param) if name == "confidence" else 0.0}
+        assistant = serving.settings(param, cfg["k"])
         draft = _model_ref(cfg["draft"])
         lines.append(f"draft = AutoModelForCausalLM.from_pretrained({draft!r}, {load_args})")
         lines.append("# assisted generation reads these from the draft's generation_config, not from generate()")
@@ -426,17 +402,7 @@ def _transformers(cfg: dict) -> dict:
         notes.append("num_assistant_tokens, num_assistant_tokens_schedule and assistant_confidence_threshold are "
                      "set on draft.generation_config: transformers' AssistedCandidateGenerator reads them there "
                      "(given to generate() they are ignored, leaving the defaults k=20 and threshold 0.4).")
-        if name == "heuristic":
-            notes.append("\"heuristic_transient\" restarts k at num_assistant_tokens on every generate() call, as "
-                         "DraftLab restarts it at every prompt; \"heuristic\" would carry k over between calls.")
-        elif name == "confidence":
-            notes.append(f"assistant_confidence_threshold={param:g}: transformers stops after a draft whose own "
-                         f"probability is below {param:g} (DraftLab: whose distribution's top probability is; the "
-                         f"same at temperature 0), and with scikit-learn installed it re-fits the threshold during "
-                         f"generation, which DraftLab does not.")
-        else:
-            notes.append("assistant_confidence_threshold=0.0 turns off transformers' default early stop (0.4), "
-                         "so every round drafts k tokens as measured.")
+        notes += serving.texts(param, cfg["k"])
     if cfg["greedy"]:
         kwargs["do_sample"] = False
     else:

@@ -83,6 +83,14 @@ def test_every_engine_parses_back(drafter, sampling):
     json.dumps(doc, allow_nan=False)  # strict JSON all the way down
     for engine in doc.values():
         assert engine["notes"] and all(isinstance(n, str) and n for n in engine["notes"])
+    if name == "suffix":  # vLLM runs suffix decoding; the other engines have none and say so, with no command
+        assert json.loads(doc["vllm"]["speculative_config"]) == {
+            "method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_max_tree_depth": 24}
+        assert "arctic-inference" in " ".join(doc["vllm"]["notes"]) and inexpressible(doc["vllm"]) == ""
+        for engine in ("sglang", "llama_cpp", "transformers"):
+            assert doc[engine]["command"] == "" and "no suffix decoding" in inexpressible(doc[engine])
+            assert doc[engine]["snippet"].startswith("# Not expressible")
+        return
 
     # vLLM: the --speculative-config JSON and the request's sampling fields
     vllm = doc["vllm"]
@@ -363,3 +371,14 @@ def test_a_deployed_run_not_faster_than_the_target_says_so():
     assert any("not measured faster than the target alone (0.94×, 0.67–1.42 includes 1×)" in c for c in unsure)
     clear = caveats(v, 1, (1.4, 1.3, 1.5))
     assert not any("target alone" in c for c in clear)
+
+
+def test_every_drafter_declares_its_mapping_on_every_engine():
+    """Deploy assembles each tab from the drafter's declaration (engine/drafter_specs.py), never from its name: a
+    drafter without a mapping for an engine is caught here, before anyone exports it as a draft-model run."""
+    from storage.deploy import ENGINES
+
+    for name, spec in SPECS.items():
+        assert set(spec.serving) == set(ENGINES), name
+        for engine, serving in spec.serving.items():
+            assert serving.how is not None or serving.notes[0].startswith("Not expressible"), (name, engine)
