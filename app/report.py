@@ -10,17 +10,28 @@ from storage.columns import COLUMNS, show
 SAME = COLUMNS["outputs_match_baseline"]  # the table's last column, explained under it
 
 
+def _swept_label(run: dict) -> str:
+    """A run's swept value as the listing shows it (`suffix:24`, `0.7`, `demo-draft`)."""
+    value = run.get("sweep_value")
+    return str(run.get(run.get("sweep_variable") or "", value) if value is None else value)
+
+
 def format_table(doc: dict) -> str:
     """A fixed-width summary: the baseline, one line per speculative run with its speedup interval, the
     verdict, and any timing warning."""
     b = doc["baseline"]
+    # A sweep of anything but k leads each line with the run's swept value by its label (drafter=suffix:24).
+    swept = {r.get("sweep_variable") for r in doc["runs"]} - {None, "k"}
+    labels = [_swept_label(r) for r in doc["runs"]] if swept else []
+    width = max(map(len, labels), default=0)
+    label_header = f"{'/'.join(sorted(swept)):<{width}} " if swept else ""
     fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
     lines = [f"experiment {doc['experiment_id']}" if doc.get("experiment_id") is not None else "experiment (not stored)",
              f"baseline  {b['new_tokens']:>6} tokens  {fmt(b['tokens_per_second'], '8.1f')} tok/s  "
              f"target step {1000 * (b['target_step_seconds'] or 0):.2f} ms"
              + (f"  ({plural(doc['repeats'], 'repeat')}, {noun(doc['repeats'], 'median')})" if doc.get("repeats")
                 else ""),
-             f"{'k':>3} {'tok/s':>8} {'speedup (95% CI)':>19} {'refined':>7} {'formula':>7} {'alpha':>6} "
+             f"{label_header}{'k':>3} {'tok/s':>8} {'speedup (95% CI)':>19} {'refined':>7} {'formula':>7} {'alpha':>6} "
              f"{'tok/rnd':>7} {'c':>6} {'verify':>6} {SAME.header}"]
     # Runs decoded in batches (B > 1, as in a batch-size sweep) name their batch size and serving figures (every run
     # has serving figures, batch-1 runs too: the table adds them only where batch sizes are in play).
@@ -29,7 +40,8 @@ def format_table(doc: dict) -> str:
         ci = r.get("speedup_ci")
         speed = (f"{r['speedup']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})" if r.get("speedup") is not None and ci
                  else fmt(r.get("speedup"), ".2f"))
-        lines.append(f"{r['k']:>3} {fmt(r['tokens_per_second'], '8.1f')} {speed:>19} "
+        lead = f"{_swept_label(r):<{width}} " if swept else ""
+        lines.append(f"{lead}{r['k']:>3} {fmt(r['tokens_per_second'], '8.1f')} {speed:>19} "
                      f"{fmt(r.get('predicted_speedup_refined'), '7.2f')} {fmt(r['predicted_speedup'], '7.2f')} "
                      f"{fmt(r['alpha'], '6.3f')} {fmt(r['tokens_per_round'], '7.2f')} {fmt(r['c'], '6.2f')} "
                      f"{fmt(r.get('verify_cost'), '6.2f')} {show('outputs_match_baseline', r['outputs_match_baseline'])}"

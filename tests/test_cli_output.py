@@ -31,3 +31,19 @@ def test_run_prints_its_own_lines_and_one_final_progress_line(run_cli):
     assert "same output: greedy runs only: every prompt's output equals the baseline's token for token" in out
     rows = [line for line in out.splitlines() if line.strip().startswith(("1 ", "2 "))]
     assert rows and all(line.endswith(" yes") for line in rows), rows  # greedy: lossless
+
+
+def test_the_run_table_leads_a_sweep_of_anything_but_k_with_each_runs_label():
+    """A drafter sweep's lines say which drafter they are (its label), not only their k; a k sweep keeps k first."""
+    from app.report import format_table
+
+    base = {"new_tokens": 10, "tokens_per_second": 5.0, "target_step_seconds": 0.01}
+    run = {"k": 4, "tokens_per_second": 6.0, "speedup": 1.2, "speedup_ci": [1.1, 1.3], "predicted_speedup": 1.3,
+           "alpha": 0.6, "tokens_per_round": 2.0, "c": 4.0, "outputs_match_baseline": True}
+    drafters = [{**run, "sweep_variable": "drafter", "sweep_value": v} for v in ("model", "suffix:24")]
+    lines = format_table({"experiment_id": 1, "baseline": base, "runs": drafters}).splitlines()
+    assert lines[2].split()[:2] == ["drafter", "k"]
+    assert [line.split()[0] for line in lines[3:5]] == ["model", "suffix:24"]
+    ks = [{**run, "sweep_variable": "k", "sweep_value": k, "k": k} for k in (2, 4)]
+    lines = format_table({"experiment_id": 1, "baseline": base, "runs": ks}).splitlines()
+    assert lines[2].split()[0] == "k" and [line.split()[0] for line in lines[3:5]] == ["2", "4"]
