@@ -209,6 +209,13 @@ DRAFT_SAMPLING = ("probabilistic", "greedy")
 DEFAULT_DRAFT_SAMPLING = "probabilistic"
 
 
+def example_specs(**capabilities) -> list[str]:
+    """A valid spec of every drafter whose declaration has these capabilities (`needs_model=False`,
+    `constant_k=False`, ...), in declaration order: what findings suggest trying, by capability, never by name."""
+    return [spec.parameter.example if spec.parameter else spec.name for spec in SPECS.values()
+            if all(getattr(spec, key) == value for key, value in capabilities.items())]
+
+
 def drafter_usage() -> str:
     """'model, heuristic, confidence:T (0 < T < 1), ...': every spec form, for help texts and error messages."""
     return ", ".join(spec.usage + (f" ({spec.parameter.meaning})" if spec.parameter else "") for spec in SPECS.values())

@@ -33,6 +33,7 @@ from sqlalchemy import text
 
 from engine import theory
 
+from engine.drafter_specs import example_specs
 from engine.variables import variable
 
 from . import formula, production
@@ -63,7 +64,10 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production", "schedule")
 NEW_PAGE = "new"            # pages/nav.py's URL path of the New-experiment page
 DISTILL_PAGE = "train"      # pages/nav.py's Train-a-draft page: `focus_from` preselects the experiment to focus on
-ALTERNATIVE_DRAFTERS = ("confidence:0.5", "heuristic")  # engine/drafting.py specs that stop drafting early
+# Drafters to suggest, by their declared capabilities (engine/drafter_specs.py): those that draft with the model but
+# fewer when unsure (k varies), and those that need no draft model at all.
+ALTERNATIVE_DRAFTERS = tuple(example_specs(needs_model=True, constant_k=False))
+MODEL_FREE_DRAFTERS = tuple(example_specs(needs_model=False))
 
 _log = logging.getLogger(__name__)
 
@@ -315,8 +319,9 @@ def _schedule(ctx: _Context) -> list[dict]:
             prefill = ctx.prefill(title, batch_sizes=",".join(map(str, between)))
         else:
             next_ = ("Speculation does not pay at any batch size measured from the smallest up: serve the target "
-                     "alone there, or try a cheaper drafter (prompt-lookup) or a smaller k.")
-            prefill = ctx.prefill(title, sweep="drafter", values="model,prompt-lookup:3", k=1,
+                     f"alone there, or try a drafter without a draft model ({_join(list(MODEL_FREE_DRAFTERS))}) or a "
+                     f"smaller k.")
+            prefill = ctx.prefill(title, sweep="drafter", values=",".join(("model", *MODEL_FREE_DRAFTERS)), k=1,
                                   batch_sizes=",".join(str(st.batch_size) for st in known))
         out.append(_finding("schedule", "info", title, detail, "schedule", next_, prefill, data))
     else:
@@ -616,9 +621,10 @@ def _low_c(ctx: _Context) -> list[dict]:
               f"best k ({k_f}) predicts only {_x(s_f)}, and the formula leaves out the verify pass's cost"
               + (f"; at this α the draft {ctx.experiment['draft']} would need c ≥ {need:.1f} to reach {_x(WORTH_IT)}."
                  if need else f"; at this α no draft speed reaches {_x(WORTH_IT)}."))
-    prefill = ctx.prefill(title, sweep="k", values="2,4,8", k=None, k_auto=None, drafter="prompt-lookup:3")
+    prefill = ctx.prefill(title, sweep="k", values="2,4,8", k=None, k_auto=None, drafter=MODEL_FREE_DRAFTERS[0])
     return [_finding("low_c", "info", title, detail, "cost",
-                     "Try a faster (smaller) draft, or prompt-lookup drafting (prompt-lookup:3, no draft model).",
+                     f"Try a faster (smaller) draft, or a drafter without a draft model "
+                     f"({_join(list(MODEL_FREE_DRAFTERS))}: no draft step to pay for).",
                      prefill, {"run_id": int(r.run_id), "alpha": float(r.alpha), "c": float(r.c), "best_k": k_f,
                                "predicted": float(s_f), "c_needed": need})]
 

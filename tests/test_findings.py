@@ -95,7 +95,7 @@ def test_positions_and_token_type_name_the_weak_position_and_type(store):
     assert "k above 2 mostly wastes draft steps" in positions["next"]
     assert positions["chart"] == "by-position"
     assert positions["prefill"]["sweep"] == "k" and positions["prefill"]["values"] == "1,2"
-    assert [a["prefill"]["drafter"] for a in positions["alternatives"]] == ["confidence:0.5", "heuristic"]
+    assert [a["prefill"]["drafter"] for a in positions["alternatives"]] == ["heuristic", "confidence:0.5"]
 
     blamed = found["token_type"]
     assert blamed["data"]["token_type"] == "whitespace"
