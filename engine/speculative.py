@@ -41,7 +41,9 @@ import torch
 
 from .batched_cache import BatchCache, left_pad, to_device
 from .clock import RoundClock
+from .drafter_specs import drafter_usage
 from .drafting import COMPACT_SLACK, Drafter
+from .errors import DraftLabError
 from .records import PromptResult
 from .rows import Rows
 from .sampling import SamplingConfig, probabilities
@@ -55,6 +57,10 @@ COMPACT_RATIO = 2.0
 class SpeculativeDecoder:
     def __init__(self, target_model, drafter: Drafter, vocab_size: int, cfg: SamplingConfig, typer: TokenTyper,
                  eos_ids: set[int], compact_ratio: float | None = COMPACT_RATIO):
+        spec = getattr(drafter, "spec", None)
+        if spec is not None and spec.needs_hidden_states:  # declared in engine/drafter_specs.py; EAGLE-style heads
+            raise DraftLabError(f"drafter {spec.name!r} drafts from the target's hidden states, which this loop does "
+                                f"not pass to a drafter yet; use a drafter that needs none ({drafter_usage()})")
         self.target = BatchCache(target_model, vocab_size)
         self.clock = RoundClock(self.target.device)
         self.drafter = drafter
