@@ -33,7 +33,9 @@ import sys
 
 import torch
 
+from .attention_masks import PositionMasks, batch_support, layer_windows
 from .cached_model import max_positions, rollback_cache
+from .errors import DraftLabError
 from .memory import cache_bytes
 
 
@@ -70,9 +72,23 @@ class BatchCache:
         self.peak_cells = 0  # most (row, column) slots held since reset_peak, holes included
         self._cell_bytes = None
         self.compactions = 0
+        windows = layer_windows(model.config)
+        # Sliding-window / chunked layers: masks counted in each row's real tokens (engine/attention_masks.py);
+        # full attention keeps transformers' own masks (a 2-D mask, nothing built per forward).
+        self._position_masks = PositionMasks(model, windows) if windows is not None else None
+        self._support = None  # batch_support(model), asked the first time a batch has several rows
         self.reset(0)
 
     def reset(self, batch: int) -> None:
+        """An empty cache for `batch` rows; a model the cache cannot decode exactly with several rows is refused."""
+        if batch > 1:
+            if self._support is None:
+                self._support = batch_support(self.model) or ""
+            if self._support:
+                raise DraftLabError(self._support)
+        # One row never has holes between its tokens (rollback leaves trailing ones only, trimmed before the next
+        # forward; a single row has no padding), so its columns are its positions: transformers' masks are exact.
+        self._columns_are_positions = batch <= 1
         self.cache = rollback_cache(self.model)
         self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)  # real tokens per row
@@ -89,7 +105,11 @@ class BatchCache:
         """Logits [B, W, V] for ids [B, W] (or the last `keep` columns); valid [B, W] marks real tokens."""
         positions = (self.lengths[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
         mask = torch.cat([self.mask, valid], 1)
-        kwargs = {self._cache_kw: self.cache, "use_cache": True, "attention_mask": mask.long(),
+        if self._position_masks is not None and not self._columns_are_positions:
+            attention_mask = self._position_masks(mask, ids.shape[1])
+        else:
+            attention_mask = mask.long()
+        kwargs = {self._cache_kw: self.cache, "use_cache": True, "attention_mask": attention_mask,
                   "position_ids": positions}
         if keep and self._can_keep:
             kwargs["logits_to_keep"] = keep
