@@ -61,9 +61,15 @@ def _name(model) -> str:
 def _uses_alibi(config) -> bool:
     text = _text_config(config)
     attn = getattr(text, "attn_config", None)
-    return (text.model_type == "bloom" or bool(getattr(text, "alibi", False))
-            or bool(getattr(attn, "alibi", False) if not isinstance(attn, dict) else attn.get("alibi"))
+    attn_alibi = attn.get("alibi") if isinstance(attn, dict) else getattr(attn, "alibi", False)
+    return (text.model_type == "bloom" or bool(getattr(text, "alibi", False)) or bool(attn_alibi)
             or getattr(text, "position_embedding_type", None) == "alibi")
+
+
+# ALiBi that transformers builds from the attention mask's running count of real tokens (build_alibi_tensor):
+# that count is each row's own position, so holes and padding change nothing (measured exact at batch 8 with
+# holes, tests/test_engine_batched_sliding.py). Any other ALiBi (MPT's) is counted in cache columns.
+ALIBI_FROM_MASK = ("bloom", "falcon")
 
 
 def _takes_mask_dict(model) -> bool:
@@ -85,9 +91,10 @@ def batch_support(model) -> str | None:
     config = model.config
     text = _text_config(config)
     why = None
-    if _uses_alibi(config):
-        why = "uses ALiBi attention biases, which are counted in cache columns, not in each row's own tokens"
-    elif "position_ids" not in inspect.signature(model.forward).parameters:
+    from_mask = text.model_type in ALIBI_FROM_MASK
+    if _uses_alibi(config) and not from_mask:
+        why = "uses ALiBi attention biases counted in cache columns, not in each row's own tokens"
+    elif "position_ids" not in inspect.signature(model.forward).parameters and not from_mask:
         why = "takes no position_ids, so each row cannot be given its own token positions"
     elif getattr(text, "attn_temperature_tuning", False) and 0 in (getattr(text, "no_rope_layers", None) or []):
         why = ("scales its no-RoPE layers' attention by the cache column (attn_temperature_tuning), not by each "

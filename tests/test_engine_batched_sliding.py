@@ -2,7 +2,8 @@
 (left padding) and a random unrelated draft that rejects almost every round (holes inside every window), every
 greedy row at batch 1, 3 and 8 equals that prompt's target-only decoding alone, well past the window (Mistral-,
 Qwen2-, Gemma2/Gemma3-, Cohere2-style sliding and Llama4 chunked). A model the batched cache cannot decode exactly
-(ALiBi, no position_ids, a per-column temperature) is refused in one line before any forward."""
+(ALiBi counted in columns, no position_ids, a per-column temperature) is refused in one line before any forward;
+ALiBi counted from the attention mask (Bloom, Falcon) is exact and runs."""
 import pytest
 import torch
 import transformers
@@ -83,11 +84,17 @@ def test_ragged_drafts_and_prompt_lookup_stay_exact_at_batch_8(rejecting_pair):
 
 
 def tiny(config_name: str, model_name: str, **extra):
+    """A random ALiBi model with weights wide enough (std 0.3) that its greedy outputs vary token to token."""
     torch.manual_seed(0)
     config = getattr(transformers, config_name)(vocab_size=64, hidden_size=32, num_attention_heads=4,
                                                 eos_token_id=tm.EOS, **extra)
     model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
     model.config.name_or_path = f"tiny/{config.model_type}"
+    model.generation_config.eos_token_id = None
     return model
 
 
@@ -99,26 +106,51 @@ ALIBI = {
 }
 
 
-@pytest.mark.parametrize("family", list(ALIBI))
-def test_an_alibi_model_is_refused_at_batch_above_1_in_one_line(family):
-    model = ALIBI[family]()
-    pair = tm.pair(model, tm.llama(1))
+@pytest.mark.parametrize("family", ["bloom", "falcon"])
+def test_alibi_built_from_the_mask_count_is_exact_at_batch_3_and_8(family):
+    """Bloom's and Falcon's ALiBi counts real tokens in the attention mask: each row's own positions, holes and all."""
+    target = ALIBI[family]()
+    pair = tm.pair(target, tm.noisy_copy(target, seed=1, noise=0.15), tm.tokenizer(64, eos=False))
+    assert batch_support(target) is None
+    cfg = SamplingConfig(temperature=0, max_new_tokens=NEW)
+    ids = runs.encode_prompts(pair, PROMPTS, NEW)
+    alone = [runs.baseline_decoder(pair, cfg).generate(p, i, n).output_ids for n, (p, i) in enumerate(zip(PROMPTS, ids))]
+    for batch in (3, 8):
+        rows = decode_in_batches(batched.batched_speculative_decoder(pair, cfg, K), ids, batch)
+        assert [r.output_ids for r in rows] == alone, (family, batch)
+        partial = sum(0 < r.accepted < r.k for row in rows for r in row.rounds)
+        assert partial > 3  # rows kept different numbers of drafts: holes between their tokens
+
+
+def test_alibi_counted_in_columns_is_refused_at_batch_above_1_in_one_line():
+    model = ALIBI["mpt"]()  # MPT's ALiBi is a function of the cache column: holes would shift it
+    pair = tm.pair(model, tm.noisy_copy(model, seed=1, noise=0.15))
     cfg = SamplingConfig(temperature=0, max_new_tokens=4)
     ids = runs.encode_prompts(pair, PROMPTS[:3], 4)
     for decoder in (batched.batched_speculative_decoder(pair, cfg, 2), batched.batched_baseline_decoder(pair, cfg)):
         with pytest.raises(DraftLabError) as err:
             decoder.generate_batch(PROMPTS[:3], ids[:3], [0, 1, 2])
         message = str(err.value)
-        assert message.startswith(f"tiny/{family} uses ALiBi") and "batch size 1" in message
+        assert message.startswith("tiny/mpt uses ALiBi") and message.endswith("run it at batch size 1")
         assert "\n" not in message
         # one row is the batch-1 case: nothing to refuse
         assert len(decoder.generate_batch(PROMPTS[:1], ids[:1], [0])[0].output_ids) == 4
+
+
+class _NoPositions(transformers.LlamaForCausalLM):
+    """A forward that never hears of position_ids (it counts positions in cache columns)."""
+
+    def forward(self, input_ids=None, attention_mask=None, cache=None, use_cache=None, logits_to_keep=0):
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache,
+                               logits_to_keep=logits_to_keep)
 
 
 def test_other_models_the_cache_cannot_decode_exactly_are_refused_and_the_demo_families_are_not():
     chunked = build("llama4-chunked")  # attn_temperature_tuning on, a NoPE layer: a per-column scale
     assert "attn_temperature_tuning" in batch_support(chunked)
     assert batch_support(build_batchable("llama4-chunked")) is None
+    no_positions = _NoPositions(tm.llama(0).config)
+    assert "takes no position_ids" in batch_support(no_positions)
     eager_flash = build("mistral")
     eager_flash.config._attn_implementation = "flash_attention_2"
     assert "'flash_attention_2'" in batch_support(eager_flash)
