@@ -130,8 +130,9 @@ class PositionMasks:
         q = pos[:, -width:, None]
         k = pos[:, None, :]
         causal = real[:, None, :] & (k <= q)
-        # A hole fed as a query (padding, a row drafting fewer tokens) attends to itself only, so no query row is
-        # fully masked (softmax over nothing); its output is never read and never attended to.
+        # A hole fed as a query (padding, a row drafting fewer tokens) may have no real key before it: it also
+        # attends to itself, so no query row is fully masked (softmax over nothing, NaN in sdpa). Its output is
+        # never read, and as a key it is masked for every real query.
         columns = torch.arange(real.shape[1], device=real.device)
         causal = causal | (columns[None, :] == columns[-width:, None])[None]
         masks = {}

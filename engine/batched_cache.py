@@ -7,6 +7,16 @@ tokens get their real positions, counted per row (`position_ids` = the number of
 is what rotary models (Llama) and absolute-position ones (GPT-2) both read, so a row computes exactly what it
 computes alone: same keys, same positions, the same set of attended keys.
 
+Windows. transformers counts sliding windows and attention chunks in COLUMNS, and padding or a hole inside a window
+would shrink what a row sees. So for a model with sliding-window or chunked layers, a cache of several rows hands
+every forward masks counted in each row's real tokens (engine/attention_masks.py: a 4-D mask, or one per layer
+type); full-attention models (GPT-2, Llama) keep the 2-D mask above and build nothing per forward, and so does a
+cache of one row (no padding, and its holes are all trailing and trimmed before the next forward: columns are
+positions). Chosen by measurement over compacting the holes away every round (benchmarks/bench_sliding_batch.py):
+the same speed at batch 4 and 8, and exact where compaction alone is not (rows leaving mid-batch and the draft's
+ragged first forward still leave holes). A model the cache cannot decode exactly with several rows (ALiBi
+counted in columns, a forward without position_ids, ...: `batch_support`) is refused by `reset` in one line.
+
 Rollback (the choice, and its cost). When rows accept different numbers of drafts, `rollback(lengths)` does
 not crop: it turns every column past row r's first lengths[r] real tokens into a hole (one masked update on the
 device, no host sync). The rejected drafts' columns stay allocated and are attended to as masked keys; the next
