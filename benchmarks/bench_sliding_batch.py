@@ -1,5 +1,5 @@
-"""Which cache design makes sliding-window models exact at batch > 1? (issue 27 item 1) Two candidates, timed on
-the same Mistral-style pair (every layer sliding), the same prompts and batches, greedy, constant k:
+"""Which cache design makes sliding-window models exact at batch > 1? (issue 27 item 1) Two candidates and the pre-fix
+cache as the reference, timed on the same Mistral-style pair (every layer sliding), the same prompts and batches, greedy, constant k:
 
   masks    the batched cache as it ships: holes stay, and each forward gets a 4-D mask counted in each row's real
            tokens (engine/attention_masks.py), built per forward ([B, W, C] booleans);
@@ -8,7 +8,8 @@ the same Mistral-style pair (every layer sliding), the same prompts and batches,
            so a row's window in columns is its window in tokens. (Cost only: rows that leave the batch mid-round
            and the draft's ragged first forward still leave holes, so this arm is not fully exact; it is the cheap
            bound of the hole-free design, which would also re-feed tokens to keep those forwards hole-free.)
-  columns  the pre-fix cache (column masks, holes, compaction only at 2x + 16): the speed to keep; not exact.
+  columns  the pre-fix cache (column masks, holes, compaction past 2x the longest row): the speed to keep; not
+           exact.
 
 Per arm: wall and process CPU time of the batches (one torch thread by default: on a shared machine CPU time is
 the steadier figure), interleaved (A B C, then C B A) and repeated; medians and min-max of the per-repeat ratio to
@@ -81,7 +82,8 @@ def main() -> None:
     alone = [alone_decoder.generate(p, i, n).output_ids for n, (p, i) in enumerate(zip(prompts, ids))]
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     arms = ("masks", "compact", "columns")
-    print(f"Mistral-style pair: hidden {args.hidden}, {args.layers} layers, window {args.window}; {len(prompts)} prompts "
+    print(f"Mistral-style pair: hidden {args.hidden}, {args.layers} layers, window {args.window}; "
+          f"{len(prompts)} prompts "
           f"of {min(i.shape[1] for i in ids)}-{max(i.shape[1] for i in ids)} tokens, {args.max_new_tokens} new, "
           f"k {args.k}, {args.device}, {args.repeats} repeats")
     batched.COMPACT_SLACK = 0  # the compact arm realigns at any hole; the others keep ratio 2 (+0 slack) here

@@ -140,7 +140,7 @@ class PositionMasks:
             if rule == "sliding":
                 allowed = causal & (k > q - size)
             elif rule == "chunked":
-                allowed = causal & (torch.div(k, size, rounding_mode="floor") == torch.div(q, size, rounding_mode="floor"))
+                allowed = causal & (k.div(size, rounding_mode="floor") == q.div(size, rounding_mode="floor"))
             else:
                 allowed = causal
             masks[layer_type] = self._format(allowed[:, None])
