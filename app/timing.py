@@ -8,6 +8,7 @@ import traceback
 
 import torch
 
+from engine.attention_masks import batch_support
 from engine.chat import render
 from engine.drafter_specs import DEFAULT_DRAFTER, needs_draft_model
 from engine.errors import DraftLabError, RunCancelled
@@ -155,8 +156,9 @@ def is_batched(experiment: dict, group: dict[int, dict]) -> bool:
 
 def _check_batch(loaded: LoadedPair, job: JobContext, experiment: dict, run: dict, prompts: list[str],
                  prompt_ids: list, cfg: SamplingConfig) -> None:
-    """Refuse a batch size before it runs: more rows than prompts (never silently a smaller batch), or KV caches
-    that cannot fit in what the device has free (engine/memory.py)."""
+    """Refuse a batch size before it runs: more rows than prompts (never silently a smaller batch), a model the
+    batched cache cannot decode exactly (engine/attention_masks.py), or KV caches that cannot fit in what the
+    device has free (engine/memory.py)."""
     size = batch_size_of(run)
     if size > len(prompts):
         raise DraftLabError(f"batch size {size} needs at least {size} prompts but the prompt set has {len(prompts)}; "
@@ -166,6 +168,9 @@ def _check_batch(loaded: LoadedPair, job: JobContext, experiment: dict, run: dic
         draft = job.models.pair_for(loaded, _draft_of(run, experiment), experiment).draft
         if draft is not None:
             models.append(draft.model)
+    for model in models if size > 1 else ():
+        if why := batch_support(model):
+            raise DraftLabError(why)
     longest = max(int(ids.shape[-1]) for ids in prompt_ids)
     check_batch_fits(models, loaded.pair.device, size, longest, cfg.max_new_tokens,
                      int(run["k"] or 0) if run["kind"] != BASELINE else 0)

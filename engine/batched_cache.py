@@ -7,6 +7,16 @@ tokens get their real positions, counted per row (`position_ids` = the number of
 is what rotary models (Llama) and absolute-position ones (GPT-2) both read, so a row computes exactly what it
 computes alone: same keys, same positions, the same set of attended keys.
 
+Windows. transformers counts sliding windows and attention chunks in COLUMNS, and padding or a hole inside a window
+would shrink what a row sees. So for a model with sliding-window or chunked layers, a cache of several rows hands
+every forward masks counted in each row's real tokens (engine/attention_masks.py: a 4-D mask, or one per layer
+type); full-attention models (GPT-2, Llama) keep the 2-D mask above and build nothing per forward, and so does a
+cache of one row (no padding, and its holes are all trailing and trimmed before the next forward: columns are
+positions). Chosen by measurement over compacting the holes away every round (benchmarks/bench_sliding_batch.py):
+the same speed at batch 4 and 8, and exact where compaction alone is not (rows leaving mid-batch and the draft's
+ragged first forward still leave holes). A model the cache cannot decode exactly with several rows (ALiBi
+counted in columns, a forward without position_ids, ...: `batch_support`) is refused by `reset` in one line.
+
 Rollback (the choice, and its cost). When rows accept different numbers of drafts, `rollback(lengths)` does
 not crop: it turns every column past row r's first lengths[r] real tokens into a hole (one masked update on the
 device, no host sync). The rejected drafts' columns stay allocated and are attended to as masked keys; the next
@@ -16,7 +26,7 @@ round feeds each row only its new tokens (no re-feeding of accepted ones). Then
   - `select(rows)` drops finished rows (an index_select per layer, and the leading columns no kept row uses are
     sliced off);
   - `compact()` realigns the rows (a stable gather per layer that moves each row's real tokens to the right,
-    left-padding the rest) when the width exceeds compact_ratio x the longest row + a slack (engine/batched.py:
+    left-padding the rest) when the width exceeds compact_ratio x the longest row + a slack (engine/speculative.py:
     2x + 16). Moving a column is exact: cached keys already carry their rotary position and GPT-2 keys none.
 What holes cost: memory and attention over masked columns (at most compact_ratio x the longest row between
 compactions) plus the compaction copies; benchmarks/bench_batch.py prints the mean hole share and the time
@@ -33,7 +43,9 @@ import sys
 
 import torch
 
+from .attention_masks import PositionMasks, batch_support, layer_windows
 from .cached_model import max_positions, rollback_cache
+from .errors import DraftLabError
 from .memory import cache_bytes
 
 
@@ -70,9 +82,20 @@ class BatchCache:
         self.peak_cells = 0  # most (row, column) slots held since reset_peak, holes included
         self._cell_bytes = None
         self.compactions = 0
+        windows = layer_windows(model.config)
+        # Sliding-window / chunked layers: masks counted in each row's real tokens (engine/attention_masks.py);
+        # full attention keeps transformers' own masks (a 2-D mask, nothing built per forward).
+        self._position_masks = PositionMasks(model, windows) if windows is not None else None
+        self._support = None  # batch_support(model), asked the first time a batch has several rows
         self.reset(0)
 
     def reset(self, batch: int) -> None:
+        """An empty cache for `batch` rows; a model the cache cannot decode exactly with several rows is refused."""
+        if batch > 1:
+            if self._support is None:
+                self._support = batch_support(self.model) or ""
+            if self._support:
+                raise DraftLabError(self._support)
         self.cache = rollback_cache(self.model)
         self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)  # real tokens per row
@@ -93,8 +116,9 @@ class BatchCache:
         causal path (no attention mask, positions from the cache's length), as a plain generate() step does."""
         mask = torch.cat([self.mask, valid], 1)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
-        if mask.shape[0] > 1:
-            kwargs["attention_mask"] = mask.long()
+        if mask.shape[0] > 1:  # sliding / chunked windows counted in each row's real tokens (engine/attention_masks.py)
+            kwargs["attention_mask"] = (self._position_masks(mask, ids.shape[1]) if self._position_masks is not None
+                                        else mask.long())
             kwargs["position_ids"] = (self.lengths[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
         if keep and self._can_keep:
             kwargs["logits_to_keep"] = keep

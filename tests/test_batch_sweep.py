@@ -276,3 +276,30 @@ def test_the_detail_page_shows_the_serving_table(tmp_path, model_dirs, monkeypat
     for _, row in shown.iterrows():
         for name in ("batch_size", "tokens_per_second", "ttft_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p95"):
             assert row[name] == pytest.approx(runs.loc[row["run_id"], name]), name
+
+
+def test_the_worker_refuses_a_model_the_batched_cache_cannot_decode_exactly(tmp_path):
+    """MPT's ALiBi is counted in cache columns (engine/attention_masks.batch_support): its batch-2 runs fail with
+    that one line before a row decodes; batch 1 runs."""
+    from tests import tiny_models
+    from tests.test_engine_batched_sliding import ALIBI
+
+    paths = {}
+    target = ALIBI["mpt"]()
+    for name, model in (("target", target), ("draft", tiny_models.noisy_copy(target, seed=1, noise=0.15))):
+        model.save_pretrained(tmp_path / name)
+        tiny_models.tokenizer().save_pretrained(tmp_path / name)
+        paths[name] = str(tmp_path / name)
+    store = open_store(f"sqlite:///{tmp_path / 'q.db'}")
+    eid = enqueue(store, paths, [1, 2], repeats=1)
+    with RecordingWorker(store) as worker:
+        worker.work(until_idle=True)
+    runs = q.runs(store, eid).set_index("run_id")
+    big = runs[runs["batch_size"] == 2]
+    assert (big["status"] == "failed").all() and (runs[runs["batch_size"] == 1]["status"] == "done").all()
+    assert all("uses ALiBi" in e and e.endswith("run it at batch size 1") and "\n" not in e for e in big["error"])
+    with store.read() as conn:  # refused before it started (app/timing._check_batch): no device, no row decoded
+        ids = ",".join(str(int(i)) for i in big.index)
+        started = f"SELECT COUNT(*) FROM runs WHERE id IN ({ids}) AND device_name IS NOT NULL"
+        assert conn.execute(text(started)).scalar() == 0
+        assert conn.execute(text(f"SELECT COUNT(*) FROM prompt_results WHERE run_id IN ({ids})")).scalar() == 0
