@@ -107,7 +107,7 @@ def _formulas() -> None:
         refined_best = frame.loc[frame["cost_aware_speedup"].idxmax()]
         m1, m2, m3, _ = st.columns(4)
         m1.metric(f"Cost-aware speedup at k={k}", f"{cost_aware_speedup(alpha, k, c, verify):.2f}×")
-        m2.metric("Refined best k", str(int(refined_best["k"])))
+        m2.metric("Cost-aware best k", str(int(refined_best["k"])))
         m3.metric("Cost-aware speedup at best k", f"{refined_best['cost_aware_speedup']:.2f}×")
     chart_with_csv(charts.theory_curves(frame, k), frame, "theory_curves.csv")
     st.caption("Below 1× (the dashed line) the draft costs more than it saves. Raising α (a better-matched draft) moves the best k "

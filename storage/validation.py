@@ -52,9 +52,14 @@ def held_out_prompts(spec: str) -> str:
 
 
 def _chosen_run(store: Store, experiment_id: int) -> pd.Series:
-    """The run the verdict chose to deploy (never a run it refuses, such as a timing-warned one)."""
+    """The run the verdict chose to deploy (never a run it refuses, such as a timing-warned one); when the verdict
+    serves the target alone (nothing measurably faster), its best run, so that validation checks on held-out prompts
+    that speculation does not pay there either."""
     v = verdict(store, experiment_id)
-    row = v.run(q.runs(store, experiment_id), "chosen")
+    runs = q.runs(store, experiment_id)
+    row = v.run(runs, "chosen")
+    if row is None and v.best is not None:
+        row = v.run(runs, "best")
     if row is None:
         raise ValidationError(f"experiment {experiment_id} has no finished best configuration to validate "
                               f"({v.text}); let it finish or resume it first")
@@ -134,7 +139,10 @@ def _tuning_run(store: Store, tuned_id: int, validation: pd.Series) -> pd.Series
     """The tuning experiment's run the validation reran: the verdict's chosen one, or (a verdict that has moved
     since) the finished run with the validation's configuration."""
     runs = q.runs(store, tuned_id)
-    chosen = verdict(store, tuned_id).run(runs, "chosen")
+    v = verdict(store, tuned_id)
+    chosen = v.run(runs, "chosen")
+    if chosen is None:  # the target alone is served: validation reran the best run (_chosen_run)
+        chosen = v.run(runs, "best")
     if chosen is not None and _same_configuration(chosen, validation):
         return chosen
     spec = runs[(runs["kind"] == "speculative") & (runs["status"] == "done")]

@@ -669,7 +669,7 @@ def test_an_unexpected_error_is_logged_and_shown_as_one_short_message(populated,
     def broken(*args, **kwargs):
         raise RuntimeError("boom in /srv/draftlab/secret/path.py")
 
-    monkeypatch.setattr(q, "experiments", broken)
+    monkeypatch.setattr(catalog, "experiments", broken)
     with caplog.at_level(logging.ERROR, logger="draftlab"):
         at = app("experiments")
     assert not at.exception  # no traceback, no exception message in the browser
@@ -1042,7 +1042,7 @@ def test_theory_loads_alpha_c_and_verify_cost_from_a_measured_run(crafted):
     assert at.slider(key="theory_k").value == 2
     assert at.number_input(key="theory_verify").value == pytest.approx(run.verify_cost)
     expected = cost_aware_speedup(run.alpha, 2, run.c, run.verify_cost)
-    assert metrics(at)["Refined speedup at k=2"] == f"{expected:.2f}×"
+    assert metrics(at)["Cost-aware speedup at k=2"] == f"{expected:.2f}×"
     assert metrics(at)["Speedup at k=2"] == f"{theory.predicted_speedup(run.alpha, 2, run.c):.2f}×"
     curves = next(d for d in chart_data(at)[0] if "metric" in d)
     refined = curves[curves["metric"] == "cost_aware_speedup"].set_index("k")["value"]

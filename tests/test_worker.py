@@ -103,7 +103,7 @@ def test_failures_are_recorded_and_the_queue_goes_on(tmp_path, model_dirs, monke
         if k == 1:
             def out_of_memory(*args, **kwargs):
                 raise __import__("torch").cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-            decoder.generate = out_of_memory
+            decoder.generate_batch = out_of_memory
         return decoder
 
     monkeypatch.setattr(timing_module, "speculative_decoder", speculative_decoder)
