@@ -31,15 +31,15 @@ _seconds = whole(1, 86_400, what="seconds", fix="; e.g. 600")
 _concurrency_value = whole(1, 4096, what="a concurrency (requests in flight)", fix="; e.g. --concurrency 1,4,16")
 
 
-def _concurrency(text: str) -> list[int]:
-    values = [_concurrency_value(part.strip()) for part in str(text).split(",")]
+def concurrency_list(text: str) -> list[int]:
+    """`--concurrency 1,4,16`: each a whole number from 1 to 4096, each once (a DraftLabError names the bad one)."""
+    try:
+        values = [_concurrency_value(part.strip()) for part in str(text).split(",")]
+    except argparse.ArgumentTypeError as exc:
+        raise DraftLabError(f"--concurrency: {exc}") from None
     if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"--concurrency {text[:40]!r} repeats a value; list each once, e.g. 1,4,16")
+        raise DraftLabError(f"--concurrency {text[:40]!r} repeats a value; list each once, e.g. 1,4,16")
     return values
-
-
-_concurrency.accepts = lambda value: (isinstance(value, list) and bool(value)
-                                      and all(_concurrency_value.accepts(v) for v in value))
 
 
 def add_parser(sub) -> None:
@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
     p.add_argument("--configs", choices=CONFIG_CHOICES, default="chosen",
                    help="chosen: the verdict's configuration (default); schedule: a k grid's schedule as vLLM's "
                         "num_speculative_tokens_per_batch_size; all: every lossless speculative run")
-    p.add_argument("--concurrency", type=_concurrency, default=None,
+    p.add_argument("--concurrency", default=None,
                    help="requests in flight, one or a list (default: the experiment's batch sizes)")
     p.add_argument("--repeats", type=_repeats, default=DEFAULT_REPEATS,
                    help=f"passes per server and concurrency (default {DEFAULT_REPEATS}; two or more give the "
@@ -238,6 +238,7 @@ def command(args, store) -> int:
     if args.server is not None and args.vllm is not None:
         raise DraftLabError("--vllm starts servers, --server attaches to running ones: give one of them")
     eid = args.experiment_id
+    requested = concurrency_list(args.concurrency) if args.concurrency is not None else None
     experiment = q.experiment(store, eid)
     if experiment is None:
         raise DraftLabError(f"no experiment {eid} in {store.safe_url}; `draftlab list` shows the ids")
@@ -250,7 +251,7 @@ def command(args, store) -> int:
     if args.server is not None and len(configs) > 1:
         raise DraftLabError(f"--server is one speculative server; --configs {args.configs} names {len(configs)} "
                             f"configurations: use --configs chosen, or let DraftLab start the servers")
-    concurrency = args.concurrency or q.grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)]
+    concurrency = requested or q.grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)]
     greedy = float(experiment.get("temperature") or 0.0) <= 0
     command_line = args.vllm if args.vllm is not None else default_command()
 

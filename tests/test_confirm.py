@@ -132,7 +132,7 @@ def test_confirm_refuses_half_a_pair_of_servers_in_one_line(tmp_path, capsys):
     assert main(["confirm", "1", "--server", "http://127.0.0.1:9", "--db", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --server and --baseline-server go together") and "\n" not in err
-    assert main(["confirm", "1", "--concurrency", "1,0"]) == 2
+    assert main(["confirm", "1", "--concurrency", "1,0", "--db", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
     assert "is not a concurrency" in capsys.readouterr().err
 
 
