@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .import_metrics import add_parser as add_import_metrics
 
     add_import_metrics(sub)
+    from .confirm import add_parser as add_confirm
+
+    add_confirm(sub)
     return parser
 
 
@@ -748,6 +751,23 @@ def cmd_import_metrics(args) -> int:
         store.dispose()
 
 
+def cmd_confirm(args) -> int:
+    from engine.errors import DraftLabError
+    from storage.production import ProductionError
+
+    from .confirm import command
+
+    store = open_store_or_fail(args.db, write=True)
+    if isinstance(store, int):
+        return store
+    try:
+        return command(args, store)
+    except (DraftLabError, ProductionError) as exc:
+        return _fail(str(exc))
+    finally:
+        store.dispose()
+
+
 def _export_out_problem(args) -> str | None:
     """What is wrong with `export --out`, checked before the database is read: json and deploy write one file
     (not a directory, in a folder that exists), csv writes its files into a directory (created if missing, not a
@@ -814,7 +834,8 @@ def _dispatch(argv: list[str] | None) -> int:
     if args.command == "run":
         return cmd_run(args)
     commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export,
-                "validate": cmd_validate, "distill": cmd_distill, "import-metrics": cmd_import_metrics}
+                "validate": cmd_validate, "distill": cmd_distill, "import-metrics": cmd_import_metrics,
+                "confirm": cmd_confirm}
     if args.command in commands:
         return _database_errors_reported(commands[args.command], args)
     if args.command == "ui":

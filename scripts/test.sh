@@ -36,4 +36,9 @@ if [ -z "${DRAFTLAB_TEST_POSTGRES:-}" ] && [ $as_root = 1 ]; then
     done
   fi
 fi
+# vLLM (tests/test_confirm_vllm.py, `draftlab confirm` against a real server): $DRAFTLAB_VLLM if set; else the CPU
+# build in .vllm-venv, installed here when missing (scripts/install_vllm.sh: its own venv, a few minutes once).
+if [ -z "${DRAFTLAB_VLLM:-}" ] && [ "${DRAFTLAB_ALLOW_SKIP:-0}" != 1 ]; then
+  bash "$(dirname "$0")/install_vllm.sh" || echo "note: could not install vLLM (scripts/install_vllm.sh)" >&2
+fi
 exec python -m pytest "$@"

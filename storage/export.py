@@ -15,6 +15,7 @@ from engine.variables import variable
 
 from . import columns
 from . import queries as q
+from .confirms import confirms
 from .store import Store
 from .schedule import schedule, schedule_dict
 from .verdict import verdict_dict
@@ -134,7 +135,8 @@ def export_json(store: Store, experiment_id: int) -> dict:
                   **({"schedule": schedule_dict(store, experiment_id)} if q.grid_sizes(experiment) else {}),
                   "runs": runs.to_dict(orient="records"),
                   "timings": timings,
-                  "draft_tokens": tokens.to_dict(orient="records")})
+                  "draft_tokens": tokens.to_dict(orient="records"),
+                  "server_confirms": confirms(store, experiment_id)})
 
 
 def csv_names(experiment_id: int) -> list[str]:

@@ -98,9 +98,15 @@ def _v11_to_v12(conn: Connection) -> None:
     only, which create_all adds."""
 
 
+def _v12_to_v13(conn: Connection) -> None:
+    """v13: `draftlab confirm`'s server measurements (server_confirms, server_measurements, server_passes): new
+    tables only, which create_all adds."""
+
+
 STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                   5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8, 8: _v8_to_v9,
-                                                  9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12}
+                                                  9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12,
+                                                  12: _v12_to_v13}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

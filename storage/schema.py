@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -401,6 +401,68 @@ class ProductionPosition(Base):
     accepted: Mapped[int] = mapped_column(BigInteger)
 
 
+class ServerConfirm(Base):
+    """One `draftlab confirm`: an experiment's configurations measured in a serving engine (vLLM)."""
+
+    __tablename__ = "server_confirms"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    created: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    engine: Mapped[str] = mapped_column(String(40), default="vllm")
+    engine_version: Mapped[str] = mapped_column(String(200), default="")
+    configs: Mapped[str] = mapped_column(String(20))  # chosen | schedule | all
+    concurrency: Mapped[str] = mapped_column(Text)  # comma-separated, as measured
+    repeats: Mapped[int] = mapped_column(Integer)
+    launched_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    status: Mapped[str] = mapped_column(String(20), default=RUNNING)  # running / done / failed
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # one line per configuration that failed
+    wall_seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class ServerMeasurement(Base):
+    """One server configuration at one concurrency: its passes summed (SPEC "Confirm in a serving engine" keys).
+    k = 0 and no run: the target-only server. Counters of a speculative server are a production series
+    (`series_id`, storage/production.py), so the Production panel compares them with the lab run too."""
+
+    __tablename__ = "server_measurements"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    confirm_id: Mapped[int] = mapped_column(ForeignKey("server_confirms.id", ondelete="CASCADE"), index=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), nullable=True)
+    series_id: Mapped[int | None] = mapped_column(ForeignKey("production_series.id", ondelete="SET NULL"),
+                                                  nullable=True)
+    label: Mapped[str] = mapped_column(String(200))
+    k: Mapped[int] = mapped_column(Integer)
+    speculative_config: Mapped[str | None] = mapped_column(Text, nullable=True)  # exactly what the server got
+    concurrency: Mapped[int] = mapped_column(Integer)
+    requests: Mapped[int] = mapped_column(Integer)
+    new_tokens: Mapped[int] = mapped_column(BigInteger)
+    wall_seconds: Mapped[float] = mapped_column(Double)
+    tokens_per_second: Mapped[float] = mapped_column(Double)
+    speedup: Mapped[float | None] = mapped_column(Double, nullable=True)
+    speedup_ci_lo: Mapped[float | None] = mapped_column(Double, nullable=True)
+    speedup_ci_hi: Mapped[float | None] = mapped_column(Double, nullable=True)
+    ttft_seconds_p50: Mapped[float | None] = mapped_column(Double, nullable=True)
+    itl_seconds_p50: Mapped[float | None] = mapped_column(Double, nullable=True)
+    itl_seconds_p95: Mapped[float | None] = mapped_column(Double, nullable=True)
+    request_latency_seconds_p50: Mapped[float | None] = mapped_column(Double, nullable=True)
+    request_latency_seconds_p95: Mapped[float | None] = mapped_column(Double, nullable=True)
+    outputs_match_server_baseline: Mapped[float | None] = mapped_column(Double, nullable=True)
+    outputs_match_lab: Mapped[float | None] = mapped_column(Double, nullable=True)
+    first_divergence: Mapped[str | None] = mapped_column(Text, nullable=True)  # a sentence; NULL when all match
+
+
+class ServerPass(Base):
+    """One pass of a measurement (every prompt once, closed loop): what the paired speedup resamples."""
+
+    __tablename__ = "server_passes"
+    measurement_id: Mapped[int] = mapped_column(ForeignKey("server_measurements.id", ondelete="CASCADE"),
+                                                primary_key=True)
+    pass_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    wall_seconds: Mapped[float] = mapped_column(Double)
+    new_tokens: Mapped[int] = mapped_column(BigInteger)
+
+
 schema_info = SchemaInfo.__table__
 experiments = Experiment.__table__
 experiment_prompts = ExperimentPrompt.__table__
@@ -418,3 +480,6 @@ training_jobs = TrainingJob.__table__
 training_points = TrainingPoint.__table__
 production_series = ProductionSeries.__table__
 production_positions = ProductionPosition.__table__
+server_confirms = ServerConfirm.__table__
+server_measurements = ServerMeasurement.__table__
+server_passes = ServerPass.__table__

@@ -214,3 +214,23 @@ def wait_for():
             time.sleep(interval)
         pytest.fail(f"timed out after {timeout}s waiting for {what}")
     return _wait
+
+
+# --- vLLM: `draftlab confirm`'s real-server test ------------------------------------------------------------------
+# Required like PostgreSQL and the browser (scripts/test.sh installs it with scripts/install_vllm.sh): missing, the
+# test fails with the reason under scripts/test.sh, and skips with it elsewhere or with DRAFTLAB_ALLOW_SKIP=1.
+@pytest.fixture(scope="session")
+def vllm_command():
+    """The command that starts vLLM's OpenAI server ($DRAFTLAB_VLLM, else .vllm-venv's CPU build)."""
+    from app.vllm_server import LOCAL_VENV_PYTHON, default_command
+
+    if os.environ.get("DRAFTLAB_VLLM", "").strip():
+        return default_command()
+    if not LOCAL_VENV_PYTHON.is_file():
+        missing_service(f"no vLLM: {LOCAL_VENV_PYTHON} does not exist and $DRAFTLAB_VLLM is not set; run "
+                        f"scripts/install_vllm.sh")
+    probe = subprocess.run([str(LOCAL_VENV_PYTHON), "-c", "import vllm"], capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        missing_service(f"no vLLM: {LOCAL_VENV_PYTHON} cannot import vllm ({last}); rerun scripts/install_vllm.sh")
+    return default_command()

@@ -1,0 +1,360 @@
+"""`draftlab confirm EXPERIMENT_ID`: the experiment's chosen configuration(s) measured in the engine that will serve
+them (vLLM), next to the lab's figures (SPEC "Confirm in a serving engine").
+
+One target-only server and one server per configuration, each started with exactly the `--speculative-config` that
+`draftlab export --format deploy` holds (storage/deploy.py), or attached to with --server / --baseline-server. Both
+stay up while a configuration is measured, and the passes alternate: at each concurrency, baseline pass, speculative
+pass, baseline pass, … (A B A B), every pass sending each of the experiment's stored prompts (the lab's rendered
+texts) once as a streaming completion with the experiment's sampling settings and max new tokens, closed loop
+(app/completions_load.py). The speculative server's /metrics is scraped around every pass (app/production_scrape.py).
+Each configuration is stored when all its passes are done (storage/confirms.py); one that fails (the server does not
+start, dies, a request times out, no counters) is reported in one line and the others are kept.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from engine.errors import DraftLabError
+
+from .arguments import ID as _id, whole
+
+CONFIG_CHOICES = ("chosen", "schedule", "all")
+DEFAULT_REPEATS = 3  # passes per server and concurrency: the fewest that give the paired speedup an interval
+_repeats = whole(1, 1000, what="a number of passes per server and concurrency", fix="; e.g. --repeats 3")
+_seconds = whole(1, 86_400, what="seconds", fix="; e.g. 600")
+_concurrency_value = whole(1, 4096, what="a concurrency (requests in flight)", fix="; e.g. --concurrency 1,4,16")
+
+
+def concurrency_list(text: str) -> list[int]:
+    """`--concurrency 1,4,16`: each a whole number from 1 to 4096, each once (a DraftLabError names the bad one)."""
+    try:
+        values = [_concurrency_value(part.strip()) for part in str(text).split(",")]
+    except argparse.ArgumentTypeError as exc:
+        raise DraftLabError(f"--concurrency: {exc}") from None
+    if len(set(values)) != len(values):
+        raise DraftLabError(f"--concurrency {text[:40]!r} repeats a value; list each once, e.g. 1,4,16")
+    return values
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "confirm", help="measure the chosen configuration in vLLM's server, next to the lab's figures",
+        description="Start vLLM's OpenAI server without speculation and with each configuration's exact "
+                    "--speculative-config (the deploy export's), stream the experiment's prompts at each "
+                    "concurrency, alternating the two servers pass by pass, and compare throughput, latency, "
+                    "acceptance and outputs with the lab's. Stored with the experiment; `draftlab export --format "
+                    "json` carries it.")
+    p.add_argument("experiment_id", type=_id)
+    p.add_argument("--configs", choices=CONFIG_CHOICES, default="chosen",
+                   help="chosen: the verdict's configuration (default); schedule: a k grid's schedule as vLLM's "
+                        "num_speculative_tokens_per_batch_size; all: every lossless speculative run")
+    p.add_argument("--concurrency", default=None,
+                   help="requests in flight, one or a list (default: the experiment's batch sizes)")
+    p.add_argument("--repeats", type=_repeats, default=DEFAULT_REPEATS,
+                   help=f"passes per server and concurrency (default {DEFAULT_REPEATS}; two or more give the "
+                        f"speedup an interval)")
+    p.add_argument("--vllm", default=None, metavar="COMMAND",
+                   help="the command that starts vLLM's OpenAI server, DraftLab appends --model, --host, --port and "
+                        "--speculative-config (default $DRAFTLAB_VLLM, else .vllm-venv's CPU build from "
+                        "scripts/install_vllm.sh, else `python -m vllm.entrypoints.openai.api_server`)")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="a speculative vLLM server already running (needs --baseline-server)")
+    p.add_argument("--baseline-server", default=None, metavar="URL",
+                   help="the same model served without speculation, already running")
+    p.add_argument("--startup-timeout", type=_seconds, default=600, help="seconds a server may take to be ready")
+    p.add_argument("--request-timeout", type=_seconds, default=300,
+                   help="seconds without an answer before a request counts as timed out")
+    p.add_argument("--db", default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object (SPEC's confirm keys)")
+
+
+@dataclass
+class Config:
+    """One speculative configuration to serve: exactly the deploy export's vLLM settings."""
+
+    label: str
+    k: int
+    run_id: int
+    speculative_config: str
+    request: dict
+    target: str
+
+
+@dataclass
+class Measured:
+    """One server's passes at one concurrency, with the speculative server's counters summed over them."""
+
+    passes: list = field(default_factory=list)
+    counters: object = None
+
+
+def configurations(store, experiment_id: int, which: str) -> list[Config]:
+    """The configurations to confirm, each from storage/deploy.py's deploy document (the one vLLM mapping)."""
+    from engine.zoo import resolve
+    from storage import queries as q
+    from storage.deploy import DeployError, deploy_document
+
+    def config(doc: dict, label: str) -> Config:
+        vllm = doc["engines"]["vllm"]
+        if not vllm.get("speculative_config"):
+            raise DraftLabError(f"run {doc['run_id']}: vLLM cannot serve its drafter ({vllm['notes'][0]}); confirm "
+                                f"another run")
+        request = {**vllm["request"], "max_tokens": int(doc["measured"]["max_new_tokens"])}
+        target = doc["configuration"]["target"]
+        path = resolve(target)
+        return Config(label=label, k=int(json.loads(vllm["speculative_config"])["num_speculative_tokens"]),
+                      run_id=int(doc["run_id"]), speculative_config=vllm["speculative_config"], request=request,
+                      target=str(path) if path is not None else target)
+
+    try:
+        if which == "all":
+            runs = q.runs(store, experiment_id)
+            chosen = runs[(runs["kind"] == "speculative") & (runs["status"] == "done")
+                          & (runs["outputs_match_baseline"] != False)]  # noqa: E712 - pandas: NULL under sampling
+            if chosen.empty:
+                raise DraftLabError(f"experiment {experiment_id} has no finished lossless speculative run to confirm")
+            return [config(deploy_document(store, experiment_id, int(r)), f"run {int(r)}")
+                    for r in chosen["run_id"]]
+        doc = deploy_document(store, experiment_id)
+        if which == "schedule":
+            if "schedule" not in doc:
+                raise DraftLabError(f"experiment {experiment_id} has no k schedule (not a --batch-size × --k grid, or "
+                                    f"one k everywhere); use --configs chosen")
+            return [config(doc, "schedule")]
+        if "schedule" in doc:  # a grid's chosen run alone: one k, not the schedule
+            doc = deploy_document(store, experiment_id, int(doc["run_id"]))
+        return [config(doc, "chosen")]
+    except DeployError as exc:
+        raise DraftLabError(str(exc)) from None
+    except KeyError:
+        raise DraftLabError(f"no experiment {experiment_id}; `draftlab list` shows the ids") from None
+
+
+class Progress:
+    """Requests done of the whole confirm on stderr (tqdm, as `draftlab run` shows tokens)."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, desc="confirm")
+        self.lock = threading.Lock()
+
+    def describe(self, text: str) -> None:
+        self.bar.set_description_str(text)
+
+    def request_done(self, _record) -> None:
+        with self.lock:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the servers are stopped and the confirm is closed as interrupted."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated()
+
+
+def _measure_pass(server, prompts, request, concurrency, timeout, progress, counted: bool, measured: Measured):
+    """One pass on one server; the speculative one's counters are scraped before and after and summed."""
+    from .completions_load import RequestFailed, run_pass
+    from .production_scrape import parse, read_source
+
+    before = parse(read_source(server.metrics_url()), server.metrics_url()) if counted else None
+    try:
+        record = run_pass(server.url, server.model, prompts, request, concurrency, timeout,
+                          on_request=progress.request_done)
+    except RequestFailed as exc:
+        raise DraftLabError(server.died() or f"{server.name} server: {exc}") from None
+    if counted:
+        after = parse(read_source(server.metrics_url()), server.metrics_url())
+        delta = after.minus(before, server.metrics_url())
+        if measured.counters is None:
+            measured.counters = delta
+        else:
+            total = measured.counters
+            total.drafts += delta.drafts
+            total.draft_tokens += delta.draft_tokens
+            total.accepted += delta.accepted
+            for j, n in delta.per_position.items():
+                total.per_position[j] = total.per_position.get(j, 0) + n
+    measured.passes.append(record)
+
+
+def _warm_up(server, prompts, request, timeout) -> None:
+    """One untimed request before a server's first timed pass (the lab's timing protocol: an untimed warm-up)."""
+    from .completions_load import RequestFailed, run_pass
+
+    try:
+        run_pass(server.url, server.model, prompts[:1], {**request, "max_tokens": min(8, request["max_tokens"])}, 1,
+                 timeout)
+    except RequestFailed as exc:
+        raise DraftLabError(server.died() or f"{server.name} server (warm-up): {exc}") from None
+
+
+def _outputs(passes) -> dict[int, list[int]]:
+    return {r.prompt_index: r.token_ids for r in passes[0].requests} if passes else {}
+
+
+def _store_config(store, confirm_id, eid, config: Config, concurrency: int, base: Measured, spec: Measured,
+                  greedy: bool) -> None:
+    from storage.confirms import add_measurement, lab_outputs, outputs_match, pass_speedup, summarize
+
+    matches = {"outputs_match_server_baseline": None, "outputs_match_lab": None, "first_divergence": None}
+    if greedy:
+        server, lab = _outputs(spec.passes), lab_outputs(store, config.run_id)
+        share, first = outputs_match(server, _outputs(base.passes), "the server's baseline")
+        lab_share, lab_first = outputs_match(server, lab, "the lab")
+        matches = {"outputs_match_server_baseline": share, "outputs_match_lab": lab_share,
+                   "first_divergence": "; ".join(x for x in (first, lab_first) if x) or None}
+    add_measurement(store, confirm_id, eid, label=config.label, k=config.k, run_id=config.run_id,
+                    speculative_config=config.speculative_config, concurrency=concurrency, passes=spec.passes,
+                    figures=summarize(spec.passes),
+                    speedup=pass_speedup([p.wall_seconds for p in base.passes], [p.wall_seconds for p in spec.passes]),
+                    counters=spec.counters, matches=matches)
+
+
+def command(args, store) -> int:
+    """Measure, store, print (a table, or `--json` one JSON object); bad input raises DraftLabError before any
+    server starts; a configuration that fails is one `error:` line and exit status 1, the others kept."""
+    from storage import queries as q
+    from storage.confirms import add_measurement, confirm_document, finish_confirm, start_confirm, summarize
+    from storage.experiments import load_experiment_prompts
+
+    from .vllm_server import VllmServer, default_command
+
+    if (args.server is None) != (args.baseline_server is None):
+        raise DraftLabError("--server and --baseline-server go together: the speculative server and the same model "
+                            "served without speculation")
+    if args.server is not None and args.vllm is not None:
+        raise DraftLabError("--vllm starts servers, --server attaches to running ones: give one of them")
+    eid = args.experiment_id
+    requested = concurrency_list(args.concurrency) if args.concurrency is not None else None
+    experiment = q.experiment(store, eid)
+    if experiment is None:
+        raise DraftLabError(f"no experiment {eid} in {store.safe_url}; `draftlab list` shows the ids")
+    with store.read() as conn:
+        prompts = load_experiment_prompts(conn, eid)
+    if not prompts:
+        raise DraftLabError(f"experiment {eid} has no stored prompts yet (it never ran): run it first, e.g. "
+                            f"`draftlab worker` or `draftlab resume {eid}`")
+    configs = configurations(store, eid, args.configs)
+    if args.server is not None and len(configs) > 1:
+        raise DraftLabError(f"--server is one speculative server; --configs {args.configs} names {len(configs)} "
+                            f"configurations: use --configs chosen, or let DraftLab start the servers")
+    concurrency = requested or q.grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)]
+    greedy = float(experiment.get("temperature") or 0.0) <= 0
+    command_line = args.vllm if args.vllm is not None else default_command()
+
+    from pages.access import cli_launcher
+
+    confirm_id = start_confirm(store, eid, configs=args.configs, concurrency=concurrency, repeats=args.repeats,
+                               launched_by=cli_launcher())
+    progress = Progress(len(configs) * len(concurrency) * args.repeats * 2 * len(prompts))
+    errors: list[str] = []
+    baseline_passes: dict[int, list] = {c: [] for c in concurrency}
+    servers: list = []
+    version = ""
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
+    try:
+        progress.describe("starting the target-only server")
+        if args.baseline_server is not None:
+            baseline = VllmServer.attach("target-only", args.baseline_server)
+        else:
+            baseline = VllmServer.start("target-only", command_line, configs[0].target,
+                                        startup_timeout=args.startup_timeout)
+        servers.append(baseline)
+        version = baseline.version()
+        _warm_up(baseline, prompts, configs[0].request, args.request_timeout)
+        for config in configs:
+            spec = None
+            try:
+                progress.describe(f"starting the {config.label} server (k={config.k})")
+                if args.server is not None:
+                    spec = VllmServer.attach(config.label, args.server)
+                else:
+                    spec = VllmServer.start(f"{config.label} (k={config.k})", command_line, config.target,
+                                            config.speculative_config, startup_timeout=args.startup_timeout)
+                servers.append(spec)
+                _warm_up(spec, prompts, config.request, args.request_timeout)
+                results = []
+                for c in concurrency:
+                    base, measured = Measured(), Measured()
+                    for repeat in range(args.repeats):
+                        progress.describe(f"{config.label} concurrency {c} pass {repeat + 1}/{args.repeats}")
+                        _measure_pass(baseline, prompts, config.request, c, args.request_timeout, progress, False,
+                                      base)
+                        _measure_pass(spec, prompts, config.request, c, args.request_timeout, progress, True,
+                                      measured)
+                    results.append((c, base, measured))
+                for c, base, measured in results:  # stored only once every pass of the configuration is done
+                    _store_config(store, confirm_id, eid, config, c, base, measured, greedy)
+                    baseline_passes[c] += base.passes
+            except DraftLabError as exc:
+                errors.append(f"{config.label} (k={config.k}): {exc}")
+                progress.bar.write(f"error: {errors[-1]}", file=sys.stderr)
+                if baseline.died():
+                    raise DraftLabError(baseline.died()) from None
+            finally:
+                if spec is not None and spec in servers:
+                    spec.stop()
+                    servers.remove(spec)
+    except DraftLabError as exc:
+        errors.append(str(exc))
+    except KeyboardInterrupt:
+        errors.append("interrupted (Ctrl-C or SIGTERM): the configurations measured before are kept")
+        raise
+    finally:
+        for server in servers:
+            server.stop()
+        progress.close()
+        for c, passes in baseline_passes.items():
+            if passes:
+                add_measurement(store, confirm_id, eid, label="target-only", k=0, run_id=None, speculative_config=None,
+                                concurrency=c, passes=passes, figures=summarize(passes))
+        finish_confirm(store, confirm_id, engine_version=version, wall_seconds=time.monotonic() - started,
+                       errors=errors)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    document = confirm_document(store, confirm_id)
+    if args.json:
+        print(json.dumps(document))
+    else:
+        print(report(document, time.monotonic() - started))
+    return 1 if errors else 0
+
+
+def report(document: dict, seconds: float) -> str:
+    """The confirm as a few lines: per configuration and concurrency, the server's speedup and acceptance next to
+    the lab's."""
+    def num(value, fmt="{:.3f}"):
+        return "—" if value is None else fmt.format(value)
+
+    lines = [f"confirm of experiment {document['experiment_id']} in {document['engine']} "
+             f"{document['engine_version'] or '(version unknown)'}, {seconds:.0f} s"]
+    for b in document["baseline"]["per_concurrency"]:
+        lines.append(f"  target-only  concurrency {b['concurrency']}: {b['tokens_per_second']:.1f} tok/s, "
+                     f"TTFT p50 {num(b['ttft_seconds_p50'])} s, ITL p50 {num(b['itl_seconds_p50'])} s")
+    for config in document["configs"]:
+        for m in config["per_concurrency"]:
+            ci = m["speedup_ci"]
+            interval = f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else " (one pass: no interval)"
+            lines.append(f"  {config['label']} k={config['k']} concurrency {m['concurrency']}: "
+                         f"{m['tokens_per_second']:.1f} tok/s, speedup {num(m['speedup'], '{:.2f}')}×{interval}; "
+                         f"acceptance server {num(m['server_draft_acceptance_rate'])} vs lab "
+                         f"{num(m['lab_draft_acceptance_rate'])}; outputs = server baseline "
+                         f"{num(m['outputs_match_server_baseline'], '{:.0%}')}, = lab "
+                         f"{num(m['outputs_match_lab'], '{:.0%}')}")
+    return "\n".join(lines)

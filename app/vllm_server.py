@@ -1,0 +1,193 @@
+"""A vLLM OpenAI-compatible server that `draftlab confirm` measures: started here (its own process group, a free
+loopback port, a log file) or attached to (`--server URL`, a team's GPU box), asked for /health, /version, /v1/models
+and /metrics, and stopped with its whole process group.
+
+The command is COMMAND (`--vllm`, else $DRAFTLAB_VLLM, else the CPU build scripts/install_vllm.sh puts in
+.vllm-venv, else `python -m vllm.entrypoints.openai.api_server`) followed by `--model TARGET --host 127.0.0.1
+--port P` and, for a speculative server, `--speculative-config JSON`: exactly the JSON `draftlab export --format
+deploy` holds. The CPU build's own `vllm` console script fails (it looks up the distribution "vllm"), hence the
+module form; the CPU defaults add `--dtype float32 --enforce-eager` (its half-precision and graph paths are what
+fails on a plain x86 CPU) and VLLM_CPU_KVCACHE_SPACE=1 GiB unless set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from engine.errors import DraftLabError
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL_VENV_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+CPU_FLAGS = ("--dtype", "float32", "--enforce-eager")
+STOP_GRACE_SECONDS = 15.0
+ERROR_WORDS = ("Error", "error:", "Exception", "Address already in use", "Traceback")
+
+
+def default_command() -> str:
+    """The vLLM command when --vllm is not given: $DRAFTLAB_VLLM, else .vllm-venv's CPU build, else `python -m …`."""
+    if os.environ.get("DRAFTLAB_VLLM", "").strip():
+        return os.environ["DRAFTLAB_VLLM"]
+    if LOCAL_VENV_PYTHON.is_file():
+        return shlex.join([str(LOCAL_VENV_PYTHON), "-m", SERVER_MODULE, *CPU_FLAGS])
+    return f"python -m {SERVER_MODULE}"
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (the server binds it a moment later; a race shows in its log)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    """(status, body) of a GET; (0, b"") when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - a URL the user gave or ours
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+    except (urllib.error.URLError, TimeoutError, OSError):
+        return 0, b""
+
+
+def last_error(log: str) -> str:
+    """The line of a server log that says why it stopped: the last line naming an error, else the last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if any(word in line for word in ERROR_WORDS) and not line.startswith("Traceback"):
+            return line[-300:]
+    return lines[-1][-300:] if lines else "its log is empty"
+
+
+class VllmServer:
+    """One server, started here (`start`) or attached to (`attach`); `url` is its base (http://HOST:PORT)."""
+
+    def __init__(self, name: str, url: str, model: str, process: subprocess.Popen | None = None,
+                 log_path: Path | None = None):
+        self.name, self.url, self.model, self.process, self.log_path = name, url.rstrip("/"), model, process, log_path
+
+    @classmethod
+    def start(cls, name: str, command: str, model: str, speculative_config: str | None = None,
+              extra: tuple[str, ...] = (), startup_timeout: float = 600.0, env: dict | None = None) -> "VllmServer":
+        """Launch COMMAND on a free loopback port and wait for /health; DraftLabError (one line, with the last error
+        of its log) if it exits or is not ready within `startup_timeout` seconds."""
+        try:
+            argv = shlex.split(command)
+        except ValueError as exc:
+            raise DraftLabError(f"--vllm {command[:80]!r} is not a command line ({exc}); quote it as one shell "
+                                f"string, e.g. --vllm \"python -m {SERVER_MODULE}\"") from None
+        if not argv:
+            raise DraftLabError(f"--vllm is empty; give the command that starts vLLM's server, e.g. "
+                                f"\"python -m {SERVER_MODULE}\"")
+        port = free_port()
+        argv += ["--model", model, "--host", "127.0.0.1", "--port", str(port), *extra]
+        if speculative_config is not None:
+            argv += ["--speculative-config", speculative_config]
+        fd, log_name = tempfile.mkstemp(prefix=f"draftlab-vllm-{name.replace(' ', '_').replace('/', '_')}-",
+                                        suffix=".log")
+        log_path = Path(log_name)
+        environment = {**os.environ, **(env or {})}
+        environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        try:
+            process = subprocess.Popen(argv, stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=environment, start_new_session=True)
+        except OSError as exc:
+            os.close(fd)
+            raise DraftLabError(f"cannot start vLLM ({argv[0]}: {exc.strerror or exc}); install it with "
+                                f"scripts/install_vllm.sh or point --vllm / $DRAFTLAB_VLLM at your vLLM") from None
+        os.close(fd)
+        server = cls(name, f"http://127.0.0.1:{port}", model, process, log_path)
+        try:
+            server._wait_ready(startup_timeout)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    @classmethod
+    def attach(cls, name: str, url: str) -> "VllmServer":
+        """A server already running at `url`: checked with /health, its model read from /v1/models."""
+        if not url.startswith(("http://", "https://")):
+            raise DraftLabError(f"--server {url[:80]!r} is not an http(s) URL; give the server's base address, e.g. "
+                                f"http://gpu-box:8000")
+        base = url.rstrip("/").removesuffix("/v1")
+        status, _ = http_get(base + "/health")
+        if status != 200:
+            raise DraftLabError(f"the {name} server at {base} does not answer /health (status {status or 'none'}); "
+                                f"check the address and that vLLM is up")
+        status, body = http_get(base + "/v1/models")
+        try:
+            model = json.loads(body)["data"][0]["id"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise DraftLabError(f"the {name} server at {base} lists no model at /v1/models; is it vLLM's OpenAI "
+                                f"server?") from None
+        return cls(name, base, model)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise DraftLabError(f"the vLLM server for {self.name} exited with status {code} before it was ready: "
+                                    f"{last_error(self.log())} (log: {self.log_path})")
+            if http_get(self.url + "/health", timeout=2.0)[0] == 200:
+                return
+            time.sleep(0.5)
+        raise DraftLabError(f"the vLLM server for {self.name} was not ready after {timeout:g} s: "
+                            f"{last_error(self.log())} (log: {self.log_path}); raise --startup-timeout")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace") if self.log_path else ""
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.process is None or self.process.poll() is None
+
+    def died(self) -> str | None:
+        """None while it runs (or is not ours); else one line: its exit status and the last error of its log."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        return (f"the vLLM server for {self.name} died (exit status {self.process.returncode}): "
+                f"{last_error(self.log())} (log: {self.log_path})")
+
+    def version(self) -> str:
+        status, body = http_get(self.url + "/version")
+        try:
+            return str(json.loads(body)["version"]) if status == 200 else ""
+        except (ValueError, KeyError, TypeError):
+            return ""
+
+    def metrics_url(self) -> str:
+        return self.url + "/metrics"
+
+    def stop(self) -> None:
+        """SIGTERM to the whole process group (vLLM's engine core is a child), SIGKILL after a grace period."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                process.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # children that outlived the leader
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

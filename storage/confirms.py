@@ -1,0 +1,224 @@
+"""Server measurements (`draftlab confirm`): an experiment's configurations measured in a serving engine, stored
+linked to the experiment and its lab runs, and read back as SPEC's "Confirm in a serving engine" JSON.
+
+Per server configuration and concurrency (one `server_measurements` row, its passes in `server_passes`):
+- tokens_per_second = Σ new tokens / Σ pass wall (throughput over the closed loop);
+- ttft / request latency: per request, from when it was sent (closed loop: a request waits for a free slot, not
+  for the pass) to its first / last token; ITL: the gaps between a request's consecutive tokens, a streamed chunk
+  of n tokens giving one gap of its duration and n − 1 gaps of 0 (the lab's rule for a round), pooled over
+  requests and passes; percentiles by storage/stats.py's `percentile`;
+- speedup = Σ target-only pass wall / Σ speculative pass wall, the passes paired by index (A B A B: the two
+  servers' pass i ran back to back); its 95 % interval is storage/stats.py's paired bootstrap, resampling passes
+  (so it needs two passes or more; None with one);
+- the server's acceptance: the counters' difference over the configuration's passes, stored as a production
+  series (storage/production.py) linked to the lab run, read with its definitions (conditional per position).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from sqlalchemy import insert, text, update
+
+from .production import add_series, lab_positions, series_document
+from .queries import _frame
+from .schema import DONE, FAILED, server_confirms, server_measurements, server_passes
+from .stats import paired_bootstrap_ci, paired_speedup, percentile
+from .store import Store
+
+LATENCY_KEYS = ("ttft_seconds_p50", "itl_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p50",
+                "request_latency_seconds_p95")
+
+
+def _token_times(request) -> list[float]:
+    """Each new token's arrival (a chunk's tokens share its arrival)."""
+    return [t for t, n in zip(request.arrivals, request.counts) for _ in range(n)]
+
+
+def summarize(passes) -> dict:
+    """Throughput and latency figures of one server's passes at one concurrency (objects with `wall_seconds`,
+    `requests`; requests with `sent`, `arrivals`, `counts`: app/completions_load.py's records)."""
+    ttft, latency, gaps = [], [], []
+    tokens = 0
+    for p in passes:
+        for r in p.requests:
+            times = _token_times(r)
+            tokens += len(times)
+            if times:
+                ttft.append(times[0] - r.sent)
+                latency.append(times[-1] - r.sent)
+                gaps += np.diff(times).tolist()
+    wall = float(sum(p.wall_seconds for p in passes))
+    return {"requests": sum(len(p.requests) for p in passes), "new_tokens": tokens, "wall_seconds": wall,
+            "tokens_per_second": tokens / wall if wall > 0 else 0.0,
+            "ttft_seconds_p50": percentile(ttft, 50), "itl_seconds_p50": percentile(gaps, 50),
+            "itl_seconds_p95": percentile(gaps, 95), "request_latency_seconds_p50": percentile(latency, 50),
+            "request_latency_seconds_p95": percentile(latency, 95)}
+
+
+def pass_speedup(baseline_walls, speculative_walls) -> tuple[float | None, list[float] | None]:
+    """(Σ baseline wall / Σ speculative wall, its 95 % paired-bootstrap interval over passes or None under two
+    pairs). Pass i of each server pairs with pass i of the other."""
+    n = min(len(baseline_walls), len(speculative_walls))
+    base, spec, ones = list(baseline_walls[:n]), list(speculative_walls[:n]), [1.0] * n
+    speedup = paired_speedup(ones, base, ones, spec)
+    ci = paired_bootstrap_ci(ones, base, ones, spec) if n >= 2 else None
+    return speedup, list(ci) if ci else None
+
+
+def outputs_match(outputs: dict[int, list[int]], reference: dict[int, list[int]], what: str
+                  ) -> tuple[float | None, str | None]:
+    """(share of the prompts whose token ids equal the reference's, the first divergence as a sentence or None).
+    None share when there is no reference to compare with."""
+    common = sorted(set(outputs) & set(reference))
+    if not common:
+        return None, None
+    equal, first = 0, None
+    for i in common:
+        a, b = outputs[i], reference[i]
+        if a == b:
+            equal += 1
+        elif first is None:
+            j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            first = (f"prompt {i} differs from {what} at token {j} (server {a[j] if j < len(a) else 'end'}, "
+                     f"{what} {b[j] if j < len(b) else 'end'})")
+    return equal / len(common), first
+
+
+def lab_outputs(store: Store, run_id: int) -> dict[int, list[int]]:
+    """A lab run's emitted token ids per prompt (output_tokens, in order)."""
+    with store.read() as conn:
+        rows = conn.execute(text("SELECT prompt_index, token_id FROM output_tokens WHERE run_id = :r "
+                                 "ORDER BY prompt_index, position"), {"r": run_id}).all()
+    out: dict[int, list[int]] = {}
+    for prompt_index, token_id in rows:
+        out.setdefault(int(prompt_index), []).append(int(token_id))
+    return out
+
+
+# --- writing ---------------------------------------------------------------------------------------------------
+
+def start_confirm(store: Store, experiment_id: int, *, configs: str, concurrency: list[int], repeats: int,
+                  engine: str = "vllm", launched_by: str | None = None) -> int:
+    with store.write() as conn:
+        if conn.execute(text("SELECT 1 FROM experiments WHERE id = :e"), {"e": experiment_id}).first() is None:
+            raise KeyError(experiment_id)
+        return int(conn.execute(insert(server_confirms).values(
+            experiment_id=experiment_id, engine=engine, configs=configs, repeats=repeats, launched_by=launched_by,
+            concurrency=",".join(map(str, concurrency)))).inserted_primary_key[0])
+
+
+def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label: str, k: int, run_id: int | None,
+                    speculative_config: str | None, concurrency: int, passes, figures: dict,
+                    speedup: tuple | None = None, counters=None, matches: dict | None = None) -> int:
+    """Store one configuration at one concurrency, all at once: its figures (`summarize`), its passes, its paired
+    speedup (`pass_speedup`), its counters' difference (a production series, app/production_scrape.SpecCounters)
+    and its output comparisons {"outputs_match_server_baseline", "outputs_match_lab", "first_divergence"}."""
+    series_id = None
+    if counters is not None and counters.drafts > 0 and counters.draft_tokens > 0:
+        series_id = add_series(store, experiment_id, drafts=counters.drafts, draft_tokens=counters.draft_tokens,
+                               accepted=counters.accepted, per_position=counters.per_position,
+                               label=f"confirm {confirm_id}: {label}, concurrency {concurrency}"[:200],
+                               source=f"draftlab confirm {confirm_id}", engine=",".join(counters.engines),
+                               seconds=figures["wall_seconds"], run_id=run_id)["series_id"]
+    value, ci = speedup or (None, None)
+    with store.write() as conn:
+        mid = conn.execute(insert(server_measurements).values(
+            confirm_id=confirm_id, experiment_id=experiment_id, run_id=run_id, series_id=series_id, label=label, k=k,
+            speculative_config=speculative_config, concurrency=concurrency, speedup=value,
+            speedup_ci_lo=ci[0] if ci else None, speedup_ci_hi=ci[1] if ci else None,
+            **(matches or {}), **figures)).inserted_primary_key[0]
+        conn.execute(insert(server_passes), [{"measurement_id": mid, "pass_index": i, "wall_seconds": p.wall_seconds,
+                                              "new_tokens": p.new_tokens} for i, p in enumerate(passes)])
+    return int(mid)
+
+
+def finish_confirm(store: Store, confirm_id: int, *, engine_version: str, wall_seconds: float,
+                   errors: list[str]) -> None:
+    with store.write() as conn:
+        conn.execute(update(server_confirms).where(server_confirms.c.id == confirm_id).values(
+            engine_version=engine_version[:200], wall_seconds=wall_seconds, status=FAILED if errors else DONE,
+            error="\n".join(errors) or None))
+
+
+# --- reading ---------------------------------------------------------------------------------------------------
+
+def _lab(store: Store, run_id: int | None, cache: dict) -> tuple[float | None, list[float] | None]:
+    if run_id is None:
+        return None, None
+    if run_id not in cache:
+        with store.read() as conn:
+            rate = conn.execute(text("SELECT draft_acceptance_rate FROM runs WHERE id = :r"), {"r": run_id}).scalar()
+        cache[run_id] = (float(rate) if rate is not None else None,
+                         [float(v) for v in lab_positions(store, run_id)["conditional"]])
+    return cache[run_id]
+
+
+def confirm_document(store: Store, confirm_id: int) -> dict:
+    """One confirm as `draftlab confirm --json` prints it (SPEC "Confirm in a serving engine"), exactly."""
+    with store.read() as conn:
+        head = conn.execute(text("SELECT * FROM server_confirms WHERE id = :c"), {"c": confirm_id}).mappings().first()
+        if head is None:
+            raise KeyError(confirm_id)
+    rows = _frame_rows(store, confirm_id)
+    eid = int(head["experiment_id"])
+    baseline = [r for r in rows if r["k"] == 0 and r["speculative_config"] is None]
+    doc = {"experiment_id": eid, "engine": head["engine"], "engine_version": head["engine_version"],
+           "baseline": {"per_concurrency": [
+               {"concurrency": int(r["concurrency"]), "tokens_per_second": r["tokens_per_second"],
+                **{key: r[key] for key in LATENCY_KEYS}} for r in baseline]},
+           "configs": []}
+    lab_cache: dict = {}
+    configs: dict[str, dict] = {}
+    for r in rows:
+        if r["speculative_config"] is None:
+            continue
+        config = configs.get(r["label"])
+        if config is None:
+            config = configs[r["label"]] = {"label": r["label"], "k": int(r["k"]), "lab_run_id": _int(r["run_id"]),
+                                            "speculative_config": json.loads(r["speculative_config"]),
+                                            "per_concurrency": []}
+            doc["configs"].append(config)
+        server_rate, server_positions = None, None
+        if r["series_id"] is not None:
+            series = series_document(store, eid, int(r["series_id"]))
+            server_rate, server_positions = series["draft_acceptance_rate"], series["per_position_acceptance"]
+        lab_rate, lab_pos = _lab(store, _int(r["run_id"]), lab_cache)
+        ci = [r["speedup_ci_lo"], r["speedup_ci_hi"]] if r["speedup_ci_lo"] is not None else None
+        config["per_concurrency"].append({
+            "concurrency": int(r["concurrency"]), "tokens_per_second": r["tokens_per_second"], "speedup": r["speedup"],
+            "speedup_ci": ci, **{key: r[key] for key in LATENCY_KEYS},
+            "server_draft_acceptance_rate": server_rate, "server_per_position_acceptance": server_positions,
+            "lab_draft_acceptance_rate": lab_rate, "lab_per_position_acceptance": lab_pos,
+            "outputs_match_server_baseline": r["outputs_match_server_baseline"],
+            "outputs_match_lab": r["outputs_match_lab"]})
+    return doc
+
+
+def _int(value):
+    return int(value) if value is not None and value == value else None
+
+
+def _frame_rows(store: Store, confirm_id: int) -> list[dict]:
+    with store.read() as conn:
+        df = _frame(conn, "SELECT * FROM server_measurements WHERE confirm_id = :c ORDER BY id", {"c": confirm_id})
+    return [{key: (None if isinstance(value, float) and value != value else value) for key, value in row.items()}
+            for row in df.to_dict(orient="records")]
+
+
+def first_divergences(store: Store, confirm_id: int) -> list[dict]:
+    """Per measurement whose outputs differ: its label, concurrency and the first divergence, as a sentence."""
+    return [{"label": r["label"], "concurrency": int(r["concurrency"]), "first_divergence": r["first_divergence"]}
+            for r in _frame_rows(store, confirm_id) if r["first_divergence"]]
+
+
+def confirms(store: Store, experiment_id: int) -> list[dict]:
+    """Every confirm of an experiment, oldest first: its id, status, error, wall time and document (the export's
+    `server_confirms`)."""
+    with store.read() as conn:
+        heads = conn.execute(text("SELECT id, status, error, wall_seconds, repeats, created FROM server_confirms "
+                                  "WHERE experiment_id = :e ORDER BY id"), {"e": experiment_id}).mappings().all()
+    return [{"confirm_id": int(h["id"]), "status": h["status"], "error": h["error"], "repeats": int(h["repeats"]),
+             "wall_seconds": h["wall_seconds"], "created": str(h["created"]),
+             "first_divergences": first_divergences(store, int(h["id"])),
+             **confirm_document(store, int(h["id"]))} for h in heads]
