@@ -198,7 +198,12 @@ def _grid_curves(curve: pd.DataFrame, sweep_variable: str) -> None:
             ("tokens_per_round", "tokens per round", None, "tokens_per_round_by_batch_size.csv"))):
         with column:
             st.subheader(f"{title} vs {sweep_variable} at each batch size")
-            chart_with_csv(charts.overlaid_curves(frame, sweep_variable, y, "batch", sweep_variable, title, domain), frame, name)
+            chart_with_csv(charts.overlaid_curves(frame, sweep_variable, y, "batch", sweep_variable, title, domain),
+                           frame, name)
+            note = charts.coinciding_note(charts.coinciding(frame, sweep_variable, y, "batch"), title,
+                                          sweep_variable)
+            if note:  # greedy decoding at batch 1 and 2 gives the same α: say so, a legend entry has no line of its own
+                st.caption(md_text(note))
 
 
 def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_variable: str, verdict: dict,

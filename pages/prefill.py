@@ -68,7 +68,7 @@ def check_model_name(text) -> str:
     if "," in name:
         raise ValueError(f"model name {name[:60]!r} holds a comma; give one name per entry")
     try:
-        return VARIABLES["draft"].parse(name)
+        return VARIABLES["draft"].parse(name, form=True)
     except DraftLabError as exc:
         raise ValueError(str(exc)) from None
 
@@ -77,7 +77,8 @@ def check_model_name(text) -> str:
 
 def parse_sweep_values(text: str, variable: str = "k") -> list:
     """Numeric `1,2,4` → [1, 2, 4] (sorted); a draft or drafter list `a, b` → ['a', 'b'] (in the given order,
-    drafter specs canonical). Raises ValueError naming the bad entry and the fix."""
+    drafter specs canonical). Raises ValueError naming the bad entry and the fix in the form's words (engine/
+    variables.py's parser with form=True: `k value '0' is not …; enter e.g. 1,2,4,8`, never a CLI flag)."""
     v = VARIABLES[variable]
     if v.categorical:
         return parse_names(str(text or "").split(","), variable)
@@ -85,7 +86,7 @@ def parse_sweep_values(text: str, variable: str = "k") -> list:
     if not parts:
         raise ValueError(f"give at least one {variable} value, e.g. {DEFAULT_SWEEP if variable == 'k' else v.example}")
     try:
-        return v.parse_list(parts)
+        return v.parse_list(parts, form=True)  # worded for the form, not the CLI
     except DraftLabError as exc:
         raise ValueError(str(exc)) from None
 
@@ -103,7 +104,7 @@ def parse_names(items: Iterable[str], variable: str) -> list[str]:
             value = canonical_drafter(item)
         else:  # another categorical variable (draft sampling): its own description parses it
             try:
-                value = VARIABLES[variable].parse(item)
+                value = VARIABLES[variable].parse(item, form=True)
             except DraftLabError as exc:
                 raise ValueError(str(exc)) from None
         if value in values:

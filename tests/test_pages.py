@@ -369,19 +369,34 @@ def test_new_experiment_invalid_input_shows_an_error_and_enqueues_nothing(empty_
     assert q.experiments(open_store(empty_db)).empty
 
 
-def test_new_experiment_bounds_max_new_tokens_in_the_widget_and_in_validate(empty_db, model_dirs):
-    """The Max new tokens field itself holds 1 to the cap (a browser cannot submit 0 or more: the widget clamps),
-    and validate() refuses out-of-range values from any other caller."""
-    from engine.variables import SETTINGS
-    from pages.new_experiment import validate
+@pytest.mark.parametrize("key, value, words", [
+    ("max_new_tokens", 1_000_000_000, "max new tokens must be a whole number from 1 to"),
+    ("max_new_tokens", 0, "max new tokens must be"), ("batch_size", 0, "batch size must be"),
+    ("seed", -1, "seed must be"), ("repeats", 0, "repeats must be"),
+])
+def test_new_experiment_an_out_of_range_number_blocks_launch_in_one_line(empty_db, model_dirs, key, value, words):
+    """No number field has bounds in the browser (a browser keeps a number outside them to itself, red-marked, and
+    Launch queued the value before it: 128 for a typed 1000000000); the value reaches validate(), which blocks
+    Launch in one line, and nothing is queued."""
+    at = _fill(app("new"), model_dirs)
+    numbers = {w.key: w for w in at.number_input}
+    assert not [k for k, w in numbers.items() if w.proto.has_min or w.proto.has_max]  # no browser-side bound
+    at.number_input(key=key).set_value(value).run()
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    blocked = [e.value for e in at.error if e.value.startswith("Not launched")]
+    assert len(blocked) == 1 and words in blocked[0] and blocked[0].count("\n- ") == 1, blocked
+    assert q.experiments(open_store(empty_db)).empty
 
-    at = app("new")
-    widget = at.number_input(key="max_new_tokens")
-    assert (widget.proto.min, widget.proto.max) == (1, SETTINGS["max_new_tokens"].upper)
-    launch = validate(target="t", draft="d", pair_ok=True, pair_message="", prompts="code:tune", prompt_error=None,
-                      temperature=0.0, top_k=0, top_p=1.0, seed=0, max_new_tokens=0, device="auto", dtype="auto",
-                      sweep_variable="k", sweep_text="4", k=4, name="", notes="", tags_text="")
-    assert any("max new tokens must be" in e for e in launch.errors)
+
+def test_new_experiment_batch_size_is_disabled_while_a_grid_lists_the_batch_sizes(empty_db, model_dirs):
+    at = _fill(app("new"), model_dirs)
+    assert not at.number_input(key="batch_size").disabled
+    at.text_input(key="grid_batch_sizes").set_value("1,4").run()
+    widget = at.number_input(key="batch_size")
+    assert widget.disabled and "At batch sizes" in widget.help
+    at.text_input(key="grid_batch_sizes").set_value("").run()
+    assert not at.number_input(key="batch_size").disabled
 
 
 def test_new_experiment_rejects_a_bad_upload(empty_db, model_dirs, tmp_path, monkeypatch):
@@ -1238,7 +1253,8 @@ def test_new_experiment_a_mismatched_draft_candidate_blocks_the_launch(empty_db,
     at.button(key="launch").click().run()
     assert_clean(at)
     blocked = [e.value for e in at.error if e.value.startswith("Not launched")]
-    assert blocked and md_text(f"pair check for draft {model_dirs['other']!r}") in blocked[0]
+    assert blocked and md_text(f"pair check for draft {model_dirs['other']!r} failed") in blocked[0]
+    assert "disagree" not in blocked[0]  # the reason is shown once, under Models, where the check ran
     assert md_text(f"draft {model_dirs['draft']!r}") not in blocked[0]  # only the mismatched one is named
     assert q.experiments(open_store(empty_db)).empty
 
@@ -1495,21 +1511,23 @@ def test_compare_sweeps_are_separate_panels_with_one_legend_and_names_at_the_lin
         domains = {json.dumps(c["scale"]["domain"], ensure_ascii=False) for c in _encodings(panel, "color")}
         assert len(domains) == 1 and len(json.loads(domains.pop())) == 2
         labels = [layer for layer in panel["layer"] if layer["mark"]["type"] == "text"]
-        assert [label["mark"]["align"] for label in labels] == ["right", "left"]  # left / right of the point
-        assert {label["encoding"]["text"]["field"] for label in labels} == {"experiment_name"}
+        assert [label["mark"]["align"] for label in labels] == ["left"]  # right of every line's end
+        assert {label["encoding"]["text"]["field"] for label in labels} == {"line_label"}
     ends = [d for chart in chart_data(at) for d in chart if "label_y" in d]
     assert len(ends) == 3  # one table of end labels per panel
-    names = dict(zip(listing["experiment_id"], listing["name"]))
-    last = {f"#{a} · {names[a]}": q.sweep_curve(populated, a)["sweep_value"].max(),
-            f"#{b} · {odd}": q.sweep_curve(populated, b)["sweep_value"].max()}
-    for end in ends:  # one label per experiment, at its last swept value, its name verbatim (drawn as text)
-        assert dict(zip(end["experiment_name"], end["sweep_value"])) == last
+    last = {f"#{a}": q.sweep_curve(populated, a)["sweep_value"].max(),
+            f"#{b}": q.sweep_curve(populated, b)["sweep_value"].max()}
+    for end in ends:  # one short label per experiment, at its last swept value; the legend names it in full
+        assert dict(zip(end["line_label"], end["sweep_value"])) == last
+        assert set(end["label_x"]) == {max(last.values())}
+    legend_names = set(next(d for chart in chart_data(at) for d in chart if "row" in d)["experiment"])
+    assert any(odd in name for name in legend_names)  # the name verbatim, drawn as text
     expressions = json.dumps([t for p in panels for layer in p["layer"] for t in layer.get("transform", [])])
     assert "bold" not in expressions  # a name is data, never part of a Vega expression
     assert "compare_sweep.csv" in downloads(at)
 
 
-def test_end_labels_sit_at_each_lines_last_point_and_never_overlap():
+def test_end_labels_sit_at_each_lines_last_height_right_of_every_line_and_never_overlap():
     from pages.charts import END_LABEL_GAP, end_labels
 
     frame = pd.DataFrame({"series": ["a", "a", "b", "b", "c", "c"], "name": ["A", "A", "B", "B", "C", "C"],
@@ -1519,4 +1537,24 @@ def test_end_labels_sit_at_each_lines_last_point_and_never_overlap():
     assert labels.loc["a", "label_y"] == 0.9  # the top one stays at its point
     assert labels.loc["a", "label_y"] - labels.loc["b", "label_y"] == pytest.approx(END_LABEL_GAP)  # moved apart
     assert labels.loc["c", "label_y"] == 0.2
-    assert labels["side"].to_dict() == {"a": "left", "b": "left", "c": "right"}  # c ends in the left half
+    assert set(labels["label_x"]) == {4.0}  # in the margin right of every line's end, never over a line
+
+
+def test_coinciding_lines_are_named_and_drawn_each_wider_than_the_next():
+    """Greedy decoding at batch 1 and 2 gives the same α at every k: one line lies exactly under the other, so a
+    legend entry seemed to have no line. coinciding() names them (the pages' caption) and each series is drawn
+    wider than the next, so the one underneath shows as an edge."""
+    from pages.charts import coinciding, coinciding_note, overlaid_curves
+
+    frame = pd.DataFrame({"batch": ["batch 1"] * 3 + ["batch 2"] * 3 + ["batch 4"] * 3, "k": [1, 2, 4] * 3,
+                          "alpha": [0.5, 0.6, 0.7, 0.5, 0.6, 0.7, 0.4, 0.6, 0.7]})
+    assert coinciding(frame, "k", "alpha", "batch") == [["batch 1", "batch 2"]]
+    assert coinciding(frame.assign(alpha=frame["alpha"] + frame.index * 1e-3), "k", "alpha", "batch") == []
+    assert "batch 1 and batch 2: the same α at every k" in coinciding_note([["batch 1", "batch 2"]], "α", "k")
+    assert coinciding_note([], "α", "k") is None
+    spec = overlaid_curves(frame, "k", "alpha", "batch", "k", "α", (0, 1)).to_dict()
+    lines = [layer for layer in spec.get("layer", [spec]) if layer["mark"]["type"] == "line"]
+    width = lines[0]["encoding"]["strokeWidth"]["scale"]
+    assert width["domain"] == ["batch 1", "batch 2", "batch 4"] and width["range"][0] > width["range"][1] > \
+        width["range"][2]
+    assert spec["height"] > 260  # the legend's rows are added: the plot keeps its height, its title is not cut

@@ -39,7 +39,7 @@ def test_validate_builds_enqueue_arguments():
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"pair_ok": False, "pair_message": "tokenizers disagree"}, "pair check: tokenizers disagree"),
+    ({"pair_ok": False, "pair_message": "tokenizers disagree"}, "pair check failed (its reason is shown under Models"),
     ({"prompts": None}, "choose a built-in set"),
     ({"prompts": None, "prompt_error": "bad.csv: no prompt column"}, "bad.csv: no prompt column"),
     ({"temperature": -0.5}, "temperature"),

@@ -162,7 +162,7 @@ def test_the_form_launches_a_grid_and_counts_each_batch_size_in_its_estimate(emp
 
 @pytest.mark.parametrize("grid_text, words", [
     ("1,32", "batch size 32 needs at least 32 prompts but the prompt set has 18; use a batch size of 18 or less"),
-    ("1,0", "at batch sizes: batch_size value '0' is not a whole number from 1 to"),
+    ("1,0", "at batch sizes: batch size value '0' is not a whole number from 1 to"),
     ("1,x", "at batch sizes"),
     ("4", "two or more batch sizes"),
     ("2,2", "twice"),
