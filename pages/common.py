@@ -125,10 +125,11 @@ _KINDS = {"number": "NumberColumn", "text": "TextColumn", "progress": "ProgressC
           "datetime": "DatetimeColumn", "checkbox": "CheckboxColumn"}
 
 
-def column_config(names, columns: dict | None = None, headers: dict | None = None, **overrides) -> dict:
+def column_config(names, columns: dict | None = None, headers: dict | None = None, pinned=(), **overrides) -> dict:
     """Streamlit column configs of `names` from the column table (storage/columns.py): its header, help and number
-    format. `headers` renames a column for this table (`sweep_value` as "temperature"); `overrides` replaces a
-    column's config outright."""
+    format. `headers` renames a column for this table (`sweep_value` as "temperature"); `pinned`: the columns that
+    say which row it is, kept in view while a wide table scrolls sideways; `overrides` replaces a column's config
+    outright."""
     from storage.columns import COLUMNS, EXPERIMENT_COLUMNS
 
     table = columns if columns is not None else {**EXPERIMENT_COLUMNS, **COLUMNS}
@@ -138,7 +139,7 @@ def column_config(names, columns: dict | None = None, headers: dict | None = Non
         if column is None:
             continue
         kind = getattr(st.column_config, _KINDS[column.kind])
-        kwargs = {"help": column.help or None, "width": column.width}
+        kwargs = {"help": column.help or None, "width": column.width, "pinned": True if name in pinned else None}
         if column.kind == "number":
             kwargs["format"] = column.fmt
         elif column.kind == "progress":
@@ -151,14 +152,15 @@ def column_config(names, columns: dict | None = None, headers: dict | None = Non
 
 
 def table(frame: pd.DataFrame, names, key: str, columns: dict | None = None, headers: dict | None = None,
-          **overrides) -> None:
+          pinned=(), **overrides) -> None:
     """st.dataframe of `frame`'s columns among `names`, in that order, configured from the column table; a missing
-    figure (the baseline's speedup, a running run's α) shows as "—", never "None"."""
+    figure (the baseline's speedup, a running run's α) shows as "—", never "None". pinned: the columns naming the
+    row (run, kind, batch, k), which stay in view while a table wider than the page scrolls sideways."""
     from storage.columns import MISSING
 
     shown = [n for n in names if n in frame]
     st.dataframe(frame[shown], hide_index=True, width="stretch", key=key, placeholder=MISSING,
-                 column_config=column_config(shown, columns, headers, **overrides))
+                 column_config=column_config(shown, columns, headers, pinned, **overrides))
 
 
 def show(name: str, value) -> str:

@@ -106,7 +106,7 @@ def _table(filters: dict, seen: tuple) -> None:
         progress=frame["progress"].fillna(0) * 100,
         interval=[f"{show('speedup_ci_lo', lo)}–{show('speedup_ci_hi', hi)}" if pd.notna(lo) and pd.notna(hi)
                   else None for lo, hi in zip(frame["best_ci_lo"], frame["best_ci_hi"])])
-    table(shown, COLUMNS, "experiments_table")
+    table(shown, COLUMNS, "experiments_table", pinned=("experiment_id", "timing_warnings", "name"))  # scrolls wide
     csv_download(frame, "experiments.csv")
     if seen[1]:
         st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while experiments are queued or running.")

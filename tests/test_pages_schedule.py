@@ -70,7 +70,7 @@ def test_the_detail_page_of_a_grid_shows_its_k_schedule(grid):
     at = app("experiment", experiment=eid)
     assert_clean(at)
     # The headline is the schedule's sentence, every batch size's choice in it, not the single verdict.
-    headline = next(_plain(i.value) for i in at.info if "Schedule:" in i.value)
+    headline = next(_plain(i.value) for i in at.info if i.value.startswith("**k schedule:**"))
     assert "batch 1: k = 2" in headline and "batch 4: k = 1" in headline and "off from batch 16" in headline
     assert not any("**Verdict:**" in i.value for i in at.info)
     assert metrics(at)["Best k (batch 1)"] == "2" and metrics(at)["Baseline tokens/s (batch 1)"] == "50.0"
@@ -135,7 +135,7 @@ def test_a_plain_sweep_keeps_its_verdict_and_single_curve(empty_db):
     eid = _plain_sweep(open_store(empty_db))
     at = app("experiment", experiment=eid)
     assert_clean(at)
-    assert any("**Verdict:**" in i.value for i in at.info) and not any("Schedule:" in i.value for i in at.info)
+    assert any("**Verdict:**" in i.value for i in at.info) and not any("schedule:**" in i.value for i in at.info)
     assert "Best k" in metrics(at) and not any("speedup_interval" in d.value for d in at.dataframe)
 
 
