@@ -73,7 +73,11 @@ def _workers() -> None:
     health = q.worker_health(store())
     frame = health["workers"]
     stale = int((frame["status"] == "stale").sum())
+    # Running and queued both: the runs of an experiment are timed together, so while one is going the queue
+    # can be empty and "0 runs queued" alone read as if nothing were happening.
+    running = health["running_runs"]
     label = (f"Workers: {len(frame) - stale} alive" + (f", ⚠ {stale} stale" if stale else "")
+             + (f" · {plural(running, 'run')} running" if running else "")
              + f" · {plural(health['queued_runs'], 'run')} queued in {plural(health['queued_experiments'], 'experiment')}"
              + (f" · {plural(health['queued_training_jobs'], 'training job')} queued" if health["queued_training_jobs"]
                 else ""))
