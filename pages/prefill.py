@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping, NamedTuple
 
-from engine.drafter_specs import SPECS, parse_drafter
+from engine.drafter_specs import DRAFT_SAMPLING, SPECS, parse_drafter
 from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
 from engine.variables import MAX_K, SETTINGS, VARIABLES, Variable
@@ -162,9 +162,10 @@ NUMBERS = {
     "k": ("fixed_k", VARIABLES["k"]),
     "k_auto": ("k_auto", _Bounded(int, 2, MAX_K, f"a whole number from 2 to {MAX_K}")),
     "repeats": ("repeats", SETTINGS["repeats"]),
+    "batch_size": ("batch_size", VARIABLES["batch_size"]),
 }
 KNOWN = ("target", "draft", "prompts", "device", "dtype", "sweep", "values", "notes", "drafter", "batch_sizes",
-         *NUMBERS)
+         "draft_sampling", *NUMBERS)
 
 
 def _shown(value) -> str:
@@ -215,7 +216,7 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
                 values[widget] = number
             else:
                 bad(key, f"not {setting.meaning}")
-    for key, options in (("device", DEVICES), ("dtype", DTYPES)):
+    for key, options in (("device", DEVICES), ("dtype", DTYPES), ("draft_sampling", DRAFT_SAMPLING)):
         if key in raw:
             if raw[key].strip() in options:
                 values[key] = raw[key].strip()

@@ -283,3 +283,36 @@ def test_the_experiments_page_names_a_grids_batch_sizes(grid):
     listing = next(d.value for d in at.dataframe if "batch_sizes" in d.value)
     row = listing.set_index("experiment_id").loc[eid]
     assert list(row["batch_sizes"]) == [1, 4, 16]
+
+
+def test_every_findings_follow_up_link_keeps_the_grid_and_the_draft_sampling(grid):
+    """"Try it" on a grid's finding (the tie among them) opened the form at batch 1 with "At batch sizes" empty; a
+    follow-up measures where its experiment did: the grid's batch sizes, and its draft sampling."""
+    from pages.prefill import parse_prefill
+    from storage import findings as fd
+
+    store, eid, _ = grid
+    with store.write() as conn:
+        conn.execute(text("UPDATE experiments SET draft_sampling = 'greedy' WHERE id = :e"), {"e": eid})
+    found = [f for f in fd.findings(store, eid) if f["prefill"] and f["prefill"].get("page", "new") == "new"]
+    assert found and "tie" in {f["kind"] for f in found}, [f["kind"] for f in found]
+    for finding in found:
+        page, params = fd.prefill_query(finding["prefill"])
+        values, notes = parse_prefill(params, ["code:tune"])
+        assert notes == [], (finding["kind"], notes)
+        assert values["draft_sampling"] == "greedy", finding["kind"]
+        assert "grid_batch_sizes" in values and "batch_size" not in values, (finding["kind"], params)
+    at = app("new", **fd.prefill_query(next(f for f in found if f["kind"] == "tie")["prefill"])[1])
+    assert_clean(at)
+    assert at.text_input(key="grid_batch_sizes").value == "1,4,16"
+    assert at.selectbox(key="draft_sampling").value == "greedy"
+    assert at.number_input(key="batch_size").disabled  # the grid lists the batch sizes
+
+
+def test_a_findings_link_of_one_batch_size_keeps_it():
+    from pages.prefill import parse_prefill
+
+    values, notes = parse_prefill({"batch_size": "4", "draft_sampling": "greedy"}, ["code:tune"])
+    assert values == {"batch_size": 4, "draft_sampling": "greedy"} and notes == []
+    values, notes = parse_prefill({"batch_size": "0", "draft_sampling": "argmax"}, ["code:tune"])
+    assert values == {} and len(notes) == 2

@@ -104,7 +104,7 @@ def test_a_findings_link_fills_every_field():
                                   "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3, "max_new_tokens": 64,
                                   "device": "cpu", "dtype": "float32", "repeats": 5, "sweep": "temperature",
                                   "values": "0.5,1", "k": 3, "notes": "Follow-up to #1: *why*", "drafter": "heuristic",
-                                  "k_auto": None})
+                                  "k_auto": None, "batch_size": 2, "draft_sampling": "greedy"})
     assert page == "new"
     values, notes = pf.parse_prefill(params, SETS)
     assert notes == []
@@ -112,7 +112,8 @@ def test_a_findings_link_fills_every_field():
                       "prompt_set": "math:validation", "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3,
                       "max_new_tokens": 64, "device": "cpu", "dtype": "float32", "repeats": 5,
                       "sweep_variable": "temperature", "sweep_values": "0.5,1", "fixed_k": 3,
-                      "notes": "Follow-up to #1: *why*", "drafter": "heuristic"}
+                      "notes": "Follow-up to #1: *why*", "drafter": "heuristic", "batch_size": 2,
+                      "draft_sampling": "greedy"}
     assert type(values["temperature"]) is float and type(values["top_k"]) is int
 
 
