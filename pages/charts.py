@@ -549,6 +549,11 @@ def training_curves(points: pd.DataFrame) -> alt.LayerChart | None:
 
 TOKEN_SELECTION = "token"  # the token chart's point selection: clicking a token selects its round
 LINE_CHARS = 80  # the token chart wraps its lines at this many characters (and at every newline)
+TOKEN_FONT_PX = 12
+# A monospace glyph's advance is 0.6 of its size (DejaVu Sans Mono, Menlo, Courier): the chart is exactly that wide
+# per character, so each token's text ends where the next one's starts and a word reads as one ("My Parent", not
+# "M y P a rent", which a chart stretched to the page drew).
+CHAR_PX = 0.6 * TOKEN_FONT_PX
 
 
 def token_layout(output: pd.DataFrame, line_chars: int = LINE_CHARS) -> pd.DataFrame:
@@ -594,12 +599,13 @@ def token_chart(layout: pd.DataFrame, selected_round: int | None, line_chars: in
         x, alt.X2("x2:Q"), y, color=kind,
         opacity=alt.condition(is_value("selected", True), alt.value(0.35), alt.value(0.08)),
         stroke=alt.condition(is_value("selected", True), alt.value("#ef6c00"), alt.value(None)))
-    text = base.mark_text(align="left", baseline="middle", font="monospace", fontSize=12, dx=1).encode(
+    text = base.mark_text(align="left", baseline="middle", font="monospace", fontSize=TOKEN_FONT_PX).encode(
         x, y, alt.Text("shown:N"), color=kind)
     # Transparent, not absent: a fully transparent fill is still painted, so it receives the pointer.
     hits = base.mark_rect(fill="transparent", stroke=None, cursor="pointer").encode(
         x, alt.X2("x2:Q"), y, tooltip=tooltip).add_params(pick)
-    return alt.layer(boxes, text, hits).properties(height=max(40, 20 * lines)).configure_view(stroke=None)
+    return alt.layer(boxes, text, hits).properties(width=line_chars * CHAR_PX, height=max(40, 20 * lines),
+                                                    padding=0, autosize="pad").configure_view(stroke=None)
 
 
 def selected_round(event, rounds: list[int]) -> int | None:

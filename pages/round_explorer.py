@@ -3,6 +3,7 @@ round's proposals with their probabilities under both models."""
 from __future__ import annotations
 
 import html
+import re
 
 import pandas as pd
 import streamlit as st
@@ -36,6 +37,22 @@ def output_html(output: pd.DataFrame, selected_round: int | None) -> str:
             'border:1px solid #e0e0e0;border-radius:0.4rem;">' + "".join(spans) + "</div>")
 
 
+def readable(text) -> bool:
+    """Output a person can read as text: three or more different words of letters (not `↵ #` repeated)."""
+    words = re.findall(r"[^\W\d_]{2,}", str(text) if isinstance(text, str) else "")
+    return len({w.lower() for w in words}) >= 3
+
+
+def opening_prompt(per_prompt: pd.DataFrame) -> int:
+    """The prompt the explorer opens on: of the prompts with a readable output, the one with the most rejected
+    drafts (where there is most to see), the first such on a tie; without a readable output, the most rejected.
+    per_prompt: prompt_index, rejected, text (storage.queries.per_prompt)."""
+    frame = per_prompt.assign(readable=per_prompt["text"].map(readable),
+                              rejected=per_prompt["rejected"].fillna(0)).sort_values("prompt_index")
+    pool = frame[frame["readable"]] if frame["readable"].any() else frame
+    return int(pool.sort_values("rejected", ascending=False, kind="stable")["prompt_index"].iloc[0])
+
+
 def legend_html(output: pd.DataFrame) -> str:
     counts = output["kind"].value_counts()
     return " ".join(f'<span style="color:{charts.KIND_COLORS[kind]};font-weight:600;">■ {label} '
@@ -66,7 +83,7 @@ def render() -> None:
         return
     prompts = dict(zip(per_prompt["prompt_index"].astype(int), per_prompt["prompt"]))
     prompt_index = select_id("Prompt", "prompt", list(prompts), lambda i: f"{i}: {str(prompts[i])[:60]}",
-                             container=c3)
+                             container=c3, default=opening_prompt(per_prompt))
 
     output = cached("prompt_output", run_id, prompt_index, stamp=stamp)
     rounds = sorted(int(r) for r in output["round_index"].dropna().unique())
@@ -89,7 +106,7 @@ def render() -> None:
     st.markdown(legend_html(output), unsafe_allow_html=True)
     if len(output):
         st.caption("Click a token to select the round that emitted it.")
-        st.altair_chart(charts.token_chart(charts.token_layout(output), selected), width="stretch",
+        st.altair_chart(charts.token_chart(charts.token_layout(output), selected), width="content",
                         on_select="rerun", selection_mode=charts.TOKEN_SELECTION, key=chart_key)
     with st.expander("The output as text"):
         st.markdown(output_html(output, selected), unsafe_allow_html=True)

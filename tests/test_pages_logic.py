@@ -271,3 +271,34 @@ def test_a_k_axis_ticks_whole_numbers_even_for_one_k():
     temperature = charts.rates_curve(pd.DataFrame({"temperature": [0.0, 0.7], "alpha": [0.8] * 2,
                                                    "draft_acceptance_rate": [0.7] * 2}), "temperature").to_dict()
     assert "format" not in temperature["encoding"]["x"].get("axis", {})  # 0.7 is not a whole number
+
+
+def test_the_round_explorer_opens_on_the_most_rejected_readable_output():
+    """Prompt 0's demo output is `↵ #` repeated: the explorer opens on a prompt whose output reads as text, the one
+    with the most rejections (the most to see); without a readable one, the most rejected."""
+    import pandas as pd
+
+    from pages.round_explorer import opening_prompt, readable
+
+    assert not readable("\n #\n #\n #") and not readable("a b c 1 2 3") and readable("My Parent said no")
+    frame = pd.DataFrame({"prompt_index": [0, 1, 2, 3], "rejected": [9, 2, 5, 5],
+                          "text": ["\n #\n #\n #", "def f(x): return x", "The cat sat", "Once upon a time"]})
+    assert opening_prompt(frame) == 2  # 0 is not readable; 2 and 3 tie on rejections: the first
+    assert opening_prompt(frame.assign(text="\n #")) == 0  # none readable: the most rejected
+
+
+def test_the_token_chart_is_one_monospace_advance_wide_per_character():
+    """Each token's text starts where the previous one's ends: the chart is LINE_CHARS glyph advances wide, not
+    stretched to the page (which drew "M y P a rent")."""
+    import pandas as pd
+
+    from pages import charts
+
+    output = pd.DataFrame({"position": [0, 1, 2], "token_id": [1, 2, 3], "text": ["M", "y", " Parent"],
+                           "kind": ["first", "accepted", "bonus"], "round_index": [None, 0, 0]})
+    layout = charts.token_layout(output)
+    assert list(layout["x"]) == [0, 1, 2] and list(layout["x2"]) == [1, 2, 9]
+    spec = charts.token_chart(layout, 0).to_dict()
+    assert spec["width"] == charts.LINE_CHARS * charts.CHAR_PX == charts.LINE_CHARS * 0.6 * 12
+    text = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "text")
+    assert text["mark"]["fontSize"] == charts.TOKEN_FONT_PX and text["mark"].get("dx", 0) == 0
