@@ -1,6 +1,7 @@
 """What every page shares: the store, the selection kept in the URL query string, CSV downloads."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -113,9 +114,18 @@ def csv_download(frame: pd.DataFrame, file_name: str, label: str = "Download CSV
                        key=key or f"csv_{file_name}", icon=":material/download:", on_click="ignore")
 
 
+def draw(chart: alt.TopLevelMixin, **kwargs):
+    """st.altair_chart without Altair's schema validation of the whole spec as Streamlit serializes it: the
+    jsonschema pass was a quarter of the detail page's script time (and its first use loads the schema), while
+    every builder's spec is validated where it is made, by tests/test_pages_charts.py. Returns what st.altair_chart
+    does (a selection's state, with on_select)."""
+    object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))
+    return st.altair_chart(chart, **kwargs)
+
+
 def chart_with_csv(chart: alt.TopLevelMixin, frame: pd.DataFrame, file_name: str) -> None:
     """Draw a chart and offer the exact frame it was built from as CSV."""
-    st.altair_chart(chart, width="stretch")
+    draw(chart, width="stretch")
     csv_download(frame, file_name)
 
 

@@ -8,7 +8,7 @@ from engine.prompt_sets import set_name
 
 from pages import charts
 from pages.prefill import md_text
-from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids,
+from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, run_label, select_ids,
                           show, version)
 from pages.common import table as show_table
 from storage import queries as q
@@ -95,8 +95,8 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
                                  interval=INTERVAL)
     for column, panel in zip(st.columns(len(panels)), panels):  # each fills its column: nothing runs off the page
         with column:
-            st.altair_chart(panel, width="stretch")
-    st.altair_chart(charts.series_legend(frame, "experiment"), width="stretch")  # the legend the panels share
+            draw(panel, width="stretch")
+    draw(charts.series_legend(frame, "experiment"), width="stretch")  # the legend the panels share
     csv_download(frame, "compare_sweep.csv")
     st.caption("Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
                "have not finished, crosses impossible speedups (timing warnings). Each line ends with its "

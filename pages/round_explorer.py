@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import charts
-from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, query_ids, run_label,
+from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, query_ids, run_label,
                           run_stamp, select_id, version)
 
 KIND_LABELS = {"first": "first token (target prefill, no round)", "accepted": "accepted draft",
@@ -106,7 +106,7 @@ def render() -> None:
     st.markdown(legend_html(output), unsafe_allow_html=True)
     if len(output):
         st.caption("Click a token to select the round that emitted it.")
-        st.altair_chart(charts.token_chart(charts.token_layout(output), selected), width="content",
+        draw(charts.token_chart(charts.token_layout(output), selected), width="content",
                         on_select="rerun", selection_mode=charts.TOKEN_SELECTION, key=chart_key)
     with st.expander("The output as text"):
         st.markdown(output_html(output, selected), unsafe_allow_html=True)

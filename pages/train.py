@@ -17,7 +17,7 @@ from engine.wording import plural
 from engine.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTIONS, UNION, held_out_split,
                                 list_prompt_sets, load_prompt_file, load_prompts)
 from pages import charts
-from pages.common import csv_download, nav_page, number, parse_id, select_id, store, table
+from pages.common import csv_download, draw, nav_page, number, parse_id, select_id, store, table
 from pages.prefill import md_text
 from storage import queries as q, training
 from storage.errors import QueueError
@@ -252,7 +252,7 @@ def _job_view(job_id: int) -> None:
     points = training.points(store(), job_id)
     chart = charts.training_curves(points)
     if chart is not None:
-        st.altair_chart(chart, width="stretch")
+        draw(chart, width="stretch")
         csv_download(points, f"training-job-{job_id}-curve.csv", key=f"curve_csv_{job_id}")
     if job["kl_before"] is not None:
         _figures(job)
