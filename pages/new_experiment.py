@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import pandas as pd
 import streamlit as st
 
 from engine import zoo
@@ -31,6 +32,7 @@ from engine.variables import SETTINGS, VARIABLES
 from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
                                 load_prompts)
 from pages.common import cached, nav_page, store
+from pages.estimate import decode_speed, duration
 from pages.prefill import (AUTO_K, DEFAULT_NGRAM, DEFAULT_SWEEP, DEFAULT_THRESHOLD, DEVICES, DRAFTER_KINDS,
                            DRAFTER_PARAMETERS, DRAFTER_SUMMARY, DTYPES, INTEGER_VARIABLES, MAX_K, NUMERIC_SWEEPS,
                            SWEEP_CHOICES, SWEEP_LABELS, canonical_drafter, drafter_spec, drafter_specs, md_text,
@@ -327,18 +329,26 @@ def _prompt_count(prompts, prompt_texts) -> int | None:
         return None
 
 
-def grid_count(grid_text: str) -> int:
-    """How many batch sizes the "at batch sizes" field lists (1 when empty or unreadable: no grid)."""
+def batch_sizes_of(grid_text: str, batch_size: int) -> list[int]:
+    """The batch sizes Launch decodes at: the grid's (two or more listed in "at batch sizes"), else batch_size."""
     try:
-        sizes = parse_sweep_values(grid_text, "batch_size") if grid_text.strip() else []
+        sizes = parse_sweep_values(grid_text, "batch_size") if str(grid_text or "").strip() else []
     except ValueError:
-        return 1
-    return len(sizes) if len(sizes) > 1 else 1
+        sizes = []
+    return sizes if len(sizes) > 1 else [int(batch_size)]
+
+
+def _speed(target: str, batch_size: int):
+    """The target's decoding speed at batch_size and what it is from (pages/estimate.py), None when unknown."""
+    measured = cached("target_speed", target, batch_size=batch_size)
+    return decode_speed(target, batch_size, measured,
+                        cached("baseline_speeds", batch_size) if measured is None else pd.DataFrame())
 
 
 def _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, max_new_tokens, repeats,
-              batch_sizes: int = 1):
-    """What Launch would decode, and how long that takes at this target's last measured speed."""
+              sizes: Sequence[int] = (1,)):
+    """What Launch would decode, and how long that takes at this target's speed at the same batch size (each of a
+    grid's batch sizes at its own), saying what the speed is from."""
     try:
         count = _prompt_count(prompts, prompt_texts) or 0
         values = (len(sweep_list) if sweep_list is not None and VARIABLES[sweep_variable].categorical else
@@ -348,27 +358,25 @@ def _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_l
     if not count:
         return
     arms = arms_of(sweep_variable, values, k_auto)
-    speed = cached("target_speed", target.strip()) if target.strip() else None
-    tokens, seconds = workload(count, arms, max_new_tokens, repeats, speed and speed["tokens_per_second"],
-                               batch_sizes)
-    grid = f"{plural(batch_sizes, 'batch size')} × " if batch_sizes > 1 else ""
+    if sweep_variable == "batch_size":  # a batch-size sweep: each value's baseline and run, at its own speed
+        sizes = parse_sweep_values(sweep_text, "batch_size")
+    per_size, _ = workload(count, arms // len(sizes) if sweep_variable == "batch_size" else arms, max_new_tokens,
+                           repeats, None)
+    tokens = per_size * len(sizes)
+    grid = f"{plural(len(sizes), 'batch size')} × " if len(sizes) > 1 and sweep_variable != "batch_size" else ""
     text = (f"Launch decodes at most {tokens:,} tokens: {plural(count, 'prompt')} × {plural(arms, 'arm')} × "
             f"{grid}{plural(repeats, 'repeat')} × {max_new_tokens} new tokens")
-    if seconds is not None:
-        where = f" on {speed['device_name']}" if speed.get("device_name") else ""
-        text += (f"; at this target's last measured speed ({speed['tokens_per_second']:.1f} tokens/s{where}, "
-                 f"experiment #{speed['experiment_id']}) about {_duration(seconds)} on one worker.")
+    speeds = {size: _speed(target.strip(), size) for size in sizes} if target.strip() else {}
+    if speeds and all(speeds.values()):
+        seconds = sum(per_size / speed.tokens_per_second for speed in speeds.values())
+        sources = "; ".join((f"batch size {size}: " if len(sizes) > 1 else "") + speed.source
+                            for size, speed in speeds.items())
+        text += f"; about {duration(seconds)} on one worker, at {sources}."
     else:
-        text += "; this target has no measured speed yet, so no duration estimate."
+        missing = ", ".join(str(size) for size, speed in speeds.items() if speed is None) or str(sizes[0])
+        text += (f"; this target has no measured speed at batch size {missing} yet, and no measured target to "
+                 f"scale from by model size, so no duration estimate.")
     st.caption(md_text(text))
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
@@ -609,7 +617,7 @@ def render() -> None:
                                   "every swept value, interleaved), and the median time is used; more repeats narrow "
                                   "the speedup's 95 % interval on a noisy machine")
         _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, int(max_new_tokens),
-                  int(repeats), grid_count(grid_text))
+                  int(repeats), batch_sizes_of(grid_text, int(fixed["batch_size"])))
     st.subheader("Label")
     for key in ("name", "tags", "notes"):
         _seed(key)

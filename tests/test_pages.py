@@ -241,27 +241,52 @@ def test_new_experiment_launch_enqueues_baseline_and_one_run_per_k(empty_db, mod
     assert len(q.experiments(store)) == 2
 
 
-def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs):
-    """Before Launch: prompts × arms × repeats × new tokens, and a duration at the target's last measured speed
-    (storage.queries.target_speed) once one baseline of it finished."""
+def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs, tmp_path):
+    """Before Launch: prompts × arms × repeats × new tokens, and a duration at the target's speed at the same batch
+    size (storage.queries.target_speed: a batch-2 baseline's throughput is not a batch-1 follow-up's), else scaled
+    by model size from another target measured at that batch size (pages/estimate.py), saying which it is."""
+    import shutil
+
     from sqlalchemy import text
 
     from engine.prompt_sets import load_prompts
+    from pages.estimate import duration, weight_bytes
     from pages.new_experiment import arms_of, workload
 
-    at = _fill(app("new"), model_dirs, sweep_values="1,2,4", max_new_tokens=16, prompt_set="code:validation")
-    caption = next(c.value for c in at.caption if "Launch decodes" in c.value)
+    target, reference = tmp_path / "target", tmp_path / "reference"  # weights on disk: 3 MB and 1 MB
+    shutil.copytree(model_dirs["target"], target)
+    (target / "model.safetensors").write_bytes(b"w" * 3_000_000)
+    reference.mkdir()
+    (reference / "model.safetensors").write_bytes(b"w" * 1_000_000)
+    target = str(target)
+
+    def caption():
+        at = _fill(app("new"), model_dirs, target=target, sweep_values="1,2,4", max_new_tokens=16,
+                   prompt_set="code:validation")
+        return next(c.value for c in at.caption if "Launch decodes" in c.value)
+
+    def measured(target, speed, batch_size):
+        eid = enqueue_experiment(store, name="m", target=target, draft="d", prompts="code:tune",
+                                 sampling={"max_new_tokens": 8, "batch_size": batch_size}, sweep_values=[2])
+        with store.write() as conn:
+            conn.execute(text("UPDATE runs SET status = 'done', tokens_per_second = :s, device_name = 'cpu', "
+                              "finished = created WHERE experiment_id = :e AND kind = 'baseline'"),
+                         {"e": eid, "s": speed})
+        return eid
+
     n = len(load_prompts("code:validation"))
-    assert f"at most {n * 4 * 3 * 16:,} tokens" in caption and "no measured speed yet" in caption
+    assert f"at most {n * 4 * 3 * 16:,} tokens" in caption() and "no measured speed at batch size 1" in caption()
     store = open_store(empty_db)
-    eid = enqueue_experiment(store, name="m", target=model_dirs["target"], draft="d", prompts="code:tune",
-                             sampling={"max_new_tokens": 8}, sweep_values=[2])
-    with store.write() as conn:
-        conn.execute(text("UPDATE runs SET status = 'done', tokens_per_second = 40.0, device_name = 'cpu', "
-                          "finished = created WHERE experiment_id = :e AND kind = 'baseline'"), {"e": eid})
-    at = _fill(app("new"), model_dirs, sweep_values="1,2,4", max_new_tokens=16, prompt_set="code:validation")
-    caption = next(c.value for c in at.caption if "Launch decodes" in c.value)
-    assert "40.0 tokens/s on cpu" in caption and f"#{eid}" in caption
+    measured(target, 189.4, 2)  # at batch 2 only: not this batch-1 experiment's speed
+    assert "189.4" not in caption() and "no duration estimate" in caption()
+    other = measured(str(reference), 100.0, 1)  # another target, at batch 1: scaled by the weights' size
+    assert weight_bytes(target) == 3_000_000
+    shown = caption()
+    assert "an estimate from model size" in shown and f"#{other}" in shown and "3× its size" in shown
+    assert f"about {duration(n * 4 * 3 * 16 / (100.0 / 3))} on" in shown  # 100 tokens/s for a third of the weights
+    eid = measured(target, 40.0, 1)  # this target at this batch size: its own speed
+    shown = caption()
+    assert "40.0 tokens/s on cpu" in shown and f"#{eid}" in shown and "model size" not in shown
     assert workload(n, 4, 16, 3, 40.0) == (n * 4 * 16 * 3, n * 4 * 16 * 3 / 40.0)
     assert arms_of("k", 3, None) == 4 and arms_of("temperature", 2, None) == 4 and arms_of("k", 1, 8) == 6
 
