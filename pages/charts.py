@@ -310,8 +310,12 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
     base = alt.Chart(frame).transform_filter(is_valid(y)).encode(
         x_enc, alt.Y(f"{y}:Q", title=y_title, scale=scale), color, tooltip=tooltip)
     names = sorted(frame[series].dropna().astype(str).unique()) if series in frame else []
+    # Vega draws the lines in the order their series first appear in the data: the first drawn (underneath) is the
+    # widest, each next one narrower, so a line lying under another still shows as its coloured edge.
+    drawn = list(dict.fromkeys(frame.loc[frame[y].notna(), series].dropna().astype(str))) if y in frame else []
+    step = 3.0 if len(drawn) <= 3 else 2.0
     widths = alt.StrokeWidth(f"{series}:N", legend=None, scale=alt.Scale(
-        domain=names, range=[2.0 + 2.0 * (len(names) - 1 - i) for i in range(len(names))]))
+        domain=drawn, range=[2.0 + step * (len(drawn) - 1 - i) for i in range(len(drawn))]))
     layers = []
     if not (lo and hi):
         layers.append(base.mark_line(point=True).encode(widths))
@@ -438,11 +442,12 @@ def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, va
     if count:
         base = base.transform_calculate(**count_labels(count))
     bars = base.mark_bar()
+    height = HEIGHT + 60 + LEGEND_ROW * frame[series].nunique()  # the legend's rows never squash the bars
     if not count:
-        return alt.layer(bars).properties(height=HEIGHT + 60)
+        return alt.layer(bars).properties(height=height)
     bars = bars.encode(opacity=alt.condition(is_value("small", True), alt.value(0.45), alt.value(1.0)))
     labels = base.mark_text(align="left", dx=3, fontSize=10, color="#424242").encode(text="n_label:N")
-    return alt.layer(bars, labels).properties(height=HEIGHT + 60)
+    return alt.layer(bars, labels).properties(height=height)
 
 
 def count_labels(count: str) -> dict:

@@ -1579,7 +1579,10 @@ def test_coinciding_lines_are_named_and_drawn_each_wider_than_the_next():
     assert coinciding_note([], "α", "k") is None
     spec = overlaid_curves(frame, "k", "alpha", "batch", "k", "α", (0, 1)).to_dict()
     lines = [layer for layer in spec.get("layer", [spec]) if layer["mark"]["type"] == "line"]
-    width = lines[0]["encoding"]["strokeWidth"]["scale"]
+    width = lines[0]["encoding"]["strokeWidth"]["scale"]  # drawn in the data's order: the first underneath, widest
     assert width["domain"] == ["batch 1", "batch 2", "batch 4"] and width["range"][0] > width["range"][1] > \
         width["range"][2]
+    reordered = overlaid_curves(frame.iloc[::-1], "k", "alpha", "batch", "k", "α", (0, 1)).to_dict()
+    line = next(layer for layer in reordered.get("layer", [reordered]) if layer["mark"]["type"] == "line")
+    assert line["encoding"]["strokeWidth"]["scale"]["domain"] == ["batch 4", "batch 2", "batch 1"]
     assert spec["height"] > 260  # the legend's rows are added: the plot keeps its height, its title is not cut
