@@ -8,8 +8,8 @@ from engine.prompt_sets import set_name
 
 from pages import charts
 from pages.prefill import md_text
-from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, run_label, select_ids,
-                          show, version)
+from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, run_label,
+                          select_ids, show, version)
 from pages.common import table as show_table
 from storage import queries as q
 from storage.columns import COLUMNS

@@ -9,8 +9,8 @@ import pandas as pd
 import streamlit as st
 
 from pages import charts
-from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, query_ids, run_label,
-                          run_stamp, select_id, version)
+from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, query_ids,
+                          run_label, run_stamp, select_id, version)
 
 KIND_LABELS = {"first": "first token (target prefill, no round)", "accepted": "accepted draft",
                "correction": "correction (after a rejection)", "bonus": "bonus (all drafts accepted)"}
