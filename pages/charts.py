@@ -591,7 +591,11 @@ def token_chart(layout: pd.DataFrame, selected_round: int | None, line_chars: in
     selection and the tooltip. The browser gives a click to the topmost mark under the pointer, so whether it
     lands on a glyph, on the space after it or on the box's edge, the mark that receives it is the one holding the
     selection, and its datum is that token's."""
-    frame = layout.assign(selected=layout["round"] == (selected_round if selected_round is not None else -2))
+    # A token's leading spaces are not drawn as text (the browser drew " Parent" flush against the token before
+    # it, one cell early): its text starts that many cells into its box instead (`drawn` from `text_x`).
+    lead = layout["shown"].str.len() - layout["shown"].str.lstrip(" ").str.len()
+    frame = layout.assign(selected=layout["round"] == (selected_round if selected_round is not None else -2),
+                          drawn=layout["shown"].str.lstrip(" "), text_x=layout["x"] + lead)
     pick = alt.selection_point(name=TOKEN_SELECTION, fields=["round"], on="click", clear=False, empty=False)
     lines = int(frame["line"].max()) + 1 if len(frame) else 1
     x = alt.X("x:Q", axis=None, scale=alt.Scale(domain=[0, line_chars], nice=False))
@@ -605,7 +609,8 @@ def token_chart(layout: pd.DataFrame, selected_round: int | None, line_chars: in
         opacity=alt.condition(is_value("selected", True), alt.value(0.35), alt.value(0.08)),
         stroke=alt.condition(is_value("selected", True), alt.value("#ef6c00"), alt.value(None)))
     text = base.mark_text(align="left", baseline="middle", font="monospace", fontSize=TOKEN_FONT_PX).encode(
-        x, y, alt.Text("shown:N"), color=kind)
+        alt.X("text_x:Q", axis=None, scale=alt.Scale(domain=[0, line_chars], nice=False)), y, alt.Text("drawn:N"),
+        color=kind)
     # Transparent, not absent: a fully transparent fill is still painted, so it receives the pointer.
     hits = base.mark_rect(fill="transparent", stroke=None, cursor="pointer").encode(
         x, alt.X2("x2:Q"), y, tooltip=tooltip).add_params(pick)

@@ -302,6 +302,10 @@ def test_the_token_chart_is_one_monospace_advance_wide_per_character():
     assert spec["width"] == charts.LINE_CHARS * charts.CHAR_PX == charts.LINE_CHARS * 0.6 * 12
     text = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "text")
     assert text["mark"]["fontSize"] == charts.TOKEN_FONT_PX and text["mark"].get("dx", 0) == 0
+    # A leading space moves the text one cell into its box (the browser does not draw it): " Parent" at cell 3.
+    assert text["encoding"]["text"]["field"] == "drawn" and text["encoding"]["x"]["field"] == "text_x"
+    rows = spec["datasets"][spec["data"]["name"]]
+    assert [(r["drawn"], r["text_x"]) for r in rows] == [("M", 0), ("y", 1), ("Parent", 3)]
 
 
 def test_a_training_job_s_estimate_scales_the_last_job_s_pace_or_bounds_it_by_the_target_s_speed():
