@@ -538,6 +538,12 @@ def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_tabl
             assert label, f"{name!r} has no header of its own"  # neither blank nor the raw name by default
     runs_config = json.loads(runs_grid.proto.columns)
     assert runs_config["outputs_match_baseline"]["label"] == "same output"
+    # Wider than the page at 1400 px: the columns naming the run stay in view while it scrolls sideways.
+    pinned = [name for name in runs_grid.value.columns if runs_config.get(name, {}).get("pinned")]
+    assert pinned == [c for c in ("check", "run_id", "kind", "k") if c in runs_grid.value.columns], pinned
+    listing = next(d for d in app("experiments").dataframe if "best_speedup" in d.value)
+    assert [n for n, c in json.loads(listing.proto.columns).items() if c.get("pinned")] == \
+        ["experiment_id", "timing_warnings", "name"]
     assert "token for token" in runs_config["outputs_match_baseline"]["help"]
     for grid in (runs_grid, per_prompt_grid):
         assert json.loads(grid.proto.columns)["alpha"]["type_config"]["format"] == COLUMNS["alpha"].fmt

@@ -316,3 +316,22 @@ def test_a_findings_link_of_one_batch_size_keeps_it():
     assert values == {"batch_size": 4, "draft_sampling": "greedy"} and notes == []
     values, notes = parse_prefill({"batch_size": "0", "draft_sampling": "argmax"}, ["code:tune"])
     assert values == {} and len(notes) == 2
+
+
+def _headline(too_wide: bool) -> None:
+    from pages.schedule_panel import headline
+
+    headline({"text": "k schedule: batch 1: k = 2 (1.71× (1.59–1.85)); batch 4: off",
+              "steps": [{"batch_size": 1, "too_wide": too_wide}, {"batch_size": 4, "too_wide": False}]})
+
+
+def test_the_schedule_headline_is_titled_by_its_own_name_and_yellow_only_when_too_wide():
+    """A normal schedule was a yellow ⚠ box titled "Schedule: k schedule: …": now the verdict's blue box titled
+    "k schedule:", and yellow only when a batch size is too wide to choose by, its title saying which."""
+    from streamlit.testing.v1 import AppTest
+
+    normal = AppTest.from_function(_headline, args=(False,)).run()
+    assert not normal.warning and [_plain(i.value) for i in normal.info] == [
+        "**k schedule:** batch 1: k = 2 (1.71× (1.59–1.85)); batch 4: off."]
+    wide = AppTest.from_function(_headline, args=(True,)).run()
+    assert not wide.info and _plain(wide.warning[0].value).startswith("**k schedule, too wide to choose by at batch 1:**")
