@@ -187,6 +187,9 @@ def cmd_run(args) -> int:
     from .sweep import parse_sweep
 
     from engine.limits import check_all
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the one bar on stderr is the runs' own: transformers' "Loading weights" cut in
 
     try:
         # Bad settings, prompts or models are bad input (exit 2): checked before anything is stored.

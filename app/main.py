@@ -74,13 +74,16 @@ def run(start: str | None = None) -> None:
         access.login()
         return
     access.logout_button()
-    warm_up()  # the pair check's transformers import, off the first page view
     try:
         page.run()
     except Exception:  # noqa: BLE001 - st.rerun/st.stop are BaseExceptions and pass through
         # The traceback (server paths, SQL, URLs) goes to the server's log only; the browser gets one line.
         log.exception("page %r failed", getattr(page, "url_path", None) or getattr(page, "title", "?"))
         st.error(UNEXPECTED, icon=":material/error:")
+    # The pair check's transformers import, in the background once the first page is drawn: started before it,
+    # seconds of importing competed with that page for the CPU (the detail page's charts came 2–3 s later on a
+    # 2-CPU machine); a form's pair check that runs first imports what it needs itself.
+    warm_up()
 
 
 if __name__ == "__main__":

@@ -90,7 +90,11 @@ def primary_draft(experiment: dict, runs) -> str | None:
 
 
 def run_label(run: dict) -> str:
-    return f"run {run['id']} ({run['kind']}" + (f", k={run['k']})" if run["k"] else ")")
+    """How the worker's log names a run: `run 7 (speculative, k=4, batch 2)`; the batch size always, since a grid's
+    runs differ by nothing else."""
+    batch = run.get("batch_size")
+    return (f"run {run['id']} ({run['kind']}" + (f", k={run['k']}" if run["k"] else "")
+            + (f", batch {int(batch)})" if batch is not None else ")"))
 
 
 def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcome: dict, memory: dict) -> None:

@@ -273,8 +273,10 @@ class Worker:
             experiment = self.db.retry(get_experiment, self.store, experiment_id, write=False)
             group = {rid: self.db.retry(run_state.get_run, self.store, rid, write=False) for rid in run_ids}
             self.db.retry(liveness.heartbeat, self.store, self.id, self.current_run, run_ids)
+            sizes = sorted({int(r["batch_size"]) for r in group.values() if r.get("batch_size") is not None})
             self.log(f"experiment {experiment_id}: timing {plural(len(run_ids), 'run')} prompt-major, "
-                     f"{plural(experiment['repeats'] or 1, 'repeat')} each")
+                     f"{plural(experiment['repeats'] or 1, 'repeat')} each"
+                     + (f", at batch size {', '.join(map(str, sizes))}" if sizes else ""))
             time_group(self.job_context(), experiment, group, outcome, memory)
         except SetupError as exc:
             for rid in run_ids:

@@ -81,25 +81,35 @@ class Variable:
     def choice(self) -> str:
         return self.label or self.name
 
-    def parse(self, text) -> int | float | str:
-        """One value from its text (a DraftLabError names the problem and the fix)."""
+    def said(self, form: bool = False) -> str:
+        """How an error names this variable: its CLI flag (`--top-k`), or in the form its field's words (`top-k`)."""
+        return (self.title or self.name).lower().replace("_", " ") if form else self.flag
+
+    def for_example(self, example: str, form: bool = False) -> str:
+        """An error's fix: `use e.g. --k 1,2,4,8` for the CLI, `enter e.g. 1,2,4,8` in the form."""
+        return f"enter e.g. {example}" if form else f"use e.g. {self.flag} {example}"
+
+    def parse(self, text, form: bool = False) -> int | float | str:
+        """One value from its text (a DraftLabError names the problem and the fix, worded for the CLI's flags or,
+        with form, for the New-experiment form's fields: the same bounds, the user's own words)."""
         raw = str(text).strip()
+        said = self.said(form)
         if self.categorical:
             if not raw:
-                raise DraftLabError(f"{self.flag} has an empty value; use e.g. {self.flag} {self.example}")
+                raise DraftLabError(f"{said} has an empty value; {self.for_example(self.example, form)}")
             return self.check_name(raw) if self.check_name else raw
         value = ascii_int(raw) if self.kind is int else ascii_float(raw)
         if value is not None and self.limit and value > self.upper:
-            raise DraftLabError(f"{self.flag} {raw[:40]} is more than the limit of {self.upper} "
+            raise DraftLabError(f"{said} {raw[:40]} is more than the limit of {self.upper} "
                                 f"{LIMITS[self.limit].meaning.split(' (')[0]}: use fewer, or raise it with "
                                 f"${LIMITS[self.limit].env}")
         if value is not None and self.min_positive is not None and 0 < value < self.min_positive:
-            raise DraftLabError(f"{self.name} value {raw[:40]!r} is too small to compute with (a value above 0 must "
-                                f"be at least {self.min_positive:g}); use 0 for greedy decoding or e.g. "
-                                f"{self.flag} {self.min_positive:g}")
+            raise DraftLabError(f"{said if form else self.name} value {raw[:40]!r} is too small to compute with (a "
+                                f"value above 0 must be at least {self.min_positive:g}); use 0 for greedy decoding "
+                                f"or e.g. {'' if form else self.flag + ' '}{self.min_positive:g}")
         if value is None or not self.in_range(value):
-            raise DraftLabError(f"{self.name} value {raw[:40]!r} is not {self.meaning}; use e.g. "
-                                f"{self.flag} {self.example}")
+            raise DraftLabError(f"{said if form else self.name} value {raw[:40]!r} is not {self.meaning}; "
+                                f"{self.for_example(self.example, form)}")
         return value
 
     @property
@@ -114,20 +124,21 @@ class Variable:
             return False
         return self.upper is None or value <= self.upper
 
-    def parse_list(self, text) -> list:
-        """Comma-separated values, each once: numbers sorted, names in the order given."""
+    def parse_list(self, text, form: bool = False) -> list:
+        """Comma-separated values, each once: numbers sorted, names in the order given (errors worded as parse's)."""
         items = [item.strip() for item in str(text).split(",")] if not isinstance(text, (list, tuple)) else \
             [str(item).strip() for item in text]
+        said = self.said(form)
         if not items or any(not item for item in items):
-            raise DraftLabError(f"{self.flag} {str(text)[:60]!r} has an empty value; use e.g. "
-                                f"{self.flag} {self.example}")
+            raise DraftLabError(f"{said} {str(text)[:60]!r} has an empty value; "
+                                f"{self.for_example(self.example, form)}")
         if len(items) > limit("swept_values"):
-            raise DraftLabError(f"{self.flag}: " + over("swept_values", len(items), "the sweep"))
-        values = [self.parse(item) for item in items]
+            raise DraftLabError(f"{said}: " + over("swept_values", len(items), "the sweep"))
+        values = [self.parse(item, form) for item in items]
         seen = set()
         for value in values:
             if value in seen:
-                raise DraftLabError(f"{self.flag} lists {self.show(value)} twice; list each value once")
+                raise DraftLabError(f"{said} lists {self.show(value)} twice; list each value once")
             seen.add(value)
         return values if self.categorical else sorted(values)
 

@@ -84,14 +84,16 @@ THROTTLE = LoginThrottle()  # one per dashboard process: every session's login g
 
 
 def client_address() -> str:
-    """The browser's address as Streamlit sees it (behind a proxy: the proxy's; "unknown" when not told)."""
+    """The browser's address as Streamlit sees it (behind a proxy: the proxy's). Streamlit gives None for a browser
+    on this machine (127.0.0.1 or ::1): that is "localhost", what README's `local ADDRESS` then reads; "unknown"
+    only outside a browser session, where Streamlit cannot be asked."""
     import streamlit as st
 
     try:
         address = st.context.ip_address
     except Exception:  # noqa: BLE001 - outside a browser session
-        address = None
-    return address if isinstance(address, str) and address else "unknown"
+        return "unknown"
+    return address if isinstance(address, str) and address else "localhost"
 
 
 def _refusal(seconds: float, why: str) -> str:

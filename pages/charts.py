@@ -44,10 +44,11 @@ def series_scale(frame: pd.DataFrame, series: str) -> alt.Scale:
     return alt.Scale(scheme="tableau20" if n > 10 else "tableau10", domain=domain)
 
 
-def _x(field: str, title: str, values=None) -> alt.X:
+def _x(field: str, title: str, values=None, margin: float = 0.0) -> alt.X:
     """The swept value on a quantitative x axis. Whole numbers (k, top-k; the values drawn, or k when none are
     given) get whole-number ticks; a single value gets a span around it, a unit either side for a whole number
-    (without one, Vega ticked the zero-width domain as `2.000000`)."""
+    (without one, Vega ticked the zero-width domain as `2.000000`). margin: room right of the last value, as a
+    share of the range (for end labels), with ticks only at the values drawn."""
     xs = pd.Series([] if values is None else list(values), dtype=float).dropna()
     whole = bool((xs == xs.round()).all()) if len(xs) else values is None
     axis = alt.Axis(tickMinStep=1, format="d") if whole else alt.Axis()
@@ -56,6 +57,11 @@ def _x(field: str, title: str, values=None) -> alt.X:
         v = float(xs.iloc[0])
         pad = 1.0 if whole else max(abs(v) / 2, 0.1)
         scale = alt.Scale(domain=[max(v - pad, 0.0) if v >= 0 else v - pad, v + pad])
+    elif margin and len(xs):
+        low, high = float(xs.min()), float(xs.max())
+        scale = alt.Scale(domain=[low, high + margin * (high - low)], nice=False, zero=False)
+        values_drawn = sorted(set(xs))
+        axis = (alt.Axis(values=values_drawn, format="d") if whole else alt.Axis(values=values_drawn))
     return alt.X(f"{field}:Q", title=title, axis=axis, scale=scale)
 
 
@@ -280,13 +286,17 @@ SMALL_SAMPLE_NOTE = (f"n = tokens behind each rate; a starred, faded bar rests o
 def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: str, y_title: str,
                     y_domain: tuple[float, float] | None = None, lo: str | None = None,
                     hi: str | None = None, count: str | None = None, end_label: str | None = None,
-                    width: int | None = None) -> alt.Chart | alt.LayerChart:
-    """One line per series (experiment or run), for Compare. frame: x, y, series columns as named (rows without a
+                    width: int | None = None, legend: bool = True) -> alt.Chart | alt.LayerChart:
+    """One line per series (experiment, run or batch size). frame: x, y, series columns as named (rows without a
     y are left out of the drawing, so one frame can feed several panels); with `lo` and `hi` (a 95 % interval per
     point) error bars too, and hollow points where a `state` column is not FINISHED; `count`: the column holding
-    each rate's n, shown in the tooltip; `end_label`: a column whose value is written, in the line's colour, at the
-    last point of each line (its largest x), so lines can be told apart without the legend; `width`: in pixels
-    (a panel of small multiples; else the chart fills its column)."""
+    each rate's n, shown in the tooltip; `end_label`: a column whose value (short: `#3 · batch 2`) is written, in
+    the line's colour, in a margin right of the lines, at each line's last height (end_labels), so lines can be
+    told apart without the legend; `width`: in pixels (a panel of small multiples; else the chart fills its
+    column); `legend`: False when a legend drawn elsewhere names the series (Compare's series_legend).
+
+    Lines with the same values lie on one another: each series' line is drawn wider than the next one's (the first
+    widest), so a line under another still shows as a coloured edge (and coinciding() says which ones to name)."""
     scale = alt.Scale(domain=list(y_domain)) if y_domain else alt.Undefined
     tooltip = [f"{series}:N", alt.Tooltip(f"{x}:Q", title=x_title), alt.Tooltip(f"{y}:Q", format=".3f")]
     if count:  # the tokens behind each rate
@@ -294,12 +304,21 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
     if lo and hi:
         tooltip += [alt.Tooltip(f"{lo}:Q", title="95 % low", format=".3f"),
                     alt.Tooltip(f"{hi}:Q", title="95 % high", format=".3f")]
-    color = alt.Color(f"{series}:N", title=None, legend=SERIES_LEGEND, scale=series_scale(frame, series))
+    color = alt.Color(f"{series}:N", title=None, legend=SERIES_LEGEND if legend else None,
+                      scale=series_scale(frame, series))
+    x_enc = _x(x, x_title, frame[x], margin=END_LABEL_MARGIN if end_label else 0.0)
     base = alt.Chart(frame).transform_filter(is_valid(y)).encode(
-        _x(x, x_title, frame[x]), alt.Y(f"{y}:Q", title=y_title, scale=scale), color, tooltip=tooltip)
+        x_enc, alt.Y(f"{y}:Q", title=y_title, scale=scale), color, tooltip=tooltip)
+    names = sorted(frame[series].dropna().astype(str).unique()) if series in frame else []
+    # Vega draws the lines in the order their series first appear in the data: the first drawn (underneath) is the
+    # widest, each next one narrower, so a line lying under another still shows as its coloured edge.
+    drawn = list(dict.fromkeys(frame.loc[frame[y].notna(), series].dropna().astype(str))) if y in frame else []
+    step = 3.0 if len(drawn) <= 3 else 2.0
+    widths = alt.StrokeWidth(f"{series}:N", legend=None, scale=alt.Scale(
+        domain=drawn, range=[2.0 + step * (len(drawn) - 1 - i) for i in range(len(drawn))]))
     layers = []
     if not (lo and hi):
-        layers.append(base.mark_line(point=True))
+        layers.append(base.mark_line(point=True).encode(widths))
     else:
         bars = base.transform_filter(is_valid(lo)).mark_errorbar(ticks=True).encode(
             alt.Y(f"{lo}:Q", title=y_title, scale=scale), alt.Y2(f"{hi}:Q"))
@@ -309,34 +328,59 @@ def overlaid_curves(frame: pd.DataFrame, x: str, y: str, series: str, x_title: s
         points = base.mark_point(filled=False, size=60, strokeWidth=2).encode(fill=fill)
         if "state" in frame:
             points = points.encode(shape=alt.Shape("state:N", scale=STATE_SHAPES, legend=None))
-        layers += [base.mark_line(), bars, points]
+        layers += [base.mark_line().encode(widths), bars, points]
     if end_label:
+        # In the margin right of every line's end (the x scale is widened for it): a label never covers a line.
         labels = alt.Chart(end_labels(frame, x, y, series, end_label, y_domain)).encode(
-            _x(x, x_title, frame[x]), alt.Y("label_y:Q", title=y_title, scale=scale), color,
-            text=alt.Text(f"{end_label}:N"),
+            _x("label_x", x_title, frame[x], margin=END_LABEL_MARGIN),  # the lines' own x scale and axis
+            alt.Y("label_y:Q", title=y_title, scale=scale), color, text=alt.Text(f"{end_label}:N"),
             tooltip=[f"{series}:N"])
-        # Right of the point in the plot's left half, left of it in the right half: the label stays in the plot.
-        for side, align, dx in (("left", "right", -6), ("right", "left", 6)):
-            layers.append(labels.transform_filter(is_value("side", side)).mark_text(
-                align=align, baseline="middle", dx=dx, dy=-10, fontSize=11, fontWeight="bold",
-                limit=END_LABEL_LIMIT))
+        layers.append(labels.mark_text(align="left", baseline="middle", dx=6, fontSize=11, fontWeight="bold",
+                                       limit=END_LABEL_LIMIT))
     chart = alt.layer(*layers) if len(layers) > 1 else layers[0]
-    return chart.properties(height=HEIGHT, **({"width": width} if width else {}))
+    # Streamlit fits the whole chart, legend included, into its height: a row per series is added, so the plot
+    # keeps HEIGHT and its axis title is never cut ("accepted / reache").
+    rows = len(names) if legend else 0
+    return chart.properties(height=HEIGHT + LEGEND_ROW * rows, **({"width": width} if width else {}))
 
 
-END_LABEL_LIMIT = 170  # pixels: a longer name is cut with an ellipsis (the legend keeps it whole)
-END_LABEL_GAP = 0.08  # of the y range: labels closer than this are moved apart
+END_LABEL_LIMIT = 110  # pixels: a longer label is cut with an ellipsis (the legend keeps every name whole)
+END_LABEL_MARGIN = 0.45  # of the x range: room right of the lines' ends for their labels
+END_LABEL_GAP = 0.1  # of the y range: labels closer than this are moved apart
+LEGEND_ROW = 24  # pixels a vertical legend's row takes
+
+
+def coinciding(frame: pd.DataFrame, x: str, y: str, series: str) -> list[list[str]]:
+    """Groups (two or more) of series whose lines are the same: the same y (to 1e-9) at the same x values, so one
+    is drawn exactly over the other (greedy decoding at batch 1 and 2 gives identical acceptance)."""
+    valid = frame.dropna(subset=[x, y])
+    if series not in valid or valid.empty:
+        return []
+    points = {}
+    for name, rows in valid.groupby(series, sort=True):
+        key = tuple((float(a), round(float(b), 9)) for a, b in sorted(zip(rows[x], rows[y])))
+        points.setdefault(key, []).append(str(name))
+    return [names for names in points.values() if len(names) > 1]
+
+
+def coinciding_note(groups: list[list[str]], what: str, x_title: str) -> str | None:
+    """The sentence under a chart whose lines coincide: which series draw the same line (or None)."""
+    if not groups:
+        return None
+    parts = [", ".join(g[:-1]) + f" and {g[-1]}" for g in groups]
+    return (f"{'; '.join(parts)}: the same {what} at every {x_title}, so their lines lie on one another (each line "
+            f"under another shows as a wider coloured edge).")
 
 
 def end_labels(frame: pd.DataFrame, x: str, y: str, series: str, label: str,
                y_domain: tuple[float, float] | None = None) -> pd.DataFrame:
     """Where each line's end label goes: the series' last point (largest x with a y), `label_y` its height moved
     down just enough that no two labels overlap (at least END_LABEL_GAP of the y range apart, top to bottom), and
-    `side`, where the label sits: `left` of a point in the right half of the x range, `right` of one in the left
-    half. Columns: series, label, x, y, label_y, side. Vega draws the label as text: a name is never markup."""
+    `label_x`, the largest x of the frame: the label starts right of every line's end, in the margin the x scale
+    leaves for it. Columns: series, label, x, y, label_y, label_x. Vega draws the label as text: never markup."""
     valid = frame.dropna(subset=[y, x])
     if valid.empty:
-        return pd.DataFrame(columns=list(dict.fromkeys([series, label, x, y, "label_y", "side"])))
+        return pd.DataFrame(columns=list(dict.fromkeys([series, label, x, y, "label_y", "label_x"])))
     last = valid.sort_values(x).groupby(series, sort=False).tail(1)
     last = last[list(dict.fromkeys([series, label, x, y]))].sort_values(y, ascending=False).reset_index(drop=True)
     low, high = y_domain if y_domain else (min(0.0, float(valid[y].min())), float(valid[y].max()))
@@ -344,8 +388,7 @@ def end_labels(frame: pd.DataFrame, x: str, y: str, series: str, label: str,
     placed = []
     for value in last[y].astype(float):
         placed.append(value if not placed else min(value, placed[-1] - gap))
-    middle = (float(frame[x].min()) + float(frame[x].max())) / 2
-    return last.assign(label_y=placed, side=np.where(last[x].astype(float) > middle, "left", "right"))
+    return last.assign(label_y=placed, label_x=float(valid[x].max()))
 
 
 SWEEP_PANELS = (("speedup", "speedup (×)", None), ("alpha", "alpha", (0, 1)),
@@ -365,10 +408,8 @@ def sweep_panels(frame: pd.DataFrame, x: str, series: str, x_title: str, end_lab
         if y not in frame:
             continue
         bounds = (interval or {}) if y == "speedup" else {}
-        panel = overlaid_curves(frame, x, y, series, x_title, title, domain, **bounds, end_label=end_label)
-        for layer in getattr(panel, "layer", None) or [panel]:
-            if layer.encoding is not alt.Undefined and layer.encoding.color is not alt.Undefined:
-                layer.encoding.color.legend = None
+        panel = overlaid_curves(frame, x, y, series, x_title, title, domain, **bounds, end_label=end_label,
+                                legend=False)
         panels.append(panel.properties(title=f"{title} vs {x_title}"))
     return panels
 
@@ -401,11 +442,12 @@ def grouped_bars(frame: pd.DataFrame, category: str, value: str, series: str, va
     if count:
         base = base.transform_calculate(**count_labels(count))
     bars = base.mark_bar()
+    height = HEIGHT + 60 + LEGEND_ROW * frame[series].nunique()  # the legend's rows never squash the bars
     if not count:
-        return alt.layer(bars).properties(height=HEIGHT + 60)
+        return alt.layer(bars).properties(height=height)
     bars = bars.encode(opacity=alt.condition(is_value("small", True), alt.value(0.45), alt.value(1.0)))
     labels = base.mark_text(align="left", dx=3, fontSize=10, color="#424242").encode(text="n_label:N")
-    return alt.layer(bars, labels).properties(height=HEIGHT + 60)
+    return alt.layer(bars, labels).properties(height=height)
 
 
 def count_labels(count: str) -> dict:
@@ -512,6 +554,11 @@ def training_curves(points: pd.DataFrame) -> alt.LayerChart | None:
 
 TOKEN_SELECTION = "token"  # the token chart's point selection: clicking a token selects its round
 LINE_CHARS = 80  # the token chart wraps its lines at this many characters (and at every newline)
+TOKEN_FONT_PX = 12
+# A monospace glyph's advance is 0.6 of its size (DejaVu Sans Mono, Menlo, Courier): the chart is exactly that wide
+# per character, so each token's text ends where the next one's starts and a word reads as one ("My Parent", not
+# "M y P a rent", which a chart stretched to the page drew).
+CHAR_PX = 0.6 * TOKEN_FONT_PX
 
 
 def token_layout(output: pd.DataFrame, line_chars: int = LINE_CHARS) -> pd.DataFrame:
@@ -544,7 +591,11 @@ def token_chart(layout: pd.DataFrame, selected_round: int | None, line_chars: in
     selection and the tooltip. The browser gives a click to the topmost mark under the pointer, so whether it
     lands on a glyph, on the space after it or on the box's edge, the mark that receives it is the one holding the
     selection, and its datum is that token's."""
-    frame = layout.assign(selected=layout["round"] == (selected_round if selected_round is not None else -2))
+    # A token's leading spaces are not drawn as text (the browser drew " Parent" flush against the token before
+    # it, one cell early): its text starts that many cells into its box instead (`drawn` from `text_x`).
+    lead = layout["shown"].str.len() - layout["shown"].str.lstrip(" ").str.len()
+    frame = layout.assign(selected=layout["round"] == (selected_round if selected_round is not None else -2),
+                          drawn=layout["shown"].str.lstrip(" "), text_x=layout["x"] + lead)
     pick = alt.selection_point(name=TOKEN_SELECTION, fields=["round"], on="click", clear=False, empty=False)
     lines = int(frame["line"].max()) + 1 if len(frame) else 1
     x = alt.X("x:Q", axis=None, scale=alt.Scale(domain=[0, line_chars], nice=False))
@@ -557,12 +608,14 @@ def token_chart(layout: pd.DataFrame, selected_round: int | None, line_chars: in
         x, alt.X2("x2:Q"), y, color=kind,
         opacity=alt.condition(is_value("selected", True), alt.value(0.35), alt.value(0.08)),
         stroke=alt.condition(is_value("selected", True), alt.value("#ef6c00"), alt.value(None)))
-    text = base.mark_text(align="left", baseline="middle", font="monospace", fontSize=12, dx=1).encode(
-        x, y, alt.Text("shown:N"), color=kind)
+    text = base.mark_text(align="left", baseline="middle", font="monospace", fontSize=TOKEN_FONT_PX).encode(
+        alt.X("text_x:Q", axis=None, scale=alt.Scale(domain=[0, line_chars], nice=False)), y, alt.Text("drawn:N"),
+        color=kind)
     # Transparent, not absent: a fully transparent fill is still painted, so it receives the pointer.
     hits = base.mark_rect(fill="transparent", stroke=None, cursor="pointer").encode(
         x, alt.X2("x2:Q"), y, tooltip=tooltip).add_params(pick)
-    return alt.layer(boxes, text, hits).properties(height=max(40, 20 * lines)).configure_view(stroke=None)
+    return alt.layer(boxes, text, hits).properties(width=line_chars * CHAR_PX, height=max(40, 20 * lines),
+                                                    padding=0, autosize="pad").configure_view(stroke=None)
 
 
 def selected_round(event, rounds: list[int]) -> int | None:

@@ -1,6 +1,7 @@
 """What every page shares: the store, the selection kept in the URL query string, CSV downloads."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -117,9 +118,18 @@ def csv_download(frame: pd.DataFrame, file_name: str, label: str = "Download CSV
                        key=key or f"csv_{file_name}", icon=":material/download:", on_click="ignore")
 
 
+def draw(chart: alt.TopLevelMixin, **kwargs):
+    """st.altair_chart without Altair's schema validation of the whole spec as Streamlit serializes it: the
+    jsonschema pass was a quarter of the detail page's script time (and its first use loads the schema), while
+    every builder's spec is validated where it is made, by tests/test_pages_charts.py. Returns what st.altair_chart
+    does (a selection's state, with on_select)."""
+    object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))
+    return st.altair_chart(chart, **kwargs)
+
+
 def chart_with_csv(chart: alt.TopLevelMixin, frame: pd.DataFrame, file_name: str) -> None:
     """Draw a chart and offer the exact frame it was built from as CSV."""
-    st.altair_chart(chart, width="stretch")
+    draw(chart, width="stretch")
     csv_download(frame, file_name)
 
 
@@ -129,10 +139,11 @@ _KINDS = {"number": "NumberColumn", "text": "TextColumn", "progress": "ProgressC
           "datetime": "DatetimeColumn", "checkbox": "CheckboxColumn"}
 
 
-def column_config(names, columns: dict | None = None, headers: dict | None = None, **overrides) -> dict:
+def column_config(names, columns: dict | None = None, headers: dict | None = None, pinned=(), **overrides) -> dict:
     """Streamlit column configs of `names` from the column table (storage/columns.py): its header, help and number
-    format. `headers` renames a column for this table (`sweep_value` as "temperature"); `overrides` replaces a
-    column's config outright."""
+    format. `headers` renames a column for this table (`sweep_value` as "temperature"); `pinned`: the columns that
+    say which row it is, kept in view while a wide table scrolls sideways; `overrides` replaces a column's config
+    outright."""
     from storage.columns import COLUMNS, EXPERIMENT_COLUMNS
 
     table = columns if columns is not None else {**EXPERIMENT_COLUMNS, **COLUMNS}
@@ -142,7 +153,7 @@ def column_config(names, columns: dict | None = None, headers: dict | None = Non
         if column is None:
             continue
         kind = getattr(st.column_config, _KINDS[column.kind])
-        kwargs = {"help": column.help or None, "width": column.width}
+        kwargs = {"help": column.help or None, "width": column.width, "pinned": True if name in pinned else None}
         if column.kind == "number":
             kwargs["format"] = column.fmt
         elif column.kind == "progress":
@@ -155,14 +166,15 @@ def column_config(names, columns: dict | None = None, headers: dict | None = Non
 
 
 def table(frame: pd.DataFrame, names, key: str, columns: dict | None = None, headers: dict | None = None,
-          **overrides) -> None:
+          pinned=(), **overrides) -> None:
     """st.dataframe of `frame`'s columns among `names`, in that order, configured from the column table; a missing
-    figure (the baseline's speedup, a running run's α) shows as "—", never "None"."""
+    figure (the baseline's speedup, a running run's α) shows as "—", never "None". pinned: the columns naming the
+    row (run, kind, batch, k), which stay in view while a table wider than the page scrolls sideways."""
     from storage.columns import MISSING
 
     shown = [n for n in names if n in frame]
     st.dataframe(frame[shown], hide_index=True, width="stretch", key=key, placeholder=MISSING,
-                 column_config=column_config(shown, columns, headers, **overrides))
+                 column_config=column_config(shown, columns, headers, pinned, **overrides))
 
 
 def show(name: str, value) -> str:

@@ -7,8 +7,9 @@ import streamlit as st
 from engine.prompt_sets import set_name
 
 from pages import charts
-from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, run_label, select_ids,
-                          show, version)
+from pages.prefill import md_text
+from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, run_label,
+                          select_ids, show, version)
 from pages.common import table as show_table
 from storage import catalog, queries as q
 from storage.columns import COLUMNS
@@ -79,7 +80,8 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
             sizes = curve["run_id"].map(dict(zip(runs["run_id"], runs["batch_size"])))
             at = " · batch " + sizes.astype(int).astype(str)
         curves.append(curve.assign(experiment=label(experiment_id) + at, experiment_id=experiment_id,
-                                   experiment_name=short_label(experiment_id) + at))
+                                   experiment_name=short_label(experiment_id) + at,
+                                   line_label=f"#{experiment_id}" + at))  # the legend below names it in full
     curve = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
     variables = set(listing[listing["experiment_id"].isin(chosen)]["sweep_variable"].fillna("k"))
     x_title = variables.pop() if len(variables) == 1 else "swept value"
@@ -88,17 +90,22 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
         return runs_by_experiment
     curve["state"] = charts.run_states(curve)
     st.subheader(f"Speedup, alpha and tokens per round vs {x_title}")
-    frame = curve[["experiment", "experiment_name", "experiment_id", "run_id", "sweep_value", "speedup",
+    frame = curve[["experiment", "experiment_name", "line_label", "experiment_id", "run_id", "sweep_value", "speedup",
                    *INTERVAL.values(), "state", "alpha", "tokens_per_round"]]
-    panels = charts.sweep_panels(frame, "sweep_value", "experiment", x_title, end_label="experiment_name",
+    panels = charts.sweep_panels(frame, "sweep_value", "experiment", x_title, end_label="line_label",
                                  interval=INTERVAL)
     for column, panel in zip(st.columns(len(panels)), panels):  # each fills its column: nothing runs off the page
         with column:
-            st.altair_chart(panel, width="stretch")
-    st.altair_chart(charts.series_legend(frame, "experiment"), width="stretch")  # the legend the panels share
+            draw(panel, width="stretch")
+    draw(charts.series_legend(frame, "experiment"), width="stretch")  # the legend the panels share
     csv_download(frame, "compare_sweep.csv")
     st.caption("Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
-               "have not finished, crosses impossible speedups (timing warnings).")
+               "have not finished, crosses impossible speedups (timing warnings). Each line ends with its "
+               "experiment's number (and batch size), named in full in the legend.")
+    for y, what in (("speedup", "speedup"), ("alpha", "alpha"), ("tokens_per_round", "tokens per round")):
+        note = charts.coinciding_note(charts.coinciding(frame, "sweep_value", y, "experiment"), what, x_title)
+        if note:
+            st.caption(md_text(note))
     return runs_by_experiment
 
 
@@ -137,6 +144,10 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
         chart_with_csv(charts.overlaid_curves(frame, "position", "conditional", "run", "draft position",
                                               "accepted / reached", (0, 1), count="reached"), frame,
                        "compare_by_position.csv")
+        note = charts.coinciding_note(charts.coinciding(frame, "position", "conditional", "run"),
+                                      "acceptance", "draft position")
+        if note:
+            st.caption(md_text(note))
     with right:
         st.subheader("Acceptance by token type")
         frame = pd.concat(types, ignore_index=True)

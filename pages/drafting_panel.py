@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import charts
-from pages.common import store
+from pages.common import draw, store
 from storage import queries as q
 
 
@@ -29,4 +29,4 @@ def render_k_distribution(runs: pd.DataFrame) -> None:
     st.caption("A heuristic, confidence or prompt-lookup drafter chooses k_r round by round; the per-position "
                "acceptance above is conditional on the rounds that reached each position.")
     chart = charts.k_distribution(frame)
-    st.altair_chart(chart, width="stretch")
+    draw(chart, width="stretch")

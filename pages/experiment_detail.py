@@ -158,7 +158,8 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict,
     at = f" ({batch_name(smallest)})" if smallest is not None else ""
     if smallest is not None:
         baseline = baseline[baseline["batch_size"] == smallest]
-    cols = st.columns([1, 1, 2.4, 1, 1])  # the best speedup carries its interval: `1.31× (1.22–1.40)`
+    # The best speedup carries its interval (`1.31× (1.22–1.40)`); the last label names the batch size of a grid.
+    cols = st.columns([1, 1, 2.2, 1.2, 1.5])
     progress = row["progress"] if pd.notna(row["progress"]) else 0.0
     cols[0].metric("Status", str(row["status"]), delta=f"{progress:.0%} done" if row["status"] in ACTIVE else None,
                    delta_color="off", delta_arrow="off")
@@ -202,7 +203,12 @@ def _grid_curves(curve: pd.DataFrame, sweep_variable: str) -> None:
             ("tokens_per_round", "tokens per round", None, "tokens_per_round_by_batch_size.csv"))):
         with column:
             st.subheader(f"{title} vs {sweep_variable} at each batch size")
-            chart_with_csv(charts.overlaid_curves(frame, sweep_variable, y, "batch", sweep_variable, title, domain), frame, name)
+            chart_with_csv(charts.overlaid_curves(frame, sweep_variable, y, "batch", sweep_variable, title, domain),
+                           frame, name)
+            note = charts.coinciding_note(charts.coinciding(frame, sweep_variable, y, "batch"), title,
+                                          sweep_variable)
+            if note:  # greedy decoding at batch 1 and 2 gives the same α: say so, a legend entry has no line of its own
+                st.caption(md_text(note))
 
 
 def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_variable: str, verdict: dict,
@@ -327,14 +333,14 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experime
             else:
                 chart_with_csv(chart(frame), frame, f"run{run_id}_{name}.csv")
                 st.caption(charts.SMALL_SAMPLE_NOTE)
-    left, right = st.columns([2, 3])
-    with left:
+    # One above the other, each the page's width: side by side, both tables' last columns were cut off.
+    with st.container():
         st.subheader("Top rejected tokens")
         rejected = cached("top_rejected_tokens", run_id, limit=20, stamp=stamp)
         shown = rejected.assign(token=rejected["text"].map(lambda t: repr(t)[1:-1] if isinstance(t, str) else t))
         table(shown, ["token", *[c for c in rejected if c not in ("token", "text")]], "rejected_table")
         csv_download(rejected, f"run{run_id}_top_rejected_tokens.csv")
-    with right:
+    with st.container():
         st.subheader("Per prompt")
         per_prompt = cached("per_prompt", run_id, stamp=stamp)
         table(per_prompt, list(per_prompt.columns), "per_prompt_table",
@@ -368,7 +374,8 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
         names = [c for c in RUN_COLUMNS if not (c == "sweep_value" and sweep_variable == "k")]
         if grid:  # which batch size each run decoded at, beside its kind
             names.insert(names.index("kind") + 1, "batch_size")
-        table(shown, names, "runs_table", headers={"sweep_value": sweep_variable})
+        table(shown, names, "runs_table", headers={"sweep_value": sweep_variable},
+              pinned=("check", "run_id", "kind", "batch_size", "k", "sweep_value"))  # which run, while it scrolls
         csv_download(runs, f"experiment{experiment_id}_runs.csv")
     if schedule is not None:
         render_schedule(schedule, runs, sweep_variable, {**experiment, "experiment_id": experiment_id})

@@ -73,7 +73,11 @@ def _workers() -> None:
     health = q.worker_health(store())
     frame = health["workers"]
     stale = int((frame["status"] == "stale").sum())
+    # Running and queued both: the runs of an experiment are timed together, so while one is going the queue
+    # can be empty and "0 runs queued" alone read as if nothing were happening.
+    running = health["running_runs"]
     label = (f"Workers: {len(frame) - stale} alive" + (f", ⚠ {stale} stale" if stale else "")
+             + (f" · {plural(running, 'run')} running" if running else "")
              + f" · {plural(health['queued_runs'], 'run')} queued in {plural(health['queued_experiments'], 'experiment')}"
              + (f" · {plural(health['queued_training_jobs'], 'training job')} queued" if health["queued_training_jobs"]
                 else ""))
@@ -106,7 +110,7 @@ def _table(filters: dict, seen: tuple) -> None:
         progress=frame["progress"].fillna(0) * 100,
         interval=[f"{show('speedup_ci_lo', lo)}–{show('speedup_ci_hi', hi)}" if pd.notna(lo) and pd.notna(hi)
                   else None for lo, hi in zip(frame["best_ci_lo"], frame["best_ci_hi"])])
-    table(shown, COLUMNS, "experiments_table")
+    table(shown, COLUMNS, "experiments_table", pinned=("experiment_id", "timing_warnings", "name"))  # scrolls wide
     csv_download(frame, "experiments.csv")
     if seen[1]:
         st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while experiments are queued or running.")

@@ -6,6 +6,11 @@ A link can fill the form: `new?target=...&draft=...&sweep=k&values=1,2,4&drafter
 storage/findings.py's prefill_query writes; pages/prefill.py parses them strictly), and `batch_sizes=1,4,16` for a
 grid: the sweep at each batch size (the "At batch sizes" field). They are put into the widgets
 when the form is first drawn; a bad one is left out with a short note.
+
+What is on screen is what Launch queues: no number field has bounds in the browser (a number outside them is kept
+by the browser with a red mark and never sent, so Launch would queue the value before it); validate() checks every
+bound with engine/variables.py's descriptions and blocks Launch in one line. A field that is not used (Batch size
+beside a grid's "At batch sizes") is shown disabled, saying why.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import pandas as pd
 import streamlit as st
 
 from engine import zoo
@@ -26,6 +32,7 @@ from engine.variables import SETTINGS, VARIABLES
 from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
                                 load_prompts)
 from pages.common import cached, nav_page, store
+from pages.estimate import decode_speed, duration
 from pages.prefill import (AUTO_K, DEFAULT_NGRAM, DEFAULT_SWEEP, DEFAULT_THRESHOLD, DEVICES, DRAFTER_KINDS,
                            DRAFTER_PARAMETERS, DRAFTER_SUMMARY, DTYPES, INTEGER_VARIABLES, MAX_K, NUMERIC_SWEEPS,
                            SWEEP_CHOICES, SWEEP_LABELS, canonical_drafter, drafter_spec, drafter_specs, md_text,
@@ -132,11 +139,12 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     grid_text: the optional "at batch sizes" list (two or more): the sweep (or k auto) at each, a grid (not with a
     batch-size sweep). prompt_count: the prompt set's size, when known: no batch size may have more rows."""
     launch = Launch()
+    # The check's reason is already on the page, under Models, where it was run: named here, not repeated.
     if sweep_variable == "draft" and pair_checks is not None:
-        launch.errors += [f"pair check for draft {candidate!r}: {message}"
+        launch.errors += [f"pair check for draft {candidate!r} failed ({PAIR_REASON})"
                           for candidate, ok, message in pair_checks if not ok]
     elif not pair_ok:
-        launch.errors.append(f"pair check: {pair_message}")
+        launch.errors.append(f"pair check failed ({PAIR_REASON})" if pair_message else "pair check failed")
     if prompt_error:
         launch.errors.append(f"prompts: {prompt_error}")
     elif not prompts:
@@ -231,6 +239,16 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
 
 # --- widgets ----------------------------------------------------------------------------------------------------
 
+def batch_size_unused(choice: str, grid_text) -> str | None:
+    """Why the Batch size field is not used (batch size is swept, or "At batch sizes" lists a grid), None when it is:
+    the field is then shown disabled with this as its help, so what is on screen is what Launch queues."""
+    if choice == "batch_size":
+        return "not used: batch size is the swept variable (its values are listed under Sweep)"
+    if str(grid_text or "").strip():
+        return "not used: At batch sizes lists the batch sizes (the first is the experiment's own)"
+    return None
+
+
 def _seed(key: str, default=None) -> None:
     """Give a widget its first value through st.session_state (the widget is then created without one)."""
     if key not in st.session_state:
@@ -249,6 +267,7 @@ def _apply_link() -> None:
     st.session_state[LINK_NOTES] = notes
 
 
+PAIR_REASON = "its reason is shown under Models: change the target or the draft"
 CHECKING = "checking that the two tokenizers match (the first check after a start loads transformers)…"
 
 
@@ -310,18 +329,26 @@ def _prompt_count(prompts, prompt_texts) -> int | None:
         return None
 
 
-def grid_count(grid_text: str) -> int:
-    """How many batch sizes the "at batch sizes" field lists (1 when empty or unreadable: no grid)."""
+def batch_sizes_of(grid_text: str, batch_size: int) -> list[int]:
+    """The batch sizes Launch decodes at: the grid's (two or more listed in "at batch sizes"), else batch_size."""
     try:
-        sizes = parse_sweep_values(grid_text, "batch_size") if grid_text.strip() else []
+        sizes = parse_sweep_values(grid_text, "batch_size") if str(grid_text or "").strip() else []
     except ValueError:
-        return 1
-    return len(sizes) if len(sizes) > 1 else 1
+        sizes = []
+    return sizes if len(sizes) > 1 else [int(batch_size)]
+
+
+def _speed(target: str, batch_size: int):
+    """The target's decoding speed at batch_size and what it is from (pages/estimate.py), None when unknown."""
+    measured = cached("target_speed", target, batch_size=batch_size)
+    return decode_speed(target, batch_size, measured,
+                        cached("baseline_speeds", batch_size) if measured is None else pd.DataFrame())
 
 
 def _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, max_new_tokens, repeats,
-              batch_sizes: int = 1):
-    """What Launch would decode, and how long that takes at this target's last measured speed."""
+              sizes: Sequence[int] = (1,)):
+    """What Launch would decode, and how long that takes at this target's speed at the same batch size (each of a
+    grid's batch sizes at its own), saying what the speed is from."""
     try:
         count = _prompt_count(prompts, prompt_texts) or 0
         values = (len(sweep_list) if sweep_list is not None and VARIABLES[sweep_variable].categorical else
@@ -331,27 +358,25 @@ def _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_l
     if not count:
         return
     arms = arms_of(sweep_variable, values, k_auto)
-    speed = cached("target_speed", target.strip()) if target.strip() else None
-    tokens, seconds = workload(count, arms, max_new_tokens, repeats, speed and speed["tokens_per_second"],
-                               batch_sizes)
-    grid = f"{plural(batch_sizes, 'batch size')} × " if batch_sizes > 1 else ""
+    if sweep_variable == "batch_size":  # a batch-size sweep: each value's baseline and run, at its own speed
+        sizes = parse_sweep_values(sweep_text, "batch_size")
+    per_size, _ = workload(count, arms // len(sizes) if sweep_variable == "batch_size" else arms, max_new_tokens,
+                           repeats, None)
+    tokens = per_size * len(sizes)
+    grid = f"{plural(len(sizes), 'batch size')} × " if len(sizes) > 1 and sweep_variable != "batch_size" else ""
     text = (f"Launch decodes at most {tokens:,} tokens: {plural(count, 'prompt')} × {plural(arms, 'arm')} × "
             f"{grid}{plural(repeats, 'repeat')} × {max_new_tokens} new tokens")
-    if seconds is not None:
-        where = f" on {speed['device_name']}" if speed.get("device_name") else ""
-        text += (f"; at this target's last measured speed ({speed['tokens_per_second']:.1f} tokens/s{where}, "
-                 f"experiment #{speed['experiment_id']}) about {_duration(seconds)} on one worker.")
+    speeds = {size: _speed(target.strip(), size) for size in sizes} if target.strip() else {}
+    if speeds and all(speeds.values()):
+        seconds = sum(per_size / speed.tokens_per_second for speed in speeds.values())
+        sources = "; ".join((f"batch size {size}: " if len(sizes) > 1 else "") + speed.source
+                            for size, speed in speeds.items())
+        text += f"; about {duration(seconds)} on one worker, at {sources}."
     else:
-        text += "; this target has no measured speed yet, so no duration estimate."
+        missing = ", ".join(str(size) for size, speed in speeds.items() if speed is None) or str(sizes[0])
+        text += (f"; this target has no measured speed at batch size {missing} yet, and no measured target to "
+                 f"scale from by model size, so no duration estimate.")
     st.caption(md_text(text))
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
@@ -386,14 +411,15 @@ def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
 
 
 def _parameter_input(kind: str, key: str, container=st) -> float | int:
-    """The number a confidence (T) or prompt-lookup (N) drafter takes."""
+    """The number a confidence (T) or prompt-lookup (N) drafter takes (unbounded here, like every number of the
+    form: the browser keeps an out-of-range number to itself, so validate() checks it and blocks Launch)."""
     param = DRAFTER_PARAMETERS[kind]
     _seed(key)
     if kind == "confidence":
-        return container.number_input(f"{param.symbol} (confidence threshold)", min_value=0.0, max_value=1.0,
-                                      step=0.05, key=key, persist_state="page", help=param.meaning)
-    return container.number_input(f"{param.symbol} (longest n-gram)", min_value=1, max_value=64, step=1, key=key,
-                                  persist_state="page", help=param.meaning)
+        return container.number_input(f"{param.symbol} (confidence threshold)", step=0.05, key=key,
+                                      persist_state="page", help=param.meaning)
+    return container.number_input(f"{param.symbol} (longest n-gram)", step=1, key=key, persist_state="page",
+                                  help=param.meaning)
 
 
 def _kind_label(kind: str) -> str:
@@ -529,15 +555,15 @@ def render() -> None:
             fixed[setting] = column.number_input(v.title, step=v.step, key=setting, help=v.help.split(";")[0])
         temperature, top_k, top_p = fixed["temperature"], fixed["top_k"], fixed["top_p"]
         _seed("batch_size")
-        fixed["batch_size"] = st.number_input(VARIABLES["batch_size"].title, step=1, key="batch_size", min_value=1,
-                                              max_value=int(VARIABLES["batch_size"].upper),
-                                              help=VARIABLES["batch_size"].help.split(";")[0])
+        unused = batch_size_unused(choice, st.session_state.get("grid_batch_sizes", ""))
+        fixed["batch_size"] = st.number_input(VARIABLES["batch_size"].title, step=1, key="batch_size",
+                                              disabled=unused is not None,
+                                              help=unused or VARIABLES["batch_size"].help.split(";")[0])
         c1, c2 = st.columns(2)
-        seed = c1.number_input(SETTINGS["seed"].title, step=1, key="seed", min_value=0,
-                               max_value=SETTINGS["seed"].upper)
-        max_new_tokens = c2.number_input(SETTINGS["max_new_tokens"].title, step=16, key="max_new_tokens", min_value=1,
-                                         max_value=SETTINGS["max_new_tokens"].upper,
-                                         help=f"at most ${LIMITS['max_new_tokens'].env}")
+        seed = c1.number_input(SETTINGS["seed"].title, step=1, key="seed", help=SETTINGS["seed"].meaning)
+        max_new_tokens = c2.number_input(SETTINGS["max_new_tokens"].title, step=16, key="max_new_tokens",
+                                         help=f"{SETTINGS['max_new_tokens'].meaning} "
+                                              f"(the cap: ${LIMITS['max_new_tokens'].env})")
         c1, c2 = st.columns(2)
         device = c1.selectbox("Device", DEVICES, key="device")
         dtype = c2.selectbox("Dtype", DTYPES, key="dtype")
@@ -549,7 +575,7 @@ def render() -> None:
         k, k_auto = 4, None
         if choice == AUTO_K:
             _seed("k_auto")
-            k_auto = c2.number_input("Largest k", min_value=2, max_value=MAX_K, step=1, key="k_auto",
+            k_auto = c2.number_input("Largest k", step=1, key="k_auto",
                                      persist_state="page",
                                      help="this k is measured first; from it and the target's verify cost the "
                                      "speedup of every smaller k is predicted, then the 3 best predicted are "
@@ -586,12 +612,12 @@ def render() -> None:
             k = st.number_input("k (fixed)" if choice != "drafter" else "k (fixed; heuristic: its starting k)",
                                 step=1, key="fixed_k", persist_state="page")
         _seed("repeats")
-        repeats = st.number_input("Repeats", min_value=1, max_value=SETTINGS["repeats"].upper, step=1, key="repeats",
+        repeats = st.number_input("Repeats", step=1, key="repeats",
                                   help="each prompt is decoded this many times per configuration (the baseline and "
                                   "every swept value, interleaved), and the median time is used; more repeats narrow "
                                   "the speedup's 95 % interval on a noisy machine")
         _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, int(max_new_tokens),
-                  int(repeats), grid_count(grid_text))
+                  int(repeats), batch_sizes_of(grid_text, int(fixed["batch_size"])))
     st.subheader("Label")
     for key in ("name", "tags", "notes"):
         _seed(key)

@@ -38,9 +38,10 @@ def warm_up() -> None:
 
 
 def wait_warm() -> None:
-    """Block until a started warm-up finished: transformers' lazy imports are not safe from two threads at once."""
-    if _warming is not None:
-        _warming.join()
+    """Block until the warm-up finished, starting it if no page has yet: transformers' lazy imports are not safe
+    from two threads at once, so every import of them goes through that one thread."""
+    warm_up()
+    _warming.join()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping, NamedTuple
 
-from engine.drafter_specs import SPECS, parse_drafter
+from engine.drafter_specs import DRAFT_SAMPLING, SPECS, parse_drafter
 from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
 from engine.variables import MAX_K, SETTINGS, VARIABLES, Variable
@@ -68,7 +68,7 @@ def check_model_name(text) -> str:
     if "," in name:
         raise ValueError(f"model name {name[:60]!r} holds a comma; give one name per entry")
     try:
-        return VARIABLES["draft"].parse(name)
+        return VARIABLES["draft"].parse(name, form=True)
     except DraftLabError as exc:
         raise ValueError(str(exc)) from None
 
@@ -77,7 +77,8 @@ def check_model_name(text) -> str:
 
 def parse_sweep_values(text: str, variable: str = "k") -> list:
     """Numeric `1,2,4` → [1, 2, 4] (sorted); a draft or drafter list `a, b` → ['a', 'b'] (in the given order,
-    drafter specs canonical). Raises ValueError naming the bad entry and the fix."""
+    drafter specs canonical). Raises ValueError naming the bad entry and the fix in the form's words (engine/
+    variables.py's parser with form=True: `k value '0' is not …; enter e.g. 1,2,4,8`, never a CLI flag)."""
     v = VARIABLES[variable]
     if v.categorical:
         return parse_names(str(text or "").split(","), variable)
@@ -85,7 +86,7 @@ def parse_sweep_values(text: str, variable: str = "k") -> list:
     if not parts:
         raise ValueError(f"give at least one {variable} value, e.g. {DEFAULT_SWEEP if variable == 'k' else v.example}")
     try:
-        return v.parse_list(parts)
+        return v.parse_list(parts, form=True)  # worded for the form, not the CLI
     except DraftLabError as exc:
         raise ValueError(str(exc)) from None
 
@@ -103,7 +104,7 @@ def parse_names(items: Iterable[str], variable: str) -> list[str]:
             value = canonical_drafter(item)
         else:  # another categorical variable (draft sampling): its own description parses it
             try:
-                value = VARIABLES[variable].parse(item)
+                value = VARIABLES[variable].parse(item, form=True)
             except DraftLabError as exc:
                 raise ValueError(str(exc)) from None
         if value in values:
@@ -161,9 +162,10 @@ NUMBERS = {
     "k": ("fixed_k", VARIABLES["k"]),
     "k_auto": ("k_auto", _Bounded(int, 2, MAX_K, f"a whole number from 2 to {MAX_K}")),
     "repeats": ("repeats", SETTINGS["repeats"]),
+    "batch_size": ("batch_size", VARIABLES["batch_size"]),
 }
 KNOWN = ("target", "draft", "prompts", "device", "dtype", "sweep", "values", "notes", "drafter", "batch_sizes",
-         *NUMBERS)
+         "draft_sampling", *NUMBERS)
 
 
 def _shown(value) -> str:
@@ -214,7 +216,7 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
                 values[widget] = number
             else:
                 bad(key, f"not {setting.meaning}")
-    for key, options in (("device", DEVICES), ("dtype", DTYPES)):
+    for key, options in (("device", DEVICES), ("dtype", DTYPES), ("draft_sampling", DRAFT_SAMPLING)):
         if key in raw:
             if raw[key].strip() in options:
                 values[key] = raw[key].strip()

@@ -3,14 +3,15 @@ round's proposals with their probabilities under both models."""
 from __future__ import annotations
 
 import html
+import re
 
 import pandas as pd
 import streamlit as st
 
 from pages import charts
 from storage import catalog
-from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, query_ids, run_label,
-                          run_stamp, select_id, version)
+from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, query_ids,
+                          run_label, run_stamp, select_id, version)
 
 KIND_LABELS = {"first": "first token (target prefill, no round)", "accepted": "accepted draft",
                "correction": "correction (after a rejection)", "bonus": "bonus (all drafts accepted)"}
@@ -35,6 +36,22 @@ def output_html(output: pd.DataFrame, selected_round: int | None) -> str:
                      f"{_visible(token.text)}</span>")
     return ('<div style="font-family:monospace;white-space:pre-wrap;line-height:1.7;padding:0.6rem;'
             'border:1px solid #e0e0e0;border-radius:0.4rem;">' + "".join(spans) + "</div>")
+
+
+def readable(text) -> bool:
+    """Output a person can read as text: three or more different words of letters (not `↵ #` repeated)."""
+    words = re.findall(r"[^\W\d_]{2,}", str(text) if isinstance(text, str) else "")
+    return len({w.lower() for w in words}) >= 3
+
+
+def opening_prompt(per_prompt: pd.DataFrame) -> int:
+    """The prompt the explorer opens on: of the prompts with a readable output, the one with the most rejected
+    drafts (where there is most to see), the first such on a tie; without a readable output, the most rejected.
+    per_prompt: prompt_index, rejected, text (storage.queries.per_prompt)."""
+    frame = per_prompt.assign(readable=per_prompt["text"].map(readable),
+                              rejected=per_prompt["rejected"].fillna(0)).sort_values("prompt_index")
+    pool = frame[frame["readable"]] if frame["readable"].any() else frame
+    return int(pool.sort_values("rejected", ascending=False, kind="stable")["prompt_index"].iloc[0])
 
 
 def legend_html(output: pd.DataFrame) -> str:
@@ -67,7 +84,7 @@ def render() -> None:
         return
     prompts = dict(zip(per_prompt["prompt_index"].astype(int), per_prompt["prompt"]))
     prompt_index = select_id("Prompt", "prompt", list(prompts), lambda i: f"{i}: {str(prompts[i])[:60]}",
-                             container=c3)
+                             container=c3, default=opening_prompt(per_prompt))
 
     output = cached("prompt_output", run_id, prompt_index, stamp=stamp)
     rounds = sorted(int(r) for r in output["round_index"].dropna().unique())
@@ -90,7 +107,7 @@ def render() -> None:
     st.markdown(legend_html(output), unsafe_allow_html=True)
     if len(output):
         st.caption("Click a token to select the round that emitted it.")
-        st.altair_chart(charts.token_chart(charts.token_layout(output), selected), width="stretch",
+        draw(charts.token_chart(charts.token_layout(output), selected), width="content",
                         on_select="rerun", selection_mode=charts.TOKEN_SELECTION, key=chart_key)
     with st.expander("The output as text"):
         st.markdown(output_html(output, selected), unsafe_allow_html=True)

@@ -150,12 +150,18 @@ def _interval(step: dict) -> str:
 
 
 def headline(schedule: dict) -> None:
-    """The schedule's sentence where a single sweep shows its verdict; a warning when a batch size's best interval
-    is too wide to choose by."""
-    wide = [s for s in schedule["steps"] if s["too_wide"]]
-    say = st.warning if wide else st.info
-    say(f"**Schedule:** {md_text(schedule['text'])}.",
-        icon=":material/warning:" if wide else ":material/gavel:")
+    """The schedule's sentence where a single sweep shows its verdict, titled by the sentence's own name ("k
+    schedule"), in the verdict's blue box; in a yellow ⚠ box only when a batch size's best interval is too wide to
+    choose by, and then its title says which."""
+    title, _, rest = str(schedule["text"]).partition(": ")
+    if not rest:
+        title, rest = "Schedule", str(schedule["text"])
+    wide = [batch_name(s["batch_size"]) for s in schedule["steps"] if s["too_wide"]]
+    if wide:
+        st.warning(f"**{md_text(title)}, too wide to choose by at {', '.join(wide)}:** {md_text(rest)}.",
+                   icon=":material/warning:")
+    else:
+        st.info(f"**{md_text(title)}:** {md_text(rest)}.", icon=":material/gavel:")
 
 
 def render_schedule(schedule: dict, runs: pd.DataFrame, sweep_variable: str, experiment: dict) -> None:

@@ -11,7 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from engine.simulate import SimulationSetup, simulate
 from engine import theory
 from pages import charts
-from pages.common import chart_with_csv, experiment_label, number, run_label, store
+from pages.common import chart_with_csv, draw, experiment_label, number, run_label, store
 from storage import catalog, queries as q
 from storage.verdict import verdict
 
@@ -160,7 +160,7 @@ def _simulator() -> None:
                        "simulation.csv")
     with right:
         st.subheader("Tokens per round: simulated vs formula")
-        st.altair_chart(charts.simulation_vs_formula(frame, "tokens_per_round", "expected_tokens_per_round",
+        draw(charts.simulation_vs_formula(frame, "tokens_per_round", "expected_tokens_per_round",
                                                      "tokens per round"), width="stretch")
     st.dataframe(frame, hide_index=True, width="stretch", key="simulation_table")
     dists = pd.DataFrame({"token": range(setup.vocab), "target": summary["target"], "draft": summary["draft"]})

@@ -17,7 +17,7 @@ from engine.wording import plural
 from engine.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTIONS, UNION, held_out_split,
                                 list_prompt_sets, load_prompt_file, load_prompts)
 from pages import charts
-from pages.common import csv_download, nav_page, number, parse_id, select_id, store, table
+from pages.common import csv_download, draw, nav_page, number, parse_id, select_id, store, table
 from pages.prefill import md_text
 from storage import catalog, queries as q, training
 from storage.errors import QueueError
@@ -159,6 +159,7 @@ def _form() -> None:
     st.caption(f"Written to this directory. Trained drafts go to `${training.MODELS_ENV}` (here: the directory "
                f"above); share it and the database, and the team sees each other's drafts.")
     st.code(str(models / name.strip()), language=None, wrap_lines=True)
+    _estimate(target, int(steps), int(batch), int(samples), int(max_new))
     problems = []
     if check is not None and not check.ok:
         problems.append("the pair check failed")
@@ -178,6 +179,28 @@ def _form() -> None:
             st.query_params["job"] = str(job_id)
             st.toast(f"Training job {job_id} queued")
             st.rerun()
+
+
+def _estimate(target: str, steps: int, batch: int, samples: int, max_new_tokens: int) -> None:
+    """How long the job will take, before it is queued, and what that is from (pages/estimate.py): the last
+    finished job's pace, else the target's sampling alone at its decoding speed (a lower bound)."""
+    from pages.common import cached
+    from pages.estimate import decode_speed, duration, training_seconds
+
+    speed = None
+    if target.strip():
+        measured = cached("target_speed", target.strip(), batch_size=1)  # continuations are sampled one by one
+        speed = decode_speed(target.strip(), 1, measured,
+                             cached("baseline_speeds", 1) if measured is None else pd.DataFrame())
+    try:
+        estimate = training_seconds(steps, batch, samples, max_new_tokens, training.jobs(store()), speed)
+    except Exception:  # noqa: BLE001 - no database to ask: the form still queues (it opens it then)
+        estimate = None
+    if estimate is None:
+        st.caption("No duration estimate: no training job has finished yet and this target has no measured speed.")
+    else:
+        seconds, source = estimate
+        st.caption(md_text(f"About {duration(seconds)} on one worker, {source}."))
 
 
 def _next_id() -> int:
@@ -252,7 +275,7 @@ def _job_view(job_id: int) -> None:
     points = training.points(store(), job_id)
     chart = charts.training_curves(points)
     if chart is not None:
-        st.altair_chart(chart, width="stretch")
+        draw(chart, width="stretch")
         csv_download(points, f"training-job-{job_id}-curve.csv", key=f"curve_csv_{job_id}")
     if job["kl_before"] is not None:
         _figures(job)

@@ -103,7 +103,7 @@ RUN = [
        kind="text"),
 ]
 
-# Experiments: storage.queries.experiments() and the pages' derived columns.
+# Experiments: storage.catalog.experiments() and the pages' derived columns.
 EXPERIMENT = [
     _c("experiment_id", "id", fmt="%d"),
     _c("name", "name", kind="text", width="medium"),

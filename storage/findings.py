@@ -144,10 +144,15 @@ class _Context:
         return f"run {row.run_id}" if value is None else f"{self.variable} = {self.show(value)}"
 
     def prefill(self, title: str, **fields) -> dict:
-        """The experiment's own configuration with `fields` changed (a None value drops that field)."""
+        """The experiment's own configuration with `fields` changed (a None value drops that field): its batch
+        size (a grid: its batch sizes) and draft sampling too, so a follow-up measures where this one did."""
         e = self.experiment
+        sizes = q.grid_sizes(e) if self.variable != "batch_size" else None
         base = {"target": e["target"], "draft": e["draft"], "prompts": e["prompts"],
                 **{key: e[key] for key in SAMPLING_KEYS},
+                "batch_size": None if self.variable == "batch_size" or sizes else int(e.get("batch_size") or 1),
+                "batch_sizes": ",".join(map(str, sizes)) if sizes else None,
+                "draft_sampling": e.get("draft_sampling") if self.variable != "draft_sampling" else None,
                 "device": e.get("device"), "dtype": e.get("dtype"), "repeats": int(e.get("repeats") or 1),
                 "sweep": self.variable, "values": ",".join(self.show(v) for v in e["sweep_values"]),
                 "drafter": e.get("drafter") if self.variable != "drafter" else None,

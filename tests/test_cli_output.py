@@ -18,9 +18,10 @@ def test_run_prints_its_own_lines_and_one_final_progress_line(run_cli):
     lines = _segments(err)
     assert not [s for s in lines if s.startswith("worker:")], err
     done = [s for s in lines if s.startswith("draftlab run: run ") and s.endswith(" done")]
-    assert done == ["draftlab run: run 1 (baseline) done", "draftlab run: run 2 (speculative, k=1) done",
-                    "draftlab run: run 3 (speculative, k=2) done"], err
-    assert "draftlab run: experiment 1: timing 3 runs prompt-major, 1 repeat each" in lines, err
+    assert done == ["draftlab run: run 1 (baseline, batch 1) done", "draftlab run: run 2 (speculative, k=1, batch 1) "
+                    "done", "draftlab run: run 3 (speculative, k=2, batch 1) done"], err  # a grid's runs differ by it
+    assert "draftlab run: experiment 1: timing 3 runs prompt-major, 1 repeat each, at batch size 1" in lines, err
+    assert "Loading weights" not in err  # transformers' bars: the one bar on stderr is the runs' own
     full = [s for s in lines if "100%|" in s and "tok" in s]  # ours, not transformers' "Loading weights" bars
     assert len(full) == 1, full  # printed once, after the runs' lines
     assert lines.index(full[0]) > max(lines.index(s) for s in done)

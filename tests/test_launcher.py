@@ -62,7 +62,7 @@ def test_dashboard_launch_records_the_session(tmp_path, monkeypatch, model_dirs)
     at.button(key="launch").click().run()
     store = open_store(url)
     eid = int(catalog.experiments(store)["experiment_id"].iloc[0])
-    assert q.experiment(store, eid)["launched_by"] == "local unknown"  # no login configured; AppTest has no address
+    assert q.experiment(store, eid)["launched_by"] == "local localhost"  # no login; no address: this machine
 
 
 def test_uploads_are_pruned_after_their_retention_unless_a_training_job_reads_them(tmp_path, monkeypatch):

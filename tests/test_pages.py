@@ -241,27 +241,52 @@ def test_new_experiment_launch_enqueues_baseline_and_one_run_per_k(empty_db, mod
     assert len(catalog.experiments(store)) == 2
 
 
-def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs):
-    """Before Launch: prompts × arms × repeats × new tokens, and a duration at the target's last measured speed
-    (storage.queries.target_speed) once one baseline of it finished."""
+def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs, tmp_path):
+    """Before Launch: prompts × arms × repeats × new tokens, and a duration at the target's speed at the same batch
+    size (storage.queries.target_speed: a batch-2 baseline's throughput is not a batch-1 follow-up's), else scaled
+    by model size from another target measured at that batch size (pages/estimate.py), saying which it is."""
+    import shutil
+
     from sqlalchemy import text
 
     from engine.prompt_sets import load_prompts
+    from pages.estimate import duration, weight_bytes
     from pages.new_experiment import arms_of, workload
 
-    at = _fill(app("new"), model_dirs, sweep_values="1,2,4", max_new_tokens=16, prompt_set="code:validation")
-    caption = next(c.value for c in at.caption if "Launch decodes" in c.value)
+    target, reference = tmp_path / "target", tmp_path / "reference"  # weights on disk: 3 MB and 1 MB
+    shutil.copytree(model_dirs["target"], target)
+    (target / "model.safetensors").write_bytes(b"w" * 3_000_000)
+    reference.mkdir()
+    (reference / "model.safetensors").write_bytes(b"w" * 1_000_000)
+    target = str(target)
+
+    def caption():
+        at = _fill(app("new"), model_dirs, target=target, sweep_values="1,2,4", max_new_tokens=16,
+                   prompt_set="code:validation")
+        return next(c.value for c in at.caption if "Launch decodes" in c.value)
+
+    def measured(target, speed, batch_size):
+        eid = enqueue_experiment(store, name="m", target=target, draft="d", prompts="code:tune",
+                                 sampling={"max_new_tokens": 8, "batch_size": batch_size}, sweep_values=[2])
+        with store.write() as conn:
+            conn.execute(text("UPDATE runs SET status = 'done', tokens_per_second = :s, device_name = 'cpu', "
+                              "finished = created WHERE experiment_id = :e AND kind = 'baseline'"),
+                         {"e": eid, "s": speed})
+        return eid
+
     n = len(load_prompts("code:validation"))
-    assert f"at most {n * 4 * 3 * 16:,} tokens" in caption and "no measured speed yet" in caption
+    assert f"at most {n * 4 * 3 * 16:,} tokens" in caption() and "no measured speed at batch size 1" in caption()
     store = open_store(empty_db)
-    eid = enqueue_experiment(store, name="m", target=model_dirs["target"], draft="d", prompts="code:tune",
-                             sampling={"max_new_tokens": 8}, sweep_values=[2])
-    with store.write() as conn:
-        conn.execute(text("UPDATE runs SET status = 'done', tokens_per_second = 40.0, device_name = 'cpu', "
-                          "finished = created WHERE experiment_id = :e AND kind = 'baseline'"), {"e": eid})
-    at = _fill(app("new"), model_dirs, sweep_values="1,2,4", max_new_tokens=16, prompt_set="code:validation")
-    caption = next(c.value for c in at.caption if "Launch decodes" in c.value)
-    assert "40.0 tokens/s on cpu" in caption and f"#{eid}" in caption
+    measured(target, 189.4, 2)  # at batch 2 only: not this batch-1 experiment's speed
+    assert "189.4" not in caption() and "no duration estimate" in caption()
+    other = measured(str(reference), 100.0, 1)  # another target, at batch 1: scaled by the weights' size
+    assert weight_bytes(target) == 3_000_000
+    shown = caption()
+    assert "an estimate from model size" in shown and f"#{other}" in shown and "3× its size" in shown
+    assert f"about {duration(n * 4 * 3 * 16 / (100.0 / 3))} on" in shown  # 100 tokens/s for a third of the weights
+    eid = measured(target, 40.0, 1)  # this target at this batch size: its own speed
+    shown = caption()
+    assert "40.0 tokens/s on cpu" in shown and f"#{eid}" in shown and "model size" not in shown
     assert workload(n, 4, 16, 3, 40.0) == (n * 4 * 16 * 3, n * 4 * 16 * 3 / 40.0)
     assert arms_of("k", 3, None) == 4 and arms_of("temperature", 2, None) == 4 and arms_of("k", 1, 8) == 6
 
@@ -369,19 +394,34 @@ def test_new_experiment_invalid_input_shows_an_error_and_enqueues_nothing(empty_
     assert catalog.experiments(open_store(empty_db)).empty
 
 
-def test_new_experiment_bounds_max_new_tokens_in_the_widget_and_in_validate(empty_db, model_dirs):
-    """The Max new tokens field itself holds 1 to the cap (a browser cannot submit 0 or more: the widget clamps),
-    and validate() refuses out-of-range values from any other caller."""
-    from engine.variables import SETTINGS
-    from pages.new_experiment import validate
+@pytest.mark.parametrize("key, value, words", [
+    ("max_new_tokens", 1_000_000_000, "max new tokens must be a whole number from 1 to"),
+    ("max_new_tokens", 0, "max new tokens must be"), ("batch_size", 0, "batch size must be"),
+    ("seed", -1, "seed must be"), ("repeats", 0, "repeats must be"),
+])
+def test_new_experiment_an_out_of_range_number_blocks_launch_in_one_line(empty_db, model_dirs, key, value, words):
+    """No number field has bounds in the browser (a browser keeps a number outside them to itself, red-marked, and
+    Launch queued the value before it: 128 for a typed 1000000000); the value reaches validate(), which blocks
+    Launch in one line, and nothing is queued."""
+    at = _fill(app("new"), model_dirs)
+    numbers = {w.key: w for w in at.number_input}
+    assert not [k for k, w in numbers.items() if w.proto.has_min or w.proto.has_max]  # no browser-side bound
+    at.number_input(key=key).set_value(value).run()
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    blocked = [e.value for e in at.error if e.value.startswith("Not launched")]
+    assert len(blocked) == 1 and words in blocked[0] and blocked[0].count("\n- ") == 1, blocked
+    assert catalog.experiments(open_store(empty_db)).empty
 
-    at = app("new")
-    widget = at.number_input(key="max_new_tokens")
-    assert (widget.proto.min, widget.proto.max) == (1, SETTINGS["max_new_tokens"].upper)
-    launch = validate(target="t", draft="d", pair_ok=True, pair_message="", prompts="code:tune", prompt_error=None,
-                      temperature=0.0, top_k=0, top_p=1.0, seed=0, max_new_tokens=0, device="auto", dtype="auto",
-                      sweep_variable="k", sweep_text="4", k=4, name="", notes="", tags_text="")
-    assert any("max new tokens must be" in e for e in launch.errors)
+
+def test_new_experiment_batch_size_is_disabled_while_a_grid_lists_the_batch_sizes(empty_db, model_dirs):
+    at = _fill(app("new"), model_dirs)
+    assert not at.number_input(key="batch_size").disabled
+    at.text_input(key="grid_batch_sizes").set_value("1,4").run()
+    widget = at.number_input(key="batch_size")
+    assert widget.disabled and "At batch sizes" in widget.help
+    at.text_input(key="grid_batch_sizes").set_value("").run()
+    assert not at.number_input(key="batch_size").disabled
 
 
 def test_new_experiment_rejects_a_bad_upload(empty_db, model_dirs, tmp_path, monkeypatch):
@@ -498,6 +538,12 @@ def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_tabl
             assert label, f"{name!r} has no header of its own"  # neither blank nor the raw name by default
     runs_config = json.loads(runs_grid.proto.columns)
     assert runs_config["outputs_match_baseline"]["label"] == "same output"
+    # Wider than the page at 1400 px: the columns naming the run stay in view while it scrolls sideways.
+    pinned = [name for name in runs_grid.value.columns if runs_config.get(name, {}).get("pinned")]
+    assert pinned == [c for c in ("check", "run_id", "kind", "k") if c in runs_grid.value.columns], pinned
+    listing = next(d for d in app("experiments").dataframe if "best_speedup" in d.value)
+    assert [n for n, c in json.loads(listing.proto.columns).items() if c.get("pinned")] == \
+        ["experiment_id", "timing_warnings", "name"]
     assert "token for token" in runs_config["outputs_match_baseline"]["help"]
     for grid in (runs_grid, per_prompt_grid):
         assert json.loads(grid.proto.columns)["alpha"]["type_config"]["format"] == COLUMNS["alpha"].fmt
@@ -1238,7 +1284,8 @@ def test_new_experiment_a_mismatched_draft_candidate_blocks_the_launch(empty_db,
     at.button(key="launch").click().run()
     assert_clean(at)
     blocked = [e.value for e in at.error if e.value.startswith("Not launched")]
-    assert blocked and md_text(f"pair check for draft {model_dirs['other']!r}") in blocked[0]
+    assert blocked and md_text(f"pair check for draft {model_dirs['other']!r} failed") in blocked[0]
+    assert "disagree" not in blocked[0]  # the reason is shown once, under Models, where the check ran
     assert md_text(f"draft {model_dirs['draft']!r}") not in blocked[0]  # only the mismatched one is named
     assert catalog.experiments(open_store(empty_db)).empty
 
@@ -1495,21 +1542,23 @@ def test_compare_sweeps_are_separate_panels_with_one_legend_and_names_at_the_lin
         domains = {json.dumps(c["scale"]["domain"], ensure_ascii=False) for c in _encodings(panel, "color")}
         assert len(domains) == 1 and len(json.loads(domains.pop())) == 2
         labels = [layer for layer in panel["layer"] if layer["mark"]["type"] == "text"]
-        assert [label["mark"]["align"] for label in labels] == ["right", "left"]  # left / right of the point
-        assert {label["encoding"]["text"]["field"] for label in labels} == {"experiment_name"}
+        assert [label["mark"]["align"] for label in labels] == ["left"]  # right of every line's end
+        assert {label["encoding"]["text"]["field"] for label in labels} == {"line_label"}
     ends = [d for chart in chart_data(at) for d in chart if "label_y" in d]
     assert len(ends) == 3  # one table of end labels per panel
-    names = dict(zip(listing["experiment_id"], listing["name"]))
-    last = {f"#{a} · {names[a]}": q.sweep_curve(populated, a)["sweep_value"].max(),
-            f"#{b} · {odd}": q.sweep_curve(populated, b)["sweep_value"].max()}
-    for end in ends:  # one label per experiment, at its last swept value, its name verbatim (drawn as text)
-        assert dict(zip(end["experiment_name"], end["sweep_value"])) == last
+    last = {f"#{a}": q.sweep_curve(populated, a)["sweep_value"].max(),
+            f"#{b}": q.sweep_curve(populated, b)["sweep_value"].max()}
+    for end in ends:  # one short label per experiment, at its last swept value; the legend names it in full
+        assert dict(zip(end["line_label"], end["sweep_value"])) == last
+        assert set(end["label_x"]) == {max(last.values())}
+    legend_names = set(next(d for chart in chart_data(at) for d in chart if "row" in d)["experiment"])
+    assert any(odd in name for name in legend_names)  # the name verbatim, drawn as text
     expressions = json.dumps([t for p in panels for layer in p["layer"] for t in layer.get("transform", [])])
     assert "bold" not in expressions  # a name is data, never part of a Vega expression
     assert "compare_sweep.csv" in downloads(at)
 
 
-def test_end_labels_sit_at_each_lines_last_point_and_never_overlap():
+def test_end_labels_sit_at_each_lines_last_height_right_of_every_line_and_never_overlap():
     from pages.charts import END_LABEL_GAP, end_labels
 
     frame = pd.DataFrame({"series": ["a", "a", "b", "b", "c", "c"], "name": ["A", "A", "B", "B", "C", "C"],
@@ -1519,4 +1568,27 @@ def test_end_labels_sit_at_each_lines_last_point_and_never_overlap():
     assert labels.loc["a", "label_y"] == 0.9  # the top one stays at its point
     assert labels.loc["a", "label_y"] - labels.loc["b", "label_y"] == pytest.approx(END_LABEL_GAP)  # moved apart
     assert labels.loc["c", "label_y"] == 0.2
-    assert labels["side"].to_dict() == {"a": "left", "b": "left", "c": "right"}  # c ends in the left half
+    assert set(labels["label_x"]) == {4.0}  # in the margin right of every line's end, never over a line
+
+
+def test_coinciding_lines_are_named_and_drawn_each_wider_than_the_next():
+    """Greedy decoding at batch 1 and 2 gives the same α at every k: one line lies exactly under the other, so a
+    legend entry seemed to have no line. coinciding() names them (the pages' caption) and each series is drawn
+    wider than the next, so the one underneath shows as an edge."""
+    from pages.charts import coinciding, coinciding_note, overlaid_curves
+
+    frame = pd.DataFrame({"batch": ["batch 1"] * 3 + ["batch 2"] * 3 + ["batch 4"] * 3, "k": [1, 2, 4] * 3,
+                          "alpha": [0.5, 0.6, 0.7, 0.5, 0.6, 0.7, 0.4, 0.6, 0.7]})
+    assert coinciding(frame, "k", "alpha", "batch") == [["batch 1", "batch 2"]]
+    assert coinciding(frame.assign(alpha=frame["alpha"] + frame.index * 1e-3), "k", "alpha", "batch") == []
+    assert "batch 1 and batch 2: the same α at every k" in coinciding_note([["batch 1", "batch 2"]], "α", "k")
+    assert coinciding_note([], "α", "k") is None
+    spec = overlaid_curves(frame, "k", "alpha", "batch", "k", "α", (0, 1)).to_dict()
+    lines = [layer for layer in spec.get("layer", [spec]) if layer["mark"]["type"] == "line"]
+    width = lines[0]["encoding"]["strokeWidth"]["scale"]  # drawn in the data's order: the first underneath, widest
+    assert width["domain"] == ["batch 1", "batch 2", "batch 4"] and width["range"][0] > width["range"][1] > \
+        width["range"][2]
+    reordered = overlaid_curves(frame.iloc[::-1], "k", "alpha", "batch", "k", "α", (0, 1)).to_dict()
+    line = next(layer for layer in reordered.get("layer", [reordered]) if layer["mark"]["type"] == "line")
+    assert line["encoding"]["strokeWidth"]["scale"]["domain"] == ["batch 4", "batch 2", "batch 1"]
+    assert spec["height"] > 260  # the legend's rows are added: the plot keeps its height, its title is not cut

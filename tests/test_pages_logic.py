@@ -39,7 +39,7 @@ def test_validate_builds_enqueue_arguments():
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"pair_ok": False, "pair_message": "tokenizers disagree"}, "pair check: tokenizers disagree"),
+    ({"pair_ok": False, "pair_message": "tokenizers disagree"}, "pair check failed (its reason is shown under Models"),
     ({"prompts": None}, "choose a built-in set"),
     ({"prompts": None, "prompt_error": "bad.csv: no prompt column"}, "bad.csv: no prompt column"),
     ({"temperature": -0.5}, "temperature"),
@@ -271,3 +271,69 @@ def test_a_k_axis_ticks_whole_numbers_even_for_one_k():
     temperature = charts.rates_curve(pd.DataFrame({"temperature": [0.0, 0.7], "alpha": [0.8] * 2,
                                                    "draft_acceptance_rate": [0.7] * 2}), "temperature").to_dict()
     assert "format" not in temperature["encoding"]["x"].get("axis", {})  # 0.7 is not a whole number
+
+
+def test_the_round_explorer_opens_on_the_most_rejected_readable_output():
+    """Prompt 0's demo output is `↵ #` repeated: the explorer opens on a prompt whose output reads as text, the one
+    with the most rejections (the most to see); without a readable one, the most rejected."""
+    import pandas as pd
+
+    from pages.round_explorer import opening_prompt, readable
+
+    assert not readable("\n #\n #\n #") and not readable("a b c 1 2 3") and readable("My Parent said no")
+    frame = pd.DataFrame({"prompt_index": [0, 1, 2, 3], "rejected": [9, 2, 5, 5],
+                          "text": ["\n #\n #\n #", "def f(x): return x", "The cat sat", "Once upon a time"]})
+    assert opening_prompt(frame) == 2  # 0 is not readable; 2 and 3 tie on rejections: the first
+    assert opening_prompt(frame.assign(text="\n #")) == 0  # none readable: the most rejected
+
+
+def test_the_token_chart_is_one_monospace_advance_wide_per_character():
+    """Each token's text starts where the previous one's ends: the chart is LINE_CHARS glyph advances wide, not
+    stretched to the page (which drew "M y P a rent")."""
+    import pandas as pd
+
+    from pages import charts
+
+    output = pd.DataFrame({"position": [0, 1, 2], "token_id": [1, 2, 3], "text": ["M", "y", " Parent"],
+                           "kind": ["first", "accepted", "bonus"], "round_index": [None, 0, 0]})
+    layout = charts.token_layout(output)
+    assert list(layout["x"]) == [0, 1, 2] and list(layout["x2"]) == [1, 2, 9]
+    spec = charts.token_chart(layout, 0).to_dict()
+    assert spec["width"] == charts.LINE_CHARS * charts.CHAR_PX == charts.LINE_CHARS * 0.6 * 12
+    text = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "text")
+    assert text["mark"]["fontSize"] == charts.TOKEN_FONT_PX and text["mark"].get("dx", 0) == 0
+    # A leading space moves the text one cell into its box (the browser does not draw it): " Parent" at cell 3.
+    assert text["encoding"]["text"]["field"] == "drawn" and text["encoding"]["x"]["field"] == "text_x"
+    rows = spec["datasets"][spec["data"]["name"]]
+    assert [(r["drawn"], r["text_x"]) for r in rows] == [("M", 0), ("y", 1), ("Parent", 3)]
+
+
+def test_a_training_job_s_estimate_scales_the_last_job_s_pace_or_bounds_it_by_the_target_s_speed():
+    import pandas as pd
+
+    from pages.estimate import Speed, training_seconds
+
+    jobs = pd.DataFrame({"id": [3, 2], "status": ["failed", "done"], "train_seconds": [None, 120.0],
+                         "steps": [10, 100], "batch_size": [8, 4], "samples": [1, 1], "max_new_tokens": [64, 32]})
+    seconds, source = training_seconds(200, 4, 2, 32, jobs, None)  # 4 × the tokens job 2 sampled in 120 s
+    assert seconds == 480.0 and "job 2's measured pace" in source
+    speed = Speed(50.0, "this target's last measured speed at batch size 1 (50.0 tokens/s)", True)
+    seconds, source = training_seconds(10, 2, 1, 25, jobs.iloc[:1], speed)  # no finished job: a lower bound
+    assert seconds == 10.0 and source.startswith("at least: its 500 sampled tokens at this target's")
+    assert training_seconds(10, 2, 1, 25, jobs.iloc[:0], None) is None
+
+
+def test_the_decode_speed_is_the_target_s_own_at_that_batch_size_else_scaled_by_model_size():
+    import pandas as pd
+
+    from pages.estimate import decode_speed
+
+    sizes = {"big": 4_000, "small": 1_000, "gone": None}.get
+    measured = {"tokens_per_second": 40.0, "experiment_id": 7, "device_name": "cpu"}
+    own = decode_speed("big", 2, measured, pd.DataFrame(), sizes)
+    assert own.measured and own.tokens_per_second == 40.0 and "at batch size 2" in own.source and "#7" in own.source
+    others = pd.DataFrame({"target": ["gone", "small"], "tokens_per_second": [10.0, 100.0], "experiment_id": [5, 6]})
+    scaled = decode_speed("big", 2, None, others, sizes)
+    assert not scaled.measured and scaled.tokens_per_second == 25.0 and "model size" in scaled.source
+    assert "#6" in scaled.source and "4× its size" in scaled.source
+    assert decode_speed("gone", 2, None, others, sizes) is None  # its weights are not on disk here

@@ -70,7 +70,7 @@ def test_the_detail_page_of_a_grid_shows_its_k_schedule(grid):
     at = app("experiment", experiment=eid)
     assert_clean(at)
     # The headline is the schedule's sentence, every batch size's choice in it, not the single verdict.
-    headline = next(_plain(i.value) for i in at.info if "Schedule:" in i.value)
+    headline = next(_plain(i.value) for i in at.info if i.value.startswith("**k schedule:**"))
     assert "batch 1: k = 2" in headline and "batch 4: k = 1" in headline and "off from batch 16" in headline
     assert not any("**Verdict:**" in i.value for i in at.info)
     assert metrics(at)["Best k (batch 1)"] == "2" and metrics(at)["Baseline tokens/s (batch 1)"] == "50.0"
@@ -135,7 +135,7 @@ def test_a_plain_sweep_keeps_its_verdict_and_single_curve(empty_db):
     eid = _plain_sweep(open_store(empty_db))
     at = app("experiment", experiment=eid)
     assert_clean(at)
-    assert any("**Verdict:**" in i.value for i in at.info) and not any("Schedule:" in i.value for i in at.info)
+    assert any("**Verdict:**" in i.value for i in at.info) and not any("schedule:**" in i.value for i in at.info)
     assert "Best k" in metrics(at) and not any("speedup_interval" in d.value for d in at.dataframe)
 
 
@@ -162,7 +162,7 @@ def test_the_form_launches_a_grid_and_counts_each_batch_size_in_its_estimate(emp
 
 @pytest.mark.parametrize("grid_text, words", [
     ("1,32", "batch size 32 needs at least 32 prompts but the prompt set has 18; use a batch size of 18 or less"),
-    ("1,0", "at batch sizes: batch_size value '0' is not a whole number from 1 to"),
+    ("1,0", "at batch sizes: batch size value '0' is not a whole number from 1 to"),
     ("1,x", "at batch sizes"),
     ("4", "two or more batch sizes"),
     ("2,2", "twice"),
@@ -283,3 +283,55 @@ def test_the_experiments_page_names_a_grids_batch_sizes(grid):
     listing = next(d.value for d in at.dataframe if "batch_sizes" in d.value)
     row = listing.set_index("experiment_id").loc[eid]
     assert list(row["batch_sizes"]) == [1, 4, 16]
+
+
+def test_every_findings_follow_up_link_keeps_the_grid_and_the_draft_sampling(grid):
+    """"Try it" on a grid's finding (the tie among them) opened the form at batch 1 with "At batch sizes" empty; a
+    follow-up measures where its experiment did: the grid's batch sizes, and its draft sampling."""
+    from pages.prefill import parse_prefill
+    from storage import findings as fd
+
+    store, eid, _ = grid
+    with store.write() as conn:
+        conn.execute(text("UPDATE experiments SET draft_sampling = 'greedy' WHERE id = :e"), {"e": eid})
+    found = [f for f in fd.findings(store, eid) if f["prefill"] and f["prefill"].get("page", "new") == "new"]
+    assert found and "tie" in {f["kind"] for f in found}, [f["kind"] for f in found]
+    for finding in found:
+        page, params = fd.prefill_query(finding["prefill"])
+        values, notes = parse_prefill(params, ["code:tune"])
+        assert notes == [], (finding["kind"], notes)
+        assert values["draft_sampling"] == "greedy", finding["kind"]
+        assert "grid_batch_sizes" in values and "batch_size" not in values, (finding["kind"], params)
+    at = app("new", **fd.prefill_query(next(f for f in found if f["kind"] == "tie")["prefill"])[1])
+    assert_clean(at)
+    assert at.text_input(key="grid_batch_sizes").value == "1,4,16"
+    assert at.selectbox(key="draft_sampling").value == "greedy"
+    assert at.number_input(key="batch_size").disabled  # the grid lists the batch sizes
+
+
+def test_a_findings_link_of_one_batch_size_keeps_it():
+    from pages.prefill import parse_prefill
+
+    values, notes = parse_prefill({"batch_size": "4", "draft_sampling": "greedy"}, ["code:tune"])
+    assert values == {"batch_size": 4, "draft_sampling": "greedy"} and notes == []
+    values, notes = parse_prefill({"batch_size": "0", "draft_sampling": "argmax"}, ["code:tune"])
+    assert values == {} and len(notes) == 2
+
+
+def _headline(too_wide: bool) -> None:
+    from pages.schedule_panel import headline
+
+    headline({"text": "k schedule: batch 1: k = 2 (1.71× (1.59–1.85)); batch 4: off",
+              "steps": [{"batch_size": 1, "too_wide": too_wide}, {"batch_size": 4, "too_wide": False}]})
+
+
+def test_the_schedule_headline_is_titled_by_its_own_name_and_yellow_only_when_too_wide():
+    """A normal schedule was a yellow ⚠ box titled "Schedule: k schedule: …": now the verdict's blue box titled
+    "k schedule:", and yellow only when a batch size is too wide to choose by, its title saying which."""
+    from streamlit.testing.v1 import AppTest
+
+    normal = AppTest.from_function(_headline, args=(False,)).run()
+    assert not normal.warning and [_plain(i.value) for i in normal.info] == [
+        "**k schedule:** batch 1: k = 2 (1.71× (1.59–1.85)); batch 4: off."]
+    wide = AppTest.from_function(_headline, args=(True,)).run()
+    assert not wide.info and _plain(wide.warning[0].value).startswith("**k schedule, too wide to choose by at batch 1:**")

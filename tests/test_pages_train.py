@@ -45,6 +45,8 @@ def test_the_form_queues_a_job_and_shows_where_drafts_go(train_db):
     assert "DRAFTLAB_MODELS" in page_text(at)
     _fill(at, model_dirs)
     assert any("tokenizers match" in s.value or "Pair check" in s.value for s in at.success)
+    # Before it is queued: how long, and what that rests on (nothing measured yet: no estimate, saying why).
+    assert any("No duration estimate: no training job has finished yet" in c.value for c in at.caption)
     at.button(key="train_launch").click().run()
     assert_clean(at)
     jobs = training.jobs(store)

@@ -74,6 +74,29 @@ def test_sweep_values_of_every_variable():
             pf.parse_sweep_values(text, variable)
 
 
+@pytest.mark.parametrize("text, variable, words", [
+    ("0", "k", "k value '0' is not a whole number from 1 to 64; enter e.g. 1,2,4,8"),
+    ("1,x", "k", "k value 'x'"), ("2,2", "batch_size", "batch size lists 2 twice"),
+    ("0.0001", "temperature", "or e.g. 0.001"), ("1.5", "top_p", "top-p value '1.5'"),
+    ("1" * 12, "max_new_tokens", "max new tokens"), (",".join(map(str, range(1, 70))), "k", "k:"),
+])
+def test_form_errors_speak_the_form_s_language_not_cli_flags(text, variable, words):
+    """The form and its links parse with engine/variables.py's one parser, worded for the form: a field's words
+    and an example to type, never `--k` or `use e.g. --k 1,2,4,8` (the CLI keeps those)."""
+    from engine.errors import DraftLabError
+    from engine.variables import SETTINGS, VARIABLES
+
+    described = VARIABLES.get(variable) or SETTINGS[variable]
+    with pytest.raises((ValueError, DraftLabError)) as caught:
+        if variable in VARIABLES:
+            pf.parse_sweep_values(text, variable)
+        else:
+            described.parse(text, form=True)
+    assert words in str(caught.value) and "--" not in str(caught.value), str(caught.value)
+    with pytest.raises(DraftLabError, match=described.flag):  # the same value, from the CLI: its flag
+        described.parse_list(text) if variable in VARIABLES else described.parse(text)
+
+
 def test_a_findings_link_fills_every_field():
     from storage.findings import prefill_query
 
@@ -81,7 +104,7 @@ def test_a_findings_link_fills_every_field():
                                   "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3, "max_new_tokens": 64,
                                   "device": "cpu", "dtype": "float32", "repeats": 5, "sweep": "temperature",
                                   "values": "0.5,1", "k": 3, "notes": "Follow-up to #1: *why*", "drafter": "heuristic",
-                                  "k_auto": None})
+                                  "k_auto": None, "batch_size": 2, "draft_sampling": "greedy"})
     assert page == "new"
     values, notes = pf.parse_prefill(params, SETS)
     assert notes == []
@@ -89,7 +112,8 @@ def test_a_findings_link_fills_every_field():
                       "prompt_set": "math:validation", "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3,
                       "max_new_tokens": 64, "device": "cpu", "dtype": "float32", "repeats": 5,
                       "sweep_variable": "temperature", "sweep_values": "0.5,1", "fixed_k": 3,
-                      "notes": "Follow-up to #1: *why*", "drafter": "heuristic"}
+                      "notes": "Follow-up to #1: *why*", "drafter": "heuristic", "batch_size": 2,
+                      "draft_sampling": "greedy"}
     assert type(values["temperature"]) is float and type(values["top_k"]) is int
 
 

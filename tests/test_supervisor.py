@@ -170,12 +170,17 @@ def test_the_experiments_page_draws_the_workers_expander(tmp_path, model_dirs, m
     url = f"sqlite:///{tmp_path / 'page.db'}"
     monkeypatch.setenv("DRAFTLAB_DB", url)
     store = open_store(url)
-    _enqueue(store, model_dirs, 1)
+    [eid] = _enqueue(store, model_dirs, 1)
     liveness.register_worker(store, "box:1:aaaaaa@cpu:0", liveness.host_identity(), os.getpid())
     at = AppTest.from_string("from app.main import run\nrun('experiments')", default_timeout=180).run()
     assert not at.exception, [e.value for e in at.exception]
     labels = [e.label for e in at.expander]
     assert any(label.startswith("Workers: 1 alive · 3 runs queued in 1 experiment") for label in labels), labels
+    assert run_state.claim_group(store, eid, "box:1:aaaaaa@cpu:0")
+    at.run()  # a run going, the queue empty: the label says so, not "0 runs queued" alone
+    labels = [e.label for e in at.expander]
+    assert any(label.startswith("Workers: 1 alive · 3 runs running · 0 runs queued in 0 experiments")
+               for label in labels), labels
     assert list(at.dataframe[1].value["device"]) == ["cpu:0"]  # the experiments table stays the first dataframe
 
 
