@@ -18,7 +18,7 @@ import time
 import torch
 
 from engine import speculative
-from engine.cached_model import CachedModel
+from engine.batched_cache import BatchCache
 from engine.loading import LoadedModel, ModelPair, load_pair, resolve_device, resolve_dtype
 from engine.prompt_sets import load_prompts
 from engine.runs import encode_prompts, eos_ids, speculative_decoder
@@ -97,7 +97,7 @@ def main() -> None:
 
     # Instrumentation: time model forwards, and the record-keeping (device stats + transfer + records).
     forwards, logging = Stopwatch(pair.device), Stopwatch(pair.device)
-    CachedModel.forward = forwards.wrap(CachedModel.forward)
+    BatchCache.forward = forwards.wrap(BatchCache.forward)
     speculative.to_host = logging.wrap(speculative.to_host)
     decoder._record = logging.wrap(decoder._record)
 
@@ -142,7 +142,7 @@ def main() -> None:
                 for name in order:
                     _, wall = timed(fn_names[name], i)
                     totals[name] += wall
-            # Only DraftLab decodes through CachedModel, so the forward stopwatch counts its side alone.
+            # Only DraftLab decodes through BatchCache, so the forward stopwatch counts its side alone.
             dl_wall, fwd = totals["draftlab"], forwards.total - fwd0
             overhead.append(100 * (dl_wall - fwd) / dl_wall)
             log_share.append(100 * (logging.total - log0) / dl_wall)
