@@ -243,7 +243,8 @@ def _parse_csv(text: str, display: str) -> list[str]:
     except csv.Error as exc:
         raise DraftLabError(f"{display}: line 1: malformed CSV header ({exc}): the first row must name the columns")
     if "prompt" not in [h.strip() for h in header]:
-        raise DraftLabError(f"{display}: line 1: missing \"prompt\" column (columns: {', '.join(header) or 'none'}): "
+        shown = ", ".join(repr(h)[1:-1] for h in header)[:200]  # escaped: a quoted header may hold a line break
+        raise DraftLabError(f"{display}: line 1: missing \"prompt\" column (columns: {shown or 'none'}): "
                             f"name one column \"prompt\" in the header row")
     key = next(h for h in header if h.strip() == "prompt")
     prompts = []
@@ -282,7 +283,7 @@ def _load_table(path: Path, display: str) -> list:
             break
     else:
         raise DraftLabError(f"{display}: no \"prompt\", \"messages\" or \"conversations\" column (columns: "
-                            f"{', '.join(map(str, frame.columns))[:200] or 'none'}): name one of them so")
+                            f"{', '.join(repr(str(c))[1:-1] for c in frame.columns)[:200] or 'none'}): name one of them so")
     prompts = []
     for row, value in enumerate(frame[column], start=1):
         where = f"{display}: row {row}"
