@@ -181,7 +181,8 @@ _EAGLE3 = {
     "llama_cpp": _cannot("llama.cpp", "drafts with a separate draft model or n-grams; it has no loader for an "
                          "EAGLE-3 head that reads the target's hidden states; serve this run with vLLM or SGLang."),
     "transformers": _cannot("transformers", "assisted generation drafts with a whole assistant model or prompt "
-                            "lookup; it cannot feed a head the target's hidden states; serve this run with vLLM."),
+                            "lookup; it cannot feed an EAGLE-3 head the target's hidden states; serve this run "
+                            "with vLLM."),
 }
 
 
