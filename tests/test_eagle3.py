@@ -182,3 +182,20 @@ def test_drafter_and_draft_kind_must_agree(head_pair):
         make_drafter("model", draft_model=head_pair.draft.model, vocab_size=8, k=2, cfg=cfg)
     with pytest.raises(DraftLabError, match="drafts with an EAGLE-3 head, but the draft is a causal LM"):
         make_drafter("eagle3", draft_model=head_pair.target.model, vocab_size=8, k=2, cfg=cfg)
+
+
+def test_draftlab_run_drafts_with_a_head_directory(tmp_path, model_dirs, capsys):
+    """`draftlab run --draft HEAD_DIR --drafter eagle3`: the head loads by its speculators config (never as a causal
+    LM), its verifier is the --target path, and the run is lossless."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.cli_runs import run_json
+
+    target = AutoModelForCausalLM.from_pretrained(model_dirs["target"])  # 2 layers: aux ids 0, 1, 1
+    head_dir = write_head(tmp_path / "head", target, verifier=model_dirs["target"], aux=[0, 1, 1])
+    doc, _ = run_json(tmp_path, {**model_dirs, "draft": head_dir}, capsys, "--drafter", "eagle3", "--k", "3",
+                      "--max-new-tokens", "12")
+    (run,) = doc["runs"]
+    assert (run["drafter"], run["draft"], run["status"]) == ("eagle3", head_dir, "done")
+    assert run["outputs_match_baseline"] is True and run["proposed"] > 0 and run["rejected"] > 0
+    assert len(run["per_position_acceptance"]) == 3  # every breakdown is logged per draft token, as for any drafter
