@@ -108,21 +108,30 @@ class BatchCache:
     def batch(self) -> int:
         return self.mask.shape[0]
 
-    def forward(self, ids: torch.Tensor, valid: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor, keep: int | None = None,
+                hidden_layers: list[int] | None = None, inputs: dict | None = None):
         """Logits [B, W, V] for ids [B, W] (or the last `keep` columns); valid [B, W] marks real tokens.
+
+        hidden_layers: also return, from the same forward, the model's `hidden_states[i]` for those i concatenated
+        [B, W, len x hidden] (transformers' convention: hidden_states[i] is the input of decoder layer i), as
+        (logits, states): what an EAGLE-3 head reads from the target. inputs: further model inputs beside the ids
+        (an EAGLE-3 head's states, engine/eagle3.py).
 
         One row is dense: it has no padding, and its only holes are trailing ones, which the decoders `trim` before
         the next forward, so every column is a real token at its own position. It goes through the model's own
         causal path (no attention mask, positions from the cache's length), as a plain generate() step does."""
         mask = torch.cat([self.mask, valid], 1)
-        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        kwargs = {self._cache_kw: self.cache, "use_cache": True, **(inputs or {})}
+        if hidden_layers:
+            kwargs["output_hidden_states"] = True
         if mask.shape[0] > 1:  # sliding / chunked windows counted in each row's real tokens (engine/attention_masks.py)
             kwargs["attention_mask"] = (self._position_masks(mask, ids.shape[1]) if self._position_masks is not None
                                         else mask.long())
             kwargs["position_ids"] = (self.lengths[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
         if keep and self._can_keep:
             kwargs["logits_to_keep"] = keep
-        logits = self.model(input_ids=ids, **kwargs).logits[:, :, : self.vocab_size]
+        out = self.model(input_ids=ids, **kwargs)
+        logits = out.logits[:, :, : self.vocab_size]
         self.mask = mask
         self.lengths = self.lengths + valid.sum(1)
         cells = mask.numel()
@@ -130,7 +139,10 @@ class BatchCache:
             self.peak_cells = cells
             if self._cell_bytes is None and cells:
                 self._cell_bytes = cache_bytes(self.cache) // cells
-        return logits[:, -keep:] if keep else logits
+        logits = logits[:, -keep:] if keep else logits
+        if hidden_layers:
+            return logits, torch.cat([out.hidden_states[i] for i in hidden_layers], -1)
+        return logits
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Forget, in row r, every real token from index lengths[r] on (device tensor [B]; no sync): their

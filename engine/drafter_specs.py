@@ -6,6 +6,7 @@ New-experiment form and its link prefill, the queue, the findings and the deploy
     confidence:T     the draft model; a round stops after the first draft whose top probability is below T
     prompt-lookup:N  no model: the continuation of the longest earlier n-gram (n <= N) ending the sequence
     suffix:D         no model: suffix decoding over suffix trees of depth D (`suffix` = `suffix:24`, vLLM's default)
+    eagle3           an EAGLE-3 head (the "draft model" is its directory) drafting from the target's hidden states
 
 A new drafter is its class in engine/drafting.py plus one entry in SPECS.
 Plain Python, no torch: storage and pages import it. Numbers in a spec are ASCII (engine/numbers.py).
@@ -161,6 +162,29 @@ _SUFFIX = {
                             "measure it here as prompt-lookup:N); serve this run with vLLM."),
 }
 
+# vLLM: vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM: speculators-format heads, aux-layer ids
+# = the input of decoder layer i), vllm/config/speculative.py (method "eagle3", `model`, `num_speculative_tokens`).
+# SGLang: python/sglang/srt/models/llama.py (set_eagle3_layers_to_capture adds 1 to each configured id: its ids
+# name a layer's OUTPUT, one lower than vLLM's) and llama_eagle3.py (LlamaForCausalLMEagle3, `midlayer.*`).
+_EAGLE3 = {
+    "vllm": Serving("eagle3", notes=(
+        "vLLM loads the speculators directory as it is and reads the same aux-layer convention as DraftLab "
+        "(eagle_aux_hidden_state_layer_ids: id i = the input of decoder layer i). Check the server's per-position "
+        "acceptance against the lab's: a collapse means the head's config or norms are read differently.",)),
+    "sglang": Serving("EAGLE3", _DRAFT_MODEL["sglang"].settings, (
+        "EAGLE3 with topk 1 drafts one chain of k={k} tokens; SGLang requires num-draft-tokens = num-steps + 1 "
+        "when topk is 1.",
+        "SGLang loads EAGLE-3 heads in its own layout (architectures [\"LlamaForCausalLMEagle3\"], "
+        "eagle_config.eagle_aux_hidden_state_layer_ids), not this speculators directory, and its aux-layer ids are "
+        "one LOWER than vLLM's (its id j reads the output of layer j): convert the head first, subtracting 1 from "
+        "each id, or acceptance collapses.")),
+    "llama_cpp": _cannot("llama.cpp", "drafts with a separate draft model or n-grams; it has no loader for an "
+                         "EAGLE-3 head that reads the target's hidden states; serve this run with vLLM or SGLang."),
+    "transformers": _cannot("transformers", "assisted generation drafts with a whole assistant model or prompt "
+                            "lookup; it cannot feed an EAGLE-3 head the target's hidden states; serve this run "
+                            "with vLLM."),
+}
+
 
 @dataclass(frozen=True)
 class DrafterSpec:
@@ -202,6 +226,9 @@ SPECS: dict[str, DrafterSpec] = {spec.name: spec for spec in (
                 "of depth D over the prompt, the output and earlier responses (vLLM's suffix decoding)",
                 Parameter(int, "D", "the suffix tree depth D, an integer from 1 to 64", "suffix:24", 1, 65, default=24),
                 needs_model=False, constant_k=False, default_parameter=True, serving=_SUFFIX),
+    DrafterSpec("eagle3", "Eagle3Drafter",
+                "an EAGLE-3 head (--draft: its speculators-format directory) drafting from the target's own hidden "
+                "states, a constant k per round", needs_hidden_states=True, serving=_EAGLE3),
 )}
 DEFAULT_DRAFTER = "model"
 # How a draft model proposes (engine/drafting.py): draws from p_d, or its argmax verified as a point mass.

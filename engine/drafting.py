@@ -15,6 +15,8 @@ target's hidden states, constant k or not, its mapping per serving engine); the 
                      occurred earlier proposes the tokens that followed its earliest occurrence
     suffix:D         SuffixDrafter (engine/suffix_tree.py): no model; the most frequent continuation of the
                      longest match of the context's suffix in suffix trees of depth D (vLLM's suffix decoding)
+    eagle3           Eagle3Drafter: an EAGLE-3 head (engine/eagle3.py) as the draft model, fed the target's own
+                     hidden states from each verify forward (TargetStates); a constant k per round
 
     make_drafter("confidence:0.5", draft_model=m, vocab_size=V, k=4, cfg=cfg)
 
@@ -91,13 +93,18 @@ class Drafter(Protocol):
         propose(seqs, history, generators, caps) -> Proposal   row r proposes at most caps[r] tokens
         rollback(kept)      device tensor [b]: row r keeps its first kept[r] tokens (before the round's transfer)
         trailing_holes()    a 0-d device tensor read with that transfer (None: the drafter keeps no device cache)
-        settle(lengths, accepted, trailing)   after the transfer: row r's round started at lengths[r] and kept
-                            accepted[r] drafts; trailing is what trailing_holes() read
+        settle(lengths, accepted, trailing, states)   after the transfer: row r's round started at lengths[r]
+                            and kept accepted[r] drafts; trailing is what trailing_holes() read; states is None,
+                            except for a drafter whose spec needs_hidden_states: then a TargetStates holding the
+                            target's hidden_states of the drafter's `hidden_layers` from the round's verify forward
+                            (no extra target forward), for the positions each row committed
     and between rounds `select(rows)` (finished rows leave) and `maybe_compact(ratio)`. `start` begins a batch;
     `finish(prompt_indices, outputs)` ends it with every row's output (a drafter that learns from earlier
-    responses keeps them there)."""
+    responses keeps them there). The first round's verify forward is the target's prefill: its states are the
+    first a drafter reading them gets."""
 
     spec: DrafterSpec
+    # hidden_layers: list[int]   only when spec.needs_hidden_states: the target's hidden_states indices it reads
 
     def start(self, seqs: list[torch.Tensor], history: list[list[int]], prompt_indices: list[int]) -> None: ...
 
@@ -107,13 +114,31 @@ class Drafter(Protocol):
 
     def trailing_holes(self) -> torch.Tensor | None: ...
 
-    def settle(self, lengths: list[int], accepted: list[int], trailing: int | None) -> None: ...
+    def settle(self, lengths: list[int], accepted: list[int], trailing: int | None,
+               states: "TargetStates | None" = None) -> None: ...
 
     def select(self, rows: list[int]) -> None: ...
 
     def maybe_compact(self, ratio: float) -> None: ...
 
     def finish(self, prompt_indices: list[int], outputs: list[list[int]]) -> None: ...
+
+
+@dataclass
+class TargetStates:
+    """What a drafter that reads the target's hidden states (DrafterSpec.needs_hidden_states) gets from one verify
+    forward: `states` [b, P + K, layers x hidden], the target's hidden_states of the drafter's `hidden_layers`
+    concatenated, where row r's `fed[r]` pending tokens fill the last of the first P columns (left-padded) and
+    column P + i scored draft i."""
+
+    states: torch.Tensor
+    fed: list[int]
+    pending_width: int
+
+    def committed(self, row: int, accepted: int) -> torch.Tensor:
+        """Row `row`'s states at the positions it committed this round, in order: its pending tokens, then its
+        `accepted` drafts ([fed + accepted, D]; a view: no copy, no sync)."""
+        return self.states[row, self.pending_width - self.fed[row]: self.pending_width + accepted]
 
 
 # --- drafting with a draft model -------------------------------------------------------------------------------
@@ -156,11 +181,11 @@ class ModelDrafter:
         if max(ks, default=0) == 0:
             self.proposed = ks
             return Proposal.empty(len(seqs), lm.vocab_size, lm.device)
-        ids, valid = left_pad([s[c:] for s, c in zip(seqs, self.cached)], lm.device)
+        ids, valid = self.draft_inputs(seqs)
         tokens, probs, raw = [], [], []
         greedy_drafts = cfg.draft_sampling == "greedy" and not cfg.greedy
         for i in range(max(ks)):
-            logits = lm.forward(ids, valid, keep=1)[:, 0]
+            logits = self.draft_forward(ids, valid)
             p = probabilities(logits, cfg)
             if greedy_drafts:  # the argmax as a point mass (Proposal.point_masses' rule)
                 token = p.argmax(-1)
@@ -185,6 +210,14 @@ class ModelDrafter:
             probs = probs.masked_fill(~slots[..., None], 0.0)
         return Proposal(tokens, probs, raw, ks, slots, forwards=width)
 
+    def draft_inputs(self, seqs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, valid) of a round's first draft forward: what each row's cache lacks, left-padded."""
+        return left_pad([s[c:] for s, c in zip(seqs, self.cached)], self.lm.device)
+
+    def draft_forward(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """One draft forward: the logits [b, V] that predict each row's next draft."""
+        return self.lm.forward(ids, valid, keep=1)[:, 0]
+
     def stop_rows(self, p: torch.Tensor, step: int, ks: list[int]) -> list[int]:
         """Each row's number of drafts this round, after draft `step` (0-based) was drawn from p [b, V] (a policy
         hook; never shortened here). It may look at p but not at the drawn tokens: deciding whether to draft on from
@@ -201,7 +234,8 @@ class ModelDrafter:
     def trailing_holes(self) -> torch.Tensor | None:
         return self.lm.trailing_holes()
 
-    def settle(self, lengths: list[int], accepted: list[int], trailing: int | None) -> None:
+    def settle(self, lengths: list[int], accepted: list[int], trailing: int | None,
+               states: "TargetStates | None" = None) -> None:
         self.cached = [min(c, n + a) for c, n, a in zip(self.cached, lengths, accepted)]
         self.ks = self.next_ks(self.ks, self.proposed, accepted)
         self.lm.trim(trailing or 0)
@@ -269,6 +303,84 @@ class ConfidenceDrafter(ModelDrafter):
         return [step + 1 if low[r] and step + 1 < k else k for r, k in enumerate(ks)]
 
 
+class Eagle3Drafter(ModelDrafter):
+    """An EAGLE-3 head (engine/eagle3.py) drafting for B rows from the target's own hidden states: one chain, a
+    constant k per round (vLLM's EagleProposer with top-k 1). Head entry t of a row holds (token t + 1, the target's
+    states at position t) at position t, so a row of length L predicts draft 1 from entry L - 2; draft i > 1 feeds
+    draft i - 1 with the head's own pre-norm output (vLLM's hidden_prenorm). The target's states arrive with
+    `settle` (TargetStates: the round's pending tokens and accepted drafts) and are fed by the next round's first
+    draft forward: no extra target forward. A prompt's first round has no states yet, so it proposes nothing (one
+    plain target step: the prefill, whose states seed the head; vLLM also drafts only after the prefill). Entries
+    fed with the head's own states never outlive their round: `rollback` keeps only those fed with the target's,
+    and the next round feeds the accepted positions again with the target's states (vLLM overwrites them too).
+    With a draft vocabulary smaller than the target's the head gives no raw logits (KL is NaN: it is infinite)."""
+
+    spec = SPECS["eagle3"]
+
+    def __init__(self, head, vocab_size: int, k: int, cfg: SamplingConfig):
+        super().__init__(head, vocab_size, k, cfg)
+        self.head = head
+        self.hidden_layers = list(head.aux_layers)
+        self.full_vocabulary = head.covers_target()
+        self.pending: list[list[torch.Tensor]] = []  # per row: target states not yet fed to the head, in order
+        self.base: list[int] = []  # per row: head entries fed with the target's states
+        self.state = None  # [b, W, hidden]: the head states of the next draft forward's columns
+
+    @classmethod
+    def from_spec(cls, param, *, draft_model, vocab_size: int, k: int, cfg: SamplingConfig, eos_ids):
+        return cls(draft_model, vocab_size, k, cfg)
+
+    def start(self, seqs, history, prompt_indices) -> None:
+        self.lm.reset(len(seqs))
+        self.ks = [self.k] * len(seqs)
+        self.cached = [0] * len(seqs)
+        self.pending = [[] for _ in seqs]
+
+    def propose(self, seqs, history, generators, caps: list[int]) -> Proposal:
+        if not all(self.pending):  # the prefill has not run: no target states yet
+            self.proposed = [0] * len(seqs)
+            return Proposal.empty(len(seqs), self.lm.vocab_size, self.lm.device)
+        self.base = list(self.cached)
+        proposal = super().propose(seqs, history, generators, caps)
+        self.cached = list(self.base)  # the entries fed with the head's own states go with the rollback
+        if not self.full_vocabulary:
+            proposal.raw_logits = None
+        return proposal
+
+    def draft_inputs(self, seqs):
+        states = [torch.cat(p) for p in self.pending]
+        tokens = [s[c + 1:] for s, c in zip(seqs, self.cached)]  # entry t: token t + 1 with the states at t
+        if any(t.shape[0] != h.shape[0] for t, h in zip(tokens, states)):
+            raise RuntimeError(f"EAGLE-3 drafter out of step: tokens {[t.shape[0] for t in tokens]} vs target "
+                               f"states {[h.shape[0] for h in states]}")
+        ids, valid = left_pad(tokens, self.lm.device)
+        width = ids.shape[1]
+        padded = states[0].new_zeros(len(states), width, states[0].shape[-1])
+        for r, h in enumerate(states):
+            padded[r, width - h.shape[0]:] = h
+        self.state = self.head.combine(padded)
+        self.pending = [[] for _ in seqs]
+        self.base = [s.shape[0] - 1 for s in seqs]
+        return ids, valid
+
+    def draft_forward(self, ids, valid):
+        logits, prenorm = self.lm.forward(ids, valid, keep=1, hidden_layers=[1], inputs={"hidden_states": self.state})
+        self.state = prenorm[:, -1:]
+        return logits[:, 0]
+
+    def rollback(self, kept) -> None:
+        self.lm.rollback(to_device(self.cached, self.lm.device))
+
+    def settle(self, lengths, accepted, trailing, states=None) -> None:
+        super().settle(lengths, accepted, trailing)
+        for r, a in enumerate(accepted):
+            self.pending[r].append(states.committed(r, a))
+
+    def select(self, rows: list[int]) -> None:
+        super().select(rows)
+        self.pending = [self.pending[r] for r in rows]
+
+
 # --- drafting without a model ----------------------------------------------------------------------------------
 
 class HostDrafter:
@@ -300,7 +412,7 @@ class HostDrafter:
     def trailing_holes(self):
         return None
 
-    def settle(self, lengths, accepted, trailing) -> None:
+    def settle(self, lengths, accepted, trailing, states=None) -> None:
         pass  # the accepted tokens and the correction arrive with the next round's history
 
     def select(self, rows: list[int]) -> None:
@@ -408,6 +520,15 @@ def make_drafter(spec: str, *, draft_model, vocab_size: int, k: int, cfg: Sampli
     """The drafter a spec names, proposing up to k tokens a round (its starting k for `heuristic`).
     draft_model may be None for a drafter that needs none; eos_ids end a model-free proposal."""
     name, value = parse_drafter(spec)
+    if draft_model is not None and SPECS[name].needs_model:
+        head = hasattr(draft_model, "aux_layers")  # an EAGLE-3 head (engine/eagle3.py), not a causal LM
+        if head and not SPECS[name].needs_hidden_states:
+            readers = ", ".join(s.usage for s in SPECS.values() if s.needs_hidden_states)
+            raise DraftLabError(f"the draft is an EAGLE-3 head, which drafter {name!r} cannot run (it drafts with a "
+                                f"causal LM); use --drafter {readers}")
+        if not head and SPECS[name].needs_hidden_states:
+            raise DraftLabError(f"drafter {name!r} drafts with an EAGLE-3 head, but the draft is a causal LM; pass "
+                                f"the head's speculators-format directory as --draft, or use --drafter model")
     if SPECS[name].needs_model and draft_model is None:
         free = ", ".join(s.usage for s in SPECS.values() if not s.needs_model)
         raise DraftLabError(f"drafter {name!r} drafts with the draft model, but none is loaded; load a draft model "

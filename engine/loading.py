@@ -11,7 +11,7 @@ from safetensors import SafetensorError
 
 from .cached_model import rollback_cache
 
-from . import placement, zoo
+from . import eagle3, placement, zoo
 from .errors import DraftLabError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -187,6 +187,8 @@ def plan_pair(target: str, draft: str | None, dtype: torch.dtype, trust_remote_c
 def _weight_bytes(name: str | None, dtype: torch.dtype, trust_remote_code: bool) -> int:
     if name is None:
         return 0
+    if eagle3.is_head(name):  # no causal-LM config to build it from: its weight files, as stored (one layer: small)
+        return sum(f.stat().st_size for f in Path(name).expanduser().glob("*.safetensors"))
     try:
         return placement.weight_bytes(_source(name), dtype, trust_remote_code)
     except (OSError, ValueError, KeyError) as exc:
@@ -220,9 +222,17 @@ def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str =
 
 
 def with_draft(pair: ModelPair, draft: str | None, trust_remote_code: bool = False) -> ModelPair:
-    """The same (already loaded) target with another draft, pair-checked; None: no draft model."""
+    """The same (already loaded) target with another draft, pair-checked; None: no draft model. A directory holding
+    an EAGLE-3 head (speculators format, engine/eagle3.py) is loaded as one, never as a causal LM: it shares the
+    target's tokenizer, and its verifier must be the target."""
     if draft is None:
         return ModelPair(pair.target, None, pair.device, pair.dtype, pair.vocab_size)
+    if eagle3.is_head(draft):  # a speculators-format EAGLE-3 head: drafts for its own target, with its tokenizer
+        head = eagle3.load_head(draft, pair.target.model, [pair.target.name, pair.target.source,
+                                                           pair.target.model.config.name_or_path],
+                                pair.device, pair.dtype)
+        return ModelPair(pair.target, LoadedModel(draft, str(Path(draft).expanduser()), head, pair.target.tokenizer),
+                         pair.device, pair.dtype, pair.vocab_size)
     # On the target's first device (pair.device), where the inputs go and a dispatched target returns its logits.
     d = load_model(draft, pair.device, pair.dtype, trust_remote_code)
     vocab = check_pair(pair.target.tokenizer, d.tokenizer, _output_width(pair.target.model), _output_width(d.model))

@@ -13,6 +13,9 @@ Per round, for the rows still running:
      everything the round records moves to the host in ONE transfer (`.tolist()`), which also carries the hole
      counts `trim` needs. Draft and verify are timed by device events read after it (engine/clock.py), and the
      round's tokens arrive together right after it (PromptResult.token_seconds).
+A drafter that reads the target's hidden states (an EAGLE-3 head: DrafterSpec.needs_hidden_states) gets them from
+step 2's forward itself, the layers it names returned beside the logits, and `settle` hands it those of the
+positions each row committed (TargetStates): no extra target forward. The first round's forward is the prefill.
 Then each row's Round is settled (engine.verification.round_record), so a row yields the same records (per round,
 per draft token) as that prompt decoded alone, and storage logs them unchanged.
 
@@ -41,9 +44,7 @@ import torch
 
 from .batched_cache import BatchCache, left_pad, to_device
 from .clock import RoundClock
-from .drafter_specs import drafter_usage
-from .drafting import COMPACT_SLACK, Drafter
-from .errors import DraftLabError
+from .drafting import COMPACT_SLACK, Drafter, TargetStates
 from .records import PromptResult
 from .rows import Rows
 from .sampling import SamplingConfig, probabilities
@@ -58,9 +59,9 @@ class SpeculativeDecoder:
     def __init__(self, target_model, drafter: Drafter, vocab_size: int, cfg: SamplingConfig, typer: TokenTyper,
                  eos_ids: set[int], compact_ratio: float | None = COMPACT_RATIO):
         spec = getattr(drafter, "spec", None)
-        if spec is not None and spec.needs_hidden_states:  # declared in engine/drafter_specs.py; EAGLE-style heads
-            raise DraftLabError(f"drafter {spec.name!r} drafts from the target's hidden states, which this loop does "
-                                f"not pass to a drafter yet; use a drafter that needs none ({drafter_usage()})")
+        # A drafter that reads the target's hidden states (EAGLE-3 heads) names the layers; each verify forward
+        # returns them beside its logits and `settle` hands the drafter those of the committed positions.
+        self.hidden_layers = drafter.hidden_layers if spec is not None and spec.needs_hidden_states else None
         self.target = BatchCache(target_model, vocab_size)
         self.clock = RoundClock(self.target.device)
         self.drafter = drafter
@@ -111,7 +112,12 @@ class SpeculativeDecoder:
             pending, pending_valid = left_pad([s[c:] for s, c in zip(state.seqs, cached)], target.device)
             slots = proposal.valid if proposal.valid is not None else torch.ones_like(proposal.tokens, dtype=torch.bool)
             logits = target.forward(torch.cat([pending, proposal.tokens], 1), torch.cat([pending_valid, slots], 1),
-                                    keep=width + 1)
+                                    keep=width + 1, hidden_layers=self.hidden_layers)
+            if self.hidden_layers:
+                logits, hidden = logits
+                states = TargetStates(hidden, [n - c for n, c in zip(lengths, cached)], pending.shape[1])
+            else:
+                states = None
             p_target = probabilities(logits, cfg)
             n, next_tokens = verify_rows(proposal.tokens, proposal.probs, proposal.ks, proposal.valid, p_target, cfg,
                                          state.generators)
@@ -145,7 +151,7 @@ class SpeculativeDecoder:
                     on_progress(prompt_indices[o], len(outputs[o]))
             accepted = [row["accepted"] for row in host["rows"]]
             target.trim(host["trailing"][0])
-            self.drafter.settle(lengths, accepted, host["trailing"][1])
+            self.drafter.settle(lengths, accepted, host["trailing"][1], states)
             holes += 1 - sum(n + a for n, a in zip(lengths, accepted)) / max(1, target.batch * target.width)
             if finished:
                 for o in finished:

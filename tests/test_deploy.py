@@ -91,6 +91,18 @@ def test_every_engine_parses_back(drafter, sampling):
             assert doc[engine]["command"] == "" and "no suffix decoding" in inexpressible(doc[engine])
             assert doc[engine]["snippet"].startswith("# Not expressible")
         return
+    if name == "eagle3":  # vLLM serves the head directory as is; SGLang after converting it; the others cannot
+        expected = {"method": "eagle3", "model": "org/draft 0.5B", "num_speculative_tokens": 4}
+        spec = json.loads(flags(doc["vllm"], 3)["--speculative-config"])
+        assert spec == (expected if greedy else {**expected, "draft_sample_method": "probabilistic"})
+        sglang = flags(doc["sglang"], 3)
+        assert {key: sglang[key] for key in sglang if key != "--model-path"} == {
+            "--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": "org/draft 0.5B",
+            "--speculative-num-steps": "4", "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "5"}
+        assert "one LOWER than vLLM's" in " ".join(doc["sglang"]["notes"])
+        for engine in ("llama_cpp", "transformers"):
+            assert doc[engine]["command"] == "" and "EAGLE-3 head" in inexpressible(doc[engine])
+        return
 
     # vLLM: the --speculative-config JSON and the request's sampling fields
     vllm = doc["vllm"]

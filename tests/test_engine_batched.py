@@ -167,10 +167,10 @@ def test_rows_finishing_at_different_times_leave_the_batch(eos_pair, drafter, mo
     widths = []
     forward = BatchCache.forward
 
-    def counting(self, ids_, valid, keep=None):
+    def counting(self, ids_, valid, keep=None, **options):
         if self is decoder.target:
             widths.append(ids_.shape[0])
-        return forward(self, ids_, valid, keep)
+        return forward(self, ids_, valid, keep, **options)
     monkeypatch.setattr(BatchCache, "forward", counting)
     decoder = (runs.baseline_decoder(eos_pair, cfg) if drafter is None
                else runs.speculative_decoder(eos_pair, cfg, 4, drafter=drafter))

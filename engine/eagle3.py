@@ -1,0 +1,253 @@
+"""EAGLE-3 heads (Li et al. 2025, arXiv 2503.01840) in the speculators format vLLM serves as
+`{"method": "eagle3", "model": DIR}`: loading one and its forward, as plain torch over transformers' Llama parts.
+
+A head is one decoder layer that reads the TARGET's own hidden states. It follows vLLM faithfully
+(vllm/model_executor/models/llama_eagle3.py: LlamaDecoderLayer with layer_idx 0, LlamaModel, Eagle3LlamaForCausalLM):
+  - `fc` [hidden, 3 x target_hidden] (no bias) combines the target's hidden states of the layers
+    `eagle_aux_hidden_state_layer_ids` (vLLM's convention: id i = the input of decoder layer i = transformers'
+    `hidden_states[i]`), concatenated in that order (`combine`, vLLM's combine_hidden_states);
+  - the decoder layer normalises the token's embedding (`input_layernorm`) and the state (`hidden_norm`; the
+    residual is the state before it, or after it with `norm_before_residual`), feeds their concatenation
+    [embedding, state] (2 x hidden) to q/k/v, adds the attention to the residual, then a Llama MLP with its own
+    residual: its output before the final `norm` is what the next draft step reads (vLLM's `hidden_prenorm`);
+  - `lm_head` scores the draft vocabulary; draft id d is target id d + d2t[d] (`d2t`); logits are returned over
+    the TARGET vocabulary with -inf elsewhere (vLLM's compute_logits), so a drafter's distribution is already one
+    over the target's ids with zeros outside the draft vocabulary.
+`norm_before_fc` (speculators' `input_norm`, an RMSNorm over the 3 states before `fc`) is read too: vLLM's file
+above ignores it, which is one way a head's acceptance collapses in a server.
+
+Weights: `embed_tokens.weight` (absent: the target's embedding is shared, as vLLM does), `fc.weight`,
+`layers.0.{input_layernorm,hidden_norm,post_attention_layernorm}.weight`, `layers.0.self_attn.{q,k,v,o}_proj.weight`,
+`layers.0.mlp.{gate,up,down}_proj.weight`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d` (the HF/SGLang layout's
+`midlayer.` prefix is read as `layers.0.`, as vLLM does). A head names its target in
+`speculators_config.verifier.name_or_path`; a head whose verifier is not the run's target is refused in one line.
+
+The head's forward has the signature engine/batched_cache.py calls (input_ids, attention_mask, position_ids, cache,
+logits_to_keep) plus `hidden_states` [B, W, hidden] (the combined target states, or the head's own pre-norm
+output), so one BatchCache keeps its KV cache for B rows with holes, rollback and compaction like any draft model's.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.masking_utils import create_causal_mask
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from .errors import DraftLabError
+
+SPECULATORS_TYPE = "eagle3"
+
+
+def head_config(path) -> dict | None:
+    """The config.json of a speculators-format EAGLE-3 head directory, or None when `path` is not one."""
+    file = Path(str(path)).expanduser() / "config.json"
+    if not file.is_file():
+        return None
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) and config.get("speculators_model_type") == SPECULATORS_TYPE else None
+
+
+def is_head(path) -> bool:
+    """Whether `path` is an EAGLE-3 head directory (speculators format), not a causal LM."""
+    return head_config(path) is not None
+
+
+@dataclass
+class Eagle3Output:
+    logits: torch.Tensor  # [B, keep or W, target vocab], -inf outside the draft vocabulary
+    hidden_states: tuple  # (the state fed in, the layer's output before the final norm: vLLM's hidden_prenorm)
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """The head's one decoder layer: Llama attention whose q/k/v read [embedding, state] (2 x hidden)."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool):
+        super().__init__()
+        hidden = config.hidden_size
+        self.norm_before_residual = norm_before_residual
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        attn = self.self_attn
+        for name, heads in (("q_proj", config.num_attention_heads), ("k_proj", config.num_key_value_heads),
+                            ("v_proj", config.num_key_value_heads)):
+            setattr(attn, name, nn.Linear(2 * hidden, heads * attn.head_dim, bias=config.attention_bias))
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+
+    def forward(self, embeds, state, attention_mask, position_embeddings, cache):
+        embeds = self.input_layernorm(embeds)
+        if self.norm_before_residual:
+            state = self.hidden_norm(state)
+            residual = state
+        else:
+            residual, state = state, self.hidden_norm(state)
+        attended, _ = self.self_attn(torch.cat([embeds, state], -1), position_embeddings=position_embeddings,
+                                     attention_mask=attention_mask, cache=cache)
+        residual = attended + residual
+        return self.mlp(self.post_attention_layernorm(residual)) + residual
+
+
+class Eagle3Head(nn.Module):
+    """An EAGLE-3 head (see the module docstring); `aux_layers` are the target's hidden_states it reads."""
+
+    def __init__(self, config: LlamaConfig, *, draft_vocab_size: int, target_hidden_size: int,
+                 aux_layers: list[int], norm_before_residual: bool = False, norm_before_fc: bool = False,
+                 verifier: str | None = None):
+        super().__init__()
+        hidden = config.hidden_size
+        self.config = config
+        self.aux_layers = list(aux_layers)
+        self.verifier = verifier
+        self.draft_vocab_size = draft_vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        self.input_norm = (LlamaRMSNorm(len(aux_layers) * target_hidden_size, eps=config.rms_norm_eps)
+                           if norm_before_fc else None)
+        self.fc = nn.Linear(len(aux_layers) * target_hidden_size, hidden, bias=False)
+        self.layers = nn.ModuleList([Eagle3DecoderLayer(config, norm_before_residual)])
+        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+
+    def target_ids(self) -> torch.Tensor:
+        """The target id of each draft id (d + d2t[d])."""
+        return torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def covers_target(self) -> bool:
+        """Whether every target id is some draft id's (then no logit is -inf and the draft's KL is finite)."""
+        return self.draft_vocab_size >= self.config.vocab_size and bool(
+            torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.d2t.device)
+            .index_fill(0, self.target_ids(), True).all())
+
+    def combine(self, states: torch.Tensor) -> torch.Tensor:
+        """The head's input state from the target's aux hidden states concatenated [..., 3 x target_hidden]."""
+        if self.input_norm is not None:
+            states = self.input_norm(states)
+        return self.fc(states)
+
+    def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor, attention_mask=None, position_ids=None,
+                cache=None, use_cache: bool | None = None, logits_to_keep: int = 0, output_hidden_states=None,
+                **kwargs) -> Eagle3Output:
+        """Logits over the target vocabulary for tokens input_ids [B, W] with their states hidden_states
+        [B, W, hidden]; the KV cache `cache` grows by W columns."""
+        embeds = self.embed_tokens(input_ids)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + past)[None]
+        mask = create_causal_mask(config=self.config, inputs_embeds=embeds, attention_mask=attention_mask,
+                                  cache=cache, position_ids=position_ids)
+        rotary = self.rotary_emb(embeds, position_ids=position_ids)
+        prenorm = self.layers[0](embeds, hidden_states, mask, rotary, cache)
+        kept = prenorm[:, -logits_to_keep:] if logits_to_keep else prenorm
+        draft_logits = self.lm_head(self.norm(kept))
+        logits = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        logits[..., self.target_ids()] = draft_logits
+        return Eagle3Output(logits, (hidden_states, prenorm))
+
+
+def _refuse(path, why: str, fix: str) -> DraftLabError:
+    return DraftLabError(f"EAGLE-3 head {str(path)!r} {why}; {fix}")
+
+
+def _same_model(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
+def check_verifier(path, verifier: str | None, target_names: list[str]) -> None:
+    """Refuse a head trained for another target: its verifier must be the run's target, by the name the run gave
+    (a demo name, an HF id) or the same directory."""
+    shown = target_names[0] if target_names else "the target"
+    if not verifier:
+        raise _refuse(path, "names no target (speculators_config.verifier.name_or_path is empty)",
+                      f"set it to the target it was trained for, e.g. {shown!r}")
+    if not any(_same_model(verifier, name) for name in target_names if name):
+        raise _refuse(path, f"was trained for target {verifier!r}, not this run's target {shown!r}",
+                      f"run it with --target {verifier} or use a head trained for {shown}")
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        state = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        return state
+    bins = sorted(path.glob("*.bin"))
+    if not bins:
+        raise _refuse(path, "has no weights (no *.safetensors or *.bin file)", "point --draft at a saved head")
+    state = {}
+    for file in bins:
+        state.update(torch.load(str(file), map_location="cpu", weights_only=True))
+    return state
+
+
+def load_head(path, target_model, target_names: list[str], device, dtype) -> Eagle3Head:
+    """The EAGLE-3 head in directory `path` for `target_model` (a transformers causal LM, whose embedding it shares
+    when it has none), on `device` in `dtype`; a DraftLabError says in one line why a head cannot draft for it."""
+    path = Path(str(path)).expanduser()
+    raw = head_config(path)
+    if raw is None:
+        raise _refuse(path, "has no config.json with speculators_model_type \"eagle3\"",
+                      "point --draft at a speculators-format EAGLE-3 head directory")
+    verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    check_verifier(path, verifier, target_names)
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise _refuse(path, "has no transformer_layer_config", "save the head with its Llama layer config")
+    layer = {key: value for key, value in layer.items() if key not in ("architectures", "model_type")}
+    config = LlamaConfig(**{**layer, "num_hidden_layers": 1})
+    config._attn_implementation = "sdpa"
+    target = target_model.config.get_text_config(decoder=True)
+    layers, width = target.num_hidden_layers, target.hidden_size
+    aux = raw.get("eagle_aux_hidden_state_layer_ids")
+    if aux is None:  # vLLM's default for a Llama target
+        aux = [2, layers // 2, layers - 3]
+    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and 0 <= i < layers for i in aux):
+        raise _refuse(path, f"reads target layers {aux!r}, but the target has decoder layers 0..{layers - 1}",
+                      "train it for this target (eagle_aux_hidden_state_layer_ids: ids of its decoder layers)")
+    target_hidden = raw.get("target_hidden_size") or config.hidden_size
+    if target_hidden != width:
+        raise _refuse(path, f"reads target hidden states of width {target_hidden}, the target's are {width}",
+                      "use a head trained for this target")
+    vocab = target_model.get_output_embeddings().weight.shape[0]
+    if config.vocab_size != vocab:
+        raise _refuse(path, f"scores a target vocabulary of {config.vocab_size} ids, the target has {vocab}",
+                      "use a head trained for this target")
+    head = Eagle3Head(config, draft_vocab_size=int(raw.get("draft_vocab_size") or config.vocab_size),
+                      target_hidden_size=width, aux_layers=aux,
+                      norm_before_residual=bool(raw.get("norm_before_residual", False)),
+                      norm_before_fc=bool(raw.get("norm_before_fc", False)), verifier=verifier)
+    state = {name.replace("midlayer.", "layers.0."): tensor for name, tensor in _weights(path).items()}
+    if "embed_tokens.weight" not in state:
+        head.embed_tokens = target_model.get_input_embeddings()  # shared with the target, as vLLM does
+    expected = set(head.state_dict())
+    missing = sorted(expected - set(state) - ({"embed_tokens.weight"} if "embed_tokens.weight" not in state else set()))
+    unexpected = sorted(set(state) - expected)
+    if missing or unexpected:
+        what = ", ".join([f"missing {n}" for n in missing[:3]] + [f"unexpected {n}" for n in unexpected[:3]])
+        raise _refuse(path, f"does not have the speculators EAGLE-3 weights ({what})",
+                      "save it in the speculators format (engine/eagle3.py names the weights)")
+    try:
+        head.load_state_dict(state, strict=False)
+    except RuntimeError as exc:
+        first = (str(exc).strip().splitlines() or ["shape mismatch"])[-1].strip()[:200]
+        raise _refuse(path, f"has weights of the wrong shape ({first})", "save it with its own config.json") from exc
+    head.to(device=device, dtype=dtype)
+    if int(head.target_ids().max()) >= vocab or int(head.target_ids().min()) < 0:
+        raise _refuse(path, "maps draft ids outside the target vocabulary (d2t)", "rebuild its d2t for this target")
+    return head.eval()
