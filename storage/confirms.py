@@ -22,7 +22,7 @@ from sqlalchemy import insert, text, update
 
 from .production import add_series, lab_positions, series_document
 from .queries import _frame
-from .schema import DONE, FAILED, server_confirms, server_measurements, server_passes
+from .schema import DONE, FAILED, RUNNING, server_confirms, server_measurements, server_passes
 from .stats import paired_bootstrap_ci, paired_speedup, percentile
 from .store import Store
 
@@ -99,13 +99,15 @@ def lab_outputs(store: Store, run_id: int) -> dict[int, list[int]]:
 # --- writing ---------------------------------------------------------------------------------------------------
 
 def start_confirm(store: Store, experiment_id: int, *, configs: str, concurrency: list[int], repeats: int,
-                  engine: str = "vllm", launched_by: str | None = None) -> int:
+                  engine: str = "vllm", launched_by: str | None = None, requests_total: int | None = None) -> int:
+    """A confirm the CLI runs itself, stored running (the dashboard's are queued: storage/confirm_jobs.py)."""
     with store.write() as conn:
         if conn.execute(text("SELECT 1 FROM experiments WHERE id = :e"), {"e": experiment_id}).first() is None:
             raise KeyError(experiment_id)
         return int(conn.execute(insert(server_confirms).values(
             experiment_id=experiment_id, engine=engine, configs=configs, repeats=repeats, launched_by=launched_by,
-            concurrency=",".join(map(str, concurrency)))).inserted_primary_key[0])
+            concurrency=",".join(map(str, concurrency)), phase="running in `draftlab confirm`",
+            requests_total=requests_total)).inserted_primary_key[0])
 
 
 def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label: str, k: int, run_id: int | None,
@@ -134,11 +136,16 @@ def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label:
 
 
 def finish_confirm(store: Store, confirm_id: int, *, engine_version: str, wall_seconds: float,
-                   errors: list[str]) -> None:
+                   errors: list[str], worker_id: str | None = None) -> bool:
+    """Close a confirm: done, or failed with one line per error. With worker_id only while that worker runs it
+    (a confirm swept as interrupted stays so). Returns whether it was closed."""
+    query = update(server_confirms).where(server_confirms.c.id == confirm_id)
+    if worker_id is not None:
+        query = query.where(server_confirms.c.worker_id == worker_id, server_confirms.c.status == RUNNING)
     with store.write() as conn:
-        conn.execute(update(server_confirms).where(server_confirms.c.id == confirm_id).values(
+        return conn.execute(query.values(
             engine_version=engine_version[:200], wall_seconds=wall_seconds, status=FAILED if errors else DONE,
-            error="\n".join(errors) or None))
+            phase=FAILED if errors else DONE, error="\n".join(errors) or None)).rowcount == 1
 
 
 # --- reading ---------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from sqlalchemy import select, text
 from .schema import INTERRUPTED, QUEUED, RUNNING, utcnow, workers
 from .settings import stale_window
 from .store import Store
+from .confirm_jobs import STALE_ERROR as CONFIRM_STALE_ERROR, interrupt_confirms, stale_confirms
 from .training import interrupt_stale, stale_jobs
 
 
@@ -112,14 +113,14 @@ def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
     """Runs left `running` by a worker that is gone (killed, crashed, machine gone) become `interrupted`,
     keeping every committed row; so do queued runs reserved for a dead worker. A worker is gone when it sent
     no heartbeat for the stale window (see stale_window()), or at once when it ran on this host and its
-    process no longer exists; training jobs of such workers too. Looks first and writes only when there is
+    process no longer exists; training jobs and confirms of such workers too. Looks first and writes only when there is
     something to sweep. Returns run ids."""
     seconds = stale_window(stale_seconds)
     cutoff = utcnow() - timedelta(seconds=seconds)
     with store.read() as conn:
         dead = dead_workers(conn, cutoff)
         stale = stale_runs(conn, cutoff, dead)
-        jobs = stale_jobs(conn, cutoff, dead)
+        jobs = stale_jobs(conn, cutoff, dead) + stale_confirms(conn, cutoff, dead)
         leases = conn.execute(text("SELECT COUNT(*) FROM device_leases WHERE heartbeat < :cutoff"),
                               {"cutoff": cutoff}).scalar()
     if not (dead or stale or jobs or leases):
@@ -130,6 +131,7 @@ def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
         dead = dead_workers(conn, cutoff)
         stale = stale_runs(conn, cutoff, dead)
         interrupt_stale(conn, stale_jobs(conn, cutoff, dead), TRAINING_STALE_ERROR.format(seconds=seconds))
+        interrupt_confirms(conn, stale_confirms(conn, cutoff, dead), CONFIRM_STALE_ERROR.format(seconds=seconds))
         if stale:
             conn.execute(text(
                 "UPDATE runs SET status = :interrupted, finished = :now, reserved_for = NULL, error = :error "
