@@ -100,13 +100,14 @@ def _label(job) -> str:
 def _progress(job) -> None:
     total = int(job.requests_total) if job.requests_total == job.requests_total and job.requests_total else 0
     done = int(job.requests_done) if job.requests_done == job.requests_done and job.requests_done else 0
+    state = ("queued, waiting for a worker (`draftlab worker`, or the one `draftlab ui` starts, runs it)"
+             if job.status == "queued" else f"{job.status}: {job.phase or 'starting'}")
     what = (f"Confirm {int(job.confirm_id)} ({job.configs}, concurrency {job.concurrency}, "
-            f"{plural(int(job.repeats), 'pass')} per server) — {job.status}: {job.phase or 'waiting for a worker'}")
+            f"{plural(int(job.repeats), 'pass')} per server) — {state}")
     if total:
         st.progress(min(done / total, 1.0), text=md_text(f"{what} · {done} of {total} requests"))
     else:
-        st.info(md_text(what + (" (`draftlab worker` runs it)" if job.status == "queued" else "")),
-                icon=":material/hourglass:")
+        st.info(md_text(what), icon=":material/hourglass:")
 
 
 def speedup_frame(beside: pd.DataFrame) -> pd.DataFrame:

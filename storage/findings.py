@@ -722,7 +722,9 @@ def _confirm(ctx: _Context) -> list[dict]:
             lab = (f"; the lab measured {_x(r.lab_speedup)} ({r.lab_speedup_ci_lo:.2f}–{r.lab_speedup_ci_hi:.2f}) at "
                    f"batch size {r.concurrency}" if r.lab_speedup == r.lab_speedup and r.lab_speedup is not None
                    and r.lab_speedup_ci_lo == r.lab_speedup_ci_lo else
-                   f"; the lab did not measure batch size {r.concurrency}")
+                   f"; the lab's schedule serves the target alone at batch size {r.concurrency}, so vLLM drafts "
+                   f"nothing there and only its overhead is left" if r.k == 0 else
+                   f"; the lab did not measure k = {r.k} at batch size {r.concurrency}")
             disagree = not gains and lab_gains
             found.append(_finding(
                 "confirm", "warning" if disagree else "info",
