@@ -171,14 +171,14 @@ def _results(experiment_id: int, confirm_id: int, job) -> None:
                       "first_divergence"]]
     left, right = st.columns(2)
     with left:
-        st.markdown("**Speedup vs concurrency**")
+        st.markdown("#### Speedup vs concurrency")
         frame = speedup_frame(beside)
         chart_with_csv(charts.confirm_speedup(frame), frame, f"confirm{confirm_id}_speedup.csv")
         st.caption("vLLM: its target-only wall over its speculative wall on the same prompts, 95 % interval over "
                    "paired passes; lab: the run at the batch size equal to the concurrency with the same k, 95 % "
                    "interval over prompts. A concurrency the lab never measured has the server's point alone.")
     with right:
-        st.markdown("**Acceptance by draft position**")
+        st.markdown("#### Acceptance by draft position, vLLM and lab")
         positions = positions_frame(experiment_id, beside)
         if positions.empty:
             st.caption("The server counted no per-position acceptance.")
@@ -188,13 +188,13 @@ def _results(experiment_id: int, confirm_id: int, job) -> None:
             st.caption("Grey: the lab run's 95 % interval over prompts (tick: its value); points: the server's "
                        "counters over its passes, in DraftLab's conditional definition (no interval: one pool). A "
                        "schedule shows the positions every k it served at that concurrency reaches.")
-    st.markdown("**Throughput and latency**")
+    st.markdown("#### Throughput and latency, vLLM and lab")
     latency = latency_frame(document, beside)
     table(latency, LATENCY_COLUMNS, f"confirm_latency_{confirm_id}",
           who=st.column_config.TextColumn("server or lab run", width="medium"),
           concurrency=st.column_config.NumberColumn("concurrency", format="%d"))
     csv_download(latency, f"confirm{confirm_id}_latency.csv")
-    st.markdown("**Outputs (greedy)**")
+    st.markdown("#### Outputs (greedy)")
     table(outputs, list(outputs.columns), f"confirm_outputs_{confirm_id}",
           label=st.column_config.TextColumn("configuration"),
           outputs_match_server_baseline=st.column_config.NumberColumn(
@@ -206,7 +206,7 @@ def _results(experiment_id: int, confirm_id: int, job) -> None:
     schedule = lab_schedule_beside(store(), confirm_id) if any(c["label"] == "schedule"
                                                                   for c in document["configs"]) else []
     if schedule:
-        st.markdown("**The lab's schedule and the server's answer**")
+        st.markdown("#### The lab's schedule and vLLM's answer")
         side = pd.DataFrame([{"batch_size": s["batch_size"], "lab_k": s["k"],
                               "lab": charts.speedup_text(s["speedup"], *(s["speedup_ci"] or [None, None])),
                               "server_k": s["server_k"],
