@@ -166,3 +166,5 @@ def test_the_servers_k_and_comparable_positions_follow_vllms_schedule_lookup():
     # at concurrency 4 the steps run 1..4 requests: k 2 and k 1 mix, so only position 1 reads as conditional
     assert comparable_positions(schedule, 1) == 2 and comparable_positions(schedule, 4) == 1
     assert comparable_positions({"num_speculative_tokens": 3}, 16) == 3
+    rising = {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 1, 1], [2, 8, 3]]}
+    assert server_k(rising, 4) == 3 and comparable_positions(rising, 4) == 1  # the last request alone drafts 1

@@ -60,3 +60,29 @@ def test_changed_outputs_and_acceptance_outside_the_labs_interval(lab):  # noqa:
     assert accepts["detail"].startswith("The server accepts 0.002 at position 1, the lab ")
     assert accepts["data"]["position"]["position"] == 1
     assert not any("gains" in t or "loses" in t for t in found)  # one pass: no interval, nothing said
+    assert not [f for f in findings(store, eid) if f["kind"] == "production"]  # the confirm's rule says it
+
+
+def test_a_schedules_positions_are_judged_only_where_every_served_k_reaches(lab):  # noqa: F811
+    from app.completions_load import PassRecord, RequestRecord
+    from app.production_scrape import SpecCounters
+    from storage.confirms import add_measurement, finish_confirm, start_confirm, summarize
+    from storage.production import lab_positions
+
+    doc, store = lab
+    eid = doc["experiment_id"]
+    run = next(r for r in doc["runs"] if r["k"] == 2)
+    first = float(lab_positions(store, run["run_id"])["conditional"].iloc[0])
+    # k 1 for a lone request, 2 from two on: at concurrency 2 rounds of k 1 and 2 mix, position 2 is not comparable
+    schedule = {"method": "draft_model", "num_speculative_tokens": 2,
+                "num_speculative_tokens_per_batch_size": [[1, 1, 1], [2, 8, 2]]}
+    passes = [PassRecord(2, 1.0, [RequestRecord(0, 0.0, [0.5, 1.0], [1, 2], [1, 2, 3])])]
+    cid = start_confirm(store, eid, configs="schedule", concurrency=[2], repeats=1)
+    add_measurement(store, cid, eid, label="schedule", k=2, run_id=run["run_id"], concurrency=2,
+                    speculative_config=json.dumps(schedule), passes=passes, figures=summarize(passes),
+                    counters=SpecCounters(drafts=1000, draft_tokens=1500, accepted=round(1000 * first) + 1,
+                                          per_position={1: round(1000 * first), 2: 1}),
+                    matches={"outputs_match_server_baseline": 1.0, "outputs_match_lab": 1.0,
+                             "first_divergence": None})
+    finish_confirm(store, cid, engine_version="x", wall_seconds=1.0, errors=[])
+    assert not [t for t in _confirm_findings(store, eid) if "accepts differently" in t]

@@ -47,6 +47,9 @@ def test_a_stored_confirm_shows_beside_the_lab(grid):  # noqa: F811
     positions = [f for f in _frames_with(at, "conditional") if set(f["source"]) >= {"vLLM · schedule (k=2), "
                                                                                     "concurrency 1"}]
     assert positions, "the server's acceptance by position is drawn"
+    drawn = positions[0].groupby("source")["position"].max()
+    assert drawn["vLLM · schedule (k=2), concurrency 1"] == 2
+    assert drawn["vLLM · schedule (k=1), concurrency 4"] == 1  # k 2 and 1 mix there: position 1 only
 
 
 def test_the_form_queues_a_confirm_for_a_worker_and_refuses_a_second(grid):  # noqa: F811
