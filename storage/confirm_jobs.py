@@ -2,7 +2,8 @@
 status `queued` that a worker claims with one conditional UPDATE (as training jobs are), runs with app/confirm.py's
 one measuring loop and closes with storage/confirms.py's `finish_confirm`. While it runs, the worker writes its
 phase and the requests done of the whole confirm in writes fenced to itself; a confirm whose worker is gone is
-swept to `interrupted` with the measurements it stored (each configuration is stored whole or not at all).
+swept to `interrupted` with the measurements it stored (each configuration is stored whole or not at all) by
+storage/liveness.py's sweep.
 
 Everything a confirm needs is checked when it is queued, with the CLI's words: the experiment ran (its prompts are
 stored), the configurations exist (the verdict chose one; a k grid has a schedule; a lossless run for `all`),
@@ -15,7 +16,7 @@ import pandas as pd
 from sqlalchemy import insert, text
 
 from .errors import QueueError
-from .schema import INTERRUPTED, QUEUED, RUNNING, server_confirms, utcnow
+from .schema import QUEUED, RUNNING, server_confirms, utcnow
 from .store import Store
 
 CONFIGS = ("chosen", "schedule", "all")
@@ -23,8 +24,6 @@ ACTIVE = (QUEUED, RUNNING)
 MAX_CONCURRENCY = 4096  # the CLI's --concurrency bound (app/confirm.py)
 MAX_REPEATS = 1000  # the CLI's --repeats bound
 DEFAULT_REPEATS = 3  # the fewest passes that give the paired speedup an interval (app/confirm.py's default)
-STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); the "
-               "configurations measured before are kept: queue the confirm again for the rest")
 REPORTED = ("phase", "requests_done", "requests_total", "engine_version")
 
 
@@ -130,23 +129,6 @@ def report_confirm(store: Store, confirm_id: int, worker_id: str | None, **field
                                  f":running{owned}"),
                             {**fields, "now": utcnow(), "id": int(confirm_id), "running": RUNNING,
                              "w": worker_id}).rowcount == 1
-
-
-def stale_confirms(conn, cutoff, dead) -> list[int]:
-    """Running confirms whose worker is dead or sent no heartbeat since cutoff (the CLI's own, without a worker,
-    are left alone: its process closes them)."""
-    names = {f"dead{i}": w for i, w in enumerate(dead)}
-    placeholders = ", ".join(f":{n}" for n in names) or "NULL"
-    return list(conn.execute(text(
-        f"SELECT id FROM server_confirms WHERE status = :running AND worker_id IS NOT NULL AND "
-        f"(heartbeat IS NULL OR heartbeat < :cutoff OR worker_id IN ({placeholders}))"),
-        {"running": RUNNING, "cutoff": cutoff, **names}).scalars())
-
-
-def interrupt_confirms(conn, ids, error: str) -> None:
-    if ids:
-        conn.execute(text(f"UPDATE server_confirms SET status = :i, error = :e, phase = :i "
-                          f"WHERE id IN ({','.join(str(int(i)) for i in ids)})"), {"i": INTERRUPTED, "e": error})
 
 
 # --- reads for the dashboard -------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from sqlalchemy import select, text
 from .schema import INTERRUPTED, QUEUED, RUNNING, utcnow, workers
 from .settings import stale_window
 from .store import Store
-from .confirm_jobs import STALE_ERROR as CONFIRM_STALE_ERROR, interrupt_confirms, stale_confirms
 from .training import interrupt_stale, stale_jobs
 
 
@@ -107,6 +106,27 @@ def stale_runs(conn, cutoff, dead: Sequence[str]) -> list[int]:
 
 TRAINING_STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); "
                         "resume the job to continue from its last checkpoint")
+
+
+CONFIRM_STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); the "
+                       "configurations measured before are kept: queue the confirm again for the rest")
+
+
+def stale_confirms(conn, cutoff, dead) -> list[int]:
+    """Running confirms whose worker is dead or sent no heartbeat since cutoff (the CLI's own, without a worker,
+    are left alone: its process closes them)."""
+    names = {f"dead{i}": w for i, w in enumerate(dead)}
+    placeholders = ", ".join(f":{n}" for n in names) or "NULL"
+    return list(conn.execute(text(
+        f"SELECT id FROM server_confirms WHERE status = :running AND worker_id IS NOT NULL AND "
+        f"(heartbeat IS NULL OR heartbeat < :cutoff OR worker_id IN ({placeholders}))"),
+        {"running": RUNNING, "cutoff": cutoff, **names}).scalars())
+
+
+def interrupt_confirms(conn, ids, error: str) -> None:
+    if ids:
+        conn.execute(text(f"UPDATE server_confirms SET status = :i, error = :e, phase = :i "
+                          f"WHERE id IN ({','.join(str(int(i)) for i in ids)})"), {"i": INTERRUPTED, "e": error})
 
 
 def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
