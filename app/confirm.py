@@ -375,7 +375,8 @@ def command(args, store) -> int:
                                repeats=args.repeats, launched_by=cli_launcher(), requests_total=confirm.requests)
     progress = Progress(confirm.requests)
     started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
         errors = measure(store, confirm_id, confirm, progress)
     finally:

@@ -3,7 +3,8 @@ prompt as it finishes; `python -m app.worker_process` (app/worker_process.py) is
 
 Its parts live next to it: app/timing.py times an experiment's runs (the timing protocol), app/model_cache.py holds
 the loaded pair, app/placement.py places a job and takes its device leases, app/db_retry.py retries database
-calls, app/training.py runs a training job, app/confirm_job.py a confirm; each gets a JobContext (app/job_context.py), never the Worker itself.
+calls, app/training.py runs a training job, app/confirm_job.py a confirm; each gets a JobContext
+(app/job_context.py), never the Worker itself.
 
 One worker holds one target/draft pair and reuses it across runs that need the same models. A heartbeat
 thread keeps `workers.heartbeat` / `runs.heartbeat` fresh while the main thread generates; on start the

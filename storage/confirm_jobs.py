@@ -80,7 +80,8 @@ def enqueue_confirm(store: Store, experiment_id: int, *, configs: str = "chosen"
         from .experiments import check_launcher_cap
 
         busy = conn.execute(text("SELECT id, status FROM server_confirms WHERE experiment_id = :e AND status IN "
-                                 "(:q, :r) ORDER BY id LIMIT 1"), {"e": experiment_id, "q": QUEUED, "r": RUNNING}).first()
+                                 "(:q, :r) ORDER BY id LIMIT 1"),
+                            {"e": experiment_id, "q": QUEUED, "r": RUNNING}).first()
         if busy is not None:
             raise QueueError(f"confirm {busy[0]} of experiment {experiment_id} is {busy[1]}; wait for it to end (one "
                              f"confirm of an experiment at a time: both would start servers on the same machine)")
@@ -100,7 +101,8 @@ def next_confirm(store: Store) -> int | None:
 
 def get_confirm(store: Store, confirm_id: int) -> dict | None:
     with store.read() as conn:
-        row = conn.execute(text("SELECT * FROM server_confirms WHERE id = :c"), {"c": int(confirm_id)}).mappings().first()
+        row = conn.execute(text("SELECT * FROM server_confirms WHERE id = :c"),
+                           {"c": int(confirm_id)}).mappings().first()
     return dict(row) if row else None
 
 

@@ -264,7 +264,8 @@ def comparable_positions(speculative_config: dict, concurrency: int) -> int:
     return min(server_k(speculative_config, b) for b in range(1, max(1, int(concurrency)) + 1))
 
 
-BESIDE_COLUMNS = ["measurement_id", "label", "concurrency", "k", "positions", "speedup", "speedup_ci_lo", "speedup_ci_hi",
+BESIDE_COLUMNS = ["measurement_id", "label", "concurrency", "k", "positions", "speedup", "speedup_ci_lo",
+                  "speedup_ci_hi",
                   "tokens_per_second", *LATENCY_KEYS, "series_id", "run_id", "outputs_match_server_baseline",
                   "outputs_match_lab", "first_divergence", "lab_run_id", "lab_speedup", "lab_speedup_ci_lo",
                   "lab_speedup_ci_hi", "lab_tokens_per_second", *(f"lab_{key}" for key in LATENCY_KEYS)]

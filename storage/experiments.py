@@ -192,7 +192,8 @@ def _grid_sizes(batch_sizes, sweep_variable: str, config: dict) -> list[int]:
 
 def check_launcher_cap(conn, launched_by: str | None, new_runs: int) -> None:
     """Refuse (QueueError) work that would take `launched_by` past limit("queued_runs") unfinished runs (queued or
-    running, over all its experiments; each unfinished training job or confirm counts as one). None: not attributed, no cap."""
+    running, over all its experiments; each unfinished training job or confirm counts as one). None: not attributed,
+    no cap."""
     from engine.limits import LIMITS, limit
 
     if not launched_by:

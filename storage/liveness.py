@@ -125,8 +125,9 @@ def stale_confirms(conn, cutoff, dead) -> list[int]:
 
 def interrupt_confirms(conn, ids, error: str) -> None:
     if ids:
-        conn.execute(text(f"UPDATE server_confirms SET status = :i, error = :e, phase = :i "
-                          f"WHERE id IN ({','.join(str(int(i)) for i in ids)})"), {"i": INTERRUPTED, "e": error})
+        conn.execute(text(f"UPDATE server_confirms SET status = :i, error = :e, phase = :p "
+                          f"WHERE id IN ({','.join(str(int(i)) for i in ids)})"),
+                     {"i": INTERRUPTED, "e": error, "p": INTERRUPTED})
 
 
 def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:

@@ -110,3 +110,45 @@ def test_a_confirm_whose_worker_died_is_swept_as_interrupted_and_progress_is_fen
     job = get_confirm(store, cid)
     assert job["status"] == "interrupted" and "its worker stopped" in job["error"] and job["requests_done"] == 3
     assert not report_confirm(store, cid, "ghost", requests_done=4)  # swept: no longer the ghost's
+
+
+def test_the_queue_and_the_reads_beside_the_lab_on_sqlite_and_postgresql(store):
+    """The same SQL on both databases: queue, claim, fenced progress, the listing's GROUP BY, the stale sweep's
+    timestamps, and the join of a measurement with the lab's run at its batch size."""
+    import json
+
+    from sqlalchemy import text
+
+    from app.completions_load import PassRecord, RequestRecord
+    from storage import liveness, run_state
+    from storage import queries as q
+    from storage.confirms import add_measurement, beside_lab, finish_confirm, summarize
+    from storage.experiments import enqueue_experiment
+
+    eid = enqueue_experiment(store, name="pg", target="t", draft="d", prompts="p", sampling={}, sweep_values=(2,),
+                             prompt_texts=["a", "b"])
+    runs = q.runs(store, eid)
+    for rid in runs["run_id"]:
+        run_state.finish_run(store, int(rid), "done")
+    spec = int(runs.loc[runs["kind"] == "speculative", "run_id"].iloc[0])
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET speedup = 1.3, speedup_ci_lo = 1.2, speedup_ci_hi = 1.4 WHERE id = :r"),
+                     {"r": spec})
+    cid = enqueue_confirm(store, eid, configs="all", concurrency=[4, 1], repeats=2)
+    assert get_confirm(store, cid)["concurrency"] == "1,4"
+    liveness.register_worker(store, "w", liveness.host_identity(), 999_999_999)
+    assert claim_confirm(store, cid, "w") and report_confirm(store, cid, "w", phase="passes", requests_done=2,
+                                                             requests_total=8)
+    passes = [PassRecord(1, 1.0, [RequestRecord(0, 0.0, [0.5, 1.0], [1, 2], [1, 2, 3])])] * 2
+    for c in (1, 4):
+        add_measurement(store, cid, eid, label="chosen", k=2, run_id=spec, concurrency=c, passes=passes,
+                        speculative_config=json.dumps({"method": "draft_model", "num_speculative_tokens": 2}),
+                        figures=summarize(passes), speedup=(1.5, [1.4, 1.6]))
+    listed = confirm_jobs(store, eid)
+    assert int(listed["measurements"].iloc[0]) == 2 and int(listed["requests_done"].iloc[0]) == 2
+    beside = beside_lab(store, cid).set_index("concurrency")
+    assert beside.loc[1, "lab_run_id"] == spec and beside.loc[1, "lab_speedup"] == 1.3
+    assert beside.loc[4, "lab_speedup"] != beside.loc[4, "lab_speedup"]  # the lab never ran batch 4: NaN
+    liveness.mark_stale(store, stale_seconds=3600)  # the worker's process is gone
+    assert get_confirm(store, cid)["status"] == "interrupted"
+    assert not finish_confirm(store, cid, engine_version="x", wall_seconds=1.0, errors=[], worker_id="w")
