@@ -267,17 +267,17 @@ def confirm_speedup(frame: pd.DataFrame) -> alt.LayerChart:
     """Speedup against concurrency, the serving engine's and the lab's side by side at each concurrency (the lab's
     at the batch size equal to it), each a point with its 95 % interval; the dashed rule is 1× (the target alone).
     frame: concurrency, source (a label), kind ('server' or 'lab'), speedup, lo, hi."""
-    x = alt.X("concurrency:O", title="concurrency (requests in flight) = lab batch size", axis=alt.Axis(labelAngle=0))
+    x = alt.X("concurrency:O", title="concurrency = lab batch size", axis=alt.Axis(labelAngle=0))
     offset = alt.XOffset("source:N")
     color = alt.Color("source:N", title=None, legend=BOTTOM)
-    y = alt.Y("speedup:Q", title="speedup over the target alone", scale=alt.Scale(zero=False))
+    y = alt.Y("speedup:Q", title="speedup", scale=alt.Scale(zero=False))  # over the target alone: the caption
     tooltip = ["source:N", "concurrency:O", alt.Tooltip("speedup:Q", format=".2f"), alt.Tooltip("lo:Q", format=".2f"),
                alt.Tooltip("hi:Q", format=".2f")]
     base = alt.Chart(frame)
     intervals = base.transform_filter(is_valid("lo")).mark_rule(strokeWidth=2).encode(
-        x, offset, color, alt.Y("lo:Q", title="speedup over the target alone"), alt.Y2("hi:Q"), tooltip=tooltip)
+        x, offset, color, alt.Y("lo:Q", title="speedup"), alt.Y2("hi:Q"), tooltip=tooltip)
     points = base.mark_point(filled=True, size=80).encode(
-        x, offset, color, y, shape=alt.Shape("kind:N", title=None, legend=BOTTOM), tooltip=tooltip)
+        x, offset, color, y, shape=alt.Shape("kind:N", legend=None), tooltip=tooltip)  # the source names it
     one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color="#757575").encode(y="y:Q")
     return alt.layer(one, intervals, points).properties(height=HEIGHT)
 

@@ -103,7 +103,7 @@ def _progress(job) -> None:
     state = ("queued, waiting for a worker (`draftlab worker`, or the one `draftlab ui` starts, runs it)"
              if job.status == "queued" else f"{job.status}: {job.phase or 'starting'}")
     what = (f"Confirm {int(job.confirm_id)} ({job.configs}, concurrency {job.concurrency}, "
-            f"{plural(int(job.repeats), 'pass')} per server) — {state}")
+            f"{plural(int(job.repeats), 'pass', 'passes')} per server) — {state}")
     if total:
         st.progress(min(done / total, 1.0), text=md_text(f"{what} · {done} of {total} requests"))
     else:
@@ -164,7 +164,7 @@ def _results(experiment_id: int, confirm_id: int, job) -> None:
     wall = f", {job['wall_seconds']:.0f} s in all" if job["wall_seconds"] == job["wall_seconds"] and \
         job["wall_seconds"] is not None else ""
     st.markdown(md_text(f"Confirm {confirm_id} in {document['engine']} {document['engine_version'] or ''}"
-                        f" ({plural(int(job['repeats']), 'pass')} per server and concurrency{wall})"))
+                        f" ({plural(int(job['repeats']), 'pass', 'passes')} per server and concurrency{wall})"))
     for config in document["configs"]:
         st.code(json.dumps(config["speculative_config"]), language="json", wrap_lines=True)
     outputs = beside[["label", "concurrency", "k", "outputs_match_server_baseline", "outputs_match_lab",
