@@ -152,6 +152,9 @@ class Progress:
         with self.lock:
             self.bar.update(1)
 
+    def write(self, line: str) -> None:
+        self.bar.write(line, file=sys.stderr)
+
     def close(self) -> None:
         self.bar.close()
 
@@ -223,22 +226,42 @@ def _store_config(store, confirm_id, eid, config: Config, concurrency: int, base
                     counters=spec.counters, matches=matches)
 
 
-def command(args, store) -> int:
-    """Measure, store, print (a table, or `--json` one JSON object); bad input raises DraftLabError before any
-    server starts; a configuration that fails is one `error:` line and exit status 1, the others kept."""
+@dataclass
+class Plan:
+    """What one confirm measures, checked before any server starts (the CLI's flags or a queued confirm's row)."""
+
+    experiment_id: int
+    configs: list[Config]
+    prompts: list[str]
+    concurrency: list[int]
+    repeats: int
+    greedy: bool
+    command_line: str
+    server: str | None = None  # attach to these instead of starting servers
+    baseline_server: str | None = None
+    startup_timeout: float = 600.0
+    request_timeout: float = 300.0
+
+    @property
+    def requests(self) -> int:
+        """Requests the whole confirm sends (warm-ups aside): every prompt once per pass, two servers."""
+        return len(self.configs) * len(self.concurrency) * self.repeats * 2 * len(self.prompts)
+
+
+def plan(store, eid: int, which: str, *, concurrency: list[int] | None = None, repeats: int = DEFAULT_REPEATS,
+         vllm: str | None = None, server: str | None = None, baseline_server: str | None = None,
+         startup_timeout: float = 600.0, request_timeout: float = 300.0) -> Plan:
+    """The confirm's configurations, prompts and concurrency; bad input raises DraftLabError (one line)."""
     from storage import queries as q
-    from storage.confirms import add_measurement, confirm_document, finish_confirm, start_confirm, summarize
     from storage.experiments import load_experiment_prompts
 
-    from .vllm_server import VllmServer, default_command
+    from .vllm_server import default_command
 
-    if (args.server is None) != (args.baseline_server is None):
+    if (server is None) != (baseline_server is None):
         raise DraftLabError("--server and --baseline-server go together: the speculative server and the same model "
                             "served without speculation")
-    if args.server is not None and args.vllm is not None:
+    if server is not None and vllm is not None:
         raise DraftLabError("--vllm starts servers, --server attaches to running ones: give one of them")
-    eid = args.experiment_id
-    requested = concurrency_list(args.concurrency) if args.concurrency is not None else None
     experiment = q.experiment(store, eid)
     if experiment is None:
         raise DraftLabError(f"no experiment {eid} in {store.safe_url}; `draftlab list` shows the ids")
@@ -247,62 +270,71 @@ def command(args, store) -> int:
     if not prompts:
         raise DraftLabError(f"experiment {eid} has no stored prompts yet (it never ran): run it first, e.g. "
                             f"`draftlab worker` or `draftlab resume {eid}`")
-    configs = configurations(store, eid, args.configs)
-    if args.server is not None and len(configs) > 1:
-        raise DraftLabError(f"--server is one speculative server; --configs {args.configs} names {len(configs)} "
+    configs = configurations(store, eid, which)
+    if server is not None and len(configs) > 1:
+        raise DraftLabError(f"--server is one speculative server; --configs {which} names {len(configs)} "
                             f"configurations: use --configs chosen, or let DraftLab start the servers")
-    concurrency = requested or q.grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)]
-    greedy = float(experiment.get("temperature") or 0.0) <= 0
-    command_line = args.vllm if args.vllm is not None else default_command()
+    return Plan(experiment_id=eid, configs=configs, prompts=prompts,
+                concurrency=concurrency or q.grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)],
+                repeats=repeats, greedy=float(experiment.get("temperature") or 0.0) <= 0,
+                command_line=vllm if vllm is not None else default_command(), server=server,
+                baseline_server=baseline_server, startup_timeout=startup_timeout, request_timeout=request_timeout)
 
-    from pages.access import cli_launcher
 
-    confirm_id = start_confirm(store, eid, configs=args.configs, concurrency=concurrency, repeats=args.repeats,
-                               launched_by=cli_launcher())
-    progress = Progress(len(configs) * len(concurrency) * args.repeats * 2 * len(prompts))
+def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None = None) -> list[str]:
+    """Run the confirm `confirm_id` (already stored, storage/confirms.start_confirm or a claimed queued one): both
+    servers up per configuration, A B A B passes at each concurrency, each configuration stored once all its passes
+    are done, the target-only passes stored at the end, the confirm closed (`worker_id`: only while it is that
+    worker's). Returns the errors, one line each (a failed configuration; the others are kept). `progress` has
+    describe(text), request_done(record) and write(line). KeyboardInterrupt (Ctrl-C, SIGTERM, a stopped worker)
+    closes the confirm as failed with what was measured and is raised again."""
+    from storage.confirms import add_measurement, finish_confirm, summarize
+
+    from .vllm_server import VllmServer
+
+    eid, configs, prompts = plan.experiment_id, plan.configs, plan.prompts
     errors: list[str] = []
-    baseline_passes: dict[int, list] = {c: [] for c in concurrency}
+    baseline_passes: dict[int, list] = {c: [] for c in plan.concurrency}
     servers: list = []
     version = ""
     started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
     try:
         progress.describe("starting the target-only server")
-        if args.baseline_server is not None:
-            baseline = VllmServer.attach("target-only", args.baseline_server)
+        if plan.baseline_server is not None:
+            baseline = VllmServer.attach("target-only", plan.baseline_server)
         else:
-            baseline = VllmServer.start("target-only", command_line, configs[0].target,
-                                        startup_timeout=args.startup_timeout)
+            baseline = VllmServer.start("target-only", plan.command_line, configs[0].target,
+                                        startup_timeout=plan.startup_timeout)
         servers.append(baseline)
         version = baseline.version()
-        _warm_up(baseline, prompts, configs[0].request, args.request_timeout)
+        _warm_up(baseline, prompts, configs[0].request, plan.request_timeout)
         for config in configs:
             spec = None
             try:
                 progress.describe(f"starting the {config.label} server (k={config.k})")
-                if args.server is not None:
-                    spec = VllmServer.attach(config.label, args.server)
+                if plan.server is not None:
+                    spec = VllmServer.attach(config.label, plan.server)
                 else:
-                    spec = VllmServer.start(f"{config.label} (k={config.k})", command_line, config.target,
-                                            config.speculative_config, startup_timeout=args.startup_timeout)
+                    spec = VllmServer.start(f"{config.label} (k={config.k})", plan.command_line, config.target,
+                                            config.speculative_config, startup_timeout=plan.startup_timeout)
                 servers.append(spec)
-                _warm_up(spec, prompts, config.request, args.request_timeout)
+                _warm_up(spec, prompts, config.request, plan.request_timeout)
                 results = []
-                for c in concurrency:
+                for c in plan.concurrency:
                     base, measured = Measured(), Measured()
-                    for repeat in range(args.repeats):
-                        progress.describe(f"{config.label} concurrency {c} pass {repeat + 1}/{args.repeats}")
-                        _measure_pass(baseline, prompts, config.request, c, args.request_timeout, progress, False,
+                    for repeat in range(plan.repeats):
+                        progress.describe(f"{config.label} concurrency {c} pass {repeat + 1}/{plan.repeats}")
+                        _measure_pass(baseline, prompts, config.request, c, plan.request_timeout, progress, False,
                                       base)
-                        _measure_pass(spec, prompts, config.request, c, args.request_timeout, progress, True,
+                        _measure_pass(spec, prompts, config.request, c, plan.request_timeout, progress, True,
                                       measured)
                     results.append((c, base, measured))
                 for c, base, measured in results:  # stored only once every pass of the configuration is done
-                    _store_config(store, confirm_id, eid, config, c, base, measured, greedy)
+                    _store_config(store, confirm_id, eid, config, c, base, measured, plan.greedy)
                     baseline_passes[c] += base.passes
             except DraftLabError as exc:
                 errors.append(f"{config.label} (k={config.k}): {exc}")
-                progress.bar.write(f"error: {errors[-1]}", file=sys.stderr)
+                progress.write(f"error: {errors[-1]}")
                 if baseline.died():
                     raise DraftLabError(baseline.died()) from None
             finally:
@@ -312,18 +344,43 @@ def command(args, store) -> int:
     except DraftLabError as exc:
         errors.append(str(exc))
     except KeyboardInterrupt:
-        errors.append("interrupted (Ctrl-C or SIGTERM): the configurations measured before are kept")
+        errors.append("interrupted (Ctrl-C, SIGTERM or a stopped worker): the configurations measured before are kept")
         raise
     finally:
         for server in servers:
             server.stop()
-        progress.close()
+        progress.describe("storing the target-only passes")  # also the last requests-done count a worker reports
         for c, passes in baseline_passes.items():
             if passes:
                 add_measurement(store, confirm_id, eid, label="target-only", k=0, run_id=None, speculative_config=None,
                                 concurrency=c, passes=passes, figures=summarize(passes))
         finish_confirm(store, confirm_id, engine_version=version, wall_seconds=time.monotonic() - started,
-                       errors=errors)
+                       errors=errors, worker_id=worker_id)
+    return errors
+
+
+def command(args, store) -> int:
+    """Measure, store, print (a table, or `--json` one JSON object); bad input raises DraftLabError before any
+    server starts; a configuration that fails is one `error:` line and exit status 1, the others kept."""
+    from storage.confirms import confirm_document, start_confirm
+
+    confirm = plan(store, args.experiment_id, args.configs,
+                   concurrency=concurrency_list(args.concurrency) if args.concurrency is not None else None,
+                   repeats=args.repeats, vllm=args.vllm, server=args.server, baseline_server=args.baseline_server,
+                   startup_timeout=args.startup_timeout, request_timeout=args.request_timeout)
+
+    from pages.access import cli_launcher
+
+    confirm_id = start_confirm(store, confirm.experiment_id, configs=args.configs, concurrency=confirm.concurrency,
+                               repeats=args.repeats, launched_by=cli_launcher(), requests_total=confirm.requests)
+    progress = Progress(confirm.requests)
+    started = time.monotonic()
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
+    try:
+        errors = measure(store, confirm_id, confirm, progress)
+    finally:
+        progress.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     for line in errors:

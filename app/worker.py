@@ -3,7 +3,8 @@ prompt as it finishes; `python -m app.worker_process` (app/worker_process.py) is
 
 Its parts live next to it: app/timing.py times an experiment's runs (the timing protocol), app/model_cache.py holds
 the loaded pair, app/placement.py places a job and takes its device leases, app/db_retry.py retries database
-calls, app/training.py runs a training job; each gets a JobContext (app/job_context.py), never the Worker itself.
+calls, app/training.py runs a training job, app/confirm_job.py a confirm; each gets a JobContext
+(app/job_context.py), never the Worker itself.
 
 One worker holds one target/draft pair and reuses it across runs that need the same models. A heartbeat
 thread keeps `workers.heartbeat` / `runs.heartbeat` fresh while the main thread generates; on start the
@@ -30,7 +31,7 @@ from typing import Callable
 from engine import placement
 from engine.loading import ModelPair, load_pair
 from engine.wording import plural
-from storage import Store, liveness, run_state, training
+from storage import Store, confirm_jobs, liveness, run_state, training
 from storage.experiments import get_experiment
 from storage.schema import DONE, FAILED, INTERRUPTED
 from storage.settings import stale_window
@@ -52,8 +53,9 @@ class Worker:
                  device: str | None = None, train_jobs: bool = True,
                  free_memory: Callable[[], list[int]] | None = None):
         self.store = store
-        self.train_jobs = train_jobs  # also run training jobs (draftlab run's foreground worker does not)
+        self.train_jobs = train_jobs  # also run training jobs and confirms (draftlab run's foreground worker does not)
         self.trained: list[int] = []  # training jobs this worker ran
+        self.confirmed: list[int] = []  # confirms (vLLM in the loop) this worker ran
         self.device = device  # pinned (cuda:N / cpu:N or a + group, see place()); None: each experiment's own
         # Free bytes per GPU this worker sees, for placement plans (tests give fake figures to cpu:0+cpu:1 groups).
         self.free_memory = free_memory or placement.free_gpu_memory
@@ -204,6 +206,10 @@ class Worker:
                                prefer_experiment=prefer, write=False)
                 job = None  # a training job, once no experiment waits (timed experiments are short; jobs long)
                 if eid is None and experiment_id is None and self.train_jobs:
+                    confirm = self.db.retry(confirm_jobs.next_confirm, self.store, write=False)
+                    if confirm is not None:  # a confirm, before training: it is minutes, a training job hours
+                        waiting_on = self.run_confirm(confirm, waiting_on)
+                        continue
                     job = self.db.retry(training.next_job, self.store, write=False)
                 if eid is None and job is None:
                     if until_idle:
@@ -252,6 +258,30 @@ class Worker:
                     raise
                 time.sleep(self.poll_seconds)
         return executed
+
+    def run_confirm(self, confirm_id: int, waiting_on):
+        """Run a queued confirm under the lease of its experiment's device (vLLM's servers load the target there, and
+        a timed experiment beside them would time the servers' load); returns what the loop waits on (a lease held
+        by another worker), None once run."""
+        from .confirm_job import execute
+
+        job = self.db.retry(confirm_jobs.get_confirm, self.store, confirm_id, write=False)
+        experiment = self.db.retry(get_experiment, self.store, int(job["experiment_id"]), write=False)
+        keys = [lease_key(place(experiment["device"], self.device))]
+        held = acquire_leases(self.db, self.store, keys, self.id, int(job["experiment_id"]), self.stale_seconds)
+        if isinstance(held, tuple):
+            if waiting_on != held:
+                self.log(f"confirm {confirm_id} waits for {held[0]}: worker {held[1]} is using it")
+            time.sleep(self.poll_seconds)
+            return held
+        try:
+            if self.db.retry(confirm_jobs.claim_confirm, self.store, confirm_id, self.id):
+                self.confirmed.append(confirm_id)
+                execute(self.job_context(), confirm_id)
+        finally:
+            for key in reversed(keys):
+                release_device_lease(self.store, key, self.id)
+        return None
 
     def _lease_devices(self, placed: str, target: str, draft: str | None, dtype: str, trust: bool):
         return lease_devices(placed, target, draft, dtype, trust, loaded=self.models.loaded,

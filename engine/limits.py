@@ -37,7 +37,7 @@ LIMITS: dict[str, Limit] = {item.name: item for item in (
     Limit("max_new_tokens", 4096, "new tokens per prompt (--max-new-tokens)"),
     Limit("swept_values", 64, "swept values per experiment"),
     Limit("upload_days", 30, "days an uploaded prompt file is kept (unless an unfinished training job reads it)"),
-    Limit("queued_runs", 1000, "queued runs per launcher (experiments and training jobs not yet finished)"),
+    Limit("queued_runs", 1000, "queued runs per launcher (experiments, training jobs and confirms not yet finished)"),
 )}
 
 

@@ -244,10 +244,10 @@ def acceptance_by_position(frame: pd.DataFrame) -> alt.LayerChart:
     return alt.layer(bars, labels).properties(height=HEIGHT)
 
 
-def production_positions(frame: pd.DataFrame) -> alt.LayerChart:
+def production_positions(frame: pd.DataFrame, points_title: str = "production") -> alt.LayerChart:
     """Conditional acceptance per draft position: the lab run's estimate with its 95 % interval (grey bar and rule)
-    and each production series as a point. frame: position, source (a label), kind ('lab' or 'production'),
-    conditional, lo, hi."""
+    and each production series as a point (`points_title`: their legend's title, "server" for a confirm's).
+    frame: position, source (a label), kind ('lab' or 'production'), conditional, lo, hi."""
     x = alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0))
     y_scale = alt.Scale(domain=[0, 1])
     lab_data = frame[frame["kind"] == "lab"]
@@ -258,9 +258,28 @@ def production_positions(frame: pd.DataFrame) -> alt.LayerChart:
                  alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f")])
     lab = alt.Chart(lab_data).mark_tick(color="#424242", thickness=2, size=18).encode(x, alt.Y("conditional:Q"))
     points = alt.Chart(prod_data).mark_point(filled=True, size=80).encode(
-        x, alt.Y("conditional:Q"), alt.Color("source:N", title="production"),
+        x, alt.Y("conditional:Q"), alt.Color("source:N", title=points_title, legend=BOTTOM),
         tooltip=["source:N", "position:O", alt.Tooltip("conditional:Q", format=".3f")])
     return alt.layer(interval, lab, points).properties(height=HEIGHT)
+
+
+def confirm_speedup(frame: pd.DataFrame) -> alt.LayerChart:
+    """Speedup against concurrency, the serving engine's and the lab's side by side at each concurrency (the lab's
+    at the batch size equal to it), each a point with its 95 % interval; the dashed rule is 1× (the target alone).
+    frame: concurrency, source (a label), kind ('server' or 'lab'), speedup, lo, hi."""
+    x = alt.X("concurrency:O", title="concurrency = lab batch size", axis=alt.Axis(labelAngle=0))
+    offset = alt.XOffset("source:N")
+    color = alt.Color("source:N", title=None, legend=BOTTOM)
+    y = alt.Y("speedup:Q", title="speedup", scale=alt.Scale(zero=False))  # over the target alone: the caption
+    tooltip = ["source:N", "concurrency:O", alt.Tooltip("speedup:Q", format=".2f"), alt.Tooltip("lo:Q", format=".2f"),
+               alt.Tooltip("hi:Q", format=".2f")]
+    base = alt.Chart(frame)
+    intervals = base.transform_filter(is_valid("lo")).mark_rule(strokeWidth=2).encode(
+        x, offset, color, alt.Y("lo:Q", title="speedup"), alt.Y2("hi:Q"), tooltip=tooltip)
+    points = base.mark_point(filled=True, size=80).encode(
+        x, offset, color, y, shape=alt.Shape("kind:N", legend=None), tooltip=tooltip)  # the source names it
+    one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color="#757575").encode(y="y:Q")
+    return alt.layer(one, intervals, points).properties(height=HEIGHT)
 
 
 def acceptance_by_type(frame: pd.DataFrame) -> alt.LayerChart:

@@ -16,6 +16,7 @@ from pages.findings_panel import render_findings
 from pages.drafting_panel import render_k_distribution
 from pages.validation_panel import render_validation
 from pages.production_panel import render_production
+from pages.confirm_panel import render_confirm
 from pages.schedule_panel import batch_name, headline, render_schedule
 from engine.wording import plural
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
@@ -392,6 +393,8 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     render_production(experiment_id)
     if verdict["best"] is not None:
         render_deploy_panel(store(), experiment_id, None)
+    if row["status"] not in ACTIVE:  # a confirm serves what the finished runs chose
+        render_confirm(experiment_id, experiment, q.grid_sizes(experiment))
 
 
 def render() -> None:

@@ -29,11 +29,12 @@ HEADING_ANCHORS = {
     "runs": None,  # the Runs table sits in an expander without a heading
     "production": "production-against-the-lab",
     "schedule": "k-schedule",
+    "confirm": "confirm-in-vllm",
 }
 CHART_NAMES = {"speedup": "the speedup chart", "predictions": "predicted against measured",
                "cost": "the cost table", "by-position": "acceptance by position", "by-type": "acceptance by token type",
                "runs": "the Runs table", "production": "production against the lab",
-               "schedule": "the k schedule"}
+               "schedule": "the k schedule", "confirm": "Confirm in vLLM"}
 BOXES = {"error": (st.error, ":material/error:"), "warning": (st.warning, ":material/warning:")}
 
 # Markdown's backslash-escapable punctuation, plus what Streamlit reads on top of it ($ math, :emoji: and

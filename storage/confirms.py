@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 from sqlalchemy import insert, text, update
 
 from .production import add_series, lab_positions, series_document
 from .queries import _frame
-from .schema import DONE, FAILED, server_confirms, server_measurements, server_passes
+from .schema import DONE, FAILED, RUNNING, server_confirms, server_measurements, server_passes
 from .stats import paired_bootstrap_ci, paired_speedup, percentile
 from .store import Store
 
@@ -99,13 +100,15 @@ def lab_outputs(store: Store, run_id: int) -> dict[int, list[int]]:
 # --- writing ---------------------------------------------------------------------------------------------------
 
 def start_confirm(store: Store, experiment_id: int, *, configs: str, concurrency: list[int], repeats: int,
-                  engine: str = "vllm", launched_by: str | None = None) -> int:
+                  engine: str = "vllm", launched_by: str | None = None, requests_total: int | None = None) -> int:
+    """A confirm the CLI runs itself, stored running (the dashboard's are queued: storage/confirm_jobs.py)."""
     with store.write() as conn:
         if conn.execute(text("SELECT 1 FROM experiments WHERE id = :e"), {"e": experiment_id}).first() is None:
             raise KeyError(experiment_id)
         return int(conn.execute(insert(server_confirms).values(
             experiment_id=experiment_id, engine=engine, configs=configs, repeats=repeats, launched_by=launched_by,
-            concurrency=",".join(map(str, concurrency)))).inserted_primary_key[0])
+            concurrency=",".join(map(str, concurrency)), phase="running in `draftlab confirm`",
+            requests_total=requests_total)).inserted_primary_key[0])
 
 
 def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label: str, k: int, run_id: int | None,
@@ -134,11 +137,16 @@ def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label:
 
 
 def finish_confirm(store: Store, confirm_id: int, *, engine_version: str, wall_seconds: float,
-                   errors: list[str]) -> None:
+                   errors: list[str], worker_id: str | None = None) -> bool:
+    """Close a confirm: done, or failed with one line per error. With worker_id only while that worker runs it
+    (a confirm swept as interrupted stays so). Returns whether it was closed."""
+    query = update(server_confirms).where(server_confirms.c.id == confirm_id)
+    if worker_id is not None:
+        query = query.where(server_confirms.c.worker_id == worker_id, server_confirms.c.status == RUNNING)
     with store.write() as conn:
-        conn.execute(update(server_confirms).where(server_confirms.c.id == confirm_id).values(
+        return conn.execute(query.values(
             engine_version=engine_version[:200], wall_seconds=wall_seconds, status=FAILED if errors else DONE,
-            error="\n".join(errors) or None))
+            phase=FAILED if errors else DONE, error="\n".join(errors) or None)).rowcount == 1
 
 
 # --- reading ---------------------------------------------------------------------------------------------------
@@ -178,11 +186,15 @@ def confirm_document(store: Store, confirm_id: int) -> dict:
             config = configs[r["label"]] = {"label": r["label"], "k": int(r["k"]), "lab_run_id": _int(r["run_id"]),
                                             "speculative_config": json.loads(r["speculative_config"]),
                                             "per_concurrency": []}
+            if r["label"] == "schedule":  # the lab's schedule and the server's answer, batch size by batch size
+                config["lab_schedule"] = lab_schedule_beside(store, confirm_id)
             doc["configs"].append(config)
         server_rate, server_positions = None, None
         if r["series_id"] is not None:
             series = series_document(store, eid, int(r["series_id"]))
             server_rate, server_positions = series["draft_acceptance_rate"], series["per_position_acceptance"]
+            server_positions = server_positions[:comparable_positions(json.loads(r["speculative_config"]),
+                                                                      int(r["concurrency"]))]
         lab_rate, lab_pos = _lab(store, _int(r["run_id"]), lab_cache)
         ci = [r["speedup_ci_lo"], r["speedup_ci_hi"]] if r["speedup_ci_lo"] is not None else None
         config["per_concurrency"].append({
@@ -222,3 +234,112 @@ def confirms(store: Store, experiment_id: int) -> list[dict]:
              "wall_seconds": h["wall_seconds"], "created": str(h["created"]),
              "first_divergences": first_divergences(store, int(h["id"])),
              **confirm_document(store, int(h["id"]))} for h in heads]
+
+
+# --- beside the lab (the detail page's "Confirm in vLLM" panel and its findings) -----------------------------------
+
+def server_k(speculative_config: dict, concurrency: int) -> int:
+    """The k vLLM drafts at `concurrency` requests in a step: num_speculative_tokens, or a schedule's entry by
+    vLLM's own lookup (vllm/v1/spec_decode/dynamic/utils.py: the range holding it, a gap takes the range before,
+    past the last range its k; every entry capped at num_speculative_tokens)."""
+    k = int(speculative_config["num_speculative_tokens"])
+    ranges = speculative_config.get("num_speculative_tokens_per_batch_size")
+    if not ranges:
+        return k
+    chosen = None
+    for start, end, entry in sorted(ranges):
+        if start <= concurrency:
+            chosen = entry
+        if start <= concurrency <= end:
+            break
+    return min(k, int(chosen if chosen is not None else ranges[0][2]))
+
+
+def comparable_positions(speculative_config: dict, concurrency: int) -> int:
+    """How many draft positions of a server's counters read as conditional acceptance: at `concurrency` requests in
+    flight vLLM's batch size runs from 1 (the last requests finishing) to `concurrency`, so a schedule drafts the k
+    of each of those; position j > the smallest of them is reached only by some rounds, while its conditional
+    divides by every round that accepted j − 1 (found confirming a schedule: 0.14 at position 2 where k 1 and 2
+    mixed). A constant k: all k positions."""
+    return min(server_k(speculative_config, b) for b in range(1, max(1, int(concurrency)) + 1))
+
+
+BESIDE_COLUMNS = ["measurement_id", "label", "concurrency", "k", "positions", "speedup", "speedup_ci_lo",
+                  "speedup_ci_hi",
+                  "tokens_per_second", *LATENCY_KEYS, "series_id", "run_id", "outputs_match_server_baseline",
+                  "outputs_match_lab", "first_divergence", "lab_run_id", "lab_speedup", "lab_speedup_ci_lo",
+                  "lab_speedup_ci_hi", "lab_tokens_per_second", *(f"lab_{key}" for key in LATENCY_KEYS)]
+
+
+def beside_lab(store: Store, confirm_id: int) -> pd.DataFrame:
+    """Each speculative measurement of a confirm next to the lab's run that decoded the same drafts at a batch size
+    equal to the concurrency with the k vLLM served there (`server_k`): its speedup with interval, throughput and
+    latency (NaN where the lab never measured that batch size). One SQL join over runs of the same draft and
+    drafter as the measured run; the k is picked per row."""
+    with store.read() as conn:
+        df = _frame(conn, """
+            SELECT m.id AS measurement_id, m.label, m.concurrency, m.k AS configured_k, m.speculative_config,
+                   m.speedup, m.speedup_ci_lo, m.speedup_ci_hi, m.tokens_per_second, m.ttft_seconds_p50,
+                   m.itl_seconds_p50, m.itl_seconds_p95, m.request_latency_seconds_p50,
+                   m.request_latency_seconds_p95, m.series_id, m.run_id, m.outputs_match_server_baseline,
+                   m.outputs_match_lab, m.first_divergence,
+                   r.id AS lab_run_id, r.k AS lab_k, r.speedup AS lab_speedup, r.speedup_ci_lo AS lab_speedup_ci_lo,
+                   r.speedup_ci_hi AS lab_speedup_ci_hi, r.tokens_per_second AS lab_tokens_per_second,
+                   r.ttft_p50 AS lab_ttft_seconds_p50, r.itl_p50 AS lab_itl_seconds_p50,
+                   r.itl_p95 AS lab_itl_seconds_p95, r.latency_p50 AS lab_request_latency_seconds_p50,
+                   r.latency_p95 AS lab_request_latency_seconds_p95
+            FROM server_measurements m
+            LEFT JOIN runs r0 ON r0.id = m.run_id
+            LEFT JOIN runs r ON r.experiment_id = m.experiment_id AND r.kind = 'speculative' AND r.status = 'done'
+                 AND r.batch_size = m.concurrency AND COALESCE(r.draft, '') = COALESCE(r0.draft, '')
+                 AND COALESCE(r.drafter, '') = COALESCE(r0.drafter, '')
+            WHERE m.confirm_id = :c AND m.speculative_config IS NOT NULL
+            ORDER BY m.id, r.id""", {"c": confirm_id})
+    if df.empty:
+        return pd.DataFrame(columns=BESIDE_COLUMNS)
+    configs = [json.loads(s) for s in df["speculative_config"]]
+    df["k"] = [server_k(s, int(c)) for s, c in zip(configs, df["concurrency"])]
+    df["positions"] = [comparable_positions(s, int(c)) for s, c in zip(configs, df["concurrency"])]
+    lab = [c for c in df.columns if c.startswith("lab_")]
+    unmatched = df["lab_k"].isna() | (df["lab_k"] != df["k"])
+    df.loc[unmatched, lab] = np.nan
+    # one row per measurement: its matching run when there is one (the measured run itself first)
+    df["rank"] = (~unmatched).astype(int) * 2 + (df["lab_run_id"] == df["run_id"]).astype(int)
+    df = df.sort_values(["measurement_id", "rank"], ascending=[True, False]).drop_duplicates("measurement_id")
+    df["lab_run_id"] = df["lab_run_id"].astype("Int64")
+    return df[BESIDE_COLUMNS].reset_index(drop=True)
+
+
+def lab_schedule_beside(store: Store, confirm_id: int) -> list[dict]:
+    """A schedule confirm: per batch size the lab measured, the lab schedule's k and speedup beside the k vLLM
+    served at that concurrency and the server's speedup there (None where the confirm did not measure it)."""
+    from .schedule import schedule_dict
+
+    with store.read() as conn:
+        eid = conn.execute(text("SELECT experiment_id FROM server_confirms WHERE id = :c"), {"c": confirm_id}).scalar()
+    lab = schedule_dict(store, int(eid)) if eid is not None else None
+    if not lab:
+        return []
+    served = beside_lab(store, confirm_id)
+    served = served[served["label"] == "schedule"].set_index("concurrency")
+    out = []
+    for step in lab["steps"]:
+        b = int(step["batch_size"])
+        row = served.loc[b] if b in served.index else None
+        out.append({"batch_size": b, "k": step["k"], "speedup": step["speedup"], "speedup_ci": step["speedup_ci"],
+                    "server_k": int(row["k"]) if row is not None else None,
+                    "server_speedup": _num(row["speedup"]) if row is not None else None,
+                    "server_speedup_ci": ([_num(row["speedup_ci_lo"]), _num(row["speedup_ci_hi"])]
+                                          if row is not None and _num(row["speedup_ci_lo"]) is not None else None)})
+    return out
+
+
+def _num(value):
+    return None if value is None or value != value else float(value)
+
+
+def latest_measured(store: Store, experiment_id: int) -> int | None:
+    """The experiment's newest confirm that stored a speculative measurement (what its findings read)."""
+    with store.read() as conn:
+        return conn.execute(text("SELECT MAX(confirm_id) FROM server_measurements WHERE experiment_id = :e AND "
+                                 "speculative_config IS NOT NULL"), {"e": experiment_id}).scalar()

@@ -192,7 +192,8 @@ def _grid_sizes(batch_sizes, sweep_variable: str, config: dict) -> list[int]:
 
 def check_launcher_cap(conn, launched_by: str | None, new_runs: int) -> None:
     """Refuse (QueueError) work that would take `launched_by` past limit("queued_runs") unfinished runs (queued or
-    running, over all its experiments; each unfinished training job counts as one). None: not attributed, no cap."""
+    running, over all its experiments; each unfinished training job or confirm counts as one). None: not attributed,
+    no cap."""
     from engine.limits import LIMITS, limit
 
     if not launched_by:
@@ -200,8 +201,9 @@ def check_launcher_cap(conn, launched_by: str | None, new_runs: int) -> None:
     pending = conn.execute(text(
         "SELECT COUNT(*) FROM runs r JOIN experiments e ON e.id = r.experiment_id "
         "WHERE e.launched_by = :who AND r.status IN ('queued', 'running')"), {"who": launched_by}).scalar()
-    pending += conn.execute(text("SELECT COUNT(*) FROM training_jobs WHERE launched_by = :who "
-                                 "AND status IN ('queued', 'running')"), {"who": launched_by}).scalar()
+    for jobs in ("training_jobs", "server_confirms"):  # a training job or a confirm counts as one run
+        pending += conn.execute(text(f"SELECT COUNT(*) FROM {jobs} WHERE launched_by = :who "
+                                     f"AND status IN ('queued', 'running')"), {"who": launched_by}).scalar()
     cap = limit("queued_runs")
     if pending + new_runs > cap:
         raise QueueError(f"{launched_by} has {pending} unfinished runs queued and this adds {new_runs}, more than the "

@@ -58,10 +58,10 @@ MORE_REPEATS = 5            # the least --repeats suggested when a measurement h
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
 MISMATCH_KEYS = (*SAMPLING_KEYS, "batch_size")  # what every arm must share with its own baseline
 KINDS = ("sampling_mismatch", "timing_warning", "validation", "positions", "token_type", "thin_data", "tie",
-         "prediction", "formula", "low_c", "production", "schedule")
+         "prediction", "formula", "low_c", "production", "schedule", "confirm")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # The experiment-detail page's charts a finding can point at (the panel maps each to its anchor on the page).
-CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production", "schedule")
+CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production", "schedule", "confirm")
 NEW_PAGE = "new"            # pages/nav.py's URL path of the New-experiment page
 DISTILL_PAGE = "train"      # pages/nav.py's Train-a-draft page: `focus_from` preselects the experiment to focus on
 # Drafters to suggest, by their declared capabilities (engine/drafter_specs.py): those that draft with the model but
@@ -84,7 +84,7 @@ def findings(store: Store, experiment_id: int) -> list[dict]:
     ctx = _Context(store, experiment, judged, verdict, grid, runs)
     found: list[dict] = []
     for rule in (_sampling_mismatch, _timing_warnings, _validation, _schedule, _positions_and_types, _tie, _prediction,
-                 _formula, _low_c, _production):
+                 _formula, _low_c, _production, _confirm):
         try:
             found += rule(ctx)
         except Exception:  # one rule's surprise (a label where a number was expected) must not hide the others
@@ -641,8 +641,9 @@ def _production(ctx: _Context) -> list[dict]:
     draft acceptance rate when the server counts no positions) against the lab run's prompt-clustered 95 %
     interval; outside it, the traffic differs from the prompts tuned on (a warning); inside, the lab holds (info)."""
     found = []
+    confirmed = _confirm_series(ctx)  # a confirm's counters are production series too: its own rule reads them
     for item in production.comparison(ctx.store, ctx.experiment_id):
-        if item.get("metric") is None:
+        if item.get("metric") is None or item["series_id"] in confirmed:
             continue
         name = "α" if item["metric"] == "alpha" else "draft acceptance rate"
         figures = (f"production {name} {item['production']:.3f} vs lab {item['lab']:.3f} "
@@ -666,4 +667,84 @@ def _production(ctx: _Context) -> list[dict]:
             detail = f"{_cap(figures)}{where}: the lab's verdict holds for this traffic."
             found.append(_finding("production", "info", title, detail, "production",
                                   "Nothing to change; import again after the traffic changes.", None, data))
+    return found
+
+
+# --- confirmed in the serving engine -------------------------------------------------------------------------------
+
+def _confirm_series(ctx: _Context) -> set[int]:
+    with ctx.store.read() as conn:
+        return {int(i) for i in conn.execute(text("SELECT series_id FROM server_measurements WHERE experiment_id = :e "
+                                                  "AND series_id IS NOT NULL"), {"e": ctx.experiment_id}).scalars()}
+
+
+def _confirm(ctx: _Context) -> list[dict]:
+    """Rule: the newest confirm with speculative measurements (storage/confirms.py), per configuration and
+    concurrency: greedy outputs with speculation that differ from the server's own target-only outputs (an error:
+    the server's speculation is not lossless there); the server's speedup interval wholly above 1 (gains) or
+    below 1 (loses), beside the lab's at the same batch size; and the first draft position where the server's
+    conditional acceptance lies outside the lab run's 95 % interval (same prompts, so the engines draft
+    differently, not the traffic)."""
+    from .confirms import beside_lab, latest_measured
+
+    confirm_id = latest_measured(ctx.store, ctx.experiment_id)
+    if confirm_id is None:
+        return []
+    found = []
+    rows = beside_lab(ctx.store, confirm_id)
+    by_series = {item["series_id"]: item for item in production.comparison(ctx.store, ctx.experiment_id)}
+    for r in rows.itertuples(index=False):
+        where = f"{r.label} (k={r.k}) at concurrency {r.concurrency}"
+        data = {"confirm_id": int(confirm_id), "label": r.label, "k": int(r.k), "concurrency": int(r.concurrency)}
+        if r.outputs_match_server_baseline == r.outputs_match_server_baseline and r.outputs_match_server_baseline is \
+                not None and r.outputs_match_server_baseline < 1:
+            found.append(_finding(
+                "confirm", "error", f"In vLLM, {where} changes the outputs",
+                f"Greedy, only {_pct(r.outputs_match_server_baseline)} of the prompts decode as the server's own "
+                f"target-only outputs ({r.first_divergence or 'no divergence stored'}): the server's speculation is "
+                f"not lossless here.", "confirm",
+                "Report it to the engine with the speculative config; serve without speculation until it is fixed.",
+                None, {**data, "outputs_match_server_baseline": float(r.outputs_match_server_baseline)}))
+        lo, hi = r.speedup_ci_lo, r.speedup_ci_hi
+        lab_gains = r.lab_speedup_ci_lo == r.lab_speedup_ci_lo and r.lab_speedup_ci_lo is not None and \
+            r.lab_speedup_ci_lo > 1
+        if lo == lo and hi == hi and lo is not None and lo <= 1 <= hi and lab_gains:
+            found.append(_finding(
+                "confirm", "warning", f"In vLLM, {where} does not gain what the lab measured",
+                f"The server's speedup is {_x(r.speedup)} ({lo:.2f}–{hi:.2f}, over passes), tied with the target "
+                f"alone; the lab measured {_x(r.lab_speedup)} ({r.lab_speedup_ci_lo:.2f}–{r.lab_speedup_ci_hi:.2f}) "
+                f"at batch size {r.concurrency}.", "confirm",
+                "Confirm again with more passes, or serve the target alone at this concurrency.", None,
+                {**data, "speedup": float(r.speedup), "lo": float(lo), "hi": float(hi), "gains": None,
+                 "lab_speedup": float(r.lab_speedup)}))
+        elif lo == lo and hi == hi and lo is not None and (lo > 1 or hi < 1):
+            gains = lo > 1
+            lab = (f"; the lab measured {_x(r.lab_speedup)} ({r.lab_speedup_ci_lo:.2f}–{r.lab_speedup_ci_hi:.2f}) at "
+                   f"batch size {r.concurrency}" if r.lab_speedup == r.lab_speedup and r.lab_speedup is not None
+                   and r.lab_speedup_ci_lo == r.lab_speedup_ci_lo else
+                   f"; the lab's schedule serves the target alone at batch size {r.concurrency}, so vLLM drafts "
+                   f"nothing there and only its overhead is left" if r.k == 0 else
+                   f"; the lab did not measure k = {r.k} at batch size {r.concurrency}")
+            disagree = not gains and lab_gains
+            found.append(_finding(
+                "confirm", "warning" if disagree else "info",
+                f"In vLLM, {where} {'gains' if gains else 'loses'}",
+                f"The server's speedup is {_x(r.speedup)} ({lo:.2f}–{hi:.2f}, over passes){lab}"
+                + (": the lab's gain does not carry over to the server here." if disagree else "."), "confirm",
+                "Serve it at this concurrency." if gains else
+                "Serve the target alone at this concurrency, or a smaller k (a k grid at this batch size and "
+                "--configs schedule give vLLM a k per batch size).", None,
+                {**data, "speedup": float(r.speedup), "lo": float(lo), "hi": float(hi), "gains": gains,
+                 "lab_speedup": None if r.lab_speedup != r.lab_speedup else r.lab_speedup}))
+        item = by_series.get(r.series_id)
+        if item and item.get("position") and item["position"]["position"] <= r.positions:
+            p = item["position"]
+            found.append(_finding(
+                "confirm", "warning", f"In vLLM, {where} accepts differently at position {p['position']}",
+                f"The server accepts {p['production']:.3f} at position {p['position']}, the lab {p['lab']:.3f} "
+                f"({p['lo']:.3f}–{p['hi']:.3f}, run {item['run_id']}): on the same prompts, the two engines draft "
+                f"differently (draft sampling, the prompt's rendering or numerics; this confirm does not tell which).",
+                "confirm", "Compare the draft's sampling (vLLM drafts greedily by default) and the prompts' rendering "
+                "with the lab's; serve by the server's figures.", None,
+                {**data, "series_id": int(r.series_id), "position": p}))
     return found

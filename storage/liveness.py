@@ -108,18 +108,40 @@ TRAINING_STALE_ERROR = ("its worker stopped (its process is gone or it sent no h
                         "resume the job to continue from its last checkpoint")
 
 
+CONFIRM_STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); the "
+                       "configurations measured before are kept: queue the confirm again for the rest")
+
+
+def stale_confirms(conn, cutoff, dead) -> list[int]:
+    """Running confirms whose worker is dead or sent no heartbeat since cutoff (the CLI's own, without a worker,
+    are left alone: its process closes them)."""
+    names = {f"dead{i}": w for i, w in enumerate(dead)}
+    placeholders = ", ".join(f":{n}" for n in names) or "NULL"
+    return list(conn.execute(text(
+        f"SELECT id FROM server_confirms WHERE status = :running AND worker_id IS NOT NULL AND "
+        f"(heartbeat IS NULL OR heartbeat < :cutoff OR worker_id IN ({placeholders}))"),
+        {"running": RUNNING, "cutoff": cutoff, **names}).scalars())
+
+
+def interrupt_confirms(conn, ids, error: str) -> None:
+    if ids:
+        conn.execute(text(f"UPDATE server_confirms SET status = :i, error = :e, phase = :p "
+                          f"WHERE id IN ({','.join(str(int(i)) for i in ids)})"),
+                     {"i": INTERRUPTED, "e": error, "p": INTERRUPTED})
+
+
 def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
     """Runs left `running` by a worker that is gone (killed, crashed, machine gone) become `interrupted`,
     keeping every committed row; so do queued runs reserved for a dead worker. A worker is gone when it sent
     no heartbeat for the stale window (see stale_window()), or at once when it ran on this host and its
-    process no longer exists; training jobs of such workers too. Looks first and writes only when there is
+    process no longer exists; training jobs and confirms of such workers too. Looks first and writes only when there is
     something to sweep. Returns run ids."""
     seconds = stale_window(stale_seconds)
     cutoff = utcnow() - timedelta(seconds=seconds)
     with store.read() as conn:
         dead = dead_workers(conn, cutoff)
         stale = stale_runs(conn, cutoff, dead)
-        jobs = stale_jobs(conn, cutoff, dead)
+        jobs = stale_jobs(conn, cutoff, dead) + stale_confirms(conn, cutoff, dead)
         leases = conn.execute(text("SELECT COUNT(*) FROM device_leases WHERE heartbeat < :cutoff"),
                               {"cutoff": cutoff}).scalar()
     if not (dead or stale or jobs or leases):
@@ -130,6 +152,7 @@ def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
         dead = dead_workers(conn, cutoff)
         stale = stale_runs(conn, cutoff, dead)
         interrupt_stale(conn, stale_jobs(conn, cutoff, dead), TRAINING_STALE_ERROR.format(seconds=seconds))
+        interrupt_confirms(conn, stale_confirms(conn, cutoff, dead), CONFIRM_STALE_ERROR.format(seconds=seconds))
         if stale:
             conn.execute(text(
                 "UPDATE runs SET status = :interrupted, finished = :now, reserved_for = NULL, error = :error "

@@ -103,10 +103,18 @@ def _v12_to_v13(conn: Connection) -> None:
     tables only, which create_all adds."""
 
 
+def _v13_to_v14(conn: Connection) -> None:
+    """v14: a confirm is a job the dashboard queues and a worker runs (who runs it, its heartbeat, phase and
+    requests done)."""
+    _add_columns(conn, (("server_confirms", "worker_id", "VARCHAR(80)"), ("server_confirms", "heartbeat", "TIMESTAMP"),
+                        ("server_confirms", "phase", "TEXT"), ("server_confirms", "requests_done", "INTEGER"),
+                        ("server_confirms", "requests_total", "INTEGER")))
+
+
 STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                   5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8, 8: _v8_to_v9,
                                                   9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12,
-                                                  12: _v12_to_v13}
+                                                  12: _v12_to_v13, 13: _v13_to_v14}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

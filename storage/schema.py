@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -414,9 +414,16 @@ class ServerConfirm(Base):
     concurrency: Mapped[str] = mapped_column(Text)  # comma-separated, as measured
     repeats: Mapped[int] = mapped_column(Integer)
     launched_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    status: Mapped[str] = mapped_column(String(20), default=RUNNING)  # running / done / failed
+    status: Mapped[str] = mapped_column(String(20), default=RUNNING)  # queued / running / done / failed / interrupted
     error: Mapped[str | None] = mapped_column(Text, nullable=True)  # one line per configuration that failed
     wall_seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
+    # v14: a confirm queued from the dashboard is a job a worker claims (storage/confirm_jobs.py), reporting its
+    # phase and the requests done of the whole confirm while it runs; the CLI's own confirm fills them too.
+    worker_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    heartbeat: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    phase: Mapped[str | None] = mapped_column(Text, nullable=True)
+    requests_done: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    requests_total: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ServerMeasurement(Base):

@@ -1,7 +1,8 @@
 """Names that break code built by pasting text: quotes, apostrophes, `<`, `&`, non-ASCII. What the chart tests
 (test_pages_charts.py without a browser, test_browser_charts.py in one) put in every name, label and prompt, and
 the database the browser test seeds with them: one finished experiment of each kind, from crafted records (no
-model is loaded), production counters beside one, and a finished training job."""
+model is loaded), production counters beside one, a vLLM confirm of the grid's schedule, and a finished training
+job."""
 from __future__ import annotations
 
 import os
@@ -134,6 +135,8 @@ def seed(store, models_dir) -> dict:
                               per_position=dict(enumerate(accepted, start=1)), label=label,
                               source="http://server/metrics?q='x'&y=<z>", engine="vllm", seconds=60.0)
 
+    ids["confirm"] = seed_confirm(store, ids["grid"])
+
     job = training.enqueue_training(store, name="browser-draft", target=TARGET, draft=DRAFT, prompts=PROMPTS_NAME,
                                     validation=f"held-out: {NASTY}", steps=4, models=models_dir,
                                     notes=f"notes: {NASTY}")
@@ -145,6 +148,51 @@ def seed(store, models_dir) -> dict:
                         alpha_after=0.7, tokens_per_round_before=1.8, tokens_per_round_after=2.4, eval_k=4)
     ids["job"] = job
     return ids
+
+
+def seed_confirm(store, experiment_id: int, concurrency=(1, 2, 4), passes: int = 2) -> int:
+    """A finished confirm of the experiment (its schedule if it has one, else its chosen run) as `draftlab confirm`
+    stores it, from crafted passes: the speculative server twice as fast at concurrency 1 and slower from 4 on, its
+    counters per position, outputs equal to its target-only ones. Returns the confirm id."""
+    import json
+
+    from app.completions_load import PassRecord, RequestRecord
+    from app.production_scrape import SpecCounters
+    from storage.confirms import add_measurement, finish_confirm, pass_speedup, start_confirm, summarize
+    from storage.deploy import deploy_document
+
+    doc = deploy_document(store, experiment_id)
+    label = "schedule" if "schedule" in doc else "chosen"
+    config = doc["engines"]["vllm"]["speculative_config"]
+    k = int(json.loads(config)["num_speculative_tokens"])
+
+    def passes_of(step: float, per_chunk: int) -> list:
+        records = []
+        for p in range(passes):
+            requests = [RequestRecord(prompt_index=i, sent=0.0, arrivals=[step * (j + 1) * (1 + 0.05 * p)
+                                                                         for j in range(8)],
+                                      counts=[per_chunk] * 8, token_ids=list(range(8 * per_chunk)))
+                        for i in range(PROMPTS)]
+            records.append(PassRecord(1, step * 8 * (1 + 0.05 * p), requests))
+        return records
+
+    cid = start_confirm(store, experiment_id, configs=label, concurrency=list(concurrency), repeats=passes,
+                        launched_by=f"local {NASTY}")
+    for c in concurrency:
+        base = passes_of(0.02, 1)
+        spec = passes_of(0.01 * (1 + 0.4 * (c - 1)), 1)
+        counters = SpecCounters(drafts=100, draft_tokens=100 * k, accepted=70 + 30 * (k - 1),
+                                per_position={j: max(1, 80 - 25 * (j - 1)) for j in range(1, k + 1)})
+        add_measurement(store, cid, experiment_id, label=label, k=k, run_id=int(doc["run_id"]),
+                        speculative_config=config, concurrency=c, passes=spec, figures=summarize(spec),
+                        speedup=pass_speedup([p.wall_seconds for p in base], [p.wall_seconds for p in spec]),
+                        counters=counters, matches={"outputs_match_server_baseline": 1.0, "outputs_match_lab": 0.5,
+                                                    "first_divergence": f"prompt 1 differs from the lab at token 3 "
+                                                                        f"({NASTY})"})
+        add_measurement(store, cid, experiment_id, label="target-only", k=0, run_id=None, speculative_config=None,
+                        concurrency=c, passes=base, figures=summarize(base))
+    finish_confirm(store, cid, engine_version="0.32.0", wall_seconds=95.0, errors=[])
+    return cid
 
 
 def idle_worker(store) -> None:

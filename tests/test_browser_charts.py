@@ -1,6 +1,7 @@
 """Every chart draws, in a real browser: `draftlab ui` on a database seeded (tests/chart_data.py) with one finished
 experiment of each kind (k sweep, its validation, draft sweep, drafter sweep with k_r varying, temperature sweep,
-`--k auto`, a batch × k grid with its k schedule), production counters beside the k sweep and a finished training job, every name, label, draft,
+`--k auto`, a batch × k grid with its k schedule and a stored vLLM confirm of that schedule, whose charts must draw),
+production counters beside the k sweep and a finished training job, every name, label, draft,
 target, prompt and token text holding quotes, apostrophes, `<`, `&` and non-ASCII. Every page of the navigation
 is opened (the detail page once per kind of experiment, the Round explorer on a draft sweep's run, Compare with
 all six and runs of three, Train on the job, Theory loaded from a measured run), every expander opened, and the
@@ -54,6 +55,9 @@ CHARTS_JS = """() => Array.from(document.querySelectorAll('[data-testid="stVegaL
   }
   return {index: i, drawn: !!drawn, width: box.width, height: box.height, heading: heading.trim()};
 })"""
+
+
+CONFIRM_HEADINGS = ("Speedup vs concurrency", "Acceptance by draft position, vLLM and lab")  # pages/confirm_panel.py
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +162,9 @@ def test_every_page_draws_every_chart_with_names_that_hold_quotes_tags_and_non_a
                 _load_theory_from_a_run(page, f"#{ids['k']} · {NAMES['k']} (done)")
             _open_expanders(page)
             found, count = _problems(page, shown, messages, charted)
+            if path == f"experiment?experiment={ids['grid']}":  # its stored vLLM confirm's charts must draw too
+                headings = {c["heading"] for c in page.evaluate(CHARTS_JS) if c["drawn"] and c["height"] > 0}
+                found += [f"{shown}: no drawn chart under {h!r}" for h in CONFIRM_HEADINGS if h not in headings]
             if found:
                 SCREENSHOTS.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(SCREENSHOTS / f"charts-{key}-{len(problems)}.png"), full_page=True)

@@ -152,3 +152,19 @@ def test_a_server_that_exits_before_it_is_ready_is_one_line_with_its_last_error(
 
     (stored,) = confirms(open_store(db), lab["experiment_id"])
     assert stored["status"] == "failed" and stored["configs"] == [] and "status 3" in stored["error"]
+
+
+def test_the_servers_k_and_comparable_positions_follow_vllms_schedule_lookup():
+    from storage.confirms import comparable_positions, server_k
+
+    # the demo grid's schedule as the deploy export wrote it (k 2 up to batch 3, k 1 at 4), confirmed in vLLM
+    schedule = {"num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 3, 2], [4, 4, 1]]}
+    assert [server_k(schedule, c) for c in (1, 3, 4, 16)] == [2, 2, 1, 1]  # past the last range: its k
+    gap = {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 2, 3], [8, 16, 0]]}
+    assert [server_k(gap, c) for c in (2, 5, 8, 32)] == [3, 3, 0, 0]  # a gap takes the range before it
+    assert server_k({"num_speculative_tokens": 4}, 64) == 4
+    # at concurrency 4 the steps run 1..4 requests: k 2 and k 1 mix, so only position 1 reads as conditional
+    assert comparable_positions(schedule, 1) == 2 and comparable_positions(schedule, 4) == 1
+    assert comparable_positions({"num_speculative_tokens": 3}, 16) == 3
+    rising = {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 1, 1], [2, 8, 3]]}
+    assert server_k(rising, 4) == 3 and comparable_positions(rising, 4) == 1  # the last request alone drafts 1

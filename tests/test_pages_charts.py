@@ -155,6 +155,13 @@ CASES = {
         "kind": ["lab", "lab"] + ["production"] * 4,
         "conditional": [0.8, 0.6, 0.75, 0.5, 0.7, 0.55], "lo": [0.7, 0.5, None, None, None, None],
         "hi": [0.9, 0.7, None, None, None, None]})),
+    "production_positions as vLLM": lambda: charts.production_positions(pd.DataFrame({
+        "position": [1, 2, 1], "source": ["lab", "lab", DRAFTS[1]], "kind": ["lab", "lab", "production"],
+        "conditional": [0.8, 0.6, 0.7], "lo": [0.7, 0.5, None], "hi": [0.9, 0.7, None]}), points_title=NAMES["k"]),
+    "confirm_speedup": lambda: charts.confirm_speedup(pd.DataFrame({
+        "concurrency": [1, 1, 4, 4], "source": [NAMES["k"], DRAFTS[0], NAMES["k"], DRAFTS[0]],
+        "kind": ["server", "lab", "server", "lab"], "speedup": [1.4, 1.3, 0.98, 1.2],
+        "lo": [1.3, 1.1, 0.9, None], "hi": [1.5, 1.5, 1.07, None]})),
     "k_distribution": lambda: charts.k_distribution(pd.DataFrame({
         "k": [1, 2, 3, 1, 3], "rounds": [2, 3, 5, 1, 9], "share": [0.2, 0.3, 0.5, 0.1, 0.9],
         "run": [DRAFTS[0]] * 3 + [NAMES["drafter"]] * 2})),
@@ -183,7 +190,7 @@ def test_no_name_is_pasted_into_a_vega_expression(case):
 
 @pytest.mark.parametrize("case", ["speedup_curve by label", "schedule_curve", "theory_curves", "sweep_panels", "series_legend",
                                   "k_distribution",
-                                  "training_curves", "token_chart", "production_positions"])
+                                  "training_curves", "token_chart", "production_positions", "confirm_speedup"])
 def test_the_names_are_in_the_data(case):
     """The check above looks at the right thing: the names these charts show are in their data, whole."""
     spec = CASES[case]().to_dict()
@@ -194,7 +201,7 @@ def test_the_names_are_in_the_data(case):
                 "series_legend": set(SERIES),
                 "k_distribution": {DRAFTS[0], NAMES["drafter"]},
                 "training_curves": {charts.TRAINING_LOSS, charts.HELD_OUT_KL}, "token_chart": {"it's", " <b>"},
-                "production_positions": {NAMES["k"], DRAFTS[0]}}[case]
+                "production_positions": {NAMES["k"], DRAFTS[0]}, "confirm_speedup": {NAMES["k"], DRAFTS[0]}}[case]
     assert expected <= shown
 
 

@@ -1,0 +1,167 @@
+"""Confirms queued from the dashboard ("Confirm in vLLM" on the experiment detail page): a `server_confirms` row in
+status `queued` that a worker claims with one conditional UPDATE (as training jobs are), runs with app/confirm.py's
+one measuring loop and closes with storage/confirms.py's `finish_confirm`. While it runs, the worker writes its
+phase and the requests done of the whole confirm in writes fenced to itself; a confirm whose worker is gone is
+swept to `interrupted` with the measurements it stored (each configuration is stored whole or not at all) by
+storage/liveness.py's sweep.
+
+Everything a confirm needs is checked when it is queued, with the CLI's words: the experiment ran (its prompts are
+stored), the configurations exist (the verdict chose one; a k grid has a schedule; a lossless run for `all`),
+concurrency and repeats are in range, no other confirm of the experiment is unfinished, and the launcher's cap
+(a queued confirm counts as one unfinished run, storage/experiments.py's check_launcher_cap).
+"""
+from __future__ import annotations
+
+import pandas as pd
+from sqlalchemy import insert, text
+
+from .errors import QueueError
+from .schema import QUEUED, RUNNING, server_confirms, utcnow
+from .store import Store
+
+CONFIGS = ("chosen", "schedule", "all")
+ACTIVE = (QUEUED, RUNNING)
+MAX_CONCURRENCY = 4096  # the CLI's --concurrency bound (app/confirm.py)
+MAX_REPEATS = 1000  # the CLI's --repeats bound
+DEFAULT_REPEATS = 3  # the fewest passes that give the paired speedup an interval (app/confirm.py's default)
+REPORTED = ("phase", "requests_done", "requests_total", "engine_version")
+
+
+def _whole(value, low: int, high: int, what: str, example: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise QueueError(f"{what} {value!r} is not a whole number from {low} to {high}; use e.g. {example}")
+    return value
+
+
+def check_configurations(store: Store, experiment_id: int, configs: str) -> None:
+    """Refuse (QueueError, the CLI's words) configurations the experiment cannot give: no verdict yet, no k schedule,
+    no lossless speculative run."""
+    from .deploy import DeployError, deploy_document
+    from .queries import runs
+
+    if configs not in CONFIGS:
+        raise QueueError(f"configurations {configs!r} is not one of {', '.join(CONFIGS)}; use e.g. chosen")
+    if configs == "all":
+        table = runs(store, experiment_id)
+        lossless = table[(table["kind"] == "speculative") & (table["status"] == "done")
+                         & (table["outputs_match_baseline"] != False)]  # noqa: E712 - pandas: NULL under sampling
+        if lossless.empty:
+            raise QueueError(f"experiment {experiment_id} has no finished lossless speculative run to confirm")
+        return
+    try:
+        document = deploy_document(store, experiment_id)
+    except DeployError as exc:
+        raise QueueError(str(exc)) from None
+    if configs == "schedule" and "schedule" not in document:
+        raise QueueError(f"experiment {experiment_id} has no k schedule (not a batch size × k grid, or one k "
+                         f"everywhere); confirm the chosen configuration instead")
+
+
+def enqueue_confirm(store: Store, experiment_id: int, *, configs: str = "chosen", concurrency, repeats: int =
+                    DEFAULT_REPEATS, launched_by: str | None = None) -> int:
+    """Queue a confirm of the experiment for a worker; return its id. Refused (QueueError, nothing stored) as the
+    module docstring lists."""
+    concurrency = list(concurrency or [])
+    if not concurrency:
+        raise QueueError("no concurrency chosen; pick one or more, e.g. 1 and 4")
+    for c in concurrency:
+        _whole(c, 1, MAX_CONCURRENCY, "concurrency", "1, 4 or 16")
+    if len(set(concurrency)) != len(concurrency):
+        raise QueueError(f"concurrency {concurrency} repeats a value; list each once, e.g. 1, 4, 16")
+    _whole(repeats, 1, MAX_REPEATS, "passes per server and concurrency", str(DEFAULT_REPEATS))
+    with store.read() as conn:
+        if conn.execute(text("SELECT 1 FROM experiments WHERE id = :e"), {"e": experiment_id}).first() is None:
+            raise QueueError(f"no experiment {experiment_id}; pick one from the Experiments list")
+        if conn.execute(text("SELECT 1 FROM experiment_prompts WHERE experiment_id = :e"),
+                        {"e": experiment_id}).first() is None:
+            raise QueueError(f"experiment {experiment_id} has no stored prompts yet (it never ran): let it run first")
+    check_configurations(store, experiment_id, configs)
+    with store.write() as conn:
+        from .experiments import check_launcher_cap
+
+        busy = conn.execute(text("SELECT id, status FROM server_confirms WHERE experiment_id = :e AND status IN "
+                                 "(:q, :r) ORDER BY id LIMIT 1"),
+                            {"e": experiment_id, "q": QUEUED, "r": RUNNING}).first()
+        if busy is not None:
+            raise QueueError(f"confirm {busy[0]} of experiment {experiment_id} is {busy[1]}; wait for it to end (one "
+                             f"confirm of an experiment at a time: both would start servers on the same machine)")
+        check_launcher_cap(conn, launched_by, 1)
+        return int(conn.execute(insert(server_confirms).values(
+            experiment_id=experiment_id, engine="vllm", configs=configs, repeats=repeats, status=QUEUED,
+            concurrency=",".join(map(str, sorted(concurrency))), phase="queued", requests_done=0,
+            launched_by=launched_by[:200] if launched_by else None)).inserted_primary_key[0])
+
+
+def next_confirm(store: Store) -> int | None:
+    """The oldest queued confirm."""
+    with store.read() as conn:
+        return conn.execute(text("SELECT id FROM server_confirms WHERE status = :q ORDER BY id LIMIT 1"),
+                            {"q": QUEUED}).scalar()
+
+
+def get_confirm(store: Store, confirm_id: int) -> dict | None:
+    with store.read() as conn:
+        row = conn.execute(text("SELECT * FROM server_confirms WHERE id = :c"),
+                           {"c": int(confirm_id)}).mappings().first()
+    return dict(row) if row else None
+
+
+def claim_confirm(store: Store, confirm_id: int, worker_id: str) -> bool:
+    """Atomically move a queued confirm to running for worker_id; False if another worker got it first."""
+    with store.write() as conn:
+        return conn.execute(text(
+            "UPDATE server_confirms SET status = :running, worker_id = :w, heartbeat = :now, phase = :phase "
+            "WHERE id = :id AND status = :queued"),
+            {"running": RUNNING, "w": worker_id, "now": utcnow(), "id": int(confirm_id), "queued": QUEUED,
+             "phase": "claimed by a worker"}).rowcount == 1
+
+
+def report_confirm(store: Store, confirm_id: int, worker_id: str | None, **fields) -> bool:
+    """Write a running confirm's progress (REPORTED fields) and heartbeat; with worker_id only while that worker
+    owns it. Returns whether it was written (False: swept as stale, no longer this worker's)."""
+    unknown = set(fields) - set(REPORTED)
+    if unknown:
+        raise ValueError(f"unknown confirm fields {sorted(unknown)}")
+    if "engine_version" in fields:
+        fields["engine_version"] = str(fields["engine_version"])[:200]
+    owned = " AND worker_id = :w" if worker_id is not None else ""
+    sets = "".join(f", {k} = :{k}" for k in fields)
+    with store.write() as conn:
+        return conn.execute(text(f"UPDATE server_confirms SET heartbeat = :now{sets} WHERE id = :id AND status = "
+                                 f":running{owned}"),
+                            {**fields, "now": utcnow(), "id": int(confirm_id), "running": RUNNING,
+                             "w": worker_id}).rowcount == 1
+
+
+# --- reads for the dashboard -------------------------------------------------------------------------------
+
+JOB_COLUMNS = ["confirm_id", "status", "configs", "concurrency", "repeats", "phase", "requests_done",
+               "requests_total", "error", "wall_seconds", "launched_by", "created", "measurements"]
+
+
+def confirm_jobs(store: Store, experiment_id: int) -> pd.DataFrame:
+    """The experiment's confirms, newest first, with how many measurements each stored (SQL GROUP BY)."""
+    from .queries import _frame
+
+    with store.read() as conn:
+        return _frame(conn, """
+            SELECT c.id AS confirm_id, c.status, c.configs, c.concurrency, c.repeats, c.phase, c.requests_done,
+                   c.requests_total, c.error, c.wall_seconds, c.launched_by, c.created, COUNT(m.id) AS measurements
+            FROM server_confirms c LEFT JOIN server_measurements m ON m.confirm_id = c.id
+            WHERE c.experiment_id = :e
+            GROUP BY c.id, c.status, c.configs, c.concurrency, c.repeats, c.phase, c.requests_done, c.requests_total,
+                     c.error, c.wall_seconds, c.launched_by, c.created
+            ORDER BY c.id DESC""", {"e": experiment_id}, columns=JOB_COLUMNS)
+
+
+def confirms_version(store: Store, experiment_id: int) -> tuple:
+    """A cheap stamp that changes whenever one of the experiment's confirms is queued, moves or stores a
+    measurement (the panel's cache key)."""
+    with store.read() as conn:
+        row = conn.execute(text(
+            "SELECT COUNT(*), MAX(c.id), MAX(c.heartbeat), SUM(c.requests_done), "
+            "SUM(CASE WHEN c.status IN ('queued', 'running') THEN 1 ELSE 0 END), "
+            "(SELECT COUNT(*) FROM server_measurements m WHERE m.experiment_id = :e), "
+            "MAX(c.status), MIN(c.status) FROM server_confirms c WHERE c.experiment_id = :e"),
+            {"e": experiment_id}).one()
+    return tuple(str(v) for v in row)

@@ -1,0 +1,110 @@
+"""A stand-in for vLLM's OpenAI server, for the confirm job's tests (the real one is tests/test_confirm_vllm.py):
+started exactly as DraftLab starts vLLM (`python tests/fake_vllm.py --model M --host H --port P
+[--speculative-config JSON]`), it answers /health, /version, /v1/models, /metrics and streaming /v1/completions.
+
+Greedy and lossless by construction: a prompt's output ids depend on the prompt alone (equal with and without
+speculation). With a speculative config of k tokens each step streams up to k + 1 tokens as one chunk and counts a
+round whose first draft is always accepted and whose others are accepted at every other step, in vLLM's counters
+(per position: unconditional, 0-based)."""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+VOCAB = 97
+
+
+class Counters:
+    def __init__(self, k: int):
+        self.k, self.lock = k, threading.Lock()
+        self.drafts = self.draft_tokens = self.accepted = 0
+        self.per_position = [0] * k
+
+    def round(self, accepted: int) -> None:
+        with self.lock:
+            self.drafts += 1
+            self.draft_tokens += self.k
+            self.accepted += accepted
+            for j in range(accepted):
+                self.per_position[j] += 1
+
+    def exposition(self) -> str:
+        lines = ["# TYPE vllm:spec_decode_num_drafts counter"]
+        if self.k:
+            lines += [f"vllm:spec_decode_num_drafts_total {self.drafts}",
+                      f"vllm:spec_decode_num_draft_tokens_total {self.draft_tokens}",
+                      f"vllm:spec_decode_num_accepted_tokens_total {self.accepted}"]
+            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{j}"}} {n}'
+                      for j, n in enumerate(self.per_position)]
+        return "\n".join(lines) + "\n"
+
+
+def make_handler(model: str, counters: Counters):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def _json(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._json({})
+            elif self.path == "/version":
+                self._json({"version": "fake-0.1"})
+            elif self.path == "/v1/models":
+                self._json({"data": [{"id": model}]})
+            elif self.path == "/metrics":
+                data = counters.exposition().encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            else:
+                self.send_error(404)
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seed = zlib.crc32(body["prompt"].encode())
+            ids = [(seed + 7 * i) % VOCAB for i in range(int(body["max_tokens"]))]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            step, sent = 0, 0
+            while sent < len(ids):
+                accepted = min(counters.k, 1 + (step % 2) * (counters.k - 1)) if counters.k else 0
+                chunk = ids[sent:sent + accepted + 1]
+                if counters.k:
+                    counters.round(accepted)
+                sent += len(chunk)
+                step += 1
+                choice = {"index": 0, "text": "".join(chr(65 + t % 26) for t in chunk), "token_ids": chunk,
+                          "finish_reason": "length" if sent >= len(ids) else None}
+                self.wfile.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--speculative-config", default=None)
+    args, _ = parser.parse_known_args()
+    k = int(json.loads(args.speculative_config)["num_speculative_tokens"]) if args.speculative_config else 0
+    print(f"fake vLLM for {args.model} on {args.port}, k={k}", flush=True)
+    ThreadingHTTPServer((args.host, args.port), make_handler(args.model, Counters(k))).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
