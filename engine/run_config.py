@@ -259,9 +259,12 @@ class RunConfig:
                 json.dumps(list(self.batch_sizes))}
 
     def enqueue(self) -> dict:
-        """enqueue_experiment's keyword arguments for this configuration (labels such as name and notes apart)."""
-        return {"target": self.target, "prompts": self.prompts, "draft": self.experiment_columns()["draft"],
-                "sampling": {name: self._index[name] for name in RUN_PARAMETERS if name not in ("k", "draft")},
+        """enqueue_experiment's keyword arguments for this configuration (labels such as name and notes apart): the
+        names (draft, drafter, ...) as keywords of their own, the numbers under `sampling`."""
+        names = {name: value for name, value in self.settings if PARAMETERS[name].categorical}
+        return {"target": self.target, "prompts": self.prompts, **names, "draft": self.experiment_columns()["draft"],
+                "sampling": {name: self._index[name] for name in RUN_PARAMETERS
+                             if name != "k" and not PARAMETERS[name].categorical},
                 "device": self.device, "dtype": self.dtype, "trust_remote_code": self.trust_remote_code,
                 "chat_template": self.chat_template, "sweep_variable": self.sweep, "sweep_values": list(self.values),
                 "k": self._index["k"], "repeats": self._index["repeats"], "k_auto": self.k_auto,

@@ -62,6 +62,9 @@ class Variable:
     # value is cheaper than another (a sampling setting changes what is generated, not what it costs).
     cost: Callable[[object, Callable], float | None] | None = None
     cheaper_because: str = ""  # why a lower cost is cheaper, for the verdict's and the findings' sentences
+    # What serving engines do differently with a value (storage/deploy.py adds it to every engine's notes):
+    # (value, the run's settings by name) -> a sentence, or None when they do as measured.
+    serving_note: Callable[[object, dict], str | None] | None = None
 
     @property
     def meaning(self) -> str:

@@ -72,7 +72,8 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                        trust_remote_code: bool = False, reserved_for: str | None = None, repeats: int = 1,
                        k_auto: int | None = None, drafter: str = "model", validates: int | None = None,
                        chat_template: str = "auto", draft_sampling: str = "probabilistic",
-                       launched_by: str | None = None, batch_sizes: Sequence[int] | None = None) -> int:
+                       launched_by: str | None = None, batch_sizes: Sequence[int] | None = None,
+                       **settings) -> int:
     """Create an experiment with its target-only baseline(s) and one speculative run per sweep value, all
     queued; return the experiment id. A k sweep shares one baseline; a sampling sweep gets one per value
     (speedup compares equal sampling configs); a draft or drafter sweep shares one baseline, each run naming its
@@ -82,7 +83,8 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     only the baseline and k = k_auto are queued; the worker predicts the curve and queues the best k values.
     chat_template: how conversation prompts become text (engine/chat.py): auto, none, or a template's text.
     batch_sizes: a grid (`--batch-size 1,4,16 --k 1,2,3,4`): the whole sweep, baselines included, once at each
-    batch size (the one allowed outer axis), each batch size's runs paired with its own baseline."""
+    batch size (the one allowed outer axis), each batch size's runs paired with its own baseline. `settings`: any
+    other described parameter by name (engine/run_config.py's PARAMETERS; RunConfig.enqueue() writes them all)."""
     if int(repeats) < 1:
         raise QueueError(f"repeats must be >= 1 (got {repeats}); use e.g. --repeats 3")
     if k_auto is not None:
@@ -95,7 +97,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     values = list(sweep_values)
     if not values:
         raise QueueError("sweep_values is empty; give at least one value, e.g. k = 1, 2, 4")
-    unknown = set(sampling) - set(RUN_PARAMETERS)
+    unknown = (set(sampling) | set(settings)) - set(RUN_PARAMETERS)
     if unknown:
         raise QueueError(f"unknown sampling settings {sorted(unknown)}; use {', '.join(RUN_PARAMETERS)}")
     if swept.categorical:
@@ -108,7 +110,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     launch = dict(target=target, draft=draft, prompts=prompts, sampling=sampling, device=device, dtype=dtype,
                   sweep_variable=sweep_variable, sweep_values=values, k=k, trust_remote_code=trust_remote_code,
                   repeats=repeats, k_auto=k_auto, drafter=drafter, chat_template=chat_template,
-                  draft_sampling=draft_sampling, batch_sizes=batch_sizes)
+                  draft_sampling=draft_sampling, batch_sizes=batch_sizes, **settings)
     try:  # engine/run_config.py: every parameter parsed and bounded by its one description
         config = RunConfig.from_enqueue(launch)
     except DraftLabError as exc:
