@@ -287,42 +287,46 @@ class RunConfig:
                 self.dtype, self.trust_remote_code, self.chat_template, self.settings)
 
     def to_url(self) -> dict[str, str]:
-        """The link parameters of this configuration (every parameter by name), read back by `from_url` and by
-        the form's prefill: `from_url(cfg.to_url()) == cfg`."""
+        """The link parameters of this configuration (every parameter by name; the swept one's as `values`, a
+        grid's batch sizes as `batch_sizes`), read back by `from_url` and by the form's prefill:
+        `from_url(cfg.to_url()) == cfg`."""
         params = {"target": self.target, "prompts": self.prompts, "device": self.device, "dtype": self.dtype}
-        params.update({name: _exact(PARAMETERS[name], value) for name, value in self.settings
-                       if not (name == "draft" and value == "")})
+        params.update({name: exact_text(PARAMETERS[name], value) for name, value in self.settings
+                       if name != self.sweep and not (name == "draft" and value == "")
+                       and not (name == "batch_size" and self.batch_sizes is not None)})
         if self.k_auto is not None:
             params.update(sweep="auto", k_auto=str(self.k_auto))
         else:
-            params.update(sweep=self.sweep, values=",".join(_exact(self.swept, v) for v in self.values))
+            params.update(sweep=self.sweep, values=",".join(exact_text(self.swept, v) for v in self.values))
         if self.batch_sizes is not None:
             params["batch_sizes"] = ",".join(str(b) for b in self.batch_sizes)
         return params
 
     def to_cli(self) -> list[str]:
         """`draftlab run`'s arguments for this configuration (read back by the CLI's parser and `from_args`)."""
-        argv = ["--target", self.target, "--prompts", self.prompts, "--device", self.device, "--dtype", self.dtype]
+        # `--flag=value`: a value that starts with "-" (a model path) is then never read as an option
+        argv = [f"--target={self.target}", f"--prompts={self.prompts}", f"--device={self.device}",
+                f"--dtype={self.dtype}"]
         for name, value in self.settings:
             v = PARAMETERS[name]
             if name == self.sweep:
                 text = (f"auto:{self.k_auto}" if self.k_auto is not None else
-                        ",".join(_exact(v, item) for item in self.values))
+                        ",".join(exact_text(v, item) for item in self.values))
             elif name == "batch_size" and self.batch_sizes is not None:
                 text = ",".join(str(b) for b in self.batch_sizes)
             elif name == "draft" and value == "":
                 continue
             else:
-                text = _exact(v, value)
-            argv += [v.flag, text]
+                text = exact_text(v, value)
+            argv.append(f"{v.flag}={text}")
         if self.chat_template != "auto":
-            argv += ["--chat-template", self.chat_template]
+            argv.append(f"--chat-template={self.chat_template}")
         if self.trust_remote_code:
             argv.append("--trust-remote-code")
         return argv
 
 
-def _exact(v: Variable, value) -> str:
+def exact_text(v: Variable, value) -> str:
     """A value as text that its parser reads back as the same value: show's `%g` where it is exact (0.7, 4),
     else the float's shortest exact text (0.1234567: %g keeps 6 digits)."""
     shown = v.show(value)
