@@ -268,7 +268,7 @@ class RunConfig:
                 "device": self.device, "dtype": self.dtype, "trust_remote_code": self.trust_remote_code,
                 "chat_template": self.chat_template, "sweep_variable": self.sweep, "sweep_values": list(self.values),
                 "k": self._index["k"], "repeats": self._index["repeats"], "k_auto": self.k_auto,
-                "batch_sizes": None if self.batch_sizes is None else list(self.batch_sizes)}
+                **({"batch_sizes": list(self.batch_sizes)} if self.batch_sizes else {})}  # a grid only
 
     def sampling(self, value=None):
         """The engine's SamplingConfig (engine/sampling.py) of a run of swept value `value`: every parameter that
