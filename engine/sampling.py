@@ -6,7 +6,7 @@ torch.Generator and never syncs with the host (Gumbel-style `probs / Exp(1)` the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -25,6 +25,9 @@ class SamplingConfig:
     # How a draft model proposes (engine/drafting.py): "probabilistic" draws each draft from p_d; "greedy" proposes
     # p_d's argmax and verification treats it as a point mass (still lossless), as vLLM's V1 drafter long did.
     draft_sampling: str = "probabilistic"
+    # The temperature a draft model proposes at (engine/drafting.py): 0 = the target's. Verification uses the
+    # distribution the draft sampled from, so any value is lossless; only acceptance changes.
+    draft_temperature: float = 0.0
 
     def __post_init__(self):
         if self.draft_sampling not in DRAFT_SAMPLING:
@@ -35,6 +38,9 @@ class SamplingConfig:
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise DraftLabError(f"temperature {self.temperature:g} is too small to compute with (a value above 0 must "
                                 f"be at least {MIN_TEMPERATURE:g}); use 0 for greedy decoding")
+        if self.draft_temperature < 0 or 0 < self.draft_temperature < MIN_TEMPERATURE:
+            raise DraftLabError(f"draft temperature {self.draft_temperature:g} is not 0 (the target's) or at least "
+                                f"{MIN_TEMPERATURE:g}; use e.g. 0.5")
         if self.top_k < 0:
             raise DraftLabError(f"top-k must be >= 0 (got {self.top_k}); use 0 to disable it")
         if not 0 < self.top_p <= 1:
@@ -45,6 +51,10 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def for_draft(self) -> "SamplingConfig":
+        """The settings a draft model proposes under: these, at the draft temperature when one is set."""
+        return replace(self, temperature=self.draft_temperature) if self.draft_temperature else self
 
 
 def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -240,6 +240,18 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "how the draft model proposes: probabilistic (draws from its distribution) or greedy (its argmax, "
              "verified as a point mass: still lossless; what a server that drafts by argmax sees); a comma list "
              "compares them", label="draft sampling (probabilistic or greedy)", check_name=_draft_sampling),
+    # The draft's own temperature: a cooler draft proposes likelier tokens, a warmer one covers more of the
+    # target's mass. Lossless at any value: the target verifies against the distribution the draft sampled from.
+    Variable("draft_temperature", float, f"0 (the target's temperature) or a number from {MIN_TEMPERATURE:g} to "
+             f"{MAX_TEMPERATURE:g}", "0,0.5,1", "0",
+             "the temperature the draft model proposes at: 0 = the target's (default), else its own; the target "
+             "verifies against the distribution the draft sampled from, so every value is lossless; a comma list "
+             "sweeps it", low=0.0, high=MAX_TEMPERATURE, min_positive=MIN_TEMPERATURE, title="Draft temperature",
+             step=0.1, serving_note=lambda value, run: None if not value or value == run["temperature"] else (
+                 f"Check: this run's draft proposed at temperature {value:g}, the target sampled at "
+                 f"{run['temperature']:g}. These settings carry no separate draft temperature (the engines draft "
+                 f"under the request's sampling), so acceptance there follows a draft at the target's "
+                 f"temperature; measure that too (draft_temperature 0).")),
 )}
 DEFAULT_VARIABLE = "k"
 
