@@ -62,6 +62,10 @@ RUN = [
        json=True),
     _c("tokens_per_round", "tokens/round", "tokens emitted per round: accepted drafts plus the target's own",
        "%.2f", json=True),
+    _c("full_accept_share", "full accepts", "share of rounds (with drafts) whose every draft was accepted, ending "
+       "in a bonus token: how often k was too short (what the heuristic drafter's +2 reacts to)", RATE, json=True,
+       sql="SELECT CAST(SUM(CASE WHEN rd.accepted = rd.k THEN 1 ELSE 0 END) AS DOUBLE PRECISION) "
+           "/ NULLIF(COUNT(*), 0) FROM rounds rd WHERE rd.run_id = r.id AND rd.k > 0", tables=("runs",)),
     _c("expected_alpha", "expected α", "mean over verified positions of β = Σ min(p_d, p_t): the acceptance the "
        "two distributions predict", RATE, json=True),
     _c("kl", "KL", "KL(p_t ‖ p_d) in nats per verified token", RATE, json=True),
