@@ -13,16 +13,17 @@ and nothing here.
     cfg = RunConfig.make(target="demo-target", prompts="code", draft="demo-draft", sweep="k", values="1,2,4")
     cfg.value("temperature") -> 0.0;  cfg.to_url()["values"] -> "1,2,4";  RunConfig.from_url(cfg.to_url()) == cfg
 
-Plain Python, no torch (sampling() imports the engine's SamplingConfig when called): storage and pages import it.
+Plain Python, no torch: storage and pages import it.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Mapping
 
 from .drafter_specs import needs_draft_model
 from .errors import DraftLabError
+from .sampling_config import SamplingConfig
 from .variables import DEFAULT_VARIABLE, SETTINGS, VARIABLES, Variable
 
 # Every described parameter of a run: the swept variables and the fixed settings (seed, repeats, max new tokens).
@@ -273,10 +274,6 @@ class RunConfig:
     def sampling(self, value=None):
         """The engine's SamplingConfig (engine/sampling.py) of a run of swept value `value`: every parameter that
         is one of its fields."""
-        from dataclasses import fields
-
-        from .sampling import SamplingConfig
-
         settings = self.run_settings(value)
         return SamplingConfig(**{f.name: settings[f.name] for f in fields(SamplingConfig) if f.name in settings})
 
