@@ -8,10 +8,13 @@ a drafter spec: `sweep_value` then stores the value's index and `sweep_label` th
 target-only baseline depends on it (a sampling setting: one baseline per value; k, draft, drafter: one shared),
 and what serving a value costs (a smaller k, a smaller draft, no draft model: the verdict's cheaper tied choice).
 
-A new swept variable is one entry in VARIABLES, its column in storage/schema.py (+ a migration step), what the
-engine does with it, where the worker hands it to the engine (app/timing.py), the run column set by
-storage/experiments.py, the CLI's enqueue call, the form when it needs a widget of its own, and its deploy mapping:
-draft_sampling took 11 files besides the engine's own change, so the goal of 4 is not reached yet. Plain Python, no torch: storage and pages import it.
+A new swept variable is one entry in VARIABLES plus what the engine does with it. engine/run_config.py's RunConfig
+carries every entry to the CLI (a flag), the form (a number field from title/step/help; a named one needs its own
+widget), its link, the queue (storage/schema.py declares its columns from `kind`, storage/migrations.py adds them
+to an older database), the worker (a SamplingConfig field of the same name reaches the engine), validation, deploy
+(`serving_note`) and findings. draft_sampling took 11 files; draft_temperature took 3 (this entry,
+engine/sampling_config.py's field, engine/drafting.py's use) besides its test and docs. Plain Python, no torch:
+storage and pages import it.
 """
 from __future__ import annotations
 
