@@ -4,6 +4,7 @@ profile it is predicted from. Every run is created `queued`; storage/run_state.p
 """
 from __future__ import annotations
 
+import inspect
 import json
 import numbers
 from typing import Iterable, Sequence
@@ -208,7 +209,10 @@ def recent_duplicate(store: Store, launch: dict, window_seconds: float = DUPLICA
 
     from .schema import utcnow
 
-    wanted = RunConfig.from_enqueue(launch).key()
+    # What enqueue_experiment would queue: its own defaults for what `launch` leaves out (repeats 1, k 4, ...).
+    defaults = {p.name: p.default for p in inspect.signature(enqueue_experiment).parameters.values()
+                if p.default is not p.empty}
+    wanted = RunConfig.from_enqueue({**defaults, **launch}).key()
     since = utcnow() - timedelta(seconds=window_seconds)
     query = select(experiments).where(experiments.c.created >= since, experiments.c.validates.is_(None),
                                       experiments.c.target == launch["target"]).order_by(experiments.c.id.desc())
