@@ -57,14 +57,13 @@ LINK_NOTES = "new_experiment_link_notes"  # session key: what the link's paramet
 # Each widget's first value: the page seeds st.session_state with these (or the link's values) and creates the
 # widgets without value=/index=, so a value from a link never competes with a default.
 DEFAULTS = {
-    "target": zoo.DEMO_TARGET, "draft": zoo.DEMO_DRAFTS[0], "prompt_source": "Built-in", "temperature": 0.0, "top_k": 0,
-    "top_p": 1.0, "batch_size": 1, "seed": 0, "max_new_tokens": 128, "device": "auto", "dtype": "auto",
-    "sweep_variable": "k",
-    "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "fixed_k": 4, "repeats": DEFAULT_REPEATS, "name": "",
-    "tags": "", "notes": "", "drafter": "model", "drafter_threshold": DEFAULT_THRESHOLD, "drafter_ngram": DEFAULT_NGRAM,
+    # every described parameter's field at its default (engine/run_config.py), the draft a shipped one
+    **{WIDGETS[name]: RUN_DEFAULTS[name] for name in RUN_DEFAULTS if name != "draft"},
+    "target": zoo.DEMO_TARGET, "draft": zoo.DEMO_DRAFTS[0], "prompt_source": "Built-in", "device": "auto",
+    "dtype": "auto", "sweep_variable": "k", "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "name": "",
+    "tags": "", "notes": "", "drafter_threshold": DEFAULT_THRESHOLD, "drafter_ngram": DEFAULT_NGRAM,
     "drafter_sweep": DEFAULT_DRAFTER_SWEEP, "drafter_sweep_t": f"{DEFAULT_THRESHOLD:g}",
-    "drafter_sweep_n": str(DEFAULT_NGRAM), "draft_sampling": "probabilistic", "grid_batch_sizes": "",
-    **{name: RUN_DEFAULTS[name] for name in EXTRA_FIELDS},
+    "drafter_sweep_n": str(DEFAULT_NGRAM), "grid_batch_sizes": "",
 }
 GRID_HELP = ("optional, comma-separated (e.g. 1,4,16): run the whole sweep (k auto: its probe, prediction and "
              "confirmations), baselines included, at each of these "
