@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args) -> int:
     """Enqueue the experiment, execute it here through the worker's code path, print the stored figures."""
-    from engine.drafter_specs import canonical_drafter, needs_draft_model
+    from engine.drafter_specs import needs_draft_model
     from engine.errors import DraftLabError
     from engine.loading import load_pair, with_draft
     from engine.chat import render, resolve_option
