@@ -59,11 +59,14 @@ def _text(value) -> str:
     return str(value)
 
 
-def _one(v: Variable, value, form: bool):
+def _one(v: Variable, value, form: bool, stored: bool = False):
     """One given value of a parameter (text from a flag, a field or a link, or a number from a script), parsed and
-    bounded by its description; an empty draft is no draft (a drafter without a model)."""
+    bounded by its description; an empty draft is no draft (a drafter without a model). A stored number was
+    checked when it was queued: read as it is (a workload cap lowered since must not make a stored run unreadable)."""
     if v.name == "draft" and (value is None or str(value).strip() == ""):
         return ""
+    if stored and not v.categorical:
+        return v.coerce(value)
     return v.parse(_text(value), form)
 
 
@@ -95,15 +98,16 @@ class RunConfig:
     @classmethod
     def make(cls, *, target: str, prompts: str, sweep: str | None = None, values=None, k_auto=None,
              batch_sizes=None, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
-             chat_template: str | None = "auto", form: bool = False, **given) -> "RunConfig":
+             chat_template: str | None = "auto", form: bool = False, stored: bool = False,
+             **given) -> "RunConfig":
         """A configuration from given values (text or numbers; missing ones take their defaults), each parsed and
         bounded by its description; `values` a list or comma-separated text of the swept variable's values (none:
         the swept variable's own value). A DraftLabError names the problem and the fix, in the form's words with
-        `form`."""
+        `form`. `stored`: numbers read from the database, checked when they were queued, taken as they are."""
         unknown = [name for name in given if name not in PARAMETERS]
         if unknown:
             raise DraftLabError(f"unknown settings {', '.join(sorted(unknown))}; use {', '.join(PARAMETERS)}")
-        settings = {name: DEFAULTS[name] if given.get(name) is None else _one(PARAMETERS[name], given[name], form)
+        settings = {name: DEFAULTS[name] if given.get(name) is None else _one(PARAMETERS[name], given[name], form, stored)
                     for name in PARAMETERS}
         settings["draft"] = settings["draft"] or ""
         if k_auto is not None:
@@ -115,14 +119,15 @@ class RunConfig:
         if values is None or (isinstance(values, str) and not values.strip()):
             listed = [settings[swept.name]]
         else:
-            listed = swept.parse_list(values if isinstance(values, str) else [_text(v) for v in values], form)
+            listed = ([swept.coerce(v) for v in values] if stored and not swept.categorical else
+                      swept.parse_list(values if isinstance(values, str) else [_text(v) for v in values], form))
         settings[swept.name] = listed[0]
         sizes = None
         if batch_sizes is not None and not (isinstance(batch_sizes, str) and not batch_sizes.strip()):
             if swept.name == "batch_size":
                 raise DraftLabError("a grid sweeps another variable at each batch size; give the batch sizes as the "
                                     "sweep or as the grid's batch sizes, not both")
-            sizes = tuple(VARIABLES["batch_size"].parse_list(
+            sizes = tuple(int(b) for b in batch_sizes) if stored else tuple(VARIABLES["batch_size"].parse_list(
                 batch_sizes if isinstance(batch_sizes, str) else [_text(v) for v in batch_sizes], form))
             settings["batch_size"] = sizes[0]
         if device not in DEVICES:
@@ -191,7 +196,7 @@ class RunConfig:
                         k_auto=int(k_auto) if _present(k_auto) else None, batch_sizes=sizes,
                         device=row.get("device") or "auto", dtype=row.get("dtype") or "auto",
                         trust_remote_code=bool(row.get("trust_remote_code") or False),
-                        chat_template=row.get("chat_template"), **given)
+                        chat_template=row.get("chat_template"), stored=True, **given)
 
     @classmethod
     def of_run(cls, run: Mapping, experiment: Mapping) -> "RunConfig":
@@ -209,7 +214,7 @@ class RunConfig:
         return cls.make(target=experiment.get("target") or "", prompts=experiment.get("prompts") or "",
                         device=experiment.get("device") or "auto", dtype=experiment.get("dtype") or "auto",
                         trust_remote_code=bool(experiment.get("trust_remote_code") or False),
-                        chat_template=experiment.get("chat_template"), **given)
+                        chat_template=experiment.get("chat_template"), stored=True, **given)
 
     # --- reading ----------------------------------------------------------------------------------------------
 
@@ -222,14 +227,14 @@ class RunConfig:
         return VARIABLES[self.sweep]
 
     def with_values(self, **changes) -> "RunConfig":
-        """The same configuration with some parameters changed (each checked by its description); a changed batch
-        size is one batch size, no grid."""
+        """The same configuration with some parameters changed (checked where they were given: the queue, the
+        grid); a changed batch size is one batch size, no grid."""
         given = {**self._index, **changes}
         return RunConfig.make(target=self.target, prompts=self.prompts, sweep=self.sweep,
                               values=None if self.k_auto or self.sweep in changes else list(self.values),
                               k_auto=self.k_auto, batch_sizes=None if "batch_size" in changes else self.batch_sizes,
                               device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
-                              chat_template=self.chat_template, **given)
+                              chat_template=self.chat_template, stored=True, **given)
 
     def run_settings(self, value=None, baseline: bool = False) -> dict:
         """What a run of swept value `value` stores of each parameter (runs' columns, storage/schema.py): a baseline

@@ -235,3 +235,23 @@ def test_a_run_reads_its_own_sampling_configuration():
                          draft_sampling="greedy", seed=5)
     sampling = cfg.sampling(0.7)
     assert (sampling.temperature, sampling.top_k, sampling.seed, sampling.draft_sampling) == (0.7, 20, 5, "greedy")
+
+
+def test_a_stored_run_stays_readable_after_a_workload_cap_is_lowered(sqlite_store, monkeypatch):
+    """Caps bound what may be queued (SPEC, Inputs); a run queued under a higher cap is still read, rerun and
+    deployed as it was."""
+    from storage import queries as q
+    from storage.deploy import configuration
+    from storage.experiments import add_k_runs, enqueue_experiment
+
+    cfg = RunConfig.make(target="t", prompts="code", draft="d", sweep="k", values="1,2", max_new_tokens=512)
+    eid = enqueue_experiment(sqlite_store, **cfg.enqueue(), name="x", prompt_texts=["p"])
+    monkeypatch.setenv("DRAFTLAB_LIMIT_MAX_NEW_TOKENS", "64")
+    with pytest.raises(DraftLabError, match="more than the limit of 64"):
+        RunConfig.from_url(cfg.to_url())  # a new launch of it is refused
+    experiment = q.experiment(sqlite_store, eid)
+    assert RunConfig.from_experiment(experiment) == cfg
+    row = q.runs(sqlite_store, eid).iloc[-1].to_dict()
+    assert RunConfig.of_run(row, experiment).sampling().max_new_tokens == 512
+    assert configuration(row, experiment)["_measured_max_new_tokens"] == 512
+    assert len(add_k_runs(sqlite_store, eid, [3])) == 2
