@@ -38,7 +38,7 @@ CHAT_TEMPLATE_HELP = ("how conversation prompts become text: auto (the target to
                       "plain prompts are never templated (default auto)")
 
 
-DEFAULT_REPEATS = 3  # see README, "Timing protocol": what the demo pair needs to meet the spread goal
+from engine.run_config import DEFAULTS as RUN_DEFAULTS  # noqa: E402 - one value each (plain Python, no torch)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,13 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
         run.add_argument(variable.flag, default=variable.default, help=variable.help)
     run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed; chat: conversations), a .jsonl/.csv/.txt/.parquet/.arrow file (a prompt, or a conversation: OpenAI messages or ShareGPT conversations), or several joined with + (code:validation+english:validation)")
     run.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
-    run.add_argument("--repeats", type=_described(SETTINGS["repeats"]), default=DEFAULT_REPEATS,
-                     help=f"timed decodes per prompt and configuration, medians used (default {DEFAULT_REPEATS}; at "
-                          f"most $DRAFTLAB_LIMIT_REPEATS, default {LIMITS['repeats'].default})")
-    run.add_argument("--seed", type=_described(SETTINGS["seed"]), default=0, help=SETTINGS["seed"].help)
-    run.add_argument("--max-new-tokens", type=_described(SETTINGS["max_new_tokens"]), default=128,
-                     help=f"new tokens per prompt (default 128; at most $DRAFTLAB_LIMIT_MAX_NEW_TOKENS, default "
-                          f"{LIMITS['max_new_tokens'].default})")
+    for setting in SETTINGS.values():  # --seed, --repeats, --max-new-tokens: engine/variables.py's settings
+        cap = (f"; at most ${LIMITS[setting.limit].env}, default {LIMITS[setting.limit].default}" if setting.limit
+               else "")
+        run.add_argument(setting.flag, type=_described(setting), default=RUN_DEFAULTS[setting.name],
+                         help=f"{setting.help} (default {RUN_DEFAULTS[setting.name]}{cap})")
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     run.add_argument("--trust-remote-code", action="store_true", help="allow model repos to run their own code")
@@ -176,13 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args) -> int:
     """Enqueue the experiment, execute it here through the worker's code path, print the stored figures."""
-    from engine.drafter_specs import canonical_drafter, needs_draft_model
+    from engine.drafter_specs import needs_draft_model
     from engine.errors import DraftLabError
     from engine.loading import load_pair, with_draft
     from engine.chat import render, resolve_option
     from engine.prompt_sets import load_prompts
     from engine.runs import check_k, encode_prompts
-    from engine.sampling import SamplingConfig
+    from engine.run_config import RunConfig
 
     from .sweep import parse_sweep
 
@@ -206,13 +204,12 @@ def cmd_run(args) -> int:
         if any(needs_draft_model(spec) for spec in sweep.drafters) and None in drafts:
             raise DraftLabError("--draft is missing: the model, heuristic and confidence drafters draft with a model; "
                                 "pass --draft MODEL, or use --drafter prompt-lookup:N alone")
-        per_value = VARIABLES[sweep.variable].per_value_baseline  # a sampling setting: one baseline per value
-        values = sweep.values if per_value else [None]
-        for value in values:  # every sampling configuration of the sweep must be valid
-            settings = {**{key: sweep.fixed.get(key) for key in ("temperature", "top_k", "top_p")},
-                        **({sweep.variable: value} if value is not None else {})}
-            cfg = SamplingConfig(settings["temperature"], settings["top_k"], settings["top_p"], args.seed,
-                                 args.max_new_tokens)
+        chat_template = resolve_option(args.chat_template)  # a FILE's text: stored, so any worker renders alike
+        # The run configuration (engine/run_config.py): every option parsed by its description, and each run's
+        # sampling configuration valid for the engine, before anything is loaded or stored.
+        config = RunConfig.from_args(args, sweep, chat_template)
+        for value in config.values:
+            config.sampling(value)
         prompts = load_prompts(args.prompts)
         _check_batch_rows(sweep, len(prompts))  # before any model loads
         model_drafts = [d for d, spec in zip(drafts * len(sweep.drafters), sweep.drafters * len(drafts))
@@ -223,28 +220,15 @@ def cmd_run(args) -> int:
         for k in sweep.ks:
             for p in [pair, *others.values()]:
                 check_k(p, k)
-        chat_template = resolve_option(args.chat_template)  # a FILE's text: stored, so any worker renders alike
         prompts = render(prompts, pair.tokenizer, chat_template, what=args.prompts)
-        encoded = encode_prompts(pair, prompts, cfg.max_new_tokens)
+        encoded = encode_prompts(pair, prompts, config.value("max_new_tokens"))
         _check_batch_sizes(sweep, pair, others, encoded, args.max_new_tokens)
     except DraftLabError as exc:
         return _fail(str(exc))
     store = open_store_or_fail(args.db, write=True)  # a bad --db or a read-only database: exit 2, nothing run
     if isinstance(store, int):
         return store
-    fixed = sweep.fixed
-    enqueue = dict(
-        name=args.name, target=args.target, prompts=args.prompts,
-        draft=",".join(d or "" for d in drafts) if sweep.variable == "draft" else (drafts[0] or ""),
-        drafter=canonical_drafter(fixed.get("drafter", "model")),
-        # every setting the target's own decoding depends on (engine/variables.py), as given; the swept one varies
-        sampling={**{name: fixed[name] for name, v in VARIABLES.items() if v.per_value_baseline and name in fixed},
-                  "seed": args.seed, "max_new_tokens": args.max_new_tokens},
-        device=args.device, dtype=args.dtype, sweep_variable=sweep.variable,
-        sweep_values=sweep.values,
-        k=int(fixed.get("k", sweep.ks[0])), trust_remote_code=args.trust_remote_code, repeats=args.repeats,
-        k_auto=sweep.k_auto, chat_template=chat_template,
-        draft_sampling=fixed.get("draft_sampling", "probabilistic"), batch_sizes=sweep.batch_sizes)
+    enqueue = {**config.enqueue(), "name": args.name}
     arms = 1 + len(sweep.values) + (len(sweep.values) - 1 if VARIABLES[sweep.variable].per_value_baseline else 0)
     arms *= len(sweep.batch_sizes or [None])
     return _run_here(args, store, pair, others, prompts, enqueue, arms)

@@ -20,6 +20,7 @@ from engine.protocol import interleaved_order
 from engine.records import PromptResult
 from engine.memory import check_batch_fits
 from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
+from engine.run_config import RunConfig
 from engine.sampling import SamplingConfig
 from engine.token_types import TokenTyper
 from storage import run_state
@@ -108,8 +109,11 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
     batched = is_batched(experiment, group)
     decoders, budgets = {}, {}
     for rid, run in group.items():
-        cfg = SamplingConfig(run["temperature"], run["top_k"], run["top_p"], run["seed"], run["max_new_tokens"],
-                             draft_sampling=run.get("draft_sampling") or "probabilistic")
+        try:  # the run's own configuration (engine/run_config.py): every parameter the engine's sampling takes
+            cfg = RunConfig.of_run(run, experiment).sampling()
+        except DraftLabError as exc:
+            outcome[rid] = (FAILED, str(exc), None)
+            continue
         encoded_key = (experiment["id"], cfg.max_new_tokens)
         if encoded_key not in loaded.encoded:
             try:
@@ -282,8 +286,7 @@ def _profile_verify(job: JobContext, experiment: dict, loaded: LoadedPair, promp
     if job.retry(load_verify_profiles, job.store, experiment["id"], write=False):
         return
     n_max = int(experiment["k_auto"]) + 1
-    cfg = SamplingConfig(experiment["temperature"], experiment["top_k"], experiment["top_p"], experiment["seed"],
-                         experiment["max_new_tokens"])
+    cfg = RunConfig.from_experiment(experiment).sampling()
     model, vocab = loaded.pair.target.model, loaded.pair.vocab_size
     if batched:
         sizes = grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)]

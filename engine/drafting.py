@@ -175,7 +175,7 @@ class ModelDrafter:
             self.cached = [s.shape[0] - 1 for s in seqs]
 
     def propose(self, seqs, history, generators, caps: list[int]) -> Proposal:
-        lm, cfg = self.lm, self.cfg
+        lm, cfg = self.lm, self.cfg.for_draft()  # the draft's own temperature, when set (lossless: see below)
         # Draft i (1-based) of a row of length L is predicted at draft position L + i - 2, which must exist.
         ks = [max(0, min(k, cap, lm.max_positions - s.shape[0] + 1)) for k, cap, s in zip(self.ks, caps, seqs)]
         if max(ks, default=0) == 0:
@@ -183,7 +183,10 @@ class ModelDrafter:
             return Proposal.empty(len(seqs), lm.vocab_size, lm.device)
         ids, valid = self.draft_inputs(seqs)
         tokens, probs, raw = [], [], []
-        greedy_drafts = cfg.draft_sampling == "greedy" and not cfg.greedy
+        # probs are the distribution each draft was drawn from (at the draft's temperature): the target's
+        # acceptance test min(1, p_t / p_d) and its residual use exactly these, which keeps any draft temperature
+        # lossless. A greedy target verifies by argmax and needs no draft distribution at all.
+        greedy_drafts = cfg.draft_sampling == "greedy" and not self.cfg.greedy
         for i in range(max(ks)):
             logits = self.draft_forward(ids, valid)
             p = probabilities(logits, cfg)

@@ -6,45 +6,9 @@ torch.Generator and never syncs with the host (Gumbel-style `probs / Exp(1)` the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .errors import DraftLabError
-from .drafter_specs import DRAFT_SAMPLING
-from .variables import MIN_TEMPERATURE
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    seed: int = 0
-    max_new_tokens: int = 128
-    # How a draft model proposes (engine/drafting.py): "probabilistic" draws each draft from p_d; "greedy" proposes
-    # p_d's argmax and verification treats it as a point mass (still lossless), as vLLM's V1 drafter long did.
-    draft_sampling: str = "probabilistic"
-
-    def __post_init__(self):
-        if self.draft_sampling not in DRAFT_SAMPLING:
-            raise DraftLabError(f"draft sampling must be one of {', '.join(DRAFT_SAMPLING)} (got "
-                                f"{str(self.draft_sampling)[:40]!r})")
-        if self.temperature < 0:
-            raise DraftLabError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy decoding")
-        if 0 < self.temperature < MIN_TEMPERATURE:
-            raise DraftLabError(f"temperature {self.temperature:g} is too small to compute with (a value above 0 must "
-                                f"be at least {MIN_TEMPERATURE:g}); use 0 for greedy decoding")
-        if self.top_k < 0:
-            raise DraftLabError(f"top-k must be >= 0 (got {self.top_k}); use 0 to disable it")
-        if not 0 < self.top_p <= 1:
-            raise DraftLabError(f"top-p must be in (0, 1] (got {self.top_p}); use 1.0 to disable it")
-        if self.max_new_tokens <= 0:
-            raise DraftLabError(f"max-new-tokens must be > 0 (got {self.max_new_tokens})")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from .sampling_config import SamplingConfig  # noqa: F401 - the settings these functions apply (torch-free)
 
 
 def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

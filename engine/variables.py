@@ -8,10 +8,13 @@ a drafter spec: `sweep_value` then stores the value's index and `sweep_label` th
 target-only baseline depends on it (a sampling setting: one baseline per value; k, draft, drafter: one shared),
 and what serving a value costs (a smaller k, a smaller draft, no draft model: the verdict's cheaper tied choice).
 
-A new swept variable is one entry in VARIABLES, its column in storage/schema.py (+ a migration step), what the
-engine does with it, where the worker hands it to the engine (app/timing.py), the run column set by
-storage/experiments.py, the CLI's enqueue call, the form when it needs a widget of its own, and its deploy mapping:
-draft_sampling took 11 files besides the engine's own change, so the goal of 4 is not reached yet. Plain Python, no torch: storage and pages import it.
+A new swept variable is one entry in VARIABLES plus what the engine does with it. engine/run_config.py's RunConfig
+carries every entry to the CLI (a flag), the form (a number field from title/step/help; a named one needs its own
+widget), its link, the queue (storage/schema.py declares its columns from `kind`, storage/migrations.py adds them
+to an older database), the worker (a SamplingConfig field of the same name reaches the engine), validation, deploy
+(`serving_note`) and findings. draft_sampling took 11 files; draft_temperature took 3 (this entry,
+engine/sampling_config.py's field, engine/drafting.py's use) besides its test and docs. Plain Python, no torch:
+storage and pages import it.
 """
 from __future__ import annotations
 
@@ -62,6 +65,9 @@ class Variable:
     # value is cheaper than another (a sampling setting changes what is generated, not what it costs).
     cost: Callable[[object, Callable], float | None] | None = None
     cheaper_because: str = ""  # why a lower cost is cheaper, for the verdict's and the findings' sentences
+    # What serving engines do differently with a value (storage/deploy.py adds it to every engine's notes):
+    # (value, the run's settings by name) -> a sentence, or None when they do as measured.
+    serving_note: Callable[[object, dict], str | None] | None = None
 
     @property
     def meaning(self) -> str:
@@ -237,6 +243,18 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "how the draft model proposes: probabilistic (draws from its distribution) or greedy (its argmax, "
              "verified as a point mass: still lossless; what a server that drafts by argmax sees); a comma list "
              "compares them", label="draft sampling (probabilistic or greedy)", check_name=_draft_sampling),
+    # The draft's own temperature: a cooler draft proposes likelier tokens, a warmer one covers more of the
+    # target's mass. Lossless at any value: the target verifies against the distribution the draft sampled from.
+    Variable("draft_temperature", float, f"0 (the target's temperature) or a number from {MIN_TEMPERATURE:g} to "
+             f"{MAX_TEMPERATURE:g}", "0,0.5,1", "0",
+             "the temperature the draft model proposes at: 0 = the target's (default), else its own; the target "
+             "verifies against the distribution the draft sampled from, so every value is lossless; a comma list "
+             "sweeps it", low=0.0, high=MAX_TEMPERATURE, min_positive=MIN_TEMPERATURE, title="Draft temperature",
+             step=0.1, serving_note=lambda value, run: None if not value or value == run["temperature"] else (
+                 f"Check: this run's draft proposed at temperature {value:g}, the target sampled at "
+                 f"{run['temperature']:g}. These settings carry no separate draft temperature (the engines draft "
+                 f"under the request's sampling), so acceptance there follows a draft at the target's "
+                 f"temperature; measure that too (draft_temperature 0).")),
 )}
 DEFAULT_VARIABLE = "k"
 

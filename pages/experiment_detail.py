@@ -24,6 +24,7 @@ from pages.common import (cached, chart_with_csv, csv_download, empty_state, exp
 from storage import catalog, columns, formula
 from storage import queries as q
 from storage.findings import findings
+from storage.columns import shown_in
 from storage.schedule import schedule_dict
 from storage.verdict import verdict_dict
 
@@ -33,10 +34,10 @@ REFRESH_SECONDS = 2.0
 # warning and an error in the boxes above the table (the ⚠ check column marks the run): the CSV keeps every column.
 RUN_COLUMNS = ["check", "run_id", "kind", "k", "sweep_value", "status", "progress", "new_tokens", "tokens_per_second",
                "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined", "predicted_speedup", "alpha",
-               "draft_acceptance_rate", "tokens_per_round", "expected_alpha", "kl", "outputs_match_baseline",
-               "speedup_note"]
+               "draft_acceptance_rate", "tokens_per_round", "expected_alpha", "kl", *shown_in("runs"),
+               "outputs_match_baseline", "speedup_note"]
 COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "c", "verify_cost", "peak_memory_mb", "target_step_seconds",
-                "draft_step_seconds", "tokens_per_second", "wall_seconds"]
+                "draft_step_seconds", "tokens_per_second", "wall_seconds", *shown_in("cost")]
 # Serving metrics (docs/metrics.md "Serving metrics"): runs decoded in batches report them, batch-1 loops do not.
 SERVING_COLUMNS = ["run_id", "kind", "k", "sweep_value", "batch_size", "tokens_per_second", "ttft_seconds_p50", "ttft_seconds_p95",
                    "itl_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p50", "request_latency_seconds_p95"]

@@ -28,6 +28,7 @@ from engine import prompt_sets
 from engine.limits import LIMITS
 from engine.wording import plural
 from engine.drafter_specs import DRAFT_SAMPLING
+from engine.run_config import DEFAULT_REPEATS, DEFAULTS as RUN_DEFAULTS
 from engine.variables import SETTINGS, VARIABLES
 from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
                                 load_prompts)
@@ -36,7 +37,7 @@ from pages.estimate import decode_speed, duration
 from pages.prefill import (AUTO_K, DEFAULT_NGRAM, DEFAULT_SWEEP, DEFAULT_THRESHOLD, DEVICES, DRAFTER_KINDS,
                            DRAFTER_PARAMETERS, DRAFTER_SUMMARY, DTYPES, INTEGER_VARIABLES, MAX_K, NUMERIC_SWEEPS,
                            SWEEP_CHOICES, SWEEP_LABELS, canonical_drafter, drafter_spec, drafter_specs, md_text,
-                           parse_names, parse_prefill, parse_sweep_values)
+                           WIDGETS, form_config, parse_names, parse_prefill, parse_sweep_values)
 from storage.errors import QueueError
 from storage.experiments import DUPLICATE_WINDOW_SECONDS, enqueue_experiment, recent_duplicate
 from storage.schema import NAME_CHARS
@@ -45,20 +46,24 @@ __all__ = ["AUTO_K", "DEFAULT_SWEEP", "INTEGER_VARIABLES", "MAX_K", "Launch", "p
            "save_upload", "upload_dir", "validate"]
 
 SWEEP_VARIABLES = tuple(VARIABLES)  # engine/variables.py: k, a sampling setting with k fixed, the draft or the drafter
-DEFAULT_REPEATS, DEFAULT_K_AUTO = 3, 8
+# The variables drawn by fields of their own below; any other numeric variable gets a number field from its
+# description (title, step, help) under Sampling, and reaches validate() by name.
+OWN_FIELDS = ("k", "temperature", "top_k", "top_p", "batch_size", "draft", "drafter", "draft_sampling")
+EXTRA_FIELDS = tuple(name for name, v in VARIABLES.items() if not v.categorical and name not in OWN_FIELDS)
+DEFAULT_K_AUTO = 8
 UPLOAD_TYPES = ["jsonl", "csv", "txt", "parquet", "arrow", "feather"]
 DEFAULT_DRAFTER_SWEEP = ["model", "heuristic", "confidence", "prompt-lookup"]
 LINK_NOTES = "new_experiment_link_notes"  # session key: what the link's parameters left out
 # Each widget's first value: the page seeds st.session_state with these (or the link's values) and creates the
 # widgets without value=/index=, so a value from a link never competes with a default.
 DEFAULTS = {
-    "target": zoo.DEMO_TARGET, "draft": zoo.DEMO_DRAFTS[0], "prompt_source": "Built-in", "temperature": 0.0, "top_k": 0,
-    "top_p": 1.0, "batch_size": 1, "seed": 0, "max_new_tokens": 128, "device": "auto", "dtype": "auto",
-    "sweep_variable": "k",
-    "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "fixed_k": 4, "repeats": DEFAULT_REPEATS, "name": "",
-    "tags": "", "notes": "", "drafter": "model", "drafter_threshold": DEFAULT_THRESHOLD, "drafter_ngram": DEFAULT_NGRAM,
+    # every described parameter's field at its default (engine/run_config.py), the draft a shipped one
+    **{WIDGETS[name]: RUN_DEFAULTS[name] for name in RUN_DEFAULTS if name != "draft"},
+    "target": zoo.DEMO_TARGET, "draft": zoo.DEMO_DRAFTS[0], "prompt_source": "Built-in", "device": "auto",
+    "dtype": "auto", "sweep_variable": "k", "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "name": "",
+    "tags": "", "notes": "", "drafter_threshold": DEFAULT_THRESHOLD, "drafter_ngram": DEFAULT_NGRAM,
     "drafter_sweep": DEFAULT_DRAFTER_SWEEP, "drafter_sweep_t": f"{DEFAULT_THRESHOLD:g}",
-    "drafter_sweep_n": str(DEFAULT_NGRAM), "draft_sampling": "probabilistic", "grid_batch_sizes": "",
+    "drafter_sweep_n": str(DEFAULT_NGRAM), "grid_batch_sizes": "",
 }
 GRID_HELP = ("optional, comma-separated (e.g. 1,4,16): run the whole sweep (k auto: its probe, prediction and "
              "confirmations), baselines included, at each of these "
@@ -130,14 +135,15 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
              sweep_list: Sequence[str] | None = None, sweep_error: str | None = None,
              pair_checks: Sequence[tuple[str, bool, str]] | None = None,
              draft_sampling: str = "probabilistic", batch_size: int = 1, grid_text: str = "",
-             prompt_count: int | None = None) -> Launch:
+             prompt_count: int | None = None, **settings) -> Launch:
     """Check every field; a Launch with no errors carries the enqueue_experiment keyword arguments (plain text:
     the page escapes it). With k_auto (the largest k) the experiment is `--k auto`: sweep_text is not used. A draft
     or drafter sweep takes its names as sweep_list (else from sweep_text, comma-separated); a draft sweep is
     checked by pair_checks, (draft, ok, message) for each candidate, instead of pair_ok; sweep_error is a problem
     the form found in the swept values itself. `drafter` applies to every run unless the drafter is what is swept.
     grid_text: the optional "at batch sizes" list (two or more): the sweep (or k auto) at each, a grid (not with a
-    batch-size sweep). prompt_count: the prompt set's size, when known: no batch size may have more rows."""
+    batch-size sweep). prompt_count: the prompt set's size, when known: no batch size may have more rows.
+    `settings`: any other described parameter's field by name (EXTRA_FIELDS: a variable with no field of its own)."""
     launch = Launch()
     # The check's reason is already on the page, under Models, where it was run: named here, not repeated.
     if sweep_variable == "draft" and pair_checks is not None:
@@ -150,7 +156,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     elif not prompts:
         launch.errors.append("prompts: choose a built-in set or upload a .jsonl/.csv/.txt file")
     for setting, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
-                           ("batch_size", batch_size)):
+                           ("batch_size", batch_size), *settings.items()):
         if not VARIABLES[setting].in_range(value):  # the bounds every input of this setting shares
             launch.errors.append(f"{VARIABLES[setting].title.lower()} must be {VARIABLES[setting].meaning}")
     for setting, value in (("seed", seed), ("max_new_tokens", max_new_tokens), ("repeats", repeats)):
@@ -216,16 +222,20 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     else:
         models = f"{draft.strip()}{'' if drafter == 'model' else f' [{drafter}]'} → {target.strip()}"
     default_name = f"{models} on {Path(prompts).name if os.sep in prompts else prompts}"[:NAME_CHARS]
-    launch.kwargs = dict(
-        name=name.strip() or default_name, target=target.strip(), draft=draft.strip(), prompts=prompts,
-        sampling={"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed),
-                  "max_new_tokens": int(max_new_tokens), "batch_size": int(sizes[0] if sizes else batch_size)},
-        device=device, dtype=dtype, sweep_variable=sweep_variable, sweep_values=values, k=int(k),
-        notes=notes.strip(), tags=tags, repeats=int(repeats), k_auto=int(k_auto) if k_auto is not None else None,
-        drafter=drafter, draft_sampling=draft_sampling if sweep_variable != "draft_sampling" else "probabilistic",
-    )
-    if sizes:
-        launch.kwargs["batch_sizes"] = sizes
+    # What is on screen, as one run configuration (engine/run_config.py, read by pages/prefill.py's form_config):
+    # its enqueue arguments are what Launch queues.
+    state = {"target": target, "draft": draft, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+             "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "batch_size": batch_size,
+             "fixed_k": k, "draft_sampling": draft_sampling, "drafter_spec": drafter, "device": device,
+             "dtype": dtype, "sweep_variable": AUTO_K if k_auto is not None else sweep_variable, "k_auto": k_auto,
+             "sweep_list": values, "grid_batch_sizes": ",".join(map(str, sizes)) if sizes else None,
+             **{WIDGETS[setting]: value for setting, value in settings.items()}}
+    try:
+        config = form_config(state, prompts)
+    except (DraftLabError, ValueError) as exc:
+        launch.errors.append(str(exc))
+        return launch
+    launch.kwargs = {**config.enqueue(), "name": name.strip() or default_name, "notes": notes.strip(), "tags": tags}
     if prompt_texts is not None:  # an upload: freeze its prompts now, so any worker can run them
         from pages.pair_check import render_prompts
 
@@ -553,6 +563,10 @@ def render() -> None:
         for column, setting in zip(st.columns(3), ("temperature", "top_k", "top_p")):
             v = VARIABLES[setting]
             fixed[setting] = column.number_input(v.title, step=v.step, key=setting, help=v.help.split(";")[0])
+        for setting in EXTRA_FIELDS:
+            _seed(setting)
+            v = VARIABLES[setting]
+            fixed[setting] = st.number_input(v.title, step=v.step, key=setting, help=v.help.split(";")[0])
         temperature, top_k, top_p = fixed["temperature"], fixed["top_k"], fixed["top_p"]
         _seed("batch_size")
         unused = batch_size_unused(choice, st.session_state.get("grid_batch_sizes", ""))
@@ -635,7 +649,8 @@ def render() -> None:
                           k_auto=int(k_auto) if k_auto is not None else None, drafter=drafter,
                           sweep_list=sweep_list, sweep_error=sweep_error, pair_checks=checks,
                           draft_sampling=draft_sampling, batch_size=int(fixed["batch_size"]), grid_text=grid_text,
-                          prompt_count=_prompt_count(prompts, prompt_texts))
+                          prompt_count=_prompt_count(prompts, prompt_texts),
+                          **{setting: fixed[setting] for setting in EXTRA_FIELDS})
         if launch.errors:
             st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors),
                      icon=":material/error:")

@@ -12,17 +12,16 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping, NamedTuple
 
-from engine.drafter_specs import DRAFT_SAMPLING, SPECS, parse_drafter
+from engine.drafter_specs import SPECS, parse_drafter
 from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
-from engine.variables import MAX_K, SETTINGS, VARIABLES, Variable
+from engine.run_config import DEVICES, DTYPES, PARAMETERS, URL_KEYS, RunConfig, exact_text as _exact
+from engine.variables import MAX_K, VARIABLES, Variable
 
 # --- what the form offers ---------------------------------------------------------------------------------------
 # Swept variables and drafters are described once, in engine/variables.py and engine/drafter_specs.py (torch-free);
 # the form's choices, bounds and parsers below are read from those descriptions.
 
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 NUMERIC_SWEEPS = tuple(name for name, v in VARIABLES.items() if not v.categorical)
 AUTO_K = "k: auto (predict, then confirm)"  # `--k auto`: one more choice of what to vary
 SWEEP_CHOICES = ("k", AUTO_K, *(name for name in VARIABLES if name != "k"))
@@ -35,6 +34,7 @@ MAX_NOTES = 4000    # characters of notes from a link
 DRAFTER_KINDS = tuple(SPECS)
 DRAFTER_SUMMARY = {name: f"{spec.usage}: {spec.summary}" for name, spec in SPECS.items()}
 DRAFTER_PARAMETERS = {name: spec.parameter for name, spec in SPECS.items() if spec.parameter}
+DRAFTER_WIDGETS = {"confidence": "drafter_threshold", "prompt-lookup": "drafter_ngram"}  # a parameter's field
 DEFAULT_THRESHOLD = SPECS["confidence"].parameter.default
 DEFAULT_NGRAM = SPECS["prompt-lookup"].parameter.default
 
@@ -126,6 +126,9 @@ def drafter_specs(kinds: Iterable[str], thresholds: str, ngrams: str) -> list[st
         param = DRAFTER_PARAMETERS.get(kind)
         if param is not None:
             items = [p.strip() for p in str(listed.get(kind) or "").split(",") if p.strip()]
+            if not items and kind not in listed and SPECS[kind].default_parameter:
+                specs.append(kind)  # no field for its parameter (suffix's depth D): the bare name, its default
+                continue
             if not items:
                 raise ValueError(f"{kind} needs {param.meaning}; list one or more, e.g. {param.example.split(':')[1]}")
             specs += [f"{kind}:{item}" for item in items]
@@ -149,23 +152,16 @@ def split_drafter_specs(specs: Iterable[str]) -> tuple[list[str], str | None, st
 
 # --- link parameters --------------------------------------------------------------------------------------------
 
-# The link's numeric parameters: (widget key, the setting's description). The swept variables' bounds come from
-# engine/variables.py (VARIABLES, and SETTINGS: seed, max new tokens, repeats, with engine/limits.py's caps);
-# k auto's largest k is the form's own.
+# Each described parameter's widget on the form (engine/run_config.py's PARAMETERS): its own name, except k, whose
+# field is the fixed k of a sweep over something else. The link's numeric parameters are read by their
+# descriptions (VARIABLES, and SETTINGS: seed, max new tokens, repeats, with engine/limits.py's caps); k auto's
+# largest k is the form's own.
+WIDGETS = {name: "fixed_k" if name == "k" else name for name in PARAMETERS}
 _Bounded = NamedTuple("_Bounded", [("kind", type), ("low", float), ("high", float), ("meaning", str)])
-NUMBERS = {
-    "temperature": ("temperature", VARIABLES["temperature"]),
-    "top_k": ("top_k", VARIABLES["top_k"]),
-    "top_p": ("top_p", VARIABLES["top_p"]),
-    "seed": ("seed", SETTINGS["seed"]),
-    "max_new_tokens": ("max_new_tokens", SETTINGS["max_new_tokens"]),
-    "k": ("fixed_k", VARIABLES["k"]),
-    "k_auto": ("k_auto", _Bounded(int, 2, MAX_K, f"a whole number from 2 to {MAX_K}")),
-    "repeats": ("repeats", SETTINGS["repeats"]),
-    "batch_size": ("batch_size", VARIABLES["batch_size"]),
-}
-KNOWN = ("target", "draft", "prompts", "device", "dtype", "sweep", "values", "notes", "drafter", "batch_sizes",
-         "draft_sampling", *NUMBERS)
+NUMBERS = {**{name: (WIDGETS[name], v) for name, v in PARAMETERS.items() if not v.categorical},
+           "k_auto": ("k_auto", _Bounded(int, 2, MAX_K, f"a whole number from 2 to {MAX_K}"))}
+NAMED = tuple(name for name, v in VARIABLES.items() if v.categorical and name not in ("draft", "drafter"))
+KNOWN = (*URL_KEYS, "notes", *PARAMETERS)
 
 
 def _shown(value) -> str:
@@ -216,12 +212,18 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
                 values[widget] = number
             else:
                 bad(key, f"not {setting.meaning}")
-    for key, options in (("device", DEVICES), ("dtype", DTYPES), ("draft_sampling", DRAFT_SAMPLING)):
+    for key, options in (("device", DEVICES), ("dtype", DTYPES)):
         if key in raw:
             if raw[key].strip() in options:
                 values[key] = raw[key].strip()
             else:
                 bad(key, f"not one of {', '.join(options)}")
+    for key in NAMED:  # another named variable (draft sampling): its own description parses it
+        if key in raw:
+            try:
+                values[WIDGETS[key]] = VARIABLES[key].parse(raw[key], form=True)
+            except DraftLabError as exc:
+                bad(key, str(exc))
     if "notes" in raw:
         text = raw["notes"].replace("\r\n", "\n")
         if len(text) > MAX_NOTES:
@@ -237,10 +239,8 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
             bad("drafter", str(exc))
         else:
             values["drafter"] = name
-            if name == "confidence":
-                values["drafter_threshold"] = value
-            elif name == "prompt-lookup":
-                values["drafter_ngram"] = value
+            if name in DRAFTER_WIDGETS:
+                values[DRAFTER_WIDGETS[name]] = value
 
     sweep = None
     if "sweep" in raw:
@@ -270,8 +270,11 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
                     values["drafter_sweep_t"] = thresholds
                 if ngrams:
                     values["drafter_sweep_n"] = ngrams
+            elif variable in NAMED:  # the form compares every value of a named variable (draft sampling)
+                if parsed != list(VARIABLES[variable].parse_list(VARIABLES[variable].example)):
+                    notes.append(f"values={_shown(listed)}: the form compares {VARIABLES[variable].example}")
             else:
-                values["sweep_values"] = ",".join(f"{v:g}" for v in parsed)
+                values["sweep_values"] = ",".join(_exact(VARIABLES[variable], v) for v in parsed)
     if "batch_sizes" in raw:  # a grid: the sweep at each of these batch sizes (the form's "at batch sizes")
         if variable == "batch_size":
             notes.append("batch_sizes: ignored when sweeping batch size (a grid sweeps another variable at each "
@@ -287,6 +290,76 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
                 else:
                     values["grid_batch_sizes"] = ",".join(str(v) for v in sizes)
     return values, notes
+
+
+# --- the form and a run configuration, both ways -----------------------------------------------------------------
+
+def _prompt_spec(spec: str, default_split: str = "tune") -> str:
+    spec = str(spec).strip()
+    return spec if ":" in spec else f"{spec}:{default_split}"
+
+
+def form_values(cfg: RunConfig, default_split: str = "tune") -> dict:
+    """The form's widget values that show `cfg` (widget key -> value): what a link to it fills in
+    (`parse_prefill(cfg.to_url(), ...)` gives exactly these for a built-in prompt set), and what form_config reads
+    back. A drafter parameter the form has no field for (suffix's depth) is its default there."""
+    values = {"target": cfg.target, "device": cfg.device, "dtype": cfg.dtype, "prompt_source": "Built-in",
+              "prompt_set": _prompt_spec(cfg.prompts, default_split)}
+    for name, value in cfg.settings:
+        if name == cfg.sweep or (name == "draft" and value == "") or (name == "batch_size" and cfg.batch_sizes):
+            continue
+        if name == "drafter":
+            kind, parameter = parse_drafter(value)
+            values["drafter"] = kind
+            if kind in DRAFTER_WIDGETS:
+                values[DRAFTER_WIDGETS[kind]] = parameter
+        else:
+            values[WIDGETS[name]] = value
+    if cfg.k_auto is not None:
+        values.update(sweep_variable=AUTO_K, k_auto=cfg.k_auto)
+    else:
+        values["sweep_variable"] = cfg.sweep
+        if cfg.sweep == "draft":
+            values["draft_candidates"] = list(cfg.values)
+        elif cfg.sweep == "drafter":
+            kinds, thresholds, ngrams = split_drafter_specs(cfg.values)
+            values["drafter_sweep"] = kinds
+            values.update({key: text for key, text in (("drafter_sweep_t", thresholds), ("drafter_sweep_n", ngrams))
+                           if text})
+        elif cfg.sweep not in NAMED:
+            values["sweep_values"] = ",".join(_exact(cfg.swept, v) for v in cfg.values)
+    if cfg.batch_sizes:
+        values["grid_batch_sizes"] = ",".join(str(b) for b in cfg.batch_sizes)
+    return values
+
+
+def form_config(values: dict, prompts: str) -> RunConfig:
+    """The run configuration the form's widget values describe: what Launch queues (pages/new_experiment.py's
+    validate). `sweep_list`, when given, is a named sweep's values as checked on the page (drafts each pair-checked,
+    drafter specs built from their fields); `drafter_spec` the fixed drafter as one spec. A DraftLabError (or the
+    ValueError of a drafter field) names the problem in the form's words."""
+    choice = values.get("sweep_variable") or "k"
+    k_auto = values.get("k_auto") if choice == AUTO_K else None
+    sweep = "k" if choice == AUTO_K else choice
+    given = {name: values[WIDGETS[name]] for name in PARAMETERS if name != "drafter" and WIDGETS[name] in values}
+    kind = values.get("drafter")
+    given["drafter"] = values.get("drafter_spec") or (
+        drafter_spec(kind, values.get(DRAFTER_WIDGETS[kind]) if kind in DRAFTER_WIDGETS else None) if kind else None)
+    listed = values.get("sweep_list")
+    if k_auto is not None:
+        listed = None
+    elif listed is None and sweep == "draft":
+        listed = parse_names(values.get("draft_candidates") or [], "draft")
+    elif listed is None and sweep == "drafter":
+        listed = drafter_specs(values.get("drafter_sweep") or [], values.get("drafter_sweep_t", ""),
+                               values.get("drafter_sweep_n", ""))
+    elif listed is None and sweep in NAMED:
+        listed = VARIABLES[sweep].parse_list(VARIABLES[sweep].example)  # the form compares every value
+    elif listed is None:
+        listed = parse_sweep_values(values.get("sweep_values", ""), sweep)
+    return RunConfig.make(target=values.get("target", ""), prompts=prompts, sweep=sweep, values=listed,
+                          k_auto=k_auto, batch_sizes=values.get("grid_batch_sizes") or None,
+                          device=values.get("device", "auto"), dtype=values.get("dtype", "auto"), form=True, **given)
 
 
 # --- text shown through markdown --------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 key), its header, its help and its one number format. The runs query (storage/queries.py), the `run --json` keys
 (storage/export.py) and every page's tables (pages/common.py's `column_config`, `show`) read it, so a metric reads
 the same on every page (α was 0.635 in one table and 0.636 in another), no header is blank or a raw name, and a
-new metric is one entry here.
+new metric is one entry here: its SQL (`sql`, selected by the runs query) and the tables it shows in (`tables`,
+`json`) included.
 
 `fmt` is a printf format ("%.3f"): Streamlit's grid formats numbers with it and `show` formats text with it, so
 a figure in a sentence or a metric tile and the same figure in a table agree to the last digit shown.
@@ -23,6 +24,11 @@ class Column:
     kind: str = "number"  # number, text, progress, list, datetime, checkbox
     width: str | None = None  # the grid's "small", "medium", "large"; None lets it size the column
     json: bool = False  # one of a speculative run's keys in `draftlab run --json`, in this table's order (SPEC)
+    # A per-run metric computed where it is listed: an SQL expression over the run `r` (a runs row; subqueries over
+    # its rounds, prompt_results or draft_tokens by `r.id`), selected by storage/queries.py's runs() as this name.
+    # None: the runs query selects the column itself.
+    sql: str | None = None
+    tables: tuple[str, ...] = ()  # the detail page's tables it shows in besides their own list: "runs", "cost"
 
 
 def _c(*args, **kwargs) -> Column:
@@ -56,6 +62,10 @@ RUN = [
        json=True),
     _c("tokens_per_round", "tokens/round", "tokens emitted per round: accepted drafts plus the target's own",
        "%.2f", json=True),
+    _c("full_accept_share", "full accepts", "share of rounds (with drafts) whose every draft was accepted, ending "
+       "in a bonus token: how often k was too short (what the heuristic drafter's +2 reacts to)", RATE, json=True,
+       sql="SELECT CAST(SUM(CASE WHEN rd.accepted = rd.k THEN 1 ELSE 0 END) AS DOUBLE PRECISION) "
+           "/ NULLIF(COUNT(*), 0) FROM rounds rd WHERE rd.run_id = r.id AND rd.k > 0", tables=("runs",)),
     _c("expected_alpha", "expected α", "mean over verified positions of β = Σ min(p_d, p_t): the acceptance the "
        "two distributions predict", RATE, json=True),
     _c("kl", "KL", "KL(p_t ‖ p_d) in nats per verified token", RATE, json=True),
@@ -146,6 +156,12 @@ COLUMNS: dict[str, Column] = {c.name: c for c in [*RUN, *BREAKDOWN]}
 EXPERIMENT_COLUMNS: dict[str, Column] = {c.name: c for c in EXPERIMENT}
 
 RUN_QUERY = [c.name for c in RUN if c.kind != "list" and c.name != "check"]  # what queries.runs() returns
+COMPUTED = [c for c in RUN if c.sql]  # the metrics the runs query computes from their entry's SQL
+
+
+def shown_in(table: str) -> list[str]:
+    """The computed metrics a detail-page table shows (their entry's `tables`), in this table's order."""
+    return [c.name for c in COMPUTED if table in c.tables]
 SPECULATIVE_KEYS = [c.name for c in RUN if c.json]  # a speculative run's metrics in `draftlab run --json`
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from engine.drafter_specs import DEFAULT_DRAFTER, SPECS
 from engine.drafter_specs import parse_drafter as _parse_spec
 from engine.errors import DraftLabError
+from engine.run_config import PARAMETERS, RunConfig
 
 ENGINES = ("vllm", "sglang", "llama_cpp", "transformers")
 DRAFTER_NAMES = tuple(SPECS)  # each declares its mapping per engine (DrafterSpec.serving; tests/test_deploy.py)
@@ -84,40 +85,41 @@ def _model_ref(name: str) -> str:
 
 
 def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False) -> dict:
-    """The run's settings that matter to an engine, with defaults for values older databases lack. max_new_tokens:
-    the test's budget when `with_max_new_tokens`, else None (each engine's own default or the user's length)."""
+    """The run's settings that matter to an engine: engine/run_config.py's configuration of the run (every
+    parameter, the run's own value else the experiment's, else its default for values older databases lack).
+    max_new_tokens: the test's budget when `with_max_new_tokens`, else None (each engine's own default or the
+    user's length). `_notes`: what the engines do differently with a parameter's value (Variable.serving_note)."""
     name, param = parse_drafter(_pick(run, {}, "drafter") or experiment.get("drafter") or DEFAULT_DRAFTER)
     k = _pick(run, experiment, "k")
     if not _present(k) or int(k) < 1:
         raise DeployError(f"run {run.get('run_id')} has no draft length k (a baseline runs the target alone); "
                           f"pick a speculative run")
-    draft = _pick(run, {}, "draft")
-    if draft is None:  # older databases: the experiment's draft (a draft sweep stores one per run)
-        draft = experiment.get("draft")
+    try:
+        config = RunConfig.of_run({**run, "drafter": SPECS[name].spec(param)}, experiment)
+    except DraftLabError as exc:
+        raise DeployError(f"run {run.get('run_id')}: {exc}") from None
     needs_model = SPECS[name].needs_model
+    draft = config.value("draft")
     if needs_model and not draft:
         raise DeployError(f"run {run.get('run_id')} drafts with a draft model ({name}) but none is stored for it")
-    temperature = float(_pick(run, experiment, "temperature", 0.0))
-    top_k = int(_pick(run, experiment, "top_k", 0))
-    top_p = float(_pick(run, experiment, "top_p", 1.0))
+    settings = config.run_settings()
+    measured_tokens = settings.pop("max_new_tokens")
+    notes = [note for key, value in settings.items()
+             if PARAMETERS[key].serving_note and (note := PARAMETERS[key].serving_note(value, settings))]
     return {
         "run_id": int(run["run_id"]) if _present(run.get("run_id")) else None,
         "experiment_id": int(eid) if (eid := _pick(run, experiment, "experiment_id")) is not None else None,
         "target": str(experiment.get("target") or ""),
+        **settings,
         "draft": str(draft) if draft and needs_model else None,
         "drafter": name if param is None else f"{name}:{param:g}" if isinstance(param, float) else f"{name}:{param}",
-        "k": int(k),
-        "temperature": temperature,
-        "top_k": top_k,
-        "top_p": top_p,
-        "seed": int(_pick(run, experiment, "seed", 0)),
-        "max_new_tokens": int(_pick(run, experiment, "max_new_tokens", 128)) if with_max_new_tokens else None,
-        "_measured_max_new_tokens": int(_pick(run, experiment, "max_new_tokens", 128)),
+        "max_new_tokens": measured_tokens if with_max_new_tokens else None,
+        "_measured_max_new_tokens": measured_tokens,
         "dtype": str(experiment.get("dtype") or "auto"),
         "trust_remote_code": bool(experiment.get("trust_remote_code") or False),
-        "greedy": temperature <= 0,
-        "draft_sampling": str(_pick(run, experiment, "draft_sampling", "probabilistic") or "probabilistic"),
+        "greedy": settings["temperature"] <= 0,
         "_drafter": (name, param),
+        "_notes": notes,
     }
 
 
@@ -452,8 +454,11 @@ def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = Fal
             "largest": max(sizes), "sizes_text": ", ".join(map(str, sizes)),
             "steps_text": "; ".join(f"batch {step['batch_size']}: " + (f"k={step['k']}" if step["k"] else "off")
                                     for step in schedule["steps"] if step["k"] is not None)}
-    return {"vllm": _vllm(cfg), "sglang": _sglang(cfg), "llama_cpp": _llama_cpp(cfg),
-            "transformers": _transformers(cfg)}
+    engines = {"vllm": _vllm(cfg), "sglang": _sglang(cfg), "llama_cpp": _llama_cpp(cfg),
+               "transformers": _transformers(cfg)}
+    for settings in engines.values():  # what no engine does as measured, whatever its flags
+        settings["notes"] = [*settings["notes"], *cfg["_notes"]]
+    return engines
 
 
 def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: int | None = None,

@@ -4,13 +4,15 @@ profile it is predicted from. Every run is created `queued`; storage/run_state.p
 """
 from __future__ import annotations
 
+import inspect
 import json
 import numbers
 from typing import Iterable, Sequence
 
 from sqlalchemy import insert, select, text
 
-from engine.drafter_specs import SPECS
+from engine.errors import DraftLabError
+from engine.run_config import DEFAULTS, PARAMETERS, RUN_PARAMETERS, RunConfig
 from engine.variables import VARIABLES
 
 from .errors import QueueError
@@ -18,18 +20,11 @@ from .schema import (BASELINE, NAME_CHARS, QUEUED, SPECULATIVE, Experiment, Run,
                      batch_verify_profile, verify_profile)
 from .store import Store
 
-# The run settings every run stores: the sampling variables (engine/variables.py: those the target's own decoding
-# depends on, each with its default) plus the seed and the token budget.
-SAMPLING_DEFAULTS = {**{v.name: v.parse(v.default) for v in VARIABLES.values() if v.per_value_baseline},
-                     "seed": 0, "max_new_tokens": 128}
+# The numeric settings every run stores (engine/run_config.py's parameters, k apart: it is checked as the sweep or
+# as the fixed k), each with its default: the queue's last bounds check reads them.
+SAMPLING_DEFAULTS = {name: DEFAULTS[name] for name in RUN_PARAMETERS
+                     if name != "k" and not PARAMETERS[name].categorical}
 SAMPLING_KEYS = tuple(SAMPLING_DEFAULTS)
-
-
-def _needs_model(drafter: str) -> bool:
-    """Whether runs of this drafter spec record a draft model (engine/drafter_specs.py's needs_model; a spec the
-    registry does not know is taken to need one, as the engine's own check then reports it)."""
-    spec = SPECS.get(str(drafter).split(":")[0].strip())
-    return spec is None or spec.needs_model
 
 
 def check_bounds(name: str | None, config: dict, repeats, sweep_variable: str, values: Sequence) -> None:
@@ -78,7 +73,8 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                        trust_remote_code: bool = False, reserved_for: str | None = None, repeats: int = 1,
                        k_auto: int | None = None, drafter: str = "model", validates: int | None = None,
                        chat_template: str = "auto", draft_sampling: str = "probabilistic",
-                       launched_by: str | None = None, batch_sizes: Sequence[int] | None = None) -> int:
+                       launched_by: str | None = None, batch_sizes: Sequence[int] | None = None,
+                       **settings) -> int:
     """Create an experiment with its target-only baseline(s) and one speculative run per sweep value, all
     queued; return the experiment id. A k sweep shares one baseline; a sampling sweep gets one per value
     (speedup compares equal sampling configs); a draft or drafter sweep shares one baseline, each run naming its
@@ -88,7 +84,8 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     only the baseline and k = k_auto are queued; the worker predicts the curve and queues the best k values.
     chat_template: how conversation prompts become text (engine/chat.py): auto, none, or a template's text.
     batch_sizes: a grid (`--batch-size 1,4,16 --k 1,2,3,4`): the whole sweep, baselines included, once at each
-    batch size (the one allowed outer axis), each batch size's runs paired with its own baseline."""
+    batch size (the one allowed outer axis), each batch size's runs paired with its own baseline. `settings`: any
+    other described parameter by name (engine/run_config.py's PARAMETERS; RunConfig.enqueue() writes them all)."""
     if int(repeats) < 1:
         raise QueueError(f"repeats must be >= 1 (got {repeats}); use e.g. --repeats 3")
     if k_auto is not None:
@@ -101,68 +98,59 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     values = list(sweep_values)
     if not values:
         raise QueueError("sweep_values is empty; give at least one value, e.g. k = 1, 2, 4")
-    unknown = set(sampling) - set(SAMPLING_KEYS)
+    unknown = (set(sampling) | set(settings)) - set(RUN_PARAMETERS)
     if unknown:
-        raise QueueError(f"unknown sampling settings {sorted(unknown)}; use {', '.join(SAMPLING_KEYS)}")
-    config = {**SAMPLING_DEFAULTS, **sampling}
-    if sweep_variable == "k":
-        values = [int(v) for v in values]
-        if any(v <= 0 for v in values):
-            raise QueueError(f"k values must be >= 1 (got {values})")
+        raise QueueError(f"unknown sampling settings {sorted(unknown)}; use {', '.join(RUN_PARAMETERS)}")
     if swept.categorical:
         values = [str(v).strip() for v in values]
         if any(not v for v in values) or len(set(values)) < len(values):
             raise QueueError(f"{sweep_variable} values must be distinct and non-empty (got {values})")
-    check_bounds(name, config, repeats, sweep_variable, values)
-    sizes = _grid_sizes(batch_sizes, sweep_variable, config)
+    numbers = {key: value for key, value in {**SAMPLING_DEFAULTS, **sampling}.items() if key in SAMPLING_KEYS}
+    check_bounds(name, numbers, repeats, sweep_variable, values)
+    _grid_sizes(batch_sizes, sweep_variable, numbers)
+    launch = dict(target=target, draft=draft, prompts=prompts, sampling=sampling, device=device, dtype=dtype,
+                  sweep_variable=sweep_variable, sweep_values=values, k=k, trust_remote_code=trust_remote_code,
+                  repeats=repeats, k_auto=k_auto, drafter=drafter, chat_template=chat_template,
+                  draft_sampling=draft_sampling, batch_sizes=batch_sizes, **settings)
+    try:  # engine/run_config.py: every parameter parsed and bounded by its one description
+        config = RunConfig.from_enqueue(launch)
+    except DraftLabError as exc:
+        raise QueueError(str(exc)) from None
+    values = list(config.values)
+    sizes = list(config.batch_sizes or [config.value("batch_size")])
     launched_by = launched_by[:200] if launched_by else None
     largest = max(values) if sweep_variable == "batch_size" else max(sizes)
     if prompt_texts is not None and int(largest) > len(prompt_texts):
         raise QueueError(f"batch size {largest} needs at least {largest} prompts but the prompt set has "
                          f"{len(prompt_texts)}; use a batch size of {len(prompt_texts)} or less, or more prompts")
-    drafter_of = lambda v: v if sweep_variable == "drafter" else drafter  # noqa: E731
-    sampling_of = lambda v: v if sweep_variable == "draft_sampling" else draft_sampling  # noqa: E731
-
-    def draft_of(v):
-        if not _needs_model(drafter_of(v)):
-            return None
-        return v if sweep_variable == "draft" else draft
-    name = name or f"{','.join(values) if sweep_variable == 'draft' else draft} → {target} on {prompts}"[:NAME_CHARS]
+    columns = config.experiment_columns()
+    name = name or f"{columns['draft']} → {target} on {prompts}"[:NAME_CHARS]
     with store.session() as s:
-        exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), target=target, drafter=drafter,
-                         validates=validates, chat_template=chat_template or "auto", draft_sampling=draft_sampling,
-                         launched_by=launched_by,
-                         draft=",".join(values) if sweep_variable == "draft" else draft,
-                         prompts=prompts, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                         k=int(k), sweep_variable=sweep_variable, sweep_values=json.dumps(values), repeats=int(repeats),
-                         k_auto=int(k_auto) if k_auto is not None else None,
-                         batch_sizes=json.dumps(sizes) if batch_sizes is not None else None,
-                         **{**config, "batch_size": sizes[0]})
+        exp = Experiment(name=name, notes=notes or "", tags=_normalize_tags(tags), validates=validates,
+                         launched_by=launched_by, **columns)
         s.add(exp)
         s.flush()
         common = {"experiment_id": exp.id, "status": QUEUED, "reserved_for": reserved_for}
         new_runs = ((1 + len(values)) if not swept.per_value_baseline else 2 * len(values)) * len(sizes)
         check_launcher_cap(s.connection(), launched_by, new_runs)
         for size in sizes:  # one batch size unless a grid: the sweep, baselines included, at each
-            at_size = {**config, "batch_size": size}
+            at_size = config.with_values(batch_size=size) if config.batch_sizes else config
             if not swept.per_value_baseline:  # k, draft, drafter: the target decodes alike, one shared baseline
-                baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **at_size)
+                baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common,
+                               **at_size.run_settings(baseline=True))
                 s.add(baseline)
                 s.flush()
                 for i, v in enumerate(values):
-                    s.add(Run(kind=SPECULATIVE, k=v if sweep_variable == "k" else int(k),
-                              sweep_value=swept.sweep_value(v, i), sweep_label=str(v), draft=draft_of(v),
-                              drafter=drafter_of(v), draft_sampling=sampling_of(v), baseline_run_id=baseline.id,
-                              **common, **at_size))
+                    s.add(Run(kind=SPECULATIVE, sweep_value=swept.sweep_value(v, i), sweep_label=swept.show(v),
+                              baseline_run_id=baseline.id, **common, **at_size.run_settings(v)))
             else:  # a sampling setting: one baseline per value (speedup compares equal sampling configs)
                 for i, v in enumerate(values):
-                    run_config = {**at_size, sweep_variable: v}
-                    baseline = Run(kind=BASELINE, k=None, sweep_value=swept.sweep_value(v, i), **common, **run_config)
+                    baseline = Run(kind=BASELINE, k=None, sweep_value=swept.sweep_value(v, i), **common,
+                                   **at_size.run_settings(v, baseline=True))
                     s.add(baseline)
                     s.flush()
-                    s.add(Run(kind=SPECULATIVE, k=int(k), sweep_value=swept.sweep_value(v, i), sweep_label=f"{v:g}",
-                              draft=draft, drafter=drafter, draft_sampling=draft_sampling, baseline_run_id=baseline.id,
-                              **common, **run_config))
+                    s.add(Run(kind=SPECULATIVE, sweep_value=swept.sweep_value(v, i), sweep_label=swept.show(v),
+                              baseline_run_id=baseline.id, **common, **at_size.run_settings(v)))
         if prompt_texts is not None:
             s.flush()
             s.execute(insert(experiment_prompts), [{"experiment_id": exp.id, "prompt_index": i, "prompt": p}
@@ -217,40 +205,27 @@ DUPLICATE_WINDOW_SECONDS = 120  # a second Launch of the same settings within th
 def recent_duplicate(store: Store, launch: dict, window_seconds: float = DUPLICATE_WINDOW_SECONDS) -> int | None:
     """The id of an experiment queued in the last `window_seconds` with exactly the settings `launch` (the keyword
     arguments of enqueue_experiment) would queue again, or None: the dashboard links to it instead of queuing a
-    copy when Launch is pressed twice. Name, notes and tags do not count; an upload counts by its content (its
-    saved path holds the content's hash)."""
+    copy when Launch is pressed twice. The key is engine/run_config.py's (everything but the labels: name, notes
+    and tags do not count); an upload counts by its content (its saved path holds the content's hash)."""
     from datetime import timedelta
 
     from .schema import utcnow
 
-    sweep_variable = launch.get("sweep_variable", "k")
-    values = list(launch["sweep_values"])
-    k_auto = launch.get("k_auto")
-    if k_auto is not None:
-        sweep_variable, values = "k", [int(k_auto)]
-    swept = VARIABLES[sweep_variable]
-    values = [str(v).strip() for v in values] if swept.categorical else [swept.coerce(v) for v in values]
-    draft = ",".join(values) if sweep_variable == "draft" else launch["draft"]
-    wanted = {"target": launch["target"], "draft": draft, "prompts": launch["prompts"],
-              "device": launch.get("device", "auto"), "dtype": launch.get("dtype", "auto"),
-              "sweep_variable": sweep_variable, "k": int(k_auto if k_auto is not None else launch.get("k", 4)),
-              "repeats": int(launch.get("repeats", 1)), "drafter": launch.get("drafter", "model"),
-              "draft_sampling": launch.get("draft_sampling", "probabilistic"),
-              "chat_template": launch.get("chat_template") or "auto",
-              "batch_sizes": None if launch.get("batch_sizes") is None else
-              json.dumps(sorted(int(v) for v in launch["batch_sizes"])),
-              **{**SAMPLING_DEFAULTS, **launch.get("sampling", {})}}
-    if wanted["batch_sizes"] is not None:
-        wanted["batch_size"] = json.loads(wanted["batch_sizes"])[0]
+    # What enqueue_experiment would queue: its own defaults for what `launch` leaves out (repeats 1, k 4, ...).
+    defaults = {p.name: p.default for p in inspect.signature(enqueue_experiment).parameters.values()
+                if p.default is not p.empty}
+    wanted = RunConfig.from_enqueue({**defaults, **launch}).key()
     since = utcnow() - timedelta(seconds=window_seconds)
-    query = select(experiments.c.id, experiments.c.sweep_values, experiments.c.k_auto).where(
-        experiments.c.created >= since, experiments.c.validates.is_(None),
-        *(experiments.c[column] == value for column, value in wanted.items())).order_by(experiments.c.id.desc())
+    query = select(experiments).where(experiments.c.created >= since, experiments.c.validates.is_(None),
+                                      experiments.c.target == launch["target"]).order_by(experiments.c.id.desc())
     with store.read() as conn:
-        for row in conn.execute(query):
-            stored = json.loads(row.sweep_values or "[]")
-            if stored == values and (row.k_auto is None) == (k_auto is None):
-                return int(row.id)
+        rows = conn.execute(query).mappings().all()
+    for row in rows:
+        try:
+            if RunConfig.from_experiment(row).key() == wanted:
+                return int(row["id"])
+        except DraftLabError:  # a row no longer valid under today's bounds is no duplicate of a valid launch
+            continue
     return None
 
 
@@ -262,17 +237,16 @@ def add_k_runs(store: Store, experiment_id: int, ks: Sequence[int], batch_size: 
     with store.read() as conn:
         reserved = conn.execute(text("SELECT reserved_for FROM runs WHERE experiment_id = :eid ORDER BY id LIMIT 1"),
                                 {"eid": experiment_id}).scalar()
-    config = {key: exp[key] for key in SAMPLING_KEYS}
+    config = RunConfig.from_experiment(exp)
     if batch_size is not None:
-        config["batch_size"] = int(batch_size)
+        config = config.with_values(batch_size=int(batch_size))
     common = {"experiment_id": experiment_id, "status": QUEUED, "reserved_for": reserved}
     with store.session() as s:
-        baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config)
+        baseline = Run(kind=BASELINE, k=None, sweep_value=None, **common, **config.run_settings(baseline=True))
         s.add(baseline)
         s.flush()
-        added = [Run(kind=SPECULATIVE, k=int(k), sweep_value=int(k), sweep_label=str(int(k)), draft=exp["draft"],
-                     drafter=exp["drafter"], draft_sampling=exp.get("draft_sampling") or "probabilistic",
-                     baseline_run_id=baseline.id, **common, **config) for k in ks]
+        added = [Run(kind=SPECULATIVE, sweep_value=int(k), sweep_label=str(int(k)), baseline_run_id=baseline.id,
+                     **common, **config.run_settings(int(k))) for k in ks]
         s.add_all(added)
         s.flush()
         return [baseline.id] + [r.id for r in added]

@@ -34,6 +34,7 @@ from sqlalchemy import text
 from engine import theory
 
 from engine.drafter_specs import example_specs
+from engine.run_config import BASELINE_PARAMETERS, PARAMETERS, RunConfig
 from engine.variables import variable
 
 from . import formula, production
@@ -55,8 +56,9 @@ LOW_SPEEDUP = 1.05          # the formula's best speedup under which a draft can
 WORTH_IT = 1.2              # the speedup a faster draft is asked to reach (the c it would need is reported)
 MORE_REPEATS = 5            # the least --repeats suggested when a measurement has to be repeated
 
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens")
-MISMATCH_KEYS = (*SAMPLING_KEYS, "batch_size")  # what every arm must share with its own baseline
+# What every arm must share with its own baseline: what the target's own decoding depends on (engine/run_config.py).
+MISMATCH_KEYS = BASELINE_PARAMETERS
+SAMPLING_KEYS = tuple(key for key in BASELINE_PARAMETERS if key != "batch_size")  # a run's sampling, for a link
 KINDS = ("sampling_mismatch", "timing_warning", "validation", "positions", "token_type", "thin_data", "tie",
          "prediction", "formula", "low_c", "production", "schedule", "confirm")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -144,28 +146,16 @@ class _Context:
         return f"run {row.run_id}" if value is None else f"{self.variable} = {self.show(value)}"
 
     def prefill(self, title: str, **fields) -> dict:
-        """The experiment's own configuration with `fields` changed (a None value drops that field): its batch
-        size (a grid: its batch sizes) and draft sampling too, so a follow-up measures where this one did."""
-        e = self.experiment
-        sizes = q.grid_sizes(e) if self.variable != "batch_size" else None
-        base = {"target": e["target"], "draft": e["draft"], "prompts": e["prompts"],
-                **{key: e[key] for key in SAMPLING_KEYS},
-                "batch_size": None if self.variable == "batch_size" or sizes else int(e.get("batch_size") or 1),
-                "batch_sizes": ",".join(map(str, sizes)) if sizes else None,
-                "draft_sampling": e.get("draft_sampling") if self.variable != "draft_sampling" else None,
-                "device": e.get("device"), "dtype": e.get("dtype"), "repeats": int(e.get("repeats") or 1),
-                "sweep": self.variable, "values": ",".join(self.show(v) for v in e["sweep_values"]),
-                "drafter": e.get("drafter") if self.variable != "drafter" else None,
-                "k": None if self.variable == "k" else int(e["k"]),
+        """The experiment's own configuration as a link (RunConfig.to_url: every parameter, a grid's batch sizes)
+        with `fields` changed (a None value drops that field), so a follow-up measures where this one did."""
+        base = {**RunConfig.from_experiment(self.experiment).to_url(),  # every parameter (engine/run_config.py)
                 "notes": f"Follow-up to experiment #{self.experiment_id}: {title}"}
-        if e.get("k_auto"):
-            base.update(sweep="auto", values=None, k_auto=int(e["k_auto"]))
         base.update(fields)
         return {key: value for key, value in base.items() if value is not None}
 
     def run_sampling(self, row) -> dict:
         """A run's own sampling settings (in a sampling sweep they differ from the experiment's defaults)."""
-        return {key: (float(row[key]) if key in ("temperature", "top_p") else int(row[key])) for key in SAMPLING_KEYS}
+        return {key: PARAMETERS[key].coerce(row[key]) for key in SAMPLING_KEYS}
 
     def more_repeats(self) -> int:
         return max(MORE_REPEATS, 2 * int(self.experiment.get("repeats") or 1))

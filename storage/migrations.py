@@ -10,7 +10,7 @@ from typing import Callable
 
 from sqlalchemy import Connection, inspect, text
 
-from .schema import SCHEMA_VERSION, Base, schema_info
+from .schema import SCHEMA_VERSION, Base, schema_info, variable_columns
 
 
 class SchemaTooNew(RuntimeError):
@@ -111,10 +111,17 @@ def _v13_to_v14(conn: Connection) -> None:
                         ("server_confirms", "requests_total", "INTEGER")))
 
 
+def add_variable_columns(conn: Connection) -> None:
+    """v15, and every open after: each swept variable's column on experiments and runs (storage/schema.py's
+    variable_columns, typed from engine/variables.py), so a new variable needs no step of its own. Older rows keep
+    NULL there, which engine/run_config.py reads as the variable's default."""
+    _add_columns(conn, variable_columns())
+
+
 STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                   5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8, 8: _v8_to_v9,
                                                   9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12,
-                                                  12: _v12_to_v13, 13: _v13_to_v14}
+                                                  12: _v12_to_v13, 13: _v13_to_v14, 14: add_variable_columns}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 
@@ -139,6 +146,7 @@ def ensure_schema(engine) -> int:
                                f"{SCHEMA_VERSION}; upgrade DraftLab (pip install -U draftlab) or use another --db")
         for version in range(found, SCHEMA_VERSION):
             STEPS[version](conn)
+        add_variable_columns(conn)  # a variable described since this database's version (no step of its own)
         # New tables and indexes of later versions (create_all skips what exists).
         Base.metadata.create_all(conn)
         if found < SCHEMA_VERSION:

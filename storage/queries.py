@@ -15,16 +15,21 @@ import pandas as pd
 from sqlalchemy import select, text
 
 from engine.drafter_specs import SPECS
+from engine.run_config import RUN_PARAMETERS
 from engine.theory import predicted_speedup as _predicted_speedup
 
 from . import schema
-from .columns import RUN_QUERY
+from .columns import COMPUTED, RUN_QUERY
 from .store import Store
 
 F = "DOUBLE PRECISION"  # float division in both SQLite (REAL affinity) and PostgreSQL
 
 RUN_COLUMNS = RUN_QUERY  # runs()' columns, in order: storage/columns.py's table (headers, help, formats too)
 
+# Each run's own settings: every parameter a run stores (engine/run_config.py), beside k and batch size (metrics).
+_SETTINGS = ", ".join(f"r.{name}" for name in RUN_PARAMETERS if name not in ("k", "batch_size"))
+# The metrics whose SQL is their storage/columns.py entry's, computed over the run `r`.
+_COMPUTED = "".join(f",\n       ({c.sql}) AS {c.name}" for c in COMPUTED)
 # One row per run with its SPEC metrics; c and speedup against the run's own target-only baseline.
 # outputs_match_baseline: NULL unless greedy; while a run is unfinished it compares the prompts committed so far.
 _RUNS_SQL = f"""
@@ -61,9 +66,9 @@ SELECT r.id AS run_id, r.kind, r.k, r.sweep_value, r.status, r.progress, r.error
             WHEN COALESCE(same.same, 0) = COALESCE(same.n, 0)
                  AND (r.status <> 'done' OR COALESCE(same.n, 0) = base_n.n) THEN 1 ELSE 0 END AS outputs_match_baseline,
        r.peak_memory_mb, r.max_k, r.experiment_id, r.baseline_run_id, r.prompts_done, r.prompts_total,
-       r.temperature, r.top_k, r.top_p, r.seed, r.max_new_tokens, r.created, r.heartbeat, r.worker_id, r.device_name,
-       r.draft, r.drafter, r.draft_sampling, r.sweep_label, r.draft_parameters,
+       {_SETTINGS}, r.created, r.heartbeat, r.worker_id, r.device_name, r.sweep_label, r.draft_parameters,
        CASE WHEN r.kind = 'speculative' THEN r.peak_memory_mb - b.peak_memory_mb END AS extra_memory_mb
+       {_COMPUTED}
 FROM sel r
 LEFT JOIN base b ON b.id = r.baseline_run_id
 LEFT JOIN base_n ON base_n.run_id = r.baseline_run_id

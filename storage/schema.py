@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -469,6 +469,32 @@ class ServerPass(Base):
     wall_seconds: Mapped[float] = mapped_column(Double)
     new_tokens: Mapped[int] = mapped_column(BigInteger)
 
+
+# A swept variable (engine/variables.py) is a column of experiments (its one value) and of runs (each run's own).
+# Those written out above keep their first declaration; a variable described later gets its column here, typed
+# from its description, and migrations.py's variable step adds it to an older database.
+_SQL_TYPES = {int: (Integer, "INTEGER"), float: (Double, "DOUBLE PRECISION"), str: (Text, "TEXT")}
+
+
+def variable_columns() -> list[tuple[str, str, str]]:
+    """(table, column, SQL type) of every swept variable's column on experiments and runs."""
+    from engine.variables import VARIABLES
+
+    return [(table, name, _SQL_TYPES[v.kind][1]) for name, v in VARIABLES.items()
+            for table in ("experiments", "runs")]
+
+
+def _declare_variable_columns() -> None:
+    from engine.run_config import DEFAULTS
+    from engine.variables import VARIABLES
+
+    for name, v in VARIABLES.items():
+        for model in (Experiment, Run):
+            if name not in model.__table__.c:
+                setattr(model, name, mapped_column(_SQL_TYPES[v.kind][0], nullable=True, default=DEFAULTS[name]))
+
+
+_declare_variable_columns()
 
 schema_info = SchemaInfo.__table__
 experiments = Experiment.__table__

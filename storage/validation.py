@@ -13,13 +13,14 @@ A rise of α is reported as a rise (the test looks for a drop only). Sets are na
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import pandas as pd
 from sqlalchemy import text
 
 from engine.prompt_sets import BUILTIN_SETS, set_name
+from engine.run_config import RUN_PARAMETERS, RunConfig
 
 from . import queries as q
 from .stats import clustered_ratio_se
@@ -28,7 +29,6 @@ from .verdict import verdict
 
 CONFIDENCE = 0.95  # of the one-sided test for a drop of α
 Z_ONE_SIDED = NormalDist().inv_cdf(CONFIDENCE)  # 1.645
-CONFIGURATION = ("k", "drafter", "draft", "temperature", "top_k", "top_p")  # what a validation reruns
 
 
 class ValidationError(ValueError):
@@ -79,24 +79,14 @@ def validation_plan(store: Store, experiment_id: int, prompts: str | None = None
     if held_out.strip() == exp["prompts"].strip():
         raise ValidationError(f"--prompts {set_name(held_out)!r} is the set the experiment was tuned on; pass "
                               f"held-out prompts")
-    k = int(best["k"])
-    draft = best["draft"] if pd.notna(best.get("draft")) else exp["draft"]
-    drafter = best["drafter"] if pd.notna(best.get("drafter")) else exp.get("drafter") or "model"
-    return {
-        "name": f"validate #{experiment_id}: k={k} {drafter} {draft} on {set_name(held_out)}",
-        "target": exp["target"], "draft": draft, "drafter": drafter, "prompts": held_out,
-        # plain Python numbers: a numpy int64 would reach SQLite as a blob
-        "sampling": {key: cast(best[key]) for key, cast in (("temperature", float), ("top_k", int), ("top_p", float),
-                                                            ("seed", int), ("max_new_tokens", int))}
-        | {"batch_size": int(best["batch_size"]) if pd.notna(best.get("batch_size")) else 1},
-        # at the batch size it was measured at (a grid's: its smallest, whose verdict this is), drafting as it did
-        "draft_sampling": str(best["draft_sampling"]) if pd.notna(best.get("draft_sampling")) else
-        exp.get("draft_sampling") or "probabilistic",
-        "device": exp["device"], "dtype": exp["dtype"], "trust_remote_code": bool(exp["trust_remote_code"]),
-        "sweep_variable": "k", "sweep_values": [k], "k": k, "repeats": int(exp.get("repeats") or 1),
-        "validates": experiment_id, "tags": exp.get("tag_list") or [],
-        "chat_template": exp.get("chat_template") or "auto",  # held-out conversations rendered as the tuned ones
-    }
+    # The chosen run's own configuration (engine/run_config.py: every parameter, the run's value else the
+    # experiment's), rerun alone at the batch size it was measured at (a grid's: its smallest, whose verdict this
+    # is), drafting as it did, on the held-out prompts.
+    config = replace(RunConfig.of_run(best.to_dict(), exp), prompts=held_out)
+    k, drafter, draft = config.value("k"), config.value("drafter"), config.value("draft")
+    return {**config.enqueue(),
+            "name": f"validate #{experiment_id}: k={k} {drafter} {draft} on {set_name(held_out)}",
+            "validates": experiment_id, "tags": exp.get("tag_list") or []}
 
 
 # --- α with a prompt-level standard error ----------------------------------------------------------------------
@@ -155,9 +145,10 @@ def _tuning_run(store: Store, tuned_id: int, validation: pd.Series) -> pd.Series
 
 
 def _same_configuration(a: pd.Series, b: pd.Series) -> bool:
+    """Whether two runs decoded alike: every parameter a run stores (engine/run_config.py's RUN_PARAMETERS)."""
     def norm(value):
         return None if value is None or (not isinstance(value, str) and pd.isna(value)) else value
-    return all(norm(a.get(key)) == norm(b.get(key)) for key in CONFIGURATION)
+    return all(norm(a.get(key)) == norm(b.get(key)) for key in RUN_PARAMETERS)
 
 
 def validation_result(store: Store, validation_id: int) -> dict:

@@ -32,8 +32,12 @@ def test_validate_builds_enqueue_arguments():
     assert launch.errors == []
     kw = launch.kwargs
     assert kw["sweep_values"] == [1, 2, 4] and kw["sweep_variable"] == "k"
-    assert kw["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 32,
-                             "batch_size": 1}
+    from engine.run_config import DEFAULTS, RUN_PARAMETERS
+
+    # every numeric run setting (engine/run_config.py), each as on screen: the defaults, 32 new tokens
+    assert set(kw["sampling"]) == {name for name in RUN_PARAMETERS if name != "k" and name not in ("draft", "drafter")
+                                   and isinstance(DEFAULTS[name], (int, float))}
+    assert kw["sampling"] == {**{name: DEFAULTS[name] for name in kw["sampling"]}, "max_new_tokens": 32}
     assert kw["tags"] == ("a", "b") and kw["notes"] == "n"
     assert kw["name"] == "demo-draft → demo-target on code:tune"
 

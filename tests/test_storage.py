@@ -176,6 +176,33 @@ def test_stored_metrics_equal_engine_metrics(store):
     assert frame.loc[ids[("speculative", 1)]].outputs_match_baseline is False
 
 
+def test_full_accept_share_is_the_share_of_rounds_with_every_draft_accepted(store):
+    """storage/columns.py's SQL for full_accept_share equals the count over the engine's own rounds, on every
+    database; the run JSON carries it, a baseline has none."""
+    eid, ids, results = fill_experiment(store, ks=(1, 3, 5), prompts=4, same_outputs_for=3)
+    frame = q.runs(store, eid).set_index("run_id")
+    assert math.isnan(frame.loc[ids[("baseline", None)]].full_accept_share)
+    shares = []
+    for k in (1, 3, 5):
+        rounds = [r for p in results[ids[("speculative", k)]] for r in p.rounds if r.k > 0]
+        expected = sum(r.accepted == r.k for r in rounds) / len(rounds)
+        assert_close(frame.loc[ids[("speculative", k)]].full_accept_share, expected, f"k={k} full accepts")
+        shares.append(expected)
+    assert len(set(shares)) > 1 and 0 < max(shares) < 1  # the records hold both kinds of round
+    (entry,) = [r for r in run_document(store, eid)["runs"] if r["k"] == 3]
+    assert entry["full_accept_share"] == pytest.approx(shares[1], rel=REL)
+    # A round cut by max_new_tokens before its last draft (none rejected, not all accepted) is no full accept, and
+    # a round that proposed nothing (prompt lookup without a match) is not counted at all: 1 of 3.
+    rid = ids[("speculative", 3)]
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM rounds WHERE run_id = :r"), {"r": rid})
+        conn.execute(text("INSERT INTO rounds (run_id, prompt_index, round_index, k, accepted, rejected, emitted, "
+                          "draft_seconds, verify_seconds, draft_forwards) VALUES (:r, 0, :i, :k, :a, :j, 1, 0, 0, 0)"),
+                     [{"r": rid, "i": i, "k": k, "a": a, "j": j} for i, (k, a, j) in
+                      enumerate([(3, 3, 0), (3, 1, 1), (3, 2, 0), (0, 0, 0)])])
+    assert q.runs(store, eid).set_index("run_id").loc[rid].full_accept_share == pytest.approx(1 / 3)
+
+
 def test_run_document_has_the_cli_shape_and_the_engine_figures(store):
     eid, ids, results = fill_experiment(store, ks=(2,), prompts=2)
     doc = run_document(store, eid)
