@@ -186,7 +186,6 @@ class VllmServer:
             self.process.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             return None
-            return None
         return (f"the vLLM server for {self.name} died (exit status {self.process.returncode}): "
                 f"{last_error(self.log())} (log: {self.log_path})")
 
