@@ -95,9 +95,9 @@ def test_the_target_only_server_dying_keeps_the_configurations_measured_before(l
 
 def test_a_request_that_times_out_is_one_line_and_the_other_configuration_is_kept(lab, capsys, monkeypatch):
     _, runs, _ = lab
-    status, lines, stored, rows, series = _confirm(lab, capsys, monkeypatch, "hang:1:2", "--request-timeout", "1")
+    status, lines, stored, rows, series = _confirm(lab, capsys, monkeypatch, "hang:1:2", "--request-timeout", "2")
     assert status == 1
-    assert lines == [f"error: run {runs[1]} (k=1): run {runs[1]} (k=1) server: prompt 0: no answer for 1 s (request "
+    assert lines == [f"error: run {runs[1]} (k=1): run {runs[1]} (k=1) server: prompt 0: no answer for 2 s (request "
                      f"timed out); raise --request-timeout or lower --concurrency"]
     _kept(stored, rows, series, 2, runs[2])
 
