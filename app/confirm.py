@@ -27,6 +27,7 @@ from .arguments import ID as _id, whole
 CONFIG_CHOICES = ("chosen", "schedule", "all")
 DEFAULT_REPEATS = 3  # passes per server and concurrency: the fewest that give the paired speedup an interval
 _repeats = whole(1, 1000, what="a number of passes per server and concurrency", fix="; e.g. --repeats 3")
+DIED_WAIT_SECONDS = 5.0  # a request cut off mid-answer is seen before its server's exit is: wait this long for it
 _seconds = whole(1, 86_400, what="seconds", fix="; e.g. 600")
 _concurrency_value = whole(1, 4096, what="a concurrency (requests in flight)", fix="; e.g. --concurrency 1,4,16")
 
@@ -144,6 +145,7 @@ class Progress:
 
         self.bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, desc="confirm")
         self.lock = threading.Lock()
+        self.written: list[str] = []  # lines shown as they happened, not printed again at the end
 
     def describe(self, text: str) -> None:
         self.bar.set_description_str(text)
@@ -153,6 +155,7 @@ class Progress:
             self.bar.update(1)
 
     def write(self, line: str) -> None:
+        self.written.append(line)
         self.bar.write(line, file=sys.stderr)
 
     def close(self) -> None:
@@ -172,14 +175,16 @@ def _measure_pass(server, prompts, request, concurrency, timeout, progress, coun
     from .completions_load import RequestFailed, run_pass
     from .production_scrape import parse, read_source
 
-    before = parse(read_source(server.metrics_url()), server.metrics_url()) if counted else None
     try:
+        before = parse(read_source(server.metrics_url()), server.metrics_url()) if counted else None
         record = run_pass(server.url, server.model, prompts, request, concurrency, timeout,
                           on_request=progress.request_done)
+        after = parse(read_source(server.metrics_url()), server.metrics_url()) if counted else None
     except RequestFailed as exc:
-        raise DraftLabError(server.died() or f"{server.name} server: {exc}") from None
+        raise DraftLabError(server.died(wait=DIED_WAIT_SECONDS) or f"{server.name} server: {exc}") from None
+    except DraftLabError as exc:  # a scrape: the server died, or it has no counters
+        raise DraftLabError(server.died() or str(exc)) from None
     if counted:
-        after = parse(read_source(server.metrics_url()), server.metrics_url())
         delta = after.minus(before, server.metrics_url())
         if measured.counters is None:
             measured.counters = delta
@@ -201,7 +206,7 @@ def _warm_up(server, prompts, request, timeout) -> None:
         run_pass(server.url, server.model, prompts[:1], {**request, "max_tokens": min(8, request["max_tokens"])}, 1,
                  timeout)
     except RequestFailed as exc:
-        raise DraftLabError(server.died() or f"{server.name} server (warm-up): {exc}") from None
+        raise DraftLabError(server.died(wait=DIED_WAIT_SECONDS) or f"{server.name} server (warm-up): {exc}") from None
 
 
 def _outputs(passes) -> dict[int, list[int]]:
@@ -335,8 +340,8 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
             except DraftLabError as exc:
                 errors.append(f"{config.label} (k={config.k}): {exc}")
                 progress.write(f"error: {errors[-1]}")
-                if baseline.died():
-                    raise DraftLabError(baseline.died()) from None
+                if baseline.died():  # no target-only server for the configurations left: one line, then stop
+                    break
             finally:
                 if spec is not None and spec in servers:
                     spec.stop()
@@ -384,7 +389,8 @@ def command(args, store) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     for line in errors:
-        print(f"error: {line}", file=sys.stderr)
+        if f"error: {line}" not in progress.written:  # one line per fault: a configuration's was shown already
+            print(f"error: {line}", file=sys.stderr)
     document = confirm_document(store, confirm_id)
     if args.json:
         print(json.dumps(document))

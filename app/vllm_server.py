@@ -30,6 +30,8 @@ LOCAL_VENV_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CPU_FLAGS = ("--dtype", "float32", "--enforce-eager")
 STOP_GRACE_SECONDS = 15.0
+BIND_ATTEMPTS = 3  # a port chosen free can be taken before the server binds it: start again on another
+PORT_TAKEN = "Address already in use"
 ERROR_WORDS = ("Error", "error:", "Exception", "Address already in use", "Traceback")
 
 
@@ -89,30 +91,40 @@ class VllmServer:
         if not argv:
             raise DraftLabError(f"--vllm is empty; give the command that starts vLLM's server, e.g. "
                                 f"\"python -m {SERVER_MODULE}\"")
+        environment = {**os.environ, **(env or {})}
+        environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            server = cls._launch(name, argv, model, speculative_config, extra, environment)
+            try:
+                server._wait_ready(startup_timeout)
+                return server
+            except DraftLabError:
+                server.stop()
+                if not server.port_taken() or attempt == BIND_ATTEMPTS:
+                    raise
+            except BaseException:
+                server.stop()
+                raise
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    @classmethod
+    def _launch(cls, name: str, argv: list[str], model: str, speculative_config: str | None, extra: tuple[str, ...],
+                environment: dict) -> "VllmServer":
         port = free_port()
-        argv += ["--model", model, "--host", "127.0.0.1", "--port", str(port), *extra]
+        argv = [*argv, "--model", model, "--host", "127.0.0.1", "--port", str(port), *extra]
         if speculative_config is not None:
             argv += ["--speculative-config", speculative_config]
         fd, log_name = tempfile.mkstemp(prefix=f"draftlab-vllm-{name.replace(' ', '_').replace('/', '_')}-",
                                         suffix=".log")
-        log_path = Path(log_name)
-        environment = {**os.environ, **(env or {})}
-        environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         try:
             process = subprocess.Popen(argv, stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env=environment, start_new_session=True)
         except OSError as exc:
-            os.close(fd)
             raise DraftLabError(f"cannot start vLLM ({argv[0]}: {exc.strerror or exc}); install it with "
                                 f"scripts/install_vllm.sh or point --vllm / $DRAFTLAB_VLLM at your vLLM") from None
-        os.close(fd)
-        server = cls(name, f"http://127.0.0.1:{port}", model, process, log_path)
-        try:
-            server._wait_ready(startup_timeout)
-        except BaseException:
-            server.stop()
-            raise
-        return server
+        finally:
+            os.close(fd)
+        return cls(name, f"http://127.0.0.1:{port}", model, process, Path(log_name))
 
     @classmethod
     def attach(cls, name: str, url: str) -> "VllmServer":
@@ -137,6 +149,12 @@ class VllmServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             code = self.process.poll()
+            if code is not None and self.port_taken():
+                raise DraftLabError(f"the vLLM server for {self.name} could not bind "
+                                    f"{self.url.removeprefix('http://')} ({PORT_TAKEN}), the last of {BIND_ATTEMPTS} "
+                                    f"free ports DraftLab chose; another program takes loopback ports as they free "
+                                    f"up: stop it, or start vLLM yourself and pass --server / --baseline-server "
+                                    f"(log: {self.log_path})")
             if code is not None:
                 raise DraftLabError(f"the vLLM server for {self.name} exited with status {code} before it was ready: "
                                     f"{last_error(self.log())} (log: {self.log_path})")
@@ -152,12 +170,21 @@ class VllmServer:
         except OSError:
             return ""
 
+    def port_taken(self) -> bool:
+        """Whether it exited because its port was taken (it binds a moment after DraftLab chose the port free)."""
+        return self.process is not None and self.process.poll() is not None and PORT_TAKEN in self.log()
+
     def alive(self) -> bool:
         return self.process is None or self.process.poll() is None
 
-    def died(self) -> str | None:
-        """None while it runs (or is not ours); else one line: its exit status and the last error of its log."""
-        if self.process is None or self.process.poll() is None:
+    def died(self, wait: float = 0.0) -> str | None:
+        """None while it runs (or is not ours); else one line: its exit status and the last error of its log.
+        `wait`: seconds to let it finish exiting (a request cut off mid-answer can be seen before the exit is)."""
+        if self.process is None:
+            return None
+        try:
+            self.process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
             return None
         return (f"the vLLM server for {self.name} died (exit status {self.process.returncode}): "
                 f"{last_error(self.log())} (log: {self.log_path})")

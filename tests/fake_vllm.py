@@ -5,12 +5,20 @@ started exactly as DraftLab starts vLLM (`python tests/fake_vllm.py --model M --
 Greedy and lossless by construction: a prompt's output ids depend on the prompt alone (equal with and without
 speculation). With a speculative config of k tokens each step streams up to k + 1 tokens as one chunk and counts a
 round whose first draft is always accepted and whose others are accepted at every other step, in vLLM's counters
-(per position: unconditional, 0-based)."""
+(per position: unconditional, 0-based).
+
+Faults, for the confirm's fault tests: $FAKE_VLLM_FAULT = "MODE:K:N" makes the server whose k is K (0: the one
+without speculation) misbehave from its N-th completion request on (the warm-up is request 1):
+- die: it streams one chunk of that request, says why on its log, and exits (status 7) mid-answer;
+- hang: it sends that request's headers and never a token;
+- no-counters (N unused): its /metrics holds no speculative-decoding counters."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
+import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -42,7 +50,23 @@ class Counters:
         return "\n".join(lines) + "\n"
 
 
-def make_handler(model: str, counters: Counters):
+class Fault:
+    """$FAKE_VLLM_FAULT for this server (k), or none; `nth()` counts completion requests."""
+
+    def __init__(self, k: int, spec: str):
+        mode, _, rest = spec.partition(":")
+        fault_k, _, n = rest.partition(":")
+        self.mode = mode if mode and fault_k.strip() == str(k) else ""
+        self.n, self.seen, self.lock = int(n or 1), 0, threading.Lock()
+
+    def nth(self) -> bool:
+        """Whether this completion request is the N-th or later (the fault's)."""
+        with self.lock:
+            self.seen += 1
+            return self.seen >= self.n
+
+
+def make_handler(model: str, counters: Counters, fault: Fault):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # quiet
             pass
@@ -63,7 +87,7 @@ def make_handler(model: str, counters: Counters):
             elif self.path == "/v1/models":
                 self._json({"data": [{"id": model}]})
             elif self.path == "/metrics":
-                data = counters.exposition().encode()
+                data = (Counters(0) if fault.mode == "no-counters" else counters).exposition().encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -78,6 +102,10 @@ def make_handler(model: str, counters: Counters):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
+            faulty = fault.mode in ("die", "hang") and fault.nth()
+            if faulty and fault.mode == "hang":
+                self.wfile.flush()
+                time.sleep(3600)
             step, sent = 0, 0
             while sent < len(ids):
                 accepted = min(counters.k, 1 + (step % 2) * (counters.k - 1)) if counters.k else 0
@@ -89,6 +117,10 @@ def make_handler(model: str, counters: Counters):
                 choice = {"index": 0, "text": "".join(chr(65 + t % 26) for t in chunk), "token_ids": chunk,
                           "finish_reason": "length" if sent >= len(ids) else None}
                 self.wfile.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+                if faulty:  # mid-answer, as an engine core that crashed
+                    self.wfile.flush()
+                    print("RuntimeError: EngineCore encountered an issue (fake fault: die)", flush=True)
+                    os._exit(7)
             self.wfile.write(b"data: [DONE]\n\n")
 
     return Handler
@@ -103,7 +135,8 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     k = int(json.loads(args.speculative_config)["num_speculative_tokens"]) if args.speculative_config else 0
     print(f"fake vLLM for {args.model} on {args.port}, k={k}", flush=True)
-    ThreadingHTTPServer((args.host, args.port), make_handler(args.model, Counters(k))).serve_forever()
+    fault = Fault(k, os.environ.get("FAKE_VLLM_FAULT", ""))
+    ThreadingHTTPServer((args.host, args.port), make_handler(args.model, Counters(k), fault)).serve_forever()
 
 
 if __name__ == "__main__":
