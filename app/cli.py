@@ -721,11 +721,11 @@ def cmd_export(args) -> int:
     return 0
 
 
-def cmd_import_metrics(args) -> int:
+def _store_command(args, command) -> int:
+    """Run `command(args, store)` on the writable database; its refusals (DraftLabError, ProductionError) end in one
+    `error:` line."""
     from engine.errors import DraftLabError
     from storage.production import ProductionError
-
-    from .import_metrics import command
 
     store = open_store_or_fail(args.db, write=True)
     if isinstance(store, int):
@@ -736,23 +736,18 @@ def cmd_import_metrics(args) -> int:
         return _fail(str(exc))
     finally:
         store.dispose()
+
+
+def cmd_import_metrics(args) -> int:
+    from .import_metrics import command
+
+    return _store_command(args, command)
 
 
 def cmd_confirm(args) -> int:
-    from engine.errors import DraftLabError
-    from storage.production import ProductionError
-
     from .confirm import command
 
-    store = open_store_or_fail(args.db, write=True)
-    if isinstance(store, int):
-        return store
-    try:
-        return command(args, store)
-    except (DraftLabError, ProductionError) as exc:
-        return _fail(str(exc))
-    finally:
-        store.dispose()
+    return _store_command(args, command)
 
 
 def _export_out_problem(args) -> str | None:

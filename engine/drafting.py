@@ -329,10 +329,6 @@ class Eagle3Drafter(ModelDrafter):
         self.base: list[int] = []  # per row: head entries fed with the target's states
         self.state = None  # [b, W, hidden]: the head states of the next draft forward's columns
 
-    @classmethod
-    def from_spec(cls, param, *, draft_model, vocab_size: int, k: int, cfg: SamplingConfig, eos_ids):
-        return cls(draft_model, vocab_size, k, cfg)
-
     def start(self, seqs, history, prompt_indices) -> None:
         self.lm.reset(len(seqs))
         self.ks = [self.k] * len(seqs)

@@ -27,15 +27,15 @@ from engine.errors import DraftLabError
 from engine import prompt_sets
 from engine.limits import LIMITS
 from engine.wording import plural
-from engine.drafter_specs import DRAFT_SAMPLING
+from engine.drafter_specs import DRAFT_SAMPLING, SPECS
 from engine.run_config import DEFAULT_REPEATS, DEFAULTS as RUN_DEFAULTS
 from engine.variables import SETTINGS, VARIABLES
 from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
                                 load_prompts)
 from pages.common import cached, nav_page, store
 from pages.estimate import decode_speed, duration
-from pages.prefill import (AUTO_K, DEFAULT_NGRAM, DEFAULT_SWEEP, DEFAULT_THRESHOLD, DEVICES, DRAFTER_KINDS,
-                           DRAFTER_PARAMETERS, DRAFTER_SUMMARY, DTYPES, INTEGER_VARIABLES, MAX_K, NUMERIC_SWEEPS,
+from pages.prefill import (AUTO_K, DEFAULT_DRAFTER_SWEEP, DEFAULT_SWEEP, DEVICES, DRAFTER_KINDS,
+                           DRAFTER_PARAMETERS, DRAFTER_SUMMARY, DRAFTER_SWEEP_WIDGETS, DRAFTER_WIDGETS, DTYPES, INTEGER_VARIABLES, MAX_K, NUMERIC_SWEEPS,
                            SWEEP_CHOICES, SWEEP_LABELS, canonical_drafter, drafter_spec, drafter_specs, md_text,
                            WIDGETS, form_config, parse_names, parse_prefill, parse_sweep_values)
 from storage.errors import QueueError
@@ -52,7 +52,6 @@ OWN_FIELDS = ("k", "temperature", "top_k", "top_p", "batch_size", "draft", "draf
 EXTRA_FIELDS = tuple(name for name, v in VARIABLES.items() if not v.categorical and name not in OWN_FIELDS)
 DEFAULT_K_AUTO = 8
 UPLOAD_TYPES = ["jsonl", "csv", "txt", "parquet", "arrow", "feather"]
-DEFAULT_DRAFTER_SWEEP = ["model", "heuristic", "confidence", "prompt-lookup"]
 LINK_NOTES = "new_experiment_link_notes"  # session key: what the link's parameters left out
 # Each widget's first value: the page seeds st.session_state with these (or the link's values) and creates the
 # widgets without value=/index=, so a value from a link never competes with a default.
@@ -61,9 +60,9 @@ DEFAULTS = {
     **{WIDGETS[name]: RUN_DEFAULTS[name] for name in RUN_DEFAULTS if name != "draft"},
     "target": zoo.DEMO_TARGET, "draft": zoo.DEMO_DRAFTS[0], "prompt_source": "Built-in", "device": "auto",
     "dtype": "auto", "sweep_variable": "k", "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "name": "",
-    "tags": "", "notes": "", "drafter_threshold": DEFAULT_THRESHOLD, "drafter_ngram": DEFAULT_NGRAM,
-    "drafter_sweep": DEFAULT_DRAFTER_SWEEP, "drafter_sweep_t": f"{DEFAULT_THRESHOLD:g}",
-    "drafter_sweep_n": str(DEFAULT_NGRAM), "grid_batch_sizes": "",
+    "tags": "", "notes": "", "drafter_sweep": DEFAULT_DRAFTER_SWEEP, "grid_batch_sizes": "",
+    **{DRAFTER_WIDGETS[name]: param.default for name, param in DRAFTER_PARAMETERS.items()},
+    **{DRAFTER_SWEEP_WIDGETS[name]: f"{param.default:g}" for name, param in DRAFTER_PARAMETERS.items()},
 }
 GRID_HELP = ("optional, comma-separated (e.g. 1,4,16): run the whole sweep (k auto: its probe, prediction and "
              "confirmations), baselines included, at each of these "
@@ -421,15 +420,13 @@ def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
 
 
 def _parameter_input(kind: str, key: str, container=st) -> float | int:
-    """The number a confidence (T) or prompt-lookup (N) drafter takes (unbounded here, like every number of the
-    form: the browser keeps an out-of-range number to itself, so validate() checks it and blocks Launch)."""
+    """The number a drafter's parameter takes (its declaration: symbol, meaning, int or float; unbounded here, like
+    every number of the form: the browser keeps an out-of-range number to itself, so validate() checks it and blocks
+    Launch)."""
     param = DRAFTER_PARAMETERS[kind]
     _seed(key)
-    if kind == "confidence":
-        return container.number_input(f"{param.symbol} (confidence threshold)", step=0.05, key=key,
-                                      persist_state="page", help=param.meaning)
-    return container.number_input(f"{param.symbol} (longest n-gram)", step=1, key=key, persist_state="page",
-                                  help=param.meaning)
+    return container.number_input(f"{param.symbol} of {kind}", step=1 if param.kind is int else 0.05, key=key,
+                                  persist_state="page", help=param.meaning)
 
 
 def _kind_label(kind: str) -> str:
@@ -444,11 +441,12 @@ def _drafter_choice() -> str:
                         format_func=_kind_label,
                         help="how each round's draft tokens are proposed: " + "; ".join(DRAFTER_SUMMARY.values()))
     value = None
-    if kind == "confidence":
-        value = round(float(_parameter_input(kind, "drafter_threshold", c2)), 6)  # 0.1 + 0.2 steps: 0.3, not 0.30…04
-    elif kind == "prompt-lookup":
-        value = int(_parameter_input(kind, "drafter_ngram", c2))
-        st.caption("prompt-lookup drafts without the draft model; the pair is still loaded and checked")
+    if kind in DRAFTER_PARAMETERS:
+        raw = _parameter_input(kind, DRAFTER_WIDGETS[kind], c2)
+        # 0.1 + 0.2 steps: 0.3, not 0.30…04
+        value = int(raw) if DRAFTER_PARAMETERS[kind].kind is int else round(float(raw), 6)
+    if not SPECS[kind].needs_model:
+        st.caption(f"{kind} drafts without the draft model; the pair is still loaded and checked")
     return drafter_spec(kind, value)
 
 
@@ -498,20 +496,17 @@ def _drafter_sweep() -> tuple[list[str] | None, str | None]:
     _seed("drafter_sweep")
     kinds = st.multiselect("Drafters", DRAFTER_KINDS, key="drafter_sweep", persist_state="page",
                            format_func=_kind_label,
-                           help="one speculative run per drafter (per T or N listed), all against one baseline; "
-                           + "; ".join(DRAFTER_SUMMARY.values()))
-    c1, c2 = st.columns(2)
-    if "confidence" in kinds:
-        _seed("drafter_sweep_t")
-        c1.text_input("confidence T values", key="drafter_sweep_t", persist_state="page",
-                      help="comma-separated thresholds, 0 < T < 1; one run each")
-    if "prompt-lookup" in kinds:
-        _seed("drafter_sweep_n")
-        c2.text_input("prompt-lookup N values", key="drafter_sweep_n", persist_state="page",
-                      help="comma-separated longest n-gram sizes, N ≥ 1; one run each")
+                           help="one speculative run per drafter (per parameter value listed), all against one "
+                           "baseline; " + "; ".join(DRAFTER_SUMMARY.values()))
+    with_parameter = [kind for kind in kinds if kind in DRAFTER_PARAMETERS]
+    for column, kind in zip(st.columns(max(1, len(with_parameter))), with_parameter):
+        param, key = DRAFTER_PARAMETERS[kind], DRAFTER_SWEEP_WIDGETS[kind]
+        _seed(key)
+        column.text_input(f"{kind} {param.symbol} values", key=key, persist_state="page",
+                          help=f"comma-separated, each {param.meaning}; one run each")
     try:
-        return drafter_specs(kinds, st.session_state.get("drafter_sweep_t", ""),
-                             st.session_state.get("drafter_sweep_n", "")), None
+        return drafter_specs(kinds, {kind: st.session_state.get(DRAFTER_SWEEP_WIDGETS[kind], "")
+                                     for kind in with_parameter}), None
     except ValueError as exc:
         return None, str(exc)
 

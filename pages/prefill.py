@@ -34,9 +34,13 @@ MAX_NOTES = 4000    # characters of notes from a link
 DRAFTER_KINDS = tuple(SPECS)
 DRAFTER_SUMMARY = {name: f"{spec.usage}: {spec.summary}" for name, spec in SPECS.items()}
 DRAFTER_PARAMETERS = {name: spec.parameter for name, spec in SPECS.items() if spec.parameter}
-DRAFTER_WIDGETS = {"confidence": "drafter_threshold", "prompt-lookup": "drafter_ngram"}  # a parameter's field
-DEFAULT_THRESHOLD = SPECS["confidence"].parameter.default
-DEFAULT_NGRAM = SPECS["prompt-lookup"].parameter.default
+# Each drafter's parameter has a field for the one drafter every run uses and one listing a sweep's values, both
+# keyed from the declaration (engine/drafter_specs.py), never a drafter's name: a new drafter's parameter gets them.
+DRAFTER_WIDGETS = {name: f"drafter_param_{name}" for name in DRAFTER_PARAMETERS}
+DRAFTER_SWEEP_WIDGETS = {name: f"drafter_sweep_param_{name}" for name in DRAFTER_PARAMETERS}
+# A drafter sweep compares every drafter that runs on the pair's draft model or none (a hidden-state drafter needs a
+# head of its own as the draft).
+DEFAULT_DRAFTER_SWEEP = [name for name, spec in SPECS.items() if not spec.needs_hidden_states]
 
 
 def parse_drafter_spec(spec) -> tuple[str, int | float | None]:
@@ -117,17 +121,17 @@ def parse_names(items: Iterable[str], variable: str) -> list[str]:
     return values
 
 
-def drafter_specs(kinds: Iterable[str], thresholds: str, ngrams: str) -> list[str]:
-    """The drafter sweep's specs from the form: each chosen kind, once per listed parameter value (T for
-    confidence, N for prompt-lookup). Raises ValueError naming a bad T or N."""
-    listed = {"confidence": thresholds, "prompt-lookup": ngrams}
+def drafter_specs(kinds: Iterable[str], listed: dict[str, str]) -> list[str]:
+    """The drafter sweep's specs from the form: each chosen kind, once per value listed for its parameter
+    (`listed`: drafter name -> its comma-separated values, e.g. T for confidence). A kind whose parameter has a
+    default may list none (its bare name, the default). Raises ValueError naming a bad value."""
     specs = []
     for kind in kinds:
         param = DRAFTER_PARAMETERS.get(kind)
         if param is not None:
             items = [p.strip() for p in str(listed.get(kind) or "").split(",") if p.strip()]
-            if not items and kind not in listed and SPECS[kind].default_parameter:
-                specs.append(kind)  # no field for its parameter (suffix's depth D): the bare name, its default
+            if not items and SPECS[kind].default_parameter:
+                specs.append(kind)  # no value listed: the bare name, its parameter's default
                 continue
             if not items:
                 raise ValueError(f"{kind} needs {param.meaning}; list one or more, e.g. {param.example.split(':')[1]}")
@@ -137,17 +141,18 @@ def drafter_specs(kinds: Iterable[str], thresholds: str, ngrams: str) -> list[st
     return parse_names(specs, "drafter")
 
 
-def split_drafter_specs(specs: Iterable[str]) -> tuple[list[str], str | None, str | None]:
-    """The inverse of drafter_specs: (kinds in registry order, T list, N list) of canonical specs."""
+def split_drafter_specs(specs: Iterable[str]) -> tuple[list[str], dict[str, str]]:
+    """The inverse of drafter_specs: (kinds in registry order, {name: its listed parameter values}) of canonical
+    specs (a name listed only bare lists none)."""
     kinds, params = [], {name: [] for name in DRAFTER_PARAMETERS}
     for spec in specs:
         name, value = parse_drafter_spec(spec)
         if name not in kinds:
             kinds.append(name)
-        if value is not None:
+        if value is not None and spec.strip() != name:
             params[name].append(f"{value!r}")
     kinds = [k for k in DRAFTER_KINDS if k in kinds]
-    return kinds, ",".join(params["confidence"]) or None, ",".join(params["prompt-lookup"]) or None
+    return kinds, {name: ",".join(values) for name, values in params.items() if values}
 
 
 # --- link parameters --------------------------------------------------------------------------------------------
@@ -264,12 +269,9 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
             if variable == "draft":
                 values["draft_candidates"] = parsed
             elif variable == "drafter":
-                kinds, thresholds, ngrams = split_drafter_specs(parsed)
+                kinds, listed = split_drafter_specs(parsed)
                 values["drafter_sweep"] = kinds
-                if thresholds:
-                    values["drafter_sweep_t"] = thresholds
-                if ngrams:
-                    values["drafter_sweep_n"] = ngrams
+                values.update({DRAFTER_SWEEP_WIDGETS[name]: text for name, text in listed.items()})
             elif variable in NAMED:  # the form compares every value of a named variable (draft sampling)
                 if parsed != list(VARIABLES[variable].parse_list(VARIABLES[variable].example)):
                     notes.append(f"values={_shown(listed)}: the form compares {VARIABLES[variable].example}")
@@ -322,10 +324,9 @@ def form_values(cfg: RunConfig, default_split: str = "tune") -> dict:
         if cfg.sweep == "draft":
             values["draft_candidates"] = list(cfg.values)
         elif cfg.sweep == "drafter":
-            kinds, thresholds, ngrams = split_drafter_specs(cfg.values)
+            kinds, listed = split_drafter_specs(cfg.values)
             values["drafter_sweep"] = kinds
-            values.update({key: text for key, text in (("drafter_sweep_t", thresholds), ("drafter_sweep_n", ngrams))
-                           if text})
+            values.update({DRAFTER_SWEEP_WIDGETS[name]: text for name, text in listed.items()})
         elif cfg.sweep not in NAMED:
             values["sweep_values"] = ",".join(_exact(cfg.swept, v) for v in cfg.values)
     if cfg.batch_sizes:
@@ -351,8 +352,8 @@ def form_config(values: dict, prompts: str) -> RunConfig:
     elif listed is None and sweep == "draft":
         listed = parse_names(values.get("draft_candidates") or [], "draft")
     elif listed is None and sweep == "drafter":
-        listed = drafter_specs(values.get("drafter_sweep") or [], values.get("drafter_sweep_t", ""),
-                               values.get("drafter_sweep_n", ""))
+        listed = drafter_specs(values.get("drafter_sweep") or [],
+                               {name: values.get(key, "") for name, key in DRAFTER_SWEEP_WIDGETS.items()})
     elif listed is None and sweep in NAMED:
         listed = VARIABLES[sweep].parse_list(VARIABLES[sweep].example)  # the form compares every value
     elif listed is None:

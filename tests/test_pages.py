@@ -1184,7 +1184,7 @@ def test_new_experiment_link_from_a_finding_fills_the_form(empty_db, model_dirs)
     assert at.selectbox(key="sweep_variable").value == "temperature"
     assert at.text_input(key="sweep_values").value == "0.5,1"
     assert (at.number_input(key="fixed_k").value, at.number_input(key="repeats").value) == (3, 5)
-    assert at.selectbox(key="drafter").value == "confidence" and at.number_input(key="drafter_threshold").value == 0.3
+    assert at.selectbox(key="drafter").value == "confidence" and at.number_input(key="drafter_param_confidence").value == 0.3
     assert at.text_area(key="notes").value == "Follow-up: **not bold** [x](http://e.vil)"
     assert "**not bold**" not in page_text(at).replace(at.text_area(key="notes").value, "")  # only the text area
     assert not any("Left out" in c.value for c in at.caption)
@@ -1244,8 +1244,8 @@ def test_new_experiment_drafter_sweep_enqueues_the_specs(empty_db, model_dirs):
     at.selectbox(key="sweep_variable").set_value("drafter").run()
     assert not [s for s in at.selectbox if s.key == "drafter"]  # swept, so no single drafter choice
     at.multiselect(key="drafter_sweep").set_value(["model", "confidence", "prompt-lookup"]).run()
-    at.text_input(key="drafter_sweep_t").set_value("0.3, 0.7")
-    at.text_input(key="drafter_sweep_n").set_value("2").run()
+    at.text_input(key="drafter_sweep_param_confidence").set_value("0.3, 0.7")
+    at.text_input(key="drafter_sweep_param_prompt-lookup").set_value("2").run()
     assert_clean(at)
     at.button(key="launch").click().run()
     assert_clean(at)
@@ -1267,7 +1267,7 @@ def test_new_experiment_drafter_sweep_with_a_bad_threshold_is_not_launched(empty
     at = _fill(app("new"), model_dirs)
     at.selectbox(key="sweep_variable").set_value("drafter").run()
     at.multiselect(key="drafter_sweep").set_value(["confidence"]).run()
-    at.text_input(key="drafter_sweep_t").set_value("1.5").run()
+    at.text_input(key="drafter_sweep_param_confidence").set_value("1.5").run()
     at.button(key="launch").click().run()
     assert_clean(at)
     assert any("Not launched" in e.value and "probability threshold" in e.value for e in at.error)

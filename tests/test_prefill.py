@@ -51,14 +51,30 @@ def test_the_page_offers_every_drafter_of_the_engine():
 
 
 def test_drafter_sweep_specs_and_back():
-    specs = pf.drafter_specs(["model", "confidence", "prompt-lookup"], "0.3, .7", "2")
-    assert specs == ["model", "confidence:0.3", "confidence:0.7", "prompt-lookup:2"]
-    assert pf.split_drafter_specs(specs) == (["model", "confidence", "prompt-lookup"], "0.3,0.7", "2")
-    for kinds, t, n, words in [(["confidence"], "", "3", "needs a probability"), (["confidence"], "1.5", "", "not a"),
-                               (["prompt-lookup"], "", "0", "not the longest"), ([], "", "", "at least one drafter"),
-                               (["confidence"], "0.5,0.50", "", "twice")]:
+    specs = pf.drafter_specs(["model", "confidence", "prompt-lookup", "suffix"],
+                             {"confidence": "0.3, .7", "prompt-lookup": "2", "suffix": "8, 24"})
+    assert specs == ["model", "confidence:0.3", "confidence:0.7", "prompt-lookup:2", "suffix:8", "suffix:24"]
+    assert pf.split_drafter_specs(specs) == (["model", "confidence", "prompt-lookup", "suffix"],
+                                             {"confidence": "0.3,0.7", "prompt-lookup": "2", "suffix": "8,24"})
+    assert pf.drafter_specs(["suffix"], {}) == ["suffix:24"]  # its parameter has a default: none listed is fine
+    for kinds, listed, words in [(["confidence"], {"prompt-lookup": "3"}, "needs a probability"),
+                                 (["confidence"], {"confidence": "1.5"}, "not a"),
+                                 (["prompt-lookup"], {"prompt-lookup": "0"}, "not the longest"),
+                                 (["suffix"], {"suffix": "65"}, "depth"), ([], {}, "at least one drafter"),
+                                 (["confidence"], {"confidence": "0.5,0.50"}, "twice")]:
         with pytest.raises(ValueError, match=words):
-            pf.drafter_specs(kinds, t, n)
+            pf.drafter_specs(kinds, listed)
+
+
+def test_every_drafter_parameter_has_its_fields_from_the_declaration():
+    """The form's fields for a drafter's parameter come from its declaration (engine/drafter_specs.py), not from a
+    list of names: each parameter has a field for the fixed drafter and one for a sweep's values, with its default."""
+    from pages import new_experiment
+
+    assert set(pf.DRAFTER_WIDGETS) == set(pf.DRAFTER_SWEEP_WIDGETS) == set(pf.DRAFTER_PARAMETERS)
+    for name, param in pf.DRAFTER_PARAMETERS.items():
+        assert new_experiment.DEFAULTS[pf.DRAFTER_WIDGETS[name]] == param.default
+        assert pf.drafter_specs([name], {name: new_experiment.DEFAULTS[pf.DRAFTER_SWEEP_WIDGETS[name]]})
 
 
 def test_sweep_values_of_every_variable():
@@ -125,10 +141,11 @@ def test_link_sweeps_auto_draft_and_drafter():
     values, notes = pf.parse_prefill({"sweep": "drafter", "values": "model,confidence:0.3,prompt-lookup:3",
                                       "drafter": "confidence:0.9"}, SETS)
     assert values["drafter_sweep"] == ["model", "confidence", "prompt-lookup"]
-    assert (values["drafter_sweep_t"], values["drafter_sweep_n"]) == ("0.3", "3")
-    assert (values["drafter"], values["drafter_threshold"]) == ("confidence", 0.9) and notes == []
+    assert (values[pf.DRAFTER_SWEEP_WIDGETS["confidence"]], values[pf.DRAFTER_SWEEP_WIDGETS["prompt-lookup"]]) == \
+        ("0.3", "3")
+    assert (values["drafter"], values[pf.DRAFTER_WIDGETS["confidence"]]) == ("confidence", 0.9) and notes == []
     values, notes = pf.parse_prefill({"drafter": "prompt-lookup:4", "prompts": "code"}, SETS)
-    assert values == {"drafter": "prompt-lookup", "drafter_ngram": 4, "prompt_source": "Built-in",
+    assert values == {"drafter": "prompt-lookup", pf.DRAFTER_WIDGETS["prompt-lookup"]: 4, "prompt_source": "Built-in",
                       "prompt_set": "code:tune"}
 
 
