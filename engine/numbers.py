@@ -15,19 +15,20 @@ import re
 # seeds and ids beyond it are refused as input, the same on both databases.
 DB_INT_MAX = 2**31 - 1
 
+ASCII_SPACE = " \t\r\n\f\v"  # str.strip() alone also removes non-ASCII spaces (U+00A0, U+3000)
 _INT = re.compile(r"[+-]?[0-9]{1,19}")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,3})?")
 
 
 def ascii_int(text) -> int | None:
-    """An integer written with ASCII digits (a sign and surrounding spaces allowed), else None."""
-    text = str(text).strip()
+    """An integer written with ASCII digits (a sign and surrounding ASCII spaces allowed), else None."""
+    text = str(text).strip(ASCII_SPACE)
     return int(text) if _INT.fullmatch(text) else None
 
 
 def ascii_float(text) -> float | None:
     """A finite decimal number written with ASCII characters (1, 0.5, .5, 1e-3), else None."""
-    text = str(text).strip()
+    text = str(text).strip(ASCII_SPACE)
     if not _FLOAT.fullmatch(text):
         return None
     value = float(text)

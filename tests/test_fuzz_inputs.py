@@ -29,6 +29,7 @@ typed = st.one_of(st.text(max_size=30), st.text(alphabet="0123456789+-.eE ,_", m
 @FUZZ
 @given(typed)
 def test_numbers_are_ascii_and_finite_or_refused(text):
+    """(Hypothesis once found '0\xa0' read as 0: a non-ASCII space around a number is refused too.)"""
     value = ascii_int(text)
     if value is not None:
         assert str(text).strip().lstrip("+-").isascii() and str(text).strip().lstrip("+-").isdigit()
@@ -177,3 +178,10 @@ def test_every_limit_is_documented_in_the_readme_with_its_default():
     for item in LIMITS.values():
         assert item.env in rows, f"README's limits table lacks {item.env}"
         assert f"| {item.default} |" in rows[item.env], rows[item.env]
+
+
+def test_a_non_ascii_space_around_a_number_is_refused():
+    """str.strip() also removes U+00A0 and U+3000: '0\\xa0' was read as 0 (found by the fuzz test above)."""
+    for text in ("0\xa0", "\u30004", "1.5\u2009"):
+        assert ascii_float(text) is None and ascii_int(text) is None
+    assert ascii_float(" 0.5\t") == 0.5 and ascii_int("\n4 ") == 4
