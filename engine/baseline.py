@@ -13,11 +13,11 @@ import torch
 from .batched_cache import BatchCache, left_pad, to_device
 from .clock import RoundClock
 from .records import PromptResult
-from .rows import Rows
+from .rows import OneRow, Rows
 from .sampling import SamplingConfig, probabilities, sample_rows
 
 
-class TargetOnlyDecoder:
+class TargetOnlyDecoder(OneRow):
     """Target-only decoding of B prompts through the speculative loop's BatchCache: one forward per token for every
     running row; a row leaves the batch when it finishes (one cache gather). One host read per token (the EOS
     check, as any generate() loop)."""
@@ -28,12 +28,6 @@ class TargetOnlyDecoder:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
-
-    def generate(self, prompt: str, prompt_ids: torch.Tensor, prompt_index: int,
-                 on_progress: Callable[[int], None] | None = None, max_new_tokens: int | None = None) -> PromptResult:
-        """Decode one prompt (the one-row batch); on_progress(new tokens so far) runs after each token."""
-        step = None if on_progress is None else (lambda index, tokens: on_progress(tokens))
-        return self.generate_batch([prompt], [prompt_ids], [prompt_index], step, max_new_tokens)[0]
 
     @torch.inference_mode()
     def generate_batch(self, prompts: list[str], prompt_ids: list[torch.Tensor], prompt_indices: list[int],

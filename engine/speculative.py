@@ -46,7 +46,7 @@ from .batched_cache import BatchCache, left_pad, to_device
 from .clock import RoundClock
 from .drafting import COMPACT_SLACK, Drafter, TargetStates
 from .records import PromptResult
-from .rows import Rows
+from .rows import OneRow, Rows
 from .sampling import SamplingConfig, probabilities
 from .token_types import TokenTyper
 from .verification import round_record, rows_to_host, verify_rows
@@ -55,7 +55,7 @@ from .verification import round_record, rows_to_host, verify_rows
 COMPACT_RATIO = 2.0
 
 
-class SpeculativeDecoder:
+class SpeculativeDecoder(OneRow):
     def __init__(self, target_model, drafter: Drafter, vocab_size: int, cfg: SamplingConfig, typer: TokenTyper,
                  eos_ids: set[int], compact_ratio: float | None = COMPACT_RATIO):
         spec = getattr(drafter, "spec", None)
@@ -71,13 +71,6 @@ class SpeculativeDecoder:
         self.compact_ratio = compact_ratio
         self.rounds = 0  # batched rounds of the last generate_batch
         self.hole_share = 0.0  # mean share of the target cache's columns that were holes, over its rounds
-
-    def generate(self, prompt: str, prompt_ids: torch.Tensor, prompt_index: int,
-                 on_progress: Callable[[int], None] | None = None, max_new_tokens: int | None = None) -> PromptResult:
-        """Decode one prompt (the one-row batch); on_progress(new tokens so far) runs between rounds (raise there
-        to cancel)."""
-        step = None if on_progress is None else (lambda index, tokens: on_progress(tokens))
-        return self.generate_batch([prompt], [prompt_ids], [prompt_index], step, max_new_tokens)[0]
 
     @torch.inference_mode()
     def generate_batch(self, prompts: list[str], prompt_ids: list[torch.Tensor], prompt_indices: list[int],

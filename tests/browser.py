@@ -132,3 +132,18 @@ def upload_prompts(page, given: str | None, tmp: Path, default: list[str]) -> Pa
 
 def log_tail(log: Path, chars: int = 3000) -> str:
     return log.read_text(errors="replace")[-chars:]
+
+
+@contextlib.contextmanager
+def seeded_dashboard(tmp):
+    """The dashboard (`dashboard`) on tests/chart_data.py's seeded database in `tmp`, every experiment kind, with an
+    idle worker registered: yields the running dashboard's dict plus "ids", the seeded experiments' ids."""
+    from storage import open_store
+    from tests.chart_data import idle_worker, seed
+
+    store = open_store(f"sqlite:///{tmp / 'draftlab.db'}")
+    ids = seed(store, tmp / "models")
+    idle_worker(store)
+    store.dispose()
+    with dashboard(tmp, DRAFTLAB_MODELS=str(tmp / "models")) as running:
+        yield {**running, "ids": ids}

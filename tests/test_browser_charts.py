@@ -19,8 +19,8 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.browser import SCREENSHOTS, chromium, dashboard, needs_chromium, settle
-from tests.chart_data import NAMES, idle_worker, seed
+from tests.browser import SCREENSHOTS, chromium, seeded_dashboard, needs_chromium, settle
+from tests.chart_data import NAMES
 
 pytestmark = needs_chromium
 DRAW_TIMEOUT_MS = 15_000  # after the script run: how long a chart may take to paint before it counts as not drawn
@@ -62,15 +62,8 @@ CONFIRM_HEADINGS = ("Speedup vs concurrency", "Acceptance by draft position, vLL
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from storage import open_store
-
-    tmp = tmp_path_factory.mktemp("charts")
-    store = open_store(f"sqlite:///{tmp / 'draftlab.db'}")
-    ids = seed(store, tmp / "models")
-    idle_worker(store)
-    store.dispose()
-    with dashboard(tmp, DRAFTLAB_MODELS=str(tmp / "models")) as running:
-        yield {**running, "ids": ids}
+    with seeded_dashboard(tmp_path_factory.mktemp("charts")) as running:
+        yield running
 
 
 def visits(ids: dict) -> list[tuple[str, str, str, bool]]:

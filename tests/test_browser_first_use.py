@@ -21,8 +21,8 @@ import sys
 
 import pytest
 
-from tests.browser import SCREENSHOTS, chromium, dashboard, field, log_tail, needs_chromium, settle
-from tests.chart_data import NAMES, idle_worker, seed
+from tests.browser import SCREENSHOTS, chromium, seeded_dashboard, field, log_tail, needs_chromium, settle
+from tests.chart_data import NAMES
 
 pytestmark = needs_chromium
 
@@ -36,15 +36,8 @@ DRAWN_JS = """() => Array.from(document.querySelectorAll('[data-testid="stVegaLi
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from storage import open_store
-
-    tmp = tmp_path_factory.mktemp("first-use")
-    store = open_store(f"sqlite:///{tmp / 'draftlab.db'}")
-    ids = seed(store, tmp / "models")
-    idle_worker(store)
-    store.dispose()
-    with dashboard(tmp, DRAFTLAB_MODELS=str(tmp / "models")) as running:
-        yield {**running, "ids": ids}
+    with seeded_dashboard(tmp_path_factory.mktemp("first-use")) as running:
+        yield running
 
 
 def _experiments(db: str):

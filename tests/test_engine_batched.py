@@ -57,11 +57,12 @@ def batch1_rounds(family, drafter):
     return _batch1_cache[key]
 
 
-def decode_in_batches(decoder, ids, batch):
+def decode_in_batches(decoder, prompts, ids, batch):
+    """Every prompt decoded in consecutive batches of `batch` (the last holding what is left), in order."""
     out = []
-    for s in range(0, len(PROMPTS), batch):
-        e = min(s + batch, len(PROMPTS))
-        out += decoder.generate_batch(PROMPTS[s:e], ids[s:e], list(range(s, e)))
+    for s in range(0, len(prompts), batch):
+        e = min(s + batch, len(prompts))
+        out += decoder.generate_batch(prompts[s:e], ids[s:e], list(range(s, e)))
     return out
 
 
@@ -85,7 +86,7 @@ def same_records(row, ref):
 def test_greedy_rows_equal_target_only_alone_and_batch1_records(family, drafter, batch):
     pair, cfg, ids, alone = family
     decoder = runs.speculative_decoder(pair, cfg, K, drafter=drafter)
-    rows = decode_in_batches(decoder, ids, batch)
+    rows = decode_in_batches(decoder, PROMPTS, ids, batch)
     assert [r.output_ids for r in rows] == alone
     assert [r.prompt_index for r in rows] == list(range(len(PROMPTS)))
     # Suffix decoding drafts from earlier prompts' responses too, and a batch's rows enter that cache only when
@@ -101,7 +102,7 @@ def test_greedy_rows_equal_target_only_alone_and_batch1_records(family, drafter,
 def test_batched_target_only_equals_alone(family):
     pair, cfg, ids, alone = family
     for batch in (3, 8):
-        rows = decode_in_batches(runs.baseline_decoder(pair, cfg), ids, batch)
+        rows = decode_in_batches(runs.baseline_decoder(pair, cfg), PROMPTS, ids, batch)
         assert [r.output_ids for r in rows] == alone
         assert all(r.decode_steps == r.new_tokens - 1 and r.wall_seconds > 0 for r in rows)
 

@@ -16,6 +16,7 @@ from engine.batched_cache import BatchCache
 from engine.errors import DraftLabError
 from engine.sampling import SamplingConfig
 from tests import tiny_models as tm
+from tests.test_engine_batched import decode_in_batches
 from tests.test_engine_sliding import FAMILIES, WINDOW, build
 
 # Lengths 2..40 around the window of 16: rows start at different columns and most cross the window in the prompt.
@@ -52,20 +53,12 @@ def rejecting_pair(request):
     return rejecting(request.param)
 
 
-def decode_in_batches(decoder, ids, batch):
-    out = []
-    for s in range(0, len(PROMPTS), batch):
-        e = min(s + batch, len(PROMPTS))
-        out += decoder.generate_batch(PROMPTS[s:e], ids[s:e], list(range(s, e)))
-    return out
-
-
 @pytest.mark.parametrize("batch", [1, 3, 8])
 def test_batched_greedy_rows_equal_each_prompt_alone_past_the_window(rejecting_pair, batch):
     family, pair, cfg, ids, alone = rejecting_pair
     assert all(len(a) == NEW for a in alone) and max(i.shape[1] for i in ids) + NEW > 5 * WINDOW
     decoder = runs.speculative_decoder(pair, cfg, K)
-    rows = decode_in_batches(decoder, ids, batch)
+    rows = decode_in_batches(decoder, PROMPTS, ids, batch)
     for n, (row, want) in enumerate(zip(rows, alone)):
         got = row.output_ids
         first = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
@@ -75,7 +68,7 @@ def test_batched_greedy_rows_equal_each_prompt_alone_past_the_window(rejecting_p
     assert rejected > 0.8 * len(rows) * NEW / (K + 1) and rejected < drafted  # holes in nearly every round
     if batch > 1:
         assert decoder.hole_share > 0  # padding and holes inside the windows
-        baseline = decode_in_batches(runs.baseline_decoder(pair, cfg), ids, batch)
+        baseline = decode_in_batches(runs.baseline_decoder(pair, cfg), PROMPTS, ids, batch)
         assert [b.output_ids for b in baseline] == alone, family
 
 
@@ -84,7 +77,7 @@ def test_ragged_drafts_and_prompt_lookup_stay_exact_at_batch_8(family):
     """Rows drafting different numbers of tokens (heuristic k, prompt lookup) leave holes of every width."""
     family, pair, cfg, ids, alone = rejecting(family)
     for drafter in ("heuristic", "prompt-lookup:1"):
-        rows = decode_in_batches(runs.speculative_decoder(pair, cfg, K, drafter=drafter), ids, 8)
+        rows = decode_in_batches(runs.speculative_decoder(pair, cfg, K, drafter=drafter), PROMPTS, ids, 8)
         assert [r.output_ids for r in rows] == alone, (family, drafter)
 
 
@@ -122,7 +115,7 @@ def test_alibi_built_from_the_mask_count_is_exact_at_batch_3_and_8(family):
     baseline = runs.baseline_decoder(pair, cfg)
     alone = [baseline.generate(p, i, n).output_ids for n, (p, i) in enumerate(zip(PROMPTS, ids))]
     for batch in (3, 8):
-        rows = decode_in_batches(runs.speculative_decoder(pair, cfg, K), ids, batch)
+        rows = decode_in_batches(runs.speculative_decoder(pair, cfg, K), PROMPTS, ids, batch)
         assert [r.output_ids for r in rows] == alone, (family, batch)
         partial = sum(0 < r.accepted < r.k for row in rows for r in row.rounds)
         assert partial > 3  # rows kept different numbers of drafts: holes between their tokens
