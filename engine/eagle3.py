@@ -251,3 +251,115 @@ def load_head(path, target_model, target_names: list[str], device, dtype) -> Eag
     if int(head.target_ids().max()) >= vocab or int(head.target_ids().min()) < 0:
         raise _refuse(path, "maps draft ids outside the target vocabulary (d2t)", "rebuild its d2t for this target")
     return head.eval()
+
+
+# --- a new head for a target, and saving one ---------------------------------------------------------------------
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """vLLM's default aux-layer ids for a target of `num_layers` decoder layers (its convention): (2, L/2, L-3),
+    which is SpecForge's (1, L/2 - 1, L - 4) in SGLang's convention (one lower)."""
+    if num_layers < 4:
+        return sorted({min(i, num_layers - 1) for i in (1, num_layers // 2, num_layers - 1)})[:3] or [0]
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def layer_config(target_model) -> dict:
+    """The head's `transformer_layer_config`: one Llama decoder layer as wide as the target (the head reads the
+    target's embedding and hidden states), with the target's heads, RoPE and norm epsilon."""
+    t = target_model.config.get_text_config(decoder=True)
+    rope = dict(getattr(t, "rope_parameters", None) or {})
+    theta = rope.get("rope_theta", getattr(t, "rope_theta", 10000.0))
+    layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": int(t.vocab_size),
+             "hidden_size": int(t.hidden_size), "intermediate_size": int(t.intermediate_size),
+             "num_hidden_layers": 1, "num_attention_heads": int(t.num_attention_heads),
+             "num_key_value_heads": int(getattr(t, "num_key_value_heads", None) or t.num_attention_heads),
+             "head_dim": int(getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads),
+             "max_position_embeddings": int(t.max_position_embeddings), "rms_norm_eps": float(
+                 getattr(t, "rms_norm_eps", None) or getattr(t, "layer_norm_eps", None) or 1e-6),
+             "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+             "rope_theta": float(theta)}
+    if rope.get("rope_type", "default") != "default":
+        layer["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return layer
+
+
+def new_head(target_model, aux_layers: list[int], draft_ids: torch.Tensor, verifier: str,
+             norm_before_fc: bool = False) -> Eagle3Head:
+    """A fresh head for `target_model` reading `aux_layers`, drafting over the target ids `draft_ids` (sorted):
+    its embedding is the target's (shared, frozen, not saved), its final norm and lm_head start as the target's own
+    rows for the draft vocabulary (the head then first learns to produce a state the target's head reads)."""
+    layer = layer_config(target_model)
+    config = LlamaConfig(**{k: v for k, v in layer.items() if k not in ("architectures", "model_type")})
+    config._attn_implementation = "sdpa"
+    t = target_model.config.get_text_config(decoder=True)
+    draft_ids = torch.as_tensor(draft_ids, dtype=torch.long).sort().values
+    head = Eagle3Head(config, draft_vocab_size=int(draft_ids.numel()), target_hidden_size=int(t.hidden_size),
+                      aux_layers=list(aux_layers), norm_before_fc=norm_before_fc, verifier=verifier)
+    head.embed_tokens = target_model.get_input_embeddings()
+    with torch.no_grad():
+        head.d2t.copy_(draft_ids - torch.arange(draft_ids.numel()))
+        head.t2d.zero_().index_fill_(0, draft_ids, True)
+        out = target_model.get_output_embeddings().weight
+        head.lm_head.weight.copy_(out[draft_ids].to(head.lm_head.weight.dtype))
+        final = getattr(getattr(target_model, "model", None), "norm", None)
+        if final is not None and getattr(final, "weight", None) is not None \
+                and final.weight.shape == head.norm.weight.shape:
+            head.norm.weight.copy_(final.weight.to(head.norm.weight.dtype))
+    return head
+
+
+def head_weights(head: Eagle3Head, dtype=None) -> dict[str, torch.Tensor]:
+    """The weights a speculators directory holds: everything but the shared embedding, contiguous, on the CPU."""
+    state = {}
+    for name, tensor in head.state_dict().items():
+        if name == "embed_tokens.weight":
+            continue
+        tensor = tensor.detach().cpu()
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        state[name] = tensor.contiguous()
+    return state
+
+
+def speculators_config(head: Eagle3Head, speculative_tokens: int = 3) -> dict:
+    """The head's config.json in the speculators format (SPEC "EAGLE-3 heads"; vLLM's convention for aux ids)."""
+    raw = head.config.to_dict()
+    layer = {k: v for k, v in raw.items() if k in layer_keys()}
+    rope = dict(raw.get("rope_parameters") or {})
+    layer["rope_theta"] = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    if rope.get("rope_type", "default") != "default":
+        layer["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    layer.update(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1)
+    return {
+        "speculators_model_type": SPECULATORS_TYPE, "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": layer, "draft_vocab_size": head.draft_vocab_size,
+        "target_hidden_size": head.fc.in_features // len(head.aux_layers),
+        "norm_before_residual": head.layers[0].norm_before_residual,
+        "norm_before_fc": head.input_norm is not None,
+        "eagle_aux_hidden_state_layer_ids": list(head.aux_layers),
+        "speculators_version": "0.3.0",
+        "speculators_config": {
+            "algorithm": "eagle3", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens)}],
+            "verifier": {"name_or_path": head.verifier, "architectures": ["LlamaForCausalLM"]}},
+    }
+
+
+def layer_keys() -> set[str]:
+    return {"vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "max_position_embeddings", "rms_norm_eps", "hidden_act", "attention_bias", "mlp_bias",
+            "rope_theta", "rope_scaling", "tie_word_embeddings"}
+
+
+def save_head(head: Eagle3Head, out, dtype=torch.float16, speculative_tokens: int = 3, extra: dict | None = None):
+    """Write `head` to directory `out` in the speculators format: config.json (+ `extra` keys) and
+    model.safetensors (floating weights in `dtype`; d2t/t2d as they are)."""
+    from safetensors.torch import save_file
+
+    out = Path(str(out)).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(head_weights(head, dtype), str(out / "model.safetensors"))
+    config = {**speculators_config(head, speculative_tokens), **(extra or {})}
+    config["transformer_layer_config"]["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return out
