@@ -13,8 +13,27 @@ A head is one decoder layer that reads the TARGET's own hidden states. It follow
   - `lm_head` scores the draft vocabulary; draft id d is target id d + d2t[d] (`d2t`); logits are returned over
     the TARGET vocabulary with -inf elsewhere (vLLM's compute_logits), so a drafter's distribution is already one
     over the target's ids with zeros outside the draft vocabulary.
-`norm_before_fc` (speculators' `input_norm`, an RMSNorm over the 3 states before `fc`) is read too: vLLM's file
-above ignores it, which is one way a head's acceptance collapses in a server.
+`norm_before_fc` (speculators' `input_norm`, an RMSNorm over the 3 states before `fc`) is read too. vLLM applies it
+(llama_eagle3.py:184-188 reads `norm_before_fc` from the config, or from `eagle_config` in the HF layout; :405-407
+applies `input_norm` in combine_hidden_states; the speculators conversion copies the key, default False:
+vllm/transformers_utils/configs/speculators/algos.py:36). SGLang's llama_eagle3.py (sgl-project/sglang @ 03d5a77)
+has no `input_norm`: it drops that weight and serves such a head without the norm, one way its acceptance collapses.
+
+What vLLM 0.32 does that the lab copies (checked in its installed source):
+  - aux ids: the target appends the state after `i` decoder layers for each id i (vllm/model_executor/models/
+    llama.py:428-441, `_maybe_add_hidden_state(.., idx + 1, ..)`: id i = the input of layer i = transformers'
+    hidden_states[i]); the ids are captured SORTED and once each (models/interfaces.py:1578
+    `tuple(sorted(set(layers)))`), so the concatenation is in ascending id order whatever the config's order;
+  - the ids come from the draft config's `eagle_aux_hidden_state_layer_ids` (speculators: algos.py:47-50) or, in
+    the HF/SGLang layout, `eagle_config.eagle_aux_hidden_state_layer_ids` (v1/worker/gpu_model_runner.py:5268-5280),
+    used as they are, never shifted; absent, the target's default (2, L/2, L-3) (interfaces.py:1712-1725);
+  - `norm_before_residual` absent from a speculators config counts as TRUE (algos.py:33-35);
+  - a head whose draft vocabulary is the target's has no d2t parameter (llama_eagle3.py:339-345): a saved d2t
+    then fails to load ("no module or parameter named 'draft_id_to_target_id'"), so `save_head` leaves it out;
+  - no `embed_tokens.weight` in the checkpoint: the target's embedding is shared (llama_eagle3.py:460-461 skips it;
+    v1/spec_decode/llm_base_proposer.py:1436-1501 shares the target's);
+  - the fc input is `num_aux_hidden_states` (else len(eagle_config's ids), else 3) x target_hidden_size
+    (llama_eagle3.py:209-221): a speculators head is read with THREE aux states.
 
 Weights: `embed_tokens.weight` (absent: the target's embedding is shared, as vLLM does), `fc.weight`,
 `layers.0.{input_layernorm,hidden_norm,post_attention_layernorm}.weight`, `layers.0.self_attn.{q,k,v,o}_proj.weight`,
@@ -105,7 +124,7 @@ class Eagle3Head(nn.Module):
         super().__init__()
         hidden = config.hidden_size
         self.config = config
-        self.aux_layers = list(aux_layers)
+        self.aux_layers = sorted(aux_layers)  # vLLM concatenates the aux states in ascending id order
         self.verifier = verifier
         self.draft_vocab_size = draft_vocab_size
         self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
@@ -220,6 +239,9 @@ def load_head(path, target_model, target_names: list[str], device, dtype) -> Eag
     if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and 0 <= i < layers for i in aux):
         raise _refuse(path, f"reads target layers {aux!r}, but the target has decoder layers 0..{layers - 1}",
                       "train it for this target (eagle_aux_hidden_state_layer_ids: ids of its decoder layers)")
+    if len(set(aux)) != len(aux):
+        raise _refuse(path, f"reads target layers {aux!r} with a repeat; vLLM captures each layer once",
+                      "list distinct ids in eagle_aux_hidden_state_layer_ids")
     target_hidden = raw.get("target_hidden_size") or config.hidden_size
     if target_hidden != width:
         raise _refuse(path, f"reads target hidden states of width {target_hidden}, the target's are {width}",
@@ -230,13 +252,17 @@ def load_head(path, target_model, target_names: list[str], device, dtype) -> Eag
                       "use a head trained for this target")
     head = Eagle3Head(config, draft_vocab_size=int(raw.get("draft_vocab_size") or config.vocab_size),
                       target_hidden_size=width, aux_layers=aux,
-                      norm_before_residual=bool(raw.get("norm_before_residual", False)),
+                      norm_before_residual=bool(raw.get("norm_before_residual", True)),  # vLLM's default
                       norm_before_fc=bool(raw.get("norm_before_fc", False)), verifier=verifier)
     state = {name.replace("midlayer.", "layers.0."): tensor for name, tensor in _weights(path).items()}
+    optional = {"embed_tokens.weight"}
     if "embed_tokens.weight" not in state:
         head.embed_tokens = target_model.get_input_embeddings()  # shared with the target, as vLLM does
+    if head.draft_vocab_size == config.vocab_size:
+        optional |= {"d2t", "t2d"}  # the identity (their zeros / all-true defaults), as vLLM reads such a head
+        head.t2d.fill_(True)
     expected = set(head.state_dict())
-    missing = sorted(expected - set(state) - ({"embed_tokens.weight"} if "embed_tokens.weight" not in state else set()))
+    missing = sorted(expected - set(state) - optional)
     unexpected = sorted(set(state) - expected)
     if missing or unexpected:
         what = ", ".join([f"missing {n}" for n in missing[:3]] + [f"unexpected {n}" for n in unexpected[:3]])
@@ -309,11 +335,16 @@ def new_head(target_model, aux_layers: list[int], draft_ids: torch.Tensor, verif
 
 
 def head_weights(head: Eagle3Head, dtype=None) -> dict[str, torch.Tensor]:
-    """The weights a speculators directory holds: everything but the shared embedding, contiguous, on the CPU."""
+    """The weights a speculators directory holds: everything but the shared embedding, contiguous, on the CPU. A
+    head drafting over the whole target vocabulary is saved without d2t/t2d (vLLM has no d2t parameter then and
+    refuses one: llama_eagle3.py:339-345), its lm_head rows put in target-id order."""
     state = {}
+    whole = head.draft_vocab_size == head.config.vocab_size
     for name, tensor in head.state_dict().items():
-        if name == "embed_tokens.weight":
+        if name == "embed_tokens.weight" or (whole and name in ("d2t", "t2d")):
             continue
+        if whole and name == "lm_head.weight":
+            tensor = torch.empty_like(tensor).index_copy_(0, head.target_ids().to(tensor.device), tensor)
         tensor = tensor.detach().cpu()
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)
