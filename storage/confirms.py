@@ -193,8 +193,9 @@ def confirm_document(store: Store, confirm_id: int) -> dict:
         if r["series_id"] is not None:
             series = series_document(store, eid, int(r["series_id"]))
             server_rate, server_positions = series["draft_acceptance_rate"], series["per_position_acceptance"]
-            server_positions = server_positions[:comparable_positions(json.loads(r["speculative_config"]),
-                                                                      int(r["concurrency"]))]
+            server_positions = [None if v != v else v for v in  # a position no round reached: null, not NaN
+                                server_positions[:comparable_positions(json.loads(r["speculative_config"]),
+                                                                       int(r["concurrency"]))]]
         lab_rate, lab_pos = _lab(store, _int(r["run_id"]), lab_cache)
         ci = [r["speedup_ci_lo"], r["speedup_ci_hi"]] if r["speedup_ci_lo"] is not None else None
         config["per_concurrency"].append({

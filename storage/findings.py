@@ -23,6 +23,7 @@ position and token-type findings are replaced by one that says the data is too t
 """
 from __future__ import annotations
 
+import json
 import logging
 
 import math
@@ -40,6 +41,7 @@ from engine.variables import variable
 from . import formula, production
 from . import queries as q
 from . import validation as val
+from .collapse import collapse
 from .store import Store
 from .schedule import schedule
 from .verdict import Verdict, judge, judged_runs
@@ -674,7 +676,8 @@ def _confirm(ctx: _Context) -> list[dict]:
     the server's speculation is not lossless there); the server's speedup interval wholly above 1 (gains) or
     below 1 (loses), beside the lab's at the same batch size; and the first draft position where the server's
     conditional acceptance lies outside the lab run's 95 % interval (same prompts, so the engines draft
-    differently, not the traffic)."""
+    differently, not the traffic); or, beyond that, the server's acceptance COLLAPSED against the lab's
+    (`_collapse`: what to check instead)."""
     from .confirms import beside_lab, latest_measured
 
     confirm_id = latest_measured(ctx.store, ctx.experiment_id)
@@ -726,6 +729,7 @@ def _confirm(ctx: _Context) -> list[dict]:
                 "--configs schedule give vLLM a k per batch size).", None,
                 {**data, "speedup": float(r.speedup), "lo": float(lo), "hi": float(hi), "gains": gains,
                  "lab_speedup": None if r.lab_speedup != r.lab_speedup else r.lab_speedup}))
+        found += _collapse(ctx, r, where, data)
         item = by_series.get(r.series_id)
         if item and item.get("position") and item["position"]["position"] <= r.positions:
             p = item["position"]
@@ -738,3 +742,58 @@ def _confirm(ctx: _Context) -> list[dict]:
                 "with the lab's; serve by the server's figures.", None,
                 {**data, "series_id": int(r.series_id), "position": p}))
     return found
+
+
+# What to check when a served EAGLE-3 head accepts far less than in the lab, each from vLLM 0.32's and SGLang's
+# source (engine/eagle3.py's docstring has the file:line of each).
+HEAD_CHECKS = (
+    ("aux_layer_ids", "the aux-layer ids: vLLM (and DraftLab) read eagle_aux_hidden_state_layer_ids as the INPUT of "
+                      "decoder layer i (transformers' hidden_states[i]); SGLang and SpecForge write the OUTPUT of "
+                      "layer i, one lower, so a head trained there reads one layer too early here unless each id is "
+                      "raised by 1 (`draftlab check-head {head} --target {target}` measures which ids fit)"),
+    ("norm_before_fc", "norm_before_fc: vLLM applies the head's input_norm when config.json sets it and drops that "
+                       "weight when it does not; SGLang never applies it. The flag must say how the head was trained"),
+    ("d2t", "the draft vocabulary mapping: a draft id d proposes target id d + d2t[d]; a head drafting over the whole "
+            "vocabulary has no d2t in vLLM (its lm_head rows must be in target-id order), and a d2t built for "
+            "another tokenizer or vocabulary proposes the wrong ids"),
+    ("chat_template", "the chat template: the head learned from text rendered with the target's chat template; the "
+                      "server tokenizes the lab's rendered prompts with the target's tokenizer (check BOS and the "
+                      "template match what the head was trained on)"),
+)
+
+
+def _collapse(ctx: _Context, r, where: str, data: dict) -> list[dict]:
+    """Rule (storage/collapse.py): a confirmed constant-k configuration whose server acceptance collapsed against
+    its lab run's (the server's upper bound under half the lab's lower bound, on the same prompts). For an EAGLE-3
+    head the finding names the head directory and what to check (HEAD_CHECKS); for any other drafter, that the
+    server drafts with something else than the lab measured."""
+    if r.series_id is None or r.series_id != r.series_id or r.run_id is None or r.run_id != r.run_id:
+        return []
+    with ctx.store.read() as conn:
+        config = json.loads(conn.execute(text("SELECT speculative_config FROM server_measurements WHERE id = :m"),
+                                         {"m": int(r.measurement_id)}).scalar() or "{}")
+    if config.get("num_speculative_tokens_per_batch_size"):
+        return []  # a schedule's k varies with the batch: its rate is not one k's
+    result = collapse(ctx.store, int(r.series_id), int(r.run_id))
+    if result is None or not result["collapsed"]:
+        return []
+    figures = (f"The server accepts {result['server']:.3f} of its draft tokens (at most {result['server_hi']:.3f} "
+               f"over {result['drafts']} drafts), the lab {result['lab']:.3f} ({result['lab_lo']:.3f}–"
+               f"{result['lab_hi']:.3f} over {result['prompts']} prompts, run {result['run_id']})")
+    facts = {**data, **result, "method": config.get("method"), "head": None, "checks": []}
+    if config.get("method") == "eagle3":
+        head = str(config.get("model") or "")
+        target = ctx.experiment.get("target") or "TARGET"
+        facts.update(head=head, checks=[key for key, _ in HEAD_CHECKS])
+        return [_finding(
+            "confirm", "warning", f"In vLLM, the EAGLE-3 head of {where} collapses",
+            f"{figures}: under half the lab's even at the intervals' edges, on the same prompts, so the server "
+            f"reads the head {head} differently from the lab.", "confirm",
+            "Check, in order: " + "; ".join(f"({i}) {check.format(head=head, target=target)}"
+                                            for i, (_, check) in enumerate(HEAD_CHECKS, 1)) + ".",
+            None, facts)]
+    return [_finding(
+        "confirm", "warning", f"In vLLM, {where} collapses",
+        f"{figures}: under half the lab's even at the intervals' edges, on the same prompts.", "confirm",
+        "Check that the server drafts with what the lab measured: the speculative config's model, its dtype and "
+        "tokenizer, and the prompts' rendering.", None, facts)]

@@ -72,3 +72,15 @@ def percentile(values, q: float) -> float | None:
     if len(values) == 0:
         return None
     return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def wilson_interval(successes: float, trials: float, z: float = 1.959964) -> tuple[float, float] | None:
+    """The Wilson score interval (95 % by default) of a rate of `successes` in `trials` independent trials; None
+    without trials. A mean of per-trial shares in [0, 1] (a round's accepted share of its drafts) has a variance no
+    larger than a Bernoulli's of the same mean, so the interval bounds it too, conservatively."""
+    if trials <= 0:
+        return None
+    p = min(1.0, max(0.0, successes / trials))
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
