@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .confirm import add_parser as add_confirm
 
     add_confirm(sub)
+    from .check_head import add_parser as add_check_head
+
+    add_check_head(sub)
     return parser
 
 
@@ -750,6 +753,17 @@ def cmd_confirm(args) -> int:
     return _store_command(args, command)
 
 
+def cmd_check_head(args) -> int:
+    from engine.errors import DraftLabError
+
+    from .check_head import command
+
+    try:
+        return command(args)
+    except DraftLabError as exc:
+        return _fail(str(exc))
+
+
 def _export_out_problem(args) -> str | None:
     """What is wrong with `export --out`, checked before the database is read: json and deploy write one file
     (not a directory, in a folder that exists), csv writes its files into a directory (created if missing, not a
@@ -818,6 +832,8 @@ def _dispatch(argv: list[str] | None) -> int:
     commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export,
                 "validate": cmd_validate, "distill": cmd_distill, "import-metrics": cmd_import_metrics,
                 "confirm": cmd_confirm}
+    if args.command == "check-head":
+        return cmd_check_head(args)
     if args.command in commands:
         return _database_errors_reported(commands[args.command], args)
     if args.command == "ui":

@@ -215,14 +215,17 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_head(path, target_model, target_names: list[str], device, dtype) -> Eagle3Head:
+def load_head(path, target_model, target_names: list[str], device, dtype, overrides: dict | None = None
+              ) -> Eagle3Head:
     """The EAGLE-3 head in directory `path` for `target_model` (a transformers causal LM, whose embedding it shares
-    when it has none), on `device` in `dtype`; a DraftLabError says in one line why a head cannot draft for it."""
+    when it has none), on `device` in `dtype`; a DraftLabError says in one line why a head cannot draft for it.
+    `overrides`: config.json keys read as given instead (engine/head_check.py tries other aux ids and norms)."""
     path = Path(str(path)).expanduser()
     raw = head_config(path)
     if raw is None:
         raise _refuse(path, "has no config.json with speculators_model_type \"eagle3\"",
                       "point --draft at a speculators-format EAGLE-3 head directory")
+    raw = {**raw, **(overrides or {})}
     verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     check_verifier(path, verifier, target_names)
     layer = raw.get("transformer_layer_config")
@@ -255,7 +258,9 @@ def load_head(path, target_model, target_names: list[str], device, dtype) -> Eag
                       norm_before_residual=bool(raw.get("norm_before_residual", True)),  # vLLM's default
                       norm_before_fc=bool(raw.get("norm_before_fc", False)), verifier=verifier)
     state = {name.replace("midlayer.", "layers.0."): tensor for name, tensor in _weights(path).items()}
-    optional = {"embed_tokens.weight"}
+    optional = {"embed_tokens.weight", "input_norm.weight"}  # vLLM leaves an unsaved input_norm at ones
+    if head.input_norm is None:
+        state.pop("input_norm.weight", None)  # vLLM drops it when norm_before_fc is off (llama_eagle3.py:464-465)
     if "embed_tokens.weight" not in state:
         head.embed_tokens = target_model.get_input_embeddings()  # shared with the target, as vLLM does
     if head.draft_vocab_size == config.vocab_size:
