@@ -234,3 +234,12 @@ def vllm_command():
         last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
         missing_service(f"no vLLM: {LOCAL_VENV_PYTHON} cannot import vllm ({last}); rerun scripts/install_vllm.sh")
     return default_command()
+
+
+# --- an EAGLE-3 head with real acceptance for demo-target (tests/eagle3_heads.py) ---------------------------------
+@pytest.fixture(scope="session")
+def demo_eagle3_head(tmp_path_factory):
+    """engine/zoo/demo-eagle3 once shipped, else a stand-in trained once per session (~20 s of CPU)."""
+    from tests.eagle3_heads import demo_head
+
+    return demo_head(tmp_path_factory.mktemp("demo-eagle3"))
