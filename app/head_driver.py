@@ -184,7 +184,7 @@ conditional on the positions before it; acceptance length = 1 + expected accepte
 
 ## Before / after (held-out `{c['validation']}`, greedy speculation through the engine's loop, k={c['k']})
 
-| | fresh head | trained head |
+| | fresh head (first {ht.BEFORE_PROMPTS} prompts) | trained head |
 |---|---|---|
 | alpha | {_fmt(c['alpha_before'])} | {_fmt(c['alpha_after'])} |
 | acceptance by position | {_positions(c['per_position_acceptance_before'])} | {_positions(c['per_position_acceptance_after'])} |

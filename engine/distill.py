@@ -463,8 +463,9 @@ def _generate(pair: ModelPair, prompts: list[str], max_new_tokens: int, temperat
 
 @torch.no_grad()
 def _sample_batched(pair: ModelPair, prompts: list[str], max_new_tokens: int, seed: int,
-                    batch: int) -> Iterator[Sequence]:
-    """The target's continuations drawn from p_t (temperature 1, no top-k/top-p), `batch` prompts decoded together
+                    batch: int, greedy: bool = False) -> Iterator[Sequence]:
+    """The target's continuations drawn from p_t (temperature 1, no top-k/top-p; `greedy`: its argmax, which padding
+    and batching may change in the last bits, so not the exact target-only text), `batch` prompts decoded together
     (left-padded, transformers' generate with its KV cache): one batched step costs about what one sequence's does
     on a GPU, and a few times less per token than one at a time on a CPU. Each continuation ends at EOS (kept) or
     after max_new_tokens. Batch b draws from torch's generator seeded with (seed, b): the same settings give the
@@ -474,8 +475,8 @@ def _sample_batched(pair: ModelPair, prompts: list[str], max_new_tokens: int, se
     model, tok = pair.target.model, pair.tokenizer
     eos = sorted(eos_ids(pair))
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-    gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                               pad_token_id=pad, eos_token_id=eos or None)
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    gen_cfg = GenerationConfig(**sampling, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos or None)
     encoded = [ids[0].tolist() for ids in encode_prompts(pair, prompts, max_new_tokens)]
     for b, start in enumerate(range(0, len(encoded), batch)):
         chunk = encoded[start : start + batch]

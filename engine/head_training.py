@@ -40,6 +40,7 @@ from .loading import LoadedModel, ModelPair
 from .token_types import TokenTyper
 
 STEP_DECAY = 0.8  # loss weight of TTT step j: 0.8^j (SpecForge's)
+BEFORE_PROMPTS = 8  # held-out prompts the fresh head is decoded on (its "before" figures through the loop)
 
 
 @dataclass
@@ -302,13 +303,12 @@ class HeadTrainer(ds.Distiller):
         yield {"kind": "phase", "phase": "target continuations (train)"}
         train: list[ds.Sequence] = []
         total = cfg.samples * len(self.train_prompts)
-        for s in ds._generate(pair, self.train_prompts, cfg.max_new_tokens):
-            train.append(s)
-            yield {"kind": "generated", "split": "train", "prompt": len(train) - 1, "of": total}
-        for s in ds._sample_batched(pair, self.train_prompts * (cfg.samples - 1), cfg.max_new_tokens, cfg.seed,
-                                    cfg.generation_batch):
-            train.append(s)
-            yield {"kind": "generated", "split": "train", "prompt": len(train) - 1, "of": total}
+        # Training responses are decoded in batches, greedy ones too (their last bits may differ from target-only
+        # decoding's: harmless for training data); the held-out ones one by one, exactly as target-only decoding.
+        for greedy, prompts in ((True, self.train_prompts), (False, self.train_prompts * (cfg.samples - 1))):
+            for s in ds._sample_batched(pair, prompts, cfg.max_new_tokens, cfg.seed, cfg.generation_batch, greedy):
+                train.append(s)
+                yield {"kind": "generated", "split": "train", "prompt": len(train) - 1, "of": total}
         yield {"kind": "phase", "phase": "target continuations (validation)"}
         val: list[ds.Sequence] = []
         for i, s in enumerate(ds._generate(pair, self.val_prompts, cfg.max_new_tokens)):
@@ -329,7 +329,10 @@ class HeadTrainer(ds.Distiller):
         yield {"kind": "phase", "phase": "held-out figures before training"}
         figures = self.measure(self.val_seqs)
         self.kl_before = figures["kl"]
-        self.before = ds.greedy_alpha(self.pair, self.val_prompts, cfg.max_new_tokens, cfg.k, self.val_seqs, "eagle3")
+        # The fresh head drafts almost nothing right, so each of its rounds costs k head steps for one token: its
+        # figures through the loop come from the first BEFORE_PROMPTS held-out prompts, not all of them.
+        few = self.val_prompts[:BEFORE_PROMPTS]
+        self.before = ds.greedy_alpha(self.pair, few, cfg.max_new_tokens, cfg.k, self.val_seqs[:len(few)], "eagle3")
         self.curve = [{"step": 0, "train_loss": None, **figures}]
         yield {"kind": "before", **figures, **self.before}
 
