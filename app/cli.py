@@ -136,6 +136,47 @@ def build_parser() -> argparse.ArgumentParser:
                          help='print one JSON object: {"out", "steps", "kl_before", "kl_after", "alpha_before", '
                               '"alpha_after"}')
 
+    head = sub.add_parser(
+        "train-head", help="train an EAGLE-3 head for a target (its hidden states; served by vLLM and SGLang)",
+        description="Train a one-decoder-layer EAGLE-3 head on the target's own hidden states: the target's "
+                    "responses to the prompts (regenerated; conversations through its chat template), the aux "
+                    "layers' states and logits from one target forward per step, a training-time test over "
+                    "--ttt-steps draft positions, forward KL on a draft vocabulary of the most frequent tokens. "
+                    "Writes the speculators format vLLM loads as {\"method\": \"eagle3\", \"model\": OUT} with "
+                    "MODEL_CARD.md; held-out acceptance by position before/after through the engine's loop. "
+                    "Interrupted, it keeps OUT/.checkpoint: the same command continues from it.")
+    head.add_argument("--target", required=True, help=zoo.model_help("target"))
+    head.add_argument("--prompts", required=True,
+                      help="NAME[:tune] (held out: NAME:validation), a .jsonl/.csv/.txt file, or several joined with +")
+    head.add_argument("--out", required=True,
+                      help="directory for the head (created if missing; an existing one must be empty, or hold "
+                           "only this command's checkpoint, unless --overwrite; never a shipped model)")
+    head.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    head.add_argument("--aux-layers", default="auto",
+                      help="target layers the head reads, vLLM's convention (id i = the input of decoder layer i): "
+                           "auto (2, L/2, L-3) or e.g. 2,6,9")
+    head.add_argument("--draft-vocab-size", type=_whole(1), default=0,
+                      help="draft vocabulary: the N most frequent target tokens in the responses (default: the "
+                           "whole vocabulary up to 32000)")
+    head.add_argument("--ttt-steps", type=_whole(1), default=4,
+                      help="training-time test steps S: the draft positions trained (default 4)")
+    head.add_argument("--steps", type=_whole(1), default=600, help="optimiser steps (default 600)")
+    head.add_argument("--focus-from", type=_ID, default=None, metavar="EXPERIMENT_ID",
+                      help="weight the loss by this experiment's rejection profile (token types, draft positions)")
+    head.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
+    head.add_argument("--lr", type=_positive_number, default=1e-3)
+    head.add_argument("--max-new-tokens", type=_described(SETTINGS["max_new_tokens"]), default=128,
+                      help="length of the target's responses")
+    head.add_argument("--batch-size", type=_whole(1), default=8, help="sequences per step (default 8)")
+    head.add_argument("--samples", type=_whole(1), default=1,
+                      help="responses per prompt: the greedy one plus SAMPLES-1 drawn at temperature 1")
+    head.add_argument("--seed", type=_described(SETTINGS["seed"]), default=0)
+    head.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    head.add_argument("--db", default=None, help="database of --focus-from")
+    head.add_argument("--json", action="store_true",
+                      help='print one JSON object: {"out", "steps", "aux_layers", "draft_vocab_size", "alpha_before", '
+                           '"alpha_after", "acceptance_length_after", "per_position_acceptance_after"}')
+
     validate = sub.add_parser("validate", help="rerun an experiment's chosen configuration (the verdict's: the best, "
                                                "or the cheaper one tied with it) on held-out prompts")
     validate.add_argument("experiment_id", type=_ID)
@@ -310,63 +351,25 @@ def _validation_report(store, experiment_id: int, as_json: bool) -> str:
             f"{doc['reason']}")
 
 
-def cmd_distill(args) -> int:
-    """Check everything (settings, --out, --focus-from, prompts, the pair), then train and write the model
-    directory; print the held-out figures (a table, or --json). The steps, checkpoints and card are
-    app/distill_driver.py's (the worker's training jobs run the same driver); this shows its records."""
+def _show_training(label: str, run, ckpt, continued: bool, cfg, out, train_count: int, val_count: int,
+                   eval_line) -> tuple[dict, dict] | int:
+    """Drive a trainer's records (app/distill_driver.records) with progress bars on stderr, checkpointing every
+    CHECKPOINT_SECONDS between two steps; return (prepared, trained) records, or an exit code after an error or
+    an interrupt (saying how to continue). `eval_line(record)` words a held-out point."""
     import time
 
     from tqdm import tqdm
 
-    from engine import distill as ds
-    from engine.chat import render, resolve_option
     from engine.errors import DraftLabError
-    from engine.loading import load_pair
-    from engine.prompt_sets import held_out_split, load_prompts
-    from engine.runs import encode_prompts
-    from storage.focus import focus_weights
 
     from . import distill_driver as driver
 
-    started = time.perf_counter()
-    try:
-        cfg = driver.distill_config(args.steps, args.lr, args.max_new_tokens, args.batch_size, args.seed,
-                                    args.samples)
-        out = ds.check_distill_out(args.out, args.overwrite, driver.CHECKPOINT_DIR)
-    except DraftLabError as exc:
-        return _fail(str(exc))
-    focus = None
-    if args.focus_from is not None:
-        store = open_store_or_fail(args.db)
-        if isinstance(store, int):
-            return store
-        try:
-            focus = focus_weights(store, args.focus_from)
-        except DraftLabError as exc:
-            return _fail(str(exc))
-        finally:
-            store.dispose()
-        driver.focus_on(cfg, focus)
-    try:
-        val_spec, val_note = held_out_split(args.prompts)
-        train_prompts, val_prompts = load_prompts(args.prompts), load_prompts(val_spec)
-        pair = load_pair(args.target, args.draft, args.device, "float32")
-        chat_template = resolve_option(args.chat_template)
-        train_prompts = render(train_prompts, pair.tokenizer, chat_template, what=args.prompts)
-        val_prompts = render(val_prompts, pair.tokenizer, chat_template, what=val_spec)
-        encode_prompts(pair, train_prompts, cfg.max_new_tokens)
-        encode_prompts(pair, val_prompts, cfg.max_new_tokens)
-    except DraftLabError as exc:
-        return _fail(str(exc))
-
-    ckpt = driver.checkpoint_of(out)
-    run, continued = driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt)
     bar, done, prepared, saved = None, None, None, None
     if continued:  # the same command, interrupted before: continue where its checkpoint is
-        print(f"distill: continuing from the checkpoint in {ckpt} at step {run.step} of {cfg.steps}",
+        print(f"{label}: continuing from the checkpoint in {ckpt} at step {run.step} of {cfg.steps}",
               file=sys.stderr, flush=True)
         prepared, saved = run.prepared, run.step
-        bar = tqdm(total=cfg.steps, initial=run.step, desc="distill", unit="step", file=sys.stderr,
+        bar = tqdm(total=cfg.steps, initial=run.step, desc=label, unit="step", file=sys.stderr,
                    dynamic_ncols=True, mininterval=1)
     last_checkpoint = time.monotonic()
     try:
@@ -377,16 +380,15 @@ def cmd_distill(args) -> int:
                     bar.close()
                     bar = None
                 if rec["phase"].startswith("target continuations"):
-                    total = cfg.samples * len(train_prompts) if "train" in rec["phase"] else len(val_prompts)
+                    total = cfg.samples * train_count if "train" in rec["phase"] else val_count
                     bar = tqdm(total=total, desc=rec["phase"], unit="prompt", file=sys.stderr, dynamic_ncols=True)
                 else:
-                    print(f"distill: {rec['phase']}", file=sys.stderr, flush=True)
+                    print(f"{label}: {rec['phase']}", file=sys.stderr, flush=True)
             elif kind == "generated":
                 bar.update(1)
             elif kind == "before":
-                print(f"distill: before: held-out KL {rec['kl']:.4f}, alpha {rec['alpha']:.3f}", file=sys.stderr,
-                      flush=True)
-                bar = tqdm(total=cfg.steps, desc="distill", unit="step", file=sys.stderr, dynamic_ncols=True,
+                print(f"{label}: before: held-out alpha {rec['alpha']:.3f}", file=sys.stderr, flush=True)
+                bar = tqdm(total=cfg.steps, desc=label, unit="step", file=sys.stderr, dynamic_ncols=True,
                            mininterval=1)
             elif kind == "step":
                 bar.update(1)
@@ -395,8 +397,7 @@ def cmd_distill(args) -> int:
                     saved = driver.checkpoint(run, ckpt)  # between two steps: a resume repeats none and skips none
                     last_checkpoint = time.monotonic()
             elif kind == "eval":
-                bar.write(f"distill: step {rec['step']}: train loss {rec['train_loss']:.4f}, held-out KL "
-                          f"{rec['kl']:.4f}", file=sys.stderr)
+                bar.write(f"{label}: step {rec['step']}: {eval_line(rec)}", file=sys.stderr)
             elif kind == "prepared":
                 prepared = rec
             elif kind == "prepared_saved":
@@ -417,7 +418,133 @@ def cmd_distill(args) -> int:
     finally:
         if bar is not None:
             bar.close()
+    return prepared, done
 
+
+def _training_inputs(args, cfg, draft: str | None, focus_on):
+    """What `distill` and `train-head` both read before training: the --focus-from weights (applied to cfg with
+    `focus_on`), the prompts and their held-out split, rendered through the chat template, and the pair loaded in
+    float32 (draft None: the target alone). Returns (focus, val_spec, val_note, train_prompts, val_prompts, pair),
+    or an exit code after a one-line error."""
+    from engine.chat import render, resolve_option
+    from engine.errors import DraftLabError
+    from engine.loading import load_pair
+    from engine.prompt_sets import held_out_split, load_prompts
+    from engine.runs import encode_prompts
+    from storage.focus import focus_weights
+
+    focus = None
+    if args.focus_from is not None:
+        store = open_store_or_fail(args.db)
+        if isinstance(store, int):
+            return store
+        try:
+            focus = focus_weights(store, args.focus_from)
+        except DraftLabError as exc:
+            return _fail(str(exc))
+        finally:
+            store.dispose()
+        focus_on(cfg, focus)
+    try:
+        val_spec, val_note = held_out_split(args.prompts)
+        train_prompts, val_prompts = load_prompts(args.prompts), load_prompts(val_spec)
+        pair = load_pair(args.target, draft, args.device, "float32")
+        chat_template = resolve_option(args.chat_template)
+        train_prompts = render(train_prompts, pair.tokenizer, chat_template, what=args.prompts)
+        val_prompts = render(val_prompts, pair.tokenizer, chat_template, what=val_spec)
+        encode_prompts(pair, train_prompts, cfg.max_new_tokens)
+        encode_prompts(pair, val_prompts, cfg.max_new_tokens)
+    except DraftLabError as exc:
+        return _fail(str(exc))
+    return focus, val_spec, val_note, train_prompts, val_prompts, pair
+
+
+def cmd_train_head(args) -> int:
+    """`draftlab train-head` (SPEC "EAGLE-3 heads"): check the settings and --out, load the target alone, train
+    the head (app/head_driver.py, the driver the worker's head jobs run too), save it and print the held-out
+    figures (a line, or SPEC's --json keys)."""
+    import time
+
+    from engine import distill as ds
+    from engine import head_training as ht
+    from engine.errors import DraftLabError
+
+    from . import head_driver as driver
+
+    started = time.perf_counter()
+    try:
+        cfg = driver.head_config(args.steps, args.lr, args.max_new_tokens, args.batch_size, args.seed, args.samples,
+                                 args.ttt_steps, args.draft_vocab_size, ht.parse_aux_layers(args.aux_layers))
+        out = ds.check_distill_out(args.out, args.overwrite, driver.CHECKPOINT_DIR)
+    except DraftLabError as exc:
+        return _fail(str(exc))
+    inputs = _training_inputs(args, cfg, None, lambda cfg, focus: None)
+    if isinstance(inputs, int):
+        return inputs
+    focus, val_spec, val_note, train_prompts, val_prompts, pair = inputs
+    ckpt = driver.checkpoint_of(out)
+    try:
+        run, continued = driver.trainer(pair, train_prompts, val_prompts, cfg, focus, ckpt, out.resolve().name,
+                                        args.target)
+    except DraftLabError as exc:
+        return _fail(str(exc))
+    shown = _show_training("train-head", run, ckpt, continued, cfg, out, len(train_prompts), len(val_prompts),
+                           lambda rec: f"train loss {rec['train_loss']:.4f}, held-out acceptance by position "
+                                       f"{', '.join('-' if a is None else f'{a:.2f}' for a in rec['per_position'])}, "
+                                       f"acceptance length {rec['acceptance_length']:.2f}")
+    if isinstance(shown, int):
+        return shown
+    prepared, done = shown
+    print(f"train-head: saving to {out} and measuring the saved head", file=sys.stderr, flush=True)
+    settings = {**vars(args), "out": out, "aux_layers": run.aux_layers}
+    record = driver.finish(run.pair, out, cfg, prepared, done, focus, started, ckpt, name=out.resolve().name,
+                           target=args.target, prompts=args.prompts, validation=val_spec, validation_note=val_note,
+                           train_prompts=train_prompts, val_prompts=val_prompts,
+                           command=driver.head_command(settings))
+    result = {"out": str(out), "steps": cfg.steps, "aux_layers": record["aux_layers"],
+              "draft_vocab_size": record["draft_vocab_size"], "alpha_before": record["alpha_before"],
+              "alpha_after": record["alpha_after"], "acceptance_length_after": record["acceptance_length_after"],
+              "per_position_acceptance_after": record["per_position_acceptance_after"]}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        per = ", ".join("-" if a is None else f"{a:.2f}" for a in record["per_position_acceptance_after"])
+        print(f"{out}: {plural(cfg.steps, 'step')} in {done['seconds'] / 60:.1f} min; held-out {val_spec}, k={cfg.k}: "
+              f"alpha {record['alpha_before']:.3f} -> {record['alpha_after']:.3f}, acceptance length "
+              f"{record['acceptance_length_after']:.2f}, by position {per}; lossless {record['lossless_after']}")
+    return 0
+
+
+def cmd_distill(args) -> int:
+    """Check everything (settings, --out, --focus-from, prompts, the pair), then train and write the model
+    directory; print the held-out figures (a table, or --json). The steps, checkpoints and card are
+    app/distill_driver.py's (the worker's training jobs run the same driver); this shows its records."""
+    import time
+
+    from engine import distill as ds
+    from engine.errors import DraftLabError
+
+    from . import distill_driver as driver
+
+    started = time.perf_counter()
+    try:
+        cfg = driver.distill_config(args.steps, args.lr, args.max_new_tokens, args.batch_size, args.seed,
+                                    args.samples)
+        out = ds.check_distill_out(args.out, args.overwrite, driver.CHECKPOINT_DIR)
+    except DraftLabError as exc:
+        return _fail(str(exc))
+    inputs = _training_inputs(args, cfg, args.draft, driver.focus_on)
+    if isinstance(inputs, int):
+        return inputs
+    focus, val_spec, val_note, train_prompts, val_prompts, pair = inputs
+
+    ckpt = driver.checkpoint_of(out)
+    run, continued = driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt)
+    shown = _show_training("distill", run, ckpt, continued, cfg, out, len(train_prompts), len(val_prompts),
+                           lambda rec: f"train loss {rec['train_loss']:.4f}, held-out KL {rec['kl']:.4f}")
+    if isinstance(shown, int):
+        return shown
+    prepared, done = shown
     print(f"distill: saving to {out} and measuring the saved weights", file=sys.stderr, flush=True)
     record = driver.finish(pair, out, cfg, prepared, done, focus, started, ckpt, name=out.resolve().name,
                            target=args.target, draft=args.draft, prompts=args.prompts, validation=val_spec,
@@ -830,8 +957,8 @@ def _dispatch(argv: list[str] | None) -> int:
     if args.command == "run":
         return cmd_run(args)
     commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export,
-                "validate": cmd_validate, "distill": cmd_distill, "import-metrics": cmd_import_metrics,
-                "confirm": cmd_confirm}
+                "validate": cmd_validate, "distill": cmd_distill, "train-head": cmd_train_head,
+                "import-metrics": cmd_import_metrics, "confirm": cmd_confirm}
     if args.command == "check-head":
         return cmd_check_head(args)
     if args.command in commands:

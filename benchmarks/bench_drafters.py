@@ -33,10 +33,16 @@ BASELINE = ("baseline", 0)
 
 def measure(pair, prompts: list[str], arms: list[tuple[str, int]], cfg: SamplingConfig, repeats: int) -> dict:
     """{arm: (results of the first repeat, per-prompt median seconds)} for the baseline and every (spec, k)."""
-    ids = encode_prompts(pair, prompts, cfg.max_new_tokens)
-    arms = [BASELINE] + arms
-    decoders = {arm: baseline_decoder(pair, cfg) if arm == BASELINE else speculative_decoder(pair, cfg, arm[1], drafter=arm[0])
-                for arm in arms}
+    decoders = {BASELINE: baseline_decoder(pair, cfg)}
+    decoders.update({arm: speculative_decoder(pair, cfg, arm[1], drafter=arm[0]) for arm in arms})
+    return measure_decoders(decoders, prompts, encode_prompts(pair, prompts, cfg.max_new_tokens), cfg, repeats)
+
+
+def measure_decoders(decoders: dict, prompts: list[str], ids: list, cfg: SamplingConfig, repeats: int) -> dict:
+    """{arm: (results of the first repeat, per-prompt median seconds)} for every decoder (arm -> decoder, the
+    baseline's among them): one untimed warm-up each, then per prompt `repeats` rounds over every arm in a rotating
+    order (interleaved: drift hits every arm of a prompt alike)."""
+    arms = list(decoders)
     with torch.inference_mode():
         for decoder in decoders.values():  # untimed warm-up, as run_prompts does
             decoder.generate(prompts[0], ids[0], 0, max_new_tokens=min(WARMUP_TOKENS, cfg.max_new_tokens))

@@ -203,14 +203,18 @@ def mean_kl(target_model, draft_model, seqs: list[Sequence], vocab: int, device,
 
 
 def greedy_alpha(pair: ModelPair, prompts: list[str], max_new_tokens: int, k: int = EVAL_K,
-                 reference: list[Sequence] | None = None) -> dict:
+                 reference: list[Sequence] | None = None, drafter: str = "model") -> dict:
     """Greedy speculative decoding with the pair's draft at draft length k: alpha (engine.metrics_oracle) and, when the
     target's continuations are given, whether every output equals them (lossless)."""
     cfg = SamplingConfig(0.0, 0, 1.0, 0, max_new_tokens)
     encoded = encode_prompts(pair, prompts, max_new_tokens)
-    results = list(run_prompts(speculative_decoder(pair, cfg, k), prompts, encoded))
+    results = list(run_prompts(speculative_decoder(pair, cfg, k, drafter=drafter), prompts, encoded))
     m = speculative_metrics(results)
-    out = {"alpha": m["alpha"], "tokens_per_round": m["tokens_per_round"]}
+    drafting = [r for p in results for r in p.rounds if r.k > 0]
+    out = {"alpha": m["alpha"], "tokens_per_round": m["tokens_per_round"],
+           "per_position_acceptance": m["per_position_acceptance"],
+           # vLLM's mean acceptance length: 1 + accepted drafts per round that drafted
+           "acceptance_length": 1 + m["accepted"] / len(drafting) if drafting else None}
     if reference is not None:
         out["lossless"] = all(r.output_ids == s.continuation for r, s in zip(results, reference))
     return out
@@ -308,8 +312,17 @@ class Distiller:
         self.curve = [{"step": 0, "train_loss": None, "kl": self.kl_before}]
         yield {"kind": "before", "kl": self.kl_before, **self.before}
 
+    @property
+    def model(self):
+        """The module trained in place (the pair's draft)."""
+        return self.pair.draft.model
+
+    def _loss(self, seqs: list[Sequence]) -> torch.Tensor:
+        """The training objective on one batch of sequences (a scalar to minimise)."""
+        return batch_loss(self.model, seqs, self.pair.vocab_size, self.pair.device)
+
     def _optimizer(self) -> None:
-        draft, cfg = self.pair.draft.model, self.cfg
+        draft, cfg = self.model, self.cfg
         draft.float().train()
         decay = [p for p in draft.parameters() if p.dim() >= 2 and p.requires_grad]
         other = [p for p in draft.parameters() if p.dim() < 2 and p.requires_grad]
@@ -320,8 +333,7 @@ class Distiller:
     def train(self) -> Iterator[dict]:
         if self.prepared is None:
             raise RuntimeError("Distiller.train() before prepare() or load_checkpoint()")
-        cfg, pair = self.cfg, self.pair
-        draft, device, vocab = pair.draft.model, pair.device, pair.vocab_size
+        cfg, draft = self.cfg, self.model
         if self.opt is None:
             self._optimizer()
         draft.train()
@@ -335,7 +347,7 @@ class Distiller:
             for g in self.opt.param_groups:
                 g["lr"] = lr
             pick = torch.randperm(len(self.train_seqs), generator=self.gen)[: cfg.batch_size].tolist()
-            loss = batch_loss(draft, [self.train_seqs[i] for i in pick], vocab, device)
+            loss = self._loss([self.train_seqs[i] for i in pick])
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
@@ -372,15 +384,12 @@ class Distiller:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         if not (path / self.DATA).exists():
-            _atomic_save(path / self.DATA, {
-                "fingerprint": self._fingerprint(), "train": [_seq_dict(s) for s in self.train_seqs],
-                "validation": [_seq_dict(s) for s in self.val_seqs], "prepared": self.prepared,
-                "before": self.before, "kl_before": self.kl_before})
+            _atomic_save(path / self.DATA, {"fingerprint": self._fingerprint(), **self._data()})
         if self.opt is None:
             self._optimizer()
         _atomic_save(path / self.STATE, {
             "step": self.step, "curve": self.curve, "window": self.window, "seconds": self.seconds,
-            "draft": self.pair.draft.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "draft": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "sampler": self.gen.get_state(), "torch_rng": torch.get_rng_state()})
 
     def load_checkpoint(self, directory: str | Path) -> bool:
@@ -392,20 +401,29 @@ class Distiller:
         data = torch.load(path / self.DATA, weights_only=True)
         if data.get("fingerprint") != self._fingerprint():
             return False
-        self.train_seqs = [_seq_from(d) for d in data["train"]]
-        self.val_seqs = [_seq_from(d) for d in data["validation"]]
-        self.prepared, self.before, self.kl_before = data["prepared"], data["before"], data["kl_before"]
-        self.curve = [{"step": 0, "train_loss": None, "kl": self.kl_before}]
+        self._restore(data)
         self._optimizer()
         if (path / self.STATE).exists():
             state = torch.load(path / self.STATE, weights_only=True)
-            self.pair.draft.model.load_state_dict(state["draft"])
+            self.model.load_state_dict(state["draft"])
             self.opt.load_state_dict(state["optimizer"])
             self.gen.set_state(state["sampler"])
             torch.set_rng_state(state["torch_rng"])
             self.step, self.curve, self.window = int(state["step"]), list(state["curve"]), list(state["window"])
             self.seconds = float(state["seconds"])
         return True
+
+    def _data(self) -> dict:
+        """What the checkpoint's data file holds besides the fingerprint: the prepared data, written once."""
+        return {"train": [_seq_dict(s) for s in self.train_seqs], "validation": [_seq_dict(s) for s in self.val_seqs],
+                "prepared": self.prepared, "before": self.before, "kl_before": self.kl_before}
+
+    def _restore(self, data: dict) -> None:
+        """The prepared data back from a checkpoint's data file (before the training state is loaded)."""
+        self.train_seqs = [_seq_from(d) for d in data["train"]]
+        self.val_seqs = [_seq_from(d) for d in data["validation"]]
+        self.prepared, self.before, self.kl_before = data["prepared"], data["before"], data["kl_before"]
+        self.curve = [{"step": 0, "train_loss": None, "kl": self.kl_before}]
 
     def _fingerprint(self) -> dict:
         """What a checkpoint must match to be resumed: the models, settings and prompts (not the step count's
@@ -445,8 +463,9 @@ def _generate(pair: ModelPair, prompts: list[str], max_new_tokens: int, temperat
 
 @torch.no_grad()
 def _sample_batched(pair: ModelPair, prompts: list[str], max_new_tokens: int, seed: int,
-                    batch: int) -> Iterator[Sequence]:
-    """The target's continuations drawn from p_t (temperature 1, no top-k/top-p), `batch` prompts decoded together
+                    batch: int, greedy: bool = False) -> Iterator[Sequence]:
+    """The target's continuations drawn from p_t (temperature 1, no top-k/top-p; `greedy`: its argmax, which padding
+    and batching may change in the last bits, so not the exact target-only text), `batch` prompts decoded together
     (left-padded, transformers' generate with its KV cache): one batched step costs about what one sequence's does
     on a GPU, and a few times less per token than one at a time on a CPU. Each continuation ends at EOS (kept) or
     after max_new_tokens. Batch b draws from torch's generator seeded with (seed, b): the same settings give the
@@ -456,8 +475,8 @@ def _sample_batched(pair: ModelPair, prompts: list[str], max_new_tokens: int, se
     model, tok = pair.target.model, pair.tokenizer
     eos = sorted(eos_ids(pair))
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-    gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                               pad_token_id=pad, eos_token_id=eos or None)
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    gen_cfg = GenerationConfig(**sampling, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos or None)
     encoded = [ids[0].tolist() for ids in encode_prompts(pair, prompts, max_new_tokens)]
     for b, start in enumerate(range(0, len(encoded), batch)):
         chunk = encoded[start : start + batch]

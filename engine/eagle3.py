@@ -62,9 +62,16 @@ from .errors import DraftLabError
 SPECULATORS_TYPE = "eagle3"
 
 
+def head_dir(path) -> Path:
+    """The directory `path` names: a shipped demo name (engine/zoo, e.g. demo-eagle3) or a local path."""
+    from . import zoo
+
+    return zoo.resolve(str(path)) or Path(str(path)).expanduser()
+
+
 def head_config(path) -> dict | None:
     """The config.json of a speculators-format EAGLE-3 head directory, or None when `path` is not one."""
-    file = Path(str(path)).expanduser() / "config.json"
+    file = head_dir(path) / "config.json"
     if not file.is_file():
         return None
     try:
@@ -220,7 +227,7 @@ def load_head(path, target_model, target_names: list[str], device, dtype, overri
     """The EAGLE-3 head in directory `path` for `target_model` (a transformers causal LM, whose embedding it shares
     when it has none), on `device` in `dtype`; a DraftLabError says in one line why a head cannot draft for it.
     `overrides`: config.json keys read as given instead (engine/head_check.py tries other aux ids and norms)."""
-    path = Path(str(path)).expanduser()
+    path = head_dir(path)
     raw = head_config(path)
     if raw is None:
         raise _refuse(path, "has no config.json with speculators_model_type \"eagle3\"",
