@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .confirm import add_parser as add_confirm
 
     add_confirm(sub)
+    from .convert_head import add_parser as add_convert_head
+
+    add_convert_head(sub)
     return parser
 
 
@@ -750,6 +753,17 @@ def cmd_confirm(args) -> int:
     return _store_command(args, command)
 
 
+def cmd_convert_head(args) -> int:
+    from engine.errors import DraftLabError
+
+    from .convert_head import command
+
+    try:
+        return command(args)
+    except DraftLabError as exc:
+        return _fail(str(exc))
+
+
 def _export_out_problem(args) -> str | None:
     """What is wrong with `export --out`, checked before the database is read: json and deploy write one file
     (not a directory, in a folder that exists), csv writes its files into a directory (created if missing, not a
@@ -815,6 +829,8 @@ def _dispatch(argv: list[str] | None) -> int:
         return int(exc.code or 0)
     if args.command == "run":
         return cmd_run(args)
+    if args.command == "convert-head":  # no database
+        return cmd_convert_head(args)
     commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export,
                 "validate": cmd_validate, "distill": cmd_distill, "import-metrics": cmd_import_metrics,
                 "confirm": cmd_confirm}

@@ -179,7 +179,7 @@ def head_spec(path) -> HeadSpec:
     """The HeadSpec of the head in directory `path` (either layout); a DraftLabError when it holds none."""
     config = read_config(path)
     if config is None:
-        raise _refuse(path, "has no readable config.json", "point --draft at an EAGLE-3 head directory")
+        raise _refuse(path, "has no readable config.json", "give an EAGLE-3 head directory (speculators or SGLang layout)")
     return spec_from_config(config, path)
 
 
