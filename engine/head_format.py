@@ -116,12 +116,15 @@ def sglang_dir(head_dir) -> Path:
     return Path(str(head_dir)).expanduser() / SGLANG
 
 
-def layout_dir(head_dir, layout: str) -> Path:
-    """The directory that holds the head of `head_dir` in `layout`: the head itself when it is already in that
-    layout, else its `<layout>` subdirectory (which may not exist yet)."""
-    if head_layout(head_dir) == layout:
-        return Path(str(head_dir)).expanduser()
-    return Path(str(head_dir)).expanduser() / layout
+def serving_dir(head_dir, layout: str) -> tuple[Path, bool]:
+    """Where the head of `head_dir` is in `layout`, and whether it is there yet: the head itself when it is in that
+    layout (a directory not readable here counts as the speculators layout, the one DraftLab runs and writes), else
+    its `<layout>` subdirectory (sglang_dir for SGLang), present once it holds a head in that layout."""
+    head = Path(str(head_dir)).expanduser()
+    if (head_layout(head) or SPECULATORS) == layout:
+        return head, True
+    converted = head / layout
+    return converted, head_layout(converted) == layout
 
 
 def _refuse(path, why: str, fix: str) -> DraftLabError:
