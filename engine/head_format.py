@@ -41,11 +41,13 @@ SPECULATORS_TYPE = "eagle3"
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Where each layout keeps the head's one decoder layer (the other weights are named alike in both).
 LAYER_PREFIX = {SPECULATORS: "layers.0.", SGLANG: "midlayer."}
-# The Llama decoder-layer keys a head's config carries (SGLang's at the top level, speculators' in
-# transformer_layer_config).
-LAYER_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "max_position_embeddings", "rms_norm_eps", "hidden_act", "attention_bias", "mlp_bias",
-              "rope_theta", "rope_scaling", "tie_word_embeddings", "torch_dtype")
+# The keys of a head's config that are not its Llama decoder layer's (SGLang's config holds both at the top level;
+# speculators' layer is its transformer_layer_config): everything else is carried from one layout to the other.
+NOT_LAYER_KEYS = frozenset({
+    "architectures", "model_type", "num_hidden_layers", "draft_vocab_size", "target_hidden_size", "eagle_config",
+    "norm_before_residual", "norm_before_fc", "verifier_name_or_path", "speculators_model_type",
+    "speculators_config", "speculators_version", "transformer_layer_config", "eagle_aux_hidden_state_layer_ids",
+    "auto_map"})
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class HeadSpec:
     i), None when the file names none (then every engine reads [2, L/2, L-3] of an L-layer target)."""
 
     layout: str
-    layer: dict  # the Llama decoder layer's keys (LAYER_KEYS), model_type and architectures excluded
+    layer: dict  # the Llama decoder layer's config keys (not NOT_LAYER_KEYS)
     draft_vocab_size: int
     target_hidden_size: int | None
     aux_layers: tuple[int, ...] | None
@@ -140,7 +142,16 @@ def _ids(raw, path, where: str) -> tuple[int, ...] | None:
 
 
 def _layer(source: dict) -> dict:
-    return {key: source[key] for key in LAYER_KEYS if key in source}
+    """The layer's keys of a config; transformers 5's `rope_parameters` also spelled as rope_theta / rope_scaling,
+    which is what SGLang and older readers take."""
+    layer = {key: value for key, value in source.items() if key not in NOT_LAYER_KEYS}
+    rope = layer.get("rope_parameters")
+    if isinstance(rope, dict):
+        if "rope_theta" in rope:
+            layer.setdefault("rope_theta", rope["rope_theta"])
+        if rope.get("rope_type", "default") != "default":
+            layer.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
+    return layer
 
 
 def spec_from_config(config: dict, path="the head") -> HeadSpec:
