@@ -16,8 +16,10 @@ from engine.run_config import PARAMETERS, RUN_PARAMETERS, RunConfig
 from engine.variables import SETTINGS, VARIABLES, Variable
 
 SETS = ["code:tune", "code:validation", "math:tune"]
+# Model names as HF ids and paths are written: never starting with "-" (the command line reads "--x" as an option,
+# and "--draft -" means no draft).
 NAMES = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_./", min_size=1, max_size=24).filter(
-    lambda s: s.strip() == s)
+    lambda s: s.strip() == s and not s.startswith("-"))
 
 
 def _number(v: Variable):
