@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="baseline + one speculative run per swept value; prints a table or --json")
     run.add_argument("--target", required=True, help=zoo.model_help("target"))
     for variable in VARIABLES.values():  # --k, --temperature, --top-k, --top-p, --draft, --drafter
-        run.add_argument(variable.flag, default=variable.default, help=variable.help)
+        # --drafter's default depends on --draft (engine/run_config.py default_drafter): None until the config says
+        default = None if variable.name == "drafter" else variable.default
+        run.add_argument(variable.flag, default=default, help=variable.help)
     run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed; chat: conversations), a .jsonl/.csv/.txt/.parquet/.arrow file (a prompt, or a conversation: OpenAI messages or ShareGPT conversations), or several joined with + (code:validation+english:validation)")
     run.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
     for setting in SETTINGS.values():  # --seed, --repeats, --max-new-tokens: engine/variables.py's settings
@@ -210,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .confirm import add_parser as add_confirm
 
     add_confirm(sub)
+    from .convert_head import add_parser as add_convert_head
+
+    add_convert_head(sub)
     from .check_head import add_parser as add_check_head
 
     add_check_head(sub)
@@ -241,23 +246,24 @@ def cmd_run(args) -> int:
         if args.name is not None and len(args.name) > NAME_CHARS:
             raise DraftLabError(f"--name is {len(args.name)} characters, longer than the {NAME_CHARS} an experiment's "
                                 f"name holds; give a shorter one (notes hold the rest, on the dashboard)")
-        if sweep.k_auto and sweep.drafters != ["model"]:
+        drafts = [None if d == "-" else d for d in sweep.drafts]
+        chat_template = resolve_option(args.chat_template)  # a FILE's text: stored, so any worker renders alike
+        # The run configuration (engine/run_config.py): every option parsed by its description (the drafter, when
+        # none is named, from what the draft is), and each run's sampling configuration valid for the engine,
+        # before anything is loaded or stored.
+        config = RunConfig.from_args(args, sweep, chat_template)
+        drafters = list(config.values) if config.sweep == "drafter" else [config.value("drafter")]
+        if sweep.k_auto and drafters != ["model"]:
             raise DraftLabError("--k auto predicts a constant-k curve: use it with --drafter model (the default); "
                                 "sweep --drafter with a fixed --k instead")
-        drafts = [None if d == "-" else d for d in sweep.drafts]
-        if any(needs_draft_model(spec) for spec in sweep.drafters) and None in drafts:
+        if any(needs_draft_model(spec) for spec in drafters) and None in drafts:
             raise DraftLabError("--draft is missing: the model, heuristic and confidence drafters draft with a model; "
                                 "pass --draft MODEL, or use --drafter prompt-lookup:N alone")
-        chat_template = resolve_option(args.chat_template)  # a FILE's text: stored, so any worker renders alike
-        # The run configuration (engine/run_config.py): every option parsed by its description, and each run's
-        # sampling configuration valid for the engine, before anything is loaded or stored.
-        config = RunConfig.from_args(args, sweep, chat_template)
         for value in config.values:
             config.sampling(value)
         prompts = load_prompts(args.prompts)
         _check_batch_rows(sweep, len(prompts))  # before any model loads
-        model_drafts = [d for d, spec in zip(drafts * len(sweep.drafters), sweep.drafters * len(drafts))
-                        if needs_draft_model(spec)]
+        model_drafts = [d for d, spec in zip(drafts * len(drafters), drafters * len(drafts)) if needs_draft_model(spec)]
         first = model_drafts[0] if model_drafts else None
         pair = load_pair(args.target, first, args.device, args.dtype, args.trust_remote_code)
         others = {d: with_draft(pair, d, args.trust_remote_code) for d in dict.fromkeys([*model_drafts, None]) if d != first}
@@ -880,6 +886,17 @@ def cmd_confirm(args) -> int:
     return _store_command(args, command)
 
 
+def cmd_convert_head(args) -> int:
+    from engine.errors import DraftLabError
+
+    from .convert_head import command
+
+    try:
+        return command(args)
+    except DraftLabError as exc:
+        return _fail(str(exc))
+
+
 def cmd_check_head(args) -> int:
     from engine.errors import DraftLabError
 
@@ -956,6 +973,8 @@ def _dispatch(argv: list[str] | None) -> int:
         return int(exc.code or 0)
     if args.command == "run":
         return cmd_run(args)
+    if args.command == "convert-head":  # no database
+        return cmd_convert_head(args)
     commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export,
                 "validate": cmd_validate, "distill": cmd_distill, "train-head": cmd_train_head,
                 "import-metrics": cmd_import_metrics, "confirm": cmd_confirm}

@@ -17,8 +17,9 @@ from typing import Mapping
 import torch
 
 from engine import distill as ds
-from engine import eagle3
+from engine import eagle3, head_format
 from engine import head_training as ht
+from engine.errors import DraftLabError
 from engine.loading import ModelPair, with_draft
 from engine.wording import plural
 
@@ -81,9 +82,10 @@ def finish_head(pair: ModelPair, out: Path, cfg: ht.HeadConfig, prepared: dict, 
     dtype = ds.saved_dtype(pair.target.source)
     dtype = dtype if dtype != torch.float32 else torch.float16  # a head is served beside a 16-bit target
     eagle3.save_head(head, out, dtype=dtype, speculative_tokens=cfg.k)
-    sglang = getattr(eagle3, "write_sglang_copy", None)  # SGLang's layout beside it, where the converter exists
-    if sglang is not None:
-        sglang(out)
+    try:  # SGLang's layout beside it (aux ids one lower, `midlayer.*`): what the deploy export's SGLang tab serves
+        sglang = str(eagle3.save_sglang(head, head_format.sglang_dir(out), dtype=dtype))
+    except DraftLabError as exc:  # a head SGLang would compute differently (e.g. norm_before_fc): say so on the card
+        sglang = f"not written: {exc}"
     target_only = ModelPair(pair.target, None, pair.device, pair.dtype, pair.vocab_size)
     saved = with_draft(target_only, str(out))
     after = ds.greedy_alpha(saved, val_prompts, cfg.max_new_tokens, cfg.k, done["validation"], "eagle3")
@@ -107,7 +109,7 @@ def finish_head(pair: ModelPair, out: Path, cfg: ht.HeadConfig, prepared: dict, 
         "per_position_acceptance_before": before["per_position_acceptance"],
         "per_position_acceptance_after": after["per_position_acceptance"],
         "simulated_acceptance_length": last.get("acceptance_length"), "simulated_per_position": last.get("per_position"),
-        "lossless_after": after.get("lossless"), "command": command,
+        "lossless_after": after.get("lossless"), "sglang_copy": sglang, "command": command,
     }
     (out / "MODEL_CARD.md").write_text(render_card(record), encoding="utf-8")
     (out / CARD_JSON).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -145,7 +147,7 @@ aux layers {aux} and predicting over a {c['draft_vocab_size']:,}-token draft voc
   (the server shares the target's).
 - Aux-layer ids `[{aux}]` in vLLM's convention: id i = the input of decoder layer i = transformers'
   `hidden_states[i]`. SGLang/SpecForge count one lower (id j = the output of layer j): `[{', '.join(str(i - 1) for i in c['aux_layers'])}]`.
-  `sglang/` (when present) holds this head in SGLang's layout with those ids.
+  SGLang's layout of this head (those ids, `midlayer.*` weights): {c.get('sglang_copy')}.
 - `norm_before_fc`: {str(c.get('norm_before_fc', False)).lower()} (vLLM's llama_eagle3 applies no norm before `fc`).
 - Draft vocabulary: the {c['draft_vocab_size']:,} target ids most frequent in the training continuations
   (`d2t[d]` = target id − d, `t2d` = membership mask).

@@ -52,7 +52,8 @@ def _values(option: str, text) -> list:
 
 
 def parse_sweep(options: dict) -> Sweep:
-    """options: {k, temperature, top_k, top_p, draft, drafter} as given on the command line (strings)."""
+    """options: {k, temperature, top_k, top_p, draft, drafter} as given on the command line (strings; None: not
+    given, its value left to the run configuration)."""
     k_text = str(options["k"]).strip().lower()
     k_auto = None
     if k_text == "auto" or k_text.startswith("auto:"):
@@ -62,7 +63,9 @@ def parse_sweep(options: dict) -> Sweep:
             raise DraftLabError(f"--k auto takes a largest k like auto:8 (got {options['k']!r})") from None
         if k_auto < 2:
             raise DraftLabError(f"--k auto needs a largest k of at least 2 (got {options['k']!r}); use e.g. --k auto:8")
-    parsed = {name: ([k_auto] if name == "k" and k_auto else _values(name, text)) for name, text in options.items()}
+    # An option not given (None: --drafter, whose default engine/run_config.py derives from the draft) is fixed None.
+    parsed = {name: [None] if text is None else [k_auto] if name == "k" and k_auto else _values(name, text)
+              for name, text in options.items()}
     listed = [name for name, values in parsed.items() if len(values) > 1]
     batch_sizes = None
     # A grid: batch size is the outer axis, next to one other list or to `--k auto` (predicted at each batch size).

@@ -55,11 +55,16 @@ class Serving:
     the drafter-specific settings it takes for parameter p and k (`settings(p, k)`: a dict of keys, or a list of
     (flag, value) pairs for a command line), and what the engine does differently from what DraftLab measured
     (`notes`, formatted with {k} and {p}). A drafter that needs a draft model gets the model and the engine's
-    sampling caveats from deploy itself; nothing here names a model."""
+    sampling caveats from deploy itself; nothing here names a model. `draft_layout`: the EAGLE-3 head layout the
+    engine loads (engine/head_format.py: "speculators" or "sglang"; deploy points it at the head in that layout, or
+    says how to write it). `sampled(draft_sampling)`: the (flag, value) pairs (value None: a switch) and notes the
+    engine takes at temperature > 0 for the run's draft sampling, where they differ from deploy's own."""
 
     how: str | None
     settings: Callable = lambda p, k: {}
     notes: tuple[str, ...] = ()
+    draft_layout: str | None = None
+    sampled: Callable | None = None
 
     def texts(self, p, k) -> list[str]:
         return [note.format(k=k, p=p) for note in self.notes]
@@ -163,26 +168,45 @@ _SUFFIX = {
 }
 
 # vLLM: vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM: speculators-format heads, aux-layer ids
-# = the input of decoder layer i), vllm/config/speculative.py (method "eagle3", `model`, `num_speculative_tokens`).
+# = the input of decoder layer i; an HF config's eagle_config ids are read as they are, unshifted:
+# v1/worker/gpu_model_runner.py), vllm/config/speculative.py (method "eagle3", `model`, `num_speculative_tokens`).
 # SGLang: python/sglang/srt/models/llama.py (set_eagle3_layers_to_capture adds 1 to each configured id: its ids
-# name a layer's OUTPUT, one lower than vLLM's) and llama_eagle3.py (LlamaForCausalLMEagle3, `midlayer.*`).
+# name a layer's OUTPUT, one lower than vLLM's), llama_eagle3.py (LlamaForCausalLMEagle3, `midlayer.*`), the
+# model runner (eagle_config.eagle_aux_hidden_state_layer_ids of the draft's config), the EAGLE verify path
+# (target-only verification of argmax drafts, or chain speculative sampling of sampled drafts with
+# --speculative-use-rejection-sampling, EAGLE/EAGLE3 only). The layouts: engine/head_format.py.
+def _sglang_eagle3_sampled(draft_sampling: str) -> tuple[list, tuple[str, ...]]:
+    if draft_sampling == "greedy":
+        return [], ("SGLang's EAGLE3 drafts the head's argmax and verifies target-only, as DraftLab measured with "
+                    "--draft-sampling greedy: lossless, the same acceptance rate.",)
+    return [("--speculative-use-rejection-sampling", None)], (
+        "--speculative-use-rejection-sampling samples the head's drafts and verifies them with their probabilities, "
+        "as DraftLab measured (--draft-sampling probabilistic); it is recent: an older SGLang lacks the flag: drop "
+        "it there, SGLang then drafts the head's argmax and verifies target-only: lossless, with the acceptance "
+        "rate of --draft-sampling greedy (measure that).",)
+
+
 _EAGLE3 = {
     "vllm": Serving("eagle3", notes=(
-        "vLLM loads the speculators directory as it is and reads the same aux-layer convention as DraftLab "
-        "(eagle_aux_hidden_state_layer_ids: id i = the input of decoder layer i). Check the server's per-position "
-        "acceptance against the lab's: a collapse means the head's config or norms are read differently.",)),
+        "vLLM loads the head's speculators directory (config.json with speculators_model_type \"eagle3\"); its "
+        "eagle_aux_hidden_state_layer_ids are in vLLM's convention, DraftLab's: id i = the input of decoder layer i "
+        "(transformers' hidden_states[i]). Check the server's per-position acceptance against the lab's: a "
+        "collapse means the head's config or norms are read differently.",), draft_layout="speculators"),
     "sglang": Serving("EAGLE3", _DRAFT_MODEL["sglang"].settings, (
         "EAGLE3 with topk 1 drafts one chain of k={k} tokens; SGLang requires num-draft-tokens = num-steps + 1 "
         "when topk is 1.",
-        "SGLang loads EAGLE-3 heads in its own layout (architectures [\"LlamaForCausalLMEagle3\"], "
-        "eagle_config.eagle_aux_hidden_state_layer_ids), not this speculators directory, and its aux-layer ids are "
-        "one LOWER than vLLM's (its id j reads the output of layer j): convert the head first, subtracting 1 from "
-        "each id, or acceptance collapses.")),
+        "SGLang loads EAGLE-3 heads in its own layout (architectures [\"LlamaForCausalLMEagle3\"], `midlayer.*` "
+        "weights, eagle_config.eagle_aux_hidden_state_layer_ids), whose aux ids are one LOWER than vLLM's: SGLang's "
+        "id j = the output of decoder layer j = vLLM's id j + 1. The speculators directory itself would be misread "
+        "(acceptance collapses): serve the head's SGLang copy, which `draftlab convert-head --to sglang` and "
+        "train-head write as <head>/sglang.",
+        "SGLang always drafts with the target's embedding (it replaces the head's own), as DraftLab does for a head "
+        "saved without one."), draft_layout="sglang", sampled=_sglang_eagle3_sampled),
     "llama_cpp": _cannot("llama.cpp", "drafts with a separate draft model or n-grams; it has no loader for an "
                          "EAGLE-3 head that reads the target's hidden states; serve this run with vLLM or SGLang."),
     "transformers": _cannot("transformers", "assisted generation drafts with a whole assistant model or prompt "
                             "lookup; it cannot feed an EAGLE-3 head the target's hidden states; serve this run "
-                            "with vLLM."),
+                            "with vLLM or SGLang."),
 }
 
 
@@ -227,8 +251,8 @@ SPECS: dict[str, DrafterSpec] = {spec.name: spec for spec in (
                 Parameter(int, "D", "the suffix tree depth D, an integer from 1 to 64", "suffix:24", 1, 65, default=24),
                 needs_model=False, constant_k=False, default_parameter=True, serving=_SUFFIX),
     DrafterSpec("eagle3", "Eagle3Drafter",
-                "an EAGLE-3 head (--draft: its speculators-format directory) drafting from the target's own hidden "
-                "states, a constant k per round", needs_hidden_states=True, serving=_EAGLE3),
+                "an EAGLE-3 head (--draft: its directory, vLLM's speculators or SGLang's layout; the drafter a head "
+                "runs with when none is named) drafting from the target's own hidden states, a constant k per round", needs_hidden_states=True, serving=_EAGLE3),
 )}
 DEFAULT_DRAFTER = "model"
 # How a draft model proposes (engine/drafting.py): draws from p_d, or its argmax verified as a point mass.

@@ -527,7 +527,7 @@ def make_drafter(spec: str, *, draft_model, vocab_size: int, k: int, cfg: Sampli
                                 f"causal LM); use --drafter {readers}")
         if not head and SPECS[name].needs_hidden_states:
             raise DraftLabError(f"drafter {name!r} drafts with an EAGLE-3 head, but the draft is a causal LM; pass "
-                                f"the head's speculators-format directory as --draft, or use --drafter model")
+                                f"an EAGLE-3 head directory (speculators or SGLang layout) as --draft, or use --drafter model")
     if SPECS[name].needs_model and draft_model is None:
         free = ", ".join(s.usage for s in SPECS.values() if not s.needs_model)
         raise DraftLabError(f"drafter {name!r} drafts with the draft model, but none is loaded; load a draft model "

@@ -1,11 +1,12 @@
-"""EAGLE-3 heads (Li et al. 2025, arXiv 2503.01840) in the speculators format vLLM serves as
-`{"method": "eagle3", "model": DIR}`: loading one and its forward, as plain torch over transformers' Llama parts.
+"""EAGLE-3 heads (Li et al. 2025, arXiv 2503.01840): loading one (vLLM's speculators layout, which vLLM serves as
+`{"method": "eagle3", "model": DIR}`, or SGLang's / SpecForge's: engine/head_format.py), its forward as plain torch
+over transformers' Llama parts, saving one in either layout and converting between them.
 
 A head is one decoder layer that reads the TARGET's own hidden states. It follows vLLM faithfully
 (vllm/model_executor/models/llama_eagle3.py: LlamaDecoderLayer with layer_idx 0, LlamaModel, Eagle3LlamaForCausalLM):
   - `fc` [hidden, 3 x target_hidden] (no bias) combines the target's hidden states of the layers
     `eagle_aux_hidden_state_layer_ids` (vLLM's convention: id i = the input of decoder layer i = transformers'
-    `hidden_states[i]`), concatenated in that order (`combine`, vLLM's combine_hidden_states);
+    `hidden_states[i]`), concatenated in ascending id order (`combine`, vLLM's combine_hidden_states);
   - the decoder layer normalises the token's embedding (`input_layernorm`) and the state (`hidden_norm`; the
     residual is the state before it, or after it with `norm_before_residual`), feeds their concatenation
     [embedding, state] (2 x hidden) to q/k/v, adds the attention to the residual, then a Llama MLP with its own
@@ -37,9 +38,14 @@ What vLLM 0.32 does that the lab copies (checked in its installed source):
 
 Weights: `embed_tokens.weight` (absent: the target's embedding is shared, as vLLM does), `fc.weight`,
 `layers.0.{input_layernorm,hidden_norm,post_attention_layernorm}.weight`, `layers.0.self_attn.{q,k,v,o}_proj.weight`,
-`layers.0.mlp.{gate,up,down}_proj.weight`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d` (the HF/SGLang layout's
-`midlayer.` prefix is read as `layers.0.`, as vLLM does). A head names its target in
-`speculators_config.verifier.name_or_path`; a head whose verifier is not the run's target is refused in one line.
+`layers.0.mlp.{gate,up,down}_proj.weight`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`. SGLang's layout names the
+layer `midlayer.` (read as `layers.0.`, as vLLM does), its config's aux ids are one lower (SGLang's convention: the
+output of layer j), and SGLang always drafts with the target's embedding: `load_head` computes what the layout's
+engine computes. A head names its target (speculators: `speculators_config.verifier.name_or_path`; SGLang: none,
+unless DraftLab wrote it); one whose target is not the run's is refused in one line.
+
+`convert_head(src, out, to="sglang"|"speculators")` (`draftlab convert-head`) and `save_sglang` write SGLang's layout,
+ids one lower, refusing a head SGLang would compute differently (norm_before_residual, norm_before_fc).
 
 The head's forward has the signature engine/batched_cache.py calls (input_ids, attention_mask, position_ids, cache,
 logits_to_keep) plus `hidden_states` [B, W, hidden] (the combined target states, or the head's own pre-norm
@@ -48,7 +54,7 @@ output), so one BatchCache keeps its KV cache for B rows with holes, rollback an
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -57,33 +63,21 @@ from transformers import LlamaConfig
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from . import head_format
 from .errors import DraftLabError
+from .head_format import SGLANG, SPECULATORS, HeadSpec, check_verifier  # noqa: F401 - check_verifier: public here
 
-SPECULATORS_TYPE = "eagle3"
-
-
-def head_dir(path) -> Path:
-    """The directory `path` names: a shipped demo name (engine/zoo, e.g. demo-eagle3) or a local path."""
-    from . import zoo
-
-    return zoo.resolve(str(path)) or Path(str(path)).expanduser()
 
 
 def head_config(path) -> dict | None:
-    """The config.json of a speculators-format EAGLE-3 head directory, or None when `path` is not one."""
-    file = head_dir(path) / "config.json"
-    if not file.is_file():
-        return None
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) and config.get("speculators_model_type") == SPECULATORS_TYPE else None
+    """The config.json of an EAGLE-3 head directory (speculators or SGLang layout), or None when `path` is not one."""
+    config = head_format.read_config(path)
+    return config if head_format.config_layout(config) else None
 
 
 def is_head(path) -> bool:
-    """Whether `path` is an EAGLE-3 head directory (speculators format), not a causal LM."""
-    return head_config(path) is not None
+    """Whether `path` is an EAGLE-3 head directory (speculators or SGLang layout), not a causal LM."""
+    return head_format.is_head(path)
 
 
 @dataclass
@@ -185,25 +179,6 @@ def _refuse(path, why: str, fix: str) -> DraftLabError:
     return DraftLabError(f"EAGLE-3 head {str(path)!r} {why}; {fix}")
 
 
-def _same_model(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    pa, pb = Path(a).expanduser(), Path(b).expanduser()
-    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
-
-
-def check_verifier(path, verifier: str | None, target_names: list[str]) -> None:
-    """Refuse a head trained for another target: its verifier must be the run's target, by the name the run gave
-    (a demo name, an HF id) or the same directory."""
-    shown = target_names[0] if target_names else "the target"
-    if not verifier:
-        raise _refuse(path, "names no target (speculators_config.verifier.name_or_path is empty)",
-                      f"set it to the target it was trained for, e.g. {shown!r}")
-    if not any(_same_model(verifier, name) for name in target_names if name):
-        raise _refuse(path, f"was trained for target {verifier!r}, not this run's target {shown!r}",
-                      f"run it with --target {verifier} or use a head trained for {shown}")
-
-
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -222,49 +197,44 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def lab_weight_name(name: str) -> str:
+    """A head weight's name as Eagle3Head has it: SGLang's `midlayer.` (and an HF `model.` prefix) read as
+    `layers.0.`, as vLLM reads them."""
+    name = name.removeprefix("model.")
+    return head_format.LAYER_PREFIX[SPECULATORS] + name.removeprefix(head_format.LAYER_PREFIX[SGLANG]) \
+        if name.startswith(head_format.LAYER_PREFIX[SGLANG]) else name
+
+
+def _layer_config(spec: HeadSpec) -> LlamaConfig:
+    config = LlamaConfig(**{**{k: v for k, v in spec.layer.items() if k != "torch_dtype"}, "num_hidden_layers": 1})
+    config._attn_implementation = "sdpa"
+    return config
+
+
 def load_head(path, target_model, target_names: list[str], device, dtype, overrides: dict | None = None
               ) -> Eagle3Head:
-    """The EAGLE-3 head in directory `path` for `target_model` (a transformers causal LM, whose embedding it shares
-    when it has none), on `device` in `dtype`; a DraftLabError says in one line why a head cannot draft for it.
-    `overrides`: config.json keys read as given instead (engine/head_check.py tries other aux ids and norms)."""
-    path = head_dir(path)
-    raw = head_config(path)
-    if raw is None:
-        raise _refuse(path, "has no config.json with speculators_model_type \"eagle3\"",
-                      "point --draft at a speculators-format EAGLE-3 head directory")
-    raw = {**raw, **(overrides or {})}
-    verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-    check_verifier(path, verifier, target_names)
-    layer = raw.get("transformer_layer_config")
-    if not isinstance(layer, dict):
-        raise _refuse(path, "has no transformer_layer_config", "save the head with its Llama layer config")
-    layer = {key: value for key, value in layer.items() if key not in ("architectures", "model_type")}
-    config = LlamaConfig(**{**layer, "num_hidden_layers": 1})
-    config._attn_implementation = "sdpa"
+    """The EAGLE-3 head in directory `path` (speculators or SGLang layout, engine/head_format.py) for
+    `target_model` (a transformers causal LM), on `device` in `dtype`, computing what the engine of its layout
+    computes: a speculators head shares the target's embedding when it has none (vLLM), an SGLang one always uses
+    the target's (SGLang's set_embed) unless it is narrower. Its aux ids are read in DraftLab's convention (an
+    SGLang file's + 1). A DraftLabError says in one line why a head cannot draft for the target. `overrides`:
+    HeadSpec fields read as given instead of the config's (engine/head_check.py tries other aux ids and norms)."""
+    path = head_format.local_dir(path)
+    spec = replace(head_format.head_spec(path), **(overrides or {}))
     target = target_model.config.get_text_config(decoder=True)
-    layers, width = target.num_hidden_layers, target.hidden_size
-    aux = raw.get("eagle_aux_hidden_state_layer_ids")
-    if aux is None:  # vLLM's default for a Llama target
-        aux = [2, layers // 2, layers - 3]
-    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and 0 <= i < layers for i in aux):
-        raise _refuse(path, f"reads target layers {aux!r}, but the target has decoder layers 0..{layers - 1}",
-                      "train it for this target (eagle_aux_hidden_state_layer_ids: ids of its decoder layers)")
-    if len(set(aux)) != len(aux):
-        raise _refuse(path, f"reads target layers {aux!r} with a repeat; vLLM captures each layer once",
-                      "list distinct ids in eagle_aux_hidden_state_layer_ids")
-    target_hidden = raw.get("target_hidden_size") or config.hidden_size
-    if target_hidden != width:
-        raise _refuse(path, f"reads target hidden states of width {target_hidden}, the target's are {width}",
-                      "use a head trained for this target")
+    width = target.hidden_size
     vocab = target_model.get_output_embeddings().weight.shape[0]
-    if config.vocab_size != vocab:
-        raise _refuse(path, f"scores a target vocabulary of {config.vocab_size} ids, the target has {vocab}",
-                      "use a head trained for this target")
-    head = Eagle3Head(config, draft_vocab_size=int(raw.get("draft_vocab_size") or config.vocab_size),
-                      target_hidden_size=width, aux_layers=aux,
-                      norm_before_residual=bool(raw.get("norm_before_residual", True)),  # vLLM's default
-                      norm_before_fc=bool(raw.get("norm_before_fc", False)), verifier=verifier)
-    state = {name.replace("midlayer.", "layers.0."): tensor for name, tensor in _weights(path).items()}
+    aux = head_format.check_for_target(spec, path, target_names, target.num_hidden_layers, width, vocab)
+    if len(set(aux)) != len(aux):
+        raise _refuse(path, f"reads target layers {list(aux)!r} with a repeat; vLLM captures each layer once "
+                            f"(models/interfaces.py:1578) and would feed fc fewer states", "list distinct aux ids")
+    config = _layer_config(spec)
+    head = Eagle3Head(config, draft_vocab_size=int(spec.draft_vocab_size or config.vocab_size),
+                      target_hidden_size=width, aux_layers=list(aux), norm_before_residual=spec.norm_before_residual,
+                      norm_before_fc=spec.norm_before_fc, verifier=spec.verifier)
+    state = {lab_weight_name(name): tensor for name, tensor in _weights(path).items()}
+    if spec.layout == SGLANG and config.hidden_size == width:
+        state.pop("embed_tokens.weight", None)  # SGLang serves it with the target's embedding, whatever it holds
     optional = {"embed_tokens.weight", "input_norm.weight"}  # vLLM leaves an unsaved input_norm at ones
     if head.input_norm is None:
         state.pop("input_norm.weight", None)  # vLLM drops it when norm_before_fc is off (llama_eagle3.py:464-465)
@@ -278,8 +248,8 @@ def load_head(path, target_model, target_names: list[str], device, dtype, overri
     unexpected = sorted(set(state) - expected)
     if missing or unexpected:
         what = ", ".join([f"missing {n}" for n in missing[:3]] + [f"unexpected {n}" for n in unexpected[:3]])
-        raise _refuse(path, f"does not have the speculators EAGLE-3 weights ({what})",
-                      "save it in the speculators format (engine/eagle3.py names the weights)")
+        raise _refuse(path, f"does not have the EAGLE-3 weights of its {spec.layout} layout ({what})",
+                      "save it as vLLM's speculators or SGLang's layout names them (engine/eagle3.py)")
     try:
         head.load_state_dict(state, strict=False)
     except RuntimeError as exc:
@@ -364,28 +334,24 @@ def head_weights(head: Eagle3Head, dtype=None) -> dict[str, torch.Tensor]:
     return state
 
 
-def speculators_config(head: Eagle3Head, speculative_tokens: int = 3) -> dict:
-    """The head's config.json in the speculators format (SPEC "EAGLE-3 heads"; vLLM's convention for aux ids)."""
+def head_spec_of(head: Eagle3Head, dtype=None) -> HeadSpec:
+    """What a head's config.json says of it (engine/head_format.py), in either layout; `dtype`: its torch_dtype."""
     raw = head.config.to_dict()
     layer = {k: v for k, v in raw.items() if k in layer_keys()}
     rope = dict(raw.get("rope_parameters") or {})
     layer["rope_theta"] = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
     if rope.get("rope_type", "default") != "default":
         layer["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
-    layer.update(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1)
-    return {
-        "speculators_model_type": SPECULATORS_TYPE, "architectures": ["Eagle3Speculator"],
-        "transformer_layer_config": layer, "draft_vocab_size": head.draft_vocab_size,
-        "target_hidden_size": head.fc.in_features // len(head.aux_layers),
-        "norm_before_residual": head.layers[0].norm_before_residual,
-        "norm_before_fc": head.input_norm is not None,
-        "eagle_aux_hidden_state_layer_ids": list(head.aux_layers),
-        "speculators_version": "0.3.0",
-        "speculators_config": {
-            "algorithm": "eagle3", "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens)}],
-            "verifier": {"name_or_path": head.verifier, "architectures": ["LlamaForCausalLM"]}},
-    }
+    if dtype is not None:
+        layer["torch_dtype"] = str(dtype).removeprefix("torch.")
+    return HeadSpec(SPECULATORS, layer, head.draft_vocab_size, head.fc.in_features // len(head.aux_layers),
+                    tuple(head.aux_layers), head.layers[0].norm_before_residual, head.input_norm is not None,
+                    head.verifier)
+
+
+def speculators_config(head: Eagle3Head, speculative_tokens: int = 3) -> dict:
+    """The head's config.json in the speculators format (SPEC "EAGLE-3 heads"; vLLM's convention for aux ids)."""
+    return head_format.speculators_config(head_spec_of(head), speculative_tokens)
 
 
 def layer_keys() -> set[str]:
@@ -394,15 +360,85 @@ def layer_keys() -> set[str]:
             "rope_theta", "rope_scaling", "tie_word_embeddings"}
 
 
+def layout_weights(state: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
+    """Head weights (Eagle3Head's names or either layout's) named as `layout` names them: `layers.0.*`
+    (speculators) or `midlayer.*` (SGLang), the others alike."""
+    prefix = head_format.LAYER_PREFIX
+    out = {}
+    for name, tensor in state.items():
+        name = lab_weight_name(name)
+        if layout == SGLANG and name.startswith(prefix[SPECULATORS]):
+            name = prefix[SGLANG] + name.removeprefix(prefix[SPECULATORS])
+        out[name] = tensor.contiguous()
+    return out
+
+
+def _write(out: Path, config: dict, weights: dict[str, torch.Tensor]) -> Path:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.glob("*.safetensors"), *out.glob("*.bin")]:  # a head is read from every weight file here
+        stale.unlink()
+    save_file(weights, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
 def save_head(head: Eagle3Head, out, dtype=torch.float16, speculative_tokens: int = 3, extra: dict | None = None):
     """Write `head` to directory `out` in the speculators format: config.json (+ `extra` keys) and
     model.safetensors (floating weights in `dtype`; d2t/t2d as they are)."""
-    from safetensors.torch import save_file
+    config = {**head_format.speculators_config(head_spec_of(head, dtype), speculative_tokens), **(extra or {})}
+    return _write(Path(str(out)).expanduser(), config, head_weights(head, dtype))
 
-    out = Path(str(out)).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(head_weights(head, dtype), str(out / "model.safetensors"))
-    config = {**speculators_config(head, speculative_tokens), **(extra or {})}
-    config["transformer_layer_config"]["torch_dtype"] = str(dtype).removeprefix("torch.")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    return out
+
+def save_sglang(head: Eagle3Head, out, dtype=torch.float16) -> Path:
+    """Write `head` to directory `out` in SGLang's layout (engine/head_format.py): its config.json with the aux
+    ids one lower, `midlayer.*` weights in `dtype`. A DraftLabError when SGLang cannot compute this head."""
+    config = head_format.sglang_config(head_spec_of(head, dtype))
+    return _write(Path(str(out)).expanduser(), config, layout_weights(head_weights(head, dtype), SGLANG))
+
+
+def convert_head(src, out, to: str, overwrite: bool = False, verifier: str | None = None) -> list[str]:
+    """Write the head in directory `src` (either layout) to directory `out` in layout `to` (SGLANG or SPECULATORS):
+    its config with the aux ids in that layout's convention (SGLang's one lower), its weights renamed, tensors as
+    they are. `verifier` names its target where the source names none (an SGLang head). Returns notes on what the
+    other engine does differently; a DraftLabError says in one line why it cannot convert."""
+    src_dir, out_dir = Path(str(src)).expanduser(), Path(str(out)).expanduser()
+    if to not in head_format.LAYOUTS:
+        raise DraftLabError(f"unknown head layout {to!r}; use --to {' or --to '.join(head_format.LAYOUTS)}")
+    spec = head_format.with_verifier(head_format.head_spec(src_dir), verifier)
+    if spec.layout == to:
+        raise _refuse(src_dir, f"is already in the {to} layout", "use it as it is, or convert it to the other one")
+    if out_dir.exists() and out_dir.resolve() == src_dir.resolve():
+        raise DraftLabError(f"--out {str(out)!r} is the head itself; give another directory (e.g. "
+                            f"{head_format.sglang_dir(src) if to == SGLANG else src_dir / to})")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DraftLabError(f"--out {str(out)!r} is a file; give a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise DraftLabError(f"--out {str(out)!r} is not empty; pass --overwrite to replace its head, or another --out")
+    if to == SPECULATORS and not spec.verifier:
+        raise _refuse(src_dir, "names no target (SGLang's layout has none)",
+                      "pass --verifier MODEL, the target it was trained for (vLLM and DraftLab check it)")
+    config = head_format.layout_config(spec, to)  # SGLang: refuses a head it cannot compute
+    state = {lab_weight_name(name): tensor for name, tensor in _weights(src_dir).items()}
+    notes = []
+    own_embedding = "embed_tokens.weight" in state and spec.layer.get("hidden_size") == (
+        spec.target_hidden_size or spec.layer.get("hidden_size"))
+    if own_embedding and to == SPECULATORS:
+        del state["embed_tokens.weight"]  # SGLang served it with the target's: so will vLLM without one
+        notes.append("embed_tokens dropped: SGLang served this head with the target's embedding, as vLLM and "
+                     "DraftLab do when the speculators directory has none.")
+    elif own_embedding:
+        notes.append("Check: this head has an embedding of its own (embed_tokens); SGLang replaces it with the "
+                     "target's, vLLM and DraftLab use it: the two engines compute the same head only if it is the "
+                     "target's.")
+    if spec.aux_layers is not None:
+        ids = list(spec.aux_layers)
+        notes.append(f"aux layer ids: {ids} in vLLM's and DraftLab's convention (the input of layer i) = "
+                     f"{[i - 1 for i in ids]} in SGLang's (the output of layer j), written "
+                     + ("to eagle_config." if to == SGLANG else "at the top level."))
+    else:
+        notes.append("aux layer ids: none named; vLLM and SGLang both read the target's layers [2, L/2, L-3] "
+                     "(vLLM's convention).")
+    _write(out_dir, config, layout_weights(state, to))
+    return notes

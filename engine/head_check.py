@@ -105,7 +105,7 @@ def convention_check(head_dir, target_model, tokenizer, target_names: list[str],
     for name, aux, norm_fc in variants(configured.aux_layers, norm, num_layers):
         head = configured if base is None else eagle3.load_head(
             head_dir, target_model, target_names, device, dtype,
-            overrides={"eagle_aux_hidden_state_layer_ids": aux, "norm_before_fc": norm_fc})
+            overrides={"aux_layers": tuple(aux), "norm_before_fc": norm_fc})
         hits = first_draft_hits(head, data)
         base = base or hits
         gain, lo, hi = paired_gain(hits, base)
@@ -129,7 +129,8 @@ def _verdict(rows: list[dict]) -> tuple[str, dict | None]:
         raised = best["aux_layers"][0] > rows[0]["aux_layers"][0]
         why = ("this head was likely trained with SGLang's convention (ids name a layer's output, one lower than "
                "vLLM's)" if raised else "this head's ids look raised once too often")
-        return (f"{why}: set eagle_aux_hidden_state_layer_ids to {best['aux_layers']} ({gain})",
+        return (f"{why}: set eagle_aux_hidden_state_layer_ids to {best['aux_layers']} (vLLM's convention; "
+                f"SGLang's eagle_config takes each one lower) ({gain})",
                 {"eagle_aux_hidden_state_layer_ids": best["aux_layers"]})
     state = "with" if best["norm_before_fc"] else "without"
     return (f"this head was likely trained {state} the norm before fc: set norm_before_fc to "

@@ -11,7 +11,7 @@ from safetensors import SafetensorError
 
 from .cached_model import rollback_cache
 
-from . import eagle3, placement, zoo
+from . import eagle3, head_format, placement, zoo
 from .errors import DraftLabError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -188,7 +188,7 @@ def _weight_bytes(name: str | None, dtype: torch.dtype, trust_remote_code: bool)
     if name is None:
         return 0
     if eagle3.is_head(name):  # no causal-LM config to build it from: its weight files, as stored (one layer: small)
-        return sum(f.stat().st_size for f in eagle3.head_dir(name).glob("*.safetensors"))
+        return sum(f.stat().st_size for f in head_format.local_dir(name).glob("*.safetensors"))
     try:
         return placement.weight_bytes(_source(name), dtype, trust_remote_code)
     except (OSError, ValueError, KeyError) as exc:
@@ -231,7 +231,7 @@ def with_draft(pair: ModelPair, draft: str | None, trust_remote_code: bool = Fal
         head = eagle3.load_head(draft, pair.target.model, [pair.target.name, pair.target.source,
                                                            pair.target.model.config.name_or_path],
                                 pair.device, pair.dtype)
-        return ModelPair(pair.target, LoadedModel(draft, str(eagle3.head_dir(draft)), head, pair.target.tokenizer),
+        return ModelPair(pair.target, LoadedModel(draft, str(head_format.local_dir(draft)), head, pair.target.tokenizer),
                          pair.device, pair.dtype, pair.vocab_size)
     # On the target's first device (pair.device), where the inputs go and a dispatched target returns its logits.
     d = load_model(draft, pair.device, pair.dtype, trust_remote_code)

@@ -21,8 +21,9 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Mapping
 
-from .drafter_specs import needs_draft_model
+from .drafter_specs import DEFAULT_DRAFTER, SPECS, drafter_spec, needs_draft_model
 from .errors import DraftLabError
+from .head_format import is_causal_lm_dir, is_head
 from .sampling_config import SamplingConfig
 from .variables import DEFAULT_VARIABLE, SETTINGS, VARIABLES, Variable
 
@@ -122,6 +123,13 @@ class RunConfig:
             listed = ([swept.coerce(v) for v in values] if stored and not swept.categorical else
                       swept.parse_list(values if isinstance(values, str) else [_text(v) for v in values], form))
         settings[swept.name] = listed[0]
+        if not stored:  # what a draft is decides the drafter a run takes when none is named; stored runs named theirs
+            drafts = [d for d in (listed if swept.name == "draft" else [settings["draft"]]) if d]
+            named = values is not None and not (isinstance(values, str) and not values.strip())
+            if given.get("drafter") is None and not (swept.name == "drafter" and named):
+                settings["drafter"] = default_drafter(drafts)
+                listed = [settings["drafter"]] if swept.name == "drafter" else listed
+            check_drafters(listed if swept.name == "drafter" else [settings["drafter"]], drafts)
         sizes = None
         if batch_sizes is not None and not (isinstance(batch_sizes, str) and not batch_sizes.strip()):
             if swept.name == "batch_size":
@@ -328,6 +336,40 @@ class RunConfig:
         return argv
 
 
+def default_drafter(drafts) -> str:
+    """The drafter a run takes when none is named (the one place that decides it: the CLI, the form and the queue
+    all build a RunConfig): the hidden-state drafter (eagle3) when the drafts are EAGLE-3 head directories (either
+    layout, engine/head_format.py), else `model`; a DraftLabError when they mix heads and causal LMs."""
+    heads = [d for d in drafts if is_head(d)]
+    if not heads:
+        return DEFAULT_DRAFTER
+    reader = next(spec.name for spec in SPECS.values() if spec.needs_hidden_states)
+    others = [d for d in drafts if d not in heads]
+    if others:
+        raise DraftLabError(f"the drafts mix EAGLE-3 heads ({', '.join(heads[:2])}) and causal LMs "
+                            f"({', '.join(others[:2])}), which draft with different drafters ({reader}, "
+                            f"{DEFAULT_DRAFTER}); compare them in separate experiments")
+    return reader
+
+
+def check_drafters(specs, drafts) -> None:
+    """Refuse, before anything loads, a drafter named for a draft of the other kind: a causal-LM drafter (model,
+    heuristic, confidence) with an EAGLE-3 head, or a hidden-state drafter (eagle3) with a local causal LM."""
+    readers = ", ".join(spec.name for spec in SPECS.values() if spec.needs_hidden_states)
+    for text in specs:
+        spec = drafter_spec(text)
+        if not spec.needs_model:
+            continue
+        for draft in drafts:
+            if not spec.needs_hidden_states and is_head(draft):
+                raise DraftLabError(f"drafter {text!r} drafts with a causal LM, but the draft {draft!r} is an EAGLE-3 "
+                                    f"head; leave the drafter out (a head drafts as {readers}) or name {readers}")
+            if spec.needs_hidden_states and is_causal_lm_dir(draft):
+                raise DraftLabError(f"drafter {text!r} drafts with an EAGLE-3 head, but the draft {draft!r} is a "
+                                    f"causal LM; pass a head directory (vLLM's speculators or SGLang's layout) as "
+                                    f"the draft, or leave the drafter out (a causal LM drafts as {DEFAULT_DRAFTER})")
+
+
 def exact_text(v: Variable, value) -> str:
     """A value as text that its parser reads back as the same value: show's `%g` where it is exact (0.7, 4),
     else the float's shortest exact text (0.1234567: %g keeps 6 digits)."""
@@ -356,4 +398,5 @@ def _present(value) -> bool:
         return False
 
 
-__all__ = ["BASELINE_PARAMETERS", "DEFAULTS", "PARAMETERS", "RUN_PARAMETERS", "RunConfig", "URL_KEYS"]
+__all__ = ["BASELINE_PARAMETERS", "DEFAULTS", "PARAMETERS", "RUN_PARAMETERS", "RunConfig", "URL_KEYS", "check_drafters",
+           "default_drafter"]

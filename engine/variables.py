@@ -235,7 +235,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "prompt-lookup)", label="draft (compare drafts)", check_name=_model_name,
              cost=_draft_size, cheaper_because="a smaller draft model"),
     Variable("drafter", str, "a drafter spec", "model,heuristic,prompt-lookup:3", DEFAULT_DRAFTER,
-             "model (default), heuristic, confidence:T or prompt-lookup:N; a comma list compares them",
+             "model (the default; eagle3 when the draft is an EAGLE-3 head), heuristic, confidence:T, prompt-lookup:N, "
+             "suffix:D or eagle3; a comma list compares them",
              label="drafter (drafting strategy)", check_name=canonical_drafter,
              cost=lambda value, get: 1.0 if needs_draft_model(str(value)) else 0.0,
              cheaper_because="no draft model to load or run"),

@@ -130,7 +130,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
              prompt_error: str | None, temperature: float, top_k: int, top_p: float, seed: int,
              max_new_tokens: int, device: str, dtype: str, sweep_variable: str, sweep_text: str, k: int,
              name: str, notes: str, tags_text: str, prompt_texts: list[str] | None = None,
-             repeats: int = DEFAULT_REPEATS, k_auto: int | None = None, drafter: str = "model",
+             repeats: int = DEFAULT_REPEATS, k_auto: int | None = None, drafter: str | None = "model",
              sweep_list: Sequence[str] | None = None, sweep_error: str | None = None,
              pair_checks: Sequence[tuple[str, bool, str]] | None = None,
              draft_sampling: str = "probabilistic", batch_size: int = 1, grid_text: str = "",
@@ -139,7 +139,8 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     the page escapes it). With k_auto (the largest k) the experiment is `--k auto`: sweep_text is not used. A draft
     or drafter sweep takes its names as sweep_list (else from sweep_text, comma-separated); a draft sweep is
     checked by pair_checks, (draft, ok, message) for each candidate, instead of pair_ok; sweep_error is a problem
-    the form found in the swept values itself. `drafter` applies to every run unless the drafter is what is swept.
+    the form found in the swept values itself. `drafter` applies to every run unless the drafter is what is swept;
+    None: the draft decides (engine/run_config.py default_drafter: eagle3 for an EAGLE-3 head, else model).
     grid_text: the optional "at batch sizes" list (two or more): the sweep (or k auto) at each, a grid (not with a
     batch-size sweep). prompt_count: the prompt set's size, when known: no batch size may have more rows.
     `settings`: any other described parameter's field by name (EXTRA_FIELDS: a variable with no field of its own)."""
@@ -173,7 +174,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         launch.errors.append(f"swept variable must be one of {', '.join(SWEEP_VARIABLES)}")
     if sweep_variable == "drafter":
         drafter = "model"  # each run names its own
-    else:
+    elif drafter is not None:
         try:
             drafter = canonical_drafter(drafter)
         except ValueError as exc:
@@ -219,7 +220,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     elif sweep_variable == "drafter":
         models = f"{draft.strip()} ({', '.join(values)}) → {target.strip()}"
     else:
-        models = f"{draft.strip()}{'' if drafter == 'model' else f' [{drafter}]'} → {target.strip()}"
+        models = f"{draft.strip()}{'' if drafter in ('model', None) else f' [{drafter}]'} → {target.strip()}"
     default_name = f"{models} on {Path(prompts).name if os.sep in prompts else prompts}"[:NAME_CHARS]
     # What is on screen, as one run configuration (engine/run_config.py, read by pages/prefill.py's form_config):
     # its enqueue arguments are what Launch queues.
@@ -433,8 +434,14 @@ def _kind_label(kind: str) -> str:
     return f"{kind}:{DRAFTER_PARAMETERS[kind].symbol}" if kind in DRAFTER_PARAMETERS else kind
 
 
-def _drafter_choice() -> str:
-    """The one drafter every run uses (when the drafter is not what is swept), as a spec."""
+def _drafter_choice(draft: str) -> str | None:
+    """The one drafter every run uses (when the drafter is not what is swept), as a spec; None for an EAGLE-3 head
+    draft, which the run configuration runs as the drafter that reads hidden states (engine/run_config.py)."""
+    from engine.head_format import is_head
+
+    if draft.strip() and is_head(draft.strip()):
+        st.caption("The draft is an EAGLE-3 head: it drafts as eagle3, from the target's own hidden states")
+        return None
     c1, c2 = st.columns([2, 1])
     _seed("drafter")
     kind = c1.selectbox("Drafter", DRAFTER_KINDS, key="drafter", persist_state="page",
@@ -545,7 +552,7 @@ def render() -> None:
             check = _pair_check(target, draft)
             _show_check(check)
             check_ok, check_message = check.ok, check.message
-        drafter = "model" if choice == "drafter" else _drafter_choice()
+        drafter = "model" if choice == "drafter" else _drafter_choice(draft)
         st.subheader("Prompts")
         prompts, prompt_error, prompt_texts = _prompt_source()
         if prompt_error:

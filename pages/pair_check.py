@@ -198,6 +198,10 @@ def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple
 
     if not target or not draft:
         return PairCheck(False, "give both a target and a draft model (demo-target, demo-draft, an HF id or a local path)")
+    from engine.head_format import is_head
+
+    if is_head(draft):
+        return _check_head(target, draft, target_files)
     loaded = {}
     for role, name, files in (("target", target, target_files), ("draft", draft, draft_files)):
         try:
@@ -216,3 +220,26 @@ def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple
     except DraftLabError as exc:
         return PairCheck(False, str(exc))
     return PairCheck(True, f"tokenizers match: {vocab:,} shared token ids", vocab)
+
+
+def _check_head(target: str, draft: str, target_files: tuple) -> PairCheck:
+    """An EAGLE-3 head as the draft (either layout, engine/head_format.py): checked against the target's config as
+    the engine checks it when it loads the head (its verifier, aux layers, widths), no weights read."""
+    from transformers import AutoConfig
+
+    from engine.errors import DraftLabError
+    from engine.head_format import check_for_target, head_spec
+
+    try:
+        _, width = _tokenizer_and_width(target, target_files)
+        text = AutoConfig.from_pretrained(model_source(target)).get_text_config(decoder=True)
+        spec = head_spec(draft)
+        aux = check_for_target(spec, draft, [target, model_source(target)], text.num_hidden_layers,
+                               text.hidden_size, width)
+    except DraftLabError as exc:
+        return PairCheck(False, str(exc))
+    except Exception as exc:  # noqa: BLE001 - any loader failure is the user's input to fix, shown inline
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return PairCheck(False, f"cannot read the target {target!r} ({first}); check the HF model id or local path")
+    return PairCheck(True, f"EAGLE-3 head ({spec.layout} layout) for this target, reading its hidden states "
+                           f"{list(aux)}: it drafts as eagle3", width)

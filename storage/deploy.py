@@ -18,7 +18,9 @@ releases; the notes say where a flag is recent.
 Drafter specs are described once in engine/drafter_specs.py: `model` (constant k), `heuristic` (transformers' +2/-1
 schedule, k restarting at every prompt), `confidence:T` (a round stops after the first draft whose top probability
 is below T, that draft kept), `prompt-lookup:N` (longest n-gram n <= N ending the sequence, continuation of its
-earliest occurrence; no draft model), `suffix:D` (suffix decoding, no draft model). Each declaration carries its
+earliest occurrence; no draft model), `suffix:D` (suffix decoding, no draft model), `eagle3` (an EAGLE-3 head: each
+engine is given the head in the layout it loads, engine/head_format.py, or the `draftlab convert-head` command that
+writes it, `prepare`). Each declaration carries its
 mapping per engine (`DrafterSpec.serving`: the engine's name for the drafting, its settings, what differs); the
 engine functions below assemble a command from it and never look at a drafter's name. An engine that cannot express
 a drafter gets a tab that says so.
@@ -32,6 +34,7 @@ from pathlib import Path
 from engine.drafter_specs import DEFAULT_DRAFTER, SPECS
 from engine.drafter_specs import parse_drafter as _parse_spec
 from engine.errors import DraftLabError
+from engine.head_format import serving_dir
 from engine.run_config import PARAMETERS, RunConfig
 
 ENGINES = ("vllm", "sglang", "llama_cpp", "transformers")
@@ -82,6 +85,33 @@ def _model_ref(name: str) -> str:
 
     path = resolve(name)
     return str(path) if path is not None else name
+
+
+def _draft_for(cfg: dict, serving) -> tuple[str, str | None, list[str]]:
+    """(the draft an engine loads, the command that writes it first or None, notes): the draft model, or for an
+    EAGLE-3 head the head in the layout the engine reads (Serving.draft_layout, engine/head_format.py): the head
+    itself, else its `<layout>` subdirectory, which `draftlab convert-head` writes (train-head writes `sglang`)."""
+    draft = _model_ref(cfg["draft"])
+    if serving.draft_layout is None:
+        return draft, None, []
+    where, present = serving_dir(draft, serving.draft_layout)
+    if present and where == Path(draft).expanduser():
+        return draft, None, []
+    if present:
+        return str(where), None, [f"{where} holds the head in the {serving.draft_layout} layout this engine loads "
+                                  f"(the run drafted with {draft})."]
+    convert = shlex.join(["draftlab", "convert-head", draft, "--to", serving.draft_layout, "--out", str(where)])
+    return str(where), convert, [f"Write the head in the {serving.draft_layout} layout first: `{convert}` (its aux "
+                                 f"layer ids converted to that layout's convention); the command below serves "
+                                 f"{where}."]
+
+
+def _with_prepare(settings: dict, prepare: str | None) -> dict:
+    """A tab whose command needs a file written first: the command that writes it (`prepare`) heads its snippet."""
+    if prepare is not None:
+        settings["prepare"] = prepare
+        settings["snippet"] = f"# first:\n{prepare}\n\n{settings['snippet']}"
+    return settings
 
 
 def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False) -> dict:
@@ -182,8 +212,9 @@ def _vllm(cfg: dict) -> dict:
         return _not_expressible(cfg, serving)
     notes: list[str] = []
     spec = {"method": serving.how}
+    prepare = None
     if drafter.needs_model:
-        spec["model"] = _model_ref(cfg["draft"])
+        spec["model"], prepare, notes = _draft_for(cfg, serving)
     spec["num_speculative_tokens"] = cfg["k"]
     spec.update(serving.settings(param, cfg["k"]))
     notes += serving.texts(param, cfg["k"])
@@ -215,8 +246,8 @@ def _vllm(cfg: dict) -> dict:
                  "default vLLM takes missing ones from the model's generation_config.json.")
     notes += _length_note(cfg, "Send max_tokens with each request (/v1/completions otherwise stops at 16)")
     notes += _same_distribution_note(cfg)
-    return {"language": "bash", "command": command, "snippet": snippet, "speculative_config": config_json,
-            "request": request, "notes": notes}
+    return _with_prepare({"language": "bash", "command": command, "snippet": snippet,
+                          "speculative_config": config_json, "request": request, "notes": notes}, prepare)
 
 
 def _vllm_schedule(cfg: dict, spec: dict) -> list[str]:
@@ -290,12 +321,18 @@ def _sglang(cfg: dict) -> dict:
         return _not_expressible(cfg, serving)
     groups = [["python", "-m", "sglang.launch_server"], ["--model-path", _model_ref(cfg["target"])],
               ["--speculative-algorithm", serving.how]]
+    prepare, notes = None, []
     if drafter.needs_model:
-        groups.append(["--speculative-draft-model-path", _model_ref(cfg["draft"])])
+        draft, prepare, notes = _draft_for(cfg, serving)
+        groups.append(["--speculative-draft-model-path", draft])
     groups += [[flag, str(value)] for flag, value in serving.settings(param, cfg["k"])]
-    notes = serving.texts(param, cfg["k"])
-    if drafter.needs_model and not cfg["greedy"]:
-        notes.append("At temperature > 0 STANDALONE drafts the draft's argmax and verifies target-only "
+    notes = serving.texts(param, cfg["k"]) + notes
+    if drafter.needs_model and not cfg["greedy"] and serving.sampled is not None:
+        flags, sampled_notes = serving.sampled(cfg["draft_sampling"])
+        groups += [[flag] if value is None else [flag, str(value)] for flag, value in flags]
+        notes += list(sampled_notes)
+    elif drafter.needs_model and not cfg["greedy"]:
+        notes.append(f"At temperature > 0 {serving.how} drafts the draft's argmax and verifies target-only "
                      "(--speculative-use-rejection-sampling is EAGLE/EAGLE3 only): lossless, but its acceptance "
                      "rate differs from DraftLab's measured alpha.")
     if cfg["dtype"] != "auto":
@@ -307,9 +344,9 @@ def _sglang(cfg: dict) -> dict:
                  "model) SGLang fills missing ones from the model's generation_config.json.")
     notes += _length_note(cfg, "Send max_tokens with each request")
     notes += _same_distribution_note(cfg)
-    notes += _schedule_note(cfg, "SGLang (its adaptive mode is EAGLE-only)")
-    return {"language": "bash", "command": command, "snippet": snippet, "request": _openai_request(cfg, top_k_off=-1),
-            "notes": notes}
+    notes += _schedule_note(cfg, "SGLang (--speculative-adaptive moves k on the accept length, not the batch size)")
+    return _with_prepare({"language": "bash", "command": command, "snippet": snippet,
+                          "request": _openai_request(cfg, top_k_off=-1), "notes": notes}, prepare)
 
 
 # --- llama.cpp -------------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
                        sweep_values: Sequence[float] = (1, 2, 4), k: int = 4, notes: str = "",
                        tags: Iterable[str] | str = (), prompt_texts: Sequence[str] | None = None,
                        trust_remote_code: bool = False, reserved_for: str | None = None, repeats: int = 1,
-                       k_auto: int | None = None, drafter: str = "model", validates: int | None = None,
+                       k_auto: int | None = None, drafter: str | None = None, validates: int | None = None,
                        chat_template: str = "auto", draft_sampling: str = "probabilistic",
                        launched_by: str | None = None, batch_sizes: Sequence[int] | None = None,
                        **settings) -> int:
@@ -85,7 +85,8 @@ def enqueue_experiment(store: Store, *, name: str | None, target: str, draft: st
     chat_template: how conversation prompts become text (engine/chat.py): auto, none, or a template's text.
     batch_sizes: a grid (`--batch-size 1,4,16 --k 1,2,3,4`): the whole sweep, baselines included, once at each
     batch size (the one allowed outer axis), each batch size's runs paired with its own baseline. `settings`: any
-    other described parameter by name (engine/run_config.py's PARAMETERS; RunConfig.enqueue() writes them all)."""
+    other described parameter by name (engine/run_config.py's PARAMETERS; RunConfig.enqueue() writes them all).
+    drafter None: the draft decides (engine/run_config.py default_drafter: eagle3 for an EAGLE-3 head, else model)."""
     if int(repeats) < 1:
         raise QueueError(f"repeats must be >= 1 (got {repeats}); use e.g. --repeats 3")
     if k_auto is not None:

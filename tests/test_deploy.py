@@ -26,7 +26,7 @@ SAMPLING = {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "seed": 11}
 # Every drafter the engine has (engine/drafter_specs.py), with a parameter where it takes one: a new drafter
 # without a deploy mapping fails test_every_engine_parses_back.
 DRAFTERS = [spec.parameter.example if spec.parameter else name for name, spec in SPECS.items()]
-SWITCHES = {"--trust-remote-code"}  # flags that take no value
+SWITCHES = {"--trust-remote-code", "--speculative-use-rejection-sampling"}  # flags that take no value
 BAD_TEXT = ("None", "nan", "NaN", "inf", "null")
 
 
@@ -39,7 +39,12 @@ def flags(engine: dict, head: int) -> dict[str, str | None]:
     one-line command and the displayed snippet split alike, every flag starts with '-', each has its value
     (switches excepted), and no value reads None / nan."""
     argv = shlex.split(engine["command"])
-    assert shlex.split(engine["snippet"].replace("\\\n", " ")) == argv
+    snippet = engine["snippet"]
+    if "prepare" in engine:  # a file to write first (an EAGLE-3 head in the engine's layout): it heads the snippet
+        first = f"# first:\n{engine['prepare']}\n\n"
+        assert snippet.startswith(first)
+        snippet = snippet[len(first):]
+    assert shlex.split(snippet.replace("\\\n", " ")) == argv
     assert not any(word in BAD_TEXT for word in argv), argv
     out: dict[str, str | None] = {}
     rest = argv[head:]
@@ -91,15 +96,21 @@ def test_every_engine_parses_back(drafter, sampling):
             assert doc[engine]["command"] == "" and "no suffix decoding" in inexpressible(doc[engine])
             assert doc[engine]["snippet"].startswith("# Not expressible")
         return
-    if name == "eagle3":  # vLLM serves the head directory as is; SGLang after converting it; the others cannot
+    if name == "eagle3":  # vLLM serves the head directory as is; SGLang its SGLang copy, written first; the others cannot
         expected = {"method": "eagle3", "model": "org/draft 0.5B", "num_speculative_tokens": 4}
         spec = json.loads(flags(doc["vllm"], 3)["--speculative-config"])
         assert spec == (expected if greedy else {**expected, "draft_sample_method": "probabilistic"})
+        assert "prepare" not in doc["vllm"] and "input of decoder layer i" in " ".join(doc["vllm"]["notes"])
         sglang = flags(doc["sglang"], 3)
         assert {key: sglang[key] for key in sglang if key != "--model-path"} == {
-            "--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": "org/draft 0.5B",
-            "--speculative-num-steps": "4", "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "5"}
-        assert "one LOWER than vLLM's" in " ".join(doc["sglang"]["notes"])
+            "--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": "org/draft 0.5B/sglang",
+            "--speculative-num-steps": "4", "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "5",
+            **({} if greedy else {"--speculative-use-rejection-sampling": None})}
+        assert doc["sglang"]["prepare"] == ("draftlab convert-head 'org/draft 0.5B' --to sglang --out "
+                                            "'org/draft 0.5B/sglang'")
+        notes = " ".join(doc["sglang"]["notes"])
+        assert "one LOWER than vLLM's" in notes and "output of decoder layer j" in notes
+        assert "STANDALONE" not in notes
         for engine in ("llama_cpp", "transformers"):
             assert doc[engine]["command"] == "" and "EAGLE-3 head" in inexpressible(doc[engine])
         return
@@ -394,3 +405,51 @@ def test_every_drafter_declares_its_mapping_on_every_engine():
         assert set(spec.serving) == set(ENGINES), name
         for engine, serving in spec.serving.items():
             assert serving.how is not None or serving.notes[0].startswith("Not expressible"), (name, engine)
+
+
+def test_eagle3_tabs_serve_the_head_in_the_layout_each_engine_loads(tmp_path, capsys):
+    """A speculators head: vLLM serves it as it is, SGLang its `sglang` copy once `draftlab convert-head` (the
+    command the tab shows) wrote it, ids one lower there. A SpecForge head in SGLang's layout: SGLang serves it as
+    it is, vLLM a speculators copy. A grid: vLLM carries the schedule, SGLang the named batch size's k."""
+    from app.cli import main
+    from engine.head_format import head_spec, sglang_dir
+    from tests.test_head_layouts import speculators_head
+    from tests import tiny_models as tm
+
+    target = tm.llama(0, layers=4, vocab=16, sharpness=4.0, eos=None)
+    head = str(speculators_head(tmp_path / "head", target))
+    doc = settings("eagle3", k=3, draft=head)
+    assert json.loads(doc["vllm"]["speculative_config"]) == {"method": "eagle3", "model": head,
+                                                             "num_speculative_tokens": 3}
+    prepare = doc["sglang"]["prepare"]
+    assert shlex.split(prepare) == ["draftlab", "convert-head", head, "--to", "sglang", "--out", f"{head}/sglang"]
+    assert any(prepare in note for note in doc["sglang"]["notes"])
+    assert main(shlex.split(prepare)[1:]) == 0
+    capsys.readouterr()
+    doc = settings("eagle3", k=3, draft=head)
+    assert "prepare" not in doc["sglang"] and doc["sglang"]["snippet"].startswith("python -m sglang.launch_server")
+    served = flags(doc["sglang"], 3)["--speculative-draft-model-path"]
+    assert served == str(sglang_dir(head)) and head_spec(served).layout == "sglang"
+    assert json.loads((sglang_dir(head) / "config.json").read_text())["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # the speculators head reads 1, 2, 3
+    assert flags(doc["sglang"], 3)["--speculative-num-steps"] == "3"
+
+    from tests.test_head_layouts import specforge_head
+
+    specforge = str(specforge_head(tmp_path / "specforge", target, [0, 1, 2]))
+    doc = settings("eagle3", k=2, draft=specforge)
+    assert flags(doc["sglang"], 3)["--speculative-draft-model-path"] == specforge and "prepare" not in doc["sglang"]
+    assert json.loads(doc["vllm"]["speculative_config"])["model"] == f"{specforge}/speculators"
+    assert shlex.split(doc["vllm"]["prepare"])[2:] == [specforge, "--to", "speculators", "--out",
+                                                      f"{specforge}/speculators"]
+
+    grid = {"num_speculative_tokens_per_batch_size": [[1, 3, 2], [4, 256, 4]],
+            "steps": [{"batch_size": 1, "k": 2}, {"batch_size": 4, "k": 4}]}
+    doc = deploy_settings({"run_id": 3, "k": 4, "drafter": "eagle3", "draft": head}, EXPERIMENT, schedule=grid,
+                          for_batch=4)
+    spec = json.loads(doc["vllm"]["speculative_config"])
+    assert (spec["method"], spec["model"], spec["num_speculative_tokens"]) == ("eagle3", head, 4)
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 256, 4]]
+    sglang = flags(doc["sglang"], 3)
+    assert (sglang["--speculative-num-steps"], sglang["--speculative-num-draft-tokens"]) == ("4", "5")
+    assert "schedule's entry for batch 4" in inexpressible(doc["sglang"])

@@ -199,3 +199,34 @@ def test_draftlab_run_drafts_with_a_head_directory(tmp_path, model_dirs, capsys)
     assert (run["drafter"], run["draft"], run["status"]) == ("eagle3", head_dir, "done")
     assert run["outputs_match_baseline"] is True and run["proposed"] > 0 and run["rejected"] > 0
     assert len(run["per_position_acceptance"]) == 3  # every breakdown is logged per draft token, as for any drafter
+
+
+def test_draftlab_run_takes_eagle3_for_a_head_without_drafter(tmp_path, model_dirs, capsys):
+    """`draftlab run --draft HEAD_DIR` with no --drafter runs the head as eagle3, in either layout (here a draft
+    sweep over a speculators head and a SpecForge one, SGLang ids [0, 0, 0] = hidden_states[1]); a drafter named for
+    the other kind of draft is one error line, before anything is stored."""
+    from transformers import AutoModelForCausalLM
+
+    from app.cli import main
+    from storage import open_store, queries as q
+    from tests.cli_runs import run_json
+    from tests.test_head_layouts import specforge_head
+
+    target = AutoModelForCausalLM.from_pretrained(model_dirs["target"])  # 2 layers
+    heads = [write_head(tmp_path / "head", target, verifier=model_dirs["target"], aux=[0, 1, 1]),
+             str(specforge_head(tmp_path / "specforge", target, [0, 0, 0]))]
+    doc, db = run_json(tmp_path, {**model_dirs, "draft": ",".join(heads)}, capsys, "--k", "3",
+                       "--max-new-tokens", "12")
+    assert [(r["drafter"], r["draft"], r["status"]) for r in doc["runs"]] == [("eagle3", h, "done") for h in heads]
+    assert all(r["outputs_match_baseline"] is True and r["proposed"] > 0 for r in doc["runs"])
+
+    for drafter, draft, says in (
+            ("model", heads[1], "drafter 'model' drafts with a causal LM, but the draft"),
+            ("heuristic", heads[0], "leave the drafter out (a head drafts as eagle3)"),
+            ("eagle3", model_dirs["draft"], "drafter 'eagle3' drafts with an EAGLE-3 head, but the draft"),
+            (None, f"{heads[0]},{model_dirs['draft']}", "the drafts mix EAGLE-3 heads")):
+        code = main(["run", "--target", model_dirs["target"], "--draft", draft, "--prompts",
+                     str(tmp_path / "prompts.txt"), "--db", db, "--json", *(["--drafter", drafter] if drafter else [])])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and says in err, err
+    assert len(q.experiment_rows(open_store(db))) == 1  # only the sweep above was stored

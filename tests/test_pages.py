@@ -1239,6 +1239,31 @@ def test_new_experiment_draft_sweep_enqueues_one_run_per_candidate(empty_db, mod
     assert at.text_input(key="draft").value == model_dirs["draft"]
 
 
+def test_new_experiment_launches_an_eagle3_head_as_eagle3(empty_db, model_dirs, tmp_path):
+    """An EAGLE-3 head as the draft: the pair check reads it as the engine would, the Drafter field gives way to
+    the head (it drafts as eagle3), and Launch queues eagle3 runs."""
+    head = tmp_path / "head"  # a config is all the form reads (the target: 1 layer, hidden 8, vocab 64)
+    head.mkdir()
+    layer = {"vocab_size": 64, "hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2}
+    (head / "config.json").write_text(json.dumps({
+        "speculators_model_type": "eagle3", "transformer_layer_config": layer, "draft_vocab_size": 64,
+        "eagle_aux_hidden_state_layer_ids": [0, 0, 0],
+        "speculators_config": {"verifier": {"name_or_path": model_dirs["target"]}}}))
+    head = str(head)
+    at = _fill(app("new"), model_dirs, draft=head, sweep_values="2,3", max_new_tokens=8, name="head")
+    assert_clean(at)
+    assert at.success and "EAGLE-3 head (speculators layout)" in at.success[0].value
+    assert not [s for s in at.selectbox if s.key == "drafter"]
+    assert any("drafts as eagle3" in c.value for c in at.caption)
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    experiment = _launched(empty_db)
+    runs = _runs_table(open_store(empty_db), experiment["experiment_id"])
+    spec = runs[runs["kind"] == "speculative"]
+    assert set(spec["drafter"]) == {"eagle3"} and set(spec["draft"]) == {head}
+
+
 def test_new_experiment_drafter_sweep_enqueues_the_specs(empty_db, model_dirs):
     at = _fill(app("new"), model_dirs, max_new_tokens=8, name="drafters")
     at.selectbox(key="sweep_variable").set_value("drafter").run()

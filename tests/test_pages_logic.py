@@ -108,6 +108,33 @@ def test_pair_check_matches_and_mismatches_from_tokenizers_only(tokenizer_dirs):
     assert not check_pair_names("", "demo-draft").ok
 
 
+def test_pair_check_reads_an_eagle3_head_as_the_engine_loads_it(tokenizer_dirs, tmp_path):
+    """An EAGLE-3 head as the draft: checked against the target's config (verifier, aux layers, widths), no
+    tokenizer of its own needed; the engine's one-line reasons when it cannot draft for the target."""
+    import json
+
+    from pages.pair_check import check_pair_names
+
+    def head(name, vocab=64, verifier=tokenizer_dirs["target"], aux=(0, 0, 0)):
+        path = tmp_path / name
+        path.mkdir()
+        layer = {"vocab_size": vocab, "hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2,
+                 "num_key_value_heads": 2}
+        (path / "config.json").write_text(json.dumps({
+            "speculators_model_type": "eagle3", "transformer_layer_config": layer, "draft_vocab_size": vocab,
+            "eagle_aux_hidden_state_layer_ids": list(aux),
+            "speculators_config": {"verifier": {"name_or_path": verifier}}}))
+        return str(path)
+
+    ok = check_pair_names(tokenizer_dirs["target"], head("good"))
+    assert ok.ok and "EAGLE-3 head (speculators layout)" in ok.message and "drafts as eagle3" in ok.message
+    for path, says in ((head("vocab", vocab=32), "scores a target vocabulary of 32 ids, the target has 64"),
+                       (head("other", verifier="org/other"), "was trained for target 'org/other'"),
+                       (head("deep", aux=(0, 1, 0)), "reads target layers [0, 1, 0]")):
+        check = check_pair_names(tokenizer_dirs["target"], path)
+        assert not check.ok and says in check.message, check.message
+
+
 def test_simulator_matches_the_formula():
     frame, summary = sim.simulate(sim.SimulationSetup(vocab=30, rounds=20_000, seed=1), [1, 2, 4, 8])
     beta = summary["beta"]

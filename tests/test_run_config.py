@@ -16,8 +16,10 @@ from engine.run_config import PARAMETERS, RUN_PARAMETERS, RunConfig
 from engine.variables import SETTINGS, VARIABLES, Variable
 
 SETS = ["code:tune", "code:validation", "math:tune"]
+# Model names as HF ids and paths are written: never starting with "-" (the command line reads "--x" as an option,
+# and "--draft -" means no draft).
 NAMES = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_./", min_size=1, max_size=24).filter(
-    lambda s: s.strip() == s)
+    lambda s: s.strip() == s and not s.startswith("-"))
 
 
 def _number(v: Variable):
@@ -255,3 +257,55 @@ def test_a_stored_run_stays_readable_after_a_workload_cap_is_lowered(sqlite_stor
     assert RunConfig.of_run(row, experiment).sampling().max_new_tokens == 512
     assert configuration(row, experiment)["_measured_max_new_tokens"] == 512
     assert len(add_k_runs(sqlite_store, eid, [3])) == 2
+
+
+def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_path, monkeypatch):
+    """The drafter a run takes when none is named (RunConfig.make, engine/run_config.py default_drafter): eagle3 for
+    an EAGLE-3 head directory in either layout, model for a causal LM, through the CLI's configuration, a link, the
+    queue (enqueue_experiment without a drafter) and the form's launch (its Drafter field gives way to the head). A
+    drafter named for the other kind of draft, or heads mixed with causal LMs, is one line; stored configurations
+    keep the drafter they named."""
+    from engine.eagle3 import new_head, save_head
+    from engine.head_format import sglang_dir
+    from engine.eagle3 import convert_head
+    from pages.new_experiment import validate
+    from storage import queries as q
+    from storage.experiments import enqueue_experiment
+    from tests import tiny_models as tm
+    from tests.test_pages_logic import VALID
+
+    import torch
+
+    target = tm.llama(0, layers=4, vocab=16)
+    head = str(save_head(new_head(target, [1, 2, 3], torch.arange(16), verifier="demo-target"), tmp_path / "head"))
+    convert_head(head, sglang_dir(head), "sglang")
+    sglang = str(sglang_dir(head))
+    for draft, drafter in ((head, "eagle3"), (sglang, "eagle3"), ("demo-draft", "model"), ("hub/id", "model")):
+        assert RunConfig.make(target="t", prompts="code", draft=draft).value("drafter") == drafter, draft
+        assert RunConfig.from_url({"target": "t", "prompts": "code", "draft": draft}).value("drafter") == drafter
+    assert RunConfig.make(target="t", prompts="code", sweep="draft", values=[head, sglang]).value("drafter") == "eagle3"
+    assert RunConfig.make(target="t", prompts="code", draft=head, drafter="prompt-lookup:3").value("draft") == head
+
+    eid = enqueue_experiment(sqlite_store, name="head", target="t", draft=head, prompts="code", sampling={},
+                             sweep_values=[2, 3], prompt_texts=["p"])
+    assert set(q.runs(sqlite_store, eid).dropna(subset=["k"])["drafter"]) == {"eagle3"}
+    experiment = q.experiment(sqlite_store, eid)
+    assert RunConfig.from_experiment(experiment).value("drafter") == "eagle3"
+    monkeypatch.setattr("engine.run_config.is_head", lambda draft: False)  # stored: never re-derived
+    assert RunConfig.from_experiment(experiment).value("drafter") == "eagle3"
+    monkeypatch.undo()
+
+    launch = validate(**{**VALID, "draft": sglang, "drafter": None})
+    assert launch.errors == [] and launch.kwargs["drafter"] == "eagle3" and launch.kwargs["draft"] == sglang
+    assert "[" not in launch.kwargs["name"]
+
+    for given, says in (({"draft": head, "drafter": "model"}, "drafter 'model' drafts with a causal LM, but the "
+                                                              "draft"),
+                        ({"draft": "demo-draft", "drafter": "eagle3"}, "drafter 'eagle3' drafts with an EAGLE-3 head"),
+                        ({"sweep": "draft", "values": [head, "demo-draft"]}, "the drafts mix EAGLE-3 heads"),
+                        ({"draft": sglang, "sweep": "drafter", "values": "model,eagle3"}, "drafter 'model'")):
+        with pytest.raises(DraftLabError, match=says) as err:
+            RunConfig.make(target="t", prompts="code", **given)
+        assert "\n" not in str(err.value)
+    launch = validate(**{**VALID, "draft": head, "drafter": "confidence:0.5"})
+    assert launch.kwargs == {} and any("drafter 'confidence:0.5' drafts with a causal LM" in e for e in launch.errors)
