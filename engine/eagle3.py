@@ -225,9 +225,6 @@ def load_head(path, target_model, target_names: list[str], device, dtype, overri
     width = target.hidden_size
     vocab = target_model.get_output_embeddings().weight.shape[0]
     aux = head_format.check_for_target(spec, path, target_names, target.num_hidden_layers, width, vocab)
-    if len(set(aux)) != len(aux):
-        raise _refuse(path, f"reads target layers {list(aux)!r} with a repeat; vLLM captures each layer once "
-                            f"(models/interfaces.py:1578) and would feed fc fewer states", "list distinct aux ids")
     config = _layer_config(spec)
     head = Eagle3Head(config, draft_vocab_size=int(spec.draft_vocab_size or config.vocab_size),
                       target_hidden_size=width, aux_layers=list(aux), norm_before_residual=spec.norm_before_residual,

@@ -191,8 +191,8 @@ def test_draftlab_run_drafts_with_a_head_directory(tmp_path, model_dirs, capsys)
 
     from tests.cli_runs import run_json
 
-    target = AutoModelForCausalLM.from_pretrained(model_dirs["target"])  # 2 layers: aux ids 0, 1
-    head_dir = write_head(tmp_path / "head", target, verifier=model_dirs["target"], aux=[0, 1])
+    target = AutoModelForCausalLM.from_pretrained(model_dirs["target"])  # 2 layers: aux ids 0, 1, 1
+    head_dir = write_head(tmp_path / "head", target, verifier=model_dirs["target"], aux=[0, 1, 1])
     doc, _ = run_json(tmp_path, {**model_dirs, "draft": head_dir}, capsys, "--drafter", "eagle3", "--k", "3",
                       "--max-new-tokens", "12")
     (run,) = doc["runs"]
