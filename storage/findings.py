@@ -749,8 +749,10 @@ def _confirm(ctx: _Context) -> list[dict]:
 HEAD_CHECKS = (
     ("aux_layer_ids", "the aux-layer ids: vLLM (and DraftLab) read eagle_aux_hidden_state_layer_ids as the INPUT of "
                       "decoder layer i (transformers' hidden_states[i]); SGLang and SpecForge write the OUTPUT of "
-                      "layer i, one lower, so a head trained there reads one layer too early here unless each id is "
-                      "raised by 1 (`draftlab check-head {head} --target {target}` measures which ids fit)"),
+                      "layer i, one lower, and vLLM reads an SGLang-layout eagle_config's ids unshifted too, so a "
+                      "head trained there reads one layer too early here unless each id is raised by 1 (`draftlab "
+                      "convert-head --to speculators` does; `draftlab check-head {head} --target {target}` measures "
+                      "which ids fit)"),
     ("norm_before_fc", "norm_before_fc: vLLM applies the head's input_norm when config.json sets it and drops that "
                        "weight when it does not; SGLang never applies it. The flag must say how the head was trained"),
     ("d2t", "the draft vocabulary mapping: a draft id d proposes target id d + d2t[d]; a head drafting over the whole "
