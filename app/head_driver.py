@@ -148,7 +148,7 @@ aux layers {aux} and predicting over a {c['draft_vocab_size']:,}-token draft voc
 - Aux-layer ids `[{aux}]` in vLLM's convention: id i = the input of decoder layer i = transformers'
   `hidden_states[i]`. SGLang/SpecForge count one lower (id j = the output of layer j): `[{', '.join(str(i - 1) for i in c['aux_layers'])}]`.
   SGLang's layout of this head (those ids, `midlayer.*` weights): {c.get('sglang_copy')}.
-- `norm_before_fc`: {str(c.get('norm_before_fc', False)).lower()} (vLLM's llama_eagle3 applies no norm before `fc`).
+- `norm_before_fc`: {str(c.get('norm_before_fc', False)).lower()} (an RMSNorm over the aux states before `fc`: vLLM 0.32 applies it, SGLang never does).
 - Draft vocabulary: the {c['draft_vocab_size']:,} target ids most frequent in the training continuations
   (`d2t[d]` = target id − d, `t2d` = membership mask).
 

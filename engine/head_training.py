@@ -62,7 +62,7 @@ class HeadConfig:
     generation_batch: int = 32
     k: int = 0  # draft length of the held-out alpha measurement; 0: ttt_steps
     profile_k: int = 0  # draft length of the focus profile; 0: k
-    norm_before_fc: bool = False  # vLLM's llama_eagle3 ignores it: keep False for heads served by vLLM
+    norm_before_fc: bool = False  # an RMSNorm over the aux states before fc: vLLM 0.32 applies it, SGLang never
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
