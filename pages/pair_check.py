@@ -1,4 +1,5 @@
-"""The New-experiment page's pair check: tokenizers and configs only, never model weights.
+"""The New-experiment page's pair check: tokenizers and configs only, never model weights (an EAGLE-3 head: its
+config names the target it drafts for).
 
 A tokenizer loads in well under a second (a 150k-entry vocabulary included) and `check_pair` is a dict
 comparison, but the first call imports transformers (and with it torch: several seconds), so results are
@@ -198,6 +199,9 @@ def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple
 
     if not target or not draft:
         return PairCheck(False, "give both a target and a draft model (demo-target, demo-draft, an HF id or a local path)")
+    head = _head_check(target, draft, target_files)
+    if head is not None:
+        return head
     loaded = {}
     for role, name, files in (("target", target, target_files), ("draft", draft, draft_files)):
         try:
@@ -216,3 +220,30 @@ def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple
     except DraftLabError as exc:
         return PairCheck(False, str(exc))
     return PairCheck(True, f"tokenizers match: {vocab:,} shared token ids", vocab)
+
+
+def _head_check(target: str, draft: str, target_files: tuple) -> PairCheck | None:
+    """A draft that is an EAGLE-3 head directory (engine/eagle3.py; a Train-a-draft job of kind "head" writes one)
+    has no tokenizer of its own: it drafts with the target's. Its check is that it was trained for this target
+    (its config names the target, read without loading weights) and that the target's tokenizer loads. None when
+    the draft is not a head."""
+    from engine import eagle3
+    from engine.errors import DraftLabError
+
+    config = eagle3.head_config(draft)
+    if config is None:
+        return None
+    verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    try:
+        eagle3.check_verifier(draft, verifier, [target, model_source(target)])
+        _, width = _tokenizer_and_width(target, target_files)
+    except DraftLabError as exc:
+        return PairCheck(False, str(exc))
+    except _Unreachable as exc:
+        raise _Unreachable(str(exc), "target", target) from exc
+    except Exception as exc:  # noqa: BLE001 - as for a causal-LM draft: the user's input to fix, shown inline
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return PairCheck(False, f"cannot load the target tokenizer {target!r} ({first}); check the HF model id or "
+                                f"local path, and your network/HF_TOKEN")
+    return PairCheck(True, f"EAGLE-3 head for this target: it drafts with the target's own tokenizer ({width:,} "
+                           f"token ids); run it with the eagle3 drafter", width)
