@@ -586,12 +586,12 @@ def head_acceptance_by_position(frame: pd.DataFrame) -> alt.Chart | None:
     steps = sorted(int(s) for s in frame["step"].unique())
     return alt.Chart(frame).transform_filter(is_valid("acceptance")).mark_line(point=True).encode(
         x=_x("position", "draft position", frame["position"]),
-        y=alt.Y("acceptance:Q", title="acceptance (given the positions before)", scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("step:O", title="step", scale=alt.Scale(scheme="viridis", domain=steps, reverse=True),
+        y=alt.Y("acceptance:Q", title="acceptance", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("step:O", title="eval step", scale=alt.Scale(scheme="viridis", domain=steps, reverse=True),
                         legend=alt.Legend(orient="bottom", labelLimit=0)),
         tooltip=[alt.Tooltip("step:O"), alt.Tooltip("position:Q", title="draft position"),
                  alt.Tooltip("acceptance:Q", format=".3f"), alt.Tooltip("accuracy:Q", format=".3f")],
-    ).properties(height=280)
+    ).properties(height=HEIGHT + LEGEND_ROW)
 
 
 def acceptance_length_curve(points: pd.DataFrame) -> alt.Chart | None:
@@ -604,7 +604,7 @@ def acceptance_length_curve(points: pd.DataFrame) -> alt.Chart | None:
         x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)),
         y=alt.Y("acceptance_length:Q", title="acceptance length", scale=alt.Scale(zero=False)),
         tooltip=[alt.Tooltip("step:Q"), alt.Tooltip("acceptance_length:Q", title="acceptance length", format=".3f")],
-    ).properties(height=200)
+    ).properties(height=HEIGHT)
 
 
 TOKEN_SELECTION = "token"  # the token chart's point selection: clicking a token selects its round

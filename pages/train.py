@@ -281,12 +281,9 @@ def _figures(job: dict) -> None:
     # Each figure after training, the delta against before, and before itself in the label (values stay short).
     c1, c2, c3 = st.columns(3)
     if job["kind"] == HEAD:  # a fresh head's held-out KL is its TTT loss (on the curve); the greedy figures here
-        c1.metric(f"acceptance length, k={job['eval_k']} (before: "
-                  f"{number(job['acceptance_length_before'], '{:.2f}')})",
+        c1.metric(f"acceptance length (before: {number(job['acceptance_length_before'], '{:.2f}')})",
                   number(job["acceptance_length_after"], "{:.2f}"),
-                  delta=_delta(job["acceptance_length_after"], job["acceptance_length_before"], "{:+.2f}"),
-                  help="1 + accepted drafts per drafting round, greedy speculation through the engine's loop on "
-                       "the held-out prompts (before: the fresh head; after: the saved one, reloaded)")
+                  delta=_delta(job["acceptance_length_after"], job["acceptance_length_before"], "{:+.2f}"))
     else:
         c1.metric(f"held-out KL (before: {number(job['kl_before'], '{:.3f}')})", number(job["kl_after"], "{:.3f}"),
                   delta=_delta(job["kl_after"], job["kl_before"], "{:+.3f}"), delta_color="inverse")
@@ -295,6 +292,10 @@ def _figures(job: dict) -> None:
     c3.metric(f"tokens per round (before: {number(job['tokens_per_round_before'], '{:.2f}')})",
               number(job["tokens_per_round_after"], "{:.2f}"),
               delta=_delta(job["tokens_per_round_after"], job["tokens_per_round_before"], "{:+.2f}"))
+    if job["kind"] == HEAD:
+        st.caption(f"Greedy speculation at k={job['eval_k']} through the engine's loop on the held-out prompts, "
+                   f"before (the fresh head) and after (the saved head, reloaded); acceptance length = 1 + accepted "
+                   f"drafts per drafting round.")
 
 
 def _evaluation(job: dict) -> None:
@@ -345,33 +346,32 @@ def _about(job: dict) -> str:
 
 
 def _curves(job: dict) -> None:
-    """The loss curve; for a head beside it its held-out acceptance by draft position per eval point, and under it
-    the acceptance length (each with its CSV)."""
+    """The loss curve (with its CSV); for a head under it, side by side, its held-out acceptance by draft position
+    at each eval point and its acceptance length along the run (their CSV)."""
     job_id = job["id"]
     points = training.points(store(), job_id)
     chart = charts.training_curves(points, head=job["kind"] == HEAD)
+    if chart is not None:
+        draw(chart, width="stretch")
+        csv_download(points, f"training-job-{job_id}-curve.csv", key=f"curve_csv_{job_id}")
     if job["kind"] != HEAD:
-        if chart is not None:
-            draw(chart, width="stretch")
-            csv_download(points, f"training-job-{job_id}-curve.csv", key=f"curve_csv_{job_id}")
         return
     by_position = training.acceptance_by_position(store(), job_id)
+    positions, length = charts.head_acceptance_by_position(by_position), charts.acceptance_length_curve(points)
+    if positions is None and length is None:
+        return
     left, right = st.columns(2)
-    with left:
-        if chart is not None:
-            draw(chart, width="stretch")
-        length = charts.acceptance_length_curve(points)
-        if length is not None:
-            draw(length, width="stretch")
-        if chart is not None:
-            csv_download(points, f"training-job-{job_id}-curve.csv", key=f"curve_csv_{job_id}")
-    with right:
-        positions = charts.head_acceptance_by_position(by_position)
-        if positions is not None:
+    if positions is not None:
+        with left:
             draw(positions, width="stretch")
-            st.caption("Held-out, teacher-forced on the target's greedy responses: the acceptance at each draft "
-                       "position given every position before it accepted, at each eval point (latest darkest).")
-            csv_download(by_position, f"training-job-{job_id}-acceptance.csv", key=f"acceptance_csv_{job_id}")
+    if length is not None:
+        with right:
+            draw(length, width="stretch")
+    st.caption("Held-out, teacher-forced on the target's greedy responses: the acceptance at each draft position "
+               "given every position before it accepted, at each eval point (latest darkest), and the acceptance "
+               "length it makes (1 + expected accepted drafts per round at k = the TTT steps).")
+    csv_download(by_position, f"training-job-{job_id}-acceptance.csv", label="Download acceptance CSV",
+                 key=f"acceptance_csv_{job_id}")
 
 
 def _job_view(job_id: int) -> None:
