@@ -96,8 +96,9 @@ def enqueue_training(store: Store, *, name: str, target: str, prompts: str, vali
                     focus_from=focus_from, draft_vocab_size=head["draft_vocab_size"])
     name = (name or "").strip()
     if not NAME_PATTERN.match(name):
-        raise QueueError(f"draft name {name!r} is not a plain directory name; use letters, digits, '.', '_' and "
-                         f"'-' (e.g. demo-draft-distilled-2)")
+        made, example = ("head", "demo-target-eagle3-2") if kind == HEAD else ("draft", "demo-draft-distilled-2")
+        raise QueueError(f"{made} name {name!r} is not a plain directory name; use letters, digits, '.', '_' and "
+                         f"'-' (e.g. {example})")
     needed = (("target", target), *((("draft", draft),) if kind == DISTILL else ()), ("prompts", prompts),
               ("validation", validation))
     for field, value in needed:
