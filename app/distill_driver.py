@@ -123,6 +123,7 @@ def finish_distilled(pair: ModelPair, out: Path, cfg: ds.DistillConfig, prepared
         "kl_before": done["kl_before"], "kl_after": after["kl"],
         "alpha_before": before["alpha"], "alpha_after": after["alpha"],
         "tokens_per_round_before": before["tokens_per_round"], "tokens_per_round_after": after["tokens_per_round"],
+        "acceptance_length_before": before["acceptance_length"], "acceptance_length_after": after["acceptance_length"],
         "lossless_before": before.get("lossless"), "lossless_after": after.get("lossless"),
         "command": command,
     }

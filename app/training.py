@@ -1,13 +1,16 @@
-"""A worker's training job ("Train a draft" on the dashboard): `draftlab distill` run from the queue.
+"""A worker's training job ("Train a draft" on the dashboard): `draftlab distill` or `draftlab train-head` run from
+the queue, one loop for both kinds (app/training_kinds.py says what differs: settings, models, trainer, end).
 
 The job reports its phase, step, progress and curve points (train loss every step, held-out KL at the eval
-points) about once a second, in one fenced transaction whose answer carries a pending cancel. Checkpoints go
-to `<out>/.checkpoint`: the prepared data once (the target's continuations and top-k distributions, so a resume
-never regenerates them), then the training state every CHECKPOINT_SECONDS (app/distill_driver.py, the driver `draftlab distill` runs too) and at a cancel, always between two
+points; for a head also its held-out acceptance length and acceptance by draft position) about once a second, in
+one fenced transaction whose answer carries a pending cancel. Checkpoints go to `<out>/.checkpoint`: the prepared
+data once (the target's continuations, so a resume never regenerates them), then the training state every
+CHECKPOINT_SECONDS (the drivers `draftlab distill` and `train-head` run too) and at a cancel, always between two
 steps. Cancel stops after the current step; resume continues from the checkpoint with the next step, exactly as
 an uninterrupted job would (a killed worker's steps after its last checkpoint are dropped and redone). When
-training ends the draft is saved, reloaded and measured on the held-out prompts (card and figures), and a
-before/after experiment is queued: the starting draft against the trained one, timed by the protocol.
+training ends the draft or head is saved, reloaded and measured on the held-out prompts (card and figures), and a
+timed experiment is queued: the starting draft against the trained one, or the trained head against the target
+alone (app/training_kinds.py says why).
 """
 from __future__ import annotations
 
@@ -31,19 +34,15 @@ from . import distill_driver as driver
 from .db_errors import DatabaseUnavailable
 from .job_context import JobContext
 from .placement import device_name, load_device, place
+from .training_kinds import DistillJob, kind_of
 
 REPORT_SECONDS = 1.0  # curve points and progress reach the dashboard this often
 EVAL_REPEATS = 3  # timed decodes per prompt and draft in the before/after experiment
+RESULTS = ("kl_after", "alpha_after", "tokens_per_round_after", "acceptance_length_after")  # the card's, stored
 
 
 class _Lost(Exception):
     """The job is no longer this worker's (swept as stale and taken over)."""
-
-
-def job_command(job: dict, db_url: str | None = None) -> str:
-    """The `draftlab distill` command equivalent to a job (for its model card)."""
-    return driver.distill_command({**job, "device": job["device"] if job["device"] in ("cpu", "cuda") else "auto",
-                            "db": db_url})
 
 
 def execute(job_ctx: JobContext, job_id: int) -> str:
@@ -51,9 +50,10 @@ def execute(job_ctx: JobContext, job_id: int) -> str:
     store = job_ctx.store
     job = job_ctx.retry(training.get_job, store, job_id, write=False)
     label = f"training job {job_id} ({job['name']})"
-    job_ctx.log(f"{label}: {job['draft']} toward {job['target']} on {job['prompts']}, {plural(job['steps'], 'step')}")
+    kind = kind_of(job)
+    job_ctx.log(f"{label}: {kind.subject} on {job['prompts']}, {plural(job['steps'], 'step')}")
     try:
-        status, results = _train(job_ctx, job, label)
+        status, results = _train(job_ctx, job, kind, label)
         error = detail = None
     except _Lost:
         job_ctx.log(f"{label} is no longer this worker's (swept as stale and taken over); left as it is")
@@ -67,7 +67,7 @@ def execute(job_ctx: JobContext, job_id: int) -> str:
         raise
     except torch.cuda.OutOfMemoryError:
         status, results = FAILED, {}
-        error = (f"CUDA out of memory training {job['draft']}; lower the batch size or max new tokens, or train on "
+        error = (f"CUDA out of memory training {kind.subject}; lower the batch size or max new tokens, or train on "
                  f"a larger GPU")
         detail = traceback.format_exc()
         torch.cuda.empty_cache()
@@ -83,7 +83,7 @@ def execute(job_ctx: JobContext, job_id: int) -> str:
     return status
 
 
-def _train(job_ctx: JobContext, job: dict, label: str) -> tuple[str, dict]:
+def _train(job_ctx: JobContext, job: dict, kind: DistillJob, label: str) -> tuple[str, dict]:
     store, job_id, started = job_ctx.store, job["id"], time.perf_counter()
 
     def report(points=(), **fields) -> dict:
@@ -94,12 +94,11 @@ def _train(job_ctx: JobContext, job: dict, label: str) -> tuple[str, dict]:
 
     job_ctx.models.release()  # the training pair is its own (its draft is trained in place): free the cached one first
     report(phase="loading models and prompts")
-    cfg = driver.distill_config(job["steps"], job["lr"], job["max_new_tokens"], job["batch_size"], job["seed"],
-                                job["samples"])
+    cfg = kind.config()
     focus = None
     if job["focus_from"] is not None:
         focus = job_ctx.retry(focus_weights, store, int(job["focus_from"]), write=False)
-        driver.focus_on(cfg, focus)
+        kind.focus_on(cfg, focus)
     out = ds.check_out_dir(job["out"])
     ckpt = driver.checkpoint_of(out)
     train_prompts, val_prompts = load_prompts(job["prompts"]), load_prompts(job["validation"])
@@ -107,7 +106,7 @@ def _train(job_ctx: JobContext, job: dict, label: str) -> tuple[str, dict]:
     # The GPU count the worker leased for this job (its placement plan), so the load spreads over exactly those; a
     # plan that found no set of GPUs holding the pair raises its DraftLabError here.
     spread = job_ctx.spread(device)
-    pair = job_ctx.models.loader(job["target"], job["draft"], device, "float32", False, **spread)
+    pair = job_ctx.models.loader(job["target"], kind.draft, device, "float32", False, **spread)
     # conversations (a chat JSONL captured from production) through the target's own chat template
     train_prompts = render(train_prompts, pair.tokenizer, AUTO, what=job["prompts"])
     val_prompts = render(val_prompts, pair.tokenizer, AUTO, what=job["validation"])
@@ -115,7 +114,7 @@ def _train(job_ctx: JobContext, job: dict, label: str) -> tuple[str, dict]:
     encode_prompts(pair, val_prompts, cfg.max_new_tokens)
     report(device_name=device_name(pair.device, job_ctx.device, job_ctx.leased), eval_k=cfg.k)
 
-    run, continued = driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt)
+    run, continued = kind.trainer(pair, train_prompts, val_prompts, cfg, focus, ckpt)
     if continued:
         job_ctx.retry(training.rewind, store, job_id, job_ctx.worker_id, run.step)
         job_ctx.log(f"{label}: continuing from its checkpoint at step {run.step}")
@@ -134,9 +133,10 @@ def _train(job_ctx: JobContext, job: dict, label: str) -> tuple[str, dict]:
                 if report(phase=f"target continuations ({rec['split']}): prompt {rec['prompt'] + 1} of {rec['of']}")["cancel"]:
                     return CANCELLED, {"phase": "cancelled while generating the target's continuations"}
             continue
-        elif rec["kind"] == "before":
-            report([{"step": 0, "kl": rec["kl"]}], kl_before=rec["kl"], alpha_before=rec["alpha"],
-                   tokens_per_round_before=rec["tokens_per_round"])
+        elif rec["kind"] == "before":  # the curve's step 0 (the trainer's first point) and the greedy figures
+            report([_point(run.curve[0])], kl_before=rec["kl"], alpha_before=rec["alpha"],
+                   tokens_per_round_before=rec["tokens_per_round"],
+                   acceptance_length_before=rec.get("acceptance_length"))
             continue
         elif rec["kind"] == "prepared_saved":  # the prepared data: a resume never regenerates it
             report(phase="training", checkpoint_step=0)
@@ -145,7 +145,7 @@ def _train(job_ctx: JobContext, job: dict, label: str) -> tuple[str, dict]:
         elif rec["kind"] == "step":
             pending.append({"step": rec["step"], "loss": rec["loss"], "lr": rec["lr"], "seconds": rec["seconds"]})
         elif rec["kind"] == "eval":
-            pending.append({"step": rec["step"], "kl": rec["kl"]})
+            pending.append(_point(rec))
         elif rec["kind"] == "trained":
             done = rec
             break
@@ -162,26 +162,25 @@ def _train(job_ctx: JobContext, job: dict, label: str) -> tuple[str, dict]:
             report(checkpoint_step=run.step)
             if answer["cancel"]:
                 return CANCELLED, {"phase": f"cancelled at step {run.step}; resume continues from its checkpoint"}
-    report(pending, step=run.step, phase="saving and measuring the trained draft")
+    report(pending, step=run.step, phase=f"saving and measuring the trained {kind.made}")
 
     validation_note = (" — the same prompts as training: not held out" if job["validation"] == job["prompts"]
                        else "")
-    record = driver.finish(pair, out, cfg, run.prepared, done, focus, started, ckpt, name=job["name"],
-                           target=job["target"], draft=job["draft"], prompts=job["prompts"],
-                           validation=job["validation"], validation_note=validation_note,
-                           train_prompts=train_prompts, val_prompts=val_prompts,
-                           command=job_command(job, store.safe_url if job["focus_from"] is not None else None))
-    eval_id = job_ctx.retry(enqueue_experiment, store,
-                         name=f"{job['name']}: before/after training job {job_id}", target=job["target"],
-                         draft=job["draft"], prompts=job["validation"],
-                         sampling={"temperature": 0.0, "max_new_tokens": int(job["max_new_tokens"])},
-                         device=job["device"], sweep_variable="draft", sweep_values=[job["draft"], str(out)],
-                         k=cfg.k, repeats=EVAL_REPEATS, tags=["distill", f"training-job-{job_id}"],
-                         notes=f"Before/after of training job {job_id}: {job['draft']} against the draft it trained "
-                               f"({out}) on the held-out {job['validation']}, greedy, k={cfg.k}.")
-    job_ctx.log(f"{label}: saved {out}; held-out alpha {record['alpha_before']:.3f} -> {record['alpha_after']:.3f}; "
-               f"experiment {eval_id} times before against after")
+    record = kind.finish(run, out, cfg, done, focus, started, ckpt, name=job["name"], target=job["target"],
+                         prompts=job["prompts"], validation=job["validation"], validation_note=validation_note,
+                         train_prompts=train_prompts, val_prompts=val_prompts,
+                         command=kind.command(run, store.safe_url if job["focus_from"] is not None else None))
+    eval_id = job_ctx.retry(enqueue_experiment, store, **kind.evaluation(out, cfg, EVAL_REPEATS, job_id))
+    length = record.get("acceptance_length_after")
+    job_ctx.log(f"{label}: saved {out}; held-out alpha {record['alpha_before']:.3f} -> {record['alpha_after']:.3f}"
+                + (f", acceptance length {length:.2f}" if length is not None else "")
+                + f"; experiment {eval_id} times it")
     return DONE, {"phase": "done", "step": run.step, "train_seconds": record["train_seconds"],
-                  "kl_after": record["kl_after"], "alpha_after": record["alpha_after"],
-                  "tokens_per_round_after": record["tokens_per_round_after"], "eval_experiment_id": eval_id,
-                  "checkpoint_step": None}
+                  **{key: record.get(key) for key in RESULTS}, "eval_experiment_id": eval_id, "checkpoint_step": None}
+
+
+def _point(p: dict) -> dict:
+    """A curve point as stored (storage.training.report): the held-out KL, and for a head its acceptance length
+    and its acceptance and accuracy by draft position."""
+    return {"step": p["step"], "kl": p.get("kl"), "acceptance_length": p.get("acceptance_length"),
+            "per_position": p.get("per_position"), "accuracy": p.get("accuracy")}

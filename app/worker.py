@@ -225,8 +225,11 @@ class Worker:
                 if job is None:
                     devices, self._gpus = self._lease_devices(placed, item["target"], primary_draft(item, []),
                                                               item["dtype"], bool(item["trust_remote_code"]))
-                else:  # training loads in float32 (app/training.py)
-                    devices, self._gpus = self._lease_devices(placed, item["target"], item["draft"], "float32", False)
+                else:  # training loads in float32 (app/training.py); a head job loads the target alone
+                    from .training_kinds import kind_of
+
+                    devices, self._gpus = self._lease_devices(placed, item["target"], kind_of(item).draft, "float32",
+                                                              False)
                 keys = [lease_key(d) for d in devices]
                 what = f"experiment {eid}" if job is None else f"training job {job}"
                 held = acquire_leases(self.db, self.store, keys, self.id, eid, self.stale_seconds)

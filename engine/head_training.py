@@ -36,6 +36,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from . import distill as ds
 from . import eagle3
 from .errors import DraftLabError
+from .head_settings import MAX_TTT_STEPS, parse_aux_layers  # noqa: F401 (parse_aux_layers: the CLI reads it here)
 from .loading import LoadedModel, ModelPair
 from .token_types import TokenTyper
 
@@ -70,27 +71,14 @@ class HeadConfig:
             raise DraftLabError(f"--steps must be a positive integer (got {self.steps}); use e.g. --steps 600")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise DraftLabError(f"--lr must be a positive number (got {self.lr}); use e.g. --lr 1e-3")
-        if not 1 <= self.ttt_steps <= 16:
-            raise DraftLabError(f"--ttt-steps must be 1 to 16 (got {self.ttt_steps}); use e.g. --ttt-steps 4")
+        if not 1 <= self.ttt_steps <= MAX_TTT_STEPS:
+            raise DraftLabError(f"--ttt-steps must be 1 to {MAX_TTT_STEPS} (got {self.ttt_steps}); use e.g. "
+                                f"--ttt-steps 4")
         if self.draft_vocab_size < 0:
             raise DraftLabError(f"--draft-vocab-size must be >= 1 (got {self.draft_vocab_size}); e.g. 32000")
         if self.max_new_tokens <= 0 or self.batch_size <= 0 or self.samples <= 0:
             raise DraftLabError("max new tokens, batch size and samples must be positive")
         self.k = self.k or self.ttt_steps
-
-
-def parse_aux_layers(text: str | None) -> list[int] | None:
-    """`--aux-layers auto` (None: vLLM's default for the target) or `i,j,l` (vLLM's convention)."""
-    if text is None or str(text).strip().lower() in ("", "auto"):
-        return None
-    try:
-        ids = [int(part) for part in str(text).split(",")]
-    except ValueError:
-        raise DraftLabError(f"--aux-layers {str(text)[:40]!r} is not a list of layer ids; use auto or e.g. 2,6,9") \
-            from None
-    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
-        raise DraftLabError(f"--aux-layers {text!r} must be distinct non-negative layer ids, e.g. 2,6,9")
-    return ids
 
 
 def aux_layers_for(target_model, wanted: list[int] | None) -> list[int]:

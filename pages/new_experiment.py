@@ -458,7 +458,8 @@ def _drafter_choice(draft: str) -> str | None:
 
 
 def _trained_drafts() -> dict[str, str]:
-    """{path: label} of the drafts finished training jobs wrote (Train a draft), newest first."""
+    """{path: label} of the drafts finished training jobs wrote (Train a draft), newest first; an EAGLE-3 head is
+    labelled as one (it drafts for its own target only, with the eagle3 drafter)."""
     import logging
 
     from storage import training
@@ -468,7 +469,8 @@ def _trained_drafts() -> dict[str, str]:
     except Exception:  # noqa: BLE001 - the form works without the database (it opens it to launch)
         logging.getLogger("draftlab.dashboard").warning("could not list trained drafts", exc_info=True)
         return {}
-    return {d["out"]: f"{d['name']} (trained, job {d['job_id']})" for d in drafts}
+    return {d["out"]: f"{d['name']} ({'EAGLE-3 head' if d['kind'] == 'head' else 'trained'}, job {d['job_id']})"
+            for d in drafts}
 
 
 def _pick_draft() -> None:

@@ -1,4 +1,5 @@
-"""The New-experiment page's pair check: tokenizers and configs only, never model weights.
+"""The New-experiment page's pair check: tokenizers and configs only, never model weights (an EAGLE-3 head: its
+config names the target it drafts for).
 
 A tokenizer loads in well under a second (a 150k-entry vocabulary included) and `check_pair` is a dict
 comparison, but the first call imports transformers (and with it torch: several seconds), so results are

@@ -111,6 +111,18 @@ def _v13_to_v14(conn: Connection) -> None:
                         ("server_confirms", "requests_total", "INTEGER")))
 
 
+def _v15_to_v16(conn: Connection) -> None:
+    """v16: training jobs of kind "head" (`draftlab train-head` from the queue): the kind (older jobs distil), a
+    head's settings, the acceptance length before/after and per eval point; its held-out acceptance by draft
+    position is the new table training_accuracy, which create_all adds."""
+    _add_columns(conn, (
+        ("training_jobs", "kind", "VARCHAR(20) NOT NULL DEFAULT 'distill'"), ("training_jobs", "ttt_steps", "INTEGER"),
+        ("training_jobs", "draft_vocab_size", "INTEGER"), ("training_jobs", "aux_layers", "VARCHAR(200)"),
+        ("training_jobs", "acceptance_length_before", "DOUBLE PRECISION"),
+        ("training_jobs", "acceptance_length_after", "DOUBLE PRECISION"),
+        ("training_points", "acceptance_length", "DOUBLE PRECISION")))
+
+
 def add_variable_columns(conn: Connection) -> None:
     """v15, and every open after: each swept variable's column on experiments and runs (storage/schema.py's
     variable_columns, typed from engine/variables.py), so a new variable needs no step of its own. Older rows keep
@@ -121,7 +133,8 @@ def add_variable_columns(conn: Connection) -> None:
 STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                   5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8, 8: _v8_to_v9,
                                                   9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12,
-                                                  12: _v12_to_v13, 13: _v13_to_v14, 14: add_variable_columns}
+                                                  12: _v12_to_v13, 13: _v13_to_v14, 14: add_variable_columns,
+                                                  15: _v15_to_v16}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

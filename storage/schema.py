@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -309,9 +309,16 @@ class DraftTokenRow(Base):
     )
 
 
+DISTILL, HEAD = "distill", "head"  # training job kinds: distil a draft (`draftlab distill`), train an EAGLE-3 head
+TRAINING_KINDS = (DISTILL, HEAD)
+
+
 class TrainingJob(Base):
-    """A "train a draft" job (`draftlab distill` run by a worker): its settings, queue state, the step it reached,
-    its checkpoint, the held-out figures before and after, and the experiment that evaluates the result."""
+    """A training job a worker runs: `draftlab distill` (kind "distill") or `draftlab train-head` (kind "head"): its
+    settings, queue state, the step it reached, its checkpoint, the held-out figures before and after, and the
+    experiment that evaluates the result. A head starts from no draft: its `draft` is "" (it is built from the
+    target, whose hidden states it reads), and its `out` is a speculators-format head directory, a valid `--draft`
+    for that target."""
 
     __tablename__ = "training_jobs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -321,7 +328,8 @@ class TrainingJob(Base):
     created: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     notes: Mapped[str] = mapped_column(Text, default="")
     target: Mapped[str] = mapped_column(Text)
-    draft: Mapped[str] = mapped_column(Text)  # the draft it starts from
+    kind: Mapped[str] = mapped_column(String(20), default=DISTILL, server_default=DISTILL)
+    draft: Mapped[str] = mapped_column(Text)  # the draft it starts from ("" for a head)
     prompts: Mapped[str] = mapped_column(Text)  # training prompt set spec or file path
     validation: Mapped[str] = mapped_column(Text)  # held-out prompt set spec or file path
     steps: Mapped[int] = mapped_column(Integer)
@@ -332,6 +340,12 @@ class TrainingJob(Base):
     seed: Mapped[int] = mapped_column(Integer, default=0)
     focus_from: Mapped[int | None] = mapped_column(Integer, nullable=True)  # experiment whose rejections weigh the loss
     device: Mapped[str] = mapped_column(String(20), default="auto")
+    # A head's settings (NULL for distillation): TTT steps S (the draft positions trained; the held-out k), the
+    # draft vocabulary size (0: the whole target vocabulary, at most 32000) and the aux layers as `2,6,9` in vLLM's
+    # convention (NULL: auto, vLLM's default for the target).
+    ttt_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    draft_vocab_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    aux_layers: Mapped[str | None] = mapped_column(String(200), nullable=True)
     # Queue state (as runs).
     status: Mapped[str] = mapped_column(String(20), default=QUEUED)
     phase: Mapped[str | None] = mapped_column(String(200), nullable=True)  # what it is doing now, in words
@@ -355,6 +369,9 @@ class TrainingJob(Base):
     alpha_after: Mapped[float | None] = mapped_column(Double, nullable=True)
     tokens_per_round_before: Mapped[float | None] = mapped_column(Double, nullable=True)
     tokens_per_round_after: Mapped[float | None] = mapped_column(Double, nullable=True)
+    # 1 + accepted drafts per drafting round (vLLM's mean acceptance length), greedy through the engine's loop
+    acceptance_length_before: Mapped[float | None] = mapped_column(Double, nullable=True)
+    acceptance_length_after: Mapped[float | None] = mapped_column(Double, nullable=True)
     eval_experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # before/after, timed
 
     __table_args__ = (Index("ix_training_jobs_status", "status", "id"),)
@@ -362,7 +379,9 @@ class TrainingJob(Base):
 
 class TrainingPoint(Base):
     """The live curves of a training job: one row per optimiser step (loss, lr), with the held-out KL on the
-    steps where it was measured (step 0: before training)."""
+    steps where it was measured (step 0: before training); for a head, "kl" is its held-out TTT loss (forward KL
+    on the draft vocabulary, step j weighted 0.8^j) and `acceptance_length` the held-out simulated acceptance
+    length at k = S (1 + expected accepted drafts, teacher-forced) at those steps."""
 
     __tablename__ = "training_points"
     job_id: Mapped[int] = mapped_column(ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
@@ -371,6 +390,22 @@ class TrainingPoint(Base):
     lr: Mapped[float | None] = mapped_column(Double, nullable=True)
     kl: Mapped[float | None] = mapped_column(Double, nullable=True)
     seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
+    acceptance_length: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class TrainingAccuracy(Base):
+    """A head's held-out acceptance by draft position at each eval point (engine/head_training.py, teacher-forced
+    on the target's greedy continuations): `acceptance` = conditional acceptance at `position` (1..S) given every
+    position before it accepted, `accuracy` = the head's step position-1 argmax equal to the target's, over every
+    root. NULL where no root reached the position. One row per (job, step, position), so a query can group by
+    either."""
+
+    __tablename__ = "training_accuracy"
+    job_id: Mapped[int] = mapped_column(ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    acceptance: Mapped[float | None] = mapped_column(Double, nullable=True)
+    accuracy: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class ProductionSeries(Base):
@@ -511,6 +546,7 @@ verify_profile = VerifyProfile.__table__
 batch_verify_profile = BatchVerifyProfile.__table__
 training_jobs = TrainingJob.__table__
 training_points = TrainingPoint.__table__
+training_accuracy = TrainingAccuracy.__table__
 production_series = ProductionSeries.__table__
 production_positions = ProductionPosition.__table__
 server_confirms = ServerConfirm.__table__

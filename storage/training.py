@@ -1,5 +1,6 @@
-"""Training jobs ("Train a draft"): `draftlab distill` as a queued job a worker runs, with live curves, cancel
-and resume from its checkpoint, and the trained drafts a team can pick as candidates.
+"""Training jobs ("Train a draft"): `draftlab distill` (kind "distill") or `draftlab train-head` (kind "head", an
+EAGLE-3 head for a target) as a queued job a worker runs, with live curves, cancel and resume from its checkpoint,
+and the trained drafts and heads a team can pick as candidates.
 
 A job is claimed by one conditional UPDATE (as runs are). The worker writes its step, phase, progress and curve
 points in one transaction fenced to the worker that owns the job; the answer carries a pending cancel. A cancel
@@ -20,8 +21,8 @@ import pandas as pd
 from sqlalchemy import insert, select, text
 
 from .errors import QueueError
-from .schema import (CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING, TrainingJob, training_jobs,
-                     training_points, utcnow)
+from .schema import (CANCELLED, DISTILL, DONE, FAILED, HEAD, INTERRUPTED, QUEUED, RUNNING, TRAINING_KINDS,
+                     TrainingJob, training_accuracy, training_jobs, training_points, utcnow)
 from .store import Store
 
 MODELS_ENV, DEFAULT_MODELS_DIR = "DRAFTLAB_MODELS", "models"
@@ -69,25 +70,38 @@ def _within_columns(**values) -> None:
             raise QueueError(f"{key.replace('_', ' ')} {value!r} is not {meaning}")
 
 
-def enqueue_training(store: Store, *, name: str, target: str, draft: str, prompts: str, validation: str,
-                     steps: int, lr: float = 3e-4, batch_size: int = 8, max_new_tokens: int = 128, samples: int = 1,
-                     seed: int = 0, focus_from: int | None = None, device: str = "auto", notes: str = "",
-                     models: str | Path | None = None, launched_by: str | None = None) -> int:
+def enqueue_training(store: Store, *, name: str, target: str, prompts: str, validation: str, steps: int,
+                     draft: str = "", kind: str = DISTILL, lr: float = 3e-4, batch_size: int = 8,
+                     max_new_tokens: int = 128, samples: int = 1, seed: int = 0, focus_from: int | None = None,
+                     device: str = "auto", notes: str = "", models: str | Path | None = None,
+                     launched_by: str | None = None, ttt_steps: int | None = None,
+                     draft_vocab_size: int | None = None, aux_layers: str | None = None) -> int:
     """Queue a training job writing `models/name` (models: $DRAFTLAB_MODELS unless given); return its id. Refused
     (QueueError, nothing stored) for bad settings, a name that is not a plain directory name, a directory that
-    already holds a model, or a name another queued, running or finished job writes."""
+    already holds a model, or a name another queued, running or finished job writes.
+
+    kind "distill" trains a copy of `draft`; kind "head" an EAGLE-3 head for `target` (no draft: it is stored as
+    ""), with its TTT steps (default 4), draft vocabulary size (0, the default: the whole vocabulary up to 32000)
+    and aux layers (`2,6,9`, or None / "auto": vLLM's default for the target), which distillation does not take."""
+    if kind not in TRAINING_KINDS:
+        raise QueueError(f"training kind {str(kind)[:40]!r} is not one of {', '.join(TRAINING_KINDS)}; use "
+                         f"{DISTILL} (a draft) or {HEAD} (an EAGLE-3 head)")
+    head = _head_settings(kind, draft, ttt_steps, draft_vocab_size, aux_layers)
     steps = _positive(steps, "steps", "300")
     lr = _positive(lr, "learning rate", "3e-4", integer=False)
     batch_size = _positive(batch_size, "batch size", "8")
     max_new_tokens = _positive(max_new_tokens, "max new tokens", "128")
     samples = _positive(samples, "samples", "1 (the greedy continuation only)")
     _within_columns(steps=steps, batch_size=batch_size, samples=samples, max_new_tokens=max_new_tokens, seed=seed,
-                    focus_from=focus_from)
+                    focus_from=focus_from, draft_vocab_size=head["draft_vocab_size"])
     name = (name or "").strip()
     if not NAME_PATTERN.match(name):
-        raise QueueError(f"draft name {name!r} is not a plain directory name; use letters, digits, '.', '_' and "
-                         f"'-' (e.g. demo-draft-distilled-2)")
-    for field, value in (("target", target), ("draft", draft), ("prompts", prompts), ("validation", validation)):
+        made, example = ("head", "demo-target-eagle3-2") if kind == HEAD else ("draft", "demo-draft-distilled-2")
+        raise QueueError(f"{made} name {name!r} is not a plain directory name; use letters, digits, '.', '_' and "
+                         f"'-' (e.g. {example})")
+    needed = (("target", target), *((("draft", draft),) if kind == DISTILL else ()), ("prompts", prompts),
+              ("validation", validation))
+    for field, value in needed:
         if not str(value or "").strip():
             raise QueueError(f"{field} is empty; name a model / prompt set")
     out = (Path(models) if models is not None else models_dir()).expanduser().resolve() / name
@@ -105,11 +119,37 @@ def enqueue_training(store: Store, *, name: str, target: str, draft: str, prompt
         if taken is not None:
             raise QueueError(f"training job {taken} already writes {out}; pick another name")
         return conn.execute(insert(training_jobs).values(
-            name=name, out=str(out), created=utcnow(), notes=notes or "", target=target.strip(), draft=draft.strip(),
-            prompts=prompts.strip(), validation=validation.strip(), steps=steps, lr=lr, batch_size=batch_size,
-            max_new_tokens=max_new_tokens, samples=samples, seed=int(seed), focus_from=focus_from, device=device,
-            status=QUEUED, step=0, progress=0.0, cancel_requested=False,
-            launched_by=launched_by[:200] if launched_by else None)).inserted_primary_key[0]
+            name=name, out=str(out), created=utcnow(), notes=notes or "", kind=kind, target=target.strip(),
+            draft=str(draft or "").strip(), prompts=prompts.strip(), validation=validation.strip(), steps=steps, lr=lr,
+            batch_size=batch_size, max_new_tokens=max_new_tokens, samples=samples, seed=int(seed),
+            focus_from=focus_from, device=device, status=QUEUED, step=0, progress=0.0, cancel_requested=False,
+            launched_by=launched_by[:200] if launched_by else None, **head)).inserted_primary_key[0]
+
+
+def _head_settings(kind: str, draft: str | None, ttt_steps, draft_vocab_size, aux_layers) -> dict:
+    """A job's head columns, checked: a head's (defaults filled in, aux layers written `2,6,9` or NULL for auto);
+    all NULL for distillation, which refuses them. QueueError for a bad one."""
+    from engine.errors import DraftLabError
+    from engine.head_settings import (DEFAULTS, aux_layers_text, check_draft_vocab_size, check_ttt_steps,
+                                      parse_aux_layers)
+
+    given = {"TTT steps": ttt_steps, "draft vocabulary size": draft_vocab_size, "aux layers": aux_layers}
+    if kind == DISTILL:
+        named = [what for what, value in given.items() if value is not None]
+        if named:
+            raise QueueError(f"{', '.join(named)} set for a distillation job; they are an EAGLE-3 head's settings: "
+                             f"queue kind {HEAD!r}, or leave them out")
+        return {"ttt_steps": None, "draft_vocab_size": None, "aux_layers": None}
+    if str(draft or "").strip():
+        raise QueueError(f"an EAGLE-3 head starts from no draft (got draft {str(draft)[:60]!r}); leave the draft "
+                         f"empty: the head is built from the target")
+    try:
+        return {"ttt_steps": check_ttt_steps(DEFAULTS["ttt_steps"] if ttt_steps is None else ttt_steps, "TTT steps"),
+                "draft_vocab_size": check_draft_vocab_size(0 if draft_vocab_size is None else draft_vocab_size,
+                                                           "draft vocabulary size"),
+                "aux_layers": aux_layers_text(parse_aux_layers(aux_layers, "aux layers"))}
+    except DraftLabError as exc:
+        raise QueueError(str(exc)) from None
 
 
 def unfinished_job_files(store: Store) -> set[str]:
@@ -152,8 +192,10 @@ def _owned(conn, job_id: int, worker_id: str):
 
 def report(store: Store, job_id: int, worker_id: str, points: Sequence[dict] = (), **fields) -> dict:
     """Write a job's progress (fields of training_jobs: phase, step, progress, checkpoint_step, device_name, results)
-    and new curve points ({step, loss, lr, kl, seconds}; an existing step is updated, e.g. its KL) in one
-    transaction, only while worker_id owns the job. Returns {"owned": bool, "cancel": bool}."""
+    and new curve points ({step, loss, lr, kl, seconds, acceptance_length}; an existing step is updated, e.g. its
+    KL; a head's eval point may carry `per_position` and `accuracy`, lists over draft positions 1..S, written to
+    training_accuracy) in one transaction, only while worker_id owns the job. Returns {"owned": bool,
+    "cancel": bool}."""
     allowed = {c.name for c in training_jobs.columns} - {"id", "status", "worker_id", "cancel_requested"}
     unknown = set(fields) - allowed
     if unknown:
@@ -172,15 +214,36 @@ def report(store: Store, job_id: int, worker_id: str, points: Sequence[dict] = (
                 {"id": int(job_id)}).scalars()}
             for p in points:
                 row = {"job_id": int(job_id), "step": int(p["step"]), "loss": p.get("loss"), "lr": p.get("lr"),
-                       "kl": p.get("kl"), "seconds": p.get("seconds")}
+                       "kl": p.get("kl"), "seconds": p.get("seconds"), "acceptance_length": p.get("acceptance_length")}
                 if int(p["step"]) in have:  # an eval point on a step already written: fill in what it adds
                     conn.execute(text("UPDATE training_points SET loss = COALESCE(:loss, loss), lr = COALESCE(:lr, lr), "
-                                      "kl = COALESCE(:kl, kl), seconds = COALESCE(:seconds, seconds) "
+                                      "kl = COALESCE(:kl, kl), seconds = COALESCE(:seconds, seconds), "
+                                      "acceptance_length = COALESCE(:acceptance_length, acceptance_length) "
                                       "WHERE job_id = :job_id AND step = :step"), row)
                 else:
                     conn.execute(insert(training_points).values(**row))
                     have[int(p["step"])] = None
+                _write_accuracy(conn, int(job_id), p)
         return {"owned": True, "cancel": bool(owned[0])}
+
+
+def _write_accuracy(conn, job_id: int, point: dict) -> None:
+    """A head's eval point's acceptance and accuracy by draft position (1..S), replacing any of that step."""
+    acceptance, accuracy = list(point.get("per_position") or []), list(point.get("accuracy") or [])
+    n = max(len(acceptance), len(accuracy))
+    if not n:
+        return
+    at = lambda values, j: _number(values[j]) if j < len(values) else None  # noqa: E731
+    conn.execute(text("DELETE FROM training_accuracy WHERE job_id = :id AND step = :s"),
+                 {"id": job_id, "s": int(point["step"])})
+    conn.execute(insert(training_accuracy), [
+        {"job_id": job_id, "step": int(point["step"]), "position": j + 1, "acceptance": at(acceptance, j),
+         "accuracy": at(accuracy, j)} for j in range(n)])
+
+
+def _number(value) -> float | None:
+    """A rate as stored: None for a missing or NaN one."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
 def rewind(store: Store, job_id: int, worker_id: str, step: int) -> bool:
@@ -189,7 +252,8 @@ def rewind(store: Store, job_id: int, worker_id: str, step: int) -> bool:
     with store.write() as conn:
         if _owned(conn, job_id, worker_id) is None:
             return False
-        conn.execute(text("DELETE FROM training_points WHERE job_id = :id AND step > :s"), {"id": int(job_id), "s": step})
+        for table in ("training_points", "training_accuracy"):
+            conn.execute(text(f"DELETE FROM {table} WHERE job_id = :id AND step > :s"), {"id": int(job_id), "s": step})
         conn.execute(text("UPDATE training_jobs SET step = :s WHERE id = :id"), {"id": int(job_id), "s": step})
         return True
 
@@ -258,12 +322,25 @@ def jobs(store: Store) -> pd.DataFrame:
     return pd.DataFrame([tuple(r) for r in rows], columns=JOB_COLUMNS)
 
 
+POINT_COLUMNS = ["step", "loss", "lr", "kl", "seconds", "acceptance_length"]
+
+
 def points(store: Store, job_id: int) -> pd.DataFrame:
-    """A job's curve: step, loss, lr, kl (NULL where not measured), seconds."""
+    """A job's curve: step, loss, lr, kl (NULL where not measured), seconds, acceptance_length (a head's, at its
+    eval points)."""
     with store.read() as conn:
-        rows = conn.execute(text("SELECT step, loss, lr, kl, seconds FROM training_points WHERE job_id = :id "
+        rows = conn.execute(text(f"SELECT {', '.join(POINT_COLUMNS)} FROM training_points WHERE job_id = :id "
                                  "ORDER BY step"), {"id": int(job_id)}).all()
-    return pd.DataFrame([tuple(r) for r in rows], columns=["step", "loss", "lr", "kl", "seconds"])
+    return pd.DataFrame([tuple(r) for r in rows], columns=POINT_COLUMNS)
+
+
+def acceptance_by_position(store: Store, job_id: int) -> pd.DataFrame:
+    """A head job's held-out acceptance by draft position at each eval point: step, position, acceptance
+    (conditional), accuracy; empty for a distillation job."""
+    with store.read() as conn:
+        rows = conn.execute(text("SELECT step, position, acceptance, accuracy FROM training_accuracy "
+                                 "WHERE job_id = :id ORDER BY step, position"), {"id": int(job_id)}).all()
+    return pd.DataFrame([tuple(r) for r in rows], columns=["step", "position", "acceptance", "accuracy"])
 
 
 def version(store: Store) -> tuple:
@@ -277,10 +354,13 @@ def version(store: Store) -> tuple:
 
 
 def trained_drafts(store: Store) -> list[dict]:
-    """Drafts finished training jobs wrote (newest first): name, out (the path to load), target, draft, job_id,
-    alpha_before, alpha_after. Offered as draft candidates on the New-experiment page."""
+    """Drafts finished training jobs wrote (newest first): name, out (the path to load: `--draft OUT`), kind
+    ("distill": a causal LM; "head": an EAGLE-3 head, drafting for its `target` only, with the eagle3 drafter),
+    target, draft ("" for a head), job_id, alpha_before, alpha_after. Offered as draft candidates on the
+    New-experiment page."""
     with store.read() as conn:
-        rows = conn.execute(text("SELECT id, name, out, target, draft, alpha_before, alpha_after FROM training_jobs "
-                                 "WHERE status = :done ORDER BY id DESC"), {"done": DONE}).mappings().all()
-    return [{"job_id": r["id"], "name": r["name"], "out": r["out"], "target": r["target"], "draft": r["draft"],
-             "alpha_before": r["alpha_before"], "alpha_after": r["alpha_after"]} for r in rows]
+        rows = conn.execute(text("SELECT id, name, out, kind, target, draft, alpha_before, alpha_after "
+                                 "FROM training_jobs WHERE status = :done ORDER BY id DESC"),
+                            {"done": DONE}).mappings().all()
+    return [{"job_id": r["id"], "name": r["name"], "out": r["out"], "kind": r["kind"], "target": r["target"],
+             "draft": r["draft"], "alpha_before": r["alpha_before"], "alpha_after": r["alpha_after"]} for r in rows]

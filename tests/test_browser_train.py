@@ -2,7 +2,8 @@
 temporary directory; a short training job of the demo pair on an uploaded corpus is queued from the page, the
 worker trains it, the page shows the job done with its curves and before/after figures, the trained draft is an
 HF directory under $DRAFTLAB_MODELS, and New experiment offers it: picking it fills in the draft and its pair check
-passes. Needs Debian's chromium at /usr/bin/chromium, like test_browser_e2e.py."""
+passes; and the same for an EAGLE-3 head of demo-target. Needs Debian's chromium at /usr/bin/chromium, like
+test_browser_e2e.py."""
 from __future__ import annotations
 
 import os
@@ -91,4 +92,62 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
         _pick(page, "Shipped and trained drafts", f"browser-draft (trained, job {job_id})")
         assert field(page, "Draft model").input_value() == str(out)
         page.get_by_text("tokenizers match").wait_for()
+        page.close()
+
+
+def test_queue_an_eagle3_head_job_watch_it_finish_and_pick_the_head(tmp_path):
+    """The same for an EAGLE-3 head (What to train: Train an EAGLE-3 head): no draft field, the head's own fields,
+    the job's acceptance-by-position chart and acceptance length beside its loss, and New experiment offering the
+    head as one, its check passing against demo-target. Three steps of demo-target's head: about a minute."""
+    models = tmp_path / "models"
+    with dashboard(tmp_path, DRAFTLAB_MODELS=str(models)) as served, chromium() as browser:
+        page = browser.new_page(viewport={"width": 1500, "height": 1900})
+        page.set_default_timeout(120_000)
+        page.goto(f"{served['url']}/train")
+        page.get_by_text("tokenizers match").wait_for()
+        page.get_by_text("Train an EAGLE-3 head", exact=True).click()
+        settle(page)
+        assert field(page, "Draft to start from").count() == 0
+        assert field(page, "Aux layers").input_value() == "auto"
+        page.get_by_text("Upload a corpus").click()
+        settle(page)
+        upload_prompts(page, None, tmp_path, CORPUS)
+        settle(page)
+        for label, value in (("Steps", "3"), ("TTT steps", "2"), ("Batch size", "2"), ("Samples per prompt", "1"),
+                             ("Max new tokens", "8"), ("Name of the trained head", "browser-head")):
+            commit(field(page, label), value)
+            settle(page)
+        out = models / "browser-head"
+        page.get_by_text(str(out), exact=True).wait_for()
+        page.get_by_role("button", name="Queue training job").click()
+        page.wait_for_url(re.compile(r"[?&]job=\d+"))
+        job_id = int(re.search(r"job=(\d+)", page.url).group(1))
+
+        page.goto("about:blank")
+        job = _wait_trained(served["db"], job_id, served["log"])
+        assert job["kind"] == "head" and job["out"] == str(out) and job["ttt_steps"] == 2
+        assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+        assert '"speculators_model_type": "eagle3"' in (out / "config.json").read_text()
+
+        page.goto(f"{served['url']}/train?job={job_id}")
+        page.get_by_text("Trained EAGLE-3 head saved:").wait_for()
+        settle(page)
+        charts = page.locator('[data-testid="stVegaLiteChart"]')
+        assert charts.count() == 3  # the loss, the acceptance by position, the acceptance length
+        for i in range(3):
+            charts.nth(i).locator("canvas, svg").first.wait_for()
+        legends = [t for i in range(3) for t in charts.nth(i).locator(".role-legend-title text, .role-legend-label "
+                                                                      "text").all_text_contents()]
+        assert "held-out TTT KL" in legends and "eval step" in legends
+        values = dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
+                          page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
+        assert values[f"acceptance length (before: {job['acceptance_length_before']:.2f})"] == \
+            f"{job['acceptance_length_after']:.2f}"
+
+        page.goto(f"{served['url']}/new")
+        page.get_by_text("tokenizers match").wait_for()
+        settle(page)
+        _pick(page, "Shipped and trained drafts", f"browser-head (EAGLE-3 head, job {job_id})")
+        assert field(page, "Draft model").input_value() == str(out)
+        page.get_by_text("EAGLE-3 head (speculators layout) for this target").wait_for()
         page.close()

@@ -22,7 +22,8 @@ SERIES = [NAMES["k"], NAMES["draft"], *DRAFTS]  # e.g. Compare's experiments, ru
 # Every name a test frame carries, and every name the builders write into the data themselves (a lone quote or
 # `&` is left to the literal check: expressions have quotes of their own).
 WORDS = [w for w in [NASTY, *NAMES.values(), *DRAFTS, *TOKEN_TEXTS, *charts.THEORY_SERIES.values(),
-                     *(name for name, _ in charts.SPEEDUP_SERIES.values()), charts.TRAINING_LOSS, charts.HELD_OUT_KL]
+                     *(name for name, _ in charts.SPEEDUP_SERIES.values()), charts.TRAINING_LOSS, charts.HELD_OUT_KL,
+                     charts.HEAD_LOSS, charts.HEAD_HELD_OUT]
          if len(w.strip()) >= 3]
 # Where a Vega-Lite spec holds expressions: a transform's `calculate` and `filter`, a condition's `test`, an
 # ExprRef's `expr`, a parameter's `update`/`signal`; inside a composed predicate (and / or / not) too.
@@ -167,6 +168,13 @@ CASES = {
         "run": [DRAFTS[0]] * 3 + [NAMES["drafter"]] * 2})),
     "training_curves": lambda: charts.training_curves(pd.DataFrame({
         "step": [1, 2, 3, 4], "loss": [1.0, 0.5, 0.3, 0.2], "kl": [None, 0.4, None, 0.2]})),
+    "training_curves of a head": lambda: charts.training_curves(pd.DataFrame({
+        "step": [0, 1, 2], "loss": [None, 0.5, 0.3], "kl": [0.6, None, 0.2]}), head=True),
+    "head_acceptance_by_position": lambda: charts.head_acceptance_by_position(pd.DataFrame({
+        "step": [0, 0, 0, 10, 10, 10], "position": [1, 2, 3, 1, 2, 3], "acceptance": [0.1, None, None, 0.6, 0.5, 0.4],
+        "accuracy": [0.1, 0.05, 0.0, 0.6, 0.3, 0.2]})),
+    "acceptance_length_curve": lambda: charts.acceptance_length_curve(pd.DataFrame({
+        "step": [0, 1, 2], "loss": [None, 0.5, 0.3], "kl": [0.6, None, 0.2], "acceptance_length": [1.0, None, 1.8]})),
 }
 
 
@@ -190,7 +198,8 @@ def test_no_name_is_pasted_into_a_vega_expression(case):
 
 @pytest.mark.parametrize("case", ["speedup_curve by label", "schedule_curve", "theory_curves", "sweep_panels", "series_legend",
                                   "k_distribution",
-                                  "training_curves", "token_chart", "production_positions", "confirm_speedup"])
+                                  "training_curves", "training_curves of a head", "token_chart",
+                                  "production_positions", "confirm_speedup"])
 def test_the_names_are_in_the_data(case):
     """The check above looks at the right thing: the names these charts show are in their data, whole."""
     spec = CASES[case]().to_dict()
@@ -200,7 +209,8 @@ def test_the_names_are_in_the_data(case):
                 "theory_curves": set(charts.THEORY_SERIES.values()), "sweep_panels": set(SERIES),
                 "series_legend": set(SERIES),
                 "k_distribution": {DRAFTS[0], NAMES["drafter"]},
-                "training_curves": {charts.TRAINING_LOSS, charts.HELD_OUT_KL}, "token_chart": {"it's", " <b>"},
+                "training_curves": {charts.TRAINING_LOSS, charts.HELD_OUT_KL},
+                "training_curves of a head": {charts.HEAD_LOSS, charts.HEAD_HELD_OUT}, "token_chart": {"it's", " <b>"},
                 "production_positions": {NAMES["k"], DRAFTS[0]}, "confirm_speedup": {NAMES["k"], DRAFTS[0]}}[case]
     assert expected <= shown
 

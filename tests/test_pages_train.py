@@ -208,3 +208,123 @@ def test_a_findings_link_preselects_the_experiment_to_focus_on(train_db):
 
     at.selectbox(key="train_focus").set_value(NO_FOCUS).run()
     assert at.selectbox(key="train_focus").value == NO_FOCUS  # the link chose once; the user's choice stands
+
+
+# --- EAGLE-3 heads ---------------------------------------------------------------------------------------------
+
+def _fill_head(at, model_dirs, name="my-head", aux="1"):
+    at.radio(key="train_kind").set_value("head").run()
+    at.text_input(key="train_target").set_value(model_dirs["target"]).run()
+    at.selectbox(key="train_set").set_value("code:tune").run()
+    at.number_input(key="head_steps").set_value(6)
+    at.number_input(key="head_ttt_steps").set_value(3)
+    at.number_input(key="head_draft_vocab_size").set_value(40)
+    at.text_input(key="head_aux_layers").set_value(aux)
+    at.number_input(key="head_batch_size").set_value(2)
+    at.number_input(key="head_max_new_tokens").set_value(8).run()
+    name_box = next(t for t in at.text_input if t.key and t.key.startswith("train_name_"))
+    name_box.set_value(name).run()
+    return at
+
+
+def test_the_head_form_starts_from_train_heads_defaults_and_queues_a_head_job(train_db):
+    from engine import head_settings
+
+    store, model_dirs, tmp_path = train_db
+    at = app("train")
+    at.radio(key="train_kind").set_value("head").run()
+    assert_clean(at)
+    assert not any(t.key == "train_draft" for t in at.text_input)  # a head starts from no draft
+    shown = {key: at.number_input(key=f"head_{key}").value
+             for key in ("steps", "lr", "ttt_steps", "draft_vocab_size", "max_new_tokens", "batch_size", "samples")}
+    assert shown == {key: head_settings.DEFAULTS[key] for key in shown}
+    assert at.text_input(key="head_aux_layers").value == "auto"
+    assert any("No duration estimate: no head training job has finished yet" in c.value for c in at.caption)
+    _fill_head(at, model_dirs)
+    assert str(tmp_path / "shared-models" / "my-head") in page_text(at)
+    at.button(key="train_launch").click().run()
+    assert_clean(at)
+    job = training.get_job(store, int(training.jobs(store)["id"].iloc[0]))
+    assert (job["kind"], job["draft"], job["target"], job["steps"], job["ttt_steps"], job["draft_vocab_size"],
+            job["aux_layers"], job["batch_size"], job["max_new_tokens"]) == \
+        ("head", "", model_dirs["target"], 6, 3, 40, "1", 2, 8)
+    assert job["validation"] == "code:validation" and job["out"] == str(tmp_path / "shared-models" / "my-head")
+    text = page_text(at)
+    assert "EAGLE-3 head for" in text and "TTT steps 3" in text and "aux layers 1" in text
+
+
+def test_head_aux_layers_that_are_not_ids_are_one_error_and_nothing_is_queued(train_db):
+    store, model_dirs, _ = train_db
+    at = _fill_head(app("train"), model_dirs, aux="2;6")
+    assert_clean(at)
+    assert any("aux layers '2;6' is not a list of layer ids" in e.value for e in at.error)
+    assert at.button(key="train_launch").disabled
+    at.text_input(key="head_aux_layers").set_value("auto").run()
+    assert not at.error and not at.button(key="train_launch").disabled
+    assert training.jobs(store).empty
+
+
+def test_a_running_head_job_shows_acceptance_by_position_and_length_beside_its_loss(train_db):
+    from pages import charts
+
+    store, model_dirs, _ = train_db
+    jid = training.enqueue_training(store, kind="head", name="h", target=model_dirs["target"], prompts="code:tune",
+                                    validation="code:validation", steps=20, ttt_steps=2)
+    assert training.claim_job(store, jid, "w")
+    training.report(store, jid, "w", [
+        {"step": 0, "kl": 0.6, "acceptance_length": 1.0, "per_position": [0.0, None], "accuracy": [0.0, 0.1]},
+        {"step": 1, "loss": 0.5, "lr": 1e-3}, {"step": 2, "loss": 0.4, "lr": 1e-3},
+        {"step": 2, "kl": 0.4, "acceptance_length": 1.5, "per_position": [0.4, 0.25], "accuracy": [0.4, 0.2]}],
+        step=2, progress=0.1, phase="training")
+    at = app("train", job=jid)
+    assert_clean(at)
+    assert "step 2 of 20" in page_text(at)
+    data = [frames[0] for frames in chart_data(at)]
+    loss = next(d for d in data if "series" in d)
+    assert set(loss["series"]) == {charts.HEAD_LOSS, charts.HEAD_HELD_OUT}
+    by_position = next(d for d in data if "position" in d)
+    assert by_position[["step", "position"]].values.tolist() == [[0, 1], [0, 2], [2, 1], [2, 2]]
+    assert by_position["acceptance"].tolist()[2:] == [0.4, 0.25]
+    length = next(d for d in data if "acceptance_length" in d and "series" not in d and "position" not in d)
+    assert length["acceptance_length"].tolist() == [1.0, 1.5]
+    at.button(key=f"cancel_job_{jid}").click().run()
+    assert training.get_job(store, jid)["cancel_requested"] is True
+
+
+def test_a_finished_head_job_shows_its_figures_and_is_offered_as_a_head(train_db, monkeypatch):
+    store, model_dirs, tmp_path = train_db
+    from app.worker import Worker
+
+    prompts, val = tmp_path / "train.txt", tmp_path / "val.txt"
+    prompts.write_text("\n".join(TRAIN) + "\n")
+    val.write_text("\n".join(VAL) + "\n")
+    monkeypatch.setattr("app.training.EVAL_REPEATS", 1)
+    jid = training.enqueue_training(store, kind="head", name="tiny-head", target=model_dirs["target"],
+                                    prompts=str(prompts), validation=str(val), steps=8, lr=3e-2, batch_size=4,
+                                    max_new_tokens=8, ttt_steps=2)
+    with Worker(store, heartbeat_seconds=0.2, poll_seconds=0.05, log=lambda m: None) as worker:
+        worker.work(until_idle=True)
+    job = training.get_job(store, jid)
+    assert job["status"] == "done", job["error"]
+
+    at = app("train", job=jid)
+    assert_clean(at)
+    text = page_text(at)
+    assert "Trained EAGLE-3 head saved" in text and f"Timed experiment #{job['eval_experiment_id']}" in text
+    labels = {m.label: m.value for m in at.metric}
+    assert labels[f"acceptance length (before: {job['acceptance_length_before']:.2f})"] == \
+        f"{job['acceptance_length_after']:.2f}"
+    assert labels[f"α, greedy k=2 (before: {job['alpha_before']:.3f})"] == f"{job['alpha_after']:.3f}"
+    grid = next(d for d in at.dataframe if "outputs_match_baseline" in d.value)  # the head against the target alone
+    assert grid.value["draft"].tolist() == ["tiny-head"]
+
+    # New experiment: listed as an EAGLE-3 head; picked, it is the draft and its check passes against its target
+    at = app("new")
+    at.text_input(key="target").set_value(model_dirs["target"]).run()
+    assert at.selectbox(key="draft_pick").format_func(job["out"]) == f"tiny-head (EAGLE-3 head, job {jid})"
+    at.selectbox(key="draft_pick").set_value(job["out"]).run()
+    assert_clean(at)
+    assert at.text_input(key="draft").value == job["out"]
+    assert any("EAGLE-3 head (speculators layout) for this target" in s.value for s in at.success)
+    at.text_input(key="target").set_value(model_dirs["draft"]).run()  # another target: refused, saying why
+    assert any(f"was trained for target {model_dirs['target']!r}" in e.value for e in at.error)
