@@ -180,6 +180,9 @@ conditional on the positions before it; acceptance length = 1 + expected accepte
 |---|---|---|---|---|
 {curve}
 
+The curve starts a draft chain at every position; the engine's rounds start after the previous round's last
+token, often right after a rejection, where drafting is harder, so the loop's figures below run lower.
+
 ## Focus
 
 {focus_text}

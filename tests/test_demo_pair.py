@@ -57,8 +57,8 @@ def test_weights_are_fp16_safetensors_within_30_mb():
             continue
         f = path / "model.safetensors"
         total += f.stat().st_size
-        with safe_open(str(f), "pt") as st:
-            assert {st.get_slice(k).get_dtype() for k in st.keys()} == {"F16"}
+        with safe_open(str(f), "pt") as st:  # every weight in float16 (an EAGLE-3 head's d2t/t2d are indices)
+            assert {st.get_slice(k).get_dtype() for k in st.keys() if k not in ("d2t", "t2d")} == {"F16"}
     assert total <= 30 * 1024 * 1024
 
 
@@ -122,3 +122,30 @@ def test_shipped_pair_greedy_matches_target_only():
     assert all(len(p.output_ids) > 0 for p in base)
     accepted = sum(r.accepted for p in spec for r in p.rounds)
     assert accepted > 0  # the draft agrees with the target at least sometimes
+
+
+def test_the_shipped_eagle3_head_drafts_for_the_demo_target_losslessly():
+    """demo-eagle3 resolves by name, loads as an EAGLE-3 head for demo-target (its verifier), and greedy
+    speculation with it at k 3 reproduces target-only decoding while accepting most drafts."""
+    from engine.eagle3 import Eagle3Head
+    from engine.loading import load_pair
+    from engine.prompt_sets import load_prompts
+    from engine.runs import baseline_decoder, encode_prompts, speculative_decoder
+    from engine.sampling import SamplingConfig
+
+    pair = load_pair("demo-target", "demo-eagle3", "cpu", "float32")
+    assert isinstance(pair.draft.model, Eagle3Head) and pair.draft.model.aux_layers == [2, 6, 9]
+    card = json.loads((zoo.resolve("demo-eagle3") / "train_head.json").read_text())
+    assert card["target"] == "demo-target" and "draftlab train-head --target demo-target" in card["command"]
+    prompts = load_prompts("code:validation")[:4]
+    cfg = SamplingConfig(temperature=0.0, max_new_tokens=32)
+    ids = encode_prompts(pair, prompts, 32)
+    spec = speculative_decoder(pair, cfg, 3, drafter="eagle3")
+    base = baseline_decoder(pair, cfg)
+    accepted = proposed = 0
+    for i, (prompt, prompt_ids) in enumerate(zip(prompts, ids)):
+        result = spec.generate(prompt, prompt_ids, i)
+        assert result.output_ids == base.generate(prompt, prompt_ids, i).output_ids
+        accepted += sum(r.accepted for r in result.rounds)
+        proposed += sum(r.k for r in result.rounds)
+    assert accepted / proposed > 0.5
