@@ -39,7 +39,7 @@ class ModelCache:
         """The experiment's target with `draft` (default: the experiment's), loaded unless held already. `gpus`:
         the GPU count the job's leases were taken for (its placement plan), or the DraftLabError saying no set of
         GPUs holds the pair (a SetupError here)."""
-        draft = draft if draft is not None else experiment["draft"]
+        draft = draft if draft is not None else (experiment["draft"] or None)  # "" (no draft given): none
         device = load_device(place(experiment["device"], self.device))
         key = (experiment["target"], draft, device, experiment["dtype"], bool(experiment["trust_remote_code"]))
         if self.loaded is not None and self.loaded.key[:-1] == key:

@@ -532,3 +532,23 @@ def test_prompt_lookup_rounds_and_no_match_fallback(family_name):
             seq += r.emitted_ids
             done += len(r.emitted_ids)
     assert empty > 0 and sum(r.k > 0 for s in results for r in s.rounds) > 0
+
+
+def test_draftlab_run_with_a_model_free_drafter_and_no_draft_loads_the_target_alone(tmp_path, model_dirs, capsys):
+    """`draftlab run --drafter prompt-lookup:3` without --draft: the experiment stores no draft and its baseline and
+    runs load the target alone (an empty draft name was once loaded as a model directory and failed every run)."""
+    import json
+
+    from app.cli import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("t5 t6 t5 t6 t5\nt9 t3 t9 t3\n")
+    db = f"sqlite:///{tmp_path / 'free.db'}"
+    assert main(["run", "--target", model_dirs["target"], "--drafter", "prompt-lookup:3", "--prompts", str(prompts),
+                 "--k", "2", "--max-new-tokens", "8", "--repeats", "1", "--device", "cpu", "--db", db,
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["baseline"]["status"] == "done"
+    (run,) = doc["runs"]
+    assert (run["status"], run["drafter"], run["draft"], run["outputs_match_baseline"]) == (
+        "done", "prompt-lookup:3", None, True)
