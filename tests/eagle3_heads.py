@@ -8,7 +8,9 @@ fixture, not the trainer (engine/head_training.py): it exists so these tests run
 
 `misserved(head, out, how)`: the same head as a server would read it after one of the mistakes the collapse finding
 names: "aux-1" (its ids one lower: a head trained in vLLM's convention written in SGLang's), "no-norm" (norm_before_fc
-dropped from config.json: vLLM then drops the input_norm weight), "d2t" (lm_head rows in another order than the
+dropped from config.json: vLLM then drops the input_norm weight), "norm-on" (norm_before_fc set, with a unit
+input_norm weight, on a head trained without it: the server normalises the aux states the head never saw
+normalised), "d2t" (lm_head rows in another order than the
 draft ids they score, as a whole-vocabulary head saved in draft order without its d2t: every draft proposes a wrong
 id).
 """
@@ -25,7 +27,7 @@ from engine.zoo import ZOO_DIR
 DEMO_HEAD = ZOO_DIR / "demo-eagle3"
 STEPS = 300
 PROMPTS, NEW_TOKENS = 16, 48
-MISTAKES = ("aux-1", "no-norm", "d2t")
+MISTAKES = ("aux-1", "no-norm", "norm-on", "d2t")
 
 
 def demo_head(tmp: Path) -> str:
@@ -76,6 +78,13 @@ def misserved(head: str, out: Path, how: str) -> str:
         config["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in config["eagle_aux_hidden_state_layer_ids"]]
     elif how == "no-norm":
         config["norm_before_fc"] = False
+    elif how == "norm-on":
+        assert not config.get("norm_before_fc"), "norm-on is the mistake for a head trained without the norm"
+        config["norm_before_fc"] = True
+        weights = load_file(str(out / "model.safetensors"))
+        width = weights["fc.weight"].shape[1]  # len(aux) x the target's hidden size
+        weights["input_norm.weight"] = torch.ones(width, dtype=weights["fc.weight"].dtype)
+        save_file(weights, str(out / "model.safetensors"))
     else:
         weights = load_file(str(out / "model.safetensors"))  # with a d2t too: every row then maps a wrong id
         order = torch.randperm(weights["lm_head.weight"].shape[0], generator=torch.Generator().manual_seed(0))

@@ -41,23 +41,27 @@ def confirmed(tmp_path_factory, vllm_command, demo_eagle3_head):
     """(the lab's JSON, the confirm's JSON, the database URL, the intact head, the re-saved head)."""
     tmp = tmp_path_factory.mktemp("eagle3-confirm")
     head = demo_eagle3_head
-    intact, resaved = tmp / "intact", tmp / "resaved"
-    shutil.copytree(head, intact)
-    shutil.copytree(head, resaved)
+    intact, resaved, normed = tmp / "intact", tmp / "resaved", tmp / "normed"
+    for copy in (intact, resaved, normed):
+        shutil.copytree(head, copy)
     db = f"sqlite:///{tmp / 'confirm.db'}"
     prompts = tmp / "four.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in load_prompts("code:validation")[:PROMPTS]))
-    status, out, err = _cli("run", "--target", "demo-target", "--draft", f"{intact},{resaved}", "--drafter", "eagle3",
+    status, out, err = _cli("run", "--target", "demo-target", "--draft", f"{intact},{resaved},{normed}",
+                            "--drafter", "eagle3",
                             "--prompts", str(prompts), "--k", "3", "--max-new-tokens", "32", "--repeats", "1",
                             "--device", "cpu", "--db", db, "--json")
     assert status == 0, err[-2000:]
     lab = json.loads(out)
     shutil.rmtree(resaved)
     misserved(str(intact), resaved, "d2t")  # the same head, re-saved wrongly after the lab measured it
+    trained_with_norm = json.loads((intact / "config.json").read_text()).get("norm_before_fc", False)
+    shutil.rmtree(normed)  # and one whose norm before fc a server reads differently from its training
+    misserved(str(intact), normed, "no-norm" if trained_with_norm else "norm-on")
     status, out, err = _cli("confirm", str(lab["experiment_id"]), "--configs", "all", "--concurrency", "1",
                             "--repeats", "1", "--vllm", vllm_command, "--db", db, "--json")
     assert status == 0, err[-2000:]
-    return lab, json.loads(out), db, str(intact), str(resaved)
+    return lab, json.loads(out), db, str(intact), str(resaved), str(normed)
 
 
 def _config(doc: dict, lab: dict, head: str) -> tuple[dict, dict]:
@@ -67,7 +71,7 @@ def _config(doc: dict, lab: dict, head: str) -> tuple[dict, dict]:
 
 
 def test_an_eagle3_head_confirms_in_vllm_beside_the_lab(confirmed):
-    lab, doc, db, intact, _ = confirmed
+    lab, doc, db, intact, _, _ = confirmed
     run, config = _config(doc, lab, intact)
     assert config["speculative_config"] == {"method": "eagle3", "model": intact, "num_speculative_tokens": 3}
     (m,) = config["per_concurrency"]
@@ -84,7 +88,7 @@ def test_an_eagle3_head_confirms_in_vllm_beside_the_lab(confirmed):
 
 
 def test_the_same_head_resaved_wrongly_collapses_and_the_finding_names_it(confirmed):
-    lab, doc, db, intact, resaved = confirmed
+    lab, doc, db, intact, resaved, _ = confirmed
     run, config = _config(doc, lab, resaved)
     (m,) = config["per_concurrency"]
     assert m["outputs_match_server_baseline"] == 1.0  # still lossless: only the drafts are wrong
@@ -94,7 +98,25 @@ def test_the_same_head_resaved_wrongly_collapses_and_the_finding_names_it(confir
         found = [f for f in findings(store, lab["experiment_id"]) if "collapses" in f["title"]]
     finally:
         store.dispose()
-    (collapse,) = found  # the intact head does not collapse
-    assert collapse["data"]["head"] == resaved and resaved in collapse["detail"]
+    (collapse,) = [f for f in found if f["data"]["head"] == resaved]  # the intact head does not collapse
+    assert resaved in collapse["detail"] and len(found) <= 2
     assert collapse["data"]["run_id"] == run["run_id"]
     assert "eagle_aux_hidden_state_layer_ids" in collapse["next"] and "d2t" in collapse["next"]
+
+
+def test_a_norm_the_server_reads_differently_collapses_and_the_finding_says_to_check_it(confirmed):
+    """The case users hit: norm_before_fc in config.json disagreeing with how the head was trained (vLLM applies
+    it when set, SGLang never): the server's acceptance collapses against the lab's and the finding names the head
+    and the norm."""
+    lab, doc, db, intact, _, normed = confirmed
+    run, config = _config(doc, lab, normed)
+    (m,) = config["per_concurrency"]
+    assert m["outputs_match_server_baseline"] == 1.0
+    assert m["server_draft_acceptance_rate"] < 0.5 * run["draft_acceptance_rate"], m
+    store = open_store(db)
+    try:
+        (collapse,) = [f for f in findings(store, lab["experiment_id"]) if "collapses" in f["title"]
+                       and f["data"]["head"] == normed]
+    finally:
+        store.dispose()
+    assert "norm_before_fc" in collapse["next"] and normed in collapse["detail"]
