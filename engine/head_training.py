@@ -27,7 +27,7 @@ tokens per round, lossless).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Iterator
 
 import torch
@@ -64,7 +64,6 @@ class HeadConfig:
     k: int = 0  # draft length of the held-out alpha measurement; 0: ttt_steps
     profile_k: int = 0  # draft length of the focus profile; 0: k
     norm_before_fc: bool = False  # an RMSNorm over the aux states before fc: vLLM 0.32 applies it, SGLang never
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not isinstance(self.steps, int) or self.steps <= 0:

@@ -59,3 +59,47 @@ def test_acceptance_length_is_one_plus_the_chained_survival():
     assert got["per_position"] == [0.8, 0.5]
     assert got["acceptance_length"] == pytest.approx(1 + 0.8 + 0.4)
     assert got["accuracy"] == [0.8, 0.5]
+
+
+def test_draftlab_train_head_writes_a_head_that_drafts_for_its_target(tmp_path, model_dirs, capsys):
+    """`draftlab train-head` end to end on the tiny target: SPEC's --json keys, the speculators directory with its
+    card (and why there is no SGLang copy of a head reading the embedding), a head that loads through `--draft OUT` for that target and decodes losslessly, and an
+    --out that holds something else refused in one line before any work."""
+    import json
+
+    from app.cli import main
+    from engine import head_format
+    from engine.loading import load_pair
+    from engine.runs import baseline_decoder, encode_prompts, speculative_decoder
+    from engine.sampling import SamplingConfig
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\nt30 t31 t32\n")
+    out = tmp_path / "head"
+    assert main(["train-head", "--target", model_dirs["target"], "--prompts", str(prompts), "--out", str(out),
+                 "--steps", "6", "--ttt-steps", "2", "--max-new-tokens", "8", "--batch-size", "2",
+                 "--aux-layers", "0,1", "--device", "cpu", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"out", "steps", "aux_layers", "draft_vocab_size", "alpha_before", "alpha_after",
+                        "acceptance_length_after", "per_position_acceptance_after"}
+    assert (doc["steps"], doc["aux_layers"], len(doc["per_position_acceptance_after"])) == (6, [0, 1], 2)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["eagle_aux_hidden_state_layer_ids"] == [0, 1]
+    assert config["speculators_config"]["verifier"]["name_or_path"] == model_dirs["target"]
+    card = (out / "MODEL_CARD.md").read_text()
+    # aux id 0 reads the embedding, which SGLang cannot capture: no SGLang copy, and the card says why
+    assert head_format.head_layout(head_format.sglang_dir(out)) is None and "not written" in card and "-1" in card
+    assert "draftlab train-head --target" in card and "Aux-layer ids `[0, 1]`" in card
+    assert not (out / ".checkpoint").exists()
+
+    pair = load_pair(model_dirs["target"], str(out), "cpu", "float32")
+    cfg = SamplingConfig(temperature=0.0, max_new_tokens=8)
+    ids = encode_prompts(pair, ["t5 t6 t7"], 8)[0]
+    spec = speculative_decoder(pair, cfg, 2, drafter="eagle3").generate("t5 t6 t7", ids, 0)
+    assert spec.output_ids == baseline_decoder(pair, cfg).generate("t5 t6 t7", ids, 0).output_ids
+
+    capsys.readouterr()
+    assert main(["train-head", "--target", model_dirs["target"], "--prompts", str(prompts), "--out", str(out),
+                 "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --out") and "not empty" in err and "\n" not in err
