@@ -5,6 +5,7 @@ feed. Heads: tests/eagle3_heads.py (demo-eagle3, else the session's stand-in).""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from app.cli import main
 from engine.head_check import MARGIN, paired_gain, variants
@@ -18,26 +19,35 @@ def _check(head: str, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+def _trained_with_norm(head: str) -> bool:
+    return bool(json.loads((Path(head) / "config.json").read_text()).get("norm_before_fc", False))
+
+
 def test_a_head_as_trained_fits_its_configuration(demo_eagle3_head, capsys):
     result = _check(demo_eagle3_head, capsys)
     assert result["verdict"].startswith("the configuration fits") and result["suggested"] is None
     configured = result["variants"][0]
     assert configured["name"] == "as configured" and configured["acceptance"] > 0.3
+    flip = "norm_before_fc off" if _trained_with_norm(demo_eagle3_head) else "norm_before_fc on"
     assert [v["name"] for v in result["variants"]][1:] == ["ids + 1 (trained in SGLang's convention)", "ids - 1",
-                                                           "norm_before_fc off"]
+                                                           flip]
     assert not any(v["clearly_better"] for v in result["variants"])
     assert result["prompts"] == 8 and result["positions"] > 8 * 10
 
 
-def test_a_dropped_norm_before_fc_is_found_and_named(demo_eagle3_head, tmp_path, capsys):
-    broken = misserved(demo_eagle3_head, tmp_path / "no-norm", "no-norm")
+def test_a_norm_before_fc_read_differently_from_training_is_found_and_named(demo_eagle3_head, tmp_path, capsys):
+    """The head's config.json saying the opposite of how it was trained (the norm dropped from a head trained with
+    it, or switched on for one trained without: demo-eagle3): the flipped variant is clearly better, and the key to
+    set is named."""
+    trained = _trained_with_norm(demo_eagle3_head)
+    broken = misserved(demo_eagle3_head, tmp_path / "misread", "no-norm" if trained else "norm-on")
     result = _check(broken, capsys)
     flipped = result["variants"][-1]
-    assert flipped["name"] == "norm_before_fc on" and flipped["clearly_better"]
+    assert flipped["name"] == f"norm_before_fc {'on' if trained else 'off'}" and flipped["clearly_better"]
     assert flipped["gain"] >= MARGIN and flipped["gain_lo"] > 0
-    assert result["suggested"] == {"norm_before_fc": True}
-    assert result["verdict"].startswith("this head was likely trained with the norm before fc: set norm_before_fc "
-                                        "to true")
+    assert result["suggested"] == {"norm_before_fc": trained}
+    assert result["verdict"].startswith(f"this head was likely trained {'with' if trained else 'without'} the norm "
+                                        f"before fc: set norm_before_fc to {'true' if trained else 'false'}")
 
 
 def test_a_directory_that_is_no_head_is_refused_in_one_line(tmp_path, capsys):
