@@ -38,6 +38,34 @@ def _wait_trained(db: str, job_id: int, log: Path) -> dict:
     return job
 
 
+def _queue(page, db: str) -> int:
+    """Press "Queue training job" and return the job it queued (read from the database). The page normally opens
+    the job itself (?job=ID); on a busy machine that rerun has been seen to be dropped, so a job found in the
+    database is opened by its URL instead, and a press that queued nothing is repeated (a second press of a queued
+    job is refused, "already writes", so a job is never queued twice). No job after three presses fails with what
+    the page shows."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from storage import open_store, training
+
+    store = open_store(db)
+    try:
+        for _ in range(3):
+            settle(page)
+            page.get_by_role("button", name="Queue training job").click()
+            try:
+                page.wait_for_url(re.compile(r"[?&]job=\d+"), timeout=30_000)
+                return int(re.search(r"job=(\d+)", page.url).group(1))
+            except PlaywrightTimeout:
+                jobs = training.jobs(store)
+                if len(jobs):
+                    job_id = int(jobs["id"].iloc[0])
+                    page.goto(re.sub(r"\?.*$", "", page.url) + f"?job={job_id}")
+                    return job_id
+        raise AssertionError("Queue training job queued no job; the page shows: " + page.inner_text("body")[-3000:])
+    finally:
+        store.dispose()
+
+
 def _pick(page, label: str, option: str) -> None:
     """Choose an option of a Streamlit selectbox, as a person would: open it, click the option."""
     page.get_by_label(label, exact=True).click()
@@ -63,9 +91,7 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
             settle(page)
         out = models / "browser-draft"
         page.get_by_text(str(out), exact=True).wait_for()  # where it will be written, from $DRAFTLAB_MODELS
-        page.get_by_role("button", name="Queue training job").click()
-        page.wait_for_url(re.compile(r"[?&]job=\d+"))
-        job_id = int(re.search(r"job=(\d+)", page.url).group(1))
+        job_id = _queue(page, served["db"])
 
         page.goto("about:blank")  # an idle browser while the job trains: the CPU is small and shared
         job = _wait_trained(served["db"], job_id, served["log"])
@@ -119,9 +145,7 @@ def test_queue_an_eagle3_head_job_watch_it_finish_and_pick_the_head(tmp_path):
             settle(page)
         out = models / "browser-head"
         page.get_by_text(str(out), exact=True).wait_for()
-        page.get_by_role("button", name="Queue training job").click()
-        page.wait_for_url(re.compile(r"[?&]job=\d+"))
-        job_id = int(re.search(r"job=(\d+)", page.url).group(1))
+        job_id = _queue(page, served["db"])
 
         page.goto("about:blank")
         job = _wait_trained(served["db"], job_id, served["log"])
