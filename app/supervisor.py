@@ -146,7 +146,9 @@ class Supervisor:
         requeued = self._requeue(child.worker_id)
         note = f"; its {noun(len(requeued), 'run')} {', '.join(map(str, requeued))} requeued" if requeued else ""
         child.proc = None
-        if self._stopping is not None:
+        if self._stopping is not None:  # died as we were asked to stop: reported and swept, not restarted
+            self.log(f"{child.device}: worker {child.worker_id} {'ended' if code == 0 else 'died'} ({how}) after "
+                     f"{lived:.1f}s{note}; not restarted (stopping)")
             return
         if code == 0 and self.until_idle:
             child.done = True
@@ -239,7 +241,10 @@ class Supervisor:
 
     def _shutdown(self) -> int:
         signum = self._stopping
-        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for child in self.children:  # a child that died since the last poll: its death is reported and swept too
+            if child.proc is not None and (code := child.proc.poll()) is not None:
+                self._reap(child, code)
+        live = [c for c in self.children if c.proc is not None]
         self.log(f"stopping {plural(len(live), 'worker')} ({signal.Signals(signum).name}); their runs end interrupted")
         for child in live:
             child.proc.send_signal(signal.SIGTERM)

@@ -279,3 +279,29 @@ def test_a_killed_supervisor_takes_its_children_with_it(tmp_path, model_dirs, wa
     with store.read() as conn:
         statuses = dict(conn.execute(text("SELECT status, COUNT(*) FROM runs GROUP BY status")).all())
     assert statuses == {"interrupted": 3}, statuses  # ended by its SIGTERM handler: resumable, nothing lost
+
+
+def test_a_child_that_died_just_before_the_stop_is_reported_and_swept(tmp_path):
+    """The race the chaos test met: a worker SIGKILLed between the supervisor's last poll and its SIGTERM. Its death
+    is still logged, and its worker row and lease go with it (no stale worker left for the next sweep to find)."""
+    from app.supervisor import Child, Supervisor
+
+    url = f"sqlite:///{tmp_path / 'sup.db'}"
+    store = open_store(url)
+    lines: list[str] = []
+    sup = Supervisor(url, ["cpu:0", "cpu:1"], log=lines.append)
+    dead, alive = sup.children
+    for child in sup.children:
+        child.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        child.worker_id, child.started = f"w@{child.device}", time.monotonic()
+        liveness.register_worker(store, child.worker_id, host=socket.gethostname(), pid=child.proc.pid)
+    dead.proc.kill()
+    dead.proc.wait()  # dead and reaped by the OS, not yet by the supervisor's poll
+    sup.stop()
+    assert sup._shutdown() == 128 + signal.SIGTERM
+    assert alive.proc.poll() is not None  # the live child was stopped
+    assert any("w@cpu:0 died (killed by SIGKILL)" in line and "not restarted (stopping)" in line for line in lines), lines
+    assert any(line.startswith("stopping 1 worker ") for line in lines), lines
+    with store.read() as conn:
+        assert conn.execute(text("SELECT id FROM workers")).scalars().all() == ["w@cpu:1"]  # its own exit clears it
+    store.dispose()
