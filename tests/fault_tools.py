@@ -1,7 +1,7 @@
 """Fault injection shared by tests/test_faults.py and benchmarks/bench_faults.py.
 
-- SqliteWriteFault: every connection this process checks out to one SQLite file refuses writes while the
-  fault is on (`PRAGMA query_only`, so SQLite itself answers "attempt to write a readonly database", the
+- SqliteWriteFault: every connection of this process to one SQLite file refuses writes while the
+  fault is on, from its next statement (`PRAGMA query_only`, so SQLite itself answers "attempt to write a readonly database", the
   error a read-only file gives). Portable: works as root and as any user.
 - chmod_read_only / DiskFull: the real thing where the platform allows it (a read-only file needs a
   non-root user; a full tmpfs needs root and a mount).
@@ -22,36 +22,39 @@ from glob import glob
 from pathlib import Path
 
 from sqlalchemy import event, text
-from sqlalchemy.pool import Pool
+from sqlalchemy.engine import Engine
 
 
 class SqliteWriteFault:
-    """While `on`, connections of this process to `path` refuse writes (checked at every pool checkout;
-    the worker checks out a connection per transaction)."""
+    """While `on`, connections of this process to `path` refuse writes, from the next statement on: the flag is
+    set on the connection before every statement, so a transaction that checked out its connection before the
+    fault began is refused too (a fault flipped only at checkout let such a write through mid-outage, which the
+    worker rightly read as the outage's end: two log lines for one outage)."""
 
     def __init__(self, path: str | Path):
         self.path = str(Path(path).resolve())
         self.on = False
         self.installed = False
 
-    def _checkout(self, dbapi_connection, record, proxy):
+    def _before_execute(self, conn, cursor, statement, parameters, context, executemany):
+        dbapi_connection = getattr(cursor, "connection", None)
         if not isinstance(dbapi_connection, sqlite3.Connection):
             return
-        if "draftlab_path" not in record.info:
+        if "draftlab_path" not in conn.info:  # the connection's own dict (its pool record's)
             rows = dbapi_connection.execute("PRAGMA database_list").fetchall()
-            record.info["draftlab_path"] = str(Path(rows[0][2]).resolve()) if rows and rows[0][2] else ""
-        if record.info["draftlab_path"] == self.path:
+            conn.info["draftlab_path"] = str(Path(rows[0][2]).resolve()) if rows and rows[0][2] else ""
+        if conn.info["draftlab_path"] == self.path:
             dbapi_connection.execute(f"PRAGMA query_only = {1 if self.on else 0}")
 
     def __enter__(self):
-        event.listen(Pool, "checkout", self._checkout)
+        event.listen(Engine, "before_cursor_execute", self._before_execute)
         self.installed = True
         return self
 
     def __exit__(self, *exc):
         self.on = False
         if self.installed:
-            event.remove(Pool, "checkout", self._checkout)
+            event.remove(Engine, "before_cursor_execute", self._before_execute)
             self.installed = False
 
 
