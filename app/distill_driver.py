@@ -96,6 +96,17 @@ def finish(pair: ModelPair, out: Path, cfg: ds.DistillConfig, prepared: dict, do
     return record
 
 
+def run_facts(pair: ModelPair, samples: int, done: dict, started: float) -> dict:
+    """What a training card records of how the job ran, the same for a distilled draft and a head: its data
+    (continuations), hardware, times and curve."""
+    hardware = (torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else
+                f"CPU, {plural(torch.get_num_threads(), 'thread')} ({platform.machine()})")
+    return {"continuations": "greedy" + (f" + {samples - 1} sampled (temperature 1)" if samples > 1 else ""),
+            "hardware": hardware, "train_seconds": done["seconds"], "total_seconds": time.perf_counter() - started,
+            "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "curve": done["curve"],
+            "weights": done["weights"]}
+
+
 def finish_distilled(pair: ModelPair, out: Path, cfg: ds.DistillConfig, prepared: dict, done: dict, focus: dict | None,
                      started: float, *, name: str, target: str, draft: str, prompts: str, validation: str,
                      validation_note: str, train_prompts: list[str], val_prompts: list[str], command: str) -> dict:
@@ -108,18 +119,13 @@ def finish_distilled(pair: ModelPair, out: Path, cfg: ds.DistillConfig, prepared
     saved = load_model(str(out), pair.device, pair.dtype)
     after = ds.evaluate_saved(pair, saved, val_prompts, done["validation"], cfg.max_new_tokens, cfg.k)
     before = done["before"]
-    hardware = (torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else
-                f"CPU, {plural(torch.get_num_threads(), 'thread')} ({platform.machine()})")
     record = {
         "name": name, "target": target, "draft": draft, "parameters": params,
         "prompts": prompts, "train_prompts": len(train_prompts), "train_tokens": prepared["train_tokens"],
         "validation": validation, "validation_note": validation_note, "validation_prompts": len(val_prompts),
         "validation_tokens": prepared["validation_tokens"], **ds.config_record(cfg),
-        "continuations": "greedy" + (f" + {cfg.samples - 1} sampled (temperature 1)" if cfg.samples > 1 else ""),
         "train_sequences": prepared["train_sequences"], "dtype": str(dtype).removeprefix("torch."),
-        "hardware": hardware, "train_seconds": done["seconds"], "total_seconds": time.perf_counter() - started,
-        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "curve": done["curve"], "weights": done["weights"], "focus": focus,
+        **run_facts(pair, cfg.samples, done, started), "focus": focus,
         "kl_before": done["kl_before"], "kl_after": after["kl"],
         "alpha_before": before["alpha"], "alpha_after": after["alpha"],
         "tokens_per_round_before": before["tokens_per_round"], "tokens_per_round_after": after["tokens_per_round"],

@@ -7,10 +7,8 @@ the held-out prompts, and write its model card (MODEL_CARD.md + train_head.json)
 from __future__ import annotations
 
 import json
-import platform
 import shlex
 import shutil
-import time
 from pathlib import Path
 from typing import Mapping
 
@@ -23,7 +21,7 @@ from engine.errors import DraftLabError
 from engine.loading import ModelPair, with_draft
 from engine.wording import plural
 
-from .distill_driver import CHECKPOINT_DIR, CHECKPOINT_SECONDS, checkpoint, checkpoint_of, records  # noqa: F401 (one shape)
+from .distill_driver import CHECKPOINT_DIR, CHECKPOINT_SECONDS, checkpoint, checkpoint_of, records, run_facts  # noqa: F401 (one shape)
 
 CARD_JSON = "train_head.json"
 
@@ -90,8 +88,6 @@ def finish_head(pair: ModelPair, out: Path, cfg: ht.HeadConfig, prepared: dict, 
     saved = with_draft(target_only, str(out))
     after = ds.greedy_alpha(saved, val_prompts, cfg.max_new_tokens, cfg.k, done["validation"], "eagle3")
     before = done["before"]
-    hardware = (torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else
-                f"CPU, {plural(torch.get_num_threads(), 'thread')} ({platform.machine()})")
     last = done["curve"][-1]
     record = {
         "name": name, "target": target, "out": str(out), "prompts": prompts, "validation": validation,
@@ -99,10 +95,7 @@ def finish_head(pair: ModelPair, out: Path, cfg: ht.HeadConfig, prepared: dict, 
         "validation_prompts": len(val_prompts), **ds.config_record(cfg), **{k: prepared[k] for k in (
             "train_sequences", "train_tokens", "validation_tokens", "draft_vocab_size", "aux_layers")},
         "parameters": sum(p.numel() for n, p in head.named_parameters() if "embed" not in n),
-        "continuations": "greedy" + (f" + {cfg.samples - 1} sampled (temperature 1)" if cfg.samples > 1 else ""),
-        "dtype": str(dtype).removeprefix("torch."), "hardware": hardware, "train_seconds": done["seconds"],
-        "total_seconds": time.perf_counter() - started, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "curve": done["curve"], "focus": focus, "weights": done["weights"],
+        "dtype": str(dtype).removeprefix("torch."), **run_facts(pair, cfg.samples, done, started), "focus": focus,
         "alpha_before": before["alpha"], "alpha_after": after["alpha"],
         "tokens_per_round_before": before["tokens_per_round"], "tokens_per_round_after": after["tokens_per_round"],
         "acceptance_length_before": before["acceptance_length"], "acceptance_length_after": after["acceptance_length"],
