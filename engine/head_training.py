@@ -27,6 +27,7 @@ tokens per round, lossless).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
@@ -247,6 +248,40 @@ def acceptance(tokens: list[int], correct: list[int], reached: list[int], hits: 
 
 # --- the trainer -----------------------------------------------------------------------------------------------
 
+def focus_tables(kinds: list[list[str]], prompt_lengths: list[int], steps: int, type_weights: dict,
+                 position_weights: dict) -> tuple[list[torch.Tensor], dict]:
+    """The training-time test's loss weights from a focus profile: for each sequence (its tokens' types, its prompt
+    length) a (steps, length - 1) table whose [j, root] entry weighs the token the chain from `root` predicts at
+    step j (token root + 2 + j, a continuation token) by its type's weight x position j + 1's weight; entries that
+    predict no continuation token keep 1. Normalised to mean 1 over the weighted entries. Also the summary the
+    card shows: per type its entries and mean weight, per position the same."""
+    pos_w = {int(k): float(v) for k, v in position_weights.items()}
+    count: dict[str, int] = {}
+    total: dict[str, float] = {}
+    at_count, at_total = [0] * steps, [0.0] * steps  # per position j + 1
+    tables = []
+    for seq_kinds, p_len in zip(kinds, prompt_lengths):
+        length = len(seq_kinds)
+        per_token = torch.tensor([float(type_weights.get(k, 1.0)) for k in seq_kinds])
+        table = torch.ones(steps, max(0, length - 1))
+        roots = torch.arange(max(0, length - 1))
+        for j in range(steps):
+            predicted = roots + 2 + j
+            valid = (predicted >= p_len) & (predicted < length)
+            table[j, valid] = per_token[predicted[valid]] * pos_w.get(j + 1, 1.0)
+            for kind, m in Counter(seq_kinds[max(p_len, 2 + j):length]).items():
+                weight = m * float(type_weights.get(kind, 1.0)) * pos_w.get(j + 1, 1.0)
+                count[kind], total[kind] = count.get(kind, 0) + m, total.get(kind, 0.0) + weight
+                at_count[j], at_total[j] = at_count[j] + m, at_total[j] + weight
+        tables.append(table)
+    n = sum(count.values())
+    mean = sum(total.values()) / n if n else 1.0
+    summary = {"by_type": {ty: {"tokens": count[ty], "mean_weight": total[ty] / count[ty] / mean} for ty in sorted(count)},
+               "by_position": {j + 1: {"tokens": at_count[j], "mean_weight": at_total[j] / at_count[j] / mean}
+                               for j in range(steps) if at_count[j]}}
+    return [t / mean for t in tables], summary
+
+
 class HeadTrainer(ds.Distiller):
     """One head-training run, in the stages and records of ds.Distiller (prepare, train, checkpoints), with the
     head built in prepare() once the draft vocabulary is known. Extra record fields: "eval" carries
@@ -324,33 +359,18 @@ class HeadTrainer(ds.Distiller):
         yield {"kind": "before", **figures, **self.before}
 
     def _assign_focus(self, seqs: list[ds.Sequence]) -> dict:
-        """Per (root, step) loss weights from the focus profile: type of the predicted token x position j + 1,
-        normalised to mean 1 over the trained tokens; the mean weight per type and per position."""
-        types_w = self.type_weights or {}
-        pos_w = {int(k): float(v) for k, v in (self.position_weights or {}).items()}
+        """Per (root, step) loss weights from the focus profile (focus_tables), set on each sequence; the mean
+        weight per type and per position."""
         typer = TokenTyper(self.pair.tokenizer)
-        by_type: dict[str, list[float]] = {}
-        raw = []
-        for s in seqs:
-            ids = s.ids
-            kinds = [typer.describe(t)[1] for t in ids]
-            p_len, length = len(s.prompt_ids), len(ids)
-            table = torch.ones(self.cfg.ttt_steps, length - 1)
-            for j in range(self.cfg.ttt_steps):
-                for root in range(length - 1):
-                    predicted = root + 2 + j
-                    if p_len <= predicted < length:
-                        table[j, root] = float(types_w.get(kinds[predicted], 1.0)) * pos_w.get(j + 1, 1.0)
-                        by_type.setdefault(kinds[predicted], []).append(float(table[j, root]))
-            raw.append(table)
-        values = [x for v in by_type.values() for x in v]
-        mean = sum(values) / len(values) if values else 1.0
-        for s, table in zip(seqs, raw):
-            s.head_weights = table / mean if (self.type_weights or self.position_weights) else None
-        summary = {ty: {"tokens": len(v), "mean_weight": sum(v) / len(v) / mean} for ty, v in sorted(by_type.items())}
-        positions = {j + 1: {"tokens": len(values) // max(1, self.cfg.ttt_steps),
-                             "mean_weight": pos_w.get(j + 1, 1.0) / mean} for j in range(self.cfg.ttt_steps)}
-        return {"by_type": summary, "by_position": positions}
+        kind_of: dict[int, str] = {}
+        for t in {t for s in seqs for t in s.ids}:
+            kind_of[t] = typer.describe(t)[1]
+        kinds = [[kind_of[t] for t in s.ids] for s in seqs]
+        tables, summary = focus_tables(kinds, [len(s.prompt_ids) for s in seqs], self.cfg.ttt_steps,
+                                       self.type_weights or {}, self.position_weights or {})
+        for s, table in zip(seqs, tables):
+            s.head_weights = table if (self.type_weights or self.position_weights) else None
+        return summary
 
     def _loss(self, seqs: list[ds.Sequence]) -> torch.Tensor:
         return step_stats(self.head, seqs, self.pair.target.model, self.aux_layers, self.pair.vocab_size,

@@ -9,6 +9,7 @@ from transformers import DynamicCache
 from engine import eagle3
 from engine import head_training as ht
 from tests import tiny_models as tm
+from tests.test_distill import crafted_db  # noqa: F401 (a fixture: the experiment --focus-from reads)
 
 AUX = [1, 2, 3]
 
@@ -103,3 +104,84 @@ def test_draftlab_train_head_writes_a_head_that_drafts_for_its_target(tmp_path, 
                  "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --out") and "not empty" in err and "\n" not in err
+
+
+def focus_tables_oracle(kinds, prompt_lengths, steps, type_weights, position_weights):
+    """The test oracle: focus_tables written as the plain loop over (sequence, step, root) it vectorises."""
+    pos_w = {int(k): float(v) for k, v in position_weights.items()}
+    by_type, by_position, raw = {}, {}, []
+    for seq_kinds, p_len in zip(kinds, prompt_lengths):
+        length = len(seq_kinds)
+        table = [[1.0] * (length - 1) for _ in range(steps)]
+        for j in range(steps):
+            for root in range(length - 1):
+                predicted = root + 2 + j
+                if p_len <= predicted < length:
+                    w = float(type_weights.get(seq_kinds[predicted], 1.0)) * pos_w.get(j + 1, 1.0)
+                    table[j][root] = w
+                    by_type.setdefault(seq_kinds[predicted], []).append(w)
+                    by_position.setdefault(j + 1, []).append(w)
+        raw.append(table)
+    values = [x for v in by_type.values() for x in v]
+    mean = sum(values) / len(values)
+    return ([[[x / mean for x in row] for row in t] for t in raw],
+            {ty: (len(v), sum(v) / len(v) / mean) for ty, v in by_type.items()},
+            {j: (len(v), sum(v) / len(v) / mean) for j, v in by_position.items()})
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_focus_tables_equal_the_plain_loop_over_every_root_and_step(seed):
+    rng = torch.Generator().manual_seed(seed)
+    types = ["word", "punct", "digit", "space"]
+    kinds, prompt_lengths = [], []
+    for _ in range(int(torch.randint(1, 6, (1,), generator=rng))):
+        length = int(torch.randint(2, 40, (1,), generator=rng))
+        kinds.append([types[int(i)] for i in torch.randint(0, 4, (length,), generator=rng)])
+        prompt_lengths.append(int(torch.randint(0, length, (1,), generator=rng)))
+    kinds.append(["word", "punct", "digit", "word", "word"])  # every type predicted at least once
+    prompt_lengths.append(1)
+    type_w = {"punct": 3.0, "digit": 0.5}
+    pos_w = {"1": 2.0, "3": 0.25}
+    tables, summary = ht.focus_tables(kinds, prompt_lengths, 3, type_w, pos_w)
+    oracle_tables, oracle_types, oracle_positions = focus_tables_oracle(kinds, prompt_lengths, 3, type_w, pos_w)
+    for got, want in zip(tables, oracle_tables, strict=True):
+        assert got.shape == (3, len(want[0]))
+        assert torch.allclose(got, torch.tensor(want), rtol=1e-5)
+    assert {ty: (v["tokens"], pytest.approx(v["mean_weight"], rel=1e-6)) for ty, v in summary["by_type"].items()} \
+        == oracle_types
+    assert {j: (v["tokens"], pytest.approx(v["mean_weight"], rel=1e-6)) for j, v in summary["by_position"].items()} \
+        == oracle_positions
+    # the profile is what it weighs: in the last sequence, step 0 (position 1) from root 0 predicts its "digit"
+    # (weight 0.5), from root 1 a "word" (1); position 1 weighs twice position 2
+    last = tables[-1]
+    assert last[0, 0] / last[0, 1] == pytest.approx(0.5 / 1.0)  # digit vs word, both at position 1
+    assert last[0, 1] / last[1, 0] == pytest.approx(2.0)  # a "word" at position 1 against one at position 2
+
+
+def test_train_head_focus_from_weighs_what_the_experiment_rejected(tmp_path, model_dirs, capsys, crafted_db):
+    """`draftlab train-head --focus-from`: the experiment's rejection profile (whitespace drafts rejected, code ones
+    accepted) becomes the head's loss weights; the card and train_head.json say which and how much."""
+    import json
+
+    from app.cli import main
+
+    url, _, eid, rid = crafted_db
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\n")
+    out = tmp_path / "head"
+    assert main(["train-head", "--target", model_dirs["target"], "--prompts", str(prompts), "--out", str(out),
+                 "--steps", "3", "--ttt-steps", "2", "--max-new-tokens", "8", "--batch-size", "2",
+                 "--aux-layers", "0,1", "--device", "cpu", "--focus-from", str(eid), "--db", url]) == 0
+    capsys.readouterr()
+    saved = json.loads((out / "train_head.json").read_text())
+    assert saved["focus"]["experiment_id"] == eid and saved["focus"]["run_id"] == rid
+    assert saved["focus"]["type_weights"]["whitespace"] > 1.0 > saved["focus"]["type_weights"]["code"]
+    by_type = saved["weights"]["by_type"]
+    assert by_type and all(v["tokens"] > 0 for v in by_type.values())
+    for summary in by_type, saved["weights"]["by_position"]:  # mean 1 over the weighted entries, either way
+        assert sum(v["tokens"] * v["mean_weight"] for v in summary.values()) == \
+            pytest.approx(sum(v["tokens"] for v in summary.values()))
+    position = saved["weights"]["by_position"]  # the profile rejected position 1 more than position 2
+    assert position["1"]["mean_weight"] > position["2"]["mean_weight"]
+    card = (out / "MODEL_CARD.md").read_text()
+    assert f"from experiment {eid}'s run {rid}" in card and f"--focus-from {eid}" in card
