@@ -44,6 +44,7 @@ import sys
 import torch
 
 from .attention_masks import PositionMasks, batch_support, layer_windows
+from .aux_states import AuxStates
 from .cached_model import max_positions, rollback_cache
 from .errors import DraftLabError
 from .memory import cache_bytes
@@ -122,15 +123,20 @@ class BatchCache:
         causal path (no attention mask, positions from the cache's length), as a plain generate() step does."""
         mask = torch.cat([self.mask, valid], 1)
         kwargs = {self._cache_kw: self.cache, "use_cache": True, **(inputs or {})}
-        if hidden_layers:
-            kwargs["output_hidden_states"] = True
+        aux = AuxStates(self.model, hidden_layers) if hidden_layers else None
+        if aux is not None:
+            kwargs.update(aux.kwargs)
         if mask.shape[0] > 1:  # sliding / chunked windows counted in each row's real tokens (engine/attention_masks.py)
             kwargs["attention_mask"] = (self._position_masks(mask, ids.shape[1]) if self._position_masks is not None
                                         else mask.long())
             kwargs["position_ids"] = (self.lengths[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
         if keep and self._can_keep:
             kwargs["logits_to_keep"] = keep
-        out = self.model(input_ids=ids, **kwargs)
+        if aux is not None:
+            with aux:
+                out = self.model(input_ids=ids, **kwargs)
+        else:
+            out = self.model(input_ids=ids, **kwargs)
         logits = out.logits[:, :, : self.vocab_size]
         self.mask = mask
         self.lengths = self.lengths + valid.sum(1)
@@ -140,8 +146,8 @@ class BatchCache:
             if self._cell_bytes is None and cells:
                 self._cell_bytes = cache_bytes(self.cache) // cells
         logits = logits[:, -keep:] if keep else logits
-        if hidden_layers:
-            return logits, torch.cat([out.hidden_states[i] for i in hidden_layers], -1)
+        if aux is not None:
+            return logits, aux.states(out)
         return logits
 
     def rollback(self, lengths: torch.Tensor) -> None:

@@ -36,6 +36,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from . import distill as ds
 from . import eagle3
+from .aux_states import AuxStates
 from .errors import DraftLabError
 from .head_settings import MAX_TTT_STEPS, parse_aux_layers  # noqa: F401 (parse_aux_layers: the CLI reads it here)
 from .loading import LoadedModel, ModelPair
@@ -162,8 +163,9 @@ def ttt_logits(head: eagle3.Eagle3Head, ids: torch.Tensor, states: torch.Tensor,
 def target_features(target_model, aux_layers: list[int], ids: torch.Tensor, vocab: int):
     """One target forward over right-padded ids [B, T] (causal: real tokens never see the padding): the aux states
     [B, T, len(aux) x hidden] and the logits [B, T, vocab], in float32."""
-    out = target_model(input_ids=ids, output_hidden_states=True)
-    states = torch.cat([out.hidden_states[i] for i in aux_layers], -1).float()
+    with AuxStates(target_model, aux_layers) as aux:
+        out = target_model(input_ids=ids, **aux.kwargs)
+    states = aux.states(out).float()
     return states, out.logits[..., :vocab].float()
 
 
