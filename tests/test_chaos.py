@@ -89,6 +89,15 @@ def leftovers(store) -> dict[str, int]:
         return {t: int(conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar()) for t in ("device_leases", "workers")}
 
 
+def _alive(pid: int) -> bool:
+    """A running process (not a zombie: a worker SIGKILLed a moment ago whose row the supervisor has not swept yet;
+    killing it again would count one death twice)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 class Killer:
     """SIGKILLs a random worker (one timing a run when there is one) every `every` seconds, `kills` times at most."""
 
@@ -103,6 +112,7 @@ class Killer:
         while len(self.killed) < self.max_kills and not self._stop.wait(self.rng.uniform(*self.every)):
             with self.store.read() as conn:
                 rows = conn.execute(text("SELECT id, pid, run_id FROM workers ORDER BY id")).all()
+            rows = [r for r in rows if _alive(r.pid)]  # not one killed already, dead but not yet reaped
             busy = [r for r in rows if r.run_id is not None] or rows
             if not busy:
                 continue
