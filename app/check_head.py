@@ -47,6 +47,7 @@ def command(args) -> int:
     if not eagle3.is_head(args.head):
         raise DraftLabError(f"{args.head!r} is not an EAGLE-3 head directory (no config.json with "
                             f"speculators_model_type \"eagle3\"); point DIR at a speculators-format head")
+    eagle3.check_weights(args.head)  # a truncated copy is named before the target loads
     prompts = load_prompts(args.prompts)[:args.limit]
     pair = load_pair(args.target, None, device=args.device, dtype="float32")
     texts = render(prompts, pair.target.tokenizer, resolve_option(args.chat_template))

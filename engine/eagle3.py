@@ -63,7 +63,7 @@ from transformers import LlamaConfig
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from . import head_format
+from . import head_format, weight_files
 from .errors import DraftLabError
 from .head_format import SGLANG, SPECULATORS, HeadSpec, check_verifier  # noqa: F401 - check_verifier: public here
 
@@ -179,21 +179,21 @@ def _refuse(path, why: str, fix: str) -> DraftLabError:
     return DraftLabError(f"EAGLE-3 head {str(path)!r} {why}; {fix}")
 
 
-def _weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+HEAD_FIX = "copy the head again, or train or convert it again (draftlab train-head / convert-head)"
 
-    files = sorted(path.glob("*.safetensors"))
-    if files:
-        state = {}
-        for file in files:
-            state.update(load_file(str(file)))
-        return state
-    bins = sorted(path.glob("*.bin"))
-    if not bins:
+
+def check_weights(path) -> None:
+    """Refuse, in one line, a head directory whose safetensors files do not read (truncated, garbage), before
+    anything else is loaded (engine/weight_files.py, the check a causal LM's files get)."""
+    path = head_format.local_dir(path)
+    weight_files.check_readable(path, f"EAGLE-3 head {str(path)!r}", HEAD_FIX)
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    """The head's tensors (engine/weight_files.py: a file that does not read is named in one line)."""
+    state = weight_files.read_weights(path, f"EAGLE-3 head {str(path)!r}", HEAD_FIX)
+    if not state:
         raise _refuse(path, "has no weights (no *.safetensors or *.bin file)", "point --draft at a saved head")
-    state = {}
-    for file in bins:
-        state.update(torch.load(str(file), map_location="cpu", weights_only=True))
     return state
 
 

@@ -11,7 +11,7 @@ from safetensors import SafetensorError
 
 from .cached_model import rollback_cache
 
-from . import eagle3, head_format, placement, zoo
+from . import eagle3, head_format, placement, weight_files, zoo
 from .errors import DraftLabError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -118,25 +118,12 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, trust_remote
 
 
 def _corrupt_weights(name: str, source: str, exc: Exception) -> DraftLabError:
-    """A weights file safetensors cannot read, named (the first of a local directory's files that fails to open)."""
-    from safetensors import safe_open
-
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-    bad = None
-    folder = Path(source)
-    if folder.is_dir():
-        for path in sorted(folder.glob("*.safetensors")):
-            try:
-                with safe_open(str(path), framework="pt"):
-                    pass
-            except Exception:  # noqa: BLE001 - SafetensorError, OSError: this is the file that does not read
-                bad = path
-                break
-    if bad is not None:
-        return DraftLabError(f"cannot load model {name!r}: its weights file {bad} is corrupt or truncated ({first}); "
-                             f"copy or download the model again, or save it again with save_pretrained()")
-    return DraftLabError(f"cannot load model {name!r}: a weights file is corrupt or truncated ({first}); download it "
-                         f"again (a hub id: remove the model from the Hugging Face cache first)")
+    """A weights file safetensors cannot read, named (engine/weight_files.py: the first of a local directory's
+    files that fails to open)."""
+    bad = weight_files.first_unreadable(source)
+    fix = ("copy or download the model again, or save it again with save_pretrained()" if bad is not None else
+           "download it again (a hub id: remove the model from the Hugging Face cache first)")
+    return weight_files.corrupt(f"model {name!r}", bad and bad[0], exc, fix)
 
 
 def _cannot_load(name: str, exc: Exception) -> DraftLabError:
