@@ -491,7 +491,7 @@ def cmd_train_head(args) -> int:
     ckpt = driver.checkpoint_of(out)
     try:
         run, continued = driver.trainer(pair, train_prompts, val_prompts, cfg, focus, ckpt, out.resolve().name,
-                                        args.target)
+                                        args.target, discard_other=args.overwrite)
     except DraftLabError as exc:
         return _fail(str(exc))
     shown = _show_training("train-head", run, ckpt, continued, cfg, out, len(train_prompts), len(val_prompts),
@@ -545,7 +545,11 @@ def cmd_distill(args) -> int:
     focus, val_spec, val_note, train_prompts, val_prompts, pair = inputs
 
     ckpt = driver.checkpoint_of(out)
-    run, continued = driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt)
+    try:
+        run, continued = driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt,
+                                          discard_other=args.overwrite)
+    except DraftLabError as exc:
+        return _fail(str(exc))
     shown = _show_training("distill", run, ckpt, continued, cfg, out, len(train_prompts), len(val_prompts),
                            lambda rec: f"train loss {rec['train_loss']:.4f}, held-out KL {rec['kl']:.4f}")
     if isinstance(shown, int):

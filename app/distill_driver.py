@@ -64,12 +64,17 @@ def checkpoint_of(out: str | Path) -> Path:
     return Path(out) / CHECKPOINT_DIR
 
 
+JOB_CHECKPOINT_FIX = "resume the job that wrote it, or queue this one under another name"
+
+
 def distiller(pair: ModelPair, train_prompts: list[str], val_prompts: list[str], cfg: ds.DistillConfig,
-              focus: dict | None, ckpt: Path) -> tuple[ds.Distiller, bool]:
-    """The Distiller, and whether it continues from the checkpoint in `ckpt` (same settings, interrupted before)."""
+              focus: dict | None, ckpt: Path, **resume) -> tuple[ds.Distiller, bool]:
+    """The Distiller, and whether it continues from the checkpoint in `ckpt` (same settings, interrupted before);
+    a checkpoint of other settings is refused in one line (`resume`: Distiller.load_checkpoint's discard_other
+    and fix)."""
     run = ds.Distiller(pair, train_prompts, val_prompts, cfg, focus["type_weights"] if focus else None,
                        focus["position_weights"] if focus else None)
-    return run, run.load_checkpoint(ckpt)
+    return run, run.load_checkpoint(ckpt, **resume)
 
 
 def checkpoint(run: ds.Distiller, ckpt: Path) -> int:

@@ -55,11 +55,12 @@ def head_config(steps: int, lr: float, max_new_tokens: int, batch_size: int, see
 
 
 def trainer(pair: ModelPair, train_prompts: list[str], val_prompts: list[str], cfg: ht.HeadConfig,
-            focus: dict | None, ckpt: Path, name: str, verifier: str) -> tuple[ht.HeadTrainer, bool]:
-    """The HeadTrainer, and whether it continues from the checkpoint in `ckpt`."""
+            focus: dict | None, ckpt: Path, name: str, verifier: str, **resume) -> tuple[ht.HeadTrainer, bool]:
+    """The HeadTrainer, and whether it continues from the checkpoint in `ckpt` (the rule of distill_driver's
+    distiller: a checkpoint of other settings is refused in one line)."""
     run = ht.HeadTrainer(pair, train_prompts, val_prompts, cfg, focus["type_weights"] if focus else None,
                          focus["position_weights"] if focus else None, name=name, verifier=verifier)
-    return run, run.load_checkpoint(ckpt)
+    return run, run.load_checkpoint(ckpt, **resume)
 
 
 def finish(pair: ModelPair, out: Path, cfg: ht.HeadConfig, prepared: dict, done: dict, focus: dict | None,

@@ -49,7 +49,8 @@ class DistillJob:
         distill_driver.focus_on(cfg, focus)
 
     def trainer(self, pair, train_prompts, val_prompts, cfg, focus, ckpt: Path):
-        return distill_driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt)
+        return distill_driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt,
+                                        fix=distill_driver.JOB_CHECKPOINT_FIX)
 
     def command(self, run, db_url: str | None) -> str:
         return distill_driver.distill_command({**self.job, "device": _device(self.job), "db": db_url})
@@ -93,7 +94,7 @@ class HeadJob(DistillJob):
 
     def trainer(self, pair, train_prompts, val_prompts, cfg, focus, ckpt: Path):
         return head_driver.trainer(pair, train_prompts, val_prompts, cfg, focus, ckpt, self.job["name"],
-                                   self.job["target"])
+                                   self.job["target"], fix=distill_driver.JOB_CHECKPOINT_FIX)
 
     def command(self, run, db_url: str | None) -> str:
         """`draftlab train-head` with the aux layers the head was trained on (auto resolved for the target)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -230,6 +231,38 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+CHECKPOINT_FIX = ("rerun with the checkpoint's settings to resume it, or give a new --out (--overwrite discards it "
+                  "and starts over)")
+_SETTING_FLAGS = {"train": "--prompts (training prompts)", "validation": "held-out prompts", "aux": "--aux-layers",
+                  "head": "the head's name", "type_weights": "--focus-from (type weights)",
+                  "position_weights": "--focus-from (position weights)"}
+
+
+def checkpoint_changes(saved: dict, now: dict) -> list[str]:
+    """What differs between a checkpoint's fingerprint (Distiller._fingerprint) and this run's, one phrase each:
+    a setting as its flag with both values (`--lr: checkpoint 0.001, now 0.002`), prompts by count. An empty list:
+    the checkpoint is this run's."""
+    def flat(fingerprint: dict) -> dict:
+        config = fingerprint.get("config") or {}
+        return {**{f"--{key.replace('_', '-')}": value for key, value in config.items()},
+                **{_SETTING_FLAGS.get(key, f"--{key}"): value for key, value in fingerprint.items() if key != "config"}}
+
+    def shown(value) -> str:
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            return plural(len(value), "prompt")
+        return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+    old, new = flat(saved), flat(now)
+    changes = []
+    for key in [*new, *(k for k in old if k not in new)]:
+        if old.get(key) != new.get(key):
+            before, after = shown(old.get(key)), shown(new.get(key))
+            if before == after:  # same count, other prompts
+                before, after = f"{before} (other ones)", after
+            changes.append(f"{key}: checkpoint {before}, now {after}")
+    return changes
+
+
 class Distiller:
     """One distillation run, in stages the caller drives: `prepare()` (the target's continuations, teacher
     distributions, focus weights, held-out figures before), then `train()` (optimiser steps from `self.step + 1`).
@@ -392,15 +425,24 @@ class Distiller:
             "draft": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "sampler": self.gen.get_state(), "torch_rng": torch.get_rng_state()})
 
-    def load_checkpoint(self, directory: str | Path) -> bool:
-        """Restore what save_checkpoint wrote; False (nothing changed) when there is no checkpoint for this
-        configuration there. With only the data saved, training starts at step 1 without regenerating it."""
+    def load_checkpoint(self, directory: str | Path, discard_other: bool = False,
+                        fix: str = CHECKPOINT_FIX) -> bool:
+        """Restore what save_checkpoint wrote; False (nothing changed) when there is no checkpoint there. A
+        checkpoint of other settings (models, prompts, any setting: the run it holds would not be this one) is
+        refused in one line naming what differs and `fix`, never silently restarted over; `discard_other`
+        (--overwrite) removes it and returns False. With only the data saved, training starts at step 1 without
+        regenerating it."""
         path = Path(directory)
         if not (path / self.DATA).exists():
             return False
         data = torch.load(path / self.DATA, weights_only=True)
-        if data.get("fingerprint") != self._fingerprint():
+        changes = checkpoint_changes(data.get("fingerprint") or {}, self._fingerprint())
+        if changes and discard_other:
+            shutil.rmtree(path)
             return False
+        if changes:
+            raise DraftLabError(f"{path.parent} holds the checkpoint of an unfinished run with other settings "
+                                f"({'; '.join(changes)}); {fix}")
         self._restore(data)
         self._optimizer()
         if (path / self.STATE).exists():

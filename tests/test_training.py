@@ -15,6 +15,7 @@ from sqlalchemy import text
 
 from app.worker import Worker
 from engine import distill as ds
+from engine.errors import DraftLabError
 from engine.loading import load_pair
 from engine.metrics_oracle import outputs_match
 from engine.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
@@ -71,13 +72,21 @@ def test_a_checkpoint_resumes_exactly_where_an_uninterrupted_run_would_be(tmp_pa
     assert [c["kl"] for c in second.curve] == pytest.approx([c["kl"] for c in whole.curve], rel=1e-6)
 
 
-def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path):
+def test_a_checkpoint_of_other_settings_is_refused_never_restarted_over(tmp_path):
+    """Other settings or prompts: one line naming what differs (the checkpoint kept); discard_other (--overwrite)
+    removes it and starts over; no checkpoint: a fresh start."""
     run = ds.Distiller(_fresh_pair(), TRAIN, VAL, _cfg())
     list(run.prepare())
     run.save_checkpoint(tmp_path / "ckpt")
-    assert not ds.Distiller(_fresh_pair(), TRAIN, VAL, _cfg(steps=13)).load_checkpoint(tmp_path / "ckpt")
-    assert not ds.Distiller(_fresh_pair(), TRAIN[:-1], VAL, _cfg()).load_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(DraftLabError, match="--steps: checkpoint 12, now 13"):
+        ds.Distiller(_fresh_pair(), TRAIN, VAL, _cfg(steps=13)).load_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(DraftLabError, match=r"--prompts \(training prompts\): checkpoint"):
+        ds.Distiller(_fresh_pair(), TRAIN[:-1], VAL, _cfg()).load_checkpoint(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / ds.Distiller.DATA).exists()
     assert not ds.Distiller(_fresh_pair(), TRAIN, VAL, _cfg()).load_checkpoint(tmp_path / "none")
+    assert not ds.Distiller(_fresh_pair(), TRAIN, VAL, _cfg(steps=13)).load_checkpoint(tmp_path / "ckpt",
+                                                                                      discard_other=True)
+    assert not (tmp_path / "ckpt").exists()
 
 
 # --- the queue -----------------------------------------------------------------------------------------------
