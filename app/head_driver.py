@@ -27,14 +27,15 @@ CARD_JSON = "train_head.json"
 
 
 def head_command(settings: Mapping) -> str:
-    """The exact `draftlab train-head` command of these settings, every one explicit (a --db password masked)."""
+    """The exact `draftlab train-head` command of these settings, every one explicit (a --db password masked) but
+    the draft vocabulary size when it is the default (the whole vocabulary: the CLI takes no 0)."""
     aux = settings.get("aux_layers")
     cmd = ["draftlab", "train-head", "--target", settings["target"], "--prompts", settings["prompts"],
            "--out", str(settings["out"]), "--steps", str(settings["steps"]), "--ttt-steps", str(settings["ttt_steps"]),
            "--aux-layers", ",".join(map(str, aux)) if aux else "auto",
-           "--draft-vocab-size", str(settings.get("draft_vocab_size") or 0), "--lr", f"{settings['lr']:g}",
-           "--max-new-tokens", str(settings["max_new_tokens"]), "--batch-size", str(settings["batch_size"]),
-           "--samples", str(settings["samples"]), "--seed", str(settings["seed"])]
+           *(["--draft-vocab-size", str(settings["draft_vocab_size"])] if settings.get("draft_vocab_size") else []),
+           "--lr", f"{settings['lr']:g}", "--max-new-tokens", str(settings["max_new_tokens"]),
+           "--batch-size", str(settings["batch_size"]), "--samples", str(settings["samples"]), "--seed", str(settings["seed"])]
     if settings.get("device", "auto") != "auto":
         cmd += ["--device", settings["device"]]
     if settings.get("focus_from") is not None:

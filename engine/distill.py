@@ -578,10 +578,12 @@ def check_distill_out(out: str | Path, overwrite: bool = False, checkpoint: str 
 
 def check_out_dir(out: str | Path) -> Path:
     """Refuse an --out that cannot take a model directory, before any work: it must be a directory (or not
-    exist yet) that this process can create and write."""
+    exist yet) that this process can create and write. It is left as it was: the folders this check creates to
+    probe are removed again (training creates them when it first writes), so bad input later leaves none behind."""
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
         raise DraftLabError(f"--out {out} is a file, not a directory; pass a new or existing directory")
+    missing = [p for p in [path, *path.parents] if not p.exists()]  # deepest first: what mkdir creates
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".draftlab-write-test"
@@ -590,6 +592,12 @@ def check_out_dir(out: str | Path) -> Path:
     except OSError as exc:
         raise DraftLabError(f"--out {out} is not writable ({exc.strerror or exc}); pass a directory you can write "
                             f"to") from None
+    finally:
+        for folder in missing:
+            try:
+                folder.rmdir()  # only if still empty: never anything another process put there
+            except OSError:
+                break
     return path
 
 

@@ -92,6 +92,14 @@ def aux_layers_for(target_model, wanted: list[int] | None) -> list[int]:
     return sorted(ids)  # vLLM concatenates the aux states in ascending id order (models/interfaces.py:1578)
 
 
+def check_vocab_size(size: int, vocab: int) -> None:
+    """Refuse a draft vocabulary larger than the target's (never clamped silently: the card would record a size
+    the head does not have)."""
+    if size > vocab:
+        raise DraftLabError(f"--draft-vocab-size {size} is more than the target's vocabulary of {vocab:,} tokens; "
+                            f"use 1 to {vocab}, or leave it out for the whole vocabulary (at most 32000)")
+
+
 def draft_vocabulary(seqs: list[ds.Sequence], vocab: int, size: int) -> torch.Tensor:
     """The `size` target ids most frequent in the continuations (then in the prompts, then by id), sorted."""
     size = min(size or vocab, vocab, 32000 if not size else vocab)
@@ -299,6 +307,7 @@ class HeadTrainer(ds.Distiller):
         self.train_prompts, self.val_prompts = list(train_prompts), list(val_prompts)
         self.type_weights, self.position_weights = type_weights, position_weights
         self.aux_layers = aux_layers_for(pair.target.model, cfg.aux_layers)
+        check_vocab_size(cfg.draft_vocab_size, pair.vocab_size)
         self.train_seqs: list[ds.Sequence] = []
         self.val_seqs: list[ds.Sequence] = []
         self.prepared = self.before = self.kl_before = None

@@ -7,7 +7,8 @@ key (`key`).
 
 Each swept variable and setting is one entry of VARIABLES or SETTINGS; this module never names one of them except
 where its meaning differs from "a value" (k auto is a k sweep, a draft sweep's experiment stores its drafts
-joined, a drafter that needs no model has no draft). So a new variable is its entry, what the engine does with it,
+joined, a drafter that needs no model has no draft, a draft sweep of EAGLE-3 heads and causal LMs gives each draft
+its own drafter). So a new variable is its entry, what the engine does with it,
 and nothing here.
 
     cfg = RunConfig.make(target="demo-target", prompts="code", draft="demo-draft", sweep="k", values="1,2,4")
@@ -21,7 +22,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Mapping
 
-from .drafter_specs import DEFAULT_DRAFTER, SPECS, drafter_spec, needs_draft_model
+from .drafter_specs import DEFAULT_DRAFTER, SPECS, canonical_drafter, drafter_spec, needs_draft_model
 from .errors import DraftLabError
 from .head_format import is_causal_lm_dir, is_head
 from .sampling_config import SamplingConfig
@@ -89,6 +90,9 @@ class RunConfig:
     dtype: str = "auto"
     trust_remote_code: bool = False
     chat_template: str = "auto"
+    # A draft sweep whose drafts draft with different drafters (EAGLE-3 heads and causal LMs, no drafter named):
+    # each swept draft's own drafter, in the sweep's order; None when every run drafts with settings' drafter.
+    drafters: tuple[str, ...] | None = None
     _index: dict = field(init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self):
@@ -99,12 +103,13 @@ class RunConfig:
     @classmethod
     def make(cls, *, target: str, prompts: str, sweep: str | None = None, values=None, k_auto=None,
              batch_sizes=None, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
-             chat_template: str | None = "auto", form: bool = False, stored: bool = False,
+             chat_template: str | None = "auto", form: bool = False, stored: bool = False, drafters=None,
              **given) -> "RunConfig":
         """A configuration from given values (text or numbers; missing ones take their defaults), each parsed and
         bounded by its description; `values` a list or comma-separated text of the swept variable's values (none:
         the swept variable's own value). A DraftLabError names the problem and the fix, in the form's words with
-        `form`. `stored`: numbers read from the database, checked when they were queued, taken as they are."""
+        `form`. `stored`: numbers read from the database, checked when they were queued, taken as they are;
+        `drafters`: a stored draft sweep's drafter per draft (the `drafters` field)."""
         unknown = [name for name in given if name not in PARAMETERS]
         if unknown:
             raise DraftLabError(f"unknown settings {', '.join(sorted(unknown))}; use {', '.join(PARAMETERS)}")
@@ -123,13 +128,19 @@ class RunConfig:
             listed = ([swept.coerce(v) for v in values] if stored and not swept.categorical else
                       swept.parse_list(values if isinstance(values, str) else [_text(v) for v in values], form))
         settings[swept.name] = listed[0]
-        if not stored:  # what a draft is decides the drafter a run takes when none is named; stored runs named theirs
+        if stored:  # stored runs named their drafters
+            drafters = _stored_drafters(drafters, swept.name, listed)
+        else:  # what a draft is decides the drafter a run takes when none is named: each draft its own
             drafts = [d for d in (listed if swept.name == "draft" else [settings["draft"]]) if d]
             named = values is not None and not (isinstance(values, str) and not values.strip())
             if given.get("drafter") is None and not (swept.name == "drafter" and named):
-                settings["drafter"] = default_drafter(drafts)
+                own = [default_drafter(d) for d in drafts] or [DEFAULT_DRAFTER]
+                settings["drafter"] = own[0]
+                drafters = tuple(own) if len(set(own)) > 1 else None
                 listed = [settings["drafter"]] if swept.name == "drafter" else listed
-            check_drafters(listed if swept.name == "drafter" else [settings["drafter"]], drafts)
+            else:
+                drafters = None
+                check_drafters(listed if swept.name == "drafter" else [settings["drafter"]], drafts)
         sizes = None
         if batch_sizes is not None and not (isinstance(batch_sizes, str) and not batch_sizes.strip()):
             if swept.name == "batch_size":
@@ -145,7 +156,7 @@ class RunConfig:
         return cls(target=str(target).strip(), prompts=str(prompts).strip(),
                    settings=tuple(settings.items()), sweep=swept.name, values=tuple(listed), k_auto=k_auto,
                    batch_sizes=sizes, device=device, dtype=dtype, trust_remote_code=bool(trust_remote_code),
-                   chat_template=chat_template or "auto")
+                   chat_template=chat_template or "auto", drafters=drafters)
 
     @classmethod
     def from_args(cls, args, sweep, chat_template: str | None = None) -> "RunConfig":
@@ -199,12 +210,14 @@ class RunConfig:
         if sweep == "draft":
             given["draft"] = values[0] if values else ""
         k_auto = row.get("k_auto")
+        drafters = row.get("draft_drafters")
         return cls.make(target=row["target"], prompts=row["prompts"], sweep=sweep,
                         values=None if _present(k_auto) else values,
                         k_auto=int(k_auto) if _present(k_auto) else None, batch_sizes=sizes,
                         device=row.get("device") or "auto", dtype=row.get("dtype") or "auto",
                         trust_remote_code=bool(row.get("trust_remote_code") or False),
-                        chat_template=row.get("chat_template"), stored=True, **given)
+                        chat_template=row.get("chat_template"), stored=True,
+                        drafters=json.loads(drafters) if isinstance(drafters, str) else None, **given)
 
     @classmethod
     def of_run(cls, run: Mapping, experiment: Mapping) -> "RunConfig":
@@ -242,14 +255,18 @@ class RunConfig:
                               values=None if self.k_auto or self.sweep in changes else list(self.values),
                               k_auto=self.k_auto, batch_sizes=None if "batch_size" in changes else self.batch_sizes,
                               device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
-                              chat_template=self.chat_template, stored=True, **given)
+                              chat_template=self.chat_template, stored=True,
+                              drafters=None if self.sweep in changes else self.drafters, **given)
 
     def run_settings(self, value=None, baseline: bool = False) -> dict:
         """What a run of swept value `value` stores of each parameter (runs' columns, storage/schema.py): a baseline
-        only what the target's own decoding depends on; a run whose drafter needs no model no draft (None)."""
+        only what the target's own decoding depends on; a run whose drafter needs no model no draft (None); a draft
+        sweep's run its draft's own drafter when they differ (`drafters`)."""
         settings = {name: self._index[name] for name in RUN_PARAMETERS}
         if value is not None:
             settings[self.sweep] = value
+            if self.drafters:
+                settings["drafter"] = self.drafters[self.values.index(value)]
         if baseline:
             return {name: settings[name] for name in BASELINE_PARAMETERS}
         if not needs_draft_model(str(settings["drafter"])):
@@ -262,10 +279,12 @@ class RunConfig:
 
     def experiment_columns(self) -> dict:
         """The experiments row (storage/schema.py's columns) that stores this configuration: every parameter's one
-        value, the sweep (values as JSON), a grid's batch sizes; a draft sweep's drafts joined by commas."""
+        value, the sweep (values as JSON), a grid's batch sizes; a draft sweep's drafts joined by commas, and each
+        one's drafter (JSON) when they differ."""
         columns = dict(self._index)
         if self.sweep == "draft":
             columns["draft"] = ",".join(self.values)
+        columns["draft_drafters"] = json.dumps(list(self.drafters)) if self.drafters else None
         return {"target": self.target, "prompts": self.prompts, "device": self.device, "dtype": self.dtype,
                 "trust_remote_code": self.trust_remote_code, "chat_template": self.chat_template,
                 **columns, "sweep_variable": self.sweep, "sweep_values": json.dumps(list(self.values)),
@@ -276,6 +295,8 @@ class RunConfig:
         """enqueue_experiment's keyword arguments for this configuration (labels such as name and notes apart): the
         names (draft, drafter, ...) as keywords of their own, the numbers under `sampling`."""
         names = {name: value for name, value in self.settings if PARAMETERS[name].categorical}
+        if self.drafters:  # none named: each draft takes its own again, as here
+            names["drafter"] = None
         return {"target": self.target, "prompts": self.prompts, **names, "draft": self.experiment_columns()["draft"],
                 "sampling": {name: self._index[name] for name in RUN_PARAMETERS
                              if name != "k" and not PARAMETERS[name].categorical},
@@ -294,7 +315,7 @@ class RunConfig:
         """What makes two launches the same experiment (a second Launch of it links to the first): everything
         but its labels."""
         return (self.target, self.prompts, self.sweep, self.values, self.k_auto, self.batch_sizes, self.device,
-                self.dtype, self.trust_remote_code, self.chat_template, self.settings)
+                self.dtype, self.trust_remote_code, self.chat_template, self.settings, self.drafters)
 
     def to_url(self) -> dict[str, str]:
         """The link parameters of this configuration (every parameter by name; the swept one's as `values`, a
@@ -303,7 +324,8 @@ class RunConfig:
         params = {"target": self.target, "prompts": self.prompts, "device": self.device, "dtype": self.dtype}
         params.update({name: exact_text(PARAMETERS[name], value) for name, value in self.settings
                        if name != self.sweep and not (name == "draft" and value == "")
-                       and not (name == "batch_size" and self.batch_sizes is not None)})
+                       and not (name == "batch_size" and self.batch_sizes is not None)
+                       and not (name == "drafter" and self.drafters)})
         if self.k_auto is not None:
             params.update(sweep="auto", k_auto=str(self.k_auto))
         else:
@@ -324,7 +346,7 @@ class RunConfig:
                         ",".join(exact_text(v, item) for item in self.values))
             elif name == "batch_size" and self.batch_sizes is not None:
                 text = ",".join(str(b) for b in self.batch_sizes)
-            elif name == "draft" and value == "":
+            elif name == "draft" and value == "" or name == "drafter" and self.drafters:
                 continue
             else:
                 text = exact_text(v, value)
@@ -336,20 +358,25 @@ class RunConfig:
         return argv
 
 
-def default_drafter(drafts) -> str:
-    """The drafter a run takes when none is named (the one place that decides it: the CLI, the form and the queue
-    all build a RunConfig): the hidden-state drafter (eagle3) when the drafts are EAGLE-3 head directories (either
-    layout, engine/head_format.py), else `model`; a DraftLabError when they mix heads and causal LMs."""
-    heads = [d for d in drafts if is_head(d)]
-    if not heads:
+def default_drafter(draft: str) -> str:
+    """The drafter a draft drafts with when none is named (the one place that decides it: the CLI, the form and the
+    queue all build a RunConfig): the hidden-state drafter (eagle3) for an EAGLE-3 head directory (either layout,
+    engine/head_format.py), else `model`. A draft sweep takes each draft's own, so one sweep compares a head with
+    causal LMs (RunConfig.drafters)."""
+    if not is_head(draft):
         return DEFAULT_DRAFTER
-    reader = next(spec.name for spec in SPECS.values() if spec.needs_hidden_states)
-    others = [d for d in drafts if d not in heads]
-    if others:
-        raise DraftLabError(f"the drafts mix EAGLE-3 heads ({', '.join(heads[:2])}) and causal LMs "
-                            f"({', '.join(others[:2])}), which draft with different drafters ({reader}, "
-                            f"{DEFAULT_DRAFTER}); compare them in separate experiments")
-    return reader
+    return next(spec.name for spec in SPECS.values() if spec.needs_hidden_states)
+
+
+def _stored_drafters(drafters, sweep: str, drafts) -> tuple[str, ...] | None:
+    """A stored draft sweep's drafter per draft (experiments.draft_drafters, read back), checked against its drafts;
+    None for any other sweep or when there is none."""
+    if not drafters:
+        return None
+    if sweep != "draft" or len(drafters) != len(drafts):
+        raise DraftLabError(f"{len(drafters)} drafters stored for a {sweep} sweep of {len(drafts)} values; each draft "
+                            f"of a draft sweep names one drafter")
+    return tuple(canonical_drafter(d) for d in drafters)
 
 
 def check_drafters(specs, drafts) -> None:

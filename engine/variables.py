@@ -231,8 +231,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "list sweeps it, each batch size with its own target-only baseline at that batch size",
              low=1, high=MAX_BATCH_SIZE, per_value_baseline=True, title="Batch size", step=1),
     Variable("draft", str, "a draft model's id or path", "demo-draft,demo-draft-distilled", None,
-             f"{zoo.model_help('draft')}; a comma list compares drafts (not needed when every drafter is "
-             "prompt-lookup)", label="draft (compare drafts)", check_name=_model_name,
+             f"{zoo.model_help('draft')}; a comma list compares drafts, EAGLE-3 heads beside causal LMs (each "
+             "drafts with its own drafter when none is named; not needed when every drafter is prompt-lookup)",
+             label="draft (compare drafts)", check_name=_model_name,
              cost=_draft_size, cheaper_because="a smaller draft model"),
     Variable("drafter", str, "a drafter spec", "model,heuristic,prompt-lookup:3", DEFAULT_DRAFTER,
              "model (the default; eagle3 when the draft is an EAGLE-3 head), heuristic, confidence:T, prompt-lookup:N, "

@@ -191,10 +191,24 @@ def experiment_label(experiments: pd.DataFrame):
     return lambda i: f"#{i} · {names.get(i) or 'unnamed'} ({statuses.get(i, '?')})"
 
 
+def swept_values(runs: pd.DataFrame, sweep_variable: str) -> list:
+    """Each run's swept value as it reads (engine/variables.py's run_value: a draft or drafter sweep's name, not the
+    index sweep_value stores; None for a shared baseline); in a draft sweep whose runs draft with different drafters
+    (EAGLE-3 heads beside causal LMs) each names its drafter too: `heads/h · eagle3`."""
+    swept = variable(sweep_variable)
+    values = [swept.run_value(row) for _, row in runs.iterrows()]
+    drafters = runs["drafter"].where(runs["kind"] == "speculative") if "drafter" in runs else None
+    if swept.name != "draft" or drafters is None or drafters.nunique() < 2:
+        return values
+    return [f"{v} · {d}" if v is not None and isinstance(d, str) else v for v, d in zip(values, drafters)]
+
+
 def run_label(runs: pd.DataFrame, sweep_variable: str = "k"):
     """format_func for run ids: `run 7 · k=4` or `run 1 · baseline`; where the runs span several batch sizes (a
-    grid) each names its batch size too: `run 7 · k=4 · batch 16`."""
+    grid) each names its batch size too: `run 7 · k=4 · batch 16`; a draft sweep of several drafters each run's
+    drafter (swept_values)."""
     rows = {r.run_id: r for r in runs.itertuples()}
+    texts = dict(zip(runs["run_id"], swept_values(runs, sweep_variable))) if len(runs) else {}
     grid = sweep_variable != "batch_size" and "batch_size" in runs and runs["batch_size"].nunique() > 1
 
     def label(run_id: int) -> str:
@@ -205,7 +219,7 @@ def run_label(runs: pd.DataFrame, sweep_variable: str = "k"):
         if r.kind == "baseline":
             return f"run {run_id} · baseline{at}"
         swept = variable(sweep_variable)
-        value = r.k if swept.name == "k" else swept.run_value(r)  # a draft sweep's name, not its index
+        value = r.k if swept.name == "k" else texts[run_id]  # a draft sweep's name, not its index
         return f"run {run_id} · {swept.name}={swept.show(value) if value is not None else '?'}{at} ({r.status})"
 
     return label

@@ -434,13 +434,17 @@ def _kind_label(kind: str) -> str:
     return f"{kind}:{DRAFTER_PARAMETERS[kind].symbol}" if kind in DRAFTER_PARAMETERS else kind
 
 
-def _drafter_choice(draft: str) -> str | None:
-    """The one drafter every run uses (when the drafter is not what is swept), as a spec; None for an EAGLE-3 head
-    draft, which the run configuration runs as the drafter that reads hidden states (engine/run_config.py)."""
+def _drafter_choice(drafts: list[str]) -> str | None:
+    """The one drafter every run uses (when the drafter is not what is swept), as a spec; None when a draft is an
+    EAGLE-3 head: the run configuration then gives each draft its own drafter (engine/run_config.py: a head the one
+    that reads hidden states, a causal LM model), so one draft sweep compares heads with causal LMs."""
     from engine.head_format import is_head
 
-    if draft.strip() and is_head(draft.strip()):
-        st.caption("The draft is an EAGLE-3 head: it drafts as eagle3, from the target's own hidden states")
+    heads = [d for d in drafts if d.strip() and is_head(d.strip())]
+    if heads:
+        st.caption("The draft is an EAGLE-3 head: it drafts as eagle3, from the target's own hidden states"
+                   if len(heads) == len(drafts) else "Each draft drafts with its own drafter: the EAGLE-3 heads as "
+                   "eagle3, from the target's own hidden states, the causal LMs as model")
         return None
     c1, c2 = st.columns([2, 1])
     _seed("drafter")
@@ -554,7 +558,7 @@ def render() -> None:
             check = _pair_check(target, draft)
             _show_check(check)
             check_ok, check_message = check.ok, check.message
-        drafter = "model" if choice == "drafter" else _drafter_choice(draft)
+        drafter = "model" if choice == "drafter" else _drafter_choice(candidates if choice == "draft" else [draft])
         st.subheader("Prompts")
         prompts, prompt_error, prompt_texts = _prompt_source()
         if prompt_error:

@@ -310,6 +310,8 @@ def form_values(cfg: RunConfig, default_split: str = "tune") -> dict:
     for name, value in cfg.settings:
         if name == cfg.sweep or (name == "draft" and value == "") or (name == "batch_size" and cfg.batch_sizes):
             continue
+        if name == "drafter" and cfg.drafters:
+            continue  # each draft its own (a head eagle3, a causal LM model): the form's Drafter field gives way
         if name == "drafter":
             kind, parameter = parse_drafter(value)
             values["drafter"] = kind

@@ -123,6 +123,12 @@ def _v15_to_v16(conn: Connection) -> None:
         ("training_points", "acceptance_length", "DOUBLE PRECISION")))
 
 
+def _v16_to_v17(conn: Connection) -> None:
+    """v17: one draft sweep may compare EAGLE-3 heads with causal LMs, each draft drafting with its own drafter: the
+    experiment's drafter per draft (runs already store theirs)."""
+    _add_columns(conn, (("experiments", "draft_drafters", "TEXT"),))
+
+
 def add_variable_columns(conn: Connection) -> None:
     """v15, and every open after: each swept variable's column on experiments and runs (storage/schema.py's
     variable_columns, typed from engine/variables.py), so a new variable needs no step of its own. Older rows keep
@@ -134,7 +140,7 @@ STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3:
                                                   5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8, 8: _v8_to_v9,
                                                   9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12,
                                                   12: _v12_to_v13, 13: _v13_to_v14, 14: add_variable_columns,
-                                                  15: _v15_to_v16}
+                                                  15: _v15_to_v16, 16: _v16_to_v17}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

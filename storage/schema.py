@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -75,6 +75,9 @@ class Experiment(Base):
     k_auto: Mapped[int | None] = mapped_column(Integer, nullable=True)
     predicted_curve: Mapped[str | None] = mapped_column(Text, nullable=True)
     drafter: Mapped[str] = mapped_column(String(80), default="model")  # drafter spec of every run unless swept
+    # A draft sweep whose drafts draft with different drafters (EAGLE-3 heads as eagle3, causal LMs as model: no
+    # drafter named): each draft's drafter, a JSON list in the sweep's order; NULL otherwise. Each run stores its own.
+    draft_drafters: Mapped[str | None] = mapped_column(Text, nullable=True)
     validates: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the tuning experiment this one validates
     # How conversation prompts become text (engine/chat.py): "auto" (the target tokenizer's template), "none", or
     # the Jinja text of a --chat-template FILE (stored, so a worker elsewhere renders the same).

@@ -204,7 +204,8 @@ def test_draftlab_run_drafts_with_a_head_directory(tmp_path, model_dirs, capsys)
 def test_draftlab_run_takes_eagle3_for_a_head_without_drafter(tmp_path, model_dirs, capsys):
     """`draftlab run --draft HEAD_DIR` with no --drafter runs the head as eagle3, in either layout (here a draft
     sweep over a speculators head and a SpecForge one, SGLang ids [0, 0, 0] = hidden_states[1]); a drafter named for
-    the other kind of draft is one error line, before anything is stored."""
+    the other kind of draft (also in a sweep of heads and causal LMs, which without one compares them:
+    tests/test_mixed_draft_sweep.py) is one error line, before anything is stored."""
     from transformers import AutoModelForCausalLM
 
     from app.cli import main
@@ -224,7 +225,7 @@ def test_draftlab_run_takes_eagle3_for_a_head_without_drafter(tmp_path, model_di
             ("model", heads[1], "drafter 'model' drafts with a causal LM, but the draft"),
             ("heuristic", heads[0], "leave the drafter out (a head drafts as eagle3)"),
             ("eagle3", model_dirs["draft"], "drafter 'eagle3' drafts with an EAGLE-3 head, but the draft"),
-            (None, f"{heads[0]},{model_dirs['draft']}", "the drafts mix EAGLE-3 heads")):
+            ("eagle3", f"{heads[0]},{model_dirs['draft']}", "drafter 'eagle3' drafts with an EAGLE-3 head, but")):
         code = main(["run", "--target", model_dirs["target"], "--draft", draft, "--prompts",
                      str(tmp_path / "prompts.txt"), "--db", db, "--json", *(["--drafter", drafter] if drafter else [])])
         out, err = capsys.readouterr()

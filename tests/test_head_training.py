@@ -91,6 +91,12 @@ def test_draftlab_train_head_writes_a_head_that_drafts_for_its_target(tmp_path, 
     # aux id 0 reads the embedding, which SGLang cannot capture: no SGLang copy, and the card says why
     assert head_format.head_layout(head_format.sglang_dir(out)) is None and "not written" in card and "-1" in card
     assert "draftlab train-head --target" in card and "Aux-layer ids `[0, 1]`" in card
+    import shlex
+
+    from app.cli import build_parser
+
+    command = json.loads((out / "train_head.json").read_text())["command"]  # the card's command: one the CLI takes
+    assert build_parser().parse_args(shlex.split(command)[1:]).draft_vocab_size == 0  # the default: left out
     assert not (out / ".checkpoint").exists()
 
     pair = load_pair(model_dirs["target"], str(out), "cpu", "float32")

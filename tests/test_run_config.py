@@ -262,9 +262,10 @@ def test_a_stored_run_stays_readable_after_a_workload_cap_is_lowered(sqlite_stor
 def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_path, monkeypatch):
     """The drafter a run takes when none is named (RunConfig.make, engine/run_config.py default_drafter): eagle3 for
     an EAGLE-3 head directory in either layout, model for a causal LM, through the CLI's configuration, a link, the
-    queue (enqueue_experiment without a drafter) and the form's launch (its Drafter field gives way to the head). A
-    drafter named for the other kind of draft, or heads mixed with causal LMs, is one line; stored configurations
-    keep the drafter they named."""
+    queue (enqueue_experiment without a drafter) and the form's launch (its Drafter field gives way to the head); a
+    draft sweep of heads and causal LMs gives each draft its own (tests/test_mixed_draft_sweep.py). A drafter named
+    for the other kind of draft, also in such a sweep, is one line; stored configurations keep the drafter they
+    named."""
     from engine.eagle3 import new_head, save_head
     from engine.head_format import sglang_dir
     from engine.eagle3 import convert_head
@@ -302,7 +303,10 @@ def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_p
     for given, says in (({"draft": head, "drafter": "model"}, "drafter 'model' drafts with a causal LM, but the "
                                                               "draft"),
                         ({"draft": "demo-draft", "drafter": "eagle3"}, "drafter 'eagle3' drafts with an EAGLE-3 head"),
-                        ({"sweep": "draft", "values": [head, "demo-draft"]}, "the drafts mix EAGLE-3 heads"),
+                        ({"sweep": "draft", "values": [head, "demo-draft"], "drafter": "model"},
+                         f"drafter 'model' drafts with a causal LM, but the draft '{head}' is an EAGLE-3 head"),
+                        ({"sweep": "draft", "values": ["demo-draft", head], "drafter": "eagle3"},
+                         "drafter 'eagle3' drafts with an EAGLE-3 head, but the draft 'demo-draft'"),
                         ({"draft": sglang, "sweep": "drafter", "values": "model,eagle3"}, "drafter 'model'")):
         with pytest.raises(DraftLabError, match=says) as err:
             RunConfig.make(target="t", prompts="code", **given)
