@@ -17,6 +17,7 @@ from app.supervisor import DevicesError, parse_devices
 from app.placement import lease_key, load_device, place
 from storage import liveness, open_store, run_state
 from storage.experiments import enqueue_experiment
+from tests.hold import held_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13"]
@@ -79,10 +80,10 @@ def test_worker_devices_runs_one_worker_per_cpu_slot_until_idle(tmp_path, model_
 def test_sigterm_to_the_supervisor_stops_every_child_with_its_runs_interrupted(tmp_path, model_dirs, wait_for):
     url = f"sqlite:///{tmp_path / 'sup.db'}"
     store = open_store(url)
-    _enqueue(store, model_dirs, 2, max_new_tokens=200)
+    _enqueue(store, model_dirs, 2)
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0,cpu:1"],
-                            cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
+                            cwd=ROOT, env=held_env(0), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:  # each child holds its run before prompt 0 commits (tests/hold): the SIGTERM finds both mid-way
         def both_running():
             with store.read() as conn:
                 return conn.execute(text("SELECT COUNT(DISTINCT experiment_id) FROM runs WHERE status = 'running' "
@@ -112,15 +113,17 @@ def test_sigterm_to_the_supervisor_stops_every_child_with_its_runs_interrupted(t
 def test_a_killed_child_is_restarted_and_its_runs_requeued(tmp_path, model_dirs, wait_for):
     url = f"sqlite:///{tmp_path / 'sup.db'}"
     store = open_store(url)
-    _enqueue(store, model_dirs, 1, max_new_tokens=60)
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0"],
-                            cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
+    _enqueue(store, model_dirs, 1)
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0"], cwd=ROOT,
+                            env=held_env(0, once=tmp_path / "held"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:  # the first child holds its run (tests/hold): the SIGKILL finds it mid-way; the restarted one runs freely
         def running_pid():
             with store.read() as conn:
                 return conn.execute(text("SELECT w.pid FROM workers w JOIN runs r ON r.worker_id = w.id "
                                          "WHERE r.status = 'running' AND r.prompts_total IS NOT NULL")).scalar()
-        pid = wait_for(running_pid, timeout=120, what="a run in progress")
+        wait_for((tmp_path / "held").exists, timeout=120, what="the first child to hold its run")
+        pid = running_pid()
         os.kill(pid, signal.SIGKILL)
 
         def all_done():
@@ -254,10 +257,10 @@ def test_worker_devices_all_without_a_gpu_stays_one_cpu_worker_and_bad_devices_e
 def test_a_killed_supervisor_takes_its_children_with_it(tmp_path, model_dirs, wait_for):
     url = f"sqlite:///{tmp_path / 'sup.db'}"
     store = open_store(url)
-    _enqueue(store, model_dirs, 1, max_new_tokens=200)
+    _enqueue(store, model_dirs, 1)
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0"],
-                            cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+                            cwd=ROOT, env=held_env(0), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # the child holds its run (tests/hold): the supervisor's death finds it mid-way
         def running_pid():
             with store.read() as conn:
                 return conn.execute(text("SELECT w.pid FROM workers w JOIN runs r ON r.worker_id = w.id "

@@ -22,6 +22,7 @@ from storage.experiments import enqueue_experiment
 from storage.settings import STALE_HELP, stale_window
 from storage import catalog, queries as q
 from storage.export import run_document
+from tests.hold import held_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32 t33 t34"]
@@ -158,10 +159,9 @@ def test_sigkill_mid_run_keeps_rows_and_resume_completes(db_url, model_dirs, wai
     prompts = [f"t{i} t{i + 1} t{i + 2}" for i in range(3, 11)]
     eid = enqueue(store, model_dirs, ks=(2,), prompts=prompts, max_new_tokens=20)
     rid = kinds(store, eid)[("speculative", 2)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "app.worker_process", "--db", db_url, "--until-idle", "--heartbeat", "0.2"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
+                            cwd=ROOT, env=held_env(2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:  # the worker holds before prompt 2 (tests/hold): the SIGKILL finds the run mid-way by construction
         wait_for(lambda: (run_state.get_run(store, rid) or {}).get("prompts_done", 0) >= 2 or proc.poll() is not None,
                  timeout=120, what="the worker to commit two prompts of the speculative run")
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
@@ -253,12 +253,12 @@ def test_sigterm_marks_the_run_interrupted_and_cli_resume_requeues_it(tmp_path, 
     prompts = [f"t{i} t{i + 1}" for i in range(3, 9)]
     eid = enqueue(store, model_dirs, ks=(2,), prompts=prompts, max_new_tokens=20)
     rid = kinds(store, eid)[("speculative", 2)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", db], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", db], cwd=ROOT, env=held_env(1),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    try:  # the worker holds before prompt 1 (tests/hold): the SIGTERM finds the run mid-way by construction
         wait_for(lambda: (run_state.get_run(store, rid) or {}).get("prompts_done", 0) >= 1 or proc.poll() is not None,
                  timeout=120, what="the worker to commit a prompt")
+        assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 128 + signal.SIGTERM
     finally:
@@ -277,11 +277,12 @@ def test_sigterm_marks_the_run_interrupted_and_cli_resume_requeues_it(tmp_path, 
 
 # --- a dead owner is noticed at once (issue 9) -----------------------------------------------------------------
 
-def _cli_run(db, model_dirs, prompt_file, env, *extra):
+def _cli_run(db, model_dirs, prompt_file, *extra):
+    """`draftlab run` held before its prompt 1 (tests/hold): a signal after prompt 0 finds it mid-way."""
     return subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--target", model_dirs["target"], "--draft",
                              model_dirs["draft"], "--prompts", str(prompt_file), "--k", "1,2", "--max-new-tokens", "24",
                              "--repeats", "1", "--device", "cpu", "--db", db, *extra],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=held_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _first_prompt_committed(store, proc):
@@ -299,8 +300,7 @@ def test_sigkill_of_draftlab_run_then_one_resume_and_a_worker_finish_it(db_url, 
     store = open_store(db_url)
     prompt_file = tmp_path / "prompts.txt"
     prompt_file.write_text("\n".join(f"t{i} t{i + 1} t{i + 2}" for i in range(3, 13)) + "\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = _cli_run(db_url, model_dirs, prompt_file, env)
+    proc = _cli_run(db_url, model_dirs, prompt_file)
     try:
         wait_for(_first_prompt_committed(store, proc), timeout=120, what="`draftlab run` to commit a prompt")
         assert proc.poll() is None, proc.stderr.read()[-2000:]
@@ -343,8 +343,7 @@ def test_sigterm_to_draftlab_run_interrupts_like_ctrl_c(db_url, model_dirs, wait
     store = open_store(db_url)
     prompt_file = tmp_path / "prompts.txt"
     prompt_file.write_text("\n".join(f"t{i} t{i + 1}" for i in range(3, 13)) + "\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = _cli_run(db_url, model_dirs, prompt_file, env)
+    proc = _cli_run(db_url, model_dirs, prompt_file)
     try:
         wait_for(_first_prompt_committed(store, proc), timeout=120, what="`draftlab run` to commit a prompt")
         assert proc.poll() is None, proc.stderr.read()[-2000:]
