@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from engine.variables import value_labels
 from engine.wording import noun, plural
 from storage.columns import COLUMNS, show
 
@@ -22,7 +23,8 @@ def format_table(doc: dict) -> str:
     b = doc["baseline"]
     # A sweep of anything but k leads each line with the run's swept value by its label (drafter=suffix:24).
     swept = {r.get("sweep_variable") for r in doc["runs"]} - {None, "k"}
-    labels = [_swept_label(r) for r in doc["runs"]] if swept else []
+    labels = value_labels(next(iter(swept), ""), [_swept_label(r) for r in doc["runs"]],
+                          [r.get("drafter") for r in doc["runs"]]) if swept else []
     width = max(map(len, labels), default=0)
     label_header = f"{'/'.join(sorted(swept)):<{width}} " if swept else ""
     fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
@@ -36,11 +38,11 @@ def format_table(doc: dict) -> str:
     # Runs decoded in batches (B > 1, as in a batch-size sweep) name their batch size and serving figures (every run
     # has serving figures, batch-1 runs too: the table adds them only where batch sizes are in play).
     batched = any((r.get("batch_size") or 1) > 1 for r in doc["runs"])
-    for r in doc["runs"]:
+    for r, label in zip(doc["runs"], labels or [None] * len(doc["runs"])):
         ci = r.get("speedup_ci")
         speed = (f"{r['speedup']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})" if r.get("speedup") is not None and ci
                  else fmt(r.get("speedup"), ".2f"))
-        lead = f"{_swept_label(r):<{width}} " if swept else ""
+        lead = f"{label:<{width}} " if swept else ""
         lines.append(f"{lead}{r['k']:>3} {fmt(r['tokens_per_second'], '8.1f')} {speed:>19} "
                      f"{fmt(r.get('predicted_speedup_refined'), '7.2f')} {fmt(r['predicted_speedup'], '7.2f')} "
                      f"{fmt(r['alpha'], '6.3f')} {fmt(r['tokens_per_round'], '7.2f')} {fmt(r['c'], '6.2f')} "

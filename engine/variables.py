@@ -282,3 +282,14 @@ def variable(name: str | None) -> Variable:
     if v is None:
         raise DraftLabError(f"cannot sweep {name!r}; sweep one of {', '.join(VARIABLES)}")
     return v
+
+
+def value_labels(sweep: str, values: list, drafters: list) -> list:
+    """How runs' swept values read side by side (the run listing's, the detail page's): `values` each run's
+    run_value (None: a shared baseline) as they are, except in a draft sweep whose runs draft with different
+    drafters (EAGLE-3 heads beside causal LMs: `drafters`, each run's), where each names its drafter too:
+    `heads/h · eagle3`."""
+    named = [(v, d) for v, d in zip(values, drafters) if v is not None and isinstance(d, str)]
+    if sweep != "draft" or len({d for _, d in named}) < 2:
+        return list(values)
+    return [f"{v} · {d}" if v is not None and isinstance(d, str) else v for v, d in zip(values, drafters)]

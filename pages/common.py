@@ -9,7 +9,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from engine.variables import variable
+from engine.variables import value_labels, variable
 from pages.nav import page
 from storage import open_store
 
@@ -196,11 +196,8 @@ def swept_values(runs: pd.DataFrame, sweep_variable: str) -> list:
     index sweep_value stores; None for a shared baseline); in a draft sweep whose runs draft with different drafters
     (EAGLE-3 heads beside causal LMs) each names its drafter too: `heads/h · eagle3`."""
     swept = variable(sweep_variable)
-    values = [swept.run_value(row) for _, row in runs.iterrows()]
-    drafters = runs["drafter"].where(runs["kind"] == "speculative") if "drafter" in runs else None
-    if swept.name != "draft" or drafters is None or drafters.nunique() < 2:
-        return values
-    return [f"{v} · {d}" if v is not None and isinstance(d, str) else v for v, d in zip(values, drafters)]
+    drafters = runs["drafter"].where(runs["kind"] == "speculative") if "drafter" in runs else [None] * len(runs)
+    return value_labels(swept.name, [swept.run_value(row) for _, row in runs.iterrows()], list(drafters))
 
 
 def run_label(runs: pd.DataFrame, sweep_variable: str = "k"):

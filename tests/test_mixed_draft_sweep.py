@@ -29,8 +29,10 @@ def test_draftlab_run_compares_a_head_with_a_causal_lm_in_one_sweep(tmp_path, mo
                                                                      monkeypatch):
     """`draftlab run --draft HEAD,LM`: both runs finish, each drafted by its own drafter (the engine built an
     eagle3 drafter over the head and a model drafter over the LM), both greedy outputs equal the baseline's token
-    for token, the stored rows and the --json runs name each draft with its drafter, the verdict judges both with
-    intervals, and each run's deploy settings are its own drafter's serving mapping."""
+    for token, the stored rows, the --json runs, the run table and the detail page's labels name each draft with its
+    drafter, the verdict judges both with intervals, and each run's deploy settings are its own drafter's serving
+    mapping."""
+    from app.report import format_table
     from engine import runs as engine_runs
     from pages.common import run_label, swept_values
     from storage import open_store, queries as q
@@ -81,6 +83,9 @@ def test_draftlab_run_compares_a_head_with_a_causal_lm_in_one_sweep(tmp_path, mo
     assert [labels(i) for i in ids] == [f"run {ids[0]} · draft={head_dir} · eagle3 (done)",
                                         f"run {ids[1]} · draft={model_dirs['draft']} · model (done)"]
     assert swept_values(runs, "draft")[1:] == [f"{head_dir} · eagle3", f"{model_dirs['draft']} · model"]
+    table = format_table(doc).splitlines()  # `draftlab run` without --json: the same names, each with its drafter
+    assert [line.split()[:3] for line in table if line.startswith(tuple(drafts))] == [
+        [head_dir, "·", "eagle3"], [model_dirs["draft"], "·", "model"]]
 
     for run_id, method, drafter in ((ids[0], "eagle3", "eagle3"), (ids[1], "draft_model", "model")):
         deploy = deploy_document(store, eid, run_id)
