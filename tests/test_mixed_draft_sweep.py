@@ -201,3 +201,25 @@ def test_the_form_launches_a_head_beside_a_causal_lm(tmp_path, model_dirs, head_
     spec = runs[runs["kind"] == "speculative"]
     assert list(zip(spec["draft"], spec["drafter"])) == [(model_dirs["draft"], "model"), (head_dir, "eagle3")]
     assert runs["kind"].tolist().count("baseline") == 1
+
+
+def test_a_worker_runs_the_sweep_as_the_dashboard_queues_it(tmp_path, model_dirs, head_dir):
+    """What Launch queues, run by a worker that loads the models itself (the causal LM first this time, the head
+    loaded beside it): both runs done and lossless, each with its own drafter."""
+    from app.worker import Worker
+    from storage import open_store, queries as q
+    from storage.experiments import enqueue_experiment
+    from tests.cli_runs import PROMPTS
+
+    store = open_store(f"sqlite:///{tmp_path / 'worker.db'}")
+    cfg = RunConfig.make(target=model_dirs["target"], prompts="tiny", sweep="draft", values=[model_dirs["draft"],
+                         head_dir], k=3, max_new_tokens=10, device="cpu")
+    eid = enqueue_experiment(store, name="worker", **cfg.enqueue(), prompt_texts=PROMPTS)
+    with Worker(store) as worker:
+        worker.work(until_idle=True)
+    runs = q.runs(store, eid)
+    spec = runs[runs["kind"] == "speculative"]
+    assert list(zip(spec["draft"], spec["drafter"], spec["status"])) == [
+        (model_dirs["draft"], "model", "done"), (head_dir, "eagle3", "done")]
+    assert spec["outputs_match_baseline"].tolist() == [True, True] and (spec["proposed"] > 0).all()
+    store.dispose()
