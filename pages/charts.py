@@ -433,6 +433,43 @@ def sweep_panels(frame: pd.DataFrame, x: str, series: str, x_title: str, end_lab
     return panels
 
 
+def category_panels(frame: pd.DataFrame, x: str, series: str, x_title: str, interval: dict | None = None) -> list:
+    """sweep_panels for a swept variable whose values are names (a draft or drafter sweep): each name a category
+    on the x axis, one point per series beside the others within it (no line: names have no order), the speedup
+    with its 95 % interval as a rule; hollow points as sweep_panels' for runs not finished; the same colours and
+    shared legend (series_legend). frame: x (the names), series, the metrics, interval's lo/hi columns and state."""
+    names = list(dict.fromkeys(frame[x].dropna().astype(str)))
+    axis = alt.Axis(labelAngle=-20, labelLimit=180, title=x_title)
+    color = alt.Color(f"{series}:N", legend=None, scale=series_scale(frame, series))
+    panels = []
+    for y, title, domain in SWEEP_PANELS:
+        if y not in frame:
+            continue
+        scale = alt.Scale(domain=list(domain)) if domain else alt.Undefined
+        tooltip = [f"{series}:N", alt.Tooltip(f"{x}:N", title=x_title), alt.Tooltip(f"{y}:Q", format=".3f")]
+        bounds = (interval or {}) if y == "speedup" else {}
+        if bounds:
+            tooltip += [alt.Tooltip(f"{bounds['lo']}:Q", title="95 % low", format=".3f"),
+                        alt.Tooltip(f"{bounds['hi']}:Q", title="95 % high", format=".3f")]
+        base = alt.Chart(frame).transform_filter(is_valid(y)).encode(
+            alt.X(f"{x}:N", sort=names, axis=axis), alt.XOffset(f"{series}:N", scale=alt.Scale(paddingOuter=0.3)),
+            alt.Y(f"{y}:Q", title=title, scale=scale), color, tooltip=tooltip)
+        layers = []
+        if bounds:
+            layers.append(base.transform_filter(is_valid(bounds["lo"])).mark_rule(strokeWidth=2).encode(
+                alt.Y(f"{bounds['lo']}:Q", title=title, scale=scale), alt.Y2(f"{bounds['hi']}:Q")))
+        fill = alt.Fill(f"{series}:N", legend=None, scale=series_scale(frame, series))
+        points = base.mark_point(filled=False, size=70, strokeWidth=2)
+        if "state" in frame:
+            points = points.encode(fill=alt.condition(is_value("state", FINISHED), fill, alt.value("white")),
+                                   shape=alt.Shape("state:N", scale=STATE_SHAPES, legend=None))
+        else:
+            points = points.encode(fill=fill)
+        layers.append(points)
+        panels.append(alt.layer(*layers).properties(height=HEIGHT, title=f"{title} vs {x_title}"))
+    return panels
+
+
 def series_legend(frame: pd.DataFrame, series: str) -> alt.LayerChart:
     """The legend several charts share, drawn once as a chart of its own: a dot in each series' colour (the
     scale series_scale gives every chart of `frame`) and its name, drawn by Vega as text."""

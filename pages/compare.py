@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.prompt_sets import set_name
-
+from engine.variables import variable
 from pages import charts
 from pages.prefill import md_text
 from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, run_label,
@@ -44,6 +44,12 @@ def badges(experiment_id: int, verdict: dict, links: pd.DataFrame) -> str:
     return " · ".join(out)
 
 
+def swept_variables(listing: pd.DataFrame) -> dict[int, str | None]:
+    """{experiment id: the variable it sweeps} (None: k, as experiments stored before sweeps had a variable)."""
+    return {int(i): v if isinstance(v, str) and v else None
+            for i, v in zip(listing["experiment_id"], listing["sweep_variable"])}
+
+
 def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataFrame]:
     label = experiment_label(listing)
     names = dict(zip(listing["experiment_id"], listing["name"]))
@@ -70,6 +76,7 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     csv_download(table, "compare_experiments.csv")
     curves, runs_by_experiment = [], {}
     rows = listing.set_index("experiment_id")
+    sweeps = swept_variables(listing)
     for experiment_id in chosen:
         runs = runs_by_experiment[experiment_id] = cached("runs", experiment_id, experiment_id=experiment_id,
                                                           stamp=stamps[experiment_id])
@@ -79,15 +86,20 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
             # a batch × k grid: one line per batch size, never one line through every batch size
             sizes = curve["run_id"].map(dict(zip(runs["run_id"], runs["batch_size"])))
             at = " · batch " + sizes.astype(int).astype(str)
+        swept = variable(sweeps.get(experiment_id))
+        named = {int(r.run_id): swept.run_value(r) for r in runs.itertuples()} if swept.categorical else {}
         curves.append(curve.assign(experiment=label(experiment_id) + at, experiment_id=experiment_id,
                                    experiment_name=short_label(experiment_id) + at,
-                                   line_label=f"#{experiment_id}" + at))  # the legend below names it in full
+                                   line_label=f"#{experiment_id}" + at,  # the legend below names it in full
+                                   sweep_variable=swept.name, sweep_label=curve["run_id"].map(named)))
     curve = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
-    variables = set(listing[listing["experiment_id"].isin(chosen)]["sweep_variable"].fillna("k"))
-    x_title = variables.pop() if len(variables) == 1 else "swept value"
     if curve.empty or curve["speedup"].isna().all():
         st.info("None of these experiments has a finished speculative run yet.")
         return runs_by_experiment
+    curve["state"] = charts.run_states(curve)
+    for name in dict.fromkeys(curve["sweep_variable"]):  # each variable on its own axis, in the order chosen
+        _sweep_charts(curve[curve["sweep_variable"] == name], variable(name))
+    return runs_by_experiment
     curve["state"] = charts.run_states(curve)
     st.subheader(f"Speedup, alpha and tokens per round vs {x_title}")
     frame = curve[["experiment", "experiment_name", "line_label", "experiment_id", "run_id", "sweep_value", "speedup",
@@ -109,14 +121,48 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     return runs_by_experiment
 
 
-def _runs(runs_by_experiment: dict[int, pd.DataFrame]) -> None:
+def _sweep_charts(curve: pd.DataFrame, swept) -> None:
+    """The experiments sweeping one variable: speedup, alpha and tokens per round against its values, on an axis
+    of its own (a draft sweep's 0 and 1 are indices, never k = 0 and 1); a draft or drafter sweep by name, one
+    category per name."""
+    x_title = swept.said(form=True)  # k, temperature, top-k, draft, drafter: the variable's own words
+    st.subheader(f"Speedup, alpha and tokens per round vs {x_title}")
+    if curve["speedup"].isna().all():
+        st.info(f"None of the experiments sweeping {x_title} has a finished speculative run yet.")
+        return
+    x = "sweep_label" if swept.categorical else "sweep_value"  # a name (runs.sweep_label), else the number
+    frame = curve[["experiment", "experiment_name", "line_label", "experiment_id", "run_id", x, "speedup",
+                   *INTERVAL.values(), "state", "alpha", "tokens_per_round"]]
+    if swept.categorical:
+        panels = charts.category_panels(frame, x, "experiment", x_title, interval=INTERVAL)
+    else:
+        panels = charts.sweep_panels(frame, x, "experiment", x_title, end_label="line_label", interval=INTERVAL)
+    for column, panel in zip(st.columns(len(panels)), panels):  # each fills its column: nothing runs off the page
+        with column:
+            draw(panel, width="stretch")
+    draw(charts.series_legend(frame, "experiment"), width="stretch")  # the legend the panels share
+    csv_download(frame, f"compare_sweep_{swept.name}.csv")
+    st.caption("Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
+               "have not finished, crosses impossible speedups (timing warnings). "
+               + ("Each name is a category: the experiments' points stand side by side within it."
+                  if swept.categorical else
+                  "Each line ends with its experiment's number (and batch size), named in full in the legend."))
+    if swept.categorical:
+        return  # points side by side never lie on one another
+    for y, what in (("speedup", "speedup"), ("alpha", "alpha"), ("tokens_per_round", "tokens per round")):
+        note = charts.coinciding_note(charts.coinciding(frame, x, y, "experiment"), what, x_title)
+        if note:
+            st.caption(md_text(note))
+
+
+def _runs(runs_by_experiment: dict[int, pd.DataFrame], sweeps: dict[int, str]) -> None:
     everything = pd.concat(runs_by_experiment.values(), ignore_index=True) if runs_by_experiment else pd.DataFrame()
     if everything.empty:
         return
     speculative = everything[everything["kind"] == "speculative"]
     labels = {}
     for experiment_id, runs in runs_by_experiment.items():
-        label = run_label(runs)
+        label = run_label(runs, variable(sweeps.get(experiment_id)).name)  # a draft sweep's by its draft, not k
         labels.update({int(r): f"#{experiment_id} · {label(int(r))}" for r in runs["run_id"]})
     chosen = select_ids("Runs", "runs", [int(r) for r in speculative["run_id"]], labels.get)
     if not chosen:
@@ -170,4 +216,4 @@ def render() -> None:
     st.header("Experiments")
     runs_by_experiment = _experiments(listing, chosen)
     st.header("Runs")
-    _runs(runs_by_experiment)
+    _runs(runs_by_experiment, swept_variables(listing))

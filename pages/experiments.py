@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.prompt_sets import set_name
-
+from engine.variables import variable
 from engine.wording import noun, plural
 from pages.common import csv_download, empty_state, experiment_label, nav_page, select_id, show, store, table
 from storage import catalog, queries as q, run_state
@@ -56,6 +56,13 @@ def _filters(everything: pd.DataFrame) -> dict:
     model = c2.selectbox("Model (target or draft)", [ANY, *models], key="filter_model")
     status = c3.selectbox("Status", [ANY, *statuses], key="filter_status")
     return {k: (None if v == ANY else v) for k, v in (("tag", tag), ("model", model), ("status", status))}
+
+
+def swept_text(frame: pd.DataFrame) -> list[list[str]]:
+    """Each experiment's swept values as text, as its variable shows them (4, 0.7, demo-draft): one column holds a
+    k sweep's numbers beside a draft sweep's names, which Arrow cannot hold as one type (ArrowInvalid, every poll)."""
+    return [[variable(name).show(v) for v in values] for name, values in zip(frame["sweep_variable"],
+                                                                             frame["sweep_values"])]
 
 
 def _waiting() -> None:
@@ -107,6 +114,7 @@ def _table(filters: dict, seen: tuple) -> None:
         return
     shown = frame.assign(
         prompts=[set_name(p) for p in frame["prompts"]],  # an upload by its file name, never the server's path
+        sweep_values=swept_text(frame),
         progress=frame["progress"].fillna(0) * 100,
         interval=[f"{show('speedup_ci_lo', lo)}–{show('speedup_ci_hi', hi)}" if pd.notna(lo) and pd.notna(hi)
                   else None for lo, hi in zip(frame["best_ci_lo"], frame["best_ci_hi"])])

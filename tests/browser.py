@@ -147,3 +147,78 @@ def seeded_dashboard(tmp):
     store.dispose()
     with dashboard(tmp, DRAFTLAB_MODELS=str(tmp / "models")) as running:
         yield {**running, "ids": ids}
+
+
+# --- what a browser test fails on: console errors, page errors, exceptions on the page, charts not drawn --------
+
+DRAW_TIMEOUT_MS = 15_000  # after the script run: how long a chart may take to paint before it counts as not drawn
+
+
+def ignored(url: str) -> bool:
+    """Console errors that are not the dashboard's, recognised by their URL only:
+    - the favicon: app/main.py's page icon (:material/science:) is fetched from fonts.gstatic.com, unreachable
+      offline;
+    - Streamlit's client, opened at /PAGE, first looks for its server under that path (/PAGE/_stcore/health and
+      /PAGE/_stcore/host-config answer 404) before using the root."""
+    from pages.nav import PAGES
+
+    return (url.startswith("https://fonts.gstatic.com/s/i/short-term/release/materialsymbolsrounded/science/")
+            or any(f"/{key}/_stcore/" in url for key in PAGES))
+
+
+# Each chart of the page: its container, whether Vega drew into it (a canvas or svg under .vega-embed), and the
+# drawing's size; with the nearest heading above it, to name it in a failure.
+CHARTS_JS = """() => Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]')).map((chart, i) => {
+  const drawn = chart.querySelector('.vega-embed canvas, .vega-embed svg.marks');
+  const box = drawn ? drawn.getBoundingClientRect() : {width: 0, height: 0};
+  let heading = '', node = chart;
+  while (node && !heading) {
+    let sibling = node.previousElementSibling;
+    while (sibling && !heading) {
+      const h = sibling.matches('h1,h2,h3,h4') ? sibling : sibling.querySelector('h1,h2,h3,h4');
+      if (h) heading = h.innerText;
+      sibling = sibling.previousElementSibling;
+    }
+    node = node.parentElement;
+  }
+  return {index: i, drawn: !!drawn, width: box.width, height: box.height, heading: heading.trim()};
+})"""
+
+
+def collect_errors(page) -> list[str]:
+    """The console errors (not `ignored`) and uncaught page errors the page reports from now on, as they come."""
+    messages: list[str] = []
+
+    def on_console(message) -> None:
+        url = (message.location or {}).get("url", "")
+        if message.type == "error" and not ignored(url):
+            messages.append(f"console error: {message.text} ({url})")
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: messages.append(f"page error: {error}"))
+    return messages
+
+
+def page_problems(page, shown: str, messages: list[str], charted: bool) -> tuple[list[str], int]:
+    """What is wrong with the page as drawn (console errors since the last look, charts not drawn, no chart where
+    `charted` says there are some), and how many charts it has."""
+    found = [f"{shown}: {m}" for m in messages]
+    messages.clear()
+    deadline = page.evaluate("Date.now()") + DRAW_TIMEOUT_MS
+    while True:
+        charts = page.evaluate(CHARTS_JS)
+        blank = [c for c in charts if not c["drawn"] or c["height"] <= 0 or c["width"] <= 0]
+        if (charts or not charted) and not blank or page.evaluate("Date.now()") > deadline:
+            break
+        page.wait_for_timeout(250)
+    if charted and not charts:  # a view that lost its charts altogether would pass every other check
+        found.append(f"{shown}: no chart at all")
+    for c in blank:
+        size = f"{c['width']:.0f}x{c['height']:.0f} px" if c["drawn"] else "nothing drawn"
+        found.append(f"{shown}: chart {c['index']} under {c['heading']!r}: {size}")
+    found += [f"{shown}: {m}" for m in messages]
+    messages.clear()
+    # A Python exception on the page (Streamlit shows it in place of the rest of the page).
+    found += [f"{shown}: exception on the page: {text[:500]}"
+              for text in page.locator('[data-testid="stException"]').all_inner_texts()]
+    return found, len(charts)

@@ -9,52 +9,21 @@ test fails on any console error or uncaught page error (Vega's "Unexpected ident
 an expression), on a Python exception shown on the page, on any chart with no drawing or a drawing of height 0,
 and on a view that should have charts and has none.
 
-Console errors that are not the dashboard's are ignored, recognised by their URL only (see `ignored`): the
-favicon fetch, which fails offline, and Streamlit's client probing /PAGE/_stcore/ before the root. On a failure a
-screenshot of the view is saved (tests/browser.py's SCREENSHOTS). Needs Debian's chromium at /usr/bin/chromium,
-like test_browser_e2e.py."""
+Console errors that are not the dashboard's are ignored, recognised by their URL only (tests/browser.py's
+`ignored`): the favicon fetch, which fails offline, and Streamlit's client probing /PAGE/_stcore/ before the
+root. On a failure a screenshot of the view is saved (tests/browser.py's SCREENSHOTS). Needs Debian's chromium
+at /usr/bin/chromium, like test_browser_e2e.py."""
 from __future__ import annotations
 
 from urllib.parse import quote
 
 import pytest
 
-from tests.browser import SCREENSHOTS, chromium, seeded_dashboard, needs_chromium, settle
+from tests.browser import (CHARTS_JS, SCREENSHOTS, chromium, collect_errors, needs_chromium, page_problems,
+                           seeded_dashboard, settle)
 from tests.chart_data import NAMES
 
 pytestmark = needs_chromium
-DRAW_TIMEOUT_MS = 15_000  # after the script run: how long a chart may take to paint before it counts as not drawn
-
-
-def ignored(url: str) -> bool:
-    """Console errors that are not the dashboard's, recognised by their URL only:
-    - the favicon: app/main.py's page icon (:material/science:) is fetched from fonts.gstatic.com, unreachable
-      offline;
-    - Streamlit's client, opened at /PAGE, first looks for its server under that path (/PAGE/_stcore/health and
-      /PAGE/_stcore/host-config answer 404) before using the root."""
-    from pages.nav import PAGES
-
-    return (url.startswith("https://fonts.gstatic.com/s/i/short-term/release/materialsymbolsrounded/science/")
-            or any(f"/{key}/_stcore/" in url for key in PAGES))
-
-
-# Each chart of the page: its container, whether Vega drew into it (a canvas or svg under .vega-embed), and the
-# drawing's size; with the nearest heading above it, to name it in a failure.
-CHARTS_JS = """() => Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]')).map((chart, i) => {
-  const drawn = chart.querySelector('.vega-embed canvas, .vega-embed svg.marks');
-  const box = drawn ? drawn.getBoundingClientRect() : {width: 0, height: 0};
-  let heading = '', node = chart;
-  while (node && !heading) {
-    let sibling = node.previousElementSibling;
-    while (sibling && !heading) {
-      const h = sibling.matches('h1,h2,h3,h4') ? sibling : sibling.querySelector('h1,h2,h3,h4');
-      if (h) heading = h.innerText;
-      sibling = sibling.previousElementSibling;
-    }
-    node = node.parentElement;
-  }
-  return {index: i, drawn: !!drawn, width: box.width, height: box.height, heading: heading.trim()};
-})"""
 
 
 CONFIRM_HEADINGS = ("Speedup vs concurrency", "Acceptance by draft position, vLLM and lab")  # pages/confirm_panel.py
@@ -90,31 +59,6 @@ def visits(ids: dict) -> list[tuple[str, str, str, bool]]:
     return out
 
 
-def _problems(page, shown: str, messages: list[str], charted: bool) -> tuple[list[str], int]:
-    """What is wrong with the page as drawn (console errors since the last look, charts not drawn, no chart where
-    `charted` says there are some), and how many charts it has."""
-    found = [f"{shown}: {m}" for m in messages]
-    messages.clear()
-    deadline = page.evaluate("Date.now()") + DRAW_TIMEOUT_MS
-    while True:
-        charts = page.evaluate(CHARTS_JS)
-        blank = [c for c in charts if not c["drawn"] or c["height"] <= 0 or c["width"] <= 0]
-        if (charts or not charted) and not blank or page.evaluate("Date.now()") > deadline:
-            break
-        page.wait_for_timeout(250)
-    if charted and not charts:  # a view that lost its charts altogether would pass every other check
-        found.append(f"{shown}: no chart at all")
-    for c in blank:
-        size = f"{c['width']:.0f}x{c['height']:.0f} px" if c["drawn"] else "nothing drawn"
-        found.append(f"{shown}: chart {c['index']} under {c['heading']!r}: {size}")
-    found += [f"{shown}: {m}" for m in messages]
-    messages.clear()
-    # A Python exception on the page (Streamlit shows it in place of the rest of the page).
-    found += [f"{shown}: exception on the page: {text[:500]}"
-              for text in page.locator('[data-testid="stException"]').all_inner_texts()]
-    return found, len(charts)
-
-
 def _open_expanders(page) -> None:
     """Open every closed expander, so the charts inside are laid out too (a closed one has no height)."""
     closed = page.locator('[data-testid="stExpander"] details:not([open]) > summary')
@@ -138,15 +82,7 @@ def test_every_page_draws_every_chart_with_names_that_hold_quotes_tags_and_non_a
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1500, "height": 1400})
         page.set_default_timeout(60_000)
-        messages: list[str] = []
-
-        def on_console(message) -> None:
-            url = (message.location or {}).get("url", "")
-            if message.type == "error" and not ignored(url):
-                messages.append(f"console error: {message.text} ({url})")
-
-        page.on("console", on_console)
-        page.on("pageerror", lambda error: messages.append(f"page error: {error}"))
+        messages = collect_errors(page)
         for key, shown, path, charted in visits(ids):
             page.goto(f"{served['url']}/{path}")
             page.locator("h1").first.wait_for()
@@ -154,7 +90,7 @@ def test_every_page_draws_every_chart_with_names_that_hold_quotes_tags_and_non_a
             if key == "theory":
                 _load_theory_from_a_run(page, f"#{ids['k']} · {NAMES['k']} (done)")
             _open_expanders(page)
-            found, count = _problems(page, shown, messages, charted)
+            found, count = page_problems(page, shown, messages, charted)
             if path == f"experiment?experiment={ids['grid']}":  # its stored vLLM confirm's charts must draw too
                 headings = {c["heading"] for c in page.evaluate(CHARTS_JS) if c["drawn"] and c["height"] > 0}
                 found += [f"{shown}: no drawn chart under {h!r}" for h in CONFIRM_HEADINGS if h not in headings]

@@ -644,13 +644,16 @@ def test_compare_overlays_experiments_and_runs(populated):
     at = app("compare", experiments=",".join(map(str, ids)), runs=f"{run_a},{run_b},{run_a}")  # repeats ignored
     assert_clean(at)
     data = [d for chart in chart_data(at) for d in chart]
-    speedup = next(d for d in data if "speedup" in d and "alpha" in d)  # the sweep panels' one frame
-    assert len(speedup) == sum(len(c) for c in curves.values())
-    assert set(speedup["experiment_id"]) == set(ids)
+    # The sweep panels' frames, one per swept variable (each experiment on its own variable's axis)
+    sweeps = {tuple(sorted(d["run_id"])): d for d in data if "speedup" in d and "alpha" in d}
+    assert sum(len(d) for d in sweeps.values()) == sum(len(c) for c in curves.values())
+    assert {int(i) for d in sweeps.values() for i in d["experiment_id"]} == set(ids)
+    variables = set(listing["sweep_variable"].fillna("k"))
+    assert len(sweeps) == len(variables) > 1
     position = next(d for d in data if "conditional" in d)
     assert set(position["run_id"]) == {run_a, run_b}
-    assert {"compare_experiments.csv", "compare_sweep.csv", "compare_runs.csv", "compare_by_position.csv",
-            "compare_by_type.csv"} <= set(downloads(at))
+    assert {"compare_experiments.csv", *(f"compare_sweep_{v}.csv" for v in variables), "compare_runs.csv",
+            "compare_by_position.csv", "compare_by_type.csv"} <= set(downloads(at))
     runs_table = next(d.value for d in at.dataframe if "α" in d.value.index)
     assert runs_table.shape[1] == 2
 
@@ -1580,7 +1583,7 @@ def test_compare_sweeps_are_separate_panels_with_one_legend_and_names_at_the_lin
     assert any(odd in name for name in legend_names)  # the name verbatim, drawn as text
     expressions = json.dumps([t for p in panels for layer in p["layer"] for t in layer.get("transform", [])])
     assert "bold" not in expressions  # a name is data, never part of a Vega expression
-    assert "compare_sweep.csv" in downloads(at)
+    assert "compare_sweep_k.csv" in downloads(at)  # one CSV per swept variable, named after it
 
 
 def test_end_labels_sit_at_each_lines_last_height_right_of_every_line_and_never_overlap():
