@@ -79,8 +79,8 @@ def _source(name: str) -> str:
         if not (path / "config.json").exists():
             raise DraftLabError(f"model directory {name!r} has no config.json; point at a directory saved with save_pretrained()")
         return str(path)
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:  # a path, not an `org/name` hub id
-        raise DraftLabError(f"model {name!r} not found: no such directory; pass an existing local path, an HF model id or demo-target/demo-draft")
+    if zoo.missing_folder(name):  # a path, not an `org/name` hub id
+        raise DraftLabError(zoo.missing_folder(name))
     return name  # an HF model id
 
 

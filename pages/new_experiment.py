@@ -126,6 +126,22 @@ def _format(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
+def number_error(setting: str, value) -> str | None:
+    """What is wrong with one number field's value, None when nothing: the bounds every input of the setting shares
+    (engine/variables.py, with engine/limits.py's caps). The one check both for the line under the field, as it is
+    typed, and for Launch's list."""
+    described = VARIABLES.get(setting) or SETTINGS[setting]
+    if described.in_range(value):
+        return None
+    cap = f" (raise the cap with ${LIMITS[described.limit].env})" if described.limit else ""
+    return f"{described.title.lower()} must be {described.meaning}{cap}"
+
+
+def k_auto_error(k_auto) -> str | None:
+    """k auto's largest k out of range (under the field as typed, and in Launch's list), None when fine."""
+    return None if 2 <= k_auto <= MAX_K else f"the largest k for k auto must be from 2 to {MAX_K}"
+
+
 def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, prompts: str | None,
              prompt_error: str | None, temperature: float, top_k: int, top_p: float, seed: int,
              max_new_tokens: int, device: str, dtype: str, sweep_variable: str, sweep_text: str, k: int,
@@ -156,14 +172,11 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     elif not prompts:
         launch.errors.append("prompts: choose a built-in set or upload a .jsonl/.csv/.txt file")
     for setting, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
-                           ("batch_size", batch_size), *settings.items()):
-        if not VARIABLES[setting].in_range(value):  # the bounds every input of this setting shares
-            launch.errors.append(f"{VARIABLES[setting].title.lower()} must be {VARIABLES[setting].meaning}")
-    for setting, value in (("seed", seed), ("max_new_tokens", max_new_tokens), ("repeats", repeats)):
-        described = SETTINGS[setting]  # engine/variables.py: the CLI's bounds, with engine/limits.py's caps
-        if not described.in_range(value):
-            cap = f" (raise the cap with ${LIMITS[described.limit].env})" if described.limit else ""
-            launch.errors.append(f"{described.title.lower()} must be {described.meaning}{cap}")
+                           ("batch_size", batch_size), *settings.items(), ("seed", seed),
+                           ("max_new_tokens", max_new_tokens), ("repeats", repeats)):
+        problem = number_error(setting, value)
+        if problem:
+            launch.errors.append(problem)
     if len(name.strip()) > NAME_CHARS:
         launch.errors.append(f"name is {len(name.strip())} characters; an experiment's name holds at most {NAME_CHARS}")
     if device not in DEVICES:
@@ -182,8 +195,8 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     values: list = []
     if k_auto is not None:
         sweep_variable, values, k = "k", [k_auto], k_auto
-        if not 2 <= k_auto <= MAX_K:
-            launch.errors.append(f"the largest k for k auto must be from 2 to {MAX_K}")
+        if k_auto_error(k_auto):
+            launch.errors.append(k_auto_error(k_auto))
     elif sweep_error:
         launch.errors.append(sweep_error)
     elif sweep_variable in SWEEP_VARIABLES:
@@ -194,19 +207,13 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
                 values = parse_sweep_values(sweep_text, sweep_variable)
         except ValueError as exc:
             launch.errors.append(str(exc))
-    if not VARIABLES["k"].in_range(k):
-        launch.errors.append(f"k must be {VARIABLES['k'].meaning}")
+    if number_error("k", k):
+        launch.errors.append(number_error("k", k))
     sizes = None  # a grid's batch sizes
-    if grid_text.strip() and sweep_variable != "batch_size":  # k auto too: predicted, then confirmed at each
-        try:
-            sizes = parse_sweep_values(grid_text, "batch_size")  # engine/variables.py's bounds
-        except ValueError as exc:
-            launch.errors.append(f"at batch sizes: {exc}")
-        else:
-            if len(sizes) < 2:
-                launch.errors.append(f"at batch sizes: a grid lists two or more batch sizes (got {sizes[0]}); "
-                                     f"for one batch size set Batch size instead and leave this empty")
-                sizes = None
+    if sweep_variable != "batch_size":  # k auto too: predicted, then confirmed at each
+        sizes, problem = parse_grid(grid_text)
+        if problem:
+            launch.errors.append(problem)
     largest = max(sizes or (values if sweep_variable == "batch_size" and values else [batch_size]))
     if prompt_count is not None and VARIABLES["batch_size"].in_range(largest) and largest > prompt_count:
         launch.errors.append(f"batch size {largest} needs at least {largest} prompts but the prompt set has "
@@ -306,6 +313,23 @@ def _pair_check(target: str, draft: str) -> _CheckOnPage:
     return _CheckOnPage(check.ok, check.message, slot)
 
 
+def _model_error(name: str) -> str | None:
+    """Under a model field, as it is typed: a path-looking name with no folder there (engine/zoo.py's
+    missing_folder, the rule the engine loads by), never the hub's complaint about a repo id; None when fine."""
+    problem = zoo.missing_folder(str(name or "").strip())
+    if problem:
+        st.error(md_text(problem), icon=":material/folder_off:")
+    return problem
+
+
+def _number_error(setting: str, value, container=st) -> str | None:
+    """Under a number field, as it is typed: number_error's line, in the field's own column; None when fine."""
+    problem = number_error(setting, value)
+    if problem:
+        container.error(md_text(problem), icon=":material/error:")
+    return problem
+
+
 def _show_check(check, label: str = "Pair check") -> None:
     where = getattr(check, "slot", None) or st
     if check.ok:
@@ -339,13 +363,24 @@ def _prompt_count(prompts, prompt_texts) -> int | None:
         return None
 
 
+def parse_grid(grid_text) -> tuple[list[int] | None, str | None]:
+    """The "At batch sizes" field: (its batch sizes, None); (None, None) when it is empty; (None, the problem)
+    when it is not a grid (engine/variables.py's bounds, two or more sizes)."""
+    if not str(grid_text or "").strip():
+        return None, None
+    try:
+        sizes = parse_sweep_values(grid_text, "batch_size")
+    except ValueError as exc:
+        return None, f"at batch sizes: {exc}"
+    if len(sizes) < 2:
+        return None, (f"at batch sizes: a grid lists two or more batch sizes (got {sizes[0]}); for one batch size "
+                      f"set Batch size instead and leave this empty")
+    return sizes, None
+
+
 def batch_sizes_of(grid_text: str, batch_size: int) -> list[int]:
     """The batch sizes Launch decodes at: the grid's (two or more listed in "at batch sizes"), else batch_size."""
-    try:
-        sizes = parse_sweep_values(grid_text, "batch_size") if str(grid_text or "").strip() else []
-    except ValueError:
-        sizes = []
-    return sizes if len(sizes) > 1 else [int(batch_size)]
+    return parse_grid(grid_text)[0] or [int(batch_size)]
 
 
 def _speed(target: str, batch_size: int):
@@ -540,6 +575,7 @@ def render() -> None:
         st.subheader("Models")
         _seed("target")
         target = st.text_input("Target model", key="target", help=zoo.model_help("target"))
+        unfound = _model_error(target)  # a path with no folder there, said under its field
         checks = None
         if choice == "draft":
             candidates, checks = _draft_candidates(target)
@@ -555,9 +591,11 @@ def render() -> None:
                               "fills in Draft model")
             draft = st.text_input("Draft model", key="draft", persist_state="page",
                                   help=zoo.model_help("draft"))
-            check = _pair_check(target, draft)
-            _show_check(check)
-            check_ok, check_message = check.ok, check.message
+            unfound = _model_error(draft) or unfound
+            check = _pair_check(target, draft) if not unfound else None  # nothing to load: said under the field
+            if check is not None:
+                _show_check(check)
+            check_ok, check_message = (check.ok, check.message) if check is not None else (False, unfound)
         drafter = "model" if choice == "drafter" else _drafter_choice(candidates if choice == "draft" else [draft])
         st.subheader("Prompts")
         prompts, prompt_error, prompt_texts = _prompt_source()
@@ -568,24 +606,31 @@ def render() -> None:
         for key in ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "device", "dtype"):
             _seed(key)
         fixed = {}  # each sampling setting's one value (engine/variables.py: title, step, help)
+        problems = []  # each field's own, shown under it as it is typed
         for column, setting in zip(st.columns(3), ("temperature", "top_k", "top_p")):
             v = VARIABLES[setting]
             fixed[setting] = column.number_input(v.title, step=v.step, key=setting, help=v.help.split(";")[0])
+            problems.append(_number_error(setting, fixed[setting], column))
         for setting in EXTRA_FIELDS:
             _seed(setting)
             v = VARIABLES[setting]
             fixed[setting] = st.number_input(v.title, step=v.step, key=setting, help=v.help.split(";")[0])
+            problems.append(_number_error(setting, fixed[setting]))
         temperature, top_k, top_p = fixed["temperature"], fixed["top_k"], fixed["top_p"]
         _seed("batch_size")
         unused = batch_size_unused(choice, st.session_state.get("grid_batch_sizes", ""))
         fixed["batch_size"] = st.number_input(VARIABLES["batch_size"].title, step=1, key="batch_size",
                                               disabled=unused is not None,
                                               help=unused or VARIABLES["batch_size"].help.split(";")[0])
+        if unused is None:
+            problems.append(_number_error("batch_size", fixed["batch_size"]))
         c1, c2 = st.columns(2)
         seed = c1.number_input(SETTINGS["seed"].title, step=1, key="seed", help=SETTINGS["seed"].meaning)
+        problems.append(_number_error("seed", seed, c1))
         max_new_tokens = c2.number_input(SETTINGS["max_new_tokens"].title, step=16, key="max_new_tokens",
                                          help=f"{SETTINGS['max_new_tokens'].meaning} "
                                               f"(the cap: ${LIMITS['max_new_tokens'].env})")
+        problems.append(_number_error("max_new_tokens", max_new_tokens, c2))
         c1, c2 = st.columns(2)
         device = c1.selectbox("Device", DEVICES, key="device")
         dtype = c2.selectbox("Dtype", DTYPES, key="dtype")
@@ -602,10 +647,18 @@ def render() -> None:
                                      help="this k is measured first; from it and the target's verify cost the "
                                      "speedup of every smaller k is predicted, then the 3 best predicted are "
                                      "measured against a fresh baseline to confirm")
+            problems.append(k_auto_error(k_auto))
+            if problems[-1]:
+                c2.error(problems[-1], icon=":material/error:")
         elif choice in NUMERIC_SWEEPS:
             _seed("sweep_values")
             sweep_text = c2.text_input(f"{sweep_variable} values", key="sweep_values", persist_state="page",
                                        help="comma-separated; one speculative run each")
+            try:
+                parse_sweep_values(sweep_text, sweep_variable)  # validate()'s parse, said under the field
+            except ValueError as exc:
+                c2.error(md_text(str(exc)), icon=":material/error:")
+                problems.append(str(exc))
         elif choice == "draft":
             c2.caption("One speculative run per draft candidate (listed under Models), k fixed below, all against "
                        "one target-only baseline.")
@@ -624,6 +677,10 @@ def render() -> None:
             _seed("grid_batch_sizes")
             grid_text = st.text_input("At batch sizes (optional: a grid)", key="grid_batch_sizes",
                                       persist_state="page", placeholder="e.g. 1,4,16", help=GRID_HELP)
+            grid_problem = parse_grid(grid_text)[1]
+            if grid_problem:
+                st.error(md_text(grid_problem), icon=":material/error:")
+                problems.append(grid_problem)
         draft_sampling = "probabilistic"
         if choice != "draft_sampling":
             _seed("draft_sampling")
@@ -633,13 +690,18 @@ def render() -> None:
             _seed("fixed_k")
             k = st.number_input("k (fixed)" if choice != "drafter" else "k (fixed; heuristic: its starting k)",
                                 step=1, key="fixed_k", persist_state="page")
+            problems.append(_number_error("k", k))
         _seed("repeats")
         repeats = st.number_input("Repeats", step=1, key="repeats",
                                   help="each prompt is decoded this many times per configuration (the baseline and "
                                   "every swept value, interleaved), and the median time is used; more repeats narrow "
                                   "the speedup's 95 % interval on a noisy machine")
-        _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, int(max_new_tokens),
-                  int(repeats), batch_sizes_of(grid_text, int(fixed["batch_size"])))
+        problems.append(_number_error("repeats", repeats))
+        if any(problems):  # an estimate of what Launch refuses would be no figure at all (-2,100 tokens)
+            st.caption("No estimate of the work while a field above is wrong.")
+        else:
+            _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto,
+                      int(max_new_tokens), int(repeats), batch_sizes_of(grid_text, int(fixed["batch_size"])))
     st.subheader("Label")
     for key in ("name", "tags", "notes"):
         _seed(key)

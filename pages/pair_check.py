@@ -55,15 +55,16 @@ class PairCheck:
 def model_source(name: str) -> str:
     """Where a model name loads from: the shipped directory of a demo name, else the name (HF id or path)."""
     from engine import zoo
+    from engine.errors import DraftLabError
 
     demo = zoo.resolve(name)
     if demo is not None:
         return str(demo)
     if name in zoo.DEMO_MODELS:
-        from engine.errors import DraftLabError
-
         raise DraftLabError(f"demo model {name!r} is not built in this install; train it with "
                             f"`python -m engine.zoo.train --model {name}`")
+    if zoo.missing_folder(name):  # a path with no folder: never handed to the hub as a repo id
+        raise DraftLabError(zoo.missing_folder(name))
     return name
 
 

@@ -1,6 +1,7 @@
 """The shipped demo models: names that resolve to directories inside the package, no download."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 ZOO_DIR = Path(__file__).resolve().parent
@@ -32,3 +33,19 @@ def resolve(name: str) -> Path | None:
         return None
     path = ZOO_DIR / name
     return path if (path / "config.json").exists() else None
+
+
+def looks_like_path(name: str) -> bool:
+    """A model name meant as a local folder, never an HF id (`org/name`): it starts with /, ./, ../ or ~, holds
+    more than one /, or holds the system's own separator where that is not / (Windows' backslash)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
+
+
+def missing_folder(name: str) -> str | None:
+    """The one line for a model name that looks like a local path (looks_like_path) with no folder there; None
+    for a folder that exists, a demo name or an HF id. What the engine refuses to load and the New-experiment
+    form says under the field as it is typed (the hub's "Repo id must be in the form …" is never the answer)."""
+    if not name or name in DEMO_MODELS or not looks_like_path(name) or Path(name).expanduser().exists():
+        return None
+    return (f"model {name!r} not found: no such folder; give an existing local folder, an HF model id (org/name) "
+            f"or {DEMO_TARGET}/{DEMO_DRAFTS[0]}")
