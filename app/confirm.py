@@ -13,6 +13,7 @@ start, dies, a request times out, no counters) is reported in one line and the o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -30,6 +31,7 @@ _repeats = whole(1, 1000, what="a number of passes per server and concurrency", 
 DIED_WAIT_SECONDS = 5.0  # a request cut off mid-answer is seen before its server's exit is: wait this long for it
 _seconds = whole(1, 86_400, what="seconds", fix="; e.g. 600")
 _concurrency_value = whole(1, 4096, what="a concurrency (requests in flight)", fix="; e.g. --concurrency 1,4,16")
+HEARTBEAT_SECONDS = 5.0  # `draftlab confirm`'s heartbeat on its row (a worker's confirm has the worker's)
 
 
 def concurrency_list(text: str) -> list[int]:
@@ -170,6 +172,69 @@ def _terminate(signum, frame):
     raise _Terminated()
 
 
+@contextlib.contextmanager
+def _signals_deferred():
+    """Ctrl-C and SIGTERM wait while the servers stop and the confirm is stored (a second Ctrl-C must not cut that
+    short: a server left running, a row left `running`), and are delivered after. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
+
+
+@contextlib.contextmanager
+def _heartbeat(store, confirm_id: int):
+    """The confirm's heartbeat while this process runs it: a sweep (storage/liveness.py) closes a confirm whose
+    process is gone, and ends the servers it left."""
+    from storage.confirm_jobs import report_confirm
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_SECONDS):
+            try:
+                report_confirm(store, confirm_id, None)
+            except Exception:  # noqa: BLE001 - a refused beat: the next one, or the stale window, decides
+                pass
+
+    thread = threading.Thread(target=beat, name=f"confirm-{confirm_id}-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def _recorder(store, confirm_id: int):
+    """VllmServer.start's on_launch: each server this confirm starts is written to its row as soon as it exists
+    (storage/confirm_jobs.record_servers), so a sweep ends it should this process die with the watchdogs. A write
+    the database refuses leaves that to the watchdog alone."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from storage.confirm_jobs import record_servers
+
+    started: list = []
+
+    def record(server) -> None:
+        started.append(server.tree_id())
+        try:
+            record_servers(store, confirm_id, started)
+        except SQLAlchemyError:
+            pass
+
+    return record
+
+
 def _measure_pass(server, prompts, request, concurrency, timeout, progress, counted: bool, measured: Measured):
     """One pass on one server; the speculative one's counters are scraped before and after and summed."""
     from .completions_load import RequestFailed, run_pass
@@ -303,13 +368,14 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
     servers: list = []
     version = ""
     started = time.monotonic()
+    record = _recorder(store, confirm_id)
     try:
         progress.describe("starting the target-only server")
         if plan.baseline_server is not None:
             baseline = VllmServer.attach("target-only", plan.baseline_server)
         else:
             baseline = VllmServer.start("target-only", plan.command_line, configs[0].target,
-                                        startup_timeout=plan.startup_timeout)
+                                        startup_timeout=plan.startup_timeout, on_launch=record)
         servers.append(baseline)
         version = baseline.version()
         _warm_up(baseline, prompts, configs[0].request, plan.request_timeout)
@@ -321,7 +387,8 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
                     spec = VllmServer.attach(config.label, plan.server)
                 else:
                     spec = VllmServer.start(f"{config.label} (k={config.k})", plan.command_line, config.target,
-                                            config.speculative_config, startup_timeout=plan.startup_timeout)
+                                            config.speculative_config, startup_timeout=plan.startup_timeout,
+                                            on_launch=record)
                 servers.append(spec)
                 _warm_up(spec, prompts, config.request, plan.request_timeout)
                 results = []
@@ -344,29 +411,48 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
                     break
             finally:
                 if spec is not None and spec in servers:
-                    spec.stop()
-                    servers.remove(spec)
+                    with _signals_deferred():
+                        spec.stop()
+                        servers.remove(spec)
     except DraftLabError as exc:
         errors.append(str(exc))
     except KeyboardInterrupt:
         errors.append("interrupted (Ctrl-C, SIGTERM or a stopped worker): the configurations measured before are kept")
         raise
     finally:
-        for server in servers:
-            server.stop()
-        progress.describe("storing the target-only passes")  # also the last requests-done count a worker reports
-        for c, passes in baseline_passes.items():
-            if passes:
-                add_measurement(store, confirm_id, eid, label="target-only", k=0, run_id=None, speculative_config=None,
-                                concurrency=c, passes=passes, figures=summarize(passes))
-        finish_confirm(store, confirm_id, engine_version=version, wall_seconds=time.monotonic() - started,
-                       errors=errors, worker_id=worker_id)
+        with _signals_deferred():
+            for server in servers:
+                server.stop()
+            progress.describe("storing the target-only passes")  # also the last requests-done count a worker reports
+            for c, passes in baseline_passes.items():
+                if passes:
+                    add_measurement(store, confirm_id, eid, label="target-only", k=0, run_id=None,
+                                    speculative_config=None, concurrency=c, passes=passes, figures=summarize(passes))
+            finish_confirm(store, confirm_id, engine_version=version, wall_seconds=time.monotonic() - started,
+                           errors=errors, worker_id=worker_id)
     return errors
 
 
 def command(args, store) -> int:
     """Measure, store, print (a table, or `--json` one JSON object); bad input raises DraftLabError before any
-    server starts; a configuration that fails is one `error:` line and exit status 1, the others kept."""
+    server starts; a configuration that fails is one `error:` line and exit status 1, the others kept. Ctrl-C and
+    SIGTERM are one `error:` line saying what is stored, and exit status 130 / 143 (128 + the signal)."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
+    try:
+        return _command(args, store)
+    except KeyboardInterrupt as exc:
+        status, what = ((128 + signal.SIGTERM, "terminated (SIGTERM)") if isinstance(exc, _Terminated) else
+                        (128 + signal.SIGINT, "interrupted (Ctrl-C)"))
+        print(f"error: {what}; {exc.args[0] if exc.args else 'nothing was stored'}", file=sys.stderr)
+        return status
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _command(args, store) -> int:
+    from storage import liveness
     from storage.confirms import confirm_document, start_confirm
 
     confirm = plan(store, args.experiment_id, args.configs,
@@ -376,18 +462,19 @@ def command(args, store) -> int:
 
     from pages.access import cli_launcher
 
+    liveness.mark_stale(store)  # a confirm killed before (its row closed, the servers it left ended), a dead worker's
     confirm_id = start_confirm(store, confirm.experiment_id, configs=args.configs, concurrency=confirm.concurrency,
                                repeats=args.repeats, launched_by=cli_launcher(), requests_total=confirm.requests)
     progress = Progress(confirm.requests)
     started = time.monotonic()
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
-        errors = measure(store, confirm_id, confirm, progress)
+        with _heartbeat(store, confirm_id):
+            errors = measure(store, confirm_id, confirm, progress)
+    except KeyboardInterrupt as exc:  # measure closed the confirm and stopped its servers
+        raise type(exc)(f"confirm {confirm_id} is stored as failed with the configurations measured before; its "
+                        f"servers are stopped") from None
     finally:
         progress.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     for line in errors:
         if f"error: {line}" not in progress.written:  # one line per fault: a configuration's was shown already
             print(f"error: {line}", file=sys.stderr)

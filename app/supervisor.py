@@ -33,6 +33,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine import process_tree
 from engine.wording import noun, plural
 
 DEVICE_RE = re.compile(r"^(cuda|cpu):\d+$")
@@ -83,17 +84,6 @@ def parse_devices(spec: str, count: Callable[[], int] | None = None) -> list[str
     return ["+".join(sorted(item, key=lambda m: int(m.split(":")[1]))) for item in items]
 
 
-def _stop_with_parent() -> None:
-    """In the child, before exec (Linux): SIGTERM when the supervisor dies, even by SIGKILL, so no worker is
-    orphaned; the child then ends its runs interrupted as on any SIGTERM."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux/glibc: the children outlive a killed supervisor
-        pass
-
-
 @dataclass
 class Child:
     device: str
@@ -135,7 +125,10 @@ class Supervisor:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         # Its own process group: a Ctrl-C in the terminal reaches the supervisor, which stops the children itself
         # (one SIGTERM each), instead of every child seeing SIGINT at once.
-        child.proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_stop_with_parent)
+        # SIGTERM when the supervisor dies, even by SIGKILL (Linux), so no worker is orphaned: it then ends its runs
+        # interrupted as on any SIGTERM. Elsewhere the children outlive a killed supervisor.
+        child.proc = subprocess.Popen(argv, env=env, start_new_session=True,
+                                      preexec_fn=process_tree.parent_death_signal(signal.SIGTERM))
         child.started, child.restart_at = time.monotonic(), None
         self.log(f"{child.device}: worker {child.worker_id} started (pid {child.proc.pid})")
 

@@ -8,21 +8,30 @@ The command is COMMAND (`--vllm`, else $DRAFTLAB_VLLM, else the CPU build script
 deploy` holds. The CPU build's own `vllm` console script fails (it looks up the distribution "vllm"), hence the
 module form; the CPU defaults add `--dtype float32 --enforce-eager` (its half-precision and graph paths are what
 fails on a plain x86 CPU) and VLLM_CPU_KVCACHE_SPACE=1 GiB unless set.
+
+A server never outlives DraftLab: `stop()` ends its whole process tree (engine/process_tree.py: the group, and every
+descendant seen while it ran) even when the server process itself has died, and a watchdog beside it does the same
+when the process that started it dies, even by SIGKILL (the server also gets SIGTERM then: PR_SET_PDEATHSIG). Its
+log is removed when it stops, unless DraftLab quoted it in an error (a failure the user is pointed to).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from engine import process_tree
 from engine.errors import DraftLabError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +41,14 @@ CPU_FLAGS = ("--dtype", "float32", "--enforce-eager")
 STOP_GRACE_SECONDS = 15.0
 BIND_ATTEMPTS = 3  # a port chosen free can be taken before the server binds it: start again on another
 PORT_TAKEN = "Address already in use"
-ERROR_WORDS = ("Error", "error:", "Exception", "Address already in use", "Traceback")
+ERROR_WORDS = ("Error", "error:", "Exception", "Address already in use")
+# A log line at a level below ERROR (vLLM's `(APIServer pid=1) WARNING 05-10 16:31:45 [file.py:12] …`, uvicorn's
+# `INFO:     …`) or a Python warning says nothing about why a server stopped, even when it names an error (vLLM's
+# ulimit warning quotes `OSError: [Errno 24] Too many open files`).
+QUIET = re.compile(r"(?:^|[\s)])(?:DEBUG|INFO|WARNING)(?::\s|\s+\d\d-\d\d \d\d:\d\d:\d\d)|\b[A-Z]\w*Warning:")
+LOUD = re.compile(r"(?:^|[\s)])(?:ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d")
+EXCEPTION = re.compile(r"(?:^|[\s\].])[A-Z]\w*(?:Error|Exception)(?::|$)")  # a traceback's last line: `RuntimeError: …`
+POINTERS = ("See root cause above", "Traceback (most recent call last)")  # a line that points at the real error
 
 
 def default_command() -> str:
@@ -63,12 +79,19 @@ def http_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
 
 
 def last_error(log: str) -> str:
-    """The line of a server log that says why it stopped: the last line naming an error, else the last line."""
+    """The line of a server log that says why it stopped, lines below ERROR level left out (QUIET): the last
+    exception (`RuntimeError: …`), else the last ERROR line or line naming an error, else a line pointing at one
+    (vLLM's "See root cause above"); else it says there is none, quoting the last line."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if any(word in line for word in ERROR_WORDS) and not line.startswith("Traceback"):
-            return line[-300:]
-    return lines[-1][-300:] if lines else "its log is empty"
+    said = [line for line in lines if not QUIET.search(line)]
+    erring = [line for line in said if LOUD.search(line) or any(word in line for word in ERROR_WORDS)]
+    for tier in ([x for x in said if EXCEPTION.search(x)], erring):
+        found = [line for line in tier if not any(p in line for p in POINTERS)]
+        if found:
+            return found[-1][-300:]
+    if erring:
+        return erring[-1][-300:]
+    return f"its log names no error (its last line: {lines[-1][-200:]})" if lines else "its log is empty"
 
 
 class VllmServer:
@@ -77,12 +100,19 @@ class VllmServer:
     def __init__(self, name: str, url: str, model: str, process: subprocess.Popen | None = None,
                  log_path: Path | None = None):
         self.name, self.url, self.model, self.process, self.log_path = name, url.rstrip("/"), model, process, log_path
+        self.started_at = process_tree.start_time(process.pid) if process is not None else None
+        self.keep_log = False  # an error quoted its log: the user is pointed to it
+        self.watchdog: subprocess.Popen | None = None
+        self._watchdog_pipe: int | None = None
+        self._stopped = False
 
     @classmethod
     def start(cls, name: str, command: str, model: str, speculative_config: str | None = None,
-              extra: tuple[str, ...] = (), startup_timeout: float = 600.0, env: dict | None = None) -> "VllmServer":
+              extra: tuple[str, ...] = (), startup_timeout: float = 600.0, env: dict | None = None,
+              on_launch=None) -> "VllmServer":
         """Launch COMMAND on a free loopback port and wait for /health; DraftLabError (one line, with the last error
-        of its log) if it exits or is not ready within `startup_timeout` seconds."""
+        of its log) if it exits or is not ready within `startup_timeout` seconds. `on_launch(server)` is called as
+        soon as its process exists (to record it, before it is ready)."""
         try:
             argv = shlex.split(command)
         except ValueError as exc:
@@ -96,11 +126,15 @@ class VllmServer:
         for attempt in range(1, BIND_ATTEMPTS + 1):
             server = cls._launch(name, argv, model, speculative_config, extra, environment)
             try:
+                if on_launch is not None:
+                    on_launch(server)
                 server._wait_ready(startup_timeout)
                 return server
             except DraftLabError:
+                retry = server.port_taken() and attempt < BIND_ATTEMPTS
+                server.keep_log = not retry  # a port taken and tried again: nobody is pointed to that log
                 server.stop()
-                if not server.port_taken() or attempt == BIND_ATTEMPTS:
+                if not retry:
                     raise
             except BaseException:
                 server.stop()
@@ -116,15 +150,41 @@ class VllmServer:
             argv += ["--speculative-config", speculative_config]
         fd, log_name = tempfile.mkstemp(prefix=f"draftlab-vllm-{name.replace(' ', '_').replace('/', '_')}-",
                                         suffix=".log")
+        # SIGTERM when this thread's process dies (the parent, for PR_SET_PDEATHSIG, is the thread that forks: only
+        # the main thread's lasts as long as the process); the watchdog covers every thread, and what forks from it.
+        main = threading.current_thread() is threading.main_thread()
         try:
             process = subprocess.Popen(argv, stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=environment, start_new_session=True)
+                                       env=environment, start_new_session=True,
+                                       preexec_fn=process_tree.parent_death_signal(signal.SIGTERM) if main else None)
         except OSError as exc:
+            Path(log_name).unlink(missing_ok=True)
             raise DraftLabError(f"cannot start vLLM ({argv[0]}: {exc.strerror or exc}); install it with "
                                 f"scripts/install_vllm.sh or point --vllm / $DRAFTLAB_VLLM at your vLLM") from None
         finally:
             os.close(fd)
-        return cls(name, f"http://127.0.0.1:{port}", model, process, Path(log_name))
+        server = cls(name, f"http://127.0.0.1:{port}", model, process, Path(log_name))
+        server._watch()
+        return server
+
+    def _watch(self) -> None:
+        """Start the watchdog (engine/process_tree.py) that ends this server's tree when `stop` closes the pipe to it
+        or this process dies; without one (it could not start), `stop` ends the tree itself."""
+        read, write = os.pipe()
+        try:
+            self.watchdog = subprocess.Popen(
+                [sys.executable, "-I", process_tree.__file__, str(self.process.pid), str(self.started_at or ""),
+                 str(STOP_GRACE_SECONDS), str(self.log_path)],
+                stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            self._watchdog_pipe = write
+        except OSError:
+            os.close(write)
+        finally:
+            os.close(read)
+
+    def tree_id(self) -> tuple[int, int | None] | None:
+        """(pid, start time) of the server process, the leader of its process group; None when attached to."""
+        return (self.process.pid, self.started_at) if self.process is not None else None
 
     @classmethod
     def attach(cls, name: str, url: str) -> "VllmServer":
@@ -186,8 +246,10 @@ class VllmServer:
             self.process.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             return None
-        return (f"the vLLM server for {self.name} died (exit status {self.process.returncode}): "
-                f"{last_error(self.log())} (log: {self.log_path})")
+        code = self.process.returncode
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        self.keep_log = True
+        return f"the vLLM server for {self.name} died ({how}): {last_error(self.log())} (log: {self.log_path})"
 
     def version(self) -> str:
         status, body = http_get(self.url + "/version")
@@ -200,21 +262,41 @@ class VllmServer:
         return self.url + "/metrics"
 
     def stop(self) -> None:
-        """SIGTERM to the whole process group (vLLM's engine core is a child), SIGKILL after a grace period."""
-        process = self.process
-        if process is None or process.poll() is not None:
+        """End the server's whole process tree, also when the server process has exited already (vLLM's EngineCore
+        and workers outlive it, with parent PID 1): SIGTERM to its group and to every descendant its watchdog saw,
+        SIGKILL after STOP_GRACE_SECONDS. Its log is removed unless an error quoted it (`keep_log`)."""
+        if self.process is None or self._stopped:
             return
-        for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                process.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # children that outlived the leader
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
+        self._stopped = True
+        if not self._stop_watchdog():
+            process_tree.Tree(self.process.pid, self.started_at).end(STOP_GRACE_SECONDS)
+        try:
+            self.process.wait(timeout=5.0)  # reaped (it has ended; a zombie until now)
+        except subprocess.TimeoutExpired:
             pass
+        if not self.keep_log and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+
+    def _stop_watchdog(self) -> bool:
+        """Have the watchdog end the tree (it knows the descendants that left the group); False if there is none."""
+        watchdog, pipe = self.watchdog, self._watchdog_pipe
+        if watchdog is None or pipe is None:
+            return False
+        self._watchdog_pipe = None
+        alive = watchdog.poll() is None
+        try:
+            if self.keep_log:
+                os.write(pipe, process_tree.KEEP_LOG)
+        except OSError:
+            pass
+        finally:
+            os.close(pipe)  # end of file: the watchdog ends the tree and exits
+        if not alive:
+            return False
+        try:
+            watchdog.wait(timeout=STOP_GRACE_SECONDS + 10.0)
+            return True
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            watchdog.wait()
+            return False

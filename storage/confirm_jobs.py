@@ -1,9 +1,10 @@
 """Confirms queued from the dashboard ("Confirm in vLLM" on the experiment detail page): a `server_confirms` row in
 status `queued` that a worker claims with one conditional UPDATE (as training jobs are), runs with app/confirm.py's
 one measuring loop and closes with storage/confirms.py's `finish_confirm`. While it runs, the worker writes its
-phase and the requests done of the whole confirm in writes fenced to itself; a confirm whose worker is gone is
-swept to `interrupted` with the measurements it stored (each configuration is stored whole or not at all) by
-storage/liveness.py's sweep.
+phase and the requests done of the whole confirm in writes fenced to itself, and its heartbeat keeps the confirm's
+fresh; a confirm whose worker is gone is swept to `interrupted` with the measurements it stored (each configuration
+is stored whole or not at all) by storage/liveness.py's sweep, which also ends the vLLM servers it left running
+(recorded by `record_servers`).
 
 Everything a confirm needs is checked when it is queued, with the CLI's words: the experiment ran (its prompts are
 stored), the configurations exist (the verdict chose one; a k grid has a schedule; a lossless run for `all`),
@@ -16,6 +17,7 @@ import pandas as pd
 from sqlalchemy import insert, text
 
 from .errors import QueueError
+from .liveness import confirm_processes
 from .schema import QUEUED, RUNNING, server_confirms, utcnow
 from .store import Store
 
@@ -110,10 +112,18 @@ def claim_confirm(store: Store, confirm_id: int, worker_id: str) -> bool:
     """Atomically move a queued confirm to running for worker_id; False if another worker got it first."""
     with store.write() as conn:
         return conn.execute(text(
-            "UPDATE server_confirms SET status = :running, worker_id = :w, heartbeat = :now, phase = :phase "
-            "WHERE id = :id AND status = :queued"),
+            "UPDATE server_confirms SET status = :running, worker_id = :w, heartbeat = :now, phase = :phase, "
+            "processes = :processes WHERE id = :id AND status = :queued"),
             {"running": RUNNING, "w": worker_id, "now": utcnow(), "id": int(confirm_id), "queued": QUEUED,
-             "phase": "claimed by a worker"}).rowcount == 1
+             "phase": "claimed by a worker", "processes": confirm_processes()}).rowcount == 1
+
+
+def record_servers(store: Store, confirm_id: int, servers) -> None:
+    """The vLLM servers this process started for a running confirm ([pid, start time] each), written as soon as each
+    exists: a sweep ends them if this process dies with its watchdogs (storage/liveness.py)."""
+    with store.write() as conn:
+        conn.execute(text("UPDATE server_confirms SET processes = :p WHERE id = :id AND status = :running"),
+                     {"p": confirm_processes(servers), "id": int(confirm_id), "running": RUNNING})
 
 
 def report_confirm(store: Store, confirm_id: int, worker_id: str | None, **fields) -> bool:

@@ -23,7 +23,7 @@ from sqlalchemy import insert, text, update
 
 from .production import add_series, lab_positions, series_document
 from .queries import _frame
-from .schema import DONE, FAILED, RUNNING, server_confirms, server_measurements, server_passes
+from .schema import DONE, FAILED, RUNNING, server_confirms, server_measurements, server_passes, utcnow
 from .stats import paired_bootstrap_ci, paired_speedup, percentile
 from .store import Store
 
@@ -101,14 +101,18 @@ def lab_outputs(store: Store, run_id: int) -> dict[int, list[int]]:
 
 def start_confirm(store: Store, experiment_id: int, *, configs: str, concurrency: list[int], repeats: int,
                   engine: str = "vllm", launched_by: str | None = None, requests_total: int | None = None) -> int:
-    """A confirm the CLI runs itself, stored running (the dashboard's are queued: storage/confirm_jobs.py)."""
+    """A confirm the CLI runs itself, stored running (the dashboard's are queued: storage/confirm_jobs.py), held by
+    this process: its heartbeat (the CLI's) and `processes` let a sweep close it if the process dies."""
+    from .liveness import confirm_processes
+
     with store.write() as conn:
         if conn.execute(text("SELECT 1 FROM experiments WHERE id = :e"), {"e": experiment_id}).first() is None:
             raise KeyError(experiment_id)
         return int(conn.execute(insert(server_confirms).values(
             experiment_id=experiment_id, engine=engine, configs=configs, repeats=repeats, launched_by=launched_by,
             concurrency=",".join(map(str, concurrency)), phase="running in `draftlab confirm`",
-            requests_total=requests_total)).inserted_primary_key[0])
+            requests_total=requests_total, heartbeat=utcnow(),
+            processes=confirm_processes())).inserted_primary_key[0])
 
 
 def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label: str, k: int, run_id: int | None,

@@ -129,6 +129,19 @@ def _v16_to_v17(conn: Connection) -> None:
     _add_columns(conn, (("experiments", "draft_drafters", "TEXT"),))
 
 
+def _v17_to_v18(conn: Connection) -> None:
+    """v18: a confirm's speedup compares equal work and is withheld when it is no result: each measurement's paired
+    target-only throughput, the reason a speedup is withheld, and the sampled-output comparison."""
+    _add_columns(conn, (("server_measurements", "baseline_tokens_per_second", "DOUBLE PRECISION"),
+                        ("server_measurements", "speedup_warning", "TEXT"),
+                        ("server_measurements", "outputs_test", "TEXT")))
+
+
+def _v18_to_v19(conn: Connection) -> None:
+    """v19: the process running a confirm and the servers it started, so a sweep ends those a killed confirm left."""
+    _add_columns(conn, (("server_confirms", "processes", "TEXT"),))
+
+
 def add_variable_columns(conn: Connection) -> None:
     """v15, and every open after: each swept variable's column on experiments and runs (storage/schema.py's
     variable_columns, typed from engine/variables.py), so a new variable needs no step of its own. Older rows keep
@@ -140,7 +153,8 @@ STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3:
                                                   5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8, 8: _v8_to_v9,
                                                   9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12,
                                                   12: _v12_to_v13, 13: _v13_to_v14, 14: add_variable_columns,
-                                                  15: _v15_to_v16, 16: _v16_to_v17}
+                                                  15: _v15_to_v16, 16: _v16_to_v17, 17: _v17_to_v18,
+                                                  18: _v18_to_v19}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 

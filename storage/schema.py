@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 19
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -462,6 +462,9 @@ class ServerConfirm(Base):
     phase: Mapped[str | None] = mapped_column(Text, nullable=True)
     requests_done: Mapped[int | None] = mapped_column(Integer, nullable=True)
     requests_total: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # v19: the process running it and the vLLM servers it started, JSON {"host", "pid", "start", "servers": [[pid,
+    # start], ...]} (storage/liveness.py): a sweep ends the servers of a confirm whose process died on this host.
+    processes: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ServerMeasurement(Base):
@@ -495,6 +498,11 @@ class ServerMeasurement(Base):
     outputs_match_server_baseline: Mapped[float | None] = mapped_column(Double, nullable=True)
     outputs_match_lab: Mapped[float | None] = mapped_column(Double, nullable=True)
     first_divergence: Mapped[str | None] = mapped_column(Text, nullable=True)  # a sentence; NULL when all match
+    # v18: the paired target-only passes' throughput (speedup = tokens_per_second / it), why the speedup is withheld
+    # (NULL: shown), and under sampling the output comparison (storage/sampled_outputs.py, JSON)
+    baseline_tokens_per_second: Mapped[float | None] = mapped_column(Double, nullable=True)
+    speedup_warning: Mapped[str | None] = mapped_column(Text, nullable=True)
+    outputs_test: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ServerPass(Base):

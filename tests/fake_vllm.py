@@ -7,6 +7,13 @@ speculation). With a speculative config of k tokens each step streams up to k + 
 round whose first draft is always accepted and whose others are accepted at every other step, in vLLM's counters
 (per position: unconditional, 0-based).
 
+Like vLLM, it forks an engine process (the stand-in for its EngineCore) that names itself `VLLM::EngineCor` (the
+15 characters Linux keeps), stays in the server's process group and outlives the server process when that is
+killed, as vLLM's does (parent PID 1); on SIGTERM it ends. $FAKE_VLLM_ESCAPE=1 has it leave the group (a session of
+its own) as well, and $FAKE_VLLM_SLOW_STOP=K:S has the engine of the server whose k is K take S seconds to end on
+SIGTERM. With $FAKE_VLLM_PIDS (a folder), each server writes {"server": pid, "engine": pid, "k": k} to
+SERVER_PID.json there, so the tests can look for both after DraftLab stopped the server.
+
 Faults, for the confirm's fault tests: $FAKE_VLLM_FAULT = "MODE:K:N" makes the server whose k is K (0: the one
 without speculation) misbehave from its N-th completion request on (the warm-up is request 1):
 - die: it streams one chunk of that request, says why on its log, and exits (status 7) mid-answer;
@@ -17,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -126,6 +135,28 @@ def make_handler(model: str, counters: Counters, fault: Fault):
     return Handler
 
 
+ENGINE = """
+import ctypes, os, signal, sys, time
+ctypes.CDLL("libc.so.6").prctl(15, b"VLLM::EngineCore")  # PR_SET_NAME, as vLLM's setproctitle does
+if os.environ.get("FAKE_VLLM_ESCAPE") == "1":
+    os.setsid()
+slow_k, _, seconds = os.environ.get("FAKE_VLLM_SLOW_STOP", "").partition(":")
+if seconds and slow_k == sys.argv[1]:  # a slow shutdown
+    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(float(seconds)), sys.exit(0)))
+while True:
+    time.sleep(60)
+"""
+
+
+def start_engine(k: int) -> None:
+    """The EngineCore stand-in (see the module's docstring), and the pid file."""
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(k)], stdin=subprocess.DEVNULL)
+    folder = os.environ.get("FAKE_VLLM_PIDS")
+    if folder:
+        with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
+            json.dump({"server": os.getpid(), "engine": engine.pid, "k": k}, f)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -136,6 +167,7 @@ def main() -> None:
     k = int(json.loads(args.speculative_config)["num_speculative_tokens"]) if args.speculative_config else 0
     print(f"fake vLLM for {args.model} on {args.port}, k={k}", flush=True)
     fault = Fault(k, os.environ.get("FAKE_VLLM_FAULT", ""))
+    start_engine(k)
     ThreadingHTTPServer((args.host, args.port), make_handler(args.model, Counters(k), fault)).serve_forever()
 
 

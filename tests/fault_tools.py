@@ -8,16 +8,22 @@
 - OwnPostgres: a PostgreSQL server of our own (initdb + pg_ctl in a temp dir, as user `postgres` when run
   as root), to stop and start under a running worker; never the shared server.
 - audit(): what the fault left behind: runs done / failed with a reason / stuck, duplicated rows, integrity.
+- FakeServers: the processes of the stand-in vLLM servers (tests/fake_vllm.py) a confirm started, read from their
+  pid files, to kill and to look for after a fault; ConfirmProcess: `draftlab confirm` in a process of its own, to
+  signal.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 from glob import glob
 from pathlib import Path
 
@@ -239,3 +245,77 @@ class CommitWatcher:
 
     def lost(self, stored: dict[int, int]) -> int:
         return sum(max(0, n - stored.get(rid, 0)) for rid, n in self.seen.items())
+
+
+# --- processes a confirm started --------------------------------------------------------------------------------
+
+def wait_until(condition, timeout: float, what: str, step: float = 0.1):
+    """condition()'s first true value within `timeout` seconds; AssertionError naming `what` if none."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            assert value, f"{what}: not within {timeout:g} s"
+            return value
+        time.sleep(step)
+
+
+class FakeServers:
+    """The stand-in vLLM servers started with $FAKE_VLLM_PIDS = `folder`: {"server", "engine", "k"} each."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def started(self) -> list[dict]:
+        found = []
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                found.append(json.loads(path.read_text()))
+            except ValueError:  # being written
+                pass
+        return found
+
+    def wait_for(self, n: int, timeout: float = 120.0) -> list[dict]:
+        return wait_until(lambda: (lambda s: s if len(s) >= n else None)(self.started()), timeout,
+                          f"{n} stand-in vLLM servers started")
+
+    def alive(self) -> list[str]:
+        """Each server or engine process still running (zombies count as ended), e.g. "engine 1234 (k=1)"."""
+        from engine.process_tree import running
+
+        return [f"{role} {s[role]} (k={s['k']})" for s in self.started() for role in ("server", "engine")
+                if running(s[role])]
+
+
+class ConfirmProcess:
+    """`draftlab confirm ARGS` in a process of its own, Ctrl-C raising KeyboardInterrupt in it as in a terminal (a
+    process started in the background inherits SIGINT ignored)."""
+
+    LAUNCH = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "from app.cli import main; sys.exit(main(sys.argv[1:]))")
+
+    def __init__(self, args: list[str], env: dict):
+        root = Path(__file__).resolve().parent.parent
+        self.proc = subprocess.Popen([sys.executable, "-c", self.LAUNCH, "confirm", *args], cwd=root,
+                                     env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+
+    def watchdogs(self) -> list[int]:
+        """The pids of its servers' watchdogs (engine/process_tree.py run as a script, its children)."""
+        found = []
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == self.proc.pid and b"process_tree.py" in cmdline:
+                found.append(int(name))
+        return found
+
+    def finish(self, timeout: float = 120.0) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err

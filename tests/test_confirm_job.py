@@ -34,6 +34,7 @@ def test_a_queued_confirm_is_run_by_a_worker_and_stored_with_its_progress(lab, m
     doc, store = lab
     eid = doc["experiment_id"]
     monkeypatch.setenv("DRAFTLAB_VLLM", FAKE)
+    monkeypatch.setenv("FAKE_VLLM_STEP_SECONDS", "0.002")  # steps that cost time: a speedup within tokens per step
     cid = enqueue_confirm(store, eid, configs="all", concurrency=[1, 2], repeats=2, launched_by="local 127.0.0.1")
     assert get_confirm(store, cid)["status"] == "queued"
     seen = []
@@ -152,3 +153,83 @@ def test_the_queue_and_the_reads_beside_the_lab_on_sqlite_and_postgresql(store):
     liveness.mark_stale(store, stale_seconds=3600)  # the worker's process is gone
     assert get_confirm(store, cid)["status"] == "interrupted"
     assert not finish_confirm(store, cid, engine_version="x", wall_seconds=1.0, errors=[], worker_id="w")
+
+
+def _experiment_with_a_run(store) -> int:
+    """An experiment with its prompts and a finished speculative run (enough to queue a confirm of it)."""
+    from storage import queries as q
+    from storage import run_state
+    from storage.experiments import enqueue_experiment
+
+    eid = enqueue_experiment(store, name="lease", target="t", draft="d", prompts="p", sampling={}, sweep_values=(2,),
+                             prompt_texts=["a", "b"])
+    for rid in q.runs(store, eid)["run_id"]:
+        run_state.finish_run(store, int(rid), "done")
+    return eid
+
+
+def _age(store, cid: int, seconds: float, **columns) -> None:
+    """Move a confirm's heartbeat (and created) `seconds` into the past; set other columns as given."""
+    from datetime import timedelta
+
+    from sqlalchemy import text
+
+    from storage.schema import utcnow
+
+    old = utcnow() - timedelta(seconds=seconds)
+    sets = "".join(f", {k} = :{k}" for k in columns)
+    with store.write() as conn:
+        conn.execute(text(f"UPDATE server_confirms SET heartbeat = :old, created = :old{sets} WHERE id = :c"),
+                     {"old": old, "c": cid, **columns})
+
+
+def test_a_live_workers_heartbeat_keeps_its_confirm_through_a_long_server_start(store):
+    """A confirm writes no progress while vLLM starts (minutes on a CPU): its worker's heartbeat keeps it, so no
+    other sweep takes it for stale while the worker lives."""
+    import os
+
+    from storage import liveness
+
+    cid = enqueue_confirm(store, _experiment_with_a_run(store), configs="all", concurrency=[1])
+    liveness.register_worker(store, "alive", liveness.host_identity(), os.getpid())
+    assert claim_confirm(store, cid, "alive")
+    _age(store, cid, 120)
+    liveness.heartbeat(store, "alive", None)
+    liveness.mark_stale(store, stale_seconds=60)
+    assert get_confirm(store, cid)["status"] == "running"
+
+
+def test_a_cli_confirm_whose_process_is_gone_is_swept_as_interrupted(store):
+    """`draftlab confirm`'s own confirm holds a lease too: its process on this host, its heartbeat. Swept when the
+    process is gone (at once on this host), when its heartbeat is older than the stale window (another host), and
+    a row from before heartbeats once it is that old; never while its process runs and beats."""
+    import json
+
+    from storage import liveness
+    from storage.confirm_jobs import record_servers
+    from storage.confirms import start_confirm
+
+    eid = _experiment_with_a_run(store)
+
+    def confirm(**columns) -> int:
+        cid = start_confirm(store, eid, configs="all", concurrency=[1], repeats=1)
+        if columns:
+            _age(store, cid, columns.pop("age", 0), **columns)
+        return cid
+
+    here = json.loads(liveness.confirm_processes())
+    running = confirm()
+    record_servers(store, running, [[999_999_998, None]])  # a server long gone: nothing to end
+    dead_here = confirm(processes=json.dumps({**here, "pid": 999_999_999}))
+    elsewhere_fresh = confirm(processes=json.dumps({**here, "host": "elsewhere"}))
+    elsewhere_stale = confirm(age=120, processes=json.dumps({**here, "host": "elsewhere"}))
+    before_heartbeats = confirm(age=120, processes=None)
+    liveness.mark_stale(store, stale_seconds=60)
+    status = {cid: get_confirm(store, cid) for cid in (running, dead_here, elsewhere_fresh, elsewhere_stale,
+                                                        before_heartbeats)}
+    assert [status[c]["status"] for c in (running, elsewhere_fresh)] == ["running", "running"]
+    assert json.loads(status[running]["processes"])["servers"] == [[999_999_998, None]]
+    for cid in (dead_here, elsewhere_stale, before_heartbeats):
+        assert status[cid]["status"] == "interrupted", cid
+        assert "`draftlab confirm` process stopped" in status[cid]["error"]
+        assert "were ended" not in status[cid]["error"]
