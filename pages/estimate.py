@@ -7,9 +7,8 @@ memory-bound, each step reads every weight once, so tokens/s scales with 1 / (by
 another target measured at that batch size whose weights are on this machine too, and says so. No estimate is
 better than a made-up one: without any measured reference, none is given.
 
-A training job's time is scaled from the last finished job's measured pace (seconds per sampled token, steps ×
-batch × samples × new tokens); without one, its sampling alone (every step's continuations decoded by the target at
-its measured speed) gives a lower bound, named as such.
+A training job's time: pages/training_estimate.py (a figure with its range, scaled from finished jobs part by
+part).
 
 Plain Python over storage's queries (cached by the page); pages never load a model: weights are only measured on
 disk.
@@ -90,25 +89,6 @@ def decode_speed(target: str, batch_size: int, measured: dict | None, others: pd
                                 f"{batch_size}: {row.target} decoded {float(row.tokens_per_second):.1f} tokens/s there "
                                 f"(experiment #{row.experiment_id}) and this target's weights are "
                                 f"{mine / theirs:.2g}× its size", False)
-    return None
-
-
-def training_seconds(steps: int, batch_size: int, samples: int, max_new_tokens: int, jobs: pd.DataFrame,
-                     speed: Speed | None) -> tuple[float, str] | None:
-    """(seconds, what they are from) of a training job before it is queued: scaled from the newest finished job's
-    pace (its train_seconds over the tokens it sampled), else a lower bound from the target's decoding speed;
-    None when neither is known. jobs: storage.training.jobs."""
-    tokens = steps * batch_size * samples * max_new_tokens
-    done = jobs[(jobs["status"] == "done") & (jobs["train_seconds"].fillna(0) > 0)] if len(jobs) else jobs
-    for job in done.itertuples():
-        sampled = int(job.steps) * int(job.batch_size) * int(job.samples) * int(job.max_new_tokens)
-        if sampled > 0:
-            pace = float(job.train_seconds) / sampled
-            return tokens * pace, (f"scaled from job {job.id}'s measured pace ({float(job.train_seconds):.0f} s for "
-                                   f"{sampled:,} sampled tokens)")
-    if speed is not None:
-        return tokens / speed.tokens_per_second, (f"at least: its {tokens:,} sampled tokens at {speed.source} "
-                                                  f"(no training job has finished yet to measure a pace)")
     return None
 
 

@@ -166,8 +166,8 @@ def _form() -> None:
     st.caption(f"Written to this directory. Trained drafts and heads go to `${training.MODELS_ENV}` (here: the "
                f"directory above); share it and the database, and the team sees each other's.")
     st.code(str(models / name.strip()), language=None, wrap_lines=True)
-    _estimate(target, kind, settings["steps"], settings["batch_size"], settings["samples"],
-              settings["max_new_tokens"])
+    _estimate({"kind": kind, "target": target.strip(), "draft": draft.strip(), "prompts": spec, "validation": val,
+               **{key: settings[key] for key in ("steps", "batch_size", "max_new_tokens", "samples")}})
     if check is not None and not check.ok:
         problems.append("the pair check failed")
     if spec is None:
@@ -241,29 +241,33 @@ def _head_fields() -> tuple[dict, list[str]]:
             "draft_vocab_size": int(vocab), "aux_layers": aux}, problems
 
 
-def _estimate(target: str, kind: str, steps: int, batch: int, samples: int, max_new_tokens: int) -> None:
-    """How long the job will take, before it is queued, and what that is from (pages/estimate.py): the last
-    finished job's pace (of the same kind: a head's step runs the target, a distillation's the draft), else the
-    target's sampling alone at its decoding speed (a lower bound)."""
-    from pages.common import cached
-    from pages.estimate import decode_speed, duration, training_seconds
+def _estimate(shape_args: dict) -> None:
+    """How long the job will take, before it is queued: a figure with its range and basis
+    (pages/training_estimate.py), scaled from the finished jobs (the same kind's steps; either kind's loading and
+    responses), else from the shipped demo's recorded run of the kind."""
+    from pages.training_estimate import Shape, training_estimate
 
-    speed = None
-    if target.strip():
-        measured = cached("target_speed", target.strip(), batch_size=1)  # continuations are sampled one by one
-        speed = decode_speed(target.strip(), 1, measured,
-                             cached("baseline_speeds", 1) if measured is None else pd.DataFrame())
+    counts = {"train_prompts": _count(shape_args.pop("prompts")),
+              "validation_prompts": _count(shape_args.pop("validation"))}
     try:
-        jobs = training.jobs(store())
-        estimate = training_seconds(steps, batch, samples, max_new_tokens, jobs[jobs["kind"] == kind], speed)
+        timings = training.job_timings(store())
     except Exception:  # noqa: BLE001 - no database to ask: the form still queues (it opens it then)
-        estimate = None
+        timings = pd.DataFrame(columns=training.TIMING_COLUMNS)
+    estimate = training_estimate(Shape(**shape_args, **counts), timings, _count)
     if estimate is None:
-        st.caption(f"No duration estimate: no {'' if kind == DISTILL else 'head '}training job has finished yet and "
-                   f"this target has no measured speed.")
+        st.caption("No duration estimate: no training job of this kind has finished here and no shipped run of it "
+                   "is recorded.")
     else:
-        seconds, source = estimate
-        st.caption(md_text(f"About {duration(seconds)} on one worker, {source}."))
+        st.caption(md_text(f"{estimate.text()[0].upper()}{estimate.text()[1:]}, on one worker."))
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def _count(spec: str | None) -> int | None:
+    """How many prompts a spec names (None when it is not readable here)."""
+    try:
+        return len(load_prompts(spec)) if spec else None
+    except (DraftLabError, OSError):
+        return None
 
 
 def _next_id() -> int:

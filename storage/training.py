@@ -322,6 +322,35 @@ def jobs(store: Store) -> pd.DataFrame:
     return pd.DataFrame([tuple(r) for r in rows], columns=JOB_COLUMNS)
 
 
+TIMING_COLUMNS = ["id", "kind", "target", "draft", "prompts", "validation", "steps", "batch_size", "max_new_tokens",
+                  "samples", "device_name", "train_seconds", "wall_seconds", "step_seconds"]
+
+
+def job_timings(store: Store) -> pd.DataFrame:
+    """How long each finished (done) job took, newest first, what the Train form's estimate scales from
+    (pages/training_estimate.py): its settings (TIMING_COLUMNS), train_seconds (its optimiser steps and held-out
+    evaluations), wall_seconds (claimed to finished: loading, the target's responses, training, measuring) and
+    step_seconds, the median time of one optimiser step from its curve's per-step times, leaving out each step
+    that follows a held-out evaluation (a point with its KL), whose time holds that evaluation too (NULL without
+    per-step times)."""
+    deltas = """SELECT job_id, seconds - LAG(seconds, 1, 0) OVER (PARTITION BY job_id ORDER BY step) AS delta,
+                       LAG(kl) OVER (PARTITION BY job_id ORDER BY step) AS evaluated
+                FROM training_points WHERE step > 0 AND seconds IS NOT NULL AND job_id IN (
+                    SELECT id FROM training_jobs WHERE status = :done)"""
+    with store.read() as conn:
+        rows = conn.execute(select(*[training_jobs.c[c] for c in TIMING_COLUMNS[:11]], training_jobs.c.train_seconds,
+                                   training_jobs.c.started, training_jobs.c.finished)
+                            .where(training_jobs.c.status == DONE).order_by(training_jobs.c.id.desc())).all()
+        steps = conn.execute(text(deltas), {"done": DONE}).all()
+    frame = pd.DataFrame([tuple(r[:12]) + ((r[13] - r[12]).total_seconds() if r[12] and r[13] else None,)
+                          for r in rows], columns=TIMING_COLUMNS[:13])
+    pure = pd.DataFrame([(job, delta) for job, delta, evaluated in steps if evaluated is None],
+                        columns=["id", "step_seconds"])
+    medians = pure.groupby("id")["step_seconds"].median()
+    frame["step_seconds"] = frame["id"].map(medians).astype(float)
+    return frame
+
+
 POINT_COLUMNS = ["step", "loss", "lr", "kl", "seconds", "acceptance_length"]
 
 

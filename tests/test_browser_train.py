@@ -175,3 +175,65 @@ def test_queue_an_eagle3_head_job_watch_it_finish_and_pick_the_head(tmp_path):
         assert field(page, "Draft model").input_value() == str(out)
         page.get_by_text("EAGLE-3 head (speculators layout) for this target").wait_for()
         page.close()
+
+
+def _finished_head_job(db: str) -> dict:
+    """A head job of demo-target recorded as done (its times and per-step curve as a worker writes them), so the
+    form has one finished head job to estimate from without training one here."""
+    from datetime import timedelta
+
+    from sqlalchemy import insert, text
+
+    from storage import open_store, training
+    from storage.schema import training_points, utcnow
+
+    store = open_store(db)
+    job_id = training.enqueue_training(store, kind="head", name="done-head", target="demo-target",
+                                       prompts="code:tune", validation="code:validation", steps=16)
+    start = utcnow()
+    with store.write() as conn:
+        conn.execute(insert(training_points), [{"job_id": job_id, "step": s, "seconds": 0.9 * s + 2.0 * (s // 2),
+                                                "kl": 1.0 if s % 2 == 0 else None} for s in range(1, 17)])
+        conn.execute(text("UPDATE training_jobs SET status = 'done', train_seconds = 30.4, started = :s, "
+                          "finished = :f, device_name = 'cpu' WHERE id = :id"),
+                     {"s": start, "f": start + timedelta(seconds=95), "id": job_id})
+    timings = training.job_timings(store)
+    store.dispose()
+    return timings
+
+
+def test_the_forms_estimates_have_a_range_and_a_basis_and_the_head_form_sees_head_jobs(tmp_path):
+    """The Train form's duration estimate in a browser, with one finished head job in the database: the EAGLE-3
+    form's is from that job, the figure training_estimate makes of the stored rows; the distillation form's is the
+    shipped demo-draft-distilled's run at the pace that head job measured here. No console or page error."""
+    from engine import zoo
+    from engine.head_settings import DEFAULTS
+    from engine.prompt_sets import held_out_split, load_prompts
+    from pages.training_estimate import Shape, training_estimate
+    from tests.browser import collect_errors, page_problems
+
+    with dashboard(tmp_path, DRAFTLAB_MODELS=str(tmp_path / "models")) as served, chromium() as browser:
+        timings = _finished_head_job(served["db"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1900})
+        page.set_default_timeout(120_000)
+        errors = collect_errors(page)
+        page.goto(f"{served['url']}/train")
+        page.get_by_text("tokenizers match").wait_for()
+        settle(page)
+        distill = page.get_by_text(re.compile(r"^About .*no distillation job has finished here yet")).inner_text()
+        assert "demo-draft-distilled" in distill and "× its time" in distill and "–" in distill, distill
+
+        page.get_by_text("Train an EAGLE-3 head", exact=True).click()
+        settle(page)
+        head = page.get_by_text(re.compile(r"^About .*finished head training job")).inner_text()
+        spec = zoo.recipe()["prompts"]  # the form's default set
+        count = lambda s: len(load_prompts(s))  # noqa: E731
+        validation = held_out_split(spec)[0]
+        shape = Shape("head", "demo-target", "", DEFAULTS["steps"], DEFAULTS["batch_size"], DEFAULTS["max_new_tokens"],
+                      DEFAULTS["samples"], count(spec), count(validation))
+        expected = training_estimate(shape, timings, count)
+        assert head.startswith(f"About {expected.text().split(',')[0][len('about '):]}"), (head, expected.text())
+        assert "from 1 finished head training job on cpu" in head
+        problems, _ = page_problems(page, "train form", errors, charted=False)
+        assert not problems, problems
+        page.close()

@@ -339,21 +339,6 @@ def test_the_token_chart_is_one_monospace_advance_wide_per_character():
     assert [(r["drawn"], r["text_x"]) for r in rows] == [("M", 0), ("y", 1), ("Parent", 3)]
 
 
-def test_a_training_job_s_estimate_scales_the_last_job_s_pace_or_bounds_it_by_the_target_s_speed():
-    import pandas as pd
-
-    from pages.estimate import Speed, training_seconds
-
-    jobs = pd.DataFrame({"id": [3, 2], "status": ["failed", "done"], "train_seconds": [None, 120.0],
-                         "steps": [10, 100], "batch_size": [8, 4], "samples": [1, 1], "max_new_tokens": [64, 32]})
-    seconds, source = training_seconds(200, 4, 2, 32, jobs, None)  # 4 × the tokens job 2 sampled in 120 s
-    assert seconds == 480.0 and "job 2's measured pace" in source
-    speed = Speed(50.0, "this target's last measured speed at batch size 1 (50.0 tokens/s)", True)
-    seconds, source = training_seconds(10, 2, 1, 25, jobs.iloc[:1], speed)  # no finished job: a lower bound
-    assert seconds == 10.0 and source.startswith("at least: its 500 sampled tokens at this target's")
-    assert training_seconds(10, 2, 1, 25, jobs.iloc[:0], None) is None
-
-
 def test_the_decode_speed_is_the_target_s_own_at_that_batch_size_else_scaled_by_model_size():
     import pandas as pd
 

@@ -45,8 +45,10 @@ def test_the_form_queues_a_job_and_shows_where_drafts_go(train_db):
     assert "DRAFTLAB_MODELS" in page_text(at)
     _fill(at, model_dirs)
     assert any("tokenizers match" in s.value or "Pair check" in s.value for s in at.success)
-    # Before it is queued: how long, and what that rests on (nothing measured yet: no estimate, saying why).
-    assert any("No duration estimate: no training job has finished yet" in c.value for c in at.caption)
+    # Before it is queued: how long, with a range and what that rests on (nothing finished here yet: the shipped
+    # demo's recorded run, scaled to this job's shape and models).
+    assert any(c.value.startswith("About ") and "(" in c.value and "no distillation job has finished here yet"
+               in c.value and "demo-draft-distilled" in c.value for c in at.caption)
     at.button(key="train_launch").click().run()
     assert_clean(at)
     jobs = training.jobs(store)
@@ -239,7 +241,8 @@ def test_the_head_form_starts_from_train_heads_defaults_and_queues_a_head_job(tr
              for key in ("steps", "lr", "ttt_steps", "draft_vocab_size", "max_new_tokens", "batch_size", "samples")}
     assert shown == {key: head_settings.DEFAULTS[key] for key in shown}
     assert at.text_input(key="head_aux_layers").value == "auto"
-    assert any("No duration estimate: no head training job has finished yet" in c.value for c in at.caption)
+    assert any("no head training job has finished here yet" in c.value and "demo-eagle3" in c.value
+               for c in at.caption)
     _fill_head(at, model_dirs)
     assert str(tmp_path / "shared-models" / "my-head") in page_text(at)
     at.button(key="train_launch").click().run()
@@ -317,6 +320,14 @@ def test_a_finished_head_job_shows_its_figures_and_is_offered_as_a_head(train_db
     assert labels[f"α, greedy k=2 (before: {job['alpha_before']:.3f})"] == f"{job['alpha_after']:.3f}"
     grid = next(d for d in at.dataframe if "outputs_match_baseline" in d.value)  # the head against the target alone
     assert grid.value["draft"].tolist() == ["tiny-head"]
+
+    # The EAGLE-3 form's estimate is from that finished head job (it said "no training job has finished yet")
+    form = app("train")
+    form.radio(key="train_kind").set_value("head").run()
+    form.text_input(key="train_target").set_value(model_dirs["target"]).run()
+    assert_clean(form)
+    assert any("from 1 finished head training job on cpu" in c.value for c in form.caption), \
+        [c.value for c in form.caption]
 
     # New experiment: listed as an EAGLE-3 head; picked, it is the draft and its check passes against its target
     at = app("new")
