@@ -22,6 +22,7 @@ Plain Python over storage's rows and files on disk: pages never load a model.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -209,6 +210,7 @@ def training_estimate(shape: Shape, timings: pd.DataFrame, count, sizes=weight_b
     """How long a job of `shape` takes (module docstring), from the finished jobs in `timings`
     (storage.training.job_timings) and, where none of its kind finished, the shipped card of its kind (at this
     lab's pace when other jobs finished here); None when neither is there."""
+    sizes = functools.cache(sizes)  # each model's files are measured once
     jobs = measured_jobs(timings, count)
     card = shipped(shape.kind)
     same = [m for m in jobs if m.shape.kind == shape.kind] or ([paced(card, jobs, sizes)] if card else [])
