@@ -278,11 +278,25 @@ def _outputs(passes) -> dict[int, list[int]]:
     return {r.prompt_index: r.token_ids for r in passes[0].requests} if passes else {}
 
 
+def _sampled_comparison(base: Measured, spec: Measured) -> dict:
+    """The sampled outputs of the two servers, paired by pass and prompt (storage/sampled_outputs.py's tests)."""
+    from storage.sampled_outputs import compare_sampled
+
+    pairs = [(s, b) for bp, sp in zip(base.passes, spec.passes)
+             for b, s in zip(bp.requests, sp.requests) if b.prompt_index == s.prompt_index]
+    with_ids = all(s.token_ids or not s.new_tokens for s, _ in pairs) and all(b.token_ids or not b.new_tokens
+                                                                             for _, b in pairs)
+    return compare_sampled([s.new_tokens for s, _ in pairs], [b.new_tokens for _, b in pairs],
+                           [s.token_ids for s, _ in pairs] if with_ids else None,
+                           [b.token_ids for _, b in pairs] if with_ids else None)
+
+
 def _store_config(store, confirm_id, eid, config: Config, concurrency: int, base: Measured, spec: Measured,
                   greedy: bool) -> None:
     from storage.confirms import add_measurement, lab_outputs, outputs_match, pass_speedup, summarize
 
     matches = {"outputs_match_server_baseline": None, "outputs_match_lab": None, "first_divergence": None}
+    outputs_test = None if greedy else _sampled_comparison(base, spec)
     if greedy:
         server, lab = _outputs(spec.passes), lab_outputs(store, config.run_id)
         share, first = outputs_match(server, _outputs(base.passes), "the server's baseline")
@@ -291,9 +305,9 @@ def _store_config(store, confirm_id, eid, config: Config, concurrency: int, base
                    "first_divergence": "; ".join(x for x in (first, lab_first) if x) or None}
     add_measurement(store, confirm_id, eid, label=config.label, k=config.k, run_id=config.run_id,
                     speculative_config=config.speculative_config, concurrency=concurrency, passes=spec.passes,
-                    figures=summarize(spec.passes),
-                    speedup=pass_speedup([p.wall_seconds for p in base.passes], [p.wall_seconds for p in spec.passes]),
-                    counters=spec.counters, matches=matches)
+                    figures=summarize(spec.passes), speedup=pass_speedup(base.passes, spec.passes),
+                    counters=spec.counters, matches=matches, outputs_test=outputs_test,
+                    baseline_tokens_per_second=summarize(base.passes)["tokens_per_second"])
 
 
 @dataclass
@@ -501,8 +515,10 @@ def report(document: dict, seconds: float) -> str:
         for m in config["per_concurrency"]:
             ci = m["speedup_ci"]
             interval = f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else " (one pass: no interval)"
+            speedup = (f"no speedup: {m['speedup_warning']}" if m["speedup_warning"] else
+                       f"speedup {num(m['speedup'], '{:.2f}')}×{interval} per generated token")
             lines.append(f"  {config['label']} k={config['k']} concurrency {m['concurrency']}: "
-                         f"{m['tokens_per_second']:.1f} tok/s, speedup {num(m['speedup'], '{:.2f}')}×{interval}; "
+                         f"{m['tokens_per_second']:.1f} tok/s, {speedup}; "
                          f"acceptance server {num(m['server_draft_acceptance_rate'])} vs lab "
                          f"{num(m['lab_draft_acceptance_rate'])}; outputs = server baseline "
                          f"{num(m['outputs_match_server_baseline'], '{:.0%}')}, = lab "

@@ -115,8 +115,9 @@ def speedup_frame(beside: pd.DataFrame) -> pd.DataFrame:
     to its concurrency (where the lab measured one), each with its interval."""
     rows = []
     for r in beside.itertuples(index=False):
-        rows.append({"concurrency": int(r.concurrency), "source": f"vLLM · {r.label} (k={r.k})", "kind": "server",
-                     "speedup": r.speedup, "lo": r.speedup_ci_lo, "hi": r.speedup_ci_hi})
+        if r.speedup == r.speedup and r.speedup is not None:  # withheld (no result): its finding says why
+            rows.append({"concurrency": int(r.concurrency), "source": f"vLLM · {r.label} (k={r.k})",
+                         "kind": "server", "speedup": r.speedup, "lo": r.speedup_ci_lo, "hi": r.speedup_ci_hi})
         if r.lab_speedup == r.lab_speedup and r.lab_speedup is not None:
             rows.append({"concurrency": int(r.concurrency), "source": f"lab · {r.label} (k={r.k})", "kind": "lab",
                          "speedup": r.lab_speedup, "lo": r.lab_speedup_ci_lo, "hi": r.lab_speedup_ci_hi})
@@ -173,10 +174,16 @@ def _results(experiment_id: int, confirm_id: int, job) -> None:
     with left:
         st.markdown("#### Speedup vs concurrency")
         frame = speedup_frame(beside)
-        chart_with_csv(charts.confirm_speedup(frame), frame, f"confirm{confirm_id}_speedup.csv")
-        st.caption("vLLM: its target-only wall over its speculative wall on the same prompts, 95 % interval over "
-                   "paired passes; lab: the run at the batch size equal to the concurrency with the same k, 95 % "
-                   "interval over prompts. A concurrency the lab never measured has the server's point alone.")
+        if frame.empty:
+            st.caption("No speedup to show: speculation changed the server's outputs, or its timing exceeded what "
+                       "its tokens per step allow (the findings say which).")
+        else:
+            chart_with_csv(charts.confirm_speedup(frame), frame, f"confirm{confirm_id}_speedup.csv")
+        st.caption("vLLM: its speculative tokens per second over its target-only tokens per second on the same "
+                   "prompts (equal work per generated token), 95 % interval over paired passes; none where its "
+                   "outputs changed or it exceeds its tokens per step; lab: the run at the batch size equal to the "
+                   "concurrency with the same k, 95 % interval over prompts. A concurrency the lab never measured "
+                   "has the server's point alone.")
     with right:
         st.markdown("#### Acceptance by draft position, vLLM and lab")
         positions = positions_frame(experiment_id, beside)

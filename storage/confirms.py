@@ -7,9 +7,14 @@ Per server configuration and concurrency (one `server_measurements` row, its pas
   for the pass) to its first / last token; ITL: the gaps between a request's consecutive tokens, a streamed chunk
   of n tokens giving one gap of its duration and n − 1 gaps of 0 (the lab's rule for a round), pooled over
   requests and passes; percentiles by storage/stats.py's `percentile`;
-- speedup = Σ target-only pass wall / Σ speculative pass wall, the passes paired by index (A B A B: the two
-  servers' pass i ran back to back); its 95 % interval is storage/stats.py's paired bootstrap, resampling passes
-  (so it needs two passes or more; None with one);
+- speedup = the speculative server's tokens per second / the target-only server's over the same passes (Σ new
+  tokens / Σ pass wall each side), the passes paired by index (A B A B: the two servers' pass i ran back to back):
+  equal work per generated token, the lab's own definition (storage/stats.py's paired_speedup), so a server that
+  stops early is not faster for it; its 95 % interval is storage/stats.py's paired bootstrap, resampling passes (so
+  it needs two passes or more; None with one). It is stored only when it is a result (`withheld`): not when the
+  outputs differ (greedy: not equal to the server's own target-only outputs; sampled: storage/sampled_outputs.py's
+  tests), nor when its interval lies wholly above the server's tokens per step (1 + accepted / drafts of its
+  counters over the same passes), which no real speedup can exceed; `speedup_warning` says why instead;
 - the server's acceptance: the counters' difference over the configuration's passes, stored as a production
   series (storage/production.py) linked to the lab run, read with its definitions (conditional per position).
 """
@@ -21,7 +26,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import insert, text, update
 
-from .production import add_series, lab_positions, series_document
+from .production import add_series, lab_positions, series, series_document
 from .queries import _frame
 from .schema import DONE, FAILED, RUNNING, server_confirms, server_measurements, server_passes, utcnow
 from .stats import paired_bootstrap_ci, paired_speedup, percentile
@@ -57,14 +62,45 @@ def summarize(passes) -> dict:
             "request_latency_seconds_p95": percentile(latency, 95)}
 
 
-def pass_speedup(baseline_walls, speculative_walls) -> tuple[float | None, list[float] | None]:
-    """(Σ baseline wall / Σ speculative wall, its 95 % paired-bootstrap interval over passes or None under two
-    pairs). Pass i of each server pairs with pass i of the other."""
-    n = min(len(baseline_walls), len(speculative_walls))
-    base, spec, ones = list(baseline_walls[:n]), list(speculative_walls[:n]), [1.0] * n
-    speedup = paired_speedup(ones, base, ones, spec)
-    ci = paired_bootstrap_ci(ones, base, ones, spec) if n >= 2 else None
+def pass_speedup(baseline, speculative) -> tuple[float | None, list[float] | None]:
+    """(speculative tokens per second / baseline tokens per second, its 95 % paired-bootstrap interval over passes or
+    None under two pairs) of two servers' passes (objects with `new_tokens` and `wall_seconds`). Pass i of each
+    server pairs with pass i of the other."""
+    n = min(len(baseline), len(speculative))
+    columns = ([p.new_tokens for p in baseline[:n]], [p.wall_seconds for p in baseline[:n]],
+               [p.new_tokens for p in speculative[:n]], [p.wall_seconds for p in speculative[:n]])
+    speedup = paired_speedup(*columns)
+    ci = paired_bootstrap_ci(*columns) if n >= 2 and speedup is not None else None
     return speedup, list(ci) if ci else None
+
+
+def withheld(speedup: float | None, ci, steps: float | None, matches: dict, outputs_test: dict | None) -> str | None:
+    """Why a measured server speedup is not a result, in a sentence, or None: the outputs differ (speculation
+    changed them, so it is not the same work), or its interval lies wholly above `steps`, the server's tokens per
+    step (every step costs a target forward, so no real speedup exceeds it; the lab's guard, storage/recording.py,
+    with the interval as slack: one pass has none, its figure is the bound; no counters, no bound)."""
+    if speedup is None:
+        return None
+    measured = f"{speedup:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else "")
+    if outputs_test is not None and outputs_test.get("differs"):
+        return (f"speculation changed the output distribution in this server (mean length "
+                f"{outputs_test['speculative_mean_length']:.1f} against {outputs_test['baseline_mean_length']:.1f} "
+                f"tokens target-only, p = {_p(outputs_test['lengths_p'])}; token frequencies p = "
+                f"{_p(outputs_test['tokens_p'])}; {outputs_test['pairs']} answers each): the measured {measured} is "
+                f"not a speedup of the same outputs")
+    same = matches.get("outputs_match_server_baseline")
+    if same is not None and same < 1:
+        return (f"speculation changed the greedy outputs in this server ({same:.0%} of the prompts equal to its "
+                f"target-only outputs): the measured {measured} is not a speedup of the same outputs")
+    if steps is not None and (ci[0] if ci else speedup) > steps * (1 + 1e-9):
+        return (f"the measured {measured} exceeds the server's {steps:.2f} tokens per step (1 + accepted / drafts of "
+                f"its counters), which no real speedup can (every step costs a target forward): the timing drifted; "
+                f"confirm again with more --repeats or on a quieter machine")
+    return None
+
+
+def _p(value) -> str:
+    return "not tested" if value is None else f"{value:.2g}"
 
 
 def outputs_match(outputs: dict[int, list[int]], reference: dict[int, list[int]], what: str
@@ -117,10 +153,13 @@ def start_confirm(store: Store, experiment_id: int, *, configs: str, concurrency
 
 def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label: str, k: int, run_id: int | None,
                     speculative_config: str | None, concurrency: int, passes, figures: dict,
-                    speedup: tuple | None = None, counters=None, matches: dict | None = None) -> int:
+                    speedup: tuple | None = None, counters=None, matches: dict | None = None,
+                    outputs_test: dict | None = None, baseline_tokens_per_second: float | None = None) -> int:
     """Store one configuration at one concurrency, all at once: its figures (`summarize`), its passes, its paired
-    speedup (`pass_speedup`), its counters' difference (a production series, app/production_scrape.SpecCounters)
-    and its output comparisons {"outputs_match_server_baseline", "outputs_match_lab", "first_divergence"}."""
+    speedup (`pass_speedup`) unless `withheld` says why not (then that sentence instead), its counters' difference
+    (a production series, app/production_scrape.SpecCounters), its output comparisons {"outputs_match_server_baseline",
+    "outputs_match_lab", "first_divergence"} (greedy) or `outputs_test` (sampled: storage/sampled_outputs.py) and the
+    paired target-only passes' tokens per second."""
     series_id = None
     if counters is not None and counters.drafts > 0 and counters.draft_tokens > 0:
         series_id = add_series(store, experiment_id, drafts=counters.drafts, draft_tokens=counters.draft_tokens,
@@ -129,15 +168,31 @@ def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label:
                                source=f"draftlab confirm {confirm_id}", engine=",".join(counters.engines),
                                seconds=figures["wall_seconds"], run_id=run_id)["series_id"]
     value, ci = speedup or (None, None)
+    warning = None
+    if speculative_config is not None:
+        steps = _tokens_per_step(store, experiment_id, series_id) if counters is not None else None
+        warning = withheld(value, ci, steps, matches or {}, outputs_test)
+    if warning is not None:
+        value, ci = None, None
     with store.write() as conn:
         mid = conn.execute(insert(server_measurements).values(
             confirm_id=confirm_id, experiment_id=experiment_id, run_id=run_id, series_id=series_id, label=label, k=k,
             speculative_config=speculative_config, concurrency=concurrency, speedup=value,
-            speedup_ci_lo=ci[0] if ci else None, speedup_ci_hi=ci[1] if ci else None,
+            speedup_ci_lo=ci[0] if ci else None, speedup_ci_hi=ci[1] if ci else None, speedup_warning=warning,
+            outputs_test=json.dumps(outputs_test) if outputs_test is not None else None,
+            baseline_tokens_per_second=baseline_tokens_per_second,
             **(matches or {}), **figures)).inserted_primary_key[0]
         conn.execute(insert(server_passes), [{"measurement_id": mid, "pass_index": i, "wall_seconds": p.wall_seconds,
                                               "new_tokens": p.new_tokens} for i, p in enumerate(passes)])
     return int(mid)
+
+
+def _tokens_per_step(store: Store, experiment_id: int, series_id: int | None) -> float:
+    """A speculative server's tokens per engine step: its stored series' tokens per round (1 + accepted / drafts,
+    storage/production.py); one when it never drafted (every step one token of the target's)."""
+    if series_id is None:
+        return 1.0
+    return float(series(store, experiment_id).set_index("series_id").loc[series_id, "tokens_per_round"])
 
 
 def finish_confirm(store: Store, confirm_id: int, *, engine_version: str, wall_seconds: float,
@@ -193,10 +248,11 @@ def confirm_document(store: Store, confirm_id: int) -> dict:
             if r["label"] == "schedule":  # the lab's schedule and the server's answer, batch size by batch size
                 config["lab_schedule"] = lab_schedule_beside(store, confirm_id)
             doc["configs"].append(config)
-        server_rate, server_positions = None, None
+        server_rate, server_positions, steps = None, None, 1.0  # no series: the server never drafted
         if r["series_id"] is not None:
-            series = series_document(store, eid, int(r["series_id"]))
-            server_rate, server_positions = series["draft_acceptance_rate"], series["per_position_acceptance"]
+            counted = series_document(store, eid, int(r["series_id"]))
+            server_rate, server_positions = counted["draft_acceptance_rate"], counted["per_position_acceptance"]
+            steps = counted["mean_acceptance_length"]
             server_positions = [None if v != v else v for v in  # a position no round reached: null, not NaN
                                 server_positions[:comparable_positions(json.loads(r["speculative_config"]),
                                                                        int(r["concurrency"]))]]
@@ -208,7 +264,10 @@ def confirm_document(store: Store, confirm_id: int) -> dict:
             "server_draft_acceptance_rate": server_rate, "server_per_position_acceptance": server_positions,
             "lab_draft_acceptance_rate": lab_rate, "lab_per_position_acceptance": lab_pos,
             "outputs_match_server_baseline": r["outputs_match_server_baseline"],
-            "outputs_match_lab": r["outputs_match_lab"]})
+            "outputs_match_lab": r["outputs_match_lab"],
+            "baseline_tokens_per_second": r.get("baseline_tokens_per_second"), "server_tokens_per_step": steps,
+            "speedup_warning": r.get("speedup_warning"),
+            "outputs_test": json.loads(r["outputs_test"]) if r.get("outputs_test") else None})
     return doc
 
 
@@ -272,7 +331,7 @@ def comparable_positions(speculative_config: dict, concurrency: int) -> int:
 BESIDE_COLUMNS = ["measurement_id", "label", "concurrency", "k", "positions", "speedup", "speedup_ci_lo",
                   "speedup_ci_hi",
                   "tokens_per_second", *LATENCY_KEYS, "series_id", "run_id", "outputs_match_server_baseline",
-                  "outputs_match_lab", "first_divergence", "lab_run_id", "lab_speedup", "lab_speedup_ci_lo",
+                  "outputs_match_lab", "first_divergence", "speedup_warning", "outputs_test", "lab_run_id", "lab_speedup", "lab_speedup_ci_lo",
                   "lab_speedup_ci_hi", "lab_tokens_per_second", *(f"lab_{key}" for key in LATENCY_KEYS)]
 
 
@@ -287,7 +346,7 @@ def beside_lab(store: Store, confirm_id: int) -> pd.DataFrame:
                    m.speedup, m.speedup_ci_lo, m.speedup_ci_hi, m.tokens_per_second, m.ttft_seconds_p50,
                    m.itl_seconds_p50, m.itl_seconds_p95, m.request_latency_seconds_p50,
                    m.request_latency_seconds_p95, m.series_id, m.run_id, m.outputs_match_server_baseline,
-                   m.outputs_match_lab, m.first_divergence,
+                   m.outputs_match_lab, m.first_divergence, m.speedup_warning, m.outputs_test,
                    r.id AS lab_run_id, r.k AS lab_k, r.speedup AS lab_speedup, r.speedup_ci_lo AS lab_speedup_ci_lo,
                    r.speedup_ci_hi AS lab_speedup_ci_hi, r.tokens_per_second AS lab_tokens_per_second,
                    r.ttft_p50 AS lab_ttft_seconds_p50, r.itl_p50 AS lab_itl_seconds_p50,

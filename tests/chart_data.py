@@ -185,7 +185,7 @@ def seed_confirm(store, experiment_id: int, concurrency=(1, 2, 4), passes: int =
                                 per_position={j: max(1, 80 - 25 * (j - 1)) for j in range(1, k + 1)})
         add_measurement(store, cid, experiment_id, label=label, k=k, run_id=int(doc["run_id"]),
                         speculative_config=config, concurrency=c, passes=spec, figures=summarize(spec),
-                        speedup=pass_speedup([p.wall_seconds for p in base], [p.wall_seconds for p in spec]),
+                        speedup=pass_speedup(base, spec),
                         counters=counters, matches={"outputs_match_server_baseline": 1.0, "outputs_match_lab": 0.5,
                                                     "first_divergence": f"prompt 1 differs from the lab at token 3 "
                                                                         f"({NASTY})"})

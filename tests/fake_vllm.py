@@ -3,9 +3,13 @@ started exactly as DraftLab starts vLLM (`python tests/fake_vllm.py --model M --
 [--speculative-config JSON]`), it answers /health, /version, /v1/models, /metrics and streaming /v1/completions.
 
 Greedy and lossless by construction: a prompt's output ids depend on the prompt alone (equal with and without
-speculation). With a speculative config of k tokens each step streams up to k + 1 tokens as one chunk and counts a
-round whose first draft is always accepted and whose others are accepted at every other step, in vLLM's counters
-(per position: unconditional, 0-based).
+speculation). Sampled (temperature > 0): each answer is drawn from a distribution that depends on the prompt alone
+(an end of text after 4 tokens with probability 0.02 a token, ids near the greedy ones), from a random stream of
+its own per server and request, so both servers sample the same distribution. With a speculative config of k tokens
+each step streams up to k + 1 tokens as one chunk and counts a round whose first draft is always accepted and whose
+others are accepted at every other step, in vLLM's counters (per position: unconditional, 0-based).
+$FAKE_VLLM_STEP_SECONDS (default 0): each step (chunk) of the target-only server takes this long, each of a
+speculative server 1 + k / 2 times as long (drafting, a wider verify), so a pass's wall follows its steps.
 
 Like vLLM, it forks an engine process (the stand-in for its EngineCore) that names itself `VLLM::EngineCor` (the
 15 characters Linux keeps), stays in the server's process group and outlives the server process when that is
@@ -18,12 +22,16 @@ Faults, for the confirm's fault tests: $FAKE_VLLM_FAULT = "MODE:K:N" makes the s
 without speculation) misbehave from its N-th completion request on (the warm-up is request 1):
 - die: it streams one chunk of that request, says why on its log, and exits (status 7) mid-answer;
 - hang: it sends that request's headers and never a token;
-- no-counters (N unused): its /metrics holds no speculative-decoding counters."""
+- no-counters (N unused): its /metrics holds no speculative-decoding counters;
+- short (sampled requests only): it answers 6-10 tokens drawn uniformly over the vocabulary and accepts one draft
+  an answer, as vLLM 0.32's CPU build does under sampling (storage/findings.py's VLLM_CPU_SAMPLING_CAUSE);
+- fast: its steps take no time (whatever $FAKE_VLLM_STEP_SECONDS says), a speedup above its tokens per step."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -67,12 +75,32 @@ class Fault:
         fault_k, _, n = rest.partition(":")
         self.mode = mode if mode and fault_k.strip() == str(k) else ""
         self.n, self.seen, self.lock = int(n or 1), 0, threading.Lock()
+        self.answered = 0  # sampled answers drawn: each its own random stream
 
     def nth(self) -> bool:
         """Whether this completion request is the N-th or later (the fault's)."""
         with self.lock:
             self.seen += 1
             return self.seen >= self.n
+
+
+def answer(prompt: str, max_tokens: int, sampled: bool, k: int, fault: Fault) -> list[int]:
+    """A request's output ids: greedy, the prompt's fixed ids; sampled, a fresh draw (see the module docstring)."""
+    seed = zlib.crc32(prompt.encode())
+    greedy = [(seed + 7 * i) % VOCAB for i in range(max_tokens)]
+    if not sampled:
+        return greedy
+    with fault.lock:
+        fault.answered += 1
+        rng = random.Random(f"{k}:{seed}:{fault.answered}")
+    if fault.mode == "short":
+        return [rng.randrange(VOCAB) for _ in range(min(max_tokens, rng.randint(6, 10)))]
+    ids = []
+    for token in greedy:
+        ids.append((token + rng.choice((0, 0, 1, 2))) % VOCAB)
+        if len(ids) >= 4 and rng.random() < 0.02:
+            break
+    return ids
 
 
 def make_handler(model: str, counters: Counters, fault: Fault):
@@ -106,8 +134,8 @@ def make_handler(model: str, counters: Counters, fault: Fault):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seed = zlib.crc32(body["prompt"].encode())
-            ids = [(seed + 7 * i) % VOCAB for i in range(int(body["max_tokens"]))]
+            sampled = float(body.get("temperature") or 0) > 0
+            ids = answer(body["prompt"], int(body["max_tokens"]), sampled, counters.k, fault)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
@@ -115,16 +143,23 @@ def make_handler(model: str, counters: Counters, fault: Fault):
             if faulty and fault.mode == "hang":
                 self.wfile.flush()
                 time.sleep(3600)
+            short = sampled and fault.mode == "short"
+            delay = 0.0 if fault.mode == "fast" else float(os.environ.get("FAKE_VLLM_STEP_SECONDS") or 0) * (
+                1 + counters.k / 2)  # a speculative step drafts k tokens and verifies k + 1
             step, sent = 0, 0
             while sent < len(ids):
                 accepted = min(counters.k, 1 + (step % 2) * (counters.k - 1)) if counters.k else 0
+                if short:
+                    accepted = int(step == 2)  # one draft accepted an answer: about 1.1 tokens a step
+                time.sleep(delay)
                 chunk = ids[sent:sent + accepted + 1]
                 if counters.k:
                     counters.round(accepted)
                 sent += len(chunk)
                 step += 1
                 choice = {"index": 0, "text": "".join(chr(65 + t % 26) for t in chunk), "token_ids": chunk,
-                          "finish_reason": "length" if sent >= len(ids) else None}
+                          "finish_reason": None if sent < len(ids) else
+                          "length" if sent >= int(body["max_tokens"]) else "stop"}
                 self.wfile.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
                 if faulty:  # mid-answer, as an engine core that crashed
                     self.wfile.flush()

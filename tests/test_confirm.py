@@ -74,11 +74,17 @@ def test_summarize_times_requests_from_their_send_and_gives_a_chunk_one_gap_and_
     assert fig["request_latency_seconds_p50"] == pytest.approx(np.percentile([1.0, 1.0], 50))
 
 
-def test_speedup_is_baseline_wall_over_speculative_wall_with_passes_kept_paired():
-    assert pass_speedup([2.0, 2.0], [1.0, 1.0]) == (pytest.approx(2.0), [pytest.approx(2.0), pytest.approx(2.0)])
-    assert pass_speedup([2.0], [1.0]) == (pytest.approx(2.0), None)  # one pass: no interval
+def _walls(*walls) -> list[PassRecord]:
+    """Passes of equal work (one request of 4 tokens each) taking these walls."""
+    return [PassRecord(1, w, [_request(0, 0.0, [w], [4])]) for w in walls]
+
+
+def test_speedup_of_equal_work_is_baseline_wall_over_speculative_wall_with_passes_kept_paired():
+    assert pass_speedup(_walls(2.0, 2.0), _walls(1.0, 1.0)) == (pytest.approx(2.0),
+                                                                [pytest.approx(2.0), pytest.approx(2.0)])
+    assert pass_speedup(_walls(2.0), _walls(1.0)) == (pytest.approx(2.0), None)  # one pass: no interval
     # A loaded moment slows both servers' pass 2; paired, the ratios stay within 1–2, never 3 / 0.5 = 6.
-    speedup, (lo, hi) = pass_speedup([1.0, 3.0], [0.5, 3.0])
+    speedup, (lo, hi) = pass_speedup(_walls(1.0, 3.0), _walls(0.5, 3.0))
     assert speedup == pytest.approx(4.0 / 3.5)
     assert 1.0 <= lo <= speedup <= hi <= 2.0
 
@@ -103,9 +109,9 @@ def test_a_stored_confirm_reads_back_as_specs_json(store):
     counters = SpecCounters(drafts=8, draft_tokens=24, accepted=12, per_position={1: 6, 2: 4, 3: 2})
     add_measurement(store, cid, eid, label="chosen", k=3, run_id=None, concurrency=1, passes=passes,
                     speculative_config=json.dumps({"method": "draft_model", "num_speculative_tokens": 3}),
-                    figures=summarize(passes), speedup=pass_speedup([4.0, 2.0], [2.0, 1.0]), counters=counters,
+                    figures=summarize(passes), speedup=pass_speedup(base, passes), counters=counters,
                     matches={"outputs_match_server_baseline": 1.0, "outputs_match_lab": None,
-                             "first_divergence": None})
+                             "first_divergence": None}, baseline_tokens_per_second=summarize(base)["tokens_per_second"])
     add_measurement(store, cid, eid, label="target-only", k=0, run_id=None, speculative_config=None, concurrency=1,
                     passes=base, figures=summarize(base))
     finish_confirm(store, cid, engine_version="0.32.0", wall_seconds=60.0, errors=[])
@@ -124,6 +130,10 @@ def test_a_stored_confirm_reads_back_as_specs_json(store):
     assert m["server_per_position_acceptance"] == pytest.approx([0.75, 4 / 6, 0.5])
     assert m["lab_draft_acceptance_rate"] is None and m["outputs_match_server_baseline"] == 1.0
     assert m["outputs_match_lab"] is None
+    # equal work: the speedup is the two servers' tokens per second; under the server's 1 + 12 / 8 tokens per step
+    assert m["speedup"] == pytest.approx(m["tokens_per_second"] / m["baseline_tokens_per_second"])
+    assert m["server_tokens_per_step"] == pytest.approx(2.5)
+    assert m["speedup_warning"] is None and m["outputs_test"] is None  # greedy: outputs compared token for token
 
 
 def test_confirm_refuses_half_a_pair_of_servers_in_one_line(tmp_path, capsys):
