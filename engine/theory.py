@@ -35,12 +35,22 @@ def expected_round_length(per_position_acceptance: list[float]) -> float:
     return length
 
 
+def cost_aware_speedup(expected_length: float, draft_cost: float, verify_cost: float) -> float | None:
+    """The cost-aware prediction, in one place: tokens a round emits over what the round costs in target steps,
+    E[L] / (draft cost + verify cost). With a geometric E[L_k] from α, draft cost k/c and verify cost 1 it is
+    predicted_speedup; a run's own measured figures make it SPEC's predicted_speedup_refined (refined_speedup)."""
+    cost = draft_cost + verify_cost
+    return expected_length / cost if cost > 0 else None
+
+
 def refined_speedup(expected_length: float, t_target: float, draft_seconds_per_round: float,
                     verify_seconds_per_round: float) -> float | None:
     """SPEC's predicted_speedup_refined: E[L] · t_target / (draft time per round + verify time per round), the
-    article's formula with the verify pass at its measured cost instead of one target step."""
-    cost = draft_seconds_per_round + verify_seconds_per_round
-    return expected_length * t_target / cost if cost > 0 else None
+    article's formula with the verify pass at its measured cost instead of one target step: cost_aware_speedup with
+    the round's draft and verify time in target steps."""
+    if t_target <= 0:
+        return None
+    return cost_aware_speedup(expected_length, draft_seconds_per_round / t_target, verify_seconds_per_round / t_target)
 
 
 def predicted_curve(per_position_acceptance: list[float], draft_step_seconds: float, round_overhead_seconds: float,

@@ -65,10 +65,17 @@ def _x(field: str, title: str, values=None, margin: float = 0.0) -> alt.X:
     return alt.X(f"{field}:Q", title=title, axis=axis, scale=scale)
 
 
+# The two predictions, said as what they compute (a legend, a caption), never as "the formula" or "SPEC's".
+FORMULA = "predicted from α and c: (1 − α^(k+1)) / ((1 − α)(1 + k/c))"
+COST_AWARE = "predicted from round times: E[L]·t / (k·t_d + verify)"
 SPEEDUP_SERIES = {"speedup": ("measured", "#1565c0"),
-                  "predicted_speedup_refined": ("predicted (cost-aware)", "#6a1b9a"),
-                  "predicted_speedup": ("predicted (formula)", "#9e9e9e"),
-                  "predicted_auto": ("predicted (k auto)", "#00897b")}
+                  "predicted_speedup_refined": (COST_AWARE, "#6a1b9a"),
+                  "predicted_speedup": (FORMULA, "#9e9e9e"),
+                  "predicted_auto": ("predicted by k auto from its one measured k", "#00897b")}
+# The rates' and tokens' curves: their legends in words (the frame keeps its column names: the CSV's).
+RATE_NAMES = {"alpha": "α: accepted / verified drafts", "draft_acceptance_rate": "accepted / proposed drafts"}
+TOKEN_NAMES = {"tokens_per_round": "measured tokens per round",
+               "expected_tokens_per_round": "expected from α: (1 − α^(k+1)) / (1 − α)"}
 FINISHED, UNFINISHED, WARNED = "finished", "not finished", "timing warning"  # a measured point's `state`
 STATE_SHAPES = alt.Scale(domain=[FINISHED, UNFINISHED, WARNED], range=["circle", "circle", "cross"])
 
@@ -94,7 +101,8 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
     the predictions as dashed lines, the best value marked.
 
     frame: x, speedup, speedup_ci_lo, speedup_ci_hi, state (FINISHED or not), and any of predicted_speedup_refined,
-    predicted_speedup, predicted_auto (NaN where not predicted). best_label: how to name best_x (default: the number).
+    predicted_speedup, predicted_auto (NaN where not predicted). best_x: where to mark the verdict's choice,
+    best_label: its label (default: `best k = 2`).
     """
     x_title = x
     frame = frame.rename(columns={x: "x", "speedup_ci_lo": "lo", "speedup_ci_hi": "hi"})
@@ -125,12 +133,16 @@ def speedup_curve(frame: pd.DataFrame, x: str = "k", best_x: float | None = None
     even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#bdbdbd").encode(y="y:Q")
     layers = [even, predicted, measured.mark_line(), bars, points]
     if best_x is not None:
-        label = f"best {x_title} = {best_label or f'{best_x:g}'}"
+        label = best_label or f"best {x_title} = {best_x:g}"
         best = alt.Chart(pd.DataFrame({"x": [best_x], "label": [label]}))
         layers.append(best.mark_rule(color="#ef6c00", strokeWidth=2).encode(x="x:Q"))
-        # Above the plot area (y < 0), where no measured or predicted point can be: the label never covers the line.
-        layers.append(best.mark_text(align="center", baseline="bottom", dy=-4, color="#ef6c00", fontWeight="bold").encode(
-            x="x:Q", y=alt.value(0), text="label:N"))
+        # Above the plot area (y < 0), where no measured or predicted point can be: the label never covers the line;
+        # it runs into the plot from the mark, so at either end it stays on the chart.
+        xs = pd.concat([long["x"], pd.Series([best_x])]).astype(float)
+        align = "left" if best_x <= (xs.min() + xs.max()) / 2 else "right"
+        layers.append(best.mark_text(align=align, baseline="bottom", dy=-4, dx=4 if align == "left" else -4,
+                                     color="#ef6c00", fontWeight="bold").encode(x="x:Q", y=alt.value(0),
+                                                                                text="label:N"))
     return alt.layer(*layers).properties(height=HEIGHT)
 
 
@@ -205,10 +217,11 @@ def rates_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
     """alpha and draft_acceptance_rate per swept value. frame: x, alpha, draft_acceptance_rate."""
     x_title = x
     frame = frame.rename(columns={x: "x"})
-    long = frame.melt(id_vars=["x"], value_vars=["alpha", "draft_acceptance_rate"], var_name="metric")
+    long = frame.melt(id_vars=["x"], value_vars=list(RATE_NAMES), var_name="metric")
+    long["metric"] = long["metric"].map(RATE_NAMES)
     return alt.Chart(long).mark_line(point=True).encode(
         _x("x", x_title, long["x"]), alt.Y("value:Q", title="rate", scale=alt.Scale(domain=[0, 1])),
-        alt.Color("metric:N", title=None, legend=BOTTOM),
+        alt.Color("metric:N", title=None, legend=BOTTOM, sort=list(RATE_NAMES.values())),
         tooltip=[alt.Tooltip("x:Q", title=x_title), "metric:N", alt.Tooltip("value:Q", format=".3f")],
     ).properties(height=HEIGHT)
 
@@ -220,12 +233,14 @@ def tokens_per_round_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
     """
     x_title = x
     frame = frame.rename(columns={x: "x"})
-    cols = [c for c in ("tokens_per_round", "expected_tokens_per_round") if c in frame]
+    cols = [c for c in TOKEN_NAMES if c in frame]
     long = frame.melt(id_vars=["x"], value_vars=cols, var_name="metric").dropna(subset=["value"])
+    long["metric"] = long["metric"].map(TOKEN_NAMES)
+    names = [TOKEN_NAMES[c] for c in cols]
     return alt.Chart(long).mark_line(point=True).encode(
         _x("x", x_title, long["x"]), alt.Y("value:Q", title="tokens per round"),
-        alt.Color("metric:N", title=None, legend=BOTTOM),
-        alt.StrokeDash("metric:N", title=None, legend=BOTTOM),
+        alt.Color("metric:N", title=None, legend=BOTTOM, sort=names),
+        alt.StrokeDash("metric:N", title=None, legend=BOTTOM, sort=names),
         tooltip=[alt.Tooltip("x:Q", title=x_title), "metric:N", alt.Tooltip("value:Q", format=".3f")],
     ).properties(height=HEIGHT)
 
@@ -521,8 +536,9 @@ def with_counts(frame: pd.DataFrame, count: str) -> pd.DataFrame:
     return frame.assign(n_label=[f"n={v}" + ("*" if s else "") for v, s in zip(n, small)], small=small)
 
 
-THEORY_SERIES = {"predicted_speedup": "speedup (article's formula)",
-                 "cost_aware_speedup": "speedup (cost-aware: measured verify cost)",
+THEORY_SERIES = {"predicted_speedup": f"speedup {FORMULA}",
+                 "cost_aware_speedup": "speedup predicted with the measured verify cost: E[L_k] / (k/c + verify)",
+                 "measured_cost_aware": "each measured run's cost-aware prediction (its own round times)",
                  "expected_tokens_per_round": "expected tokens per round E[L_k]"}
 
 
@@ -531,7 +547,7 @@ def theory_curves(frame: pd.DataFrame, k_selected: int) -> alt.LayerChart:
     expected_tokens_per_round[, cost_aware_speedup]. Both are ratios to one target step's output (×, tokens per
     round), so they share the y axis; the legend names them in words."""
     series = [c for c in THEORY_SERIES if c in frame]
-    long = frame.melt(id_vars=["k"], value_vars=series, var_name="metric")
+    long = frame.melt(id_vars=["k"], value_vars=series, var_name="metric").dropna(subset=["value"])
     long["series"] = long["metric"].map(THEORY_SERIES)  # the curves' names in words, as data (`metric`: the CSV's)
     names = [THEORY_SERIES[c] for c in series]
     lines = alt.Chart(long).mark_line(point=True).encode(

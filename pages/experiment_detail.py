@@ -2,6 +2,9 @@
 were rejected."""
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -9,7 +12,8 @@ import streamlit as st
 from engine import theory
 from engine.prompt_sets import set_name
 from engine.variables import variable
-from pages import charts
+from pages import charts, sections
+from pages.advice import browser_advice
 from pages.prefill import md_text
 from pages.deploy_panel import render_deploy_panel
 from pages.findings_panel import render_findings
@@ -17,7 +21,7 @@ from pages.drafting_panel import render_k_distribution
 from pages.validation_panel import render_validation
 from pages.production_panel import render_production
 from pages.confirm_panel import render_confirm
-from pages.schedule_panel import batch_name, headline, render_schedule
+from pages.schedule_panel import batch_name, headline, render_schedule, render_vllm_schedule
 from engine.wording import plural
 from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
                           run_label, run_stamp, select_id, show, store, swept_values, table, version)
@@ -124,13 +128,6 @@ def best_run(runs: pd.DataFrame, verdict: dict) -> pd.Series | None:
     return rows.iloc[0] if len(rows) else None
 
 
-def best_x(runs: pd.DataFrame, verdict: dict, sweep_variable: str) -> float | None:
-    """Where the speedup chart marks the best: its k (a k sweep), else its sweep_value (a draft or drafter sweep's
-    index, its name being the label)."""
-    run = best_run(runs, verdict)
-    return None if run is None else float(run["k"] if sweep_variable == "k" else run["sweep_value"])
-
-
 def _value_text(run) -> str:
     """A run's swept value as shown to people: its label when it has one (`demo-draft`), else the number."""
     label = getattr(run, "sweep_label", None)
@@ -153,31 +150,56 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict,
         st.markdown(f"> {experiment['notes']}")
     baseline = runs[runs["kind"] == "baseline"]
     sweep_variable = row.get("sweep_variable") or "k"
-    best = best_run(runs, verdict)
     # A grid's one verdict is its smallest batch size's (storage/verdict.py): the metrics say so; the headline is
     # the schedule's, every batch size's verdict in one sentence.
     smallest = schedule["steps"][0]["batch_size"] if schedule and schedule["steps"] else None
     at = f" ({batch_name(smallest)})" if smallest is not None else ""
     if smallest is not None:
         baseline = baseline[baseline["batch_size"] == smallest]
-    # The best speedup carries its interval (`1.31× (1.22–1.40)`); the last label names the batch size of a grid.
-    cols = st.columns([1, 1, 2.2, 1.2, 1.5])
+    cols = st.columns([1, 1.2, 2.2, 1.2, 1.5])
     progress = row["progress"] if pd.notna(row["progress"]) else 0.0
     cols[0].metric("Status", str(row["status"]), delta=f"{progress:.0%} done" if row["status"] in ACTIVE else None,
                    delta_color="off", delta_arrow="off")
-    cols[1].metric(f"Best {sweep_variable}{at}", number(verdict["best"], "{:g}"))
-    cols[2].metric(f"Best speedup{at}",
-                   charts.speedup_text(verdict["speedup"], *(verdict["speedup_ci"] or [None, None])),
-                   help="measured, with its 95 % interval (paired bootstrap over the prompts)")
-    cols[3].metric(f"α (best run{', ' + batch_name(smallest) if smallest is not None else ''})",
-                   show("alpha", best["alpha"] if best is not None else None))
+    served = headline_figures(verdict, runs, sweep_variable)
+    cols[1].metric(f"{sweep_variable} to serve{at}", served["value"],
+                   help="the verdict's choice (storage/verdict.py): the cheapest configuration tied with the best "
+                        "that is measurably faster than the target alone; none is: the target alone")
+    cols[2].metric(f"Speedup{at}", served["speedup"], delta=served["best"], delta_color="off", delta_arrow="off",
+                   help="of what is served, measured, with its 95 % interval (paired bootstrap over the prompts)")
+    cols[3].metric(f"α ({served['alpha_of']}{', ' + batch_name(smallest) if smallest is not None else ''})",
+                   show("alpha", served["alpha"]))
     cols[4].metric(f"Baseline tokens/s{at}", number(baseline["tokens_per_second"].iloc[0] if len(baseline) else None,
                                                     "{:.1f}"))
     if schedule is not None:
         headline(schedule)
         return
     say = st.warning if verdict["too_wide"] else st.info
-    say(f"**Verdict:** {verdict['text']}.", icon=":material/warning:" if verdict["too_wide"] else ":material/gavel:")
+    say(f"**Verdict:** {md_text(browser_advice(verdict['text']))}.",
+        icon=":material/warning:" if verdict["too_wide"] else ":material/gavel:")
+
+
+def headline_figures(verdict: dict, runs: pd.DataFrame, sweep_variable: str) -> dict:
+    """The headline's figures, all of them the verdict's (storage/verdict.py), never a contradiction of its
+    sentence: `value`, what to serve (its chosen value; `0 (target alone)` for a k sweep where no configuration is
+    measurably faster than the target alone); `speedup`, the served run's with its interval (1× for the target
+    alone); `best`, the best measured one where it is not what is served (else None); `alpha` and `alpha_of`, the
+    served run's α (the best run's where the target alone is served)."""
+    swept = variable(sweep_variable)
+    if verdict.get("best") is None:
+        return {"value": "—", "speedup": "—", "best": None, "alpha": None, "alpha_of": "best run"}
+    best = best_run(runs, verdict)
+    best_text = (f"best measured: {swept.name} {swept.show(verdict['best'])} at "
+                 f"{charts.speedup_text(verdict['speedup'], *(verdict['speedup_ci'] or [None, None]))}")
+    chosen = runs[runs["run_id"] == verdict.get("chosen_run_id")]
+    if verdict.get("chosen_run_id") is None or chosen.empty:  # the target alone is served
+        return {"value": "0 (target alone)" if swept.name == "k" else "none (target alone)",
+                "speedup": "1× (target alone)", "best": best_text,
+                "alpha": best["alpha"] if best is not None else None, "alpha_of": "best run"}
+    run = chosen.iloc[0]
+    return {"value": swept.show(verdict["chosen"]),
+            "speedup": charts.speedup_text(run["speedup"], run["speedup_ci_lo"], run["speedup_ci_hi"]),
+            "best": None if verdict["chosen_run_id"] == verdict["best_run_id"] else best_text,
+            "alpha": run["alpha"], "alpha_of": "served run"}
 
 
 def _warnings(runs: pd.DataFrame, sweep_variable: str) -> None:
@@ -213,45 +235,63 @@ def _grid_curves(curve: pd.DataFrame, sweep_variable: str) -> None:
                 st.caption(md_text(note))
 
 
-def _sweep(curve: pd.DataFrame, runs: pd.DataFrame, experiment: dict, sweep_variable: str, verdict: dict,
-           grid: bool = False) -> None:
-    if grid:
-        _grid_curves(curve, sweep_variable)
-        _predictions(curve, experiment, sweep_variable)
-        _cost(runs, sweep_variable, grid)
-        _serving(runs, sweep_variable)
-        return
-    pooled = formula.pooled_inputs(store(), int(experiment["experiment_id"])) if sweep_variable == "k" else None
+def _speedup_chart(d: "Detail") -> None:
+    """The answer's chart: measured speedup against the swept value with its intervals and the predictions, the
+    verdict's choice marked."""
+    sweep_variable, experiment = d.sweep_variable, d.experiment
+    pooled = formula.pooled_inputs(store(), d.experiment_id) if sweep_variable == "k" else None
     auto_curve = (experiment.get("predicted_curve") or {}).get("curve")
+    st.subheader(f"Speedup vs {sweep_variable}")
+    frame = speedup_frame(d.curve, sweep_variable, pooled, auto_curve)
+    x, label = served_mark(d.runs, d.verdict, sweep_variable)
+    chart_with_csv(charts.speedup_curve(frame, sweep_variable, x, label), frame, "speedup_curve.csv")
+    st.caption(f"Points: measured, with 95 % intervals (paired bootstrap over prompts); hollow: the run has not "
+               f"finished, a cross: an impossible speedup (timing warning); neither can be chosen. Dashed purple: "
+               f"{charts.COST_AWARE}, from each run's own round times (E[L]: its tokens per round, t: a target step, "
+               f"t_d: its draft step, verify: its verify forward){_cost_aware_best(d)}. Orange: what the verdict "
+               f"serves.")
+    if pooled:
+        k_best, s_best = pooled.best_k()
+        st.caption(f"Dashed grey: {charts.FORMULA}, with {pooled.describe()}; its best k is {k_best} at "
+                   f"{s_best:.2f}×.")
+
+
+def _cost_aware_best(d: "Detail") -> str:
+    """`; its best k is 2 at 1.71×`: the one cost-aware best k (storage/formula.py), the Theory page's too."""
+    best = cached(formula.cost_aware_best, d.experiment_id, stamp=d.stamp) if d.sweep_variable == "k" else None
+    return f"; its best k is {best[0]} at {best[1]:.2f}×" if best else ""
+
+
+def served_mark(runs: pd.DataFrame, verdict: dict, sweep_variable: str) -> tuple[float | None, str | None]:
+    """Where the speedup chart marks the verdict's choice, and its label: the served run's k (a k sweep) or
+    sweep_value (a draft or drafter sweep's index; the label names it), k = 0 where a k sweep serves the target
+    alone, nothing before there is a verdict (or a sweep of another variable that serves the target alone)."""
+    swept = variable(sweep_variable)
+    if verdict.get("best") is None:
+        return None, None
+    chosen = runs[runs["run_id"] == verdict.get("chosen_run_id")] if verdict.get("chosen_run_id") is not None \
+        else runs.iloc[:0]
+    if chosen.empty:
+        return (0.0, "serve k = 0: the target alone") if swept.name == "k" else (None, None)
+    run = chosen.iloc[0]
+    x = float(run["k"] if sweep_variable == "k" else run["sweep_value"])
+    return x, f"serve {swept.name} = {swept.show(verdict['chosen'])}"
+
+
+def _rates_charts(d: "Detail") -> None:
+    """Acceptance and tokens per round against the swept value, side by side."""
+    sweep_variable, curve = d.sweep_variable, d.curve
     left, right = st.columns(2)
     with left:
-        st.subheader(f"Speedup vs {sweep_variable}")
-        frame = speedup_frame(curve, sweep_variable, pooled, auto_curve)
-        label = verdict["best"] if isinstance(verdict["best"], str) else None  # a draft or drafter sweep's, by name
-        chart_with_csv(charts.speedup_curve(frame, sweep_variable, best_x(runs, verdict, sweep_variable), label),
-                       frame, "speedup_curve.csv")
-        st.caption("Points: measured, with 95 % intervals (paired bootstrap over prompts); hollow: the run has not "
-                   "finished, a cross: an impossible speedup (timing warning); neither can be the best. Dashed purple: "
-                   "the cost-aware prediction E[L]·t / (k·t_d + verify) from the run's own round times.")
-        if pooled:
-            k_best, s_best = pooled.best_k()
-            st.caption(f"Dashed grey: the article's formula (1 − α^(k+1)) / ((1 − α)(1 + k/c)) with "
-                       f"{pooled.describe()}; its best k is {k_best} at {s_best:.2f}×.")
-    with right:
         st.subheader(f"Acceptance vs {sweep_variable}")
         rates = by_swept_value(curve, sweep_variable)[
             list(dict.fromkeys([sweep_variable, "run_id", "alpha", "draft_acceptance_rate"]))]
         chart_with_csv(charts.rates_curve(rates, sweep_variable), rates, "acceptance_curve.csv")
-    _predictions(curve, experiment, sweep_variable)
-    left, right = st.columns(2)
-    with left:
+    with right:
         st.subheader(f"Tokens per round vs {sweep_variable}")
         tokens = tokens_frame(curve, sweep_variable)
         chart_with_csv(charts.tokens_per_round_curve(tokens.drop(columns=["k"]) if sweep_variable != "k" else tokens,
                                                      sweep_variable), tokens, "tokens_per_round.csv")
-    with right:
-        _cost(runs, sweep_variable, False)
-    _serving(runs, sweep_variable)
 
 
 def labelled(runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
@@ -310,11 +350,10 @@ def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> 
         csv_download(confirmed, "k_auto_confirmation.csv")
 
 
-def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experiment_id: int) -> None:
+def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict) -> None:
     speculative = runs[runs["kind"] == "speculative"]
     if speculative.empty:
         return
-    st.header("Why drafts are rejected")
     ids = [int(i) for i in speculative["run_id"]]
     best = best_run(speculative, verdict)
     default = int(best["run_id"]) if best is not None else None
@@ -352,6 +391,119 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict, experime
                      query_params={"experiment": st.query_params.get("experiment", ""), "run": str(run_id)})
 
 
+@dataclass
+class Detail:
+    """What every section of one experiment's page reads (each query cached until its runs change)."""
+    experiment_id: int
+    stamp: tuple
+    experiment: dict
+    row: pd.Series
+    runs: pd.DataFrame
+    verdict: dict
+    schedule: dict | None  # a grid's k schedule (storage/schedule.py), None otherwise
+
+    @property
+    def sweep_variable(self) -> str:
+        return self.row.get("sweep_variable") or "k"
+
+    @property
+    def grid(self) -> bool:
+        return self.schedule is not None
+
+    @property
+    def active(self) -> bool:
+        return self.row["status"] in ACTIVE
+
+    @functools.cached_property
+    def curve(self) -> pd.DataFrame:
+        curve = cached("sweep_curve", self.experiment_id, stamp=self.stamp)
+        if self.grid:
+            curve = curve.merge(self.runs[["run_id", "batch_size"]], on="run_id", how="left")
+        return curve
+
+    @property
+    def measured(self) -> bool:
+        """Some speculative run has a speedup to draw."""
+        return bool("speedup" in self.curve and self.curve["speedup"].notna().any())
+
+
+def _not_yet() -> None:
+    st.info("No speculative run has finished yet; the curves appear as runs complete.", icon=":material/hourglass:")
+
+
+def _verdict_section(d: Detail) -> None:
+    """The answer: the speedup chart (a grid: its k schedule), a validation's result, the findings."""
+    if d.grid:
+        render_schedule(d.schedule, d.runs, d.sweep_variable, {**d.experiment, "experiment_id": d.experiment_id})
+    elif d.measured:
+        _speedup_chart(d)
+    else:
+        _not_yet()
+    render_validation(d.experiment, d.verdict)
+    if not d.active:  # findings read every draft token: once the runs are done, cached per version
+        render_findings(store(), d.experiment_id,
+                        cached(findings, d.experiment_id, experiment_id=d.experiment_id))
+
+
+def _rejected_section(d: Detail) -> None:
+    """Why drafts are rejected: acceptance and tokens per round against the swept value, then one run's breakdowns
+    (by draft position, by token type, the top rejected tokens, per prompt) and how many tokens each round drafted."""
+    if not d.measured:
+        _not_yet()
+    elif d.grid:
+        _grid_curves(d.curve, d.sweep_variable)
+    else:
+        _rates_charts(d)
+    _breakdowns(d.runs, d.sweep_variable, d.verdict)
+    render_k_distribution(d.runs)
+
+
+def _predictions_section(d: Detail) -> None:
+    if d.measured:
+        _predictions(d.curve, d.experiment, d.sweep_variable)
+    else:
+        _not_yet()
+    _cost(d.runs, d.sweep_variable, d.grid)
+
+
+def _serving_section(d: Detail) -> None:
+    """What to carry to a server: a grid's vLLM setting, the serving metrics, the engines' settings, production's
+    counters against the lab."""
+    if d.grid:
+        render_vllm_schedule(d.schedule)
+    _serving(d.runs, d.sweep_variable)
+    if d.verdict["best"] is not None:
+        render_deploy_panel(store(), d.experiment_id, None, expanded=True)
+    else:
+        st.caption("The settings to carry to a server appear once a speculative run has finished.")
+    render_production(d.experiment_id)
+
+
+def _confirm_section(d: Detail) -> None:
+    if d.active:
+        st.caption("A confirm serves what the finished runs chose: it can be queued once this experiment is done.")
+    else:
+        render_confirm(d.experiment_id, d.experiment, q.grid_sizes(d.experiment))
+
+
+def _runs_section(d: Detail) -> None:
+    runs, sweep_variable = d.runs, d.sweep_variable
+    st.subheader("Runs", anchor="runs")
+    shown = labelled(runs, sweep_variable).assign(progress=runs["progress"].fillna(0) * 100,
+                                                  check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
+    names = [c for c in RUN_COLUMNS if not (c == "sweep_value" and sweep_variable == "k")]
+    if d.grid:  # which batch size each run decoded at, beside its kind
+        names.insert(names.index("kind") + 1, "batch_size")
+    table(shown, names, "runs_table", headers={"sweep_value": sweep_variable},
+          pinned=("check", "run_id", "kind", "batch_size", "k", "sweep_value"))  # which run, while it scrolls
+    csv_download(runs, f"experiment{d.experiment_id}_runs.csv")
+
+
+SECTION_BUILDERS = {sections.VERDICT: _verdict_section, sections.REJECTED: _rejected_section,
+                    sections.PREDICTIONS: _predictions_section, sections.SERVING: _serving_section,
+                    sections.CONFIRM: _confirm_section, sections.RUNS: _runs_section}
+
+
 def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     stamp = version(experiment_id)  # every query below is cached until this experiment's runs change
     experiment = cached("experiment", experiment_id, stamp=stamp) or {}
@@ -359,43 +511,18 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     row = listing.set_index("experiment_id").loc[experiment_id]
     runs = cached("runs", experiment_id, stamp=stamp)
     verdict = cached(verdict_dict, experiment_id, stamp=stamp)
-    sweep_variable = row.get("sweep_variable") or "k"
     grid = q.grid_sizes(experiment) is not None  # a batch × k grid: a schedule, batch sizes never mixed
     schedule = cached(schedule_dict, experiment_id, stamp=stamp) if grid else None
+    d = Detail(experiment_id, stamp, experiment, row, runs, verdict, schedule)
     _header(experiment, row, runs, verdict, schedule)
-    failed = runs[runs["status"] == "failed"]
-    for failure in failed.itertuples():
+    for failure in runs[runs["status"] == "failed"].itertuples():
         st.error(f"run {failure.run_id} ({failure.kind}) failed: {failure.error}", icon=":material/error:")
-    _warnings(runs, sweep_variable)
-    if row["status"] not in ACTIVE:  # findings read every draft token: once the runs are done, cached per version
-        render_findings(store(), experiment_id,
-                        cached(findings, experiment_id, experiment_id=experiment_id))
-    with st.expander("Runs", expanded=True):  # the same expander whatever the status: it stays open once done
-        shown = labelled(runs, sweep_variable).assign(progress=runs["progress"].fillna(0) * 100,
-                                                      check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
-        names = [c for c in RUN_COLUMNS if not (c == "sweep_value" and sweep_variable == "k")]
-        if grid:  # which batch size each run decoded at, beside its kind
-            names.insert(names.index("kind") + 1, "batch_size")
-        table(shown, names, "runs_table", headers={"sweep_value": sweep_variable},
-              pinned=("check", "run_id", "kind", "batch_size", "k", "sweep_value"))  # which run, while it scrolls
-        csv_download(runs, f"experiment{experiment_id}_runs.csv")
-    if schedule is not None:
-        render_schedule(schedule, runs, sweep_variable, {**experiment, "experiment_id": experiment_id})
-    curve = cached("sweep_curve", experiment_id, stamp=stamp)
-    if grid:
-        curve = curve.merge(runs[["run_id", "batch_size"]], on="run_id", how="left")
-    if curve["speedup"].notna().any() if "speedup" in curve else False:
-        _sweep(curve, runs, experiment, sweep_variable, verdict, grid)
-    else:
-        st.info("No speculative run has finished yet; the curves appear as runs complete.", icon=":material/hourglass:")
-    _breakdowns(runs, sweep_variable, verdict, experiment_id)
-    render_k_distribution(runs)
-    render_validation(experiment, verdict)
-    render_production(experiment_id)
-    if verdict["best"] is not None:
-        render_deploy_panel(store(), experiment_id, None)
-    if row["status"] not in ACTIVE:  # a confirm serves what the finished runs chose
-        render_confirm(experiment_id, experiment, q.grid_sizes(experiment))
+    _warnings(runs, d.sweep_variable)
+    # Only the open section is built (and so queried and drawn): the answer first, the rest one click away.
+    for name, tab in zip(sections.ORDER, sections.tabs()):
+        if tab.open:
+            with tab:
+                SECTION_BUILDERS[name](d)
 
 
 def render() -> None:
@@ -420,4 +547,3 @@ def _live(experiment_id: int, was_active: bool) -> None:
         if status not in ACTIVE:
             st.rerun()  # finished: one full redraw, and the timer goes away
     _body(experiment_id, listing)
-

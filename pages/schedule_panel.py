@@ -13,6 +13,7 @@ import streamlit as st
 
 from engine.variables import variable
 from pages import charts
+from pages.advice import browser_advice
 from pages.common import chart_with_csv, csv_download, table
 from pages.prefill import md_text
 from storage import columns
@@ -153,7 +154,7 @@ def headline(schedule: dict) -> None:
     """The schedule's sentence where a single sweep shows its verdict, titled by the sentence's own name ("k
     schedule"), in the verdict's blue box; in a yellow ⚠ box only when a batch size's best interval is too wide to
     choose by, and then its title says which."""
-    title, _, rest = str(schedule["text"]).partition(": ")
+    title, _, rest = browser_advice(str(schedule["text"])).partition(": ")
     if not rest:
         title, rest = "Schedule", str(schedule["text"])
     wide = [batch_name(s["batch_size"]) for s in schedule["steps"] if s["too_wide"]]
@@ -165,7 +166,7 @@ def headline(schedule: dict) -> None:
 
 
 def render_schedule(schedule: dict, runs: pd.DataFrame, sweep_variable: str, experiment: dict) -> None:
-    """The k schedule section: chart, table, each batch size's verdict and vLLM's setting."""
+    """The k schedule: chart, table and each batch size's verdict (vLLM's setting: render_vllm_schedule)."""
     swept = variable(sweep_variable)
     st.header("k schedule" if sweep_variable == "k" else f"Best {swept.name} per batch size",
               anchor="k-schedule")  # where the schedule findings link (pages/findings_panel.py)
@@ -209,9 +210,14 @@ def render_schedule(schedule: dict, runs: pd.DataFrame, sweep_variable: str, exp
     st.caption("TTFT p50, ITL p95 and latency p95 are the served configuration's (the target alone where "
                "speculation is off), over requests (docs/metrics.md, Serving metrics).")
     for step in schedule["steps"]:
-        st.markdown(f"- {md_text(step['text'])}")
+        st.markdown(f"- {md_text(browser_advice(step['text']))}")
+
+
+def render_vllm_schedule(schedule: dict) -> None:
+    """The schedule as vLLM's setting (the Serving section; the schedule itself is the Verdict's)."""
     ranges = schedule.get("num_speculative_tokens_per_batch_size")
     if ranges:
+        st.subheader("k schedule in vLLM")
         st.markdown("vLLM: `num_speculative_tokens_per_batch_size` (entries [start_bs, end_bs, k], k = 0: no "
                     "drafts; the last entry's k holds above its end)")
         st.code(json.dumps(ranges), language="json")

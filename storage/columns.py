@@ -75,9 +75,9 @@ RUN = [
     _c("draft_step_seconds", "draft step (s)", "one single-token draft forward", "%.5f", json=True),
     _c("target_step_seconds", "target step (s)", "one single-token target forward (the run's baseline)", "%.5f"),
     _c("c", "c", "target step / draft step: how much cheaper a draft forward is", "%.2f", json=True),
-    _c("predicted_speedup", "formula at run's α, c", "the article's formula (1 − α^(k+1)) / ((1 − α)(1 + k/c)) at "
-       "this run's own α, k and c; the speedup chart's grey curve pools α and c over the sweep instead", SPEEDUP,
-       json=True),
+    _c("predicted_speedup", "formula at run's α, c", "predicted from α and c alone: (1 − α^(k+1)) / ((1 − α)"
+       "(1 + k/c)) at this run's own α, k and c; the speedup chart's grey curve pools α and c over the sweep instead",
+       SPEEDUP, json=True),
     _c("speedup", "speedup", "this run's tokens/s over its baseline's, over the prompts both finished (median repeats)", SPEEDUP, json=True),
     _c("speedup_ci", "speedup 95 % interval", kind="list", json=True),
     _c("speedup_ci_lo", "95 % low", "lower end of the speedup's 95 % interval (paired bootstrap over prompts)",

@@ -517,8 +517,8 @@ def _prediction(ctx: _Context) -> list[dict]:
     measured = ctx.verdict.run(done)
     if measured is None:  # the best has no cost-aware prediction
         return []
-    top = done.sort_values(["predicted_speedup_refined", "k"], ascending=[False, True]).iloc[0]
-    k_ref = int(top.k)
+    k_ref = formula.cost_aware_top(done)[0]  # storage/formula.py: the one cost-aware best k (the Theory page's too)
+    top = done[done["k"] == k_ref].sort_values("predicted_speedup_refined", ascending=False).iloc[0]
     data = {"measured_best": best, "refined_best": k_ref, "measured_speedup": float(measured.speedup),
             "refined_at_best": float(measured.predicted_speedup_refined)}
     if k_ref == best or k_ref in [c.value for c in ctx.verdict.tied]:
@@ -570,8 +570,10 @@ def _formula(ctx: _Context) -> list[dict]:
         why = f"the verify pass costs {verify:.2f} target steps, so the gap is overhead outside draft and verify steps"
     else:
         why = "the verify cost was not measured"
-    title = (f"The article's formula picks k = {k_f}, the measurement k = {best}" if k_f != best else
-             f"The article's formula is off by {100 * error:+.0f} % at k = {best}")
+    title = (f"Predicted from α and c alone, (1 − α^(k+1)) / ((1 − α)(1 + k/c)) picks k = {k_f}, the measurement "
+             f"k = {best}" if k_f != best else
+             f"Predicted from α and c alone, (1 − α^(k+1)) / ((1 − α)(1 + k/c)) is off by {100 * error:+.0f} % at "
+             f"k = {best}")
     detail = (f"With {pooled.describe()}, the formula's best k is {k_f} at {_x(s_f)} and it puts k = {best} "
               f"at {_x(at_best)} against {_x(measured.speedup)} measured ({100 * error:+.0f} %): {why}.")
     k_max = max(int(done["k"].max()), k_f, 2)

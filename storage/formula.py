@@ -8,7 +8,8 @@
 
 pooled in SQL (`pooled_inputs`), and not reported under MIN_VERIFIED verified draft tokens. A run's own
 `predicted_speedup` column (SPEC: the formula at that run's α, k and c) is a different figure and is always
-labelled "at the run's own α, c".
+labelled "at the run's own α, c". The cost-aware prediction's best k (`cost_aware_best`) is the detail page's,
+the findings' and the Theory page's.
 Plain pandas + SQL, no torch.
 """
 from __future__ import annotations
@@ -79,3 +80,26 @@ def formula_curve(pooled: Pooled, k_values=()) -> pd.DataFrame:
     k_max = max([K_MAX_SHOWN, *(int(k) for k in k_values), pooled.best_k()[0] + 1])
     ks = list(range(1, k_max + 1))
     return pd.DataFrame({"k": ks, "predicted_speedup": [pooled.speedup(k) for k in ks]})
+
+
+def cost_aware_top(runs: pd.DataFrame) -> tuple[int, float] | None:
+    """(k, speedup) of the cost-aware prediction's best among `runs` (queries.runs rows, the caller's choice of which
+    count): the highest predicted_speedup_refined (engine/theory.py cost_aware_speedup at each run's own E[L], draft
+    and verify cost), the smaller k on a tie; None when no run has one."""
+    done = runs[runs["k"].notna() & runs["predicted_speedup_refined"].notna()]
+    if done.empty:
+        return None
+    top = done.sort_values(["predicted_speedup_refined", "k"], ascending=[False, True]).iloc[0]
+    return int(top["k"]), float(top["predicted_speedup_refined"])
+
+
+def cost_aware_best(store: Store, experiment_id: int) -> tuple[int, float] | None:
+    """The experiment's cost-aware best k, the one every page and finding reports: cost_aware_top over the runs the
+    verdict can choose from (storage/verdict.py's candidates: finished, usable; a grid's at its smallest batch
+    size)."""
+    from . import queries as q
+    from .verdict import verdict
+
+    chosen = {c.run_id for c in verdict(store, experiment_id).candidates}
+    runs = q.runs(store, experiment_id)
+    return cost_aware_top(runs[runs["run_id"].isin(chosen)])

@@ -268,7 +268,7 @@ def test_the_detail_page_shows_the_serving_table(tmp_path, model_dirs, monkeypat
     eid = enqueue(store, model_dirs, [1, 4], repeats=1)
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
-    at = app("experiment", experiment=eid)
+    at = app("experiment", experiment=eid, section="Serving")
     assert_clean(at)
     assert "Serving: throughput and latency at the batch size" in [s.value for s in at.subheader]
     shown = next(d.value for d in at.dataframe if "ttft_seconds_p50" in d.value.columns)

@@ -337,7 +337,8 @@ def test_panel_escapes_user_text_and_links_the_chart_and_the_form(tmp_path):
     at = _panel(url, eid)
     low = next(m.value for m in at.markdown if "too slow to pay" in m.value)
     assert md_escape("my_[draft](x)") in low and "my_[draft](x)" not in low  # escaped, never a link
-    assert "(#cost-c-verify-cost-and-memory)" in low
+    # The cost table is in another section of the detail page: a button opens it (pages/sections.py).
+    assert "(see the cost table)" in low and "Show the cost table" in [b.label for b in at.button]
     links = [p.proto for p in at.get("page_link")]
     assert [link.page for link in links] == ["new"] and links[0].label == "Try it"
     prefill = {key: value[0] for key, value in parse_qs(links[0].query_string).items()}
@@ -345,12 +346,13 @@ def test_panel_escapes_user_text_and_links_the_chart_and_the_form(tmp_path):
     assert prefill["drafter"] == "prompt-lookup:3"
     assert md_escape("*x* :smile: $y$") == "\\*x\\* \\:\u2060smile\\:\u2060 \\$y\\$"  # no emoji, no math
 
-    # The token-type finding's "Try it" opens the Train page focused on this experiment; chart links are anchors.
+    # The token-type finding's "Try it" opens the Train page focused on this experiment; its chart's button opens the
+    # section that draws it.
     eid, _ = _run_experiment(store, {4: (_positions_rounds(), 0.004, 0.012)}, prompts=4)
     at = _panel(url, eid)
     shown = "\n".join(m.value for m in at.markdown)
     assert "not built yet" not in shown
-    assert "(#acceptance-by-token-type)" in shown and "(#conditional-acceptance-by-draft-position)" in shown
+    assert {"Show acceptance by token type", "Show acceptance by position"} <= {b.label for b in at.button}
     links = [p.proto for p in at.get("page_link")]
     train = [link for link in links if link.page == "train"]
     assert len(train) == 1 and parse_qs(train[0].query_string)["focus_from"] == [str(eid)]

@@ -479,17 +479,37 @@ def _greedy_id(store) -> int:
     return int(listing[listing["name"] == "tiny greedy"]["experiment_id"].iloc[0])
 
 
+def _headline(store, experiment_id: int) -> dict[str, str]:
+    """The detail page's headline figures as the verdict (storage/verdict.py) gives them: what it serves, that
+    run's speedup with its interval and α (the target alone: k 0, 1×, the best run's α)."""
+    from storage.verdict import verdict
+
+    v = verdict(store, experiment_id)
+    name = v.variable
+    if v.chosen is None:
+        best = q.runs(store, experiment_id).set_index("run_id").loc[v.best.run_id]
+        return {f"{name} to serve": "0 (target alone)" if name == "k" else "none (target alone)",
+                "Speedup": "1× (target alone)", "α (best run)": f"{best.alpha:.3f}"}
+    run = q.runs(store, experiment_id).set_index("run_id").loc[v.chosen.run_id]
+    return {f"{name} to serve": v.show(v.chosen.value),
+            "Speedup": f"{run.speedup:.2f}× ({run.speedup_ci_lo:.2f}–{run.speedup_ci_hi:.2f})",
+            "α (served run)": f"{run.alpha:.3f}"}
+
+
 def test_detail_figures_equal_the_storage_queries(populated):
+    from pages.charts import FORMULA
+
     experiment_id = _greedy_id(populated)
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
     row = catalog.experiments(populated).set_index("experiment_id").loc[experiment_id]
     shown = metrics(at)
-    assert shown["Best k"] == f"{row['best_value']:g}"
-    assert shown["Best speedup"] == f"{row['best_speedup']:.2f}× ({row['best_ci_lo']:.2f}–{row['best_ci_hi']:.2f})"
-    assert shown["α (best run)"] == f"{row['alpha']:.3f}"
+    assert {label: shown[label] for label in _headline(populated, experiment_id)} == _headline(populated, experiment_id)
 
-    speedup, rates, tokens, position, by_type = chart_data(at)
+    (speedup,) = chart_data(at)  # the Verdict section: the answer's one chart
+    rejected = app("experiment", experiment=experiment_id, section="Why drafts are rejected")
+    assert_clean(rejected)
+    rates, tokens, position, by_type = chart_data(rejected)
     curve = q.sweep_curve(populated, experiment_id)
     drawn = speedup[1]  # layer data: measured and predicted, long form
     measured = drawn[drawn["series"] == "measured"].sort_values("x")
@@ -498,23 +518,29 @@ def test_detail_figures_equal_the_storage_queries(populated):
     runs = q.runs(populated, experiment_id)
     spec = runs[runs["kind"] == "speculative"]
     alpha = spec["accepted"].sum() / (spec["accepted"].sum() + spec["rejected"].sum())
-    predicted = drawn[drawn["series"] == "predicted (formula)"].set_index("x")["value"]
+    predicted = drawn[drawn["series"] == FORMULA].set_index("x")["value"]
     assert predicted.loc[2] == pytest.approx(theory.predicted_speedup(alpha, 2, spec["c"].mean()))
-    assert speedup[2]["x"].tolist() == [row["best_value"]]  # the best-k marker
+    from storage.verdict import verdict
+
+    served = verdict(populated, experiment_id).k
+    assert speedup[2]["x"].tolist() == [served]  # the marker: what the verdict serves (k = 0: the target alone)
     assert sorted(rates[0]["value"]) == pytest.approx(sorted([*curve["alpha"], *curve["draft_acceptance_rate"]]))
     assert sorted(tokens[0]["value"]) == pytest.approx(sorted(
         [*curve["tokens_per_round"], *(theory.expected_tokens_per_round(a, k) for a, k in zip(curve["alpha"], curve["k"]))]))
 
     best_run = int(curve.loc[curve["speedup"].idxmax(), "run_id"])
-    assert at.query_params["run"] == [str(best_run)] or at.query_params["run"] == str(best_run)
+    assert rejected.query_params["run"] in ([str(best_run)], str(best_run))
     pd.testing.assert_frame_equal(position[0], q.acceptance_by_position(populated, best_run), check_dtype=False)
     pd.testing.assert_frame_equal(by_type[0], q.acceptance_by_type(populated, best_run), check_dtype=False)
-    per_prompt = next(d.value for d in at.dataframe if "prompt_index" in d.value)
+    per_prompt = next(d.value for d in rejected.dataframe if "prompt_index" in d.value)
     assert per_prompt["tokens_per_round"].tolist() == pytest.approx(
         q.per_prompt(populated, best_run)["tokens_per_round"].tolist())
-    assert {"speedup_curve.csv", "acceptance_curve.csv", "tokens_per_round.csv", "cost_and_memory.csv",
-            f"run{best_run}_acceptance_by_position.csv", f"run{best_run}_acceptance_by_type.csv",
-            f"run{best_run}_top_rejected_tokens.csv", f"run{best_run}_per_prompt.csv"} <= set(downloads(at))
+    assert "speedup_curve.csv" in downloads(at)
+    assert {"acceptance_curve.csv", "tokens_per_round.csv", f"run{best_run}_acceptance_by_position.csv",
+            f"run{best_run}_acceptance_by_type.csv", f"run{best_run}_top_rejected_tokens.csv",
+            f"run{best_run}_per_prompt.csv"} <= set(downloads(rejected))
+    costs = app("experiment", experiment=experiment_id, section="Predictions and cost")
+    assert "cost_and_memory.csv" in downloads(costs)
 
 
 def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_table(populated):
@@ -524,13 +550,17 @@ def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_tabl
     from storage.columns import COLUMNS, EXPERIMENT_COLUMNS, MISSING, show
 
     experiment_id = _greedy_id(populated)
-    row = catalog.experiments(populated).set_index("experiment_id").loc[experiment_id]
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
-    assert metrics(at)["α (best run)"] == show("alpha", row["alpha"]) == "%.3f" % row["alpha"]
-    runs_grid = next(d for d in at.dataframe if "outputs_match_baseline" in d.value)
-    per_prompt_grid = next(d for d in at.dataframe if "prompt_index" in d.value)
-    for grid in at.dataframe:  # runs, cost, predictions, rejected tokens, per prompt
+    alpha = next(value for label, value in metrics(at).items() if label.startswith("α ("))
+    assert alpha == next(v for label, v in _headline(populated, experiment_id).items() if label.startswith("α ("))
+    assert len(alpha.split(".")[-1]) == 3  # show("alpha", ...)'s format
+    # Every section's tables (each section is built alone).
+    grids = [d for section in ("Why drafts are rejected", "Predictions and cost", "Runs")
+             for d in app("experiment", experiment=experiment_id, section=section).dataframe]
+    runs_grid = next(d for d in grids if "outputs_match_baseline" in d.value)
+    per_prompt_grid = next(d for d in grids if "prompt_index" in d.value)
+    for grid in grids:  # runs, cost, predictions, rejected tokens, per prompt
         assert grid.proto.placeholder == MISSING
         config = json.loads(grid.proto.columns)
         for name in grid.value.columns:
@@ -587,22 +617,23 @@ def test_detail_of_a_temperature_sweep_plots_against_temperature(populated):
     experiment_id = int(listing[listing["name"] == "tiny temperature sweep"]["experiment_id"].iloc[0])
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
-    assert [s.value for s in at.subheader if s.value != "Findings"][:2] == ["Speedup vs temperature",
-                                                                            "Acceptance vs temperature"]
+    assert [s.value for s in at.subheader if s.value != "Findings"][:1] == ["Speedup vs temperature"]
+    rejected = app("experiment", experiment=experiment_id, section="Why drafts are rejected")
+    assert [s.value for s in rejected.subheader][:2] == ["Acceptance vs temperature", "Tokens per round vs temperature"]
     speedup = chart_data(at)[0][1]
     curve = q.sweep_curve(populated, experiment_id)
     measured = speedup[speedup["series"] == "measured"].sort_values("x")
     assert measured["x"].tolist() == [0.0, 1.0]
     assert measured["value"].tolist() == pytest.approx(curve.sort_values("sweep_value")["speedup"].tolist(), nan_ok=True)
-    assert metrics(at)["Best temperature"] == f"{catalog.experiments(populated).set_index('experiment_id').loc[experiment_id, 'best_value']:g}"
+    assert metrics(at)["temperature to serve"] == _headline(populated, experiment_id)["temperature to serve"]
 
 
 def test_detail_opens_the_run_named_in_the_url(populated):
     experiment_id = _greedy_id(populated)
     first_run = int(q.sweep_curve(populated, experiment_id)["run_id"].iloc[0])
-    at = app("experiment", experiment=experiment_id, run=first_run)
+    at = app("experiment", experiment=experiment_id, run=first_run, section="Why drafts are rejected")
     assert_clean(at)
-    position = chart_data(at)[3][0]
+    position = chart_data(at)[2][0]  # after acceptance and tokens per round vs k
     pd.testing.assert_frame_equal(position, q.acceptance_by_position(populated, first_run), check_dtype=False)
 
 
@@ -879,7 +910,7 @@ def test_detail_headline_carries_the_interval_and_names_the_ties(populated):
     _set_speedups(populated, ids, {1: (1.10, 1.05, 1.15), 2: (1.31, 1.22, 1.40), 4: (1.25, 1.18, 1.33)})
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
-    assert metrics(at)["Best k"] == "2" and metrics(at)["Best speedup"] == "1.31× (1.22–1.40)"
+    assert metrics(at)["k to serve"] == "2" and metrics(at)["Speedup"] == "1.31× (1.22–1.40)"
     assert any("best k 2 at 1.31× (1.22–1.40), tied with 4" in i.value for i in at.info)
     measured = _measured(at)
     assert measured[["x", "lo", "hi"]].values.tolist() == [[1, 1.05, 1.15], [2, 1.22, 1.40], [4, 1.18, 1.33]]
@@ -899,8 +930,9 @@ def test_detail_warns_about_an_impossible_speedup_and_never_crowns_it(crafted):
     assert_clean(at)
     warned = [w.value for w in at.warning if f"Run {ids[1]} (k = 1)" in w.value]
     assert len(warned) == 1 and runs.loc[ids[1], "timing_warning"] in warned[0]
-    assert metrics(at)["Best k"] == "2"
-    table = next(d.value for d in at.dataframe if "check" in d.value).set_index("run_id")
+    assert metrics(at)["k to serve"] == _headline(store, experiment_id)["k to serve"] == "2"
+    runs_section = app("experiment", experiment=experiment_id, section="Runs")
+    table = next(d.value for d in runs_section.dataframe if "check" in d.value).set_index("run_id")
     assert table.loc[ids[1], "check"].startswith("⚠") and table.loc[ids[2], "check"] == ""
     assert _measured(at).set_index("x").loc[1, "state"] == "timing warning"  # drawn as a hollow cross
 
@@ -911,9 +943,9 @@ def test_detail_draws_unfinished_runs_hollow_and_never_as_the_headline(crafted):
     assert runs.loc[ids[4], "status"] == "running" and runs.loc[ids[4], "speedup"] > runs.loc[ids[2], "speedup"]
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
-    assert metrics(at)["Best k"] == "2"
+    assert metrics(at)["k to serve"] == "2"
     best = runs.loc[ids[2]]
-    assert metrics(at)["Best speedup"] == f"{best.speedup:.2f}× ({best.speedup_ci_lo:.2f}–{best.speedup_ci_hi:.2f})"
+    assert metrics(at)["Speedup"] == f"{best.speedup:.2f}× ({best.speedup_ci_lo:.2f}–{best.speedup_ci_hi:.2f})"
     measured = _measured(at).set_index("x")
     assert measured.loc[4, "state"] == "not finished" and measured.loc[2, "state"] == "finished"
     assert measured.loc[4, "value"] == pytest.approx(runs.loc[ids[4], "speedup"])
@@ -921,8 +953,10 @@ def test_detail_draws_unfinished_runs_hollow_and_never_as_the_headline(crafted):
 
 
 def test_detail_sets_predictions_beside_the_measurement(crafted):
+    from pages.charts import COST_AWARE, FORMULA
+
     store, experiment_id, ids = crafted
-    at = app("experiment", experiment=experiment_id)
+    at = app("experiment", experiment=experiment_id, section="Predictions and cost")
     assert_clean(at)
     table = next(d.value for d in at.dataframe if "refined_error" in d.value).set_index("run_id")
     curve = q.sweep_curve(store, experiment_id).set_index("run_id")
@@ -930,8 +964,9 @@ def test_detail_sets_predictions_beside_the_measurement(crafted):
         row = curve.loc[run_id]
         assert table.loc[run_id, "refined_error"] == pytest.approx(row.predicted_speedup_refined / row.speedup - 1)
         assert table.loc[run_id, "formula_error"] == pytest.approx(row.predicted_speedup / row.speedup - 1)
-    drawn = next(d for chart in chart_data(at) for d in chart if "series" in d and "lo" in d)
-    assert {"measured", "predicted (cost-aware)", "predicted (formula)"} <= set(drawn["series"])
+    verdict_section = app("experiment", experiment=experiment_id)
+    drawn = next(d for chart in chart_data(verdict_section) for d in chart if "series" in d and "lo" in d)
+    assert {"measured", COST_AWARE, FORMULA} <= set(drawn["series"])
     cost = next(d.value for d in at.dataframe if "verify_cost" in d.value and "peak_memory_mb" in d.value)
     runs = q.runs(store, experiment_id)
     assert cost["verify_cost"].tolist() == pytest.approx(runs["verify_cost"].tolist(), nan_ok=True)
@@ -953,11 +988,14 @@ def test_detail_of_a_k_auto_experiment_plots_its_predicted_curve_and_confirmatio
     _record_runs(store, {base: ("baseline", [_crafted_baseline(i) for i in range(3)]),
                          k2: ("speculative", [_crafted_prompt(i, 2, [2, 1, 2], 0.002, 0.010) for i in range(3)]),
                          k3: ("speculative", [_crafted_prompt(i, 3, [3, 1, 2], 0.003, 0.010) for i in range(3)])})
+    from pages.charts import SPEEDUP_SERIES
+
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
     drawn = next(d for chart in chart_data(at) for d in chart if "series" in d and "lo" in d)
-    auto = drawn[drawn["series"] == "predicted (k auto)"].set_index("x")["value"]
+    auto = drawn[drawn["series"] == SPEEDUP_SERIES["predicted_auto"][0]].set_index("x")["value"]
     assert auto.to_dict() == pytest.approx(predicted)
+    at = app("experiment", experiment=experiment_id, section="Predictions and cost")
     confirmed = next(d.value for d in at.dataframe if "prediction_error" in d.value)
     measured = q.runs(store, experiment_id).set_index("run_id")["speedup"]
     assert confirmed["k"].tolist() == [2, 3]
@@ -1143,9 +1181,11 @@ def test_detail_of_a_sweep_named_by_labels_marks_its_best_by_name(populated):
                      {"rid": int(curve.loc[curve["k"] == 4, "run_id"].iloc[0])})
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
-    assert metrics(at)["Best draft"] == "draft-2" and at.query_params["run"] in ([str(best_run)], str(best_run))
-    best = next(d for chart in chart_data(at) for d in chart if "label" in d)
-    assert best["label"].tolist() == ["best draft = draft-2"] and best["x"].tolist() == [2]
+    assert metrics(at)["draft to serve"] == "draft-2"
+    served = next(d for chart in chart_data(at) for d in chart if "label" in d)
+    assert served["label"].tolist() == ["serve draft = draft-2"] and served["x"].tolist() == [2]
+    rejected = app("experiment", experiment=experiment_id, section="Why drafts are rejected")
+    assert rejected.query_params["run"] in ([str(best_run)], str(best_run))  # its breakdowns open on it
     assert any("(draft = draft-4) is never picked" in w.value for w in at.warning)
 
 
@@ -1360,7 +1400,7 @@ def test_compare_legends_are_whole_colours_distinct_and_badges_name_ties_and_val
 
 def test_detail_rate_bars_carry_their_counts_and_flag_small_samples(crafted):
     store, experiment_id, ids = crafted
-    at = app("experiment", experiment=experiment_id, run=ids[2])
+    at = app("experiment", experiment=experiment_id, run=ids[2], section="Why drafts are rejected")
     assert_clean(at)
     data = [d for chart in chart_data(at) for d in chart]
     by_position = next(d for d in data if "reached" in d and "position" in d).sort_values("position")
@@ -1450,11 +1490,13 @@ def test_round_explorer_token_chart_selects_a_round_and_shows_its_proposals(craf
 
 
 def test_theory_chart_has_a_y_title_and_names_its_curves_in_words(empty_db):
+    from pages.charts import FORMULA
+
     at = app("theory")
     assert_clean(at)
     spec = json.dumps(_specs(at)[0], ensure_ascii=False)
     assert "speedup (×) · tokens per round" in spec
-    for name in ("speedup (article's formula)", "expected tokens per round E[L_k]"):
+    for name in (f"speedup {FORMULA}", "expected tokens per round E[L_k]"):
         assert name in spec
     assert '"field": "series"' in spec  # the legend's field: the words, not predicted_speedup
 
@@ -1486,10 +1528,9 @@ def test_detail_speedup_csv_has_integer_run_ids_and_the_runs_table_stays_open_on
     lines = frame.to_csv(index=False).splitlines()
     run_ids = [line.split(",")[lines[0].split(",").index("run_id")] for line in lines[1:]]
     assert {r for r in run_ids if r} == {str(int(r)) for r in curve["run_id"]}  # 7, never 7.0
-    at = app("experiment", experiment=experiment_id)
+    at = app("experiment", experiment=experiment_id, section="Runs")
     assert_clean(at)
-    runs_box = next(e for e in at.expander if e.label == "Runs")
-    assert runs_box.proto.expanded  # done: the table is open, not folded away
+    assert any("outputs_match_baseline" in d.value for d in at.dataframe)  # the Runs section: the table, open
 
 
 def _element_paths(at: AppTest) -> dict[tuple, object]:

@@ -114,7 +114,7 @@ def _grid() -> tuple[pd.DataFrame, pd.DataFrame]:
 # test_every_builder_is_covered.
 CASES = {
     "speedup_curve": lambda: charts.speedup_curve(_sweep(), "k", 2, None),
-    "speedup_curve by label": lambda: charts.speedup_curve(_sweep("draft"), "draft", 1, DRAFTS[0]),
+    "speedup_curve by label": lambda: charts.speedup_curve(_sweep("draft"), "draft", 1, f"serve draft = {DRAFTS[0]}"),
     "schedule_curve": lambda: charts.schedule_curve(*_grid(), "k", "k (0 = off)"),
     "schedule_curve by name": lambda: charts.schedule_curve(
         _grid()[0].assign(draft=lambda f: [DRAFTS[int(k) % 2] for k in f["k"]]).drop(columns=["k"]),
@@ -141,7 +141,8 @@ CASES = {
                                                 "token_type", "rate", "run", "accepted / verified", count="verified"),
     "grouped_bars without counts": lambda: charts.grouped_bars(
         pd.concat([_by_type().assign(run=name) for name in SERIES]), "token_type", "rate", "run", "rate"),
-    "theory_curves": lambda: charts.theory_curves(theory_page.formula_frame(0.7, 5.0, k_max=8, verify_cost=1.2), 3),
+    "theory_curves": lambda: charts.theory_curves(theory_page.formula_frame(
+        0.7, 5.0, k_max=8, verify_cost=1.2, measured=pd.DataFrame({"k": [2], "predicted_speedup_refined": [1.3]})), 3),
     "simulation_vs_formula": lambda: charts.simulation_vs_formula(
         pd.DataFrame({"k": [1, 2], "speedup": [1.1, 1.3], "predicted_speedup": [1.1, 1.2]}), "speedup",
         "predicted_speedup", "speedup (×)"),
@@ -204,7 +205,7 @@ def test_the_names_are_in_the_data(case):
     """The check above looks at the right thing: the names these charts show are in their data, whole."""
     spec = CASES[case]().to_dict()
     shown = data_strings(spec)
-    expected = {"speedup_curve by label": {f"best draft = {DRAFTS[0]}"},
+    expected = {"speedup_curve by label": {f"serve draft = {DRAFTS[0]}"},
                 "schedule_curve": {NAMES["k"], *DRAFTS, f"{DRAFTS[1]}: off, k = 0", charts.SCHEDULE_OFF},
                 "theory_curves": set(charts.THEORY_SERIES.values()), "sweep_panels": set(SERIES),
                 "series_legend": set(SERIES),

@@ -23,7 +23,7 @@ def _frames_with(at, column: str):
 def test_a_stored_confirm_shows_beside_the_lab(grid):  # noqa: F811
     store, eid, ids = grid
     cid = seed_confirm(store, eid, concurrency=(1, 4, 16))
-    at = app("experiment", experiment=eid)
+    at = app("experiment", experiment=eid, section="Confirm in vLLM")
     assert_clean(at)
     text = page_text(at)
     assert "Confirm in vLLM" in text and f"Confirm {cid} in vllm 0.32.0" in text
@@ -54,7 +54,7 @@ def test_a_stored_confirm_shows_beside_the_lab(grid):  # noqa: F811
 
 def test_the_form_queues_a_confirm_for_a_worker_and_refuses_a_second(grid):  # noqa: F811
     store, eid, ids = grid
-    at = app("experiment", experiment=eid)
+    at = app("experiment", experiment=eid, section="Confirm in vLLM")
     assert_clean(at)
     at.selectbox(key="confirm_configs").set_value("schedule")
     at.multiselect(key="confirm_concurrency").set_value([1, 4])

@@ -73,7 +73,7 @@ def test_the_detail_page_of_a_grid_shows_its_k_schedule(grid):
     headline = next(_plain(i.value) for i in at.info if i.value.startswith("**k schedule:**"))
     assert "batch 1: k = 2" in headline and "batch 4: k = 1" in headline and "off from batch 16" in headline
     assert not any("**Verdict:**" in i.value for i in at.info)
-    assert metrics(at)["Best k (batch 1)"] == "2" and metrics(at)["Baseline tokens/s (batch 1)"] == "50.0"
+    assert metrics(at)["k to serve (batch 1)"] == "2" and metrics(at)["Baseline tokens/s (batch 1)"] == "50.0"
     # The table: what each batch size serves, with its interval, ties, throughput and latency.
     table = _schedule_table(at)
     assert list(table.index) == [1, 4, 16]
@@ -85,12 +85,17 @@ def test_the_detail_page_of_a_grid_shows_its_k_schedule(grid):
     assert table.loc[4, "itl_seconds_p95"] == pytest.approx(0.03 * 1)  # k = 1's, the one served at batch 4
     assert table.loc[16, "tokens_per_second"] == 400.0 and table.loc[16, "request_latency_seconds_p95"] == 8.0  # off: the baseline's
     assert any("at batch 16 speculation costs 8 % (0.92× (0.88–0.96)" in _plain(m.value) for m in at.markdown)  # each batch size's sentence
-    assert json.loads(next(c.value for c in at.code)) == [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
     assert f"experiment{eid}_schedule.csv" in downloads(at)
+    serving = app("experiment", experiment=eid, section="Serving")  # vLLM's setting: what to carry to a server
+    assert json.loads(next(c.value for c in serving.code)) == [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
     # The run picker (and the Round explorer's, Compare's) names each run's batch size: k = 1 is run three times.
-    options = at.selectbox(key="select_run").options
+    rejected = app("experiment", experiment=eid, section="Why drafts are rejected")
+    options = rejected.selectbox(key="select_run").options
     assert f"run {ids[(16, 1)]} · k=1 · batch 16 (done)" in options and len(set(options)) == 9
-    for shown in at.dataframe:  # every table of the page, the schedule's included, has a header per column
+    tables = [d for page in (at, serving, rejected, *(app("experiment", experiment=eid, section=section)
+                                                      for section in ("Predictions and cost", "Runs")))
+              for d in page.dataframe]
+    for shown in tables:  # every table of the page, the schedule's included, has a header per column
         config = json.loads(shown.proto.columns)
         assert all(config.get(name, {}).get("label") for name in shown.value.columns), list(shown.value.columns)
 
@@ -112,10 +117,13 @@ def test_the_grid_chart_draws_one_line_per_batch_size_and_marks_what_each_serves
     assert served.loc["batch 16", "label"] == "batch 16: off (k = 0)"
     assert served.loc["batch 16", "why"] == "speculation loses at batch 16: best 0.92× (0.88–0.96)"
     # The single sweep's speedup curve (every run against k) is not drawn; acceptance is one line per batch size.
+    rejected = app("experiment", experiment=eid, section="Why drafts are rejected")
+    drawn += [d for chart in chart_data(rejected) for d in chart]
     assert not any("series" in d and "measured" in set(d["series"]) for d in drawn)
     alpha = next(d for d in drawn if "alpha" in d and "batch" in d)
     assert alpha.groupby("batch")["k"].apply(sorted).to_dict() == {f"batch {b}": [1, 2, 4] for b in (1, 4, 16)}
-    predictions = next(d.value for d in at.dataframe if "refined_error" in d.value)
+    predicted = app("experiment", experiment=eid, section="Predictions and cost")
+    predictions = next(d.value for d in predicted.dataframe if "refined_error" in d.value)
     assert sorted(predictions["batch_size"].tolist()) == sorted([1, 4, 16] * 3)
 
 
@@ -136,7 +144,7 @@ def test_a_plain_sweep_keeps_its_verdict_and_single_curve(empty_db):
     at = app("experiment", experiment=eid)
     assert_clean(at)
     assert any("**Verdict:**" in i.value for i in at.info) and not any("schedule:**" in i.value for i in at.info)
-    assert "Best k" in metrics(at) and not any("speedup_interval" in d.value for d in at.dataframe)
+    assert "k to serve" in metrics(at) and not any("speedup_interval" in d.value for d in at.dataframe)
 
 
 # --- the New-experiment form --------------------------------------------------------------------------------

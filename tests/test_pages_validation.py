@@ -50,7 +50,7 @@ def test_k_distribution_shows_for_a_drafter_that_varies_k(db):
 
         conn.execute(text("UPDATE runs SET drafter = 'heuristic' WHERE experiment_id = :e AND kind = 'speculative'"),
                      {"e": eid})
-    at = app("experiment", experiment=eid)
+    at = app("experiment", experiment=eid, section="Why drafts are rejected")
     assert_clean(at)
     assert any(s.value.startswith("Tokens drafted per round") for s in at.subheader)
     spec = q.runs(db, eid)

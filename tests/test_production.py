@@ -276,7 +276,7 @@ def test_detail_page_shows_production_next_to_the_lab(tmp_path, monkeypatch):
     before, after = _files(tmp_path)
     assert main(["import-metrics", before, after, "--experiment", str(eid), "--label", "prod 'eu' <1>",
                  "--db", url]) == 0
-    at = app("experiment", experiment=eid)
+    at = app("experiment", experiment=eid, section="Serving")
     assert_clean(at)
     assert "Production against the lab" in page_text(at)
     table = next(d.value for d in at.dataframe if "series" in d.value)
@@ -291,4 +291,6 @@ def test_detail_page_shows_production_next_to_the_lab(tmp_path, monkeypatch):
     lab = frame[frame["kind"] == "lab"].sort_values("position")
     expected = production.lab_positions(store, run_id)
     assert lab["lo"].tolist() == pytest.approx(expected["lo"].tolist())
-    assert "verdict holds for this traffic" in page_text(at)  # the finding (markdown-escaped apostrophe)
+    findings = app("experiment", experiment=eid)  # the Verdict section holds the findings
+    assert "verdict holds for this traffic" in page_text(findings)  # the finding (markdown-escaped apostrophe)
+    assert "Show production against the lab" in [b.label for b in findings.button]  # opens the Serving section
