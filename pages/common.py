@@ -95,10 +95,30 @@ def select_id(label: str, key: str, options: list[int], format_func=str, contain
         index = options.index(wanted[0])
     else:
         index = options.index(default) if default in options else 0
-    chosen = container.selectbox(label, options, index=index, format_func=format_func, key=f"select_{key}")
+    widget, index = _relabelled(f"select_{key}", options, index, format_func)
+    chosen = container.selectbox(label, options, index=index, format_func=format_func, key=widget)
     if query_ids(key)[:1] != [chosen]:
         st.query_params[key] = str(chosen)
     return chosen
+
+
+_DRAWN = "_select_drawn"  # session key: {selectbox key: (generation, the choice drawn, its text as drawn)}
+
+
+def _relabelled(base: str, options: list, index: int, format_func) -> tuple[str, int]:
+    """(the selectbox's key, its index): `base`, until the same choice's text changes (its status moved from
+    "(running)" to "(done)"): Streamlit's selectbox keeps showing a keyed choice's text as first drawn, so the
+    page would contradict its own table; a renewed key (`base~1`) draws the same choice with its text now."""
+    drawn = st.session_state.setdefault(_DRAWN, {})
+    generation, value, text = drawn.get(base, (0, None, None))
+    key = base if not generation else f"{base}~{generation}"
+    current = st.session_state.get(key, options[index])
+    current = current if current in options else options[index]
+    if current == value and format_func(current) != text:
+        generation, index = generation + 1, options.index(current)
+        key = f"{base}~{generation}"
+    drawn[base] = (generation, current, format_func(current))
+    return key, index
 
 
 def select_ids(label: str, key: str, options: list[int], format_func=str, default: list[int] | None = None) -> list[int]:

@@ -18,7 +18,8 @@ from storage import confirm_jobs, production
 from storage.confirms import LATENCY_KEYS, beside_lab, confirm_document, lab_schedule_beside
 from storage.errors import QueueError
 
-REFRESH_SECONDS = 2.0
+REFRESH_SECONDS = 2.0  # a queued or running confirm's progress
+IDLE_POLL_SECONDS = 5.0  # the check for a confirm queued elsewhere (a shell, another browser)
 CONCURRENCY_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 CONFIG_HELP = {"chosen": "the verdict's configuration", "schedule": "the k grid's schedule, one k per batch size",
                "all": "every finished lossless speculative run"}
@@ -26,8 +27,11 @@ LATENCY_COLUMNS = ["who", "concurrency", "tokens_per_second", *LATENCY_KEYS]
 
 
 def render_confirm(experiment_id: int, experiment: dict, sizes: list[int] | None) -> None:
-    """The panel: the form, then the live confirm or the newest confirm's results (refreshing while one is
-    queued or running, on its own: the page's refresh stops once the experiment is done)."""
+    """The panel: the form, the live progress of a queued or running confirm and the newest ended confirm's
+    results. Every confirm's status follows the database without a reload: a fragment polls the experiment's
+    confirms (every REFRESH_SECONDS while one is queued or running, with its progress; every IDLE_POLL_SECONDS
+    otherwise, drawing nothing) and redraws the page once when any confirm's status moved (one queued, claimed or
+    ended here or from a shell), so the results and the form's state are redrawn with it."""
     st.subheader("Confirm in vLLM", anchor="confirm-in-vllm")
     st.caption("Serve this experiment's configuration in vLLM's OpenAI server, with exactly the speculative config "
                "of \"Use these settings\", beside the target served alone: the same prompts, streamed at each "
@@ -35,8 +39,36 @@ def render_confirm(experiment_id: int, experiment: dict, sizes: list[int] | None
                "vLLM (`$DRAFTLAB_VLLM`, else `.vllm-venv`); `draftlab confirm` does the same from a shell.")
     _form(experiment_id, experiment, sizes)
     jobs = confirm_jobs.confirm_jobs(store(), experiment_id)
-    active = bool(jobs["status"].isin(confirm_jobs.ACTIVE).any()) if not jobs.empty else False
-    st.fragment(run_every=REFRESH_SECONDS if active else None)(_live)(experiment_id, active)
+    seen = confirm_state(jobs)
+    if confirm_active(jobs):
+        st.fragment(run_every=REFRESH_SECONDS)(_live)(experiment_id, seen)
+    else:
+        st.fragment(run_every=IDLE_POLL_SECONDS)(_watch)(experiment_id, seen)
+    _ended(experiment_id, jobs)
+
+
+def confirm_state(jobs: pd.DataFrame) -> tuple:
+    """What the panel is drawn for: each confirm with its status (not its progress, which the live part draws)."""
+    return tuple((int(i), str(s)) for i, s in zip(jobs["confirm_id"], jobs["status"]))
+
+
+def confirm_active(jobs: pd.DataFrame) -> bool:
+    return bool(jobs["status"].isin(confirm_jobs.ACTIVE).any()) if not jobs.empty else False
+
+
+def _fresh(experiment_id: int, seen: tuple) -> pd.DataFrame:
+    """The experiment's confirms now; redraws the whole page (st.rerun) when a status moved since it was drawn:
+    only a full run changes the poll's interval and draws the results (a fragment-scoped rerun would rerun this
+    fragment with the state it was drawn for, again and again)."""
+    jobs = confirm_jobs.confirm_jobs(store(), experiment_id)
+    if confirm_state(jobs) != seen:
+        st.rerun()
+    return jobs
+
+
+def _watch(experiment_id: int, seen: tuple) -> None:
+    """Nothing queued or running: draws nothing, redraws the page once a confirm appears (e.g. from a shell)."""
+    _fresh(experiment_id, seen)
 
 
 def _form(experiment_id: int, experiment: dict, sizes: list[int] | None) -> None:
@@ -66,16 +98,18 @@ def _form(experiment_id: int, experiment: dict, sizes: list[int] | None) -> None
             st.toast(f"Confirm {confirm_id} queued: a worker runs it")
 
 
-def _live(experiment_id: int, was_active: bool) -> None:
-    jobs = confirm_jobs.confirm_jobs(store(), experiment_id)
+def _live(experiment_id: int, seen: tuple) -> None:
+    """The queued and running confirms' progress, redrawn every REFRESH_SECONDS from the database."""
+    jobs = _fresh(experiment_id, seen)
+    for job in jobs[jobs["status"].isin(confirm_jobs.ACTIVE)].itertuples(index=False):
+        _progress(job)
+
+
+def _ended(experiment_id: int, jobs: pd.DataFrame) -> None:
+    """The newest ended confirm's error, and the measured confirms' results (a choice of them when several)."""
     if jobs.empty:
         st.caption("No confirm yet.")
         return
-    active = jobs[jobs["status"].isin(confirm_jobs.ACTIVE)]
-    if was_active and active.empty:
-        st.rerun(scope="fragment")  # it ended: one more draw, without the timer
-    for job in active.itertuples(index=False):
-        _progress(job)
     measured = jobs[(jobs["measurements"] > 0) & ~jobs["status"].isin(confirm_jobs.ACTIVE)]
     ended = jobs[~jobs["status"].isin(confirm_jobs.ACTIVE)]
     if not ended.empty:

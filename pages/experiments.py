@@ -31,9 +31,11 @@ def _is_active(frame: pd.DataFrame) -> bool:
 
 
 def page_state(listing: pd.DataFrame) -> tuple:
-    """What the page's layout and timer depend on: which experiments exist, and whether any is active."""
-    ids = tuple(sorted(int(i) for i in listing["experiment_id"])) if len(listing) else ()
-    return ids, bool(_is_active(listing))
+    """What the page drawn outside the refreshing table depends on: each experiment with its status (the selector's
+    `(running)`, its Cancel or Resume button) and whether any is active (the timer). Any status that moves redraws
+    the page: one experiment finishing while another still runs changes no timer, but its label and button."""
+    statuses = tuple(sorted((int(i), str(s)) for i, s in zip(listing["experiment_id"], listing["status"])))
+    return statuses, bool(_is_active(listing))
 
 
 def needs_full_rerun(seen: tuple, listing: pd.DataFrame) -> bool:
