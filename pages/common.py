@@ -242,6 +242,15 @@ def run_label(runs: pd.DataFrame, sweep_variable: str = "k"):
     return label
 
 
+def short_name(value):
+    """A model path as a table cell shows it: its last part (`/home/me/models/my-draft/` -> `my-draft`), so a long
+    path never pushes the columns after it off screen; anything else (a hub id, a number, None) as it is."""
+    path = value.rstrip("/") if isinstance(value, str) else ""
+    if not (path.startswith(("/", "~", ".")) or path.count("/") >= 2):  # a hub id (org/name) is short already
+        return value
+    return value.rstrip("/").rsplit("/", 1)[-1]
+
+
 def number(value, fmt: str = "{:.3f}", missing: str = "—") -> str:
     """Formats a metric for st.metric; NaN/None (not measured yet) shows as a dash."""
     if value is None or (isinstance(value, float) and value != value):

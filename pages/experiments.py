@@ -12,7 +12,8 @@ import streamlit as st
 from engine.prompt_sets import set_name
 from engine.variables import variable
 from engine.wording import noun, plural
-from pages.common import csv_download, empty_state, experiment_label, nav_page, select_id, show, store, table
+from pages.common import (csv_download, empty_state, experiment_label, nav_page, select_id, short_name, show, store,
+                          table)
 from storage import catalog, queries as q, run_state
 from storage.columns import MISSING
 
@@ -117,6 +118,7 @@ def _table(filters: dict, seen: tuple) -> None:
     shown = frame.assign(
         prompts=[set_name(p) for p in frame["prompts"]],  # an upload by its file name, never the server's path
         sweep_values=swept_text(frame),
+        best_label=[short_name(v) for v in frame["best_label"]],  # a draft's path by its last part: the CSV has it
         progress=frame["progress"].fillna(0) * 100,
         interval=[f"{show('speedup_ci_lo', lo)}–{show('speedup_ci_hi', hi)}" if pd.notna(lo) and pd.notna(hi)
                   else None for lo, hi in zip(frame["best_ci_lo"], frame["best_ci_hi"])])

@@ -126,7 +126,8 @@ EXPERIMENT = [
     _c("batch_sizes", "at batch sizes", "a grid: the sweep at each of these batch sizes, each with its own baseline "
        "(the best, ties and α are its smallest batch size's; the detail page has the k schedule)", kind="list"),
     _c("best_value", "best value", "the best run's sweep_value (a draft or drafter sweep: its index)", kind="text"),
-    _c("best_label", "best", "the swept value whose finished run measured the highest speedup", kind="text"),
+    _c("best_label", "best", "the swept value whose finished run measured the highest speedup (a draft's path by "
+       "its last part; the CSV has it whole)", kind="text"),
     _c("best_speedup", "best speedup", "the best run's measured speedup", SPEEDUP),
     _c("interval", "95 % interval", "of the best speedup: paired bootstrap over prompts", kind="text"),
     _c("alpha", "α (best run)", "the best run's α", RATE),

@@ -196,3 +196,22 @@ def test_curves_and_predictions_are_named_by_what_they_compute(seeded):
                   json.dumps([json.loads(c.proto.spec) for c in theory.get("vega_lite_chart")], ensure_ascii=False)):
         assert "article's formula" not in shown and "as in SPEC" not in shown
         assert "(1 − α^(k+1)) / ((1 − α)(1 + k/c))" in shown
+
+
+def test_the_experiments_table_names_a_draft_path_by_its_last_part(seeded):
+    """A full path in the Experiments "best" column pushed the interval off screen: its last part is shown, the
+    CSV keeps it whole."""
+    store, ids = seeded
+    path = "/home/someone/checkpoints/distillation-runs/2026-12-06/my-distilled-draft/"
+    best = verdict(store, ids["draft"]).best.run_id
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET sweep_label = :p WHERE id = :rid"), {"p": path, "rid": best})
+    at = AppTest.from_string("from app.main import run\nrun('experiments')", default_timeout=TIMEOUT).run()
+    assert not at.exception
+    listing = next(d for d in at.dataframe if "best_label" in d.value)
+    row = listing.value.set_index("experiment_id").loc[ids["draft"]]
+    assert row["best_label"] == "my-distilled-draft" and row["interval"]  # the interval still beside it
+    assert "last part" in json.loads(listing.proto.columns)["best_label"]["help"]
+    from storage import catalog
+
+    assert catalog.experiments(store).set_index("experiment_id").loc[ids["draft"], "best_label"] == path  # the CSV's
