@@ -2,7 +2,8 @@
 pages, and name a setting by its command-line flag ("rerun with more --repeats"); in the dashboard the same advice
 names the form field first and the flag second: "more repeats (the New experiment form's Repeats field, or
 --repeats on the command line)". Only flags of an experiment's settings and swept variables (engine/variables.py,
-those with a form field) are rewritten; any other flag (a serving engine's) is left as written."""
+those with a form field) are rewritten; any other flag (a serving engine's) is left as written. The deploy panel's
+notes name its own controls first (`panel_advice`)."""
 from __future__ import annotations
 
 import re
@@ -10,6 +11,14 @@ import re
 from engine.variables import SETTINGS, VARIABLES
 
 _FLAG = re.compile(r"--([a-z][a-z-]*)(?: \((\d+)\))?")
+# Command-line advice the deploy panel's engines' notes carry (storage/deploy.py), and what the panel itself does.
+PANEL_ACTIONS = {
+    "(`draftlab export --format deploy --with-max-new-tokens` copies the test's)":
+        "(the \"Copy the test's max new tokens\" box above copies the test's; on the command line `draftlab export "
+        "--format deploy --with-max-new-tokens`)",
+    "(`--batch-size` / the panel's batch size picks another)":
+        "(the panel's \"For batch size\" picks another; on the command line `--batch-size`)",
+}
 
 
 def _field(name: str) -> str | None:
@@ -30,3 +39,11 @@ def browser_advice(text: str) -> str:
         return f"{title.lower()} ({said}the New experiment form's {title} field, or {cli} on the command line)"
 
     return _FLAG.sub(reworded, text)
+
+
+def panel_advice(text: str) -> str:
+    """A deploy note (storage/deploy.py) with the panel's own control named before the command line's flag; the
+    serving engines' flags are left as written (they are what to type there)."""
+    for cli, browser in PANEL_ACTIONS.items():
+        text = text.replace(cli, browser)
+    return text

@@ -9,6 +9,7 @@ import json
 
 import streamlit as st
 
+from pages.advice import panel_advice
 from pages.prefill import md_text
 from storage import queries as q
 from storage.deploy import DeployError, deploy_document
@@ -49,7 +50,7 @@ def render_deploy_panel(store, experiment_id: int, run_id: int | None = None, ex
             return
         st.caption(_summary(doc))
         for caveat in doc["caveats"]:
-            st.warning(md_text(caveat), icon=":material/balance:")
+            st.warning(md_text(panel_advice(caveat)), icon=":material/balance:")
         for tab, (key, label) in zip(st.tabs([label for _, label in TABS]), TABS):
             engine = doc["engines"][key]
             with tab:
@@ -58,7 +59,7 @@ def render_deploy_panel(store, experiment_id: int, run_id: int | None = None, ex
                     st.caption("Sampling, sent with every request (/v1/completions):")
                     st.code(json.dumps(engine["request"]), language="json")
                 for note in engine["notes"]:
-                    st.caption(note)
+                    st.caption(panel_advice(note))
         st.download_button("Download as JSON", json.dumps(doc, indent=2).encode("utf-8"),
                            file_name=f"experiment{experiment_id}_run{doc['run_id']}_deploy.json",
                            mime="application/json", key=f"deploy_json_{experiment_id}_{doc['run_id']}",

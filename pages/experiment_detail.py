@@ -239,7 +239,7 @@ def _speedup_chart(d: "Detail") -> None:
     """The answer's chart: measured speedup against the swept value with its intervals and the predictions, the
     verdict's choice marked."""
     sweep_variable, experiment = d.sweep_variable, d.experiment
-    pooled = formula.pooled_inputs(store(), d.experiment_id) if sweep_variable == "k" else None
+    pooled = cached(formula.pooled_inputs, d.experiment_id, stamp=d.stamp) if sweep_variable == "k" else None
     auto_curve = (experiment.get("predicted_curve") or {}).get("curve")
     st.subheader(f"Speedup vs {sweep_variable}")
     frame = speedup_frame(d.curve, sweep_variable, pooled, auto_curve)

@@ -9,7 +9,7 @@ import streamlit as st
 
 from engine.errors import DraftLabError
 from engine.prompt_sets import set_name
-from pages.common import nav_page, store
+from pages.common import nav_page, store, table
 from pages.new_experiment import UPLOAD_TYPES
 from pages.prefill import md_text
 from storage.experiments import enqueue_experiment
@@ -83,5 +83,8 @@ def _render_result(validation_id: int) -> None:
     (st.success if holds else st.warning if holds is False else st.info)(message)
     names = [f"#{result['validates']}, tuned on {result['tune_set']}",
              f"#{result['experiment_id']}, validated on {result['validation_set']}"]
-    table = pd.DataFrame([result["tune"][_COLUMNS], result["validation"][_COLUMNS]], index=names)
-    st.dataframe(table, width="stretch")
+    rows = pd.DataFrame([result["tune"][_COLUMNS], result["validation"][_COLUMNS]]).assign(experiment=names)
+    # Headers, help and formats from storage/columns.py (not the raw column names), the page's width.
+    table(rows, ["experiment", *_COLUMNS], "validation_table",
+          experiment=st.column_config.TextColumn("experiment", help="the tuning experiment, then its validation",
+                                                 pinned=True))

@@ -268,8 +268,8 @@ def _validation(ctx: _Context) -> list[dict]:
     if result["holds"]:
         title = f"The gain of experiment #{tuned} holds on {held}"
         repeats = ctx.more_repeats()
-        next_ = (f"Carry k = {k} to production (\"Use these settings\" below), or confirm on more prompts or "
-                 f"--repeats ({repeats}).")
+        next_ = (f"Carry k = {k} to production (\"Use these settings\", in the Serving section), or confirm on more "
+                 f"prompts or --repeats ({repeats}).")
         prefill = ctx.prefill(title, repeats=repeats)
         return [_finding("validation", "info", title, _cap(result["reason"]) + ".", "speedup", next_, prefill, data)]
     title = f"The gain of experiment #{tuned} does not hold on {held}"

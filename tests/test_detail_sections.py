@@ -215,3 +215,12 @@ def test_the_experiments_table_names_a_draft_path_by_its_last_part(seeded):
     from storage import catalog
 
     assert catalog.experiments(store).set_index("experiment_id").loc[ids["draft"], "best_label"] == path  # the CSV's
+
+
+def test_the_deploy_notes_name_the_panels_controls_before_the_command_line(seeded):
+    store, ids = seeded
+    notes = [c.value for c in detail(ids["grid"], sections.SERVING).caption]
+    length = [n for n in notes if "--with-max-new-tokens" in n]
+    assert length and all(n.index("Copy the test's max new tokens") < n.index("--with-max-new-tokens") for n in length)
+    batch = [n for n in notes if "--batch-size" in n]
+    assert batch and all(n.index("For batch size") < n.index("--batch-size") for n in batch)

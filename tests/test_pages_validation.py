@@ -1,6 +1,8 @@
 """The detail page's validation panel and k_r distribution (AppTest on crafted records)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from storage import open_store, catalog, queries as q
@@ -32,6 +34,10 @@ def test_validate_button_queues_the_best_on_the_held_out_split_and_the_result_is
     at = app("experiment", experiment=done)
     assert_clean(at)
     assert any(s.value == "Validation" for s in at.subheader)
+    shown = next(d for d in at.dataframe if "experiment" in d.value)  # tune beside validation, headers in words
+    config = json.loads(shown.proto.columns)
+    assert config["alpha"]["label"] == "α" and config["speedup_ci_lo"]["label"] == "95 % low"
+    assert shown.value["alpha"].tolist() == pytest.approx([0.8, 0.8])
     assert any("holds" in m.value and "α 0.800 on both code:tune and code:validation" in m.value.replace("\u2060", "")
                for m in at.success)
     # ... and findings: the validation's own (a done validation experiment used to have "Nothing to report yet").
