@@ -134,9 +134,19 @@ def configurations(store, experiment_id: int, which: str) -> list[Config]:
             doc = deploy_document(store, experiment_id, int(doc["run_id"]))
         return [config(doc, "chosen")]
     except DeployError as exc:
-        raise DraftLabError(str(exc)) from None
+        raise DraftLabError(_refusal(exc)) from None
     except KeyError:
         raise DraftLabError(f"no experiment {experiment_id}; `draftlab list` shows the ids") from None
+
+
+def _refusal(exc) -> str:
+    """A deploy refusal in confirm's words: where the verdict chooses no run, export's hint names its own flags
+    (--run, --batch-size); confirm's is --configs."""
+    from storage.deploy import NoChosenRun
+
+    if isinstance(exc, NoChosenRun):
+        return f"{exc.reason}; `--configs all` confirms every finished lossless run"
+    return str(exc)
 
 
 class Progress:
@@ -339,13 +349,20 @@ def plan(store, eid: int, which: str, *, concurrency: list[int] | None = None, r
     from storage import queries as q
     from storage.experiments import load_experiment_prompts
 
-    from .vllm_server import default_command
+    from .urls import http_url
+    from .vllm_server import command_argv, default_command
 
     if (server is None) != (baseline_server is None):
         raise DraftLabError("--server and --baseline-server go together: the speculative server and the same model "
                             "served without speculation")
     if server is not None and vllm is not None:
         raise DraftLabError("--vllm starts servers, --server attaches to running ones: give one of them")
+    command_line = vllm if vllm is not None else default_command()
+    if server is not None:
+        http_url(server, "--server")
+        http_url(baseline_server, "--baseline-server")
+    else:  # the command that will start the servers splits into a program and its arguments
+        command_argv(command_line, "--vllm" if vllm is not None else "$DRAFTLAB_VLLM")
     experiment = q.experiment(store, eid)
     if experiment is None:
         raise DraftLabError(f"no experiment {eid} in {store.safe_url}; `draftlab list` shows the ids")
@@ -361,8 +378,20 @@ def plan(store, eid: int, which: str, *, concurrency: list[int] | None = None, r
     return Plan(experiment_id=eid, configs=configs, prompts=prompts,
                 concurrency=concurrency or q.grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)],
                 repeats=repeats, greedy=float(experiment.get("temperature") or 0.0) <= 0,
-                command_line=vllm if vllm is not None else default_command(), server=server,
+                command_line=command_line, server=server,
                 baseline_server=baseline_server, startup_timeout=startup_timeout, request_timeout=request_timeout)
+
+
+def unexpected(exc: BaseException) -> str:
+    """An exception no check foresaw, in one line: what it is, where it was raised, and that it is DraftLab's bug."""
+    import traceback
+    from pathlib import Path
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return (f"unexpected {type(exc).__name__}{where}: {first}; the confirm is stored as failed; please report this "
+            f"line (it is a bug in DraftLab)")
 
 
 def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None = None) -> list[str]:
@@ -371,7 +400,8 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
     are done, the target-only passes stored at the end, the confirm closed (`worker_id`: only while it is that
     worker's). Returns the errors, one line each (a failed configuration; the others are kept). `progress` has
     describe(text), request_done(record) and write(line). KeyboardInterrupt (Ctrl-C, SIGTERM, a stopped worker)
-    closes the confirm as failed with what was measured and is raised again."""
+    and any exception no check foresaw (`unexpected`) close the confirm as failed with what was measured and are
+    raised again."""
     from storage.confirms import add_measurement, finish_confirm, summarize
 
     from .vllm_server import VllmServer
@@ -386,7 +416,7 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
     try:
         progress.describe("starting the target-only server")
         if plan.baseline_server is not None:
-            baseline = VllmServer.attach("target-only", plan.baseline_server)
+            baseline = VllmServer.attach("target-only", plan.baseline_server, "--baseline-server")
         else:
             baseline = VllmServer.start("target-only", plan.command_line, configs[0].target,
                                         startup_timeout=plan.startup_timeout, on_launch=record)
@@ -432,6 +462,9 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
         errors.append(str(exc))
     except KeyboardInterrupt:
         errors.append("interrupted (Ctrl-C, SIGTERM or a stopped worker): the configurations measured before are kept")
+        raise
+    except Exception as exc:  # a fault no check foresaw: the confirm is stored as failed with it, and it goes on up
+        errors.append(unexpected(exc))
         raise
     finally:
         with _signals_deferred():
@@ -487,6 +520,10 @@ def _command(args, store) -> int:
     except KeyboardInterrupt as exc:  # measure closed the confirm and stopped its servers
         raise type(exc)(f"confirm {confirm_id} is stored as failed with the configurations measured before; its "
                         f"servers are stopped") from None
+    except Exception as exc:  # noqa: BLE001 - measure stored it as the confirm's error: the same line, no traceback
+        progress.close()  # the bar's line ends before the error's
+        print(f"error: {unexpected(exc)}", file=sys.stderr)
+        return 1
     finally:
         progress.close()
     for line in errors:

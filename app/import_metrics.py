@@ -21,6 +21,21 @@ def _seconds(raw: str) -> float:
 _seconds.accepts = lambda value: isinstance(value, float) and 0 < value <= 86_400
 
 
+def _check_url(source: str) -> None:
+    """A SOURCE that is an http(s) URL (or only splits as a broken one) is checked as a URL before anything is read
+    (app/urls.py); a file path passes."""
+    import urllib.parse
+
+    from .urls import http_url
+
+    try:
+        scheme = urllib.parse.urlsplit(source).scheme
+    except ValueError:  # only a bracketed host fails to split: a URL
+        scheme = "http"
+    if scheme in ("http", "https"):
+        http_url(source, "SOURCE", "http://HOST:PORT/metrics")
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "import-metrics", help="a serving engine's speculative-decoding counters (Prometheus /metrics) next to a run",
@@ -53,6 +68,8 @@ def command(args, store) -> int:
     if len(args.sources) == 2 and args.interval is not None:
         raise DraftLabError("--interval scrapes one SOURCE twice: give one SOURCE with it, or two saved scrapes "
                             "without it")
+    for source in args.sources:
+        _check_url(source)
     if args.interval is not None:
         print(f"scraping {public_source(args.sources[0])} twice, {args.interval:g} s apart …", file=sys.stderr)
     counters, seconds = scrape(args.sources, args.interval, args.engine)

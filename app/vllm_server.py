@@ -60,6 +60,20 @@ def default_command() -> str:
     return f"python -m {SERVER_MODULE}"
 
 
+def command_argv(command: str, source: str = "--vllm") -> list[str]:
+    """The argv of the command that starts vLLM's server (--vllm, or $DRAFTLAB_VLLM: `source` names it), or a
+    DraftLabError when it does not split as one shell line or is empty."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise DraftLabError(f"{source} {command[:80]!r} is not a command line ({exc}); quote it as one shell string, "
+                            f"e.g. --vllm \"python -m {SERVER_MODULE}\"") from None
+    if not argv:
+        raise DraftLabError(f"{source} is empty; give the command that starts vLLM's server, e.g. "
+                            f"--vllm \"python -m {SERVER_MODULE}\"")
+    return argv
+
+
 def free_port() -> int:
     """A loopback port nobody listens on now (the server binds it a moment later; a race shows in its log)."""
     with socket.socket() as s:
@@ -113,14 +127,7 @@ class VllmServer:
         """Launch COMMAND on a free loopback port and wait for /health; DraftLabError (one line, with the last error
         of its log) if it exits or is not ready within `startup_timeout` seconds. `on_launch(server)` is called as
         soon as its process exists (to record it, before it is ready)."""
-        try:
-            argv = shlex.split(command)
-        except ValueError as exc:
-            raise DraftLabError(f"--vllm {command[:80]!r} is not a command line ({exc}); quote it as one shell "
-                                f"string, e.g. --vllm \"python -m {SERVER_MODULE}\"") from None
-        if not argv:
-            raise DraftLabError(f"--vllm is empty; give the command that starts vLLM's server, e.g. "
-                                f"\"python -m {SERVER_MODULE}\"")
+        argv = command_argv(command)
         environment = {**os.environ, **(env or {})}
         environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         for attempt in range(1, BIND_ATTEMPTS + 1):
@@ -187,12 +194,12 @@ class VllmServer:
         return (self.process.pid, self.started_at) if self.process is not None else None
 
     @classmethod
-    def attach(cls, name: str, url: str) -> "VllmServer":
-        """A server already running at `url`: checked with /health, its model read from /v1/models."""
-        if not url.startswith(("http://", "https://")):
-            raise DraftLabError(f"--server {url[:80]!r} is not an http(s) URL; give the server's base address, e.g. "
-                                f"http://gpu-box:8000")
-        base = url.rstrip("/").removesuffix("/v1")
+    def attach(cls, name: str, url: str, flag: str = "--server") -> "VllmServer":
+        """A server already running at `url` (given as `flag`, app/urls.py's check): checked with /health, its model
+        read from /v1/models."""
+        from .urls import http_url
+
+        base = http_url(url, flag).rstrip("/").removesuffix("/v1")
         status, _ = http_get(base + "/health")
         if status != 200:
             raise DraftLabError(f"the {name} server at {base} does not answer /health (status {status or 'none'}); "

@@ -46,6 +46,15 @@ class DeployError(ValueError):
     what to do."""
 
 
+class NoChosenRun(DeployError):
+    """The verdict chooses no run: `reason` says why; the message adds `hint`, what `export` can do about it (its
+    --run, --batch-size), which another command (confirm) replaces with its own."""
+
+    def __init__(self, reason: str, hint: str = ""):
+        super().__init__(f"{reason}; {hint}" if hint else reason)
+        self.reason = reason
+
+
 # --- inputs ----------------------------------------------------------------------------------------------------
 
 def parse_drafter(spec) -> tuple[str, float | int | None]:
@@ -523,14 +532,14 @@ def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: in
     where = f" at batch {batch_size}" if batch_size is not None else ""
     if v.target_alone:
         paying = [st.batch_size for st in (grid.steps if grid else ()) if st.k]
-        elsewhere = (f"; the schedule speculates at batch {', '.join(map(str, paying))}: pass --batch-size "
+        elsewhere = (f"the schedule speculates at batch {', '.join(map(str, paying))}: pass --batch-size "
                      f"{paying[0]}" if paying else "")
-        raise DeployError(f"experiment {experiment_id}: no configuration is measurably faster than the target "
-                          f"alone{where} ({v.text}): serve the target alone, there is nothing to deploy{elsewhere}")
+        raise NoChosenRun(f"experiment {experiment_id}: no configuration is measurably faster than the target "
+                          f"alone{where} ({v.text}): serve the target alone, there is nothing to deploy", elsewhere)
     row = v.run(runs, "chosen")
     if row is None:
-        raise DeployError(f"experiment {experiment_id} has no best run yet{where} ({v.text}); name one with --run "
-                          f"RUN_ID")
+        raise NoChosenRun(f"experiment {experiment_id} has no best run yet{where} ({v.text})",
+                          "name one with --run RUN_ID")
     return row, "cheaper tied" if v.cheaper is not None else "best"
 
 
