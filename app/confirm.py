@@ -100,8 +100,7 @@ class Measured:
 def configurations(store, experiment_id: int, which: str) -> list[Config]:
     """The configurations to confirm, each from storage/deploy.py's deploy document (the one vLLM mapping)."""
     from engine.zoo import resolve
-    from storage import queries as q
-    from storage.deploy import DeployError, deploy_document
+    from storage.deploy import DeployError, deploy_document, deployable_runs
 
     def config(doc: dict, label: str) -> Config:
         vllm = doc["engines"]["vllm"]
@@ -116,14 +115,11 @@ def configurations(store, experiment_id: int, which: str) -> list[Config]:
                       target=str(path) if path is not None else target)
 
     try:
-        if which == "all":
-            runs = q.runs(store, experiment_id)
-            chosen = runs[(runs["kind"] == "speculative") & (runs["status"] == "done")
-                          & (runs["outputs_match_baseline"] != False)]  # noqa: E712 - pandas: NULL under sampling
-            if chosen.empty:
+        if which == "all":  # every run deploy's one check lets through (storage/deploy.py's refusal)
+            chosen = deployable_runs(store, experiment_id)
+            if not chosen:
                 raise DraftLabError(f"experiment {experiment_id} has no finished lossless speculative run to confirm")
-            return [config(deploy_document(store, experiment_id, int(r)), f"run {int(r)}")
-                    for r in chosen["run_id"]]
+            return [config(deploy_document(store, experiment_id, r), f"run {r}") for r in chosen]
         doc = deploy_document(store, experiment_id)
         if which == "schedule":
             if "schedule" not in doc:
@@ -289,16 +285,21 @@ def _outputs(passes) -> dict[int, list[int]]:
 
 
 def _sampled_comparison(base: Measured, spec: Measured) -> dict:
-    """The sampled outputs of the two servers, paired by pass and prompt (storage/sampled_outputs.py's tests)."""
+    """The sampled outputs of the two servers, prompt by prompt over their passes (storage/sampled_outputs.py)."""
     from storage.sampled_outputs import compare_sampled
 
-    pairs = [(s, b) for bp, sp in zip(base.passes, spec.passes)
-             for b, s in zip(bp.requests, sp.requests) if b.prompt_index == s.prompt_index]
-    with_ids = all(s.token_ids or not s.new_tokens for s, _ in pairs) and all(b.token_ids or not b.new_tokens
-                                                                             for _, b in pairs)
-    return compare_sampled([s.new_tokens for s, _ in pairs], [b.new_tokens for _, b in pairs],
-                           [s.token_ids for s, _ in pairs] if with_ids else None,
-                           [b.token_ids for _, b in pairs] if with_ids else None)
+    sides = []
+    for measured in (spec, base):
+        answers: dict[int, list] = {}
+        for p in measured.passes:
+            for r in p.requests:
+                answers.setdefault(r.prompt_index, []).append(r)
+        sides.append(answers)
+    prompts = sorted(set(sides[0]) & set(sides[1]))
+    with_ids = all(r.token_ids or not r.new_tokens for side in sides for i in prompts for r in side[i])
+    lengths = [[[r.new_tokens for r in side[i]] for i in prompts] for side in sides]
+    ids = [[[r.token_ids for r in side[i]] for i in prompts] for side in sides] if with_ids else [None, None]
+    return compare_sampled(lengths[0], lengths[1], ids[0], ids[1])
 
 
 def _store_config(store, confirm_id, eid, config: Config, concurrency: int, base: Measured, spec: Measured,

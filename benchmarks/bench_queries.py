@@ -25,27 +25,35 @@ LIMIT_SECONDS = 1.0
 
 
 def synthetic_prompt(rng: random.Random, prompt_index: int, k: int, rounds: int, vocab: int = 4000,
-                     alpha: float = 0.7, nan_kl: float = 0.05) -> PromptResult:
+                     alpha: float = 0.7, nan_kl: float = 0.05, follow: list[int] | None = None) -> PromptResult:
     """A speculative PromptResult with the engine's invariants: a_r accepted drafts, then one rejected
-    (unless all k were accepted: a bonus), the rest discarded; a round emits a_r + 1 tokens."""
-    output = [rng.randrange(vocab)]
+    (unless all k were accepted: a bonus), the rest discarded; a round emits a_r + 1 tokens. `follow`: the
+    target-only output a lossless greedy run reproduces token for token: rounds go on until it is complete, and the
+    last one is cut at its length as max_new_tokens cuts it (drafts past the cut discarded)."""
+    output = [follow[0] if follow else rng.randrange(vocab)]
     round_list = []
-    for round_index in range(rounds):
+    round_index = 0
+    while round_index < rounds if follow is None else len(output) < len(follow):
         accepted = 0
         while accepted < k and rng.random() < alpha:
             accepted += 1
+        room = k + 1 if follow is None else len(follow) - len(output)  # slots left before the cut
+        target = follow[len(output):len(output) + room] if follow else []
+        accepted = min(accepted, room)
         drafts = []
         for position in range(1, k + 1):
-            token = rng.randrange(vocab)
-            outcome = ACCEPTED if position <= accepted else REJECTED if position == accepted + 1 else DISCARDED
+            token = target[position - 1] if follow and position <= accepted else rng.randrange(vocab)
+            outcome = ACCEPTED if position <= accepted else REJECTED if position == accepted + 1 <= room else DISCARDED
             drafts.append(DraftToken(position, token, f"tok{token}", TOKEN_TYPES[token % len(TOKEN_TYPES)],
                                      rng.random(), rng.random(), rng.random(),
                                      float("nan") if rng.random() < nan_kl else rng.random() * 2, outcome))
-        emitted = [d.token_id for d in drafts[:accepted]] + [rng.randrange(vocab)]
-        kinds = [ACCEPTED] * accepted + [CORRECTION if accepted < k else BONUS]
+        last = [] if accepted == room else [target[accepted] if follow else rng.randrange(vocab)]
+        emitted = [d.token_id for d in drafts[:accepted]] + last
+        kinds = [ACCEPTED] * accepted + ([CORRECTION if accepted < k else BONUS] if last else [])
         round_list.append(Round(prompt_index, round_index, k, accepted, emitted, kinds,
                                 rng.uniform(1e-3, 5e-3), rng.uniform(5e-3, 2e-2), k, drafts))
         output += emitted
+        round_index += 1
     return PromptResult(prompt_index, f"synthetic prompt {prompt_index}", output,
                         " ".join(f"tok{t}" for t in output), rng.uniform(0.5, 2.0), rounds=round_list)
 

@@ -38,16 +38,12 @@ def _whole(value, low: int, high: int, what: str, example: str) -> int:
 def check_configurations(store: Store, experiment_id: int, configs: str) -> None:
     """Refuse (QueueError, the CLI's words) configurations the experiment cannot give: no verdict yet, no k schedule,
     no lossless speculative run."""
-    from .deploy import DeployError, deploy_document
-    from .queries import runs
+    from .deploy import DeployError, deploy_document, deployable_runs
 
     if configs not in CONFIGS:
         raise QueueError(f"configurations {configs!r} is not one of {', '.join(CONFIGS)}; use e.g. chosen")
-    if configs == "all":
-        table = runs(store, experiment_id)
-        lossless = table[(table["kind"] == "speculative") & (table["status"] == "done")
-                         & (table["outputs_match_baseline"] != False)]  # noqa: E712 - pandas: NULL under sampling
-        if lossless.empty:
+    if configs == "all":  # every run deploy's one check lets through (storage/deploy.py's refusal)
+        if not deployable_runs(store, experiment_id):
             raise QueueError(f"experiment {experiment_id} has no finished lossless speculative run to confirm")
         return
     try:
@@ -57,6 +53,16 @@ def check_configurations(store: Store, experiment_id: int, configs: str) -> None
     if configs == "schedule" and "schedule" not in document:
         raise QueueError(f"experiment {experiment_id} has no k schedule (not a batch size × k grid, or one k "
                          f"everywhere); confirm the chosen configuration instead")
+
+
+def configurations_refusal(store: Store, experiment_id: int, configs: str) -> str | None:
+    """Why queuing a confirm of `configs` would be refused (check_configurations' one line), None when it would
+    not: the dashboard offers only what it would queue, and says why beside its button."""
+    try:
+        check_configurations(store, experiment_id, configs)
+    except QueueError as exc:
+        return str(exc)
+    return None
 
 
 def enqueue_confirm(store: Store, experiment_id: int, *, configs: str = "chosen", concurrency, repeats: int =

@@ -507,11 +507,46 @@ def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = Fal
     return engines
 
 
+# What a run that did not finish needs before it can be deployed, by its status (a failed one: nothing).
+_UNFINISHED_FIX = {"queued": "wait for it to run", "running": "wait for it to finish",
+                   "interrupted": "`draftlab resume {eid}` finishes it", "cancelled": "`draftlab resume {eid}` finishes it"}
+
+
+def refusal(row) -> str | None:
+    """Why a run (a queries.runs() row) cannot be deployed or confirmed, None when it can: the one check that
+    `draftlab export --format deploy` (a named --run and the verdict's choice alike), the "Use these settings" panel
+    and `draftlab confirm` (every --configs) run. A baseline; a run that did not finish (queued, running,
+    interrupted, cancelled or failed: what it measured is partial, or nothing); one that is not lossless (its greedy
+    outputs differ from its baseline's: queries.lossy, which the verdict never chooses either)."""
+    rid, eid = int(row["run_id"]), int(row["experiment_id"])
+    if row["kind"] != "speculative":
+        return f"run {rid} is the target-only baseline; pick a speculative run of experiment {eid}"
+    error = row.get("error")
+    why = f": {error}" if isinstance(error, str) and error.strip() else ""
+    if row["status"] != "done":
+        state = "failed" if row["status"] == "failed" else f"is {row['status']}, not finished"
+        fix = _UNFINISHED_FIX.get(row["status"], "").format(eid=eid)
+        return (f"run {rid} {state}{why}; {fix + ', or ' if fix else ''}pick a finished run of experiment {eid} "
+                f"(`draftlab list` shows them)")
+    if row["outputs_match_baseline"] is False:
+        return (f"run {rid} is not lossless (its greedy outputs differ from its baseline's{why}); pick a run whose "
+                f"outputs match")
+    return None
+
+
+def deployable_runs(store, experiment_id: int) -> list[int]:
+    """The experiment's runs that `refusal` lets through (`draftlab confirm --configs all`), in queries.runs() order."""
+    from . import queries as q
+
+    runs = q.runs(store, experiment_id)
+    return [int(row["run_id"]) for _, row in runs.iterrows() if refusal(row) is None]
+
+
 def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: int | None = None,
                 grid=None):
     """(the runs row to deploy, why): the named run ("given"), else the verdict's chosen one (storage/verdict.py's
     `serve`: "best", or "cheaper tied" when a cheaper configuration tied with the best is measurably faster than the
-    target alone). A DeployError when the verdict serves the target alone, or the named run is not lossless."""
+    target alone). A DeployError when the verdict serves the target alone, or the run fails `refusal`."""
     from . import queries as q
 
     runs = q.runs(store, experiment_id)
@@ -521,13 +556,8 @@ def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: in
             raise DeployError(f"run {run_id} is not a run of experiment {experiment_id}; `draftlab list` shows "
                               f"each experiment's runs")
         row = rows.iloc[0]
-        if row["kind"] != "speculative":
-            raise DeployError(f"run {run_id} is the target-only baseline; pick a speculative run of experiment "
-                              f"{experiment_id}")
-        if row["outputs_match_baseline"] is False:
-            raise DeployError(f"run {run_id} is not lossless (its greedy outputs differ from its baseline's"
-                              + (f": {row['error']}" if isinstance(row["error"], str) else "")
-                              + "); pick a run whose outputs match")
+        if why := refusal(row):
+            raise DeployError(why)
         return row, "given"
     where = f" at batch {batch_size}" if batch_size is not None else ""
     if v.target_alone:
@@ -540,6 +570,8 @@ def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: in
     if row is None:
         raise NoChosenRun(f"experiment {experiment_id} has no best run yet{where} ({v.text})",
                           "name one with --run RUN_ID")
+    if why := refusal(row):  # the verdict chooses none of these (queries.CHOOSABLE): the same check, on every path
+        raise DeployError(f"experiment {experiment_id}: the verdict's choice{where} cannot be deployed: {why}")
     return row, "cheaper tied" if v.cheaper is not None else "best"
 
 

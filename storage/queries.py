@@ -30,18 +30,39 @@ RUN_COLUMNS = RUN_QUERY  # runs()' columns, in order: storage/columns.py's table
 _SETTINGS = ", ".join(f"r.{name}" for name in RUN_PARAMETERS if name not in ("k", "batch_size"))
 # The metrics whose SQL is their storage/columns.py entry's, computed over the run `r`.
 _COMPUTED = "".join(f",\n       ({c.sql}) AS {c.name}" for c in COMPUTED)
+
+
+def outputs_match(r: str) -> str:
+    """SQL of the run `r`'s outputs_match_baseline, the one definition of a lossless run: NULL unless it is a greedy
+    speculative run whose baseline committed prompts; else 1 when every prompt it committed has the baseline's output
+    token for token (a finished run: every prompt the baseline has), 0 when not (`lossy`)."""
+    return f"CASE WHEN {_compared(r)} THEN CASE WHEN {_differs(r)} THEN 0 ELSE 1 END END"
+
+
+def lossy(r: str) -> str:
+    """SQL: the run `r` is greedy and its outputs are not its baseline's (outputs_match_baseline is 0): never
+    judged, scheduled, deployed or confirmed (SPEC "Lossless at every batch size")."""
+    return f"({_compared(r)} AND {_differs(r)})"
+
+
+def _compared(r: str) -> str:
+    return (f"({r}.kind = 'speculative' AND COALESCE({r}.temperature, 0) <= 0 "
+            f"AND EXISTS (SELECT 1 FROM prompt_results bp WHERE bp.run_id = {r}.baseline_run_id))")
+
+
+def _differs(r: str) -> str:
+    return f"""(EXISTS (SELECT 1 FROM prompt_results p LEFT JOIN prompt_results bp
+                        ON bp.run_id = {r}.baseline_run_id AND bp.prompt_index = p.prompt_index
+                        WHERE p.run_id = {r}.id AND CASE WHEN p.output_ids = bp.output_ids THEN 0 ELSE 1 END = 1)
+             OR ({r}.status = 'done' AND (SELECT COUNT(*) FROM prompt_results p WHERE p.run_id = {r}.id)
+                 <> (SELECT COUNT(*) FROM prompt_results bp WHERE bp.run_id = {r}.baseline_run_id)))"""
+
+
 # One row per run with its SPEC metrics; c and speedup against the run's own target-only baseline.
 # outputs_match_baseline: NULL unless greedy; while a run is unfinished it compares the prompts committed so far.
 _RUNS_SQL = f"""
 WITH sel AS (SELECT * FROM runs WHERE {{where}}),
-base AS (SELECT b.* FROM runs b WHERE b.id IN (SELECT baseline_run_id FROM sel)),
-base_n AS (SELECT run_id, COUNT(*) AS n FROM prompt_results WHERE run_id IN (SELECT id FROM base) GROUP BY run_id),
-same AS (
-    SELECT p.run_id, COUNT(*) AS n, SUM(CASE WHEN p.output_ids = bp.output_ids THEN 1 ELSE 0 END) AS same
-    FROM prompt_results p
-    JOIN sel ON sel.id = p.run_id
-    LEFT JOIN prompt_results bp ON bp.run_id = sel.baseline_run_id AND bp.prompt_index = p.prompt_index
-    GROUP BY p.run_id)
+base AS (SELECT b.* FROM runs b WHERE b.id IN (SELECT baseline_run_id FROM sel))
 SELECT r.id AS run_id, r.kind, r.k, r.sweep_value, r.status, r.progress, r.error, r.started, r.finished,
        r.new_tokens, r.wall_seconds, r.tokens_per_second, r.rounds, r.proposed, r.accepted, r.rejected,
        r.draft_acceptance_rate, r.alpha, r.tokens_per_round, r.expected_alpha, r.kl, r.draft_step_seconds,
@@ -62,17 +83,13 @@ SELECT r.id AS run_id, r.kind, r.k, r.sweep_value, r.status, r.progress, r.error
        r.ttft_p50 AS ttft_seconds_p50, r.ttft_p95 AS ttft_seconds_p95, r.itl_p50 AS itl_seconds_p50,
        r.itl_p95 AS itl_seconds_p95, r.latency_p50 AS request_latency_seconds_p50,
        r.latency_p95 AS request_latency_seconds_p95,
-       CASE WHEN r.kind <> 'speculative' OR r.temperature > 0 OR base_n.n IS NULL THEN NULL
-            WHEN COALESCE(same.same, 0) = COALESCE(same.n, 0)
-                 AND (r.status <> 'done' OR COALESCE(same.n, 0) = base_n.n) THEN 1 ELSE 0 END AS outputs_match_baseline,
+       {outputs_match("r")} AS outputs_match_baseline,
        r.peak_memory_mb, r.max_k, r.experiment_id, r.baseline_run_id, r.prompts_done, r.prompts_total,
        {_SETTINGS}, r.created, r.heartbeat, r.worker_id, r.device_name, r.sweep_label, r.draft_parameters,
        CASE WHEN r.kind = 'speculative' THEN r.peak_memory_mb - b.peak_memory_mb END AS extra_memory_mb
        {_COMPUTED}
 FROM sel r
 LEFT JOIN base b ON b.id = r.baseline_run_id
-LEFT JOIN base_n ON base_n.run_id = r.baseline_run_id
-LEFT JOIN same ON same.run_id = r.id
 ORDER BY CASE WHEN r.kind = 'baseline' THEN 0 ELSE 1 END, r.sweep_value, r.id
 """
 
@@ -154,10 +171,12 @@ def sweep_curve(store: Store, experiment_id: int) -> pd.DataFrame:
 
 # The one rule of which runs can be chosen as an experiment's best (storage/verdict.py; the listing, the schedule,
 # findings and deploy read the verdict): a speculative run `s` that finished, with its baseline `b` finished, a measured speedup with its
-# interval, and no timing warning (a run timed faster than its tokens per round allow is never crowned). RANK: the
-# highest measured speedup first; on equal speedups the smaller swept value, then the older run.
+# interval, no timing warning (a run timed faster than its tokens per round allow is never crowned), and lossless (a
+# greedy run whose outputs differ from its baseline's, `lossy`, is never chosen). RANK: the highest measured speedup
+# first; on equal speedups the smaller swept value, then the older run.
 CHOOSABLE = ("s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.speedup IS NOT NULL "
-             "AND s.speedup_ci_lo IS NOT NULL AND s.speedup_ci_hi IS NOT NULL AND s.timing_warning IS NULL")
+             "AND s.speedup_ci_lo IS NOT NULL AND s.speedup_ci_hi IS NOT NULL AND s.timing_warning IS NULL "
+             f"AND NOT {lossy('s')}")
 RANK = "s.speedup DESC, s.sweep_value, s.id"
 
 _EXPERIMENTS_SQL = f"""
@@ -351,7 +370,8 @@ def timings(store: Store, run_id: int) -> pd.DataFrame:
 _VERDICT_ROWS_SQL = f"""
 SELECT s.id AS run_id, s.experiment_id, s.kind, s.status, s.k, s.sweep_value, s.sweep_label, s.draft_parameters,
        s.batch_size, s.alpha, s.speedup, s.speedup_ci_lo, s.speedup_ci_hi,
-       CASE WHEN {CHOOSABLE} THEN 1 ELSE 0 END AS choosable, e.sweep_variable, e.batch_sizes
+       CASE WHEN {CHOOSABLE} THEN 1 ELSE 0 END AS choosable, {outputs_match("s")} AS outputs_match_baseline,
+       e.sweep_variable, e.batch_sizes
 FROM runs s LEFT JOIN runs b ON b.id = s.baseline_run_id JOIN experiments e ON e.id = s.experiment_id
 WHERE s.kind = 'speculative' AND {{where}}
 ORDER BY s.experiment_id, CASE WHEN {CHOOSABLE} THEN 0 ELSE 1 END, {RANK}"""
@@ -359,13 +379,15 @@ ORDER BY s.experiment_id, CASE WHEN {CHOOSABLE} THEN 0 ELSE 1 END, {RANK}"""
 
 def verdict_rows(store: Store, experiment_id: int | None = None) -> pd.DataFrame:
     """What verdicts judge, of one experiment or of all (the listing: one query): every speculative run with its
-    swept value, cost inputs, speedup and interval, `choosable` (CHOOSABLE) and the experiment's sweep_variable and
-    batch_sizes; per experiment the choosable runs come first, best first (RANK)."""
+    swept value, cost inputs, speedup and interval, `choosable` (CHOOSABLE), outputs_match_baseline (as runs()) and
+    the experiment's sweep_variable and batch_sizes; per experiment the choosable runs come first, best first
+    (RANK)."""
     where, params = ("s.experiment_id = :eid", {"eid": experiment_id}) if experiment_id is not None else ("1 = 1", {})
     with store.read() as conn:
         df = _frame(conn, _VERDICT_ROWS_SQL.format(where=where), params)
     for column in ("speedup", "speedup_ci_lo", "speedup_ci_hi", "alpha"):
         df[column] = pd.to_numeric(df[column]).astype(float)
+    _nullable_bool(df, "outputs_match_baseline")
     return df
 
 

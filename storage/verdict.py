@@ -15,7 +15,8 @@ settings" panel), the Theory page's default run, focus weights and the CLI all r
     v.as_dict() the JSON form (exports, the run document, cached by the pages)
 
 Which runs can be chosen and their order is one SQL rule, queries.CHOOSABLE and queries.RANK (a run that failed,
-a greedy one that is not lossless included, is never among them); the k schedule (storage/schedule.py) is this
+and a greedy one that is not lossless, queries.lossy, even one stored as done, are never among them; the text names
+the latter); the k schedule (storage/schedule.py) is this
 verdict at each batch size of a grid and the experiments listing takes its best columns from `verdicts`; a run's swept value is engine/variables.py's `run_value` (the name for a
 draft or drafter sweep, the number otherwise). No torch, no streamlit.
 """
@@ -148,9 +149,10 @@ def judge(experiment_id: int, sweep_variable: str, runs: pd.DataFrame, ranked: l
     pending = int(spec["status"].isin(["queued", "running"]).sum())
     rows = spec.set_index("run_id", drop=False)
     candidates = tuple(_choice(swept, rows.loc[rid]) for rid in ranked if rid in rows.index)
+    lossy = _lossy(swept, spec)
     if not candidates:
         text = "no finished run to choose from yet" if pending else "no run finished with a usable speedup"
-        return Verdict(experiment_id, swept.name, pending=pending, text=text)
+        return Verdict(experiment_id, swept.name, pending=pending, text=text + lossy)
     best, others = candidates[0], candidates[1:]
     tied_keys = set(tied_with(best.ci, {c.run_id: c.ci for c in others}))
     tied = tuple(sorted((c for c in others if c.run_id in tied_keys), key=lambda c: _order(c.value)))
@@ -173,9 +175,24 @@ def judge(experiment_id: int, sweep_variable: str, runs: pd.DataFrame, ranked: l
     elif chosen is not best:
         text += (f"; serve the tied {swept.name} = {show(chosen.value)} at {_interval(chosen)}: measurably faster "
                  f"than the target alone, which the best is not")
+    text += lossy
     if pending:
         text += f" ({plural(pending, 'run')} still to finish)"
     return Verdict(experiment_id, swept.name, best, tied, bool(too_wide), chosen, pending, text, candidates)
+
+
+def _lossy(swept, spec: pd.DataFrame) -> str:
+    """The sentence naming finished runs that are not lossless (queries.lossy: CHOOSABLE leaves them out), or ""."""
+    if "outputs_match_baseline" not in spec:
+        return ""
+    lossy = [i for i, (same, status) in enumerate(zip(spec["outputs_match_baseline"].tolist(), spec["status"].tolist()))
+             if same is False and status == "done"]  # plain lists: the listing judges every experiment at once
+    if not lossy:
+        return ""
+    named = _words([f"run {int(r['run_id'])} ({swept.name} = {swept.show(swept.run_value(r))})"
+                    for _, r in spec.iloc[lossy].iterrows()])
+    return (f"; {named} {'is' if len(lossy) == 1 else 'are'} not lossless (greedy outputs differ from the "
+            f"baseline's): never chosen")
 
 
 def serve(best: Choice, tied: tuple[Choice, ...], candidates: tuple[Choice, ...]) -> Choice | None:

@@ -247,7 +247,7 @@ def _export(db_url, capsys, *argv) -> tuple[int, str, str]:
 
 
 def test_export_deploy_prints_the_document_of_the_best_run(store, db_url, capsys, tmp_path):
-    eid, ids, _ = fill_experiment(store, ks=(2, 4), prompts=3, same_outputs_for=2)  # k = 2 lossless: named below
+    eid, ids, _ = fill_experiment(store, ks=(2, 4), prompts=3)  # both lossless: the other is named below
     with store.write() as conn:  # k = 4 measurably faster than the target alone, k = 2 not: the one rule serves k = 4
         for k, (s, lo, hi) in ((2, (1.05, 0.9, 1.2)), (4, (1.4, 1.3, 1.5))):
             conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
@@ -274,6 +274,73 @@ def test_export_deploy_prints_the_document_of_the_best_run(store, db_url, capsys
     doc = json.loads((tmp_path / "deploy.json").read_text())
     assert (doc["run_id"], doc["chosen"]) == (other, "given")
     assert doc == json.loads(json.dumps(deploy_document(store, eid, other)))
+
+
+def _speedups(store, ids, by_k: dict) -> None:
+    with store.write() as conn:
+        for k, (s, lo, hi) in by_k.items():
+            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
+                              "timing_warning = NULL WHERE id = :r"), {"s": s, "lo": lo, "hi": hi, "r": ids[("speculative", k)]})
+
+
+def test_a_run_that_is_not_lossless_is_never_chosen_deployed_or_confirmed(store, db_url, capsys):
+    """One check on every path (issue 35 item 6): a greedy run stored as done whose outputs differ from its
+    baseline's is measured fastest, yet the verdict (and so the listing), `export --format deploy` without --run,
+    `confirm --configs chosen` and `--configs all` pass it over, and naming it with --run is one line saying why."""
+    from app.confirm import configurations
+    from engine.errors import DraftLabError
+    from storage import catalog
+    from storage.confirm_jobs import check_configurations
+    from storage.errors import QueueError
+    from storage.verdict import verdict
+
+    eid, ids, _ = fill_experiment(store, ks=(2, 4), prompts=3, same_outputs_for=2)  # k = 4 is not lossless
+    lossless, lossy = ids[("speculative", 2)], ids[("speculative", 4)]
+    _speedups(store, ids, {2: (1.4, 1.3, 1.5), 4: (1.9, 1.8, 2.0)})
+    runs = q.runs(store, eid).set_index("run_id")
+    assert runs.loc[lossy, "status"] == "done" and runs.loc[lossy, "outputs_match_baseline"] is False
+    v = verdict(store, eid)
+    assert [c.run_id for c in v.candidates] == [lossless] and v.chosen.run_id == lossless
+    assert f"run {lossy} (k = 4) is not lossless" in v.text
+    assert catalog.experiments(store).set_index("experiment_id").loc[eid, "best_value"] == 2
+
+    code, out, err = _export(db_url, capsys, str(eid), "--format", "deploy")
+    assert code == 0, err
+    assert json.loads(out)["run_id"] == lossless
+    code, out, err = _export(db_url, capsys, str(eid), "--format", "deploy", "--run", str(lossy))
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error:") and f"run {lossy} is not lossless" in line
+    assert [c.run_id for c in configurations(store, eid, "chosen")] == [lossless]
+    assert [c.run_id for c in configurations(store, eid, "all")] == [lossless]
+
+    with store.write() as conn:  # now k = 2 parts from the baseline too: nothing is left to serve
+        conn.execute(text("UPDATE prompt_results SET output_ids = '[1]' WHERE run_id = :r AND prompt_index = 0"),
+                     {"r": lossless})
+    assert verdict(store, eid).chosen is None and "are not lossless" in verdict(store, eid).text
+    with pytest.raises(DeployError, match="not lossless"):
+        deploy_document(store, eid)
+    for which in ("chosen", "all"):
+        with pytest.raises(DraftLabError, match="lossless"):
+            configurations(store, eid, which)
+        with pytest.raises(QueueError, match="lossless"):
+            check_configurations(store, eid, which)
+
+
+@pytest.mark.parametrize("status", ["interrupted", "failed", "cancelled", "running", "queued"])
+def test_deploying_a_run_that_did_not_finish_is_refused_in_one_line(store, db_url, capsys, status):
+    """Issue 35 item 8: `export --format deploy --run` of an interrupted or failed run exited 0 without a word."""
+    eid, ids, _ = fill_experiment(store, ks=(2, 4), prompts=3)
+    rid = ids[("speculative", 4)]
+    with store.write() as conn:
+        conn.execute(text("UPDATE runs SET status = :s, error = :e WHERE id = :r"),
+                     {"s": status, "e": "boom" if status == "failed" else None, "r": rid})
+    code, out, err = _export(db_url, capsys, str(eid), "--format", "deploy", "--run", str(rid))
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error:") and f"run {rid} " in line and status in line and "finished run" in line
+    assert ("boom" in line) == (status == "failed")
+    assert (f"draftlab resume {eid}" in line) == (status in ("interrupted", "cancelled"))
 
 
 def test_export_deploy_reads_a_stored_drafter_and_refuses_what_it_cannot_carry(store, db_url, capsys):

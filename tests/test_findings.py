@@ -15,20 +15,27 @@ from storage.verdict import verdict_dict
 from tests.test_storage import enqueue, fill_experiment, record, run_ids
 
 BASE_STEP = 0.010  # the baseline's seconds per token: c = BASE_STEP / draft step
+# Runs whose outputs differ in length from the baseline's: sampled (compared in distribution, not token for token);
+# greedy ones would not be lossless, and never judged.
+SAMPLED = {"temperature": 0.7, "max_new_tokens": 64}
 
 
-def _round(prompt_index, index, k, accepted, types, draft_s, verify_s):
+def _round(prompt_index, index, k, accepted, types, draft_s, verify_s, first=0):
     """A round of k drafts: `accepted` accepted, then one rejected (unless all k were), the rest discarded; draft i
-    has token type types[i]."""
+    has token type types[i]. It emits tokens first, first + 1, ..."""
     drafts = [DraftToken(i + 1, 10 + i, f"t{i}", types[i], 0.5, 0.5, 0.5, 0.1,
                          ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED) for i in range(k)]
     kinds = [ACCEPTED] * accepted + [BONUS if accepted == k else CORRECTION]
-    return Round(prompt_index, index, k, accepted, list(range(accepted + 1)), kinds, draft_s, verify_s, k, drafts)
+    emitted = list(range(first, first + accepted + 1))
+    return Round(prompt_index, index, k, accepted, emitted, kinds, draft_s, verify_s, k, drafts)
 
 
 def _prompt(prompt_index, k, rounds, draft_s, verify_s):
-    """rounds: [(accepted, types)]; the prompt's wall time is exactly its rounds' draft + verify time."""
-    built = [_round(prompt_index, i, k, a, types, draft_s, verify_s) for i, (a, types) in enumerate(rounds)]
+    """rounds: [(accepted, types)]; the prompt's wall time is exactly its rounds' draft + verify time. Its output is
+    tokens 0, 1, 2, ...: the baseline's (_baseline) when as long (lossless)."""
+    starts = [sum(a + 1 for a, _ in rounds[:i]) for i in range(len(rounds))]
+    built = [_round(prompt_index, i, k, a, types, draft_s, verify_s, start)
+             for i, ((a, types), start) in enumerate(zip(rounds, starts))]
     output = [t for r in built for t in r.emitted_ids]
     return PromptResult(prompt_index, f"p{prompt_index}", output, "x", len(built) * (draft_s + verify_s), rounds=built)
 
@@ -203,7 +210,7 @@ def test_the_formula_is_off_by_the_verify_cost_and_the_cost_aware_prediction_agr
     # intervals are points (no tie): k = 2 measures 2.5 × 0.010 / 0.014 = 1.79x, k = 4 4.125 × 0.010 / 0.024 = 1.72x.
     spec = {2: ([[(a, ["code"] * 2) for a in (2, 2, 1, 2, 0, 2, 1, 2)]] * 3, 0.002, 0.012),
             4: ([[(a, ["code"] * 4) for a in (4, 3, 4, 2, 4, 1, 3, 4)]] * 3, 0.004, 0.020)}
-    eid, ids = _run_experiment(store, spec, prompts=3)
+    eid, ids = _run_experiment(store, spec, prompts=3, sampling=SAMPLED)
     runs = q.runs(store, eid).set_index("k")
     assert runs.loc[2, "speedup"] == pytest.approx(2.5 * 0.010 / 0.014)
     assert runs.loc[4, "speedup"] == pytest.approx(4.125 * 0.010 / 0.024)
@@ -232,7 +239,7 @@ def test_no_formula_finding_when_the_formula_matches_the_measurement(store):
     # it at 1.36x against 2.0 / 1.4 = 1.43x measured (-5 %): nothing to say.
     spec = {1: ([[(a, ["code"]) for a in (0, 1) * 3]] * 3, 0.002, BASE_STEP),
             2: ([[(a, ["code"] * 2) for a in (0, 1, 2, 1) * 2]] * 3, 0.004, BASE_STEP)}  # 60 verified drafts
-    eid, _ = _run_experiment(store, spec, prompts=3)
+    eid, _ = _run_experiment(store, spec, prompts=3, sampling=SAMPLED)
     assert theory.best_k(11 / 20, 5.0)[0] == 2 and verdict_dict(store, eid)["best"] == 2
     found = _by_kind(fd.findings(store, eid))
     assert "formula" not in found and found["prediction"]["data"]["refined_best"] == 2
@@ -402,7 +409,7 @@ def test_the_formula_is_one_curve_the_detail_page_and_the_findings_both_read(sto
 
     spec = {2: ([[(a, ["code"] * 2) for a in (2, 2, 1, 2, 0, 2, 1, 2)]] * 3, 0.002, 0.012),
             4: ([[(a, ["code"] * 4) for a in (4, 3, 4, 2, 4, 1, 3, 4)]] * 3, 0.004, 0.020)}
-    eid, ids = _run_experiment(store, spec, prompts=3)
+    eid, ids = _run_experiment(store, spec, prompts=3, sampling=SAMPLED)
     pooled = formula.pooled_inputs(store, eid)
     alpha = (12 + 25) * 3 / ((12 + 3 + 25 + 4) * 3)
     assert pooled.alpha == pytest.approx(alpha) and pooled.c == pytest.approx(10.0)

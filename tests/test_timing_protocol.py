@@ -96,16 +96,19 @@ def test_tied_with_means_overlapping_intervals():
 # --- stored figures, on synthetic records ---------------------------------------------------------------------
 
 
-def _round(prompt_index, index, k, accepted, draft_s, verify_s):
+def _round(prompt_index, index, k, accepted, draft_s, verify_s, first=0):
     tokens = [DraftToken(i + 1, 10 + i, f"t{i}", "english", 0.5, 0.5, 0.5, 0.1,
                          ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED) for i in range(k)]
-    emitted = list(range(accepted + 1))
+    emitted = list(range(first, first + accepted + 1))
     kinds_ = [ACCEPTED] * accepted + [BONUS if accepted == k else CORRECTION]
     return Round(prompt_index, index, k, accepted, emitted, kinds_, draft_s, verify_s, k, tokens)
 
 
 def _spec_prompt(prompt_index, accepts, k, draft_s, verify_s):
-    rounds = [_round(prompt_index, i, k, a, draft_s, verify_s) for i, a in enumerate(accepts)]
+    """A greedy prompt whose rounds accept `accepts`: its output is tokens 0, 1, 2, ..., the output of _base_prompt
+    with as many tokens (lossless)."""
+    starts = [sum(a + 1 for a in accepts[:i]) for i in range(len(accepts))]
+    rounds = [_round(prompt_index, i, k, a, draft_s, verify_s, start) for i, (a, start) in enumerate(zip(accepts, starts))]
     output = [t for r in rounds for t in r.emitted_ids]
     wall = sum(r.draft_seconds + r.verify_seconds for r in rounds)
     return PromptResult(prompt_index, f"p{prompt_index}", output, "x", wall, rounds=rounds)
@@ -144,9 +147,9 @@ def test_refined_prediction_equals_the_measured_speedup_on_synthetic_round_timin
 
 def test_an_impossible_speedup_carries_a_warning_and_is_never_crowned(store):
     eid = enqueue(store, ks=(1, 2), prompts=3)
-    # k=1: 1.5 tokens per round but timed 4x faster than the baseline: drift, not speed.
+    # k=1: 1.5 tokens per round but timed 4x faster than the baseline: drift, not speed. Both emit the baseline's 6.
     fast = [_spec_prompt(i, [1, 0, 1, 0], 1, draft_s=0.001, verify_s=0.0015) for i in range(3)]
-    honest = [_spec_prompt(i, [2, 1, 2], 2, draft_s=0.002, verify_s=0.010) for i in range(3)]
+    honest = [_spec_prompt(i, [2, 1, 0], 2, draft_s=0.002, verify_s=0.010) for i in range(3)]
     base = [_base_prompt(i, 6, 0.010) for i in range(3)]
     ids = _fill(store, eid, {("baseline", None): base, ("speculative", 1): fast, ("speculative", 2): honest})
     for rid in ids.values():

@@ -44,7 +44,7 @@ def _experiment(store, accepts_by_k: dict, prompts="code:tune", verify=0.010, va
     return eid
 
 
-TUNE = {1: [[1, 0, 1, 1, 0, 1] * 4], 2: [[2, 2, 1, 2, 0, 2, 2, 1] * 3]}
+TUNE = {1: [[1, 0, 1, 1, 0, 1] * 6], 2: [[2, 2, 1, 2, 0, 2, 2, 1] * 3]}  # 60 tokens each: both lossless
 
 
 def test_plan_reruns_the_best_configuration_on_the_other_split(store):
