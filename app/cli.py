@@ -16,7 +16,7 @@ from storage.schema import NAME_CHARS
 from storage.settings import STALE_HELP
 
 from .arguments import ID as _ID, described as _described, positive_number as _positive_number, whole as _whole
-from .db_errors import db_error_reason, scrub
+from .db_errors import LOCKED_FIX, db_error_reason, locked, scrub
 from .db_retry import DB_RETRY_HELP  # torch-free, as this module's top must be
 from .ui import PORTS as UI_PORTS  # (stdlib only at import)
 
@@ -275,7 +275,7 @@ def cmd_run(args) -> int:
         _check_batch_sizes(sweep, pair, others, encoded, args.max_new_tokens)
     except DraftLabError as exc:
         return _fail(str(exc))
-    store = open_store_or_fail(args.db, write=True)  # a bad --db or a read-only database: exit 2, nothing run
+    store = open_store_or_fail(args.db, write=True, create=True)  # a bad --db or a read-only database: exit 2
     if isinstance(store, int):
         return store
     enqueue = {**config.enqueue(), "name": args.name}
@@ -727,7 +727,7 @@ class _ProgressBar:
 def cmd_worker(args) -> int:
     from .worker_process import run_worker
 
-    store = open_store_or_fail(args.db, write=True)  # the worker registers itself: it needs to write
+    store = open_store_or_fail(args.db, write=True, create=True)  # the worker registers itself: it writes
     if isinstance(store, int):
         return store
     url = store.url
@@ -998,29 +998,44 @@ def _dispatch(argv: list[str] | None) -> int:
 DB_FIX = "check --db / $DRAFTLAB_DB"
 
 
-def open_store_or_fail(db: str | None, write: bool = False):
+def open_store_or_fail(db: str | None, write: bool = False, create: bool = False):
     """The Store for `db` (--db, else $DRAFTLAB_DB, else the default), or EXIT_BAD_INPUT after one `error:` line
     on stderr naming the database (password hidden) and the fix. `write=True` also makes sure the database
-    accepts writes (a read-only SQLite file opens fine and fails only at the first write).
+    accepts writes (a read-only SQLite file opens fine and fails only at the first write). `create`: a command
+    that may start a new database (run, worker); the others only read an existing one and never create it (a
+    typo'd --db is "no database at ...").
 
     Use: `store = open_store_or_fail(args.db); if isinstance(store, int): return store`.
     """
     from storage import open_store
-    from storage.store import resolve_url, safe_url
+    from storage.store import NoDatabase, resolve_url
 
     url = resolve_url(db)
     try:
-        store = open_store(url)
+        store = open_store(url, existing=not create)
+    except NoDatabase as exc:
+        return _fail(f"{exc}; {DB_FIX}: only `draftlab run`, `worker` and `ui` create a database")
     except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server, unwritable file, newer schema
-        return _fail(f"cannot open the database {safe_url(url)} ({db_error_reason(exc, url)}); {DB_FIX}")
+        return _database_failed(url, exc, "cannot open the database {db}")
     if write:
         try:
             store.check_writable()
         except Exception as exc:  # noqa: BLE001
             store.dispose()
-            return _fail(f"the database {safe_url(url)} does not accept writes ({db_error_reason(exc, url)}); "
-                         f"{DB_FIX} (a writable database) or make this one writable")
+            return _database_failed(url, exc, "the database {db} does not accept writes",
+                                    f"{DB_FIX} (a writable database) or make this one writable")
     return store
+
+
+def _database_failed(url: str, exc: BaseException, failed: str, fix: str = DB_FIX) -> int:
+    """One `error:` line for a database error: `failed` (its {db} the database, password hidden), the reason and
+    `fix`; a lock another connection holds is said as such, with its fix (wait and retry), whatever failed."""
+    from storage.store import safe_url
+
+    reason = db_error_reason(exc, url)
+    if locked(exc):
+        return _fail(f"the database {safe_url(url)} is locked ({reason}): {LOCKED_FIX}")
+    return _fail(f"{failed.format(db=safe_url(url))} ({reason}); {fix}")
 
 
 def _database_errors_reported(command, args) -> int:
@@ -1028,13 +1043,12 @@ def _database_errors_reported(command, args) -> int:
     ends in one `error:` line and exit status 2, not a traceback."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from storage.store import resolve_url, safe_url
+    from storage.store import resolve_url
 
     try:
         return command(args)
     except SQLAlchemyError as exc:
-        url = resolve_url(args.db)
-        return _fail(f"the database {safe_url(url)} failed ({db_error_reason(exc, url)}); {DB_FIX}")
+        return _database_failed(resolve_url(args.db), exc, "the database {db} failed")
 
 
 def _present(value) -> bool:

@@ -38,6 +38,27 @@ _SQLITE_MESSAGES = ("database is locked", "database table is locked", "readonly 
                     "database or disk is full", "unable to open database file")
 
 
+# A lock another connection holds, not a database that refuses writes: SQLite's BUSY / LOCKED ("database is
+# locked": another process is inside a write transaction), PostgreSQL's lock_not_available (lock_timeout passed).
+LOCKED_SQLITE_CODES = {5, 6}
+LOCKED_SQLSTATES = {"55P03"}
+_LOCKED_MESSAGES = ("database is locked", "database table is locked")
+LOCKED_FIX = ("another process holds a write transaction on it (a worker, `draftlab run`, an open sqlite3 shell); "
+              "retry when it is done, or stop that process")
+
+
+def locked(exc: BaseException) -> bool:
+    """Whether a database error is a lock another connection holds (retry once it lets go), not a read-only or
+    broken database."""
+    if sqlstate(exc) in LOCKED_SQLSTATES:
+        return True
+    orig = getattr(exc, "orig", None) or exc
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return (code & 0xFF) in LOCKED_SQLITE_CODES
+    return type(orig).__module__ == "sqlite3" and any(m in str(orig).lower() for m in _LOCKED_MESSAGES)
+
+
 def sqlstate(exc: BaseException) -> str | None:
     """The SQLSTATE of a PostgreSQL error (psycopg 3's `sqlstate`, psycopg2's `pgcode`), wrapped or not."""
     for err in (getattr(exc, "orig", None), exc):

@@ -11,7 +11,7 @@ from typing import Callable
 
 from storage.settings import seconds_setting
 
-from .db_errors import DatabaseUnavailable, db_reason, outage_kind, transient_db_error
+from .db_errors import DatabaseUnavailable, db_reason, locked, outage_kind, transient_db_error
 
 DB_RETRY_ENV, DEFAULT_DB_RETRY_SECONDS = "DRAFTLAB_DB_RETRY_SECONDS", 300.0
 MAX_BACKOFF_SECONDS = 5.0
@@ -44,7 +44,9 @@ class DbRetry:
                 self._since = time.monotonic()
             since = self._since
         if first:
-            self.log(f"the database does not accept writes ({outage_kind(exc) or 'error'}: {db_reason(exc)}); "
+            what = ("is locked by another process's write transaction" if locked(exc) else
+                    "does not accept writes")
+            self.log(f"the database {what} ({outage_kind(exc) or 'error'}: {db_reason(exc)}); "
                      f"retrying with backoff for up to {self.retry_seconds:g}s, finished prompts held in memory "
                      f"until it does")
         return since

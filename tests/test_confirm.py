@@ -138,7 +138,9 @@ def test_a_stored_confirm_reads_back_as_specs_json(store):
 
 def test_confirm_refuses_half_a_pair_of_servers_in_one_line(tmp_path, capsys):
     from app.cli import main
+    from storage import open_store
 
+    open_store(f"sqlite:///{tmp_path / 'x.db'}").dispose()  # a database that is there (confirm never creates one)
     assert main(["confirm", "1", "--server", "http://127.0.0.1:9", "--db", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --server and --baseline-server go together") and "\n" not in err
