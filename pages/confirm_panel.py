@@ -12,7 +12,7 @@ import streamlit as st
 
 from engine.wording import plural
 from pages import charts
-from pages.common import chart_with_csv, csv_download, store, table
+from pages.common import cached, chart_with_csv, csv_download, store, table
 from pages.prefill import md_text
 from storage import confirm_jobs, production
 from storage.confirms import LATENCY_KEYS, beside_lab, confirm_document, lab_schedule_beside
@@ -37,8 +37,8 @@ def render_confirm(experiment_id: int, experiment: dict, sizes: list[int] | None
                "of \"Use these settings\", beside the target served alone: the same prompts, streamed at each "
                "concurrency, the two servers alternating pass by pass. A worker starts both servers with its own "
                "vLLM (`$DRAFTLAB_VLLM`, else `.vllm-venv`); `draftlab confirm` does the same from a shell.")
-    _form(experiment_id, experiment, sizes)
     jobs = confirm_jobs.confirm_jobs(store(), experiment_id)
+    _form(experiment_id, experiment, sizes, jobs)
     seen = confirm_state(jobs)
     if confirm_active(jobs):
         st.fragment(run_every=REFRESH_SECONDS)(_live)(experiment_id, seen)
@@ -71,31 +71,58 @@ def _watch(experiment_id: int, seen: tuple) -> None:
     _fresh(experiment_id, seen)
 
 
-def _form(experiment_id: int, experiment: dict, sizes: list[int] | None) -> None:
+def _form(experiment_id: int, experiment: dict, sizes: list[int] | None, jobs: pd.DataFrame) -> None:
+    """The form, offering only the configurations a confirm would be queued for (storage/confirm_jobs.py's check,
+    the one pressing the button runs), its button disabled with the reason beside it when nothing can be queued
+    now (the verdict serves the target alone and no run is lossless, or a confirm is already unfinished)."""
     choices = ["chosen", "schedule", "all"] if sizes else ["chosen", "all"]
+    refused = {c: cached(confirm_jobs.configurations_refusal, experiment_id, c, experiment_id=experiment_id)
+               for c in choices}
+    offered = [c for c in choices if refused[c] is None]
+    busy = jobs[jobs["status"].isin(confirm_jobs.ACTIVE)]
+    why_not = (f"confirm {int(busy['confirm_id'].iloc[0])} is {busy['status'].iloc[0]}: one confirm of an experiment "
+               f"at a time" if not busy.empty else None if offered else
+               "; ".join(f"{c}: {refused[c]}" for c in choices))
     default = sorted({*(sizes or [int(experiment.get("batch_size") or 1)])})
     with st.form(key=f"confirm_form_{experiment_id}", border=False):
         c1, c2, c3 = st.columns([1.2, 2, 1])
-        which = c1.selectbox("Configurations", choices, key="confirm_configs",
-                             format_func=lambda c: f"{c}: {CONFIG_HELP[c]}")
-        concurrency = c2.multiselect("Concurrency (requests in flight)",
-                                     sorted({*CONCURRENCY_CHOICES, *default}), default=default,
-                                     key="confirm_concurrency",
-                                     help="each measured with both servers; the lab's figures show beside the "
-                                          "concurrency equal to a batch size it measured")
-        repeats = c3.number_input("Passes", min_value=1, max_value=confirm_jobs.MAX_REPEATS,
-                                  value=confirm_jobs.DEFAULT_REPEATS, step=1, key="confirm_repeats",
-                                  help="per server and concurrency; two or more give the speedup an interval")
-        queued = st.form_submit_button("Queue confirm", icon=":material/dns:", type="secondary")
-    if queued:
-        try:
-            confirm_id = confirm_jobs.enqueue_confirm(store(), experiment_id, configs=which,
-                                                      concurrency=[int(c) for c in concurrency],
-                                                      repeats=int(repeats), launched_by=_launcher())
-        except QueueError as exc:
-            st.error(md_text(str(exc)), icon=":material/error:")
+        c1.selectbox("Configurations", offered or choices, key="confirm_configs",
+                     format_func=lambda c: f"{c}: {CONFIG_HELP[c]}")
+        c2.multiselect("Concurrency (requests in flight)", sorted({*CONCURRENCY_CHOICES, *default}), default=default,
+                       key="confirm_concurrency", help="each measured with both servers; the lab's figures show "
+                                                      "beside the concurrency equal to a batch size it measured")
+        c3.number_input("Passes", min_value=1, max_value=confirm_jobs.MAX_REPEATS,
+                        value=confirm_jobs.DEFAULT_REPEATS, step=1, key="confirm_repeats",
+                        help="per server and concurrency; two or more give the speedup an interval")
+        button, reason = st.columns([1, 4], vertical_alignment="center")
+        button.form_submit_button("Queue confirm", icon=":material/dns:", type="secondary",
+                                  disabled=why_not is not None, on_click=_queue, args=(experiment_id,))
+        if why_not:
+            reason.caption(md_text(f"Nothing to queue now: {why_not}"))
+        elif len(offered) < len(choices):
+            reason.caption(md_text("; ".join(f"{c} is not offered: {refused[c]}" for c in choices if refused[c])))
+    result = st.session_state.pop(QUEUED, None)
+    if result and result[0] == experiment_id:
+        if isinstance(result[1], int):
+            st.toast(f"Confirm {result[1]} queued: a worker runs it")
         else:
-            st.toast(f"Confirm {confirm_id} queued: a worker runs it")
+            st.error(md_text(result[1]), icon=":material/error:")
+
+
+QUEUED = "confirm_queued"  # session key: (experiment id, the confirm id queued or why it was not)
+
+
+def _queue(experiment_id: int) -> None:
+    """The button's callback, before the page is drawn again: queue the confirm as the form says, so the panel
+    drawn next already shows it (and its button disabled while it is unfinished)."""
+    state = st.session_state
+    try:
+        outcome = confirm_jobs.enqueue_confirm(store(), experiment_id, configs=state["confirm_configs"],
+                                               concurrency=[int(c) for c in state["confirm_concurrency"]],
+                                               repeats=int(state["confirm_repeats"]), launched_by=_launcher())
+    except QueueError as exc:
+        outcome = str(exc)
+    state[QUEUED] = (experiment_id, outcome)
 
 
 def _live(experiment_id: int, seen: tuple) -> None:
