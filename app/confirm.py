@@ -98,15 +98,15 @@ class Measured:
 
 
 def configurations(store, experiment_id: int, which: str) -> list[Config]:
-    """The configurations to confirm, each from storage/deploy.py's deploy document (the one vLLM mapping)."""
+    """The configurations to confirm, each from storage/deploy.py's deploy document (the one vLLM mapping), as
+    storage/confirm_jobs.py's confirm_documents selects them (the queue's check makes the same selection)."""
     from engine.zoo import resolve
-    from storage.deploy import DeployError, deploy_document, deployable_runs
+    from storage.confirm_jobs import confirm_documents
+    from storage.deploy import DeployError
+    from storage.errors import QueueError
 
     def config(doc: dict, label: str) -> Config:
         vllm = doc["engines"]["vllm"]
-        if not vllm.get("speculative_config"):
-            raise DraftLabError(f"run {doc['run_id']}: vLLM cannot serve its drafter ({vllm['notes'][0]}); confirm "
-                                f"another run")
         request = {**vllm["request"], "max_tokens": int(doc["measured"]["max_new_tokens"])}
         target = doc["configuration"]["target"]
         path = resolve(target)
@@ -115,20 +115,9 @@ def configurations(store, experiment_id: int, which: str) -> list[Config]:
                       target=str(path) if path is not None else target)
 
     try:
-        if which == "all":  # every run deploy's one check lets through (storage/deploy.py's refusal)
-            chosen = deployable_runs(store, experiment_id)
-            if not chosen:
-                raise DraftLabError(f"experiment {experiment_id} has no finished lossless speculative run to confirm")
-            return [config(deploy_document(store, experiment_id, r), f"run {r}") for r in chosen]
-        doc = deploy_document(store, experiment_id)
-        if which == "schedule":
-            if "schedule" not in doc:
-                raise DraftLabError(f"experiment {experiment_id} has no k schedule (not a --batch-size × --k grid, or "
-                                    f"one k everywhere); use --configs chosen")
-            return [config(doc, "schedule")]
-        if "schedule" in doc:  # a grid's chosen run alone: one k, not the schedule
-            doc = deploy_document(store, experiment_id, int(doc["run_id"]))
-        return [config(doc, "chosen")]
+        return [config(doc, label) for label, doc in confirm_documents(store, experiment_id, which)]
+    except QueueError as exc:
+        raise DraftLabError(str(exc)) from None
     except DeployError as exc:
         raise DraftLabError(_refusal(exc)) from None
     except KeyError:

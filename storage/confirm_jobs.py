@@ -35,24 +35,46 @@ def _whole(value, low: int, high: int, what: str, example: str) -> int:
     return value
 
 
-def check_configurations(store: Store, experiment_id: int, configs: str) -> None:
-    """Refuse (QueueError, the CLI's words) configurations the experiment cannot give: no verdict yet, no k schedule,
-    no lossless speculative run."""
-    from .deploy import DeployError, deploy_document, deployable_runs
+def confirm_documents(store: Store, experiment_id: int, configs: str) -> list[tuple[str, dict]]:
+    """What a confirm of `configs` serves, as (label, deploy document): the one selection `draftlab confirm`
+    (app/confirm.py) and the dashboard's queue both make. `chosen`: the verdict's run (a grid's chosen run alone,
+    one k); `schedule`: a k grid's schedule; `all`: every run storage/deploy.py's refusal lets through; each one
+    vLLM can serve. Raises QueueError naming what is missing, DeployError (deploy's refusal: the verdict serves
+    the target alone, a run is not lossless), KeyError (no such experiment)."""
+    from .deploy import deploy_document, deployable_runs
 
     if configs not in CONFIGS:
         raise QueueError(f"configurations {configs!r} is not one of {', '.join(CONFIGS)}; use e.g. chosen")
-    if configs == "all":  # every run deploy's one check lets through (storage/deploy.py's refusal)
-        if not deployable_runs(store, experiment_id):
+    if configs == "all":
+        runs = deployable_runs(store, experiment_id)
+        if not runs:
             raise QueueError(f"experiment {experiment_id} has no finished lossless speculative run to confirm")
-        return
-    try:
+        documents = [(f"run {r}", deploy_document(store, experiment_id, r)) for r in runs]
+    else:
         document = deploy_document(store, experiment_id)
+        if configs == "schedule" and "schedule" not in document:
+            raise QueueError(f"experiment {experiment_id} has no k schedule (not a batch size × k grid, or one k "
+                             f"everywhere); confirm `chosen` instead")
+        if configs == "chosen" and "schedule" in document:  # a grid's chosen run alone: one k, not the schedule
+            document = deploy_document(store, experiment_id, int(document["run_id"]))
+        documents = [(configs, document)]
+    for _, document in documents:
+        vllm = document["engines"]["vllm"]
+        if not vllm.get("speculative_config"):
+            raise QueueError(f"run {document['run_id']}: vLLM cannot serve its drafter ({vllm['notes'][0]}); "
+                             f"confirm another run")
+    return documents
+
+
+def check_configurations(store: Store, experiment_id: int, configs: str) -> None:
+    """Refuse (QueueError, the CLI's words: confirm_documents) configurations the experiment cannot give: no
+    verdict yet, no k schedule, no lossless speculative run, a drafter vLLM cannot serve."""
+    from .deploy import DeployError
+
+    try:
+        confirm_documents(store, experiment_id, configs)
     except DeployError as exc:
         raise QueueError(str(exc)) from None
-    if configs == "schedule" and "schedule" not in document:
-        raise QueueError(f"experiment {experiment_id} has no k schedule (not a batch size × k grid, or one k "
-                         f"everywhere); confirm the chosen configuration instead")
 
 
 def configurations_refusal(store: Store, experiment_id: int, configs: str) -> str | None:
