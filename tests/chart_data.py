@@ -26,22 +26,27 @@ TOKEN_TEXTS = ["it's", " \"q\"", " <b>", " &", " 中文", " é", "'", "\\", "</s
 TAGS = ("it's", "<b>", "中文")
 
 
-def _prompt(prompt_index: int, rounds_k: list[int], accepts: list[int], draft_s: float, verify_s: float):
+def _prompt(prompt_index: int, rounds_k: list[int], accepts: list[int], draft_s: float, verify_s: float,
+            length: int):
     """A speculative prompt (engine invariants kept: wall time is the rounds' draft + verify time) whose round r
-    drafts rounds_k[r] tokens and accepts accepts[r] of them; token texts from TOKEN_TEXTS."""
+    drafts rounds_k[r] tokens and accepts accepts[r] of them (both repeated as needed) until its output holds
+    `length` tokens, 0, 1, 2, ... as the baseline's (lossless), the last round cut there; token texts from
+    TOKEN_TEXTS."""
     from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
 
-    rounds, next_id = [], 0
-    for index, (k, a) in enumerate(zip(rounds_k, accepts)):
-        a = min(a, k)
+    rounds, next_id, index = [], 0, 0
+    while next_id < length:
+        k, room = rounds_k[index % len(rounds_k)], length - next_id
+        a = min(accepts[index % len(accepts)], k, room)
         texts = [(next_id + i) % len(TOKEN_TEXTS) for i in range(k)]
-        outcomes = [ACCEPTED if i < a else REJECTED if i == a else DISCARDED for i in range(k)]
+        outcomes = [ACCEPTED if i < a else REJECTED if i == a < room else DISCARDED for i in range(k)]
         drafts = [DraftToken(i + 1, 10 + texts[i], TOKEN_TEXTS[texts[i]], "english" if i % 2 else "code", 0.6, 0.5,
                              0.5, 0.1, outcomes[i]) for i in range(k)]
-        emitted = [next_id + i for i in range(a + 1)]
-        next_id += a + 1
-        rounds.append(Round(prompt_index, index, k, a, emitted, [ACCEPTED] * a + [BONUS if a == k else CORRECTION],
-                            draft_s * k, verify_s, k, drafts))
+        emitted = [next_id + i for i in range(min(a + 1, room))]
+        next_id += len(emitted)
+        rounds.append(Round(prompt_index, index, k, a, emitted, [ACCEPTED] * a + [BONUS if a == k else CORRECTION]
+                            * (len(emitted) - a), draft_s * k, verify_s, k, drafts))
+        index += 1
     output = [t for r in rounds for t in r.emitted_ids]
     wall = sum(r.draft_seconds + r.verify_seconds for r in rounds)
     return PromptResult(prompt_index, PROMPT_TEXTS[prompt_index % len(PROMPT_TEXTS)], output, "x", wall, rounds=rounds)
@@ -73,14 +78,14 @@ def _fill(store, experiment_id: int, varying_k: bool = False) -> dict[int, str]:
     run_state.claim_group(store, experiment_id, "seed")  # every queued run of the experiment, as a worker does
     for run in todo.itertuples():
         run_state.start_run(store, int(run.run_id), PROMPTS, "cpu")
-        if run.kind == "baseline":
+        if run.kind == "baseline":  # prompt i: 14 + i tokens, which every speculative run reproduces
             results = [_baseline(i, 14 + i) for i in range(PROMPTS)]
         else:
             k = int(run.k)
             varies = varying_k and str(run.drafter).split(":")[0] != "model"
             rounds_k = [max(1, k - (r % k)) if varies else k for r in range(6)]
             verify = 0.011 * (1 + GRID_VERIFY * (int(run.batch_size) - 1) * k)
-            results = [_prompt(i, rounds_k, ACCEPTS, 0.001, verify * (1 + 0.1 * i)) for i in range(PROMPTS)]
+            results = [_prompt(i, rounds_k, ACCEPTS, 0.001, verify * (1 + 0.1 * i), 14 + i) for i in range(PROMPTS)]
         with store.write() as conn:
             for result in results:
                 texts = [TOKEN_TEXTS[t % len(TOKEN_TEXTS)] for t in range(len(result.output_ids))]
