@@ -22,7 +22,7 @@ from engine.memory import check_batch_fits
 from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
 from engine.run_config import RunConfig
 from engine.sampling import SamplingConfig
-from engine.token_types import TokenTyper
+from engine.token_types import TokenTyper, code_prompts
 from storage import run_state
 from storage.experiments import (load_experiment_prompts, load_verify_profiles, store_prompts, store_verify_profile,
                                  store_verify_profiles)
@@ -105,6 +105,7 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
     detail)) and its peak memory into `memory`; SetupError for what every run would hit."""
     loaded = job.models.pair(experiment, primary_draft(experiment, group.values()), job.gpus)
     prompts = _prompts(job, experiment, loaded.pair.tokenizer)
+    typer = loaded.typer.with_code_prompts(_code_prompts(experiment))
     repeats = int(experiment["repeats"] or 1)
     batched = is_batched(experiment, group)
     decoders, budgets = {}, {}
@@ -128,7 +129,7 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
             else:
                 drafter = _drafter_of(run, experiment)
                 pair = job.models.pair_for(loaded, _draft_of(run, experiment), experiment)
-                decoders[rid] = speculative_decoder(pair, cfg, run["k"], loaded.typer, drafter=drafter)
+                decoders[rid] = speculative_decoder(pair, cfg, run["k"], typer, drafter=drafter)
         except DraftLabError as exc:
             outcome[rid] = (FAILED, str(exc), None)
             continue
@@ -148,6 +149,15 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
         _profile_verify(job, experiment, loaded, next(iter(budgets.values()))[0], batched)
 
     _time_units(job, group, outcome, memory, loaded, prompts, repeats, decoders, budgets, start)
+
+
+def _code_prompts(experiment: dict) -> frozenset[int]:
+    """The experiment's prompts from a code set (their draft tokens are typed as code); none when its prompt spec no
+    longer loads (its frozen prompts still run): the context then comes from code fences alone."""
+    try:
+        return code_prompts(experiment["prompts"] or "")
+    except DraftLabError:
+        return frozenset()
 
 
 def batch_size_of(run: dict) -> int:

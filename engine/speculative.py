@@ -90,6 +90,7 @@ class SpeculativeDecoder(OneRow):
         rounds = [[] for _ in range(count)]
         walls = [0.0] * count
         arrivals = [[] for _ in range(count)]  # each row's token arrival times (seconds from the batch's start)
+        contexts = [self.typer.context(i, p) for i, p in zip(prompt_indices, prompts)]  # code or not: token types
         self.rounds, holes = 0, 0.0
         while state.live:
             lengths = [s.shape[0] for s in state.seqs]
@@ -126,7 +127,7 @@ class SpeculativeDecoder(OneRow):
             finished, keep = [], []
             for r, (o, row) in enumerate(zip(state.live, host["rows"])):
                 round_ = round_record(self.typer, self.eos_ids, prompt_indices[o], len(rounds[o]), row,
-                                      limit - len(outputs[o]), draft_s, verify_s, proposal.forwards)
+                                      limit - len(outputs[o]), draft_s, verify_s, proposal.forwards, contexts[o])
                 rounds[o].append(round_)
                 outputs[o] += round_.emitted_ids
                 arrivals[o] += [arrived] * len(round_.emitted_ids)

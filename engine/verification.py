@@ -14,7 +14,7 @@ import torch
 
 from .records import DraftToken, Round, settle_round
 from .sampling import SamplingConfig, sample_rows
-from .token_types import TokenTyper
+from .token_types import CodeContext, TokenTyper
 
 
 def verify_rows(tokens: torch.Tensor, draft_probs: torch.Tensor, ks: list[int], valid: torch.Tensor | None,
@@ -71,15 +71,18 @@ def draft_stats(tokens: torch.Tensor, draft_probs: torch.Tensor, draft_logits: t
 
 
 def round_record(typer: TokenTyper, eos_ids: set[int], prompt_index: int, round_index: int, host: dict,
-                 budget: int, draft_s: float, verify_s: float, forwards: int) -> Round:
-    """The Round a verified row's host fields (one of `rows_to_host`'s rows) settle into."""
+                 budget: int, draft_s: float, verify_s: float, forwards: int,
+                 context: CodeContext | None = None) -> Round:
+    """The Round a verified row's host fields (one of `rows_to_host`'s rows) settle into. `context`: the prompt's
+    code context (engine/token_types.py), which types the drafts and moves past what the round emits."""
     drafted = host["tokens"]
     emitted, kinds, accepted, outcomes = settle_round(drafted, host["accepted"], host["next"], eos_ids, budget)
+    context = context if context is not None else CodeContext(False)
     tokens = []
-    for i, (token, outcome) in enumerate(zip(drafted, outcomes)):
-        text, kind = typer.describe(token)
+    for i, (token, outcome, (text, kind)) in enumerate(zip(drafted, outcomes, typer.drafts(drafted, context))):
         tokens.append(DraftToken(i + 1, token, text, kind, host["p_draft"][i], host["p_target"][i],
                                  host["beta"][i], host["kl"][i], outcome))
+    typer.emitted(emitted, context)
     return Round(prompt_index, round_index, len(drafted), accepted, emitted, kinds, draft_s, verify_s, forwards, tokens)
 
 

@@ -13,8 +13,9 @@ from storage import catalog
 from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, query_ids,
                           run_label, run_stamp, select_id, version)
 
-KIND_LABELS = {"first": "first token (target prefill, no round)", "accepted": "accepted draft",
-               "correction": "correction (after a rejection)", "bonus": "bonus (all drafts accepted)"}
+KIND_LABELS = {"first": "first token, from the target's prefill (no round)", "accepted": "accepted draft",
+               "correction": "correction after a rejection", "bonus": "bonus, every draft accepted"}
+PICKER_CHARS = 60  # a prompt's text in the prompt picker, on one line
 
 
 def _visible(text: str) -> str:
@@ -48,16 +49,39 @@ def opening_prompt(per_prompt: pd.DataFrame) -> int:
     """The prompt the explorer opens on: of the prompts with a readable output, the one with the most rejected
     drafts (where there is most to see), the first such on a tie; without a readable output, the most rejected.
     per_prompt: prompt_index, rejected, text (storage.queries.per_prompt)."""
+    return _opening(per_prompt)[0]
+
+
+def opening_reason(per_prompt: pd.DataFrame) -> str:
+    """Why the explorer opens on `opening_prompt`, in a sentence the page shows under the picker."""
+    index, rejected, among_readable = _opening(per_prompt)
+    which = "of the outputs that read as text, the one" if among_readable else "the output"
+    return (f"Opened on prompt {index}: {which} with the most rejected drafts ({rejected}), where there is most to "
+            f"see. Pick another prompt above.")
+
+
+def _opening(per_prompt: pd.DataFrame) -> tuple[int, int, bool]:
+    """(the opening prompt, its rejected drafts, whether it was picked among readable outputs)."""
     frame = per_prompt.assign(readable=per_prompt["text"].map(readable),
                               rejected=per_prompt["rejected"].fillna(0)).sort_values("prompt_index")
-    pool = frame[frame["readable"]] if frame["readable"].any() else frame
-    return int(pool.sort_values("rejected", ascending=False, kind="stable")["prompt_index"].iloc[0])
+    among_readable = bool(frame["readable"].any())
+    pool = frame[frame["readable"]] if among_readable else frame
+    first = pool.sort_values("rejected", ascending=False, kind="stable").iloc[0]
+    return int(first["prompt_index"]), int(first["rejected"]), among_readable
+
+
+def picker_label(index: int, prompt) -> str:
+    """A prompt as the picker lists it: its index and its first PICKER_CHARS characters on one line, each line
+    break shown as ⏎ (a select box joins lines: "import logginglogger = …")."""
+    text = re.sub(r"\r?\n", " ⏎ ", str(prompt)).replace("\t", " ")
+    return f"{index}: {text[:PICKER_CHARS]}".rstrip() + ("…" if len(text) > PICKER_CHARS else "")
 
 
 def legend_html(output: pd.DataFrame) -> str:
+    """The colour key of the kinds this output has, each with its count of tokens."""
     counts = output["kind"].value_counts()
-    return " ".join(f'<span style="color:{charts.KIND_COLORS[kind]};font-weight:600;">■ {label} '
-                    f"({int(counts.get(kind, 0))})</span>&nbsp;&nbsp;" for kind, label in KIND_LABELS.items())
+    return " ".join(f'<span style="color:{charts.KIND_COLORS[kind]};font-weight:600;">■ {label}: '
+                    f"{int(counts[kind])}</span>&nbsp;&nbsp;" for kind, label in KIND_LABELS.items() if kind in counts)
 
 
 def render() -> None:
@@ -83,8 +107,11 @@ def render() -> None:
         st.info("This run has no outputs yet; pick a finished run.", icon=":material/hourglass:")
         return
     prompts = dict(zip(per_prompt["prompt_index"].astype(int), per_prompt["prompt"]))
-    prompt_index = select_id("Prompt", "prompt", list(prompts), lambda i: f"{i}: {str(prompts[i])[:60]}",
-                             container=c3, default=opening_prompt(per_prompt))
+    opening = opening_prompt(per_prompt)
+    prompt_index = select_id("Prompt", "prompt", list(prompts), lambda i: picker_label(i, prompts[i]),
+                             container=c3, default=opening)
+    if prompt_index == opening:
+        st.caption(opening_reason(per_prompt))
 
     output = cached("prompt_output", run_id, prompt_index, stamp=stamp)
     rounds = sorted(int(r) for r in output["round_index"].dropna().unique())
