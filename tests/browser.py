@@ -185,6 +185,13 @@ CHARTS_JS = """() => Array.from(document.querySelectorAll('[data-testid="stVegaL
 })"""
 
 
+def new_page(browser, timeout_ms: int = 60_000):
+    """(a 1500×1400 page, the errors it reports from now on: collect_errors), every wait `timeout_ms` at most."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1400})
+    page.set_default_timeout(timeout_ms)
+    return page, collect_errors(page)
+
+
 def collect_errors(page) -> list[str]:
     """The console errors (not `ignored`) and uncaught page errors the page reports from now on, as they come."""
     messages: list[str] = []

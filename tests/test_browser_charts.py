@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.browser import (CHARTS_JS, SCREENSHOTS, chromium, collect_errors, needs_chromium, page_problems,
+from tests.browser import (CHARTS_JS, SCREENSHOTS, chromium, needs_chromium, new_page, page_problems,
                            seeded_dashboard, settle)
 from tests.chart_data import NAMES
 
@@ -80,9 +80,7 @@ def test_every_page_draws_every_chart_with_names_that_hold_quotes_tags_and_non_a
     ids = {**served["ids"], "db": served["db"]}
     problems, drawn, opened = [], {}, set()
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1500, "height": 1400})
-        page.set_default_timeout(60_000)
-        messages = collect_errors(page)
+        page, messages = new_page(browser)
         for key, shown, path, charted in visits(ids):
             page.goto(f"{served['url']}/{path}")
             page.locator("h1").first.wait_for()

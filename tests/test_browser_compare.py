@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.browser import chromium, collect_errors, needs_chromium, page_problems, seeded_dashboard, settle
+from tests.browser import chromium, needs_chromium, new_page, page_problems, seeded_dashboard, settle
 from tests.chart_data import DRAFTS
 
 pytestmark = needs_chromium
@@ -42,9 +42,7 @@ def test_compare_plots_each_experiment_on_its_own_variable_and_names_a_draft_swe
     draft_runs = _runs_of(served["db"], ids["draft"])
     chosen = f"{ids['k']},{ids['draft']},{ids['drafter']}"
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1500, "height": 1400})
-        page.set_default_timeout(60_000)
-        messages = collect_errors(page)
+        page, messages = new_page(browser)
         page.goto(f"{served['url']}/experiments")
         settle(page)
         page.wait_for_timeout(int(2.5 * IDLE_POLL_SECONDS * 1000))  # the idle poll redraws the listing twice

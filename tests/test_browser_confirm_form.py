@@ -15,7 +15,7 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy import text
 
-from tests.browser import chromium, collect_errors, needs_chromium, page_problems, seeded_dashboard, settle
+from tests.browser import chromium, needs_chromium, new_page, page_problems, seeded_dashboard, settle
 
 pytestmark = needs_chromium
 CONFIRM_SECTION = "Confirm in vLLM"  # the detail page's tab that holds the panel
@@ -66,9 +66,7 @@ def test_queue_confirm_offers_what_it_would_queue_and_is_disabled_with_its_reaso
     _speculative(db, ids["k"], LOSSLESS)  # and each run's outputs its baseline's: `all` can confirm them
     _speculative(db, ids["draft"], "UPDATE runs SET status = 'failed', error = 'seeded failure' WHERE id IN ({ids})")
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1500, "height": 1400})
-        page.set_default_timeout(60_000)
-        messages = collect_errors(page)
+        page, messages = new_page(browser)
 
         _open(page, served["url"], ids["k"])
         shown = page.evaluate(CONFIGS_JS)

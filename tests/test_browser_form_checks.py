@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser import chromium, collect_errors, commit, dashboard, field, needs_chromium, page_problems, settle
+from tests.browser import chromium, commit, dashboard, field, needs_chromium, new_page, page_problems, settle
 
 pytestmark = needs_chromium
 ESTIMATE = "Launch decodes at most"  # pages/new_experiment.py's _workload
@@ -39,9 +39,7 @@ def _under(page, label: str, message: str) -> None:
 
 def test_a_wrong_field_says_so_under_itself_as_it_is_typed(served):
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1500, "height": 1400})
-        page.set_default_timeout(60_000)
-        messages = collect_errors(page)
+        page, messages = new_page(browser)
         page.goto(f"{served['url']}/new")
         settle(page)
         page.get_by_text(ESTIMATE).first.wait_for()  # the default form: a figure for the work

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy import text
 
-from tests.browser import chromium, collect_errors, needs_chromium, page_problems, seeded_dashboard, settle
+from tests.browser import chromium, needs_chromium, new_page, page_problems, seeded_dashboard, settle
 
 pytestmark = needs_chromium
 FOLLOWS_WITHIN_S = 8.0  # a 2 s refresh, a page redraw on a loaded 2-core machine, and some slack
@@ -71,9 +71,7 @@ def test_the_experiments_selector_follows_a_run_that_ends_while_another_runs(ser
     ended = _run_again(db, ids["k"])
     _run_again(db, ids["draft"])  # still running after the other ends: the page's timer stays the same
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1500, "height": 1400})
-        page.set_default_timeout(60_000)
-        messages = collect_errors(page)
+        page, messages = new_page(browser)
         page.goto(f"{served['url']}/experiments?experiment={ids['k']}")
         page.wait_for_function(f"() => ({SELECTED_JS})().includes('(running)')")
         page.wait_for_timeout(3000)  # the page settles into its 2 s refresh
@@ -86,6 +84,10 @@ def test_the_experiments_selector_follows_a_run_that_ends_while_another_runs(ser
     assert not problems, "\n".join(problems)
 
 
+ENDED_JS = """() => !document.body.innerText.includes('108 of 108 requests') && Array.from(
+  document.querySelectorAll('h4')).some(h => h.innerText.trim() === 'Speedup vs concurrency')"""  # results, no progress
+
+
 def test_the_confirm_panel_follows_a_confirm_that_ends(served):
     from storage.confirms import finish_confirm
     from storage import open_store
@@ -94,9 +96,7 @@ def test_the_confirm_panel_follows_a_confirm_that_ends(served):
     _write(db, "UPDATE server_confirms SET status = 'running', phase = 'measuring', requests_done = 108, "
                "requests_total = 108, heartbeat = :now WHERE id = :c", c=confirm_id)
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1500, "height": 1400})
-        page.set_default_timeout(60_000)
-        messages = collect_errors(page)
+        page, messages = new_page(browser)
         page.goto(f"{served['url']}/experiment?experiment={ids['grid']}&section={quote(CONFIRM_SECTION)}")
         page.get_by_text("108 of 108 requests").first.wait_for()
         assert page.get_by_text("Speedup vs concurrency", exact=True).count() == 0  # no results while it runs
@@ -104,9 +104,7 @@ def test_the_confirm_panel_follows_a_confirm_that_ends(served):
         store = open_store(db)
         finish_confirm(store, confirm_id, engine_version="0.32.0", wall_seconds=95.0, errors=[])
         store.dispose()
-        waited = _seconds_until(page, """() => !document.body.innerText.includes('108 of 108 requests')
-            && Array.from(document.querySelectorAll('h4')).some(h => h.innerText.trim() === 'Speedup vs concurrency')""",
-                                None)
+        waited = _seconds_until(page, ENDED_JS, None)
         settle(page)
         problems, charts = page_problems(page, "Confirm in vLLM", messages, charted=True)
     assert waited <= FOLLOWS_WITHIN_S, f"the panel said running {waited:.1f} s after the confirm ended"
