@@ -9,7 +9,7 @@ from engine.variables import variable
 from pages import charts
 from pages.prefill import md_text
 from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, run_label,
-                          select_ids, show, version)
+                          select_ids, show, swept_values, version)
 from pages.common import table as show_table
 from storage import catalog, queries as q
 from storage.columns import COLUMNS
@@ -87,7 +87,7 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
             sizes = curve["run_id"].map(dict(zip(runs["run_id"], runs["batch_size"])))
             at = " · batch " + sizes.astype(int).astype(str)
         swept = variable(sweeps.get(experiment_id))
-        named = {int(r.run_id): swept.run_value(r) for r in runs.itertuples()} if swept.categorical else {}
+        named = dict(zip(runs["run_id"].astype(int), swept_values(runs, swept.name))) if swept.categorical else {}
         curves.append(curve.assign(experiment=label(experiment_id) + at, experiment_id=experiment_id,
                                    experiment_name=short_label(experiment_id) + at,
                                    line_label=f"#{experiment_id}" + at,  # the legend below names it in full
