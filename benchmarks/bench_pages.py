@@ -1,12 +1,26 @@
-"""Times every dashboard page's server-side rerun on a SQLite database holding 1M synthetic draft-token rows.
+"""Times every dashboard page's server-side rerun on a SQLite database holding 1M synthetic draft-token rows, and
+(--browser) how soon the experiment-detail page shows its answer in Chromium.
 
     python benchmarks/bench_pages.py [--db PATH] [--reuse] [--tokens 1000000] [--repeats 5]
+    python benchmarks/bench_pages.py --browser --db PATH --experiment ID [--against REF] [--repeats 5] [--warm 4]
 
 The database is built by benchmarks/bench_queries.py's generator (--reuse keeps one already built at --db).
 Each page runs under streamlit.testing's AppTest, the real entry script (app/main.py) routing to it: one first
 run (cold: caches empty), then --repeats reruns, as a widget change or the 2 s refresh would trigger them; the
 round explorer's slider is moved on each of its reruns. Prints the first run, and the median and max of the
 reruns (wall clock, and the process's CPU time, steadier on a shared machine), per page. Budgets: 1 s per rerun (0.5 s for the round slider); the exit status is 1 when a median is over.
+
+--browser: the detail page of experiment --experiment (a finished k sweep) in Debian's Chromium (Playwright), for
+the code of this tree and, with --against REF, of git REF (extracted by `git archive` into a temporary folder),
+each served by its own Streamlit on the same database (no worker). A repeat starts both servers afresh (their
+caches empty), has each serve the Experiments page to another browser context (Python's imports done, as on a
+dashboard in use; --cold: not, the server's very first page), then opens a fresh browser context for each (its
+HTTP cache empty): its visit of the detail page is the *first*; --warm visits of the same URL in the same context
+are *warm* ones, the two trees' visits interleaved. A visit's
+time is from navigation start to the answer drawn: the verdict's box visible and the "Speedup vs k" chart painted
+(a canvas or svg of non-zero size under that heading); `done` is when the script run ended with every chart drawn.
+Prints each tree's medians with min–max. Goals (issue 35): the answer within 2 s of a first visit, 1.5 s of a warm
+one; the exit status is 1 when this tree's median misses one.
 """
 from __future__ import annotations
 
@@ -79,7 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--pages", default="experiments,experiment,rounds,rounds (slider),compare,theory,new,train")
+    parser.add_argument("--browser", action="store_true", help="time the detail page's answer in Chromium")
+    parser.add_argument("--experiment", type=int, help="--browser: the experiment whose detail page is timed")
+    parser.add_argument("--against", help="--browser: a git ref whose code is timed too, interleaved")
+    parser.add_argument("--warm", type=int, default=4, help="--browser: warm visits per repeat and tree")
+    parser.add_argument("--cold", action="store_true",
+                        help="--browser: a first visit is the server's first (its imports included)")
     args = parser.parse_args(argv)
+    if args.browser:
+        from benchmarks.bench_detail_browser import run_browser
+
+        return run_browser(Path(args.db), args.experiment, args.against, args.repeats, args.warm, args.cold)
 
     path = Path(args.db)
     ids = found(path) if args.reuse and path.exists() else build(path, args.tokens)

@@ -1,5 +1,7 @@
-"""Experiment detail: the verdict with its uncertainty, the speedup curve against the predictions, and why drafts
-were rejected."""
+"""Experiment detail: the headline (status, what the verdict serves, its speedup with the interval, the verdict in
+words) above sections of which only the open one is built (pages/sections.py, `?section=`): the Verdict (the
+speedup curve against the predictions, the findings), why drafts are rejected, predictions and cost, serving,
+Confirm in vLLM and the runs."""
 from __future__ import annotations
 
 import functools

@@ -27,6 +27,7 @@ pytestmark = needs_chromium
 
 
 CONFIRM_HEADINGS = ("Speedup vs concurrency", "Acceptance by draft position, vLLM and lab")  # pages/confirm_panel.py
+CONFIRM_SECTION = f"section={quote('Confirm in vLLM')}"  # the detail page's section that draws them
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,9 @@ def visits(ids: dict) -> list[tuple[str, str, str, bool]]:
     out = [("experiments", "Experiments", "", False),
            ("new", "New experiment", f"new?name={quote(NAMES['k'])}", False),
            *[("experiment", f"detail of the {kind} experiment", f"experiment?experiment={ids[kind]}", True)
-             for kind in NAMES],
+             for kind in NAMES],  # its Verdict section; every section: test_browser_detail.py
+           ("experiment", "Confirm in vLLM of the grid", f"experiment?experiment={ids['grid']}&{CONFIRM_SECTION}",
+            True),
            ("rounds", "Round explorer", f"rounds?experiment={ids['draft']}&run={speculative['draft'][0]}&prompt=0",
             True),
            ("compare", "Compare", f"compare?experiments={experiments}&runs={compared}", True),
@@ -89,7 +92,7 @@ def test_every_page_draws_every_chart_with_names_that_hold_quotes_tags_and_non_a
                 _load_theory_from_a_run(page, f"#{ids['k']} · {NAMES['k']} (done)")
             _open_expanders(page)
             found, count = page_problems(page, shown, messages, charted)
-            if path == f"experiment?experiment={ids['grid']}":  # its stored vLLM confirm's charts must draw too
+            if path.endswith(CONFIRM_SECTION):  # the grid's stored vLLM confirm's charts must draw too
                 headings = {c["heading"] for c in page.evaluate(CHARTS_JS) if c["drawn"] and c["height"] > 0}
                 found += [f"{shown}: no drawn chart under {h!r}" for h in CONFIRM_HEADINGS if h not in headings]
             if found:

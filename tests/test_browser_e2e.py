@@ -163,27 +163,40 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
 
     # Detail: the charts render, and what they draw is what storage computes.
     store = open_store(dashboard["db"])
-    row = catalog.experiments(store).set_index("experiment_id").loc[experiment_id]
     curve = q.sweep_curve(store, experiment_id)
     best_run = int(curve.loc[curve["speedup"].idxmax(), "run_id"])
     page.goto(f"{dashboard['url']}/experiment?experiment={experiment_id}")
     page.get_by_text("Speedup vs k").wait_for()
     _settle(page)
     charts = page.locator('[data-testid="stVegaLiteChart"]')
-    charts.nth(4).wait_for()
-    assert charts.count() == 5  # speedup, acceptance, tokens per round, by position, by type
-    for i in range(charts.count()):
-        charts.nth(i).locator("canvas, svg").first.wait_for()
-        assert charts.nth(i).bounding_box()["height"] > 100
+
+    def drawn(count: int) -> None:
+        charts.nth(count - 1).wait_for()
+        assert charts.count() == count
+        for i in range(count):
+            charts.nth(i).locator("canvas, svg").first.wait_for()
+            assert charts.nth(i).bounding_box()["height"] > 100
+
+    drawn(1)  # the Verdict section: the speedup chart alone
     values = dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
                       page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
-    assert values["Best k"] == f"{row['best_value']:g}"
-    assert values["Best speedup"] == f"{row['best_speedup']:.2f}× ({row['best_ci_lo']:.2f}–{row['best_ci_hi']:.2f})"
-    assert values["α (best run)"] == f"{row['alpha']:.3f}"
-    assert f"run={best_run}" in page.url
-    page.screenshot(path=str(SCREENSHOTS / "experiment_detail.png"))
+    from storage.verdict import verdict
 
+    judged = verdict(store, experiment_id)
+    served = judged.chosen or judged.best  # the target alone: the best run's α beside "0 (target alone)"
+    served_row = q.runs(store, experiment_id).set_index("run_id").loc[served.run_id]
+    assert values["k to serve"] == (str(judged.chosen.value) if judged.chosen else "0 (target alone)")
+    assert values["Speedup"] == (f"{served.speedup:.2f}× ({served.ci[0]:.2f}–{served.ci[1]:.2f})" if judged.chosen
+                                 else "1× (target alone)")
+    assert next(v for label, v in values.items() if label.startswith("α (")) == f"{served_row.alpha:.3f}"
+    page.screenshot(path=str(SCREENSHOTS / "experiment_detail.png"))
     frames = _downloads(page)
+    page.get_by_role("tab", name="Why drafts are rejected").click()  # a click builds the section it opens
+    page.get_by_text("Conditional acceptance by draft position").wait_for()
+    _settle(page)
+    drawn(4)  # acceptance, tokens per round, by position, by type
+    assert f"run={best_run}" in page.url and "section=" in page.url
+    frames.update(_downloads(page))
     drawn = frames["speedup_curve.csv"].dropna(subset=["speedup"]).sort_values("k")
     assert drawn["k"].tolist() == [1, 2, 4]
     assert drawn["speedup"].tolist() == pytest.approx(curve.sort_values("k")["speedup"].tolist(), nan_ok=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from urllib.parse import quote
 
 import pytest
 
@@ -93,13 +94,13 @@ def test_the_form_launches_what_it_shows_lines_that_coincide_are_named_and_chart
               f"(title at {titled_first:.2f} s, script done at {ran_first:.2f} s), second visit {second:.2f} s "
               f"(title at {titled_second:.2f} s, script done at {ran_second:.2f} s); load average {load} on "
               f"{os.cpu_count()} CPUs", file=sys.stderr)
-        assert charts_first == charts_second and charts_first >= 5, (charts_first, charts_second)
+        assert charts_first == charts_second >= 1, (charts_first, charts_second)  # the Verdict section's
 
         page = context.new_page()
         page.set_default_timeout(120_000)
         try:
             # --- 2: the grid's coinciding lines are named -------------------------------------------------------
-            page.goto(f"{url}/experiment?experiment={ids['grid']}")
+            page.goto(f"{url}/experiment?experiment={ids['grid']}&section={quote('Why drafts are rejected')}")
             settle(page)
             for what in ("α", "tokens per round"):
                 note = page.get_by_text(re.compile(rf"batch 1, batch 2 and batch 4:\W*the same {what} at every k"))
