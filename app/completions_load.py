@@ -116,10 +116,10 @@ def _post_stream(url: str, body: dict, timeout: float, record: RequestRecord, cl
 
 
 def run_pass(url: str, model: str, prompts: list[str], request: dict, concurrency: int, timeout: float,
-             on_request=None, clock=time.perf_counter) -> PassRecord:
+             on_request=None, clock=time.perf_counter, seeds: list[int] | None = None) -> PassRecord:
     """Send every prompt once to `url` (/v1/completions), `concurrency` at a time; `request` holds the sampling
-    fields and max_tokens. `on_request(record)` after each request. The first failure stops the pass and is raised
-    (RequestFailed) once the requests in flight end."""
+    fields and max_tokens, `seeds` (one per prompt) each request's own `seed`. `on_request(record)` after each
+    request. The first failure stops the pass and is raised (RequestFailed) once the requests in flight end."""
     body_base = {"model": model, "stream": True, "return_token_ids": True,
                  "stream_options": {"include_usage": True, "continuous_usage_stats": True}, **request}
     endpoint = url.rstrip("/") + "/v1/completions"
@@ -137,7 +137,8 @@ def run_pass(url: str, model: str, prompts: list[str], request: dict, concurrenc
                 index = queue.pop(0)
             record = RequestRecord(prompt_index=index, sent=clock() - start)
             try:
-                _post_stream(endpoint, {**body_base, "prompt": prompts[index]}, timeout, record, clock, start)
+                body = {**body_base, "prompt": prompts[index], **({"seed": seeds[index]} if seeds else {})}
+                _post_stream(endpoint, body, timeout, record, clock, start)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                 with lock:
                     failures.append(exc)

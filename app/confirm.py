@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 
 from engine.errors import DraftLabError
@@ -230,15 +231,29 @@ def _recorder(store, confirm_id: int):
     return record
 
 
-def _measure_pass(server, prompts, request, concurrency, timeout, progress, counted: bool, measured: Measured):
-    """One pass on one server; the speculative one's counters are scraped before and after and summed."""
+def pass_seeds(request: dict, prompts: int, concurrency: int, repeat: int, speculative: bool) -> list[int] | None:
+    """Under sampling with a seed, each request's own seed, from the experiment's, the server, the concurrency, the
+    pass and the prompt: one seed for every request (the deploy export's) seeds each request's generator alike in
+    vLLM, so every prompt's answer would draw on one noise sequence (seed 1: vLLM 0.32's CPU server ended every
+    prompt at its first token), and the passes would repeat each other; the sampled-output tests need independent
+    answers (storage/sampled_outputs.py). None when greedy or unseeded (the server draws its own)."""
+    if "seed" not in request or float(request.get("temperature") or 0) <= 0:
+        return None
+    key = f"{request['seed']}:{int(speculative)}:{concurrency}:{repeat}"
+    return [zlib.crc32(f"{key}:{i}".encode()) & 0x7FFFFFFF for i in range(prompts)]
+
+
+def _measure_pass(server, prompts, request, concurrency, timeout, progress, counted: bool, measured: Measured,
+                  seeds: list[int] | None = None):
+    """One pass on one server (`seeds`: `pass_seeds`); the speculative one's counters are scraped before and after
+    and summed."""
     from .completions_load import RequestFailed, run_pass
     from .production_scrape import parse, read_source
 
     try:
         before = parse(read_source(server.metrics_url()), server.metrics_url()) if counted else None
         record = run_pass(server.url, server.model, prompts, request, concurrency, timeout,
-                          on_request=progress.request_done)
+                          on_request=progress.request_done, seeds=seeds)
         after = parse(read_source(server.metrics_url()), server.metrics_url()) if counted else None
     except RequestFailed as exc:
         raise DraftLabError(server.died(wait=DIED_WAIT_SECONDS) or f"{server.name} server: {exc}") from None
@@ -431,9 +446,9 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
                     for repeat in range(plan.repeats):
                         progress.describe(f"{config.label} concurrency {c} pass {repeat + 1}/{plan.repeats}")
                         _measure_pass(baseline, prompts, config.request, c, plan.request_timeout, progress, False,
-                                      base)
+                                      base, pass_seeds(config.request, len(prompts), c, repeat, False))
                         _measure_pass(spec, prompts, config.request, c, plan.request_timeout, progress, True,
-                                      measured)
+                                      measured, pass_seeds(config.request, len(prompts), c, repeat, True))
                     results.append((c, base, measured))
                 for c, base, measured in results:  # stored only once every pass of the configuration is done
                     _store_config(store, confirm_id, eid, config, c, base, measured, plan.greedy)

@@ -86,7 +86,8 @@ def withheld(speedup: float | None, ci, steps: float | None, matches: dict, outp
         return (f"speculation changed the output distribution in this server (mean length "
                 f"{outputs_test['speculative_mean_length']:.1f} against {outputs_test['baseline_mean_length']:.1f} "
                 f"tokens target-only, p = {_p(outputs_test['lengths_p'])}; token frequencies p = "
-                f"{_p(outputs_test['tokens_p'])}; {outputs_test['pairs']} answers each): the measured {measured} is "
+                f"{_p(outputs_test['tokens_p'])}; {outputs_test['prompts']} prompts, {outputs_test['answers']} "
+                f"answers each): the measured {measured} is "
                 f"not a speedup of the same outputs")
     same = matches.get("outputs_match_server_baseline")
     if same is not None and same < 1:

@@ -769,9 +769,9 @@ def _withheld(r, where: str, data: dict) -> list[dict]:
     if test is not None and test.get("differs"):
         return [_finding(
             "confirm", "error", f"In vLLM, {where}: speculation changed the output distribution in this server",
-            f"Sampled with the experiment's settings, the speculative server's answers differ from the same server's "
-            f"target-only answers to the same prompts ({test['tests']}, family-wise α {test['alpha']:g}): "
-            f"{warning or 'no speedup is shown'}. {VLLM_CPU_SAMPLING_CAUSE}", "confirm",
+            f"{_cap(warning or 'no speedup is shown')} (sampled with the experiment's settings, against the same "
+            f"server's target-only answers to the same prompts; {test['tests']}, family-wise α {test['alpha']:g}). "
+            f"{VLLM_CPU_SAMPLING_CAUSE}", "confirm",
             "Serve without speculation under sampling in this server until it is fixed (greedy requests are not "
             "affected), or confirm in another build or engine.", None, {**data, "outputs_test": test})]
     if warning is None or r.outputs_match_server_baseline == r.outputs_match_server_baseline and \

@@ -5,7 +5,8 @@ started exactly as DraftLab starts vLLM (`python tests/fake_vllm.py --model M --
 Greedy and lossless by construction: a prompt's output ids depend on the prompt alone (equal with and without
 speculation). Sampled (temperature > 0): each answer is drawn from a distribution that depends on the prompt alone
 (an end of text after 4 tokens with probability 0.02 a token, ids near the greedy ones), from a random stream of
-its own per server and request, so both servers sample the same distribution. With a speculative config of k tokens
+its own per server and request (with a `seed`, per server and seed, whatever the prompt, as vLLM seeds a request's
+generator), so both servers sample the same distribution. With a speculative config of k tokens
 each step streams up to k + 1 tokens as one chunk and counts a round whose first draft is always accepted and whose
 others are accepted at every other step, in vLLM's counters (per position: unconditional, 0-based).
 $FAKE_VLLM_STEP_SECONDS (default 0): each step (chunk) of the target-only server takes this long, each of a
@@ -84,15 +85,17 @@ class Fault:
             return self.seen >= self.n
 
 
-def answer(prompt: str, max_tokens: int, sampled: bool, k: int, fault: Fault) -> list[int]:
-    """A request's output ids: greedy, the prompt's fixed ids; sampled, a fresh draw (see the module docstring)."""
-    seed = zlib.crc32(prompt.encode())
-    greedy = [(seed + 7 * i) % VOCAB for i in range(max_tokens)]
+def answer(prompt: str, max_tokens: int, sampled: bool, k: int, fault: Fault, seed: int | None = None) -> list[int]:
+    """A request's output ids: greedy, the prompt's fixed ids; sampled, a fresh draw (see the module docstring), or
+    with the request's `seed` the draw of that seed, whatever the prompt (vLLM seeds a request's generator with it:
+    one seed for every request is one noise sequence for every prompt)."""
+    start = zlib.crc32(prompt.encode())
+    greedy = [(start + 7 * i) % VOCAB for i in range(max_tokens)]
     if not sampled:
         return greedy
     with fault.lock:
         fault.answered += 1
-        rng = random.Random(f"{k}:{seed}:{fault.answered}")
+        rng = random.Random(f"{k}:{start}:{fault.answered}" if seed is None else f"{k}:seed {seed}")
     if fault.mode == "short":
         return [rng.randrange(VOCAB) for _ in range(min(max_tokens, rng.randint(6, 10)))]
     ids = []
@@ -135,7 +138,7 @@ def make_handler(model: str, counters: Counters, fault: Fault):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             sampled = float(body.get("temperature") or 0) > 0
-            ids = answer(body["prompt"], int(body["max_tokens"]), sampled, counters.k, fault)
+            ids = answer(body["prompt"], int(body["max_tokens"]), sampled, counters.k, fault, body.get("seed"))
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()

@@ -16,7 +16,7 @@ import pytest
 
 from app.cli import main
 from app.completions_load import PassRecord
-from storage.sampled_outputs import ALPHA, MIN_PAIRS, compare_sampled
+from storage.sampled_outputs import ALPHA, MIN_PROMPTS, compare_sampled
 
 FAKE = shlex.join([sys.executable, str(Path(__file__).with_name("fake_vllm.py"))])
 
@@ -54,44 +54,57 @@ def test_a_speedup_above_the_servers_tokens_per_step_or_over_changed_outputs_is_
     assert withheld(1.15, None, 1.09, greedy_same, None) is not None  # one pass: its figure is the bound
     assert withheld(1.5, [1.4, 1.6], None, greedy_same, None) is None  # no counters, no bound
     assert "greedy outputs" in withheld(1.2, [1.1, 1.3], 3.0, {"outputs_match_server_baseline": 0.75}, None)
-    differs = compare_sampled([8] * 12, [40] * 12, None, None)
+    differs = compare_sampled([[8]] * 12, [[40]] * 12, None, None)
     assert "output distribution" in withheld(1.2, [1.1, 1.3], 3.0, {}, differs)
+
+
+def _lengths(side):
+    return [[len(answer) for answer in answers] for answers in side]
 
 
 def test_the_sampled_output_tests_can_fail_and_keep_their_level():
     rng = np.random.default_rng(7)
 
-    def answers(n, vocab, lo, hi):
-        return [list(rng.integers(0, vocab, size=rng.integers(lo, hi + 1))) for _ in range(n)]
+    def answers(prompts, per_prompt, vocab, lo, hi, seeded=False):  # per prompt: its answers over the passes
+        def one(p):
+            return list((3 * p + rng.integers(0, vocab, size=rng.integers(lo, hi + 1))) % 400)  # shared tokens
+
+        return [[one(p)] * per_prompt if seeded else [one(p) for _ in range(per_prompt)] for p in range(prompts)]
 
     alarms = 0
     for seed in range(20):  # the same distribution on both sides: under the family-wise 1 %, so no alarm here
-        a, b = answers(24, 40, 20, 48), answers(24, 40, 20, 48)
-        result = compare_sampled([len(x) for x in a], [len(x) for x in b], a, b, seed=seed)
+        a, b = answers(12, 2, 40, 20, 48), answers(12, 2, 40, 20, 48)
+        result = compare_sampled(_lengths(a), _lengths(b), a, b, seed=seed)
         alarms += result["differs"]
-    assert alarms == 0 and result["pairs"] == 24 and result["alpha"] == ALPHA
+        # a request's seed: one draw per prompt, answered again every pass. The prompt is the unit, so the
+        # repeats are not counted as evidence (counting each answer, all 20 of these alarmed)
+        a, b = answers(18, 2, 30, 20, 48, seeded=True), answers(18, 2, 30, 20, 48, seeded=True)
+        alarms += compare_sampled(_lengths(a), _lengths(b), a, b, seed=seed)["differs"]
+    assert alarms == 0 and result["prompts"] == 12 and result["answers"] == 24 and result["alpha"] == ALPHA
     # equal lengths, other tokens: the token test alone finds it
-    a, b = answers(24, 40, 30, 30), answers(24, 80, 30, 30)
-    result = compare_sampled([30] * 24, [30] * 24, a, b)
+    a, b = answers(12, 2, 40, 30, 30), answers(12, 2, 120, 30, 30)
+    result = compare_sampled(_lengths(a), _lengths(b), a, b)
     assert result["lengths_p"] == 1.0 and result["tokens_p"] < ALPHA / 2 and result["differs"] is True
-    short = answers(24, 40, 6, 10)  # the issue's: stopped after 6-10 tokens
-    result = compare_sampled([len(x) for x in short], [len(x) for x in b], short, b)
+    short = answers(12, 2, 40, 6, 10)  # the issue's: stopped after 6-10 tokens
+    result = compare_sampled(_lengths(short), _lengths(b), short, b)
     assert result["lengths_p"] < ALPHA / 2 and result["differs"] is True
-    few = MIN_PAIRS - 1  # too few pairs to reach the level: nothing concluded
-    assert compare_sampled([8] * few, [40] * few, None, None)["differs"] is None
+    few = MIN_PROMPTS - 1  # too few prompts to reach the level: nothing concluded
+    assert compare_sampled([[8, 8]] * few, [[40, 40]] * few, None, None)["differs"] is None
 
 
 @pytest.fixture()
 def sampled_lab(tmp_path, model_dirs, capsys):
-    """A tiny k=2 experiment sampled at temperature 1 on four prompts, 48 new tokens: (experiment id, db URL)."""
+    """A tiny k=2 experiment sampled at temperature 1 on twelve prompts, 48 new tokens: (experiment id, db URL)."""
     from tests.cli_runs import run_json
 
+    prompts = tmp_path / "twelve.txt"
+    prompts.write_text("".join(f"t{i} t{i + 1} t{2 * i + 3}\n" for i in range(12)))
     doc, db = run_json(tmp_path, model_dirs, capsys, "--k", "2", "--repeats", "1", "--max-new-tokens", "48",
-                       "--temperature", "1")
+                       "--temperature", "1", "--prompts", str(prompts))
     return doc["experiment_id"], db
 
 
-def _confirm(eid, db, capsys, monkeypatch, fault: str, repeats: int = 3) -> tuple[int, dict, list[dict], float]:
+def _confirm(eid, db, capsys, monkeypatch, fault: str, repeats: int = 2) -> tuple[int, dict, list[dict], float]:
     """Confirm every run at concurrency 1 against the stand-in (2 ms a step): (exit status, the configuration's
     one measurement, the experiment's confirm findings, the wall ratio Σ target-only wall / Σ speculative wall)."""
     from sqlalchemy import text
@@ -126,7 +139,8 @@ def test_a_server_whose_sampled_answers_stop_early_shows_no_speedup_and_one_erro
     assert status == 0
     assert wall_ratio > 1.2  # what the wall-time ratio read as a "gain"
     test = m["outputs_test"]
-    assert test["differs"] is True and test["pairs"] == 12 and test["lengths_p"] < ALPHA / 2
+    assert test["differs"] is True and (test["prompts"], test["answers"]) == (12, 24)
+    assert test["lengths_p"] < ALPHA / 2
     assert test["speculative_mean_length"] <= 10 < test["baseline_mean_length"]
     assert m["speedup"] is None and m["speedup_ci"] is None
     assert "output distribution" in m["speedup_warning"]
