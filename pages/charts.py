@@ -221,9 +221,9 @@ def rates_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
     long["metric"] = long["metric"].map(RATE_NAMES)
     return alt.Chart(long).mark_line(point=True).encode(
         _x("x", x_title, long["x"]), alt.Y("value:Q", title="rate", scale=alt.Scale(domain=[0, 1])),
-        alt.Color("metric:N", title=None, legend=BOTTOM, sort=list(RATE_NAMES.values())),
+        alt.Color("metric:N", title=None, legend=SERIES_LEGEND, sort=list(RATE_NAMES.values())),
         tooltip=[alt.Tooltip("x:Q", title=x_title), "metric:N", alt.Tooltip("value:Q", format=".3f")],
-    ).properties(height=HEIGHT)
+    ).properties(height=HEIGHT + LEGEND_ROW * len(RATE_NAMES))  # the plot keeps HEIGHT above its legend
 
 
 def tokens_per_round_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
@@ -239,10 +239,10 @@ def tokens_per_round_curve(frame: pd.DataFrame, x: str = "k") -> alt.Chart:
     names = [TOKEN_NAMES[c] for c in cols]
     return alt.Chart(long).mark_line(point=True).encode(
         _x("x", x_title, long["x"]), alt.Y("value:Q", title="tokens per round"),
-        alt.Color("metric:N", title=None, legend=BOTTOM, sort=names),
-        alt.StrokeDash("metric:N", title=None, legend=BOTTOM, sort=names),
+        alt.Color("metric:N", title=None, legend=SERIES_LEGEND, sort=names),  # one name a line: never cut off
+        alt.StrokeDash("metric:N", title=None, legend=SERIES_LEGEND, sort=names),
         tooltip=[alt.Tooltip("x:Q", title=x_title), "metric:N", alt.Tooltip("value:Q", format=".3f")],
-    ).properties(height=HEIGHT)
+    ).properties(height=HEIGHT + LEGEND_ROW * len(names))
 
 
 def acceptance_by_position(frame: pd.DataFrame) -> alt.LayerChart:

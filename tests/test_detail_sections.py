@@ -188,6 +188,11 @@ def test_curves_and_predictions_are_named_by_what_they_compute(seeded):
     for frame in (rates, tokens):  # never a raw column name in a legend
         assert not set(frame["metric"]) & {"alpha", "draft_acceptance_rate", "expected_tokens_per_round",
                                            "tokens_per_round"}
+    # In a half-width column the names are long: one a line, whole (a row of them ran past the chart's edge).
+    legends = [spec["encoding"]["color"]["legend"] for spec in (json.loads(c.proto.spec) for c in
+                                                                 at.get("vega_lite_chart"))
+               if spec.get("encoding", {}).get("color", {}).get("field") == "metric"]
+    assert len(legends) == 2 and all(g["direction"] == "vertical" and g["labelLimit"] == 0 for g in legends)
     verdict_page = detail(ids["k"])
     drawn = next(d for d in chart_frames(verdict_page) if "series" in d and "lo" in d)
     assert {charts.FORMULA, charts.COST_AWARE} <= set(drawn["series"])
