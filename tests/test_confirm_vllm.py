@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from app.cli import main
 from storage.confirms import LATENCY_KEYS
 
 PER_CONCURRENCY_KEYS = {"concurrency", "tokens_per_second", "speedup", "speedup_ci", *LATENCY_KEYS,
                         "server_draft_acceptance_rate", "server_per_position_acceptance",
                         "lab_draft_acceptance_rate", "lab_per_position_acceptance",
-                        "outputs_match_server_baseline", "outputs_match_lab"}
+                        "outputs_match_server_baseline", "outputs_match_lab", "baseline_tokens_per_second",
+                        "server_tokens_per_step", "speedup_warning", "outputs_test"}
 
 
 def test_confirm_serves_the_demo_pair_in_vllm_losslessly(tmp_path, capsys, vllm_command):
@@ -52,6 +55,9 @@ def test_confirm_serves_the_demo_pair_in_vllm_losslessly(tmp_path, capsys, vllm_
     assert all(0 <= a <= 1 for a in m["server_per_position_acceptance"])
     assert m["lab_draft_acceptance_rate"] == lab["runs"][0]["draft_acceptance_rate"]
     assert m["speedup"] > 0 and m["speedup_ci"] is None  # one pass: no interval
+    # equal work per generated token (greedy: the same tokens), within the server's own tokens per step
+    assert m["speedup"] == pytest.approx(m["tokens_per_second"] / m["baseline_tokens_per_second"])
+    assert m["speedup"] <= m["server_tokens_per_step"] and m["speedup_warning"] is None and m["outputs_test"] is None
 
     assert main(["export", str(lab["experiment_id"]), "--format", "json", "--db", db]) == 0
     (stored,) = json.loads(capsys.readouterr().out)["server_confirms"]
