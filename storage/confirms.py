@@ -332,8 +332,8 @@ def comparable_positions(speculative_config: dict, concurrency: int) -> int:
 BESIDE_COLUMNS = ["measurement_id", "label", "concurrency", "k", "positions", "speedup", "speedup_ci_lo",
                   "speedup_ci_hi",
                   "tokens_per_second", *LATENCY_KEYS, "series_id", "run_id", "outputs_match_server_baseline",
-                  "outputs_match_lab", "first_divergence", "speedup_warning", "outputs_test", "lab_run_id", "lab_speedup", "lab_speedup_ci_lo",
-                  "lab_speedup_ci_hi", "lab_tokens_per_second", *(f"lab_{key}" for key in LATENCY_KEYS)]
+                  "outputs_match_lab", "first_divergence", "speedup_warning", "outputs_test", "lab_run_id",
+                  "lab_speedup", "lab_speedup_ci_lo", "lab_speedup_ci_hi", "lab_tokens_per_second", *(f"lab_{key}" for key in LATENCY_KEYS)]
 
 
 def beside_lab(store: Store, confirm_id: int) -> pd.DataFrame:
