@@ -1,5 +1,5 @@
 """argparse types for the CLI's numbers: ASCII digits only, finite, within the bounds of their one description
-(engine/variables.py's VARIABLES and SETTINGS, engine/limits.py's caps) or of the database columns that hold them
+(engine/config/variables.py's VARIABLES and SETTINGS, engine/config/limits.py's caps) or of the database columns that hold them
 (engine/numbers.DB_INT_MAX). A bad value ends in argparse's one `error:` line, exit 2, before anything is loaded or
 stored. Each type carries `accepts(value)`, what tests/test_fuzz_inputs.py holds every parsed value to.
 
@@ -11,7 +11,7 @@ import argparse
 
 
 def described(setting):
-    """An argparse type reading one value of a setting described in engine/variables.py (ASCII digits, its
+    """An argparse type reading one value of a setting described in engine/config/variables.py (ASCII digits, its
     bounds and limit): a bad value is one `error:` line, before anything is loaded or stored."""
     def parse(text):
         from engine.errors import DraftLabError

@@ -1,7 +1,7 @@
 """`--k auto` ("predict, then confirm"): after the run at the largest k, predict the whole speedup-vs-k curve
 from that run alone (its per-prompt, per-position acceptance, its own batch-round costs, the speedup it measured
 against its interleaved baseline) and the shape of the target's verify-cost profile, then queue a new timed pass
-(fresh baseline) for the best predicted k values only. engine/theory.py's modelled_seconds / anchored_curve hold
+(fresh baseline) for the best predicted k values only. engine/metrics/theory.py's modelled_seconds / anchored_curve hold
 the model; docs/metrics.md states it."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import math
 
 import pandas as pd
 
-from engine.theory import anchored_curve, modelled_seconds
+from engine.metrics.theory import anchored_curve, modelled_seconds
 from storage import Store
-from storage.experiments import add_k_runs, load_verify_profiles, set_predicted_curve
-from storage import queries as q
+from storage.jobs.experiments import add_k_runs, load_verify_profiles, set_predicted_curve
+from storage.records import queries as q
 
 CONFIRM = 3  # how many of the best predicted k values are measured
 # A prompt's acceptance at a position is its own accepted / reached drafts pulled toward the run's pooled rate by
@@ -45,7 +45,7 @@ def row_acceptance(store: Store, run_id: int, k_max: int) -> dict[int, tuple[lis
 
 
 def cost_model(store: Store, probe) -> dict | None:
-    """The k_max run's inputs to engine.theory.modelled_seconds (None when it has no rounds): its prompts grouped
+    """The k_max run's inputs to engine.metrics.theory.modelled_seconds (None when it has no rounds): its prompts grouped
     into its batches, and its per-batch-round draft, verify (past the first round) and other seconds, and what
     its first rounds' verify (the prefill) cost beyond a steady round's."""
     run_id, batch = int(probe["run_id"]), batch_size_of(probe)
@@ -66,7 +66,7 @@ def cost_model(store: Store, probe) -> dict | None:
 
 
 def predict_curve(store: Store, probe, profile: dict[int, float]) -> dict[int, float] | None:
-    """The predicted speedup of every k = 1..k_max from the run at k_max (`probe`, a row of storage.queries.runs,
+    """The predicted speedup of every k = 1..k_max from the run at k_max (`probe`, a row of storage.records.queries.runs,
     finished with its speedup) and the verify-cost profile at its batch size; None without what it needs."""
     model = cost_model(store, probe)
     speedup = probe.get("speedup")

@@ -1,5 +1,5 @@
 """`draftlab check-head DIR --target T [--prompts SET]`: which conventions an EAGLE-3 head was trained with,
-measured in the lab without a server (engine/head_check.py): its first-draft greedy acceptance with its aux-layer
+measured in the lab without a server (engine/models/head_check.py): its first-draft greedy acceptance with its aux-layer
 ids as configured, one higher and one lower, and with norm_before_fc flipped; a variant clearly better says what
 to change in its config.json before serving it (a SpecForge head's ids are one lower than vLLM's)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 from engine.errors import DraftLabError
 
-from .arguments import whole
+from app.arguments import whole
 
 DEFAULT_PROMPTS = "code:validation"
 DEFAULT_LIMIT = 16
@@ -38,11 +38,11 @@ def add_parser(sub) -> None:
 
 def command(args) -> int:
     """Load the target, check the head, print a table and the verdict (`--json`: engine/head_check's dict)."""
-    from engine import eagle3
-    from engine.chat import render, resolve_option
-    from engine.head_check import convention_check
-    from engine.loading import load_pair
-    from engine.prompt_sets import load_prompts
+    from engine.models import eagle3
+    from engine.text.chat import render, resolve_option
+    from engine.models.head_check import convention_check
+    from engine.models.loading import load_pair
+    from engine.text.prompt_sets import load_prompts
 
     if not eagle3.is_head(args.head):
         raise DraftLabError(f"{args.head!r} is not an EAGLE-3 head directory (no config.json with "

@@ -10,15 +10,15 @@ import sys
 
 from engine.wording import noun, plural
 from engine import zoo  # the shipped models' names (plain Python, no torch)
-from engine.limits import LIMITS
-from engine.variables import SETTINGS, VARIABLES  # the swept variables and settings (plain Python, no torch)
-from storage.schema import NAME_CHARS
-from storage.settings import STALE_HELP
+from engine.config.limits import LIMITS
+from engine.config.variables import SETTINGS, VARIABLES  # the swept variables and settings (plain Python, no torch)
+from storage.db.schema import NAME_CHARS
+from storage.db.settings import STALE_HELP
 
-from .arguments import ID as _ID, described as _described, positive_number as _positive_number, whole as _whole
-from .db_errors import LOCKED_FIX, db_error_reason, locked, scrub
-from .db_retry import DB_RETRY_HELP  # torch-free, as this module's top must be
-from .ui import PORTS as UI_PORTS  # (stdlib only at import)
+from app.arguments import ID as _ID, described as _described, positive_number as _positive_number, whole as _whole
+from app.db_errors import LOCKED_FIX, db_error_reason, locked, scrub
+from app.runtime.db_retry import DB_RETRY_HELP  # torch-free, as this module's top must be
+from app.ui import PORTS as UI_PORTS  # (stdlib only at import)
 
 EXIT_BAD_INPUT, EXIT_RUN_FAILED = 2, 1
 
@@ -38,7 +38,7 @@ CHAT_TEMPLATE_HELP = ("how conversation prompts become text: auto (the target to
                       "plain prompts are never templated (default auto)")
 
 
-from engine.run_config import DEFAULTS as RUN_DEFAULTS  # noqa: E402 - one value each (plain Python, no torch)
+from engine.config.run_config import DEFAULTS as RUN_DEFAULTS  # noqa: E402 - one value each (plain Python, no torch)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,12 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="baseline + one speculative run per swept value; prints a table or --json")
     run.add_argument("--target", required=True, help=zoo.model_help("target"))
     for variable in VARIABLES.values():  # --k, --temperature, --top-k, --top-p, --draft, --drafter
-        # --drafter's default depends on --draft (engine/run_config.py default_drafter): None until the config says
+        # --drafter's default depends on --draft (engine/config/run_config.py default_drafter): None until the config says
         default = None if variable.name == "drafter" else variable.default
         run.add_argument(variable.flag, default=default, help=variable.help)
     run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed; chat: conversations), a .jsonl/.csv/.txt/.parquet/.arrow file (a prompt, or a conversation: OpenAI messages or ShareGPT conversations), or several joined with + (code:validation+english:validation)")
     run.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
-    for setting in SETTINGS.values():  # --seed, --repeats, --max-new-tokens: engine/variables.py's settings
+    for setting in SETTINGS.values():  # --seed, --repeats, --max-new-tokens: engine/config/variables.py's settings
         cap = (f"; at most ${LIMITS[setting.limit].env}, default {LIMITS[setting.limit].default}" if setting.limit
                else "")
         run.add_argument(setting.flag, type=_described(setting), default=RUN_DEFAULTS[setting.name],
@@ -206,16 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default stdout; its folder must exist); an existing file is kept unless --overwrite")
     export.add_argument("--overwrite", action="store_true", help="replace files --out already holds")
     export.add_argument("--db", default=None)
-    from .import_metrics import add_parser as add_import_metrics
+    from app.serving.import_metrics import add_parser as add_import_metrics
 
     add_import_metrics(sub)
-    from .confirm import add_parser as add_confirm
+    from app.serving.confirm import add_parser as add_confirm
 
     add_confirm(sub)
-    from .convert_head import add_parser as add_convert_head
+    from app.convert_head import add_parser as add_convert_head
 
     add_convert_head(sub)
-    from .check_head import add_parser as add_check_head
+    from app.check_head import add_parser as add_check_head
 
     add_check_head(sub)
     return parser
@@ -223,17 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args) -> int:
     """Enqueue the experiment, execute it here through the worker's code path, print the stored figures."""
-    from engine.drafter_specs import needs_draft_model
+    from engine.config.drafter_specs import needs_draft_model
     from engine.errors import DraftLabError
-    from engine.loading import load_pair, with_draft
-    from engine.chat import render, resolve_option
-    from engine.prompt_sets import load_prompts
-    from engine.runs import check_k, encode_prompts
-    from engine.run_config import RunConfig
+    from engine.models.loading import load_pair, with_draft
+    from engine.text.chat import render, resolve_option
+    from engine.text.prompt_sets import load_prompts
+    from engine.decoding.runs import check_k, encode_prompts
+    from engine.config.run_config import RunConfig
 
-    from .sweep import parse_sweep
+    from app.sweep import parse_sweep
 
-    from engine.limits import check_all
+    from engine.config.limits import check_all
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the one bar on stderr is the runs' own: transformers' "Loading weights" cut in
@@ -248,7 +248,7 @@ def cmd_run(args) -> int:
                                 f"name holds; give a shorter one (notes hold the rest, on the dashboard)")
         drafts = [None if d == "-" else d for d in sweep.drafts]
         chat_template = resolve_option(args.chat_template)  # a FILE's text: stored, so any worker renders alike
-        # The run configuration (engine/run_config.py): every option parsed by its description (the drafter, when
+        # The run configuration (engine/config/run_config.py): every option parsed by its description (the drafter, when
         # none is named, from what the draft is), and each run's sampling configuration valid for the engine,
         # before anything is loaded or stored.
         config = RunConfig.from_args(args, sweep, chat_template)
@@ -297,9 +297,9 @@ def _check_batch_rows(sweep, prompts: int) -> int:
 
 def _check_batch_sizes(sweep, pair, others: dict, encoded: list, max_new_tokens: int) -> None:
     """Refuse, before anything is stored, a batch size with more rows than prompts (never silently a smaller
-    batch) or whose KV caches cannot fit in what the device has free (engine/memory.py)."""
+    batch) or whose KV caches cannot fit in what the device has free (engine/decoding/memory.py)."""
     from engine.errors import DraftLabError
-    from engine.memory import check_batch_fits
+    from engine.decoding.memory import check_batch_fits
 
     largest = _check_batch_rows(sweep, len(encoded))
     if largest == 1:
@@ -316,11 +316,11 @@ def cmd_validate(args) -> int:
     """Rerun an experiment's best configuration and its baseline on held-out prompts, here, as a linked
     experiment; print tune against validation with the verdict in words."""
     from engine.errors import DraftLabError
-    from engine.loading import load_pair
-    from engine.chat import render
-    from engine.prompt_sets import load_prompts
-    from engine.runs import encode_prompts
-    from storage.validation import ValidationError, validation_plan
+    from engine.models.loading import load_pair
+    from engine.text.chat import render
+    from engine.text.prompt_sets import load_prompts
+    from engine.decoding.runs import encode_prompts
+    from storage.analysis.validation import ValidationError, validation_plan
 
     store = open_store_or_fail(args.db, write=True)
     if isinstance(store, int):
@@ -329,7 +329,7 @@ def cmd_validate(args) -> int:
         plan = validation_plan(store, args.experiment_id, args.prompts)
         prompts = load_prompts(plan["prompts"])
         draft = plan["draft"] or None
-        from engine.drafter_specs import needs_draft_model
+        from engine.config.drafter_specs import needs_draft_model
 
         pair = load_pair(plan["target"], draft if needs_draft_model(plan["drafter"]) else None, plan["device"],
                          plan["dtype"], plan["trust_remote_code"])
@@ -342,8 +342,8 @@ def cmd_validate(args) -> int:
 
 
 def _validation_report(store, experiment_id: int, as_json: bool) -> str:
-    from storage.export import plain
-    from storage.validation import validation_result
+    from storage.serving.export import plain
+    from storage.analysis.validation import validation_result
 
     result = validation_result(store, experiment_id)
     keys = ["run_id", "k", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "alpha", "tokens_per_round",
@@ -368,7 +368,7 @@ def _show_training(label: str, run, ckpt, continued: bool, cfg, out, train_count
 
     from engine.errors import DraftLabError
 
-    from . import distill_driver as driver
+    from app.training import distill_driver as driver
 
     bar, done, prepared, saved = None, None, None, None
     if continued:  # the same command, interrupted before: continue where its checkpoint is
@@ -432,12 +432,12 @@ def _training_inputs(args, cfg, draft: str | None, focus_on):
     `focus_on`), the prompts and their held-out split, rendered through the chat template, and the pair loaded in
     float32 (draft None: the target alone). Returns (focus, val_spec, val_note, train_prompts, val_prompts, pair),
     or an exit code after a one-line error."""
-    from engine.chat import render, resolve_option
+    from engine.text.chat import render, resolve_option
     from engine.errors import DraftLabError
-    from engine.loading import load_pair
-    from engine.prompt_sets import held_out_split, load_prompts
-    from engine.runs import encode_prompts
-    from storage.focus import focus_weights
+    from engine.models.loading import load_pair
+    from engine.text.prompt_sets import held_out_split, load_prompts
+    from engine.decoding.runs import encode_prompts
+    from storage.analysis.focus import focus_weights
 
     focus = None
     if args.focus_from is not None:
@@ -467,15 +467,15 @@ def _training_inputs(args, cfg, draft: str | None, focus_on):
 
 def cmd_train_head(args) -> int:
     """`draftlab train-head` (SPEC "EAGLE-3 heads"): check the settings and --out, load the target alone, train
-    the head (app/head_driver.py, the driver the worker's head jobs run too), save it and print the held-out
+    the head (app/training/head_driver.py, the driver the worker's head jobs run too), save it and print the held-out
     figures (a line, or SPEC's --json keys)."""
     import time
 
-    from engine import distill as ds
-    from engine import head_training as ht
+    from engine.training import distill as ds
+    from engine.training import head_training as ht
     from engine.errors import DraftLabError
 
-    from . import head_driver as driver
+    from app.training import head_driver as driver
 
     started = time.perf_counter()
     try:
@@ -524,13 +524,13 @@ def cmd_train_head(args) -> int:
 def cmd_distill(args) -> int:
     """Check everything (settings, --out, --focus-from, prompts, the pair), then train and write the model
     directory; print the held-out figures (a table, or --json). The steps, checkpoints and card are
-    app/distill_driver.py's (the worker's training jobs run the same driver); this shows its records."""
+    app/training/distill_driver.py's (the worker's training jobs run the same driver); this shows its records."""
     import time
 
-    from engine import distill as ds
+    from engine.training import distill as ds
     from engine.errors import DraftLabError
 
-    from . import distill_driver as driver
+    from app.training import distill_driver as driver
 
     started = time.perf_counter()
     try:
@@ -589,14 +589,14 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from storage import run_state
-    from storage.errors import QueueError
-    from storage.experiments import enqueue_experiment, get_experiment
-    from storage.export import run_document
+    from storage.jobs import run_state
+    from storage.db.errors import QueueError
+    from storage.jobs.experiments import enqueue_experiment, get_experiment
+    from storage.serving.export import run_document
 
-    from .report import format_table
-    from .db_errors import DatabaseUnavailable, transient_db_error
-    from .worker import Worker
+    from app.report import format_table
+    from app.db_errors import DatabaseUnavailable, transient_db_error
+    from app.worker.worker import Worker
 
     url, safe = store.url, store.safe_url
 
@@ -615,7 +615,7 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
     experiment_id, failure = None, None
     try:
         worker.start()  # registered before its reserved runs exist, so no other worker takes them for orphans
-        from pages.access import cli_launcher
+        from pages.widgets.access import cli_launcher
 
         experiment_id = enqueue_experiment(store, **enqueue, prompt_texts=prompts, reserved_for=worker.id,
                                            launched_by=cli_launcher())
@@ -725,7 +725,7 @@ class _ProgressBar:
 
 
 def cmd_worker(args) -> int:
-    from .worker_process import run_worker
+    from app.worker.worker_process import run_worker
 
     store = open_store_or_fail(args.db, write=True, create=True)  # the worker registers itself: it writes
     if isinstance(store, int):
@@ -733,7 +733,7 @@ def cmd_worker(args) -> int:
     url = store.url
     store.dispose()
     if args.devices is not None:
-        from .supervisor import DevicesError, parse_devices, run_supervisor
+        from app.worker.supervisor import DevicesError, parse_devices, run_supervisor
 
         try:
             devices = parse_devices(args.devices)
@@ -748,8 +748,8 @@ def cmd_worker(args) -> int:
 
 def _stale_window_or_fail():
     """$DRAFTLAB_STALE_SECONDS as seconds, or EXIT_BAD_INPUT after one `error:` line."""
-    from storage.errors import QueueError
-    from storage.settings import stale_window
+    from storage.db.errors import QueueError
+    from storage.db.settings import stale_window
 
     try:
         return stale_window()
@@ -760,9 +760,11 @@ def _stale_window_or_fail():
 def cmd_list(args) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from engine.variables import variable
-    from storage import liveness, catalog, queries as q
-    from storage.export import plain
+    from engine.config.variables import variable
+    from storage.jobs import liveness
+    from storage.analysis import catalog
+    from storage.records import queries as q
+    from storage.serving.export import plain
 
     stale = _stale_window_or_fail()
     if isinstance(stale, int):
@@ -799,7 +801,9 @@ def cmd_list(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from storage import liveness, catalog, queries as q, run_state
+    from storage.jobs import liveness, run_state
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     stale = _stale_window_or_fail()
     if isinstance(stale, int):
@@ -821,8 +825,8 @@ def cmd_resume(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from storage.deploy import DeployError, deploy_document
-    from storage.export import export_csv, export_json
+    from storage.serving.deploy import DeployError, deploy_document
+    from storage.serving.export import export_csv, export_json
 
     if args.run_id is not None and args.format != "deploy":
         return _fail(f"--run applies to --format deploy only (got --format {args.format})")
@@ -865,7 +869,7 @@ def _store_command(args, command) -> int:
     """Run `command(args, store)` on the writable database; its refusals (DraftLabError, ProductionError) end in one
     `error:` line."""
     from engine.errors import DraftLabError
-    from storage.production import ProductionError
+    from storage.records.production import ProductionError
 
     store = open_store_or_fail(args.db, write=True)
     if isinstance(store, int):
@@ -879,13 +883,13 @@ def _store_command(args, command) -> int:
 
 
 def cmd_import_metrics(args) -> int:
-    from .import_metrics import command
+    from app.serving.import_metrics import command
 
     return _store_command(args, command)
 
 
 def cmd_confirm(args) -> int:
-    from .confirm import command
+    from app.serving.confirm import command
 
     return _store_command(args, command)
 
@@ -893,7 +897,7 @@ def cmd_confirm(args) -> int:
 def cmd_convert_head(args) -> int:
     from engine.errors import DraftLabError
 
-    from .convert_head import command
+    from app.convert_head import command
 
     try:
         return command(args)
@@ -904,7 +908,7 @@ def cmd_convert_head(args) -> int:
 def cmd_check_head(args) -> int:
     from engine.errors import DraftLabError
 
-    from .check_head import command
+    from app.check_head import command
 
     try:
         return command(args)
@@ -919,7 +923,7 @@ def _export_out_problem(args) -> str | None:
     import os
     from pathlib import Path
 
-    from storage.export import csv_names
+    from storage.serving.export import csv_names
 
     if args.format in ("json", "deploy"):
         if args.out in (None, "-"):
@@ -987,7 +991,7 @@ def _dispatch(argv: list[str] | None) -> int:
     if args.command in commands:
         return _database_errors_reported(commands[args.command], args)
     if args.command == "ui":
-        from .ui import main as ui_main
+        from app.ui import main as ui_main
 
         return ui_main(db=args.db, port=args.port, host=args.host, insecure=args.insecure)
     return _fail(f"unknown command {args.command!r}")
@@ -1008,7 +1012,7 @@ def open_store_or_fail(db: str | None, write: bool = False, create: bool = False
     Use: `store = open_store_or_fail(args.db); if isinstance(store, int): return store`.
     """
     from storage import open_store
-    from storage.store import NoDatabase, resolve_url
+    from storage.db.store import NoDatabase, resolve_url
 
     url = resolve_url(db)
     try:
@@ -1030,7 +1034,7 @@ def open_store_or_fail(db: str | None, write: bool = False, create: bool = False
 def _database_failed(url: str, exc: BaseException, failed: str, fix: str = DB_FIX) -> int:
     """One `error:` line for a database error: `failed` (its {db} the database, password hidden), the reason and
     `fix`; a lock another connection holds is said as such, with its fix (wait and retry), whatever failed."""
-    from storage.store import safe_url
+    from storage.db.store import safe_url
 
     reason = db_error_reason(exc, url)
     if locked(exc):
@@ -1043,7 +1047,7 @@ def _database_errors_reported(command, args) -> int:
     ends in one `error:` line and exit status 2, not a traceback."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from storage.store import resolve_url
+    from storage.db.store import resolve_url
 
     try:
         return command(args)

@@ -1,9 +1,9 @@
 """`draftlab convert-head SRC --to sglang|speculators --out DIR [--overwrite] [--verifier MODEL]`: an EAGLE-3 head
-rewritten in the other engine's layout (engine/eagle3.py convert_head; the layouts and their aux-id conventions:
-engine/head_format.py). vLLM serves the speculators layout, SGLang its own, whose aux ids are one lower."""
+rewritten in the other engine's layout (engine/models/eagle3.py convert_head; the layouts and their aux-id conventions:
+engine/config/head_format.py). vLLM serves the speculators layout, SGLang its own, whose aux ids are one lower."""
 from __future__ import annotations
 
-from engine.head_format import LAYOUTS
+from engine.config.head_format import LAYOUTS
 
 
 def add_parser(sub) -> None:
@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 
 def command(args) -> int:
     """Convert, print where and what changed; bad input raises DraftLabError (the CLI prints it)."""
-    from engine.eagle3 import convert_head
+    from engine.models.eagle3 import convert_head
 
     notes = convert_head(args.src, args.out, args.to, overwrite=args.overwrite, verifier=args.verifier)
     print(f"wrote {args.out} ({args.to} layout)")

@@ -1,6 +1,6 @@
 """What a database error means for the caller: worth retrying or not, and one short line naming it.
 
-Torch-free (the CLI imports it before any model is loaded); the worker's retry loop (app/db_retry.py), the
+Torch-free (the CLI imports it before any model is loaded); the worker's retry loop (app/runtime/db_retry.py), the
 CLI's `error:` lines and `draftlab ui` classify and word database failures here, and nowhere else.
 """
 from __future__ import annotations
@@ -119,7 +119,7 @@ def scrub(text: str, url: str) -> str:
     """`text` with the database URL's password hidden (a full URL becomes its safe form)."""
     from sqlalchemy.engine import make_url
 
-    from storage.store import safe_url
+    from storage.db.store import safe_url
 
     text = text.replace(url, safe_url(url))
     try:

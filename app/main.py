@@ -1,4 +1,4 @@
-"""Dashboard entry script (`streamlit run app/main.py`, started by `draftlab ui`): the login (pages/access.py), then
+"""Dashboard entry script (`streamlit run app/main.py`, started by `draftlab ui`): the login (pages/widgets/access.py), then
 routing; a page's unexpected exception is logged here and shown as one short message.
 
 The pages live in the top-level `pages/` package, registered as callables, so Streamlit's legacy `pages/`
@@ -22,10 +22,10 @@ import logging  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
-from pages import access  # noqa: E402
+from pages.widgets import access  # noqa: E402
 from pages import compare, experiment_detail, experiments, new_experiment, round_explorer, theory, train  # noqa: E402
-from pages.nav import DEFAULT, PAGES, ROOT, register  # noqa: E402
-from pages.pair_check import warm_up  # noqa: E402
+from pages.widgets.nav import DEFAULT, PAGES, ROOT, register  # noqa: E402
+from pages.widgets.pair_check import warm_up  # noqa: E402
 
 log = logging.getLogger("draftlab.dashboard")
 if not logging.getLogger("draftlab").handlers:  # the server's stderr; Streamlit only configures its own loggers
@@ -33,7 +33,7 @@ if not logging.getLogger("draftlab").handlers:  # the server's stderr; Streamlit
     _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("draftlab").addHandler(_handler)
 
-# key (pages/nav.py) -> the page module's render
+# key (pages/widgets/nav.py) -> the page module's render
 RENDERS = {
     "new": new_experiment.render,
     "experiments": experiments.render,
@@ -50,7 +50,7 @@ UNEXPECTED = ("This page hit an unexpected error. It has been logged on the serv
 
 def all_pages(start: str | None = None) -> list:
     """Every page at its own path, plus the hidden root page that opens `start` (default: the experiments list),
-    built fresh each run so any page can be the start page; registered for the pages' links (pages/nav.py)."""
+    built fresh each run so any page can be the start page; registered for the pages' links (pages/widgets/nav.py)."""
     pages = {key: st.Page(RENDERS[key], title=title, icon=icon, url_path=key) for key, (title, icon) in PAGES.items()}
     register(pages)
     target = pages[start or DEFAULT]

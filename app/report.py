@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from engine.variables import value_labels
+from engine.config.variables import value_labels
 from engine.wording import noun, plural
-from storage.columns import COLUMNS, show
+from storage.records.columns import COLUMNS, show
 
 SAME = COLUMNS["outputs_match_baseline"]  # the table's last column, explained under it
 

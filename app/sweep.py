@@ -1,27 +1,27 @@
 """One variable at a time: which of `draftlab run`'s options is swept, and with which values.
 
 The article's rule for tuning a draft: change one variable per sweep, so a difference in speedup has one
-cause. Each swept variable's option (engine/variables.py: `--k`, `--temperature`, `--top-k`, `--top-p`, `--draft`,
+cause. Each swept variable's option (engine/config/variables.py: `--k`, `--temperature`, `--top-k`, `--top-p`, `--draft`,
 `--drafter`, `--batch-size`, ...) takes one value or a comma-separated list; at most one of them may be a list,
 except that `--batch-size` may list values next to another list: a grid (`--batch-size 1,4,16 --k 1,2,3,4`), the
 other variable swept at each batch size, each with its own target-only baseline at that batch size. Batch size is
-the one allowed outer axis: what serves best changes with it (the k schedule, storage/schedule.py).
+the one allowed outer axis: what serves best changes with it (the k schedule, storage/analysis/schedule.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from engine.errors import DraftLabError
-from engine.variables import VARIABLES
+from engine.config.variables import VARIABLES
 
 AUTO_K_MAX = 8
-# The options that may be swept, in the order the CLI lists them: one per swept variable (engine/variables.py).
+# The options that may be swept, in the order the CLI lists them: one per swept variable (engine/config/variables.py).
 OPTIONS = tuple(VARIABLES)
 
 
 @dataclass(frozen=True)
 class Sweep:
-    variable: str  # a key of engine.variables.VARIABLES
+    variable: str  # a key of engine.config.variables.VARIABLES
     values: list  # the swept values (one value: a single configuration)
     fixed: dict  # the other five options' single values
     k_auto: int | None = None  # `--k auto[:K]`: predict, then confirm up to K
@@ -63,7 +63,7 @@ def parse_sweep(options: dict) -> Sweep:
             raise DraftLabError(f"--k auto takes a largest k like auto:8 (got {options['k']!r})") from None
         if k_auto < 2:
             raise DraftLabError(f"--k auto needs a largest k of at least 2 (got {options['k']!r}); use e.g. --k auto:8")
-    # An option not given (None: --drafter, whose default engine/run_config.py derives from the draft) is fixed None.
+    # An option not given (None: --drafter, whose default engine/config/run_config.py derives from the draft) is fixed None.
     parsed = {name: [None] if text is None else [k_auto] if name == "k" and k_auto else _values(name, text)
               for name, text in options.items()}
     listed = [name for name, values in parsed.items() if len(values) > 1]

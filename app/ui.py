@@ -33,13 +33,14 @@ def streamlit_command(port: int, host: str) -> list[str]:
 
 def worker_command(db: str) -> list[str]:
     """The local worker; a URL with a password travels in $DRAFTLAB_DB only, never on a command line (`ps`)."""
-    from storage.store import safe_url
+    from storage.db.store import safe_url
 
     return [sys.executable, "-m", "app.cli", "worker", *(["--db", db] if safe_url(db) == db else [])]
 
 
 def _needs_worker(db: str) -> bool:
-    from storage import liveness, open_store
+    from storage.jobs import liveness
+    from storage import open_store
 
     store = open_store(db)
     try:
@@ -74,12 +75,12 @@ def port_refusal(port) -> str | None:
 def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HOST, insecure: bool = False) -> int:
     """Run the dashboard until it exits or is interrupted; returns its exit status.
 
-    Beyond loopback it needs a login (pages/access.py: OIDC in .streamlit/secrets.toml, or $DRAFTLAB_PASSWORD)
+    Beyond loopback it needs a login (pages/widgets/access.py: OIDC in .streamlit/secrets.toml, or $DRAFTLAB_PASSWORD)
     unless `insecure`; without one it refuses with one `error:` line and status 2, before starting anything."""
     from storage import resolve_url
-    from storage.store import safe_url
+    from storage.db.store import safe_url
 
-    from pages.access import PASSWORD_ENV, login_mode, serving_refusal
+    from pages.widgets.access import PASSWORD_ENV, login_mode, serving_refusal
 
     refusal = serving_refusal(host, insecure) or port_refusal(port)
     if refusal:

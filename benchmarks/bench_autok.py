@@ -30,17 +30,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.theory import modelled_seconds  # noqa: E402
+from engine.metrics.theory import modelled_seconds  # noqa: E402
 from app.autok import cost_model, predict_curve  # noqa: E402
-from storage import open_store, catalog, queries as q  # noqa: E402
-from storage.experiments import load_verify_profile  # noqa: E402
+from storage import open_store  # noqa: E402
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.jobs.experiments import load_verify_profile  # noqa: E402
 
 BURN = "while True: pass"
 
 
 def old_curve(store, probe, baseline, profile: dict[int, float]) -> dict[int, float]:
     """The predictor `--k auto` shipped before (kept here to compare against)."""
-    from engine.theory import predicted_curve
+    from engine.metrics.theory import predicted_curve
 
     k_max = int(probe["k"])
     costs = q.round_costs(store, int(probe["run_id"]))
@@ -58,10 +60,10 @@ def scaled_curve(store, probe, baseline, profile: dict[int, float]) -> dict[int,
 
 
 def profiles(store, experiment_id: int) -> dict[int, dict[int, float]]:
-    """{batch size: profile}: the per-batch-size profiles where stored (storage.experiments.load_verify_profiles),
+    """{batch size: profile}: the per-batch-size profiles where stored (storage.jobs.experiments.load_verify_profiles),
     else the batch-1 profile."""
     try:
-        from storage.experiments import load_verify_profiles
+        from storage.jobs.experiments import load_verify_profiles
         found = load_verify_profiles(store, experiment_id)
         if found:
             return found

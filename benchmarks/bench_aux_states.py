@@ -1,5 +1,5 @@
 """What reading an EAGLE-3 head's aux states costs the target's prefill: pre-hooks on the three layers read
-(engine/aux_states.py, what the loop does) against output_hidden_states=True (every layer's states kept).
+(engine/decoding/aux_states.py, what the loop does) against output_hidden_states=True (every layer's states kept).
 
     python benchmarks/bench_aux_states.py                        # CPU: random Llama, 16 layers x 768, 2,048 tokens
     python benchmarks/bench_aux_states.py --device cuda --dtype bfloat16 --layers 32 --hidden 4096 --tokens 8192
@@ -32,7 +32,7 @@ def child(args) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     sys.path.insert(0, str(ROOT))
-    from engine.aux_states import AuxStates
+    from engine.decoding.aux_states import AuxStates
 
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)

@@ -1,12 +1,12 @@
 """Is DraftLab's baseline handicapped? (issue 20 item 6) Batched target-only decoding vs transformers' generate(),
 and the batch-1 speculative loop vs transformers' assisted generation, side by side in one process.
 
-1. Target-only throughput at batch 1, 4 and 16: DraftLab's TargetOnlyDecoder (engine/baseline.py) vs
+1. Target-only throughput at batch 1, 4 and 16: DraftLab's TargetOnlyDecoder (engine/decoding/baseline.py) vs
    model.generate() on the same pair, the same prompts in the same batches, the same left padding (the batch's
    prompts left-padded to its longest), greedy, the same max_new_tokens and EOS. Throughput = new tokens up to and
    including EOS over wall time (generate() keeps computing finished rows to the batch's end; DraftLab drops them:
    that difference is part of what is measured). Goal: ratio >= 0.9.
-2. Batch-1 speculative decoding, greedy, constant k: DraftLab's loop (engine/speculative.py, its one-row case) vs
+2. Batch-1 speculative decoding, greedy, constant k: DraftLab's loop (engine/decoding/speculative.py, its one-row case) vs
    assisted generation with its schedule set on the draft's generation_config
    (num_assistant_tokens = k, num_assistant_tokens_schedule = 'constant'; transformers 5 reads them there).
    Goal: wall ratio <= 0.80. Also printed: the CPU-time ratio (process time, which other jobs on a shared machine
@@ -34,11 +34,11 @@ import time
 
 import torch
 
-from engine.batched_cache import BatchCache, left_pad
-from engine.loading import load_pair
-from engine.prompt_sets import load_prompts
-from engine.runs import baseline_decoder, encode_prompts, eos_ids, speculative_decoder
-from engine.sampling import SamplingConfig
+from engine.decoding.batched_cache import BatchCache, left_pad
+from engine.models.loading import load_pair
+from engine.text.prompt_sets import load_prompts
+from engine.decoding.runs import baseline_decoder, encode_prompts, eos_ids, speculative_decoder
+from engine.decoding.sampling import SamplingConfig
 
 
 def spread(values: list[float]) -> str:

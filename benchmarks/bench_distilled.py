@@ -26,8 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import text  # noqa: E402
 
-from storage import open_store, queries  # noqa: E402
-from storage.stats import paired_bootstrap_ci, paired_speedup  # noqa: E402
+from storage import open_store  # noqa: E402
+
+from storage.records import queries
+from engine.metrics.stats import paired_bootstrap_ci, paired_speedup  # noqa: E402
 
 DRAFTS = ("demo-draft", "demo-draft-distilled")
 

@@ -21,12 +21,12 @@ import time
 
 import torch
 
-from engine.drafter_specs import needs_draft_model
-from engine.loading import load_pair
-from engine.metrics_oracle import outputs_match, speculative_metrics
-from engine.prompt_sets import load_prompts
-from engine.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
-from engine.sampling import SamplingConfig
+from engine.config.drafter_specs import needs_draft_model
+from engine.models.loading import load_pair
+from engine.metrics.metrics_oracle import outputs_match, speculative_metrics
+from engine.text.prompt_sets import load_prompts
+from engine.decoding.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
+from engine.decoding.sampling import SamplingConfig
 
 BASELINE = ("baseline", 0)
 

@@ -8,7 +8,7 @@
 Arms (the baseline and every (drafter, k)) are interleaved per prompt in a rotating order, `--repeats` times; a
 prompt's time per arm is the median of its repeats (benchmarks/bench_drafters.py measure_decoders). Speedup = the
 baseline's summed time / the arm's over the same prompts, with the lab's 95 % paired bootstrap interval over
-prompts (storage/stats.py). Greedy, so α, acceptance by position and outputs do not vary between repeats; `match`
+prompts (engine/metrics/stats.py). Greedy, so α, acceptance by position and outputs do not vary between repeats; `match`
 says every output equals the target-only output token for token. Acceptance length = 1 + accepted drafts per
 round that drafted (vLLM's mean acceptance length).
 """
@@ -25,12 +25,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_drafters import BASELINE, fmt, measure_decoders  # noqa: E402
 
-from engine.loading import load_pair, with_draft  # noqa: E402
-from engine.metrics_oracle import outputs_match, speculative_metrics  # noqa: E402
-from engine.prompt_sets import load_prompts  # noqa: E402
-from engine.runs import baseline_decoder, encode_prompts, speculative_decoder  # noqa: E402
-from engine.sampling import SamplingConfig  # noqa: E402
-from storage.stats import paired_bootstrap_ci, paired_speedup  # noqa: E402
+from engine.models.loading import load_pair, with_draft  # noqa: E402
+from engine.metrics.metrics_oracle import outputs_match, speculative_metrics  # noqa: E402
+from engine.text.prompt_sets import load_prompts  # noqa: E402
+from engine.decoding.runs import baseline_decoder, encode_prompts, speculative_decoder  # noqa: E402
+from engine.decoding.sampling import SamplingConfig  # noqa: E402
+from engine.metrics.stats import paired_bootstrap_ci, paired_speedup  # noqa: E402
 
 
 def table(measured: dict) -> list[dict]:

@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from engine import speculative
-from engine.batched_cache import BatchCache
-from engine.loading import LoadedModel, ModelPair, load_pair, resolve_device, resolve_dtype
-from engine.prompt_sets import load_prompts
-from engine.runs import encode_prompts, eos_ids, speculative_decoder
-from engine.sampling import SamplingConfig
+from engine.decoding import speculative
+from engine.decoding.batched_cache import BatchCache
+from engine.models.loading import LoadedModel, ModelPair, load_pair, resolve_device, resolve_dtype
+from engine.text.prompt_sets import load_prompts
+from engine.decoding.runs import encode_prompts, eos_ids, speculative_decoder
+from engine.decoding.sampling import SamplingConfig
 
 
 class Stopwatch:

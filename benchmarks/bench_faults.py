@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from app.db_errors import DatabaseUnavailable  # noqa: E402
-from app.worker import Worker  # noqa: E402
+from app.worker.worker import Worker  # noqa: E402
 from storage import open_store  # noqa: E402
-from storage.experiments import enqueue_experiment  # noqa: E402
+from storage.jobs.experiments import enqueue_experiment  # noqa: E402
 from tests import tiny_models  # noqa: E402
 from tests.fault_tools import (CommitWatcher, DiskFull, OwnPostgres, SqliteWriteFault, audit,  # noqa: E402
                                chmod_read_only)
@@ -274,7 +274,7 @@ def bad_inputs(models, base: Path) -> list[tuple[str, str, int, str]]:
     if os.geteuid() == 0:
         out.append(("read-only database file (chmod 444)", "run", "-", "not run: root ignores file modes "
                                                                        "(the `?mode=ro` row is the same check)"))
-    from pages.common import parse_id
+    from pages.widgets.common import parse_id
 
     out.append(("unicode digit id in a dashboard URL (`?experiment=²`)", "ui", "-",
                 f"parse_id('²') = {parse_id('²')!r}: ignored, the page shows its default selection"))

@@ -57,7 +57,8 @@ def build(path: Path, tokens: int) -> dict:
 def found(path: Path) -> dict:
     """The big experiment and its speculative run in a database built earlier."""
     from storage import open_store
-    from storage import catalog, queries as q
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     store = open_store(f"sqlite:///{path}")
     listing = catalog.experiments(store)
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("DRAFTLAB_PASSWORD", None)
     eid, rid = ids["experiment_id"], ids["run_id"]
     from storage import open_store
-    from storage import catalog, queries as q
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     others = [int(i) for i in catalog.experiments(open_store(os.environ["DRAFTLAB_DB"]))["experiment_id"] if int(i) != eid]
     cases = {

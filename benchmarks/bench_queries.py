@@ -2,7 +2,7 @@
 
     python benchmarks/bench_queries.py [--db PATH] [--tokens 1000000] [--repeats 5]
 
-The database is filled through storage.recording.record_prompt (the worker's own write path), one
+The database is filled through storage.records.recording.record_prompt (the worker's own write path), one
 transaction per prompt. Each query must take < 1 s (median of --repeats); the exit status is 1 otherwise.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round  # noqa: E402
+from engine.decoding.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round  # noqa: E402
 
 TOKEN_TYPES = ("code", "english", "whitespace", "number", "punctuation", "chinese", "special", "other")
 LIMIT_SECONDS = 1.0
@@ -67,7 +67,7 @@ def synthetic_baseline(rng: random.Random, prompt_index: int, new_tokens: int, v
 
 
 def record(store, run_id: int, kind: str, result: PromptResult) -> None:
-    from storage.recording import record_prompt
+    from storage.records.recording import record_prompt
 
     with store.write() as conn:
         record_prompt(conn, run_id, kind, result, [f"tok{t}" for t in result.output_ids])
@@ -75,8 +75,10 @@ def record(store, run_id: int, kind: str, result: PromptResult) -> None:
 
 def fill(store, tokens: int, k: int = 8, prompts: int = 500, other_experiments: int = 50, seed: int = 0) -> dict:
     """One experiment whose k=8 run holds `tokens` draft tokens, plus small experiments for the list views."""
-    from storage import catalog, queries as q, run_state
-    from storage.experiments import enqueue_experiment
+    from storage.analysis import catalog
+    from storage.records import queries as q
+    from storage.jobs import run_state
+    from storage.jobs.experiments import enqueue_experiment
 
     rng = random.Random(seed)
     rounds_per_prompt = max(1, tokens // (prompts * k))
@@ -118,7 +120,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from sqlalchemy import text
 
-    from storage import open_store, catalog, queries as q
+    from storage import open_store
+
+    from storage.analysis import catalog
+
+    from storage.records import queries as q
 
     path = Path(args.db)
     for suffix in ("", "-wal", "-shm"):

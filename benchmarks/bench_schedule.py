@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.prompt_sets import load_prompts  # noqa: E402
+from engine.text.prompt_sets import load_prompts  # noqa: E402
 
 
 def load() -> str:

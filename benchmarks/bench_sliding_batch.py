@@ -2,7 +2,7 @@
 cache as the reference, timed on the same Mistral-style pair (every layer sliding), the same prompts and batches, greedy, constant k:
 
   masks    the batched cache as it ships: holes stay, and each forward gets a 4-D mask counted in each row's real
-           tokens (engine/attention_masks.py), built per forward ([B, W, C] booleans);
+           tokens (engine/decoding/attention_masks.py), built per forward ([B, W, C] booleans);
   compact  no per-forward mask (transformers' column masks), and a cache without holes instead: the target and
            draft caches are realigned (BatchCache.compact, a gather per layer) after every round that left holes,
            so a row's window in columns is its window in tokens. (Cost only: rows that leave the batch mid-round
@@ -27,8 +27,8 @@ import time
 import torch
 import transformers
 
-from engine import drafting, runs, speculative
-from engine.sampling import SamplingConfig
+from engine.decoding import drafting, runs, speculative
+from engine.decoding.sampling import SamplingConfig
 from tests import tiny_models as tm
 
 

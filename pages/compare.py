@@ -4,16 +4,17 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine.prompt_sets import set_name
-from engine.variables import variable
-from pages import charts
-from pages.prefill import md_text
-from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, run_label,
+from engine.text.prompt_sets import set_name
+from engine.config.variables import variable
+from pages.widgets import charts
+from pages.widgets.prefill import md_text
+from pages.widgets.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, run_label,
                           select_ids, show, swept_values, version)
-from pages.common import table as show_table
-from storage import catalog, queries as q
-from storage.columns import COLUMNS
-from storage.verdict import verdict_dict
+from pages.widgets.common import table as show_table
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.records.columns import COLUMNS
+from storage.analysis.verdict import verdict_dict
 
 EXPERIMENT_COLUMNS = ["experiment_id", "name", "badges", "status", "sweep_variable", "best_label", "best", "n_tied",
                       "timing_warnings", "alpha", "repeats", "target", "draft", "prompts", "tags"]
@@ -171,7 +172,7 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame], sweeps: dict[int, str]) -
     metrics = [c for c in RUN_METRICS if c in everything]
     table = everything.set_index("run_id").loc[chosen, metrics]
     table.index = [labels[r] for r in chosen]
-    # One row per metric, named by its header and written in its one format (storage/columns.py), as every table.
+    # One row per metric, named by its header and written in its one format (storage/records/columns.py), as every table.
     side_by_side = pd.DataFrame({run: [show(m, v) for m, v in row.items()] for run, row in table.iterrows()},
                                 index=[COLUMNS[m].header if m in COLUMNS else m for m in metrics])
     st.dataframe(side_by_side, width="stretch", key="compare_runs_table")

@@ -1,5 +1,5 @@
 """Experiment detail: the headline (status, what the verdict serves, its speedup with the interval, the verdict in
-words) above sections of which only the open one is built (pages/sections.py, `?section=`): the Verdict (the
+words) above sections of which only the open one is built (pages/panels/sections.py, `?section=`): the Verdict (the
 speedup curve against the predictions, the findings), why drafts are rejected, predictions and cost, serving,
 Confirm in vLLM and the runs."""
 from __future__ import annotations
@@ -11,32 +11,35 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from engine import theory
-from engine.prompt_sets import set_name
-from engine.variables import variable
-from pages import charts, sections
-from pages.advice import browser_advice
-from pages.prefill import md_text
-from pages.deploy_panel import render_deploy_panel
-from pages.findings_panel import render_findings
-from pages.drafting_panel import render_k_distribution
-from pages.validation_panel import render_validation
-from pages.production_panel import render_production
-from pages.confirm_panel import render_confirm
-from pages.schedule_panel import batch_name, headline, render_schedule, render_vllm_schedule
+from engine.metrics import theory
+from engine.text.prompt_sets import set_name
+from engine.config.variables import variable
+from pages.widgets import charts
+from pages.panels import sections
+from pages.panels.advice import browser_advice
+from pages.widgets.prefill import md_text
+from pages.panels.deploy_panel import render_deploy_panel
+from pages.panels.findings_panel import render_findings
+from pages.panels.drafting_panel import render_k_distribution
+from pages.panels.validation_panel import render_validation
+from pages.panels.production_panel import render_production
+from pages.panels.confirm_panel import render_confirm
+from pages.panels.schedule_panel import batch_name, headline, render_schedule, render_vllm_schedule
 from engine.wording import plural
-from pages.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
+from pages.widgets.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
                           run_label, run_stamp, select_id, show, store, swept_values, table, version)
-from storage import catalog, columns, formula
-from storage import queries as q
-from storage.findings import findings
-from storage.columns import shown_in
-from storage.schedule import schedule_dict
-from storage.verdict import verdict_dict
+from storage.analysis import catalog
+from storage.records import columns
+from storage.analysis import formula
+from storage.records import queries as q
+from storage.analysis.findings import findings
+from storage.records.columns import shown_in
+from storage.analysis.schedule import schedule_dict
+from storage.analysis.verdict import verdict_dict
 
 ACTIVE = ("queued", "running")
 REFRESH_SECONDS = 2.0
-# The Runs table: headers, help and formats from storage/columns.py. Wall seconds are in the cost table, a timing
+# The Runs table: headers, help and formats from storage/records/columns.py. Wall seconds are in the cost table, a timing
 # warning and an error in the boxes above the table (the ⚠ check column marks the run): the CSV keeps every column.
 RUN_COLUMNS = ["check", "run_id", "kind", "k", "sweep_value", "status", "progress", "new_tokens", "tokens_per_second",
                "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined", "predicted_speedup", "alpha",
@@ -68,7 +71,7 @@ def speedup_frame(curve: pd.DataFrame, sweep_variable: str, pooled: formula.Pool
                   auto_curve: dict | None = None) -> pd.DataFrame:
     """What the speedup chart draws: per swept value the measured speedup with its 95 % interval and whether its
     run finished (`state`), that run's cost-aware prediction, and the formula's (a k sweep: the experiment's formula
-    curve, storage/formula.py, at every k; otherwise each run's own); `--k auto` adds the curve it predicted
+    curve, storage/analysis/formula.py, at every k; otherwise each run's own); `--k auto` adds the curve it predicted
     (predicted_auto)."""
     values = by_swept_value(curve, sweep_variable)
     measured = values[[sweep_variable, *MEASURED]].assign(state=charts.run_states(values))
@@ -124,7 +127,7 @@ def tokens_frame(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
 
 
 def best_run(runs: pd.DataFrame, verdict: dict) -> pd.Series | None:
-    """The run the verdict (storage/verdict.py) crowned, None before there is one."""
+    """The run the verdict (storage/analysis/verdict.py) crowned, None before there is one."""
     run_id = verdict.get("best_run_id")
     rows = runs[runs["run_id"] == run_id] if run_id is not None else runs.iloc[:0]
     return rows.iloc[0] if len(rows) else None
@@ -152,7 +155,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict,
         st.markdown(f"> {experiment['notes']}")
     baseline = runs[runs["kind"] == "baseline"]
     sweep_variable = row.get("sweep_variable") or "k"
-    # A grid's one verdict is its smallest batch size's (storage/verdict.py): the metrics say so; the headline is
+    # A grid's one verdict is its smallest batch size's (storage/analysis/verdict.py): the metrics say so; the headline is
     # the schedule's, every batch size's verdict in one sentence.
     smallest = schedule["steps"][0]["batch_size"] if schedule and schedule["steps"] else None
     at = f" ({batch_name(smallest)})" if smallest is not None else ""
@@ -164,7 +167,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict,
                    delta_color="off", delta_arrow="off")
     served = headline_figures(verdict, runs, sweep_variable)
     cols[1].metric(f"{sweep_variable} to serve{at}", served["value"],
-                   help="the verdict's choice (storage/verdict.py): the cheapest configuration tied with the best "
+                   help="the verdict's choice (storage/analysis/verdict.py): the cheapest configuration tied with the best "
                         "that is measurably faster than the target alone; none is: the target alone")
     cols[2].metric(f"Speedup{at}", served["speedup"], delta=served["best"], delta_color="off", delta_arrow="off",
                    help="of what is served, measured, with its 95 % interval (paired bootstrap over the prompts)")
@@ -181,7 +184,7 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict,
 
 
 def headline_figures(verdict: dict, runs: pd.DataFrame, sweep_variable: str) -> dict:
-    """The headline's figures, all of them the verdict's (storage/verdict.py), never a contradiction of its
+    """The headline's figures, all of them the verdict's (storage/analysis/verdict.py), never a contradiction of its
     sentence: `value`, what to serve (its chosen value; `0 (target alone)` for a k sweep where no configuration is
     measurably faster than the target alone); `speedup`, the served run's with its interval (1× for the target
     alone); `best`, the best measured one where it is not what is served (else None); `alpha` and `alpha_of`, the
@@ -259,7 +262,7 @@ def _speedup_chart(d: "Detail") -> None:
 
 
 def _cost_aware_best(d: "Detail") -> str:
-    """`; its best k is 2 at 1.71×`: the one cost-aware best k (storage/formula.py), the Theory page's too."""
+    """`; its best k is 2 at 1.71×`: the one cost-aware best k (storage/analysis/formula.py), the Theory page's too."""
     best = cached(formula.cost_aware_best, d.experiment_id, stamp=d.stamp) if d.sweep_variable == "k" else None
     return f"; its best k is {best[0]} at {best[1]:.2f}×" if best else ""
 
@@ -298,7 +301,7 @@ def _rates_charts(d: "Detail") -> None:
 
 def labelled(runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     """The runs with each swept value as it reads (a draft or drafter sweep: its name, not the index sweep_value
-    stores; engine/variables.py's run_value), for the tables."""
+    stores; engine/config/variables.py's run_value), for the tables."""
     swept = variable(sweep_variable)
     if not swept.categorical:
         return runs
@@ -402,7 +405,7 @@ class Detail:
     row: pd.Series
     runs: pd.DataFrame
     verdict: dict
-    schedule: dict | None  # a grid's k schedule (storage/schedule.py), None otherwise
+    schedule: dict | None  # a grid's k schedule (storage/analysis/schedule.py), None otherwise
 
     @property
     def sweep_variable(self) -> str:

@@ -9,13 +9,15 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine.prompt_sets import set_name
-from engine.variables import variable
+from engine.text.prompt_sets import set_name
+from engine.config.variables import variable
 from engine.wording import noun, plural
-from pages.common import (csv_download, empty_state, experiment_label, nav_page, select_id, short_name, show, store,
+from pages.widgets.common import (csv_download, empty_state, experiment_label, nav_page, select_id, short_name, show, store,
                           table)
-from storage import catalog, queries as q, run_state
-from storage.columns import MISSING
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.jobs import run_state
+from storage.records.columns import MISSING
 
 ACTIVE = ("queued", "running")
 RESUMABLE = ("failed", "cancelled", "interrupted")
@@ -24,7 +26,7 @@ IDLE_POLL_SECONDS = 5.0  # the cheap check for new work, while nothing is
 ANY = "any"
 COLUMNS = ["experiment_id", "timing_warnings", "name", "status", "progress", "best_label", "best_speedup", "interval",
            "n_tied", "alpha", "target", "draft", "prompts", "sweep_variable", "sweep_values", "batch_sizes", "repeats", "tags",
-           "created", "notes"]  # headers, help and formats: storage/columns.py
+           "created", "notes"]  # headers, help and formats: storage/records/columns.py
 
 
 def _is_active(frame: pd.DataFrame) -> bool:

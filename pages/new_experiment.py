@@ -3,13 +3,13 @@ sweep (k, k auto, a sampling setting, the draft or the drafting strategy), optio
 grid, whose detail page gives a k schedule); Launch enqueues it.
 
 A link can fill the form: `new?target=...&draft=...&sweep=k&values=1,2,4&drafter=confidence:0.5` (the parameters
-storage/findings.py's prefill_query writes; pages/prefill.py parses them strictly), and `batch_sizes=1,4,16` for a
+storage/analysis/findings.py's prefill_query writes; pages/widgets/prefill.py parses them strictly), and `batch_sizes=1,4,16` for a
 grid: the sweep at each batch size (the "At batch sizes" field). They are put into the widgets
 when the form is first drawn; a bad one is left out with a short note.
 
 What is on screen is what Launch queues: no number field has bounds in the browser (a number outside them is kept
 by the browser with a red mark and never sent, so Launch would queue the value before it); validate() checks every
-bound with engine/variables.py's descriptions and blocks Launch in one line. A field that is not used (Batch size
+bound with engine/config/variables.py's descriptions and blocks Launch in one line. A field that is not used (Batch size
 beside a grid's "At batch sizes") is shown disabled, saying why.
 """
 from __future__ import annotations
@@ -24,39 +24,39 @@ import streamlit as st
 
 from engine import zoo
 from engine.errors import DraftLabError
-from engine import prompt_sets
-from engine.limits import LIMITS
+from engine.text import prompt_sets
+from engine.config.limits import LIMITS
 from engine.wording import plural
-from engine.drafter_specs import DRAFT_SAMPLING, SPECS
-from engine.run_config import DEFAULT_REPEATS, DEFAULTS as RUN_DEFAULTS
-from engine.variables import SETTINGS, VARIABLES
-from engine.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
+from engine.config.drafter_specs import DRAFT_SAMPLING, SPECS
+from engine.config.run_config import DEFAULT_REPEATS, DEFAULTS as RUN_DEFAULTS
+from engine.config.variables import SETTINGS, VARIABLES
+from engine.text.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
                                 load_prompts)
-from pages.common import cached, nav_page, store
-from pages.estimate import decode_speed, duration
-from pages.prefill import (AUTO_K, DEFAULT_DRAFTER_SWEEP, DEFAULT_SWEEP, DEVICES, DRAFTER_KINDS,
+from pages.widgets.common import cached, nav_page, store
+from pages.widgets.uploads import UPLOAD_TYPES, prune_uploads, save_upload, upload_dir  # noqa: F401 (re-exported)
+from pages.panels.estimate import decode_speed, duration
+from pages.widgets.prefill import (AUTO_K, DEFAULT_DRAFTER_SWEEP, DEFAULT_SWEEP, DEVICES, DRAFTER_KINDS,
                            DRAFTER_PARAMETERS, DRAFTER_SUMMARY, DRAFTER_SWEEP_WIDGETS, DRAFTER_WIDGETS, DTYPES, INTEGER_VARIABLES, MAX_K, NUMERIC_SWEEPS,
                            SWEEP_CHOICES, SWEEP_LABELS, canonical_drafter, drafter_spec, drafter_specs, md_text,
                            WIDGETS, form_config, parse_names, parse_prefill, parse_sweep_values)
-from storage.errors import QueueError
-from storage.experiments import DUPLICATE_WINDOW_SECONDS, enqueue_experiment, recent_duplicate
-from storage.schema import NAME_CHARS
+from storage.db.errors import QueueError
+from storage.jobs.experiments import DUPLICATE_WINDOW_SECONDS, enqueue_experiment, recent_duplicate
+from storage.db.schema import NAME_CHARS
 
 __all__ = ["AUTO_K", "DEFAULT_SWEEP", "INTEGER_VARIABLES", "MAX_K", "Launch", "parse_sweep_values", "render",
            "save_upload", "upload_dir", "validate"]
 
-SWEEP_VARIABLES = tuple(VARIABLES)  # engine/variables.py: k, a sampling setting with k fixed, the draft or the drafter
+SWEEP_VARIABLES = tuple(VARIABLES)  # engine/config/variables.py: k, a sampling setting with k fixed, the draft or the drafter
 # The variables drawn by fields of their own below; any other numeric variable gets a number field from its
 # description (title, step, help) under Sampling, and reaches validate() by name.
 OWN_FIELDS = ("k", "temperature", "top_k", "top_p", "batch_size", "draft", "drafter", "draft_sampling")
 EXTRA_FIELDS = tuple(name for name, v in VARIABLES.items() if not v.categorical and name not in OWN_FIELDS)
 DEFAULT_K_AUTO = 8
-UPLOAD_TYPES = ["jsonl", "csv", "txt", "parquet", "arrow", "feather"]
 LINK_NOTES = "new_experiment_link_notes"  # session key: what the link's parameters left out
 # Each widget's first value: the page seeds st.session_state with these (or the link's values) and creates the
 # widgets without value=/index=, so a value from a link never competes with a default.
 DEFAULTS = {
-    # every described parameter's field at its default (engine/run_config.py), the draft a shipped one
+    # every described parameter's field at its default (engine/config/run_config.py), the draft a shipped one
     **{WIDGETS[name]: RUN_DEFAULTS[name] for name in RUN_DEFAULTS if name != "draft"},
     "target": zoo.DEMO_TARGET, "draft": zoo.DEMO_DRAFTS[0], "prompt_source": "Built-in", "device": "auto",
     "dtype": "auto", "sweep_variable": "k", "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "name": "",
@@ -79,47 +79,10 @@ class Launch:
     kwargs: dict = field(default_factory=dict)
 
 
-def upload_dir() -> Path:
-    """Where uploaded prompt files are kept for the worker to read (engine/prompt_sets.py's upload_dir)."""
-    return prompt_sets.upload_dir()
 
 
-def save_upload(name: str, data: bytes) -> Path:
-    """Save an uploaded prompt file under a content-addressed name (same file → same path) and return it; uploads
-    older than limit("upload_days") are removed on the way (prune_uploads)."""
-    path = upload_dir() / prompt_sets.upload_file_name(name, data)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        path.write_bytes(data)
-    else:
-        os.utime(path)  # uploaded again: its retention starts over
-    prune_uploads(keep={path})
-    return path
 
 
-def prune_uploads(keep: set[Path] = frozenset(), now: float | None = None) -> list[Path]:
-    """Remove uploads last written more than limit("upload_days") days ago, except `keep` and the files an
-    unfinished training job still reads (an experiment freezes its uploaded prompts in the database at launch,
-    so its file is not needed afterwards). Returns what was removed."""
-    import time
-
-    from engine.limits import limit
-    from storage.training import unfinished_job_files
-
-    cutoff = (now if now is not None else time.time()) - limit("upload_days") * 86400
-    try:
-        needed = {Path(p).resolve() for p in unfinished_job_files(store())} | {Path(p).resolve() for p in keep}
-    except Exception:  # noqa: BLE001 - no database to ask: keep everything rather than guess
-        return []
-    removed = []
-    for path in upload_dir().glob("*"):
-        try:
-            if path.is_file() and path.resolve() not in needed and path.stat().st_mtime < cutoff:
-                path.unlink()
-                removed.append(path)
-        except OSError:
-            continue
-    return removed
 
 
 def _format(value) -> str:
@@ -128,7 +91,7 @@ def _format(value) -> str:
 
 def number_error(setting: str, value) -> str | None:
     """What is wrong with one number field's value, None when nothing: the bounds every input of the setting shares
-    (engine/variables.py, with engine/limits.py's caps). The one check both for the line under the field, as it is
+    (engine/config/variables.py, with engine/config/limits.py's caps). The one check both for the line under the field, as it is
     typed, and for Launch's list."""
     described = VARIABLES.get(setting) or SETTINGS[setting]
     if described.in_range(value):
@@ -156,7 +119,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     or drafter sweep takes its names as sweep_list (else from sweep_text, comma-separated); a draft sweep is
     checked by pair_checks, (draft, ok, message) for each candidate, instead of pair_ok; sweep_error is a problem
     the form found in the swept values itself. `drafter` applies to every run unless the drafter is what is swept;
-    None: the draft decides (engine/run_config.py default_drafter: eagle3 for an EAGLE-3 head, else model).
+    None: the draft decides (engine/config/run_config.py default_drafter: eagle3 for an EAGLE-3 head, else model).
     grid_text: the optional "at batch sizes" list (two or more): the sweep (or k auto) at each, a grid (not with a
     batch-size sweep). prompt_count: the prompt set's size, when known: no batch size may have more rows.
     `settings`: any other described parameter's field by name (EXTRA_FIELDS: a variable with no field of its own)."""
@@ -229,7 +192,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     else:
         models = f"{draft.strip()}{'' if drafter in ('model', None) else f' [{drafter}]'} → {target.strip()}"
     default_name = f"{models} on {Path(prompts).name if os.sep in prompts else prompts}"[:NAME_CHARS]
-    # What is on screen, as one run configuration (engine/run_config.py, read by pages/prefill.py's form_config):
+    # What is on screen, as one run configuration (engine/config/run_config.py, read by pages/widgets/prefill.py's form_config):
     # its enqueue arguments are what Launch queues.
     state = {"target": target, "draft": draft, "temperature": temperature, "top_k": top_k, "top_p": top_p,
              "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "batch_size": batch_size,
@@ -244,7 +207,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
         return launch
     launch.kwargs = {**config.enqueue(), "name": name.strip() or default_name, "notes": notes.strip(), "tags": tags}
     if prompt_texts is not None:  # an upload: freeze its prompts now, so any worker can run them
-        from pages.pair_check import render_prompts
+        from pages.widgets.pair_check import render_prompts
 
         try:  # conversations become the text the target sees (its chat template), frozen as such
             launch.kwargs["prompt_texts"] = render_prompts(target.strip(), list(prompt_texts))
@@ -302,7 +265,7 @@ def _pair_check(target: str, draft: str) -> _CheckOnPage:
     """The pair check of target and draft. One that has work to do (not remembered, or a local directory that
     changed) first puts `checking…` where its result will go, so the last result (a green `tokenizers match`)
     never stays up while a new check runs; _show_check then draws the result in that place."""
-    from pages.pair_check import cached_check, check_pair_names
+    from pages.widgets.pair_check import cached_check, check_pair_names
 
     target, draft = target.strip(), draft.strip()
     check, slot = cached_check(target, draft), None
@@ -365,7 +328,7 @@ def _prompt_count(prompts, prompt_texts) -> int | None:
 
 def parse_grid(grid_text) -> tuple[list[int] | None, str | None]:
     """The "At batch sizes" field: (its batch sizes, None); (None, None) when it is empty; (None, the problem)
-    when it is not a grid (engine/variables.py's bounds, two or more sizes)."""
+    when it is not a grid (engine/config/variables.py's bounds, two or more sizes)."""
     if not str(grid_text or "").strip():
         return None, None
     try:
@@ -384,7 +347,7 @@ def batch_sizes_of(grid_text: str, batch_size: int) -> list[int]:
 
 
 def _speed(target: str, batch_size: int):
-    """The target's decoding speed at batch_size and what it is from (pages/estimate.py), None when unknown."""
+    """The target's decoding speed at batch_size and what it is from (pages/panels/estimate.py), None when unknown."""
     measured = cached("target_speed", target, batch_size=batch_size)
     return decode_speed(target, batch_size, measured,
                         cached("baseline_speeds", batch_size) if measured is None else pd.DataFrame())
@@ -471,9 +434,9 @@ def _kind_label(kind: str) -> str:
 
 def _drafter_choice(drafts: list[str]) -> str | None:
     """The one drafter every run uses (when the drafter is not what is swept), as a spec; None when a draft is an
-    EAGLE-3 head: the run configuration then gives each draft its own drafter (engine/run_config.py: a head the one
+    EAGLE-3 head: the run configuration then gives each draft its own drafter (engine/config/run_config.py: a head the one
     that reads hidden states, a causal LM model), so one draft sweep compares heads with causal LMs."""
-    from engine.head_format import is_head
+    from engine.config.head_format import is_head
 
     heads = [d for d in drafts if d.strip() and is_head(d.strip())]
     if heads:
@@ -501,7 +464,7 @@ def _trained_drafts() -> dict[str, str]:
     labelled as one (it drafts for its own target only, with the eagle3 drafter)."""
     import logging
 
-    from storage import training
+    from storage.jobs import training
 
     try:
         drafts = training.trained_drafts(store())
@@ -605,7 +568,7 @@ def render() -> None:
         st.subheader("Sampling")
         for key in ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "device", "dtype"):
             _seed(key)
-        fixed = {}  # each sampling setting's one value (engine/variables.py: title, step, help)
+        fixed = {}  # each sampling setting's one value (engine/config/variables.py: title, step, help)
         problems = []  # each field's own, shown under it as it is typed
         for column, setting in zip(st.columns(3), ("temperature", "top_k", "top_p")):
             v = VARIABLES[setting]
@@ -725,7 +688,7 @@ def render() -> None:
             st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors),
                      icon=":material/error:")
             return
-        from pages.access import launcher
+        from pages.widgets.access import launcher
 
         launch.kwargs["launched_by"] = launcher()
         first = recent_duplicate(store(), launch.kwargs)

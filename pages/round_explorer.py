@@ -8,9 +8,9 @@ import re
 import pandas as pd
 import streamlit as st
 
-from pages import charts
-from storage import catalog
-from pages.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, query_ids,
+from pages.widgets import charts
+from storage.analysis import catalog
+from pages.widgets.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, query_ids,
                           run_label, run_stamp, select_id, version)
 
 KIND_LABELS = {"first": "first token, from the target's prefill (no round)", "accepted": "accepted draft",
@@ -48,7 +48,7 @@ def readable(text) -> bool:
 def opening_prompt(per_prompt: pd.DataFrame) -> int:
     """The prompt the explorer opens on: of the prompts with a readable output, the one with the most rejected
     drafts (where there is most to see), the first such on a tie; without a readable output, the most rejected.
-    per_prompt: prompt_index, rejected, text (storage.queries.per_prompt)."""
+    per_prompt: prompt_index, rejected, text (storage.records.queries.per_prompt)."""
     return _opening(per_prompt)[0]
 
 

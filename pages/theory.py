@@ -9,12 +9,14 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
-from engine.simulate import SimulationSetup, simulate
-from engine import theory
-from pages import charts
-from pages.common import chart_with_csv, draw, experiment_label, number, run_label, store
-from storage import catalog, formula, queries as q
-from storage.verdict import verdict
+from engine.metrics.simulate import SimulationSetup, simulate
+from engine.metrics import theory
+from pages.widgets import charts
+from pages.widgets.common import chart_with_csv, draw, experiment_label, number, run_label, store
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.analysis import formula
+from storage.analysis.verdict import verdict
 
 K_MAX = 16
 ALPHA_RANGE, C_RANGE, VERIFY_MIN = (0.0, 0.99), (1.0, 50.0), 0.01
@@ -23,7 +25,7 @@ log = logging.getLogger("draftlab.dashboard")
 
 
 def cost_aware_speedup(alpha: float, k: int, c: float, verify_cost: float) -> float:
-    """E[L_k] / (k/c + verify_cost): engine/theory.py's cost_aware_speedup (the detail page's cost-aware prediction)
+    """E[L_k] / (k/c + verify_cost): engine/metrics/theory.py's cost_aware_speedup (the detail page's cost-aware prediction)
     at a geometric E[L_k] from α, k draft steps of 1/c and the verify forward at `verify_cost` target steps;
     verify_cost = 1 gives back predicted_speedup."""
     return theory.cost_aware_speedup(theory.expected_tokens_per_round(alpha, k), k / c, verify_cost)
@@ -141,7 +143,7 @@ def _formulas() -> None:
 
 def _cost_aware_metrics(frame: pd.DataFrame, alpha: float, k: int, c: float, verify: float,
                         loaded: Loaded | None) -> None:
-    """The cost-aware figures. Loaded from an experiment, its best k is the experiment's (storage/formula.py
+    """The cost-aware figures. Loaded from an experiment, its best k is the experiment's (storage/analysis/formula.py
     cost_aware_best: each measured run's own prediction, from its acceptance by position, draft time and verify
     cost, as the detail page and the findings report it); set by hand, the sliders' curve's, whose verify cost is
     held constant over k."""

@@ -10,19 +10,23 @@ import os
 import pandas as pd
 import streamlit as st
 
-from engine.prompt_sets import set_name
+from engine.text.prompt_sets import set_name
 
-from engine import head_settings, zoo
+from engine.config import head_settings
+
+from engine import zoo
 from engine.errors import DraftLabError
 from engine.wording import plural
-from engine.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTIONS, UNION, held_out_split,
+from engine.text.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTIONS, UNION, held_out_split,
                                 list_prompt_sets, load_prompt_file, load_prompts)
-from pages import charts
-from pages.common import csv_download, draw, nav_page, number, parse_id, select_id, store, table
-from pages.prefill import md_text
-from storage import catalog, queries as q, training
-from storage.errors import QueueError
-from storage.schema import CANCELLED, DISTILL, DONE, FAILED, HEAD, INTERRUPTED, QUEUED, RUNNING
+from pages.widgets import charts
+from pages.widgets.common import csv_download, draw, nav_page, number, parse_id, select_id, store, table
+from pages.widgets.prefill import md_text
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.jobs import training
+from storage.db.errors import QueueError
+from storage.db.schema import CANCELLED, DISTILL, DONE, FAILED, HEAD, INTERRUPTED, QUEUED, RUNNING
 
 REFRESH_SECONDS = 2.0
 DEVICES = ["auto", "cpu", "cuda"]
@@ -46,7 +50,7 @@ DEFAULTS = {"train_target": zoo.DEMO_TARGET, "train_draft": zoo.DEMO_DRAFTS[0], 
             "train_max_new_tokens": _RECIPE["max_new_tokens"], "train_seed": _RECIPE["seed"],
             "train_device": "auto", "train_source": "Built-in", "train_set": _set_choice(_RECIPE["prompts"]),
             "train_kind": DISTILL,
-            # a head's own fields start from `draftlab train-head`'s defaults (engine/head_settings.py)
+            # a head's own fields start from `draftlab train-head`'s defaults (engine/config/head_settings.py)
             **{f"head_{key}": value for key, value in head_settings.DEFAULTS.items() if key != "seed"}}
 
 
@@ -57,7 +61,7 @@ def _seed(key: str) -> None:
 
 def _pair_check(target: str, draft: str):
     """The tokenizer check, drawn into one placeholder: 'checking…' replaces the previous answer while it runs."""
-    from pages.pair_check import check_pair_names
+    from pages.widgets.pair_check import check_pair_names
 
     slot = st.empty()
     slot.caption("Checking that the two tokenizers match…")
@@ -71,7 +75,7 @@ def _pair_check(target: str, draft: str):
 
 def _prompts() -> tuple[str | None, str | None, str | None]:
     """(training prompt spec or saved corpus path, held-out spec, error)."""
-    from pages.new_experiment import UPLOAD_TYPES, save_upload
+    from pages.widgets.uploads import UPLOAD_TYPES, save_upload
 
     _seed("train_source")
     source = st.radio("Training prompts", ["Built-in", "Upload a corpus"], horizontal=True, key="train_source")
@@ -151,7 +155,7 @@ def _form() -> None:
     c1, c2 = st.columns([1, 2])
     device = c1.selectbox("Device", DEVICES, key="train_device")
     ids, labels = _focus_options()
-    wanted = parse_id(st.query_params.get("focus_from"))  # a finding's "Try it" link (storage/findings.py)
+    wanted = parse_id(st.query_params.get("focus_from"))  # a finding's "Try it" link (storage/analysis/findings.py)
     if wanted in ids and st.session_state.get("train_focus_from_link") != wanted:
         st.session_state["train_focus"] = wanted  # once per link, so the user can still change it
         st.session_state["train_focus_from_link"] = wanted
@@ -243,9 +247,9 @@ def _head_fields() -> tuple[dict, list[str]]:
 
 def _estimate(shape_args: dict) -> None:
     """How long the job will take, before it is queued: a figure with its range and basis
-    (pages/training_estimate.py), scaled from the finished jobs (the same kind's steps; either kind's loading and
+    (pages/panels/training_estimate.py), scaled from the finished jobs (the same kind's steps; either kind's loading and
     responses), else from the shipped demo's recorded run of the kind."""
-    from pages.training_estimate import Shape, training_estimate
+    from pages.panels.training_estimate import Shape, training_estimate
 
     counts = {"train_prompts": _count(shape_args.pop("prompts")),
               "validation_prompts": _count(shape_args.pop("validation"))}
@@ -309,7 +313,7 @@ def _evaluation(job: dict) -> None:
     runs = q.runs(store(), int(eid))
     spec = runs[runs["kind"] == "speculative"]
     head = job["kind"] == HEAD
-    if head:  # no "before" draft to time: the trained head against the target alone (app/training_kinds.py)
+    if head:  # no "before" draft to time: the trained head against the target alone (app/training/training_kinds.py)
         st.markdown(f"**Timed experiment #{int(eid)}** — the trained head (drafter eagle3) against the target alone "
                     f"on `{md_text(job['validation'])}` (greedy, k={job['eval_k']}, interleaved):")
     else:
@@ -327,7 +331,7 @@ def _evaluation(job: dict) -> None:
                          "alpha": r.alpha, "kl": r.kl, "tokens_per_round": r.tokens_per_round,
                          "best": interval, "outputs_match_baseline": r.outputs_match_baseline})
         frame = pd.DataFrame(rows)
-        table(frame, list(frame.columns), f"eval_{job['id']}",  # headers, help and formats: storage/columns.py
+        table(frame, list(frame.columns), f"eval_{job['id']}",  # headers, help and formats: storage/records/columns.py
               draft=st.column_config.TextColumn("head" if head else "draft"),
               best=st.column_config.TextColumn("speedup (95 % interval)",
                                                help="against the target alone, paired bootstrap over prompts"))
@@ -458,6 +462,6 @@ def render() -> None:
 
 
 def _launcher() -> str:
-    from pages.access import launcher
+    from pages.widgets.access import launcher
 
     return launcher()

@@ -1,4 +1,4 @@
 """Storage: SQLAlchemy schema, SQL queries and the run queue (experiments, run_state, liveness, leases). Never imports torch or streamlit."""
-from .store import Store, open_store, resolve_url
+from storage.db.store import Store, open_store, resolve_url
 
 __all__ = ["Store", "open_store", "resolve_url"]

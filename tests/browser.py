@@ -118,7 +118,7 @@ def settle(page, timeout_ms: int = 120_000) -> None:
 def upload_prompts(page, given: str | None, tmp: Path, default: list[str]) -> Path:
     """Upload a prompt file into the page's file uploader: `given` (a path) or a file of `default`'s lines;
     waits for the page to count its prompts. Returns the file."""
-    from engine.prompt_sets import load_prompt_file
+    from engine.text.prompt_sets import load_prompt_file
 
     if given:
         path = Path(given).resolve()
@@ -160,7 +160,7 @@ def ignored(url: str) -> bool:
       offline;
     - Streamlit's client, opened at /PAGE, first looks for its server under that path (/PAGE/_stcore/health and
       /PAGE/_stcore/host-config answer 404) before using the root."""
-    from pages.nav import PAGES
+    from pages.widgets.nav import PAGES
 
     return (url.startswith("https://fonts.gstatic.com/s/i/short-term/release/materialsymbolsrounded/science/")
             or any(f"/{key}/_stcore/" in url for key in PAGES))

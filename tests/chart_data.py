@@ -32,7 +32,7 @@ def _prompt(prompt_index: int, rounds_k: list[int], accepts: list[int], draft_s:
     drafts rounds_k[r] tokens and accepts accepts[r] of them (both repeated as needed) until its output holds
     `length` tokens, 0, 1, 2, ... as the baseline's (lossless), the last round cut there; token texts from
     TOKEN_TEXTS."""
-    from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+    from engine.decoding.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
 
     rounds, next_id, index = [], 0, 0
     while next_id < length:
@@ -53,7 +53,7 @@ def _prompt(prompt_index: int, rounds_k: list[int], accepts: list[int], draft_s:
 
 
 def _baseline(prompt_index: int, tokens: int, step: float = 0.010):
-    from engine.records import PromptResult
+    from engine.decoding.records import PromptResult
 
     return PromptResult(prompt_index, PROMPT_TEXTS[prompt_index % len(PROMPT_TEXTS)], list(range(tokens)), "x",
                         tokens * step, decode_steps=tokens, decode_seconds=tokens * step)
@@ -69,8 +69,9 @@ def _fill(store, experiment_id: int, varying_k: bool = False) -> dict[int, str]:
     k drafts 1..k tokens round by round; a speculative run's verify forward costs more the larger its batch size
     and k (GRID_VERIFY), so a grid's schedule switches speculation off at its largest batch size. Returns
     {run_id: its label}."""
-    from storage import queries as q, run_state
-    from storage.recording import record_prompt
+    from storage.records import queries as q
+    from storage.jobs import run_state
+    from storage.records.recording import record_prompt
 
     runs = q.runs(store, experiment_id)
     todo = runs[runs["status"] == "queued"]
@@ -98,8 +99,8 @@ def _fill(store, experiment_id: int, varying_k: bool = False) -> dict[int, str]:
 def seed(store, models_dir) -> dict:
     """One finished experiment of each kind, every name, label, draft, target, prompt and token text holding
     NASTY's characters; and a finished training job. Returns {kind: experiment id, "job": job id}."""
-    from storage import training
-    from storage.experiments import add_k_runs, enqueue_experiment, set_predicted_curve
+    from storage.jobs import training
+    from storage.jobs.experiments import add_k_runs, enqueue_experiment, set_predicted_curve
 
     common = dict(target=TARGET, prompts=PROMPTS_NAME, sampling={"max_new_tokens": 16}, prompt_texts=PROMPT_TEXTS,
                   tags=TAGS, notes=f"notes: {NASTY}", device="cpu")
@@ -133,7 +134,7 @@ def seed(store, models_dir) -> dict:
     _fill(store, ids["auto"])
 
     # Production counters imported against the k sweep's k = 4 run (`draftlab import-metrics`), named by people.
-    from storage import production
+    from storage.records import production
 
     for label, accepted in ((f"vLLM prod: {NASTY}", (80, 50, 30, 12)), ("canary 'b' <2> & é", (70, 40, 20, 8))):
         production.add_series(store, ids["k"], drafts=100, draft_tokens=400, accepted=sum(accepted),
@@ -161,10 +162,10 @@ def seed_confirm(store, experiment_id: int, concurrency=(1, 2, 4), passes: int =
     counters per position, outputs equal to its target-only ones. Returns the confirm id."""
     import json
 
-    from app.completions_load import PassRecord, RequestRecord
-    from app.production_scrape import SpecCounters
-    from storage.confirms import add_measurement, finish_confirm, pass_speedup, start_confirm, summarize
-    from storage.deploy import deploy_document
+    from app.serving.completions_load import PassRecord, RequestRecord
+    from app.serving.production_scrape import SpecCounters
+    from storage.records.confirms import add_measurement, finish_confirm, pass_speedup, start_confirm, summarize
+    from storage.serving.deploy import deploy_document
 
     doc = deploy_document(store, experiment_id)
     label = "schedule" if "schedule" in doc else "chosen"
@@ -203,6 +204,6 @@ def seed_confirm(store, experiment_id: int, concurrency=(1, 2, 4), passes: int =
 def idle_worker(store) -> None:
     """Register this process as a live worker, so `draftlab ui` starts no local worker of its own (nothing is
     queued: it would only load its libraries on the shared CPU)."""
-    from storage import liveness
+    from storage.jobs import liveness
 
     liveness.register_worker(store, "chart-test (idle)", liveness.host_identity(), os.getpid())

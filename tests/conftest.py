@@ -222,7 +222,7 @@ def wait_for():
 @pytest.fixture(scope="session")
 def vllm_command():
     """The command that starts vLLM's OpenAI server ($DRAFTLAB_VLLM, else .vllm-venv's CPU build)."""
-    from app.vllm_server import LOCAL_VENV_PYTHON, default_command
+    from app.serving.vllm_server import LOCAL_VENV_PYTHON, default_command
 
     if os.environ.get("DRAFTLAB_VLLM", "").strip():
         return default_command()

@@ -4,7 +4,7 @@ the lab and in a server alike, so a collapse could never show), and copies of on
 `demo_head(tmp)`: the shipped engine/zoo/demo-eagle3 once it exists, else a STAND-IN trained here in seconds: a
 new head (engine/eagle3.new_head, vLLM's default aux ids, norm_before_fc) fitted for STEPS steps to the target's own
 greedy continuations of code:tune (teacher-forced first drafts, cross-entropy on the target's token). It is a
-fixture, not the trainer (engine/head_training.py): it exists so these tests run before demo-eagle3 lands.
+fixture, not the trainer (engine/training/head_training.py): it exists so these tests run before demo-eagle3 lands.
 
 `misserved(head, out, how)`: the same head as a server would read it after one of the mistakes the collapse finding
 names: "aux-1" (its ids one lower: a head trained in vLLM's convention written in SGLang's), "no-norm" (norm_before_fc
@@ -40,9 +40,9 @@ def demo_head(tmp: Path) -> str:
 def stand_in(out: Path) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine.eagle3 import default_aux_layers, new_head, save_head
-    from engine.head_check import _continuations
-    from engine.prompt_sets import load_prompts
+    from engine.models.eagle3 import default_aux_layers, new_head, save_head
+    from engine.models.head_check import _continuations
+    from engine.text.prompt_sets import load_prompts
     from engine.zoo import resolve
 
     source = str(resolve("demo-target"))

@@ -282,7 +282,7 @@ class FakeServers:
 
     def alive(self) -> list[str]:
         """Each server or engine process still running (zombies count as ended), e.g. "engine 1234 (k=1)"."""
-        from engine.process_tree import running
+        from engine.serving.process_tree import running
 
         return [f"{role} {s[role]} (k={s['k']})" for s in self.started() for role in ("server", "engine")
                 if running(s[role])]
@@ -302,7 +302,7 @@ class ConfirmProcess:
                                      text=True)
 
     def watchdogs(self) -> list[int]:
-        """The pids of its servers' watchdogs (engine/process_tree.py run as a script, its children)."""
+        """The pids of its servers' watchdogs (engine/serving/process_tree.py run as a script, its children)."""
         found = []
         for name in os.listdir("/proc"):
             try:

@@ -8,7 +8,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.cli import main
-from storage import catalog, queries as q
+from storage.analysis import catalog
+from storage.records import queries as q
 from tests.test_pages import TIMEOUT, app, assert_clean, page_text, populated, populated_template  # noqa: F401
 
 PASSWORD = "correct horse battery staple ünïcode"
@@ -19,7 +20,7 @@ OIDC = {"redirect_uri": "http://dash.example:8501/oauth2callback", "cookie_secre
 @pytest.fixture(autouse=True)
 def fresh_throttle(monkeypatch):
     """Each test starts with no wrong passwords counted (the throttle is one per process, shared by sessions)."""
-    import pages.access as access
+    import pages.widgets.access as access
 
     throttle = access.LoginThrottle()
     monkeypatch.setattr(access, "THROTTLE", throttle)
@@ -217,7 +218,7 @@ class _Clock:
 
 
 def test_the_throttle_locks_an_address_out_and_counts_every_address_overall():
-    from pages.access import LoginThrottle
+    from pages.widgets.access import LoginThrottle
 
     clock = _Clock()
     throttle = LoginThrottle(clock, per_address=3, overall=7, window=60, lockout=120)
@@ -246,7 +247,7 @@ def test_the_throttle_locks_an_address_out_and_counts_every_address_overall():
 def test_wrong_passwords_from_several_sessions_lock_the_address_out(populated, monkeypatch, fresh_throttle):
     """Eight parallel sessions used to get eight guesses each; now five wrong passwords from one address, in any
     sessions, lock it out, the right password included, and the page says for how long."""
-    import pages.access as access
+    import pages.widgets.access as access
 
     monkeypatch.setenv("DRAFTLAB_PASSWORD", PASSWORD)
     monkeypatch.setattr(access, "WRONG_PASSWORD_DELAY_S", 0.0)

@@ -9,11 +9,11 @@ import math
 import pytest
 
 from app.sweep import parse_sweep
-from engine.theory import (anchored_curve, expected_batch_rounds, expected_round_length, modelled_seconds,
+from engine.metrics.theory import (anchored_curve, expected_batch_rounds, expected_round_length, modelled_seconds,
                            simulated_rounds)
 from storage import open_store
-from storage import queries as q
-from storage.experiments import load_verify_profiles
+from storage.records import queries as q
+from storage.jobs.experiments import load_verify_profiles
 
 import numpy as np
 
@@ -113,8 +113,8 @@ def test_a_version_11_database_gains_the_batched_profile_and_keeps_its_batch_1_p
     batch-1 profile it stored still reads as batch size 1."""
     from sqlalchemy import inspect, text
 
-    from storage.experiments import enqueue_experiment, store_verify_profile, store_verify_profiles
-    from storage.schema import SCHEMA_VERSION
+    from storage.jobs.experiments import enqueue_experiment, store_verify_profile, store_verify_profiles
+    from storage.db.schema import SCHEMA_VERSION
 
     assert SCHEMA_VERSION >= 12
     store = open_store(db_url)

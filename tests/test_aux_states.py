@@ -1,12 +1,12 @@
-"""engine/aux_states.py: the aux hidden states an EAGLE-3 head reads, captured by pre-hooks on the decoder layers
+"""engine/decoding/aux_states.py: the aux hidden states an EAGLE-3 head reads, captured by pre-hooks on the decoder layers
 read, equal transformers' `hidden_states[i]` (what output_hidden_states=True returns) bit for bit, in every model
 family the engine decodes and through the batched cache the loop uses (padded rows, a KV cache); a model whose
 layers cannot be found falls back to output_hidden_states and still answers the same."""
 import pytest
 import torch
 
-from engine.aux_states import AuxStates
-from engine.batched_cache import BatchCache
+from engine.decoding.aux_states import AuxStates
+from engine.decoding.batched_cache import BatchCache
 from tests import tiny_models as tm
 from tests.test_engine_sliding import FAMILIES, build
 

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
-from engine.variables import VARIABLES
+from engine.config.variables import VARIABLES
 from storage import open_store
-from storage import catalog, queries as q
-from storage.errors import QueueError
-from storage.export import run_document
-from storage.experiments import enqueue_experiment
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.db.errors import QueueError
+from storage.serving.export import run_document
+from storage.jobs.experiments import enqueue_experiment
 from tests.test_worker import RecordingWorker
 
 PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32 t33 t34", "t8 t9", "t40 t41 t42",
@@ -112,7 +113,7 @@ def test_a_batch_size_sweep_runs_through_the_worker(store, model_dirs):
 def test_paired_speedup_resamples_batches(store, model_dirs):
     """At batch B the speedup pairs batches, not rows: the stored figure is the ratio of per-batch sums, the batch's
     time its longest row's."""
-    from storage import stats
+    from engine.metrics import stats
 
     eid = enqueue(store, model_dirs, [4], repeats=1)
     with RecordingWorker(store) as worker:
@@ -157,8 +158,8 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path, model_dirs, capsys, monkeypa
         line = refused("--batch-size", bad)
         assert "batch" in line
     assert "needs at least 4 prompts but the prompt set has 3" in refused("--batch-size", "1,4")
-    import engine.memory
-    monkeypatch.setattr(engine.memory, "available_bytes", lambda device: 1024)
+    import engine.decoding.memory
+    monkeypatch.setattr(engine.decoding.memory, "available_bytes", lambda device: 1024)
     line = refused("--batch-size", "2")
     assert "KV cache" in line and "smaller --batch-size" in line
     monkeypatch.undo()
@@ -166,19 +167,19 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path, model_dirs, capsys, monkeypa
 
 
 def test_the_worker_refuses_a_batch_that_cannot_fit(tmp_path, model_dirs, monkeypatch):
-    import app.timing
+    import app.worker.timing
 
     store = open_store(f"sqlite:///{tmp_path / 'q.db'}")
     eid = enqueue(store, model_dirs, [1, 8], repeats=1)
-    real = app.timing.check_batch_fits
+    real = app.worker.timing.check_batch_fits
 
     def tight(models, device, size, *rest):  # the device has room for batch 1 only
         if size == 1:
             return real(models, device, size, *rest)
         with monkeypatch.context() as m:
-            m.setattr("engine.memory.available_bytes", lambda device: 1024)
+            m.setattr("engine.decoding.memory.available_bytes", lambda device: 1024)
             return real(models, device, size, *rest)
-    monkeypatch.setattr(app.timing, "check_batch_fits", tight)
+    monkeypatch.setattr(app.worker.timing, "check_batch_fits", tight)
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
     runs = q.runs(store, eid).set_index("run_id")
@@ -200,8 +201,8 @@ def test_the_description_bounds_batch_sizes():
 
 
 def test_the_kv_estimate_follows_the_config(model_dirs):
-    from engine.loading import load_pair
-    from engine.memory import batch_kv_bytes, kv_bytes_per_token
+    from engine.models.loading import load_pair
+    from engine.decoding.memory import batch_kv_bytes, kv_bytes_per_token
 
     pair = load_pair(model_dirs["target"], model_dirs["draft"], "cpu", "float32", False)
     config = pair.target.model.config

@@ -26,7 +26,7 @@ from tests.chart_data import NAMES
 pytestmark = needs_chromium
 
 
-CONFIRM_HEADINGS = ("Speedup vs concurrency", "Acceptance by draft position, vLLM and lab")  # pages/confirm_panel.py
+CONFIRM_HEADINGS = ("Speedup vs concurrency", "Acceptance by draft position, vLLM and lab")  # pages/panels/confirm_panel.py
 CONFIRM_SECTION = f"section={quote('Confirm in vLLM')}"  # the detail page's section that draws them
 
 
@@ -40,7 +40,7 @@ def visits(ids: dict) -> list[tuple[str, str, str, bool]]:
     """(navigation key, what is shown, path and query, whether it has charts) of every view the test opens."""
     experiments = ",".join(str(ids[kind]) for kind in NAMES)
     from storage import open_store
-    from storage import queries as q
+    from storage.records import queries as q
 
     store = open_store(ids["db"])
     runs = {kind: q.runs(store, ids[kind]) for kind in NAMES}
@@ -78,7 +78,7 @@ def _load_theory_from_a_run(page, experiment: str) -> None:
 
 
 def test_every_page_draws_every_chart_with_names_that_hold_quotes_tags_and_non_ascii(served):
-    from pages.nav import PAGES
+    from pages.widgets.nav import PAGES
 
     ids = {**served["ids"], "db": served["db"]}
     problems, drawn, opened = [], {}, set()

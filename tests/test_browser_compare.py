@@ -25,7 +25,8 @@ def served(tmp_path_factory):
 
 
 def _runs_of(db: str, experiment_id: int) -> list[int]:
-    from storage import open_store, queries as q
+    from storage import open_store
+    from storage.records import queries as q
 
     store = open_store(db)
     try:

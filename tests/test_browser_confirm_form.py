@@ -1,5 +1,5 @@
 """Queue confirm is offered only where pressing it queues a confirm, in Chromium (issue 35 item 10): the panel
-offers the configurations storage/confirm_jobs.py's check (the one pressing runs) lets through and says why the
+offers the configurations storage/serving/confirm_jobs.py's check (the one pressing runs) lets through and says why the
 others are not offered; with none, or with a confirm unfinished, its button is disabled with the reason beside it.
 
 - A k sweep whose every run is measurably slower than the target alone (its stored speedups set to 0.9) and
@@ -58,7 +58,7 @@ def _open(page, url: str, experiment_id: int) -> None:
 
 def test_queue_confirm_offers_what_it_would_queue_and_is_disabled_with_its_reason_otherwise(served):
     from storage import open_store
-    from storage.confirm_jobs import confirm_jobs
+    from storage.serving.confirm_jobs import confirm_jobs
 
     ids, db = served["ids"], served["db"]
     _speculative(db, ids["k"], "UPDATE runs SET speedup = 0.9, speedup_ci_lo = 0.85, speedup_ci_hi = 0.95 "

@@ -58,7 +58,7 @@ def _headline(page) -> dict[str, str]:
 
 
 def test_every_section_opens_from_its_link_and_draws_its_charts(served):
-    from pages import sections
+    from pages.panels import sections
     from tests.chart_data import NAMES
 
     url, ids = served["url"], served["ids"]
@@ -88,7 +88,7 @@ def test_every_section_opens_from_its_link_and_draws_its_charts(served):
 
 def test_a_click_opens_a_section_and_the_headline_is_the_verdicts(served):
     from storage import open_store
-    from storage.verdict import verdict
+    from storage.analysis.verdict import verdict
 
     url, ids = served["url"], served["ids"]
     store = open_store(served["db"])

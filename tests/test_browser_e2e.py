@@ -65,13 +65,17 @@ def _downloads(page) -> dict[str, pd.DataFrame]:
 
 
 def _status(db: str, experiment_id: int) -> str:
-    from storage import open_store, catalog, queries as q
+    from storage import open_store
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     return catalog.experiments(open_store(db)).set_index("experiment_id").loc[experiment_id, "status"]
 
 
 def _wait_done(db: str, experiment_id: int, log: Path) -> None:
-    from storage import open_store, catalog, queries as q
+    from storage import open_store
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     deadline = time.time() + RUN_TIMEOUT_S
     status = None
@@ -105,7 +109,9 @@ def _token_boxes(page) -> dict[int, object]:
 
 
 def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, browser, tmp_path):
-    from storage import open_store, catalog, queries as q
+    from storage import open_store
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1500, "height": 1900}, accept_downloads=True)
@@ -125,7 +131,7 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
     page.get_by_text("Upload a file").click()
     _settle(page)
     prompts = upload_prompts(page, PROMPT_FILE, tmp_path, PROMPTS)
-    from engine.prompt_sets import load_prompt_file
+    from engine.text.prompt_sets import load_prompt_file
 
     _commit(_field(page, "Max new tokens"), str(MAX_NEW_TOKENS))
     _settle(page)
@@ -139,7 +145,7 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
     queued.wait_for()
     experiment_id = int(re.search(r"#(\d+)", queued.inner_text()).group(1))
     # A second, smaller sweep of the same pair, for Compare (queued behind the first; its name is not HTML).
-    from storage.experiments import enqueue_experiment
+    from storage.jobs.experiments import enqueue_experiment
 
     second = enqueue_experiment(open_store(dashboard["db"]), name="e2e second <i>sweep</i>", target=TARGET,
                                       draft=DRAFT, prompts=prompts.name, sampling={"max_new_tokens": MAX_NEW_TOKENS},
@@ -180,7 +186,7 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
     drawn(1)  # the Verdict section: the speedup chart alone
     values = dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
                       page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
-    from storage.verdict import verdict
+    from storage.analysis.verdict import verdict
 
     judged = verdict(store, experiment_id)
     served = judged.chosen or judged.best  # the target alone: the best run's α beside "0 (target alone)"

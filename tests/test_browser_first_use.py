@@ -42,7 +42,9 @@ def served(tmp_path_factory):
 
 
 def _experiments(db: str):
-    from storage import catalog, open_store, queries as q
+    from storage.analysis import catalog
+    from storage.records import queries as q
+    from storage import open_store
 
     store = open_store(db)
     try:
@@ -80,7 +82,8 @@ def time_to_charts(page, url: str) -> tuple[float, float, float, int]:
 
 
 def test_the_form_launches_what_it_shows_lines_that_coincide_are_named_and_charts_time(served):
-    from storage import catalog, queries as q
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     url, ids = served["url"], served["ids"]
     with chromium() as browser:

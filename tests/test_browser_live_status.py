@@ -33,7 +33,7 @@ def served(tmp_path_factory):
 
 def _write(db: str, sql: str, **params) -> None:
     from storage import open_store
-    from storage.schema import utcnow
+    from storage.db.schema import utcnow
 
     store = open_store(db)
     try:
@@ -45,7 +45,8 @@ def _write(db: str, sql: str, **params) -> None:
 
 def _run_again(db: str, experiment_id: int) -> int:
     """Put the experiment's first speculative run back to running, held by the live idle worker; returns its id."""
-    from storage import open_store, queries as q
+    from storage import open_store
+    from storage.records import queries as q
 
     store = open_store(db)
     runs = q.runs(store, experiment_id)
@@ -89,7 +90,7 @@ ENDED_JS = """() => !document.body.innerText.includes('108 of 108 requests') && 
 
 
 def test_the_confirm_panel_follows_a_confirm_that_ends(served):
-    from storage.confirms import finish_confirm
+    from storage.records.confirms import finish_confirm
     from storage import open_store
 
     ids, db, confirm_id = served["ids"], served["db"], served["ids"]["confirm"]

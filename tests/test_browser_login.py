@@ -24,8 +24,9 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
 
 @pytest.fixture
 def dashboard(tmp_path):
-    from storage import open_store, run_state
-    from storage.experiments import enqueue_experiment
+    from storage import open_store
+    from storage.jobs import run_state
+    from storage.jobs.experiments import enqueue_experiment
 
     db = f"sqlite:///{tmp_path / 'login.db'}"
     store = open_store(db)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pages.nav import PAGES
+from pages.widgets.nav import PAGES
 from tests.browser import chromium, dashboard, needs_chromium, settle
 
 pytestmark = needs_chromium
@@ -18,8 +18,9 @@ def _title(page) -> str:
 
 
 def test_every_page_has_its_own_path_and_the_root_opens_the_experiments_list(tmp_path):
-    from storage import open_store, run_state
-    from storage.experiments import enqueue_experiment
+    from storage import open_store
+    from storage.jobs import run_state
+    from storage.jobs.experiments import enqueue_experiment
 
     store = open_store(f"sqlite:///{tmp_path / 'draftlab.db'}")
     experiment_id = enqueue_experiment(store, name="routed", target="a", draft="b", prompts="tiny",

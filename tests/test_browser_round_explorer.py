@@ -19,9 +19,10 @@ def _seed(store) -> tuple[int, int]:
     """(experiment id, its speculative run id): a finished greedy k = 2 run over PROMPTS, lossless, whose outputs
     read as words."""
     from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
-    from storage import queries as q, run_state
-    from storage.experiments import enqueue_experiment
-    from storage.recording import record_prompt
+    from storage.records import queries as q
+    from storage.jobs import run_state
+    from storage.jobs.experiments import enqueue_experiment
+    from storage.records.recording import record_prompt
 
     eid = enqueue_experiment(store, name="explorer", target="tgt", draft="drf", prompts="code:validation",
                              sampling={"temperature": 0.0, "max_new_tokens": 64}, sweep_values=[2],
@@ -45,7 +46,8 @@ def _seed(store) -> tuple[int, int]:
 
 def test_the_round_explorer_says_why_it_opens_where_it_does_and_shows_line_breaks(tmp_path):
     from pages.round_explorer import opening_prompt, picker_label
-    from storage import open_store, queries as q
+    from storage import open_store
+    from storage.records import queries as q
 
     store = open_store(f"sqlite:///{tmp_path / 'draftlab.db'}")
     eid, run = _seed(store)

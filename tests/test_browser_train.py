@@ -24,7 +24,8 @@ TRAIN_TIMEOUT_S = 300 + 2 * STEPS  # loading, the target's continuations, the st
 
 
 def _wait_trained(db: str, job_id: int, log: Path) -> dict:
-    from storage import open_store, training
+    from storage import open_store
+    from storage.jobs import training
 
     store = open_store(db)
     deadline, job = time.time() + TRAIN_TIMEOUT_S, None
@@ -45,7 +46,8 @@ def _queue(page, db: str) -> int:
     job is refused, "already writes", so a job is never queued twice). No job after three presses fails with what
     the page shows."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from storage import open_store, training
+    from storage import open_store
+    from storage.jobs import training
 
     store = open_store(db)
     try:
@@ -211,8 +213,10 @@ def _finished_head_job(db: str) -> dict:
 
     from sqlalchemy import insert, text
 
-    from storage import open_store, training
-    from storage.schema import training_points, utcnow
+    from storage import open_store
+
+    from storage.jobs import training
+    from storage.db.schema import training_points, utcnow
 
     store = open_store(db)
     job_id = training.enqueue_training(store, kind="head", name="done-head", target="demo-target",
@@ -234,9 +238,9 @@ def test_the_forms_estimates_have_a_range_and_a_basis_and_the_head_form_sees_hea
     form's is from that job, the figure training_estimate makes of the stored rows; the distillation form's is the
     shipped demo-draft-distilled's run at the pace that head job measured here. No console or page error."""
     from engine import zoo
-    from engine.head_settings import DEFAULTS
-    from engine.prompt_sets import held_out_split, load_prompts
-    from pages.training_estimate import Shape, training_estimate
+    from engine.config.head_settings import DEFAULTS
+    from engine.text.prompt_sets import held_out_split, load_prompts
+    from pages.panels.training_estimate import Shape, training_estimate
     from tests.browser import collect_errors, page_problems
 
     with dashboard(tmp_path, DRAFTLAB_MODELS=str(tmp_path / "models")) as served, chromium() as browser:

@@ -4,7 +4,7 @@ a random worker every few seconds; the supervisor restarts it and requeues its r
 done, once: no (run, prompt), (run, prompt, round) or (run, prompt, repeat) row duplicated or missing, no lease or
 worker row left behind, and the figures equal those of one worker draining the same experiments.
 
-Claims stay the advisory-locked conditional update of storage.run_state.claim_group: this test is its evidence under
+Claims stay the advisory-locked conditional update of storage.jobs.run_state.claim_group: this test is its evidence under
 load (four claimers, restarts, sweeps and requeues racing them). The helpers serve benchmarks/bench_scale.py too.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from storage import open_store
-from storage.experiments import enqueue_experiment
+from storage.jobs.experiments import enqueue_experiment
 from tests.fault_tools import audit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def enqueue_drain(store, model_dirs, experiments=EXPERIMENTS, ks=KS, max_new_tok
 def start_supervisor(url: str, devices: list[str], until_idle: bool = False, backoff: float = 0.5,
                      stderr=subprocess.PIPE) -> subprocess.Popen:
     """The supervisor of `draftlab worker --devices ...`, with quick heartbeats and polls for the test."""
-    code = ("import sys; from app.supervisor import run_supervisor; "
+    code = ("import sys; from app.worker.supervisor import run_supervisor; "
             f"sys.exit(run_supervisor({url!r}, {devices!r}, until_idle={until_idle!r}, "
             f"worker_args={WORKER_ARGS!r}, backoff_start={backoff!r}))")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -134,7 +134,7 @@ class Killer:
 
 def single_worker_reference(tmp_path, model_dirs) -> dict:
     """The same experiments drained by one in-process worker (SQLite): the figures the chaos drain must match."""
-    from app.worker import Worker
+    from app.worker.worker import Worker
 
     store = open_store(f"sqlite:///{tmp_path / 'reference.db'}")
     enqueue_drain(store, model_dirs)

@@ -1,4 +1,4 @@
-"""Prompts as teams have them (engine/chat.py, engine/prompt_sets.py): OpenAI `messages` and ShareGPT
+"""Prompts as teams have them (engine/text/chat.py, engine/text/prompt_sets.py): OpenAI `messages` and ShareGPT
 `conversations` JSONL, Parquet/Arrow exports, cut after the last user turn, rendered by the target tokenizer's chat
 template (or a FILE, or none); the built-in chat set; every problem one line."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pandas as pd
 import pytest
 
-from engine.chat import Chat, render, resolve_option
+from engine.text.chat import Chat, render, resolve_option
 from engine.errors import DraftLabError
-from engine.prompt_sets import load_prompts
+from engine.text.prompt_sets import load_prompts
 from engine.zoo import DEMO_TARGET, resolve
 from tests import tiny_models as tm
 
@@ -117,10 +117,11 @@ def test_builtin_chat_set_renders_with_the_demo_template():
 # --- through the worker and the CLI: what is stored is what the models saw ---------------------------------------
 
 def test_worker_freezes_rendered_conversations_and_a_missing_template_fails_the_experiment(tmp_path):
-    from app.worker import Worker
+    from app.worker.worker import Worker
     from storage import open_store
-    from storage.experiments import enqueue_experiment, load_experiment_prompts
-    from storage import catalog, queries as q
+    from storage.jobs.experiments import enqueue_experiment, load_experiment_prompts
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     chats = _jsonl(tmp_path, [OPENAI, SHAREGPT])
     store = open_store(f"sqlite:///{tmp_path / 'chat.db'}")
@@ -161,8 +162,9 @@ def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
 
     from app.cli import main
     from storage import open_store
-    from storage.experiments import load_experiment_prompts
-    from storage import catalog, queries as q
+    from storage.jobs.experiments import load_experiment_prompts
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
@@ -206,7 +208,7 @@ def test_cli_distill_takes_conversations(model_dirs, tmp_path, capsys):
 def test_dashboard_uploads_render_through_the_pair_checks_tokenizer(model_dirs, tmp_path):
     """The New-experiment and validation uploads freeze conversations as text (pages/pair_check.render_prompts):
     the tokenizer's template (auto), the experiment's own (none or a template's text); plain prompts untouched."""
-    from pages.pair_check import render_prompts
+    from pages.widgets.pair_check import render_prompts
 
     prompts = load_prompts(_jsonl(tmp_path, [OPENAI, {"prompt": "plain"}]))
     with pytest.raises(DraftLabError, match="the uploaded prompts are conversations but"):
@@ -220,8 +222,10 @@ def test_cli_validate_holds_out_conversations_rendered_like_the_tuned_ones(tmp_p
     """Tuned on chat:tune, `draftlab validate` reruns the chosen run on chat:validation, its conversations rendered
     with the tuned experiment's chat template (here a FILE's text, stored on the experiment)."""
     from app.cli import main
-    from storage import open_store, catalog, queries as q
-    from storage.experiments import load_experiment_prompts
+    from storage import open_store
+    from storage.analysis import catalog
+    from storage.records import queries as q
+    from storage.jobs.experiments import load_experiment_prompts
 
     db = f"sqlite:///{tmp_path / 'v.db'}"
     template = tmp_path / "t.jinja"

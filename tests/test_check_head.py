@@ -1,4 +1,4 @@
-"""`draftlab check-head DIR --target T` (engine/head_check.py): a head measured with its config as it is fits; the
+"""`draftlab check-head DIR --target T` (engine/models/head_check.py): a head measured with its config as it is fits; the
 same head with norm_before_fc dropped from its config.json (vLLM then drops its input_norm weight) is found out,
 with the key to set; a directory that is no head is refused in one line. The variants leave out ids the lab cannot
 feed. Heads: tests/eagle3_heads.py (demo-eagle3, else the session's stand-in)."""
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from app.cli import main
-from engine.head_check import MARGIN, paired_gain, variants
+from engine.models.head_check import MARGIN, paired_gain, variants
 from tests.eagle3_heads import misserved
 
 ARGS = ("--target", "demo-target", "--limit", "8", "--max-new-tokens", "24", "--device", "cpu", "--json")

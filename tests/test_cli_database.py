@@ -11,8 +11,9 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from app.cli import main
-from storage import open_store, run_state
-from storage.experiments import enqueue_experiment
+from storage import open_store
+from storage.jobs import run_state
+from storage.jobs.experiments import enqueue_experiment
 
 READING = [["list"], ["list", "--json"], ["export", "1"], ["export", "1", "--format", "deploy"], ["resume", "1"],
            ["confirm", "1"], ["validate", "1"], ["import-metrics", "scrape.txt", "--experiment", "1"]]
@@ -77,14 +78,14 @@ def _hold_lock(url: str):
 
 
 def test_a_locked_database_is_named_locked_not_read_only(db_url, monkeypatch, capsys):
-    import storage.store
+    import storage.db.store
 
     store = open_store(db_url)
     eid = enqueue_experiment(store, name="locked", target="t", draft="d", prompts="tiny", sampling={},
                              sweep_values=[1], prompt_texts=["t1 t2"])
     run_state.cancel_experiment(store, eid)
     store.dispose()
-    monkeypatch.setattr(storage.store, "LOCK_WAIT_MS", 300)  # wait 0.3 s for a lock, not 30
+    monkeypatch.setattr(storage.db.store, "LOCK_WAIT_MS", 300)  # wait 0.3 s for a lock, not 30
     holder = _hold_lock(db_url)
     try:
         assert main(["resume", str(eid), "--db", db_url]) == 2

@@ -6,7 +6,7 @@ import torch
 
 from app.cli import main
 from engine.errors import DraftLabError
-from engine.loading import check_pair, load_model
+from engine.models.loading import check_pair, load_model
 from tests import tiny_models as tm
 
 
@@ -133,8 +133,9 @@ def _with_password(url: str) -> tuple[str, str]:
 
 
 def test_a_database_password_never_appears_in_cli_output(postgres_url, capsys):
-    from storage import open_store, run_state
-    from storage.experiments import enqueue_experiment
+    from storage import open_store
+    from storage.jobs import run_state
+    from storage.jobs.experiments import enqueue_experiment
 
     url, secret = _with_password(postgres_url)
     outputs = []
@@ -176,7 +177,7 @@ BAD_DATABASES = {
                                      ["worker", "--until-idle"]], ids=lambda c: " ".join(c))
 @pytest.mark.parametrize("db", list(BAD_DATABASES.values()), ids=list(BAD_DATABASES))
 def test_a_bad_database_is_one_error_line_naming_it(command, db, capsys):
-    from storage.store import safe_url
+    from storage.db.store import safe_url
 
     code = main([*command, "--db", db])
     out, err = capsys.readouterr()
@@ -190,8 +191,9 @@ def test_a_bad_database_is_one_error_line_naming_it(command, db, capsys):
 @pytest.fixture
 def read_only_db(tmp_path):
     """A database holding one cancelled experiment, and a read-only URL on it (mode=ro: read-only even as root)."""
-    from storage import open_store, run_state
-    from storage.experiments import enqueue_experiment
+    from storage import open_store
+    from storage.jobs import run_state
+    from storage.jobs.experiments import enqueue_experiment
 
     path = tmp_path / "ro.db"
     store = open_store(f"sqlite:///{path}")
@@ -223,8 +225,9 @@ def test_reading_commands_work_on_a_read_only_database(read_only_db, capsys, tmp
 
 
 def test_list_shows_an_error_only_for_the_run_that_has_one(tmp_path, capsys):
-    from storage import open_store, run_state
-    from storage.experiments import enqueue_experiment
+    from storage import open_store
+    from storage.jobs import run_state
+    from storage.jobs.experiments import enqueue_experiment
 
     url = f"sqlite:///{tmp_path / 'errors.db'}"
     store = open_store(url)
@@ -251,7 +254,7 @@ def test_a_closed_pipe_ends_quietly(tmp_path, argv):
     from pathlib import Path
 
     from storage import open_store
-    from storage.experiments import enqueue_experiment
+    from storage.jobs.experiments import enqueue_experiment
 
     url = f"sqlite:///{tmp_path / 'pipe.db'}"
     store = open_store(url)
@@ -284,7 +287,9 @@ def test_k_and_repeats_are_checked_before_anything_is_stored(run_cli, extra, mes
     code, out, err = run_cli(*extra)
     assert code == 2 and out == ""
     assert message in _one_error_line(err)
-    from storage import open_store, catalog, queries as q
+    from storage import open_store
+    from storage.analysis import catalog
+    from storage.records import queries as q
     assert catalog.experiments(open_store(run_cli.db)).empty
 
 
@@ -329,7 +334,9 @@ def test_a_draft_sweep_compares_drafts_and_the_target_as_its_own_draft_accepts_e
     assert set(by_draft) == {model_dirs["draft"], model_dirs["target"]}
     assert by_draft[model_dirs["target"]]["alpha"] == 1.0 and by_draft[model_dirs["draft"]]["alpha"] < 1.0
     assert all(r["sweep_variable"] == "draft" and r["outputs_match_baseline"] for r in doc["runs"])
-    from storage import open_store, catalog, queries as q
+    from storage import open_store
+    from storage.analysis import catalog
+    from storage.records import queries as q
     runs = q.runs(open_store(run_cli.db), doc["experiment_id"]).set_index("draft")
     assert runs.loc[model_dirs["target"], "draft_parameters"] > 0  # the cost account: the draft's size ...
     assert runs.loc[model_dirs["target"], "extra_memory_mb"] > 0  # ... and the memory it adds to the baseline's
@@ -346,7 +353,8 @@ def test_k_auto_is_for_the_constant_k_drafter(run_cli):
 
 def _experiments(url):
     from storage import open_store
-    from storage import catalog, queries as q
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     store = open_store(url)
     try:
@@ -403,7 +411,8 @@ def test_the_documented_bounds_fit_every_database(run_on):
     assert code == 0, err
     doc = json.loads(out)
     from storage import open_store
-    from storage import catalog, queries as q
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     store = open_store(run_on.db)
     exp = q.experiment(store, doc["experiment_id"])
@@ -476,7 +485,7 @@ def test_a_corrupt_weights_file_is_named_with_the_fix(run_cli, model_dirs, tmp_p
 def exported(tmp_path):
     """A database with one experiment, and `export` on it."""
     from storage import open_store
-    from storage.experiments import enqueue_experiment
+    from storage.jobs.experiments import enqueue_experiment
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     store = open_store(url)
@@ -552,7 +561,7 @@ def _distill(out, *extra):
 
 
 def test_distill_refuses_a_non_empty_out_unless_overwrite(tmp_path, capsys):
-    from engine.distill import check_distill_out
+    from engine.training.distill import check_distill_out
 
     out = tmp_path / "busy"
     out.mkdir()
@@ -590,9 +599,10 @@ def test_distill_never_writes_into_a_shipped_model(tmp_path, capsys, overwrite):
 ])
 def test_the_queue_refuses_what_no_database_column_holds(store, change, words):
     """Whoever enqueues (the form, a script), the queue checks the same descriptions before the first INSERT."""
-    from storage import catalog, queries as q
-    from storage.errors import QueueError
-    from storage.experiments import enqueue_experiment
+    from storage.analysis import catalog
+    from storage.records import queries as q
+    from storage.db.errors import QueueError
+    from storage.jobs.experiments import enqueue_experiment
 
     kwargs = dict(name="x", target="t", draft="d", prompts="tiny", sampling={}, sweep_values=[1],
                   prompt_texts=["t1 t2"])
@@ -608,8 +618,8 @@ def test_the_queue_refuses_what_no_database_column_holds(store, change, words):
                                            ({"steps": 2**40}, "steps"), ({"max_new_tokens": 10**6}, "4096"),
                                            ({"focus_from": 2**63}, "focus from")])
 def test_a_training_job_refuses_what_no_column_holds(store, tmp_path, change, words):
-    from storage import training
-    from storage.errors import QueueError
+    from storage.jobs import training
+    from storage.db.errors import QueueError
 
     kwargs = dict(name="d2", target="demo-target", draft="demo-draft", prompts="code:tune",
                   validation="code:validation", steps=3, models=tmp_path)
@@ -621,7 +631,7 @@ def test_a_training_job_refuses_what_no_column_holds(store, tmp_path, change, wo
 @pytest.mark.parametrize("option", ["--poll", "--heartbeat", "--stale"])
 @pytest.mark.parametrize("value", ["nan", "-1", "inf", "0", "５"])
 def test_worker_process_durations_are_finite_positive_numbers(option, value, capsys, tmp_path):
-    from app.worker_process import main as worker_main
+    from app.worker.worker_process import main as worker_main
 
     with pytest.raises(SystemExit) as exit_:
         worker_main([option, value, "--db", f"sqlite:///{tmp_path / 'w.db'}", "--until-idle"])

@@ -10,10 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from app.completions_load import PassRecord, RequestFailed, RequestRecord, read_stream
-from app.production_scrape import SpecCounters
-from storage.confirms import (LATENCY_KEYS, add_measurement, confirm_document, finish_confirm, outputs_match,
-                              pass_speedup, start_confirm, summarize)
+from app.serving.completions_load import PassRecord, RequestFailed, RequestRecord, read_stream
+from app.serving.production_scrape import SpecCounters
+from storage.analysis.confirm_report import confirm_document
+from storage.records.confirms import (LATENCY_KEYS, add_measurement, finish_confirm, outputs_match, pass_speedup,
+                                      start_confirm, summarize)
 
 
 def _sse(*chunks) -> list[bytes]:
@@ -97,7 +98,7 @@ def test_outputs_match_gives_the_share_equal_and_the_first_divergence():
 
 
 def test_a_stored_confirm_reads_back_as_specs_json(store):
-    from storage.experiments import enqueue_experiment
+    from storage.jobs.experiments import enqueue_experiment
 
     eid = enqueue_experiment(store, name="c", target="t", draft="d", prompts="p", sampling={}, sweep_values=(3,),
                              prompt_texts=["a", "b"])
@@ -160,14 +161,14 @@ def test_a_server_that_exits_before_it_is_ready_is_one_line_with_its_last_error(
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
     assert "exited with status 3 before it was ready: RuntimeError: no CPU backend" in line
     from storage import open_store
-    from storage.confirms import confirms
+    from storage.analysis.confirm_report import confirms
 
     (stored,) = confirms(open_store(db), lab["experiment_id"])
     assert stored["status"] == "failed" and stored["configs"] == [] and "status 3" in stored["error"]
 
 
 def test_the_servers_k_and_comparable_positions_follow_vllms_schedule_lookup():
-    from storage.confirms import comparable_positions, server_k
+    from storage.records.confirms import comparable_positions, server_k
 
     # the demo grid's schedule as the deploy export wrote it (k 2 up to batch 3, k 1 at 4), confirmed in vLLM
     schedule = {"num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 3, 2], [4, 4, 1]]}

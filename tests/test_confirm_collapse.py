@@ -1,4 +1,4 @@
-"""The collapse finding (storage/collapse.py, storage/findings.py's `_collapse`): a confirmed EAGLE-3 head whose
+"""The collapse finding (storage/analysis/collapse.py, storage/analysis/findings.py's `_collapse`): a confirmed EAGLE-3 head whose
 server acceptance is under half the lab's with both intervals making it certain names the head directory and what
 to check (aux-layer ids, norm_before_fc, d2t, chat template); the same low rate over too few drafts to be certain,
 or a server that accepts like the lab, says nothing. Counters are stored as a confirm stores them, beside a tiny
@@ -9,18 +9,18 @@ import json
 
 import pytest
 
-from storage.collapse import collapse, lab_rate
-from storage.findings import findings
-from storage.stats import wilson_interval
+from storage.analysis.collapse import collapse, lab_rate
+from storage.analysis.findings import findings
+from engine.metrics.stats import wilson_interval
 from tests.test_confirm_job import lab  # noqa: F401 - the fixture: a tiny k 1,2 experiment run through the CLI
 
 HEAD = "/models/heads/llama-eagle3"
 
 
 def _store_confirm(store, eid, run, *, drafts: int, accepted: int, method: str = "eagle3") -> int:
-    from app.completions_load import PassRecord, RequestRecord
-    from app.production_scrape import SpecCounters
-    from storage.confirms import add_measurement, finish_confirm, start_confirm, summarize
+    from app.serving.completions_load import PassRecord, RequestRecord
+    from app.serving.production_scrape import SpecCounters
+    from storage.records.confirms import add_measurement, finish_confirm, start_confirm, summarize
 
     k = int(run["k"])
     passes = [PassRecord(1, 1.0, [RequestRecord(0, 0.0, [0.5, 1.0], [1, 2], [1, 2, 3])])]

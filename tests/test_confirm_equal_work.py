@@ -1,7 +1,7 @@
 """A confirm's server speedup compares equal work and is shown only when it is a result (issue 35 item 0): per
 generated token (the lab's definition: tokens per second, speculative over target-only, paired by pass), never
 above the server's own tokens per step, and never for a configuration whose outputs speculation changed. Under
-sampling the two servers' answers are compared (storage/sampled_outputs.py's tests); a difference is an error
+sampling the two servers' answers are compared (engine/metrics/sampled_outputs.py's tests); a difference is an error
 finding, with no speedup beside it. Against the stand-in server (tests/fake_vllm.py): its "short" fault answers
 sampled requests in 6-10 tokens as vLLM 0.32's CPU build does, its "fast" fault times steps at nothing."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from app.completions_load import PassRecord
-from storage.sampled_outputs import ALPHA, MIN_PROMPTS, compare_sampled
+from app.serving.completions_load import PassRecord
+from engine.metrics.sampled_outputs import ALPHA, MIN_PROMPTS, compare_sampled
 
 FAKE = shlex.join([sys.executable, str(Path(__file__).with_name("fake_vllm.py"))])
 
@@ -32,7 +32,7 @@ class _Pass(PassRecord):
 
 
 def test_the_speedup_is_per_generated_token_not_the_wall_ratio_of_unequal_work():
-    from storage.confirms import pass_speedup
+    from storage.records.confirms import pass_speedup
 
     # the issue's confirm: the target-only server generated 864 tokens a pass, the speculative one 117 and 181
     base = [_Pass(864, 4.15), _Pass(864, 4.16)]
@@ -45,7 +45,7 @@ def test_the_speedup_is_per_generated_token_not_the_wall_ratio_of_unequal_work()
 
 
 def test_a_speedup_above_the_servers_tokens_per_step_or_over_changed_outputs_is_withheld():
-    from storage.confirms import withheld
+    from storage.records.confirms import withheld
 
     greedy_same = {"outputs_match_server_baseline": 1.0}
     # the issue's figures: 1.57× (1.35–1.89) from a server emitting 1.09 tokens per step
@@ -110,7 +110,7 @@ def _confirm(eid, db, capsys, monkeypatch, fault: str, repeats: int = 2) -> tupl
     from sqlalchemy import text
 
     from storage import open_store
-    from storage.findings import findings
+    from storage.analysis.findings import findings
 
     monkeypatch.setenv("FAKE_VLLM_FAULT", fault)
     monkeypatch.setenv("FAKE_VLLM_STEP_SECONDS", "0.002")

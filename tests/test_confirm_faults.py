@@ -68,7 +68,7 @@ def _confirm(lab, capsys, monkeypatch, fault: str, *options: str, repeats: int =
     """Confirm every run (k 1 and 2), concurrency 1, `repeats` passes, with `fault`: (exit status, the `error:`
     lines, the stored confirm, the stored rows as (label, k, passes), the number of counter series stored)."""
     from storage import open_store
-    from storage.confirms import confirms
+    from storage.analysis.confirm_report import confirms
 
     eid, _, db = lab
     monkeypatch.setenv("FAKE_VLLM_FAULT", fault)
@@ -155,7 +155,7 @@ def test_a_server_without_counters_is_one_line_and_the_other_configuration_is_ke
 def _taken_ports(monkeypatch, taken: socket.socket, calls: set[int]) -> None:
     """free_port answers the port `taken` listens on at these calls (1-based), a free one otherwise: the port
     chosen free and taken before the server binds it."""
-    import app.vllm_server as vllm_server
+    import app.serving.vllm_server as vllm_server
 
     real, count = vllm_server.free_port, [0]
 
@@ -180,7 +180,7 @@ def test_a_port_taken_before_the_server_binds_it_is_retried_on_another(lab, caps
 
 
 def test_a_port_taken_every_time_is_one_line_and_the_other_configuration_is_kept(lab, capsys, monkeypatch):
-    from app.vllm_server import BIND_ATTEMPTS
+    from app.serving.vllm_server import BIND_ATTEMPTS
 
     _, runs, _ = lab
     with socket.socket() as taken:
@@ -203,8 +203,8 @@ def test_a_port_taken_every_time_is_one_line_and_the_other_configuration_is_kept
 def test_a_server_killed_mid_confirm_is_stopped_with_every_process_of_its_tree(fakes, monkeypatch, engine):
     """vLLM's EngineCore outlives a killed server process (parent PID 1, in its group): stop() ends it all the same,
     and a process that left the group (its own session), which the watchdog saw while the server ran."""
-    from app.vllm_server import VllmServer
-    from engine.process_tree import WATCH_SECONDS
+    from app.serving.vllm_server import VllmServer
+    from engine.serving.process_tree import WATCH_SECONDS
 
     monkeypatch.setenv("FAKE_VLLM_ESCAPE", "1" if engine == "escaped the group" else "0")
     server = VllmServer.start("target-only", FAKE, "m", startup_timeout=60)
@@ -231,7 +231,7 @@ def _signalled_confirm(lab, fakes, tmp_path, **env) -> ConfirmProcess:
 
 def _stored_confirms(db):
     from storage import open_store
-    from storage.confirm_jobs import get_confirm
+    from storage.serving.confirm_jobs import get_confirm
 
     store = open_store(db)
     try:
@@ -259,7 +259,8 @@ def test_ctrl_c_or_sigterm_mid_confirm_is_one_line_and_its_exit_status(lab, fake
 
 
 def test_a_killed_confirm_leaves_no_server_and_the_next_sweep_closes_its_row(lab, fakes, tmp_path):
-    from storage import liveness, open_store
+    from storage.jobs import liveness
+    from storage import open_store
 
     confirm = _signalled_confirm(lab, fakes, tmp_path)
     confirm.proc.kill()
@@ -298,7 +299,7 @@ def test_the_next_confirm_ends_the_servers_a_killed_confirm_and_its_watchdogs_le
 
 
 def test_the_error_quoted_from_a_server_log_is_the_real_one_not_a_warning():
-    from app.vllm_server import last_error
+    from app.serving.vllm_server import last_error
 
     ulimit = ("(APIServer pid=20879) WARNING 12-06 16:36:21 [system_utils.py:255] Found ulimit of 20000 and failed to "
               "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "

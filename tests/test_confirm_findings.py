@@ -1,4 +1,4 @@
-"""Findings from a stored confirm (storage/findings.py's `_confirm`): in the server, a configuration that gains or
+"""Findings from a stored confirm (storage/analysis/findings.py's `_confirm`): in the server, a configuration that gains or
 loses at a concurrency, beside the lab's figure at the same batch size (a lab gain the server does not show is a
 warning); greedy outputs that speculation changed in the server (an error); the first draft position where the
 server's acceptance lies outside the lab run's interval. And a confirm's counters are not also reported as
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from storage.findings import findings
+from storage.analysis.findings import findings
 from tests.chart_data import seed_confirm
 from tests.test_confirm_job import lab  # noqa: F401 - the fixture: a tiny k 1,2 experiment run through the CLI
 from tests.test_pages import empty_db  # noqa: F401 - the fixture grid needs
@@ -34,9 +34,9 @@ def test_the_server_gains_or_loses_at_each_concurrency_beside_the_lab(grid):  # 
 
 
 def test_changed_outputs_and_acceptance_outside_the_labs_interval(lab):  # noqa: F811
-    from app.completions_load import PassRecord, RequestRecord
-    from app.production_scrape import SpecCounters
-    from storage.confirms import add_measurement, finish_confirm, start_confirm, summarize
+    from app.serving.completions_load import PassRecord, RequestRecord
+    from app.serving.production_scrape import SpecCounters
+    from storage.records.confirms import add_measurement, finish_confirm, start_confirm, summarize
 
     doc, store = lab
     eid = doc["experiment_id"]
@@ -64,10 +64,10 @@ def test_changed_outputs_and_acceptance_outside_the_labs_interval(lab):  # noqa:
 
 
 def test_a_schedules_positions_are_judged_only_where_every_served_k_reaches(lab):  # noqa: F811
-    from app.completions_load import PassRecord, RequestRecord
-    from app.production_scrape import SpecCounters
-    from storage.confirms import add_measurement, finish_confirm, start_confirm, summarize
-    from storage.production import lab_positions
+    from app.serving.completions_load import PassRecord, RequestRecord
+    from app.serving.production_scrape import SpecCounters
+    from storage.records.confirms import add_measurement, finish_confirm, start_confirm, summarize
+    from storage.records.production import lab_positions
 
     doc, store = lab
     eid = doc["experiment_id"]

@@ -77,9 +77,9 @@ def test_import_metrics_refuses_a_broken_url_in_one_line(lab, capsys, url):
 
 
 def test_an_unforeseen_fault_inside_a_confirm_is_stored_as_its_error(lab, capsys, monkeypatch):
-    import app.confirm as confirm
+    import app.serving.confirm as confirm
     from storage import open_store
-    from storage.confirms import confirms
+    from storage.analysis.confirm_report import confirms
 
     def fault(*args, **kwargs):
         raise ValueError("no such figure")  # a bug of DraftLab's, not a server's fault: no check foresaw it

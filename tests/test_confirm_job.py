@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from storage.confirm_jobs import claim_confirm, confirm_jobs, enqueue_confirm, get_confirm, report_confirm
-from storage.errors import QueueError
+from storage.serving.confirm_jobs import claim_confirm, confirm_jobs, enqueue_confirm, get_confirm, report_confirm
+from storage.db.errors import QueueError
 
 FAKE = shlex.join([sys.executable, str(Path(__file__).with_name("fake_vllm.py"))])
 
@@ -28,8 +28,8 @@ def lab(tmp_path, model_dirs, capsys):
 
 
 def test_a_queued_confirm_is_run_by_a_worker_and_stored_with_its_progress(lab, monkeypatch):
-    from app.worker import Worker
-    from storage.confirms import confirms
+    from app.worker.worker import Worker
+    from storage.analysis.confirm_report import confirms
 
     doc, store = lab
     eid = doc["experiment_id"]
@@ -85,7 +85,7 @@ def test_a_confirm_is_refused_when_queued_with_the_reason_and_nothing_stored(lab
 def test_a_confirm_counts_against_the_launchers_cap(lab, monkeypatch):
     doc, store = lab
     monkeypatch.setenv("DRAFTLAB_LIMIT_QUEUED_RUNS", "2")
-    from storage.experiments import enqueue_experiment
+    from storage.jobs.experiments import enqueue_experiment
 
     enqueue_experiment(store, name="other", target="t", draft="d", prompts="p", sampling={}, sweep_values=(3,),
                        launched_by="alice")  # a baseline and a run: alice is at her cap already
@@ -99,7 +99,7 @@ def test_a_confirm_counts_against_the_launchers_cap(lab, monkeypatch):
 
 
 def test_a_confirm_whose_worker_died_is_swept_as_interrupted_and_progress_is_fenced(lab):
-    from storage import liveness
+    from storage.jobs import liveness
 
     doc, store = lab
     cid = enqueue_confirm(store, doc["experiment_id"], configs="all", concurrency=[1])
@@ -120,11 +120,11 @@ def test_the_queue_and_the_reads_beside_the_lab_on_sqlite_and_postgresql(store):
 
     from sqlalchemy import text
 
-    from app.completions_load import PassRecord, RequestRecord
-    from storage import liveness, run_state
-    from storage import queries as q
-    from storage.confirms import add_measurement, beside_lab, finish_confirm, summarize
-    from storage.experiments import enqueue_experiment
+    from app.serving.completions_load import PassRecord, RequestRecord
+    from storage.jobs import liveness, run_state
+    from storage.records import queries as q
+    from storage.records.confirms import add_measurement, beside_lab, finish_confirm, summarize
+    from storage.jobs.experiments import enqueue_experiment
 
     eid = enqueue_experiment(store, name="pg", target="t", draft="d", prompts="p", sampling={}, sweep_values=(2,),
                              prompt_texts=["a", "b"])
@@ -157,9 +157,9 @@ def test_the_queue_and_the_reads_beside_the_lab_on_sqlite_and_postgresql(store):
 
 def _experiment_with_a_run(store) -> int:
     """An experiment with its prompts and a finished speculative run (enough to queue a confirm of it)."""
-    from storage import queries as q
-    from storage import run_state
-    from storage.experiments import enqueue_experiment
+    from storage.records import queries as q
+    from storage.jobs import run_state
+    from storage.jobs.experiments import enqueue_experiment
 
     eid = enqueue_experiment(store, name="lease", target="t", draft="d", prompts="p", sampling={}, sweep_values=(2,),
                              prompt_texts=["a", "b"])
@@ -174,7 +174,7 @@ def _age(store, cid: int, seconds: float, **columns) -> None:
 
     from sqlalchemy import text
 
-    from storage.schema import utcnow
+    from storage.db.schema import utcnow
 
     old = utcnow() - timedelta(seconds=seconds)
     sets = "".join(f", {k} = :{k}" for k in columns)
@@ -188,7 +188,7 @@ def test_a_live_workers_heartbeat_keeps_its_confirm_through_a_long_server_start(
     other sweep takes it for stale while the worker lives."""
     import os
 
-    from storage import liveness
+    from storage.jobs import liveness
 
     cid = enqueue_confirm(store, _experiment_with_a_run(store), configs="all", concurrency=[1])
     liveness.register_worker(store, "alive", liveness.host_identity(), os.getpid())
@@ -205,9 +205,9 @@ def test_a_cli_confirm_whose_process_is_gone_is_swept_as_interrupted(store):
     a row from before heartbeats once it is that old; never while its process runs and beats."""
     import json
 
-    from storage import liveness
-    from storage.confirm_jobs import record_servers
-    from storage.confirms import start_confirm
+    from storage.jobs import liveness
+    from storage.serving.confirm_jobs import record_servers
+    from storage.records.confirms import start_confirm
 
     eid = _experiment_with_a_run(store)
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from app.cli import main
-from storage.confirms import LATENCY_KEYS
+from storage.records.confirms import LATENCY_KEYS
 
 PER_CONCURRENCY_KEYS = {"concurrency", "tokens_per_second", "speedup", "speedup_ci", *LATENCY_KEYS,
                         "server_draft_acceptance_rate", "server_per_position_acceptance",

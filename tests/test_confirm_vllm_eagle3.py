@@ -21,9 +21,9 @@ import shutil
 import pytest
 
 from app.cli import main
-from engine.prompt_sets import load_prompts
+from engine.text.prompt_sets import load_prompts
 from storage import open_store
-from storage.findings import findings
+from storage.analysis.findings import findings
 from tests.eagle3_heads import misserved
 
 PROMPTS = 8

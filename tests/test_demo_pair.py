@@ -106,10 +106,10 @@ def test_models_learned_the_corpus(loaded):
 
 def test_shipped_pair_greedy_matches_target_only():
     """End to end through the engine: load by name, baseline, then speculative k=3; same tokens."""
-    from engine.loading import load_pair
-    from engine.prompt_sets import load_prompts
-    from engine.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
-    from engine.sampling import SamplingConfig
+    from engine.models.loading import load_pair
+    from engine.text.prompt_sets import load_prompts
+    from engine.decoding.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
+    from engine.decoding.sampling import SamplingConfig
 
     pair = load_pair("demo-target", "demo-draft", "cpu", "auto")
     assert pair.dtype == torch.float32
@@ -127,11 +127,11 @@ def test_shipped_pair_greedy_matches_target_only():
 def test_the_shipped_eagle3_head_drafts_for_the_demo_target_losslessly():
     """demo-eagle3 resolves by name, loads as an EAGLE-3 head for demo-target (its verifier), and greedy
     speculation with it at k 3 reproduces target-only decoding while accepting most drafts."""
-    from engine.eagle3 import Eagle3Head
-    from engine.loading import load_pair
-    from engine.prompt_sets import load_prompts
-    from engine.runs import baseline_decoder, encode_prompts, speculative_decoder
-    from engine.sampling import SamplingConfig
+    from engine.models.eagle3 import Eagle3Head
+    from engine.models.loading import load_pair
+    from engine.text.prompt_sets import load_prompts
+    from engine.decoding.runs import baseline_decoder, encode_prompts, speculative_decoder
+    from engine.decoding.sampling import SamplingConfig
 
     pair = load_pair("demo-target", "demo-eagle3", "cpu", "float32")
     assert isinstance(pair.draft.model, Eagle3Head) and pair.draft.model.aux_layers == [2, 6, 9]

@@ -1,7 +1,7 @@
-"""Carrying a run to production (storage/deploy.py): every engine's settings parsed back — vLLM's JSON, the command
+"""Carrying a run to production (storage/serving/deploy.py): every engine's settings parsed back — vLLM's JSON, the command
 lines split like a shell would, the transformers snippet compiled and its arguments read back with ast — for every
 drafter spec, with the inexpressible settings noted; and `draftlab export --format deploy` on a crafted database
-gives the same document as storage.deploy."""
+gives the same document as storage.serving.deploy."""
 from __future__ import annotations
 
 import ast
@@ -14,16 +14,16 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy import inspect, text
 
-from storage import queries as q
-from engine.drafter_specs import SPECS
-from storage.deploy import DeployError, configuration, deploy_document, deploy_settings, parse_drafter
-from storage.verdict import verdict_dict
+from storage.records import queries as q
+from engine.config.drafter_specs import SPECS
+from storage.serving.deploy import DeployError, configuration, deploy_document, deploy_settings, parse_drafter
+from storage.analysis.verdict import verdict_dict
 from tests.test_storage import fill_experiment
 
 EXPERIMENT = {"experiment_id": 7, "target": "org/target-8B", "draft": "org/draft 0.5B", "temperature": 0.0,
               "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 64, "dtype": "auto", "trust_remote_code": False}
 SAMPLING = {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "seed": 11}
-# Every drafter the engine has (engine/drafter_specs.py), with a parameter where it takes one: a new drafter
+# Every drafter the engine has (engine/config/drafter_specs.py), with a parameter where it takes one: a new drafter
 # without a deploy mapping fails test_every_engine_parses_back.
 DRAFTERS = [spec.parameter.example if spec.parameter else name for name, spec in SPECS.items()]
 SWITCHES = {"--trust-remote-code", "--speculative-use-rejection-sampling"}  # flags that take no value
@@ -287,12 +287,12 @@ def test_a_run_that_is_not_lossless_is_never_chosen_deployed_or_confirmed(store,
     """One check on every path (issue 35 item 6): a greedy run stored as done whose outputs differ from its
     baseline's is measured fastest, yet the verdict (and so the listing), `export --format deploy` without --run,
     `confirm --configs chosen` and `--configs all` pass it over, and naming it with --run is one line saying why."""
-    from app.confirm import configurations
+    from app.serving.confirm import configurations
     from engine.errors import DraftLabError
-    from storage import catalog
-    from storage.confirm_jobs import check_configurations
-    from storage.errors import QueueError
-    from storage.verdict import verdict
+    from storage.analysis import catalog
+    from storage.serving.confirm_jobs import check_configurations
+    from storage.db.errors import QueueError
+    from storage.analysis.verdict import verdict
 
     eid, ids, _ = fill_experiment(store, ks=(2, 4), prompts=3, same_outputs_for=2)  # k = 4 is not lossless
     lossless, lossy = ids[("speculative", 2)], ids[("speculative", 4)]
@@ -384,7 +384,7 @@ def test_deploy_panel_draws_one_tab_per_engine(tmp_path):
     store.dispose()
 
     def script(url, eid):
-        from pages.deploy_panel import render_deploy_panel
+        from pages.panels.deploy_panel import render_deploy_panel
         from storage import open_store
 
         render_deploy_panel(open_store(url), eid, None, expanded=True)
@@ -433,7 +433,7 @@ def test_the_transformers_snippet_runs_on_the_demo_pair(drafter, monkeypatch, ca
 def test_draft_sampling_reaches_vllm_and_transformers_says_what_it_cannot():
     """--draft-sampling greedy is vLLM's draft_sample_method "greedy"; probabilistic its "probabilistic";
     transformers (which samples the assistant's drafts) says it cannot express greedy drafts."""
-    from storage.deploy import deploy_settings
+    from storage.serving.deploy import deploy_settings
 
     experiment = {"target": "demo-target", "draft": "demo-draft", "drafter": "model", "dtype": "auto"}
     base = {"run_id": 1, "k": 3, "temperature": 0.8, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 64,
@@ -451,7 +451,7 @@ def test_a_deployed_run_not_faster_than_the_target_says_so():
     includes 1; a clear speedup gets neither sentence."""
     from types import SimpleNamespace
 
-    from storage.deploy import caveats
+    from storage.serving.deploy import caveats
 
     v = SimpleNamespace(best=SimpleNamespace(value=2, speedup=0.9, ci=(0.8, 0.95)), chosen=None, cheaper=None,
                         tied=[], too_wide=False, variable="k", show=str, text="")
@@ -464,9 +464,9 @@ def test_a_deployed_run_not_faster_than_the_target_says_so():
 
 
 def test_every_drafter_declares_its_mapping_on_every_engine():
-    """Deploy assembles each tab from the drafter's declaration (engine/drafter_specs.py), never from its name: a
+    """Deploy assembles each tab from the drafter's declaration (engine/config/drafter_specs.py), never from its name: a
     drafter without a mapping for an engine is caught here, before anyone exports it as a draft-model run."""
-    from storage.deploy import ENGINES
+    from storage.serving.deploy import ENGINES
 
     for name, spec in SPECS.items():
         assert set(spec.serving) == set(ENGINES), name
@@ -479,7 +479,7 @@ def test_eagle3_tabs_serve_the_head_in_the_layout_each_engine_loads(tmp_path, ca
     command the tab shows) wrote it, ids one lower there. A SpecForge head in SGLang's layout: SGLang serves it as
     it is, vLLM a speculators copy. A grid: vLLM carries the schedule, SGLang the named batch size's k."""
     from app.cli import main
-    from engine.head_format import head_spec, sglang_dir
+    from engine.config.head_format import head_spec, sglang_dir
     from tests.test_head_layouts import speculators_head
     from tests import tiny_models as tm
 

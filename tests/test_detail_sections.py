@@ -3,7 +3,7 @@ browser tests seed (tests/chart_data.py: one finished experiment of each kind):
 
 - only the open section is built, and `?section=` opens the named one (the Verdict, the default, needs none);
 - the headline's figures are the verdict's: what it serves, never a "best" the verdict turns down;
-- the Theory page and the detail page report one cost-aware best k (storage/formula.py cost_aware_best);
+- the Theory page and the detail page report one cost-aware best k (storage/analysis/formula.py cost_aware_best);
 - advice names the form's field before the command line's flag; the curves' legends and the predictions say what
   they compute, not "the article's formula".
 The same in Chromium: tests/test_browser_detail.py."""
@@ -16,10 +16,14 @@ import pytest
 from sqlalchemy import text
 from streamlit.testing.v1 import AppTest
 
-from pages import charts, sections
-from storage import formula, open_store, queries as q
-from storage.findings import findings
-from storage.verdict import verdict
+from pages.widgets import charts
+
+from pages.panels import sections
+from storage.analysis import formula
+from storage import open_store
+from storage.records import queries as q
+from storage.analysis.findings import findings
+from storage.analysis.verdict import verdict
 from tests.test_pages import page_text
 
 TIMEOUT = 180
@@ -147,8 +151,8 @@ def test_theory_and_the_detail_page_report_one_cost_aware_best_k(seeded):
 
 
 def test_advice_in_the_browser_names_the_field_first_and_the_flag_second(seeded):
-    from pages.advice import browser_advice
-    from pages.findings_panel import finding_markdown
+    from pages.panels.advice import browser_advice
+    from pages.panels.findings_panel import finding_markdown
 
     said = browser_advice("rerun with more --repeats or more prompts")
     assert said.index("Repeats field") < said.index("--repeats") and said.startswith("rerun with more repeats")
@@ -217,7 +221,7 @@ def test_the_experiments_table_names_a_draft_path_by_its_last_part(seeded):
     row = listing.value.set_index("experiment_id").loc[ids["draft"]]
     assert row["best_label"] == "my-distilled-draft" and row["interval"]  # the interval still beside it
     assert "last part" in json.loads(listing.proto.columns)["best_label"]["help"]
-    from storage import catalog
+    from storage.analysis import catalog
 
     assert catalog.experiments(store).set_index("experiment_id").loc[ids["draft"], "best_label"] == path  # the CSV's
 

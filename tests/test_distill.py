@@ -1,4 +1,4 @@
-"""`draftlab distill` (engine/distill.py + app/cli.py): distillation lowers held-out KL, --focus-from weights the
+"""`draftlab distill` (engine/training/distill.py + app/cli.py): distillation lowers held-out KL, --focus-from weights the
 loss toward what an experiment rejected, the output directory loads by path and speculates losslessly, and bad
 input ends in one error line (exit 2)."""
 from __future__ import annotations
@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from app.cli import main
-from storage.focus import focus_profile_weights, focus_weights
-from engine import distill as ds
-from engine.loading import load_pair
-from engine.metrics_oracle import outputs_match
-from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
-from engine.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
-from engine.sampling import SamplingConfig
-from storage import open_store, run_state
+from storage.analysis.focus import focus_profile_weights, focus_weights
+from engine.training import distill as ds
+from engine.models.loading import load_pair
+from engine.metrics.metrics_oracle import outputs_match
+from engine.decoding.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+from engine.decoding.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
+from engine.decoding.sampling import SamplingConfig
+from storage import open_store
+from storage.jobs import run_state
 from tests import tiny_models as tm
 from tests.test_storage import enqueue, record, run_ids
 
@@ -240,7 +241,7 @@ def test_cli_distill_interrupted_continues_from_its_checkpoint_without_repeating
     an uninterrupted run writes, bit for bit."""
     from safetensors.torch import load_file
 
-    import app.distill_driver as driver
+    import app.training.distill_driver as driver
 
     monkeypatch.setattr(driver, "CHECKPOINT_SECONDS", 0.0)
 
@@ -321,7 +322,7 @@ def test_bad_input_is_one_error_line(case, model_dirs, prompts_file, tmp_path, c
 
 def test_shipped_distilled_draft_loads_by_demo_name_and_is_lossless():
     from engine import zoo
-    from engine.prompt_sets import load_prompts
+    from engine.text.prompt_sets import load_prompts
 
     path = zoo.resolve("demo-draft-distilled")
     assert path is not None, "engine/zoo/demo-draft-distilled is not built"

@@ -1,4 +1,4 @@
-"""--draft-sampling probabilistic|greedy as a swept variable (engine/variables.py): stored on every run, executed
+"""--draft-sampling probabilistic|greedy as a swept variable (engine/config/variables.py): stored on every run, executed
 by the worker (greedy runs propose argmax drafts: p_draft 1 on every draft token), shown and deployed."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from sqlalchemy import text
 
 from app.cli import main
 from storage import open_store
-from storage import catalog, queries as q
+from storage.analysis import catalog
+from storage.records import queries as q
 
 
 def test_a_draft_sampling_sweep_runs_end_to_end(tmp_path, capsys, db_url):

@@ -4,8 +4,8 @@ per run and the worker's sampling configuration carries it."""
 import numpy as np
 import pytest
 
-from engine import runs
-from engine.sampling import SamplingConfig
+from engine.decoding import runs
+from engine.decoding.sampling import SamplingConfig
 from tests.test_engine_sampling import K, NEW, V, chi2_pvalue, sample_counts_with, setup  # noqa: F401 - fixture
 
 
@@ -33,9 +33,9 @@ def test_drafts_record_the_distribution_they_were_drawn_from(setup):  # noqa: F8
 
 
 def test_each_run_of_a_sweep_decodes_at_its_draft_temperature(store):
-    from engine.run_config import RunConfig
-    from storage import queries as q
-    from storage.experiments import enqueue_experiment
+    from engine.config.run_config import RunConfig
+    from storage.records import queries as q
+    from storage.jobs.experiments import enqueue_experiment
 
     cfg = RunConfig.make(target="t", prompts="code", draft="d", sweep="draft_temperature", values="0,0.5,1.5",
                          temperature=0.7)
@@ -44,13 +44,13 @@ def test_each_run_of_a_sweep_decodes_at_its_draft_temperature(store):
     assert (rows["kind"] == "baseline").sum() == 1  # the target's own decoding does not depend on it
     spec = rows[rows["kind"] == "speculative"]
     sampling = [RunConfig.of_run(row.to_dict(), experiment).sampling() for _, row in spec.iterrows()]
-    assert sorted(s.draft_temperature for s in sampling) == [0.0, 0.5, 1.5]  # what app/timing.py hands the engine
+    assert sorted(s.draft_temperature for s in sampling) == [0.0, 0.5, 1.5]  # what app/worker/timing.py hands the engine
     assert all(s.temperature == 0.7 for s in sampling)
 
 
 def test_a_bad_draft_temperature_is_one_line():
     from engine.errors import DraftLabError
-    from engine.run_config import RunConfig
+    from engine.config.run_config import RunConfig
 
     with pytest.raises(DraftLabError, match=r"draft_temperature value '0.0001' is too small"):
         RunConfig.make(target="t", prompts="code", draft_temperature="0.0001")
@@ -65,7 +65,7 @@ def test_a_version_13_database_gains_the_column(tmp_path):
     from sqlalchemy import inspect, text
 
     from storage import open_store
-    from storage.schema import SCHEMA_VERSION
+    from storage.db.schema import SCHEMA_VERSION
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     store = open_store(url)

@@ -1,14 +1,14 @@
-"""The loop only talks to the Drafter protocol (engine/drafting.py): a model-free drafter (one-hot proposals) and a
-dynamic-k policy plug in without touching engine/speculative.py, and stay lossless."""
+"""The loop only talks to the Drafter protocol (engine/decoding/drafting.py): a model-free drafter (one-hot proposals) and a
+dynamic-k policy plug in without touching engine/decoding/speculative.py, and stay lossless."""
 import math
 
 import torch
 
-from engine import runs
-from engine.drafting import HostDrafter, ModelDrafter
-from engine.sampling import SamplingConfig
-from engine.speculative import SpeculativeDecoder
-from engine.token_types import TokenTyper
+from engine.decoding import runs
+from engine.decoding.drafting import HostDrafter, ModelDrafter
+from engine.decoding.sampling import SamplingConfig
+from engine.decoding.speculative import SpeculativeDecoder
+from engine.text.token_types import TokenTyper
 from tests import tiny_models as tm
 
 

@@ -1,4 +1,4 @@
-"""The drafting strategies of engine/drafting.py, found by name in one registry: every one is lossless (greedy
+"""The drafting strategies of engine/decoding/drafting.py, found by name in one registry: every one is lossless (greedy
 output == target-only, chi-squared against the target's exact distribution at temperature 0.8 / top-k 50), and
 each follows its reference round by round: transformers' assisted generation for `model` (constant),
 `heuristic` and `confidence:T`, transformers' PromptLookupCandidateGenerator for `prompt-lookup:N`."""
@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from engine import runs, speculative, verification
-from engine import drafting
-from engine.drafter_specs import SPECS as DRAFTER_SPECS, DrafterSpec, canonical_drafter, drafter_usage, needs_draft_model, parse_drafter
-from engine.drafting import (ConfidenceDrafter, HeuristicDrafter, ModelDrafter, PromptLookupDrafter, Proposal,
+from engine.decoding import runs, speculative, verification
+from engine.decoding import drafting
+from engine.config.drafter_specs import SPECS as DRAFTER_SPECS, DrafterSpec, canonical_drafter, drafter_usage, needs_draft_model, parse_drafter
+from engine.decoding.drafting import (ConfidenceDrafter, HeuristicDrafter, ModelDrafter, PromptLookupDrafter, Proposal,
                              SuffixDrafter,
                              drafter_class, heuristic_next_k, make_drafter)
 from engine.errors import DraftLabError
-from engine.metrics_oracle import speculative_metrics
-from engine.records import ACCEPTED, BONUS, DISCARDED, REJECTED
-from engine.sampling import SamplingConfig, probabilities
+from engine.metrics.metrics_oracle import speculative_metrics
+from engine.decoding.records import ACCEPTED, BONUS, DISCARDED, REJECTED
+from engine.decoding.sampling import SamplingConfig, probabilities
 from tests import tiny_models as tm
 from tests.test_engine_sampling import chi2_pvalue
 

@@ -1,4 +1,4 @@
-"""EAGLE-3 heads as drafts (engine/eagle3.py, Eagle3Drafter): a random head in the speculators format, written to a
+"""EAGLE-3 heads as drafts (engine/models/eagle3.py, Eagle3Drafter): a random head in the speculators format, written to a
 tmp dir for a tiny 4-layer Llama target, loads through `--draft DIR`, drafts from the target's own hidden states
 (exactly `hidden_states[i]` at the committed positions, from the verify forwards), stays lossless greedy at batch 1
 and 3 and under sampling (chi-squared), and a head for another target is refused in one line."""
@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig
 
-from engine import runs
-from engine.drafting import Eagle3Drafter, make_drafter
-from engine.eagle3 import Eagle3Head, is_head
+from engine.decoding import runs
+from engine.decoding.drafting import Eagle3Drafter, make_drafter
+from engine.models.eagle3 import Eagle3Head, is_head
 from engine.errors import DraftLabError
-from engine.loading import LoadedModel, ModelPair, with_draft
-from engine.sampling import SamplingConfig
+from engine.models.loading import LoadedModel, ModelPair, with_draft
+from engine.decoding.sampling import SamplingConfig
 from tests import tiny_models as tm
 from tests.test_engine_sampling import NEW, V, chi2_pvalue, exact_joint
 
@@ -209,7 +209,8 @@ def test_draftlab_run_takes_eagle3_for_a_head_without_drafter(tmp_path, model_di
     from transformers import AutoModelForCausalLM
 
     from app.cli import main
-    from storage import open_store, queries as q
+    from storage import open_store
+    from storage.records import queries as q
     from tests.cli_runs import run_json
     from tests.test_head_layouts import specforge_head
 
@@ -236,7 +237,7 @@ def test_draftlab_run_takes_eagle3_for_a_head_without_drafter(tmp_path, model_di
 @pytest.mark.parametrize("family", ["mistral", "qwen2", "gemma2", "gemma3", "cohere2", "llama4-chunked"])
 def test_a_head_over_each_family_decodes_losslessly_past_its_window_at_batch_1_and_3(tmp_path, family):
     """Lossless per model family and batch size: a head over targets with sliding or chunked attention windows (the
-    aux states caught by pre-hooks on their layers, engine/aux_states.py), prompts and outputs longer than the
+    aux states caught by pre-hooks on their layers, engine/decoding/aux_states.py), prompts and outputs longer than the
     window, rows of different lengths decoded together."""
     from tests.test_engine_sliding import PROMPTS as LONG_PROMPTS
     from tests.test_engine_sliding import build
@@ -250,7 +251,7 @@ def test_a_head_over_each_family_decodes_losslessly_past_its_window_at_batch_1_a
     assert max(i.shape[-1] + len(o) for i, o in zip(ids, baseline)) > 16 * 3  # well past the 16-token window
     for batch in (1, 3):
         decoder = runs.speculative_decoder(pair, cfg, 3, drafter="eagle3")
-        if family == "llama4-chunked" and batch > 1:  # refused by name at batch > 1 (engine/attention_masks.py)
+        if family == "llama4-chunked" and batch > 1:  # refused by name at batch > 1 (engine/decoding/attention_masks.py)
             with pytest.raises(DraftLabError, match="run it at batch size 1"):
                 list(runs.run_batches(decoder, LONG_PROMPTS, ids, batch))
             continue

@@ -5,10 +5,10 @@ import copy
 
 import pytest
 
-from engine import runs
-from engine.metrics_oracle import speculative_metrics
-from engine.records import ACCEPTED, DISCARDED, REJECTED
-from engine.sampling import SamplingConfig
+from engine.decoding import runs
+from engine.metrics.metrics_oracle import speculative_metrics
+from engine.decoding.records import ACCEPTED, DISCARDED, REJECTED
+from engine.decoding.sampling import SamplingConfig
 from tests import tiny_models as tm
 
 
@@ -36,7 +36,7 @@ def test_max_new_tokens_cut_counts_only_emitted_drafts(budget):
 
 
 def _settle(drafted, accepted, next_token, budget=100):
-    from engine.records import settle_round
+    from engine.decoding.records import settle_round
 
     return settle_round(drafted, accepted, next_token, {tm.EOS}, budget)
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from engine import runs
-from engine.sampling import SamplingConfig
+from engine.decoding import runs
+from engine.decoding.sampling import SamplingConfig
 from tests import tiny_models as tm
 
 PROMPTS = ["t3 t4 t5", "t9 t7 t22 t40 t41 t2", "t12 t13"]

@@ -1,4 +1,4 @@
-"""Batched decoding (engine/speculative.py, engine/baseline.py: one loop, batch 1 its one-row case) is lossless per
+"""Batched decoding (engine/decoding/speculative.py, engine/decoding/baseline.py: one loop, batch 1 its one-row case) is lossless per
 row: greedy rows equal the target-only decoding of that prompt alone token for token, and yield the records a
 one-row decode of it yields (Llama-style and GPT-2-style pairs,
 every drafter, batch 1, 3 and 8, prompts of different lengths); sampled rows follow the target's exact
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine import drafting, runs, speculative, verification
-from engine.batched_cache import BatchCache
-from engine.drafter_specs import SPECS
+from engine.decoding import drafting, runs, speculative, verification
+from engine.decoding.batched_cache import BatchCache
+from engine.config.drafter_specs import SPECS
 from engine.errors import DraftLabError
-from engine.metrics_oracle import speculative_metrics
-from engine.sampling import SamplingConfig, probabilities
+from engine.metrics.metrics_oracle import speculative_metrics
+from engine.decoding.sampling import SamplingConfig, probabilities
 from tests import tiny_models as tm
 from tests.test_engine_sampling import chi2_pvalue
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 import transformers
 
-from engine import runs
-from engine.attention_masks import batch_support
-from engine.batched_cache import BatchCache
+from engine.decoding import runs
+from engine.decoding.attention_masks import batch_support
+from engine.decoding.batched_cache import BatchCache
 from engine.errors import DraftLabError
-from engine.sampling import SamplingConfig
+from engine.decoding.sampling import SamplingConfig
 from tests import tiny_models as tm
 from tests.test_engine_batched import decode_in_batches
 from tests.test_engine_sliding import FAMILIES, WINDOW, build

@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from engine import runs, speculative
-from engine.clock import RoundClock
-from engine.sampling import SamplingConfig
+from engine.decoding import runs, speculative
+from engine.decoding.clock import RoundClock
+from engine.decoding.sampling import SamplingConfig
 from tests import tiny_models as tm
 
 PROMPTS = ["t3 t4 t5", "t9 t7 t22 t40 t41 t2"]

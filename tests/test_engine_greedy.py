@@ -3,10 +3,10 @@ transformers' own generate(), for Llama-style (rotary) and GPT-2-style (absolute
 import pytest
 import torch
 
-from engine import runs
-from engine.metrics_oracle import speculative_metrics
-from engine.records import ACCEPTED, DISCARDED, REJECTED
-from engine.sampling import SamplingConfig
+from engine.decoding import runs
+from engine.metrics.metrics_oracle import speculative_metrics
+from engine.decoding.records import ACCEPTED, DISCARDED, REJECTED
+from engine.decoding.sampling import SamplingConfig
 from tests import tiny_models as tm
 
 PROMPTS = ["t5", "t9 t3 t22", "t40 t41 t2 t8 t9 t10 t11 t12 t13 t14 t15 t16 t17 t18 t19 t20 t21 t22 t23 t24 t25"]

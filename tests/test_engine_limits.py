@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from engine import runs
-from engine.drafting import ModelDrafter
+from engine.decoding import runs
+from engine.decoding.drafting import ModelDrafter
 from engine.errors import DraftLabError
-from engine.metrics_oracle import speculative_metrics
-from engine.sampling import SamplingConfig
-from engine.speculative import SpeculativeDecoder
-from engine.token_types import TokenTyper
+from engine.metrics.metrics_oracle import speculative_metrics
+from engine.decoding.sampling import SamplingConfig
+from engine.decoding.speculative import SpeculativeDecoder
+from engine.text.token_types import TokenTyper
 from tests import tiny_models as tm
 
 

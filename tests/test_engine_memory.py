@@ -3,9 +3,9 @@
 head_dim 8 x 4 bytes = 256 bytes per cached token."""
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from engine import runs
-from engine.memory import cache_bytes, model_bytes
-from engine.sampling import SamplingConfig
+from engine.decoding import runs
+from engine.decoding.memory import cache_bytes, model_bytes
+from engine.decoding.sampling import SamplingConfig
 from tests import tiny_models as tm
 
 TOKEN_BYTES = 2 * 2 * 2 * 8 * 4
@@ -66,8 +66,8 @@ def test_speculative_peak_cache_bytes_counts_both_caches_at_their_longest():
 
 def test_a_drafter_without_a_cache_adds_nothing():
     from tests.test_drafter_interface import PromptLookupDrafter
-    from engine.speculative import SpeculativeDecoder
-    from engine.token_types import TokenTyper
+    from engine.decoding.speculative import SpeculativeDecoder
+    from engine.text.token_types import TokenTyper
 
     p = _pair()
     cfg = SamplingConfig(temperature=0, max_new_tokens=12)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from engine import runs
-from engine.sampling import SamplingConfig, probabilities, prompt_generator, sample
-from engine.verification import rows_to_host, verify_rows
+from engine.decoding import runs
+from engine.decoding.sampling import SamplingConfig, probabilities, prompt_generator, sample
+from engine.decoding.verification import rows_to_host, verify_rows
 from tests import tiny_models as tm
 
 

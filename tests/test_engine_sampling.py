@@ -7,9 +7,9 @@ import pytest
 import torch
 from scipy import stats
 
-from engine import runs, verification
-from engine.metrics_oracle import speculative_metrics
-from engine.sampling import SamplingConfig
+from engine.decoding import runs, verification
+from engine.metrics.metrics_oracle import speculative_metrics
+from engine.decoding.sampling import SamplingConfig
 from tests import tiny_models as tm
 
 V, NEW, SAMPLES, K = 6, 3, 2000, 2
@@ -120,7 +120,7 @@ def test_greedy_drafting_stays_lossless_and_proposes_the_argmax(setup):
 
 def test_greedy_drafting_without_the_point_mass_rule_is_detected(setup, monkeypatch):
     """Proposing the argmax but verifying with the full p_d (what a point-mass bug would do) biases the output."""
-    from engine import drafting
+    from engine.decoding import drafting
 
     p, prompt_ids, probs = setup
     real = torch.nn.functional.one_hot

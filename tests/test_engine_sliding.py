@@ -5,10 +5,10 @@ import pytest
 import torch
 import transformers
 
-from engine import runs
+from engine.decoding import runs
 from engine.errors import DraftLabError
-from engine.metrics_oracle import speculative_metrics
-from engine.sampling import SamplingConfig
+from engine.metrics.metrics_oracle import speculative_metrics
+from engine.decoding.sampling import SamplingConfig
 from tests import tiny_models as tm
 from tests.test_engine_reference import reference_rounds
 

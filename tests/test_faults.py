@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import text
 
 from app.db_errors import DatabaseUnavailable
-from app.worker import Worker
+from app.worker.worker import Worker
 from storage import open_store
-from storage.experiments import enqueue_experiment, get_experiment
+from storage.jobs.experiments import enqueue_experiment, get_experiment
 from tests.fault_tools import CommitWatcher, OwnPostgres, SqliteWriteFault, audit
 
 PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32", "t8 t9", "t14 t15 t16"]
@@ -112,7 +112,7 @@ def test_cli_run_ends_with_one_error_line_when_the_database_stays_unwritable(tmp
     prompt_file = tmp_path / "prompts.txt"
     prompt_file.write_text("\n".join(PROMPTS) + "\n")
     monkeypatch.setenv("DRAFTLAB_DB_RETRY_SECONDS", "1")
-    import app.worker as worker_module
+    import app.worker.worker as worker_module
 
     with SqliteWriteFault(path) as fault:
         hook = outage_at_prompt(lambda: setattr(fault, "on", True), lambda: setattr(fault, "on", False), 2, 30)
@@ -137,7 +137,7 @@ def test_cli_run_ends_with_one_error_line_when_the_database_stays_unwritable(tmp
 
 def test_cli_run_recovers_from_a_short_outage(tmp_path, model_dirs, capsys, monkeypatch):
     from app.cli import main
-    import app.worker as worker_module
+    import app.worker.worker as worker_module
 
     path = tmp_path / "cli.db"
     url = f"sqlite:///{path}"

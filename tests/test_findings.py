@@ -1,6 +1,6 @@
-"""Findings (storage/findings.py) on crafted databases, SQLite and PostgreSQL: each rule names the right position,
+"""Findings (storage/analysis/findings.py) on crafted databases, SQLite and PostgreSQL: each rule names the right position,
 token type, tie, formula gap, slow draft, sampling mismatch and timing drift, and stays silent when the data does
-not support it; the panel (pages/findings_panel.py) escapes user text and links to the chart and the New form."""
+not support it; the panel (pages/panels/findings_panel.py) escapes user text and links to the chart and the New form."""
 from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
@@ -8,10 +8,12 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from sqlalchemy import text
 
-from engine import theory
-from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
-from storage import findings as fd, queries as q, run_state
-from storage.verdict import verdict_dict
+from engine.metrics import theory
+from engine.decoding.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+from storage.analysis import findings as fd
+from storage.records import queries as q
+from storage.jobs import run_state
+from storage.analysis.verdict import verdict_dict
 from tests.test_storage import enqueue, fill_experiment, record, run_ids
 
 BASE_STEP = 0.010  # the baseline's seconds per token: c = BASE_STEP / draft step
@@ -324,7 +326,7 @@ def _panel(url: str, experiment_id: int):
     script = f"""
 import streamlit as st
 from app.main import all_pages
-from pages.findings_panel import render_findings
+from pages.panels.findings_panel import render_findings
 from storage import open_store
 st.navigation(all_pages("experiment"), position="hidden")
 render_findings(open_store({url!r}), {experiment_id})
@@ -335,7 +337,7 @@ render_findings(open_store({url!r}), {experiment_id})
 
 
 def test_panel_escapes_user_text_and_links_the_chart_and_the_form(tmp_path):
-    from pages.findings_panel import md_escape
+    from pages.panels.findings_panel import md_escape
     from storage import open_store
 
     url = f"sqlite:///{tmp_path / 'panel.db'}"
@@ -344,7 +346,7 @@ def test_panel_escapes_user_text_and_links_the_chart_and_the_form(tmp_path):
     at = _panel(url, eid)
     low = next(m.value for m in at.markdown if "too slow to pay" in m.value)
     assert md_escape("my_[draft](x)") in low and "my_[draft](x)" not in low  # escaped, never a link
-    # The cost table is in another section of the detail page: a button opens it (pages/sections.py).
+    # The cost table is in another section of the detail page: a button opens it (pages/panels/sections.py).
     assert "(see the cost table)" in low and "Show the cost table" in [b.label for b in at.button]
     links = [p.proto for p in at.get("page_link")]
     assert [link.page for link in links] == ["new"] and links[0].label == "Try it"
@@ -374,8 +376,9 @@ def test_panel_escapes_user_text_and_links_the_chart_and_the_form(tmp_path):
 
 
 def test_a_draft_sweep_gets_findings_with_names_not_numbers(store):
-    from storage import findings as f, run_state
-    from storage.experiments import enqueue_experiment
+    from storage.analysis import findings as f
+    from storage.jobs import run_state
+    from storage.jobs.experiments import enqueue_experiment
     from tests.test_timing_protocol import _base_prompt, _fill, _spec_prompt
 
     eid = enqueue_experiment(store, name="drafts", target="tgt", draft="a", prompts="code:tune", sampling={},
@@ -384,7 +387,7 @@ def test_a_draft_sweep_gets_findings_with_names_not_numbers(store):
     spec = [_spec_prompt(i, [2, 1, 2, 0], 2, draft_s=0.002, verify_s=0.011) for i in range(3)]
     rows = {("speculative", "small-draft"): spec, ("speculative", "big-draft"): spec,
             ("baseline", None): [_base_prompt(i, s.new_tokens, 0.010) for i, s in enumerate(spec)]}
-    from storage import queries as q
+    from storage.records import queries as q
     ids = {(r.kind, None if r.kind == "baseline" else r.sweep_label): int(r.run_id)
            for r in q.runs(store, eid).itertuples()}
     run_state.claim_group(store, eid, "w")
@@ -402,10 +405,10 @@ def test_a_draft_sweep_gets_findings_with_names_not_numbers(store):
 
 
 def test_the_formula_is_one_curve_the_detail_page_and_the_findings_both_read(store):
-    """storage/formula.py pools α and c once (SQL over finished constant-k runs): the finding's 'puts k = 2 at X' is
+    """storage/analysis/formula.py pools α and c once (SQL over finished constant-k runs): the finding's 'puts k = 2 at X' is
     the detail page's grey curve at k = 2, and a run's own predicted_speedup (a different figure) is not used."""
     from pages.experiment_detail import speedup_frame
-    from storage import formula
+    from storage.analysis import formula
 
     spec = {2: ([[(a, ["code"] * 2) for a in (2, 2, 1, 2, 0, 2, 1, 2)]] * 3, 0.002, 0.012),
             4: ([[(a, ["code"] * 4) for a in (4, 3, 4, 2, 4, 1, 3, 4)]] * 3, 0.004, 0.020)}
@@ -433,6 +436,6 @@ def test_the_formula_is_one_curve_the_detail_page_and_the_findings_both_read(sto
 def test_no_formula_under_the_minimum_of_verified_drafts(store):
     spec = {2: ([[(a, ["code"] * 2) for a in (2, 1)]] * 3, 0.002, 0.012)}  # 3 x (2 + 2) = 12 verified drafts
     eid, _ = _run_experiment(store, spec, prompts=3)
-    from storage import formula
+    from storage.analysis import formula
 
     assert formula.MIN_VERIFIED > 12 and formula.pooled_inputs(store, eid) is None

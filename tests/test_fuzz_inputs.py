@@ -1,6 +1,6 @@
 """Fuzz tests (hypothesis) of what users type or upload: the number parsers every input shares
-(engine/numbers.py), the swept variables' and drafter specs' parsers (engine/variables.py,
-engine/drafter_specs.py) and the prompt-file loaders (engine/prompt_sets.py). Whatever the input, the answer is a
+(engine/numbers.py), the swept variables' and drafter specs' parsers (engine/config/variables.py,
+engine/config/drafter_specs.py) and the prompt-file loaders (engine/text/prompt_sets.py). Whatever the input, the answer is a
 value inside the documented bounds or one DraftLabError line — never another exception. Bounded: a fixed number
 of examples per test, no deadline flakiness on a loaded machine."""
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.drafter_specs import SPECS, parse_drafter
+from engine.config.drafter_specs import SPECS, parse_drafter
 from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
-from engine.prompt_sets import load_prompt_file
-from engine.variables import VARIABLES
+from engine.text.prompt_sets import load_prompt_file
+from engine.config.variables import VARIABLES
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                        HealthCheck.function_scoped_fixture])
@@ -171,7 +171,7 @@ def test_every_cli_number_parser_gives_a_bounded_value_or_one_line(index, text):
 def test_every_limit_is_documented_in_the_readme_with_its_default():
     from pathlib import Path
 
-    from engine.limits import LIMITS
+    from engine.config.limits import LIMITS
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     rows = {line.split("`")[-2]: line for line in readme.splitlines() if line.startswith("|") and "`DRAFTLAB_LIMIT_" in line}

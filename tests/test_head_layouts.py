@@ -1,4 +1,4 @@
-"""EAGLE-3 heads in SGLang's layout (engine/head_format.py, engine/eagle3.py convert_head, `draftlab convert-head`):
+"""EAGLE-3 heads in SGLang's layout (engine/config/head_format.py, engine/models/eagle3.py convert_head, `draftlab convert-head`):
 a speculators head converted to SGLang's layout and back computes the same logits in the lab and decodes the same
 rounds, its SGLang file's aux ids are one lower (SGLang's id j = the output of layer j), a SpecForge-style head (no
 verifier, its own embedding, `midlayer.*`) reads the target's hidden_states[j + 1] with the target's embedding, and
@@ -9,9 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import eagle3, head_format
+from engine.models import eagle3
+
+from engine.config import head_format
 from engine.errors import DraftLabError
-from engine.loading import with_draft
+from engine.models.loading import with_draft
 from tests import tiny_models as tm
 from tests.test_eagle3 import decode, target_pair
 

@@ -1,4 +1,4 @@
-"""Training EAGLE-3 heads (engine/head_training.py): the training-time test computes exactly what the head drafts at
+"""Training EAGLE-3 heads (engine/training/head_training.py): the training-time test computes exactly what the head drafts at
 inference (its chain from every root, through Eagle3Head.forward with a KV cache, as Eagle3Drafter runs it), the
 simulated acceptance equals greedy speculation's through the engine's loop, and a short training raises acceptance
 on a tiny target."""
@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from engine import eagle3
-from engine import head_training as ht
+from engine.models import eagle3
+from engine.training import head_training as ht
 from tests import tiny_models as tm
 from tests.test_distill import crafted_db  # noqa: F401 (a fixture: the experiment --focus-from reads)
 
@@ -69,10 +69,10 @@ def test_draftlab_train_head_writes_a_head_that_drafts_for_its_target(tmp_path, 
     import json
 
     from app.cli import main
-    from engine import head_format
-    from engine.loading import load_pair
-    from engine.runs import baseline_decoder, encode_prompts, speculative_decoder
-    from engine.sampling import SamplingConfig
+    from engine.config import head_format
+    from engine.models.loading import load_pair
+    from engine.decoding.runs import baseline_decoder, encode_prompts, speculative_decoder
+    from engine.decoding.sampling import SamplingConfig
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\nt30 t31 t32\n")

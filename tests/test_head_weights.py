@@ -1,5 +1,5 @@
 """A head whose weights file does not read (truncated, garbage) is one error line naming the file and the fix, on
-every path that reads a head (engine/weight_files.py, the check a causal LM's files get): `run --draft HEAD`,
+every path that reads a head (engine/models/weight_files.py, the check a causal LM's files get): `run --draft HEAD`,
 `check-head` and `convert-head`; nothing is stored or written."""
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def test_a_damaged_head_is_one_line_naming_its_file(good_head, model_dirs, tmp_p
     assert str(weights) in lines[0] and "corrupt or truncated" in lines[0] and "train-head" in lines[0]
     assert not (tmp_path / "converted").exists()
     if (tmp_path / "runs.db").exists():  # run: nothing stored
-        from storage import open_store, queries as q
+        from storage import open_store
+        from storage.records import queries as q
 
         assert q.experiment_rows(open_store(f"sqlite:///{tmp_path / 'runs.db'}")).empty
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from storage import catalog, queries as q
-from storage.errors import QueueError
-from storage.experiments import enqueue_experiment
-from storage.training import enqueue_training
+from storage.analysis import catalog
+
+from storage.records import queries as q
+from storage.db.errors import QueueError
+from storage.jobs.experiments import enqueue_experiment
+from storage.jobs.training import enqueue_training
 
 
 def _launch(store, who, values=(1, 2, 4)):

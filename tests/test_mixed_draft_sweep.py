@@ -1,5 +1,5 @@
 """One draft sweep compares an EAGLE-3 head with a causal LM (issue 35 item 14): with no drafter named, each draft
-drafts with its own (engine/run_config.py: a head as eagle3, a causal LM as model), in one experiment against one
+drafts with its own (engine/config/run_config.py: a head as eagle3, a causal LM as model), in one experiment against one
 baseline. End to end through `draftlab run` on the tiny target, and through every view of the configuration (its
 link, the form, the command line, the stored experiment), the detail page's labels and deploy. A drafter that
 cannot draft every draft, or a head trained for another target, is still refused in one line."""
@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import inspect, text
 
 from engine.errors import DraftLabError
-from engine.run_config import RunConfig
+from engine.config.run_config import RunConfig
 from tests.cli_runs import run_json
 from tests.test_eagle3 import write_head
 
@@ -33,11 +33,12 @@ def test_draftlab_run_compares_a_head_with_a_causal_lm_in_one_sweep(tmp_path, mo
     drafter, the verdict judges both with intervals, and each run's deploy settings are its own drafter's serving
     mapping."""
     from app.report import format_table
-    from engine import runs as engine_runs
-    from pages.common import run_label, swept_values
-    from storage import open_store, queries as q
-    from storage.deploy import deploy_document
-    from storage.verdict import verdict
+    from engine.decoding import runs as engine_runs
+    from pages.widgets.common import run_label, swept_values
+    from storage import open_store
+    from storage.records import queries as q
+    from storage.serving.deploy import deploy_document
+    from storage.analysis.verdict import verdict
 
     built = []
     make = engine_runs.make_drafter
@@ -101,11 +102,11 @@ def test_a_mixed_sweep_reads_back_the_same_through_every_view(store, head_dir, m
     first); each run stores its draft's drafter, and the stored one is never re-derived from the files."""
     from app.cli import build_parser
     from app.sweep import parse_sweep
-    from engine.variables import VARIABLES
-    from pages.prefill import form_config, form_values, parse_prefill
-    from storage import queries as q
-    from storage.experiments import enqueue_experiment, recent_duplicate
-    from storage.schema import SCHEMA_VERSION
+    from engine.config.variables import VARIABLES
+    from pages.widgets.prefill import form_config, form_values, parse_prefill
+    from storage.records import queries as q
+    from storage.jobs.experiments import enqueue_experiment, recent_duplicate
+    from storage.db.schema import SCHEMA_VERSION
 
     cfg = RunConfig.make(target="demo-target", prompts="code:tune", sweep="draft", values=[head_dir, "demo-draft"])
     assert cfg.drafters == ("eagle3", "model") and cfg.value("drafter") == "eagle3"
@@ -121,7 +122,7 @@ def test_a_mixed_sweep_reads_back_the_same_through_every_view(store, head_dir, m
     runs = q.runs(store, eid)
     spec = runs[runs["kind"] == "speculative"]
     assert list(zip(spec["draft"], spec["drafter"])) == [(head_dir, "eagle3"), ("demo-draft", "model")]
-    monkeypatch.setattr("engine.run_config.is_head", lambda draft: False)  # stored: never re-derived
+    monkeypatch.setattr("engine.config.run_config.is_head", lambda draft: False)  # stored: never re-derived
     assert RunConfig.from_experiment(q.experiment(store, eid)) == cfg
     monkeypatch.undo()
     assert recent_duplicate(store, {**cfg.enqueue(), "name": "again"}) == eid  # a second Launch: the same one
@@ -134,8 +135,9 @@ def test_a_mixed_sweep_reads_back_the_same_through_every_view(store, head_dir, m
 def test_a_version_16_database_gains_the_drafters_column(tmp_path):
     """schema v17: a database from before gets experiments.draft_drafters when opened; its experiments read as
     before (NULL: every run drafts with the experiment's drafter)."""
-    from storage import open_store, queries as q
-    from storage.experiments import enqueue_experiment
+    from storage import open_store
+    from storage.records import queries as q
+    from storage.jobs.experiments import enqueue_experiment
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     store = open_store(url)
@@ -158,7 +160,8 @@ def test_what_cannot_draft_is_still_refused_in_one_line(tmp_path, model_dirs, he
     from transformers import AutoModelForCausalLM
 
     from app.cli import main
-    from storage import open_store, queries as q
+    from storage import open_store
+    from storage.records import queries as q
 
     for drafter, draft in (("model", head_dir), ("eagle3", model_dirs["draft"])):
         with pytest.raises(DraftLabError, match=f"drafter '{drafter}' drafts with .* but the draft '{draft}'"):
@@ -182,7 +185,8 @@ def test_the_form_launches_a_head_beside_a_causal_lm(tmp_path, model_dirs, head_
     """The New-experiment form's draft sweep over a head and a causal LM: the Drafter field gives way (each draft
     drafts with its own, whichever comes first) and Launch queues a model run and an eagle3 run against one
     baseline."""
-    from storage import open_store, queries as q
+    from storage import open_store
+    from storage.records import queries as q
     from tests.test_pages import _fill, _launched, app, assert_clean
 
     url = f"sqlite:///{tmp_path / 'form.db'}"
@@ -206,9 +210,10 @@ def test_the_form_launches_a_head_beside_a_causal_lm(tmp_path, model_dirs, head_
 def test_a_worker_runs_the_sweep_as_the_dashboard_queues_it(tmp_path, model_dirs, head_dir):
     """What Launch queues, run by a worker that loads the models itself (the causal LM first this time, the head
     loaded beside it): both runs done and lossless, each with its own drafter."""
-    from app.worker import Worker
-    from storage import open_store, queries as q
-    from storage.experiments import enqueue_experiment
+    from app.worker.worker import Worker
+    from storage import open_store
+    from storage.records import queries as q
+    from storage.jobs.experiments import enqueue_experiment
     from tests.cli_runs import PROMPTS
 
     store = open_store(f"sqlite:///{tmp_path / 'worker.db'}")

@@ -11,10 +11,13 @@ import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine import theory
-from storage import liveness, open_store, catalog, queries as q, run_state
-from storage.experiments import add_k_runs, enqueue_experiment, get_experiment, load_experiment_prompts, set_predicted_curve
-from storage.leases import acquire_lease, release_lease
+from engine.metrics import theory
+from storage.jobs import liveness, run_state
+from storage import open_store
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.jobs.experiments import add_k_runs, enqueue_experiment, get_experiment, load_experiment_prompts, set_predicted_curve
+from storage.jobs.leases import acquire_lease, release_lease
 
 TIMEOUT = 180  # seconds per script run: the CI machine is small and shared
 PAGES = ["new", "experiments", "experiment", "rounds", "compare", "theory", "train"]
@@ -87,10 +90,10 @@ def empty_db(tmp_path, monkeypatch) -> str:
 def populated_template(tmp_path_factory) -> Path:
     """Three experiments executed by the real worker on tiny random models: greedy k = 1,2,4; sampled k = 2,3;
     a temperature sweep (0, 1) at k = 2."""
-    from pages.pair_check import wait_warm
+    from pages.widgets.pair_check import wait_warm
 
     wait_warm()  # earlier AppTests started the dashboard's background transformers import; let it finish
-    from app.worker import Worker
+    from app.worker.worker import Worker
     from tests import tiny_models as tm
 
     def loader(target, draft, device, dtype, trust_remote_code):
@@ -131,7 +134,7 @@ def populated(populated_template, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
     """Tokenizer + config directories (no weights): two sharing a tokenizer, one with another tokenizer."""
-    from pages.pair_check import wait_warm
+    from pages.widgets.pair_check import wait_warm
 
     wait_warm()
     from transformers import LlamaConfig
@@ -243,14 +246,14 @@ def test_new_experiment_launch_enqueues_baseline_and_one_run_per_k(empty_db, mod
 
 def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs, tmp_path):
     """Before Launch: prompts × arms × repeats × new tokens, and a duration at the target's speed at the same batch
-    size (storage.queries.target_speed: a batch-2 baseline's throughput is not a batch-1 follow-up's), else scaled
-    by model size from another target measured at that batch size (pages/estimate.py), saying which it is."""
+    size (storage.records.queries.target_speed: a batch-2 baseline's throughput is not a batch-1 follow-up's), else scaled
+    by model size from another target measured at that batch size (pages/panels/estimate.py), saying which it is."""
     import shutil
 
     from sqlalchemy import text
 
-    from engine.prompt_sets import load_prompts
-    from pages.estimate import duration, weight_bytes
+    from engine.text.prompt_sets import load_prompts
+    from pages.panels.estimate import duration, weight_bytes
     from pages.new_experiment import arms_of, workload
 
     target, reference = tmp_path / "target", tmp_path / "reference"  # weights on disk: 3 MB and 1 MB
@@ -292,7 +295,7 @@ def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs
 
 
 def test_recent_duplicate_matches_settings_not_labels(store):
-    from storage.experiments import enqueue_experiment, recent_duplicate
+    from storage.jobs.experiments import enqueue_experiment, recent_duplicate
 
     launch = dict(name="a", target="t", draft="d", prompts="code:tune", sampling={"max_new_tokens": 8},
                   sweep_values=[4, 1, 2], tags=("x",))
@@ -480,9 +483,9 @@ def _greedy_id(store) -> int:
 
 
 def _headline(store, experiment_id: int) -> dict[str, str]:
-    """The detail page's headline figures as the verdict (storage/verdict.py) gives them: what it serves, that
+    """The detail page's headline figures as the verdict (storage/analysis/verdict.py) gives them: what it serves, that
     run's speedup with its interval and α (the target alone: k 0, 1×, the best run's α)."""
-    from storage.verdict import verdict
+    from storage.analysis.verdict import verdict
 
     v = verdict(store, experiment_id)
     name = v.variable
@@ -497,7 +500,7 @@ def _headline(store, experiment_id: int) -> dict[str, str]:
 
 
 def test_detail_figures_equal_the_storage_queries(populated):
-    from pages.charts import FORMULA
+    from pages.widgets.charts import FORMULA
 
     experiment_id = _greedy_id(populated)
     at = app("experiment", experiment=experiment_id)
@@ -520,7 +523,7 @@ def test_detail_figures_equal_the_storage_queries(populated):
     alpha = spec["accepted"].sum() / (spec["accepted"].sum() + spec["rejected"].sum())
     predicted = drawn[drawn["series"] == FORMULA].set_index("x")["value"]
     assert predicted.loc[2] == pytest.approx(theory.predicted_speedup(alpha, 2, spec["c"].mean()))
-    from storage.verdict import verdict
+    from storage.analysis.verdict import verdict
 
     served = verdict(populated, experiment_id).k
     assert speedup[2]["x"].tolist() == [served]  # the marker: what the verdict serves (k = 0: the target alone)
@@ -545,10 +548,10 @@ def test_detail_figures_equal_the_storage_queries(populated):
 
 
 def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_table(populated):
-    """storage/columns.py: no raw or blank header, the baseline's missing figures as "—" (not "None"), "same output"
+    """storage/records/columns.py: no raw or blank header, the baseline's missing figures as "—" (not "None"), "same output"
     explained, and α in one format on every page: the detail's tile, runs and per-prompt tables, the experiments
     list and Compare (0.635 in one table, 0.636 in another before)."""
-    from storage.columns import COLUMNS, EXPERIMENT_COLUMNS, MISSING, show
+    from storage.records.columns import COLUMNS, EXPERIMENT_COLUMNS, MISSING, show
 
     experiment_id = _greedy_id(populated)
     at = app("experiment", experiment=experiment_id)
@@ -599,8 +602,8 @@ def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_tabl
 
 
 def test_the_run_columns_export_keys_and_page_columns_are_one_table(populated):
-    from storage import export
-    from storage.columns import COLUMNS, RUN_QUERY, SPECULATIVE_KEYS, show
+    from storage.serving import export
+    from storage.records.columns import COLUMNS, RUN_QUERY, SPECULATIVE_KEYS, show
 
     experiment_id = _greedy_id(populated)
     assert list(q.runs(populated, experiment_id).columns[:len(RUN_QUERY)]) == RUN_QUERY
@@ -738,7 +741,7 @@ def test_unicode_digits_in_the_url_are_ignored_like_any_malformed_id(populated, 
 
 
 def test_query_ids_accept_ascii_digits_only(empty_db):
-    from pages.common import parse_id
+    from pages.widgets.common import parse_id
 
     assert [parse_id(s) for s in ("3", " 12 ", "007", "123456789")] == [3, 12, 7, 123456789]
     assert [parse_id(s) for s in ("²", "①", "٣", "３", "1²", "-1", "+1", "1.0", "", "1234567890", "1_000")] == [None] * 11
@@ -834,7 +837,7 @@ def test_the_idle_poll_asks_for_a_full_redraw_only_when_work_appears_or_ends(pop
 
 def _crafted_prompt(prompt_index, k, accepts, draft_s, verify_s):
     """A speculative prompt whose wall time is exactly its rounds' draft + verify time (engine invariants kept)."""
-    from engine.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+    from engine.decoding.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
 
     rounds, first = [], 0  # its output is tokens 0, 1, 2, ...: the crafted baseline's when as long (lossless)
     for index, a in enumerate(accepts):
@@ -848,7 +851,7 @@ def _crafted_prompt(prompt_index, k, accepts, draft_s, verify_s):
 
 
 def _crafted_baseline(prompt_index, tokens=8, step=0.010):
-    from engine.records import PromptResult
+    from engine.decoding.records import PromptResult
 
     return PromptResult(prompt_index, f"p{prompt_index}", list(range(tokens)), "x", tokens * step,
                         decode_steps=tokens, decode_seconds=tokens * step)
@@ -955,7 +958,7 @@ def test_detail_draws_unfinished_runs_hollow_and_never_as_the_headline(crafted):
 
 
 def test_detail_sets_predictions_beside_the_measurement(crafted):
-    from pages.charts import COST_AWARE, FORMULA
+    from pages.widgets.charts import COST_AWARE, FORMULA
 
     store, experiment_id, ids = crafted
     at = app("experiment", experiment=experiment_id, section="Predictions and cost")
@@ -990,7 +993,7 @@ def test_detail_of_a_k_auto_experiment_plots_its_predicted_curve_and_confirmatio
     _record_runs(store, {base: ("baseline", [_crafted_baseline(i) for i in range(3)]),
                          k2: ("speculative", [_crafted_prompt(i, 2, [2, 1, 2], 0.002, 0.010) for i in range(3)]),
                          k3: ("speculative", [_crafted_prompt(i, 3, [3, 1, 2], 0.003, 0.010) for i in range(3)])})
-    from pages.charts import SPEEDUP_SERIES
+    from pages.widgets.charts import SPEEDUP_SERIES
 
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
@@ -1165,7 +1168,7 @@ def test_theory_works_without_a_reachable_database(monkeypatch):
 
 def test_detail_of_a_sweep_named_by_labels_marks_its_best_by_name(populated):
     """Draft and drafter sweeps: runs carry sweep_value = their index and sweep_label = the name, and the verdict
-    (storage/verdict.py, through engine/variables.py's run_value) names the best by label; the page marks its run."""
+    (storage/analysis/verdict.py, through engine/config/variables.py's run_value) names the best by label; the page marks its run."""
     from sqlalchemy import text
 
     experiment_id = _greedy_id(populated)
@@ -1211,7 +1214,7 @@ def _launched(url: str) -> dict:
 
 
 def test_new_experiment_link_from_a_finding_fills_the_form(empty_db, model_dirs):
-    from storage.findings import prefill_query
+    from storage.analysis.findings import prefill_query
 
     page, params = prefill_query({
         "target": model_dirs["target"], "draft": model_dirs["draft"], "prompts": "math:validation", "temperature": 0.0,
@@ -1345,7 +1348,7 @@ def test_new_experiment_drafter_sweep_with_a_bad_threshold_is_not_launched(empty
 
 
 def test_new_experiment_a_mismatched_draft_candidate_blocks_the_launch(empty_db, model_dirs):
-    from pages.prefill import md_text
+    from pages.widgets.prefill import md_text
 
     at = app("new", sweep="draft", values=f"{model_dirs['draft']},{model_dirs['other']}")
     at.text_input(key="target").set_value(model_dirs["target"]).run()
@@ -1418,14 +1421,14 @@ def test_detail_rate_bars_carry_their_counts_and_flag_small_samples(crafted):
 
 
 def test_count_labels_star_only_small_samples():
-    from pages.charts import with_counts
+    from pages.widgets.charts import with_counts
 
     frame = with_counts(pd.DataFrame({"verified": [29, 30, 1000]}), "verified")
     assert frame["n_label"].tolist() == ["n=29*", "n=30", "n=1000"] and frame["small"].tolist() == [True, False, False]
 
 
 def test_token_selection_maps_to_its_round():
-    from pages.charts import selected_round
+    from pages.widgets.charts import selected_round
 
     rounds = [0, 1, 2]
     assert selected_round({"selection": {"token": [{"round": 2}]}}, rounds) == 2
@@ -1437,7 +1440,7 @@ def test_token_selection_maps_to_its_round():
 
 
 def test_token_layout_keeps_line_breaks_and_marks_the_prefill_token():
-    from pages.charts import token_layout
+    from pages.widgets.charts import token_layout
 
     output = pd.DataFrame({"position": [0, 1, 2, 3], "token_id": [5, 6, 7, 8], "text": ["a", "b\n", "<i>c", " "],
                            "kind": ["first", "accepted", "correction", "bonus"], "round_index": [None, 0, 0, 1]})
@@ -1447,7 +1450,7 @@ def test_token_layout_keeps_line_breaks_and_marks_the_prefill_token():
 
 
 def test_round_explorer_token_chart_selects_a_round_and_shows_its_proposals(crafted, monkeypatch):
-    from pages import charts
+    from pages.widgets import charts
 
     store, experiment_id, ids = crafted
     at = app("rounds", experiment=experiment_id, run=ids[2], prompt=1)
@@ -1492,7 +1495,7 @@ def test_round_explorer_token_chart_selects_a_round_and_shows_its_proposals(craf
 
 
 def test_theory_chart_has_a_y_title_and_names_its_curves_in_words(empty_db):
-    from pages.charts import FORMULA
+    from pages.widgets.charts import FORMULA
 
     at = app("theory")
     assert_clean(at)
@@ -1521,7 +1524,7 @@ def test_experiments_table_shows_a_dash_for_pending_metrics(crafted):
 
 def test_detail_speedup_csv_has_integer_run_ids_and_the_runs_table_stays_open_once_done(populated):
     from pages.experiment_detail import speedup_frame
-    from storage.formula import pooled_inputs
+    from storage.analysis.formula import pooled_inputs
 
     experiment_id = _greedy_id(populated)
     curve = q.sweep_curve(populated, experiment_id)
@@ -1554,7 +1557,7 @@ def _element_paths(at: AppTest) -> dict[tuple, object]:
 
 def test_new_experiment_pair_check_replaces_the_last_result_with_checking_while_it_runs(empty_db, model_dirs,
                                                                                          tmp_path, monkeypatch):
-    import pages.pair_check as pair_check
+    import pages.widgets.pair_check as pair_check
 
     at = _fill(app("new"), model_dirs)
     assert_clean(at)
@@ -1630,7 +1633,7 @@ def test_compare_sweeps_are_separate_panels_with_one_legend_and_names_at_the_lin
 
 
 def test_end_labels_sit_at_each_lines_last_height_right_of_every_line_and_never_overlap():
-    from pages.charts import END_LABEL_GAP, end_labels
+    from pages.widgets.charts import END_LABEL_GAP, end_labels
 
     frame = pd.DataFrame({"series": ["a", "a", "b", "b", "c", "c"], "name": ["A", "A", "B", "B", "C", "C"],
                           "x": [1, 4, 1, 4, 1, 2], "y": [0.5, 0.9, 0.4, 0.9, 0.2, float("nan")]})
@@ -1646,7 +1649,7 @@ def test_coinciding_lines_are_named_and_drawn_each_wider_than_the_next():
     """Greedy decoding at batch 1 and 2 gives the same α at every k: one line lies exactly under the other, so a
     legend entry seemed to have no line. coinciding() names them (the pages' caption) and each series is drawn
     wider than the next, so the one underneath shows as an edge."""
-    from pages.charts import coinciding, coinciding_note, overlaid_curves
+    from pages.widgets.charts import coinciding, coinciding_note, overlaid_curves
 
     frame = pd.DataFrame({"batch": ["batch 1"] * 3 + ["batch 2"] * 3 + ["batch 4"] * 3, "k": [1, 2, 4] * 3,
                           "alpha": [0.5, 0.6, 0.7, 0.5, 0.6, 0.7, 0.4, 0.6, 0.7]})

@@ -1,4 +1,4 @@
-"""Names reach Vega as data, never as code: every chart builder of pages/charts.py, fed frames whose names, labels
+"""Names reach Vega as data, never as code: every chart builder of pages/widgets/charts.py, fed frames whose names, labels
 and texts hold quotes, apostrophes, `<`, `&` and non-ASCII (tests/chart_data.py), builds a spec (to_dict(), which
 also validates it against Vega-Lite's schema) in which no expression holds any of those names, nor any string of
 the chart's own data. An expression that did (a series name pasted into a quoted Vega expression) stops Vega
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pages import charts
+from pages.widgets import charts
 from pages import theory as theory_page
 from tests.chart_data import DRAFTS, NAMES, NASTY, TOKEN_TEXTS
 
@@ -110,7 +110,7 @@ def _grid() -> tuple[pd.DataFrame, pd.DataFrame]:
     return points, served
 
 
-# One case per builder: (the call, what it is). A builder added to pages/charts.py without a case fails
+# One case per builder: (the call, what it is). A builder added to pages/widgets/charts.py without a case fails
 # test_every_builder_is_covered.
 CASES = {
     "speedup_curve": lambda: charts.speedup_curve(_sweep(), "k", 2, None),
@@ -180,7 +180,7 @@ CASES = {
 
 
 def builders() -> set[str]:
-    """The public functions of pages/charts.py that return a chart."""
+    """The public functions of pages/widgets/charts.py that return a chart."""
     return {name for name, function in inspect.getmembers(charts, inspect.isfunction)
             if function.__module__ == charts.__name__ and not name.startswith("_")
             and re.search(r"alt\.\w*Chart", str(inspect.signature(function).return_annotation))}

@@ -5,7 +5,7 @@ and the lab run, the schedule's table puts the lab's k beside vLLM's; the form q
 waiting), and refuses a second one in one line without storing it. No model and no server."""
 from __future__ import annotations
 
-from storage import confirm_jobs
+from storage.serving import confirm_jobs
 from tests.chart_data import seed_confirm
 from tests.test_pages import app, assert_clean, chart_data, page_text
 from tests.test_pages_schedule import grid  # noqa: F401 - the fixture

@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine import simulate as sim
+from engine.metrics import simulate as sim
 from app import ui
-from engine import theory
+from engine.metrics import theory
 
 VALID = dict(target="demo-target", draft="demo-draft", pair_ok=True, pair_message="ok", prompts="code:tune",
              prompt_error=None, temperature=0.0, top_k=0, top_p=1.0, seed=0, max_new_tokens=32, device="auto",
@@ -32,9 +32,9 @@ def test_validate_builds_enqueue_arguments():
     assert launch.errors == []
     kw = launch.kwargs
     assert kw["sweep_values"] == [1, 2, 4] and kw["sweep_variable"] == "k"
-    from engine.run_config import DEFAULTS, RUN_PARAMETERS
+    from engine.config.run_config import DEFAULTS, RUN_PARAMETERS
 
-    # every numeric run setting (engine/run_config.py), each as on screen: the defaults, 32 new tokens
+    # every numeric run setting (engine/config/run_config.py), each as on screen: the defaults, 32 new tokens
     assert set(kw["sampling"]) == {name for name in RUN_PARAMETERS if name != "k" and name not in ("draft", "drafter")
                                    and isinstance(DEFAULTS[name], (int, float))}
     assert kw["sampling"] == {**{name: DEFAULTS[name] for name in kw["sampling"]}, "max_new_tokens": 32}
@@ -76,7 +76,7 @@ def test_save_upload_is_content_addressed(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def tokenizer_dirs(tmp_path_factory):
     """Two model directories sharing a tokenizer, one with a different tokenizer, one whose config is too narrow."""
-    from pages.pair_check import wait_warm
+    from pages.widgets.pair_check import wait_warm
 
     wait_warm()  # a dashboard AppTest may still be importing transformers in the background
     from transformers import LlamaConfig
@@ -95,7 +95,7 @@ def tokenizer_dirs(tmp_path_factory):
 
 
 def test_pair_check_matches_and_mismatches_from_tokenizers_only(tokenizer_dirs):
-    from pages.pair_check import check_pair_names
+    from pages.widgets.pair_check import check_pair_names
 
     ok = check_pair_names(tokenizer_dirs["target"], tokenizer_dirs["draft"])
     assert ok.ok and ok.vocab_size == 64 and "64" in ok.message
@@ -113,7 +113,7 @@ def test_pair_check_reads_an_eagle3_head_as_the_engine_loads_it(tokenizer_dirs, 
     tokenizer of its own needed; the engine's one-line reasons when it cannot draft for the target."""
     import json
 
-    from pages.pair_check import check_pair_names
+    from pages.widgets.pair_check import check_pair_names
 
     def head(name, vocab=64, verifier=tokenizer_dirs["target"], aux=(0, 0, 0)):
         path = tmp_path / name
@@ -187,7 +187,7 @@ class _FakeProcess:
 
 @pytest.mark.parametrize("live, starts_worker", [(0, True), (1, False)])
 def test_ui_starts_a_worker_only_when_none_is_alive_and_stops_it(tmp_path, monkeypatch, live, starts_worker):
-    from storage import liveness
+    from storage.jobs import liveness
 
     _FakeProcess.started = []
     monkeypatch.setattr(ui.subprocess, "Popen", _FakeProcess)
@@ -232,7 +232,7 @@ def test_pair_check_rechecks_a_directory_whose_files_changed(tokenizer_dirs, tmp
     import shutil
     from pathlib import Path
 
-    from pages.pair_check import check_pair_names
+    from pages.widgets.pair_check import check_pair_names
 
     draft = tmp_path / "draft"
     shutil.copytree(tokenizer_dirs["draft"], draft)
@@ -250,7 +250,7 @@ def test_pair_check_of_an_uncached_hub_id_fails_in_seconds_offline_or_unreachabl
     import requests
     from huggingface_hub import HfApi
 
-    from pages.pair_check import check_pair_names
+    from pages.widgets.pair_check import check_pair_names
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
@@ -275,7 +275,7 @@ def test_run_labels_name_a_swept_draft_not_its_index():
     """A draft or drafter sweep stores the name's index as sweep_value; the run picker shows the name."""
     import pandas as pd
 
-    from pages.common import run_label
+    from pages.widgets.common import run_label
 
     runs = pd.DataFrame([
         {"run_id": 1, "kind": "baseline", "k": None, "sweep_value": None, "sweep_label": None, "status": "done"},
@@ -291,7 +291,7 @@ def test_run_labels_name_a_swept_draft_not_its_index():
 
 def test_a_k_axis_ticks_whole_numbers_even_for_one_k():
     """A validation experiment measures one k: the axis used to tick its zero-width domain as `2.000000`."""
-    from pages import charts
+    from pages.widgets import charts
 
     one = charts.rates_curve(pd.DataFrame({"k": [2], "alpha": [0.8], "draft_acceptance_rate": [0.7]})).to_dict()
     x = one["encoding"]["x"]
@@ -323,7 +323,7 @@ def test_the_token_chart_is_one_monospace_advance_wide_per_character():
     stretched to the page (which drew "M y P a rent")."""
     import pandas as pd
 
-    from pages import charts
+    from pages.widgets import charts
 
     output = pd.DataFrame({"position": [0, 1, 2], "token_id": [1, 2, 3], "text": ["M", "y", " Parent"],
                            "kind": ["first", "accepted", "bonus"], "round_index": [None, 0, 0]})
@@ -342,7 +342,7 @@ def test_the_token_chart_is_one_monospace_advance_wide_per_character():
 def test_the_decode_speed_is_the_target_s_own_at_that_batch_size_else_scaled_by_model_size():
     import pandas as pd
 
-    from pages.estimate import decode_speed
+    from pages.panels.estimate import decode_speed
 
     sizes = {"big": 4_000, "small": 1_000, "gone": None}.get
     measured = {"tokens_per_second": 40.0, "experiment_id": 7, "device_name": "cpu"}

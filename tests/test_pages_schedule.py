@@ -2,7 +2,7 @@
 the headline, a chart of speedup vs k with one line per batch size and the served k marked, k = 0 where
 speculation loses, a table with intervals, ties, throughput and latency, vLLM's setting) with the single-sweep
 charts never mixing batch sizes; and the New-experiment form's "at batch sizes" field (bounds from
-engine/variables.py, the cost estimate per batch size, a batch larger than the prompt set refused in one line,
+engine/config/variables.py, the cost estimate per batch size, a batch larger than the prompt set refused in one line,
 the link's `batch_sizes=`). Crafted speedups under Streamlit's AppTest; no model is loaded."""
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ import pandas as pd
 import pytest
 from sqlalchemy import text
 
-from pages import charts
-from storage import open_store, catalog, queries as q, run_state
-from storage.experiments import enqueue_experiment
+from pages.widgets import charts
+from storage import open_store
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.jobs import run_state
+from storage.jobs.experiments import enqueue_experiment
 from tests.test_pages import _fill, _launched, app, assert_clean, chart_data, downloads, empty_db, metrics, model_dirs  # noqa: F401
 
 # (batch size, k): (speedup, 95 % low, 95 % high); tests/test_schedule.py's grid: k = 2 at batch 1, k = 1 at
@@ -204,7 +207,7 @@ def test_validate_checks_every_batch_size_against_the_prompt_count():
 
 
 def test_a_link_fills_the_grid_field_or_says_why_not(empty_db):
-    from pages.prefill import parse_prefill
+    from pages.widgets.prefill import parse_prefill
 
     values, notes = parse_prefill({"batch_sizes": "16,1,4"}, ["code:tune"])
     assert values == {"grid_batch_sizes": "1,4,16"} and notes == []
@@ -250,7 +253,7 @@ def test_the_form_launches_k_auto_at_several_batch_sizes(empty_db, model_dirs):
 
 
 def test_a_k_auto_grid_draws_each_batch_size_predicted_curve_beside_its_measurements(empty_db):
-    from storage.experiments import add_k_runs, set_predicted_curve
+    from storage.jobs.experiments import add_k_runs, set_predicted_curve
 
     store = open_store(empty_db)
     eid = enqueue_experiment(store, name="auto grid", target="tgt", draft="drf", prompts="code:tune",
@@ -275,7 +278,7 @@ def test_a_k_auto_grid_draws_each_batch_size_predicted_curve_beside_its_measurem
 def test_off_batch_sizes_share_one_caption():
     """Every off batch size's cross sits at (0, 1×); their captions, stacked, overlapped into an unreadable block
     (four off batch sizes on the README grid): one caption names them all."""
-    from pages.schedule_panel import served_frame
+    from pages.panels.schedule_panel import served_frame
 
     steps = [{"batch_size": b, "k": 0, "off": True, "loses": b == 16, "gains": False, "run_id": None,
               "speedup": 0.9, "speedup_ci": [0.8, 1.05], "value": None} for b in (2, 4, 16)]
@@ -296,8 +299,8 @@ def test_the_experiments_page_names_a_grids_batch_sizes(grid):
 def test_every_findings_follow_up_link_keeps_the_grid_and_the_draft_sampling(grid):
     """"Try it" on a grid's finding (the tie among them) opened the form at batch 1 with "At batch sizes" empty; a
     follow-up measures where its experiment did: the grid's batch sizes, and its draft sampling."""
-    from pages.prefill import parse_prefill
-    from storage import findings as fd
+    from pages.widgets.prefill import parse_prefill
+    from storage.analysis import findings as fd
 
     store, eid, _ = grid
     with store.write() as conn:
@@ -318,7 +321,7 @@ def test_every_findings_follow_up_link_keeps_the_grid_and_the_draft_sampling(gri
 
 
 def test_a_findings_link_of_one_batch_size_keeps_it():
-    from pages.prefill import parse_prefill
+    from pages.widgets.prefill import parse_prefill
 
     values, notes = parse_prefill({"batch_size": "4", "draft_sampling": "greedy"}, ["code:tune"])
     assert values == {"batch_size": 4, "draft_sampling": "greedy"} and notes == []
@@ -327,7 +330,7 @@ def test_a_findings_link_of_one_batch_size_keeps_it():
 
 
 def _headline(too_wide: bool) -> None:
-    from pages.schedule_panel import headline
+    from pages.panels.schedule_panel import headline
 
     headline({"text": "k schedule: batch 1: k = 2 (1.71× (1.59–1.85)); batch 4: off",
               "steps": [{"batch_size": 1, "too_wide": too_wide}, {"batch_size": 4, "too_wide": False}]})

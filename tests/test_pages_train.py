@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from storage import open_store, training
+from storage import open_store
+
+from storage.jobs import training
 from tests.test_pages import app, assert_clean, chart_data, page_text
 from tests.test_training import TRAIN, VAL
 
@@ -70,7 +72,7 @@ def test_the_form_starts_from_the_recipe_that_made_demo_draft_distilled(train_db
     from pathlib import Path
 
     from engine import zoo
-    from engine.prompt_sets import EVERY_SET
+    from engine.text.prompt_sets import EVERY_SET
 
     card = json.loads((zoo.ZOO_DIR / "demo-draft-distilled" / "distill.json").read_text())
     at = app("train")
@@ -94,7 +96,7 @@ def test_the_form_starts_from_the_recipe_that_made_demo_draft_distilled(train_db
 
 
 def test_every_tune_split_at_once_is_one_choice_held_out_on_every_validation_split(train_db):
-    from engine.prompt_sets import EVERY_SET, PROMPT_SETS, load_prompts
+    from engine.text.prompt_sets import EVERY_SET, PROMPT_SETS, load_prompts
 
     store, model_dirs, _ = train_db
     at = _fill(app("train"), model_dirs)
@@ -149,12 +151,12 @@ def test_cancel_and_resume_buttons_drive_the_job(train_db):
 
 def test_a_finished_job_shows_its_figures_and_its_draft_is_a_candidate(train_db, monkeypatch):
     store, model_dirs, tmp_path = train_db
-    from app.worker import Worker
+    from app.worker.worker import Worker
 
     prompts, val = tmp_path / "train.txt", tmp_path / "val.txt"
     prompts.write_text("\n".join(TRAIN) + "\n")
     val.write_text("\n".join(VAL) + "\n")
-    monkeypatch.setattr("app.training.EVAL_REPEATS", 1)
+    monkeypatch.setattr("app.training.training.EVAL_REPEATS", 1)
     jid = training.enqueue_training(store, name="tiny-distilled", target=model_dirs["target"], draft=model_dirs["draft"],
                                     prompts=str(prompts), validation=str(val), steps=8, lr=3e-3, batch_size=3,
                                     max_new_tokens=8)
@@ -193,9 +195,9 @@ def test_a_findings_link_preselects_the_experiment_to_focus_on(train_db):
     experiment is the focus, and the user can still change it."""
     from sqlalchemy import text
 
-    from storage.experiments import enqueue_experiment
-    from storage.findings import DISTILL_PAGE
-    from pages.nav import PAGES
+    from storage.jobs.experiments import enqueue_experiment
+    from storage.analysis.findings import DISTILL_PAGE
+    from pages.widgets.nav import PAGES
 
     store, model_dirs, _ = train_db
     eid = enqueue_experiment(store, name="focus me", target="t", draft="d", prompts="code:tune",
@@ -230,7 +232,7 @@ def _fill_head(at, model_dirs, name="my-head", aux="1"):
 
 
 def test_the_head_form_starts_from_train_heads_defaults_and_queues_a_head_job(train_db):
-    from engine import head_settings
+    from engine.config import head_settings
 
     store, model_dirs, tmp_path = train_db
     at = app("train")
@@ -268,7 +270,7 @@ def test_head_aux_layers_that_are_not_ids_are_one_error_and_nothing_is_queued(tr
 
 
 def test_a_running_head_job_shows_acceptance_by_position_and_length_beside_its_loss(train_db):
-    from pages import charts
+    from pages.widgets import charts
 
     store, model_dirs, _ = train_db
     jid = training.enqueue_training(store, kind="head", name="h", target=model_dirs["target"], prompts="code:tune",
@@ -296,12 +298,12 @@ def test_a_running_head_job_shows_acceptance_by_position_and_length_beside_its_l
 
 def test_a_finished_head_job_shows_its_figures_and_is_offered_as_a_head(train_db, monkeypatch):
     store, model_dirs, tmp_path = train_db
-    from app.worker import Worker
+    from app.worker.worker import Worker
 
     prompts, val = tmp_path / "train.txt", tmp_path / "val.txt"
     prompts.write_text("\n".join(TRAIN) + "\n")
     val.write_text("\n".join(VAL) + "\n")
-    monkeypatch.setattr("app.training.EVAL_REPEATS", 1)
+    monkeypatch.setattr("app.training.training.EVAL_REPEATS", 1)
     jid = training.enqueue_training(store, kind="head", name="tiny-head", target=model_dirs["target"],
                                     prompts=str(prompts), validation=str(val), steps=8, lr=3e-2, batch_size=4,
                                     max_new_tokens=8, ttt_steps=2)

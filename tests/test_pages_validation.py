@@ -5,7 +5,11 @@ import json
 
 import pytest
 
-from storage import open_store, catalog, queries as q
+from storage import open_store
+
+from storage.analysis import catalog
+
+from storage.records import queries as q
 from tests.test_pages import app, assert_clean
 from tests.test_validation import TUNE, _experiment
 

@@ -12,17 +12,17 @@ import pytest
 import torch
 from sqlalchemy import text
 
-import app.supervisor as supervisor
-from app.supervisor import DevicesError, parse_devices
-from app.placement import acquire_leases, device_name, group_members, load_device, place
-from app.worker import Worker
-from engine import runs
+import app.worker.supervisor as supervisor
+from app.worker.supervisor import DevicesError, parse_devices
+from app.runtime.placement import acquire_leases, device_name, group_members, load_device, place
+from app.worker.worker import Worker
+from engine.decoding import runs
 from engine.errors import DraftLabError
-from engine.loading import _check_dispatched, load_model, plan_pair
-from engine.placement import HEADROOM, Placement, model_devices, plan, weight_bytes
-from engine.sampling import SamplingConfig
-from storage.experiments import enqueue_experiment
-from storage.leases import acquire_lease, release_lease
+from engine.models.loading import _check_dispatched, load_model, plan_pair
+from engine.models.placement import HEADROOM, Placement, model_devices, plan, weight_bytes
+from engine.decoding.sampling import SamplingConfig
+from storage.jobs.experiments import enqueue_experiment
+from storage.jobs.leases import acquire_lease, release_lease
 from tests import tiny_models as tm
 
 GB = 10**9
@@ -231,7 +231,7 @@ def test_the_top_level_hook_returns_logits_to_the_input_device_and_leaves_the_ca
     from accelerate import dispatch_model
     from transformers import DynamicCache
 
-    from engine.batched_cache import BatchCache
+    from engine.decoding.batched_cache import BatchCache
 
     target = tm.llama(0, layers=2)
     device_map = {"model": "cpu", "lm_head": "cpu"}
@@ -251,9 +251,9 @@ def test_the_top_level_hook_returns_logits_to_the_input_device_and_leaves_the_ca
 
 def test_load_pair_on_auto_with_two_gpus_spreads_a_large_target_and_puts_the_draft_on_the_first(model_dirs,
                                                                                                  monkeypatch):
-    """The wiring of engine.loading.load_pair over several GPUs, with torch's CUDA queries faked (no GPU here):
+    """The wiring of engine.models.loading.load_pair over several GPUs, with torch's CUDA queries faked (no GPU here):
     the target gets accelerate's max_memory over the planned GPUs, the draft none, on cuda:0."""
-    import engine.loading as loading
+    import engine.models.loading as loading
 
     calls = []
 
@@ -292,7 +292,7 @@ def test_a_plain_worker_seeing_two_gpus_leases_both_for_a_large_target_and_loads
                                                                                            monkeypatch):
     """Plain `draftlab worker` on a machine with two GPUs (torch's CUDA queries faked; the fake loader loads on
     the CPU): the plan takes both, the leases are host:cuda:0 and host:cuda:1, the loader is told gpus=2."""
-    from engine.loading import load_pair
+    from engine.models.loading import load_pair
 
     size = weight_bytes(model_dirs["target"], torch.bfloat16) + weight_bytes(model_dirs["draft"], torch.bfloat16)
     tight = int(size / (1 - HEADROOM) * 0.6)

@@ -1,10 +1,10 @@
-"""pages/prefill.py: the New-experiment form's link parameters, parsed strictly, and the page's drafter specs, which
-must read exactly as engine/drafting.py reads them (without importing torch)."""
+"""pages/widgets/prefill.py: the New-experiment form's link parameters, parsed strictly, and the page's drafter specs, which
+must read exactly as engine/decoding/drafting.py reads them (without importing torch)."""
 from __future__ import annotations
 
 import pytest
 
-from pages import prefill as pf
+from pages.widgets import prefill as pf
 
 SETS = ["code:tune", "code:validation", "math:tune", "math:validation"]
 
@@ -17,7 +17,7 @@ SPECS = ["model", "heuristic", " model ", "confidence:0.5", "confidence: 0.25 ",
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_drafter_specs_read_as_the_engine_reads_them(spec):
-    from engine.drafter_specs import canonical_drafter, parse_drafter
+    from engine.config.drafter_specs import canonical_drafter, parse_drafter
     from engine.errors import DraftLabError
 
     try:
@@ -34,7 +34,7 @@ def test_drafter_specs_read_as_the_engine_reads_them(spec):
 @pytest.mark.parametrize("spec", ["confidence:٠.٥", "prompt-lookup:٣", "confidence:0_5", "prompt-lookup:1_0",
                                   "prompt-lookup:３", "confidence:nan"])
 def test_drafter_numbers_are_ascii_only(spec):
-    from engine.drafter_specs import parse_drafter
+    from engine.config.drafter_specs import parse_drafter
     from engine.errors import DraftLabError
 
     with pytest.raises(ValueError):
@@ -44,7 +44,7 @@ def test_drafter_numbers_are_ascii_only(spec):
 
 
 def test_the_page_offers_every_drafter_of_the_engine():
-    from engine.drafter_specs import SPECS
+    from engine.config.drafter_specs import SPECS
 
     assert tuple(SPECS) == pf.DRAFTER_KINDS
     assert {name for name, spec in SPECS.items() if spec.parameter} == set(pf.DRAFTER_PARAMETERS)
@@ -67,7 +67,7 @@ def test_drafter_sweep_specs_and_back():
 
 
 def test_every_drafter_parameter_has_its_fields_from_the_declaration():
-    """The form's fields for a drafter's parameter come from its declaration (engine/drafter_specs.py), not from a
+    """The form's fields for a drafter's parameter come from its declaration (engine/config/drafter_specs.py), not from a
     list of names: each parameter has a field for the fixed drafter and one for a sweep's values, with its default."""
     from pages import new_experiment
 
@@ -97,10 +97,10 @@ def test_sweep_values_of_every_variable():
     ("1" * 12, "max_new_tokens", "max new tokens"), (",".join(map(str, range(1, 70))), "k", "k:"),
 ])
 def test_form_errors_speak_the_form_s_language_not_cli_flags(text, variable, words):
-    """The form and its links parse with engine/variables.py's one parser, worded for the form: a field's words
+    """The form and its links parse with engine/config/variables.py's one parser, worded for the form: a field's words
     and an example to type, never `--k` or `use e.g. --k 1,2,4,8` (the CLI keeps those)."""
     from engine.errors import DraftLabError
-    from engine.variables import SETTINGS, VARIABLES
+    from engine.config.variables import SETTINGS, VARIABLES
 
     described = VARIABLES.get(variable) or SETTINGS[variable]
     with pytest.raises((ValueError, DraftLabError)) as caught:
@@ -114,7 +114,7 @@ def test_form_errors_speak_the_form_s_language_not_cli_flags(text, variable, wor
 
 
 def test_a_findings_link_fills_every_field():
-    from storage.findings import prefill_query
+    from storage.analysis.findings import prefill_query
 
     page, params = prefill_query({"target": "demo-target", "draft": "demo-draft", "prompts": "math:validation",
                                   "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3, "max_new_tokens": 64,

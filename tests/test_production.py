@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from sqlalchemy import text
 
 from app.cli import main
-from app.production_scrape import parse, public_source
+from app.serving.production_scrape import parse, public_source
 from engine.errors import DraftLabError
-from storage import findings as fd
-from storage import production
+from storage.analysis import findings as fd
+from storage.records import production
 from tests.test_findings import _run_experiment
 
 # 100 rounds of k = 4: positions accepted in 80, 60, 40, 20 rounds -> 200 accepted of 400 proposed.

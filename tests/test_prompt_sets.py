@@ -1,4 +1,4 @@
-"""Built-in prompt sets and the user prompt-file loader (engine/prompt_sets.py)."""
+"""Built-in prompt sets and the user prompt-file loader (engine/text/prompt_sets.py)."""
 from __future__ import annotations
 
 import re
@@ -6,7 +6,7 @@ import re
 import pytest
 
 from engine.errors import DraftLabError
-from engine.prompt_sets import PROMPT_SETS, SPLITS, builtin_path, held_out_split, list_prompt_sets, load_prompts
+from engine.text.prompt_sets import PROMPT_SETS, SPLITS, builtin_path, held_out_split, list_prompt_sets, load_prompts
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 

@@ -1,7 +1,7 @@
-"""engine/run_config.py: one run configuration, read by every place that used to list the settings. Property tests
+"""engine/config/run_config.py: one run configuration, read by every place that used to list the settings. Property tests
 round-trip every swept variable and setting through each view of it: the form's fields and its link (form -> URL ->
 form), and the command line through the database to deploy (CLI -> enqueue -> stored rows -> deploy
-configuration). Each strategy draws from the descriptions themselves (engine/variables.py), so a new variable is
+configuration). Each strategy draws from the descriptions themselves (engine/config/variables.py), so a new variable is
 round-tripped without a line here."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engine.drafter_specs import SPECS, needs_draft_model
+from engine.config.drafter_specs import SPECS, needs_draft_model
 from engine.errors import DraftLabError
-from engine.run_config import PARAMETERS, RUN_PARAMETERS, RunConfig
-from engine.variables import SETTINGS, VARIABLES, Variable
+from engine.config.run_config import PARAMETERS, RUN_PARAMETERS, RunConfig
+from engine.config.variables import SETTINGS, VARIABLES, Variable
 
 SETS = ["code:tune", "code:validation", "math:tune"]
 # Model names as HF ids and paths are written: never starting with "-" (the command line reads "--x" as an option,
@@ -81,7 +81,7 @@ def configs(draw, form_only: bool = False):
         values = draw(st.lists(_value(VARIABLES[sweep], form_only), min_size=1, max_size=3,
                                unique_by=lambda x: VARIABLES[sweep].show(x) if isinstance(x, float) else x))
     if form_only and sweep == "drafter":  # the form lists drafters by kind, in the registry's order
-        from pages.prefill import drafter_specs, split_drafter_specs
+        from pages.widgets.prefill import drafter_specs, split_drafter_specs
 
         values = drafter_specs(*split_drafter_specs(values))  # (kinds, {name: listed values})
     if sweep != "batch_size" and draw(st.booleans()):
@@ -118,7 +118,7 @@ def test_the_link_reads_back_as_the_same_configuration(cfg):
 def test_form_to_link_to_form(cfg):
     """The form's fields showing a configuration, its link, and the fields that link fills in: the same, and the
     configuration Launch would queue from them is the one they show."""
-    from pages.prefill import form_config, form_values, parse_prefill
+    from pages.widgets.prefill import form_config, form_values, parse_prefill
 
     fields = form_values(cfg)
     assert form_config(fields, cfg.prompts) == cfg  # form -> configuration (what Launch queues)
@@ -151,9 +151,9 @@ def test_cli_to_database_to_deploy(sqlite_store, cfg):
     """CLI arguments -> enqueue -> the stored experiment and runs -> deploy's configuration of each run: every
     parameter arrives as given, and the experiment row reads back as the configuration."""
     from app.sweep import parse_sweep
-    from storage import queries as q
-    from storage.deploy import configuration
-    from storage.experiments import enqueue_experiment
+    from storage.records import queries as q
+    from storage.serving.deploy import configuration
+    from storage.jobs.experiments import enqueue_experiment
 
     args = _parser().parse_args(["run", *cfg.to_cli()])
     options = {name: getattr(args, name) for name in VARIABLES}
@@ -196,9 +196,9 @@ def sqlite_store(tmp_path_factory):
 
 
 def test_every_described_parameter_is_in_the_configuration():
-    """A variable or setting added to engine/variables.py is a parameter of the configuration, a CLI flag, a link
+    """A variable or setting added to engine/config/variables.py is a parameter of the configuration, a CLI flag, a link
     parameter and a form field (by its description), with no list to update."""
-    from pages.prefill import KNOWN, NUMBERS, WIDGETS
+    from pages.widgets.prefill import KNOWN, NUMBERS, WIDGETS
 
     cfg = RunConfig.make(target="t", prompts="code", draft="d")
     assert [name for name, _ in cfg.settings] == list(PARAMETERS) == [*VARIABLES, *SETTINGS]
@@ -221,7 +221,7 @@ def test_bad_values_are_refused_in_the_words_of_where_they_came_from():
 
 
 def test_duplicate_key_ignores_labels_only(sqlite_store):
-    from storage.experiments import enqueue_experiment, recent_duplicate
+    from storage.jobs.experiments import enqueue_experiment, recent_duplicate
 
     cfg = RunConfig.make(target="t", prompts="code", draft="d", sweep="k", values="1,2")
     launch = {**cfg.enqueue(), "name": "first", "notes": "n", "tags": ("a",)}
@@ -242,9 +242,9 @@ def test_a_run_reads_its_own_sampling_configuration():
 def test_a_stored_run_stays_readable_after_a_workload_cap_is_lowered(sqlite_store, monkeypatch):
     """Caps bound what may be queued (SPEC, Inputs); a run queued under a higher cap is still read, rerun and
     deployed as it was."""
-    from storage import queries as q
-    from storage.deploy import configuration
-    from storage.experiments import add_k_runs, enqueue_experiment
+    from storage.records import queries as q
+    from storage.serving.deploy import configuration
+    from storage.jobs.experiments import add_k_runs, enqueue_experiment
 
     cfg = RunConfig.make(target="t", prompts="code", draft="d", sweep="k", values="1,2", max_new_tokens=512)
     eid = enqueue_experiment(sqlite_store, **cfg.enqueue(), name="x", prompt_texts=["p"])
@@ -260,18 +260,18 @@ def test_a_stored_run_stays_readable_after_a_workload_cap_is_lowered(sqlite_stor
 
 
 def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_path, monkeypatch):
-    """The drafter a run takes when none is named (RunConfig.make, engine/run_config.py default_drafter): eagle3 for
+    """The drafter a run takes when none is named (RunConfig.make, engine/config/run_config.py default_drafter): eagle3 for
     an EAGLE-3 head directory in either layout, model for a causal LM, through the CLI's configuration, a link, the
     queue (enqueue_experiment without a drafter) and the form's launch (its Drafter field gives way to the head); a
     draft sweep of heads and causal LMs gives each draft its own (tests/test_mixed_draft_sweep.py). A drafter named
     for the other kind of draft, also in such a sweep, is one line; stored configurations keep the drafter they
     named."""
-    from engine.eagle3 import new_head, save_head
-    from engine.head_format import sglang_dir
-    from engine.eagle3 import convert_head
+    from engine.models.eagle3 import new_head, save_head
+    from engine.config.head_format import sglang_dir
+    from engine.models.eagle3 import convert_head
     from pages.new_experiment import validate
-    from storage import queries as q
-    from storage.experiments import enqueue_experiment
+    from storage.records import queries as q
+    from storage.jobs.experiments import enqueue_experiment
     from tests import tiny_models as tm
     from tests.test_pages_logic import VALID
 
@@ -292,7 +292,7 @@ def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_p
     assert set(q.runs(sqlite_store, eid).dropna(subset=["k"])["drafter"]) == {"eagle3"}
     experiment = q.experiment(sqlite_store, eid)
     assert RunConfig.from_experiment(experiment).value("drafter") == "eagle3"
-    monkeypatch.setattr("engine.run_config.is_head", lambda draft: False)  # stored: never re-derived
+    monkeypatch.setattr("engine.config.run_config.is_head", lambda draft: False)  # stored: never re-derived
     assert RunConfig.from_experiment(experiment).value("drafter") == "eagle3"
     monkeypatch.undo()
 

@@ -1,5 +1,5 @@
 """A batch × k grid (issue 20, items 2 and 4): `--batch-size 1,4,16 --k 1,2,4` is one experiment whose k sweep runs
-at each batch size with its own target-only baseline there; storage/schedule.py judges each batch size with the one
+at each batch size with its own target-only baseline there; storage/analysis/schedule.py judges each batch size with the one
 verdict rule and gives the k to serve (0 where speculation measurably loses) and vLLM's
 num_speculative_tokens_per_batch_size. Crafted speedups on SQLite and PostgreSQL, the CLI's grid end to end."""
 from __future__ import annotations
@@ -11,12 +11,13 @@ from sqlalchemy import text
 
 from app.sweep import parse_sweep
 from engine.errors import DraftLabError
-from storage import experiments, run_state
-from storage import catalog, queries as q
-from storage.errors import QueueError
-from storage.export import run_document
-from storage.schedule import schedule
-from storage.verdict import verdict
+from storage.jobs import experiments, run_state
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.db.errors import QueueError
+from storage.serving.export import run_document
+from storage.analysis.schedule import schedule
+from storage.analysis.verdict import verdict
 
 OPTIONS = {"k": "4", "temperature": "0", "top_k": "0", "top_p": "1", "batch_size": "1", "draft": "d",
            "drafter": "model", "draft_sampling": "probabilistic"}
@@ -108,7 +109,7 @@ def test_where_no_k_is_measurably_faster_the_target_alone_is_served(store):
         [(2, 3, True, False, False), (8, 0, False, False, True)]
     two, eight = s.steps
     # At batch 2 the cheaper tied k = 1 reaches 1×: k = 3, measurably faster, is served, and the verdict at batch 2
-    # chooses the same (one rule: storage/verdict.py's `serve`).
+    # chooses the same (one rule: storage/analysis/verdict.py's `serve`).
     assert two.verdict.chosen.run_id == two.served.run_id == ids[(2, 3)] and two.verdict.k == two.k == 3
     assert "k = 1 also tied with the best but not measurably faster than the target alone" in two.text
     assert eight.served is None and eight.value is None and "serve the target alone there" in eight.text
@@ -181,7 +182,7 @@ def test_cli_runs_a_grid_end_to_end(tmp_path, model_dirs, capsys):
 
 
 def test_deploy_carries_the_schedule_to_vllm_and_says_what_other_engines_cannot(store):
-    from storage.deploy import deploy_document
+    from storage.serving.deploy import deploy_document
 
     eid = _grid(store)
     ids = _measure(store, eid, SPEEDS)
@@ -202,7 +203,7 @@ def test_deploy_carries_the_schedule_to_vllm_and_says_what_other_engines_cannot(
 
 
 def test_deploy_refuses_a_grid_where_speculation_loses_everywhere(store):
-    from storage.deploy import DeployError, deploy_document
+    from storage.serving.deploy import DeployError, deploy_document
 
     eid = _grid(store, sizes=(1, 4), ks=(1, 2))
     _measure(store, eid, {(1, 1): (0.9, 0.85, 0.95), (1, 2): (0.8, 0.7, 0.9),
@@ -212,7 +213,7 @@ def test_deploy_refuses_a_grid_where_speculation_loses_everywhere(store):
 
 
 def test_a_grid_with_one_k_everywhere_needs_no_schedule_key(store):
-    from storage.deploy import deploy_document
+    from storage.serving.deploy import deploy_document
 
     eid = _grid(store, sizes=(1, 4), ks=(1, 2))
     _measure(store, eid, {(1, 1): (1.1, 1.05, 1.15), (1, 2): (1.4, 1.3, 1.5),
@@ -222,7 +223,7 @@ def test_a_grid_with_one_k_everywhere_needs_no_schedule_key(store):
 
 
 def test_findings_say_where_to_switch_speculation_off_and_which_batch_sizes_are_undecided(store):
-    from storage.findings import findings, prefill_url
+    from storage.analysis.findings import findings, prefill_url
 
     eid = _grid(store)
     _measure(store, eid, SPEEDS)
@@ -248,7 +249,7 @@ def test_findings_say_where_to_switch_speculation_off_and_which_batch_sizes_are_
 
 
 def test_the_other_findings_look_at_the_smallest_batch_size_of_a_grid(store):
-    from storage.findings import findings
+    from storage.analysis.findings import findings
 
     eid = _grid(store, sizes=(1, 4), ks=(1, 2))
     _measure(store, eid, {(1, 1): (1.30, 1.25, 1.35), (1, 2): (1.28, 1.20, 1.36),
@@ -280,8 +281,8 @@ def test_a_grid_runs_through_the_worker_and_reports_every_row_of_a_batch(store, 
 
 
 def test_validation_reruns_the_choice_at_the_batch_size_it_was_measured_at(store):
-    from storage.experiments import get_experiment
-    from storage.validation import validation_plan
+    from storage.jobs.experiments import get_experiment
+    from storage.analysis.validation import validation_plan
 
     eid = _grid(store, sizes=(4, 8), ks=(1, 2), draft_sampling="greedy")
     ids = _measure(store, eid, {(4, 1): (1.1, 1.05, 1.15), (4, 2): (1.4, 1.3, 1.5),
@@ -314,9 +315,9 @@ def test_one_answer_the_verdict_schedule_findings_and_every_deploy_tab_serve_the
     measurably faster than the target alone. The verdict, the schedule, the tie finding, and the deploy document with
     every engine's tab serve k = 3 at batch 1 and say which batch size their one k is for; batch 2's entry is asked
     for by name."""
-    from storage import findings as fd
-    from storage.deploy import DeployError, deploy_document
-    from storage.verdict import verdict
+    from storage.analysis import findings as fd
+    from storage.serving.deploy import DeployError, deploy_document
+    from storage.analysis.verdict import verdict
 
     eid = _grid(store, sizes=(1, 2), ks=(1, 3), prompts=4)
     ids = _measure(store, eid, {(1, 1): (1.05, 0.95, 1.16), (1, 3): (1.17, 1.07, 1.29),

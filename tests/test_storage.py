@@ -1,4 +1,4 @@
-"""Storage on SQLite and PostgreSQL: schema, SQL metrics == engine/metrics_oracle.py, queue atomicity, cancel,
+"""Storage on SQLite and PostgreSQL: schema, SQL metrics == engine/metrics/metrics_oracle.py, queue atomicity, cancel,
 stale heartbeats, concurrent readers. Records are synthetic (no models), built with the engine's invariants."""
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ import pytest
 from sqlalchemy import text
 
 from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
-from engine.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds, throughput
-from storage import liveness, open_store, run_state
-from storage.errors import QueueError
-from storage.experiments import add_k_runs, enqueue_experiment
-from storage import catalog, queries as q
-from storage.export import plain, run_document
-from storage.recording import record_prompt
-from storage.schema import SCHEMA_VERSION, utcnow
+from engine.metrics.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds, throughput
+from storage.jobs import liveness, run_state
+from storage import open_store
+from storage.db.errors import QueueError
+from storage.jobs.experiments import add_k_runs, enqueue_experiment
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.serving.export import plain, run_document
+from storage.records.recording import record_prompt
+from storage.db.schema import SCHEMA_VERSION, utcnow
 
 REL = 1e-12  # SQL sums may associate float additions differently from Python's left-to-right sum
 
@@ -150,7 +152,7 @@ def test_a_newer_database_is_refused_with_a_clear_message(tmp_path):
         open_store(url)
 
 
-# --- SQL metrics == engine/metrics_oracle.py ----------------------------------------------------------------------
+# --- SQL metrics == engine/metrics/metrics_oracle.py ----------------------------------------------------------------------
 
 def test_stored_metrics_equal_engine_metrics(store):
     eid, ids, results = fill_experiment(store, ks=(1, 3, 5), prompts=4, same_outputs_for=3)
@@ -181,7 +183,7 @@ def test_stored_metrics_equal_engine_metrics(store):
 
 
 def test_full_accept_share_is_the_share_of_rounds_with_every_draft_accepted(store):
-    """storage/columns.py's SQL for full_accept_share equals the count over the engine's own rounds, on every
+    """storage/records/columns.py's SQL for full_accept_share equals the count over the engine's own rounds, on every
     database; the run JSON carries it, a baseline has none."""
     eid, ids, results = fill_experiment(store, ks=(1, 3, 5), prompts=4, same_outputs_for=3)
     frame = q.runs(store, eid).set_index("run_id")

@@ -1,4 +1,4 @@
-"""Suffix decoding's trees (engine/suffix_tree.py) follow arctic-inference's rules, checked against a brute force
+"""Suffix decoding's trees (engine/decoding/suffix_tree.py) follow arctic-inference's rules, checked against a brute force
 over substring counts; responses leave the tree exactly; a prompt never drafts from its own earlier response, so
 repeating a prompt (the timing protocol's repeats, the warm-up) cannot inflate its acceptance."""
 import dataclasses
@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from engine import runs
-from engine.sampling import SamplingConfig
-from engine.suffix_tree import MIN_TOKEN_PROB, SuffixCache, SuffixTree
+from engine.decoding import runs
+from engine.decoding.sampling import SamplingConfig
+from engine.decoding.suffix_tree import MIN_TOKEN_PROB, SuffixCache, SuffixTree
 from tests import tiny_models as tm
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from app.supervisor import DevicesError, parse_devices
-from app.placement import lease_key, load_device, place
-from storage import liveness, open_store, run_state
-from storage.experiments import enqueue_experiment
+from app.worker.supervisor import DevicesError, parse_devices
+from app.runtime.placement import lease_key, load_device, place
+from storage.jobs import liveness, run_state
+from storage import open_store
+from storage.jobs.experiments import enqueue_experiment
 from tests.hold import held_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,8 +142,8 @@ def test_a_killed_child_is_restarted_and_its_runs_requeued(tmp_path, model_dirs,
 
 
 def test_worker_health_shows_devices_what_each_times_the_queue_and_stale_workers(store, model_dirs):
-    from storage import queries as q
-    from storage.schema import utcnow
+    from storage.records import queries as q
+    from storage.db.schema import utcnow
 
     eids = _enqueue(store, model_dirs, 2)
     here = liveness.host_identity()
@@ -236,8 +237,8 @@ def test_readme_compose_command_and_service_names_match_the_file():
 
 
 def test_worker_devices_all_without_a_gpu_stays_one_cpu_worker_and_bad_devices_exit_2(tmp_path, monkeypatch, capsys):
-    import app.supervisor as supervisor
-    import app.worker_process as worker_process
+    import app.worker.supervisor as supervisor
+    import app.worker.worker_process as worker_process
     from app.cli import main
 
     url = f"sqlite:///{tmp_path / 'one.db'}"
@@ -287,7 +288,7 @@ def test_a_killed_supervisor_takes_its_children_with_it(tmp_path, model_dirs, wa
 def test_a_child_that_died_just_before_the_stop_is_reported_and_swept(tmp_path):
     """The race the chaos test met: a worker SIGKILLed between the supervisor's last poll and its SIGTERM. Its death
     is still logged, and its worker row and lease go with it (no stale worker left for the next sweep to find)."""
-    from app.supervisor import Child, Supervisor
+    from app.worker.supervisor import Child, Supervisor
 
     url = f"sqlite:///{tmp_path / 'sup.db'}"
     store = open_store(url)

@@ -1,6 +1,6 @@
 import pytest
 
-from engine.theory import best_k, expected_accepted, expected_tokens_per_round, predicted_speedup
+from engine.metrics.theory import best_k, expected_accepted, expected_tokens_per_round, predicted_speedup
 
 
 def test_expected_tokens_per_round_is_a_geometric_sum():

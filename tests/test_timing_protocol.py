@@ -13,16 +13,18 @@ import pytest
 from sqlalchemy import text
 
 from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
-from engine.protocol import median_repeat, interleaved_order
-from engine.records import ACCEPTED, DISCARDED, REJECTED, BONUS, CORRECTION, DraftToken, PromptResult, Round
-from storage import liveness, open_store, run_state
-from storage.experiments import enqueue_experiment, get_experiment
-from storage.leases import acquire_lease, release_lease
-from storage import catalog, queries as q
-from storage.export import run_document
-from storage.recording import record_prompt
-from storage.stats import paired_bootstrap_ci, paired_speedup, tied_with
-from storage.verdict import verdict_dict
+from engine.decoding.protocol import median_repeat, interleaved_order
+from engine.decoding.records import ACCEPTED, DISCARDED, REJECTED, BONUS, CORRECTION, DraftToken, PromptResult, Round
+from storage.jobs import liveness, run_state
+from storage import open_store
+from storage.jobs.experiments import enqueue_experiment, get_experiment
+from storage.jobs.leases import acquire_lease, release_lease
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.serving.export import run_document
+from storage.records.recording import record_prompt
+from engine.metrics.stats import paired_bootstrap_ci, paired_speedup, tied_with
+from storage.analysis.verdict import verdict_dict
 from tests.test_storage import enqueue, record, run_ids
 from tests.test_worker import PROMPTS, RecordingWorker, kinds
 
@@ -320,7 +322,7 @@ class FakeClock:
 
 @pytest.fixture
 def fake_clock(monkeypatch):
-    from engine.batched_cache import BatchCache
+    from engine.decoding.batched_cache import BatchCache
 
     holder = {}
     real_forward = BatchCache.forward
@@ -337,7 +339,7 @@ def fake_clock(monkeypatch):
 
 
 def test_k_auto_finds_the_best_k_of_a_full_sweep_with_deterministic_timings(tmp_path, model_dirs, fake_clock):
-    from engine.loading import load_pair
+    from engine.models.loading import load_pair
 
     store = open_store(f"sqlite:///{tmp_path / 'auto.db'}")
     pair = load_pair(model_dirs["target"], model_dirs["draft"], "cpu", "float32")

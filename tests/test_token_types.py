@@ -3,7 +3,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from engine import zoo
-from engine.token_types import TOKEN_TYPES, TokenTyper, token_type
+from engine.text.token_types import TOKEN_TYPES, TokenTyper, token_type
 
 EXAMPLES = {
     "whitespace": [" ", "    ", "\n", "\n        ", "\t\t", "\r\n"],
@@ -64,7 +64,7 @@ def test_latin_letters_inside_code_are_code_and_nothing_else_changes():
 
 
 def test_a_code_fence_opens_and_closes_the_code_context_across_tokens():
-    from engine.token_types import CodeContext
+    from engine.text.token_types import CodeContext
 
     context = CodeContext(False, "Write a loop:\n")
     assert not context.code
@@ -77,8 +77,8 @@ def test_a_code_fence_opens_and_closes_the_code_context_across_tokens():
 
 
 def test_code_prompts_are_the_indices_a_code_set_contributes():
-    from engine.prompt_sets import load_prompts
-    from engine.token_types import code_prompts
+    from engine.text.prompt_sets import load_prompts
+    from engine.text.token_types import code_prompts
 
     n_code, n_english = len(load_prompts("code:validation")), len(load_prompts("english"))
     assert code_prompts("code:validation") == frozenset(range(n_code))
@@ -90,9 +90,9 @@ def test_code_prompts_are_the_indices_a_code_set_contributes():
 def test_a_code_prompts_drafts_read_as_code_in_the_engine():
     """The demo pair decodes a Python prompt: typed as a code prompt, its draft tokens of Latin letters (`def`,
     `return`, names) are code; the same decode typed as prose has them english. Nothing else moves."""
-    from engine.loading import load_pair
-    from engine.runs import encode_prompts, speculative_decoder
-    from engine.sampling import SamplingConfig
+    from engine.models.loading import load_pair
+    from engine.decoding.runs import encode_prompts, speculative_decoder
+    from engine.decoding.sampling import SamplingConfig
 
     pair = load_pair("demo-target", "demo-draft", "cpu", "float32", False)
     prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"

@@ -13,17 +13,18 @@ import pytest
 import torch
 from sqlalchemy import text
 
-from app.worker import Worker
-from engine import distill as ds
+from app.worker.worker import Worker
+from engine.training import distill as ds
 from engine.errors import DraftLabError
-from engine.loading import load_pair
-from engine.metrics_oracle import outputs_match
-from engine.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
-from engine.sampling import SamplingConfig
-from storage import liveness, training
-from storage.experiments import get_experiment
-from storage.errors import QueueError
-from storage.schema import utcnow
+from engine.models.loading import load_pair
+from engine.metrics.metrics_oracle import outputs_match
+from engine.decoding.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
+from engine.decoding.sampling import SamplingConfig
+from storage.jobs import liveness
+from storage.jobs import training
+from storage.jobs.experiments import get_experiment
+from storage.db.errors import QueueError
+from storage.db.schema import utcnow
 from tests import tiny_models as tm
 
 TRAIN = ["t3 t4 t5", "t9 t10", "t20 t21 t22 t23", "t40 t2", "t7 t8 t9 t11", "t30 t31", "t50 t51 t52", "t12"]
@@ -164,8 +165,8 @@ def train_setup(tmp_path, model_dirs, monkeypatch):
     val = tmp_path / "val.txt"
     val.write_text("\n".join(VAL) + "\n")
     monkeypatch.setenv("DRAFTLAB_MODELS", str(tmp_path / "models"))
-    monkeypatch.setattr("app.training.REPORT_SECONDS", 0.0)  # every step reported: the cancel lands on step 4
-    monkeypatch.setattr("app.training.EVAL_REPEATS", 1)
+    monkeypatch.setattr("app.training.training.REPORT_SECONDS", 0.0)  # every step reported: the cancel lands on step 4
+    monkeypatch.setattr("app.training.training.EVAL_REPEATS", 1)
     store = open_store(f"sqlite:///{tmp_path / 'jobs.db'}")
     settings = {"target": model_dirs["target"], "draft": model_dirs["draft"], "prompts": str(prompts),
                 "validation": str(val), "steps": 10, "lr": 3e-3, "batch_size": 3, "max_new_tokens": 10}
@@ -231,7 +232,7 @@ def test_a_job_is_cancelled_after_a_step_and_resumes_from_its_checkpoint(train_s
     exp = get_experiment(store, job["eval_experiment_id"])
     assert exp["sweep_variable"] == "draft" and json.loads(exp["sweep_values"]) == [settings["draft"], str(out)]
     assert exp["prompts"] == settings["validation"] and exp["temperature"] == 0.0
-    from storage import queries
+    from storage.records import queries
 
     runs = queries.runs(store, exp["id"])
     assert (runs["status"] == "done").all() and len(runs) == 3
@@ -252,7 +253,7 @@ def test_a_job_that_cannot_load_its_models_fails_with_one_line(train_setup, tmp_
 def test_a_training_job_too_large_for_one_slot_leases_both_of_its_group(train_setup, monkeypatch):
     """A job whose pair needs two devices of a `+` group takes both leases (and names both); one too large for the
     whole group fails at once with the fix, leaving no lease behind."""
-    from engine.placement import HEADROOM, weight_bytes
+    from engine.models.placement import HEADROOM, weight_bytes
 
     store, settings = train_setup
     size = weight_bytes(settings["target"], torch.float32) + weight_bytes(settings["draft"], torch.float32)

@@ -1,4 +1,4 @@
-"""`train-head` and `distill` over a checkpoint of other settings (one rule, engine/distill.py load_checkpoint, for
+"""`train-head` and `distill` over a checkpoint of other settings (one rule, engine/training/distill.py load_checkpoint, for
 both): refused in one line naming what differs (old and new) and how to go on, the checkpoint kept as it was; the
 checkpoint's own settings resume it; --overwrite discards it and starts over. Before the fix a changed --lr
 restarted from step 0 and overwrote the checkpoint."""
@@ -17,7 +17,7 @@ def _lines(err: str) -> list[str]:
 def interrupted(model_dirs, tmp_path, monkeypatch, capsys):
     """interrupted(command, out, lr): run `command` until its checkpoint at step 2, then Ctrl-C at step 3; returns
     the argv builder (lr -> argv)."""
-    import app.distill_driver as driver
+    import app.training.distill_driver as driver
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\nt30 t31 t32\n")
@@ -74,7 +74,7 @@ def test_overwrite_discards_a_checkpoint_of_other_settings_and_starts_over(inter
 
 
 def test_changes_name_settings_and_prompts():
-    from engine.distill import checkpoint_changes
+    from engine.training.distill import checkpoint_changes
 
     saved = {"config": {"lr": 1e-3, "steps": 5}, "target": "t", "train": ["a", "b"], "validation": ["c"]}
     now = {"config": {"lr": 2e-3, "steps": 5}, "target": "t", "train": ["a", "x"], "validation": ["c"]}

@@ -1,4 +1,4 @@
-"""The Train form's duration estimate (pages/training_estimate.py over storage.training.job_timings): a figure with
+"""The Train form's duration estimate (pages/panels/training_estimate.py over storage.jobs.training.job_timings): a figure with
 its range and basis, scaled from finished jobs by what a job does, never a floor real runs beat.
 
 - One finished job's measured times (SQL over its rows, the same on SQLite and PostgreSQL): the wall time, and one
@@ -18,16 +18,16 @@ import pandas as pd
 import pytest
 from sqlalchemy import insert, text
 
-from pages.training_estimate import Shape, evaluations, training_estimate
-from storage import training
-from storage.schema import training_points, utcnow
+from pages.panels.training_estimate import Shape, evaluations, training_estimate
+from storage.jobs import training
+from storage.db.schema import training_points, utcnow
 
 EVERY_SET = "code+english+math+mixed+chinese"
 EVERY_VALIDATION = "+".join(f"{s}:validation" for s in EVERY_SET.split("+"))
 
 
 def count(spec):
-    from engine.prompt_sets import load_prompts
+    from engine.text.prompt_sets import load_prompts
 
     try:
         return len(load_prompts(spec))
@@ -115,14 +115,14 @@ def test_a_finished_job_s_shape_is_estimated_within_its_range_of_its_actual_time
                                                                                   monkeypatch):
     """A worker runs a job (tiny models); the estimate of a job of the same shape, from the database, holds that
     job's actual time (claimed to finished) within its range."""
-    from app.worker import Worker
+    from app.worker.worker import Worker
     from storage import open_store
     from tests.test_training import TRAIN, VAL
 
     prompts, val = tmp_path / "train.txt", tmp_path / "val.txt"
     prompts.write_text("\n".join(TRAIN) + "\n")
     val.write_text("\n".join(VAL) + "\n")
-    monkeypatch.setattr("app.training.EVAL_REPEATS", 1)
+    monkeypatch.setattr("app.training.training.EVAL_REPEATS", 1)
     store = open_store(f"sqlite:///{tmp_path / 'jobs.db'}")
     settings = {"kind": kind, "target": model_dirs["target"], "prompts": str(prompts), "validation": str(val),
                 "steps": 12, "batch_size": 3, "max_new_tokens": 10, "models": tmp_path / "models"}

@@ -12,14 +12,16 @@ import numpy as np
 import pytest
 from sqlalchemy import inspect, text
 
-from app.worker import Worker
-from engine import distill as ds
-from engine import eagle3
-from engine import head_settings
-from storage import open_store, queries, training
-from storage.errors import QueueError
-from storage.experiments import get_experiment
-from storage.schema import SCHEMA_VERSION
+from app.worker.worker import Worker
+from engine.training import distill as ds
+from engine.models import eagle3
+from engine.config import head_settings
+from storage import open_store
+from storage.records import queries
+from storage.jobs import training
+from storage.db.errors import QueueError
+from storage.jobs.experiments import get_experiment
+from storage.db.schema import SCHEMA_VERSION
 from tests.test_training import TRAIN, VAL
 
 # A few steps at a high rate: the tiny target's head learns something in seconds (held-out acceptance length
@@ -131,7 +133,7 @@ def test_the_forms_defaults_are_train_heads():
     """engine/head_settings.DEFAULTS (the Train page's first values) are `draftlab train-head`'s defaults and
     HeadConfig's."""
     from app.cli import build_parser
-    from engine.head_training import HeadConfig
+    from engine.training.head_training import HeadConfig
 
     args = build_parser().parse_args(["train-head", "--target", "t", "--prompts", "p", "--out", "o"])
     assert {key: getattr(args, key) for key in head_settings.DEFAULTS} == head_settings.DEFAULTS
@@ -149,8 +151,8 @@ def head_setup(tmp_path, model_dirs, monkeypatch):
     prompts.write_text("\n".join(TRAIN) + "\n")
     val.write_text("\n".join(VAL) + "\n")
     monkeypatch.setenv("DRAFTLAB_MODELS", str(tmp_path / "models"))
-    monkeypatch.setattr("app.training.REPORT_SECONDS", 0.0)  # every step reported: the cancel lands on its step
-    monkeypatch.setattr("app.training.EVAL_REPEATS", 1)
+    monkeypatch.setattr("app.training.training.REPORT_SECONDS", 0.0)  # every step reported: the cancel lands on its step
+    monkeypatch.setattr("app.training.training.EVAL_REPEATS", 1)
     store = open_store(f"sqlite:///{tmp_path / 'jobs.db'}")
     yield store, {"kind": "head", "target": model_dirs["target"], "prompts": str(prompts), "validation": str(val),
                   **SETTINGS}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from storage import run_state
-from storage.experiments import enqueue_experiment, get_experiment
-from storage.validation import ValidationError, held_out_prompts, validation_plan, validation_result
+from storage.jobs import run_state
+from storage.jobs.experiments import enqueue_experiment, get_experiment
+from storage.analysis.validation import ValidationError, held_out_prompts, validation_plan, validation_result
 from tests.test_storage import run_ids
 from tests.test_timing_protocol import _base_prompt, _fill, _spec_prompt
 
@@ -87,7 +87,8 @@ def test_draftlab_validate_reruns_the_best_on_held_out_prompts(tmp_path, model_d
     import json
 
     from app.cli import main
-    from storage import open_store, queries as q
+    from storage import open_store
+    from storage.records import queries as q
 
     db = f"sqlite:///{tmp_path / 'v.db'}"
     tune, held_out = tmp_path / "tune.txt", tmp_path / "held_out.txt"
@@ -120,7 +121,7 @@ def test_alpha_has_a_prompt_level_standard_error(store):
 
     import numpy as np
 
-    from storage.validation import alpha_estimate
+    from storage.analysis.validation import alpha_estimate
 
     eid = _experiment(store, {2: [HIGH, LOW]})
     rid = run_ids(store, eid)[("speculative", 2)]
@@ -137,7 +138,7 @@ def test_alpha_has_a_prompt_level_standard_error(store):
 def test_a_drop_within_prompt_level_sampling_error_is_said_so(store):
     """α 0.667 -> 0.500 over six prompts each: a token-level test calls it a drop (z ≈ 2.4), the prompt-level one
     does not (z ≈ 0.5), and the sentence says which test it ran."""
-    from storage.validation import Z_ONE_SIDED
+    from storage.analysis.validation import Z_ONE_SIDED
 
     tune = _experiment(store, {2: [HIGH, LOW]})
     held = _experiment(store, {2: [HIGH, LOW, LOW]}, prompts="code:validation", validates=tune)
@@ -163,7 +164,7 @@ def test_a_rise_is_reported_as_a_rise(store):
 
 def test_sets_are_named_by_their_names(store, tmp_path, monkeypatch):
     """A set named code:validation is never called "tune"; an uploaded file by its own name, not its cache path."""
-    from engine.prompt_sets import set_name, upload_dir, upload_file_name
+    from engine.text.prompt_sets import set_name, upload_dir, upload_file_name
 
     monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path / "uploads"))
     uploaded = str(upload_dir() / upload_file_name("my held-out.jsonl", b'{"prompt": "x"}\n'))
@@ -181,7 +182,7 @@ def test_sets_are_named_by_their_names(store, tmp_path, monkeypatch):
 
 
 def test_a_done_validation_experiment_has_its_finding(store):
-    from storage.findings import findings
+    from storage.analysis.findings import findings
 
     tune = _experiment(store, TUNE)
     same = _experiment(store, {2: TUNE[2]}, prompts="code:validation", validates=tune)

@@ -1,4 +1,4 @@
-"""The one verdict (storage/verdict.py): which run is best, which are tied with it, the cheaper tied choice, and
+"""The one verdict (storage/analysis/verdict.py): which run is best, which are tied with it, the cheaper tied choice, and
 every reader of it (deploy, validation, findings, the listing, the CLI) agreeing on it. Crafted runs whose speedups
 and intervals are set directly, SQLite and PostgreSQL."""
 from __future__ import annotations
@@ -8,13 +8,14 @@ import json
 import pytest
 from sqlalchemy import text
 
-from engine.variables import variable
-from storage import findings as fd
-from storage import catalog, queries as q
-from storage import experiments, run_state
-from storage.deploy import DeployError, deploy_document
-from storage.validation import validation_plan
-from storage.verdict import verdict, verdict_dict
+from engine.config.variables import variable
+from storage.analysis import findings as fd
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.jobs import experiments, run_state
+from storage.serving.deploy import DeployError, deploy_document
+from storage.analysis.validation import validation_plan
+from storage.analysis.verdict import verdict, verdict_dict
 
 
 def _experiment(store, sweep_variable="k", values=(1, 2, 4), **kw):
@@ -180,7 +181,7 @@ def test_findings_take_the_cheaper_tied_choice_and_the_focus_run_is_the_verdicts
     assert tie["data"]["cheaper"] == "prompt-lookup:3" and tie["data"]["best"] == "model"
     assert "Take the cheaper drafter = prompt-lookup:3 (no draft model to load or run" in tie["next"]
     assert "drafter = model at 1.40×" in tie["detail"]
-    from storage.findings import _Context, _focus_run
+    from storage.analysis.findings import _Context, _focus_run
 
     ctx = _Context(store, q.experiment(store, eid), q.runs(store, eid), verdict(store, eid))
     row, why = _focus_run(ctx)
@@ -192,8 +193,9 @@ def test_the_listing_names_a_draft_sweeps_best_by_its_label(store):
     Experiments and Compare tables show best_label."""
     from pages.compare import EXPERIMENT_COLUMNS as COMPARE
     from pages.experiments import COLUMNS as LISTING
-    from storage import experiments as ex
-    from storage import catalog, queries as q
+    from storage.jobs import experiments as ex
+    from storage.analysis import catalog
+    from storage.records import queries as q
 
     eid = ex.enqueue_experiment(store, name="drafters", target="t", draft="d", prompts="inline",
                                 sampling={"max_new_tokens": 8}, sweep_variable="drafter",
@@ -213,7 +215,7 @@ def test_a_greedy_run_whose_outputs_differ_fails_as_not_lossless_and_is_never_ju
     it by name."""
     import random
 
-    from app.worker import Worker
+    from app.worker.worker import Worker
     from benchmarks.bench_queries import record, synthetic_baseline, synthetic_prompt
 
     eid = _experiment(store, values=(1, 2))

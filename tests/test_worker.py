@@ -13,15 +13,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from app.worker import Worker
-from engine.loading import load_pair
-from engine.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds
-from storage import liveness, open_store, run_state
-from storage.errors import QueueError
-from storage.experiments import enqueue_experiment
-from storage.settings import STALE_HELP, stale_window
-from storage import catalog, queries as q
-from storage.export import run_document
+from app.worker.worker import Worker
+from engine.models.loading import load_pair
+from engine.metrics.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds
+from storage.jobs import liveness, run_state
+from storage import open_store
+from storage.db.errors import QueueError
+from storage.jobs.experiments import enqueue_experiment
+from storage.db.settings import STALE_HELP, stale_window
+from storage.analysis import catalog
+from storage.records import queries as q
+from storage.serving.export import run_document
 from tests.hold import held_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +98,7 @@ def test_failures_are_recorded_and_the_queue_goes_on(tmp_path, model_dirs, monke
     oom = enqueue(store, model_dirs, ks=(1, 2), prompts=PROMPTS[:1], name="oom")
     good = enqueue(store, model_dirs, ks=(2,), prompts=PROMPTS[:2], name="good")
 
-    import app.timing as timing_module
+    import app.worker.timing as timing_module
     real_speculative_decoder = timing_module.speculative_decoder
 
     def speculative_decoder(pair, cfg, k, typer=None, drafter="model"):
@@ -159,7 +161,7 @@ def test_sigkill_mid_run_keeps_rows_and_resume_completes(db_url, model_dirs, wai
     prompts = [f"t{i} t{i + 1} t{i + 2}" for i in range(3, 11)]
     eid = enqueue(store, model_dirs, ks=(2,), prompts=prompts, max_new_tokens=20)
     rid = kinds(store, eid)[("speculative", 2)]
-    proc = subprocess.Popen([sys.executable, "-m", "app.worker_process", "--db", db_url, "--until-idle", "--heartbeat", "0.2"],
+    proc = subprocess.Popen([sys.executable, "-m", "app.worker.worker_process", "--db", db_url, "--until-idle", "--heartbeat", "0.2"],
                             cwd=ROOT, env=held_env(2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:  # the worker holds before prompt 2 (tests/hold): the SIGKILL finds the run mid-way by construction
         wait_for(lambda: (run_state.get_run(store, rid) or {}).get("prompts_done", 0) >= 2 or proc.poll() is not None,

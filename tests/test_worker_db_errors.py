@@ -221,7 +221,7 @@ def test_sqlite_locked_read_only_and_disk_io_errors_are_outages(tmp_path):
 # --- a worker rides out a read-only PostgreSQL -----------------------------------------------------------------
 
 def test_a_worker_rides_out_a_postgres_database_turned_read_only(scratch, model_dirs):
-    from app.worker import Worker
+    from app.worker.worker import Worker
     from storage import open_store
     from tests.fault_tools import audit
     from tests.test_faults import PROMPTS, enqueue, outage_at_prompt, outage_lines

@@ -7,7 +7,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from engine.loading import LoadedModel, ModelPair
+from engine.models.loading import LoadedModel, ModelPair
 
 EOS = 1
 

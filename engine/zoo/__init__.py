@@ -7,7 +7,7 @@ from pathlib import Path
 ZOO_DIR = Path(__file__).resolve().parent
 DEMO_TARGET = "demo-target"
 DEMO_DRAFTS = ("demo-draft", "demo-draft-distilled", "demo-eagle3")  # every shipped draft (demo-eagle3: an EAGLE-3
-# head, engine/eagle3.py): the form's choices, --draft's help
+# head, engine/models/eagle3.py): the form's choices, --draft's help
 DEMO_MODELS = (DEMO_TARGET, *DEMO_DRAFTS)
 RECIPE_KEYS = ("prompts", "steps", "lr", "batch_size", "samples", "max_new_tokens", "seed")
 

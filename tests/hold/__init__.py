@@ -2,7 +2,7 @@
 
 `held_env(from_prompt)` is an environment for a DraftLab process (`draftlab worker`, `draftlab run`, a supervisor
 and the workers it starts): every Python process started with it loads ./sitecustomize.py, whose timing loop
-(app/timing.py) commits the units of prompts before `from_prompt` as usual, then holds at the first progress report
+(app/worker/timing.py) commits the units of prompts before `from_prompt` as usual, then holds at the first progress report
 of the next unit, before it can commit, until a signal ends the process. A test that waits for those prompts and
 then signals finds the run mid-way however fast the machine: no sleep, no race with the run finishing first (issue
 35 item 17: a run finished before the SIGTERM arrived). `once`: a file the first process to hold creates as it

@@ -1,5 +1,5 @@
 """Loaded at start-up by a Python process whose PYTHONPATH holds this folder (tests/hold's held_env): with
-$DRAFTLAB_TEST_HOLD_FROM_PROMPT=N, app/timing.py's loop holds at the first progress report of a unit starting at
+$DRAFTLAB_TEST_HOLD_FROM_PROMPT=N, app/worker/timing.py's loop holds at the first progress report of a unit starting at
 prompt N or later, before that unit commits, until a signal ends the process (SIGTERM's handler raises, SIGKILL
 kills). With $DRAFTLAB_TEST_HOLD_ONCE=PATH only the first process to get there holds (it creates PATH)."""
 import importlib.abc
@@ -40,10 +40,10 @@ def _hold(timing) -> None:
 
 
 class _PatchTiming(importlib.abc.MetaPathFinder):
-    """Patches app.timing as it is imported (the process may never import it: a supervisor)."""
+    """Patches app.worker.timing as it is imported (the process may never import it: a supervisor)."""
 
     def find_spec(self, name, path, target=None):
-        if name != "app.timing":
+        if name != "app.worker.timing":
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         execute = spec.loader.exec_module

@@ -1,0 +1,569 @@
+"""`draftlab confirm EXPERIMENT_ID`: the experiment's chosen configuration(s) measured in the engine that will serve
+them (vLLM), next to the lab's figures (SPEC "Confirm in a serving engine").
+
+One target-only server and one server per configuration, each started with exactly the `--speculative-config` that
+`draftlab export --format deploy` holds (storage/serving/deploy.py), or attached to with --server / --baseline-server. Both
+stay up while a configuration is measured, and the passes alternate: at each concurrency, baseline pass, speculative
+pass, baseline pass, … (A B A B), every pass sending each of the experiment's stored prompts (the lab's rendered
+texts) once as a streaming completion with the experiment's sampling settings and max new tokens, closed loop
+(app/serving/completions_load.py). The speculative server's /metrics is scraped around every pass (app/serving/production_scrape.py).
+Each configuration is stored when all its passes are done (storage/records/confirms.py); one that fails (the server does not
+start, dies, a request times out, no counters) is reported in one line and the others are kept.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+
+from engine.errors import DraftLabError
+
+from app.arguments import ID as _id, whole
+
+CONFIG_CHOICES = ("chosen", "schedule", "all")
+DEFAULT_REPEATS = 3  # passes per server and concurrency: the fewest that give the paired speedup an interval
+_repeats = whole(1, 1000, what="a number of passes per server and concurrency", fix="; e.g. --repeats 3")
+DIED_WAIT_SECONDS = 5.0  # a request cut off mid-answer is seen before its server's exit is: wait this long for it
+_seconds = whole(1, 86_400, what="seconds", fix="; e.g. 600")
+_concurrency_value = whole(1, 4096, what="a concurrency (requests in flight)", fix="; e.g. --concurrency 1,4,16")
+HEARTBEAT_SECONDS = 5.0  # `draftlab confirm`'s heartbeat on its row (a worker's confirm has the worker's)
+
+
+def concurrency_list(text: str) -> list[int]:
+    """`--concurrency 1,4,16`: each a whole number from 1 to 4096, each once (a DraftLabError names the bad one)."""
+    try:
+        values = [_concurrency_value(part.strip()) for part in str(text).split(",")]
+    except argparse.ArgumentTypeError as exc:
+        raise DraftLabError(f"--concurrency: {exc}") from None
+    if len(set(values)) != len(values):
+        raise DraftLabError(f"--concurrency {text[:40]!r} repeats a value; list each once, e.g. 1,4,16")
+    return values
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "confirm", help="measure the chosen configuration in vLLM's server, next to the lab's figures",
+        description="Start vLLM's OpenAI server without speculation and with each configuration's exact "
+                    "--speculative-config (the deploy export's), stream the experiment's prompts at each "
+                    "concurrency, alternating the two servers pass by pass, and compare throughput, latency, "
+                    "acceptance and outputs with the lab's. Stored with the experiment; `draftlab export --format "
+                    "json` carries it.")
+    p.add_argument("experiment_id", type=_id)
+    p.add_argument("--configs", choices=CONFIG_CHOICES, default="chosen",
+                   help="chosen: the verdict's configuration (default); schedule: a k grid's schedule as vLLM's "
+                        "num_speculative_tokens_per_batch_size; all: every lossless speculative run")
+    p.add_argument("--concurrency", default=None,
+                   help="requests in flight, one or a list (default: the experiment's batch sizes)")
+    p.add_argument("--repeats", type=_repeats, default=DEFAULT_REPEATS,
+                   help=f"passes per server and concurrency (default {DEFAULT_REPEATS}; two or more give the "
+                        f"speedup an interval)")
+    p.add_argument("--vllm", default=None, metavar="COMMAND",
+                   help="the command that starts vLLM's OpenAI server, DraftLab appends --model, --host, --port and "
+                        "--speculative-config (default $DRAFTLAB_VLLM, else .vllm-venv's CPU build from "
+                        "scripts/install_vllm.sh, else `python -m vllm.entrypoints.openai.api_server`)")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="a speculative vLLM server already running (needs --baseline-server)")
+    p.add_argument("--baseline-server", default=None, metavar="URL",
+                   help="the same model served without speculation, already running")
+    p.add_argument("--startup-timeout", type=_seconds, default=600, help="seconds a server may take to be ready")
+    p.add_argument("--request-timeout", type=_seconds, default=300,
+                   help="seconds without an answer before a request counts as timed out")
+    p.add_argument("--db", default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object (SPEC's confirm keys)")
+
+
+@dataclass
+class Config:
+    """One speculative configuration to serve: exactly the deploy export's vLLM settings."""
+
+    label: str
+    k: int
+    run_id: int
+    speculative_config: str
+    request: dict
+    target: str
+
+
+@dataclass
+class Measured:
+    """One server's passes at one concurrency, with the speculative server's counters summed over them."""
+
+    passes: list = field(default_factory=list)
+    counters: object = None
+
+
+def configurations(store, experiment_id: int, which: str) -> list[Config]:
+    """The configurations to confirm, each from storage/serving/deploy.py's deploy document (the one vLLM mapping), as
+    storage/serving/confirm_jobs.py's confirm_documents selects them (the queue's check makes the same selection)."""
+    from engine.zoo import resolve
+    from storage.serving.confirm_jobs import confirm_documents
+    from storage.serving.deploy import DeployError
+    from storage.db.errors import QueueError
+
+    def config(doc: dict, label: str) -> Config:
+        vllm = doc["engines"]["vllm"]
+        request = {**vllm["request"], "max_tokens": int(doc["measured"]["max_new_tokens"])}
+        target = doc["configuration"]["target"]
+        path = resolve(target)
+        return Config(label=label, k=int(json.loads(vllm["speculative_config"])["num_speculative_tokens"]),
+                      run_id=int(doc["run_id"]), speculative_config=vllm["speculative_config"], request=request,
+                      target=str(path) if path is not None else target)
+
+    try:
+        return [config(doc, label) for label, doc in confirm_documents(store, experiment_id, which)]
+    except QueueError as exc:
+        raise DraftLabError(str(exc)) from None
+    except DeployError as exc:
+        raise DraftLabError(_refusal(exc)) from None
+    except KeyError:
+        raise DraftLabError(f"no experiment {experiment_id}; `draftlab list` shows the ids") from None
+
+
+def _refusal(exc) -> str:
+    """A deploy refusal in confirm's words: where the verdict chooses no run, export's hint names its own flags
+    (--run, --batch-size); confirm's is --configs."""
+    from storage.serving.deploy import NoChosenRun
+
+    if isinstance(exc, NoChosenRun):
+        return f"{exc.reason}; `--configs all` confirms every finished lossless run"
+    return str(exc)
+
+
+class Progress:
+    """Requests done of the whole confirm on stderr (tqdm, as `draftlab run` shows tokens)."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, desc="confirm")
+        self.lock = threading.Lock()
+        self.written: list[str] = []  # lines shown as they happened, not printed again at the end
+
+    def describe(self, text: str) -> None:
+        self.bar.set_description_str(text)
+
+    def request_done(self, _record) -> None:
+        with self.lock:
+            self.bar.update(1)
+
+    def write(self, line: str) -> None:
+        self.written.append(line)
+        self.bar.write(line, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the servers are stopped and the confirm is closed as interrupted."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated()
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Ctrl-C and SIGTERM wait while the servers stop and the confirm is stored (a second Ctrl-C must not cut that
+    short: a server left running, a row left `running`), and are delivered after. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
+
+
+@contextlib.contextmanager
+def _heartbeat(store, confirm_id: int):
+    """The confirm's heartbeat while this process runs it: a sweep (storage/jobs/liveness.py) closes a confirm whose
+    process is gone, and ends the servers it left."""
+    from storage.serving.confirm_jobs import report_confirm
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_SECONDS):
+            try:
+                report_confirm(store, confirm_id, None)
+            except Exception:  # noqa: BLE001 - a refused beat: the next one, or the stale window, decides
+                pass
+
+    thread = threading.Thread(target=beat, name=f"confirm-{confirm_id}-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def _recorder(store, confirm_id: int):
+    """VllmServer.start's on_launch: each server this confirm starts is written to its row as soon as it exists
+    (storage/confirm_jobs.record_servers), so a sweep ends it should this process die with the watchdogs. A write
+    the database refuses leaves that to the watchdog alone."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from storage.serving.confirm_jobs import record_servers
+
+    started: list = []
+
+    def record(server) -> None:
+        started.append(server.tree_id())
+        try:
+            record_servers(store, confirm_id, started)
+        except SQLAlchemyError:
+            pass
+
+    return record
+
+
+def pass_seeds(request: dict, prompts: int, concurrency: int, repeat: int, speculative: bool) -> list[int] | None:
+    """Under sampling with a seed, each request's own seed, from the experiment's, the server, the concurrency, the
+    pass and the prompt: one seed for every request (the deploy export's) seeds each request's generator alike in
+    vLLM, so every prompt's answer would draw on one noise sequence (seed 1: vLLM 0.32's CPU server ended every
+    prompt at its first token), and the passes would repeat each other; the sampled-output tests need independent
+    answers (engine/metrics/sampled_outputs.py). None when greedy or unseeded (the server draws its own)."""
+    if "seed" not in request or float(request.get("temperature") or 0) <= 0:
+        return None
+    key = f"{request['seed']}:{int(speculative)}:{concurrency}:{repeat}"
+    return [zlib.crc32(f"{key}:{i}".encode()) & 0x7FFFFFFF for i in range(prompts)]
+
+
+def _measure_pass(server, prompts, request, concurrency, timeout, progress, counted: bool, measured: Measured,
+                  seeds: list[int] | None = None):
+    """One pass on one server (`seeds`: `pass_seeds`); the speculative one's counters are scraped before and after
+    and summed."""
+    from app.serving.completions_load import RequestFailed, run_pass
+    from app.serving.production_scrape import parse, read_source
+
+    try:
+        before = parse(read_source(server.metrics_url()), server.metrics_url()) if counted else None
+        record = run_pass(server.url, server.model, prompts, request, concurrency, timeout,
+                          on_request=progress.request_done, seeds=seeds)
+        after = parse(read_source(server.metrics_url()), server.metrics_url()) if counted else None
+    except RequestFailed as exc:
+        raise DraftLabError(server.died(wait=DIED_WAIT_SECONDS) or f"{server.name} server: {exc}") from None
+    except DraftLabError as exc:  # a scrape: the server died, or it has no counters
+        raise DraftLabError(server.died() or str(exc)) from None
+    if counted:
+        delta = after.minus(before, server.metrics_url())
+        if measured.counters is None:
+            measured.counters = delta
+        else:
+            total = measured.counters
+            total.drafts += delta.drafts
+            total.draft_tokens += delta.draft_tokens
+            total.accepted += delta.accepted
+            for j, n in delta.per_position.items():
+                total.per_position[j] = total.per_position.get(j, 0) + n
+    measured.passes.append(record)
+
+
+def _warm_up(server, prompts, request, timeout) -> None:
+    """One untimed request before a server's first timed pass (the lab's timing protocol: an untimed warm-up)."""
+    from app.serving.completions_load import RequestFailed, run_pass
+
+    try:
+        run_pass(server.url, server.model, prompts[:1], {**request, "max_tokens": min(8, request["max_tokens"])}, 1,
+                 timeout)
+    except RequestFailed as exc:
+        raise DraftLabError(server.died(wait=DIED_WAIT_SECONDS) or f"{server.name} server (warm-up): {exc}") from None
+
+
+def _outputs(passes) -> dict[int, list[int]]:
+    return {r.prompt_index: r.token_ids for r in passes[0].requests} if passes else {}
+
+
+def _sampled_comparison(base: Measured, spec: Measured) -> dict:
+    """The sampled outputs of the two servers, prompt by prompt over their passes (engine/metrics/sampled_outputs.py)."""
+    from engine.metrics.sampled_outputs import compare_sampled
+
+    sides = []
+    for measured in (spec, base):
+        answers: dict[int, list] = {}
+        for p in measured.passes:
+            for r in p.requests:
+                answers.setdefault(r.prompt_index, []).append(r)
+        sides.append(answers)
+    prompts = sorted(set(sides[0]) & set(sides[1]))
+    with_ids = all(r.token_ids or not r.new_tokens for side in sides for i in prompts for r in side[i])
+    lengths = [[[r.new_tokens for r in side[i]] for i in prompts] for side in sides]
+    ids = [[[r.token_ids for r in side[i]] for i in prompts] for side in sides] if with_ids else [None, None]
+    return compare_sampled(lengths[0], lengths[1], ids[0], ids[1])
+
+
+def _store_config(store, confirm_id, eid, config: Config, concurrency: int, base: Measured, spec: Measured,
+                  greedy: bool) -> None:
+    from storage.records.confirms import add_measurement, lab_outputs, outputs_match, pass_speedup, summarize
+
+    matches = {"outputs_match_server_baseline": None, "outputs_match_lab": None, "first_divergence": None}
+    outputs_test = None if greedy else _sampled_comparison(base, spec)
+    if greedy:
+        server, lab = _outputs(spec.passes), lab_outputs(store, config.run_id)
+        share, first = outputs_match(server, _outputs(base.passes), "the server's baseline")
+        lab_share, lab_first = outputs_match(server, lab, "the lab")
+        matches = {"outputs_match_server_baseline": share, "outputs_match_lab": lab_share,
+                   "first_divergence": "; ".join(x for x in (first, lab_first) if x) or None}
+    add_measurement(store, confirm_id, eid, label=config.label, k=config.k, run_id=config.run_id,
+                    speculative_config=config.speculative_config, concurrency=concurrency, passes=spec.passes,
+                    figures=summarize(spec.passes), speedup=pass_speedup(base.passes, spec.passes),
+                    counters=spec.counters, matches=matches, outputs_test=outputs_test,
+                    baseline_tokens_per_second=summarize(base.passes)["tokens_per_second"])
+
+
+@dataclass
+class Plan:
+    """What one confirm measures, checked before any server starts (the CLI's flags or a queued confirm's row)."""
+
+    experiment_id: int
+    configs: list[Config]
+    prompts: list[str]
+    concurrency: list[int]
+    repeats: int
+    greedy: bool
+    command_line: str
+    server: str | None = None  # attach to these instead of starting servers
+    baseline_server: str | None = None
+    startup_timeout: float = 600.0
+    request_timeout: float = 300.0
+
+    @property
+    def requests(self) -> int:
+        """Requests the whole confirm sends (warm-ups aside): every prompt once per pass, two servers."""
+        return len(self.configs) * len(self.concurrency) * self.repeats * 2 * len(self.prompts)
+
+
+def plan(store, eid: int, which: str, *, concurrency: list[int] | None = None, repeats: int = DEFAULT_REPEATS,
+         vllm: str | None = None, server: str | None = None, baseline_server: str | None = None,
+         startup_timeout: float = 600.0, request_timeout: float = 300.0) -> Plan:
+    """The confirm's configurations, prompts and concurrency; bad input raises DraftLabError (one line)."""
+    from storage.records import queries as q
+    from storage.jobs.experiments import load_experiment_prompts
+
+    from app.serving.urls import http_url
+    from app.serving.vllm_server import command_argv, default_command
+
+    if (server is None) != (baseline_server is None):
+        raise DraftLabError("--server and --baseline-server go together: the speculative server and the same model "
+                            "served without speculation")
+    if server is not None and vllm is not None:
+        raise DraftLabError("--vllm starts servers, --server attaches to running ones: give one of them")
+    command_line = vllm if vllm is not None else default_command()
+    if server is not None:
+        http_url(server, "--server")
+        http_url(baseline_server, "--baseline-server")
+    else:  # the command that will start the servers splits into a program and its arguments
+        command_argv(command_line, "--vllm" if vllm is not None else "$DRAFTLAB_VLLM")
+    experiment = q.experiment(store, eid)
+    if experiment is None:
+        raise DraftLabError(f"no experiment {eid} in {store.safe_url}; `draftlab list` shows the ids")
+    with store.read() as conn:
+        prompts = load_experiment_prompts(conn, eid)
+    if not prompts:
+        raise DraftLabError(f"experiment {eid} has no stored prompts yet (it never ran): run it first, e.g. "
+                            f"`draftlab worker` or `draftlab resume {eid}`")
+    configs = configurations(store, eid, which)
+    if server is not None and len(configs) > 1:
+        raise DraftLabError(f"--server is one speculative server; --configs {which} names {len(configs)} "
+                            f"configurations: use --configs chosen, or let DraftLab start the servers")
+    return Plan(experiment_id=eid, configs=configs, prompts=prompts,
+                concurrency=concurrency or q.grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)],
+                repeats=repeats, greedy=float(experiment.get("temperature") or 0.0) <= 0,
+                command_line=command_line, server=server,
+                baseline_server=baseline_server, startup_timeout=startup_timeout, request_timeout=request_timeout)
+
+
+def unexpected(exc: BaseException) -> str:
+    """An exception no check foresaw, in one line: what it is, where it was raised, and that it is DraftLab's bug."""
+    import traceback
+    from pathlib import Path
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return (f"unexpected {type(exc).__name__}{where}: {first}; the confirm is stored as failed; please report this "
+            f"line (it is a bug in DraftLab)")
+
+
+def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None = None) -> list[str]:
+    """Run the confirm `confirm_id` (already stored, storage/confirms.start_confirm or a claimed queued one): both
+    servers up per configuration, A B A B passes at each concurrency, each configuration stored once all its passes
+    are done, the target-only passes stored at the end, the confirm closed (`worker_id`: only while it is that
+    worker's). Returns the errors, one line each (a failed configuration; the others are kept). `progress` has
+    describe(text), request_done(record) and write(line). KeyboardInterrupt (Ctrl-C, SIGTERM, a stopped worker)
+    and any exception no check foresaw (`unexpected`) close the confirm as failed with what was measured and are
+    raised again."""
+    from storage.records.confirms import add_measurement, finish_confirm, summarize
+
+    from app.serving.vllm_server import VllmServer
+
+    eid, configs, prompts = plan.experiment_id, plan.configs, plan.prompts
+    errors: list[str] = []
+    baseline_passes: dict[int, list] = {c: [] for c in plan.concurrency}
+    servers: list = []
+    version = ""
+    started = time.monotonic()
+    record = _recorder(store, confirm_id)
+    try:
+        progress.describe("starting the target-only server")
+        if plan.baseline_server is not None:
+            baseline = VllmServer.attach("target-only", plan.baseline_server, "--baseline-server")
+        else:
+            baseline = VllmServer.start("target-only", plan.command_line, configs[0].target,
+                                        startup_timeout=plan.startup_timeout, on_launch=record)
+        servers.append(baseline)
+        version = baseline.version()
+        _warm_up(baseline, prompts, configs[0].request, plan.request_timeout)
+        for config in configs:
+            spec = None
+            try:
+                progress.describe(f"starting the {config.label} server (k={config.k})")
+                if plan.server is not None:
+                    spec = VllmServer.attach(config.label, plan.server)
+                else:
+                    spec = VllmServer.start(f"{config.label} (k={config.k})", plan.command_line, config.target,
+                                            config.speculative_config, startup_timeout=plan.startup_timeout,
+                                            on_launch=record)
+                servers.append(spec)
+                _warm_up(spec, prompts, config.request, plan.request_timeout)
+                results = []
+                for c in plan.concurrency:
+                    base, measured = Measured(), Measured()
+                    for repeat in range(plan.repeats):
+                        progress.describe(f"{config.label} concurrency {c} pass {repeat + 1}/{plan.repeats}")
+                        _measure_pass(baseline, prompts, config.request, c, plan.request_timeout, progress, False,
+                                      base, pass_seeds(config.request, len(prompts), c, repeat, False))
+                        _measure_pass(spec, prompts, config.request, c, plan.request_timeout, progress, True,
+                                      measured, pass_seeds(config.request, len(prompts), c, repeat, True))
+                    results.append((c, base, measured))
+                for c, base, measured in results:  # stored only once every pass of the configuration is done
+                    _store_config(store, confirm_id, eid, config, c, base, measured, plan.greedy)
+                    baseline_passes[c] += base.passes
+            except DraftLabError as exc:
+                errors.append(f"{config.label} (k={config.k}): {exc}")
+                progress.write(f"error: {errors[-1]}")
+                if baseline.died():  # no target-only server for the configurations left: one line, then stop
+                    break
+            finally:
+                if spec is not None and spec in servers:
+                    with _signals_deferred():
+                        spec.stop()
+                        servers.remove(spec)
+    except DraftLabError as exc:
+        errors.append(str(exc))
+    except KeyboardInterrupt:
+        errors.append("interrupted (Ctrl-C, SIGTERM or a stopped worker): the configurations measured before are kept")
+        raise
+    except Exception as exc:  # a fault no check foresaw: the confirm is stored as failed with it, and it goes on up
+        errors.append(unexpected(exc))
+        raise
+    finally:
+        with _signals_deferred():
+            for server in servers:
+                server.stop()
+            progress.describe("storing the target-only passes")  # also the last requests-done count a worker reports
+            for c, passes in baseline_passes.items():
+                if passes:
+                    add_measurement(store, confirm_id, eid, label="target-only", k=0, run_id=None,
+                                    speculative_config=None, concurrency=c, passes=passes, figures=summarize(passes))
+            finish_confirm(store, confirm_id, engine_version=version, wall_seconds=time.monotonic() - started,
+                           errors=errors, worker_id=worker_id)
+    return errors
+
+
+def command(args, store) -> int:
+    """Measure, store, print (a table, or `--json` one JSON object); bad input raises DraftLabError before any
+    server starts; a configuration that fails is one `error:` line and exit status 1, the others kept. Ctrl-C and
+    SIGTERM are one `error:` line saying what is stored, and exit status 130 / 143 (128 + the signal)."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
+    try:
+        return _command(args, store)
+    except KeyboardInterrupt as exc:
+        status, what = ((128 + signal.SIGTERM, "terminated (SIGTERM)") if isinstance(exc, _Terminated) else
+                        (128 + signal.SIGINT, "interrupted (Ctrl-C)"))
+        print(f"error: {what}; {exc.args[0] if exc.args else 'nothing was stored'}", file=sys.stderr)
+        return status
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _command(args, store) -> int:
+    from storage.jobs import liveness
+    from storage.records.confirms import start_confirm
+    from storage.analysis.confirm_report import confirm_document
+
+    confirm = plan(store, args.experiment_id, args.configs,
+                   concurrency=concurrency_list(args.concurrency) if args.concurrency is not None else None,
+                   repeats=args.repeats, vllm=args.vllm, server=args.server, baseline_server=args.baseline_server,
+                   startup_timeout=args.startup_timeout, request_timeout=args.request_timeout)
+
+    from pages.widgets.access import cli_launcher
+
+    liveness.mark_stale(store)  # a confirm killed before (its row closed, the servers it left ended), a dead worker's
+    confirm_id = start_confirm(store, confirm.experiment_id, configs=args.configs, concurrency=confirm.concurrency,
+                               repeats=args.repeats, launched_by=cli_launcher(), requests_total=confirm.requests)
+    progress = Progress(confirm.requests)
+    started = time.monotonic()
+    try:
+        with _heartbeat(store, confirm_id):
+            errors = measure(store, confirm_id, confirm, progress)
+    except KeyboardInterrupt as exc:  # measure closed the confirm and stopped its servers
+        raise type(exc)(f"confirm {confirm_id} is stored as failed with the configurations measured before; its "
+                        f"servers are stopped") from None
+    except Exception as exc:  # noqa: BLE001 - measure stored it as the confirm's error: the same line, no traceback
+        progress.close()  # the bar's line ends before the error's
+        print(f"error: {unexpected(exc)}", file=sys.stderr)
+        return 1
+    finally:
+        progress.close()
+    for line in errors:
+        if f"error: {line}" not in progress.written:  # one line per fault: a configuration's was shown already
+            print(f"error: {line}", file=sys.stderr)
+    document = confirm_document(store, confirm_id)
+    if args.json:
+        print(json.dumps(document))
+    else:
+        print(report(document, time.monotonic() - started))
+    return 1 if errors else 0
+
+
+def report(document: dict, seconds: float) -> str:
+    """The confirm as a few lines: per configuration and concurrency, the server's speedup and acceptance next to
+    the lab's."""
+    def num(value, fmt="{:.3f}"):
+        return "—" if value is None else fmt.format(value)
+
+    lines = [f"confirm of experiment {document['experiment_id']} in {document['engine']} "
+             f"{document['engine_version'] or '(version unknown)'}, {seconds:.0f} s"]
+    for b in document["baseline"]["per_concurrency"]:
+        lines.append(f"  target-only  concurrency {b['concurrency']}: {b['tokens_per_second']:.1f} tok/s, "
+                     f"TTFT p50 {num(b['ttft_seconds_p50'])} s, ITL p50 {num(b['itl_seconds_p50'])} s")
+    for config in document["configs"]:
+        for m in config["per_concurrency"]:
+            ci = m["speedup_ci"]
+            interval = f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else " (one pass: no interval)"
+            speedup = (f"no speedup: {m['speedup_warning']}" if m["speedup_warning"] else
+                       f"speedup {num(m['speedup'], '{:.2f}')}×{interval} per generated token")
+            lines.append(f"  {config['label']} k={config['k']} concurrency {m['concurrency']}: "
+                         f"{m['tokens_per_second']:.1f} tok/s, {speedup}; "
+                         f"acceptance server {num(m['server_draft_acceptance_rate'])} vs lab "
+                         f"{num(m['lab_draft_acceptance_rate'])}; outputs = server baseline "
+                         f"{num(m['outputs_match_server_baseline'], '{:.0%}')}, = lab "
+                         f"{num(m['outputs_match_lab'], '{:.0%}')}")
+    return "\n".join(lines)

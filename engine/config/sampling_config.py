@@ -1,0 +1,52 @@
+"""A run's sampling settings as the engine takes them: temperature, top-k, top-p, the seed, the token budget and
+how the draft proposes. Plain Python, no torch (engine/config/run_config.py builds one; engine/decoding/sampling.py applies it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from engine.config.drafter_specs import DRAFT_SAMPLING
+from engine.errors import DraftLabError
+from engine.config.variables import MIN_TEMPERATURE
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int = 0
+    max_new_tokens: int = 128
+    # How a draft model proposes (engine/decoding/drafting.py): "probabilistic" draws each draft from p_d; "greedy" proposes
+    # p_d's argmax and verification treats it as a point mass (still lossless), as vLLM's V1 drafter long did.
+    draft_sampling: str = "probabilistic"
+    # The temperature a draft model proposes at (engine/decoding/drafting.py): 0 = the target's. Verification uses the
+    # distribution the draft sampled from, so any value is lossless; only acceptance changes.
+    draft_temperature: float = 0.0
+
+    def __post_init__(self):
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise DraftLabError(f"draft sampling must be one of {', '.join(DRAFT_SAMPLING)} (got "
+                                f"{str(self.draft_sampling)[:40]!r})")
+        if self.temperature < 0:
+            raise DraftLabError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy decoding")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise DraftLabError(f"temperature {self.temperature:g} is too small to compute with (a value above 0 must "
+                                f"be at least {MIN_TEMPERATURE:g}); use 0 for greedy decoding")
+        if self.draft_temperature < 0 or 0 < self.draft_temperature < MIN_TEMPERATURE:
+            raise DraftLabError(f"draft temperature {self.draft_temperature:g} is not 0 (the target's) or at least "
+                                f"{MIN_TEMPERATURE:g}; use e.g. 0.5")
+        if self.top_k < 0:
+            raise DraftLabError(f"top-k must be >= 0 (got {self.top_k}); use 0 to disable it")
+        if not 0 < self.top_p <= 1:
+            raise DraftLabError(f"top-p must be in (0, 1] (got {self.top_p}); use 1.0 to disable it")
+        if self.max_new_tokens <= 0:
+            raise DraftLabError(f"max-new-tokens must be > 0 (got {self.max_new_tokens})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def for_draft(self) -> "SamplingConfig":
+        """The settings a draft model proposes under: these, at the draft temperature when one is set."""
+        return replace(self, temperature=self.draft_temperature) if self.draft_temperature else self

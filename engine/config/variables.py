@@ -1,0 +1,295 @@
+"""The swept variables: one description of each, read by the CLI (`--k 1,2,4`), the New-experiment form and its
+link prefill (`new?sweep=top_p&values=0.8,1`), the queue (how a sweep becomes runs), the worker, the queries and
+findings (how a run's swept value is read back and shown), export, validation and deploy.
+
+Each `Variable` says what it is called everywhere (runs column, CLI flag, URL key, form label), how one value is
+parsed and bounded (ASCII numbers, engine/numbers.py), how it is shown, whether its values are names (a draft or
+a drafter spec: `sweep_value` then stores the value's index and `sweep_label` the name), whether the
+target-only baseline depends on it (a sampling setting: one baseline per value; k, draft, drafter: one shared),
+and what serving a value costs (a smaller k, a smaller draft, no draft model: the verdict's cheaper tied choice).
+
+A new swept variable is one entry in VARIABLES plus what the engine does with it. engine/config/run_config.py's RunConfig
+carries every entry to the CLI (a flag), the form (a number field from title/step/help; a named one needs its own
+widget), its link, the queue (storage/db/schema.py declares its columns from `kind`, storage/db/migrations.py adds them
+to an older database), the worker (a SamplingConfig field of the same name reaches the engine), validation, deploy
+(`serving_note`) and findings. draft_sampling took 11 files; draft_temperature took 3 (this entry,
+engine/config/sampling_config.py's field, engine/decoding/drafting.py's use) besides its test and docs. Plain Python, no torch:
+storage and pages import it.
+"""
+from __future__ import annotations
+
+import re
+from numbers import Real
+from dataclasses import dataclass
+from typing import Callable
+
+from engine import zoo
+from engine.config.drafter_specs import (DEFAULT_DRAFT_SAMPLING, DEFAULT_DRAFTER, DRAFT_SAMPLING, canonical_drafter,
+                            needs_draft_model)
+from engine.errors import DraftLabError
+from engine.config.limits import LIMITS, limit, over
+from engine.numbers import DB_INT_MAX, ascii_float, ascii_int
+
+MAX_K = 64  # the largest k anyone sweeps (the form's bound, --k's, and the prefill's)
+MAX_TOP_K = 10**6
+MAX_TEMPERATURE = 100.0
+# The smallest temperature above 0: below it sampling is greedy in all but exact ties, and float32 logits divided
+# by it overflow or divide by zero (1e-300 is 0 in float32). 0 is greedy decoding, anything from this up samples.
+MIN_TEMPERATURE = 1e-3
+MAX_NAME = 300  # characters of a model name
+# The largest batch size anyone sweeps: requests decoded together per forward (a server's running batch). Whether
+# a batch fits is checked per run before it decodes (engine/decoding/memory.py's batch estimate), this is only the bound.
+MAX_BATCH_SIZE = 256
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str  # the runs/experiments column, the URL's `sweep=` key, the CLI option's dest
+    kind: type  # int, float or str (names: a draft model, a drafter spec)
+    what: str  # what one valid value is, for error messages: "a whole number from 1 to 64" ({upper}: the limit)
+    example: str  # a valid list of values: "1,2,4,8"
+    default: str | None = None  # the value when not given (CLI text); None: required where it matters
+    help: str = ""  # the CLI's help, what a form field's help says
+    label: str = ""  # the form's choice: "draft (compare drafts)"; the name when empty
+    title: str = ""  # a form field's title: "Top-k"
+    step: float | None = None  # a number input's step in the form
+    low: float | None = None  # numeric bounds (inclusive unless low_open)
+    high: float | None = None
+    low_open: bool = False
+    min_positive: float | None = None  # a value above 0 must be at least this (temperature: 0 or >= 0.001)
+    limit: str | None = None  # the engine/config/limits.py bound that is its upper bound (settable by $DRAFTLAB_LIMIT_...)
+    per_value_baseline: bool = False  # the target's own decoding depends on it: one baseline per value
+    check_name: Callable[[str], str] | None = None  # names: the value as stored, or a DraftLabError
+    # What serving a value costs, to choose among statistically tied values (storage/analysis/verdict.py deploys the
+    # cheapest): (value, the run's column getter) -> a number, lower is cheaper; None when unknown. No cost: no
+    # value is cheaper than another (a sampling setting changes what is generated, not what it costs).
+    cost: Callable[[object, Callable], float | None] | None = None
+    cheaper_because: str = ""  # why a lower cost is cheaper, for the verdict's and the findings' sentences
+    # What serving engines do differently with a value (storage/serving/deploy.py adds it to every engine's notes):
+    # (value, the run's settings by name) -> a sentence, or None when they do as measured.
+    serving_note: Callable[[object, dict], str | None] | None = None
+
+    @property
+    def meaning(self) -> str:
+        """What one valid value is, with the limit in force filled in: "a whole number from 1 to 100"."""
+        return self.what.format(upper=self.upper) if self.limit else self.what
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def categorical(self) -> bool:
+        """Values are names; runs store the index as sweep_value and the name as sweep_label."""
+        return self.kind is str
+
+    @property
+    def choice(self) -> str:
+        return self.label or self.name
+
+    def said(self, form: bool = False) -> str:
+        """How an error names this variable: its CLI flag (`--top-k`), or in the form its field's words (`top-k`)."""
+        return (self.title or self.name).lower().replace("_", " ") if form else self.flag
+
+    def for_example(self, example: str, form: bool = False) -> str:
+        """An error's fix: `use e.g. --k 1,2,4,8` for the CLI, `enter e.g. 1,2,4,8` in the form."""
+        return f"enter e.g. {example}" if form else f"use e.g. {self.flag} {example}"
+
+    def parse(self, text, form: bool = False) -> int | float | str:
+        """One value from its text (a DraftLabError names the problem and the fix, worded for the CLI's flags or,
+        with form, for the New-experiment form's fields: the same bounds, the user's own words)."""
+        raw = str(text).strip()
+        said = self.said(form)
+        if self.categorical:
+            if not raw:
+                raise DraftLabError(f"{said} has an empty value; {self.for_example(self.example, form)}")
+            return self.check_name(raw) if self.check_name else raw
+        value = ascii_int(raw) if self.kind is int else ascii_float(raw)
+        if value is not None and self.limit and value > self.upper:
+            raise DraftLabError(f"{said} {raw[:40]} is more than the limit of {self.upper} "
+                                f"{LIMITS[self.limit].meaning.split(' (')[0]}: use fewer, or raise it with "
+                                f"${LIMITS[self.limit].env}")
+        if value is not None and self.min_positive is not None and 0 < value < self.min_positive:
+            raise DraftLabError(f"{said if form else self.name} value {raw[:40]!r} is too small to compute with (a "
+                                f"value above 0 must be at least {self.min_positive:g}); use 0 for greedy decoding "
+                                f"or e.g. {'' if form else self.flag + ' '}{self.min_positive:g}")
+        if value is None or not self.in_range(value):
+            raise DraftLabError(f"{said if form else self.name} value {raw[:40]!r} is not {self.meaning}; "
+                                f"{self.for_example(self.example, form)}")
+        return value
+
+    @property
+    def upper(self) -> float | None:
+        """The largest value: the limit in force (engine/config/limits.py) when it has one, else `high`."""
+        return limit(self.limit) if self.limit else self.high
+
+    def in_range(self, value) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        if self.min_positive is not None and 0 < value < self.min_positive:
+            return False
+        return self.upper is None or value <= self.upper
+
+    def parse_list(self, text, form: bool = False) -> list:
+        """Comma-separated values, each once: numbers sorted, names in the order given (errors worded as parse's)."""
+        items = [item.strip() for item in str(text).split(",")] if not isinstance(text, (list, tuple)) else \
+            [str(item).strip() for item in text]
+        said = self.said(form)
+        if not items or any(not item for item in items):
+            raise DraftLabError(f"{said} {str(text)[:60]!r} has an empty value; "
+                                f"{self.for_example(self.example, form)}")
+        if len(items) > limit("swept_values"):
+            raise DraftLabError(f"{said}: " + over("swept_values", len(items), "the sweep"))
+        values = [self.parse(item, form) for item in items]
+        seen = set()
+        for value in values:
+            if value in seen:
+                raise DraftLabError(f"{said} lists {self.show(value)} twice; list each value once")
+            seen.add(value)
+        return values if self.categorical else sorted(values)
+
+    def coerce(self, value) -> int | float | str:
+        """A stored or programmatic value as this variable's type (numbers from a float column, names stripped)."""
+        if self.categorical:
+            return str(value).strip()
+        return int(value) if self.kind is int else float(value)
+
+    def show(self, value) -> str:
+        """How a value reads on a page or in a sentence: 4, 0.7, demo-draft, confidence:0.5."""
+        if self.categorical:
+            return str(value)
+        value = self.coerce(value)
+        return str(value) if self.kind is int else f"{value:g}"
+
+    def run_value(self, run) -> int | float | str | None:
+        """A stored run's swept value (a runs row: a mapping or a pandas row with sweep_value and sweep_label);
+        None for a baseline of a shared-baseline sweep."""
+        get = run.get if hasattr(run, "get") else lambda key, default=None: getattr(run, key, default)
+        if self.categorical:
+            label = get("sweep_label")
+            return str(label) if isinstance(label, str) else None
+        value = get("sweep_value")
+        if value is None or value != value:  # NULL / NaN
+            return None
+        return self.coerce(value)
+
+    def run_cost(self, run) -> float | None:
+        """What serving this run's swept value costs (lower is cheaper; `cost` above), None when not comparable."""
+        if self.cost is None:
+            return None
+        value = self.run_value(run)
+        if value is None:
+            return None
+        get = run.get if hasattr(run, "get") else lambda key, default=None: getattr(run, key, default)
+        return self.cost(value, get)
+
+    def sweep_value(self, value, index: int) -> float:
+        """What a run stores as sweep_value: the number, or a name's index in the sweep."""
+        return float(index) if self.categorical else value
+
+
+def _model_name(text: str) -> str:
+    name = text.strip()
+    if len(name) > MAX_NAME:
+        raise DraftLabError(f"a model name is longer than {MAX_NAME} characters; give a shorter path or id")
+    if re.search(r"[\x00-\x1f\x7f]", name):
+        raise DraftLabError("a model name holds a control character; give the model's id or path")
+    return name
+
+
+def _draft_size(value, get) -> float | None:
+    """A draft's cost: the parameters of the model the run loaded (unknown for runs stored before they were)."""
+    size = get("draft_parameters")
+    return float(size) if isinstance(size, Real) and size == size and size > 0 else None
+
+
+def _draft_sampling(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in DRAFT_SAMPLING:
+        raise DraftLabError(f"--draft-sampling {text[:40]!r} is not one of {', '.join(DRAFT_SAMPLING)}; use e.g. "
+                            f"--draft-sampling greedy (drafts by argmax, as vLLM's V1 drafter did)")
+    return mode
+
+
+VARIABLES: dict[str, Variable] = {v.name: v for v in (
+    Variable("k", int, f"a whole number from 1 to {MAX_K}", "1,2,4,8", "4",
+             "draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, predict the speedup of every k, "
+             "then measure the 3 best predicted", low=1, high=MAX_K, title="k", step=1,
+             cost=lambda value, get: float(value), cheaper_because="fewer draft steps, a smaller KV cache"),
+    Variable("temperature", float, f"0 (greedy) or a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}",
+             "0,0.7,1", "0", f"0 = greedy, else {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}; a comma list sweeps it",
+             low=0.0, high=MAX_TEMPERATURE, min_positive=MIN_TEMPERATURE, per_value_baseline=True,
+             title="Temperature", step=0.1),
+    Variable("top_k", int, f"a whole number from 0 to {MAX_TOP_K} (0 turns it off)", "0,20,50", "0",
+             "0 = off; a comma list sweeps it", low=0, high=MAX_TOP_K, per_value_baseline=True, title="Top-k",
+             step=1),
+    Variable("top_p", float, "a number in (0, 1] (1 turns it off)", "0.8,0.95,1", "1.0",
+             "1 = off; a comma list sweeps it", low=0.0, high=1.0, low_open=True, per_value_baseline=True,
+             title="Top-p", step=0.05),
+    Variable("batch_size", int, f"a whole number from 1 to {MAX_BATCH_SIZE}", "1,4,16", "1",
+             "requests decoded together, B prompts per forward (prompts grouped in order into batches of B); a comma "
+             "list sweeps it, each batch size with its own target-only baseline at that batch size",
+             low=1, high=MAX_BATCH_SIZE, per_value_baseline=True, title="Batch size", step=1),
+    Variable("draft", str, "a draft model's id or path", "demo-draft,demo-draft-distilled", None,
+             f"{zoo.model_help('draft')}; a comma list compares drafts, EAGLE-3 heads beside causal LMs (each "
+             "drafts with its own drafter when none is named; not needed when every drafter is prompt-lookup)",
+             label="draft (compare drafts)", check_name=_model_name,
+             cost=_draft_size, cheaper_because="a smaller draft model"),
+    Variable("drafter", str, "a drafter spec", "model,heuristic,prompt-lookup:3", DEFAULT_DRAFTER,
+             "model (the default; eagle3 when the draft is an EAGLE-3 head), heuristic, confidence:T, prompt-lookup:N, "
+             "suffix:D or eagle3; a comma list compares them",
+             label="drafter (drafting strategy)", check_name=canonical_drafter,
+             cost=lambda value, get: 1.0 if needs_draft_model(str(value)) else 0.0,
+             cheaper_because="no draft model to load or run"),
+    Variable("draft_sampling", str, "probabilistic or greedy", "probabilistic,greedy", DEFAULT_DRAFT_SAMPLING,
+             "how the draft model proposes: probabilistic (draws from its distribution) or greedy (its argmax, "
+             "verified as a point mass: still lossless; what a server that drafts by argmax sees); a comma list "
+             "compares them", label="draft sampling (probabilistic or greedy)", check_name=_draft_sampling),
+    # The draft's own temperature: a cooler draft proposes likelier tokens, a warmer one covers more of the
+    # target's mass. Lossless at any value: the target verifies against the distribution the draft sampled from.
+    Variable("draft_temperature", float, f"0 (the target's temperature) or a number from {MIN_TEMPERATURE:g} to "
+             f"{MAX_TEMPERATURE:g}", "0,0.5,1", "0",
+             "the temperature the draft model proposes at: 0 = the target's (default), else its own; the target "
+             "verifies against the distribution the draft sampled from, so every value is lossless; a comma list "
+             "sweeps it", low=0.0, high=MAX_TEMPERATURE, min_positive=MIN_TEMPERATURE, title="Draft temperature",
+             step=0.1, serving_note=lambda value, run: None if not value or value == run["temperature"] else (
+                 f"Check: this run's draft proposed at temperature {value:g}, the target sampled at "
+                 f"{run['temperature']:g}. These settings carry no separate draft temperature (the engines draft "
+                 f"under the request's sampling), so acceptance there follows a draft at the target's "
+                 f"temperature; measure that too (draft_temperature 0).")),
+)}
+DEFAULT_VARIABLE = "k"
+
+# The fixed numeric settings of an experiment, described the same way (never swept): the CLI's options, the form's
+# fields and its link prefill, and the queue's last check read these. Seeds fit the INTEGER column on every database
+# (engine/numbers.py's DB_INT_MAX); repeats and max new tokens are bounded by engine/config/limits.py.
+SETTINGS: dict[str, Variable] = {v.name: v for v in (
+    Variable("seed", int, f"a whole number from 0 to {DB_INT_MAX}", "0", "0",
+             f"prompt i samples from a generator seeded by (seed, i); 0 to {DB_INT_MAX}", low=0, high=DB_INT_MAX,
+             title="Seed", step=1),
+    Variable("repeats", int, "a whole number from 1 to {upper}", "3", None,
+             "timed decodes per prompt and configuration, medians used", low=1, limit="repeats", title="Repeats",
+             step=1),
+    Variable("max_new_tokens", int, "a whole number from 1 to {upper}", "128", "128", "new tokens per prompt", low=1,
+             limit="max_new_tokens", title="Max new tokens", step=16),
+)}
+
+
+def variable(name: str | None) -> Variable:
+    """The description of a swept variable by name (None or empty: k, what experiments stored before sweeps had
+    a variable). A DraftLabError names the variables there are."""
+    v = VARIABLES.get(name or DEFAULT_VARIABLE)
+    if v is None:
+        raise DraftLabError(f"cannot sweep {name!r}; sweep one of {', '.join(VARIABLES)}")
+    return v
+
+
+def value_labels(sweep: str, values: list, drafters: list) -> list:
+    """How runs' swept values read side by side (the run listing's, the detail page's): `values` each run's
+    run_value (None: a shared baseline) as they are, except in a draft sweep whose runs draft with different
+    drafters (EAGLE-3 heads beside causal LMs: `drafters`, each run's), where each names its drafter too:
+    `heads/h · eagle3`."""
+    named = [(v, d) for v, d in zip(values, drafters) if v is not None and isinstance(d, str)]
+    if sweep != "draft" or len({d for _, d in named}) < 2:
+        return list(values)
+    return [f"{v} · {d}" if v is not None and isinstance(d, str) else v for v, d in zip(values, drafters)]

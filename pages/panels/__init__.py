@@ -1,0 +1,1 @@
+"""The parts of the experiment-detail page (its sections and panels) and the forms' estimates."""
