@@ -5,6 +5,7 @@ stored. Each type carries `accepts(value)`, what tests/test_fuzz_inputs.py holds
 
 Plain Python (no torch, no database).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ import argparse
 def described(setting):
     """An argparse type reading one value of a setting described in engine/config/variables.py (ASCII digits, its
     bounds and limit): a bad value is one `error:` line, before anything is loaded or stored."""
+
     def parse(text):
         from engine.errors import DraftLabError
 
@@ -20,6 +22,7 @@ def described(setting):
             return setting.parse(text)
         except DraftLabError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+
     parse.__name__, parse.accepts = setting.name, setting.in_range
     return parse
 
@@ -36,6 +39,7 @@ def whole(low: int, high: int | None = None, what: str = "a whole number", fix: 
         if value is None or not low <= value <= top:
             raise argparse.ArgumentTypeError(f"{str(text)[:40]!r} is not {what} from {low} to {top}{fix}")
         return value
+
     parse.__name__, parse.accepts = what, lambda value: isinstance(value, int) and low <= value <= top
     return parse
 

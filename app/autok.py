@@ -3,6 +3,7 @@ from that run alone (its per-prompt, per-position acceptance, its own batch-roun
 against its interleaved baseline) and the shape of the target's verify-cost profile, then queue a new timed pass
 (fresh baseline) for the best predicted k values only. engine/metrics/theory.py's modelled_seconds / anchored_curve hold
 the model; docs/metrics.md states it."""
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,9 @@ def batch_size_of(run) -> int:
 
 def row_acceptance(store: Store, run_id: int, k_max: int) -> dict[int, tuple[list[float], int]]:
     """Each prompt's (per-position acceptance 1..k_max, new tokens) in a run."""
-    pooled = [0.0 if v is None or math.isnan(v) else float(v)
-              for v in q.acceptance_by_position(store, run_id)["conditional"]]
+    pooled = [
+        0.0 if v is None or math.isnan(v) else float(v) for v in q.acceptance_by_position(store, run_id)["conditional"]
+    ]
     pooled += [0.0] * (k_max - len(pooled))
     by_prompt = q.acceptance_by_prompt_position(store, run_id)
     rows = {}
@@ -58,11 +60,18 @@ def cost_model(store: Store, probe) -> dict | None:
     for index in sorted(rows):
         grouped.setdefault(index // batch, []).append(rows[index])
     steady = rounds - batches
-    verify = ((costs["verify_seconds"] - costs["first_verify_seconds"]) / steady if steady > 0
-              else costs["verify_seconds"] / rounds)
-    return {"batches": list(grouped.values()), "draft_per_round": costs["draft_seconds"] / rounds,
-            "verify_per_round": verify, "first_round_extra": costs["first_verify_seconds"] - batches * verify,
-            "other_per_round": (costs["wall_seconds"] - costs["draft_seconds"] - costs["verify_seconds"]) / rounds}
+    verify = (
+        (costs["verify_seconds"] - costs["first_verify_seconds"]) / steady
+        if steady > 0
+        else costs["verify_seconds"] / rounds
+    )
+    return {
+        "batches": list(grouped.values()),
+        "draft_per_round": costs["draft_seconds"] / rounds,
+        "verify_per_round": verify,
+        "first_round_extra": costs["first_verify_seconds"] - batches * verify,
+        "other_per_round": (costs["wall_seconds"] - costs["draft_seconds"] - costs["verify_seconds"]) / rounds,
+    }
 
 
 def predict_curve(store: Store, probe, profile: dict[int, float]) -> dict[int, float] | None:

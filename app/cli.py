@@ -2,23 +2,26 @@
 
 Bad input ends in exactly one `error: …` line on stderr and exit status 2; a failed run exits 1.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-from engine.wording import noun, plural
-from engine import zoo  # the shipped models' names (plain Python, no torch)
-from engine.config.limits import LIMITS
-from engine.config.variables import SETTINGS, VARIABLES  # the swept variables and settings (plain Python, no torch)
-from storage.db.schema import NAME_CHARS
-from storage.db.settings import STALE_HELP
-
-from app.arguments import ID as _ID, described as _described, positive_number as _positive_number, whole as _whole
+from app.arguments import ID as _ID
+from app.arguments import described as _described
+from app.arguments import positive_number as _positive_number
+from app.arguments import whole as _whole
 from app.db_errors import LOCKED_FIX, db_error_reason, locked, scrub
 from app.runtime.db_retry import DB_RETRY_HELP  # torch-free, as this module's top must be
 from app.ui import PORTS as UI_PORTS  # (stdlib only at import)
+from engine import zoo  # the shipped models' names (plain Python, no torch)
+from engine.config.limits import LIMITS
+from engine.config.variables import SETTINGS, VARIABLES  # the swept variables and settings (plain Python, no torch)
+from engine.wording import noun, plural
+from storage.db.schema import NAME_CHARS
+from storage.db.settings import STALE_HELP
 
 EXIT_BAD_INPUT, EXIT_RUN_FAILED = 2, 1
 
@@ -33,9 +36,11 @@ def _fail(message: str, status: int = EXIT_BAD_INPUT) -> int:
     return status
 
 
-CHAT_TEMPLATE_HELP = ("how conversation prompts become text: auto (the target tokenizer's chat template, with the "
-                      "generation prompt), none (the turns' texts joined by blank lines), or a Jinja template FILE; "
-                      "plain prompts are never templated (default auto)")
+CHAT_TEMPLATE_HELP = (
+    "how conversation prompts become text: auto (the target tokenizer's chat template, with the "
+    "generation prompt), none (the turns' texts joined by blank lines), or a Jinja template FILE; "
+    "plain prompts are never templated (default auto)"
+)
 
 
 from engine.config.run_config import DEFAULTS as RUN_DEFAULTS  # noqa: E402 - one value each (plain Python, no torch)
@@ -51,159 +56,275 @@ def build_parser() -> argparse.ArgumentParser:
         # --drafter's default depends on --draft (engine/config/run_config.py default_drafter): None until the config says
         default = None if variable.name == "drafter" else variable.default
         run.add_argument(variable.flag, default=default, help=variable.help)
-    run.add_argument("--prompts", required=True, help="NAME[:SPLIT] (code, english, chinese, math, mixed; chat: conversations), a .jsonl/.csv/.txt/.parquet/.arrow file (a prompt, or a conversation: OpenAI messages or ShareGPT conversations), or several joined with + (code:validation+english:validation)")
+    run.add_argument(
+        "--prompts",
+        required=True,
+        help="NAME[:SPLIT] (code, english, chinese, math, mixed; chat: conversations), a .jsonl/.csv/.txt/.parquet/.arrow file (a prompt, or a conversation: OpenAI messages or ShareGPT conversations), or several joined with + (code:validation+english:validation)",
+    )
     run.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
     for setting in SETTINGS.values():  # --seed, --repeats, --max-new-tokens: engine/config/variables.py's settings
-        cap = (f"; at most ${LIMITS[setting.limit].env}, default {LIMITS[setting.limit].default}" if setting.limit
-               else "")
-        run.add_argument(setting.flag, type=_described(setting), default=RUN_DEFAULTS[setting.name],
-                         help=f"{setting.help} (default {RUN_DEFAULTS[setting.name]}{cap})")
+        cap = (
+            f"; at most ${LIMITS[setting.limit].env}, default {LIMITS[setting.limit].default}" if setting.limit else ""
+        )
+        run.add_argument(
+            setting.flag,
+            type=_described(setting),
+            default=RUN_DEFAULTS[setting.name],
+            help=f"{setting.help} (default {RUN_DEFAULTS[setting.name]}{cap})",
+        )
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     run.add_argument("--trust-remote-code", action="store_true", help="allow model repos to run their own code")
     run.add_argument("--db", default=None, help="SQLAlchemy URL (default $DRAFTLAB_DB or sqlite:///draftlab.db)")
     run.add_argument("--name", default=None, help=f"the experiment's name (at most {NAME_CHARS} characters)")
     run.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
-    run.description = (f"Baseline + one speculative run per swept value (a comma list in at most one of "
-                       f"{', '.join(v.flag for v in VARIABLES.values())}), timed here and stored. Ctrl-C or SIGTERM stops it "
-                       f"with its runs interrupted (finished prompts stored; `draftlab resume` continues them). "
-                       f"{DB_RETRY_HELP}.")
+    run.description = (
+        f"Baseline + one speculative run per swept value (a comma list in at most one of "
+        f"{', '.join(v.flag for v in VARIABLES.values())}), timed here and stored. Ctrl-C or SIGTERM stops it "
+        f"with its runs interrupted (finished prompts stored; `draftlab resume` continues them). "
+        f"{DB_RETRY_HELP}."
+    )
 
     ui = sub.add_parser("ui", help="the dashboard, plus a local worker if none is alive")
     ui.add_argument("--db", default=None)
     ui.add_argument("--port", type=_whole(*UI_PORTS, what="a TCP port"), default=8501)
-    ui.add_argument("--host", default="127.0.0.1",
-                    help="address to bind; beyond loopback (0.0.0.0) it needs $DRAFTLAB_PASSWORD or OIDC "
-                         "in .streamlit/secrets.toml [auth]")
-    ui.add_argument("--insecure", action="store_true",
-                    help="serve beyond loopback without a login (only behind a VPN or an authenticating proxy)")
+    ui.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind; beyond loopback (0.0.0.0) it needs $DRAFTLAB_PASSWORD or OIDC "
+        "in .streamlit/secrets.toml [auth]",
+    )
+    ui.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve beyond loopback without a login (only behind a VPN or an authenticating proxy)",
+    )
 
-    worker = sub.add_parser("worker", help="run queued runs", description=f"Run queued runs. {STALE_HELP}. "
-                            f"{DB_RETRY_HELP}.")
+    worker = sub.add_parser(
+        "worker", help="run queued runs", description=f"Run queued runs. {STALE_HELP}. {DB_RETRY_HELP}."
+    )
     worker.add_argument("--db", default=None)
     worker.add_argument("--until-idle", action="store_true", help="exit when no queued run is left")
-    worker.add_argument("--devices", default=None,
-                        help="one worker process per device: `all` (every CUDA GPU; one CPU worker without one) or "
-                             "a comma list of cuda:N / cpu:N (cpu:N: CPU slots with leases of their own), or groups "
-                             "cuda:0+cuda:1 (one worker owning both, for targets larger than one GPU). Each child "
-                             "sees only its GPU (CUDA_VISIBLE_DEVICES) and holds that device's lease; a child that "
-                             "dies is restarted with backoff and its runs requeued; SIGTERM / Ctrl-C stops them all, "
-                             "their runs interrupted. Without it: one worker, each experiment on its own device")
+    worker.add_argument(
+        "--devices",
+        default=None,
+        help="one worker process per device: `all` (every CUDA GPU; one CPU worker without one) or "
+        "a comma list of cuda:N / cpu:N (cpu:N: CPU slots with leases of their own), or groups "
+        "cuda:0+cuda:1 (one worker owning both, for targets larger than one GPU). Each child "
+        "sees only its GPU (CUDA_VISIBLE_DEVICES) and holds that device's lease; a child that "
+        "dies is restarted with backoff and its runs requeued; SIGTERM / Ctrl-C stops them all, "
+        "their runs interrupted. Without it: one worker, each experiment on its own device",
+    )
 
-    lst = sub.add_parser("list", help="experiments and runs", description=f"Experiments and runs. {STALE_HELP}; "
-                         f"list marks such runs interrupted.")
+    lst = sub.add_parser(
+        "list",
+        help="experiments and runs",
+        description=f"Experiments and runs. {STALE_HELP}; list marks such runs interrupted.",
+    )
     lst.add_argument("--db", default=None)
     lst.add_argument("--json", action="store_true", help="print one JSON object")
 
-    resume = sub.add_parser("resume", help="requeue an experiment's interrupted, failed or cancelled runs",
-                            description=f"Requeue an experiment's interrupted, failed or cancelled runs. {STALE_HELP}; "
-                                        f"resume requeues those too, in the same step.")
+    resume = sub.add_parser(
+        "resume",
+        help="requeue an experiment's interrupted, failed or cancelled runs",
+        description=f"Requeue an experiment's interrupted, failed or cancelled runs. {STALE_HELP}; "
+        f"resume requeues those too, in the same step.",
+    )
     resume.add_argument("experiment_id", type=_ID)
     resume.add_argument("--db", default=None)
 
     distill = sub.add_parser(
-        "distill", help="train a copy of a draft toward its target (KL on the target's continuations)",
+        "distill",
+        help="train a copy of a draft toward its target (KL on the target's continuations)",
         description="Distil a draft toward its target: forward KL(p_target || p_draft) on the target's greedy "
-                    "continuations of the prompts (generated once and cached with the target's top-k "
-                    "distributions), optionally weighted toward the token types and draft positions an experiment "
-                    "rejected most (--focus-from). Writes an HF model directory with MODEL_CARD.md; held-out KL and "
-                    "greedy alpha (k=4) before/after on the validation split of --prompts (a file: the same file). "
-                    "Interrupted (Ctrl-C, SIGTERM), it keeps its last checkpoint in OUT/.checkpoint (the target's "
-                    "continuations once, then the training state every 30 s): the same command continues from it.")
+        "continuations of the prompts (generated once and cached with the target's top-k "
+        "distributions), optionally weighted toward the token types and draft positions an experiment "
+        "rejected most (--focus-from). Writes an HF model directory with MODEL_CARD.md; held-out KL and "
+        "greedy alpha (k=4) before/after on the validation split of --prompts (a file: the same file). "
+        "Interrupted (Ctrl-C, SIGTERM), it keeps its last checkpoint in OUT/.checkpoint (the target's "
+        "continuations once, then the training state every 30 s): the same command continues from it.",
+    )
     distill.add_argument("--target", required=True, help=zoo.model_help("target"))
     distill.add_argument("--draft", required=True, help="the draft to start from (same tokenizer as the target)")
-    distill.add_argument("--prompts", required=True,
-                         help="NAME[:tune] (held out: NAME:validation), a .jsonl/.csv/.txt file (held out: the same file), or several joined with + (code+english: held out code:validation+english:validation)")
+    distill.add_argument(
+        "--prompts",
+        required=True,
+        help="NAME[:tune] (held out: NAME:validation), a .jsonl/.csv/.txt file (held out: the same file), or several joined with + (code+english: held out code:validation+english:validation)",
+    )
     distill.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
-    distill.add_argument("--steps", type=_whole(1), required=True, help="optimiser steps (each: --batch-size sequences)")
-    distill.add_argument("--out", required=True,
-                         help="directory for the distilled model (created if missing; an existing one must be empty, "
-                              "or hold only this command's checkpoint, unless --overwrite; never a shipped model)")
-    distill.add_argument("--overwrite", action="store_true",
-                         help="write into a non-empty --out (files of the same name are replaced)")
-    distill.add_argument("--focus-from", type=_ID, default=None, metavar="EXPERIMENT_ID",
-                         help="weight the loss by this stored experiment's rejection profile (its best run): token "
-                              "types and draft positions with low acceptance count more")
+    distill.add_argument(
+        "--steps", type=_whole(1), required=True, help="optimiser steps (each: --batch-size sequences)"
+    )
+    distill.add_argument(
+        "--out",
+        required=True,
+        help="directory for the distilled model (created if missing; an existing one must be empty, "
+        "or hold only this command's checkpoint, unless --overwrite; never a shipped model)",
+    )
+    distill.add_argument(
+        "--overwrite", action="store_true", help="write into a non-empty --out (files of the same name are replaced)"
+    )
+    distill.add_argument(
+        "--focus-from",
+        type=_ID,
+        default=None,
+        metavar="EXPERIMENT_ID",
+        help="weight the loss by this stored experiment's rejection profile (its best run): token "
+        "types and draft positions with low acceptance count more",
+    )
     distill.add_argument("--lr", type=_positive_number, default=3e-4)
-    distill.add_argument("--max-new-tokens", type=_described(SETTINGS["max_new_tokens"]), default=128,
-                         help="length of the target's continuations")
+    distill.add_argument(
+        "--max-new-tokens",
+        type=_described(SETTINGS["max_new_tokens"]),
+        default=128,
+        help="length of the target's continuations",
+    )
     distill.add_argument("--batch-size", type=_whole(1), default=8, help="sequences per step (default 8)")
-    distill.add_argument("--samples", type=_whole(1), default=1,
-                         help="continuations per training prompt: the target's greedy one, plus SAMPLES-1 drawn from "
-                              "the target at temperature 1 (more data for small prompt sets; default 1)")
+    distill.add_argument(
+        "--samples",
+        type=_whole(1),
+        default=1,
+        help="continuations per training prompt: the target's greedy one, plus SAMPLES-1 drawn from "
+        "the target at temperature 1 (more data for small prompt sets; default 1)",
+    )
     distill.add_argument("--seed", type=_described(SETTINGS["seed"]), default=0)
     distill.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    distill.add_argument("--db", default=None, help="database of --focus-from (default $DRAFTLAB_DB or sqlite:///draftlab.db)")
-    distill.add_argument("--json", action="store_true",
-                         help='print one JSON object: {"out", "steps", "kl_before", "kl_after", "alpha_before", '
-                              '"alpha_after"}')
+    distill.add_argument(
+        "--db", default=None, help="database of --focus-from (default $DRAFTLAB_DB or sqlite:///draftlab.db)"
+    )
+    distill.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON object: {"out", "steps", "kl_before", "kl_after", "alpha_before", "alpha_after"}',
+    )
 
     head = sub.add_parser(
-        "train-head", help="train an EAGLE-3 head for a target (its hidden states; served by vLLM and SGLang)",
+        "train-head",
+        help="train an EAGLE-3 head for a target (its hidden states; served by vLLM and SGLang)",
         description="Train a one-decoder-layer EAGLE-3 head on the target's own hidden states: the target's "
-                    "responses to the prompts (regenerated; conversations through its chat template), the aux "
-                    "layers' states and logits from one target forward per step, a training-time test over "
-                    "--ttt-steps draft positions, forward KL on a draft vocabulary of the most frequent tokens. "
-                    "Writes the speculators format vLLM loads as {\"method\": \"eagle3\", \"model\": OUT} with "
-                    "MODEL_CARD.md; held-out acceptance by position before/after through the engine's loop. "
-                    "Interrupted, it keeps OUT/.checkpoint: the same command continues from it.")
+        "responses to the prompts (regenerated; conversations through its chat template), the aux "
+        "layers' states and logits from one target forward per step, a training-time test over "
+        "--ttt-steps draft positions, forward KL on a draft vocabulary of the most frequent tokens. "
+        'Writes the speculators format vLLM loads as {"method": "eagle3", "model": OUT} with '
+        "MODEL_CARD.md; held-out acceptance by position before/after through the engine's loop. "
+        "Interrupted, it keeps OUT/.checkpoint: the same command continues from it.",
+    )
     head.add_argument("--target", required=True, help=zoo.model_help("target"))
-    head.add_argument("--prompts", required=True,
-                      help="NAME[:tune] (held out: NAME:validation), a .jsonl/.csv/.txt file, or several joined with +")
-    head.add_argument("--out", required=True,
-                      help="directory for the head (created if missing; an existing one must be empty, or hold "
-                           "only this command's checkpoint, unless --overwrite; never a shipped model)")
+    head.add_argument(
+        "--prompts",
+        required=True,
+        help="NAME[:tune] (held out: NAME:validation), a .jsonl/.csv/.txt file, or several joined with +",
+    )
+    head.add_argument(
+        "--out",
+        required=True,
+        help="directory for the head (created if missing; an existing one must be empty, or hold "
+        "only this command's checkpoint, unless --overwrite; never a shipped model)",
+    )
     head.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
-    head.add_argument("--aux-layers", default="auto",
-                      help="target layers the head reads, vLLM's convention (id i = the input of decoder layer i): "
-                           "auto (2, L/2, L-3) or e.g. 2,6,9")
-    head.add_argument("--draft-vocab-size", type=_whole(1), default=0,
-                      help="draft vocabulary: the N most frequent target tokens in the responses (default: the "
-                           "whole vocabulary up to 32000)")
-    head.add_argument("--ttt-steps", type=_whole(1), default=4,
-                      help="training-time test steps S: the draft positions trained (default 4)")
+    head.add_argument(
+        "--aux-layers",
+        default="auto",
+        help="target layers the head reads, vLLM's convention (id i = the input of decoder layer i): "
+        "auto (2, L/2, L-3) or e.g. 2,6,9",
+    )
+    head.add_argument(
+        "--draft-vocab-size",
+        type=_whole(1),
+        default=0,
+        help="draft vocabulary: the N most frequent target tokens in the responses (default: the "
+        "whole vocabulary up to 32000)",
+    )
+    head.add_argument(
+        "--ttt-steps",
+        type=_whole(1),
+        default=4,
+        help="training-time test steps S: the draft positions trained (default 4)",
+    )
     head.add_argument("--steps", type=_whole(1), default=600, help="optimiser steps (default 600)")
-    head.add_argument("--focus-from", type=_ID, default=None, metavar="EXPERIMENT_ID",
-                      help="weight the loss by this experiment's rejection profile (token types, draft positions)")
+    head.add_argument(
+        "--focus-from",
+        type=_ID,
+        default=None,
+        metavar="EXPERIMENT_ID",
+        help="weight the loss by this experiment's rejection profile (token types, draft positions)",
+    )
     head.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
     head.add_argument("--lr", type=_positive_number, default=1e-3)
-    head.add_argument("--max-new-tokens", type=_described(SETTINGS["max_new_tokens"]), default=128,
-                      help="length of the target's responses")
+    head.add_argument(
+        "--max-new-tokens",
+        type=_described(SETTINGS["max_new_tokens"]),
+        default=128,
+        help="length of the target's responses",
+    )
     head.add_argument("--batch-size", type=_whole(1), default=8, help="sequences per step (default 8)")
-    head.add_argument("--samples", type=_whole(1), default=1,
-                      help="responses per prompt: the greedy one plus SAMPLES-1 drawn at temperature 1")
+    head.add_argument(
+        "--samples",
+        type=_whole(1),
+        default=1,
+        help="responses per prompt: the greedy one plus SAMPLES-1 drawn at temperature 1",
+    )
     head.add_argument("--seed", type=_described(SETTINGS["seed"]), default=0)
     head.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     head.add_argument("--db", default=None, help="database of --focus-from")
-    head.add_argument("--json", action="store_true",
-                      help='print one JSON object: {"out", "steps", "aux_layers", "draft_vocab_size", "alpha_before", '
-                           '"alpha_after", "acceptance_length_after", "per_position_acceptance_after"}')
+    head.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON object: {"out", "steps", "aux_layers", "draft_vocab_size", "alpha_before", '
+        '"alpha_after", "acceptance_length_after", "per_position_acceptance_after"}',
+    )
 
-    validate = sub.add_parser("validate", help="rerun an experiment's chosen configuration (the verdict's: the best, "
-                                               "or the cheaper one tied with it) on held-out prompts")
+    validate = sub.add_parser(
+        "validate",
+        help="rerun an experiment's chosen configuration (the verdict's: the best, "
+        "or the cheaper one tied with it) on held-out prompts",
+    )
     validate.add_argument("experiment_id", type=_ID)
-    validate.add_argument("--prompts", default=None,
-                          help="held-out prompts (default: the validation split of the experiment's built-in set)")
+    validate.add_argument(
+        "--prompts",
+        default=None,
+        help="held-out prompts (default: the validation split of the experiment's built-in set)",
+    )
     validate.add_argument("--db", default=None)
     validate.add_argument("--json", action="store_true", help="print one JSON object")
 
     export = sub.add_parser("export", help="an experiment's runs with metrics, and its per-token rows")
     export.add_argument("experiment_id", type=_ID)
-    export.add_argument("--format", choices=["csv", "json", "deploy"], default="csv",
-                        help="deploy: one JSON document with the equivalent vLLM, SGLang, llama.cpp and transformers "
-                             "settings of a run (the verdict's choice unless --run names one: the best, or the cheaper "
-                             "configuration statistically tied with it), with the verdict's ties and caveats")
-    export.add_argument("--run", type=_ID, default=None, dest="run_id",
-                        help="deploy: the speculative run to carry to production (default: the verdict's choice)")
-    export.add_argument("--batch-size", type=_whole(1), default=None, dest="batch_size",
-                        help="deploy, a grid: the batch size whose k schedule entry the one-k engines take (default "
-                             "the smallest; vLLM carries the whole schedule)")
-    export.add_argument("--with-max-new-tokens", action="store_true",
-                        help="deploy: also carry the experiment's max new tokens as the serving length (by default "
-                             "it is left out: it was the test's measurement budget)")
-    export.add_argument("--out", default=None,
-                        help="csv: directory for the files (default .; created if missing); json, deploy: file "
-                             "(default stdout; its folder must exist); an existing file is kept unless --overwrite")
+    export.add_argument(
+        "--format",
+        choices=["csv", "json", "deploy"],
+        default="csv",
+        help="deploy: one JSON document with the equivalent vLLM, SGLang, llama.cpp and transformers "
+        "settings of a run (the verdict's choice unless --run names one: the best, or the cheaper "
+        "configuration statistically tied with it), with the verdict's ties and caveats",
+    )
+    export.add_argument(
+        "--run",
+        type=_ID,
+        default=None,
+        dest="run_id",
+        help="deploy: the speculative run to carry to production (default: the verdict's choice)",
+    )
+    export.add_argument(
+        "--batch-size",
+        type=_whole(1),
+        default=None,
+        dest="batch_size",
+        help="deploy, a grid: the batch size whose k schedule entry the one-k engines take (default "
+        "the smallest; vLLM carries the whole schedule)",
+    )
+    export.add_argument(
+        "--with-max-new-tokens",
+        action="store_true",
+        help="deploy: also carry the experiment's max new tokens as the serving length (by default "
+        "it is left out: it was the test's measurement budget)",
+    )
+    export.add_argument(
+        "--out",
+        default=None,
+        help="csv: directory for the files (default .; created if missing); json, deploy: file "
+        "(default stdout; its folder must exist); an existing file is kept unless --overwrite",
+    )
     export.add_argument("--overwrite", action="store_true", help="replace files --out already holds")
     export.add_argument("--db", default=None)
     from app.serving.import_metrics import add_parser as add_import_metrics
@@ -223,18 +344,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args) -> int:
     """Enqueue the experiment, execute it here through the worker's code path, print the stored figures."""
+    from transformers.utils import logging as hf_logging
+
+    from app.sweep import parse_sweep
     from engine.config.drafter_specs import needs_draft_model
+    from engine.config.limits import check_all
+    from engine.config.run_config import RunConfig
+    from engine.decoding.runs import check_k, encode_prompts
     from engine.errors import DraftLabError
     from engine.models.loading import load_pair, with_draft
     from engine.text.chat import render, resolve_option
     from engine.text.prompt_sets import load_prompts
-    from engine.decoding.runs import check_k, encode_prompts
-    from engine.config.run_config import RunConfig
-
-    from app.sweep import parse_sweep
-
-    from engine.config.limits import check_all
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the one bar on stderr is the runs' own: transformers' "Loading weights" cut in
 
@@ -244,8 +364,10 @@ def cmd_run(args) -> int:
         options = {name: getattr(args, name) for name in VARIABLES}
         sweep = parse_sweep({**options, "draft": args.draft if args.draft is not None else "-"})
         if args.name is not None and len(args.name) > NAME_CHARS:
-            raise DraftLabError(f"--name is {len(args.name)} characters, longer than the {NAME_CHARS} an experiment's "
-                                f"name holds; give a shorter one (notes hold the rest, on the dashboard)")
+            raise DraftLabError(
+                f"--name is {len(args.name)} characters, longer than the {NAME_CHARS} an experiment's "
+                f"name holds; give a shorter one (notes hold the rest, on the dashboard)"
+            )
         drafts = [None if d == "-" else d for d in sweep.drafts]
         chat_template = resolve_option(args.chat_template)  # a FILE's text: stored, so any worker renders alike
         # The run configuration (engine/config/run_config.py): every option parsed by its description (the drafter, when
@@ -254,11 +376,15 @@ def cmd_run(args) -> int:
         config = RunConfig.from_args(args, sweep, chat_template)
         drafters = list(config.values) if config.sweep == "drafter" else [config.value("drafter")]
         if sweep.k_auto and drafters != ["model"]:
-            raise DraftLabError("--k auto predicts a constant-k curve: use it with --drafter model (the default); "
-                                "sweep --drafter with a fixed --k instead")
+            raise DraftLabError(
+                "--k auto predicts a constant-k curve: use it with --drafter model (the default); "
+                "sweep --drafter with a fixed --k instead"
+            )
         if any(needs_draft_model(spec) for spec in drafters) and None in drafts:
-            raise DraftLabError("--draft is missing: the model, heuristic and confidence drafters draft with a model; "
-                                "pass --draft MODEL, or use --drafter prompt-lookup:N alone")
+            raise DraftLabError(
+                "--draft is missing: the model, heuristic and confidence drafters draft with a model; "
+                "pass --draft MODEL, or use --drafter prompt-lookup:N alone"
+            )
         for value in config.values:
             config.sampling(value)
         prompts = load_prompts(args.prompts)
@@ -266,7 +392,9 @@ def cmd_run(args) -> int:
         model_drafts = [d for d, spec in zip(drafts * len(drafters), drafters * len(drafts)) if needs_draft_model(spec)]
         first = model_drafts[0] if model_drafts else None
         pair = load_pair(args.target, first, args.device, args.dtype, args.trust_remote_code)
-        others = {d: with_draft(pair, d, args.trust_remote_code) for d in dict.fromkeys([*model_drafts, None]) if d != first}
+        others = {
+            d: with_draft(pair, d, args.trust_remote_code) for d in dict.fromkeys([*model_drafts, None]) if d != first
+        }
         for k in sweep.ks:
             for p in [pair, *others.values()]:
                 check_k(p, k)
@@ -290,15 +418,16 @@ def _check_batch_rows(sweep, prompts: int) -> int:
 
     largest = max(sweep.sizes)
     if largest > prompts:
-        raise DraftLabError(f"--batch-size {largest} needs at least {largest} prompts but the prompt set has "
-                            f"{prompts}; use --batch-size {prompts} or less, or more prompts")
+        raise DraftLabError(
+            f"--batch-size {largest} needs at least {largest} prompts but the prompt set has "
+            f"{prompts}; use --batch-size {prompts} or less, or more prompts"
+        )
     return largest
 
 
 def _check_batch_sizes(sweep, pair, others: dict, encoded: list, max_new_tokens: int) -> None:
     """Refuse, before anything is stored, a batch size with more rows than prompts (never silently a smaller
     batch) or whose KV caches cannot fit in what the device has free (engine/decoding/memory.py)."""
-    from engine.errors import DraftLabError
     from engine.decoding.memory import check_batch_fits
 
     largest = _check_batch_rows(sweep, len(encoded))
@@ -308,18 +437,19 @@ def _check_batch_sizes(sweep, pair, others: dict, encoded: list, max_new_tokens:
     models = [pair.target.model] + drafts[:1]  # the target and its draft (the largest one when several)
     if len(drafts) > 1:
         models = [pair.target.model, max(drafts, key=lambda m: sum(t.numel() for t in m.parameters()))]
-    check_batch_fits(models, pair.device, largest, max(int(ids.shape[-1]) for ids in encoded), max_new_tokens,
-                     max(sweep.ks))
+    check_batch_fits(
+        models, pair.device, largest, max(int(ids.shape[-1]) for ids in encoded), max_new_tokens, max(sweep.ks)
+    )
 
 
 def cmd_validate(args) -> int:
     """Rerun an experiment's best configuration and its baseline on held-out prompts, here, as a linked
     experiment; print tune against validation with the verdict in words."""
+    from engine.decoding.runs import encode_prompts
     from engine.errors import DraftLabError
     from engine.models.loading import load_pair
     from engine.text.chat import render
     from engine.text.prompt_sets import load_prompts
-    from engine.decoding.runs import encode_prompts
     from storage.analysis.validation import ValidationError, validation_plan
 
     store = open_store_or_fail(args.db, write=True)
@@ -331,8 +461,13 @@ def cmd_validate(args) -> int:
         draft = plan["draft"] or None
         from engine.config.drafter_specs import needs_draft_model
 
-        pair = load_pair(plan["target"], draft if needs_draft_model(plan["drafter"]) else None, plan["device"],
-                         plan["dtype"], plan["trust_remote_code"])
+        pair = load_pair(
+            plan["target"],
+            draft if needs_draft_model(plan["drafter"]) else None,
+            plan["device"],
+            plan["dtype"],
+            plan["trust_remote_code"],
+        )
         prompts = render(prompts, pair.tokenizer, plan["chat_template"], what=plan["prompts"])
         encode_prompts(pair, prompts, plan["sampling"]["max_new_tokens"])
     except (ValidationError, DraftLabError) as exc:
@@ -342,23 +477,45 @@ def cmd_validate(args) -> int:
 
 
 def _validation_report(store, experiment_id: int, as_json: bool) -> str:
-    from storage.serving.export import plain
     from storage.analysis.validation import validation_result
+    from storage.serving.export import plain
 
     result = validation_result(store, experiment_id)
-    keys = ["run_id", "k", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "alpha", "tokens_per_round",
-            "accepted", "rejected", "c", "verify_cost", "timing_warning", "prompts_done"]
-    doc = plain({**result, "tune": {key: result["tune"][key] for key in keys},
-                 "validation": {key: result["validation"][key] for key in keys}})
+    keys = [
+        "run_id",
+        "k",
+        "status",
+        "speedup",
+        "speedup_ci_lo",
+        "speedup_ci_hi",
+        "alpha",
+        "tokens_per_round",
+        "accepted",
+        "rejected",
+        "c",
+        "verify_cost",
+        "timing_warning",
+        "prompts_done",
+    ]
+    doc = plain(
+        {
+            **result,
+            "tune": {key: result["tune"][key] for key in keys},
+            "validation": {key: result["validation"][key] for key in keys},
+        }
+    )
     if as_json:
         return json.dumps(doc)
-    return (f"experiment {experiment_id} validates experiment {doc['validates']} "
-            f"(k={doc['configuration']['k']}, {doc['configuration']['drafter']}, {doc['configuration']['draft']})\n"
-            f"{doc['reason']}")
+    return (
+        f"experiment {experiment_id} validates experiment {doc['validates']} "
+        f"(k={doc['configuration']['k']}, {doc['configuration']['drafter']}, {doc['configuration']['draft']})\n"
+        f"{doc['reason']}"
+    )
 
 
-def _show_training(label: str, run, ckpt, continued: bool, cfg, out, train_count: int, val_count: int,
-                   eval_line) -> tuple[dict, dict] | int:
+def _show_training(
+    label: str, run, ckpt, continued: bool, cfg, out, train_count: int, val_count: int, eval_line
+) -> tuple[dict, dict] | int:
     """Drive a trainer's records (app/distill_driver.records) with progress bars on stderr, checkpointing every
     CHECKPOINT_SECONDS between two steps; return (prepared, trained) records, or an exit code after an error or
     an interrupt (saying how to continue). `eval_line(record)` words a held-out point."""
@@ -366,17 +523,26 @@ def _show_training(label: str, run, ckpt, continued: bool, cfg, out, train_count
 
     from tqdm import tqdm
 
-    from engine.errors import DraftLabError
-
     from app.training import distill_driver as driver
+    from engine.errors import DraftLabError
 
     bar, done, prepared, saved = None, None, None, None
     if continued:  # the same command, interrupted before: continue where its checkpoint is
-        print(f"{label}: continuing from the checkpoint in {ckpt} at step {run.step} of {cfg.steps}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{label}: continuing from the checkpoint in {ckpt} at step {run.step} of {cfg.steps}",
+            file=sys.stderr,
+            flush=True,
+        )
         prepared, saved = run.prepared, run.step
-        bar = tqdm(total=cfg.steps, initial=run.step, desc=label, unit="step", file=sys.stderr,
-                   dynamic_ncols=True, mininterval=1)
+        bar = tqdm(
+            total=cfg.steps,
+            initial=run.step,
+            desc=label,
+            unit="step",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=1,
+        )
     last_checkpoint = time.monotonic()
     try:
         for rec in driver.records(run, ckpt, continued):
@@ -394,8 +560,7 @@ def _show_training(label: str, run, ckpt, continued: bool, cfg, out, train_count
                 bar.update(1)
             elif kind == "before":
                 print(f"{label}: before: held-out alpha {rec['alpha']:.3f}", file=sys.stderr, flush=True)
-                bar = tqdm(total=cfg.steps, desc=label, unit="step", file=sys.stderr, dynamic_ncols=True,
-                           mininterval=1)
+                bar = tqdm(total=cfg.steps, desc=label, unit="step", file=sys.stderr, dynamic_ncols=True, mininterval=1)
             elif kind == "step":
                 bar.update(1)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", refresh=False)
@@ -417,10 +582,14 @@ def _show_training(label: str, run, ckpt, continued: bool, cfg, out, train_count
             bar.close()
             bar = None
         if saved is None:
-            return _fail(f"interrupted before the model was saved; nothing was written to {out} (rerun the command)",
-                         130)
-        return _fail(f"interrupted at step {run.step}; no model saved yet. {ckpt} holds step {saved}: run the same "
-                     f"command again to continue from it", 130)
+            return _fail(
+                f"interrupted before the model was saved; nothing was written to {out} (rerun the command)", 130
+            )
+        return _fail(
+            f"interrupted at step {run.step}; no model saved yet. {ckpt} holds step {saved}: run the same "
+            f"command again to continue from it",
+            130,
+        )
     finally:
         if bar is not None:
             bar.close()
@@ -432,11 +601,11 @@ def _training_inputs(args, cfg, draft: str | None, focus_on):
     `focus_on`), the prompts and their held-out split, rendered through the chat template, and the pair loaded in
     float32 (draft None: the target alone). Returns (focus, val_spec, val_note, train_prompts, val_prompts, pair),
     or an exit code after a one-line error."""
-    from engine.text.chat import render, resolve_option
+    from engine.decoding.runs import encode_prompts
     from engine.errors import DraftLabError
     from engine.models.loading import load_pair
+    from engine.text.chat import render, resolve_option
     from engine.text.prompt_sets import held_out_split, load_prompts
-    from engine.decoding.runs import encode_prompts
     from storage.analysis.focus import focus_weights
 
     focus = None
@@ -471,16 +640,24 @@ def cmd_train_head(args) -> int:
     figures (a line, or SPEC's --json keys)."""
     import time
 
+    from app.training import head_driver as driver
+    from engine.errors import DraftLabError
     from engine.training import distill as ds
     from engine.training import head_training as ht
-    from engine.errors import DraftLabError
-
-    from app.training import head_driver as driver
 
     started = time.perf_counter()
     try:
-        cfg = driver.head_config(args.steps, args.lr, args.max_new_tokens, args.batch_size, args.seed, args.samples,
-                                 args.ttt_steps, args.draft_vocab_size, ht.parse_aux_layers(args.aux_layers))
+        cfg = driver.head_config(
+            args.steps,
+            args.lr,
+            args.max_new_tokens,
+            args.batch_size,
+            args.seed,
+            args.samples,
+            args.ttt_steps,
+            args.draft_vocab_size,
+            ht.parse_aux_layers(args.aux_layers),
+        )
         out = ds.check_distill_out(args.out, args.overwrite, driver.CHECKPOINT_DIR)
     except DraftLabError as exc:
         return _fail(str(exc))
@@ -490,34 +667,76 @@ def cmd_train_head(args) -> int:
     focus, val_spec, val_note, train_prompts, val_prompts, pair = inputs
     ckpt = driver.checkpoint_of(out)
     try:
-        run, continued = driver.trainer(pair, train_prompts, val_prompts, cfg, focus, ckpt, out.resolve().name,
-                                        args.target, discard_other=args.overwrite)
+        run, continued = driver.trainer(
+            pair,
+            train_prompts,
+            val_prompts,
+            cfg,
+            focus,
+            ckpt,
+            out.resolve().name,
+            args.target,
+            discard_other=args.overwrite,
+        )
     except DraftLabError as exc:
         return _fail(str(exc))
-    shown = _show_training("train-head", run, ckpt, continued, cfg, out, len(train_prompts), len(val_prompts),
-                           lambda rec: f"train loss {rec['train_loss']:.4f}, held-out acceptance by position "
-                                       f"{', '.join('-' if a is None else f'{a:.2f}' for a in rec['per_position'])}, "
-                                       f"acceptance length {rec['acceptance_length']:.2f}")
+    shown = _show_training(
+        "train-head",
+        run,
+        ckpt,
+        continued,
+        cfg,
+        out,
+        len(train_prompts),
+        len(val_prompts),
+        lambda rec: (
+            f"train loss {rec['train_loss']:.4f}, held-out acceptance by position "
+            f"{', '.join('-' if a is None else f'{a:.2f}' for a in rec['per_position'])}, "
+            f"acceptance length {rec['acceptance_length']:.2f}"
+        ),
+    )
     if isinstance(shown, int):
         return shown
     prepared, done = shown
     print(f"train-head: saving to {out} and measuring the saved head", file=sys.stderr, flush=True)
     settings = {**vars(args), "out": out, "aux_layers": run.aux_layers}
-    record = driver.finish(run.pair, out, cfg, prepared, done, focus, started, ckpt, name=out.resolve().name,
-                           target=args.target, prompts=args.prompts, validation=val_spec, validation_note=val_note,
-                           train_prompts=train_prompts, val_prompts=val_prompts,
-                           command=driver.head_command(settings))
-    result = {"out": str(out), "steps": cfg.steps, "aux_layers": record["aux_layers"],
-              "draft_vocab_size": record["draft_vocab_size"], "alpha_before": record["alpha_before"],
-              "alpha_after": record["alpha_after"], "acceptance_length_after": record["acceptance_length_after"],
-              "per_position_acceptance_after": record["per_position_acceptance_after"]}
+    record = driver.finish(
+        run.pair,
+        out,
+        cfg,
+        prepared,
+        done,
+        focus,
+        started,
+        ckpt,
+        name=out.resolve().name,
+        target=args.target,
+        prompts=args.prompts,
+        validation=val_spec,
+        validation_note=val_note,
+        train_prompts=train_prompts,
+        val_prompts=val_prompts,
+        command=driver.head_command(settings),
+    )
+    result = {
+        "out": str(out),
+        "steps": cfg.steps,
+        "aux_layers": record["aux_layers"],
+        "draft_vocab_size": record["draft_vocab_size"],
+        "alpha_before": record["alpha_before"],
+        "alpha_after": record["alpha_after"],
+        "acceptance_length_after": record["acceptance_length_after"],
+        "per_position_acceptance_after": record["per_position_acceptance_after"],
+    }
     if args.json:
         print(json.dumps(result))
     else:
         per = ", ".join("-" if a is None else f"{a:.2f}" for a in record["per_position_acceptance_after"])
-        print(f"{out}: {plural(cfg.steps, 'step')} in {done['seconds'] / 60:.1f} min; held-out {val_spec}, k={cfg.k}: "
-              f"alpha {record['alpha_before']:.3f} -> {record['alpha_after']:.3f}, acceptance length "
-              f"{record['acceptance_length_after']:.2f}, by position {per}; lossless {record['lossless_after']}")
+        print(
+            f"{out}: {plural(cfg.steps, 'step')} in {done['seconds'] / 60:.1f} min; held-out {val_spec}, k={cfg.k}: "
+            f"alpha {record['alpha_before']:.3f} -> {record['alpha_after']:.3f}, acceptance length "
+            f"{record['acceptance_length_after']:.2f}, by position {per}; lossless {record['lossless_after']}"
+        )
     return 0
 
 
@@ -527,15 +746,13 @@ def cmd_distill(args) -> int:
     app/training/distill_driver.py's (the worker's training jobs run the same driver); this shows its records."""
     import time
 
-    from engine.training import distill as ds
-    from engine.errors import DraftLabError
-
     from app.training import distill_driver as driver
+    from engine.errors import DraftLabError
+    from engine.training import distill as ds
 
     started = time.perf_counter()
     try:
-        cfg = driver.distill_config(args.steps, args.lr, args.max_new_tokens, args.batch_size, args.seed,
-                                    args.samples)
+        cfg = driver.distill_config(args.steps, args.lr, args.max_new_tokens, args.batch_size, args.seed, args.samples)
         out = ds.check_distill_out(args.out, args.overwrite, driver.CHECKPOINT_DIR)
     except DraftLabError as exc:
         return _fail(str(exc))
@@ -546,28 +763,61 @@ def cmd_distill(args) -> int:
 
     ckpt = driver.checkpoint_of(out)
     try:
-        run, continued = driver.distiller(pair, train_prompts, val_prompts, cfg, focus, ckpt,
-                                          discard_other=args.overwrite)
+        run, continued = driver.distiller(
+            pair, train_prompts, val_prompts, cfg, focus, ckpt, discard_other=args.overwrite
+        )
     except DraftLabError as exc:
         return _fail(str(exc))
-    shown = _show_training("distill", run, ckpt, continued, cfg, out, len(train_prompts), len(val_prompts),
-                           lambda rec: f"train loss {rec['train_loss']:.4f}, held-out KL {rec['kl']:.4f}")
+    shown = _show_training(
+        "distill",
+        run,
+        ckpt,
+        continued,
+        cfg,
+        out,
+        len(train_prompts),
+        len(val_prompts),
+        lambda rec: f"train loss {rec['train_loss']:.4f}, held-out KL {rec['kl']:.4f}",
+    )
     if isinstance(shown, int):
         return shown
     prepared, done = shown
     print(f"distill: saving to {out} and measuring the saved weights", file=sys.stderr, flush=True)
-    record = driver.finish(pair, out, cfg, prepared, done, focus, started, ckpt, name=out.resolve().name,
-                           target=args.target, draft=args.draft, prompts=args.prompts, validation=val_spec,
-                           validation_note=val_note, train_prompts=train_prompts, val_prompts=val_prompts,
-                           command=driver.distill_command(vars(args)))
-    result = {"out": str(out), "steps": cfg.steps, "kl_before": record["kl_before"], "kl_after": record["kl_after"],
-              "alpha_before": record["alpha_before"], "alpha_after": record["alpha_after"]}
+    record = driver.finish(
+        pair,
+        out,
+        cfg,
+        prepared,
+        done,
+        focus,
+        started,
+        ckpt,
+        name=out.resolve().name,
+        target=args.target,
+        draft=args.draft,
+        prompts=args.prompts,
+        validation=val_spec,
+        validation_note=val_note,
+        train_prompts=train_prompts,
+        val_prompts=val_prompts,
+        command=driver.distill_command(vars(args)),
+    )
+    result = {
+        "out": str(out),
+        "steps": cfg.steps,
+        "kl_before": record["kl_before"],
+        "kl_after": record["kl_after"],
+        "alpha_before": record["alpha_before"],
+        "alpha_after": record["alpha_after"],
+    }
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{out}: {plural(cfg.steps, 'step')} in {done['seconds'] / 60:.1f} min; held-out {val_spec}: KL "
-              f"{record['kl_before']:.4f} -> {record['kl_after']:.4f}, alpha {record['alpha_before']:.3f} -> "
-              f"{record['alpha_after']:.3f}; lossless {record['lossless_after']}")
+        print(
+            f"{out}: {plural(cfg.steps, 'step')} in {done['seconds'] / 60:.1f} min; held-out {val_spec}: KL "
+            f"{record['kl_before']:.4f} -> {record['kl_after']:.4f}, alpha {record['alpha_before']:.3f} -> "
+            f"{record['alpha_after']:.3f}; lossless {record['lossless_after']}"
+        )
     return 0
 
 
@@ -589,14 +839,13 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from storage.jobs import run_state
+    from app.db_errors import DatabaseUnavailable, transient_db_error
+    from app.report import format_table
+    from app.worker.worker import Worker
     from storage.db.errors import QueueError
+    from storage.jobs import run_state
     from storage.jobs.experiments import enqueue_experiment, get_experiment
     from storage.serving.export import run_document
-
-    from app.report import format_table
-    from app.db_errors import DatabaseUnavailable, transient_db_error
-    from app.worker.worker import Worker
 
     url, safe = store.url, store.safe_url
 
@@ -606,7 +855,9 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
 
     progress = _ProgressBar(len(prompts), enqueue["sampling"]["max_new_tokens"], arms, args.repeats)
     try:
-        worker = Worker(store, progress_hook=progress.update, log=lambda message: progress.write(scrub(str(message), url)))
+        worker = Worker(
+            store, progress_hook=progress.update, log=lambda message: progress.write(scrub(str(message), url))
+        )
     except QueueError as exc:  # a bad $DRAFTLAB_STALE_SECONDS / $DRAFTLAB_DB_RETRY_SECONDS
         progress.close()
         return _fail(str(exc))
@@ -617,12 +868,15 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
         worker.start()  # registered before its reserved runs exist, so no other worker takes them for orphans
         from pages.widgets.access import cli_launcher
 
-        experiment_id = enqueue_experiment(store, **enqueue, prompt_texts=prompts, reserved_for=worker.id,
-                                           launched_by=cli_launcher())
+        experiment_id = enqueue_experiment(
+            store, **enqueue, prompt_texts=prompts, reserved_for=worker.id, launched_by=cli_launcher()
+        )
         worker.adopt(pair, get_experiment(store, experiment_id), others)
         worker.work(until_idle=True, experiment_id=experiment_id)
     except KeyboardInterrupt as exc:
-        status, what = (128 + signal.SIGTERM, "terminated (SIGTERM)") if isinstance(exc, _Terminated) else (130, "interrupted")
+        status, what = (
+            (128 + signal.SIGTERM, "terminated (SIGTERM)") if isinstance(exc, _Terminated) else (130, "interrupted")
+        )
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         progress.close()
@@ -654,15 +908,20 @@ def _run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repo
         if experiment_id is None:
             return _fail(f"{failure}; nothing was run. {DB_FIX}", EXIT_RUN_FAILED)
         runs = ", ".join(str(r) for r in sorted(worker.unfinished))
-        return _fail(f"{failure}; every prompt committed before is kept, and {noun(len(worker.unfinished), 'run')} "
-                     f"{runs} show as interrupted once "
-                     f"it accepts writes. Continue with {continue_with(experiment_id)}", EXIT_RUN_FAILED)
+        return _fail(
+            f"{failure}; every prompt committed before is kept, and {noun(len(worker.unfinished), 'run')} "
+            f"{runs} show as interrupted once "
+            f"it accepts writes. Continue with {continue_with(experiment_id)}",
+            EXIT_RUN_FAILED,
+        )
     try:
         doc = run_document(store, experiment_id)
     except SQLAlchemyError as exc:
-        return _fail(f"the database {safe} failed while reading experiment {experiment_id}'s results "
-                     f"({db_error_reason(exc, url)}); they are stored: `draftlab list --db {shlex.quote(safe)}`",
-                     EXIT_RUN_FAILED)
+        return _fail(
+            f"the database {safe} failed while reading experiment {experiment_id}'s results "
+            f"({db_error_reason(exc, url)}); they are stored: `draftlab list --db {shlex.quote(safe)}`",
+            EXIT_RUN_FAILED,
+        )
     print(report(store, experiment_id, args.json) if report else json.dumps(doc) if args.json else format_table(doc))
     failed: dict[tuple, list[int]] = {}  # runs that share one status and error: one line
     for r in [doc["baseline"], *doc["runs"]]:
@@ -701,8 +960,10 @@ class _ProgressBar:
             self.runs_seen.add(run["id"])
             if len(self.runs_seen) > self.expected_runs:
                 self.bar.total += self.per_run
-        self.bar.set_description(f"prompt {prompt_index + 1} " + ("baseline" if run["kind"] == "baseline" else f"k={run['k']}"),
-                                 refresh=False)
+        self.bar.set_description(
+            f"prompt {prompt_index + 1} " + ("baseline" if run["kind"] == "baseline" else f"k={run['k']}"),
+            refresh=False,
+        )
         self.decodes[(run["id"], prompt_index, repeat)] = min(tokens, self.per_prompt)
         done = sum(self.decodes.values())
         self.bar.update(max(0, done - self.bar.n))
@@ -741,8 +1002,12 @@ def cmd_worker(args) -> int:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return 2
         if devices != ["cpu"]:
-            return run_supervisor(url, devices, until_idle=args.until_idle,
-                                  log=lambda m: print(f"supervisor: {scrub(str(m), url)}", file=sys.stderr, flush=True))
+            return run_supervisor(
+                url,
+                devices,
+                until_idle=args.until_idle,
+                log=lambda m: print(f"supervisor: {scrub(str(m), url)}", file=sys.stderr, flush=True),
+            )
     return run_worker(url, until_idle=args.until_idle, log=_worker_log(url))
 
 
@@ -761,8 +1026,8 @@ def cmd_list(args) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from engine.config.variables import variable
-    from storage.jobs import liveness
     from storage.analysis import catalog
+    from storage.jobs import liveness
     from storage.records import queries as q
     from storage.serving.export import plain
 
@@ -778,8 +1043,10 @@ def cmd_list(args) -> int:
         pass
     experiments = catalog.experiments(store)
     if args.json:
-        doc = [{**plain(e), "runs": plain(q.runs(store, int(e["experiment_id"])).to_dict(orient="records"))}
-               for e in experiments.to_dict(orient="records")]
+        doc = [
+            {**plain(e), "runs": plain(q.runs(store, int(e["experiment_id"])).to_dict(orient="records"))}
+            for e in experiments.to_dict(orient="records")
+        ]
         print(json.dumps({"experiments": doc}))
         return 0
     if experiments.empty:
@@ -788,21 +1055,24 @@ def cmd_list(args) -> int:
     fmt = lambda v, spec: format(v, spec) if v is not None and v == v else "-"  # noqa: E731
     for e in experiments.itertuples():
         swept = variable(e.sweep_variable)
-        print(f"experiment {e.experiment_id}  {e.name}  [{e.status} {100 * e.progress:.0f}%]  "
-              f"{e.target} / {e.draft}  prompts {e.prompts}  {e.sweep_variable}={e.sweep_values}"
-              + (f" at batch sizes {e.batch_sizes}" if e.batch_sizes else ""))
+        print(
+            f"experiment {e.experiment_id}  {e.name}  [{e.status} {100 * e.progress:.0f}%]  "
+            f"{e.target} / {e.draft}  prompts {e.prompts}  {e.sweep_variable}={e.sweep_values}"
+            + (f" at batch sizes {e.batch_sizes}" if e.batch_sizes else "")
+        )
         for r in q.runs(store, int(e.experiment_id)).itertuples():
             what = "baseline" if r.kind == "baseline" else f"{swept.name}={swept.show(swept.run_value(r))}"
             what += f" @{int(r.batch_size)}" if e.batch_sizes else ""
-            print(f"  run {r.run_id:<5} {what:<14} {r.status:<11} {100 * r.progress:3.0f}%  "
-                  f"{fmt(r.tokens_per_second, '8.1f')} tok/s  speedup {fmt(r.speedup, '.2f')}  "
-                  f"alpha {fmt(r.alpha, '.3f')}" + (f"  error: {r.error}" if _present(r.error) else ""))
+            print(
+                f"  run {r.run_id:<5} {what:<14} {r.status:<11} {100 * r.progress:3.0f}%  "
+                f"{fmt(r.tokens_per_second, '8.1f')} tok/s  speedup {fmt(r.speedup, '.2f')}  "
+                f"alpha {fmt(r.alpha, '.3f')}" + (f"  error: {r.error}" if _present(r.error) else "")
+            )
     return 0
 
 
 def cmd_resume(args) -> int:
     from storage.jobs import liveness, run_state
-    from storage.analysis import catalog
     from storage.records import queries as q
 
     stale = _stale_window_or_fail()
@@ -815,12 +1085,16 @@ def cmd_resume(args) -> int:
         return _fail(f"no experiment {args.experiment_id} in {store.safe_url}; `draftlab list` shows the ids")
     liveness.mark_stale(store, stale)  # a dead owner's runs (process gone here, or no heartbeat) are requeued too
     n = run_state.resume_experiment(store, args.experiment_id)
-    print(f"requeued {plural(n, 'run')} of experiment {args.experiment_id}; a worker continues each from its first "
-          f"unfinished prompt (`draftlab worker --db {store.safe_url}`)")
+    print(
+        f"requeued {plural(n, 'run')} of experiment {args.experiment_id}; a worker continues each from its first "
+        f"unfinished prompt (`draftlab worker --db {store.safe_url}`)"
+    )
     running = int((q.runs(store, args.experiment_id)["status"] == "running").sum())
     if running:
-        print(f"{plural(running, 'run')} of experiment {args.experiment_id} {noun(running, 'is', 'are')} still running on a live worker (heartbeat "
-              f"within {stale:g}s): left to it")
+        print(
+            f"{plural(running, 'run')} of experiment {args.experiment_id} {noun(running, 'is', 'are')} still running on a live worker (heartbeat "
+            f"within {stale:g}s): left to it"
+        )
     return 0
 
 
@@ -842,10 +1116,14 @@ def cmd_export(args) -> int:
         return store
     try:
         if args.format in ("json", "deploy"):
-            doc = (json.dumps(export_json(store, args.experiment_id)) if args.format == "json" else
-                   json.dumps(deploy_document(store, args.experiment_id, args.run_id, args.with_max_new_tokens,
-                                              args.batch_size),
-                              indent=2))
+            doc = (
+                json.dumps(export_json(store, args.experiment_id))
+                if args.format == "json"
+                else json.dumps(
+                    deploy_document(store, args.experiment_id, args.run_id, args.with_max_new_tokens, args.batch_size),
+                    indent=2,
+                )
+            )
             if args.out in (None, "-"):
                 print(doc)
             else:
@@ -856,8 +1134,9 @@ def cmd_export(args) -> int:
             for path in export_csv(store, args.experiment_id, args.out or "."):
                 print(path)
     except OSError as exc:  # the folder went away or turned unwritable since the check
-        return _fail(f"cannot write --out {args.out or '.'} ({exc.strerror or exc}); pass a file or folder you can "
-                     f"write to")
+        return _fail(
+            f"cannot write --out {args.out or '.'} ({exc.strerror or exc}); pass a file or folder you can write to"
+        )
     except KeyError:
         return _fail(f"no experiment {args.experiment_id} in {store.safe_url}; `draftlab list` shows the ids")
     except DeployError as exc:
@@ -895,9 +1174,8 @@ def cmd_confirm(args) -> int:
 
 
 def cmd_convert_head(args) -> int:
-    from engine.errors import DraftLabError
-
     from app.convert_head import command
+    from engine.errors import DraftLabError
 
     try:
         return command(args)
@@ -906,9 +1184,8 @@ def cmd_convert_head(args) -> int:
 
 
 def cmd_check_head(args) -> int:
-    from engine.errors import DraftLabError
-
     from app.check_head import command
+    from engine.errors import DraftLabError
 
     try:
         return command(args)
@@ -930,8 +1207,10 @@ def _export_out_problem(args) -> str | None:
             return None
         out = Path(args.out).expanduser()
         if out.is_dir():
-            return (f"--out {args.out} is a directory; --format {args.format} writes one file: name it, e.g. "
-                    f"--out {os.path.join(args.out, f'experiment-{args.experiment_id}.json')}")
+            return (
+                f"--out {args.out} is a directory; --format {args.format} writes one file: name it, e.g. "
+                f"--out {os.path.join(args.out, f'experiment-{args.experiment_id}.json')}"
+            )
         folder = out.parent if str(out.parent) else Path(".")
         if not folder.is_dir():
             return f"--out {args.out}: the folder {folder} does not exist; create it first or name a file in a folder that exists"
@@ -939,8 +1218,10 @@ def _export_out_problem(args) -> str | None:
     else:
         out = Path(args.out or ".").expanduser()
         if out.exists() and not out.is_dir():
-            return (f"--out {args.out} is a file; --format csv writes {len(csv_names(args.experiment_id))} files "
-                    f"into a directory: pass a directory (created if missing)")
+            return (
+                f"--out {args.out} is a file; --format csv writes {len(csv_names(args.experiment_id))} files "
+                f"into a directory: pass a directory (created if missing)"
+            )
         files = [out / name for name in csv_names(args.experiment_id) if (out / name).exists()]
     if files and not args.overwrite:
         shown = ", ".join(str(f) for f in files)
@@ -983,9 +1264,17 @@ def _dispatch(argv: list[str] | None) -> int:
         return cmd_run(args)
     if args.command == "convert-head":  # no database
         return cmd_convert_head(args)
-    commands = {"worker": cmd_worker, "list": cmd_list, "resume": cmd_resume, "export": cmd_export,
-                "validate": cmd_validate, "distill": cmd_distill, "train-head": cmd_train_head,
-                "import-metrics": cmd_import_metrics, "confirm": cmd_confirm}
+    commands = {
+        "worker": cmd_worker,
+        "list": cmd_list,
+        "resume": cmd_resume,
+        "export": cmd_export,
+        "validate": cmd_validate,
+        "distill": cmd_distill,
+        "train-head": cmd_train_head,
+        "import-metrics": cmd_import_metrics,
+        "confirm": cmd_confirm,
+    }
     if args.command == "check-head":
         return cmd_check_head(args)
     if args.command in commands:
@@ -1026,8 +1315,12 @@ def open_store_or_fail(db: str | None, write: bool = False, create: bool = False
             store.check_writable()
         except Exception as exc:  # noqa: BLE001
             store.dispose()
-            return _database_failed(url, exc, "the database {db} does not accept writes",
-                                    f"{DB_FIX} (a writable database) or make this one writable")
+            return _database_failed(
+                url,
+                exc,
+                "the database {db} does not accept writes",
+                f"{DB_FIX} (a writable database) or make this one writable",
+            )
     return store
 
 

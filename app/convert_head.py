@@ -1,6 +1,7 @@
 """`draftlab convert-head SRC --to sglang|speculators --out DIR [--overwrite] [--verifier MODEL]`: an EAGLE-3 head
 rewritten in the other engine's layout (engine/models/eagle3.py convert_head; the layouts and their aux-id conventions:
 engine/config/head_format.py). vLLM serves the speculators layout, SGLang its own, whose aux ids are one lower."""
+
 from __future__ import annotations
 
 from engine.config.head_format import LAYOUTS
@@ -8,22 +9,31 @@ from engine.config.head_format import LAYOUTS
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "convert-head", help="rewrite an EAGLE-3 head in SGLang's layout (or back to vLLM's speculators layout)",
+        "convert-head",
+        help="rewrite an EAGLE-3 head in SGLang's layout (or back to vLLM's speculators layout)",
         description="Write the EAGLE-3 head in SRC (a speculators directory, as vLLM serves and `draftlab "
-                    "train-head` writes, or SGLang's / SpecForge's layout) in the other layout: SGLang's config "
-                    "(architectures LlamaForCausalLMEagle3, eagle_config.eagle_aux_hidden_state_layer_ids ONE LOWER: "
-                    "SGLang's id j reads the output of decoder layer j, vLLM's i the input of layer i) and "
-                    "`midlayer.*` weights, or the reverse. Tensors are copied as they are. A head SGLang would "
-                    "compute differently (norm_before_residual, norm_before_fc) is refused.")
+        "train-head` writes, or SGLang's / SpecForge's layout) in the other layout: SGLang's config "
+        "(architectures LlamaForCausalLMEagle3, eagle_config.eagle_aux_hidden_state_layer_ids ONE LOWER: "
+        "SGLang's id j reads the output of decoder layer j, vLLM's i the input of layer i) and "
+        "`midlayer.*` weights, or the reverse. Tensors are copied as they are. A head SGLang would "
+        "compute differently (norm_before_residual, norm_before_fc) is refused.",
+    )
     p.add_argument("src", metavar="SRC", help="the head directory to convert")
     p.add_argument("--to", required=True, choices=LAYOUTS, help="the layout to write")
-    p.add_argument("--out", required=True,
-                   help="directory to write (created if missing; an existing one must be empty unless --overwrite); "
-                        "for SGLang the deploy tab serves SRC/sglang")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="directory to write (created if missing; an existing one must be empty unless --overwrite); "
+        "for SGLang the deploy tab serves SRC/sglang",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace the head a non-empty --out holds")
-    p.add_argument("--verifier", default=None, metavar="MODEL",
-                   help="the target the head was trained for, where SRC names none (SGLang's layout has no field "
-                        "for it; the speculators layout needs one)")
+    p.add_argument(
+        "--verifier",
+        default=None,
+        metavar="MODEL",
+        help="the target the head was trained for, where SRC names none (SGLang's layout has no field "
+        "for it; the speculators layout needs one)",
+    )
 
 
 def command(args) -> int:

@@ -3,6 +3,7 @@
 Torch-free (the CLI imports it before any model is loaded); the worker's retry loop (app/runtime/db_retry.py), the
 CLI's `error:` lines and `draftlab ui` classify and word database failures here, and nowhere else.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,10 +33,23 @@ TRANSIENT_SQLSTATE_CLASSES = {
 }
 # SQLite primary result codes: BUSY, LOCKED ('database is locked'), READONLY ('attempt to write a readonly
 # database'), IOERR ('disk I/O error'), FULL ('database or disk is full'), CANTOPEN, PROTOCOL.
-TRANSIENT_SQLITE_CODES = {5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 8: "SQLITE_READONLY", 10: "SQLITE_IOERR",
-                          13: "SQLITE_FULL", 14: "SQLITE_CANTOPEN", 15: "SQLITE_PROTOCOL"}
-_SQLITE_MESSAGES = ("database is locked", "database table is locked", "readonly database", "disk i/o error",
-                    "database or disk is full", "unable to open database file")
+TRANSIENT_SQLITE_CODES = {
+    5: "SQLITE_BUSY",
+    6: "SQLITE_LOCKED",
+    8: "SQLITE_READONLY",
+    10: "SQLITE_IOERR",
+    13: "SQLITE_FULL",
+    14: "SQLITE_CANTOPEN",
+    15: "SQLITE_PROTOCOL",
+}
+_SQLITE_MESSAGES = (
+    "database is locked",
+    "database table is locked",
+    "readonly database",
+    "disk i/o error",
+    "database or disk is full",
+    "unable to open database file",
+)
 
 
 # A lock another connection holds, not a database that refuses writes: SQLite's BUSY / LOCKED ("database is
@@ -43,8 +57,10 @@ _SQLITE_MESSAGES = ("database is locked", "database table is locked", "readonly 
 LOCKED_SQLITE_CODES = {5, 6}
 LOCKED_SQLSTATES = {"55P03"}
 _LOCKED_MESSAGES = ("database is locked", "database table is locked")
-LOCKED_FIX = ("another process holds a write transaction on it (a worker, `draftlab run`, an open sqlite3 shell); "
-              "retry when it is done, or stop that process")
+LOCKED_FIX = (
+    "another process holds a write transaction on it (a worker, `draftlab run`, an open sqlite3 shell); "
+    "retry when it is done, or stop that process"
+)
 
 
 def locked(exc: BaseException) -> bool:

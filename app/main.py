@@ -9,6 +9,7 @@ page (the experiments list unless a test starts elsewhere), keeping the query st
 page at the root only, so a visible default page would have no path of its own (`/experiments` answered "page not
 found").
 """
+
 from __future__ import annotations
 
 import sys
@@ -22,8 +23,8 @@ import logging  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
-from pages.widgets import access  # noqa: E402
 from pages import compare, experiment_detail, experiments, new_experiment, round_explorer, theory, train  # noqa: E402
+from pages.widgets import access  # noqa: E402
 from pages.widgets.nav import DEFAULT, PAGES, ROOT, register  # noqa: E402
 from pages.widgets.pair_check import warm_up  # noqa: E402
 
@@ -44,8 +45,10 @@ RENDERS = {
     "theory": theory.render,
 }
 
-UNEXPECTED = ("This page hit an unexpected error. It has been logged on the server; reload the page or pick another "
-              "one, and tell whoever runs this dashboard if it keeps happening.")
+UNEXPECTED = (
+    "This page hit an unexpected error. It has been logged on the server; reload the page or pick another "
+    "one, and tell whoever runs this dashboard if it keeps happening."
+)
 
 
 def all_pages(start: str | None = None) -> list:
@@ -58,8 +61,9 @@ def all_pages(start: str | None = None) -> list:
     def open_start_page() -> None:
         st.switch_page(target, query_params=st.query_params.to_dict())
 
-    root = st.Page(open_start_page, title=target.title, icon=target.icon, url_path=ROOT, default=True,
-                   visibility="hidden")
+    root = st.Page(
+        open_start_page, title=target.title, icon=target.icon, url_path=ROOT, default=True, visibility="hidden"
+    )
     return [root, *pages.values()]
 
 

@@ -7,12 +7,13 @@ except that `--batch-size` may list values next to another list: a grid (`--batc
 other variable swept at each batch size, each with its own target-only baseline at that batch size. Batch size is
 the one allowed outer axis: what serves best changes with it (the k schedule, storage/analysis/schedule.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import DraftLabError
 from engine.config.variables import VARIABLES
+from engine.errors import DraftLabError
 
 AUTO_K_MAX = 8
 # The options that may be swept, in the order the CLI lists them: one per swept variable (engine/config/variables.py).
@@ -64,8 +65,10 @@ def parse_sweep(options: dict) -> Sweep:
         if k_auto < 2:
             raise DraftLabError(f"--k auto needs a largest k of at least 2 (got {options['k']!r}); use e.g. --k auto:8")
     # An option not given (None: --drafter, whose default engine/config/run_config.py derives from the draft) is fixed None.
-    parsed = {name: [None] if text is None else [k_auto] if name == "k" and k_auto else _values(name, text)
-              for name, text in options.items()}
+    parsed = {
+        name: [None] if text is None else [k_auto] if name == "k" and k_auto else _values(name, text)
+        for name, text in options.items()
+    }
     listed = [name for name, values in parsed.items() if len(values) > 1]
     batch_sizes = None
     # A grid: batch size is the outer axis, next to one other list or to `--k auto` (predicted at each batch size).
@@ -75,10 +78,12 @@ def parse_sweep(options: dict) -> Sweep:
     if k_auto and listed:
         raise DraftLabError(f"--k auto sweeps k itself; give {', '.join(VARIABLES[n].flag for n in listed)} one value")
     if len(listed) > 1:
-        raise DraftLabError(f"sweep one variable at a time: {' and '.join(VARIABLES[n].flag for n in listed)} "
-                            f"{'both ' if len(listed) == 2 else 'all '}list values; "
-                            f"keep the list in one of them and give the others one value (--batch-size may list "
-                            f"values next to one other list: a grid)")
+        raise DraftLabError(
+            f"sweep one variable at a time: {' and '.join(VARIABLES[n].flag for n in listed)} "
+            f"{'both ' if len(listed) == 2 else 'all '}list values; "
+            f"keep the list in one of them and give the others one value (--batch-size may list "
+            f"values next to one other list: a grid)"
+        )
     variable = listed[0] if listed else "k"
     fixed = {name: values[0] for name, values in parsed.items() if name != variable}
     return Sweep(variable, parsed[variable], fixed, k_auto, batch_sizes)

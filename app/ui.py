@@ -2,6 +2,7 @@
 
 Both run as child processes; stopping the dashboard (Ctrl-C, SIGTERM from `docker stop`) stops the worker too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,19 +17,39 @@ ENTRY = Path(__file__).resolve().parent / "main.py"
 ROOT = ENTRY.parent.parent
 DEFAULT_PORT = 8501
 DEFAULT_HOST = "127.0.0.1"  # localhost only unless asked: the dashboard can launch jobs on this machine
-INSECURE_HELP = ("serve beyond loopback without a login (only behind something that authenticates: a VPN, "
-                 "an authenticating proxy); otherwise set $DRAFTLAB_PASSWORD or configure OIDC in "
-                 ".streamlit/secrets.toml [auth]")
+INSECURE_HELP = (
+    "serve beyond loopback without a login (only behind something that authenticates: a VPN, "
+    "an authenticating proxy); otherwise set $DRAFTLAB_PASSWORD or configure OIDC in "
+    ".streamlit/secrets.toml [auth]"
+)
 
 
 def streamlit_command(port: int, host: str) -> list[str]:
-    return [sys.executable, "-m", "streamlit", "run", str(ENTRY),
-            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
-            "--server.fileWatcherType", "none", "--server.runOnSave", "false",
-            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
-            # Uncaught exceptions: a generic message in the browser, details only in this process's log
-            # ("none"; the deprecated False would mean "stacktrace").
-            "--client.showErrorDetails", "none"]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(ENTRY),
+        "--server.address",
+        host,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--server.fileWatcherType",
+        "none",
+        "--server.runOnSave",
+        "false",
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+        # Uncaught exceptions: a generic message in the browser, details only in this process's log
+        # ("none"; the deprecated False would mean "stacktrace").
+        "--client.showErrorDetails",
+        "none",
+    ]
 
 
 def worker_command(db: str) -> list[str]:
@@ -39,8 +60,8 @@ def worker_command(db: str) -> list[str]:
 
 
 def _needs_worker(db: str) -> bool:
-    from storage.jobs import liveness
     from storage import open_store
+    from storage.jobs import liveness
 
     store = open_store(db)
     try:
@@ -77,10 +98,9 @@ def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HO
 
     Beyond loopback it needs a login (pages/widgets/access.py: OIDC in .streamlit/secrets.toml, or $DRAFTLAB_PASSWORD)
     unless `insecure`; without one it refuses with one `error:` line and status 2, before starting anything."""
+    from pages.widgets.access import PASSWORD_ENV, login_mode, serving_refusal
     from storage import resolve_url
     from storage.db.store import safe_url
-
-    from pages.widgets.access import PASSWORD_ENV, login_mode, serving_refusal
 
     refusal = serving_refusal(host, insecure) or port_refusal(port)
     if refusal:
@@ -97,8 +117,10 @@ def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HO
     except Exception as exc:  # noqa: BLE001 - an unreachable or unreadable database: one line, not a traceback
         from app.db_errors import db_error_reason
 
-        print(f"error: cannot open the database {shown} ({db_error_reason(exc, url)}); check --db / $DRAFTLAB_DB",
-              file=sys.stderr)
+        print(
+            f"error: cannot open the database {shown} ({db_error_reason(exc, url)}); check --db / $DRAFTLAB_DB",
+            file=sys.stderr,
+        )
         return 2
     worker = None
     if needs_worker:
@@ -119,8 +141,11 @@ def main(db: str | None = None, port: int = DEFAULT_PORT, host: str = DEFAULT_HO
             if code is not None:
                 return code
             if worker is not None and worker.poll() is not None:
-                print(f"draftlab ui: the local worker exited with status {worker.returncode}; runs stay queued "
-                      f"until a worker starts (`draftlab worker --db {shown}`)", file=sys.stderr)
+                print(
+                    f"draftlab ui: the local worker exited with status {worker.returncode}; runs stay queued "
+                    f"until a worker starts (`draftlab worker --db {shown}`)",
+                    file=sys.stderr,
+                )
                 worker = None
             time.sleep(0.5)
     except KeyboardInterrupt:

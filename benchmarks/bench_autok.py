@@ -16,6 +16,7 @@ then the worst |error| of each.
     python benchmarks/bench_autok.py --load 2 --invocations 2     # under load
     python benchmarks/bench_autok.py --batch-size 4               # at batch size 4 (or a list: 1,4,16)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.metrics.theory import modelled_seconds  # noqa: E402
 from app.autok import cost_model, predict_curve  # noqa: E402
+from engine.metrics.theory import modelled_seconds  # noqa: E402
 from storage import open_store  # noqa: E402
 from storage.analysis import catalog
-from storage.records import queries as q
 from storage.jobs.experiments import load_verify_profile  # noqa: E402
+from storage.records import queries as q
 
 BURN = "while True: pass"
 
@@ -46,11 +47,18 @@ def old_curve(store, probe, baseline, profile: dict[int, float]) -> dict[int, fl
 
     k_max = int(probe["k"])
     costs = q.round_costs(store, int(probe["run_id"]))
-    per_position = [0.0 if v is None or math.isnan(v) else float(v)
-                    for v in q.acceptance_by_position(store, int(probe["run_id"]))["conditional"]]
+    per_position = [
+        0.0 if v is None or math.isnan(v) else float(v)
+        for v in q.acceptance_by_position(store, int(probe["run_id"]))["conditional"]
+    ]
     overhead = (costs["wall_seconds"] - costs["draft_seconds"]) / costs["rounds"] - profile[k_max + 1]
-    return predicted_curve(per_position, float(probe["draft_step_seconds"]), overhead, profile,
-                           float(baseline["wall_seconds"]) / float(baseline["new_tokens"]))
+    return predicted_curve(
+        per_position,
+        float(probe["draft_step_seconds"]),
+        overhead,
+        profile,
+        float(baseline["wall_seconds"]) / float(baseline["new_tokens"]),
+    )
 
 
 def scaled_curve(store, probe, baseline, profile: dict[int, float]) -> dict[int, float]:
@@ -64,6 +72,7 @@ def profiles(store, experiment_id: int) -> dict[int, dict[int, float]]:
     else the batch-1 profile."""
     try:
         from storage.jobs.experiments import load_verify_profiles
+
         found = load_verify_profiles(store, experiment_id)
         if found:
             return found
@@ -94,16 +103,22 @@ def evaluate(db: Path) -> list[dict]:
             k, measured = int(r["k"]), float(r["speedup"])
             errors = {name: c[k] / measured - 1 for name, c in curves.items() if c and k in c}
             rows.append({"batch": size, "k": k, "measured": measured, **errors})
-            print(f"    k={k}: measured {measured:.3f} ({r['speedup_ci_lo']:.2f}-{r['speedup_ci_hi']:.2f})  " + "  ".join(
-                f"{name} {curves[name][k]:.3f} ({100 * e:+.1f} %)" for name, e in errors.items()))
+            print(
+                f"    k={k}: measured {measured:.3f} ({r['speedup_ci_lo']:.2f}-{r['speedup_ci_hi']:.2f})  "
+                + "  ".join(f"{name} {curves[name][k]:.3f} ({100 * e:+.1f} %)" for name, e in errors.items())
+            )
         if len(checks):  # how the machine moved between the pass at k=K and the confirming pass
             fresh = runs[runs["run_id"] == checks["baseline_run_id"].iloc[0]].iloc[0]
-            print(f"    between the passes: target step x{fresh['target_step_seconds'] / baseline['target_step_seconds']:.2f}"
-                  f", draft step x{checks['draft_step_seconds'].mean() / probe['draft_step_seconds']:.2f}")
+            print(
+                f"    between the passes: target step x{fresh['target_step_seconds'] / baseline['target_step_seconds']:.2f}"
+                f", draft step x{checks['draft_step_seconds'].mean() / probe['draft_step_seconds']:.2f}"
+            )
         if len(checks) > 1 and curves["new"]:  # does the prediction rank the confirmed k values as measured?
             ks = [int(k) for k in checks["k"]]
-            print(f"    best confirmed k: predicted {max(ks, key=lambda k: curves['new'][k])}, measured "
-                  f"{int(checks.loc[checks['speedup'].idxmax(), 'k'])}")
+            print(
+                f"    best confirmed k: predicted {max(ks, key=lambda k: curves['new'][k])}, measured "
+                f"{int(checks.loc[checks['speedup'].idxmax(), 'k'])}"
+            )
     return rows
 
 
@@ -118,10 +133,27 @@ def main(argv=None) -> int:
     ap.add_argument("--load", type=int, default=0, help="CPU-burning processes running meanwhile")
     ap.add_argument("--keep", default=None, help="keep each invocation's database in this folder")
     args = ap.parse_args(argv)
-    command = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "run",
-               "--target", "demo-target", "--draft", "demo-draft", "--prompts", args.prompts,
-               "--k", f"auto:{args.k_max}", "--temperature", "0", "--max-new-tokens", str(args.max_new_tokens),
-               "--repeats", str(args.repeats), "--json"]
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from app.cli import main; sys.exit(main())",
+        "run",
+        "--target",
+        "demo-target",
+        "--draft",
+        "demo-draft",
+        "--prompts",
+        args.prompts,
+        "--k",
+        f"auto:{args.k_max}",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--repeats",
+        str(args.repeats),
+        "--json",
+    ]
     if args.batch_size != "1":
         command += ["--batch-size", args.batch_size]
     print("command: draftlab " + " ".join(command[3:]) + (f"  (with {args.load} CPU burners)" if args.load else ""))
@@ -136,8 +168,9 @@ def main(argv=None) -> int:
                     db.parent.mkdir(parents=True, exist_ok=True)
                     db.unlink(missing_ok=True)
                 t0 = time.perf_counter()
-                out = subprocess.run([*command, "--db", f"sqlite:///{db}"], capture_output=True, text=True, env=env,
-                                     cwd=ROOT)
+                out = subprocess.run(
+                    [*command, "--db", f"sqlite:///{db}"], capture_output=True, text=True, env=env, cwd=ROOT
+                )
                 if out.returncode != 0:
                     sys.exit(f"command failed ({out.returncode}): {out.stderr.strip().splitlines()[-3:]}")
                 print(f"invocation {n + 1}: {time.perf_counter() - t0:.0f} s")
@@ -149,8 +182,10 @@ def main(argv=None) -> int:
     for name in ("new", "scaled", "old"):
         errors = [abs(r[name]) for r in rows if name in r]
         if errors:
-            print(f"{name:>6}: worst |error| {100 * max(errors):.1f} %, mean |error| "
-                  f"{100 * sum(errors) / len(errors):.1f} % over {len(errors)} confirmed runs")
+            print(
+                f"{name:>6}: worst |error| {100 * max(errors):.1f} %, mean |error| "
+                f"{100 * sum(errors) / len(errors):.1f} % over {len(errors)} confirmed runs"
+            )
     print(f"total {time.perf_counter() - started:.0f} s")
     return 0
 

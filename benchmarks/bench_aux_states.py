@@ -11,6 +11,7 @@ short warm-up forward, then one prefill of --tokens. Reported per mode (median a
   process's peak RSS growth over the warm-up's peak (ru_maxrss, coarser: the allocator's own slack counts);
 - prefill seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,15 @@ def child(args) -> dict:
     torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
-                         num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
-                         num_key_value_heads=max(1, args.hidden // 256), max_position_embeddings=args.tokens + 16)
+    config = LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 8 // 3,
+        num_hidden_layers=args.layers,
+        num_attention_heads=max(1, args.hidden // 64),
+        num_key_value_heads=max(1, args.hidden // 256),
+        max_position_embeddings=args.tokens + 16,
+    )
     model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
     aux = [2, args.layers // 2, args.layers - 3]
     ids = torch.randint(0, args.vocab, (1, args.tokens), device=device)
@@ -68,8 +75,12 @@ def child(args) -> dict:
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before_rss
     seconds = time.perf_counter() - start
-    return {"mode": args.mode, "held_bytes": sum(t.numel() * t.element_size() for t in held), "peak_bytes": peak,
-            "seconds": seconds}
+    return {
+        "mode": args.mode,
+        "held_bytes": sum(t.numel() * t.element_size() for t in held),
+        "peak_bytes": peak,
+        "seconds": seconds,
+    }
 
 
 def main() -> int:
@@ -92,24 +103,35 @@ def main() -> int:
     rows = {"hooks": [], "all": []}
     for repeat in range(args.repeats):
         for mode in ("hooks", "all") if repeat % 2 == 0 else ("all", "hooks"):
-            out = subprocess.run([sys.executable, __file__, *passed, "--mode", mode], capture_output=True, text=True,
-                                 env={**os.environ, "OMP_NUM_THREADS": str(args.threads)}, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, *passed, "--mode", mode],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
+                check=True,
+            )
             rows[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"random Llama, {args.layers} layers x {args.hidden}, {args.tokens}-token prefill, {args.device} "
-          f"{args.dtype}, aux layers 2, {args.layers // 2}, {args.layers - 3}; {args.repeats} interleaved repeats "
-          f"(median, min-max)")
+    print(
+        f"random Llama, {args.layers} layers x {args.hidden}, {args.tokens}-token prefill, {args.device} "
+        f"{args.dtype}, aux layers 2, {args.layers // 2}, {args.layers - 3}; {args.repeats} interleaved repeats "
+        f"(median, min-max)"
+    )
     mib = 1024 * 1024
     for mode, label in (("hooks", "pre-hooks on 3 layers"), ("all", "output_hidden_states")):
         r = rows[mode]
         held = statistics.median(x["held_bytes"] for x in r) / mib
         peaks = [x["peak_bytes"] / mib for x in r]
         secs = [x["seconds"] for x in r]
-        print(f"{label:>22}: states held {held:7.1f} MiB   peak growth {statistics.median(peaks):7.1f} MiB "
-              f"({min(peaks):.1f}-{max(peaks):.1f})   prefill {statistics.median(secs):.2f} s "
-              f"({min(secs):.2f}-{max(secs):.2f})")
+        print(
+            f"{label:>22}: states held {held:7.1f} MiB   peak growth {statistics.median(peaks):7.1f} MiB "
+            f"({min(peaks):.1f}-{max(peaks):.1f})   prefill {statistics.median(secs):.2f} s "
+            f"({min(secs):.2f}-{max(secs):.2f})"
+        )
     ratio = [a["seconds"] / b["seconds"] for a, b in zip(rows["hooks"], rows["all"])]
-    print(f"prefill time hooks / all, per repeat: median {statistics.median(ratio):.3f} "
-          f"({min(ratio):.3f}-{max(ratio):.3f})")
+    print(
+        f"prefill time hooks / all, per repeat: median {statistics.median(ratio):.3f} "
+        f"({min(ratio):.3f}-{max(ratio):.3f})"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
     return 0

@@ -25,6 +25,7 @@ alone; generate()'s padded batch may differ where padding changes float rounding
     python benchmarks/bench_batch.py                      # demo pair, code:validation, 16 prompts
     python benchmarks/bench_batch.py --repeats 5 --max-new-tokens 64 --device cuda
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,10 +36,10 @@ import time
 import torch
 
 from engine.decoding.batched_cache import BatchCache, left_pad
-from engine.models.loading import load_pair
-from engine.text.prompt_sets import load_prompts
 from engine.decoding.runs import baseline_decoder, encode_prompts, eos_ids, speculative_decoder
 from engine.decoding.sampling import SamplingConfig
+from engine.models.loading import load_pair
+from engine.text.prompt_sets import load_prompts
 
 
 def spread(values: list[float]) -> str:
@@ -84,13 +85,16 @@ def forward_split(arms: dict, units: list, models: dict, repeats: int, sync) -> 
             count, seconds = inside[current[0]].get(name, (0, 0.0))
             inside[current[0]][name] = (count + 1, seconds + time.perf_counter() - t)
             return out
+
         return run
 
     def tagged(arm):
         def run(unit):
             current[0] = arm
             return arms[arm](unit)
+
         return run
+
     for name, model in models.items():
         model.forward = clocked(name, model.forward)
     try:
@@ -133,10 +137,12 @@ def main() -> None:
     target = pair.target.model
     sync = torch.cuda.synchronize if pair.device.type == "cuda" else (lambda: None)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    print(f"pair: {pair.target.name} ({pair.target.parameters / 1e6:.1f}M) / {pair.draft.name} "
-          f"({pair.draft.parameters / 1e6:.1f}M) on {pair.device.type} {str(pair.dtype).removeprefix('torch.')}, "
-          f"torch threads {torch.get_num_threads()}; {len(prompts)} prompts from {args.prompts}, "
-          f"max_new_tokens {args.max_new_tokens}, greedy, {args.repeats} interleaved repeats")
+    print(
+        f"pair: {pair.target.name} ({pair.target.parameters / 1e6:.1f}M) / {pair.draft.name} "
+        f"({pair.draft.parameters / 1e6:.1f}M) on {pair.device.type} {str(pair.dtype).removeprefix('torch.')}, "
+        f"torch threads {torch.get_num_threads()}; {len(prompts)} prompts from {args.prompts}, "
+        f"max_new_tokens {args.max_new_tokens}, greedy, {args.repeats} interleaved repeats"
+    )
 
     def cut(row: list[int]) -> list[int]:
         """Tokens up to and including the first EOS (what a row produced)."""
@@ -152,16 +158,28 @@ def main() -> None:
             base = baseline_decoder(pair, cfg)
 
             def draftlab(rows):
-                return [r.output_ids for r in base.generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], rows)]
+                return [
+                    r.output_ids for r in base.generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], rows)
+                ]
 
             def hf(rows):
                 batch_ids, valid = left_pad([ids[i][0] for i in rows], pair.device, pad)
-                out = target.generate(batch_ids, attention_mask=valid.long(), do_sample=False,
-                                      max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
-                return [cut(row) for row in out[:, batch_ids.shape[1]:].tolist()]
+                out = target.generate(
+                    batch_ids,
+                    attention_mask=valid.long(),
+                    do_sample=False,
+                    max_new_tokens=args.max_new_tokens,
+                    eos_token_id=eos,
+                    pad_token_id=pad,
+                )
+                return [cut(row) for row in out[:, batch_ids.shape[1] :].tolist()]
 
-            print("\n1. target-only throughput, DraftLab batched vs transformers generate() (same batches, left padding)")
-            print(f"{'batch':>5} {'tokens':>6} {'DraftLab tok/s':>15} {'generate tok/s':>15}  {'ratio DraftLab/generate (tok/s)':<40} same ids")
+            print(
+                "\n1. target-only throughput, DraftLab batched vs transformers generate() (same batches, left padding)"
+            )
+            print(
+                f"{'batch':>5} {'tokens':>6} {'DraftLab tok/s':>15} {'generate tok/s':>15}  {'ratio DraftLab/generate (tok/s)':<40} same ids"
+            )
             for size in sizes:
                 units = batches(size)
                 draftlab(units[0]), hf(units[0])  # untimed warm-up at this shape
@@ -170,8 +188,10 @@ def main() -> None:
                 tokens, hf_tokens = sum(map(len, ours)), sum(map(len, theirs))
                 walls = interleaved({"draftlab": draftlab, "hf": hf}, units, args.repeats, sync)
                 ratios = [(tokens / a) / (hf_tokens / b) for a, b in zip(walls["draftlab"], walls["hf"])]
-                print(f"{size:>5} {tokens:>6} {tokens / statistics.median(walls['draftlab']):>15.1f} "
-                      f"{hf_tokens / statistics.median(walls['hf']):>15.1f}  {spread(ratios):<40} {same}/{len(prompts)}")
+                print(
+                    f"{size:>5} {tokens:>6} {tokens / statistics.median(walls['draftlab']):>15.1f} "
+                    f"{hf_tokens / statistics.median(walls['hf']):>15.1f}  {spread(ratios):<40} {same}/{len(prompts)}"
+                )
 
         # --- 2. batch-1 speculative vs assisted generation ----------------------------------------------------------
         if "speculative" not in skip:
@@ -184,10 +204,16 @@ def main() -> None:
                 return loop.generate(prompts[i], ids[i], i).output_ids
 
             def assisted(i):
-                out = target.generate(ids[i], attention_mask=torch.ones_like(ids[i]), assistant_model=pair.draft.model,
-                                      do_sample=False, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
-                                      pad_token_id=pad)
-                return out[0, ids[i].shape[1]:].tolist()
+                out = target.generate(
+                    ids[i],
+                    attention_mask=torch.ones_like(ids[i]),
+                    assistant_model=pair.draft.model,
+                    do_sample=False,
+                    max_new_tokens=args.max_new_tokens,
+                    eos_token_id=eos,
+                    pad_token_id=pad,
+                )
+                return out[0, ids[i].shape[1] :].tolist()
 
             units = list(range(len(prompts)))
             for fn in (spec_loop, assisted):
@@ -196,8 +222,10 @@ def main() -> None:
             arms = {"loop": spec_loop, "assisted": assisted}
             cpu = {}
             walls = interleaved(arms, units, args.repeats, sync, cpu)
-            print(f"\n2. batch-1 speculative decoding, k={args.k} constant, vs assisted generation "
-                  f"(identical ids: {same}/{len(prompts)})")
+            print(
+                f"\n2. batch-1 speculative decoding, k={args.k} constant, vs assisted generation "
+                f"(identical ids: {same}/{len(prompts)})"
+            )
             for name in walls:
                 print(f"{name:>9} wall per pass: {spread(walls[name])} s")
             for name in ("loop",):
@@ -208,8 +236,9 @@ def main() -> None:
                     ratios = [a / b for a, b in zip(cpu[name], cpu["assisted"])]
                     print(f"{name:>9} / assisted CPU-time ratio: {spread(ratios)}")
             # Where the time goes: more interleaved passes with every model forward clocked (not in the ratios above).
-            split_walls, split = forward_split(arms, units, {"target": target, "draft": pair.draft.model},
-                                               args.repeats, sync)
+            split_walls, split = forward_split(
+                arms, units, {"target": target, "draft": pair.draft.model}, args.repeats, sync
+            )
             print("   where a pass's wall goes (as many passes again, every model forward clocked):")
             for name, passes in split.items():
                 forwards = " + ".join(f"{n} {m}" for m, (n, _) in passes[0].items())
@@ -232,14 +261,18 @@ def main() -> None:
                     sync()
                     if self is spec.target or self is spec.drafter.lm:  # the speculative arm's caches only
                         compact_s[0] += time.perf_counter() - t
+
                 return run
+
             for name, method in originals.items():
                 setattr(BatchCache, name, timed(method))
             spec = speculative_decoder(pair, cfg, args.k)
             base = baseline_decoder(pair, cfg)
             print(f"\n3. batched speculative (k={args.k}) vs batched target-only, and what holes cost")
-            print(f"{'batch':>5} {'speedup (wall ratio base/spec)':<40} {'hole share':>10} {'compactions':>11} "
-                  f"{'select+compact % of spec wall':>29} same ids")
+            print(
+                f"{'batch':>5} {'speedup (wall ratio base/spec)':<40} {'hole share':>10} {'compactions':>11} "
+                f"{'select+compact % of spec wall':>29} same ids"
+            )
             for size in [s for s in sizes if s > 1] or sizes:
                 units = batches(size)
                 hole, comps = [], 0
@@ -247,13 +280,19 @@ def main() -> None:
                 def spec_run(rows):
                     nonlocal comps
                     before = spec.target.compactions
-                    out = [r.output_ids for r in spec.generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], rows)]
+                    out = [
+                        r.output_ids
+                        for r in spec.generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], rows)
+                    ]
                     hole.append(spec.hole_share)
                     comps += spec.target.compactions - before
                     return out
 
                 def base_run(rows):
-                    return [r.output_ids for r in base.generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], rows)]
+                    return [
+                        r.output_ids
+                        for r in base.generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], rows)
+                    ]
 
                 spec_run(units[0]), base_run(units[0])
                 same = sum(a == b for u in units for a, b in zip(spec_run(u), base_run(u)))
@@ -263,8 +302,10 @@ def main() -> None:
                 walls = interleaved({"spec": spec_run, "base": base_run}, units, args.repeats, sync)
                 speedups = [b / s for s, b in zip(walls["spec"], walls["base"])]
                 share = 100 * compact_s[0] / sum(walls["spec"])
-                print(f"{size:>5} {spread(speedups):<40} {statistics.mean(hole):>10.2f} {comps // args.repeats:>11} "
-                      f"{share:>28.2f}% {same}/{len(prompts)}")
+                print(
+                    f"{size:>5} {spread(speedups):<40} {statistics.mean(hole):>10.2f} {comps // args.repeats:>11} "
+                    f"{share:>28.2f}% {same}/{len(prompts)}"
+                )
             for name, method in originals.items():
                 setattr(BatchCache, name, method)
 

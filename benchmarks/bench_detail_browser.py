@@ -1,6 +1,7 @@
 """How soon the experiment-detail page shows its answer in Chromium: `python benchmarks/bench_pages.py --browser`
 (see its docstring for the protocol). Each tree (this one, and --against REF's code) is served by its own Streamlit
 on the same database, without a worker; the visits of the two alternate."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,13 +56,16 @@ def served(tree: Path, db: Path, log: Path):
     from tests.browser import free_port, wait_healthy
 
     port = free_port()
-    command = [str(tree / "app" / "main.py") if part.endswith("main.py") else part
-               for part in streamlit_command(port, "127.0.0.1")]
+    command = [
+        str(tree / "app" / "main.py") if part.endswith("main.py") else part
+        for part in streamlit_command(port, "127.0.0.1")
+    ]
     env = dict(os.environ, DRAFTLAB_DB=f"sqlite:///{db}", PYTHONPATH=str(tree))
     env.pop("DRAFTLAB_PASSWORD", None)
     with open(log, "ab") as out:
-        process = subprocess.Popen(command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(url, process)
@@ -88,13 +91,16 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):5.2f} s ({min(values):.2f}–{max(values):.2f})" if values else "—"
 
 
-def run_browser(db: Path, experiment_id: int | None, against: str | None, repeats: int, warm: int,
-                cold: bool = False) -> int:
+def run_browser(
+    db: Path, experiment_id: int | None, against: str | None, repeats: int, warm: int, cold: bool = False
+) -> int:
     from tests.browser import chromium
 
     if experiment_id is None or not db.exists():
-        print("error: --browser needs --db (an existing SQLite file) and --experiment (a finished k sweep in it)",
-              file=sys.stderr)
+        print(
+            "error: --browser needs --db (an existing SQLite file) and --experiment (a finished k sweep in it)",
+            file=sys.stderr,
+        )
         return 2
     with tempfile.TemporaryDirectory(prefix="draftlab-bench-browser-") as tmp:
         trees = {"this tree": ROOT}
@@ -106,17 +112,20 @@ def run_browser(db: Path, experiment_id: int | None, against: str | None, repeat
             for repeat in range(repeats):
                 names = list(trees) if repeat % 2 == 0 else list(reversed(trees))  # who goes first alternates
                 with contextlib.ExitStack() as stack:
-                    urls = {name: stack.enter_context(served(trees[name], db, Path(tmp) / "servers.log"))
-                            for name in names}
+                    urls = {
+                        name: stack.enter_context(served(trees[name], db, Path(tmp) / "servers.log")) for name in names
+                    }
                     pages = {}
                     for name in names:
                         if not cold:  # the server has served a page (its imports done), in another browser
                             with contextlib.closing(browser.new_context()) as other:
                                 other.new_page().goto(urls[name])
-                                other.pages[0].wait_for_selector('[data-testid="stApp"][data-test-script-state='
-                                                                 '"notRunning"] h1', timeout=120_000)
-                        context = stack.enter_context(contextlib.closing(
-                            browser.new_context(viewport={"width": 1500, "height": 1000})))
+                                other.pages[0].wait_for_selector(
+                                    '[data-testid="stApp"][data-test-script-state="notRunning"] h1', timeout=120_000
+                                )
+                        context = stack.enter_context(
+                            contextlib.closing(browser.new_context(viewport={"width": 1500, "height": 1000}))
+                        )
                         pages[name] = context.new_page()
                     for visit_index in range(1 + warm):
                         kind = "first" if visit_index == 0 else "warm"
@@ -124,25 +133,42 @@ def run_browser(db: Path, experiment_id: int | None, against: str | None, repeat
                             answer, done = visit(pages[name], f"{urls[name]}/experiment?experiment={experiment_id}")
                             times[name][kind].append(answer)
                             times[name][f"{kind} done"].append(done)
-                            print(f"repeat {repeat + 1} {name:<14} {kind:<5} answer {answer:5.2f} s, "
-                                  f"done {done:5.2f} s", flush=True)
-    print(f"\nexperiment {experiment_id}, {repeats} repeats x (1 first + {warm} warm) visits per tree; first visits "
-          f"{'on a server just started' if cold else 'on a server that has served the Experiments page'}; load average "
-          f"before {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}, after "
-          f"{'/'.join(f'{v:.1f}' for v in os.getloadavg())}")
+                            print(
+                                f"repeat {repeat + 1} {name:<14} {kind:<5} answer {answer:5.2f} s, done {done:5.2f} s",
+                                flush=True,
+                            )
+    print(
+        f"\nexperiment {experiment_id}, {repeats} repeats x (1 first + {warm} warm) visits per tree; first visits "
+        f"{'on a server just started' if cold else 'on a server that has served the Experiments page'}; load average "
+        f"before {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}, after "
+        f"{'/'.join(f'{v:.1f}' for v in os.getloadavg())}"
+    )
     print(f"{'tree':<16} {'first: answer':>26} {'warm: answer':>26} {'first: done':>26} {'warm: done':>26}")
     for name, measured in times.items():
-        print(f"{name:<16} " + " ".join(f"{_spread(measured[k]):>26}"
-                                         for k in ("first", "warm", "first done", "warm done")))
+        print(
+            f"{name:<16} "
+            + " ".join(f"{_spread(measured[k]):>26}" for k in ("first", "warm", "first done", "warm done"))
+        )
     mine = times["this tree"]
     for name, other in times.items():  # visit by visit: the two trees' visits alternate, so each pair met one load
         if name != "this tree":
             for kind in ("first", "warm"):
                 ratios = [a / b for a, b in zip(mine[kind], other[kind])]
-                print(f"{kind} answer, this tree / {name}, paired visit by visit: median "
-                      f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}, {len(ratios)} pairs)")
-    missed = [f"{kind} {statistics.median(mine[kind]):.2f} s > {goal:g} s" for kind, goal in GOALS.items()
-              if statistics.median(mine[kind]) > goal]
-    print("goals (median answer): " + ("missed: " + "; ".join(missed) if missed else
-                                       " and ".join(f"{k} ≤ {g:g} s" for k, g in GOALS.items()) + " met"))
+                print(
+                    f"{kind} answer, this tree / {name}, paired visit by visit: median "
+                    f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}, {len(ratios)} pairs)"
+                )
+    missed = [
+        f"{kind} {statistics.median(mine[kind]):.2f} s > {goal:g} s"
+        for kind, goal in GOALS.items()
+        if statistics.median(mine[kind]) > goal
+    ]
+    print(
+        "goals (median answer): "
+        + (
+            "missed: " + "; ".join(missed)
+            if missed
+            else " and ".join(f"{k} ≤ {g:g} s" for k, g in GOALS.items()) + " met"
+        )
+    )
     return 1 if missed else 0

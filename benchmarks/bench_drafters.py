@@ -10,6 +10,7 @@ sum over prompts of the baseline's times / sum of the arm's (paired: same prompt
 gets one untimed warm-up generation first. Greedy, so alpha, rounds and outputs do not vary between repeats;
 `match` says the output equals the target-only output token for token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,11 +23,11 @@ import time
 import torch
 
 from engine.config.drafter_specs import needs_draft_model
-from engine.models.loading import load_pair
-from engine.metrics.metrics_oracle import outputs_match, speculative_metrics
-from engine.text.prompt_sets import load_prompts
 from engine.decoding.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
 from engine.decoding.sampling import SamplingConfig
+from engine.metrics.metrics_oracle import outputs_match, speculative_metrics
+from engine.models.loading import load_pair
+from engine.text.prompt_sets import load_prompts
 
 BASELINE = ("baseline", 0)
 
@@ -69,12 +70,18 @@ def rows(measured: dict) -> list[dict]:
             continue
         m = speculative_metrics(results, base_results)
         rounds = [r for p in results for r in p.rounds]
-        out.append({
-            "drafter": arm[0], "k": arm[1], "alpha": m["alpha"], "tokens_per_round": m["tokens_per_round"],
-            "mean_k": sum(r.k for r in rounds) / len(rounds),
-            "draft_rounds": sum(r.k > 0 for r in rounds) / len(rounds),  # rounds with at least one draft
-            "speedup": sum(base_seconds) / sum(secs), "match": outputs_match(results, base_results),
-        })
+        out.append(
+            {
+                "drafter": arm[0],
+                "k": arm[1],
+                "alpha": m["alpha"],
+                "tokens_per_round": m["tokens_per_round"],
+                "mean_k": sum(r.k for r in rounds) / len(rounds),
+                "draft_rounds": sum(r.k > 0 for r in rounds) / len(rounds),  # rounds with at least one draft
+                "speedup": sum(base_seconds) / sum(secs),
+                "match": outputs_match(results, base_results),
+            }
+        )
     return out
 
 
@@ -84,10 +91,14 @@ def fmt(value, spec=".3f") -> str:
 
 def print_table(title: str, table: list[dict], base_tps: float) -> None:
     print(f"\n{title}  (baseline {base_tps:.1f} tok/s)")
-    print(f"{'drafter':<16} {'k':>2} {'alpha':>6} {'tok/round':>9} {'mean k_r':>8} {'drafted':>7} {'speedup':>7}  match")
+    print(
+        f"{'drafter':<16} {'k':>2} {'alpha':>6} {'tok/round':>9} {'mean k_r':>8} {'drafted':>7} {'speedup':>7}  match"
+    )
     for r in table:
-        print(f"{r['drafter']:<16} {r['k']:>2} {fmt(r['alpha']):>6} {fmt(r['tokens_per_round']):>9} "
-              f"{fmt(r['mean_k'], '.2f'):>8} {fmt(r['draft_rounds'], '.2f'):>7} {fmt(r['speedup']):>7}  {r['match']}")
+        print(
+            f"{r['drafter']:<16} {r['k']:>2} {fmt(r['alpha']):>6} {fmt(r['tokens_per_round']):>9} "
+            f"{fmt(r['mean_k'], '.2f'):>8} {fmt(r['draft_rounds'], '.2f'):>7} {fmt(r['speedup']):>7}  {r['match']}"
+        )
     best = {}
     for r in table:
         if r["drafter"] not in best or r["speedup"] > best[r["drafter"]]["speedup"]:
@@ -107,8 +118,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default="code:validation")
     ap.add_argument("--drafters", default="model,heuristic,confidence:0.5,prompt-lookup:3")
     ap.add_argument("--k", default="1,2,4")
-    ap.add_argument("--lookup-sets", default="code:validation,mixed:validation",
-                    help="prompt sets for the prompt-lookup-only section ('' to skip)")
+    ap.add_argument(
+        "--lookup-sets",
+        default="code:validation,mixed:validation",
+        help="prompt sets for the prompt-lookup-only section ('' to skip)",
+    )
     ap.add_argument("--lookup-drafters", default="prompt-lookup:1,prompt-lookup:2,prompt-lookup:3")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
@@ -118,8 +132,10 @@ def main(argv=None) -> int:
     cfg = SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens)
     ks = [int(k) for k in args.k.split(",")]
     pair = load_pair(args.target, args.draft, "cpu", "auto")  # sets 1 torch thread for small models
-    print(f"{args.target} / {args.draft}, greedy, {args.max_new_tokens} new tokens, {args.repeats} repeats, "
-          f"torch threads {torch.get_num_threads()}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print(
+        f"{args.target} / {args.draft}, greedy, {args.max_new_tokens} new tokens, {args.repeats} repeats, "
+        f"torch threads {torch.get_num_threads()}, {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    )
     report = {}
 
     def section(prompt_spec: str, drafters: list[str], title: str) -> None:
@@ -129,8 +145,11 @@ def main(argv=None) -> int:
         used = pair if any(needs_draft_model(d) for d in drafters) else dataclasses.replace(pair, draft=None)
         measured = measure(used, prompts, [(d, k) for d in drafters for k in ks], cfg, args.repeats)
         table = rows(measured)
-        print_table(f"{title}: {prompt_spec}, {len(prompts)} prompts ({time.perf_counter() - t0:.0f} s)", table,
-                    base_tps(measured))
+        print_table(
+            f"{title}: {prompt_spec}, {len(prompts)} prompts ({time.perf_counter() - t0:.0f} s)",
+            table,
+            base_tps(measured),
+        )
         report[f"{title}:{prompt_spec}"] = table
         sys.stdout.flush()
 

@@ -9,6 +9,7 @@ Also reports the engine's overhead (wall time outside model forwards) and what i
     python benchmarks/bench_engine.py --target PATH_OR_ID --draft PATH_OR_ID --k 5 --device cuda
     python benchmarks/bench_engine.py --random-target-layers 16 --random-hidden 2048 ...  # random-init sizes
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,10 +20,10 @@ import torch
 
 from engine.decoding import speculative
 from engine.decoding.batched_cache import BatchCache
-from engine.models.loading import LoadedModel, ModelPair, load_pair, resolve_device, resolve_dtype
-from engine.text.prompt_sets import load_prompts
 from engine.decoding.runs import encode_prompts, eos_ids, speculative_decoder
 from engine.decoding.sampling import SamplingConfig
+from engine.models.loading import LoadedModel, ModelPair, load_pair, resolve_device, resolve_dtype
+from engine.text.prompt_sets import load_prompts
 
 
 class Stopwatch:
@@ -40,6 +41,7 @@ class Stopwatch:
             self.sync()
             self.total += time.perf_counter() - t
             return out
+
         return timed
 
 
@@ -51,16 +53,29 @@ def random_pair(args, device, dtype) -> ModelPair:
 
     tok = AutoTokenizer.from_pretrained(zoo.resolve("demo-target") or zoo.resolve("demo-draft"))
     vocab = args.random_vocab
+
     def build(layers, hidden, seed):
         torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
-                          num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
-                          num_key_value_heads=max(1, hidden // 256), max_position_embeddings=2048)
+        cfg = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=hidden * 8 // 3 // 64 * 64,
+            num_hidden_layers=layers,
+            num_attention_heads=max(1, hidden // 64),
+            num_key_value_heads=max(1, hidden // 256),
+            max_position_embeddings=2048,
+        )
         return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+
     t = build(args.random_target_layers, args.random_hidden, 0)
     d = build(args.random_draft_layers, args.random_draft_hidden, 1)
-    return ModelPair(LoadedModel("random-target", "random", t, tok), LoadedModel("random-draft", "random", d, tok),
-                     device, dtype, len(tok))
+    return ModelPair(
+        LoadedModel("random-target", "random", t, tok),
+        LoadedModel("random-draft", "random", d, tok),
+        device,
+        dtype,
+        len(tok),
+    )
 
 
 def main() -> None:
@@ -112,11 +127,18 @@ def main() -> None:
 
     def transformers_assisted(i):
         out = pair.target.model.generate(
-            ids[i], attention_mask=torch.ones_like(ids[i]), assistant_model=pair.draft.model, do_sample=False,
-            num_assistant_tokens=args.k, num_assistant_tokens_schedule="constant",
-            assistant_confidence_threshold=0, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
-            pad_token_id=eos[0] if eos else 0)
-        return out[0, ids[i].shape[1]:].tolist()
+            ids[i],
+            attention_mask=torch.ones_like(ids[i]),
+            assistant_model=pair.draft.model,
+            do_sample=False,
+            num_assistant_tokens=args.k,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0,
+            max_new_tokens=args.max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=eos[0] if eos else 0,
+        )
+        return out[0, ids[i].shape[1] :].tolist()
 
     sync = torch.cuda.synchronize if pair.device.type == "cuda" else (lambda: None)
 
@@ -150,20 +172,30 @@ def main() -> None:
                 walls[name].append(totals[name])
     ratios = [a / b for a, b in zip(walls["draftlab"], walls["transformers"])]
     med = statistics.median
-    print(f"pair: {pair.target.name} ({pair.target.parameters / 1e6:.1f}M) / {pair.draft.name} "
-          f"({pair.draft.parameters / 1e6:.1f}M) on {pair.device.type} {str(pair.dtype).removeprefix('torch.')}, "
-          f"torch threads {torch.get_num_threads()}")
-    print(f"prompts: {len(prompts)} from {args.prompts}, k={args.k}, max_new_tokens={args.max_new_tokens}, greedy, "
-          f"{args.repeats} interleaved repeats")
+    print(
+        f"pair: {pair.target.name} ({pair.target.parameters / 1e6:.1f}M) / {pair.draft.name} "
+        f"({pair.draft.parameters / 1e6:.1f}M) on {pair.device.type} {str(pair.dtype).removeprefix('torch.')}, "
+        f"torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"prompts: {len(prompts)} from {args.prompts}, k={args.k}, max_new_tokens={args.max_new_tokens}, greedy, "
+        f"{args.repeats} interleaved repeats"
+    )
     print(f"identical output ids: {len(prompts) - mismatches}/{len(prompts)} prompts")
     for name in fn_names:
         w = walls[name]
         print(f"{name:>13} wall per pass: median {med(w):.3f} s  (min {min(w):.3f}, max {max(w):.3f})")
-    print(f"draftlab / transformers wall ratio: median {med(ratios):.3f}  (min {min(ratios):.3f}, max {max(ratios):.3f})")
-    print(f"engine overhead (wall outside model forwards): median {med(overhead):.1f}% of wall "
-          f"(min {min(overhead):.1f}, max {max(overhead):.1f})")
-    print(f"instrumentation (beta/KL on device, one transfer per round, records): median {med(log_share):.1f}% of wall "
-          f"(min {min(log_share):.1f}, max {max(log_share):.1f})")
+    print(
+        f"draftlab / transformers wall ratio: median {med(ratios):.3f}  (min {min(ratios):.3f}, max {max(ratios):.3f})"
+    )
+    print(
+        f"engine overhead (wall outside model forwards): median {med(overhead):.1f}% of wall "
+        f"(min {min(overhead):.1f}, max {max(overhead):.1f})"
+    )
+    print(
+        f"instrumentation (beta/KL on device, one transfer per round, records): median {med(log_share):.1f}% of wall "
+        f"(min {min(log_share):.1f}, max {max(log_share):.1f})"
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ window ($DRAFTLAB_DB_RETRY_SECONDS, default 300 s), shortened here so an outage 
 
 Part 2 runs each bad input through the real command line and prints its exit status and its one `error:` line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,7 @@ from app.worker.worker import Worker  # noqa: E402
 from storage import open_store  # noqa: E402
 from storage.jobs.experiments import enqueue_experiment  # noqa: E402
 from tests import tiny_models  # noqa: E402
-from tests.fault_tools import (CommitWatcher, DiskFull, OwnPostgres, SqliteWriteFault, audit,  # noqa: E402
-                               chmod_read_only)
+from tests.fault_tools import CommitWatcher, DiskFull, OwnPostgres, SqliteWriteFault, audit, chmod_read_only  # noqa: E402
 
 torch.set_num_threads(1)
 PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32", "t8 t9", "t14 t15 t16"]
@@ -59,8 +59,11 @@ def make_models(base: Path) -> dict[str, str]:
     draft = tiny_models.noisy_copy(target, seed=1, noise=0.3)
     alien = tiny_models.llama(2, layers=1)
     paths = {}
-    for name, model, tok in (("target", target, tiny_models.tokenizer()), ("draft", draft, tiny_models.tokenizer()),
-                             ("alien", alien, tiny_models.tokenizer(prefix="w"))):
+    for name, model, tok in (
+        ("target", target, tiny_models.tokenizer()),
+        ("draft", draft, tiny_models.tokenizer()),
+        ("alien", alien, tiny_models.tokenizer(prefix="w")),
+    ):
         model.save_pretrained(base / name)
         tok.save_pretrained(base / name)
         paths[name] = str(base / name)
@@ -68,15 +71,32 @@ def make_models(base: Path) -> dict[str, str]:
 
 
 def enqueue(store, models, prompts=PROMPTS, name="bench"):
-    return enqueue_experiment(store, name=name, target=models["target"], draft=models["draft"],
-                                    prompts="inline", sampling={"temperature": 0.0, "max_new_tokens": 8, "seed": 3},
-                                    device="cpu", sweep_values=[1, 2], prompt_texts=prompts)
+    return enqueue_experiment(
+        store,
+        name=name,
+        target=models["target"],
+        draft=models["draft"],
+        prompts="inline",
+        sampling={"temperature": 0.0, "max_new_tokens": 8, "seed": 3},
+        device="cpu",
+        sweep_values=[1, 2],
+        prompt_texts=prompts,
+    )
 
 
 def record(fault: str, found: dict, lost: int, note: str = "") -> None:
-    ROWS.append((fault, found["done"], found["failed_with_reason"] + found["failed_without_reason"],
-                 found["stuck"] + found["interrupted"], lost + found["missing_prompts"], found["duplicates"],
-                 found["integrity"], note))
+    ROWS.append(
+        (
+            fault,
+            found["done"],
+            found["failed_with_reason"] + found["failed_without_reason"],
+            found["stuck"] + found["interrupted"],
+            lost + found["missing_prompts"],
+            found["duplicates"],
+            found["integrity"],
+            note,
+        )
+    )
     print(f"  {fault}: {found['done']} done, {found['failed_with_reason']} failed, lost {lost}", file=sys.stderr)
 
 
@@ -86,6 +106,7 @@ def skipped(fault: str, why: str) -> None:
 
 
 # --- part 1: in-process worker, fault mid-run -----------------------------------------------------------------
+
 
 def mid_run(fault: str, url: str, models, on, off, outage: float, bound: float, note: str = "") -> None:
     """The fault starts with the first decode of prompt 3 (so that prompt's commit is the first refused
@@ -102,8 +123,15 @@ def mid_run(fault: str, url: str, models, on, off, outage: float, bound: float, 
             threading.Timer(outage, lambda: (off(), over.set())).start()
 
     logs: list[str] = []
-    worker = Worker(store, heartbeat_seconds=0.3, progress_seconds=0.1, poll_seconds=0.1, db_retry_seconds=bound,
-                    progress_hook=hook, log=logs.append)
+    worker = Worker(
+        store,
+        heartbeat_seconds=0.3,
+        progress_seconds=0.1,
+        poll_seconds=0.1,
+        db_retry_seconds=bound,
+        progress_hook=hook,
+        log=logs.append,
+    )
     watcher = CommitWatcher(store).start()
     worker.start()
     try:
@@ -131,22 +159,55 @@ def soak_case(fault: str, url: str, models, on, off) -> None:
     found, lost, logs, outages = soak(store, models, on, off)
     store.dispose()
     lines = sum("does not accept writes" in line for line in logs)
-    record(fault, found, lost, f"{len(outages)} outages of 2.5 s, the third past a 1 s bound; "
-                               f"{lines} outage log line(s)")
+    record(
+        fault, found, lost, f"{len(outages)} outages of 2.5 s, the third past a 1 s bound; {lines} outage log line(s)"
+    )
 
 
 # --- part 1: the command line killed or starved ---------------------------------------------------------------
 
+
 def cli(*argv, env=None, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app.cli", *argv], cwd=ROOT, env=env or ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *argv],
+        cwd=ROOT,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def start_run(url: str, models, prompt_file: Path, env=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--target", models["target"], "--draft",
-                             models["draft"], "--prompts", str(prompt_file), "--k", "1,2", "--max-new-tokens", "24",
-                             "--repeats", "1", "--device", "cpu", "--db", url], cwd=ROOT, env=env or ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "run",
+            "--target",
+            models["target"],
+            "--draft",
+            models["draft"],
+            "--prompts",
+            str(prompt_file),
+            "--k",
+            "1,2",
+            "--max-new-tokens",
+            "24",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--db",
+            url,
+        ],
+        cwd=ROOT,
+        env=env or ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_rows(store, proc, n=3, timeout=180) -> None:
@@ -170,8 +231,10 @@ def recover(url: str) -> str:
     resumed = cli("resume", "1", "--db", url)
     requeued = re.search(r"requeued (\d+)", resumed.stdout)
     worked = cli("worker", "--until-idle", "--db", url)
-    return (f"`resume 1` requeued {requeued.group(1) if requeued else '?'} at once; `worker --until-idle` "
-            f"exit {worked.returncode}")
+    return (
+        f"`resume 1` requeued {requeued.group(1) if requeued else '?'} at once; `worker --until-idle` "
+        f"exit {worked.returncode}"
+    )
 
 
 def killed(fault: str, url: str, models, base: Path, sig: int) -> None:
@@ -192,8 +255,12 @@ def killed(fault: str, url: str, models, base: Path, sig: int) -> None:
     found = audit(store)
     store.dispose()
     message = "" if sig == signal.SIGKILL else f"; message: {shorten(error_line(err), base)}"
-    record(fault, found, watcher.lost(found["stored"]),
-           f"exit {128 - code if code < 0 else code}; `list` right after: {'/'.join(statuses)}; {after}{message}")
+    record(
+        fault,
+        found,
+        watcher.lost(found["stored"]),
+        f"exit {128 - code if code < 0 else code}; `list` right after: {'/'.join(statuses)}; {after}{message}",
+    )
 
 
 def starved_cli(fault: str, url: str, path: Path, models, base: Path, on, off) -> None:
@@ -219,9 +286,13 @@ def starved_cli(fault: str, url: str, path: Path, models, base: Path, on, off) -
     watcher.stop()
     found = audit(store)
     store.dispose()
-    record(fault, found, watcher.lost(found["stored"]),
-           f"exit {code}, {tracebacks} traceback(s), message: {shorten(error_line(err), base)}; then writable again: "
-           f"`list`: {'/'.join(statuses)}; {after}")
+    record(
+        fault,
+        found,
+        watcher.lost(found["stored"]),
+        f"exit {code}, {tracebacks} traceback(s), message: {shorten(error_line(err), base)}; then writable again: "
+        f"`list`: {'/'.join(statuses)}; {after}",
+    )
 
 
 def shorten(text: str, base: Path) -> str:
@@ -229,6 +300,7 @@ def shorten(text: str, base: Path) -> str:
 
 
 # --- part 2: bad input ----------------------------------------------------------------------------------------
+
 
 def bad_inputs(models, base: Path) -> list[tuple[str, str, int, str]]:
     good = base / "good.txt"
@@ -242,9 +314,24 @@ def bad_inputs(models, base: Path) -> list[tuple[str, str, int, str]]:
     open_store(f"sqlite:///{chmod_path}").dispose()
 
     def run(*extra, target=None, draft=None, prompts=None, db_url=None):
-        return ("run", "--target", target or models["target"], "--draft", draft or models["draft"], "--prompts",
-                str(prompts or good), "--max-new-tokens", "8", "--repeats", "1", "--device", "cpu",
-                "--db", db_url or db, *extra)
+        return (
+            "run",
+            "--target",
+            target or models["target"],
+            "--draft",
+            draft or models["draft"],
+            "--prompts",
+            str(prompts or good),
+            "--max-new-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--db",
+            db_url or db,
+            *extra,
+        )
 
     cases = [
         ("unknown model path", run(target=str(base / "no-such-model")), None),
@@ -272,16 +359,29 @@ def bad_inputs(models, base: Path) -> list[tuple[str, str, int, str]]:
         out.append((name, " ".join(argv[:1]), done.returncode, shorten(line, base)))
         print(f"  {name}: {done.returncode}", file=sys.stderr)
     if os.geteuid() == 0:
-        out.append(("read-only database file (chmod 444)", "run", "-", "not run: root ignores file modes "
-                                                                       "(the `?mode=ro` row is the same check)"))
+        out.append(
+            (
+                "read-only database file (chmod 444)",
+                "run",
+                "-",
+                "not run: root ignores file modes (the `?mode=ro` row is the same check)",
+            )
+        )
     from pages.widgets.common import parse_id
 
-    out.append(("unicode digit id in a dashboard URL (`?experiment=²`)", "ui", "-",
-                f"parse_id('²') = {parse_id('²')!r}: ignored, the page shows its default selection"))
+    out.append(
+        (
+            "unicode digit id in a dashboard URL (`?experiment=²`)",
+            "ui",
+            "-",
+            f"parse_id('²') = {parse_id('²')!r}: ignored, the page shows its default selection",
+        )
+    )
     return out
 
 
 # --- main -----------------------------------------------------------------------------------------------------
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -300,53 +400,111 @@ def main(argv=None) -> int:
             path = base / f"refused-{outage:g}.db"
             fault = SqliteWriteFault(path).__enter__()
             try:
-                mid_run(f"SQLite writes refused {outage:g} s mid-run, bound {bound:g} s", f"sqlite:///{path}", models,
-                        lambda: setattr(fault, "on", True), lambda: setattr(fault, "on", False), outage, bound)
+                mid_run(
+                    f"SQLite writes refused {outage:g} s mid-run, bound {bound:g} s",
+                    f"sqlite:///{path}",
+                    models,
+                    lambda: setattr(fault, "on", True),
+                    lambda: setattr(fault, "on", False),
+                    outage,
+                    bound,
+                )
             finally:
                 fault.__exit__()
         why = disk.mount()
         if why:
             skipped("SQLite disk full (tmpfs) 2 s mid-run, bound 30 s", why)
         else:
-            mid_run("SQLite disk full (tmpfs) 2 s mid-run, bound 30 s", f"sqlite:///{disk.dir / 'full.db'}", models,
-                    disk.fill, disk.free, 2.0, 30.0)
+            mid_run(
+                "SQLite disk full (tmpfs) 2 s mid-run, bound 30 s",
+                f"sqlite:///{disk.dir / 'full.db'}",
+                models,
+                disk.fill,
+                disk.free,
+                2.0,
+                30.0,
+            )
         if os.geteuid() == 0:
             skipped("SQLite file chmod 444 for 2 s mid-run", "root ignores file modes (same error as `writes refused`)")
         else:
             path = base / "chmod.db"
-            mid_run("SQLite file chmod 444 for 2 s mid-run, bound 30 s", f"sqlite:///{path}", models,
-                    lambda: chmod_read_only(path, True), lambda: chmod_read_only(path, False), 2.0, 30.0)
+            mid_run(
+                "SQLite file chmod 444 for 2 s mid-run, bound 30 s",
+                f"sqlite:///{path}",
+                models,
+                lambda: chmod_read_only(path, True),
+                lambda: chmod_read_only(path, False),
+                2.0,
+                30.0,
+            )
         why = pg.start_first()
         if why:
             skipped("PostgreSQL server stopped mid-run", why)
         else:
             for outage, bound in ((2.0, 30.0), (5.0, 1.0)):
                 schema_url = fresh_schema(pg.url)
-                mid_run(f"PostgreSQL server stopped {outage:g} s mid-run, bound {bound:g} s", schema_url, models,
-                        lambda: pg.stop("fast"), lambda: pg.start(), outage, bound)
+                mid_run(
+                    f"PostgreSQL server stopped {outage:g} s mid-run, bound {bound:g} s",
+                    schema_url,
+                    models,
+                    lambda: pg.stop("fast"),
+                    lambda: pg.start(),
+                    outage,
+                    bound,
+                )
         if not args.quick:
             path = base / "soak.db"
             fault = SqliteWriteFault(path).__enter__()
             try:
-                soak_case("soak, SQLite: 30 runs, writes refused 3 times", f"sqlite:///{path}", models,
-                          lambda: setattr(fault, "on", True), lambda: setattr(fault, "on", False))
+                soak_case(
+                    "soak, SQLite: 30 runs, writes refused 3 times",
+                    f"sqlite:///{path}",
+                    models,
+                    lambda: setattr(fault, "on", True),
+                    lambda: setattr(fault, "on", False),
+                )
             finally:
                 fault.__exit__()
             if pg.url:
-                soak_case("soak, PostgreSQL: 30 runs, server stopped 3 times", fresh_schema(pg.url), models,
-                          lambda: pg.stop("fast"), lambda: pg.start())
-        killed("`draftlab run` killed with SIGKILL (20 prompts)", f"sqlite:///{base / 'kill9.db'}", models, base,
-               signal.SIGKILL)
-        killed("`draftlab run` sent SIGTERM (20 prompts)", f"sqlite:///{base / 'term.db'}", models, base,
-               signal.SIGTERM)
+                soak_case(
+                    "soak, PostgreSQL: 30 runs, server stopped 3 times",
+                    fresh_schema(pg.url),
+                    models,
+                    lambda: pg.stop("fast"),
+                    lambda: pg.start(),
+                )
+        killed(
+            "`draftlab run` killed with SIGKILL (20 prompts)",
+            f"sqlite:///{base / 'kill9.db'}",
+            models,
+            base,
+            signal.SIGKILL,
+        )
+        killed(
+            "`draftlab run` sent SIGTERM (20 prompts)", f"sqlite:///{base / 'term.db'}", models, base, signal.SIGTERM
+        )
         if disk.mounted:
             disk.free()
-            starved_cli("`draftlab run`, disk full for good (tmpfs), bound 2 s", f"sqlite:///{disk.dir / 'cli.db'}",
-                        disk.dir / "cli.db", models, base, disk.fill, disk.free)
+            starved_cli(
+                "`draftlab run`, disk full for good (tmpfs), bound 2 s",
+                f"sqlite:///{disk.dir / 'cli.db'}",
+                disk.dir / "cli.db",
+                models,
+                base,
+                disk.fill,
+                disk.free,
+            )
         elif os.geteuid() != 0:
             path = base / "cli-chmod.db"
-            starved_cli("`draftlab run`, database file chmod 444 for good, bound 2 s", f"sqlite:///{path}", path,
-                        models, base, lambda: chmod_read_only(path, True), lambda: chmod_read_only(path, False))
+            starved_cli(
+                "`draftlab run`, database file chmod 444 for good, bound 2 s",
+                f"sqlite:///{path}",
+                path,
+                models,
+                base,
+                lambda: chmod_read_only(path, True),
+                lambda: chmod_read_only(path, False),
+            )
         print("part 2: bad input", file=sys.stderr)
         inputs = bad_inputs(models, base)
     finally:

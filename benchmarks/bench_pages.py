@@ -22,6 +22,7 @@ time is from navigation start to the answer drawn: the verdict's box visible and
 Prints each tree's medians with min–max. Goals (issue 35): the answer within 2 s of a first visit, 1.5 s of a warm
 one; the exit status is 1 when this tree's median misses one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", type=int, help="--browser: the experiment whose detail page is timed")
     parser.add_argument("--against", help="--browser: a git ref whose code is timed too, interleaved")
     parser.add_argument("--warm", type=int, default=4, help="--browser: warm visits per repeat and tree")
-    parser.add_argument("--cold", action="store_true",
-                        help="--browser: a first visit is the server's first (its imports included)")
+    parser.add_argument(
+        "--cold", action="store_true", help="--browser: a first visit is the server's first (its imports included)"
+    )
     args = parser.parse_args(argv)
     if args.browser:
         from benchmarks.bench_detail_browser import run_browser
@@ -113,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     eid, rid = ids["experiment_id"], ids["run_id"]
     from storage import open_store
     from storage.analysis import catalog
-    from storage.records import queries as q
 
-    others = [int(i) for i in catalog.experiments(open_store(os.environ["DRAFTLAB_DB"]))["experiment_id"] if int(i) != eid]
+    others = [
+        int(i) for i in catalog.experiments(open_store(os.environ["DRAFTLAB_DB"]))["experiment_id"] if int(i) != eid
+    ]
     cases = {
         "experiments": ("experiments", {}),
         "experiment": ("experiment", {"experiment": eid, "run": rid}),
@@ -140,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         CPU.clear()
         for i in range(args.repeats):
             if name == "rounds (slider)":
-                slider = at.select_slider(key="select_round") if any(
-                    getattr(w, "key", None) == "select_round" for w in at.select_slider) else None
+                slider = (
+                    at.select_slider(key="select_round")
+                    if any(getattr(w, "key", None) == "select_round" for w in at.select_slider)
+                    else None
+                )
                 if slider is not None:
                     options = list(slider.options)
                     slider.set_value(int(options[(i * 7 + 3) % len(options)]))

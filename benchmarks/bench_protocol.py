@@ -9,6 +9,7 @@ speedup across invocations (issue "Speedup you can trust": goal within 10 % of t
 Each invocation is a separate process, as a user would run it; the machine's load is whatever it is, so
 quote the spread, not one number.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-COMMAND = ("draftlab run --target demo-target --draft demo-draft --prompts code:validation --k 1,2,4 "
-           "--temperature 0 --max-new-tokens 48 --json")
+COMMAND = (
+    "draftlab run --target demo-target --draft demo-draft --prompts code:validation --k 1,2,4 "
+    "--temperature 0 --max-new-tokens 48 --json"
+)
 
 
 def invoke(command: str, db: Path) -> tuple[dict, float]:
@@ -41,7 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="pass --repeats R (default: the CLI's default)")
     ap.add_argument("--extra", default="", help="more arguments for the command")
     args = ap.parse_args(argv)
-    command = args.command + (f" --repeats {args.repeats}" if args.repeats else "") + (f" {args.extra}" if args.extra else "")
+    command = (
+        args.command + (f" --repeats {args.repeats}" if args.repeats else "") + (f" {args.extra}" if args.extra else "")
+    )
     print(f"command: {command}")
     bests, errors, warnings, walls = [], [], 0, []
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,10 +60,12 @@ def main(argv=None) -> int:
                 error = refined / r["speedup"] - 1 if refined and r.get("speedup") else None
                 errors += [error] if error is not None else []
                 warnings += bool(r.get("timing_warning"))
-                print(f"  k={r['k']}: speedup {r['speedup']:.3f} ({ci[0]:.3f}-{ci[1]:.3f})  tok/round "
-                      f"{r['tokens_per_round']:.2f}  refined {refined:.3f} ({100 * error:+.1f} %)  formula "
-                      f"{r['predicted_speedup']:.3f}  verify_cost {r['verify_cost']:.2f}  c {r['c']:.2f}  "
-                      f"alpha {r['alpha']:.3f}" + ("  WARNING" if r.get("timing_warning") else ""))
+                print(
+                    f"  k={r['k']}: speedup {r['speedup']:.3f} ({ci[0]:.3f}-{ci[1]:.3f})  tok/round "
+                    f"{r['tokens_per_round']:.2f}  refined {refined:.3f} ({100 * error:+.1f} %)  formula "
+                    f"{r['predicted_speedup']:.3f}  verify_cost {r['verify_cost']:.2f}  c {r['c']:.2f}  "
+                    f"alpha {r['alpha']:.3f}" + ("  WARNING" if r.get("timing_warning") else "")
+                )
                 if r.get("prediction_error") is not None:
                     print(f"      --k auto: predicted {r['predicted']:.3f}, error {100 * r['prediction_error']:+.1f} %")
             if doc.get("predicted_curve"):
@@ -67,12 +74,18 @@ def main(argv=None) -> int:
             bests.append(doc["verdict"]["speedup"] or float("nan"))
     median = statistics.median(bests)
     spread = max(abs(b / median - 1) for b in bests)
-    print(f"best speedups: {', '.join(f'{b:.3f}' for b in bests)}; median {median:.3f}; "
-          f"largest deviation from the median {100 * spread:.1f} %")
+    print(
+        f"best speedups: {', '.join(f'{b:.3f}' for b in bests)}; median {median:.3f}; "
+        f"largest deviation from the median {100 * spread:.1f} %"
+    )
     if errors:
-        print(f"refined prediction error: max |error| {100 * max(abs(e) for e in errors):.1f} % over {len(errors)} runs")
-    print(f"timing warnings: {warnings}; wall time per invocation: median {statistics.median(walls):.1f} s "
-          f"(min {min(walls):.1f}, max {max(walls):.1f})")
+        print(
+            f"refined prediction error: max |error| {100 * max(abs(e) for e in errors):.1f} % over {len(errors)} runs"
+        )
+    print(
+        f"timing warnings: {warnings}; wall time per invocation: median {statistics.median(walls):.1f} s "
+        f"(min {min(walls):.1f}, max {max(walls):.1f})"
+    )
     return 0
 
 

@@ -5,6 +5,7 @@
 The database is filled through storage.records.recording.record_prompt (the worker's own write path), one
 transaction per prompt. Each query must take < 1 s (median of --repeats); the exit status is 1 otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,16 @@ TOKEN_TYPES = ("code", "english", "whitespace", "number", "punctuation", "chines
 LIMIT_SECONDS = 1.0
 
 
-def synthetic_prompt(rng: random.Random, prompt_index: int, k: int, rounds: int, vocab: int = 4000,
-                     alpha: float = 0.7, nan_kl: float = 0.05, follow: list[int] | None = None) -> PromptResult:
+def synthetic_prompt(
+    rng: random.Random,
+    prompt_index: int,
+    k: int,
+    rounds: int,
+    vocab: int = 4000,
+    alpha: float = 0.7,
+    nan_kl: float = 0.05,
+    follow: list[int] | None = None,
+) -> PromptResult:
     """A speculative PromptResult with the engine's invariants: a_r accepted drafts, then one rejected
     (unless all k were accepted: a bonus), the rest discarded; a round emits a_r + 1 tokens. `follow`: the
     target-only output a lossless greedy run reproduces token for token: rounds go on until it is complete, and the
@@ -38,32 +47,66 @@ def synthetic_prompt(rng: random.Random, prompt_index: int, k: int, rounds: int,
         while accepted < k and rng.random() < alpha:
             accepted += 1
         room = k + 1 if follow is None else len(follow) - len(output)  # slots left before the cut
-        target = follow[len(output):len(output) + room] if follow else []
+        target = follow[len(output) : len(output) + room] if follow else []
         accepted = min(accepted, room)
         drafts = []
         for position in range(1, k + 1):
             token = target[position - 1] if follow and position <= accepted else rng.randrange(vocab)
             outcome = ACCEPTED if position <= accepted else REJECTED if position == accepted + 1 <= room else DISCARDED
-            drafts.append(DraftToken(position, token, f"tok{token}", TOKEN_TYPES[token % len(TOKEN_TYPES)],
-                                     rng.random(), rng.random(), rng.random(),
-                                     float("nan") if rng.random() < nan_kl else rng.random() * 2, outcome))
+            drafts.append(
+                DraftToken(
+                    position,
+                    token,
+                    f"tok{token}",
+                    TOKEN_TYPES[token % len(TOKEN_TYPES)],
+                    rng.random(),
+                    rng.random(),
+                    rng.random(),
+                    float("nan") if rng.random() < nan_kl else rng.random() * 2,
+                    outcome,
+                )
+            )
         last = [] if accepted == room else [target[accepted] if follow else rng.randrange(vocab)]
         emitted = [d.token_id for d in drafts[:accepted]] + last
         kinds = [ACCEPTED] * accepted + ([CORRECTION if accepted < k else BONUS] if last else [])
-        round_list.append(Round(prompt_index, round_index, k, accepted, emitted, kinds,
-                                rng.uniform(1e-3, 5e-3), rng.uniform(5e-3, 2e-2), k, drafts))
+        round_list.append(
+            Round(
+                prompt_index,
+                round_index,
+                k,
+                accepted,
+                emitted,
+                kinds,
+                rng.uniform(1e-3, 5e-3),
+                rng.uniform(5e-3, 2e-2),
+                k,
+                drafts,
+            )
+        )
         output += emitted
         round_index += 1
-    return PromptResult(prompt_index, f"synthetic prompt {prompt_index}", output,
-                        " ".join(f"tok{t}" for t in output), rng.uniform(0.5, 2.0), rounds=round_list)
+    return PromptResult(
+        prompt_index,
+        f"synthetic prompt {prompt_index}",
+        output,
+        " ".join(f"tok{t}" for t in output),
+        rng.uniform(0.5, 2.0),
+        rounds=round_list,
+    )
 
 
 def synthetic_baseline(rng: random.Random, prompt_index: int, new_tokens: int, vocab: int = 4000) -> PromptResult:
     output = [rng.randrange(vocab) for _ in range(new_tokens)]
     wall = rng.uniform(1.0, 3.0)
-    return PromptResult(prompt_index, f"synthetic prompt {prompt_index}", output,
-                        " ".join(f"tok{t}" for t in output), wall, decode_steps=new_tokens - 1,
-                        decode_seconds=wall * 0.95)
+    return PromptResult(
+        prompt_index,
+        f"synthetic prompt {prompt_index}",
+        output,
+        " ".join(f"tok{t}" for t in output),
+        wall,
+        decode_steps=new_tokens - 1,
+        decode_seconds=wall * 0.95,
+    )
 
 
 def record(store, run_id: int, kind: str, result: PromptResult) -> None:
@@ -75,40 +118,62 @@ def record(store, run_id: int, kind: str, result: PromptResult) -> None:
 
 def fill(store, tokens: int, k: int = 8, prompts: int = 500, other_experiments: int = 50, seed: int = 0) -> dict:
     """One experiment whose k=8 run holds `tokens` draft tokens, plus small experiments for the list views."""
-    from storage.analysis import catalog
-    from storage.records import queries as q
     from storage.jobs import run_state
     from storage.jobs.experiments import enqueue_experiment
+    from storage.records import queries as q
 
     rng = random.Random(seed)
     rounds_per_prompt = max(1, tokens // (prompts * k))
     prompt_texts = [f"synthetic prompt {i}" for i in range(prompts)]
     experiment_id = enqueue_experiment(
-        store, name="bench", target="bench-target", draft="bench-draft", prompts="synthetic",
-        sampling={"temperature": 0.0, "max_new_tokens": 4096}, sweep_values=[k], prompt_texts=prompt_texts,
-        tags=["bench"])
+        store,
+        name="bench",
+        target="bench-target",
+        draft="bench-draft",
+        prompts="synthetic",
+        sampling={"temperature": 0.0, "max_new_tokens": 4096},
+        sweep_values=[k],
+        prompt_texts=prompt_texts,
+        tags=["bench"],
+    )
     run_ids = {r.kind: int(r.run_id) for r in q.runs(store, experiment_id).itertuples()}
     assert sorted(run_state.claim_group(store, experiment_id, "bench")) == sorted(run_ids.values())
     for kind, run_id in run_ids.items():
         run_state.start_run(store, run_id, prompts, "cpu")
         for i in range(prompts):
-            result = (synthetic_prompt(rng, i, k, rounds_per_prompt) if kind == "speculative"
-                      else synthetic_baseline(rng, i, rounds_per_prompt * 4))
+            result = (
+                synthetic_prompt(rng, i, k, rounds_per_prompt)
+                if kind == "speculative"
+                else synthetic_baseline(rng, i, rounds_per_prompt * 4)
+            )
             record(store, run_id, kind, result)
         run_state.finish_run(store, run_id, "done")
     for e in range(other_experiments):
-        eid = enqueue_experiment(store, name=f"small {e}", target="t", draft="d", prompts="synthetic",
-                                       sampling={}, sweep_values=[1, 2, 4], prompt_texts=prompt_texts[:4],
-                                       tags=["small", f"group{e % 5}"])
+        eid = enqueue_experiment(
+            store,
+            name=f"small {e}",
+            target="t",
+            draft="d",
+            prompts="synthetic",
+            sampling={},
+            sweep_values=[1, 2, 4],
+            prompt_texts=prompt_texts[:4],
+            tags=["small", f"group{e % 5}"],
+        )
         run_state.claim_group(store, eid, "bench")
         for r in q.runs(store, eid).itertuples():
             for i in range(4):
-                result = (synthetic_prompt(rng, i, int(r.k), 5) if r.kind == "speculative"
-                          else synthetic_baseline(rng, i, 20))
+                result = (
+                    synthetic_prompt(rng, i, int(r.k), 5) if r.kind == "speculative" else synthetic_baseline(rng, i, 20)
+                )
                 record(store, int(r.run_id), r.kind, result)
             run_state.finish_run(store, int(r.run_id), "done")
-    return {"experiment_id": experiment_id, "run_id": run_ids["speculative"], "baseline_id": run_ids["baseline"],
-            "rounds_per_prompt": rounds_per_prompt}
+    return {
+        "experiment_id": experiment_id,
+        "run_id": run_ids["speculative"],
+        "baseline_id": run_ids["baseline"],
+        "rounds_per_prompt": rounds_per_prompt,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,9 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from sqlalchemy import text
 
     from storage import open_store
-
     from storage.analysis import catalog
-
     from storage.records import queries as q
 
     path = Path(args.db)
@@ -138,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         n_rounds = conn.execute(text("SELECT COUNT(*) FROM rounds")).scalar()
     with store.engine.connect() as conn:  # fold the WAL into the file so the size below is real
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-    print(f"filled {n_tokens:,} draft-token rows, {n_rounds:,} rounds in {fill_seconds:.1f}s "
-          f"({n_tokens / fill_seconds:,.0f} rows/s); database {path.stat().st_size / 2**20:.0f} MiB")
+    print(
+        f"filled {n_tokens:,} draft-token rows, {n_rounds:,} rounds in {fill_seconds:.1f}s "
+        f"({n_tokens / fill_seconds:,.0f} rows/s); database {path.stat().st_size / 2**20:.0f} MiB"
+    )
 
     eid, rid = ids["experiment_id"], ids["run_id"]
     cases = [

@@ -7,6 +7,7 @@ resumed by a worker (the supervisor requeues it; a worker claims it and commits 
 
 On PostgreSQL ($DRAFTLAB_TEST_POSTGRES, else 127.0.0.1:5432/test), each pass in a schema of its own, dropped after.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,8 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import text  # noqa: E402
 
 from storage import open_store  # noqa: E402
-from tests.test_chaos import (EXPERIMENTS, KS, counts, enqueue_drain, leftovers,  # noqa: E402
-                              start_supervisor)
 from tests.fault_tools import audit  # noqa: E402
+from tests.test_chaos import EXPERIMENTS, KS, counts, enqueue_drain, leftovers, start_supervisor  # noqa: E402
 
 
 def tiny_models(base: Path) -> dict[str, str]:
@@ -81,8 +81,14 @@ def drain(url: str, models: dict, workers: int) -> dict:
     assert found["duplicates"] == 0 and found["missing_prompts"] == 0 and leftovers(store)["device_leases"] == 0
     store.dispose()
     busy = (last - first).total_seconds()
-    return {"workers": workers, "runs": total, "wall_s": wall, "drain_s": busy,
-            "runs_per_min_wall": total / wall * 60, "runs_per_min_drain": total / busy * 60}
+    return {
+        "workers": workers,
+        "runs": total,
+        "wall_s": wall,
+        "drain_s": busy,
+        "runs_per_min_wall": total / wall * 60,
+        "runs_per_min_drain": total / busy * 60,
+    }
 
 
 def kill_to_resume(url: str, models: dict, trials: int) -> list[dict]:
@@ -98,10 +104,13 @@ def kill_to_resume(url: str, models: dict, trials: int) -> list[dict]:
             deadline = time.monotonic() + 300
             while victim is None and time.monotonic() < deadline:
                 with store.read() as conn:
-                    victim = conn.execute(text(
-                        "SELECT w.pid, w.id, r.id AS run_id, r.prompts_done FROM workers w JOIN runs r "
-                        "ON r.worker_id = w.id WHERE r.status = 'running' AND r.prompts_done >= 1 "
-                        "AND r.prompts_done < r.prompts_total ORDER BY r.id LIMIT 1")).first()
+                    victim = conn.execute(
+                        text(
+                            "SELECT w.pid, w.id, r.id AS run_id, r.prompts_done FROM workers w JOIN runs r "
+                            "ON r.worker_id = w.id WHERE r.status = 'running' AND r.prompts_done >= 1 "
+                            "AND r.prompts_done < r.prompts_total ORDER BY r.id LIMIT 1"
+                        )
+                    ).first()
                 time.sleep(0.05)
             if victim is None:
                 break
@@ -110,8 +119,9 @@ def kill_to_resume(url: str, models: dict, trials: int) -> list[dict]:
             marks = {}
             while "committed" not in marks and time.monotonic() - killed < 300:
                 with store.read() as conn:
-                    row = conn.execute(text("SELECT status, worker_id, prompts_done FROM runs WHERE id = :r"),
-                                       {"r": victim.run_id}).one()
+                    row = conn.execute(
+                        text("SELECT status, worker_id, prompts_done FROM runs WHERE id = :r"), {"r": victim.run_id}
+                    ).one()
                 now = time.monotonic() - killed
                 moved = row.worker_id != victim.id  # claimed by a (restarted or other) worker
                 if row.status == "queued" or (moved and row.status in ("running", "done")):
@@ -131,27 +141,35 @@ def kill_to_resume(url: str, models: dict, trials: int) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", default=os.environ.get("DRAFTLAB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument(
+        "--db", default=os.environ.get("DRAFTLAB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+    )
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as tmp:
         models = tiny_models(Path(tmp))
-        print(f"machine: {os.cpu_count()} CPU cores (os.cpu_count), tiny models, PostgreSQL, own schema per pass",
-              flush=True)
+        print(
+            f"machine: {os.cpu_count()} CPU cores (os.cpu_count), tiny models, PostgreSQL, own schema per pass",
+            flush=True,
+        )
         rows = []
         for n in [int(x) for x in args.workers.split(",")]:
             with Schema(args.db) as url:
                 rows.append(drain(url, models, n))
             print(f"  {n} worker(s) done", file=sys.stderr, flush=True)
         base = rows[0]["runs_per_min_drain"]
-        print("\n| workers | runs | wall s (incl. start-up) | runs/min (wall) | drain s (first start → last end) | "
-              "runs/min (drain) | vs 1 worker |")
+        print(
+            "\n| workers | runs | wall s (incl. start-up) | runs/min (wall) | drain s (first start → last end) | "
+            "runs/min (drain) | vs 1 worker |"
+        )
         print("|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['workers']} | {r['runs']} | {r['wall_s']:.1f} | {r['runs_per_min_wall']:.1f} | "
-                  f"{r['drain_s']:.1f} | {r['runs_per_min_drain']:.1f} | {r['runs_per_min_drain'] / base:.2f}× |")
+            print(
+                f"| {r['workers']} | {r['runs']} | {r['wall_s']:.1f} | {r['runs_per_min_wall']:.1f} | "
+                f"{r['drain_s']:.1f} | {r['runs_per_min_drain']:.1f} | {r['runs_per_min_drain'] / base:.2f}× |"
+            )
         with Schema(args.db) as url:
             trials = kill_to_resume(url, models, args.trials)
         print("\nSIGKILL of a worker timing a run (2 workers), seconds after the kill:\n")

@@ -18,6 +18,7 @@ batches, so at a batch size with few batches it rests on very few units: read it
 The load average matters: timing runs on a shared machine compete with whatever else runs there. The experiment
 interleaves its arms batch by batch (protocol v2), so ratios survive load better than absolute tokens per second.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,10 @@ def prompt_file(spec: str, n: int, folder: Path) -> Path:
     """The first n prompts of a spec as a .jsonl (plain prompts only: conversations would need their template)."""
     prompts = load_prompts(spec)
     if len(prompts) < n:
-        sys.exit(f"error: {spec} holds {len(prompts)} prompts, fewer than --num-prompts {n}; "
-                 f"join sets with + (e.g. code:tune+code:validation) or lower --num-prompts")
+        sys.exit(
+            f"error: {spec} holds {len(prompts)} prompts, fewer than --num-prompts {n}; "
+            f"join sets with + (e.g. code:tune+code:validation) or lower --num-prompts"
+        )
     if not all(isinstance(p, str) for p in prompts[:n]):
         sys.exit(f"error: {spec} holds conversations; pick plain prompt sets or leave out --num-prompts")
     path = folder / f"prompts_{n}.jsonl"
@@ -65,30 +68,61 @@ def prompt_file(spec: str, n: int, folder: Path) -> Path:
 
 
 def command(args, prompts: str, db: str) -> list[str]:
-    return [sys.executable, "-m", "app.cli", "run", "--target", args.target, "--draft", args.draft,
-            "--prompts", prompts, "--batch-size", args.batch_sizes, "--k", args.k, "--repeats", str(args.repeats),
-            "--max-new-tokens", str(args.max_new_tokens), "--temperature", "0", "--device", args.device,
-            "--db", db, "--json"]
+    return [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "run",
+        "--target",
+        args.target,
+        "--draft",
+        args.draft,
+        "--prompts",
+        prompts,
+        "--batch-size",
+        args.batch_sizes,
+        "--k",
+        args.k,
+        "--repeats",
+        str(args.repeats),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--temperature",
+        "0",
+        "--device",
+        args.device,
+        "--db",
+        db,
+        "--json",
+    ]
 
 
 def table(size: int, baseline: dict | None, runs: list[dict], step: dict | None) -> list[str]:
-    lines = [f"\nbatch {size}" + (f"  (baseline {fmt(baseline.get('tokens_per_second'), '.1f')} tok/s)" if baseline
-                                 else ""),
-             f"{'k':>6} {'speedup (95% CI)':>19} {'tok/s':>7} {'tok/rnd':>7} {'c':>5} {'verify':>6} {'TTFT p50':>8} "
-             f"{'ITL p50':>7} {'ITL p95':>7} {'lat p95':>7}  (ms)"]
+    lines = [
+        f"\nbatch {size}" + (f"  (baseline {fmt(baseline.get('tokens_per_second'), '.1f')} tok/s)" if baseline else ""),
+        f"{'k':>6} {'speedup (95% CI)':>19} {'tok/s':>7} {'tok/rnd':>7} {'c':>5} {'verify':>6} {'TTFT p50':>8} "
+        f"{'ITL p50':>7} {'ITL p95':>7} {'lat p95':>7}  (ms)",
+    ]
     for r in ([baseline] if baseline else []) + runs:
         is_base = r is baseline
         ci = r.get("speedup_ci")
-        speed = ("1 (baseline)" if is_base else
-                 f"{r['speedup']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})" if r.get("speedup") is not None and ci
-                 else fmt(r.get("speedup"), ".2f"))
+        speed = (
+            "1 (baseline)"
+            if is_base
+            else f"{r['speedup']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})"
+            if r.get("speedup") is not None and ci
+            else fmt(r.get("speedup"), ".2f")
+        )
         mark = "" if is_base or not step or step.get("run_id") != r["run_id"] else " <- serve"
-        lines.append(f"{'target' if is_base else r['k']:>6} {speed:>19} {fmt(r.get('tokens_per_second'), '.1f'):>7} "
-                     f"{'1.00' if is_base else fmt(r.get('tokens_per_round'), '.2f'):>7} "
-                     f"{'-' if is_base else fmt(r.get('c'), '.2f'):>5} {'-' if is_base else fmt(r.get('verify_cost'), '.2f'):>6} "
-                     f"{ms(r.get('ttft_seconds_p50')):>8} {ms(r.get('itl_seconds_p50')):>7} {ms(r.get('itl_seconds_p95')):>7} "
-                     f"{ms(r.get('request_latency_seconds_p95')):>7}" + mark
-                     + (f"  ({r['status']}: {r.get('error')})" if r.get("status") != "done" else ""))
+        lines.append(
+            f"{'target' if is_base else r['k']:>6} {speed:>19} {fmt(r.get('tokens_per_second'), '.1f'):>7} "
+            f"{'1.00' if is_base else fmt(r.get('tokens_per_round'), '.2f'):>7} "
+            f"{'-' if is_base else fmt(r.get('c'), '.2f'):>5} {'-' if is_base else fmt(r.get('verify_cost'), '.2f'):>6} "
+            f"{ms(r.get('ttft_seconds_p50')):>8} {ms(r.get('itl_seconds_p50')):>7} {ms(r.get('itl_seconds_p95')):>7} "
+            f"{ms(r.get('request_latency_seconds_p95')):>7}"
+            + mark
+            + (f"  ({r['status']}: {r.get('error')})" if r.get("status") != "done" else "")
+        )
     if step:
         lines.append(step["text"])
     return lines
@@ -107,11 +141,16 @@ def report(doc: dict) -> list[str]:
     lines.append(grid.get("text") or "no schedule in the document (not a grid?)")
     ranges = grid.get("num_speculative_tokens_per_batch_size")
     lines.append("vLLM num_speculative_tokens_per_batch_size: " + (json.dumps(ranges) if ranges else "none"))
-    warnings = [f"batch {r.get('batch_size')} k={r['k']}: {r['timing_warning']}" for r in doc["runs"]
-                if r.get("timing_warning")]
+    warnings = [
+        f"batch {r.get('batch_size')} k={r['k']}: {r['timing_warning']}" for r in doc["runs"] if r.get("timing_warning")
+    ]
     lines += [f"timing warning: {w}" for w in warnings] or ["timing warnings: none"]
-    mismatched = [f"batch {r.get('batch_size')} k={r['k']}" for r in doc["runs"] if r.get("outputs_match_baseline") is False]
-    lines.append("outputs equal to the baseline's: " + ("every run" if not mismatched else "not in " + ", ".join(mismatched)))
+    mismatched = [
+        f"batch {r.get('batch_size')} k={r['k']}" for r in doc["runs"] if r.get("outputs_match_baseline") is False
+    ]
+    lines.append(
+        "outputs equal to the baseline's: " + ("every run" if not mismatched else "not in " + ", ".join(mismatched))
+    )
     return lines
 
 
@@ -120,8 +159,12 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="demo-target")
     ap.add_argument("--draft", default="demo-draft")
     ap.add_argument("--prompts", default="code:tune+code:validation")
-    ap.add_argument("--num-prompts", type=int, default=32,
-                    help="use the first N prompts of --prompts (0: the whole spec, passed to the CLI as it is)")
+    ap.add_argument(
+        "--num-prompts",
+        type=int,
+        default=32,
+        help="use the first N prompts of --prompts (0: the whole spec, passed to the CLI as it is)",
+    )
     ap.add_argument("--batch-sizes", default="1,2,4,8,16")
     ap.add_argument("--k", default="1,2,3,4,5,6")
     ap.add_argument("--repeats", type=int, default=3)
@@ -141,11 +184,11 @@ def main(argv=None) -> int:
         prompts = str(prompt_file(args.prompts, args.num_prompts, folder)) if args.num_prompts else args.prompts
         db = args.db or f"sqlite:///{folder / 'schedule.db'}"
         cmd = command(args, prompts, db)
-        shown = " ".join(["draftlab", *cmd[3:]]).replace(prompts, args.prompts + (
-            f" (first {args.num_prompts})" if args.num_prompts else ""))
+        shown = " ".join(["draftlab", *cmd[3:]]).replace(
+            prompts, args.prompts + (f" (first {args.num_prompts})" if args.num_prompts else "")
+        )
         print(f"command: {shown}")
-        print(f"machine: {os.cpu_count()} cores, shared with other jobs: load average (1/5/15 min) before "
-              f"{load()}")
+        print(f"machine: {os.cpu_count()} cores, shared with other jobs: load average (1/5/15 min) before {load()}")
         sys.stdout.flush()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         start = time.perf_counter()
@@ -157,11 +200,15 @@ def main(argv=None) -> int:
         doc = json.loads(out.stdout)
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1), encoding="utf-8")
-    print(f"experiment {doc['experiment_id']}, {doc.get('repeats')} repeats, greedy, {args.max_new_tokens} new tokens"
-          + (f", database kept: {args.db}" if args.db else ""))
+    print(
+        f"experiment {doc['experiment_id']}, {doc.get('repeats')} repeats, greedy, {args.max_new_tokens} new tokens"
+        + (f", database kept: {args.db}" if args.db else "")
+    )
     print("\n".join(report(doc)))
-    print(f"\nwall time of the whole command: {wall:.0f} s ({wall / 60:.1f} min); load average after {after} "
-          f"(the machine is shared: absolute tok/s and ms move with its load, the interleaved ratios less)")
+    print(
+        f"\nwall time of the whole command: {wall:.0f} s ({wall / 60:.1f} min); load average after {after} "
+        f"(the machine is shared: absolute tok/s and ms move with its load, the interleaved ratios less)"
+    )
     return out.returncode
 
 

@@ -18,6 +18,7 @@ the steadier figure), interleaved (A B C, then C B A) and repeated; medians and 
     python benchmarks/bench_sliding_batch.py                       # batch 4 and 8, 16 prompts, 64 new tokens
     python benchmarks/bench_sliding_batch.py --batch-sizes 4,8,16 --repeats 5 --device cuda
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,18 @@ def spread(values: list[float]) -> str:
 
 def sliding_pair(hidden: int, layers: int, window: int, device: str):
     torch.manual_seed(0)
-    config = transformers.MistralConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden,
-                                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                        max_position_embeddings=1024, sliding_window=window, eos_token_id=None,
-                                        tie_word_embeddings=False)
+    config = transformers.MistralConfig(
+        vocab_size=256,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        sliding_window=window,
+        eos_token_id=None,
+        tie_word_embeddings=False,
+    )
     target = tm._sharpen(transformers.MistralForCausalLM(config), 4.0)
     draft = tm.noisy_copy(target, seed=1, noise=0.4)  # accepts some drafts, rejects others: holes every round
     pair = tm.pair(target.to(device), draft.to(device), tm.tokenizer(256, eos=False))
@@ -75,23 +84,28 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     pair = sliding_pair(args.hidden, args.layers, args.window, args.device)
     cfg = SamplingConfig(temperature=0, max_new_tokens=args.max_new_tokens)
-    prompts = [" ".join(f"t{2 + (7 * i + 13 * p) % 250}" for i in range(16 + (37 * p) % 96))
-               for p in range(args.prompts)]
+    prompts = [
+        " ".join(f"t{2 + (7 * i + 13 * p) % 250}" for i in range(16 + (37 * p) % 96)) for p in range(args.prompts)
+    ]
     ids = runs.encode_prompts(pair, prompts, args.max_new_tokens)
     alone_decoder = runs.baseline_decoder(pair, cfg)
     alone = [alone_decoder.generate(p, i, n).output_ids for n, (p, i) in enumerate(zip(prompts, ids))]
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     arms = ("masks", "compact", "columns")
-    print(f"Mistral-style pair: hidden {args.hidden}, {args.layers} layers, window {args.window}; "
-          f"{len(prompts)} prompts "
-          f"of {min(i.shape[1] for i in ids)}-{max(i.shape[1] for i in ids)} tokens, {args.max_new_tokens} new, "
-          f"k {args.k}, {args.device}, {args.repeats} repeats")
-    speculative.COMPACT_SLACK = drafting.COMPACT_SLACK = 0  # the compact arm realigns at any hole; the others keep ratio 2 (+0 slack) here
+    print(
+        f"Mistral-style pair: hidden {args.hidden}, {args.layers} layers, window {args.window}; "
+        f"{len(prompts)} prompts "
+        f"of {min(i.shape[1] for i in ids)}-{max(i.shape[1] for i in ids)} tokens, {args.max_new_tokens} new, "
+        f"k {args.k}, {args.device}, {args.repeats} repeats"
+    )
+    speculative.COMPACT_SLACK = drafting.COMPACT_SLACK = (
+        0  # the compact arm realigns at any hole; the others keep ratio 2 (+0 slack) here
+    )
     for size in [int(s) for s in args.batch_sizes.split(",")]:
         walls, cpus = {arm: [] for arm in arms}, {arm: [] for arm in arms}
         exact, hole_share, compactions = {}, {}, {}
         for rep in range(args.repeats):
-            for arm in (arms if rep % 2 == 0 else tuple(reversed(arms))):
+            for arm in arms if rep % 2 == 0 else tuple(reversed(arms)):
                 decoder = arm_decoder(arm, pair, cfg, args.k)
                 decoder.generate_batch(prompts[:size], ids[:size], list(range(size)), max_new_tokens=8)  # warm-up
                 decoder.target.compactions = 0
@@ -112,9 +126,11 @@ def main() -> None:
         for arm in arms:
             wall = [w / c for w, c in zip(walls[arm], walls["columns"])]
             cpu = [w / c for w, c in zip(cpus[arm], cpus["columns"])]
-            print(f"  {arm:8s} CPU {statistics.median(cpus[arm]):6.2f} s, ratio to columns {spread(cpu)};  wall "
-                  f"{statistics.median(walls[arm]):6.2f} s, ratio {spread(wall)};  rows exact {exact[arm]}/"
-                  f"{len(prompts)}, hole share {hole_share[arm]:.2f}, target compactions {compactions[arm]}")
+            print(
+                f"  {arm:8s} CPU {statistics.median(cpus[arm]):6.2f} s, ratio to columns {spread(cpu)};  wall "
+                f"{statistics.median(walls[arm]):6.2f} s, ratio {spread(wall)};  rows exact {exact[arm]}/"
+                f"{len(prompts)}, hole share {hole_share[arm]:.2f}, target compactions {compactions[arm]}"
+            )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ drafter specs accept. Python's int() and float() also take '٣', '３', '1_0', '
 
 Plain Python (no torch): storage and pages import it.
 """
+
 from __future__ import annotations
 
 import math

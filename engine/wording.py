@@ -2,6 +2,7 @@
 
 Plain Python (no torch): the engine, storage, the pages and the CLI all print counts through it.
 """
+
 from __future__ import annotations
 
 IRREGULAR = {"child": "children", "index": "indices", "process": "processes"}

@@ -1,28 +1,80 @@
 """Compare: experiments side by side (overlaid sweep curves) and runs side by side (metrics and breakdowns)."""
+
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from engine.text.prompt_sets import set_name
 from engine.config.variables import variable
+from engine.text.prompt_sets import set_name
 from pages.widgets import charts
-from pages.widgets.prefill import md_text
-from pages.widgets.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, run_label,
-                          select_ids, show, swept_values, version)
+from pages.widgets.common import (
+    cached,
+    chart_with_csv,
+    csv_download,
+    draw,
+    empty_state,
+    experiment_label,
+    run_label,
+    select_ids,
+    show,
+    swept_values,
+    version,
+)
 from pages.widgets.common import table as show_table
+from pages.widgets.prefill import md_text
 from storage.analysis import catalog
+from storage.analysis.verdict import verdict_dict
 from storage.records import queries as q
 from storage.records.columns import COLUMNS
-from storage.analysis.verdict import verdict_dict
 
-EXPERIMENT_COLUMNS = ["experiment_id", "name", "badges", "status", "sweep_variable", "best_label", "best", "n_tied",
-                      "timing_warnings", "alpha", "repeats", "target", "draft", "prompts", "tags"]
-RUN_METRICS = ["kind", "k", "sweep_value", "status", "new_tokens", "tokens_per_second", "speedup", "speedup_ci_lo",
-               "speedup_ci_hi", "predicted_speedup_refined", "predicted_speedup", "alpha", "draft_acceptance_rate",
-               "tokens_per_round", "expected_alpha", "kl", "rounds", "proposed", "accepted", "rejected", "c",
-               "verify_cost", "draft_step_seconds", "target_step_seconds", "peak_memory_mb", "outputs_match_baseline",
-               "speedup_note", "timing_warning"]
+EXPERIMENT_COLUMNS = [
+    "experiment_id",
+    "name",
+    "badges",
+    "status",
+    "sweep_variable",
+    "best_label",
+    "best",
+    "n_tied",
+    "timing_warnings",
+    "alpha",
+    "repeats",
+    "target",
+    "draft",
+    "prompts",
+    "tags",
+]
+RUN_METRICS = [
+    "kind",
+    "k",
+    "sweep_value",
+    "status",
+    "new_tokens",
+    "tokens_per_second",
+    "speedup",
+    "speedup_ci_lo",
+    "speedup_ci_hi",
+    "predicted_speedup_refined",
+    "predicted_speedup",
+    "alpha",
+    "draft_acceptance_rate",
+    "tokens_per_round",
+    "expected_alpha",
+    "kl",
+    "rounds",
+    "proposed",
+    "accepted",
+    "rejected",
+    "c",
+    "verify_cost",
+    "draft_step_seconds",
+    "target_step_seconds",
+    "peak_memory_mb",
+    "outputs_match_baseline",
+    "speedup_note",
+    "timing_warning",
+]
 INTERVAL = {"lo": "speedup_ci_lo", "hi": "speedup_ci_hi"}  # the speedup chart's error bars
 
 
@@ -47,8 +99,10 @@ def badges(experiment_id: int, verdict: dict, links: pd.DataFrame) -> str:
 
 def swept_variables(listing: pd.DataFrame) -> dict[int, str | None]:
     """{experiment id: the variable it sweeps} (None: k, as experiments stored before sweeps had a variable)."""
-    return {int(i): v if isinstance(v, str) and v else None
-            for i, v in zip(listing["experiment_id"], listing["sweep_variable"])}
+    return {
+        int(i): v if isinstance(v, str) and v else None
+        for i, v in zip(listing["experiment_id"], listing["sweep_variable"])
+    }
 
 
 def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataFrame]:
@@ -61,26 +115,39 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     table = listing[listing["experiment_id"].isin(chosen)]
     links = cached("validation_links")
     stamps = {experiment_id: version(experiment_id) for experiment_id in chosen}
-    verdicts = {int(i): cached(verdict_dict, int(i), experiment_id=int(i), stamp=stamps[int(i)])
-                for i in table["experiment_id"]}
-    table = table.assign(best=[charts.speedup_text(s, lo, hi) for s, lo, hi in
-                               zip(table["best_speedup"], table["best_ci_lo"], table["best_ci_hi"])],
-                         badges=[badges(int(i), verdicts[int(i)], links) for i in table["experiment_id"]],
-                         prompts=[set_name(p) for p in table["prompts"]])  # never an upload's server path
+    verdicts = {
+        int(i): cached(verdict_dict, int(i), experiment_id=int(i), stamp=stamps[int(i)]) for i in table["experiment_id"]
+    }
+    table = table.assign(
+        best=[
+            charts.speedup_text(s, lo, hi)
+            for s, lo, hi in zip(table["best_speedup"], table["best_ci_lo"], table["best_ci_hi"])
+        ],
+        badges=[badges(int(i), verdicts[int(i)], links) for i in table["experiment_id"]],
+        prompts=[set_name(p) for p in table["prompts"]],
+    )  # never an upload's server path
     table = table[[c for c in EXPERIMENT_COLUMNS if c in table]]
-    show_table(table, EXPERIMENT_COLUMNS, "compare_experiments_table",
-               best=st.column_config.TextColumn("best speedup (95 % interval)",
-                                                help="measured, with its 95 % interval (paired bootstrap over prompts)"),
-               badges=st.column_config.TextColumn("ties · validation",
-                                                  help="≈ values statistically tied with the best (overlapping 95 % "
-                                                       "intervals); ✔ a validation experiment and the one it validates"))
+    show_table(
+        table,
+        EXPERIMENT_COLUMNS,
+        "compare_experiments_table",
+        best=st.column_config.TextColumn(
+            "best speedup (95 % interval)", help="measured, with its 95 % interval (paired bootstrap over prompts)"
+        ),
+        badges=st.column_config.TextColumn(
+            "ties · validation",
+            help="≈ values statistically tied with the best (overlapping 95 % "
+            "intervals); ✔ a validation experiment and the one it validates",
+        ),
+    )
     csv_download(table, "compare_experiments.csv")
     curves, runs_by_experiment = [], {}
     rows = listing.set_index("experiment_id")
     sweeps = swept_variables(listing)
     for experiment_id in chosen:
-        runs = runs_by_experiment[experiment_id] = cached("runs", experiment_id, experiment_id=experiment_id,
-                                                          stamp=stamps[experiment_id])
+        runs = runs_by_experiment[experiment_id] = cached(
+            "runs", experiment_id, experiment_id=experiment_id, stamp=stamps[experiment_id]
+        )
         curve = cached("sweep_curve", experiment_id, experiment_id=experiment_id, stamp=stamps[experiment_id])
         at = ""
         if experiment_id in rows.index and q.grid_sizes(rows.loc[experiment_id].to_dict()) is not None:
@@ -89,10 +156,16 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
             at = " · batch " + sizes.astype(int).astype(str)
         swept = variable(sweeps.get(experiment_id))
         named = dict(zip(runs["run_id"].astype(int), swept_values(runs, swept.name))) if swept.categorical else {}
-        curves.append(curve.assign(experiment=label(experiment_id) + at, experiment_id=experiment_id,
-                                   experiment_name=short_label(experiment_id) + at,
-                                   line_label=f"#{experiment_id}" + at,  # the legend below names it in full
-                                   sweep_variable=swept.name, sweep_label=curve["run_id"].map(named)))
+        curves.append(
+            curve.assign(
+                experiment=label(experiment_id) + at,
+                experiment_id=experiment_id,
+                experiment_name=short_label(experiment_id) + at,
+                line_label=f"#{experiment_id}" + at,  # the legend below names it in full
+                sweep_variable=swept.name,
+                sweep_label=curve["run_id"].map(named),
+            )
+        )
     curve = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
     if curve.empty or curve["speedup"].isna().all():
         st.info("None of these experiments has a finished speculative run yet.")
@@ -103,18 +176,32 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     return runs_by_experiment
     curve["state"] = charts.run_states(curve)
     st.subheader(f"Speedup, alpha and tokens per round vs {x_title}")
-    frame = curve[["experiment", "experiment_name", "line_label", "experiment_id", "run_id", "sweep_value", "speedup",
-                   *INTERVAL.values(), "state", "alpha", "tokens_per_round"]]
-    panels = charts.sweep_panels(frame, "sweep_value", "experiment", x_title, end_label="line_label",
-                                 interval=INTERVAL)
+    frame = curve[
+        [
+            "experiment",
+            "experiment_name",
+            "line_label",
+            "experiment_id",
+            "run_id",
+            "sweep_value",
+            "speedup",
+            *INTERVAL.values(),
+            "state",
+            "alpha",
+            "tokens_per_round",
+        ]
+    ]
+    panels = charts.sweep_panels(frame, "sweep_value", "experiment", x_title, end_label="line_label", interval=INTERVAL)
     for column, panel in zip(st.columns(len(panels)), panels):  # each fills its column: nothing runs off the page
         with column:
             draw(panel, width="stretch")
     draw(charts.series_legend(frame, "experiment"), width="stretch")  # the legend the panels share
     csv_download(frame, "compare_sweep.csv")
-    st.caption("Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
-               "have not finished, crosses impossible speedups (timing warnings). Each line ends with its "
-               "experiment's number (and batch size), named in full in the legend.")
+    st.caption(
+        "Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
+        "have not finished, crosses impossible speedups (timing warnings). Each line ends with its "
+        "experiment's number (and batch size), named in full in the legend."
+    )
     for y, what in (("speedup", "speedup"), ("alpha", "alpha"), ("tokens_per_round", "tokens per round")):
         note = charts.coinciding_note(charts.coinciding(frame, "sweep_value", y, "experiment"), what, x_title)
         if note:
@@ -132,8 +219,21 @@ def _sweep_charts(curve: pd.DataFrame, swept) -> None:
         st.info(f"None of the experiments sweeping {x_title} has a finished speculative run yet.")
         return
     x = "sweep_label" if swept.categorical else "sweep_value"  # a name (runs.sweep_label), else the number
-    frame = curve[["experiment", "experiment_name", "line_label", "experiment_id", "run_id", x, "speedup",
-                   *INTERVAL.values(), "state", "alpha", "tokens_per_round"]]
+    frame = curve[
+        [
+            "experiment",
+            "experiment_name",
+            "line_label",
+            "experiment_id",
+            "run_id",
+            x,
+            "speedup",
+            *INTERVAL.values(),
+            "state",
+            "alpha",
+            "tokens_per_round",
+        ]
+    ]
     if swept.categorical:
         panels = charts.category_panels(frame, x, "experiment", x_title, interval=INTERVAL)
     else:
@@ -143,11 +243,15 @@ def _sweep_charts(curve: pd.DataFrame, swept) -> None:
             draw(panel, width="stretch")
     draw(charts.series_legend(frame, "experiment"), width="stretch")  # the legend the panels share
     csv_download(frame, f"compare_sweep_{swept.name}.csv")
-    st.caption("Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
-               "have not finished, crosses impossible speedups (timing warnings). "
-               + ("Each name is a category: the experiments' points stand side by side within it."
-                  if swept.categorical else
-                  "Each line ends with its experiment's number (and batch size), named in full in the legend."))
+    st.caption(
+        "Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
+        "have not finished, crosses impossible speedups (timing warnings). "
+        + (
+            "Each name is a category: the experiments' points stand side by side within it."
+            if swept.categorical
+            else "Each line ends with its experiment's number (and batch size), named in full in the legend."
+        )
+    )
     if swept.categorical:
         return  # points side by side never lie on one another
     for y, what in (("speedup", "speedup"), ("alpha", "alpha"), ("tokens_per_round", "tokens per round")):
@@ -173,33 +277,49 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame], sweeps: dict[int, str]) -
     table = everything.set_index("run_id").loc[chosen, metrics]
     table.index = [labels[r] for r in chosen]
     # One row per metric, named by its header and written in its one format (storage/records/columns.py), as every table.
-    side_by_side = pd.DataFrame({run: [show(m, v) for m, v in row.items()] for run, row in table.iterrows()},
-                                index=[COLUMNS[m].header if m in COLUMNS else m for m in metrics])
+    side_by_side = pd.DataFrame(
+        {run: [show(m, v) for m, v in row.items()] for run, row in table.iterrows()},
+        index=[COLUMNS[m].header if m in COLUMNS else m for m in metrics],
+    )
     st.dataframe(side_by_side, width="stretch", key="compare_runs_table")
     csv_download(table.reset_index(names="run"), "compare_runs.csv")
     positions, types = [], []
     experiment_of = {int(r): e for e, runs in runs_by_experiment.items() for r in runs["run_id"]}
     for run_id in chosen:
-        positions.append(cached("acceptance_by_position", run_id, experiment_id=experiment_of[run_id])
-                         .assign(run=labels[run_id], run_id=run_id))
-        types.append(cached("acceptance_by_type", run_id, experiment_id=experiment_of[run_id])
-                     .assign(run=labels[run_id], run_id=run_id))
+        positions.append(
+            cached("acceptance_by_position", run_id, experiment_id=experiment_of[run_id]).assign(
+                run=labels[run_id], run_id=run_id
+            )
+        )
+        types.append(
+            cached("acceptance_by_type", run_id, experiment_id=experiment_of[run_id]).assign(
+                run=labels[run_id], run_id=run_id
+            )
+        )
     left, right = st.columns(2)
     with left:
         st.subheader("Conditional acceptance by draft position")
         frame = pd.concat(positions, ignore_index=True)
-        chart_with_csv(charts.overlaid_curves(frame, "position", "conditional", "run", "draft position",
-                                              "accepted / reached", (0, 1), count="reached"), frame,
-                       "compare_by_position.csv")
-        note = charts.coinciding_note(charts.coinciding(frame, "position", "conditional", "run"),
-                                      "acceptance", "draft position")
+        chart_with_csv(
+            charts.overlaid_curves(
+                frame, "position", "conditional", "run", "draft position", "accepted / reached", (0, 1), count="reached"
+            ),
+            frame,
+            "compare_by_position.csv",
+        )
+        note = charts.coinciding_note(
+            charts.coinciding(frame, "position", "conditional", "run"), "acceptance", "draft position"
+        )
         if note:
             st.caption(md_text(note))
     with right:
         st.subheader("Acceptance by token type")
         frame = pd.concat(types, ignore_index=True)
-        chart_with_csv(charts.grouped_bars(frame, "token_type", "rate", "run", "accepted / verified", count="verified"),
-                       frame, "compare_by_type.csv")
+        chart_with_csv(
+            charts.grouped_bars(frame, "token_type", "rate", "run", "accepted / verified", count="verified"),
+            frame,
+            "compare_by_type.csv",
+        )
         st.caption(charts.SMALL_SAMPLE_NOTE)
 
 

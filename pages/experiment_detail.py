@@ -2,6 +2,7 @@
 words) above sections of which only the open one is built (pages/panels/sections.py, `?section=`): the Verdict (the
 speedup curve against the predictions, the findings), why drafts are rejected, predictions and cost, serving,
 Confirm in vLLM and the runs."""
+
 from __future__ import annotations
 
 import functools
@@ -11,53 +12,109 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from engine.config.variables import variable
 from engine.metrics import theory
 from engine.text.prompt_sets import set_name
-from engine.config.variables import variable
-from pages.widgets import charts
+from engine.wording import plural
 from pages.panels import sections
 from pages.panels.advice import browser_advice
-from pages.widgets.prefill import md_text
-from pages.panels.deploy_panel import render_deploy_panel
-from pages.panels.findings_panel import render_findings
-from pages.panels.drafting_panel import render_k_distribution
-from pages.panels.validation_panel import render_validation
-from pages.panels.production_panel import render_production
 from pages.panels.confirm_panel import render_confirm
+from pages.panels.deploy_panel import render_deploy_panel
+from pages.panels.drafting_panel import render_k_distribution
+from pages.panels.findings_panel import render_findings
+from pages.panels.production_panel import render_production
 from pages.panels.schedule_panel import batch_name, headline, render_schedule, render_vllm_schedule
-from engine.wording import plural
-from pages.widgets.common import (cached, chart_with_csv, csv_download, empty_state, experiment_label, nav_page, number,
-                          run_label, run_stamp, select_id, show, store, swept_values, table, version)
-from storage.analysis import catalog
-from storage.records import columns
-from storage.analysis import formula
-from storage.records import queries as q
+from pages.panels.validation_panel import render_validation
+from pages.widgets import charts
+from pages.widgets.common import (
+    cached,
+    chart_with_csv,
+    csv_download,
+    empty_state,
+    experiment_label,
+    nav_page,
+    number,
+    run_label,
+    run_stamp,
+    select_id,
+    show,
+    store,
+    swept_values,
+    table,
+    version,
+)
+from pages.widgets.prefill import md_text
+from storage.analysis import catalog, formula
 from storage.analysis.findings import findings
-from storage.records.columns import shown_in
 from storage.analysis.schedule import schedule_dict
 from storage.analysis.verdict import verdict_dict
+from storage.records import columns
+from storage.records import queries as q
+from storage.records.columns import shown_in
 
 ACTIVE = ("queued", "running")
 REFRESH_SECONDS = 2.0
 # The Runs table: headers, help and formats from storage/records/columns.py. Wall seconds are in the cost table, a timing
 # warning and an error in the boxes above the table (the ⚠ check column marks the run): the CSV keeps every column.
-RUN_COLUMNS = ["check", "run_id", "kind", "k", "sweep_value", "status", "progress", "new_tokens", "tokens_per_second",
-               "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined", "predicted_speedup", "alpha",
-               "draft_acceptance_rate", "tokens_per_round", "expected_alpha", "kl", *shown_in("runs"),
-               "outputs_match_baseline", "speedup_note"]
-COST_COLUMNS = ["run_id", "kind", "k", "sweep_value", "c", "verify_cost", "peak_memory_mb", "target_step_seconds",
-                "draft_step_seconds", "tokens_per_second", "wall_seconds", *shown_in("cost")]
+RUN_COLUMNS = [
+    "check",
+    "run_id",
+    "kind",
+    "k",
+    "sweep_value",
+    "status",
+    "progress",
+    "new_tokens",
+    "tokens_per_second",
+    "speedup",
+    "speedup_ci_lo",
+    "speedup_ci_hi",
+    "predicted_speedup_refined",
+    "predicted_speedup",
+    "alpha",
+    "draft_acceptance_rate",
+    "tokens_per_round",
+    "expected_alpha",
+    "kl",
+    *shown_in("runs"),
+    "outputs_match_baseline",
+    "speedup_note",
+]
+COST_COLUMNS = [
+    "run_id",
+    "kind",
+    "k",
+    "sweep_value",
+    "c",
+    "verify_cost",
+    "peak_memory_mb",
+    "target_step_seconds",
+    "draft_step_seconds",
+    "tokens_per_second",
+    "wall_seconds",
+    *shown_in("cost"),
+]
 # Serving metrics (docs/metrics.md "Serving metrics"): runs decoded in batches report them, batch-1 loops do not.
-SERVING_COLUMNS = ["run_id", "kind", "k", "sweep_value", "batch_size", "tokens_per_second", "ttft_seconds_p50", "ttft_seconds_p95",
-                   "itl_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p50", "request_latency_seconds_p95"]
+SERVING_COLUMNS = [
+    "run_id",
+    "kind",
+    "k",
+    "sweep_value",
+    "batch_size",
+    "tokens_per_second",
+    "ttft_seconds_p50",
+    "ttft_seconds_p95",
+    "itl_seconds_p50",
+    "itl_seconds_p95",
+    "request_latency_seconds_p50",
+    "request_latency_seconds_p95",
+]
 IMPOSSIBLE = "⚠ impossible speedup"  # the Runs table's mark on a run with a timing_warning
 MEASURED = ["run_id", "status", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup_refined"]
-ERRORS = {f"{name}_error": st.column_config.NumberColumn(f"{label} error", format="percent",
-                                                          help="predicted / measured − 1")
-          for name, label in (("refined", "cost-aware"), ("formula", "formula at run's α, c"),
-                              ("prediction", "prediction"))}
-
-
+ERRORS = {
+    f"{name}_error": st.column_config.NumberColumn(f"{label} error", format="percent", help="predicted / measured − 1")
+    for name, label in (("refined", "cost-aware"), ("formula", "formula at run's α, c"), ("prediction", "prediction"))
+}
 
 
 def by_swept_value(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
@@ -67,8 +124,9 @@ def by_swept_value(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     return curve.rename(columns={"sweep_value": sweep_variable})
 
 
-def speedup_frame(curve: pd.DataFrame, sweep_variable: str, pooled: formula.Pooled | None,
-                  auto_curve: dict | None = None) -> pd.DataFrame:
+def speedup_frame(
+    curve: pd.DataFrame, sweep_variable: str, pooled: formula.Pooled | None, auto_curve: dict | None = None
+) -> pd.DataFrame:
     """What the speedup chart draws: per swept value the measured speedup with its 95 % interval and whether its
     run finished (`state`), that run's cost-aware prediction, and the formula's (a k sweep: the experiment's formula
     curve, storage/analysis/formula.py, at every k; otherwise each run's own); `--k auto` adds the curve it predicted
@@ -96,16 +154,21 @@ def prediction_table(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     k and c), with each prediction's error: predicted / measured − 1."""
     grid = ["batch_size"] if "batch_size" in curve else []  # a grid: each row's batch size
     table = by_swept_value(curve, sweep_variable)[[*grid, sweep_variable, *MEASURED, "predicted_speedup"]]
-    return table.assign(refined_error=table["predicted_speedup_refined"] / table["speedup"] - 1,
-                        formula_error=table["predicted_speedup"] / table["speedup"] - 1).replace([np.inf, -np.inf], np.nan)
+    return table.assign(
+        refined_error=table["predicted_speedup_refined"] / table["speedup"] - 1,
+        formula_error=table["predicted_speedup"] / table["speedup"] - 1,
+    ).replace([np.inf, -np.inf], np.nan)
 
 
 def auto_k_table(experiment: dict, curve: pd.DataFrame) -> pd.DataFrame:
     """`--k auto`: each confirmed k, measured after the curve was predicted, against that prediction (its batch
     size's curve: at several batch sizes each has its own, and the table names the batch size)."""
     curves = q.predicted_curves(experiment)
-    sizes = (curve["batch_size"].fillna(1).astype(int) if "batch_size" in curve  # a grid: each row's batch size
-             else pd.Series(int(experiment.get("batch_size") or 1), index=curve.index, dtype=int))
+    sizes = (
+        curve["batch_size"].fillna(1).astype(int)
+        if "batch_size" in curve  # a grid: each row's batch size
+        else pd.Series(int(experiment.get("batch_size") or 1), index=curve.index, dtype=int)
+    )
     ks = curve["k"].astype(int)
     keep = [bool(b in curves and k in curves[b][1]) for b, k in zip(sizes, ks)]
     confirmed = curve[keep]
@@ -119,10 +182,12 @@ def auto_k_table(experiment: dict, curve: pd.DataFrame) -> pd.DataFrame:
 def tokens_frame(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     """Measured tokens_per_round per run next to the formula's (1 − α^(k+1)) / (1 − α) at that run's α and k."""
     frame = by_swept_value(curve, sweep_variable)[
-        list(dict.fromkeys([sweep_variable, "k", "run_id", "alpha", "tokens_per_round"]))].copy()
+        list(dict.fromkeys([sweep_variable, "k", "run_id", "alpha", "tokens_per_round"]))
+    ].copy()
     frame["expected_tokens_per_round"] = [
         theory.expected_tokens_per_round(a, int(k)) if pd.notna(a) and pd.notna(k) else np.nan
-        for a, k in zip(frame["alpha"], frame["k"])]
+        for a, k in zip(frame["alpha"], frame["k"])
+    ]
     return frame
 
 
@@ -141,16 +206,25 @@ def _value_text(run) -> str:
 
 def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict, schedule: dict | None) -> None:
     sampling = experiment.get("sampling") or {}
-    st.caption(" · ".join(filter(None, [
-        f"**{experiment.get('draft')}** drafting for **{experiment.get('target')}**",
-        f"prompts `{set_name(experiment.get('prompts'))}`",
-        ", ".join(f"{k}={v}" for k, v in sampling.items()) if isinstance(sampling, dict) else str(sampling),
-        f"device {experiment.get('device', 'auto')}/{experiment.get('dtype', 'auto')}",
-        f"{plural(experiment['repeats'], 'timed repeat')} per prompt (medians)" if experiment.get("repeats") else "",
-        f"k auto up to {experiment['k_auto']}" if experiment.get("k_auto") else "",
-        f"tags: {row.get('tags')}" if row.get("tags") else "",
-        f"launched by {md_text(experiment['launched_by'])}" if experiment.get("launched_by") else "",
-    ])))
+    st.caption(
+        " · ".join(
+            filter(
+                None,
+                [
+                    f"**{experiment.get('draft')}** drafting for **{experiment.get('target')}**",
+                    f"prompts `{set_name(experiment.get('prompts'))}`",
+                    ", ".join(f"{k}={v}" for k, v in sampling.items()) if isinstance(sampling, dict) else str(sampling),
+                    f"device {experiment.get('device', 'auto')}/{experiment.get('dtype', 'auto')}",
+                    f"{plural(experiment['repeats'], 'timed repeat')} per prompt (medians)"
+                    if experiment.get("repeats")
+                    else "",
+                    f"k auto up to {experiment['k_auto']}" if experiment.get("k_auto") else "",
+                    f"tags: {row.get('tags')}" if row.get("tags") else "",
+                    f"launched by {md_text(experiment['launched_by'])}" if experiment.get("launched_by") else "",
+                ],
+            )
+        )
+    )
     if experiment.get("notes"):
         st.markdown(f"> {experiment['notes']}")
     baseline = runs[runs["kind"] == "baseline"]
@@ -163,24 +237,43 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict,
         baseline = baseline[baseline["batch_size"] == smallest]
     cols = st.columns([1, 1.2, 2.2, 1.2, 1.5])
     progress = row["progress"] if pd.notna(row["progress"]) else 0.0
-    cols[0].metric("Status", str(row["status"]), delta=f"{progress:.0%} done" if row["status"] in ACTIVE else None,
-                   delta_color="off", delta_arrow="off")
+    cols[0].metric(
+        "Status",
+        str(row["status"]),
+        delta=f"{progress:.0%} done" if row["status"] in ACTIVE else None,
+        delta_color="off",
+        delta_arrow="off",
+    )
     served = headline_figures(verdict, runs, sweep_variable)
-    cols[1].metric(f"{sweep_variable} to serve{at}", served["value"],
-                   help="the verdict's choice (storage/analysis/verdict.py): the cheapest configuration tied with the best "
-                        "that is measurably faster than the target alone; none is: the target alone")
-    cols[2].metric(f"Speedup{at}", served["speedup"], delta=served["best"], delta_color="off", delta_arrow="off",
-                   help="of what is served, measured, with its 95 % interval (paired bootstrap over the prompts)")
-    cols[3].metric(f"α ({served['alpha_of']}{', ' + batch_name(smallest) if smallest is not None else ''})",
-                   show("alpha", served["alpha"]))
-    cols[4].metric(f"Baseline tokens/s{at}", number(baseline["tokens_per_second"].iloc[0] if len(baseline) else None,
-                                                    "{:.1f}"))
+    cols[1].metric(
+        f"{sweep_variable} to serve{at}",
+        served["value"],
+        help="the verdict's choice (storage/analysis/verdict.py): the cheapest configuration tied with the best "
+        "that is measurably faster than the target alone; none is: the target alone",
+    )
+    cols[2].metric(
+        f"Speedup{at}",
+        served["speedup"],
+        delta=served["best"],
+        delta_color="off",
+        delta_arrow="off",
+        help="of what is served, measured, with its 95 % interval (paired bootstrap over the prompts)",
+    )
+    cols[3].metric(
+        f"α ({served['alpha_of']}{', ' + batch_name(smallest) if smallest is not None else ''})",
+        show("alpha", served["alpha"]),
+    )
+    cols[4].metric(
+        f"Baseline tokens/s{at}", number(baseline["tokens_per_second"].iloc[0] if len(baseline) else None, "{:.1f}")
+    )
     if schedule is not None:
         headline(schedule)
         return
     say = st.warning if verdict["too_wide"] else st.info
-    say(f"**Verdict:** {md_text(browser_advice(verdict['text']))}.",
-        icon=":material/warning:" if verdict["too_wide"] else ":material/gavel:")
+    say(
+        f"**Verdict:** {md_text(browser_advice(verdict['text']))}.",
+        icon=":material/warning:" if verdict["too_wide"] else ":material/gavel:",
+    )
 
 
 def headline_figures(verdict: dict, runs: pd.DataFrame, sweep_variable: str) -> dict:
@@ -193,32 +286,44 @@ def headline_figures(verdict: dict, runs: pd.DataFrame, sweep_variable: str) -> 
     if verdict.get("best") is None:
         return {"value": "—", "speedup": "—", "best": None, "alpha": None, "alpha_of": "best run"}
     best = best_run(runs, verdict)
-    best_text = (f"best measured: {swept.name} {swept.show(verdict['best'])} at "
-                 f"{charts.speedup_text(verdict['speedup'], *(verdict['speedup_ci'] or [None, None]))}")
+    best_text = (
+        f"best measured: {swept.name} {swept.show(verdict['best'])} at "
+        f"{charts.speedup_text(verdict['speedup'], *(verdict['speedup_ci'] or [None, None]))}"
+    )
     chosen = runs[runs["run_id"] == verdict.get("chosen_run_id")]
     if verdict.get("chosen_run_id") is None or chosen.empty:  # the target alone is served
-        return {"value": "0 (target alone)" if swept.name == "k" else "none (target alone)",
-                "speedup": "1× (target alone)", "best": best_text,
-                "alpha": best["alpha"] if best is not None else None, "alpha_of": "best run"}
+        return {
+            "value": "0 (target alone)" if swept.name == "k" else "none (target alone)",
+            "speedup": "1× (target alone)",
+            "best": best_text,
+            "alpha": best["alpha"] if best is not None else None,
+            "alpha_of": "best run",
+        }
     run = chosen.iloc[0]
-    return {"value": swept.show(verdict["chosen"]),
-            "speedup": charts.speedup_text(run["speedup"], run["speedup_ci_lo"], run["speedup_ci_hi"]),
-            "best": None if verdict["chosen_run_id"] == verdict["best_run_id"] else best_text,
-            "alpha": run["alpha"], "alpha_of": "served run"}
+    return {
+        "value": swept.show(verdict["chosen"]),
+        "speedup": charts.speedup_text(run["speedup"], run["speedup_ci_lo"], run["speedup_ci_hi"]),
+        "best": None if verdict["chosen_run_id"] == verdict["best_run_id"] else best_text,
+        "alpha": run["alpha"],
+        "alpha_of": "served run",
+    }
 
 
 def _warnings(runs: pd.DataFrame, sweep_variable: str) -> None:
     for r in runs[runs["timing_warning"].notna()].itertuples():
-        st.warning(f"Run {r.run_id} ({sweep_variable} = {_value_text(r)}) is never picked as the best: "
-                   f"{r.timing_warning}.", icon=":material/warning:")
+        st.warning(
+            f"Run {r.run_id} ({sweep_variable} = {_value_text(r)}) is never picked as the best: {r.timing_warning}.",
+            icon=":material/warning:",
+        )
 
 
 def grid_frame(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     """A grid's per-run curves, one series per batch size (`batch`): the swept value, α, draft acceptance and
     tokens per round. curve: sweep_curve with each run's batch_size."""
     values = by_swept_value(curve, sweep_variable)
-    shown = list(dict.fromkeys(["batch_size", sweep_variable, "run_id", "alpha", "draft_acceptance_rate",
-                                "tokens_per_round"]))
+    shown = list(
+        dict.fromkeys(["batch_size", sweep_variable, "run_id", "alpha", "draft_acceptance_rate", "tokens_per_round"])
+    )
     frame = values[shown].assign(batch=values["batch_size"].map(batch_name))
     return frame.sort_values(["batch_size", sweep_variable]).reset_index(drop=True)
 
@@ -227,20 +332,24 @@ def _grid_curves(curve: pd.DataFrame, sweep_variable: str) -> None:
     """A grid's acceptance and tokens per round against the swept value, one line per batch size (runs at
     different batch sizes are never one line); the speedup is the k schedule's chart above."""
     frame = grid_frame(curve, sweep_variable)
-    for column, (y, title, domain, name) in zip(st.columns(2), (
+    for column, (y, title, domain, name) in zip(
+        st.columns(2),
+        (
             ("alpha", "α", (0, 1), "acceptance_by_batch_size.csv"),
-            ("tokens_per_round", "tokens per round", None, "tokens_per_round_by_batch_size.csv"))):
+            ("tokens_per_round", "tokens per round", None, "tokens_per_round_by_batch_size.csv"),
+        ),
+    ):
         with column:
             st.subheader(f"{title} vs {sweep_variable} at each batch size")
-            chart_with_csv(charts.overlaid_curves(frame, sweep_variable, y, "batch", sweep_variable, title, domain),
-                           frame, name)
-            note = charts.coinciding_note(charts.coinciding(frame, sweep_variable, y, "batch"), title,
-                                          sweep_variable)
+            chart_with_csv(
+                charts.overlaid_curves(frame, sweep_variable, y, "batch", sweep_variable, title, domain), frame, name
+            )
+            note = charts.coinciding_note(charts.coinciding(frame, sweep_variable, y, "batch"), title, sweep_variable)
             if note:  # greedy decoding at batch 1 and 2 gives the same α: say so, a legend entry has no line of its own
                 st.caption(md_text(note))
 
 
-def _speedup_chart(d: "Detail") -> None:
+def _speedup_chart(d: Detail) -> None:
     """The answer's chart: measured speedup against the swept value with its intervals and the predictions, the
     verdict's choice marked."""
     sweep_variable, experiment = d.sweep_variable, d.experiment
@@ -250,18 +359,19 @@ def _speedup_chart(d: "Detail") -> None:
     frame = speedup_frame(d.curve, sweep_variable, pooled, auto_curve)
     x, label = served_mark(d.runs, d.verdict, sweep_variable)
     chart_with_csv(charts.speedup_curve(frame, sweep_variable, x, label), frame, "speedup_curve.csv")
-    st.caption(f"Points: measured, with 95 % intervals (paired bootstrap over prompts); hollow: the run has not "
-               f"finished, a cross: an impossible speedup (timing warning); neither can be chosen. Dashed purple: "
-               f"{charts.COST_AWARE}, from each run's own round times (E[L]: its tokens per round, t: a target step, "
-               f"t_d: its draft step, verify: its verify forward){_cost_aware_best(d)}. Orange: what the verdict "
-               f"serves.")
+    st.caption(
+        f"Points: measured, with 95 % intervals (paired bootstrap over prompts); hollow: the run has not "
+        f"finished, a cross: an impossible speedup (timing warning); neither can be chosen. Dashed purple: "
+        f"{charts.COST_AWARE}, from each run's own round times (E[L]: its tokens per round, t: a target step, "
+        f"t_d: its draft step, verify: its verify forward){_cost_aware_best(d)}. Orange: what the verdict "
+        f"serves."
+    )
     if pooled:
         k_best, s_best = pooled.best_k()
-        st.caption(f"Dashed grey: {charts.FORMULA}, with {pooled.describe()}; its best k is {k_best} at "
-                   f"{s_best:.2f}×.")
+        st.caption(f"Dashed grey: {charts.FORMULA}, with {pooled.describe()}; its best k is {k_best} at {s_best:.2f}×.")
 
 
-def _cost_aware_best(d: "Detail") -> str:
+def _cost_aware_best(d: Detail) -> str:
     """`; its best k is 2 at 1.71×`: the one cost-aware best k (storage/analysis/formula.py), the Theory page's too."""
     best = cached(formula.cost_aware_best, d.experiment_id, stamp=d.stamp) if d.sweep_variable == "k" else None
     return f"; its best k is {best[0]} at {best[1]:.2f}×" if best else ""
@@ -274,8 +384,11 @@ def served_mark(runs: pd.DataFrame, verdict: dict, sweep_variable: str) -> tuple
     swept = variable(sweep_variable)
     if verdict.get("best") is None:
         return None, None
-    chosen = runs[runs["run_id"] == verdict.get("chosen_run_id")] if verdict.get("chosen_run_id") is not None \
+    chosen = (
+        runs[runs["run_id"] == verdict.get("chosen_run_id")]
+        if verdict.get("chosen_run_id") is not None
         else runs.iloc[:0]
+    )
     if chosen.empty:
         return (0.0, "serve k = 0: the target alone") if swept.name == "k" else (None, None)
     run = chosen.iloc[0]
@@ -283,20 +396,26 @@ def served_mark(runs: pd.DataFrame, verdict: dict, sweep_variable: str) -> tuple
     return x, f"serve {swept.name} = {swept.show(verdict['chosen'])}"
 
 
-def _rates_charts(d: "Detail") -> None:
+def _rates_charts(d: Detail) -> None:
     """Acceptance and tokens per round against the swept value, side by side."""
     sweep_variable, curve = d.sweep_variable, d.curve
     left, right = st.columns(2)
     with left:
         st.subheader(f"Acceptance vs {sweep_variable}")
         rates = by_swept_value(curve, sweep_variable)[
-            list(dict.fromkeys([sweep_variable, "run_id", "alpha", "draft_acceptance_rate"]))]
+            list(dict.fromkeys([sweep_variable, "run_id", "alpha", "draft_acceptance_rate"]))
+        ]
         chart_with_csv(charts.rates_curve(rates, sweep_variable), rates, "acceptance_curve.csv")
     with right:
         st.subheader(f"Tokens per round vs {sweep_variable}")
         tokens = tokens_frame(curve, sweep_variable)
-        chart_with_csv(charts.tokens_per_round_curve(tokens.drop(columns=["k"]) if sweep_variable != "k" else tokens,
-                                                     sweep_variable), tokens, "tokens_per_round.csv")
+        chart_with_csv(
+            charts.tokens_per_round_curve(
+                tokens.drop(columns=["k"]) if sweep_variable != "k" else tokens, sweep_variable
+            ),
+            tokens,
+            "tokens_per_round.csv",
+        )
 
 
 def labelled(runs: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
@@ -315,8 +434,10 @@ def _cost(runs: pd.DataFrame, sweep_variable: str, grid: bool) -> None:
     cost = labelled(runs, sweep_variable)[shown]
     table(cost, shown, "cost_table", headers={"sweep_value": sweep_variable})
     csv_download(cost, "cost_and_memory.csv")
-    st.caption("c = target step / draft step (single-token forwards); verify_cost = one verify forward over the "
-               "round's tokens, in target steps (the formula assumes 1); peak memory as the worker measured it.")
+    st.caption(
+        "c = target step / draft step (single-token forwards); verify_cost = one verify forward over the "
+        "round's tokens, in target steps (the formula assumes 1); peak memory as the worker measured it."
+    )
 
 
 def _serving(runs: pd.DataFrame, sweep_variable: str) -> None:
@@ -326,9 +447,11 @@ def _serving(runs: pd.DataFrame, sweep_variable: str) -> None:
         serving = labelled(runs, sweep_variable)[shown]
         table(serving, shown, "serving_table", headers={"sweep_value": sweep_variable})
         csv_download(serving, "serving.csv")
-        st.caption("tokens/s over the batch; TTFT, inter-token (ITL) and per-request latency at p50 and p95 over "
-                   "requests. A speculative round's tokens arrive together, so its ITL p50 can be 0 while p95 shows "
-                   "the stall between rounds a streaming user feels (docs/metrics.md, Serving metrics).")
+        st.caption(
+            "tokens/s over the batch; TTFT, inter-token (ITL) and per-request latency at p50 and p95 over "
+            "requests. A speculative round's tokens arrive together, so its ITL p50 can be 0 while p95 shows "
+            "the stall between rounds a streaming user feels (docs/metrics.md, Serving metrics)."
+        )
 
 
 def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> None:
@@ -340,18 +463,31 @@ def _predictions(curve: pd.DataFrame, experiment: dict, sweep_variable: str) -> 
     if not k_auto:
         return
     if not experiment.get("predicted_curve"):
-        st.info(f"k auto: k = {k_auto} is measured first; from it and the verify-cost profile every k's speedup is "
-                f"predicted, then the best predicted k values are measured to confirm.", icon=":material/hourglass:")
+        st.info(
+            f"k auto: k = {k_auto} is measured first; from it and the verify-cost profile every k's speedup is "
+            f"predicted, then the best predicted k values are measured to confirm.",
+            icon=":material/hourglass:",
+        )
         return
     confirmed = auto_k_table(experiment, curve)
-    st.markdown(f"**k auto**: the teal curve was predicted from k = {k_auto} alone; "
-                + (f"confirmed at k = {', '.join(str(k) for k in confirmed['k'])}:" if len(confirmed) else
-                   "its best k is the one already measured, so nothing else was timed."))
+    st.markdown(
+        f"**k auto**: the teal curve was predicted from k = {k_auto} alone; "
+        + (
+            f"confirmed at k = {', '.join(str(k) for k in confirmed['k'])}:"
+            if len(confirmed)
+            else "its best k is the one already measured, so nothing else was timed."
+        )
+    )
     if len(confirmed):
-        table(confirmed, list(confirmed.columns), "auto_k_table",
-              predicted=st.column_config.NumberColumn("predicted", format=columns.SPEEDUP,
-                                                      help="the k auto curve's prediction for this k"),
-              prediction_error=ERRORS["prediction_error"])
+        table(
+            confirmed,
+            list(confirmed.columns),
+            "auto_k_table",
+            predicted=st.column_config.NumberColumn(
+                "predicted", format=columns.SPEEDUP, help="the k auto curve's prediction for this k"
+            ),
+            prediction_error=ERRORS["prediction_error"],
+        )
         csv_download(confirmed, "k_auto_confirmation.csv")
 
 
@@ -362,12 +498,17 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict) -> None:
     ids = [int(i) for i in speculative["run_id"]]
     best = best_run(speculative, verdict)
     default = int(best["run_id"]) if best is not None else None
-    run_id = select_id("Run (the best one unless chosen)", "run", ids, run_label(runs, sweep_variable),
-                       default=default)  # a grid's labels name each run's batch size
+    run_id = select_id(
+        "Run (the best one unless chosen)", "run", ids, run_label(runs, sweep_variable), default=default
+    )  # a grid's labels name each run's batch size
     stamp = run_stamp(runs, run_id)  # a finished run's breakdowns are read once, not on every refresh
     breakdowns = (
-        ("Conditional acceptance by draft position", "acceptance_by_position", charts.acceptance_by_position,
-         "No rounds recorded yet."),
+        (
+            "Conditional acceptance by draft position",
+            "acceptance_by_position",
+            charts.acceptance_by_position,
+            "No rounds recorded yet.",
+        ),
         ("Acceptance by token type", "acceptance_by_type", charts.acceptance_by_type, "No verified tokens yet."),
     )
     for column, (title, name, chart, empty) in zip(st.columns(2), breakdowns):
@@ -389,16 +530,25 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict) -> None:
     with st.container():
         st.subheader("Per prompt")
         per_prompt = cached("per_prompt", run_id, stamp=stamp)
-        table(per_prompt, list(per_prompt.columns), "per_prompt_table",
-              prompt=st.column_config.TextColumn("prompt", width="medium"))
+        table(
+            per_prompt,
+            list(per_prompt.columns),
+            "per_prompt_table",
+            prompt=st.column_config.TextColumn("prompt", width="medium"),
+        )
         csv_download(per_prompt, f"run{run_id}_per_prompt.csv")
-        st.page_link(nav_page("rounds"), label="Explore this run's rounds", icon=":material/token:",
-                     query_params={"experiment": st.query_params.get("experiment", ""), "run": str(run_id)})
+        st.page_link(
+            nav_page("rounds"),
+            label="Explore this run's rounds",
+            icon=":material/token:",
+            query_params={"experiment": st.query_params.get("experiment", ""), "run": str(run_id)},
+        )
 
 
 @dataclass
 class Detail:
     """What every section of one experiment's page reads (each query cached until its runs change)."""
+
     experiment_id: int
     stamp: tuple
     experiment: dict
@@ -446,8 +596,7 @@ def _verdict_section(d: Detail) -> None:
         _not_yet()
     render_validation(d.experiment, d.verdict)
     if not d.active:  # findings read every draft token: once the runs are done, cached per version
-        render_findings(store(), d.experiment_id,
-                        cached(findings, d.experiment_id, experiment_id=d.experiment_id))
+        render_findings(store(), d.experiment_id, cached(findings, d.experiment_id, experiment_id=d.experiment_id))
 
 
 def _rejected_section(d: Detail) -> None:
@@ -494,19 +643,30 @@ def _confirm_section(d: Detail) -> None:
 def _runs_section(d: Detail) -> None:
     runs, sweep_variable = d.runs, d.sweep_variable
     st.subheader("Runs", anchor="runs")
-    shown = labelled(runs, sweep_variable).assign(progress=runs["progress"].fillna(0) * 100,
-                                                  check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, ""))
+    shown = labelled(runs, sweep_variable).assign(
+        progress=runs["progress"].fillna(0) * 100, check=np.where(runs["timing_warning"].notna(), IMPOSSIBLE, "")
+    )
     names = [c for c in RUN_COLUMNS if not (c == "sweep_value" and sweep_variable == "k")]
     if d.grid:  # which batch size each run decoded at, beside its kind
         names.insert(names.index("kind") + 1, "batch_size")
-    table(shown, names, "runs_table", headers={"sweep_value": sweep_variable},
-          pinned=("check", "run_id", "kind", "batch_size", "k", "sweep_value"))  # which run, while it scrolls
+    table(
+        shown,
+        names,
+        "runs_table",
+        headers={"sweep_value": sweep_variable},
+        pinned=("check", "run_id", "kind", "batch_size", "k", "sweep_value"),
+    )  # which run, while it scrolls
     csv_download(runs, f"experiment{d.experiment_id}_runs.csv")
 
 
-SECTION_BUILDERS = {sections.VERDICT: _verdict_section, sections.REJECTED: _rejected_section,
-                    sections.PREDICTIONS: _predictions_section, sections.SERVING: _serving_section,
-                    sections.CONFIRM: _confirm_section, sections.RUNS: _runs_section}
+SECTION_BUILDERS = {
+    sections.VERDICT: _verdict_section,
+    sections.REJECTED: _rejected_section,
+    sections.PREDICTIONS: _predictions_section,
+    sections.SERVING: _serving_section,
+    sections.CONFIRM: _confirm_section,
+    sections.RUNS: _runs_section,
+}
 
 
 def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:

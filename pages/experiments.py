@@ -4,19 +4,29 @@ While something is queued or running the table refreshes every REFRESH_SECONDS. 
 every IDLE_POLL_SECONDS, with one listing query, and redraws itself when work appears (queued from the CLI or
 another browser) or ends, so a dashboard left open notices new work.
 """
+
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from engine.text.prompt_sets import set_name
 from engine.config.variables import variable
+from engine.text.prompt_sets import set_name
 from engine.wording import noun, plural
-from pages.widgets.common import (csv_download, empty_state, experiment_label, nav_page, select_id, short_name, show, store,
-                          table)
+from pages.widgets.common import (
+    csv_download,
+    empty_state,
+    experiment_label,
+    nav_page,
+    select_id,
+    short_name,
+    show,
+    store,
+    table,
+)
 from storage.analysis import catalog
-from storage.records import queries as q
 from storage.jobs import run_state
+from storage.records import queries as q
 from storage.records.columns import MISSING
 
 ACTIVE = ("queued", "running")
@@ -24,9 +34,28 @@ RESUMABLE = ("failed", "cancelled", "interrupted")
 REFRESH_SECONDS = 2.0  # the table, while something is queued or running
 IDLE_POLL_SECONDS = 5.0  # the cheap check for new work, while nothing is
 ANY = "any"
-COLUMNS = ["experiment_id", "timing_warnings", "name", "status", "progress", "best_label", "best_speedup", "interval",
-           "n_tied", "alpha", "target", "draft", "prompts", "sweep_variable", "sweep_values", "batch_sizes", "repeats", "tags",
-           "created", "notes"]  # headers, help and formats: storage/records/columns.py
+COLUMNS = [
+    "experiment_id",
+    "timing_warnings",
+    "name",
+    "status",
+    "progress",
+    "best_label",
+    "best_speedup",
+    "interval",
+    "n_tied",
+    "alpha",
+    "target",
+    "draft",
+    "prompts",
+    "sweep_variable",
+    "sweep_values",
+    "batch_sizes",
+    "repeats",
+    "tags",
+    "created",
+    "notes",
+]  # headers, help and formats: storage/records/columns.py
 
 
 def _is_active(frame: pd.DataFrame) -> bool:
@@ -66,17 +95,21 @@ def _filters(everything: pd.DataFrame) -> dict:
 def swept_text(frame: pd.DataFrame) -> list[list[str]]:
     """Each experiment's swept values as text, as its variable shows them (4, 0.7, demo-draft): one column holds a
     k sweep's numbers beside a draft sweep's names, which Arrow cannot hold as one type (ArrowInvalid, every poll)."""
-    return [[variable(name).show(v) for v in values] for name, values in zip(frame["sweep_variable"],
-                                                                             frame["sweep_values"])]
+    return [
+        [variable(name).show(v) for v in values] for name, values in zip(frame["sweep_variable"], frame["sweep_values"])
+    ]
 
 
 def _waiting() -> None:
     """One line per worker waiting for a device another worker is timing on (one timed job per device)."""
     leases = q.device_leases(store())
     for r in leases[leases["waiting_worker"].notna()].itertuples():
-        holder = (f"held by worker {r.worker_id}" + (f", timing experiment #{r.experiment_id}"
-                                                     if pd.notna(r.experiment_id) else "")
-                  if pd.notna(r.worker_id) else "free now: it starts at its next poll")
+        holder = (
+            f"held by worker {r.worker_id}"
+            + (f", timing experiment #{r.experiment_id}" if pd.notna(r.experiment_id) else "")
+            if pd.notna(r.worker_id)
+            else "free now: it starts at its next poll"
+        )
         st.info(f"Worker {r.waiting_worker} is waiting for device {r.device} ({holder}).", icon=":material/hourglass:")
 
 
@@ -88,24 +121,39 @@ def _workers() -> None:
     # Running and queued both: the runs of an experiment are timed together, so while one is going the queue
     # can be empty and "0 runs queued" alone read as if nothing were happening.
     running = health["running_runs"]
-    label = (f"Workers: {len(frame) - stale} alive" + (f", ⚠ {stale} stale" if stale else "")
-             + (f" · {plural(running, 'run')} running" if running else "")
-             + f" · {plural(health['queued_runs'], 'run')} queued in {plural(health['queued_experiments'], 'experiment')}"
-             + (f" · {plural(health['queued_training_jobs'], 'training job')} queued" if health["queued_training_jobs"]
-                else ""))
+    label = (
+        f"Workers: {len(frame) - stale} alive"
+        + (f", ⚠ {stale} stale" if stale else "")
+        + (f" · {plural(running, 'run')} running" if running else "")
+        + f" · {plural(health['queued_runs'], 'run')} queued in {plural(health['queued_experiments'], 'experiment')}"
+        + (
+            f" · {plural(health['queued_training_jobs'], 'training job')} queued"
+            if health["queued_training_jobs"]
+            else ""
+        )
+    )
     with st.expander(label, expanded=bool(stale) or (health["queued_runs"] > 0 and len(frame) == stale)):
         if frame.empty:
             st.caption("No worker is registered: start one with `draftlab worker` (or `--devices all`).")
             return
         if stale:
-            st.warning(f"{plural(stale, 'worker')} stopped heartbeating or {noun(stale, 'its', 'their')} process "
-                       f"is gone; the next sweep marks their "
-                       f"runs interrupted (`draftlab resume` continues them).", icon=":material/heart_broken:")
-        st.dataframe(frame.assign(progress=frame["progress"] * 100), hide_index=True, width="stretch",
-                     key="workers_table", placeholder=MISSING, column_config={
-                         "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100,
-                                                                     format="%.0f%%"),
-                         "heartbeat_age_s": st.column_config.NumberColumn("last beat", format="%.0f s ago")})
+            st.warning(
+                f"{plural(stale, 'worker')} stopped heartbeating or {noun(stale, 'its', 'their')} process "
+                f"is gone; the next sweep marks their "
+                f"runs interrupted (`draftlab resume` continues them).",
+                icon=":material/heart_broken:",
+            )
+        st.dataframe(
+            frame.assign(progress=frame["progress"] * 100),
+            hide_index=True,
+            width="stretch",
+            key="workers_table",
+            placeholder=MISSING,
+            column_config={
+                "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100, format="%.0f%%"),
+                "heartbeat_age_s": st.column_config.NumberColumn("last beat", format="%.0f s ago"),
+            },
+        )
 
 
 def _table(filters: dict, seen: tuple) -> None:
@@ -122,8 +170,11 @@ def _table(filters: dict, seen: tuple) -> None:
         sweep_values=swept_text(frame),
         best_label=[short_name(v) for v in frame["best_label"]],  # a draft's path by its last part: the CSV has it
         progress=frame["progress"].fillna(0) * 100,
-        interval=[f"{show('speedup_ci_lo', lo)}–{show('speedup_ci_hi', hi)}" if pd.notna(lo) and pd.notna(hi)
-                  else None for lo, hi in zip(frame["best_ci_lo"], frame["best_ci_hi"])])
+        interval=[
+            f"{show('speedup_ci_lo', lo)}–{show('speedup_ci_hi', hi)}" if pd.notna(lo) and pd.notna(hi) else None
+            for lo, hi in zip(frame["best_ci_lo"], frame["best_ci_hi"])
+        ],
+    )
     table(shown, COLUMNS, "experiments_table", pinned=("experiment_id", "timing_warnings", "name"))  # scrolls wide
     csv_download(frame, "experiments.csv")
     if seen[1]:
@@ -148,20 +199,36 @@ def render() -> None:
     experiment_id = select_id("Experiment", "experiment", ids, experiment_label(everything))
     row = everything.set_index("experiment_id").loc[experiment_id]
     c1, c2, c3, c4 = st.columns(4)
-    c1.page_link(nav_page("experiment"), label="Open detail", icon=":material/monitoring:",
-                 query_params={"experiment": str(experiment_id)})
-    c2.page_link(nav_page("rounds"), label="Explore rounds", icon=":material/token:",
-                 query_params={"experiment": str(experiment_id)})
-    c3.page_link(nav_page("compare"), label="Compare", icon=":material/compare_arrows:",
-                 query_params={"experiments": str(experiment_id)})
+    c1.page_link(
+        nav_page("experiment"),
+        label="Open detail",
+        icon=":material/monitoring:",
+        query_params={"experiment": str(experiment_id)},
+    )
+    c2.page_link(
+        nav_page("rounds"),
+        label="Explore rounds",
+        icon=":material/token:",
+        query_params={"experiment": str(experiment_id)},
+    )
+    c3.page_link(
+        nav_page("compare"),
+        label="Compare",
+        icon=":material/compare_arrows:",
+        query_params={"experiments": str(experiment_id)},
+    )
     if row["status"] in ACTIVE:
         if c4.button("Cancel experiment", key="cancel", icon=":material/cancel:"):
             run_state.cancel_experiment(store(), experiment_id)
             st.toast(f"Experiment #{experiment_id} cancelled")
             st.rerun()
     elif row["status"] in RESUMABLE:
-        if c4.button("Resume experiment", key="resume", icon=":material/replay:",
-                     help="requeue its unfinished runs; a worker continues from the first unfinished prompt"):
+        if c4.button(
+            "Resume experiment",
+            key="resume",
+            icon=":material/replay:",
+            help="requeue its unfinished runs; a worker continues from the first unfinished prompt",
+        ):
             run_state.resume_experiment(store(), experiment_id)
             st.toast(f"Experiment #{experiment_id} requeued")
             st.rerun()

@@ -12,41 +12,81 @@ by the browser with a red mark and never sent, so Launch would queue the value b
 bound with engine/config/variables.py's descriptions and blocks Launch in one line. A field that is not used (Batch size
 beside a grid's "At batch sizes") is shown disabled, saying why.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 import streamlit as st
 
 from engine import zoo
-from engine.errors import DraftLabError
-from engine.text import prompt_sets
-from engine.config.limits import LIMITS
-from engine.wording import plural
 from engine.config.drafter_specs import DRAFT_SAMPLING, SPECS
-from engine.config.run_config import DEFAULT_REPEATS, DEFAULTS as RUN_DEFAULTS
+from engine.config.limits import LIMITS
+from engine.config.run_config import DEFAULT_REPEATS
+from engine.config.run_config import DEFAULTS as RUN_DEFAULTS
 from engine.config.variables import SETTINGS, VARIABLES
-from engine.text.prompt_sets import (DEFAULT_SPLIT, PROMPT_SET_DESCRIPTIONS, list_prompt_sets, load_prompt_file,
-                                load_prompts)
-from pages.widgets.common import cached, nav_page, store
-from pages.widgets.uploads import UPLOAD_TYPES, prune_uploads, save_upload, upload_dir  # noqa: F401 (re-exported)
+from engine.errors import DraftLabError
+from engine.text.prompt_sets import (
+    DEFAULT_SPLIT,
+    PROMPT_SET_DESCRIPTIONS,
+    list_prompt_sets,
+    load_prompt_file,
+    load_prompts,
+)
+from engine.wording import plural
 from pages.panels.estimate import decode_speed, duration
-from pages.widgets.prefill import (AUTO_K, DEFAULT_DRAFTER_SWEEP, DEFAULT_SWEEP, DEVICES, DRAFTER_KINDS,
-                           DRAFTER_PARAMETERS, DRAFTER_SUMMARY, DRAFTER_SWEEP_WIDGETS, DRAFTER_WIDGETS, DTYPES, INTEGER_VARIABLES, MAX_K, NUMERIC_SWEEPS,
-                           SWEEP_CHOICES, SWEEP_LABELS, canonical_drafter, drafter_spec, drafter_specs, md_text,
-                           WIDGETS, form_config, parse_names, parse_prefill, parse_sweep_values)
+from pages.widgets.common import cached, nav_page, store
+from pages.widgets.prefill import (
+    AUTO_K,
+    DEFAULT_DRAFTER_SWEEP,
+    DEFAULT_SWEEP,
+    DEVICES,
+    DRAFTER_KINDS,
+    DRAFTER_PARAMETERS,
+    DRAFTER_SUMMARY,
+    DRAFTER_SWEEP_WIDGETS,
+    DRAFTER_WIDGETS,
+    DTYPES,
+    INTEGER_VARIABLES,
+    MAX_K,
+    NUMERIC_SWEEPS,
+    SWEEP_CHOICES,
+    SWEEP_LABELS,
+    WIDGETS,
+    canonical_drafter,
+    drafter_spec,
+    drafter_specs,
+    form_config,
+    md_text,
+    parse_names,
+    parse_prefill,
+    parse_sweep_values,
+)
+from pages.widgets.uploads import UPLOAD_TYPES, prune_uploads, save_upload, upload_dir  # noqa: F401 (re-exported)
 from storage.db.errors import QueueError
-from storage.jobs.experiments import DUPLICATE_WINDOW_SECONDS, enqueue_experiment, recent_duplicate
 from storage.db.schema import NAME_CHARS
+from storage.jobs.experiments import DUPLICATE_WINDOW_SECONDS, enqueue_experiment, recent_duplicate
 
-__all__ = ["AUTO_K", "DEFAULT_SWEEP", "INTEGER_VARIABLES", "MAX_K", "Launch", "parse_sweep_values", "render",
-           "save_upload", "upload_dir", "validate"]
+__all__ = [
+    "AUTO_K",
+    "DEFAULT_SWEEP",
+    "INTEGER_VARIABLES",
+    "MAX_K",
+    "Launch",
+    "parse_sweep_values",
+    "render",
+    "save_upload",
+    "upload_dir",
+    "validate",
+]
 
-SWEEP_VARIABLES = tuple(VARIABLES)  # engine/config/variables.py: k, a sampling setting with k fixed, the draft or the drafter
+SWEEP_VARIABLES = tuple(
+    VARIABLES
+)  # engine/config/variables.py: k, a sampling setting with k fixed, the draft or the drafter
 # The variables drawn by fields of their own below; any other numeric variable gets a number field from its
 # description (title, step, help) under Sampling, and reaches validate() by name.
 OWN_FIELDS = ("k", "temperature", "top_k", "top_p", "batch_size", "draft", "drafter", "draft_sampling")
@@ -58,17 +98,29 @@ LINK_NOTES = "new_experiment_link_notes"  # session key: what the link's paramet
 DEFAULTS = {
     # every described parameter's field at its default (engine/config/run_config.py), the draft a shipped one
     **{WIDGETS[name]: RUN_DEFAULTS[name] for name in RUN_DEFAULTS if name != "draft"},
-    "target": zoo.DEMO_TARGET, "draft": zoo.DEMO_DRAFTS[0], "prompt_source": "Built-in", "device": "auto",
-    "dtype": "auto", "sweep_variable": "k", "sweep_values": DEFAULT_SWEEP, "k_auto": DEFAULT_K_AUTO, "name": "",
-    "tags": "", "notes": "", "drafter_sweep": DEFAULT_DRAFTER_SWEEP, "grid_batch_sizes": "",
+    "target": zoo.DEMO_TARGET,
+    "draft": zoo.DEMO_DRAFTS[0],
+    "prompt_source": "Built-in",
+    "device": "auto",
+    "dtype": "auto",
+    "sweep_variable": "k",
+    "sweep_values": DEFAULT_SWEEP,
+    "k_auto": DEFAULT_K_AUTO,
+    "name": "",
+    "tags": "",
+    "notes": "",
+    "drafter_sweep": DEFAULT_DRAFTER_SWEEP,
+    "grid_batch_sizes": "",
     **{DRAFTER_WIDGETS[name]: param.default for name, param in DRAFTER_PARAMETERS.items()},
     **{DRAFTER_SWEEP_WIDGETS[name]: f"{param.default:g}" for name, param in DRAFTER_PARAMETERS.items()},
 }
-GRID_HELP = ("optional, comma-separated (e.g. 1,4,16): run the whole sweep (k auto: its probe, prediction and "
-             "confirmations), baselines included, at each of these "
-             "batch sizes, each paired with its own target-only baseline there; the experiment then gives a k "
-             "schedule (the k to serve at each batch size, off where no k is measurably faster). Each batch size is "
-             f"{VARIABLES['batch_size'].meaning}; with a list, Batch size above is not used")
+GRID_HELP = (
+    "optional, comma-separated (e.g. 1,4,16): run the whole sweep (k auto: its probe, prediction and "
+    "confirmations), baselines included, at each of these "
+    "batch sizes, each paired with its own target-only baseline there; the experiment then gives a k "
+    "schedule (the k to serve at each batch size, off where no k is measurably faster). Each batch size is "
+    f"{VARIABLES['batch_size'].meaning}; with a list, Batch size above is not used"
+)
 
 
 @dataclass
@@ -77,12 +129,6 @@ class Launch:
 
     errors: list[str] = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
-
-
-
-
-
-
 
 
 def _format(value) -> str:
@@ -105,15 +151,40 @@ def k_auto_error(k_auto) -> str | None:
     return None if 2 <= k_auto <= MAX_K else f"the largest k for k auto must be from 2 to {MAX_K}"
 
 
-def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, prompts: str | None,
-             prompt_error: str | None, temperature: float, top_k: int, top_p: float, seed: int,
-             max_new_tokens: int, device: str, dtype: str, sweep_variable: str, sweep_text: str, k: int,
-             name: str, notes: str, tags_text: str, prompt_texts: list[str] | None = None,
-             repeats: int = DEFAULT_REPEATS, k_auto: int | None = None, drafter: str | None = "model",
-             sweep_list: Sequence[str] | None = None, sweep_error: str | None = None,
-             pair_checks: Sequence[tuple[str, bool, str]] | None = None,
-             draft_sampling: str = "probabilistic", batch_size: int = 1, grid_text: str = "",
-             prompt_count: int | None = None, **settings) -> Launch:
+def validate(
+    *,
+    target: str,
+    draft: str,
+    pair_ok: bool,
+    pair_message: str,
+    prompts: str | None,
+    prompt_error: str | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    max_new_tokens: int,
+    device: str,
+    dtype: str,
+    sweep_variable: str,
+    sweep_text: str,
+    k: int,
+    name: str,
+    notes: str,
+    tags_text: str,
+    prompt_texts: list[str] | None = None,
+    repeats: int = DEFAULT_REPEATS,
+    k_auto: int | None = None,
+    drafter: str | None = "model",
+    sweep_list: Sequence[str] | None = None,
+    sweep_error: str | None = None,
+    pair_checks: Sequence[tuple[str, bool, str]] | None = None,
+    draft_sampling: str = "probabilistic",
+    batch_size: int = 1,
+    grid_text: str = "",
+    prompt_count: int | None = None,
+    **settings,
+) -> Launch:
     """Check every field; a Launch with no errors carries the enqueue_experiment keyword arguments (plain text:
     the page escapes it). With k_auto (the largest k) the experiment is `--k auto`: sweep_text is not used. A draft
     or drafter sweep takes its names as sweep_list (else from sweep_text, comma-separated); a draft sweep is
@@ -126,17 +197,27 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     launch = Launch()
     # The check's reason is already on the page, under Models, where it was run: named here, not repeated.
     if sweep_variable == "draft" and pair_checks is not None:
-        launch.errors += [f"pair check for draft {candidate!r} failed ({PAIR_REASON})"
-                          for candidate, ok, message in pair_checks if not ok]
+        launch.errors += [
+            f"pair check for draft {candidate!r} failed ({PAIR_REASON})"
+            for candidate, ok, message in pair_checks
+            if not ok
+        ]
     elif not pair_ok:
         launch.errors.append(f"pair check failed ({PAIR_REASON})" if pair_message else "pair check failed")
     if prompt_error:
         launch.errors.append(f"prompts: {prompt_error}")
     elif not prompts:
         launch.errors.append("prompts: choose a built-in set or upload a .jsonl/.csv/.txt file")
-    for setting, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
-                           ("batch_size", batch_size), *settings.items(), ("seed", seed),
-                           ("max_new_tokens", max_new_tokens), ("repeats", repeats)):
+    for setting, value in (
+        ("temperature", temperature),
+        ("top_k", top_k),
+        ("top_p", top_p),
+        ("batch_size", batch_size),
+        *settings.items(),
+        ("seed", seed),
+        ("max_new_tokens", max_new_tokens),
+        ("repeats", repeats),
+    ):
         problem = number_error(setting, value)
         if problem:
             launch.errors.append(problem)
@@ -179,8 +260,10 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
             launch.errors.append(problem)
     largest = max(sizes or (values if sweep_variable == "batch_size" and values else [batch_size]))
     if prompt_count is not None and VARIABLES["batch_size"].in_range(largest) and largest > prompt_count:
-        launch.errors.append(f"batch size {largest} needs at least {largest} prompts but the prompt set has "
-                             f"{prompt_count}; use a batch size of {prompt_count} or less, or more prompts")
+        launch.errors.append(
+            f"batch size {largest} needs at least {largest} prompts but the prompt set has "
+            f"{prompt_count}; use a batch size of {prompt_count} or less, or more prompts"
+        )
     if launch.errors:
         return launch
     tags = tuple(dict.fromkeys(t.strip() for t in tags_text.split(",") if t.strip()))
@@ -194,12 +277,27 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
     default_name = f"{models} on {Path(prompts).name if os.sep in prompts else prompts}"[:NAME_CHARS]
     # What is on screen, as one run configuration (engine/config/run_config.py, read by pages/widgets/prefill.py's form_config):
     # its enqueue arguments are what Launch queues.
-    state = {"target": target, "draft": draft, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-             "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "batch_size": batch_size,
-             "fixed_k": k, "draft_sampling": draft_sampling, "drafter_spec": drafter, "device": device,
-             "dtype": dtype, "sweep_variable": AUTO_K if k_auto is not None else sweep_variable, "k_auto": k_auto,
-             "sweep_list": values, "grid_batch_sizes": ",".join(map(str, sizes)) if sizes else None,
-             **{WIDGETS[setting]: value for setting, value in settings.items()}}
+    state = {
+        "target": target,
+        "draft": draft,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "seed": seed,
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "batch_size": batch_size,
+        "fixed_k": k,
+        "draft_sampling": draft_sampling,
+        "drafter_spec": drafter,
+        "device": device,
+        "dtype": dtype,
+        "sweep_variable": AUTO_K if k_auto is not None else sweep_variable,
+        "k_auto": k_auto,
+        "sweep_list": values,
+        "grid_batch_sizes": ",".join(map(str, sizes)) if sizes else None,
+        **{WIDGETS[setting]: value for setting, value in settings.items()},
+    }
     try:
         config = form_config(state, prompts)
     except (DraftLabError, ValueError) as exc:
@@ -218,6 +316,7 @@ def validate(*, target: str, draft: str, pair_ok: bool, pair_message: str, promp
 
 
 # --- widgets ----------------------------------------------------------------------------------------------------
+
 
 def batch_size_unused(choice: str, grid_text) -> str | None:
     """Why the Batch size field is not used (batch size is swept, or "At batch sizes" lists a grid), None when it is:
@@ -301,8 +400,14 @@ def _show_check(check, label: str = "Pair check") -> None:
         where.error(f"{label}: {md_text(check.message)}", icon=":material/error:")
 
 
-def workload(prompt_count: int, arms: int, max_new_tokens: int, repeats: int, tokens_per_second: float | None,
-             batch_sizes: int = 1):
+def workload(
+    prompt_count: int,
+    arms: int,
+    max_new_tokens: int,
+    repeats: int,
+    tokens_per_second: float | None,
+    batch_sizes: int = 1,
+):
     """(tokens at most, seconds at the measured target speed or None): every arm decodes every prompt `repeats`
     times up to max_new_tokens, at each of a grid's `batch_sizes` (speculative arms are counted at the target's
     speed: the estimate assumes no speedup)."""
@@ -336,8 +441,10 @@ def parse_grid(grid_text) -> tuple[list[int] | None, str | None]:
     except ValueError as exc:
         return None, f"at batch sizes: {exc}"
     if len(sizes) < 2:
-        return None, (f"at batch sizes: a grid lists two or more batch sizes (got {sizes[0]}); for one batch size "
-                      f"set Batch size instead and leave this empty")
+        return None, (
+            f"at batch sizes: a grid lists two or more batch sizes (got {sizes[0]}); for one batch size "
+            f"set Batch size instead and leave this empty"
+        )
     return sizes, None
 
 
@@ -349,18 +456,34 @@ def batch_sizes_of(grid_text: str, batch_size: int) -> list[int]:
 def _speed(target: str, batch_size: int):
     """The target's decoding speed at batch_size and what it is from (pages/panels/estimate.py), None when unknown."""
     measured = cached("target_speed", target, batch_size=batch_size)
-    return decode_speed(target, batch_size, measured,
-                        cached("baseline_speeds", batch_size) if measured is None else pd.DataFrame())
+    return decode_speed(
+        target, batch_size, measured, cached("baseline_speeds", batch_size) if measured is None else pd.DataFrame()
+    )
 
 
-def _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto, max_new_tokens, repeats,
-              sizes: Sequence[int] = (1,)):
+def _workload(
+    prompts,
+    prompt_texts,
+    target,
+    sweep_variable,
+    sweep_text,
+    sweep_list,
+    k_auto,
+    max_new_tokens,
+    repeats,
+    sizes: Sequence[int] = (1,),
+):
     """What Launch would decode, and how long that takes at this target's speed at the same batch size (each of a
     grid's batch sizes at its own), saying what the speed is from."""
     try:
         count = _prompt_count(prompts, prompt_texts) or 0
-        values = (len(sweep_list) if sweep_list is not None and VARIABLES[sweep_variable].categorical else
-                  len(parse_sweep_values(sweep_text, sweep_variable)) if k_auto is None else 1)
+        values = (
+            len(sweep_list)
+            if sweep_list is not None and VARIABLES[sweep_variable].categorical
+            else len(parse_sweep_values(sweep_text, sweep_variable))
+            if k_auto is None
+            else 1
+        )
     except (DraftLabError, ValueError):
         return
     if not count:
@@ -368,22 +491,28 @@ def _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_l
     arms = arms_of(sweep_variable, values, k_auto)
     if sweep_variable == "batch_size":  # a batch-size sweep: each value's baseline and run, at its own speed
         sizes = parse_sweep_values(sweep_text, "batch_size")
-    per_size, _ = workload(count, arms // len(sizes) if sweep_variable == "batch_size" else arms, max_new_tokens,
-                           repeats, None)
+    per_size, _ = workload(
+        count, arms // len(sizes) if sweep_variable == "batch_size" else arms, max_new_tokens, repeats, None
+    )
     tokens = per_size * len(sizes)
     grid = f"{plural(len(sizes), 'batch size')} × " if len(sizes) > 1 and sweep_variable != "batch_size" else ""
-    text = (f"Launch decodes at most {tokens:,} tokens: {plural(count, 'prompt')} × {plural(arms, 'arm')} × "
-            f"{grid}{plural(repeats, 'repeat')} × {max_new_tokens} new tokens")
+    text = (
+        f"Launch decodes at most {tokens:,} tokens: {plural(count, 'prompt')} × {plural(arms, 'arm')} × "
+        f"{grid}{plural(repeats, 'repeat')} × {max_new_tokens} new tokens"
+    )
     speeds = {size: _speed(target.strip(), size) for size in sizes} if target.strip() else {}
     if speeds and all(speeds.values()):
         seconds = sum(per_size / speed.tokens_per_second for speed in speeds.values())
-        sources = "; ".join((f"batch size {size}: " if len(sizes) > 1 else "") + speed.source
-                            for size, speed in speeds.items())
+        sources = "; ".join(
+            (f"batch size {size}: " if len(sizes) > 1 else "") + speed.source for size, speed in speeds.items()
+        )
         text += f"; about {duration(seconds)} on one worker, at {sources}."
     else:
         missing = ", ".join(str(size) for size, speed in speeds.items() if speed is None) or str(sizes[0])
-        text += (f"; this target has no measured speed at batch size {missing} yet, and no measured target to "
-                 f"scale from by model size, so no duration estimate.")
+        text += (
+            f"; this target has no measured speed at batch size {missing} yet, and no measured target to "
+            f"scale from by model size, so no duration estimate."
+        )
     st.caption(md_text(text))
 
 
@@ -394,17 +523,26 @@ def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
     if source == "Built-in":
         sets = list_prompt_sets()
         _seed("prompt_set", "code:tune" if "code:tune" in sets else sets[0])
-        spec = st.selectbox("Built-in set (NAME:SPLIT)", sets, key="prompt_set", persist_state="page",
-                            help="Tune on `tune`, confirm on `validation`.")
+        spec = st.selectbox(
+            "Built-in set (NAME:SPLIT)",
+            sets,
+            key="prompt_set",
+            persist_state="page",
+            help="Tune on `tune`, confirm on `validation`.",
+        )
         try:
             count = len(load_prompts(spec))
         except DraftLabError as exc:
             return None, str(exc), None
         st.caption(f"{plural(count, 'prompt')} — {PROMPT_SET_DESCRIPTIONS.get(spec.split(':')[0], '')}")
         return spec, None, None
-    upload = st.file_uploader("Prompt file: .jsonl (a \"prompt\" field, or a conversation: OpenAI \"messages\" or "
-                              "ShareGPT \"conversations\", per line), .csv (a \"prompt\" column), .txt (one prompt a "
-                              "line) or a .parquet/.arrow dataset export", type=UPLOAD_TYPES, key="prompt_upload")
+    upload = st.file_uploader(
+        'Prompt file: .jsonl (a "prompt" field, or a conversation: OpenAI "messages" or '
+        'ShareGPT "conversations", per line), .csv (a "prompt" column), .txt (one prompt a '
+        "line) or a .parquet/.arrow dataset export",
+        type=UPLOAD_TYPES,
+        key="prompt_upload",
+    )
     if upload is None:
         return None, None, None
     path = save_upload(upload.name, upload.getvalue())
@@ -424,8 +562,13 @@ def _parameter_input(kind: str, key: str, container=st) -> float | int:
     Launch)."""
     param = DRAFTER_PARAMETERS[kind]
     _seed(key)
-    return container.number_input(f"{param.symbol} of {kind}", step=1 if param.kind is int else 0.05, key=key,
-                                  persist_state="page", help=param.meaning)
+    return container.number_input(
+        f"{param.symbol} of {kind}",
+        step=1 if param.kind is int else 0.05,
+        key=key,
+        persist_state="page",
+        help=param.meaning,
+    )
 
 
 def _kind_label(kind: str) -> str:
@@ -440,15 +583,23 @@ def _drafter_choice(drafts: list[str]) -> str | None:
 
     heads = [d for d in drafts if d.strip() and is_head(d.strip())]
     if heads:
-        st.caption("The draft is an EAGLE-3 head: it drafts as eagle3, from the target's own hidden states"
-                   if len(heads) == len(drafts) else "Each draft drafts with its own drafter: the EAGLE-3 heads as "
-                   "eagle3, from the target's own hidden states, the causal LMs as model")
+        st.caption(
+            "The draft is an EAGLE-3 head: it drafts as eagle3, from the target's own hidden states"
+            if len(heads) == len(drafts)
+            else "Each draft drafts with its own drafter: the EAGLE-3 heads as "
+            "eagle3, from the target's own hidden states, the causal LMs as model"
+        )
         return None
     c1, c2 = st.columns([2, 1])
     _seed("drafter")
-    kind = c1.selectbox("Drafter", DRAFTER_KINDS, key="drafter", persist_state="page",
-                        format_func=_kind_label,
-                        help="how each round's draft tokens are proposed: " + "; ".join(DRAFTER_SUMMARY.values()))
+    kind = c1.selectbox(
+        "Drafter",
+        DRAFTER_KINDS,
+        key="drafter",
+        persist_state="page",
+        format_func=_kind_label,
+        help="how each round's draft tokens are proposed: " + "; ".join(DRAFTER_SUMMARY.values()),
+    )
     value = None
     if kind in DRAFTER_PARAMETERS:
         raw = _parameter_input(kind, DRAFTER_WIDGETS[kind], c2)
@@ -471,8 +622,10 @@ def _trained_drafts() -> dict[str, str]:
     except Exception:  # noqa: BLE001 - the form works without the database (it opens it to launch)
         logging.getLogger("draftlab.dashboard").warning("could not list trained drafts", exc_info=True)
         return {}
-    return {d["out"]: f"{d['name']} ({'EAGLE-3 head' if d['kind'] == 'head' else 'trained'}, job {d['job_id']})"
-            for d in drafts}
+    return {
+        d["out"]: f"{d['name']} ({'EAGLE-3 head' if d['kind'] == 'head' else 'trained'}, job {d['job_id']})"
+        for d in drafts
+    }
 
 
 def _pick_draft() -> None:
@@ -486,11 +639,17 @@ def _draft_candidates(target: str) -> tuple[list[str], list[tuple[str, bool, str
     current = str(st.session_state.get("draft", DEFAULTS["draft"]) or "").strip()
     _seed("draft_candidates", [current] if current else [])
     trained = _trained_drafts()
-    chosen = st.multiselect("Draft candidates", list(dict.fromkeys([*zoo.DEMO_DRAFTS, *trained])), key="draft_candidates",
-                            accept_new_options=True, format_func=lambda v: trained.get(v, v),
-                            persist_state="page", placeholder="pick a demo draft or type a model id / path",
-                            help="one speculative run per draft, all against one baseline; type an HF model id or "
-                            "a local directory and press Enter to add it")
+    chosen = st.multiselect(
+        "Draft candidates",
+        list(dict.fromkeys([*zoo.DEMO_DRAFTS, *trained])),
+        key="draft_candidates",
+        accept_new_options=True,
+        format_func=lambda v: trained.get(v, v),
+        persist_state="page",
+        placeholder="pick a demo draft or type a model id / path",
+        help="one speculative run per draft, all against one baseline; type an HF model id or "
+        "a local directory and press Enter to add it",
+    )
     names = [str(n).strip() for n in chosen if str(n).strip()]
     checks = []
     for name in names:
@@ -505,19 +664,29 @@ def _draft_candidates(target: str) -> tuple[list[str], list[tuple[str, bool, str
 def _drafter_sweep() -> tuple[list[str] | None, str | None]:
     """(the drafter specs a drafter sweep compares, or None and why not) from its widgets."""
     _seed("drafter_sweep")
-    kinds = st.multiselect("Drafters", DRAFTER_KINDS, key="drafter_sweep", persist_state="page",
-                           format_func=_kind_label,
-                           help="one speculative run per drafter (per parameter value listed), all against one "
-                           "baseline; " + "; ".join(DRAFTER_SUMMARY.values()))
+    kinds = st.multiselect(
+        "Drafters",
+        DRAFTER_KINDS,
+        key="drafter_sweep",
+        persist_state="page",
+        format_func=_kind_label,
+        help="one speculative run per drafter (per parameter value listed), all against one "
+        "baseline; " + "; ".join(DRAFTER_SUMMARY.values()),
+    )
     with_parameter = [kind for kind in kinds if kind in DRAFTER_PARAMETERS]
     for column, kind in zip(st.columns(max(1, len(with_parameter))), with_parameter):
         param, key = DRAFTER_PARAMETERS[kind], DRAFTER_SWEEP_WIDGETS[kind]
         _seed(key)
-        column.text_input(f"{kind} {param.symbol} values", key=key, persist_state="page",
-                          help=f"comma-separated, each {param.meaning}; one run each")
+        column.text_input(
+            f"{kind} {param.symbol} values",
+            key=key,
+            persist_state="page",
+            help=f"comma-separated, each {param.meaning}; one run each",
+        )
     try:
-        return drafter_specs(kinds, {kind: st.session_state.get(DRAFTER_SWEEP_WIDGETS[kind], "")
-                                     for kind in with_parameter}), None
+        return drafter_specs(
+            kinds, {kind: st.session_state.get(DRAFTER_SWEEP_WIDGETS[kind], "") for kind in with_parameter}
+        ), None
     except ValueError as exc:
         return None, str(exc)
 
@@ -548,12 +717,16 @@ def render() -> None:
             trained = _trained_drafts()
             shipped = {name: f"{name} (shipped)" for name in zoo.DEMO_DRAFTS}
             choices = {**shipped, **trained}
-            st.selectbox("Shipped and trained drafts", [None, *choices], key="draft_pick", on_change=_pick_draft,
-                         format_func=lambda v: "pick one to use it as the draft" if v is None else choices[v],
-                         help="the drafts shipped with DraftLab and those Train a draft jobs wrote; choosing one "
-                              "fills in Draft model")
-            draft = st.text_input("Draft model", key="draft", persist_state="page",
-                                  help=zoo.model_help("draft"))
+            st.selectbox(
+                "Shipped and trained drafts",
+                [None, *choices],
+                key="draft_pick",
+                on_change=_pick_draft,
+                format_func=lambda v: "pick one to use it as the draft" if v is None else choices[v],
+                help="the drafts shipped with DraftLab and those Train a draft jobs wrote; choosing one "
+                "fills in Draft model",
+            )
+            draft = st.text_input("Draft model", key="draft", persist_state="page", help=zoo.model_help("draft"))
             unfound = _model_error(draft) or unfound
             check = _pair_check(target, draft) if not unfound else None  # nothing to load: said under the field
             if check is not None:
@@ -582,49 +755,71 @@ def render() -> None:
         temperature, top_k, top_p = fixed["temperature"], fixed["top_k"], fixed["top_p"]
         _seed("batch_size")
         unused = batch_size_unused(choice, st.session_state.get("grid_batch_sizes", ""))
-        fixed["batch_size"] = st.number_input(VARIABLES["batch_size"].title, step=1, key="batch_size",
-                                              disabled=unused is not None,
-                                              help=unused or VARIABLES["batch_size"].help.split(";")[0])
+        fixed["batch_size"] = st.number_input(
+            VARIABLES["batch_size"].title,
+            step=1,
+            key="batch_size",
+            disabled=unused is not None,
+            help=unused or VARIABLES["batch_size"].help.split(";")[0],
+        )
         if unused is None:
             problems.append(_number_error("batch_size", fixed["batch_size"]))
         c1, c2 = st.columns(2)
         seed = c1.number_input(SETTINGS["seed"].title, step=1, key="seed", help=SETTINGS["seed"].meaning)
         problems.append(_number_error("seed", seed, c1))
-        max_new_tokens = c2.number_input(SETTINGS["max_new_tokens"].title, step=16, key="max_new_tokens",
-                                         help=f"{SETTINGS['max_new_tokens'].meaning} "
-                                              f"(the cap: ${LIMITS['max_new_tokens'].env})")
+        max_new_tokens = c2.number_input(
+            SETTINGS["max_new_tokens"].title,
+            step=16,
+            key="max_new_tokens",
+            help=f"{SETTINGS['max_new_tokens'].meaning} (the cap: ${LIMITS['max_new_tokens'].env})",
+        )
         problems.append(_number_error("max_new_tokens", max_new_tokens, c2))
         c1, c2 = st.columns(2)
         device = c1.selectbox("Device", DEVICES, key="device")
         dtype = c2.selectbox("Dtype", DTYPES, key="dtype")
         st.subheader("Sweep")
         c1, c2 = st.columns([1, 2])
-        choice = c1.selectbox("Swept variable", SWEEP_CHOICES, key="sweep_variable", help="one variable at a time",
-                              format_func=lambda c: SWEEP_LABELS.get(c, c))
+        choice = c1.selectbox(
+            "Swept variable",
+            SWEEP_CHOICES,
+            key="sweep_variable",
+            help="one variable at a time",
+            format_func=lambda c: SWEEP_LABELS.get(c, c),
+        )
         sweep_variable, sweep_text, sweep_list, sweep_error = ("k" if choice == AUTO_K else choice), "", None, None
         k, k_auto = 4, None
         if choice == AUTO_K:
             _seed("k_auto")
-            k_auto = c2.number_input("Largest k", step=1, key="k_auto",
-                                     persist_state="page",
-                                     help="this k is measured first; from it and the target's verify cost the "
-                                     "speedup of every smaller k is predicted, then the 3 best predicted are "
-                                     "measured against a fresh baseline to confirm")
+            k_auto = c2.number_input(
+                "Largest k",
+                step=1,
+                key="k_auto",
+                persist_state="page",
+                help="this k is measured first; from it and the target's verify cost the "
+                "speedup of every smaller k is predicted, then the 3 best predicted are "
+                "measured against a fresh baseline to confirm",
+            )
             problems.append(k_auto_error(k_auto))
             if problems[-1]:
                 c2.error(problems[-1], icon=":material/error:")
         elif choice in NUMERIC_SWEEPS:
             _seed("sweep_values")
-            sweep_text = c2.text_input(f"{sweep_variable} values", key="sweep_values", persist_state="page",
-                                       help="comma-separated; one speculative run each")
+            sweep_text = c2.text_input(
+                f"{sweep_variable} values",
+                key="sweep_values",
+                persist_state="page",
+                help="comma-separated; one speculative run each",
+            )
             try:
                 parse_sweep_values(sweep_text, sweep_variable)  # validate()'s parse, said under the field
             except ValueError as exc:
                 c2.error(md_text(str(exc)), icon=":material/error:")
                 problems.append(str(exc))
         elif choice == "draft":
-            c2.caption("One speculative run per draft candidate (listed under Models), k fixed below, all against "
-                       "one target-only baseline.")
+            c2.caption(
+                "One speculative run per draft candidate (listed under Models), k fixed below, all against "
+                "one target-only baseline."
+            )
             sweep_list = candidates
         elif choice == "drafter":
             with c2:
@@ -632,14 +827,21 @@ def render() -> None:
             if sweep_error:
                 st.error(md_text(sweep_error), icon=":material/error:")
         elif choice == "draft_sampling":
-            c2.caption("One speculative run drafting from the draft's distribution and one proposing its argmax "
-                       "(verified as a point mass: what a server that drafts by argmax sees), one shared baseline.")
+            c2.caption(
+                "One speculative run drafting from the draft's distribution and one proposing its argmax "
+                "(verified as a point mass: what a server that drafts by argmax sees), one shared baseline."
+            )
             sweep_list = list(DRAFT_SAMPLING)
         grid_text = ""
         if choice != "batch_size":  # a grid: the sweep (or k auto's prediction) at each of several batch sizes
             _seed("grid_batch_sizes")
-            grid_text = st.text_input("At batch sizes (optional: a grid)", key="grid_batch_sizes",
-                                      persist_state="page", placeholder="e.g. 1,4,16", help=GRID_HELP)
+            grid_text = st.text_input(
+                "At batch sizes (optional: a grid)",
+                key="grid_batch_sizes",
+                persist_state="page",
+                placeholder="e.g. 1,4,16",
+                help=GRID_HELP,
+            )
             grid_problem = parse_grid(grid_text)[1]
             if grid_problem:
                 st.error(md_text(grid_problem), icon=":material/error:")
@@ -647,24 +849,47 @@ def render() -> None:
         draft_sampling = "probabilistic"
         if choice != "draft_sampling":
             _seed("draft_sampling")
-            draft_sampling = st.selectbox("Draft sampling", DRAFT_SAMPLING, key="draft_sampling",
-                                          persist_state="page", help=VARIABLES["draft_sampling"].help)
+            draft_sampling = st.selectbox(
+                "Draft sampling",
+                DRAFT_SAMPLING,
+                key="draft_sampling",
+                persist_state="page",
+                help=VARIABLES["draft_sampling"].help,
+            )
         if sweep_variable != "k":
             _seed("fixed_k")
-            k = st.number_input("k (fixed)" if choice != "drafter" else "k (fixed; heuristic: its starting k)",
-                                step=1, key="fixed_k", persist_state="page")
+            k = st.number_input(
+                "k (fixed)" if choice != "drafter" else "k (fixed; heuristic: its starting k)",
+                step=1,
+                key="fixed_k",
+                persist_state="page",
+            )
             problems.append(_number_error("k", k))
         _seed("repeats")
-        repeats = st.number_input("Repeats", step=1, key="repeats",
-                                  help="each prompt is decoded this many times per configuration (the baseline and "
-                                  "every swept value, interleaved), and the median time is used; more repeats narrow "
-                                  "the speedup's 95 % interval on a noisy machine")
+        repeats = st.number_input(
+            "Repeats",
+            step=1,
+            key="repeats",
+            help="each prompt is decoded this many times per configuration (the baseline and "
+            "every swept value, interleaved), and the median time is used; more repeats narrow "
+            "the speedup's 95 % interval on a noisy machine",
+        )
         problems.append(_number_error("repeats", repeats))
         if any(problems):  # an estimate of what Launch refuses would be no figure at all (-2,100 tokens)
             st.caption("No estimate of the work while a field above is wrong.")
         else:
-            _workload(prompts, prompt_texts, target, sweep_variable, sweep_text, sweep_list, k_auto,
-                      int(max_new_tokens), int(repeats), batch_sizes_of(grid_text, int(fixed["batch_size"])))
+            _workload(
+                prompts,
+                prompt_texts,
+                target,
+                sweep_variable,
+                sweep_text,
+                sweep_list,
+                k_auto,
+                int(max_new_tokens),
+                int(repeats),
+                batch_sizes_of(grid_text, int(fixed["batch_size"])),
+            )
     st.subheader("Label")
     for key in ("name", "tags", "notes"):
         _seed(key)
@@ -674,29 +899,58 @@ def render() -> None:
     notes = st.text_area("Notes", key="notes", height=80)
 
     if st.button("Launch", type="primary", key="launch", icon=":material/rocket_launch:"):
-        launch = validate(target=target, draft=draft, pair_ok=check_ok, pair_message=check_message, prompts=prompts,
-                          prompt_error=prompt_error, temperature=float(temperature), top_k=int(top_k),
-                          top_p=float(top_p), seed=int(seed), max_new_tokens=int(max_new_tokens), device=device,
-                          dtype=dtype, sweep_variable=sweep_variable, sweep_text=sweep_text, k=int(k), name=name,
-                          notes=notes, tags_text=tags_text, prompt_texts=prompt_texts, repeats=int(repeats),
-                          k_auto=int(k_auto) if k_auto is not None else None, drafter=drafter,
-                          sweep_list=sweep_list, sweep_error=sweep_error, pair_checks=checks,
-                          draft_sampling=draft_sampling, batch_size=int(fixed["batch_size"]), grid_text=grid_text,
-                          prompt_count=_prompt_count(prompts, prompt_texts),
-                          **{setting: fixed[setting] for setting in EXTRA_FIELDS})
+        launch = validate(
+            target=target,
+            draft=draft,
+            pair_ok=check_ok,
+            pair_message=check_message,
+            prompts=prompts,
+            prompt_error=prompt_error,
+            temperature=float(temperature),
+            top_k=int(top_k),
+            top_p=float(top_p),
+            seed=int(seed),
+            max_new_tokens=int(max_new_tokens),
+            device=device,
+            dtype=dtype,
+            sweep_variable=sweep_variable,
+            sweep_text=sweep_text,
+            k=int(k),
+            name=name,
+            notes=notes,
+            tags_text=tags_text,
+            prompt_texts=prompt_texts,
+            repeats=int(repeats),
+            k_auto=int(k_auto) if k_auto is not None else None,
+            drafter=drafter,
+            sweep_list=sweep_list,
+            sweep_error=sweep_error,
+            pair_checks=checks,
+            draft_sampling=draft_sampling,
+            batch_size=int(fixed["batch_size"]),
+            grid_text=grid_text,
+            prompt_count=_prompt_count(prompts, prompt_texts),
+            **{setting: fixed[setting] for setting in EXTRA_FIELDS},
+        )
         if launch.errors:
-            st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors),
-                     icon=":material/error:")
+            st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors), icon=":material/error:")
             return
         from pages.widgets.access import launcher
 
         launch.kwargs["launched_by"] = launcher()
         first = recent_duplicate(store(), launch.kwargs)
         if first is not None:  # Launch pressed twice: link to the first instead of queuing a copy
-            st.info(f"Experiment #{first} with exactly these settings was queued less than "
-                    f"{DUPLICATE_WINDOW_SECONDS // 60} minutes ago; not queuing a copy.", icon=":material/content_copy:")
-            st.page_link(nav_page("experiment"), label=f"Open experiment #{first}",
-                         query_params={"experiment": str(first)}, icon=":material/monitoring:")
+            st.info(
+                f"Experiment #{first} with exactly these settings was queued less than "
+                f"{DUPLICATE_WINDOW_SECONDS // 60} minutes ago; not queuing a copy.",
+                icon=":material/content_copy:",
+            )
+            st.page_link(
+                nav_page("experiment"),
+                label=f"Open experiment #{first}",
+                query_params={"experiment": str(first)},
+                icon=":material/monitoring:",
+            )
             return
         try:
             experiment_id = enqueue_experiment(store(), **launch.kwargs)
@@ -705,16 +959,23 @@ def render() -> None:
             return
         kw = launch.kwargs
         values = md_text(", ".join(_format(v) for v in kw["sweep_values"]))
-        plan = (f"a baseline and k = {values}; the best predicted k values are measured when it finishes"
-                if k_auto is not None else
-                f"a baseline and {plural(len(kw['sweep_values']), 'run')} ({kw['sweep_variable']} = {values})")
+        plan = (
+            f"a baseline and k = {values}; the best predicted k values are measured when it finishes"
+            if k_auto is not None
+            else f"a baseline and {plural(len(kw['sweep_values']), 'run')} ({kw['sweep_variable']} = {values})"
+        )
         if kw["drafter"] != "model" and kw["sweep_variable"] != "drafter":
             plan += f", drafter {md_text(kw['drafter'])}"
         if kw.get("batch_sizes"):
-            plan += (f", at batch sizes {', '.join(str(b) for b in kw['batch_sizes'])} (each with its own "
-                     f"baseline)")
-        st.success(f"Experiment #{experiment_id} queued: {plan}, {plural(kw['repeats'], 'repeat')} per prompt.",
-                   icon=":material/rocket_launch:")
-        st.page_link(nav_page("experiment"), label=f"Open experiment #{experiment_id}",
-                     query_params={"experiment": str(experiment_id)}, icon=":material/monitoring:")
+            plan += f", at batch sizes {', '.join(str(b) for b in kw['batch_sizes'])} (each with its own baseline)"
+        st.success(
+            f"Experiment #{experiment_id} queued: {plan}, {plural(kw['repeats'], 'repeat')} per prompt.",
+            icon=":material/rocket_launch:",
+        )
+        st.page_link(
+            nav_page("experiment"),
+            label=f"Open experiment #{experiment_id}",
+            query_params={"experiment": str(experiment_id)},
+            icon=":material/monitoring:",
+        )
         st.page_link(nav_page("experiments"), label="Watch progress on Experiments", icon=":material/list:")

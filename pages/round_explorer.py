@@ -1,5 +1,6 @@
 """Round explorer: one prompt's output token by token, coloured by how each token was produced, and one
 round's proposals with their probabilities under both models."""
+
 from __future__ import annotations
 
 import html
@@ -9,12 +10,27 @@ import pandas as pd
 import streamlit as st
 
 from pages.widgets import charts
+from pages.widgets.common import (
+    cached,
+    chart_with_csv,
+    csv_download,
+    draw,
+    empty_state,
+    experiment_label,
+    query_ids,
+    run_label,
+    run_stamp,
+    select_id,
+    version,
+)
 from storage.analysis import catalog
-from pages.widgets.common import (cached, chart_with_csv, csv_download, draw, empty_state, experiment_label, query_ids,
-                          run_label, run_stamp, select_id, version)
 
-KIND_LABELS = {"first": "first token, from the target's prefill (no round)", "accepted": "accepted draft",
-               "correction": "correction after a rejection", "bonus": "bonus, every draft accepted"}
+KIND_LABELS = {
+    "first": "first token, from the target's prefill (no round)",
+    "accepted": "accepted draft",
+    "correction": "correction after a rejection",
+    "bonus": "bonus, every draft accepted",
+}
 PICKER_CHARS = 60  # a prompt's text in the prompt picker, on one line
 
 
@@ -29,14 +45,20 @@ def output_html(output: pd.DataFrame, selected_round: int | None) -> str:
     spans = []
     for token in output.itertuples():
         color = charts.KIND_COLORS.get(token.kind, "#616161")
-        is_selected = selected_round is not None and pd.notna(token.round_index) and int(token.round_index) == selected_round
+        is_selected = (
+            selected_round is not None and pd.notna(token.round_index) and int(token.round_index) == selected_round
+        )
         outline = "outline:2px solid #ef6c00;" if is_selected else ""
         round_text = f"round {int(token.round_index)}" if pd.notna(token.round_index) else "no round"
         title = html.escape(f"{round_text} · {token.kind} · id {token.token_id}", quote=True)
-        spans.append(f'<span title="{title}" style="color:{color};{outline}border-bottom:1px dotted {color};">'
-                     f"{_visible(token.text)}</span>")
-    return ('<div style="font-family:monospace;white-space:pre-wrap;line-height:1.7;padding:0.6rem;'
-            'border:1px solid #e0e0e0;border-radius:0.4rem;">' + "".join(spans) + "</div>")
+        spans.append(
+            f'<span title="{title}" style="color:{color};{outline}border-bottom:1px dotted {color};">'
+            f"{_visible(token.text)}</span>"
+        )
+    return (
+        '<div style="font-family:monospace;white-space:pre-wrap;line-height:1.7;padding:0.6rem;'
+        'border:1px solid #e0e0e0;border-radius:0.4rem;">' + "".join(spans) + "</div>"
+    )
 
 
 def readable(text) -> bool:
@@ -56,14 +78,17 @@ def opening_reason(per_prompt: pd.DataFrame) -> str:
     """Why the explorer opens on `opening_prompt`, in a sentence the page shows under the picker."""
     index, rejected, among_readable = _opening(per_prompt)
     which = "of the outputs that read as text, the one" if among_readable else "the output"
-    return (f"Opened on prompt {index}: {which} with the most rejected drafts ({rejected}), where there is most to "
-            f"see. Pick another prompt above.")
+    return (
+        f"Opened on prompt {index}: {which} with the most rejected drafts ({rejected}), where there is most to "
+        f"see. Pick another prompt above."
+    )
 
 
 def _opening(per_prompt: pd.DataFrame) -> tuple[int, int, bool]:
     """(the opening prompt, its rejected drafts, whether it was picked among readable outputs)."""
-    frame = per_prompt.assign(readable=per_prompt["text"].map(readable),
-                              rejected=per_prompt["rejected"].fillna(0)).sort_values("prompt_index")
+    frame = per_prompt.assign(
+        readable=per_prompt["text"].map(readable), rejected=per_prompt["rejected"].fillna(0)
+    ).sort_values("prompt_index")
     among_readable = bool(frame["readable"].any())
     pool = frame[frame["readable"]] if among_readable else frame
     first = pool.sort_values("rejected", ascending=False, kind="stable").iloc[0]
@@ -80,8 +105,12 @@ def picker_label(index: int, prompt) -> str:
 def legend_html(output: pd.DataFrame) -> str:
     """The colour key of the kinds this output has, each with its count of tokens."""
     counts = output["kind"].value_counts()
-    return " ".join(f'<span style="color:{charts.KIND_COLORS[kind]};font-weight:600;">■ {label}: '
-                    f"{int(counts[kind])}</span>&nbsp;&nbsp;" for kind, label in KIND_LABELS.items() if kind in counts)
+    return " ".join(
+        f'<span style="color:{charts.KIND_COLORS[kind]};font-weight:600;">■ {label}: '
+        f"{int(counts[kind])}</span>&nbsp;&nbsp;"
+        for kind, label in KIND_LABELS.items()
+        if kind in counts
+    )
 
 
 def render() -> None:
@@ -99,8 +128,9 @@ def render() -> None:
         st.info("This experiment has no speculative runs.")
         return
     sweep_variable = listing.set_index("experiment_id").loc[experiment_id, "sweep_variable"] or "k"
-    run_id = select_id("Run", "run", [int(i) for i in speculative["run_id"]], run_label(runs, sweep_variable),
-                       container=c2)
+    run_id = select_id(
+        "Run", "run", [int(i) for i in speculative["run_id"]], run_label(runs, sweep_variable), container=c2
+    )
     stamp = run_stamp(runs, run_id)  # a finished run's rounds are read once, then every slider move is a cache hit
     per_prompt = cached("per_prompt", run_id, stamp=stamp)
     if per_prompt.empty:
@@ -108,8 +138,9 @@ def render() -> None:
         return
     prompts = dict(zip(per_prompt["prompt_index"].astype(int), per_prompt["prompt"]))
     opening = opening_prompt(per_prompt)
-    prompt_index = select_id("Prompt", "prompt", list(prompts), lambda i: picker_label(i, prompts[i]),
-                             container=c3, default=opening)
+    prompt_index = select_id(
+        "Prompt", "prompt", list(prompts), lambda i: picker_label(i, prompts[i]), container=c3, default=opening
+    )
     if prompt_index == opening:
         st.caption(opening_reason(per_prompt))
 
@@ -134,8 +165,13 @@ def render() -> None:
     st.markdown(legend_html(output), unsafe_allow_html=True)
     if len(output):
         st.caption("Click a token to select the round that emitted it.")
-        draw(charts.token_chart(charts.token_layout(output), selected), width="content",
-                        on_select="rerun", selection_mode=charts.TOKEN_SELECTION, key=chart_key)
+        draw(
+            charts.token_chart(charts.token_layout(output), selected),
+            width="content",
+            on_select="rerun",
+            selection_mode=charts.TOKEN_SELECTION,
+            key=chart_key,
+        )
     with st.expander("The output as text"):
         st.markdown(output_html(output, selected), unsafe_allow_html=True)
     csv_download(output, f"run{run_id}_prompt{prompt_index}_output.csv", "Download output tokens (CSV)")
@@ -146,26 +182,40 @@ def render() -> None:
     st.subheader(f"Round {selected}: the draft's proposals")
     proposals = cached("round_proposals", run_id, prompt_index, selected, stamp=stamp)
     emitted = output[output["round_index"] == selected]
-    st.caption("Emitted this round: " + " ".join(f"`{_visible(t)}` ({k})" for t, k in zip(emitted["text"], emitted["kind"])))
+    st.caption(
+        "Emitted this round: " + " ".join(f"`{_visible(t)}` ({k})" for t, k in zip(emitted["text"], emitted["kind"]))
+    )
     if proposals.empty:
         st.caption("No proposals were recorded for this round.")
         return
     shown = proposals.assign(token=proposals["text"].map(lambda t: repr(t)[1:-1] if isinstance(t, str) else t))
     shown = shown[["position", "token", *[c for c in proposals if c not in ("position", "text")]]]
     # Sized to its content: every row shown (no inner scroll), every column at its width (the outcome never cut).
-    st.dataframe(shown, hide_index=True, width="content", height=TABLE_ROW * (len(shown) + 1) + 3,
-                 key="proposals_table", column_config={
-                     "token": st.column_config.TextColumn(width="medium"),
-                     "outcome": st.column_config.TextColumn(width="small"),
-                     **{c: st.column_config.NumberColumn(format="%.4f") for c in ("p_draft", "p_target", "beta", "kl")}})
+    st.dataframe(
+        shown,
+        hide_index=True,
+        width="content",
+        height=TABLE_ROW * (len(shown) + 1) + 3,
+        key="proposals_table",
+        column_config={
+            "token": st.column_config.TextColumn(width="medium"),
+            "outcome": st.column_config.TextColumn(width="small"),
+            **{c: st.column_config.NumberColumn(format="%.4f") for c in ("p_draft", "p_target", "beta", "kl")},
+        },
+    )
     left, right = st.columns([2, 3])
     with left:
-        st.caption("A draft token is accepted with probability min(1, p_target / p_draft) (greedy: iff it is the "
-                   "target's argmax); β = Σ min(p_draft, p_target) is its expected acceptance; tokens after the "
-                   "first rejection are discarded, never verified.")
+        st.caption(
+            "A draft token is accepted with probability min(1, p_target / p_draft) (greedy: iff it is the "
+            "target's argmax); β = Σ min(p_draft, p_target) is its expected acceptance; tokens after the "
+            "first rejection are discarded, never verified."
+        )
     with right:
-        chart_with_csv(charts.proposal_probabilities(proposals), proposals,
-                       f"run{run_id}_prompt{prompt_index}_round{selected}_proposals.csv")
+        chart_with_csv(
+            charts.proposal_probabilities(proposals),
+            proposals,
+            f"run{run_id}_prompt{prompt_index}_round{selected}_proposals.csv",
+        )
 
 
 TABLE_ROW = 35  # st.dataframe's row height in pixels (header included)

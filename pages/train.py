@@ -2,6 +2,7 @@
 a target (`draftlab train-head`) as a queued job, watch its loss and held-out figures live (a head's acceptance by
 draft position and acceptance length too), cancel it, resume it from its checkpoint, and read its before/after
 figures and the timed experiment queued when it ends. `?job=ID` selects a job."""
+
 from __future__ import annotations
 
 import math
@@ -10,23 +11,29 @@ import os
 import pandas as pd
 import streamlit as st
 
-from engine.text.prompt_sets import set_name
-
-from engine.config import head_settings
-
 from engine import zoo
+from engine.config import head_settings
 from engine.errors import DraftLabError
+from engine.text.prompt_sets import (
+    DEFAULT_SPLIT,
+    EVERY_SET,
+    PROMPT_SET_DESCRIPTIONS,
+    UNION,
+    held_out_split,
+    list_prompt_sets,
+    load_prompt_file,
+    load_prompts,
+    set_name,
+)
 from engine.wording import plural
-from engine.text.prompt_sets import (DEFAULT_SPLIT, EVERY_SET, PROMPT_SET_DESCRIPTIONS, UNION, held_out_split,
-                                list_prompt_sets, load_prompt_file, load_prompts)
 from pages.widgets import charts
 from pages.widgets.common import csv_download, draw, nav_page, number, parse_id, select_id, store, table
 from pages.widgets.prefill import md_text
 from storage.analysis import catalog
-from storage.records import queries as q
-from storage.jobs import training
 from storage.db.errors import QueueError
 from storage.db.schema import CANCELLED, DISTILL, DONE, FAILED, HEAD, INTERRUPTED, QUEUED, RUNNING
+from storage.jobs import training
+from storage.records import queries as q
 
 REFRESH_SECONDS = 2.0
 DEVICES = ["auto", "cpu", "cuda"]
@@ -36,6 +43,7 @@ KINDS = {DISTILL: "Distil a draft", HEAD: "Train an EAGLE-3 head"}  # the form's
 
 def _set_choice(spec: str) -> str:
     """The built-in set menu's entry naming the same prompts as `spec` (`code+english+...`: every set's tune split)."""
+
     def parts(s: str) -> frozenset:
         return frozenset(p if ":" in p else f"{p}:{DEFAULT_SPLIT}" for p in s.split(UNION))
 
@@ -45,13 +53,22 @@ def _set_choice(spec: str) -> str:
 # The form starts from the recipe that made the shipped demo-draft-distilled (its distill.json, the command the
 # README gives), not from the first version's settings, which made a weak draft.
 _RECIPE = zoo.recipe("demo-draft-distilled")
-DEFAULTS = {"train_target": zoo.DEMO_TARGET, "train_draft": zoo.DEMO_DRAFTS[0], "train_steps": _RECIPE["steps"],
-            "train_lr": _RECIPE["lr"], "train_batch_size": _RECIPE["batch_size"], "train_samples": _RECIPE["samples"],
-            "train_max_new_tokens": _RECIPE["max_new_tokens"], "train_seed": _RECIPE["seed"],
-            "train_device": "auto", "train_source": "Built-in", "train_set": _set_choice(_RECIPE["prompts"]),
-            "train_kind": DISTILL,
-            # a head's own fields start from `draftlab train-head`'s defaults (engine/config/head_settings.py)
-            **{f"head_{key}": value for key, value in head_settings.DEFAULTS.items() if key != "seed"}}
+DEFAULTS = {
+    "train_target": zoo.DEMO_TARGET,
+    "train_draft": zoo.DEMO_DRAFTS[0],
+    "train_steps": _RECIPE["steps"],
+    "train_lr": _RECIPE["lr"],
+    "train_batch_size": _RECIPE["batch_size"],
+    "train_samples": _RECIPE["samples"],
+    "train_max_new_tokens": _RECIPE["max_new_tokens"],
+    "train_seed": _RECIPE["seed"],
+    "train_device": "auto",
+    "train_source": "Built-in",
+    "train_set": _set_choice(_RECIPE["prompts"]),
+    "train_kind": DISTILL,
+    # a head's own fields start from `draftlab train-head`'s defaults (engine/config/head_settings.py)
+    **{f"head_{key}": value for key, value in head_settings.DEFAULTS.items() if key != "seed"},
+}
 
 
 def _seed(key: str) -> None:
@@ -82,20 +99,30 @@ def _prompts() -> tuple[str | None, str | None, str | None]:
     sets = list_prompt_sets()
     if source == "Built-in":
         _seed("train_set")
-        spec = st.selectbox("Built-in set (NAME:SPLIT)", sets + [EVERY_SET], key="train_set",
-                            format_func=lambda v: f"{v} (every set's tune split)" if v == EVERY_SET else v,
-                            help="train on `tune`; the held-out figures use `validation`")
-        about = ("every built-in set's tune split, one after another" if spec == EVERY_SET
-                 else PROMPT_SET_DESCRIPTIONS.get(spec.split(':')[0], ''))
+        spec = st.selectbox(
+            "Built-in set (NAME:SPLIT)",
+            sets + [EVERY_SET],
+            key="train_set",
+            format_func=lambda v: f"{v} (every set's tune split)" if v == EVERY_SET else v,
+            help="train on `tune`; the held-out figures use `validation`",
+        )
+        about = (
+            "every built-in set's tune split, one after another"
+            if spec == EVERY_SET
+            else PROMPT_SET_DESCRIPTIONS.get(spec.split(":")[0], "")
+        )
         try:
             st.caption(f"{plural(len(load_prompts(spec)), 'prompt')} — {about}")
         except DraftLabError as exc:
             return None, None, str(exc)
         default_val = held_out_split(spec)[0]
     else:
-        upload = st.file_uploader("Corpus: .jsonl (a \"prompt\" field per line), .csv (a \"prompt\" column) or .txt "
-                                  "(one prompt a line); the target continues each one", type=UPLOAD_TYPES,
-                                  key="train_upload")
+        upload = st.file_uploader(
+            'Corpus: .jsonl (a "prompt" field per line), .csv (a "prompt" column) or .txt '
+            "(one prompt a line); the target continues each one",
+            type=UPLOAD_TYPES,
+            key="train_upload",
+        )
         if upload is None:
             return None, None, None
         path = save_upload(upload.name, upload.getvalue())
@@ -111,8 +138,12 @@ def _prompts() -> tuple[str | None, str | None, str | None]:
     if st.session_state.get("train_validation_of") != spec:  # another training set: its own held-out split
         st.session_state["train_validation_of"] = spec
         st.session_state["train_validation"] = default_val
-    val = st.selectbox("Held-out prompts (the before/after figures)", options, key="train_validation",
-                       format_func=lambda v: "the training corpus itself (not held out)" if v == spec else v)
+    val = st.selectbox(
+        "Held-out prompts (the before/after figures)",
+        options,
+        key="train_validation",
+        format_func=lambda v: "the training corpus itself (not held out)" if v == spec else v,
+    )
     if val == spec:
         st.caption("Held-out figures on the training prompts measure fit, not generalisation.")
     return spec, val, None
@@ -134,20 +165,29 @@ def _form() -> None:
         if key.startswith(("train_", "head_")) and key not in ("train_source", "train_set"):
             _seed(key)
     models = training.models_dir()
-    kind = st.radio("What to train", list(KINDS), format_func=KINDS.get, horizontal=True, key="train_kind",
-                    help="distil a copy of a small draft model toward the target; or train an EAGLE-3 head, one "
-                         "decoder layer that drafts from the target's own hidden states (served by vLLM and SGLang)")
+    kind = st.radio(
+        "What to train",
+        list(KINDS),
+        format_func=KINDS.get,
+        horizontal=True,
+        key="train_kind",
+        help="distil a copy of a small draft model toward the target; or train an EAGLE-3 head, one "
+        "decoder layer that drafts from the target's own hidden states (served by vLLM and SGLang)",
+    )
     c1, c2 = st.columns(2)
     target = c1.text_input("Target model", key="train_target", help=zoo.model_help("target"))
     check = None
     if kind == DISTILL:
-        draft = c2.text_input("Draft to start from", key="train_draft",
-                              help="its copy is trained; the original is left as it is")
+        draft = c2.text_input(
+            "Draft to start from", key="train_draft", help="its copy is trained; the original is left as it is"
+        )
         check = _pair_check(target, draft) if target.strip() and draft.strip() else None
     else:
         draft = ""
-        c2.caption("No draft to start from: the head is built for the target, reads its hidden states and shares "
-                   "its tokenizer and embedding.")
+        c2.caption(
+            "No draft to start from: the head is built for the target, reads its hidden states and shares "
+            "its tokenizer and embedding."
+        )
     spec, val, prompt_error = _prompts()
     if prompt_error:
         st.error(md_text(prompt_error), icon=":material/error:")
@@ -159,32 +199,62 @@ def _form() -> None:
     if wanted in ids and st.session_state.get("train_focus_from_link") != wanted:
         st.session_state["train_focus"] = wanted  # once per link, so the user can still change it
         st.session_state["train_focus_from_link"] = wanted
-    focus = c2.selectbox("Focus on an experiment's rejections", ids, format_func=labels.get, key="train_focus",
-                         help="weigh the loss by (1 - acceptance) of each token type and draft position in that "
-                              "experiment's best run")
+    focus = c2.selectbox(
+        "Focus on an experiment's rejections",
+        ids,
+        format_func=labels.get,
+        key="train_focus",
+        help="weigh the loss by (1 - acceptance) of each token type and draft position in that experiment's best run",
+    )
     base = os.path.basename((draft if kind == DISTILL else target).strip().rstrip("/"))
-    default_name = (f"{base or 'draft'}-distilled-{_next_id()}" if kind == DISTILL
-                    else f"{base or 'target'}-eagle3-{_next_id()}")
+    default_name = (
+        f"{base or 'draft'}-distilled-{_next_id()}" if kind == DISTILL else f"{base or 'target'}-eagle3-{_next_id()}"
+    )
     made = "draft" if kind == DISTILL else "head"
     name = st.text_input(f"Name of the trained {made}", value=default_name, key=f"train_name_{default_name}")
-    st.caption(f"Written to this directory. Trained drafts and heads go to `${training.MODELS_ENV}` (here: the "
-               f"directory above); share it and the database, and the team sees each other's.")
+    st.caption(
+        f"Written to this directory. Trained drafts and heads go to `${training.MODELS_ENV}` (here: the "
+        f"directory above); share it and the database, and the team sees each other's."
+    )
     st.code(str(models / name.strip()), language=None, wrap_lines=True)
-    _estimate({"kind": kind, "target": target.strip(), "draft": draft.strip(), "prompts": spec, "validation": val,
-               **{key: settings[key] for key in ("steps", "batch_size", "max_new_tokens", "samples")}})
+    _estimate(
+        {
+            "kind": kind,
+            "target": target.strip(),
+            "draft": draft.strip(),
+            "prompts": spec,
+            "validation": val,
+            **{key: settings[key] for key in ("steps", "batch_size", "max_new_tokens", "samples")},
+        }
+    )
     if check is not None and not check.ok:
         problems.append("the pair check failed")
     if spec is None:
         problems.append("no training prompts")
     ready = check is not None if kind == DISTILL else bool(target.strip())
     disabled = bool(problems) or not ready
-    if st.button("Queue training job", type="primary", icon=":material/model_training:", disabled=disabled,
-                 key="train_launch", help="; ".join(problems) or None):
+    if st.button(
+        "Queue training job",
+        type="primary",
+        icon=":material/model_training:",
+        disabled=disabled,
+        key="train_launch",
+        help="; ".join(problems) or None,
+    ):
         try:
             job_id = training.enqueue_training(
-                store(), kind=kind, name=name, target=target, draft=draft, prompts=spec, validation=val,
-                focus_from=None if focus == NO_FOCUS else int(focus), device=device, launched_by=_launcher(),
-                **settings)
+                store(),
+                kind=kind,
+                name=name,
+                target=target,
+                draft=draft,
+                prompts=spec,
+                validation=val,
+                focus_from=None if focus == NO_FOCUS else int(focus),
+                device=device,
+                launched_by=_launcher(),
+                **settings,
+            )
         except QueueError as exc:
             st.error(md_text(str(exc)), icon=":material/error:")
         else:
@@ -200,14 +270,25 @@ def _distill_fields() -> tuple[dict, list[str]]:
     lr = c2.number_input("Learning rate", min_value=0.0, step=1e-4, format="%.1e", key="train_lr")
     batch = c3.number_input("Batch size", min_value=1, step=1, key="train_batch_size", help="sequences per step")
     c1, c2, c3 = st.columns(3)
-    samples = c1.number_input("Samples per prompt", min_value=1, step=1, key="train_samples",
-                              help="continuations per prompt: 1 is the target's greedy one; more adds "
-                                   "temperature-1 samples")
-    max_new = c2.number_input("Max new tokens", min_value=1, step=16, key="train_max_new_tokens",
-                              help="length of the target's continuations")
+    samples = c1.number_input(
+        "Samples per prompt",
+        min_value=1,
+        step=1,
+        key="train_samples",
+        help="continuations per prompt: 1 is the target's greedy one; more adds temperature-1 samples",
+    )
+    max_new = c2.number_input(
+        "Max new tokens", min_value=1, step=16, key="train_max_new_tokens", help="length of the target's continuations"
+    )
     seed = c3.number_input("Seed", step=1, key="train_seed")
-    return {"steps": int(steps), "lr": float(lr), "batch_size": int(batch), "samples": int(samples),
-            "max_new_tokens": int(max_new), "seed": int(seed)}, []
+    return {
+        "steps": int(steps),
+        "lr": float(lr),
+        "batch_size": int(batch),
+        "samples": int(samples),
+        "max_new_tokens": int(max_new),
+        "seed": int(seed),
+    }, []
 
 
 def _head_fields() -> tuple[dict, list[str]]:
@@ -215,24 +296,42 @@ def _head_fields() -> tuple[dict, list[str]]:
     queued (aux layers that are not a list of ids, shown as one error)."""
     c1, c2, c3 = st.columns(3)
     steps = c1.number_input("Steps", min_value=1, step=50, key="head_steps", help="optimiser steps")
-    ttt = c2.number_input("TTT steps", min_value=1, max_value=head_settings.MAX_TTT_STEPS, step=1,
-                          key="head_ttt_steps", help="training-time test: the draft positions trained, the chain "
-                                                     "it learns to draft (and the k its held-out figures use)")
-    vocab = c3.number_input("Draft vocabulary size", min_value=0, step=1000, key="head_draft_vocab_size",
-                            help="the N target tokens most frequent in the target's responses; 0: the whole "
-                                 "vocabulary (at most 32,000)")
+    ttt = c2.number_input(
+        "TTT steps",
+        min_value=1,
+        max_value=head_settings.MAX_TTT_STEPS,
+        step=1,
+        key="head_ttt_steps",
+        help="training-time test: the draft positions trained, the chain "
+        "it learns to draft (and the k its held-out figures use)",
+    )
+    vocab = c3.number_input(
+        "Draft vocabulary size",
+        min_value=0,
+        step=1000,
+        key="head_draft_vocab_size",
+        help="the N target tokens most frequent in the target's responses; 0: the whole vocabulary (at most 32,000)",
+    )
     c1, c2, c3 = st.columns(3)
-    aux = c1.text_input("Aux layers", key="head_aux_layers",
-                        help="target layers the head reads, vLLM's convention (id i = the input of decoder layer "
-                             "i): auto (2, L/2, L-3) or e.g. 2,6,9")
+    aux = c1.text_input(
+        "Aux layers",
+        key="head_aux_layers",
+        help="target layers the head reads, vLLM's convention (id i = the input of decoder layer "
+        "i): auto (2, L/2, L-3) or e.g. 2,6,9",
+    )
     lr = c2.number_input("Learning rate", min_value=0.0, step=1e-4, format="%.1e", key="head_lr")
-    max_new = c3.number_input("Max new tokens", min_value=1, step=16, key="head_max_new_tokens",
-                              help="length of the target's responses")
+    max_new = c3.number_input(
+        "Max new tokens", min_value=1, step=16, key="head_max_new_tokens", help="length of the target's responses"
+    )
     c1, c2, c3 = st.columns(3)
     batch = c1.number_input("Batch size", min_value=1, step=1, key="head_batch_size", help="sequences per step")
-    samples = c2.number_input("Samples per prompt", min_value=1, step=1, key="head_samples",
-                              help="responses per prompt: 1 is the target's greedy one; more adds temperature-1 "
-                                   "samples")
+    samples = c2.number_input(
+        "Samples per prompt",
+        min_value=1,
+        step=1,
+        key="head_samples",
+        help="responses per prompt: 1 is the target's greedy one; more adds temperature-1 samples",
+    )
     seed = c3.number_input("Seed", step=1, key="train_seed")
     problems = []
     try:
@@ -240,9 +339,17 @@ def _head_fields() -> tuple[dict, list[str]]:
     except DraftLabError as exc:
         st.error(md_text(str(exc)), icon=":material/error:")
         problems.append("the aux layers are not a list of layer ids")
-    return {"steps": int(steps), "lr": float(lr), "batch_size": int(batch), "samples": int(samples),
-            "max_new_tokens": int(max_new), "seed": int(seed), "ttt_steps": int(ttt),
-            "draft_vocab_size": int(vocab), "aux_layers": aux}, problems
+    return {
+        "steps": int(steps),
+        "lr": float(lr),
+        "batch_size": int(batch),
+        "samples": int(samples),
+        "max_new_tokens": int(max_new),
+        "seed": int(seed),
+        "ttt_steps": int(ttt),
+        "draft_vocab_size": int(vocab),
+        "aux_layers": aux,
+    }, problems
 
 
 def _estimate(shape_args: dict) -> None:
@@ -251,16 +358,19 @@ def _estimate(shape_args: dict) -> None:
     responses), else from the shipped demo's recorded run of the kind."""
     from pages.panels.training_estimate import Shape, training_estimate
 
-    counts = {"train_prompts": _count(shape_args.pop("prompts")),
-              "validation_prompts": _count(shape_args.pop("validation"))}
+    counts = {
+        "train_prompts": _count(shape_args.pop("prompts")),
+        "validation_prompts": _count(shape_args.pop("validation")),
+    }
     try:
         timings = training.job_timings(store())
     except Exception:  # noqa: BLE001 - no database to ask: the form still queues (it opens it then)
         timings = pd.DataFrame(columns=training.TIMING_COLUMNS)
     estimate = training_estimate(Shape(**shape_args, **counts), timings, _count)
     if estimate is None:
-        st.caption("No duration estimate: no training job of this kind has finished here and no shipped run of it "
-                   "is recorded.")
+        st.caption(
+            "No duration estimate: no training job of this kind has finished here and no shipped run of it is recorded."
+        )
     else:
         st.caption(md_text(f"{estimate.text()[0].upper()}{estimate.text()[1:]}, on one worker."))
 
@@ -289,21 +399,34 @@ def _figures(job: dict) -> None:
     # Each figure after training, the delta against before, and before itself in the label (values stay short).
     c1, c2, c3 = st.columns(3)
     if job["kind"] == HEAD:  # a fresh head's held-out KL is its TTT loss (on the curve); the greedy figures here
-        c1.metric(f"acceptance length (before: {number(job['acceptance_length_before'], '{:.2f}')})",
-                  number(job["acceptance_length_after"], "{:.2f}"),
-                  delta=_delta(job["acceptance_length_after"], job["acceptance_length_before"], "{:+.2f}"))
+        c1.metric(
+            f"acceptance length (before: {number(job['acceptance_length_before'], '{:.2f}')})",
+            number(job["acceptance_length_after"], "{:.2f}"),
+            delta=_delta(job["acceptance_length_after"], job["acceptance_length_before"], "{:+.2f}"),
+        )
     else:
-        c1.metric(f"held-out KL (before: {number(job['kl_before'], '{:.3f}')})", number(job["kl_after"], "{:.3f}"),
-                  delta=_delta(job["kl_after"], job["kl_before"], "{:+.3f}"), delta_color="inverse")
-    c2.metric(f"α, greedy k={job['eval_k'] or 4} (before: {number(job['alpha_before'])})",
-              number(job["alpha_after"]), delta=_delta(job["alpha_after"], job["alpha_before"], "{:+.3f}"))
-    c3.metric(f"tokens per round (before: {number(job['tokens_per_round_before'], '{:.2f}')})",
-              number(job["tokens_per_round_after"], "{:.2f}"),
-              delta=_delta(job["tokens_per_round_after"], job["tokens_per_round_before"], "{:+.2f}"))
+        c1.metric(
+            f"held-out KL (before: {number(job['kl_before'], '{:.3f}')})",
+            number(job["kl_after"], "{:.3f}"),
+            delta=_delta(job["kl_after"], job["kl_before"], "{:+.3f}"),
+            delta_color="inverse",
+        )
+    c2.metric(
+        f"α, greedy k={job['eval_k'] or 4} (before: {number(job['alpha_before'])})",
+        number(job["alpha_after"]),
+        delta=_delta(job["alpha_after"], job["alpha_before"], "{:+.3f}"),
+    )
+    c3.metric(
+        f"tokens per round (before: {number(job['tokens_per_round_before'], '{:.2f}')})",
+        number(job["tokens_per_round_after"], "{:.2f}"),
+        delta=_delta(job["tokens_per_round_after"], job["tokens_per_round_before"], "{:+.2f}"),
+    )
     if job["kind"] == HEAD:
-        st.caption(f"Greedy speculation at k={job['eval_k']} through the engine's loop on the held-out prompts, "
-                   f"before (the fresh head) and after (the saved head, reloaded); acceptance length = 1 + accepted "
-                   f"drafts per drafting round.")
+        st.caption(
+            f"Greedy speculation at k={job['eval_k']} through the engine's loop on the held-out prompts, "
+            f"before (the fresh head) and after (the saved head, reloaded); acceptance length = 1 + accepted "
+            f"drafts per drafting round."
+        )
 
 
 def _evaluation(job: dict) -> None:
@@ -314,29 +437,53 @@ def _evaluation(job: dict) -> None:
     spec = runs[runs["kind"] == "speculative"]
     head = job["kind"] == HEAD
     if head:  # no "before" draft to time: the trained head against the target alone (app/training/training_kinds.py)
-        st.markdown(f"**Timed experiment #{int(eid)}** — the trained head (drafter eagle3) against the target alone "
-                    f"on `{md_text(job['validation'])}` (greedy, k={job['eval_k']}, interleaved):")
+        st.markdown(
+            f"**Timed experiment #{int(eid)}** — the trained head (drafter eagle3) against the target alone "
+            f"on `{md_text(job['validation'])}` (greedy, k={job['eval_k']}, interleaved):"
+        )
     else:
-        st.markdown(f"**Before/after experiment #{int(eid)}** — both drafts timed against one baseline on "
-                    f"`{md_text(job['validation'])}` (greedy, k={job['eval_k'] or 4}, interleaved):")
+        st.markdown(
+            f"**Before/after experiment #{int(eid)}** — both drafts timed against one baseline on "
+            f"`{md_text(job['validation'])}` (greedy, k={job['eval_k'] or 4}, interleaved):"
+        )
     if spec.empty:
         st.caption("queued")
     else:
         names = [job["name"]] if head else [job["draft"], job["name"]]
         rows = []
         for i, r in enumerate(spec.itertuples()):
-            interval = (f"{r.speedup:.2f}× ({r.speedup_ci_lo:.2f}–{r.speedup_ci_hi:.2f})"
-                        if pd.notna(r.speedup) and pd.notna(r.speedup_ci_lo) else None)
-            rows.append({"draft": names[i] if i < len(names) else str(i), "status": r.status,
-                         "alpha": r.alpha, "kl": r.kl, "tokens_per_round": r.tokens_per_round,
-                         "best": interval, "outputs_match_baseline": r.outputs_match_baseline})
+            interval = (
+                f"{r.speedup:.2f}× ({r.speedup_ci_lo:.2f}–{r.speedup_ci_hi:.2f})"
+                if pd.notna(r.speedup) and pd.notna(r.speedup_ci_lo)
+                else None
+            )
+            rows.append(
+                {
+                    "draft": names[i] if i < len(names) else str(i),
+                    "status": r.status,
+                    "alpha": r.alpha,
+                    "kl": r.kl,
+                    "tokens_per_round": r.tokens_per_round,
+                    "best": interval,
+                    "outputs_match_baseline": r.outputs_match_baseline,
+                }
+            )
         frame = pd.DataFrame(rows)
-        table(frame, list(frame.columns), f"eval_{job['id']}",  # headers, help and formats: storage/records/columns.py
-              draft=st.column_config.TextColumn("head" if head else "draft"),
-              best=st.column_config.TextColumn("speedup (95 % interval)",
-                                               help="against the target alone, paired bootstrap over prompts"))
-    st.page_link(nav_page("experiment"), label=f"Open experiment #{int(eid)}", icon=":material/monitoring:",
-                 query_params={"experiment": str(int(eid))})
+        table(
+            frame,
+            list(frame.columns),
+            f"eval_{job['id']}",  # headers, help and formats: storage/records/columns.py
+            draft=st.column_config.TextColumn("head" if head else "draft"),
+            best=st.column_config.TextColumn(
+                "speedup (95 % interval)", help="against the target alone, paired bootstrap over prompts"
+            ),
+        )
+    st.page_link(
+        nav_page("experiment"),
+        label=f"Open experiment #{int(eid)}",
+        icon=":material/monitoring:",
+        query_params={"experiment": str(int(eid))},
+    )
 
 
 def _about(job: dict) -> str:
@@ -345,8 +492,10 @@ def _about(job: dict) -> str:
     recipe = f"{plural(job['steps'], 'step')} × {job['batch_size']}, lr {job['lr']:g}"
     if job["kind"] == HEAD:
         vocabulary = f"{job['draft_vocab_size']:,}" if job["draft_vocab_size"] else "the whole vocabulary (≤ 32,000)"
-        what = f"EAGLE-3 head for {job['target']}{on}; {recipe}, TTT steps {job['ttt_steps']}, draft vocabulary " \
-               f"{vocabulary}, aux layers {job['aux_layers'] or 'auto'}"
+        what = (
+            f"EAGLE-3 head for {job['target']}{on}; {recipe}, TTT steps {job['ttt_steps']}, draft vocabulary "
+            f"{vocabulary}, aux layers {job['aux_layers'] or 'auto'}"
+        )
     else:
         what = f"{job['draft']} → {job['target']}{on}; {recipe}"
     focus = f", focus: experiment {job['focus_from']}" if job["focus_from"] is not None else ""
@@ -375,11 +524,17 @@ def _curves(job: dict) -> None:
     if length is not None:
         with right:
             draw(length, width="stretch")
-    st.caption("Held-out, teacher-forced on the target's greedy responses: the acceptance at each draft position "
-               "given every position before it accepted, at each eval point (latest darkest), and the acceptance "
-               "length it makes (1 + expected accepted drafts per round at k = the TTT steps).")
-    csv_download(by_position, f"training-job-{job_id}-acceptance.csv", label="Download acceptance CSV",
-                 key=f"acceptance_csv_{job_id}")
+    st.caption(
+        "Held-out, teacher-forced on the target's greedy responses: the acceptance at each draft position "
+        "given every position before it accepted, at each eval point (latest darkest), and the acceptance "
+        "length it makes (1 + expected accepted drafts per round at k = the TTT steps)."
+    )
+    csv_download(
+        by_position,
+        f"training-job-{job_id}-acceptance.csv",
+        label="Download acceptance CSV",
+        key=f"acceptance_csv_{job_id}",
+    )
 
 
 def _job_view(job_id: int) -> None:
@@ -388,13 +543,18 @@ def _job_view(job_id: int) -> None:
         st.info("That job is gone.")
         return
     status, head = job["status"], job["kind"] == HEAD
-    st.markdown(f"**Job {job_id} · {md_text(job['name'])}** — {status}"
-                + (f" · {md_text(job['phase'])}" if job["phase"] and status in (RUNNING, CANCELLED) else "")
-                + (f" · on {md_text(job['device_name'])}" if job["device_name"] else ""))
+    st.markdown(
+        f"**Job {job_id} · {md_text(job['name'])}** — {status}"
+        + (f" · {md_text(job['phase'])}" if job["phase"] and status in (RUNNING, CANCELLED) else "")
+        + (f" · on {md_text(job['device_name'])}" if job["device_name"] else "")
+    )
     st.caption(md_text(_about(job)))
     if status in (RUNNING, QUEUED):
-        st.progress(float(job["progress"] or 0.0), text=f"step {job['step']} of {job['steps']}"
-                    + (f" (checkpoint at step {job['checkpoint_step']})" if job["checkpoint_step"] else ""))
+        st.progress(
+            float(job["progress"] or 0.0),
+            text=f"step {job['step']} of {job['steps']}"
+            + (f" (checkpoint at step {job['checkpoint_step']})" if job["checkpoint_step"] else ""),
+        )
     if job["error"]:
         st.error(md_text(job["error"]), icon=":material/error:")
     _curves(job)
@@ -402,19 +562,30 @@ def _job_view(job_id: int) -> None:
         _figures(job)
     c1, c2, _ = st.columns([1, 2, 2])
     if status in (RUNNING, QUEUED):
-        if c1.button("Cancel", key=f"cancel_job_{job_id}", icon=":material/cancel:",
-                     help="stops after the current step; its checkpoint is kept so Resume continues from there"):
+        if c1.button(
+            "Cancel",
+            key=f"cancel_job_{job_id}",
+            icon=":material/cancel:",
+            help="stops after the current step; its checkpoint is kept so Resume continues from there",
+        ):
             training.cancel_job(store(), job_id)
             st.rerun()
     elif status in (CANCELLED, INTERRUPTED, FAILED):
-        if c1.button("Resume", key=f"resume_job_{job_id}", icon=":material/replay:",
-                     help="requeue it; a worker continues from its last checkpoint"):
+        if c1.button(
+            "Resume",
+            key=f"resume_job_{job_id}",
+            icon=":material/replay:",
+            help="requeue it; a worker continues from its last checkpoint",
+        ):
             training.resume_job(store(), job_id)
             st.rerun()
     if status == DONE:
-        saved = ("Trained EAGLE-3 head saved: {out} — offered among the drafts of New experiment (it drafts for "
-                 "{target} with the eagle3 drafter)" if head else
-                 "Trained draft saved: {out} — offered among the draft candidates of New experiment")
+        saved = (
+            "Trained EAGLE-3 head saved: {out} — offered among the drafts of New experiment (it drafts for "
+            "{target} with the eagle3 drafter)"
+            if head
+            else "Trained draft saved: {out} — offered among the draft candidates of New experiment"
+        )
         st.success(md_text(saved.format(out=job["out"], target=job["target"])), icon=":material/check_circle:")
         c2.page_link(nav_page("new"), label="New experiment", icon=":material/add_circle:")
         _evaluation(job)
@@ -427,16 +598,36 @@ def _jobs() -> None:
         return
     active = frame["status"].isin([RUNNING, QUEUED]).any()
     shown = frame.assign(progress=frame["progress"].fillna(0.0), kind=frame["kind"].fillna(DISTILL))[
-        ["id", "name", "kind", "status", "step", "steps", "progress", "phase", "alpha_before", "alpha_after",
-         "eval_experiment_id", "created"]]
-    st.dataframe(shown, hide_index=True, width="stretch", key="jobs_table", placeholder="—", column_config={
-        "id": st.column_config.NumberColumn("job", width="small"),
-        "kind": st.column_config.TextColumn("kind", help="distill: a draft model; head: an EAGLE-3 head"),
-        "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0),
-        "alpha_before": st.column_config.NumberColumn("α before", format="%.3f"),
-        "alpha_after": st.column_config.NumberColumn("α after", format="%.3f"),
-        "eval_experiment_id": st.column_config.NumberColumn("timed experiment", format="%d"),
-    })
+        [
+            "id",
+            "name",
+            "kind",
+            "status",
+            "step",
+            "steps",
+            "progress",
+            "phase",
+            "alpha_before",
+            "alpha_after",
+            "eval_experiment_id",
+            "created",
+        ]
+    ]
+    st.dataframe(
+        shown,
+        hide_index=True,
+        width="stretch",
+        key="jobs_table",
+        placeholder="—",
+        column_config={
+            "id": st.column_config.NumberColumn("job", width="small"),
+            "kind": st.column_config.TextColumn("kind", help="distill: a draft model; head: an EAGLE-3 head"),
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0),
+            "alpha_before": st.column_config.NumberColumn("α before", format="%.3f"),
+            "alpha_after": st.column_config.NumberColumn("α after", format="%.3f"),
+            "eval_experiment_id": st.column_config.NumberColumn("timed experiment", format="%d"),
+        },
+    )
     if active:
         st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while a job is queued or running.")
     ids = [int(i) for i in frame["id"]]
@@ -446,11 +637,13 @@ def _jobs() -> None:
 
 def render() -> None:
     st.title("Train a draft")
-    st.caption("Distil a copy of a draft toward its target: forward KL(p_target ‖ p_draft) on the target's own "
-               "continuations of a prompt set (cached once), optionally weighted toward what an experiment's "
-               "drafts got rejected for; or train an EAGLE-3 head that drafts from the target's hidden states. A "
-               "worker runs the job; when it ends the trained draft is measured on held-out prompts and timed "
-               "against the draft it started from (a head: against the target alone).")
+    st.caption(
+        "Distil a copy of a draft toward its target: forward KL(p_target ‖ p_draft) on the target's own "
+        "continuations of a prompt set (cached once), optionally weighted toward what an experiment's "
+        "drafts got rejected for; or train an EAGLE-3 head that drafts from the target's hidden states. A "
+        "worker runs the job; when it ends the trained draft is measured on held-out prompts and timed "
+        "against the draft it started from (a head: against the target alone)."
+    )
     left, right = st.columns([2, 3])
     with left:
         _form()

@@ -1,5 +1,6 @@
 """What the browser tests (test_browser_*.py) share: `draftlab ui` on a free port, Debian's chromium driven by
 Playwright, and the waits that make a Streamlit page safe to read."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,9 @@ CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
 # Screenshots land in a temp dir; `DRAFTLAB_SCREENSHOTS=docs/screenshots` regenerates the README's images.
 SCREENSHOTS = Path(os.environ.get("DRAFTLAB_SCREENSHOTS") or Path(tempfile.gettempdir()) / "draftlab-screenshots")
-needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                    reason=f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)")
+needs_chromium = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)"
+)
 
 
 def free_port() -> int:
@@ -52,8 +54,14 @@ def dashboard(tmp: Path, **env):
     port = free_port()
     environ = dict(os.environ, DRAFTLAB_UPLOAD_DIR=str(tmp / "uploads"), PYTHONPATH=str(ROOT), **env)
     log = open(tmp / "ui.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--db", db, "--port", str(port)],
-                               cwd=tmp, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "ui", "--db", db, "--port", str(port)],
+        cwd=tmp,
+        env=environ,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, process)
@@ -73,8 +81,9 @@ def chromium():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
         try:
             yield browser
         finally:
@@ -162,8 +171,9 @@ def ignored(url: str) -> bool:
       /PAGE/_stcore/host-config answer 404) before using the root."""
     from pages.widgets.nav import PAGES
 
-    return (url.startswith("https://fonts.gstatic.com/s/i/short-term/release/materialsymbolsrounded/science/")
-            or any(f"/{key}/_stcore/" in url for key in PAGES))
+    return url.startswith("https://fonts.gstatic.com/s/i/short-term/release/materialsymbolsrounded/science/") or any(
+        f"/{key}/_stcore/" in url for key in PAGES
+    )
 
 
 # Each chart of the page: its container, whether Vega drew into it (a canvas or svg under .vega-embed), and the
@@ -226,6 +236,8 @@ def page_problems(page, shown: str, messages: list[str], charted: bool) -> tuple
     found += [f"{shown}: {m}" for m in messages]
     messages.clear()
     # A Python exception on the page (Streamlit shows it in place of the rest of the page).
-    found += [f"{shown}: exception on the page: {text[:500]}"
-              for text in page.locator('[data-testid="stException"]').all_inner_texts()]
+    found += [
+        f"{shown}: exception on the page: {text[:500]}"
+        for text in page.locator('[data-testid="stException"]').all_inner_texts()
+    ]
     return found, len(charts)

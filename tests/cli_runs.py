@@ -1,5 +1,6 @@
 """`draftlab run` on the tiny test models from a test, its `--json` document back: the one way tests run a small
 grid or `--k auto` end to end through the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -15,6 +16,24 @@ def run_json(tmp_path, model_dirs, capsys, *options: str, name: str = "cli.db") 
     db = f"sqlite:///{tmp_path / name}"
     prompt_file = tmp_path / "prompts.txt"
     prompt_file.write_text("\n".join(PROMPTS) + "\n")
-    assert main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                 str(prompt_file), *options, "--device", "cpu", "--db", db, "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                model_dirs["target"],
+                "--draft",
+                model_dirs["draft"],
+                "--prompts",
+                str(prompt_file),
+                *options,
+                "--device",
+                "cpu",
+                "--db",
+                db,
+                "--json",
+            ]
+        )
+        == 0
+    )
     return json.loads(capsys.readouterr().out), db

@@ -1,4 +1,5 @@
 """Shared test setup."""
+
 import os
 
 import pytest
@@ -27,8 +28,7 @@ def services_required() -> bool:
 
 
 def _required_message(reason: str) -> str:
-    return (f"{reason}. scripts/test.sh requires it (set {ALLOW_SKIP_ENV}=1 to let the tests that need it skip "
-            f"instead)")
+    return f"{reason}. scripts/test.sh requires it (set {ALLOW_SKIP_ENV}=1 to let the tests that need it skip instead)"
 
 
 def missing_service(reason: str):
@@ -42,8 +42,12 @@ def missing_service(reason: str):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if (report.skipped and item.path.name.startswith(BROWSER_TESTS) and services_required()
-            and not hasattr(report, "wasxfail")):
+    if (
+        report.skipped
+        and item.path.name.startswith(BROWSER_TESTS)
+        and services_required()
+        and not hasattr(report, "wasxfail")
+    ):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = _required_message(reason.removeprefix("Skipped: "))
@@ -109,11 +113,29 @@ def _start_temporary_postgres(base: Path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     try:
-        subprocess.run([*prefix, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"], check=True,
-                       capture_output=True, timeout=120)
-        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-l", str(base / "pg.log"), "-w", "-o",
-                        f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start"],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [*prefix, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [
+                *prefix,
+                pg_ctl,
+                "-D",
+                str(data),
+                "-l",
+                str(base / "pg.log"),
+                "-w",
+                "-o",
+                f"-p {port} -k {base} -c listen_addresses=127.0.0.1",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     except (subprocess.SubprocessError, OSError) as exc:
         return None, f"could not start a temporary PostgreSQL ({exc})", lambda: None
 
@@ -141,8 +163,10 @@ def postgres_server():
     started, why, stop = _start_temporary_postgres(base)
     if started is None:
         shutil.rmtree(base, ignore_errors=True)
-        missing_service(f"no PostgreSQL: {DEFAULT_TEST_POSTGRES} unreachable ({reason}); {why}. Set "
-                        f"$DRAFTLAB_TEST_POSTGRES, or start a server there, to run the PostgreSQL half of the suite")
+        missing_service(
+            f"no PostgreSQL: {DEFAULT_TEST_POSTGRES} unreachable ({reason}); {why}. Set "
+            f"$DRAFTLAB_TEST_POSTGRES, or start a server there, to run the PostgreSQL half of the suite"
+        )
     try:
         yield started
     finally:
@@ -193,8 +217,11 @@ def model_dirs(tmp_path_factory):
     draft = tiny_models.noisy_copy(target, seed=1, noise=0.3)
     alien = tiny_models.llama(2, layers=1)
     paths = {}
-    for name, model, tok in (("target", target, tiny_models.tokenizer()), ("draft", draft, tiny_models.tokenizer()),
-                             ("alien", alien, tiny_models.tokenizer(prefix="w"))):
+    for name, model, tok in (
+        ("target", target, tiny_models.tokenizer()),
+        ("draft", draft, tiny_models.tokenizer()),
+        ("alien", alien, tiny_models.tokenizer(prefix="w")),
+    ):
         path = base / name
         model.save_pretrained(path)
         tok.save_pretrained(path)
@@ -205,6 +232,7 @@ def model_dirs(tmp_path_factory):
 @pytest.fixture
 def wait_for():
     """wait_for(predicate, timeout): poll until predicate() is truthy, else fail."""
+
     def _wait(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -213,6 +241,7 @@ def wait_for():
                 return value
             time.sleep(interval)
         pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
     return _wait
 
 
@@ -227,8 +256,9 @@ def vllm_command():
     if os.environ.get("DRAFTLAB_VLLM", "").strip():
         return default_command()
     if not LOCAL_VENV_PYTHON.is_file():
-        missing_service(f"no vLLM: {LOCAL_VENV_PYTHON} does not exist and $DRAFTLAB_VLLM is not set; run "
-                        f"scripts/install_vllm.sh")
+        missing_service(
+            f"no vLLM: {LOCAL_VENV_PYTHON} does not exist and $DRAFTLAB_VLLM is not set; run scripts/install_vllm.sh"
+        )
     probe = subprocess.run([str(LOCAL_VENV_PYTHON), "-c", "import vllm"], capture_output=True, text=True, timeout=300)
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["no output"])[-1]

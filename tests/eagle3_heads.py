@@ -14,6 +14,7 @@ normalised), "d2t" (lm_head rows in another order than the
 draft ids they score, as a whole-vocabulary head saved in draft order without its d2t: every draft proposes a wrong
 id).
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ def stand_in(out: Path) -> str:
     data = _continuations(target, tokenizer, load_prompts("code:tune")[:PROMPTS], NEW_TOKENS, torch.device("cpu"))
     layers = target.config.num_hidden_layers
     torch.manual_seed(0)
-    head = new_head(target, default_aux_layers(layers), torch.arange(target.config.vocab_size), "demo-target",
-                    norm_before_fc=True)
+    head = new_head(
+        target, default_aux_layers(layers), torch.arange(target.config.vocab_size), "demo-target", norm_before_fc=True
+    )
     trained = [p for name, p in head.named_parameters() if not name.startswith("embed_tokens")]
     optimizer = torch.optim.AdamW(trained, lr=3e-3)
     for step in range(STEPS):

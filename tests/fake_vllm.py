@@ -27,6 +27,7 @@ without speculation) misbehave from its N-th completion request on (the warm-up 
 - short (sampled requests only): it answers 6-10 tokens drawn uniformly over the vocabulary and accepts one draft
   an answer, as vLLM 0.32's CPU build does under sampling (storage/analysis/findings.py's VLLM_CPU_SAMPLING_CAUSE);
 - fast: its steps take no time (whatever $FAKE_VLLM_STEP_SECONDS says), a speedup above its tokens per step."""
+
 from __future__ import annotations
 
 import argparse
@@ -60,11 +61,15 @@ class Counters:
     def exposition(self) -> str:
         lines = ["# TYPE vllm:spec_decode_num_drafts counter"]
         if self.k:
-            lines += [f"vllm:spec_decode_num_drafts_total {self.drafts}",
-                      f"vllm:spec_decode_num_draft_tokens_total {self.draft_tokens}",
-                      f"vllm:spec_decode_num_accepted_tokens_total {self.accepted}"]
-            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{j}"}} {n}'
-                      for j, n in enumerate(self.per_position)]
+            lines += [
+                f"vllm:spec_decode_num_drafts_total {self.drafts}",
+                f"vllm:spec_decode_num_draft_tokens_total {self.draft_tokens}",
+                f"vllm:spec_decode_num_accepted_tokens_total {self.accepted}",
+            ]
+            lines += [
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{j}"}} {n}'
+                for j, n in enumerate(self.per_position)
+            ]
         return "\n".join(lines) + "\n"
 
 
@@ -147,22 +152,32 @@ def make_handler(model: str, counters: Counters, fault: Fault):
                 self.wfile.flush()
                 time.sleep(3600)
             short = sampled and fault.mode == "short"
-            delay = 0.0 if fault.mode == "fast" else float(os.environ.get("FAKE_VLLM_STEP_SECONDS") or 0) * (
-                1 + counters.k / 2)  # a speculative step drafts k tokens and verifies k + 1
+            delay = (
+                0.0
+                if fault.mode == "fast"
+                else float(os.environ.get("FAKE_VLLM_STEP_SECONDS") or 0) * (1 + counters.k / 2)
+            )  # a speculative step drafts k tokens and verifies k + 1
             step, sent = 0, 0
             while sent < len(ids):
                 accepted = min(counters.k, 1 + (step % 2) * (counters.k - 1)) if counters.k else 0
                 if short:
                     accepted = int(step == 2)  # one draft accepted an answer: about 1.1 tokens a step
                 time.sleep(delay)
-                chunk = ids[sent:sent + accepted + 1]
+                chunk = ids[sent : sent + accepted + 1]
                 if counters.k:
                     counters.round(accepted)
                 sent += len(chunk)
                 step += 1
-                choice = {"index": 0, "text": "".join(chr(65 + t % 26) for t in chunk), "token_ids": chunk,
-                          "finish_reason": None if sent < len(ids) else
-                          "length" if sent >= int(body["max_tokens"]) else "stop"}
+                choice = {
+                    "index": 0,
+                    "text": "".join(chr(65 + t % 26) for t in chunk),
+                    "token_ids": chunk,
+                    "finish_reason": None
+                    if sent < len(ids)
+                    else "length"
+                    if sent >= int(body["max_tokens"])
+                    else "stop",
+                }
                 self.wfile.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
                 if faulty:  # mid-answer, as an engine core that crashed
                     self.wfile.flush()

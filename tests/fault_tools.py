@@ -12,6 +12,7 @@
   pid files, to kill and to look for after a fault; ConfirmProcess: `draftlab confirm` in a process of its own, to
   signal.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,8 +84,11 @@ class DiskFull:
         """None when mounted, else why not."""
         if os.geteuid() != 0:
             return "needs root (mount -t tmpfs)"
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size_kb}k", "tmpfs", str(self.dir)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self.size_kb}k", "tmpfs", str(self.dir)],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             return f"mount failed: {done.stderr.strip()}"
         self.mounted = True
@@ -112,6 +116,7 @@ class DiskFull:
 
 
 # --- PostgreSQL of our own ---------------------------------------------------------------------------------
+
 
 def _pg_bin(name: str) -> str | None:
     found = shutil.which(name)
@@ -167,8 +172,19 @@ class OwnPostgres:
         return None
 
     def start(self) -> str | None:
-        done = self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.base / "pg.log"), "-w", "-t", "60", "-o",
-                         f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        done = self._run(
+            self.pg_ctl,
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.base / "pg.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
+        )
         return None if done.returncode == 0 else f"pg_ctl start failed: {done.stderr.strip()[-300:]}"
 
     def stop(self, mode: str = "fast") -> None:
@@ -196,10 +212,14 @@ def audit(store) -> dict:
     duplicated rows per table, prompts missing from done runs, and SQLite's integrity check."""
     with store.read() as conn:
         runs = conn.execute(text("SELECT id, status, error, prompts_total, prompts_done FROM runs")).all()
-        dups = {t: conn.execute(text(f"SELECT COUNT(*) FROM (SELECT {key} FROM {t} GROUP BY {key} "
-                                     f"HAVING COUNT(*) > 1) d")).scalar() for t, key in DUPLICATES.items()}
+        dups = {
+            t: conn.execute(
+                text(f"SELECT COUNT(*) FROM (SELECT {key} FROM {t} GROUP BY {key} HAVING COUNT(*) > 1) d")
+            ).scalar()
+            for t, key in DUPLICATES.items()
+        }
         stored = dict(conn.execute(text("SELECT run_id, COUNT(*) FROM prompt_results GROUP BY run_id")).all())
-        integrity = (conn.execute(text("PRAGMA integrity_check")).scalar() if store.dialect == "sqlite" else "ok")
+        integrity = conn.execute(text("PRAGMA integrity_check")).scalar() if store.dialect == "sqlite" else "ok"
     done = [r for r in runs if r.status == "done"]
     return {
         "runs": len(runs),
@@ -249,6 +269,7 @@ class CommitWatcher:
 
 # --- processes a confirm started --------------------------------------------------------------------------------
 
+
 def wait_until(condition, timeout: float, what: str, step: float = 0.1):
     """condition()'s first true value within `timeout` seconds; AssertionError naming `what` if none."""
     deadline = time.monotonic() + timeout
@@ -277,29 +298,43 @@ class FakeServers:
         return found
 
     def wait_for(self, n: int, timeout: float = 120.0) -> list[dict]:
-        return wait_until(lambda: (lambda s: s if len(s) >= n else None)(self.started()), timeout,
-                          f"{n} stand-in vLLM servers started")
+        return wait_until(
+            lambda: (lambda s: s if len(s) >= n else None)(self.started()),
+            timeout,
+            f"{n} stand-in vLLM servers started",
+        )
 
     def alive(self) -> list[str]:
         """Each server or engine process still running (zombies count as ended), e.g. "engine 1234 (k=1)"."""
         from engine.serving.process_tree import running
 
-        return [f"{role} {s[role]} (k={s['k']})" for s in self.started() for role in ("server", "engine")
-                if running(s[role])]
+        return [
+            f"{role} {s[role]} (k={s['k']})"
+            for s in self.started()
+            for role in ("server", "engine")
+            if running(s[role])
+        ]
 
 
 class ConfirmProcess:
     """`draftlab confirm ARGS` in a process of its own, Ctrl-C raising KeyboardInterrupt in it as in a terminal (a
     process started in the background inherits SIGINT ignored)."""
 
-    LAUNCH = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-              "from app.cli import main; sys.exit(main(sys.argv[1:]))")
+    LAUNCH = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from app.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
 
     def __init__(self, args: list[str], env: dict):
         root = Path(__file__).resolve().parent.parent
-        self.proc = subprocess.Popen([sys.executable, "-c", self.LAUNCH, "confirm", *args], cwd=root,
-                                     env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self.LAUNCH, "confirm", *args],
+            cwd=root,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def watchdogs(self) -> list[int]:
         """The pids of its servers' watchdogs (engine/serving/process_tree.py run as a script, its children)."""

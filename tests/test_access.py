@@ -1,5 +1,6 @@
 """Who may use the dashboard: `draftlab ui` refuses to serve beyond loopback without a login, and the entry
 script shows nothing but the login until the visitor passes it ($DRAFTLAB_PASSWORD, or OIDC when configured)."""
+
 from __future__ import annotations
 
 import time
@@ -9,12 +10,16 @@ from streamlit.testing.v1 import AppTest
 
 from app.cli import main
 from storage.analysis import catalog
-from storage.records import queries as q
 from tests.test_pages import TIMEOUT, app, assert_clean, page_text, populated, populated_template  # noqa: F401
 
 PASSWORD = "correct horse battery staple ünïcode"
-OIDC = {"redirect_uri": "http://dash.example:8501/oauth2callback", "cookie_secret": "x" * 40, "client_id": "draftlab",
-        "client_secret": "oidc-client-secret", "server_metadata_url": "https://idp.example/.well-known/openid-configuration"}
+OIDC = {
+    "redirect_uri": "http://dash.example:8501/oauth2callback",
+    "cookie_secret": "x" * 40,
+    "client_id": "draftlab",
+    "client_secret": "oidc-client-secret",
+    "server_metadata_url": "https://idp.example/.well-known/openid-configuration",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -35,13 +40,19 @@ def no_login_configured(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     from streamlit import config
 
-    monkeypatch.setattr(config, "get_option", lambda name, _get=config.get_option: (
-        [str(tmp_path / ".streamlit" / "secrets.toml")] if name == "secrets.files" else _get(name)))
+    monkeypatch.setattr(
+        config,
+        "get_option",
+        lambda name, _get=config.get_option: (
+            [str(tmp_path / ".streamlit" / "secrets.toml")] if name == "secrets.files" else _get(name)
+        ),
+    )
     return tmp_path
 
 
 class _FakeProcess:
     """Stands in for the dashboard and worker processes: records how it was started, exits at once."""
+
     started: list[tuple[list[str], dict]] = []
 
     def __init__(self, command, env=None, **_):
@@ -78,6 +89,7 @@ def _one_error_line(err: str) -> str:
 
 # --- draftlab ui ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "dash.example"])
 def test_ui_refuses_to_serve_beyond_loopback_without_a_login(no_login_configured, fake_processes, capsys, host):
     db = f"sqlite:///{no_login_configured / 'ui.db'}"
@@ -87,14 +99,19 @@ def test_ui_refuses_to_serve_beyond_loopback_without_a_login(no_login_configured
     assert fake_processes == []  # nothing was started
 
 
-@pytest.mark.parametrize("argv, env", [
-    (["--host", "127.0.0.1"], {}),
-    (["--host", "localhost"], {}),
-    (["--host", "0.0.0.0", "--insecure"], {}),
-    (["--host", "0.0.0.0"], {"DRAFTLAB_PASSWORD": PASSWORD}),
-], ids=["loopback", "localhost", "insecure", "password"])
-def test_ui_serves_when_a_login_or_loopback_allows_it(no_login_configured, fake_processes, capsys, monkeypatch,
-                                                      argv, env):
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        (["--host", "127.0.0.1"], {}),
+        (["--host", "localhost"], {}),
+        (["--host", "0.0.0.0", "--insecure"], {}),
+        (["--host", "0.0.0.0"], {"DRAFTLAB_PASSWORD": PASSWORD}),
+    ],
+    ids=["loopback", "localhost", "insecure", "password"],
+)
+def test_ui_serves_when_a_login_or_loopback_allows_it(
+    no_login_configured, fake_processes, capsys, monkeypatch, argv, env
+):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     db = f"sqlite:///{no_login_configured / 'ui.db'}"
@@ -115,8 +132,9 @@ def _write_secrets(directory, auth: dict) -> None:
 
 
 @pytest.mark.parametrize("authlib_installed", [True, False])
-def test_ui_accepts_oidc_configured_in_secrets(no_login_configured, fake_processes, capsys, monkeypatch,
-                                               authlib_installed):
+def test_ui_accepts_oidc_configured_in_secrets(
+    no_login_configured, fake_processes, capsys, monkeypatch, authlib_installed
+):
     import sys
     import types
 
@@ -139,6 +157,7 @@ def test_ui_with_unusable_oidc_names_what_is_missing(no_login_configured, fake_p
 
 
 # --- the login in the entry script ---------------------------------------------------------------------------
+
 
 def _login(at: AppTest, password: str) -> AppTest:
     at.text_input(key="draftlab_password").set_value(password)
@@ -208,6 +227,7 @@ def test_with_oidc_configured_nothing_shows_until_the_provider_says_who_it_is(po
 
 
 # --- login throttling across sessions ---------------------------------------------------------------------------
+
 
 class _Clock:
     def __init__(self):

@@ -7,6 +7,7 @@ What the linter cannot see is checked here too: no module imports another by a s
 `__import__`), which would step around every contract; and importing the dashboard (the entry script and every
 page) imports no torch, since the pair check's transformers import is allowed only inside its functions.
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,17 +15,19 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("app", "engine", "storage", "pages")
 
 
 def contracts(root: Path = ROOT) -> list[str]:
-    return [c["name"] for c in tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
+    return [
+        c["name"] for c in tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    ]
 
 
 def lint(root: Path) -> subprocess.CompletedProcess:
@@ -45,25 +48,68 @@ def test_every_contract_is_kept():
 
 # (file, line added at its end, the contract that must break, what the report must name)
 FORBIDDEN = [
-    ("pages/widgets/common.py", "from app import report", "app > pages > storage > engine", "pages.widgets.common -> app.report"),
-    ("engine/decoding/speculative.py", "def _f():\n    import streamlit", "the engine is torch + transformers: no UI, no database",
-     "engine.decoding.speculative -> streamlit"),
+    (
+        "pages/widgets/common.py",
+        "from app import report",
+        "app > pages > storage > engine",
+        "pages.widgets.common -> app.report",
+    ),
+    (
+        "engine/decoding/speculative.py",
+        "def _f():\n    import streamlit",
+        "the engine is torch + transformers: no UI, no database",
+        "engine.decoding.speculative -> streamlit",
+    ),
     # through another module: storage reaches torch via the engine's loader
-    ("storage/records/columns.py", "from engine.models import loading", "storage imports no torch and no UI", "engine.models.loading -> torch"),
-    ("pages/widgets/charts.py", "from engine.decoding import speculative", "the pages load no model", "pages.widgets.charts -> engine.decoding.speculative"),
+    (
+        "storage/records/columns.py",
+        "from engine.models import loading",
+        "storage imports no torch and no UI",
+        "engine.models.loading -> torch",
+    ),
+    (
+        "pages/widgets/charts.py",
+        "from engine.decoding import speculative",
+        "the pages load no model",
+        "pages.widgets.charts -> engine.decoding.speculative",
+    ),
     # a cycle hidden in a function-level import (storage.records.queries imports storage.records.columns at its top)
-    ("storage/records/columns.py", "def _f():\n    from storage.records import queries", "no import cycle inside a package",
-     "No cycles are allowed in storage"),
-    ("engine/config/variables.py", "def _f():\n    from engine.decoding import records",
-     "engine: training > metrics > decoding > models | text > config", "engine.config.variables -> engine.decoding.records"),
-    ("engine/config/limits.py", "def _f():\n    import torch", "the run's description and the formulas import no torch",
-     "engine.config.limits -> torch"),
-    ("storage/records/columns.py", "def _f():\n    from storage.analysis import verdict",
-     "storage: serving > analysis > jobs > records > db", "storage.records.columns -> storage.analysis.verdict"),
-    ("pages/widgets/charts.py", "def _f():\n    from pages.panels import advice", "pages: a page > panels > widgets",
-     "pages.widgets.charts -> pages.panels.advice"),
-    ("app/runtime/placement.py", "def _f():\n    from app.worker import worker", "app: worker > serving | training > runtime",
-     "app.runtime.placement -> app.worker.worker"),
+    (
+        "storage/records/columns.py",
+        "def _f():\n    from storage.records import queries",
+        "no import cycle inside a package",
+        "No cycles are allowed in storage",
+    ),
+    (
+        "engine/config/variables.py",
+        "def _f():\n    from engine.decoding import records",
+        "engine: training > metrics > decoding > models | text > config",
+        "engine.config.variables -> engine.decoding.records",
+    ),
+    (
+        "engine/config/limits.py",
+        "def _f():\n    import torch",
+        "the run's description and the formulas import no torch",
+        "engine.config.limits -> torch",
+    ),
+    (
+        "storage/records/columns.py",
+        "def _f():\n    from storage.analysis import verdict",
+        "storage: serving > analysis > jobs > records > db",
+        "storage.records.columns -> storage.analysis.verdict",
+    ),
+    (
+        "pages/widgets/charts.py",
+        "def _f():\n    from pages.panels import advice",
+        "pages: a page > panels > widgets",
+        "pages.widgets.charts -> pages.panels.advice",
+    ),
+    (
+        "app/runtime/placement.py",
+        "def _f():\n    from app.worker import worker",
+        "app: worker > serving | training > runtime",
+        "app.runtime.placement -> app.worker.worker",
+    ),
 ]
 
 
@@ -102,13 +148,23 @@ def test_no_module_is_imported_by_a_string():
 def test_importing_the_dashboard_imports_no_torch():
     """The entry script and every page module, imported in a fresh interpreter: torch and transformers stay out
     (the pair check imports them in the background after start-up, never at import)."""
-    pages = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "pages").rglob("*.py")
-                   if p.stem != "__init__")
+    pages = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        for p in (ROOT / "pages").rglob("*.py")
+        if p.stem != "__init__"
+    )
     assert {"pages.experiments", "pages.widgets.pair_check", "pages.new_experiment"} <= set(pages)
-    code = "\n".join(["import sys", "import app.main", *(f"import {m}" for m in pages),
-                      "print(sorted(m for m in ('torch', 'transformers', 'accelerate', 'safetensors') if m in sys.modules))"])
+    code = "\n".join(
+        [
+            "import sys",
+            "import app.main",
+            *(f"import {m}" for m in pages),
+            "print(sorted(m for m in ('torch', 'transformers', 'accelerate', 'safetensors') if m in sys.modules))",
+        ]
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout

@@ -1,21 +1,26 @@
 """`--k auto` at batch sizes (issue 20 item 5): the predictor's maths on synthetic inputs whose answer is known,
 and `--k auto:K --batch-size 1,2` end to end on tiny random models: a curve per batch size from its own run at K,
 confirmations queued at each batch size with a fresh baseline there, each with its prediction_error."""
+
 from __future__ import annotations
 
 import json
 import math
 
+import numpy as np
 import pytest
 
 from app.sweep import parse_sweep
-from engine.metrics.theory import (anchored_curve, expected_batch_rounds, expected_round_length, modelled_seconds,
-                           simulated_rounds)
+from engine.metrics.theory import (
+    anchored_curve,
+    expected_batch_rounds,
+    expected_round_length,
+    modelled_seconds,
+    simulated_rounds,
+)
 from storage import open_store
-from storage.records import queries as q
 from storage.jobs.experiments import load_verify_profiles
-
-import numpy as np
+from storage.records import queries as q
 
 
 def test_rounds_follow_the_acceptance_and_the_budget_caps_the_last_drafts():
@@ -58,8 +63,15 @@ def test_a_known_curve_is_recovered_from_the_run_at_k_max_whatever_the_profile_l
         return prefill + len(batches) * rounds(k) * (k * d + v[k + 1] + o)
 
     K = 5
-    seconds = modelled_seconds(batches, K, draft_per_round=K * d, verify_per_round=v[K + 1], other_per_round=o,
-                               first_round_extra=prefill, verify_shape={n: 1.7 * t for n, t in v.items()})
+    seconds = modelled_seconds(
+        batches,
+        K,
+        draft_per_round=K * d,
+        verify_per_round=v[K + 1],
+        other_per_round=o,
+        first_round_extra=prefill,
+        verify_shape={n: 1.7 * t for n, t in v.items()},
+    )
     curve = anchored_curve(seconds, K, measured_speedup=base / truth(K))
     assert sorted(curve) == [1, 2, 3, 4, 5]
     for k in curve:
@@ -68,8 +80,16 @@ def test_a_known_curve_is_recovered_from_the_run_at_k_max_whatever_the_profile_l
 
 
 def test_cli_parses_k_auto_with_batch_sizes_as_a_grid():
-    options = {"k": "auto:4", "temperature": "0", "top_k": "0", "top_p": "1", "batch_size": "4,1",
-               "draft": "d", "drafter": "model", "draft_sampling": "probabilistic"}
+    options = {
+        "k": "auto:4",
+        "temperature": "0",
+        "top_k": "0",
+        "top_p": "1",
+        "batch_size": "4,1",
+        "draft": "d",
+        "drafter": "model",
+        "draft_sampling": "probabilistic",
+    }
     sweep = parse_sweep(options)
     assert (sweep.variable, sweep.values, sweep.k_auto, sweep.batch_sizes) == ("k", [4], 4, [1, 4])
 
@@ -79,8 +99,20 @@ def test_k_auto_at_two_batch_sizes_end_to_end(tmp_path, model_dirs, capsys):
     size paired with a fresh baseline of that batch size, each with its prediction_error."""
     from tests.cli_runs import run_json
 
-    doc, db = run_json(tmp_path, model_dirs, capsys, "--k", "auto:3", "--batch-size", "1,2", "--max-new-tokens", "12",
-                       "--repeats", "1", name="auto.db")
+    doc, db = run_json(
+        tmp_path,
+        model_dirs,
+        capsys,
+        "--k",
+        "auto:3",
+        "--batch-size",
+        "1,2",
+        "--max-new-tokens",
+        "12",
+        "--repeats",
+        "1",
+        name="auto.db",
+    )
     store = open_store(db)
     eid = doc["experiment_id"]
     experiment = q.experiment(store, eid)
@@ -113,8 +145,8 @@ def test_a_version_11_database_gains_the_batched_profile_and_keeps_its_batch_1_p
     batch-1 profile it stored still reads as batch size 1."""
     from sqlalchemy import inspect, text
 
-    from storage.jobs.experiments import enqueue_experiment, store_verify_profile, store_verify_profiles
     from storage.db.schema import SCHEMA_VERSION
+    from storage.jobs.experiments import enqueue_experiment, store_verify_profile, store_verify_profiles
 
     assert SCHEMA_VERSION >= 12
     store = open_store(db_url)
@@ -136,8 +168,20 @@ def test_k_auto_at_one_batch_size_above_1_predicts_at_that_batch_size(tmp_path, 
     """`--k auto:2 --batch-size 2` (no grid): the profile, the curve and the confirmation are at batch size 2."""
     from tests.cli_runs import run_json
 
-    doc, db = run_json(tmp_path, model_dirs, capsys, "--k", "auto:2", "--batch-size", "2", "--max-new-tokens", "8",
-                       "--repeats", "1", name="auto2.db")
+    doc, db = run_json(
+        tmp_path,
+        model_dirs,
+        capsys,
+        "--k",
+        "auto:2",
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--repeats",
+        "1",
+        name="auto2.db",
+    )
     store = open_store(db)
     assert sorted(load_verify_profiles(store, doc["experiment_id"])) == [2]
     assert list(doc["predicted_curves"]) == ["2"] and doc["predicted_curves"]["2"]["confirmed"] == [1]

@@ -3,6 +3,7 @@ worker through the batched decoders on SQLite and PostgreSQL (protocol v2 batch 
 logged as at batch 1, greedy outputs at batch 4 equal batch 1), the serving metrics checked against a hand
 computation from the engine's own arrival times, and the refusals (too few prompts, a batch that cannot fit, bad
 batch sizes) as one `error:` line."""
+
 from __future__ import annotations
 
 import json
@@ -14,21 +15,31 @@ from sqlalchemy import text
 from engine.config.variables import VARIABLES
 from storage import open_store
 from storage.analysis import catalog
-from storage.records import queries as q
 from storage.db.errors import QueueError
-from storage.serving.export import run_document
 from storage.jobs.experiments import enqueue_experiment
+from storage.records import queries as q
+from storage.serving.export import run_document
 from tests.test_worker import RecordingWorker
 
-PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32 t33 t34", "t8 t9", "t40 t41 t42",
-           "t2 t3 t4 t5", "t20"]
+PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32 t33 t34", "t8 t9", "t40 t41 t42", "t2 t3 t4 t5", "t20"]
 
 
 def enqueue(store, models, sizes, prompts=PROMPTS, repeats=2, **kw):
-    return enqueue_experiment(store, name="batch", target=models["target"], draft=models["draft"], prompts="inline",
-                              sampling={"temperature": 0.0, "max_new_tokens": 10, "seed": 3}, device="cpu",
-                              sweep_variable="batch_size", sweep_values=list(sizes), k=3, prompt_texts=prompts,
-                              repeats=repeats, **kw)
+    return enqueue_experiment(
+        store,
+        name="batch",
+        target=models["target"],
+        draft=models["draft"],
+        prompts="inline",
+        sampling={"temperature": 0.0, "max_new_tokens": 10, "seed": 3},
+        device="cpu",
+        sweep_variable="batch_size",
+        sweep_values=list(sizes),
+        k=3,
+        prompt_texts=prompts,
+        repeats=repeats,
+        **kw,
+    )
 
 
 def _percentile(values, q):
@@ -52,8 +63,15 @@ def test_a_batch_size_sweep_runs_through_the_worker(store, model_dirs):
     for size in (1, 4):
         assert runs.loc[by[("speculative", size)], "baseline_run_id"] == by[("baseline", size)]
     # Greedy rows are lossless at any batch size: batch 4 equals batch 1 (and its own baseline) token for token.
-    outputs = {key: [json.loads(x) for x in q.outputs(store, rid).sort_values("prompt_index")["token_ids"].map(
-        lambda ids: json.dumps(list(ids)))] for key, rid in by.items()}
+    outputs = {
+        key: [
+            json.loads(x)
+            for x in q.outputs(store, rid)
+            .sort_values("prompt_index")["token_ids"]
+            .map(lambda ids: json.dumps(list(ids)))
+        ]
+        for key, rid in by.items()
+    }
     assert outputs[("speculative", 4)] == outputs[("speculative", 1)] == outputs[("baseline", 4)]
     assert bool(runs.loc[by[("speculative", 4)], "outputs_match_baseline"]) is True
     with store.read() as conn:
@@ -65,8 +83,9 @@ def test_a_batch_size_sweep_runs_through_the_worker(store, model_dirs):
             tokens = conn.execute(text("SELECT COUNT(*) FROM draft_tokens WHERE run_id = :r"), {"r": rid}).scalar()
             assert tokens == sum(len(rd.draft_tokens) for res in worker.results[rid] for rd in res.rounds)
             # Protocol v2: every repeat of every row timed, repeats interleaved with its baseline (slots 0..3).
-            timings = conn.execute(text("SELECT prompt_index, repeat, slot FROM timings WHERE run_id = :r"),
-                                   {"r": rid}).all()
+            timings = conn.execute(
+                text("SELECT prompt_index, repeat, slot FROM timings WHERE run_id = :r"), {"r": rid}
+            ).all()
             assert len(timings) == len(PROMPTS) * 2 and {s for _, _, s in timings} <= {0, 1, 2, 3}
             if size == 4:  # the rows of a batch share their slots: they decoded in one forward
                 slots = {}
@@ -94,9 +113,8 @@ def test_a_batch_size_sweep_runs_through_the_worker(store, model_dirs):
                 assert row[f"{name}_p{pct}"] == pytest.approx(_percentile(values, pct), rel=1e-9, abs=1e-12), name
         # Throughput over the batch: tokens over the sum of the batches' walls (each its longest row's).
         size = key[1]
-        walls = [max(r.wall_seconds for r in results[i:i + size]) for i in range(0, len(results), size)]
-        assert row["tokens_per_second"] == pytest.approx(sum(len(r.output_ids) for r in results) / sum(walls),
-                                                         rel=1e-9)
+        walls = [max(r.wall_seconds for r in results[i : i + size]) for i in range(0, len(results), size)]
+        assert row["tokens_per_second"] == pytest.approx(sum(len(r.output_ids) for r in results) / sum(walls), rel=1e-9)
     # A speculative round's tokens arrive together: a round of several tokens gives gaps of 0.
     spec = worker.results[by[("speculative", 4)]]
     assert any(len(rd.emitted_ids) > 1 for r in spec for rd in r.rounds)
@@ -105,8 +123,15 @@ def test_a_batch_size_sweep_runs_through_the_worker(store, model_dirs):
     doc = run_document(store, eid, with_outputs=False)
     for entry in doc["runs"] + doc["baselines"]:
         row = runs.loc[entry["run_id"]]
-        for name in ("batch_size", "ttft_seconds_p50", "ttft_seconds_p95", "itl_seconds_p50", "itl_seconds_p95",
-                     "request_latency_seconds_p50", "request_latency_seconds_p95"):
+        for name in (
+            "batch_size",
+            "ttft_seconds_p50",
+            "ttft_seconds_p95",
+            "itl_seconds_p50",
+            "itl_seconds_p95",
+            "request_latency_seconds_p50",
+            "request_latency_seconds_p95",
+        ):
             assert entry[name] == row[name], name
 
 
@@ -121,13 +146,24 @@ def test_paired_speedup_resamples_batches(store, model_dirs):
     runs = q.runs(store, eid).set_index("run_id")
     spec = runs[runs["kind"] == "speculative"].iloc[0]
     run, base = worker.results[int(spec.name)], worker.results[int(spec.baseline_run_id)]
-    batches = [(sum(len(r.output_ids) for r in b[i:i + 4]), max(r.wall_seconds for r in b[i:i + 4]))
-               for b in (base, run) for i in (0, 4)]
-    expected = stats.paired_speedup([batches[0][0], batches[1][0]], [batches[0][1], batches[1][1]],
-                                    [batches[2][0], batches[3][0]], [batches[2][1], batches[3][1]])
+    batches = [
+        (sum(len(r.output_ids) for r in b[i : i + 4]), max(r.wall_seconds for r in b[i : i + 4]))
+        for b in (base, run)
+        for i in (0, 4)
+    ]
+    expected = stats.paired_speedup(
+        [batches[0][0], batches[1][0]],
+        [batches[0][1], batches[1][1]],
+        [batches[2][0], batches[3][0]],
+        [batches[2][1], batches[3][1]],
+    )
     assert spec["speedup"] == pytest.approx(expected, rel=1e-9)
-    rowwise = stats.paired_speedup([len(r.output_ids) for r in base], [r.wall_seconds for r in base],
-                                   [len(r.output_ids) for r in run], [r.wall_seconds for r in run])
+    rowwise = stats.paired_speedup(
+        [len(r.output_ids) for r in base],
+        [r.wall_seconds for r in base],
+        [len(r.output_ids) for r in run],
+        [r.wall_seconds for r in run],
+    )
     assert spec["speedup"] != pytest.approx(rowwise, rel=1e-12)
 
 
@@ -144,8 +180,21 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path, model_dirs, capsys, monkeypa
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     prompt_file = tmp_path / "prompts.txt"
     prompt_file.write_text("\n".join(PROMPTS[:3]) + "\n")
-    base = ["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts", str(prompt_file),
-            "--max-new-tokens", "8", "--device", "cpu", "--db", db]
+    base = [
+        "run",
+        "--target",
+        model_dirs["target"],
+        "--draft",
+        model_dirs["draft"],
+        "--prompts",
+        str(prompt_file),
+        "--max-new-tokens",
+        "8",
+        "--device",
+        "cpu",
+        "--db",
+        db,
+    ]
 
     def refused(*extra):
         assert main([*base, *extra]) == 2
@@ -159,6 +208,7 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path, model_dirs, capsys, monkeypa
         assert "batch" in line
     assert "needs at least 4 prompts but the prompt set has 3" in refused("--batch-size", "1,4")
     import engine.decoding.memory
+
     monkeypatch.setattr(engine.decoding.memory, "available_bytes", lambda device: 1024)
     line = refused("--batch-size", "2")
     assert "KV cache" in line and "smaller --batch-size" in line
@@ -179,6 +229,7 @@ def test_the_worker_refuses_a_batch_that_cannot_fit(tmp_path, model_dirs, monkey
         with monkeypatch.context() as m:
             m.setattr("engine.decoding.memory.available_bytes", lambda device: 1024)
             return real(models, device, size, *rest)
+
     monkeypatch.setattr(app.worker.timing, "check_batch_fits", tight)
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
@@ -188,8 +239,14 @@ def test_the_worker_refuses_a_batch_that_cannot_fit(tmp_path, model_dirs, monkey
     assert all("KV cache" in e and "smaller --batch-size" in e and "\n" not in e for e in big["error"])
     assert (runs[runs["batch_size"] == 1]["status"] == "done").all()
     with store.read() as conn:  # refused before it ran: not one row decoded
-        assert conn.execute(text(f"SELECT COUNT(*) FROM prompt_results WHERE run_id IN "
-                                 f"({','.join(str(int(i)) for i in big.index)})")).scalar() == 0
+        assert (
+            conn.execute(
+                text(
+                    f"SELECT COUNT(*) FROM prompt_results WHERE run_id IN ({','.join(str(int(i)) for i in big.index)})"
+                )
+            ).scalar()
+            == 0
+        )
 
 
 def test_the_description_bounds_batch_sizes():
@@ -201,13 +258,18 @@ def test_the_description_bounds_batch_sizes():
 
 
 def test_the_kv_estimate_follows_the_config(model_dirs):
-    from engine.models.loading import load_pair
     from engine.decoding.memory import batch_kv_bytes, kv_bytes_per_token
+    from engine.models.loading import load_pair
 
     pair = load_pair(model_dirs["target"], model_dirs["draft"], "cpu", "float32", False)
     config = pair.target.model.config
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * \
-        (config.hidden_size // config.num_attention_heads) * 4
+    per_token = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * (config.hidden_size // config.num_attention_heads)
+        * 4
+    )
     assert kv_bytes_per_token(pair.target.model) == per_token
     both = per_token + kv_bytes_per_token(pair.draft.model)
     assert batch_kv_bytes([pair.target.model, pair.draft.model], 4, 10, 20, 3) == both * 33 * 4
@@ -243,9 +305,33 @@ def test_cli_k_sweep_at_a_fixed_batch_size(tmp_path, model_dirs, capsys):
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     prompt_file = tmp_path / "prompts.txt"
     prompt_file.write_text("\n".join(PROMPTS[:4]) + "\n")
-    assert main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                 str(prompt_file), "--k", "1,2", "--batch-size", "2", "--max-new-tokens", "8", "--repeats", "1",
-                 "--device", "cpu", "--db", db, "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                model_dirs["target"],
+                "--draft",
+                model_dirs["draft"],
+                "--prompts",
+                str(prompt_file),
+                "--k",
+                "1,2",
+                "--batch-size",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+                "--db",
+                db,
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert q.experiment(open_store(db), doc["experiment_id"])["batch_size"] == 2
     for entry in [doc["baseline"], *doc["runs"]]:
@@ -255,6 +341,7 @@ def test_cli_k_sweep_at_a_fixed_batch_size(tmp_path, model_dirs, capsys):
         assert entry["itl_seconds_p50"] <= entry["itl_seconds_p95"]
     assert all(entry["outputs_match_baseline"] is True for entry in doc["runs"])
     from app.report import format_table
+
     lines = format_table(doc).splitlines()  # the human table names each run's batch and serving figures
     assert sum(1 for line in lines if "batch 2: TTFT p50" in line and "latency p95" in line) == 2
 
@@ -275,7 +362,13 @@ def test_the_detail_page_shows_the_serving_table(tmp_path, model_dirs, monkeypat
     shown = next(d.value for d in at.dataframe if "ttft_seconds_p50" in d.value.columns)
     runs = q.runs(store, eid).set_index("run_id")
     for _, row in shown.iterrows():
-        for name in ("batch_size", "tokens_per_second", "ttft_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p95"):
+        for name in (
+            "batch_size",
+            "tokens_per_second",
+            "ttft_seconds_p50",
+            "itl_seconds_p95",
+            "request_latency_seconds_p95",
+        ):
             assert row[name] == pytest.approx(runs.loc[row["run_id"], name]), name
 
 

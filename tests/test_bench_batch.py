@@ -1,6 +1,7 @@
 """benchmarks/bench_batch.py's forward clock (where a pass's time goes): it counts every forward of each model per
 arm, keeps the forward's signature while clocked (generate() inspects it: a bare wrapper would make it compute
 the logits of every position and slow the arm it measures), and puts the class's forward back afterwards."""
+
 from __future__ import annotations
 
 import inspect
@@ -25,8 +26,9 @@ def test_forward_split_counts_forwards_per_arm_and_restores_the_model():
             draft(input_ids=torch.tensor([[3]]))
 
     with torch.inference_mode():
-        walls, passes = forward_split({"one": one, "two": two}, [0, 1, 2], {"target": target, "draft": draft}, 2,
-                                      lambda: None)
+        walls, passes = forward_split(
+            {"one": one, "two": two}, [0, 1, 2], {"target": target, "draft": draft}, 2, lambda: None
+        )
     assert len(walls["one"]) == len(walls["two"]) == 2
     for p in passes["one"]:
         assert set(p) == {"target"} and p["target"][0] == 3

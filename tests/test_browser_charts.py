@@ -13,20 +13,32 @@ Console errors that are not the dashboard's are ignored, recognised by their URL
 `ignored`): the favicon fetch, which fails offline, and Streamlit's client probing /PAGE/_stcore/ before the
 root. On a failure a screenshot of the view is saved (tests/browser.py's SCREENSHOTS). Needs Debian's chromium
 at /usr/bin/chromium, like test_browser_e2e.py."""
+
 from __future__ import annotations
 
 from urllib.parse import quote
 
 import pytest
 
-from tests.browser import (CHARTS_JS, SCREENSHOTS, chromium, needs_chromium, new_page, page_problems,
-                           seeded_dashboard, settle)
+from tests.browser import (
+    CHARTS_JS,
+    SCREENSHOTS,
+    chromium,
+    needs_chromium,
+    new_page,
+    page_problems,
+    seeded_dashboard,
+    settle,
+)
 from tests.chart_data import NAMES
 
 pytestmark = needs_chromium
 
 
-CONFIRM_HEADINGS = ("Speedup vs concurrency", "Acceptance by draft position, vLLM and lab")  # pages/panels/confirm_panel.py
+CONFIRM_HEADINGS = (
+    "Speedup vs concurrency",
+    "Acceptance by draft position, vLLM and lab",
+)  # pages/panels/confirm_panel.py
 CONFIRM_SECTION = f"section={quote('Confirm in vLLM')}"  # the detail page's section that draws them
 
 
@@ -45,20 +57,23 @@ def visits(ids: dict) -> list[tuple[str, str, str, bool]]:
     store = open_store(ids["db"])
     runs = {kind: q.runs(store, ids[kind]) for kind in NAMES}
     store.dispose()
-    speculative = {kind: [int(r) for r in frame.loc[frame["kind"] == "speculative", "run_id"]]
-                   for kind, frame in runs.items()}
+    speculative = {
+        kind: [int(r) for r in frame.loc[frame["kind"] == "speculative", "run_id"]] for kind, frame in runs.items()
+    }
     compared = ",".join(str(r) for r in speculative["draft"] + speculative["drafter"][:2] + speculative["k"][:1])
-    out = [("experiments", "Experiments", "", False),
-           ("new", "New experiment", f"new?name={quote(NAMES['k'])}", False),
-           *[("experiment", f"detail of the {kind} experiment", f"experiment?experiment={ids[kind]}", True)
-             for kind in NAMES],  # its Verdict section; every section: test_browser_detail.py
-           ("experiment", "Confirm in vLLM of the grid", f"experiment?experiment={ids['grid']}&{CONFIRM_SECTION}",
-            True),
-           ("rounds", "Round explorer", f"rounds?experiment={ids['draft']}&run={speculative['draft'][0]}&prompt=0",
-            True),
-           ("compare", "Compare", f"compare?experiments={experiments}&runs={compared}", True),
-           ("train", "Train", f"train?job={ids['job']}", True),
-           ("theory", "Theory", "theory", True)]
+    out = [
+        ("experiments", "Experiments", "", False),
+        ("new", "New experiment", f"new?name={quote(NAMES['k'])}", False),
+        *[
+            ("experiment", f"detail of the {kind} experiment", f"experiment?experiment={ids[kind]}", True)
+            for kind in NAMES
+        ],  # its Verdict section; every section: test_browser_detail.py
+        ("experiment", "Confirm in vLLM of the grid", f"experiment?experiment={ids['grid']}&{CONFIRM_SECTION}", True),
+        ("rounds", "Round explorer", f"rounds?experiment={ids['draft']}&run={speculative['draft'][0]}&prompt=0", True),
+        ("compare", "Compare", f"compare?experiments={experiments}&runs={compared}", True),
+        ("train", "Train", f"train?job={ids['job']}", True),
+        ("theory", "Theory", "theory", True),
+    ]
     return out
 
 
@@ -103,5 +118,9 @@ def test_every_page_draws_every_chart_with_names_that_hold_quotes_tags_and_non_a
             opened.add(key)
         page.close()
     assert opened == set(PAGES), f"pages never opened: {set(PAGES) - opened}"
-    assert not problems, "\n".join(problems) + f"\n(charts per view: {drawn}; screenshots in {SCREENSHOTS})" + \
-        "\nui log tail:\n" + served["log"].read_text(errors="replace")[-2000:]
+    assert not problems, (
+        "\n".join(problems)
+        + f"\n(charts per view: {drawn}; screenshots in {SCREENSHOTS})"
+        + "\nui log tail:\n"
+        + served["log"].read_text(errors="replace")[-2000:]
+    )

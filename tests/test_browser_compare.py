@@ -4,6 +4,7 @@ x axis titled with the variable's words, a draft or drafter sweep's axis a categ
 indices 0 and 1 beside another experiment's k = 1..4); a draft sweep's runs are labelled by their drafts, never
 "k=2". The Experiments page polls a listing that holds a k sweep's numbers beside a draft sweep's names: the
 server's log holds no ArrowInvalid. Fails on console errors, page errors, exceptions and charts not drawn."""
+
 from __future__ import annotations
 
 import re

@@ -8,6 +8,7 @@ others are not offered; with none, or with a confirm unfinished, its button is d
 - A draft sweep whose speculative runs failed: nothing can be confirmed, the button is disabled and says why.
 
 Data: tests/chart_data.py's seeded database (its idle worker claims nothing)."""
+
 from __future__ import annotations
 
 from urllib.parse import quote
@@ -36,8 +37,12 @@ def _speculative(db: str, experiment_id: int, sql: str) -> None:
     store = open_store(db)
     try:
         with store.write() as conn:
-            ids = [r for (r,) in conn.execute(text("SELECT id FROM runs WHERE experiment_id = :e AND kind = "
-                                                   "'speculative'"), {"e": experiment_id})]
+            ids = [
+                r
+                for (r,) in conn.execute(
+                    text("SELECT id FROM runs WHERE experiment_id = :e AND kind = 'speculative'"), {"e": experiment_id}
+                )
+            ]
             conn.execute(text(sql.format(ids=", ".join(str(int(i)) for i in ids))))
     finally:
         store.dispose()
@@ -61,8 +66,9 @@ def test_queue_confirm_offers_what_it_would_queue_and_is_disabled_with_its_reaso
     from storage.serving.confirm_jobs import confirm_jobs
 
     ids, db = served["ids"], served["db"]
-    _speculative(db, ids["k"], "UPDATE runs SET speedup = 0.9, speedup_ci_lo = 0.85, speedup_ci_hi = 0.95 "
-                               "WHERE id IN ({ids})")  # every k measurably slower: serve the target alone
+    _speculative(
+        db, ids["k"], "UPDATE runs SET speedup = 0.9, speedup_ci_lo = 0.85, speedup_ci_hi = 0.95 WHERE id IN ({ids})"
+    )  # every k measurably slower: serve the target alone
     _speculative(db, ids["k"], LOSSLESS)  # and each run's outputs its baseline's: `all` can confirm them
     _speculative(db, ids["draft"], "UPDATE runs SET status = 'failed', error = 'seeded failure' WHERE id IN ({ids})")
     with chromium() as browser:

@@ -9,6 +9,7 @@ seeded database, in which the validation experiment's run is rewritten as the is
   writes it into the URL.
 - The headline agrees with the verdict: what it serves, the target alone included.
 Needs Debian's chromium at /usr/bin/chromium, like the other browser tests."""
+
 from __future__ import annotations
 
 from urllib.parse import quote
@@ -34,8 +35,13 @@ def served(tmp_path_factory):
     ids = seed(store, tmp / "models")
     idle_worker(store)
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET speedup = 1.13, speedup_ci_lo = 0.95, speedup_ci_hi = 1.31 "
-                          "WHERE experiment_id = :eid AND kind = 'speculative'"), {"eid": ids["validation"]})
+        conn.execute(
+            text(
+                "UPDATE runs SET speedup = 1.13, speedup_ci_lo = 0.95, speedup_ci_hi = 1.31 "
+                "WHERE experiment_id = :eid AND kind = 'speculative'"
+            ),
+            {"eid": ids["validation"]},
+        )
     store.dispose()
     with dashboard(tmp, DRAFTLAB_MODELS=str(tmp / "models")) as running:
         yield {**running, "ids": ids}
@@ -53,8 +59,12 @@ def _overflowing_tables(page) -> list[str]:
 
 
 def _headline(page) -> dict[str, str]:
-    return dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
-                    page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
+    return dict(
+        zip(
+            page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
+            page.locator('[data-testid="stMetricValue"]').all_inner_texts(),
+        )
+    )
 
 
 def test_every_section_opens_from_its_link_and_draws_its_charts(served):
@@ -82,8 +92,11 @@ def test_every_section_opens_from_its_link_and_draws_its_charts(served):
                     page.screenshot(path=str(SCREENSHOTS / f"detail-{kind}-{len(problems)}.png"), full_page=True)
                 problems += found
                 drawn[shown] = count
-    assert not problems, "\n".join(problems) + f"\n(charts per section: {drawn})\nui log tail:\n" + \
-        served["log"].read_text(errors="replace")[-2000:]
+    assert not problems, (
+        "\n".join(problems)
+        + f"\n(charts per section: {drawn})\nui log tail:\n"
+        + served["log"].read_text(errors="replace")[-2000:]
+    )
 
 
 def test_a_click_opens_a_section_and_the_headline_is_the_verdicts(served):
@@ -112,8 +125,10 @@ def test_a_click_opens_a_section_and_the_headline_is_the_verdicts(served):
         judged = verdict(store, ids["k"])
         headline = _headline(page)
         assert headline["k to serve"] == str(judged.chosen.value) != str(judged.best.value)
-        assert f"take the cheaper tied k = {judged.chosen.value}" in \
-            page.locator('[data-testid="stAlert"]').filter(has_text="Verdict").inner_text()
+        assert (
+            f"take the cheaper tied k = {judged.chosen.value}"
+            in page.locator('[data-testid="stAlert"]').filter(has_text="Verdict").inner_text()
+        )
         assert f"best measured: k {judged.best.value}" in page.locator('[data-testid="stMetricDelta"]').inner_text()
         assert page.locator('[data-testid="stVegaLiteChart"]').count() == 1  # the answer's chart, nothing else
         assert "section=" not in page.url

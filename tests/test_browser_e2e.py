@@ -6,6 +6,7 @@ README.
 
 Needs Debian's chromium at /usr/bin/chromium (driven by Playwright); skipped, with that reason, without it.
 """
+
 from __future__ import annotations
 
 import io
@@ -67,14 +68,12 @@ def _downloads(page) -> dict[str, pd.DataFrame]:
 def _status(db: str, experiment_id: int) -> str:
     from storage import open_store
     from storage.analysis import catalog
-    from storage.records import queries as q
 
     return catalog.experiments(open_store(db)).set_index("experiment_id").loc[experiment_id, "status"]
 
 
 def _wait_done(db: str, experiment_id: int, log: Path) -> None:
     from storage import open_store
-    from storage.analysis import catalog
     from storage.records import queries as q
 
     deadline = time.time() + RUN_TIMEOUT_S
@@ -85,8 +84,10 @@ def _wait_done(db: str, experiment_id: int, log: Path) -> None:
             break
         time.sleep(2)
     runs = q.runs(open_store(db), experiment_id)
-    assert status == "done", (f"experiment ended {status!r}; runs:\n{runs[['run_id', 'kind', 'k', 'status', 'error']]}"
-                              f"\nui log tail:\n{log.read_text(errors='replace')[-3000:]}")
+    assert status == "done", (
+        f"experiment ended {status!r}; runs:\n{runs[['run_id', 'kind', 'k', 'status', 'error']]}"
+        f"\nui log tail:\n{log.read_text(errors='replace')[-3000:]}"
+    )
 
 
 def _shown_round(page) -> int:
@@ -147,9 +148,16 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
     # A second, smaller sweep of the same pair, for Compare (queued behind the first; its name is not HTML).
     from storage.jobs.experiments import enqueue_experiment
 
-    second = enqueue_experiment(open_store(dashboard["db"]), name="e2e second <i>sweep</i>", target=TARGET,
-                                      draft=DRAFT, prompts=prompts.name, sampling={"max_new_tokens": MAX_NEW_TOKENS},
-                                      sweep_values=[1, 2], prompt_texts=load_prompt_file(prompts)[:2])
+    second = enqueue_experiment(
+        open_store(dashboard["db"]),
+        name="e2e second <i>sweep</i>",
+        target=TARGET,
+        draft=DRAFT,
+        prompts=prompts.name,
+        sampling={"max_new_tokens": MAX_NEW_TOKENS},
+        sweep_values=[1, 2],
+        prompt_texts=load_prompt_file(prompts)[:2],
+    )
 
     # Experiments: live progress while it runs.
     page.goto(dashboard["url"])  # the default page lives at the root URL
@@ -184,16 +192,21 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
             assert charts.nth(i).bounding_box()["height"] > 100
 
     drawn(1)  # the Verdict section: the speedup chart alone
-    values = dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
-                      page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
+    values = dict(
+        zip(
+            page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
+            page.locator('[data-testid="stMetricValue"]').all_inner_texts(),
+        )
+    )
     from storage.analysis.verdict import verdict
 
     judged = verdict(store, experiment_id)
     served = judged.chosen or judged.best  # the target alone: the best run's α beside "0 (target alone)"
     served_row = q.runs(store, experiment_id).set_index("run_id").loc[served.run_id]
     assert values["k to serve"] == (str(judged.chosen.value) if judged.chosen else "0 (target alone)")
-    assert values["Speedup"] == (f"{served.speedup:.2f}× ({served.ci[0]:.2f}–{served.ci[1]:.2f})" if judged.chosen
-                                 else "1× (target alone)")
+    assert values["Speedup"] == (
+        f"{served.speedup:.2f}× ({served.ci[0]:.2f}–{served.ci[1]:.2f})" if judged.chosen else "1× (target alone)"
+    )
     assert next(v for label, v in values.items() if label.startswith("α (")) == f"{served_row.alpha:.3f}"
     page.screenshot(path=str(SCREENSHOTS / "experiment_detail.png"))
     frames = _downloads(page)

@@ -13,6 +13,7 @@ registered, so nothing launched here runs). Then:
   tab): from the navigation's start until every chart the page ends with is drawn. Reported on stderr with the
   load average (run with -s to see it), never asserted: the machine is shared. README quotes the figures.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.browser import SCREENSHOTS, chromium, seeded_dashboard, field, log_tail, needs_chromium, settle
+from tests.browser import SCREENSHOTS, chromium, field, log_tail, needs_chromium, seeded_dashboard, settle
 from tests.chart_data import NAMES
 
 pytestmark = needs_chromium
@@ -42,9 +43,8 @@ def served(tmp_path_factory):
 
 
 def _experiments(db: str):
-    from storage.analysis import catalog
-    from storage.records import queries as q
     from storage import open_store
+    from storage.analysis import catalog
 
     store = open_store(db)
     try:
@@ -77,8 +77,12 @@ def time_to_charts(page, url: str) -> tuple[float, float, float, int]:
         if now - start > 120_000:
             break
         page.wait_for_timeout(25)
-    return (last_change - start) / 1000, ((titled or now) - start) / 1000, ((script_done or now) - start) / 1000, \
-        last_count
+    return (
+        (last_change - start) / 1000,
+        ((titled or now) - start) / 1000,
+        ((script_done or now) - start) / 1000,
+        last_count,
+    )
 
 
 def test_the_form_launches_what_it_shows_lines_that_coincide_are_named_and_charts_time(served):
@@ -93,10 +97,13 @@ def test_the_form_launches_what_it_shows_lines_that_coincide_are_named_and_chart
         first, titled_first, ran_first, charts_first = time_to_charts(context.new_page(), detail)
         second, titled_second, ran_second, charts_second = time_to_charts(context.new_page(), detail)
         load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-        print(f"\ntime to charts, detail page of the k sweep ({charts_first} charts): first visit {first:.2f} s "
-              f"(title at {titled_first:.2f} s, script done at {ran_first:.2f} s), second visit {second:.2f} s "
-              f"(title at {titled_second:.2f} s, script done at {ran_second:.2f} s); load average {load} on "
-              f"{os.cpu_count()} CPUs", file=sys.stderr)
+        print(
+            f"\ntime to charts, detail page of the k sweep ({charts_first} charts): first visit {first:.2f} s "
+            f"(title at {titled_first:.2f} s, script done at {ran_first:.2f} s), second visit {second:.2f} s "
+            f"(title at {titled_second:.2f} s, script done at {ran_second:.2f} s); load average {load} on "
+            f"{os.cpu_count()} CPUs",
+            file=sys.stderr,
+        )
         assert charts_first == charts_second >= 1, (charts_first, charts_second)  # the Verdict section's
 
         page = context.new_page()

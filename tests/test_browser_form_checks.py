@@ -2,6 +2,7 @@
 Max new tokens −5 says what the field takes (never an estimate of −2,100 tokens and −32 s), a local path with no
 folder there says "no such folder" (never the hub's "Repo id must be in the form …"), and the estimate is back
 once the field is right. Fails on console errors, page errors and exceptions on the page."""
+
 from __future__ import annotations
 
 import pytest

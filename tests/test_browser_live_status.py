@@ -9,6 +9,7 @@ within a few seconds.
 
 Data: tests/chart_data.py's seeded database, one run put back to running (its heartbeat fresh, held by the idle
 worker the seed registers, so no sweep takes it), and its seeded confirm put back to running."""
+
 from __future__ import annotations
 
 import time
@@ -52,8 +53,7 @@ def _run_again(db: str, experiment_id: int) -> int:
     runs = q.runs(store, experiment_id)
     store.dispose()
     run_id = int(runs.loc[runs["kind"] == "speculative", "run_id"].iloc[0])
-    _write(db, "UPDATE runs SET status = 'running', heartbeat = :now, worker_id = :w WHERE id = :r", w=WORKER,
-           r=run_id)
+    _write(db, "UPDATE runs SET status = 'running', heartbeat = :now, worker_id = :w WHERE id = :r", w=WORKER, r=run_id)
     return run_id
 
 
@@ -90,12 +90,16 @@ ENDED_JS = """() => !document.body.innerText.includes('108 of 108 requests') && 
 
 
 def test_the_confirm_panel_follows_a_confirm_that_ends(served):
-    from storage.records.confirms import finish_confirm
     from storage import open_store
+    from storage.records.confirms import finish_confirm
 
     ids, db, confirm_id = served["ids"], served["db"], served["ids"]["confirm"]
-    _write(db, "UPDATE server_confirms SET status = 'running', phase = 'measuring', requests_done = 108, "
-               "requests_total = 108, heartbeat = :now WHERE id = :c", c=confirm_id)
+    _write(
+        db,
+        "UPDATE server_confirms SET status = 'running', phase = 'measuring', requests_done = 108, "
+        "requests_total = 108, heartbeat = :now WHERE id = :c",
+        c=confirm_id,
+    )
     with chromium() as browser:
         page, messages = new_page(browser)
         page.goto(f"{served['url']}/experiment?experiment={ids['grid']}&section={quote(CONFIRM_SECTION)}")

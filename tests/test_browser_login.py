@@ -1,6 +1,7 @@
 """The password login in a real browser: `draftlab ui` with $DRAFTLAB_PASSWORD shows only the login, refuses a
 wrong password, and after the right one opens the page the URL asked for (AppTest cannot see that last part: it
 keeps the page across reruns by itself). Needs Debian's chromium at /usr/bin/chromium, like test_browser_e2e.py."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "a shared secret for the team"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                reason=f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)")
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)"
+)
 
 
 @pytest.fixture
@@ -30,8 +32,16 @@ def dashboard(tmp_path):
 
     db = f"sqlite:///{tmp_path / 'login.db'}"
     store = open_store(db)
-    experiment_id = enqueue_experiment(store, name="behind the login", target="a", draft="b", prompts="tiny",
-                                             sampling={}, sweep_values=[1], prompt_texts=["t1"])
+    experiment_id = enqueue_experiment(
+        store,
+        name="behind the login",
+        target="a",
+        draft="b",
+        prompts="tiny",
+        sampling={},
+        sweep_values=[1],
+        prompt_texts=["t1"],
+    )
     run_state.cancel_experiment(store, experiment_id)  # nothing for the local worker to do
     store.dispose()
     with socket.socket() as s:
@@ -40,8 +50,14 @@ def dashboard(tmp_path):
     log = tmp_path / "ui.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT), DRAFTLAB_PASSWORD=PASSWORD)
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--db", db, "--port", str(port)], cwd=tmp_path,
-                                   env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "ui", "--db", db, "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120

@@ -1,9 +1,8 @@
 """Every page answers at its own path in a real browser (AppTest opens pages by name and never routes a URL):
 `/experiments` is the experiments list, not "page not found", and the root URL opens it with its query string.
 Needs Debian's chromium at /usr/bin/chromium, like test_browser_e2e.py."""
-from __future__ import annotations
 
-import pytest
+from __future__ import annotations
 
 from pages.widgets.nav import PAGES
 from tests.browser import chromium, dashboard, needs_chromium, settle
@@ -23,8 +22,9 @@ def test_every_page_has_its_own_path_and_the_root_opens_the_experiments_list(tmp
     from storage.jobs.experiments import enqueue_experiment
 
     store = open_store(f"sqlite:///{tmp_path / 'draftlab.db'}")
-    experiment_id = enqueue_experiment(store, name="routed", target="a", draft="b", prompts="tiny",
-                                             sampling={}, sweep_values=[1], prompt_texts=["t1"])
+    experiment_id = enqueue_experiment(
+        store, name="routed", target="a", draft="b", prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=["t1"]
+    )
     run_state.cancel_experiment(store, experiment_id)  # nothing for the local worker to do
     store.dispose()
     with dashboard(tmp_path) as served, chromium() as browser:

@@ -2,6 +2,7 @@
 code prompt's line breaks as ⏎ ("import logging ⏎ logger = …", not "import logginglogger = …"), the legend counts
 each kind once ("accepted draft: 12", never "first token (target prefill) (0)"), and nothing on the page errs or
 draws an empty chart. Needs Debian's chromium at /usr/bin/chromium."""
+
 from __future__ import annotations
 
 import random
@@ -10,8 +11,11 @@ from tests.browser import chromium, collect_errors, dashboard, needs_chromium, p
 
 pytestmark = needs_chromium
 
-PROMPTS = ["import logging\nlogger = logging.getLogger(__name__)\n", "def main():\n    return compute(1)\n",
-           "class Point:\n    x: int\n    y: int\n"]
+PROMPTS = [
+    "import logging\nlogger = logging.getLogger(__name__)\n",
+    "def main():\n    return compute(1)\n",
+    "class Point:\n    x: int\n    y: int\n",
+]
 WORDS = ["def", " value", " return", " the", " result", "\n", "    ", " list", " of", " items", "(", "):"]
 
 
@@ -19,19 +23,28 @@ def _seed(store) -> tuple[int, int]:
     """(experiment id, its speculative run id): a finished greedy k = 2 run over PROMPTS, lossless, whose outputs
     read as words."""
     from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
-    from storage.records import queries as q
     from storage.jobs import run_state
     from storage.jobs.experiments import enqueue_experiment
+    from storage.records import queries as q
     from storage.records.recording import record_prompt
 
-    eid = enqueue_experiment(store, name="explorer", target="tgt", draft="drf", prompts="code:validation",
-                             sampling={"temperature": 0.0, "max_new_tokens": 64}, sweep_values=[2],
-                             prompt_texts=PROMPTS)
+    eid = enqueue_experiment(
+        store,
+        name="explorer",
+        target="tgt",
+        draft="drf",
+        prompts="code:validation",
+        sampling={"temperature": 0.0, "max_new_tokens": 64},
+        sweep_values=[2],
+        prompt_texts=PROMPTS,
+    )
     runs = {r.kind: int(r.run_id) for r in q.runs(store, eid).itertuples()}
     rng = random.Random(5)
     baseline = [synthetic_baseline(rng, i, 30) for i in range(len(PROMPTS))]
-    results = {"baseline": baseline,
-               "speculative": [synthetic_prompt(rng, i, 2, 0, follow=b.output_ids) for i, b in enumerate(baseline)]}
+    results = {
+        "baseline": baseline,
+        "speculative": [synthetic_prompt(rng, i, 2, 0, follow=b.output_ids) for i, b in enumerate(baseline)],
+    }
     run_state.claim_group(store, eid, "seed")
     for kind, rid in runs.items():
         run_state.start_run(store, rid, len(PROMPTS), "cpu")
@@ -79,4 +92,3 @@ def test_the_round_explorer_says_why_it_opens_where_it_does_and_shows_line_break
         assert "Opened on prompt" not in page.locator('[data-testid="stMain"]').inner_text()  # the user's choice now
         problems, _ = page_problems(page, "round explorer, another prompt", messages, charted=True)
         assert not problems, problems
-

@@ -4,6 +4,7 @@ worker trains it, the page shows the job done with its curves and before/after f
 HF directory under $DRAFTLAB_MODELS, and New experiment offers it: picking it fills in the draft and its pair check
 passes; and the same for an EAGLE-3 head of demo-target. Needs Debian's chromium at /usr/bin/chromium, like
 test_browser_e2e.py."""
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,17 @@ import re
 import time
 from pathlib import Path
 
-from tests.browser import SCREENSHOTS, chromium, commit, dashboard, field, log_tail, needs_chromium, settle, upload_prompts
+from tests.browser import (
+    SCREENSHOTS,
+    chromium,
+    commit,
+    dashboard,
+    field,
+    log_tail,
+    needs_chromium,
+    settle,
+    upload_prompts,
+)
 
 pytestmark = needs_chromium
 CORPUS = ["def add(a, b):\n", "for i in range(10):\n", "The capital of France is"]
@@ -46,6 +57,7 @@ def _queue(page, db: str) -> int:
     job is refused, "already writes", so a job is never queued twice). No job after three presses fails with what
     the page shows."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     from storage import open_store
     from storage.jobs import training
 
@@ -75,7 +87,6 @@ def _pick(page, label: str, option: str) -> None:
     settle(page)
 
 
-
 def _retried_once(test):
     """Run a browser training test a second time, in a fresh folder, when its first try fails. Open flake: in full
     suite runs (2 of 3 today) the Train form once queued its untouched 1.0e-3 learning rate as 0.0, once kept Queue
@@ -93,6 +104,7 @@ def _retried_once(test):
             second = tmp_path / "try2"
             second.mkdir()
             test(second)
+
     return run
 
 
@@ -110,9 +122,14 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
         settle(page)
         # every setting the job depends on is typed, the learning rate too: once in a full run the page queued the
         # recipe's untouched 1.0e-3 as 0.0 ("learning rate must be a positive number"), cause not yet found
-        for label, value in (("Steps", str(STEPS)), ("Learning rate", "1e-3"), ("Batch size", "2"),
-                             ("Samples per prompt", "1"), ("Max new tokens", "8"),
-                             ("Name of the trained draft", "browser-draft")):
+        for label, value in (
+            ("Steps", str(STEPS)),
+            ("Learning rate", "1e-3"),
+            ("Batch size", "2"),
+            ("Samples per prompt", "1"),
+            ("Max new tokens", "8"),
+            ("Name of the trained draft", "browser-draft"),
+        ):
             commit(field(page, label), value)
             settle(page)
         out = models / "browser-draft"
@@ -132,8 +149,12 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
         chart = page.locator('[data-testid="stVegaLiteChart"]').first
         chart.locator("canvas, svg").first.wait_for()
         assert "held-out KL (nats/token)" in chart.locator(".role-legend-label text").all_text_contents()
-        values = dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
-                          page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
+        values = dict(
+            zip(
+                page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
+                page.locator('[data-testid="stMetricValue"]').all_inner_texts(),
+            )
+        )
         assert values[f"held-out KL (before: {job['kl_before']:.3f})"] == f"{job['kl_after']:.3f}"
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "train.png"))
@@ -167,9 +188,15 @@ def test_queue_an_eagle3_head_job_watch_it_finish_and_pick_the_head(tmp_path):
         settle(page)
         upload_prompts(page, None, tmp_path, CORPUS)
         settle(page)
-        for label, value in (("Steps", "3"), ("TTT steps", "2"), ("Learning rate", "1e-3"), ("Batch size", "2"),
-                             ("Samples per prompt", "1"),
-                             ("Max new tokens", "8"), ("Name of the trained head", "browser-head")):
+        for label, value in (
+            ("Steps", "3"),
+            ("TTT steps", "2"),
+            ("Learning rate", "1e-3"),
+            ("Batch size", "2"),
+            ("Samples per prompt", "1"),
+            ("Max new tokens", "8"),
+            ("Name of the trained head", "browser-head"),
+        ):
             commit(field(page, label), value)
             settle(page)
         out = models / "browser-head"
@@ -189,13 +216,22 @@ def test_queue_an_eagle3_head_job_watch_it_finish_and_pick_the_head(tmp_path):
         assert charts.count() == 3  # the loss, the acceptance by position, the acceptance length
         for i in range(3):
             charts.nth(i).locator("canvas, svg").first.wait_for()
-        legends = [t for i in range(3) for t in charts.nth(i).locator(".role-legend-title text, .role-legend-label "
-                                                                      "text").all_text_contents()]
+        legends = [
+            t
+            for i in range(3)
+            for t in charts.nth(i).locator(".role-legend-title text, .role-legend-label text").all_text_contents()
+        ]
         assert "held-out TTT KL" in legends and "eval step" in legends
-        values = dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
-                          page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
-        assert values[f"acceptance length (before: {job['acceptance_length_before']:.2f})"] == \
-            f"{job['acceptance_length_after']:.2f}"
+        values = dict(
+            zip(
+                page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
+                page.locator('[data-testid="stMetricValue"]').all_inner_texts(),
+            )
+        )
+        assert (
+            values[f"acceptance length (before: {job['acceptance_length_before']:.2f})"]
+            == f"{job['acceptance_length_after']:.2f}"
+        )
 
         page.goto(f"{served['url']}/new")
         page.get_by_text("tokenizers match").wait_for()
@@ -214,20 +250,35 @@ def _finished_head_job(db: str) -> dict:
     from sqlalchemy import insert, text
 
     from storage import open_store
-
-    from storage.jobs import training
     from storage.db.schema import training_points, utcnow
+    from storage.jobs import training
 
     store = open_store(db)
-    job_id = training.enqueue_training(store, kind="head", name="done-head", target="demo-target",
-                                       prompts="code:tune", validation="code:validation", steps=16)
+    job_id = training.enqueue_training(
+        store,
+        kind="head",
+        name="done-head",
+        target="demo-target",
+        prompts="code:tune",
+        validation="code:validation",
+        steps=16,
+    )
     start = utcnow()
     with store.write() as conn:
-        conn.execute(insert(training_points), [{"job_id": job_id, "step": s, "seconds": 0.9 * s + 2.0 * (s // 2),
-                                                "kl": 1.0 if s % 2 == 0 else None} for s in range(1, 17)])
-        conn.execute(text("UPDATE training_jobs SET status = 'done', train_seconds = 30.4, started = :s, "
-                          "finished = :f, device_name = 'cpu' WHERE id = :id"),
-                     {"s": start, "f": start + timedelta(seconds=95), "id": job_id})
+        conn.execute(
+            insert(training_points),
+            [
+                {"job_id": job_id, "step": s, "seconds": 0.9 * s + 2.0 * (s // 2), "kl": 1.0 if s % 2 == 0 else None}
+                for s in range(1, 17)
+            ],
+        )
+        conn.execute(
+            text(
+                "UPDATE training_jobs SET status = 'done', train_seconds = 30.4, started = :s, "
+                "finished = :f, device_name = 'cpu' WHERE id = :id"
+            ),
+            {"s": start, "f": start + timedelta(seconds=95), "id": job_id},
+        )
     timings = training.job_timings(store)
     store.dispose()
     return timings
@@ -260,10 +311,19 @@ def test_the_forms_estimates_have_a_range_and_a_basis_and_the_head_form_sees_hea
         spec = zoo.recipe()["prompts"]  # the form's default set
         count = lambda s: len(load_prompts(s))  # noqa: E731
         validation = held_out_split(spec)[0]
-        shape = Shape("head", "demo-target", "", DEFAULTS["steps"], DEFAULTS["batch_size"], DEFAULTS["max_new_tokens"],
-                      DEFAULTS["samples"], count(spec), count(validation))
+        shape = Shape(
+            "head",
+            "demo-target",
+            "",
+            DEFAULTS["steps"],
+            DEFAULTS["batch_size"],
+            DEFAULTS["max_new_tokens"],
+            DEFAULTS["samples"],
+            count(spec),
+            count(validation),
+        )
         expected = training_estimate(shape, timings, count)
-        assert head.startswith(f"About {expected.text().split(',')[0][len('about '):]}"), (head, expected.text())
+        assert head.startswith(f"About {expected.text().split(',')[0][len('about ') :]}"), (head, expected.text())
         assert "from 1 finished head training job on cpu" in head
         problems, _ = page_problems(page, "train form", errors, charted=False)
         assert not problems, problems

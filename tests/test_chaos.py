@@ -7,6 +7,7 @@ worker row left behind, and the figures equal those of one worker draining the s
 Claims stay the advisory-locked conditional update of storage.jobs.run_state.claim_group: this test is its evidence under
 load (four claimers, restarts, sweeps and requeues racing them). The helpers serve benchmarks/bench_scale.py too.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,22 +34,35 @@ WORKER_ARGS = ["--heartbeat", "0.5", "--poll", "0.3"]
 
 def enqueue_drain(store, model_dirs, experiments=EXPERIMENTS, ks=KS, max_new_tokens=MAX_NEW_TOKENS) -> list[int]:
     """The drain: `experiments` x (baseline + one run per k), device auto (a pinned worker's own device)."""
-    return [enqueue_experiment(store, name=f"chaos {i}", target=model_dirs["target"], draft=model_dirs["draft"],
-                                     prompts="inline", sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens,
-                                                                 "seed": 3},
-                                     device="auto", sweep_values=list(ks), prompt_texts=PROMPTS)
-            for i in range(experiments)]
+    return [
+        enqueue_experiment(
+            store,
+            name=f"chaos {i}",
+            target=model_dirs["target"],
+            draft=model_dirs["draft"],
+            prompts="inline",
+            sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens, "seed": 3},
+            device="auto",
+            sweep_values=list(ks),
+            prompt_texts=PROMPTS,
+        )
+        for i in range(experiments)
+    ]
 
 
-def start_supervisor(url: str, devices: list[str], until_idle: bool = False, backoff: float = 0.5,
-                     stderr=subprocess.PIPE) -> subprocess.Popen:
+def start_supervisor(
+    url: str, devices: list[str], until_idle: bool = False, backoff: float = 0.5, stderr=subprocess.PIPE
+) -> subprocess.Popen:
     """The supervisor of `draftlab worker --devices ...`, with quick heartbeats and polls for the test."""
-    code = ("import sys; from app.worker.supervisor import run_supervisor; "
-            f"sys.exit(run_supervisor({url!r}, {devices!r}, until_idle={until_idle!r}, "
-            f"worker_args={WORKER_ARGS!r}, backoff_start={backoff!r}))")
+    code = (
+        "import sys; from app.worker.supervisor import run_supervisor; "
+        f"sys.exit(run_supervisor({url!r}, {devices!r}, until_idle={until_idle!r}, "
+        f"worker_args={WORKER_ARGS!r}, backoff_start={backoff!r}))"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=stderr, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True
+    )
 
 
 def counts(store) -> dict[str, int]:
@@ -59,28 +73,49 @@ def counts(store) -> dict[str, int]:
 def figures(store) -> dict:
     """(experiment name, kind, k) -> the run's deterministic figures and outputs (greedy decoding)."""
     with store.read() as conn:
-        rows = conn.execute(text(
-            "SELECT r.id, e.name, r.kind, r.k, r.alpha, r.tokens_per_round, r.accepted, r.proposed, r.rounds, "
-            "r.new_tokens FROM runs r JOIN experiments e ON e.id = r.experiment_id")).all()
+        rows = conn.execute(
+            text(
+                "SELECT r.id, e.name, r.kind, r.k, r.alpha, r.tokens_per_round, r.accepted, r.proposed, r.rounds, "
+                "r.new_tokens FROM runs r JOIN experiments e ON e.id = r.experiment_id"
+            )
+        ).all()
         outputs = {}
-        for rid, out in conn.execute(text("SELECT run_id, output_ids FROM prompt_results ORDER BY run_id, prompt_index")):
+        for rid, out in conn.execute(
+            text("SELECT run_id, output_ids FROM prompt_results ORDER BY run_id, prompt_index")
+        ):
             outputs.setdefault(rid, []).append(json.loads(out))
     rounded = lambda v: None if v is None else round(float(v), 9)  # noqa: E731
-    return {(r.name, r.kind, r.k): (rounded(r.alpha), rounded(r.tokens_per_round), r.accepted, r.proposed, r.rounds,
-                                    r.new_tokens, outputs.get(r.id)) for r in rows}
+    return {
+        (r.name, r.kind, r.k): (
+            rounded(r.alpha),
+            rounded(r.tokens_per_round),
+            r.accepted,
+            r.proposed,
+            r.rounds,
+            r.new_tokens,
+            outputs.get(r.id),
+        )
+        for r in rows
+    }
 
 
 def row_gaps(store) -> dict[str, int]:
     """Rows missing below the prompt level: (run, prompt) whose stored rounds or timed repeats are not all there."""
     with store.read() as conn:
-        rounds = conn.execute(text(
-            "SELECT COUNT(*) FROM prompt_results p WHERE p.rounds <> (SELECT COUNT(*) FROM rounds x "
-            "WHERE x.run_id = p.run_id AND x.prompt_index = p.prompt_index) AND EXISTS (SELECT 1 FROM runs r "
-            "WHERE r.id = p.run_id AND r.kind = 'speculative')")).scalar()
-        repeats = conn.execute(text(
-            "SELECT COUNT(*) FROM prompt_results p JOIN runs r ON r.id = p.run_id JOIN experiments e "
-            "ON e.id = r.experiment_id WHERE COALESCE(e.repeats, 1) <> (SELECT COUNT(*) FROM timings t "
-            "WHERE t.run_id = p.run_id AND t.prompt_index = p.prompt_index)")).scalar()
+        rounds = conn.execute(
+            text(
+                "SELECT COUNT(*) FROM prompt_results p WHERE p.rounds <> (SELECT COUNT(*) FROM rounds x "
+                "WHERE x.run_id = p.run_id AND x.prompt_index = p.prompt_index) AND EXISTS (SELECT 1 FROM runs r "
+                "WHERE r.id = p.run_id AND r.kind = 'speculative')"
+            )
+        ).scalar()
+        repeats = conn.execute(
+            text(
+                "SELECT COUNT(*) FROM prompt_results p JOIN runs r ON r.id = p.run_id JOIN experiments e "
+                "ON e.id = r.experiment_id WHERE COALESCE(e.repeats, 1) <> (SELECT COUNT(*) FROM timings t "
+                "WHERE t.run_id = p.run_id AND t.prompt_index = p.prompt_index)"
+            )
+        ).scalar()
     return {"rounds": int(rounds), "repeats": int(repeats)}
 
 
@@ -173,9 +208,11 @@ def test_four_workers_drain_forty_runs_while_a_killer_sigkills_them(postgres_url
         if sup.poll() is None:
             sup.kill()
             sup.wait()
-    print(f"\nchaos: {total} runs done; {len(killer.killed)} SIGKILLs "
-          f"({sum(1 for k in killer.killed if k[3] is not None)} of a worker timing a run); "
-          f"{err.count('requeued')} deaths with runs requeued; {err.count(' started (pid ')} worker starts")
+    print(
+        f"\nchaos: {total} runs done; {len(killer.killed)} SIGKILLs "
+        f"({sum(1 for k in killer.killed if k[3] is not None)} of a worker timing a run); "
+        f"{err.count('requeued')} deaths with runs requeued; {err.count(' started (pid ')} worker starts"
+    )
     assert done_at == {"done": total}, (done_at, err[-4000:])
     assert sup.returncode == 143, err[-3000:]
     assert len(killer.killed) >= 3, killer.killed  # the chaos happened

@@ -1,6 +1,7 @@
 """Prompts as teams have them (engine/text/chat.py, engine/text/prompt_sets.py): OpenAI `messages` and ShareGPT
 `conversations` JSONL, Parquet/Arrow exports, cut after the last user turn, rendered by the target tokenizer's chat
 template (or a FILE, or none); the built-in chat set; every problem one line."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import json
 import pandas as pd
 import pytest
 
-from engine.text.chat import Chat, render, resolve_option
 from engine.errors import DraftLabError
+from engine.text.chat import Chat, render, resolve_option
 from engine.text.prompt_sets import load_prompts
 from engine.zoo import DEMO_TARGET, resolve
 from tests import tiny_models as tm
@@ -30,9 +31,15 @@ def _jsonl(tmp_path, rows, name="chats.jsonl"):
     return str(path)
 
 
-OPENAI = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                       {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Sum 2+2"},
-                       {"role": "assistant", "content": "4"}]}
+OPENAI = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Sum 2+2"},
+        {"role": "assistant", "content": "4"},
+    ]
+}
 SHAREGPT = {"conversations": [{"from": "human", "value": "你好"}, {"from": "gpt", "value": "你好！"}]}
 
 
@@ -42,8 +49,11 @@ def test_openai_and_sharegpt_are_cut_after_the_last_user_turn(tmp_path, chat_tok
     assert prompts[1] == Chat((("user", "你好"),))
     assert prompts[2] == "plain text"
     text = render(prompts, chat_tokenizer)
-    assert text == ["<system>Be brief.<user>Hi<assistant>Hello!<user>Sum 2+2<assistant>", "<user>你好<assistant>",
-                    "plain text"]  # a plain prompt is never templated
+    assert text == [
+        "<system>Be brief.<user>Hi<assistant>Hello!<user>Sum 2+2<assistant>",
+        "<user>你好<assistant>",
+        "plain text",
+    ]  # a plain prompt is never templated
 
 
 def test_none_and_file_templates(tmp_path, chat_tokenizer):
@@ -65,15 +75,18 @@ def test_a_tokenizer_without_a_template_is_one_line(tmp_path):
         resolve_option(str(tmp_path / "missing.jinja"))
 
 
-@pytest.mark.parametrize("row, message", [
-    ({"messages": []}, "must be a non-empty list of turns"),
-    ({"messages": [{"role": "assistant", "content": "x"}]}, "has no user turn"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "unknown role 'wizard'"),
-    ({"messages": [{"role": "user"}]}, 'every turn needs "role" and "content"'),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, "is not text"),
-    ({"messages": [{"role": "user", "content": "a\x00b"}]}, "NUL"),
-    ({"conversations": [{"from": "human", "value": 3}]}, "content must be text"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"messages": []}, "must be a non-empty list of turns"),
+        ({"messages": [{"role": "assistant", "content": "x"}]}, "has no user turn"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "unknown role 'wizard'"),
+        ({"messages": [{"role": "user"}]}, 'every turn needs "role" and "content"'),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, "is not text"),
+        ({"messages": [{"role": "user", "content": "a\x00b"}]}, "NUL"),
+        ({"conversations": [{"from": "human", "value": 3}]}, "content must be text"),
+    ],
+)
 def test_bad_conversations_are_one_line(tmp_path, row, message):
     with pytest.raises(DraftLabError, match=message) as info:
         load_prompts(_jsonl(tmp_path, [row]))
@@ -116,23 +129,46 @@ def test_builtin_chat_set_renders_with_the_demo_template():
 
 # --- through the worker and the CLI: what is stored is what the models saw ---------------------------------------
 
+
 def test_worker_freezes_rendered_conversations_and_a_missing_template_fails_the_experiment(tmp_path):
     from app.worker.worker import Worker
     from storage import open_store
     from storage.jobs.experiments import enqueue_experiment, load_experiment_prompts
-    from storage.analysis import catalog
     from storage.records import queries as q
 
     chats = _jsonl(tmp_path, [OPENAI, SHAREGPT])
     store = open_store(f"sqlite:///{tmp_path / 'chat.db'}")
-    with_template = enqueue_experiment(store, name="chat", target="t", draft="d", prompts=chats,
-                                             sampling={"max_new_tokens": 4}, sweep_values=[2], device="cpu")
-    custom = enqueue_experiment(store, name="chat, own template", target="t-plain", draft="d", prompts=chats,
-                                      sampling={"max_new_tokens": 4}, sweep_values=[2], device="cpu",
-                                      chat_template="{% for m in messages %}{{ m['content'] }}|{% endfor %}")
-    plain_tokenizer = enqueue_experiment(store, name="chat, no template", target="t-plain", draft="d",
-                                               prompts=chats, sampling={"max_new_tokens": 4}, sweep_values=[2],
-                                               device="cpu")
+    with_template = enqueue_experiment(
+        store,
+        name="chat",
+        target="t",
+        draft="d",
+        prompts=chats,
+        sampling={"max_new_tokens": 4},
+        sweep_values=[2],
+        device="cpu",
+    )
+    custom = enqueue_experiment(
+        store,
+        name="chat, own template",
+        target="t-plain",
+        draft="d",
+        prompts=chats,
+        sampling={"max_new_tokens": 4},
+        sweep_values=[2],
+        device="cpu",
+        chat_template="{% for m in messages %}{{ m['content'] }}|{% endfor %}",
+    )
+    plain_tokenizer = enqueue_experiment(
+        store,
+        name="chat, no template",
+        target="t-plain",
+        draft="d",
+        prompts=chats,
+        sampling={"max_new_tokens": 4},
+        sweep_values=[2],
+        device="cpu",
+    )
 
     def loader(target, draft, device, dtype, trust_remote_code, **kw):
         t = tm.llama(0)
@@ -162,13 +198,33 @@ def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
 
     from app.cli import main
     from storage import open_store
-    from storage.jobs.experiments import load_experiment_prompts
     from storage.analysis import catalog
+    from storage.jobs.experiments import load_experiment_prompts
     from storage.records import queries as q
 
     db = f"sqlite:///{tmp_path / 'cli.db'}"
-    assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
-                 "--max-new-tokens", "4", "--repeats", "1", "--db", db]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                "demo-target",
+                "--draft",
+                "demo-draft",
+                "--prompts",
+                "chat:validation",
+                "--k",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--repeats",
+                "1",
+                "--db",
+                db,
+            ]
+        )
+        == 0
+    )
     store = open_store(db)
     eid = int(catalog.experiments(store)["experiment_id"].iloc[0])
     with store.read() as conn:
@@ -179,14 +235,54 @@ def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
     capsys.readouterr()
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}=>")
-    assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
-                 "--max-new-tokens", "16", "--repeats", "2", "--chat-template", str(template), "--db", db]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                "demo-target",
+                "--draft",
+                "demo-draft",
+                "--prompts",
+                "chat:validation",
+                "--k",
+                "2",
+                "--max-new-tokens",
+                "16",
+                "--repeats",
+                "2",
+                "--chat-template",
+                str(template),
+                "--db",
+                db,
+            ]
+        )
+        == 0
+    )
     second = int(catalog.experiments(store)["experiment_id"].max())
     assert q.experiment(store, second)["chat_template"] == template.read_text()  # the text, not the path
     with store.read() as conn:
         assert all(p.endswith("=>") for p in load_experiment_prompts(conn, second))
-    assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:validation", "--k", "2",
-                 "--chat-template", str(tmp_path / "nope.jinja"), "--db", db]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                "demo-target",
+                "--draft",
+                "demo-draft",
+                "--prompts",
+                "chat:validation",
+                "--k",
+                "2",
+                "--chat-template",
+                str(tmp_path / "nope.jinja"),
+                "--db",
+                db,
+            ]
+        )
+        == 2
+    )
     assert "--chat-template" in capsys.readouterr().err and len(catalog.experiments(store)) == 2
 
 
@@ -195,10 +291,24 @@ def test_cli_distill_takes_conversations(model_dirs, tmp_path, capsys):
     trained on with --chat-template none."""
     from app.cli import main
 
-    chats = _jsonl(tmp_path, [{"messages": [{"role": "user", "content": f"t{i} t{i + 1} t{i + 2}"}]}
-                              for i in range(3, 9)])
-    argv = ["distill", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts", chats,
-            "--steps", "1", "--max-new-tokens", "4", "--batch-size", "2"]
+    chats = _jsonl(
+        tmp_path, [{"messages": [{"role": "user", "content": f"t{i} t{i + 1} t{i + 2}"}]} for i in range(3, 9)]
+    )
+    argv = [
+        "distill",
+        "--target",
+        model_dirs["target"],
+        "--draft",
+        model_dirs["draft"],
+        "--prompts",
+        chats,
+        "--steps",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--batch-size",
+        "2",
+    ]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 2
     assert "has no chat template" in capsys.readouterr().err
     assert main([*argv, "--out", str(tmp_path / "b"), "--chat-template", "none"]) == 0, capsys.readouterr().err
@@ -224,14 +334,36 @@ def test_cli_validate_holds_out_conversations_rendered_like_the_tuned_ones(tmp_p
     from app.cli import main
     from storage import open_store
     from storage.analysis import catalog
-    from storage.records import queries as q
     from storage.jobs.experiments import load_experiment_prompts
+    from storage.records import queries as q
 
     db = f"sqlite:///{tmp_path / 'v.db'}"
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}=>")
-    assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "chat:tune", "--k", "2",
-                 "--max-new-tokens", "16", "--repeats", "2", "--chat-template", str(template), "--db", db]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                "demo-target",
+                "--draft",
+                "demo-draft",
+                "--prompts",
+                "chat:tune",
+                "--k",
+                "2",
+                "--max-new-tokens",
+                "16",
+                "--repeats",
+                "2",
+                "--chat-template",
+                str(template),
+                "--db",
+                db,
+            ]
+        )
+        == 0
+    )
     assert main(["validate", "1", "--db", db]) == 0, capsys.readouterr().err
     store = open_store(db)
     vid = int(catalog.experiments(store)["experiment_id"].max())

@@ -2,6 +2,7 @@
 same head with norm_before_fc dropped from its config.json (vLLM then drops its input_norm weight) is found out,
 with the key to set; a directory that is no head is refused in one line. The variants leave out ids the lab cannot
 feed. Heads: tests/eagle3_heads.py (demo-eagle3, else the session's stand-in)."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,7 @@ def test_a_head_as_trained_fits_its_configuration(demo_eagle3_head, capsys):
     configured = result["variants"][0]
     assert configured["name"] == "as configured" and configured["acceptance"] > 0.3
     flip = "norm_before_fc off" if _trained_with_norm(demo_eagle3_head) else "norm_before_fc on"
-    assert [v["name"] for v in result["variants"]][1:] == ["ids + 1 (trained in SGLang's convention)", "ids - 1",
-                                                           flip]
+    assert [v["name"] for v in result["variants"]][1:] == ["ids + 1 (trained in SGLang's convention)", "ids - 1", flip]
     assert not any(v["clearly_better"] for v in result["variants"])
     assert result["prompts"] == 8 and result["positions"] > 8 * 10
 
@@ -46,20 +46,28 @@ def test_a_norm_before_fc_read_differently_from_training_is_found_and_named(demo
     assert flipped["name"] == f"norm_before_fc {'on' if trained else 'off'}" and flipped["clearly_better"]
     assert flipped["gain"] >= MARGIN and flipped["gain_lo"] > 0
     assert result["suggested"] == {"norm_before_fc": trained}
-    assert result["verdict"].startswith(f"this head was likely trained {'with' if trained else 'without'} the norm "
-                                        f"before fc: set norm_before_fc to {'true' if trained else 'false'}")
+    assert result["verdict"].startswith(
+        f"this head was likely trained {'with' if trained else 'without'} the norm "
+        f"before fc: set norm_before_fc to {'true' if trained else 'false'}"
+    )
 
 
 def test_a_directory_that_is_no_head_is_refused_in_one_line(tmp_path, capsys):
     assert main(["check-head", str(tmp_path), *ARGS]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: {str(tmp_path)!r} is not an EAGLE-3 head directory (no config.json with "
-                   f"speculators_model_type \"eagle3\"); point DIR at a speculators-format head"]
+    assert err == [
+        f"error: {str(tmp_path)!r} is not an EAGLE-3 head directory (no config.json with "
+        f'speculators_model_type "eagle3"); point DIR at a speculators-format head'
+    ]
 
 
 def test_variants_leave_out_ids_outside_the_target_and_gains_pair_by_prompt():
     assert [v[1] for v in variants([0, 6, 11], False, 12)] == [[0, 6, 11], [0, 6, 11]]  # +1 reaches 12, -1 is -1
     assert [v[0] for v in variants([2, 6, 9], True, 12)] == [
-        "as configured", "ids + 1 (trained in SGLang's convention)", "ids - 1", "norm_before_fc off"]
+        "as configured",
+        "ids + 1 (trained in SGLang's convention)",
+        "ids - 1",
+        "norm_before_fc off",
+    ]
     gain, lo, hi = paired_gain([(6, 10), (7, 10), (5, 10)], [(5, 10), (5, 10), (4, 10)])
     assert round(gain, 4) == round(4 / 30, 4) and lo < gain < hi

@@ -1,6 +1,7 @@
 """The database a command is pointed at (issue 35 item 8): a command that only reads one never creates it (a typo'd
 --db is "no ... database at URL", exit 2, nothing written), and a database another process holds locked is said to
 be locked, with the fix (retry), not read-only. On SQLite and PostgreSQL."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -15,8 +16,16 @@ from storage import open_store
 from storage.jobs import run_state
 from storage.jobs.experiments import enqueue_experiment
 
-READING = [["list"], ["list", "--json"], ["export", "1"], ["export", "1", "--format", "deploy"], ["resume", "1"],
-           ["confirm", "1"], ["validate", "1"], ["import-metrics", "scrape.txt", "--experiment", "1"]]
+READING = [
+    ["list"],
+    ["list", "--json"],
+    ["export", "1"],
+    ["export", "1", "--format", "deploy"],
+    ["resume", "1"],
+    ["confirm", "1"],
+    ["validate", "1"],
+    ["import-metrics", "scrape.txt", "--experiment", "1"],
+]
 
 
 def _one_error_line(capsys) -> str:
@@ -81,8 +90,16 @@ def test_a_locked_database_is_named_locked_not_read_only(db_url, monkeypatch, ca
     import storage.db.store
 
     store = open_store(db_url)
-    eid = enqueue_experiment(store, name="locked", target="t", draft="d", prompts="tiny", sampling={},
-                             sweep_values=[1], prompt_texts=["t1 t2"])
+    eid = enqueue_experiment(
+        store,
+        name="locked",
+        target="t",
+        draft="d",
+        prompts="tiny",
+        sampling={},
+        sweep_values=[1],
+        prompt_texts=["t1 t2"],
+    )
     run_state.cancel_experiment(store, eid)
     store.dispose()
     monkeypatch.setattr(storage.db.store, "LOCK_WAIT_MS", 300)  # wait 0.3 s for a lock, not 30

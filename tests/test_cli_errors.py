@@ -1,4 +1,5 @@
 """Bad input ends in exactly one `error:` line naming the problem and the fix, exit 2, and stores nothing."""
+
 import json
 
 import pytest
@@ -18,11 +19,24 @@ def run_cli(model_dirs, tmp_path, capsys):
         if prompts is None:
             prompts = tmp_path / "prompts.txt"
             prompts.write_text("t3 t4 t5\nt9 t10\n")
-        argv = ["run", "--target", target or model_dirs["target"], "--draft", draft or model_dirs["draft"],
-                "--prompts", str(prompts), "--max-new-tokens", "8", "--db", db, *extra]
+        argv = [
+            "run",
+            "--target",
+            target or model_dirs["target"],
+            "--draft",
+            draft or model_dirs["draft"],
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "8",
+            "--db",
+            db,
+            *extra,
+        ]
         code = main(argv)
         out, err = capsys.readouterr()
         return code, out, err
+
     run.db = db
     return run
 
@@ -34,17 +48,20 @@ def _one_error_line(err: str) -> str:
     return errors[0]
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("--k", "0"), "k value '0' is not a whole number from 1 to 64"),
-    (("--k", "2,-1"), "k value '-1' is not a whole number from 1 to 64"),
-    (("--k", "two"), "k value 'two' is not a whole number"),
-    (("--k", "４"), "k value '４' is not a whole number"),
-    (("--temperature", "-0.5"), "temperature value '-0.5' is not 0 (greedy) or a number from 0.001 to 100"),
-    (("--temperature", "nan"), "temperature value 'nan' is not 0 (greedy) or a number"),
-    (("--top-p", "0"), "top_p value '0' is not a number in (0, 1]"),
-    (("--max-new-tokens", "0"), "max_new_tokens value '0' is not a whole number from 1 to 4096"),
-    (("--device", "tpu"), "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("--k", "0"), "k value '0' is not a whole number from 1 to 64"),
+        (("--k", "2,-1"), "k value '-1' is not a whole number from 1 to 64"),
+        (("--k", "two"), "k value 'two' is not a whole number"),
+        (("--k", "４"), "k value '４' is not a whole number"),
+        (("--temperature", "-0.5"), "temperature value '-0.5' is not 0 (greedy) or a number from 0.001 to 100"),
+        (("--temperature", "nan"), "temperature value 'nan' is not 0 (greedy) or a number"),
+        (("--top-p", "0"), "top_p value '0' is not a number in (0, 1]"),
+        (("--max-new-tokens", "0"), "max_new_tokens value '0' is not a whole number from 1 to 4096"),
+        (("--device", "tpu"), "invalid choice"),
+    ],
+)
 def test_bad_sampling_and_k_values(run_cli, args, needle):
     code, out, err = run_cli(*args)
     assert code == 2 and out == ""
@@ -107,12 +124,38 @@ def test_json_document_follows_the_spec(run_cli):
     assert code == 0
     doc = json.loads(out)
     assert set(doc) == {"experiment_id", "baseline", "runs", "repeats", "verdict", "best", "tied_with"}
-    assert {"run_id", "new_tokens", "wall_seconds", "tokens_per_second", "target_step_seconds", "outputs"} <= set(doc["baseline"])
-    spec_keys = {"run_id", "k", "new_tokens", "wall_seconds", "tokens_per_second", "rounds", "proposed", "accepted",
-                 "rejected", "draft_acceptance_rate", "alpha", "tokens_per_round", "expected_alpha",
-                 "per_position_acceptance", "acceptance_by_type", "draft_step_seconds", "c", "predicted_speedup",
-                 "speedup", "outputs_match_baseline", "outputs", "speedup_ci", "timing_warning", "verify_cost",
-                 "predicted_speedup_refined", "sweep_variable", "sweep_value"}
+    assert {"run_id", "new_tokens", "wall_seconds", "tokens_per_second", "target_step_seconds", "outputs"} <= set(
+        doc["baseline"]
+    )
+    spec_keys = {
+        "run_id",
+        "k",
+        "new_tokens",
+        "wall_seconds",
+        "tokens_per_second",
+        "rounds",
+        "proposed",
+        "accepted",
+        "rejected",
+        "draft_acceptance_rate",
+        "alpha",
+        "tokens_per_round",
+        "expected_alpha",
+        "per_position_acceptance",
+        "acceptance_by_type",
+        "draft_step_seconds",
+        "c",
+        "predicted_speedup",
+        "speedup",
+        "outputs_match_baseline",
+        "outputs",
+        "speedup_ci",
+        "timing_warning",
+        "verify_cost",
+        "predicted_speedup_refined",
+        "sweep_variable",
+        "sweep_value",
+    }
     assert [r["k"] for r in doc["runs"]] == [1, 3]
     for r in doc["runs"]:
         assert spec_keys <= set(r)
@@ -122,6 +165,7 @@ def test_json_document_follows_the_spec(run_cli):
 
 
 # --- the database named on the command line ------------------------------------------------------------------
+
 
 def _with_password(url: str) -> tuple[str, str]:
     """`url` with a password in it (trust-auth test servers ignore it), and that password."""
@@ -150,9 +194,16 @@ def test_a_database_password_never_appears_in_cli_output(postgres_url, capsys):
     cli("resume", "99", "--db", url)  # "no experiment 99 in <url>"
     cli("export", "99", "--db", url)
     store = open_store(url)
-    experiment_id = enqueue_experiment(store, name="pw", target="draftlab-nonexistent/t",
-                                             draft="draftlab-nonexistent/d", prompts="tiny", sampling={},
-                                             sweep_values=[1], prompt_texts=["t1 t2"])
+    experiment_id = enqueue_experiment(
+        store,
+        name="pw",
+        target="draftlab-nonexistent/t",
+        draft="draftlab-nonexistent/d",
+        prompts="tiny",
+        sampling={},
+        sweep_values=[1],
+        prompt_texts=["t1 t2"],
+    )
     run_state.cancel_experiment(store, experiment_id)
     store.dispose()
     assert cli("resume", str(experiment_id), "--db", url) == 0  # the hint names `draftlab worker --db <url>`
@@ -173,8 +224,11 @@ BAD_DATABASES = {
 }
 
 
-@pytest.mark.parametrize("command", [["list"], ["list", "--json"], ["export", "1"], ["resume", "1"],
-                                     ["worker", "--until-idle"]], ids=lambda c: " ".join(c))
+@pytest.mark.parametrize(
+    "command",
+    [["list"], ["list", "--json"], ["export", "1"], ["resume", "1"], ["worker", "--until-idle"]],
+    ids=lambda c: " ".join(c),
+)
 @pytest.mark.parametrize("db", list(BAD_DATABASES.values()), ids=list(BAD_DATABASES))
 def test_a_bad_database_is_one_error_line_naming_it(command, db, capsys):
     from storage.db.store import safe_url
@@ -197,8 +251,9 @@ def read_only_db(tmp_path):
 
     path = tmp_path / "ro.db"
     store = open_store(f"sqlite:///{path}")
-    experiment_id = enqueue_experiment(store, name="ro", target="t", draft="d", prompts="tiny", sampling={},
-                                             sweep_values=[1], prompt_texts=["t1 t2"])
+    experiment_id = enqueue_experiment(
+        store, name="ro", target="t", draft="d", prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=["t1 t2"]
+    )
     run_state.cancel_experiment(store, experiment_id)
     store.dispose()
     return f"sqlite:///file:{path}?mode=ro&uri=true", experiment_id
@@ -231,8 +286,16 @@ def test_list_shows_an_error_only_for_the_run_that_has_one(tmp_path, capsys):
 
     url = f"sqlite:///{tmp_path / 'errors.db'}"
     store = open_store(url)
-    experiment_id = enqueue_experiment(store, name="half failed", target="t", draft="d", prompts="tiny",
-                                             sampling={}, sweep_values=[1], prompt_texts=["t1 t2"])
+    experiment_id = enqueue_experiment(
+        store,
+        name="half failed",
+        target="t",
+        draft="d",
+        prompts="tiny",
+        sampling={},
+        sweep_values=[1],
+        prompt_texts=["t1 t2"],
+    )
     baseline, speculative = sorted(run_state.claim_group(store, experiment_id, "w"))  # the baseline comes first
     run_state.finish_run(store, baseline, "failed", error="boom: out of memory")
     run_state.finish_run(store, speculative, "cancelled")  # the k=1 run: cancelled, no error
@@ -259,17 +322,31 @@ def test_a_closed_pipe_ends_quietly(tmp_path, argv):
     url = f"sqlite:///{tmp_path / 'pipe.db'}"
     store = open_store(url)
     for i in range(3):
-        enqueue_experiment(store, name=f"e{i}", target="t", draft="d", prompts="tiny", sampling={},
-                                 sweep_values=[1, 2], prompt_texts=["t1 t2"])
+        enqueue_experiment(
+            store,
+            name=f"e{i}",
+            target="t",
+            draft="d",
+            prompts="tiny",
+            sampling={},
+            sweep_values=[1, 2],
+            prompt_texts=["t1 t2"],
+        )
     store.dispose()
     read_end, write_end = os.pipe()
     os.close(read_end)  # like `head` that has exited
     root = Path(__file__).resolve().parent.parent
     try:
         command = [sys.executable, "-m", "app.cli", *argv, *(["--db", url] if argv[0] == "list" else [])]
-        done = subprocess.run(command, stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=120,
-                              env={**os.environ, "PYTHONPATH": str(root)})
+        done = subprocess.run(
+            command,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(root)},
+        )
     finally:
         os.close(write_end)
     assert done.stderr == "", done.stderr
@@ -277,19 +354,22 @@ def test_a_closed_pipe_ends_quietly(tmp_path, argv):
         assert done.returncode == 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe stopped
 
 
-@pytest.mark.parametrize("extra, message", [
-    (("--k", "1000"), "not a whole number from 1 to 64"),
-    (("--k", "auto:1"), "largest k of at least 2"),
-    (("--k", "auto:x"), "auto:8"),
-    (("--repeats", "0"), "repeats value '0' is not a whole number from 1 to 100"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--k", "1000"), "not a whole number from 1 to 64"),
+        (("--k", "auto:1"), "largest k of at least 2"),
+        (("--k", "auto:x"), "auto:8"),
+        (("--repeats", "0"), "repeats value '0' is not a whole number from 1 to 100"),
+    ],
+)
 def test_k_and_repeats_are_checked_before_anything_is_stored(run_cli, extra, message):
     code, out, err = run_cli(*extra)
     assert code == 2 and out == ""
     assert message in _one_error_line(err)
     from storage import open_store
     from storage.analysis import catalog
-    from storage.records import queries as q
+
     assert catalog.experiments(open_store(run_cli.db)).empty
 
 
@@ -302,11 +382,14 @@ def test_worker_log_lines_hide_the_password_in_every_form():
     assert "postgresql+psycopg://draftlab:***@db.example/lab" in line
 
 
-@pytest.mark.parametrize("extra, message", [
-    (("--k", "1,2", "--temperature", "0,0.5"), "sweep one variable at a time: --k and --temperature"),
-    (("--drafter", "nonsense"), "nonsense"),
-    (("--temperature", "0,-1"), "temperature value '-1' is not 0 (greedy) or a number from 0.001"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--k", "1,2", "--temperature", "0,0.5"), "sweep one variable at a time: --k and --temperature"),
+        (("--drafter", "nonsense"), "nonsense"),
+        (("--temperature", "0,-1"), "temperature value '-1' is not 0 (greedy) or a number from 0.001"),
+    ],
+)
 def test_sweeps_are_one_variable_at_a_time_and_checked_up_front(run_cli, extra, message):
     code, out, err = run_cli(*extra)
     assert code == 2 and out == "" and message in _one_error_line(err)
@@ -317,8 +400,10 @@ def test_a_drafter_sweep_needs_no_draft_for_prompt_lookup_and_compares_strategie
     assert code == 0, err
     doc = json.loads(out)
     assert [(r["sweep_variable"], r["sweep_value"], r["drafter"]) for r in doc["runs"]] == [
-        ("drafter", "model", "model"), ("drafter", "heuristic", "heuristic"),
-        ("drafter", "prompt-lookup:2", "prompt-lookup:2")]
+        ("drafter", "model", "model"),
+        ("drafter", "heuristic", "heuristic"),
+        ("drafter", "prompt-lookup:2", "prompt-lookup:2"),
+    ]
     assert [r["draft"] for r in doc["runs"]] == [model_dirs["draft"], model_dirs["draft"], None]
     assert all(r["outputs_match_baseline"] is True for r in doc["runs"])  # every drafter lossless (greedy)
     code, out, err = run_cli("--drafter", "prompt-lookup:3", "--draft", "", "--json", "--repeats", "1")
@@ -326,8 +411,9 @@ def test_a_drafter_sweep_needs_no_draft_for_prompt_lookup_and_compares_strategie
 
 
 def test_a_draft_sweep_compares_drafts_and_the_target_as_its_own_draft_accepts_everything(run_cli, model_dirs):
-    code, out, err = run_cli("--draft", f"{model_dirs['draft']},{model_dirs['target']}", "--k", "3", "--json",
-                             "--repeats", "1")
+    code, out, err = run_cli(
+        "--draft", f"{model_dirs['draft']},{model_dirs['target']}", "--k", "3", "--json", "--repeats", "1"
+    )
     assert code == 0, err
     doc = json.loads(out)
     by_draft = {r["draft"]: r for r in doc["runs"]}
@@ -335,8 +421,8 @@ def test_a_draft_sweep_compares_drafts_and_the_target_as_its_own_draft_accepts_e
     assert by_draft[model_dirs["target"]]["alpha"] == 1.0 and by_draft[model_dirs["draft"]]["alpha"] < 1.0
     assert all(r["sweep_variable"] == "draft" and r["outputs_match_baseline"] for r in doc["runs"])
     from storage import open_store
-    from storage.analysis import catalog
     from storage.records import queries as q
+
     runs = q.runs(open_store(run_cli.db), doc["experiment_id"]).set_index("draft")
     assert runs.loc[model_dirs["target"], "draft_parameters"] > 0  # the cost account: the draft's size ...
     assert runs.loc[model_dirs["target"], "extra_memory_mb"] > 0  # ... and the memory it adds to the baseline's
@@ -351,10 +437,10 @@ def test_k_auto_is_for_the_constant_k_drafter(run_cli):
 
 # --- issue 21: every input checked once, before anything is stored, the same answer on SQLite and PostgreSQL ---
 
+
 def _experiments(url):
     from storage import open_store
     from storage.analysis import catalog
-    from storage.records import queries as q
 
     store = open_store(url)
     try:
@@ -370,16 +456,36 @@ def run_on(model_dirs, tmp_path, capsys, db_url):
     prompts.write_text("t3 t4 t5\nt9 t10\n")
 
     def run(*extra):
-        code = main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                     str(prompts), "--max-new-tokens", "4", "--repeats", "1", "--db", db_url, *extra])
+        code = main(
+            [
+                "run",
+                "--target",
+                model_dirs["target"],
+                "--draft",
+                model_dirs["draft"],
+                "--prompts",
+                str(prompts),
+                "--max-new-tokens",
+                "4",
+                "--repeats",
+                "1",
+                "--db",
+                db_url,
+                *extra,
+            ]
+        )
         out, err = capsys.readouterr()
         return code, out, err
+
     run.db = db_url
     return run
 
 
 PROBE_RUN_INPUTS = [  # the probe's tracebacks, half-stored experiments and silently accepted values
-    (("--seed", str(10**30)), "seed value '1000000000000000000000000000000' is not a whole number from 0 to 2147483647"),
+    (
+        ("--seed", str(10**30)),
+        "seed value '1000000000000000000000000000000' is not a whole number from 0 to 2147483647",
+    ),
     (("--seed", "-1"), "is not a whole number from 0 to 2147483647"),
     (("--seed", str(2**40)), "is not a whole number from 0 to 2147483647"),
     (("--seed", "３"), "seed value '３' is not a whole number"),
@@ -395,7 +501,9 @@ PROBE_RUN_INPUTS = [  # the probe's tracebacks, half-stored experiments and sile
 ]
 
 
-@pytest.mark.parametrize("extra, needle", PROBE_RUN_INPUTS, ids=lambda v: " ".join(v)[:40] if isinstance(v, tuple) else None)
+@pytest.mark.parametrize(
+    "extra, needle", PROBE_RUN_INPUTS, ids=lambda v: " ".join(v)[:40] if isinstance(v, tuple) else None
+)
 def test_run_refuses_out_of_range_input_in_one_line_on_both_databases(run_on, extra, needle):
     code, out, err = run_on(*extra)
     assert code == 2 and out == "", err
@@ -406,12 +514,22 @@ def test_run_refuses_out_of_range_input_in_one_line_on_both_databases(run_on, ex
 def test_the_documented_bounds_fit_every_database(run_on):
     """The largest seed, top-k, repeats and name the CLI takes are stored as given (PostgreSQL's INTEGER and
     varchar(200) included), and the smallest temperature above 0 samples."""
-    code, out, err = run_on("--seed", str(2**31 - 1), "--top-k", str(10**6), "--name", "n" * 200, "--temperature",
-                            "0.001", "--k", "2", "--json")
+    code, out, err = run_on(
+        "--seed",
+        str(2**31 - 1),
+        "--top-k",
+        str(10**6),
+        "--name",
+        "n" * 200,
+        "--temperature",
+        "0.001",
+        "--k",
+        "2",
+        "--json",
+    )
     assert code == 0, err
     doc = json.loads(out)
     from storage import open_store
-    from storage.analysis import catalog
     from storage.records import queries as q
 
     store = open_store(run_on.db)
@@ -427,8 +545,10 @@ def test_limits_are_settable_from_the_environment(run_cli, monkeypatch):
     code, _, err = run_cli("--repeats", "3")
     assert code == 2 and "more than the limit of 2" in _one_error_line(err)
     code, _, err = run_cli("--k", "1,2,3")
-    assert code == 2 and "more than the limit of 2: use fewer, or raise it with DRAFTLAB_LIMIT_SWEPT_VALUES" in \
-        _one_error_line(err)
+    assert (
+        code == 2
+        and "more than the limit of 2: use fewer, or raise it with DRAFTLAB_LIMIT_SWEPT_VALUES" in _one_error_line(err)
+    )
     monkeypatch.setenv("DRAFTLAB_LIMIT_REPEATS", "zwei")
     code, _, err = run_cli("--repeats", "1")
     assert code == 2 and "$DRAFTLAB_LIMIT_REPEATS must be a whole number" in _one_error_line(err)
@@ -442,10 +562,31 @@ BAD_IDS = [str(2**63), str(10**30), "٣", "３", "-1", "0", "1e3"]
 
 
 @pytest.mark.parametrize("bad", BAD_IDS)
-@pytest.mark.parametrize("command", [["validate", "{id}"], ["export", "{id}"], ["resume", "{id}"],
-                                     ["export", "1", "--format", "deploy", "--run", "{id}"],
-                                     ["distill", "--target", "t", "--draft", "d", "--prompts", "code", "--steps", "1",
-                                      "--out", "{tmp}/o", "--focus-from", "{id}"]], ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["validate", "{id}"],
+        ["export", "{id}"],
+        ["resume", "{id}"],
+        ["export", "1", "--format", "deploy", "--run", "{id}"],
+        [
+            "distill",
+            "--target",
+            "t",
+            "--draft",
+            "d",
+            "--prompts",
+            "code",
+            "--steps",
+            "1",
+            "--out",
+            "{tmp}/o",
+            "--focus-from",
+            "{id}",
+        ],
+    ],
+    ids=lambda c: c[0],
+)
 def test_ids_out_of_range_or_not_ascii_are_one_line(command, bad, db_url, tmp_path, capsys):
     argv = [part.format(id=bad, tmp=tmp_path) for part in command] + ["--db", db_url]
     code = main(argv)
@@ -489,8 +630,9 @@ def exported(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     store = open_store(url)
-    experiment_id = enqueue_experiment(store, name="x", target="t", draft="d", prompts="tiny", sampling={},
-                                             sweep_values=[1], prompt_texts=["t1 t2"])
+    experiment_id = enqueue_experiment(
+        store, name="x", target="t", draft="d", prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=["t1 t2"]
+    )
     store.dispose()
     return url, experiment_id
 
@@ -556,8 +698,22 @@ def test_ui_refuses_a_bad_port_before_starting_anything(port, tmp_path, monkeypa
 def _distill(out, *extra):
     """`draftlab distill` whose prompts do not exist: --out is checked first, so a refusal names --out (and should
     the check be missing, the command still ends before training or writing a model)."""
-    return main(["distill", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "no-such-set", "--steps",
-                 "1", "--out", str(out), *extra])
+    return main(
+        [
+            "distill",
+            "--target",
+            "demo-target",
+            "--draft",
+            "demo-draft",
+            "--prompts",
+            "no-such-set",
+            "--steps",
+            "1",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def test_distill_refuses_a_non_empty_out_unless_overwrite(tmp_path, capsys):
@@ -590,22 +746,30 @@ def test_distill_never_writes_into_a_shipped_model(tmp_path, capsys, overwrite):
     assert not (zoo.ZOO_DIR / "demo-draft-2").exists()
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"sampling": {"seed": 2**40}}, "seed 1099511627776 is not a whole number from 0 to 2147483647"),
-    ({"sampling": {"top_k": 10**12}}, "top_k"), ({"sampling": {"temperature": 1e-300}}, "temperature"),
-    ({"sampling": {"temperature": float("nan")}}, "temperature"), ({"sampling": {"max_new_tokens": 10**6}}, "4096"),
-    ({"repeats": 2**40}, "repeats"), ({"name": "n" * 300}, "longer than the 200"),
-    ({"sweep_values": list(range(1, 66))}, "swept values"), ({"sweep_values": [1, 2**40]}, "k value"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"sampling": {"seed": 2**40}}, "seed 1099511627776 is not a whole number from 0 to 2147483647"),
+        ({"sampling": {"top_k": 10**12}}, "top_k"),
+        ({"sampling": {"temperature": 1e-300}}, "temperature"),
+        ({"sampling": {"temperature": float("nan")}}, "temperature"),
+        ({"sampling": {"max_new_tokens": 10**6}}, "4096"),
+        ({"repeats": 2**40}, "repeats"),
+        ({"name": "n" * 300}, "longer than the 200"),
+        ({"sweep_values": list(range(1, 66))}, "swept values"),
+        ({"sweep_values": [1, 2**40]}, "k value"),
+    ],
+)
 def test_the_queue_refuses_what_no_database_column_holds(store, change, words):
     """Whoever enqueues (the form, a script), the queue checks the same descriptions before the first INSERT."""
     from storage.analysis import catalog
-    from storage.records import queries as q
     from storage.db.errors import QueueError
     from storage.jobs.experiments import enqueue_experiment
+    from storage.records import queries as q
 
-    kwargs = dict(name="x", target="t", draft="d", prompts="tiny", sampling={}, sweep_values=[1],
-                  prompt_texts=["t1 t2"])
+    kwargs = dict(
+        name="x", target="t", draft="d", prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=["t1 t2"]
+    )
     with pytest.raises(QueueError, match=words.replace("(", r"\(")):
         enqueue_experiment(store, **{**kwargs, **change})
     assert catalog.experiments(store).empty
@@ -614,15 +778,28 @@ def test_the_queue_refuses_what_no_database_column_holds(store, change, words):
     assert len(q.experiment(store, experiment_id)["name"]) == 200
 
 
-@pytest.mark.parametrize("change, words", [({"seed": 2**40}, "seed 1099511627776 is not a whole number from 0"),
-                                           ({"steps": 2**40}, "steps"), ({"max_new_tokens": 10**6}, "4096"),
-                                           ({"focus_from": 2**63}, "focus from")])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"seed": 2**40}, "seed 1099511627776 is not a whole number from 0"),
+        ({"steps": 2**40}, "steps"),
+        ({"max_new_tokens": 10**6}, "4096"),
+        ({"focus_from": 2**63}, "focus from"),
+    ],
+)
 def test_a_training_job_refuses_what_no_column_holds(store, tmp_path, change, words):
-    from storage.jobs import training
     from storage.db.errors import QueueError
+    from storage.jobs import training
 
-    kwargs = dict(name="d2", target="demo-target", draft="demo-draft", prompts="code:tune",
-                  validation="code:validation", steps=3, models=tmp_path)
+    kwargs = dict(
+        name="d2",
+        target="demo-target",
+        draft="demo-draft",
+        prompts="code:tune",
+        validation="code:validation",
+        steps=3,
+        models=tmp_path,
+    )
     with pytest.raises(QueueError, match=words):
         training.enqueue_training(store, **{**kwargs, **change})
     assert training.enqueue_training(store, **{**kwargs, "seed": 2**31 - 1}) > 0

@@ -1,5 +1,6 @@
 """What `draftlab run` says on stderr while it times the runs itself: its own lines (no worker process is
 involved, so no "worker:" prefix), counts in words, and the progress bar's final line once."""
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,11 @@ def test_run_prints_its_own_lines_and_one_final_progress_line(run_cli):
     lines = _segments(err)
     assert not [s for s in lines if s.startswith("worker:")], err
     done = [s for s in lines if s.startswith("draftlab run: run ") and s.endswith(" done")]
-    assert done == ["draftlab run: run 1 (baseline, batch 1) done", "draftlab run: run 2 (speculative, k=1, batch 1) "
-                    "done", "draftlab run: run 3 (speculative, k=2, batch 1) done"], err  # a grid's runs differ by it
+    assert done == [
+        "draftlab run: run 1 (baseline, batch 1) done",
+        "draftlab run: run 2 (speculative, k=1, batch 1) done",
+        "draftlab run: run 3 (speculative, k=2, batch 1) done",
+    ], err  # a grid's runs differ by it
     assert "draftlab run: experiment 1: timing 3 runs prompt-major, 1 repeat each, at batch size 1" in lines, err
     assert "Loading weights" not in err  # transformers' bars: the one bar on stderr is the runs' own
     full = [s for s in lines if "100%|" in s and "tok" in s]  # ours, not transformers' "Loading weights" bars
@@ -39,8 +43,17 @@ def test_the_run_table_leads_a_sweep_of_anything_but_k_with_each_runs_label():
     from app.report import format_table
 
     base = {"new_tokens": 10, "tokens_per_second": 5.0, "target_step_seconds": 0.01}
-    run = {"k": 4, "tokens_per_second": 6.0, "speedup": 1.2, "speedup_ci": [1.1, 1.3], "predicted_speedup": 1.3,
-           "alpha": 0.6, "tokens_per_round": 2.0, "c": 4.0, "outputs_match_baseline": True}
+    run = {
+        "k": 4,
+        "tokens_per_second": 6.0,
+        "speedup": 1.2,
+        "speedup_ci": [1.1, 1.3],
+        "predicted_speedup": 1.3,
+        "alpha": 0.6,
+        "tokens_per_round": 2.0,
+        "c": 4.0,
+        "outputs_match_baseline": True,
+    }
     drafters = [{**run, "sweep_variable": "drafter", "sweep_value": v} for v in ("model", "suffix:24")]
     lines = format_table({"experiment_id": 1, "baseline": base, "runs": drafters}).splitlines()
     assert lines[2].split()[:2] == ["drafter", "k"]

@@ -2,6 +2,7 @@
 (ITL of a multi-token chunk, TTFT from the send), the speedup paired by pass with its interval, output comparisons,
 the stored measurement read back as SPEC's JSON (SQLite and PostgreSQL), and the faults that need no real engine
 (bad flags, a server that exits before it is ready)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,15 @@ import pytest
 from app.serving.completions_load import PassRecord, RequestFailed, RequestRecord, read_stream
 from app.serving.production_scrape import SpecCounters
 from storage.analysis.confirm_report import confirm_document
-from storage.records.confirms import (LATENCY_KEYS, add_measurement, finish_confirm, outputs_match, pass_speedup,
-                                      start_confirm, summarize)
+from storage.records.confirms import (
+    LATENCY_KEYS,
+    add_measurement,
+    finish_confirm,
+    outputs_match,
+    pass_speedup,
+    start_confirm,
+    summarize,
+)
 
 
 def _sse(*chunks) -> list[bytes]:
@@ -31,10 +39,12 @@ def _clock(*times):
 
 def test_a_stream_chunk_of_several_tokens_is_one_arrival_with_its_count_and_ids():
     record = RequestRecord(prompt_index=2, sent=0.0)
-    lines = _sse({"choices": [{"text": "a", "token_ids": [5]}]},
-                 {"choices": [{"text": "bcd", "token_ids": [6, 7, 8]}]},  # a speculative step: 3 tokens at once
-                 {"choices": [{"text": "", "token_ids": [], "finish_reason": "length"}]},
-                 {"choices": [], "usage": {"completion_tokens": 4}})
+    lines = _sse(
+        {"choices": [{"text": "a", "token_ids": [5]}]},
+        {"choices": [{"text": "bcd", "token_ids": [6, 7, 8]}]},  # a speculative step: 3 tokens at once
+        {"choices": [{"text": "", "token_ids": [], "finish_reason": "length"}]},
+        {"choices": [], "usage": {"completion_tokens": 4}},
+    )
     read_stream(lines, record, _clock(10.1, 10.3, 10.35, 10.4), start=10.0)
     assert record.token_ids == [5, 6, 7, 8] and record.text == "abcd" and record.finish_reason == "length"
     assert record.counts == [1, 3] and record.arrivals == pytest.approx([0.1, 0.3])
@@ -43,8 +53,15 @@ def test_a_stream_chunk_of_several_tokens_is_one_arrival_with_its_count_and_ids(
 
 def test_a_server_without_token_ids_is_counted_by_its_usage():
     record = RequestRecord(prompt_index=0, sent=0.0)
-    read_stream(_sse({"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}},
-                     {"choices": [{"text": "yz"}], "usage": {"completion_tokens": 3}}), record, _clock(1.0, 2.0), 0.0)
+    read_stream(
+        _sse(
+            {"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}},
+            {"choices": [{"text": "yz"}], "usage": {"completion_tokens": 3}},
+        ),
+        record,
+        _clock(1.0, 2.0),
+        0.0,
+    )
     assert record.counts == [1, 2] and record.token_ids == []
 
 
@@ -53,19 +70,26 @@ def test_a_stream_cut_before_done_or_an_error_chunk_is_a_failed_request():
     with pytest.raises(RequestFailed, match="prompt 3: the stream ended without \\[DONE\\]"):
         read_stream(cut, RequestRecord(prompt_index=3, sent=0.0), _clock(1.0), 0.0)
     with pytest.raises(RequestFailed, match="mid-stream: out of memory"):
-        read_stream(_sse({"error": {"message": "out of memory"}}), RequestRecord(prompt_index=0, sent=0.0),
-                    _clock(1.0), 0.0)
+        read_stream(
+            _sse({"error": {"message": "out of memory"}}), RequestRecord(prompt_index=0, sent=0.0), _clock(1.0), 0.0
+        )
 
 
 def _request(i, sent, arrivals, counts):
-    return RequestRecord(prompt_index=i, sent=sent, arrivals=list(arrivals), counts=list(counts),
-                         token_ids=list(range(sum(counts))))
+    return RequestRecord(
+        prompt_index=i, sent=sent, arrivals=list(arrivals), counts=list(counts), token_ids=list(range(sum(counts)))
+    )
 
 
 def test_summarize_times_requests_from_their_send_and_gives_a_chunk_one_gap_and_zeros():
-    first = PassRecord(concurrency=1, wall_seconds=2.0, requests=[
-        _request(0, 0.0, [0.5, 1.0], [1, 3]),  # TTFT 0.5, gaps 0.5, 0, 0
-        _request(1, 1.0, [1.2, 2.0], [2, 1])])  # TTFT 0.2 (from its send, not the pass start), gaps 0, 0.8
+    first = PassRecord(
+        concurrency=1,
+        wall_seconds=2.0,
+        requests=[
+            _request(0, 0.0, [0.5, 1.0], [1, 3]),  # TTFT 0.5, gaps 0.5, 0, 0
+            _request(1, 1.0, [1.2, 2.0], [2, 1]),
+        ],
+    )  # TTFT 0.2 (from its send, not the pass start), gaps 0, 0.8
     fig = summarize([first])
     gaps = [0.5, 0.0, 0.0, 0.0, 0.8]
     assert fig["new_tokens"] == 7 and fig["requests"] == 2 and fig["tokens_per_second"] == pytest.approx(3.5)
@@ -81,8 +105,10 @@ def _walls(*walls) -> list[PassRecord]:
 
 
 def test_speedup_of_equal_work_is_baseline_wall_over_speculative_wall_with_passes_kept_paired():
-    assert pass_speedup(_walls(2.0, 2.0), _walls(1.0, 1.0)) == (pytest.approx(2.0),
-                                                                [pytest.approx(2.0), pytest.approx(2.0)])
+    assert pass_speedup(_walls(2.0, 2.0), _walls(1.0, 1.0)) == (
+        pytest.approx(2.0),
+        [pytest.approx(2.0), pytest.approx(2.0)],
+    )
     assert pass_speedup(_walls(2.0), _walls(1.0)) == (pytest.approx(2.0), None)  # one pass: no interval
     # A loaded moment slows both servers' pass 2; paired, the ratios stay within 1–2, never 3 / 0.5 = 6.
     speedup, (lo, hi) = pass_speedup(_walls(1.0, 3.0), _walls(0.5, 3.0))
@@ -100,27 +126,55 @@ def test_outputs_match_gives_the_share_equal_and_the_first_divergence():
 def test_a_stored_confirm_reads_back_as_specs_json(store):
     from storage.jobs.experiments import enqueue_experiment
 
-    eid = enqueue_experiment(store, name="c", target="t", draft="d", prompts="p", sampling={}, sweep_values=(3,),
-                             prompt_texts=["a", "b"])
+    eid = enqueue_experiment(
+        store, name="c", target="t", draft="d", prompts="p", sampling={}, sweep_values=(3,), prompt_texts=["a", "b"]
+    )
     cid = start_confirm(store, eid, configs="chosen", concurrency=[1], repeats=2)
-    passes = [PassRecord(1, 2.0, [_request(0, 0.0, [0.5, 1.0], [1, 3])]),
-              PassRecord(1, 1.0, [_request(0, 0.0, [0.25, 0.5], [1, 3])])]
-    base = [PassRecord(1, 4.0, [_request(0, 0.0, [1.0, 2.0, 3.0, 4.0], [1, 1, 1, 1])]),
-            PassRecord(1, 2.0, [_request(0, 0.0, [0.5, 1.0, 1.5, 2.0], [1, 1, 1, 1])])]
+    passes = [
+        PassRecord(1, 2.0, [_request(0, 0.0, [0.5, 1.0], [1, 3])]),
+        PassRecord(1, 1.0, [_request(0, 0.0, [0.25, 0.5], [1, 3])]),
+    ]
+    base = [
+        PassRecord(1, 4.0, [_request(0, 0.0, [1.0, 2.0, 3.0, 4.0], [1, 1, 1, 1])]),
+        PassRecord(1, 2.0, [_request(0, 0.0, [0.5, 1.0, 1.5, 2.0], [1, 1, 1, 1])]),
+    ]
     counters = SpecCounters(drafts=8, draft_tokens=24, accepted=12, per_position={1: 6, 2: 4, 3: 2})
-    add_measurement(store, cid, eid, label="chosen", k=3, run_id=None, concurrency=1, passes=passes,
-                    speculative_config=json.dumps({"method": "draft_model", "num_speculative_tokens": 3}),
-                    figures=summarize(passes), speedup=pass_speedup(base, passes), counters=counters,
-                    matches={"outputs_match_server_baseline": 1.0, "outputs_match_lab": None,
-                             "first_divergence": None}, baseline_tokens_per_second=summarize(base)["tokens_per_second"])
-    add_measurement(store, cid, eid, label="target-only", k=0, run_id=None, speculative_config=None, concurrency=1,
-                    passes=base, figures=summarize(base))
+    add_measurement(
+        store,
+        cid,
+        eid,
+        label="chosen",
+        k=3,
+        run_id=None,
+        concurrency=1,
+        passes=passes,
+        speculative_config=json.dumps({"method": "draft_model", "num_speculative_tokens": 3}),
+        figures=summarize(passes),
+        speedup=pass_speedup(base, passes),
+        counters=counters,
+        matches={"outputs_match_server_baseline": 1.0, "outputs_match_lab": None, "first_divergence": None},
+        baseline_tokens_per_second=summarize(base)["tokens_per_second"],
+    )
+    add_measurement(
+        store,
+        cid,
+        eid,
+        label="target-only",
+        k=0,
+        run_id=None,
+        speculative_config=None,
+        concurrency=1,
+        passes=base,
+        figures=summarize(base),
+    )
     finish_confirm(store, cid, engine_version="0.32.0", wall_seconds=60.0, errors=[])
     doc = confirm_document(store, cid)
     assert set(doc) == {"experiment_id", "engine", "engine_version", "baseline", "configs"}
     assert doc["engine_version"] == "0.32.0"
     (b,) = doc["baseline"]["per_concurrency"]
-    assert set(b) == {"concurrency", "tokens_per_second", *LATENCY_KEYS} and b["tokens_per_second"] == pytest.approx(8 / 6)
+    assert set(b) == {"concurrency", "tokens_per_second", *LATENCY_KEYS} and b["tokens_per_second"] == pytest.approx(
+        8 / 6
+    )
     (config,) = doc["configs"]
     assert config["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 3}
     (m,) = config["per_concurrency"]

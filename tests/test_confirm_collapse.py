@@ -3,15 +3,16 @@ server acceptance is under half the lab's with both intervals making it certain 
 to check (aux-layer ids, norm_before_fc, d2t, chat template); the same low rate over too few drafts to be certain,
 or a server that accepts like the lab, says nothing. Counters are stored as a confirm stores them, beside a tiny
 lab experiment's run (tests/test_confirm_job's `lab`)."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from storage.analysis.collapse import collapse, lab_rate
-from storage.analysis.findings import findings
 from engine.metrics.stats import wilson_interval
+from storage.analysis.collapse import lab_rate
+from storage.analysis.findings import findings
 from tests.test_confirm_job import lab  # noqa: F401 - the fixture: a tiny k 1,2 experiment run through the CLI
 
 HEAD = "/models/heads/llama-eagle3"
@@ -27,12 +28,25 @@ def _store_confirm(store, eid, run, *, drafts: int, accepted: int, method: str =
     cid = start_confirm(store, eid, configs="all", concurrency=[1], repeats=1)
     config = {"method": method, "model": HEAD, "num_speculative_tokens": k}
     first = min(drafts, accepted)  # every accepted token at position 1 first, the rest at 2
-    add_measurement(store, cid, eid, label=f"run {run['run_id']}", k=k, run_id=run["run_id"], concurrency=1,
-                    speculative_config=json.dumps(config), passes=passes, figures=summarize(passes),
-                    counters=SpecCounters(drafts=drafts, draft_tokens=k * drafts, accepted=accepted,
-                                          per_position={1: first, 2: accepted - first} if k == 2 else {1: first}),
-                    matches={"outputs_match_server_baseline": 1.0, "outputs_match_lab": 1.0,
-                             "first_divergence": None})
+    add_measurement(
+        store,
+        cid,
+        eid,
+        label=f"run {run['run_id']}",
+        k=k,
+        run_id=run["run_id"],
+        concurrency=1,
+        speculative_config=json.dumps(config),
+        passes=passes,
+        figures=summarize(passes),
+        counters=SpecCounters(
+            drafts=drafts,
+            draft_tokens=k * drafts,
+            accepted=accepted,
+            per_position={1: first, 2: accepted - first} if k == 2 else {1: first},
+        ),
+        matches={"outputs_match_server_baseline": 1.0, "outputs_match_lab": 1.0, "first_divergence": None},
+    )
     finish_confirm(store, cid, engine_version="x", wall_seconds=1.0, errors=[])
     return cid
 
@@ -56,10 +70,17 @@ def test_a_served_head_far_below_the_lab_names_the_head_and_what_to_check(k2):
     (found,) = _collapses(store, eid)
     assert found["severity"] == "warning"
     assert found["title"] == f"In vLLM, the EAGLE-3 head of run {run['run_id']} (k=2) at concurrency 1 collapses"
-    assert found["detail"].startswith(f"The server accepts 0.010 of its draft tokens (at most ")
+    assert found["detail"].startswith("The server accepts 0.010 of its draft tokens (at most ")
     assert f"the lab {value:.3f} ({lo:.3f}–{hi:.3f} over" in found["detail"] and HEAD in found["detail"]
-    for words in ("INPUT of decoder layer i", "OUTPUT of layer i, one lower", "norm_before_fc", "SGLang never applies",
-                  "d + d2t[d]", "chat template", f"draftlab check-head {HEAD} --target "):
+    for words in (
+        "INPUT of decoder layer i",
+        "OUTPUT of layer i, one lower",
+        "norm_before_fc",
+        "SGLang never applies",
+        "d + d2t[d]",
+        "chat template",
+        f"draftlab check-head {HEAD} --target ",
+    ):
         assert words in found["next"], words
     data = found["data"]
     assert data["head"] == HEAD and data["checks"] == ["aux_layer_ids", "norm_before_fc", "d2t", "chat_template"]

@@ -4,6 +4,7 @@ above the server's own tokens per step, and never for a configuration whose outp
 sampling the two servers' answers are compared (engine/metrics/sampled_outputs.py's tests); a difference is an error
 finding, with no speedup beside it. Against the stand-in server (tests/fake_vllm.py): its "short" fault answers
 sampled requests in 6-10 tokens as vLLM 0.32's CPU build does, its "fast" fault times steps at nothing."""
+
 from __future__ import annotations
 
 import json
@@ -99,8 +100,21 @@ def sampled_lab(tmp_path, model_dirs, capsys):
 
     prompts = tmp_path / "twelve.txt"
     prompts.write_text("".join(f"t{i} t{i + 1} t{2 * i + 3}\n" for i in range(12)))
-    doc, db = run_json(tmp_path, model_dirs, capsys, "--k", "2", "--repeats", "1", "--max-new-tokens", "48",
-                       "--temperature", "1", "--prompts", str(prompts))
+    doc, db = run_json(
+        tmp_path,
+        model_dirs,
+        capsys,
+        "--k",
+        "2",
+        "--repeats",
+        "1",
+        "--max-new-tokens",
+        "48",
+        "--temperature",
+        "1",
+        "--prompts",
+        str(prompts),
+    )
     return doc["experiment_id"], db
 
 
@@ -114,8 +128,23 @@ def _confirm(eid, db, capsys, monkeypatch, fault: str, repeats: int = 2) -> tupl
 
     monkeypatch.setenv("FAKE_VLLM_FAULT", fault)
     monkeypatch.setenv("FAKE_VLLM_STEP_SECONDS", "0.002")
-    status = main(["confirm", str(eid), "--configs", "all", "--concurrency", "1", "--repeats", str(repeats),
-                   "--vllm", FAKE, "--db", db, "--json"])
+    status = main(
+        [
+            "confirm",
+            str(eid),
+            "--configs",
+            "all",
+            "--concurrency",
+            "1",
+            "--repeats",
+            str(repeats),
+            "--vllm",
+            FAKE,
+            "--db",
+            db,
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert len(doc["configs"]) == 1, err
@@ -125,15 +154,20 @@ def _confirm(eid, db, capsys, monkeypatch, fault: str, repeats: int = 2) -> tupl
     try:
         found = [f for f in findings(store, eid) if f["kind"] == "confirm"]
         with store.read() as conn:
-            walls = dict(conn.execute(text("SELECT m.k, SUM(p.wall_seconds) FROM server_measurements m JOIN "
-                                           "server_passes p ON p.measurement_id = m.id GROUP BY m.k")).all())
+            walls = dict(
+                conn.execute(
+                    text(
+                        "SELECT m.k, SUM(p.wall_seconds) FROM server_measurements m JOIN "
+                        "server_passes p ON p.measurement_id = m.id GROUP BY m.k"
+                    )
+                ).all()
+            )
     finally:
         store.dispose()
     return status, m, found, walls[0] / walls[config["k"]]
 
 
-def test_a_server_whose_sampled_answers_stop_early_shows_no_speedup_and_one_error(sampled_lab, capsys,
-                                                                                   monkeypatch):
+def test_a_server_whose_sampled_answers_stop_early_shows_no_speedup_and_one_error(sampled_lab, capsys, monkeypatch):
     eid, db = sampled_lab
     status, m, found, wall_ratio = _confirm(eid, db, capsys, monkeypatch, "short:2")
     assert status == 0
@@ -160,8 +194,9 @@ def test_a_sampled_server_that_samples_like_its_target_shows_its_speedup(sampled
     assert not [f for f in found if f["severity"] == "error"]
 
 
-def test_a_speedup_above_the_servers_tokens_per_step_is_a_warning_not_a_result(tmp_path, model_dirs, capsys,
-                                                                               monkeypatch):
+def test_a_speedup_above_the_servers_tokens_per_step_is_a_warning_not_a_result(
+    tmp_path, model_dirs, capsys, monkeypatch
+):
     from tests.cli_runs import run_json
 
     doc, db = run_json(tmp_path, model_dirs, capsys, "--k", "2", "--repeats", "1", "--max-new-tokens", "12")

@@ -10,6 +10,7 @@ a killed server process as vLLM's does), whether the server died, the confirm wa
 (one line, exit status 130 / 143), or the confirm was killed (SIGKILL: its watchdogs end the servers, the next
 sweep closes its row, and ends the servers itself when the watchdogs were killed too). Only the logs DraftLab quoted
 stay in the temp folder."""
+
 from __future__ import annotations
 
 import os
@@ -72,17 +73,34 @@ def _confirm(lab, capsys, monkeypatch, fault: str, *options: str, repeats: int =
 
     eid, _, db = lab
     monkeypatch.setenv("FAKE_VLLM_FAULT", fault)
-    status = main(["confirm", str(eid), "--configs", "all", "--concurrency", "1", "--repeats", str(repeats),
-                   "--vllm", FAKE,
-                   "--db", db, *options])
+    status = main(
+        [
+            "confirm",
+            str(eid),
+            "--configs",
+            "all",
+            "--concurrency",
+            "1",
+            "--repeats",
+            str(repeats),
+            "--vllm",
+            FAKE,
+            "--db",
+            db,
+            *options,
+        ]
+    )
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     store = open_store(db)
     try:
         (stored,) = confirms(store, eid)
         with store.read() as conn:
-            rows = conn.execute(text(
-                "SELECT m.label, m.k, COUNT(p.pass_index) FROM server_measurements m LEFT JOIN server_passes p "
-                "ON p.measurement_id = m.id GROUP BY m.id, m.label, m.k ORDER BY m.k")).all()
+            rows = conn.execute(
+                text(
+                    "SELECT m.label, m.k, COUNT(p.pass_index) FROM server_measurements m LEFT JOIN server_passes p "
+                    "ON p.measurement_id = m.id GROUP BY m.id, m.label, m.k ORDER BY m.k"
+                )
+            ).all()
             series = conn.execute(text("SELECT COUNT(*) FROM production_series")).scalar()
     finally:
         store.dispose()
@@ -101,7 +119,8 @@ def _kept(stored, rows, series, k: int, run_id: int, passes: int = 1) -> None:
 
 
 def test_a_speculative_server_that_dies_mid_pass_is_one_line_and_the_other_configuration_is_kept(
-        lab, capsys, monkeypatch, fakes, tmp_path):
+    lab, capsys, monkeypatch, fakes, tmp_path
+):
     _, runs, _ = lab
     # its requests: 1 the warm-up, 2-5 the first pass, 6-9 the second: it dies after a whole pass was measured
     status, lines, stored, rows, series = _confirm(lab, capsys, monkeypatch, "die:1:6", repeats=2)
@@ -110,7 +129,9 @@ def test_a_speculative_server_that_dies_mid_pass_is_one_line_and_the_other_confi
     name = f"run {runs[1]} \\(k=1\\)"
     quoted = re.fullmatch(
         f"error: {name}: the vLLM server for {name} died \\(exit status 7\\): RuntimeError: EngineCore encountered "
-        f"an issue \\(fake fault: die\\){LOG}", line)
+        f"an issue \\(fake fault: die\\){LOG}",
+        line,
+    )
     assert quoted, line
     assert stored["error"] == line.removeprefix("error: ")
     _kept(stored, rows, series, 2, runs[2], passes=2)  # k=1's first pass (and its baseline's) not half-stored
@@ -127,7 +148,9 @@ def test_the_target_only_server_dying_keeps_the_configurations_measured_before(l
     (line,) = lines
     assert re.fullmatch(
         f"error: run {runs[2]} \\(k=2\\): the vLLM server for target-only died \\(exit status 7\\): RuntimeError: "
-        f"EngineCore encountered an issue \\(fake fault: die\\){LOG}", line), line
+        f"EngineCore encountered an issue \\(fake fault: die\\){LOG}",
+        line,
+    ), line
     _kept(stored, rows, series, 1, runs[1])  # k=1's pass and its target-only pass: measured before, kept
 
 
@@ -135,8 +158,10 @@ def test_a_request_that_times_out_is_one_line_and_the_other_configuration_is_kep
     _, runs, _ = lab
     status, lines, stored, rows, series = _confirm(lab, capsys, monkeypatch, "hang:1:2", "--request-timeout", "2")
     assert status == 1
-    assert lines == [f"error: run {runs[1]} (k=1): run {runs[1]} (k=1) server: prompt 0: no answer for 2 s (request "
-                     f"timed out); raise --request-timeout or lower --concurrency"]
+    assert lines == [
+        f"error: run {runs[1]} (k=1): run {runs[1]} (k=1) server: prompt 0: no answer for 2 s (request "
+        f"timed out); raise --request-timeout or lower --concurrency"
+    ]
     _kept(stored, rows, series, 2, runs[2])
 
 
@@ -148,7 +173,9 @@ def test_a_server_without_counters_is_one_line_and_the_other_configuration_is_ke
     assert re.fullmatch(
         f"error: run {runs[2]} \\(k=2\\): http://127.0.0.1:\\d+/metrics has no vllm:spec_decode_num_drafts_total, "
         f"vllm:spec_decode_num_draft_tokens_total, vllm:spec_decode_num_accepted_tokens_total: is speculative "
-        f"decoding on in that server \\(e.g. vLLM --speculative-config\\)\\?", line), line
+        f"decoding on in that server \\(e.g. vLLM --speculative-config\\)\\?",
+        line,
+    ), line
     _kept(stored, rows, series, 1, runs[1])
 
 
@@ -195,7 +222,9 @@ def test_a_port_taken_every_time_is_one_line_and_the_other_configuration_is_kept
     assert re.fullmatch(
         f"error: {name}: the vLLM server for {name} could not bind 127.0.0.1:{port} \\(Address already in use\\), "
         f"the last of 3 free ports DraftLab chose; another program takes loopback ports as they free up: stop it, "
-        f"or start vLLM yourself and pass --server / --baseline-server{LOG}", line), line
+        f"or start vLLM yourself and pass --server / --baseline-server{LOG}",
+        line,
+    ), line
     _kept(stored, rows, series, 2, runs[2])
 
 
@@ -223,8 +252,10 @@ def _signalled_confirm(lab, fakes, tmp_path, **env) -> ConfirmProcess:
     """`draftlab confirm` of both runs in its own process, its k=1 server hanging in its first pass (so the signal
     finds it measuring), once both servers are up."""
     eid, _, db = lab
-    confirm = ConfirmProcess([str(eid), "--configs", "all", "--concurrency", "1", "--repeats", "1", "--vllm", FAKE,
-                              "--db", db], {"FAKE_VLLM_FAULT": "hang:1:2", "TMPDIR": str(tmp_path / "logs"), **env})
+    confirm = ConfirmProcess(
+        [str(eid), "--configs", "all", "--concurrency", "1", "--repeats", "1", "--vllm", FAKE, "--db", db],
+        {"FAKE_VLLM_FAULT": "hang:1:2", "TMPDIR": str(tmp_path / "logs"), **env},
+    )
     fakes.wait_for(2)
     return confirm
 
@@ -242,8 +273,9 @@ def _stored_confirms(db):
         store.dispose()
 
 
-@pytest.mark.parametrize("sig, status, words", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
-                                                (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+@pytest.mark.parametrize(
+    "sig, status, words", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"), (signal.SIGTERM, 143, "terminated (SIGTERM)")]
+)
 def test_ctrl_c_or_sigterm_mid_confirm_is_one_line_and_its_exit_status(lab, fakes, tmp_path, sig, status, words):
     confirm = _signalled_confirm(lab, fakes, tmp_path)
     time.sleep(1.0)
@@ -259,8 +291,8 @@ def test_ctrl_c_or_sigterm_mid_confirm_is_one_line_and_its_exit_status(lab, fake
 
 
 def test_a_killed_confirm_leaves_no_server_and_the_next_sweep_closes_its_row(lab, fakes, tmp_path):
-    from storage.jobs import liveness
     from storage import open_store
+    from storage.jobs import liveness
 
     confirm = _signalled_confirm(lab, fakes, tmp_path)
     confirm.proc.kill()
@@ -281,8 +313,11 @@ def test_a_killed_confirm_leaves_no_server_and_the_next_sweep_closes_its_row(lab
 
 def test_the_next_confirm_ends_the_servers_a_killed_confirm_and_its_watchdogs_left(lab, fakes, tmp_path):
     confirm = _signalled_confirm(lab, fakes, tmp_path)
-    wait_until(lambda: len((_stored_confirms(lab[2])[0]["processes"] or "").split("[")) > 3, 30,
-               "both servers recorded on the row")
+    wait_until(
+        lambda: len((_stored_confirms(lab[2])[0]["processes"] or "").split("[")) > 3,
+        30,
+        "both servers recorded on the row",
+    )
     for pid in wait_until(lambda: (lambda w: w if len(w) == 2 else None)(confirm.watchdogs()), 10, "two watchdogs"):
         os.kill(pid, signal.SIGKILL)
     confirm.proc.kill()
@@ -291,8 +326,25 @@ def test_the_next_confirm_ends_the_servers_a_killed_confirm_and_its_watchdogs_le
     assert sorted(x.split()[0] for x in fakes.alive()) == ["engine", "engine"]
     # the next confirm sweeps: the row closed, the engines ended; then it runs
     eid, _, db = lab
-    assert main(["confirm", str(eid), "--configs", "all", "--concurrency", "1", "--repeats", "1", "--vllm", FAKE,
-                 "--db", db]) == 0
+    assert (
+        main(
+            [
+                "confirm",
+                str(eid),
+                "--configs",
+                "all",
+                "--concurrency",
+                "1",
+                "--repeats",
+                "1",
+                "--vllm",
+                FAKE,
+                "--db",
+                db,
+            ]
+        )
+        == 0
+    )
     first, second = _stored_confirms(db)
     assert first["status"] == "interrupted" and "2 vLLM server process(es) it left running were ended" in first["error"]
     assert second["status"] == "done" and fakes.alive() == []
@@ -301,23 +353,35 @@ def test_the_next_confirm_ends_the_servers_a_killed_confirm_and_its_watchdogs_le
 def test_the_error_quoted_from_a_server_log_is_the_real_one_not_a_warning():
     from app.serving.vllm_server import last_error
 
-    ulimit = ("(APIServer pid=20879) WARNING 12-06 16:36:21 [system_utils.py:255] Found ulimit of 20000 and failed to "
-              "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
-              "like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n")
-    served = ['INFO:     127.0.0.1:34214 - "GET /health HTTP/1.1" 200 OK',
-              'INFO:     127.0.0.1:34228 - "POST /v1/completions HTTP/1.1" 200 OK']
+    ulimit = (
+        "(APIServer pid=20879) WARNING 12-06 16:36:21 [system_utils.py:255] Found ulimit of 20000 and failed to "
+        "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
+        "like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n"
+    )
+    served = [
+        'INFO:     127.0.0.1:34214 - "GET /health HTTP/1.1" 200 OK',
+        'INFO:     127.0.0.1:34228 - "POST /v1/completions HTTP/1.1" 200 OK',
+    ]
     # a server killed mid-pass (vLLM's log as it was): no error in it, and no warning quoted as one
     assert last_error("\n".join([ulimit, *served])).startswith("its log names no error (its last line: INFO:")
     core = "(EngineCore_DP0 pid=20) ERROR 12-06 16:36:30 [core.py:700] "
-    crashed = [ulimit, f"{core}EngineCore failed to start.", f"{core}Traceback (most recent call last):",
-               f'{core}  File "core.py", line 3, in run', f"{core}    raise ValueError(",
-               f"{core}ValueError: the draft's vocabulary differs from the target's",
-               "Traceback (most recent call last):", '  File "api_server.py", line 9, in <module>',
-               "    raise RuntimeError(", "RuntimeError: Engine core initialization failed. See root cause above. "
-               "Failed core proc(s): {}", "/x/y.py:3: FutureWarning: this error will become an Error"]
+    crashed = [
+        ulimit,
+        f"{core}EngineCore failed to start.",
+        f"{core}Traceback (most recent call last):",
+        f'{core}  File "core.py", line 3, in run',
+        f"{core}    raise ValueError(",
+        f"{core}ValueError: the draft's vocabulary differs from the target's",
+        "Traceback (most recent call last):",
+        '  File "api_server.py", line 9, in <module>',
+        "    raise RuntimeError(",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+        "/x/y.py:3: FutureWarning: this error will become an Error",
+    ]
     assert last_error("\n".join(crashed)).endswith("ValueError: the draft's vocabulary differs from the target's")
     assert last_error("\n".join([ulimit, "api_server.py: error: unrecognized arguments: --foo"])).endswith(
-        "unrecognized arguments: --foo")
+        "unrecognized arguments: --foo"
+    )
 
 
 def test_a_second_ctrl_c_while_the_servers_stop_waits_for_them_and_the_stored_confirm(lab, fakes, tmp_path):

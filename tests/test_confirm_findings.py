@@ -3,6 +3,7 @@ loses at a concurrency, beside the lab's figure at the same batch size (a lab ga
 warning); greedy outputs that speculation changed in the server (an error); the first draft position where the
 server's acceptance lies outside the lab run's interval. And a confirm's counters are not also reported as
 "production" (they are the same prompts, not traffic)."""
+
 from __future__ import annotations
 
 import json
@@ -43,13 +44,26 @@ def test_changed_outputs_and_acceptance_outside_the_labs_interval(lab):  # noqa:
     run = next(r for r in doc["runs"] if r["k"] == 2)
     passes = [PassRecord(1, 1.0, [RequestRecord(0, 0.0, [0.5, 1.0], [1, 2], [1, 2, 3])])]
     cid = start_confirm(store, eid, configs="all", concurrency=[1], repeats=1)
-    add_measurement(store, cid, eid, label=f"run {run['run_id']}", k=2, run_id=run["run_id"], concurrency=1,
-                    speculative_config=json.dumps({"method": "draft_model", "num_speculative_tokens": 2}),
-                    passes=passes, figures=summarize(passes), speedup=(1.1, None),
-                    counters=SpecCounters(drafts=1000, draft_tokens=2000, accepted=3, per_position={1: 2, 2: 1}),
-                    matches={"outputs_match_server_baseline": 0.5, "outputs_match_lab": 0.5,
-                             "first_divergence": "prompt 1 differs from the server's baseline at token 4 (server 7, "
-                                                 "the server's baseline 9)"})
+    add_measurement(
+        store,
+        cid,
+        eid,
+        label=f"run {run['run_id']}",
+        k=2,
+        run_id=run["run_id"],
+        concurrency=1,
+        speculative_config=json.dumps({"method": "draft_model", "num_speculative_tokens": 2}),
+        passes=passes,
+        figures=summarize(passes),
+        speedup=(1.1, None),
+        counters=SpecCounters(drafts=1000, draft_tokens=2000, accepted=3, per_position={1: 2, 2: 1}),
+        matches={
+            "outputs_match_server_baseline": 0.5,
+            "outputs_match_lab": 0.5,
+            "first_divergence": "prompt 1 differs from the server's baseline at token 4 (server 7, "
+            "the server's baseline 9)",
+        },
+    )
     finish_confirm(store, cid, engine_version="x", wall_seconds=1.0, errors=[])
     found = _confirm_findings(store, eid)
     where = f"run {run['run_id']} (k=2) at concurrency 1"
@@ -74,15 +88,31 @@ def test_a_schedules_positions_are_judged_only_where_every_served_k_reaches(lab)
     run = next(r for r in doc["runs"] if r["k"] == 2)
     first = float(lab_positions(store, run["run_id"])["conditional"].iloc[0])
     # k 1 for a lone request, 2 from two on: at concurrency 2 rounds of k 1 and 2 mix, position 2 is not comparable
-    schedule = {"method": "draft_model", "num_speculative_tokens": 2,
-                "num_speculative_tokens_per_batch_size": [[1, 1, 1], [2, 8, 2]]}
+    schedule = {
+        "method": "draft_model",
+        "num_speculative_tokens": 2,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 1], [2, 8, 2]],
+    }
     passes = [PassRecord(2, 1.0, [RequestRecord(0, 0.0, [0.5, 1.0], [1, 2], [1, 2, 3])])]
     cid = start_confirm(store, eid, configs="schedule", concurrency=[2], repeats=1)
-    add_measurement(store, cid, eid, label="schedule", k=2, run_id=run["run_id"], concurrency=2,
-                    speculative_config=json.dumps(schedule), passes=passes, figures=summarize(passes),
-                    counters=SpecCounters(drafts=1000, draft_tokens=1500, accepted=round(1000 * first) + 1,
-                                          per_position={1: round(1000 * first), 2: 1}),
-                    matches={"outputs_match_server_baseline": 1.0, "outputs_match_lab": 1.0,
-                             "first_divergence": None})
+    add_measurement(
+        store,
+        cid,
+        eid,
+        label="schedule",
+        k=2,
+        run_id=run["run_id"],
+        concurrency=2,
+        speculative_config=json.dumps(schedule),
+        passes=passes,
+        figures=summarize(passes),
+        counters=SpecCounters(
+            drafts=1000,
+            draft_tokens=1500,
+            accepted=round(1000 * first) + 1,
+            per_position={1: round(1000 * first), 2: 1},
+        ),
+        matches={"outputs_match_server_baseline": 1.0, "outputs_match_lab": 1.0, "first_divergence": None},
+    )
     finish_confirm(store, cid, engine_version="x", wall_seconds=1.0, errors=[])
     assert not [t for t in _confirm_findings(store, eid) if "accepts differently" in t]

@@ -4,6 +4,7 @@ URL (each named as itself), an empty or unbalanced --vllm or $DRAFTLAB_VLLM are 
 confirm row; import-metrics' broken URL the same with no series; a fault inside measure() is one line, exit status
 1 and a confirm stored `failed` with that line; and where the verdict chooses no run, confirm's hint names its own
 flag (--configs), not export's --run."""
+
 from __future__ import annotations
 
 import shlex
@@ -45,14 +46,17 @@ def _one_line(capsys) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("options, named", [
-    (["--server", "http://[::1", "--baseline-server", "http://127.0.0.1:9"], "--server 'http://[::1'"),
-    (["--server", "http://127.0.0.1:9", "--baseline-server", "http://[::1"], "--baseline-server 'http://[::1'"),
-    (["--server", "http://127.0.0.1:9", "--baseline-server", "gpu-box:8000"], "--baseline-server 'gpu-box:8000'"),
-    (["--server", "http://127.0.0.1:9", "--baseline-server", "http://127.0.0.1:99999"], "--baseline-server"),
-    (["--vllm", ""], "--vllm is empty"),
-    (["--vllm", '"python -m vllm'], "--vllm '\"python -m vllm' is not a command line"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        (["--server", "http://[::1", "--baseline-server", "http://127.0.0.1:9"], "--server 'http://[::1'"),
+        (["--server", "http://127.0.0.1:9", "--baseline-server", "http://[::1"], "--baseline-server 'http://[::1'"),
+        (["--server", "http://127.0.0.1:9", "--baseline-server", "gpu-box:8000"], "--baseline-server 'gpu-box:8000'"),
+        (["--server", "http://127.0.0.1:9", "--baseline-server", "http://127.0.0.1:99999"], "--baseline-server"),
+        (["--vllm", ""], "--vllm is empty"),
+        (["--vllm", '"python -m vllm'], "--vllm '\"python -m vllm' is not a command line"),
+    ],
+)
 def test_a_bad_server_url_or_vllm_command_is_one_line_before_any_row(lab, capsys, options, named):
     eid, db = lab
     assert main(["confirm", str(eid), "--configs", "all", *options, "--db", db]) == 2
@@ -86,8 +90,25 @@ def test_an_unforeseen_fault_inside_a_confirm_is_stored_as_its_error(lab, capsys
 
     eid, db = lab
     monkeypatch.setattr(confirm, "_store_config", fault)
-    assert main(["confirm", str(eid), "--configs", "all", "--concurrency", "1", "--repeats", "1", "--vllm", FAKE,
-                 "--db", db]) == 1
+    assert (
+        main(
+            [
+                "confirm",
+                str(eid),
+                "--configs",
+                "all",
+                "--concurrency",
+                "1",
+                "--repeats",
+                "1",
+                "--vllm",
+                FAKE,
+                "--db",
+                db,
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err  # the progress bar's lines, then one `error:` line
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
     assert "Traceback" not in err and "unexpected ValueError" in line and "no such figure" in line

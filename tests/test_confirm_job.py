@@ -1,6 +1,7 @@
 """A confirm queued from the dashboard: checked when queued (the CLI's words, nothing stored when refused), claimed
 and run by a worker against a stand-in vLLM server (tests/fake_vllm.py, started exactly as vLLM is), its progress
 reported while it runs, stored as `draftlab confirm` stores it, and swept as interrupted when its worker dies."""
+
 from __future__ import annotations
 
 import shlex
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from storage.serving.confirm_jobs import claim_confirm, confirm_jobs, enqueue_confirm, get_confirm, report_confirm
 from storage.db.errors import QueueError
+from storage.serving.confirm_jobs import claim_confirm, confirm_jobs, enqueue_confirm, get_confirm, report_confirm
 
 FAKE = shlex.join([sys.executable, str(Path(__file__).with_name("fake_vllm.py"))])
 
@@ -87,14 +88,16 @@ def test_a_confirm_counts_against_the_launchers_cap(lab, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_LIMIT_QUEUED_RUNS", "2")
     from storage.jobs.experiments import enqueue_experiment
 
-    enqueue_experiment(store, name="other", target="t", draft="d", prompts="p", sampling={}, sweep_values=(3,),
-                       launched_by="alice")  # a baseline and a run: alice is at her cap already
+    enqueue_experiment(
+        store, name="other", target="t", draft="d", prompts="p", sampling={}, sweep_values=(3,), launched_by="alice"
+    )  # a baseline and a run: alice is at her cap already
     with pytest.raises(QueueError, match="alice has 2 unfinished runs queued and this adds 1"):
         enqueue_confirm(store, doc["experiment_id"], configs="all", concurrency=[1], launched_by="alice")
     cid = enqueue_confirm(store, doc["experiment_id"], configs="all", concurrency=[1], launched_by="bob")
     with pytest.raises(QueueError, match="bob has 1 unfinished runs queued and this adds 2"):
-        enqueue_experiment(store, name="more", target="t", draft="d", prompts="p", sampling={}, sweep_values=(3,),
-                           launched_by="bob")
+        enqueue_experiment(
+            store, name="more", target="t", draft="d", prompts="p", sampling={}, sweep_values=(3,), launched_by="bob"
+        )
     assert get_confirm(store, cid)["launched_by"] == "bob"
 
 
@@ -122,29 +125,42 @@ def test_the_queue_and_the_reads_beside_the_lab_on_sqlite_and_postgresql(store):
 
     from app.serving.completions_load import PassRecord, RequestRecord
     from storage.jobs import liveness, run_state
+    from storage.jobs.experiments import enqueue_experiment
     from storage.records import queries as q
     from storage.records.confirms import add_measurement, beside_lab, finish_confirm, summarize
-    from storage.jobs.experiments import enqueue_experiment
 
-    eid = enqueue_experiment(store, name="pg", target="t", draft="d", prompts="p", sampling={}, sweep_values=(2,),
-                             prompt_texts=["a", "b"])
+    eid = enqueue_experiment(
+        store, name="pg", target="t", draft="d", prompts="p", sampling={}, sweep_values=(2,), prompt_texts=["a", "b"]
+    )
     runs = q.runs(store, eid)
     for rid in runs["run_id"]:
         run_state.finish_run(store, int(rid), "done")
     spec = int(runs.loc[runs["kind"] == "speculative", "run_id"].iloc[0])
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET speedup = 1.3, speedup_ci_lo = 1.2, speedup_ci_hi = 1.4 WHERE id = :r"),
-                     {"r": spec})
+        conn.execute(
+            text("UPDATE runs SET speedup = 1.3, speedup_ci_lo = 1.2, speedup_ci_hi = 1.4 WHERE id = :r"), {"r": spec}
+        )
     cid = enqueue_confirm(store, eid, configs="all", concurrency=[4, 1], repeats=2)
     assert get_confirm(store, cid)["concurrency"] == "1,4"
     liveness.register_worker(store, "w", liveness.host_identity(), 999_999_999)
-    assert claim_confirm(store, cid, "w") and report_confirm(store, cid, "w", phase="passes", requests_done=2,
-                                                             requests_total=8)
+    assert claim_confirm(store, cid, "w") and report_confirm(
+        store, cid, "w", phase="passes", requests_done=2, requests_total=8
+    )
     passes = [PassRecord(1, 1.0, [RequestRecord(0, 0.0, [0.5, 1.0], [1, 2], [1, 2, 3])])] * 2
     for c in (1, 4):
-        add_measurement(store, cid, eid, label="chosen", k=2, run_id=spec, concurrency=c, passes=passes,
-                        speculative_config=json.dumps({"method": "draft_model", "num_speculative_tokens": 2}),
-                        figures=summarize(passes), speedup=(1.5, [1.4, 1.6]))
+        add_measurement(
+            store,
+            cid,
+            eid,
+            label="chosen",
+            k=2,
+            run_id=spec,
+            concurrency=c,
+            passes=passes,
+            speculative_config=json.dumps({"method": "draft_model", "num_speculative_tokens": 2}),
+            figures=summarize(passes),
+            speedup=(1.5, [1.4, 1.6]),
+        )
     listed = confirm_jobs(store, eid)
     assert int(listed["measurements"].iloc[0]) == 2 and int(listed["requests_done"].iloc[0]) == 2
     beside = beside_lab(store, cid).set_index("concurrency")
@@ -157,12 +173,13 @@ def test_the_queue_and_the_reads_beside_the_lab_on_sqlite_and_postgresql(store):
 
 def _experiment_with_a_run(store) -> int:
     """An experiment with its prompts and a finished speculative run (enough to queue a confirm of it)."""
-    from storage.records import queries as q
     from storage.jobs import run_state
     from storage.jobs.experiments import enqueue_experiment
+    from storage.records import queries as q
 
-    eid = enqueue_experiment(store, name="lease", target="t", draft="d", prompts="p", sampling={}, sweep_values=(2,),
-                             prompt_texts=["a", "b"])
+    eid = enqueue_experiment(
+        store, name="lease", target="t", draft="d", prompts="p", sampling={}, sweep_values=(2,), prompt_texts=["a", "b"]
+    )
     for rid in q.runs(store, eid)["run_id"]:
         run_state.finish_run(store, int(rid), "done")
     return eid
@@ -179,8 +196,10 @@ def _age(store, cid: int, seconds: float, **columns) -> None:
     old = utcnow() - timedelta(seconds=seconds)
     sets = "".join(f", {k} = :{k}" for k in columns)
     with store.write() as conn:
-        conn.execute(text(f"UPDATE server_confirms SET heartbeat = :old, created = :old{sets} WHERE id = :c"),
-                     {"old": old, "c": cid, **columns})
+        conn.execute(
+            text(f"UPDATE server_confirms SET heartbeat = :old, created = :old{sets} WHERE id = :c"),
+            {"old": old, "c": cid, **columns},
+        )
 
 
 def test_a_live_workers_heartbeat_keeps_its_confirm_through_a_long_server_start(store):
@@ -206,8 +225,8 @@ def test_a_cli_confirm_whose_process_is_gone_is_swept_as_interrupted(store):
     import json
 
     from storage.jobs import liveness
-    from storage.serving.confirm_jobs import record_servers
     from storage.records.confirms import start_confirm
+    from storage.serving.confirm_jobs import record_servers
 
     eid = _experiment_with_a_run(store)
 
@@ -225,8 +244,10 @@ def test_a_cli_confirm_whose_process_is_gone_is_swept_as_interrupted(store):
     elsewhere_stale = confirm(age=120, processes=json.dumps({**here, "host": "elsewhere"}))
     before_heartbeats = confirm(age=120, processes=None)
     liveness.mark_stale(store, stale_seconds=60)
-    status = {cid: get_confirm(store, cid) for cid in (running, dead_here, elsewhere_fresh, elsewhere_stale,
-                                                        before_heartbeats)}
+    status = {
+        cid: get_confirm(store, cid)
+        for cid in (running, dead_here, elsewhere_fresh, elsewhere_stale, before_heartbeats)
+    }
     assert [status[c]["status"] for c in (running, elsewhere_fresh)] == ["running", "running"]
     assert json.loads(status[running]["processes"])["servers"] == [[999_999_998, None]]
     for cid in (dead_here, elsewhere_stale, before_heartbeats):

@@ -2,6 +2,7 @@
 demo pair measured in the lab (4 prompts, 16 new tokens, k 3, greedy), then served by vLLM with exactly the deploy
 export's speculative config at concurrency 1. Required like PostgreSQL: without vLLM this test fails under
 scripts/test.sh, saying why (tests/conftest.py's `vllm_command`)."""
+
 from __future__ import annotations
 
 import json
@@ -11,31 +12,88 @@ import pytest
 from app.cli import main
 from storage.records.confirms import LATENCY_KEYS
 
-PER_CONCURRENCY_KEYS = {"concurrency", "tokens_per_second", "speedup", "speedup_ci", *LATENCY_KEYS,
-                        "server_draft_acceptance_rate", "server_per_position_acceptance",
-                        "lab_draft_acceptance_rate", "lab_per_position_acceptance",
-                        "outputs_match_server_baseline", "outputs_match_lab", "baseline_tokens_per_second",
-                        "server_tokens_per_step", "speedup_warning", "outputs_test"}
+PER_CONCURRENCY_KEYS = {
+    "concurrency",
+    "tokens_per_second",
+    "speedup",
+    "speedup_ci",
+    *LATENCY_KEYS,
+    "server_draft_acceptance_rate",
+    "server_per_position_acceptance",
+    "lab_draft_acceptance_rate",
+    "lab_per_position_acceptance",
+    "outputs_match_server_baseline",
+    "outputs_match_lab",
+    "baseline_tokens_per_second",
+    "server_tokens_per_step",
+    "speedup_warning",
+    "outputs_test",
+}
 
 
 def test_confirm_serves_the_demo_pair_in_vllm_losslessly(tmp_path, capsys, vllm_command):
     db = f"sqlite:///{tmp_path / 'confirm.db'}"
     prompts = tmp_path / "four.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in (
-        "def is_prime(n):\n", "def flatten(nested):\n    result = []\n", "class Node:\n    def __init__(self",
-        "for i in range(10):\n")) + "\n")
-    assert main(["run", "--target", "demo-target", "--draft", "demo-draft-distilled", "--prompts", str(prompts),
-                 "--k", "3", "--max-new-tokens", "16", "--repeats", "1", "--device", "cpu", "--db", db,
-                 "--json"]) == 0
+    prompts.write_text(
+        "\n".join(
+            json.dumps({"prompt": p})
+            for p in (
+                "def is_prime(n):\n",
+                "def flatten(nested):\n    result = []\n",
+                "class Node:\n    def __init__(self",
+                "for i in range(10):\n",
+            )
+        )
+        + "\n"
+    )
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                "demo-target",
+                "--draft",
+                "demo-draft-distilled",
+                "--prompts",
+                str(prompts),
+                "--k",
+                "3",
+                "--max-new-tokens",
+                "16",
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+                "--db",
+                db,
+                "--json",
+            ]
+        )
+        == 0
+    )
     lab = json.loads(capsys.readouterr().out)
     run_id = lab["runs"][0]["run_id"]
     assert main(["export", str(lab["experiment_id"]), "--format", "deploy", "--run", str(run_id), "--db", db]) == 0
     deploy_config = json.loads(json.loads(capsys.readouterr().out)["engines"]["vllm"]["speculative_config"])
 
     # --configs all: four prompts rarely make the verdict's interval narrow enough to choose; each lossless run is
-    status = main(["confirm", str(lab["experiment_id"]), "--configs", "all", "--concurrency", "1", "--repeats", "1",
-                   "--vllm",
-                   vllm_command, "--db", db, "--json"])
+    status = main(
+        [
+            "confirm",
+            str(lab["experiment_id"]),
+            "--configs",
+            "all",
+            "--concurrency",
+            "1",
+            "--repeats",
+            "1",
+            "--vllm",
+            vllm_command,
+            "--db",
+            db,
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert status == 0, err[-2000:]
     doc = json.loads(out)

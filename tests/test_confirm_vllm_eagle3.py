@@ -11,6 +11,7 @@ The intact head: its server acceptance is stored beside the lab's and agrees wit
 alike: aux ids, norms, vocabulary), greedy outputs equal. The re-saved one: its acceptance collapses, and the
 finding names its directory and what to check.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,10 +48,28 @@ def confirmed(tmp_path_factory, vllm_command, demo_eagle3_head):
     db = f"sqlite:///{tmp / 'confirm.db'}"
     prompts = tmp / "four.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in load_prompts("code:validation")[:PROMPTS]))
-    status, out, err = _cli("run", "--target", "demo-target", "--draft", f"{intact},{resaved},{normed}",
-                            "--drafter", "eagle3",
-                            "--prompts", str(prompts), "--k", "3", "--max-new-tokens", "32", "--repeats", "1",
-                            "--device", "cpu", "--db", db, "--json")
+    status, out, err = _cli(
+        "run",
+        "--target",
+        "demo-target",
+        "--draft",
+        f"{intact},{resaved},{normed}",
+        "--drafter",
+        "eagle3",
+        "--prompts",
+        str(prompts),
+        "--k",
+        "3",
+        "--max-new-tokens",
+        "32",
+        "--repeats",
+        "1",
+        "--device",
+        "cpu",
+        "--db",
+        db,
+        "--json",
+    )
     assert status == 0, err[-2000:]
     lab = json.loads(out)
     shutil.rmtree(resaved)
@@ -58,8 +77,21 @@ def confirmed(tmp_path_factory, vllm_command, demo_eagle3_head):
     trained_with_norm = json.loads((intact / "config.json").read_text()).get("norm_before_fc", False)
     shutil.rmtree(normed)  # and one whose norm before fc a server reads differently from its training
     misserved(str(intact), normed, "no-norm" if trained_with_norm else "norm-on")
-    status, out, err = _cli("confirm", str(lab["experiment_id"]), "--configs", "all", "--concurrency", "1",
-                            "--repeats", "1", "--vllm", vllm_command, "--db", db, "--json")
+    status, out, err = _cli(
+        "confirm",
+        str(lab["experiment_id"]),
+        "--configs",
+        "all",
+        "--concurrency",
+        "1",
+        "--repeats",
+        "1",
+        "--vllm",
+        vllm_command,
+        "--db",
+        db,
+        "--json",
+    )
     assert status == 0, err[-2000:]
     return lab, json.loads(out), db, str(intact), str(resaved), str(normed)
 
@@ -115,8 +147,11 @@ def test_a_norm_the_server_reads_differently_collapses_and_the_finding_says_to_c
     assert m["server_draft_acceptance_rate"] < 0.5 * run["draft_acceptance_rate"], m
     store = open_store(db)
     try:
-        (collapse,) = [f for f in findings(store, lab["experiment_id"]) if "collapses" in f["title"]
-                       and f["data"]["head"] == normed]
+        (collapse,) = [
+            f
+            for f in findings(store, lab["experiment_id"])
+            if "collapses" in f["title"] and f["data"]["head"] == normed
+        ]
     finally:
         store.dispose()
     assert "norm_before_fc" in collapse["next"] and normed in collapse["detail"]

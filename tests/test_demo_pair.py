@@ -1,9 +1,9 @@
 """The shipped demo pair: resolves by name, loads offline, shares one byte-level tokenizer, fits the size
 budget, and speculative greedy decoding with it reproduces the target-only output token for token."""
+
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,8 +22,10 @@ def loaded():
     for name in PAIR:
         path = zoo.resolve(name)
         assert path is not None, f"{name} is not shipped: train it with python -m engine.zoo.train --model {name}"
-        out[name] = (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(),
-                     AutoTokenizer.from_pretrained(path))
+        out[name] = (
+            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(),
+            AutoTokenizer.from_pretrained(path),
+        )
     return out
 
 
@@ -82,12 +84,15 @@ def test_tokenizers_are_identical(loaded):
     assert t_tok.eos_token_id == loaded["demo-target"][0].generation_config.eos_token_id
 
 
-@pytest.mark.parametrize("text", [
-    "春天来了，公园里的花都开了。请问：投机解码是什么？",
-    "def f(x):\n\treturn x ** 2  # 平方\n",
-    "emoji 😀 and accents café naïve, Ωμέγα, Привет, 日本語",
-    "   leading spaces and trailing   ",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "春天来了，公园里的花都开了。请问：投机解码是什么？",
+        "def f(x):\n\treturn x ** 2  # 平方\n",
+        "emoji 😀 and accents café naïve, Ωμέγα, Привет, 日本語",
+        "   leading spaces and trailing   ",
+    ],
+)
 def test_any_text_round_trips(loaded, text):
     tok = loaded["demo-target"][1]
     ids = tok(text, add_special_tokens=False).input_ids
@@ -97,8 +102,9 @@ def test_any_text_round_trips(loaded, text):
 def test_models_learned_the_corpus(loaded):
     """A trained model predicts Python far better than chance (log 4096 = 8.3 nats)."""
     model, tok = loaded["demo-target"]
-    ids = tok("import os\nimport sys\n\n\ndef main():\n    parser = argparse.ArgumentParser()\n",
-              return_tensors="pt").input_ids
+    ids = tok(
+        "import os\nimport sys\n\n\ndef main():\n    parser = argparse.ArgumentParser()\n", return_tensors="pt"
+    ).input_ids
     with torch.no_grad():
         loss = model(input_ids=ids, labels=ids).loss.item()
     assert loss < 4.0
@@ -106,10 +112,10 @@ def test_models_learned_the_corpus(loaded):
 
 def test_shipped_pair_greedy_matches_target_only():
     """End to end through the engine: load by name, baseline, then speculative k=3; same tokens."""
-    from engine.models.loading import load_pair
-    from engine.text.prompt_sets import load_prompts
     from engine.decoding.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
     from engine.decoding.sampling import SamplingConfig
+    from engine.models.loading import load_pair
+    from engine.text.prompt_sets import load_prompts
 
     pair = load_pair("demo-target", "demo-draft", "cpu", "auto")
     assert pair.dtype == torch.float32
@@ -127,11 +133,11 @@ def test_shipped_pair_greedy_matches_target_only():
 def test_the_shipped_eagle3_head_drafts_for_the_demo_target_losslessly():
     """demo-eagle3 resolves by name, loads as an EAGLE-3 head for demo-target (its verifier), and greedy
     speculation with it at k 3 reproduces target-only decoding while accepting most drafts."""
+    from engine.decoding.runs import baseline_decoder, encode_prompts, speculative_decoder
+    from engine.decoding.sampling import SamplingConfig
     from engine.models.eagle3 import Eagle3Head
     from engine.models.loading import load_pair
     from engine.text.prompt_sets import load_prompts
-    from engine.decoding.runs import baseline_decoder, encode_prompts, speculative_decoder
-    from engine.decoding.sampling import SamplingConfig
 
     pair = load_pair("demo-target", "demo-eagle3", "cpu", "float32")
     assert isinstance(pair.draft.model, Eagle3Head) and pair.draft.model.aux_layers == [2, 6, 9]

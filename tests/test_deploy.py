@@ -2,6 +2,7 @@
 lines split like a shell would, the transformers snippet compiled and its arguments read back with ast — for every
 drafter spec, with the inexpressible settings noted; and `draftlab export --format deploy` on a crafted database
 gives the same document as storage.serving.deploy."""
+
 from __future__ import annotations
 
 import ast
@@ -11,17 +12,26 @@ import shlex
 
 import pandas as pd
 import pytest
-from sqlalchemy import text
 from sqlalchemy import inspect, text
 
-from storage.records import queries as q
 from engine.config.drafter_specs import SPECS
-from storage.serving.deploy import DeployError, configuration, deploy_document, deploy_settings, parse_drafter
 from storage.analysis.verdict import verdict_dict
+from storage.records import queries as q
+from storage.serving.deploy import DeployError, configuration, deploy_document, deploy_settings, parse_drafter
 from tests.test_storage import fill_experiment
 
-EXPERIMENT = {"experiment_id": 7, "target": "org/target-8B", "draft": "org/draft 0.5B", "temperature": 0.0,
-              "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 64, "dtype": "auto", "trust_remote_code": False}
+EXPERIMENT = {
+    "experiment_id": 7,
+    "target": "org/target-8B",
+    "draft": "org/draft 0.5B",
+    "temperature": 0.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "seed": 0,
+    "max_new_tokens": 64,
+    "dtype": "auto",
+    "trust_remote_code": False,
+}
 SAMPLING = {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "seed": 11}
 # Every drafter the engine has (engine/config/drafter_specs.py), with a parameter where it takes one: a new drafter
 # without a deploy mapping fails test_every_engine_parses_back.
@@ -43,7 +53,7 @@ def flags(engine: dict, head: int) -> dict[str, str | None]:
     if "prepare" in engine:  # a file to write first (an EAGLE-3 head in the engine's layout): it heads the snippet
         first = f"# first:\n{engine['prepare']}\n\n"
         assert snippet.startswith(first)
-        snippet = snippet[len(first):]
+        snippet = snippet[len(first) :]
     assert shlex.split(snippet.replace("\\\n", " ")) == argv
     assert not any(word in BAD_TEXT for word in argv), argv
     out: dict[str, str | None] = {}
@@ -63,14 +73,24 @@ def generate_call(snippet: str) -> tuple[dict, dict]:
     """(the literal keyword arguments of target.generate(...), the draft.generation_config attributes set)."""
     compile(snippet, "<deploy snippet>", "exec")
     tree = ast.parse(snippet)
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr == "generate"]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "generate"
+    ]
     assert len(calls) == 1
-    kwargs = {kw.arg: (kw.value.id if isinstance(kw.value, ast.Name) else ast.literal_eval(kw.value))
-              for kw in calls[0].keywords if kw.arg is not None}
-    assigned = {n.targets[0].attr: ast.literal_eval(n.value) for n in ast.walk(tree)
-                if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Attribute)
-                and ast.unparse(n.targets[0].value) == "draft.generation_config"}
+    kwargs = {
+        kw.arg: (kw.value.id if isinstance(kw.value, ast.Name) else ast.literal_eval(kw.value))
+        for kw in calls[0].keywords
+        if kw.arg is not None
+    }
+    assigned = {
+        n.targets[0].attr: ast.literal_eval(n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        and isinstance(n.targets[0], ast.Attribute)
+        and ast.unparse(n.targets[0].value) == "draft.generation_config"
+    }
     return kwargs, assigned
 
 
@@ -90,24 +110,34 @@ def test_every_engine_parses_back(drafter, sampling):
         assert engine["notes"] and all(isinstance(n, str) and n for n in engine["notes"])
     if name == "suffix":  # vLLM runs suffix decoding; the other engines have none and say so, with no command
         assert json.loads(doc["vllm"]["speculative_config"]) == {
-            "method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_max_tree_depth": 24}
+            "method": "suffix",
+            "num_speculative_tokens": 4,
+            "suffix_decoding_max_tree_depth": 24,
+        }
         assert "arctic-inference" in " ".join(doc["vllm"]["notes"]) and inexpressible(doc["vllm"]) == ""
         for engine in ("sglang", "llama_cpp", "transformers"):
             assert doc[engine]["command"] == "" and "no suffix decoding" in inexpressible(doc[engine])
             assert doc[engine]["snippet"].startswith("# Not expressible")
         return
-    if name == "eagle3":  # vLLM serves the head directory as is; SGLang its SGLang copy, written first; the others cannot
+    if (
+        name == "eagle3"
+    ):  # vLLM serves the head directory as is; SGLang its SGLang copy, written first; the others cannot
         expected = {"method": "eagle3", "model": "org/draft 0.5B", "num_speculative_tokens": 4}
         spec = json.loads(flags(doc["vllm"], 3)["--speculative-config"])
         assert spec == (expected if greedy else {**expected, "draft_sample_method": "probabilistic"})
         assert "prepare" not in doc["vllm"] and "input of decoder layer i" in " ".join(doc["vllm"]["notes"])
         sglang = flags(doc["sglang"], 3)
         assert {key: sglang[key] for key in sglang if key != "--model-path"} == {
-            "--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": "org/draft 0.5B/sglang",
-            "--speculative-num-steps": "4", "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "5",
-            **({} if greedy else {"--speculative-use-rejection-sampling": None})}
-        assert doc["sglang"]["prepare"] == ("draftlab convert-head 'org/draft 0.5B' --to sglang --out "
-                                            "'org/draft 0.5B/sglang'")
+            "--speculative-algorithm": "EAGLE3",
+            "--speculative-draft-model-path": "org/draft 0.5B/sglang",
+            "--speculative-num-steps": "4",
+            "--speculative-eagle-topk": "1",
+            "--speculative-num-draft-tokens": "5",
+            **({} if greedy else {"--speculative-use-rejection-sampling": None}),
+        }
+        assert doc["sglang"]["prepare"] == (
+            "draftlab convert-head 'org/draft 0.5B' --to sglang --out 'org/draft 0.5B/sglang'"
+        )
         notes = " ".join(doc["sglang"]["notes"])
         assert "one LOWER than vLLM's" in notes and "output of decoder layer j" in notes
         assert "STANDALONE" not in notes
@@ -135,12 +165,20 @@ def test_every_engine_parses_back(drafter, sampling):
     sglang = flags(doc["sglang"], 3)
     assert sglang["--model-path"] == "org/target-8B"
     if name == "prompt-lookup":
-        assert sglang == {"--model-path": "org/target-8B", "--speculative-algorithm": "NGRAM",
-                          "--speculative-num-draft-tokens": "5", "--speculative-ngram-max-bfs-breadth": "1"}
+        assert sglang == {
+            "--model-path": "org/target-8B",
+            "--speculative-algorithm": "NGRAM",
+            "--speculative-num-draft-tokens": "5",
+            "--speculative-ngram-max-bfs-breadth": "1",
+        }
     else:
         assert {key: sglang[key] for key in sglang if key != "--model-path"} == {
-            "--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": "org/draft 0.5B",
-            "--speculative-num-steps": "4", "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "5"}
+            "--speculative-algorithm": "STANDALONE",
+            "--speculative-draft-model-path": "org/draft 0.5B",
+            "--speculative-num-steps": "4",
+            "--speculative-eagle-topk": "1",
+            "--speculative-num-draft-tokens": "5",
+        }
     assert "--speculative-use-rejection-sampling" not in sglang  # EAGLE/EAGLE3 only
 
     # llama.cpp: llama-server with a draft model or an n-gram spec type; sampling made explicit
@@ -148,8 +186,12 @@ def test_every_engine_parses_back(drafter, sampling):
     assert llama["-m"] == "target-8B.gguf"
     if name == "prompt-lookup":
         assert "-md" not in llama and "--draft-p-min" not in llama
-        assert (llama["--spec-type"], llama["--spec-ngram-size-n"], llama["--spec-ngram-size-m"],
-                llama["--draft-max"]) == ("ngram-simple", "3", "4", "4")
+        assert (
+            llama["--spec-type"],
+            llama["--spec-ngram-size-n"],
+            llama["--spec-ngram-size-m"],
+            llama["--draft-max"],
+        ) == ("ngram-simple", "3", "4", "4")
     else:
         assert (llama["-md"], llama["--draft-max"], llama["--draft-min"]) == ("draft 0.5B.gguf", "4", "0")
         assert float(llama["--draft-p-min"]) == (float(drafter.split(":")[1]) if name == "confidence" else 0.0)
@@ -157,7 +199,12 @@ def test_every_engine_parses_back(drafter, sampling):
         assert float(llama["--temp"]) == 0.0
     else:
         assert {key: float(llama[key]) for key in ("--temp", "--top-k", "--top-p", "--min-p", "--seed")} == {
-            "--temp": 0.7, "--top-k": 20, "--top-p": 0.9, "--min-p": 0.0, "--seed": 11}
+            "--temp": 0.7,
+            "--top-k": 20,
+            "--top-p": 0.9,
+            "--min-p": 0.0,
+            "--seed": 11,
+        }
 
     # transformers: the snippet compiles; generate()'s arguments and the draft's generation_config read back
     tf = doc["transformers"]
@@ -174,10 +221,15 @@ def test_every_engine_parses_back(drafter, sampling):
     else:
         assert kwargs["assistant_model"] == "draft"
         assert "num_assistant_tokens" not in kwargs  # generate() ignores it: it belongs on the draft's config
-        assert assigned == tf["assistant_generation_config"] == {
-            "num_assistant_tokens": 4,
-            "num_assistant_tokens_schedule": "heuristic_transient" if name == "heuristic" else "constant",
-            "assistant_confidence_threshold": float(drafter.split(":")[1]) if name == "confidence" else 0.0}
+        assert (
+            assigned
+            == tf["assistant_generation_config"]
+            == {
+                "num_assistant_tokens": 4,
+                "num_assistant_tokens_schedule": "heuristic_transient" if name == "heuristic" else "constant",
+                "assistant_confidence_threshold": float(drafter.split(":")[1]) if name == "confidence" else 0.0,
+            }
+        )
 
     # what each engine cannot express is said, not invented
     assert inexpressible(doc["transformers"]) == ""
@@ -222,8 +274,13 @@ def test_bad_input_says_why():
 def test_dtype_remote_code_and_demo_models_reach_every_engine():
     from engine.zoo import resolve
 
-    experiment = {**EXPERIMENT, "target": "demo-target", "draft": "demo-draft", "dtype": "bfloat16",
-                  "trust_remote_code": True}
+    experiment = {
+        **EXPERIMENT,
+        "target": "demo-target",
+        "draft": "demo-draft",
+        "dtype": "bfloat16",
+        "trust_remote_code": True,
+    }
     doc = deploy_settings({"run_id": 1, "k": 2}, experiment)
     target = str(resolve("demo-target") or "demo-target")
     vllm, sglang = flags(doc["vllm"], 3), flags(doc["sglang"], 3)
@@ -238,6 +295,7 @@ def test_dtype_remote_code_and_demo_models_reach_every_engine():
 
 # --- a stored experiment, through the CLI ----------------------------------------------------------------------
 
+
 def _export(db_url, capsys, *argv) -> tuple[int, str, str]:
     from app.cli import main
 
@@ -250,9 +308,13 @@ def test_export_deploy_prints_the_document_of_the_best_run(store, db_url, capsys
     eid, ids, _ = fill_experiment(store, ks=(2, 4), prompts=3)  # both lossless: the other is named below
     with store.write() as conn:  # k = 4 measurably faster than the target alone, k = 2 not: the one rule serves k = 4
         for k, (s, lo, hi) in ((2, (1.05, 0.9, 1.2)), (4, (1.4, 1.3, 1.5))):
-            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
-                              "timing_warning = NULL WHERE id = :r"),
-                         {"s": s, "lo": lo, "hi": hi, "r": ids[("speculative", k)]})
+            conn.execute(
+                text(
+                    "UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
+                    "timing_warning = NULL WHERE id = :r"
+                ),
+                {"s": s, "lo": lo, "hi": hi, "r": ids[("speculative", k)]},
+            )
     verdict = verdict_dict(store, eid)
     assert verdict["best"] == 4
     best_run = ids[("speculative", verdict["best"])]
@@ -268,8 +330,9 @@ def test_export_deploy_prints_the_document_of_the_best_run(store, db_url, capsys
     assert spec == {"method": "draft_model", "model": "drf", "num_speculative_tokens": verdict["best"]}
 
     other = ids[("speculative", 2 if verdict["best"] == 4 else 4)]
-    code, out, err = _export(db_url, capsys, str(eid), "--format", "deploy", "--run", str(other),
-                             "--out", str(tmp_path / "deploy.json"))
+    code, out, err = _export(
+        db_url, capsys, str(eid), "--format", "deploy", "--run", str(other), "--out", str(tmp_path / "deploy.json")
+    )
     assert code == 0 and out.strip() == str(tmp_path / "deploy.json")
     doc = json.loads((tmp_path / "deploy.json").read_text())
     assert (doc["run_id"], doc["chosen"]) == (other, "given")
@@ -279,8 +342,13 @@ def test_export_deploy_prints_the_document_of_the_best_run(store, db_url, capsys
 def _speedups(store, ids, by_k: dict) -> None:
     with store.write() as conn:
         for k, (s, lo, hi) in by_k.items():
-            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
-                              "timing_warning = NULL WHERE id = :r"), {"s": s, "lo": lo, "hi": hi, "r": ids[("speculative", k)]})
+            conn.execute(
+                text(
+                    "UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
+                    "timing_warning = NULL WHERE id = :r"
+                ),
+                {"s": s, "lo": lo, "hi": hi, "r": ids[("speculative", k)]},
+            )
 
 
 def test_a_run_that_is_not_lossless_is_never_chosen_deployed_or_confirmed(store, db_url, capsys):
@@ -290,9 +358,9 @@ def test_a_run_that_is_not_lossless_is_never_chosen_deployed_or_confirmed(store,
     from app.serving.confirm import configurations
     from engine.errors import DraftLabError
     from storage.analysis import catalog
-    from storage.serving.confirm_jobs import check_configurations
-    from storage.db.errors import QueueError
     from storage.analysis.verdict import verdict
+    from storage.db.errors import QueueError
+    from storage.serving.confirm_jobs import check_configurations
 
     eid, ids, _ = fill_experiment(store, ks=(2, 4), prompts=3, same_outputs_for=2)  # k = 4 is not lossless
     lossless, lossy = ids[("speculative", 2)], ids[("speculative", 4)]
@@ -315,8 +383,9 @@ def test_a_run_that_is_not_lossless_is_never_chosen_deployed_or_confirmed(store,
     assert [c.run_id for c in configurations(store, eid, "all")] == [lossless]
 
     with store.write() as conn:  # now k = 2 parts from the baseline too: nothing is left to serve
-        conn.execute(text("UPDATE prompt_results SET output_ids = '[1]' WHERE run_id = :r AND prompt_index = 0"),
-                     {"r": lossless})
+        conn.execute(
+            text("UPDATE prompt_results SET output_ids = '[1]' WHERE run_id = :r AND prompt_index = 0"), {"r": lossless}
+        )
     assert verdict(store, eid).chosen is None and "are not lossless" in verdict(store, eid).text
     with pytest.raises(DeployError, match="not lossless"):
         deploy_document(store, eid)
@@ -333,8 +402,10 @@ def test_deploying_a_run_that_did_not_finish_is_refused_in_one_line(store, db_ur
     eid, ids, _ = fill_experiment(store, ks=(2, 4), prompts=3)
     rid = ids[("speculative", 4)]
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET status = :s, error = :e WHERE id = :r"),
-                     {"s": status, "e": "boom" if status == "failed" else None, "r": rid})
+        conn.execute(
+            text("UPDATE runs SET status = :s, error = :e WHERE id = :r"),
+            {"s": status, "e": "boom" if status == "failed" else None, "r": rid},
+        )
     code, out, err = _export(db_url, capsys, str(eid), "--format", "deploy", "--run", str(rid))
     assert code == 2 and out == ""
     (line,) = err.strip().splitlines()
@@ -357,12 +428,17 @@ def test_export_deploy_reads_a_stored_drafter_and_refuses_what_it_cannot_carry(s
     method = json.loads(doc["engines"]["vllm"]["speculative_config"])["method"]
     assert method == ("ngram" if has_drafter else "draft_model")
 
-    for argv, says in ((["--run", str(ids[("baseline", None)])], "baseline"), (["--run", "999999"], "not a run"),
-                       ([], None)):
+    for argv, says in (
+        (["--run", str(ids[("baseline", None)])], "baseline"),
+        (["--run", "999999"], "not a run"),
+        ([], None),
+    ):
         if not argv:  # no finished run to crown: a clear error, not a traceback
             with store.write() as conn:
-                conn.execute(text("UPDATE runs SET timing_warning = 'x' WHERE experiment_id = :eid "
-                                  "AND kind = 'speculative'"), {"eid": eid})
+                conn.execute(
+                    text("UPDATE runs SET timing_warning = 'x' WHERE experiment_id = :eid AND kind = 'speculative'"),
+                    {"eid": eid},
+                )
             says = "--run RUN_ID"
         code, out, err = _export(db_url, capsys, str(eid), "--format", "deploy", *argv)
         assert code == 2 and out == "" and err.startswith("error: ") and says in err and err.count("\n") == 1, err
@@ -409,8 +485,9 @@ def test_the_transformers_snippet_runs_on_the_demo_pair(drafter, monkeypatch, ca
     """The snippet is executable as printed, and the draft's k / schedule / threshold reach transformers'
     candidate generator (which reads them from the draft's generation_config)."""
     pytest.importorskip("torch")
-    from engine.zoo import resolve
     from transformers.generation import candidate_generator as cg
+
+    from engine.zoo import resolve
 
     if resolve("demo-target") is None or resolve("demo-draft") is None:
         pytest.skip("the demo models are not built in this checkout")
@@ -419,8 +496,13 @@ def test_the_transformers_snippet_runs_on_the_demo_pair(drafter, monkeypatch, ca
 
     def spy(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        seen.append((self.num_assistant_tokens, self.assistant_generation_config.num_assistant_tokens_schedule,
-                     self.assistant_confidence_threshold))
+        seen.append(
+            (
+                self.num_assistant_tokens,
+                self.assistant_generation_config.num_assistant_tokens_schedule,
+                self.assistant_confidence_threshold,
+            )
+        )
 
     monkeypatch.setattr(cg.AssistedCandidateGenerator, "__init__", spy)
     experiment = {"target": "demo-target", "draft": "demo-draft", "max_new_tokens": 12}
@@ -436,8 +518,17 @@ def test_draft_sampling_reaches_vllm_and_transformers_says_what_it_cannot():
     from storage.serving.deploy import deploy_settings
 
     experiment = {"target": "demo-target", "draft": "demo-draft", "drafter": "model", "dtype": "auto"}
-    base = {"run_id": 1, "k": 3, "temperature": 0.8, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new_tokens": 64,
-            "drafter": "model", "draft": "demo-draft"}
+    base = {
+        "run_id": 1,
+        "k": 3,
+        "temperature": 0.8,
+        "top_k": 0,
+        "top_p": 1.0,
+        "seed": 0,
+        "max_new_tokens": 64,
+        "drafter": "model",
+        "draft": "demo-draft",
+    }
     greedy = deploy_settings({**base, "draft_sampling": "greedy"}, experiment)
     assert json.loads(greedy["vllm"]["speculative_config"])["draft_sample_method"] == "greedy"
     assert any("Not expressible" in n and "--draft-sampling greedy" in n for n in greedy["transformers"]["notes"])
@@ -453,8 +544,16 @@ def test_a_deployed_run_not_faster_than_the_target_says_so():
 
     from storage.serving.deploy import caveats
 
-    v = SimpleNamespace(best=SimpleNamespace(value=2, speedup=0.9, ci=(0.8, 0.95)), chosen=None, cheaper=None,
-                        tied=[], too_wide=False, variable="k", show=str, text="")
+    v = SimpleNamespace(
+        best=SimpleNamespace(value=2, speedup=0.9, ci=(0.8, 0.95)),
+        chosen=None,
+        cheaper=None,
+        tied=[],
+        too_wide=False,
+        variable="k",
+        show=str,
+        text="",
+    )
     slower = caveats(v, 1, (0.9, 0.8, 0.95))
     assert any("measured slower than the target alone (0.90×, 0.80–0.95)" in c for c in slower)
     unsure = caveats(v, 1, (0.94, 0.67, 1.42))
@@ -480,14 +579,17 @@ def test_eagle3_tabs_serve_the_head_in_the_layout_each_engine_loads(tmp_path, ca
     it is, vLLM a speculators copy. A grid: vLLM carries the schedule, SGLang the named batch size's k."""
     from app.cli import main
     from engine.config.head_format import head_spec, sglang_dir
-    from tests.test_head_layouts import speculators_head
     from tests import tiny_models as tm
+    from tests.test_head_layouts import speculators_head
 
     target = tm.llama(0, layers=4, vocab=16, sharpness=4.0, eos=None)
     head = str(speculators_head(tmp_path / "head", target))
     doc = settings("eagle3", k=3, draft=head)
-    assert json.loads(doc["vllm"]["speculative_config"]) == {"method": "eagle3", "model": head,
-                                                             "num_speculative_tokens": 3}
+    assert json.loads(doc["vllm"]["speculative_config"]) == {
+        "method": "eagle3",
+        "model": head,
+        "num_speculative_tokens": 3,
+    }
     prepare = doc["sglang"]["prepare"]
     assert shlex.split(prepare) == ["draftlab", "convert-head", head, "--to", "sglang", "--out", f"{head}/sglang"]
     assert any(prepare in note for note in doc["sglang"]["notes"])
@@ -498,7 +600,8 @@ def test_eagle3_tabs_serve_the_head_in_the_layout_each_engine_loads(tmp_path, ca
     served = flags(doc["sglang"], 3)["--speculative-draft-model-path"]
     assert served == str(sglang_dir(head)) and head_spec(served).layout == "sglang"
     assert json.loads((sglang_dir(head) / "config.json").read_text())["eagle_config"][
-        "eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # the speculators head reads 1, 2, 3
+        "eagle_aux_hidden_state_layer_ids"
+    ] == [0, 1, 2]  # the speculators head reads 1, 2, 3
     assert flags(doc["sglang"], 3)["--speculative-num-steps"] == "3"
 
     from tests.test_head_layouts import specforge_head
@@ -507,13 +610,21 @@ def test_eagle3_tabs_serve_the_head_in_the_layout_each_engine_loads(tmp_path, ca
     doc = settings("eagle3", k=2, draft=specforge)
     assert flags(doc["sglang"], 3)["--speculative-draft-model-path"] == specforge and "prepare" not in doc["sglang"]
     assert json.loads(doc["vllm"]["speculative_config"])["model"] == f"{specforge}/speculators"
-    assert shlex.split(doc["vllm"]["prepare"])[2:] == [specforge, "--to", "speculators", "--out",
-                                                      f"{specforge}/speculators"]
+    assert shlex.split(doc["vllm"]["prepare"])[2:] == [
+        specforge,
+        "--to",
+        "speculators",
+        "--out",
+        f"{specforge}/speculators",
+    ]
 
-    grid = {"num_speculative_tokens_per_batch_size": [[1, 3, 2], [4, 256, 4]],
-            "steps": [{"batch_size": 1, "k": 2}, {"batch_size": 4, "k": 4}]}
-    doc = deploy_settings({"run_id": 3, "k": 4, "drafter": "eagle3", "draft": head}, EXPERIMENT, schedule=grid,
-                          for_batch=4)
+    grid = {
+        "num_speculative_tokens_per_batch_size": [[1, 3, 2], [4, 256, 4]],
+        "steps": [{"batch_size": 1, "k": 2}, {"batch_size": 4, "k": 4}],
+    }
+    doc = deploy_settings(
+        {"run_id": 3, "k": 4, "drafter": "eagle3", "draft": head}, EXPERIMENT, schedule=grid, for_batch=4
+    )
     spec = json.loads(doc["vllm"]["speculative_config"])
     assert (spec["method"], spec["model"], spec["num_speculative_tokens"]) == ("eagle3", head, 4)
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 256, 4]]

@@ -7,6 +7,7 @@ browser tests seed (tests/chart_data.py: one finished experiment of each kind):
 - advice names the form's field before the command line's flag; the curves' legends and the predictions say what
   they compute, not "the article's formula".
 The same in Chromium: tests/test_browser_detail.py."""
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,13 @@ import pytest
 from sqlalchemy import text
 from streamlit.testing.v1 import AppTest
 
-from pages.widgets import charts
-
 from pages.panels import sections
-from storage.analysis import formula
+from pages.widgets import charts
 from storage import open_store
-from storage.records import queries as q
+from storage.analysis import formula
 from storage.analysis.findings import findings
 from storage.analysis.verdict import verdict
+from storage.records import queries as q
 from tests.test_pages import page_text
 
 TIMEOUT = 180
@@ -41,8 +41,13 @@ def seeded(tmp_path_factory):
     store = open_store(url)
     ids = seed(store, tmp / "models")
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET speedup = 1.13, speedup_ci_lo = 0.95, speedup_ci_hi = 1.31 "
-                          "WHERE experiment_id = :eid AND kind = 'speculative'"), {"eid": ids["validation"]})
+        conn.execute(
+            text(
+                "UPDATE runs SET speedup = 1.13, speedup_ci_lo = 0.95, speedup_ci_hi = 1.31 "
+                "WHERE experiment_id = :eid AND kind = 'speculative'"
+            ),
+            {"eid": ids["validation"]},
+        )
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DRAFTLAB_DB", url)
         patch.setenv("DRAFTLAB_MODELS", str(tmp / "models"))
@@ -79,8 +84,11 @@ def section_tabs(at: AppTest) -> list:
 def chart_frames(at: AppTest) -> list[pd.DataFrame]:
     import pyarrow as pa
 
-    return [pa.ipc.open_stream(d.data.data).read_pandas() for chart in at.get("vega_lite_chart")
-            for d in chart.proto.datasets]
+    return [
+        pa.ipc.open_stream(d.data.data).read_pandas()
+        for chart in at.get("vega_lite_chart")
+        for d in chart.proto.datasets
+    ]
 
 
 def test_only_the_open_section_is_built_and_the_url_names_it(seeded):
@@ -190,19 +198,28 @@ def test_curves_and_predictions_are_named_by_what_they_compute(seeded):
     tokens = next(d for d in frames if "metric" in d and set(d["metric"]) & set(charts.TOKEN_NAMES.values()))
     assert set(tokens["metric"]) == set(charts.TOKEN_NAMES.values())
     for frame in (rates, tokens):  # never a raw column name in a legend
-        assert not set(frame["metric"]) & {"alpha", "draft_acceptance_rate", "expected_tokens_per_round",
-                                           "tokens_per_round"}
+        assert not set(frame["metric"]) & {
+            "alpha",
+            "draft_acceptance_rate",
+            "expected_tokens_per_round",
+            "tokens_per_round",
+        }
     # In a half-width column the names are long: one a line, whole (a row of them ran past the chart's edge).
-    legends = [spec["encoding"]["color"]["legend"] for spec in (json.loads(c.proto.spec) for c in
-                                                                 at.get("vega_lite_chart"))
-               if spec.get("encoding", {}).get("color", {}).get("field") == "metric"]
+    legends = [
+        spec["encoding"]["color"]["legend"]
+        for spec in (json.loads(c.proto.spec) for c in at.get("vega_lite_chart"))
+        if spec.get("encoding", {}).get("color", {}).get("field") == "metric"
+    ]
     assert len(legends) == 2 and all(g["direction"] == "vertical" and g["labelLimit"] == 0 for g in legends)
     verdict_page = detail(ids["k"])
     drawn = next(d for d in chart_frames(verdict_page) if "series" in d and "lo" in d)
     assert {charts.FORMULA, charts.COST_AWARE} <= set(drawn["series"])
     theory = AppTest.from_string("from app.main import run\nrun('theory')", default_timeout=TIMEOUT).run()
-    for shown in (page_text(verdict_page), page_text(theory),
-                  json.dumps([json.loads(c.proto.spec) for c in theory.get("vega_lite_chart")], ensure_ascii=False)):
+    for shown in (
+        page_text(verdict_page),
+        page_text(theory),
+        json.dumps([json.loads(c.proto.spec) for c in theory.get("vega_lite_chart")], ensure_ascii=False),
+    ):
         assert "article's formula" not in shown and "as in SPEC" not in shown
         assert "(1 − α^(k+1)) / ((1 − α)(1 + k/c))" in shown
 

@@ -1,6 +1,7 @@
 """`draftlab distill` (engine/training/distill.py + app/cli.py): distillation lowers held-out KL, --focus-from weights the
 loss toward what an experiment rejected, the output directory loads by path and speculates losslessly, and bad
 input ends in one error line (exit 2)."""
+
 from __future__ import annotations
 
 import json
@@ -10,14 +11,14 @@ import pytest
 import torch
 
 from app.cli import main
-from storage.analysis.focus import focus_profile_weights, focus_weights
-from engine.training import distill as ds
-from engine.models.loading import load_pair
-from engine.metrics.metrics_oracle import outputs_match
 from engine.decoding.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
 from engine.decoding.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
 from engine.decoding.sampling import SamplingConfig
+from engine.metrics.metrics_oracle import outputs_match
+from engine.models.loading import load_pair
+from engine.training import distill as ds
 from storage import open_store
+from storage.analysis.focus import focus_profile_weights, focus_weights
 from storage.jobs import run_state
 from tests import tiny_models as tm
 from tests.test_storage import enqueue, record, run_ids
@@ -41,6 +42,7 @@ def prompts_file(tmp_path):
 
 
 # --- the engine ----------------------------------------------------------------------------------------------
+
 
 def test_distillation_lowers_heldout_kl():
     target = tm.llama(0, layers=2, sharpness=4.0)
@@ -133,9 +135,22 @@ def test_assign_weights_raise_the_focused_type():
 
 # --- --focus-from ---------------------------------------------------------------------------------------------
 
+
 def _round(prompt_index, index, k, accepted, types):
-    drafts = [DraftToken(i + 1, 10 + i, f"t{i}", types[i], 0.5, 0.5, 0.5, 0.1,
-                         ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED) for i in range(k)]
+    drafts = [
+        DraftToken(
+            i + 1,
+            10 + i,
+            f"t{i}",
+            types[i],
+            0.5,
+            0.5,
+            0.5,
+            0.1,
+            ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED,
+        )
+        for i in range(k)
+    ]
     kinds = [ACCEPTED] * accepted + [BONUS if accepted == k else CORRECTION]
     return Round(prompt_index, index, k, accepted, list(range(accepted + 1)), kinds, 0.002, 0.01, k, drafts)
 
@@ -155,11 +170,16 @@ def _crafted_experiment(store) -> tuple[int, int]:
                 rounds.append(_round(p, n, 4, 2, ["code", "code", "whitespace", "code"]))
         output = [t for r in rounds for t in r.emitted_ids]
         spec_results.append(PromptResult(p, f"p{p}", output, "x", len(rounds) * 0.012, rounds=rounds))
-        base_results.append(PromptResult(p, f"p{p}", output, "x", len(output) * 0.01, decode_steps=len(output),
-                                         decode_seconds=len(output) * 0.01))
+        base_results.append(
+            PromptResult(
+                p, f"p{p}", output, "x", len(output) * 0.01, decode_steps=len(output), decode_seconds=len(output) * 0.01
+            )
+        )
     assert sorted(run_state.claim_group(store, eid, "w")) == sorted(ids.values())
-    for rid, kind, results in ((ids[("baseline", None)], "baseline", base_results),
-                               (ids[("speculative", 4)], "speculative", spec_results)):
+    for rid, kind, results in (
+        (ids[("baseline", None)], "baseline", base_results),
+        (ids[("speculative", 4)], "speculative", spec_results),
+    ):
         run_state.start_run(store, rid, 2, "cpu")
         for result in results:
             record(store, rid, kind, result)
@@ -193,8 +213,25 @@ def test_focus_weights_raise_what_the_experiment_rejected(crafted_db):
 
 def test_focus_from_unknown_experiment_is_one_error_line(model_dirs, prompts_file, tmp_path, capsys, crafted_db):
     url = crafted_db[0]
-    code = main(["distill", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                 prompts_file, "--steps", "2", "--out", str(tmp_path / "o"), "--focus-from", "999", "--db", url])
+    code = main(
+        [
+            "distill",
+            "--target",
+            model_dirs["target"],
+            "--draft",
+            model_dirs["draft"],
+            "--prompts",
+            prompts_file,
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "o"),
+            "--focus-from",
+            "999",
+            "--db",
+            url,
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     line = _one_error_line(err)
@@ -203,13 +240,38 @@ def test_focus_from_unknown_experiment_is_one_error_line(model_dirs, prompts_fil
 
 # --- the command, end to end ---------------------------------------------------------------------------------
 
-def test_cli_distill_writes_a_model_that_loads_and_speculates_losslessly(model_dirs, prompts_file, tmp_path, capsys,
-                                                                        crafted_db):
+
+def test_cli_distill_writes_a_model_that_loads_and_speculates_losslessly(
+    model_dirs, prompts_file, tmp_path, capsys, crafted_db
+):
     url, _, eid, _ = crafted_db
     out = tmp_path / "distilled"
-    code = main(["distill", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                 prompts_file, "--steps", "15", "--lr", "3e-3", "--max-new-tokens", "12", "--batch-size", "4",
-                 "--out", str(out), "--focus-from", str(eid), "--db", url, "--json"])
+    code = main(
+        [
+            "distill",
+            "--target",
+            model_dirs["target"],
+            "--draft",
+            model_dirs["draft"],
+            "--prompts",
+            prompts_file,
+            "--steps",
+            "15",
+            "--lr",
+            "3e-3",
+            "--max-new-tokens",
+            "12",
+            "--batch-size",
+            "4",
+            "--out",
+            str(out),
+            "--focus-from",
+            str(eid),
+            "--db",
+            url,
+            "--json",
+        ]
+    )
     stdout, err = capsys.readouterr()
     assert code == 0, err
     doc = json.loads(stdout)
@@ -234,8 +296,9 @@ def test_cli_distill_writes_a_model_that_loads_and_speculates_losslessly(model_d
     assert outputs_match(spec, base)
 
 
-def test_cli_distill_interrupted_continues_from_its_checkpoint_without_repeating_a_step(model_dirs, prompts_file,
-                                                                                        tmp_path, capsys, monkeypatch):
+def test_cli_distill_interrupted_continues_from_its_checkpoint_without_repeating_a_step(
+    model_dirs, prompts_file, tmp_path, capsys, monkeypatch
+):
     """Ctrl-C at step 4 of 8 (a checkpoint every step, so step 3's is there; step 4's state is not saved: an
     interrupt can land mid-step), then the same command: it continues at step 4, and the saved model is the one
     an uninterrupted run writes, bit for bit."""
@@ -246,9 +309,26 @@ def test_cli_distill_interrupted_continues_from_its_checkpoint_without_repeating
     monkeypatch.setattr(driver, "CHECKPOINT_SECONDS", 0.0)
 
     def command(out):
-        return ["distill", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                prompts_file, "--steps", "8", "--lr", "3e-3", "--max-new-tokens", "10", "--batch-size", "3",
-                "--out", str(out), "--json"]
+        return [
+            "distill",
+            "--target",
+            model_dirs["target"],
+            "--draft",
+            model_dirs["draft"],
+            "--prompts",
+            prompts_file,
+            "--steps",
+            "8",
+            "--lr",
+            "3e-3",
+            "--max-new-tokens",
+            "10",
+            "--batch-size",
+            "3",
+            "--out",
+            str(out),
+            "--json",
+        ]
 
     assert main(command(tmp_path / "straight")) == 0
     capsys.readouterr()
@@ -289,16 +369,28 @@ def test_cli_distill_interrupted_continues_from_its_checkpoint_without_repeating
 
 # --- bad input -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["mismatched tokenizers", "steps 0", "negative steps", "out is a file",
-                                  "out under a file", "lr 0"])
+
+@pytest.mark.parametrize(
+    "case", ["mismatched tokenizers", "steps 0", "negative steps", "out is a file", "out under a file", "lr 0"]
+)
 def test_bad_input_is_one_error_line(case, model_dirs, prompts_file, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    argv = {"target": model_dirs["target"], "draft": model_dirs["draft"], "steps": "3", "out": str(tmp_path / "o"),
-            "lr": "1e-3"}
-    needle = {"mismatched tokenizers": "tokenizers disagree", "steps 0": "--steps: '0' is not a whole number from 1",
-              "negative steps": "--steps: '-5' is not a whole number from 1", "out is a file": "is a file",
-              "out under a file": "not writable", "lr 0": "--lr: '0' is not a positive number"}[case]
+    argv = {
+        "target": model_dirs["target"],
+        "draft": model_dirs["draft"],
+        "steps": "3",
+        "out": str(tmp_path / "o"),
+        "lr": "1e-3",
+    }
+    needle = {
+        "mismatched tokenizers": "tokenizers disagree",
+        "steps 0": "--steps: '0' is not a whole number from 1",
+        "negative steps": "--steps: '-5' is not a whole number from 1",
+        "out is a file": "is a file",
+        "out under a file": "not writable",
+        "lr 0": "--lr: '0' is not a positive number",
+    }[case]
     if case == "mismatched tokenizers":
         argv["draft"] = model_dirs["alien"]
     elif case == "steps 0":
@@ -311,14 +403,30 @@ def test_bad_input_is_one_error_line(case, model_dirs, prompts_file, tmp_path, c
         argv["out"] = str(blocker / "sub")
     else:
         argv["lr"] = "0"
-    code = main(["distill", "--target", argv["target"], "--draft", argv["draft"], "--prompts", prompts_file,
-                 "--steps", argv["steps"], "--out", argv["out"], "--lr", argv["lr"]])
+    code = main(
+        [
+            "distill",
+            "--target",
+            argv["target"],
+            "--draft",
+            argv["draft"],
+            "--prompts",
+            prompts_file,
+            "--steps",
+            argv["steps"],
+            "--out",
+            argv["out"],
+            "--lr",
+            argv["lr"],
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert needle in _one_error_line(err)
 
 
 # --- the shipped distilled demo draft ------------------------------------------------------------------------
+
 
 def test_shipped_distilled_draft_loads_by_demo_name_and_is_lossless():
     from engine import zoo
@@ -329,7 +437,9 @@ def test_shipped_distilled_draft_loads_by_demo_name_and_is_lossless():
     card = (path / "MODEL_CARD.md").read_text()
     assert "draftlab distill --target demo-target --draft demo-draft --prompts code+english+math+mixed+chinese" in card
     # same size as demo-draft, fp16 like it; every shipped weight file together stays within 30 MB
-    assert (path / "model.safetensors").stat().st_size == (zoo.ZOO_DIR / "demo-draft" / "model.safetensors").stat().st_size
+    assert (path / "model.safetensors").stat().st_size == (
+        zoo.ZOO_DIR / "demo-draft" / "model.safetensors"
+    ).stat().st_size
     assert json.loads((path / "config.json").read_text())["dtype"] == "float16"
     assert sum(p.stat().st_size for p in zoo.ZOO_DIR.glob("*/model.safetensors")) <= 30 * 2**20
 

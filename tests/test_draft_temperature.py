@@ -1,12 +1,13 @@
 """draft_temperature: the draft proposes at its own temperature and the output still follows the target's
 distribution exactly (the target verifies against the distribution each draft was drawn from); the queue stores it
 per run and the worker's sampling configuration carries it."""
+
 import numpy as np
 import pytest
 
 from engine.decoding import runs
 from engine.decoding.sampling import SamplingConfig
-from tests.test_engine_sampling import K, NEW, V, chi2_pvalue, sample_counts_with, setup  # noqa: F401 - fixture
+from tests.test_engine_sampling import NEW, K, V, chi2_pvalue, sample_counts_with, setup  # noqa: F401 - fixture
 
 
 @pytest.mark.parametrize("draft_temperature", [0.4, 2.5])
@@ -34,23 +35,28 @@ def test_drafts_record_the_distribution_they_were_drawn_from(setup):  # noqa: F8
 
 def test_each_run_of_a_sweep_decodes_at_its_draft_temperature(store):
     from engine.config.run_config import RunConfig
-    from storage.records import queries as q
     from storage.jobs.experiments import enqueue_experiment
+    from storage.records import queries as q
 
-    cfg = RunConfig.make(target="t", prompts="code", draft="d", sweep="draft_temperature", values="0,0.5,1.5",
-                         temperature=0.7)
+    cfg = RunConfig.make(
+        target="t", prompts="code", draft="d", sweep="draft_temperature", values="0,0.5,1.5", temperature=0.7
+    )
     eid = enqueue_experiment(store, **cfg.enqueue(), name="x", prompt_texts=["p"])
     experiment, rows = q.experiment(store, eid), q.runs(store, eid)
     assert (rows["kind"] == "baseline").sum() == 1  # the target's own decoding does not depend on it
     spec = rows[rows["kind"] == "speculative"]
     sampling = [RunConfig.of_run(row.to_dict(), experiment).sampling() for _, row in spec.iterrows()]
-    assert sorted(s.draft_temperature for s in sampling) == [0.0, 0.5, 1.5]  # what app/worker/timing.py hands the engine
+    assert sorted(s.draft_temperature for s in sampling) == [
+        0.0,
+        0.5,
+        1.5,
+    ]  # what app/worker/timing.py hands the engine
     assert all(s.temperature == 0.7 for s in sampling)
 
 
 def test_a_bad_draft_temperature_is_one_line():
-    from engine.errors import DraftLabError
     from engine.config.run_config import RunConfig
+    from engine.errors import DraftLabError
 
     with pytest.raises(DraftLabError, match=r"draft_temperature value '0.0001' is too small"):
         RunConfig.make(target="t", prompts="code", draft_temperature="0.0001")

@@ -1,8 +1,7 @@
 """The loop only talks to the Drafter protocol (engine/decoding/drafting.py): a model-free drafter (one-hot proposals) and a
 dynamic-k policy plug in without touching engine/decoding/speculative.py, and stay lossless."""
-import math
 
-import torch
+import math
 
 from engine.decoding import runs
 from engine.decoding.drafting import HostDrafter, ModelDrafter
@@ -25,7 +24,7 @@ class PromptLookupDrafter(HostDrafter):
     def follow(self, state, seq, max_tokens):
         last = seq[-1]
         hits = [i for i in range(len(seq) - 1) if seq[i] == last]
-        return seq[hits[-1] + 1:][:max_tokens] if hits else []
+        return seq[hits[-1] + 1 :][:max_tokens] if hits else []
 
 
 class GrowShrinkDrafter(ModelDrafter):

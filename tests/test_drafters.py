@@ -2,6 +2,7 @@
 output == target-only, chi-squared against the target's exact distribution at temperature 0.8 / top-k 50), and
 each follows its reference round by round: transformers' assisted generation for `model` (constant),
 `heuristic` and `confidence:T`, transformers' PromptLookupCandidateGenerator for `prompt-lookup:N`."""
+
 import collections
 import dataclasses
 import math
@@ -11,16 +12,24 @@ import numpy as np
 import pytest
 import torch
 
-from engine.decoding import runs, speculative, verification
-from engine.decoding import drafting
-from engine.config.drafter_specs import SPECS as DRAFTER_SPECS, DrafterSpec, canonical_drafter, drafter_usage, needs_draft_model, parse_drafter
-from engine.decoding.drafting import (ConfidenceDrafter, HeuristicDrafter, ModelDrafter, PromptLookupDrafter, Proposal,
-                             SuffixDrafter,
-                             drafter_class, heuristic_next_k, make_drafter)
-from engine.errors import DraftLabError
-from engine.metrics.metrics_oracle import speculative_metrics
+from engine.config.drafter_specs import SPECS as DRAFTER_SPECS
+from engine.config.drafter_specs import DrafterSpec, canonical_drafter, drafter_usage, needs_draft_model, parse_drafter
+from engine.decoding import drafting, runs, verification
+from engine.decoding.drafting import (
+    ConfidenceDrafter,
+    HeuristicDrafter,
+    ModelDrafter,
+    PromptLookupDrafter,
+    Proposal,
+    SuffixDrafter,
+    drafter_class,
+    heuristic_next_k,
+    make_drafter,
+)
 from engine.decoding.records import ACCEPTED, BONUS, DISCARDED, REJECTED
 from engine.decoding.sampling import SamplingConfig, probabilities
+from engine.errors import DraftLabError
+from engine.metrics.metrics_oracle import speculative_metrics
 from tests import tiny_models as tm
 from tests.test_engine_sampling import chi2_pvalue
 
@@ -31,30 +40,40 @@ NEW = 40
 
 # --- the registry and spec strings -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec, parsed", [
-    ("model", ("model", None)), ("heuristic", ("heuristic", None)), (" confidence:0.5 ", ("confidence", 0.5)),
-    ("confidence:.25", ("confidence", 0.25)), ("prompt-lookup:3", ("prompt-lookup", 3)),
-    ("prompt-lookup: 1", ("prompt-lookup", 1)),
-])
+
+@pytest.mark.parametrize(
+    "spec, parsed",
+    [
+        ("model", ("model", None)),
+        ("heuristic", ("heuristic", None)),
+        (" confidence:0.5 ", ("confidence", 0.5)),
+        ("confidence:.25", ("confidence", 0.25)),
+        ("prompt-lookup:3", ("prompt-lookup", 3)),
+        ("prompt-lookup: 1", ("prompt-lookup", 1)),
+    ],
+)
 def test_parse_drafter(spec, parsed):
     assert parse_drafter(spec) == parsed
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("confidence:1.5", ["'1.5'", "0 < T < 1", "confidence:0.5"]),
-    ("confidence:0", ["'0'", "0 < T < 1"]),
-    ("confidence:nan", ["'nan'", "0 < T < 1"]),
-    ("confidence:x", ["'x'", "0 < T < 1"]),
-    ("confidence", ["needs a probability threshold", "confidence:0.5"]),
-    ("prompt-lookup:0", ["'0'", "integer from 1", "prompt-lookup:3"]),
-    ("prompt-lookup:2.5", ["'2.5'", "integer from 1"]),
-    ("prompt-lookup", ["needs the longest n-gram", "prompt-lookup:3"]),
-    ("heuristic:3", ["takes no parameter", "use heuristic"]),
-    ("model:2", ["takes no parameter", "use model"]),
-    ("heuristc", ["unknown drafter 'heuristc'", "did you mean 'heuristic'", "prompt-lookup:N"]),
-    ("eagle", ["unknown drafter 'eagle'", "model, heuristic, confidence:T"]),
-    ("", ["empty drafter spec", "model, heuristic"]),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("confidence:1.5", ["'1.5'", "0 < T < 1", "confidence:0.5"]),
+        ("confidence:0", ["'0'", "0 < T < 1"]),
+        ("confidence:nan", ["'nan'", "0 < T < 1"]),
+        ("confidence:x", ["'x'", "0 < T < 1"]),
+        ("confidence", ["needs a probability threshold", "confidence:0.5"]),
+        ("prompt-lookup:0", ["'0'", "integer from 1", "prompt-lookup:3"]),
+        ("prompt-lookup:2.5", ["'2.5'", "integer from 1"]),
+        ("prompt-lookup", ["needs the longest n-gram", "prompt-lookup:3"]),
+        ("heuristic:3", ["takes no parameter", "use heuristic"]),
+        ("model:2", ["takes no parameter", "use model"]),
+        ("heuristc", ["unknown drafter 'heuristc'", "did you mean 'heuristic'", "prompt-lookup:N"]),
+        ("eagle", ["unknown drafter 'eagle'", "model, heuristic, confidence:T"]),
+        ("", ["empty drafter spec", "model, heuristic"]),
+    ],
+)
 def test_bad_specs_are_refused_in_one_line_naming_the_fix(spec, words):
     with pytest.raises(DraftLabError) as err:
         parse_drafter(spec)
@@ -75,7 +94,10 @@ def test_registry_entries_are_complete():
     assert [name for name, spec in DRAFTER_SPECS.items() if not spec.needs_model] == ["prompt-lookup", "suffix"]
     assert [name for name, spec in DRAFTER_SPECS.items() if spec.constant_k] == ["model", "eagle3"]
     assert [name for name, spec in DRAFTER_SPECS.items() if spec.needs_hidden_states] == ["eagle3"]
-    assert canonical_drafter(" confidence:0.50") == "confidence:0.5" and canonical_drafter("prompt-lookup:03") == "prompt-lookup:3"
+    assert (
+        canonical_drafter(" confidence:0.50") == "confidence:0.5"
+        and canonical_drafter("prompt-lookup:03") == "prompt-lookup:3"
+    )
     assert canonical_drafter("confidence:0.123456789") == "confidence:0.123456789"
 
 
@@ -94,8 +116,11 @@ def test_a_new_drafter_is_one_class_and_its_declaration(monkeypatch):
             return history[-1:] * max_tokens
 
     monkeypatch.setattr(drafting, "RepeatLast", RepeatLast, raising=False)
-    monkeypatch.setitem(DRAFTER_SPECS, "repeat-last", DrafterSpec("repeat-last", "RepeatLast", "the last token, k times",
-                                                          needs_model=False, constant_k=False))
+    monkeypatch.setitem(
+        DRAFTER_SPECS,
+        "repeat-last",
+        DrafterSpec("repeat-last", "RepeatLast", "the last token, k times", needs_model=False, constant_k=False),
+    )
     assert "repeat-last" in drafter_usage() and not needs_draft_model("repeat-last")
     p = dataclasses.replace(_pair("llama"), draft=None)
     cfg = SamplingConfig(temperature=0, max_new_tokens=20)
@@ -109,8 +134,15 @@ def test_make_drafter_builds_each_class_and_needs_a_model_only_when_it_drafts_wi
     target = tm.llama(0, layers=1)
     cfg = SamplingConfig()
     built = {spec: make_drafter(spec, draft_model=target, vocab_size=64, k=3, cfg=cfg) for spec in SPECS}
-    assert [type(d) for d in built.values()] == [ModelDrafter, HeuristicDrafter, ConfidenceDrafter,
-                                                 PromptLookupDrafter, PromptLookupDrafter, SuffixDrafter, SuffixDrafter]
+    assert [type(d) for d in built.values()] == [
+        ModelDrafter,
+        HeuristicDrafter,
+        ConfidenceDrafter,
+        PromptLookupDrafter,
+        PromptLookupDrafter,
+        SuffixDrafter,
+        SuffixDrafter,
+    ]
     assert built["suffix"].cache.depth == 24 and built["suffix:8"].cache.depth == 8
     assert built["confidence:0.5"].threshold == 0.5 and built["prompt-lookup:3"].max_ngram == 3
     assert all(d.k == 3 for d in built.values())
@@ -137,6 +169,7 @@ def test_speculative_decoder_keeps_its_signature_and_defaults_to_model():
 
 
 # --- lossless: greedy ------------------------------------------------------------------------------------------
+
 
 def _pair(family: str, noise: float = 0.6, eos: bool = True, sharpness: float = 4.0):
     build = getattr(tm, family)
@@ -235,7 +268,7 @@ def exact_joint(model, prompt_ids, cfg):
 
 def sample_counts(p, prompt_ids, spec, cfg):
     decoder = runs.speculative_decoder(p, cfg, SAMPLE_K, drafter=spec)
-    counts, rounds = np.zeros(V ** cfg.max_new_tokens), []
+    counts, rounds = np.zeros(V**cfg.max_new_tokens), []
     for i in range(SAMPLES):  # prompt index i -> generator seeded by (seed, i): independent draws
         result = decoder.generate("", prompt_ids, i)
         counts[np.ravel_multi_index(result.output_ids, (V,) * cfg.max_new_tokens)] += 1
@@ -306,8 +339,9 @@ def test_verify_treats_a_point_mass_exactly():
 
 def verify_one(proposal, p_target, cfg, generator):
     """The verification of a one-row proposal against p_target [k + 1, V]: (accepted, next token)."""
-    n, next_token = verification.verify_rows(proposal.tokens, proposal.probs, proposal.ks, proposal.valid,
-                                             p_target[None], cfg, [generator])
+    n, next_token = verification.verify_rows(
+        proposal.tokens, proposal.probs, proposal.ks, proposal.valid, p_target[None], cfg, [generator]
+    )
     return n[0], next_token[0]
 
 
@@ -336,11 +370,17 @@ def hf_assisted_rounds(target, draft, prompt_ids, k, settings, new):
         setattr(draft.generation_config, key, value)
     cg.AssistedCandidateGenerator.update_candidate_strategy = spy
     try:
-        out = target.generate(prompt_ids, assistant_model=draft, do_sample=False, max_new_tokens=new,
-                              attention_mask=torch.ones_like(prompt_ids), pad_token_id=0)
+        out = target.generate(
+            prompt_ids,
+            assistant_model=draft,
+            do_sample=False,
+            max_new_tokens=new,
+            attention_mask=torch.ones_like(prompt_ids),
+            pad_token_id=0,
+        )
     finally:
         cg.AssistedCandidateGenerator.update_candidate_strategy = original
-    return rounds, out[0, prompt_ids.shape[1]:].tolist()
+    return rounds, out[0, prompt_ids.shape[1] :].tolist()
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
@@ -414,7 +454,9 @@ def test_confidence_stops_where_the_drafts_top_probability_falls_below_the_thres
     cfg = SamplingConfig(temperature=0, max_new_tokens=NEW)
     ids = runs.encode_prompts(p, PROMPTS, NEW)
     threshold, k = 0.2, 5
-    results = list(runs.run_prompts(runs.speculative_decoder(p, cfg, k, drafter=f"confidence:{threshold}"), PROMPTS, ids))
+    results = list(
+        runs.run_prompts(runs.speculative_decoder(p, cfg, k, drafter=f"confidence:{threshold}"), PROMPTS, ids)
+    )
     early = full = 0
     for result in results:
         done = 0
@@ -432,6 +474,7 @@ def test_confidence_stops_where_the_drafts_top_probability_falls_below_the_thres
 
 
 # --- prompt lookup ---------------------------------------------------------------------------------------------
+
 
 def lookup(sequence, max_ngram, k, eos=()):
     drafter = PromptLookupDrafter(max_ngram, 100, k, eos)
@@ -471,7 +514,7 @@ def test_prompt_lookup_equals_transformers_prompt_lookup_candidate_generator():
         eos = {0} if trial % 3 == 0 else set()
         hf = PromptLookupCandidateGenerator(torch.tensor(sorted(eos)) if eos else None, k, n, max_length=10**6)
         candidates, _ = hf.get_candidates(torch.tensor([seq]))
-        expected = candidates[0, len(seq):].tolist()
+        expected = candidates[0, len(seq) :].tolist()
         assert lookup(seq, n, k, eos) == expected == reference_lookup(seq, n, k, eos), (seq, n, k, eos)
 
 
@@ -515,12 +558,18 @@ def test_prompt_lookup_rounds_and_no_match_fallback(family_name):
 
         cg.PromptLookupCandidateGenerator.get_candidates = spy
         try:
-            out = p.target.model.generate(prompt_ids, prompt_lookup_num_tokens=k, max_matching_ngram_size=n,
-                                          do_sample=False, max_new_tokens=NEW, pad_token_id=0,
-                                          attention_mask=torch.ones_like(prompt_ids))
+            out = p.target.model.generate(
+                prompt_ids,
+                prompt_lookup_num_tokens=k,
+                max_matching_ngram_size=n,
+                do_sample=False,
+                max_new_tokens=NEW,
+                pad_token_id=0,
+                attention_mask=torch.ones_like(prompt_ids),
+            )
         finally:
             cg.PromptLookupCandidateGenerator.get_candidates = original
-        assert out[0, prompt_ids.shape[1]:].tolist() == result.output_ids
+        assert out[0, prompt_ids.shape[1] :].tolist() == result.output_ids
         assert len(hf_lengths) == len(result.rounds)
         for r, hf_length in zip(result.rounds, hf_lengths):
             cap = NEW - done - 1
@@ -544,11 +593,37 @@ def test_draftlab_run_with_a_model_free_drafter_and_no_draft_loads_the_target_al
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("t5 t6 t5 t6 t5\nt9 t3 t9 t3\n")
     db = f"sqlite:///{tmp_path / 'free.db'}"
-    assert main(["run", "--target", model_dirs["target"], "--drafter", "prompt-lookup:3", "--prompts", str(prompts),
-                 "--k", "2", "--max-new-tokens", "8", "--repeats", "1", "--device", "cpu", "--db", db,
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                model_dirs["target"],
+                "--drafter",
+                "prompt-lookup:3",
+                "--prompts",
+                str(prompts),
+                "--k",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+                "--db",
+                db,
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["baseline"]["status"] == "done"
     (run,) = doc["runs"]
     assert (run["status"], run["drafter"], run["draft"], run["outputs_match_baseline"]) == (
-        "done", "prompt-lookup:3", None, True)
+        "done",
+        "prompt-lookup:3",
+        None,
+        True,
+    )

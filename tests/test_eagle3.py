@@ -2,6 +2,7 @@
 tmp dir for a tiny 4-layer Llama target, loads through `--draft DIR`, drafts from the target's own hidden states
 (exactly `hidden_states[i]` at the committed positions, from the verify forwards), stays lossless greedy at batch 1
 and 3 and under sampling (chi-squared), and a head for another target is refused in one line."""
+
 import json
 
 import numpy as np
@@ -12,18 +13,25 @@ from transformers import LlamaConfig
 
 from engine.decoding import runs
 from engine.decoding.drafting import Eagle3Drafter, make_drafter
-from engine.models.eagle3 import Eagle3Head, is_head
-from engine.errors import DraftLabError
-from engine.models.loading import LoadedModel, ModelPair, with_draft
 from engine.decoding.sampling import SamplingConfig
+from engine.errors import DraftLabError
+from engine.models.eagle3 import Eagle3Head, is_head
+from engine.models.loading import LoadedModel, ModelPair, with_draft
 from tests import tiny_models as tm
 from tests.test_engine_sampling import NEW, V, chi2_pvalue, exact_joint
 
 AUX = [1, 2, 3]  # of the 4-layer target: ids i = the input of decoder layer i (vLLM's convention)
 # The speculators / vLLM weight names (vllm/model_executor/models/llama_eagle3.py loads exactly these).
 SPECULATORS_WEIGHTS = {
-    "embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-    "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight", "layers.0.post_attention_layernorm.weight",
+    "embed_tokens.weight",
+    "fc.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+    "layers.0.input_layernorm.weight",
+    "layers.0.hidden_norm.weight",
+    "layers.0.post_attention_layernorm.weight",
     *(f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"),
     *(f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
 }
@@ -32,14 +40,22 @@ SPECULATORS_WEIGHTS = {
 def write_head(path, target, seed: int = 5, verifier: str = "target", aux=AUX, draft_vocab: int | None = None):
     """A random EAGLE-3 head for `target` saved in the speculators format (config.json + model.safetensors)."""
     t = target.config
-    layer = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-                 num_hidden_layers=1, num_attention_heads=t.num_attention_heads,
-                 num_key_value_heads=t.num_key_value_heads, max_position_embeddings=t.max_position_embeddings,
-                 rms_norm_eps=getattr(t, "rms_norm_eps", getattr(t, "layer_norm_eps", 1e-5)), model_type="llama")
+    layer = dict(
+        vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_hidden_layers=1,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        max_position_embeddings=t.max_position_embeddings,
+        rms_norm_eps=getattr(t, "rms_norm_eps", getattr(t, "layer_norm_eps", 1e-5)),
+        model_type="llama",
+    )
     draft_vocab = draft_vocab or t.vocab_size
     torch.manual_seed(seed)
-    head = Eagle3Head(LlamaConfig(**layer), draft_vocab_size=draft_vocab, target_hidden_size=t.hidden_size,
-                      aux_layers=aux)
+    head = Eagle3Head(
+        LlamaConfig(**layer), draft_vocab_size=draft_vocab, target_hidden_size=t.hidden_size, aux_layers=aux
+    )
     with torch.no_grad():
         head.lm_head.weight.mul_(20.0)  # peaked drafts, as the tiny targets are
         kept = torch.randperm(t.vocab_size)[:draft_vocab].sort().values  # the draft vocabulary: target ids
@@ -47,13 +63,25 @@ def write_head(path, target, seed: int = 5, verifier: str = "target", aux=AUX, d
         head.t2d.zero_().index_fill_(0, kept, True)
     path.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({
-        "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"], "transformer_layer_config": layer,
-        "draft_vocab_size": draft_vocab, "target_hidden_size": t.hidden_size, "norm_before_residual": False,
-        "eagle_aux_hidden_state_layer_ids": aux,
-        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                               "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}}}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "speculators_model_type": "eagle3",
+                "architectures": ["Eagle3Speculator"],
+                "transformer_layer_config": layer,
+                "draft_vocab_size": draft_vocab,
+                "target_hidden_size": t.hidden_size,
+                "norm_before_residual": False,
+                "eagle_aux_hidden_state_layer_ids": aux,
+                "speculators_config": {
+                    "algorithm": "eagle3",
+                    "default_proposal_method": "greedy",
+                    "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                    "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+                },
+            }
+        )
+    )
     return str(path)
 
 
@@ -114,8 +142,7 @@ def test_rounds_accept_several_drafts_on_a_small_vocabulary(tmp_path):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_states_fed_to_the_head_are_the_targets_hidden_states_at_the_committed_positions(head_pair, batch,
-                                                                                         monkeypatch):
+def test_states_fed_to_the_head_are_the_targets_hidden_states_at_the_committed_positions(head_pair, batch, monkeypatch):
     """Every state the head reads equals the target's `hidden_states[i]` (i in the head's aux ids, concatenated)
     at its position, from a full forward without a cache, and each prompt's positions are fed once, in order."""
     fed = {}  # prompt (its first token: distinct) -> list of (position, state)
@@ -140,7 +167,7 @@ def test_states_fed_to_the_head_are_the_targets_hidden_states_at_the_committed_p
             assert c == expect_from and h.shape[0] == seq.shape[0] - 1 - c  # positions c .. L - 2, none skipped
             with torch.no_grad():
                 full = target(seq[None], output_hidden_states=True).hidden_states
-            truth = torch.cat([full[i][0] for i in AUX], -1)[c: seq.shape[0] - 1]
+            truth = torch.cat([full[i][0] for i in AUX], -1)[c : seq.shape[0] - 1]
             torch.testing.assert_close(h, truth, rtol=1e-4, atol=1e-5)
             expect_from = seq.shape[0] - 1
 
@@ -150,8 +177,9 @@ def test_sampled_outputs_follow_the_targets_distribution(tmp_path):
     target = tm.llama(0, layers=4, vocab=V, hidden=16, sharpness=25.0, eos=None)
     pair = with_draft(target_pair(target, V), write_head(tmp_path / "head", target, draft_vocab=4))
     prompt_ids = runs.encode_prompts(pair, ["t2 t3"], NEW)[0]
-    decoder = runs.speculative_decoder(pair, SamplingConfig(temperature=1.0, max_new_tokens=NEW, seed=11), 2,
-                                       drafter="eagle3")
+    decoder = runs.speculative_decoder(
+        pair, SamplingConfig(temperature=1.0, max_new_tokens=NEW, seed=11), 2, drafter="eagle3"
+    )
     counts = np.zeros(V**NEW)
     accepted = 0
     for i in range(2000):
@@ -193,8 +221,9 @@ def test_draftlab_run_drafts_with_a_head_directory(tmp_path, model_dirs, capsys)
 
     target = AutoModelForCausalLM.from_pretrained(model_dirs["target"])  # 2 layers: aux ids 0, 1, 1
     head_dir = write_head(tmp_path / "head", target, verifier=model_dirs["target"], aux=[0, 1, 1])
-    doc, _ = run_json(tmp_path, {**model_dirs, "draft": head_dir}, capsys, "--drafter", "eagle3", "--k", "3",
-                      "--max-new-tokens", "12")
+    doc, _ = run_json(
+        tmp_path, {**model_dirs, "draft": head_dir}, capsys, "--drafter", "eagle3", "--k", "3", "--max-new-tokens", "12"
+    )
     (run,) = doc["runs"]
     assert (run["drafter"], run["draft"], run["status"]) == ("eagle3", head_dir, "done")
     assert run["outputs_match_baseline"] is True and run["proposed"] > 0 and run["rejected"] > 0
@@ -215,20 +244,35 @@ def test_draftlab_run_takes_eagle3_for_a_head_without_drafter(tmp_path, model_di
     from tests.test_head_layouts import specforge_head
 
     target = AutoModelForCausalLM.from_pretrained(model_dirs["target"])  # 2 layers
-    heads = [write_head(tmp_path / "head", target, verifier=model_dirs["target"], aux=[0, 1, 1]),
-             str(specforge_head(tmp_path / "specforge", target, [0, 0, 0]))]
-    doc, db = run_json(tmp_path, {**model_dirs, "draft": ",".join(heads)}, capsys, "--k", "3",
-                       "--max-new-tokens", "12")
+    heads = [
+        write_head(tmp_path / "head", target, verifier=model_dirs["target"], aux=[0, 1, 1]),
+        str(specforge_head(tmp_path / "specforge", target, [0, 0, 0])),
+    ]
+    doc, db = run_json(tmp_path, {**model_dirs, "draft": ",".join(heads)}, capsys, "--k", "3", "--max-new-tokens", "12")
     assert [(r["drafter"], r["draft"], r["status"]) for r in doc["runs"]] == [("eagle3", h, "done") for h in heads]
     assert all(r["outputs_match_baseline"] is True and r["proposed"] > 0 for r in doc["runs"])
 
     for drafter, draft, says in (
-            ("model", heads[1], "drafter 'model' drafts with a causal LM, but the draft"),
-            ("heuristic", heads[0], "leave the drafter out (a head drafts as eagle3)"),
-            ("eagle3", model_dirs["draft"], "drafter 'eagle3' drafts with an EAGLE-3 head, but the draft"),
-            ("eagle3", f"{heads[0]},{model_dirs['draft']}", "drafter 'eagle3' drafts with an EAGLE-3 head, but")):
-        code = main(["run", "--target", model_dirs["target"], "--draft", draft, "--prompts",
-                     str(tmp_path / "prompts.txt"), "--db", db, "--json", *(["--drafter", drafter] if drafter else [])])
+        ("model", heads[1], "drafter 'model' drafts with a causal LM, but the draft"),
+        ("heuristic", heads[0], "leave the drafter out (a head drafts as eagle3)"),
+        ("eagle3", model_dirs["draft"], "drafter 'eagle3' drafts with an EAGLE-3 head, but the draft"),
+        ("eagle3", f"{heads[0]},{model_dirs['draft']}", "drafter 'eagle3' drafts with an EAGLE-3 head, but"),
+    ):
+        code = main(
+            [
+                "run",
+                "--target",
+                model_dirs["target"],
+                "--draft",
+                draft,
+                "--prompts",
+                str(tmp_path / "prompts.txt"),
+                "--db",
+                db,
+                "--json",
+                *(["--drafter", drafter] if drafter else []),
+            ]
+        )
         out, err = capsys.readouterr()
         assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and says in err, err
     assert len(q.experiment_rows(open_store(db))) == 1  # only the sweep above was stored
@@ -246,12 +290,17 @@ def test_a_head_over_each_family_decodes_losslessly_past_its_window_at_batch_1_a
     pair = with_draft(target_pair(target, 64), write_head(tmp_path / "head", target, draft_vocab=40))
     cfg = SamplingConfig(temperature=0.0, max_new_tokens=40)
     ids = runs.encode_prompts(pair, LONG_PROMPTS, 40)
-    baseline = [r.output_ids for chunk in runs.run_batches(runs.baseline_decoder(pair, cfg), LONG_PROMPTS, ids, 1)
-                for r in chunk]
+    baseline = [
+        r.output_ids
+        for chunk in runs.run_batches(runs.baseline_decoder(pair, cfg), LONG_PROMPTS, ids, 1)
+        for r in chunk
+    ]
     assert max(i.shape[-1] + len(o) for i, o in zip(ids, baseline)) > 16 * 3  # well past the 16-token window
     for batch in (1, 3):
         decoder = runs.speculative_decoder(pair, cfg, 3, drafter="eagle3")
-        if family == "llama4-chunked" and batch > 1:  # refused by name at batch > 1 (engine/decoding/attention_masks.py)
+        if (
+            family == "llama4-chunked" and batch > 1
+        ):  # refused by name at batch > 1 (engine/decoding/attention_masks.py)
             with pytest.raises(DraftLabError, match="run it at batch size 1"):
                 list(runs.run_batches(decoder, LONG_PROMPTS, ids, batch))
             continue

@@ -1,14 +1,15 @@
 """Round accounting under cuts (SPEC "One round"): a round cut by EOS or by max_new_tokens counts only the
 drafts whose slot reached the output. An accepted draft past the cut is not accepted, a refused one past
 the cut is not rejected: both are discarded, whichever of the two cuts ended the round."""
+
 import copy
 
 import pytest
 
 from engine.decoding import runs
-from engine.metrics.metrics_oracle import speculative_metrics
 from engine.decoding.records import ACCEPTED, DISCARDED, REJECTED
 from engine.decoding.sampling import SamplingConfig
+from engine.metrics.metrics_oracle import speculative_metrics
 from tests import tiny_models as tm
 
 
@@ -53,11 +54,14 @@ def test_eos_and_budget_cuts_are_counted_alike(cut):
     second = tm.EOS if cut == "eos" else 6
     budget = 100 if cut == "eos" else 2
     # All four accepted: the two past the cut are discarded, not accepted, and the bonus is dropped.
-    assert _settle([5, second, 7, 8], 4, 9, budget) == ([5, second], [ACCEPTED] * 2, 2,
-                                                         [ACCEPTED, ACCEPTED, DISCARDED, DISCARDED])
+    assert _settle([5, second, 7, 8], 4, 9, budget) == (
+        [5, second],
+        [ACCEPTED] * 2,
+        2,
+        [ACCEPTED, ACCEPTED, DISCARDED, DISCARDED],
+    )
     # Draft 3 refused, but its correction falls past the cut: discarded too, not rejected.
-    assert _settle([5, second, 7], 2, 9, budget) == ([5, second], [ACCEPTED] * 2, 2,
-                                                     [ACCEPTED, ACCEPTED, DISCARDED])
+    assert _settle([5, second, 7], 2, 9, budget) == ([5, second], [ACCEPTED] * 2, 2, [ACCEPTED, ACCEPTED, DISCARDED])
 
 
 def test_eos_correction_is_a_rejection():

@@ -2,6 +2,7 @@
 when each output token reached the host, seconds from the decode's start, as the batched decoders do (a round's
 tokens share one arrival), so a plain batch-1 `draftlab run` stores TTFT, inter-token latency and request latency
 for every run."""
+
 from __future__ import annotations
 
 import json
@@ -63,11 +64,36 @@ def test_a_plain_batch_1_run_stores_serving_metrics(tmp_path, model_dirs, capsys
     db = f"sqlite:///{tmp_path / 'plain.db'}"
     prompt_file = tmp_path / "prompts.txt"
     prompt_file.write_text("\n".join(PROMPTS) + "\n")
-    assert main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                 str(prompt_file), "--k", "1,3", "--max-new-tokens", "10", "--repeats", "1", "--device", "cpu",
-                 "--db", db, "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                model_dirs["target"],
+                "--draft",
+                model_dirs["draft"],
+                "--prompts",
+                str(prompt_file),
+                "--k",
+                "1,3",
+                "--max-new-tokens",
+                "10",
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+                "--db",
+                db,
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     for entry in [doc["baseline"], *doc["runs"]]:
         assert entry["batch_size"] == 1
         assert 0 < entry["ttft_seconds_p50"] <= entry["ttft_seconds_p95"] <= entry["request_latency_seconds_p95"]
-        assert 0 <= entry["itl_seconds_p50"] <= entry["itl_seconds_p95"] and entry["request_latency_seconds_p50"] <= entry["request_latency_seconds_p95"]
+        assert (
+            0 <= entry["itl_seconds_p50"] <= entry["itl_seconds_p95"]
+            and entry["request_latency_seconds_p50"] <= entry["request_latency_seconds_p95"]
+        )

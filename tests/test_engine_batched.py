@@ -4,18 +4,19 @@ one-row decode of it yields (Llama-style and GPT-2-style pairs,
 every drafter, batch 1, 3 and 8, prompts of different lengths); sampled rows follow the target's exact
 distribution at batch 8 (chi-squared, T 1 / top-p 0.95 and top-k); rows finishing at different times leave the
 batch. Broken rollback, compaction or correction rule is detected."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from engine.config.drafter_specs import SPECS
 from engine.decoding import drafting, runs, speculative, verification
 from engine.decoding.batched_cache import BatchCache
-from engine.config.drafter_specs import SPECS
+from engine.decoding.sampling import SamplingConfig, probabilities
 from engine.errors import DraftLabError
 from engine.metrics.metrics_oracle import speculative_metrics
-from engine.decoding.sampling import SamplingConfig, probabilities
 from tests import tiny_models as tm
 from tests.test_engine_sampling import chi2_pvalue
 
@@ -70,10 +71,17 @@ def same_records(row, ref):
     """A batched row's rounds and draft tokens equal the batch-1 loop's (the timings aside)."""
     assert len(row.rounds) == len(ref.rounds)
     for a, b in zip(row.rounds, ref.rounds):
-        assert (a.prompt_index, a.round_index, a.k, a.accepted, a.emitted_ids, a.emitted_kinds) == \
-               (b.prompt_index, b.round_index, b.k, b.accepted, b.emitted_ids, b.emitted_kinds)
-        assert [(t.position, t.token_id, t.text, t.token_type, t.outcome) for t in a.draft_tokens] == \
-               [(t.position, t.token_id, t.text, t.token_type, t.outcome) for t in b.draft_tokens]
+        assert (a.prompt_index, a.round_index, a.k, a.accepted, a.emitted_ids, a.emitted_kinds) == (
+            b.prompt_index,
+            b.round_index,
+            b.k,
+            b.accepted,
+            b.emitted_ids,
+            b.emitted_kinds,
+        )
+        assert [(t.position, t.token_id, t.text, t.token_type, t.outcome) for t in a.draft_tokens] == [
+            (t.position, t.token_id, t.text, t.token_type, t.outcome) for t in b.draft_tokens
+        ]
         for ta, tb in zip(a.draft_tokens, b.draft_tokens):
             assert ta.p_draft == pytest.approx(tb.p_draft, abs=1e-4)
             assert ta.p_target == pytest.approx(tb.p_target, abs=1e-4)
@@ -138,6 +146,7 @@ def test_broken_compaction_is_detected(family, monkeypatch):
         if rows is None:  # realignment only: put the old (unmoved) tensors back
             for layer, keys, values in layers:
                 layer.keys, layer.values = keys, values
+
     monkeypatch.setattr(BatchCache, "compact", mask_only)
     decoder = runs.speculative_decoder(pair, cfg, K)
     decoder.compact_ratio = 1.0
@@ -148,6 +157,7 @@ def test_broken_compaction_is_detected(family, monkeypatch):
 
 
 # --- rows finishing at different times -------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def eos_pair():
@@ -172,9 +182,13 @@ def test_rows_finishing_at_different_times_leave_the_batch(eos_pair, drafter, mo
         if self is decoder.target:
             widths.append(ids_.shape[0])
         return forward(self, ids_, valid, keep, **options)
+
     monkeypatch.setattr(BatchCache, "forward", counting)
-    decoder = (runs.baseline_decoder(eos_pair, cfg) if drafter is None
-               else runs.speculative_decoder(eos_pair, cfg, 4, drafter=drafter))
+    decoder = (
+        runs.baseline_decoder(eos_pair, cfg)
+        if drafter is None
+        else runs.speculative_decoder(eos_pair, cfg, 4, drafter=drafter)
+    )
     rows = decoder.generate_batch(prompts, ids, list(range(len(prompts))))
     assert [r.output_ids for r in rows] == alone
     # Finished rows stop costing work: the target's forwards shrink as rows finish, down to the last row alone.
@@ -226,9 +240,17 @@ TOP_K = SamplingConfig(temperature=1.0, top_k=3, max_new_tokens=NEW_S, seed=12)
 GREEDY_DRAFTS = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=NEW_S, seed=13, draft_sampling="greedy")
 
 
-@pytest.mark.parametrize("cfg, drafter", [(TOP_P, "model"), (TOP_K, "model"), (TOP_P, "prompt-lookup:1"),
-                                          (TOP_K, "confidence:0.6"), (TOP_P, "heuristic"),
-                                          (GREEDY_DRAFTS, "model")])
+@pytest.mark.parametrize(
+    "cfg, drafter",
+    [
+        (TOP_P, "model"),
+        (TOP_K, "model"),
+        (TOP_P, "prompt-lookup:1"),
+        (TOP_K, "confidence:0.6"),
+        (TOP_P, "heuristic"),
+        (GREEDY_DRAFTS, "model"),
+    ],
+)
 def test_sampled_rows_follow_target_distribution_at_batch_8(sampled_pair, cfg, drafter):
     assert min(sampled_pvalues(sampled_pair, cfg, drafter)) > 1e-3
 
@@ -249,13 +271,15 @@ def test_sampled_row_draws_as_the_batch1_loop_does(sampled_pair):
         single = runs.speculative_decoder(sampled_pair, cfg, 2, drafter=drafter)
         alone = [single.generate(SAMPLED_PROMPTS[i % 2], ids[i % 2], i).output_ids for i in range(16)]
         decoder = runs.speculative_decoder(sampled_pair, cfg, 2, drafter=drafter)
-        together = decoder.generate_batch([SAMPLED_PROMPTS[i % 2] for i in range(16)], [ids[i % 2] for i in range(16)],
-                                          list(range(16)))
+        together = decoder.generate_batch(
+            [SAMPLED_PROMPTS[i % 2] for i in range(16)], [ids[i % 2] for i in range(16)], list(range(16))
+        )
         assert [r.output_ids for r in together] == alone
         assert len(set(map(tuple, alone))) > 4  # the draws differ from row to row
 
 
 # --- the registry and the input checks ------------------------------------------------------------------------
+
 
 def test_every_drafter_spec_has_its_drafter_class():
     assert set(drafting.DRAFTERS) == set(SPECS)
@@ -300,8 +324,9 @@ def test_broken_row_drop_is_detected(eos_pair, monkeypatch):
         wrong = rows[1:] + rows[:1]
         for (layer, keys, values), new in zip(layers, self.cache.layers):
             index = torch.tensor(wrong)
-            new.keys = keys.index_select(0, index)[:, :, keys.shape[2] - new.keys.shape[2]:]
-            new.values = values.index_select(0, index)[:, :, values.shape[2] - new.values.shape[2]:]
+            new.keys = keys.index_select(0, index)[:, :, keys.shape[2] - new.keys.shape[2] :]
+            new.values = values.index_select(0, index)[:, :, values.shape[2] - new.values.shape[2] :]
+
     monkeypatch.setattr(BatchCache, "select", shuffled)
     rows = runs.speculative_decoder(eos_pair, cfg, 4).generate_batch(prompts, ids, list(range(len(prompts))))
     assert [r.output_ids for r in rows] != alone

@@ -4,6 +4,7 @@ greedy row at batch 1, 3 and 8 equals that prompt's target-only decoding alone, 
 Qwen2-, Gemma2/Gemma3-, Cohere2-style sliding and Llama4 chunked). A model the batched cache cannot decode exactly
 (ALiBi counted in columns, no position_ids, a per-column temperature) is refused in one line before any forward;
 ALiBi counted from the attention mask (Bloom, Falcon) is exact and runs."""
+
 import functools
 
 import pytest
@@ -13,15 +14,17 @@ import transformers
 from engine.decoding import runs
 from engine.decoding.attention_masks import batch_support
 from engine.decoding.batched_cache import BatchCache
-from engine.errors import DraftLabError
 from engine.decoding.sampling import SamplingConfig
+from engine.errors import DraftLabError
 from tests import tiny_models as tm
 from tests.test_engine_batched import decode_in_batches
 from tests.test_engine_sliding import FAMILIES, WINDOW, build
 
 # Lengths 2..40 around the window of 16: rows start at different columns and most cross the window in the prompt.
-PROMPTS = [" ".join(f"t{20 + (s + 7 * i) % 44}" for i in range(n))
-           for s, n in ((0, 24), (3, 5), (5, 40), (1, 2), (7, 17), (2, 31), (4, 9), (6, 13))]
+PROMPTS = [
+    " ".join(f"t{20 + (s + 7 * i) % 44}" for i in range(n))
+    for s, n in ((0, 24), (3, 5), (5, 40), (1, 2), (7, 17), (2, 31), (4, 9), (6, 13))
+]
 NEW = 48
 K = 4
 
@@ -84,8 +87,9 @@ def test_ragged_drafts_and_prompt_lookup_stay_exact_at_batch_8(family):
 def tiny(config_name: str, model_name: str, **extra):
     """A random ALiBi model with weights wide enough (std 0.3) that its greedy outputs vary token to token."""
     torch.manual_seed(0)
-    config = getattr(transformers, config_name)(vocab_size=64, hidden_size=32, num_attention_heads=4,
-                                                eos_token_id=tm.EOS, **extra)
+    config = getattr(transformers, config_name)(
+        vocab_size=64, hidden_size=32, num_attention_heads=4, eos_token_id=tm.EOS, **extra
+    )
     model = getattr(transformers, model_name)(config).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -98,8 +102,14 @@ def tiny(config_name: str, model_name: str, **extra):
 
 ALIBI = {
     "bloom": lambda: tiny("BloomConfig", "BloomForCausalLM", n_layer=2),
-    "falcon": lambda: tiny("FalconConfig", "FalconForCausalLM", num_hidden_layers=2, alibi=True,
-                           new_decoder_architecture=False, multi_query=True),
+    "falcon": lambda: tiny(
+        "FalconConfig",
+        "FalconForCausalLM",
+        num_hidden_layers=2,
+        alibi=True,
+        new_decoder_architecture=False,
+        multi_query=True,
+    ),
     "mpt": lambda: tiny("MptConfig", "MptForCausalLM", n_layers=2, d_model=32, n_heads=4, max_seq_len=256),
 }
 
@@ -140,8 +150,13 @@ class _NoPositions(transformers.LlamaForCausalLM):
     """A forward that never hears of position_ids (it counts positions in cache columns)."""
 
     def forward(self, input_ids=None, attention_mask=None, cache=None, use_cache=None, logits_to_keep=0):
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache,
-                               logits_to_keep=logits_to_keep)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
+        )
 
 
 def test_other_models_the_cache_cannot_decode_exactly_are_refused_and_the_demo_families_are_not():

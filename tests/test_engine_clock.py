@@ -1,6 +1,7 @@
 """Round timing without device stalls: draft and verify are timed with CUDA events read after the round's one
 host transfer (which waits for the device anyway); the only synchronizations are the per-prompt wall clock's.
 CUDA cannot run here: its path is checked with fake events that fail if read before the transfer."""
+
 import time
 
 import pytest

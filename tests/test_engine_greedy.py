@@ -1,12 +1,13 @@
 """Greedy speculative decoding is lossless: token for token equal to target-only decoding and to
 transformers' own generate(), for Llama-style (rotary) and GPT-2-style (absolute positions) models."""
+
 import pytest
 import torch
 
 from engine.decoding import runs
-from engine.metrics.metrics_oracle import speculative_metrics
 from engine.decoding.records import ACCEPTED, DISCARDED, REJECTED
 from engine.decoding.sampling import SamplingConfig
+from engine.metrics.metrics_oracle import speculative_metrics
 from tests import tiny_models as tm
 
 PROMPTS = ["t5", "t9 t3 t22", "t40 t41 t2 t8 t9 t10 t11 t12 t13 t14 t15 t16 t17 t18 t19 t20 t21 t22 t23 t24 t25"]
@@ -41,9 +42,15 @@ def test_target_only_equals_transformers_generate(family_pair, baseline):
     cfg, ids, base = baseline
     model = family_pair.target.model
     for prompt_ids, b in zip(ids, base):
-        out = model.generate(prompt_ids, do_sample=False, max_new_tokens=40, eos_token_id=sorted(runs.eos_ids(family_pair)),
-                             attention_mask=torch.ones_like(prompt_ids), pad_token_id=0)
-        assert out[0, prompt_ids.shape[1]:].tolist() == b.output_ids
+        out = model.generate(
+            prompt_ids,
+            do_sample=False,
+            max_new_tokens=40,
+            eos_token_id=sorted(runs.eos_ids(family_pair)),
+            attention_mask=torch.ones_like(prompt_ids),
+            pad_token_id=0,
+        )
+        assert out[0, prompt_ids.shape[1] :].tolist() == b.output_ids
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
@@ -66,8 +73,12 @@ def test_round_identities(family_pair, baseline, k):
             assert r.emitted_kinds[-1] in ("correction", "bonus") or len(r.emitted_ids) == r.accepted  # EOS cut
             assert [t.position for t in r.draft_tokens] == list(range(1, r.k + 1))
     m = speculative_metrics(spec, base)
-    assert m["accepted"] + m["rejected"] + sum(
-        t.outcome == DISCARDED for s in spec for r in s.rounds for t in r.draft_tokens) == m["proposed"]
+    assert (
+        m["accepted"]
+        + m["rejected"]
+        + sum(t.outcome == DISCARDED for s in spec for r in s.rounds for t in r.draft_tokens)
+        == m["proposed"]
+    )
 
 
 def test_eos_stops_both_decoders_identically():

@@ -1,6 +1,7 @@
 """Each round's k is capped at what is left: the token budget (a round emits at most k_r + 1 tokens) and the
 models' positions. A huge k costs nothing past the budget, a prompt near the context limit does not crash,
 and a k that can never fit the context is refused up front."""
+
 import copy
 
 import pytest
@@ -9,26 +10,42 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from engine.decoding import runs
 from engine.decoding.drafting import ModelDrafter
-from engine.errors import DraftLabError
-from engine.metrics.metrics_oracle import speculative_metrics
 from engine.decoding.sampling import SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder
+from engine.errors import DraftLabError
+from engine.metrics.metrics_oracle import speculative_metrics
 from engine.text.token_types import TokenTyper
 from tests import tiny_models as tm
 
 
 def gpt2(seed: int, positions: int):
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=positions, eos_token_id=tm.EOS,
-                     bos_token_id=0, tie_word_embeddings=False)
+    cfg = GPT2Config(
+        vocab_size=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=positions,
+        eos_token_id=tm.EOS,
+        bos_token_id=0,
+        tie_word_embeddings=False,
+    )
     return tm._sharpen(GPT2LMHeadModel(cfg), 4.0)
 
 
 def llama(seed: int, positions: int):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=positions, eos_token_id=tm.EOS,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=positions,
+        eos_token_id=tm.EOS,
+        tie_word_embeddings=False,
+    )
     return tm._sharpen(LlamaForCausalLM(cfg), 4.0)
 
 

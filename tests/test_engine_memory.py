@@ -1,6 +1,7 @@
 """Per-run memory: the weights a model holds, and the peak bytes the decoders' KV caches held since a reset
 (not the process's cumulative RSS). Exact figures for tiny models: 2 layers x (keys + values) x 2 KV heads x
 head_dim 8 x 4 bytes = 256 bytes per cached token."""
+
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from engine.decoding import runs
@@ -16,11 +17,13 @@ def test_model_bytes_counts_parameters_and_buffers_once():
     params = sum(p.numel() * 4 for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     assert buffers > 0 and model_bytes(model) == params + buffers
-    tied = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64,
-                                      tie_word_embeddings=True))
+    tied = GPT2LMHeadModel(
+        GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64, tie_word_embeddings=True)
+    )
     assert tied.lm_head.weight.data_ptr() == tied.transformer.wte.weight.data_ptr()
     assert model_bytes(tied) == sum(p.numel() * 4 for p in tied.parameters()) + sum(
-        b.numel() * b.element_size() for b in tied.buffers())
+        b.numel() * b.element_size() for b in tied.buffers()
+    )
     full = model_bytes(tied)
     assert model_bytes(tied.half()) == full // 2  # the element size, not the parameter count
 
@@ -65,14 +68,20 @@ def test_speculative_peak_cache_bytes_counts_both_caches_at_their_longest():
 
 
 def test_a_drafter_without_a_cache_adds_nothing():
-    from tests.test_drafter_interface import PromptLookupDrafter
     from engine.decoding.speculative import SpeculativeDecoder
     from engine.text.token_types import TokenTyper
+    from tests.test_drafter_interface import PromptLookupDrafter
 
     p = _pair()
     cfg = SamplingConfig(temperature=0, max_new_tokens=12)
-    decoder = SpeculativeDecoder(p.target.model, PromptLookupDrafter(3, p.vocab_size), p.vocab_size, cfg,
-                                 TokenTyper(p.tokenizer), runs.eos_ids(p))
+    decoder = SpeculativeDecoder(
+        p.target.model,
+        PromptLookupDrafter(3, p.vocab_size),
+        p.vocab_size,
+        cfg,
+        TokenTyper(p.tokenizer),
+        runs.eos_ids(p),
+    )
     ids = runs.encode_prompts(p, ["t3 t4 t5 t3 t4"], 12)[0]
     decoder.generate("t3 t4 t5 t3 t4", ids, 0)
     assert 0 < decoder.peak_cache_bytes() <= (5 + 12) * TOKEN_BYTES

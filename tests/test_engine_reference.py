@@ -1,5 +1,6 @@
 """The cached loop produces the same rounds as a reference that recomputes the whole prefix every round
 (no KV cache, no rollback): caching and cache rollback change nothing but speed."""
+
 import pytest
 import torch
 
@@ -24,9 +25,13 @@ def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos
             logits = full(draft, cur)[-1]
             p = probabilities(logits, cfg)
             t = sample(p, cfg, g)
-            tokens, probs, raw = torch.cat([tokens, t.view(1)]), torch.cat([probs, p[None]]), torch.cat([raw, logits[None]])
+            tokens, probs, raw = (
+                torch.cat([tokens, t.view(1)]),
+                torch.cat([probs, p[None]]),
+                torch.cat([raw, logits[None]]),
+            )
             cur = torch.cat([cur, t.view(1, 1)], 1)
-        t_logits = full(target, cur)[-(k_r + 1):]
+        t_logits = full(target, cur)[-(k_r + 1) :]
         p_t = probabilities(t_logits, cfg)
         n, nxt = verify_rows(tokens[None], probs[None], [k_r], None, p_t[None], cfg, [g])
         host = rows_to_host(tokens[None], probs[None], raw[None], [k_r], p_t[None], t_logits[None], n, nxt)["rows"][0]
@@ -37,10 +42,13 @@ def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos
                 break
         emitted = emitted[: cfg.max_new_tokens - len(out)]
         accepted = min(host["accepted"], len(emitted))  # EOS and budget cuts alike: only emitted drafts count
-        outcomes = ["accepted" if i < accepted else "rejected" if i == host["accepted"] < len(emitted) else "discarded"
-                    for i in range(k_r)]
-        rounds.append((host["tokens"], accepted, emitted, outcomes, host["p_draft"], host["p_target"], host["beta"],
-                       host["kl"]))
+        outcomes = [
+            "accepted" if i < accepted else "rejected" if i == host["accepted"] < len(emitted) else "discarded"
+            for i in range(k_r)
+        ]
+        rounds.append(
+            (host["tokens"], accepted, emitted, outcomes, host["p_draft"], host["p_target"], host["beta"], host["kl"])
+        )
         out += emitted
         seq = torch.cat([seq, torch.tensor([emitted])], 1)
     return out, rounds

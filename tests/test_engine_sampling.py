@@ -1,5 +1,6 @@
 """Sampled speculative decoding is lossless: its outputs follow the target's own distribution exactly
 (chi-squared against the target's exact joint probabilities), and the test catches a broken rule."""
+
 import math
 
 import numpy as np
@@ -8,8 +9,8 @@ import torch
 from scipy import stats
 
 from engine.decoding import runs, verification
-from engine.metrics.metrics_oracle import speculative_metrics
 from engine.decoding.sampling import SamplingConfig
+from engine.metrics.metrics_oracle import speculative_metrics
 from tests import tiny_models as tm
 
 V, NEW, SAMPLES, K = 6, 3, 2000, 2

@@ -6,6 +6,7 @@ again. The soak drains 30 small runs while the database goes away three times, o
 and on a PostgreSQL server of our own that is stopped and started; at the end nothing is stuck `running`,
 nothing is duplicated and no committed row is gone.
 """
+
 from __future__ import annotations
 
 import threading
@@ -24,9 +25,17 @@ PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32", "t8 t9", "t14 
 
 
 def enqueue(store, models, ks=(1, 2), prompts=PROMPTS, max_new_tokens=8, name="fault"):
-    return enqueue_experiment(store, name=name, target=models["target"], draft=models["draft"], prompts="inline",
-                                    sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens, "seed": 3},
-                                    device="cpu", sweep_values=list(ks), prompt_texts=prompts)
+    return enqueue_experiment(
+        store,
+        name=name,
+        target=models["target"],
+        draft=models["draft"],
+        prompts="inline",
+        sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens, "seed": 3},
+        device="cpu",
+        sweep_values=list(ks),
+        prompt_texts=prompts,
+    )
 
 
 def outage_at_prompt(fault_on, fault_off, prompt_index: int, seconds: float):
@@ -39,6 +48,7 @@ def outage_at_prompt(fault_on, fault_off, prompt_index: int, seconds: float):
             fired.set()
             fault_on()
             threading.Timer(seconds, fault_off).start()
+
     hook.fired = fired
     return hook
 
@@ -54,8 +64,9 @@ def test_a_short_outage_mid_run_is_retried_and_every_prompt_is_committed(tmp_pat
     logs = []
     with SqliteWriteFault(path) as fault:
         hook = outage_at_prompt(lambda: setattr(fault, "on", True), lambda: setattr(fault, "on", False), 2, 1.5)
-        worker = Worker(store, heartbeat_seconds=0.2, progress_seconds=0.1, db_retry_seconds=30, log=logs.append,
-                        progress_hook=hook)
+        worker = Worker(
+            store, heartbeat_seconds=0.2, progress_seconds=0.1, db_retry_seconds=30, log=logs.append, progress_hook=hook
+        )
         with worker:
             worker.work(until_idle=True)  # used to die with OperationalError, its runs left `running`
     assert hook.fired.is_set()
@@ -77,10 +88,17 @@ def test_an_outage_past_the_retry_bound_fails_the_runs_with_the_reason_once_writ
     logs = []
     with SqliteWriteFault(path) as fault:
         ended = threading.Event()
-        hook = outage_at_prompt(lambda: setattr(fault, "on", True),
-                                lambda: (setattr(fault, "on", False), ended.set()), 2, 2.5)
-        worker = Worker(store, heartbeat_seconds=0.2, progress_seconds=0.1, db_retry_seconds=1.0, log=logs.append,
-                        progress_hook=hook)
+        hook = outage_at_prompt(
+            lambda: setattr(fault, "on", True), lambda: (setattr(fault, "on", False), ended.set()), 2, 2.5
+        )
+        worker = Worker(
+            store,
+            heartbeat_seconds=0.2,
+            progress_seconds=0.1,
+            db_retry_seconds=1.0,
+            log=logs.append,
+            progress_hook=hook,
+        )
         worker.start()
         try:
             try:
@@ -124,9 +142,27 @@ def test_cli_run_ends_with_one_error_line_when_the_database_stays_unwritable(tmp
             self.progress_hook = lambda *a: (hook(*a), inner and inner(*a))
 
         monkeypatch.setattr(worker_module.Worker, "__init__", init)
-        code = main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                     str(prompt_file), "--k", "1,2", "--max-new-tokens", "8", "--repeats", "1", "--device", "cpu",
-                     "--db", url])
+        code = main(
+            [
+                "run",
+                "--target",
+                model_dirs["target"],
+                "--draft",
+                model_dirs["draft"],
+                "--prompts",
+                str(prompt_file),
+                "--k",
+                "1,2",
+                "--max-new-tokens",
+                "8",
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+                "--db",
+                url,
+            ]
+        )
         err = capsys.readouterr().err
     assert code == 1, err
     errors = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("error:")]
@@ -136,8 +172,8 @@ def test_cli_run_ends_with_one_error_line_when_the_database_stays_unwritable(tmp
 
 
 def test_cli_run_recovers_from_a_short_outage(tmp_path, model_dirs, capsys, monkeypatch):
-    from app.cli import main
     import app.worker.worker as worker_module
+    from app.cli import main
 
     path = tmp_path / "cli.db"
     url = f"sqlite:///{path}"
@@ -154,9 +190,27 @@ def test_cli_run_recovers_from_a_short_outage(tmp_path, model_dirs, capsys, monk
             self.progress_hook = lambda *a: (hook(*a), inner and inner(*a))
 
         monkeypatch.setattr(worker_module.Worker, "__init__", init)
-        code = main(["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts",
-                     str(prompt_file), "--k", "1,2", "--max-new-tokens", "8", "--repeats", "1", "--device", "cpu",
-                     "--db", url])
+        code = main(
+            [
+                "run",
+                "--target",
+                model_dirs["target"],
+                "--draft",
+                model_dirs["draft"],
+                "--prompts",
+                str(prompt_file),
+                "--k",
+                "1,2",
+                "--max-new-tokens",
+                "8",
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+                "--db",
+                url,
+            ]
+        )
         err = capsys.readouterr().err
     assert code == 0, err
     assert "Traceback" not in err and not [line for line in err.splitlines() if line.startswith("error:")]
@@ -176,8 +230,9 @@ def soak(store, model_dirs, fault_on, fault_off, outage_seconds=2.5):
         enqueue(store, model_dirs, prompts=SOAK_PROMPTS, name=f"soak {i}")
     total = EXPERIMENTS * 3 * len(SOAK_PROMPTS)
     logs, outages = [], []
-    worker = Worker(store, heartbeat_seconds=0.3, progress_seconds=0.1, poll_seconds=0.1, db_retry_seconds=30,
-                    log=logs.append)
+    worker = Worker(
+        store, heartbeat_seconds=0.3, progress_seconds=0.1, poll_seconds=0.1, db_retry_seconds=30, log=logs.append
+    )
     watcher = CommitWatcher(store).start()
 
     def inject():
@@ -209,7 +264,9 @@ def soak(store, model_dirs, fault_on, fault_off, outage_seconds=2.5):
                 continue
             try:
                 with store.read() as conn:
-                    left = conn.execute(text("SELECT COUNT(*) FROM runs WHERE status IN ('queued', 'running')")).scalar()
+                    left = conn.execute(
+                        text("SELECT COUNT(*) FROM runs WHERE status IN ('queued', 'running')")
+                    ).scalar()
             except Exception:  # noqa: BLE001 - PostgreSQL is down right now
                 left = -1
             if left == 0 and not injector.is_alive():
@@ -240,8 +297,9 @@ def test_soak_sqlite_writes_refused_three_times(tmp_path, model_dirs):
     path = tmp_path / "soak.db"
     store = open_store(f"sqlite:///{path}")
     with SqliteWriteFault(path) as fault:
-        found, lost, logs, outages = soak(store, model_dirs, lambda: setattr(fault, "on", True),
-                                          lambda: setattr(fault, "on", False))
+        found, lost, logs, outages = soak(
+            store, model_dirs, lambda: setattr(fault, "on", True), lambda: setattr(fault, "on", False)
+        )
     check_soak(found, lost, logs, outages)
     store.dispose()
 
@@ -254,8 +312,9 @@ def own_postgres():
         if why:  # a failure under scripts/test.sh (services required), else a skip; both say why
             from tests.conftest import missing_service
 
-            missing_service(f"cannot start a PostgreSQL server of our own to stop and start (never the shared "
-                            f"one): {why}")
+            missing_service(
+                f"cannot start a PostgreSQL server of our own to stop and start (never the shared one): {why}"
+            )
         yield server
     finally:
         server.close()
@@ -264,8 +323,9 @@ def own_postgres():
 def test_soak_postgres_server_stopped_three_times(own_postgres, model_dirs):
     store = open_store(own_postgres.url)
     try:
-        found, lost, logs, outages = soak(store, model_dirs, lambda: own_postgres.stop("fast"),
-                                          lambda: own_postgres.start())
+        found, lost, logs, outages = soak(
+            store, model_dirs, lambda: own_postgres.stop("fast"), lambda: own_postgres.start()
+        )
     finally:
         store.dispose()
     check_soak(found, lost, logs, outages)

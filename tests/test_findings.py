@@ -1,6 +1,7 @@
 """Findings (storage/analysis/findings.py) on crafted databases, SQLite and PostgreSQL: each rule names the right position,
 token type, tie, formula gap, slow draft, sampling mismatch and timing drift, and stays silent when the data does
 not support it; the panel (pages/panels/findings_panel.py) escapes user text and links to the chart and the New form."""
+
 from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
@@ -8,12 +9,12 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from sqlalchemy import text
 
-from engine.metrics import theory
 from engine.decoding.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+from engine.metrics import theory
 from storage.analysis import findings as fd
-from storage.records import queries as q
-from storage.jobs import run_state
 from storage.analysis.verdict import verdict_dict
+from storage.jobs import run_state
+from storage.records import queries as q
 from tests.test_storage import enqueue, fill_experiment, record, run_ids
 
 BASE_STEP = 0.010  # the baseline's seconds per token: c = BASE_STEP / draft step
@@ -25,8 +26,20 @@ SAMPLED = {"temperature": 0.7, "max_new_tokens": 64}
 def _round(prompt_index, index, k, accepted, types, draft_s, verify_s, first=0):
     """A round of k drafts: `accepted` accepted, then one rejected (unless all k were), the rest discarded; draft i
     has token type types[i]. It emits tokens first, first + 1, ..."""
-    drafts = [DraftToken(i + 1, 10 + i, f"t{i}", types[i], 0.5, 0.5, 0.5, 0.1,
-                         ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED) for i in range(k)]
+    drafts = [
+        DraftToken(
+            i + 1,
+            10 + i,
+            f"t{i}",
+            types[i],
+            0.5,
+            0.5,
+            0.5,
+            0.1,
+            ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED,
+        )
+        for i in range(k)
+    ]
     kinds = [ACCEPTED] * accepted + [BONUS if accepted == k else CORRECTION]
     emitted = list(range(first, first + accepted + 1))
     return Round(prompt_index, index, k, accepted, emitted, kinds, draft_s, verify_s, k, drafts)
@@ -36,15 +49,24 @@ def _prompt(prompt_index, k, rounds, draft_s, verify_s):
     """rounds: [(accepted, types)]; the prompt's wall time is exactly its rounds' draft + verify time. Its output is
     tokens 0, 1, 2, ...: the baseline's (_baseline) when as long (lossless)."""
     starts = [sum(a + 1 for a, _ in rounds[:i]) for i in range(len(rounds))]
-    built = [_round(prompt_index, i, k, a, types, draft_s, verify_s, start)
-             for i, ((a, types), start) in enumerate(zip(rounds, starts))]
+    built = [
+        _round(prompt_index, i, k, a, types, draft_s, verify_s, start)
+        for i, ((a, types), start) in enumerate(zip(rounds, starts))
+    ]
     output = [t for r in built for t in r.emitted_ids]
     return PromptResult(prompt_index, f"p{prompt_index}", output, "x", len(built) * (draft_s + verify_s), rounds=built)
 
 
 def _baseline(prompt_index, tokens):
-    return PromptResult(prompt_index, f"p{prompt_index}", list(range(tokens)), "x", tokens * BASE_STEP,
-                        decode_steps=tokens, decode_seconds=tokens * BASE_STEP)
+    return PromptResult(
+        prompt_index,
+        f"p{prompt_index}",
+        list(range(tokens)),
+        "x",
+        tokens * BASE_STEP,
+        decode_steps=tokens,
+        decode_seconds=tokens * BASE_STEP,
+    )
 
 
 def _run_experiment(store, spec: dict, prompts: int, **kw) -> tuple[int, dict]:
@@ -52,8 +74,10 @@ def _run_experiment(store, spec: dict, prompts: int, **kw) -> tuple[int, dict]:
     token counts and every run, all done. Returns (experiment id, {k: run id})."""
     eid = enqueue(store, ks=tuple(spec), prompts=prompts, **kw)
     ids = run_ids(store, eid)
-    results = {k: [_prompt(i, k, rounds, draft_s, verify_s) for i, rounds in enumerate(per_prompt)]
-               for k, (per_prompt, draft_s, verify_s) in spec.items()}
+    results = {
+        k: [_prompt(i, k, rounds, draft_s, verify_s) for i, rounds in enumerate(per_prompt)]
+        for k, (per_prompt, draft_s, verify_s) in spec.items()
+    }
     first = next(iter(results.values()))
     rows = {ids[("baseline", None)]: ("baseline", [_baseline(i, r.new_tokens) for i, r in enumerate(first)])}
     rows.update({ids[("speculative", k)]: ("speculative", results[k]) for k in spec})
@@ -73,6 +97,7 @@ def _by_kind(found: list[dict]) -> dict:
 
 
 # --- positions and token types -----------------------------------------------------------------------------------
+
 
 def _positions_rounds():
     """100 rounds of k = 4 in which positions 1-2 accept ~98 % and positions 3-4 ~10 % (pos 3: 10 of 96, pos 4: 1 of
@@ -127,8 +152,10 @@ def test_a_temperature_sweep_suggests_k_at_the_best_runs_own_temperature(store):
     assert sorted(run_state.claim_group(store, eid, "w")) == sorted(by_temperature.values())
     for temperature, (per_prompt, draft_s, verify_s) in rows.items():
         spec = [_prompt(i, 4, rounds, draft_s, verify_s) for i, rounds in enumerate(per_prompt)]
-        for kind, results in (("baseline", [_baseline(i, r.new_tokens) for i, r in enumerate(spec)]),
-                              ("speculative", spec)):
+        for kind, results in (
+            ("baseline", [_baseline(i, r.new_tokens) for i, r in enumerate(spec)]),
+            ("speculative", spec),
+        ):
             rid = by_temperature[(kind, temperature)]
             run_state.start_run(store, rid, 4, "cpu")
             for result in results:
@@ -165,11 +192,14 @@ def test_thin_data_gives_no_position_or_type_finding_and_says_so(store):
 
 # --- ties -------------------------------------------------------------------------------------------------------
 
+
 def _speedups(store, ids: dict, speedups: dict) -> None:
     with store.write() as conn:
         for k, (s, lo, hi) in speedups.items():
-            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi WHERE id = :rid"),
-                         {"s": s, "lo": lo, "hi": hi, "rid": ids[("speculative", k)]})
+            conn.execute(
+                text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi WHERE id = :rid"),
+                {"s": s, "lo": lo, "hi": hi, "rid": ids[("speculative", k)]},
+            )
 
 
 @pytest.fixture
@@ -207,11 +237,14 @@ def test_no_tie_finding_when_intervals_are_apart(three_ks):
 
 # --- predictions against the measurement ------------------------------------------------------------------------
 
+
 def test_the_formula_is_off_by_the_verify_cost_and_the_cost_aware_prediction_agrees(store):
     # c = 10 for both; a verify pass costs 1.2 target steps at k = 2 and 2.0 at k = 4. Every prompt alike, so the
     # intervals are points (no tie): k = 2 measures 2.5 × 0.010 / 0.014 = 1.79x, k = 4 4.125 × 0.010 / 0.024 = 1.72x.
-    spec = {2: ([[(a, ["code"] * 2) for a in (2, 2, 1, 2, 0, 2, 1, 2)]] * 3, 0.002, 0.012),
-            4: ([[(a, ["code"] * 4) for a in (4, 3, 4, 2, 4, 1, 3, 4)]] * 3, 0.004, 0.020)}
+    spec = {
+        2: ([[(a, ["code"] * 2) for a in (2, 2, 1, 2, 0, 2, 1, 2)]] * 3, 0.002, 0.012),
+        4: ([[(a, ["code"] * 4) for a in (4, 3, 4, 2, 4, 1, 3, 4)]] * 3, 0.004, 0.020),
+    }
     eid, ids = _run_experiment(store, spec, prompts=3, sampling=SAMPLED)
     runs = q.runs(store, eid).set_index("k")
     assert runs.loc[2, "speedup"] == pytest.approx(2.5 * 0.010 / 0.014)
@@ -239,8 +272,10 @@ def test_the_formula_is_off_by_the_verify_cost_and_the_cost_aware_prediction_agr
 def test_no_formula_finding_when_the_formula_matches_the_measurement(store):
     # A verify pass costs exactly one target step and c = 5: the formula (pooled α = 11/20) also picks k = 2, and puts
     # it at 1.36x against 2.0 / 1.4 = 1.43x measured (-5 %): nothing to say.
-    spec = {1: ([[(a, ["code"]) for a in (0, 1) * 3]] * 3, 0.002, BASE_STEP),
-            2: ([[(a, ["code"] * 2) for a in (0, 1, 2, 1) * 2]] * 3, 0.004, BASE_STEP)}  # 60 verified drafts
+    spec = {
+        1: ([[(a, ["code"]) for a in (0, 1) * 3]] * 3, 0.002, BASE_STEP),
+        2: ([[(a, ["code"] * 2) for a in (0, 1, 2, 1) * 2]] * 3, 0.004, BASE_STEP),
+    }  # 60 verified drafts
     eid, _ = _run_experiment(store, spec, prompts=3, sampling=SAMPLED)
     assert theory.best_k(11 / 20, 5.0)[0] == 2 and verdict_dict(store, eid)["best"] == 2
     found = _by_kind(fd.findings(store, eid))
@@ -248,6 +283,7 @@ def test_no_formula_finding_when_the_formula_matches_the_measurement(store):
 
 
 # --- a draft too slow to pay ------------------------------------------------------------------------------------
+
 
 def _slow_draft(store, draft_s):
     # k = 2, α = 18 / 78 = 0.23 over 3 prompts; c = 0.010 / (draft_s / 2).
@@ -266,7 +302,7 @@ def test_a_draft_too_slow_to_pay(store):
     assert low["data"]["alpha"] == pytest.approx(alpha) and low["data"]["c"] == pytest.approx(2.5)
     need = low["data"]["c_needed"]
     assert theory.best_k(alpha, need, k_max=64)[1] >= fd.WORTH_IT > theory.best_k(alpha, need - 0.05, k_max=64)[1]
-    assert f"c = 2.50" in low["detail"] and f"predicts only {s_f:.2f}×" in low["detail"]
+    assert "c = 2.50" in low["detail"] and f"predicts only {s_f:.2f}×" in low["detail"]
     assert "my_[draft](x) would need c ≥" in low["detail"]
     assert low["prefill"]["drafter"] == "prompt-lookup:3" and "prompt-lookup" in low["next"]
 
@@ -278,6 +314,7 @@ def test_a_fast_draft_is_not_called_slow(store):
 
 # --- broken experiments -----------------------------------------------------------------------------------------
 
+
 def test_sampling_settings_differing_from_the_baseline_are_an_error(store):
     eid, ids, _ = fill_experiment(store, ks=(2, 4))
     assert "sampling_mismatch" not in _by_kind(fd.findings(store, eid))
@@ -287,15 +324,18 @@ def test_sampling_settings_differing_from_the_baseline_are_an_error(store):
     found = fd.findings(store, eid)
     mismatch = found[0]  # the most severe first
     assert mismatch["kind"] == "sampling_mismatch" and mismatch["severity"] == "error"
-    assert mismatch["data"]["runs"] == [{"run_id": rid, "baseline_run_id": ids[("baseline", None)],
-                                         "differ": {"top_p": [0.9, 1.0], "seed": [7.0, 0.0]}}]
+    assert mismatch["data"]["runs"] == [
+        {"run_id": rid, "baseline_run_id": ids[("baseline", None)], "differ": {"top_p": [0.9, 1.0], "seed": [7.0, 0.0]}}
+    ]
     assert f"Run {rid} (k = 4) decoded with top_p = 0.9 against 1, seed = 7 against 0" in mismatch["detail"]
 
 
 def test_a_timing_warning_says_rerun_with_more_repeats(store):
     # k = 1 timed 4x faster than its baseline with 1.5 tokens per round: impossible, so it carries a warning.
-    spec = {1: ([[(a, ["code"]) for a in (1, 0, 1, 0)]] * 3, 0.001, 0.0015),
-            2: ([[(a, ["code"] * 2) for a in (2, 1, 2)]] * 3, 0.002, 0.010)}
+    spec = {
+        1: ([[(a, ["code"]) for a in (1, 0, 1, 0)]] * 3, 0.001, 0.0015),
+        2: ([[(a, ["code"] * 2) for a in (2, 1, 2)]] * 3, 0.002, 0.010),
+    }
     eid, ids = _run_experiment(store, spec, prompts=3)
     warned = _by_kind(fd.findings(store, eid))["timing_warning"]
     assert warned["severity"] == "warning" and warned["data"]["run_ids"] == [ids[1]]
@@ -312,9 +352,18 @@ def test_an_unknown_or_empty_experiment_has_no_findings(store):
 
 # --- links and the panel ----------------------------------------------------------------------------------------
 
+
 def test_prefill_url_is_relative_and_encoded():
-    url = fd.prefill_url({"target": "org/m (v2)", "sweep": "k", "values": "1,2", "top_p": 1.0, "temperature": 0.7,
-                          "prompts": "code:tune"})
+    url = fd.prefill_url(
+        {
+            "target": "org/m (v2)",
+            "sweep": "k",
+            "values": "1,2",
+            "top_p": 1.0,
+            "temperature": 0.7,
+            "prompts": "code:tune",
+        }
+    )
     assert url == "new?target=org%2Fm+%28v2%29&sweep=k&values=1%2C2&top_p=1&temperature=0.7&prompts=code%3Atune"
     assert fd.prefill_query({"page": "train", "focus_from": 3}) == ("train", {"focus_from": "3"})
 
@@ -369,8 +418,9 @@ def test_panel_escapes_user_text_and_links_the_chart_and_the_form(tmp_path):
     assert labels.count("Try it") == 2 and md_escape("Try the confidence:0.5 drafter") in labels
 
     with store.write() as conn:  # an arm decoded differently from its baseline: said loudly, first
-        conn.execute(text("UPDATE runs SET temperature = 0.5 WHERE experiment_id = :eid AND kind = 'speculative'"),
-                     {"eid": eid})
+        conn.execute(
+            text("UPDATE runs SET temperature = 0.5 WHERE experiment_id = :eid AND kind = 'speculative'"), {"eid": eid}
+        )
     at = _panel(url, eid)
     assert len(at.error) == 1 and at.error[0].value.startswith("**Sampling settings differ between arms.**")
 
@@ -381,26 +431,45 @@ def test_a_draft_sweep_gets_findings_with_names_not_numbers(store):
     from storage.jobs.experiments import enqueue_experiment
     from tests.test_timing_protocol import _base_prompt, _fill, _spec_prompt
 
-    eid = enqueue_experiment(store, name="drafts", target="tgt", draft="a", prompts="code:tune", sampling={},
-                                   sweep_variable="draft", sweep_values=["small-draft", "big-draft"], k=2,
-                                   drafter="heuristic", prompt_texts=[f"p{i}" for i in range(3)])
+    eid = enqueue_experiment(
+        store,
+        name="drafts",
+        target="tgt",
+        draft="a",
+        prompts="code:tune",
+        sampling={},
+        sweep_variable="draft",
+        sweep_values=["small-draft", "big-draft"],
+        k=2,
+        drafter="heuristic",
+        prompt_texts=[f"p{i}" for i in range(3)],
+    )
     spec = [_spec_prompt(i, [2, 1, 2, 0], 2, draft_s=0.002, verify_s=0.011) for i in range(3)]
-    rows = {("speculative", "small-draft"): spec, ("speculative", "big-draft"): spec,
-            ("baseline", None): [_base_prompt(i, s.new_tokens, 0.010) for i, s in enumerate(spec)]}
+    rows = {
+        ("speculative", "small-draft"): spec,
+        ("speculative", "big-draft"): spec,
+        ("baseline", None): [_base_prompt(i, s.new_tokens, 0.010) for i, s in enumerate(spec)],
+    }
     from storage.records import queries as q
-    ids = {(r.kind, None if r.kind == "baseline" else r.sweep_label): int(r.run_id)
-           for r in q.runs(store, eid).itertuples()}
+
+    ids = {
+        (r.kind, None if r.kind == "baseline" else r.sweep_label): int(r.run_id)
+        for r in q.runs(store, eid).itertuples()
+    }
     run_state.claim_group(store, eid, "w")
     for key, results in rows.items():
         run_state.start_run(store, ids[key], 3, "cpu")
         for r in results:
             from tests.test_storage import record
+
             record(store, ids[key], key[0], r)
         run_state.finish_run(store, ids[key], "done")
     found = f.findings(store, eid)
     tie = [x for x in found if x["kind"] == "tie"]
     assert tie and "small-draft" in tie[0]["detail"] + tie[0]["title"] + str(tie[0]["prefill"])
-    assert all(x["prefill"].get("drafter", "heuristic") == "heuristic" for x in found if x["prefill"].get("sweep") == "draft")
+    assert all(
+        x["prefill"].get("drafter", "heuristic") == "heuristic" for x in found if x["prefill"].get("sweep") == "draft"
+    )
     _ = _fill
 
 
@@ -410,8 +479,10 @@ def test_the_formula_is_one_curve_the_detail_page_and_the_findings_both_read(sto
     from pages.experiment_detail import speedup_frame
     from storage.analysis import formula
 
-    spec = {2: ([[(a, ["code"] * 2) for a in (2, 2, 1, 2, 0, 2, 1, 2)]] * 3, 0.002, 0.012),
-            4: ([[(a, ["code"] * 4) for a in (4, 3, 4, 2, 4, 1, 3, 4)]] * 3, 0.004, 0.020)}
+    spec = {
+        2: ([[(a, ["code"] * 2) for a in (2, 2, 1, 2, 0, 2, 1, 2)]] * 3, 0.002, 0.012),
+        4: ([[(a, ["code"] * 4) for a in (4, 3, 4, 2, 4, 1, 3, 4)]] * 3, 0.004, 0.020),
+    }
     eid, ids = _run_experiment(store, spec, prompts=3, sampling=SAMPLED)
     pooled = formula.pooled_inputs(store, eid)
     alpha = (12 + 25) * 3 / ((12 + 3 + 25 + 4) * 3)

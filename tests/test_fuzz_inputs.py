@@ -3,6 +3,7 @@
 engine/config/drafter_specs.py) and the prompt-file loaders (engine/text/prompt_sets.py). Whatever the input, the answer is a
 value inside the documented bounds or one DraftLabError line — never another exception. Bounded: a fixed number
 of examples per test, no deadline flakiness on a loaded machine."""
+
 from __future__ import annotations
 
 import json
@@ -13,17 +14,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.config.drafter_specs import SPECS, parse_drafter
+from engine.config.variables import VARIABLES
 from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
 from engine.text.prompt_sets import load_prompt_file
-from engine.config.variables import VARIABLES
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                       HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 # Text users might type: ASCII digits and signs, other scripts' digits, fullwidth forms, spaces, odd floats.
-typed = st.one_of(st.text(max_size=30), st.text(alphabet="0123456789+-.eE ,_", max_size=20),
-                  st.sampled_from(["nan", "inf", "-inf", "1e999", "٣", "３", "1_0", "", " ", "+", "-0", "0x10",
-                                   "10" * 30, "1e-300", "²"]))
+typed = st.one_of(
+    st.text(max_size=30),
+    st.text(alphabet="0123456789+-.eE ,_", max_size=20),
+    st.sampled_from(
+        ["nan", "inf", "-inf", "1e999", "٣", "３", "1_0", "", " ", "+", "-0", "0x10", "10" * 30, "1e-300", "²"]
+    ),
+)
 
 
 @FUZZ
@@ -67,16 +73,27 @@ def test_a_drafter_spec_is_valid_or_one_line(text):
         assert isinstance(value, param.kind) and param.valid(value)
 
 
-json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-                                     st.text(max_size=20)),
-                           lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                   st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                           max_leaves=10)
-lines = st.one_of(st.text(max_size=40),
-                  st.builds(lambda v: json.dumps({"prompt": v}), json_values),
-                  st.builds(lambda t: json.dumps({"prompt": t}, ensure_ascii=True), st.text(max_size=20)),
-                  st.sampled_from(['{"prompt": "a\\ud800"}', '{"prompt": "\\u0000"}', "[" * 5000, '"just a string"',
-                                   '{"prompt": "   "}', "prompt", '"a,b",c']))
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=10,
+)
+lines = st.one_of(
+    st.text(max_size=40),
+    st.builds(lambda v: json.dumps({"prompt": v}), json_values),
+    st.builds(lambda t: json.dumps({"prompt": t}, ensure_ascii=True), st.text(max_size=20)),
+    st.sampled_from(
+        [
+            '{"prompt": "a\\ud800"}',
+            '{"prompt": "\\u0000"}',
+            "[" * 5000,
+            '"just a string"',
+            '{"prompt": "   "}',
+            "prompt",
+            '"a,b",c',
+        ]
+    ),
+)
 
 
 @FUZZ
@@ -95,12 +112,15 @@ def test_a_prompt_file_loads_clean_prompts_or_one_line(tmp_path_factory, suffix,
         prompt.encode("utf-8")  # valid Unicode: a tokenizer and both databases take it
 
 
-@pytest.mark.parametrize("content, words", [
-    ('{"prompt": "a\\u0000b"}\n', "NUL character"),
-    ('{"prompt": "a\\ud800b"}\n', "unpaired surrogate"),
-    ('{"prompt": " \\t "}\n', "only whitespace"),
-    ("[" * 100_000 + "\n", "nested too deeply"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ('{"prompt": "a\\u0000b"}\n', "NUL character"),
+        ('{"prompt": "a\\ud800b"}\n', "unpaired surrogate"),
+        ('{"prompt": " \\t "}\n', "only whitespace"),
+        ("[" * 100_000 + "\n", "nested too deeply"),
+    ],
+)
 def test_the_probe_prompts_are_refused_in_one_line(tmp_path, content, words):
     path = tmp_path / "p.jsonl"
     path.write_text(content, encoding="utf-8")
@@ -114,7 +134,9 @@ def test_prompt_limits_are_settable(tmp_path, monkeypatch):
     path.write_text("a\nb\nc\n", encoding="utf-8")
     assert load_prompt_file(path) == ["a", "b", "c"]
     monkeypatch.setenv("DRAFTLAB_LIMIT_PROMPTS", "2")
-    with pytest.raises(DraftLabError, match="more than the limit of 2: use fewer, or raise it with DRAFTLAB_LIMIT_PROMPTS"):
+    with pytest.raises(
+        DraftLabError, match="more than the limit of 2: use fewer, or raise it with DRAFTLAB_LIMIT_PROMPTS"
+    ):
         load_prompt_file(path)
     monkeypatch.setenv("DRAFTLAB_LIMIT_PROMPTS", "２")
     with pytest.raises(DraftLabError, match=r"\$DRAFTLAB_LIMIT_PROMPTS must be a whole number"):
@@ -174,7 +196,9 @@ def test_every_limit_is_documented_in_the_readme_with_its_default():
     from engine.config.limits import LIMITS
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    rows = {line.split("`")[-2]: line for line in readme.splitlines() if line.startswith("|") and "`DRAFTLAB_LIMIT_" in line}
+    rows = {
+        line.split("`")[-2]: line for line in readme.splitlines() if line.startswith("|") and "`DRAFTLAB_LIMIT_" in line
+    }
     for item in LIMITS.values():
         assert item.env in rows, f"README's limits table lacks {item.env}"
         assert f"| {item.default} |" in rows[item.env], rows[item.env]

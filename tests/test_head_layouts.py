@@ -3,16 +3,16 @@ a speculators head converted to SGLang's layout and back computes the same logit
 rounds, its SGLang file's aux ids are one lower (SGLang's id j = the output of layer j), a SpecForge-style head (no
 verifier, its own embedding, `midlayer.*`) reads the target's hidden_states[j + 1] with the target's embedding, and
 what SGLang cannot compute is refused in one line."""
+
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.models import eagle3
-
 from engine.config import head_format
 from engine.errors import DraftLabError
+from engine.models import eagle3
 from engine.models.loading import with_draft
 from tests import tiny_models as tm
 from tests.test_eagle3 import decode, target_pair
@@ -78,13 +78,21 @@ def test_a_run_with_the_sglang_copy_decodes_as_the_speculators_head(tmp_path):
     """Same rounds, same drafts accepted and rejected, at batch 3: the lab runs either layout alike."""
     target = tm.llama(0, layers=4, vocab=16, sharpness=4.0, eos=None)
     src = speculators_head(tmp_path / "head", target)
-    eagle3.save_sglang(eagle3.load_head(src, target, ["target"], torch.device("cpu"), torch.float32),
-                       tmp_path / "sglang", dtype=torch.float32)
+    eagle3.save_sglang(
+        eagle3.load_head(src, target, ["target"], torch.device("cpu"), torch.float32),
+        tmp_path / "sglang",
+        dtype=torch.float32,
+    )
     runs = []
     for head_dir in (src, tmp_path / "sglang"):
         _, results, baseline = decode(with_draft(target_pair(target, 16), str(head_dir)), 3)
         assert [r.output_ids for r in results] == [b.output_ids for b in baseline]
-        runs.append([[(t.token_id, t.outcome, round(t.p_draft, 6)) for round_ in r.rounds for t in round_.draft_tokens] for r in results])
+        runs.append(
+            [
+                [(t.token_id, t.outcome, round(t.p_draft, 6)) for round_ in r.rounds for t in round_.draft_tokens]
+                for r in results
+            ]
+        )
     assert runs[0] == runs[1] and any(runs[0])
 
 
@@ -93,22 +101,42 @@ def specforge_head(path, target, sglang_ids, embed_noise=1.0):
     verifier, `midlayer.*` weights, and an embedding of its own."""
     torch.manual_seed(4)
     t = target.config
-    layer = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-                 num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
-                 max_position_embeddings=t.max_position_embeddings, rms_norm_eps=t.rms_norm_eps)
+    layer = dict(
+        vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        max_position_embeddings=t.max_position_embeddings,
+        rms_norm_eps=t.rms_norm_eps,
+    )
     from transformers import LlamaConfig
 
-    head = eagle3.Eagle3Head(LlamaConfig(**layer), draft_vocab_size=t.vocab_size, target_hidden_size=t.hidden_size,
-                             aux_layers=[j + 1 for j in sglang_ids])
+    head = eagle3.Eagle3Head(
+        LlamaConfig(**layer),
+        draft_vocab_size=t.vocab_size,
+        target_hidden_size=t.hidden_size,
+        aux_layers=[j + 1 for j in sglang_ids],
+    )
     with torch.no_grad():
         head.embed_tokens.weight.normal_(0, embed_noise)
     state = eagle3.layout_weights(head.state_dict(), "sglang")
     path.mkdir(parents=True)
     save_file(state, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
-        "tie_word_embeddings": False, "draft_vocab_size": t.vocab_size, "torch_dtype": "float32",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_ids, "use_aux_hidden_state": True}, **layer}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "model_type": "llama",
+                "num_hidden_layers": 1,
+                "tie_word_embeddings": False,
+                "draft_vocab_size": t.vocab_size,
+                "torch_dtype": "float32",
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_ids, "use_aux_hidden_state": True},
+                **layer,
+            }
+        )
+    )
     return path
 
 
@@ -119,8 +147,9 @@ def test_a_specforge_head_reads_the_layers_sglang_reads_with_the_targets_embeddi
     assert head.aux_layers == [1, 2, 3]  # SGLang captures at j + 1: transformers' hidden_states[j + 1]
     assert head.embed_tokens is target.get_input_embeddings()  # SGLang's set_embed: the file's own is not used
     with pytest.raises(DraftLabError, match=r"reads target layers \[0, 1, 3\] in SGLang's convention.*from 0 to 2"):
-        eagle3.load_head(specforge_head(tmp_path / "deep", target, [0, 1, 3]), target, ["target"],
-                         torch.device("cpu"), torch.float32)
+        eagle3.load_head(
+            specforge_head(tmp_path / "deep", target, [0, 1, 3]), target, ["target"], torch.device("cpu"), torch.float32
+        )
     # to the speculators layout: a target must be named, and the embedding SGLang never used is dropped
     with pytest.raises(DraftLabError, match="names no target.*pass --verifier MODEL") as err:
         eagle3.convert_head(path, tmp_path / "out", "speculators")
@@ -137,10 +166,12 @@ def test_what_sglang_cannot_compute_is_refused_in_one_line(tmp_path, target):
     src = speculators_head(tmp_path / "residual", target)
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, "norm_before_residual": True}))
-    cases = [(src, "norm_before_residual"),
-             (speculators_head(tmp_path / "fc", target, norm_before_fc=True), "norm_before_fc"),
-             (speculators_head(tmp_path / "twice", target, aux=[1, 2, 2]), "captures once"),
-             (speculators_head(tmp_path / "embedding", target, aux=[0, 2, 3]), "cannot capture")]
+    cases = [
+        (src, "norm_before_residual"),
+        (speculators_head(tmp_path / "fc", target, norm_before_fc=True), "norm_before_fc"),
+        (speculators_head(tmp_path / "twice", target, aux=[1, 2, 2]), "captures once"),
+        (speculators_head(tmp_path / "embedding", target, aux=[0, 2, 3]), "cannot capture"),
+    ]
     for head_dir, says in cases:
         with pytest.raises(DraftLabError, match=says) as err:
             eagle3.convert_head(head_dir, tmp_path / "out", "sglang")
@@ -166,9 +197,13 @@ def test_convert_head_cli(tmp_path, target, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "--overwrite" in err
     assert main(["convert-head", str(src), "--to", "sglang", "--out", str(out), "--overwrite"]) == 0
     capsys.readouterr()
-    for argv, says in ((["convert-head", str(tmp_path), "--to", "sglang", "--out", str(tmp_path / "x")],
-                        "has no readable config.json"),
-                       (["convert-head", str(src), "--to", "vllm", "--out", str(tmp_path / "x")], "invalid choice")):
+    for argv, says in (
+        (
+            ["convert-head", str(tmp_path), "--to", "sglang", "--out", str(tmp_path / "x")],
+            "has no readable config.json",
+        ),
+        (["convert-head", str(src), "--to", "vllm", "--out", str(tmp_path / "x")], "invalid choice"),
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and says in err, err

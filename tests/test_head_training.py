@@ -2,6 +2,7 @@
 inference (its chain from every root, through Eagle3Head.forward with a KV cache, as Eagle3Drafter runs it), the
 simulated acceptance equals greedy speculation's through the engine's loop, and a short training raises acceptance
 on a tiny target."""
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -30,10 +31,10 @@ def inference_chain(head, ids, states, root, steps):
     """The drafts' logits from `root` the way Eagle3Drafter computes them: entries 0..root fed with the target's
     states in one forward (cached), then one forward per draft with the previous step's pre-norm output."""
     cache = DynamicCache()
-    out = head(ids[:, 1: root + 2], head.combine(states[:, : root + 1]), cache=cache)
+    out = head(ids[:, 1 : root + 2], head.combine(states[:, : root + 1]), cache=cache)
     logits, state = [out.logits[:, -1]], out.hidden_states[1][:, -1:]
     for j in range(1, steps):
-        token = ids[:, root + 1 + j: root + 2 + j]
+        token = ids[:, root + 1 + j : root + 2 + j]
         out = head(token, state, cache=cache, position_ids=torch.tensor([[root + j]]))
         logits.append(out.logits[:, -1])
         state = out.hidden_states[1][:, -1:]
@@ -70,19 +71,51 @@ def test_draftlab_train_head_writes_a_head_that_drafts_for_its_target(tmp_path, 
 
     from app.cli import main
     from engine.config import head_format
-    from engine.models.loading import load_pair
     from engine.decoding.runs import baseline_decoder, encode_prompts, speculative_decoder
     from engine.decoding.sampling import SamplingConfig
+    from engine.models.loading import load_pair
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\nt30 t31 t32\n")
     out = tmp_path / "head"
-    assert main(["train-head", "--target", model_dirs["target"], "--prompts", str(prompts), "--out", str(out),
-                 "--steps", "6", "--ttt-steps", "2", "--max-new-tokens", "8", "--batch-size", "2",
-                 "--aux-layers", "0,1", "--device", "cpu", "--json"]) == 0
+    assert (
+        main(
+            [
+                "train-head",
+                "--target",
+                model_dirs["target"],
+                "--prompts",
+                str(prompts),
+                "--out",
+                str(out),
+                "--steps",
+                "6",
+                "--ttt-steps",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--batch-size",
+                "2",
+                "--aux-layers",
+                "0,1",
+                "--device",
+                "cpu",
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"out", "steps", "aux_layers", "draft_vocab_size", "alpha_before", "alpha_after",
-                        "acceptance_length_after", "per_position_acceptance_after"}
+    assert set(doc) == {
+        "out",
+        "steps",
+        "aux_layers",
+        "draft_vocab_size",
+        "alpha_before",
+        "alpha_after",
+        "acceptance_length_after",
+        "per_position_acceptance_after",
+    }
     assert (doc["steps"], doc["aux_layers"], len(doc["per_position_acceptance_after"])) == (6, [0, 1], 2)
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["eagle_aux_hidden_state_layer_ids"] == [0, 1]
@@ -106,8 +139,22 @@ def test_draftlab_train_head_writes_a_head_that_drafts_for_its_target(tmp_path, 
     assert spec.output_ids == baseline_decoder(pair, cfg).generate("t5 t6 t7", ids, 0).output_ids
 
     capsys.readouterr()
-    assert main(["train-head", "--target", model_dirs["target"], "--prompts", str(prompts), "--out", str(out),
-                 "--steps", "2"]) == 2
+    assert (
+        main(
+            [
+                "train-head",
+                "--target",
+                model_dirs["target"],
+                "--prompts",
+                str(prompts),
+                "--out",
+                str(out),
+                "--steps",
+                "2",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --out") and "not empty" in err and "\n" not in err
 
@@ -130,9 +177,11 @@ def focus_tables_oracle(kinds, prompt_lengths, steps, type_weights, position_wei
         raw.append(table)
     values = [x for v in by_type.values() for x in v]
     mean = sum(values) / len(values)
-    return ([[[x / mean for x in row] for row in t] for t in raw],
-            {ty: (len(v), sum(v) / len(v) / mean) for ty, v in by_type.items()},
-            {j: (len(v), sum(v) / len(v) / mean) for j, v in by_position.items()})
+    return (
+        [[[x / mean for x in row] for row in t] for t in raw],
+        {ty: (len(v), sum(v) / len(v) / mean) for ty, v in by_type.items()},
+        {j: (len(v), sum(v) / len(v) / mean) for j, v in by_position.items()},
+    )
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -153,10 +202,12 @@ def test_focus_tables_equal_the_plain_loop_over_every_root_and_step(seed):
     for got, want in zip(tables, oracle_tables, strict=True):
         assert got.shape == (3, len(want[0]))
         assert torch.allclose(got, torch.tensor(want), rtol=1e-5)
-    assert {ty: (v["tokens"], pytest.approx(v["mean_weight"], rel=1e-6)) for ty, v in summary["by_type"].items()} \
-        == oracle_types
-    assert {j: (v["tokens"], pytest.approx(v["mean_weight"], rel=1e-6)) for j, v in summary["by_position"].items()} \
-        == oracle_positions
+    assert {
+        ty: (v["tokens"], pytest.approx(v["mean_weight"], rel=1e-6)) for ty, v in summary["by_type"].items()
+    } == oracle_types
+    assert {
+        j: (v["tokens"], pytest.approx(v["mean_weight"], rel=1e-6)) for j, v in summary["by_position"].items()
+    } == oracle_positions
     # the profile is what it weighs: in the last sequence, step 0 (position 1) from root 0 predicts its "digit"
     # (weight 0.5), from root 1 a "word" (1); position 1 weighs twice position 2
     last = tables[-1]
@@ -175,9 +226,36 @@ def test_train_head_focus_from_weighs_what_the_experiment_rejected(tmp_path, mod
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("t5 t6 t7\nt9 t3 t22 t40\nt12 t13\n")
     out = tmp_path / "head"
-    assert main(["train-head", "--target", model_dirs["target"], "--prompts", str(prompts), "--out", str(out),
-                 "--steps", "3", "--ttt-steps", "2", "--max-new-tokens", "8", "--batch-size", "2",
-                 "--aux-layers", "0,1", "--device", "cpu", "--focus-from", str(eid), "--db", url]) == 0
+    assert (
+        main(
+            [
+                "train-head",
+                "--target",
+                model_dirs["target"],
+                "--prompts",
+                str(prompts),
+                "--out",
+                str(out),
+                "--steps",
+                "3",
+                "--ttt-steps",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--batch-size",
+                "2",
+                "--aux-layers",
+                "0,1",
+                "--device",
+                "cpu",
+                "--focus-from",
+                str(eid),
+                "--db",
+                url,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     saved = json.loads((out / "train_head.json").read_text())
     assert saved["focus"]["experiment_id"] == eid and saved["focus"]["run_id"] == rid
@@ -185,8 +263,9 @@ def test_train_head_focus_from_weighs_what_the_experiment_rejected(tmp_path, mod
     by_type = saved["weights"]["by_type"]
     assert by_type and all(v["tokens"] > 0 for v in by_type.values())
     for summary in by_type, saved["weights"]["by_position"]:  # mean 1 over the weighted entries, either way
-        assert sum(v["tokens"] * v["mean_weight"] for v in summary.values()) == \
-            pytest.approx(sum(v["tokens"] for v in summary.values()))
+        assert sum(v["tokens"] * v["mean_weight"] for v in summary.values()) == pytest.approx(
+            sum(v["tokens"] for v in summary.values())
+        )
     position = saved["weights"]["by_position"]  # the profile rejected position 1 more than position 2
     assert position["1"]["mean_weight"] > position["2"]["mean_weight"]
     card = (out / "MODEL_CARD.md").read_text()

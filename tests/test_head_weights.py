@@ -1,6 +1,7 @@
 """A head whose weights file does not read (truncated, garbage) is one error line naming the file and the fix, on
 every path that reads a head (engine/models/weight_files.py, the check a causal LM's files get): `run --draft HEAD`,
 `check-head` and `convert-head`; nothing is stored or written."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,10 +33,29 @@ def _commands(head, model_dirs, tmp_path):
     prompts.write_text("t3 t4 t5\nt9 t10\n")
     db = f"sqlite:///{tmp_path / 'runs.db'}"
     return {
-        "run": ["run", "--target", model_dirs["target"], "--draft", str(head), "--prompts", str(prompts),
-                "--max-new-tokens", "4", "--db", db],
-        "check-head": ["check-head", str(head), "--target", model_dirs["target"], "--prompts", str(prompts),
-                       "--device", "cpu"],
+        "run": [
+            "run",
+            "--target",
+            model_dirs["target"],
+            "--draft",
+            str(head),
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "4",
+            "--db",
+            db,
+        ],
+        "check-head": [
+            "check-head",
+            str(head),
+            "--target",
+            model_dirs["target"],
+            "--prompts",
+            str(prompts),
+            "--device",
+            "cpu",
+        ],
         "convert-head": ["convert-head", str(head), "--to", "sglang", "--out", str(tmp_path / "converted")],
     }
 

@@ -3,6 +3,7 @@ drafts with its own (engine/config/run_config.py: a head as eagle3, a causal LM 
 baseline. End to end through `draftlab run` on the tiny target, and through every view of the configuration (its
 link, the form, the command line, the stored experiment), the detail page's labels and deploy. A drafter that
 cannot draft every draft, or a head trained for another target, is still refused in one line."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,8 @@ import json
 import pytest
 from sqlalchemy import inspect, text
 
-from engine.errors import DraftLabError
 from engine.config.run_config import RunConfig
+from engine.errors import DraftLabError
 from tests.cli_runs import run_json
 from tests.test_eagle3 import write_head
 
@@ -25,8 +26,9 @@ def head_dir(model_dirs, tmp_path_factory):
     return write_head(tmp_path_factory.mktemp("mixed") / "head", target, verifier=model_dirs["target"], aux=[0, 1, 1])
 
 
-def test_draftlab_run_compares_a_head_with_a_causal_lm_in_one_sweep(tmp_path, model_dirs, head_dir, capsys,
-                                                                     monkeypatch):
+def test_draftlab_run_compares_a_head_with_a_causal_lm_in_one_sweep(
+    tmp_path, model_dirs, head_dir, capsys, monkeypatch
+):
     """`draftlab run --draft HEAD,LM`: both runs finish, each drafted by its own drafter (the engine built an
     eagle3 drafter over the head and a model drafter over the LM), both greedy outputs equal the baseline's token
     for token, the stored rows, the --json runs, the run table and the detail page's labels name each draft with its
@@ -36,9 +38,9 @@ def test_draftlab_run_compares_a_head_with_a_causal_lm_in_one_sweep(tmp_path, mo
     from engine.decoding import runs as engine_runs
     from pages.widgets.common import run_label, swept_values
     from storage import open_store
+    from storage.analysis.verdict import verdict
     from storage.records import queries as q
     from storage.serving.deploy import deploy_document
-    from storage.analysis.verdict import verdict
 
     built = []
     make = engine_runs.make_drafter
@@ -50,12 +52,15 @@ def test_draftlab_run_compares_a_head_with_a_causal_lm_in_one_sweep(tmp_path, mo
 
     monkeypatch.setattr(engine_runs, "make_drafter", spy)
     drafts = [head_dir, model_dirs["draft"]]
-    doc, db = run_json(tmp_path, {**model_dirs, "draft": ",".join(drafts)}, capsys, "--k", "3",
-                       "--max-new-tokens", "12")
+    doc, db = run_json(
+        tmp_path, {**model_dirs, "draft": ",".join(drafts)}, capsys, "--k", "3", "--max-new-tokens", "12"
+    )
 
     assert set(built) == {("eagle3", "Eagle3Head", "Eagle3Drafter"), ("model", "LlamaForCausalLM", "ModelDrafter")}
     assert [(r["draft"], r["drafter"], r["status"], r["sweep_value"]) for r in doc["runs"]] == [
-        (head_dir, "eagle3", "done", head_dir), (model_dirs["draft"], "model", "done", model_dirs["draft"])]
+        (head_dir, "eagle3", "done", head_dir),
+        (model_dirs["draft"], "model", "done", model_dirs["draft"]),
+    ]
     baseline = doc["baseline"]["outputs"]
     assert baseline and all(len(o["token_ids"]) == 12 for o in baseline)
     for run in doc["runs"]:
@@ -68,10 +73,17 @@ def test_draftlab_run_compares_a_head_with_a_causal_lm_in_one_sweep(tmp_path, mo
     assert (experiment["sweep_variable"], experiment["sweep_values"]) == ("draft", drafts)
     assert json.loads(experiment["draft_drafters"]) == ["eagle3", "model"]
     with store.read() as conn:
-        rows = conn.execute(text("SELECT kind, draft, drafter, sweep_label, baseline_run_id FROM runs "
-                                 "WHERE experiment_id = :eid ORDER BY id"), {"eid": eid}).all()
-    assert [tuple(r[:4]) for r in rows[1:]] == [("speculative", head_dir, "eagle3", head_dir),
-                                                ("speculative", model_dirs["draft"], "model", model_dirs["draft"])]
+        rows = conn.execute(
+            text(
+                "SELECT kind, draft, drafter, sweep_label, baseline_run_id FROM runs "
+                "WHERE experiment_id = :eid ORDER BY id"
+            ),
+            {"eid": eid},
+        ).all()
+    assert [tuple(r[:4]) for r in rows[1:]] == [
+        ("speculative", head_dir, "eagle3", head_dir),
+        ("speculative", model_dirs["draft"], "model", model_dirs["draft"]),
+    ]
     assert rows[0][0] == "baseline" and {r[4] for r in rows[1:]} == {1}  # one shared baseline
 
     v = verdict(store, eid)  # one verdict over both: the best, and the other tied with it or ranked below
@@ -81,12 +93,16 @@ def test_draftlab_run_compares_a_head_with_a_causal_lm_in_one_sweep(tmp_path, mo
     runs = q.runs(store, eid)
     labels = run_label(runs, "draft")
     ids = runs.loc[runs["kind"] == "speculative", "run_id"].tolist()
-    assert [labels(i) for i in ids] == [f"run {ids[0]} · draft={head_dir} · eagle3 (done)",
-                                        f"run {ids[1]} · draft={model_dirs['draft']} · model (done)"]
+    assert [labels(i) for i in ids] == [
+        f"run {ids[0]} · draft={head_dir} · eagle3 (done)",
+        f"run {ids[1]} · draft={model_dirs['draft']} · model (done)",
+    ]
     assert swept_values(runs, "draft")[1:] == [f"{head_dir} · eagle3", f"{model_dirs['draft']} · model"]
     table = format_table(doc).splitlines()  # `draftlab run` without --json: the same names, each with its drafter
     assert [line.split()[:3] for line in table if line.startswith(tuple(drafts))] == [
-        [head_dir, "·", "eagle3"], [model_dirs["draft"], "·", "model"]]
+        [head_dir, "·", "eagle3"],
+        [model_dirs["draft"], "·", "model"],
+    ]
 
     for run_id, method, drafter in ((ids[0], "eagle3", "eagle3"), (ids[1], "draft_model", "model")):
         deploy = deploy_document(store, eid, run_id)
@@ -104,9 +120,9 @@ def test_a_mixed_sweep_reads_back_the_same_through_every_view(store, head_dir, m
     from app.sweep import parse_sweep
     from engine.config.variables import VARIABLES
     from pages.widgets.prefill import form_config, form_values, parse_prefill
-    from storage.records import queries as q
-    from storage.jobs.experiments import enqueue_experiment, recent_duplicate
     from storage.db.schema import SCHEMA_VERSION
+    from storage.jobs.experiments import enqueue_experiment, recent_duplicate
+    from storage.records import queries as q
 
     cfg = RunConfig.make(target="demo-target", prompts="code:tune", sweep="draft", values=[head_dir, "demo-draft"])
     assert cfg.drafters == ("eagle3", "model") and cfg.value("drafter") == "eagle3"
@@ -126,8 +142,9 @@ def test_a_mixed_sweep_reads_back_the_same_through_every_view(store, head_dir, m
     assert RunConfig.from_experiment(q.experiment(store, eid)) == cfg
     monkeypatch.undo()
     assert recent_duplicate(store, {**cfg.enqueue(), "name": "again"}) == eid  # a second Launch: the same one
-    one_kind = RunConfig.make(target="demo-target", prompts="code:tune", sweep="draft",
-                              values=["demo-draft", "demo-draft-distilled"])
+    one_kind = RunConfig.make(
+        target="demo-target", prompts="code:tune", sweep="draft", values=["demo-draft", "demo-draft-distilled"]
+    )
     assert one_kind.drafters is None and one_kind.experiment_columns()["draft_drafters"] is None
     assert SCHEMA_VERSION >= 17
 
@@ -136,13 +153,14 @@ def test_a_version_16_database_gains_the_drafters_column(tmp_path):
     """schema v17: a database from before gets experiments.draft_drafters when opened; its experiments read as
     before (NULL: every run drafts with the experiment's drafter)."""
     from storage import open_store
-    from storage.records import queries as q
     from storage.jobs.experiments import enqueue_experiment
+    from storage.records import queries as q
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     store = open_store(url)
-    eid = enqueue_experiment(store, name="old", target="t", draft="demo-draft", prompts="code", sampling={},
-                             sweep_values=[2, 3])
+    eid = enqueue_experiment(
+        store, name="old", target="t", draft="demo-draft", prompts="code", sampling={}, sweep_values=[2, 3]
+    )
     with store.write() as conn:
         conn.execute(text("ALTER TABLE experiments DROP COLUMN draft_drafters"))
         conn.execute(text("UPDATE schema_info SET version = 16"))
@@ -165,17 +183,42 @@ def test_what_cannot_draft_is_still_refused_in_one_line(tmp_path, model_dirs, he
 
     for drafter, draft in (("model", head_dir), ("eagle3", model_dirs["draft"])):
         with pytest.raises(DraftLabError, match=f"drafter '{drafter}' drafts with .* but the draft '{draft}'"):
-            RunConfig.make(target="t", prompts="code", sweep="draft", values=[head_dir, model_dirs["draft"]],
-                           drafter=drafter)
-    other = write_head(tmp_path / "other", AutoModelForCausalLM.from_pretrained(model_dirs["target"]),
-                       verifier="someone/else", aux=[0, 1, 1])
+            RunConfig.make(
+                target="t", prompts="code", sweep="draft", values=[head_dir, model_dirs["draft"]], drafter=drafter
+            )
+    other = write_head(
+        tmp_path / "other",
+        AutoModelForCausalLM.from_pretrained(model_dirs["target"]),
+        verifier="someone/else",
+        aux=[0, 1, 1],
+    )
     db = f"sqlite:///{tmp_path / 'refused.db'}"
     (tmp_path / "prompts.txt").write_text("t5 t6 t7\n")
-    for draft, extra, says in ((f"{other},{model_dirs['draft']}", [], "was trained for target 'someone/else'"),
-                               (f"{head_dir},{model_dirs['draft']}", ["--drafter", "heuristic"],
-                                "leave the drafter out (a head drafts as eagle3)")):
-        code = main(["run", "--target", model_dirs["target"], "--draft", draft, "--prompts",
-                     str(tmp_path / "prompts.txt"), "--device", "cpu", "--db", db, "--json", *extra])
+    for draft, extra, says in (
+        (f"{other},{model_dirs['draft']}", [], "was trained for target 'someone/else'"),
+        (
+            f"{head_dir},{model_dirs['draft']}",
+            ["--drafter", "heuristic"],
+            "leave the drafter out (a head drafts as eagle3)",
+        ),
+    ):
+        code = main(
+            [
+                "run",
+                "--target",
+                model_dirs["target"],
+                "--draft",
+                draft,
+                "--prompts",
+                str(tmp_path / "prompts.txt"),
+                "--device",
+                "cpu",
+                "--db",
+                db,
+                "--json",
+                *extra,
+            ]
+        )
         out, err = capsys.readouterr()
         assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and says in err, err
     assert q.experiment_rows(open_store(db)).empty
@@ -212,19 +255,28 @@ def test_a_worker_runs_the_sweep_as_the_dashboard_queues_it(tmp_path, model_dirs
     loaded beside it): both runs done and lossless, each with its own drafter."""
     from app.worker.worker import Worker
     from storage import open_store
-    from storage.records import queries as q
     from storage.jobs.experiments import enqueue_experiment
+    from storage.records import queries as q
     from tests.cli_runs import PROMPTS
 
     store = open_store(f"sqlite:///{tmp_path / 'worker.db'}")
-    cfg = RunConfig.make(target=model_dirs["target"], prompts="tiny", sweep="draft", values=[model_dirs["draft"],
-                         head_dir], k=3, max_new_tokens=10, device="cpu")
+    cfg = RunConfig.make(
+        target=model_dirs["target"],
+        prompts="tiny",
+        sweep="draft",
+        values=[model_dirs["draft"], head_dir],
+        k=3,
+        max_new_tokens=10,
+        device="cpu",
+    )
     eid = enqueue_experiment(store, name="worker", **cfg.enqueue(), prompt_texts=PROMPTS)
     with Worker(store) as worker:
         worker.work(until_idle=True)
     runs = q.runs(store, eid)
     spec = runs[runs["kind"] == "speculative"]
     assert list(zip(spec["draft"], spec["drafter"], spec["status"])) == [
-        (model_dirs["draft"], "model", "done"), (head_dir, "eagle3", "done")]
+        (model_dirs["draft"], "model", "done"),
+        (head_dir, "eagle3", "done"),
+    ]
     assert spec["outputs_match_baseline"].tolist() == [True, True] and (spec["proposed"] > 0).all()
     store.dispose()

@@ -1,5 +1,6 @@
 """Every dashboard page under Streamlit's AppTest, against real (temporary) databases: empty, populated by the
 real worker running tiny models, and fed invalid input. Figures on screen are compared with storage's queries."""
+
 from __future__ import annotations
 
 import json
@@ -12,12 +13,18 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.metrics import theory
-from storage.jobs import liveness, run_state
 from storage import open_store
 from storage.analysis import catalog
-from storage.records import queries as q
-from storage.jobs.experiments import add_k_runs, enqueue_experiment, get_experiment, load_experiment_prompts, set_predicted_curve
+from storage.jobs import liveness, run_state
+from storage.jobs.experiments import (
+    add_k_runs,
+    enqueue_experiment,
+    get_experiment,
+    load_experiment_prompts,
+    set_predicted_curve,
+)
 from storage.jobs.leases import acquire_lease, release_lease
+from storage.records import queries as q
 
 TIMEOUT = 180  # seconds per script run: the CI machine is small and shared
 PAGES = ["new", "experiments", "experiment", "rounds", "compare", "theory", "train"]
@@ -38,8 +45,10 @@ def assert_clean(at: AppTest) -> None:
 
 def chart_data(at: AppTest) -> list[list[pd.DataFrame]]:
     """Every Vega-Lite chart's datasets, decoded from what the browser would receive."""
-    return [[pa.ipc.open_stream(d.data.data).read_pandas() for d in chart.proto.datasets]
-            for chart in at.get("vega_lite_chart")]
+    return [
+        [pa.ipc.open_stream(d.data.data).read_pandas() for d in chart.proto.datasets]
+        for chart in at.get("vega_lite_chart")
+    ]
 
 
 def chart_titles(at: AppTest) -> list[str]:
@@ -79,6 +88,7 @@ def with_password(url: str) -> tuple[str, str]:
 
 # --- databases -----------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def empty_db(tmp_path, monkeypatch) -> str:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
@@ -102,15 +112,44 @@ def populated_template(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("populated") / "draftlab.db"
     store = open_store(f"sqlite:///{path}")
-    enqueue_experiment(store, name="tiny greedy", target="tiny-target", draft="tiny-draft", prompts="tiny",
-                             sampling={"max_new_tokens": 16}, sweep_values=[1, 2, 4], tags=("tiny", "greedy"),
-                             notes="first sweep", prompt_texts=PROMPTS, device="cpu")
-    enqueue_experiment(store, name="tiny sampled", target="tiny-target", draft="tiny-draft", prompts="tiny",
-                             sampling={"max_new_tokens": 16, "temperature": 1.0, "seed": 3}, sweep_values=[2, 3],
-                             tags=("tiny",), prompt_texts=PROMPTS, device="cpu")
-    enqueue_experiment(store, name="tiny temperature sweep", target="tiny-target", draft="tiny-draft",
-                             prompts="tiny", sampling={"max_new_tokens": 8}, sweep_variable="temperature",
-                             sweep_values=[0.0, 1.0], k=2, prompt_texts=PROMPTS[:1], device="cpu")
+    enqueue_experiment(
+        store,
+        name="tiny greedy",
+        target="tiny-target",
+        draft="tiny-draft",
+        prompts="tiny",
+        sampling={"max_new_tokens": 16},
+        sweep_values=[1, 2, 4],
+        tags=("tiny", "greedy"),
+        notes="first sweep",
+        prompt_texts=PROMPTS,
+        device="cpu",
+    )
+    enqueue_experiment(
+        store,
+        name="tiny sampled",
+        target="tiny-target",
+        draft="tiny-draft",
+        prompts="tiny",
+        sampling={"max_new_tokens": 16, "temperature": 1.0, "seed": 3},
+        sweep_values=[2, 3],
+        tags=("tiny",),
+        prompt_texts=PROMPTS,
+        device="cpu",
+    )
+    enqueue_experiment(
+        store,
+        name="tiny temperature sweep",
+        target="tiny-target",
+        draft="tiny-draft",
+        prompts="tiny",
+        sampling={"max_new_tokens": 8},
+        sweep_variable="temperature",
+        sweep_values=[0.0, 1.0],
+        k=2,
+        prompt_texts=PROMPTS[:1],
+        device="cpu",
+    )
     with Worker(store, loader=loader, log=lambda message: None) as worker:
         worker.work(until_idle=True)
     store.dispose()
@@ -145,13 +184,15 @@ def model_dirs(tmp_path_factory) -> dict[str, str]:
     dirs = {}
     for name, prefix in (("target", "t"), ("draft", "t"), ("other", "u")):
         tokenizer(64, prefix=prefix).save_pretrained(root / name)
-        LlamaConfig(vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                    num_attention_heads=2).save_pretrained(root / name)
+        LlamaConfig(
+            vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
+        ).save_pretrained(root / name)
         dirs[name] = str(root / name)
     return dirs
 
 
 # --- empty database ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_renders_on_an_empty_database(empty_db, page):
@@ -169,6 +210,7 @@ def test_entry_script_routes_to_experiments_by_default(empty_db):
 
 
 # --- Theory --------------------------------------------------------------------------------------------------
+
 
 def test_theory_sliders_drive_the_formulas(empty_db):
     at = app("theory")
@@ -200,10 +242,21 @@ def test_theory_simulator_lands_on_the_formula_and_rejects_bad_k(empty_db):
 
 # --- New experiment ------------------------------------------------------------------------------------------
 
-WIDGETS = {"temperature": "number_input", "top_k": "number_input", "top_p": "number_input", "seed": "number_input",
-           "max_new_tokens": "number_input", "prompt_set": "selectbox", "device": "selectbox", "dtype": "selectbox",
-           "sweep_variable": "selectbox", "sweep_values": "text_input", "name": "text_input", "tags": "text_input",
-           "notes": "text_area"}
+WIDGETS = {
+    "temperature": "number_input",
+    "top_k": "number_input",
+    "top_p": "number_input",
+    "seed": "number_input",
+    "max_new_tokens": "number_input",
+    "prompt_set": "selectbox",
+    "device": "selectbox",
+    "dtype": "selectbox",
+    "sweep_variable": "selectbox",
+    "sweep_values": "text_input",
+    "name": "text_input",
+    "tags": "text_input",
+    "notes": "text_area",
+}
 
 
 def _fill(at: AppTest, model_dirs, **fields) -> AppTest:
@@ -216,8 +269,17 @@ def _fill(at: AppTest, model_dirs, **fields) -> AppTest:
 
 
 def test_new_experiment_launch_enqueues_baseline_and_one_run_per_k(empty_db, model_dirs):
-    at = _fill(app("new"), model_dirs, sweep_values="4,1,2", max_new_tokens=8, tags="smoke, cpu", notes="why not",
-               name="launched from the page", prompt_set="code:validation", device="cpu")
+    at = _fill(
+        app("new"),
+        model_dirs,
+        sweep_values="4,1,2",
+        max_new_tokens=8,
+        tags="smoke, cpu",
+        notes="why not",
+        name="launched from the page",
+        prompt_set="code:validation",
+        device="cpu",
+    )
     assert at.success and "tokenizers match" in at.success[0].value
     at.button(key="launch").click().run()
     assert_clean(at)
@@ -253,8 +315,8 @@ def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs
     from sqlalchemy import text
 
     from engine.text.prompt_sets import load_prompts
-    from pages.panels.estimate import duration, weight_bytes
     from pages.new_experiment import arms_of, workload
+    from pages.panels.estimate import duration, weight_bytes
 
     target, reference = tmp_path / "target", tmp_path / "reference"  # weights on disk: 3 MB and 1 MB
     shutil.copytree(model_dirs["target"], target)
@@ -264,17 +326,29 @@ def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs
     target = str(target)
 
     def caption():
-        at = _fill(app("new"), model_dirs, target=target, sweep_values="1,2,4", max_new_tokens=16,
-                   prompt_set="code:validation")
+        at = _fill(
+            app("new"), model_dirs, target=target, sweep_values="1,2,4", max_new_tokens=16, prompt_set="code:validation"
+        )
         return next(c.value for c in at.caption if "Launch decodes" in c.value)
 
     def measured(target, speed, batch_size):
-        eid = enqueue_experiment(store, name="m", target=target, draft="d", prompts="code:tune",
-                                 sampling={"max_new_tokens": 8, "batch_size": batch_size}, sweep_values=[2])
+        eid = enqueue_experiment(
+            store,
+            name="m",
+            target=target,
+            draft="d",
+            prompts="code:tune",
+            sampling={"max_new_tokens": 8, "batch_size": batch_size},
+            sweep_values=[2],
+        )
         with store.write() as conn:
-            conn.execute(text("UPDATE runs SET status = 'done', tokens_per_second = :s, device_name = 'cpu', "
-                              "finished = created WHERE experiment_id = :e AND kind = 'baseline'"),
-                         {"e": eid, "s": speed})
+            conn.execute(
+                text(
+                    "UPDATE runs SET status = 'done', tokens_per_second = :s, device_name = 'cpu', "
+                    "finished = created WHERE experiment_id = :e AND kind = 'baseline'"
+                ),
+                {"e": eid, "s": speed},
+            )
         return eid
 
     n = len(load_prompts("code:validation"))
@@ -297,8 +371,15 @@ def test_the_form_says_what_launch_will_decode_and_how_long(empty_db, model_dirs
 def test_recent_duplicate_matches_settings_not_labels(store):
     from storage.jobs.experiments import enqueue_experiment, recent_duplicate
 
-    launch = dict(name="a", target="t", draft="d", prompts="code:tune", sampling={"max_new_tokens": 8},
-                  sweep_values=[4, 1, 2], tags=("x",))
+    launch = dict(
+        name="a",
+        target="t",
+        draft="d",
+        prompts="code:tune",
+        sampling={"max_new_tokens": 8},
+        sweep_values=[4, 1, 2],
+        tags=("x",),
+    )
     first = enqueue_experiment(store, **launch)
     assert recent_duplicate(store, {**launch, "name": "b", "notes": "n", "tags": ()}) == first
     assert recent_duplicate(store, {**launch, "sweep_values": [1, 2]}) is None
@@ -332,19 +413,19 @@ def test_every_shipped_draft_is_a_primary_draft_choice_and_in_the_cli_help(empty
     assert all(name in at.text_input(key="draft").help for name in shipped)
     assert main(["run", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
-    draft_help = help_text[help_text.rindex("--draft DRAFT"):help_text.rindex("--drafter DRAFTER")]
+    draft_help = help_text[help_text.rindex("--draft DRAFT") : help_text.rindex("--drafter DRAFTER")]
     assert all(name in draft_help for name in shipped), draft_help
 
 
-def test_new_experiment_upload_of_conversations_renders_them_or_says_why_not(empty_db, model_dirs, tmp_path,
-                                                                            monkeypatch):
+def test_new_experiment_upload_of_conversations_renders_them_or_says_why_not(
+    empty_db, model_dirs, tmp_path, monkeypatch
+):
     """A chat JSONL upload is rendered by the target's chat template before it is frozen; a target without one is
     refused at Launch in one line, and nothing is queued."""
     import json as _json
 
     monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path / "uploads"))
-    chats = "".join(_json.dumps({"messages": [{"role": "user", "content": f"t{i} t{i + 1}"}]}) + "\n"
-                    for i in (1, 3))
+    chats = "".join(_json.dumps({"messages": [{"role": "user", "content": f"t{i} t{i + 1}"}]}) + "\n" for i in (1, 3))
     at = app("new")
     at.radio(key="prompt_source").set_value("Upload a file").run()
     at.get("file_uploader")[0].upload("chats.jsonl", chats.encode(), "application/jsonl")
@@ -370,23 +451,29 @@ def test_new_experiment_upload_freezes_the_uploaded_prompts(empty_db, model_dirs
     assert row["prompts"].endswith("-mine.txt") and Path(row["prompts"]).parent == tmp_path / "uploads"
     with store.read() as conn:
         assert load_experiment_prompts(conn, int(row["experiment_id"])) == ["t1 t2", "t3 t4 t5"]
-    for page, query in (("experiments", {}), ("experiment", {"experiment": row["experiment_id"]}),
-                        ("compare", {"experiments": row["experiment_id"]})):
+    for page, query in (
+        ("experiments", {}),
+        ("experiment", {"experiment": row["experiment_id"]}),
+        ("compare", {"experiments": row["experiment_id"]}),
+    ):
         shown = app(page, **query)
         assert_clean(shown)
         assert str(tmp_path) not in page_text(shown), page  # the upload is named, its server path never shown
     assert "mine.txt" in page_text(app("experiments"))
 
 
-@pytest.mark.parametrize("fields, words", [
-    ({"sweep_values": "1, two"}, "whole number"),
-    ({"sweep_values": "0"}, "whole number"),
-    ({"sweep_values": ""}, "at least one"),
-    ({"temperature": -1.0}, "temperature"),
-    ({"top_p": 0.0}, "top-p"),
-    ({"draft": "OTHER"}, "disagree"),
-    ({"draft": "/no/such/dir"}, "no such folder"),  # a path: never the hub's "Repo id must be in the form"
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"sweep_values": "1, two"}, "whole number"),
+        ({"sweep_values": "0"}, "whole number"),
+        ({"sweep_values": ""}, "at least one"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top-p"),
+        ({"draft": "OTHER"}, "disagree"),
+        ({"draft": "/no/such/dir"}, "no such folder"),  # a path: never the hub's "Repo id must be in the form"
+    ],
+)
 def test_new_experiment_invalid_input_shows_an_error_and_enqueues_nothing(empty_db, model_dirs, fields, words):
     if fields.get("draft") == "OTHER":
         fields["draft"] = model_dirs["other"]
@@ -397,11 +484,16 @@ def test_new_experiment_invalid_input_shows_an_error_and_enqueues_nothing(empty_
     assert catalog.experiments(open_store(empty_db)).empty
 
 
-@pytest.mark.parametrize("key, value, words", [
-    ("max_new_tokens", 1_000_000_000, "max new tokens must be a whole number from 1 to"),
-    ("max_new_tokens", 0, "max new tokens must be"), ("batch_size", 0, "batch size must be"),
-    ("seed", -1, "seed must be"), ("repeats", 0, "repeats must be"),
-])
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("max_new_tokens", 1_000_000_000, "max new tokens must be a whole number from 1 to"),
+        ("max_new_tokens", 0, "max new tokens must be"),
+        ("batch_size", 0, "batch size must be"),
+        ("seed", -1, "seed must be"),
+        ("repeats", 0, "repeats must be"),
+    ],
+)
 def test_new_experiment_an_out_of_range_number_blocks_launch_in_one_line(empty_db, model_dirs, key, value, words):
     """No number field has bounds in the browser (a browser keeps a number outside them to itself, red-marked, and
     Launch queued the value before it: 128 for a typed 1000000000); the value reaches validate(), which blocks
@@ -441,6 +533,7 @@ def test_new_experiment_rejects_a_bad_upload(empty_db, model_dirs, tmp_path, mon
 
 # --- Experiments ---------------------------------------------------------------------------------------------
 
+
 def test_experiments_table_shows_storage_rows_and_filters(populated):
     at = app("experiments")
     assert_clean(at)
@@ -462,8 +555,16 @@ def test_experiments_table_shows_storage_rows_and_filters(populated):
 
 
 def test_experiments_live_refresh_and_cancel(populated):
-    experiment_id = enqueue_experiment(populated, name="waiting", target="tiny-target", draft="tiny-draft",
-                                             prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=PROMPTS)
+    experiment_id = enqueue_experiment(
+        populated,
+        name="waiting",
+        target="tiny-target",
+        draft="tiny-draft",
+        prompts="tiny",
+        sampling={},
+        sweep_values=[1],
+        prompt_texts=PROMPTS,
+    )
     at = app("experiments", experiment=experiment_id)
     assert_clean(at)
     assert any("Refreshing every" in c.value for c in at.caption)
@@ -476,6 +577,7 @@ def test_experiments_live_refresh_and_cancel(populated):
 
 
 # --- Experiment detail ---------------------------------------------------------------------------------------
+
 
 def _greedy_id(store) -> int:
     listing = catalog.experiments(store)
@@ -491,12 +593,17 @@ def _headline(store, experiment_id: int) -> dict[str, str]:
     name = v.variable
     if v.chosen is None:
         best = q.runs(store, experiment_id).set_index("run_id").loc[v.best.run_id]
-        return {f"{name} to serve": "0 (target alone)" if name == "k" else "none (target alone)",
-                "Speedup": "1× (target alone)", "α (best run)": f"{best.alpha:.3f}"}
+        return {
+            f"{name} to serve": "0 (target alone)" if name == "k" else "none (target alone)",
+            "Speedup": "1× (target alone)",
+            "α (best run)": f"{best.alpha:.3f}",
+        }
     run = q.runs(store, experiment_id).set_index("run_id").loc[v.chosen.run_id]
-    return {f"{name} to serve": v.show(v.chosen.value),
-            "Speedup": f"{run.speedup:.2f}× ({run.speedup_ci_lo:.2f}–{run.speedup_ci_hi:.2f})",
-            "α (served run)": f"{run.alpha:.3f}"}
+    return {
+        f"{name} to serve": v.show(v.chosen.value),
+        "Speedup": f"{run.speedup:.2f}× ({run.speedup_ci_lo:.2f}–{run.speedup_ci_hi:.2f})",
+        "α (served run)": f"{run.alpha:.3f}",
+    }
 
 
 def test_detail_figures_equal_the_storage_queries(populated):
@@ -528,8 +635,14 @@ def test_detail_figures_equal_the_storage_queries(populated):
     served = verdict(populated, experiment_id).k
     assert speedup[2]["x"].tolist() == [served]  # the marker: what the verdict serves (k = 0: the target alone)
     assert sorted(rates[0]["value"]) == pytest.approx(sorted([*curve["alpha"], *curve["draft_acceptance_rate"]]))
-    assert sorted(tokens[0]["value"]) == pytest.approx(sorted(
-        [*curve["tokens_per_round"], *(theory.expected_tokens_per_round(a, k) for a, k in zip(curve["alpha"], curve["k"]))]))
+    assert sorted(tokens[0]["value"]) == pytest.approx(
+        sorted(
+            [
+                *curve["tokens_per_round"],
+                *(theory.expected_tokens_per_round(a, k) for a, k in zip(curve["alpha"], curve["k"])),
+            ]
+        )
+    )
 
     # The verdict's best, not the curve's fastest: on a loaded machine the fastest can carry a timing warning.
     best_run = verdict(populated, experiment_id).best.run_id
@@ -538,11 +651,17 @@ def test_detail_figures_equal_the_storage_queries(populated):
     pd.testing.assert_frame_equal(by_type[0], q.acceptance_by_type(populated, best_run), check_dtype=False)
     per_prompt = next(d.value for d in rejected.dataframe if "prompt_index" in d.value)
     assert per_prompt["tokens_per_round"].tolist() == pytest.approx(
-        q.per_prompt(populated, best_run)["tokens_per_round"].tolist())
+        q.per_prompt(populated, best_run)["tokens_per_round"].tolist()
+    )
     assert "speedup_curve.csv" in downloads(at)
-    assert {"acceptance_curve.csv", "tokens_per_round.csv", f"run{best_run}_acceptance_by_position.csv",
-            f"run{best_run}_acceptance_by_type.csv", f"run{best_run}_top_rejected_tokens.csv",
-            f"run{best_run}_per_prompt.csv"} <= set(downloads(rejected))
+    assert {
+        "acceptance_curve.csv",
+        "tokens_per_round.csv",
+        f"run{best_run}_acceptance_by_position.csv",
+        f"run{best_run}_acceptance_by_type.csv",
+        f"run{best_run}_top_rejected_tokens.csv",
+        f"run{best_run}_per_prompt.csv",
+    } <= set(downloads(rejected))
     costs = app("experiment", experiment=experiment_id, section="Predictions and cost")
     assert "cost_and_memory.csv" in downloads(costs)
 
@@ -560,8 +679,11 @@ def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_tabl
     assert alpha == next(v for label, v in _headline(populated, experiment_id).items() if label.startswith("α ("))
     assert len(alpha.split(".")[-1]) == 3  # show("alpha", ...)'s format
     # Every section's tables (each section is built alone).
-    grids = [d for section in ("Why drafts are rejected", "Predictions and cost", "Runs")
-             for d in app("experiment", experiment=experiment_id, section=section).dataframe]
+    grids = [
+        d
+        for section in ("Why drafts are rejected", "Predictions and cost", "Runs")
+        for d in app("experiment", experiment=experiment_id, section=section).dataframe
+    ]
     runs_grid = next(d for d in grids if "outputs_match_baseline" in d.value)
     per_prompt_grid = next(d for d in grids if "prompt_index" in d.value)
     for grid in grids:  # runs, cost, predictions, rejected tokens, per prompt
@@ -576,8 +698,11 @@ def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_tabl
     pinned = [name for name in runs_grid.value.columns if runs_config.get(name, {}).get("pinned")]
     assert pinned == [c for c in ("check", "run_id", "kind", "k") if c in runs_grid.value.columns], pinned
     listing = next(d for d in app("experiments").dataframe if "best_speedup" in d.value)
-    assert [n for n, c in json.loads(listing.proto.columns).items() if c.get("pinned")] == \
-        ["experiment_id", "timing_warnings", "name"]
+    assert [n for n, c in json.loads(listing.proto.columns).items() if c.get("pinned")] == [
+        "experiment_id",
+        "timing_warnings",
+        "name",
+    ]
     assert "token for token" in runs_config["outputs_match_baseline"]["help"]
     for grid in (runs_grid, per_prompt_grid):
         assert json.loads(grid.proto.columns)["alpha"]["type_config"]["format"] == COLUMNS["alpha"].fmt
@@ -602,11 +727,11 @@ def test_every_table_reads_its_headers_help_and_formats_from_the_one_column_tabl
 
 
 def test_the_run_columns_export_keys_and_page_columns_are_one_table(populated):
-    from storage.serving import export
     from storage.records.columns import COLUMNS, RUN_QUERY, SPECULATIVE_KEYS, show
+    from storage.serving import export
 
     experiment_id = _greedy_id(populated)
-    assert list(q.runs(populated, experiment_id).columns[:len(RUN_QUERY)]) == RUN_QUERY
+    assert list(q.runs(populated, experiment_id).columns[: len(RUN_QUERY)]) == RUN_QUERY
     assert all(name in COLUMNS for name in RUN_QUERY)
     doc = export.run_document(populated, experiment_id, with_outputs=False)
     assert export.SPECULATIVE_KEYS is SPECULATIVE_KEYS
@@ -628,7 +753,9 @@ def test_detail_of_a_temperature_sweep_plots_against_temperature(populated):
     curve = q.sweep_curve(populated, experiment_id)
     measured = speedup[speedup["series"] == "measured"].sort_values("x")
     assert measured["x"].tolist() == [0.0, 1.0]
-    assert measured["value"].tolist() == pytest.approx(curve.sort_values("sweep_value")["speedup"].tolist(), nan_ok=True)
+    assert measured["value"].tolist() == pytest.approx(
+        curve.sort_values("sweep_value")["speedup"].tolist(), nan_ok=True
+    )
     assert metrics(at)["temperature to serve"] == _headline(populated, experiment_id)["temperature to serve"]
 
 
@@ -644,10 +771,13 @@ def test_detail_opens_the_run_named_in_the_url(populated):
 def test_detail_ignores_an_unknown_experiment_in_the_url(populated):
     at = app("experiment", experiment=999)
     assert_clean(at)
-    assert str(at.query_params["experiment"]).strip("[]'") in {str(i) for i in catalog.experiments(populated)["experiment_id"]}
+    assert str(at.query_params["experiment"]).strip("[]'") in {
+        str(i) for i in catalog.experiments(populated)["experiment_id"]
+    }
 
 
 # --- Round explorer ------------------------------------------------------------------------------------------
+
 
 def test_round_explorer_colours_every_token_and_lists_proposals(populated):
     experiment_id = _greedy_id(populated)
@@ -671,6 +801,7 @@ def test_round_explorer_colours_every_token_and_lists_proposals(populated):
 
 # --- Compare -------------------------------------------------------------------------------------------------
 
+
 def test_compare_overlays_experiments_and_runs(populated):
     listing = catalog.experiments(populated)
     ids = [int(i) for i in listing["experiment_id"]]
@@ -687,15 +818,28 @@ def test_compare_overlays_experiments_and_runs(populated):
     assert len(sweeps) == len(variables) > 1
     position = next(d for d in data if "conditional" in d)
     assert set(position["run_id"]) == {run_a, run_b}
-    assert {"compare_experiments.csv", *(f"compare_sweep_{v}.csv" for v in variables), "compare_runs.csv",
-            "compare_by_position.csv", "compare_by_type.csv"} <= set(downloads(at))
+    assert {
+        "compare_experiments.csv",
+        *(f"compare_sweep_{v}.csv" for v in variables),
+        "compare_runs.csv",
+        "compare_by_position.csv",
+        "compare_by_type.csv",
+    } <= set(downloads(at))
     runs_table = next(d.value for d in at.dataframe if "α" in d.value.index)
     assert runs_table.shape[1] == 2
 
 
 def test_pages_of_an_experiment_that_has_not_run_yet(populated):
-    experiment_id = enqueue_experiment(populated, name="queued only", target="tiny-target", draft="tiny-draft",
-                                             prompts="tiny", sampling={}, sweep_values=[1, 2], prompt_texts=PROMPTS)
+    experiment_id = enqueue_experiment(
+        populated,
+        name="queued only",
+        target="tiny-target",
+        draft="tiny-draft",
+        prompts="tiny",
+        sampling={},
+        sweep_values=[1, 2],
+        prompt_texts=PROMPTS,
+    )
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
     assert any("Refreshing every" in c.value for c in at.caption)
@@ -711,11 +855,20 @@ def test_pages_of_an_experiment_that_has_not_run_yet(populated):
 
 # --- what pages never show -----------------------------------------------------------------------------------
 
+
 def test_a_database_password_never_appears_on_a_page(postgres_url, monkeypatch):
     url, secret = with_password(postgres_url)
     store = open_store(url)
-    enqueue_experiment(store, name="pw", target="tiny-target", draft="tiny-draft", prompts="tiny",
-                             sampling={}, sweep_values=[1], prompt_texts=PROMPTS)
+    enqueue_experiment(
+        store,
+        name="pw",
+        target="tiny-target",
+        draft="tiny-draft",
+        prompts="tiny",
+        sampling={},
+        sweep_values=[1],
+        prompt_texts=PROMPTS,
+    )
     store.dispose()
     monkeypatch.setenv("DRAFTLAB_DB", url)
     for page in PAGES:
@@ -744,7 +897,9 @@ def test_query_ids_accept_ascii_digits_only(empty_db):
     from pages.widgets.common import parse_id
 
     assert [parse_id(s) for s in ("3", " 12 ", "007", "123456789")] == [3, 12, 7, 123456789]
-    assert [parse_id(s) for s in ("²", "①", "٣", "３", "1²", "-1", "+1", "1.0", "", "1234567890", "1_000")] == [None] * 11
+    assert [parse_id(s) for s in ("²", "①", "٣", "３", "1²", "-1", "+1", "1.0", "", "1234567890", "1_000")] == [
+        None
+    ] * 11
 
 
 def test_an_unexpected_error_is_logged_and_shown_as_one_short_message(populated, monkeypatch, caplog):
@@ -788,6 +943,7 @@ def test_an_unreachable_database_is_one_message_without_its_password(page, monke
 
 # --- Experiments: noticing work that starts elsewhere --------------------------------------------------------
 
+
 class _FragmentRecorder:
     """Stands in for `streamlit` inside pages.experiments: records each fragment's run_every, changes nothing."""
 
@@ -822,8 +978,16 @@ def test_the_idle_poll_asks_for_a_full_redraw_only_when_work_appears_or_ends(pop
 
     seen = page.page_state(catalog.experiments(populated))
     assert not page.needs_full_rerun(seen, catalog.experiments(populated))  # nothing changed: the poll stays cheap
-    experiment_id = enqueue_experiment(populated, name="from the CLI", target="tiny-target", draft="tiny-draft",
-                                             prompts="tiny", sampling={}, sweep_values=[1], prompt_texts=PROMPTS)
+    experiment_id = enqueue_experiment(
+        populated,
+        name="from the CLI",
+        target="tiny-target",
+        draft="tiny-draft",
+        prompts="tiny",
+        sampling={},
+        sweep_values=[1],
+        prompt_texts=PROMPTS,
+    )
     assert page.needs_full_rerun(seen, catalog.experiments(populated))  # new work: redraw, with the 2 s timer
     active = page.page_state(catalog.experiments(populated))
     run_state.cancel_experiment(populated, experiment_id)
@@ -835,26 +999,69 @@ def test_the_idle_poll_asks_for_a_full_redraw_only_when_work_appears_or_ends(pop
 
 # --- Timing protocol v2 on the dashboard: intervals, the physics guard, unfinished runs, predictions ----------
 
+
 def _crafted_prompt(prompt_index, k, accepts, draft_s, verify_s):
     """A speculative prompt whose wall time is exactly its rounds' draft + verify time (engine invariants kept)."""
-    from engine.decoding.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+    from engine.decoding.records import (
+        ACCEPTED,
+        BONUS,
+        CORRECTION,
+        DISCARDED,
+        REJECTED,
+        DraftToken,
+        PromptResult,
+        Round,
+    )
 
     rounds, first = [], 0  # its output is tokens 0, 1, 2, ...: the crafted baseline's when as long (lossless)
     for index, a in enumerate(accepts):
-        drafts = [DraftToken(i + 1, 10 + i, f"t{i}", "english", 0.5, 0.5, 0.5, 0.1,
-                             ACCEPTED if i < a else REJECTED if i == a else DISCARDED) for i in range(k)]
-        rounds.append(Round(prompt_index, index, k, a, list(range(first, first + a + 1)),
-                            [ACCEPTED] * a + [BONUS if a == k else CORRECTION], draft_s, verify_s, k, drafts))
+        drafts = [
+            DraftToken(
+                i + 1,
+                10 + i,
+                f"t{i}",
+                "english",
+                0.5,
+                0.5,
+                0.5,
+                0.1,
+                ACCEPTED if i < a else REJECTED if i == a else DISCARDED,
+            )
+            for i in range(k)
+        ]
+        rounds.append(
+            Round(
+                prompt_index,
+                index,
+                k,
+                a,
+                list(range(first, first + a + 1)),
+                [ACCEPTED] * a + [BONUS if a == k else CORRECTION],
+                draft_s,
+                verify_s,
+                k,
+                drafts,
+            )
+        )
         first += a + 1
     output = [t for r in rounds for t in r.emitted_ids]
-    return PromptResult(prompt_index, f"p{prompt_index}", output, "x", len(accepts) * (draft_s + verify_s), rounds=rounds)
+    return PromptResult(
+        prompt_index, f"p{prompt_index}", output, "x", len(accepts) * (draft_s + verify_s), rounds=rounds
+    )
 
 
 def _crafted_baseline(prompt_index, tokens=8, step=0.010):
     from engine.decoding.records import PromptResult
 
-    return PromptResult(prompt_index, f"p{prompt_index}", list(range(tokens)), "x", tokens * step,
-                        decode_steps=tokens, decode_seconds=tokens * step)
+    return PromptResult(
+        prompt_index,
+        f"p{prompt_index}",
+        list(range(tokens)),
+        "x",
+        tokens * step,
+        decode_steps=tokens,
+        decode_seconds=tokens * step,
+    )
 
 
 def _record_runs(store, runs: dict, done: bool = True) -> None:
@@ -885,11 +1092,18 @@ def crafted(empty_db):
     assert run_state.claim_group(store, experiment_id, "w")
     for run_id in ids.values():
         run_state.start_run(store, run_id, 4, "cpu")
-    spec = {k: [_crafted_prompt(i, k, accepts, draft_s, verify_s * (1 + 0.1 * i)) for i in range(4)]
-            for k, (accepts, draft_s, verify_s) in CRAFTED.items()}
-    _record_runs(store, {ids[("baseline", None)]: ("baseline", [_crafted_baseline(i) for i in range(4)]),
-                         ids[("speculative", 1)]: ("speculative", spec[1]),
-                         ids[("speculative", 2)]: ("speculative", spec[2])})
+    spec = {
+        k: [_crafted_prompt(i, k, accepts, draft_s, verify_s * (1 + 0.1 * i)) for i in range(4)]
+        for k, (accepts, draft_s, verify_s) in CRAFTED.items()
+    }
+    _record_runs(
+        store,
+        {
+            ids[("baseline", None)]: ("baseline", [_crafted_baseline(i) for i in range(4)]),
+            ids[("speculative", 1)]: ("speculative", spec[1]),
+            ids[("speculative", 2)]: ("speculative", spec[2]),
+        },
+    )
     _record_runs(store, {ids[("speculative", 4)]: ("speculative", spec[4][:2])}, done=False)
     return store, experiment_id, {k: ids[("speculative", k)] for k in CRAFTED}
 
@@ -899,8 +1113,13 @@ def _set_speedups(store, run_ids: dict, speedups: dict) -> None:
 
     with store.write() as conn:
         for k, (s, lo, hi) in speedups.items():
-            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
-                              "timing_warning = NULL WHERE id = :rid"), {"s": s, "lo": lo, "hi": hi, "rid": run_ids[k]})
+            conn.execute(
+                text(
+                    "UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
+                    "timing_warning = NULL WHERE id = :rid"
+                ),
+                {"s": s, "lo": lo, "hi": hi, "rid": run_ids[k]},
+            )
 
 
 def _measured(at: AppTest) -> pd.DataFrame:
@@ -984,15 +1203,27 @@ def test_detail_of_a_k_auto_experiment_plots_its_predicted_curve_and_confirmatio
     store = open_store(empty_db)
     experiment_id = enqueue(store, ks=(1,), prompts=3, name="auto", k_auto=4)
     probe = run_ids(store, experiment_id)
-    _record_runs(store, {probe[("baseline", None)]: ("baseline", [_crafted_baseline(i) for i in range(3)]),
-                         probe[("speculative", 4)]: ("speculative", [_crafted_prompt(i, 4, [4, 2, 3], 0.004, 0.011)
-                                                                     for i in range(3)])})
+    _record_runs(
+        store,
+        {
+            probe[("baseline", None)]: ("baseline", [_crafted_baseline(i) for i in range(3)]),
+            probe[("speculative", 4)]: (
+                "speculative",
+                [_crafted_prompt(i, 4, [4, 2, 3], 0.004, 0.011) for i in range(3)],
+            ),
+        },
+    )
     predicted = {1: 1.4, 2: 2.1, 3: 2.5, 4: 2.6}
     set_predicted_curve(store, experiment_id, predicted, [2, 3])
     base, k2, k3 = add_k_runs(store, experiment_id, [2, 3])
-    _record_runs(store, {base: ("baseline", [_crafted_baseline(i) for i in range(3)]),
-                         k2: ("speculative", [_crafted_prompt(i, 2, [2, 1, 2], 0.002, 0.010) for i in range(3)]),
-                         k3: ("speculative", [_crafted_prompt(i, 3, [3, 1, 2], 0.003, 0.010) for i in range(3)])})
+    _record_runs(
+        store,
+        {
+            base: ("baseline", [_crafted_baseline(i) for i in range(3)]),
+            k2: ("speculative", [_crafted_prompt(i, 2, [2, 1, 2], 0.002, 0.010) for i in range(3)]),
+            k3: ("speculative", [_crafted_prompt(i, 3, [3, 1, 2], 0.003, 0.010) for i in range(3)]),
+        },
+    )
     from pages.widgets.charts import SPEEDUP_SERIES
 
     at = app("experiment", experiment=experiment_id)
@@ -1005,7 +1236,8 @@ def test_detail_of_a_k_auto_experiment_plots_its_predicted_curve_and_confirmatio
     measured = q.runs(store, experiment_id).set_index("run_id")["speedup"]
     assert confirmed["k"].tolist() == [2, 3]
     assert confirmed["prediction_error"].tolist() == pytest.approx(
-        [predicted[2] / measured[k2] - 1, predicted[3] / measured[k3] - 1])
+        [predicted[2] / measured[k2] - 1, predicted[3] / measured[k3] - 1]
+    )
     assert any("confirmed at k = 2, 3" in m.value for m in at.markdown)
 
 
@@ -1019,7 +1251,9 @@ def test_experiments_list_shows_the_best_with_its_interval_ties_and_a_warning_ma
     assert row["interval"] == f"{best.speedup_ci_lo:.2f}–{best.speedup_ci_hi:.2f}"
     assert row["timing_warnings"] == 1 and row["n_tied"] == 0 and row["repeats"] == 3
     config = json.loads(at.dataframe[0].proto.columns)
-    assert config["timing_warnings"]["label"] == "⚠ impossible" and "never the best" in config["timing_warnings"]["help"]
+    assert (
+        config["timing_warnings"]["label"] == "⚠ impossible" and "never the best" in config["timing_warnings"]["help"]
+    )
 
 
 def test_experiments_page_names_the_worker_a_waiting_worker_waits_for(crafted):
@@ -1030,12 +1264,14 @@ def test_experiments_page_names_the_worker_a_waiting_worker_waits_for(crafted):
     assert acquire_lease(store, "gpu-box:cuda:0", "gpu-box-2", None, stale_seconds=60) == "gpu-box-1"
     leases = q.device_leases(store)
     assert leases[["device", "worker_id", "experiment_id", "waiting_worker"]].values.tolist() == [
-        ["gpu-box:cuda:0", "gpu-box-1", experiment_id, "gpu-box-2"]]
+        ["gpu-box:cuda:0", "gpu-box-1", experiment_id, "gpu-box-2"]
+    ]
     at = app("experiments")
     assert_clean(at)
     assert [i.value for i in at.info if "waiting" in i.value] == [
         f"Worker gpu-box-2 is waiting for device gpu-box:cuda:0 (held by worker gpu-box-1, timing experiment "
-        f"#{experiment_id})."]
+        f"#{experiment_id})."
+    ]
     release_lease(store, "gpu-box:cuda:0", "gpu-box-1")
     assert acquire_lease(store, "gpu-box:cuda:0", "gpu-box-2", None, stale_seconds=60) is None
     assert q.device_leases(store)["waiting_worker"].isna().all()
@@ -1044,8 +1280,9 @@ def test_experiments_page_names_the_worker_a_waiting_worker_waits_for(crafted):
 
 
 def test_device_leases_query_on_sqlite_and_postgresql(store):
-    experiment_id = enqueue_experiment(store, name="l", target="t", draft="d", prompts="p", sampling={},
-                                             sweep_values=[1], prompt_texts=PROMPTS)
+    experiment_id = enqueue_experiment(
+        store, name="l", target="t", draft="d", prompts="p", sampling={}, sweep_values=[1], prompt_texts=PROMPTS
+    )
     assert q.device_leases(store).empty
     for worker in ("a", "b", "c"):
         liveness.register_worker(store, worker)
@@ -1068,14 +1305,17 @@ def test_compare_draws_speedup_intervals_and_lists_the_best_with_its_interval(cr
     runs = q.runs(store, experiment_id).set_index("run_id")
     for run_id in ids.values():
         assert speedup.loc[run_id, ["speedup_ci_lo", "speedup_ci_hi"]].tolist() == pytest.approx(
-            runs.loc[run_id, ["speedup_ci_lo", "speedup_ci_hi"]].tolist())
+            runs.loc[run_id, ["speedup_ci_lo", "speedup_ci_hi"]].tolist()
+        )
     assert speedup.loc[ids[4], "state"] == "not finished" and '"errorbar"' in chart_titles(at)[0]
     table = next(d.value for d in at.dataframe if "best" in d.value)
     best = runs.loc[ids[2]]
     assert table["best"].tolist() == [f"{best.speedup:.2f}× ({best.speedup_ci_lo:.2f}–{best.speedup_ci_hi:.2f})"]
     assert table["timing_warnings"].tolist() == [1]
     metrics_table = next(d.value for d in at.dataframe if "timing warning" in d.value.index)  # its header
-    assert "exceeds" in metrics_table.loc["timing warning"].iloc[0] and metrics_table.loc["timing warning"].iloc[1] == "—"
+    assert (
+        "exceeds" in metrics_table.loc["timing warning"].iloc[0] and metrics_table.loc["timing warning"].iloc[1] == "—"
+    )
 
 
 def test_new_experiment_repeats_and_auto_k_reach_the_queue(empty_db, model_dirs):
@@ -1107,8 +1347,11 @@ def test_the_new_experiment_form_cannot_trust_remote_code(empty_db, model_dirs):
     """trust_remote_code stays CLI-only (`draftlab run --trust-remote-code`): no widget, no URL parameter."""
     at = _fill(app("new", trust_remote_code="true", trust="1"), model_dirs, sweep_values="1", device="cpu")
     assert_clean(at)
-    labels = [str(getattr(w, "label", "")).lower() for kind in ("checkbox", "toggle", "radio", "selectbox", "text_input")
-              for w in at.get(kind)]
+    labels = [
+        str(getattr(w, "label", "")).lower()
+        for kind in ("checkbox", "toggle", "radio", "selectbox", "text_input")
+        for w in at.get(kind)
+    ]
     assert not any("remote" in label or "trust" in label for label in labels), labels
     at.button(key="launch").click().run()
     assert_clean(at)
@@ -1173,17 +1416,29 @@ def test_detail_of_a_sweep_named_by_labels_marks_its_best_by_name(populated):
 
     experiment_id = _greedy_id(populated)
     with populated.write() as conn:
-        conn.execute(text("UPDATE runs SET sweep_label = 'draft-' || CAST(k AS TEXT) WHERE experiment_id = :eid "
-                          "AND kind = 'speculative'"), {"eid": experiment_id})
+        conn.execute(
+            text(
+                "UPDATE runs SET sweep_label = 'draft-' || CAST(k AS TEXT) WHERE experiment_id = :eid "
+                "AND kind = 'speculative'"
+            ),
+            {"eid": experiment_id},
+        )
         conn.execute(text("UPDATE experiments SET sweep_variable = 'draft' WHERE id = :eid"), {"eid": experiment_id})
     curve = q.sweep_curve(populated, experiment_id)
     best_run = int(curve.loc[curve["k"] == 2, "run_id"].iloc[0])
     with populated.write() as conn:  # k = 2 measured best (the greedy experiment's runs are crafted so)
-        conn.execute(text("UPDATE runs SET speedup = speedup + 1, speedup_ci_lo = speedup_ci_lo + 1, "
-                          "speedup_ci_hi = speedup_ci_hi + 1 WHERE id = :rid"), {"rid": best_run})
+        conn.execute(
+            text(
+                "UPDATE runs SET speedup = speedup + 1, speedup_ci_lo = speedup_ci_lo + 1, "
+                "speedup_ci_hi = speedup_ci_hi + 1 WHERE id = :rid"
+            ),
+            {"rid": best_run},
+        )
     with populated.write() as conn:
-        conn.execute(text("UPDATE runs SET timing_warning = 'drifted' WHERE id = :rid"),
-                     {"rid": int(curve.loc[curve["k"] == 4, "run_id"].iloc[0])})
+        conn.execute(
+            text("UPDATE runs SET timing_warning = 'drifted' WHERE id = :rid"),
+            {"rid": int(curve.loc[curve["k"] == 4, "run_id"].iloc[0])},
+        )
     at = app("experiment", experiment=experiment_id)
     assert_clean(at)
     assert metrics(at)["draft to serve"] == "draft-2"
@@ -1196,14 +1451,23 @@ def test_detail_of_a_sweep_named_by_labels_marks_its_best_by_name(populated):
 
 # --- New experiment: a link fills the form; draft and drafter sweeps ---------------------------------------------
 
+
 def _runs_table(store, experiment_id: int) -> pd.DataFrame:
     """The runs' own columns (draft, drafter, label) in insertion order, straight from the runs table."""
     from sqlalchemy import text
 
     with store.read() as conn:
-        return pd.DataFrame(conn.execute(text(
-            "SELECT kind, draft, drafter, sweep_label, k, baseline_run_id, temperature FROM runs "
-            "WHERE experiment_id = :eid ORDER BY id"), {"eid": experiment_id}).mappings().all())
+        return pd.DataFrame(
+            conn.execute(
+                text(
+                    "SELECT kind, draft, drafter, sweep_label, k, baseline_run_id, temperature FROM runs "
+                    "WHERE experiment_id = :eid ORDER BY id"
+                ),
+                {"eid": experiment_id},
+            )
+            .mappings()
+            .all()
+        )
 
 
 def _launched(url: str) -> dict:
@@ -1216,23 +1480,46 @@ def _launched(url: str) -> dict:
 def test_new_experiment_link_from_a_finding_fills_the_form(empty_db, model_dirs):
     from storage.analysis.findings import prefill_query
 
-    page, params = prefill_query({
-        "target": model_dirs["target"], "draft": model_dirs["draft"], "prompts": "math:validation", "temperature": 0.0,
-        "top_k": 40, "top_p": 0.9, "seed": 7, "max_new_tokens": 8, "device": "cpu", "dtype": "float32", "repeats": 5,
-        "sweep": "temperature", "values": "0.5,1", "k": 3, "notes": "Follow-up: **not bold** [x](http://e.vil)",
-        "drafter": "confidence:0.3"})
+    page, params = prefill_query(
+        {
+            "target": model_dirs["target"],
+            "draft": model_dirs["draft"],
+            "prompts": "math:validation",
+            "temperature": 0.0,
+            "top_k": 40,
+            "top_p": 0.9,
+            "seed": 7,
+            "max_new_tokens": 8,
+            "device": "cpu",
+            "dtype": "float32",
+            "repeats": 5,
+            "sweep": "temperature",
+            "values": "0.5,1",
+            "k": 3,
+            "notes": "Follow-up: **not bold** [x](http://e.vil)",
+            "drafter": "confidence:0.3",
+        }
+    )
     at = app(page, **params)
     assert_clean(at)
     assert at.text_input(key="target").value == model_dirs["target"]
     assert at.text_input(key="draft").value == model_dirs["draft"]
     assert at.selectbox(key="prompt_set").value == "math:validation"
-    assert [at.number_input(key=k).value for k in ("temperature", "top_k", "top_p", "seed", "max_new_tokens")] == \
-        [0.0, 40, 0.9, 7, 8]
+    assert [at.number_input(key=k).value for k in ("temperature", "top_k", "top_p", "seed", "max_new_tokens")] == [
+        0.0,
+        40,
+        0.9,
+        7,
+        8,
+    ]
     assert (at.selectbox(key="device").value, at.selectbox(key="dtype").value) == ("cpu", "float32")
     assert at.selectbox(key="sweep_variable").value == "temperature"
     assert at.text_input(key="sweep_values").value == "0.5,1"
     assert (at.number_input(key="fixed_k").value, at.number_input(key="repeats").value) == (3, 5)
-    assert at.selectbox(key="drafter").value == "confidence" and at.number_input(key="drafter_param_confidence").value == 0.3
+    assert (
+        at.selectbox(key="drafter").value == "confidence"
+        and at.number_input(key="drafter_param_confidence").value == 0.3
+    )
     assert at.text_area(key="notes").value == "Follow-up: **not bold** [x](http://e.vil)"
     assert "**not bold**" not in page_text(at).replace(at.text_area(key="notes").value, "")  # only the text area
     assert not any("Left out" in c.value for c in at.caption)
@@ -1242,16 +1529,21 @@ def test_new_experiment_link_from_a_finding_fills_the_form(empty_db, model_dirs)
     assert_clean(at)
     assert not at.error, [e.value for e in at.error]
     experiment = _launched(empty_db)
-    assert (experiment["sweep_variable"], experiment["sweep_values"], experiment["k"], experiment["repeats"]) == \
-        ("temperature", [0.5, 1.0], 3, 5)
+    assert (experiment["sweep_variable"], experiment["sweep_values"], experiment["k"], experiment["repeats"]) == (
+        "temperature",
+        [0.5, 1.0],
+        3,
+        5,
+    )
     assert (experiment["seed"], experiment["top_k"], experiment["prompts"]) == (8, 40, "math:validation")
     runs = _runs_table(open_store(empty_db), experiment["experiment_id"])
     assert set(runs.loc[runs["kind"] == "speculative", "drafter"]) == {"confidence:0.3"}  # one drafter, every run
 
 
 def test_new_experiment_link_with_a_bad_parameter_ignores_it_with_a_note(empty_db):
-    at = app("new", seed="٣", top_p="2", sweep="auto", k_auto="6", notes="*hi*", prompts="../x.txt",
-             drafter="confidence:1")
+    at = app(
+        "new", seed="٣", top_p="2", sweep="auto", k_auto="6", notes="*hi*", prompts="../x.txt", drafter="confidence:1"
+    )
     assert_clean(at)
     assert at.number_input(key="seed").value == 0 and at.number_input(key="top_p").value == 1.0
     assert at.selectbox(key="prompt_set").value == "code:tune" and at.selectbox(key="drafter").value == "model"
@@ -1293,10 +1585,17 @@ def test_new_experiment_launches_an_eagle3_head_as_eagle3(empty_db, model_dirs, 
     head = tmp_path / "head"  # a config is all the form reads (the target: 1 layer, hidden 8, vocab 64)
     head.mkdir()
     layer = {"vocab_size": 64, "hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2}
-    (head / "config.json").write_text(json.dumps({
-        "speculators_model_type": "eagle3", "transformer_layer_config": layer, "draft_vocab_size": 64,
-        "eagle_aux_hidden_state_layer_ids": [0, 0, 0],
-        "speculators_config": {"verifier": {"name_or_path": model_dirs["target"]}}}))
+    (head / "config.json").write_text(
+        json.dumps(
+            {
+                "speculators_model_type": "eagle3",
+                "transformer_layer_config": layer,
+                "draft_vocab_size": 64,
+                "eagle_aux_hidden_state_layer_ids": [0, 0, 0],
+                "speculators_config": {"verifier": {"name_or_path": model_dirs["target"]}},
+            }
+        )
+    )
     head = str(head)
     at = _fill(app("new"), model_dirs, draft=head, sweep_values="2,3", max_new_tokens=8, name="head")
     assert_clean(at)
@@ -1365,6 +1664,7 @@ def test_new_experiment_a_mismatched_draft_candidate_blocks_the_launch(empty_db,
 
 # --- issue 12: the tuning team's dashboard ----------------------------------------------------------------------
 
+
 def _specs(at: AppTest) -> list[dict]:
     return [json.loads(chart.proto.spec) for chart in at.get("vega_lite_chart")]
 
@@ -1386,7 +1686,9 @@ def test_compare_legends_are_whole_colours_distinct_and_badges_name_ties_and_val
     long_name = "validation of the crafted sweep on held-out prompts, a long name " * 2
     validation = enqueue(store, ks=(2,), prompts=2, name=long_name)
     with store.write() as conn:
-        conn.execute(text("UPDATE experiments SET validates = :v WHERE id = :id"), {"v": experiment_id, "id": validation})
+        conn.execute(
+            text("UPDATE experiments SET validates = :v WHERE id = :id"), {"v": experiment_id, "id": validation}
+        )
     _set_speedups(store, ids, {1: (1.25, 1.18, 1.35), 2: (1.31, 1.22, 1.40)})
     at = app("compare", experiments=f"{experiment_id},{validation}", runs=f"{ids[1]},{ids[2]}")
     assert_clean(at)
@@ -1415,8 +1717,10 @@ def test_detail_rate_bars_carry_their_counts_and_flag_small_samples(crafted):
     labelled = [spec for spec in _specs(at) if "n_label" in json.dumps(spec)]
     assert len(labelled) == 2  # both rate charts: an `n=` text layer over the bars, computed from the counts
     for spec in labelled:
-        assert any(layer["mark"]["type"] == "text" and layer["encoding"]["text"]["field"] == "n_label"
-                   for layer in spec["layer"])
+        assert any(
+            layer["mark"]["type"] == "text" and layer["encoding"]["text"]["field"] == "n_label"
+            for layer in spec["layer"]
+        )
     assert any("fewer than 30 tokens" in c.value for c in at.caption)
 
 
@@ -1442,8 +1746,15 @@ def test_token_selection_maps_to_its_round():
 def test_token_layout_keeps_line_breaks_and_marks_the_prefill_token():
     from pages.widgets.charts import token_layout
 
-    output = pd.DataFrame({"position": [0, 1, 2, 3], "token_id": [5, 6, 7, 8], "text": ["a", "b\n", "<i>c", " "],
-                           "kind": ["first", "accepted", "correction", "bonus"], "round_index": [None, 0, 0, 1]})
+    output = pd.DataFrame(
+        {
+            "position": [0, 1, 2, 3],
+            "token_id": [5, 6, 7, 8],
+            "text": ["a", "b\n", "<i>c", " "],
+            "kind": ["first", "accepted", "correction", "bonus"],
+            "round_index": [None, 0, 0, 1],
+        }
+    )
     layout = token_layout(output)
     assert layout["round"].tolist() == [-1, 0, 0, 1]
     assert layout["line"].tolist() == [0, 0, 1, 1] and layout["shown"].tolist() == ["a", "b↵", "<i>c", "·"]
@@ -1455,8 +1766,12 @@ def test_round_explorer_token_chart_selects_a_round_and_shows_its_proposals(craf
     store, experiment_id, ids = crafted
     at = app("rounds", experiment=experiment_id, run=ids[2], prompt=1)
     assert_clean(at)
-    params = [p for spec in _specs(at) for p in spec.get("params", []) + [
-        p for layer in spec.get("layer", []) for p in layer.get("params", [])] if p.get("name") == "token"]
+    params = [
+        p
+        for spec in _specs(at)
+        for p in spec.get("params", []) + [p for layer in spec.get("layer", []) for p in layer.get("params", [])]
+        if p.get("name") == "token"
+    ]
     assert len(params) == 1 and params[0]["select"]["type"] == "point" and params[0]["select"]["fields"] == ["round"]
     assert any(c.value == "p1" for c in at.code)  # the prompt as a code block
     output = q.prompt_output(store, ids[2], 1)
@@ -1555,8 +1870,9 @@ def _element_paths(at: AppTest) -> dict[tuple, object]:
     return found
 
 
-def test_new_experiment_pair_check_replaces_the_last_result_with_checking_while_it_runs(empty_db, model_dirs,
-                                                                                         tmp_path, monkeypatch):
+def test_new_experiment_pair_check_replaces_the_last_result_with_checking_while_it_runs(
+    empty_db, model_dirs, tmp_path, monkeypatch
+):
     import pages.widgets.pair_check as pair_check
 
     at = _fill(app("new"), model_dirs)
@@ -1620,8 +1936,10 @@ def test_compare_sweeps_are_separate_panels_with_one_legend_and_names_at_the_lin
         assert {label["encoding"]["text"]["field"] for label in labels} == {"line_label"}
     ends = [d for chart in chart_data(at) for d in chart if "label_y" in d]
     assert len(ends) == 3  # one table of end labels per panel
-    last = {f"#{a}": q.sweep_curve(populated, a)["sweep_value"].max(),
-            f"#{b}": q.sweep_curve(populated, b)["sweep_value"].max()}
+    last = {
+        f"#{a}": q.sweep_curve(populated, a)["sweep_value"].max(),
+        f"#{b}": q.sweep_curve(populated, b)["sweep_value"].max(),
+    }
     for end in ends:  # one short label per experiment, at its last swept value; the legend names it in full
         assert dict(zip(end["line_label"], end["sweep_value"])) == last
         assert set(end["label_x"]) == {max(last.values())}
@@ -1635,8 +1953,14 @@ def test_compare_sweeps_are_separate_panels_with_one_legend_and_names_at_the_lin
 def test_end_labels_sit_at_each_lines_last_height_right_of_every_line_and_never_overlap():
     from pages.widgets.charts import END_LABEL_GAP, end_labels
 
-    frame = pd.DataFrame({"series": ["a", "a", "b", "b", "c", "c"], "name": ["A", "A", "B", "B", "C", "C"],
-                          "x": [1, 4, 1, 4, 1, 2], "y": [0.5, 0.9, 0.4, 0.9, 0.2, float("nan")]})
+    frame = pd.DataFrame(
+        {
+            "series": ["a", "a", "b", "b", "c", "c"],
+            "name": ["A", "A", "B", "B", "C", "C"],
+            "x": [1, 4, 1, 4, 1, 2],
+            "y": [0.5, 0.9, 0.4, 0.9, 0.2, float("nan")],
+        }
+    )
     labels = end_labels(frame, "x", "y", "series", "name", (0, 1)).set_index("series")
     assert labels["x"].to_dict() == {"a": 4, "b": 4, "c": 1}  # c's last point with a value is x = 1
     assert labels.loc["a", "label_y"] == 0.9  # the top one stays at its point
@@ -1651,8 +1975,13 @@ def test_coinciding_lines_are_named_and_drawn_each_wider_than_the_next():
     wider than the next, so the one underneath shows as an edge."""
     from pages.widgets.charts import coinciding, coinciding_note, overlaid_curves
 
-    frame = pd.DataFrame({"batch": ["batch 1"] * 3 + ["batch 2"] * 3 + ["batch 4"] * 3, "k": [1, 2, 4] * 3,
-                          "alpha": [0.5, 0.6, 0.7, 0.5, 0.6, 0.7, 0.4, 0.6, 0.7]})
+    frame = pd.DataFrame(
+        {
+            "batch": ["batch 1"] * 3 + ["batch 2"] * 3 + ["batch 4"] * 3,
+            "k": [1, 2, 4] * 3,
+            "alpha": [0.5, 0.6, 0.7, 0.5, 0.6, 0.7, 0.4, 0.6, 0.7],
+        }
+    )
     assert coinciding(frame, "k", "alpha", "batch") == [["batch 1", "batch 2"]]
     assert coinciding(frame.assign(alpha=frame["alpha"] + frame.index * 1e-3), "k", "alpha", "batch") == []
     assert "batch 1 and batch 2: the same α at every k" in coinciding_note([["batch 1", "batch 2"]], "α", "k")
@@ -1660,8 +1989,10 @@ def test_coinciding_lines_are_named_and_drawn_each_wider_than_the_next():
     spec = overlaid_curves(frame, "k", "alpha", "batch", "k", "α", (0, 1)).to_dict()
     lines = [layer for layer in spec.get("layer", [spec]) if layer["mark"]["type"] == "line"]
     width = lines[0]["encoding"]["strokeWidth"]["scale"]  # drawn in the data's order: the first underneath, widest
-    assert width["domain"] == ["batch 1", "batch 2", "batch 4"] and width["range"][0] > width["range"][1] > \
-        width["range"][2]
+    assert (
+        width["domain"] == ["batch 1", "batch 2", "batch 4"]
+        and width["range"][0] > width["range"][1] > width["range"][2]
+    )
     reordered = overlaid_curves(frame.iloc[::-1], "k", "alpha", "batch", "k", "α", (0, 1)).to_dict()
     line = next(layer for layer in reordered.get("layer", [reordered]) if layer["mark"]["type"] == "line")
     assert line["encoding"]["strokeWidth"]["scale"]["domain"] == ["batch 4", "batch 2", "batch 1"]

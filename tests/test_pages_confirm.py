@@ -3,13 +3,19 @@ at batch 1, k 1 at batch 4, off at 16) with a stored confirm of its schedule (te
 speedup chart holds the server's and the lab's points at each concurrency, the latency table names each server
 and the lab run, the schedule's table puts the lab's k beside vLLM's; the form queues a confirm for a worker (shown
 waiting), and refuses a second one in one line without storing it. No model and no server."""
+
 from __future__ import annotations
 
 from storage.serving import confirm_jobs
 from tests.chart_data import seed_confirm
-from tests.test_pages import app, assert_clean, chart_data, page_text
+from tests.test_pages import (
+    app,
+    assert_clean,
+    chart_data,
+    empty_db,  # noqa: F401 - the fixture grid needs
+    page_text,
+)
 from tests.test_pages_schedule import grid  # noqa: F401 - the fixture
-from tests.test_pages import empty_db  # noqa: F401 - the fixture grid needs
 
 
 def _table(at, column: str):
@@ -44,8 +50,9 @@ def test_a_stored_confirm_shows_beside_the_lab(grid):  # noqa: F811
     assert side.loc[1, "lab_k"] == 2 and side.loc[1, "server_k"] == 2
     assert side.loc[4, "lab_k"] == 1 and side.loc[4, "server_k"] == 1
     assert side.loc[1, "lab"].startswith("1.40×")
-    positions = [f for f in _frames_with(at, "conditional") if set(f["source"]) >= {"vLLM · schedule (k=2), "
-                                                                                    "concurrency 1"}]
+    positions = [
+        f for f in _frames_with(at, "conditional") if set(f["source"]) >= {"vLLM · schedule (k=2), concurrency 1"}
+    ]
     assert positions, "the server's acceptance by position is drawn"
     drawn = positions[0].groupby("source")["position"].max()
     assert drawn["vLLM · schedule (k=2), concurrency 1"] == 2

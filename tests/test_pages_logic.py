@@ -1,17 +1,36 @@
 """The dashboard's logic without a browser: launch validation, the pair check, the simulator, the launcher."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from engine.metrics import simulate as sim
 from app import ui
+from engine.metrics import simulate as sim
 from engine.metrics import theory
 
-VALID = dict(target="demo-target", draft="demo-draft", pair_ok=True, pair_message="ok", prompts="code:tune",
-             prompt_error=None, temperature=0.0, top_k=0, top_p=1.0, seed=0, max_new_tokens=32, device="auto",
-             dtype="auto", sweep_variable="k", sweep_text="4, 1,2", k=4, name="", notes=" n ", tags_text="a, b,a")
+VALID = dict(
+    target="demo-target",
+    draft="demo-draft",
+    pair_ok=True,
+    pair_message="ok",
+    prompts="code:tune",
+    prompt_error=None,
+    temperature=0.0,
+    top_k=0,
+    top_p=1.0,
+    seed=0,
+    max_new_tokens=32,
+    device="auto",
+    dtype="auto",
+    sweep_variable="k",
+    sweep_text="4, 1,2",
+    k=4,
+    name="",
+    notes=" n ",
+    tags_text="a, b,a",
+)
 
 
 def test_parse_sweep_values_sorts_and_rejects_bad_entries():
@@ -19,8 +38,14 @@ def test_parse_sweep_values_sorts_and_rejects_bad_entries():
 
     assert parse_sweep_values("1,2,3,4,6,8") == [1, 2, 3, 4, 6, 8]
     assert parse_sweep_values(" 8 4,1 ") == [1, 4, 8]
-    for bad, words in [("", "at least one"), ("0", "whole number"), ("2.5", "whole number"), ("x", "whole number"),
-                       ("1,1", "twice"), ("65", "1 to 64")]:
+    for bad, words in [
+        ("", "at least one"),
+        ("0", "whole number"),
+        ("2.5", "whole number"),
+        ("x", "whole number"),
+        ("1,1", "twice"),
+        ("65", "1 to 64"),
+    ]:
         with pytest.raises(ValueError, match=words):
             parse_sweep_values(bad)
 
@@ -35,26 +60,35 @@ def test_validate_builds_enqueue_arguments():
     from engine.config.run_config import DEFAULTS, RUN_PARAMETERS
 
     # every numeric run setting (engine/config/run_config.py), each as on screen: the defaults, 32 new tokens
-    assert set(kw["sampling"]) == {name for name in RUN_PARAMETERS if name != "k" and name not in ("draft", "drafter")
-                                   and isinstance(DEFAULTS[name], (int, float))}
+    assert set(kw["sampling"]) == {
+        name
+        for name in RUN_PARAMETERS
+        if name != "k" and name not in ("draft", "drafter") and isinstance(DEFAULTS[name], (int, float))
+    }
     assert kw["sampling"] == {**{name: DEFAULTS[name] for name in kw["sampling"]}, "max_new_tokens": 32}
     assert kw["tags"] == ("a", "b") and kw["notes"] == "n"
     assert kw["name"] == "demo-draft → demo-target on code:tune"
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"pair_ok": False, "pair_message": "tokenizers disagree"}, "pair check failed (its reason is shown under Models"),
-    ({"prompts": None}, "choose a built-in set"),
-    ({"prompts": None, "prompt_error": "bad.csv: no prompt column"}, "bad.csv: no prompt column"),
-    ({"temperature": -0.5}, "temperature"),
-    ({"top_k": -1}, "top-k"),
-    ({"top_p": 0.0}, "top-p"),
-    ({"top_p": 1.5}, "top-p"),
-    ({"max_new_tokens": 0}, "max new tokens"),
-    ({"seed": -1}, "seed"),
-    ({"sweep_text": "1,zero"}, "whole number"),
-    ({"device": "tpu"}, "device"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (
+            {"pair_ok": False, "pair_message": "tokenizers disagree"},
+            "pair check failed (its reason is shown under Models",
+        ),
+        ({"prompts": None}, "choose a built-in set"),
+        ({"prompts": None, "prompt_error": "bad.csv: no prompt column"}, "bad.csv: no prompt column"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_k": -1}, "top-k"),
+        ({"top_p": 0.0}, "top-p"),
+        ({"top_p": 1.5}, "top-p"),
+        ({"max_new_tokens": 0}, "max new tokens"),
+        ({"seed": -1}, "seed"),
+        ({"sweep_text": "1,zero"}, "whole number"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
 def test_validate_reports_each_invalid_field(change, words):
     from pages.new_experiment import validate
 
@@ -88,8 +122,9 @@ def tokenizer_dirs(tmp_path_factory):
     for name, prefix, width in (("target", "t", 64), ("draft", "t", 80), ("other", "u", 64), ("narrow", "t", 32)):
         path = root / name
         tokenizer(64, prefix=prefix).save_pretrained(path)
-        LlamaConfig(vocab_size=width, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                    num_attention_heads=2).save_pretrained(path)
+        LlamaConfig(
+            vocab_size=width, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
+        ).save_pretrained(path)
         dirs[name] = str(path)
     return dirs
 
@@ -118,19 +153,33 @@ def test_pair_check_reads_an_eagle3_head_as_the_engine_loads_it(tokenizer_dirs, 
     def head(name, vocab=64, verifier=tokenizer_dirs["target"], aux=(0, 0, 0)):
         path = tmp_path / name
         path.mkdir()
-        layer = {"vocab_size": vocab, "hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2,
-                 "num_key_value_heads": 2}
-        (path / "config.json").write_text(json.dumps({
-            "speculators_model_type": "eagle3", "transformer_layer_config": layer, "draft_vocab_size": vocab,
-            "eagle_aux_hidden_state_layer_ids": list(aux),
-            "speculators_config": {"verifier": {"name_or_path": verifier}}}))
+        layer = {
+            "vocab_size": vocab,
+            "hidden_size": 8,
+            "intermediate_size": 16,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+        }
+        (path / "config.json").write_text(
+            json.dumps(
+                {
+                    "speculators_model_type": "eagle3",
+                    "transformer_layer_config": layer,
+                    "draft_vocab_size": vocab,
+                    "eagle_aux_hidden_state_layer_ids": list(aux),
+                    "speculators_config": {"verifier": {"name_or_path": verifier}},
+                }
+            )
+        )
         return str(path)
 
     ok = check_pair_names(tokenizer_dirs["target"], head("good"))
     assert ok.ok and "EAGLE-3 head (speculators layout)" in ok.message and "drafts as eagle3" in ok.message
-    for path, says in ((head("vocab", vocab=32), "scores a target vocabulary of 32 ids, the target has 64"),
-                       (head("other", verifier="org/other"), "was trained for target 'org/other'"),
-                       (head("deep", aux=(0, 1, 0)), "reads target layers [0, 1, 0]")):
+    for path, says in (
+        (head("vocab", vocab=32), "scores a target vocabulary of 32 ids, the target has 64"),
+        (head("other", verifier="org/other"), "was trained for target 'org/other'"),
+        (head("deep", aux=(0, 1, 0)), "reads target layers [0, 1, 0]"),
+    ):
         check = check_pair_names(tokenizer_dirs["target"], path)
         assert not check.ok and says in check.message, check.message
 
@@ -164,7 +213,7 @@ def test_ui_commands_bind_and_route(monkeypatch):
 class _FakeProcess:
     """Stands in for a child process: exits with `code` after `polls` polls, records terminate()."""
 
-    started: list["_FakeProcess"] = []
+    started: list[_FakeProcess] = []
 
     def __init__(self, cmd, env=None, **_):
         self.cmd, self.env, self.returncode, self.terminated = cmd, env, None, False
@@ -210,6 +259,7 @@ def test_ui_reports_an_unreachable_database_in_one_line(capsys):
 
 # --- Experiment detail: what the predictions and the headline are built from ----------------------------------
 
+
 def test_validate_passes_repeats_and_auto_k_and_checks_them():
     from pages.new_experiment import validate
 
@@ -218,12 +268,17 @@ def test_validate_passes_repeats_and_auto_k_and_checks_them():
     assert edge.kwargs and not edge.errors
     kw = validate(**{**VALID, "sweep_text": "", "repeats": 5, "k_auto": 8}).kwargs
     assert (kw["repeats"], kw["k_auto"], kw["sweep_variable"], kw["sweep_values"], kw["k"]) == (5, 8, "k", [8], 8)
-    for change, words in [({"repeats": 0}, "repeats must be a whole number from 1 to 100"),
-                          ({"repeats": 101}, "$DRAFTLAB_LIMIT_REPEATS"), ({"seed": 2**31}, "seed must be"),
-                          ({"max_new_tokens": 4097}, "from 1 to 4096"), ({"name": "n" * 201}, "at most 200"),
-                          ({"temperature": 1e-300}, "temperature must be 0 (greedy) or a number from 0.001"),
-                          ({"sweep_text": ",".join(map(str, range(1, 66)))}, "DRAFTLAB_LIMIT_SWEPT_VALUES"),
-                          ({"k_auto": 1}, "from 2 to 64"), ({"k_auto": 65}, "from 2 to 64")]:
+    for change, words in [
+        ({"repeats": 0}, "repeats must be a whole number from 1 to 100"),
+        ({"repeats": 101}, "$DRAFTLAB_LIMIT_REPEATS"),
+        ({"seed": 2**31}, "seed must be"),
+        ({"max_new_tokens": 4097}, "from 1 to 4096"),
+        ({"name": "n" * 201}, "at most 200"),
+        ({"temperature": 1e-300}, "temperature must be 0 (greedy) or a number from 0.001"),
+        ({"sweep_text": ",".join(map(str, range(1, 66)))}, "DRAFTLAB_LIMIT_SWEPT_VALUES"),
+        ({"k_auto": 1}, "from 2 to 64"),
+        ({"k_auto": 65}, "from 2 to 64"),
+    ]:
         launch = validate(**{**VALID, **change})
         assert launch.kwargs == {} and any(words in e for e in launch.errors), launch.errors
 
@@ -255,7 +310,9 @@ def test_pair_check_of_an_uncached_hub_id_fails_in_seconds_offline_or_unreachabl
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
     offline = check_pair_names(tokenizer_dirs["target"], "someone-unknown/not-in-any-cache")
-    assert not offline.ok and "cannot load the draft tokenizer" in offline.message and "HF_HUB_OFFLINE" in offline.message
+    assert (
+        not offline.ok and "cannot load the draft tokenizer" in offline.message and "HF_HUB_OFFLINE" in offline.message
+    )
     assert time.perf_counter() - start < 5
     monkeypatch.delenv("HF_HUB_OFFLINE")
     calls = []
@@ -277,11 +334,27 @@ def test_run_labels_name_a_swept_draft_not_its_index():
 
     from pages.widgets.common import run_label
 
-    runs = pd.DataFrame([
-        {"run_id": 1, "kind": "baseline", "k": None, "sweep_value": None, "sweep_label": None, "status": "done"},
-        {"run_id": 2, "kind": "speculative", "k": 4, "sweep_value": 0.0, "sweep_label": "demo-draft", "status": "done"},
-        {"run_id": 3, "kind": "speculative", "k": 4, "sweep_value": 1.0, "sweep_label": "prompt-lookup:3",
-         "status": "running"}])
+    runs = pd.DataFrame(
+        [
+            {"run_id": 1, "kind": "baseline", "k": None, "sweep_value": None, "sweep_label": None, "status": "done"},
+            {
+                "run_id": 2,
+                "kind": "speculative",
+                "k": 4,
+                "sweep_value": 0.0,
+                "sweep_label": "demo-draft",
+                "status": "done",
+            },
+            {
+                "run_id": 3,
+                "kind": "speculative",
+                "k": 4,
+                "sweep_value": 1.0,
+                "sweep_label": "prompt-lookup:3",
+                "status": "running",
+            },
+        ]
+    )
     assert run_label(runs, "draft")(2) == "run 2 · draft=demo-draft (done)"
     assert run_label(runs, "drafter")(3) == "run 3 · drafter=prompt-lookup:3 (running)"
     assert run_label(runs, "k")(2) == "run 2 · k=4 (done)" and run_label(runs, "k")(1) == "run 1 · baseline"
@@ -296,11 +369,13 @@ def test_a_k_axis_ticks_whole_numbers_even_for_one_k():
     one = charts.rates_curve(pd.DataFrame({"k": [2], "alpha": [0.8], "draft_acceptance_rate": [0.7]})).to_dict()
     x = one["encoding"]["x"]
     assert x["axis"]["format"] == "d" and x["axis"]["tickMinStep"] == 1 and x["scale"]["domain"] == [1.0, 3.0]
-    many = charts.rates_curve(pd.DataFrame({"k": [1, 2, 4], "alpha": [0.8] * 3,
-                                            "draft_acceptance_rate": [0.7] * 3})).to_dict()["encoding"]["x"]
+    many = charts.rates_curve(
+        pd.DataFrame({"k": [1, 2, 4], "alpha": [0.8] * 3, "draft_acceptance_rate": [0.7] * 3})
+    ).to_dict()["encoding"]["x"]
     assert many["axis"]["format"] == "d" and "scale" not in many
-    temperature = charts.rates_curve(pd.DataFrame({"temperature": [0.0, 0.7], "alpha": [0.8] * 2,
-                                                   "draft_acceptance_rate": [0.7] * 2}), "temperature").to_dict()
+    temperature = charts.rates_curve(
+        pd.DataFrame({"temperature": [0.0, 0.7], "alpha": [0.8] * 2, "draft_acceptance_rate": [0.7] * 2}), "temperature"
+    ).to_dict()
     assert "format" not in temperature["encoding"]["x"].get("axis", {})  # 0.7 is not a whole number
 
 
@@ -312,8 +387,13 @@ def test_the_round_explorer_opens_on_the_most_rejected_readable_output():
     from pages.round_explorer import opening_prompt, readable
 
     assert not readable("\n #\n #\n #") and not readable("a b c 1 2 3") and readable("My Parent said no")
-    frame = pd.DataFrame({"prompt_index": [0, 1, 2, 3], "rejected": [9, 2, 5, 5],
-                          "text": ["\n #\n #\n #", "def f(x): return x", "The cat sat", "Once upon a time"]})
+    frame = pd.DataFrame(
+        {
+            "prompt_index": [0, 1, 2, 3],
+            "rejected": [9, 2, 5, 5],
+            "text": ["\n #\n #\n #", "def f(x): return x", "The cat sat", "Once upon a time"],
+        }
+    )
     assert opening_prompt(frame) == 2  # 0 is not readable; 2 and 3 tie on rejections: the first
     assert opening_prompt(frame.assign(text="\n #")) == 0  # none readable: the most rejected
 
@@ -325,8 +405,15 @@ def test_the_token_chart_is_one_monospace_advance_wide_per_character():
 
     from pages.widgets import charts
 
-    output = pd.DataFrame({"position": [0, 1, 2], "token_id": [1, 2, 3], "text": ["M", "y", " Parent"],
-                           "kind": ["first", "accepted", "bonus"], "round_index": [None, 0, 0]})
+    output = pd.DataFrame(
+        {
+            "position": [0, 1, 2],
+            "token_id": [1, 2, 3],
+            "text": ["M", "y", " Parent"],
+            "kind": ["first", "accepted", "bonus"],
+            "round_index": [None, 0, 0],
+        }
+    )
     layout = charts.token_layout(output)
     assert list(layout["x"]) == [0, 1, 2] and list(layout["x2"]) == [1, 2, 9]
     spec = charts.token_chart(layout, 0).to_dict()

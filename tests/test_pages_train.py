@@ -1,6 +1,7 @@
 """The Train-a-draft page under AppTest: the form queues a job (and refuses bad ones, storing nothing), the job
 view shows the live curve, cancel and resume, the before/after figures and experiment of a finished job, and
 the trained draft is offered on the New-experiment page."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ import json
 import pytest
 
 from storage import open_store
-
 from storage.jobs import training
 from tests.test_pages import app, assert_clean, chart_data, page_text
 from tests.test_training import TRAIN, VAL
@@ -49,8 +49,13 @@ def test_the_form_queues_a_job_and_shows_where_drafts_go(train_db):
     assert any("tokenizers match" in s.value or "Pair check" in s.value for s in at.success)
     # Before it is queued: how long, with a range and what that rests on (nothing finished here yet: the shipped
     # demo's recorded run, scaled to this job's shape and models).
-    assert any(c.value.startswith("About ") and "(" in c.value and "no distillation job has finished here yet"
-               in c.value and "demo-draft-distilled" in c.value for c in at.caption)
+    assert any(
+        c.value.startswith("About ")
+        and "(" in c.value
+        and "no distillation job has finished here yet" in c.value
+        and "demo-draft-distilled" in c.value
+        for c in at.caption
+    )
     at.button(key="train_launch").click().run()
     assert_clean(at)
     jobs = training.jobs(store)
@@ -77,16 +82,21 @@ def test_the_form_starts_from_the_recipe_that_made_demo_draft_distilled(train_db
     card = json.loads((zoo.ZOO_DIR / "demo-draft-distilled" / "distill.json").read_text())
     at = app("train")
     assert_clean(at)
-    shown = {key: at.number_input(key=f"train_{key}").value
-             for key in ("steps", "lr", "batch_size", "samples", "max_new_tokens", "seed")}
+    shown = {
+        key: at.number_input(key=f"train_{key}").value
+        for key in ("steps", "lr", "batch_size", "samples", "max_new_tokens", "seed")
+    }
     assert shown == {key: card[key] for key in shown}
     assert (shown["steps"], shown["lr"], shown["samples"]) == (1200, 0.001, 16)
-    assert set(at.selectbox(key="train_set").value.split("+")) == set(card["prompts"].split("+")) \
+    assert (
+        set(at.selectbox(key="train_set").value.split("+"))
+        == set(card["prompts"].split("+"))
         == set(EVERY_SET.split("+"))
+    )
     assert at.text_input(key="train_target").value == card["target"]
     assert at.text_input(key="train_draft").value == card["draft"]
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Distillation"):]
+    section = readme[readme.index("### Distillation") :]
     command = re.search(r"`(draftlab distill --target demo-target\s.*?)`", section, re.S).group(1)
     words = shlex.split(command)
     flags = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(2, len(words) - 1, 2)}
@@ -131,11 +141,25 @@ def test_a_mismatched_pair_blocks_and_a_bad_name_is_one_error_nothing_stored(tra
 
 def test_cancel_and_resume_buttons_drive_the_job(train_db):
     store, model_dirs, tmp_path = train_db
-    jid = training.enqueue_training(store, name="j", target=model_dirs["target"], draft=model_dirs["draft"],
-                                    prompts="code:tune", validation="code:validation", steps=50)
+    jid = training.enqueue_training(
+        store,
+        name="j",
+        target=model_dirs["target"],
+        draft=model_dirs["draft"],
+        prompts="code:tune",
+        validation="code:validation",
+        steps=50,
+    )
     assert training.claim_job(store, jid, "w")
-    training.report(store, jid, "w", [{"step": 0, "kl": 1.0}, {"step": 1, "loss": 0.9, "lr": 1e-4},
-                                      {"step": 2, "loss": 0.8, "lr": 1e-4}], step=2, progress=0.04, phase="training")
+    training.report(
+        store,
+        jid,
+        "w",
+        [{"step": 0, "kl": 1.0}, {"step": 1, "loss": 0.9, "lr": 1e-4}, {"step": 2, "loss": 0.8, "lr": 1e-4}],
+        step=2,
+        progress=0.04,
+        phase="training",
+    )
     at = app("train", job=jid)
     assert_clean(at)
     assert "step 2 of 50" in page_text(at)
@@ -157,9 +181,18 @@ def test_a_finished_job_shows_its_figures_and_its_draft_is_a_candidate(train_db,
     prompts.write_text("\n".join(TRAIN) + "\n")
     val.write_text("\n".join(VAL) + "\n")
     monkeypatch.setattr("app.training.training.EVAL_REPEATS", 1)
-    jid = training.enqueue_training(store, name="tiny-distilled", target=model_dirs["target"], draft=model_dirs["draft"],
-                                    prompts=str(prompts), validation=str(val), steps=8, lr=3e-3, batch_size=3,
-                                    max_new_tokens=8)
+    jid = training.enqueue_training(
+        store,
+        name="tiny-distilled",
+        target=model_dirs["target"],
+        draft=model_dirs["draft"],
+        prompts=str(prompts),
+        validation=str(val),
+        steps=8,
+        lr=3e-3,
+        batch_size=3,
+        max_new_tokens=8,
+    )
     with Worker(store, heartbeat_seconds=0.2, poll_seconds=0.05, log=lambda m: None) as worker:
         worker.work(until_idle=True)
     job = training.get_job(store, jid)
@@ -195,13 +228,20 @@ def test_a_findings_link_preselects_the_experiment_to_focus_on(train_db):
     experiment is the focus, and the user can still change it."""
     from sqlalchemy import text
 
-    from storage.jobs.experiments import enqueue_experiment
-    from storage.analysis.findings import DISTILL_PAGE
     from pages.widgets.nav import PAGES
+    from storage.analysis.findings import DISTILL_PAGE
+    from storage.jobs.experiments import enqueue_experiment
 
     store, model_dirs, _ = train_db
-    eid = enqueue_experiment(store, name="focus me", target="t", draft="d", prompts="code:tune",
-                             sampling={"max_new_tokens": 8}, sweep_values=[2])
+    eid = enqueue_experiment(
+        store,
+        name="focus me",
+        target="t",
+        draft="d",
+        prompts="code:tune",
+        sampling={"max_new_tokens": 8},
+        sweep_values=[2],
+    )
     with store.write() as conn:
         conn.execute(text("UPDATE runs SET status = 'done' WHERE experiment_id = :e"), {"e": eid})
     assert DISTILL_PAGE in PAGES  # a real page, not "not built yet"
@@ -215,6 +255,7 @@ def test_a_findings_link_preselects_the_experiment_to_focus_on(train_db):
 
 
 # --- EAGLE-3 heads ---------------------------------------------------------------------------------------------
+
 
 def _fill_head(at, model_dirs, name="my-head", aux="1"):
     at.radio(key="train_kind").set_value("head").run()
@@ -239,20 +280,29 @@ def test_the_head_form_starts_from_train_heads_defaults_and_queues_a_head_job(tr
     at.radio(key="train_kind").set_value("head").run()
     assert_clean(at)
     assert not any(t.key == "train_draft" for t in at.text_input)  # a head starts from no draft
-    shown = {key: at.number_input(key=f"head_{key}").value
-             for key in ("steps", "lr", "ttt_steps", "draft_vocab_size", "max_new_tokens", "batch_size", "samples")}
+    shown = {
+        key: at.number_input(key=f"head_{key}").value
+        for key in ("steps", "lr", "ttt_steps", "draft_vocab_size", "max_new_tokens", "batch_size", "samples")
+    }
     assert shown == {key: head_settings.DEFAULTS[key] for key in shown}
     assert at.text_input(key="head_aux_layers").value == "auto"
-    assert any("no head training job has finished here yet" in c.value and "demo-eagle3" in c.value
-               for c in at.caption)
+    assert any("no head training job has finished here yet" in c.value and "demo-eagle3" in c.value for c in at.caption)
     _fill_head(at, model_dirs)
     assert str(tmp_path / "shared-models" / "my-head") in page_text(at)
     at.button(key="train_launch").click().run()
     assert_clean(at)
     job = training.get_job(store, int(training.jobs(store)["id"].iloc[0]))
-    assert (job["kind"], job["draft"], job["target"], job["steps"], job["ttt_steps"], job["draft_vocab_size"],
-            job["aux_layers"], job["batch_size"], job["max_new_tokens"]) == \
-        ("head", "", model_dirs["target"], 6, 3, 40, "1", 2, 8)
+    assert (
+        job["kind"],
+        job["draft"],
+        job["target"],
+        job["steps"],
+        job["ttt_steps"],
+        job["draft_vocab_size"],
+        job["aux_layers"],
+        job["batch_size"],
+        job["max_new_tokens"],
+    ) == ("head", "", model_dirs["target"], 6, 3, 40, "1", 2, 8)
     assert job["validation"] == "code:validation" and job["out"] == str(tmp_path / "shared-models" / "my-head")
     text = page_text(at)
     assert "EAGLE-3 head for" in text and "TTT steps 3" in text and "aux layers 1" in text
@@ -273,14 +323,31 @@ def test_a_running_head_job_shows_acceptance_by_position_and_length_beside_its_l
     from pages.widgets import charts
 
     store, model_dirs, _ = train_db
-    jid = training.enqueue_training(store, kind="head", name="h", target=model_dirs["target"], prompts="code:tune",
-                                    validation="code:validation", steps=20, ttt_steps=2)
+    jid = training.enqueue_training(
+        store,
+        kind="head",
+        name="h",
+        target=model_dirs["target"],
+        prompts="code:tune",
+        validation="code:validation",
+        steps=20,
+        ttt_steps=2,
+    )
     assert training.claim_job(store, jid, "w")
-    training.report(store, jid, "w", [
-        {"step": 0, "kl": 0.6, "acceptance_length": 1.0, "per_position": [0.0, None], "accuracy": [0.0, 0.1]},
-        {"step": 1, "loss": 0.5, "lr": 1e-3}, {"step": 2, "loss": 0.4, "lr": 1e-3},
-        {"step": 2, "kl": 0.4, "acceptance_length": 1.5, "per_position": [0.4, 0.25], "accuracy": [0.4, 0.2]}],
-        step=2, progress=0.1, phase="training")
+    training.report(
+        store,
+        jid,
+        "w",
+        [
+            {"step": 0, "kl": 0.6, "acceptance_length": 1.0, "per_position": [0.0, None], "accuracy": [0.0, 0.1]},
+            {"step": 1, "loss": 0.5, "lr": 1e-3},
+            {"step": 2, "loss": 0.4, "lr": 1e-3},
+            {"step": 2, "kl": 0.4, "acceptance_length": 1.5, "per_position": [0.4, 0.25], "accuracy": [0.4, 0.2]},
+        ],
+        step=2,
+        progress=0.1,
+        phase="training",
+    )
     at = app("train", job=jid)
     assert_clean(at)
     assert "step 2 of 20" in page_text(at)
@@ -304,9 +371,19 @@ def test_a_finished_head_job_shows_its_figures_and_is_offered_as_a_head(train_db
     prompts.write_text("\n".join(TRAIN) + "\n")
     val.write_text("\n".join(VAL) + "\n")
     monkeypatch.setattr("app.training.training.EVAL_REPEATS", 1)
-    jid = training.enqueue_training(store, kind="head", name="tiny-head", target=model_dirs["target"],
-                                    prompts=str(prompts), validation=str(val), steps=8, lr=3e-2, batch_size=4,
-                                    max_new_tokens=8, ttt_steps=2)
+    jid = training.enqueue_training(
+        store,
+        kind="head",
+        name="tiny-head",
+        target=model_dirs["target"],
+        prompts=str(prompts),
+        validation=str(val),
+        steps=8,
+        lr=3e-2,
+        batch_size=4,
+        max_new_tokens=8,
+        ttt_steps=2,
+    )
     with Worker(store, heartbeat_seconds=0.2, poll_seconds=0.05, log=lambda m: None) as worker:
         worker.work(until_idle=True)
     job = training.get_job(store, jid)
@@ -317,8 +394,10 @@ def test_a_finished_head_job_shows_its_figures_and_is_offered_as_a_head(train_db
     text = page_text(at)
     assert "Trained EAGLE-3 head saved" in text and f"Timed experiment #{job['eval_experiment_id']}" in text
     labels = {m.label: m.value for m in at.metric}
-    assert labels[f"acceptance length (before: {job['acceptance_length_before']:.2f})"] == \
-        f"{job['acceptance_length_after']:.2f}"
+    assert (
+        labels[f"acceptance length (before: {job['acceptance_length_before']:.2f})"]
+        == f"{job['acceptance_length_after']:.2f}"
+    )
     assert labels[f"α, greedy k=2 (before: {job['alpha_before']:.3f})"] == f"{job['alpha_after']:.3f}"
     grid = next(d for d in at.dataframe if "outputs_match_baseline" in d.value)  # the head against the target alone
     assert grid.value["draft"].tolist() == ["tiny-head"]
@@ -328,8 +407,9 @@ def test_a_finished_head_job_shows_its_figures_and_is_offered_as_a_head(train_db
     form.radio(key="train_kind").set_value("head").run()
     form.text_input(key="train_target").set_value(model_dirs["target"]).run()
     assert_clean(form)
-    assert any("from 1 finished head training job on cpu" in c.value for c in form.caption), \
-        [c.value for c in form.caption]
+    assert any("from 1 finished head training job on cpu" in c.value for c in form.caption), [
+        c.value for c in form.caption
+    ]
 
     # New experiment: listed as an EAGLE-3 head; picked, it is the draft and its check passes against its target
     at = app("new")

@@ -1,4 +1,5 @@
 """The detail page's validation panel and k_r distribution (AppTest on crafted records)."""
+
 from __future__ import annotations
 
 import json
@@ -6,9 +7,7 @@ import json
 import pytest
 
 from storage import open_store
-
 from storage.analysis import catalog
-
 from storage.records import queries as q
 from tests.test_pages import app, assert_clean
 from tests.test_validation import TUNE, _experiment
@@ -32,7 +31,9 @@ def test_validate_button_queues_the_best_on_the_held_out_split_and_the_result_is
     validations = catalog.experiments(db)
     queued = validations[validations["validates"] == tune]
     assert len(queued) == 1 and queued.iloc[0]["prompts"] == "code:validation"
-    assert catalog.experiments(db).set_index("experiment_id").loc[tune, "validated_by"] == queued.iloc[0]["experiment_id"]
+    assert (
+        catalog.experiments(db).set_index("experiment_id").loc[tune, "validated_by"] == queued.iloc[0]["experiment_id"]
+    )
     # A finished validation experiment shows tune against validation and the verdict in words.
     done = _experiment(db, {2: TUNE[2]}, prompts="code:validation", validates=tune)
     at = app("experiment", experiment=done)
@@ -42,12 +43,16 @@ def test_validate_button_queues_the_best_on_the_held_out_split_and_the_result_is
     config = json.loads(shown.proto.columns)
     assert config["alpha"]["label"] == "α" and config["speedup_ci_lo"]["label"] == "95 % low"
     assert shown.value["alpha"].tolist() == pytest.approx([0.8, 0.8])
-    assert any("holds" in m.value and "α 0.800 on both code:tune and code:validation" in m.value.replace("\u2060", "")
-               for m in at.success)
+    assert any(
+        "holds" in m.value and "α 0.800 on both code:tune and code:validation" in m.value.replace("\u2060", "")
+        for m in at.success
+    )
     # ... and findings: the validation's own (a done validation experiment used to have "Nothing to report yet").
     assert not any("Nothing to report" in c.value for c in at.caption)
-    assert any("The gain of experiment #1 holds on code:validation" in m.value.replace("\u2060", "").replace("\\", "")
-               for m in at.markdown)
+    assert any(
+        "The gain of experiment #1 holds on code:validation" in m.value.replace("\u2060", "").replace("\\", "")
+        for m in at.markdown
+    )
     worse = _experiment(db, {2: [[0, 0, 1, 0, 2, 0, 0, 0] * 3]}, prompts="code:validation", validates=tune)
     at = app("experiment", experiment=worse)
     assert any("does not hold" in w.value for w in at.warning)
@@ -58,8 +63,9 @@ def test_k_distribution_shows_for_a_drafter_that_varies_k(db):
     with db.write() as conn:
         from sqlalchemy import text
 
-        conn.execute(text("UPDATE runs SET drafter = 'heuristic' WHERE experiment_id = :e AND kind = 'speculative'"),
-                     {"e": eid})
+        conn.execute(
+            text("UPDATE runs SET drafter = 'heuristic' WHERE experiment_id = :e AND kind = 'speculative'"), {"e": eid}
+        )
     at = app("experiment", experiment=eid, section="Why drafts are rejected")
     assert_clean(at)
     assert any(s.value.startswith("Tokens drafted per round") for s in at.subheader)

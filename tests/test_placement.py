@@ -3,6 +3,7 @@ taken all or nothing, the recorded device name, and greedy losslessness with an 
 
 No GPU here: groups are exercised with fake CPU slots (cpu:0+cpu:1, their free memory given by the test) and the
 dispatched target with accelerate's hooks on the CPU."""
+
 from __future__ import annotations
 
 import copy
@@ -13,14 +14,14 @@ import torch
 from sqlalchemy import text
 
 import app.worker.supervisor as supervisor
-from app.worker.supervisor import DevicesError, parse_devices
 from app.runtime.placement import acquire_leases, device_name, group_members, load_device, place
+from app.worker.supervisor import DevicesError, parse_devices
 from app.worker.worker import Worker
 from engine.decoding import runs
+from engine.decoding.sampling import SamplingConfig
 from engine.errors import DraftLabError
 from engine.models.loading import _check_dispatched, load_model, plan_pair
 from engine.models.placement import HEADROOM, Placement, model_devices, plan, weight_bytes
-from engine.decoding.sampling import SamplingConfig
 from storage.jobs.experiments import enqueue_experiment
 from storage.jobs.leases import acquire_lease, release_lease
 from tests import tiny_models as tm
@@ -31,6 +32,7 @@ PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40"]
 
 
 # --- the plan ---------------------------------------------------------------------------------------------------
+
 
 def test_a_pair_that_fits_the_first_gpu_takes_one():
     assert plan(10 * GB, 1 * GB, [80 * GB, 80 * GB]) == Placement(1, None)
@@ -52,7 +54,9 @@ def test_a_pair_that_fits_no_gpus_is_one_line_naming_the_sizes_and_the_fixes():
         plan(150 * GB, 0, [80 * GB, 80 * GB], target="target big/model")
     message = str(err.value)
     assert "\n" not in message
-    assert "target big/model needs ~150 GB in bfloat16" in message and "2 visible GPUs have 80 GB + 80 GB free" in message
+    assert (
+        "target big/model needs ~150 GB in bfloat16" in message and "2 visible GPUs have 80 GB + 80 GB free" in message
+    )
     assert "draftlab worker --devices cuda:0+cuda:1" in message and "--dtype" not in message
     with pytest.raises(DraftLabError, match=r"float32 .* or --dtype bfloat16$"):
         plan(150 * GB, 0, [80 * GB, 80 * GB], dtype=torch.float32)
@@ -79,10 +83,12 @@ def test_plan_pair_reads_both_configs_and_refuses_an_unknown_model(model_dirs):
 def test_a_dispatched_model_that_spilled_to_the_cpu_is_refused_and_accelerate_is_named_when_missing(monkeypatch):
     class Spilled(torch.nn.Module):
         hf_device_map = {"model.layers.0": 0, "model.layers.1": "cpu"}
+
     with pytest.raises(DraftLabError, match="accelerate put part of it on cpu"):
         _check_dispatched("big", Spilled())
     _check_dispatched("fits", type("Fits", (), {"hf_device_map": {"a": 0, "b": 1}})())
     import importlib.util
+
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DraftLabError, match="needs accelerate; pip install accelerate$"):
         load_model("demo-target", torch.device("cuda", 0), torch.float32, max_memory={0: GB, 1: GB})
@@ -90,11 +96,16 @@ def test_a_dispatched_model_that_spilled_to_the_cpu_is_refused_and_accelerate_is
 
 # --- groups -----------------------------------------------------------------------------------------------------
 
+
 def test_device_groups_parse_in_index_order_and_are_refused_when_they_overlap_or_mix():
     assert parse_devices("cuda:1+cuda:0,cuda:2", count=lambda: 3) == ["cuda:0+cuda:1", "cuda:2"]
     assert parse_devices("cpu:0+cpu:1,cpu:2") == ["cpu:0+cpu:1", "cpu:2"]
-    for spec, words in [("cuda:0+cuda:1,cuda:1", "twice"), ("cuda:0+cpu:1", "mixes cuda and cpu"),
-                        ("cuda:0+cuda:3", "sees 2 CUDA GPU"), ("cuda:0+", "groups joined with")]:
+    for spec, words in [
+        ("cuda:0+cuda:1,cuda:1", "twice"),
+        ("cuda:0+cpu:1", "mixes cuda and cpu"),
+        ("cuda:0+cuda:3", "sees 2 CUDA GPU"),
+        ("cuda:0+", "groups joined with"),
+    ]:
         with pytest.raises(DevicesError, match=words):
             parse_devices(spec, count=lambda: 2)
     assert group_members("cuda:0+cuda:1") == ["cuda:0", "cuda:1"] and group_members("cpu:3") == ["cpu:3"]
@@ -109,6 +120,7 @@ def test_a_group_child_sees_all_its_gpus(monkeypatch):
         def __init__(self, argv, env, **kwargs):
             seen.append((argv, env))
             self.pid = 1
+
     monkeypatch.setattr(supervisor.subprocess, "Popen", Popen)
     sup = supervisor.Supervisor("sqlite://", ["cuda:0+cuda:1", "cuda:2"], log=lambda m: None, env={})
     for child in sup.children:
@@ -132,6 +144,7 @@ def test_the_recorded_device_names_every_device_of_the_job(monkeypatch):
 
 # --- leases -----------------------------------------------------------------------------------------------------
 
+
 def _leases(store):
     with store.read() as conn:
         return dict(conn.execute(text("SELECT device, worker_id FROM device_leases")).all())
@@ -154,15 +167,25 @@ def test_a_group_takes_its_leases_all_or_nothing_and_gives_them_back(store):
 
 
 def _enqueue(store, model_dirs, **kw):
-    return enqueue_experiment(store, name="big", target=model_dirs["target"], draft=model_dirs["draft"],
-                                    prompts="inline", sampling={"temperature": 0.0, "max_new_tokens": 6, "seed": 3},
-                                    device="auto", sweep_values=[2], prompt_texts=PROMPTS, **kw)
+    return enqueue_experiment(
+        store,
+        name="big",
+        target=model_dirs["target"],
+        draft=model_dirs["draft"],
+        prompts="inline",
+        sampling={"temperature": 0.0, "max_new_tokens": 6, "seed": 3},
+        device="auto",
+        sweep_values=[2],
+        prompt_texts=PROMPTS,
+        **kw,
+    )
 
 
 def _device_names(store, eid):
     with store.read() as conn:
-        return conn.execute(text("SELECT status, device_name, error FROM runs WHERE experiment_id = :e ORDER BY id"),
-                            {"e": eid}).all()
+        return conn.execute(
+            text("SELECT status, device_name, error FROM runs WHERE experiment_id = :e ORDER BY id"), {"e": eid}
+        ).all()
 
 
 def test_a_job_that_needs_both_slots_of_a_group_leases_both_while_a_single_slot_waits(store, model_dirs):
@@ -171,9 +194,11 @@ def test_a_job_that_needs_both_slots_of_a_group_leases_both_while_a_single_slot_
     eid = _enqueue(store, model_dirs)
     seen = []
     with _quiet(store, "cpu:1") as single:
+
         def hook(run, prompt_index, tokens, repeat):
             if not seen:
                 seen.append((_leases(store), acquire_lease(store, f"{HOST}:cpu:1", single.id, None, 60)))
+
         group = _quiet(store, "cpu:0+cpu:1", free_memory=lambda: [tight, tight], progress_hook=hook)
         with group:
             group.work(until_idle=True)
@@ -201,16 +226,23 @@ def test_a_job_larger_than_every_slot_of_the_worker_fails_with_the_fix(store, mo
 
 # --- a dispatched target ----------------------------------------------------------------------------------------
 
+
 def test_greedy_speculative_with_an_accelerate_dispatched_target_equals_target_only():
     from accelerate import dispatch_model
 
     target = tm.llama(0, layers=4, sharpness=4.0)
     plain = tm.pair(copy.deepcopy(target), tm.noisy_copy(target, seed=1, noise=0.6))
-    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu",
-                  **{f"model.layers.{i}": "cpu" for i in range(4)}}
+    device_map = {
+        "model.embed_tokens": "cpu",
+        "model.rotary_emb": "cpu",
+        "model.norm": "cpu",
+        "lm_head": "cpu",
+        **{f"model.layers.{i}": "cpu" for i in range(4)},
+    }
     # As transformers' from_pretrained(device_map=...) does it: the KV cache is never moved by the hooks.
-    dispatched = dispatch_model(target, device_map=device_map, force_hooks=True,
-                                skip_keys=target._skip_keys_device_placement)
+    dispatched = dispatch_model(
+        target, device_map=device_map, force_hooks=True, skip_keys=target._skip_keys_device_placement
+    )
     assert dispatched._hf_hook.io_same_device and hasattr(dispatched.model.layers[3], "_hf_hook")  # hooks in place
     spread = tm.pair(dispatched, plain.draft.model)
     assert spread.devices == (torch.device("cpu"),) == model_devices(dispatched)
@@ -235,8 +267,9 @@ def test_the_top_level_hook_returns_logits_to_the_input_device_and_leaves_the_ca
 
     target = tm.llama(0, layers=2)
     device_map = {"model": "cpu", "lm_head": "cpu"}
-    dispatched = dispatch_model(target, device_map=device_map, force_hooks=True,
-                                skip_keys=target._skip_keys_device_placement)
+    dispatched = dispatch_model(
+        target, device_map=device_map, force_hooks=True, skip_keys=target._skip_keys_device_placement
+    )
     cached = BatchCache(dispatched, 64)
     hook = dispatched._hf_hook
     assert cached._cache_kw in hook.skip_keys
@@ -249,8 +282,9 @@ def test_the_top_level_hook_returns_logits_to_the_input_device_and_leaves_the_ca
     assert out.cache is cache and cache.layers[0].keys.device.type == "cpu"
 
 
-def test_load_pair_on_auto_with_two_gpus_spreads_a_large_target_and_puts_the_draft_on_the_first(model_dirs,
-                                                                                                 monkeypatch):
+def test_load_pair_on_auto_with_two_gpus_spreads_a_large_target_and_puts_the_draft_on_the_first(
+    model_dirs, monkeypatch
+):
     """The wiring of engine.models.loading.load_pair over several GPUs, with torch's CUDA queries faked (no GPU here):
     the target gets accelerate's max_memory over the planned GPUs, the draft none, on cuda:0."""
     import engine.models.loading as loading
@@ -288,8 +322,9 @@ def test_load_pair_on_auto_with_two_gpus_spreads_a_large_target_and_puts_the_dra
     assert sorted(calls[0][3]) == [0, 1]
 
 
-def test_a_plain_worker_seeing_two_gpus_leases_both_for_a_large_target_and_loads_it_on_both(store, model_dirs,
-                                                                                           monkeypatch):
+def test_a_plain_worker_seeing_two_gpus_leases_both_for_a_large_target_and_loads_it_on_both(
+    store, model_dirs, monkeypatch
+):
     """Plain `draftlab worker` on a machine with two GPUs (torch's CUDA queries faked; the fake loader loads on
     the CPU): the plan takes both, the leases are host:cuda:0 and host:cuda:1, the loader is told gpus=2."""
     from engine.models.loading import load_pair
@@ -303,9 +338,15 @@ def test_a_plain_worker_seeing_two_gpus_leases_both_for_a_large_target_and_loads
     def loader(target, draft, device, dtype, trust_remote_code, **options):
         loads.append((device, options))
         return load_pair(target, draft, "cpu", "float32")
+
     eid = _enqueue(store, model_dirs)
-    worker = _quiet(store, None, free_memory=lambda: [tight, tight], loader=loader,
-                    progress_hook=lambda *a: seen or seen.append(_leases(store)))
+    worker = _quiet(
+        store,
+        None,
+        free_memory=lambda: [tight, tight],
+        loader=loader,
+        progress_hook=lambda *a: seen or seen.append(_leases(store)),
+    )
     with worker:
         worker.work(until_idle=True)
     assert loads == [("auto", {"gpus": 2})]

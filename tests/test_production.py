@@ -2,6 +2,7 @@
 Prometheus expositions (with and without `_total`, labels, several engines; files, two scrapes, a live HTTP
 server on loopback), converts them to DraftLab's definitions in SQL, compares them with the lab run of the same k
 (prompt-clustered interval) and says so in a finding; every bad input is one `error:` line and stores nothing."""
+
 from __future__ import annotations
 
 import http.server
@@ -31,8 +32,7 @@ def vllm_text(drafts=100, per_pos=PER_POS, engines=("0",), k=4, scale=1.0) -> st
     c_drafts = Counter("vllm:spec_decode_num_drafts", "drafts", labels, registry=registry)
     c_tokens = Counter("vllm:spec_decode_num_draft_tokens", "draft tokens", labels, registry=registry)
     c_acc = Counter("vllm:spec_decode_num_accepted_tokens", "accepted", labels, registry=registry)
-    c_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "per pos", (*labels, "position"),
-                    registry=registry)
+    c_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "per pos", (*labels, "position"), registry=registry)
     Counter("vllm:generation_tokens", "other metric", labels, registry=registry).labels("m", "0").inc(12345)
     share = scale / len(engines)
     for engine in engines:
@@ -56,13 +56,17 @@ def test_vllm_exposition_is_read_and_summed_over_engines():
 
 
 def test_counters_without_total_suffix_or_type_lines_and_other_namespaces():
-    plain = "\n".join([
-        'vllm:spec_decode_num_drafts{engine="0"} 10',
-        'vllm:spec_decode_num_draft_tokens{engine="0"} 30',
-        'vllm:spec_decode_num_accepted_tokens{engine="0"} 12',
-        'vllm:spec_decode_num_accepted_tokens_per_pos{engine="0",position="0"} 7',
-        'vllm:spec_decode_num_accepted_tokens_per_pos{engine="0",position="1"} 4',
-        'vllm:spec_decode_num_accepted_tokens_per_pos{engine="0",position="2"} 1', ""])
+    plain = "\n".join(
+        [
+            'vllm:spec_decode_num_drafts{engine="0"} 10',
+            'vllm:spec_decode_num_draft_tokens{engine="0"} 30',
+            'vllm:spec_decode_num_accepted_tokens{engine="0"} 12',
+            'vllm:spec_decode_num_accepted_tokens_per_pos{engine="0",position="0"} 7',
+            'vllm:spec_decode_num_accepted_tokens_per_pos{engine="0",position="1"} 4',
+            'vllm:spec_decode_num_accepted_tokens_per_pos{engine="0",position="2"} 1',
+            "",
+        ]
+    )
     counters = parse(plain, "x")
     assert (counters.drafts, counters.draft_tokens, counters.accepted) == (10, 30, 12)
     assert counters.per_position == {1: 7, 2: 4, 3: 1}
@@ -70,15 +74,23 @@ def test_counters_without_total_suffix_or_type_lines_and_other_namespaces():
     assert parse(llama, "x").per_position == {1: 7, 2: 4, 3: 1}
 
 
-@pytest.mark.parametrize("body, message", [
-    ("this is { not prometheus", "is not a Prometheus text exposition"),
-    ('vllm:generation_tokens_total 5\n', "has no vllm:spec_decode_num_drafts_total"),
-    ('vllm:spec_decode_num_drafts_total 1\nvllm:spec_decode_num_draft_tokens_total 2\n'
-     'vllm:spec_decode_num_accepted_tokens_total -1\n', "not a count"),
-    ('vllm:spec_decode_num_drafts_total 1\nvllm:spec_decode_num_draft_tokens_total 2\n'
-     'vllm:spec_decode_num_accepted_tokens_total 1\nvllm:spec_decode_num_accepted_tokens_per_pos_total 1\n',
-     "no numeric position label"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("this is { not prometheus", "is not a Prometheus text exposition"),
+        ("vllm:generation_tokens_total 5\n", "has no vllm:spec_decode_num_drafts_total"),
+        (
+            "vllm:spec_decode_num_drafts_total 1\nvllm:spec_decode_num_draft_tokens_total 2\n"
+            "vllm:spec_decode_num_accepted_tokens_total -1\n",
+            "not a count",
+        ),
+        (
+            "vllm:spec_decode_num_drafts_total 1\nvllm:spec_decode_num_draft_tokens_total 2\n"
+            "vllm:spec_decode_num_accepted_tokens_total 1\nvllm:spec_decode_num_accepted_tokens_per_pos_total 1\n",
+            "no numeric position label",
+        ),
+    ],
+)
 def test_bad_expositions_are_one_line(body, message):
     with pytest.raises(DraftLabError, match=message) as info:
         parse(body, "m.txt")
@@ -91,6 +103,7 @@ def test_public_source_drops_credentials_and_query():
 
 
 # --- stored, converted in SQL, compared with the lab ------------------------------------------------------------
+
 
 def _lab(store, accepts_per_prompt):
     """An experiment with one finished k = 4 run whose prompt i's rounds accept accepts_per_prompt[i][r] drafts."""
@@ -110,8 +123,10 @@ def test_two_scrapes_are_stored_converted_in_sql_and_compared(store, tmp_path, c
     # Lab: every round accepts 2 of 4 -> α = 2/3 with no spread; production (below) has α 200/280 = 0.714.
     eid, run_id = _lab(store, [[2] * 20] * 4)
     before, after = _files(tmp_path)
-    assert main(["import-metrics", before, after, "--experiment", str(eid), "--label", "prod <eu>",
-                 "--db", store.url]) == 0
+    assert (
+        main(["import-metrics", before, after, "--experiment", str(eid), "--label", "prod <eu>", "--db", store.url])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "200 drafts, 800 draft tokens, draft acceptance rate 0.500, k = 4; compared with run" in out
     table = production.series(store, eid)
@@ -137,13 +152,28 @@ def test_import_metrics_json_prints_exactly_the_spec_keys(store, tmp_path, capsy
 
     eid, _ = _lab(store, [[2] * 20] * 4)
     before, after = _files(tmp_path)
-    assert main(["import-metrics", before, after, "--experiment", str(eid), "--label", "eu", "--json",
-                 "--db", store.url]) == 0
+    assert (
+        main(["import-metrics", before, after, "--experiment", str(eid), "--label", "eu", "--json", "--db", store.url])
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
-    assert list(doc) == ["experiment_id", "label", "drafts", "draft_tokens", "accepted", "draft_acceptance_rate",
-                         "mean_acceptance_length", "per_position_acceptance"]
-    assert (doc["experiment_id"], doc["label"], doc["drafts"], doc["draft_tokens"], doc["accepted"]) == \
-        (eid, "eu", 200, 800, 400)
+    assert list(doc) == [
+        "experiment_id",
+        "label",
+        "drafts",
+        "draft_tokens",
+        "accepted",
+        "draft_acceptance_rate",
+        "mean_acceptance_length",
+        "per_position_acceptance",
+    ]
+    assert (doc["experiment_id"], doc["label"], doc["drafts"], doc["draft_tokens"], doc["accepted"]) == (
+        eid,
+        "eu",
+        200,
+        800,
+        400,
+    )
     assert doc["draft_acceptance_rate"] == pytest.approx(400 / 800)
     assert doc["mean_acceptance_length"] == pytest.approx(1 + 400 / 200)
     assert doc["per_position_acceptance"] == pytest.approx([0.8, 0.75, 40 / 60, 0.5])
@@ -217,6 +247,7 @@ def test_size_cap(store, tmp_path, capsys, monkeypatch):
 
 class _Metrics(http.server.BaseHTTPRequestHandler):
     """/metrics: the counters grow by one scrape's worth each time they are read; anything else is a 404."""
+
     scrapes = 0
 
     def do_GET(self):  # noqa: N802 - http.server's name
@@ -274,8 +305,9 @@ def test_detail_page_shows_production_next_to_the_lab(tmp_path, monkeypatch):
     store = open_store(url)
     eid, run_id = _lab(store, [[2, 1, 3, 2, 1, 2], [4, 3, 2, 4, 3, 2], [3, 2, 3, 2, 4, 1], [3, 3, 2, 4, 2, 3]])
     before, after = _files(tmp_path)
-    assert main(["import-metrics", before, after, "--experiment", str(eid), "--label", "prod 'eu' <1>",
-                 "--db", url]) == 0
+    assert (
+        main(["import-metrics", before, after, "--experiment", str(eid), "--label", "prod 'eu' <1>", "--db", url]) == 0
+    )
     at = app("experiment", experiment=eid, section="Serving")
     assert_clean(at)
     assert "Production against the lab" in page_text(at)

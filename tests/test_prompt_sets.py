@@ -1,4 +1,5 @@
 """Built-in prompt sets and the user prompt-file loader (engine/text/prompt_sets.py)."""
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,9 @@ def test_names_match_spec():
     assert len(list_prompt_sets()) == 12 and "chat:tune" in list_prompt_sets()  # + the chat set
 
 
-@pytest.mark.parametrize("spec", [f"{n}:{s}" for n in ("code", "english", "chinese", "math", "mixed")
-                                  for s in ("tune", "validation")])
+@pytest.mark.parametrize(
+    "spec", [f"{n}:{s}" for n in ("code", "english", "chinese", "math", "mixed") for s in ("tune", "validation")]
+)
 def test_every_builtin_split_loads_16_distinct_prompts(spec):
     prompts = load_prompts(spec)
     assert len(prompts) >= 16
@@ -79,6 +81,7 @@ def test_mixed_switches_scripts():
 
 
 # ---- user files -------------------------------------------------------------------------------------------
+
 
 def test_jsonl_csv_txt_files(tmp_path):
     j = tmp_path / "p.jsonl"

@@ -1,14 +1,20 @@
 """The Round explorer's words (issue 35 item 16): it says why it opens on the prompt it opens on, its prompt picker
 shows line breaks (⏎) instead of gluing lines together, and its legend counts each kind once, without a label's
 parenthesis running into the count's. tests/test_browser_round_explorer.py checks them drawn in Chromium."""
+
 from __future__ import annotations
 
 import pandas as pd
 
 from pages.round_explorer import KIND_LABELS, legend_html, opening_prompt, opening_reason, picker_label
 
-PER_PROMPT = pd.DataFrame({"prompt_index": [0, 1, 2], "rejected": [9, 4, 7],
-                           "text": ["\n #\n #", "The cat sat on the mat", "def main(): return the value"]})
+PER_PROMPT = pd.DataFrame(
+    {
+        "prompt_index": [0, 1, 2],
+        "rejected": [9, 4, 7],
+        "text": ["\n #\n #", "The cat sat on the mat", "def main(): return the value"],
+    }
+)
 
 
 def test_the_opening_prompt_is_named_with_why():

@@ -3,23 +3,26 @@ round-trip every swept variable and setting through each view of it: the form's 
 form), and the command line through the database to deploy (CLI -> enqueue -> stored rows -> deploy
 configuration). Each strategy draws from the descriptions themselves (engine/config/variables.py), so a new variable is
 round-tripped without a line here."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine.config.drafter_specs import SPECS, needs_draft_model
-from engine.errors import DraftLabError
 from engine.config.run_config import PARAMETERS, RUN_PARAMETERS, RunConfig
 from engine.config.variables import SETTINGS, VARIABLES, Variable
+from engine.errors import DraftLabError
 
 SETS = ["code:tune", "code:validation", "math:tune"]
 # Model names as HF ids and paths are written: never starting with "-" (the command line reads "--x" as an option,
 # and "--draft -" means no draft).
 NAMES = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_./", min_size=1, max_size=24).filter(
-    lambda s: s.strip() == s and not s.startswith("-"))
+    lambda s: s.strip() == s and not s.startswith("-")
+)
 
 
 def _number(v: Variable):
@@ -52,8 +55,11 @@ def _drafter(form_only: bool):
 def _number_in(p):
     if p.kind is int:
         return st.integers(int(p.low) + (1 if p.low_open else 0), int(p.high) - 1)
-    return st.floats(p.low, p.high, allow_nan=False, exclude_min=p.low_open, exclude_max=True).map(
-        lambda x: round(x, 4)).filter(p.valid)
+    return (
+        st.floats(p.low, p.high, allow_nan=False, exclude_min=p.low_open, exclude_max=True)
+        .map(lambda x: round(x, 4))
+        .filter(p.valid)
+    )
 
 
 def _value(v: Variable, form_only: bool):
@@ -74,12 +80,17 @@ def configs(draw, form_only: bool = False):
     values, k_auto, grid = None, None, None
     if sweep == "auto":
         k_auto, sweep = draw(st.integers(2, 64)), "k"
-    elif VARIABLES[sweep].categorical and VARIABLES[sweep].check_name is not None and sweep not in (
-            "draft", "drafter"):
+    elif VARIABLES[sweep].categorical and VARIABLES[sweep].check_name is not None and sweep not in ("draft", "drafter"):
         values = VARIABLES[sweep].parse_list(VARIABLES[sweep].example)  # the form compares every choice
     else:
-        values = draw(st.lists(_value(VARIABLES[sweep], form_only), min_size=1, max_size=3,
-                               unique_by=lambda x: VARIABLES[sweep].show(x) if isinstance(x, float) else x))
+        values = draw(
+            st.lists(
+                _value(VARIABLES[sweep], form_only),
+                min_size=1,
+                max_size=3,
+                unique_by=lambda x: VARIABLES[sweep].show(x) if isinstance(x, float) else x,
+            )
+        )
     if form_only and sweep == "drafter":  # the form lists drafters by kind, in the registry's order
         from pages.widgets.prefill import drafter_specs, split_drafter_specs
 
@@ -87,9 +98,17 @@ def configs(draw, form_only: bool = False):
     if sweep != "batch_size" and draw(st.booleans()):
         grid = draw(st.lists(st.integers(1, 256), min_size=2, max_size=3, unique=True))
     try:
-        return RunConfig.make(target=draw(NAMES), prompts=draw(st.sampled_from(SETS)), sweep=sweep, values=values,
-                              k_auto=k_auto, batch_sizes=grid, device=draw(st.sampled_from(["auto", "cpu", "cuda"])),
-                              dtype=draw(st.sampled_from(["auto", "float32", "bfloat16"])), **given_)
+        return RunConfig.make(
+            target=draw(NAMES),
+            prompts=draw(st.sampled_from(SETS)),
+            sweep=sweep,
+            values=values,
+            k_auto=k_auto,
+            batch_sizes=grid,
+            device=draw(st.sampled_from(["auto", "cpu", "cuda"])),
+            dtype=draw(st.sampled_from(["auto", "float32", "bfloat16"])),
+            **given_,
+        )
     except DraftLabError:  # two floats shown alike (a sweep lists a value twice): not a configuration
         from hypothesis import reject
 
@@ -103,8 +122,11 @@ def _on_the_command_line(cfg: RunConfig) -> bool:
     return cfg.k_auto is not None or len(cfg.values) > 1 or (cfg.sweep == "k" and not cfg.batch_sizes)
 
 
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                          HealthCheck.filter_too_much])
+PROPERTY = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 
 
 @PROPERTY
@@ -144,23 +166,27 @@ def test_the_command_line_reads_back_as_the_same_configuration(cfg):
     assert RunConfig.from_args(args, sweep) == cfg
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.filter_too_much])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 @given(cfg=configs().filter(_on_the_command_line))
 def test_cli_to_database_to_deploy(sqlite_store, cfg):
     """CLI arguments -> enqueue -> the stored experiment and runs -> deploy's configuration of each run: every
     parameter arrives as given, and the experiment row reads back as the configuration."""
     from app.sweep import parse_sweep
+    from storage.jobs.experiments import enqueue_experiment
     from storage.records import queries as q
     from storage.serving.deploy import configuration
-    from storage.jobs.experiments import enqueue_experiment
 
     args = _parser().parse_args(["run", *cfg.to_cli()])
     options = {name: getattr(args, name) for name in VARIABLES}
     sweep = parse_sweep({**options, "draft": args.draft if args.draft is not None else "-"})
     given_ = RunConfig.from_args(args, sweep)
-    size = max(given_.batch_sizes or [given_.value("batch_size"), *(
-        given_.values if given_.sweep == "batch_size" else [])])
+    size = max(
+        given_.batch_sizes or [given_.value("batch_size"), *(given_.values if given_.sweep == "batch_size" else [])]
+    )
     eid = enqueue_experiment(sqlite_store, **given_.enqueue(), name="x", prompt_texts=["p"] * int(size))
     experiment = q.experiment(sqlite_store, eid)
     assert RunConfig.from_experiment(experiment) == cfg
@@ -202,8 +228,9 @@ def test_every_described_parameter_is_in_the_configuration():
 
     cfg = RunConfig.make(target="t", prompts="code", draft="d")
     assert [name for name, _ in cfg.settings] == list(PARAMETERS) == [*VARIABLES, *SETTINGS]
-    flags = {a for action in _parser()._subparsers._group_actions[0].choices["run"]._actions
-             for a in action.option_strings}
+    flags = {
+        a for action in _parser()._subparsers._group_actions[0].choices["run"]._actions for a in action.option_strings
+    }
     assert {v.flag for v in PARAMETERS.values()} <= flags
     assert set(PARAMETERS) <= set(KNOWN) and set(PARAMETERS) <= set(WIDGETS)
     assert {name for name, v in PARAMETERS.items() if not v.categorical} <= set(NUMBERS)
@@ -233,8 +260,16 @@ def test_duplicate_key_ignores_labels_only(sqlite_store):
 
 
 def test_a_run_reads_its_own_sampling_configuration():
-    cfg = RunConfig.make(target="t", prompts="code", draft="d", sweep="temperature", values="0,0.7", top_k=20,
-                         draft_sampling="greedy", seed=5)
+    cfg = RunConfig.make(
+        target="t",
+        prompts="code",
+        draft="d",
+        sweep="temperature",
+        values="0,0.7",
+        top_k=20,
+        draft_sampling="greedy",
+        seed=5,
+    )
     sampling = cfg.sampling(0.7)
     assert (sampling.temperature, sampling.top_k, sampling.seed, sampling.draft_sampling) == (0.7, 20, 5, "greedy")
 
@@ -242,9 +277,9 @@ def test_a_run_reads_its_own_sampling_configuration():
 def test_a_stored_run_stays_readable_after_a_workload_cap_is_lowered(sqlite_store, monkeypatch):
     """Caps bound what may be queued (SPEC, Inputs); a run queued under a higher cap is still read, rerun and
     deployed as it was."""
+    from storage.jobs.experiments import add_k_runs, enqueue_experiment
     from storage.records import queries as q
     from storage.serving.deploy import configuration
-    from storage.jobs.experiments import add_k_runs, enqueue_experiment
 
     cfg = RunConfig.make(target="t", prompts="code", draft="d", sweep="k", values="1,2", max_new_tokens=512)
     eid = enqueue_experiment(sqlite_store, **cfg.enqueue(), name="x", prompt_texts=["p"])
@@ -266,16 +301,15 @@ def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_p
     draft sweep of heads and causal LMs gives each draft its own (tests/test_mixed_draft_sweep.py). A drafter named
     for the other kind of draft, also in such a sweep, is one line; stored configurations keep the drafter they
     named."""
-    from engine.models.eagle3 import new_head, save_head
+    import torch
+
     from engine.config.head_format import sglang_dir
-    from engine.models.eagle3 import convert_head
+    from engine.models.eagle3 import convert_head, new_head, save_head
     from pages.new_experiment import validate
-    from storage.records import queries as q
     from storage.jobs.experiments import enqueue_experiment
+    from storage.records import queries as q
     from tests import tiny_models as tm
     from tests.test_pages_logic import VALID
-
-    import torch
 
     target = tm.llama(0, layers=4, vocab=16)
     head = str(save_head(new_head(target, [1, 2, 3], torch.arange(16), verifier="demo-target"), tmp_path / "head"))
@@ -287,8 +321,16 @@ def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_p
     assert RunConfig.make(target="t", prompts="code", sweep="draft", values=[head, sglang]).value("drafter") == "eagle3"
     assert RunConfig.make(target="t", prompts="code", draft=head, drafter="prompt-lookup:3").value("draft") == head
 
-    eid = enqueue_experiment(sqlite_store, name="head", target="t", draft=head, prompts="code", sampling={},
-                             sweep_values=[2, 3], prompt_texts=["p"])
+    eid = enqueue_experiment(
+        sqlite_store,
+        name="head",
+        target="t",
+        draft=head,
+        prompts="code",
+        sampling={},
+        sweep_values=[2, 3],
+        prompt_texts=["p"],
+    )
     assert set(q.runs(sqlite_store, eid).dropna(subset=["k"])["drafter"]) == {"eagle3"}
     experiment = q.experiment(sqlite_store, eid)
     assert RunConfig.from_experiment(experiment).value("drafter") == "eagle3"
@@ -300,14 +342,19 @@ def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_p
     assert launch.errors == [] and launch.kwargs["drafter"] == "eagle3" and launch.kwargs["draft"] == sglang
     assert "[" not in launch.kwargs["name"]
 
-    for given, says in (({"draft": head, "drafter": "model"}, "drafter 'model' drafts with a causal LM, but the "
-                                                              "draft"),
-                        ({"draft": "demo-draft", "drafter": "eagle3"}, "drafter 'eagle3' drafts with an EAGLE-3 head"),
-                        ({"sweep": "draft", "values": [head, "demo-draft"], "drafter": "model"},
-                         f"drafter 'model' drafts with a causal LM, but the draft '{head}' is an EAGLE-3 head"),
-                        ({"sweep": "draft", "values": ["demo-draft", head], "drafter": "eagle3"},
-                         "drafter 'eagle3' drafts with an EAGLE-3 head, but the draft 'demo-draft'"),
-                        ({"draft": sglang, "sweep": "drafter", "values": "model,eagle3"}, "drafter 'model'")):
+    for given, says in (
+        ({"draft": head, "drafter": "model"}, "drafter 'model' drafts with a causal LM, but the draft"),
+        ({"draft": "demo-draft", "drafter": "eagle3"}, "drafter 'eagle3' drafts with an EAGLE-3 head"),
+        (
+            {"sweep": "draft", "values": [head, "demo-draft"], "drafter": "model"},
+            f"drafter 'model' drafts with a causal LM, but the draft '{head}' is an EAGLE-3 head",
+        ),
+        (
+            {"sweep": "draft", "values": ["demo-draft", head], "drafter": "eagle3"},
+            "drafter 'eagle3' drafts with an EAGLE-3 head, but the draft 'demo-draft'",
+        ),
+        ({"draft": sglang, "sweep": "drafter", "values": "model,eagle3"}, "drafter 'model'"),
+    ):
         with pytest.raises(DraftLabError, match=says) as err:
             RunConfig.make(target="t", prompts="code", **given)
         assert "\n" not in str(err.value)

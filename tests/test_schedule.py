@@ -2,6 +2,7 @@
 at each batch size with its own target-only baseline there; storage/analysis/schedule.py judges each batch size with the one
 verdict rule and gives the k to serve (0 where speculation measurably loses) and vLLM's
 num_speculative_tokens_per_batch_size. Crafted speedups on SQLite and PostgreSQL, the CLI's grid end to end."""
+
 from __future__ import annotations
 
 import json
@@ -11,23 +12,39 @@ from sqlalchemy import text
 
 from app.sweep import parse_sweep
 from engine.errors import DraftLabError
-from storage.jobs import experiments, run_state
 from storage.analysis import catalog
-from storage.records import queries as q
-from storage.db.errors import QueueError
-from storage.serving.export import run_document
 from storage.analysis.schedule import schedule
 from storage.analysis.verdict import verdict
+from storage.db.errors import QueueError
+from storage.jobs import experiments, run_state
+from storage.records import queries as q
+from storage.serving.export import run_document
 
-OPTIONS = {"k": "4", "temperature": "0", "top_k": "0", "top_p": "1", "batch_size": "1", "draft": "d",
-           "drafter": "model", "draft_sampling": "probabilistic"}
+OPTIONS = {
+    "k": "4",
+    "temperature": "0",
+    "top_k": "0",
+    "top_p": "1",
+    "batch_size": "1",
+    "draft": "d",
+    "drafter": "model",
+    "draft_sampling": "probabilistic",
+}
 
 
 def _grid(store, sizes=(1, 4, 16), ks=(1, 2, 4), prompts=16, **kw):
-    return experiments.enqueue_experiment(store, name="grid", target="tgt", draft="drf", prompts="code:tune",
-                                          sampling={"temperature": 0.0, "max_new_tokens": 64}, sweep_values=list(ks),
-                                          batch_sizes=list(sizes), prompt_texts=[f"p{i}" for i in range(prompts)],
-                                          **kw)
+    return experiments.enqueue_experiment(
+        store,
+        name="grid",
+        target="tgt",
+        draft="drf",
+        prompts="code:tune",
+        sampling={"temperature": 0.0, "max_new_tokens": 64},
+        sweep_values=list(ks),
+        batch_sizes=list(sizes),
+        prompt_texts=[f"p{i}" for i in range(prompts)],
+        **kw,
+    )
 
 
 def _measure(store, eid, speeds: dict) -> dict:
@@ -41,14 +58,24 @@ def _measure(store, eid, speeds: dict) -> dict:
             key = (int(r.batch_size), int(r.k))
             ids[key] = int(r.run_id)
             s, lo, hi = speeds[key]
-            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi WHERE id = :rid"),
-                         {"s": s, "lo": lo, "hi": hi, "rid": r.run_id})
+            conn.execute(
+                text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi WHERE id = :rid"),
+                {"s": s, "lo": lo, "hi": hi, "rid": r.run_id},
+            )
     return ids
 
 
-SPEEDS = {(1, 1): (1.20, 1.15, 1.25), (1, 2): (1.40, 1.32, 1.48), (1, 4): (1.30, 1.25, 1.35),
-          (4, 1): (1.10, 1.05, 1.15), (4, 2): (1.12, 1.06, 1.18), (4, 4): (0.95, 0.90, 1.00),
-          (16, 1): (0.92, 0.88, 0.96), (16, 2): (0.85, 0.80, 0.90), (16, 4): (0.70, 0.65, 0.75)}
+SPEEDS = {
+    (1, 1): (1.20, 1.15, 1.25),
+    (1, 2): (1.40, 1.32, 1.48),
+    (1, 4): (1.30, 1.25, 1.35),
+    (4, 1): (1.10, 1.05, 1.15),
+    (4, 2): (1.12, 1.06, 1.18),
+    (4, 4): (0.95, 0.90, 1.00),
+    (16, 1): (0.92, 0.88, 0.96),
+    (16, 2): (0.85, 0.80, 0.90),
+    (16, 4): (0.70, 0.65, 0.75),
+}
 
 
 def test_a_grid_queues_the_sweep_at_each_batch_size_with_its_own_baseline(store):
@@ -59,13 +86,15 @@ def test_a_grid_queues_the_sweep_at_each_batch_size_with_its_own_baseline(store)
     assert sorted(baselines.values()) == [1, 4, 16]
     for r in runs[runs["kind"] == "speculative"].itertuples():
         assert baselines[int(r.baseline_run_id)] == int(r.batch_size)  # paired at its own batch size
-    assert sorted((int(r.batch_size), int(r.k)) for r in runs[runs["kind"] == "speculative"].itertuples()) == \
-        [(b, k) for b in (1, 4, 16) for k in (1, 2, 4)]
+    assert sorted((int(r.batch_size), int(r.k)) for r in runs[runs["kind"] == "speculative"].itertuples()) == [
+        (b, k) for b in (1, 4, 16) for k in (1, 2, 4)
+    ]
     exp = q.experiment(store, eid)
     assert q.grid_sizes(exp) == [1, 4, 16] and exp["sweep_variable"] == "k" and exp["batch_size"] == 1
     # Not a grid: no batch sizes, no schedule.
-    plain = experiments.enqueue_experiment(store, name="one", target="t", draft="d", prompts="code:tune",
-                                           sampling={}, sweep_values=[1, 2])
+    plain = experiments.enqueue_experiment(
+        store, name="one", target="t", draft="d", prompts="code:tune", sampling={}, sweep_values=[1, 2]
+    )
     assert q.grid_sizes(q.experiment(store, plain)) is None and schedule(store, plain) is None
 
 
@@ -79,8 +108,9 @@ def test_the_schedule_judges_each_batch_size_and_switches_speculation_off_where_
     # At batch 4, k=2 is best, tied with k=1: the cheaper tied k is served.
     assert four.verdict.best.run_id == ids[(4, 2)] and four.verdict.chosen.run_id == ids[(4, 1)] and four.gains
     assert sixteen.loses and sixteen.value is None and sixteen.verdict.best.run_id == ids[(16, 1)]
-    assert sixteen.text == ("at batch 16 speculation costs 8 % (0.92× (0.88–0.96) at the best k, 1): switch it off "
-                            "(k = 0) at batch 16")
+    assert sixteen.text == (
+        "at batch 16 speculation costs 8 % (0.92× (0.88–0.96) at the best k, 1): switch it off (k = 0) at batch 16"
+    )
     assert s.ranges == [[1, 3, 2], [4, 15, 1], [16, 16, 0]] and s.off_from == 16
     assert s.text.endswith("Switch speculation off from batch 16")
     assert "batch 1: k = 2 (1.40× (1.32–1.48))" in s.text
@@ -90,8 +120,11 @@ def test_the_schedule_judges_each_batch_size_and_switches_speculation_off_where_
     row = catalog.experiments(store).set_index("experiment_id").loc[eid]
     assert (row.best_value, row.best_speedup, row.n_tied) == (2, 1.40, len(v.tied)) == (2, 1.40, 1)  # k=4 ties
     doc = run_document(store, eid, with_outputs=False)
-    assert doc["batch_sizes"] == [1, 4, 16] and doc["schedule"]["num_speculative_tokens_per_batch_size"] == \
-        [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
+    assert doc["batch_sizes"] == [1, 4, 16] and doc["schedule"]["num_speculative_tokens_per_batch_size"] == [
+        [1, 3, 2],
+        [4, 15, 1],
+        [16, 16, 0],
+    ]
     assert [(e["batch_size"], e["k"]) for e in doc["k_schedule"]] == [(1, 2), (4, 1), (16, 0)]
     assert list(doc["k_schedule"][0]) == ["batch_size", "k", "speedup", "speedup_ci", "tied_with"]
     assert doc["k_schedule"][2]["speedup"] is None and doc["k_schedule"][2]["text"].startswith("at batch 16")
@@ -102,11 +135,16 @@ def test_where_no_k_is_measurably_faster_the_target_alone_is_served(store):
     """The target alone (1×, no draft) is one more candidate, the cheapest: tied with a best whose interval includes
     1, it is served; a cheaper k tied with the best but not itself measurably faster is never served."""
     eid = _grid(store, sizes=(2, 8), ks=(1, 3))
-    ids = _measure(store, eid, {(2, 1): (1.1, 0.98, 1.2), (2, 3): (1.3, 1.2, 1.4),
-                                (8, 1): (1.01, 0.95, 1.07), (8, 3): (0.97, 0.90, 1.04)})
+    ids = _measure(
+        store,
+        eid,
+        {(2, 1): (1.1, 0.98, 1.2), (2, 3): (1.3, 1.2, 1.4), (8, 1): (1.01, 0.95, 1.07), (8, 3): (0.97, 0.90, 1.04)},
+    )
     s = schedule(store, eid)
-    assert [(step.batch_size, step.k, step.gains, step.loses, step.off) for step in s.steps] == \
-        [(2, 3, True, False, False), (8, 0, False, False, True)]
+    assert [(step.batch_size, step.k, step.gains, step.loses, step.off) for step in s.steps] == [
+        (2, 3, True, False, False),
+        (8, 0, False, False, True),
+    ]
     two, eight = s.steps
     # At batch 2 the cheaper tied k = 1 reaches 1×: k = 3, measurably faster, is served, and the verdict at batch 2
     # chooses the same (one rule: storage/analysis/verdict.py's `serve`).
@@ -120,8 +158,11 @@ def test_where_no_k_is_measurably_faster_the_target_alone_is_served(store):
 
 def test_one_k_everywhere_merges_into_one_range(store):
     eid = _grid(store, sizes=(2, 8), ks=(1, 3))
-    _measure(store, eid, {(2, 1): (1.3, 1.2, 1.4), (2, 3): (1.1, 1.0, 1.2),
-                          (8, 1): (1.2, 1.1, 1.3), (8, 3): (0.97, 0.90, 1.04)})
+    _measure(
+        store,
+        eid,
+        {(2, 1): (1.3, 1.2, 1.4), (2, 3): (1.1, 1.0, 1.2), (8, 1): (1.2, 1.1, 1.3), (8, 3): (0.97, 0.90, 1.04)},
+    )
     assert schedule(store, eid).ranges == [[1, 8, 1]]  # the first range starts at 1 (vLLM's rule)
 
 
@@ -131,8 +172,13 @@ def test_a_pending_batch_size_is_left_out_of_the_ranges(store):
     for r in runs[runs["batch_size"] == 1].itertuples():
         run_state.finish_run(store, int(r.run_id), "done")
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET speedup = 1.3, speedup_ci_lo = 1.2, speedup_ci_hi = 1.4 "
-                          "WHERE experiment_id = :e AND kind = 'speculative' AND batch_size = 1"), {"e": eid})
+        conn.execute(
+            text(
+                "UPDATE runs SET speedup = 1.3, speedup_ci_lo = 1.2, speedup_ci_hi = 1.4 "
+                "WHERE experiment_id = :e AND kind = 'speculative' AND batch_size = 1"
+            ),
+            {"e": eid},
+        )
     s = schedule(store, eid)
     assert [(step.batch_size, step.k) for step in s.steps] == [(1, 1), (4, None)]
     assert s.ranges == [[1, 1, 1]] and s.steps[1].text == "at batch 4: no finished run to choose from yet"
@@ -140,15 +186,28 @@ def test_a_pending_batch_size_is_left_out_of_the_ranges(store):
 
 def test_bad_grids_are_refused_before_anything_is_stored(store):
     before = len(catalog.experiments(store))
-    for sizes, message in (([0, 4], "whole numbers"), ([4, 4], "twice"), ([1, 2.5], "whole numbers"),
-                           ([1, 257], "whole numbers")):
+    for sizes, message in (
+        ([0, 4], "whole numbers"),
+        ([4, 4], "twice"),
+        ([1, 2.5], "whole numbers"),
+        ([1, 257], "whole numbers"),
+    ):
         with pytest.raises(QueueError, match=message):
             _grid(store, sizes=sizes)
     with pytest.raises(QueueError, match="needs at least 16 prompts"):
         _grid(store, sizes=(1, 16), prompts=8)
     with pytest.raises(QueueError, match="not both"):
-        experiments.enqueue_experiment(store, name="g", target="t", draft="d", prompts="p", sampling={},
-                                       sweep_variable="batch_size", sweep_values=[1, 2], batch_sizes=[1, 2])
+        experiments.enqueue_experiment(
+            store,
+            name="g",
+            target="t",
+            draft="d",
+            prompts="p",
+            sampling={},
+            sweep_variable="batch_size",
+            sweep_values=[1, 2],
+            batch_sizes=[1, 2],
+        )
     assert len(catalog.experiments(store)) == before
 
 
@@ -169,8 +228,9 @@ def test_cli_runs_a_grid_end_to_end(tmp_path, model_dirs, capsys):
     from app.report import format_table
     from tests.cli_runs import run_json
 
-    doc, _ = run_json(tmp_path, model_dirs, capsys, "--k", "1,2", "--batch-size", "1,2", "--max-new-tokens", "8",
-                      "--repeats", "1")
+    doc, _ = run_json(
+        tmp_path, model_dirs, capsys, "--k", "1,2", "--batch-size", "1,2", "--max-new-tokens", "8", "--repeats", "1"
+    )
     assert doc["batch_sizes"] == [1, 2] and len(doc["baselines"]) == 2 and len(doc["runs"]) == 4
     assert sorted((r["batch_size"], r["k"]) for r in doc["runs"]) == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert all(r["outputs_match_baseline"] is True and r["status"] == "done" for r in doc["runs"])
@@ -198,17 +258,24 @@ def test_deploy_carries_the_schedule_to_vllm_and_says_what_other_engines_cannot(
     assert doc["schedule"]["off_from"] == 16 and any(c.startswith("A grid: k schedule") for c in doc["caveats"])
     # A named run deploys that run alone, no schedule.
     named = deploy_document(store, eid, run_id=ids[(4, 1)])
-    assert "schedule" not in named and "num_speculative_tokens_per_batch_size" not in \
-        named["engines"]["vllm"]["speculative_config"]
+    assert (
+        "schedule" not in named
+        and "num_speculative_tokens_per_batch_size" not in named["engines"]["vllm"]["speculative_config"]
+    )
 
 
 def test_deploy_refuses_a_grid_where_speculation_loses_everywhere(store):
     from storage.serving.deploy import DeployError, deploy_document
 
     eid = _grid(store, sizes=(1, 4), ks=(1, 2))
-    _measure(store, eid, {(1, 1): (0.9, 0.85, 0.95), (1, 2): (0.8, 0.7, 0.9),
-                          (4, 1): (0.7, 0.6, 0.8), (4, 2): (0.6, 0.5, 0.7)})
-    with pytest.raises(DeployError, match=r"not measurably faster at any batch size measured \(1, 4\): serve the target alone"):
+    _measure(
+        store,
+        eid,
+        {(1, 1): (0.9, 0.85, 0.95), (1, 2): (0.8, 0.7, 0.9), (4, 1): (0.7, 0.6, 0.8), (4, 2): (0.6, 0.5, 0.7)},
+    )
+    with pytest.raises(
+        DeployError, match=r"not measurably faster at any batch size measured \(1, 4\): serve the target alone"
+    ):
         deploy_document(store, eid)
 
 
@@ -216,8 +283,11 @@ def test_a_grid_with_one_k_everywhere_needs_no_schedule_key(store):
     from storage.serving.deploy import deploy_document
 
     eid = _grid(store, sizes=(1, 4), ks=(1, 2))
-    _measure(store, eid, {(1, 1): (1.1, 1.05, 1.15), (1, 2): (1.4, 1.3, 1.5),
-                          (4, 1): (1.0, 0.95, 1.05), (4, 2): (1.2, 1.15, 1.25)})
+    _measure(
+        store,
+        eid,
+        {(1, 1): (1.1, 1.05, 1.15), (1, 2): (1.4, 1.3, 1.5), (4, 1): (1.0, 0.95, 1.05), (4, 2): (1.2, 1.15, 1.25)},
+    )
     spec = json.loads(deploy_document(store, eid)["engines"]["vllm"]["speculative_config"])
     assert spec["num_speculative_tokens"] == 2 and "num_speculative_tokens_per_batch_size" not in spec
 
@@ -236,15 +306,19 @@ def test_findings_say_where_to_switch_speculation_off_and_which_batch_sizes_are_
     assert "batch_sizes=4%2C7%2C10%2C13%2C16" in prefill_url(found[0]["prefill"])
     # Batch 8 neither gains nor loses: a warning naming it, with more repeats.
     eid = _grid(store, sizes=(2, 8), ks=(1, 3))
-    _measure(store, eid, {(2, 1): (1.3, 1.2, 1.4), (2, 3): (1.1, 1.0, 1.2),
-                          (8, 1): (1.01, 0.95, 1.07), (8, 3): (0.97, 0.90, 1.04)})
+    _measure(
+        store,
+        eid,
+        {(2, 1): (1.3, 1.2, 1.4), (2, 3): (1.1, 1.0, 1.2), (8, 1): (1.01, 0.95, 1.07), (8, 3): (0.97, 0.90, 1.04)},
+    )
     found = {f["title"]: f for f in findings(store, eid) if f["kind"] == "schedule"}
     assert set(found) == {"Switch speculation off from batch 8", "No measurable gain at batch 8"}
     assert found["No measurable gain at batch 8"]["severity"] == "warning"
     assert found["No measurable gain at batch 8"]["prefill"]["batch_sizes"] == "8"
     # Not a grid: no schedule finding.
-    plain = experiments.enqueue_experiment(store, name="one", target="t", draft="d", prompts="code:tune",
-                                           sampling={}, sweep_values=[1, 2])
+    plain = experiments.enqueue_experiment(
+        store, name="one", target="t", draft="d", prompts="code:tune", sampling={}, sweep_values=[1, 2]
+    )
     assert not [f for f in findings(store, plain) if f["kind"] == "schedule"]
 
 
@@ -252,8 +326,16 @@ def test_the_other_findings_look_at_the_smallest_batch_size_of_a_grid(store):
     from storage.analysis.findings import findings
 
     eid = _grid(store, sizes=(1, 4), ks=(1, 2))
-    _measure(store, eid, {(1, 1): (1.30, 1.25, 1.35), (1, 2): (1.28, 1.20, 1.36),
-                          (4, 1): (0.90, 0.85, 0.95), (4, 2): (0.80, 0.75, 0.85)})
+    _measure(
+        store,
+        eid,
+        {
+            (1, 1): (1.30, 1.25, 1.35),
+            (1, 2): (1.28, 1.20, 1.36),
+            (4, 1): (0.90, 0.85, 0.95),
+            (4, 2): (0.80, 0.75, 0.85),
+        },
+    )
     tie = [f for f in findings(store, eid) if f["kind"] == "tie"]
     # k=1 and k=2 are tied at batch 1; batch 4's runs never enter the batch-1 tie.
     assert len(tie) == 1 and tie[0]["data"]["best"] == 1 and tie[0]["data"]["tied_with"] == [2]
@@ -266,12 +348,22 @@ def test_a_grid_runs_through_the_worker_and_reports_every_row_of_a_batch(store, 
     from tests.test_worker import RecordingWorker
 
     prompts = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32 t33"]
-    eid = experiments.enqueue_experiment(store, name="grid", target=model_dirs["target"], draft=model_dirs["draft"],
-                                         prompts="inline", sampling={"temperature": 0.0, "max_new_tokens": 6},
-                                         device="cpu", sweep_values=[1, 2], batch_sizes=[1, 2], prompt_texts=prompts)
+    eid = experiments.enqueue_experiment(
+        store,
+        name="grid",
+        target=model_dirs["target"],
+        draft=model_dirs["draft"],
+        prompts="inline",
+        sampling={"temperature": 0.0, "max_new_tokens": 6},
+        device="cpu",
+        sweep_values=[1, 2],
+        batch_sizes=[1, 2],
+        prompt_texts=prompts,
+    )
     seen: dict[int, set] = {}
-    worker = RecordingWorker(store, progress_hook=lambda run, index, tokens, repeat=0:
-                             seen.setdefault(run["id"], set()).add(index))
+    worker = RecordingWorker(
+        store, progress_hook=lambda run, index, tokens, repeat=0: seen.setdefault(run["id"], set()).add(index)
+    )
     with worker:
         worker.work(until_idle=True)
     runs = q.runs(store, eid)
@@ -281,12 +373,15 @@ def test_a_grid_runs_through_the_worker_and_reports_every_row_of_a_batch(store, 
 
 
 def test_validation_reruns_the_choice_at_the_batch_size_it_was_measured_at(store):
-    from storage.jobs.experiments import get_experiment
     from storage.analysis.validation import validation_plan
+    from storage.jobs.experiments import get_experiment
 
     eid = _grid(store, sizes=(4, 8), ks=(1, 2), draft_sampling="greedy")
-    ids = _measure(store, eid, {(4, 1): (1.1, 1.05, 1.15), (4, 2): (1.4, 1.3, 1.5),
-                                (8, 1): (1.0, 0.95, 1.05), (8, 2): (1.2, 1.15, 1.25)})
+    ids = _measure(
+        store,
+        eid,
+        {(4, 1): (1.1, 1.05, 1.15), (4, 2): (1.4, 1.3, 1.5), (8, 1): (1.0, 0.95, 1.05), (8, 2): (1.2, 1.15, 1.25)},
+    )
     plan = validation_plan(store, eid)
     assert (plan["k"], plan["sampling"]["batch_size"], plan["draft_sampling"]) == (2, 4, "greedy")
     vid = experiments.enqueue_experiment(store, **plan, prompt_texts=[f"q{i}" for i in range(4)])
@@ -301,8 +396,9 @@ def test_the_listing_and_draftlab_list_name_a_grids_batch_sizes(store, capsys):
     eid = _grid(store, sizes=(1, 4), ks=(1, 2))
     listing = catalog.experiments(store).set_index("experiment_id")
     assert listing.loc[eid, "batch_sizes"] == [1, 4]
-    plain = experiments.enqueue_experiment(store, name="one", target="t", draft="d", prompts="code:tune",
-                                           sampling={}, sweep_values=[1, 2])
+    plain = experiments.enqueue_experiment(
+        store, name="one", target="t", draft="d", prompts="code:tune", sampling={}, sweep_values=[1, 2]
+    )
     assert catalog.experiments(store).set_index("experiment_id").loc[plain, "batch_sizes"] is None
     assert main(["list", "--db", store.url]) == 0
     out = capsys.readouterr().out
@@ -316,12 +412,20 @@ def test_one_answer_the_verdict_schedule_findings_and_every_deploy_tab_serve_the
     every engine's tab serve k = 3 at batch 1 and say which batch size their one k is for; batch 2's entry is asked
     for by name."""
     from storage.analysis import findings as fd
-    from storage.serving.deploy import DeployError, deploy_document
     from storage.analysis.verdict import verdict
+    from storage.serving.deploy import DeployError, deploy_document
 
     eid = _grid(store, sizes=(1, 2), ks=(1, 3), prompts=4)
-    ids = _measure(store, eid, {(1, 1): (1.05, 0.95, 1.16), (1, 3): (1.17, 1.07, 1.29),
-                                (2, 1): (1.12, 1.06, 1.18), (2, 3): (1.15, 1.08, 1.22)})
+    ids = _measure(
+        store,
+        eid,
+        {
+            (1, 1): (1.05, 0.95, 1.16),
+            (1, 3): (1.17, 1.07, 1.29),
+            (2, 1): (1.12, 1.06, 1.18),
+            (2, 3): (1.15, 1.08, 1.22),
+        },
+    )
     v, s = verdict(store, eid), schedule(store, eid)
     assert v.chosen.run_id == s.at(1).served.run_id == ids[(1, 3)] and v.k == s.at(1).k == 3
     assert v.cheaper is None and "take the cheaper" not in v.text

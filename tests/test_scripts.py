@@ -1,5 +1,6 @@
 """scripts/setup.sh (sourced by scripts/dashboard.sh and scripts/test.sh) on a fresh checkout says what it installs,
 before each step, on stderr; run in a sandbox whose python and pip are stubs that only log what they are asked."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,13 @@ def _sandbox(tmp_path: Path) -> tuple[Path, dict]:
     for name, body in (("python", STUB_PYTHON), ("python3", STUB_PYTHON), ("pip", STUB_PIP)):
         (stubs / name).write_text(body)
         (stubs / name).chmod(0o755)
-    env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUBS": str(stubs), "HOME": str(tmp_path), "PYTHON": str(stubs / "python3"),
-           "SETUP_LOG": str(tmp_path / "setup.log")}
+    env = {
+        "PATH": f"{stubs}:/usr/bin:/bin",
+        "STUBS": str(stubs),
+        "HOME": str(tmp_path),
+        "PYTHON": str(stubs / "python3"),
+        "SETUP_LOG": str(tmp_path / "setup.log"),
+    }
     return checkout, env
 
 
@@ -47,8 +53,14 @@ def test_first_start_says_what_it_installs_before_each_step(tmp_path):
             if found:
                 os.symlink(found, tmp_path / "stubs" / tool)
     # setup's stderr and the pip calls go to one file, in the order they happen
-    done = subprocess.run(["bash", "-c", 'source scripts/setup.sh 2>>"$SETUP_LOG"'], cwd=checkout, env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", "-c", 'source scripts/setup.sh 2>>"$SETUP_LOG"'],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     log = Path(env["SETUP_LOG"]).read_text()
     assert done.returncode == 0, log
     lines = [line for line in log.splitlines() if line.strip()]
@@ -65,12 +77,14 @@ def test_first_start_says_what_it_installs_before_each_step(tmp_path):
 
 def test_a_ready_venv_is_silent(tmp_path):
     checkout, env = _sandbox(tmp_path)
-    first = subprocess.run(["bash", "-c", "source scripts/setup.sh"], cwd=checkout, env=env, capture_output=True,
-                           text=True, timeout=60)
+    first = subprocess.run(
+        ["bash", "-c", "source scripts/setup.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60
+    )
     assert first.returncode == 0, first.stderr
     ready = checkout / ".venv" / "bin" / "python"  # now everything imports: nothing to install
     ready.write_text("#!/bin/sh\nexit 0\n")
-    again = subprocess.run(["bash", "-c", "source scripts/setup.sh"], cwd=checkout, env=env, capture_output=True,
-                           text=True, timeout=60)
+    again = subprocess.run(
+        ["bash", "-c", "source scripts/setup.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60
+    )
     assert again.returncode == 0 and again.stderr == "" and again.stdout == ""
     assert Path(env["SETUP_LOG"]).read_text().count("pip install") == 2  # the first start's two, no more

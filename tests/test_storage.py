@@ -1,5 +1,6 @@
 """Storage on SQLite and PostgreSQL: schema, SQL metrics == engine/metrics/metrics_oracle.py, queue atomicity, cancel,
 stale heartbeats, concurrent readers. Records are synthetic (no models), built with the engine's invariants."""
+
 from __future__ import annotations
 
 import math
@@ -13,24 +14,31 @@ from sqlalchemy import text
 
 from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
 from engine.metrics.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds, throughput
-from storage.jobs import liveness, run_state
 from storage import open_store
-from storage.db.errors import QueueError
-from storage.jobs.experiments import add_k_runs, enqueue_experiment
 from storage.analysis import catalog
-from storage.records import queries as q
-from storage.serving.export import plain, run_document
-from storage.records.recording import record_prompt
+from storage.db.errors import QueueError
 from storage.db.schema import SCHEMA_VERSION, utcnow
+from storage.jobs import liveness, run_state
+from storage.jobs.experiments import add_k_runs, enqueue_experiment
+from storage.records import queries as q
+from storage.records.recording import record_prompt
+from storage.serving.export import plain, run_document
 
 REL = 1e-12  # SQL sums may associate float additions differently from Python's left-to-right sum
 
 
 def enqueue(store, ks=(2, 4), prompts=3, **kw):
-    return enqueue_experiment(store, name=kw.pop("name", "exp"), target=kw.pop("target", "tgt"),
-                                    draft=kw.pop("draft", "drf"), prompts="inline",
-                                    sampling=kw.pop("sampling", {"temperature": 0.0, "max_new_tokens": 64}),
-                                    sweep_values=list(ks), prompt_texts=[f"p{i}" for i in range(prompts)], **kw)
+    return enqueue_experiment(
+        store,
+        name=kw.pop("name", "exp"),
+        target=kw.pop("target", "tgt"),
+        draft=kw.pop("draft", "drf"),
+        prompts="inline",
+        sampling=kw.pop("sampling", {"temperature": 0.0, "max_new_tokens": 64}),
+        sweep_values=list(ks),
+        prompt_texts=[f"p{i}" for i in range(prompts)],
+        **kw,
+    )
 
 
 def run_ids(store, experiment_id):
@@ -54,9 +62,14 @@ def fill_experiment(store, ks=(2, 4), prompts=3, seed=0, same_outputs_for=None):
     baseline = [synthetic_baseline(rng, i, 12) for i in range(prompts)]
     for (kind, k), rid in ids.items():
         lossless = same_outputs_for in (None, k)
-        rows = baseline if kind == "baseline" else [
-            synthetic_prompt(rng, i, k, rounds=6, follow=base.output_ids if lossless else None)
-            for i, base in enumerate(baseline)]
+        rows = (
+            baseline
+            if kind == "baseline"
+            else [
+                synthetic_prompt(rng, i, k, rounds=6, follow=base.output_ids if lossless else None)
+                for i, base in enumerate(baseline)
+            ]
+        )
         for row, base in zip(rows, baseline) if kind != "baseline" and lossless else ():
             row.wall_seconds = base.wall_seconds / rng.uniform(0.8, 1.6)  # below its tokens per round: possible
         results[rid] = rows
@@ -77,6 +90,7 @@ def assert_close(actual, expected, what):
 
 
 # --- schema -----------------------------------------------------------------------------------------------
+
 
 def test_sqlite_is_wal_with_busy_timeout(tmp_path):
     store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
@@ -154,6 +168,7 @@ def test_a_newer_database_is_refused_with_a_clear_message(tmp_path):
 
 # --- SQL metrics == engine/metrics/metrics_oracle.py ----------------------------------------------------------------------
 
+
 def test_stored_metrics_equal_engine_metrics(store):
     eid, ids, results = fill_experiment(store, ks=(1, 3, 5), prompts=4, same_outputs_for=3)
     baseline = results[ids[("baseline", None)]]
@@ -168,15 +183,28 @@ def test_stored_metrics_equal_engine_metrics(store):
         row = frame.loc[rid]
         for key in ("new_tokens", "rounds", "proposed", "accepted", "rejected"):
             assert row[key] == expected[key], key
-        for key in ("wall_seconds", "tokens_per_second", "draft_acceptance_rate", "alpha", "tokens_per_round",
-                    "expected_alpha", "kl", "draft_step_seconds", "c", "predicted_speedup", "speedup"):
+        for key in (
+            "wall_seconds",
+            "tokens_per_second",
+            "draft_acceptance_rate",
+            "alpha",
+            "tokens_per_round",
+            "expected_alpha",
+            "kl",
+            "draft_step_seconds",
+            "c",
+            "predicted_speedup",
+            "speedup",
+        ):
             assert_close(row[key], expected[key], f"k={k} {key}")
         position = q.acceptance_by_position(store, rid)
         assert position["position"].tolist() == list(range(1, k + 1))
         for got, want in zip(position["conditional"], expected["per_position_acceptance"]):
             assert_close(None if math.isnan(got) else got, want, "per position")
         by_type = q.acceptance_by_type(store, rid)
-        assert dict(zip(by_type["token_type"], by_type["rate"])) == pytest.approx(expected["acceptance_by_type"], rel=REL)
+        assert dict(zip(by_type["token_type"], by_type["rate"])) == pytest.approx(
+            expected["acceptance_by_type"], rel=REL
+        )
         assert row.outputs_match_baseline == outputs_match(results[rid], baseline)
     assert frame.loc[ids[("speculative", 3)]].outputs_match_baseline is True
     assert frame.loc[ids[("speculative", 1)]].outputs_match_baseline is False
@@ -202,10 +230,16 @@ def test_full_accept_share_is_the_share_of_rounds_with_every_draft_accepted(stor
     rid = ids[("speculative", 3)]
     with store.write() as conn:
         conn.execute(text("DELETE FROM rounds WHERE run_id = :r"), {"r": rid})
-        conn.execute(text("INSERT INTO rounds (run_id, prompt_index, round_index, k, accepted, rejected, emitted, "
-                          "draft_seconds, verify_seconds, draft_forwards) VALUES (:r, 0, :i, :k, :a, :j, 1, 0, 0, 0)"),
-                     [{"r": rid, "i": i, "k": k, "a": a, "j": j} for i, (k, a, j) in
-                      enumerate([(3, 3, 0), (3, 1, 1), (3, 2, 0), (0, 0, 0)])])
+        conn.execute(
+            text(
+                "INSERT INTO rounds (run_id, prompt_index, round_index, k, accepted, rejected, emitted, "
+                "draft_seconds, verify_seconds, draft_forwards) VALUES (:r, 0, :i, :k, :a, :j, 1, 0, 0, 0)"
+            ),
+            [
+                {"r": rid, "i": i, "k": k, "a": a, "j": j}
+                for i, (k, a, j) in enumerate([(3, 3, 0), (3, 1, 1), (3, 2, 0), (0, 0, 0)])
+            ],
+        )
     assert q.runs(store, eid).set_index("run_id").loc[rid].full_accept_share == pytest.approx(1 / 3)
 
 
@@ -215,8 +249,9 @@ def test_run_document_has_the_cli_shape_and_the_engine_figures(store):
     baseline = results[ids[("baseline", None)]]
     spec = results[ids[("speculative", 2)]]
     assert doc["experiment_id"] == eid and doc["baseline"]["run_id"] == ids[("baseline", None)]
-    assert doc["baseline"]["outputs"] == [{"prompt_index": p.prompt_index, "token_ids": p.output_ids, "text": p.text}
-                                          for p in baseline]
+    assert doc["baseline"]["outputs"] == [
+        {"prompt_index": p.prompt_index, "token_ids": p.output_ids, "text": p.text} for p in baseline
+    ]
     (entry,) = doc["runs"]
     expected = speculative_metrics(spec, baseline)
     for key, value in expected.items():
@@ -229,6 +264,7 @@ def test_run_document_has_the_cli_shape_and_the_engine_figures(store):
         else:
             assert entry[key] == value, key
     import json
+
     json.dumps(doc, allow_nan=False)  # strict JSON: no NaN
 
 
@@ -275,7 +311,7 @@ def test_experiment_listing_filters_and_best_run(store):
     other = enqueue(store, (4,), tags=["nightly", "code"], target="big-model")
     listing = catalog.experiments(store)
     assert listing["experiment_id"].tolist() == [other, eid]
-    assert list(listing.columns[:len(catalog.EXPERIMENT_COLUMNS)]) == catalog.EXPERIMENT_COLUMNS
+    assert list(listing.columns[: len(catalog.EXPERIMENT_COLUMNS)]) == catalog.EXPERIMENT_COLUMNS
     row = listing.set_index("experiment_id").loc[eid]
     assert row.status == "done" and row.progress == pytest.approx(1.0)
     runs = q.runs(store, eid).set_index("run_id")
@@ -295,22 +331,34 @@ def test_experiment_listing_filters_and_best_run(store):
 
 
 def test_sampling_sweep_gets_a_baseline_per_value(store):
-    eid = enqueue_experiment(store, name="t", target="a", draft="b", prompts="code", sampling={},
-                                   sweep_variable="temperature", sweep_values=[0.0, 0.7], k=3)
+    eid = enqueue_experiment(
+        store,
+        name="t",
+        target="a",
+        draft="b",
+        prompts="code",
+        sampling={},
+        sweep_variable="temperature",
+        sweep_values=[0.0, 0.7],
+        k=3,
+    )
     frame = q.runs(store, eid)
     assert sorted(frame["kind"]) == ["baseline", "baseline", "speculative", "speculative"]
     spec = frame[frame["kind"] == "speculative"]
     assert spec["k"].tolist() == [3, 3]
     with store.read() as conn:
-        pairs = conn.execute(text("SELECT s.temperature, b.temperature FROM runs s JOIN runs b "
-                                  "ON b.id = s.baseline_run_id")).all()
+        pairs = conn.execute(
+            text("SELECT s.temperature, b.temperature FROM runs s JOIN runs b ON b.id = s.baseline_run_id")
+        ).all()
     assert sorted(pairs) == [(0.0, 0.0), (0.7, 0.7)]
     with pytest.raises(QueueError):
-        enqueue_experiment(store, name="t", target="a", draft="b", prompts="code", sampling={},
-                                 sweep_variable="seed", sweep_values=[1])  # seeds are not a tuning variable
+        enqueue_experiment(
+            store, name="t", target="a", draft="b", prompts="code", sampling={}, sweep_variable="seed", sweep_values=[1]
+        )  # seeds are not a tuning variable
 
 
 # --- the queue ---------------------------------------------------------------------------------------------
+
 
 def test_claim_order_one_worker_per_experiment(store):
     first = enqueue(store, (2, 4))
@@ -417,8 +465,10 @@ def test_cancel_resume_and_stale_heartbeats(store):
     other = run_ids(store, other_eid)[("baseline", None)]
     assert other in run_state.claim_group(store, other_eid, "live-worker")
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET heartbeat = :old WHERE id = :rid"),
-                     {"old": utcnow() - timedelta(seconds=120), "rid": base})
+        conn.execute(
+            text("UPDATE runs SET heartbeat = :old WHERE id = :rid"),
+            {"old": utcnow() - timedelta(seconds=120), "rid": base},
+        )
     assert liveness.mark_stale(store, stale_seconds=60) == [base]
     run = run_state.get_run(store, base)
     assert run["status"] == "interrupted" and "resume" in run["error"]
@@ -429,8 +479,9 @@ def test_live_workers(store):
     liveness.register_worker(store, "w1", "host", 1)
     liveness.register_worker(store, "w2", "host", 2)
     with store.write() as conn:
-        conn.execute(text("UPDATE workers SET heartbeat = :old WHERE id = 'w2'"),
-                     {"old": utcnow() - timedelta(seconds=300)})
+        conn.execute(
+            text("UPDATE workers SET heartbeat = :old WHERE id = 'w2'"), {"old": utcnow() - timedelta(seconds=300)}
+        )
     assert liveness.live_workers(store, max_age_seconds=30) == 1
     liveness.heartbeat(store, "w2", None)
     assert liveness.live_workers(store) == 2
@@ -486,4 +537,8 @@ def test_plain_makes_strict_json():
     import numpy as np
     import pandas as pd
 
-    assert plain({"a": np.int64(3), "b": float("nan"), "c": [np.float64(0.5), pd.NA]}) == {"a": 3, "b": None, "c": [0.5, None]}
+    assert plain({"a": np.int64(3), "b": float("nan"), "c": [np.float64(0.5), pd.NA]}) == {
+        "a": 3,
+        "b": None,
+        "c": [0.5, None],
+    }

@@ -1,6 +1,7 @@
 """Suffix decoding's trees (engine/decoding/suffix_tree.py) follow arctic-inference's rules, checked against a brute force
 over substring counts; responses leave the tree exactly; a prompt never drafts from its own earlier response, so
 repeating a prompt (the timing protocol's repeats, the warm-up) cannot inflate its acceptance."""
+
 import dataclasses
 import random
 
@@ -30,7 +31,7 @@ def brute_speculate(seqs, depth, context, max_tokens, min_prob=MIN_TOKEN_PROB):
     context = context[-depth:]
     best, best_score = [], 0.0
     for m in range(1, len(context)):
-        pattern = tuple(context[len(context) - m:])
+        pattern = tuple(context[len(context) - m :])
         if pattern not in counts:
             break
         path, prob, score, node = [], 1.0, 0.0, pattern
@@ -87,6 +88,7 @@ def test_removing_a_sequence_leaves_the_tree_of_the_others():
 
     def shape(node):
         return node.count, {t: shape(c) for t, c in node.children.items()}
+
     assert shape(both.root) == shape(only_b.root)
 
 

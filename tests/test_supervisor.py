@@ -1,5 +1,6 @@
 """`draftlab worker --devices`: parsing, placement and leases of pinned workers, and the supervisor end to end on
 CPU slots (cpu:0,cpu:1: two workers with leases of their own), including SIGTERM stopping every child cleanly."""
+
 from __future__ import annotations
 
 import os
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from app.worker.supervisor import DevicesError, parse_devices
 from app.runtime.placement import lease_key, load_device, place
-from storage.jobs import liveness, run_state
+from app.worker.supervisor import DevicesError, parse_devices
 from storage import open_store
+from storage.jobs import liveness, run_state
 from storage.jobs.experiments import enqueue_experiment
 from tests.hold import held_env
 
@@ -31,8 +32,16 @@ def test_devices_all_is_every_gpu_or_one_cpu_worker():
     assert parse_devices("cpu:0,cpu:1,cpu:2") == ["cpu:0", "cpu:1", "cpu:2"]
 
 
-@pytest.mark.parametrize("spec, words", [("gpu0", "comma list"), ("", "comma list"), ("cuda", "cuda:N"),
-                                         ("cpu:0,cpu:0", "twice"), ("cuda:2", "sees 2 CUDA GPU")])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("gpu0", "comma list"),
+        ("", "comma list"),
+        ("cuda", "cuda:N"),
+        ("cpu:0,cpu:0", "twice"),
+        ("cuda:2", "sees 2 CUDA GPU"),
+    ],
+)
 def test_bad_devices_are_refused_with_the_fix(spec, words):
     with pytest.raises(DevicesError, match=words):
         parse_devices(spec, count=lambda: 2)
@@ -50,10 +59,20 @@ def test_pinned_workers_place_auto_experiments_on_their_device_with_its_own_leas
 
 
 def _enqueue(store, model_dirs, n, ks=(1, 2), max_new_tokens=6):
-    return [enqueue_experiment(store, name=f"sup {i}", target=model_dirs["target"], draft=model_dirs["draft"],
-                                     prompts="inline", sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens,
-                                                                 "seed": 3},
-                                     device="auto", sweep_values=list(ks), prompt_texts=PROMPTS) for i in range(n)]
+    return [
+        enqueue_experiment(
+            store,
+            name=f"sup {i}",
+            target=model_dirs["target"],
+            draft=model_dirs["draft"],
+            prompts="inline",
+            sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens, "seed": 3},
+            device="auto",
+            sweep_values=list(ks),
+            prompt_texts=PROMPTS,
+        )
+        for i in range(n)
+    ]
 
 
 def _env():
@@ -64,8 +83,14 @@ def test_worker_devices_runs_one_worker_per_cpu_slot_until_idle(tmp_path, model_
     url = f"sqlite:///{tmp_path / 'sup.db'}"
     store = open_store(url)
     _enqueue(store, model_dirs, 4)
-    done = subprocess.run([sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0,cpu:1",
-                           "--until-idle"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0,cpu:1", "--until-idle"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     with store.read() as conn:
         statuses = conn.execute(text("SELECT status, COUNT(*) FROM runs GROUP BY status")).all()
@@ -82,13 +107,28 @@ def test_sigterm_to_the_supervisor_stops_every_child_with_its_runs_interrupted(t
     url = f"sqlite:///{tmp_path / 'sup.db'}"
     store = open_store(url)
     _enqueue(store, model_dirs, 2)
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0,cpu:1"],
-                            cwd=ROOT, env=held_env(0), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0,cpu:1"],
+        cwd=ROOT,
+        env=held_env(0),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:  # each child holds its run before prompt 0 commits (tests/hold): the SIGTERM finds both mid-way
+
         def both_running():
             with store.read() as conn:
-                return conn.execute(text("SELECT COUNT(DISTINCT experiment_id) FROM runs WHERE status = 'running' "
-                                         "AND prompts_total IS NOT NULL")).scalar() == 2
+                return (
+                    conn.execute(
+                        text(
+                            "SELECT COUNT(DISTINCT experiment_id) FROM runs WHERE status = 'running' "
+                            "AND prompts_total IS NOT NULL"
+                        )
+                    ).scalar()
+                    == 2
+                )
+
         wait_for(both_running, timeout=120, what="both experiments running on the two slots")
         with store.read() as conn:
             pids = conn.execute(text("SELECT pid FROM workers")).scalars().all()
@@ -115,14 +155,25 @@ def test_a_killed_child_is_restarted_and_its_runs_requeued(tmp_path, model_dirs,
     url = f"sqlite:///{tmp_path / 'sup.db'}"
     store = open_store(url)
     _enqueue(store, model_dirs, 1)
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0"], cwd=ROOT,
-                            env=held_env(0, once=tmp_path / "held"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0"],
+        cwd=ROOT,
+        env=held_env(0, once=tmp_path / "held"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:  # the first child holds its run (tests/hold): the SIGKILL finds it mid-way; the restarted one runs freely
+
         def running_pid():
             with store.read() as conn:
-                return conn.execute(text("SELECT w.pid FROM workers w JOIN runs r ON r.worker_id = w.id "
-                                         "WHERE r.status = 'running' AND r.prompts_total IS NOT NULL")).scalar()
+                return conn.execute(
+                    text(
+                        "SELECT w.pid FROM workers w JOIN runs r ON r.worker_id = w.id "
+                        "WHERE r.status = 'running' AND r.prompts_total IS NOT NULL"
+                    )
+                ).scalar()
+
         wait_for((tmp_path / "held").exists, timeout=120, what="the first child to hold its run")
         pid = running_pid()
         os.kill(pid, signal.SIGKILL)
@@ -130,6 +181,7 @@ def test_a_killed_child_is_restarted_and_its_runs_requeued(tmp_path, model_dirs,
         def all_done():
             with store.read() as conn:
                 return conn.execute(text("SELECT COUNT(*) FROM runs WHERE status = 'done'")).scalar() == 3
+
         wait_for(all_done, timeout=150, what="the restarted worker to finish the requeued runs")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
@@ -142,8 +194,8 @@ def test_a_killed_child_is_restarted_and_its_runs_requeued(tmp_path, model_dirs,
 
 
 def test_worker_health_shows_devices_what_each_times_the_queue_and_stale_workers(store, model_dirs):
-    from storage.records import queries as q
     from storage.db.schema import utcnow
+    from storage.records import queries as q
 
     eids = _enqueue(store, model_dirs, 2)
     here = liveness.host_identity()
@@ -155,8 +207,13 @@ def test_worker_health_shows_devices_what_each_times_the_queue_and_stale_workers
     assert run_state.claim_group(store, eids[0], "box:1:aaaaaa@cuda:1")
     with store.write() as conn:
         conn.execute(text("UPDATE runs SET progress = 0.5 WHERE status = 'running'"))
-        conn.execute(text("INSERT INTO device_leases (device, worker_id, experiment_id, acquired, heartbeat) "
-                          "VALUES ('box:cpu', 'box:2:bbbbbb', NULL, :now, :now)"), {"now": utcnow()})
+        conn.execute(
+            text(
+                "INSERT INTO device_leases (device, worker_id, experiment_id, acquired, heartbeat) "
+                "VALUES ('box:cpu', 'box:2:bbbbbb', NULL, :now, :now)"
+            ),
+            {"now": utcnow()},
+        )
     health = q.worker_health(store)
     frame = health["workers"].set_index("worker_id")
     assert list(frame.columns) == q.WORKER_HEALTH_COLUMNS[1:]
@@ -183,17 +240,19 @@ def test_the_experiments_page_draws_the_workers_expander(tmp_path, model_dirs, m
     assert run_state.claim_group(store, eid, "box:1:aaaaaa@cpu:0")
     at.run()  # a run going, the queue empty: the label says so, not "0 runs queued" alone
     labels = [e.label for e in at.expander]
-    assert any(label.startswith("Workers: 1 alive · 3 runs running · 0 runs queued in 0 experiments")
-               for label in labels), labels
+    assert any(
+        label.startswith("Workers: 1 alive · 3 runs running · 0 runs queued in 0 experiments") for label in labels
+    ), labels
     assert list(at.dataframe[1].value["device"]) == ["cpu:0"]  # the experiments table stays the first dataframe
 
 
 # --- compose.yaml and the README's team setup ------------------------------------------------------------------
 
+
 def _team_setup_section() -> str:
     readme = (ROOT / "README.md").read_text()
     start = readme.index("### Team setup")
-    return readme[start:readme.index("\n### ", start + 1)]
+    return readme[start : readme.index("\n### ", start + 1)]
 
 
 def test_compose_file_has_postgres_dashboard_and_a_gpu_worker_on_shared_volumes():
@@ -251,21 +310,34 @@ def test_worker_devices_all_without_a_gpu_stays_one_cpu_worker_and_bad_devices_e
     assert [c[0] for c in calls] == ["worker", "worker"]  # today's single worker, not a supervisor
     assert main(["worker", "--devices", "gpu0", "--db", url]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: --devices takes `all` or a comma list of cuda:N / cpu:N, or groups joined with + "
-                   "(got 'gpu0'); e.g. --devices cuda:0,cuda:1 or cuda:0+cuda:1,cuda:2"]
+    assert err == [
+        "error: --devices takes `all` or a comma list of cuda:N / cpu:N, or groups joined with + "
+        "(got 'gpu0'); e.g. --devices cuda:0,cuda:1 or cuda:0+cuda:1,cuda:2"
+    ]
 
 
 def test_a_killed_supervisor_takes_its_children_with_it(tmp_path, model_dirs, wait_for):
     url = f"sqlite:///{tmp_path / 'sup.db'}"
     store = open_store(url)
     _enqueue(store, model_dirs, 1)
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0"],
-                            cwd=ROOT, env=held_env(0), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--db", url, "--devices", "cpu:0"],
+        cwd=ROOT,
+        env=held_env(0),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:  # the child holds its run (tests/hold): the supervisor's death finds it mid-way
+
         def running_pid():
             with store.read() as conn:
-                return conn.execute(text("SELECT w.pid FROM workers w JOIN runs r ON r.worker_id = w.id "
-                                         "WHERE r.status = 'running' AND r.prompts_total IS NOT NULL")).scalar()
+                return conn.execute(
+                    text(
+                        "SELECT w.pid FROM workers w JOIN runs r ON r.worker_id = w.id "
+                        "WHERE r.status = 'running' AND r.prompts_total IS NOT NULL"
+                    )
+                ).scalar()
+
         pid = wait_for(running_pid, timeout=120, what="a run in progress")
         proc.kill()  # SIGKILL: the supervisor cannot forward anything; PR_SET_PDEATHSIG sends the child SIGTERM
         proc.wait()
@@ -276,6 +348,7 @@ def test_a_killed_supervisor_takes_its_children_with_it(tmp_path, model_dirs, wa
                     return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # exited (not reaped yet)
             except FileNotFoundError:
                 return True
+
         wait_for(gone, timeout=30, what="the orphaned worker to stop")
     finally:
         if proc.poll() is None:
@@ -288,7 +361,7 @@ def test_a_killed_supervisor_takes_its_children_with_it(tmp_path, model_dirs, wa
 def test_a_child_that_died_just_before_the_stop_is_reported_and_swept(tmp_path):
     """The race the chaos test met: a worker SIGKILLed between the supervisor's last poll and its SIGTERM. Its death
     is still logged, and its worker row and lease go with it (no stale worker left for the next sweep to find)."""
-    from app.worker.supervisor import Child, Supervisor
+    from app.worker.supervisor import Supervisor
 
     url = f"sqlite:///{tmp_path / 'sup.db'}"
     store = open_store(url)
@@ -304,7 +377,9 @@ def test_a_child_that_died_just_before_the_stop_is_reported_and_swept(tmp_path):
     sup.stop()
     assert sup._shutdown() == 128 + signal.SIGTERM
     assert alive.proc.poll() is not None  # the live child was stopped
-    assert any("w@cpu:0 died (killed by SIGKILL)" in line and "not restarted (stopping)" in line for line in lines), lines
+    assert any("w@cpu:0 died (killed by SIGKILL)" in line and "not restarted (stopping)" in line for line in lines), (
+        lines
+    )
     assert any(line.startswith("stopping 1 worker ") for line in lines), lines
     with store.read() as conn:
         assert conn.execute(text("SELECT id FROM workers")).scalars().all() == ["w@cpu:1"]  # its own exit clears it

@@ -1,6 +1,7 @@
 """Timing protocol v2: interleaved order, repeats, paired speedup with its interval, the physics guard, the
 refined prediction, `--k auto`, and the measurement bugs it fixed. Synthetic records where a known answer is
 needed; tiny saved models (conftest.model_dirs) with a fake clock where the whole worker path runs."""
+
 from __future__ import annotations
 
 import random
@@ -13,18 +14,17 @@ import pytest
 from sqlalchemy import text
 
 from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
-from engine.decoding.protocol import median_repeat, interleaved_order
-from engine.decoding.records import ACCEPTED, DISCARDED, REJECTED, BONUS, CORRECTION, DraftToken, PromptResult, Round
-from storage.jobs import liveness, run_state
+from engine.decoding.protocol import interleaved_order, median_repeat
+from engine.decoding.records import ACCEPTED, BONUS, CORRECTION, DISCARDED, REJECTED, DraftToken, PromptResult, Round
+from engine.metrics.stats import paired_bootstrap_ci, paired_speedup, tied_with
 from storage import open_store
+from storage.analysis import catalog
+from storage.analysis.verdict import verdict_dict
+from storage.jobs import liveness, run_state
 from storage.jobs.experiments import enqueue_experiment, get_experiment
 from storage.jobs.leases import acquire_lease, release_lease
-from storage.analysis import catalog
 from storage.records import queries as q
 from storage.serving.export import run_document
-from storage.records.recording import record_prompt
-from engine.metrics.stats import paired_bootstrap_ci, paired_speedup, tied_with
-from storage.analysis.verdict import verdict_dict
 from tests.test_storage import enqueue, record, run_ids
 from tests.test_worker import PROMPTS, RecordingWorker, kinds
 
@@ -41,7 +41,9 @@ def test_schedule_decodes_every_arm_once_per_repeat_and_rotates_the_slots():
             assert sorted(a for r, a in order if r == repeat) == sorted(arms)  # every arm once per repeat
             for slot, (_, arm) in enumerate(o for o in order if o[0] == repeat):
                 slots[(arm, slot)] += 1
-        assert order[0][1] != interleaved_order(arms, prompt + 1, 3)[0][1]  # the first arm changes from prompt to prompt
+        assert (
+            order[0][1] != interleaved_order(arms, prompt + 1, 3)[0][1]
+        )  # the first arm changes from prompt to prompt
     # Over the prompts and repeats, every arm held every slot equally often: drift lands on all alike.
     assert set(slots.values()) == {8 * 3 // 4}
 
@@ -88,6 +90,7 @@ def test_bootstrap_interval_matches_the_known_sampling_spread():
         point = paired_speedup(np.ones(n), base, np.ones(n), run)
         assert lo < point < hi
         return hi - lo
+
     assert width(400) == pytest.approx(width(100) / 2, rel=0.2)
 
 
@@ -99,8 +102,20 @@ def test_tied_with_means_overlapping_intervals():
 
 
 def _round(prompt_index, index, k, accepted, draft_s, verify_s, first=0):
-    tokens = [DraftToken(i + 1, 10 + i, f"t{i}", "english", 0.5, 0.5, 0.5, 0.1,
-                         ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED) for i in range(k)]
+    tokens = [
+        DraftToken(
+            i + 1,
+            10 + i,
+            f"t{i}",
+            "english",
+            0.5,
+            0.5,
+            0.5,
+            0.1,
+            ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED,
+        )
+        for i in range(k)
+    ]
     emitted = list(range(first, first + accepted + 1))
     kinds_ = [ACCEPTED] * accepted + [BONUS if accepted == k else CORRECTION]
     return Round(prompt_index, index, k, accepted, emitted, kinds_, draft_s, verify_s, k, tokens)
@@ -110,15 +125,24 @@ def _spec_prompt(prompt_index, accepts, k, draft_s, verify_s):
     """A greedy prompt whose rounds accept `accepts`: its output is tokens 0, 1, 2, ..., the output of _base_prompt
     with as many tokens (lossless)."""
     starts = [sum(a + 1 for a in accepts[:i]) for i in range(len(accepts))]
-    rounds = [_round(prompt_index, i, k, a, draft_s, verify_s, start) for i, (a, start) in enumerate(zip(accepts, starts))]
+    rounds = [
+        _round(prompt_index, i, k, a, draft_s, verify_s, start) for i, (a, start) in enumerate(zip(accepts, starts))
+    ]
     output = [t for r in rounds for t in r.emitted_ids]
     wall = sum(r.draft_seconds + r.verify_seconds for r in rounds)
     return PromptResult(prompt_index, f"p{prompt_index}", output, "x", wall, rounds=rounds)
 
 
 def _base_prompt(prompt_index, tokens, step):
-    return PromptResult(prompt_index, f"p{prompt_index}", list(range(tokens)), "x", tokens * step,
-                        decode_steps=tokens, decode_seconds=tokens * step)
+    return PromptResult(
+        prompt_index,
+        f"p{prompt_index}",
+        list(range(tokens)),
+        "x",
+        tokens * step,
+        decode_steps=tokens,
+        decode_seconds=tokens * step,
+    )
 
 
 def _fill(store, eid, rows: dict):
@@ -175,8 +199,12 @@ def test_speedup_pairs_only_the_prompts_both_arms_finished_and_needs_a_live_base
     ids = _fill(store, eid, {("baseline", None): base, ("speculative", 2): spec})
     rid = ids[("speculative", 2)]
     row = q.run_summary(store, rid).iloc[0]
-    expected = paired_speedup([base[i].new_tokens for i in (1, 2)], [base[i].wall_seconds for i in (1, 2)],
-                              [s.new_tokens for s in spec], [s.wall_seconds for s in spec])
+    expected = paired_speedup(
+        [base[i].new_tokens for i in (1, 2)],
+        [base[i].wall_seconds for i in (1, 2)],
+        [s.new_tokens for s in spec],
+        [s.wall_seconds for s in spec],
+    )
     assert row.speedup == pytest.approx(expected)  # not divided by the whole baseline's throughput
     assert "in progress" in row.speedup_note
     assert verdict_dict(store, eid)["best"] is None  # a run still going never sets the headline
@@ -195,14 +223,18 @@ def test_verdict_names_ties_and_a_spread_too_wide_to_choose(store):
         run_state.finish_run(store, rid, "done")
     with store.write() as conn:
         for k, (s, lo, hi) in {1: (1.10, 1.05, 1.15), 2: (1.31, 1.22, 1.40), 4: (1.25, 1.18, 1.33)}.items():
-            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi "
-                              "WHERE id = :rid"), {"s": s, "lo": lo, "hi": hi, "rid": ids[("speculative", k)]})
+            conn.execute(
+                text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi WHERE id = :rid"),
+                {"s": s, "lo": lo, "hi": hi, "rid": ids[("speculative", k)]},
+            )
     v = verdict_dict(store, eid)
     assert v["best"] == 2 and v["tied_with"] == [4] and not v["too_wide"]
     assert v["text"].startswith("best k 2 at 1.31× (1.22–1.40), tied with 4")
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET speedup_ci_lo = 0.9, speedup_ci_hi = 1.9 WHERE id = :rid"),
-                     {"rid": ids[("speculative", 2)]})
+        conn.execute(
+            text("UPDATE runs SET speedup_ci_lo = 0.9, speedup_ci_hi = 1.9 WHERE id = :rid"),
+            {"rid": ids[("speculative", 2)]},
+        )
     v = verdict_dict(store, eid)
     assert v["too_wide"] and "too wide to choose" in v["text"]
 
@@ -215,15 +247,25 @@ def test_worker_times_arms_interleaved_in_the_scheduled_order_and_stores_every_r
     from tests.test_worker import enqueue as enqueue_models
 
     eid = enqueue_experiment(
-        store, name="i", target=model_dirs["target"], draft=model_dirs["draft"], prompts="inline",
-        sampling={"temperature": 0.0, "max_new_tokens": 10, "seed": 3}, device="cpu", sweep_values=[1, 3],
-        prompt_texts=PROMPTS, repeats=3)
+        store,
+        name="i",
+        target=model_dirs["target"],
+        draft=model_dirs["draft"],
+        prompts="inline",
+        sampling={"temperature": 0.0, "max_new_tokens": 10, "seed": 3},
+        device="cpu",
+        sweep_values=[1, 3],
+        prompt_texts=PROMPTS,
+        repeats=3,
+    )
     ids = kinds(store, eid)
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
     arms = sorted(ids.values())
     with store.read() as conn:
-        rows = conn.execute(text("SELECT prompt_index, repeat, slot, run_id FROM timings ORDER BY prompt_index, slot")).all()
+        rows = conn.execute(
+            text("SELECT prompt_index, repeat, slot, run_id FROM timings ORDER BY prompt_index, slot")
+        ).all()
     assert len(rows) == len(PROMPTS) * 3 * len(arms)
     for i in range(len(PROMPTS)):
         assert [(r.repeat, r.run_id) for r in rows if r.prompt_index == i] == interleaved_order(arms, i, 3)
@@ -238,9 +280,17 @@ def test_worker_times_arms_interleaved_in_the_scheduled_order_and_stores_every_r
 def test_interrupted_group_resumes_at_the_first_prompt_not_finished_by_every_arm(tmp_path, model_dirs):
     store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
     eid = enqueue_experiment(
-        store, name="r", target=model_dirs["target"], draft=model_dirs["draft"], prompts="inline",
-        sampling={"temperature": 0.0, "max_new_tokens": 10, "seed": 3}, device="cpu", sweep_values=[2],
-        prompt_texts=PROMPTS, repeats=2)
+        store,
+        name="r",
+        target=model_dirs["target"],
+        draft=model_dirs["draft"],
+        prompts="inline",
+        sampling={"temperature": 0.0, "max_new_tokens": 10, "seed": 3},
+        device="cpu",
+        sweep_values=[2],
+        prompt_texts=PROMPTS,
+        repeats=2,
+    )
     ids = kinds(store, eid)
 
     def stop_at_prompt_2(run, prompt_index, tokens, repeat):
@@ -263,8 +313,9 @@ def test_interrupted_group_resumes_at_the_first_prompt_not_finished_by_every_arm
         assert worker.results[rid][0].prompt_index == 2
         assert q.per_prompt(store, rid)["wall_seconds"].tolist()[:2] == kept[rid]
     with store.read() as conn:
-        total, distinct = conn.execute(text("SELECT COUNT(*), COUNT(DISTINCT run_id * 1000 + prompt_index * 10 + repeat) "
-                                            "FROM timings")).one()
+        total, distinct = conn.execute(
+            text("SELECT COUNT(*), COUNT(DISTINCT run_id * 1000 + prompt_index * 10 + repeat) FROM timings")
+        ).one()
     assert total == distinct == 2 * len(PROMPTS) * 2
 
 
@@ -286,13 +337,29 @@ def test_a_second_worker_waits_for_the_device_lease(tmp_path):
 def test_peak_memory_is_per_run_not_cumulative(tmp_path, model_dirs):
     store = open_store(f"sqlite:///{tmp_path / 'm.db'}")
     first = enqueue_experiment(
-        store, name="m", target=model_dirs["target"], draft=model_dirs["draft"], prompts="inline",
-        sampling={"temperature": 0.0, "max_new_tokens": 10}, device="cpu", sweep_values=[1, 4], prompt_texts=PROMPTS)
+        store,
+        name="m",
+        target=model_dirs["target"],
+        draft=model_dirs["draft"],
+        prompts="inline",
+        sampling={"temperature": 0.0, "max_new_tokens": 10},
+        device="cpu",
+        sweep_values=[1, 4],
+        prompt_texts=PROMPTS,
+    )
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
     second = enqueue_experiment(
-        store, name="m2", target=model_dirs["target"], draft=model_dirs["draft"], prompts="inline",
-        sampling={"temperature": 0.0, "max_new_tokens": 10}, device="cpu", sweep_values=[4, 1], prompt_texts=PROMPTS)
+        store,
+        name="m2",
+        target=model_dirs["target"],
+        draft=model_dirs["draft"],
+        prompts="inline",
+        sampling={"temperature": 0.0, "max_new_tokens": 10},
+        device="cpu",
+        sweep_values=[4, 1],
+        prompt_texts=PROMPTS,
+    )
     with RecordingWorker(store) as worker:
         worker.work(until_idle=True)
     a = q.runs(store, first).set_index("k", drop=False)
@@ -345,8 +412,15 @@ def test_k_auto_finds_the_best_k_of_a_full_sweep_with_deterministic_timings(tmp_
     pair = load_pair(model_dirs["target"], model_dirs["draft"], "cpu", "float32")
     fake_clock["clock"] = FakeClock(pair.target.model)
     prompts = [f"t{i} t{i + 3} t{i + 7}" for i in range(2, 14)]
-    common = dict(target=model_dirs["target"], draft=model_dirs["draft"], prompts="inline", device="cpu",
-                  sampling={"temperature": 0.0, "max_new_tokens": 24, "seed": 1}, prompt_texts=prompts, repeats=1)
+    common = dict(
+        target=model_dirs["target"],
+        draft=model_dirs["draft"],
+        prompts="inline",
+        device="cpu",
+        sampling={"temperature": 0.0, "max_new_tokens": 24, "seed": 1},
+        prompt_texts=prompts,
+        repeats=1,
+    )
     full = enqueue_experiment(store, name="full", sweep_values=[1, 2, 3, 4, 5, 6], **common)
     auto = enqueue_experiment(store, name="auto", k_auto=6, **common)
     with RecordingWorker(store) as worker:

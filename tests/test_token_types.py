@@ -1,4 +1,5 @@
 """One rule table, SPEC order, first match wins: a test per type with real examples."""
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -11,8 +12,32 @@ EXAMPLES = {
     "number": ["0", "42", " 3.14", "1,000", "-7", "+2", " 256 ", ".5"],
     "english": ["the", " The", " model", "Hello", "a"],
     "punctuation": [",", ".", "!", "?", ";", ":", "'", '"', "...", "—", ", ", ".\n", "“"],
-    "code": ["_", "__init__", "self_", "x1", " foo_bar", "==", "+=", "->", "(", ")", "[", "]", "{", "}",
-             "():", " {", "#", "/", "*", "**", "<=", "&&", "=", " return_value"],
+    "code": [
+        "_",
+        "__init__",
+        "self_",
+        "x1",
+        " foo_bar",
+        "==",
+        "+=",
+        "->",
+        "(",
+        ")",
+        "[",
+        "]",
+        "{",
+        "}",
+        "():",
+        " {",
+        "#",
+        "/",
+        "*",
+        "**",
+        "<=",
+        "&&",
+        "=",
+        " return_value",
+    ],
     "other": ["é", "α", "🙂", "naïve"],
 }
 
@@ -54,6 +79,7 @@ def test_typer_on_the_shipped_byte_level_tokenizer():
 
 # --- context decides for letters (SPEC Token types, turn 5) -------------------------------------------------------
 
+
 def test_latin_letters_inside_code_are_code_and_nothing_else_changes():
     for text in ("class", "list", " tuple", "self", " return", "def"):
         assert token_type(text) == "english" and token_type(text, code=True) == "code", text
@@ -68,8 +94,13 @@ def test_a_code_fence_opens_and_closes_the_code_context_across_tokens():
 
     context = CodeContext(False, "Write a loop:\n")
     assert not context.code
-    for piece, inside in (("``", False), ("`python\n", True), ("for x in range(3):\n", True), ("`", True),
-                          ("``\nDone", False)):
+    for piece, inside in (
+        ("``", False),
+        ("`python\n", True),
+        ("for x in range(3):\n", True),
+        ("`", True),
+        ("``\nDone", False),
+    ):
         context.see(piece)
         assert context.code == inside, piece
     assert CodeContext(False, "Fix this:\n```py\nimport os\n").code  # a fence the prompt leaves open
@@ -90,12 +121,12 @@ def test_code_prompts_are_the_indices_a_code_set_contributes():
 def test_a_code_prompts_drafts_read_as_code_in_the_engine():
     """The demo pair decodes a Python prompt: typed as a code prompt, its draft tokens of Latin letters (`def`,
     `return`, names) are code; the same decode typed as prose has them english. Nothing else moves."""
-    from engine.models.loading import load_pair
     from engine.decoding.runs import encode_prompts, speculative_decoder
     from engine.decoding.sampling import SamplingConfig
+    from engine.models.loading import load_pair
 
     pair = load_pair("demo-target", "demo-draft", "cpu", "float32", False)
-    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+    prompt = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
     cfg = SamplingConfig(temperature=0.0, max_new_tokens=48)
     ids = encode_prompts(pair, [prompt], cfg.max_new_tokens)
     typer = TokenTyper(pair.tokenizer)
@@ -121,8 +152,31 @@ def test_draftlab_run_on_the_code_set_stores_a_breakdown_that_reads_as_code(tmp_
     from app.cli import main
 
     db = f"sqlite:///{tmp_path / 'code.db'}"
-    assert main(["run", "--target", "demo-target", "--draft", "demo-draft", "--prompts", "code:validation", "--k", "3",
-                 "--max-new-tokens", "12", "--repeats", "1", "--device", "cpu", "--db", db, "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--target",
+                "demo-target",
+                "--draft",
+                "demo-draft",
+                "--prompts",
+                "code:validation",
+                "--k",
+                "3",
+                "--max-new-tokens",
+                "12",
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+                "--db",
+                db,
+                "--json",
+            ]
+        )
+        == 0
+    )
     (run,) = json.loads(capsys.readouterr().out)["runs"]
     assert run["acceptance_by_type"] and "english" not in run["acceptance_by_type"]
     assert "code" in run["acceptance_by_type"]

@@ -2,6 +2,7 @@
 fences a job to its worker, and a worker runs a job end to end — live curve, cancel after a step with a
 checkpoint of that step, resume without repeating or skipping a step, the trained draft saved, lossless and
 offered as a candidate, and a before/after experiment queued and timed."""
+
 from __future__ import annotations
 
 import json
@@ -14,17 +15,16 @@ import torch
 from sqlalchemy import text
 
 from app.worker.worker import Worker
-from engine.training import distill as ds
-from engine.errors import DraftLabError
-from engine.models.loading import load_pair
-from engine.metrics.metrics_oracle import outputs_match
 from engine.decoding.runs import baseline_decoder, encode_prompts, run_prompts, speculative_decoder
 from engine.decoding.sampling import SamplingConfig
-from storage.jobs import liveness
-from storage.jobs import training
-from storage.jobs.experiments import get_experiment
+from engine.errors import DraftLabError
+from engine.metrics.metrics_oracle import outputs_match
+from engine.models.loading import load_pair
+from engine.training import distill as ds
 from storage.db.errors import QueueError
 from storage.db.schema import utcnow
+from storage.jobs import liveness, training
+from storage.jobs.experiments import get_experiment
 from tests import tiny_models as tm
 
 TRAIN = ["t3 t4 t5", "t9 t10", "t20 t21 t22 t23", "t40 t2", "t7 t8 t9 t11", "t30 t31", "t50 t51 t52", "t12"]
@@ -41,6 +41,7 @@ def _fresh_pair():
 
 
 # --- the engine: checkpoints ---------------------------------------------------------------------------------
+
 
 def test_a_checkpoint_resumes_exactly_where_an_uninterrupted_run_would_be(tmp_path, monkeypatch):
     whole = ds.Distiller(_fresh_pair(), TRAIN, VAL, _cfg())
@@ -85,26 +86,43 @@ def test_a_checkpoint_of_other_settings_is_refused_never_restarted_over(tmp_path
         ds.Distiller(_fresh_pair(), TRAIN[:-1], VAL, _cfg()).load_checkpoint(tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / ds.Distiller.DATA).exists()
     assert not ds.Distiller(_fresh_pair(), TRAIN, VAL, _cfg()).load_checkpoint(tmp_path / "none")
-    assert not ds.Distiller(_fresh_pair(), TRAIN, VAL, _cfg(steps=13)).load_checkpoint(tmp_path / "ckpt",
-                                                                                      discard_other=True)
+    assert not ds.Distiller(_fresh_pair(), TRAIN, VAL, _cfg(steps=13)).load_checkpoint(
+        tmp_path / "ckpt", discard_other=True
+    )
     assert not (tmp_path / "ckpt").exists()
 
 
 # --- the queue -----------------------------------------------------------------------------------------------
 
+
 def _job(store, tmp_path, **overrides) -> int:
-    settings = {"name": "d1", "target": "t", "draft": "d", "prompts": "code:tune", "validation": "code:validation",
-                "steps": 5, "models": tmp_path / "models", **overrides}
+    settings = {
+        "name": "d1",
+        "target": "t",
+        "draft": "d",
+        "prompts": "code:tune",
+        "validation": "code:validation",
+        "steps": 5,
+        "models": tmp_path / "models",
+        **overrides,
+    }
     return training.enqueue_training(store, **settings)
 
 
-@pytest.mark.parametrize("bad, needle", [
-    ({"name": "../escape"}, "not a plain directory name"), ({"name": ""}, "not a plain directory name"),
-    ({"steps": 0}, "steps must be a positive integer"), ({"steps": 2.5}, "steps must be a positive integer"),
-    ({"lr": -1}, "learning rate must be a positive number"), ({"lr": float("nan")}, "learning rate"),
-    ({"batch_size": 0}, "batch size"), ({"focus_from": 999}, "focus experiment 999 does not exist"),
-    ({"target": " "}, "target is empty"),
-])
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        ({"name": "../escape"}, "not a plain directory name"),
+        ({"name": ""}, "not a plain directory name"),
+        ({"steps": 0}, "steps must be a positive integer"),
+        ({"steps": 2.5}, "steps must be a positive integer"),
+        ({"lr": -1}, "learning rate must be a positive number"),
+        ({"lr": float("nan")}, "learning rate"),
+        ({"batch_size": 0}, "batch size"),
+        ({"focus_from": 999}, "focus experiment 999 does not exist"),
+        ({"target": " "}, "target is empty"),
+    ],
+)
 def test_bad_jobs_are_refused_and_nothing_is_stored(store, tmp_path, bad, needle):
     with pytest.raises(QueueError, match=needle):
         _job(store, tmp_path, **bad)
@@ -127,8 +145,9 @@ def test_one_claim_wins_reports_are_fenced_cancel_and_resume(store, tmp_path):
     assert training.next_job(store) == jid
     assert training.claim_job(store, jid, "w1") and not training.claim_job(store, jid, "w2")
     assert training.report(store, jid, "w2", [{"step": 1, "loss": 9.0}], step=1) == {"owned": False, "cancel": False}
-    assert training.report(store, jid, "w1", [{"step": 0, "kl": 2.0}, {"step": 1, "loss": 1.5, "lr": 1e-3}], step=1,
-                           phase="training") == {"owned": True, "cancel": False}
+    assert training.report(
+        store, jid, "w1", [{"step": 0, "kl": 2.0}, {"step": 1, "loss": 1.5, "lr": 1e-3}], step=1, phase="training"
+    ) == {"owned": True, "cancel": False}
     assert training.report(store, jid, "w1", [{"step": 1, "kl": 1.2}])["owned"]  # an eval point fills step 1 in
     pts = training.points(store, jid)
     assert pts["step"].tolist() == [0, 1] and pts.loc[1, "loss"] == 1.5 and pts.loc[1, "kl"] == 1.2
@@ -156,6 +175,7 @@ def test_a_dead_workers_job_is_swept_interrupted(store, tmp_path):
 
 # --- a worker runs jobs end to end ---------------------------------------------------------------------------
 
+
 @pytest.fixture
 def train_setup(tmp_path, model_dirs, monkeypatch):
     from storage import open_store
@@ -168,8 +188,16 @@ def train_setup(tmp_path, model_dirs, monkeypatch):
     monkeypatch.setattr("app.training.training.REPORT_SECONDS", 0.0)  # every step reported: the cancel lands on step 4
     monkeypatch.setattr("app.training.training.EVAL_REPEATS", 1)
     store = open_store(f"sqlite:///{tmp_path / 'jobs.db'}")
-    settings = {"target": model_dirs["target"], "draft": model_dirs["draft"], "prompts": str(prompts),
-                "validation": str(val), "steps": 10, "lr": 3e-3, "batch_size": 3, "max_new_tokens": 10}
+    settings = {
+        "target": model_dirs["target"],
+        "draft": model_dirs["draft"],
+        "prompts": str(prompts),
+        "validation": str(val),
+        "steps": 10,
+        "lr": 3e-3,
+        "batch_size": 3,
+        "max_new_tokens": 10,
+    }
     yield store, settings
     store.dispose()
 
@@ -194,6 +222,7 @@ def test_a_job_is_cancelled_after_a_step_and_resumes_from_its_checkpoint(train_s
         if fields.get("step") == 4:
             training.cancel_job(store_, job_id)  # as the dashboard's Cancel button does, while step 4 is reported
         return original(store_, job_id, worker_id, points, **fields)
+
     monkeypatch.setattr(training, "report", cancel_at_step_4)
     _drain(store)
     job = training.get_job(store, jid)
@@ -225,8 +254,10 @@ def test_a_job_is_cancelled_after_a_step_and_resumes_from_its_checkpoint(train_s
     pair = load_pair(model_dirs["target"], str(out), "cpu")
     cfg = SamplingConfig(0.0, 0, 1.0, 0, 10)
     ids = encode_prompts(pair, VAL, 10)
-    assert outputs_match(list(run_prompts(speculative_decoder(pair, cfg, 3), VAL, ids)),
-                         list(run_prompts(baseline_decoder(pair, cfg), VAL, ids)))
+    assert outputs_match(
+        list(run_prompts(speculative_decoder(pair, cfg, 3), VAL, ids)),
+        list(run_prompts(baseline_decoder(pair, cfg), VAL, ids)),
+    )
 
     # the before/after experiment: the starting draft against the trained one, on the held-out prompts, timed
     exp = get_experiment(store, job["eval_experiment_id"])
@@ -268,8 +299,14 @@ def test_a_training_job_too_large_for_one_slot_leases_both_of_its_group(train_se
         return original(store_, job_id, worker_id, points, **fields)
 
     monkeypatch.setattr(training, "report", watch)
-    with Worker(store, device="cpu:0+cpu:1", free_memory=lambda: [tight, tight], log=lambda m: None,
-                heartbeat_seconds=0.5, poll_seconds=0.05) as worker:
+    with Worker(
+        store,
+        device="cpu:0+cpu:1",
+        free_memory=lambda: [tight, tight],
+        log=lambda m: None,
+        heartbeat_seconds=0.5,
+        poll_seconds=0.05,
+    ) as worker:
         worker.work(until_idle=True)
     monkeypatch.setattr(training, "report", original)
     job = training.get_job(store, spread)
@@ -279,8 +316,14 @@ def test_a_training_job_too_large_for_one_slot_leases_both_of_its_group(train_se
     assert held and all(h == [f"{host}:cpu:0", f"{host}:cpu:1"] for h in held)
 
     big = training.enqueue_training(store, name="big", **{**settings, "steps": 2})
-    with Worker(store, device="cpu:0+cpu:1", free_memory=lambda: [1000, 1000], log=lambda m: None,
-                heartbeat_seconds=0.5, poll_seconds=0.05) as worker:
+    with Worker(
+        store,
+        device="cpu:0+cpu:1",
+        free_memory=lambda: [1000, 1000],
+        log=lambda m: None,
+        heartbeat_seconds=0.5,
+        poll_seconds=0.05,
+    ) as worker:
         worker.work(until_idle=True)
     job = training.get_job(store, big)
     assert job["status"] == "failed" and "needs ~" in job["error"] and "\n" not in job["error"]

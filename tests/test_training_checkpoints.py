@@ -2,6 +2,7 @@
 both): refused in one line naming what differs (old and new) and how to go on, the checkpoint kept as it was; the
 checkpoint's own settings resume it; --overwrite discards it and starts over. Before the fix a changed --lr
 restarted from step 0 and overwrote the checkpoint."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,8 +26,25 @@ def interrupted(model_dirs, tmp_path, monkeypatch, capsys):
     original = driver.checkpoint
 
     def argv(command, out, lr, *extra):
-        common = ["--target", model_dirs["target"], "--prompts", str(prompts), "--out", str(out), "--steps", "5",
-                  "--max-new-tokens", "6", "--batch-size", "2", "--lr", lr, "--device", "cpu", *extra]
+        common = [
+            "--target",
+            model_dirs["target"],
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(out),
+            "--steps",
+            "5",
+            "--max-new-tokens",
+            "6",
+            "--batch-size",
+            "2",
+            "--lr",
+            lr,
+            "--device",
+            "cpu",
+            *extra,
+        ]
         if command == "train-head":
             return ["train-head", *common, "--ttt-steps", "2", "--aux-layers", "0,1"]
         return ["distill", "--draft", model_dirs["draft"], *common]
@@ -47,8 +65,9 @@ def interrupted(model_dirs, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("command", ["train-head", "distill"])
-def test_other_settings_are_refused_naming_what_differs_and_the_checkpoint_resumes(command, interrupted, tmp_path,
-                                                                                   capsys):
+def test_other_settings_are_refused_naming_what_differs_and_the_checkpoint_resumes(
+    command, interrupted, tmp_path, capsys
+):
     out = tmp_path / "out"
     argv = interrupted(command, out, "1e-3")
     state = out / ".checkpoint" / "state.pt"
@@ -79,6 +98,7 @@ def test_changes_name_settings_and_prompts():
     saved = {"config": {"lr": 1e-3, "steps": 5}, "target": "t", "train": ["a", "b"], "validation": ["c"]}
     now = {"config": {"lr": 2e-3, "steps": 5}, "target": "t", "train": ["a", "x"], "validation": ["c"]}
     assert checkpoint_changes(saved, saved) == []
-    assert checkpoint_changes(saved, now) == ["--lr: checkpoint 0.001, now 0.002",
-                                              "--prompts (training prompts): checkpoint 2 prompts (other ones), "
-                                              "now 2 prompts"]
+    assert checkpoint_changes(saved, now) == [
+        "--lr: checkpoint 0.001, now 0.002",
+        "--prompts (training prompts): checkpoint 2 prompts (other ones), now 2 prompts",
+    ]

@@ -10,6 +10,7 @@ its range and basis, scaled from finished jobs by what a job does, never a floor
   machine, estimated "at least 3 min" before) is inside the range, and the default recipe's estimate is that
   recorded run's own time (the form said "about 95.6 h, at least").
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -19,8 +20,8 @@ import pytest
 from sqlalchemy import insert, text
 
 from pages.panels.training_estimate import Shape, evaluations, training_estimate
-from storage.jobs import training
 from storage.db.schema import training_points, utcnow
+from storage.jobs import training
 
 EVERY_SET = "code+english+math+mixed+chinese"
 EVERY_VALIDATION = "+".join(f"{s}:validation" for s in EVERY_SET.split("+"))
@@ -40,14 +41,31 @@ def no_jobs() -> pd.DataFrame:
 
 
 def demo(kind: str, steps: int, samples: int, prompts: str, validation: str) -> Shape:
-    return Shape(kind, "demo-target", "demo-draft" if kind == "distill" else "", steps, 8, 128, samples,
-                 count(prompts), count(validation))
+    return Shape(
+        kind,
+        "demo-target",
+        "demo-draft" if kind == "distill" else "",
+        steps,
+        8,
+        128,
+        samples,
+        count(prompts),
+        count(validation),
+    )
 
 
 def test_one_step_s_time_leaves_out_the_steps_after_an_evaluation(store):
     """12 steps of 1 s; evaluations at steps 3, 6, 9 and 12 take 5 s each, counted in the next step's time."""
-    job = training.enqueue_training(store, name="d", target="t", draft="d", prompts="code:tune",
-                                    validation="code:validation", steps=12, models="/tmp/nowhere")
+    job = training.enqueue_training(
+        store,
+        name="d",
+        target="t",
+        draft="d",
+        prompts="code:tune",
+        validation="code:validation",
+        steps=12,
+        models="/tmp/nowhere",
+    )
     seconds, rows = 0.0, []
     for step in range(1, 13):
         seconds += 1.0 + (5.0 if step in (4, 7, 10) else 0.0)  # the evaluation after step 3 lands in step 4's time
@@ -55,9 +73,13 @@ def test_one_step_s_time_leaves_out_the_steps_after_an_evaluation(store):
     start = utcnow()
     with store.write() as conn:
         conn.execute(insert(training_points), [{"job_id": job, "step": 0, "seconds": None, "kl": 0.9}, *rows])
-        conn.execute(text("UPDATE training_jobs SET status = 'done', train_seconds = :t, started = :s, "
-                          "finished = :f WHERE id = :id"),
-                     {"t": seconds + 5.0, "s": start, "f": start + timedelta(seconds=90), "id": job})
+        conn.execute(
+            text(
+                "UPDATE training_jobs SET status = 'done', train_seconds = :t, started = :s, "
+                "finished = :f WHERE id = :id"
+            ),
+            {"t": seconds + 5.0, "s": start, "f": start + timedelta(seconds=90), "id": job},
+        )
     (row,) = training.job_timings(store).to_dict("records")
     assert row["step_seconds"] == pytest.approx(1.0) and row["wall_seconds"] == pytest.approx(90.0)
     assert (row["kind"], row["steps"], row["train_seconds"]) == ("distill", 12, pytest.approx(32.0))
@@ -79,10 +101,27 @@ def test_with_nothing_finished_the_shipped_run_is_the_basis_and_no_floor():
 
 
 def _timings(kind, steps, wall, train, step, samples=1, jid=1):
-    return pd.DataFrame([{"id": jid, "kind": kind, "target": "demo-target", "draft": "demo-draft" * (kind == "distill"),
-                          "prompts": "code:tune", "validation": "code:validation", "steps": steps, "batch_size": 8,
-                          "max_new_tokens": 128, "samples": samples, "device_name": "cpu", "train_seconds": train,
-                          "wall_seconds": wall, "step_seconds": step}], columns=training.TIMING_COLUMNS)
+    return pd.DataFrame(
+        [
+            {
+                "id": jid,
+                "kind": kind,
+                "target": "demo-target",
+                "draft": "demo-draft" * (kind == "distill"),
+                "prompts": "code:tune",
+                "validation": "code:validation",
+                "steps": steps,
+                "batch_size": 8,
+                "max_new_tokens": 128,
+                "samples": samples,
+                "device_name": "cpu",
+                "train_seconds": train,
+                "wall_seconds": wall,
+                "step_seconds": step,
+            }
+        ],
+        columns=training.TIMING_COLUMNS,
+    )
 
 
 def test_steps_scale_by_their_count_and_tokens_and_the_rest_by_responses():
@@ -111,8 +150,9 @@ def test_the_head_form_sees_head_jobs_and_paces_its_card_by_a_distillation():
 
 
 @pytest.mark.parametrize("kind", ["distill", "head"])
-def test_a_finished_job_s_shape_is_estimated_within_its_range_of_its_actual_time(kind, tmp_path, model_dirs,
-                                                                                  monkeypatch):
+def test_a_finished_job_s_shape_is_estimated_within_its_range_of_its_actual_time(
+    kind, tmp_path, model_dirs, monkeypatch
+):
     """A worker runs a job (tiny models); the estimate of a job of the same shape, from the database, holds that
     job's actual time (claimed to finished) within its range."""
     from app.worker.worker import Worker
@@ -124,8 +164,16 @@ def test_a_finished_job_s_shape_is_estimated_within_its_range_of_its_actual_time
     val.write_text("\n".join(VAL) + "\n")
     monkeypatch.setattr("app.training.training.EVAL_REPEATS", 1)
     store = open_store(f"sqlite:///{tmp_path / 'jobs.db'}")
-    settings = {"kind": kind, "target": model_dirs["target"], "prompts": str(prompts), "validation": str(val),
-                "steps": 12, "batch_size": 3, "max_new_tokens": 10, "models": tmp_path / "models"}
+    settings = {
+        "kind": kind,
+        "target": model_dirs["target"],
+        "prompts": str(prompts),
+        "validation": str(val),
+        "steps": 12,
+        "batch_size": 3,
+        "max_new_tokens": 10,
+        "models": tmp_path / "models",
+    }
     if kind == "distill":
         settings["draft"] = model_dirs["draft"]
     else:

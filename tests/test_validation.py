@@ -1,13 +1,14 @@
 """Validation on held-out prompts: the plan reruns the best configuration on the other split, the experiment is
 linked to the one it validates, and the verdict flips when α drops beyond sampling error or the speedup
 interval falls below the tune's (crafted records with known α and timings)."""
+
 from __future__ import annotations
 
 import pytest
 
+from storage.analysis.validation import ValidationError, held_out_prompts, validation_plan, validation_result
 from storage.jobs import run_state
 from storage.jobs.experiments import enqueue_experiment, get_experiment
-from storage.analysis.validation import ValidationError, held_out_prompts, validation_plan, validation_result
 from tests.test_storage import run_ids
 from tests.test_timing_protocol import _base_prompt, _fill, _spec_prompt
 
@@ -28,13 +29,25 @@ def test_held_out_split_of_a_tune_set():
 def _experiment(store, accepts_by_k: dict, prompts="code:tune", verify=0.010, validates=None, ks=None):
     """An experiment whose k runs accept per round as given (same pattern on each of 6 prompts)."""
     ks = ks or sorted(accepts_by_k)
-    eid = enqueue_experiment(store, name="e", target="tgt", draft="drf", prompts=prompts,
-                                   sampling={"temperature": 0.0, "max_new_tokens": 64}, sweep_values=ks,
-                                   prompt_texts=[f"p{i}" for i in range(6)], validates=validates)
+    eid = enqueue_experiment(
+        store,
+        name="e",
+        target="tgt",
+        draft="drf",
+        prompts=prompts,
+        sampling={"temperature": 0.0, "max_new_tokens": 64},
+        sweep_values=ks,
+        prompt_texts=[f"p{i}" for i in range(6)],
+        validates=validates,
+    )
     rows, base = {}, None
     for k, accepts in accepts_by_k.items():
-        spec = [_spec_prompt(i, [a for a in accepts[i % len(accepts)]], k, draft_s=0.002 * k,
-                             verify_s=verify * (1 + 0.05 * (i % 3))) for i in range(6)]
+        spec = [
+            _spec_prompt(
+                i, [a for a in accepts[i % len(accepts)]], k, draft_s=0.002 * k, verify_s=verify * (1 + 0.05 * (i % 3))
+            )
+            for i in range(6)
+        ]
         rows[("speculative", k)] = spec
         base = base or [_base_prompt(i, s.new_tokens, 0.010) for i, s in enumerate(spec)]
     rows[("baseline", None)] = base
@@ -76,8 +89,9 @@ def test_verdict_holds_then_flips_on_an_alpha_drop_and_on_a_slower_interval(stor
 
 
 def test_nothing_to_validate_is_one_clear_error(store):
-    eid = enqueue_experiment(store, name="e", target="t", draft="d", prompts="code", sampling={},
-                                   sweep_values=[2], prompt_texts=["p"])
+    eid = enqueue_experiment(
+        store, name="e", target="t", draft="d", prompts="code", sampling={}, sweep_values=[2], prompt_texts=["p"]
+    )
     with pytest.raises(ValidationError, match="no finished best configuration"):
         validation_plan(store, eid)
     _ = run_ids
@@ -94,8 +108,20 @@ def test_draftlab_validate_reruns_the_best_on_held_out_prompts(tmp_path, model_d
     tune, held_out = tmp_path / "tune.txt", tmp_path / "held_out.txt"
     tune.write_text("t3 t4 t5\nt9 t10\nt20 t21 t22\n")
     held_out.write_text("t30 t31\nt7 t8 t9\n")
-    common = ["--target", model_dirs["target"], "--draft", model_dirs["draft"], "--max-new-tokens", "8",
-              "--device", "cpu", "--db", db, "--repeats", "1"]
+    common = [
+        "--target",
+        model_dirs["target"],
+        "--draft",
+        model_dirs["draft"],
+        "--max-new-tokens",
+        "8",
+        "--device",
+        "cpu",
+        "--db",
+        db,
+        "--repeats",
+        "1",
+    ]
     assert main(["run", *common, "--prompts", str(tune), "--k", "1,2", "--json"]) == 0
     tune_id = json.loads(capsys.readouterr().out)["experiment_id"]
     assert main(["validate", str(tune_id), "--db", db]) == 2  # a file has no built-in held-out split
@@ -149,8 +175,10 @@ def test_a_drop_within_prompt_level_sampling_error_is_said_so(store):
     pooled = (72 + 48) / (108 + 96)
     token_z = (2 / 3 - 0.5) / (pooled * (1 - pooled) * (1 / 108 + 1 / 96)) ** 0.5
     assert token_z > 1.96  # what treating tokens as independent concluded
-    assert ("α fell from 0.667 on code:tune to 0.500 on code:validation (-0.167), within sampling error (z = 0.5 ≤ "
-            "1.64, one-sided test at 5 %, prompt-level standard errors)") in result["reason"]
+    assert (
+        "α fell from 0.667 on code:tune to 0.500 on code:validation (-0.167), within sampling error (z = 0.5 ≤ "
+        "1.64, one-sided test at 5 %, prompt-level standard errors)"
+    ) in result["reason"]
 
 
 def test_a_rise_is_reported_as_a_rise(store):
@@ -174,7 +202,8 @@ def test_sets_are_named_by_their_names(store, tmp_path, monkeypatch):
     tune = _experiment(store, {2: TUNE[2]}, prompts="code:validation")
     plan = validation_plan(store, tune, prompts=uploaded)
     assert plan["name"] == "validate #1: k=2 model drf on my_held-out.jsonl" or plan["name"].endswith(
-        "on my_held-out.jsonl")
+        "on my_held-out.jsonl"
+    )
     held = _experiment(store, {2: TUNE[2]}, prompts=uploaded, validates=tune)
     reason = validation_result(store, held)["reason"]
     assert "on code:validation" in reason and "on my_held-out.jsonl" in reason

@@ -1,6 +1,7 @@
 """The one verdict (storage/analysis/verdict.py): which run is best, which are tied with it, the cheaper tied choice, and
 every reader of it (deploy, validation, findings, the listing, the CLI) agreeing on it. Crafted runs whose speedups
 and intervals are set directly, SQLite and PostgreSQL."""
+
 from __future__ import annotations
 
 import json
@@ -9,20 +10,28 @@ import pytest
 from sqlalchemy import text
 
 from engine.config.variables import variable
-from storage.analysis import findings as fd
 from storage.analysis import catalog
-from storage.records import queries as q
-from storage.jobs import experiments, run_state
-from storage.serving.deploy import DeployError, deploy_document
+from storage.analysis import findings as fd
 from storage.analysis.validation import validation_plan
 from storage.analysis.verdict import verdict, verdict_dict
+from storage.jobs import experiments, run_state
+from storage.records import queries as q
+from storage.serving.deploy import DeployError, deploy_document
 
 
 def _experiment(store, sweep_variable="k", values=(1, 2, 4), **kw):
-    return experiments.enqueue_experiment(store, name="v", target="tgt", draft="drf", prompts="code:tune",
-                                          sampling={"temperature": 0.0, "max_new_tokens": 64},
-                                          sweep_variable=sweep_variable, sweep_values=list(values),
-                                          prompt_texts=["p0", "p1"], **kw)
+    return experiments.enqueue_experiment(
+        store,
+        name="v",
+        target="tgt",
+        draft="drf",
+        prompts="code:tune",
+        sampling={"temperature": 0.0, "max_new_tokens": 64},
+        sweep_variable=sweep_variable,
+        sweep_values=list(values),
+        prompt_texts=["p0", "p1"],
+        **kw,
+    )
 
 
 def _measured(store, eid, speedups: dict, warned=(), status="done", **columns) -> dict:
@@ -38,12 +47,17 @@ def _measured(store, eid, speedups: dict, warned=(), status="done", **columns) -
             value = swept.run_value(r)
             ids[value] = int(r.run_id)
             s, lo, hi = speedups[value]
-            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
-                              "timing_warning = :w WHERE id = :rid"),
-                         {"s": s, "lo": lo, "hi": hi, "w": "drifted" if value in warned else None, "rid": r.run_id})
+            conn.execute(
+                text(
+                    "UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, "
+                    "timing_warning = :w WHERE id = :rid"
+                ),
+                {"s": s, "lo": lo, "hi": hi, "w": "drifted" if value in warned else None, "rid": r.run_id},
+            )
             for column, by_value in columns.items():
-                conn.execute(text(f"UPDATE runs SET {column} = :v WHERE id = :rid"),
-                             {"v": by_value[value], "rid": r.run_id})
+                conn.execute(
+                    text(f"UPDATE runs SET {column} = :v WHERE id = :rid"), {"v": by_value[value], "rid": r.run_id}
+                )
     return ids
 
 
@@ -53,11 +67,19 @@ def test_the_cheaper_tied_k_is_chosen_and_said(store):
     v = verdict(store, eid)
     assert (v.best.value, v.best.run_id) == (2, ids[2]) and [c.value for c in v.tied] == [1]
     assert (v.chosen.value, v.chosen.run_id, v.cheaper.value) == (1, ids[1], 1) and not v.too_wide
-    assert v.text == ("best k 2 at 1.31× (1.22–1.40), tied with 1; take the cheaper tied k = 1 (fewer draft steps, "
-                      "a smaller KV cache)")
+    assert v.text == (
+        "best k 2 at 1.31× (1.22–1.40), tied with 1; take the cheaper tied k = 1 (fewer draft steps, "
+        "a smaller KV cache)"
+    )
     d = verdict_dict(store, eid)
-    assert (d["best"], d["best_run_id"], d["chosen"], d["chosen_run_id"], d["cheaper"], d["tied_with"]) == \
-        (2, ids[2], 1, ids[1], 1, [1])
+    assert (d["best"], d["best_run_id"], d["chosen"], d["chosen_run_id"], d["cheaper"], d["tied_with"]) == (
+        2,
+        ids[2],
+        1,
+        ids[1],
+        1,
+        [1],
+    )
     json.dumps(d)  # plain JSON
     # A tie with a dearer k only: the best itself is deployed.
     eid = _experiment(store)
@@ -129,9 +151,11 @@ def test_a_timing_warned_or_unfinished_run_is_never_chosen_by_any_reader(store):
 
 
 def test_the_listing_and_the_verdict_agree(store):
-    for speeds in ({1: (1.25, 1.18, 1.33), 2: (1.31, 1.22, 1.40), 4: (1.10, 1.05, 1.15)},
-                   {1: (1.31, 1.22, 1.40), 2: (1.31, 1.25, 1.37), 4: (1.40, 1.39, 1.41)},
-                   {1: (1.0, 0.5, 1.5), 2: (1.1, 0.6, 1.6), 4: (1.2, 0.7, 1.7)}):
+    for speeds in (
+        {1: (1.25, 1.18, 1.33), 2: (1.31, 1.22, 1.40), 4: (1.10, 1.05, 1.15)},
+        {1: (1.31, 1.22, 1.40), 2: (1.31, 1.25, 1.37), 4: (1.40, 1.39, 1.41)},
+        {1: (1.0, 0.5, 1.5), 2: (1.1, 0.6, 1.6), 4: (1.2, 0.7, 1.7)},
+    ):
         eid = _experiment(store)
         _measured(store, eid, speeds)
         v = verdict(store, eid)
@@ -155,10 +179,14 @@ def test_deploy_states_ties_and_a_too_wide_interval_and_never_copies_the_test_le
     assert any("No length is set: the test stopped at 64" in n for n in doc["engines"]["vllm"]["notes"])
     asked = deploy_document(store, eid, with_max_new_tokens=True)
     assert asked["configuration"]["max_new_tokens"] == 64
-    assert asked["engines"]["vllm"]["request"]["max_tokens"] == asked["engines"]["sglang"]["request"]["max_tokens"] == 64
+    assert (
+        asked["engines"]["vllm"]["request"]["max_tokens"] == asked["engines"]["sglang"]["request"]["max_tokens"] == 64
+    )
     assert asked["engines"]["transformers"]["generate_kwargs"]["max_new_tokens"] == 64
     named = deploy_document(store, eid, ids[4])
-    assert named["chosen"] == "given" and f"Run {ids[4]} was named; the verdict would deploy k = 1" in named["caveats"][0]
+    assert (
+        named["chosen"] == "given" and f"Run {ids[4]} was named; the verdict would deploy k = 1" in named["caveats"][0]
+    )
 
 
 def test_cli_export_takes_with_max_new_tokens_for_deploy_only(store, db_url, capsys):
@@ -193,16 +221,28 @@ def test_the_listing_names_a_draft_sweeps_best_by_its_label(store):
     Experiments and Compare tables show best_label."""
     from pages.compare import EXPERIMENT_COLUMNS as COMPARE
     from pages.experiments import COLUMNS as LISTING
-    from storage.jobs import experiments as ex
     from storage.analysis import catalog
-    from storage.records import queries as q
+    from storage.jobs import experiments as ex
 
-    eid = ex.enqueue_experiment(store, name="drafters", target="t", draft="d", prompts="inline",
-                                sampling={"max_new_tokens": 8}, sweep_variable="drafter",
-                                sweep_values=["model", "prompt-lookup:3"], prompt_texts=["p0"])
+    eid = ex.enqueue_experiment(
+        store,
+        name="drafters",
+        target="t",
+        draft="d",
+        prompts="inline",
+        sampling={"max_new_tokens": 8},
+        sweep_variable="drafter",
+        sweep_values=["model", "prompt-lookup:3"],
+        prompt_texts=["p0"],
+    )
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET status = 'done', speedup = 1.5, speedup_ci_lo = 1.4, speedup_ci_hi = 1.6 "
-                          "WHERE experiment_id = :e AND sweep_label = 'prompt-lookup:3'"), {"e": eid})
+        conn.execute(
+            text(
+                "UPDATE runs SET status = 'done', speedup = 1.5, speedup_ci_lo = 1.4, speedup_ci_hi = 1.6 "
+                "WHERE experiment_id = :e AND sweep_label = 'prompt-lookup:3'"
+            ),
+            {"e": eid},
+        )
         conn.execute(text("UPDATE runs SET status = 'done' WHERE experiment_id = :e AND kind = 'baseline'"), {"e": eid})
     row = catalog.experiments(store).set_index("experiment_id").loc[eid]
     assert row["best_label"] == "prompt-lookup:3" and row["best_value"] == 1
@@ -245,8 +285,10 @@ def test_a_greedy_run_whose_outputs_differ_fails_as_not_lossless_and_is_never_ju
     assert (after.loc[ids[1], "status"], after.loc[base_id, "status"]) == ("done", "done")
     with store.write() as conn:  # k = 2 measured fastest: it must still never be judged
         for k, speed in ((1, (1.2, 1.1, 1.3)), (2, (1.9, 1.8, 2.0))):
-            conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi WHERE id = :r"),
-                         {"s": speed[0], "lo": speed[1], "hi": speed[2], "r": ids[k]})
+            conn.execute(
+                text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi WHERE id = :r"),
+                {"s": speed[0], "lo": speed[1], "hi": speed[2], "r": ids[k]},
+            )
     v = verdict(store, eid)
     assert [c.run_id for c in v.candidates] == [ids[1]] and v.chosen.run_id == ids[1]
     assert deploy_document(store, eid)["run_id"] == ids[1]

@@ -1,4 +1,5 @@
 """Counts in words (engine/wording.py): `1 repeat`, `3 repeats`, never "1 repeats" or "run(s)"."""
+
 from engine.wording import noun, plural
 
 
@@ -16,7 +17,12 @@ def test_one_is_singular_and_every_other_count_plural():
 def test_counts_print_through_it_a_single_repeat_included():
     from app.report import format_table
 
-    doc = {"experiment_id": 1, "repeats": 1, "runs": [], "verdict": None,
-           "baseline": {"new_tokens": 8, "tokens_per_second": 10.0, "target_step_seconds": 0.01}}
+    doc = {
+        "experiment_id": 1,
+        "repeats": 1,
+        "runs": [],
+        "verdict": None,
+        "baseline": {"new_tokens": 8, "tokens_per_second": 10.0, "target_step_seconds": 0.01},
+    }
     assert "(1 repeat, median)" in format_table(doc)
     assert "(3 repeats, medians)" in format_table({**doc, "repeats": 3})

@@ -1,5 +1,6 @@
 """The worker and the persisting CLI with tiny saved models: stored figures == engine metrics, one model load
 per experiment, failures recorded while the queue goes on, cancel between rounds, SIGKILL then resume."""
+
 from __future__ import annotations
 
 import json
@@ -14,14 +15,14 @@ import pytest
 from sqlalchemy import text
 
 from app.worker.worker import Worker
-from engine.models.loading import load_pair
 from engine.metrics.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds
-from storage.jobs import liveness, run_state
+from engine.models.loading import load_pair
 from storage import open_store
-from storage.db.errors import QueueError
-from storage.jobs.experiments import enqueue_experiment
-from storage.db.settings import STALE_HELP, stale_window
 from storage.analysis import catalog
+from storage.db.errors import QueueError
+from storage.db.settings import STALE_HELP, stale_window
+from storage.jobs import liveness, run_state
+from storage.jobs.experiments import enqueue_experiment
 from storage.records import queries as q
 from storage.serving.export import run_document
 from tests.hold import held_env
@@ -50,14 +51,24 @@ class RecordingWorker(Worker):
 
 def enqueue(store, models, ks=(1, 3), prompts=PROMPTS, max_new_tokens=16, temperature=0.0, **kw):
     return enqueue_experiment(
-        store, name=kw.pop("name", "tiny"), target=kw.pop("target", models["target"]),
-        draft=kw.pop("draft", models["draft"]), prompts=kw.pop("prompts_spec", "inline"),
+        store,
+        name=kw.pop("name", "tiny"),
+        target=kw.pop("target", models["target"]),
+        draft=kw.pop("draft", models["draft"]),
+        prompts=kw.pop("prompts_spec", "inline"),
         sampling={"temperature": temperature, "max_new_tokens": max_new_tokens, "seed": 3},
-        device="cpu", sweep_values=list(ks), prompt_texts=prompts, **kw)
+        device="cpu",
+        sweep_values=list(ks),
+        prompt_texts=prompts,
+        **kw,
+    )
 
 
 def kinds(store, experiment_id):
-    return {(r.kind, None if r.kind == "baseline" else int(r.k)): int(r.run_id) for r in q.runs(store, experiment_id).itertuples()}
+    return {
+        (r.kind, None if r.kind == "baseline" else int(r.k)): int(r.run_id)
+        for r in q.runs(store, experiment_id).itertuples()
+    }
 
 
 def test_worker_runs_an_experiment_and_stores_the_engine_figures(store, model_dirs):
@@ -72,15 +83,27 @@ def test_worker_runs_an_experiment_and_stores_the_engine_figures(store, model_di
     assert (runs["status"] == "done").all() and (runs["progress"] == 1.0).all()
     assert (runs["peak_memory_mb"] > 0).all() and (runs["prompts_done"] == len(PROMPTS)).all()
     baseline = worker.results[ids[("baseline", None)]]
-    assert runs.loc[ids[("baseline", None)], "target_step_seconds"] == pytest.approx(target_step_seconds(baseline), rel=1e-12)
+    assert runs.loc[ids[("baseline", None)], "target_step_seconds"] == pytest.approx(
+        target_step_seconds(baseline), rel=1e-12
+    )
     for k in (1, 3):
         rid = ids[("speculative", k)]
         expected = speculative_metrics(worker.results[rid], baseline)
         row = runs.loc[rid]
         for key in ("new_tokens", "rounds", "proposed", "accepted", "rejected"):
             assert row[key] == expected[key], key
-        for key in ("tokens_per_second", "alpha", "draft_acceptance_rate", "tokens_per_round", "expected_alpha",
-                    "kl", "draft_step_seconds", "c", "speedup", "predicted_speedup"):
+        for key in (
+            "tokens_per_second",
+            "alpha",
+            "draft_acceptance_rate",
+            "tokens_per_round",
+            "expected_alpha",
+            "kl",
+            "draft_step_seconds",
+            "c",
+            "speedup",
+            "predicted_speedup",
+        ):
             assert row[key] == pytest.approx(expected[key], rel=1e-12), key
         assert row.outputs_match_baseline is True and outputs_match(worker.results[rid], baseline)
         texts = q.prompt_output(store, rid, 0)["text"].tolist()
@@ -99,13 +122,16 @@ def test_failures_are_recorded_and_the_queue_goes_on(tmp_path, model_dirs, monke
     good = enqueue(store, model_dirs, ks=(2,), prompts=PROMPTS[:2], name="good")
 
     import app.worker.timing as timing_module
+
     real_speculative_decoder = timing_module.speculative_decoder
 
     def speculative_decoder(pair, cfg, k, typer=None, drafter="model"):
         decoder = real_speculative_decoder(pair, cfg, k, typer, drafter=drafter)
         if k == 1:
+
             def out_of_memory(*args, **kwargs):
                 raise __import__("torch").cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
             decoder.generate_batch = out_of_memory
         return decoder
 
@@ -150,8 +176,10 @@ def test_cancel_stops_between_rounds_and_resume_finishes_without_duplicates(tmp_
     assert run_state.get_run(store, rid)["status"] == "done"
     assert worker.results[rid][0].prompt_index == 2  # resumed at the first unfinished prompt
     with store.read() as conn:
-        rounds = conn.execute(text("SELECT COUNT(*), COUNT(DISTINCT prompt_index * 100000 + round_index) "
-                                   "FROM rounds WHERE run_id = :r"), {"r": rid}).one()
+        rounds = conn.execute(
+            text("SELECT COUNT(*), COUNT(DISTINCT prompt_index * 100000 + round_index) FROM rounds WHERE run_id = :r"),
+            {"r": rid},
+        ).one()
     assert rounds[0] == rounds[1] == q.run_summary(store, rid)["rounds"].iloc[0]
     assert q.run_summary(store, rid)["outputs_match_baseline"].iloc[0] is True
 
@@ -161,11 +189,19 @@ def test_sigkill_mid_run_keeps_rows_and_resume_completes(db_url, model_dirs, wai
     prompts = [f"t{i} t{i + 1} t{i + 2}" for i in range(3, 11)]
     eid = enqueue(store, model_dirs, ks=(2,), prompts=prompts, max_new_tokens=20)
     rid = kinds(store, eid)[("speculative", 2)]
-    proc = subprocess.Popen([sys.executable, "-m", "app.worker.worker_process", "--db", db_url, "--until-idle", "--heartbeat", "0.2"],
-                            cwd=ROOT, env=held_env(2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.worker.worker_process", "--db", db_url, "--until-idle", "--heartbeat", "0.2"],
+        cwd=ROOT,
+        env=held_env(2),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:  # the worker holds before prompt 2 (tests/hold): the SIGKILL finds the run mid-way by construction
-        wait_for(lambda: (run_state.get_run(store, rid) or {}).get("prompts_done", 0) >= 2 or proc.poll() is not None,
-                 timeout=120, what="the worker to commit two prompts of the speculative run")
+        wait_for(
+            lambda: (run_state.get_run(store, rid) or {}).get("prompts_done", 0) >= 2 or proc.poll() is not None,
+            timeout=120,
+            what="the worker to commit two prompts of the speculative run",
+        )
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
@@ -196,9 +232,13 @@ def test_sigkill_mid_run_keeps_rows_and_resume_completes(db_url, model_dirs, wai
     summary = q.run_summary(store, rid).iloc[0]
     assert summary.status == "done" and summary.outputs_match_baseline is True
     with store.read() as conn:
-        total, distinct = conn.execute(text(
-            "SELECT COUNT(*), COUNT(DISTINCT CAST(prompt_index AS VARCHAR(10)) || ':' || CAST(round_index AS VARCHAR(10)) "
-            "|| ':' || CAST(position AS VARCHAR(10))) FROM draft_tokens WHERE run_id = :r"), {"r": rid}).one()
+        total, distinct = conn.execute(
+            text(
+                "SELECT COUNT(*), COUNT(DISTINCT CAST(prompt_index AS VARCHAR(10)) || ':' || CAST(round_index AS VARCHAR(10)) "
+                "|| ':' || CAST(position AS VARCHAR(10))) FROM draft_tokens WHERE run_id = :r"
+            ),
+            {"r": rid},
+        ).one()
     assert total == distinct == summary.proposed
     store.dispose()
 
@@ -209,8 +249,24 @@ def test_cli_run_persists_and_its_json_is_the_stored_figures(tmp_path, model_dir
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     prompt_file = tmp_path / "prompts.txt"
     prompt_file.write_text("\n".join(PROMPTS[:2]) + "\n")
-    argv = ["run", "--target", model_dirs["target"], "--draft", model_dirs["draft"], "--prompts", str(prompt_file),
-            "--k", "1,2", "--max-new-tokens", "12", "--device", "cpu", "--db", db, "--json"]
+    argv = [
+        "run",
+        "--target",
+        model_dirs["target"],
+        "--draft",
+        model_dirs["draft"],
+        "--prompts",
+        str(prompt_file),
+        "--k",
+        "1,2",
+        "--max-new-tokens",
+        "12",
+        "--device",
+        "cpu",
+        "--db",
+        db,
+        "--json",
+    ]
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     store = open_store(db)
@@ -223,7 +279,9 @@ def test_cli_run_persists_and_its_json_is_the_stored_figures(tmp_path, model_dir
         row = runs.loc[entry["run_id"]]
         for key in ("rounds", "accepted", "alpha", "tokens_per_round", "c", "speedup", "predicted_speedup"):
             assert entry[key] == row[key], key
-        assert entry["per_position_acceptance"] == q.acceptance_by_position(store, entry["run_id"])["conditional"].tolist()
+        assert (
+            entry["per_position_acceptance"] == q.acceptance_by_position(store, entry["run_id"])["conditional"].tolist()
+        )
         assert entry["outputs_match_baseline"] is True
     assert [e["k"] for e in doc["runs"]] == [1, 2]
 
@@ -255,11 +313,19 @@ def test_sigterm_marks_the_run_interrupted_and_cli_resume_requeues_it(tmp_path, 
     prompts = [f"t{i} t{i + 1}" for i in range(3, 9)]
     eid = enqueue(store, model_dirs, ks=(2,), prompts=prompts, max_new_tokens=20)
     rid = kinds(store, eid)[("speculative", 2)]
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--db", db], cwd=ROOT, env=held_env(1),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--db", db],
+        cwd=ROOT,
+        env=held_env(1),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:  # the worker holds before prompt 1 (tests/hold): the SIGTERM finds the run mid-way by construction
-        wait_for(lambda: (run_state.get_run(store, rid) or {}).get("prompts_done", 0) >= 1 or proc.poll() is not None,
-                 timeout=120, what="the worker to commit a prompt")
+        wait_for(
+            lambda: (run_state.get_run(store, rid) or {}).get("prompts_done", 0) >= 1 or proc.poll() is not None,
+            timeout=120,
+            what="the worker to commit a prompt",
+        )
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 128 + signal.SIGTERM
@@ -279,12 +345,39 @@ def test_sigterm_marks_the_run_interrupted_and_cli_resume_requeues_it(tmp_path, 
 
 # --- a dead owner is noticed at once (issue 9) -----------------------------------------------------------------
 
+
 def _cli_run(db, model_dirs, prompt_file, *extra):
     """`draftlab run` held before its prompt 1 (tests/hold): a signal after prompt 0 finds it mid-way."""
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--target", model_dirs["target"], "--draft",
-                             model_dirs["draft"], "--prompts", str(prompt_file), "--k", "1,2", "--max-new-tokens", "24",
-                             "--repeats", "1", "--device", "cpu", "--db", db, *extra],
-                            cwd=ROOT, env=held_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "run",
+            "--target",
+            model_dirs["target"],
+            "--draft",
+            model_dirs["draft"],
+            "--prompts",
+            str(prompt_file),
+            "--k",
+            "1,2",
+            "--max-new-tokens",
+            "24",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--db",
+            db,
+            *extra,
+        ],
+        cwd=ROOT,
+        env=held_env(1),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _first_prompt_committed(store, proc):
@@ -293,6 +386,7 @@ def _first_prompt_committed(store, proc):
             return True
         with store.read() as conn:
             return conn.execute(text("SELECT COUNT(*) FROM prompt_results")).scalar() >= 3
+
     return check
 
 
@@ -330,10 +424,14 @@ def test_sigkill_of_draftlab_run_then_one_resume_and_a_worker_finish_it(db_url, 
         assert final["prompt_index"].tolist() == list(range(10))
         assert final["wall_seconds"].tolist()[: len(walls)] == walls  # committed rows untouched
     with store.read() as conn:
-        for table, key in (("rounds", "run_id, prompt_index, round_index"), ("timings", "run_id, prompt_index, repeat"),
-                           ("prompt_results", "run_id, prompt_index")):
-            dup = conn.execute(text(f"SELECT COUNT(*) FROM (SELECT {key} FROM {table} GROUP BY {key} "
-                                    f"HAVING COUNT(*) > 1) d")).scalar()
+        for table, key in (
+            ("rounds", "run_id, prompt_index, round_index"),
+            ("timings", "run_id, prompt_index, repeat"),
+            ("prompt_results", "run_id, prompt_index"),
+        ):
+            dup = conn.execute(
+                text(f"SELECT COUNT(*) FROM (SELECT {key} FROM {table} GROUP BY {key} HAVING COUNT(*) > 1) d")
+            ).scalar()
             assert dup == 0, table
         assert conn.execute(text("SELECT COUNT(*) FROM timings")).scalar() == 3 * 10
     store.dispose()
@@ -406,6 +504,7 @@ def test_the_stale_window_is_one_setting(monkeypatch, store, capsys):
     monkeypatch.delenv("DRAFTLAB_STALE_SECONDS")
     assert stale_window() == 60.0
     from app import cli
+
     assert cli.STALE_HELP == STALE_HELP  # one setting, described in the same words everywhere
     for command in ("worker", "resume", "list"):
         with pytest.raises(SystemExit):

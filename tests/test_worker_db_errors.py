@@ -6,6 +6,7 @@ let through and died of (exit 2). Each class is provoked for real here — on a 
 test creates (never `test` itself; dropped afterwards) and on SQLite files — and then a worker rides out a
 read-only PostgreSQL mid-run (`ALTER DATABASE … SET default_transaction_read_only = on` plus ended sessions).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -22,8 +23,8 @@ from sqlalchemy.exc import DBAPIError
 
 from app.db_errors import outage_kind, sqlstate, transient_db_error
 
-
 # --- a throw-away PostgreSQL database -------------------------------------------------------------------------
+
 
 class ScratchDatabase:
     """CREATE DATABASE draftlab_outage_<hex> on the test server; read_only() flips default_transaction_read_only
@@ -36,8 +37,11 @@ class ScratchDatabase:
         self.name = f"draftlab_outage_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(self.admin, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.name}"')
-        self.url = make_url(self.admin).set(drivername="postgresql+psycopg", database=self.name) \
+        self.url = (
+            make_url(self.admin)
+            .set(drivername="postgresql+psycopg", database=self.name)
             .render_as_string(hide_password=False)
+        )
 
     def _admin(self, *statements, params=None):
         import psycopg
@@ -47,8 +51,10 @@ class ScratchDatabase:
                 conn.execute(statement, params)
 
     def end_sessions(self) -> None:
-        self._admin("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %(db)s "
-                    "AND pid <> pg_backend_pid()", params={"db": self.name})
+        self._admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %(db)s AND pid <> pg_backend_pid()",
+            params={"db": self.name},
+        )
 
     def read_only(self, on: bool) -> None:
         self._admin(f'ALTER DATABASE "{self.name}" SET default_transaction_read_only = {"on" if on else "off"}')
@@ -81,6 +87,7 @@ def _raised(fn) -> BaseException:
 
 
 # --- one real error of each class, classified ---------------------------------------------------------------
+
 
 def test_postgres_read_only_is_an_outage_though_it_arrives_as_internal_error(scratch):
     engine = create_engine(scratch.url)
@@ -132,7 +139,7 @@ def test_postgres_serialization_failure_and_deadlock_are_outages(scratch):
         a.execute(text("UPDATE t SET v = v + 1 WHERE id = 1"))
         b.execute(text("UPDATE t SET v = v + 1 WHERE id = 2"))
         a.execute(text("COMMIT"))
-        exc = _raised(lambda: (b.execute(text("COMMIT"))))
+        exc = _raised(lambda: b.execute(text("COMMIT")))
         assert sqlstate(exc) == "40001" and transient_db_error(exc) and "serialization" in outage_kind(exc), exc
         for conn in (a, b):
             conn.rollback()
@@ -151,6 +158,7 @@ def test_postgres_serialization_failure_and_deadlock_are_outages(scratch):
             except Exception as exc:  # noqa: BLE001 - the deadlock victim
                 errors.append(exc)
                 conn.rollback()
+
         thread = threading.Thread(target=lock, args=(a, 2))
         thread.start()
         time.sleep(0.3)  # a waits for b's row
@@ -171,8 +179,12 @@ def test_postgres_statement_bugs_are_not_outages(scratch):
         with engine.begin() as conn:
             conn.execute(text("CREATE TABLE t (id int PRIMARY KEY)"))
             conn.execute(text("INSERT INTO t VALUES (1)"))
-        for statement, state in [("INSERT INTO t VALUES (1)", "23505"), ("SELEKT 1", "42601"),
-                                 ("SELECT 1 / 0", "22012"), ("SELECT 2147483647 + 1", "22003")]:
+        for statement, state in [
+            ("INSERT INTO t VALUES (1)", "23505"),
+            ("SELEKT 1", "42601"),
+            ("SELECT 1 / 0", "22012"),
+            ("SELECT 2147483647 + 1", "22003"),
+        ]:
             exc = _raised(lambda: _execute(engine, statement))
             assert sqlstate(exc) == state and not transient_db_error(exc), (statement, exc)
     finally:
@@ -211,14 +223,22 @@ def test_sqlite_locked_read_only_and_disk_io_errors_are_outages(tmp_path):
         "try:\n"
         "    with engine.begin() as c: c.execute(text('INSERT INTO t VALUES (zeroblob(1000000))'))\n"
         "except Exception as exc:\n"
-        "    print(str(exc.orig), '|', outage_kind(exc))\n")
+        "    print(str(exc.orig), '|', outage_kind(exc))\n"
+    )
     root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, timeout=120,
-                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
     assert done.stdout.strip() == "disk I/O error | SQLITE_IOERR", done.stdout + done.stderr
 
 
 # --- a worker rides out a read-only PostgreSQL -----------------------------------------------------------------
+
 
 def test_a_worker_rides_out_a_postgres_database_turned_read_only(scratch, model_dirs):
     from app.worker.worker import Worker
@@ -230,10 +250,10 @@ def test_a_worker_rides_out_a_postgres_database_turned_read_only(scratch, model_
     enqueue(store, model_dirs)
     logs = []
     back = threading.Event()
-    hook = outage_at_prompt(lambda: scratch.read_only(True),
-                            lambda: (scratch.read_only(False), back.set()), 2, 2.0)
-    worker = Worker(store, heartbeat_seconds=0.2, progress_seconds=0.1, db_retry_seconds=60, log=logs.append,
-                    progress_hook=hook)
+    hook = outage_at_prompt(lambda: scratch.read_only(True), lambda: (scratch.read_only(False), back.set()), 2, 2.0)
+    worker = Worker(
+        store, heartbeat_seconds=0.2, progress_seconds=0.1, db_retry_seconds=60, log=logs.append, progress_hook=hook
+    )
     try:
         with worker:
             worker.work(until_idle=True)  # died with InternalError (ReadOnlySqlTransaction) before

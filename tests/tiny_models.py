@@ -1,4 +1,5 @@
 """Tiny random Llama-style and GPT-2-style models and a word-level tokenizer, built inside the tests."""
+
 from __future__ import annotations
 
 import copy
@@ -20,16 +21,32 @@ def tokenizer(vocab: int = 64, prefix: str = "t", eos: bool = True) -> PreTraine
 
 def llama(seed: int, layers: int = 2, vocab: int = 64, hidden: int = 32, sharpness: float = 1.0, eos: int | None = EOS):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      eos_token_id=eos, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=eos,
+        tie_word_embeddings=False,
+    )
     return _sharpen(LlamaForCausalLM(cfg), sharpness)
 
 
 def gpt2(seed: int, layers: int = 2, vocab: int = 64, hidden: int = 32, sharpness: float = 1.0, eos: int | None = EOS):
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=256,
-                     eos_token_id=eos, bos_token_id=0, tie_word_embeddings=False)
+    cfg = GPT2Config(
+        vocab_size=vocab,
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=4,
+        n_positions=256,
+        eos_token_id=eos,
+        bos_token_id=0,
+        tie_word_embeddings=False,
+    )
     return _sharpen(GPT2LMHeadModel(cfg), sharpness)
 
 
@@ -53,5 +70,10 @@ def noisy_copy(model, seed: int, noise: float):
 
 def pair(target, draft, tok=None) -> ModelPair:
     tok = tok or tokenizer(target.config.vocab_size)
-    return ModelPair(LoadedModel("target", "memory", target, tok), LoadedModel("draft", "memory", draft, tok),
-                     torch.device("cpu"), torch.float32, len(tok))
+    return ModelPair(
+        LoadedModel("target", "memory", target, tok),
+        LoadedModel("draft", "memory", draft, tok),
+        torch.device("cpu"),
+        torch.float32,
+        len(tok),
+    )

@@ -3,21 +3,23 @@ read-only file, locked, server restarting) is retried with exponential backoff, 
 $DRAFTLAB_DB_RETRY_SECONDS (default 300) after the outage began; then DatabaseUnavailable. Torch-free: the CLI
 reads its settings' wording here.
 """
+
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
-
-from storage.db.settings import seconds_setting
+from collections.abc import Callable
 
 from app.db_errors import DatabaseUnavailable, db_reason, locked, outage_kind, transient_db_error
+from storage.db.settings import seconds_setting
 
 DB_RETRY_ENV, DEFAULT_DB_RETRY_SECONDS = "DRAFTLAB_DB_RETRY_SECONDS", 300.0
 MAX_BACKOFF_SECONDS = 5.0
-DB_RETRY_HELP = ("A database write that fails (disk full, read-only file, server restarting) is retried with backoff "
-                 "for $DRAFTLAB_DB_RETRY_SECONDS seconds (default 300), the results held in memory, before the runs "
-                 "fail with the reason")
+DB_RETRY_HELP = (
+    "A database write that fails (disk full, read-only file, server restarting) is retried with backoff "
+    "for $DRAFTLAB_DB_RETRY_SECONDS seconds (default 300), the results held in memory, before the runs "
+    "fail with the reason"
+)
 
 
 def db_retry_window(value: float | None = None) -> float:
@@ -44,11 +46,12 @@ class DbRetry:
                 self._since = time.monotonic()
             since = self._since
         if first:
-            what = ("is locked by another process's write transaction" if locked(exc) else
-                    "does not accept writes")
-            self.log(f"the database {what} ({outage_kind(exc) or 'error'}: {db_reason(exc)}); "
-                     f"retrying with backoff for up to {self.retry_seconds:g}s, finished prompts held in memory "
-                     f"until it does")
+            what = "is locked by another process's write transaction" if locked(exc) else "does not accept writes"
+            self.log(
+                f"the database {what} ({outage_kind(exc) or 'error'}: {db_reason(exc)}); "
+                f"retrying with backoff for up to {self.retry_seconds:g}s, finished prompts held in memory "
+                f"until it does"
+            )
         return since
 
     def ok(self) -> None:
@@ -82,8 +85,9 @@ class DbRetry:
                     deadline = since + self.retry_seconds
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise DatabaseUnavailable(f"the database did not accept writes for {self.retry_seconds:g}s "
-                                              f"({db_reason(exc)})") from exc
+                    raise DatabaseUnavailable(
+                        f"the database did not accept writes for {self.retry_seconds:g}s ({db_reason(exc)})"
+                    ) from exc
                 time.sleep(min(delay, left))
                 delay = min(delay * 2, MAX_BACKOFF_SECONDS)
                 continue

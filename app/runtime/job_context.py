@@ -4,16 +4,16 @@ worker's id (writes are fenced on it), retried database calls, the log, the mode
 the worker's heartbeat thread writes. Public, so that app/worker/timing.py and app/training/training.py never reach into the
 Worker's own members.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
-from engine.errors import DraftLabError
-from storage import Store
 
 from app.runtime.db_retry import DbRetry
 from app.runtime.model_cache import ModelCache
+from engine.errors import DraftLabError
+from storage import Store
 
 ProgressHook = Callable[[dict, int, int, int], None]  # (run row, prompt index, new tokens so far, repeat)
 

@@ -1,18 +1,18 @@
 """The worker's model cache: the one target/draft pair it holds, reused across experiments that need the same
 models (and for a draft sweep, the other drafts on the same target), released before another is loaded.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
+from app.runtime.placement import load_device, place
 from engine.errors import DraftLabError
 from engine.models.loading import ModelPair, with_draft
 from engine.text.token_types import TokenTyper
-
-from app.runtime.placement import load_device, place
 
 
 class SetupError(Exception):
@@ -48,19 +48,30 @@ class ModelCache:
         if isinstance(gpus, DraftLabError):  # the placement plan found no set of GPUs that holds the pair
             raise SetupError(str(gpus))
         self.release()
-        self.log(f"loading {experiment['target']}" + (f" + {draft}" if draft else "") +
-                 (f" over {gpus} GPUs" if isinstance(gpus, int) and gpus > 1 else ""))
+        self.log(
+            f"loading {experiment['target']}"
+            + (f" + {draft}" if draft else "")
+            + (f" over {gpus} GPUs" if isinstance(gpus, int) and gpus > 1 else "")
+        )
         # The GPU count the leases were taken for (a plan made on this worker's several GPUs), so the load matches.
         spread = {"gpus": gpus} if isinstance(gpus, int) and device == "auto" else {}
         try:
-            pair = self.loader(experiment["target"], draft, device, experiment["dtype"],
-                               bool(experiment["trust_remote_code"]), **spread)
+            pair = self.loader(
+                experiment["target"],
+                draft,
+                device,
+                experiment["dtype"],
+                bool(experiment["trust_remote_code"]),
+                **spread,
+            )
         except DraftLabError as exc:
             raise SetupError(str(exc)) from exc
         except torch.cuda.OutOfMemoryError as exc:
-            raise SetupError(f"CUDA out of memory loading {experiment['target']} + {draft}; use dtype "
-                             f"bfloat16/float16, smaller models, or more GPUs (`draftlab worker --devices "
-                             f"cuda:0+cuda:1`, or plain `draftlab worker`, which sees them all)") from exc
+            raise SetupError(
+                f"CUDA out of memory loading {experiment['target']} + {draft}; use dtype "
+                f"bfloat16/float16, smaller models, or more GPUs (`draftlab worker --devices "
+                f"cuda:0+cuda:1`, or plain `draftlab worker`, which sees them all)"
+            ) from exc
         self.loaded = LoadedPair(key + (experiment["id"],), pair, TokenTyper(pair.tokenizer))
         return self.loaded
 
@@ -74,18 +85,23 @@ class ModelCache:
             try:
                 loaded.others[draft] = with_draft(loaded.pair, draft, bool(experiment["trust_remote_code"]))
             except torch.cuda.OutOfMemoryError as exc:
-                raise DraftLabError(f"CUDA out of memory loading draft {draft}; use dtype bfloat16/float16 or a "
-                                    f"smaller draft") from exc
+                raise DraftLabError(
+                    f"CUDA out of memory loading draft {draft}; use dtype bfloat16/float16 or a smaller draft"
+                ) from exc
         return loaded.others[draft]
 
     def adopt(self, pair: ModelPair, experiment: dict, others: dict | None = None) -> None:
         """Use already loaded pairs for this experiment's runs (the CLI loads them first to report bad input):
         `pair` with the first draft, `others` {draft name or None: pair} for the rest of a draft sweep."""
         draft = pair.draft.name if pair.draft is not None else None
-        key = (experiment["target"], draft, experiment["device"], experiment["dtype"],
-               bool(experiment["trust_remote_code"]))
-        self.loaded = LoadedPair(key + (experiment["id"],), pair, TokenTyper(pair.tokenizer),
-                                 others=dict(others or {}))
+        key = (
+            experiment["target"],
+            draft,
+            experiment["device"],
+            experiment["dtype"],
+            bool(experiment["trust_remote_code"]),
+        )
+        self.loaded = LoadedPair(key + (experiment["id"],), pair, TokenTyper(pair.tokenizer), others=dict(others or {}))
 
     def release(self) -> None:
         """Drop the held pair (a training job's pair is its own; another experiment's models are about to load)."""

@@ -9,21 +9,21 @@ which timing leases (one per physical device) the job needs, and how the device 
     lease_devices() the devices a job leases (the fewest GPUs its pair fits, engine/models/placement.py's plan)
     acquire_leases() / release_device_lease(): take all of a job's leases or none; give one back
 """
+
 from __future__ import annotations
 
 import os
 import socket
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from app.db_errors import transient_db_error
+from app.runtime.db_retry import DbRetry
 from engine.errors import DraftLabError
 from engine.models.loading import ModelPair, plan_pair, resolve_dtype
 from storage import Store
 from storage.jobs.leases import acquire_lease, release_lease
-
-from app.db_errors import transient_db_error
-from app.runtime.db_retry import DbRetry
 
 
 def gpus_of(pair: ModelPair) -> list[torch.device]:
@@ -81,7 +81,7 @@ def device_name(device: torch.device, pinned: str | None = None, leased: list[st
     or cpu (cpu:N for a CPU slot of `--devices cpu:0,cpu:1`). A job over several devices (`leased`, their
     physical names) names them all: `NVIDIA H200 ×2 (cuda:0, cuda:1)` (`cpu ×2 (cpu:0, cpu:1)` for fake slots)."""
     if leased and len(leased) > 1:
-        kinds = ([torch.cuda.get_device_name(i) for i in range(len(leased))] if device.type == "cuda" else ["cpu"])
+        kinds = [torch.cuda.get_device_name(i) for i in range(len(leased))] if device.type == "cuda" else ["cpu"]
         return f"{' + '.join(dict.fromkeys(kinds))} ×{len(leased)} ({', '.join(leased)})"
     if leased and pinned and "+" in pinned:
         pinned = leased[0]  # one device of a + group
@@ -94,9 +94,19 @@ def device_name(device: torch.device, pinned: str | None = None, leased: list[st
 
 # --- leases: one timed job per physical device ---------------------------------------------------------------
 
-def lease_devices(placed: str, target: str, draft: str | None, dtype: str, trust: bool, *, loaded,
-                  release: Callable[[], None], plans: dict,
-                  free_memory: Callable[[], list[int]]) -> tuple[list[str], int | DraftLabError | None]:
+
+def lease_devices(
+    placed: str,
+    target: str,
+    draft: str | None,
+    dtype: str,
+    trust: bool,
+    *,
+    loaded,
+    release: Callable[[], None],
+    plans: dict,
+    free_memory: Callable[[], list[int]],
+) -> tuple[list[str], int | DraftLabError | None]:
     """The devices a job placed on `placed` leases, physical names in index order: that one device, or, where the
     worker sees several GPUs (a `cuda:0+cuda:1` group, or plain `draftlab worker` on auto), the fewest of them the
     pair fits (engine.models.placement: config-only, before any lease; a cpu:0+cpu:1 group is the fake equivalent, planned
@@ -112,8 +122,11 @@ def lease_devices(placed: str, target: str, draft: str | None, dtype: str, trust
     if len(visible) < 2:
         return [visible[0] if visible else placed], None
     on_gpu = visible[0].startswith("cuda")
-    if on_gpu and loaded is not None and (loaded.key[0], *loaded.key[2:5]) == (target, load_device(placed), dtype,
-                                                                               trust):
+    if (
+        on_gpu
+        and loaded is not None
+        and (loaded.key[0], *loaded.key[2:5]) == (target, load_device(placed), dtype, trust)
+    ):
         used = [d.index or 0 for d in gpus_of(loaded.pair)]  # already loaded here (draftlab run adopts it)
         return [visible[i] for i in used], len(used)
     plan_key = (target, draft, dtype, trust)
@@ -125,14 +138,15 @@ def lease_devices(placed: str, target: str, draft: str | None, dtype: str, trust
             return visible[:1], None
         try:
             dt = resolve_dtype(dtype, torch.device("cuda" if on_gpu else "cpu"))
-            plans[plan_key] = plan_pair(target, draft, dt, trust, free=free[:len(visible)]).gpus
+            plans[plan_key] = plan_pair(target, draft, dt, trust, free=free[: len(visible)]).gpus
         except DraftLabError as exc:
             return visible[:1], exc
-    return visible[:plans[plan_key]], plans[plan_key]
+    return visible[: plans[plan_key]], plans[plan_key]
 
 
-def acquire_leases(db: DbRetry, store: Store, keys: list[str], worker_id: str, experiment_id: int | None,
-                   stale_seconds: float) -> None | tuple[str, str]:
+def acquire_leases(
+    db: DbRetry, store: Store, keys: list[str], worker_id: str, experiment_id: int | None, stale_seconds: float
+) -> None | tuple[str, str]:
     """Take every lease in `keys` (index order) or none: on the first held by another live worker, give back those
     taken here and return (that lease, its holder); None when all are this worker's."""
     taken = []

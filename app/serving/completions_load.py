@@ -6,6 +6,7 @@ a server step that emits n tokens (a speculative round) arrives as one chunk, wh
 a round share one arrival time" (SPEC, Serving metrics). Token ids come from vLLM's `return_token_ids` (so outputs
 compare token for token with the lab's); a server without it is counted by `continuous_usage_stats`.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -66,12 +67,17 @@ def read_stream(lines, record: RequestRecord, clock, start: float) -> None:
         try:
             chunk = json.loads(data)
         except ValueError:
-            raise RequestFailed(f"prompt {record.prompt_index}: the server streamed something that is not JSON "
-                                f"({data[:80]!r}); is it an OpenAI-compatible server?") from None
+            raise RequestFailed(
+                f"prompt {record.prompt_index}: the server streamed something that is not JSON "
+                f"({data[:80]!r}); is it an OpenAI-compatible server?"
+            ) from None
         if "error" in chunk and not chunk.get("choices"):
-            message = chunk["error"].get("message", chunk["error"]) if isinstance(chunk["error"], dict) else chunk["error"]
-            raise RequestFailed(f"prompt {record.prompt_index}: the server answered an error mid-stream: "
-                                f"{str(message)[:200]}")
+            message = (
+                chunk["error"].get("message", chunk["error"]) if isinstance(chunk["error"], dict) else chunk["error"]
+            )
+            raise RequestFailed(
+                f"prompt {record.prompt_index}: the server answered an error mid-stream: {str(message)[:200]}"
+            )
         usage = (chunk.get("usage") or {}).get("completion_tokens")
         for choice in chunk.get("choices") or []:
             ids = choice.get("token_ids")
@@ -88,8 +94,9 @@ def read_stream(lines, record: RequestRecord, clock, start: float) -> None:
                 record.counts.append(count)
         if usage is not None:
             previous_usage = usage
-    raise RequestFailed(f"prompt {record.prompt_index}: the stream ended without [DONE] (the server closed it "
-                        f"mid-answer: did it die?)")
+    raise RequestFailed(
+        f"prompt {record.prompt_index}: the stream ended without [DONE] (the server closed it mid-answer: did it die?)"
+    )
 
 
 def _post_stream(url: str, body: dict, timeout: float, record: RequestRecord, clock, start: float) -> None:
@@ -97,31 +104,54 @@ def _post_stream(url: str, body: dict, timeout: float, record: RequestRecord, cl
     connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     connection = connection_class(parts.hostname, parts.port, timeout=timeout)
     try:
-        connection.request("POST", parts.path or "/", body=json.dumps(body),
-                           headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+        connection.request(
+            "POST",
+            parts.path or "/",
+            body=json.dumps(body),
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        )
         response = connection.getresponse()
         if response.status != 200:
             detail = response.read(400).decode("utf-8", errors="replace").strip().replace("\n", " ")
-            raise RequestFailed(f"prompt {record.prompt_index}: the server answered HTTP {response.status} "
-                                f"({detail[:200]}); check the model and the sampling settings it accepts")
+            raise RequestFailed(
+                f"prompt {record.prompt_index}: the server answered HTTP {response.status} "
+                f"({detail[:200]}); check the model and the sampling settings it accepts"
+            )
         read_stream(response, record, clock, start)
     except TimeoutError:
-        raise RequestFailed(f"prompt {record.prompt_index}: no answer for {timeout:g} s (request timed out); raise "
-                            f"--request-timeout or lower --concurrency") from None
+        raise RequestFailed(
+            f"prompt {record.prompt_index}: no answer for {timeout:g} s (request timed out); raise "
+            f"--request-timeout or lower --concurrency"
+        ) from None
     except (ConnectionError, http.client.HTTPException, OSError) as exc:
-        raise RequestFailed(f"prompt {record.prompt_index}: the connection failed ({type(exc).__name__}: "
-                            f"{str(exc)[:120]})") from None
+        raise RequestFailed(
+            f"prompt {record.prompt_index}: the connection failed ({type(exc).__name__}: {str(exc)[:120]})"
+        ) from None
     finally:
         connection.close()
 
 
-def run_pass(url: str, model: str, prompts: list[str], request: dict, concurrency: int, timeout: float,
-             on_request=None, clock=time.perf_counter, seeds: list[int] | None = None) -> PassRecord:
+def run_pass(
+    url: str,
+    model: str,
+    prompts: list[str],
+    request: dict,
+    concurrency: int,
+    timeout: float,
+    on_request=None,
+    clock=time.perf_counter,
+    seeds: list[int] | None = None,
+) -> PassRecord:
     """Send every prompt once to `url` (/v1/completions), `concurrency` at a time; `request` holds the sampling
     fields and max_tokens, `seeds` (one per prompt) each request's own `seed`. `on_request(record)` after each
     request. The first failure stops the pass and is raised (RequestFailed) once the requests in flight end."""
-    body_base = {"model": model, "stream": True, "return_token_ids": True,
-                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}, **request}
+    body_base = {
+        "model": model,
+        "stream": True,
+        "return_token_ids": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        **request,
+    }
     endpoint = url.rstrip("/") + "/v1/completions"
     queue = list(range(len(prompts)))
     lock = threading.Lock()
@@ -156,5 +186,4 @@ def run_pass(url: str, model: str, prompts: list[str], request: dict, concurrenc
     if failures:
         raise failures[0]
     end = max((r.arrivals[-1] for r in records if r.arrivals), default=clock() - start)
-    return PassRecord(concurrency=concurrency, wall_seconds=end,
-                      requests=sorted(records, key=lambda r: r.prompt_index))
+    return PassRecord(concurrency=concurrency, wall_seconds=end, requests=sorted(records, key=lambda r: r.prompt_index))

@@ -10,6 +10,7 @@ texts) once as a streaming completion with the experiment's sampling settings an
 Each configuration is stored when all its passes are done (storage/records/confirms.py); one that fails (the server does not
 start, dies, a request times out, no counters) is reported in one line and the others are kept.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,9 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
+from app.arguments import ID as _id
+from app.arguments import whole
 from engine.errors import DraftLabError
-
-from app.arguments import ID as _id, whole
 
 CONFIG_CHOICES = ("chosen", "schedule", "all")
 DEFAULT_REPEATS = 3  # passes per server and concurrency: the fewest that give the paired speedup an interval
@@ -48,32 +49,58 @@ def concurrency_list(text: str) -> list[int]:
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "confirm", help="measure the chosen configuration in vLLM's server, next to the lab's figures",
+        "confirm",
+        help="measure the chosen configuration in vLLM's server, next to the lab's figures",
         description="Start vLLM's OpenAI server without speculation and with each configuration's exact "
-                    "--speculative-config (the deploy export's), stream the experiment's prompts at each "
-                    "concurrency, alternating the two servers pass by pass, and compare throughput, latency, "
-                    "acceptance and outputs with the lab's. Stored with the experiment; `draftlab export --format "
-                    "json` carries it.")
+        "--speculative-config (the deploy export's), stream the experiment's prompts at each "
+        "concurrency, alternating the two servers pass by pass, and compare throughput, latency, "
+        "acceptance and outputs with the lab's. Stored with the experiment; `draftlab export --format "
+        "json` carries it.",
+    )
     p.add_argument("experiment_id", type=_id)
-    p.add_argument("--configs", choices=CONFIG_CHOICES, default="chosen",
-                   help="chosen: the verdict's configuration (default); schedule: a k grid's schedule as vLLM's "
-                        "num_speculative_tokens_per_batch_size; all: every lossless speculative run")
-    p.add_argument("--concurrency", default=None,
-                   help="requests in flight, one or a list (default: the experiment's batch sizes)")
-    p.add_argument("--repeats", type=_repeats, default=DEFAULT_REPEATS,
-                   help=f"passes per server and concurrency (default {DEFAULT_REPEATS}; two or more give the "
-                        f"speedup an interval)")
-    p.add_argument("--vllm", default=None, metavar="COMMAND",
-                   help="the command that starts vLLM's OpenAI server, DraftLab appends --model, --host, --port and "
-                        "--speculative-config (default $DRAFTLAB_VLLM, else .vllm-venv's CPU build from "
-                        "scripts/install_vllm.sh, else `python -m vllm.entrypoints.openai.api_server`)")
-    p.add_argument("--server", default=None, metavar="URL",
-                   help="a speculative vLLM server already running (needs --baseline-server)")
-    p.add_argument("--baseline-server", default=None, metavar="URL",
-                   help="the same model served without speculation, already running")
+    p.add_argument(
+        "--configs",
+        choices=CONFIG_CHOICES,
+        default="chosen",
+        help="chosen: the verdict's configuration (default); schedule: a k grid's schedule as vLLM's "
+        "num_speculative_tokens_per_batch_size; all: every lossless speculative run",
+    )
+    p.add_argument(
+        "--concurrency", default=None, help="requests in flight, one or a list (default: the experiment's batch sizes)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=_repeats,
+        default=DEFAULT_REPEATS,
+        help=f"passes per server and concurrency (default {DEFAULT_REPEATS}; two or more give the speedup an interval)",
+    )
+    p.add_argument(
+        "--vllm",
+        default=None,
+        metavar="COMMAND",
+        help="the command that starts vLLM's OpenAI server, DraftLab appends --model, --host, --port and "
+        "--speculative-config (default $DRAFTLAB_VLLM, else .vllm-venv's CPU build from "
+        "scripts/install_vllm.sh, else `python -m vllm.entrypoints.openai.api_server`)",
+    )
+    p.add_argument(
+        "--server",
+        default=None,
+        metavar="URL",
+        help="a speculative vLLM server already running (needs --baseline-server)",
+    )
+    p.add_argument(
+        "--baseline-server",
+        default=None,
+        metavar="URL",
+        help="the same model served without speculation, already running",
+    )
     p.add_argument("--startup-timeout", type=_seconds, default=600, help="seconds a server may take to be ready")
-    p.add_argument("--request-timeout", type=_seconds, default=300,
-                   help="seconds without an answer before a request counts as timed out")
+    p.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=300,
+        help="seconds without an answer before a request counts as timed out",
+    )
     p.add_argument("--db", default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object (SPEC's confirm keys)")
 
@@ -102,18 +129,23 @@ def configurations(store, experiment_id: int, which: str) -> list[Config]:
     """The configurations to confirm, each from storage/serving/deploy.py's deploy document (the one vLLM mapping), as
     storage/serving/confirm_jobs.py's confirm_documents selects them (the queue's check makes the same selection)."""
     from engine.zoo import resolve
+    from storage.db.errors import QueueError
     from storage.serving.confirm_jobs import confirm_documents
     from storage.serving.deploy import DeployError
-    from storage.db.errors import QueueError
 
     def config(doc: dict, label: str) -> Config:
         vllm = doc["engines"]["vllm"]
         request = {**vllm["request"], "max_tokens": int(doc["measured"]["max_new_tokens"])}
         target = doc["configuration"]["target"]
         path = resolve(target)
-        return Config(label=label, k=int(json.loads(vllm["speculative_config"])["num_speculative_tokens"]),
-                      run_id=int(doc["run_id"]), speculative_config=vllm["speculative_config"], request=request,
-                      target=str(path) if path is not None else target)
+        return Config(
+            label=label,
+            k=int(json.loads(vllm["speculative_config"])["num_speculative_tokens"]),
+            run_id=int(doc["run_id"]),
+            speculative_config=vllm["speculative_config"],
+            request=request,
+            target=str(path) if path is not None else target,
+        )
 
     try:
         return [config(doc, label) for label, doc in confirm_documents(store, experiment_id, which)]
@@ -176,8 +208,9 @@ def _signals_deferred():
         yield
         return
     caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: caught.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield
     finally:
@@ -243,8 +276,17 @@ def pass_seeds(request: dict, prompts: int, concurrency: int, repeat: int, specu
     return [zlib.crc32(f"{key}:{i}".encode()) & 0x7FFFFFFF for i in range(prompts)]
 
 
-def _measure_pass(server, prompts, request, concurrency, timeout, progress, counted: bool, measured: Measured,
-                  seeds: list[int] | None = None):
+def _measure_pass(
+    server,
+    prompts,
+    request,
+    concurrency,
+    timeout,
+    progress,
+    counted: bool,
+    measured: Measured,
+    seeds: list[int] | None = None,
+):
     """One pass on one server (`seeds`: `pass_seeds`); the speculative one's counters are scraped before and after
     and summed."""
     from app.serving.completions_load import RequestFailed, run_pass
@@ -252,8 +294,16 @@ def _measure_pass(server, prompts, request, concurrency, timeout, progress, coun
 
     try:
         before = parse(read_source(server.metrics_url()), server.metrics_url()) if counted else None
-        record = run_pass(server.url, server.model, prompts, request, concurrency, timeout,
-                          on_request=progress.request_done, seeds=seeds)
+        record = run_pass(
+            server.url,
+            server.model,
+            prompts,
+            request,
+            concurrency,
+            timeout,
+            on_request=progress.request_done,
+            seeds=seeds,
+        )
         after = parse(read_source(server.metrics_url()), server.metrics_url()) if counted else None
     except RequestFailed as exc:
         raise DraftLabError(server.died(wait=DIED_WAIT_SECONDS) or f"{server.name} server: {exc}") from None
@@ -278,8 +328,9 @@ def _warm_up(server, prompts, request, timeout) -> None:
     from app.serving.completions_load import RequestFailed, run_pass
 
     try:
-        run_pass(server.url, server.model, prompts[:1], {**request, "max_tokens": min(8, request["max_tokens"])}, 1,
-                 timeout)
+        run_pass(
+            server.url, server.model, prompts[:1], {**request, "max_tokens": min(8, request["max_tokens"])}, 1, timeout
+        )
     except RequestFailed as exc:
         raise DraftLabError(server.died(wait=DIED_WAIT_SECONDS) or f"{server.name} server (warm-up): {exc}") from None
 
@@ -306,8 +357,9 @@ def _sampled_comparison(base: Measured, spec: Measured) -> dict:
     return compare_sampled(lengths[0], lengths[1], ids[0], ids[1])
 
 
-def _store_config(store, confirm_id, eid, config: Config, concurrency: int, base: Measured, spec: Measured,
-                  greedy: bool) -> None:
+def _store_config(
+    store, confirm_id, eid, config: Config, concurrency: int, base: Measured, spec: Measured, greedy: bool
+) -> None:
     from storage.records.confirms import add_measurement, lab_outputs, outputs_match, pass_speedup, summarize
 
     matches = {"outputs_match_server_baseline": None, "outputs_match_lab": None, "first_divergence": None}
@@ -316,13 +368,28 @@ def _store_config(store, confirm_id, eid, config: Config, concurrency: int, base
         server, lab = _outputs(spec.passes), lab_outputs(store, config.run_id)
         share, first = outputs_match(server, _outputs(base.passes), "the server's baseline")
         lab_share, lab_first = outputs_match(server, lab, "the lab")
-        matches = {"outputs_match_server_baseline": share, "outputs_match_lab": lab_share,
-                   "first_divergence": "; ".join(x for x in (first, lab_first) if x) or None}
-    add_measurement(store, confirm_id, eid, label=config.label, k=config.k, run_id=config.run_id,
-                    speculative_config=config.speculative_config, concurrency=concurrency, passes=spec.passes,
-                    figures=summarize(spec.passes), speedup=pass_speedup(base.passes, spec.passes),
-                    counters=spec.counters, matches=matches, outputs_test=outputs_test,
-                    baseline_tokens_per_second=summarize(base.passes)["tokens_per_second"])
+        matches = {
+            "outputs_match_server_baseline": share,
+            "outputs_match_lab": lab_share,
+            "first_divergence": "; ".join(x for x in (first, lab_first) if x) or None,
+        }
+    add_measurement(
+        store,
+        confirm_id,
+        eid,
+        label=config.label,
+        k=config.k,
+        run_id=config.run_id,
+        speculative_config=config.speculative_config,
+        concurrency=concurrency,
+        passes=spec.passes,
+        figures=summarize(spec.passes),
+        speedup=pass_speedup(base.passes, spec.passes),
+        counters=spec.counters,
+        matches=matches,
+        outputs_test=outputs_test,
+        baseline_tokens_per_second=summarize(base.passes)["tokens_per_second"],
+    )
 
 
 @dataclass
@@ -347,19 +414,30 @@ class Plan:
         return len(self.configs) * len(self.concurrency) * self.repeats * 2 * len(self.prompts)
 
 
-def plan(store, eid: int, which: str, *, concurrency: list[int] | None = None, repeats: int = DEFAULT_REPEATS,
-         vllm: str | None = None, server: str | None = None, baseline_server: str | None = None,
-         startup_timeout: float = 600.0, request_timeout: float = 300.0) -> Plan:
+def plan(
+    store,
+    eid: int,
+    which: str,
+    *,
+    concurrency: list[int] | None = None,
+    repeats: int = DEFAULT_REPEATS,
+    vllm: str | None = None,
+    server: str | None = None,
+    baseline_server: str | None = None,
+    startup_timeout: float = 600.0,
+    request_timeout: float = 300.0,
+) -> Plan:
     """The confirm's configurations, prompts and concurrency; bad input raises DraftLabError (one line)."""
-    from storage.records import queries as q
-    from storage.jobs.experiments import load_experiment_prompts
-
     from app.serving.urls import http_url
     from app.serving.vllm_server import command_argv, default_command
+    from storage.jobs.experiments import load_experiment_prompts
+    from storage.records import queries as q
 
     if (server is None) != (baseline_server is None):
-        raise DraftLabError("--server and --baseline-server go together: the speculative server and the same model "
-                            "served without speculation")
+        raise DraftLabError(
+            "--server and --baseline-server go together: the speculative server and the same model "
+            "served without speculation"
+        )
     if server is not None and vllm is not None:
         raise DraftLabError("--vllm starts servers, --server attaches to running ones: give one of them")
     command_line = vllm if vllm is not None else default_command()
@@ -374,17 +452,29 @@ def plan(store, eid: int, which: str, *, concurrency: list[int] | None = None, r
     with store.read() as conn:
         prompts = load_experiment_prompts(conn, eid)
     if not prompts:
-        raise DraftLabError(f"experiment {eid} has no stored prompts yet (it never ran): run it first, e.g. "
-                            f"`draftlab worker` or `draftlab resume {eid}`")
+        raise DraftLabError(
+            f"experiment {eid} has no stored prompts yet (it never ran): run it first, e.g. "
+            f"`draftlab worker` or `draftlab resume {eid}`"
+        )
     configs = configurations(store, eid, which)
     if server is not None and len(configs) > 1:
-        raise DraftLabError(f"--server is one speculative server; --configs {which} names {len(configs)} "
-                            f"configurations: use --configs chosen, or let DraftLab start the servers")
-    return Plan(experiment_id=eid, configs=configs, prompts=prompts,
-                concurrency=concurrency or q.grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)],
-                repeats=repeats, greedy=float(experiment.get("temperature") or 0.0) <= 0,
-                command_line=command_line, server=server,
-                baseline_server=baseline_server, startup_timeout=startup_timeout, request_timeout=request_timeout)
+        raise DraftLabError(
+            f"--server is one speculative server; --configs {which} names {len(configs)} "
+            f"configurations: use --configs chosen, or let DraftLab start the servers"
+        )
+    return Plan(
+        experiment_id=eid,
+        configs=configs,
+        prompts=prompts,
+        concurrency=concurrency or q.grid_sizes(experiment) or [int(experiment.get("batch_size") or 1)],
+        repeats=repeats,
+        greedy=float(experiment.get("temperature") or 0.0) <= 0,
+        command_line=command_line,
+        server=server,
+        baseline_server=baseline_server,
+        startup_timeout=startup_timeout,
+        request_timeout=request_timeout,
+    )
 
 
 def unexpected(exc: BaseException) -> str:
@@ -395,8 +485,10 @@ def unexpected(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
     first = (str(exc).strip().splitlines() or [""])[0][:200]
-    return (f"unexpected {type(exc).__name__}{where}: {first}; the confirm is stored as failed; please report this "
-            f"line (it is a bug in DraftLab)")
+    return (
+        f"unexpected {type(exc).__name__}{where}: {first}; the confirm is stored as failed; please report this "
+        f"line (it is a bug in DraftLab)"
+    )
 
 
 def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None = None) -> list[str]:
@@ -407,9 +499,8 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
     describe(text), request_done(record) and write(line). KeyboardInterrupt (Ctrl-C, SIGTERM, a stopped worker)
     and any exception no check foresaw (`unexpected`) close the confirm as failed with what was measured and are
     raised again."""
-    from storage.records.confirms import add_measurement, finish_confirm, summarize
-
     from app.serving.vllm_server import VllmServer
+    from storage.records.confirms import add_measurement, finish_confirm, summarize
 
     eid, configs, prompts = plan.experiment_id, plan.configs, plan.prompts
     errors: list[str] = []
@@ -423,8 +514,13 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
         if plan.baseline_server is not None:
             baseline = VllmServer.attach("target-only", plan.baseline_server, "--baseline-server")
         else:
-            baseline = VllmServer.start("target-only", plan.command_line, configs[0].target,
-                                        startup_timeout=plan.startup_timeout, on_launch=record)
+            baseline = VllmServer.start(
+                "target-only",
+                plan.command_line,
+                configs[0].target,
+                startup_timeout=plan.startup_timeout,
+                on_launch=record,
+            )
         servers.append(baseline)
         version = baseline.version()
         _warm_up(baseline, prompts, configs[0].request, plan.request_timeout)
@@ -435,9 +531,14 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
                 if plan.server is not None:
                     spec = VllmServer.attach(config.label, plan.server)
                 else:
-                    spec = VllmServer.start(f"{config.label} (k={config.k})", plan.command_line, config.target,
-                                            config.speculative_config, startup_timeout=plan.startup_timeout,
-                                            on_launch=record)
+                    spec = VllmServer.start(
+                        f"{config.label} (k={config.k})",
+                        plan.command_line,
+                        config.target,
+                        config.speculative_config,
+                        startup_timeout=plan.startup_timeout,
+                        on_launch=record,
+                    )
                 servers.append(spec)
                 _warm_up(spec, prompts, config.request, plan.request_timeout)
                 results = []
@@ -445,10 +546,28 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
                     base, measured = Measured(), Measured()
                     for repeat in range(plan.repeats):
                         progress.describe(f"{config.label} concurrency {c} pass {repeat + 1}/{plan.repeats}")
-                        _measure_pass(baseline, prompts, config.request, c, plan.request_timeout, progress, False,
-                                      base, pass_seeds(config.request, len(prompts), c, repeat, False))
-                        _measure_pass(spec, prompts, config.request, c, plan.request_timeout, progress, True,
-                                      measured, pass_seeds(config.request, len(prompts), c, repeat, True))
+                        _measure_pass(
+                            baseline,
+                            prompts,
+                            config.request,
+                            c,
+                            plan.request_timeout,
+                            progress,
+                            False,
+                            base,
+                            pass_seeds(config.request, len(prompts), c, repeat, False),
+                        )
+                        _measure_pass(
+                            spec,
+                            prompts,
+                            config.request,
+                            c,
+                            plan.request_timeout,
+                            progress,
+                            True,
+                            measured,
+                            pass_seeds(config.request, len(prompts), c, repeat, True),
+                        )
                     results.append((c, base, measured))
                 for c, base, measured in results:  # stored only once every pass of the configuration is done
                     _store_config(store, confirm_id, eid, config, c, base, measured, plan.greedy)
@@ -478,10 +597,26 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
             progress.describe("storing the target-only passes")  # also the last requests-done count a worker reports
             for c, passes in baseline_passes.items():
                 if passes:
-                    add_measurement(store, confirm_id, eid, label="target-only", k=0, run_id=None,
-                                    speculative_config=None, concurrency=c, passes=passes, figures=summarize(passes))
-            finish_confirm(store, confirm_id, engine_version=version, wall_seconds=time.monotonic() - started,
-                           errors=errors, worker_id=worker_id)
+                    add_measurement(
+                        store,
+                        confirm_id,
+                        eid,
+                        label="target-only",
+                        k=0,
+                        run_id=None,
+                        speculative_config=None,
+                        concurrency=c,
+                        passes=passes,
+                        figures=summarize(passes),
+                    )
+            finish_confirm(
+                store,
+                confirm_id,
+                engine_version=version,
+                wall_seconds=time.monotonic() - started,
+                errors=errors,
+                worker_id=worker_id,
+            )
     return errors
 
 
@@ -494,8 +629,11 @@ def command(args, store) -> int:
     try:
         return _command(args, store)
     except KeyboardInterrupt as exc:
-        status, what = ((128 + signal.SIGTERM, "terminated (SIGTERM)") if isinstance(exc, _Terminated) else
-                        (128 + signal.SIGINT, "interrupted (Ctrl-C)"))
+        status, what = (
+            (128 + signal.SIGTERM, "terminated (SIGTERM)")
+            if isinstance(exc, _Terminated)
+            else (128 + signal.SIGINT, "interrupted (Ctrl-C)")
+        )
         print(f"error: {what}; {exc.args[0] if exc.args else 'nothing was stored'}", file=sys.stderr)
         return status
     finally:
@@ -504,28 +642,44 @@ def command(args, store) -> int:
 
 
 def _command(args, store) -> int:
+    from storage.analysis.confirm_report import confirm_document
     from storage.jobs import liveness
     from storage.records.confirms import start_confirm
-    from storage.analysis.confirm_report import confirm_document
 
-    confirm = plan(store, args.experiment_id, args.configs,
-                   concurrency=concurrency_list(args.concurrency) if args.concurrency is not None else None,
-                   repeats=args.repeats, vllm=args.vllm, server=args.server, baseline_server=args.baseline_server,
-                   startup_timeout=args.startup_timeout, request_timeout=args.request_timeout)
+    confirm = plan(
+        store,
+        args.experiment_id,
+        args.configs,
+        concurrency=concurrency_list(args.concurrency) if args.concurrency is not None else None,
+        repeats=args.repeats,
+        vllm=args.vllm,
+        server=args.server,
+        baseline_server=args.baseline_server,
+        startup_timeout=args.startup_timeout,
+        request_timeout=args.request_timeout,
+    )
 
     from pages.widgets.access import cli_launcher
 
     liveness.mark_stale(store)  # a confirm killed before (its row closed, the servers it left ended), a dead worker's
-    confirm_id = start_confirm(store, confirm.experiment_id, configs=args.configs, concurrency=confirm.concurrency,
-                               repeats=args.repeats, launched_by=cli_launcher(), requests_total=confirm.requests)
+    confirm_id = start_confirm(
+        store,
+        confirm.experiment_id,
+        configs=args.configs,
+        concurrency=confirm.concurrency,
+        repeats=args.repeats,
+        launched_by=cli_launcher(),
+        requests_total=confirm.requests,
+    )
     progress = Progress(confirm.requests)
     started = time.monotonic()
     try:
         with _heartbeat(store, confirm_id):
             errors = measure(store, confirm_id, confirm, progress)
     except KeyboardInterrupt as exc:  # measure closed the confirm and stopped its servers
-        raise type(exc)(f"confirm {confirm_id} is stored as failed with the configurations measured before; its "
-                        f"servers are stopped") from None
+        raise type(exc)(
+            f"confirm {confirm_id} is stored as failed with the configurations measured before; its servers are stopped"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - measure stored it as the confirm's error: the same line, no traceback
         progress.close()  # the bar's line ends before the error's
         print(f"error: {unexpected(exc)}", file=sys.stderr)
@@ -546,24 +700,34 @@ def _command(args, store) -> int:
 def report(document: dict, seconds: float) -> str:
     """The confirm as a few lines: per configuration and concurrency, the server's speedup and acceptance next to
     the lab's."""
+
     def num(value, fmt="{:.3f}"):
         return "—" if value is None else fmt.format(value)
 
-    lines = [f"confirm of experiment {document['experiment_id']} in {document['engine']} "
-             f"{document['engine_version'] or '(version unknown)'}, {seconds:.0f} s"]
+    lines = [
+        f"confirm of experiment {document['experiment_id']} in {document['engine']} "
+        f"{document['engine_version'] or '(version unknown)'}, {seconds:.0f} s"
+    ]
     for b in document["baseline"]["per_concurrency"]:
-        lines.append(f"  target-only  concurrency {b['concurrency']}: {b['tokens_per_second']:.1f} tok/s, "
-                     f"TTFT p50 {num(b['ttft_seconds_p50'])} s, ITL p50 {num(b['itl_seconds_p50'])} s")
+        lines.append(
+            f"  target-only  concurrency {b['concurrency']}: {b['tokens_per_second']:.1f} tok/s, "
+            f"TTFT p50 {num(b['ttft_seconds_p50'])} s, ITL p50 {num(b['itl_seconds_p50'])} s"
+        )
     for config in document["configs"]:
         for m in config["per_concurrency"]:
             ci = m["speedup_ci"]
             interval = f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else " (one pass: no interval)"
-            speedup = (f"no speedup: {m['speedup_warning']}" if m["speedup_warning"] else
-                       f"speedup {num(m['speedup'], '{:.2f}')}×{interval} per generated token")
-            lines.append(f"  {config['label']} k={config['k']} concurrency {m['concurrency']}: "
-                         f"{m['tokens_per_second']:.1f} tok/s, {speedup}; "
-                         f"acceptance server {num(m['server_draft_acceptance_rate'])} vs lab "
-                         f"{num(m['lab_draft_acceptance_rate'])}; outputs = server baseline "
-                         f"{num(m['outputs_match_server_baseline'], '{:.0%}')}, = lab "
-                         f"{num(m['outputs_match_lab'], '{:.0%}')}")
+            speedup = (
+                f"no speedup: {m['speedup_warning']}"
+                if m["speedup_warning"]
+                else f"speedup {num(m['speedup'], '{:.2f}')}×{interval} per generated token"
+            )
+            lines.append(
+                f"  {config['label']} k={config['k']} concurrency {m['concurrency']}: "
+                f"{m['tokens_per_second']:.1f} tok/s, {speedup}; "
+                f"acceptance server {num(m['server_draft_acceptance_rate'])} vs lab "
+                f"{num(m['lab_draft_acceptance_rate'])}; outputs = server baseline "
+                f"{num(m['outputs_match_server_baseline'], '{:.0%}')}, = lab "
+                f"{num(m['outputs_match_lab'], '{:.0%}')}"
+            )
     return "\n".join(lines)

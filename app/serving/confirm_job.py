@@ -6,19 +6,19 @@ command typed into the dashboard, which would run anything on the worker's machi
 first: both servers load the target. The phase and the requests done reach the dashboard about once a second from
 a reporter thread, in writes fenced to this worker; a confirm swept as stale and taken over ends here untouched.
 """
+
 from __future__ import annotations
 
 import threading
 import traceback
 
-from engine.errors import DraftLabError
-from storage.serving import confirm_jobs
-from storage.records.confirms import finish_confirm
-from storage.db.schema import DONE, FAILED
-
-from app.serving.confirm import measure, plan
 from app.db_errors import DatabaseUnavailable
 from app.runtime.job_context import JobContext
+from app.serving.confirm import measure, plan
+from engine.errors import DraftLabError
+from storage.db.schema import DONE, FAILED
+from storage.records.confirms import finish_confirm
+from storage.serving import confirm_jobs
 
 REPORT_SECONDS = 1.0  # the panel's progress bar moves this often
 
@@ -82,19 +82,33 @@ def execute(job_ctx: JobContext, confirm_id: int) -> str:
     eid = int(job["experiment_id"])
     label = f"confirm {confirm_id} (experiment {eid}, {job['configs']})"
     try:
-        confirm = plan(store, eid, job["configs"], concurrency=[int(c) for c in str(job["concurrency"]).split(",")],
-                       repeats=int(job["repeats"]))
+        confirm = plan(
+            store,
+            eid,
+            job["configs"],
+            concurrency=[int(c) for c in str(job["concurrency"]).split(",")],
+            repeats=int(job["repeats"]),
+        )
     except DraftLabError as exc:  # the experiment changed since it was queued (runs deleted, ...)
-        finish_confirm(store, confirm_id, engine_version="", wall_seconds=0.0, errors=[str(exc)],
-                       worker_id=job_ctx.worker_id)
+        finish_confirm(
+            store, confirm_id, engine_version="", wall_seconds=0.0, errors=[str(exc)], worker_id=job_ctx.worker_id
+        )
         job_ctx.log(f"{label} failed: {exc}")
         return FAILED
     job_ctx.models.release()  # both servers load the target: free this worker's pair first
-    job_ctx.retry(confirm_jobs.report_confirm, store, confirm_id, job_ctx.worker_id, requests_total=confirm.requests,
-                  requests_done=0)
-    job_ctx.log(f"{label}: {len(confirm.configs)} configuration(s) at concurrency "
-                f"{', '.join(map(str, confirm.concurrency))}, {confirm.repeats} pass(es) each, with "
-                f"`{confirm.command_line}`")
+    job_ctx.retry(
+        confirm_jobs.report_confirm,
+        store,
+        confirm_id,
+        job_ctx.worker_id,
+        requests_total=confirm.requests,
+        requests_done=0,
+    )
+    job_ctx.log(
+        f"{label}: {len(confirm.configs)} configuration(s) at concurrency "
+        f"{', '.join(map(str, confirm.concurrency))}, {confirm.repeats} pass(es) each, with "
+        f"`{confirm.command_line}`"
+    )
     progress = JobProgress(job_ctx, confirm_id, confirm.requests)
     try:
         errors = measure(store, confirm_id, confirm, progress, worker_id=job_ctx.worker_id)
@@ -108,8 +122,14 @@ def execute(job_ctx: JobContext, confirm_id: int) -> str:
         raise
     except Exception as exc:  # noqa: BLE001 - a bug or an environment problem: record it, keep serving the queue
         first = (str(exc).strip().splitlines() or [""])[0][:300]
-        finish_confirm(store, confirm_id, engine_version="", wall_seconds=0.0,
-                       errors=[f"{type(exc).__name__}: {first}"], worker_id=job_ctx.worker_id)
+        finish_confirm(
+            store,
+            confirm_id,
+            engine_version="",
+            wall_seconds=0.0,
+            errors=[f"{type(exc).__name__}: {first}"],
+            worker_id=job_ctx.worker_id,
+        )
         job_ctx.log(f"{label} failed: {type(exc).__name__}: {first}\n{traceback.format_exc()}")
         return FAILED
     finally:
@@ -117,4 +137,3 @@ def execute(job_ctx: JobContext, confirm_id: int) -> str:
     status = FAILED if errors else DONE
     job_ctx.log(f"{label} {status}" + (f": {'; '.join(errors)}" if errors else ""))
     return status
-

@@ -1,14 +1,14 @@
 """`draftlab import-metrics SOURCE [AFTER] --experiment ID`: a serving engine's speculative-decoding counters
 (app/serving/production_scrape.py) stored as a production series of an experiment (storage/records/production.py)."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-from engine.numbers import ascii_float
-
 from app.arguments import ID as _id  # ids: 1 to engine/numbers.DB_INT_MAX, ASCII digits, one wording
+from engine.numbers import ascii_float
 
 
 def _seconds(raw: str) -> float:
@@ -38,52 +38,74 @@ def _check_url(source: str) -> None:
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "import-metrics", help="a serving engine's speculative-decoding counters (Prometheus /metrics) next to a run",
+        "import-metrics",
+        help="a serving engine's speculative-decoding counters (Prometheus /metrics) next to a run",
         description="Read vLLM's (or llama.cpp's) spec_decode counters from a saved /metrics page or an http(s) "
-                    "URL and store them as a production series of an experiment, compared with its finished run at "
-                    "the server's k. One SOURCE: the totals since the server started, or with --interval the "
-                    "difference of two scrapes that many seconds apart; two SOURCEs: the difference between two "
-                    "saved scrapes (before, after).")
+        "URL and store them as a production series of an experiment, compared with its finished run at "
+        "the server's k. One SOURCE: the totals since the server started, or with --interval the "
+        "difference of two scrapes that many seconds apart; two SOURCEs: the difference between two "
+        "saved scrapes (before, after).",
+    )
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="a file or an http(s) URL (at most two)")
     p.add_argument("--experiment", required=True, type=_id, dest="experiment_id")
     p.add_argument("--label", default=None, help="the series' name (default: production N)")
     p.add_argument("--interval", type=_seconds, default=None, help="scrape SOURCE twice, this many seconds apart")
     p.add_argument("--engine", default=None, help="only counters with this `engine` label (default: their sum)")
-    p.add_argument("--run", type=_id, default=None, dest="run_id",
-                   help="the lab run the server's configuration matches (default: the experiment's run at its k)")
+    p.add_argument(
+        "--run",
+        type=_id,
+        default=None,
+        dest="run_id",
+        help="the lab run the server's configuration matches (default: the experiment's run at its k)",
+    )
     p.add_argument("--db", default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object (SPEC's Production counters keys)")
 
 
 def command(args, store) -> int:
     """Scrape, store, print one line (`--json`: one JSON object); bad input raises DraftLabError / ProductionError (the CLI prints it)."""
+    from app.serving.production_scrape import public_source, scrape
     from engine.errors import DraftLabError
     from storage.records.production import add_series, series, series_document
 
-    from app.serving.production_scrape import public_source, scrape
-
     if len(args.sources) > 2:
-        raise DraftLabError(f"give one SOURCE (with --interval for two scrapes of it) or two saved scrapes, not "
-                            f"{len(args.sources)}")
+        raise DraftLabError(
+            f"give one SOURCE (with --interval for two scrapes of it) or two saved scrapes, not {len(args.sources)}"
+        )
     if len(args.sources) == 2 and args.interval is not None:
-        raise DraftLabError("--interval scrapes one SOURCE twice: give one SOURCE with it, or two saved scrapes "
-                            "without it")
+        raise DraftLabError(
+            "--interval scrapes one SOURCE twice: give one SOURCE with it, or two saved scrapes without it"
+        )
     for source in args.sources:
         _check_url(source)
     if args.interval is not None:
         print(f"scraping {public_source(args.sources[0])} twice, {args.interval:g} s apart …", file=sys.stderr)
     counters, seconds = scrape(args.sources, args.interval, args.engine)
     label = args.label if args.label is not None else f"production {len(series(store, args.experiment_id)) + 1}"
-    stored = add_series(store, args.experiment_id, drafts=counters.drafts, draft_tokens=counters.draft_tokens,
-                        accepted=counters.accepted, per_position=counters.per_position, label=label,
-                        source=" → ".join(public_source(s) for s in args.sources),
-                        engine=",".join(counters.engines), seconds=seconds, run_id=args.run_id)
+    stored = add_series(
+        store,
+        args.experiment_id,
+        drafts=counters.drafts,
+        draft_tokens=counters.draft_tokens,
+        accepted=counters.accepted,
+        per_position=counters.per_position,
+        label=label,
+        source=" → ".join(public_source(s) for s in args.sources),
+        engine=",".join(counters.engines),
+        seconds=seconds,
+        run_id=args.run_id,
+    )
     if args.json:
         print(json.dumps(series_document(store, args.experiment_id, int(stored["series_id"]))))
         return 0
     rate = counters.accepted / counters.draft_tokens
-    compared = (f"compared with run {stored['run_id']}" if stored["run_id"] is not None else
-                f"no finished run at k = {stored['k']} in experiment {args.experiment_id} to compare with yet")
-    print(f"series {stored['series_id']} ({label}): {counters.drafts} drafts, {counters.draft_tokens} draft tokens, "
-          f"draft acceptance rate {rate:.3f}, k = {stored['k']}; {compared}")
+    compared = (
+        f"compared with run {stored['run_id']}"
+        if stored["run_id"] is not None
+        else f"no finished run at k = {stored['k']} in experiment {args.experiment_id} to compare with yet"
+    )
+    print(
+        f"series {stored['series_id']} ({label}): {counters.drafts} drafts, {counters.draft_tokens} draft tokens, "
+        f"draft acceptance rate {rate:.3f}, k = {stored['k']}; {compared}"
+    )
     return 0

@@ -14,6 +14,7 @@ or without their `_total` suffix, summed over every label set (several engines, 
 picks one. URLs are fetched here, by the CLI only (the dashboard never fetches a user-given URL), with a timeout
 and a size cap.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,12 +24,15 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import DraftLabError
 from engine.config.limits import limit
+from engine.errors import DraftLabError
 
-DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens",
-                                                "spec_decode_num_accepted_tokens",
-                                                "spec_decode_num_accepted_tokens_per_pos")
+DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION = (
+    "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens",
+    "spec_decode_num_accepted_tokens_per_pos",
+)
 COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION)
 FETCH_TIMEOUT_SECONDS = 10.0
 
@@ -43,14 +47,19 @@ class SpecCounters:
     per_position: dict[int, int] = field(default_factory=dict)  # 1-based position -> rounds accepted there
     engines: tuple[str, ...] = ()  # the `engine` label values summed over ('' when unlabelled)
 
-    def minus(self, before: "SpecCounters", source: str) -> "SpecCounters":
+    def minus(self, before: SpecCounters, source: str) -> SpecCounters:
         """The counts between two scrapes; a counter that went down means the server restarted in between."""
-        values = {"drafts": self.drafts - before.drafts, "draft_tokens": self.draft_tokens - before.draft_tokens,
-                  "accepted": self.accepted - before.accepted}
+        values = {
+            "drafts": self.drafts - before.drafts,
+            "draft_tokens": self.draft_tokens - before.draft_tokens,
+            "accepted": self.accepted - before.accepted,
+        }
         positions = {j: n - before.per_position.get(j, 0) for j, n in self.per_position.items()}
         if min([*values.values(), *positions.values(), 0]) < 0:
-            raise DraftLabError(f"{source}: a counter went down between the two scrapes (the server restarted or "
-                                f"they come from different servers); scrape the same server again")
+            raise DraftLabError(
+                f"{source}: a counter went down between the two scrapes (the server restarted or "
+                f"they come from different servers); scrape the same server again"
+            )
         return SpecCounters(**values, per_position=positions, engines=self.engines)
 
 
@@ -76,7 +85,9 @@ def _request(url: str) -> urllib.request.Request:
     host = public_source(url).split("://", 1)[1].split("/", 1)[0]
     bare = urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, ""))
     secret = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-    return urllib.request.Request(bare, headers={"Authorization": "Basic " + base64.b64encode(secret.encode()).decode()})
+    return urllib.request.Request(
+        bare, headers={"Authorization": "Basic " + base64.b64encode(secret.encode()).decode()}
+    )
 
 
 def read_source(source: str) -> str:
@@ -89,15 +100,19 @@ def read_source(source: str) -> str:
             with urllib.request.urlopen(_request(source), timeout=FETCH_TIMEOUT_SECONDS) as response:  # noqa: S310
                 body = response.read(cap + 1)
         except urllib.error.HTTPError as exc:
-            raise DraftLabError(f"{shown} answered HTTP {exc.code}: point at the server's metrics page "
-                                f"(vLLM: http://HOST:PORT/metrics)") from None
+            raise DraftLabError(
+                f"{shown} answered HTTP {exc.code}: point at the server's metrics page (vLLM: http://HOST:PORT/metrics)"
+            ) from None
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise DraftLabError(f"cannot fetch {shown} ({reason}; timeout {FETCH_TIMEOUT_SECONDS:g} s): check the "
-                                f"address and that the server is up") from None
+            raise DraftLabError(
+                f"cannot fetch {shown} ({reason}; timeout {FETCH_TIMEOUT_SECONDS:g} s): check the "
+                f"address and that the server is up"
+            ) from None
     elif scheme and len(scheme) > 1:  # not a Windows drive letter
-        raise DraftLabError(f"{shown}: only http(s) URLs and local files are read; save the page to a file or "
-                            f"give its http(s) address")
+        raise DraftLabError(
+            f"{shown}: only http(s) URLs and local files are read; save the page to a file or give its http(s) address"
+        )
     else:
         path = Path(source)
         if not path.is_file():
@@ -105,8 +120,10 @@ def read_source(source: str) -> str:
         with path.open("rb") as f:
             body = f.read(cap + 1)
     if len(body) > cap:
-        raise DraftLabError(f"{shown} is larger than {limit('metrics_mb')} MB, the limit per scrape: raise it with "
-                            f"$DRAFTLAB_LIMIT_METRICS_MB")
+        raise DraftLabError(
+            f"{shown} is larger than {limit('metrics_mb')} MB, the limit per scrape: raise it with "
+            f"$DRAFTLAB_LIMIT_METRICS_MB"
+        )
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError:
@@ -117,7 +134,7 @@ def _counter_name(sample_name: str) -> str | None:
     """'vllm:spec_decode_num_drafts_total' -> 'spec_decode_num_drafts'; None for another metric or `_created`."""
     if sample_name.endswith("_created"):
         return None
-    bare = sample_name[:-len("_total")] if sample_name.endswith("_total") else sample_name
+    bare = sample_name[: -len("_total")] if sample_name.endswith("_total") else sample_name
     name = bare.rsplit(":", 1)[-1]
     return name if name in COUNTERS else None
 
@@ -149,13 +166,17 @@ def parse(text: str, source: str, engine: str | None = None) -> SpecCounters:
                 found.add(name)
                 value = float(sample.value)
                 if not value >= 0 or value == float("inf"):
-                    raise DraftLabError(f"{shown}: {sample.name} is {sample.value}, not a count: is this a "
-                                        f"DraftLab-compatible /metrics page?")
+                    raise DraftLabError(
+                        f"{shown}: {sample.name} is {sample.value}, not a count: is this a "
+                        f"DraftLab-compatible /metrics page?"
+                    )
                 if name == PER_POSITION:
                     position = labels.get("position", labels.get("pos"))
                     if position is None or not position.isascii() or not position.isdigit():
-                        raise DraftLabError(f"{shown}: {sample.name} has no numeric position label "
-                                            f"(got {labels}); expected position=\"0\", \"1\", …")
+                        raise DraftLabError(
+                            f"{shown}: {sample.name} has no numeric position label "
+                            f'(got {labels}); expected position="0", "1", …'
+                        )
                     positions[int(position) + 1] = positions.get(int(position) + 1, 0.0) + value
                 else:
                     totals[name] += value
@@ -163,24 +184,33 @@ def parse(text: str, source: str, engine: str | None = None) -> SpecCounters:
         raise
     except Exception as exc:  # noqa: BLE001 - prometheus_client raises ValueError (and others) on bad text
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise DraftLabError(f"{shown} is not a Prometheus text exposition ({first}): give the server's /metrics "
-                            f"page") from None
+        raise DraftLabError(
+            f"{shown} is not a Prometheus text exposition ({first}): give the server's /metrics page"
+        ) from None
     if engine is not None and not found:
         listed = ", ".join(sorted(repr(e) for e in engines)) or "none"
-        raise DraftLabError(f"{shown}: no speculative-decoding counters with engine=\"{engine}\" (engines there: "
-                            f"{listed}); pick one of those or leave --engine out to sum them")
+        raise DraftLabError(
+            f'{shown}: no speculative-decoding counters with engine="{engine}" (engines there: '
+            f"{listed}); pick one of those or leave --engine out to sum them"
+        )
     missing = [n for n in (DRAFTS, DRAFT_TOKENS, ACCEPTED) if n not in found]
     if missing:
-        raise DraftLabError(f"{shown} has no {', '.join('vllm:' + n + '_total' for n in missing)}: is speculative "
-                            f"decoding on in that server (e.g. vLLM --speculative-config)?")
-    return SpecCounters(drafts=round(totals[DRAFTS]), draft_tokens=round(totals[DRAFT_TOKENS]),
-                        accepted=round(totals[ACCEPTED]),
-                        per_position={j: round(v) for j, v in sorted(positions.items())},
-                        engines=tuple(sorted(engines)) if engine is None else (engine,))
+        raise DraftLabError(
+            f"{shown} has no {', '.join('vllm:' + n + '_total' for n in missing)}: is speculative "
+            f"decoding on in that server (e.g. vLLM --speculative-config)?"
+        )
+    return SpecCounters(
+        drafts=round(totals[DRAFTS]),
+        draft_tokens=round(totals[DRAFT_TOKENS]),
+        accepted=round(totals[ACCEPTED]),
+        per_position={j: round(v) for j, v in sorted(positions.items())},
+        engines=tuple(sorted(engines)) if engine is None else (engine,),
+    )
 
 
-def scrape(sources: list[str], interval: float | None = None, engine: str | None = None,
-           sleep=time.sleep) -> tuple[SpecCounters, float | None]:
+def scrape(
+    sources: list[str], interval: float | None = None, engine: str | None = None, sleep=time.sleep
+) -> tuple[SpecCounters, float | None]:
     """The counters to import and the seconds they span (None: totals since the server started).
 
     One source: its totals, or with `interval` the difference of two scrapes `interval` seconds apart.

@@ -1,5 +1,6 @@
 """An http(s) address given on the command line (`confirm --server` / `--baseline-server`, `import-metrics
 SOURCE`), checked before anything starts or is stored: one line naming the flag, the address and the fix."""
+
 from __future__ import annotations
 
 import urllib.parse

@@ -14,6 +14,7 @@ descendant seen while it ran) even when the server process itself has died, and 
 when the process that started it dies, even by SIGKILL (the server also gets SIGTERM then: PR_SET_PDEATHSIG). Its
 log is removed when it stops, unless DraftLab quoted it in an error (a failure the user is pointed to).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from engine.serving import process_tree
 from engine.errors import DraftLabError
+from engine.serving import process_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_VENV_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
@@ -66,11 +67,14 @@ def command_argv(command: str, source: str = "--vllm") -> list[str]:
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise DraftLabError(f"{source} {command[:80]!r} is not a command line ({exc}); quote it as one shell string, "
-                            f"e.g. --vllm \"python -m {SERVER_MODULE}\"") from None
+        raise DraftLabError(
+            f"{source} {command[:80]!r} is not a command line ({exc}); quote it as one shell string, "
+            f'e.g. --vllm "python -m {SERVER_MODULE}"'
+        ) from None
     if not argv:
-        raise DraftLabError(f"{source} is empty; give the command that starts vLLM's server, e.g. "
-                            f"--vllm \"python -m {SERVER_MODULE}\"")
+        raise DraftLabError(
+            f'{source} is empty; give the command that starts vLLM\'s server, e.g. --vllm "python -m {SERVER_MODULE}"'
+        )
     return argv
 
 
@@ -111,8 +115,9 @@ def last_error(log: str) -> str:
 class VllmServer:
     """One server, started here (`start`) or attached to (`attach`); `url` is its base (http://HOST:PORT)."""
 
-    def __init__(self, name: str, url: str, model: str, process: subprocess.Popen | None = None,
-                 log_path: Path | None = None):
+    def __init__(
+        self, name: str, url: str, model: str, process: subprocess.Popen | None = None, log_path: Path | None = None
+    ):
         self.name, self.url, self.model, self.process, self.log_path = name, url.rstrip("/"), model, process, log_path
         self.started_at = process_tree.start_time(process.pid) if process is not None else None
         self.keep_log = False  # an error quoted its log: the user is pointed to it
@@ -121,9 +126,17 @@ class VllmServer:
         self._stopped = False
 
     @classmethod
-    def start(cls, name: str, command: str, model: str, speculative_config: str | None = None,
-              extra: tuple[str, ...] = (), startup_timeout: float = 600.0, env: dict | None = None,
-              on_launch=None) -> "VllmServer":
+    def start(
+        cls,
+        name: str,
+        command: str,
+        model: str,
+        speculative_config: str | None = None,
+        extra: tuple[str, ...] = (),
+        startup_timeout: float = 600.0,
+        env: dict | None = None,
+        on_launch=None,
+    ) -> VllmServer:
         """Launch COMMAND on a free loopback port and wait for /health; DraftLabError (one line, with the last error
         of its log) if it exits or is not ready within `startup_timeout` seconds. `on_launch(server)` is called as
         soon as its process exists (to record it, before it is ready)."""
@@ -149,25 +162,41 @@ class VllmServer:
         raise AssertionError("unreachable")  # the loop returns or raises
 
     @classmethod
-    def _launch(cls, name: str, argv: list[str], model: str, speculative_config: str | None, extra: tuple[str, ...],
-                environment: dict) -> "VllmServer":
+    def _launch(
+        cls,
+        name: str,
+        argv: list[str],
+        model: str,
+        speculative_config: str | None,
+        extra: tuple[str, ...],
+        environment: dict,
+    ) -> VllmServer:
         port = free_port()
         argv = [*argv, "--model", model, "--host", "127.0.0.1", "--port", str(port), *extra]
         if speculative_config is not None:
             argv += ["--speculative-config", speculative_config]
-        fd, log_name = tempfile.mkstemp(prefix=f"draftlab-vllm-{name.replace(' ', '_').replace('/', '_')}-",
-                                        suffix=".log")
+        fd, log_name = tempfile.mkstemp(
+            prefix=f"draftlab-vllm-{name.replace(' ', '_').replace('/', '_')}-", suffix=".log"
+        )
         # SIGTERM when this thread's process dies (the parent, for PR_SET_PDEATHSIG, is the thread that forks: only
         # the main thread's lasts as long as the process); the watchdog covers every thread, and what forks from it.
         main = threading.current_thread() is threading.main_thread()
         try:
-            process = subprocess.Popen(argv, stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=environment, start_new_session=True,
-                                       preexec_fn=process_tree.parent_death_signal(signal.SIGTERM) if main else None)
+            process = subprocess.Popen(
+                argv,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=environment,
+                start_new_session=True,
+                preexec_fn=process_tree.parent_death_signal(signal.SIGTERM) if main else None,
+            )
         except OSError as exc:
             Path(log_name).unlink(missing_ok=True)
-            raise DraftLabError(f"cannot start vLLM ({argv[0]}: {exc.strerror or exc}); install it with "
-                                f"scripts/install_vllm.sh or point --vllm / $DRAFTLAB_VLLM at your vLLM") from None
+            raise DraftLabError(
+                f"cannot start vLLM ({argv[0]}: {exc.strerror or exc}); install it with "
+                f"scripts/install_vllm.sh or point --vllm / $DRAFTLAB_VLLM at your vLLM"
+            ) from None
         finally:
             os.close(fd)
         server = cls(name, f"http://127.0.0.1:{port}", model, process, Path(log_name))
@@ -180,9 +209,20 @@ class VllmServer:
         read, write = os.pipe()
         try:
             self.watchdog = subprocess.Popen(
-                [sys.executable, "-I", process_tree.__file__, str(self.process.pid), str(self.started_at or ""),
-                 str(STOP_GRACE_SECONDS), str(self.log_path)],
-                stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                [
+                    sys.executable,
+                    "-I",
+                    process_tree.__file__,
+                    str(self.process.pid),
+                    str(self.started_at or ""),
+                    str(STOP_GRACE_SECONDS),
+                    str(self.log_path),
+                ],
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             self._watchdog_pipe = write
         except OSError:
             os.close(write)
@@ -194,7 +234,7 @@ class VllmServer:
         return (self.process.pid, self.started_at) if self.process is not None else None
 
     @classmethod
-    def attach(cls, name: str, url: str, flag: str = "--server") -> "VllmServer":
+    def attach(cls, name: str, url: str, flag: str = "--server") -> VllmServer:
         """A server already running at `url` (given as `flag`, app/serving/urls.py's check): checked with /health, its model
         read from /v1/models."""
         from app.serving.urls import http_url
@@ -202,14 +242,17 @@ class VllmServer:
         base = http_url(url, flag).rstrip("/").removesuffix("/v1")
         status, _ = http_get(base + "/health")
         if status != 200:
-            raise DraftLabError(f"the {name} server at {base} does not answer /health (status {status or 'none'}); "
-                                f"check the address and that vLLM is up")
+            raise DraftLabError(
+                f"the {name} server at {base} does not answer /health (status {status or 'none'}); "
+                f"check the address and that vLLM is up"
+            )
         status, body = http_get(base + "/v1/models")
         try:
             model = json.loads(body)["data"][0]["id"]
         except (ValueError, KeyError, IndexError, TypeError):
-            raise DraftLabError(f"the {name} server at {base} lists no model at /v1/models; is it vLLM's OpenAI "
-                                f"server?") from None
+            raise DraftLabError(
+                f"the {name} server at {base} lists no model at /v1/models; is it vLLM's OpenAI server?"
+            ) from None
         return cls(name, base, model)
 
     def _wait_ready(self, timeout: float) -> None:
@@ -217,19 +260,25 @@ class VllmServer:
         while time.monotonic() < deadline:
             code = self.process.poll()
             if code is not None and self.port_taken():
-                raise DraftLabError(f"the vLLM server for {self.name} could not bind "
-                                    f"{self.url.removeprefix('http://')} ({PORT_TAKEN}), the last of {BIND_ATTEMPTS} "
-                                    f"free ports DraftLab chose; another program takes loopback ports as they free "
-                                    f"up: stop it, or start vLLM yourself and pass --server / --baseline-server "
-                                    f"(log: {self.log_path})")
+                raise DraftLabError(
+                    f"the vLLM server for {self.name} could not bind "
+                    f"{self.url.removeprefix('http://')} ({PORT_TAKEN}), the last of {BIND_ATTEMPTS} "
+                    f"free ports DraftLab chose; another program takes loopback ports as they free "
+                    f"up: stop it, or start vLLM yourself and pass --server / --baseline-server "
+                    f"(log: {self.log_path})"
+                )
             if code is not None:
-                raise DraftLabError(f"the vLLM server for {self.name} exited with status {code} before it was ready: "
-                                    f"{last_error(self.log())} (log: {self.log_path})")
+                raise DraftLabError(
+                    f"the vLLM server for {self.name} exited with status {code} before it was ready: "
+                    f"{last_error(self.log())} (log: {self.log_path})"
+                )
             if http_get(self.url + "/health", timeout=2.0)[0] == 200:
                 return
             time.sleep(0.5)
-        raise DraftLabError(f"the vLLM server for {self.name} was not ready after {timeout:g} s: "
-                            f"{last_error(self.log())} (log: {self.log_path}); raise --startup-timeout")
+        raise DraftLabError(
+            f"the vLLM server for {self.name} was not ready after {timeout:g} s: "
+            f"{last_error(self.log())} (log: {self.log_path}); raise --startup-timeout"
+        )
 
     def log(self) -> str:
         try:

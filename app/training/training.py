@@ -12,6 +12,7 @@ training ends the draft or head is saved, reloaded and measured on the held-out 
 timed experiment is queued: the starting draft against the trained one, or the trained head against the target
 alone (app/training/training_kinds.py says why).
 """
+
 from __future__ import annotations
 
 import time
@@ -19,22 +20,21 @@ import traceback
 
 import torch
 
-from engine.training import distill as ds
-from engine.errors import DraftLabError
-from engine.text.chat import AUTO, render
-from engine.text.prompt_sets import load_prompts
-from engine.decoding.runs import encode_prompts
-from engine.wording import plural
-from storage.jobs import training
-from storage.jobs.experiments import enqueue_experiment
-from storage.analysis.focus import focus_weights
-from storage.db.schema import CANCELLED, DONE, FAILED, INTERRUPTED
-
-from app.training import distill_driver as driver
 from app.db_errors import DatabaseUnavailable
 from app.runtime.job_context import JobContext
 from app.runtime.placement import device_name, load_device, place
+from app.training import distill_driver as driver
 from app.training.training_kinds import DistillJob, kind_of
+from engine.decoding.runs import encode_prompts
+from engine.errors import DraftLabError
+from engine.text.chat import AUTO, render
+from engine.text.prompt_sets import load_prompts
+from engine.training import distill as ds
+from engine.wording import plural
+from storage.analysis.focus import focus_weights
+from storage.db.schema import CANCELLED, DONE, FAILED, INTERRUPTED
+from storage.jobs import training
+from storage.jobs.experiments import enqueue_experiment
 
 REPORT_SECONDS = 1.0  # curve points and progress reach the dashboard this often
 EVAL_REPEATS = 3  # timed decodes per prompt and draft in the before/after experiment
@@ -60,15 +60,22 @@ def execute(job_ctx: JobContext, job_id: int) -> str:
         return "lost"
     except (KeyboardInterrupt, SystemExit):
         try:  # one attempt: if the database refuses, the dead-worker sweep marks it interrupted
-            training.finish_job(store, job_id, INTERRUPTED, "the worker was stopped; resume the job to continue "
-                                "from its last checkpoint", worker_id=job_ctx.worker_id)
+            training.finish_job(
+                store,
+                job_id,
+                INTERRUPTED,
+                "the worker was stopped; resume the job to continue from its last checkpoint",
+                worker_id=job_ctx.worker_id,
+            )
         except Exception:  # noqa: BLE001
             pass
         raise
     except torch.cuda.OutOfMemoryError:
         status, results = FAILED, {}
-        error = (f"CUDA out of memory training {kind.subject}; lower the batch size or max new tokens, or train on "
-                 f"a larger GPU")
+        error = (
+            f"CUDA out of memory training {kind.subject}; lower the batch size or max new tokens, or train on "
+            f"a larger GPU"
+        )
         detail = traceback.format_exc()
         torch.cuda.empty_cache()
     except DraftLabError as exc:
@@ -79,7 +86,9 @@ def execute(job_ctx: JobContext, job_id: int) -> str:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         status, results, error, detail = FAILED, {}, f"{type(exc).__name__}: {first}", traceback.format_exc()
     closed = job_ctx.retry(training.finish_job, store, job_id, status, error, detail, job_ctx.worker_id, **results)
-    job_ctx.log(f"{label} {status}" + (f": {error}" if error else "") + ("" if closed else " (no longer this worker's)"))
+    job_ctx.log(
+        f"{label} {status}" + (f": {error}" if error else "") + ("" if closed else " (no longer this worker's)")
+    )
     return status
 
 
@@ -118,8 +127,11 @@ def _train(job_ctx: JobContext, job: dict, kind: DistillJob, label: str) -> tupl
     if continued:
         job_ctx.retry(training.rewind, store, job_id, job_ctx.worker_id, run.step)
         job_ctx.log(f"{label}: continuing from its checkpoint at step {run.step}")
-        report(phase=f"training (continued from the checkpoint at step {run.step})", checkpoint_step=run.step,
-               progress=run.step / cfg.steps)
+        report(
+            phase=f"training (continued from the checkpoint at step {run.step})",
+            checkpoint_step=run.step,
+            progress=run.step / cfg.steps,
+        )
     else:
         job_ctx.retry(training.rewind, store, job_id, job_ctx.worker_id, 0)
     pending, last, last_report, last_checkpoint, done = [], 0.0, time.monotonic(), time.monotonic(), None
@@ -130,13 +142,19 @@ def _train(job_ctx: JobContext, job: dict, kind: DistillJob, label: str) -> tupl
         elif rec["kind"] == "generated":
             if time.monotonic() - last >= REPORT_SECONDS:
                 last = time.monotonic()
-                if report(phase=f"target continuations ({rec['split']}): prompt {rec['prompt'] + 1} of {rec['of']}")["cancel"]:
+                if report(phase=f"target continuations ({rec['split']}): prompt {rec['prompt'] + 1} of {rec['of']}")[
+                    "cancel"
+                ]:
                     return CANCELLED, {"phase": "cancelled while generating the target's continuations"}
             continue
         elif rec["kind"] == "before":  # the curve's step 0 (the trainer's first point) and the greedy figures
-            report([_point(run.curve[0])], kl_before=rec["kl"], alpha_before=rec["alpha"],
-                   tokens_per_round_before=rec["tokens_per_round"],
-                   acceptance_length_before=rec.get("acceptance_length"))
+            report(
+                [_point(run.curve[0])],
+                kl_before=rec["kl"],
+                alpha_before=rec["alpha"],
+                tokens_per_round_before=rec["tokens_per_round"],
+                acceptance_length_before=rec.get("acceptance_length"),
+            )
             continue
         elif rec["kind"] == "prepared_saved":  # the prepared data: a resume never regenerates it
             report(phase="training", checkpoint_step=0)
@@ -164,23 +182,48 @@ def _train(job_ctx: JobContext, job: dict, kind: DistillJob, label: str) -> tupl
                 return CANCELLED, {"phase": f"cancelled at step {run.step}; resume continues from its checkpoint"}
     report(pending, step=run.step, phase=f"saving and measuring the trained {kind.made}")
 
-    validation_note = (" — the same prompts as training: not held out" if job["validation"] == job["prompts"]
-                       else "")
-    record = kind.finish(run, out, cfg, done, focus, started, ckpt, name=job["name"], target=job["target"],
-                         prompts=job["prompts"], validation=job["validation"], validation_note=validation_note,
-                         train_prompts=train_prompts, val_prompts=val_prompts,
-                         command=kind.command(run, store.safe_url if job["focus_from"] is not None else None))
+    validation_note = " — the same prompts as training: not held out" if job["validation"] == job["prompts"] else ""
+    record = kind.finish(
+        run,
+        out,
+        cfg,
+        done,
+        focus,
+        started,
+        ckpt,
+        name=job["name"],
+        target=job["target"],
+        prompts=job["prompts"],
+        validation=job["validation"],
+        validation_note=validation_note,
+        train_prompts=train_prompts,
+        val_prompts=val_prompts,
+        command=kind.command(run, store.safe_url if job["focus_from"] is not None else None),
+    )
     eval_id = job_ctx.retry(enqueue_experiment, store, **kind.evaluation(out, cfg, EVAL_REPEATS, job_id))
     length = record.get("acceptance_length_after")
-    job_ctx.log(f"{label}: saved {out}; held-out alpha {record['alpha_before']:.3f} -> {record['alpha_after']:.3f}"
-                + (f", acceptance length {length:.2f}" if length is not None else "")
-                + f"; experiment {eval_id} times it")
-    return DONE, {"phase": "done", "step": run.step, "train_seconds": record["train_seconds"],
-                  **{key: record.get(key) for key in RESULTS}, "eval_experiment_id": eval_id, "checkpoint_step": None}
+    job_ctx.log(
+        f"{label}: saved {out}; held-out alpha {record['alpha_before']:.3f} -> {record['alpha_after']:.3f}"
+        + (f", acceptance length {length:.2f}" if length is not None else "")
+        + f"; experiment {eval_id} times it"
+    )
+    return DONE, {
+        "phase": "done",
+        "step": run.step,
+        "train_seconds": record["train_seconds"],
+        **{key: record.get(key) for key in RESULTS},
+        "eval_experiment_id": eval_id,
+        "checkpoint_step": None,
+    }
 
 
 def _point(p: dict) -> dict:
     """A curve point as stored (storage.jobs.training.report): the held-out KL, and for a head its acceptance length
     and its acceptance and accuracy by draft position."""
-    return {"step": p["step"], "kl": p.get("kl"), "acceptance_length": p.get("acceptance_length"),
-            "per_position": p.get("per_position"), "accuracy": p.get("accuracy")}
+    return {
+        "step": p["step"],
+        "kl": p.get("kl"),
+        "acceptance_length": p.get("acceptance_length"),
+        "per_position": p.get("per_position"),
+        "accuracy": p.get("accuracy"),
+    }

@@ -20,18 +20,19 @@ other users can read):
   interrupted, finished prompts kept; `draftlab resume` continues them) and waits up to STOP_GRACE_SECONDS
   before SIGKILL. Exit status 143 (SIGTERM) or 130 (Ctrl-C), else 0 when every child is done.
 """
+
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
-import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from engine.serving import process_tree
 from engine.wording import noun, plural
@@ -67,20 +68,26 @@ def parse_devices(spec: str, count: Callable[[], int] | None = None) -> list[str
     items = [[m.strip() for m in d.split("+")] for d in spec.split(",") if d.strip()]
     members = [m for item in items for m in item]
     if not items or any(not DEVICE_RE.match(m) for m in members):
-        raise DevicesError(f"--devices takes `all` or a comma list of cuda:N / cpu:N, or groups joined with + "
-                           f"(got {spec!r}); e.g. --devices cuda:0,cuda:1 or cuda:0+cuda:1,cuda:2")
+        raise DevicesError(
+            f"--devices takes `all` or a comma list of cuda:N / cpu:N, or groups joined with + "
+            f"(got {spec!r}); e.g. --devices cuda:0,cuda:1 or cuda:0+cuda:1,cuda:2"
+        )
     if len(set(members)) < len(members):
         raise DevicesError(f"--devices names a device twice ({spec!r}); each device belongs to one worker")
     mixed = [item for item in items if len({m.split(":")[0] for m in item}) > 1]
     if mixed:
-        raise DevicesError(f"--devices group {'+'.join(mixed[0])} mixes cuda and cpu; a group is GPUs "
-                           f"(cuda:0+cuda:1) or CPU slots (cpu:0+cpu:1)")
+        raise DevicesError(
+            f"--devices group {'+'.join(mixed[0])} mixes cuda and cpu; a group is GPUs "
+            f"(cuda:0+cuda:1) or CPU slots (cpu:0+cpu:1)"
+        )
     n = None
     for m in members:
         if m.startswith("cuda:"):
             n = count() if n is None else n
             if int(m.split(":")[1]) >= n:
-                raise DevicesError(f"--devices {m}: torch sees {plural(n, 'CUDA GPU')} here; use --devices all, or cpu:N")
+                raise DevicesError(
+                    f"--devices {m}: torch sees {plural(n, 'CUDA GPU')} here; use --devices all, or cpu:N"
+                )
     return ["+".join(sorted(item, key=lambda m: int(m.split(":")[1]))) for item in items]
 
 
@@ -118,17 +125,29 @@ class Supervisor:
         env["DRAFTLAB_DB"] = self.db_url
         if child.device.startswith("cuda:"):  # cuda:N, or a group cuda:0+cuda:1 -> 0,1
             env["CUDA_VISIBLE_DEVICES"] = ",".join(m.split(":", 1)[1] for m in child.device.split("+"))
-        child.worker_id = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"[:80 - len(child.device) - 1] + f"@{child.device}"
-        argv = [sys.executable, "-m", "app.worker.worker_process", "--device", child.device, "--worker-id", child.worker_id,
-                *(["--until-idle"] if self.until_idle else []), *self.worker_args]
+        child.worker_id = (
+            f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"[: 80 - len(child.device) - 1] + f"@{child.device}"
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "app.worker.worker_process",
+            "--device",
+            child.device,
+            "--worker-id",
+            child.worker_id,
+            *(["--until-idle"] if self.until_idle else []),
+            *self.worker_args,
+        ]
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         # Its own process group: a Ctrl-C in the terminal reaches the supervisor, which stops the children itself
         # (one SIGTERM each), instead of every child seeing SIGINT at once.
         # SIGTERM when the supervisor dies, even by SIGKILL (Linux), so no worker is orphaned: it then ends its runs
         # interrupted as on any SIGTERM. Elsewhere the children outlive a killed supervisor.
-        child.proc = subprocess.Popen(argv, env=env, start_new_session=True,
-                                      preexec_fn=process_tree.parent_death_signal(signal.SIGTERM))
+        child.proc = subprocess.Popen(
+            argv, env=env, start_new_session=True, preexec_fn=process_tree.parent_death_signal(signal.SIGTERM)
+        )
         child.started, child.restart_at = time.monotonic(), None
         self.log(f"{child.device}: worker {child.worker_id} started (pid {child.proc.pid})")
 
@@ -140,8 +159,10 @@ class Supervisor:
         note = f"; its {noun(len(requeued), 'run')} {', '.join(map(str, requeued))} requeued" if requeued else ""
         child.proc = None
         if self._stopping is not None:  # died as we were asked to stop: reported and swept, not restarted
-            self.log(f"{child.device}: worker {child.worker_id} {'ended' if code == 0 else 'died'} ({how}) after "
-                     f"{lived:.1f}s{note}; not restarted (stopping)")
+            self.log(
+                f"{child.device}: worker {child.worker_id} {'ended' if code == 0 else 'died'} ({how}) after "
+                f"{lived:.1f}s{note}; not restarted (stopping)"
+            )
             return
         if code == 0 and self.until_idle:
             child.done = True
@@ -155,8 +176,10 @@ class Supervisor:
             child.backoff = self.backoff_start
         child.restart_at = time.monotonic() + child.backoff
         child.restarts += 1
-        self.log(f"{child.device}: worker {child.worker_id} died ({how}) after {lived:.1f}s{note}; "
-                 f"restarting in {child.backoff:g}s")
+        self.log(
+            f"{child.device}: worker {child.worker_id} died ({how}) after {lived:.1f}s{note}; "
+            f"restarting in {child.backoff:g}s"
+        )
         child.backoff = min(child.backoff * 2, BACKOFF_MAX)
 
     def _requeue(self, worker_id: str) -> list[int]:
@@ -171,8 +194,13 @@ class Supervisor:
         try:
             liveness.mark_stale(store)
             with store.write() as conn:
-                ids = conn.execute(text("SELECT id FROM runs WHERE worker_id = :w AND status = 'interrupted'"),
-                                   {"w": worker_id}).scalars().all()
+                ids = (
+                    conn.execute(
+                        text("SELECT id FROM runs WHERE worker_id = :w AND status = 'interrupted'"), {"w": worker_id}
+                    )
+                    .scalars()
+                    .all()
+                )
                 conn.execute(text("DELETE FROM device_leases WHERE worker_id = :w"), {"w": worker_id})
                 conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})
             return [rid for rid in ids if run_state.resume_run(store, rid)]

@@ -2,37 +2,41 @@
 "Timing protocol"), on the job's models, each prompt's rows committed in one transaction fenced to the worker
 that owns the runs. The Worker (app/worker/worker.py) claims the runs, calls time_group, and closes them.
 """
+
 from __future__ import annotations
 
 import traceback
 
 import torch
 
-from engine.decoding.attention_masks import batch_support
-from engine.text.chat import render
-from engine.config.drafter_specs import DEFAULT_DRAFTER, needs_draft_model
-from engine.errors import DraftLabError, RunCancelled
-from engine.models.loading import ModelPair
-from engine.decoding.memory import model_bytes
-from engine.decoding.profile import batched_verify_profile, verify_profile
-from engine.text.prompt_sets import load_prompts
-from engine.decoding.protocol import interleaved_order
-from engine.decoding.records import PromptResult
-from engine.decoding.memory import check_batch_fits
-from engine.decoding.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
-from engine.config.run_config import RunConfig
-from engine.decoding.sampling import SamplingConfig
-from engine.text.token_types import TokenTyper, code_prompts
-from storage.jobs import run_state
-from storage.jobs.experiments import (load_experiment_prompts, load_verify_profiles, store_prompts, store_verify_profile,
-                                 store_verify_profiles)
-from storage.records.queries import grid_sizes
-from storage.records.recording import clear_from, record_prompt
-from storage.db.schema import BASELINE, CANCELLED, FAILED
-
 from app.runtime.job_context import JobContext
 from app.runtime.model_cache import LoadedPair, SetupError
 from app.runtime.placement import device_name, gpus_of
+from engine.config.drafter_specs import DEFAULT_DRAFTER, needs_draft_model
+from engine.config.run_config import RunConfig
+from engine.decoding.attention_masks import batch_support
+from engine.decoding.memory import check_batch_fits, model_bytes
+from engine.decoding.profile import batched_verify_profile, verify_profile
+from engine.decoding.protocol import interleaved_order
+from engine.decoding.records import PromptResult
+from engine.decoding.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
+from engine.decoding.sampling import SamplingConfig
+from engine.errors import DraftLabError, RunCancelled
+from engine.models.loading import ModelPair
+from engine.text.chat import render
+from engine.text.prompt_sets import load_prompts
+from engine.text.token_types import TokenTyper, code_prompts
+from storage.db.schema import BASELINE, CANCELLED, FAILED
+from storage.jobs import run_state
+from storage.jobs.experiments import (
+    load_experiment_prompts,
+    load_verify_profiles,
+    store_prompts,
+    store_verify_profile,
+    store_verify_profiles,
+)
+from storage.records.queries import grid_sizes
+from storage.records.recording import clear_from, record_prompt
 
 LOST = "lost"  # a run this worker no longer owns (swept as stale and taken over): nothing of it is written
 
@@ -94,8 +98,11 @@ def run_label(run: dict) -> str:
     """How the worker's log names a run: `run 7 (speculative, k=4, batch 2)`; the batch size always, since a grid's
     runs differ by nothing else."""
     batch = run.get("batch_size")
-    return (f"run {run['id']} ({run['kind']}" + (f", k={run['k']}" if run["k"] else "")
-            + (f", batch {int(batch)})" if batch is not None else ")"))
+    return (
+        f"run {run['id']} ({run['kind']}"
+        + (f", k={run['k']}" if run["k"] else "")
+        + (f", batch {int(batch)})" if batch is not None else ")")
+    )
 
 
 def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcome: dict, memory: dict) -> None:
@@ -141,9 +148,14 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
             for rid in decoders:
                 clear_from(conn, rid, start[rid])
         for rid in decoders:
-            run_state.start_run(job.store, rid, len(prompts), device_name(loaded.pair.device, job.device,
-                                                                        job.leased),
-                            draft_parameters=_draft_parameters(decoders[rid]))
+            run_state.start_run(
+                job.store,
+                rid,
+                len(prompts),
+                device_name(loaded.pair.device, job.device, job.leased),
+                draft_parameters=_draft_parameters(decoders[rid]),
+            )
+
     job.retry(prepare)
     if experiment["k_auto"] and decoders:
         _profile_verify(job, experiment, loaded, next(iter(budgets.values()))[0], batched)
@@ -168,19 +180,31 @@ def is_batched(experiment: dict, group: dict[int, dict]) -> bool:
     """Whether an experiment measures batch sizes: a batch-size sweep or grid, or a fixed batch size above 1 (its
     batch sizes are checked against the prompt count and memory, and its verify profile is kept per batch size).
     Every experiment decodes through the same loop; batch 1 is its one-row case."""
-    return experiment.get("sweep_variable") == "batch_size" or bool(experiment.get("batch_sizes")) \
+    return (
+        experiment.get("sweep_variable") == "batch_size"
+        or bool(experiment.get("batch_sizes"))
         or any(batch_size_of(r) > 1 for r in group.values())
+    )
 
 
-def _check_batch(loaded: LoadedPair, job: JobContext, experiment: dict, run: dict, prompts: list[str],
-                 prompt_ids: list, cfg: SamplingConfig) -> None:
+def _check_batch(
+    loaded: LoadedPair,
+    job: JobContext,
+    experiment: dict,
+    run: dict,
+    prompts: list[str],
+    prompt_ids: list,
+    cfg: SamplingConfig,
+) -> None:
     """Refuse a batch size before it runs: more rows than prompts (never silently a smaller batch), a model the
     batched cache cannot decode exactly (engine/decoding/attention_masks.py), or KV caches that cannot fit in what the
     device has free (engine/decoding/memory.py)."""
     size = batch_size_of(run)
     if size > len(prompts):
-        raise DraftLabError(f"batch size {size} needs at least {size} prompts but the prompt set has {len(prompts)}; "
-                            f"use --batch-size {len(prompts)} or less, or more prompts")
+        raise DraftLabError(
+            f"batch size {size} needs at least {size} prompts but the prompt set has {len(prompts)}; "
+            f"use --batch-size {len(prompts)} or less, or more prompts"
+        )
     models = [loaded.pair.target.model]
     if run["kind"] != BASELINE and needs_draft_model(_drafter_of(run, experiment)):
         draft = job.models.pair_for(loaded, _draft_of(run, experiment), experiment).draft
@@ -190,12 +214,28 @@ def _check_batch(loaded: LoadedPair, job: JobContext, experiment: dict, run: dic
         if why := batch_support(model):
             raise DraftLabError(why)
     longest = max(int(ids.shape[-1]) for ids in prompt_ids)
-    check_batch_fits(models, loaded.pair.device, size, longest, cfg.max_new_tokens,
-                     int(run["k"] or 0) if run["kind"] != BASELINE else 0)
+    check_batch_fits(
+        models,
+        loaded.pair.device,
+        size,
+        longest,
+        cfg.max_new_tokens,
+        int(run["k"] or 0) if run["kind"] != BASELINE else 0,
+    )
 
 
-def _time_units(job: JobContext, group: dict[int, dict], outcome: dict, memory: dict, loaded: LoadedPair,
-                prompts: list[str], repeats: int, decoders: dict, budgets: dict, start: dict) -> None:
+def _time_units(
+    job: JobContext,
+    group: dict[int, dict],
+    outcome: dict,
+    memory: dict,
+    loaded: LoadedPair,
+    prompts: list[str],
+    repeats: int,
+    decoders: dict,
+    budgets: dict,
+    start: dict,
+) -> None:
     """Timing protocol v2, the unit being a batch of B prompts (one prompt at batch 1; prompts grouped in order into
     batches of B, the last batch holding what is left): the arms of one batch size (its baseline and speculative runs) decode each unit `repeats` times, interleaved in the protocol's
     rotated order, one untimed warm-up per arm; the median repeat (by the unit's wall time, its longest row's) is
@@ -231,10 +271,16 @@ def _time_units(job: JobContext, group: dict[int, dict], outcome: dict, memory: 
                 except RunCancelled:
                     outcome[rid] = (CANCELLED, None, None)
                 except torch.cuda.OutOfMemoryError:
-                    fix = (f"at batch size {size}; use a smaller --batch-size or fewer --max-new-tokens" if size > 1
-                           else "; lower max-new-tokens, use dtype bfloat16/float16 or a smaller model")
-                    outcome[rid] = (FAILED, f"CUDA out of memory in {run_label(group[rid])}{' ' if size > 1 else ''}"
-                                            f"{fix}", traceback.format_exc())
+                    fix = (
+                        f"at batch size {size}; use a smaller --batch-size or fewer --max-new-tokens"
+                        if size > 1
+                        else "; lower max-new-tokens, use dtype bfloat16/float16 or a smaller model"
+                    )
+                    outcome[rid] = (
+                        FAILED,
+                        f"CUDA out of memory in {run_label(group[rid])}{' ' if size > 1 else ''}{fix}",
+                        traceback.format_exc(),
+                    )
                     torch.cuda.empty_cache()
                 except DraftLabError as exc:
                     outcome[rid] = (FAILED, str(exc), traceback.format_exc())
@@ -253,9 +299,16 @@ def _time_units(job: JobContext, group: dict[int, dict], outcome: dict, memory: 
                             runs = timed[rid]
                             median = runs.index(median_batch(runs))
                             for row in range(len(runs[median])):
-                                (job.record or record)(conn, group[rid], runs[median][row], [r[row] for r in runs],
-                                                       slots[rid], loaded.typer)
+                                (job.record or record)(
+                                    conn,
+                                    group[rid],
+                                    runs[median][row],
+                                    [r[row] for r in runs],
+                                    slots[rid],
+                                    loaded.typer,
+                                )
                     return owned
+
             owned = job.retry(commit)  # a refused write is retried; the results wait here meanwhile
             for rid in finished:
                 if rid not in owned:
@@ -271,8 +324,9 @@ def median_batch(repeats: list[list[PromptResult]]) -> list[PromptResult]:
     return ranked[(len(ranked) - 1) // 2]
 
 
-def _unit_progress(job: JobContext, run: dict, first: int, last: int, repeat: int, repeats: int, total: int,
-                    budget: int):
+def _unit_progress(
+    job: JobContext, run: dict, first: int, last: int, repeat: int, repeats: int, total: int, budget: int
+):
     """on_progress(prompt index, tokens) for a unit of prompts first..last-1 (one prompt at batch 1): each row
     reports its own prompt to the progress hook (`draftlab run`'s bar counts every row's tokens), and the run's live
     progress counts the unit's rows by their own tokens."""
@@ -286,11 +340,13 @@ def _unit_progress(job: JobContext, run: dict, first: int, last: int, repeat: in
         job.live_progress[run["id"]] = (first + batch) / total
         if run["id"] in job.cancelled:
             raise RunCancelled(f"run {run['id']} cancelled")
+
     return on_progress
 
 
-def _profile_verify(job: JobContext, experiment: dict, loaded: LoadedPair, prompt_ids: list[torch.Tensor],
-                    batched: bool) -> None:
+def _profile_verify(
+    job: JobContext, experiment: dict, loaded: LoadedPair, prompt_ids: list[torch.Tensor], batched: bool
+) -> None:
     """`--k auto`: the target's verify-cost profile, once per experiment, under the device lease, through the
     cache path its runs verify with, at each of its batch sizes (batch 1 for an experiment that measures none)."""
     if job.retry(load_verify_profiles, job.store, experiment["id"], write=False):
@@ -303,11 +359,14 @@ def _profile_verify(job: JobContext, experiment: dict, loaded: LoadedPair, promp
         profiles = batched_verify_profile(model, vocab, prompt_ids, sizes, n_max, cfg)
         job.retry(store_verify_profiles, job.store, experiment["id"], profiles)
     else:
-        job.retry(store_verify_profile, job.store, experiment["id"], verify_profile(model, vocab, prompt_ids[0], n_max, cfg))
+        job.retry(
+            store_verify_profile, job.store, experiment["id"], verify_profile(model, vocab, prompt_ids[0], n_max, cfg)
+        )
 
 
-def record(conn, run: dict, result: PromptResult, repeats: list[PromptResult], slots: list[int],
-            typer: TokenTyper) -> None:
+def record(
+    conn, run: dict, result: PromptResult, repeats: list[PromptResult], slots: list[int], typer: TokenTyper
+) -> None:
     """Write one timed prompt's rows of a run: the median repeat's tokens and rounds, every repeat's timings."""
     texts = [typer.describe(int(t))[0] for t in result.output_ids]
     record_prompt(conn, run["id"], run["kind"], result, texts, repeats=repeats, slots=slots)
@@ -316,9 +375,11 @@ def record(conn, run: dict, result: PromptResult, repeats: list[PromptResult], s
 def _prompts(job: JobContext, experiment: dict, tokenizer) -> list[str]:
     """The experiment's frozen prompt texts; the first run freezes them: its prompt spec loaded, conversations
     rendered by the target tokenizer's chat template (engine/text/chat.py), so what is stored is what the models see."""
+
     def load_stored():
         with job.store.read() as conn:
             return load_experiment_prompts(conn, experiment["id"])
+
     stored = job.retry(load_stored, write=False)
     if stored is not None:
         return stored

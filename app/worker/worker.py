@@ -17,6 +17,7 @@ the database takes them. Past $DRAFTLAB_DB_RETRY_SECONDS (default 300) of outage
 holds: they end `failed` with the reason as soon as the database accepts writes again (or, if the worker
 exits first, `interrupted` by the next sweep), and `--until-idle` / `draftlab run` end with DatabaseUnavailable.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,18 +27,7 @@ import threading
 import time
 import traceback
 import uuid
-from typing import Callable
-
-from engine.models import placement
-from engine.models.loading import ModelPair, load_pair
-from engine.wording import plural
-from storage import Store
-from storage.serving import confirm_jobs
-from storage.jobs import liveness, run_state
-from storage.jobs import training
-from storage.jobs.experiments import get_experiment
-from storage.db.schema import DONE, FAILED, INTERRUPTED
-from storage.db.settings import stale_window
+from collections.abc import Callable
 
 from app.db_errors import DatabaseUnavailable, db_reason, transient_db_error
 from app.runtime.db_retry import DbRetry, db_retry_window
@@ -46,15 +36,34 @@ from app.runtime.model_cache import ModelCache, SetupError
 from app.runtime.placement import acquire_leases, lease_devices, lease_key, place, release_device_lease
 from app.worker.timing import LOST, primary_draft, run_label, time_group
 from app.worker.timing import record as record_rows
+from engine.models import placement
+from engine.models.loading import ModelPair, load_pair
+from engine.wording import plural
+from storage import Store
+from storage.db.schema import DONE, FAILED, INTERRUPTED
+from storage.db.settings import stale_window
+from storage.jobs import liveness, run_state, training
+from storage.jobs.experiments import get_experiment
+from storage.serving import confirm_jobs
 
 
 class Worker:
-    def __init__(self, store: Store, worker_id: str | None = None, heartbeat_seconds: float = 5.0,
-                 stale_seconds: float | None = None, poll_seconds: float = 2.0, progress_seconds: float = 0.5,
-                 progress_hook: ProgressHook | None = None, log: Callable[[str], None] | None = None,
-                 loader: Callable[..., ModelPair] = load_pair, db_retry_seconds: float | None = None,
-                 device: str | None = None, train_jobs: bool = True,
-                 free_memory: Callable[[], list[int]] | None = None):
+    def __init__(
+        self,
+        store: Store,
+        worker_id: str | None = None,
+        heartbeat_seconds: float = 5.0,
+        stale_seconds: float | None = None,
+        poll_seconds: float = 2.0,
+        progress_seconds: float = 0.5,
+        progress_hook: ProgressHook | None = None,
+        log: Callable[[str], None] | None = None,
+        loader: Callable[..., ModelPair] = load_pair,
+        db_retry_seconds: float | None = None,
+        device: str | None = None,
+        train_jobs: bool = True,
+        free_memory: Callable[[], list[int]] | None = None,
+    ):
         self.store = store
         self.train_jobs = train_jobs  # also run training jobs and confirms (draftlab run's foreground worker does not)
         self.trained: list[int] = []  # training jobs this worker ran
@@ -66,7 +75,9 @@ class Worker:
         self._gpus = None  # this job's plan: a GPU count, the DraftLabError saying none fits, or no plan
         self.leased: list[str] = []  # the physical devices this job's leases are for, index order
         suffix = f"@{device}" if device else ""  # the dashboard's Workers view reads the device from the id
-        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:80 - len(suffix)] + suffix
+        self.id = (
+            worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[: 80 - len(suffix)] + suffix
+        )
         self.heartbeat_seconds = heartbeat_seconds
         self.stale_seconds = stale_window(stale_seconds)  # $DRAFTLAB_STALE_SECONDS unless given
         self.db_retry_seconds = db_retry_window(db_retry_seconds)  # $DRAFTLAB_DB_RETRY_SECONDS unless given
@@ -88,8 +99,9 @@ class Worker:
 
     # --- the end of a run, written when the database takes it ----------------------------------------------
 
-    def _finish(self, run_id: int, status: str, error: str | None, detail: str | None, peak: float | None,
-                label: str) -> None:
+    def _finish(
+        self, run_id: int, status: str, error: str | None, detail: str | None, peak: float | None, label: str
+    ) -> None:
         """Write a run's end state (while this worker still owns it); when the database refuses it for good,
         keep it in `unfinished` to write once the database accepts writes again."""
         try:
@@ -99,8 +111,10 @@ class Worker:
             closed = self.db.retry(run_state.finish_run, self.store, run_id, status, error, detail, peak, self.id)
         except DatabaseUnavailable:
             self.unfinished[run_id] = (status, error, detail, peak)
-            self.log(f"{label} {status}" + (f": {error}" if error else "") + " (to be written when the database "
-                     "accepts writes again)")
+            self.log(
+                f"{label} {status}" + (f": {error}" if error else "") + " (to be written when the database "
+                "accepts writes again)"
+            )
             return
         if closed:
             self.log(f"{label} {status}" + (f": {error}" if error else ""))
@@ -135,8 +149,10 @@ class Worker:
     def _sweep(self) -> list[int]:
         interrupted = self.db.retry(liveness.mark_stale, self.store, self.stale_seconds)
         for run_id in interrupted:
-            self.log(f"run {run_id}: its worker is gone (process ended or no heartbeat for {self.stale_seconds:g}s); "
-                     f"marked interrupted")
+            self.log(
+                f"run {run_id}: its worker is gone (process ended or no heartbeat for {self.stale_seconds:g}s); "
+                f"marked interrupted"
+            )
         return interrupted
 
     def stop(self) -> None:
@@ -179,12 +195,14 @@ class Worker:
                 if transient_db_error(exc):
                     self.db.failed(exc)
                 else:
-                    message = f"heartbeat failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+                    message = (
+                        f"heartbeat failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+                    )
                     if message != self._last_heartbeat_error:
                         self.log(message)
                         self._last_heartbeat_error = message
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> Worker:
         self.start()
         return self
 
@@ -205,8 +223,14 @@ class Worker:
                 if self.unfinished:
                     self.flush_unfinished()
                 prefer = self.loaded.key[-1] if self.loaded else None
-                eid = self.db.retry(run_state.next_experiment, self.store, self.id, experiment_id=experiment_id,
-                               prefer_experiment=prefer, write=False)
+                eid = self.db.retry(
+                    run_state.next_experiment,
+                    self.store,
+                    self.id,
+                    experiment_id=experiment_id,
+                    prefer_experiment=prefer,
+                    write=False,
+                )
                 job = None  # a training job, once no experiment waits (timed experiments are short; jobs long)
                 if eid is None and experiment_id is None and self.train_jobs:
                     confirm = self.db.retry(confirm_jobs.next_confirm, self.store, write=False)
@@ -222,17 +246,22 @@ class Worker:
                         last_sweep = time.monotonic()
                     time.sleep(self.poll_seconds)
                     continue
-                item = (self.db.retry(get_experiment, self.store, eid, write=False) if job is None else
-                        self.db.retry(training.get_job, self.store, job, write=False))
+                item = (
+                    self.db.retry(get_experiment, self.store, eid, write=False)
+                    if job is None
+                    else self.db.retry(training.get_job, self.store, job, write=False)
+                )
                 placed = place(item["device"], self.device)
                 if job is None:
-                    devices, self._gpus = self._lease_devices(placed, item["target"], primary_draft(item, []),
-                                                              item["dtype"], bool(item["trust_remote_code"]))
+                    devices, self._gpus = self._lease_devices(
+                        placed, item["target"], primary_draft(item, []), item["dtype"], bool(item["trust_remote_code"])
+                    )
                 else:  # training loads in float32 (app/training/training.py); a head job loads the target alone
                     from app.training.training_kinds import kind_of
 
-                    devices, self._gpus = self._lease_devices(placed, item["target"], kind_of(item).draft, "float32",
-                                                              False)
+                    devices, self._gpus = self._lease_devices(
+                        placed, item["target"], kind_of(item).draft, "float32", False
+                    )
                 keys = [lease_key(d) for d in devices]
                 what = f"experiment {eid}" if job is None else f"training job {job}"
                 held = acquire_leases(self.db, self.store, keys, self.id, eid, self.stale_seconds)
@@ -290,8 +319,17 @@ class Worker:
         return None
 
     def _lease_devices(self, placed: str, target: str, draft: str | None, dtype: str, trust: bool):
-        return lease_devices(placed, target, draft, dtype, trust, loaded=self.models.loaded,
-                             release=self.models.release, plans=self._plans, free_memory=self.free_memory)
+        return lease_devices(
+            placed,
+            target,
+            draft,
+            dtype,
+            trust,
+            loaded=self.models.loaded,
+            release=self.models.release,
+            plans=self._plans,
+            free_memory=self.free_memory,
+        )
 
     def execute_group(self, experiment_id: int, run_ids: list[int]) -> dict[int, str]:
         """Execute claimed runs of one experiment together, prompt-major (timing protocol v2), each to its end
@@ -310,9 +348,11 @@ class Worker:
             group = {rid: self.db.retry(run_state.get_run, self.store, rid, write=False) for rid in run_ids}
             self.db.retry(liveness.heartbeat, self.store, self.id, self.current_run, run_ids)
             sizes = sorted({int(r["batch_size"]) for r in group.values() if r.get("batch_size") is not None})
-            self.log(f"experiment {experiment_id}: timing {plural(len(run_ids), 'run')} prompt-major, "
-                     f"{plural(experiment['repeats'] or 1, 'repeat')} each"
-                     + (f", at batch size {', '.join(map(str, sizes))}" if sizes else ""))
+            self.log(
+                f"experiment {experiment_id}: timing {plural(len(run_ids), 'run')} prompt-major, "
+                f"{plural(experiment['repeats'] or 1, 'repeat')} each"
+                + (f", at batch size {', '.join(map(str, sizes))}" if sizes else "")
+            )
             time_group(self.job_context(), experiment, group, outcome, memory)
         except SetupError as exc:
             for rid in run_ids:
@@ -324,14 +364,17 @@ class Worker:
         except DatabaseUnavailable as exc:
             db_failure = exc
             self.db.give_up(exc)
-            reason = (f"{exc}; its unsaved prompt was dropped, every committed one is kept; `draftlab resume "
-                      f"{experiment_id}` continues from the first unfinished prompt")
+            reason = (
+                f"{exc}; its unsaved prompt was dropped, every committed one is kept; `draftlab resume "
+                f"{experiment_id}` continues from the first unfinished prompt"
+            )
             for rid in run_ids:
                 outcome.setdefault(rid, (FAILED, reason, None))
         except (KeyboardInterrupt, SystemExit):
             for rid in run_ids:  # one attempt each: if the database refuses, the dead-worker sweep takes over
                 status, error, detail = outcome.get(
-                    rid, (INTERRUPTED, "the worker was stopped; resume the run to continue", None))
+                    rid, (INTERRUPTED, "the worker was stopped; resume the run to continue", None)
+                )
                 if status == LOST:
                     continue
                 try:
@@ -375,9 +418,20 @@ class Worker:
 
     def job_context(self) -> JobContext:
         """What the current job may use of this worker (see app/runtime/job_context.py)."""
-        return JobContext(self.store, self.id, self.db, self.log, self.models, device=self.device,
-                          leased=list(self.leased), gpus=self._gpus, progress_hook=self.progress_hook,
-                          live_progress=self._live_progress, cancelled=self._cancelled, record=self.record)
+        return JobContext(
+            self.store,
+            self.id,
+            self.db,
+            self.log,
+            self.models,
+            device=self.device,
+            leased=list(self.leased),
+            gpus=self._gpus,
+            progress_hook=self.progress_hook,
+            live_progress=self._live_progress,
+            cancelled=self._cancelled,
+            record=self.record,
+        )
 
     def record(self, conn, run: dict, result, repeats: list, slots: list[int], typer) -> None:
         """Write one timed prompt's rows of a run (median result, every repeat, their slots) in `conn`'s transaction."""

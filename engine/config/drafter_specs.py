@@ -15,11 +15,12 @@ Plain Python, no torch: storage and pages import it. Numbers in a spec are ASCII
     canonical_drafter(" confidence:0.50 ") -> "confidence:0.5"
     needs_draft_model("prompt-lookup:3") -> False
 """
+
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
@@ -77,95 +78,199 @@ def _cannot(engine: str, why: str) -> Serving:
 # Each engine's mapping was checked against its own source or docs (storage/serving/deploy.py names the files and commits).
 _DRAFT_MODEL = {
     "vllm": Serving("draft_model"),
-    "sglang": Serving("STANDALONE", lambda p, k: [("--speculative-num-steps", k), ("--speculative-eagle-topk", 1),
-                                                   ("--speculative-num-draft-tokens", k + 1)],
-                      ("STANDALONE with topk 1 drafts one chain of k={k} tokens; SGLang requires num-draft-tokens = "
-                       "num-steps + 1 when topk is 1.",)),
-    "llama_cpp": Serving("draft model", lambda p, k: [("--draft-max", k), ("--draft-min", 0), ("--draft-p-min", 0.0)],
-                         ("--draft-p-min 0.0: llama.cpp's default (0.75) would end rounds early on low-confidence "
-                          "drafts; 0 keeps k constant, as measured.",)),
-    "transformers": Serving("assistant model", lambda p, k: {
-        "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0},
-        ("assistant_confidence_threshold=0.0 turns off transformers' default early stop (0.4), so every round "
-         "drafts k tokens as measured.",)),
+    "sglang": Serving(
+        "STANDALONE",
+        lambda p, k: [
+            ("--speculative-num-steps", k),
+            ("--speculative-eagle-topk", 1),
+            ("--speculative-num-draft-tokens", k + 1),
+        ],
+        (
+            "STANDALONE with topk 1 drafts one chain of k={k} tokens; SGLang requires num-draft-tokens = "
+            "num-steps + 1 when topk is 1.",
+        ),
+    ),
+    "llama_cpp": Serving(
+        "draft model",
+        lambda p, k: [("--draft-max", k), ("--draft-min", 0), ("--draft-p-min", 0.0)],
+        (
+            "--draft-p-min 0.0: llama.cpp's default (0.75) would end rounds early on low-confidence "
+            "drafts; 0 keeps k constant, as measured.",
+        ),
+    ),
+    "transformers": Serving(
+        "assistant model",
+        lambda p, k: {
+            "num_assistant_tokens": k,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0,
+        },
+        (
+            "assistant_confidence_threshold=0.0 turns off transformers' default early stop (0.4), so every round "
+            "drafts k tokens as measured.",
+        ),
+    ),
 }
 _HEURISTIC = {
-    "vllm": Serving("draft_model", notes=(
-        "Not expressible: vLLM keeps num_speculative_tokens fixed per request; its dynamic k "
-        "(num_speculative_tokens_per_batch_size) follows the batch size, not acceptance. This is the heuristic's "
-        "starting k={k}; run a constant-k sweep (drafter `model`) to choose the k to serve.",)),
-    "sglang": Serving("STANDALONE", _DRAFT_MODEL["sglang"].settings, _DRAFT_MODEL["sglang"].notes + (
-        "Not expressible: STANDALONE keeps num-steps fixed (--speculative-adaptive, which moves between step tiers "
-        "on an average accept length, is EAGLE-only). This is the heuristic's starting k={k}; choose the served k "
-        "from a constant-k sweep.",)),
-    "llama_cpp": Serving("draft model", _DRAFT_MODEL["llama_cpp"].settings, _DRAFT_MODEL["llama_cpp"].notes + (
-        "Not expressible: llama.cpp has no +2/-1 schedule; --draft-max is the heuristic's starting k={k}. Choose "
-        "the served k from a constant-k sweep.",)),
-    "transformers": Serving("assistant model", lambda p, k: {
-        "num_assistant_tokens": k, "num_assistant_tokens_schedule": "heuristic_transient",
-        "assistant_confidence_threshold": 0.0},
-        ("\"heuristic_transient\" restarts k at num_assistant_tokens on every generate() call, as DraftLab restarts "
-         "it at every prompt; \"heuristic\" would carry k over between calls.",)),
+    "vllm": Serving(
+        "draft_model",
+        notes=(
+            "Not expressible: vLLM keeps num_speculative_tokens fixed per request; its dynamic k "
+            "(num_speculative_tokens_per_batch_size) follows the batch size, not acceptance. This is the heuristic's "
+            "starting k={k}; run a constant-k sweep (drafter `model`) to choose the k to serve.",
+        ),
+    ),
+    "sglang": Serving(
+        "STANDALONE",
+        _DRAFT_MODEL["sglang"].settings,
+        _DRAFT_MODEL["sglang"].notes
+        + (
+            "Not expressible: STANDALONE keeps num-steps fixed (--speculative-adaptive, which moves between step tiers "
+            "on an average accept length, is EAGLE-only). This is the heuristic's starting k={k}; choose the served k "
+            "from a constant-k sweep.",
+        ),
+    ),
+    "llama_cpp": Serving(
+        "draft model",
+        _DRAFT_MODEL["llama_cpp"].settings,
+        _DRAFT_MODEL["llama_cpp"].notes
+        + (
+            "Not expressible: llama.cpp has no +2/-1 schedule; --draft-max is the heuristic's starting k={k}. Choose "
+            "the served k from a constant-k sweep.",
+        ),
+    ),
+    "transformers": Serving(
+        "assistant model",
+        lambda p, k: {
+            "num_assistant_tokens": k,
+            "num_assistant_tokens_schedule": "heuristic_transient",
+            "assistant_confidence_threshold": 0.0,
+        },
+        (
+            '"heuristic_transient" restarts k at num_assistant_tokens on every generate() call, as DraftLab restarts '
+            'it at every prompt; "heuristic" would carry k over between calls.',
+        ),
+    ),
 }
 _CONFIDENCE = {
-    "vllm": Serving("draft_model", notes=(
-        "Not expressible: vLLM has no draft-confidence stop; every round drafts {k} tokens (the confidence:{p:g} "
-        "run's upper bound).",)),
-    "sglang": Serving("STANDALONE", _DRAFT_MODEL["sglang"].settings, _DRAFT_MODEL["sglang"].notes + (
-        "Not expressible: SGLang has no draft-confidence stop; every round drafts k={k}. Leave "
-        "--speculative-accept-threshold-single/-acc at 1.0: they relax acceptance (lossy), they do not stop "
-        "drafting.",)),
-    "llama_cpp": Serving("draft model", lambda p, k: [("--draft-max", k), ("--draft-min", 0), ("--draft-p-min", p)],
-                         ("--draft-p-min {p:g} stops a round when the draft's top probability falls below {p:g}, like "
-                          "confidence:{p:g}, but llama.cpp drops that last draft (DraftLab keeps it) and takes the "
-                          "probability over the draft sampler's few top candidates.",)),
-    "transformers": Serving("assistant model", lambda p, k: {
-        "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": p},
-        ("assistant_confidence_threshold={p:g}: transformers stops after a draft whose own probability is below "
-         "{p:g} (DraftLab: whose distribution's top probability is; the same at temperature 0), and with "
-         "scikit-learn installed it re-fits the threshold during generation, which DraftLab does not.",)),
+    "vllm": Serving(
+        "draft_model",
+        notes=(
+            "Not expressible: vLLM has no draft-confidence stop; every round drafts {k} tokens (the confidence:{p:g} "
+            "run's upper bound).",
+        ),
+    ),
+    "sglang": Serving(
+        "STANDALONE",
+        _DRAFT_MODEL["sglang"].settings,
+        _DRAFT_MODEL["sglang"].notes
+        + (
+            "Not expressible: SGLang has no draft-confidence stop; every round drafts k={k}. Leave "
+            "--speculative-accept-threshold-single/-acc at 1.0: they relax acceptance (lossy), they do not stop "
+            "drafting.",
+        ),
+    ),
+    "llama_cpp": Serving(
+        "draft model",
+        lambda p, k: [("--draft-max", k), ("--draft-min", 0), ("--draft-p-min", p)],
+        (
+            "--draft-p-min {p:g} stops a round when the draft's top probability falls below {p:g}, like "
+            "confidence:{p:g}, but llama.cpp drops that last draft (DraftLab keeps it) and takes the "
+            "probability over the draft sampler's few top candidates.",
+        ),
+    ),
+    "transformers": Serving(
+        "assistant model",
+        lambda p, k: {
+            "num_assistant_tokens": k,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": p,
+        },
+        (
+            "assistant_confidence_threshold={p:g}: transformers stops after a draft whose own probability is below "
+            "{p:g} (DraftLab: whose distribution's top probability is; the same at temperature 0), and with "
+            "scikit-learn installed it re-fits the threshold during generation, which DraftLab does not.",
+        ),
+    ),
 }
 _PROMPT_LOOKUP = {
-    "vllm": Serving("ngram", lambda p, k: {"prompt_lookup_max": int(p), "prompt_lookup_min": 1}, (
-        "ngram proposer: tries n-grams from prompt_lookup_max={p} down to prompt_lookup_min=1 like DraftLab; which "
-        "earlier occurrence it continues from may differ from DraftLab's earliest one, so check the acceptance rate "
-        "in vLLM's spec-decode metrics.",)),
-    "sglang": Serving("NGRAM", lambda p, k: [("--speculative-num-draft-tokens", k + 1),
-                                              ("--speculative-ngram-max-bfs-breadth", 1)], (
-        "Not expressible: the lookup n-gram size N={p} (current SGLang has no option for it; older releases took "
-        "--speculative-ngram-max-match-window-size).",
-        "NGRAM drafts from a cache of tokens seen before, shared by all requests, not only this prompt: close to "
-        "prompt lookup but not the same; check its acceptance rate.",
-        "--speculative-num-draft-tokens counts the last verified token too: k + 1 verifies up to k={k} drafts; "
-        "--speculative-ngram-max-bfs-breadth 1 keeps one chain (no tree), as DraftLab drafts.")),
-    "llama_cpp": Serving("ngram-simple", lambda p, k: [("--spec-type", "ngram-simple"), ("--spec-ngram-size-n", int(p)),
-                                                       ("--spec-ngram-size-m", k), ("--draft-max", k)], (
-        "ngram-simple matches exactly the last {p} tokens and continues its LAST earlier occurrence; DraftLab falls "
-        "back to shorter n-grams (n <= {p}) and continues the earliest one, so acceptance can differ. The n-gram "
-        "options changed across llama.cpp builds (checked docs/speculative.md): confirm them with "
-        "`llama-server --help`.",)),
-    "transformers": Serving("prompt lookup", lambda p, k: {"prompt_lookup_num_tokens": k,
-                                                            "max_matching_ngram_size": int(p)}, (
-        "Prompt lookup in transformers tries n-grams from max_matching_ngram_size down to 1 and continues the "
-        "earliest match, as DraftLab's prompt-lookup does.",)),
+    "vllm": Serving(
+        "ngram",
+        lambda p, k: {"prompt_lookup_max": int(p), "prompt_lookup_min": 1},
+        (
+            "ngram proposer: tries n-grams from prompt_lookup_max={p} down to prompt_lookup_min=1 like DraftLab; which "
+            "earlier occurrence it continues from may differ from DraftLab's earliest one, so check the acceptance rate "
+            "in vLLM's spec-decode metrics.",
+        ),
+    ),
+    "sglang": Serving(
+        "NGRAM",
+        lambda p, k: [("--speculative-num-draft-tokens", k + 1), ("--speculative-ngram-max-bfs-breadth", 1)],
+        (
+            "Not expressible: the lookup n-gram size N={p} (current SGLang has no option for it; older releases took "
+            "--speculative-ngram-max-match-window-size).",
+            "NGRAM drafts from a cache of tokens seen before, shared by all requests, not only this prompt: close to "
+            "prompt lookup but not the same; check its acceptance rate.",
+            "--speculative-num-draft-tokens counts the last verified token too: k + 1 verifies up to k={k} drafts; "
+            "--speculative-ngram-max-bfs-breadth 1 keeps one chain (no tree), as DraftLab drafts.",
+        ),
+    ),
+    "llama_cpp": Serving(
+        "ngram-simple",
+        lambda p, k: [
+            ("--spec-type", "ngram-simple"),
+            ("--spec-ngram-size-n", int(p)),
+            ("--spec-ngram-size-m", k),
+            ("--draft-max", k),
+        ],
+        (
+            "ngram-simple matches exactly the last {p} tokens and continues its LAST earlier occurrence; DraftLab falls "
+            "back to shorter n-grams (n <= {p}) and continues the earliest one, so acceptance can differ. The n-gram "
+            "options changed across llama.cpp builds (checked docs/speculative.md): confirm them with "
+            "`llama-server --help`.",
+        ),
+    ),
+    "transformers": Serving(
+        "prompt lookup",
+        lambda p, k: {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": int(p)},
+        (
+            "Prompt lookup in transformers tries n-grams from max_matching_ngram_size down to 1 and continues the "
+            "earliest match, as DraftLab's prompt-lookup does.",
+        ),
+    ),
 }
 # vLLM: vllm/config/speculative.py (method "suffix", suffix_decoding_max_tree_depth default 24,
 # suffix_decoding_max_cached_requests 10000, suffix_decoding_max_spec_factor 1.0, suffix_decoding_min_token_prob 0.1)
 # and vllm/v1/spec_decode/suffix_decoding.py (arctic-inference's SuffixDecodingCache, num_speculative_tokens caps a
 # draft); docs/features/spec_decode (needs `pip install arctic-inference`).
 _SUFFIX = {
-    "vllm": Serving("suffix", lambda p, k: {"suffix_decoding_max_tree_depth": int(p)}, (
-        "Suffix decoding needs arctic-inference installed beside vLLM (`pip install arctic-inference`).",
-        "vLLM's global tree caches the responses of up to suffix_decoding_max_cached_requests (10000) earlier "
-        "requests, all of your traffic; DraftLab's held the earlier responses of the experiment's own prompts: "
-        "acceptance in the server follows how repetitive your traffic is, so check its spec-decode metrics.")),
-    "sglang": _cannot("SGLang", "has no suffix decoding (its NGRAM drafts from a cache of earlier tokens, a close "
-                      "relative: measure it here as prompt-lookup:N); serve this run with vLLM."),
-    "llama_cpp": _cannot("llama.cpp", "has no suffix decoding (its ngram-simple and ngram-cache are n-gram lookups: "
-                         "measure them here as prompt-lookup:N); serve this run with vLLM."),
-    "transformers": _cannot("transformers", "has no suffix decoding (prompt_lookup_num_tokens is prompt lookup: "
-                            "measure it here as prompt-lookup:N); serve this run with vLLM."),
+    "vllm": Serving(
+        "suffix",
+        lambda p, k: {"suffix_decoding_max_tree_depth": int(p)},
+        (
+            "Suffix decoding needs arctic-inference installed beside vLLM (`pip install arctic-inference`).",
+            "vLLM's global tree caches the responses of up to suffix_decoding_max_cached_requests (10000) earlier "
+            "requests, all of your traffic; DraftLab's held the earlier responses of the experiment's own prompts: "
+            "acceptance in the server follows how repetitive your traffic is, so check its spec-decode metrics.",
+        ),
+    ),
+    "sglang": _cannot(
+        "SGLang",
+        "has no suffix decoding (its NGRAM drafts from a cache of earlier tokens, a close "
+        "relative: measure it here as prompt-lookup:N); serve this run with vLLM.",
+    ),
+    "llama_cpp": _cannot(
+        "llama.cpp",
+        "has no suffix decoding (its ngram-simple and ngram-cache are n-gram lookups: "
+        "measure them here as prompt-lookup:N); serve this run with vLLM.",
+    ),
+    "transformers": _cannot(
+        "transformers",
+        "has no suffix decoding (prompt_lookup_num_tokens is prompt lookup: "
+        "measure it here as prompt-lookup:N); serve this run with vLLM.",
+    ),
 }
+
 
 # vLLM: vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM: speculators-format heads, aux-layer ids
 # = the input of decoder layer i; an HF config's eagle_config ids are read as they are, unshifted:
@@ -177,36 +282,57 @@ _SUFFIX = {
 # --speculative-use-rejection-sampling, EAGLE/EAGLE3 only). The layouts: engine/config/head_format.py.
 def _sglang_eagle3_sampled(draft_sampling: str) -> tuple[list, tuple[str, ...]]:
     if draft_sampling == "greedy":
-        return [], ("SGLang's EAGLE3 drafts the head's argmax and verifies target-only, as DraftLab measured with "
-                    "--draft-sampling greedy: lossless, the same acceptance rate.",)
+        return [], (
+            "SGLang's EAGLE3 drafts the head's argmax and verifies target-only, as DraftLab measured with "
+            "--draft-sampling greedy: lossless, the same acceptance rate.",
+        )
     return [("--speculative-use-rejection-sampling", None)], (
         "--speculative-use-rejection-sampling samples the head's drafts and verifies them with their probabilities, "
         "as DraftLab measured (--draft-sampling probabilistic); it is recent: an older SGLang lacks the flag: drop "
         "it there, SGLang then drafts the head's argmax and verifies target-only: lossless, with the acceptance "
-        "rate of --draft-sampling greedy (measure that).",)
+        "rate of --draft-sampling greedy (measure that).",
+    )
 
 
 _EAGLE3 = {
-    "vllm": Serving("eagle3", notes=(
-        "vLLM loads the head's speculators directory (config.json with speculators_model_type \"eagle3\"); its "
-        "eagle_aux_hidden_state_layer_ids are in vLLM's convention, DraftLab's: id i = the input of decoder layer i "
-        "(transformers' hidden_states[i]). Check the server's per-position acceptance against the lab's: a "
-        "collapse means the head's config or norms are read differently.",), draft_layout="speculators"),
-    "sglang": Serving("EAGLE3", _DRAFT_MODEL["sglang"].settings, (
-        "EAGLE3 with topk 1 drafts one chain of k={k} tokens; SGLang requires num-draft-tokens = num-steps + 1 "
-        "when topk is 1.",
-        "SGLang loads EAGLE-3 heads in its own layout (architectures [\"LlamaForCausalLMEagle3\"], `midlayer.*` "
-        "weights, eagle_config.eagle_aux_hidden_state_layer_ids), whose aux ids are one LOWER than vLLM's: SGLang's "
-        "id j = the output of decoder layer j = vLLM's id j + 1. The speculators directory itself would be misread "
-        "(acceptance collapses): serve the head's SGLang copy, which `draftlab convert-head --to sglang` and "
-        "train-head write as <head>/sglang.",
-        "SGLang always drafts with the target's embedding (it replaces the head's own), as DraftLab does for a head "
-        "saved without one."), draft_layout="sglang", sampled=_sglang_eagle3_sampled),
-    "llama_cpp": _cannot("llama.cpp", "drafts with a separate draft model or n-grams; it has no loader for an "
-                         "EAGLE-3 head that reads the target's hidden states; serve this run with vLLM or SGLang."),
-    "transformers": _cannot("transformers", "assisted generation drafts with a whole assistant model or prompt "
-                            "lookup; it cannot feed an EAGLE-3 head the target's hidden states; serve this run "
-                            "with vLLM or SGLang."),
+    "vllm": Serving(
+        "eagle3",
+        notes=(
+            'vLLM loads the head\'s speculators directory (config.json with speculators_model_type "eagle3"); its '
+            "eagle_aux_hidden_state_layer_ids are in vLLM's convention, DraftLab's: id i = the input of decoder layer i "
+            "(transformers' hidden_states[i]). Check the server's per-position acceptance against the lab's: a "
+            "collapse means the head's config or norms are read differently.",
+        ),
+        draft_layout="speculators",
+    ),
+    "sglang": Serving(
+        "EAGLE3",
+        _DRAFT_MODEL["sglang"].settings,
+        (
+            "EAGLE3 with topk 1 drafts one chain of k={k} tokens; SGLang requires num-draft-tokens = num-steps + 1 "
+            "when topk is 1.",
+            'SGLang loads EAGLE-3 heads in its own layout (architectures ["LlamaForCausalLMEagle3"], `midlayer.*` '
+            "weights, eagle_config.eagle_aux_hidden_state_layer_ids), whose aux ids are one LOWER than vLLM's: SGLang's "
+            "id j = the output of decoder layer j = vLLM's id j + 1. The speculators directory itself would be misread "
+            "(acceptance collapses): serve the head's SGLang copy, which `draftlab convert-head --to sglang` and "
+            "train-head write as <head>/sglang.",
+            "SGLang always drafts with the target's embedding (it replaces the head's own), as DraftLab does for a head "
+            "saved without one.",
+        ),
+        draft_layout="sglang",
+        sampled=_sglang_eagle3_sampled,
+    ),
+    "llama_cpp": _cannot(
+        "llama.cpp",
+        "drafts with a separate draft model or n-grams; it has no loader for an "
+        "EAGLE-3 head that reads the target's hidden states; serve this run with vLLM or SGLang.",
+    ),
+    "transformers": _cannot(
+        "transformers",
+        "assisted generation drafts with a whole assistant model or prompt "
+        "lookup; it cannot feed an EAGLE-3 head the target's hidden states; serve this run "
+        "with vLLM or SGLang.",
+    ),
 }
 
 
@@ -232,28 +358,66 @@ class DrafterSpec:
         return self.name if self.parameter is None or value is None else f"{self.name}:{value!r}"
 
 
-SPECS: dict[str, DrafterSpec] = {spec.name: spec for spec in (
-    DrafterSpec("model", "ModelDrafter", "the draft model, a constant k per round", serving=_DRAFT_MODEL),
-    DrafterSpec("heuristic", "HeuristicDrafter",
-                "the draft model; k starts at k, +2 after a fully accepted round, -1 (min 1) otherwise (transformers)",
-                constant_k=False, serving=_HEURISTIC),
-    DrafterSpec("confidence", "ConfidenceDrafter",
-                "the draft model; a round stops after a draft whose top probability is below T",
-                Parameter(float, "T", "a probability threshold T with 0 < T < 1", "confidence:0.5", 0.0, 1.0,
-                          low_open=True, default=0.5), constant_k=False, serving=_CONFIDENCE),
-    DrafterSpec("prompt-lookup", "PromptLookupDrafter",
-                "no draft model; the continuation of the longest earlier n-gram (n ≤ N) that ends the sequence",
-                Parameter(int, "N", "the longest n-gram N to match, an integer from 1 to 64", "prompt-lookup:3",
-                          1, 65, default=3), needs_model=False, constant_k=False, serving=_PROMPT_LOOKUP),
-    DrafterSpec("suffix", "SuffixDrafter",
-                "no draft model; the most frequent continuation of the longest match of the context in suffix trees "
-                "of depth D over the prompt, the output and earlier responses (vLLM's suffix decoding)",
-                Parameter(int, "D", "the suffix tree depth D, an integer from 1 to 64", "suffix:24", 1, 65, default=24),
-                needs_model=False, constant_k=False, default_parameter=True, serving=_SUFFIX),
-    DrafterSpec("eagle3", "Eagle3Drafter",
-                "an EAGLE-3 head (--draft: its directory, vLLM's speculators or SGLang's layout; the drafter a head "
-                "runs with when none is named) drafting from the target's own hidden states, a constant k per round", needs_hidden_states=True, serving=_EAGLE3),
-)}
+SPECS: dict[str, DrafterSpec] = {
+    spec.name: spec
+    for spec in (
+        DrafterSpec("model", "ModelDrafter", "the draft model, a constant k per round", serving=_DRAFT_MODEL),
+        DrafterSpec(
+            "heuristic",
+            "HeuristicDrafter",
+            "the draft model; k starts at k, +2 after a fully accepted round, -1 (min 1) otherwise (transformers)",
+            constant_k=False,
+            serving=_HEURISTIC,
+        ),
+        DrafterSpec(
+            "confidence",
+            "ConfidenceDrafter",
+            "the draft model; a round stops after a draft whose top probability is below T",
+            Parameter(
+                float,
+                "T",
+                "a probability threshold T with 0 < T < 1",
+                "confidence:0.5",
+                0.0,
+                1.0,
+                low_open=True,
+                default=0.5,
+            ),
+            constant_k=False,
+            serving=_CONFIDENCE,
+        ),
+        DrafterSpec(
+            "prompt-lookup",
+            "PromptLookupDrafter",
+            "no draft model; the continuation of the longest earlier n-gram (n ≤ N) that ends the sequence",
+            Parameter(
+                int, "N", "the longest n-gram N to match, an integer from 1 to 64", "prompt-lookup:3", 1, 65, default=3
+            ),
+            needs_model=False,
+            constant_k=False,
+            serving=_PROMPT_LOOKUP,
+        ),
+        DrafterSpec(
+            "suffix",
+            "SuffixDrafter",
+            "no draft model; the most frequent continuation of the longest match of the context in suffix trees "
+            "of depth D over the prompt, the output and earlier responses (vLLM's suffix decoding)",
+            Parameter(int, "D", "the suffix tree depth D, an integer from 1 to 64", "suffix:24", 1, 65, default=24),
+            needs_model=False,
+            constant_k=False,
+            default_parameter=True,
+            serving=_SUFFIX,
+        ),
+        DrafterSpec(
+            "eagle3",
+            "Eagle3Drafter",
+            "an EAGLE-3 head (--draft: its directory, vLLM's speculators or SGLang's layout; the drafter a head "
+            "runs with when none is named) drafting from the target's own hidden states, a constant k per round",
+            needs_hidden_states=True,
+            serving=_EAGLE3,
+        ),
+    )
+}
 DEFAULT_DRAFTER = "model"
 # How a draft model proposes (engine/decoding/drafting.py): draws from p_d, or its argmax verified as a point mass.
 DRAFT_SAMPLING = ("probabilistic", "greedy")
@@ -263,8 +427,11 @@ DEFAULT_DRAFT_SAMPLING = "probabilistic"
 def example_specs(**capabilities) -> list[str]:
     """A valid spec of every drafter whose declaration has these capabilities (`needs_model=False`,
     `constant_k=False`, ...), in declaration order: what findings suggest trying, by capability, never by name."""
-    return [spec.parameter.example if spec.parameter else spec.name for spec in SPECS.values()
-            if all(getattr(spec, key) == value for key, value in capabilities.items())]
+    return [
+        spec.parameter.example if spec.parameter else spec.name
+        for spec in SPECS.values()
+        if all(getattr(spec, key) == value for key, value in capabilities.items())
+    ]
 
 
 def drafter_usage() -> str:
@@ -293,8 +460,9 @@ def parse_drafter(text) -> tuple[str, int | float | None]:
     if not raw and not colon and spec.default_parameter:
         return name, param.default
     if not raw:
-        raise DraftLabError(f"drafter {name!r} needs {param.meaning} after a colon (got {shown!r}); "
-                            f"use e.g. {param.example}")
+        raise DraftLabError(
+            f"drafter {name!r} needs {param.meaning} after a colon (got {shown!r}); use e.g. {param.example}"
+        )
     value = param.parse(raw)
     if value is None:
         raise DraftLabError(f"drafter {name!r}: {raw[:40]!r} is not {param.meaning}; use e.g. {param.example}")

@@ -27,6 +27,7 @@ SpecForge ignore unknown keys), so a round trip keeps it.
     sglang_config(spec)["eagle_config"]         # {"eagle_aux_hidden_state_layer_ids": [i - 1, ...], ...}
     sglang_dir("heads/demo")                    # heads/demo/sglang: where the SGLang copy of a head goes
 """
+
 from __future__ import annotations
 
 import json
@@ -43,11 +44,25 @@ SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 LAYER_PREFIX = {SPECULATORS: "layers.0.", SGLANG: "midlayer."}
 # The keys of a head's config that are not its Llama decoder layer's (SGLang's config holds both at the top level;
 # speculators' layer is its transformer_layer_config): everything else is carried from one layout to the other.
-NOT_LAYER_KEYS = frozenset({
-    "architectures", "model_type", "num_hidden_layers", "draft_vocab_size", "target_hidden_size", "eagle_config",
-    "norm_before_residual", "norm_before_fc", "verifier_name_or_path", "speculators_model_type",
-    "speculators_config", "speculators_version", "transformer_layer_config", "eagle_aux_hidden_state_layer_ids",
-    "auto_map"})
+NOT_LAYER_KEYS = frozenset(
+    {
+        "architectures",
+        "model_type",
+        "num_hidden_layers",
+        "draft_vocab_size",
+        "target_hidden_size",
+        "eagle_config",
+        "norm_before_residual",
+        "norm_before_fc",
+        "verifier_name_or_path",
+        "speculators_model_type",
+        "speculators_config",
+        "speculators_version",
+        "transformer_layer_config",
+        "eagle_aux_hidden_state_layer_ids",
+        "auto_map",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -164,36 +179,55 @@ def spec_from_config(config: dict, path="the head") -> HeadSpec:
         methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
         tokens = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
         verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-        return HeadSpec(SPECULATORS, _layer(layer), int(config.get("draft_vocab_size") or layer.get("vocab_size") or 0),
-                        config.get("target_hidden_size"),
-                        _ids(config.get("eagle_aux_hidden_state_layer_ids"), path, "eagle_aux_hidden_state_layer_ids"),
-                        bool(config.get("norm_before_residual", True)), bool(config.get("norm_before_fc", False)),
-                        verifier or None, tokens if isinstance(tokens, int) else None)
+        return HeadSpec(
+            SPECULATORS,
+            _layer(layer),
+            int(config.get("draft_vocab_size") or layer.get("vocab_size") or 0),
+            config.get("target_hidden_size"),
+            _ids(config.get("eagle_aux_hidden_state_layer_ids"), path, "eagle_aux_hidden_state_layer_ids"),
+            bool(config.get("norm_before_residual", True)),
+            bool(config.get("norm_before_fc", False)),
+            verifier or None,
+            tokens if isinstance(tokens, int) else None,
+        )
     if layout == SGLANG:
         eagle = config.get("eagle_config") or {}
         if not isinstance(eagle, dict):
             raise _refuse(path, "has an eagle_config that is not an object", "save it as SpecForge does")
         if eagle.get("use_aux_hidden_state", True) is False:
-            raise _refuse(path, "sets eagle_config.use_aux_hidden_state false (it reads no aux hidden states)",
-                          "use a head trained on the target's aux hidden states (EAGLE-3)")
-        sglang_ids = _ids(eagle.get("eagle_aux_hidden_state_layer_ids"), path,
-                          "eagle_config.eagle_aux_hidden_state_layer_ids")
-        return HeadSpec(SGLANG, _layer(config), int(config.get("draft_vocab_size") or config.get("vocab_size") or 0),
-                        config.get("target_hidden_size"),
-                        None if sglang_ids is None else tuple(j + 1 for j in sglang_ids),  # output of j = input of j+1
-                        bool(config.get("norm_before_residual", False)),
-                        bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
-                        config.get("verifier_name_or_path") or None)
-    raise _refuse(path, "has no config.json of an EAGLE-3 head (speculators_model_type \"eagle3\", or architectures "
-                        f"[\"{SGLANG_ARCHITECTURE}\"])",
-                  "point --draft at a head directory in the speculators or the SGLang layout")
+            raise _refuse(
+                path,
+                "sets eagle_config.use_aux_hidden_state false (it reads no aux hidden states)",
+                "use a head trained on the target's aux hidden states (EAGLE-3)",
+            )
+        sglang_ids = _ids(
+            eagle.get("eagle_aux_hidden_state_layer_ids"), path, "eagle_config.eagle_aux_hidden_state_layer_ids"
+        )
+        return HeadSpec(
+            SGLANG,
+            _layer(config),
+            int(config.get("draft_vocab_size") or config.get("vocab_size") or 0),
+            config.get("target_hidden_size"),
+            None if sglang_ids is None else tuple(j + 1 for j in sglang_ids),  # output of j = input of j+1
+            bool(config.get("norm_before_residual", False)),
+            bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
+            config.get("verifier_name_or_path") or None,
+        )
+    raise _refuse(
+        path,
+        'has no config.json of an EAGLE-3 head (speculators_model_type "eagle3", or architectures '
+        f'["{SGLANG_ARCHITECTURE}"])',
+        "point --draft at a head directory in the speculators or the SGLang layout",
+    )
 
 
 def head_spec(path) -> HeadSpec:
     """The HeadSpec of the head in directory `path` (either layout); a DraftLabError when it holds none."""
     config = read_config(path)
     if config is None:
-        raise _refuse(path, "has no readable config.json", "give an EAGLE-3 head directory (speculators or SGLang layout)")
+        raise _refuse(
+            path, "has no readable config.json", "give an EAGLE-3 head directory (speculators or SGLang layout)"
+        )
     return spec_from_config(config, path)
 
 
@@ -205,16 +239,21 @@ def speculators_config(spec: HeadSpec, speculative_tokens: int | None = None) ->
         layer["torch_dtype"] = spec.layer["torch_dtype"]
     tokens = speculative_tokens or spec.speculative_tokens or 3
     config = {
-        "speculators_model_type": SPECULATORS_TYPE, "architectures": ["Eagle3Speculator"],
-        "transformer_layer_config": layer, "draft_vocab_size": spec.draft_vocab_size,
-        "target_hidden_size": spec.target_hidden_size, "norm_before_residual": spec.norm_before_residual,
+        "speculators_model_type": SPECULATORS_TYPE,
+        "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": layer,
+        "draft_vocab_size": spec.draft_vocab_size,
+        "target_hidden_size": spec.target_hidden_size,
+        "norm_before_residual": spec.norm_before_residual,
         "norm_before_fc": spec.norm_before_fc,
         **({} if spec.aux_layers is None else {"eagle_aux_hidden_state_layer_ids": list(spec.aux_layers)}),
         "speculators_version": "0.3.0",
         "speculators_config": {
-            "algorithm": "eagle3", "default_proposal_method": "greedy",
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(tokens)}],
-            "verifier": {"name_or_path": spec.verifier, "architectures": ["LlamaForCausalLM"]}},
+            "verifier": {"name_or_path": spec.verifier, "architectures": ["LlamaForCausalLM"]},
+        },
     }
     if spec.target_hidden_size is None:
         del config["target_hidden_size"]
@@ -224,16 +263,22 @@ def speculators_config(spec: HeadSpec, speculative_tokens: int | None = None) ->
 def sglang_problem(spec: HeadSpec) -> str | None:
     """Why SGLang cannot serve this head as trained (its LlamaForCausalLMEagle3 computes another function), or None."""
     if spec.norm_before_residual:
-        return ("normalises the state before taking the residual (norm_before_residual), which SGLang's "
-                "LlamaForCausalLMEagle3 does not (its midlayer takes the residual before hidden_norm)")
+        return (
+            "normalises the state before taking the residual (norm_before_residual), which SGLang's "
+            "LlamaForCausalLMEagle3 does not (its midlayer takes the residual before hidden_norm)"
+        )
     if spec.norm_before_fc:
         return "normalises the aux states before fc (norm_before_fc), which SGLang's LlamaForCausalLMEagle3 has no norm for"
     if spec.aux_layers is not None and len(set(spec.aux_layers)) < len(spec.aux_layers):
-        return (f"reads one layer twice (aux ids {list(spec.aux_layers)}), which SGLang captures once (its "
-                f"layers_to_capture is a membership test)")
+        return (
+            f"reads one layer twice (aux ids {list(spec.aux_layers)}), which SGLang captures once (its "
+            f"layers_to_capture is a membership test)"
+        )
     if spec.aux_layers is not None and min(spec.aux_layers) < 1:
-        return (f"reads the embedding (aux ids {list(spec.aux_layers)}: id 0), which SGLang cannot capture (its id "
-                f"would be -1, and before layer 0 its residual is not set)")
+        return (
+            f"reads the embedding (aux ids {list(spec.aux_layers)}: id 0), which SGLang cannot capture (its id "
+            f"would be -1, and before layer 0 its residual is not set)"
+        )
     return None
 
 
@@ -247,8 +292,14 @@ def sglang_config(spec: HeadSpec) -> dict:
     eagle = {"use_aux_hidden_state": True}
     if spec.aux_layers is not None:
         eagle = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in spec.aux_layers], **eagle}
-    config = {"architectures": [SGLANG_ARCHITECTURE], "model_type": "llama", **layer, "num_hidden_layers": 1,
-              "tie_word_embeddings": False, "draft_vocab_size": spec.draft_vocab_size}
+    config = {
+        "architectures": [SGLANG_ARCHITECTURE],
+        "model_type": "llama",
+        **layer,
+        "num_hidden_layers": 1,
+        "tie_word_embeddings": False,
+        "draft_vocab_size": spec.draft_vocab_size,
+    }
     if spec.target_hidden_size is not None:
         config["target_hidden_size"] = spec.target_hidden_size
     config["eagle_config"] = eagle
@@ -286,15 +337,22 @@ def check_verifier(path, verifier: str | None, target_names: list[str], required
     if not verifier:
         if not required:
             return
-        raise _refuse(path, "names no target (speculators_config.verifier.name_or_path is empty)",
-                      f"set it to the target it was trained for, e.g. {shown!r}")
+        raise _refuse(
+            path,
+            "names no target (speculators_config.verifier.name_or_path is empty)",
+            f"set it to the target it was trained for, e.g. {shown!r}",
+        )
     if not any(_same_model(verifier, name) for name in target_names if name):
-        raise _refuse(path, f"was trained for target {verifier!r}, not this run's target {shown!r}",
-                      f"run it with --target {verifier} or use a head trained for {shown}")
+        raise _refuse(
+            path,
+            f"was trained for target {verifier!r}, not this run's target {shown!r}",
+            f"run it with --target {verifier} or use a head trained for {shown}",
+        )
 
 
-def check_for_target(spec: HeadSpec, path, target_names: list[str], num_layers: int, hidden_size: int,
-                     vocab_size: int) -> tuple[int, ...]:
+def check_for_target(
+    spec: HeadSpec, path, target_names: list[str], num_layers: int, hidden_size: int, vocab_size: int
+) -> tuple[int, ...]:
     """Check that the head can draft for a target of `num_layers` decoder layers, hidden states `hidden_size` wide
     and `vocab_size` output ids (its verifier, aux ids, widths); return its aux ids in DraftLab's convention (the
     engines' default [2, L/2, L-3] when it names none). A DraftLabError says in one line why not."""
@@ -304,17 +362,29 @@ def check_for_target(spec: HeadSpec, path, target_names: list[str], num_layers: 
         aux = (2, num_layers // 2, num_layers - 3)
     if not all(0 <= i < num_layers for i in aux):
         if spec.layout == SGLANG:
-            raise _refuse(path, f"reads target layers {[i - 1 for i in aux]!r} in SGLang's convention (the output "
-                                f"of layer j), but the target has decoder layers 0..{num_layers - 1}: SGLang's ids go "
-                                f"from 0 to {num_layers - 2}", "train it for this target")
-        raise _refuse(path, f"reads target layers {list(aux)!r}, but the target has decoder layers "
-                            f"0..{num_layers - 1}",
-                      "train it for this target (eagle_aux_hidden_state_layer_ids: ids of its decoder layers)")
+            raise _refuse(
+                path,
+                f"reads target layers {[i - 1 for i in aux]!r} in SGLang's convention (the output "
+                f"of layer j), but the target has decoder layers 0..{num_layers - 1}: SGLang's ids go "
+                f"from 0 to {num_layers - 2}",
+                "train it for this target",
+            )
+        raise _refuse(
+            path,
+            f"reads target layers {list(aux)!r}, but the target has decoder layers 0..{num_layers - 1}",
+            "train it for this target (eagle_aux_hidden_state_layer_ids: ids of its decoder layers)",
+        )
     target_hidden = spec.target_hidden_size or spec.layer.get("hidden_size")
     if target_hidden != hidden_size:
-        raise _refuse(path, f"reads target hidden states of width {target_hidden}, the target's are {hidden_size}",
-                      "use a head trained for this target")
+        raise _refuse(
+            path,
+            f"reads target hidden states of width {target_hidden}, the target's are {hidden_size}",
+            "use a head trained for this target",
+        )
     if spec.layer.get("vocab_size") != vocab_size:
-        raise _refuse(path, f"scores a target vocabulary of {spec.layer.get('vocab_size')} ids, the target has "
-                            f"{vocab_size}", "use a head trained for this target")
+        raise _refuse(
+            path,
+            f"scores a target vocabulary of {spec.layer.get('vocab_size')} ids, the target has {vocab_size}",
+            "use a head trained for this target",
+        )
     return tuple(aux)

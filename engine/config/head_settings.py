@@ -5,6 +5,7 @@ answer everywhere.
 
     parse_aux_layers("2,6,9") -> [2, 6, 9]; parse_aux_layers("auto") -> None (vLLM's default for the target)
 """
+
 from __future__ import annotations
 
 from engine.errors import DraftLabError
@@ -16,8 +17,17 @@ AUTO = "auto"  # aux layers: vLLM's default (2, L/2, L-3) for the target
 
 # `draftlab train-head`'s defaults (app/cli.py; tests/test_training_heads.py checks they agree), the form's first
 # values. draft_vocab_size 0: the whole target vocabulary, at most 32000 ids.
-DEFAULTS = {"steps": 600, "lr": 1e-3, "ttt_steps": 4, "draft_vocab_size": 0, "aux_layers": AUTO,
-            "max_new_tokens": 128, "batch_size": 8, "samples": 1, "seed": 0}
+DEFAULTS = {
+    "steps": 600,
+    "lr": 1e-3,
+    "ttt_steps": 4,
+    "draft_vocab_size": 0,
+    "aux_layers": AUTO,
+    "max_new_tokens": 128,
+    "batch_size": 8,
+    "samples": 1,
+    "seed": 0,
+}
 
 
 def parse_aux_layers(text: str | None, said: str = "--aux-layers") -> list[int] | None:
@@ -49,6 +59,7 @@ def check_ttt_steps(value, said: str = "--ttt-steps") -> int:
 def check_draft_vocab_size(value, said: str = "--draft-vocab-size") -> int:
     """The draft vocabulary size: a whole number >= 1, or 0 for the whole target vocabulary (at most 32000 ids)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DraftLabError(f"{said} must be a whole number >= 1, or 0 for the whole vocabulary (got {value!r}); "
-                            f"use e.g. 32000")
+        raise DraftLabError(
+            f"{said} must be a whole number >= 1, or 0 for the whole vocabulary (got {value!r}); use e.g. 32000"
+        )
     return value

@@ -6,6 +6,7 @@ prompt-file loaders and the queue all read them here, so one input gets one answ
 
 Plain Python (no torch): storage and pages import it.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,17 +29,22 @@ class Limit:
         return ENV_PREFIX + self.name.upper()
 
 
-LIMITS: dict[str, Limit] = {item.name: item for item in (
-    Limit("prompts", 2000, "prompts per experiment (or per prompt file)"),
-    Limit("prompt_file_mb", 20, "megabytes per prompt file or upload"),
-    Limit("prompt_chars", 100_000, "characters per prompt"),
-    Limit("metrics_mb", 10, "megabytes per metrics scrape (draftlab import-metrics)"),
-    Limit("repeats", 100, "timed decodes per prompt and configuration (--repeats)"),
-    Limit("max_new_tokens", 4096, "new tokens per prompt (--max-new-tokens)"),
-    Limit("swept_values", 64, "swept values per experiment"),
-    Limit("upload_days", 30, "days an uploaded prompt file is kept (unless an unfinished training job reads it)"),
-    Limit("queued_runs", 1000, "queued runs per launcher (experiments, training jobs and confirms not yet finished)"),
-)}
+LIMITS: dict[str, Limit] = {
+    item.name: item
+    for item in (
+        Limit("prompts", 2000, "prompts per experiment (or per prompt file)"),
+        Limit("prompt_file_mb", 20, "megabytes per prompt file or upload"),
+        Limit("prompt_chars", 100_000, "characters per prompt"),
+        Limit("metrics_mb", 10, "megabytes per metrics scrape (draftlab import-metrics)"),
+        Limit("repeats", 100, "timed decodes per prompt and configuration (--repeats)"),
+        Limit("max_new_tokens", 4096, "new tokens per prompt (--max-new-tokens)"),
+        Limit("swept_values", 64, "swept values per experiment"),
+        Limit("upload_days", 30, "days an uploaded prompt file is kept (unless an unfinished training job reads it)"),
+        Limit(
+            "queued_runs", 1000, "queued runs per launcher (experiments, training jobs and confirms not yet finished)"
+        ),
+    )
+}
 
 
 def limit(name: str) -> int:
@@ -49,8 +55,10 @@ def limit(name: str) -> int:
         return item.default
     value = ascii_int(raw)
     if value is None or value < 1:
-        raise DraftLabError(f"${item.env} must be a whole number >= 1 (got {raw[:40]!r}); unset it for the default "
-                            f"{item.default} {item.meaning}")
+        raise DraftLabError(
+            f"${item.env} must be a whole number >= 1 (got {raw[:40]!r}); unset it for the default "
+            f"{item.default} {item.meaning}"
+        )
     return value
 
 
@@ -64,5 +72,7 @@ def check_all() -> None:
 def over(name: str, count: int, what: str) -> str:
     """The one-line refusal of `count` beyond the bound `name`: names the bound and how to raise it."""
     item = LIMITS[name]
-    return (f"{what} has {count} {item.meaning.split(' (')[0]}, more than the limit of {limit(name)}: use fewer, "
-            f"or raise it with {item.env}")
+    return (
+        f"{what} has {count} {item.meaning.split(' (')[0]}, more than the limit of {limit(name)}: use fewer, "
+        f"or raise it with {item.env}"
+    )

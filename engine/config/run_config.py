@@ -16,17 +16,18 @@ and nothing here.
 
 Plain Python, no torch: storage and pages import it.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Mapping
 
 from engine.config.drafter_specs import DEFAULT_DRAFTER, SPECS, canonical_drafter, drafter_spec, needs_draft_model
-from engine.errors import DraftLabError
 from engine.config.head_format import is_causal_lm_dir, is_head
 from engine.config.sampling_config import SamplingConfig
 from engine.config.variables import DEFAULT_VARIABLE, SETTINGS, VARIABLES, Variable
+from engine.errors import DraftLabError
 
 # Every described parameter of a run: the swept variables and the fixed settings (seed, repeats, max new tokens).
 PARAMETERS: dict[str, Variable] = {**VARIABLES, **SETTINGS}
@@ -34,8 +35,7 @@ PARAMETERS: dict[str, Variable] = {**VARIABLES, **SETTINGS}
 RUN_PARAMETERS = tuple(name for name in PARAMETERS if name != "repeats")
 # The settings the target-only decoding depends on: a baseline stores these (and a sweep of one gets a baseline
 # per value).
-BASELINE_PARAMETERS = tuple(name for name in RUN_PARAMETERS
-                            if name in SETTINGS or VARIABLES[name].per_value_baseline)
+BASELINE_PARAMETERS = tuple(name for name in RUN_PARAMETERS if name in SETTINGS or VARIABLES[name].per_value_baseline)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_REPEATS = 3  # README "Timing protocol": what the demo pair needs to meet the spread goal
@@ -101,10 +101,24 @@ class RunConfig:
     # --- building ---------------------------------------------------------------------------------------------
 
     @classmethod
-    def make(cls, *, target: str, prompts: str, sweep: str | None = None, values=None, k_auto=None,
-             batch_sizes=None, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
-             chat_template: str | None = "auto", form: bool = False, stored: bool = False, drafters=None,
-             **given) -> "RunConfig":
+    def make(
+        cls,
+        *,
+        target: str,
+        prompts: str,
+        sweep: str | None = None,
+        values=None,
+        k_auto=None,
+        batch_sizes=None,
+        device: str = "auto",
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        chat_template: str | None = "auto",
+        form: bool = False,
+        stored: bool = False,
+        drafters=None,
+        **given,
+    ) -> RunConfig:
         """A configuration from given values (text or numbers; missing ones take their defaults), each parsed and
         bounded by its description; `values` a list or comma-separated text of the swept variable's values (none:
         the swept variable's own value). A DraftLabError names the problem and the fix, in the form's words with
@@ -113,8 +127,10 @@ class RunConfig:
         unknown = [name for name in given if name not in PARAMETERS]
         if unknown:
             raise DraftLabError(f"unknown settings {', '.join(sorted(unknown))}; use {', '.join(PARAMETERS)}")
-        settings = {name: DEFAULTS[name] if given.get(name) is None else _one(PARAMETERS[name], given[name], form, stored)
-                    for name in PARAMETERS}
+        settings = {
+            name: DEFAULTS[name] if given.get(name) is None else _one(PARAMETERS[name], given[name], form, stored)
+            for name in PARAMETERS
+        }
         settings["draft"] = settings["draft"] or ""
         if k_auto is not None:
             k_auto = _k_auto(k_auto)
@@ -125,8 +141,11 @@ class RunConfig:
         if values is None or (isinstance(values, str) and not values.strip()):
             listed = [settings[swept.name]]
         else:
-            listed = ([swept.coerce(v) for v in values] if stored and not swept.categorical else
-                      swept.parse_list(values if isinstance(values, str) else [_text(v) for v in values], form))
+            listed = (
+                [swept.coerce(v) for v in values]
+                if stored and not swept.categorical
+                else swept.parse_list(values if isinstance(values, str) else [_text(v) for v in values], form)
+            )
         settings[swept.name] = listed[0]
         if stored:  # stored runs named their drafters
             drafters = _stored_drafters(drafters, swept.name, listed)
@@ -144,45 +163,80 @@ class RunConfig:
         sizes = None
         if batch_sizes is not None and not (isinstance(batch_sizes, str) and not batch_sizes.strip()):
             if swept.name == "batch_size":
-                raise DraftLabError("a grid sweeps another variable at each batch size; give the batch sizes as the "
-                                    "sweep or as the grid's batch sizes, not both")
-            sizes = tuple(int(b) for b in batch_sizes) if stored else tuple(VARIABLES["batch_size"].parse_list(
-                batch_sizes if isinstance(batch_sizes, str) else [_text(v) for v in batch_sizes], form))
+                raise DraftLabError(
+                    "a grid sweeps another variable at each batch size; give the batch sizes as the "
+                    "sweep or as the grid's batch sizes, not both"
+                )
+            sizes = (
+                tuple(int(b) for b in batch_sizes)
+                if stored
+                else tuple(
+                    VARIABLES["batch_size"].parse_list(
+                        batch_sizes if isinstance(batch_sizes, str) else [_text(v) for v in batch_sizes], form
+                    )
+                )
+            )
             settings["batch_size"] = sizes[0]
         if device not in DEVICES:
             raise DraftLabError(f"device {str(device)[:40]!r} is not one of {', '.join(DEVICES)}")
         if dtype not in DTYPES:
             raise DraftLabError(f"dtype {str(dtype)[:40]!r} is not one of {', '.join(DTYPES)}")
-        return cls(target=str(target).strip(), prompts=str(prompts).strip(),
-                   settings=tuple(settings.items()), sweep=swept.name, values=tuple(listed), k_auto=k_auto,
-                   batch_sizes=sizes, device=device, dtype=dtype, trust_remote_code=bool(trust_remote_code),
-                   chat_template=chat_template or "auto", drafters=drafters)
+        return cls(
+            target=str(target).strip(),
+            prompts=str(prompts).strip(),
+            settings=tuple(settings.items()),
+            sweep=swept.name,
+            values=tuple(listed),
+            k_auto=k_auto,
+            batch_sizes=sizes,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=bool(trust_remote_code),
+            chat_template=chat_template or "auto",
+            drafters=drafters,
+        )
 
     @classmethod
-    def from_args(cls, args, sweep, chat_template: str | None = None) -> "RunConfig":
+    def from_args(cls, args, sweep, chat_template: str | None = None) -> RunConfig:
         """`draftlab run`'s configuration: its parsed arguments and app/sweep.py's Sweep of the listed option
         (chat_template: the --chat-template FILE's text, engine/text/chat.py's resolve_option, when read)."""
         fixed = {name: value for name, value in sweep.fixed.items() if not (name == "draft" and value == "-")}
-        return cls.make(target=args.target, prompts=args.prompts, sweep=sweep.variable,
-                        values=None if sweep.k_auto else list(sweep.values), k_auto=sweep.k_auto,
-                        batch_sizes=sweep.batch_sizes, device=args.device, dtype=args.dtype,
-                        trust_remote_code=args.trust_remote_code, chat_template=chat_template or args.chat_template,
-                        **fixed, **{name: getattr(args, name) for name in SETTINGS})
+        return cls.make(
+            target=args.target,
+            prompts=args.prompts,
+            sweep=sweep.variable,
+            values=None if sweep.k_auto else list(sweep.values),
+            k_auto=sweep.k_auto,
+            batch_sizes=sweep.batch_sizes,
+            device=args.device,
+            dtype=args.dtype,
+            trust_remote_code=args.trust_remote_code,
+            chat_template=chat_template or args.chat_template,
+            **fixed,
+            **{name: getattr(args, name) for name in SETTINGS},
+        )
 
     @classmethod
-    def from_url(cls, params: Mapping[str, str], form: bool = True) -> "RunConfig":
+    def from_url(cls, params: Mapping[str, str], form: bool = True) -> RunConfig:
         """The configuration a link (`new?target=...&sweep=k&values=1,2`) describes, strictly: a bad parameter is a
         DraftLabError (pages/widgets/prefill.py reads links leniently, one parameter at a time, through `url_value`)."""
         sweep = params.get("sweep") or DEFAULT_VARIABLE
         k_auto = params.get("k_auto") if sweep == "auto" else None
-        return cls.make(target=params.get("target", ""), prompts=params.get("prompts", ""),
-                        sweep="k" if sweep == "auto" else sweep, values=params.get("values"), k_auto=k_auto,
-                        batch_sizes=params.get("batch_sizes"), device=params.get("device", "auto"),
-                        dtype=params.get("dtype", "auto"), form=form,
-                        **{name: params[name] for name in PARAMETERS if name in params})
+        return cls.make(
+            target=params.get("target", ""),
+            prompts=params.get("prompts", ""),
+            sweep="k" if sweep == "auto" else sweep,
+            values=params.get("values"),
+            k_auto=k_auto,
+            batch_sizes=params.get("batch_sizes"),
+            device=params.get("device", "auto"),
+            dtype=params.get("dtype", "auto"),
+            form=form,
+            **{name: params[name] for name in PARAMETERS if name in params},
+        )
 
     @classmethod
-    def from_enqueue(cls, kwargs: Mapping) -> "RunConfig":
+    def from_enqueue(cls, kwargs: Mapping) -> RunConfig:
         """The configuration of enqueue_experiment's keyword arguments (storage/jobs/experiments.py): `sampling` holds
         any fixed parameter by name, the others are keywords of their own."""
         given = {name: kwargs[name] for name in PARAMETERS if kwargs.get(name) is not None}
@@ -191,14 +245,22 @@ class RunConfig:
         values = kwargs.get("sweep_values")
         if sweep == "draft" and values:  # each value is a draft; the experiment's own is its first
             given["draft"] = values[0]
-        return cls.make(target=kwargs["target"], prompts=kwargs["prompts"], sweep=sweep,
-                        values=None if kwargs.get("k_auto") is not None else values, k_auto=kwargs.get("k_auto"),
-                        batch_sizes=kwargs.get("batch_sizes"), device=kwargs.get("device") or "auto",
-                        dtype=kwargs.get("dtype") or "auto", trust_remote_code=kwargs.get("trust_remote_code", False),
-                        chat_template=kwargs.get("chat_template"), **given)
+        return cls.make(
+            target=kwargs["target"],
+            prompts=kwargs["prompts"],
+            sweep=sweep,
+            values=None if kwargs.get("k_auto") is not None else values,
+            k_auto=kwargs.get("k_auto"),
+            batch_sizes=kwargs.get("batch_sizes"),
+            device=kwargs.get("device") or "auto",
+            dtype=kwargs.get("dtype") or "auto",
+            trust_remote_code=kwargs.get("trust_remote_code", False),
+            chat_template=kwargs.get("chat_template"),
+            **given,
+        )
 
     @classmethod
-    def from_experiment(cls, row: Mapping) -> "RunConfig":
+    def from_experiment(cls, row: Mapping) -> RunConfig:
         """What a stored experiment row runs (the inverse of `experiment_columns`); columns an older database
         lacks (NULL) take their defaults."""
         values = row["sweep_values"]
@@ -211,16 +273,24 @@ class RunConfig:
             given["draft"] = values[0] if values else ""
         k_auto = row.get("k_auto")
         drafters = row.get("draft_drafters")
-        return cls.make(target=row["target"], prompts=row["prompts"], sweep=sweep,
-                        values=None if _present(k_auto) else values,
-                        k_auto=int(k_auto) if _present(k_auto) else None, batch_sizes=sizes,
-                        device=row.get("device") or "auto", dtype=row.get("dtype") or "auto",
-                        trust_remote_code=bool(row.get("trust_remote_code") or False),
-                        chat_template=row.get("chat_template"), stored=True,
-                        drafters=json.loads(drafters) if isinstance(drafters, str) else None, **given)
+        return cls.make(
+            target=row["target"],
+            prompts=row["prompts"],
+            sweep=sweep,
+            values=None if _present(k_auto) else values,
+            k_auto=int(k_auto) if _present(k_auto) else None,
+            batch_sizes=sizes,
+            device=row.get("device") or "auto",
+            dtype=row.get("dtype") or "auto",
+            trust_remote_code=bool(row.get("trust_remote_code") or False),
+            chat_template=row.get("chat_template"),
+            stored=True,
+            drafters=json.loads(drafters) if isinstance(drafters, str) else None,
+            **given,
+        )
 
     @classmethod
-    def of_run(cls, run: Mapping, experiment: Mapping) -> "RunConfig":
+    def of_run(cls, run: Mapping, experiment: Mapping) -> RunConfig:
         """One stored run's own configuration (its swept value fixed): the run's columns, else the experiment's
         (runs stored before a column existed), else the defaults. A run whose drafter needs no model has no draft."""
         given = {}
@@ -232,10 +302,16 @@ class RunConfig:
         given = {name: value for name, value in given.items() if _present(value)}
         if not needs_draft_model(str(given.get("drafter") or VARIABLES["drafter"].default)):
             given.pop("draft", None)
-        return cls.make(target=experiment.get("target") or "", prompts=experiment.get("prompts") or "",
-                        device=experiment.get("device") or "auto", dtype=experiment.get("dtype") or "auto",
-                        trust_remote_code=bool(experiment.get("trust_remote_code") or False),
-                        chat_template=experiment.get("chat_template"), stored=True, **given)
+        return cls.make(
+            target=experiment.get("target") or "",
+            prompts=experiment.get("prompts") or "",
+            device=experiment.get("device") or "auto",
+            dtype=experiment.get("dtype") or "auto",
+            trust_remote_code=bool(experiment.get("trust_remote_code") or False),
+            chat_template=experiment.get("chat_template"),
+            stored=True,
+            **given,
+        )
 
     # --- reading ----------------------------------------------------------------------------------------------
 
@@ -247,16 +323,25 @@ class RunConfig:
     def swept(self) -> Variable:
         return VARIABLES[self.sweep]
 
-    def with_values(self, **changes) -> "RunConfig":
+    def with_values(self, **changes) -> RunConfig:
         """The same configuration with some parameters changed (checked where they were given: the queue, the
         grid); a changed batch size is one batch size, no grid."""
         given = {**self._index, **changes}
-        return RunConfig.make(target=self.target, prompts=self.prompts, sweep=self.sweep,
-                              values=None if self.k_auto or self.sweep in changes else list(self.values),
-                              k_auto=self.k_auto, batch_sizes=None if "batch_size" in changes else self.batch_sizes,
-                              device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
-                              chat_template=self.chat_template, stored=True,
-                              drafters=None if self.sweep in changes else self.drafters, **given)
+        return RunConfig.make(
+            target=self.target,
+            prompts=self.prompts,
+            sweep=self.sweep,
+            values=None if self.k_auto or self.sweep in changes else list(self.values),
+            k_auto=self.k_auto,
+            batch_sizes=None if "batch_size" in changes else self.batch_sizes,
+            device=self.device,
+            dtype=self.dtype,
+            trust_remote_code=self.trust_remote_code,
+            chat_template=self.chat_template,
+            stored=True,
+            drafters=None if self.sweep in changes else self.drafters,
+            **given,
+        )
 
     def run_settings(self, value=None, baseline: bool = False) -> dict:
         """What a run of swept value `value` stores of each parameter (runs' columns, storage/db/schema.py): a baseline
@@ -285,11 +370,19 @@ class RunConfig:
         if self.sweep == "draft":
             columns["draft"] = ",".join(self.values)
         columns["draft_drafters"] = json.dumps(list(self.drafters)) if self.drafters else None
-        return {"target": self.target, "prompts": self.prompts, "device": self.device, "dtype": self.dtype,
-                "trust_remote_code": self.trust_remote_code, "chat_template": self.chat_template,
-                **columns, "sweep_variable": self.sweep, "sweep_values": json.dumps(list(self.values)),
-                "k_auto": self.k_auto, "batch_sizes": None if self.batch_sizes is None else
-                json.dumps(list(self.batch_sizes))}
+        return {
+            "target": self.target,
+            "prompts": self.prompts,
+            "device": self.device,
+            "dtype": self.dtype,
+            "trust_remote_code": self.trust_remote_code,
+            "chat_template": self.chat_template,
+            **columns,
+            "sweep_variable": self.sweep,
+            "sweep_values": json.dumps(list(self.values)),
+            "k_auto": self.k_auto,
+            "batch_sizes": None if self.batch_sizes is None else json.dumps(list(self.batch_sizes)),
+        }
 
     def enqueue(self) -> dict:
         """enqueue_experiment's keyword arguments for this configuration (labels such as name and notes apart): the
@@ -297,13 +390,25 @@ class RunConfig:
         names = {name: value for name, value in self.settings if PARAMETERS[name].categorical}
         if self.drafters:  # none named: each draft takes its own again, as here
             names["drafter"] = None
-        return {"target": self.target, "prompts": self.prompts, **names, "draft": self.experiment_columns()["draft"],
-                "sampling": {name: self._index[name] for name in RUN_PARAMETERS
-                             if name != "k" and not PARAMETERS[name].categorical},
-                "device": self.device, "dtype": self.dtype, "trust_remote_code": self.trust_remote_code,
-                "chat_template": self.chat_template, "sweep_variable": self.sweep, "sweep_values": list(self.values),
-                "k": self._index["k"], "repeats": self._index["repeats"], "k_auto": self.k_auto,
-                **({"batch_sizes": list(self.batch_sizes)} if self.batch_sizes else {})}  # a grid only
+        return {
+            "target": self.target,
+            "prompts": self.prompts,
+            **names,
+            "draft": self.experiment_columns()["draft"],
+            "sampling": {
+                name: self._index[name] for name in RUN_PARAMETERS if name != "k" and not PARAMETERS[name].categorical
+            },
+            "device": self.device,
+            "dtype": self.dtype,
+            "trust_remote_code": self.trust_remote_code,
+            "chat_template": self.chat_template,
+            "sweep_variable": self.sweep,
+            "sweep_values": list(self.values),
+            "k": self._index["k"],
+            "repeats": self._index["repeats"],
+            "k_auto": self.k_auto,
+            **({"batch_sizes": list(self.batch_sizes)} if self.batch_sizes else {}),
+        }  # a grid only
 
     def sampling(self, value=None):
         """The engine's SamplingConfig (engine/decoding/sampling.py) of a run of swept value `value`: every parameter that
@@ -314,18 +419,36 @@ class RunConfig:
     def key(self) -> tuple:
         """What makes two launches the same experiment (a second Launch of it links to the first): everything
         but its labels."""
-        return (self.target, self.prompts, self.sweep, self.values, self.k_auto, self.batch_sizes, self.device,
-                self.dtype, self.trust_remote_code, self.chat_template, self.settings, self.drafters)
+        return (
+            self.target,
+            self.prompts,
+            self.sweep,
+            self.values,
+            self.k_auto,
+            self.batch_sizes,
+            self.device,
+            self.dtype,
+            self.trust_remote_code,
+            self.chat_template,
+            self.settings,
+            self.drafters,
+        )
 
     def to_url(self) -> dict[str, str]:
         """The link parameters of this configuration (every parameter by name; the swept one's as `values`, a
         grid's batch sizes as `batch_sizes`), read back by `from_url` and by the form's prefill:
         `from_url(cfg.to_url()) == cfg`."""
         params = {"target": self.target, "prompts": self.prompts, "device": self.device, "dtype": self.dtype}
-        params.update({name: exact_text(PARAMETERS[name], value) for name, value in self.settings
-                       if name != self.sweep and not (name == "draft" and value == "")
-                       and not (name == "batch_size" and self.batch_sizes is not None)
-                       and not (name == "drafter" and self.drafters)})
+        params.update(
+            {
+                name: exact_text(PARAMETERS[name], value)
+                for name, value in self.settings
+                if name != self.sweep
+                and not (name == "draft" and value == "")
+                and not (name == "batch_size" and self.batch_sizes is not None)
+                and not (name == "drafter" and self.drafters)
+            }
+        )
         if self.k_auto is not None:
             params.update(sweep="auto", k_auto=str(self.k_auto))
         else:
@@ -337,13 +460,20 @@ class RunConfig:
     def to_cli(self) -> list[str]:
         """`draftlab run`'s arguments for this configuration (read back by the CLI's parser and `from_args`)."""
         # `--flag=value`: a value that starts with "-" (a model path) is then never read as an option
-        argv = [f"--target={self.target}", f"--prompts={self.prompts}", f"--device={self.device}",
-                f"--dtype={self.dtype}"]
+        argv = [
+            f"--target={self.target}",
+            f"--prompts={self.prompts}",
+            f"--device={self.device}",
+            f"--dtype={self.dtype}",
+        ]
         for name, value in self.settings:
             v = PARAMETERS[name]
             if name == self.sweep:
-                text = (f"auto:{self.k_auto}" if self.k_auto is not None else
-                        ",".join(exact_text(v, item) for item in self.values))
+                text = (
+                    f"auto:{self.k_auto}"
+                    if self.k_auto is not None
+                    else ",".join(exact_text(v, item) for item in self.values)
+                )
             elif name == "batch_size" and self.batch_sizes is not None:
                 text = ",".join(str(b) for b in self.batch_sizes)
             elif name == "draft" and value == "" or name == "drafter" and self.drafters:
@@ -374,8 +504,10 @@ def _stored_drafters(drafters, sweep: str, drafts) -> tuple[str, ...] | None:
     if not drafters:
         return None
     if sweep != "draft" or len(drafters) != len(drafts):
-        raise DraftLabError(f"{len(drafters)} drafters stored for a {sweep} sweep of {len(drafts)} values; each draft "
-                            f"of a draft sweep names one drafter")
+        raise DraftLabError(
+            f"{len(drafters)} drafters stored for a {sweep} sweep of {len(drafts)} values; each draft "
+            f"of a draft sweep names one drafter"
+        )
     return tuple(canonical_drafter(d) for d in drafters)
 
 
@@ -389,12 +521,16 @@ def check_drafters(specs, drafts) -> None:
             continue
         for draft in drafts:
             if not spec.needs_hidden_states and is_head(draft):
-                raise DraftLabError(f"drafter {text!r} drafts with a causal LM, but the draft {draft!r} is an EAGLE-3 "
-                                    f"head; leave the drafter out (a head drafts as {readers}) or name {readers}")
+                raise DraftLabError(
+                    f"drafter {text!r} drafts with a causal LM, but the draft {draft!r} is an EAGLE-3 "
+                    f"head; leave the drafter out (a head drafts as {readers}) or name {readers}"
+                )
             if spec.needs_hidden_states and is_causal_lm_dir(draft):
-                raise DraftLabError(f"drafter {text!r} drafts with an EAGLE-3 head, but the draft {draft!r} is a "
-                                    f"causal LM; pass a head directory (vLLM's speculators or SGLang's layout) as "
-                                    f"the draft, or leave the drafter out (a causal LM drafts as {DEFAULT_DRAFTER})")
+                raise DraftLabError(
+                    f"drafter {text!r} drafts with an EAGLE-3 head, but the draft {draft!r} is a "
+                    f"causal LM; pass a head directory (vLLM's speculators or SGLang's layout) as "
+                    f"the draft, or leave the drafter out (a causal LM drafts as {DEFAULT_DRAFTER})"
+                )
 
 
 def exact_text(v: Variable, value) -> str:
@@ -425,5 +561,13 @@ def _present(value) -> bool:
         return False
 
 
-__all__ = ["BASELINE_PARAMETERS", "DEFAULTS", "PARAMETERS", "RUN_PARAMETERS", "RunConfig", "URL_KEYS", "check_drafters",
-           "default_drafter"]
+__all__ = [
+    "BASELINE_PARAMETERS",
+    "DEFAULTS",
+    "PARAMETERS",
+    "RUN_PARAMETERS",
+    "RunConfig",
+    "URL_KEYS",
+    "check_drafters",
+    "default_drafter",
+]

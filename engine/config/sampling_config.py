@@ -1,13 +1,14 @@
 """A run's sampling settings as the engine takes them: temperature, top-k, top-p, the seed, the token budget and
 how the draft proposes. Plain Python, no torch (engine/config/run_config.py builds one; engine/decoding/sampling.py applies it).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from engine.config.drafter_specs import DRAFT_SAMPLING
-from engine.errors import DraftLabError
 from engine.config.variables import MIN_TEMPERATURE
+from engine.errors import DraftLabError
 
 
 @dataclass(frozen=True)
@@ -26,16 +27,21 @@ class SamplingConfig:
 
     def __post_init__(self):
         if self.draft_sampling not in DRAFT_SAMPLING:
-            raise DraftLabError(f"draft sampling must be one of {', '.join(DRAFT_SAMPLING)} (got "
-                                f"{str(self.draft_sampling)[:40]!r})")
+            raise DraftLabError(
+                f"draft sampling must be one of {', '.join(DRAFT_SAMPLING)} (got {str(self.draft_sampling)[:40]!r})"
+            )
         if self.temperature < 0:
             raise DraftLabError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy decoding")
         if 0 < self.temperature < MIN_TEMPERATURE:
-            raise DraftLabError(f"temperature {self.temperature:g} is too small to compute with (a value above 0 must "
-                                f"be at least {MIN_TEMPERATURE:g}); use 0 for greedy decoding")
+            raise DraftLabError(
+                f"temperature {self.temperature:g} is too small to compute with (a value above 0 must "
+                f"be at least {MIN_TEMPERATURE:g}); use 0 for greedy decoding"
+            )
         if self.draft_temperature < 0 or 0 < self.draft_temperature < MIN_TEMPERATURE:
-            raise DraftLabError(f"draft temperature {self.draft_temperature:g} is not 0 (the target's) or at least "
-                                f"{MIN_TEMPERATURE:g}; use e.g. 0.5")
+            raise DraftLabError(
+                f"draft temperature {self.draft_temperature:g} is not 0 (the target's) or at least "
+                f"{MIN_TEMPERATURE:g}; use e.g. 0.5"
+            )
         if self.top_k < 0:
             raise DraftLabError(f"top-k must be >= 0 (got {self.top_k}); use 0 to disable it")
         if not 0 < self.top_p <= 1:
@@ -47,6 +53,6 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def for_draft(self) -> "SamplingConfig":
+    def for_draft(self) -> SamplingConfig:
         """The settings a draft model proposes under: these, at the draft temperature when one is set."""
         return replace(self, temperature=self.draft_temperature) if self.draft_temperature else self

@@ -16,18 +16,24 @@ to an older database), the worker (a SamplingConfig field of the same name reach
 engine/config/sampling_config.py's field, engine/decoding/drafting.py's use) besides its test and docs. Plain Python, no torch:
 storage and pages import it.
 """
+
 from __future__ import annotations
 
 import re
-from numbers import Real
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from numbers import Real
 
 from engine import zoo
-from engine.config.drafter_specs import (DEFAULT_DRAFT_SAMPLING, DEFAULT_DRAFTER, DRAFT_SAMPLING, canonical_drafter,
-                            needs_draft_model)
-from engine.errors import DraftLabError
+from engine.config.drafter_specs import (
+    DEFAULT_DRAFT_SAMPLING,
+    DEFAULT_DRAFTER,
+    DRAFT_SAMPLING,
+    canonical_drafter,
+    needs_draft_model,
+)
 from engine.config.limits import LIMITS, limit, over
+from engine.errors import DraftLabError
 from engine.numbers import DB_INT_MAX, ascii_float, ascii_int
 
 MAX_K = 64  # the largest k anyone sweeps (the form's bound, --k's, and the prefill's)
@@ -57,7 +63,9 @@ class Variable:
     high: float | None = None
     low_open: bool = False
     min_positive: float | None = None  # a value above 0 must be at least this (temperature: 0 or >= 0.001)
-    limit: str | None = None  # the engine/config/limits.py bound that is its upper bound (settable by $DRAFTLAB_LIMIT_...)
+    limit: str | None = (
+        None  # the engine/config/limits.py bound that is its upper bound (settable by $DRAFTLAB_LIMIT_...)
+    )
     per_value_baseline: bool = False  # the target's own decoding depends on it: one baseline per value
     check_name: Callable[[str], str] | None = None  # names: the value as stored, or a DraftLabError
     # What serving a value costs, to choose among statistically tied values (storage/analysis/verdict.py deploys the
@@ -106,16 +114,22 @@ class Variable:
             return self.check_name(raw) if self.check_name else raw
         value = ascii_int(raw) if self.kind is int else ascii_float(raw)
         if value is not None and self.limit and value > self.upper:
-            raise DraftLabError(f"{said} {raw[:40]} is more than the limit of {self.upper} "
-                                f"{LIMITS[self.limit].meaning.split(' (')[0]}: use fewer, or raise it with "
-                                f"${LIMITS[self.limit].env}")
+            raise DraftLabError(
+                f"{said} {raw[:40]} is more than the limit of {self.upper} "
+                f"{LIMITS[self.limit].meaning.split(' (')[0]}: use fewer, or raise it with "
+                f"${LIMITS[self.limit].env}"
+            )
         if value is not None and self.min_positive is not None and 0 < value < self.min_positive:
-            raise DraftLabError(f"{said if form else self.name} value {raw[:40]!r} is too small to compute with (a "
-                                f"value above 0 must be at least {self.min_positive:g}); use 0 for greedy decoding "
-                                f"or e.g. {'' if form else self.flag + ' '}{self.min_positive:g}")
+            raise DraftLabError(
+                f"{said if form else self.name} value {raw[:40]!r} is too small to compute with (a "
+                f"value above 0 must be at least {self.min_positive:g}); use 0 for greedy decoding "
+                f"or e.g. {'' if form else self.flag + ' '}{self.min_positive:g}"
+            )
         if value is None or not self.in_range(value):
-            raise DraftLabError(f"{said if form else self.name} value {raw[:40]!r} is not {self.meaning}; "
-                                f"{self.for_example(self.example, form)}")
+            raise DraftLabError(
+                f"{said if form else self.name} value {raw[:40]!r} is not {self.meaning}; "
+                f"{self.for_example(self.example, form)}"
+            )
         return value
 
     @property
@@ -132,12 +146,14 @@ class Variable:
 
     def parse_list(self, text, form: bool = False) -> list:
         """Comma-separated values, each once: numbers sorted, names in the order given (errors worded as parse's)."""
-        items = [item.strip() for item in str(text).split(",")] if not isinstance(text, (list, tuple)) else \
-            [str(item).strip() for item in text]
+        items = (
+            [item.strip() for item in str(text).split(",")]
+            if not isinstance(text, (list, tuple))
+            else [str(item).strip() for item in text]
+        )
         said = self.said(form)
         if not items or any(not item for item in items):
-            raise DraftLabError(f"{said} {str(text)[:60]!r} has an empty value; "
-                                f"{self.for_example(self.example, form)}")
+            raise DraftLabError(f"{said} {str(text)[:60]!r} has an empty value; {self.for_example(self.example, form)}")
         if len(items) > limit("swept_values"):
             raise DraftLabError(f"{said}: " + over("swept_values", len(items), "the sweep"))
         values = [self.parse(item, form) for item in items]
@@ -206,73 +222,199 @@ def _draft_size(value, get) -> float | None:
 def _draft_sampling(text: str) -> str:
     mode = text.strip().lower()
     if mode not in DRAFT_SAMPLING:
-        raise DraftLabError(f"--draft-sampling {text[:40]!r} is not one of {', '.join(DRAFT_SAMPLING)}; use e.g. "
-                            f"--draft-sampling greedy (drafts by argmax, as vLLM's V1 drafter did)")
+        raise DraftLabError(
+            f"--draft-sampling {text[:40]!r} is not one of {', '.join(DRAFT_SAMPLING)}; use e.g. "
+            f"--draft-sampling greedy (drafts by argmax, as vLLM's V1 drafter did)"
+        )
     return mode
 
 
-VARIABLES: dict[str, Variable] = {v.name: v for v in (
-    Variable("k", int, f"a whole number from 1 to {MAX_K}", "1,2,4,8", "4",
-             "draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, predict the speedup of every k, "
-             "then measure the 3 best predicted", low=1, high=MAX_K, title="k", step=1,
-             cost=lambda value, get: float(value), cheaper_because="fewer draft steps, a smaller KV cache"),
-    Variable("temperature", float, f"0 (greedy) or a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}",
-             "0,0.7,1", "0", f"0 = greedy, else {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}; a comma list sweeps it",
-             low=0.0, high=MAX_TEMPERATURE, min_positive=MIN_TEMPERATURE, per_value_baseline=True,
-             title="Temperature", step=0.1),
-    Variable("top_k", int, f"a whole number from 0 to {MAX_TOP_K} (0 turns it off)", "0,20,50", "0",
-             "0 = off; a comma list sweeps it", low=0, high=MAX_TOP_K, per_value_baseline=True, title="Top-k",
-             step=1),
-    Variable("top_p", float, "a number in (0, 1] (1 turns it off)", "0.8,0.95,1", "1.0",
-             "1 = off; a comma list sweeps it", low=0.0, high=1.0, low_open=True, per_value_baseline=True,
-             title="Top-p", step=0.05),
-    Variable("batch_size", int, f"a whole number from 1 to {MAX_BATCH_SIZE}", "1,4,16", "1",
-             "requests decoded together, B prompts per forward (prompts grouped in order into batches of B); a comma "
-             "list sweeps it, each batch size with its own target-only baseline at that batch size",
-             low=1, high=MAX_BATCH_SIZE, per_value_baseline=True, title="Batch size", step=1),
-    Variable("draft", str, "a draft model's id or path", "demo-draft,demo-draft-distilled", None,
-             f"{zoo.model_help('draft')}; a comma list compares drafts, EAGLE-3 heads beside causal LMs (each "
-             "drafts with its own drafter when none is named; not needed when every drafter is prompt-lookup)",
-             label="draft (compare drafts)", check_name=_model_name,
-             cost=_draft_size, cheaper_because="a smaller draft model"),
-    Variable("drafter", str, "a drafter spec", "model,heuristic,prompt-lookup:3", DEFAULT_DRAFTER,
-             "model (the default; eagle3 when the draft is an EAGLE-3 head), heuristic, confidence:T, prompt-lookup:N, "
-             "suffix:D or eagle3; a comma list compares them",
-             label="drafter (drafting strategy)", check_name=canonical_drafter,
-             cost=lambda value, get: 1.0 if needs_draft_model(str(value)) else 0.0,
-             cheaper_because="no draft model to load or run"),
-    Variable("draft_sampling", str, "probabilistic or greedy", "probabilistic,greedy", DEFAULT_DRAFT_SAMPLING,
-             "how the draft model proposes: probabilistic (draws from its distribution) or greedy (its argmax, "
-             "verified as a point mass: still lossless; what a server that drafts by argmax sees); a comma list "
-             "compares them", label="draft sampling (probabilistic or greedy)", check_name=_draft_sampling),
-    # The draft's own temperature: a cooler draft proposes likelier tokens, a warmer one covers more of the
-    # target's mass. Lossless at any value: the target verifies against the distribution the draft sampled from.
-    Variable("draft_temperature", float, f"0 (the target's temperature) or a number from {MIN_TEMPERATURE:g} to "
-             f"{MAX_TEMPERATURE:g}", "0,0.5,1", "0",
-             "the temperature the draft model proposes at: 0 = the target's (default), else its own; the target "
-             "verifies against the distribution the draft sampled from, so every value is lossless; a comma list "
-             "sweeps it", low=0.0, high=MAX_TEMPERATURE, min_positive=MIN_TEMPERATURE, title="Draft temperature",
-             step=0.1, serving_note=lambda value, run: None if not value or value == run["temperature"] else (
-                 f"Check: this run's draft proposed at temperature {value:g}, the target sampled at "
-                 f"{run['temperature']:g}. These settings carry no separate draft temperature (the engines draft "
-                 f"under the request's sampling), so acceptance there follows a draft at the target's "
-                 f"temperature; measure that too (draft_temperature 0).")),
-)}
+VARIABLES: dict[str, Variable] = {
+    v.name: v
+    for v in (
+        Variable(
+            "k",
+            int,
+            f"a whole number from 1 to {MAX_K}",
+            "1,2,4,8",
+            "4",
+            "draft length, a comma-separated sweep (1,2,4,8), or auto[:K]: run k=K, predict the speedup of every k, "
+            "then measure the 3 best predicted",
+            low=1,
+            high=MAX_K,
+            title="k",
+            step=1,
+            cost=lambda value, get: float(value),
+            cheaper_because="fewer draft steps, a smaller KV cache",
+        ),
+        Variable(
+            "temperature",
+            float,
+            f"0 (greedy) or a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}",
+            "0,0.7,1",
+            "0",
+            f"0 = greedy, else {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}; a comma list sweeps it",
+            low=0.0,
+            high=MAX_TEMPERATURE,
+            min_positive=MIN_TEMPERATURE,
+            per_value_baseline=True,
+            title="Temperature",
+            step=0.1,
+        ),
+        Variable(
+            "top_k",
+            int,
+            f"a whole number from 0 to {MAX_TOP_K} (0 turns it off)",
+            "0,20,50",
+            "0",
+            "0 = off; a comma list sweeps it",
+            low=0,
+            high=MAX_TOP_K,
+            per_value_baseline=True,
+            title="Top-k",
+            step=1,
+        ),
+        Variable(
+            "top_p",
+            float,
+            "a number in (0, 1] (1 turns it off)",
+            "0.8,0.95,1",
+            "1.0",
+            "1 = off; a comma list sweeps it",
+            low=0.0,
+            high=1.0,
+            low_open=True,
+            per_value_baseline=True,
+            title="Top-p",
+            step=0.05,
+        ),
+        Variable(
+            "batch_size",
+            int,
+            f"a whole number from 1 to {MAX_BATCH_SIZE}",
+            "1,4,16",
+            "1",
+            "requests decoded together, B prompts per forward (prompts grouped in order into batches of B); a comma "
+            "list sweeps it, each batch size with its own target-only baseline at that batch size",
+            low=1,
+            high=MAX_BATCH_SIZE,
+            per_value_baseline=True,
+            title="Batch size",
+            step=1,
+        ),
+        Variable(
+            "draft",
+            str,
+            "a draft model's id or path",
+            "demo-draft,demo-draft-distilled",
+            None,
+            f"{zoo.model_help('draft')}; a comma list compares drafts, EAGLE-3 heads beside causal LMs (each "
+            "drafts with its own drafter when none is named; not needed when every drafter is prompt-lookup)",
+            label="draft (compare drafts)",
+            check_name=_model_name,
+            cost=_draft_size,
+            cheaper_because="a smaller draft model",
+        ),
+        Variable(
+            "drafter",
+            str,
+            "a drafter spec",
+            "model,heuristic,prompt-lookup:3",
+            DEFAULT_DRAFTER,
+            "model (the default; eagle3 when the draft is an EAGLE-3 head), heuristic, confidence:T, prompt-lookup:N, "
+            "suffix:D or eagle3; a comma list compares them",
+            label="drafter (drafting strategy)",
+            check_name=canonical_drafter,
+            cost=lambda value, get: 1.0 if needs_draft_model(str(value)) else 0.0,
+            cheaper_because="no draft model to load or run",
+        ),
+        Variable(
+            "draft_sampling",
+            str,
+            "probabilistic or greedy",
+            "probabilistic,greedy",
+            DEFAULT_DRAFT_SAMPLING,
+            "how the draft model proposes: probabilistic (draws from its distribution) or greedy (its argmax, "
+            "verified as a point mass: still lossless; what a server that drafts by argmax sees); a comma list "
+            "compares them",
+            label="draft sampling (probabilistic or greedy)",
+            check_name=_draft_sampling,
+        ),
+        # The draft's own temperature: a cooler draft proposes likelier tokens, a warmer one covers more of the
+        # target's mass. Lossless at any value: the target verifies against the distribution the draft sampled from.
+        Variable(
+            "draft_temperature",
+            float,
+            f"0 (the target's temperature) or a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}",
+            "0,0.5,1",
+            "0",
+            "the temperature the draft model proposes at: 0 = the target's (default), else its own; the target "
+            "verifies against the distribution the draft sampled from, so every value is lossless; a comma list "
+            "sweeps it",
+            low=0.0,
+            high=MAX_TEMPERATURE,
+            min_positive=MIN_TEMPERATURE,
+            title="Draft temperature",
+            step=0.1,
+            serving_note=lambda value, run: (
+                None
+                if not value or value == run["temperature"]
+                else (
+                    f"Check: this run's draft proposed at temperature {value:g}, the target sampled at "
+                    f"{run['temperature']:g}. These settings carry no separate draft temperature (the engines draft "
+                    f"under the request's sampling), so acceptance there follows a draft at the target's "
+                    f"temperature; measure that too (draft_temperature 0)."
+                )
+            ),
+        ),
+    )
+}
 DEFAULT_VARIABLE = "k"
 
 # The fixed numeric settings of an experiment, described the same way (never swept): the CLI's options, the form's
 # fields and its link prefill, and the queue's last check read these. Seeds fit the INTEGER column on every database
 # (engine/numbers.py's DB_INT_MAX); repeats and max new tokens are bounded by engine/config/limits.py.
-SETTINGS: dict[str, Variable] = {v.name: v for v in (
-    Variable("seed", int, f"a whole number from 0 to {DB_INT_MAX}", "0", "0",
-             f"prompt i samples from a generator seeded by (seed, i); 0 to {DB_INT_MAX}", low=0, high=DB_INT_MAX,
-             title="Seed", step=1),
-    Variable("repeats", int, "a whole number from 1 to {upper}", "3", None,
-             "timed decodes per prompt and configuration, medians used", low=1, limit="repeats", title="Repeats",
-             step=1),
-    Variable("max_new_tokens", int, "a whole number from 1 to {upper}", "128", "128", "new tokens per prompt", low=1,
-             limit="max_new_tokens", title="Max new tokens", step=16),
-)}
+SETTINGS: dict[str, Variable] = {
+    v.name: v
+    for v in (
+        Variable(
+            "seed",
+            int,
+            f"a whole number from 0 to {DB_INT_MAX}",
+            "0",
+            "0",
+            f"prompt i samples from a generator seeded by (seed, i); 0 to {DB_INT_MAX}",
+            low=0,
+            high=DB_INT_MAX,
+            title="Seed",
+            step=1,
+        ),
+        Variable(
+            "repeats",
+            int,
+            "a whole number from 1 to {upper}",
+            "3",
+            None,
+            "timed decodes per prompt and configuration, medians used",
+            low=1,
+            limit="repeats",
+            title="Repeats",
+            step=1,
+        ),
+        Variable(
+            "max_new_tokens",
+            int,
+            "a whole number from 1 to {upper}",
+            "128",
+            "128",
+            "new tokens per prompt",
+            low=1,
+            limit="max_new_tokens",
+            title="Max new tokens",
+            step=16,
+        ),
+    )
+}
 
 
 def variable(name: str | None) -> Variable:

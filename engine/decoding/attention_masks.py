@@ -16,6 +16,7 @@ layers, e.g. Gemma's alternating sliding/full), both of which transformers 5 mod
 cost: one [B, W, C] boolean per layer kind per forward, built only when a cache of several rows has windowed
 layers (benchmarks/bench_sliding_batch.py measures it against compacting the holes away every round).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -48,9 +49,11 @@ def layer_windows(config) -> dict[str, tuple[str, int]] | None:
     if not types & set(WINDOWED):
         return None
     text = _text_config(config)
-    rules = {"full_attention": ("full", 0),
-             "sliding_attention": ("sliding", getattr(text, "sliding_window", None)),
-             "chunked_attention": ("chunked", getattr(text, "attention_chunk_size", None))}
+    rules = {
+        "full_attention": ("full", 0),
+        "sliding_attention": ("sliding", getattr(text, "sliding_window", None)),
+        "chunked_attention": ("chunked", getattr(text, "attention_chunk_size", None)),
+    }
     return {t: rules[t] for t in types}
 
 
@@ -62,8 +65,12 @@ def _uses_alibi(config) -> bool:
     text = _text_config(config)
     attn = getattr(text, "attn_config", None)
     attn_alibi = attn.get("alibi") if isinstance(attn, dict) else getattr(attn, "alibi", False)
-    return (text.model_type == "bloom" or bool(getattr(text, "alibi", False)) or bool(attn_alibi)
-            or getattr(text, "position_embedding_type", None) == "alibi")
+    return (
+        text.model_type == "bloom"
+        or bool(getattr(text, "alibi", False))
+        or bool(attn_alibi)
+        or getattr(text, "position_embedding_type", None) == "alibi"
+    )
 
 
 # ALiBi that transformers builds from the attention mask's running count of real tokens (build_alibi_tensor):
@@ -97,16 +104,22 @@ def batch_support(model) -> str | None:
     elif "position_ids" not in inspect.signature(model.forward).parameters and not from_mask:
         why = "takes no position_ids, so each row cannot be given its own token positions"
     elif getattr(text, "attn_temperature_tuning", False) and 0 in (getattr(text, "no_rope_layers", None) or []):
-        why = ("scales its no-RoPE layers' attention by the cache column (attn_temperature_tuning), not by each "
-               "row's own token position")
+        why = (
+            "scales its no-RoPE layers' attention by the cache column (attn_temperature_tuning), not by each "
+            "row's own token position"
+        )
     elif (windows := layer_windows(config)) is not None:
         impl = config._attn_implementation
         if impl not in MASKABLE:
-            why = (f"has sliding-window/chunked layers and attention implementation {impl!r}, which takes no "
-                   f"per-token mask to count each row's window in its own tokens (load it with sdpa or eager)")
+            why = (
+                f"has sliding-window/chunked layers and attention implementation {impl!r}, which takes no "
+                f"per-token mask to count each row's window in its own tokens (load it with sdpa or eager)"
+            )
         elif len(windows) > 1 and not _takes_mask_dict(model):
-            why = ("mixes windowed and full attention layers but its forward takes no per-layer-type mask, so "
-                   "each row's window cannot be counted in its own tokens")
+            why = (
+                "mixes windowed and full attention layers but its forward takes no per-layer-type mask, so "
+                "each row's window cannot be counted in its own tokens"
+            )
         elif any(not size for rule, size in windows.values() if rule != "full"):
             why = "has windowed layers whose config gives no window size (sliding_window / attention_chunk_size)"
     if why is None:

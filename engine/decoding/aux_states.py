@@ -13,6 +13,7 @@ layer read keeps only those, as vLLM does (its model records the aux layers' inp
 A model whose decoder layers cannot be found (or ids outside them: transformers' hidden_states[L] is after the
 final norm, no layer's input) is read through output_hidden_states instead: `aux.kwargs` says which.
 """
+
 from __future__ import annotations
 
 import torch
@@ -56,7 +57,7 @@ class AuxStates:
         """What the forward needs besides: nothing when hooked; output_hidden_states otherwise."""
         return {} if self.hooked else {"output_hidden_states": True}
 
-    def __enter__(self) -> "AuxStates":
+    def __enter__(self) -> AuxStates:
         if self.hooked:
             for i in sorted(set(self.ids)):
                 self._handles.append(self.layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True))
@@ -70,6 +71,7 @@ class AuxStates:
     def _hook(self, i: int):
         def hook(module, args, kwargs):
             self._captured[i] = args[0] if args else kwargs["hidden_states"]
+
         return hook
 
     def states(self, out=None) -> torch.Tensor:

@@ -4,9 +4,10 @@ Same logits processing, same per-prompt generator, same KV cache path (engine/de
 as the speculative loop (engine/decoding/speculative.py), so the two differ only in drafting; B prompts decode together and
 a single prompt is the one-row case.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -30,9 +31,14 @@ class TargetOnlyDecoder(OneRow):
         self.eos_ids = eos_ids
 
     @torch.inference_mode()
-    def generate_batch(self, prompts: list[str], prompt_ids: list[torch.Tensor], prompt_indices: list[int],
-                       on_progress: Callable[[int, int], None] | None = None,
-                       max_new_tokens: int | None = None) -> list[PromptResult]:
+    def generate_batch(
+        self,
+        prompts: list[str],
+        prompt_ids: list[torch.Tensor],
+        prompt_indices: list[int],
+        on_progress: Callable[[int, int], None] | None = None,
+        max_new_tokens: int | None = None,
+    ) -> list[PromptResult]:
         cfg, clock, target = self.cfg, self.clock, self.target
         limit = max_new_tokens or cfg.max_new_tokens
         count = len(prompts)
@@ -47,7 +53,9 @@ class TargetOnlyDecoder(OneRow):
         ones = torch.ones(count, 1, dtype=torch.bool, device=target.device)
         walls, decode = [0.0] * count, [0.0] * count
         while True:
-            keep = [r for r, o in enumerate(state.live) if len(outputs[o]) < limit and outputs[o][-1] not in self.eos_ids]
+            keep = [
+                r for r, o in enumerate(state.live) if len(outputs[o]) < limit and outputs[o][-1] not in self.eos_ids
+            ]
             if len(keep) < len(state.live):
                 now = clock.wall()
                 for r, o in enumerate(state.live):
@@ -69,10 +77,19 @@ class TargetOnlyDecoder(OneRow):
                 arrivals[o].append(arrived)
                 if on_progress is not None:
                     on_progress(prompt_indices[o], len(outputs[o]))
-        return [PromptResult(prompt_indices[o], prompts[o], outputs[o],
-                             self.tokenizer.decode(outputs[o], skip_special_tokens=True), walls[o],
-                             decode_steps=len(outputs[o]) - 1, decode_seconds=decode[o], token_seconds=arrivals[o])
-                for o in range(count)]
+        return [
+            PromptResult(
+                prompt_indices[o],
+                prompts[o],
+                outputs[o],
+                self.tokenizer.decode(outputs[o], skip_special_tokens=True),
+                walls[o],
+                decode_steps=len(outputs[o]) - 1,
+                decode_seconds=decode[o],
+                token_seconds=arrivals[o],
+            )
+            for o in range(count)
+        ]
 
     def peak_cache_bytes(self) -> int:
         return self.target.peak_cache_bytes

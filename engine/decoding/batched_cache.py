@@ -36,6 +36,7 @@ width instead: every round would re-feed up to k tokens per row.
 One shape per forward: `forward(ids, valid)` feeds ids [B, W] where valid [B, W] marks real tokens (a row
 with fewer new tokens than W pads them as holes).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -45,9 +46,9 @@ import torch
 
 from engine.decoding.attention_masks import PositionMasks, batch_support, layer_windows
 from engine.decoding.aux_states import AuxStates
-from engine.models.cached_model import max_positions, rollback_cache
-from engine.errors import DraftLabError
 from engine.decoding.memory import cache_bytes
+from engine.errors import DraftLabError
+from engine.models.cached_model import max_positions, rollback_cache
 
 
 def to_device(values: list, device: torch.device, dtype=torch.long) -> torch.Tensor:
@@ -65,7 +66,7 @@ def left_pad(rows: list[torch.Tensor], device: torch.device, pad_id: int = 0):
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
     for r, t in enumerate(rows):
         if widths[r]:
-            ids[r, width - widths[r]:] = t
+            ids[r, width - widths[r] :] = t
     starts = to_device([width - w for w in widths], device)
     valid = torch.arange(width, device=device)[None, :] >= starts[:, None]
     return ids, valid
@@ -109,8 +110,14 @@ class BatchCache:
     def batch(self) -> int:
         return self.mask.shape[0]
 
-    def forward(self, ids: torch.Tensor, valid: torch.Tensor, keep: int | None = None,
-                hidden_layers: list[int] | None = None, inputs: dict | None = None):
+    def forward(
+        self,
+        ids: torch.Tensor,
+        valid: torch.Tensor,
+        keep: int | None = None,
+        hidden_layers: list[int] | None = None,
+        inputs: dict | None = None,
+    ):
         """Logits [B, W, V] for ids [B, W] (or the last `keep` columns); valid [B, W] marks real tokens.
 
         hidden_layers: also return, from the same forward, the model's `hidden_states[i]` for those i concatenated
@@ -126,9 +133,12 @@ class BatchCache:
         aux = AuxStates(self.model, hidden_layers) if hidden_layers else None
         if aux is not None:
             kwargs.update(aux.kwargs)
-        if mask.shape[0] > 1:  # sliding / chunked windows counted in each row's real tokens (engine/decoding/attention_masks.py)
-            kwargs["attention_mask"] = (self._position_masks(mask, ids.shape[1]) if self._position_masks is not None
-                                        else mask.long())
+        if (
+            mask.shape[0] > 1
+        ):  # sliding / chunked windows counted in each row's real tokens (engine/decoding/attention_masks.py)
+            kwargs["attention_mask"] = (
+                self._position_masks(mask, ids.shape[1]) if self._position_masks is not None else mask.long()
+            )
             kwargs["position_ids"] = (self.lengths[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
         if keep and self._can_keep:
             kwargs["logits_to_keep"] = keep
@@ -196,7 +206,7 @@ class BatchCache:
             index = to_device(rows, self.device)
             mask, lengths = mask.index_select(0, index), lengths.index_select(0, index)
         width = int(lengths.max()) if lengths.numel() else 0
-        order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices[:, mask.shape[1] - width:]
+        order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices[:, mask.shape[1] - width :]
         for layer in self.cache.layers:
             if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
                 continue

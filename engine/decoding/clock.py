@@ -7,17 +7,23 @@ last mark must come before that transfer. On CPU a mark is a perf_counter readin
 per-prompt wall time (SPEC timing protocol), read once at the start and once at the end of a prompt; `now`, read
 right after a round's transfer, is when its tokens arrived (no extra synchronization).
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 
 class RoundClock:
-    def __init__(self, device: torch.device, event: Callable[[], Any] | None = None,
-                 synchronize: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        device: torch.device,
+        event: Callable[[], Any] | None = None,
+        synchronize: Callable[[], None] | None = None,
+    ):
         """`event` (a recorded event with `elapsed_time` in ms) and `synchronize` replace torch.cuda's in tests."""
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"

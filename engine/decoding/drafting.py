@@ -28,6 +28,7 @@ still reads its distribution).
 Randomness: row r draws its drafts from generators[r], the generator of its prompt, in the order a one-row decode
 of that prompt draws them, so a row never depends on the rows beside it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,11 +36,11 @@ from typing import Protocol
 
 import torch
 
-from engine.decoding.batched_cache import BatchCache, left_pad, to_device
 from engine.config.drafter_specs import SPECS, DrafterSpec, parse_drafter
-from engine.errors import DraftLabError
+from engine.decoding.batched_cache import BatchCache, left_pad, to_device
 from engine.decoding.sampling import SamplingConfig, probabilities, sample_rows
 from engine.decoding.suffix_tree import SuffixCache
+from engine.errors import DraftLabError
 
 # Realign a drafter's cache when its width exceeds this many times its longest row plus the slack (holes from
 # rejected drafts; engine/decoding/batched_cache.py). The loop applies the same rule to the target's cache.
@@ -58,13 +59,13 @@ class Proposal:
     forwards: int  # batched draft forwards spent on this proposal
 
     @classmethod
-    def empty(cls, batch: int, vocab_size: int, device) -> "Proposal":
+    def empty(cls, batch: int, vocab_size: int, device) -> Proposal:
         """No drafts in any row: the round is one plain target step."""
         rows = torch.empty(batch, 0, vocab_size, device=device)
         return cls(torch.empty(batch, 0, dtype=torch.long, device=device), rows, rows, [0] * batch, None, 0)
 
     @classmethod
-    def point_masses(cls, follows: list[list[int]], vocab_size: int, device) -> "Proposal":
+    def point_masses(cls, follows: list[list[int]], vocab_size: int, device) -> Proposal:
         """Tokens proposed without a distribution (row r proposes follows[r]): p_d is a one-hot row per token, so
         verification accepts token x with probability p_t(x) and corrects from p_t with x removed."""
         ks = [len(f) for f in follows]
@@ -114,8 +115,9 @@ class Drafter(Protocol):
 
     def trailing_holes(self) -> torch.Tensor | None: ...
 
-    def settle(self, lengths: list[int], accepted: list[int], trailing: int | None,
-               states: "TargetStates | None" = None) -> None: ...
+    def settle(
+        self, lengths: list[int], accepted: list[int], trailing: int | None, states: TargetStates | None = None
+    ) -> None: ...
 
     def select(self, rows: list[int]) -> None: ...
 
@@ -138,10 +140,11 @@ class TargetStates:
     def committed(self, row: int, accepted: int) -> torch.Tensor:
         """Row `row`'s states at the positions it committed this round, in order: its pending tokens, then its
         `accepted` drafts ([fed + accepted, D]; a view: no copy, no sync)."""
-        return self.states[row, self.pending_width - self.fed[row]: self.pending_width + accepted]
+        return self.states[row, self.pending_width - self.fed[row] : self.pending_width + accepted]
 
 
 # --- drafting with a draft model -------------------------------------------------------------------------------
+
 
 class ModelDrafter:
     """A small causal LM drafting for B rows with one cache (engine/decoding/batched_cache.py), a constant k per round (fewer
@@ -237,8 +240,9 @@ class ModelDrafter:
     def trailing_holes(self) -> torch.Tensor | None:
         return self.lm.trailing_holes()
 
-    def settle(self, lengths: list[int], accepted: list[int], trailing: int | None,
-               states: "TargetStates | None" = None) -> None:
+    def settle(
+        self, lengths: list[int], accepted: list[int], trailing: int | None, states: TargetStates | None = None
+    ) -> None:
         self.cached = [min(c, n + a) for c, n, a in zip(self.cached, lengths, accepted)]
         self.ks = self.next_ks(self.ks, self.proposed, accepted)
         self.lm.trim(trailing or 0)
@@ -348,15 +352,17 @@ class Eagle3Drafter(ModelDrafter):
 
     def draft_inputs(self, seqs):
         states = [torch.cat(p) for p in self.pending]
-        tokens = [s[c + 1:] for s, c in zip(seqs, self.cached)]  # entry t: token t + 1 with the states at t
+        tokens = [s[c + 1 :] for s, c in zip(seqs, self.cached)]  # entry t: token t + 1 with the states at t
         if any(t.shape[0] != h.shape[0] for t, h in zip(tokens, states)):
-            raise RuntimeError(f"EAGLE-3 drafter out of step: tokens {[t.shape[0] for t in tokens]} vs target "
-                               f"states {[h.shape[0] for h in states]}")
+            raise RuntimeError(
+                f"EAGLE-3 drafter out of step: tokens {[t.shape[0] for t in tokens]} vs target "
+                f"states {[h.shape[0] for h in states]}"
+            )
         ids, valid = left_pad(tokens, self.lm.device)
         width = ids.shape[1]
         padded = states[0].new_zeros(len(states), width, states[0].shape[-1])
         for r, h in enumerate(states):
-            padded[r, width - h.shape[0]:] = h
+            padded[r, width - h.shape[0] :] = h
         self.state = self.head.combine(padded)
         self.pending = [[] for _ in seqs]
         self.base = [s.shape[0] - 1 for s in seqs]
@@ -382,6 +388,7 @@ class Eagle3Drafter(ModelDrafter):
 
 # --- drafting without a model ----------------------------------------------------------------------------------
 
+
 class HostDrafter:
     """A model-free drafter: per-row state on the host, fed from the host copy of each row's tokens, so a round
     reads nothing from the device and the device-cache steps of the protocol do nothing. A subclass implements
@@ -397,8 +404,10 @@ class HostDrafter:
         self.rows = [self.begin_row(h, i) for h, i in zip(history, prompt_indices)]
 
     def propose(self, seqs, history, generators, caps: list[int]) -> Proposal:
-        follows = [self.cut(self.follow(state, h, min(self.k, cap))) if cap > 0 else []
-                   for state, h, cap in zip(self.rows, history, caps)]
+        follows = [
+            self.cut(self.follow(state, h, min(self.k, cap))) if cap > 0 else []
+            for state, h, cap in zip(self.rows, history, caps)
+        ]
         return Proposal.point_masses(follows, self.vocab_size, seqs[0].device)
 
     def cut(self, follow: list[int]) -> list[int]:
@@ -442,11 +451,11 @@ class PromptLookupDrafter(HostDrafter):
     def from_spec(cls, param, *, draft_model, vocab_size: int, k: int, cfg: SamplingConfig, eos_ids):
         return cls(param, vocab_size, k, eos_ids)
 
-    def begin_row(self, history: list[int], prompt_index: int) -> "NgramIndex":
+    def begin_row(self, history: list[int], prompt_index: int) -> NgramIndex:
         return NgramIndex(self.max_ngram)
 
-    def follow(self, index: "NgramIndex", history: list[int], max_tokens: int) -> list[int]:
-        index.extend(history[len(index.history):])
+    def follow(self, index: NgramIndex, history: list[int], max_tokens: int) -> list[int]:
+        index.extend(history[len(index.history) :])
         return index.lookup(max_tokens)
 
 
@@ -463,14 +472,14 @@ class NgramIndex:
             self.history.append(token)
             end = len(self.history)
             for n in range(1, min(self.max_ngram, end) + 1):
-                self.first.setdefault(tuple(self.history[end - n:]), end - n)
+                self.first.setdefault(tuple(self.history[end - n :]), end - n)
 
     def lookup(self, max_tokens: int) -> list[int]:
         seq, length = self.history, len(self.history)
         for n in range(min(self.max_ngram, length - 1), 0, -1):
-            start = self.first[tuple(seq[length - n:])]
+            start = self.first[tuple(seq[length - n :])]
             if start < length - n:  # an occurrence before the one ending the sequence: its earliest one
-                return seq[start + n: start + n + max_tokens]
+                return seq[start + n : start + n + max_tokens]
         return []
 
 
@@ -506,6 +515,7 @@ class SuffixDrafter(HostDrafter):
 
 # --- the registry: engine/config/drafter_specs.py declares each drafter; its `implementation` names the class here ------
 
+
 def drafter_class(name: str) -> type:
     """The class implementing the drafter `name` (a key of engine.config.drafter_specs.SPECS): the class of this module
     its declaration names."""
@@ -523,16 +533,23 @@ def make_drafter(spec: str, *, draft_model, vocab_size: int, k: int, cfg: Sampli
         head = hasattr(draft_model, "aux_layers")  # an EAGLE-3 head (engine/models/eagle3.py), not a causal LM
         if head and not SPECS[name].needs_hidden_states:
             readers = ", ".join(s.usage for s in SPECS.values() if s.needs_hidden_states)
-            raise DraftLabError(f"the draft is an EAGLE-3 head, which drafter {name!r} cannot run (it drafts with a "
-                                f"causal LM); use --drafter {readers}")
+            raise DraftLabError(
+                f"the draft is an EAGLE-3 head, which drafter {name!r} cannot run (it drafts with a "
+                f"causal LM); use --drafter {readers}"
+            )
         if not head and SPECS[name].needs_hidden_states:
-            raise DraftLabError(f"drafter {name!r} drafts with an EAGLE-3 head, but the draft is a causal LM; pass "
-                                f"an EAGLE-3 head directory (speculators or SGLang layout) as --draft, or use --drafter model")
+            raise DraftLabError(
+                f"drafter {name!r} drafts with an EAGLE-3 head, but the draft is a causal LM; pass "
+                f"an EAGLE-3 head directory (speculators or SGLang layout) as --draft, or use --drafter model"
+            )
     if SPECS[name].needs_model and draft_model is None:
         free = ", ".join(s.usage for s in SPECS.values() if not s.needs_model)
-        raise DraftLabError(f"drafter {name!r} drafts with the draft model, but none is loaded; load a draft model "
-                            f"or use a drafter without one ({free})")
+        raise DraftLabError(
+            f"drafter {name!r} drafts with the draft model, but none is loaded; load a draft model "
+            f"or use a drafter without one ({free})"
+        )
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
         raise DraftLabError(f"k must be a positive integer (got {k!r}); use e.g. --k 4 or --k 1,2,4,8")
-    return drafter_class(name).from_spec(value, draft_model=draft_model, vocab_size=vocab_size, k=k, cfg=cfg,
-                                         eos_ids=eos_ids)
+    return drafter_class(name).from_spec(
+        value, draft_model=draft_model, vocab_size=vocab_size, k=k, cfg=cfg, eos_ids=eos_ids
+    )

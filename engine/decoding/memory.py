@@ -5,6 +5,7 @@ A run's figure = Σ model_bytes(model the arm uses) + decoder.peak_cache_bytes()
 attention scores, logits) and allocator slack are not included; during a cache update one layer briefly holds
 its old and new tensors, so the allocator's true peak can exceed the cache figure by about one layer's share.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -42,7 +43,7 @@ def kv_bytes_per_token(model: torch.nn.Module) -> int:
     config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
     try:
         layers = int(config.num_hidden_layers)
-        heads = int(getattr(config, "num_attention_heads"))
+        heads = int(config.num_attention_heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     except (AttributeError, TypeError, ValueError, ZeroDivisionError):
@@ -64,6 +65,7 @@ def available_bytes(device: torch.device) -> int:
     except OSError:
         pass
     import os
+
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -75,8 +77,9 @@ def batch_kv_bytes(models, batch_size: int, prompt_tokens: int, max_new_tokens: 
     return per_token * (int(prompt_tokens) + int(max_new_tokens) + int(k)) * int(batch_size)
 
 
-def check_batch_fits(models, device: torch.device, batch_size: int, prompt_tokens: int, max_new_tokens: int,
-                     k: int) -> None:
+def check_batch_fits(
+    models, device: torch.device, batch_size: int, prompt_tokens: int, max_new_tokens: int, k: int
+) -> None:
     """Refuse a batch whose KV caches cannot fit in what the device has free (a DraftLabError naming the fix),
     before it runs."""
     from engine.errors import DraftLabError
@@ -86,4 +89,5 @@ def check_batch_fits(models, device: torch.device, batch_size: int, prompt_token
         raise DraftLabError(
             f"batch size {batch_size} needs about {need / 2**20:.0f} MiB of KV cache ({prompt_tokens} prompt + "
             f"{max_new_tokens} new + {k} draft tokens per row) but {device.type} has {free / 2**20:.0f} MiB free; "
-            f"use a smaller --batch-size, fewer --max-new-tokens, shorter prompts or a bigger device")
+            f"use a smaller --batch-size, fewer --max-new-tokens, shorter prompts or a bigger device"
+        )

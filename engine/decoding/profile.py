@@ -4,6 +4,7 @@ A verify pass feeds k+1 tokens; on a GPU that costs about one single-token step,
 it grows with n. `--k auto` measures the profile once per experiment and predicts the whole speedup-vs-k curve
 from it and one run at the largest k (engine.metrics.theory.predicted_curve).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -21,8 +22,9 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def verify_profile(model, vocab_size: int, prompt_ids: torch.Tensor, n_max: int, cfg: SamplingConfig | None = None,
-                   repeats: int = 9) -> dict[int, float]:
+def verify_profile(
+    model, vocab_size: int, prompt_ids: torch.Tensor, n_max: int, cfg: SamplingConfig | None = None, repeats: int = 9
+) -> dict[int, float]:
     """Seconds of one verify step over n = 1..n_max new tokens after prompt_ids [1, L]: the one-row case of
     `batched_verify_profile` (the target forward, the processed distributions of its n rows and one host sync, as
     the loop does it; interleaved over n, repeated, made non-decreasing in n: feeding more tokens never costs less,
@@ -42,8 +44,15 @@ def non_decreasing(values: list[float]) -> list[float]:
 
 
 @torch.inference_mode()
-def batched_verify_profile(model, vocab_size: int, prompt_ids: list[torch.Tensor], batch_sizes: list[int],
-                           n_max: int, cfg: SamplingConfig | None = None, repeats: int = 9) -> dict[int, dict[int, float]]:
+def batched_verify_profile(
+    model,
+    vocab_size: int,
+    prompt_ids: list[torch.Tensor],
+    batch_sizes: list[int],
+    n_max: int,
+    cfg: SamplingConfig | None = None,
+    repeats: int = 9,
+) -> dict[int, dict[int, float]]:
     """t_verify(B, n): seconds of one verify step of B rows over n = 1..n_max new tokens each, through the
     batched cache path the batched loop verifies with (engine/decoding/batched_cache.py: left-padded rows, the first B
     prompts of prompt_ids [1, L] each, every row's positions its own): the forward, the processed distributions
@@ -77,7 +86,11 @@ def batched_verify_profile(model, vocab_size: int, prompt_ids: list[torch.Tensor
         step(size, n_max)  # warm-up at each batch size's largest shape
     times: dict[tuple[int, int], list[float]] = {key: [] for key in order}
     for repeat in range(repeats):
-        for key in (order if repeat % 2 == 0 else reversed(order)):
+        for key in order if repeat % 2 == 0 else reversed(order):
             times[key].append(step(*key))
-    return {size: dict(zip(range(1, n_max + 1), non_decreasing(
-        [statistics.median(times[(size, n)]) for n in range(1, n_max + 1)]))) for size in caches}
+    return {
+        size: dict(
+            zip(range(1, n_max + 1), non_decreasing([statistics.median(times[(size, n)]) for n in range(1, n_max + 1)]))
+        )
+        for size in caches
+    }

@@ -6,9 +6,10 @@ arm alike instead of on whichever arm happened to run during it. Each arm decode
 the repeat with the median wall time stands for the prompt (its rounds and tokens are stored; outputs are
 identical across repeats because every prompt draws from its own seeded generator), every repeat's timing is kept.
 """
+
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 from engine.decoding.records import PromptResult
 

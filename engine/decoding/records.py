@@ -4,6 +4,7 @@ rule that turns a verified round into its emitted tokens and draft outcomes.
 Nothing here knows about torch, a database or a UI; storage and metrics consume these as they are.
 Names follow ../shared/SPEC.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -85,6 +86,8 @@ def settle_round(drafted: list[int], accepted: int, next_token: int, eos_ids: se
     kept = next((j + 1 for j, token in enumerate(emitted) if token in eos_ids), len(emitted))
     kept = min(kept, budget)
     # Draft i owns output slot i: itself if accepted, else the correction that replaced it.
-    outcomes = [DISCARDED if i >= kept else ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED
-                for i in range(len(drafted))]
+    outcomes = [
+        DISCARDED if i >= kept else ACCEPTED if i < accepted else REJECTED if i == accepted else DISCARDED
+        for i in range(len(drafted))
+    ]
     return emitted[:kept], kinds[:kept], min(accepted, kept), outcomes

@@ -1,8 +1,9 @@
 """The host-side state of the rows a decoder still runs: which prompt each batch row is, its committed tokens (on
 the device and on the host) and its generator. Shared by the speculative loop and the target-only decoder."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -13,8 +14,14 @@ from engine.decoding.sampling import SamplingConfig, prompt_generator
 class OneRow:
     """`generate`: one prompt decoded as the one-row batch of a decoder's `generate_batch` (no second loop)."""
 
-    def generate(self, prompt: str, prompt_ids: torch.Tensor, prompt_index: int,
-                 on_progress: Callable[[int], None] | None = None, max_new_tokens: int | None = None) -> PromptResult:
+    def generate(
+        self,
+        prompt: str,
+        prompt_ids: torch.Tensor,
+        prompt_index: int,
+        on_progress: Callable[[int], None] | None = None,
+        max_new_tokens: int | None = None,
+    ) -> PromptResult:
         """Decode one prompt; on_progress(new tokens so far) runs between rounds / tokens (raise there to cancel)."""
         step = None if on_progress is None else (lambda index, tokens: on_progress(tokens))
         return self.generate_batch([prompt], [prompt_ids], [prompt_index], step, max_new_tokens)[0]

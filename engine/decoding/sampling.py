@@ -4,6 +4,7 @@
 before the acceptance test, so p_t and p_d always mean the same thing. Sampling draws with an explicit
 torch.Generator and never syncs with the host (Gumbel-style `probs / Exp(1)` then argmax, as in gpt-fast).
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,9 @@ def sample(probs: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator)
     return (probs / noise).argmax(-1)
 
 
-def sample_rows(probs: torch.Tensor, cfg: SamplingConfig, generators: list[torch.Generator],
-                draw: list[bool] | None = None) -> torch.Tensor:
+def sample_rows(
+    probs: torch.Tensor, cfg: SamplingConfig, generators: list[torch.Generator], draw: list[bool] | None = None
+) -> torch.Tensor:
     """One token per row of probs [B, V], row r drawing from generators[r] exactly as `sample` would (the same
     noise, so a row consumes its generator as a batch-1 decode of it does). Rows with draw[r] False take no noise
     from their generator (their token is the argmax, for a row that needs none). No host sync."""

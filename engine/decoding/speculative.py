@@ -36,9 +36,10 @@ Finished rows (EOS, budget) leave the batch after the round they finish in: both
 Rows are lossless: greedy rows equal the target-only decoding of that prompt alone token for token, sampled rows
 follow the target's distribution (tests/test_engine_batched.py, tests/test_engine_sampling.py).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -48,16 +49,24 @@ from engine.decoding.drafting import COMPACT_SLACK, Drafter, TargetStates
 from engine.decoding.records import PromptResult
 from engine.decoding.rows import OneRow, Rows
 from engine.decoding.sampling import SamplingConfig, probabilities
-from engine.text.token_types import TokenTyper
 from engine.decoding.verification import round_record, rows_to_host, verify_rows
+from engine.text.token_types import TokenTyper
 
 # Realign a cache when its width exceeds this many times its longest row (+ COMPACT_SLACK): holes from rejections.
 COMPACT_RATIO = 2.0
 
 
 class SpeculativeDecoder(OneRow):
-    def __init__(self, target_model, drafter: Drafter, vocab_size: int, cfg: SamplingConfig, typer: TokenTyper,
-                 eos_ids: set[int], compact_ratio: float | None = COMPACT_RATIO):
+    def __init__(
+        self,
+        target_model,
+        drafter: Drafter,
+        vocab_size: int,
+        cfg: SamplingConfig,
+        typer: TokenTyper,
+        eos_ids: set[int],
+        compact_ratio: float | None = COMPACT_RATIO,
+    ):
         spec = getattr(drafter, "spec", None)
         # A drafter that reads the target's hidden states (EAGLE-3 heads) names the layers; each verify forward
         # returns them beside its logits and `settle` hands the drafter those of the committed positions.
@@ -73,9 +82,14 @@ class SpeculativeDecoder(OneRow):
         self.hole_share = 0.0  # mean share of the target cache's columns that were holes, over its rounds
 
     @torch.inference_mode()
-    def generate_batch(self, prompts: list[str], prompt_ids: list[torch.Tensor], prompt_indices: list[int],
-                       on_progress: Callable[[int, int], None] | None = None,
-                       max_new_tokens: int | None = None) -> list[PromptResult]:
+    def generate_batch(
+        self,
+        prompts: list[str],
+        prompt_ids: list[torch.Tensor],
+        prompt_indices: list[int],
+        on_progress: Callable[[int, int], None] | None = None,
+        max_new_tokens: int | None = None,
+    ) -> list[PromptResult]:
         """Decode prompts together (prompt_ids[i] is [1, n_i]); one PromptResult per prompt, in input order.
         on_progress(prompt index, new tokens so far) runs for each running row between rounds."""
         cfg, clock, target = self.cfg, self.clock, self.target
@@ -94,8 +108,9 @@ class SpeculativeDecoder(OneRow):
         self.rounds, holes = 0, 0.0
         while state.live:
             lengths = [s.shape[0] for s in state.seqs]
-            caps = [max(0, min(limit - len(outputs[o]) - 1, target.max_positions - n))
-                    for o, n in zip(state.live, lengths)]
+            caps = [
+                max(0, min(limit - len(outputs[o]) - 1, target.max_positions - n)) for o, n in zip(state.live, lengths)
+            ]
             t_draft = clock.mark()
             proposal = self.drafter.propose(state.seqs, state.history, state.generators, caps)
             t_verify = clock.mark()
@@ -105,36 +120,60 @@ class SpeculativeDecoder(OneRow):
             width = proposal.tokens.shape[1]
             pending, pending_valid = left_pad([s[c:] for s, c in zip(state.seqs, cached)], target.device)
             slots = proposal.valid if proposal.valid is not None else torch.ones_like(proposal.tokens, dtype=torch.bool)
-            logits = target.forward(torch.cat([pending, proposal.tokens], 1), torch.cat([pending_valid, slots], 1),
-                                    keep=width + 1, hidden_layers=self.hidden_layers)
+            logits = target.forward(
+                torch.cat([pending, proposal.tokens], 1),
+                torch.cat([pending_valid, slots], 1),
+                keep=width + 1,
+                hidden_layers=self.hidden_layers,
+            )
             if self.hidden_layers:
                 logits, hidden = logits
                 states = TargetStates(hidden, [n - c for n, c in zip(lengths, cached)], pending.shape[1])
             else:
                 states = None
             p_target = probabilities(logits, cfg)
-            n, next_tokens = verify_rows(proposal.tokens, proposal.probs, proposal.ks, proposal.valid, p_target, cfg,
-                                         state.generators)
+            n, next_tokens = verify_rows(
+                proposal.tokens, proposal.probs, proposal.ks, proposal.valid, p_target, cfg, state.generators
+            )
             kept = to_device(lengths, target.device) + n
             target.rollback(kept)
             self.drafter.rollback(kept)
             t_done = clock.mark()
-            host = rows_to_host(proposal.tokens, proposal.probs, proposal.raw_logits, proposal.ks, p_target, logits,
-                                n, next_tokens, [target.trailing_holes(), self.drafter.trailing_holes()])
+            host = rows_to_host(
+                proposal.tokens,
+                proposal.probs,
+                proposal.raw_logits,
+                proposal.ks,
+                p_target,
+                logits,
+                n,
+                next_tokens,
+                [target.trailing_holes(), self.drafter.trailing_holes()],
+            )
             draft_s, verify_s = clock.seconds(t_draft, t_verify), clock.seconds(t_verify, t_done)
             arrived = clock.now() - start  # the round's tokens reached the host together, with the transfer
             self.rounds += 1
             finished, keep = [], []
             for r, (o, row) in enumerate(zip(state.live, host["rows"])):
-                round_ = round_record(self.typer, self.eos_ids, prompt_indices[o], len(rounds[o]), row,
-                                      limit - len(outputs[o]), draft_s, verify_s, proposal.forwards, contexts[o])
+                round_ = round_record(
+                    self.typer,
+                    self.eos_ids,
+                    prompt_indices[o],
+                    len(rounds[o]),
+                    row,
+                    limit - len(outputs[o]),
+                    draft_s,
+                    verify_s,
+                    proposal.forwards,
+                    contexts[o],
+                )
                 rounds[o].append(round_)
                 outputs[o] += round_.emitted_ids
                 arrivals[o] += [arrived] * len(round_.emitted_ids)
                 a = row["accepted"]
                 cached[r] = lengths[r] + a
                 # Built from device tensors: a host-to-device copy would be a second sync.
-                emitted = torch.cat([proposal.tokens[r, :a], next_tokens[r: r + 1]])[: len(round_.emitted_ids)]
+                emitted = torch.cat([proposal.tokens[r, :a], next_tokens[r : r + 1]])[: len(round_.emitted_ids)]
                 state.seqs[r] = torch.cat([state.seqs[r], emitted])
                 state.history[r] = state.history[r] + round_.emitted_ids
                 if len(outputs[o]) >= limit or outputs[o][-1] in self.eos_ids:
@@ -161,9 +200,18 @@ class SpeculativeDecoder(OneRow):
                 self.drafter.maybe_compact(self.compact_ratio)
         self.hole_share = holes / max(1, self.rounds)
         self.drafter.finish(list(prompt_indices), outputs)
-        return [PromptResult(prompt_indices[o], prompts[o], outputs[o],
-                             self.typer.tokenizer.decode(outputs[o], skip_special_tokens=True), walls[o],
-                             rounds=rounds[o], token_seconds=arrivals[o]) for o in range(count)]
+        return [
+            PromptResult(
+                prompt_indices[o],
+                prompts[o],
+                outputs[o],
+                self.typer.tokenizer.decode(outputs[o], skip_special_tokens=True),
+                walls[o],
+                rounds=rounds[o],
+                token_seconds=arrivals[o],
+            )
+            for o in range(count)
+        ]
 
     def peak_cache_bytes(self) -> int:
         """Peak KV-cache bytes since the last reset: the target's plus the drafter's, if it has a cache."""

@@ -20,6 +20,7 @@ response (`start_request` evicts it, so repeats and the warm-up cannot inflate a
 bounded by MAX_CACHED_TOKENS response tokens, evicting the oldest response first (vLLM bounds it by a request count,
 suffix_decoding_max_cached_requests). Plain Python, no torch.
 """
+
 from __future__ import annotations
 
 MAX_SPEC_FACTOR = 1.0  # vLLM's suffix_decoding_max_spec_factor
@@ -82,14 +83,20 @@ class SuffixTree:
                     grown.append(child)
             active = grown
 
-    def speculate(self, context: list[int], max_tokens: int, min_token_prob: float = MIN_TOKEN_PROB,
-                  max_spec_factor: float = MAX_SPEC_FACTOR, max_spec_offset: float = MAX_SPEC_OFFSET):
+    def speculate(
+        self,
+        context: list[int],
+        max_tokens: int,
+        min_token_prob: float = MIN_TOKEN_PROB,
+        max_spec_factor: float = MAX_SPEC_FACTOR,
+        max_spec_offset: float = MAX_SPEC_OFFSET,
+    ):
         """(tokens, score) of the best path continuing the context's suffix (module docstring)."""
-        context = context[-self.depth:]
+        context = context[-self.depth :]
         best, best_score = [], 0.0
         for m in range(1, len(context)):
             node = self.root
-            for token in context[len(context) - m:]:
+            for token in context[len(context) - m :]:
                 node = node.children.get(token)
                 if node is None:
                     return best, best_score
@@ -119,7 +126,7 @@ class Request:
         self.grow(prompt)
 
     def grow(self, history: list[int]) -> None:
-        for token in history[self.seen:]:
+        for token in history[self.seen :]:
             self.active = self.tree.append(self.active, token)
         self.seen = len(history)
 

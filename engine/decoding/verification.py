@@ -8,6 +8,7 @@ then u < p_t(x), i.e. acceptance with probability min(1, p_t(x)), and the residu
 with x removed (both exact in floating point: p_d is exactly 1 and 0). Greedy: accepted iff the draft is the
 target's argmax; the next token is the argmax at the first mismatch.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,15 @@ from engine.decoding.sampling import SamplingConfig, sample_rows
 from engine.text.token_types import CodeContext, TokenTyper
 
 
-def verify_rows(tokens: torch.Tensor, draft_probs: torch.Tensor, ks: list[int], valid: torch.Tensor | None,
-                p_target: torch.Tensor, cfg: SamplingConfig, generators: list[torch.Generator]):
+def verify_rows(
+    tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    ks: list[int],
+    valid: torch.Tensor | None,
+    p_target: torch.Tensor,
+    cfg: SamplingConfig,
+    generators: list[torch.Generator],
+):
     """Verification of one round for B rows at once: tokens [B, K] and draft_probs [B, K, V], row r proposing its first ks[r] (valid [B, K] marks them; None when every row proposed K, and
     draft_probs is zero past ks[r]); p_target [B, K+1, V], row r's slot i scoring draft i. Row r draws its ks[r]
     uniforms and its correction / bonus from generators[r], as a one-row decode of it would. Returns (accepted
@@ -52,8 +60,13 @@ def residual_distribution(p_target: torch.Tensor, p_draft: torch.Tensor) -> torc
     return torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_target)
 
 
-def draft_stats(tokens: torch.Tensor, draft_probs: torch.Tensor, draft_logits: torch.Tensor | None,
-                p_target: torch.Tensor, target_logits: torch.Tensor):
+def draft_stats(
+    tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    p_target: torch.Tensor,
+    target_logits: torch.Tensor,
+):
     """What a round records per draft token, on the device, for tokens [..., k] with their distributions
     [..., k, V] (the target's scoring each draft's slot): (p_draft of the token, p_target of the token,
     beta = sum min(p_d, p_t), KL(p_t || p_d) of the raw logits, NaN without draft logits), each [..., k]."""
@@ -70,9 +83,18 @@ def draft_stats(tokens: torch.Tensor, draft_probs: torch.Tensor, draft_logits: t
     return p_d, p_t, beta, kl
 
 
-def round_record(typer: TokenTyper, eos_ids: set[int], prompt_index: int, round_index: int, host: dict,
-                 budget: int, draft_s: float, verify_s: float, forwards: int,
-                 context: CodeContext | None = None) -> Round:
+def round_record(
+    typer: TokenTyper,
+    eos_ids: set[int],
+    prompt_index: int,
+    round_index: int,
+    host: dict,
+    budget: int,
+    draft_s: float,
+    verify_s: float,
+    forwards: int,
+    context: CodeContext | None = None,
+) -> Round:
     """The Round a verified row's host fields (one of `rows_to_host`'s rows) settle into. `context`: the prompt's
     code context (engine/text/token_types.py), which types the drafts and moves past what the round emits."""
     drafted = host["tokens"]
@@ -80,15 +102,34 @@ def round_record(typer: TokenTyper, eos_ids: set[int], prompt_index: int, round_
     context = context if context is not None else CodeContext(False)
     tokens = []
     for i, (token, outcome, (text, kind)) in enumerate(zip(drafted, outcomes, typer.drafts(drafted, context))):
-        tokens.append(DraftToken(i + 1, token, text, kind, host["p_draft"][i], host["p_target"][i],
-                                 host["beta"][i], host["kl"][i], outcome))
+        tokens.append(
+            DraftToken(
+                i + 1,
+                token,
+                text,
+                kind,
+                host["p_draft"][i],
+                host["p_target"][i],
+                host["beta"][i],
+                host["kl"][i],
+                outcome,
+            )
+        )
     typer.emitted(emitted, context)
     return Round(prompt_index, round_index, len(drafted), accepted, emitted, kinds, draft_s, verify_s, forwards, tokens)
 
 
-def rows_to_host(tokens: torch.Tensor, draft_probs: torch.Tensor, draft_logits: torch.Tensor | None, ks: list[int],
-                 p_target: torch.Tensor, target_logits: torch.Tensor, n: torch.Tensor, next_tokens: torch.Tensor,
-                 extras: list = ()) -> dict:
+def rows_to_host(
+    tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    ks: list[int],
+    p_target: torch.Tensor,
+    target_logits: torch.Tensor,
+    n: torch.Tensor,
+    next_tokens: torch.Tensor,
+    extras: list = (),
+) -> dict:
     """What a round records for B rows (tokens [B, K] and the rest as `verify_rows` takes them, n and next_tokens
     [B]), computed on the device and moved to the host in ONE transfer (`.tolist()`, the round's one sync), with
     the 0-d integer tensors `extras` (None allowed). Returns {"rows": per row {"accepted", "next", "tokens",
@@ -104,7 +145,16 @@ def rows_to_host(tokens: torch.Tensor, draft_probs: torch.Tensor, draft_logits: 
     for r, k in enumerate(ks):
         at = 2 * batch + r * width
         cols = [flat[head + (i * batch + r) * width : head + (i * batch + r) * width + k] for i in range(4)]
-        rows.append({"accepted": int(flat[r]), "next": int(flat[batch + r]), "tokens": [int(t) for t in flat[at : at + k]],
-                     "p_draft": cols[0], "p_target": cols[1], "beta": cols[2], "kl": cols[3]})
+        rows.append(
+            {
+                "accepted": int(flat[r]),
+                "next": int(flat[batch + r]),
+                "tokens": [int(t) for t in flat[at : at + k]],
+                "p_draft": cols[0],
+                "p_target": cols[1],
+                "beta": cols[2],
+                "kl": cols[3],
+            }
+        )
     tail = iter(int(v) for v in flat[batch * (2 + width) : head])
     return {"rows": rows, "trailing": [None if e is None else next(tail) for e in extras]}

@@ -6,6 +6,7 @@ storage/analysis/formula.py); tests/test_storage.py holds the two equal on craft
 over the same prompts, decoded once each: what storage/stats.paired_speedup gives when every prompt was decoded by
 both arms (the product pairs prompts and repeats; this oracle does not).
 """
+
 from __future__ import annotations
 
 import math

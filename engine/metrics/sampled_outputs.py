@@ -20,6 +20,7 @@ Each at ALPHA / 2 (Bonferroni: family-wise ALPHA = 1 % per configuration and con
 neither test can reach that level, so nothing is concluded (`differs` None). The first token alone is not tested: a
 server samples it from the target's prefill, before any draft.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,10 @@ ALPHA = 0.01  # family-wise, per configuration and concurrency
 MIN_PROMPTS = 10  # the fewest prompts whose exact tests can reach ALPHA / 2 (Wilcoxon: 2 / 2**10 = 0.002)
 RESAMPLES = 9999
 TOKEN_BINS = 255  # the most frequent tokens of both sides, each its own bin; the rest share one
-TESTS = ("per prompt: Wilcoxon signed-rank on paired mean output lengths; paired permutation test on token "
-         "frequencies (total variation distance)")
+TESTS = (
+    "per prompt: Wilcoxon signed-rank on paired mean output lengths; paired permutation test on token "
+    "frequencies (total variation distance)"
+)
 
 
 def _lengths_p(spec: np.ndarray, base: np.ndarray) -> float:
@@ -77,9 +80,15 @@ def _tokens_p(spec_ids: list[list[list[int]]], base_ids: list[list[list[int]]], 
         spec_side = spec_total + (np.moveaxis(x, axis, -1) >= n).astype(float) @ swap
         return _distance(spec_side, total - spec_side)
 
-    result = permutation_test((np.arange(n), np.arange(n, 2 * n)), statistic, permutation_type="samples",
-                              vectorized=True, n_resamples=RESAMPLES, alternative="greater",
-                              rng=np.random.default_rng(seed))
+    result = permutation_test(
+        (np.arange(n), np.arange(n, 2 * n)),
+        statistic,
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=RESAMPLES,
+        alternative="greater",
+        rng=np.random.default_rng(seed),
+    )
     return float(result.pvalue), float(result.statistic)
 
 
@@ -87,9 +96,13 @@ def _means(lengths: list[list[int]]) -> np.ndarray:
     return np.array([np.mean(x) if len(x) else 0.0 for x in lengths], dtype=float)
 
 
-def compare_sampled(spec_lengths: list[list[int]], base_lengths: list[list[int]],
-                    spec_ids: list[list[list[int]]] | None, base_ids: list[list[list[int]]] | None,
-                    seed: int = 0) -> dict:
+def compare_sampled(
+    spec_lengths: list[list[int]],
+    base_lengths: list[list[int]],
+    spec_ids: list[list[list[int]]] | None,
+    base_ids: list[list[list[int]]] | None,
+    seed: int = 0,
+) -> dict:
     """The two tests over the prompts both sides answered (see the module docstring); each argument holds one list
     per prompt (its answers' lengths, or token ids, over the passes). `*_ids` None (a server without token ids):
     lengths only. `differs`: True when either p-value is under ALPHA / 2, False when neither is, None under
@@ -97,10 +110,18 @@ def compare_sampled(spec_lengths: list[list[int]], base_lengths: list[list[int]]
     n = min(len(spec_lengths), len(base_lengths))
     spec, base = _means(spec_lengths[:n]), _means(base_lengths[:n])
     pooled = [[x for lengths in side[:n] for x in lengths] for side in (spec_lengths, base_lengths)]
-    out = {"tests": TESTS, "alpha": ALPHA, "prompts": n, "answers": len(pooled[0]),
-           "speculative_mean_length": float(np.mean(pooled[0])) if pooled[0] else None,
-           "baseline_mean_length": float(np.mean(pooled[1])) if pooled[1] else None,
-           "lengths_p": None, "tokens_p": None, "token_distance": None, "differs": None}
+    out = {
+        "tests": TESTS,
+        "alpha": ALPHA,
+        "prompts": n,
+        "answers": len(pooled[0]),
+        "speculative_mean_length": float(np.mean(pooled[0])) if pooled[0] else None,
+        "baseline_mean_length": float(np.mean(pooled[1])) if pooled[1] else None,
+        "lengths_p": None,
+        "tokens_p": None,
+        "token_distance": None,
+        "differs": None,
+    }
     if n < MIN_PROMPTS:
         return out
     out["lengths_p"] = _lengths_p(spec, base)

@@ -4,6 +4,7 @@ A target and a draft distribution over a small vocabulary are drawn from Dirichl
 proposes from the same pair, so the per-token acceptance probability is exactly β = Σ_x min(p_d(x), p_t(x)) and
 the simulated α̂ should match the formulas of SPEC.md (engine/metrics/theory.py) up to sampling noise.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,15 +67,26 @@ def simulate(setup: SimulationSetup, ks: list[int]) -> tuple[pd.DataFrame, dict]
         n_accepted, n_rejected = int(accepted.sum()), int((accepted < k).sum())
         alpha = n_accepted / (n_accepted + n_rejected) if n_accepted + n_rejected else 1.0
         tokens_per_round = float(accepted.mean() + 1)
-        rows.append({
-            "k": k, "rounds": setup.rounds, "proposed": k * setup.rounds, "accepted": n_accepted,
-            "rejected": n_rejected, "alpha": alpha, "tokens_per_round": tokens_per_round,
-            "speedup": tokens_per_round / (1 + k / setup.c),
-            "expected_tokens_per_round": theory.expected_tokens_per_round(beta, k),
-            "predicted_speedup": theory.predicted_speedup(beta, k, setup.c),
-        })
+        rows.append(
+            {
+                "k": k,
+                "rounds": setup.rounds,
+                "proposed": k * setup.rounds,
+                "accepted": n_accepted,
+                "rejected": n_rejected,
+                "alpha": alpha,
+                "tokens_per_round": tokens_per_round,
+                "speedup": tokens_per_round / (1 + k / setup.c),
+                "expected_tokens_per_round": theory.expected_tokens_per_round(beta, k),
+                "predicted_speedup": theory.predicted_speedup(beta, k, setup.c),
+            }
+        )
     emitted = np.concatenate(first_tokens) if first_tokens else np.array([], dtype=int)
     empirical = np.bincount(emitted, minlength=setup.vocab) / max(len(emitted), 1)
-    summary = {"beta": beta, "target": target, "draft": draft,
-               "first_token_total_variation": float(0.5 * np.abs(empirical - target).sum())}
+    summary = {
+        "beta": beta,
+        "target": target,
+        "draft": draft,
+        "first_token_total_variation": float(0.5 * np.abs(empirical - target).sum()),
+    }
     return pd.DataFrame(rows), summary

@@ -5,6 +5,7 @@ pooled over prompts (α, a position's acceptance: a ratio with a prompt-level st
 both finished, run / baseline. Its interval resamples prompts with replacement, keeping each prompt's two
 timings together, so drift that hits both arms of a prompt cancels instead of widening the interval.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,15 @@ def paired_speedup(base_tokens, base_seconds, run_tokens, run_seconds) -> float 
     return float((rt.sum() / rs.sum()) / (bt.sum() / bs.sum()))
 
 
-def paired_bootstrap_ci(base_tokens, base_seconds, run_tokens, run_seconds, samples: int = BOOTSTRAP_SAMPLES,
-                        confidence: float = CONFIDENCE, seed: int = 0) -> tuple[float, float] | None:
+def paired_bootstrap_ci(
+    base_tokens,
+    base_seconds,
+    run_tokens,
+    run_seconds,
+    samples: int = BOOTSTRAP_SAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> tuple[float, float] | None:
     """Percentile interval of paired_speedup under resampling of prompts (deterministic for a seed)."""
     bt, bs, rt, rs = (np.asarray(v, dtype=float) for v in (base_tokens, base_seconds, run_tokens, run_seconds))
     n = bt.size

@@ -1,4 +1,5 @@
 """The formulas of SPEC.md / the reference article (Leviathan et al. 2023), in one place."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,9 @@ def cost_aware_speedup(expected_length: float, draft_cost: float, verify_cost: f
     return expected_length / cost if cost > 0 else None
 
 
-def refined_speedup(expected_length: float, t_target: float, draft_seconds_per_round: float,
-                    verify_seconds_per_round: float) -> float | None:
+def refined_speedup(
+    expected_length: float, t_target: float, draft_seconds_per_round: float, verify_seconds_per_round: float
+) -> float | None:
     """SPEC's predicted_speedup_refined: E[L] · t_target / (draft time per round + verify time per round), the
     article's formula with the verify pass at its measured cost instead of one target step: cost_aware_speedup with
     the round's draft and verify time in target steps."""
@@ -53,8 +55,13 @@ def refined_speedup(expected_length: float, t_target: float, draft_seconds_per_r
     return cost_aware_speedup(expected_length, draft_seconds_per_round / t_target, verify_seconds_per_round / t_target)
 
 
-def predicted_curve(per_position_acceptance: list[float], draft_step_seconds: float, round_overhead_seconds: float,
-                    verify_seconds: dict[int, float], target_seconds_per_token: float) -> dict[int, float]:
+def predicted_curve(
+    per_position_acceptance: list[float],
+    draft_step_seconds: float,
+    round_overhead_seconds: float,
+    verify_seconds: dict[int, float],
+    target_seconds_per_token: float,
+) -> dict[int, float]:
     """Predict the speedup of every k = 1..len(per_position_acceptance) from one run at the largest k
     (`--k auto`): E[L_k] from the first k positions' acceptance, a round costing k draft steps, the
     target's verify forward over k+1 tokens (its measured profile) and the run's per-round overhead."""
@@ -67,8 +74,9 @@ def predicted_curve(per_position_acceptance: list[float], draft_step_seconds: fl
     return curve
 
 
-def simulated_rounds(per_position_acceptance: list[float], k: int, tokens: int, samples: int,
-                     rng: np.random.Generator) -> np.ndarray:
+def simulated_rounds(
+    per_position_acceptance: list[float], k: int, tokens: int, samples: int, rng: np.random.Generator
+) -> np.ndarray:
     """Rounds a row needs to emit `tokens` tokens at k, in `samples` simulated decodes: each round the draft at
     position i is accepted with probability per_position_acceptance[i-1] while every draft before it was; the
     round emits the accepted drafts plus one; the last rounds draft no more than the budget leaves (as the
@@ -97,9 +105,17 @@ def expected_batch_rounds(rows: list[tuple[list[float], int]], k: int, samples: 
     return float(longest.mean())
 
 
-def modelled_seconds(batches: list[list[tuple[list[float], int]]], k_max: int, draft_per_round: float,
-                     verify_per_round: float, other_per_round: float, first_round_extra: float,
-                     verify_shape: dict[int, float], samples: int = 256, seed: int = 0) -> dict[int, float]:
+def modelled_seconds(
+    batches: list[list[tuple[list[float], int]]],
+    k_max: int,
+    draft_per_round: float,
+    verify_per_round: float,
+    other_per_round: float,
+    first_round_extra: float,
+    verify_shape: dict[int, float],
+    samples: int = 256,
+    seed: int = 0,
+) -> dict[int, float]:
     """Seconds to decode a prompt set at every k = 1..k_max (its batches one after another), modelled from the
     run at k_max:
         T(k) = first_round_extra + Σ_batches E[rounds of the batch at k] · c(k)
@@ -112,8 +128,11 @@ def modelled_seconds(batches: list[list[tuple[list[float], int]]], k_max: int, d
     for k in range(1, k_max + 1):
         if k + 1 not in verify_shape or k_max + 1 not in verify_shape:
             break
-        cost = (draft_per_round * k / k_max + verify_per_round * verify_shape[k + 1] / verify_shape[k_max + 1]
-                + other_per_round)
+        cost = (
+            draft_per_round * k / k_max
+            + verify_per_round * verify_shape[k + 1] / verify_shape[k_max + 1]
+            + other_per_round
+        )
         seconds[k] = first_round_extra + sum(expected_batch_rounds(rows, k, samples, seed) for rows in batches) * cost
     return seconds
 

@@ -2,6 +2,7 @@
 every layer keeps its full history, so a rollback can land anywhere (`rollback_cache`); a model whose cache cannot
 roll back is refused here, before any run starts.
 """
+
 from __future__ import annotations
 
 from transformers import DynamicCache, cache_utils
@@ -40,7 +41,8 @@ def rollback_cache(model) -> DynamicCache:
             name = model.config.name_or_path or model.config.model_type
             raise DraftLabError(
                 f"{name} has {kind} layers whose cache cannot be rolled back to an earlier token, which every "
-                f"speculative round needs; use a target and draft built from attention layers only")
+                f"speculative round needs; use a target and draft built from attention layers only"
+            )
         if isinstance(layer, cache_utils.DynamicSlidingWindowLayer):
             cache.layers[i] = cache_utils.DynamicLayer()
     return cache

@@ -51,6 +51,7 @@ The head's forward has the signature engine/decoding/batched_cache.py calls (inp
 logits_to_keep) plus `hidden_states` [B, W, hidden] (the combined target states, or the head's own pre-norm
 output), so one BatchCache keeps its KV cache for B rows with holes, rollback and compaction like any draft model's.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,11 +65,9 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from engine.config import head_format
-
-from engine.models import weight_files
-from engine.errors import DraftLabError
 from engine.config.head_format import SGLANG, SPECULATORS, HeadSpec, check_verifier  # noqa: F401 - check_verifier: public here
-
+from engine.errors import DraftLabError
+from engine.models import weight_files
 
 
 def head_config(path) -> dict | None:
@@ -97,8 +96,11 @@ class Eagle3DecoderLayer(nn.Module):
         self.norm_before_residual = norm_before_residual
         self.self_attn = LlamaAttention(config, layer_idx=0)
         attn = self.self_attn
-        for name, heads in (("q_proj", config.num_attention_heads), ("k_proj", config.num_key_value_heads),
-                            ("v_proj", config.num_key_value_heads)):
+        for name, heads in (
+            ("q_proj", config.num_attention_heads),
+            ("k_proj", config.num_key_value_heads),
+            ("v_proj", config.num_key_value_heads),
+        ):
             setattr(attn, name, nn.Linear(2 * hidden, heads * attn.head_dim, bias=config.attention_bias))
         self.mlp = LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
@@ -112,8 +114,12 @@ class Eagle3DecoderLayer(nn.Module):
             residual = state
         else:
             residual, state = state, self.hidden_norm(state)
-        attended, _ = self.self_attn(torch.cat([embeds, state], -1), position_embeddings=position_embeddings,
-                                     attention_mask=attention_mask, cache=cache)
+        attended, _ = self.self_attn(
+            torch.cat([embeds, state], -1),
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            cache=cache,
+        )
         residual = attended + residual
         return self.mlp(self.post_attention_layernorm(residual)) + residual
 
@@ -121,9 +127,17 @@ class Eagle3DecoderLayer(nn.Module):
 class Eagle3Head(nn.Module):
     """An EAGLE-3 head (see the module docstring); `aux_layers` are the target's hidden_states it reads."""
 
-    def __init__(self, config: LlamaConfig, *, draft_vocab_size: int, target_hidden_size: int,
-                 aux_layers: list[int], norm_before_residual: bool = False, norm_before_fc: bool = False,
-                 verifier: str | None = None):
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        draft_vocab_size: int,
+        target_hidden_size: int,
+        aux_layers: list[int],
+        norm_before_residual: bool = False,
+        norm_before_fc: bool = False,
+        verifier: str | None = None,
+    ):
         super().__init__()
         hidden = config.hidden_size
         self.config = config
@@ -131,8 +145,9 @@ class Eagle3Head(nn.Module):
         self.verifier = verifier
         self.draft_vocab_size = draft_vocab_size
         self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
-        self.input_norm = (LlamaRMSNorm(len(aux_layers) * target_hidden_size, eps=config.rms_norm_eps)
-                           if norm_before_fc else None)
+        self.input_norm = (
+            LlamaRMSNorm(len(aux_layers) * target_hidden_size, eps=config.rms_norm_eps) if norm_before_fc else None
+        )
         self.fc = nn.Linear(len(aux_layers) * target_hidden_size, hidden, bias=False)
         self.layers = nn.ModuleList([Eagle3DecoderLayer(config, norm_before_residual)])
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
@@ -149,7 +164,9 @@ class Eagle3Head(nn.Module):
         """Whether every target id is some draft id's (then no logit is -inf and the draft's KL is finite)."""
         return self.draft_vocab_size >= self.config.vocab_size and bool(
             torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.d2t.device)
-            .index_fill(0, self.target_ids(), True).all())
+            .index_fill(0, self.target_ids(), True)
+            .all()
+        )
 
     def combine(self, states: torch.Tensor) -> torch.Tensor:
         """The head's input state from the target's aux hidden states concatenated [..., 3 x target_hidden]."""
@@ -157,17 +174,31 @@ class Eagle3Head(nn.Module):
             states = self.input_norm(states)
         return self.fc(states)
 
-    def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor, attention_mask=None, position_ids=None,
-                cache=None, use_cache: bool | None = None, logits_to_keep: int = 0, output_hidden_states=None,
-                **kwargs) -> Eagle3Output:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden_states: torch.Tensor,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> Eagle3Output:
         """Logits over the target vocabulary for tokens input_ids [B, W] with their states hidden_states
         [B, W, hidden]; the KV cache `cache` grows by W columns."""
         embeds = self.embed_tokens(input_ids)
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + past)[None]
-        mask = create_causal_mask(config=self.config, inputs_embeds=embeds, attention_mask=attention_mask,
-                                  cache=cache, position_ids=position_ids)
+        mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=embeds,
+            attention_mask=attention_mask,
+            cache=cache,
+            position_ids=position_ids,
+        )
         rotary = self.rotary_emb(embeds, position_ids=position_ids)
         prenorm = self.layers[0](embeds, hidden_states, mask, rotary, cache)
         kept = prenorm[:, -logits_to_keep:] if logits_to_keep else prenorm
@@ -203,8 +234,11 @@ def lab_weight_name(name: str) -> str:
     """A head weight's name as Eagle3Head has it: SGLang's `midlayer.` (and an HF `model.` prefix) read as
     `layers.0.`, as vLLM reads them."""
     name = name.removeprefix("model.")
-    return head_format.LAYER_PREFIX[SPECULATORS] + name.removeprefix(head_format.LAYER_PREFIX[SGLANG]) \
-        if name.startswith(head_format.LAYER_PREFIX[SGLANG]) else name
+    return (
+        head_format.LAYER_PREFIX[SPECULATORS] + name.removeprefix(head_format.LAYER_PREFIX[SGLANG])
+        if name.startswith(head_format.LAYER_PREFIX[SGLANG])
+        else name
+    )
 
 
 def _layer_config(spec: HeadSpec) -> LlamaConfig:
@@ -213,8 +247,7 @@ def _layer_config(spec: HeadSpec) -> LlamaConfig:
     return config
 
 
-def load_head(path, target_model, target_names: list[str], device, dtype, overrides: dict | None = None
-              ) -> Eagle3Head:
+def load_head(path, target_model, target_names: list[str], device, dtype, overrides: dict | None = None) -> Eagle3Head:
     """The EAGLE-3 head in directory `path` (speculators or SGLang layout, engine/config/head_format.py) for
     `target_model` (a transformers causal LM), on `device` in `dtype`, computing what the engine of its layout
     computes: a speculators head shares the target's embedding when it has none (vLLM), an SGLang one always uses
@@ -228,9 +261,15 @@ def load_head(path, target_model, target_names: list[str], device, dtype, overri
     vocab = target_model.get_output_embeddings().weight.shape[0]
     aux = head_format.check_for_target(spec, path, target_names, target.num_hidden_layers, width, vocab)
     config = _layer_config(spec)
-    head = Eagle3Head(config, draft_vocab_size=int(spec.draft_vocab_size or config.vocab_size),
-                      target_hidden_size=width, aux_layers=list(aux), norm_before_residual=spec.norm_before_residual,
-                      norm_before_fc=spec.norm_before_fc, verifier=spec.verifier)
+    head = Eagle3Head(
+        config,
+        draft_vocab_size=int(spec.draft_vocab_size or config.vocab_size),
+        target_hidden_size=width,
+        aux_layers=list(aux),
+        norm_before_residual=spec.norm_before_residual,
+        norm_before_fc=spec.norm_before_fc,
+        verifier=spec.verifier,
+    )
     state = {lab_weight_name(name): tensor for name, tensor in _weights(path).items()}
     if spec.layout == SGLANG and config.hidden_size == width:
         state.pop("embed_tokens.weight", None)  # SGLang serves it with the target's embedding, whatever it holds
@@ -247,8 +286,11 @@ def load_head(path, target_model, target_names: list[str], device, dtype, overri
     unexpected = sorted(set(state) - expected)
     if missing or unexpected:
         what = ", ".join([f"missing {n}" for n in missing[:3]] + [f"unexpected {n}" for n in unexpected[:3]])
-        raise _refuse(path, f"does not have the EAGLE-3 weights of its {spec.layout} layout ({what})",
-                      "save it as vLLM's speculators or SGLang's layout names them (engine/models/eagle3.py)")
+        raise _refuse(
+            path,
+            f"does not have the EAGLE-3 weights of its {spec.layout} layout ({what})",
+            "save it as vLLM's speculators or SGLang's layout names them (engine/models/eagle3.py)",
+        )
     try:
         head.load_state_dict(state, strict=False)
     except RuntimeError as exc:
@@ -261,6 +303,7 @@ def load_head(path, target_model, target_names: list[str], device, dtype, overri
 
 
 # --- a new head for a target, and saving one ---------------------------------------------------------------------
+
 
 def default_aux_layers(num_layers: int) -> list[int]:
     """vLLM's default aux-layer ids for a target of `num_layers` decoder layers (its convention): (2, L/2, L-3),
@@ -276,22 +319,32 @@ def layer_config(target_model) -> dict:
     t = target_model.config.get_text_config(decoder=True)
     rope = dict(getattr(t, "rope_parameters", None) or {})
     theta = rope.get("rope_theta", getattr(t, "rope_theta", 10000.0))
-    layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": int(t.vocab_size),
-             "hidden_size": int(t.hidden_size), "intermediate_size": int(t.intermediate_size),
-             "num_hidden_layers": 1, "num_attention_heads": int(t.num_attention_heads),
-             "num_key_value_heads": int(getattr(t, "num_key_value_heads", None) or t.num_attention_heads),
-             "head_dim": int(getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads),
-             "max_position_embeddings": int(t.max_position_embeddings), "rms_norm_eps": float(
-                 getattr(t, "rms_norm_eps", None) or getattr(t, "layer_norm_eps", None) or 1e-6),
-             "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
-             "rope_theta": float(theta)}
+    layer = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": int(t.vocab_size),
+        "hidden_size": int(t.hidden_size),
+        "intermediate_size": int(t.intermediate_size),
+        "num_hidden_layers": 1,
+        "num_attention_heads": int(t.num_attention_heads),
+        "num_key_value_heads": int(getattr(t, "num_key_value_heads", None) or t.num_attention_heads),
+        "head_dim": int(getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads),
+        "max_position_embeddings": int(t.max_position_embeddings),
+        "rms_norm_eps": float(getattr(t, "rms_norm_eps", None) or getattr(t, "layer_norm_eps", None) or 1e-6),
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "rope_theta": float(theta),
+    }
     if rope.get("rope_type", "default") != "default":
         layer["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     return layer
 
 
-def new_head(target_model, aux_layers: list[int], draft_ids: torch.Tensor, verifier: str,
-             norm_before_fc: bool = False) -> Eagle3Head:
+def new_head(
+    target_model, aux_layers: list[int], draft_ids: torch.Tensor, verifier: str, norm_before_fc: bool = False
+) -> Eagle3Head:
     """A fresh head for `target_model` reading `aux_layers`, drafting over the target ids `draft_ids` (sorted):
     its embedding is the target's (shared, frozen, not saved), its final norm and lm_head start as the target's own
     rows for the draft vocabulary (the head then first learns to produce a state the target's head reads)."""
@@ -300,8 +353,14 @@ def new_head(target_model, aux_layers: list[int], draft_ids: torch.Tensor, verif
     config._attn_implementation = "sdpa"
     t = target_model.config.get_text_config(decoder=True)
     draft_ids = torch.as_tensor(draft_ids, dtype=torch.long).sort().values
-    head = Eagle3Head(config, draft_vocab_size=int(draft_ids.numel()), target_hidden_size=int(t.hidden_size),
-                      aux_layers=list(aux_layers), norm_before_fc=norm_before_fc, verifier=verifier)
+    head = Eagle3Head(
+        config,
+        draft_vocab_size=int(draft_ids.numel()),
+        target_hidden_size=int(t.hidden_size),
+        aux_layers=list(aux_layers),
+        norm_before_fc=norm_before_fc,
+        verifier=verifier,
+    )
     head.embed_tokens = target_model.get_input_embeddings()
     with torch.no_grad():
         head.d2t.copy_(draft_ids - torch.arange(draft_ids.numel()))
@@ -309,8 +368,11 @@ def new_head(target_model, aux_layers: list[int], draft_ids: torch.Tensor, verif
         out = target_model.get_output_embeddings().weight
         head.lm_head.weight.copy_(out[draft_ids].to(head.lm_head.weight.dtype))
         final = getattr(getattr(target_model, "model", None), "norm", None)
-        if final is not None and getattr(final, "weight", None) is not None \
-                and final.weight.shape == head.norm.weight.shape:
+        if (
+            final is not None
+            and getattr(final, "weight", None) is not None
+            and final.weight.shape == head.norm.weight.shape
+        ):
             head.norm.weight.copy_(final.weight.to(head.norm.weight.dtype))
     return head
 
@@ -343,9 +405,16 @@ def head_spec_of(head: Eagle3Head, dtype=None) -> HeadSpec:
         layer["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     if dtype is not None:
         layer["torch_dtype"] = str(dtype).removeprefix("torch.")
-    return HeadSpec(SPECULATORS, layer, head.draft_vocab_size, head.fc.in_features // len(head.aux_layers),
-                    tuple(head.aux_layers), head.layers[0].norm_before_residual, head.input_norm is not None,
-                    head.verifier)
+    return HeadSpec(
+        SPECULATORS,
+        layer,
+        head.draft_vocab_size,
+        head.fc.in_features // len(head.aux_layers),
+        tuple(head.aux_layers),
+        head.layers[0].norm_before_residual,
+        head.input_norm is not None,
+        head.verifier,
+    )
 
 
 def speculators_config(head: Eagle3Head, speculative_tokens: int = 3) -> dict:
@@ -354,9 +423,22 @@ def speculators_config(head: Eagle3Head, speculative_tokens: int = 3) -> dict:
 
 
 def layer_keys() -> set[str]:
-    return {"vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "max_position_embeddings", "rms_norm_eps", "hidden_act", "attention_bias", "mlp_bias",
-            "rope_theta", "rope_scaling", "tie_word_embeddings"}
+    return {
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "hidden_act",
+        "attention_bias",
+        "mlp_bias",
+        "rope_theta",
+        "rope_scaling",
+        "tie_word_embeddings",
+    }
 
 
 def layout_weights(state: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
@@ -409,35 +491,49 @@ def convert_head(src, out, to: str, overwrite: bool = False, verifier: str | Non
     if spec.layout == to:
         raise _refuse(src_dir, f"is already in the {to} layout", "use it as it is, or convert it to the other one")
     if out_dir.exists() and out_dir.resolve() == src_dir.resolve():
-        raise DraftLabError(f"--out {str(out)!r} is the head itself; give another directory (e.g. "
-                            f"{head_format.sglang_dir(src) if to == SGLANG else src_dir / to})")
+        raise DraftLabError(
+            f"--out {str(out)!r} is the head itself; give another directory (e.g. "
+            f"{head_format.sglang_dir(src) if to == SGLANG else src_dir / to})"
+        )
     if out_dir.exists() and not out_dir.is_dir():
         raise DraftLabError(f"--out {str(out)!r} is a file; give a directory")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise DraftLabError(f"--out {str(out)!r} is not empty; pass --overwrite to replace its head, or another --out")
     if to == SPECULATORS and not spec.verifier:
-        raise _refuse(src_dir, "names no target (SGLang's layout has none)",
-                      "pass --verifier MODEL, the target it was trained for (vLLM and DraftLab check it)")
+        raise _refuse(
+            src_dir,
+            "names no target (SGLang's layout has none)",
+            "pass --verifier MODEL, the target it was trained for (vLLM and DraftLab check it)",
+        )
     config = head_format.layout_config(spec, to)  # SGLang: refuses a head it cannot compute
     state = {lab_weight_name(name): tensor for name, tensor in _weights(src_dir).items()}
     notes = []
     own_embedding = "embed_tokens.weight" in state and spec.layer.get("hidden_size") == (
-        spec.target_hidden_size or spec.layer.get("hidden_size"))
+        spec.target_hidden_size or spec.layer.get("hidden_size")
+    )
     if own_embedding and to == SPECULATORS:
         del state["embed_tokens.weight"]  # SGLang served it with the target's: so will vLLM without one
-        notes.append("embed_tokens dropped: SGLang served this head with the target's embedding, as vLLM and "
-                     "DraftLab do when the speculators directory has none.")
+        notes.append(
+            "embed_tokens dropped: SGLang served this head with the target's embedding, as vLLM and "
+            "DraftLab do when the speculators directory has none."
+        )
     elif own_embedding:
-        notes.append("Check: this head has an embedding of its own (embed_tokens); SGLang replaces it with the "
-                     "target's, vLLM and DraftLab use it: the two engines compute the same head only if it is the "
-                     "target's.")
+        notes.append(
+            "Check: this head has an embedding of its own (embed_tokens); SGLang replaces it with the "
+            "target's, vLLM and DraftLab use it: the two engines compute the same head only if it is the "
+            "target's."
+        )
     if spec.aux_layers is not None:
         ids = list(spec.aux_layers)
-        notes.append(f"aux layer ids: {ids} in vLLM's and DraftLab's convention (the input of layer i) = "
-                     f"{[i - 1 for i in ids]} in SGLang's (the output of layer j), written "
-                     + ("to eagle_config." if to == SGLANG else "at the top level."))
+        notes.append(
+            f"aux layer ids: {ids} in vLLM's and DraftLab's convention (the input of layer i) = "
+            f"{[i - 1 for i in ids]} in SGLang's (the output of layer j), written "
+            + ("to eagle_config." if to == SGLANG else "at the top level.")
+        )
     else:
-        notes.append("aux layer ids: none named; vLLM and SGLang both read the target's layers [2, L/2, L-3] "
-                     "(vLLM's convention).")
+        notes.append(
+            "aux layer ids: none named; vLLM and SGLang both read the target's layers [2, L/2, L-3] "
+            "(vLLM's convention)."
+        )
     _write(out_dir, config, layout_weights(state, to))
     return notes

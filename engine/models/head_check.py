@@ -21,14 +21,15 @@ id L before it: the lab cannot feed that one).
 Clearly better: the variant's gain over the configuration is at least MARGIN and its 95 % interval (paired by
 prompt, each prompt one draw) lies above 0.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 
-from engine.models import eagle3
 from engine.errors import DraftLabError
+from engine.models import eagle3
 
 MARGIN = 0.05  # the least gain in first-draft acceptance a variant needs to count as clearly better
 Z95 = 1.959964
@@ -43,14 +44,22 @@ def _continuations(target_model, tokenizer, prompts: list[str], max_new_tokens: 
         if ids.shape[1] == 0:
             raise DraftLabError(f"prompt {i} encodes to no tokens; remove empty prompts from the prompt set")
         with torch.no_grad():
-            full = target_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                         do_sample=False, top_p=None, top_k=None, temperature=None)
+            full = target_model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                top_p=None,
+                top_k=None,
+                temperature=None,
+            )
             states = target_model(full, output_hidden_states=True).hidden_states
         if full.shape[1] - ids.shape[1] >= 2:  # a draft needs a token after the next
             out.append((full[0], states, ids.shape[1]))
     if len(out) < 2:
-        raise DraftLabError("fewer than 2 prompts continue for 2 tokens or more; give more prompts or a larger "
-                            "--max-new-tokens")
+        raise DraftLabError(
+            "fewer than 2 prompts continue for 2 tokens or more; give more prompts or a larger --max-new-tokens"
+        )
     return out
 
 
@@ -63,7 +72,7 @@ def first_draft_hits(head: eagle3.Eagle3Head, data: list[tuple]) -> list[tuple[i
             combined = torch.cat([states[i] for i in head.aux_layers], -1)[:, :-2]
             logits = head(ids[1:-1][None], hidden_states=head.combine(combined.to(head.fc.weight.dtype))).logits[0]
             start = prompt_length - 1  # the first draft after the prefill predicts token prompt_length + 1
-            hits = (logits[start:].argmax(-1) == ids[start + 2:]).sum().item()
+            hits = (logits[start:].argmax(-1) == ids[start + 2 :]).sum().item()
             out.append((int(hits), int(ids.shape[0] - start - 2)))
     return out
 
@@ -90,8 +99,16 @@ def variants(aux: list[int], norm_before_fc: bool, num_layers: int) -> list[tupl
     return out
 
 
-def convention_check(head_dir, target_model, tokenizer, target_names: list[str], prompts: list[str],
-                     max_new_tokens: int = 32, device=None, dtype=torch.float32) -> dict:
+def convention_check(
+    head_dir,
+    target_model,
+    tokenizer,
+    target_names: list[str],
+    prompts: list[str],
+    max_new_tokens: int = 32,
+    device=None,
+    dtype=torch.float32,
+) -> dict:
     """Measure the head in `head_dir` under each variant (see the module docstring) on `prompts` (texts) with
     `target_model`; returns {"head", "aux_layers", "norm_before_fc", "prompts", "positions", "variants": [{"name",
     "aux_layers", "norm_before_fc", "acceptance", "gain", "gain_lo", "gain_hi", "clearly_better"}], "verdict",
@@ -103,35 +120,71 @@ def convention_check(head_dir, target_model, tokenizer, target_names: list[str],
     norm = configured.input_norm is not None
     rows, base = [], None
     for name, aux, norm_fc in variants(configured.aux_layers, norm, num_layers):
-        head = configured if base is None else eagle3.load_head(
-            head_dir, target_model, target_names, device, dtype,
-            overrides={"aux_layers": tuple(aux), "norm_before_fc": norm_fc})
+        head = (
+            configured
+            if base is None
+            else eagle3.load_head(
+                head_dir,
+                target_model,
+                target_names,
+                device,
+                dtype,
+                overrides={"aux_layers": tuple(aux), "norm_before_fc": norm_fc},
+            )
+        )
         hits = first_draft_hits(head, data)
         base = base or hits
         gain, lo, hi = paired_gain(hits, base)
-        rows.append({"name": name, "aux_layers": aux, "norm_before_fc": norm_fc,
-                     "acceptance": sum(h for h, _ in hits) / sum(n for _, n in hits), "gain": gain, "gain_lo": lo,
-                     "gain_hi": hi, "clearly_better": bool(rows) and gain >= MARGIN and lo > 0})
+        rows.append(
+            {
+                "name": name,
+                "aux_layers": aux,
+                "norm_before_fc": norm_fc,
+                "acceptance": sum(h for h, _ in hits) / sum(n for _, n in hits),
+                "gain": gain,
+                "gain_lo": lo,
+                "gain_hi": hi,
+                "clearly_better": bool(rows) and gain >= MARGIN and lo > 0,
+            }
+        )
     verdict, suggested = _verdict(rows)
-    return {"head": str(head_dir), "aux_layers": configured.aux_layers, "norm_before_fc": norm,
-            "prompts": len(data), "positions": sum(n for _, n in base), "variants": rows, "verdict": verdict,
-            "suggested": suggested}
+    return {
+        "head": str(head_dir),
+        "aux_layers": configured.aux_layers,
+        "norm_before_fc": norm,
+        "prompts": len(data),
+        "positions": sum(n for _, n in base),
+        "variants": rows,
+        "verdict": verdict,
+        "suggested": suggested,
+    }
 
 
 def _verdict(rows: list[dict]) -> tuple[str, dict | None]:
     better = [r for r in rows[1:] if r["clearly_better"]]
     if not better:
-        return (f"the configuration fits: no variant is clearly better (a gain of {MARGIN:g} or more with its "
-                f"interval above 0)", None)
+        return (
+            f"the configuration fits: no variant is clearly better (a gain of {MARGIN:g} or more with its "
+            f"interval above 0)",
+            None,
+        )
     best = max(better, key=lambda r: r["gain"])
     gain = f"first-draft acceptance {best['acceptance']:.3f}, {best['gain']:+.3f} over the configuration"
     if best["aux_layers"] != rows[0]["aux_layers"]:
         raised = best["aux_layers"][0] > rows[0]["aux_layers"][0]
-        why = ("this head was likely trained with SGLang's convention (ids name a layer's output, one lower than "
-               "vLLM's)" if raised else "this head's ids look raised once too often")
-        return (f"{why}: set eagle_aux_hidden_state_layer_ids to {best['aux_layers']} (vLLM's convention; "
-                f"SGLang's eagle_config takes each one lower) ({gain})",
-                {"eagle_aux_hidden_state_layer_ids": best["aux_layers"]})
+        why = (
+            "this head was likely trained with SGLang's convention (ids name a layer's output, one lower than vLLM's)"
+            if raised
+            else "this head's ids look raised once too often"
+        )
+        return (
+            f"{why}: set eagle_aux_hidden_state_layer_ids to {best['aux_layers']} (vLLM's convention; "
+            f"SGLang's eagle_config takes each one lower) ({gain})",
+            {"eagle_aux_hidden_state_layer_ids": best["aux_layers"]},
+        )
     state = "with" if best["norm_before_fc"] else "without"
-    return (f"this head was likely trained {state} the norm before fc: set norm_before_fc to "
-            f"{str(best['norm_before_fc']).lower()} ({gain})", {"norm_before_fc": best["norm_before_fc"]})
+    return (
+        f"this head was likely trained {state} the norm before fc: set norm_before_fc to "
+        f"{str(best['norm_before_fc']).lower()} ({gain})",
+        {"norm_before_fc": best["norm_before_fc"]},
+    )

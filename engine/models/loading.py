@@ -1,4 +1,5 @@
 """Loading a target/draft pair from demo names, HF model ids or local directories, and checking the pair."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -9,16 +10,11 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from engine.models.cached_model import rollback_cache
-
-from engine.models import eagle3
-
-from engine.config import head_format
-
-from engine.models import placement, weight_files
-
 from engine import zoo
+from engine.config import head_format
 from engine.errors import DraftLabError
+from engine.models import eagle3, placement, weight_files
+from engine.models.cached_model import rollback_cache
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,7 +58,9 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise DraftLabError("--device cuda asked for, but torch sees no CUDA GPU; use --device cpu or install a CUDA build of torch")
+        raise DraftLabError(
+            "--device cuda asked for, but torch sees no CUDA GPU; use --device cpu or install a CUDA build of torch"
+        )
     return torch.device(device)
 
 
@@ -79,19 +77,28 @@ def _source(name: str) -> str:
     if demo is not None:
         return str(demo)
     if name in zoo.DEMO_MODELS:
-        raise DraftLabError(f"demo model {name!r} is not built in this install; train it with `python -m engine.zoo.train --model {name}`")
+        raise DraftLabError(
+            f"demo model {name!r} is not built in this install; train it with `python -m engine.zoo.train --model {name}`"
+        )
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
-            raise DraftLabError(f"model directory {name!r} has no config.json; point at a directory saved with save_pretrained()")
+            raise DraftLabError(
+                f"model directory {name!r} has no config.json; point at a directory saved with save_pretrained()"
+            )
         return str(path)
     if zoo.missing_folder(name):  # a path, not an `org/name` hub id
         raise DraftLabError(zoo.missing_folder(name))
     return name  # an HF model id
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False,
-               max_memory: dict[int, int] | None = None) -> LoadedModel:
+def load_model(
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    trust_remote_code: bool = False,
+    max_memory: dict[int, int] | None = None,
+) -> LoadedModel:
     """Model in eval mode on `device` plus its tokenizer; a DraftLabError names anything that cannot load.
     max_memory ({GPU index: bytes}, engine.models.placement.plan): the model is dispatched over those GPUs by accelerate
     (`device_map="auto"`) instead, never moved afterwards."""
@@ -101,8 +108,9 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, trust_remote
     spread = {}
     if max_memory:
         if importlib.util.find_spec("accelerate") is None:
-            raise DraftLabError(f"{name!r} is placed over {len(max_memory)} GPUs, which needs accelerate; "
-                                f"pip install accelerate")
+            raise DraftLabError(
+                f"{name!r} is placed over {len(max_memory)} GPUs, which needs accelerate; pip install accelerate"
+            )
         spread = {"device_map": "auto", "max_memory": max_memory}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -114,7 +122,9 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, trust_remote
     except SafetensorError as exc:  # garbage or a truncated download: not an OSError
         raise _corrupt_weights(name, source, exc) from exc
     except torch.cuda.OutOfMemoryError as exc:
-        raise DraftLabError(f"CUDA out of memory loading {name!r}; use a smaller --dtype (bfloat16) or a smaller model") from exc
+        raise DraftLabError(
+            f"CUDA out of memory loading {name!r}; use a smaller --dtype (bfloat16) or a smaller model"
+        ) from exc
     if spread:
         _check_dispatched(name, model)
     else:
@@ -127,15 +137,19 @@ def _corrupt_weights(name: str, source: str, exc: Exception) -> DraftLabError:
     """A weights file safetensors cannot read, named (engine/models/weight_files.py: the first of a local directory's
     files that fails to open)."""
     bad = weight_files.first_unreadable(source)
-    fix = ("copy or download the model again, or save it again with save_pretrained()" if bad is not None else
-           "download it again (a hub id: remove the model from the Hugging Face cache first)")
+    fix = (
+        "copy or download the model again, or save it again with save_pretrained()"
+        if bad is not None
+        else "download it again (a hub id: remove the model from the Hugging Face cache first)"
+    )
     return weight_files.corrupt(f"model {name!r}", bad and bad[0], exc, fix)
 
 
 def _cannot_load(name: str, exc: Exception) -> DraftLabError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return DraftLabError(
-        f"cannot load model {name!r} ({first[:200]}); check the HF model id or local path, and your network/HF_TOKEN")
+        f"cannot load model {name!r} ({first[:200]}); check the HF model id or local path, and your network/HF_TOKEN"
+    )
 
 
 def check_pair(target_tokenizer, draft_tokenizer, target_width: int, draft_width: int) -> int:
@@ -156,7 +170,9 @@ def check_pair(target_tokenizer, draft_tokenizer, target_width: int, draft_width
     vocab = max(t_by_id) + 1 if t_by_id else 0
     for role, width in (("target", target_width), ("draft", draft_width)):
         if width < vocab:
-            raise DraftLabError(f"the {role} model scores {width} tokens but its tokenizer has {vocab}; the checkpoint does not match its tokenizer")
+            raise DraftLabError(
+                f"the {role} model scores {width} tokens but its tokenizer has {vocab}; the checkpoint does not match its tokenizer"
+            )
     return vocab
 
 
@@ -164,17 +180,25 @@ def _check_dispatched(name: str, model) -> None:
     """A dispatched model must sit on GPUs only: accelerate puts what does not fit the budget on the CPU or disk."""
     spilled = sorted({str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
     if spilled:
-        raise DraftLabError(f"{name!r} does not fit the GPUs it was given (accelerate put part of it on "
-                            f"{' and '.join(spilled)}); give the worker more GPUs or use --dtype bfloat16")
+        raise DraftLabError(
+            f"{name!r} does not fit the GPUs it was given (accelerate put part of it on "
+            f"{' and '.join(spilled)}); give the worker more GPUs or use --dtype bfloat16"
+        )
 
 
-def plan_pair(target: str, draft: str | None, dtype: torch.dtype, trust_remote_code: bool = False,
-              free: list[int] | None = None) -> placement.Placement:
+def plan_pair(
+    target: str, draft: str | None, dtype: torch.dtype, trust_remote_code: bool = False, free: list[int] | None = None
+) -> placement.Placement:
     """How many GPUs the pair takes (engine.models.placement.plan), from the models' configs and each visible GPU's free
     memory (`free`, else measured now); no weights are loaded."""
     free = placement.free_gpu_memory() if free is None else free
-    return placement.plan(_weight_bytes(target, dtype, trust_remote_code), _weight_bytes(draft, dtype, trust_remote_code),
-                          free, target=f"target {target}", dtype=dtype)
+    return placement.plan(
+        _weight_bytes(target, dtype, trust_remote_code),
+        _weight_bytes(draft, dtype, trust_remote_code),
+        free,
+        target=f"target {target}",
+        dtype=dtype,
+    )
 
 
 def _weight_bytes(name: str | None, dtype: torch.dtype, trust_remote_code: bool) -> int:
@@ -188,8 +212,14 @@ def _weight_bytes(name: str | None, dtype: torch.dtype, trust_remote_code: bool)
         raise _cannot_load(name, exc) from exc
 
 
-def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str = "auto",
-              trust_remote_code: bool = False, gpus: int | None = None) -> ModelPair:
+def load_pair(
+    target: str,
+    draft: str | None,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    gpus: int | None = None,
+) -> ModelPair:
     """Load and check a target/draft pair (the check runs before any generation). draft=None loads the target
     alone, for drafters that need no model (prompt lookup). With device auto and several visible GPUs the target
     goes on the fewest GPUs it fits (plan_pair; `gpus` fixes that count, as a worker that leased them does), over
@@ -206,8 +236,9 @@ def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str =
     t = load_model(target, dev, dt, trust_remote_code, max_memory=budget)
     rollback_cache(t.model)  # a model whose KV cache cannot roll back is refused now, not mid-run
     width = _output_width(t.model)
-    pair = ModelPair(target=t, draft=None, device=dev, dtype=dt,
-                     vocab_size=check_pair(t.tokenizer, t.tokenizer, width, width))
+    pair = ModelPair(
+        target=t, draft=None, device=dev, dtype=dt, vocab_size=check_pair(t.tokenizer, t.tokenizer, width, width)
+    )
     if draft is not None:
         pair = with_draft(pair, draft, trust_remote_code)
     configure_cpu_threads(pair)
@@ -221,11 +252,20 @@ def with_draft(pair: ModelPair, draft: str | None, trust_remote_code: bool = Fal
     if draft is None:
         return ModelPair(pair.target, None, pair.device, pair.dtype, pair.vocab_size)
     if eagle3.is_head(draft):  # a speculators-format EAGLE-3 head: drafts for its own target, with its tokenizer
-        head = eagle3.load_head(draft, pair.target.model, [pair.target.name, pair.target.source,
-                                                           pair.target.model.config.name_or_path],
-                                pair.device, pair.dtype)
-        return ModelPair(pair.target, LoadedModel(draft, str(head_format.local_dir(draft)), head, pair.target.tokenizer),
-                         pair.device, pair.dtype, pair.vocab_size)
+        head = eagle3.load_head(
+            draft,
+            pair.target.model,
+            [pair.target.name, pair.target.source, pair.target.model.config.name_or_path],
+            pair.device,
+            pair.dtype,
+        )
+        return ModelPair(
+            pair.target,
+            LoadedModel(draft, str(head_format.local_dir(draft)), head, pair.target.tokenizer),
+            pair.device,
+            pair.dtype,
+            pair.vocab_size,
+        )
     # On the target's first device (pair.device), where the inputs go and a dispatched target returns its logits.
     d = load_model(draft, pair.device, pair.dtype, trust_remote_code)
     vocab = check_pair(pair.target.tokenizer, d.tokenizer, _output_width(pair.target.model), _output_width(d.model))

@@ -7,6 +7,7 @@ returns the target's logits there), so the first GPU's budget for the target is 
 HEADROOM of each GPU's free memory is kept out of every budget for the KV caches, the activations and the CUDA
 context; the plan is an estimate, not a guarantee (a too-tight GPU still fails with CUDA out of memory).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,14 @@ def free_gpu_memory() -> list[int]:
     return [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
 
 
-def plan(target_bytes: int, draft_bytes: int, free: list[int], target: str = "the target",
-         dtype: torch.dtype = torch.bfloat16, headroom: float = HEADROOM) -> Placement:
+def plan(
+    target_bytes: int,
+    draft_bytes: int,
+    free: list[int],
+    target: str = "the target",
+    dtype: torch.dtype = torch.bfloat16,
+    headroom: float = HEADROOM,
+) -> Placement:
     """The fewest GPUs (the first ones of `free`, bytes free per GPU) that hold the target and, on the first GPU,
     the draft: Placement(1, None) when both fit on the first; else Placement(n, max_memory) with the target's
     budget per GPU. A pair that fits no prefix of `free` is a DraftLabError naming the sizes and the fixes."""
@@ -55,14 +62,18 @@ def plan(target_bytes: int, draft_bytes: int, free: list[int], target: str = "th
     for n in range(2, len(usable) + 1):
         if need <= sum(usable[:n]) and draft_bytes < usable[0]:
             return Placement(n, budget(free[:n], draft_bytes, headroom))
-    have = (f"the {plural(len(free), 'visible GPU')} {noun(len(free), 'has', 'have')} {' + '.join(_gb(f) for f in free)} free" if free else
-            "torch sees no GPU")
+    have = (
+        f"the {plural(len(free), 'visible GPU')} {noun(len(free), 'has', 'have')} {' + '.join(_gb(f) for f in free)} free"
+        if free
+        else "torch sees no GPU"
+    )
     dtype_fix = " or --dtype bfloat16" if dtype.itemsize > 2 else ""
     draft = f" (+ {_gb(draft_bytes)} for the draft)" if draft_bytes else ""
     raise DraftLabError(
         f"{target} needs ~{_gb(target_bytes)} in {str(dtype).removeprefix('torch.')}{draft} but {have}, "
         f"{headroom:.0%} kept for the KV cache; give the worker more GPUs (plain `draftlab worker` sees them all, "
-        f"or a group: `draftlab worker --devices cuda:0+cuda:1`){dtype_fix}")
+        f"or a group: `draftlab worker --devices cuda:0+cuda:1`){dtype_fix}"
+    )
 
 
 def budget(free: list[int], draft_bytes: int, headroom: float = HEADROOM) -> dict[int, int]:

@@ -5,6 +5,7 @@ load_model) and an EAGLE-3 head alike (engine/models/eagle3.py: `run --draft HEA
     state = read_weights(folder, "EAGLE-3 head 'heads/h'", fix)   # every *.safetensors (else *.bin), merged
     check_readable(folder, "EAGLE-3 head 'heads/h'", fix)         # its headers only: before loading anything else
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -54,8 +55,11 @@ def read_weights(folder, what: str, fix: str) -> dict[str, torch.Tensor]:
 
     folder = Path(folder)
     files = sorted(folder.glob("*.safetensors"))
-    load = (lambda f: load_file(str(f))) if files else (
-        lambda f: torch.load(str(f), map_location="cpu", weights_only=True))
+    load = (
+        (lambda f: load_file(str(f)))
+        if files
+        else (lambda f: torch.load(str(f), map_location="cpu", weights_only=True))
+    )
     state: dict[str, torch.Tensor] = {}
     for file in files or sorted(folder.glob("*.bin")):
         try:

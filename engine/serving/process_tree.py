@@ -14,6 +14,7 @@ dies, even by SIGKILL (the kernel closes the owner's end). A watchdog whose owne
 unless the owner wrote KEEP_LOG first (the log holds a failure the user was pointed to). Standard library only: the
 script runs without the project on its path.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,8 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 WATCH_SECONDS = 1.0  # how often the watchdog records the tree's descendants
 KEEP_LOG = b"k"
@@ -36,7 +37,7 @@ def _stat(pid: int) -> tuple[int, int, int, str, int] | None:
             data = f.read()
     except OSError:
         return None
-    fields = data[data.rindex(b")") + 2:].split()  # the name, in parentheses, may hold spaces
+    fields = data[data.rindex(b")") + 2 :].split()  # the name, in parentheses, may hold spaces
     return int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode(), int(fields[19])
 
 
@@ -117,10 +118,14 @@ class Tree:
         """The tree's processes alive now (zombies count as ended): the group's, and those seen with their start."""
         table = _table() if table is None else table
         ours = self._group_ours(table)
-        pids = {pid for pid, (_, pgid, sid, state, _) in table.items()
-                if ours and state != "Z" and self.leader in (pgid, sid)}
-        pids |= {pid for pid, start in self.seen.items() if pid in table and table[pid][3] != "Z"
-                 and table[pid][4] == start}
+        pids = {
+            pid
+            for pid, (_, pgid, sid, state, _) in table.items()
+            if ours and state != "Z" and self.leader in (pgid, sid)
+        }
+        pids |= {
+            pid for pid, start in self.seen.items() if pid in table and table[pid][3] != "Z" and table[pid][4] == start
+        }
         if ours and self.leader in table and table[self.leader][3] != "Z":
             pids.add(self.leader)
         return sorted(pids)

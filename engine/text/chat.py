@@ -17,6 +17,7 @@ context the chat template lays out. The text the models see is
 Plain `prompt` strings are never templated. Rendering happens where the target tokenizer is loaded (the worker,
 `draftlab run`, `draftlab distill`), and the rendered text is what is stored and shown.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +26,18 @@ from pathlib import Path
 from engine.errors import DraftLabError
 
 AUTO, NONE = "auto", "none"
-ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
-         "model": "assistant", "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "tool": "tool"}
+ROLES = {
+    "system": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "model": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "tool": "tool",
+}
 MAX_TEMPLATE_BYTES = 1_000_000
 
 
@@ -55,8 +66,10 @@ def _content(value, where: str) -> str:
         texts = []
         for part in value:
             if part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
-                raise DraftLabError(f"{where}: a message part of type {str(part.get('type'))[:20]!r} is not text: "
-                                    f"DraftLab's models read text only; drop that part")
+                raise DraftLabError(
+                    f"{where}: a message part of type {str(part.get('type'))[:20]!r} is not text: "
+                    f"DraftLab's models read text only; drop that part"
+                )
             texts.append(part["text"])
         return "".join(texts)
     raise DraftLabError(f"{where}: a message's content must be text, got {type(value).__name__}: fix that message")
@@ -69,18 +82,22 @@ def conversation(obj: dict, where: str) -> Chat:
     if hasattr(turns, "tolist"):  # a Parquet/Arrow cell arrives as a numpy array
         turns = turns.tolist()
     if not isinstance(turns, (list, tuple)) or not turns:
-        raise DraftLabError(f"{where}: \"{'conversations' if sharegpt else 'messages'}\" must be a non-empty list of "
-                            f"turns: fix that record")
+        raise DraftLabError(
+            f'{where}: "{"conversations" if sharegpt else "messages"}" must be a non-empty list of '
+            f"turns: fix that record"
+        )
     role_key, text_key = ("from", "value") if sharegpt else ("role", "content")
     messages = []
     for turn in turns:
         if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
-            raise DraftLabError(f"{where}: every turn needs \"{role_key}\" and \"{text_key}\" (got {str(turn)[:60]}): "
-                                f"fix that record")
+            raise DraftLabError(
+                f'{where}: every turn needs "{role_key}" and "{text_key}" (got {str(turn)[:60]}): fix that record'
+            )
         role = ROLES.get(str(turn[role_key]).strip().lower())
         if role is None:
-            raise DraftLabError(f"{where}: unknown role {str(turn[role_key])[:30]!r}: use system, user (human) or "
-                                f"assistant (gpt)")
+            raise DraftLabError(
+                f"{where}: unknown role {str(turn[role_key])[:30]!r}: use system, user (human) or assistant (gpt)"
+            )
         messages.append((role, _content(turn[text_key], where)))
     last_user = max((i for i, (role, _) in enumerate(messages) if role == "user"), default=None)
     if last_user is None:
@@ -95,8 +112,10 @@ def resolve_option(option: str) -> str:
         return option
     path = Path(option)
     if not path.is_file():
-        raise DraftLabError(f"--chat-template {option[:200]}: no such file; give auto (the target tokenizer's "
-                            f"template), none, or a Jinja template file")
+        raise DraftLabError(
+            f"--chat-template {option[:200]}: no such file; give auto (the target tokenizer's "
+            f"template), none, or a Jinja template file"
+        )
     if path.stat().st_size > MAX_TEMPLATE_BYTES:
         raise DraftLabError(f"--chat-template {option}: larger than 1 MB, not a chat template")
     try:
@@ -117,8 +136,10 @@ def render(prompts: list, tokenizer, option: str = AUTO, what: str = "the prompt
     template = None if option in (AUTO, NONE) else option
     if option == AUTO and not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "") or "the target"
-        raise DraftLabError(f"{what} are conversations but {name}'s tokenizer has no chat template: pass "
-                            f"--chat-template FILE (a Jinja template) or --chat-template none (plain turns)")
+        raise DraftLabError(
+            f"{what} are conversations but {name}'s tokenizer has no chat template: pass "
+            f"--chat-template FILE (a Jinja template) or --chat-template none (plain turns)"
+        )
     out = []
     for i, prompt in enumerate(prompts):
         if not isinstance(prompt, Chat):
@@ -127,10 +148,15 @@ def render(prompts: list, tokenizer, option: str = AUTO, what: str = "the prompt
             out.append(prompt.plain())
         else:
             try:
-                out.append(tokenizer.apply_chat_template(prompt.as_dicts(), tokenize=False,
-                                                         add_generation_prompt=True, chat_template=template))
+                out.append(
+                    tokenizer.apply_chat_template(
+                        prompt.as_dicts(), tokenize=False, add_generation_prompt=True, chat_template=template
+                    )
+                )
             except Exception as exc:  # noqa: BLE001 - jinja2 errors (TemplateError, raise_exception) and others
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-                raise DraftLabError(f"{what}: prompt {i + 1}: the chat template failed ({first}): fix the "
-                                    f"conversation or pass another --chat-template") from None
+                raise DraftLabError(
+                    f"{what}: prompt {i + 1}: the chat template failed ({first}): fix the "
+                    f"conversation or pass another --chat-template"
+                ) from None
     return out

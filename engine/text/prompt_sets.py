@@ -20,6 +20,7 @@ text a tokenizer can take: no NUL character, no unpaired surrogate (not valid Un
 most limit("prompt_chars") characters; a file holds at most limit("prompts") prompts and limit("prompt_file_mb")
 megabytes (engine/config/limits.py: $DRAFTLAB_LIMIT_...).
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,9 +31,9 @@ import os
 import re
 from pathlib import Path
 
-from engine.text.chat import Chat, conversation, is_conversation
-from engine.errors import DraftLabError
 from engine.config.limits import limit, over
+from engine.errors import DraftLabError
+from engine.text.chat import Chat, conversation, is_conversation
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
 PROMPT_SETS: tuple[str, ...] = ("code", "english", "chinese", "math", "mixed")  # plain text
@@ -89,28 +90,35 @@ def load_prompts(spec: str) -> list[str | Chat]:
     parts = union_parts(spec)
     if len(parts) > 1:
         if not all(parts):
-            raise DraftLabError(f"empty set in {spec.strip()!r}: join sets with single '+', e.g. code:tune+english:tune")
+            raise DraftLabError(
+                f"empty set in {spec.strip()!r}: join sets with single '+', e.g. code:tune+english:tune"
+            )
         return [prompt for part in parts for prompt in load_prompts(part)]
     spec = spec.strip()
     name, sep, split = spec.partition(":")
     if name in BUILTIN_SETS:
         split = split if sep else DEFAULT_SPLIT
         if split not in SPLITS:
-            raise DraftLabError(f"unknown split {split!r} of prompt set {name!r}: use one of "
-                                + ", ".join(f"{name}:{s}" for s in SPLITS))
+            raise DraftLabError(
+                f"unknown split {split!r} of prompt set {name!r}: use one of "
+                + ", ".join(f"{name}:{s}" for s in SPLITS)
+            )
         return _load_file(builtin_path(name, split), display=f"{name}:{split}")
     if _looks_like_path(spec) and not (sep and name in BUILTIN_SETS):
         return load_prompt_file(spec)
-    raise DraftLabError(f"unknown prompt set {spec!r}: use one of {_valid_sets_hint()}, "
-                        f"or a path to a .jsonl/.csv/.txt file")
+    raise DraftLabError(
+        f"unknown prompt set {spec!r}: use one of {_valid_sets_hint()}, or a path to a .jsonl/.csv/.txt file"
+    )
 
 
 def load_prompt_file(path: str | Path) -> list[str]:
     p = Path(path)
     if p.suffix.lower() not in FILE_EXTENSIONS:
-        raise DraftLabError(f"{p}: unknown prompt file extension {p.suffix or '(none)'!r}: use .jsonl (objects "
-                            f"with a \"prompt\" field or a conversation), .csv (a \"prompt\" column), .txt (one "
-                            f"prompt a line) or .parquet/.arrow (a prompt, messages or conversations column)")
+        raise DraftLabError(
+            f"{p}: unknown prompt file extension {p.suffix or '(none)'!r}: use .jsonl (objects "
+            f'with a "prompt" field or a conversation), .csv (a "prompt" column), .txt (one '
+            f"prompt a line) or .parquet/.arrow (a prompt, messages or conversations column)"
+        )
     if not p.exists():
         raise DraftLabError(f"{p}: no such prompt file: check the path, or use a built-in set: {_valid_sets_hint()}")
     if p.is_dir():
@@ -125,14 +133,18 @@ def check_prompt(text: str, where: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise DraftLabError(f"{where}: the prompt holds an unpaired surrogate ({text[exc.start]!r} at character "
-                            f"{exc.start}), which is not valid Unicode: fix the text (an escaped \\ud800 alone "
-                            f"in JSON does this)") from None
+        raise DraftLabError(
+            f"{where}: the prompt holds an unpaired surrogate ({text[exc.start]!r} at character "
+            f"{exc.start}), which is not valid Unicode: fix the text (an escaped \\ud800 alone "
+            f"in JSON does this)"
+        ) from None
     if not text.strip():
         raise DraftLabError(f"{where}: the prompt is only whitespace: give it text, or remove it")
     if len(text) > limit("prompt_chars"):
-        raise DraftLabError(f"{where}: the prompt has {len(text)} characters, more than the limit of "
-                            f"{limit('prompt_chars')}: shorten it, or raise the limit with DRAFTLAB_LIMIT_PROMPT_CHARS")
+        raise DraftLabError(
+            f"{where}: the prompt has {len(text)} characters, more than the limit of "
+            f"{limit('prompt_chars')}: shorten it, or raise the limit with DRAFTLAB_LIMIT_PROMPT_CHARS"
+        )
     return text
 
 
@@ -164,9 +176,11 @@ def _check_size(path: Path, display: str) -> None:
     except OSError:
         size = 0
     if size > limit("prompt_file_mb") * 1024 * 1024:
-        raise DraftLabError(f"{display}: the prompt file has {size / 2**20:.1f} MB, more than the limit of "
-                            f"{limit('prompt_file_mb')} MB: split it, or raise the limit with "
-                            f"DRAFTLAB_LIMIT_PROMPT_FILE_MB")
+        raise DraftLabError(
+            f"{display}: the prompt file has {size / 2**20:.1f} MB, more than the limit of "
+            f"{limit('prompt_file_mb')} MB: split it, or raise the limit with "
+            f"DRAFTLAB_LIMIT_PROMPT_FILE_MB"
+        )
 
 
 def _read_text(path: Path, display: str) -> str:
@@ -179,8 +193,10 @@ def _read_text(path: Path, display: str) -> str:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise DraftLabError(f"{display}: line {line}: undecodable bytes ({data[exc.start:exc.start + 4]!r} at byte "
-                            f"{exc.start}): save the file as UTF-8")
+        raise DraftLabError(
+            f"{display}: line {line}: undecodable bytes ({data[exc.start : exc.start + 4]!r} at byte "
+            f"{exc.start}): save the file as UTF-8"
+        )
     if not text.strip():
         raise DraftLabError(f"{display}: the prompt file is empty: add at least one prompt")
     return text
@@ -213,25 +229,34 @@ def _parse_jsonl(text: str, display: str) -> list[str]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DraftLabError(f"{display}: line {lineno}: invalid JSON ({exc.msg} at column {exc.colno}): "
-                                f"write one JSON object per line, e.g. {{\"prompt\": \"...\"}}")
+            raise DraftLabError(
+                f"{display}: line {lineno}: invalid JSON ({exc.msg} at column {exc.colno}): "
+                f'write one JSON object per line, e.g. {{"prompt": "..."}}'
+            )
         except RecursionError:
-            raise DraftLabError(f"{display}: line {lineno}: JSON nested too deeply to read: write one flat object "
-                                f"per line, e.g. {{\"prompt\": \"...\"}}") from None
+            raise DraftLabError(
+                f"{display}: line {lineno}: JSON nested too deeply to read: write one flat object "
+                f'per line, e.g. {{"prompt": "..."}}'
+            ) from None
         if not isinstance(obj, dict):
-            raise DraftLabError(f"{display}: line {lineno}: expected a JSON object, got {type(obj).__name__}: "
-                                f"write one object per line, e.g. {{\"prompt\": \"...\"}}")
+            raise DraftLabError(
+                f"{display}: line {lineno}: expected a JSON object, got {type(obj).__name__}: "
+                f'write one object per line, e.g. {{"prompt": "..."}}'
+            )
         if "prompt" not in obj and is_conversation(obj):
             prompts.append(_checked_chat(conversation(obj, f"{display}: line {lineno}"), f"{display}: line {lineno}"))
             continue
         if "prompt" not in obj:
             keys = ", ".join(sorted(map(str, obj))) or "none"
-            raise DraftLabError(f"{display}: line {lineno}: missing \"prompt\" field (fields: {keys}): "
-                                f"give every line a \"prompt\" string, \"messages\" or \"conversations\"")
+            raise DraftLabError(
+                f'{display}: line {lineno}: missing "prompt" field (fields: {keys}): '
+                f'give every line a "prompt" string, "messages" or "conversations"'
+            )
         prompt = obj["prompt"]
         if not isinstance(prompt, str) or not prompt:
-            raise DraftLabError(f"{display}: line {lineno}: \"prompt\" must be a non-empty string, got "
-                                f"{prompt!r:.40}: fix that line")
+            raise DraftLabError(
+                f'{display}: line {lineno}: "prompt" must be a non-empty string, got {prompt!r:.40}: fix that line'
+            )
         prompts.append(check_prompt(prompt, f"{display}: line {lineno}"))
     return prompts
 
@@ -244,21 +269,26 @@ def _parse_csv(text: str, display: str) -> list[str]:
         raise DraftLabError(f"{display}: line 1: malformed CSV header ({exc}): the first row must name the columns")
     if "prompt" not in [h.strip() for h in header]:
         shown = ", ".join(repr(h)[1:-1] for h in header)[:200]  # escaped: a quoted header may hold a line break
-        raise DraftLabError(f"{display}: line 1: missing \"prompt\" column (columns: {shown or 'none'}): "
-                            f"name one column \"prompt\" in the header row")
+        raise DraftLabError(
+            f'{display}: line 1: missing "prompt" column (columns: {shown or "none"}): '
+            f'name one column "prompt" in the header row'
+        )
     key = next(h for h in header if h.strip() == "prompt")
     prompts = []
     try:
         for row in reader:
             value = row.get(key)
             if value is None:
-                raise DraftLabError(f"{display}: line {reader.line_num}: missing \"prompt\" value: give every row "
-                                    f"a prompt")
+                raise DraftLabError(
+                    f'{display}: line {reader.line_num}: missing "prompt" value: give every row a prompt'
+                )
             if value.strip():
                 prompts.append(value)
     except csv.Error as exc:
-        raise DraftLabError(f"{display}: line {reader.line_num}: malformed CSV ({exc}): quote fields that "
-                            f"contain commas, quotes or newlines")
+        raise DraftLabError(
+            f"{display}: line {reader.line_num}: malformed CSV ({exc}): quote fields that "
+            f"contain commas, quotes or newlines"
+        )
     return prompts
 
 
@@ -270,26 +300,30 @@ def _load_table(path: Path, display: str) -> list:
         import pyarrow.feather as feather
         import pyarrow.parquet as parquet
 
-        table = (parquet.read_table(path) if path.suffix.lower() == ".parquet" else feather.read_table(path))
+        table = parquet.read_table(path) if path.suffix.lower() == ".parquet" else feather.read_table(path)
         frame = table.to_pandas()
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors for truncated or foreign files
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise DraftLabError(f"{display}: cannot read it as {path.suffix.lower()[1:]} ({first}): export the dataset "
-                            f"again, or save it as .jsonl") from None
+        raise DraftLabError(
+            f"{display}: cannot read it as {path.suffix.lower()[1:]} ({first}): export the dataset "
+            f"again, or save it as .jsonl"
+        ) from None
     if len(frame) > limit("prompts"):
         raise DraftLabError(f"{display}: " + over("prompts", len(frame), "the prompt set"))
     for column in ("prompt", "messages", "conversations"):
         if column in frame.columns:
             break
     else:
-        raise DraftLabError(f"{display}: no \"prompt\", \"messages\" or \"conversations\" column (columns: "
-                            f"{', '.join(repr(str(c))[1:-1] for c in frame.columns)[:200] or 'none'}): name one of them so")
+        raise DraftLabError(
+            f'{display}: no "prompt", "messages" or "conversations" column (columns: '
+            f"{', '.join(repr(str(c))[1:-1] for c in frame.columns)[:200] or 'none'}): name one of them so"
+        )
     prompts = []
     for row, value in enumerate(frame[column], start=1):
         where = f"{display}: row {row}"
         if column == "prompt":
             if not isinstance(value, str):
-                raise DraftLabError(f"{where}: \"prompt\" must be text, got {type(value).__name__}: fix that row")
+                raise DraftLabError(f'{where}: "prompt" must be text, got {type(value).__name__}: fix that row')
             if value.strip():
                 prompts.append(check_prompt(value, where))
         else:

@@ -9,6 +9,7 @@ Context decides for letters (SPEC "Token types", turn 5): a Latin-letter token i
 `CodeContext` keeps it for one prompt's output as it grows: code throughout for a prompt from a code set
 (`code_prompts`), else while a ``` fence is open in the prompt and the output so far.
 """
+
 from __future__ import annotations
 
 import re
@@ -93,7 +94,7 @@ class CodeContext:
             if self._ticks == len(FENCE):
                 self.fenced = not self.fenced
 
-    def copy(self) -> "CodeContext":
+    def copy(self) -> CodeContext:
         twin = CodeContext(self.code_set)
         twin.fenced, twin._ticks = self.fenced, self._ticks
         return twin
@@ -117,7 +118,7 @@ class TokenTyper:
         self._byte_decoder = _byte_decoder()
         self.describe = lru_cache(maxsize=None)(self._describe)
 
-    def with_code_prompts(self, indices) -> "TokenTyper":
+    def with_code_prompts(self, indices) -> TokenTyper:
         """This typer (its memo shared) for prompts whose `indices` come from a code set."""
         view = copy(self)
         view.code_prompts = frozenset(indices)

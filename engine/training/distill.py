@@ -16,6 +16,7 @@ the validation prompts; alpha = greedy speculative acceptance (k=4 by default) o
 Pure torch + transformers: `Distiller` yields plain dict records;
 storage, CLI and dashboards stay outside.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,17 +24,17 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
-from engine.errors import DraftLabError
-from engine.models.loading import LoadedModel, ModelPair
-from engine.metrics.metrics_oracle import speculative_metrics
 from engine.decoding.runs import baseline_decoder, encode_prompts, eos_ids, run_prompts, speculative_decoder
 from engine.decoding.sampling import SamplingConfig
+from engine.errors import DraftLabError
+from engine.metrics.metrics_oracle import speculative_metrics
+from engine.models.loading import LoadedModel, ModelPair
 from engine.text.token_types import TokenTyper
 from engine.wording import noun, plural
 
@@ -90,6 +91,7 @@ class Sequence:
 
 
 # --- data ----------------------------------------------------------------------------------------------------
+
 
 def _batch(seqs: list[Sequence], device) -> tuple[torch.Tensor, list[int]]:
     """Right-padded ids [B, L] (causal attention: real tokens never see the padding) and each sequence's length."""
@@ -151,8 +153,9 @@ def greedy_positions(draft_model, seqs: list[Sequence], vocab: int, k: int, devi
             s.positions = positions
 
 
-def assign_weights(seqs: list[Sequence], typer: TokenTyper, type_weights: dict | None,
-                   position_weights: dict | None) -> dict:
+def assign_weights(
+    seqs: list[Sequence], typer: TokenTyper, type_weights: dict | None, position_weights: dict | None
+) -> dict:
     """Per-token loss weights = type weight (of the target's token) x position weight (of its draft slot),
     normalised to mean 1 over all training tokens. Types/positions missing from the dicts weigh 1.
     Returns a summary: the mean weight and token count per type and per position."""
@@ -160,8 +163,10 @@ def assign_weights(seqs: list[Sequence], typer: TokenTyper, type_weights: dict |
     raw, by_type, by_pos = [], {}, {}
     for s in seqs:
         types = [typer.describe(t)[1] for t in s.continuation]
-        w = [float(type_weights.get(ty, 1.0)) * float(position_weights.get(pos, 1.0))
-             for ty, pos in zip(types, s.positions or [BONUS] * len(types))]
+        w = [
+            float(type_weights.get(ty, 1.0)) * float(position_weights.get(pos, 1.0))
+            for ty, pos in zip(types, s.positions or [BONUS] * len(types))
+        ]
         raw.append((w, types))
     total = sum(len(w) for w, _ in raw)
     mean = sum(sum(w) for w, _ in raw) / total if total else 1.0
@@ -175,6 +180,7 @@ def assign_weights(seqs: list[Sequence], typer: TokenTyper, type_weights: dict |
 
 
 # --- loss and measurements -----------------------------------------------------------------------------------
+
 
 def batch_loss(draft_model, seqs: list[Sequence], vocab: int, device) -> torch.Tensor:
     """Weighted mean over continuation positions of the top-k forward KL (the training objective)."""
@@ -203,8 +209,14 @@ def mean_kl(target_model, draft_model, seqs: list[Sequence], vocab: int, device,
     return total / count if count else float("nan")
 
 
-def greedy_alpha(pair: ModelPair, prompts: list[str], max_new_tokens: int, k: int = EVAL_K,
-                 reference: list[Sequence] | None = None, drafter: str = "model") -> dict:
+def greedy_alpha(
+    pair: ModelPair,
+    prompts: list[str],
+    max_new_tokens: int,
+    k: int = EVAL_K,
+    reference: list[Sequence] | None = None,
+    drafter: str = "model",
+) -> dict:
     """Greedy speculative decoding with the pair's draft at draft length k: alpha (engine.metrics.metrics_oracle) and, when the
     target's continuations are given, whether every output equals them (lossless)."""
     cfg = SamplingConfig(0.0, 0, 1.0, 0, max_new_tokens)
@@ -212,16 +224,20 @@ def greedy_alpha(pair: ModelPair, prompts: list[str], max_new_tokens: int, k: in
     results = list(run_prompts(speculative_decoder(pair, cfg, k, drafter=drafter), prompts, encoded))
     m = speculative_metrics(results)
     drafting = [r for p in results for r in p.rounds if r.k > 0]
-    out = {"alpha": m["alpha"], "tokens_per_round": m["tokens_per_round"],
-           "per_position_acceptance": m["per_position_acceptance"],
-           # vLLM's mean acceptance length: 1 + accepted drafts per round that drafted
-           "acceptance_length": 1 + m["accepted"] / len(drafting) if drafting else None}
+    out = {
+        "alpha": m["alpha"],
+        "tokens_per_round": m["tokens_per_round"],
+        "per_position_acceptance": m["per_position_acceptance"],
+        # vLLM's mean acceptance length: 1 + accepted drafts per round that drafted
+        "acceptance_length": 1 + m["accepted"] / len(drafting) if drafting else None,
+    }
     if reference is not None:
         out["lossless"] = all(r.output_ids == s.continuation for r, s in zip(results, reference))
     return out
 
 
 # --- training ------------------------------------------------------------------------------------------------
+
 
 def lr_at(step: int, cfg: DistillConfig) -> float:
     warm = cfg.warmup_steps or min(50, max(1, cfg.steps // 10))
@@ -231,21 +247,30 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-CHECKPOINT_FIX = ("rerun with the checkpoint's settings to resume it, or give a new --out (--overwrite discards it "
-                  "and starts over)")
-_SETTING_FLAGS = {"train": "--prompts (training prompts)", "validation": "held-out prompts", "aux": "--aux-layers",
-                  "head": "the head's name", "type_weights": "--focus-from (type weights)",
-                  "position_weights": "--focus-from (position weights)"}
+CHECKPOINT_FIX = (
+    "rerun with the checkpoint's settings to resume it, or give a new --out (--overwrite discards it and starts over)"
+)
+_SETTING_FLAGS = {
+    "train": "--prompts (training prompts)",
+    "validation": "held-out prompts",
+    "aux": "--aux-layers",
+    "head": "the head's name",
+    "type_weights": "--focus-from (type weights)",
+    "position_weights": "--focus-from (position weights)",
+}
 
 
 def checkpoint_changes(saved: dict, now: dict) -> list[str]:
     """What differs between a checkpoint's fingerprint (Distiller._fingerprint) and this run's, one phrase each:
     a setting as its flag with both values (`--lr: checkpoint 0.001, now 0.002`), prompts by count. An empty list:
     the checkpoint is this run's."""
+
     def flat(fingerprint: dict) -> dict:
         config = fingerprint.get("config") or {}
-        return {**{f"--{key.replace('_', '-')}": value for key, value in config.items()},
-                **{_SETTING_FLAGS.get(key, f"--{key}"): value for key, value in fingerprint.items() if key != "config"}}
+        return {
+            **{f"--{key.replace('_', '-')}": value for key, value in config.items()},
+            **{_SETTING_FLAGS.get(key, f"--{key}"): value for key, value in fingerprint.items() if key != "config"},
+        }
 
     def shown(value) -> str:
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
@@ -282,8 +307,15 @@ class Distiller:
 
     DATA, STATE = "data.pt", "state.pt"
 
-    def __init__(self, pair: ModelPair, train_prompts: list[str], val_prompts: list[str], cfg: DistillConfig,
-                 type_weights: dict | None = None, position_weights: dict | None = None):
+    def __init__(
+        self,
+        pair: ModelPair,
+        train_prompts: list[str],
+        val_prompts: list[str],
+        cfg: DistillConfig,
+        type_weights: dict | None = None,
+        position_weights: dict | None = None,
+    ):
         if pair.draft is None:
             raise DraftLabError("distillation needs a draft model; pass --draft MODEL")
         self.pair, self.cfg = pair, cfg
@@ -315,8 +347,9 @@ class Distiller:
             train.append(s)
             yield {"kind": "generated", "split": "train", "prompt": len(train) - 1, "of": total}
         # then samples - 1 continuations per prompt at temperature 1, decoded many at a time
-        for s in _sample_batched(pair, self.train_prompts * (cfg.samples - 1), cfg.max_new_tokens, cfg.seed,
-                                 cfg.generation_batch):
+        for s in _sample_batched(
+            pair, self.train_prompts * (cfg.samples - 1), cfg.max_new_tokens, cfg.seed, cfg.generation_batch
+        ):
             train.append(s)
             yield {"kind": "generated", "split": "train", "prompt": len(train) - 1, "of": total}
         yield {"kind": "phase", "phase": "target continuations (validation)"}
@@ -334,9 +367,14 @@ class Distiller:
         greedy_positions(draft, train, vocab, cfg.profile_k or cfg.k, device)
         summary = assign_weights(train, TokenTyper(pair.tokenizer), self.type_weights, self.position_weights)
         self.train_seqs, self.val_seqs = train, val
-        self.prepared = {"kind": "prepared", "train_sequences": len(train),
-                         "train_tokens": sum(len(s.continuation) for s in train), "validation_sequences": len(val),
-                         "validation_tokens": sum(len(s.continuation) for s in val), "weights": summary}
+        self.prepared = {
+            "kind": "prepared",
+            "train_sequences": len(train),
+            "train_tokens": sum(len(s.continuation) for s in train),
+            "validation_sequences": len(val),
+            "validation_tokens": sum(len(s.continuation) for s in val),
+            "weights": summary,
+        }
         yield self.prepared
 
         yield {"kind": "phase", "phase": "held-out figures before training"}
@@ -359,8 +397,11 @@ class Distiller:
         draft.float().train()
         decay = [p for p in draft.parameters() if p.dim() >= 2 and p.requires_grad]
         other = [p for p in draft.parameters() if p.dim() < 2 and p.requires_grad]
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                      {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
+            lr=cfg.lr,
+            betas=(0.9, 0.95),
+        )
         self.gen = torch.Generator().manual_seed(cfg.seed)
 
     def train(self) -> Iterator[dict]:
@@ -393,8 +434,15 @@ class Distiller:
             if step % every == 0 or step == cfg.steps:
                 yield self._eval(start)
         draft.eval()
-        yield {"kind": "trained", "seconds": self.seconds, "curve": self.curve, "kl_before": self.kl_before,
-               "before": self.before, "validation": self.val_seqs, "weights": self.prepared["weights"]}
+        yield {
+            "kind": "trained",
+            "seconds": self.seconds,
+            "curve": self.curve,
+            "kl_before": self.kl_before,
+            "before": self.before,
+            "validation": self.val_seqs,
+            "weights": self.prepared["weights"],
+        }
 
     def _eval(self, start: float) -> dict:
         """Held-out KL after `self.step` steps: the curve's next point (train loss: mean since the last one)."""
@@ -402,8 +450,11 @@ class Distiller:
         pair.draft.model.eval()
         kl = mean_kl(pair.target.model, pair.draft.model, self.val_seqs, pair.vocab_size, pair.device)
         pair.draft.model.train()
-        point = {"step": self.step, "train_loss": sum(self.window) / len(self.window) if self.window else None,
-                 "kl": kl}
+        point = {
+            "step": self.step,
+            "train_loss": sum(self.window) / len(self.window) if self.window else None,
+            "kl": kl,
+        }
         self.window = []
         self.curve.append(point)
         self.seconds = time.perf_counter() - start
@@ -420,13 +471,21 @@ class Distiller:
             _atomic_save(path / self.DATA, {"fingerprint": self._fingerprint(), **self._data()})
         if self.opt is None:
             self._optimizer()
-        _atomic_save(path / self.STATE, {
-            "step": self.step, "curve": self.curve, "window": self.window, "seconds": self.seconds,
-            "draft": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-            "sampler": self.gen.get_state(), "torch_rng": torch.get_rng_state()})
+        _atomic_save(
+            path / self.STATE,
+            {
+                "step": self.step,
+                "curve": self.curve,
+                "window": self.window,
+                "seconds": self.seconds,
+                "draft": self.model.state_dict(),
+                "optimizer": self.opt.state_dict(),
+                "sampler": self.gen.get_state(),
+                "torch_rng": torch.get_rng_state(),
+            },
+        )
 
-    def load_checkpoint(self, directory: str | Path, discard_other: bool = False,
-                        fix: str = CHECKPOINT_FIX) -> bool:
+    def load_checkpoint(self, directory: str | Path, discard_other: bool = False, fix: str = CHECKPOINT_FIX) -> bool:
         """Restore what save_checkpoint wrote; False (nothing changed) when there is no checkpoint there. A
         checkpoint of other settings (models, prompts, any setting: the run it holds would not be this one) is
         refused in one line naming what differs and `fix`, never silently restarted over; `discard_other`
@@ -441,8 +500,10 @@ class Distiller:
             shutil.rmtree(path)
             return False
         if changes:
-            raise DraftLabError(f"{path.parent} holds the checkpoint of an unfinished run with other settings "
-                                f"({'; '.join(changes)}); {fix}")
+            raise DraftLabError(
+                f"{path.parent} holds the checkpoint of an unfinished run with other settings "
+                f"({'; '.join(changes)}); {fix}"
+            )
         self._restore(data)
         self._optimizer()
         if (path / self.STATE).exists():
@@ -457,8 +518,13 @@ class Distiller:
 
     def _data(self) -> dict:
         """What the checkpoint's data file holds besides the fingerprint: the prepared data, written once."""
-        return {"train": [_seq_dict(s) for s in self.train_seqs], "validation": [_seq_dict(s) for s in self.val_seqs],
-                "prepared": self.prepared, "before": self.before, "kl_before": self.kl_before}
+        return {
+            "train": [_seq_dict(s) for s in self.train_seqs],
+            "validation": [_seq_dict(s) for s in self.val_seqs],
+            "prepared": self.prepared,
+            "before": self.before,
+            "kl_before": self.kl_before,
+        }
 
     def _restore(self, data: dict) -> None:
         """The prepared data back from a checkpoint's data file (before the training state is loaded)."""
@@ -470,20 +536,37 @@ class Distiller:
     def _fingerprint(self) -> dict:
         """What a checkpoint must match to be resumed: the models, settings and prompts (not the step count's
         schedule alone: a changed --steps changes the learning-rate schedule, so it is part of it)."""
-        return {"config": asdict(self.cfg), "target": self.pair.target.name, "draft": self.pair.draft.name,
-                "train": self.train_prompts, "validation": self.val_prompts,
-                "type_weights": self.type_weights or {},
-                "position_weights": {str(k): v for k, v in (self.position_weights or {}).items()}}
+        return {
+            "config": asdict(self.cfg),
+            "target": self.pair.target.name,
+            "draft": self.pair.draft.name,
+            "train": self.train_prompts,
+            "validation": self.val_prompts,
+            "type_weights": self.type_weights or {},
+            "position_weights": {str(k): v for k, v in (self.position_weights or {}).items()},
+        }
 
 
 def _seq_dict(s: Sequence) -> dict:
-    return {"prompt_ids": s.prompt_ids, "continuation": s.continuation, "topk_ids": s.topk_ids,
-            "topk_logp": s.topk_logp, "positions": s.positions, "weights": s.weights}
+    return {
+        "prompt_ids": s.prompt_ids,
+        "continuation": s.continuation,
+        "topk_ids": s.topk_ids,
+        "topk_logp": s.topk_logp,
+        "positions": s.positions,
+        "weights": s.weights,
+    }
 
 
 def _seq_from(d: dict) -> Sequence:
-    return Sequence(list(d["prompt_ids"]), list(d["continuation"]), d["topk_ids"], d["topk_logp"],
-                    list(d["positions"]), d["weights"])
+    return Sequence(
+        list(d["prompt_ids"]),
+        list(d["continuation"]),
+        d["topk_ids"],
+        d["topk_logp"],
+        list(d["positions"]),
+        d["weights"],
+    )
 
 
 def _atomic_save(path: Path, obj) -> None:
@@ -492,8 +575,9 @@ def _atomic_save(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def _generate(pair: ModelPair, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,
-              seed: int = 0) -> Iterator[Sequence]:
+def _generate(
+    pair: ModelPair, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, seed: int = 0
+) -> Iterator[Sequence]:
     """The target's continuations, exactly as target-only decoding emits them (EOS included): greedy at
     temperature 0, else drawn from p_t / temperature with the engine's per-prompt generator of `seed`."""
     cfg = SamplingConfig(temperature, 0, 1.0, seed, max_new_tokens)
@@ -504,8 +588,9 @@ def _generate(pair: ModelPair, prompts: list[str], max_new_tokens: int, temperat
 
 
 @torch.no_grad()
-def _sample_batched(pair: ModelPair, prompts: list[str], max_new_tokens: int, seed: int,
-                    batch: int, greedy: bool = False) -> Iterator[Sequence]:
+def _sample_batched(
+    pair: ModelPair, prompts: list[str], max_new_tokens: int, seed: int, batch: int, greedy: bool = False
+) -> Iterator[Sequence]:
     """The target's continuations drawn from p_t (temperature 1, no top-k/top-p; `greedy`: its argmax, which padding
     and batching may change in the last bits, so not the exact target-only text), `batch` prompts decoded together
     (left-padded, transformers' generate with its KV cache): one batched step costs about what one sequence's does
@@ -536,8 +621,14 @@ def _sample_batched(pair: ModelPair, prompts: list[str], max_new_tokens: int, se
             yield Sequence(prompt_ids, new[:end])
 
 
-def evaluate_saved(pair: ModelPair, draft: LoadedModel, val_prompts: list[str], val: list[Sequence],
-                   max_new_tokens: int, k: int = EVAL_K) -> dict:
+def evaluate_saved(
+    pair: ModelPair,
+    draft: LoadedModel,
+    val_prompts: list[str],
+    val: list[Sequence],
+    max_new_tokens: int,
+    k: int = EVAL_K,
+) -> dict:
     """Held-out KL and alpha of a draft (e.g. the saved one, reloaded) against the pair's target."""
     evaluated = ModelPair(pair.target, draft, pair.device, pair.dtype, pair.vocab_size)
     kl = mean_kl(pair.target.model, draft.model, val, pair.vocab_size, pair.device)
@@ -545,6 +636,7 @@ def evaluate_saved(pair: ModelPair, draft: LoadedModel, val_prompts: list[str], 
 
 
 # --- output --------------------------------------------------------------------------------------------------
+
 
 def saved_dtype(source: str) -> torch.dtype:
     """The dtype a model directory's config.json records (float32 when it says nothing)."""
@@ -565,14 +657,18 @@ def check_distill_out(out: str | Path, overwrite: bool = False, checkpoint: str 
     path = Path(out).expanduser()
     resolved, shipped = path.resolve(), zoo.ZOO_DIR.resolve()
     if resolved == shipped or shipped in resolved.parents:
-        raise DraftLabError(f"--out {out} is inside the shipped models' folder ({shipped}); distilled models go "
-                            f"elsewhere, e.g. --out models/my-draft (shipped models are never overwritten)")
+        raise DraftLabError(
+            f"--out {out} is inside the shipped models' folder ({shipped}); distilled models go "
+            f"elsewhere, e.g. --out models/my-draft (shipped models are never overwritten)"
+        )
     if path.is_dir() and not overwrite:
         entries = sorted(entry.name for entry in path.iterdir() if entry.name != checkpoint)
         if entries:
             shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
-            raise DraftLabError(f"--out {out} is not empty (it holds {shown}); pass a new or empty directory, or "
-                                f"--overwrite to write into it anyway")
+            raise DraftLabError(
+                f"--out {out} is not empty (it holds {shown}); pass a new or empty directory, or "
+                f"--overwrite to write into it anyway"
+            )
     return check_out_dir(path)
 
 
@@ -590,8 +686,9 @@ def check_out_dir(out: str | Path) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise DraftLabError(f"--out {out} is not writable ({exc.strerror or exc}); pass a directory you can write "
-                            f"to") from None
+        raise DraftLabError(
+            f"--out {out} is not writable ({exc.strerror or exc}); pass a directory you can write to"
+        ) from None
     finally:
         for folder in missing:
             try:
@@ -629,37 +726,41 @@ def render_card(c: dict) -> str:
     focus = c.get("focus")
     if focus:
         types = ", ".join(f"{k} {v:.2f}" for k, v in sorted(focus["type_weights"].items()))
-        positions = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(focus["position_weights"].items(), key=lambda kv: int(kv[0])))
-        focus_text = (f"Per-token loss weights from experiment {focus['experiment_id']}'s run {focus['run_id']} "
-                      f"({focus['how']}): weight = type weight x draft-position weight, normalised to mean 1 over the "
-                      f"training tokens.\n\n- token type weights: {types}\n- draft position weights: {positions}\n"
-                      f"- token type = SPEC type of the target's token; position = the slot it takes when the "
-                      f"original draft speculates greedily with k={c.get('profile_k') or c['k']} (bonus slots weigh 1)\n")
+        positions = ", ".join(
+            f"{k}: {v:.2f}" for k, v in sorted(focus["position_weights"].items(), key=lambda kv: int(kv[0]))
+        )
+        focus_text = (
+            f"Per-token loss weights from experiment {focus['experiment_id']}'s run {focus['run_id']} "
+            f"({focus['how']}): weight = type weight x draft-position weight, normalised to mean 1 over the "
+            f"training tokens.\n\n- token type weights: {types}\n- draft position weights: {positions}\n"
+            f"- token type = SPEC type of the target's token; position = the slot it takes when the "
+            f"original draft speculates greedily with k={c.get('profile_k') or c['k']} (bonus slots weigh 1)\n"
+        )
     else:
         focus_text = "None: every continuation token weighs 1.\n"
     eff = "\n".join(f"| {ty} | {v['tokens']} | {v['mean_weight']:.2f} |" for ty, v in c["weights"]["by_type"].items())
-    return f"""# {c['name']}
+    return f"""# {c["name"]}
 
-A draft distilled toward `{c['target']}` from `{c['draft']}` by `draftlab distill` (engine/training/distill.py): same
-architecture and size as `{c['draft']}` ({c['parameters']:,} parameters), same tokenizer as the target.
+A draft distilled toward `{c["target"]}` from `{c["draft"]}` by `draftlab distill` (engine/training/distill.py): same
+architecture and size as `{c["draft"]}` ({c["parameters"]:,} parameters), same tokenizer as the target.
 
 ## Data
 
-- prompts: `{c['prompts']}` ({plural(c['train_prompts'], 'prompt')}); continuations: the target's {c['continuations']}
-  {noun(c.get('samples', 1), 'continuation')} of each prompt ({c['train_sequences']} sequences of up to {c['max_new_tokens']} new tokens,
-  {c['train_tokens']:,} tokens in all), generated once and cached with the target's top-{c['top_k']} next-token
+- prompts: `{c["prompts"]}` ({plural(c["train_prompts"], "prompt")}); continuations: the target's {c["continuations"]}
+  {noun(c.get("samples", 1), "continuation")} of each prompt ({c["train_sequences"]} sequences of up to {c["max_new_tokens"]} new tokens,
+  {c["train_tokens"]:,} tokens in all), generated once and cached with the target's top-{c["top_k"]} next-token
   distribution at every continuation position
-- loss: forward KL(p_target || p_draft) over the target's top-{c['top_k']} (renormalised), per continuation token
-- held-out: `{c['validation']}` ({plural(c['validation_prompts'], 'prompt')}, {plural(c['validation_tokens'], 'target token', thousands=True)}){c.get('validation_note', '')}
+- loss: forward KL(p_target || p_draft) over the target's top-{c["top_k"]} (renormalised), per continuation token
+- held-out: `{c["validation"]}` ({plural(c["validation_prompts"], "prompt")}, {plural(c["validation_tokens"], "target token", thousands=True)}){c.get("validation_note", "")}
 
 ## Training
 
 | | |
 |---|---|
-| steps | {c['steps']} x {c['batch_size']} sequences |
-| optimizer | AdamW lr {c['lr']:g} ({c['warmup_steps']} warm-up steps, cosine to {c['lr'] * c['min_lr_ratio']:.2g}), betas (0.9, 0.95), grad clip {c['grad_clip']}, seed {c['seed']} |
-| wall time | {_duration(c['train_seconds'])} training, {_duration(c['total_seconds'])} in all (generation, evaluation and saving included), on {c['hardware']}{', finished ' + c['finished'] if c.get('finished') else ''} |
-| weights | {c['dtype']} safetensors |
+| steps | {c["steps"]} x {c["batch_size"]} sequences |
+| optimizer | AdamW lr {c["lr"]:g} ({c["warmup_steps"]} warm-up steps, cosine to {c["lr"] * c["min_lr_ratio"]:.2g}), betas (0.9, 0.95), grad clip {c["grad_clip"]}, seed {c["seed"]} |
+| wall time | {_duration(c["train_seconds"])} training, {_duration(c["total_seconds"])} in all (generation, evaluation and saving included), on {c["hardware"]}{", finished " + c["finished"] if c.get("finished") else ""} |
+| weights | {c["dtype"]} safetensors |
 
 Loss curve (train: weighted top-k KL, mean since the previous row; held-out: full-vocabulary KL, nats/token):
 
@@ -676,21 +777,21 @@ Mean loss weight per token type over the training tokens:
 |---|---|---|
 {eff}
 
-## Before / after (held-out `{c['validation']}`, greedy, k={c['k']})
+## Before / after (held-out `{c["validation"]}`, greedy, k={c["k"]})
 
-| | {c['draft']} | {c['name']} |
+| | {c["draft"]} | {c["name"]} |
 |---|---|---|
-| KL(p_t ‖ p_d), nats/token | {_fmt(c['kl_before'])} | {_fmt(c['kl_after'])} |
-| alpha | {_fmt(c['alpha_before'], '.3f')} | {_fmt(c['alpha_after'], '.3f')} |
-| tokens per round | {_fmt(c['tokens_per_round_before'], '.2f')} | {_fmt(c['tokens_per_round_after'], '.2f')} |
-| output == target-only | {c['lossless_before']} | {c['lossless_after']} |
+| KL(p_t ‖ p_d), nats/token | {_fmt(c["kl_before"])} | {_fmt(c["kl_after"])} |
+| alpha | {_fmt(c["alpha_before"], ".3f")} | {_fmt(c["alpha_after"], ".3f")} |
+| tokens per round | {_fmt(c["tokens_per_round_before"], ".2f")} | {_fmt(c["tokens_per_round_after"], ".2f")} |
+| output == target-only | {c["lossless_before"]} | {c["lossless_after"]} |
 
-(after: measured on the saved {c['dtype']} weights, reloaded.)
+(after: measured on the saved {c["dtype"]} weights, reloaded.)
 
 ## Reproduce
 
 ```
-{c['command']}
+{c["command"]}
 ```
 """
 

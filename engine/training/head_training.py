@@ -24,23 +24,24 @@ accuracy per step, the conditional acceptance per draft position, and the simula
 1 + E[leading correct steps] at k = S. Before and after: greedy speculation through the engine's loop (alpha,
 tokens per round, lossless).
 """
+
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Iterator
 
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from engine.training import distill as ds
-from engine.models import eagle3
+from engine.config.head_settings import MAX_TTT_STEPS, parse_aux_layers  # noqa: F401 (parse_aux_layers: the CLI reads it here)
 from engine.decoding.aux_states import AuxStates
 from engine.errors import DraftLabError
-from engine.config.head_settings import MAX_TTT_STEPS, parse_aux_layers  # noqa: F401 (parse_aux_layers: the CLI reads it here)
+from engine.models import eagle3
 from engine.models.loading import LoadedModel, ModelPair
 from engine.text.token_types import TokenTyper
+from engine.training import distill as ds
 
 STEP_DECAY = 0.8  # loss weight of TTT step j: 0.8^j (SpecForge's)
 BEFORE_PROMPTS = 8  # held-out prompts the fresh head is decoded on (its "before" figures through the loop)
@@ -73,8 +74,9 @@ class HeadConfig:
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise DraftLabError(f"--lr must be a positive number (got {self.lr}); use e.g. --lr 1e-3")
         if not 1 <= self.ttt_steps <= MAX_TTT_STEPS:
-            raise DraftLabError(f"--ttt-steps must be 1 to {MAX_TTT_STEPS} (got {self.ttt_steps}); use e.g. "
-                                f"--ttt-steps 4")
+            raise DraftLabError(
+                f"--ttt-steps must be 1 to {MAX_TTT_STEPS} (got {self.ttt_steps}); use e.g. --ttt-steps 4"
+            )
         if self.draft_vocab_size < 0:
             raise DraftLabError(f"--draft-vocab-size must be >= 1 (got {self.draft_vocab_size}); e.g. 32000")
         if self.max_new_tokens <= 0 or self.batch_size <= 0 or self.samples <= 0:
@@ -87,8 +89,10 @@ def aux_layers_for(target_model, wanted: list[int] | None) -> list[int]:
     layers = target_model.config.get_text_config(decoder=True).num_hidden_layers
     ids = wanted if wanted is not None else eagle3.default_aux_layers(layers)
     if max(ids) >= layers:
-        raise DraftLabError(f"--aux-layers {','.join(map(str, ids))} names layer {max(ids)}, but the target has "
-                            f"decoder layers 0..{layers - 1}; use ids below {layers} or auto")
+        raise DraftLabError(
+            f"--aux-layers {','.join(map(str, ids))} names layer {max(ids)}, but the target has "
+            f"decoder layers 0..{layers - 1}; use ids below {layers} or auto"
+        )
     return sorted(ids)  # vLLM concatenates the aux states in ascending id order (models/interfaces.py:1578)
 
 
@@ -96,8 +100,10 @@ def check_vocab_size(size: int, vocab: int) -> None:
     """Refuse a draft vocabulary larger than the target's (never clamped silently: the card would record a size
     the head does not have)."""
     if size > vocab:
-        raise DraftLabError(f"--draft-vocab-size {size} is more than the target's vocabulary of {vocab:,} tokens; "
-                            f"use 1 to {vocab}, or leave it out for the whole vocabulary (at most 32000)")
+        raise DraftLabError(
+            f"--draft-vocab-size {size} is more than the target's vocabulary of {vocab:,} tokens; "
+            f"use 1 to {vocab}, or leave it out for the whole vocabulary (at most 32000)"
+        )
 
 
 def draft_vocabulary(seqs: list[ds.Sequence], vocab: int, size: int) -> torch.Tensor:
@@ -105,15 +111,22 @@ def draft_vocabulary(seqs: list[ds.Sequence], vocab: int, size: int) -> torch.Te
     size = min(size or vocab, vocab, 32000 if not size else vocab)
     counts = torch.zeros(vocab, dtype=torch.float64)
     for s in seqs:
-        counts.index_add_(0, torch.tensor(s.continuation, dtype=torch.long) % vocab,
-                          torch.ones(len(s.continuation), dtype=torch.float64))
-        counts.index_add_(0, torch.tensor(s.prompt_ids, dtype=torch.long) % vocab,
-                          torch.full((len(s.prompt_ids),), 1e-6, dtype=torch.float64))
+        counts.index_add_(
+            0,
+            torch.tensor(s.continuation, dtype=torch.long) % vocab,
+            torch.ones(len(s.continuation), dtype=torch.float64),
+        )
+        counts.index_add_(
+            0,
+            torch.tensor(s.prompt_ids, dtype=torch.long) % vocab,
+            torch.full((len(s.prompt_ids),), 1e-6, dtype=torch.float64),
+        )
     counts -= torch.arange(vocab, dtype=torch.float64) * 1e-12  # ties: the lower id first
     return counts.topk(size).indices.sort().values
 
 
 # --- the training-time test ------------------------------------------------------------------------------------
+
 
 def _heads(x: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     b, t, _ = x.shape
@@ -137,7 +150,7 @@ def ttt_logits(head: eagle3.Eagle3Head, ids: torch.Tensor, states: torch.Tensor,
     out = []
     for j in range(steps):
         tokens = torch.zeros(b, w, dtype=torch.long, device=ids.device)
-        tokens[:, : max(0, t - 1 - j)] = ids[:, 1 + j:]
+        tokens[:, : max(0, t - 1 - j)] = ids[:, 1 + j :]
         embeds = layer.input_layernorm(head.embed_tokens(tokens).to(state.dtype))
         if layer.norm_before_residual:
             normed = layer.hidden_norm(state)
@@ -159,7 +172,7 @@ def ttt_logits(head: eagle3.Eagle3Head, ids: torch.Tensor, states: torch.Tensor,
         weights = (torch.cat(scores, -1) * attn.scaling).float().softmax(-1).to(q.dtype)
         mixed = weights[..., :w] @ values0
         for i, (_, cv) in enumerate(chain):
-            mixed = mixed + weights[..., w + i: w + i + 1] * cv
+            mixed = mixed + weights[..., w + i : w + i + 1] * cv
         attended = attn.o_proj(mixed.transpose(1, 2).reshape(b, w, nh * dim))
         residual = attended + residual
         state = layer.mlp(layer.post_attention_layernorm(residual)) + residual
@@ -180,6 +193,7 @@ def target_features(target_model, aux_layers: list[int], ids: torch.Tensor, voca
 @dataclass
 class StepStats:
     """Per TTT step over a batch: the loss and what greedy drafting would accept."""
+
     loss: torch.Tensor
     tokens: list[int]  # positions counted, per step
     correct: list[int]  # of those, head argmax == target argmax
@@ -190,13 +204,20 @@ class StepStats:
 def _shifted(x: torch.Tensor, j: int, w: int) -> torch.Tensor:
     """x[:, 1 + j : 1 + j + w] padded with zeros to width w (the value at target position q = p + 1 + j)."""
     out = x.new_zeros(x.shape[0], w, *x.shape[2:])
-    part = x[:, 1 + j: 1 + j + w]
+    part = x[:, 1 + j : 1 + j + w]
     out[:, : part.shape[1]] = part
     return out
 
 
-def step_stats(head: eagle3.Eagle3Head, seqs: list[ds.Sequence], target_model, aux_layers: list[int], vocab: int,
-               steps: int, device) -> StepStats:
+def step_stats(
+    head: eagle3.Eagle3Head,
+    seqs: list[ds.Sequence],
+    target_model,
+    aux_layers: list[int],
+    vocab: int,
+    steps: int,
+    device,
+) -> StepStats:
     """The TTT loss of a batch and its greedy acceptance figures (module docstring)."""
     ids, lengths = ds._batch(seqs, device)
     states, logits = target_features(target_model, aux_layers, ids, vocab)
@@ -221,7 +242,7 @@ def step_stats(head: eagle3.Eagle3Head, seqs: list[ds.Sequence], target_model, a
         kl = (logp_t.exp() * (logp_t - draft_logits.float().log_softmax(-1))).sum(-1)
         weight = use.float() * focus_weights(seqs, j, w, device)
         if bool(use.any()):
-            total = total + STEP_DECAY ** j * (kl * weight).sum() / use.sum()
+            total = total + STEP_DECAY**j * (kl * weight).sum() / use.sum()
         correct = (draft_ids[draft_logits.argmax(-1)] == target_best) & valid
         counted = valid & full
         stats.tokens.append(int(valid.sum()))
@@ -258,8 +279,10 @@ def acceptance(tokens: list[int], correct: list[int], reached: list[int], hits: 
 
 # --- the trainer -----------------------------------------------------------------------------------------------
 
-def focus_tables(kinds: list[list[str]], prompt_lengths: list[int], steps: int, type_weights: dict,
-                 position_weights: dict) -> tuple[list[torch.Tensor], dict]:
+
+def focus_tables(
+    kinds: list[list[str]], prompt_lengths: list[int], steps: int, type_weights: dict, position_weights: dict
+) -> tuple[list[torch.Tensor], dict]:
     """The training-time test's loss weights from a focus profile: for each sequence (its tokens' types, its prompt
     length) a (steps, length - 1) table whose [j, root] entry weighs the token the chain from `root` predicts at
     step j (token root + 2 + j, a continuation token) by its type's weight x position j + 1's weight; entries that
@@ -279,16 +302,21 @@ def focus_tables(kinds: list[list[str]], prompt_lengths: list[int], steps: int, 
             predicted = roots + 2 + j
             valid = (predicted >= p_len) & (predicted < length)
             table[j, valid] = per_token[predicted[valid]] * pos_w.get(j + 1, 1.0)
-            for kind, m in Counter(seq_kinds[max(p_len, 2 + j):length]).items():
+            for kind, m in Counter(seq_kinds[max(p_len, 2 + j) : length]).items():
                 weight = m * float(type_weights.get(kind, 1.0)) * pos_w.get(j + 1, 1.0)
                 count[kind], total[kind] = count.get(kind, 0) + m, total.get(kind, 0.0) + weight
                 at_count[j], at_total[j] = at_count[j] + m, at_total[j] + weight
         tables.append(table)
     n = sum(count.values())
     mean = sum(total.values()) / n if n else 1.0
-    summary = {"by_type": {ty: {"tokens": count[ty], "mean_weight": total[ty] / count[ty] / mean} for ty in sorted(count)},
-               "by_position": {j + 1: {"tokens": at_count[j], "mean_weight": at_total[j] / at_count[j] / mean}
-                               for j in range(steps) if at_count[j]}}
+    summary = {
+        "by_type": {ty: {"tokens": count[ty], "mean_weight": total[ty] / count[ty] / mean} for ty in sorted(count)},
+        "by_position": {
+            j + 1: {"tokens": at_count[j], "mean_weight": at_total[j] / at_count[j] / mean}
+            for j in range(steps)
+            if at_count[j]
+        },
+    }
     return [t / mean for t in tables], summary
 
 
@@ -298,9 +326,17 @@ class HeadTrainer(ds.Distiller):
     `acceptance_length`, `per_position` and `accuracy` (held-out, teacher-forced); "prepared" the draft vocabulary
     size and aux layers; "before" the fresh head's greedy speculation figures."""
 
-    def __init__(self, pair: ModelPair, train_prompts: list[str], val_prompts: list[str], cfg: HeadConfig,
-                 type_weights: dict | None = None, position_weights: dict | None = None, name: str = "head",
-                 verifier: str | None = None):
+    def __init__(
+        self,
+        pair: ModelPair,
+        train_prompts: list[str],
+        val_prompts: list[str],
+        cfg: HeadConfig,
+        type_weights: dict | None = None,
+        position_weights: dict | None = None,
+        name: str = "head",
+        verifier: str | None = None,
+    ):
         self.pair = ModelPair(pair.target, None, pair.device, pair.dtype, pair.vocab_size)
         self.cfg, self.name = cfg, name
         self.verifier = verifier or pair.target.name
@@ -323,11 +359,17 @@ class HeadTrainer(ds.Distiller):
         target = self.pair.target
         target.model.get_input_embeddings().weight.requires_grad_(False)  # shared and frozen, never saved
         torch.manual_seed(self.cfg.seed)
-        head = eagle3.new_head(target.model, self.aux_layers, draft_ids, self.verifier,
-                               norm_before_fc=self.cfg.norm_before_fc).to(self.pair.device, torch.float32)
+        head = eagle3.new_head(
+            target.model, self.aux_layers, draft_ids, self.verifier, norm_before_fc=self.cfg.norm_before_fc
+        ).to(self.pair.device, torch.float32)
         self.draft_ids = draft_ids
-        self.pair = ModelPair(target, LoadedModel(self.name, self.name, head, target.tokenizer), self.pair.device,
-                              self.pair.dtype, self.pair.vocab_size)
+        self.pair = ModelPair(
+            target,
+            LoadedModel(self.name, self.name, head, target.tokenizer),
+            self.pair.device,
+            self.pair.dtype,
+            self.pair.vocab_size,
+        )
 
     def prepare(self) -> Iterator[dict]:
         cfg, pair = self.cfg, self.pair
@@ -354,10 +396,16 @@ class HeadTrainer(ds.Distiller):
         self._build_head(draft_vocabulary(train, pair.vocab_size, cfg.draft_vocab_size))
         summary = self._assign_focus(train)
         self.train_seqs, self.val_seqs = train, val
-        self.prepared = {"kind": "prepared", "train_sequences": len(train),
-                         "train_tokens": sum(len(s.continuation) for s in train), "validation_sequences": len(val),
-                         "validation_tokens": sum(len(s.continuation) for s in val), "weights": summary,
-                         "draft_vocab_size": int(self.draft_ids.numel()), "aux_layers": self.aux_layers}
+        self.prepared = {
+            "kind": "prepared",
+            "train_sequences": len(train),
+            "train_tokens": sum(len(s.continuation) for s in train),
+            "validation_sequences": len(val),
+            "validation_tokens": sum(len(s.continuation) for s in val),
+            "weights": summary,
+            "draft_vocab_size": int(self.draft_ids.numel()),
+            "aux_layers": self.aux_layers,
+        }
         yield self.prepared
         yield {"kind": "phase", "phase": "held-out figures before training"}
         figures = self.measure(self.val_seqs)
@@ -365,7 +413,7 @@ class HeadTrainer(ds.Distiller):
         # The fresh head drafts almost nothing right, so each of its rounds costs k head steps for one token: its
         # figures through the loop come from the first BEFORE_PROMPTS held-out prompts, not all of them.
         few = self.val_prompts[:BEFORE_PROMPTS]
-        self.before = ds.greedy_alpha(self.pair, few, cfg.max_new_tokens, cfg.k, self.val_seqs[:len(few)], "eagle3")
+        self.before = ds.greedy_alpha(self.pair, few, cfg.max_new_tokens, cfg.k, self.val_seqs[: len(few)], "eagle3")
         self.curve = [{"step": 0, "train_loss": None, **figures}]
         yield {"kind": "before", **figures, **self.before}
 
@@ -377,15 +425,27 @@ class HeadTrainer(ds.Distiller):
         for t in {t for s in seqs for t in s.ids}:
             kind_of[t] = typer.describe(t)[1]
         kinds = [[kind_of[t] for t in s.ids] for s in seqs]
-        tables, summary = focus_tables(kinds, [len(s.prompt_ids) for s in seqs], self.cfg.ttt_steps,
-                                       self.type_weights or {}, self.position_weights or {})
+        tables, summary = focus_tables(
+            kinds,
+            [len(s.prompt_ids) for s in seqs],
+            self.cfg.ttt_steps,
+            self.type_weights or {},
+            self.position_weights or {},
+        )
         for s, table in zip(seqs, tables):
             s.head_weights = table if (self.type_weights or self.position_weights) else None
         return summary
 
     def _loss(self, seqs: list[ds.Sequence]) -> torch.Tensor:
-        return step_stats(self.head, seqs, self.pair.target.model, self.aux_layers, self.pair.vocab_size,
-                          self.cfg.ttt_steps, self.pair.device).loss
+        return step_stats(
+            self.head,
+            seqs,
+            self.pair.target.model,
+            self.aux_layers,
+            self.pair.vocab_size,
+            self.cfg.ttt_steps,
+            self.pair.device,
+        ).loss
 
     @torch.no_grad()
     def measure(self, seqs: list[ds.Sequence], batch: int = 8) -> dict:
@@ -396,8 +456,15 @@ class HeadTrainer(ds.Distiller):
         tokens, correct, reached, hits = ([0] * self.cfg.ttt_steps for _ in range(4))
         loss, batches = 0.0, 0
         for chunk in ds._chunks(seqs, batch):
-            st = step_stats(self.head, chunk, self.pair.target.model, self.aux_layers, self.pair.vocab_size,
-                            self.cfg.ttt_steps, self.pair.device)
+            st = step_stats(
+                self.head,
+                chunk,
+                self.pair.target.model,
+                self.aux_layers,
+                self.pair.vocab_size,
+                self.cfg.ttt_steps,
+                self.pair.device,
+            )
             loss += float(st.loss)
             batches += 1
             for acc, new in zip((tokens, correct, reached, hits), (st.tokens, st.correct, st.reached, st.hits)):
@@ -409,8 +476,11 @@ class HeadTrainer(ds.Distiller):
     def _eval(self, start: float) -> dict:
         import time
 
-        point = {"step": self.step, "train_loss": sum(self.window) / len(self.window) if self.window else None,
-                 **self.measure(self.val_seqs)}
+        point = {
+            "step": self.step,
+            "train_loss": sum(self.window) / len(self.window) if self.window else None,
+            **self.measure(self.val_seqs),
+        }
         self.window = []
         self.curve.append(point)
         self.seconds = time.perf_counter() - start
@@ -434,7 +504,13 @@ class HeadTrainer(ds.Distiller):
 
     def _fingerprint(self) -> dict:
         cfg = asdict(self.cfg)
-        return {"config": cfg, "target": self.pair.target.name, "head": self.name, "aux": self.aux_layers,
-                "train": self.train_prompts, "validation": self.val_prompts,
-                "type_weights": self.type_weights or {},
-                "position_weights": {str(k): v for k, v in (self.position_weights or {}).items()}}
+        return {
+            "config": cfg,
+            "target": self.pair.target.name,
+            "head": self.name,
+            "aux": self.aux_layers,
+            "train": self.train_prompts,
+            "validation": self.val_prompts,
+            "type_weights": self.type_weights or {},
+            "position_weights": {str(k): v for k, v in (self.position_weights or {}).items()},
+        }

@@ -1,4 +1,5 @@
 """The shipped demo models: names that resolve to directories inside the package, no download."""
+
 from __future__ import annotations
 
 import os
@@ -47,5 +48,7 @@ def missing_folder(name: str) -> str | None:
     form says under the field as it is typed (the hub's "Repo id must be in the form …" is never the answer)."""
     if not name or name in DEMO_MODELS or not looks_like_path(name) or Path(name).expanduser().exists():
         return None
-    return (f"model {name!r} not found: no such folder; give an existing local folder, an HF model id (org/name) "
-            f"or {DEMO_TARGET}/{DEMO_DRAFTS[0]}")
+    return (
+        f"model {name!r} not found: no such folder; give an existing local folder, an HF model id (org/name) "
+        f"or {DEMO_TARGET}/{DEMO_DRAFTS[0]}"
+    )

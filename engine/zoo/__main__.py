@@ -1,4 +1,5 @@
 """`python -m engine.zoo train ...` / `python -m engine.zoo tokenizer ...` (same as the modules themselves)."""
+
 import sys
 
 USAGE = "usage: python -m engine.zoo {train,tokenizer} [options]   (see --help of each)"

@@ -10,6 +10,7 @@ Sources, in a fixed order (so the corpus is byte-for-byte reproducible on the sa
 Documents are joined with the ``<|endoftext|>`` token. ``held_out(doc_index)`` picks a deterministic ~1 % of
 documents for a validation loss.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,10 +54,29 @@ def pydoc_topics() -> Iterator[tuple[str, str]]:
 
 _ZH_SUBJECTS = ["我们", "这个程序", "老师", "学生们", "研究人员", "这座城市", "我的朋友", "工程师", "这本书", "模型"]
 _ZH_VERBS = ["正在学习", "需要理解", "经常讨论", "认真分析", "慢慢改进", "详细记录", "重新设计", "仔细检查"]
-_ZH_OBJECTS = ["数据结构", "历史文化", "自然语言", "计算机科学", "经济发展", "环境保护", "数学问题", "推理速度",
-               "传统节日", "人工智能"]
-_ZH_TAILS = ["，并且取得了很好的效果。", "，因为这对未来非常重要。", "，但是仍然存在一些问题。", "。", "，这需要时间和耐心。",
-             "，所以大家都很关心。", "，然后写了一份报告。", "吗？", "，结果比预想的更好。"]
+_ZH_OBJECTS = [
+    "数据结构",
+    "历史文化",
+    "自然语言",
+    "计算机科学",
+    "经济发展",
+    "环境保护",
+    "数学问题",
+    "推理速度",
+    "传统节日",
+    "人工智能",
+]
+_ZH_TAILS = [
+    "，并且取得了很好的效果。",
+    "，因为这对未来非常重要。",
+    "，但是仍然存在一些问题。",
+    "。",
+    "，这需要时间和耐心。",
+    "，所以大家都很关心。",
+    "，然后写了一份报告。",
+    "吗？",
+    "，结果比预想的更好。",
+]
 _ZH_FIXED = [
     "春天来了，公园里的花都开了，很多人带着孩子出去散步。",
     "中国有五千多年的历史，长江和黄河是两条最重要的河流。",
@@ -74,8 +94,9 @@ def chinese_text(n_paragraphs: int = 400, seed: int = SEED) -> Iterator[tuple[st
     for i in range(n_paragraphs):
         sents = [rng.choice(_ZH_FIXED)] if rng.random() < 0.3 else []
         for _ in range(rng.randint(2, 6)):
-            sents.append(rng.choice(_ZH_SUBJECTS) + rng.choice(_ZH_VERBS) + rng.choice(_ZH_OBJECTS)
-                         + rng.choice(_ZH_TAILS))
+            sents.append(
+                rng.choice(_ZH_SUBJECTS) + rng.choice(_ZH_VERBS) + rng.choice(_ZH_OBJECTS) + rng.choice(_ZH_TAILS)
+            )
         yield f"zh:{i}", "".join(sents)
 
 
@@ -95,7 +116,7 @@ def math_text(n_docs: int = 400, seed: int = SEED + 1) -> Iterator[tuple[str, st
             elif kind == 3:
                 lines.append(f"Solve {c}x + {a} = {c * b + a}: x = {b}")
             elif kind == 4:
-                lines.append(f"{c}^2 = {c * c}, {c}^3 = {c ** 3}, sqrt({c * c}) = {c}")
+                lines.append(f"{c}^2 = {c * c}, {c}^3 = {c**3}, sqrt({c * c}) = {c}")
             else:
                 lines.append(f"{a} / {c} = {a / c:.4f}")
         yield f"math:{i}", "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@
 Byte-level: every string (Chinese, emoji, any bytes of UTF-8) encodes and decodes back exactly.
 `<|endoftext|>` (id 0) is bos, eos and pad. Deterministic for a given corpus.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -10,6 +10,7 @@ measured speed of the first steps and stored in the checkpoint (the card records
 the run). At the end: fp16 safetensors + config.json + generation_config.json + tokenizer + MODEL_CARD.md in
 engine/zoo/<model>/ (or --out).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,11 +55,11 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     seed: int = 1234
-    steps: int = 0            # 0: fixed from --minutes when the decay phase starts
-    decay_start: int = 0      # step where the LR starts its linear decay (0: 80 % of steps)
+    steps: int = 0  # 0: fixed from --minutes when the decay phase starts
+    decay_start: int = 0  # step where the LR starts its linear decay (0: 80 % of steps)
     ckpt_every: int = 100
     eval_batches: int = 20
-    kd_teacher: str = ""      # optional: a model dir to distil from (KD loss mixed with CE)
+    kd_teacher: str = ""  # optional: a model dir to distil from (KD loss mixed with CE)
     kd_weight: float = 0.0
 
 
@@ -115,8 +116,8 @@ def load_data(tokenizer, cache: Path):
 
 def get_batch(data: torch.Tensor, cfg: TrainConfig, gen: torch.Generator):
     ix = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
-    x = torch.stack([data[i:i + cfg.seq_len] for i in ix.tolist()]).long()
-    y = torch.stack([data[i + 1:i + 1 + cfg.seq_len] for i in ix.tolist()]).long()
+    x = torch.stack([data[i : i + cfg.seq_len] for i in ix.tolist()]).long()
+    y = torch.stack([data[i + 1 : i + 1 + cfg.seq_len] for i in ix.tolist()]).long()
     return x, y
 
 
@@ -160,8 +161,11 @@ def export(model, tokenizer, out: Path, card: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     m = model.to(torch.float16).eval()
     m.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=128,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+        max_new_tokens=128,
     )
     m.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
@@ -171,7 +175,7 @@ def export(model, tokenizer, out: Path, card: dict) -> None:
 
 def render_card(c: dict) -> str:
     s = c["shape"]
-    return f"""# {c['model']}
+    return f"""# {c["model"]}
 
 A tiny Llama-architecture causal LM shipped with DraftLab so that the demo pair runs on a laptop CPU with no
 download. It is trained from scratch on the Python standard library's source, `pydoc_data` topics and a small
@@ -180,20 +184,20 @@ it is not a useful general model.
 
 | | |
 |---|---|
-| architecture | LlamaForCausalLM, {s['num_hidden_layers']} layers, hidden {s['hidden_size']}, {s['num_attention_heads']} heads, MLP {s['intermediate_size']}, vocab {s['vocab_size']}, context {s['max_position_embeddings']}, tied embeddings: {s['tie_word_embeddings']} |
-| parameters | {c['parameters']:,} |
-| tokenizer | byte-level BPE, {s['vocab_size']} tokens, shared by all demo models (`python -m engine.zoo.tokenizer`) |
+| architecture | LlamaForCausalLM, {s["num_hidden_layers"]} layers, hidden {s["hidden_size"]}, {s["num_attention_heads"]} heads, MLP {s["intermediate_size"]}, vocab {s["vocab_size"]}, context {s["max_position_embeddings"]}, tied embeddings: {s["tie_word_embeddings"]} |
+| parameters | {c["parameters"]:,} |
+| tokenizer | byte-level BPE, {s["vocab_size"]} tokens, shared by all demo models (`python -m engine.zoo.tokenizer`) |
 | weights | float16 safetensors |
-| training | {c['steps']} steps x {c['batch_size']} x {c['seq_len']} tokens = {c['training_tokens']:,} tokens (corpus: {c['corpus_train_tokens']:,} train tokens, {c['corpus_val_tokens']:,} held-out) |
-| optimizer | AdamW lr {c['lr']} ({c['warmup_steps']} warm-up steps, constant, linear decay to {c['lr'] * c['min_lr_ratio']:.2g} from step {c['decay_start']}), wd {c['weight_decay']}, seed {c['seed']}{c.get('kd_note', '')} |
-| final loss | train {c['final_train_loss']:.3f}, held-out {c['final_val_loss']:.3f} (nats/token) |
-| wall time | {c['wall_minutes']:.1f} min on {c['hardware']} |
-| Python | {c['python']} (the corpus is this version's stdlib) |
+| training | {c["steps"]} steps x {c["batch_size"]} x {c["seq_len"]} tokens = {c["training_tokens"]:,} tokens (corpus: {c["corpus_train_tokens"]:,} train tokens, {c["corpus_val_tokens"]:,} held-out) |
+| optimizer | AdamW lr {c["lr"]} ({c["warmup_steps"]} warm-up steps, constant, linear decay to {c["lr"] * c["min_lr_ratio"]:.2g} from step {c["decay_start"]}), wd {c["weight_decay"]}, seed {c["seed"]}{c.get("kd_note", "")} |
+| final loss | train {c["final_train_loss"]:.3f}, held-out {c["final_val_loss"]:.3f} (nats/token) |
+| wall time | {c["wall_minutes"]:.1f} min on {c["hardware"]} |
+| Python | {c["python"]} (the corpus is this version's stdlib) |
 
-{('**Interim:** ' + c['interim'] + chr(10) + chr(10)) if c.get('interim') else ''}Reproduce (from the repository root; resumes from `checkpoints/{c['model']}/` if interrupted):
+{("**Interim:** " + c["interim"] + chr(10) + chr(10)) if c.get("interim") else ""}Reproduce (from the repository root; resumes from `checkpoints/{c["model"]}/` if interrupted):
 
 ```
-{c['command']}
+{c["command"]}
 ```
 """
 
@@ -209,15 +213,22 @@ def main(argv=None) -> None:
     ap.add_argument("--seq-len", type=int, default=TrainConfig.seq_len)
     ap.add_argument("--seed", type=int, default=TrainConfig.seed)
     ap.add_argument("--ckpt-every", type=int, default=TrainConfig.ckpt_every)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (1 default: on a shared 2-core machine 2 threads oversubscribe badly)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1 default: on a shared 2-core machine 2 threads oversubscribe badly)",
+    )
     ap.add_argument("--teacher", default="", help="model dir to distil from (KD loss); off by default")
     ap.add_argument("--kd-weight", type=float, default=0.0)
     ap.add_argument("--out", type=Path, default=None, help="export dir (default engine/zoo/<model>/)")
     ap.add_argument("--ckpt-dir", type=Path, default=None)
     ap.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint")
-    ap.add_argument("--export-only", action="store_true",
-                    help="export the current checkpoint as it is (an interim model; training is not run)")
+    ap.add_argument(
+        "--export-only",
+        action="store_true",
+        help="export the current checkpoint as it is (an interim model; training is not run)",
+    )
     args = ap.parse_args(argv)
     if not args.steps and not args.minutes and not args.export_only:
         ap.error("give --steps or --minutes")
@@ -228,14 +239,24 @@ def main(argv=None) -> None:
 
     tokenizer = load_or_train(CKPT_ROOT / "tokenizer")
     train, val, meta = load_data(tokenizer, CKPT_ROOT / "data.pt")
-    print(f"corpus: {meta['documents']} documents, {meta['train_tokens']:,} train / {meta['val_tokens']:,} "
-          f"held-out tokens", flush=True)
+    print(
+        f"corpus: {meta['documents']} documents, {meta['train_tokens']:,} train / {meta['val_tokens']:,} "
+        f"held-out tokens",
+        flush=True,
+    )
 
     shape = SHAPES[args.model]
-    cfg = TrainConfig(seq_len=args.seq_len, batch_size=args.batch_size,
-                      lr=args.lr if args.lr is not None else DEFAULT_LR[args.model], seed=args.seed,
-                      steps=args.steps, decay_start=args.decay_start, ckpt_every=args.ckpt_every, kd_teacher=args.teacher,
-                      kd_weight=args.kd_weight)
+    cfg = TrainConfig(
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        lr=args.lr if args.lr is not None else DEFAULT_LR[args.model],
+        seed=args.seed,
+        steps=args.steps,
+        decay_start=args.decay_start,
+        ckpt_every=args.ckpt_every,
+        kd_teacher=args.teacher,
+        kd_weight=args.kd_weight,
+    )
     model = build_model(shape, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.model}: {n_params:,} parameters, {dataclasses.asdict(shape)}", flush=True)
@@ -243,13 +264,16 @@ def main(argv=None) -> None:
     teacher = None
     if cfg.kd_teacher and cfg.kd_weight > 0:
         from transformers import AutoModelForCausalLM
+
         teacher = AutoModelForCausalLM.from_pretrained(cfg.kd_teacher, dtype=torch.float32).eval()
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+    )
 
     ckpt_path = (args.ckpt_dir or CKPT_ROOT / args.model) / "ckpt.pt"
     step, elapsed, last_loss = 0, 0.0, float("nan")
@@ -262,8 +286,7 @@ def main(argv=None) -> None:
             cfg.steps = st["cfg"]["steps"]
             cfg.decay_start = st["cfg"].get("decay_start", 0)
         last_loss = st.get("loss", float("nan"))
-        print(f"resumed from {ckpt_path} at step {step} ({elapsed / 60:.1f} min done, {cfg.steps} planned)",
-              flush=True)
+        print(f"resumed from {ckpt_path} at step {step} ({elapsed / 60:.1f} min done, {cfg.steps} planned)", flush=True)
 
     from tqdm import tqdm
 
@@ -276,8 +299,10 @@ def main(argv=None) -> None:
     if args.export_only:
         if not step:
             ap.error(f"--export-only: no checkpoint at {ckpt_path}")
-        interim = (f"interim export of the checkpoint at step {step} (planned: {cfg.steps or 'not fixed yet'}); "
-                   f"not the final weights")
+        interim = (
+            f"interim export of the checkpoint at step {step} (planned: {cfg.steps or 'not fixed yet'}); "
+            f"not the final weights"
+        )
         cfg.eval_batches = 4
     while not args.export_only:
         if cfg.steps and step >= cfg.steps:
@@ -293,8 +318,10 @@ def main(argv=None) -> None:
         if teacher is not None:
             with torch.no_grad():
                 t_logits = teacher(input_ids=x).logits
-            kd = F.kl_div(F.log_softmax(logits, -1), F.log_softmax(t_logits, -1), log_target=True,
-                          reduction="batchmean") / cfg.seq_len
+            kd = (
+                F.kl_div(F.log_softmax(logits, -1), F.log_softmax(t_logits, -1), log_target=True, reduction="batchmean")
+                / cfg.seq_len
+            )
             total = (1 - cfg.kd_weight) * loss + cfg.kd_weight * kd
         opt.zero_grad(set_to_none=True)
         total.backward()
@@ -315,19 +342,40 @@ def main(argv=None) -> None:
         if step % 50 == 0:
             print(f"\nstep {step}/{cfg.steps} loss {ema:.4f} lr {lr:.2e} {elapsed / 60:.1f} min", flush=True)
         if step % cfg.ckpt_every == 0 or (cfg.steps and step >= cfg.steps):
-            save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                                        "elapsed": elapsed, "cfg": dataclasses.asdict(cfg), "loss": ema})
+            save_checkpoint(
+                ckpt_path,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "step": step,
+                    "elapsed": elapsed,
+                    "cfg": dataclasses.asdict(cfg),
+                    "loss": ema,
+                },
+            )
         if args.minutes and elapsed > args.minutes * 60 * 1.25:
             print(f"\nwall budget exceeded at step {step}; stopping early", flush=True)
             cfg.steps = step
-            save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                                        "elapsed": elapsed, "cfg": dataclasses.asdict(cfg), "loss": ema})
+            save_checkpoint(
+                ckpt_path,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "step": step,
+                    "elapsed": elapsed,
+                    "cfg": dataclasses.asdict(cfg),
+                    "loss": ema,
+                },
+            )
             break
     bar.close()
 
     val_loss = evaluate(model, val, cfg)
-    print(f"final: train loss {ema if ema is not None else last_loss:.4f}, held-out {val_loss:.4f}, "
-          f"{elapsed / 60:.1f} min", flush=True)
+    print(
+        f"final: train loss {ema if ema is not None else last_loss:.4f}, held-out {val_loss:.4f}, "
+        f"{elapsed / 60:.1f} min",
+        flush=True,
+    )
     done_steps = step if interim else cfg.steps
     cmd = ["python", "-m", "engine.zoo.train", "--model", args.model, "--steps", str(done_steps)]
     if cfg.decay_start:
@@ -345,16 +393,27 @@ def main(argv=None) -> None:
     import platform
 
     card = {
-        "model": args.model, "shape": dataclasses.asdict(shape), "parameters": n_params,
-        "steps": done_steps, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
+        "model": args.model,
+        "shape": dataclasses.asdict(shape),
+        "parameters": n_params,
+        "steps": done_steps,
+        "batch_size": cfg.batch_size,
+        "seq_len": cfg.seq_len,
         "training_tokens": done_steps * cfg.batch_size * cfg.seq_len,
-        "corpus_train_tokens": meta["train_tokens"], "corpus_val_tokens": meta["val_tokens"],
-        "lr": cfg.lr, "min_lr_ratio": cfg.min_lr_ratio, "warmup_steps": cfg.warmup_steps,
+        "corpus_train_tokens": meta["train_tokens"],
+        "corpus_val_tokens": meta["val_tokens"],
+        "lr": cfg.lr,
+        "min_lr_ratio": cfg.min_lr_ratio,
+        "warmup_steps": cfg.warmup_steps,
         "decay_start": cfg.decay_start or int(0.8 * cfg.steps),
-        "weight_decay": cfg.weight_decay, "seed": cfg.seed,
-        "final_train_loss": float(ema if ema is not None else last_loss), "final_val_loss": val_loss,
-        "wall_minutes": elapsed / 60, "hardware": f"{torch.get_num_threads()} CPU threads ({platform.machine()})",
-        "python": platform.python_version(), "command": " ".join(shlex.quote(c) for c in cmd),
+        "weight_decay": cfg.weight_decay,
+        "seed": cfg.seed,
+        "final_train_loss": float(ema if ema is not None else last_loss),
+        "final_val_loss": val_loss,
+        "wall_minutes": elapsed / 60,
+        "hardware": f"{torch.get_num_threads()} CPU threads ({platform.machine()})",
+        "python": platform.python_version(),
+        "command": " ".join(shlex.quote(c) for c in cmd),
     }
     if interim:
         card["interim"] = interim

@@ -4,6 +4,7 @@ names the form field first and the flag second: "more repeats (the New experimen
 --repeats on the command line)". Only flags of an experiment's settings and swept variables (engine/config/variables.py,
 those with a form field) are rewritten; any other flag (a serving engine's) is left as written. The deploy panel's
 notes name its own controls first (`panel_advice`)."""
+
 from __future__ import annotations
 
 import re
@@ -13,11 +14,9 @@ from engine.config.variables import SETTINGS, VARIABLES
 _FLAG = re.compile(r"--([a-z][a-z-]*)(?: \((\d+)\))?")
 # Command-line advice the deploy panel's engines' notes carry (storage/serving/deploy.py), and what the panel itself does.
 PANEL_ACTIONS = {
-    "(`draftlab export --format deploy --with-max-new-tokens` copies the test's)":
-        "(the \"Copy the test's max new tokens\" box above copies the test's; on the command line `draftlab export "
-        "--format deploy --with-max-new-tokens`)",
-    "(`--batch-size` / the panel's batch size picks another)":
-        "(the panel's \"For batch size\" picks another; on the command line `--batch-size`)",
+    "(`draftlab export --format deploy --with-max-new-tokens` copies the test's)": "(the \"Copy the test's max new tokens\" box above copies the test's; on the command line `draftlab export "
+    "--format deploy --with-max-new-tokens`)",
+    "(`--batch-size` / the panel's batch size picks another)": '(the panel\'s "For batch size" picks another; on the command line `--batch-size`)',
 }
 
 
@@ -29,6 +28,7 @@ def _field(name: str) -> str | None:
 def browser_advice(text: str) -> str:
     """`text` with each experiment flag (`--repeats`, `--repeats (6)`) given as the New experiment form's field
     first and the flag second."""
+
     def reworded(match: re.Match) -> str:
         flag, value = match.group(1), match.group(2)
         title = _field(flag.replace("-", "_"))

@@ -1,5 +1,6 @@
 """How many tokens each round drafted, per run: a heuristic or confidence drafter varies k_r from round to round
 (and every drafter drafts fewer in a prompt's last round), so the per-position charts read against this."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -26,7 +27,9 @@ def render_k_distribution(runs: pd.DataFrame) -> None:
     if frame.empty or not varying:
         return
     st.subheader("Tokens drafted per round (k_r)")
-    st.caption("A heuristic, confidence or prompt-lookup drafter chooses k_r round by round; the per-position "
-               "acceptance above is conditional on the rounds that reached each position.")
+    st.caption(
+        "A heuristic, confidence or prompt-lookup drafter chooses k_r round by round; the per-position "
+        "acceptance above is conditional on the rounds that reached each position."
+    )
     chart = charts.k_distribution(frame)
     draw(chart, width="stretch")

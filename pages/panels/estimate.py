@@ -13,6 +13,7 @@ part).
 Plain Python over storage's queries (cached by the page); pages never load a model: weights are only measured on
 disk.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,10 @@ def model_dir(name: str) -> Path | None:
     if path.is_dir():
         return path
     if name.count("/") == 1 and not name.startswith((".", "/", "~")):  # an `org/name` hub id
-        hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or
-                                                          Path.home() / ".cache" / "huggingface") / "hub")
+        hub = Path(
+            os.environ.get("HF_HUB_CACHE")
+            or Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+        )
         snapshots = sorted((hub / f"models--{name.replace('/', '--')}" / "snapshots").glob("*"))
         return snapshots[-1] if snapshots else None
     return None
@@ -65,17 +68,21 @@ def weight_bytes(name: str) -> int | None:
     return total or None
 
 
-def decode_speed(target: str, batch_size: int, measured: dict | None, others: pd.DataFrame,
-                 sizes=weight_bytes) -> Speed | None:
+def decode_speed(
+    target: str, batch_size: int, measured: dict | None, others: pd.DataFrame, sizes=weight_bytes
+) -> Speed | None:
     """The target's decoding speed at batch_size: `measured` (storage.records.queries.target_speed at that batch size), else
     scaled from model size from the newest of `others` (storage.records.queries.baseline_speeds at that batch size) whose
     weights are on disk, else None. `sizes`: name -> weight bytes."""
     if measured is not None:
         where = f" on {measured['device_name']}" if measured.get("device_name") else ""
-        return Speed(float(measured["tokens_per_second"]),
-                     f"this target's last measured speed at batch size {batch_size} "
-                     f"({float(measured['tokens_per_second']):.1f} tokens/s{where}, experiment "
-                     f"#{measured['experiment_id']})", True)
+        return Speed(
+            float(measured["tokens_per_second"]),
+            f"this target's last measured speed at batch size {batch_size} "
+            f"({float(measured['tokens_per_second']):.1f} tokens/s{where}, experiment "
+            f"#{measured['experiment_id']})",
+            True,
+        )
     mine = sizes(target)
     if not mine:
         return None
@@ -85,10 +92,14 @@ def decode_speed(target: str, batch_size: int, measured: dict | None, others: pd
         theirs = sizes(row.target)
         if theirs:
             speed = float(row.tokens_per_second) * theirs / mine
-            return Speed(speed, f"an estimate from model size, as this target was never measured at batch size "
-                                f"{batch_size}: {row.target} decoded {float(row.tokens_per_second):.1f} tokens/s there "
-                                f"(experiment #{row.experiment_id}) and this target's weights are "
-                                f"{mine / theirs:.2g}× its size", False)
+            return Speed(
+                speed,
+                f"an estimate from model size, as this target was never measured at batch size "
+                f"{batch_size}: {row.target} decoded {float(row.tokens_per_second):.1f} tokens/s there "
+                f"(experiment #{row.experiment_id}) and this target's weights are "
+                f"{mine / theirs:.2g}× its size",
+                False,
+            )
     return None
 
 

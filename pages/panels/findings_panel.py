@@ -6,6 +6,7 @@ a link to the chart that shows it, and a "Try it" link to the New-experiment for
 Every text that can carry user input (model names, prompt sets, token types) is escaped before it reaches
 st.markdown.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,8 @@ import streamlit as st
 from pages.panels import sections
 from pages.panels.advice import browser_advice
 from pages.widgets.nav import PAGES
-from storage.records import queries as q
 from storage.analysis.findings import findings, prefill_query, prefill_url
+from storage.records import queries as q
 
 # A finding's chart key -> the anchor of that chart's heading on the detail page (a link within the section drawn;
 # a chart in another section gets a button that opens it, pages/panels/sections.py). The page sets no explicit anchors
@@ -33,10 +34,17 @@ HEADING_ANCHORS = {
     "schedule": "k-schedule",
     "confirm": "confirm-in-vllm",
 }
-CHART_NAMES = {"speedup": "the speedup chart", "predictions": "predicted against measured",
-               "cost": "the cost table", "by-position": "acceptance by position", "by-type": "acceptance by token type",
-               "runs": "the Runs table", "production": "production against the lab",
-               "schedule": "the k schedule", "confirm": "Confirm in vLLM"}
+CHART_NAMES = {
+    "speedup": "the speedup chart",
+    "predictions": "predicted against measured",
+    "cost": "the cost table",
+    "by-position": "acceptance by position",
+    "by-type": "acceptance by token type",
+    "runs": "the Runs table",
+    "production": "production against the lab",
+    "schedule": "the k schedule",
+    "confirm": "Confirm in vLLM",
+}
 BOXES = {"error": (st.error, ":material/error:"), "warning": (st.warning, ":material/warning:")}
 
 # Markdown's backslash-escapable punctuation, plus what Streamlit reads on top of it ($ math, :emoji: and
@@ -69,8 +77,10 @@ def finding_markdown(finding: dict, sweep_variable: str = "k", here: str = secti
     where = CHART_NAMES.get(finding["chart"], "the chart")
     elsewhere = sections.CHART_SECTIONS.get(finding["chart"], here) != here
     link = f"[→ {md_escape(where)}](#{anchor})" if anchor and not elsewhere else f"(see {md_escape(where)})"
-    return (f"**{md_escape(finding['title'])}.** {md_escape(browser_advice(finding['detail']))} {link}  \n"
-            f"*Next:* {md_escape(browser_advice(finding['next']))}")
+    return (
+        f"**{md_escape(finding['title'])}.** {md_escape(browser_advice(finding['detail']))} {link}  \n"
+        f"*Next:* {md_escape(browser_advice(finding['next']))}"
+    )
 
 
 def _show_chart(finding: dict, index: int, here: str) -> None:
@@ -78,9 +88,14 @@ def _show_chart(finding: dict, index: int, here: str) -> None:
     section = sections.CHART_SECTIONS.get(finding["chart"])
     if section is None or section == here:
         return
-    st.button(f"Show {CHART_NAMES.get(finding['chart'], 'the chart')}", key=f"finding_{index}_show",
-              icon=":material/arrow_forward:", on_click=sections.open_section, args=(section,),
-              help=f"opens the {section} section")
+    st.button(
+        f"Show {CHART_NAMES.get(finding['chart'], 'the chart')}",
+        key=f"finding_{index}_show",
+        icon=":material/arrow_forward:",
+        on_click=sections.open_section,
+        args=(section,),
+        help=f"opens the {section} section",
+    )
 
 
 def _try_it(prefill: dict, label: str) -> None:
@@ -90,12 +105,12 @@ def _try_it(prefill: dict, label: str) -> None:
     if page in PAGES:
         st.page_link(nav_page(page), label=md_escape(label), query_params=params, icon=":material/science:")
     else:  # a page that does not exist yet (distillation): the link is kept so the URL is ready when it does
-        st.markdown(f"[{md_escape(label)}]({prefill_url(prefill)}) "
-                    f"*\\(the {md_escape(page)} page is not built yet\\)*")
+        st.markdown(f"[{md_escape(label)}]({prefill_url(prefill)}) *\\(the {md_escape(page)} page is not built yet\\)*")
 
 
-def render_findings(store, experiment_id: int, found: list[dict] | None = None,
-                    here: str = sections.VERDICT) -> list[dict]:
+def render_findings(
+    store, experiment_id: int, found: list[dict] | None = None, here: str = sections.VERDICT
+) -> list[dict]:
     """Draw the experiment's findings (most severe first; computed here unless the caller has them) in section
     `here` of the detail page, and return them."""
     found = findings(store, experiment_id) if found is None else found

@@ -9,18 +9,33 @@ opens the named section; the Verdict tab, the default, leaves the URL without on
 Findings point at charts in other sections (pages/panels/findings_panel.py): `CHART_SECTIONS` says where each chart is,
 `open_section` switches to it in place.
 """
+
 from __future__ import annotations
 
 import streamlit as st
 
 KEY = "section"  # the tabs' widget key, which is also the URL's query parameter
 VERDICT, REJECTED, PREDICTIONS, SERVING, CONFIRM, RUNS = (
-    "Verdict", "Why drafts are rejected", "Predictions and cost", "Serving", "Confirm in vLLM", "Runs")
+    "Verdict",
+    "Why drafts are rejected",
+    "Predictions and cost",
+    "Serving",
+    "Confirm in vLLM",
+    "Runs",
+)
 ORDER = (VERDICT, REJECTED, PREDICTIONS, SERVING, CONFIRM, RUNS)
 # A finding's chart key (storage/analysis/findings.py CHARTS) -> the section that draws it.
-CHART_SECTIONS = {"speedup": VERDICT, "schedule": VERDICT, "predictions": PREDICTIONS, "cost": PREDICTIONS,
-                  "by-position": REJECTED, "by-type": REJECTED, "runs": RUNS, "production": SERVING,
-                  "confirm": CONFIRM}
+CHART_SECTIONS = {
+    "speedup": VERDICT,
+    "schedule": VERDICT,
+    "predictions": PREDICTIONS,
+    "cost": PREDICTIONS,
+    "by-position": REJECTED,
+    "by-type": REJECTED,
+    "runs": RUNS,
+    "production": SERVING,
+    "confirm": CONFIRM,
+}
 
 
 def tabs():

@@ -20,6 +20,7 @@ run on a shared machine) and more the further the job's shape is from the measur
 
 Plain Python over storage's rows and files on disk: pages never load a model.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,7 +32,6 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from engine.wording import plural
-
 from pages.panels.estimate import duration, weight_bytes
 
 EVAL_POINTS = 8  # held-out evaluations along a run (engine/training/distill.py DistillConfig.eval_points, HeadConfig's)
@@ -122,8 +122,9 @@ def step_ratio(shape: Shape, old: Shape, sizes) -> float:
     """How much longer one optimiser step of `shape` takes than one of `old` (same kind): tokens per step x the
     size of the model a step trains through (a distillation's draft; a head's target)."""
     stepper = (lambda s: s.target) if shape.kind == "head" else (lambda s: s.draft)
-    return (_ratio(shape.batch_size * shape.max_new_tokens, old.batch_size * old.max_new_tokens)
-            * _ratio(sizes(stepper(shape)), sizes(stepper(old))))
+    return _ratio(shape.batch_size * shape.max_new_tokens, old.batch_size * old.max_new_tokens) * _ratio(
+        sizes(stepper(shape)), sizes(stepper(old))
+    )
 
 
 def training_part(shape: Shape, m: Measured, sizes) -> Part:
@@ -131,11 +132,13 @@ def training_part(shape: Shape, m: Measured, sizes) -> Part:
     old = m.shape
     steps = step_ratio(shape, old, sizes)
     held_out = max(m.train - m.step * old.steps, 0.0) / evaluations(old.steps)
-    evals = (_ratio((shape.validation_prompts or 1) * shape.max_new_tokens,
-                    (old.validation_prompts or 1) * old.max_new_tokens)
-             * _ratio(sizes(shape.target), sizes(old.target)))
-    parts = [_part(shape.steps * m.step * steps, steps, m),
-             _part(evaluations(shape.steps) * held_out * evals, evals, m)]
+    evals = _ratio(
+        (shape.validation_prompts or 1) * shape.max_new_tokens, (old.validation_prompts or 1) * old.max_new_tokens
+    ) * _ratio(sizes(shape.target), sizes(old.target))
+    parts = [
+        _part(shape.steps * m.step * steps, steps, m),
+        _part(evaluations(shape.steps) * held_out * evals, evals, m),
+    ]
     return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
 
 
@@ -145,16 +148,22 @@ def outside_part(shape: Shape, m: Measured, sizes) -> Part:
     old = m.shape
     rest = max(m.wall - m.train - _load(old, sizes), 0.0)
     counted = shape.train_prompts is not None and old.train_prompts is not None
-    ratio = ((_ratio(responses(shape), responses(old)) if counted else 1.0)
-             * _ratio(shape.max_new_tokens, old.max_new_tokens) * _ratio(sizes(shape.target), sizes(old.target)))
+    ratio = (
+        (_ratio(responses(shape), responses(old)) if counted else 1.0)
+        * _ratio(shape.max_new_tokens, old.max_new_tokens)
+        * _ratio(sizes(shape.target), sizes(old.target))
+    )
     central, low, high = _part(rest * ratio, ratio, m)
     load = _load(shape, sizes)
     return central + load, low + load, high + load
 
 
 def _combine(predictions: list[Part]) -> Part:
-    return (statistics.median(p[0] for p in predictions), min(p[1] for p in predictions),
-            max(p[2] for p in predictions))
+    return (
+        statistics.median(p[0] for p in predictions),
+        min(p[1] for p in predictions),
+        max(p[2] for p in predictions),
+    )
 
 
 def paced(card: Measured, jobs: list[Measured], sizes) -> Measured:
@@ -180,12 +189,32 @@ def measured_jobs(timings: pd.DataFrame, count) -> list[Measured]:
     for job in timings.itertuples():
         if not (job.wall_seconds and job.train_seconds and job.steps):
             continue
-        step = job.step_seconds if job.step_seconds == job.step_seconds and job.step_seconds else (
-            job.train_seconds / job.steps)
-        shape = Shape(job.kind, job.target, job.draft or "", int(job.steps), int(job.batch_size),
-                      int(job.max_new_tokens), int(job.samples), count(job.prompts), count(job.validation))
-        out.append(Measured(shape, f"job {job.id}", float(job.wall_seconds), float(job.train_seconds), float(step),
-                            job.device_name or "a worker"))
+        step = (
+            job.step_seconds
+            if job.step_seconds == job.step_seconds and job.step_seconds
+            else (job.train_seconds / job.steps)
+        )
+        shape = Shape(
+            job.kind,
+            job.target,
+            job.draft or "",
+            int(job.steps),
+            int(job.batch_size),
+            int(job.max_new_tokens),
+            int(job.samples),
+            count(job.prompts),
+            count(job.validation),
+        )
+        out.append(
+            Measured(
+                shape,
+                f"job {job.id}",
+                float(job.wall_seconds),
+                float(job.train_seconds),
+                float(step),
+                job.device_name or "a worker",
+            )
+        )
     return out
 
 
@@ -196,12 +225,26 @@ def shipped(kind: str) -> Measured | None:
     name, card = SHIPPED[kind]
     try:
         c = json.loads((ZOO_DIR / name / card).read_text(encoding="utf-8"))
-        shape = Shape(kind, c["target"], c.get("draft") or "", int(c["steps"]),
-                      int(c["batch_size"]), int(c["max_new_tokens"]), int(c["samples"]), int(c["train_prompts"]),
-                      int(c["validation_prompts"]))
-        return Measured(shape, f"the shipped {name}'s recorded run", float(c["total_seconds"]),
-                        float(c["train_seconds"]), float(c["train_seconds"]) / int(c["steps"]), c["hardware"],
-                        wider=OTHER_MACHINE)
+        shape = Shape(
+            kind,
+            c["target"],
+            c.get("draft") or "",
+            int(c["steps"]),
+            int(c["batch_size"]),
+            int(c["max_new_tokens"]),
+            int(c["samples"]),
+            int(c["train_prompts"]),
+            int(c["validation_prompts"]),
+        )
+        return Measured(
+            shape,
+            f"the shipped {name}'s recorded run",
+            float(c["total_seconds"]),
+            float(c["train_seconds"]),
+            float(c["train_seconds"]) / int(c["steps"]),
+            c["hardware"],
+            wider=OTHER_MACHINE,
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -220,20 +263,27 @@ def training_estimate(shape: Shape, timings: pd.DataFrame, count, sizes=weight_b
     train = _combine([training_part(shape, m, sizes) for m in same])
     outside = _combine([outside_part(shape, m, sizes) for m in either])
     step = statistics.median(m.step * m.pace * step_ratio(shape, m.shape, sizes) for m in same)
-    return Estimate(train[0] + outside[0], train[1] + outside[1], train[2] + outside[2],
-                    _basis(shape, same, either, step, outside[0]))
+    return Estimate(
+        train[0] + outside[0],
+        train[1] + outside[1],
+        train[2] + outside[2],
+        _basis(shape, same, either, step, outside[0]),
+    )
 
 
 def _basis(shape: Shape, same: list[Measured], either: list[Measured], step: float, outside: float) -> str:
     what = "distillation" if shape.kind == "distill" else "head training"
     if same[0].wider > 1.0:  # a shipped card
-        source = (f"no {what} job has finished here yet: scaled from {same[0].name} on {same[0].where}"
-                  + (" (another machine, so a wide range)" if same[0].pace == 1.0 else ""))
+        source = f"no {what} job has finished here yet: scaled from {same[0].name} on {same[0].where}" + (
+            " (another machine, so a wide range)" if same[0].pace == 1.0 else ""
+        )
     else:
         places = ", ".join(sorted({m.where for m in same}))
         source = f"from {plural(len(same), f'finished {what} job')} on {places}"
     others = [m for m in either if m.shape.kind != shape.kind]
     also = f"; loading and responses from {plural(len(others), 'job')} of the other kind too" if others else ""
-    return (f"{source}{also}: {step:.2g} s per step of {shape.batch_size} × {shape.max_new_tokens} tokens, "
-            f"{duration(outside)} outside the steps (loading the models, the target's responses, the held-out "
-            f"figures)")
+    return (
+        f"{source}{also}: {step:.2g} s per step of {shape.batch_size} × {shape.max_new_tokens} tokens, "
+        f"{duration(outside)} outside the steps (loading the models, the target's responses, the held-out "
+        f"figures)"
+    )

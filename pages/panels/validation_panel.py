@@ -2,6 +2,7 @@
 cheaper configuration statistically tied with it) on held-out prompts (the other
 split of a built-in set, or an uploaded file), and, on a validation experiment, tune against validation with
 the verdict in words. The worker runs what the button queues, like any experiment."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -10,10 +11,10 @@ import streamlit as st
 from engine.errors import DraftLabError
 from engine.text.prompt_sets import set_name
 from pages.widgets.common import nav_page, store, table
-from pages.widgets.uploads import UPLOAD_TYPES
 from pages.widgets.prefill import md_text
-from storage.jobs.experiments import enqueue_experiment
+from pages.widgets.uploads import UPLOAD_TYPES
 from storage.analysis.validation import ValidationError, held_out_prompts, validation_plan, validation_result
+from storage.jobs.experiments import enqueue_experiment
 
 _COLUMNS = ["k", "speedup", "speedup_ci_lo", "speedup_ci_hi", "alpha", "tokens_per_round", "accepted", "rejected", "c"]
 
@@ -43,13 +44,24 @@ def render_validation(experiment: dict, verdict: dict) -> None:
             default = held_out_prompts(experiment["prompts"])
         except ValidationError:
             default = None
-        st.caption("Reruns the verdict's choice (the best, or the cheaper configuration tied with it) and its baseline "
-                   "on prompts the tuning never saw, as a new experiment linked to this one; the worker runs it.")
-        upload = None if default else st.file_uploader("Held-out prompts (.jsonl, conversations too / .csv / .txt "
-                                                       "/ .parquet / .arrow)", type=UPLOAD_TYPES,
-                                                       key="validation_file")
-        if st.button("Validate" + (f" on {set_name(default)}" if default else ""), key="validate",
-                     disabled=not default and upload is None):
+        st.caption(
+            "Reruns the verdict's choice (the best, or the cheaper configuration tied with it) and its baseline "
+            "on prompts the tuning never saw, as a new experiment linked to this one; the worker runs it."
+        )
+        upload = (
+            None
+            if default
+            else st.file_uploader(
+                "Held-out prompts (.jsonl, conversations too / .csv / .txt / .parquet / .arrow)",
+                type=UPLOAD_TYPES,
+                key="validation_file",
+            )
+        )
+        if st.button(
+            "Validate" + (f" on {set_name(default)}" if default else ""),
+            key="validate",
+            disabled=not default and upload is None,
+        ):
             try:
                 texts = None
                 spec = default
@@ -67,8 +79,9 @@ def render_validation(experiment: dict, verdict: dict) -> None:
                 st.error(md_text(str(exc)), icon=":material/error:")
             else:
                 st.success(f"Queued validation experiment #{vid}.", icon=":material/check:")
-                st.page_link(nav_page("experiment"), label=f"Open experiment #{vid}",
-                             query_params={"experiment": str(vid)})
+                st.page_link(
+                    nav_page("experiment"), label=f"Open experiment #{vid}", query_params={"experiment": str(vid)}
+                )
 
 
 def _render_result(validation_id: int) -> None:
@@ -81,10 +94,17 @@ def _render_result(validation_id: int) -> None:
     holds = result["holds"]
     message = md_text(f"Validates experiment #{result['validates']}: {result['reason']}")
     (st.success if holds else st.warning if holds is False else st.info)(message)
-    names = [f"#{result['validates']}, tuned on {result['tune_set']}",
-             f"#{result['experiment_id']}, validated on {result['validation_set']}"]
+    names = [
+        f"#{result['validates']}, tuned on {result['tune_set']}",
+        f"#{result['experiment_id']}, validated on {result['validation_set']}",
+    ]
     rows = pd.DataFrame([result["tune"][_COLUMNS], result["validation"][_COLUMNS]]).assign(experiment=names)
     # Headers, help and formats from storage/records/columns.py (not the raw column names), the page's width.
-    table(rows, ["experiment", *_COLUMNS], "validation_table",
-          experiment=st.column_config.TextColumn("experiment", help="the tuning experiment, then its validation",
-                                                 pinned=True))
+    table(
+        rows,
+        ["experiment", *_COLUMNS],
+        "validation_table",
+        experiment=st.column_config.TextColumn(
+            "experiment", help="the tuning experiment, then its validation", pinned=True
+        ),
+    )

@@ -4,6 +4,7 @@ else a shared password from $DRAFTLAB_PASSWORD, else nobody is asked (fine on 12
 `draftlab ui` refuses to bind beyond loopback with neither, unless `--insecure` says something in front of the
 dashboard (a VPN, an authenticating proxy) already controls access. The password is never printed or logged.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -32,10 +33,21 @@ class LoginThrottle:
     """Wrong-password counts per client address and overall, with lockouts (see ADDRESS_FAILURES above).
     Thread-safe: Streamlit runs each session's script in its own thread. `clock` is injectable for tests."""
 
-    def __init__(self, clock=time.monotonic, per_address: int = ADDRESS_FAILURES, overall: int = GLOBAL_FAILURES,
-                 window: float = LOGIN_WINDOW_S, lockout: float = LOCKOUT_S):
-        self.clock, self.per_address, self.overall, self.window, self.lockout = (clock, per_address, overall,
-                                                                                 window, lockout)
+    def __init__(
+        self,
+        clock=time.monotonic,
+        per_address: int = ADDRESS_FAILURES,
+        overall: int = GLOBAL_FAILURES,
+        window: float = LOGIN_WINDOW_S,
+        lockout: float = LOCKOUT_S,
+    ):
+        self.clock, self.per_address, self.overall, self.window, self.lockout = (
+            clock,
+            per_address,
+            overall,
+            window,
+            lockout,
+        )
         self._lock = threading.Lock()
         self._failures: dict[str, deque] = {}  # address -> times of its recent wrong passwords
         self._locked_until: dict[str, float] = {}
@@ -99,8 +111,10 @@ def client_address() -> str:
 def _refusal(seconds: float, why: str) -> str:
     minutes = max(1, round(seconds / 60))
     where = "from this address" if why == "address" else "on this dashboard"
-    return (f"Too many wrong passwords {where}: logins are paused for about {minutes} min. "
-            f"Try again then (ask whoever runs the dashboard if you forgot the password).")
+    return (
+        f"Too many wrong passwords {where}: logins are paused for about {minutes} min. "
+        f"Try again then (ask whoever runs the dashboard if you forgot the password)."
+    )
 
 
 def configured_password() -> str | None:
@@ -120,6 +134,7 @@ def is_loopback(host: str) -> bool:
 
 
 # --- OIDC, read the way Streamlit reads it --------------------------------------------------------------------
+
 
 def _providers(auth: dict) -> list[str | None]:
     """The providers an `[auth]` section defines: None for the default one (client_id right in [auth]), else the
@@ -173,10 +188,12 @@ def serving_refusal(host: str, insecure: bool = False, cwd: Path | None = None) 
     problem = oidc_problem(secrets_auth_section(cwd))
     if problem is None:
         return None
-    return (f"--host {host} serves the dashboard beyond this machine, and it can launch jobs, but no login is "
-            f"configured ({problem}); set {PASSWORD_ENV} to a shared password, or configure Streamlit's OIDC login "
-            f"in .streamlit/secrets.toml [auth], or pass --insecure if something in front of it already "
-            f"authenticates")
+    return (
+        f"--host {host} serves the dashboard beyond this machine, and it can launch jobs, but no login is "
+        f"configured ({problem}); set {PASSWORD_ENV} to a shared password, or configure Streamlit's OIDC login "
+        f"in .streamlit/secrets.toml [auth], or pass --insecure if something in front of it already "
+        f"authenticates"
+    )
 
 
 def login_mode(host: str, cwd: Path | None = None) -> str:
@@ -184,14 +201,18 @@ def login_mode(host: str, cwd: Path | None = None) -> str:
     auth = secrets_auth_section(cwd)
     if auth:  # the app lets [auth] decide whenever it exists
         problem = oidc_problem(auth)
-        return ("OIDC login (.streamlit/secrets.toml [auth])" if problem is None
-                else f"OIDC login misconfigured, so every visitor is refused: {problem}")
+        return (
+            "OIDC login (.streamlit/secrets.toml [auth])"
+            if problem is None
+            else f"OIDC login misconfigured, so every visitor is refused: {problem}"
+        )
     if configured_password():
         return f"password from ${PASSWORD_ENV}"
     return "no login" + ("" if is_loopback(host) else " (--insecure)")
 
 
 # --- inside the running app ----------------------------------------------------------------------------------
+
 
 def _app_auth_section():
     import streamlit as st
@@ -228,8 +249,13 @@ def login() -> None:
         st.caption("Log in to see the experiments.")
         for provider in _providers(auth):
             label = "Log in" if provider is None else f"Log in with {provider}"
-            st.button(label, on_click=st.login, args=(() if provider is None else (provider,)),
-                      icon=":material/login:", key=f"draftlab_login_{provider or 'default'}")
+            st.button(
+                label,
+                on_click=st.login,
+                args=(() if provider is None else (provider,)),
+                icon=":material/login:",
+                key=f"draftlab_login_{provider or 'default'}",
+            )
         return
     password = configured_password()
     with st.form("draftlab_login"):

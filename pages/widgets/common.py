@@ -1,4 +1,5 @@
 """What every page shares: the store, the selection kept in the URL query string, CSV downloads."""
+
 from __future__ import annotations
 
 import functools
@@ -33,6 +34,7 @@ def _url() -> str | None:
 # version stamp): the stamp (storage.records.queries.experiment_version, one aggregate over `runs`) changes whenever a
 # run commits a prompt, beats, finishes or is cancelled, so a rerun or the 2 s refresh recomputes only what moved.
 
+
 @st.cache_data(show_spinner=False, max_entries=512, ttl=3600)
 def _cached_query(url: str | None, name: str, args: tuple, kwargs: tuple, version: tuple, _query):
     # `name` (the query's module and name) is its part of the cache key; Streamlit hashes no `_` argument
@@ -64,8 +66,9 @@ def cached(query, *args, experiment_id: int | None = None, stamp: tuple | None =
 
     query = getattr(q, query) if isinstance(query, str) else query
     stamp = stamp if stamp is not None else version(experiment_id)
-    result = _cached_query(_url(), f"{query.__module__}.{query.__qualname__}", tuple(args),
-                           tuple(sorted(kwargs.items())), stamp, query)
+    result = _cached_query(
+        _url(), f"{query.__module__}.{query.__qualname__}", tuple(args), tuple(sorted(kwargs.items())), stamp, query
+    )
     return result.copy() if isinstance(result, pd.DataFrame) else result
 
 
@@ -85,8 +88,9 @@ def query_ids(key: str) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
-def select_id(label: str, key: str, options: list[int], format_func=str, container=st,
-              default: int | None = None) -> int | None:
+def select_id(
+    label: str, key: str, options: list[int], format_func=str, container=st, default: int | None = None
+) -> int | None:
     """A selectbox over ids, defaulting to and writing back to `?key=`, so the view can be shared as a link."""
     if not options:
         return None
@@ -121,7 +125,9 @@ def _relabelled(base: str, options: list, index: int, format_func) -> tuple[str,
     return key, index
 
 
-def select_ids(label: str, key: str, options: list[int], format_func=str, default: list[int] | None = None) -> list[int]:
+def select_ids(
+    label: str, key: str, options: list[int], format_func=str, default: list[int] | None = None
+) -> list[int]:
     """A multiselect over ids kept in `?key=1,2`."""
     wanted = [i for i in query_ids(key) if i in options] or [i for i in (default or []) if i in options]
     chosen = st.multiselect(label, options, default=wanted, format_func=format_func, key=f"multi_{key}")
@@ -134,8 +140,15 @@ def select_ids(label: str, key: str, options: list[int], format_func=str, defaul
 
 
 def csv_download(frame: pd.DataFrame, file_name: str, label: str = "Download CSV", key: str | None = None) -> None:
-    st.download_button(label, frame.to_csv(index=False).encode("utf-8"), file_name=file_name, mime="text/csv",
-                       key=key or f"csv_{file_name}", icon=":material/download:", on_click="ignore")
+    st.download_button(
+        label,
+        frame.to_csv(index=False).encode("utf-8"),
+        file_name=file_name,
+        mime="text/csv",
+        key=key or f"csv_{file_name}",
+        icon=":material/download:",
+        on_click="ignore",
+    )
 
 
 def draw(chart: alt.TopLevelMixin, **kwargs):
@@ -155,8 +168,14 @@ def chart_with_csv(chart: alt.TopLevelMixin, frame: pd.DataFrame, file_name: str
 
 # --- tables: headers, help and number formats from storage/records/columns.py -----------------------------------------
 
-_KINDS = {"number": "NumberColumn", "text": "TextColumn", "progress": "ProgressColumn", "list": "ListColumn",
-          "datetime": "DatetimeColumn", "checkbox": "CheckboxColumn"}
+_KINDS = {
+    "number": "NumberColumn",
+    "text": "TextColumn",
+    "progress": "ProgressColumn",
+    "list": "ListColumn",
+    "datetime": "DatetimeColumn",
+    "checkbox": "CheckboxColumn",
+}
 
 
 def column_config(names, columns: dict | None = None, headers: dict | None = None, pinned=(), **overrides) -> dict:
@@ -185,16 +204,29 @@ def column_config(names, columns: dict | None = None, headers: dict | None = Non
     return config
 
 
-def table(frame: pd.DataFrame, names, key: str, columns: dict | None = None, headers: dict | None = None,
-          pinned=(), **overrides) -> None:
+def table(
+    frame: pd.DataFrame,
+    names,
+    key: str,
+    columns: dict | None = None,
+    headers: dict | None = None,
+    pinned=(),
+    **overrides,
+) -> None:
     """st.dataframe of `frame`'s columns among `names`, in that order, configured from the column table; a missing
     figure (the baseline's speedup, a running run's α) shows as "—", never "None". pinned: the columns naming the
     row (run, kind, batch, k), which stay in view while a table wider than the page scrolls sideways."""
     from storage.records.columns import MISSING
 
     shown = [n for n in names if n in frame]
-    st.dataframe(frame[shown], hide_index=True, width="stretch", key=key, placeholder=MISSING,
-                 column_config=column_config(shown, columns, headers, pinned, **overrides))
+    st.dataframe(
+        frame[shown],
+        hide_index=True,
+        width="stretch",
+        key=key,
+        placeholder=MISSING,
+        column_config=column_config(shown, columns, headers, pinned, **overrides),
+    )
 
 
 def show(name: str, value) -> str:

@@ -5,6 +5,7 @@ here every run; a page links to another by key (`page(key)`) without importing i
 ways, so importing the target would make the page modules one import cycle. Each key's `st.Page` is the same in
 every session (same render, title, icon and path), so one registry serves the whole process.
 """
+
 from __future__ import annotations
 
 import streamlit as st
@@ -33,6 +34,8 @@ def register(pages: dict[str, st.Page]) -> None:
 def page(key: str) -> st.Page:
     """The registered page at `key`, for st.page_link and st.switch_page."""
     if key not in _routed:
-        raise LookupError(f"no page routed at {key!r}: the routing (app/main.py all_pages) registers every page "
-                          f"before one runs; a test that draws a page alone calls all_pages() first")
+        raise LookupError(
+            f"no page routed at {key!r}: the routing (app/main.py all_pages) registers every page "
+            f"before one runs; a test that draws a page alone calls all_pages() first"
+        )
     return _routed[key]

@@ -11,6 +11,7 @@ not in the local cache is looked up with a NETWORK_TIMEOUT-second probe first (a
 an unreachable hub or an unknown id fails in seconds with the same message, never after transformers' long
 retries; such failures are not cached (the next check tries again).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,7 @@ def warm_up() -> None:
     """Import transformers and the engine's loader in a daemon thread, once per process."""
     global _warming
     if _warming is None:
+
         def _import() -> None:
             import transformers  # noqa: F401
 
@@ -61,8 +63,10 @@ def model_source(name: str) -> str:
     if demo is not None:
         return str(demo)
     if name in zoo.DEMO_MODELS:
-        raise DraftLabError(f"demo model {name!r} is not built in this install; train it with "
-                            f"`python -m engine.zoo.train --model {name}`")
+        raise DraftLabError(
+            f"demo model {name!r} is not built in this install; train it with "
+            f"`python -m engine.zoo.train --model {name}`"
+        )
     if zoo.missing_folder(name):  # a path with no folder: never handed to the hub as a repo id
         raise DraftLabError(zoo.missing_folder(name))
     return name
@@ -111,8 +115,9 @@ def _hub_reachable(repo_id: str) -> None:
     try:
         HfApi().model_info(repo_id, timeout=NETWORK_TIMEOUT)
     except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
-        raise _Unreachable(f"the Hugging Face Hub did not answer within {NETWORK_TIMEOUT:g} s "
-                           f"({type(exc).__name__})") from exc
+        raise _Unreachable(
+            f"the Hugging Face Hub did not answer within {NETWORK_TIMEOUT:g} s ({type(exc).__name__})"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - 401/404 and the like: the id or the token is wrong
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         raise OSError(first) from exc
@@ -183,8 +188,11 @@ def check_pair_names(target: str, draft: str) -> PairCheck:
         result = _check_pair(*key)
     except _Unreachable as exc:
         role, name = exc.args[1:3] if len(exc.args) >= 3 else ("model", "")
-        return PairCheck(False, f"cannot load the {role} tokenizer {name!r} ({exc.args[0]}); check the HF model id "
-                                f"or local path, and your network/HF_TOKEN")
+        return PairCheck(
+            False,
+            f"cannot load the {role} tokenizer {name!r} ({exc.args[0]}); check the HF model id "
+            f"or local path, and your network/HF_TOKEN",
+        )
     with _results_lock:
         _results[key] = result
         _results.move_to_end(key)
@@ -199,7 +207,9 @@ def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple
     from engine.models.loading import check_pair
 
     if not target or not draft:
-        return PairCheck(False, "give both a target and a draft model (demo-target, demo-draft, an HF id or a local path)")
+        return PairCheck(
+            False, "give both a target and a draft model (demo-target, demo-draft, an HF id or a local path)"
+        )
     from engine.config.head_format import is_head
 
     if is_head(draft):
@@ -214,8 +224,11 @@ def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple
             raise _Unreachable(str(exc), role, name) from exc  # not cached: the next check asks again
         except Exception as exc:  # noqa: BLE001 - any loader failure is the user's input to fix, shown inline
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            return PairCheck(False, f"cannot load the {role} tokenizer {name!r} ({first}); check the HF model id "
-                                    f"or local path, and your network/HF_TOKEN")
+            return PairCheck(
+                False,
+                f"cannot load the {role} tokenizer {name!r} ({first}); check the HF model id "
+                f"or local path, and your network/HF_TOKEN",
+            )
     (t_tok, t_width), (d_tok, d_width) = loaded["target"], loaded["draft"]
     try:
         vocab = check_pair(t_tok, d_tok, t_width, d_width)
@@ -229,19 +242,24 @@ def _check_head(target: str, draft: str, target_files: tuple) -> PairCheck:
     the engine checks it when it loads the head (its verifier, aux layers, widths), no weights read."""
     from transformers import AutoConfig
 
-    from engine.errors import DraftLabError
     from engine.config.head_format import check_for_target, head_spec
+    from engine.errors import DraftLabError
 
     try:
         _, width = _tokenizer_and_width(target, target_files)
         text = AutoConfig.from_pretrained(model_source(target)).get_text_config(decoder=True)
         spec = head_spec(draft)
-        aux = check_for_target(spec, draft, [target, model_source(target)], text.num_hidden_layers,
-                               text.hidden_size, width)
+        aux = check_for_target(
+            spec, draft, [target, model_source(target)], text.num_hidden_layers, text.hidden_size, width
+        )
     except DraftLabError as exc:
         return PairCheck(False, str(exc))
     except Exception as exc:  # noqa: BLE001 - any loader failure is the user's input to fix, shown inline
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         return PairCheck(False, f"cannot read the target {target!r} ({first}); check the HF model id or local path")
-    return PairCheck(True, f"EAGLE-3 head ({spec.layout} layout) for this target, reading its hidden states "
-                           f"{list(aux)}: it drafts as eagle3", width)
+    return PairCheck(
+        True,
+        f"EAGLE-3 head ({spec.layout} layout) for this target, reading its hidden states "
+        f"{list(aux)}: it drafts as eagle3",
+        width,
+    )

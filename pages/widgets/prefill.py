@@ -7,16 +7,19 @@ engine/config/drafter_specs.py: plain Python, no torch).
 Plain Python, no streamlit: the page puts `values` into its widgets on the first draw and shows `notes` as a
 caption (escaped with md_text). The parameters are those storage/analysis/findings.py's prefill_query() writes.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from engine.config.drafter_specs import SPECS, parse_drafter
+from engine.config.run_config import DEVICES, DTYPES, PARAMETERS, URL_KEYS, RunConfig
+from engine.config.run_config import exact_text as _exact
+from engine.config.variables import MAX_K, VARIABLES, Variable
 from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
-from engine.config.run_config import DEVICES, DTYPES, PARAMETERS, URL_KEYS, RunConfig, exact_text as _exact
-from engine.config.variables import MAX_K, VARIABLES, Variable
 
 # --- what the form offers ---------------------------------------------------------------------------------------
 # Swept variables and drafters are described once, in engine/config/variables.py and engine/config/drafter_specs.py (torch-free);
@@ -29,7 +32,7 @@ SWEEP_LABELS = {name: v.choice for name, v in VARIABLES.items() if v.label}
 URL_SWEEPS = {"auto": AUTO_K, **{name: name for name in VARIABLES}}  # the link's `sweep=` -> the selectbox's option
 INTEGER_VARIABLES = tuple(name for name, v in VARIABLES.items() if v.kind is int)
 DEFAULT_SWEEP = "1,2,3,4,6,8"
-MAX_NOTES = 4000    # characters of notes from a link
+MAX_NOTES = 4000  # characters of notes from a link
 
 DRAFTER_KINDS = tuple(SPECS)
 DRAFTER_SUMMARY = {name: f"{spec.usage}: {spec.summary}" for name, spec in SPECS.items()}
@@ -63,6 +66,7 @@ def drafter_spec(name: str, value=None) -> str:
 
 # --- model names ------------------------------------------------------------------------------------------------
 
+
 def check_model_name(text) -> str:
     """A model name as the form takes it (stripped), or a ValueError: empty, too long, a control character, or a
     comma (experiments store a draft sweep's names comma-separated)."""
@@ -78,6 +82,7 @@ def check_model_name(text) -> str:
 
 
 # --- sweep values -----------------------------------------------------------------------------------------------
+
 
 def parse_sweep_values(text: str, variable: str = "k") -> list:
     """Numeric `1,2,4` → [1, 2, 4] (sorted); a draft or drafter list `a, b` → ['a', 'b'] (in the given order,
@@ -115,9 +120,13 @@ def parse_names(items: Iterable[str], variable: str) -> list[str]:
             raise ValueError(f"{what} {value[:60]!r} is listed twice; list each once")
         values.append(value)
     if not values:
-        raise ValueError("give at least one draft to compare, e.g. demo-draft" if variable == "draft" else
-                         "give at least one drafter to compare, e.g. model and prompt-lookup:3" if variable == "drafter"
-                         else f"give at least one {variable} value, e.g. {VARIABLES[variable].example}")
+        raise ValueError(
+            "give at least one draft to compare, e.g. demo-draft"
+            if variable == "draft"
+            else "give at least one drafter to compare, e.g. model and prompt-lookup:3"
+            if variable == "drafter"
+            else f"give at least one {variable} value, e.g. {VARIABLES[variable].example}"
+        )
     return values
 
 
@@ -162,9 +171,19 @@ def split_drafter_specs(specs: Iterable[str]) -> tuple[list[str], dict[str, str]
 # descriptions (VARIABLES, and SETTINGS: seed, max new tokens, repeats, with engine/config/limits.py's caps); k auto's
 # largest k is the form's own.
 WIDGETS = {name: "fixed_k" if name == "k" else name for name in PARAMETERS}
-_Bounded = NamedTuple("_Bounded", [("kind", type), ("low", float), ("high", float), ("meaning", str)])
-NUMBERS = {**{name: (WIDGETS[name], v) for name, v in PARAMETERS.items() if not v.categorical},
-           "k_auto": ("k_auto", _Bounded(int, 2, MAX_K, f"a whole number from 2 to {MAX_K}"))}
+
+
+class _Bounded(NamedTuple):
+    kind: type
+    low: float
+    high: float
+    meaning: str
+
+
+NUMBERS = {
+    **{name: (WIDGETS[name], v) for name, v in PARAMETERS.items() if not v.categorical},
+    "k_auto": ("k_auto", _Bounded(int, 2, MAX_K, f"a whole number from 2 to {MAX_K}")),
+}
 NAMED = tuple(name for name, v in VARIABLES.items() if v.categorical and name not in ("draft", "drafter"))
 KNOWN = (*URL_KEYS, "notes", *PARAMETERS)
 
@@ -174,8 +193,9 @@ def _shown(value) -> str:
     return repr(text if len(text) <= 40 else text[:40] + "…")
 
 
-def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[str],
-                  default_split: str = "tune") -> tuple[dict, list[str]]:
+def parse_prefill(
+    params: Mapping[str, str | list[str]], prompt_sets: Iterable[str], default_split: str = "tune"
+) -> tuple[dict, list[str]]:
     """(widget key -> value, notes) from a link's query parameters. A parameter given twice, unknown, or with a
     bad value is left out, with a note saying what was ignored and why; nothing here raises."""
     values: dict = {}
@@ -211,8 +231,9 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
     for key, (widget, setting) in NUMBERS.items():
         if key in raw:
             number = ascii_int(raw[key]) if setting.kind is int else ascii_float(raw[key])
-            ok = number is not None and (setting.in_range(number) if isinstance(setting, Variable)
-                                         else setting.low <= number <= setting.high)
+            ok = number is not None and (
+                setting.in_range(number) if isinstance(setting, Variable) else setting.low <= number <= setting.high
+            )
             if ok:
                 values[widget] = number
             else:
@@ -279,8 +300,9 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
                 values["sweep_values"] = ",".join(_exact(VARIABLES[variable], v) for v in parsed)
     if "batch_sizes" in raw:  # a grid: the sweep at each of these batch sizes (the form's "at batch sizes")
         if variable == "batch_size":
-            notes.append("batch_sizes: ignored when sweeping batch size (a grid sweeps another variable at each "
-                         "batch size)")
+            notes.append(
+                "batch_sizes: ignored when sweeping batch size (a grid sweeps another variable at each batch size)"
+            )
         else:
             try:
                 sizes = parse_sweep_values(raw["batch_sizes"], "batch_size")
@@ -296,6 +318,7 @@ def parse_prefill(params: Mapping[str, str | list[str]], prompt_sets: Iterable[s
 
 # --- the form and a run configuration, both ways -----------------------------------------------------------------
 
+
 def _prompt_spec(spec: str, default_split: str = "tune") -> str:
     spec = str(spec).strip()
     return spec if ":" in spec else f"{spec}:{default_split}"
@@ -305,8 +328,13 @@ def form_values(cfg: RunConfig, default_split: str = "tune") -> dict:
     """The form's widget values that show `cfg` (widget key -> value): what a link to it fills in
     (`parse_prefill(cfg.to_url(), ...)` gives exactly these for a built-in prompt set), and what form_config reads
     back. A drafter parameter the form has no field for (suffix's depth) is its default there."""
-    values = {"target": cfg.target, "device": cfg.device, "dtype": cfg.dtype, "prompt_source": "Built-in",
-              "prompt_set": _prompt_spec(cfg.prompts, default_split)}
+    values = {
+        "target": cfg.target,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "prompt_source": "Built-in",
+        "prompt_set": _prompt_spec(cfg.prompts, default_split),
+    }
     for name, value in cfg.settings:
         if name == cfg.sweep or (name == "draft" and value == "") or (name == "batch_size" and cfg.batch_sizes):
             continue
@@ -347,22 +375,34 @@ def form_config(values: dict, prompts: str) -> RunConfig:
     given = {name: values[WIDGETS[name]] for name in PARAMETERS if name != "drafter" and WIDGETS[name] in values}
     kind = values.get("drafter")
     given["drafter"] = values.get("drafter_spec") or (
-        drafter_spec(kind, values.get(DRAFTER_WIDGETS[kind]) if kind in DRAFTER_WIDGETS else None) if kind else None)
+        drafter_spec(kind, values.get(DRAFTER_WIDGETS[kind]) if kind in DRAFTER_WIDGETS else None) if kind else None
+    )
     listed = values.get("sweep_list")
     if k_auto is not None:
         listed = None
     elif listed is None and sweep == "draft":
         listed = parse_names(values.get("draft_candidates") or [], "draft")
     elif listed is None and sweep == "drafter":
-        listed = drafter_specs(values.get("drafter_sweep") or [],
-                               {name: values.get(key, "") for name, key in DRAFTER_SWEEP_WIDGETS.items()})
+        listed = drafter_specs(
+            values.get("drafter_sweep") or [],
+            {name: values.get(key, "") for name, key in DRAFTER_SWEEP_WIDGETS.items()},
+        )
     elif listed is None and sweep in NAMED:
         listed = VARIABLES[sweep].parse_list(VARIABLES[sweep].example)  # the form compares every value
     elif listed is None:
         listed = parse_sweep_values(values.get("sweep_values", ""), sweep)
-    return RunConfig.make(target=values.get("target", ""), prompts=prompts, sweep=sweep, values=listed,
-                          k_auto=k_auto, batch_sizes=values.get("grid_batch_sizes") or None,
-                          device=values.get("device", "auto"), dtype=values.get("dtype", "auto"), form=True, **given)
+    return RunConfig.make(
+        target=values.get("target", ""),
+        prompts=prompts,
+        sweep=sweep,
+        values=listed,
+        k_auto=k_auto,
+        batch_sizes=values.get("grid_batch_sizes") or None,
+        device=values.get("device", "auto"),
+        dtype=values.get("dtype", "auto"),
+        form=True,
+        **given,
+    )
 
 
 # --- text shown through markdown --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Uploaded prompt files (the New-experiment form, the Train page and the validation panel): the file types a form
 takes, saved under a content-addressed name for the worker to read, and pruned after limit("upload_days")."""
+
 from __future__ import annotations
 
 import os
@@ -7,7 +8,6 @@ from pathlib import Path
 
 from engine.text import prompt_sets
 from pages.widgets.common import store
-
 
 UPLOAD_TYPES = ["jsonl", "csv", "txt", "parquet", "arrow", "feather"]
 

@@ -16,14 +16,15 @@ Collapsed: the server's upper bound is below HALF the lab's lower bound (and its
 the server's most favourable plausible rate is under half the lab's least favourable one. A lab interval needs two
 prompts or more; a lab rate of 0 (a random head) can never collapse.
 """
+
 from __future__ import annotations
 
 from sqlalchemy import text
 
-from storage.records.production import clustered_ratio
-from storage.records.queries import _frame
 from engine.metrics.stats import wilson_interval
 from storage.db.store import Store
+from storage.records.production import clustered_ratio
+from storage.records.queries import _frame
 
 COLLAPSE_RATIO = 0.5  # the server below this share of the lab's rate, at the intervals' edges
 
@@ -31,8 +32,13 @@ COLLAPSE_RATIO = 0.5  # the server below this share of the lab's rate, at the in
 def server_counts(store: Store, series_id: int) -> dict | None:
     """A stored series' counters: drafts, draft_tokens, accepted."""
     with store.read() as conn:
-        row = conn.execute(text("SELECT drafts, draft_tokens, accepted FROM production_series WHERE id = :s"),
-                           {"s": series_id}).mappings().first()
+        row = (
+            conn.execute(
+                text("SELECT drafts, draft_tokens, accepted FROM production_series WHERE id = :s"), {"s": series_id}
+            )
+            .mappings()
+            .first()
+        )
     return dict(row) if row is not None else None
 
 
@@ -40,8 +46,9 @@ def lab_rate(store: Store, run_id: int) -> tuple[float, float, float, int] | Non
     """The lab run's draft acceptance rate (accepted / proposed) with its prompt-clustered 95 % interval and the
     number of prompts that proposed drafts; None when it proposed none."""
     with store.read() as conn:
-        df = _frame(conn, "SELECT accepted, proposed FROM prompt_results WHERE run_id = :r AND proposed > 0",
-                    {"r": run_id})
+        df = _frame(
+            conn, "SELECT accepted, proposed FROM prompt_results WHERE run_id = :r AND proposed > 0", {"r": run_id}
+        )
     estimate = clustered_ratio(df["accepted"], df["proposed"])
     return None if estimate is None else (*estimate, int(len(df)))
 
@@ -59,7 +66,17 @@ def collapse(store: Store, series_id: int, run_id: int) -> dict | None:
     lab_value, lab_lo, lab_hi, prompts = lab
     known = lab_lo == lab_lo  # NaN under two prompts: no interval, no verdict
     collapsed = bool(known and lab_lo > 0 and server < COLLAPSE_RATIO * lab_value and hi < COLLAPSE_RATIO * lab_lo)
-    return {"server": server, "server_lo": lo, "server_hi": hi, "drafts": drafts, "draft_tokens": tokens,
-            "accepted": accepted, "lab": float(lab_value), "lab_lo": float(lab_lo) if known else None,
-            "lab_hi": float(lab_hi) if known else None, "prompts": prompts, "run_id": int(run_id),
-            "collapsed": collapsed}
+    return {
+        "server": server,
+        "server_lo": lo,
+        "server_hi": hi,
+        "drafts": drafts,
+        "draft_tokens": tokens,
+        "accepted": accepted,
+        "lab": float(lab_value),
+        "lab_lo": float(lab_lo) if known else None,
+        "lab_hi": float(lab_hi) if known else None,
+        "prompts": prompts,
+        "run_id": int(run_id),
+        "collapsed": collapsed,
+    }

@@ -1,6 +1,7 @@
 """A confirm read back as SPEC's "Confirm in a serving engine" JSON (`draftlab confirm --json`, the export's
 `server_confirms`), with the lab's schedule beside a schedule confirm: the stored rows (storage/records/confirms.py)
 put together with the lab's judgement of them (storage/analysis/schedule.py)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,16 @@ from sqlalchemy import text
 
 from storage.analysis.schedule import schedule_dict
 from storage.db.store import Store
-from storage.records.confirms import (LATENCY_KEYS, _frame_rows, _int, _lab, _num, beside_lab, comparable_positions,
-                                      first_divergences)
+from storage.records.confirms import (
+    LATENCY_KEYS,
+    _frame_rows,
+    _int,
+    _lab,
+    _num,
+    beside_lab,
+    comparable_positions,
+    first_divergences,
+)
 from storage.records.production import series_document
 
 
@@ -23,11 +32,22 @@ def confirm_document(store: Store, confirm_id: int) -> dict:
     rows = _frame_rows(store, confirm_id)
     eid = int(head["experiment_id"])
     baseline = [r for r in rows if r["k"] == 0 and r["speculative_config"] is None]
-    doc = {"experiment_id": eid, "engine": head["engine"], "engine_version": head["engine_version"],
-           "baseline": {"per_concurrency": [
-               {"concurrency": int(r["concurrency"]), "tokens_per_second": r["tokens_per_second"],
-                **{key: r[key] for key in LATENCY_KEYS}} for r in baseline]},
-           "configs": []}
+    doc = {
+        "experiment_id": eid,
+        "engine": head["engine"],
+        "engine_version": head["engine_version"],
+        "baseline": {
+            "per_concurrency": [
+                {
+                    "concurrency": int(r["concurrency"]),
+                    "tokens_per_second": r["tokens_per_second"],
+                    **{key: r[key] for key in LATENCY_KEYS},
+                }
+                for r in baseline
+            ]
+        },
+        "configs": [],
+    }
     lab_cache: dict = {}
     configs: dict[str, dict] = {}
     for r in rows:
@@ -35,9 +55,13 @@ def confirm_document(store: Store, confirm_id: int) -> dict:
             continue
         config = configs.get(r["label"])
         if config is None:
-            config = configs[r["label"]] = {"label": r["label"], "k": int(r["k"]), "lab_run_id": _int(r["run_id"]),
-                                            "speculative_config": json.loads(r["speculative_config"]),
-                                            "per_concurrency": []}
+            config = configs[r["label"]] = {
+                "label": r["label"],
+                "k": int(r["k"]),
+                "lab_run_id": _int(r["run_id"]),
+                "speculative_config": json.loads(r["speculative_config"]),
+                "per_concurrency": [],
+            }
             if r["label"] == "schedule":  # the lab's schedule and the server's answer, batch size by batch size
                 config["lab_schedule"] = lab_schedule_beside(store, confirm_id)
             doc["configs"].append(config)
@@ -46,21 +70,33 @@ def confirm_document(store: Store, confirm_id: int) -> dict:
             counted = series_document(store, eid, int(r["series_id"]))
             server_rate, server_positions = counted["draft_acceptance_rate"], counted["per_position_acceptance"]
             steps = counted["mean_acceptance_length"]
-            server_positions = [None if v != v else v for v in  # a position no round reached: null, not NaN
-                                server_positions[:comparable_positions(json.loads(r["speculative_config"]),
-                                                                       int(r["concurrency"]))]]
+            server_positions = [
+                None if v != v else v
+                for v in server_positions[  # a position no round reached: null, not NaN
+                    : comparable_positions(json.loads(r["speculative_config"]), int(r["concurrency"]))
+                ]
+            ]
         lab_rate, lab_pos = _lab(store, _int(r["run_id"]), lab_cache)
         ci = [r["speedup_ci_lo"], r["speedup_ci_hi"]] if r["speedup_ci_lo"] is not None else None
-        config["per_concurrency"].append({
-            "concurrency": int(r["concurrency"]), "tokens_per_second": r["tokens_per_second"], "speedup": r["speedup"],
-            "speedup_ci": ci, **{key: r[key] for key in LATENCY_KEYS},
-            "server_draft_acceptance_rate": server_rate, "server_per_position_acceptance": server_positions,
-            "lab_draft_acceptance_rate": lab_rate, "lab_per_position_acceptance": lab_pos,
-            "outputs_match_server_baseline": r["outputs_match_server_baseline"],
-            "outputs_match_lab": r["outputs_match_lab"],
-            "baseline_tokens_per_second": r.get("baseline_tokens_per_second"), "server_tokens_per_step": steps,
-            "speedup_warning": r.get("speedup_warning"),
-            "outputs_test": json.loads(r["outputs_test"]) if r.get("outputs_test") else None})
+        config["per_concurrency"].append(
+            {
+                "concurrency": int(r["concurrency"]),
+                "tokens_per_second": r["tokens_per_second"],
+                "speedup": r["speedup"],
+                "speedup_ci": ci,
+                **{key: r[key] for key in LATENCY_KEYS},
+                "server_draft_acceptance_rate": server_rate,
+                "server_per_position_acceptance": server_positions,
+                "lab_draft_acceptance_rate": lab_rate,
+                "lab_per_position_acceptance": lab_pos,
+                "outputs_match_server_baseline": r["outputs_match_server_baseline"],
+                "outputs_match_lab": r["outputs_match_lab"],
+                "baseline_tokens_per_second": r.get("baseline_tokens_per_second"),
+                "server_tokens_per_step": steps,
+                "speedup_warning": r.get("speedup_warning"),
+                "outputs_test": json.loads(r["outputs_test"]) if r.get("outputs_test") else None,
+            }
+        )
     return doc
 
 
@@ -68,12 +104,30 @@ def confirms(store: Store, experiment_id: int) -> list[dict]:
     """Every confirm of an experiment, oldest first: its id, status, error, wall time and document (the export's
     `server_confirms`)."""
     with store.read() as conn:
-        heads = conn.execute(text("SELECT id, status, error, wall_seconds, repeats, created FROM server_confirms "
-                                  "WHERE experiment_id = :e ORDER BY id"), {"e": experiment_id}).mappings().all()
-    return [{"confirm_id": int(h["id"]), "status": h["status"], "error": h["error"], "repeats": int(h["repeats"]),
-             "wall_seconds": h["wall_seconds"], "created": str(h["created"]),
-             "first_divergences": first_divergences(store, int(h["id"])),
-             **confirm_document(store, int(h["id"]))} for h in heads]
+        heads = (
+            conn.execute(
+                text(
+                    "SELECT id, status, error, wall_seconds, repeats, created FROM server_confirms "
+                    "WHERE experiment_id = :e ORDER BY id"
+                ),
+                {"e": experiment_id},
+            )
+            .mappings()
+            .all()
+        )
+    return [
+        {
+            "confirm_id": int(h["id"]),
+            "status": h["status"],
+            "error": h["error"],
+            "repeats": int(h["repeats"]),
+            "wall_seconds": h["wall_seconds"],
+            "created": str(h["created"]),
+            "first_divergences": first_divergences(store, int(h["id"])),
+            **confirm_document(store, int(h["id"])),
+        }
+        for h in heads
+    ]
 
 
 def lab_schedule_beside(store: Store, confirm_id: int) -> list[dict]:
@@ -90,9 +144,19 @@ def lab_schedule_beside(store: Store, confirm_id: int) -> list[dict]:
     for step in lab["steps"]:
         b = int(step["batch_size"])
         row = served.loc[b] if b in served.index else None
-        out.append({"batch_size": b, "k": step["k"], "speedup": step["speedup"], "speedup_ci": step["speedup_ci"],
-                    "server_k": int(row["k"]) if row is not None else None,
-                    "server_speedup": _num(row["speedup"]) if row is not None else None,
-                    "server_speedup_ci": ([_num(row["speedup_ci_lo"]), _num(row["speedup_ci_hi"])]
-                                          if row is not None and _num(row["speedup_ci_lo"]) is not None else None)})
+        out.append(
+            {
+                "batch_size": b,
+                "k": step["k"],
+                "speedup": step["speedup"],
+                "speedup_ci": step["speedup_ci"],
+                "server_k": int(row["k"]) if row is not None else None,
+                "server_speedup": _num(row["speedup"]) if row is not None else None,
+                "server_speedup_ci": (
+                    [_num(row["speedup_ci_lo"]), _num(row["speedup_ci_hi"])]
+                    if row is not None and _num(row["speedup_ci_lo"]) is not None
+                    else None
+                ),
+            }
+        )
     return out

@@ -21,55 +21,65 @@ against its baseline here; pandas only sifts the few rows those return. A findin
 appears only when the data supports it; below the minimum sample (MIN_VERIFIED verified draft tokens) the
 position and token-type findings are replaced by one that says the data is too thin. No torch, no streamlit.
 """
+
 from __future__ import annotations
 
 import json
 import logging
-
 import math
 from urllib.parse import urlencode
 
 import pandas as pd
 from sqlalchemy import text
 
-from engine.metrics import theory
-
 from engine.config.drafter_specs import example_specs
 from engine.config.run_config import BASELINE_PARAMETERS, PARAMETERS, RunConfig
 from engine.config.variables import variable
-
+from engine.metrics import theory
 from storage.analysis import formula
-
-from storage.records import production
-from storage.records import queries as q
 from storage.analysis import validation as val
 from storage.analysis.collapse import collapse
-from storage.db.store import Store
 from storage.analysis.schedule import schedule
 from storage.analysis.verdict import Verdict, judge, judged_runs
+from storage.db.store import Store
+from storage.records import production
+from storage.records import queries as q
 
 # --- thresholds (each rule below names the ones it uses) ------------------------------------------------------
 MIN_VERIFIED = formula.MIN_VERIFIED  # verified draft tokens below which a share or a rate is not reported
-LOW_ACCEPTANCE = 0.30       # a draft position accepting less than this (conditional) mostly wastes its draft step
-MIN_REJECTIONS = 10         # rejections of the run below which no token type is blamed
-MIN_TYPE_REJECTIONS = 5     # rejections of one token type below which it is not blamed
-OVER_REPRESENTED = 1.5      # rejection share / draft share from which a token type is blamed ...
-MIN_Z = 2.0                 # ... when its rejection count is also this many binomial SDs above the run's rate
-FORMULA_OFF = 0.10          # |formula / measured - 1| from which the formula is said to be off
-LOW_SPEEDUP = 1.05          # the formula's best speedup under which a draft cannot pay
-WORTH_IT = 1.2              # the speedup a faster draft is asked to reach (the c it would need is reported)
-MORE_REPEATS = 5            # the least --repeats suggested when a measurement has to be repeated
+LOW_ACCEPTANCE = 0.30  # a draft position accepting less than this (conditional) mostly wastes its draft step
+MIN_REJECTIONS = 10  # rejections of the run below which no token type is blamed
+MIN_TYPE_REJECTIONS = 5  # rejections of one token type below which it is not blamed
+OVER_REPRESENTED = 1.5  # rejection share / draft share from which a token type is blamed ...
+MIN_Z = 2.0  # ... when its rejection count is also this many binomial SDs above the run's rate
+FORMULA_OFF = 0.10  # |formula / measured - 1| from which the formula is said to be off
+LOW_SPEEDUP = 1.05  # the formula's best speedup under which a draft cannot pay
+WORTH_IT = 1.2  # the speedup a faster draft is asked to reach (the c it would need is reported)
+MORE_REPEATS = 5  # the least --repeats suggested when a measurement has to be repeated
 
 # What every arm must share with its own baseline: what the target's own decoding depends on (engine/config/run_config.py).
 MISMATCH_KEYS = BASELINE_PARAMETERS
 SAMPLING_KEYS = tuple(key for key in BASELINE_PARAMETERS if key != "batch_size")  # a run's sampling, for a link
-KINDS = ("sampling_mismatch", "timing_warning", "validation", "positions", "token_type", "thin_data", "tie",
-         "prediction", "formula", "low_c", "production", "schedule", "confirm")
+KINDS = (
+    "sampling_mismatch",
+    "timing_warning",
+    "validation",
+    "positions",
+    "token_type",
+    "thin_data",
+    "tie",
+    "prediction",
+    "formula",
+    "low_c",
+    "production",
+    "schedule",
+    "confirm",
+)
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # The experiment-detail page's charts a finding can point at (the panel maps each to its anchor on the page).
 CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production", "schedule", "confirm")
-NEW_PAGE = "new"            # pages/widgets/nav.py's URL path of the New-experiment page
-DISTILL_PAGE = "train"      # pages/widgets/nav.py's Train-a-draft page: `focus_from` preselects the experiment to focus on
+NEW_PAGE = "new"  # pages/widgets/nav.py's URL path of the New-experiment page
+DISTILL_PAGE = "train"  # pages/widgets/nav.py's Train-a-draft page: `focus_from` preselects the experiment to focus on
 # Drafters to suggest, by their declared capabilities (engine/config/drafter_specs.py): those that draft with the model but
 # fewer when unsure (k varies), and those that need no draft model at all.
 ALTERNATIVE_DRAFTERS = tuple(example_specs(needs_model=True, constant_k=False))
@@ -89,8 +99,19 @@ def findings(store: Store, experiment_id: int) -> list[dict]:
     verdict = judge(experiment_id, experiment.get("sweep_variable") or "k", judged, q.choosable(store, experiment_id))
     ctx = _Context(store, experiment, judged, verdict, grid, runs)
     found: list[dict] = []
-    for rule in (_sampling_mismatch, _timing_warnings, _validation, _schedule, _positions_and_types, _tie, _prediction,
-                 _formula, _low_c, _production, _confirm):
+    for rule in (
+        _sampling_mismatch,
+        _timing_warnings,
+        _validation,
+        _schedule,
+        _positions_and_types,
+        _tie,
+        _prediction,
+        _formula,
+        _low_c,
+        _production,
+        _confirm,
+    ):
         try:
             found += rule(ctx)
         except Exception:  # one rule's surprise (a label where a number was expected) must not hide the others
@@ -99,6 +120,7 @@ def findings(store: Store, experiment_id: int) -> list[dict]:
 
 
 # --- links to the next experiment -------------------------------------------------------------------------------
+
 
 def prefill_query(prefill: dict) -> tuple[str, dict[str, str]]:
     """(page URL path, query parameters as strings) of a finding's prefill."""
@@ -123,9 +145,17 @@ def _param(value) -> str:
 
 # --- shared context ---------------------------------------------------------------------------------------------
 
+
 class _Context:
-    def __init__(self, store: Store, experiment: dict, runs: pd.DataFrame, verdict: Verdict, grid=None,
-                 every_run: pd.DataFrame | None = None):
+    def __init__(
+        self,
+        store: Store,
+        experiment: dict,
+        runs: pd.DataFrame,
+        verdict: Verdict,
+        grid=None,
+        every_run: pd.DataFrame | None = None,
+    ):
         self.store, self.experiment, self.runs, self.verdict = store, experiment, runs, verdict
         self.grid = grid  # a grid's storage/analysis/schedule.py Schedule (then `runs` are its smallest batch size's)
         self.every_run = runs if every_run is None else every_run
@@ -152,8 +182,10 @@ class _Context:
     def prefill(self, title: str, **fields) -> dict:
         """The experiment's own configuration as a link (RunConfig.to_url: every parameter, a grid's batch sizes)
         with `fields` changed (a None value drops that field), so a follow-up measures where this one did."""
-        base = {**RunConfig.from_experiment(self.experiment).to_url(),  # every parameter (engine/config/run_config.py)
-                "notes": f"Follow-up to experiment #{self.experiment_id}: {title}"}
+        base = {
+            **RunConfig.from_experiment(self.experiment).to_url(),  # every parameter (engine/config/run_config.py)
+            "notes": f"Follow-up to experiment #{self.experiment_id}: {title}",
+        }
         base.update(fields)
         return {key: value for key, value in base.items() if value is not None}
 
@@ -167,8 +199,17 @@ class _Context:
 
 def _finding(kind, severity, title, detail, chart, next_, prefill, data, alternatives=()) -> dict:
     assert kind in KINDS and chart in CHARTS, (kind, chart)
-    return {"kind": kind, "severity": severity, "title": title, "detail": detail, "chart": chart, "next": next_,
-            "prefill": prefill, "alternatives": list(alternatives), "data": data}
+    return {
+        "kind": kind,
+        "severity": severity,
+        "title": title,
+        "detail": detail,
+        "chart": chart,
+        "next": next_,
+        "prefill": prefill,
+        "alternatives": list(alternatives),
+        "data": data,
+    }
 
 
 def _cap(s: str) -> str:
@@ -221,17 +262,34 @@ def _sampling_mismatch(ctx: _Context) -> list[dict]:
         value = ctx.swept.run_value(r)
         value = f" ({ctx.variable} = {ctx.show(value)})" if value is not None else ""
         parts.append(f"run {r['run_id']}{value} decoded with {what} in its baseline (run {r['baseline_run_id']})")
-        data.append({"run_id": int(r["run_id"]), "baseline_run_id": int(r["baseline_run_id"]),
-                     "differ": {key: [float(a), float(b)] for key, (a, b) in differ.items()}})
+        data.append(
+            {
+                "run_id": int(r["run_id"]),
+                "baseline_run_id": int(r["baseline_run_id"]),
+                "differ": {key: [float(a), float(b)] for key, (a, b) in differ.items()},
+            }
+        )
     title = "Sampling settings differ between arms"
-    detail = (f"{_cap(_join(parts))}: its speedup compares two different decodings, and this should never "
-              f"happen (every arm of an experiment shares one sampling configuration).")
-    return [_finding("sampling_mismatch", "error", title, detail, "runs",
-                     "Do not use these speedups; queue the experiment again and report this as a bug.",
-                     ctx.prefill(title), {"runs": data})]
+    detail = (
+        f"{_cap(_join(parts))}: its speedup compares two different decodings, and this should never "
+        f"happen (every arm of an experiment shares one sampling configuration)."
+    )
+    return [
+        _finding(
+            "sampling_mismatch",
+            "error",
+            title,
+            detail,
+            "runs",
+            "Do not use these speedups; queue the experiment again and report this as a bug.",
+            ctx.prefill(title),
+            {"runs": data},
+        )
+    ]
 
 
 # --- timing warnings --------------------------------------------------------------------------------------------
+
 
 def _timing_warnings(ctx: _Context) -> list[dict]:
     """Rule: any run with a timing_warning (its measured speedup exceeds its tokens per round)."""
@@ -239,19 +297,32 @@ def _timing_warnings(ctx: _Context) -> list[dict]:
     warned = spec[spec["timing_warning"].notna()]
     if warned.empty:
         return []
-    parts = [f"the run at {ctx.label(r)} measured {_x(r.speedup)} with {r.tokens_per_round:.2f} tokens per round"
-             for r in warned.itertuples()]
+    parts = [
+        f"the run at {ctx.label(r)} measured {_x(r.speedup)} with {r.tokens_per_round:.2f} tokens per round"
+        for r in warned.itertuples()
+    ]
     repeats = ctx.more_repeats()
     title = f"Timing drifted in {len(warned)} run{'s' if len(warned) > 1 else ''}"
-    detail = (f"{_cap(_join(parts))}, faster than any round can be (each costs a target forward), so "
-              f"{'these runs are' if len(warned) > 1 else 'this run is'} never picked as the best.")
-    return [_finding("timing_warning", "warning", title, detail, "speedup",
-                     f"Timing drifted: rerun with more --repeats ({repeats}) or on a quieter machine.",
-                     ctx.prefill(title, repeats=repeats),
-                     {"run_ids": [int(r) for r in warned["run_id"]], "repeats": repeats})]
+    detail = (
+        f"{_cap(_join(parts))}, faster than any round can be (each costs a target forward), so "
+        f"{'these runs are' if len(warned) > 1 else 'this run is'} never picked as the best."
+    )
+    return [
+        _finding(
+            "timing_warning",
+            "warning",
+            title,
+            detail,
+            "speedup",
+            f"Timing drifted: rerun with more --repeats ({repeats}) or on a quieter machine.",
+            ctx.prefill(title, repeats=repeats),
+            {"run_ids": [int(r) for r in warned["run_id"]], "repeats": repeats},
+        )
+    ]
 
 
 # --- a validation experiment: does the gain hold on held-out prompts ---------------------------------------------
+
 
 def _validation(ctx: _Context) -> list[dict]:
     """Rule (a validation experiment whose run finished): storage/analysis/validation.py's result, the tuning run against
@@ -264,25 +335,36 @@ def _validation(ctx: _Context) -> list[dict]:
         return []
     tuned, held = int(result["validates"]), result["validation_set"]
     k = int(result["configuration"]["k"])
-    data = {"holds": bool(result["holds"]), "validates": tuned, "tune_set": result["tune_set"],
-            "validation_set": held, "tune_run_id": int(result["tune"]["run_id"]),
-            "validation_run_id": int(result["validation"]["run_id"]), "alpha": result["alpha"]}
+    data = {
+        "holds": bool(result["holds"]),
+        "validates": tuned,
+        "tune_set": result["tune_set"],
+        "validation_set": held,
+        "tune_run_id": int(result["tune"]["run_id"]),
+        "validation_run_id": int(result["validation"]["run_id"]),
+        "alpha": result["alpha"],
+    }
     if result["holds"]:
         title = f"The gain of experiment #{tuned} holds on {held}"
         repeats = ctx.more_repeats()
-        next_ = (f"Carry k = {k} to production (\"Use these settings\", in the Serving section), or confirm on more "
-                 f"prompts or --repeats ({repeats}).")
+        next_ = (
+            f'Carry k = {k} to production ("Use these settings", in the Serving section), or confirm on more '
+            f"prompts or --repeats ({repeats})."
+        )
         prefill = ctx.prefill(title, repeats=repeats)
         return [_finding("validation", "info", title, _cap(result["reason"]) + ".", "speedup", next_, prefill, data)]
     title = f"The gain of experiment #{tuned} does not hold on {held}"
     around = sorted({max(1, k // 2), k, k + 1, 2 * k})
-    next_ = (f"The tuned configuration does not carry over: sweep k again ({_ks(around, ', ')}) on prompts like "
-             f"{held}, or tune on a set closer to what you serve.")
+    next_ = (
+        f"The tuned configuration does not carry over: sweep k again ({_ks(around, ', ')}) on prompts like "
+        f"{held}, or tune on a set closer to what you serve."
+    )
     prefill = ctx.prefill(title, sweep="k", values=_ks(around), k=None, k_auto=None)
     return [_finding("validation", "warning", title, _cap(result["reason"]) + ".", "speedup", next_, prefill, data)]
 
 
 # --- a grid: the k schedule across batch sizes --------------------------------------------------------------------
+
 
 def _schedule(ctx: _Context) -> list[dict]:
     """Rule (a grid with two or more judged batch sizes, storage/analysis/schedule.py): where the schedule serves the target
@@ -295,14 +377,20 @@ def _schedule(ctx: _Context) -> list[dict]:
     if len(known) < 2:
         return []
     out = []
-    data = {"schedule": [{"batch_size": st.batch_size, "k": st.k} for st in known], "ranges": grid.ranges,
-            "off_from": grid.off_from}
+    data = {
+        "schedule": [{"batch_size": st.batch_size, "k": st.k} for st in known],
+        "ranges": grid.ranges,
+        "off_from": grid.off_from,
+    }
     off = [st for st in known if st.off]
     if off:
         first = off[0]
         sizes = _join([str(st.batch_size) for st in off])
-        title = (f"Switch speculation off from batch {grid.off_from}" if grid.off_from is not None else
-                 f"Speculation does not pay at batch {sizes}")
+        title = (
+            f"Switch speculation off from batch {grid.off_from}"
+            if grid.off_from is not None
+            else f"Speculation does not pay at batch {sizes}"
+        )
         paying = [st for st in known if not st.off]
         detail = _cap("; ".join(st.text for st in off)) + "."
         if paying:
@@ -310,26 +398,49 @@ def _schedule(ctx: _Context) -> list[dict]:
         gaining = [st.batch_size for st in paying if st.batch_size < first.batch_size]
         if gaining:
             low, high = gaining[-1], first.batch_size
-            between = sorted({low, *(b for b in (low + (high - low) // 4, (low + high) // 2,
-                                                  high - (high - low) // 4) if low < b < high), high})
-            next_ = (f"Serve with the schedule (\"Use these settings\" carries it to vLLM as "
-                     f"num_speculative_tokens_per_batch_size), and locate the crossover: the same sweep at batch "
-                     f"sizes {_join([str(b) for b in between])}.")
+            between = sorted(
+                {
+                    low,
+                    *(
+                        b
+                        for b in (low + (high - low) // 4, (low + high) // 2, high - (high - low) // 4)
+                        if low < b < high
+                    ),
+                    high,
+                }
+            )
+            next_ = (
+                f'Serve with the schedule ("Use these settings" carries it to vLLM as '
+                f"num_speculative_tokens_per_batch_size), and locate the crossover: the same sweep at batch "
+                f"sizes {_join([str(b) for b in between])}."
+            )
             prefill = ctx.prefill(title, batch_sizes=",".join(map(str, between)))
         else:
-            next_ = ("Speculation does not pay at any batch size measured from the smallest up: serve the target "
-                     f"alone there, or try a drafter without a draft model ({_join(list(MODEL_FREE_DRAFTERS))}) or a "
-                     f"smaller k.")
-            prefill = ctx.prefill(title, sweep="drafter", values=",".join(("model", *MODEL_FREE_DRAFTERS)), k=1,
-                                  batch_sizes=",".join(str(st.batch_size) for st in known))
+            next_ = (
+                "Speculation does not pay at any batch size measured from the smallest up: serve the target "
+                f"alone there, or try a drafter without a draft model ({_join(list(MODEL_FREE_DRAFTERS))}) or a "
+                f"smaller k."
+            )
+            prefill = ctx.prefill(
+                title,
+                sweep="drafter",
+                values=",".join(("model", *MODEL_FREE_DRAFTERS)),
+                k=1,
+                batch_sizes=",".join(str(st.batch_size) for st in known),
+            )
         out.append(_finding("schedule", "info", title, detail, "schedule", next_, prefill, data))
     else:
         ks = [st.k for st in known]
-        title = (f"Serve k = {ks[0]} at every batch size measured" if len(set(ks)) == 1 else
-                 "The best k changes with the batch size")
+        title = (
+            f"Serve k = {ks[0]} at every batch size measured"
+            if len(set(ks)) == 1
+            else "The best k changes with the batch size"
+        )
         detail = _cap(grid.text) + "."
-        next_ = ("Serve with the schedule (\"Use these settings\" carries it to vLLM as "
-                 "num_speculative_tokens_per_batch_size); measure larger batch sizes to find where it stops paying.")
+        next_ = (
+            'Serve with the schedule ("Use these settings" carries it to vLLM as '
+            "num_speculative_tokens_per_batch_size); measure larger batch sizes to find where it stops paying."
+        )
         larger = [known[-1].batch_size * 2, known[-1].batch_size * 4]
         prefill = ctx.prefill(title, batch_sizes=",".join(str(b) for b in larger if b <= variable("batch_size").upper))
         out.append(_finding("schedule", "info", title, detail, "schedule", next_, prefill, data))
@@ -339,15 +450,24 @@ def _schedule(ctx: _Context) -> list[dict]:
         sizes = [str(st.batch_size) for st in unsure]
         title = f"No measurable gain at batch {_join(sizes)}"
         detail = _cap("; ".join(st.text for st in unsure)) + "."
-        out.append(_finding("schedule", "warning", title, detail, "schedule",
-                            f"Rerun those batch sizes with more --repeats ({repeats}) or more prompts to decide "
-                            f"between speculating and serving the target alone.",
-                            ctx.prefill(title, repeats=repeats, batch_sizes=",".join(sizes)),
-                            {"batch_sizes": [st.batch_size for st in unsure], "repeats": repeats}))
+        out.append(
+            _finding(
+                "schedule",
+                "warning",
+                title,
+                detail,
+                "schedule",
+                f"Rerun those batch sizes with more --repeats ({repeats}) or more prompts to decide "
+                f"between speculating and serving the target alone.",
+                ctx.prefill(title, repeats=repeats, batch_sizes=",".join(sizes)),
+                {"batch_sizes": [st.batch_size for st in unsure], "repeats": repeats},
+            )
+        )
     return out
 
 
 # --- why drafts are rejected: positions and token types ---------------------------------------------------------
+
 
 def _focus_run(ctx: _Context):
     """The run the rejection findings look at: the verdict's best, else (no best yet) the speculative run with
@@ -355,7 +475,7 @@ def _focus_run(ctx: _Context):
     best = ctx.verdict.run(ctx.spec, "best")
     if best is not None:
         return best, "the best run"
-    verified = (ctx.spec["accepted"].fillna(0) + ctx.spec["rejected"].fillna(0))
+    verified = ctx.spec["accepted"].fillna(0) + ctx.spec["rejected"].fillna(0)
     if verified.empty or verified.max() <= 0:
         return None, None
     return ctx.spec.loc[verified.idxmax()], "the run with the most verified drafts; no best run yet"
@@ -371,13 +491,19 @@ def _positions_and_types(ctx: _Context) -> list[dict]:
         title = "Too few verified drafts to say why drafts are rejected"
         sampling = ctx.run_sampling(row)
         tokens = sampling["max_new_tokens"] * 2
-        return [_finding(
-            "thin_data", "info", title,
-            f"{_cap(where)} has {verified} verified draft tokens, under the {MIN_VERIFIED} needed before "
-            f"acceptance by position or by token type says anything.",
-            "by-position", f"Run more prompts or more new tokens per prompt (e.g. max new tokens {tokens}).",
-            ctx.prefill(title, **{**sampling, "max_new_tokens": tokens}), {"run_id": int(row.run_id), "verified": verified,
-                                                        "minimum": MIN_VERIFIED})]
+        return [
+            _finding(
+                "thin_data",
+                "info",
+                title,
+                f"{_cap(where)} has {verified} verified draft tokens, under the {MIN_VERIFIED} needed before "
+                f"acceptance by position or by token type says anything.",
+                "by-position",
+                f"Run more prompts or more new tokens per prompt (e.g. max new tokens {tokens}).",
+                ctx.prefill(title, **{**sampling, "max_new_tokens": tokens}),
+                {"run_id": int(row.run_id), "verified": verified, "minimum": MIN_VERIFIED},
+            )
+        ]
     return _positions(ctx, row, where) + _token_type(ctx, row, where)
 
 
@@ -401,34 +527,57 @@ def _positions(ctx: _Context, row, where: str) -> list[dict]:
     span = f"position {i}" if i == last else f"positions {i}–{last}"
     per_round = float(tail["unconditional"].sum())
     steps = last - i + 1
-    detail = (f"In {where}, draft {span} accepted {int(tail['accepted'].sum())} of the {int(tail['reached'].sum())} "
-              f"drafts that reached {'it' if i == last else 'them'} ({_pct(pooled)}; position {i}: "
-              f"{int(here.accepted)}/{int(here.reached)}), adding {per_round:.2f} accepted tokens per round for "
-              f"{steps} draft step{'s' if steps > 1 else ''} every round")
-    data = {"run_id": int(row.run_id), "position": i, "acceptance": float(pooled),
-            "position_acceptance": float(here.conditional), "reached": int(tail["reached"].sum()),
-            "accepted": int(tail["accepted"].sum()), "threshold": LOW_ACCEPTANCE}
+    detail = (
+        f"In {where}, draft {span} accepted {int(tail['accepted'].sum())} of the {int(tail['reached'].sum())} "
+        f"drafts that reached {'it' if i == last else 'them'} ({_pct(pooled)}; position {i}: "
+        f"{int(here.accepted)}/{int(here.reached)}), adding {per_round:.2f} accepted tokens per round for "
+        f"{steps} draft step{'s' if steps > 1 else ''} every round"
+    )
+    data = {
+        "run_id": int(row.run_id),
+        "position": i,
+        "acceptance": float(pooled),
+        "position_acceptance": float(here.conditional),
+        "reached": int(tail["reached"].sum()),
+        "accepted": int(tail["accepted"].sum()),
+        "threshold": LOW_ACCEPTANCE,
+    }
     # The next experiment sweeps k at this run's own sampling settings.
     sampling = ctx.run_sampling(row)
     if i == 1:
         title = f"Even the first draft position accepts only {_pct(pooled)}"
         detail += "."
-        next_ = (f"Every draft step mostly wastes its time: keep k = 1 and try a better-aligned draft (distillation) "
-                 f"or a drafter that drafts less when unsure ({' or '.join(ALTERNATIVE_DRAFTERS)}).")
+        next_ = (
+            f"Every draft step mostly wastes its time: keep k = 1 and try a better-aligned draft (distillation) "
+            f"or a drafter that drafts less when unsure ({' or '.join(ALTERNATIVE_DRAFTERS)})."
+        )
         prefill = ctx.prefill(title, sweep="k", values="1", k=None, k_auto=None, **sampling)
     else:
         head_rate = head["accepted"].sum() / head["reached"].sum()
         title = f"Draft positions {i}+ accept only {_pct(pooled)}"
         detail += f", while {'position 1' if i == 2 else f'positions 1–{i - 1}'} accepted {_pct(head_rate)}."
         data["head_acceptance"] = float(head_rate)
-        next_ = (f"k above {i - 1} mostly wastes draft steps: try k = {_ks(range(1, i), ', ')}, or a drafter that "
-                 f"drafts less when unsure ({' or '.join(ALTERNATIVE_DRAFTERS)}).")
+        next_ = (
+            f"k above {i - 1} mostly wastes draft steps: try k = {_ks(range(1, i), ', ')}, or a drafter that "
+            f"drafts less when unsure ({' or '.join(ALTERNATIVE_DRAFTERS)})."
+        )
         prefill = ctx.prefill(title, sweep="k", values=_ks(range(1, i)), k=None, k_auto=None, **sampling)
     # A drafter that stops early keeps the run's k as its cap (heuristic: as its starting k).
-    drafters = [{"label": f"the {d} drafter", "prefill": ctx.prefill(f"{title}: the {d} drafter", sweep="k",
-                                                                    values=str(int(row.k)), k=None, k_auto=None,
-                                                                    drafter=d, **sampling)}
-                for d in ALTERNATIVE_DRAFTERS]
+    drafters = [
+        {
+            "label": f"the {d} drafter",
+            "prefill": ctx.prefill(
+                f"{title}: the {d} drafter",
+                sweep="k",
+                values=str(int(row.k)),
+                k=None,
+                k_auto=None,
+                drafter=d,
+                **sampling,
+            ),
+        }
+        for d in ALTERNATIVE_DRAFTERS
+    ]
     return [_finding("positions", "info", title, detail, "by-position", next_, prefill, data, drafters)]
 
 
@@ -446,30 +595,57 @@ def _token_type(ctx: _Context, row, where: str) -> list[dict]:
         return []
     rate = rejected / verified
     types = types.assign(
-        draft_share=types["verified"] / verified, rejection_share=types["rejected"] / rejected,
-        z=(types["rejected"] - types["verified"] * rate) / (types["verified"] * rate * (1 - rate)) ** 0.5)
+        draft_share=types["verified"] / verified,
+        rejection_share=types["rejected"] / rejected,
+        z=(types["rejected"] - types["verified"] * rate) / (types["verified"] * rate * (1 - rate)) ** 0.5,
+    )
     types = types.assign(ratio=types["rejection_share"] / types["draft_share"])
-    blamed = types[(types["ratio"] >= OVER_REPRESENTED) & (types["rejected"] >= MIN_TYPE_REJECTIONS)
-                   & (types["z"] >= MIN_Z)]
+    blamed = types[
+        (types["ratio"] >= OVER_REPRESENTED) & (types["rejected"] >= MIN_TYPE_REJECTIONS) & (types["z"] >= MIN_Z)
+    ]
     if blamed.empty:
         return []
     t = blamed.sort_values(["ratio", "rejected"], ascending=False).iloc[0]
     title = f"Tokens of type {t.token_type} draw {t.ratio:.1f}× their share of rejections"
-    detail = (f"In {where}, {t.token_type} tokens are {_pct(t.rejection_share)} of the rejections "
-              f"({int(t.rejected)} of {rejected}) but {_pct(t.draft_share)} of the verified drafts "
-              f"({int(t.verified)} of {verified}): the target refuses {_pct(t.rejected / t.verified)} of them against "
-              f"{_pct(rate)} overall.")
-    prefill = {"page": DISTILL_PAGE, "focus_from": ctx.experiment_id, "focus": str(t.token_type),
-               "target": ctx.experiment["target"], "draft": ctx.experiment["draft"]}
-    return [_finding("token_type", "info", title, detail, "by-type",
-                     f"Distil the draft with a focus on {t.token_type} tokens.", prefill,
-                     {"run_id": int(row.run_id), "token_type": str(t.token_type), "ratio": float(t.ratio),
-                      "rejection_share": float(t.rejection_share), "draft_share": float(t.draft_share),
-                      "rejected": int(t.rejected), "verified": int(t.verified), "run_rejected": rejected,
-                      "run_verified": verified})]
+    detail = (
+        f"In {where}, {t.token_type} tokens are {_pct(t.rejection_share)} of the rejections "
+        f"({int(t.rejected)} of {rejected}) but {_pct(t.draft_share)} of the verified drafts "
+        f"({int(t.verified)} of {verified}): the target refuses {_pct(t.rejected / t.verified)} of them against "
+        f"{_pct(rate)} overall."
+    )
+    prefill = {
+        "page": DISTILL_PAGE,
+        "focus_from": ctx.experiment_id,
+        "focus": str(t.token_type),
+        "target": ctx.experiment["target"],
+        "draft": ctx.experiment["draft"],
+    }
+    return [
+        _finding(
+            "token_type",
+            "info",
+            title,
+            detail,
+            "by-type",
+            f"Distil the draft with a focus on {t.token_type} tokens.",
+            prefill,
+            {
+                "run_id": int(row.run_id),
+                "token_type": str(t.token_type),
+                "ratio": float(t.ratio),
+                "rejection_share": float(t.rejection_share),
+                "draft_share": float(t.draft_share),
+                "rejected": int(t.rejected),
+                "verified": int(t.verified),
+                "run_rejected": rejected,
+                "run_verified": verified,
+            },
+        )
+    ]
 
 
 # --- statistically tied best configurations ---------------------------------------------------------------------
+
 
 def _tie(ctx: _Context) -> list[dict]:
     """Rule: the verdict ties other configurations with the best (95 % intervals overlapping the best one's); the
@@ -482,23 +658,48 @@ def _tie(ctx: _Context) -> list[dict]:
     repeats = ctx.more_repeats()
     cheaper = v.cheaper
     title = f"{len(shown)} configurations are statistically tied"
-    detail = (f"The 95 % intervals of {_join(parts)} overlap: the measurement cannot tell "
-              f"{'them' if len(shown) > 2 else 'the two'} apart.")
+    detail = (
+        f"The 95 % intervals of {_join(parts)} overlap: the measurement cannot tell "
+        f"{'them' if len(shown) > 2 else 'the two'} apart."
+    )
     if cheaper is not None:
-        next_ = (f"Take the cheaper {ctx.variable} = {ctx.show(cheaper.value)} ({ctx.swept.cheaper_because}; what "
-                 f"\"Use these settings\" deploys), or add prompts or --repeats ({repeats}) to separate them.")
+        next_ = (
+            f"Take the cheaper {ctx.variable} = {ctx.show(cheaper.value)} ({ctx.swept.cheaper_because}; what "
+            f'"Use these settings" deploys), or add prompts or --repeats ({repeats}) to separate them.'
+        )
     else:
         next_ = f"Add prompts or --repeats ({repeats}) to separate them."
     values = [c.value for c in shown]
     values = ",".join(ctx.show(value) for value in (values if ctx.swept.categorical else sorted(values)))
-    prefill = ctx.prefill(title, sweep=ctx.variable, values=values, k_auto=None, repeats=repeats,
-                          k=None if ctx.variable == "k" else int(ctx.experiment["k"]))
-    return [_finding("tie", "info", title, detail, "speedup", next_, prefill,
-                     {"best": v.best.value, "tied_with": [c.value for c in v.tied],
-                      "cheaper": cheaper.value if cheaper else None, "repeats": repeats})]
+    prefill = ctx.prefill(
+        title,
+        sweep=ctx.variable,
+        values=values,
+        k_auto=None,
+        repeats=repeats,
+        k=None if ctx.variable == "k" else int(ctx.experiment["k"]),
+    )
+    return [
+        _finding(
+            "tie",
+            "info",
+            title,
+            detail,
+            "speedup",
+            next_,
+            prefill,
+            {
+                "best": v.best.value,
+                "tied_with": [c.value for c in v.tied],
+                "cheaper": cheaper.value if cheaper else None,
+                "repeats": repeats,
+            },
+        )
+    ]
 
 
 # --- predictions against the measurement (k sweeps) -------------------------------------------------------------
+
 
 def _k_runs(ctx: _Context) -> pd.DataFrame:
     """Finished, usable runs of a k sweep (at least two, else nothing to choose between)."""
@@ -519,27 +720,41 @@ def _prediction(ctx: _Context) -> list[dict]:
     measured = ctx.verdict.run(done)
     if measured is None:  # the best has no cost-aware prediction
         return []
-    k_ref = formula.cost_aware_top(done)[0]  # storage/analysis/formula.py: the one cost-aware best k (the Theory page's too)
+    k_ref = formula.cost_aware_top(done)[
+        0
+    ]  # storage/analysis/formula.py: the one cost-aware best k (the Theory page's too)
     top = done[done["k"] == k_ref].sort_values("predicted_speedup_refined", ascending=False).iloc[0]
-    data = {"measured_best": best, "refined_best": k_ref, "measured_speedup": float(measured.speedup),
-            "refined_at_best": float(measured.predicted_speedup_refined)}
+    data = {
+        "measured_best": best,
+        "refined_best": k_ref,
+        "measured_speedup": float(measured.speedup),
+        "refined_at_best": float(measured.predicted_speedup_refined),
+    }
     if k_ref == best or k_ref in [c.value for c in ctx.verdict.tied]:
         tie = "" if k_ref == best else f" (k = {k_ref}, tied with the measured best k = {best})"
         title = f"The cost-aware prediction agrees: k = {best}"
-        detail = (f"The cost-aware prediction picks the measured best{tie}: it puts k = {best} at "
-                  f"{_x(measured.predicted_speedup_refined)} where {_x(measured.speedup)} was measured.")
+        detail = (
+            f"The cost-aware prediction picks the measured best{tie}: it puts k = {best} at "
+            f"{_x(measured.predicted_speedup_refined)} where {_x(measured.speedup)} was measured."
+        )
         k_max = int(done["k"].max())
-        next_ = (f"On this pair, k auto (measure k = {k_max}, predict every smaller k, confirm the 3 best) can stand "
-                 f"in for a full sweep.")
+        next_ = (
+            f"On this pair, k auto (measure k = {k_max}, predict every smaller k, confirm the 3 best) can stand "
+            f"in for a full sweep."
+        )
         prefill = ctx.prefill(title, sweep="auto", values=None, k=None, k_auto=max(k_max, 2))
     else:
         title = f"The cost-aware prediction picks k = {k_ref}, the measurement k = {best}"
-        detail = (f"The cost-aware prediction puts k = {k_ref} at {_x(top.predicted_speedup_refined)} and k = {best} "
-                  f"at {_x(measured.predicted_speedup_refined)}, but k = {k_ref} measured {_x(top.speedup)} and "
-                  f"k = {best} {_x(measured.speedup)}.")
+        detail = (
+            f"The cost-aware prediction puts k = {k_ref} at {_x(top.predicted_speedup_refined)} and k = {best} "
+            f"at {_x(measured.predicted_speedup_refined)}, but k = {k_ref} measured {_x(top.speedup)} and "
+            f"k = {best} {_x(measured.speedup)}."
+        )
         repeats = ctx.more_repeats()
-        next_ = (f"The gap is timing noise or per-round overhead: measure k = {_ks([k_ref, best], ', ')} again "
-                 f"with more --repeats ({repeats}).")
+        next_ = (
+            f"The gap is timing noise or per-round overhead: measure k = {_ks([k_ref, best], ', ')} again "
+            f"with more --repeats ({repeats})."
+        )
         prefill = ctx.prefill(title, sweep="k", values=_ks([k_ref, best]), k=None, k_auto=None, repeats=repeats)
     return [_finding("prediction", "info", title, detail, "predictions", next_, prefill, data)]
 
@@ -572,21 +787,41 @@ def _formula(ctx: _Context) -> list[dict]:
         why = f"the verify pass costs {verify:.2f} target steps, so the gap is overhead outside draft and verify steps"
     else:
         why = "the verify cost was not measured"
-    title = (f"Predicted from α and c alone, (1 − α^(k+1)) / ((1 − α)(1 + k/c)) picks k = {k_f}, the measurement "
-             f"k = {best}" if k_f != best else
-             f"Predicted from α and c alone, (1 − α^(k+1)) / ((1 − α)(1 + k/c)) is off by {100 * error:+.0f} % at "
-             f"k = {best}")
-    detail = (f"With {pooled.describe()}, the formula's best k is {k_f} at {_x(s_f)} and it puts k = {best} "
-              f"at {_x(at_best)} against {_x(measured.speedup)} measured ({100 * error:+.0f} %): {why}.")
+    title = (
+        f"Predicted from α and c alone, (1 − α^(k+1)) / ((1 − α)(1 + k/c)) picks k = {k_f}, the measurement k = {best}"
+        if k_f != best
+        else f"Predicted from α and c alone, (1 − α^(k+1)) / ((1 − α)(1 + k/c)) is off by {100 * error:+.0f} % at "
+        f"k = {best}"
+    )
+    detail = (
+        f"With {pooled.describe()}, the formula's best k is {k_f} at {_x(s_f)} and it puts k = {best} "
+        f"at {_x(at_best)} against {_x(measured.speedup)} measured ({100 * error:+.0f} %): {why}."
+    )
     k_max = max(int(done["k"].max()), k_f, 2)
-    return [_finding("formula", "info", title, detail, "speedup",
-                     "Choose k by the cost-aware prediction (k auto), not the formula.",
-                     ctx.prefill(title, sweep="auto", values=None, k=None, k_auto=k_max),
-                     {"formula_best": k_f, "formula_speedup": float(s_f), "measured_best": best, "error": error,
-                      "alpha": alpha, "c": c, "verify_cost": None if math.isnan(verify) else verify})]
+    return [
+        _finding(
+            "formula",
+            "info",
+            title,
+            detail,
+            "speedup",
+            "Choose k by the cost-aware prediction (k auto), not the formula.",
+            ctx.prefill(title, sweep="auto", values=None, k=None, k_auto=k_max),
+            {
+                "formula_best": k_f,
+                "formula_speedup": float(s_f),
+                "measured_best": best,
+                "error": error,
+                "alpha": alpha,
+                "c": c,
+                "verify_cost": None if math.isnan(verify) else verify,
+            },
+        )
+    ]
 
 
 # --- a draft too slow to pay -------------------------------------------------------------------------------------
+
 
 def _c_needed(alpha: float, goal: float = WORTH_IT) -> float | None:
     """The smallest c (to 2 digits) with which the formula's best k reaches `goal` at this α; None if no c can
@@ -606,8 +841,12 @@ def _low_c(ctx: _Context) -> list[dict]:
     """Rule: over the finished speculative runs with at least MIN_VERIFIED verified drafts and a measured c, the
     highest speedup the formula predicts at its best k (theory.best_k with the run's α and c) is under LOW_SPEEDUP.
     The formula is the optimistic bound (it ignores the verify pass's cost), so the draft cannot pay."""
-    spec = ctx.spec[(ctx.spec["status"] == "done") & ctx.spec["c"].notna() & ctx.spec["alpha"].notna()
-                    & (ctx.spec["accepted"] + ctx.spec["rejected"] >= MIN_VERIFIED)]
+    spec = ctx.spec[
+        (ctx.spec["status"] == "done")
+        & ctx.spec["c"].notna()
+        & ctx.spec["alpha"].notna()
+        & (ctx.spec["accepted"] + ctx.spec["rejected"] >= MIN_VERIFIED)
+    ]
     if spec.empty:
         return []
     rows = [(theory.best_k(float(r.alpha), float(r.c)), r) for r in spec.itertuples() if r.c > 0]
@@ -618,19 +857,40 @@ def _low_c(ctx: _Context) -> list[dict]:
         return []
     need = _c_needed(float(r.alpha))
     title = f"The draft is too slow to pay (c = {r.c:.2f})"
-    detail = (f"With α = {r.alpha:.3f} and c = {r.c:.2f} ({ctx.label(r)}, the most promising run), even the formula's "
-              f"best k ({k_f}) predicts only {_x(s_f)}, and the formula leaves out the verify pass's cost"
-              + (f"; at this α the draft {ctx.experiment['draft']} would need c ≥ {need:.1f} to reach {_x(WORTH_IT)}."
-                 if need else f"; at this α no draft speed reaches {_x(WORTH_IT)}."))
+    detail = (
+        f"With α = {r.alpha:.3f} and c = {r.c:.2f} ({ctx.label(r)}, the most promising run), even the formula's "
+        f"best k ({k_f}) predicts only {_x(s_f)}, and the formula leaves out the verify pass's cost"
+        + (
+            f"; at this α the draft {ctx.experiment['draft']} would need c ≥ {need:.1f} to reach {_x(WORTH_IT)}."
+            if need
+            else f"; at this α no draft speed reaches {_x(WORTH_IT)}."
+        )
+    )
     prefill = ctx.prefill(title, sweep="k", values="2,4,8", k=None, k_auto=None, drafter=MODEL_FREE_DRAFTERS[0])
-    return [_finding("low_c", "info", title, detail, "cost",
-                     f"Try a faster (smaller) draft, or a drafter without a draft model "
-                     f"({_join(list(MODEL_FREE_DRAFTERS))}: no draft step to pay for).",
-                     prefill, {"run_id": int(r.run_id), "alpha": float(r.alpha), "c": float(r.c), "best_k": k_f,
-                               "predicted": float(s_f), "c_needed": need})]
+    return [
+        _finding(
+            "low_c",
+            "info",
+            title,
+            detail,
+            "cost",
+            f"Try a faster (smaller) draft, or a drafter without a draft model "
+            f"({_join(list(MODEL_FREE_DRAFTERS))}: no draft step to pay for).",
+            prefill,
+            {
+                "run_id": int(r.run_id),
+                "alpha": float(r.alpha),
+                "c": float(r.c),
+                "best_k": k_f,
+                "predicted": float(s_f),
+                "c_needed": need,
+            },
+        )
+    ]
 
 
 # --- production against the lab ----------------------------------------------------------------------------------
+
 
 def _production(ctx: _Context) -> list[dict]:
     """Rule: per imported production series (storage/records/production.py) with a lab run of its k, production α (or the
@@ -642,36 +902,69 @@ def _production(ctx: _Context) -> list[dict]:
         if item.get("metric") is None or item["series_id"] in confirmed:
             continue
         name = "α" if item["metric"] == "alpha" else "draft acceptance rate"
-        figures = (f"production {name} {item['production']:.3f} vs lab {item['lab']:.3f} "
-                   f"({item['lo']:.3f}–{item['hi']:.3f}, run {item['run_id']})")
+        figures = (
+            f"production {name} {item['production']:.3f} vs lab {item['lab']:.3f} "
+            f"({item['lo']:.3f}–{item['hi']:.3f}, run {item['run_id']})"
+        )
         where = ""
         if item.get("position"):
             p = item["position"]
-            where = (f"; the first position outside the lab's interval is {p['position']}: {p['production']:.3f} vs "
-                     f"{p['lab']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})")
-        data = {key: item.get(key) for key in ("series_id", "run_id", "metric", "production", "lab", "lo", "hi",
-                                                "outside", "position")}
+            where = (
+                f"; the first position outside the lab's interval is {p['position']}: {p['production']:.3f} vs "
+                f"{p['lab']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})"
+            )
+        data = {
+            key: item.get(key)
+            for key in ("series_id", "run_id", "metric", "production", "lab", "lo", "hi", "outside", "position")
+        }
         if item["outside"]:
             title = f"Production ({item['label']}) falls outside the lab's interval"
-            detail = (f"{_cap(figures)}{where}: the traffic differs from the prompts tuned on "
-                      f"({ctx.experiment['prompts']}).")
-            found.append(_finding("production", "warning", title, detail, "production",
-                                  "Capture prompts from production and distill the draft on them (Train a draft), "
-                                  "then validate on held-out production prompts.", {"page": "train"}, data))
+            detail = (
+                f"{_cap(figures)}{where}: the traffic differs from the prompts tuned on ({ctx.experiment['prompts']})."
+            )
+            found.append(
+                _finding(
+                    "production",
+                    "warning",
+                    title,
+                    detail,
+                    "production",
+                    "Capture prompts from production and distill the draft on them (Train a draft), "
+                    "then validate on held-out production prompts.",
+                    {"page": "train"},
+                    data,
+                )
+            )
         else:
             title = f"Production ({item['label']}) matches the lab"
             detail = f"{_cap(figures)}{where}: the lab's verdict holds for this traffic."
-            found.append(_finding("production", "info", title, detail, "production",
-                                  "Nothing to change; import again after the traffic changes.", None, data))
+            found.append(
+                _finding(
+                    "production",
+                    "info",
+                    title,
+                    detail,
+                    "production",
+                    "Nothing to change; import again after the traffic changes.",
+                    None,
+                    data,
+                )
+            )
     return found
 
 
 # --- confirmed in the serving engine -------------------------------------------------------------------------------
 
+
 def _confirm_series(ctx: _Context) -> set[int]:
     with ctx.store.read() as conn:
-        return {int(i) for i in conn.execute(text("SELECT series_id FROM server_measurements WHERE experiment_id = :e "
-                                                  "AND series_id IS NOT NULL"), {"e": ctx.experiment_id}).scalars()}
+        return {
+            int(i)
+            for i in conn.execute(
+                text("SELECT series_id FROM server_measurements WHERE experiment_id = :e AND series_id IS NOT NULL"),
+                {"e": ctx.experiment_id},
+            ).scalars()
+        }
 
 
 def _confirm(ctx: _Context) -> list[dict]:
@@ -693,46 +986,88 @@ def _confirm(ctx: _Context) -> list[dict]:
     for r in rows.itertuples(index=False):
         where = f"{r.label} (k={r.k}) at concurrency {r.concurrency}"
         data = {"confirm_id": int(confirm_id), "label": r.label, "k": int(r.k), "concurrency": int(r.concurrency)}
-        if r.outputs_match_server_baseline == r.outputs_match_server_baseline and r.outputs_match_server_baseline is \
-                not None and r.outputs_match_server_baseline < 1:
-            found.append(_finding(
-                "confirm", "error", f"In vLLM, {where} changes the outputs",
-                f"Greedy, only {_pct(r.outputs_match_server_baseline)} of the prompts decode as the server's own "
-                f"target-only outputs ({r.first_divergence or 'no divergence stored'}): the server's speculation is "
-                f"not lossless here.", "confirm",
-                "Report it to the engine with the speculative config; serve without speculation until it is fixed.",
-                None, {**data, "outputs_match_server_baseline": float(r.outputs_match_server_baseline)}))
+        if (
+            r.outputs_match_server_baseline == r.outputs_match_server_baseline
+            and r.outputs_match_server_baseline is not None
+            and r.outputs_match_server_baseline < 1
+        ):
+            found.append(
+                _finding(
+                    "confirm",
+                    "error",
+                    f"In vLLM, {where} changes the outputs",
+                    f"Greedy, only {_pct(r.outputs_match_server_baseline)} of the prompts decode as the server's own "
+                    f"target-only outputs ({r.first_divergence or 'no divergence stored'}): the server's speculation is "
+                    f"not lossless here.",
+                    "confirm",
+                    "Report it to the engine with the speculative config; serve without speculation until it is fixed.",
+                    None,
+                    {**data, "outputs_match_server_baseline": float(r.outputs_match_server_baseline)},
+                )
+            )
         lo, hi = r.speedup_ci_lo, r.speedup_ci_hi
-        lab_gains = r.lab_speedup_ci_lo == r.lab_speedup_ci_lo and r.lab_speedup_ci_lo is not None and \
-            r.lab_speedup_ci_lo > 1
+        lab_gains = (
+            r.lab_speedup_ci_lo == r.lab_speedup_ci_lo and r.lab_speedup_ci_lo is not None and r.lab_speedup_ci_lo > 1
+        )
         if lo == lo and hi == hi and lo is not None and lo <= 1 <= hi and lab_gains:
-            found.append(_finding(
-                "confirm", "warning", f"In vLLM, {where} does not gain what the lab measured",
-                f"The server's speedup is {_x(r.speedup)} ({lo:.2f}–{hi:.2f}, over passes), tied with the target "
-                f"alone; the lab measured {_x(r.lab_speedup)} ({r.lab_speedup_ci_lo:.2f}–{r.lab_speedup_ci_hi:.2f}) "
-                f"at batch size {r.concurrency}.", "confirm",
-                "Confirm again with more passes, or serve the target alone at this concurrency.", None,
-                {**data, "speedup": float(r.speedup), "lo": float(lo), "hi": float(hi), "gains": None,
-                 "lab_speedup": float(r.lab_speedup)}))
+            found.append(
+                _finding(
+                    "confirm",
+                    "warning",
+                    f"In vLLM, {where} does not gain what the lab measured",
+                    f"The server's speedup is {_x(r.speedup)} ({lo:.2f}–{hi:.2f}, over passes), tied with the target "
+                    f"alone; the lab measured {_x(r.lab_speedup)} ({r.lab_speedup_ci_lo:.2f}–{r.lab_speedup_ci_hi:.2f}) "
+                    f"at batch size {r.concurrency}.",
+                    "confirm",
+                    "Confirm again with more passes, or serve the target alone at this concurrency.",
+                    None,
+                    {
+                        **data,
+                        "speedup": float(r.speedup),
+                        "lo": float(lo),
+                        "hi": float(hi),
+                        "gains": None,
+                        "lab_speedup": float(r.lab_speedup),
+                    },
+                )
+            )
         elif lo == lo and hi == hi and lo is not None and (lo > 1 or hi < 1):
             gains = lo > 1
-            lab = (f"; the lab measured {_x(r.lab_speedup)} ({r.lab_speedup_ci_lo:.2f}–{r.lab_speedup_ci_hi:.2f}) at "
-                   f"batch size {r.concurrency}" if r.lab_speedup == r.lab_speedup and r.lab_speedup is not None
-                   and r.lab_speedup_ci_lo == r.lab_speedup_ci_lo else
-                   f"; the lab's schedule serves the target alone at batch size {r.concurrency}, so vLLM drafts "
-                   f"nothing there and only its overhead is left" if r.k == 0 else
-                   f"; the lab did not measure k = {r.k} at batch size {r.concurrency}")
+            lab = (
+                f"; the lab measured {_x(r.lab_speedup)} ({r.lab_speedup_ci_lo:.2f}–{r.lab_speedup_ci_hi:.2f}) at "
+                f"batch size {r.concurrency}"
+                if r.lab_speedup == r.lab_speedup
+                and r.lab_speedup is not None
+                and r.lab_speedup_ci_lo == r.lab_speedup_ci_lo
+                else f"; the lab's schedule serves the target alone at batch size {r.concurrency}, so vLLM drafts "
+                f"nothing there and only its overhead is left"
+                if r.k == 0
+                else f"; the lab did not measure k = {r.k} at batch size {r.concurrency}"
+            )
             disagree = not gains and lab_gains
-            found.append(_finding(
-                "confirm", "warning" if disagree else "info",
-                f"In vLLM, {where} {'gains' if gains else 'loses'}",
-                f"The server's speedup is {_x(r.speedup)} ({lo:.2f}–{hi:.2f}, over passes){lab}"
-                + (": the lab's gain does not carry over to the server here." if disagree else "."), "confirm",
-                "Serve it at this concurrency." if gains else
-                "Serve the target alone at this concurrency, or a smaller k (a k grid at this batch size and "
-                "--configs schedule give vLLM a k per batch size).", None,
-                {**data, "speedup": float(r.speedup), "lo": float(lo), "hi": float(hi), "gains": gains,
-                 "lab_speedup": None if r.lab_speedup != r.lab_speedup else r.lab_speedup}))
+            found.append(
+                _finding(
+                    "confirm",
+                    "warning" if disagree else "info",
+                    f"In vLLM, {where} {'gains' if gains else 'loses'}",
+                    f"The server's speedup is {_x(r.speedup)} ({lo:.2f}–{hi:.2f}, over passes){lab}"
+                    + (": the lab's gain does not carry over to the server here." if disagree else "."),
+                    "confirm",
+                    "Serve it at this concurrency."
+                    if gains
+                    else "Serve the target alone at this concurrency, or a smaller k (a k grid at this batch size and "
+                    "--configs schedule give vLLM a k per batch size).",
+                    None,
+                    {
+                        **data,
+                        "speedup": float(r.speedup),
+                        "lo": float(lo),
+                        "hi": float(hi),
+                        "gains": gains,
+                        "lab_speedup": None if r.lab_speedup != r.lab_speedup else r.lab_speedup,
+                    },
+                )
+            )
         withheld = _withheld(r, where, data)
         found += withheld
         if withheld and withheld[0]["severity"] == "error":
@@ -741,14 +1076,21 @@ def _confirm(ctx: _Context) -> list[dict]:
         item = by_series.get(r.series_id)
         if item and item.get("position") and item["position"]["position"] <= r.positions:
             p = item["position"]
-            found.append(_finding(
-                "confirm", "warning", f"In vLLM, {where} accepts differently at position {p['position']}",
-                f"The server accepts {p['production']:.3f} at position {p['position']}, the lab {p['lab']:.3f} "
-                f"({p['lo']:.3f}–{p['hi']:.3f}, run {item['run_id']}): on the same prompts, the two engines draft "
-                f"differently (draft sampling, the prompt's rendering or numerics; this confirm does not tell which).",
-                "confirm", "Compare the draft's sampling (vLLM drafts greedily by default) and the prompts' rendering "
-                "with the lab's; serve by the server's figures.", None,
-                {**data, "series_id": int(r.series_id), "position": p}))
+            found.append(
+                _finding(
+                    "confirm",
+                    "warning",
+                    f"In vLLM, {where} accepts differently at position {p['position']}",
+                    f"The server accepts {p['production']:.3f} at position {p['position']}, the lab {p['lab']:.3f} "
+                    f"({p['lo']:.3f}–{p['hi']:.3f}, run {item['run_id']}): on the same prompts, the two engines draft "
+                    f"differently (draft sampling, the prompt's rendering or numerics; this confirm does not tell which).",
+                    "confirm",
+                    "Compare the draft's sampling (vLLM drafts greedily by default) and the prompts' rendering "
+                    "with the lab's; serve by the server's figures.",
+                    None,
+                    {**data, "series_id": int(r.series_id), "position": p},
+                )
+            )
     return found
 
 
@@ -758,7 +1100,8 @@ VLLM_CPU_SAMPLING_CAUSE = (
     "A cause in vLLM 0.32's CPU build: vllm/utils/cpu_triton_utils.py's _expand_kernel_impl writes into an int64 "
     "copy of its output (_ensure_int64), so the rejection sampler's expand_batch_to_tokens returns uninitialised "
     "memory for the float32 temperatures and apply_sampling_constraints divides the verified logits by it; greedy "
-    "requests return before that, so greedy outputs stay equal.")
+    "requests return before that, so greedy outputs stay equal."
+)
 
 
 def _withheld(r, where: str, data: dict) -> list[dict]:
@@ -769,38 +1112,71 @@ def _withheld(r, where: str, data: dict) -> list[dict]:
     warning = r.speedup_warning if isinstance(r.speedup_warning, str) else None
     test = json.loads(r.outputs_test) if isinstance(r.outputs_test, str) else None
     if test is not None and test.get("differs"):
-        return [_finding(
-            "confirm", "error", f"In vLLM, {where}: speculation changed the output distribution in this server",
-            f"{_cap(warning or 'no speedup is shown')} (sampled with the experiment's settings, against the same "
-            f"server's target-only answers to the same prompts; {test['tests']}, family-wise α {test['alpha']:g}). "
-            f"{VLLM_CPU_SAMPLING_CAUSE}", "confirm",
-            "Serve without speculation under sampling in this server until it is fixed (greedy requests are not "
-            "affected), or confirm in another build or engine.", None, {**data, "outputs_test": test})]
-    if warning is None or r.outputs_match_server_baseline == r.outputs_match_server_baseline and \
-            r.outputs_match_server_baseline is not None and r.outputs_match_server_baseline < 1:
+        return [
+            _finding(
+                "confirm",
+                "error",
+                f"In vLLM, {where}: speculation changed the output distribution in this server",
+                f"{_cap(warning or 'no speedup is shown')} (sampled with the experiment's settings, against the same "
+                f"server's target-only answers to the same prompts; {test['tests']}, family-wise α {test['alpha']:g}). "
+                f"{VLLM_CPU_SAMPLING_CAUSE}",
+                "confirm",
+                "Serve without speculation under sampling in this server until it is fixed (greedy requests are not "
+                "affected), or confirm in another build or engine.",
+                None,
+                {**data, "outputs_test": test},
+            )
+        ]
+    if (
+        warning is None
+        or r.outputs_match_server_baseline == r.outputs_match_server_baseline
+        and r.outputs_match_server_baseline is not None
+        and r.outputs_match_server_baseline < 1
+    ):
         return []
-    return [_finding("confirm", "warning", f"In vLLM, {where} has no speedup to show", _cap(warning) + ".", "confirm",
-                     "Confirm again with more passes (--repeats) on a quieter machine.", None,
-                     {**data, "speedup_warning": warning})]
+    return [
+        _finding(
+            "confirm",
+            "warning",
+            f"In vLLM, {where} has no speedup to show",
+            _cap(warning) + ".",
+            "confirm",
+            "Confirm again with more passes (--repeats) on a quieter machine.",
+            None,
+            {**data, "speedup_warning": warning},
+        )
+    ]
 
 
 # What to check when a served EAGLE-3 head accepts far less than in the lab, each from vLLM 0.32's and SGLang's
 # source (engine/models/eagle3.py's docstring has the file:line of each).
 HEAD_CHECKS = (
-    ("aux_layer_ids", "the aux-layer ids: vLLM (and DraftLab) read eagle_aux_hidden_state_layer_ids as the INPUT of "
-                      "decoder layer i (transformers' hidden_states[i]); SGLang and SpecForge write the OUTPUT of "
-                      "layer i, one lower, and vLLM reads an SGLang-layout eagle_config's ids unshifted too, so a "
-                      "head trained there reads one layer too early here unless each id is raised by 1 (`draftlab "
-                      "convert-head --to speculators` does; `draftlab check-head {head} --target {target}` measures "
-                      "which ids fit)"),
-    ("norm_before_fc", "norm_before_fc: vLLM applies the head's input_norm when config.json sets it and drops that "
-                       "weight when it does not; SGLang never applies it. The flag must say how the head was trained"),
-    ("d2t", "the draft vocabulary mapping: a draft id d proposes target id d + d2t[d]; a head drafting over the whole "
-            "vocabulary has no d2t in vLLM (its lm_head rows must be in target-id order), and a d2t built for "
-            "another tokenizer or vocabulary proposes the wrong ids"),
-    ("chat_template", "the chat template: the head learned from text rendered with the target's chat template; the "
-                      "server tokenizes the lab's rendered prompts with the target's tokenizer (check BOS and the "
-                      "template match what the head was trained on)"),
+    (
+        "aux_layer_ids",
+        "the aux-layer ids: vLLM (and DraftLab) read eagle_aux_hidden_state_layer_ids as the INPUT of "
+        "decoder layer i (transformers' hidden_states[i]); SGLang and SpecForge write the OUTPUT of "
+        "layer i, one lower, and vLLM reads an SGLang-layout eagle_config's ids unshifted too, so a "
+        "head trained there reads one layer too early here unless each id is raised by 1 (`draftlab "
+        "convert-head --to speculators` does; `draftlab check-head {head} --target {target}` measures "
+        "which ids fit)",
+    ),
+    (
+        "norm_before_fc",
+        "norm_before_fc: vLLM applies the head's input_norm when config.json sets it and drops that "
+        "weight when it does not; SGLang never applies it. The flag must say how the head was trained",
+    ),
+    (
+        "d2t",
+        "the draft vocabulary mapping: a draft id d proposes target id d + d2t[d]; a head drafting over the whole "
+        "vocabulary has no d2t in vLLM (its lm_head rows must be in target-id order), and a d2t built for "
+        "another tokenizer or vocabulary proposes the wrong ids",
+    ),
+    (
+        "chat_template",
+        "the chat template: the head learned from text rendered with the target's chat template; the "
+        "server tokenizes the lab's rendered prompts with the target's tokenizer (check BOS and the "
+        "template match what the head was trained on)",
+    ),
 )
 
 
@@ -812,30 +1188,54 @@ def _collapse(ctx: _Context, r, where: str, data: dict) -> list[dict]:
     if r.series_id is None or r.series_id != r.series_id or r.run_id is None or r.run_id != r.run_id:
         return []
     with ctx.store.read() as conn:
-        config = json.loads(conn.execute(text("SELECT speculative_config FROM server_measurements WHERE id = :m"),
-                                         {"m": int(r.measurement_id)}).scalar() or "{}")
+        config = json.loads(
+            conn.execute(
+                text("SELECT speculative_config FROM server_measurements WHERE id = :m"), {"m": int(r.measurement_id)}
+            ).scalar()
+            or "{}"
+        )
     if config.get("num_speculative_tokens_per_batch_size"):
         return []  # a schedule's k varies with the batch: its rate is not one k's
     result = collapse(ctx.store, int(r.series_id), int(r.run_id))
     if result is None or not result["collapsed"]:
         return []
-    figures = (f"The server accepts {result['server']:.3f} of its draft tokens (at most {result['server_hi']:.3f} "
-               f"over {result['drafts']} drafts), the lab {result['lab']:.3f} ({result['lab_lo']:.3f}–"
-               f"{result['lab_hi']:.3f} over {result['prompts']} prompts, run {result['run_id']})")
+    figures = (
+        f"The server accepts {result['server']:.3f} of its draft tokens (at most {result['server_hi']:.3f} "
+        f"over {result['drafts']} drafts), the lab {result['lab']:.3f} ({result['lab_lo']:.3f}–"
+        f"{result['lab_hi']:.3f} over {result['prompts']} prompts, run {result['run_id']})"
+    )
     facts = {**data, **result, "method": config.get("method"), "head": None, "checks": []}
     if config.get("method") == "eagle3":
         head = str(config.get("model") or "")
         target = ctx.experiment.get("target") or "TARGET"
         facts.update(head=head, checks=[key for key, _ in HEAD_CHECKS])
-        return [_finding(
-            "confirm", "warning", f"In vLLM, the EAGLE-3 head of {where} collapses",
-            f"{figures}: under half the lab's even at the intervals' edges, on the same prompts, so the server "
-            f"reads the head {head} differently from the lab.", "confirm",
-            "Check, in order: " + "; ".join(f"({i}) {check.format(head=head, target=target)}"
-                                            for i, (_, check) in enumerate(HEAD_CHECKS, 1)) + ".",
-            None, facts)]
-    return [_finding(
-        "confirm", "warning", f"In vLLM, {where} collapses",
-        f"{figures}: under half the lab's even at the intervals' edges, on the same prompts.", "confirm",
-        "Check that the server drafts with what the lab measured: the speculative config's model, its dtype and "
-        "tokenizer, and the prompts' rendering.", None, facts)]
+        return [
+            _finding(
+                "confirm",
+                "warning",
+                f"In vLLM, the EAGLE-3 head of {where} collapses",
+                f"{figures}: under half the lab's even at the intervals' edges, on the same prompts, so the server "
+                f"reads the head {head} differently from the lab.",
+                "confirm",
+                "Check, in order: "
+                + "; ".join(
+                    f"({i}) {check.format(head=head, target=target)}" for i, (_, check) in enumerate(HEAD_CHECKS, 1)
+                )
+                + ".",
+                None,
+                facts,
+            )
+        ]
+    return [
+        _finding(
+            "confirm",
+            "warning",
+            f"In vLLM, {where} collapses",
+            f"{figures}: under half the lab's even at the intervals' edges, on the same prompts.",
+            "confirm",
+            "Check that the server drafts with what the lab measured: the speculative config's model, its dtype and "
+            "tokenizer, and the prompts' rendering.",
+            None,
+            facts,
+        )
+    ]

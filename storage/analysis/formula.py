@@ -12,6 +12,7 @@ labelled "at the run's own α, c". The cost-aware prediction's best k (`cost_awa
 the findings' and the Theory page's.
 Plain pandas + SQL, no torch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,9 +20,8 @@ from dataclasses import dataclass
 import pandas as pd
 from sqlalchemy import text
 
-from engine.metrics import theory
 from engine.config.drafter_specs import SPECS
-
+from engine.metrics import theory
 from storage.db.store import Store
 
 MIN_VERIFIED = 30  # verified draft tokens below which a pooled α (and so the formula) is not reported
@@ -55,8 +55,10 @@ class Pooled:
         return theory.best_k(self.alpha, self.c)
 
     def describe(self) -> str:
-        return (f"α = {self.alpha:.3f} (pooled over {self.verified} verified draft tokens of {self.runs} finished "
-                f"run{'s' if self.runs != 1 else ''}) and c = {self.c:.2f} (their mean)")
+        return (
+            f"α = {self.alpha:.3f} (pooled over {self.verified} verified draft tokens of {self.runs} finished "
+            f"run{'s' if self.runs != 1 else ''}) and c = {self.c:.2f} (their mean)"
+        )
 
 
 def pooled_inputs(store: Store, experiment_id: int, batch_size: int | None = None) -> Pooled | None:
@@ -64,15 +66,23 @@ def pooled_inputs(store: Store, experiment_id: int, batch_size: int | None = Non
     were verified by finished constant-k runs with a measured c. batch_size: only that batch size's runs (a grid's
     α and c differ per batch size: never pooled across them)."""
     params = {"eid": experiment_id, "bs": batch_size, **{f"d{i}": name for i, name in enumerate(_CONSTANT_K)}}
-    sql = _POOLED_SQL.format(constant=", ".join(f":d{i}" for i in range(len(_CONSTANT_K))),
-                             at_batch=" AND r.batch_size = :bs" if batch_size is not None else "")
+    sql = _POOLED_SQL.format(
+        constant=", ".join(f":d{i}" for i in range(len(_CONSTANT_K))),
+        at_batch=" AND r.batch_size = :bs" if batch_size is not None else "",
+    )
     with store.read() as conn:
         row = conn.execute(text(sql), params).mappings().first()
-    if row is None or not row["runs"] or row["verified"] is None or int(row["verified"]) < MIN_VERIFIED \
-            or row["c"] is None:
+    if (
+        row is None
+        or not row["runs"]
+        or row["verified"] is None
+        or int(row["verified"]) < MIN_VERIFIED
+        or row["c"] is None
+    ):
         return None
-    return Pooled(float(row["accepted"]) / float(row["verified"]), float(row["c"]), int(row["verified"]),
-                  int(row["runs"]))
+    return Pooled(
+        float(row["accepted"]) / float(row["verified"]), float(row["c"]), int(row["verified"]), int(row["runs"])
+    )
 
 
 def formula_curve(pooled: Pooled, k_values=()) -> pd.DataFrame:
@@ -97,8 +107,8 @@ def cost_aware_best(store: Store, experiment_id: int) -> tuple[int, float] | Non
     """The experiment's cost-aware best k, the one every page and finding reports: cost_aware_top over the runs the
     verdict can choose from (storage/analysis/verdict.py's candidates: finished, usable; a grid's at its smallest batch
     size)."""
-    from storage.records import queries as q
     from storage.analysis.verdict import verdict
+    from storage.records import queries as q
 
     chosen = {c.run_id for c in verdict(store, experiment_id).candidates}
     runs = q.runs(store, experiment_id)

@@ -20,23 +20,24 @@ Each batch size's runs are paired with their own target-only baseline at that ba
 are that batch size's. Only a k grid has a schedule to serve as k; a grid over another variable has the same
 choice per batch size (its `value`). No torch, no streamlit.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pandas as pd
 
-from engine.errors import DraftLabError
 from engine.config.variables import variable
-
-from storage.records import queries as q
-from storage.db.store import Store
+from engine.errors import DraftLabError
 from storage.analysis.verdict import Choice, Verdict, judge
+from storage.db.store import Store
+from storage.records import queries as q
 
 
 @dataclass(frozen=True)
 class Step:
     """One batch size of the schedule."""
+
     batch_size: int
     verdict: Verdict
     served: Choice | None  # the run whose configuration to serve; None when off or nothing finished
@@ -57,12 +58,22 @@ class Step:
 
     def as_dict(self) -> dict:
         best, shown = self.verdict.best, self.served or self.verdict.best
-        return {"batch_size": self.batch_size, "k": self.k, "value": self.value, "off": self.off,
-                "loses": self.loses, "gains": self.gains, "run_id": self.served.run_id if self.served else None,
-                "speedup": shown.speedup if shown else None, "speedup_ci": list(shown.ci) if shown else None,
-                "best": best.value if best else None, "best_run_id": best.run_id if best else None,
-                "tied_with": [t.value for t in self.verdict.tied], "too_wide": self.verdict.too_wide,
-                "text": self.text}
+        return {
+            "batch_size": self.batch_size,
+            "k": self.k,
+            "value": self.value,
+            "off": self.off,
+            "loses": self.loses,
+            "gains": self.gains,
+            "run_id": self.served.run_id if self.served else None,
+            "speedup": shown.speedup if shown else None,
+            "speedup_ci": list(shown.ci) if shown else None,
+            "best": best.value if best else None,
+            "best_run_id": best.run_id if best else None,
+            "tied_with": [t.value for t in self.verdict.tied],
+            "too_wide": self.verdict.too_wide,
+            "text": self.text,
+        }
 
 
 @dataclass(frozen=True)
@@ -79,8 +90,7 @@ class Schedule:
             if step.batch_size == batch_size:
                 return step
         sizes = ", ".join(str(s.batch_size) for s in self.steps)
-        raise DraftLabError(f"experiment {self.experiment_id} measured no batch size {batch_size}; pick one of "
-                            f"{sizes}")
+        raise DraftLabError(f"experiment {self.experiment_id} measured no batch size {batch_size}; pick one of {sizes}")
 
     @property
     def ranges(self) -> list[list[int]]:
@@ -126,8 +136,9 @@ class Schedule:
             elif s.off:
                 parts.append(f"batch {s.batch_size}: off (not measurably faster: {_interval(best)} at best)")
             else:
-                parts.append(f"batch {s.batch_size}: {swept.name} = {swept.show(s.served.value)} "
-                             f"({_interval(s.served)})")
+                parts.append(
+                    f"batch {s.batch_size}: {swept.name} = {swept.show(s.served.value)} ({_interval(s.served)})"
+                )
         text = ("k schedule: " if self.variable == "k" else f"best {swept.name} per batch size: ") + "; ".join(parts)
         off = self.off_from
         if off is not None:
@@ -140,18 +151,26 @@ class Schedule:
         out = []
         for step in self.steps:
             served = step.served
-            entry = {"batch_size": step.batch_size, "k": step.k, "speedup": served.speedup if served else None,
-                     "speedup_ci": list(served.ci) if served else None,
-                     "tied_with": [t.value for t in step.verdict.tied]}
+            entry = {
+                "batch_size": step.batch_size,
+                "k": step.k,
+                "speedup": served.speedup if served else None,
+                "speedup_ci": list(served.ci) if served else None,
+                "tied_with": [t.value for t in step.verdict.tied],
+            }
             if served is None:
                 entry["text"] = step.text
             out.append(entry)
         return out
 
     def as_dict(self) -> dict:
-        return {"variable": self.variable, "steps": [s.as_dict() for s in self.steps],
-                "num_speculative_tokens_per_batch_size": self.ranges or None, "off_from": self.off_from,
-                "text": self.text}
+        return {
+            "variable": self.variable,
+            "steps": [s.as_dict() for s in self.steps],
+            "num_speculative_tokens_per_batch_size": self.ranges or None,
+            "off_from": self.off_from,
+            "text": self.text,
+        }
 
 
 def schedule(store: Store, experiment_id: int) -> Schedule | None:
@@ -160,8 +179,13 @@ def schedule(store: Store, experiment_id: int) -> Schedule | None:
     sizes = q.grid_sizes(exp)
     if sizes is None:
         return None
-    return judge_schedule(experiment_id, exp.get("sweep_variable") or "k", sizes, q.runs(store, experiment_id),
-                          q.choosable(store, experiment_id))
+    return judge_schedule(
+        experiment_id,
+        exp.get("sweep_variable") or "k",
+        sizes,
+        q.runs(store, experiment_id),
+        q.choosable(store, experiment_id),
+    )
 
 
 def schedule_dict(store: Store, experiment_id: int) -> dict | None:
@@ -169,8 +193,9 @@ def schedule_dict(store: Store, experiment_id: int) -> dict | None:
     return None if s is None else s.as_dict()
 
 
-def judge_schedule(experiment_id: int, sweep_variable: str, sizes: list[int], runs: pd.DataFrame,
-                   ranked: list[int]) -> Schedule:
+def judge_schedule(
+    experiment_id: int, sweep_variable: str, sizes: list[int], runs: pd.DataFrame, ranked: list[int]
+) -> Schedule:
     """The schedule from a grid's runs (queries.runs) and its choosable run ids, best first (queries.choosable)."""
     steps = []
     for size in sorted(sizes):
@@ -188,24 +213,32 @@ def _step(size: int, v: Verdict, sweep_variable: str) -> Step:
         return Step(size, v, None, None, False, False, f"at batch {size}: {v.text}")
     if best.ci[1] < 1.0:
         cost = 100 * (1 - best.speedup)
-        text = (f"at batch {size} speculation costs {cost:.0f} % ({_interval(best)} at the best {swept.name}, "
-                f"{swept.show(best.value)}): switch it off (k = 0) at batch {size}")
+        text = (
+            f"at batch {size} speculation costs {cost:.0f} % ({_interval(best)} at the best {swept.name}, "
+            f"{swept.show(best.value)}): switch it off (k = 0) at batch {size}"
+        )
         return Step(size, v, None, 0, True, False, text)
     if served is None:
-        text = (f"at batch {size} no {swept.name} is measurably faster than the target alone (the best, "
-                f"{swept.name} = {swept.show(best.value)}, at {_interval(best)}): serve the target alone there "
-                f"(k = 0: tied with the best, and cheaper); more --repeats or prompts could still show a gain")
+        text = (
+            f"at batch {size} no {swept.name} is measurably faster than the target alone (the best, "
+            f"{swept.name} = {swept.show(best.value)}, at {_interval(best)}): serve the target alone there "
+            f"(k = 0: tied with the best, and cheaper); more --repeats or prompts could still show a gain"
+        )
         return Step(size, v, None, 0, False, False, text)
     name, show = swept.name, swept.show
     text = f"at batch {size}: serve {name} = {show(served.value)} at {_interval(served)}"
     if served is not best:
-        text += (f", tied with the best, {name} = {show(best.value)} at {_interval(best)}, and "
-                 + (f"cheaper ({swept.cheaper_because})" if v.cheaper is not None else
-                    "measurably faster than the target alone, which the best is not"))
+        text += f", tied with the best, {name} = {show(best.value)} at {_interval(best)}, and " + (
+            f"cheaper ({swept.cheaper_because})"
+            if v.cheaper is not None
+            else "measurably faster than the target alone, which the best is not"
+        )
     slower = [c for c in v.tied if c.ci[0] <= 1.0 and c is not served]
     if slower:
-        text += (f"; {name} = {', '.join(show(c.value) for c in slower)} also tied with the best but not measurably "
-                 f"faster than the target alone")
+        text += (
+            f"; {name} = {', '.join(show(c.value) for c in slower)} also tied with the best but not measurably "
+            f"faster than the target alone"
+        )
     if v.too_wide:
         text += "; the best's interval is too wide to choose by: rerun with more --repeats or more prompts"
     return Step(size, v, served, int(served.k) if served.k is not None else None, False, True, text)

@@ -10,6 +10,7 @@ It does not hold when
 A rise of α is reported as a rise (the test looks for a drop only). Sets are named by their names
 (engine/text/prompt_sets.py's set_name: `code:validation`, an uploaded file's own name).
 """
+
 from __future__ import annotations
 
 import math
@@ -19,13 +20,12 @@ from statistics import NormalDist
 import pandas as pd
 from sqlalchemy import text
 
-from engine.text.prompt_sets import BUILTIN_SETS, set_name
 from engine.config.run_config import RUN_PARAMETERS, RunConfig
-
-from storage.records import queries as q
 from engine.metrics.stats import clustered_ratio_se
-from storage.db.store import Store
+from engine.text.prompt_sets import BUILTIN_SETS, set_name
 from storage.analysis.verdict import verdict
+from storage.db.store import Store
+from storage.records import queries as q
 
 CONFIDENCE = 0.95  # of the one-sided test for a drop of α
 Z_ONE_SIDED = NormalDist().inv_cdf(CONFIDENCE)  # 1.645
@@ -45,10 +45,14 @@ def held_out_prompts(spec: str) -> str:
     if name in BUILTIN_SETS:
         if split in ("", "tune"):
             return f"{name}:validation"
-        raise ValidationError(f"the experiment already ran on {spec!r}, not a tune split; pass held-out prompts "
-                              f"with --prompts (a built-in NAME:validation or a .jsonl/.csv/.txt file)")
-    raise ValidationError(f"the experiment ran on the file {set_name(spec)!r}, which has no built-in held-out split; "
-                          f"pass the held-out prompts with --prompts FILE")
+        raise ValidationError(
+            f"the experiment already ran on {spec!r}, not a tune split; pass held-out prompts "
+            f"with --prompts (a built-in NAME:validation or a .jsonl/.csv/.txt file)"
+        )
+    raise ValidationError(
+        f"the experiment ran on the file {set_name(spec)!r}, which has no built-in held-out split; "
+        f"pass the held-out prompts with --prompts FILE"
+    )
 
 
 def _chosen_run(store: Store, experiment_id: int) -> pd.Series:
@@ -61,8 +65,10 @@ def _chosen_run(store: Store, experiment_id: int) -> pd.Series:
     if row is None and v.best is not None:
         row = v.run(runs, "best")
     if row is None:
-        raise ValidationError(f"experiment {experiment_id} has no finished best configuration to validate "
-                              f"({v.text}); let it finish or resume it first")
+        raise ValidationError(
+            f"experiment {experiment_id} has no finished best configuration to validate "
+            f"({v.text}); let it finish or resume it first"
+        )
     return row
 
 
@@ -72,29 +78,37 @@ def validation_plan(store: Store, experiment_id: int, prompts: str | None = None
     if exp is None:
         raise ValidationError(f"no experiment {experiment_id} in {store.safe_url}; `draftlab list` shows the ids")
     if exp.get("validates"):
-        raise ValidationError(f"experiment {experiment_id} is itself a validation (of experiment {exp['validates']}); "
-                              f"validate the tuning experiment instead")
+        raise ValidationError(
+            f"experiment {experiment_id} is itself a validation (of experiment {exp['validates']}); "
+            f"validate the tuning experiment instead"
+        )
     best = _chosen_run(store, experiment_id)
     held_out = prompts or held_out_prompts(exp["prompts"])
     if held_out.strip() == exp["prompts"].strip():
-        raise ValidationError(f"--prompts {set_name(held_out)!r} is the set the experiment was tuned on; pass "
-                              f"held-out prompts")
+        raise ValidationError(
+            f"--prompts {set_name(held_out)!r} is the set the experiment was tuned on; pass held-out prompts"
+        )
     # The chosen run's own configuration (engine/config/run_config.py: every parameter, the run's value else the
     # experiment's), rerun alone at the batch size it was measured at (a grid's: its smallest, whose verdict this
     # is), drafting as it did, on the held-out prompts.
     config = replace(RunConfig.of_run(best.to_dict(), exp), prompts=held_out)
     k, drafter, draft = config.value("k"), config.value("drafter"), config.value("draft")
-    return {**config.enqueue(),
-            "name": f"validate #{experiment_id}: k={k} {drafter} {draft} on {set_name(held_out)}",
-            "validates": experiment_id, "tags": exp.get("tag_list") or []}
+    return {
+        **config.enqueue(),
+        "name": f"validate #{experiment_id}: k={k} {drafter} {draft} on {set_name(held_out)}",
+        "validates": experiment_id,
+        "tags": exp.get("tag_list") or [],
+    }
 
 
 # --- α with a prompt-level standard error ----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class AlphaEstimate:
     """A run's α = Σ accepted / Σ verified over its prompts, and the standard error of that ratio with the prompt
     as the sampled unit (tokens of one prompt are not independent draws: they share its text and its drafts)."""
+
     alpha: float
     se: float | None  # None under two prompts
     prompts: int
@@ -105,9 +119,13 @@ def alpha_estimate(store: Store, run_id: int) -> AlphaEstimate | None:
     """The run's α and its prompt-level standard error (engine/metrics/stats.py's clustered_ratio_se over the run's
     per-prompt rollups); None without verified draft tokens."""
     with store.read() as conn:
-        rows = conn.execute(text("SELECT accepted, accepted + rejected AS verified FROM prompt_results "
-                                 "WHERE run_id = :rid AND accepted IS NOT NULL AND rejected IS NOT NULL"),
-                            {"rid": int(run_id)}).all()
+        rows = conn.execute(
+            text(
+                "SELECT accepted, accepted + rejected AS verified FROM prompt_results "
+                "WHERE run_id = :rid AND accepted IS NOT NULL AND rejected IS NOT NULL"
+            ),
+            {"rid": int(run_id)},
+        ).all()
     estimate = clustered_ratio_se([r.accepted for r in rows], [r.verified for r in rows])
     if estimate is None:
         return None
@@ -146,8 +164,10 @@ def _tuning_run(store: Store, tuned_id: int, validation: pd.Series) -> pd.Series
 
 def _same_configuration(a: pd.Series, b: pd.Series) -> bool:
     """Whether two runs decoded alike: every parameter a run stores (engine/config/run_config.py's RUN_PARAMETERS)."""
+
     def norm(value):
         return None if value is None or (not isinstance(value, str) and pd.isna(value)) else value
+
     return all(norm(a.get(key)) == norm(b.get(key)) for key in RUN_PARAMETERS)
 
 
@@ -163,41 +183,63 @@ def validation_result(store: Store, validation_id: int) -> dict:
     validation = runs[runs["kind"] == "speculative"].iloc[0]
     tune = _tuning_run(store, tuned_id, validation)
     tune_set, held_set = set_name(tuned.get("prompts")), set_name(exp.get("prompts"))
-    result = {"experiment_id": validation_id, "validates": tuned_id,
-              "configuration": {"k": int(validation["k"]), "draft": exp["draft"], "drafter": exp.get("drafter"),
-                                **exp["sampling"]},
-              "tune": tune, "validation": validation, "tune_set": tune_set, "validation_set": held_set,
-              "alpha": None, "holds": None, "reason": ""}
+    result = {
+        "experiment_id": validation_id,
+        "validates": tuned_id,
+        "configuration": {
+            "k": int(validation["k"]),
+            "draft": exp["draft"],
+            "drafter": exp.get("drafter"),
+            **exp["sampling"],
+        },
+        "tune": tune,
+        "validation": validation,
+        "tune_set": tune_set,
+        "validation_set": held_set,
+        "alpha": None,
+        "holds": None,
+        "reason": "",
+    }
     if validation["status"] != "done" or pd.isna(validation["speedup"]) or pd.isna(validation["speedup_ci_lo"]):
         result["reason"] = f"the validation run is {validation['status']}; no verdict yet"
         return result
     a_tune, a_held = alpha_estimate(store, int(tune["run_id"])), alpha_estimate(store, int(validation["run_id"]))
     z = alpha_drop_z(a_tune, a_held) if a_tune and a_held else None
     if a_tune and a_held:
-        result["alpha"] = {"tune": a_tune.alpha, "tune_se": a_tune.se, "validation": a_held.alpha,
-                           "validation_se": a_held.se, "z": z, "critical": Z_ONE_SIDED,
-                           "test": f"one-sided drop at {100 * (1 - CONFIDENCE):.0f} %, prompt-level standard errors"}
+        result["alpha"] = {
+            "tune": a_tune.alpha,
+            "tune_se": a_tune.se,
+            "validation": a_held.alpha,
+            "validation_se": a_held.se,
+            "z": z,
+            "critical": Z_ONE_SIDED,
+            "test": f"one-sided drop at {100 * (1 - CONFIDENCE):.0f} %, prompt-level standard errors",
+        }
     alpha, dropped = _alpha_words(a_tune, a_held, z, tune_set, held_set)
-    speed = (f"speedup {validation['speedup']:.2f}× ({validation['speedup_ci_lo']:.2f}–"
-             f"{validation['speedup_ci_hi']:.2f}) on {held_set} against {tune['speedup']:.2f}× "
-             f"({tune['speedup_ci_lo']:.2f}–{tune['speedup_ci_hi']:.2f}) on {tune_set}")
+    speed = (
+        f"speedup {validation['speedup']:.2f}× ({validation['speedup_ci_lo']:.2f}–"
+        f"{validation['speedup_ci_hi']:.2f}) on {held_set} against {tune['speedup']:.2f}× "
+        f"({tune['speedup_ci_lo']:.2f}–{tune['speedup_ci_hi']:.2f}) on {tune_set}"
+    )
     if dropped:
         result.update(holds=False, reason=f"does not hold: {alpha}; {speed}")
     elif validation["speedup_ci_hi"] < tune["speedup_ci_lo"]:
-        result.update(holds=False, reason=f"does not hold: the {speed}, its interval wholly below the tuning run's; "
-                                          f"{alpha}")
+        result.update(
+            holds=False, reason=f"does not hold: the {speed}, its interval wholly below the tuning run's; {alpha}"
+        )
     else:
         result.update(holds=True, reason=f"holds: {alpha}; {speed}")
     return result
 
 
-def _alpha_words(tune: AlphaEstimate | None, held: AlphaEstimate | None, z: float | None, tune_set: str,
-                 held_set: str) -> tuple[str, bool]:
+def _alpha_words(
+    tune: AlphaEstimate | None, held: AlphaEstimate | None, z: float | None, tune_set: str, held_set: str
+) -> tuple[str, bool]:
     """(what the α comparison found, in words; whether α dropped beyond sampling error)."""
     if tune is None or held is None:
         return "α not measured (no verified draft tokens)", False
     change = held.alpha - tune.alpha
-    moved = (f"from {tune.alpha:.3f} on {tune_set} to {held.alpha:.3f} on {held_set} ({change:+.3f})")
+    moved = f"from {tune.alpha:.3f} on {tune_set} to {held.alpha:.3f} on {held_set} ({change:+.3f})"
     test = f"one-sided test at {100 * (1 - CONFIDENCE):.0f} %, prompt-level standard errors"
     if change > 0:
         return f"α rose {moved}", False

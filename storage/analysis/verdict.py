@@ -20,6 +20,7 @@ the latter); the k schedule (storage/analysis/schedule.py) is this
 verdict at each batch size of a grid and the experiments listing takes its best columns from `verdicts`; a run's swept value is engine/config/variables.py's `run_value` (the name for a
 draft or drafter sweep, the number otherwise). No torch, no streamlit.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -27,16 +28,16 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from engine.config.variables import variable
-from engine.wording import plural
-
-from storage.records import queries as q
 from engine.metrics.stats import TOO_WIDE, tied_with
+from engine.wording import plural
 from storage.db.store import Store
+from storage.records import queries as q
 
 
 @dataclass(frozen=True)
 class Choice:
     """One choosable run: its swept value and what it measured."""
+
     run_id: int
     value: int | float | str
     speedup: float
@@ -45,8 +46,13 @@ class Choice:
     cost: float | None  # engine/config/variables.py's cost of serving its value (None: not comparable)
 
     def as_dict(self) -> dict:
-        return {"run_id": self.run_id, "value": self.value, "speedup": self.speedup, "speedup_ci": list(self.ci),
-                "k": self.k}
+        return {
+            "run_id": self.run_id,
+            "value": self.value,
+            "speedup": self.speedup,
+            "speedup_ci": list(self.ci),
+            "k": self.k,
+        }
 
 
 @dataclass(frozen=True)
@@ -77,8 +83,11 @@ class Verdict:
     @property
     def cheaper(self) -> Choice | None:
         """The cheaper tied choice when there is one (then `chosen`), else None."""
-        return self.chosen if self.chosen is not None and self.best is not None \
-            and _cheaper(self.chosen, self.best) else None
+        return (
+            self.chosen
+            if self.chosen is not None and self.best is not None and _cheaper(self.chosen, self.best)
+            else None
+        )
 
     def show(self, value) -> str:
         """A swept value as the verdict's sentences write it: 2, 0.7, demo-draft, prompt-lookup:3."""
@@ -97,13 +106,22 @@ class Verdict:
         deploy; None: the target alone), chosen_run_id, k (the k to serve, 0: the target alone), cheaper (the
         cheaper tied value or None), cheaper_because, variable, pending."""
         b, c = self.best, self.chosen
-        return {"variable": self.variable, "best": b.value if b else None, "best_run_id": b.run_id if b else None,
-                "speedup": b.speedup if b else None, "speedup_ci": list(b.ci) if b else None,
-                "tied_with": [t.value for t in self.tied], "too_wide": self.too_wide,
-                "chosen": c.value if c else None, "chosen_run_id": c.run_id if c else None, "k": self.k,
-                "cheaper": self.cheaper.value if self.cheaper else None,
-                "cheaper_because": variable(self.variable).cheaper_because if self.cheaper else None,
-                "pending": self.pending, "text": self.text}
+        return {
+            "variable": self.variable,
+            "best": b.value if b else None,
+            "best_run_id": b.run_id if b else None,
+            "speedup": b.speedup if b else None,
+            "speedup_ci": list(b.ci) if b else None,
+            "tied_with": [t.value for t in self.tied],
+            "too_wide": self.too_wide,
+            "chosen": c.value if c else None,
+            "chosen_run_id": c.run_id if c else None,
+            "k": self.k,
+            "cheaper": self.cheaper.value if self.cheaper else None,
+            "cheaper_because": variable(self.variable).cheaper_because if self.cheaper else None,
+            "pending": self.pending,
+            "text": self.text,
+        }
 
 
 def verdict(store: Store, experiment_id: int) -> Verdict:
@@ -116,8 +134,10 @@ def verdict(store: Store, experiment_id: int) -> Verdict:
 def verdicts(rows: pd.DataFrame) -> dict[int, Verdict]:
     """The verdict of every experiment in queries.verdict_rows(store) (all experiments from one query: the
     experiments listing, storage/analysis/catalog.py): the same as verdict(store, id) for each."""
-    return {int(eid): _judged(int(eid), group.iloc[0].to_dict(), group)
-            for eid, group in rows.groupby("experiment_id", sort=False)}
+    return {
+        int(eid): _judged(int(eid), group.iloc[0].to_dict(), group)
+        for eid, group in rows.groupby("experiment_id", sort=False)
+    }
 
 
 def _judged(experiment_id: int, experiment: dict, rows: pd.DataFrame) -> Verdict:
@@ -163,18 +183,25 @@ def judge(experiment_id: int, sweep_variable: str, runs: pd.DataFrame, ranked: l
     if tied:
         text += f", tied with {_words([show(c.value) for c in tied])}"
     if too_wide:
-        text += (f"; the interval is too wide to choose by (more than {100 * (TOO_WIDE - 1):.0f} % from end to end): "
-                 f"rerun with more --repeats or more prompts")
+        text += (
+            f"; the interval is too wide to choose by (more than {100 * (TOO_WIDE - 1):.0f} % from end to end): "
+            f"rerun with more --repeats or more prompts"
+        )
     elif tied and len(tied) == len(others):
         text += "; no configuration is measurably better than the others"
     if chosen is None:
-        text += ("; serve the target alone (k = 0): speculation is measurably slower" if best.ci[1] < 1.0 else
-                 f"; serve the target alone (k = 0): no {swept.name} is measurably faster than it")
+        text += (
+            "; serve the target alone (k = 0): speculation is measurably slower"
+            if best.ci[1] < 1.0
+            else f"; serve the target alone (k = 0): no {swept.name} is measurably faster than it"
+        )
     elif _cheaper(chosen, best):
         text += f"; take the cheaper tied {swept.name} = {show(chosen.value)} ({swept.cheaper_because})"
     elif chosen is not best:
-        text += (f"; serve the tied {swept.name} = {show(chosen.value)} at {_interval(chosen)}: measurably faster "
-                 f"than the target alone, which the best is not")
+        text += (
+            f"; serve the tied {swept.name} = {show(chosen.value)} at {_interval(chosen)}: measurably faster "
+            f"than the target alone, which the best is not"
+        )
     text += lossy
     if pending:
         text += f" ({plural(pending, 'run')} still to finish)"
@@ -185,14 +212,23 @@ def _lossy(swept, spec: pd.DataFrame) -> str:
     """The sentence naming finished runs that are not lossless (queries.lossy: CHOOSABLE leaves them out), or ""."""
     if "outputs_match_baseline" not in spec:
         return ""
-    lossy = [i for i, (same, status) in enumerate(zip(spec["outputs_match_baseline"].tolist(), spec["status"].tolist()))
-             if same is False and status == "done"]  # plain lists: the listing judges every experiment at once
+    lossy = [
+        i
+        for i, (same, status) in enumerate(zip(spec["outputs_match_baseline"].tolist(), spec["status"].tolist()))
+        if same is False and status == "done"
+    ]  # plain lists: the listing judges every experiment at once
     if not lossy:
         return ""
-    named = _words([f"run {int(r['run_id'])} ({swept.name} = {swept.show(swept.run_value(r))})"
-                    for _, r in spec.iloc[lossy].iterrows()])
-    return (f"; {named} {'is' if len(lossy) == 1 else 'are'} not lossless (greedy outputs differ from the "
-            f"baseline's): never chosen")
+    named = _words(
+        [
+            f"run {int(r['run_id'])} ({swept.name} = {swept.show(swept.run_value(r))})"
+            for _, r in spec.iloc[lossy].iterrows()
+        ]
+    )
+    return (
+        f"; {named} {'is' if len(lossy) == 1 else 'are'} not lossless (greedy outputs differ from the "
+        f"baseline's): never chosen"
+    )
 
 
 def serve(best: Choice, tied: tuple[Choice, ...], candidates: tuple[Choice, ...]) -> Choice | None:
@@ -216,9 +252,14 @@ def _cheaper(choice: Choice, than: Choice) -> bool:
 
 def _choice(swept, row) -> Choice:
     k = row.get("k")
-    return Choice(int(row["run_id"]), swept.run_value(row), float(row["speedup"]),
-                  (float(row["speedup_ci_lo"]), float(row["speedup_ci_hi"])),
-                  int(k) if k is not None and pd.notna(k) else None, swept.run_cost(row))
+    return Choice(
+        int(row["run_id"]),
+        swept.run_value(row),
+        float(row["speedup"]),
+        (float(row["speedup_ci_lo"]), float(row["speedup_ci_hi"])),
+        int(k) if k is not None and pd.notna(k) else None,
+        swept.run_cost(row),
+    )
 
 
 def _order(value):

@@ -4,9 +4,10 @@
 transaction, so a crash mid-upgrade leaves the database at the old version. Steps only add (columns,
 tables, indexes): an older DraftLab keeps reading a database a newer one upgraded, as far as SQL allows.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sqlalchemy import Connection, inspect, text
 
@@ -30,28 +31,51 @@ def _add_columns(conn: Connection, columns) -> None:
 
 def _v1_to_v2(conn: Connection) -> None:
     """v2: peak memory, device name and tracebacks on runs; the run a worker is executing."""
-    _add_columns(conn, (("runs", "peak_memory_mb", "DOUBLE PRECISION"), ("runs", "device_name", "VARCHAR(200)"),
-                        ("runs", "error_detail", "TEXT"), ("workers", "run_id", "INTEGER")))
+    _add_columns(
+        conn,
+        (
+            ("runs", "peak_memory_mb", "DOUBLE PRECISION"),
+            ("runs", "device_name", "VARCHAR(200)"),
+            ("runs", "error_detail", "TEXT"),
+            ("workers", "run_id", "INTEGER"),
+        ),
+    )
 
 
 def _v2_to_v3(conn: Connection) -> None:
     """v3: timing protocol v2 (repeats, paired speedup with its interval, verify cost, timing warnings,
     `--k auto`), device leases (new tables come from create_all)."""
-    _add_columns(conn, (
-        ("experiments", "repeats", "INTEGER DEFAULT 1"), ("experiments", "k_auto", "INTEGER"),
-        ("experiments", "predicted_curve", "TEXT"), ("workers", "waiting_for", "VARCHAR(200)"),
-        ("runs", "speedup", "DOUBLE PRECISION"), ("runs", "speedup_ci_lo", "DOUBLE PRECISION"),
-        ("runs", "speedup_ci_hi", "DOUBLE PRECISION"), ("runs", "verify_cost", "DOUBLE PRECISION"),
-        ("runs", "predicted_speedup_refined", "DOUBLE PRECISION"), ("runs", "timing_warning", "TEXT")))
+    _add_columns(
+        conn,
+        (
+            ("experiments", "repeats", "INTEGER DEFAULT 1"),
+            ("experiments", "k_auto", "INTEGER"),
+            ("experiments", "predicted_curve", "TEXT"),
+            ("workers", "waiting_for", "VARCHAR(200)"),
+            ("runs", "speedup", "DOUBLE PRECISION"),
+            ("runs", "speedup_ci_lo", "DOUBLE PRECISION"),
+            ("runs", "speedup_ci_hi", "DOUBLE PRECISION"),
+            ("runs", "verify_cost", "DOUBLE PRECISION"),
+            ("runs", "predicted_speedup_refined", "DOUBLE PRECISION"),
+            ("runs", "timing_warning", "TEXT"),
+        ),
+    )
 
 
 def _v3_to_v4(conn: Connection) -> None:
     """v4: each run's draft, drafter, its draft's size and swept value as text (sweeps over drafts and drafting
     strategies); the experiment a validation experiment validates."""
-    _add_columns(conn, (
-        ("experiments", "drafter", "VARCHAR(80) DEFAULT 'model'"), ("runs", "draft", "TEXT"),
-        ("runs", "drafter", "VARCHAR(80)"), ("runs", "sweep_label", "TEXT"), ("experiments", "validates", "INTEGER"),
-        ("runs", "draft_parameters", "BIGINT")))
+    _add_columns(
+        conn,
+        (
+            ("experiments", "drafter", "VARCHAR(80) DEFAULT 'model'"),
+            ("runs", "draft", "TEXT"),
+            ("runs", "drafter", "VARCHAR(80)"),
+            ("runs", "sweep_label", "TEXT"),
+            ("experiments", "validates", "INTEGER"),
+            ("runs", "draft_parameters", "BIGINT"),
+        ),
+    )
 
 
 def _v4_to_v5(conn: Connection) -> None:
@@ -69,23 +93,37 @@ def _v6_to_v7(conn: Connection) -> None:
 
 def _v7_to_v8(conn: Connection) -> None:
     """v8: how the draft model proposes (probabilistic or greedy), on experiments and runs."""
-    _add_columns(conn, (("experiments", "draft_sampling", "VARCHAR(20) DEFAULT 'probabilistic'"),
-                        ("runs", "draft_sampling", "VARCHAR(20) DEFAULT 'probabilistic'")))
+    _add_columns(
+        conn,
+        (
+            ("experiments", "draft_sampling", "VARCHAR(20) DEFAULT 'probabilistic'"),
+            ("runs", "draft_sampling", "VARCHAR(20) DEFAULT 'probabilistic'"),
+        ),
+    )
 
 
 def _v8_to_v9(conn: Connection) -> None:
     """v9: batch size as a swept variable (runs and experiments), each output token's arrival time, and the
     serving metrics per run (time to first token, inter-token and per-request latency percentiles)."""
-    _add_columns(conn, (
-        ("experiments", "batch_size", "INTEGER DEFAULT 1"), ("runs", "batch_size", "INTEGER DEFAULT 1"),
-        ("output_tokens", "seconds", "DOUBLE PRECISION"),
-        *(("runs", column, "DOUBLE PRECISION") for column in ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95",
-                                                               "latency_p50", "latency_p95"))))
+    _add_columns(
+        conn,
+        (
+            ("experiments", "batch_size", "INTEGER DEFAULT 1"),
+            ("runs", "batch_size", "INTEGER DEFAULT 1"),
+            ("output_tokens", "seconds", "DOUBLE PRECISION"),
+            *(
+                ("runs", column, "DOUBLE PRECISION")
+                for column in ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "latency_p50", "latency_p95")
+            ),
+        ),
+    )
 
 
 def _v9_to_v10(conn: Connection) -> None:
     """v10: who queued each experiment and training job."""
-    _add_columns(conn, (("experiments", "launched_by", "VARCHAR(200)"), ("training_jobs", "launched_by", "VARCHAR(200)")))
+    _add_columns(
+        conn, (("experiments", "launched_by", "VARCHAR(200)"), ("training_jobs", "launched_by", "VARCHAR(200)"))
+    )
 
 
 def _v10_to_v11(conn: Connection) -> None:
@@ -106,21 +144,34 @@ def _v12_to_v13(conn: Connection) -> None:
 def _v13_to_v14(conn: Connection) -> None:
     """v14: a confirm is a job the dashboard queues and a worker runs (who runs it, its heartbeat, phase and
     requests done)."""
-    _add_columns(conn, (("server_confirms", "worker_id", "VARCHAR(80)"), ("server_confirms", "heartbeat", "TIMESTAMP"),
-                        ("server_confirms", "phase", "TEXT"), ("server_confirms", "requests_done", "INTEGER"),
-                        ("server_confirms", "requests_total", "INTEGER")))
+    _add_columns(
+        conn,
+        (
+            ("server_confirms", "worker_id", "VARCHAR(80)"),
+            ("server_confirms", "heartbeat", "TIMESTAMP"),
+            ("server_confirms", "phase", "TEXT"),
+            ("server_confirms", "requests_done", "INTEGER"),
+            ("server_confirms", "requests_total", "INTEGER"),
+        ),
+    )
 
 
 def _v15_to_v16(conn: Connection) -> None:
     """v16: training jobs of kind "head" (`draftlab train-head` from the queue): the kind (older jobs distil), a
     head's settings, the acceptance length before/after and per eval point; its held-out acceptance by draft
     position is the new table training_accuracy, which create_all adds."""
-    _add_columns(conn, (
-        ("training_jobs", "kind", "VARCHAR(20) NOT NULL DEFAULT 'distill'"), ("training_jobs", "ttt_steps", "INTEGER"),
-        ("training_jobs", "draft_vocab_size", "INTEGER"), ("training_jobs", "aux_layers", "VARCHAR(200)"),
-        ("training_jobs", "acceptance_length_before", "DOUBLE PRECISION"),
-        ("training_jobs", "acceptance_length_after", "DOUBLE PRECISION"),
-        ("training_points", "acceptance_length", "DOUBLE PRECISION")))
+    _add_columns(
+        conn,
+        (
+            ("training_jobs", "kind", "VARCHAR(20) NOT NULL DEFAULT 'distill'"),
+            ("training_jobs", "ttt_steps", "INTEGER"),
+            ("training_jobs", "draft_vocab_size", "INTEGER"),
+            ("training_jobs", "aux_layers", "VARCHAR(200)"),
+            ("training_jobs", "acceptance_length_before", "DOUBLE PRECISION"),
+            ("training_jobs", "acceptance_length_after", "DOUBLE PRECISION"),
+            ("training_points", "acceptance_length", "DOUBLE PRECISION"),
+        ),
+    )
 
 
 def _v16_to_v17(conn: Connection) -> None:
@@ -132,9 +183,14 @@ def _v16_to_v17(conn: Connection) -> None:
 def _v17_to_v18(conn: Connection) -> None:
     """v18: a confirm's speedup compares equal work and is withheld when it is no result: each measurement's paired
     target-only throughput, the reason a speedup is withheld, and the sampled-output comparison."""
-    _add_columns(conn, (("server_measurements", "baseline_tokens_per_second", "DOUBLE PRECISION"),
-                        ("server_measurements", "speedup_warning", "TEXT"),
-                        ("server_measurements", "outputs_test", "TEXT")))
+    _add_columns(
+        conn,
+        (
+            ("server_measurements", "baseline_tokens_per_second", "DOUBLE PRECISION"),
+            ("server_measurements", "speedup_warning", "TEXT"),
+            ("server_measurements", "outputs_test", "TEXT"),
+        ),
+    )
 
 
 def _v18_to_v19(conn: Connection) -> None:
@@ -149,12 +205,26 @@ def add_variable_columns(conn: Connection) -> None:
     _add_columns(conn, variable_columns())
 
 
-STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
-                                                  5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8, 8: _v8_to_v9,
-                                                  9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12,
-                                                  12: _v12_to_v13, 13: _v13_to_v14, 14: add_variable_columns,
-                                                  15: _v15_to_v16, 16: _v16_to_v17, 17: _v17_to_v18,
-                                                  18: _v18_to_v19}
+STEPS: dict[int, Callable[[Connection], None]] = {
+    1: _v1_to_v2,
+    2: _v2_to_v3,
+    3: _v3_to_v4,
+    4: _v4_to_v5,
+    5: _v5_to_v6,
+    6: _v6_to_v7,
+    7: _v7_to_v8,
+    8: _v8_to_v9,
+    9: _v9_to_v10,
+    10: _v10_to_v11,
+    11: _v11_to_v12,
+    12: _v12_to_v13,
+    13: _v13_to_v14,
+    14: add_variable_columns,
+    15: _v15_to_v16,
+    16: _v16_to_v17,
+    17: _v17_to_v18,
+    18: _v18_to_v19,
+}
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 
 
@@ -175,8 +245,10 @@ def ensure_schema(engine) -> int:
             conn.execute(schema_info.insert().values(version=SCHEMA_VERSION))
             return None
         if found > SCHEMA_VERSION:
-            raise SchemaTooNew(f"the database has schema version {found}, newer than this DraftLab's "
-                               f"{SCHEMA_VERSION}; upgrade DraftLab (pip install -U draftlab) or use another --db")
+            raise SchemaTooNew(
+                f"the database has schema version {found}, newer than this DraftLab's "
+                f"{SCHEMA_VERSION}; upgrade DraftLab (pip install -U draftlab) or use another --db"
+            )
         for version in range(found, SCHEMA_VERSION):
             STEPS[version](conn)
         add_variable_columns(conn)  # a variable described since this database's version (no step of its own)

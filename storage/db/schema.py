@@ -5,11 +5,12 @@ are filled by SQL aggregation over that prompt's rounds and draft tokens when th
 run-level aggregates on `runs` by SQL aggregation over the prompt rows; list views read those, so they stay
 fast at millions of draft tokens. Bump SCHEMA_VERSION and add a step to `migrations.STEPS` for any change.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import (BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
+from sqlalchemy import BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA_VERSION = 19
@@ -17,7 +18,14 @@ NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite w
 
 # Run kinds and statuses.
 BASELINE, SPECULATIVE = "baseline", "speculative"
-QUEUED, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED = "queued", "running", "done", "failed", "cancelled", "interrupted"
+QUEUED, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED = (
+    "queued",
+    "running",
+    "done",
+    "failed",
+    "cancelled",
+    "interrupted",
+)
 STATUSES = (QUEUED, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED)
 # Emitted-token kind of every token of a target-only (baseline) output.
 TARGET = "target"
@@ -477,8 +485,9 @@ class ServerMeasurement(Base):
     confirm_id: Mapped[int] = mapped_column(ForeignKey("server_confirms.id", ondelete="CASCADE"), index=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), nullable=True)
-    series_id: Mapped[int | None] = mapped_column(ForeignKey("production_series.id", ondelete="SET NULL"),
-                                                  nullable=True)
+    series_id: Mapped[int | None] = mapped_column(
+        ForeignKey("production_series.id", ondelete="SET NULL"), nullable=True
+    )
     label: Mapped[str] = mapped_column(String(200))
     k: Mapped[int] = mapped_column(Integer)
     speculative_config: Mapped[str | None] = mapped_column(Text, nullable=True)  # exactly what the server got
@@ -509,8 +518,9 @@ class ServerPass(Base):
     """One pass of a measurement (every prompt once, closed loop): what the paired speedup resamples."""
 
     __tablename__ = "server_passes"
-    measurement_id: Mapped[int] = mapped_column(ForeignKey("server_measurements.id", ondelete="CASCADE"),
-                                                primary_key=True)
+    measurement_id: Mapped[int] = mapped_column(
+        ForeignKey("server_measurements.id", ondelete="CASCADE"), primary_key=True
+    )
     pass_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     wall_seconds: Mapped[float] = mapped_column(Double)
     new_tokens: Mapped[int] = mapped_column(BigInteger)
@@ -526,8 +536,7 @@ def variable_columns() -> list[tuple[str, str, str]]:
     """(table, column, SQL type) of every swept variable's column on experiments and runs."""
     from engine.config.variables import VARIABLES
 
-    return [(table, name, _SQL_TYPES[v.kind][1]) for name, v in VARIABLES.items()
-            for table in ("experiments", "runs")]
+    return [(table, name, _SQL_TYPES[v.kind][1]) for name, v in VARIABLES.items() for table in ("experiments", "runs")]
 
 
 def _declare_variable_columns() -> None:

@@ -1,13 +1,14 @@
 """Opening a database: URL resolution, SQLite pragmas, schema creation/upgrade, and none created where a command only
 reads one (`existing`)."""
+
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import urlparse
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
@@ -31,9 +32,9 @@ def resolve_url(url: str | None = None) -> str:
     """--db, else $DRAFTLAB_DB, else sqlite:///draftlab.db; plain postgresql:// means psycopg 3."""
     url = url or os.environ.get("DRAFTLAB_DB") or DEFAULT_URL
     if url.startswith("postgres://"):
-        url = "postgresql://" + url[len("postgres://"):]
+        url = "postgresql://" + url[len("postgres://") :]
     if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
     return url
 
 
@@ -157,8 +158,9 @@ def _check_existing(engine: Engine, url: str) -> None:
         if getattr(exc.orig, "sqlstate", None) != "3D000" and not _NO_SUCH_DATABASE.search(str(exc.orig)):
             raise
         engine.dispose()
-        raise NoDatabase(f"no DraftLab database at {safe_url(url)} (the server has no database "
-                         f"{make_url(url).database!r})") from None
+        raise NoDatabase(
+            f"no DraftLab database at {safe_url(url)} (the server has no database {make_url(url).database!r})"
+        ) from None
     if found is None:
         engine.dispose()
         raise NoDatabase(f"no DraftLab database at {safe_url(url)} (it holds none of DraftLab's tables)")

@@ -6,19 +6,17 @@ A confirm holds the same kind of lease: a worker's is the worker's; `draftlab co
 process, which the row names (`processes`, with the vLLM servers it started). A confirm whose process is gone is
 swept to `interrupted` too, and on this host the servers it left running are ended (engine/serving/process_tree.py).
 """
+
 from __future__ import annotations
 
 import json
-import os
-import socket
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Sequence
 
 from sqlalchemy import select, text
 
 from engine.serving import process_tree
-
-from storage.db.schema import INTERRUPTED, QUEUED, RUNNING, server_confirms, utcnow, workers
+from storage.db.schema import INTERRUPTED, QUEUED, RUNNING, server_confirms, utcnow
 from storage.db.settings import stale_window
 from storage.db.store import Store
 from storage.jobs.training import interrupt_stale, stale_jobs
@@ -29,8 +27,10 @@ def register_worker(store: Store, worker_id: str, host: str = "", pid: int = 0) 
     now = utcnow()
     with store.write() as conn:
         conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})
-        conn.execute(text("INSERT INTO workers (id, host, pid, started, heartbeat) VALUES (:w, :h, :p, :now, :now)"),
-                     {"w": worker_id, "h": host, "p": pid, "now": now})
+        conn.execute(
+            text("INSERT INTO workers (id, host, pid, started, heartbeat) VALUES (:w, :h, :p, :now, :now)"),
+            {"w": worker_id, "h": host, "p": pid, "now": now},
+        )
 
 
 def unregister_worker(store: Store, worker_id: str) -> None:
@@ -44,33 +44,43 @@ def heartbeat(store: Store, worker_id: str, run_id: int | None, group: Sequence[
     now = utcnow()
     ids = sorted({int(i) for i in group} | ({int(run_id)} if run_id is not None else set()))
     with store.write() as conn:
-        conn.execute(text("UPDATE workers SET heartbeat = :now, run_id = :rid WHERE id = :w"),
-                     {"now": now, "rid": run_id, "w": worker_id})
-        conn.execute(text("UPDATE device_leases SET heartbeat = :now WHERE worker_id = :w"), {"now": now, "w": worker_id})
-        conn.execute(text("UPDATE training_jobs SET heartbeat = :now WHERE worker_id = :w AND status = :running"),
-                     {"now": now, "w": worker_id, "running": RUNNING})
-        conn.execute(text("UPDATE server_confirms SET heartbeat = :now WHERE worker_id = :w AND status = :running"),
-                     {"now": now, "w": worker_id, "running": RUNNING})
+        conn.execute(
+            text("UPDATE workers SET heartbeat = :now, run_id = :rid WHERE id = :w"),
+            {"now": now, "rid": run_id, "w": worker_id},
+        )
+        conn.execute(
+            text("UPDATE device_leases SET heartbeat = :now WHERE worker_id = :w"), {"now": now, "w": worker_id}
+        )
+        conn.execute(
+            text("UPDATE training_jobs SET heartbeat = :now WHERE worker_id = :w AND status = :running"),
+            {"now": now, "w": worker_id, "running": RUNNING},
+        )
+        conn.execute(
+            text("UPDATE server_confirms SET heartbeat = :now WHERE worker_id = :w AND status = :running"),
+            {"now": now, "w": worker_id, "running": RUNNING},
+        )
         if ids:
-            conn.execute(text(f"UPDATE runs SET heartbeat = :now WHERE id IN ({','.join(map(str, ids))}) "
-                              "AND status = :running"), {"now": now, "running": RUNNING})
+            conn.execute(
+                text(f"UPDATE runs SET heartbeat = :now WHERE id IN ({','.join(map(str, ids))}) AND status = :running"),
+                {"now": now, "running": RUNNING},
+            )
 
 
 def live_workers(store: Store, max_age_seconds: float = 30) -> int:
     """Workers whose heartbeat is fresher than max_age_seconds."""
     with store.read() as conn:
-        return int(conn.execute(text("SELECT COUNT(*) FROM workers WHERE heartbeat >= :cutoff"),
-                                {"cutoff": utcnow() - timedelta(seconds=max_age_seconds)}).scalar())
+        return int(
+            conn.execute(
+                text("SELECT COUNT(*) FROM workers WHERE heartbeat >= :cutoff"),
+                {"cutoff": utcnow() - timedelta(seconds=max_age_seconds)},
+            ).scalar()
+        )
 
 
-
-
-
-
-
-
-STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); "
-               "resume the run to continue from its first unfinished prompt")
+STALE_ERROR = (
+    "its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); "
+    "resume the run to continue from its first unfinished prompt"
+)
 
 
 _STALE_RUNS = """SELECT id FROM runs WHERE
@@ -84,23 +94,33 @@ def stale_runs(conn, cutoff, dead: Sequence[str]) -> list[int]:
     runs reserved for a dead worker."""
     names = {f"dead{i}": w for i, w in enumerate(dead)}
     placeholders = ", ".join(f":{n}" for n in names) or "NULL"
-    return list(conn.execute(text(_STALE_RUNS.format(dead=placeholders)),
-                             {"cutoff": cutoff, "running": RUNNING, "queued": QUEUED, **names}).scalars().all())
+    return list(
+        conn.execute(
+            text(_STALE_RUNS.format(dead=placeholders)),
+            {"cutoff": cutoff, "running": RUNNING, "queued": QUEUED, **names},
+        )
+        .scalars()
+        .all()
+    )
 
 
-TRAINING_STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); "
-                        "resume the job to continue from its last checkpoint")
+TRAINING_STALE_ERROR = (
+    "its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); "
+    "resume the job to continue from its last checkpoint"
+)
 
 
-CONFIRM_STALE_ERROR = ("its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); the "
-                       "configurations measured before are kept: queue the confirm again for the rest")
-CONFIRM_ORPHANED_ERROR = ("its `draftlab confirm` process stopped without closing it (killed, or its machine went "
-                          "down: its process is gone or it sent no heartbeat for {seconds:g}s); the configurations "
-                          "measured before are kept: run the confirm again for the rest")
+CONFIRM_STALE_ERROR = (
+    "its worker stopped (its process is gone or it sent no heartbeat for {seconds:g}s); the "
+    "configurations measured before are kept: queue the confirm again for the rest"
+)
+CONFIRM_ORPHANED_ERROR = (
+    "its `draftlab confirm` process stopped without closing it (killed, or its machine went "
+    "down: its process is gone or it sent no heartbeat for {seconds:g}s); the configurations "
+    "measured before are kept: run the confirm again for the rest"
+)
 SERVERS_ENDED = "; {n} vLLM server process(es) it left running were ended"
 SWEEP_GRACE_SECONDS = 5.0  # a left server's SIGTERM, before SIGKILL (its owner is gone: nothing waits on it)
-
-
 
 
 def _owner_gone(processes: str | None) -> bool:
@@ -116,9 +136,11 @@ def _owner_gone(processes: str | None) -> bool:
 def orphaned_confirms(conn, cutoff) -> list[int]:
     """`draftlab confirm`'s own running confirms (no worker) whose process is gone (on this host) or sent no
     heartbeat since cutoff (a row of a DraftLab before heartbeats: created before cutoff)."""
-    rows = conn.execute(select(server_confirms.c.id, server_confirms.c.heartbeat, server_confirms.c.created,
-                               server_confirms.c.processes)
-                        .where(server_confirms.c.status == RUNNING, server_confirms.c.worker_id.is_(None))).all()
+    rows = conn.execute(
+        select(
+            server_confirms.c.id, server_confirms.c.heartbeat, server_confirms.c.created, server_confirms.c.processes
+        ).where(server_confirms.c.status == RUNNING, server_confirms.c.worker_id.is_(None))
+    ).all()
     return [r.id for r in rows if (r.heartbeat or r.created) < cutoff or _owner_gone(r.processes)]
 
 
@@ -128,16 +150,19 @@ def left_servers(conn, ids) -> dict[int, list]:
     its servers."""
     if not ids:
         return {}
-    rows = conn.execute(select(server_confirms.c.id, server_confirms.c.processes)
-                        .where(server_confirms.c.id.in_([int(i) for i in ids]))).all()
+    rows = conn.execute(
+        select(server_confirms.c.id, server_confirms.c.processes).where(server_confirms.c.id.in_([int(i) for i in ids]))
+    ).all()
     return {r.id: json.loads(r.processes).get("servers") or [] for r in rows if _owner_gone(r.processes)}
 
 
 def end_servers(left: dict[int, list]) -> dict[int, int]:
     """End each confirm's left servers (engine/serving/process_tree.py: the group and its descendants); {confirm id: how
     many processes were still alive}."""
-    return {cid: sum(process_tree.Tree(int(pid), start).end(SWEEP_GRACE_SECONDS) for pid, start in servers)
-            for cid, servers in left.items()}
+    return {
+        cid: sum(process_tree.Tree(int(pid), start).end(SWEEP_GRACE_SECONDS) for pid, start in servers)
+        for cid, servers in left.items()
+    }
 
 
 def stale_confirms(conn, cutoff, dead) -> list[int]:
@@ -145,24 +170,34 @@ def stale_confirms(conn, cutoff, dead) -> list[int]:
     orphaned_confirms)."""
     names = {f"dead{i}": w for i, w in enumerate(dead)}
     placeholders = ", ".join(f":{n}" for n in names) or "NULL"
-    return list(conn.execute(text(
-        f"SELECT id FROM server_confirms WHERE status = :running AND worker_id IS NOT NULL AND "
-        f"(heartbeat IS NULL OR heartbeat < :cutoff OR worker_id IN ({placeholders}))"),
-        {"running": RUNNING, "cutoff": cutoff, **names}).scalars())
+    return list(
+        conn.execute(
+            text(
+                f"SELECT id FROM server_confirms WHERE status = :running AND worker_id IS NOT NULL AND "
+                f"(heartbeat IS NULL OR heartbeat < :cutoff OR worker_id IN ({placeholders}))"
+            ),
+            {"running": RUNNING, "cutoff": cutoff, **names},
+        ).scalars()
+    )
 
 
 def interrupt_confirms(conn, ids, error: str) -> None:
     if ids:
-        conn.execute(text(f"UPDATE server_confirms SET status = :i, error = :e, phase = :p "
-                          f"WHERE id IN ({','.join(str(int(i)) for i in ids)}) AND status = :running"),
-                     {"i": INTERRUPTED, "e": error, "p": INTERRUPTED, "running": RUNNING})
+        conn.execute(
+            text(
+                f"UPDATE server_confirms SET status = :i, error = :e, phase = :p "
+                f"WHERE id IN ({','.join(str(int(i)) for i in ids)}) AND status = :running"
+            ),
+            {"i": INTERRUPTED, "e": error, "p": INTERRUPTED, "running": RUNNING},
+        )
 
 
 def _interrupt_confirms_ending(conn, ids, error: str, ended: dict[int, int]) -> None:
     """interrupt_confirms, each confirm's error saying how many server processes it left were ended."""
     for n in sorted(set(ended.get(i, 0) for i in ids)):
-        interrupt_confirms(conn, [i for i in ids if ended.get(i, 0) == n],
-                           error + (SERVERS_ENDED.format(n=n) if n else ""))
+        interrupt_confirms(
+            conn, [i for i in ids if ended.get(i, 0) == n], error + (SERVERS_ENDED.format(n=n) if n else "")
+        )
 
 
 def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
@@ -178,25 +213,36 @@ def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
         stale = stale_runs(conn, cutoff, dead)
         confirms = stale_confirms(conn, cutoff, dead) + orphaned_confirms(conn, cutoff)
         jobs = stale_jobs(conn, cutoff, dead) + confirms
-        leases = conn.execute(text("SELECT COUNT(*) FROM device_leases WHERE heartbeat < :cutoff"),
-                              {"cutoff": cutoff}).scalar()
+        leases = conn.execute(
+            text("SELECT COUNT(*) FROM device_leases WHERE heartbeat < :cutoff"), {"cutoff": cutoff}
+        ).scalar()
         if not (dead or stale or jobs or leases):
             return []
         left = left_servers(conn, confirms)
     ended = end_servers(left)  # before the rows close: a sweep cut short here finds them again
-    params = {"cutoff": cutoff, "interrupted": INTERRUPTED, "now": utcnow(),
-              "error": STALE_ERROR.format(seconds=seconds)}
+    params = {
+        "cutoff": cutoff,
+        "interrupted": INTERRUPTED,
+        "now": utcnow(),
+        "error": STALE_ERROR.format(seconds=seconds),
+    }
     with store.write() as conn:
         dead = dead_workers(conn, cutoff)
         stale = stale_runs(conn, cutoff, dead)
         interrupt_stale(conn, stale_jobs(conn, cutoff, dead), TRAINING_STALE_ERROR.format(seconds=seconds))
-        for ids, error in ((stale_confirms(conn, cutoff, dead), CONFIRM_STALE_ERROR),
-                           (orphaned_confirms(conn, cutoff), CONFIRM_ORPHANED_ERROR)):
+        for ids, error in (
+            (stale_confirms(conn, cutoff, dead), CONFIRM_STALE_ERROR),
+            (orphaned_confirms(conn, cutoff), CONFIRM_ORPHANED_ERROR),
+        ):
             _interrupt_confirms_ending(conn, ids, error.format(seconds=seconds), ended)
         if stale:
-            conn.execute(text(
-                "UPDATE runs SET status = :interrupted, finished = :now, reserved_for = NULL, error = :error "
-                f"WHERE id IN ({','.join(str(int(i)) for i in stale)})"), params)
+            conn.execute(
+                text(
+                    "UPDATE runs SET status = :interrupted, finished = :now, reserved_for = NULL, error = :error "
+                    f"WHERE id IN ({','.join(str(int(i)) for i in stale)})"
+                ),
+                params,
+            )
         for worker_id in dead:
             conn.execute(text("DELETE FROM device_leases WHERE worker_id = :w"), {"w": worker_id})
             conn.execute(text("DELETE FROM workers WHERE id = :w"), {"w": worker_id})

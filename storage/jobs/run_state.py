@@ -5,22 +5,23 @@ Claiming is one conditional UPDATE (`... WHERE experiment_id = :eid AND status =
 transaction, so two workers never take the same run, on SQLite (writes serialise) and PostgreSQL (claims are
 serialised by an advisory lock so "one running run per experiment" holds under READ COMMITTED).
 """
+
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import select, text
 
 from storage.db.schema import CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING, runs, utcnow
 from storage.db.store import Store
 
-
 _CLAIM_LOCK = 704202  # PostgreSQL advisory-lock key for claims
 
 
-def next_experiment(store: Store, worker_id: str, experiment_id: int | None = None,
-                    prefer_experiment: int | None = None) -> int | None:
+def next_experiment(
+    store: Store, worker_id: str, experiment_id: int | None = None, prefer_experiment: int | None = None
+) -> int | None:
     """The experiment whose queued runs this worker should time next (None: nothing claimable): the one whose
     models the worker holds (prefer_experiment) first, then the oldest; never one another worker is running;
     runs reserved for another worker are not this one's."""
@@ -30,8 +31,14 @@ def next_experiment(store: Store, worker_id: str, experiment_id: int | None = No
           AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.experiment_id = runs.experiment_id AND o.status = 'running')
         ORDER BY CASE WHEN runs.experiment_id = :prefer THEN 0 ELSE 1 END, runs.experiment_id LIMIT 1""")
     with store.read() as conn:
-        return conn.execute(sql, {"worker": worker_id, "eid": experiment_id,
-                                  "prefer": prefer_experiment if prefer_experiment is not None else -1}).scalar()
+        return conn.execute(
+            sql,
+            {
+                "worker": worker_id,
+                "eid": experiment_id,
+                "prefer": prefer_experiment if prefer_experiment is not None else -1,
+            },
+        ).scalar()
 
 
 def claim_group(store: Store, experiment_id: int, worker_id: str) -> list[int]:
@@ -41,18 +48,31 @@ def claim_group(store: Store, experiment_id: int, worker_id: str) -> list[int]:
     with store.write() as conn:
         if store.dialect == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CLAIM_LOCK})
-        busy = conn.execute(text("SELECT COUNT(*) FROM runs WHERE experiment_id = :eid AND status = 'running'"),
-                            {"eid": experiment_id}).scalar()
+        busy = conn.execute(
+            text("SELECT COUNT(*) FROM runs WHERE experiment_id = :eid AND status = 'running'"), {"eid": experiment_id}
+        ).scalar()
         if busy:
             return []
-        ids = conn.execute(text("SELECT id FROM runs WHERE experiment_id = :eid AND status = 'queued' "
-                                "AND (reserved_for IS NULL OR reserved_for = :worker) ORDER BY id"),
-                           {"eid": experiment_id, "worker": worker_id}).scalars().all()
+        ids = (
+            conn.execute(
+                text(
+                    "SELECT id FROM runs WHERE experiment_id = :eid AND status = 'queued' "
+                    "AND (reserved_for IS NULL OR reserved_for = :worker) ORDER BY id"
+                ),
+                {"eid": experiment_id, "worker": worker_id},
+            )
+            .scalars()
+            .all()
+        )
         if ids:
-            conn.execute(text(
-                "UPDATE runs SET status = 'running', worker_id = :worker, started = COALESCE(started, :now), "
-                "heartbeat = :now, finished = NULL, error = NULL, error_detail = NULL, cancel_requested = :no "
-                f"WHERE id IN ({','.join(str(int(i)) for i in ids)})"), {"worker": worker_id, "now": now, "no": False})
+            conn.execute(
+                text(
+                    "UPDATE runs SET status = 'running', worker_id = :worker, started = COALESCE(started, :now), "
+                    "heartbeat = :now, finished = NULL, error = NULL, error_detail = NULL, cancel_requested = :no "
+                    f"WHERE id IN ({','.join(str(int(i)) for i in ids)})"
+                ),
+                {"worker": worker_id, "now": now, "no": False},
+            )
     return list(ids)
 
 
@@ -63,19 +83,26 @@ def get_run(store: Store, run_id: int) -> dict | None:
         return dict(row) if row else None
 
 
-def start_run(store: Store, run_id: int, prompts_total: int, device_name: str,
-              draft_parameters: int | None = None) -> None:
+def start_run(
+    store: Store, run_id: int, prompts_total: int, device_name: str, draft_parameters: int | None = None
+) -> None:
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET prompts_total = :n, device_name = :dev, draft_parameters = :dp, "
-                          "progress = CAST(prompts_done AS DOUBLE PRECISION) / :n WHERE id = :rid"),
-                     {"n": prompts_total, "dev": device_name, "dp": draft_parameters, "rid": run_id})
+        conn.execute(
+            text(
+                "UPDATE runs SET prompts_total = :n, device_name = :dev, draft_parameters = :dp, "
+                "progress = CAST(prompts_done AS DOUBLE PRECISION) / :n WHERE id = :rid"
+            ),
+            {"n": prompts_total, "dev": device_name, "dp": draft_parameters, "rid": run_id},
+        )
 
 
 def report_progress(store: Store, run_id: int, progress: float) -> bool:
     """Store progress (0..1) and a heartbeat; return True when a cancel was requested."""
     with store.write() as conn:
-        conn.execute(text("UPDATE runs SET progress = :p, heartbeat = :now WHERE id = :rid AND status = :running"),
-                     {"p": min(max(progress, 0.0), 1.0), "now": utcnow(), "rid": run_id, "running": RUNNING})
+        conn.execute(
+            text("UPDATE runs SET progress = :p, heartbeat = :now WHERE id = :rid AND status = :running"),
+            {"p": min(max(progress, 0.0), 1.0), "now": utcnow(), "rid": run_id, "running": RUNNING},
+        )
         return bool(conn.execute(text("SELECT cancel_requested FROM runs WHERE id = :rid"), {"rid": run_id}).scalar())
 
 
@@ -105,20 +132,44 @@ def not_lossless(store: Store, run_id: int) -> str | None:
     return f"not lossless: prompt {int(row.prompt_index)} differs at token {token}"
 
 
-def finish_run(store: Store, run_id: int, status: str, error: str | None = None, error_detail: str | None = None,
-               peak_memory_mb: float | None = None, worker_id: str | None = None) -> bool:
+def finish_run(
+    store: Store,
+    run_id: int,
+    status: str,
+    error: str | None = None,
+    error_detail: str | None = None,
+    peak_memory_mb: float | None = None,
+    worker_id: str | None = None,
+) -> bool:
     """Close a run as done / failed / cancelled / interrupted (its committed rows stay). With worker_id, only
     while that worker still owns it (`running`, its worker_id): a worker whose runs were swept as stale and
     taken over must not close them. Returns whether the run was closed."""
     assert status in (DONE, FAILED, CANCELLED, INTERRUPTED), status
     owned = " AND status = :running AND worker_id = :worker" if worker_id is not None else ""
     with store.write() as conn:
-        return conn.execute(text(
-            "UPDATE runs SET status = :status, error = :error, error_detail = :detail, finished = :now, "
-            "peak_memory_mb = COALESCE(:peak, peak_memory_mb), cancel_requested = :no"
-            + (", progress = 1.0" if status == DONE else "") + " WHERE id = :rid" + owned),
-            {"status": status, "error": error, "detail": error_detail, "now": utcnow(), "peak": peak_memory_mb,
-             "no": False, "rid": run_id, "running": RUNNING, "worker": worker_id}).rowcount == 1
+        return (
+            conn.execute(
+                text(
+                    "UPDATE runs SET status = :status, error = :error, error_detail = :detail, finished = :now, "
+                    "peak_memory_mb = COALESCE(:peak, peak_memory_mb), cancel_requested = :no"
+                    + (", progress = 1.0" if status == DONE else "")
+                    + " WHERE id = :rid"
+                    + owned
+                ),
+                {
+                    "status": status,
+                    "error": error,
+                    "detail": error_detail,
+                    "now": utcnow(),
+                    "peak": peak_memory_mb,
+                    "no": False,
+                    "rid": run_id,
+                    "running": RUNNING,
+                    "worker": worker_id,
+                },
+            ).rowcount
+            == 1
+        )
 
 
 def fence(conn, run_ids: Sequence[int], worker_id: str) -> dict[int, bool]:
@@ -128,12 +179,17 @@ def fence(conn, run_ids: Sequence[int], worker_id: str) -> dict[int, bool]:
     if not run_ids:
         return {}
     ids = ",".join(str(int(i)) for i in run_ids)
-    owned = {int(rid): bool(cancel) for rid, cancel in conn.execute(text(
-        f"SELECT id, cancel_requested FROM runs WHERE id IN ({ids}) AND status = :running AND worker_id = :w"),
-        {"running": RUNNING, "w": worker_id}).all()}
+    owned = {
+        int(rid): bool(cancel)
+        for rid, cancel in conn.execute(
+            text(f"SELECT id, cancel_requested FROM runs WHERE id IN ({ids}) AND status = :running AND worker_id = :w"),
+            {"running": RUNNING, "w": worker_id},
+        ).all()
+    }
     if owned:
-        conn.execute(text(f"UPDATE runs SET heartbeat = :now WHERE id IN ({','.join(map(str, owned))})"),
-                     {"now": utcnow()})
+        conn.execute(
+            text(f"UPDATE runs SET heartbeat = :now WHERE id IN ({','.join(map(str, owned))})"), {"now": utcnow()}
+        )
     return owned
 
 
@@ -141,18 +197,29 @@ def committed_prompts(conn, run_ids: Sequence[int], prompt_index: int) -> set[in
     """Which of these runs already have prompt_index committed (a commit whose answer was lost, then retried)."""
     if not run_ids:
         return set()
-    return set(conn.execute(text(f"SELECT run_id FROM prompt_results WHERE prompt_index = :i "
-                                 f"AND run_id IN ({','.join(str(int(i)) for i in run_ids)})"),
-                            {"i": prompt_index}).scalars().all())
+    return set(
+        conn.execute(
+            text(
+                f"SELECT run_id FROM prompt_results WHERE prompt_index = :i "
+                f"AND run_id IN ({','.join(str(int(i)) for i in run_ids)})"
+            ),
+            {"i": prompt_index},
+        )
+        .scalars()
+        .all()
+    )
 
 
 def fail_queued_runs(store: Store, experiment_id: int, error: str) -> int:
     """Fail an experiment's remaining queued runs with an error they would all hit (bad model or prompts)."""
     with store.write() as conn:
-        return conn.execute(text("UPDATE runs SET status = :failed, error = :error, finished = :now "
-                                 "WHERE experiment_id = :eid AND status = :queued"),
-                            {"failed": FAILED, "error": error, "now": utcnow(), "eid": experiment_id,
-                             "queued": QUEUED}).rowcount
+        return conn.execute(
+            text(
+                "UPDATE runs SET status = :failed, error = :error, finished = :now "
+                "WHERE experiment_id = :eid AND status = :queued"
+            ),
+            {"failed": FAILED, "error": error, "now": utcnow(), "eid": experiment_id, "queued": QUEUED},
+        ).rowcount
 
 
 def cancel_requested(store: Store, run_ids: Sequence[int]) -> set[int]:
@@ -160,18 +227,33 @@ def cancel_requested(store: Store, run_ids: Sequence[int]) -> set[int]:
     if not run_ids:
         return set()
     with store.read() as conn:
-        return set(conn.execute(text(f"SELECT id FROM runs WHERE id IN ({','.join(str(int(i)) for i in run_ids)}) "
-                                     "AND cancel_requested = :yes"), {"yes": True}).scalars().all())
+        return set(
+            conn.execute(
+                text(
+                    f"SELECT id FROM runs WHERE id IN ({','.join(str(int(i)) for i in run_ids)}) "
+                    "AND cancel_requested = :yes"
+                ),
+                {"yes": True},
+            )
+            .scalars()
+            .all()
+        )
 
 
 def _cancel(store: Store, where: str, params: dict) -> int:
     now = utcnow()
     with store.write() as conn:
-        n = conn.execute(text(f"UPDATE runs SET status = :cancelled, finished = :now "
-                              f"WHERE {where} AND status IN (:queued, :interrupted)"),
-                         {**params, "cancelled": CANCELLED, "now": now, "queued": QUEUED, "interrupted": INTERRUPTED}).rowcount
-        n += conn.execute(text(f"UPDATE runs SET cancel_requested = :yes WHERE {where} AND status = :running"),
-                          {**params, "yes": True, "running": RUNNING}).rowcount
+        n = conn.execute(
+            text(
+                f"UPDATE runs SET status = :cancelled, finished = :now "
+                f"WHERE {where} AND status IN (:queued, :interrupted)"
+            ),
+            {**params, "cancelled": CANCELLED, "now": now, "queued": QUEUED, "interrupted": INTERRUPTED},
+        ).rowcount
+        n += conn.execute(
+            text(f"UPDATE runs SET cancel_requested = :yes WHERE {where} AND status = :running"),
+            {**params, "yes": True, "running": RUNNING},
+        ).rowcount
     return n
 
 
@@ -188,22 +270,36 @@ def cancel_experiment(store: Store, experiment_id: int) -> int:
 def interrupt_queued(store: Store, experiment_id: int, reason: str) -> int:
     """Mark an experiment's still-queued runs `interrupted` (its foreground `draftlab run` was stopped)."""
     with store.write() as conn:
-        return conn.execute(text("UPDATE runs SET status = :interrupted, error = :reason, reserved_for = NULL "
-                                 "WHERE experiment_id = :eid AND status = :queued"),
-                            {"interrupted": INTERRUPTED, "reason": reason, "eid": experiment_id,
-                             "queued": QUEUED}).rowcount
+        return conn.execute(
+            text(
+                "UPDATE runs SET status = :interrupted, error = :reason, reserved_for = NULL "
+                "WHERE experiment_id = :eid AND status = :queued"
+            ),
+            {"interrupted": INTERRUPTED, "reason": reason, "eid": experiment_id, "queued": QUEUED},
+        ).rowcount
 
 
 def _resume(store: Store, where: str, params: dict) -> int:
     with store.write() as conn:
         # Queued runs reserved for a (gone) foreground worker become claimable by any worker.
-        conn.execute(text(f"UPDATE runs SET reserved_for = NULL WHERE {where} AND status = :queued"),
-                     {**params, "queued": QUEUED})
-        return conn.execute(text(
-            f"UPDATE runs SET status = :queued, error = NULL, error_detail = NULL, cancel_requested = :no, "
-            f"reserved_for = NULL, finished = NULL WHERE {where} AND status IN (:interrupted, :failed, :cancelled)"),
-            {**params, "queued": QUEUED, "no": False, "interrupted": INTERRUPTED, "failed": FAILED,
-             "cancelled": CANCELLED}).rowcount
+        conn.execute(
+            text(f"UPDATE runs SET reserved_for = NULL WHERE {where} AND status = :queued"),
+            {**params, "queued": QUEUED},
+        )
+        return conn.execute(
+            text(
+                f"UPDATE runs SET status = :queued, error = NULL, error_detail = NULL, cancel_requested = :no, "
+                f"reserved_for = NULL, finished = NULL WHERE {where} AND status IN (:interrupted, :failed, :cancelled)"
+            ),
+            {
+                **params,
+                "queued": QUEUED,
+                "no": False,
+                "interrupted": INTERRUPTED,
+                "failed": FAILED,
+                "cancelled": CANCELLED,
+            },
+        ).rowcount
 
 
 def resume_run(store: Store, run_id: int) -> bool:

@@ -8,6 +8,7 @@ new metric is one entry here: its SQL (`sql`, selected by the runs query) and th
 `fmt` is a printf format ("%.3f"): Streamlit's grid formats numbers with it and `show` formats text with it, so
 a figure in a sentence or a metric tile and the same figure in a table agree to the last digit shown.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,14 @@ RUN = [
     _c("k", "k", "draft tokens proposed per round (a drafter that varies it: its upper bound)", "%d"),
     _c("sweep_value", "value", "the swept variable's value in this run", kind="text"),
     _c("status", "status", kind="text", width="small"),
-    _c("progress", "progress", "prompts finished, of the experiment's prompts × repeats", "%.0f%%", kind="progress",
-       width="small"),
+    _c(
+        "progress",
+        "progress",
+        "prompts finished, of the experiment's prompts × repeats",
+        "%.0f%%",
+        kind="progress",
+        width="small",
+    ),
     _c("error", "error", "why the run failed, was cancelled or interrupted", kind="text"),
     _c("started", "started", kind="datetime"),
     _c("finished", "finished", kind="datetime"),
@@ -58,59 +65,158 @@ RUN = [
     _c("accepted", "accepted", "draft tokens the target accepted", "%d", json=True),
     _c("rejected", "rejected", "draft tokens the target rejected", "%d", json=True),
     _c("draft_acceptance_rate", "acceptance rate", "accepted / proposed draft tokens", RATE, json=True),
-    _c("alpha", "α", "accepted / (accepted + rejected): per verified draft token, the α of the formulas", RATE,
-       json=True),
-    _c("tokens_per_round", "tokens/round", "tokens emitted per round: accepted drafts plus the target's own",
-       "%.2f", json=True),
-    _c("full_accept_share", "full accepts", "share of rounds (with drafts) whose every draft was accepted, ending "
-       "in a bonus token: how often k was too short (what the heuristic drafter's +2 reacts to)", RATE, json=True,
-       sql="SELECT CAST(SUM(CASE WHEN rd.accepted = rd.k THEN 1 ELSE 0 END) AS DOUBLE PRECISION) "
-           "/ NULLIF(COUNT(*), 0) FROM rounds rd WHERE rd.run_id = r.id AND rd.k > 0", tables=("runs",)),
-    _c("expected_alpha", "expected α", "mean over verified positions of β = Σ min(p_d, p_t): the acceptance the "
-       "two distributions predict", RATE, json=True),
+    _c(
+        "alpha",
+        "α",
+        "accepted / (accepted + rejected): per verified draft token, the α of the formulas",
+        RATE,
+        json=True,
+    ),
+    _c(
+        "tokens_per_round",
+        "tokens/round",
+        "tokens emitted per round: accepted drafts plus the target's own",
+        "%.2f",
+        json=True,
+    ),
+    _c(
+        "full_accept_share",
+        "full accepts",
+        "share of rounds (with drafts) whose every draft was accepted, ending "
+        "in a bonus token: how often k was too short (what the heuristic drafter's +2 reacts to)",
+        RATE,
+        json=True,
+        sql="SELECT CAST(SUM(CASE WHEN rd.accepted = rd.k THEN 1 ELSE 0 END) AS DOUBLE PRECISION) "
+        "/ NULLIF(COUNT(*), 0) FROM rounds rd WHERE rd.run_id = r.id AND rd.k > 0",
+        tables=("runs",),
+    ),
+    _c(
+        "expected_alpha",
+        "expected α",
+        "mean over verified positions of β = Σ min(p_d, p_t): the acceptance the two distributions predict",
+        RATE,
+        json=True,
+    ),
     _c("kl", "KL", "KL(p_t ‖ p_d) in nats per verified token", RATE, json=True),
-    _c("per_position_acceptance", "acceptance by position", "conditional acceptance at draft positions 1..k",
-       kind="list", json=True),
+    _c(
+        "per_position_acceptance",
+        "acceptance by position",
+        "conditional acceptance at draft positions 1..k",
+        kind="list",
+        json=True,
+    ),
     _c("acceptance_by_type", "acceptance by token type", kind="list", json=True),
     _c("draft_step_seconds", "draft step (s)", "one single-token draft forward", "%.5f", json=True),
     _c("target_step_seconds", "target step (s)", "one single-token target forward (the run's baseline)", "%.5f"),
     _c("c", "c", "target step / draft step: how much cheaper a draft forward is", "%.2f", json=True),
-    _c("predicted_speedup", "formula at run's α, c", "predicted from α and c alone: (1 − α^(k+1)) / ((1 − α)"
-       "(1 + k/c)) at this run's own α, k and c; the speedup chart's grey curve pools α and c over the sweep instead",
-       SPEEDUP, json=True),
-    _c("speedup", "speedup", "this run's tokens/s over its baseline's, over the prompts both finished (median repeats)", SPEEDUP, json=True),
+    _c(
+        "predicted_speedup",
+        "formula at run's α, c",
+        "predicted from α and c alone: (1 − α^(k+1)) / ((1 − α)"
+        "(1 + k/c)) at this run's own α, k and c; the speedup chart's grey curve pools α and c over the sweep instead",
+        SPEEDUP,
+        json=True,
+    ),
+    _c(
+        "speedup",
+        "speedup",
+        "this run's tokens/s over its baseline's, over the prompts both finished (median repeats)",
+        SPEEDUP,
+        json=True,
+    ),
     _c("speedup_ci", "speedup 95 % interval", kind="list", json=True),
-    _c("speedup_ci_lo", "95 % low", "lower end of the speedup's 95 % interval (paired bootstrap over prompts)",
-       "%.2f"),
-    _c("speedup_ci_hi", "95 % high", "upper end of the speedup's 95 % interval (paired bootstrap over prompts)",
-       "%.2f"),
-    _c("speedup_note", "speedup note", "why a speculative run has no speedup, or only a partial one", kind="text",
-       json=True),
-    _c("timing_warning", "timing warning", "a measured speedup no tokens per round allow: never picked as the best",
-       kind="text", json=True),
-    _c("verify_cost", "verify cost", "one verify forward over a round's tokens, in target steps (the formula "
-       "assumes 1)", "%.2f", json=True),
-    _c("predicted_speedup_refined", "cost-aware", "E[L]·t / (k·t_d + verify) from the run's own round times",
-       SPEEDUP, json=True),
+    _c("speedup_ci_lo", "95 % low", "lower end of the speedup's 95 % interval (paired bootstrap over prompts)", "%.2f"),
+    _c(
+        "speedup_ci_hi", "95 % high", "upper end of the speedup's 95 % interval (paired bootstrap over prompts)", "%.2f"
+    ),
+    _c(
+        "speedup_note",
+        "speedup note",
+        "why a speculative run has no speedup, or only a partial one",
+        kind="text",
+        json=True,
+    ),
+    _c(
+        "timing_warning",
+        "timing warning",
+        "a measured speedup no tokens per round allow: never picked as the best",
+        kind="text",
+        json=True,
+    ),
+    _c(
+        "verify_cost",
+        "verify cost",
+        "one verify forward over a round's tokens, in target steps (the formula assumes 1)",
+        "%.2f",
+        json=True,
+    ),
+    _c(
+        "predicted_speedup_refined",
+        "cost-aware",
+        "E[L]·t / (k·t_d + verify) from the run's own round times",
+        SPEEDUP,
+        json=True,
+    ),
     # Serving metrics (docs/metrics.md "Serving metrics"): over the median repeat of each batch.
-    _c("batch_size", "batch", "requests decoded together per forward (prompts grouped in order into batches)",
-       "%d", json=True),
-    _c("ttft_seconds_p50", "TTFT p50 (s)", "time to first token, median over requests: from the batch's start to the "
-       "request's first token reaching the host", "%.4f", json=True),
+    _c(
+        "batch_size",
+        "batch",
+        "requests decoded together per forward (prompts grouped in order into batches)",
+        "%d",
+        json=True,
+    ),
+    _c(
+        "ttft_seconds_p50",
+        "TTFT p50 (s)",
+        "time to first token, median over requests: from the batch's start to the "
+        "request's first token reaching the host",
+        "%.4f",
+        json=True,
+    ),
     _c("ttft_seconds_p95", "TTFT p95 (s)", "time to first token, 95th percentile over requests", "%.4f", json=True),
-    _c("itl_seconds_p50", "ITL p50 (s)", "inter-token latency, median over every gap between a request's consecutive "
-       "tokens (a speculative round's tokens arrive together: gaps of 0 inside a round)", "%.4f", json=True),
-    _c("itl_seconds_p95", "ITL p95 (s)", "inter-token latency, 95th percentile: the stall a streaming user feels",
-       "%.4f", json=True),
-    _c("request_latency_seconds_p50", "latency p50 (s)", "per-request latency, median: from the batch's start to the request's "
-       "last token", "%.4f", json=True),
-    _c("request_latency_seconds_p95", "latency p95 (s)", "per-request latency, 95th percentile over requests", "%.4f", json=True),
-    _c("outputs_match_baseline", "same output", "greedy runs only: every prompt's output equals the baseline's "
-       "token for token (speculative decoding is lossless); blank when sampling, where outputs differ by design",
-       kind="checkbox"),
+    _c(
+        "itl_seconds_p50",
+        "ITL p50 (s)",
+        "inter-token latency, median over every gap between a request's consecutive "
+        "tokens (a speculative round's tokens arrive together: gaps of 0 inside a round)",
+        "%.4f",
+        json=True,
+    ),
+    _c(
+        "itl_seconds_p95",
+        "ITL p95 (s)",
+        "inter-token latency, 95th percentile: the stall a streaming user feels",
+        "%.4f",
+        json=True,
+    ),
+    _c(
+        "request_latency_seconds_p50",
+        "latency p50 (s)",
+        "per-request latency, median: from the batch's start to the request's last token",
+        "%.4f",
+        json=True,
+    ),
+    _c(
+        "request_latency_seconds_p95",
+        "latency p95 (s)",
+        "per-request latency, 95th percentile over requests",
+        "%.4f",
+        json=True,
+    ),
+    _c(
+        "outputs_match_baseline",
+        "same output",
+        "greedy runs only: every prompt's output equals the baseline's "
+        "token for token (speculative decoding is lossless); blank when sampling, where outputs differ by design",
+        kind="checkbox",
+    ),
     _c("peak_memory_mb", "peak memory (MB)", "as the worker measured it", "%.0f"),
-    _c("check", "⚠ check", "⚠ impossible speedup: the timing drifted (a timing warning); never picked as the best",
-       kind="text"),
+    _c(
+        "check",
+        "⚠ check",
+        "⚠ impossible speedup: the timing drifted (a timing warning); never picked as the best",
+        kind="text",
+    ),
 ]
 
 # Experiments: storage.analysis.catalog.experiments() and the pages' derived columns.
@@ -123,17 +229,26 @@ EXPERIMENT = [
     _c("prompts", "prompts", "the prompt set or file", kind="text"),
     _c("sweep_variable", "swept", "the variable the runs vary", kind="text"),
     _c("sweep_values", "values", "its values, one run each", kind="list"),
-    _c("batch_sizes", "at batch sizes", "a grid: the sweep at each of these batch sizes, each with its own baseline "
-       "(the best, ties and α are its smallest batch size's; the detail page has the k schedule)", kind="list"),
+    _c(
+        "batch_sizes",
+        "at batch sizes",
+        "a grid: the sweep at each of these batch sizes, each with its own baseline "
+        "(the best, ties and α are its smallest batch size's; the detail page has the k schedule)",
+        kind="list",
+    ),
     _c("best_value", "best value", "the best run's sweep_value (a draft or drafter sweep: its index)", kind="text"),
-    _c("best_label", "best", "the swept value whose finished run measured the highest speedup (a draft's path by "
-       "its last part; the CSV has it whole)", kind="text"),
+    _c(
+        "best_label",
+        "best",
+        "the swept value whose finished run measured the highest speedup (a draft's path by "
+        "its last part; the CSV has it whole)",
+        kind="text",
+    ),
     _c("best_speedup", "best speedup", "the best run's measured speedup", SPEEDUP),
     _c("interval", "95 % interval", "of the best speedup: paired bootstrap over prompts", kind="text"),
     _c("alpha", "α (best run)", "the best run's α", RATE),
     _c("n_tied", "ties", "other values whose interval overlaps the best one's: statistically tied with it", "%d"),
-    _c("timing_warnings", "⚠ impossible", "runs timed faster than their tokens per round allow (never the best)",
-       "%d"),
+    _c("timing_warnings", "⚠ impossible", "runs timed faster than their tokens per round allow (never the best)", "%d"),
     _c("repeats", "repeats", "timed decodes of each prompt per run (medians)", "%d"),
     _c("tags", "tags", kind="text"),
     _c("notes", "notes", kind="text", width="medium"),
@@ -143,8 +258,12 @@ EXPERIMENT = [
 BREAKDOWN = [
     _c("prompt_index", "prompt #", "the prompt's place in the experiment's prompt set, from 0", "%d"),
     _c("prompt", "prompt", kind="text", width="medium"),
-    _c("matches_baseline", "same output", "greedy runs only: this prompt's output equals the baseline's token for "
-       "token", kind="checkbox"),
+    _c(
+        "matches_baseline",
+        "same output",
+        "greedy runs only: this prompt's output equals the baseline's token for token",
+        kind="checkbox",
+    ),
     _c("verified", "verified", "draft tokens the target checked", "%d"),
     _c("text", "text", kind="text"),
     _c("token", "token", "the draft token as text (escapes shown)", kind="text"),
@@ -163,6 +282,8 @@ COMPUTED = [c for c in RUN if c.sql]  # the metrics the runs query computes from
 def shown_in(table: str) -> list[str]:
     """The computed metrics a detail-page table shows (their entry's `tables`), in this table's order."""
     return [c.name for c in COMPUTED if table in c.tables]
+
+
 SPECULATIVE_KEYS = [c.name for c in RUN if c.json]  # a speculative run's metrics in `draftlab run --json`
 
 

@@ -18,6 +18,7 @@ Per server configuration and concurrency (one `server_measurements` row, its pas
 - the server's acceptance: the counters' difference over the configuration's passes, stored as a production
   series (storage/records/production.py) linked to the lab run, read with its definitions (conditional per position).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,20 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import insert, text, update
 
-from storage.records.production import add_series, lab_positions, series, series_document
-from storage.records.queries import _frame
-from storage.db.schema import DONE, FAILED, RUNNING, server_confirms, server_measurements, server_passes, utcnow
 from engine.metrics.stats import paired_bootstrap_ci, paired_speedup, percentile
+from storage.db.schema import DONE, FAILED, RUNNING, server_confirms, server_measurements, server_passes, utcnow
 from storage.db.store import Store
+from storage.records.production import add_series, lab_positions, series
+from storage.records.queries import _frame
 from storage.records.workers import confirm_processes
 
-LATENCY_KEYS = ("ttft_seconds_p50", "itl_seconds_p50", "itl_seconds_p95", "request_latency_seconds_p50",
-                "request_latency_seconds_p95")
+LATENCY_KEYS = (
+    "ttft_seconds_p50",
+    "itl_seconds_p50",
+    "itl_seconds_p95",
+    "request_latency_seconds_p50",
+    "request_latency_seconds_p95",
+)
 
 
 def _token_times(request) -> list[float]:
@@ -56,11 +62,17 @@ def summarize(passes) -> dict:
                 latency.append(times[-1] - r.sent)
                 gaps += np.diff(times).tolist()
     wall = float(sum(p.wall_seconds for p in passes))
-    return {"requests": sum(len(p.requests) for p in passes), "new_tokens": tokens, "wall_seconds": wall,
-            "tokens_per_second": tokens / wall if wall > 0 else 0.0,
-            "ttft_seconds_p50": percentile(ttft, 50), "itl_seconds_p50": percentile(gaps, 50),
-            "itl_seconds_p95": percentile(gaps, 95), "request_latency_seconds_p50": percentile(latency, 50),
-            "request_latency_seconds_p95": percentile(latency, 95)}
+    return {
+        "requests": sum(len(p.requests) for p in passes),
+        "new_tokens": tokens,
+        "wall_seconds": wall,
+        "tokens_per_second": tokens / wall if wall > 0 else 0.0,
+        "ttft_seconds_p50": percentile(ttft, 50),
+        "itl_seconds_p50": percentile(gaps, 50),
+        "itl_seconds_p95": percentile(gaps, 95),
+        "request_latency_seconds_p50": percentile(latency, 50),
+        "request_latency_seconds_p95": percentile(latency, 95),
+    }
 
 
 def pass_speedup(baseline, speculative) -> tuple[float | None, list[float] | None]:
@@ -68,8 +80,12 @@ def pass_speedup(baseline, speculative) -> tuple[float | None, list[float] | Non
     None under two pairs) of two servers' passes (objects with `new_tokens` and `wall_seconds`). Pass i of each
     server pairs with pass i of the other."""
     n = min(len(baseline), len(speculative))
-    columns = ([p.new_tokens for p in baseline[:n]], [p.wall_seconds for p in baseline[:n]],
-               [p.new_tokens for p in speculative[:n]], [p.wall_seconds for p in speculative[:n]])
+    columns = (
+        [p.new_tokens for p in baseline[:n]],
+        [p.wall_seconds for p in baseline[:n]],
+        [p.new_tokens for p in speculative[:n]],
+        [p.wall_seconds for p in speculative[:n]],
+    )
     speedup = paired_speedup(*columns)
     ci = paired_bootstrap_ci(*columns) if n >= 2 and speedup is not None else None
     return speedup, list(ci) if ci else None
@@ -84,20 +100,26 @@ def withheld(speedup: float | None, ci, steps: float | None, matches: dict, outp
         return None
     measured = f"{speedup:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else "")
     if outputs_test is not None and outputs_test.get("differs"):
-        return (f"speculation changed the output distribution in this server (mean length "
-                f"{outputs_test['speculative_mean_length']:.1f} against {outputs_test['baseline_mean_length']:.1f} "
-                f"tokens target-only, p = {_p(outputs_test['lengths_p'])}; token frequencies p = "
-                f"{_p(outputs_test['tokens_p'])}; {outputs_test['prompts']} prompts, {outputs_test['answers']} "
-                f"answers each): the measured {measured} is "
-                f"not a speedup of the same outputs")
+        return (
+            f"speculation changed the output distribution in this server (mean length "
+            f"{outputs_test['speculative_mean_length']:.1f} against {outputs_test['baseline_mean_length']:.1f} "
+            f"tokens target-only, p = {_p(outputs_test['lengths_p'])}; token frequencies p = "
+            f"{_p(outputs_test['tokens_p'])}; {outputs_test['prompts']} prompts, {outputs_test['answers']} "
+            f"answers each): the measured {measured} is "
+            f"not a speedup of the same outputs"
+        )
     same = matches.get("outputs_match_server_baseline")
     if same is not None and same < 1:
-        return (f"speculation changed the greedy outputs in this server ({same:.0%} of the prompts equal to its "
-                f"target-only outputs): the measured {measured} is not a speedup of the same outputs")
+        return (
+            f"speculation changed the greedy outputs in this server ({same:.0%} of the prompts equal to its "
+            f"target-only outputs): the measured {measured} is not a speedup of the same outputs"
+        )
     if steps is not None and (ci[0] if ci else speedup) > steps * (1 + 1e-9):
-        return (f"the measured {measured} exceeds the server's {steps:.2f} tokens per step (1 + accepted / drafts of "
-                f"its counters), which no real speedup can (every step costs a target forward): the timing drifted; "
-                f"confirm again with more --repeats or on a quieter machine")
+        return (
+            f"the measured {measured} exceeds the server's {steps:.2f} tokens per step (1 + accepted / drafts of "
+            f"its counters), which no real speedup can (every step costs a target forward): the timing drifted; "
+            f"confirm again with more --repeats or on a quieter machine"
+        )
     return None
 
 
@@ -105,8 +127,9 @@ def _p(value) -> str:
     return "not tested" if value is None else f"{value:.2g}"
 
 
-def outputs_match(outputs: dict[int, list[int]], reference: dict[int, list[int]], what: str
-                  ) -> tuple[float | None, str | None]:
+def outputs_match(
+    outputs: dict[int, list[int]], reference: dict[int, list[int]], what: str
+) -> tuple[float | None, str | None]:
     """(share of the prompts whose token ids equal the reference's, the first divergence as a sentence or None).
     None share when there is no reference to compare with."""
     common = sorted(set(outputs) & set(reference))
@@ -119,16 +142,20 @@ def outputs_match(outputs: dict[int, list[int]], reference: dict[int, list[int]]
             equal += 1
         elif first is None:
             j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            first = (f"prompt {i} differs from {what} at token {j} (server {a[j] if j < len(a) else 'end'}, "
-                     f"{what} {b[j] if j < len(b) else 'end'})")
+            first = (
+                f"prompt {i} differs from {what} at token {j} (server {a[j] if j < len(a) else 'end'}, "
+                f"{what} {b[j] if j < len(b) else 'end'})"
+            )
     return equal / len(common), first
 
 
 def lab_outputs(store: Store, run_id: int) -> dict[int, list[int]]:
     """A lab run's emitted token ids per prompt (output_tokens, in order)."""
     with store.read() as conn:
-        rows = conn.execute(text("SELECT prompt_index, token_id FROM output_tokens WHERE run_id = :r "
-                                 "ORDER BY prompt_index, position"), {"r": run_id}).all()
+        rows = conn.execute(
+            text("SELECT prompt_index, token_id FROM output_tokens WHERE run_id = :r ORDER BY prompt_index, position"),
+            {"r": run_id},
+        ).all()
     out: dict[int, list[int]] = {}
     for prompt_index, token_id in rows:
         out.setdefault(int(prompt_index), []).append(int(token_id))
@@ -137,24 +164,59 @@ def lab_outputs(store: Store, run_id: int) -> dict[int, list[int]]:
 
 # --- writing ---------------------------------------------------------------------------------------------------
 
-def start_confirm(store: Store, experiment_id: int, *, configs: str, concurrency: list[int], repeats: int,
-                  engine: str = "vllm", launched_by: str | None = None, requests_total: int | None = None) -> int:
+
+def start_confirm(
+    store: Store,
+    experiment_id: int,
+    *,
+    configs: str,
+    concurrency: list[int],
+    repeats: int,
+    engine: str = "vllm",
+    launched_by: str | None = None,
+    requests_total: int | None = None,
+) -> int:
     """A confirm the CLI runs itself, stored running (the dashboard's are queued: storage/serving/confirm_jobs.py), held by
     this process: its heartbeat (the CLI's) and `processes` let a sweep close it if the process dies."""
     with store.write() as conn:
         if conn.execute(text("SELECT 1 FROM experiments WHERE id = :e"), {"e": experiment_id}).first() is None:
             raise KeyError(experiment_id)
-        return int(conn.execute(insert(server_confirms).values(
-            experiment_id=experiment_id, engine=engine, configs=configs, repeats=repeats, launched_by=launched_by,
-            concurrency=",".join(map(str, concurrency)), phase="running in `draftlab confirm`",
-            requests_total=requests_total, heartbeat=utcnow(),
-            processes=confirm_processes())).inserted_primary_key[0])
+        return int(
+            conn.execute(
+                insert(server_confirms).values(
+                    experiment_id=experiment_id,
+                    engine=engine,
+                    configs=configs,
+                    repeats=repeats,
+                    launched_by=launched_by,
+                    concurrency=",".join(map(str, concurrency)),
+                    phase="running in `draftlab confirm`",
+                    requests_total=requests_total,
+                    heartbeat=utcnow(),
+                    processes=confirm_processes(),
+                )
+            ).inserted_primary_key[0]
+        )
 
 
-def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label: str, k: int, run_id: int | None,
-                    speculative_config: str | None, concurrency: int, passes, figures: dict,
-                    speedup: tuple | None = None, counters=None, matches: dict | None = None,
-                    outputs_test: dict | None = None, baseline_tokens_per_second: float | None = None) -> int:
+def add_measurement(
+    store: Store,
+    confirm_id: int,
+    experiment_id: int,
+    *,
+    label: str,
+    k: int,
+    run_id: int | None,
+    speculative_config: str | None,
+    concurrency: int,
+    passes,
+    figures: dict,
+    speedup: tuple | None = None,
+    counters=None,
+    matches: dict | None = None,
+    outputs_test: dict | None = None,
+    baseline_tokens_per_second: float | None = None,
+) -> int:
     """Store one configuration at one concurrency, all at once: its figures (`summarize`), its passes, its paired
     speedup (`pass_speedup`) unless `withheld` says why not (then that sentence instead), its counters' difference
     (a production series, app/production_scrape.SpecCounters), its output comparisons {"outputs_match_server_baseline",
@@ -162,11 +224,19 @@ def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label:
     paired target-only passes' tokens per second."""
     series_id = None
     if counters is not None and counters.drafts > 0 and counters.draft_tokens > 0:
-        series_id = add_series(store, experiment_id, drafts=counters.drafts, draft_tokens=counters.draft_tokens,
-                               accepted=counters.accepted, per_position=counters.per_position,
-                               label=f"confirm {confirm_id}: {label}, concurrency {concurrency}"[:200],
-                               source=f"draftlab confirm {confirm_id}", engine=",".join(counters.engines),
-                               seconds=figures["wall_seconds"], run_id=run_id)["series_id"]
+        series_id = add_series(
+            store,
+            experiment_id,
+            drafts=counters.drafts,
+            draft_tokens=counters.draft_tokens,
+            accepted=counters.accepted,
+            per_position=counters.per_position,
+            label=f"confirm {confirm_id}: {label}, concurrency {concurrency}"[:200],
+            source=f"draftlab confirm {confirm_id}",
+            engine=",".join(counters.engines),
+            seconds=figures["wall_seconds"],
+            run_id=run_id,
+        )["series_id"]
     value, ci = speedup or (None, None)
     warning = None
     if speculative_config is not None:
@@ -175,15 +245,33 @@ def add_measurement(store: Store, confirm_id: int, experiment_id: int, *, label:
     if warning is not None:
         value, ci = None, None
     with store.write() as conn:
-        mid = conn.execute(insert(server_measurements).values(
-            confirm_id=confirm_id, experiment_id=experiment_id, run_id=run_id, series_id=series_id, label=label, k=k,
-            speculative_config=speculative_config, concurrency=concurrency, speedup=value,
-            speedup_ci_lo=ci[0] if ci else None, speedup_ci_hi=ci[1] if ci else None, speedup_warning=warning,
-            outputs_test=json.dumps(outputs_test) if outputs_test is not None else None,
-            baseline_tokens_per_second=baseline_tokens_per_second,
-            **(matches or {}), **figures)).inserted_primary_key[0]
-        conn.execute(insert(server_passes), [{"measurement_id": mid, "pass_index": i, "wall_seconds": p.wall_seconds,
-                                              "new_tokens": p.new_tokens} for i, p in enumerate(passes)])
+        mid = conn.execute(
+            insert(server_measurements).values(
+                confirm_id=confirm_id,
+                experiment_id=experiment_id,
+                run_id=run_id,
+                series_id=series_id,
+                label=label,
+                k=k,
+                speculative_config=speculative_config,
+                concurrency=concurrency,
+                speedup=value,
+                speedup_ci_lo=ci[0] if ci else None,
+                speedup_ci_hi=ci[1] if ci else None,
+                speedup_warning=warning,
+                outputs_test=json.dumps(outputs_test) if outputs_test is not None else None,
+                baseline_tokens_per_second=baseline_tokens_per_second,
+                **(matches or {}),
+                **figures,
+            )
+        ).inserted_primary_key[0]
+        conn.execute(
+            insert(server_passes),
+            [
+                {"measurement_id": mid, "pass_index": i, "wall_seconds": p.wall_seconds, "new_tokens": p.new_tokens}
+                for i, p in enumerate(passes)
+            ],
+        )
     return int(mid)
 
 
@@ -195,20 +283,37 @@ def _tokens_per_step(store: Store, experiment_id: int, series_id: int | None) ->
     return float(series(store, experiment_id).set_index("series_id").loc[series_id, "tokens_per_round"])
 
 
-def finish_confirm(store: Store, confirm_id: int, *, engine_version: str, wall_seconds: float,
-                   errors: list[str], worker_id: str | None = None) -> bool:
+def finish_confirm(
+    store: Store,
+    confirm_id: int,
+    *,
+    engine_version: str,
+    wall_seconds: float,
+    errors: list[str],
+    worker_id: str | None = None,
+) -> bool:
     """Close a confirm: done, or failed with one line per error. With worker_id only while that worker runs it
     (a confirm swept as interrupted stays so). Returns whether it was closed."""
     query = update(server_confirms).where(server_confirms.c.id == confirm_id)
     if worker_id is not None:
         query = query.where(server_confirms.c.worker_id == worker_id, server_confirms.c.status == RUNNING)
     with store.write() as conn:
-        return conn.execute(query.values(
-            engine_version=engine_version[:200], wall_seconds=wall_seconds, status=FAILED if errors else DONE,
-            phase=FAILED if errors else DONE, error="\n".join(errors) or None)).rowcount == 1
+        return (
+            conn.execute(
+                query.values(
+                    engine_version=engine_version[:200],
+                    wall_seconds=wall_seconds,
+                    status=FAILED if errors else DONE,
+                    phase=FAILED if errors else DONE,
+                    error="\n".join(errors) or None,
+                )
+            ).rowcount
+            == 1
+        )
 
 
 # --- reading ---------------------------------------------------------------------------------------------------
+
 
 def _lab(store: Store, run_id: int | None, cache: dict) -> tuple[float | None, list[float] | None]:
     if run_id is None:
@@ -216,11 +321,11 @@ def _lab(store: Store, run_id: int | None, cache: dict) -> tuple[float | None, l
     if run_id not in cache:
         with store.read() as conn:
             rate = conn.execute(text("SELECT draft_acceptance_rate FROM runs WHERE id = :r"), {"r": run_id}).scalar()
-        cache[run_id] = (float(rate) if rate is not None else None,
-                         [float(v) for v in lab_positions(store, run_id)["conditional"]])
+        cache[run_id] = (
+            float(rate) if rate is not None else None,
+            [float(v) for v in lab_positions(store, run_id)["conditional"]],
+        )
     return cache[run_id]
-
-
 
 
 def _int(value):
@@ -230,19 +335,23 @@ def _int(value):
 def _frame_rows(store: Store, confirm_id: int) -> list[dict]:
     with store.read() as conn:
         df = _frame(conn, "SELECT * FROM server_measurements WHERE confirm_id = :c ORDER BY id", {"c": confirm_id})
-    return [{key: (None if isinstance(value, float) and value != value else value) for key, value in row.items()}
-            for row in df.to_dict(orient="records")]
+    return [
+        {key: (None if isinstance(value, float) and value != value else value) for key, value in row.items()}
+        for row in df.to_dict(orient="records")
+    ]
 
 
 def first_divergences(store: Store, confirm_id: int) -> list[dict]:
     """Per measurement whose outputs differ: its label, concurrency and the first divergence, as a sentence."""
-    return [{"label": r["label"], "concurrency": int(r["concurrency"]), "first_divergence": r["first_divergence"]}
-            for r in _frame_rows(store, confirm_id) if r["first_divergence"]]
-
-
+    return [
+        {"label": r["label"], "concurrency": int(r["concurrency"]), "first_divergence": r["first_divergence"]}
+        for r in _frame_rows(store, confirm_id)
+        if r["first_divergence"]
+    ]
 
 
 # --- beside the lab (the detail page's "Confirm in vLLM" panel and its findings) -----------------------------------
+
 
 def server_k(speculative_config: dict, concurrency: int) -> int:
     """The k vLLM drafts at `concurrency` requests in a step: num_speculative_tokens, or a schedule's entry by
@@ -270,11 +379,31 @@ def comparable_positions(speculative_config: dict, concurrency: int) -> int:
     return min(server_k(speculative_config, b) for b in range(1, max(1, int(concurrency)) + 1))
 
 
-BESIDE_COLUMNS = ["measurement_id", "label", "concurrency", "k", "positions", "speedup", "speedup_ci_lo",
-                  "speedup_ci_hi",
-                  "tokens_per_second", *LATENCY_KEYS, "series_id", "run_id", "outputs_match_server_baseline",
-                  "outputs_match_lab", "first_divergence", "speedup_warning", "outputs_test", "lab_run_id",
-                  "lab_speedup", "lab_speedup_ci_lo", "lab_speedup_ci_hi", "lab_tokens_per_second", *(f"lab_{key}" for key in LATENCY_KEYS)]
+BESIDE_COLUMNS = [
+    "measurement_id",
+    "label",
+    "concurrency",
+    "k",
+    "positions",
+    "speedup",
+    "speedup_ci_lo",
+    "speedup_ci_hi",
+    "tokens_per_second",
+    *LATENCY_KEYS,
+    "series_id",
+    "run_id",
+    "outputs_match_server_baseline",
+    "outputs_match_lab",
+    "first_divergence",
+    "speedup_warning",
+    "outputs_test",
+    "lab_run_id",
+    "lab_speedup",
+    "lab_speedup_ci_lo",
+    "lab_speedup_ci_hi",
+    "lab_tokens_per_second",
+    *(f"lab_{key}" for key in LATENCY_KEYS),
+]
 
 
 def beside_lab(store: Store, confirm_id: int) -> pd.DataFrame:
@@ -283,7 +412,9 @@ def beside_lab(store: Store, confirm_id: int) -> pd.DataFrame:
     latency (NaN where the lab never measured that batch size). One SQL join over runs of the same draft and
     drafter as the measured run; the k is picked per row."""
     with store.read() as conn:
-        df = _frame(conn, """
+        df = _frame(
+            conn,
+            """
             SELECT m.id AS measurement_id, m.label, m.concurrency, m.k AS configured_k, m.speculative_config,
                    m.speedup, m.speedup_ci_lo, m.speedup_ci_hi, m.tokens_per_second, m.ttft_seconds_p50,
                    m.itl_seconds_p50, m.itl_seconds_p95, m.request_latency_seconds_p50,
@@ -300,7 +431,9 @@ def beside_lab(store: Store, confirm_id: int) -> pd.DataFrame:
                  AND r.batch_size = m.concurrency AND COALESCE(r.draft, '') = COALESCE(r0.draft, '')
                  AND COALESCE(r.drafter, '') = COALESCE(r0.drafter, '')
             WHERE m.confirm_id = :c AND m.speculative_config IS NOT NULL
-            ORDER BY m.id, r.id""", {"c": confirm_id})
+            ORDER BY m.id, r.id""",
+            {"c": confirm_id},
+        )
     if df.empty:
         return pd.DataFrame(columns=BESIDE_COLUMNS)
     configs = [json.loads(s) for s in df["speculative_config"]]
@@ -316,8 +449,6 @@ def beside_lab(store: Store, confirm_id: int) -> pd.DataFrame:
     return df[BESIDE_COLUMNS].reset_index(drop=True)
 
 
-
-
 def _num(value):
     return None if value is None or value != value else float(value)
 
@@ -325,5 +456,10 @@ def _num(value):
 def latest_measured(store: Store, experiment_id: int) -> int | None:
     """The experiment's newest confirm that stored a speculative measurement (what its findings read)."""
     with store.read() as conn:
-        return conn.execute(text("SELECT MAX(confirm_id) FROM server_measurements WHERE experiment_id = :e AND "
-                                 "speculative_config IS NOT NULL"), {"e": experiment_id}).scalar()
+        return conn.execute(
+            text(
+                "SELECT MAX(confirm_id) FROM server_measurements WHERE experiment_id = :e AND "
+                "speculative_config IS NOT NULL"
+            ),
+            {"e": experiment_id},
+        ).scalar()

@@ -12,15 +12,16 @@ Counts are stored as the engine reports them; every rate is SQL over them, in Dr
 The lab's interval is over prompts (each prompt one cluster: a ratio estimator's standard error), since tokens
 of one prompt are not independent draws.
 """
+
 from __future__ import annotations
 
 import pandas as pd
 from sqlalchemy import insert, text
 
-from storage.records.queries import F, _frame
-from storage.db.schema import DONE, SPECULATIVE, production_positions, production_series
 from engine.metrics.stats import clustered_ratio_se
+from storage.db.schema import DONE, SPECULATIVE, production_positions, production_series
 from storage.db.store import Store
+from storage.records.queries import F, _frame
 
 Z95 = 1.959964
 
@@ -45,41 +46,78 @@ def lab_run_for(store: Store, experiment_id: int, k: int, run_id: int | None = N
         if run_id is not None:
             row = conn.execute(text("SELECT experiment_id, kind FROM runs WHERE id = :r"), {"r": run_id}).first()
             if row is None or row.experiment_id != experiment_id or row.kind != SPECULATIVE:
-                raise ProductionError(f"--run {run_id} is not a speculative run of experiment {experiment_id}; "
-                                      f"`draftlab list` shows its runs")
+                raise ProductionError(
+                    f"--run {run_id} is not a speculative run of experiment {experiment_id}; "
+                    f"`draftlab list` shows its runs"
+                )
             return run_id
-        ids = [r.id for r in conn.execute(text(
-            "SELECT id FROM runs WHERE experiment_id = :e AND kind = :kind AND status = :done AND k = :k ORDER BY id"),
-            {"e": experiment_id, "kind": SPECULATIVE, "done": DONE, "k": k})]
+        ids = [
+            r.id
+            for r in conn.execute(
+                text(
+                    "SELECT id FROM runs WHERE experiment_id = :e AND kind = :kind AND status = :done AND k = :k ORDER BY id"
+                ),
+                {"e": experiment_id, "kind": SPECULATIVE, "done": DONE, "k": k},
+            )
+        ]
     if len(ids) > 1:
-        raise ProductionError(f"experiment {experiment_id} has {len(ids)} finished runs at k = {k} (runs "
-                              f"{', '.join(map(str, ids))}): name the one the server runs with --run")
+        raise ProductionError(
+            f"experiment {experiment_id} has {len(ids)} finished runs at k = {k} (runs "
+            f"{', '.join(map(str, ids))}): name the one the server runs with --run"
+        )
     return ids[0] if ids else None
 
 
-def add_series(store: Store, experiment_id: int, *, drafts: int, draft_tokens: int, accepted: int,
-               per_position: dict[int, int], label: str, source: str, engine: str = "",
-               seconds: float | None = None, run_id: int | None = None) -> dict:
+def add_series(
+    store: Store,
+    experiment_id: int,
+    *,
+    drafts: int,
+    draft_tokens: int,
+    accepted: int,
+    per_position: dict[int, int],
+    label: str,
+    source: str,
+    engine: str = "",
+    seconds: float | None = None,
+    run_id: int | None = None,
+) -> dict:
     """Store one window of counters; returns {"series_id", "run_id", "k"}. Refused before anything is stored:
     an empty window, counts that contradict each other, a label too long."""
     if drafts <= 0 or draft_tokens <= 0:
-        raise ProductionError("no drafts in this window (the server speculated 0 times): send it traffic between "
-                              "the two scrapes, or scrape once for its totals since it started")
+        raise ProductionError(
+            "no drafts in this window (the server speculated 0 times): send it traffic between "
+            "the two scrapes, or scrape once for its totals since it started"
+        )
     if accepted > draft_tokens or any(n > drafts for n in per_position.values()):
-        raise ProductionError("the counters contradict each other (more accepted than proposed): were the scrapes "
-                              "taken from two different servers?")
+        raise ProductionError(
+            "the counters contradict each other (more accepted than proposed): were the scrapes "
+            "taken from two different servers?"
+        )
     label = label.strip()
     if not label or len(label) > 200:
         raise ProductionError(f"--label must be 1 to 200 characters (got {len(label)})")
     k = production_k(drafts, draft_tokens, per_position)
     run_id = lab_run_for(store, experiment_id, k, run_id)
     with store.write() as conn:
-        series_id = conn.execute(insert(production_series).values(
-            experiment_id=experiment_id, run_id=run_id, label=label, source=source, engine=engine, seconds=seconds,
-            drafts=drafts, draft_tokens=draft_tokens, accepted=accepted)).inserted_primary_key[0]
+        series_id = conn.execute(
+            insert(production_series).values(
+                experiment_id=experiment_id,
+                run_id=run_id,
+                label=label,
+                source=source,
+                engine=engine,
+                seconds=seconds,
+                drafts=drafts,
+                draft_tokens=draft_tokens,
+                accepted=accepted,
+            )
+        ).inserted_primary_key[0]
         if per_position:
-            conn.execute(insert(production_positions), [
-                {"series_id": series_id, "position": j, "accepted": n} for j, n in sorted(per_position.items())])
+            conn.execute(
+                insert(production_positions),
+                [{"series_id": series_id, "position": j, "accepted": n} for j, n in sorted(per_position.items())],
+            )
     return {"series_id": series_id, "run_id": run_id, "k": k}
 
 
@@ -127,11 +165,16 @@ def series_document(store: Store, experiment_id: int, series_id: int) -> dict:
     table = series(store, experiment_id).set_index("series_id")
     row = table.loc[series_id]
     at = positions(store, experiment_id)
-    return {"experiment_id": int(experiment_id), "label": str(row["label"]), "drafts": int(row["drafts"]),
-            "draft_tokens": int(row["draft_tokens"]), "accepted": int(row["accepted"]),
-            "draft_acceptance_rate": float(row["draft_acceptance_rate"]),
-            "mean_acceptance_length": float(row["tokens_per_round"]),
-            "per_position_acceptance": [float(v) for v in at[at["series_id"] == series_id]["conditional"]]}
+    return {
+        "experiment_id": int(experiment_id),
+        "label": str(row["label"]),
+        "drafts": int(row["drafts"]),
+        "draft_tokens": int(row["draft_tokens"]),
+        "accepted": int(row["accepted"]),
+        "draft_acceptance_rate": float(row["draft_acceptance_rate"]),
+        "mean_acceptance_length": float(row["tokens_per_round"]),
+        "per_position_acceptance": [float(v) for v in at[at["series_id"] == series_id]["conditional"]],
+    }
 
 
 def positions(store: Store, experiment_id: int) -> pd.DataFrame:
@@ -155,8 +198,11 @@ def clustered_ratio(numerators, denominators) -> tuple[float, float, float] | No
 def lab_alpha_interval(store: Store, run_id: int) -> tuple[float, float, float] | None:
     """The run's α with its prompt-clustered 95 % interval, from its per-prompt rollups."""
     with store.read() as conn:
-        df = _frame(conn, "SELECT accepted, accepted + rejected AS verified FROM prompt_results WHERE run_id = :r",
-                    {"r": run_id})
+        df = _frame(
+            conn,
+            "SELECT accepted, accepted + rejected AS verified FROM prompt_results WHERE run_id = :r",
+            {"r": run_id},
+        )
     return clustered_ratio(df["accepted"], df["verified"])
 
 
@@ -164,18 +210,28 @@ def lab_positions(store: Store, run_id: int) -> pd.DataFrame:
     """The run's conditional acceptance per position with its prompt-clustered 95 % interval (per-prompt counts
     by SQL GROUP BY, the interval over prompts)."""
     with store.read() as conn:
-        df = _frame(conn, """
+        df = _frame(
+            conn,
+            """
             SELECT position, prompt_index,
                    SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END) AS accepted,
                    SUM(CASE WHEN outcome <> 'discarded' THEN 1 ELSE 0 END) AS reached
             FROM draft_tokens WHERE run_id = :r GROUP BY position, prompt_index ORDER BY position, prompt_index""",
-                    {"r": run_id})
+            {"r": run_id},
+        )
     rows = []
     for position, group in df.groupby("position", sort=True):
         estimate = clustered_ratio(group["accepted"], group["reached"])
         if estimate is not None:
-            rows.append({"position": int(position), "conditional": estimate[0], "lo": estimate[1],
-                         "hi": estimate[2], "reached": int(group["reached"].sum())})
+            rows.append(
+                {
+                    "position": int(position),
+                    "conditional": estimate[0],
+                    "lo": estimate[1],
+                    "hi": estimate[2],
+                    "reached": int(group["reached"].sum()),
+                }
+            )
     return pd.DataFrame(rows, columns=["position", "conditional", "lo", "hi", "reached"])
 
 
@@ -214,9 +270,13 @@ def comparison(store: Store, experiment_id: int) -> list[dict]:
             if p.position in lab_pos.index and p.conditional == p.conditional:
                 ref = lab_pos.loc[p.position]
                 if ref["lo"] == ref["lo"] and not ref["lo"] <= p.conditional <= ref["hi"]:
-                    item["position"] = {"position": int(p.position), "production": float(p.conditional),
-                                        "lab": float(ref["conditional"]), "lo": float(ref["lo"]),
-                                        "hi": float(ref["hi"])}
+                    item["position"] = {
+                        "position": int(p.position),
+                        "production": float(p.conditional),
+                        "lab": float(ref["conditional"]),
+                        "lo": float(ref["lo"]),
+                        "hi": float(ref["hi"]),
+                    }
                     break
         out.append(item)
     return out

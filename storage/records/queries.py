@@ -6,6 +6,7 @@ draft tokens when a prompt commits; the diagnostics (by position, type, token) a
 through covering indexes. The only Python arithmetic is predicted_speedup: a formula per row, not an
 aggregate, taken from engine/metrics/theory.py so it is defined once.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,9 @@ from sqlalchemy import select, text
 from engine.config.drafter_specs import SPECS
 from engine.config.run_config import RUN_PARAMETERS
 from engine.metrics.theory import predicted_speedup as _predicted_speedup
-
 from storage.db import schema
-from storage.records.columns import COMPUTED, RUN_QUERY
 from storage.db.store import Store
+from storage.records.columns import COMPUTED, RUN_QUERY
 
 F = "DOUBLE PRECISION"  # float division in both SQLite (REAL affinity) and PostgreSQL
 
@@ -46,8 +46,10 @@ def lossy(r: str) -> str:
 
 
 def _compared(r: str) -> str:
-    return (f"({r}.kind = 'speculative' AND COALESCE({r}.temperature, 0) <= 0 "
-            f"AND EXISTS (SELECT 1 FROM prompt_results bp WHERE bp.run_id = {r}.baseline_run_id))")
+    return (
+        f"({r}.kind = 'speculative' AND COALESCE({r}.temperature, 0) <= 0 "
+        f"AND EXISTS (SELECT 1 FROM prompt_results bp WHERE bp.run_id = {r}.baseline_run_id))"
+    )
 
 
 def _differs(r: str) -> str:
@@ -123,8 +125,10 @@ def _with_predicted(df: pd.DataFrame) -> pd.DataFrame:
     """predicted_speedup from the measured alpha, the run's largest k and c (engine/metrics/theory.py's formula). The
     formula assumes a constant k: runs whose drafter varies k per round (heuristic, confidence, prompt lookup)
     get none rather than a number that means nothing."""
-    constant = [d is None or (isinstance(d, float) and pd.isna(d)) or _constant_k(d)
-                for d in (df["drafter"] if "drafter" in df else [None] * len(df))]
+    constant = [
+        d is None or (isinstance(d, float) and pd.isna(d)) or _constant_k(d)
+        for d in (df["drafter"] if "drafter" in df else [None] * len(df))
+    ]
     df["predicted_speedup"] = [
         _predicted_speedup(a, int(k), c) if ok and pd.notna(a) and pd.notna(c) and c and pd.notna(k) and k else None
         for a, k, c, ok in zip(df["alpha"], df["max_k"], df["c"], constant)
@@ -163,9 +167,22 @@ def sweep_curve(store: Store, experiment_id: int) -> pd.DataFrame:
     """Measured and predicted speedup, alpha and tokens_per_round against the swept value."""
     df = runs(store, experiment_id)
     df = df[df["kind"] == "speculative"]
-    cols = ["sweep_value", "k", "speedup", "speedup_ci_lo", "speedup_ci_hi", "predicted_speedup",
-            "predicted_speedup_refined", "alpha", "draft_acceptance_rate", "tokens_per_round", "c", "run_id", "status",
-            "timing_warning"]
+    cols = [
+        "sweep_value",
+        "k",
+        "speedup",
+        "speedup_ci_lo",
+        "speedup_ci_hi",
+        "predicted_speedup",
+        "predicted_speedup_refined",
+        "alpha",
+        "draft_acceptance_rate",
+        "tokens_per_round",
+        "c",
+        "run_id",
+        "status",
+        "timing_warning",
+    ]
     return df[cols].sort_values(["sweep_value", "run_id"]).reset_index(drop=True)
 
 
@@ -174,12 +191,14 @@ def sweep_curve(store: Store, experiment_id: int) -> pd.DataFrame:
 # interval, no timing warning (a run timed faster than its tokens per round allow is never crowned), and lossless (a
 # greedy run whose outputs differ from its baseline's, `lossy`, is never chosen). RANK: the highest measured speedup
 # first; on equal speedups the smaller swept value, then the older run.
-CHOOSABLE = ("s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.speedup IS NOT NULL "
-             "AND s.speedup_ci_lo IS NOT NULL AND s.speedup_ci_hi IS NOT NULL AND s.timing_warning IS NULL "
-             f"AND NOT {lossy('s')}")
+CHOOSABLE = (
+    "s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.speedup IS NOT NULL "
+    "AND s.speedup_ci_lo IS NOT NULL AND s.speedup_ci_hi IS NOT NULL AND s.timing_warning IS NULL "
+    f"AND NOT {lossy('s')}"
+)
 RANK = "s.speedup DESC, s.sweep_value, s.id"
 
-_EXPERIMENTS_SQL = f"""
+_EXPERIMENTS_SQL = """
 WITH stats AS (
     SELECT experiment_id,
            SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END) AS n_running,
@@ -204,18 +223,35 @@ listed AS (
     FROM experiments e
     LEFT JOIN stats st ON st.experiment_id = e.id
     LEFT JOIN warned ON warned.experiment_id = e.id
-    WHERE {{experiment_filter}})
-SELECT * FROM listed WHERE {{status_filter}} ORDER BY experiment_id DESC
+    WHERE {experiment_filter})
+SELECT * FROM listed WHERE {status_filter} ORDER BY experiment_id DESC
 """
 
 # The listing's own columns (storage/analysis/catalog.py adds the best run's, from each experiment's verdict).
-EXPERIMENT_ROW_COLUMNS = ["experiment_id", "name", "created", "target", "draft", "prompts", "sweep_variable",
-                          "sweep_values", "status", "progress", "tags", "notes", "timing_warnings", "repeats",
-                          "validates", "validated_by", "batch_sizes"]
+EXPERIMENT_ROW_COLUMNS = [
+    "experiment_id",
+    "name",
+    "created",
+    "target",
+    "draft",
+    "prompts",
+    "sweep_variable",
+    "sweep_values",
+    "status",
+    "progress",
+    "tags",
+    "notes",
+    "timing_warnings",
+    "repeats",
+    "validates",
+    "validated_by",
+    "batch_sizes",
+]
 
 
-def experiment_rows(store: Store, tag: str | None = None, model: str | None = None,
-                    status: str | None = None) -> pd.DataFrame:
+def experiment_rows(
+    store: Store, tag: str | None = None, model: str | None = None, status: str | None = None
+) -> pd.DataFrame:
     """All experiments, newest first, with their status and progress (storage/analysis/catalog.py's `experiments` adds the
     best run, from the verdict)."""
     # Filters are added only when given: PostgreSQL cannot type a bare `:param IS NULL`.
@@ -224,8 +260,9 @@ def experiment_rows(store: Store, tag: str | None = None, model: str | None = No
         conditions.append("(',' || e.tags || ',') LIKE ('%,' || :tag || ',%')")
     if model:
         conditions.append("(e.target = :model OR e.draft = :model)")
-    sql = _EXPERIMENTS_SQL.format(experiment_filter=" AND ".join(conditions),
-                                  status_filter="status = :status" if status else "1 = 1")
+    sql = _EXPERIMENTS_SQL.format(
+        experiment_filter=" AND ".join(conditions), status_filter="status = :status" if status else "1 = 1"
+    )
     params = {key: value for key, value in (("tag", tag), ("model", model), ("status", status)) if value}
     with store.read() as conn:
         df = _frame(conn, sql, params, EXPERIMENT_ROW_COLUMNS)
@@ -263,11 +300,14 @@ def baseline_speeds(store: Store, batch_size: int) -> pd.DataFrame:
 def experiment(store: Store, experiment_id: int) -> dict | None:
     """One experiment's fields, its sampling config as a dict, tags as a list, sweep_values as a list."""
     with store.read() as conn:
-        row = conn.execute(select(schema.experiments).where(schema.experiments.c.id == experiment_id)).mappings().first()
+        row = (
+            conn.execute(select(schema.experiments).where(schema.experiments.c.id == experiment_id)).mappings().first()
+        )
         if row is None:
             return None
-        prompt_count = conn.execute(text("SELECT COUNT(*) FROM experiment_prompts WHERE experiment_id = :eid"),
-                                    {"eid": experiment_id}).scalar()
+        prompt_count = conn.execute(
+            text("SELECT COUNT(*) FROM experiment_prompts WHERE experiment_id = :eid"), {"eid": experiment_id}
+        ).scalar()
     d = dict(row)
     d["experiment_id"] = d.pop("id")
     d["sweep_values"] = json.loads(d["sweep_values"])
@@ -295,8 +335,12 @@ def predicted_curves(experiment: dict) -> dict[int, tuple[dict[int, float], list
         auto = json.loads(auto)
     if not auto:
         return {}
+
     def parsed(entry):
-        return {int(k): float(v) for k, v in (entry.get("curve") or {}).items()}, [int(k) for k in entry.get("confirmed") or []]
+        return {int(k): float(v) for k, v in (entry.get("curve") or {}).items()}, [
+            int(k) for k in entry.get("confirmed") or []
+        ]
+
     if auto.get("by_batch_size"):
         return {int(b): parsed(entry) for b, entry in auto["by_batch_size"].items()}
     return {int(experiment.get("batch_size") or 1): parsed(auto)}
@@ -353,9 +397,13 @@ def acceptance_by_prompt_position(store: Store, run_id: int) -> pd.DataFrame:
 def prompt_tokens(store: Store, run_id: int) -> dict[int, int]:
     """Each committed prompt's new tokens."""
     with store.read() as conn:
-        return {int(i): int(n) for i, n in conn.execute(
-            text("SELECT prompt_index, new_tokens FROM prompt_results WHERE run_id = :rid ORDER BY prompt_index"),
-            {"rid": run_id})}
+        return {
+            int(i): int(n)
+            for i, n in conn.execute(
+                text("SELECT prompt_index, new_tokens FROM prompt_results WHERE run_id = :rid ORDER BY prompt_index"),
+                {"rid": run_id},
+            )
+        }
 
 
 def timings(store: Store, run_id: int) -> pd.DataFrame:
@@ -485,8 +533,11 @@ def round_proposals(store: Store, run_id: int, prompt_index: int, round_index: i
 def outputs(store: Store, run_id: int) -> pd.DataFrame:
     """prompt_index, token_ids (list), text per committed prompt: the `outputs` of the run JSON."""
     with store.read() as conn:
-        df = _frame(conn, "SELECT prompt_index, output_ids, text FROM prompt_results WHERE run_id = :rid "
-                          "ORDER BY prompt_index", {"rid": run_id})
+        df = _frame(
+            conn,
+            "SELECT prompt_index, output_ids, text FROM prompt_results WHERE run_id = :rid ORDER BY prompt_index",
+            {"rid": run_id},
+        )
     df["token_ids"] = [json.loads(v) for v in df.pop("output_ids")]
     return df[["prompt_index", "token_ids", "text"]]
 
@@ -544,19 +595,27 @@ def experiment_version(store: Store, experiment_id: int | None = None) -> tuple:
         if experiment_id is None:
             extra = conn.execute(text("SELECT COUNT(*), MAX(id) FROM experiments")).one()
         else:
-            extra = conn.execute(text("SELECT name, tags, notes, validates, predicted_curve FROM experiments WHERE id = :eid"),
-                                 {"eid": experiment_id}).one_or_none()
+            extra = conn.execute(
+                text("SELECT name, tags, notes, validates, predicted_curve FROM experiments WHERE id = :eid"),
+                {"eid": experiment_id},
+            ).one_or_none()
             # production series imported later (`draftlab import-metrics`) change the findings too
-            extra = (*(extra or ()), *conn.execute(text(
-                "SELECT COUNT(*), MAX(id) FROM production_series WHERE experiment_id = :eid"), {"eid": experiment_id}).one())
+            extra = (
+                *(extra or ()),
+                *conn.execute(
+                    text("SELECT COUNT(*), MAX(id) FROM production_series WHERE experiment_id = :eid"),
+                    {"eid": experiment_id},
+                ).one(),
+            )
     return tuple(str(v) for v in (*row, *(extra or ())))
 
 
 def validation_links(store: Store) -> pd.DataFrame:
     """experiment_id, validates: every validation experiment and the tuning experiment it validates."""
     with store.read() as conn:
-        df = _frame(conn, "SELECT id AS experiment_id, validates FROM experiments WHERE validates IS NOT NULL "
-                          "ORDER BY id")
+        df = _frame(
+            conn, "SELECT id AS experiment_id, validates FROM experiments WHERE validates IS NOT NULL ORDER BY id"
+        )
     return df
 
 
@@ -569,8 +628,19 @@ def k_distribution(store: Store, run_id: int) -> pd.DataFrame:
         return _frame(conn, sql, {"rid": run_id})
 
 
-WORKER_HEALTH_COLUMNS = ["worker_id", "host", "pid", "device", "status", "experiment_id", "runs", "progress",
-                         "waiting_for", "heartbeat_age_s", "started"]
+WORKER_HEALTH_COLUMNS = [
+    "worker_id",
+    "host",
+    "pid",
+    "device",
+    "status",
+    "experiment_id",
+    "runs",
+    "progress",
+    "waiting_for",
+    "heartbeat_age_s",
+    "started",
+]
 
 
 def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
@@ -583,9 +653,9 @@ def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
     progress: what it times (the mean progress of its running runs); heartbeat_age_s: seconds since its last beat."""
     from datetime import timedelta
 
-    from storage.records import workers as liveness
-    from storage.db.settings import stale_window
     from storage.db.schema import utcnow
+    from storage.db.settings import stale_window
+    from storage.records import workers as liveness
 
     seconds = stale_window(stale_seconds)
     now = utcnow()
@@ -593,13 +663,23 @@ def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
         rows = conn.execute(select(schema.workers)).mappings().all()
         dead = set(liveness.dead_workers(conn, now - timedelta(seconds=seconds)))
         leases = dict(conn.execute(text("SELECT worker_id, device FROM device_leases")).all())
-        running = conn.execute(text(f"""SELECT worker_id, MIN(experiment_id) AS experiment_id, COUNT(*) AS runs,
+        running = (
+            conn.execute(
+                text(f"""SELECT worker_id, MIN(experiment_id) AS experiment_id, COUNT(*) AS runs,
                                                AVG(CAST(progress AS {F})) AS progress
-                                        FROM runs WHERE status = 'running' GROUP BY worker_id""")).mappings().all()
-        queued = conn.execute(text("SELECT COUNT(*), COUNT(DISTINCT experiment_id) FROM runs "
-                                   "WHERE status = 'queued'")).one()
-        training = dict(conn.execute(text("SELECT worker_id, MIN(id) FROM training_jobs WHERE status = 'running' "
-                                          "GROUP BY worker_id")).all())
+                                        FROM runs WHERE status = 'running' GROUP BY worker_id""")
+            )
+            .mappings()
+            .all()
+        )
+        queued = conn.execute(
+            text("SELECT COUNT(*), COUNT(DISTINCT experiment_id) FROM runs WHERE status = 'queued'")
+        ).one()
+        training = dict(
+            conn.execute(
+                text("SELECT worker_id, MIN(id) FROM training_jobs WHERE status = 'running' GROUP BY worker_id")
+            ).all()
+        )
         queued_jobs = conn.execute(text("SELECT COUNT(*) FROM training_jobs WHERE status = 'queued'")).scalar()
     busy = {r["worker_id"]: r for r in running}
     out = []
@@ -608,18 +688,38 @@ def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
         device = w["id"].rsplit("@", 1)[1] if "@" in w["id"] else None
         lease = leases.get(w["id"])
         job = training.get(w["id"])
-        status = ("stale" if w["id"] in dead else "timing" if timing else f"training (job {job})" if job is not None
-                  else "waiting" if w["waiting_for"] else "idle")
-        out.append({"worker_id": w["id"], "host": (w["host"] or "").split("#")[0], "pid": w["pid"],
-                    "device": device or (lease.split(":", 1)[1] if lease and ":" in lease else lease),
-                    "status": status, "experiment_id": timing["experiment_id"] if timing else None,
-                    "runs": int(timing["runs"]) if timing else 0,
-                    "progress": float(timing["progress"]) if timing and timing["progress"] is not None else None,
-                    "waiting_for": w["waiting_for"],
-                    "heartbeat_age_s": (now - w["heartbeat"]).total_seconds() if w["heartbeat"] else None,
-                    "started": w["started"]})
+        status = (
+            "stale"
+            if w["id"] in dead
+            else "timing"
+            if timing
+            else f"training (job {job})"
+            if job is not None
+            else "waiting"
+            if w["waiting_for"]
+            else "idle"
+        )
+        out.append(
+            {
+                "worker_id": w["id"],
+                "host": (w["host"] or "").split("#")[0],
+                "pid": w["pid"],
+                "device": device or (lease.split(":", 1)[1] if lease and ":" in lease else lease),
+                "status": status,
+                "experiment_id": timing["experiment_id"] if timing else None,
+                "runs": int(timing["runs"]) if timing else 0,
+                "progress": float(timing["progress"]) if timing and timing["progress"] is not None else None,
+                "waiting_for": w["waiting_for"],
+                "heartbeat_age_s": (now - w["heartbeat"]).total_seconds() if w["heartbeat"] else None,
+                "started": w["started"],
+            }
+        )
     frame = pd.DataFrame(out, columns=WORKER_HEALTH_COLUMNS)
     _nullable_int(frame, "experiment_id")
-    return {"workers": frame, "queued_runs": int(queued[0]), "queued_experiments": int(queued[1]),
-            "queued_training_jobs": int(queued_jobs or 0),
-            "running_runs": sum(int(r["runs"]) for r in running)}
+    return {
+        "workers": frame,
+        "queued_runs": int(queued[0]),
+        "queued_experiments": int(queued[1]),
+        "queued_training_jobs": int(queued_jobs or 0),
+        "running_runs": sum(int(r["runs"]) for r in running),
+    }

@@ -5,6 +5,7 @@ objects), then its `prompt_results` row is built by INSERT ... SELECT over those
 aggregates by UPDATE ... FROM over its prompt rows, so every stored figure is a SQL aggregate and a prompt
 is either fully stored or not at all.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,11 +14,19 @@ import math
 from sqlalchemy import Connection, insert, text
 
 from engine.decoding.records import PromptResult
-
-from engine.metrics.theory import expected_round_length, refined_speedup
-
 from engine.metrics import stats
-from storage.db.schema import BASELINE, FIRST, TARGET, draft_tokens, output_tokens, prompt_results, rounds, timings, utcnow
+from engine.metrics.theory import expected_round_length, refined_speedup
+from storage.db.schema import (
+    BASELINE,
+    FIRST,
+    TARGET,
+    draft_tokens,
+    output_tokens,
+    prompt_results,
+    rounds,
+    timings,
+    utcnow,
+)
 
 F = "DOUBLE PRECISION"
 
@@ -36,19 +45,31 @@ def _output_rows(run_id: int, kind: str, result: PromptResult, texts: list[str])
         for r in result.rounds:
             kinds += r.emitted_kinds
             owners += [r.round_index] * len(r.emitted_ids)
-    arrivals = result.token_seconds if result.token_seconds is not None and \
-        len(result.token_seconds) == len(result.output_ids) else [None] * len(result.output_ids)
-    return [{"run_id": run_id, "prompt_index": result.prompt_index, "position": i, "token_id": int(token),
-             "text": texts[i], "kind": kinds[i], "round_index": owners[i],
-             "seconds": None if arrivals[i] is None else float(arrivals[i])}
-            for i, token in enumerate(result.output_ids)]
+    arrivals = (
+        result.token_seconds
+        if result.token_seconds is not None and len(result.token_seconds) == len(result.output_ids)
+        else [None] * len(result.output_ids)
+    )
+    return [
+        {
+            "run_id": run_id,
+            "prompt_index": result.prompt_index,
+            "position": i,
+            "token_id": int(token),
+            "text": texts[i],
+            "kind": kinds[i],
+            "round_index": owners[i],
+            "seconds": None if arrivals[i] is None else float(arrivals[i]),
+        }
+        for i, token in enumerate(result.output_ids)
+    ]
 
 
 def _finite_or_none(value: float) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
 
-_PROMPT_ROLLUP = f"""
+_PROMPT_ROLLUP = """
 INSERT INTO prompt_results (run_id, prompt_index, prompt, output_ids, text, new_tokens, wall_seconds,
     decode_steps, decode_seconds, finished, rounds, proposed, emitted, max_k, draft_seconds, verify_seconds,
     draft_forwards, accepted, rejected, verified, beta_sum, kl_sum, kl_count)
@@ -110,34 +131,87 @@ WHERE runs.id = :run_id
 """
 
 
-def record_prompt(conn: Connection, run_id: int, kind: str, result: PromptResult, output_texts: list[str],
-                  repeats: list[PromptResult] | None = None, slots: list[int] | None = None) -> None:
+def record_prompt(
+    conn: Connection,
+    run_id: int,
+    kind: str,
+    result: PromptResult,
+    output_texts: list[str],
+    repeats: list[PromptResult] | None = None,
+    slots: list[int] | None = None,
+) -> None:
     """Store one prompt's result in the caller's transaction; output_texts[i] is output token i's text.
     `repeats` are every timed decode of the prompt (result is one of them: the median repeat) and `slots`
     their places in the prompt's interleaved order; each becomes a `timings` row."""
     round_rows, token_rows = [], []
     for r in result.rounds:
-        round_rows.append({"run_id": run_id, "prompt_index": result.prompt_index, "round_index": r.round_index,
-                           "k": r.k, "accepted": r.accepted, "rejected": r.rejected, "emitted": len(r.emitted_ids),
-                           "draft_seconds": r.draft_seconds, "verify_seconds": r.verify_seconds,
-                           "draft_forwards": r.draft_forwards})
+        round_rows.append(
+            {
+                "run_id": run_id,
+                "prompt_index": result.prompt_index,
+                "round_index": r.round_index,
+                "k": r.k,
+                "accepted": r.accepted,
+                "rejected": r.rejected,
+                "emitted": len(r.emitted_ids),
+                "draft_seconds": r.draft_seconds,
+                "verify_seconds": r.verify_seconds,
+                "draft_forwards": r.draft_forwards,
+            }
+        )
         for t in r.draft_tokens:
-            token_rows.append({"run_id": run_id, "prompt_index": result.prompt_index, "round_index": r.round_index,
-                               "position": t.position, "token_id": int(t.token_id), "text": t.text,
-                               "token_type": t.token_type, "p_draft": float(t.p_draft), "p_target": float(t.p_target),
-                               "beta": float(t.beta), "kl": _finite_or_none(t.kl), "outcome": t.outcome})
+            token_rows.append(
+                {
+                    "run_id": run_id,
+                    "prompt_index": result.prompt_index,
+                    "round_index": r.round_index,
+                    "position": t.position,
+                    "token_id": int(t.token_id),
+                    "text": t.text,
+                    "token_type": t.token_type,
+                    "p_draft": float(t.p_draft),
+                    "p_target": float(t.p_target),
+                    "beta": float(t.beta),
+                    "kl": _finite_or_none(t.kl),
+                    "outcome": t.outcome,
+                }
+            )
     insert_rows(conn, round_rows, token_rows, _output_rows(run_id, kind, result, output_texts))
     timed = repeats or [result]
-    bulk_insert(conn, timings, [
-        {"run_id": run_id, "prompt_index": result.prompt_index, "repeat": i, "slot": (slots or [0] * len(timed))[i],
-         "new_tokens": r.new_tokens, "wall_seconds": r.wall_seconds,
-         "draft_seconds": sum(x.draft_seconds for x in r.rounds), "verify_seconds": sum(x.verify_seconds for x in r.rounds),
-         "decode_seconds": r.decode_seconds, "decode_steps": r.decode_steps} for i, r in enumerate(timed)])
-    conn.execute(text(_PROMPT_ROLLUP), {
-        "run_id": run_id, "prompt_index": result.prompt_index, "prompt": result.prompt,
-        "output_ids": encode_ids(result.output_ids), "text": result.text, "new_tokens": result.new_tokens,
-        "wall_seconds": result.wall_seconds, "decode_steps": result.decode_steps,
-        "decode_seconds": result.decode_seconds, "finished": utcnow()})
+    bulk_insert(
+        conn,
+        timings,
+        [
+            {
+                "run_id": run_id,
+                "prompt_index": result.prompt_index,
+                "repeat": i,
+                "slot": (slots or [0] * len(timed))[i],
+                "new_tokens": r.new_tokens,
+                "wall_seconds": r.wall_seconds,
+                "draft_seconds": sum(x.draft_seconds for x in r.rounds),
+                "verify_seconds": sum(x.verify_seconds for x in r.rounds),
+                "decode_seconds": r.decode_seconds,
+                "decode_steps": r.decode_steps,
+            }
+            for i, r in enumerate(timed)
+        ],
+    )
+    conn.execute(
+        text(_PROMPT_ROLLUP),
+        {
+            "run_id": run_id,
+            "prompt_index": result.prompt_index,
+            "prompt": result.prompt,
+            "output_ids": encode_ids(result.output_ids),
+            "text": result.text,
+            "new_tokens": result.new_tokens,
+            "wall_seconds": result.wall_seconds,
+            "decode_steps": result.decode_steps,
+            "decode_seconds": result.decode_seconds,
+            "finished": utcnow(),
+        },
+    )
     refresh_run(conn, run_id)
 
 
@@ -182,8 +256,10 @@ def refresh_serving(conn: Connection, run_id: int) -> None:
         values = [float(v) for v in conn.execute(text(query), {"run_id": run_id}).scalars().all()]
         for q in (50, 95):
             figures[f"{name}_p{q}"] = stats.percentile(values, q)
-    conn.execute(text("UPDATE runs SET " + ", ".join(f"{c} = :{c}" for c in figures) + " WHERE id = :run_id"),
-                 {**figures, "run_id": run_id})
+    conn.execute(
+        text("UPDATE runs SET " + ", ".join(f"{c} = :{c}" for c in figures) + " WHERE id = :run_id"),
+        {**figures, "run_id": run_id},
+    )
 
 
 def refresh_run(conn: Connection, run_id: int) -> None:
@@ -191,8 +267,17 @@ def refresh_run(conn: Connection, run_id: int) -> None:
     paired figures; for a baseline, those of the runs paired with it)."""
     conn.execute(text(_RUN_ROLLUP), {"run_id": run_id})
     refresh_serving(conn, run_id)
-    paired = conn.execute(text("SELECT id FROM runs WHERE id = :rid AND baseline_run_id IS NOT NULL "
-                               "UNION SELECT id FROM runs WHERE baseline_run_id = :rid"), {"rid": run_id}).scalars().all()
+    paired = (
+        conn.execute(
+            text(
+                "SELECT id FROM runs WHERE id = :rid AND baseline_run_id IS NOT NULL "
+                "UNION SELECT id FROM runs WHERE baseline_run_id = :rid"
+            ),
+            {"rid": run_id},
+        )
+        .scalars()
+        .all()
+    )
     for rid in paired:
         refresh_paired(conn, rid)
 
@@ -206,7 +291,7 @@ JOIN prompt_results bp ON bp.run_id = r.baseline_run_id AND bp.prompt_index = p.
 WHERE p.run_id = :rid GROUP BY p.prompt_index / COALESCE(NULLIF(r.batch_size, 0), 1)
 ORDER BY p.prompt_index / COALESCE(NULLIF(r.batch_size, 0), 1)"""
 
-_COSTS = f"""SELECT r.rounds, r.tokens_per_round, b.target_step_seconds,
+_COSTS = """SELECT r.rounds, r.tokens_per_round, b.target_step_seconds,
        (SELECT SUM(draft_seconds) FROM prompt_results WHERE run_id = r.id),
        (SELECT SUM(verify_seconds) FROM prompt_results WHERE run_id = r.id)
 FROM runs r JOIN runs b ON b.id = r.baseline_run_id WHERE r.id = :rid"""
@@ -229,19 +314,34 @@ def refresh_paired(conn: Connection, run_id: int) -> None:
     verify_cost = refined = None
     if rounds_ and t_target:
         verify_cost = (verify_s or 0.0) / rounds_ / t_target
-        per_position = [float(v) if v is not None else 0.0
-                        for _, v in conn.execute(text(_POSITIONS), {"rid": run_id}).all()]
-        refined = refined_speedup(expected_round_length(per_position), t_target,
-                                  (draft_s or 0.0) / rounds_, (verify_s or 0.0) / rounds_)
+        per_position = [
+            float(v) if v is not None else 0.0 for _, v in conn.execute(text(_POSITIONS), {"rid": run_id}).all()
+        ]
+        refined = refined_speedup(
+            expected_round_length(per_position), t_target, (draft_s or 0.0) / rounds_, (verify_s or 0.0) / rounds_
+        )
     warning = None
     if speedup is not None and tokens_per_round and speedup > tokens_per_round:
-        warning = (f"measured speedup {speedup:.2f}x exceeds its {tokens_per_round:.2f} tokens per round, which no "
-                   f"real speedup can (every round costs a target forward): the timing drifted; rerun with more "
-                   f"--repeats or on a quieter machine")
-    conn.execute(text("UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, verify_cost = :vc, "
-                      "predicted_speedup_refined = :ref, timing_warning = :w WHERE id = :rid"),
-                 {"s": speedup, "lo": interval[0] if interval else None, "hi": interval[1] if interval else None,
-                  "vc": verify_cost, "ref": refined, "w": warning, "rid": run_id})
+        warning = (
+            f"measured speedup {speedup:.2f}x exceeds its {tokens_per_round:.2f} tokens per round, which no "
+            f"real speedup can (every round costs a target forward): the timing drifted; rerun with more "
+            f"--repeats or on a quieter machine"
+        )
+    conn.execute(
+        text(
+            "UPDATE runs SET speedup = :s, speedup_ci_lo = :lo, speedup_ci_hi = :hi, verify_cost = :vc, "
+            "predicted_speedup_refined = :ref, timing_warning = :w WHERE id = :rid"
+        ),
+        {
+            "s": speedup,
+            "lo": interval[0] if interval else None,
+            "hi": interval[1] if interval else None,
+            "vc": verify_cost,
+            "ref": refined,
+            "w": warning,
+            "rid": run_id,
+        },
+    )
 
 
 def clear_from(conn: Connection, run_id: int, prompt_index: int) -> None:

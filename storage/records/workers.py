@@ -1,6 +1,7 @@
 """Who holds what: this process's identity (host and PID namespace), whether a registered worker is gone, and the
 `processes` a confirm row records of its owner, read by the job queue (storage/jobs/liveness.py) and the dashboard's
 worker listing (storage/records/queries.py)."""
+
 from __future__ import annotations
 
 import json
@@ -41,13 +42,20 @@ def dead_workers(conn, cutoff) -> list[str]:
     """Registered workers that are gone: no heartbeat since `cutoff`, or (on this host) no process."""
     rows = conn.execute(select(workers.c.id, workers.c.host, workers.c.pid, workers.c.heartbeat)).all()  # typed
     here = host_identity()
-    return [r.id for r in rows if r.heartbeat is None or r.heartbeat < cutoff
-            or (r.host == here and not _pid_alive(r.pid))]
+    return [
+        r.id for r in rows if r.heartbeat is None or r.heartbeat < cutoff or (r.host == here and not _pid_alive(r.pid))
+    ]
 
 
 def confirm_processes(servers=()) -> str:
     """A confirm's `processes` as this process writes it: this host, this process, and the vLLM servers it started
     ([pid, start time] each, app/vllm_server.VllmServer.tree_id)."""
     pid = os.getpid()
-    return json.dumps({"host": host_identity(), "pid": pid, "start": process_tree.start_time(pid),
-                       "servers": [list(s) for s in servers]})
+    return json.dumps(
+        {
+            "host": host_identity(),
+            "pid": pid,
+            "start": process_tree.start_time(pid),
+            "servers": [list(s) for s in servers],
+        }
+    )

@@ -11,15 +11,16 @@ stored), the configurations exist (the verdict chose one; a k grid has a schedul
 concurrency and repeats are in range, no other confirm of the experiment is unfinished, and the launcher's cap
 (a queued confirm counts as one unfinished run, storage/jobs/experiments.py's check_launcher_cap).
 """
+
 from __future__ import annotations
 
 import pandas as pd
 from sqlalchemy import insert, text
 
 from storage.db.errors import QueueError
-from storage.jobs.liveness import confirm_processes
 from storage.db.schema import QUEUED, RUNNING, server_confirms, utcnow
 from storage.db.store import Store
+from storage.jobs.liveness import confirm_processes
 
 CONFIGS = ("chosen", "schedule", "all")
 ACTIVE = (QUEUED, RUNNING)
@@ -53,16 +54,19 @@ def confirm_documents(store: Store, experiment_id: int, configs: str) -> list[tu
     else:
         document = deploy_document(store, experiment_id)
         if configs == "schedule" and "schedule" not in document:
-            raise QueueError(f"experiment {experiment_id} has no k schedule (not a batch size × k grid, or one k "
-                             f"everywhere); confirm `chosen` instead")
+            raise QueueError(
+                f"experiment {experiment_id} has no k schedule (not a batch size × k grid, or one k "
+                f"everywhere); confirm `chosen` instead"
+            )
         if configs == "chosen" and "schedule" in document:  # a grid's chosen run alone: one k, not the schedule
             document = deploy_document(store, experiment_id, int(document["run_id"]))
         documents = [(configs, document)]
     for _, document in documents:
         vllm = document["engines"]["vllm"]
         if not vllm.get("speculative_config"):
-            raise QueueError(f"run {document['run_id']}: vLLM cannot serve its drafter ({vllm['notes'][0]}); "
-                             f"confirm another run")
+            raise QueueError(
+                f"run {document['run_id']}: vLLM cannot serve its drafter ({vllm['notes'][0]}); confirm another run"
+            )
     return documents
 
 
@@ -87,8 +91,15 @@ def configurations_refusal(store: Store, experiment_id: int, configs: str) -> st
     return None
 
 
-def enqueue_confirm(store: Store, experiment_id: int, *, configs: str = "chosen", concurrency, repeats: int =
-                    DEFAULT_REPEATS, launched_by: str | None = None) -> int:
+def enqueue_confirm(
+    store: Store,
+    experiment_id: int,
+    *,
+    configs: str = "chosen",
+    concurrency,
+    repeats: int = DEFAULT_REPEATS,
+    launched_by: str | None = None,
+) -> int:
     """Queue a confirm of the experiment for a worker; return its id. Refused (QueueError, nothing stored) as the
     module docstring lists."""
     concurrency = list(concurrency or [])
@@ -102,56 +113,94 @@ def enqueue_confirm(store: Store, experiment_id: int, *, configs: str = "chosen"
     with store.read() as conn:
         if conn.execute(text("SELECT 1 FROM experiments WHERE id = :e"), {"e": experiment_id}).first() is None:
             raise QueueError(f"no experiment {experiment_id}; pick one from the Experiments list")
-        if conn.execute(text("SELECT 1 FROM experiment_prompts WHERE experiment_id = :e"),
-                        {"e": experiment_id}).first() is None:
+        if (
+            conn.execute(
+                text("SELECT 1 FROM experiment_prompts WHERE experiment_id = :e"), {"e": experiment_id}
+            ).first()
+            is None
+        ):
             raise QueueError(f"experiment {experiment_id} has no stored prompts yet (it never ran): let it run first")
     check_configurations(store, experiment_id, configs)
     with store.write() as conn:
         from storage.jobs.experiments import check_launcher_cap
 
-        busy = conn.execute(text("SELECT id, status FROM server_confirms WHERE experiment_id = :e AND status IN "
-                                 "(:q, :r) ORDER BY id LIMIT 1"),
-                            {"e": experiment_id, "q": QUEUED, "r": RUNNING}).first()
+        busy = conn.execute(
+            text(
+                "SELECT id, status FROM server_confirms WHERE experiment_id = :e AND status IN "
+                "(:q, :r) ORDER BY id LIMIT 1"
+            ),
+            {"e": experiment_id, "q": QUEUED, "r": RUNNING},
+        ).first()
         if busy is not None:
-            raise QueueError(f"confirm {busy[0]} of experiment {experiment_id} is {busy[1]}; wait for it to end (one "
-                             f"confirm of an experiment at a time: both would start servers on the same machine)")
+            raise QueueError(
+                f"confirm {busy[0]} of experiment {experiment_id} is {busy[1]}; wait for it to end (one "
+                f"confirm of an experiment at a time: both would start servers on the same machine)"
+            )
         check_launcher_cap(conn, launched_by, 1)
-        return int(conn.execute(insert(server_confirms).values(
-            experiment_id=experiment_id, engine="vllm", configs=configs, repeats=repeats, status=QUEUED,
-            concurrency=",".join(map(str, sorted(concurrency))), phase="queued", requests_done=0,
-            launched_by=launched_by[:200] if launched_by else None)).inserted_primary_key[0])
+        return int(
+            conn.execute(
+                insert(server_confirms).values(
+                    experiment_id=experiment_id,
+                    engine="vllm",
+                    configs=configs,
+                    repeats=repeats,
+                    status=QUEUED,
+                    concurrency=",".join(map(str, sorted(concurrency))),
+                    phase="queued",
+                    requests_done=0,
+                    launched_by=launched_by[:200] if launched_by else None,
+                )
+            ).inserted_primary_key[0]
+        )
 
 
 def next_confirm(store: Store) -> int | None:
     """The oldest queued confirm."""
     with store.read() as conn:
-        return conn.execute(text("SELECT id FROM server_confirms WHERE status = :q ORDER BY id LIMIT 1"),
-                            {"q": QUEUED}).scalar()
+        return conn.execute(
+            text("SELECT id FROM server_confirms WHERE status = :q ORDER BY id LIMIT 1"), {"q": QUEUED}
+        ).scalar()
 
 
 def get_confirm(store: Store, confirm_id: int) -> dict | None:
     with store.read() as conn:
-        row = conn.execute(text("SELECT * FROM server_confirms WHERE id = :c"),
-                           {"c": int(confirm_id)}).mappings().first()
+        row = (
+            conn.execute(text("SELECT * FROM server_confirms WHERE id = :c"), {"c": int(confirm_id)}).mappings().first()
+        )
     return dict(row) if row else None
 
 
 def claim_confirm(store: Store, confirm_id: int, worker_id: str) -> bool:
     """Atomically move a queued confirm to running for worker_id; False if another worker got it first."""
     with store.write() as conn:
-        return conn.execute(text(
-            "UPDATE server_confirms SET status = :running, worker_id = :w, heartbeat = :now, phase = :phase, "
-            "processes = :processes WHERE id = :id AND status = :queued"),
-            {"running": RUNNING, "w": worker_id, "now": utcnow(), "id": int(confirm_id), "queued": QUEUED,
-             "phase": "claimed by a worker", "processes": confirm_processes()}).rowcount == 1
+        return (
+            conn.execute(
+                text(
+                    "UPDATE server_confirms SET status = :running, worker_id = :w, heartbeat = :now, phase = :phase, "
+                    "processes = :processes WHERE id = :id AND status = :queued"
+                ),
+                {
+                    "running": RUNNING,
+                    "w": worker_id,
+                    "now": utcnow(),
+                    "id": int(confirm_id),
+                    "queued": QUEUED,
+                    "phase": "claimed by a worker",
+                    "processes": confirm_processes(),
+                },
+            ).rowcount
+            == 1
+        )
 
 
 def record_servers(store: Store, confirm_id: int, servers) -> None:
     """The vLLM servers this process started for a running confirm ([pid, start time] each), written as soon as each
     exists: a sweep ends them if this process dies with its watchdogs (storage/jobs/liveness.py)."""
     with store.write() as conn:
-        conn.execute(text("UPDATE server_confirms SET processes = :p WHERE id = :id AND status = :running"),
-                     {"p": confirm_processes(servers), "id": int(confirm_id), "running": RUNNING})
+        conn.execute(
+            text("UPDATE server_confirms SET processes = :p WHERE id = :id AND status = :running"),
+            {"p": confirm_processes(servers), "id": int(confirm_id), "running": RUNNING},
+        )
 
 
 def report_confirm(store: Store, confirm_id: int, worker_id: str | None, **fields) -> bool:
@@ -165,16 +214,32 @@ def report_confirm(store: Store, confirm_id: int, worker_id: str | None, **field
     owned = " AND worker_id = :w" if worker_id is not None else ""
     sets = "".join(f", {k} = :{k}" for k in fields)
     with store.write() as conn:
-        return conn.execute(text(f"UPDATE server_confirms SET heartbeat = :now{sets} WHERE id = :id AND status = "
-                                 f":running{owned}"),
-                            {**fields, "now": utcnow(), "id": int(confirm_id), "running": RUNNING,
-                             "w": worker_id}).rowcount == 1
+        return (
+            conn.execute(
+                text(f"UPDATE server_confirms SET heartbeat = :now{sets} WHERE id = :id AND status = :running{owned}"),
+                {**fields, "now": utcnow(), "id": int(confirm_id), "running": RUNNING, "w": worker_id},
+            ).rowcount
+            == 1
+        )
 
 
 # --- reads for the dashboard -------------------------------------------------------------------------------
 
-JOB_COLUMNS = ["confirm_id", "status", "configs", "concurrency", "repeats", "phase", "requests_done",
-               "requests_total", "error", "wall_seconds", "launched_by", "created", "measurements"]
+JOB_COLUMNS = [
+    "confirm_id",
+    "status",
+    "configs",
+    "concurrency",
+    "repeats",
+    "phase",
+    "requests_done",
+    "requests_total",
+    "error",
+    "wall_seconds",
+    "launched_by",
+    "created",
+    "measurements",
+]
 
 
 def confirm_jobs(store: Store, experiment_id: int) -> pd.DataFrame:
@@ -182,24 +247,32 @@ def confirm_jobs(store: Store, experiment_id: int) -> pd.DataFrame:
     from storage.records.queries import _frame
 
     with store.read() as conn:
-        return _frame(conn, """
+        return _frame(
+            conn,
+            """
             SELECT c.id AS confirm_id, c.status, c.configs, c.concurrency, c.repeats, c.phase, c.requests_done,
                    c.requests_total, c.error, c.wall_seconds, c.launched_by, c.created, COUNT(m.id) AS measurements
             FROM server_confirms c LEFT JOIN server_measurements m ON m.confirm_id = c.id
             WHERE c.experiment_id = :e
             GROUP BY c.id, c.status, c.configs, c.concurrency, c.repeats, c.phase, c.requests_done, c.requests_total,
                      c.error, c.wall_seconds, c.launched_by, c.created
-            ORDER BY c.id DESC""", {"e": experiment_id}, columns=JOB_COLUMNS)
+            ORDER BY c.id DESC""",
+            {"e": experiment_id},
+            columns=JOB_COLUMNS,
+        )
 
 
 def confirms_version(store: Store, experiment_id: int) -> tuple:
     """A cheap stamp that changes whenever one of the experiment's confirms is queued, moves or stores a
     measurement (the panel's cache key)."""
     with store.read() as conn:
-        row = conn.execute(text(
-            "SELECT COUNT(*), MAX(c.id), MAX(c.heartbeat), SUM(c.requests_done), "
-            "SUM(CASE WHEN c.status IN ('queued', 'running') THEN 1 ELSE 0 END), "
-            "(SELECT COUNT(*) FROM server_measurements m WHERE m.experiment_id = :e), "
-            "MAX(c.status), MIN(c.status) FROM server_confirms c WHERE c.experiment_id = :e"),
-            {"e": experiment_id}).one()
+        row = conn.execute(
+            text(
+                "SELECT COUNT(*), MAX(c.id), MAX(c.heartbeat), SUM(c.requests_done), "
+                "SUM(CASE WHEN c.status IN ('queued', 'running') THEN 1 ELSE 0 END), "
+                "(SELECT COUNT(*) FROM server_measurements m WHERE m.experiment_id = :e), "
+                "MAX(c.status), MIN(c.status) FROM server_confirms c WHERE c.experiment_id = :e"
+            ),
+            {"e": experiment_id},
+        ).one()
     return tuple(str(v) for v in row)

@@ -25,6 +25,7 @@ mapping per engine (`DrafterSpec.serving`: the engine's name for the drafting, i
 engine functions below assemble a command from it and never look at a drafter's name. An engine that cannot express
 a drafter gets a tab that says so.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,9 @@ from pathlib import Path
 
 from engine.config.drafter_specs import DEFAULT_DRAFTER, SPECS
 from engine.config.drafter_specs import parse_drafter as _parse_spec
-from engine.errors import DraftLabError
 from engine.config.head_format import serving_dir
 from engine.config.run_config import PARAMETERS, RunConfig
+from engine.errors import DraftLabError
 
 ENGINES = ("vllm", "sglang", "llama_cpp", "transformers")
 DRAFTER_NAMES = tuple(SPECS)  # each declares its mapping per engine (DrafterSpec.serving; tests/test_deploy.py)
@@ -56,6 +57,7 @@ class NoChosenRun(DeployError):
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------
+
 
 def parse_drafter(spec) -> tuple[str, float | int | None]:
     """(name, parameter) of a stored drafter spec, read as the engine reads it (engine/config/drafter_specs.py). Empty/None
@@ -107,12 +109,24 @@ def _draft_for(cfg: dict, serving) -> tuple[str, str | None, list[str]]:
     if present and where == Path(draft).expanduser():
         return draft, None, []
     if present:
-        return str(where), None, [f"{where} holds the head in the {serving.draft_layout} layout this engine loads "
-                                  f"(the run drafted with {draft})."]
+        return (
+            str(where),
+            None,
+            [
+                f"{where} holds the head in the {serving.draft_layout} layout this engine loads "
+                f"(the run drafted with {draft})."
+            ],
+        )
     convert = shlex.join(["draftlab", "convert-head", draft, "--to", serving.draft_layout, "--out", str(where)])
-    return str(where), convert, [f"Write the head in the {serving.draft_layout} layout first: `{convert}` (its aux "
-                                 f"layer ids converted to that layout's convention); the command below serves "
-                                 f"{where}."]
+    return (
+        str(where),
+        convert,
+        [
+            f"Write the head in the {serving.draft_layout} layout first: `{convert}` (its aux "
+            f"layer ids converted to that layout's convention); the command below serves "
+            f"{where}."
+        ],
+    )
 
 
 def _with_prepare(settings: dict, prepare: str | None) -> dict:
@@ -131,8 +145,9 @@ def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False
     name, param = parse_drafter(_pick(run, {}, "drafter") or experiment.get("drafter") or DEFAULT_DRAFTER)
     k = _pick(run, experiment, "k")
     if not _present(k) or int(k) < 1:
-        raise DeployError(f"run {run.get('run_id')} has no draft length k (a baseline runs the target alone); "
-                          f"pick a speculative run")
+        raise DeployError(
+            f"run {run.get('run_id')} has no draft length k (a baseline runs the target alone); pick a speculative run"
+        )
     try:
         config = RunConfig.of_run({**run, "drafter": SPECS[name].spec(param)}, experiment)
     except DraftLabError as exc:
@@ -143,8 +158,11 @@ def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False
         raise DeployError(f"run {run.get('run_id')} drafts with a draft model ({name}) but none is stored for it")
     settings = config.run_settings()
     measured_tokens = settings.pop("max_new_tokens")
-    notes = [note for key, value in settings.items()
-             if PARAMETERS[key].serving_note and (note := PARAMETERS[key].serving_note(value, settings))]
+    notes = [
+        note
+        for key, value in settings.items()
+        if PARAMETERS[key].serving_note and (note := PARAMETERS[key].serving_note(value, settings))
+    ]
     return {
         "run_id": int(run["run_id"]) if _present(run.get("run_id")) else None,
         "experiment_id": int(eid) if (eid := _pick(run, experiment, "experiment_id")) is not None else None,
@@ -164,6 +182,7 @@ def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False
 
 # --- formatting ------------------------------------------------------------------------------------------------
 
+
 def _num(value: float) -> str:
     """A float as a flag value: shortest exact text (0.7, 1.0, 0.95)."""
     return repr(float(value))
@@ -178,17 +197,23 @@ def _command(groups: list[list[str]]) -> tuple[str, str]:
 def _length_note(cfg: dict, how: str) -> list[str]:
     """What an engine does without max_new_tokens (not carried unless asked): `how` says where to set a length."""
     if cfg["max_new_tokens"] is not None:
-        return [f"The length is the test's budget, {cfg['max_new_tokens']} new tokens (copied as asked); set your "
-                f"own for real requests."]
-    return [f"No length is set: the test stopped at {cfg['_measured_max_new_tokens']} new tokens to measure, not as a "
-            f"serving setting. {how} (`draftlab export --format deploy --with-max-new-tokens` copies the test's)."]
+        return [
+            f"The length is the test's budget, {cfg['max_new_tokens']} new tokens (copied as asked); set your "
+            f"own for real requests."
+        ]
+    return [
+        f"No length is set: the test stopped at {cfg['_measured_max_new_tokens']} new tokens to measure, not as a "
+        f"serving setting. {how} (`draftlab export --format deploy --with-max-new-tokens` copies the test's)."
+    ]
 
 
 def _same_distribution_note(cfg: dict) -> list[str]:
     if cfg["greedy"]:
         return []
-    return [f"DraftLab draws prompt i from a generator seeded by (seed={cfg['seed']}, i); no engine draws the same "
-            f"way, so sampled outputs match DraftLab's in distribution, not token for token."]
+    return [
+        f"DraftLab draws prompt i from a generator seeded by (seed={cfg['seed']}, i); no engine draws the same "
+        f"way, so sampled outputs match DraftLab's in distribution, not token for token."
+    ]
 
 
 # --- vLLM ------------------------------------------------------------------------------------------------------
@@ -201,6 +226,7 @@ def _same_distribution_note(cfg: dict) -> list[str]:
 # "num_speculative_tokens": 5, "method": "draft_model"}'`), n_gram.md, dynamic_speculative_decoding.md;
 # vllm/sampling_params.py @ 00388f65 (temperature 0 = greedy, top_k "0 (or -1)" = all tokens, min_p,
 # repetition_penalty, seed).
+
 
 def _drafting(cfg: dict, engine: str):
     """(the drafter's declaration, its Serving on `engine`, parameter) for the run's drafter."""
@@ -230,16 +256,20 @@ def _vllm(cfg: dict) -> dict:
     if drafter.needs_model:
         if not cfg["greedy"] and cfg["draft_sampling"] == "greedy":
             spec["draft_sample_method"] = "greedy"
-            notes.append("draft_sample_method \"greedy\": the drafts are the draft's argmax, verified as one-hot, "
-                         "as DraftLab measured (--draft-sampling greedy); it is vLLM's default, so an older vLLM "
-                         "without the key behaves the same — drop the key there.")
+            notes.append(
+                'draft_sample_method "greedy": the drafts are the draft\'s argmax, verified as one-hot, '
+                "as DraftLab measured (--draft-sampling greedy); it is vLLM's default, so an older vLLM "
+                "without the key behaves the same — drop the key there."
+            )
         elif not cfg["greedy"]:
             spec["draft_sample_method"] = "probabilistic"
-            notes.append("draft_sample_method \"probabilistic\" samples the drafts and verifies with their "
-                         "probabilities, as DraftLab measured; it is recent (vllm/config/speculative.py on main): an "
-                         "older vLLM rejects the key — drop it there, its drafts are then the draft's argmax "
-                         "(verified as one-hot), still lossless but with a different acceptance rate than measured: "
-                         "measure that with --draft-sampling greedy.")
+            notes.append(
+                'draft_sample_method "probabilistic" samples the drafts and verifies with their '
+                "probabilities, as DraftLab measured; it is recent (vllm/config/speculative.py on main): an "
+                "older vLLM rejects the key — drop it there, its drafts are then the draft's argmax "
+                "(verified as one-hot), still lossless but with a different acceptance rate than measured: "
+                "measure that with --draft-sampling greedy."
+            )
     notes += _vllm_schedule(cfg, spec)
     config_json = json.dumps(spec)
     groups = [["vllm", "serve", _model_ref(cfg["target"])], ["--speculative-config", config_json]]
@@ -251,12 +281,23 @@ def _vllm(cfg: dict) -> dict:
     request = _openai_request(cfg, top_k_off=-1)
     if not cfg["greedy"]:
         request["seed"] = cfg["seed"]
-    notes.append("Send the sampling settings with every request (the `request` fields of /v1/completions): by "
-                 "default vLLM takes missing ones from the model's generation_config.json.")
+    notes.append(
+        "Send the sampling settings with every request (the `request` fields of /v1/completions): by "
+        "default vLLM takes missing ones from the model's generation_config.json."
+    )
     notes += _length_note(cfg, "Send max_tokens with each request (/v1/completions otherwise stops at 16)")
     notes += _same_distribution_note(cfg)
-    return _with_prepare({"language": "bash", "command": command, "snippet": snippet,
-                          "speculative_config": config_json, "request": request, "notes": notes}, prepare)
+    return _with_prepare(
+        {
+            "language": "bash",
+            "command": command,
+            "snippet": snippet,
+            "speculative_config": config_json,
+            "request": request,
+            "notes": notes,
+        },
+        prepare,
+    )
 
 
 def _vllm_schedule(cfg: dict, spec: dict) -> list[str]:
@@ -270,23 +311,33 @@ def _vllm_schedule(cfg: dict, spec: dict) -> list[str]:
         return []
     ranges = grid["ranges"]
     if len(ranges) == 1:
-        return [f"The k schedule measured one k at every batch size ({grid['sizes_text']}): "
-                f"num_speculative_tokens={ranges[0][2]} alone expresses it."]
+        return [
+            f"The k schedule measured one k at every batch size ({grid['sizes_text']}): "
+            f"num_speculative_tokens={ranges[0][2]} alone expresses it."
+        ]
     spec["num_speculative_tokens"] = max(k for _, _, k in ranges)
     spec["num_speculative_tokens_per_batch_size"] = ranges
-    notes = [f"num_speculative_tokens_per_batch_size carries the k schedule measured at batch sizes "
-             f"{grid['sizes_text']} ([start_bs, end_bs, k]; k = 0 turns speculation off in that range); "
-             f"num_speculative_tokens={spec['num_speculative_tokens']} is its largest k (vLLM caps every entry at it). "
-             f"Batch sizes between two measured ones take the k of the smaller one; above {grid['largest']} vLLM "
-             f"keeps the last entry's k, which was not measured there."]
+    notes = [
+        f"num_speculative_tokens_per_batch_size carries the k schedule measured at batch sizes "
+        f"{grid['sizes_text']} ([start_bs, end_bs, k]; k = 0 turns speculation off in that range); "
+        f"num_speculative_tokens={spec['num_speculative_tokens']} is its largest k (vLLM caps every entry at it). "
+        f"Batch sizes between two measured ones take the k of the smaller one; above {grid['largest']} vLLM "
+        f"keeps the last entry's k, which was not measured there."
+    ]
     if grid["smallest"] > 1:
-        notes.append(f"The first range starts at batch size 1 as vLLM requires; batch sizes below "
-                     f"{grid['smallest']} were not measured.")
-    notes.append("num_speculative_tokens_per_batch_size is recent (vLLM's dynamic speculative decoding): an older "
-                 "vLLM rejects the key: drop it there and serve the k of your usual batch size.")
-    notes.append("vLLM's batch size is the number of requests in a decode step, which changes as requests arrive "
-                 "and finish; DraftLab's is B prompts decoded together from their start: check the schedule "
-                 "against vLLM's spec-decode metrics at your traffic.")
+        notes.append(
+            f"The first range starts at batch size 1 as vLLM requires; batch sizes below "
+            f"{grid['smallest']} were not measured."
+        )
+    notes.append(
+        "num_speculative_tokens_per_batch_size is recent (vLLM's dynamic speculative decoding): an older "
+        "vLLM rejects the key: drop it there and serve the k of your usual batch size."
+    )
+    notes.append(
+        "vLLM's batch size is the number of requests in a decode step, which changes as requests arrive "
+        "and finish; DraftLab's is B prompts decoded together from their start: check the schedule "
+        "against vLLM's spec-decode metrics at your traffic."
+    )
     return notes
 
 
@@ -296,9 +347,11 @@ def _schedule_note(cfg: dict, engine: str) -> list[str]:
     grid = cfg.get("_schedule")
     if not grid or len({k for _, _, k in grid["ranges"]}) < 2:
         return []
-    return [f"Not expressible: {engine} takes one k for every batch size; these settings serve k={cfg['k']}, the "
-            f"schedule's entry for batch {grid['for_batch']} (`--batch-size` / the panel's batch size picks another). "
-            f"The measured schedule: {grid['steps_text']}."]
+    return [
+        f"Not expressible: {engine} takes one k for every batch size; these settings serve k={cfg['k']}, the "
+        f"schedule's entry for batch {grid['for_batch']} (`--batch-size` / the panel's batch size picks another). "
+        f"The measured schedule: {grid['steps_text']}."
+    ]
 
 
 def _openai_request(cfg: dict, top_k_off: int) -> dict:
@@ -307,9 +360,14 @@ def _openai_request(cfg: dict, top_k_off: int) -> dict:
     length = {} if cfg["max_new_tokens"] is None else {"max_tokens": cfg["max_new_tokens"]}
     if cfg["greedy"]:
         return {"temperature": 0.0, **length}
-    return {"temperature": cfg["temperature"], "top_p": cfg["top_p"],
-            "top_k": cfg["top_k"] if cfg["top_k"] > 0 else top_k_off, "min_p": 0.0, "repetition_penalty": 1.0,
-            **length}
+    return {
+        "temperature": cfg["temperature"],
+        "top_p": cfg["top_p"],
+        "top_k": cfg["top_k"] if cfg["top_k"] > 0 else top_k_off,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        **length,
+    }
 
 
 # --- SGLang ----------------------------------------------------------------------------------------------------
@@ -324,12 +382,16 @@ def _openai_request(cfg: dict, top_k_off: int) -> dict:
 # is EAGLE with topk 1 only); sampling_params.py (top_k -1 = whole vocabulary); `--sampling-defaults` ("model":
 # defaults from the model's generation_config.json).
 
+
 def _sglang(cfg: dict) -> dict:
     drafter, serving, param = _drafting(cfg, "sglang")
     if serving.how is None:
         return _not_expressible(cfg, serving)
-    groups = [["python", "-m", "sglang.launch_server"], ["--model-path", _model_ref(cfg["target"])],
-              ["--speculative-algorithm", serving.how]]
+    groups = [
+        ["python", "-m", "sglang.launch_server"],
+        ["--model-path", _model_ref(cfg["target"])],
+        ["--speculative-algorithm", serving.how],
+    ]
     prepare, notes = None, []
     if drafter.needs_model:
         draft, prepare, notes = _draft_for(cfg, serving)
@@ -341,21 +403,33 @@ def _sglang(cfg: dict) -> dict:
         groups += [[flag] if value is None else [flag, str(value)] for flag, value in flags]
         notes += list(sampled_notes)
     elif drafter.needs_model and not cfg["greedy"]:
-        notes.append(f"At temperature > 0 {serving.how} drafts the draft's argmax and verifies target-only "
-                     "(--speculative-use-rejection-sampling is EAGLE/EAGLE3 only): lossless, but its acceptance "
-                     "rate differs from DraftLab's measured alpha.")
+        notes.append(
+            f"At temperature > 0 {serving.how} drafts the draft's argmax and verifies target-only "
+            "(--speculative-use-rejection-sampling is EAGLE/EAGLE3 only): lossless, but its acceptance "
+            "rate differs from DraftLab's measured alpha."
+        )
     if cfg["dtype"] != "auto":
         groups.append(["--dtype", cfg["dtype"]])
     if cfg["trust_remote_code"]:
         groups.append(["--trust-remote-code"])
     command, snippet = _command(groups)
-    notes.append("Send the sampling settings with every request (`request`); by default (--sampling-defaults "
-                 "model) SGLang fills missing ones from the model's generation_config.json.")
+    notes.append(
+        "Send the sampling settings with every request (`request`); by default (--sampling-defaults "
+        "model) SGLang fills missing ones from the model's generation_config.json."
+    )
     notes += _length_note(cfg, "Send max_tokens with each request")
     notes += _same_distribution_note(cfg)
     notes += _schedule_note(cfg, "SGLang (--speculative-adaptive moves k on the accept length, not the batch size)")
-    return _with_prepare({"language": "bash", "command": command, "snippet": snippet,
-                          "request": _openai_request(cfg, top_k_off=-1), "notes": notes}, prepare)
+    return _with_prepare(
+        {
+            "language": "bash",
+            "command": command,
+            "snippet": snippet,
+            "request": _openai_request(cfg, top_k_off=-1),
+            "notes": notes,
+        },
+        prepare,
+    )
 
 
 # --- llama.cpp -------------------------------------------------------------------------------------------------
@@ -367,6 +441,7 @@ def _sglang(cfg: dict) -> dict:
 # candidate's probability < p_min, dropping that token), sampling defaults top_k 40, top_p 0.95, min_p 0.05;
 # docs/speculative.md @ 067318e6 (`--spec-type ngram-simple`: the m tokens after the last match of the current
 # n-gram; `--spec-ngram-size-n N`, `--spec-ngram-size-m M`).
+
 
 def _gguf(name: str) -> str:
     return f"{Path(str(name).rstrip('/')).name}.gguf"
@@ -381,27 +456,40 @@ def _llama_cpp(cfg: dict) -> dict:
     if drafter.needs_model:
         convert.append(cfg["draft"])
         groups.append(["-md", _gguf(cfg["draft"])])
-    groups += [[flag, _num(value) if isinstance(value, float) else str(value)]
-               for flag, value in serving.settings(param, cfg["k"])]
+    groups += [
+        [flag, _num(value) if isinstance(value, float) else str(value)]
+        for flag, value in serving.settings(param, cfg["k"])
+    ]
     notes = serving.texts(param, cfg["k"])
     if drafter.needs_model:
-        notes.append("llama.cpp drafts the draft's most likely tokens and accepts those the target's own sample "
-                     "matches: lossless, but at temperature > 0 the acceptance rate differs from DraftLab's alpha."
-                     if not cfg["greedy"] else "Greedy: llama.cpp accepts drafts that equal the target's argmax, "
-                     "as DraftLab does.")
+        notes.append(
+            "llama.cpp drafts the draft's most likely tokens and accepts those the target's own sample "
+            "matches: lossless, but at temperature > 0 the acceptance rate differs from DraftLab's alpha."
+            if not cfg["greedy"]
+            else "Greedy: llama.cpp accepts drafts that equal the target's argmax, as DraftLab does."
+        )
     if cfg["greedy"]:
         groups.append(["--temp", "0.0"])
     else:
-        groups += [["--temp", _num(cfg["temperature"])], ["--top-k", str(max(cfg["top_k"], 0))],
-                   ["--top-p", _num(cfg["top_p"])], ["--min-p", "0.0"], ["--repeat-penalty", "1.0"],
-                   ["--seed", str(cfg["seed"])]]
-        notes.append("Sampling flags are set explicitly: llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05) "
-                     "would change the distribution DraftLab measured.")
+        groups += [
+            ["--temp", _num(cfg["temperature"])],
+            ["--top-k", str(max(cfg["top_k"], 0))],
+            ["--top-p", _num(cfg["top_p"])],
+            ["--min-p", "0.0"],
+            ["--repeat-penalty", "1.0"],
+            ["--seed", str(cfg["seed"])],
+        ]
+        notes.append(
+            "Sampling flags are set explicitly: llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05) "
+            "would change the distribution DraftLab measured."
+        )
     command, snippet = _command(groups)
-    notes.append("llama.cpp loads GGUF files: convert each model with llama.cpp's convert_hf_to_gguf.py ("
-                 + "; ".join(f"{_model_ref(m)} -> {_gguf(m)}" for m in convert)
-                 + "). Quantizing the draft or the target changes alpha and c: re-measure before relying on the "
-                   "speedup.")
+    notes.append(
+        "llama.cpp loads GGUF files: convert each model with llama.cpp's convert_hf_to_gguf.py ("
+        + "; ".join(f"{_model_ref(m)} -> {_gguf(m)}" for m in convert)
+        + "). Quantizing the draft or the target changes alpha and c: re-measure before relying on the "
+        "speedup."
+    )
     notes += _same_distribution_note(cfg)
     notes += _schedule_note(cfg, "llama.cpp")
     return {"language": "bash", "command": command, "snippet": snippet, "notes": notes}
@@ -418,6 +506,7 @@ def _llama_cpp(cfg: dict) -> dict:
 # call), generation/stopping_criteria.py (ConfidenceCriteria: stop after a drafted token whose probability < T,
 # the token kept), generation/utils.py (the criterion only when the threshold > 0).
 
+
 def _transformers(cfg: dict) -> dict:
     drafter, serving, param = _drafting(cfg, "transformers")
     if serving.how is None:
@@ -428,9 +517,13 @@ def _transformers(cfg: dict) -> dict:
         load["trust_remote_code"] = True
     load_args = ", ".join(f"{key}={value!r}" for key, value in load.items())
     target = _model_ref(cfg["target"])
-    lines = ["import torch", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-             f"tokenizer = AutoTokenizer.from_pretrained({target!r})",
-             f"target = AutoModelForCausalLM.from_pretrained({target!r}, {load_args})"]
+    lines = [
+        "import torch",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f"tokenizer = AutoTokenizer.from_pretrained({target!r})",
+        f"target = AutoModelForCausalLM.from_pretrained({target!r}, {load_args})",
+    ]
     kwargs: dict = {}
     assistant: dict = {}
     if not drafter.needs_model:  # a model-free drafter: its settings are generate() arguments
@@ -438,48 +531,74 @@ def _transformers(cfg: dict) -> dict:
         notes += serving.texts(param, cfg["k"])
     else:
         if not cfg["greedy"] and cfg["draft_sampling"] == "greedy":
-            notes.append("Not expressible: transformers' assisted generation samples the assistant's drafts from "
-                         "its distribution when do_sample=True; DraftLab measured argmax drafts "
-                         "(--draft-sampling greedy), so expect the acceptance of a probabilistic run instead.")
+            notes.append(
+                "Not expressible: transformers' assisted generation samples the assistant's drafts from "
+                "its distribution when do_sample=True; DraftLab measured argmax drafts "
+                "(--draft-sampling greedy), so expect the acceptance of a probabilistic run instead."
+            )
         assistant = serving.settings(param, cfg["k"])
         draft = _model_ref(cfg["draft"])
         lines.append(f"draft = AutoModelForCausalLM.from_pretrained({draft!r}, {load_args})")
         lines.append("# assisted generation reads these from the draft's generation_config, not from generate()")
         lines += [f"draft.generation_config.{key} = {value!r}" for key, value in assistant.items()]
         kwargs["assistant_model"] = "draft"
-        notes.append("num_assistant_tokens, num_assistant_tokens_schedule and assistant_confidence_threshold are "
-                     "set on draft.generation_config: transformers' AssistedCandidateGenerator reads them there "
-                     "(given to generate() they are ignored, leaving the defaults k=20 and threshold 0.4).")
+        notes.append(
+            "num_assistant_tokens, num_assistant_tokens_schedule and assistant_confidence_threshold are "
+            "set on draft.generation_config: transformers' AssistedCandidateGenerator reads them there "
+            "(given to generate() they are ignored, leaving the defaults k=20 and threshold 0.4)."
+        )
         notes += serving.texts(param, cfg["k"])
     if cfg["greedy"]:
         kwargs["do_sample"] = False
     else:
         kwargs.update(do_sample=True, temperature=cfg["temperature"], top_k=max(cfg["top_k"], 0), top_p=cfg["top_p"])
-        notes.append("top_k=0 disables top-k (transformers' default is 50); the model's generation_config.json "
-                     "still supplies any other sampling setting it names.")
+        notes.append(
+            "top_k=0 disables top-k (transformers' default is 50); the model's generation_config.json "
+            "still supplies any other sampling setting it names."
+        )
     if cfg["max_new_tokens"] is not None:
         kwargs["max_new_tokens"] = cfg["max_new_tokens"]
-    notes += _length_note(cfg, "Pass max_new_tokens to generate() (without it the model's generation_config "
-                               "decides, 20 tokens in total by default)")
-    rendered = ", ".join(f"{key}={value}" if key == "assistant_model" else f"{key}={value!r}"
-                         for key, value in kwargs.items())
-    lines += ["", f"torch.manual_seed({cfg['seed']})",
-              'inputs = tokenizer("def fibonacci(n):", return_tensors="pt").to(target.device)',
-              f"output = target.generate(**inputs, {rendered})",
-              'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))']
+    notes += _length_note(
+        cfg,
+        "Pass max_new_tokens to generate() (without it the model's generation_config "
+        "decides, 20 tokens in total by default)",
+    )
+    rendered = ", ".join(
+        f"{key}={value}" if key == "assistant_model" else f"{key}={value!r}" for key, value in kwargs.items()
+    )
+    lines += [
+        "",
+        f"torch.manual_seed({cfg['seed']})",
+        'inputs = tokenizer("def fibonacci(n):", return_tensors="pt").to(target.device)',
+        f"output = target.generate(**inputs, {rendered})",
+        'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
+    ]
     notes += _same_distribution_note(cfg)
     if cfg.get("_schedule"):
-        notes.append(f"transformers' assisted generation decodes one request at a time: these settings take the "
-                     f"schedule's batch {cfg['_schedule']['for_batch']} entry (k={cfg['k']}).")
+        notes.append(
+            f"transformers' assisted generation decodes one request at a time: these settings take the "
+            f"schedule's batch {cfg['_schedule']['for_batch']} entry (k={cfg['k']})."
+        )
     generate_kwargs = {key: value for key, value in kwargs.items() if key != "assistant_model"}
-    return {"language": "python", "snippet": "\n".join(lines) + "\n", "generate_kwargs": generate_kwargs,
-            "assistant_generation_config": assistant, "notes": notes}
+    return {
+        "language": "python",
+        "snippet": "\n".join(lines) + "\n",
+        "generate_kwargs": generate_kwargs,
+        "assistant_generation_config": assistant,
+        "notes": notes,
+    }
 
 
 # --- public API ------------------------------------------------------------------------------------------------
 
-def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = False,
-                    schedule: dict | None = None, for_batch: int | None = None) -> dict:
+
+def deploy_settings(
+    run: dict,
+    experiment: dict,
+    with_max_new_tokens: bool = False,
+    schedule: dict | None = None,
+    for_batch: int | None = None,
+) -> dict:
     """{"vllm": ..., "sglang": ..., "llama_cpp": ..., "transformers": ...} for one speculative run.
 
     Each engine: `snippet` (what to paste: a command with one flag per line, or Python), `language`, `notes`
@@ -495,21 +614,35 @@ def deploy_settings(run: dict, experiment: dict, with_max_new_tokens: bool = Fal
     if schedule and schedule.get("num_speculative_tokens_per_batch_size"):
         sizes = [step["batch_size"] for step in schedule["steps"] if step["k"] is not None]
         cfg["_schedule"] = {
-            "ranges": schedule["num_speculative_tokens_per_batch_size"], "smallest": min(sizes),
+            "ranges": schedule["num_speculative_tokens_per_batch_size"],
+            "smallest": min(sizes),
             "for_batch": for_batch if for_batch is not None else min(sizes),
-            "largest": max(sizes), "sizes_text": ", ".join(map(str, sizes)),
-            "steps_text": "; ".join(f"batch {step['batch_size']}: " + (f"k={step['k']}" if step["k"] else "off")
-                                    for step in schedule["steps"] if step["k"] is not None)}
-    engines = {"vllm": _vllm(cfg), "sglang": _sglang(cfg), "llama_cpp": _llama_cpp(cfg),
-               "transformers": _transformers(cfg)}
+            "largest": max(sizes),
+            "sizes_text": ", ".join(map(str, sizes)),
+            "steps_text": "; ".join(
+                f"batch {step['batch_size']}: " + (f"k={step['k']}" if step["k"] else "off")
+                for step in schedule["steps"]
+                if step["k"] is not None
+            ),
+        }
+    engines = {
+        "vllm": _vllm(cfg),
+        "sglang": _sglang(cfg),
+        "llama_cpp": _llama_cpp(cfg),
+        "transformers": _transformers(cfg),
+    }
     for settings in engines.values():  # what no engine does as measured, whatever its flags
         settings["notes"] = [*settings["notes"], *cfg["_notes"]]
     return engines
 
 
 # What a run that did not finish needs before it can be deployed, by its status (a failed one: nothing).
-_UNFINISHED_FIX = {"queued": "wait for it to run", "running": "wait for it to finish",
-                   "interrupted": "`draftlab resume {eid}` finishes it", "cancelled": "`draftlab resume {eid}` finishes it"}
+_UNFINISHED_FIX = {
+    "queued": "wait for it to run",
+    "running": "wait for it to finish",
+    "interrupted": "`draftlab resume {eid}` finishes it",
+    "cancelled": "`draftlab resume {eid}` finishes it",
+}
 
 
 def refusal(row) -> str | None:
@@ -526,11 +659,15 @@ def refusal(row) -> str | None:
     if row["status"] != "done":
         state = "failed" if row["status"] == "failed" else f"is {row['status']}, not finished"
         fix = _UNFINISHED_FIX.get(row["status"], "").format(eid=eid)
-        return (f"run {rid} {state}{why}; {fix + ', or ' if fix else ''}pick a finished run of experiment {eid} "
-                f"(`draftlab list` shows them)")
+        return (
+            f"run {rid} {state}{why}; {fix + ', or ' if fix else ''}pick a finished run of experiment {eid} "
+            f"(`draftlab list` shows them)"
+        )
     if row["outputs_match_baseline"] is False:
-        return (f"run {rid} is not lossless (its greedy outputs differ from its baseline's{why}); pick a run whose "
-                f"outputs match")
+        return (
+            f"run {rid} is not lossless (its greedy outputs differ from its baseline's{why}); pick a run whose "
+            f"outputs match"
+        )
     return None
 
 
@@ -542,8 +679,7 @@ def deployable_runs(store, experiment_id: int) -> list[int]:
     return [int(row["run_id"]) for _, row in runs.iterrows() if refusal(row) is None]
 
 
-def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: int | None = None,
-                grid=None):
+def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: int | None = None, grid=None):
     """(the runs row to deploy, why): the named run ("given"), else the verdict's chosen one (storage/analysis/verdict.py's
     `serve`: "best", or "cheaper tied" when a cheaper configuration tied with the best is measurably faster than the
     target alone). A DeployError when the verdict serves the target alone, or the run fails `refusal`."""
@@ -553,8 +689,9 @@ def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: in
     if run_id is not None:
         rows = runs[runs["run_id"] == int(run_id)]
         if rows.empty:
-            raise DeployError(f"run {run_id} is not a run of experiment {experiment_id}; `draftlab list` shows "
-                              f"each experiment's runs")
+            raise DeployError(
+                f"run {run_id} is not a run of experiment {experiment_id}; `draftlab list` shows each experiment's runs"
+            )
         row = rows.iloc[0]
         if why := refusal(row):
             raise DeployError(why)
@@ -562,14 +699,21 @@ def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: in
     where = f" at batch {batch_size}" if batch_size is not None else ""
     if v.target_alone:
         paying = [st.batch_size for st in (grid.steps if grid else ()) if st.k]
-        elsewhere = (f"the schedule speculates at batch {', '.join(map(str, paying))}: pass --batch-size "
-                     f"{paying[0]}" if paying else "")
-        raise NoChosenRun(f"experiment {experiment_id}: no configuration is measurably faster than the target "
-                          f"alone{where} ({v.text}): serve the target alone, there is nothing to deploy", elsewhere)
+        elsewhere = (
+            f"the schedule speculates at batch {', '.join(map(str, paying))}: pass --batch-size {paying[0]}"
+            if paying
+            else ""
+        )
+        raise NoChosenRun(
+            f"experiment {experiment_id}: no configuration is measurably faster than the target "
+            f"alone{where} ({v.text}): serve the target alone, there is nothing to deploy",
+            elsewhere,
+        )
     row = v.run(runs, "chosen")
     if row is None:
-        raise NoChosenRun(f"experiment {experiment_id} has no best run yet{where} ({v.text})",
-                          "name one with --run RUN_ID")
+        raise NoChosenRun(
+            f"experiment {experiment_id} has no best run yet{where} ({v.text})", "name one with --run RUN_ID"
+        )
     if why := refusal(row):  # the verdict chooses none of these (queries.CHOOSABLE): the same check, on every path
         raise DeployError(f"experiment {experiment_id}: the verdict's choice{where} cannot be deployed: {why}")
     return row, "cheaper tied" if v.cheaper is not None else "best"
@@ -586,28 +730,39 @@ def caveats(v, run_id: int, measured: tuple | None = None) -> list[str]:
     name, show = v.variable, v.show
     out = []
     if v.chosen is not None and run_id != v.chosen.run_id:
-        out.append(f"Run {run_id} was named; the verdict would deploy {name} = {show(v.chosen.value)} "
-                   f"(run {v.chosen.run_id}).")
+        out.append(
+            f"Run {run_id} was named; the verdict would deploy {name} = {show(v.chosen.value)} (run {v.chosen.run_id})."
+        )
     if v.cheaper is not None:
-        out.append(f"{name} = {show(v.cheaper.value)} ({v.cheaper.speedup:.2f}×, {v.cheaper.ci[0]:.2f}–"
-                   f"{v.cheaper.ci[1]:.2f}) is statistically tied with the best, {name} = {show(v.best.value)} "
-                   f"({v.best.speedup:.2f}×, {v.best.ci[0]:.2f}–{v.best.ci[1]:.2f}): these settings take the cheaper "
-                   f"one ({variable(name).cheaper_because}).")
+        out.append(
+            f"{name} = {show(v.cheaper.value)} ({v.cheaper.speedup:.2f}×, {v.cheaper.ci[0]:.2f}–"
+            f"{v.cheaper.ci[1]:.2f}) is statistically tied with the best, {name} = {show(v.best.value)} "
+            f"({v.best.speedup:.2f}×, {v.best.ci[0]:.2f}–{v.best.ci[1]:.2f}): these settings take the cheaper "
+            f"one ({variable(name).cheaper_because})."
+        )
     others = [c for c in v.tied if v.cheaper is None or c.run_id != v.cheaper.run_id]
     if others:
-        out.append(f"{'Also tied' if v.cheaper is not None else 'Tied'} with the best: {name} = "
-                   f"{', '.join(show(c.value) for c in others)} (overlapping 95 % intervals): the measurement cannot "
-                   f"tell them apart; more prompts or --repeats would.")
+        out.append(
+            f"{'Also tied' if v.cheaper is not None else 'Tied'} with the best: {name} = "
+            f"{', '.join(show(c.value) for c in others)} (overlapping 95 % intervals): the measurement cannot "
+            f"tell them apart; more prompts or --repeats would."
+        )
     if v.too_wide:
-        out.append(f"The best's interval ({v.best.ci[0]:.2f}–{v.best.ci[1]:.2f}) is too wide to choose by: rerun with "
-                   f"more --repeats or more prompts before relying on this choice.")
+        out.append(
+            f"The best's interval ({v.best.ci[0]:.2f}–{v.best.ci[1]:.2f}) is too wide to choose by: rerun with "
+            f"more --repeats or more prompts before relying on this choice."
+        )
     speedup, lo, hi = measured or (None, None, None)
     if speedup is not None and hi is not None and hi < 1:
-        out.append(f"These settings measured slower than the target alone ({speedup:.2f}×, {lo:.2f}–{hi:.2f}): "
-                   f"serving without speculation is faster on this hardware.")
+        out.append(
+            f"These settings measured slower than the target alone ({speedup:.2f}×, {lo:.2f}–{hi:.2f}): "
+            f"serving without speculation is faster on this hardware."
+        )
     elif speedup is not None and lo is not None and lo <= 1:
-        out.append(f"These settings were not measured faster than the target alone ({speedup:.2f}×, "
-                   f"{lo:.2f}–{hi:.2f} includes 1×): speculation may not pay here.")
+        out.append(
+            f"These settings were not measured faster than the target alone ({speedup:.2f}×, "
+            f"{lo:.2f}–{hi:.2f} includes 1×): speculation may not pay here."
+        )
     return out
 
 
@@ -627,33 +782,45 @@ def _grid_schedule(experiment_id: int, experiment: dict, run_id: int | None, gri
         return None
     known = [step for step in grid.steps if step.k is not None]
     if known and all(step.k == 0 for step in known):
-        raise DeployError(f"experiment {experiment_id}: speculation is not measurably faster at any batch size "
-                          f"measured ({', '.join(str(step.batch_size) for step in known)}): serve the target alone, "
-                          f"there is nothing to deploy ({grid.text})")
+        raise DeployError(
+            f"experiment {experiment_id}: speculation is not measurably faster at any batch size "
+            f"measured ({', '.join(str(step.batch_size) for step in known)}): serve the target alone, "
+            f"there is nothing to deploy ({grid.text})"
+        )
     return grid.as_dict()
 
 
-def deploy_document(store, experiment_id: int, run_id: int | None = None, with_max_new_tokens: bool = False,
-                    batch_size: int | None = None) -> dict:
+def deploy_document(
+    store,
+    experiment_id: int,
+    run_id: int | None = None,
+    with_max_new_tokens: bool = False,
+    batch_size: int | None = None,
+) -> dict:
     """The deploy settings of an experiment's run — the verdict's choice (storage/analysis/verdict.py's one rule) unless
     `run_id` names one — with the configuration they came from, what that run measured, the verdict and its
     `caveats` (the cheaper tied choice, ties, an interval too wide to choose by). A grid's one-k settings are the
     schedule's entry for `batch_size` (default: the smallest), named in `batch_size`; vLLM's carry the whole
     schedule. The test's max_new_tokens only `with_max_new_tokens`. KeyError: no such experiment; DeployError: no
     run to choose, the target alone to serve, a baseline, or a batch size the grid did not measure."""
-    from storage.records import queries as q
-    from storage.serving.export import plain
     from storage.analysis.schedule import schedule
     from storage.analysis.verdict import verdict
+    from storage.records import queries as q
+    from storage.serving.export import plain
 
     experiment = q.experiment(store, experiment_id)
     if experiment is None:
         raise KeyError(experiment_id)
     sizes = q.grid_sizes(experiment)
     if batch_size is not None and (sizes is None or run_id is not None):
-        raise DeployError(f"--batch-size picks a grid's schedule entry; experiment {experiment_id} "
-                          + ("names a run with --run: drop one of them" if sizes else
-                             "measured one batch size: leave --batch-size out"))
+        raise DeployError(
+            f"--batch-size picks a grid's schedule entry; experiment {experiment_id} "
+            + (
+                "names a run with --run: drop one of them"
+                if sizes
+                else "measured one batch size: leave --batch-size out"
+            )
+        )
     grid = schedule(store, experiment_id) if sizes and run_id is None else None
     if grid is not None:
         try:
@@ -670,19 +837,34 @@ def deploy_document(store, experiment_id: int, run_id: int | None = None, with_m
     run = plain({**stored, **row.to_dict()})
     cfg = configuration(run, experiment, with_max_new_tokens)
     ci = [run.get("speedup_ci_lo"), run.get("speedup_ci_hi")]
-    return plain({
-        "experiment_id": int(experiment_id), "run_id": rid, "chosen": chosen_by,
-        **({"batch_size": batch_size} if grid is not None else {}),
-        "verdict": v.as_dict(),
-        "caveats": caveats(v, rid, (run.get("speedup"), run.get("speedup_ci_lo"), run.get("speedup_ci_hi")))
-        + ([f"A grid: {grid.text}; these settings are the schedule's entry for batch {batch_size}"
-            + (", vLLM's carry the whole schedule." if vllm_grid else ".")] if grid is not None else []),
-        **({"schedule": vllm_grid} if vllm_grid else {}),
-        "configuration": {key: value for key, value in cfg.items() if not key.startswith("_")},
-        "measured": {"status": run.get("status"), "speedup": run.get("speedup"),
-                     "speedup_ci": ci if all(x is not None for x in ci) else None, "alpha": run.get("alpha"),
-                     "tokens_per_round": run.get("tokens_per_round"), "c": run.get("c"),
-                     "timing_warning": run.get("timing_warning"),
-                     "max_new_tokens": cfg["_measured_max_new_tokens"]},
-        "engines": deploy_settings(run, experiment, with_max_new_tokens, vllm_grid, batch_size),
-    })
+    return plain(
+        {
+            "experiment_id": int(experiment_id),
+            "run_id": rid,
+            "chosen": chosen_by,
+            **({"batch_size": batch_size} if grid is not None else {}),
+            "verdict": v.as_dict(),
+            "caveats": caveats(v, rid, (run.get("speedup"), run.get("speedup_ci_lo"), run.get("speedup_ci_hi")))
+            + (
+                [
+                    f"A grid: {grid.text}; these settings are the schedule's entry for batch {batch_size}"
+                    + (", vLLM's carry the whole schedule." if vllm_grid else ".")
+                ]
+                if grid is not None
+                else []
+            ),
+            **({"schedule": vllm_grid} if vllm_grid else {}),
+            "configuration": {key: value for key, value in cfg.items() if not key.startswith("_")},
+            "measured": {
+                "status": run.get("status"),
+                "speedup": run.get("speedup"),
+                "speedup_ci": ci if all(x is not None for x in ci) else None,
+                "alpha": run.get("alpha"),
+                "tokens_per_round": run.get("tokens_per_round"),
+                "c": run.get("c"),
+                "timing_warning": run.get("timing_warning"),
+                "max_new_tokens": cfg["_measured_max_new_tokens"],
+            },
+            "engines": deploy_settings(run, experiment, with_max_new_tokens, vllm_grid, batch_size),
+        }
+    )

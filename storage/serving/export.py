@@ -3,6 +3,7 @@
 Everything here reads through storage.records.queries, so the CLI JSON, the exports and the dashboard show the
 same figures.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,20 +13,26 @@ from pathlib import Path
 import pandas as pd
 
 from engine.config.variables import variable
-
-from storage.records import columns
-from storage.records import queries as q
 from storage.analysis.confirm_report import confirms
-from storage.db.store import Store
 from storage.analysis.schedule import schedule, schedule_dict
 from storage.analysis.verdict import verdict_dict
+from storage.db.store import Store
+from storage.records import columns
+from storage.records import queries as q
 
 # Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics/metrics_oracle.py's speculative_metrics):
 # the column table's `json` entries (storage/records/columns.py), where each key's header, help and format live too.
 SPECULATIVE_KEYS = columns.SPECULATIVE_KEYS
 # A baseline's serving figures in the JSON, as a speculative run's (docs/metrics.md "Serving metrics").
-SERVING_KEYS = ("batch_size", "ttft_seconds_p50", "ttft_seconds_p95", "itl_seconds_p50", "itl_seconds_p95",
-                "request_latency_seconds_p50", "request_latency_seconds_p95")
+SERVING_KEYS = (
+    "batch_size",
+    "ttft_seconds_p50",
+    "ttft_seconds_p95",
+    "itl_seconds_p50",
+    "itl_seconds_p95",
+    "request_latency_seconds_p50",
+    "request_latency_seconds_p95",
+)
 
 
 def plain(value):
@@ -46,8 +53,10 @@ def plain(value):
 
 
 def _outputs(store: Store, run_id: int) -> list[dict]:
-    return [{"prompt_index": int(r.prompt_index), "token_ids": list(r.token_ids), "text": r.text}
-            for r in q.outputs(store, run_id).itertuples()]
+    return [
+        {"prompt_index": int(r.prompt_index), "token_ids": list(r.token_ids), "text": r.text}
+        for r in q.outputs(store, run_id).itertuples()
+    ]
 
 
 def run_document(store: Store, experiment_id: int, with_outputs: bool = True) -> dict:
@@ -67,10 +76,16 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
     baseline_rows = runs[runs["kind"] == "baseline"]
     doc: dict = {"experiment_id": experiment_id, "repeats": experiment.get("repeats"), "baseline": None, "runs": []}
     for _, b in baseline_rows.iterrows():
-        entry = {"run_id": b.run_id, "status": b.status, "error": b.error, "new_tokens": b.new_tokens,
-                 "wall_seconds": b.wall_seconds, "tokens_per_second": b.tokens_per_second,
-                 "target_step_seconds": b.target_step_seconds,
-                 **{key: b[key] for key in SERVING_KEYS if key in b.index}}
+        entry = {
+            "run_id": b.run_id,
+            "status": b.status,
+            "error": b.error,
+            "new_tokens": b.new_tokens,
+            "wall_seconds": b.wall_seconds,
+            "tokens_per_second": b.tokens_per_second,
+            "target_step_seconds": b.target_step_seconds,
+            **{key: b[key] for key in SERVING_KEYS if key in b.index},
+        }
         if with_outputs:
             entry["outputs"] = _outputs(store, int(b.run_id))
         if doc["baseline"] is None:
@@ -82,26 +97,44 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
         position = q.acceptance_by_position(store, run_id)
         by_type = q.acceptance_by_type(store, run_id)
         ci = [r.speedup_ci_lo, r.speedup_ci_hi] if pd.notna(r.speedup_ci_lo) else None
-        entry = {"run_id": run_id, "k": r.k, "status": r.status, "error": r.error,
-                 **{key: r[key] for key in SPECULATIVE_KEYS if key in r.index},
-                 "speedup_ci": ci,
-                 "per_position_acceptance": list(position["conditional"]),
-                 "acceptance_by_type": dict(zip(by_type["token_type"], by_type["rate"])),
-                 "outputs_match_baseline": r.outputs_match_baseline,
-                 "sweep_variable": sweep_variable,
-                 "sweep_value": swept.run_value(r),
-                 # rows from before drafts were stored per run (schema 2) name no drafter: the experiment's draft
-                 "draft": r.draft if pd.notna(r.draft) else None if pd.notna(r.drafter) else experiment.get("draft"),
-                 "drafter": r.drafter if pd.notna(r.drafter) else "model",
-                 "baseline_run_id": r.baseline_run_id}
-        keys = ["run_id", "k", "status", "error", *SPECULATIVE_KEYS, "outputs_match_baseline", "sweep_variable",
-                "sweep_value", "draft", "drafter", "baseline_run_id"]
+        entry = {
+            "run_id": run_id,
+            "k": r.k,
+            "status": r.status,
+            "error": r.error,
+            **{key: r[key] for key in SPECULATIVE_KEYS if key in r.index},
+            "speedup_ci": ci,
+            "per_position_acceptance": list(position["conditional"]),
+            "acceptance_by_type": dict(zip(by_type["token_type"], by_type["rate"])),
+            "outputs_match_baseline": r.outputs_match_baseline,
+            "sweep_variable": sweep_variable,
+            "sweep_value": swept.run_value(r),
+            # rows from before drafts were stored per run (schema 2) name no drafter: the experiment's draft
+            "draft": r.draft if pd.notna(r.draft) else None if pd.notna(r.drafter) else experiment.get("draft"),
+            "drafter": r.drafter if pd.notna(r.drafter) else "model",
+            "baseline_run_id": r.baseline_run_id,
+        }
+        keys = [
+            "run_id",
+            "k",
+            "status",
+            "error",
+            *SPECULATIVE_KEYS,
+            "outputs_match_baseline",
+            "sweep_variable",
+            "sweep_value",
+            "draft",
+            "drafter",
+            "baseline_run_id",
+        ]
         entry = {key: entry[key] for key in keys}
         at_size, confirmed_at_size = curves.get(int(r.batch_size) if pd.notna(r.batch_size) else 1, ({}, []))
         if experiment.get("k_auto") and int(r.k) != int(experiment["k_auto"]) and int(r.k) in confirmed_at_size:
             # a confirmation (the first pass holds only k = k_auto), against its batch size's predicted curve
             entry["predicted"] = at_size.get(int(r.k))
-            entry["prediction_error"] = (at_size[int(r.k)] / r.speedup - 1) if pd.notna(r.speedup) and r.speedup else None
+            entry["prediction_error"] = (
+                (at_size[int(r.k)] / r.speedup - 1) if pd.notna(r.speedup) and r.speedup else None
+            )
         if with_outputs:
             entry["outputs"] = _outputs(store, run_id)
         doc["runs"].append(plain(entry))
@@ -116,8 +149,10 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
         doc["predicted_curve"] = {str(k): v for k, v in curve.items()} or None
         doc["confirmed"] = confirmed
         if auto.get("by_batch_size"):  # one predicted curve per batch size (a grid, or a batch size above 1)
-            doc["predicted_curves"] = {str(b): {"curve": {str(k): v for k, v in c.items()}, "confirmed": ks}
-                                       for b, (c, ks) in sorted(curves.items())}
+            doc["predicted_curves"] = {
+                str(b): {"curve": {str(k): v for k, v in c.items()}, "confirmed": ks}
+                for b, (c, ks) in sorted(curves.items())
+            }
     return doc
 
 
@@ -128,15 +163,22 @@ def export_json(store: Store, experiment_id: int) -> dict:
         raise KeyError(experiment_id)
     runs = q.runs(store, experiment_id)
     tokens = q.draft_token_rows(store, experiment_id)
-    timings = [{"run_id": int(rid), **row} for rid in runs["run_id"]
-               for row in q.timings(store, int(rid)).to_dict(orient="records")]
-    return plain({"experiment": experiment,
-                  "verdict": verdict_dict(store, experiment_id),
-                  **({"schedule": schedule_dict(store, experiment_id)} if q.grid_sizes(experiment) else {}),
-                  "runs": runs.to_dict(orient="records"),
-                  "timings": timings,
-                  "draft_tokens": tokens.to_dict(orient="records"),
-                  "server_confirms": confirms(store, experiment_id)})
+    timings = [
+        {"run_id": int(rid), **row}
+        for rid in runs["run_id"]
+        for row in q.timings(store, int(rid)).to_dict(orient="records")
+    ]
+    return plain(
+        {
+            "experiment": experiment,
+            "verdict": verdict_dict(store, experiment_id),
+            **({"schedule": schedule_dict(store, experiment_id)} if q.grid_sizes(experiment) else {}),
+            "runs": runs.to_dict(orient="records"),
+            "timings": timings,
+            "draft_tokens": tokens.to_dict(orient="records"),
+            "server_confirms": confirms(store, experiment_id),
+        }
+    )
 
 
 def csv_names(experiment_id: int) -> list[str]:

@@ -8,6 +8,7 @@ then signals finds the run mid-way however fast the machine: no sleep, no race w
 35 item 17: a run finished before the SIGTERM arrived). `once`: a file the first process to hold creates as it
 holds (a test waits for it); the processes that reach the hold after it (a restarted worker) run freely.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,13 @@ FROM_PROMPT_ENV, ONCE_ENV = "DRAFTLAB_TEST_HOLD_FROM_PROMPT", "DRAFTLAB_TEST_HOL
 
 def held_env(from_prompt: int, once: Path | None = None) -> dict:
     """os.environ for a subprocess whose timing loop holds before prompt `from_prompt` (see the module)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)]),
-           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", FROM_PROMPT_ENV: str(int(from_prompt))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)]),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        FROM_PROMPT_ENV: str(int(from_prompt)),
+    }
     if once is not None:
         env[ONCE_ENV] = str(once)
     return env

@@ -2,6 +2,7 @@
 $DRAFTLAB_TEST_HOLD_FROM_PROMPT=N, app/worker/timing.py's loop holds at the first progress report of a unit starting at
 prompt N or later, before that unit commits, until a signal ends the process (SIGTERM's handler raises, SIGKILL
 kills). With $DRAFTLAB_TEST_HOLD_ONCE=PATH only the first process to get there holds (it creates PATH)."""
+
 import importlib.abc
 import importlib.machinery
 import os
@@ -34,6 +35,7 @@ def _hold(timing) -> None:
             if _first_to_hold():
                 threading.Event().wait()  # never set: the process ends here, by a signal
             tick(index, tokens)
+
         return hold
 
     timing._unit_progress = held_unit_progress
@@ -51,6 +53,7 @@ class _PatchTiming(importlib.abc.MetaPathFinder):
         def exec_module(module):
             execute(module)
             _hold(module)
+
         spec.loader.exec_module = exec_module
         return spec
 
