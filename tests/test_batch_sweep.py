@@ -19,6 +19,7 @@ from storage.db.errors import QueueError
 from storage.jobs.experiments import enqueue_experiment
 from storage.records import queries as q
 from storage.serving.export import run_document
+from tests.meaning import missing
 from tests.test_worker import RecordingWorker
 
 PROMPTS = ["t5 t6 t7", "t9 t3 t22 t40", "t12 t13", "t30 t31 t32 t33 t34", "t8 t9", "t40 t41 t42", "t2 t3 t4 t5", "t20"]
@@ -169,8 +170,9 @@ def test_paired_speedup_resamples_batches(store, model_dirs):
 
 def test_too_few_prompts_for_the_batch_is_refused(tmp_path, model_dirs):
     store = open_store(f"sqlite:///{tmp_path / 'q.db'}")
-    with pytest.raises(QueueError, match=r"batch size 16 needs at least 16 prompts but the prompt set has 8"):
+    with pytest.raises(QueueError) as err:
         enqueue(store, model_dirs, [1, 16])
+    assert not missing(str(err.value), "batch size 16", "16 prompts", "has 8"), err.value
     assert catalog.experiments(store).empty  # nothing stored
 
 
@@ -206,7 +208,8 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path, model_dirs, capsys, monkeypa
     for bad in ("0", "-2", "1.5", "४", "257", "1,,4", "4,4"):
         line = refused("--batch-size", bad)
         assert "batch" in line
-    assert "needs at least 4 prompts but the prompt set has 3" in refused("--batch-size", "1,4")
+    line = refused("--batch-size", "1,4")
+    assert not missing(line, "--batch-size 4", "4 prompts", "has 3"), line
     import engine.decoding.memory
 
     monkeypatch.setattr(engine.decoding.memory, "available_bytes", lambda device: 1024)
@@ -358,7 +361,7 @@ def test_the_detail_page_shows_the_serving_table(tmp_path, model_dirs, monkeypat
         worker.work(until_idle=True)
     at = app("experiment", experiment=eid, section="Serving")
     assert_clean(at)
-    assert "Serving: throughput and latency at the batch size" in [s.value for s in at.subheader]
+    assert any(s.value.startswith("Serving") for s in at.subheader)
     shown = next(d.value for d in at.dataframe if "ttft_seconds_p50" in d.value.columns)
     runs = q.runs(store, eid).set_index("run_id")
     for _, row in shown.iterrows():
