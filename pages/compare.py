@@ -174,39 +174,6 @@ def _experiments(listing: pd.DataFrame, chosen: list[int]) -> dict[int, pd.DataF
     for name in dict.fromkeys(curve["sweep_variable"]):  # each variable on its own axis, in the order chosen
         _sweep_charts(curve[curve["sweep_variable"] == name], variable(name))
     return runs_by_experiment
-    curve["state"] = charts.run_states(curve)
-    st.subheader(f"Speedup, alpha and tokens per round vs {x_title}")
-    frame = curve[
-        [
-            "experiment",
-            "experiment_name",
-            "line_label",
-            "experiment_id",
-            "run_id",
-            "sweep_value",
-            "speedup",
-            *INTERVAL.values(),
-            "state",
-            "alpha",
-            "tokens_per_round",
-        ]
-    ]
-    panels = charts.sweep_panels(frame, "sweep_value", "experiment", x_title, end_label="line_label", interval=INTERVAL)
-    for column, panel in zip(st.columns(len(panels)), panels):  # each fills its column: nothing runs off the page
-        with column:
-            draw(panel, width="stretch")
-    draw(charts.series_legend(frame, "experiment"), width="stretch")  # the legend the panels share
-    csv_download(frame, "compare_sweep.csv")
-    st.caption(
-        "Speedup: error bars are 95 % intervals (paired bootstrap over prompts); hollow points are runs that "
-        "have not finished, crosses impossible speedups (timing warnings). Each line ends with its "
-        "experiment's number (and batch size), named in full in the legend."
-    )
-    for y, what in (("speedup", "speedup"), ("alpha", "alpha"), ("tokens_per_round", "tokens per round")):
-        note = charts.coinciding_note(charts.coinciding(frame, "sweep_value", y, "experiment"), what, x_title)
-        if note:
-            st.caption(md_text(note))
-    return runs_by_experiment
 
 
 def _sweep_charts(curve: pd.DataFrame, swept) -> None:
