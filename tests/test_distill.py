@@ -16,6 +16,7 @@ from engine.decoding.runs import baseline_decoder, encode_prompts, run_prompts, 
 from engine.decoding.sampling import SamplingConfig
 from engine.metrics.metrics_oracle import outputs_match
 from engine.models.loading import load_pair
+from engine.training import data
 from engine.training import distill as ds
 from storage import open_store
 from storage.analysis.focus import focus_profile_weights, focus_weights
@@ -79,7 +80,7 @@ def test_batched_samples_are_drawn_from_the_target():
         top = int(target(input_ids=pair.tokenizer(short, return_tensors="pt").input_ids).logits[0, -1].argmax())
     target.generation_config.update(top_k=3, min_p=0.2, suppress_tokens=[top])
     n = 1200
-    seqs = list(ds._sample_batched(pair, [short, long] * n, 3, seed=5, batch=64))
+    seqs = list(data.sample_batched(pair, [short, long] * n, 3, seed=5, batch=64))
     assert len(seqs) == 2 * n
     for s in seqs:
         assert 1 <= len(s.continuation) <= 3
@@ -92,9 +93,9 @@ def test_batched_samples_are_drawn_from_the_target():
             p = target(input_ids=ids).logits[0, -1].softmax(-1).double()
         observed = torch.bincount(torch.tensor([s.continuation[0] for s in seqs[i::2]]), minlength=len(p))
         assert chi2_pvalue(observed.double().numpy(), p.numpy()) > 1e-3, prompt
-    again = [s.continuation for s in ds._sample_batched(pair, [short, long] * n, 3, seed=5, batch=64)]
+    again = [s.continuation for s in data.sample_batched(pair, [short, long] * n, 3, seed=5, batch=64)]
     assert again == [s.continuation for s in seqs]
-    other = [s.continuation for s in ds._sample_batched(pair, [short, long] * n, 3, seed=6, batch=64)]
+    other = [s.continuation for s in data.sample_batched(pair, [short, long] * n, 3, seed=6, batch=64)]
     assert other != again
     assert target.generation_config.top_k == 3  # and the model's own settings are left as they were
 

@@ -20,6 +20,7 @@ from engine.decoding.sampling import SamplingConfig
 from engine.errors import DraftLabError
 from engine.metrics.metrics_oracle import outputs_match
 from engine.models.loading import load_pair
+from engine.training import data
 from engine.training import distill as ds
 from storage.db.errors import QueueError
 from storage.db.schema import utcnow
@@ -58,7 +59,7 @@ def test_a_checkpoint_resumes_exactly_where_an_uninterrupted_run_would_be(tmp_pa
     first.save_checkpoint(tmp_path / "ckpt")
 
     # a new process: fresh models, and the target's continuations are never generated again
-    monkeypatch.setattr(ds, "_generate", lambda *a, **k: pytest.fail("a resume regenerated the data"))
+    monkeypatch.setattr(data, "generate", lambda *a, **k: pytest.fail("a resume regenerated the data"))
     second = ds.Distiller(_fresh_pair(), TRAIN, VAL, _cfg())
     assert second.load_checkpoint(tmp_path / "ckpt") and second.step == 6
     rest = [r for r in second.train() if r["kind"] in ("step", "eval")]
@@ -232,7 +233,7 @@ def test_a_job_is_cancelled_after_a_step_and_resumes_from_its_checkpoint(train_s
     assert training.points(store, jid)["step"].max() == 4
 
     monkeypatch.setattr(training, "report", original)
-    monkeypatch.setattr(ds, "_generate", lambda *a, **k: pytest.fail("the resumed job regenerated its data"))
+    monkeypatch.setattr(data, "generate", lambda *a, **k: pytest.fail("the resumed job regenerated its data"))
     assert training.resume_job(store, jid)
     _drain(store)
     job = training.get_job(store, jid)

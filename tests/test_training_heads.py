@@ -16,7 +16,7 @@ from sqlalchemy import inspect, text
 from app.worker.worker import Worker
 from engine.config import head_settings
 from engine.models import eagle3
-from engine.training import distill as ds
+from engine.training import data
 from storage import open_store
 from storage.db.errors import QueueError
 from storage.db.schema import SCHEMA_VERSION
@@ -269,7 +269,7 @@ def test_a_head_job_cancelled_after_a_step_resumes_from_its_checkpoint(head_setu
     assert training.acceptance_by_position(store, jid)["step"].max() <= 15
 
     monkeypatch.setattr(training, "report", original)
-    monkeypatch.setattr(ds, "_generate", lambda *a, **k: pytest.fail("the resumed job regenerated its data"))
+    monkeypatch.setattr(data, "generate", lambda *a, **k: pytest.fail("the resumed job regenerated its data"))
     assert training.resume_job(store, jid)
     _drain(store)
     job = training.get_job(store, jid)

@@ -274,7 +274,7 @@ aux layers {aux} and predicting over a {c["draft_vocab_size"]:,}-token draft voc
 | target features | online: one target forward per step (no stored hidden states) |
 | steps | {c["steps"]} x {c["batch_size"]} sequences |
 | optimizer | AdamW lr {c["lr"]:g} ({c["warmup_steps"]} warm-up steps, cosine to {c["lr"] * c["min_lr_ratio"]:.2g}), betas (0.9, 0.95), grad clip {c["grad_clip"]}, seed {c["seed"]} |
-| wall time | {ds._duration(c["train_seconds"])} training, {ds._duration(c["total_seconds"])} in all, on {c["hardware"]}, finished {c["finished"]} |
+| wall time | {ds.duration(c["train_seconds"])} training, {ds.duration(c["total_seconds"])} in all, on {c["hardware"]}, finished {c["finished"]} |
 | weights | {c["dtype"]} safetensors |
 
 Curve (held-out, teacher-forced on the target's greedy continuations; acceptance per draft position is

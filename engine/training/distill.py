@@ -1,10 +1,10 @@
 """Distil a draft toward its target: forward KL(p_target || p_draft) on the target's own continuations.
 
-Data (generated once, then cached for every step): the target's GREEDY continuation of every training prompt
-(the exact text target-only greedy decoding emits, via engine.decoding.baseline), plus `samples - 1` continuations
-sampled from the target at temperature 1 (on-policy for the target; more text, less overfitting on small prompt
-sets; decoded in batches), and the target's top-`top_k`
-next-token distribution at every continuation position (one teacher-forced target forward per sequence). A step
+Data (engine/training/data.py; generated once, then cached for every step): the target's GREEDY continuation of
+every training prompt (the exact text target-only greedy decoding emits, via engine.decoding.baseline), plus
+`samples - 1` continuations sampled from the target at temperature 1 (on-policy for the target; more text, less
+overfitting on small prompt sets; decoded in batches), and the target's top-`top_k` next-token distribution at every
+continuation position (one teacher-forced target forward per sequence). A step
 draws `batch_size` cached sequences, runs the draft over them and minimises, per continuation position,
 
     sum_{x in top-k of p_t}  p~_t(x) (log p~_t(x) - log p_d(x))       (p~_t: p_t renormalised over its top k)
@@ -25,17 +25,19 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from engine.decoding.runs import baseline_decoder, encode_prompts, eos_ids, run_prompts, speculative_decoder
+from engine.decoding.runs import encode_prompts, run_prompts, speculative_decoder
 from engine.decoding.sampling import SamplingConfig
 from engine.errors import DraftLabError
 from engine.metrics.metrics_oracle import speculative_metrics
 from engine.models.loading import LoadedModel, ModelPair
 from engine.text.token_types import TokenTyper
+from engine.training import data
+from engine.training.data import Sequence
 from engine.wording import noun, plural
 
 EVAL_K = 4  # draft length of the held-out acceptance measurement
@@ -56,7 +58,7 @@ class DistillConfig:
     seed: int = 0
     eval_points: int = 8  # held-out KL measured this many times along the run (the loss curve's second column)
     samples: int = 1  # continuations per training prompt: the greedy one, plus samples - 1 drawn at temperature 1
-    generation_batch: int = 32  # sampled continuations decoded together (_sample_batched)
+    generation_batch: int = 32  # sampled continuations decoded together (engine/training/data.py sample_batched)
     k: int = EVAL_K  # draft length of the held-out alpha measurement
     profile_k: int = 0  # draft length of the position profile (--focus-from: its run's k); 0: k
 
@@ -73,38 +75,12 @@ class DistillConfig:
             raise DraftLabError("batch size and top-k must be positive")
 
 
-@dataclass
-class Sequence:
-    """One prompt and the target's greedy continuation of it (token ids)."""
-
-    prompt_ids: list[int]
-    continuation: list[int]
-    # filled by prepare(): teacher top-k per continuation position, draft position and token weight per position
-    topk_ids: torch.Tensor | None = None
-    topk_logp: torch.Tensor | None = None
-    positions: list[int] = field(default_factory=list)
-    weights: torch.Tensor | None = None
-
-    @property
-    def ids(self) -> list[int]:
-        return self.prompt_ids + self.continuation
-
-
-# --- data ----------------------------------------------------------------------------------------------------
-
-
-def _batch(seqs: list[Sequence], device) -> tuple[torch.Tensor, list[int]]:
-    """Right-padded ids [B, L] (causal attention: real tokens never see the padding) and each sequence's length."""
-    lengths = [len(s.ids) for s in seqs]
-    ids = torch.zeros(len(seqs), max(lengths), dtype=torch.long)
-    for row, s in enumerate(seqs):
-        ids[row, : len(s.ids)] = torch.tensor(s.ids)
-    return ids.to(device), lengths
+# --- teacher and draft figures over the data ----------------------------------------------------------------
 
 
 def _continuation_logits(model, seqs: list[Sequence], vocab: int, device) -> list[torch.Tensor]:
     """Per sequence, logits [T, vocab] predicting each continuation token (teacher-forced)."""
-    ids, _ = _batch(seqs, device)
+    ids, _ = data.pad_batch(seqs, device)
     logits = model(input_ids=ids).logits[..., :vocab]
     out = []
     for row, s in enumerate(seqs):
@@ -113,16 +89,11 @@ def _continuation_logits(model, seqs: list[Sequence], vocab: int, device) -> lis
     return out
 
 
-def _chunks(items: list, size: int):
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
 @torch.no_grad()
 def cache_teacher(target_model, seqs: list[Sequence], vocab: int, top_k: int, device, batch: int = 8) -> None:
     """Store the target's top-k log-probabilities (renormalised over the k) at every continuation position."""
     k = min(top_k, vocab)
-    for chunk in _chunks(seqs, batch):
+    for chunk in data.chunks(seqs, batch):
         for s, logits in zip(chunk, _continuation_logits(target_model, chunk, vocab, device)):
             values, idx = logits.float().log_softmax(-1).topk(k, dim=-1)
             s.topk_ids = idx.cpu()
@@ -134,7 +105,7 @@ def greedy_positions(draft_model, seqs: list[Sequence], vocab: int, k: int, devi
     """The draft position (1..k, or BONUS) each continuation token takes when this draft speculates greedily
     with draft length k against the target: exact for greedy decoding, since every accepted prefix is the
     target's own text, so the draft's proposals are its teacher-forced argmaxes."""
-    for chunk in _chunks(seqs, batch):
+    for chunk in data.chunks(seqs, batch):
         for s, logits in zip(chunk, _continuation_logits(draft_model, chunk, vocab, device)):
             match = (logits.argmax(-1).cpu() == torch.tensor(s.continuation)).tolist()
             positions, j, t = [BONUS] * len(match), 0, len(match)
@@ -199,7 +170,7 @@ def batch_loss(draft_model, seqs: list[Sequence], vocab: int, device) -> torch.T
 def mean_kl(target_model, draft_model, seqs: list[Sequence], vocab: int, device, batch: int = 8) -> float:
     """Mean full-vocabulary D_KL(p_t || p_d) over every continuation position of `seqs` (nats)."""
     total, count = 0.0, 0
-    for chunk in _chunks(seqs, batch):
+    for chunk in data.chunks(seqs, batch):
         t_logits = _continuation_logits(target_model, chunk, vocab, device)
         d_logits = _continuation_logits(draft_model, chunk, vocab, device)
         for lt, ld in zip(t_logits, d_logits):
@@ -217,8 +188,8 @@ def greedy_alpha(
     reference: list[Sequence] | None = None,
     drafter: str = "model",
 ) -> dict:
-    """Greedy speculative decoding with the pair's draft at draft length k: alpha (engine.metrics.metrics_oracle) and, when the
-    target's continuations are given, whether every output equals them (lossless)."""
+    """Greedy speculative decoding with the pair's draft at draft length k: alpha (engine.metrics.metrics_oracle)
+    and, when the target's continuations are given, whether every output equals them (lossless)."""
     cfg = SamplingConfig(0.0, 0, 1.0, 0, max_new_tokens)
     encoded = encode_prompts(pair, prompts, max_new_tokens)
     results = list(run_prompts(speculative_decoder(pair, cfg, k, drafter=drafter), prompts, encoded))
@@ -343,18 +314,18 @@ class Distiller:
         yield {"kind": "phase", "phase": "target continuations (train)"}
         train: list[Sequence] = []
         total = cfg.samples * len(self.train_prompts)
-        for s in _generate(pair, self.train_prompts, cfg.max_new_tokens):  # greedy: exactly target-only output
+        for s in data.generate(pair, self.train_prompts, cfg.max_new_tokens):  # greedy: exactly target-only output
             train.append(s)
             yield {"kind": "generated", "split": "train", "prompt": len(train) - 1, "of": total}
         # then samples - 1 continuations per prompt at temperature 1, decoded many at a time
-        for s in _sample_batched(
+        for s in data.sample_batched(
             pair, self.train_prompts * (cfg.samples - 1), cfg.max_new_tokens, cfg.seed, cfg.generation_batch
         ):
             train.append(s)
             yield {"kind": "generated", "split": "train", "prompt": len(train) - 1, "of": total}
         yield {"kind": "phase", "phase": "target continuations (validation)"}
         val: list[Sequence] = []
-        for i, s in enumerate(_generate(pair, self.val_prompts, cfg.max_new_tokens)):
+        for i, s in enumerate(data.generate(pair, self.val_prompts, cfg.max_new_tokens)):
             val.append(s)
             yield {"kind": "generated", "split": "validation", "prompt": i, "of": len(self.val_prompts)}
         train = [s for s in train if s.continuation]
@@ -494,8 +465,8 @@ class Distiller:
         path = Path(directory)
         if not (path / self.DATA).exists():
             return False
-        data = torch.load(path / self.DATA, weights_only=True)
-        changes = checkpoint_changes(data.get("fingerprint") or {}, self._fingerprint())
+        saved = torch.load(path / self.DATA, weights_only=True)
+        changes = checkpoint_changes(saved.get("fingerprint") or {}, self._fingerprint())
         if changes and discard_other:
             shutil.rmtree(path)
             return False
@@ -504,7 +475,7 @@ class Distiller:
                 f"{path.parent} holds the checkpoint of an unfinished run with other settings "
                 f"({'; '.join(changes)}); {fix}"
             )
-        self._restore(data)
+        self._restore(saved)
         self._optimizer()
         if (path / self.STATE).exists():
             state = torch.load(path / self.STATE, weights_only=True)
@@ -526,11 +497,11 @@ class Distiller:
             "kl_before": self.kl_before,
         }
 
-    def _restore(self, data: dict) -> None:
+    def _restore(self, saved: dict) -> None:
         """The prepared data back from a checkpoint's data file (before the training state is loaded)."""
-        self.train_seqs = [_seq_from(d) for d in data["train"]]
-        self.val_seqs = [_seq_from(d) for d in data["validation"]]
-        self.prepared, self.before, self.kl_before = data["prepared"], data["before"], data["kl_before"]
+        self.train_seqs = [_seq_from(d) for d in saved["train"]]
+        self.val_seqs = [_seq_from(d) for d in saved["validation"]]
+        self.prepared, self.before, self.kl_before = saved["prepared"], saved["before"], saved["kl_before"]
         self.curve = [{"step": 0, "train_loss": None, "kl": self.kl_before}]
 
     def _fingerprint(self) -> dict:
@@ -573,52 +544,6 @@ def _atomic_save(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
-
-
-def _generate(
-    pair: ModelPair, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, seed: int = 0
-) -> Iterator[Sequence]:
-    """The target's continuations, exactly as target-only decoding emits them (EOS included): greedy at
-    temperature 0, else drawn from p_t / temperature with the engine's per-prompt generator of `seed`."""
-    cfg = SamplingConfig(temperature, 0, 1.0, seed, max_new_tokens)
-    encoded = encode_prompts(pair, prompts, max_new_tokens)
-    decoder = baseline_decoder(pair, cfg)
-    for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
-        yield Sequence(ids[0].tolist(), list(decoder.generate(prompt, ids, i).output_ids))
-
-
-@torch.no_grad()
-def _sample_batched(
-    pair: ModelPair, prompts: list[str], max_new_tokens: int, seed: int, batch: int, greedy: bool = False
-) -> Iterator[Sequence]:
-    """The target's continuations drawn from p_t (temperature 1, no top-k/top-p; `greedy`: its argmax, which padding
-    and batching may change in the last bits, so not the exact target-only text), `batch` prompts decoded together
-    (left-padded, transformers' generate with its KV cache): one batched step costs about what one sequence's does
-    on a GPU, and a few times less per token than one at a time on a CPU. Each continuation ends at EOS (kept) or
-    after max_new_tokens. Batch b draws from torch's generator seeded with (seed, b): the same settings give the
-    same data on the same device and batch size."""
-    from transformers import GenerationConfig
-
-    model, tok = pair.target.model, pair.tokenizer
-    eos = sorted(eos_ids(pair))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
-    gen_cfg = GenerationConfig(**sampling, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos or None)
-    encoded = [ids[0].tolist() for ids in encode_prompts(pair, prompts, max_new_tokens)]
-    for b, start in enumerate(range(0, len(encoded), batch)):
-        chunk = encoded[start : start + batch]
-        width = max(len(ids) for ids in chunk)
-        ids = torch.tensor([[pad] * (width - len(x)) + x for x in chunk], device=pair.device)
-        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device=pair.device)
-        torch.manual_seed(seed * 100_003 + b)
-        own, model.generation_config = model.generation_config, GenerationConfig()
-        try:  # generate fills what gen_cfg leaves unset from the model's config (a repetition penalty, min_p…): not p_t
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)[:, width:].tolist()
-        finally:
-            model.generation_config = own
-        for prompt_ids, new in zip(chunk, out):
-            end = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
-            yield Sequence(prompt_ids, new[:end])
 
 
 def evaluate_saved(
@@ -712,7 +637,7 @@ def write_card(out: Path, record: dict) -> None:
     (out / "distill.json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
@@ -759,7 +684,7 @@ architecture and size as `{c["draft"]}` ({c["parameters"]:,} parameters), same t
 |---|---|
 | steps | {c["steps"]} x {c["batch_size"]} sequences |
 | optimizer | AdamW lr {c["lr"]:g} ({c["warmup_steps"]} warm-up steps, cosine to {c["lr"] * c["min_lr_ratio"]:.2g}), betas (0.9, 0.95), grad clip {c["grad_clip"]}, seed {c["seed"]} |
-| wall time | {_duration(c["train_seconds"])} training, {_duration(c["total_seconds"])} in all (generation, evaluation and saving included), on {c["hardware"]}{", finished " + c["finished"] if c.get("finished") else ""} |
+| wall time | {duration(c["train_seconds"])} training, {duration(c["total_seconds"])} in all (generation, evaluation and saving included), on {c["hardware"]}{", finished " + c["finished"] if c.get("finished") else ""} |
 | weights | {c["dtype"]} safetensors |
 
 Loss curve (train: weighted top-k KL, mean since the previous row; held-out: full-vocabulary KL, nats/token):

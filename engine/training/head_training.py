@@ -1,9 +1,10 @@
 """Train an EAGLE-3 head (engine/models/eagle3.py) on the target's own hidden states: `draftlab train-head`.
 
-Data, as distillation's (engine/training/distill.py, whose stages, checkpoints and records this reuses): the target's greedy
-continuation of every training prompt (exactly what target-only decoding emits), plus `samples - 1` drawn at
-temperature 1; prompts that are conversations arrive already rendered through the target's chat template. The
-draft vocabulary is the `draft_vocab_size` target ids most frequent in those continuations (`d2t` / `t2d`).
+Data, as distillation's (engine/training/data.py; engine/training/distill.py's stages, checkpoints and records
+are reused): the target's greedy continuation of every training prompt (exactly what target-only decoding emits),
+plus `samples - 1` drawn at temperature 1; prompts that are conversations arrive already rendered through the
+target's chat template. The draft vocabulary is the `draft_vocab_size` target ids most frequent in those
+continuations (`d2t` / `t2d`).
 
 A step draws `batch_size` sequences and runs the target over them once, without gradients (online, as SpecForge's
 online mode: nothing per token is stored, so it scales to real targets): the aux hidden states (vLLM's convention,
@@ -41,7 +42,9 @@ from engine.errors import DraftLabError
 from engine.models import eagle3
 from engine.models.loading import LoadedModel, ModelPair
 from engine.text.token_types import TokenTyper
+from engine.training import data
 from engine.training import distill as ds
+from engine.training.data import Sequence
 
 STEP_DECAY = 0.8  # loss weight of TTT step j: 0.8^j (SpecForge's)
 BEFORE_PROMPTS = 8  # held-out prompts the fresh head is decoded on (its "before" figures through the loop)
@@ -106,7 +109,7 @@ def check_vocab_size(size: int, vocab: int) -> None:
         )
 
 
-def draft_vocabulary(seqs: list[ds.Sequence], vocab: int, size: int) -> torch.Tensor:
+def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tensor:
     """The `size` target ids most frequent in the continuations (then in the prompts, then by id), sorted."""
     size = min(size or vocab, vocab, 32000 if not size else vocab)
     counts = torch.zeros(vocab, dtype=torch.float64)
@@ -211,7 +214,7 @@ def _shifted(x: torch.Tensor, j: int, w: int) -> torch.Tensor:
 
 def step_stats(
     head: eagle3.Eagle3Head,
-    seqs: list[ds.Sequence],
+    seqs: list[Sequence],
     target_model,
     aux_layers: list[int],
     vocab: int,
@@ -219,7 +222,7 @@ def step_stats(
     device,
 ) -> StepStats:
     """The TTT loss of a batch and its greedy acceptance figures (module docstring)."""
-    ids, lengths = ds._batch(seqs, device)
+    ids, lengths = data.pad_batch(seqs, device)
     states, logits = target_features(target_model, aux_layers, ids, vocab)
     b, w = ids.shape[0], ids.shape[1] - 1
     draft_ids = head.target_ids()
@@ -254,7 +257,7 @@ def step_stats(
     return stats
 
 
-def focus_weights(seqs: list[ds.Sequence], j: int, w: int, device) -> torch.Tensor:
+def focus_weights(seqs: list[Sequence], j: int, w: int, device) -> torch.Tensor:
     """The focus weight [B, W] of step j at each root (1 where a sequence has none)."""
     out = torch.ones(len(seqs), w, device=device)
     for row, s in enumerate(seqs):
@@ -344,8 +347,8 @@ class HeadTrainer(ds.Distiller):
         self.type_weights, self.position_weights = type_weights, position_weights
         self.aux_layers = aux_layers_for(pair.target.model, cfg.aux_layers)
         check_vocab_size(cfg.draft_vocab_size, pair.vocab_size)
-        self.train_seqs: list[ds.Sequence] = []
-        self.val_seqs: list[ds.Sequence] = []
+        self.train_seqs: list[Sequence] = []
+        self.val_seqs: list[Sequence] = []
         self.prepared = self.before = self.kl_before = None
         self.draft_ids: torch.Tensor | None = None
         self.step, self.curve, self.window, self.seconds = 0, [], [], 0.0
@@ -376,17 +379,17 @@ class HeadTrainer(ds.Distiller):
         torch.manual_seed(cfg.seed)
         pair.target.model.eval()
         yield {"kind": "phase", "phase": "target continuations (train)"}
-        train: list[ds.Sequence] = []
+        train: list[Sequence] = []
         total = cfg.samples * len(self.train_prompts)
         # Training responses are decoded in batches, greedy ones too (their last bits may differ from target-only
         # decoding's: harmless for training data); the held-out ones one by one, exactly as target-only decoding.
         for greedy, prompts in ((True, self.train_prompts), (False, self.train_prompts * (cfg.samples - 1))):
-            for s in ds._sample_batched(pair, prompts, cfg.max_new_tokens, cfg.seed, cfg.generation_batch, greedy):
+            for s in data.sample_batched(pair, prompts, cfg.max_new_tokens, cfg.seed, cfg.generation_batch, greedy):
                 train.append(s)
                 yield {"kind": "generated", "split": "train", "prompt": len(train) - 1, "of": total}
         yield {"kind": "phase", "phase": "target continuations (validation)"}
-        val: list[ds.Sequence] = []
-        for i, s in enumerate(ds._generate(pair, self.val_prompts, cfg.max_new_tokens)):
+        val: list[Sequence] = []
+        for i, s in enumerate(data.generate(pair, self.val_prompts, cfg.max_new_tokens)):
             val.append(s)
             yield {"kind": "generated", "split": "validation", "prompt": i, "of": len(self.val_prompts)}
         train = [s for s in train if s.continuation]
@@ -417,7 +420,7 @@ class HeadTrainer(ds.Distiller):
         self.curve = [{"step": 0, "train_loss": None, **figures}]
         yield {"kind": "before", **figures, **self.before}
 
-    def _assign_focus(self, seqs: list[ds.Sequence]) -> dict:
+    def _assign_focus(self, seqs: list[Sequence]) -> dict:
         """Per (root, step) loss weights from the focus profile (focus_tables), set on each sequence; the mean
         weight per type and per position."""
         typer = TokenTyper(self.pair.tokenizer)
@@ -436,7 +439,7 @@ class HeadTrainer(ds.Distiller):
             s.head_weights = table if (self.type_weights or self.position_weights) else None
         return summary
 
-    def _loss(self, seqs: list[ds.Sequence]) -> torch.Tensor:
+    def _loss(self, seqs: list[Sequence]) -> torch.Tensor:
         return step_stats(
             self.head,
             seqs,
@@ -448,14 +451,14 @@ class HeadTrainer(ds.Distiller):
         ).loss
 
     @torch.no_grad()
-    def measure(self, seqs: list[ds.Sequence], batch: int = 8) -> dict:
+    def measure(self, seqs: list[Sequence], batch: int = 8) -> dict:
         """Held-out, teacher-forced: the loss ("kl": the TTT objective without focus weights), accuracy per step,
         conditional acceptance per draft position and the simulated acceptance length at k = S."""
         was = self.head.training
         self.head.eval()
         tokens, correct, reached, hits = ([0] * self.cfg.ttt_steps for _ in range(4))
         loss, batches = 0.0, 0
-        for chunk in ds._chunks(seqs, batch):
+        for chunk in data.chunks(seqs, batch):
             st = step_stats(
                 self.head,
                 chunk,
@@ -489,18 +492,18 @@ class HeadTrainer(ds.Distiller):
     # --- checkpoints: the draft vocabulary is data, the head's weights state ---
 
     def _data(self) -> dict:
-        data = super()._data()
-        data["draft_ids"] = self.draft_ids
-        data["head_weights"] = [getattr(s, "head_weights", None) for s in self.train_seqs]
-        data["curve0"] = self.curve[:1]
-        return data
+        saved = super()._data()
+        saved["draft_ids"] = self.draft_ids
+        saved["head_weights"] = [getattr(s, "head_weights", None) for s in self.train_seqs]
+        saved["curve0"] = self.curve[:1]
+        return saved
 
-    def _restore(self, data: dict) -> None:
-        super()._restore(data)
-        for s, w in zip(self.train_seqs, data.get("head_weights") or []):
+    def _restore(self, saved: dict) -> None:
+        super()._restore(saved)
+        for s, w in zip(self.train_seqs, saved.get("head_weights") or []):
             s.head_weights = w
-        self.curve = list(data.get("curve0") or self.curve)
-        self._build_head(data["draft_ids"])
+        self.curve = list(saved.get("curve0") or self.curve)
+        self._build_head(saved["draft_ids"])
 
     def _fingerprint(self) -> dict:
         cfg = asdict(self.cfg)
