@@ -14,6 +14,7 @@ from engine.text.chat import Chat, render, resolve_option
 from engine.text.prompt_sets import load_prompts
 from engine.zoo import DEMO_TARGET, resolve
 from tests import tiny_models as tm
+from tests.meaning import missing
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 
@@ -68,7 +69,7 @@ def test_none_and_file_templates(tmp_path, chat_tokenizer):
 
 def test_a_tokenizer_without_a_template_is_one_line(tmp_path):
     prompts = load_prompts(_jsonl(tmp_path, [OPENAI]))
-    with pytest.raises(DraftLabError, match=r"conversations but .*has no chat template: pass --chat-template FILE"):
+    with pytest.raises(DraftLabError, match=r"conversations.*chat template.*--chat-template"):
         render(prompts, tm.tokenizer())
     assert render(["plain"], tm.tokenizer()) == ["plain"]  # plain prompts need no template
     with pytest.raises(DraftLabError, match="no such file"):
@@ -190,7 +191,7 @@ def test_worker_freezes_rendered_conversations_and_a_missing_template_fails_the_
         assert load_experiment_prompts(conn, custom) == ["Be brief.|Hi|Hello!|Sum 2+2|", "你好|"]
     failed = q.runs(store, plain_tokenizer)
     assert set(failed["status"]) == {"failed"}
-    assert "has no chat template: pass --chat-template FILE" in failed["error"].iloc[0]
+    assert not missing(failed["error"].iloc[0], "chat template", "--chat-template"), failed["error"].iloc[0]
 
 
 def test_cli_run_on_the_builtin_chat_set(tmp_path, capsys):
@@ -321,7 +322,7 @@ def test_dashboard_uploads_render_through_the_pair_checks_tokenizer(model_dirs, 
     from pages.widgets.pair_check import render_prompts
 
     prompts = load_prompts(_jsonl(tmp_path, [OPENAI, {"prompt": "plain"}]))
-    with pytest.raises(DraftLabError, match="the uploaded prompts are conversations but"):
+    with pytest.raises(DraftLabError, match=r"uploaded prompts.*conversations.*chat template"):
         render_prompts(model_dirs["target"], prompts)
     assert render_prompts(model_dirs["target"], prompts, "none") == ["Be brief.\n\nHi\n\nHello!\n\nSum 2+2", "plain"]
     assert render_prompts(model_dirs["target"], prompts, "{{ messages[-1]['content'] }}!") == ["Sum 2+2!", "plain"]
