@@ -9,6 +9,7 @@ from app.cli import main
 from engine.errors import DraftLabError
 from engine.models.loading import check_pair, load_model
 from tests import tiny_models as tm
+from tests.meaning import missing
 
 
 @pytest.fixture
@@ -110,7 +111,7 @@ def test_bad_input_stores_nothing_and_keeps_what_was_stored(run_cli):
 def test_padded_embeddings_are_fine_but_a_short_head_is_not():
     tok = tm.tokenizer(64)
     assert check_pair(tok, tm.tokenizer(64), 128, 72) == 64  # padded past the vocabulary: fine
-    with pytest.raises(DraftLabError, match="scores 60 tokens but its tokenizer has 64"):
+    with pytest.raises(DraftLabError, match=r"scores 60 tokens.*tokenizer has 64"):
         check_pair(tok, tm.tokenizer(64), 60, 64)
 
 
@@ -545,15 +546,13 @@ def test_limits_are_settable_from_the_environment(run_cli, monkeypatch):
     code, _, err = run_cli("--repeats", "3")
     assert code == 2 and "more than the limit of 2" in _one_error_line(err)
     code, _, err = run_cli("--k", "1,2,3")
-    assert (
-        code == 2
-        and "more than the limit of 2: use fewer, or raise it with DRAFTLAB_LIMIT_SWEPT_VALUES" in _one_error_line(err)
-    )
+    line = _one_error_line(err)
+    assert code == 2 and not missing(line, "limit of 2", "DRAFTLAB_LIMIT_SWEPT_VALUES"), line
     monkeypatch.setenv("DRAFTLAB_LIMIT_REPEATS", "zwei")
     code, _, err = run_cli("--repeats", "1")
-    assert code == 2 and "$DRAFTLAB_LIMIT_REPEATS must be a whole number" in _one_error_line(err)
+    assert code == 2 and not missing(_one_error_line(err), "$DRAFTLAB_LIMIT_REPEATS", "'zwei'"), err
     code, _, err = run_cli()  # the default --repeats: the bad limit is still reported, before anything is stored
-    assert code == 2 and "$DRAFTLAB_LIMIT_REPEATS must be a whole number" in _one_error_line(err)
+    assert code == 2 and not missing(_one_error_line(err), "$DRAFTLAB_LIMIT_REPEATS", "'zwei'"), err
     monkeypatch.delenv("DRAFTLAB_LIMIT_REPEATS")
     assert _experiments(run_cli.db) == 0
 
@@ -593,7 +592,7 @@ def test_ids_out_of_range_or_not_ascii_are_one_line(command, bad, db_url, tmp_pa
     out, err = capsys.readouterr()
     assert code == 2 and out == "", err
     line = _one_error_line(err)
-    assert "is not an id (a whole number) from 1 to 2147483647" in line and "Traceback" not in err
+    assert not missing(line, repr(bad), "an id", "from 1 to 2147483647") and "Traceback" not in err, line
     assert not (tmp_path / "o").exists()  # distill wrote nothing
 
 
