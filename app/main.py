@@ -1,5 +1,5 @@
-"""Dashboard entry script (`streamlit run app/main.py`, started by `draftlab ui`): the login (pages/widgets/access.py), then
-routing; a page's unexpected exception is logged here and shown as one short message.
+"""Dashboard entry script (`streamlit run app/main.py`, started by `draftlab ui`): the login (pages/widgets/access.py),
+then routing; a page's unexpected exception is logged here and shown as one short message.
 
 The pages live in the top-level `pages/` package, registered as callables, so Streamlit's legacy `pages/`
 auto-discovery (a folder beside the entry script) never kicks in.

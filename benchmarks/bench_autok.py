@@ -29,14 +29,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # the imports below (noqa: E402) come from the repository root
 
 from app.autok import cost_model, predict_curve  # noqa: E402
 from engine.metrics.theory import modelled_seconds  # noqa: E402
 from storage import open_store  # noqa: E402
-from storage.analysis import catalog
+from storage.analysis import catalog  # noqa: E402
 from storage.jobs.experiments import load_verify_profile  # noqa: E402
-from storage.records import queries as q
+from storage.records import queries as q  # noqa: E402
 
 BURN = "while True: pass"
 
@@ -110,7 +110,8 @@ def evaluate(db: Path) -> list[dict]:
         if len(checks):  # how the machine moved between the pass at k=K and the confirming pass
             fresh = runs[runs["run_id"] == checks["baseline_run_id"].iloc[0]].iloc[0]
             print(
-                f"    between the passes: target step x{fresh['target_step_seconds'] / baseline['target_step_seconds']:.2f}"
+                "    between the passes: target step "
+                f"x{fresh['target_step_seconds'] / baseline['target_step_seconds']:.2f}"
                 f", draft step x{checks['draft_step_seconds'].mean() / probe['draft_step_seconds']:.2f}"
             )
         if len(checks) > 1 and curves["new"]:  # does the prediction rank the confirmed k values as measured?

@@ -6,13 +6,13 @@ and the batch-1 speculative loop vs transformers' assisted generation, side by s
    prompts left-padded to its longest), greedy, the same max_new_tokens and EOS. Throughput = new tokens up to and
    including EOS over wall time (generate() keeps computing finished rows to the batch's end; DraftLab drops them:
    that difference is part of what is measured). Goal: ratio >= 0.9.
-2. Batch-1 speculative decoding, greedy, constant k: DraftLab's loop (engine/decoding/speculative.py, its one-row case) vs
-   assisted generation with its schedule set on the draft's generation_config
-   (num_assistant_tokens = k, num_assistant_tokens_schedule = 'constant'; transformers 5 reads them there).
-   Goal: wall ratio <= 0.80. Also printed: the CPU-time ratio (process time, which other jobs on a shared machine
-   disturb less), and where the time goes, from as many passes again with every model forward clocked: forwards
-   per pass for each model, the share of the wall outside them, and the loop's forward time over assisted
-   generation's wall (the ratio the loop would reach with no overhead of its own).
+2. Batch-1 speculative decoding, greedy, constant k: DraftLab's loop (engine/decoding/speculative.py, its one-row case)
+   vs assisted generation with its schedule set on the draft's generation_config (num_assistant_tokens = k,
+   num_assistant_tokens_schedule = 'constant'; transformers 5 reads them there). Goal: wall ratio <= 0.80. Also printed:
+   the CPU-time ratio (process time, which other jobs on a shared machine disturb less), and where the time goes, from
+   as many passes again with every model forward clocked: forwards per pass for each model, the share of the wall
+   outside them, and the loop's forward time over assisted generation's wall (the ratio the loop would reach with no
+   overhead of its own).
 3. What the batched speculative decoder's rollback costs at batch 4 and 16: the mean share of the target cache's
    columns that are holes (rejected drafts, padding), how many realignments (compactions) a pass needed, the time
    spent dropping finished rows and realigning (select + compact), and its throughput vs the batched baseline at
@@ -178,7 +178,8 @@ def main() -> None:
                 "\n1. target-only throughput, DraftLab batched vs transformers generate() (same batches, left padding)"
             )
             print(
-                f"{'batch':>5} {'tokens':>6} {'DraftLab tok/s':>15} {'generate tok/s':>15}  {'ratio DraftLab/generate (tok/s)':<40} same ids"
+                f"{'batch':>5} {'tokens':>6} {'DraftLab tok/s':>15} {'generate tok/s':>15}  "
+                f"{'ratio DraftLab/generate (tok/s)':<40} same ids"
             )
             for size in sizes:
                 units = batches(size)
@@ -277,7 +278,7 @@ def main() -> None:
                 units = batches(size)
                 hole, comps = [], 0
 
-                def spec_run(rows):
+                def spec_run(rows, hole=hole):
                     nonlocal comps
                     before = spec.target.compactions
                     out = [

@@ -1,7 +1,7 @@
 """Every drafting strategy on a pair, with the engine API directly (no database): alpha, tokens/round, mean k_r and
 the paired speedup per (drafter, k), plus the best k per drafter; then prompt lookup alone on other prompt sets.
 
-    python benchmarks/bench_drafters.py                      # demo-target / demo-draft, code:validation, greedy, 48 tokens
+    python benchmarks/bench_drafters.py  # demo-target / demo-draft, code:validation, greedy, 48 tokens
     python benchmarks/bench_drafters.py --drafters model,prompt-lookup:2 --k 1,2,4 --repeats 3
 
 Timing: arms (the target-only baseline and every (drafter, k)) are interleaved per prompt, in a rotating order,

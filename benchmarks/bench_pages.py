@@ -8,7 +8,8 @@ The database is built by benchmarks/bench_queries.py's generator (--reuse keeps 
 Each page runs under streamlit.testing's AppTest, the real entry script (app/main.py) routing to it: one first
 run (cold: caches empty), then --repeats reruns, as a widget change or the 2 s refresh would trigger them; the
 round explorer's slider is moved on each of its reruns. Prints the first run, and the median and max of the
-reruns (wall clock, and the process's CPU time, steadier on a shared machine), per page. Budgets: 1 s per rerun (0.5 s for the round slider); the exit status is 1 when a median is over.
+reruns (wall clock, and the process's CPU time, steadier on a shared machine), per page. Budgets: 1 s per rerun (0.5 s
+for the round slider); the exit status is 1 when a median is over.
 
 --browser: the detail page of experiment --experiment (a finished k sweep) in Debian's Chromium (Playwright), for
 the code of this tree and, with --against REF, of git REF (extracted by `git archive` into a temporary folder),

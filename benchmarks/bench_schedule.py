@@ -117,7 +117,8 @@ def table(size: int, baseline: dict | None, runs: list[dict], step: dict | None)
         lines.append(
             f"{'target' if is_base else r['k']:>6} {speed:>19} {fmt(r.get('tokens_per_second'), '.1f'):>7} "
             f"{'1.00' if is_base else fmt(r.get('tokens_per_round'), '.2f'):>7} "
-            f"{'-' if is_base else fmt(r.get('c'), '.2f'):>5} {'-' if is_base else fmt(r.get('verify_cost'), '.2f'):>6} "
+            f"{'-' if is_base else fmt(r.get('c'), '.2f'):>5} "
+            f"{'-' if is_base else fmt(r.get('verify_cost'), '.2f'):>6} "
             f"{ms(r.get('ttft_seconds_p50')):>8} {ms(r.get('itl_seconds_p50')):>7} {ms(r.get('itl_seconds_p95')):>7} "
             f"{ms(r.get('request_latency_seconds_p95')):>7}"
             + mark

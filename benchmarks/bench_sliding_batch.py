@@ -1,5 +1,6 @@
 """Which cache design makes sliding-window models exact at batch > 1? (issue 27 item 1) Two candidates and the pre-fix
-cache as the reference, timed on the same Mistral-style pair (every layer sliding), the same prompts and batches, greedy, constant k:
+cache as the reference, timed on the same Mistral-style pair (every layer sliding), the same prompts and batches,
+greedy, constant k:
 
   masks    the batched cache as it ships: holes stay, and each forward gets a 4-D mask counted in each row's real
            tokens (engine/decoding/attention_masks.py), built per forward ([B, W, C] booleans);

@@ -243,7 +243,8 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame], sweeps: dict[int, str]) -
     metrics = [c for c in RUN_METRICS if c in everything]
     table = everything.set_index("run_id").loc[chosen, metrics]
     table.index = [labels[r] for r in chosen]
-    # One row per metric, named by its header and written in its one format (storage/records/columns.py), as every table.
+    # One row per metric, named by its header and written in its one format (storage/records/columns.py), as every
+    # table.
     side_by_side = pd.DataFrame(
         {run: [show(m, v) for m, v in row.items()] for run, row in table.iterrows()},
         index=[COLUMNS[m].header if m in COLUMNS else m for m in metrics],

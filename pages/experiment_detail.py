@@ -54,8 +54,9 @@ from storage.records.columns import shown_in
 
 ACTIVE = ("queued", "running")
 REFRESH_SECONDS = 2.0
-# The Runs table: headers, help and formats from storage/records/columns.py. Wall seconds are in the cost table, a timing
-# warning and an error in the boxes above the table (the ⚠ check column marks the run): the CSV keeps every column.
+# The Runs table: headers, help and formats from storage/records/columns.py. Wall seconds are in the cost table, a
+# timing warning and an error in the boxes above the table (the ⚠ check column marks the run): the CSV keeps every
+# column.
 RUN_COLUMNS = [
     "check",
     "run_id",
@@ -229,8 +230,8 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict,
         st.markdown(f"> {experiment['notes']}")
     baseline = runs[runs["kind"] == "baseline"]
     sweep_variable = row.get("sweep_variable") or "k"
-    # A grid's one verdict is its smallest batch size's (storage/analysis/verdict.py): the metrics say so; the headline is
-    # the schedule's, every batch size's verdict in one sentence.
+    # A grid's one verdict is its smallest batch size's (storage/analysis/verdict.py): the metrics say so; the headline
+    # is the schedule's, every batch size's verdict in one sentence.
     smallest = schedule["steps"][0]["batch_size"] if schedule and schedule["steps"] else None
     at = f" ({batch_name(smallest)})" if smallest is not None else ""
     if smallest is not None:

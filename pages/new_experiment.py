@@ -3,9 +3,9 @@ sweep (k, k auto, a sampling setting, the draft or the drafting strategy), optio
 grid, whose detail page gives a k schedule); Launch enqueues it.
 
 A link can fill the form: `new?target=...&draft=...&sweep=k&values=1,2,4&drafter=confidence:0.5` (the parameters
-storage/analysis/findings.py's prefill_query writes; pages/widgets/prefill.py parses them strictly), and `batch_sizes=1,4,16` for a
-grid: the sweep at each batch size (the "At batch sizes" field). They are put into the widgets
-when the form is first drawn; a bad one is left out with a short note.
+storage/analysis/findings.py's prefill_query writes; pages/widgets/prefill.py parses them strictly), and
+`batch_sizes=1,4,16` for a grid: the sweep at each batch size (the "At batch sizes" field). They are put into the
+widgets when the form is first drawn; a bad one is left out with a short note.
 
 What is on screen is what Launch queues: no number field has bounds in the browser (a number outside them is kept
 by the browser with a red mark and never sent, so Launch would queue the value before it); validate() checks every
@@ -137,8 +137,8 @@ def _format(value) -> str:
 
 def number_error(setting: str, value) -> str | None:
     """What is wrong with one number field's value, None when nothing: the bounds every input of the setting shares
-    (engine/config/variables.py, with engine/config/limits.py's caps). The one check both for the line under the field, as it is
-    typed, and for Launch's list."""
+    (engine/config/variables.py, with engine/config/limits.py's caps). The one check both for the line under the field,
+    as it is typed, and for Launch's list."""
     described = VARIABLES.get(setting) or SETTINGS[setting]
     if described.in_range(value):
         return None
@@ -275,8 +275,8 @@ def validate(
     else:
         models = f"{draft.strip()}{'' if drafter in ('model', None) else f' [{drafter}]'} → {target.strip()}"
     default_name = f"{models} on {Path(prompts).name if os.sep in prompts else prompts}"[:NAME_CHARS]
-    # What is on screen, as one run configuration (engine/config/run_config.py, read by pages/widgets/prefill.py's form_config):
-    # its enqueue arguments are what Launch queues.
+    # What is on screen, as one run configuration (engine/config/run_config.py, read by pages/widgets/prefill.py's
+    # form_config): its enqueue arguments are what Launch queues.
     state = {
         "target": target,
         "draft": draft,
@@ -577,8 +577,8 @@ def _kind_label(kind: str) -> str:
 
 def _drafter_choice(drafts: list[str]) -> str | None:
     """The one drafter every run uses (when the drafter is not what is swept), as a spec; None when a draft is an
-    EAGLE-3 head: the run configuration then gives each draft its own drafter (engine/config/run_config.py: a head the one
-    that reads hidden states, a causal LM model), so one draft sweep compares heads with causal LMs."""
+    EAGLE-3 head: the run configuration then gives each draft its own drafter (engine/config/run_config.py: a head the
+    one that reads hidden states, a causal LM model), so one draft sweep compares heads with causal LMs."""
     from engine.config.head_format import is_head
 
     heads = [d for d in drafts if d.strip() and is_head(d.strip())]

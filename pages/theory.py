@@ -25,8 +25,8 @@ log = logging.getLogger("draftlab.dashboard")
 
 
 def cost_aware_speedup(alpha: float, k: int, c: float, verify_cost: float) -> float:
-    """E[L_k] / (k/c + verify_cost): engine/metrics/theory.py's cost_aware_speedup (the detail page's cost-aware prediction)
-    at a geometric E[L_k] from α, k draft steps of 1/c and the verify forward at `verify_cost` target steps;
+    """E[L_k] / (k/c + verify_cost): engine/metrics/theory.py's cost_aware_speedup (the detail page's cost-aware
+    prediction) at a geometric E[L_k] from α, k draft steps of 1/c and the verify forward at `verify_cost` target steps;
     verify_cost = 1 gives back predicted_speedup."""
     return theory.cost_aware_speedup(theory.expected_tokens_per_round(alpha, k), k / c, verify_cost)
 
@@ -151,8 +151,8 @@ def _formulas() -> None:
         _cost_aware_metrics(frame, alpha, k, c, verify, loaded)
     chart_with_csv(charts.theory_curves(frame, k), frame, "theory_curves.csv")
     st.caption(
-        "Below 1× (the dashed line) the draft costs more than it saves. Raising α (a better-matched draft) moves the best k "
-        "up; a slower draft (smaller c) moves it down."
+        "Below 1× (the dashed line) the draft costs more than it saves. Raising α (a better-matched draft) moves the "
+        "best k up; a slower draft (smaller c) moves it down."
     )
     if verify is not None:
         st.caption(

@@ -1,8 +1,8 @@
 """Fault injection shared by tests/test_faults.py and benchmarks/bench_faults.py.
 
 - SqliteWriteFault: every connection of this process to one SQLite file refuses writes while the
-  fault is on, from its next statement (`PRAGMA query_only`, so SQLite itself answers "attempt to write a readonly database", the
-  error a read-only file gives). Portable: works as root and as any user.
+  fault is on, from its next statement (`PRAGMA query_only`, so SQLite itself answers "attempt to write a readonly
+  database", the error a read-only file gives). Portable: works as root and as any user.
 - chmod_read_only / DiskFull: the real thing where the platform allows it (a read-only file needs a
   non-root user; a full tmpfs needs root and a mount).
 - OwnPostgres: a PostgreSQL server of our own (initdb + pg_ctl in a temp dir, as user `postgres` when run

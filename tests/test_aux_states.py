@@ -1,7 +1,7 @@
-"""engine/decoding/aux_states.py: the aux hidden states an EAGLE-3 head reads, captured by pre-hooks on the decoder layers
-read, equal transformers' `hidden_states[i]` (what output_hidden_states=True returns) bit for bit, in every model
-family the engine decodes and through the batched cache the loop uses (padded rows, a KV cache); a model whose
-layers cannot be found falls back to output_hidden_states and still answers the same."""
+"""engine/decoding/aux_states.py: the aux hidden states an EAGLE-3 head reads, captured by pre-hooks on the decoder
+layers read, equal transformers' `hidden_states[i]` (what output_hidden_states=True returns) bit for bit, in every model
+family the engine decodes and through the batched cache the loop uses (padded rows, a KV cache); a model whose layers
+cannot be found falls back to output_hidden_states and still answers the same."""
 
 import pytest
 import torch

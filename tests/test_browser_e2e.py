@@ -29,7 +29,8 @@ from tests.browser import settle as _settle
 TARGET, DRAFT = os.environ.get("DRAFTLAB_E2E_TARGET", "demo-target"), os.environ.get("DRAFTLAB_E2E_DRAFT", "demo-draft")
 PROMPTS = ["def fibonacci(n):", "The capital of France is"]
 # Small by default (about a minute on a shared 2-core CPU); the README's screenshots come from a larger run:
-#   DRAFTLAB_E2E_PROMPT_FILE=engine/prompts/code/validation.jsonl DRAFTLAB_E2E_MAX_NEW_TOKENS=64 pytest tests/test_browser_e2e.py
+#   DRAFTLAB_E2E_PROMPT_FILE=engine/prompts/code/validation.jsonl DRAFTLAB_E2E_MAX_NEW_TOKENS=64 \
+#     pytest tests/test_browser_e2e.py
 PROMPT_FILE = os.environ.get("DRAFTLAB_E2E_PROMPT_FILE")
 MAX_NEW_TOKENS = int(os.environ.get("DRAFTLAB_E2E_MAX_NEW_TOKENS", "24"))
 RUN_TIMEOUT_S = 420  # model loading plus four small runs on a shared 2-core CPU

@@ -4,8 +4,8 @@ a random worker every few seconds; the supervisor restarts it and requeues its r
 done, once: no (run, prompt), (run, prompt, round) or (run, prompt, repeat) row duplicated or missing, no lease or
 worker row left behind, and the figures equal those of one worker draining the same experiments.
 
-Claims stay the advisory-locked conditional update of storage.jobs.run_state.claim_group: this test is its evidence under
-load (four claimers, restarts, sweeps and requeues racing them). The helpers serve benchmarks/bench_scale.py too.
+Claims stay the advisory-locked conditional update of storage.jobs.run_state.claim_group: this test is its evidence
+under load (four claimers, restarts, sweeps and requeues racing them). The helpers serve benchmarks/bench_scale.py too.
 """
 
 from __future__ import annotations

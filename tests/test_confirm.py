@@ -208,7 +208,10 @@ def test_a_server_that_exits_before_it_is_ready_is_one_line_with_its_last_error(
     from tests.cli_runs import run_json
 
     lab, db = run_json(tmp_path, model_dirs, capsys, "--k", "2", "--repeats", "1", "--max-new-tokens", "4")
-    fake = f"{sys.executable} -c \"print('loading…'); print('RuntimeError: no CPU backend'); print('shutting down'); raise SystemExit(3)\""
+    fake = (
+        f"{sys.executable} -c \"print('loading…'); print('RuntimeError: no CPU backend'); print('shutting down'); "
+        'raise SystemExit(3)"'
+    )
     status = main(["confirm", str(lab["experiment_id"]), "--configs", "all", "--vllm", fake, "--db", db])
     err = capsys.readouterr().err
     assert status == 1

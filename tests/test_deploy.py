@@ -1,6 +1,6 @@
-"""Carrying a run to production (storage/serving/deploy.py): every engine's settings parsed back — vLLM's JSON, the command
-lines split like a shell would, the transformers snippet compiled and its arguments read back with ast — for every
-drafter spec, with the inexpressible settings noted; and `draftlab export --format deploy` on a crafted database
+"""Carrying a run to production (storage/serving/deploy.py): every engine's settings parsed back — vLLM's JSON, the
+command lines split like a shell would, the transformers snippet compiled and its arguments read back with ast — for
+every drafter spec, with the inexpressible settings noted; and `draftlab export --format deploy` on a crafted database
 gives the same document as storage.serving.deploy."""
 
 from __future__ import annotations

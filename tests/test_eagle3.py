@@ -1,7 +1,7 @@
-"""EAGLE-3 heads as drafts (engine/models/eagle3.py, Eagle3Drafter): a random head in the speculators format, written to a
-tmp dir for a tiny 4-layer Llama target, loads through `--draft DIR`, drafts from the target's own hidden states
-(exactly `hidden_states[i]` at the committed positions, from the verify forwards), stays lossless greedy at batch 1
-and 3 and under sampling (chi-squared), and a head for another target is refused in one line."""
+"""EAGLE-3 heads as drafts (engine/models/eagle3.py, Eagle3Drafter): a random head in the speculators format, written to
+a tmp dir for a tiny 4-layer Llama target, loads through `--draft DIR`, drafts from the target's own hidden states
+(exactly `hidden_states[i]` at the committed positions, from the verify forwards), stays lossless greedy at batch 1 and
+3 and under sampling (chi-squared), and a head for another target is refused in one line."""
 
 import json
 

@@ -1,6 +1,7 @@
-"""Findings (storage/analysis/findings.py) on crafted databases, SQLite and PostgreSQL: each rule names the right position,
-token type, tie, formula gap, slow draft, sampling mismatch and timing drift, and stays silent when the data does
-not support it; the panel (pages/panels/findings_panel.py) escapes user text and links to the chart and the New form."""
+"""Findings (storage/analysis/findings.py) on crafted databases, SQLite and PostgreSQL: each rule names the right
+position, token type, tie, formula gap, slow draft, sampling mismatch and timing drift, and stays silent when the data
+does not support it; the panel (pages/panels/findings_panel.py) escapes user text and links to the chart and the New
+form."""
 
 from __future__ import annotations
 
@@ -474,8 +475,8 @@ def test_a_draft_sweep_gets_findings_with_names_not_numbers(store):
 
 
 def test_the_formula_is_one_curve_the_detail_page_and_the_findings_both_read(store):
-    """storage/analysis/formula.py pools α and c once (SQL over finished constant-k runs): the finding's 'puts k = 2 at X' is
-    the detail page's grey curve at k = 2, and a run's own predicted_speedup (a different figure) is not used."""
+    """storage/analysis/formula.py pools α and c once (SQL over finished constant-k runs): the finding's 'puts k = 2 at
+    X' is the detail page's grey curve at k = 2, and a run's own predicted_speedup (a different figure) is not used."""
     from pages.experiment_detail import speedup_frame
     from storage.analysis import formula
 

@@ -1,8 +1,8 @@
 """Fuzz tests (hypothesis) of what users type or upload: the number parsers every input shares
 (engine/numbers.py), the swept variables' and drafter specs' parsers (engine/config/variables.py,
-engine/config/drafter_specs.py) and the prompt-file loaders (engine/text/prompt_sets.py). Whatever the input, the answer is a
-value inside the documented bounds or one DraftLabError line — never another exception. Bounded: a fixed number
-of examples per test, no deadline flakiness on a loaded machine."""
+engine/config/drafter_specs.py) and the prompt-file loaders (engine/text/prompt_sets.py). Whatever the input, the answer
+is a value inside the documented bounds or one DraftLabError line — never another exception. Bounded: a fixed number of
+examples per test, no deadline flakiness on a loaded machine."""
 
 from __future__ import annotations
 

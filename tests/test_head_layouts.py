@@ -1,7 +1,7 @@
-"""EAGLE-3 heads in SGLang's layout (engine/config/head_format.py, engine/models/eagle3.py convert_head, `draftlab convert-head`):
-a speculators head converted to SGLang's layout and back computes the same logits in the lab and decodes the same
-rounds, its SGLang file's aux ids are one lower (SGLang's id j = the output of layer j), a SpecForge-style head (no
-verifier, its own embedding, `midlayer.*`) reads the target's hidden_states[j + 1] with the target's embedding, and
+"""EAGLE-3 heads in SGLang's layout (engine/config/head_format.py, engine/models/eagle3.py convert_head, `draftlab
+convert-head`): a speculators head converted to SGLang's layout and back computes the same logits in the lab and decodes
+the same rounds, its SGLang file's aux ids are one lower (SGLang's id j = the output of layer j), a SpecForge-style head
+(no verifier, its own embedding, `midlayer.*`) reads the target's hidden_states[j + 1] with the target's embedding, and
 what SGLang cannot compute is refused in one line."""
 
 import json

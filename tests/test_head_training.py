@@ -1,6 +1,6 @@
-"""Training EAGLE-3 heads (engine/training/head_training.py): the training-time test computes exactly what the head drafts at
-inference (its chain from every root, through Eagle3Head.forward with a KV cache, as Eagle3Drafter runs it), the
-simulated acceptance equals greedy speculation's through the engine's loop, and a short training raises acceptance
+"""Training EAGLE-3 heads (engine/training/head_training.py): the training-time test computes exactly what the head
+drafts at inference (its chain from every root, through Eagle3Head.forward with a KV cache, as Eagle3Drafter runs it),
+the simulated acceptance equals greedy speculation's through the engine's loop, and a short training raises acceptance
 on a tiny target."""
 
 import pytest
@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from engine.models import eagle3
 from engine.training import head_training as ht
 from tests import tiny_models as tm
-from tests.test_distill import crafted_db  # noqa: F401 (a fixture: the experiment --focus-from reads)
+from tests.test_distill import crafted_db as crafted_db  # a fixture (the experiment --focus-from reads), found by name
 
 AUX = [1, 2, 3]
 
@@ -65,8 +65,8 @@ def test_acceptance_length_is_one_plus_the_chained_survival():
 
 def test_draftlab_train_head_writes_a_head_that_drafts_for_its_target(tmp_path, model_dirs, capsys):
     """`draftlab train-head` end to end on the tiny target: SPEC's --json keys, the speculators directory with its
-    card (and why there is no SGLang copy of a head reading the embedding), a head that loads through `--draft OUT` for that target and decodes losslessly, and an
-    --out that holds something else refused in one line before any work."""
+    card (and why there is no SGLang copy of a head reading the embedding), a head that loads through `--draft OUT` for
+    that target and decodes losslessly, and an --out that holds something else refused in one line before any work."""
     import json
 
     from app.cli import main

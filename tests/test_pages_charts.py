@@ -1,9 +1,9 @@
-"""Names reach Vega as data, never as code: every chart builder of pages/widgets/charts.py, fed frames whose names, labels
-and texts hold quotes, apostrophes, `<`, `&` and non-ASCII (tests/chart_data.py), builds a spec (to_dict(), which
-also validates it against Vega-Lite's schema) in which no expression holds any of those names, nor any string of
-the chart's own data. An expression that did (a series name pasted into a quoted Vega expression) stops Vega
-from parsing the chart: the browser logs "Unexpected identifier" and draws nothing (tests/test_browser_charts.py
-sees that in a real browser). No browser here: this runs in well under a second per chart."""
+"""Names reach Vega as data, never as code: every chart builder of pages/widgets/charts.py, fed frames whose names,
+labels and texts hold quotes, apostrophes, `<`, `&` and non-ASCII (tests/chart_data.py), builds a spec (to_dict(), which
+also validates it against Vega-Lite's schema) in which no expression holds any of those names, nor any string of the
+chart's own data. An expression that did (a series name pasted into a quoted Vega expression) stops Vega from parsing
+the chart: the browser logs "Unexpected identifier" and draws nothing (tests/test_browser_charts.py sees that in a real
+browser). No browser here: this runs in well under a second per chart."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""pages/widgets/prefill.py: the New-experiment form's link parameters, parsed strictly, and the page's drafter specs, which
-must read exactly as engine/decoding/drafting.py reads them (without importing torch)."""
+"""pages/widgets/prefill.py: the New-experiment form's link parameters, parsed strictly, and the page's drafter specs,
+which must read exactly as engine/decoding/drafting.py reads them (without importing torch)."""
 
 from __future__ import annotations
 
@@ -101,8 +101,8 @@ def test_drafter_sweep_specs_and_back():
 
 
 def test_every_drafter_parameter_has_its_fields_from_the_declaration():
-    """The form's fields for a drafter's parameter come from its declaration (engine/config/drafter_specs.py), not from a
-    list of names: each parameter has a field for the fixed drafter and one for a sweep's values, with its default."""
+    """The form's fields for a drafter's parameter come from its declaration (engine/config/drafter_specs.py), not from
+    a list of names: each parameter has a field for the fixed drafter and one for a sweep's values, with its default."""
     from pages import new_experiment
 
     assert set(pf.DRAFTER_WIDGETS) == set(pf.DRAFTER_SWEEP_WIDGETS) == set(pf.DRAFTER_PARAMETERS)

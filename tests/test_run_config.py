@@ -1,8 +1,8 @@
-"""engine/config/run_config.py: one run configuration, read by every place that used to list the settings. Property tests
-round-trip every swept variable and setting through each view of it: the form's fields and its link (form -> URL ->
-form), and the command line through the database to deploy (CLI -> enqueue -> stored rows -> deploy
-configuration). Each strategy draws from the descriptions themselves (engine/config/variables.py), so a new variable is
-round-tripped without a line here."""
+"""engine/config/run_config.py: one run configuration, read by every place that used to list the settings. Property
+tests round-trip every swept variable and setting through each view of it: the form's fields and its link (form -> URL
+-> form), and the command line through the database to deploy (CLI -> enqueue -> stored rows -> deploy configuration).
+Each strategy draws from the descriptions themselves (engine/config/variables.py), so a new variable is round-tripped
+without a line here."""
 
 from __future__ import annotations
 
@@ -295,12 +295,11 @@ def test_a_stored_run_stays_readable_after_a_workload_cap_is_lowered(sqlite_stor
 
 
 def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_path, monkeypatch):
-    """The drafter a run takes when none is named (RunConfig.make, engine/config/run_config.py default_drafter): eagle3 for
-    an EAGLE-3 head directory in either layout, model for a causal LM, through the CLI's configuration, a link, the
+    """The drafter a run takes when none is named (RunConfig.make, engine/config/run_config.py default_drafter): eagle3
+    for an EAGLE-3 head directory in either layout, model for a causal LM, through the CLI's configuration, a link, the
     queue (enqueue_experiment without a drafter) and the form's launch (its Drafter field gives way to the head); a
-    draft sweep of heads and causal LMs gives each draft its own (tests/test_mixed_draft_sweep.py). A drafter named
-    for the other kind of draft, also in such a sweep, is one line; stored configurations keep the drafter they
-    named."""
+    draft sweep of heads and causal LMs gives each draft its own (tests/test_mixed_draft_sweep.py). A drafter named for
+    the other kind of draft, also in such a sweep, is one line; stored configurations keep the drafter they named."""
     import torch
 
     from engine.config.head_format import sglang_dir
@@ -342,7 +341,7 @@ def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_p
     assert launch.errors == [] and launch.kwargs["drafter"] == "eagle3" and launch.kwargs["draft"] == sglang
     assert "[" not in launch.kwargs["name"]
 
-    for given, says in (
+    for case, says in (
         ({"draft": head, "drafter": "model"}, "drafter 'model' drafts with a causal LM, but the draft"),
         ({"draft": "demo-draft", "drafter": "eagle3"}, "drafter 'eagle3' drafts with an EAGLE-3 head"),
         (
@@ -356,7 +355,7 @@ def test_an_eagle3_head_draft_picks_its_drafter_in_one_place(sqlite_store, tmp_p
         ({"draft": sglang, "sweep": "drafter", "values": "model,eagle3"}, "drafter 'model'"),
     ):
         with pytest.raises(DraftLabError, match=says) as err:
-            RunConfig.make(target="t", prompts="code", **given)
+            RunConfig.make(target="t", prompts="code", **case)
         assert "\n" not in str(err.value)
     launch = validate(**{**VALID, "draft": head, "drafter": "confidence:0.5"})
     assert launch.kwargs == {} and any("drafter 'confidence:0.5' drafts with a causal LM" in e for e in launch.errors)

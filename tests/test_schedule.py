@@ -1,6 +1,6 @@
 """A batch × k grid (issue 20, items 2 and 4): `--batch-size 1,4,16 --k 1,2,4` is one experiment whose k sweep runs
-at each batch size with its own target-only baseline there; storage/analysis/schedule.py judges each batch size with the one
-verdict rule and gives the k to serve (0 where speculation measurably loses) and vLLM's
+at each batch size with its own target-only baseline there; storage/analysis/schedule.py judges each batch size with the
+one verdict rule and gives the k to serve (0 where speculation measurably loses) and vLLM's
 num_speculative_tokens_per_batch_size. Crafted speedups on SQLite and PostgreSQL, the CLI's grid end to end."""
 
 from __future__ import annotations

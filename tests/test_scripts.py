@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 STUB_PYTHON = """#!/bin/sh
-# `python -m venv .venv`: a venv whose activate puts its bin, then the stubs, first on PATH; `python -c ...`: nothing importable
+# `python -m venv .venv`: a venv whose activate puts its bin, then the stubs, first on PATH; `python -c ...`: nothing
+# importable
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
   mkdir -p "$3/bin" && printf 'PATH="%s/bin:%s:$PATH"\\n' "$(cd "$3" && pwd)" "$STUBS" > "$3/bin/activate" &&
     cp "$0" "$3/bin/python"

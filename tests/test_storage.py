@@ -74,7 +74,7 @@ def fill_experiment(store, ks=(2, 4), prompts=3, seed=0, same_outputs_for=None):
             row.wall_seconds = base.wall_seconds / rng.uniform(0.8, 1.6)  # below its tokens per round: possible
         results[rid] = rows
     assert sorted(run_state.claim_group(store, eid, "test-worker")) == sorted(ids.values())
-    for (kind, k), rid in sorted(ids.items(), key=lambda kv: kv[0][0] != "baseline"):
+    for (kind, _k), rid in sorted(ids.items(), key=lambda kv: kv[0][0] != "baseline"):
         run_state.start_run(store, rid, prompts, "cpu")
         for result in results[rid]:
             record(store, rid, kind, result)
@@ -117,7 +117,8 @@ CREATE TABLE experiments (id INTEGER NOT NULL PRIMARY KEY, name VARCHAR(200) NOT
     tags TEXT NOT NULL, created DATETIME NOT NULL, target TEXT NOT NULL, draft TEXT NOT NULL, prompts TEXT NOT NULL,
     device VARCHAR(20) NOT NULL, dtype VARCHAR(20) NOT NULL, trust_remote_code BOOLEAN NOT NULL,
     temperature DOUBLE NOT NULL, top_k INTEGER NOT NULL, top_p DOUBLE NOT NULL, seed INTEGER NOT NULL,
-    max_new_tokens INTEGER NOT NULL, k INTEGER NOT NULL, sweep_variable VARCHAR(40) NOT NULL, sweep_values TEXT NOT NULL);
+    max_new_tokens INTEGER NOT NULL, k INTEGER NOT NULL, sweep_variable VARCHAR(40) NOT NULL,
+    sweep_values TEXT NOT NULL);
 CREATE TABLE workers (id VARCHAR(80) NOT NULL PRIMARY KEY, host VARCHAR(200) NOT NULL, pid INTEGER NOT NULL,
     started DATETIME NOT NULL, heartbeat DATETIME NOT NULL);
 CREATE TABLE runs (id INTEGER NOT NULL PRIMARY KEY, experiment_id INTEGER NOT NULL REFERENCES experiments (id),
@@ -166,7 +167,7 @@ def test_a_newer_database_is_refused_with_a_clear_message(tmp_path):
         open_store(url)
 
 
-# --- SQL metrics == engine/metrics/metrics_oracle.py ----------------------------------------------------------------------
+# --- SQL metrics == engine/metrics/metrics_oracle.py ------------------------------------------------------------------
 
 
 def test_stored_metrics_equal_engine_metrics(store):

@@ -1,5 +1,5 @@
-"""Suffix decoding's trees (engine/decoding/suffix_tree.py) follow arctic-inference's rules, checked against a brute force
-over substring counts; responses leave the tree exactly; a prompt never drafts from its own earlier response, so
+"""Suffix decoding's trees (engine/decoding/suffix_tree.py) follow arctic-inference's rules, checked against a brute
+force over substring counts; responses leave the tree exactly; a prompt never drafts from its own earlier response, so
 repeating a prompt (the timing protocol's repeats, the warm-up) cannot inflate its acceptance."""
 
 import dataclasses

@@ -1,7 +1,7 @@
-"""`train-head` and `distill` over a checkpoint of other settings (one rule, engine/training/distill.py load_checkpoint, for
-both): refused in one line naming what differs (old and new) and how to go on, the checkpoint kept as it was; the
-checkpoint's own settings resume it; --overwrite discards it and starts over. Before the fix a changed --lr
-restarted from step 0 and overwrote the checkpoint."""
+"""`train-head` and `distill` over a checkpoint of other settings (one rule, engine/training/distill.py load_checkpoint,
+for both): refused in one line naming what differs (old and new) and how to go on, the checkpoint kept as it was; the
+checkpoint's own settings resume it; --overwrite discards it and starts over. Before the fix a changed --lr restarted
+from step 0 and overwrote the checkpoint."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The Train form's duration estimate (pages/panels/training_estimate.py over storage.jobs.training.job_timings): a figure with
-its range and basis, scaled from finished jobs by what a job does, never a floor real runs beat.
+"""The Train form's duration estimate (pages/panels/training_estimate.py over storage.jobs.training.job_timings): a
+figure with its range and basis, scaled from finished jobs by what a job does, never a floor real runs beat.
 
 - One finished job's measured times (SQL over its rows, the same on SQLite and PostgreSQL): the wall time, and one
   step's time from the curve without the steps whose time holds a held-out evaluation.

@@ -1,6 +1,6 @@
-"""Bad input to `train-head` or `distill` is one error line and leaves no --out folder behind (engine/training/distill.py
-check_out_dir probes and removes what it created; training creates --out when it first writes), and a draft
-vocabulary larger than the target's is refused with the valid range, never clamped silently."""
+"""Bad input to `train-head` or `distill` is one error line and leaves no --out folder behind
+(engine/training/distill.py check_out_dir probes and removes what it created; training creates --out when it first
+writes), and a draft vocabulary larger than the target's is refused with the valid range, never clamped silently."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The one verdict (storage/analysis/verdict.py): which run is best, which are tied with it, the cheaper tied choice, and
-every reader of it (deploy, validation, findings, the listing, the CLI) agreeing on it. Crafted runs whose speedups
+"""The one verdict (storage/analysis/verdict.py): which run is best, which are tied with it, the cheaper tied choice,
+and every reader of it (deploy, validation, findings, the listing, the CLI) agreeing on it. Crafted runs whose speedups
 and intervals are set directly, SQLite and PostgreSQL."""
 
 from __future__ import annotations

@@ -234,7 +234,8 @@ def test_sigkill_mid_run_keeps_rows_and_resume_completes(db_url, model_dirs, wai
     with store.read() as conn:
         total, distinct = conn.execute(
             text(
-                "SELECT COUNT(*), COUNT(DISTINCT CAST(prompt_index AS VARCHAR(10)) || ':' || CAST(round_index AS VARCHAR(10)) "
+                "SELECT COUNT(*), COUNT(DISTINCT CAST(prompt_index AS VARCHAR(10)) || ':' "
+                "|| CAST(round_index AS VARCHAR(10)) "
                 "|| ':' || CAST(position AS VARCHAR(10))) FROM draft_tokens WHERE run_id = :r"
             ),
             {"r": rid},
@@ -503,9 +504,11 @@ def test_the_stale_window_is_one_setting(monkeypatch, store, capsys):
         stale_window()
     monkeypatch.delenv("DRAFTLAB_STALE_SECONDS")
     assert stale_window() == 60.0
-    from app import cli
+    from app.commands import listing, resume
+    from app.commands import worker as worker_command
 
-    assert cli.STALE_HELP == STALE_HELP  # one setting, described in the same words everywhere
+    for command in (worker_command, listing, resume):  # one setting, described in the same words everywhere
+        assert command.STALE_HELP is STALE_HELP, command.NAME
     for command in ("worker", "resume", "list"):
         with pytest.raises(SystemExit):
             build_parser().parse_args([command, "--help"] if command != "resume" else [command, "1", "--help"])

@@ -1,8 +1,8 @@
 """What a job (an experiment's timed group, a training job) may use of the worker that runs it: the store and the
 worker's id (writes are fenced on it), retried database calls, the log, the model cache, where the job was placed
 (the worker's pinned device, the devices it leased, the GPU count of its placement plan) and the live progress
-the worker's heartbeat thread writes. Public, so that app/worker/timing.py and app/training/training.py never reach into the
-Worker's own members.
+the worker's heartbeat thread writes. Public, so that app/worker/timing.py and app/training/training.py never reach into
+the Worker's own members.
 """
 
 from __future__ import annotations

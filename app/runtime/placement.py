@@ -109,9 +109,9 @@ def lease_devices(
 ) -> tuple[list[str], int | DraftLabError | None]:
     """The devices a job placed on `placed` leases, physical names in index order: that one device, or, where the
     worker sees several GPUs (a `cuda:0+cuda:1` group, or plain `draftlab worker` on auto), the fewest of them the
-    pair fits (engine.models.placement: config-only, before any lease; a cpu:0+cpu:1 group is the fake equivalent, planned
-    on `free_memory`). Also the job's plan for the load: the GPU count, or the DraftLabError saying the pair fits
-    none (the job then fails with it under its first device's lease), or None. `loaded`: the worker's held pair
+    pair fits (engine.models.placement: config-only, before any lease; a cpu:0+cpu:1 group is the fake equivalent,
+    planned on `free_memory`). Also the job's plan for the load: the GPU count, or the DraftLabError saying the pair
+    fits none (the job then fails with it under its first device's lease), or None. `loaded`: the worker's held pair
     (app/model_cache.LoadedPair or None), `release` drops it; `plans` caches (target, draft, dtype, trust) -> GPUs."""
     if "+" in placed:
         visible = group_members(placed)

@@ -1,5 +1,6 @@
-"""A worker's confirm job ("Confirm in vLLM" on the experiment detail page): a queued confirm (storage/serving/confirm_jobs.py)
-run by app/serving/confirm.py's one measuring loop, exactly as `draftlab confirm` runs it.
+"""A worker's confirm job ("Confirm in vLLM" on the experiment detail page): a queued confirm
+(storage/serving/confirm_jobs.py) run by app/serving/confirm.py's one measuring loop, exactly as `draftlab confirm` runs
+it.
 
 The worker starts the servers with its own vLLM command ($DRAFTLAB_VLLM, else .vllm-venv's CPU build: never a
 command typed into the dashboard, which would run anything on the worker's machine). Its loaded pair is freed

@@ -9,10 +9,10 @@ deploy` holds. The CPU build's own `vllm` console script fails (it looks up the 
 module form; the CPU defaults add `--dtype float32 --enforce-eager` (its half-precision and graph paths are what
 fails on a plain x86 CPU) and VLLM_CPU_KVCACHE_SPACE=1 GiB unless set.
 
-A server never outlives DraftLab: `stop()` ends its whole process tree (engine/serving/process_tree.py: the group, and every
-descendant seen while it ran) even when the server process itself has died, and a watchdog beside it does the same
-when the process that started it dies, even by SIGKILL (the server also gets SIGTERM then: PR_SET_PDEATHSIG). Its
-log is removed when it stops, unless DraftLab quoted it in an error (a failure the user is pointed to).
+A server never outlives DraftLab: `stop()` ends its whole process tree (engine/serving/process_tree.py: the group, and
+every descendant seen while it ran) even when the server process itself has died, and a watchdog beside it does the same
+when the process that started it dies, even by SIGKILL (the server also gets SIGTERM then: PR_SET_PDEATHSIG). Its log is
+removed when it stops, unless DraftLab quoted it in an error (a failure the user is pointed to).
 """
 
 from __future__ import annotations
@@ -204,8 +204,8 @@ class VllmServer:
         return server
 
     def _watch(self) -> None:
-        """Start the watchdog (engine/serving/process_tree.py) that ends this server's tree when `stop` closes the pipe to it
-        or this process dies; without one (it could not start), `stop` ends the tree itself."""
+        """Start the watchdog (engine/serving/process_tree.py) that ends this server's tree when `stop` closes the pipe
+        to it or this process dies; without one (it could not start), `stop` ends the tree itself."""
         read, write = os.pipe()
         try:
             self.watchdog = subprocess.Popen(
@@ -235,8 +235,8 @@ class VllmServer:
 
     @classmethod
     def attach(cls, name: str, url: str, flag: str = "--server") -> VllmServer:
-        """A server already running at `url` (given as `flag`, app/serving/urls.py's check): checked with /health, its model
-        read from /v1/models."""
+        """A server already running at `url` (given as `flag`, app/serving/urls.py's check): checked with /health, its
+        model read from /v1/models."""
         from app.serving.urls import http_url
 
         base = http_url(url, flag).rstrip("/").removesuffix("/v1")

@@ -1,8 +1,8 @@
-"""What differs between the two kinds of training job for the worker's one loop (app/training/training.py): a "distill" job
-runs app/training/distill_driver.py (`draftlab distill`: a copy of a draft toward its target), a "head" job runs
+"""What differs between the two kinds of training job for the worker's one loop (app/training/training.py): a "distill"
+job runs app/training/distill_driver.py (`draftlab distill`: a copy of a draft toward its target), a "head" job runs
 app/training/head_driver.py (`draftlab train-head`: an EAGLE-3 head on the target's own hidden states). Each kind says
-what it trains, its settings, which models it loads, its trainer (both are engine/training/distill.py's Distiller, with the
-same records and checkpoints, so the loop that reports, cancels and checkpoints is one), how it ends, its command
+what it trains, its settings, which models it loads, its trainer (both are engine/training/distill.py's Distiller, with
+the same records and checkpoints, so the loop that reports, cancels and checkpoints is one), how it ends, its command
 line and the timed experiment queued when it is done:
 
 - distill: the starting draft against the trained one (a draft sweep), greedy, at the held-out k;
@@ -110,7 +110,8 @@ class HeadJob(DistillJob):
         )
 
     def focus_on(self, cfg, focus: dict) -> None:
-        """A head's focus positions are its TTT steps (engine/training/head_training.py), whatever k the profile's run had."""
+        """A head's focus positions are its TTT steps (engine/training/head_training.py), whatever k the profile's run
+        had."""
 
     def trainer(self, pair, train_prompts, val_prompts, cfg, focus, ckpt: Path):
         return head_driver.trainer(

@@ -1,7 +1,7 @@
 """`draftlab worker --devices cuda:0,cuda:1 | all`: one worker process per device under one command.
 
-Each child is `python -m app.worker.worker_process --device D` (the database URL travels in $DRAFTLAB_DB, not on a command line
-other users can read):
+Each child is `python -m app.worker.worker_process --device D` (the database URL travels in $DRAFTLAB_DB, not on a
+command line other users can read):
 
 - pinned: a child for cuda:N runs with CUDA_VISIBLE_DEVICES=N, so it sees that GPU alone (no stray CUDA context
   on GPU 0) and loads on "cuda"; it keeps the physical name cuda:N for its device lease (`host:cuda:N`), its

@@ -237,10 +237,10 @@ def _time_units(
     start: dict,
 ) -> None:
     """Timing protocol v2, the unit being a batch of B prompts (one prompt at batch 1; prompts grouped in order into
-    batches of B, the last batch holding what is left): the arms of one batch size (its baseline and speculative runs) decode each unit `repeats` times, interleaved in the protocol's
-    rotated order, one untimed warm-up per arm; the median repeat (by the unit's wall time, its longest row's) is
-    recorded row by row, every repeat's timings kept, and each unit is committed in one fenced transaction (every
-    arm's rows, or none). Batch sizes run one after another."""
+    batches of B, the last batch holding what is left): the arms of one batch size (its baseline and speculative runs)
+    decode each unit `repeats` times, interleaved in the protocol's rotated order, one untimed warm-up per arm; the
+    median repeat (by the unit's wall time, its longest row's) is recorded row by row, every repeat's timings kept, and
+    each unit is committed in one fenced transaction (every arm's rows, or none). Batch sizes run one after another."""
     total = len(prompts)
     warmed: set[int] = set()
     for size in sorted({batch_size_of(group[rid]) for rid in decoders}):

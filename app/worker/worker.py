@@ -1,10 +1,11 @@
 """The background worker: the queue loop and its lifecycle. It claims queued runs and executes them, writing every
-prompt as it finishes; `python -m app.worker.worker_process` (app/worker/worker_process.py) is the process that runs one.
+prompt as it finishes; `python -m app.worker.worker_process` (app/worker/worker_process.py) is the process that runs
+one.
 
-Its parts live next to it: app/worker/timing.py times an experiment's runs (the timing protocol), app/runtime/model_cache.py holds
-the loaded pair, app/runtime/placement.py places a job and takes its device leases, app/runtime/db_retry.py retries database
-calls, app/training/training.py runs a training job, app/serving/confirm_job.py a confirm; each gets a JobContext
-(app/runtime/job_context.py), never the Worker itself.
+Its parts live next to it: app/worker/timing.py times an experiment's runs (the timing protocol),
+app/runtime/model_cache.py holds the loaded pair, app/runtime/placement.py places a job and takes its device leases,
+app/runtime/db_retry.py retries database calls, app/training/training.py runs a training job, app/serving/confirm_job.py
+a confirm; each gets a JobContext (app/runtime/job_context.py), never the Worker itself.
 
 One worker holds one target/draft pair and reuses it across runs that need the same models. A heartbeat
 thread keeps `workers.heartbeat` / `runs.heartbeat` fresh while the main thread generates; on start the

@@ -268,7 +268,10 @@ def sglang_problem(spec: HeadSpec) -> str | None:
             "LlamaForCausalLMEagle3 does not (its midlayer takes the residual before hidden_norm)"
         )
     if spec.norm_before_fc:
-        return "normalises the aux states before fc (norm_before_fc), which SGLang's LlamaForCausalLMEagle3 has no norm for"
+        return (
+            "normalises the aux states before fc (norm_before_fc), which SGLang's LlamaForCausalLMEagle3 has no "
+            "norm for"
+        )
     if spec.aux_layers is not None and len(set(spec.aux_layers)) < len(spec.aux_layers):
         return (
             f"reads one layer twice (aux ids {list(spec.aux_layers)}), which SGLang captures once (its "

@@ -1,6 +1,6 @@
 """The settings of an EAGLE-3 head training (`draftlab train-head`, a training job of kind "head"), in plain Python
-(no torch): their defaults and bounds, and the aux-layer list's parse. engine/training/head_training.py's HeadConfig, the
-queue (storage/jobs/training.py) and the Train page's form (pages/train.py) read them here, so one input gets one
+(no torch): their defaults and bounds, and the aux-layer list's parse. engine/training/head_training.py's HeadConfig,
+the queue (storage/jobs/training.py) and the Train page's form (pages/train.py) read them here, so one input gets one
 answer everywhere.
 
     parse_aux_layers("2,6,9") -> [2, 6, 9]; parse_aux_layers("auto") -> None (vLLM's default for the target)

@@ -411,8 +411,8 @@ class RunConfig:
         }  # a grid only
 
     def sampling(self, value=None):
-        """The engine's SamplingConfig (engine/decoding/sampling.py) of a run of swept value `value`: every parameter that
-        is one of its fields."""
+        """The engine's SamplingConfig (engine/decoding/sampling.py) of a run of swept value `value`: every parameter
+        that is one of its fields."""
         settings = self.run_settings(value)
         return SamplingConfig(**{f.name: settings[f.name] for f in fields(SamplingConfig) if f.name in settings})
 

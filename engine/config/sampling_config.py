@@ -1,5 +1,6 @@
 """A run's sampling settings as the engine takes them: temperature, top-k, top-p, the seed, the token budget and
-how the draft proposes. Plain Python, no torch (engine/config/run_config.py builds one; engine/decoding/sampling.py applies it).
+how the draft proposes. Plain Python, no torch (engine/config/run_config.py builds one; engine/decoding/sampling.py
+applies it).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ class SamplingConfig:
     top_p: float = 1.0  # 1 = off
     seed: int = 0
     max_new_tokens: int = 128
-    # How a draft model proposes (engine/decoding/drafting.py): "probabilistic" draws each draft from p_d; "greedy" proposes
-    # p_d's argmax and verification treats it as a point mass (still lossless), as vLLM's V1 drafter long did.
+    # How a draft model proposes (engine/decoding/drafting.py): "probabilistic" draws each draft from p_d; "greedy"
+    # proposes p_d's argmax and verification treats it as a point mass (still lossless), as vLLM's V1 drafter long did.
     draft_sampling: str = "probabilistic"
     # The temperature a draft model proposes at (engine/decoding/drafting.py): 0 = the target's. Verification uses the
     # distribution the draft sampled from, so any value is lossless; only acceptance changes.

@@ -8,8 +8,8 @@ never chance beyond the stated level.
 The unit is the PROMPT: its answers on each server over all passes. Answers of one prompt need not be independent
 draws (a request's `seed` makes vLLM answer a prompt the same way every pass: confirming a sampled experiment with
 the deploy export's one seed gave 18 prompts, 36 answers, 18 distinct), so neither test counts passes as samples.
-Prompts must be independent of each other (app/serving/confirm.py's `pass_seeds` gives every request its own seed). Under
-the null hypothesis a prompt's two sides are draws of one process, so they are exchangeable:
+Prompts must be independent of each other (app/serving/confirm.py's `pass_seeds` gives every request its own seed).
+Under the null hypothesis a prompt's two sides are draws of one process, so they are exchangeable:
   - lengths: scipy's Wilcoxon signed-rank test on the paired differences of the prompts' mean output lengths
     (two-sided; zero differences dropped, Wilcoxon's rule): a server that stops early or runs on shifts them;
   - tokens: a paired permutation test (scipy.stats.permutation_test, permutation_type="samples": each prompt's two

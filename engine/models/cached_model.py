@@ -1,5 +1,5 @@
-"""What the decoders' KV cache (engine/decoding/batched_cache.py) needs from a model: its context length and a cache whose
-every layer keeps its full history, so a rollback can land anywhere (`rollback_cache`); a model whose cache cannot
+"""What the decoders' KV cache (engine/decoding/batched_cache.py) needs from a model: its context length and a cache
+whose every layer keeps its full history, so a rollback can land anywhere (`rollback_cache`); a model whose cache cannot
 roll back is refused here, before any run starts.
 """
 

@@ -1,6 +1,6 @@
 """EAGLE-3 heads (Li et al. 2025, arXiv 2503.01840): loading one (vLLM's speculators layout, which vLLM serves as
-`{"method": "eagle3", "model": DIR}`, or SGLang's / SpecForge's: engine/config/head_format.py), its forward as plain torch
-over transformers' Llama parts, saving one in either layout and converting between them.
+`{"method": "eagle3", "model": DIR}`, or SGLang's / SpecForge's: engine/config/head_format.py), its forward as plain
+torch over transformers' Llama parts, saving one in either layout and converting between them.
 
 A head is one decoder layer that reads the TARGET's own hidden states. It follows vLLM faithfully
 (vllm/model_executor/models/llama_eagle3.py: LlamaDecoderLayer with layer_idx 0, LlamaModel, Eagle3LlamaForCausalLM):
@@ -47,8 +47,8 @@ unless DraftLab wrote it); one whose target is not the run's is refused in one l
 `convert_head(src, out, to="sglang"|"speculators")` (`draftlab convert-head`) and `save_sglang` write SGLang's layout,
 ids one lower, refusing a head SGLang would compute differently (norm_before_residual, norm_before_fc).
 
-The head's forward has the signature engine/decoding/batched_cache.py calls (input_ids, attention_mask, position_ids, cache,
-logits_to_keep) plus `hidden_states` [B, W, hidden] (the combined target states, or the head's own pre-norm
+The head's forward has the signature engine/decoding/batched_cache.py calls (input_ids, attention_mask, position_ids,
+cache, logits_to_keep) plus `hidden_states` [B, W, hidden] (the combined target states, or the head's own pre-norm
 output), so one BatchCache keeps its KV cache for B rows with holes, rollback and compaction like any draft model's.
 """
 
@@ -253,7 +253,8 @@ def load_head(path, target_model, target_names: list[str], device, dtype, overri
     computes: a speculators head shares the target's embedding when it has none (vLLM), an SGLang one always uses
     the target's (SGLang's set_embed) unless it is narrower. Its aux ids are read in DraftLab's convention (an
     SGLang file's + 1). A DraftLabError says in one line why a head cannot draft for the target. `overrides`:
-    HeadSpec fields read as given instead of the config's (engine/models/head_check.py tries other aux ids and norms)."""
+    HeadSpec fields read as given instead of the config's (engine/models/head_check.py tries other aux ids and
+    norms)."""
     path = head_format.local_dir(path)
     spec = replace(head_format.head_spec(path), **(overrides or {}))
     target = target_model.config.get_text_config(decoder=True)
@@ -396,7 +397,8 @@ def head_weights(head: Eagle3Head, dtype=None) -> dict[str, torch.Tensor]:
 
 
 def head_spec_of(head: Eagle3Head, dtype=None) -> HeadSpec:
-    """What a head's config.json says of it (engine/config/head_format.py), in either layout; `dtype`: its torch_dtype."""
+    """What a head's config.json says of it (engine/config/head_format.py), in either layout; `dtype`: its
+    torch_dtype."""
     raw = head.config.to_dict()
     layer = {k: v for k, v in raw.items() if k in layer_keys()}
     rope = dict(raw.get("rope_parameters") or {})

@@ -78,7 +78,8 @@ def _source(name: str) -> str:
         return str(demo)
     if name in zoo.DEMO_MODELS:
         raise DraftLabError(
-            f"demo model {name!r} is not built in this install; train it with `python -m engine.zoo.train --model {name}`"
+            f"demo model {name!r} is not built in this install; train it with `python -m engine.zoo.train --model "
+            f"{name}`"
         )
     path = Path(name).expanduser()
     if path.exists():
@@ -171,7 +172,8 @@ def check_pair(target_tokenizer, draft_tokenizer, target_width: int, draft_width
     for role, width in (("target", target_width), ("draft", draft_width)):
         if width < vocab:
             raise DraftLabError(
-                f"the {role} model scores {width} tokens but its tokenizer has {vocab}; the checkpoint does not match its tokenizer"
+                f"the {role} model scores {width} tokens but its tokenizer has {vocab}; "
+                "the checkpoint does not match its tokenizer"
             )
     return vocab
 

@@ -63,7 +63,8 @@ def plan(
         if need <= sum(usable[:n]) and draft_bytes < usable[0]:
             return Placement(n, budget(free[:n], draft_bytes, headroom))
     have = (
-        f"the {plural(len(free), 'visible GPU')} {noun(len(free), 'has', 'have')} {' + '.join(_gb(f) for f in free)} free"
+        f"the {plural(len(free), 'visible GPU')} {noun(len(free), 'has', 'have')} {' + '.join(_gb(f) for f in free)} "
+        "free"
         if free
         else "torch sees no GPU"
     )

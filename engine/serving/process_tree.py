@@ -1,17 +1,17 @@
 """A server's process tree, kept to its owner's life and ended whole (Linux's /proc; elsewhere its process group).
 
-vLLM's OpenAI server, started by app/serving/vllm_server.py in a session of its own (so its process group id is its pid),
-forks an EngineCore and worker processes that rename themselves (`VLLM::EngineCore`) and outlive the server process
-when it is killed: their parent becomes PID 1, each holding its share of the model. A `Tree` is the leader's pid and
-start time plus every descendant seen while it ran; `end()` sends SIGTERM to the group and to each of those still
-alive, SIGKILL after a grace period. A pid is signalled only while its start time is the one recorded (a pid the
-kernel has given to another process since is left alone); a group id is never reused while a member is alive.
+vLLM's OpenAI server, started by app/serving/vllm_server.py in a session of its own (so its process group id is its
+pid), forks an EngineCore and worker processes that rename themselves (`VLLM::EngineCore`) and outlive the server
+process when it is killed: their parent becomes PID 1, each holding its share of the model. A `Tree` is the leader's pid
+and start time plus every descendant seen while it ran; `end()` sends SIGTERM to the group and to each of those still
+alive, SIGKILL after a grace period. A pid is signalled only while its start time is the one recorded (a pid the kernel
+has given to another process since is left alone); a group id is never reused while a member is alive.
 
-Run as a script (`python -I process_tree.py LEADER START GRACE LOG`), it is the watchdog app/serving/vllm_server.py starts
-beside each server, in a session of its own: it records the tree's descendants every WATCH_SECONDS and ends the tree
-when its stdin reaches end of file, which happens when the owner closes the pipe (VllmServer.stop) and when the owner
-dies, even by SIGKILL (the kernel closes the owner's end). A watchdog whose owner died also removes the server's log,
-unless the owner wrote KEEP_LOG first (the log holds a failure the user was pointed to). Standard library only: the
+Run as a script (`python -I process_tree.py LEADER START GRACE LOG`), it is the watchdog app/serving/vllm_server.py
+starts beside each server, in a session of its own: it records the tree's descendants every WATCH_SECONDS and ends the
+tree when its stdin reaches end of file, which happens when the owner closes the pipe (VllmServer.stop) and when the
+owner dies, even by SIGKILL (the kernel closes the owner's end). A watchdog whose owner died also removes the server's
+log, unless the owner wrote KEEP_LOG first (the log holds a failure the user was pointed to). Standard library only: the
 script runs without the project on its path.
 """
 

@@ -175,6 +175,21 @@ def export(model, tokenizer, out: Path, card: dict) -> None:
 
 def render_card(c: dict) -> str:
     s = c["shape"]
+    architecture = (
+        f"LlamaForCausalLM, {s['num_hidden_layers']} layers, hidden {s['hidden_size']}, "
+        f"{s['num_attention_heads']} heads, MLP {s['intermediate_size']}, vocab {s['vocab_size']}, "
+        f"context {s['max_position_embeddings']}, tied embeddings: {s['tie_word_embeddings']}"
+    )
+    training = (
+        f"{c['steps']} steps x {c['batch_size']} x {c['seq_len']} tokens = {c['training_tokens']:,} tokens "
+        f"(corpus: {c['corpus_train_tokens']:,} train tokens, {c['corpus_val_tokens']:,} held-out)"
+    )
+    optimizer = (
+        f"AdamW lr {c['lr']} ({c['warmup_steps']} warm-up steps, constant, linear decay to "
+        f"{c['lr'] * c['min_lr_ratio']:.2g} from step {c['decay_start']}), wd {c['weight_decay']}, seed {c['seed']}"
+        f"{c.get('kd_note', '')}"
+    )
+    interim = (f"**Interim:** {c['interim']}\n\n") if c.get("interim") else ""
     return f"""# {c["model"]}
 
 A tiny Llama-architecture causal LM shipped with DraftLab so that the demo pair runs on a laptop CPU with no
@@ -184,17 +199,17 @@ it is not a useful general model.
 
 | | |
 |---|---|
-| architecture | LlamaForCausalLM, {s["num_hidden_layers"]} layers, hidden {s["hidden_size"]}, {s["num_attention_heads"]} heads, MLP {s["intermediate_size"]}, vocab {s["vocab_size"]}, context {s["max_position_embeddings"]}, tied embeddings: {s["tie_word_embeddings"]} |
+| architecture | {architecture} |
 | parameters | {c["parameters"]:,} |
 | tokenizer | byte-level BPE, {s["vocab_size"]} tokens, shared by all demo models (`python -m engine.zoo.tokenizer`) |
 | weights | float16 safetensors |
-| training | {c["steps"]} steps x {c["batch_size"]} x {c["seq_len"]} tokens = {c["training_tokens"]:,} tokens (corpus: {c["corpus_train_tokens"]:,} train tokens, {c["corpus_val_tokens"]:,} held-out) |
-| optimizer | AdamW lr {c["lr"]} ({c["warmup_steps"]} warm-up steps, constant, linear decay to {c["lr"] * c["min_lr_ratio"]:.2g} from step {c["decay_start"]}), wd {c["weight_decay"]}, seed {c["seed"]}{c.get("kd_note", "")} |
+| training | {training} |
+| optimizer | {optimizer} |
 | final loss | train {c["final_train_loss"]:.3f}, held-out {c["final_val_loss"]:.3f} (nats/token) |
 | wall time | {c["wall_minutes"]:.1f} min on {c["hardware"]} |
 | Python | {c["python"]} (the corpus is this version's stdlib) |
 
-{("**Interim:** " + c["interim"] + chr(10) + chr(10)) if c.get("interim") else ""}Reproduce (from the repository root; resumes from `checkpoints/{c["model"]}/` if interrupted):
+{interim}Reproduce (from the repository root; resumes from `checkpoints/{c["model"]}/` if interrupted):
 
 ```
 {c["command"]}

@@ -12,11 +12,16 @@ import re
 from engine.config.variables import SETTINGS, VARIABLES
 
 _FLAG = re.compile(r"--([a-z][a-z-]*)(?: \((\d+)\))?")
-# Command-line advice the deploy panel's engines' notes carry (storage/serving/deploy.py), and what the panel itself does.
+# Command-line advice the deploy panel's engines' notes carry (storage/serving/deploy.py), and what the panel itself
+# does.
 PANEL_ACTIONS = {
-    "(`draftlab export --format deploy --with-max-new-tokens` copies the test's)": "(the \"Copy the test's max new tokens\" box above copies the test's; on the command line `draftlab export "
-    "--format deploy --with-max-new-tokens`)",
-    "(`--batch-size` / the panel's batch size picks another)": '(the panel\'s "For batch size" picks another; on the command line `--batch-size`)',
+    "(`draftlab export --format deploy --with-max-new-tokens` copies the test's)": (
+        "(the \"Copy the test's max new tokens\" box above copies the test's; on the command line "
+        "`draftlab export --format deploy --with-max-new-tokens`)"
+    ),
+    "(`--batch-size` / the panel's batch size picks another)": (
+        '(the panel\'s "For batch size" picks another; on the command line `--batch-size`)'
+    ),
 }
 
 

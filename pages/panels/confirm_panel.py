@@ -80,8 +80,8 @@ def _watch(experiment_id: int, seen: tuple) -> None:
 
 
 def _form(experiment_id: int, experiment: dict, sizes: list[int] | None, jobs: pd.DataFrame) -> None:
-    """The form, offering only the configurations a confirm would be queued for (storage/serving/confirm_jobs.py's check,
-    the one pressing the button runs), its button disabled with the reason beside it when nothing can be queued
+    """The form, offering only the configurations a confirm would be queued for (storage/serving/confirm_jobs.py's
+    check, the one pressing the button runs), its button disabled with the reason beside it when nothing can be queued
     now (the verdict serves the target alone and no run is lossless, or a confirm is already unfinished)."""
     choices = ["chosen", "schedule", "all"] if sizes else ["chosen", "all"]
     refused = {

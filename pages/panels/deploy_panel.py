@@ -1,8 +1,8 @@
 """The "Use these settings" panel: a measured run's equivalent vLLM, SGLang, llama.cpp and transformers settings,
-one tab per engine, from storage.serving.deploy (the document `draftlab export --format deploy` prints): the verdict's choice
-(the one rule: the cheapest configuration tied with the best that is measurably faster than the target alone; a
-grid's: the k schedule's entry for the batch size picked, the smallest first) with the verdict's caveats (ties, an interval too
-wide to choose by). The test's max new tokens is carried only when the checkbox asks for it."""
+one tab per engine, from storage.serving.deploy (the document `draftlab export --format deploy` prints): the verdict's
+choice (the one rule: the cheapest configuration tied with the best that is measurably faster than the target alone; a
+grid's: the k schedule's entry for the batch size picked, the smallest first) with the verdict's caveats (ties, an
+interval too wide to choose by). The test's max new tokens is carried only when the checkbox asks for it."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def render_deploy_panel(store, experiment_id: int, run_id: int | None = None, ex
         st.caption(_summary(doc))
         for caveat in doc["caveats"]:
             st.warning(md_text(panel_advice(caveat)), icon=":material/balance:")
-        for tab, (key, label) in zip(st.tabs([label for _, label in TABS]), TABS):
+        for tab, (key, _label) in zip(st.tabs([label for _, label in TABS]), TABS):
             engine = doc["engines"][key]
             with tab:
                 st.code(engine["snippet"], language=engine["language"])

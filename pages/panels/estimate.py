@@ -71,9 +71,9 @@ def weight_bytes(name: str) -> int | None:
 def decode_speed(
     target: str, batch_size: int, measured: dict | None, others: pd.DataFrame, sizes=weight_bytes
 ) -> Speed | None:
-    """The target's decoding speed at batch_size: `measured` (storage.records.queries.target_speed at that batch size), else
-    scaled from model size from the newest of `others` (storage.records.queries.baseline_speeds at that batch size) whose
-    weights are on disk, else None. `sizes`: name -> weight bytes."""
+    """The target's decoding speed at batch_size: `measured` (storage.records.queries.target_speed at that batch size),
+    else scaled from model size from the newest of `others` (storage.records.queries.baseline_speeds at that batch size)
+    whose weights are on disk, else None. `sizes`: name -> weight bytes."""
     if measured is not None:
         where = f" on {measured['device_name']}" if measured.get("device_name") else ""
         return Speed(

@@ -1,7 +1,7 @@
-"""Validation on the detail page: a button that queues the verdict's choice (storage/analysis/verdict.py: the best, or the
-cheaper configuration statistically tied with it) on held-out prompts (the other
-split of a built-in set, or an uploaded file), and, on a validation experiment, tune against validation with
-the verdict in words. The worker runs what the button queues, like any experiment."""
+"""Validation on the detail page: a button that queues the verdict's choice (storage/analysis/verdict.py: the best, or
+the cheaper configuration statistically tied with it) on held-out prompts (the other split of a built-in set, or an
+uploaded file), and, on a validation experiment, tune against validation with the verdict in words. The worker runs what
+the button queues, like any experiment."""
 
 from __future__ import annotations
 

@@ -196,8 +196,9 @@ def schedule_curve(
     (where an off label goes), optionally caption (the off label's text, one for all off batch sizes, drawn in
     grey), and optionally why (the interval behind it, in the tooltip). The y axis does not
     start at 0: the spread around 1× is what matters. predicted (`--k auto` at several batch sizes): x, batch,
-    batch_size, predicted_speedup: each batch size's predicted curve, dashed in its line's colour. Batch sizes keep their numeric order in the legend. nominal: the swept values are
-    names (a draft or drafter grid): x is the name, in the frame's order."""
+    batch_size, predicted_speedup: each batch size's predicted curve, dashed in its line's colour. Batch sizes keep
+    their numeric order in the legend. nominal: the swept values are names (a draft or drafter grid): x is the name, in
+    the frame's order."""
     x_title = x_title or x
     data = frame.rename(columns={x: "x", "speedup_ci_lo": "lo", "speedup_ci_hi": "hi"})
     marks = served.rename(columns={x: "x"})
@@ -801,7 +802,8 @@ def distribution_pair(frame: pd.DataFrame) -> alt.Chart:
 
 
 def proposal_probabilities(frame: pd.DataFrame) -> alt.Chart:
-    """p_draft vs p_target of each proposal in a round, coloured by outcome. frame: position, p_draft, p_target, outcome."""
+    """p_draft vs p_target of each proposal in a round, coloured by outcome. frame: position, p_draft, p_target,
+    outcome."""
     long = frame.melt(
         id_vars=["position", "text", "outcome"],
         value_vars=["p_draft", "p_target"],
@@ -844,8 +846,8 @@ def k_distribution(frame: pd.DataFrame) -> alt.Chart:
 
 
 TRAINING_LOSS, HELD_OUT_KL = "train loss (weighted top-k KL)", "held-out KL (nats/token)"
-# A head's (engine/training/head_training.py): the training-time test's loss, forward KL on the draft vocabulary summed over
-# the TTT steps (step j weighted 0.8^j), in training (focus-weighted) and on the held-out prompts.
+# A head's (engine/training/head_training.py): the training-time test's loss, forward KL on the draft vocabulary summed
+# over the TTT steps (step j weighted 0.8^j), in training (focus-weighted) and on the held-out prompts.
 HEAD_LOSS, HEAD_HELD_OUT = "train loss (TTT KL)", "held-out TTT KL"
 
 
@@ -876,7 +878,8 @@ def training_curves(points: pd.DataFrame, head: bool = False) -> alt.LayerChart 
 def head_acceptance_by_position(frame: pd.DataFrame) -> alt.Chart | None:
     """An EAGLE-3 head job's held-out acceptance by draft position, one line per eval point, early steps light and
     the latest dark; None before the first eval point. frame: step, position, acceptance (conditional: given the
-    positions before it accepted; NULL where none reached it), accuracy (storage.jobs.training.acceptance_by_position)."""
+    positions before it accepted; NULL where none reached it), accuracy
+    (storage.jobs.training.acceptance_by_position)."""
     drawn = frame.dropna(subset=["acceptance"]) if not frame.empty else frame
     if drawn.empty:
         return None

@@ -179,9 +179,9 @@ _KINDS = {
 
 
 def column_config(names, columns: dict | None = None, headers: dict | None = None, pinned=(), **overrides) -> dict:
-    """Streamlit column configs of `names` from the column table (storage/records/columns.py): its header, help and number
-    format. `headers` renames a column for this table (`sweep_value` as "temperature"); `pinned`: the columns that
-    say which row it is, kept in view while a wide table scrolls sideways; `overrides` replaces a column's config
+    """Streamlit column configs of `names` from the column table (storage/records/columns.py): its header, help and
+    number format. `headers` renames a column for this table (`sweep_value` as "temperature"); `pinned`: the columns
+    that say which row it is, kept in view while a wide table scrolls sideways; `overrides` replaces a column's config
     outright."""
     from storage.records.columns import COLUMNS, EXPERIMENT_COLUMNS
 
@@ -244,8 +244,8 @@ def experiment_label(experiments: pd.DataFrame):
 
 
 def swept_values(runs: pd.DataFrame, sweep_variable: str) -> list:
-    """Each run's swept value as it reads (engine/config/variables.py's run_value: a draft or drafter sweep's name, not the
-    index sweep_value stores; None for a shared baseline); in a draft sweep whose runs draft with different drafters
+    """Each run's swept value as it reads (engine/config/variables.py's run_value: a draft or drafter sweep's name, not
+    the index sweep_value stores; None for a shared baseline); in a draft sweep whose runs draft with different drafters
     (EAGLE-3 heads beside causal LMs) each names its drafter too: `heads/h · eagle3`."""
     swept = variable(sweep_variable)
     drafters = runs["drafter"].where(runs["kind"] == "speculative") if "drafter" in runs else [None] * len(runs)

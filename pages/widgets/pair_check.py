@@ -238,8 +238,8 @@ def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple
 
 
 def _check_head(target: str, draft: str, target_files: tuple) -> PairCheck:
-    """An EAGLE-3 head as the draft (either layout, engine/config/head_format.py): checked against the target's config as
-    the engine checks it when it loads the head (its verifier, aux layers, widths), no weights read."""
+    """An EAGLE-3 head as the draft (either layout, engine/config/head_format.py): checked against the target's config
+    as the engine checks it when it loads the head (its verifier, aux layers, widths), no weights read."""
     from transformers import AutoConfig
 
     from engine.config.head_format import check_for_target, head_spec

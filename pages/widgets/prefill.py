@@ -22,8 +22,8 @@ from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
 
 # --- what the form offers ---------------------------------------------------------------------------------------
-# Swept variables and drafters are described once, in engine/config/variables.py and engine/config/drafter_specs.py (torch-free);
-# the form's choices, bounds and parsers below are read from those descriptions.
+# Swept variables and drafters are described once, in engine/config/variables.py and engine/config/drafter_specs.py
+# (torch-free); the form's choices, bounds and parsers below are read from those descriptions.
 
 NUMERIC_SWEEPS = tuple(name for name, v in VARIABLES.items() if not v.categorical)
 AUTO_K = "k: auto (predict, then confirm)"  # `--k auto`: one more choice of what to vary
@@ -38,7 +38,8 @@ DRAFTER_KINDS = tuple(SPECS)
 DRAFTER_SUMMARY = {name: f"{spec.usage}: {spec.summary}" for name, spec in SPECS.items()}
 DRAFTER_PARAMETERS = {name: spec.parameter for name, spec in SPECS.items() if spec.parameter}
 # Each drafter's parameter has a field for the one drafter every run uses and one listing a sweep's values, both
-# keyed from the declaration (engine/config/drafter_specs.py), never a drafter's name: a new drafter's parameter gets them.
+# keyed from the declaration (engine/config/drafter_specs.py), never a drafter's name: a new drafter's parameter gets
+# them.
 DRAFTER_WIDGETS = {name: f"drafter_param_{name}" for name in DRAFTER_PARAMETERS}
 DRAFTER_SWEEP_WIDGETS = {name: f"drafter_sweep_param_{name}" for name in DRAFTER_PARAMETERS}
 # A drafter sweep compares every drafter that runs on the pair's draft model or none (a hidden-state drafter needs a
@@ -166,8 +167,8 @@ def split_drafter_specs(specs: Iterable[str]) -> tuple[list[str], dict[str, str]
 
 # --- link parameters --------------------------------------------------------------------------------------------
 
-# Each described parameter's widget on the form (engine/config/run_config.py's PARAMETERS): its own name, except k, whose
-# field is the fixed k of a sweep over something else. The link's numeric parameters are read by their
+# Each described parameter's widget on the form (engine/config/run_config.py's PARAMETERS): its own name, except k,
+# whose field is the fixed k of a sweep over something else. The link's numeric parameters are read by their
 # descriptions (VARIABLES, and SETTINGS: seed, max new tokens, repeats, with engine/config/limits.py's caps); k auto's
 # largest k is the form's own.
 WIDGETS = {name: "fixed_k" if name == "k" else name for name in PARAMETERS}

@@ -200,8 +200,8 @@ def _v18_to_v19(conn: Connection) -> None:
 
 def add_variable_columns(conn: Connection) -> None:
     """v15, and every open after: each swept variable's column on experiments and runs (storage/db/schema.py's
-    variable_columns, typed from engine/config/variables.py), so a new variable needs no step of its own. Older rows keep
-    NULL there, which engine/config/run_config.py reads as the variable's default."""
+    variable_columns, typed from engine/config/variables.py), so a new variable needs no step of its own. Older rows
+    keep NULL there, which engine/config/run_config.py reads as the variable's default."""
     _add_columns(conn, variable_columns())
 
 

@@ -30,8 +30,8 @@ from storage.db.schema import (
 )
 from storage.db.store import Store
 
-# The numeric settings every run stores (engine/config/run_config.py's parameters, k apart: it is checked as the sweep or
-# as the fixed k), each with its default: the queue's last bounds check reads them.
+# The numeric settings every run stores (engine/config/run_config.py's parameters, k apart: it is checked as the sweep
+# or as the fixed k), each with its default: the queue's last bounds check reads them.
 SAMPLING_DEFAULTS = {
     name: DEFAULTS[name] for name in RUN_PARAMETERS if name != "k" and not PARAMETERS[name].categorical
 }
@@ -41,8 +41,8 @@ SAMPLING_KEYS = tuple(SAMPLING_DEFAULTS)
 def check_bounds(name: str | None, config: dict, repeats, sweep_variable: str, values: Sequence) -> None:
     """The queue's last check before anything is stored, whoever enqueues (the CLI and the form check the same
     descriptions earlier): every sampling setting, the repeats and each swept number within its bounds
-    (engine/config/variables.py, with engine/config/limits.py's caps), at most the swept-values limit, the name within its
-    column. A QueueError names the problem; SQLite and PostgreSQL never see a value one of them would refuse."""
+    (engine/config/variables.py, with engine/config/limits.py's caps), at most the swept-values limit, the name within
+    its column. A QueueError names the problem; SQLite and PostgreSQL never see a value one of them would refuse."""
     from engine.config.limits import check_all, limit, over
     from engine.config.variables import SETTINGS, VARIABLES
     from engine.errors import DraftLabError
@@ -118,7 +118,8 @@ def enqueue_experiment(
     batch_sizes: a grid (`--batch-size 1,4,16 --k 1,2,3,4`): the whole sweep, baselines included, once at each
     batch size (the one allowed outer axis), each batch size's runs paired with its own baseline. `settings`: any
     other described parameter by name (engine/config/run_config.py's PARAMETERS; RunConfig.enqueue() writes them all).
-    drafter None: the draft decides (engine/config/run_config.py default_drafter: eagle3 for an EAGLE-3 head, else model)."""
+    drafter None: the draft decides (engine/config/run_config.py default_drafter: eagle3 for an EAGLE-3 head, else
+    model)."""
     if int(repeats) < 1:
         raise QueueError(f"repeats must be >= 1 (got {repeats}); use e.g. --repeats 3")
     if k_auto is not None:

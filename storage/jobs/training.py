@@ -403,7 +403,8 @@ def finish_job(
         return (
             conn.execute(
                 text(
-                    "UPDATE training_jobs SET status = :status, error = :error, error_detail = :detail, finished = :now, "
+                    "UPDATE training_jobs SET status = :status, error = :error, error_detail = :detail, "
+                    "finished = :now, "
                     f"cancel_requested = :no{sets}"
                     + (", progress = 1.0" if status == DONE else "")
                     + " WHERE id = :id"

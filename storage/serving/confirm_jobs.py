@@ -1,10 +1,10 @@
 """Confirms queued from the dashboard ("Confirm in vLLM" on the experiment detail page): a `server_confirms` row in
-status `queued` that a worker claims with one conditional UPDATE (as training jobs are), runs with app/serving/confirm.py's
-one measuring loop and closes with storage/records/confirms.py's `finish_confirm`. While it runs, the worker writes its
-phase and the requests done of the whole confirm in writes fenced to itself, and its heartbeat keeps the confirm's
-fresh; a confirm whose worker is gone is swept to `interrupted` with the measurements it stored (each configuration
-is stored whole or not at all) by storage/jobs/liveness.py's sweep, which also ends the vLLM servers it left running
-(recorded by `record_servers`).
+status `queued` that a worker claims with one conditional UPDATE (as training jobs are), runs with
+app/serving/confirm.py's one measuring loop and closes with storage/records/confirms.py's `finish_confirm`. While it
+runs, the worker writes its phase and the requests done of the whole confirm in writes fenced to itself, and its
+heartbeat keeps the confirm's fresh; a confirm whose worker is gone is swept to `interrupted` with the measurements it
+stored (each configuration is stored whole or not at all) by storage/jobs/liveness.py's sweep, which also ends the vLLM
+servers it left running (recorded by `record_servers`).
 
 Everything a confirm needs is checked when it is queued, with the CLI's words: the experiment ran (its prompts are
 stored), the configurations exist (the verdict chose one; a k grid has a schedule; a lossless run for `all`),
@@ -38,9 +38,9 @@ def _whole(value, low: int, high: int, what: str, example: str) -> int:
 
 def confirm_documents(store: Store, experiment_id: int, configs: str) -> list[tuple[str, dict]]:
     """What a confirm of `configs` serves, as (label, deploy document): the one selection `draftlab confirm`
-    (app/serving/confirm.py) and the dashboard's queue both make. `chosen`: the verdict's run (a grid's chosen run alone,
-    one k); `schedule`: a k grid's schedule; `all`: every run storage/serving/deploy.py's refusal lets through; each one
-    vLLM can serve. Raises QueueError naming what is missing, DeployError (deploy's refusal: the verdict serves
+    (app/serving/confirm.py) and the dashboard's queue both make. `chosen`: the verdict's run (a grid's chosen run
+    alone, one k); `schedule`: a k grid's schedule; `all`: every run storage/serving/deploy.py's refusal lets through;
+    each one vLLM can serve. Raises QueueError naming what is missing, DeployError (deploy's refusal: the verdict serves
     the target alone, a run is not lossless), KeyError (no such experiment)."""
     from storage.serving.deploy import deploy_document, deployable_runs
 

@@ -2,11 +2,11 @@
 
 `held_env(from_prompt)` is an environment for a DraftLab process (`draftlab worker`, `draftlab run`, a supervisor
 and the workers it starts): every Python process started with it loads ./sitecustomize.py, whose timing loop
-(app/worker/timing.py) commits the units of prompts before `from_prompt` as usual, then holds at the first progress report
-of the next unit, before it can commit, until a signal ends the process. A test that waits for those prompts and
-then signals finds the run mid-way however fast the machine: no sleep, no race with the run finishing first (issue
-35 item 17: a run finished before the SIGTERM arrived). `once`: a file the first process to hold creates as it
-holds (a test waits for it); the processes that reach the hold after it (a restarted worker) run freely.
+(app/worker/timing.py) commits the units of prompts before `from_prompt` as usual, then holds at the first progress
+report of the next unit, before it can commit, until a signal ends the process. A test that waits for those prompts and
+then signals finds the run mid-way however fast the machine: no sleep, no race with the run finishing first (issue 35
+item 17: a run finished before the SIGTERM arrived). `once`: a file the first process to hold creates as it holds (a
+test waits for it); the processes that reach the hold after it (a restarted worker) run freely.
 """
 
 from __future__ import annotations
