@@ -12,8 +12,17 @@ import numpy as np
 import pytest
 import torch
 
+from engine.config.drafter_specs import (
+    SERVING_ENGINES,
+    DeclarationError,
+    DrafterSpec,
+    Serving,
+    canonical_drafter,
+    drafter_usage,
+    needs_draft_model,
+    parse_drafter,
+)
 from engine.config.drafter_specs import SPECS as DRAFTER_SPECS
-from engine.config.drafter_specs import DrafterSpec, canonical_drafter, drafter_usage, needs_draft_model, parse_drafter
 from engine.decoding import drafting, runs, verification
 from engine.decoding.drafting import (
     ConfidenceDrafter,
@@ -91,9 +100,16 @@ def test_registry_entries_are_complete():
         if spec.parameter:  # its example is a valid spec, its default a valid parameter
             assert parse_drafter(spec.parameter.example)[0] == name
             assert spec.parameter.valid(spec.parameter.default)
-    assert [name for name, spec in DRAFTER_SPECS.items() if not spec.needs_model] == ["prompt-lookup", "suffix"]
-    assert [name for name, spec in DRAFTER_SPECS.items() if spec.constant_k] == ["model", "eagle3"]
-    assert [name for name, spec in DRAFTER_SPECS.items() if spec.needs_hidden_states] == ["eagle3"]
+    # (needs a draft model, constant k, reads the target's hidden states) of the drafters there are (a new one adds)
+    capabilities = {name: (s.needs_model, s.constant_k, s.needs_hidden_states) for name, s in DRAFTER_SPECS.items()}
+    assert {
+        "model": (True, True, False),
+        "heuristic": (True, False, False),
+        "confidence": (True, False, False),
+        "prompt-lookup": (False, False, False),
+        "suffix": (False, False, False),
+        "eagle3": (True, True, True),
+    }.items() <= capabilities.items()
     assert (
         canonical_drafter(" confidence:0.50") == "confidence:0.5"
         and canonical_drafter("prompt-lookup:03") == "prompt-lookup:3"
@@ -101,7 +117,60 @@ def test_registry_entries_are_complete():
     assert canonical_drafter("confidence:0.123456789") == "confidence:0.123456789"
 
 
+def test_every_declaration_has_its_registered_class_and_every_class_its_declaration():
+    assert set(drafting.DRAFTERS) == set(DRAFTER_SPECS)
+    assert all(drafting.DRAFTERS[name].spec is spec for name, spec in DRAFTER_SPECS.items())
+    assert all(drafter_class(name) is cls for name, cls in drafting.DRAFTERS.items())
+
+
+def test_every_declaration_maps_every_engine_deploy_writes():
+    from storage.serving import deploy
+
+    assert set(deploy.ENGINES) <= set(SERVING_ENGINES)
+    for name, spec in DRAFTER_SPECS.items():
+        assert set(spec.serving) == set(SERVING_ENGINES), name
+        assert all(isinstance(spec.serving[engine], Serving) for engine in deploy.ENGINES)
+        assert all(spec.serving[engine].how or spec.serving[engine].notes for engine in SERVING_ENGINES), name
+
+
+def test_a_declaration_without_an_engines_mapping_fails_when_declared():
+    serving = {engine: Serving(None, notes=("cannot",)) for engine in SERVING_ENGINES}
+    for engine in SERVING_ENGINES:
+        partial = {e: s for e, s in serving.items() if e != engine}
+        with pytest.raises(DeclarationError, match=f"'lookahead'.*missing {engine}"):
+            DrafterSpec("lookahead", "draft from a Jacobi window", serving=partial)
+    with pytest.raises(DeclarationError, match="unknown tgi"):
+        DrafterSpec("lookahead", "draft from a Jacobi window", serving={**serving, "tgi": Serving("x")})
+    with pytest.raises(DeclarationError, match="sglang"):
+        DrafterSpec("lookahead", "draft from a Jacobi window", serving={**serving, "sglang": Serving(None)})
+    DrafterSpec("lookahead", "draft from a Jacobi window", serving=serving)  # complete: declared
+
+
+def test_a_class_and_its_declaration_must_name_each_other(monkeypatch):
+    with pytest.raises(DeclarationError, match="declares no drafter 'lookahead'"):
+        drafting.drafter("lookahead")
+    with pytest.raises(DeclarationError, match="ModelDrafter already implements 'model'"):
+        drafting.drafter("model")(type("AnotherModel", (ModelDrafter,), {}))
+    assert drafting.DRAFTERS["model"] is ModelDrafter
+    spec = DrafterSpec("lookahead", "draft from a Jacobi window", serving=_nowhere())
+    monkeypatch.setitem(DRAFTER_SPECS, "lookahead", spec)
+    with pytest.raises(DeclarationError, match="without a class: lookahead"):
+        drafting._check_registry()
+
+
+def _nowhere() -> dict:
+    return {engine: Serving(None, notes=(f"{engine} cannot serve it",)) for engine in SERVING_ENGINES}
+
+
 def test_a_new_drafter_is_one_class_and_its_declaration(monkeypatch):
+    monkeypatch.setitem(
+        DRAFTER_SPECS,
+        "repeat-last",
+        DrafterSpec("repeat-last", "the last token, k times", needs_model=False, constant_k=False, serving=_nowhere()),
+    )
+    monkeypatch.setattr(drafting, "DRAFTERS", dict(drafting.DRAFTERS))
+
+    @drafting.drafter("repeat-last")
     class RepeatLast(drafting.HostDrafter):
         """Proposes the last token again, k times (a point mass each)."""
 
@@ -115,12 +184,7 @@ def test_a_new_drafter_is_one_class_and_its_declaration(monkeypatch):
         def follow(self, state, history, max_tokens):
             return history[-1:] * max_tokens
 
-    monkeypatch.setattr(drafting, "RepeatLast", RepeatLast, raising=False)
-    monkeypatch.setitem(
-        DRAFTER_SPECS,
-        "repeat-last",
-        DrafterSpec("repeat-last", "RepeatLast", "the last token, k times", needs_model=False, constant_k=False),
-    )
+    assert RepeatLast.spec is DRAFTER_SPECS["repeat-last"]
     assert "repeat-last" in drafter_usage() and not needs_draft_model("repeat-last")
     p = dataclasses.replace(_pair("llama"), draft=None)
     cfg = SamplingConfig(temperature=0, max_new_tokens=20)
@@ -551,7 +615,7 @@ def test_prompt_lookup_rounds_and_no_match_fallback(family_name):
         hf_lengths = []
         original = cg.PromptLookupCandidateGenerator.get_candidates
 
-        def spy(self, input_ids, **kwargs):
+        def spy(self, input_ids, original=original, hf_lengths=hf_lengths, **kwargs):
             candidates, logits = original(self, input_ids, **kwargs)
             hf_lengths.append(candidates.shape[1] - input_ids.shape[1])
             return candidates, logits

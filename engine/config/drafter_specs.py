@@ -8,7 +8,9 @@ New-experiment form and its link prefill, the queue, the findings and the deploy
     suffix:D         no model: suffix decoding over suffix trees of depth D (`suffix` = `suffix:24`, vLLM's default)
     eagle3           an EAGLE-3 head (the "draft model" is its directory) drafting from the target's hidden states
 
-A new drafter is its class in engine/decoding/drafting.py plus one entry in SPECS.
+A new drafter is one entry in SPECS plus its class in engine/decoding/drafting.py, decorated `@drafter(name)` (the
+registry there holds the class; a declaration without a class, or a class without a declaration, fails at import).
+Every declaration maps every serving engine (SERVING_ENGINES): one without a mapping fails when it is declared.
 Plain Python, no torch: storage and pages import it. Numbers in a spec are ASCII (engine/numbers.py).
 
     parse_drafter("confidence:0.50") -> ("confidence", 0.5)
@@ -57,9 +59,9 @@ class Serving:
     (flag, value) pairs for a command line), and what the engine does differently from what DraftLab measured
     (`notes`, formatted with {k} and {p}). A drafter that needs a draft model gets the model and the engine's
     sampling caveats from deploy itself; nothing here names a model. `draft_layout`: the EAGLE-3 head layout the
-    engine loads (engine/config/head_format.py: "speculators" or "sglang"; deploy points it at the head in that layout, or
-    says how to write it). `sampled(draft_sampling)`: the (flag, value) pairs (value None: a switch) and notes the
-    engine takes at temperature > 0 for the run's draft sampling, where they differ from deploy's own."""
+    engine loads (engine/config/head_format.py: "speculators" or "sglang"; deploy points it at the head in that
+    layout, or says how to write it). `sampled(draft_sampling)`: the (flag, value) pairs (value None: a switch) and
+    notes the engine takes at temperature > 0 for the run's draft sampling, where they differ from deploy's own."""
 
     how: str | None
     settings: Callable = lambda p, k: {}
@@ -75,7 +77,8 @@ def _cannot(engine: str, why: str) -> Serving:
     return Serving(None, notes=(f"Not expressible: {engine} {why}",))
 
 
-# Each engine's mapping was checked against its own source or docs (storage/serving/deploy.py names the files and commits).
+# Each engine's mapping was checked against its own source or docs (storage/serving/deploy.py names the files and
+# commits).
 _DRAFT_MODEL = {
     "vllm": Serving("draft_model"),
     "sglang": Serving(
@@ -198,9 +201,9 @@ _PROMPT_LOOKUP = {
         "ngram",
         lambda p, k: {"prompt_lookup_max": int(p), "prompt_lookup_min": 1},
         (
-            "ngram proposer: tries n-grams from prompt_lookup_max={p} down to prompt_lookup_min=1 like DraftLab; which "
-            "earlier occurrence it continues from may differ from DraftLab's earliest one, so check the acceptance rate "
-            "in vLLM's spec-decode metrics.",
+            "ngram proposer: tries n-grams from prompt_lookup_max={p} down to prompt_lookup_min=1 like DraftLab; "
+            "which earlier occurrence it continues from may differ from DraftLab's earliest one, so check the "
+            "acceptance rate in vLLM's spec-decode metrics.",
         ),
     ),
     "sglang": Serving(
@@ -224,9 +227,9 @@ _PROMPT_LOOKUP = {
             ("--draft-max", k),
         ],
         (
-            "ngram-simple matches exactly the last {p} tokens and continues its LAST earlier occurrence; DraftLab falls "
-            "back to shorter n-grams (n <= {p}) and continues the earliest one, so acceptance can differ. The n-gram "
-            "options changed across llama.cpp builds (checked docs/speculative.md): confirm them with "
+            "ngram-simple matches exactly the last {p} tokens and continues its LAST earlier occurrence; DraftLab "
+            "falls back to shorter n-grams (n <= {p}) and continues the earliest one, so acceptance can differ. The "
+            "n-gram options changed across llama.cpp builds (checked docs/speculative.md): confirm them with "
             "`llama-server --help`.",
         ),
     ),
@@ -299,8 +302,8 @@ _EAGLE3 = {
         "eagle3",
         notes=(
             'vLLM loads the head\'s speculators directory (config.json with speculators_model_type "eagle3"); its '
-            "eagle_aux_hidden_state_layer_ids are in vLLM's convention, DraftLab's: id i = the input of decoder layer i "
-            "(transformers' hidden_states[i]). Check the server's per-position acceptance against the lab's: a "
+            "eagle_aux_hidden_state_layer_ids are in vLLM's convention, DraftLab's: id i = the input of decoder "
+            "layer i (transformers' hidden_states[i]). Check the server's per-position acceptance against the lab's: a "
             "collapse means the head's config or norms are read differently.",
         ),
         draft_layout="speculators",
@@ -312,12 +315,12 @@ _EAGLE3 = {
             "EAGLE3 with topk 1 drafts one chain of k={k} tokens; SGLang requires num-draft-tokens = num-steps + 1 "
             "when topk is 1.",
             'SGLang loads EAGLE-3 heads in its own layout (architectures ["LlamaForCausalLMEagle3"], `midlayer.*` '
-            "weights, eagle_config.eagle_aux_hidden_state_layer_ids), whose aux ids are one LOWER than vLLM's: SGLang's "
-            "id j = the output of decoder layer j = vLLM's id j + 1. The speculators directory itself would be misread "
-            "(acceptance collapses): serve the head's SGLang copy, which `draftlab convert-head --to sglang` and "
-            "train-head write as <head>/sglang.",
-            "SGLang always drafts with the target's embedding (it replaces the head's own), as DraftLab does for a head "
-            "saved without one.",
+            "weights, eagle_config.eagle_aux_hidden_state_layer_ids), whose aux ids are one LOWER than vLLM's: "
+            "SGLang's id j = the output of decoder layer j = vLLM's id j + 1. The speculators directory itself would "
+            "be misread (acceptance collapses): serve the head's SGLang copy, which `draftlab convert-head --to "
+            "sglang` and train-head write as <head>/sglang.",
+            "SGLang always drafts with the target's embedding (it replaces the head's own), as DraftLab does for a "
+            "head saved without one.",
         ),
         draft_layout="sglang",
         sampled=_sglang_eagle3_sampled,
@@ -336,17 +339,41 @@ _EAGLE3 = {
 }
 
 
+# The serving engines every drafter declares a mapping for (storage/serving/deploy.py writes each one's settings).
+SERVING_ENGINES = ("vllm", "sglang", "llama_cpp", "transformers")
+
+
+class DeclarationError(TypeError):
+    """A drafter's declaration is incomplete (a programming error, raised when it is declared: never a user's)."""
+
+
 @dataclass(frozen=True)
 class DrafterSpec:
-    name: str  # the spec's name before the colon
-    implementation: str  # its class in engine/decoding/drafting.py
+    name: str  # the spec's name before the colon; its class in engine/decoding/drafting.py registers under it
     summary: str  # one line: what it proposes
     parameter: Parameter | None = None
     needs_model: bool = True  # drafts with the draft model (False: a run loads none)
     constant_k: bool = True  # every round proposes k drafts (until the budget ends): the formula's assumption
     needs_hidden_states: bool = False  # drafts from the target's hidden states (EAGLE-style heads)
     default_parameter: bool = False  # the bare name is the spec with the parameter's default (`suffix` = `suffix:24`)
-    serving: dict = field(default_factory=dict)  # engine (storage/deploy.ENGINES) -> Serving
+    serving: dict[str, Serving] = field(default_factory=dict)  # engine (SERVING_ENGINES) -> Serving
+
+    def __post_init__(self) -> None:
+        missing = [engine for engine in SERVING_ENGINES if engine not in self.serving]
+        unknown = [engine for engine in self.serving if engine not in SERVING_ENGINES]
+        problems = ([f"missing {', '.join(missing)}"] if missing else []) + (
+            [f"unknown {', '.join(unknown)}"] if unknown else []
+        )
+        if problems:
+            raise DeclarationError(
+                f"drafter {self.name!r} must map every serving engine ({', '.join(SERVING_ENGINES)}): "
+                f"{'; '.join(problems)} (an engine that cannot run it: _cannot(engine, why))"
+            )
+        for engine, serving in self.serving.items():
+            if not isinstance(serving, Serving):
+                raise DeclarationError(f"drafter {self.name!r}: serving[{engine!r}] is not a Serving")
+            if serving.how is None and not serving.notes:
+                raise DeclarationError(f"drafter {self.name!r}: {engine} cannot run it but no note says why")
 
     @property
     def usage(self) -> str:
@@ -361,17 +388,15 @@ class DrafterSpec:
 SPECS: dict[str, DrafterSpec] = {
     spec.name: spec
     for spec in (
-        DrafterSpec("model", "ModelDrafter", "the draft model, a constant k per round", serving=_DRAFT_MODEL),
+        DrafterSpec("model", "the draft model, a constant k per round", serving=_DRAFT_MODEL),
         DrafterSpec(
             "heuristic",
-            "HeuristicDrafter",
             "the draft model; k starts at k, +2 after a fully accepted round, -1 (min 1) otherwise (transformers)",
             constant_k=False,
             serving=_HEURISTIC,
         ),
         DrafterSpec(
             "confidence",
-            "ConfidenceDrafter",
             "the draft model; a round stops after a draft whose top probability is below T",
             Parameter(
                 float,
@@ -388,7 +413,6 @@ SPECS: dict[str, DrafterSpec] = {
         ),
         DrafterSpec(
             "prompt-lookup",
-            "PromptLookupDrafter",
             "no draft model; the continuation of the longest earlier n-gram (n ≤ N) that ends the sequence",
             Parameter(
                 int, "N", "the longest n-gram N to match, an integer from 1 to 64", "prompt-lookup:3", 1, 65, default=3
@@ -399,7 +423,6 @@ SPECS: dict[str, DrafterSpec] = {
         ),
         DrafterSpec(
             "suffix",
-            "SuffixDrafter",
             "no draft model; the most frequent continuation of the longest match of the context in suffix trees "
             "of depth D over the prompt, the output and earlier responses (vLLM's suffix decoding)",
             Parameter(int, "D", "the suffix tree depth D, an integer from 1 to 64", "suffix:24", 1, 65, default=24),
@@ -410,7 +433,6 @@ SPECS: dict[str, DrafterSpec] = {
         ),
         DrafterSpec(
             "eagle3",
-            "Eagle3Drafter",
             "an EAGLE-3 head (--draft: its directory, vLLM's speculators or SGLang's layout; the drafter a head "
             "runs with when none is named) drafting from the target's own hidden states, a constant k per round",
             needs_hidden_states=True,

@@ -4,7 +4,8 @@ one-row case; there is no second set of drafters).
 The loop (engine/decoding/speculative.py) only talks to the `Drafter` protocol below, the way transformers' candidate
 generators plug into generate(). Each strategy is one class here, declared once in engine/config/drafter_specs.py (its
 name, parameter and bounds, and the capabilities the rest of the product reads: needs a draft model, needs the
-target's hidden states, constant k or not, its mapping per serving engine); the declaration names its class:
+target's hidden states, constant k or not, its mapping per serving engine) and registered here under that name by
+`@drafter(name)` on its class (DRAFTERS; a declaration without a class fails at import):
 
     model            ModelDrafter: the draft model, a constant k per round (Leviathan et al.)
     heuristic        HeuristicDrafter: the draft model; k starts at --k, +2 after a round whose drafts were all
@@ -20,10 +21,10 @@ target's hidden states, constant k or not, its mapping per serving engine); the 
 
     make_drafter("confidence:0.5", draft_model=m, vocab_size=V, k=4, cfg=cfg)
 
-Every drafter is lossless through the same verification (engine/decoding/verification.py); a drafter without a distribution
-proposes point masses (p_d = 1 on its token) and no logits (KL is NaN). With SamplingConfig.draft_sampling =
-"greedy" a model drafter proposes its argmax as a point mass too (its logits still give KL; the confidence policy
-still reads its distribution).
+Every drafter is lossless through the same verification (engine/decoding/verification.py); a drafter without a
+distribution proposes point masses (p_d = 1 on its token) and no logits (KL is NaN). With
+SamplingConfig.draft_sampling = "greedy" a model drafter proposes its argmax as a point mass too (its logits still
+give KL; the confidence policy still reads its distribution).
 
 Randomness: row r draws its drafts from generators[r], the generator of its prompt, in the order a one-row decode
 of that prompt draws them, so a row never depends on the rows beside it.
@@ -31,12 +32,13 @@ of that prompt draws them, so a row never depends on the rows beside it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
-from engine.config.drafter_specs import SPECS, DrafterSpec, parse_drafter
+from engine.config.drafter_specs import SPECS, DeclarationError, DrafterSpec, parse_drafter
 from engine.decoding.batched_cache import BatchCache, left_pad, to_device
 from engine.decoding.sampling import SamplingConfig, probabilities, sample_rows
 from engine.decoding.suffix_tree import SuffixCache
@@ -143,18 +145,44 @@ class TargetStates:
         return self.states[row, self.pending_width - self.fed[row] : self.pending_width + accepted]
 
 
+# --- the registry: engine/config/drafter_specs.py declares each drafter, @drafter(name) registers its class -------
+
+DRAFTERS: dict[str, type[Drafter]] = {}  # the class of every declared drafter, by name (complete: checked at import)
+_Class = TypeVar("_Class", bound=type)
+
+
+def drafter(name: str) -> Callable[[_Class], _Class]:
+    """Class decorator: the class implements the drafter engine/config/drafter_specs.py declares as `name`, and gets
+    that declaration as its `spec`. A name SPECS lacks, or a second class for a name, fails at import."""
+    if name not in SPECS:
+        raise DeclarationError(
+            f"@drafter({name!r}): engine/config/drafter_specs.py declares no drafter {name!r} (it declares "
+            f"{', '.join(SPECS)}); add its DrafterSpec to SPECS"
+        )
+
+    def register(cls: _Class) -> _Class:
+        if name in DRAFTERS:
+            raise DeclarationError(
+                f"@drafter({name!r}) on {cls.__name__}: {DRAFTERS[name].__name__} already implements {name!r}"
+            )
+        cls.spec = SPECS[name]
+        DRAFTERS[name] = cls
+        return cls
+
+    return register
+
+
 # --- drafting with a draft model -------------------------------------------------------------------------------
 
 
+@drafter("model")
 class ModelDrafter:
-    """A small causal LM drafting for B rows with one cache (engine/decoding/batched_cache.py), a constant k per round (fewer
-    when a row's cap is lower). A round's first draft forward feeds each row what its cache lacks (left-padded: one
-    token, or two after a bonus round, so the draft stays in step without an extra forward); each further step
+    """A small causal LM drafting for B rows with one cache (engine/decoding/batched_cache.py), a constant k per round
+    (fewer when a row's cap is lower). A round's first draft forward feeds each row what its cache lacks (left-padded:
+    one token, or two after a bonus round, so the draft stays in step without an extra forward); each further step
     feeds the last draft of the rows still drafting (the others' columns are holes). A row's last draft is never
     fed: its continuation is only needed if it is accepted. Subclasses change the policy through `next_ks` (k for
     the next round) and `stop_rows` (end a row's round early)."""
-
-    spec = SPECS["model"]
 
     def __init__(self, model, vocab_size: int, k: int, cfg: SamplingConfig):
         self.lm = BatchCache(model, vocab_size)
@@ -267,14 +295,13 @@ class ModelDrafter:
         self.lm.reset_peak()
 
 
+@drafter("heuristic")
 class HeuristicDrafter(ModelDrafter):
     """transformers' num_assistant_tokens_schedule="heuristic" (AssistedCandidateGenerator.
     update_candidate_strategy), per row: after each round k += 2 if every proposed draft was accepted (counting the
     drafts actually proposed, k_r, not k), else k = max(1, k - 1). k restarts at --k with every prompt
     (transformers' "heuristic_transient"; plain "heuristic" carries k over to the next generate() call, which would
     make a prompt depend on its predecessors, on resumes and on the warm-up)."""
-
-    spec = SPECS["heuristic"]
 
     def next_ks(self, ks, proposed, accepted):
         return [heuristic_next_k(k, p, a) for k, p, a in zip(ks, proposed, accepted)]
@@ -285,6 +312,7 @@ def heuristic_next_k(k: int, proposed: int, accepted: int) -> int:
     return k + 2 if accepted == proposed else max(1, k - 1)
 
 
+@drafter("confidence")
 class ConfidenceDrafter(ModelDrafter):
     """Drafts at most k tokens and stops a row's round after the first draft whose distribution's top probability
     is below T (llama.cpp --draft-p-min, transformers' assistant_confidence_threshold). The low-confidence draft
@@ -292,8 +320,6 @@ class ConfidenceDrafter(ModelDrafter):
     appended); llama.cpp drops it. Deciding on the top probability of the processed distribution, not on the drawn
     token, keeps the loop lossless. One host read of the top probabilities per step that can continue. T is fixed
     (transformers re-fits it during generation when scikit-learn is installed)."""
-
-    spec = SPECS["confidence"]
 
     def __init__(self, model, vocab_size: int, k: int, cfg: SamplingConfig, threshold: float):
         super().__init__(model, vocab_size, k, cfg)
@@ -310,6 +336,7 @@ class ConfidenceDrafter(ModelDrafter):
         return [step + 1 if low[r] and step + 1 < k else k for r, k in enumerate(ks)]
 
 
+@drafter("eagle3")
 class Eagle3Drafter(ModelDrafter):
     """An EAGLE-3 head (engine/models/eagle3.py) drafting for B rows from the target's own hidden states: one chain, a
     constant k per round (vLLM's EagleProposer with top-k 1). Head entry t of a row holds (token t + 1, the target's
@@ -321,8 +348,6 @@ class Eagle3Drafter(ModelDrafter):
     fed with the head's own states never outlive their round: `rollback` keeps only those fed with the target's,
     and the next round feeds the accepted positions again with the target's states (vLLM overwrites them too).
     With a draft vocabulary smaller than the target's the head gives no raw logits (KL is NaN: it is infinite)."""
-
-    spec = SPECS["eagle3"]
 
     def __init__(self, head, vocab_size: int, k: int, cfg: SamplingConfig):
         super().__init__(head, vocab_size, k, cfg)
@@ -433,6 +458,7 @@ class HostDrafter:
         pass
 
 
+@drafter("prompt-lookup")
 class PromptLookupDrafter(HostDrafter):
     """Prompt lookup decoding (transformers' PromptLookupCandidateGenerator, vLLM's ngram): for n from
     min(N, L - 1) down to 1, the n-gram ending the sequence (prompt + output so far) is looked up; at the first n
@@ -440,8 +466,6 @@ class PromptLookupDrafter(HostDrafter):
     up to k of them, stopping at the sequence's end, are proposed, cut before the first EOS. No earlier occurrence
     of even the last token: no drafts, and the round is one plain target step. Per row, an index of each n-gram's
     first occurrence: a round costs O(N^2) dictionary work."""
-
-    spec = SPECS["prompt-lookup"]
 
     def __init__(self, max_ngram: int, vocab_size: int, k: int, eos_ids=()):
         super().__init__(vocab_size, k, eos_ids)
@@ -483,6 +507,7 @@ class NgramIndex:
         return []
 
 
+@drafter("suffix")
 class SuffixDrafter(HostDrafter):
     """Suffix decoding (Oliaro et al. 2024; vLLM's `method: "suffix"`, arctic-inference's SuffixDecodingCache):
     each row keeps a suffix tree of depth D over its prompt and output so far, and the drafter keeps one over the
@@ -491,8 +516,6 @@ class SuffixDrafter(HostDrafter):
     better-scoring of the two trees' drafts: the most frequent continuation of the longest matching suffix of the
     context, at most k tokens, at most as many as the match is long, stopping where its estimated probability falls
     below MIN_TOKEN_PROB (vLLM's defaults: max_spec_factor 1, min_token_prob 0.1)."""
-
-    spec = SPECS["suffix"]
 
     def __init__(self, depth: int, vocab_size: int, k: int, eos_ids=()):
         super().__init__(vocab_size, k, eos_ids)
@@ -513,16 +536,22 @@ class SuffixDrafter(HostDrafter):
             self.cache.add_response(index, output)
 
 
-# --- the registry: engine/config/drafter_specs.py declares each drafter; its `implementation` names the class here ------
+def drafter_class(name: str) -> type[Drafter]:
+    """The class implementing the drafter `name` (a key of engine.config.drafter_specs.SPECS)."""
+    return DRAFTERS[name]
 
 
-def drafter_class(name: str) -> type:
-    """The class implementing the drafter `name` (a key of engine.config.drafter_specs.SPECS): the class of this module
-    its declaration names."""
-    return globals()[SPECS[name].implementation]
+def _check_registry() -> None:
+    """Every declared drafter has its class (a class without a declaration already failed at @drafter)."""
+    missing = [name for name in SPECS if name not in DRAFTERS]
+    if missing:
+        raise DeclarationError(
+            f"drafters declared in engine/config/drafter_specs.py without a class: {', '.join(missing)}; decorate "
+            "the class implementing each with @drafter(name) in engine/decoding/drafting.py"
+        )
 
 
-DRAFTERS: dict[str, type] = {name: drafter_class(name) for name in SPECS}  # every declared drafter has its class
+_check_registry()
 
 
 def make_drafter(spec: str, *, draft_model, vocab_size: int, k: int, cfg: SamplingConfig, eos_ids=()) -> Drafter:
