@@ -1,108 +1,32 @@
-"""`draftlab confirm EXPERIMENT_ID`: the experiment's chosen configuration(s) measured in the engine that will serve
-them (vLLM), next to the lab's figures (SPEC "Confirm in a serving engine").
+"""A confirm: the experiment's chosen configuration(s) measured in the engine that will serve them (vLLM), next to the
+lab's figures (SPEC "Confirm in a serving engine"); run by `draftlab confirm` (app/commands/confirm.py) and by a worker
+for a confirm queued from the dashboard (app/serving/confirm_job.py).
 
 One target-only server and one server per configuration, each started with exactly the `--speculative-config` that
-`draftlab export --format deploy` holds (storage/serving/deploy.py), or attached to with --server / --baseline-server. Both
-stay up while a configuration is measured, and the passes alternate: at each concurrency, baseline pass, speculative
-pass, baseline pass, … (A B A B), every pass sending each of the experiment's stored prompts (the lab's rendered
-texts) once as a streaming completion with the experiment's sampling settings and max new tokens, closed loop
-(app/serving/completions_load.py). The speculative server's /metrics is scraped around every pass (app/serving/production_scrape.py).
-Each configuration is stored when all its passes are done (storage/records/confirms.py); one that fails (the server does not
-start, dies, a request times out, no counters) is reported in one line and the others are kept.
+`draftlab export --format deploy` holds (storage/serving/deploy.py), or attached to with --server / --baseline-server.
+Both stay up while a configuration is measured, and the passes alternate: at each concurrency, baseline pass,
+speculative pass, baseline pass, … (A B A B), every pass sending each of the experiment's stored prompts (the lab's
+rendered texts) once as a streaming completion with the experiment's sampling settings and max new tokens, closed loop
+(app/serving/completions_load.py). The speculative server's /metrics is scraped around every pass
+(app/serving/production_scrape.py). Each configuration is stored when all its passes are done
+(storage/records/confirms.py); one that fails (the server does not start, dies, a request times out, no counters) is
+reported in one line and the others are kept.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import signal
-import sys
 import threading
 import time
 import zlib
 from dataclasses import dataclass, field
 
-from app.arguments import ID as _id
-from app.arguments import whole
 from engine.errors import DraftLabError
 
-CONFIG_CHOICES = ("chosen", "schedule", "all")
 DEFAULT_REPEATS = 3  # passes per server and concurrency: the fewest that give the paired speedup an interval
-_repeats = whole(1, 1000, what="a number of passes per server and concurrency", fix="; e.g. --repeats 3")
 DIED_WAIT_SECONDS = 5.0  # a request cut off mid-answer is seen before its server's exit is: wait this long for it
-_seconds = whole(1, 86_400, what="seconds", fix="; e.g. 600")
-_concurrency_value = whole(1, 4096, what="a concurrency (requests in flight)", fix="; e.g. --concurrency 1,4,16")
-HEARTBEAT_SECONDS = 5.0  # `draftlab confirm`'s heartbeat on its row (a worker's confirm has the worker's)
-
-
-def concurrency_list(text: str) -> list[int]:
-    """`--concurrency 1,4,16`: each a whole number from 1 to 4096, each once (a DraftLabError names the bad one)."""
-    try:
-        values = [_concurrency_value(part.strip()) for part in str(text).split(",")]
-    except argparse.ArgumentTypeError as exc:
-        raise DraftLabError(f"--concurrency: {exc}") from None
-    if len(set(values)) != len(values):
-        raise DraftLabError(f"--concurrency {text[:40]!r} repeats a value; list each once, e.g. 1,4,16")
-    return values
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "confirm",
-        help="measure the chosen configuration in vLLM's server, next to the lab's figures",
-        description="Start vLLM's OpenAI server without speculation and with each configuration's exact "
-        "--speculative-config (the deploy export's), stream the experiment's prompts at each "
-        "concurrency, alternating the two servers pass by pass, and compare throughput, latency, "
-        "acceptance and outputs with the lab's. Stored with the experiment; `draftlab export --format "
-        "json` carries it.",
-    )
-    p.add_argument("experiment_id", type=_id)
-    p.add_argument(
-        "--configs",
-        choices=CONFIG_CHOICES,
-        default="chosen",
-        help="chosen: the verdict's configuration (default); schedule: a k grid's schedule as vLLM's "
-        "num_speculative_tokens_per_batch_size; all: every lossless speculative run",
-    )
-    p.add_argument(
-        "--concurrency", default=None, help="requests in flight, one or a list (default: the experiment's batch sizes)"
-    )
-    p.add_argument(
-        "--repeats",
-        type=_repeats,
-        default=DEFAULT_REPEATS,
-        help=f"passes per server and concurrency (default {DEFAULT_REPEATS}; two or more give the speedup an interval)",
-    )
-    p.add_argument(
-        "--vllm",
-        default=None,
-        metavar="COMMAND",
-        help="the command that starts vLLM's OpenAI server, DraftLab appends --model, --host, --port and "
-        "--speculative-config (default $DRAFTLAB_VLLM, else .vllm-venv's CPU build from "
-        "scripts/install_vllm.sh, else `python -m vllm.entrypoints.openai.api_server`)",
-    )
-    p.add_argument(
-        "--server",
-        default=None,
-        metavar="URL",
-        help="a speculative vLLM server already running (needs --baseline-server)",
-    )
-    p.add_argument(
-        "--baseline-server",
-        default=None,
-        metavar="URL",
-        help="the same model served without speculation, already running",
-    )
-    p.add_argument("--startup-timeout", type=_seconds, default=600, help="seconds a server may take to be ready")
-    p.add_argument(
-        "--request-timeout",
-        type=_seconds,
-        default=300,
-        help="seconds without an answer before a request counts as timed out",
-    )
-    p.add_argument("--db", default=None)
-    p.add_argument("--json", action="store_true", help="print one JSON object (SPEC's confirm keys)")
 
 
 @dataclass
@@ -130,6 +54,7 @@ def configurations(store, experiment_id: int, which: str) -> list[Config]:
     storage/serving/confirm_jobs.py's confirm_documents selects them (the queue's check makes the same selection)."""
     from engine.zoo import resolve
     from storage.db.errors import QueueError
+    from storage.records import queries as q
     from storage.serving.confirm_jobs import confirm_documents
     from storage.serving.deploy import DeployError
 
@@ -147,14 +72,15 @@ def configurations(store, experiment_id: int, which: str) -> list[Config]:
             target=str(path) if path is not None else target,
         )
 
+    # Checked, not caught: a KeyError from the deploy mapping (a drafter without one) is a bug, never "no experiment".
+    if q.experiment(store, experiment_id) is None:
+        raise DraftLabError(f"no experiment {experiment_id}; `draftlab list` shows the ids")
     try:
         return [config(doc, label) for label, doc in confirm_documents(store, experiment_id, which)]
     except QueueError as exc:
         raise DraftLabError(str(exc)) from None
     except DeployError as exc:
         raise DraftLabError(_refusal(exc)) from None
-    except KeyError:
-        raise DraftLabError(f"no experiment {experiment_id}; `draftlab list` shows the ids") from None
 
 
 def _refusal(exc) -> str:
@@ -165,39 +91,6 @@ def _refusal(exc) -> str:
     if isinstance(exc, NoChosenRun):
         return f"{exc.reason}; `--configs all` confirms every finished lossless run"
     return str(exc)
-
-
-class Progress:
-    """Requests done of the whole confirm on stderr (tqdm, as `draftlab run` shows tokens)."""
-
-    def __init__(self, total: int):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, desc="confirm")
-        self.lock = threading.Lock()
-        self.written: list[str] = []  # lines shown as they happened, not printed again at the end
-
-    def describe(self, text: str) -> None:
-        self.bar.set_description_str(text)
-
-    def request_done(self, _record) -> None:
-        with self.lock:
-            self.bar.update(1)
-
-    def write(self, line: str) -> None:
-        self.written.append(line)
-        self.bar.write(line, file=sys.stderr)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C: the servers are stopped and the confirm is closed as interrupted."""
-
-
-def _terminate(signum, frame):
-    raise _Terminated()
 
 
 @contextlib.contextmanager
@@ -218,30 +111,6 @@ def _signals_deferred():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         for sig in dict.fromkeys(caught):
             signal.raise_signal(sig)
-
-
-@contextlib.contextmanager
-def _heartbeat(store, confirm_id: int):
-    """The confirm's heartbeat while this process runs it: a sweep (storage/jobs/liveness.py) closes a confirm whose
-    process is gone, and ends the servers it left."""
-    from storage.serving.confirm_jobs import report_confirm
-
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(HEARTBEAT_SECONDS):
-            try:
-                report_confirm(store, confirm_id, None)
-            except Exception:  # noqa: BLE001 - a refused beat: the next one, or the stale window, decides
-                pass
-
-    thread = threading.Thread(target=beat, name=f"confirm-{confirm_id}-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
 
 
 def _recorder(store, confirm_id: int):
@@ -340,7 +209,8 @@ def _outputs(passes) -> dict[int, list[int]]:
 
 
 def _sampled_comparison(base: Measured, spec: Measured) -> dict:
-    """The sampled outputs of the two servers, prompt by prompt over their passes (engine/metrics/sampled_outputs.py)."""
+    """The sampled outputs of the two servers, prompt by prompt over their passes
+    (engine/metrics/sampled_outputs.py)."""
     from engine.metrics.sampled_outputs import compare_sampled
 
     sides = []
@@ -618,116 +488,3 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
                 worker_id=worker_id,
             )
     return errors
-
-
-def command(args, store) -> int:
-    """Measure, store, print (a table, or `--json` one JSON object); bad input raises DraftLabError before any
-    server starts; a configuration that fails is one `error:` line and exit status 1, the others kept. Ctrl-C and
-    SIGTERM are one `error:` line saying what is stored, and exit status 130 / 143 (128 + the signal)."""
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
-    try:
-        return _command(args, store)
-    except KeyboardInterrupt as exc:
-        status, what = (
-            (128 + signal.SIGTERM, "terminated (SIGTERM)")
-            if isinstance(exc, _Terminated)
-            else (128 + signal.SIGINT, "interrupted (Ctrl-C)")
-        )
-        print(f"error: {what}; {exc.args[0] if exc.args else 'nothing was stored'}", file=sys.stderr)
-        return status
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _command(args, store) -> int:
-    from storage.analysis.confirm_report import confirm_document
-    from storage.jobs import liveness
-    from storage.records.confirms import start_confirm
-
-    confirm = plan(
-        store,
-        args.experiment_id,
-        args.configs,
-        concurrency=concurrency_list(args.concurrency) if args.concurrency is not None else None,
-        repeats=args.repeats,
-        vllm=args.vllm,
-        server=args.server,
-        baseline_server=args.baseline_server,
-        startup_timeout=args.startup_timeout,
-        request_timeout=args.request_timeout,
-    )
-
-    from pages.widgets.access import cli_launcher
-
-    liveness.mark_stale(store)  # a confirm killed before (its row closed, the servers it left ended), a dead worker's
-    confirm_id = start_confirm(
-        store,
-        confirm.experiment_id,
-        configs=args.configs,
-        concurrency=confirm.concurrency,
-        repeats=args.repeats,
-        launched_by=cli_launcher(),
-        requests_total=confirm.requests,
-    )
-    progress = Progress(confirm.requests)
-    started = time.monotonic()
-    try:
-        with _heartbeat(store, confirm_id):
-            errors = measure(store, confirm_id, confirm, progress)
-    except KeyboardInterrupt as exc:  # measure closed the confirm and stopped its servers
-        raise type(exc)(
-            f"confirm {confirm_id} is stored as failed with the configurations measured before; its servers are stopped"
-        ) from None
-    except Exception as exc:  # noqa: BLE001 - measure stored it as the confirm's error: the same line, no traceback
-        progress.close()  # the bar's line ends before the error's
-        print(f"error: {unexpected(exc)}", file=sys.stderr)
-        return 1
-    finally:
-        progress.close()
-    for line in errors:
-        if f"error: {line}" not in progress.written:  # one line per fault: a configuration's was shown already
-            print(f"error: {line}", file=sys.stderr)
-    document = confirm_document(store, confirm_id)
-    if args.json:
-        print(json.dumps(document))
-    else:
-        print(report(document, time.monotonic() - started))
-    return 1 if errors else 0
-
-
-def report(document: dict, seconds: float) -> str:
-    """The confirm as a few lines: per configuration and concurrency, the server's speedup and acceptance next to
-    the lab's."""
-
-    def num(value, fmt="{:.3f}"):
-        return "—" if value is None else fmt.format(value)
-
-    lines = [
-        f"confirm of experiment {document['experiment_id']} in {document['engine']} "
-        f"{document['engine_version'] or '(version unknown)'}, {seconds:.0f} s"
-    ]
-    for b in document["baseline"]["per_concurrency"]:
-        lines.append(
-            f"  target-only  concurrency {b['concurrency']}: {b['tokens_per_second']:.1f} tok/s, "
-            f"TTFT p50 {num(b['ttft_seconds_p50'])} s, ITL p50 {num(b['itl_seconds_p50'])} s"
-        )
-    for config in document["configs"]:
-        for m in config["per_concurrency"]:
-            ci = m["speedup_ci"]
-            interval = f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else " (one pass: no interval)"
-            speedup = (
-                f"no speedup: {m['speedup_warning']}"
-                if m["speedup_warning"]
-                else f"speedup {num(m['speedup'], '{:.2f}')}×{interval} per generated token"
-            )
-            lines.append(
-                f"  {config['label']} k={config['k']} concurrency {m['concurrency']}: "
-                f"{m['tokens_per_second']:.1f} tok/s, {speedup}; "
-                f"acceptance server {num(m['server_draft_acceptance_rate'])} vs lab "
-                f"{num(m['lab_draft_acceptance_rate'])}; outputs = server baseline "
-                f"{num(m['outputs_match_server_baseline'], '{:.0%}')}, = lab "
-                f"{num(m['outputs_match_lab'], '{:.0%}')}"
-            )
-    return "\n".join(lines)

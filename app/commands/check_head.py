@@ -9,17 +9,19 @@ import json
 import sys
 
 from app.arguments import whole
+from app.commands.common import fail
 from engine.errors import DraftLabError
 
+NAME = "check-head"
 DEFAULT_PROMPTS = "code:validation"
 DEFAULT_LIMIT = 16
 _tokens = whole(2, 1024, what="a number of new tokens", fix="; e.g. --max-new-tokens 32")
 _limit = whole(2, 10_000, what="a number of prompts", fix="; e.g. --limit 16")
 
 
-def add_parser(sub) -> None:
+def add_parser(sub):
     p = sub.add_parser(
-        "check-head",
+        NAME,
         help="which aux-layer convention and norm an EAGLE-3 head was trained with (no server)",
         description="Continue the prompts greedily with the target, then measure the head's first-draft greedy "
         "acceptance with its aux-layer ids as configured, each id +1 (a head trained in SGLang's "
@@ -37,9 +39,18 @@ def add_parser(sub) -> None:
     p.add_argument("--chat-template", default="auto", help="how conversation prompts become text (as `run`'s)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
 
 
-def command(args) -> int:
+def run(args) -> int:
+    """No database: bad input (a DraftLabError) is one `error:` line, exit 2."""
+    try:
+        return _check(args)
+    except DraftLabError as exc:
+        return fail(str(exc))
+
+
+def _check(args) -> int:
     """Load the target, check the head, print a table and the verdict (`--json`: engine/head_check's dict)."""
     from engine.models import eagle3
     from engine.models.head_check import convention_check

@@ -8,7 +8,10 @@ import json
 import sys
 
 from app.arguments import ID as _id  # ids: 1 to engine/numbers.DB_INT_MAX, ASCII digits, one wording
+from app.commands.common import database_errors_reported, store_command
 from engine.numbers import ascii_float
+
+NAME = "import-metrics"
 
 
 def _seconds(raw: str) -> float:
@@ -36,9 +39,9 @@ def _check_url(source: str) -> None:
         http_url(source, "SOURCE", "http://HOST:PORT/metrics")
 
 
-def add_parser(sub) -> None:
+def add_parser(sub):
     p = sub.add_parser(
-        "import-metrics",
+        NAME,
         help="a serving engine's speculative-decoding counters (Prometheus /metrics) next to a run",
         description="Read vLLM's (or llama.cpp's) spec_decode counters from a saved /metrics page or an http(s) "
         "URL and store them as a production series of an experiment, compared with its finished run at "
@@ -60,10 +63,16 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--db", default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object (SPEC's Production counters keys)")
+    return p
+
+
+def run(args) -> int:
+    return database_errors_reported(lambda args: store_command(args, command), args)
 
 
 def command(args, store) -> int:
-    """Scrape, store, print one line (`--json`: one JSON object); bad input raises DraftLabError / ProductionError (the CLI prints it)."""
+    """Scrape, store, print one line (`--json`: one JSON object); bad input raises DraftLabError / ProductionError (the
+    CLI prints it)."""
     from app.serving.production_scrape import public_source, scrape
     from engine.errors import DraftLabError
     from storage.records.production import add_series, series, series_document

@@ -4,12 +4,16 @@ engine/config/head_format.py). vLLM serves the speculators layout, SGLang its ow
 
 from __future__ import annotations
 
+from app.commands.common import fail
 from engine.config.head_format import LAYOUTS
+from engine.errors import DraftLabError
+
+NAME = "convert-head"
 
 
-def add_parser(sub) -> None:
+def add_parser(sub):
     p = sub.add_parser(
-        "convert-head",
+        NAME,
         help="rewrite an EAGLE-3 head in SGLang's layout (or back to vLLM's speculators layout)",
         description="Write the EAGLE-3 head in SRC (a speculators directory, as vLLM serves and `draftlab "
         "train-head` writes, or SGLang's / SpecForge's layout) in the other layout: SGLang's config "
@@ -34,10 +38,19 @@ def add_parser(sub) -> None:
         help="the target the head was trained for, where SRC names none (SGLang's layout has no field "
         "for it; the speculators layout needs one)",
     )
+    return p
 
 
-def command(args) -> int:
-    """Convert, print where and what changed; bad input raises DraftLabError (the CLI prints it)."""
+def run(args) -> int:
+    """No database: bad input (a DraftLabError) is one `error:` line, exit 2."""
+    try:
+        return _convert(args)
+    except DraftLabError as exc:
+        return fail(str(exc))
+
+
+def _convert(args) -> int:
+    """Convert, print where and what changed; bad input raises DraftLabError."""
     from engine.models.eagle3 import convert_head
 
     notes = convert_head(args.src, args.out, args.to, overwrite=args.overwrite, verifier=args.verifier)

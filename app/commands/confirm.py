@@ -1,0 +1,270 @@
+"""`draftlab confirm EXPERIMENT_ID`: the experiment's chosen configuration(s) measured in vLLM's server, next to the
+lab's figures (the measurement: app/serving/confirm.py, which a worker's queued confirm runs too), with a progress bar
+on stderr, this process's heartbeat on the confirm's row, Ctrl-C / SIGTERM closing it, and the result printed."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+
+from app.arguments import ID as _id
+from app.arguments import whole
+from app.commands.common import database_errors_reported, store_command
+from app.serving.confirm import DEFAULT_REPEATS, measure, plan, unexpected
+from engine.errors import DraftLabError
+
+NAME = "confirm"
+CONFIG_CHOICES = ("chosen", "schedule", "all")
+_repeats = whole(1, 1000, what="a number of passes per server and concurrency", fix="; e.g. --repeats 3")
+_seconds = whole(1, 86_400, what="seconds", fix="; e.g. 600")
+_concurrency_value = whole(1, 4096, what="a concurrency (requests in flight)", fix="; e.g. --concurrency 1,4,16")
+HEARTBEAT_SECONDS = 5.0  # `draftlab confirm`'s heartbeat on its row (a worker's confirm has the worker's)
+
+
+def concurrency_list(text: str) -> list[int]:
+    """`--concurrency 1,4,16`: each a whole number from 1 to 4096, each once (a DraftLabError names the bad one)."""
+    try:
+        values = [_concurrency_value(part.strip()) for part in str(text).split(",")]
+    except argparse.ArgumentTypeError as exc:
+        raise DraftLabError(f"--concurrency: {exc}") from None
+    if len(set(values)) != len(values):
+        raise DraftLabError(f"--concurrency {text[:40]!r} repeats a value; list each once, e.g. 1,4,16")
+    return values
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        NAME,
+        help="measure the chosen configuration in vLLM's server, next to the lab's figures",
+        description="Start vLLM's OpenAI server without speculation and with each configuration's exact "
+        "--speculative-config (the deploy export's), stream the experiment's prompts at each "
+        "concurrency, alternating the two servers pass by pass, and compare throughput, latency, "
+        "acceptance and outputs with the lab's. Stored with the experiment; `draftlab export --format "
+        "json` carries it.",
+    )
+    p.add_argument("experiment_id", type=_id)
+    p.add_argument(
+        "--configs",
+        choices=CONFIG_CHOICES,
+        default="chosen",
+        help="chosen: the verdict's configuration (default); schedule: a k grid's schedule as vLLM's "
+        "num_speculative_tokens_per_batch_size; all: every lossless speculative run",
+    )
+    p.add_argument(
+        "--concurrency", default=None, help="requests in flight, one or a list (default: the experiment's batch sizes)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=_repeats,
+        default=DEFAULT_REPEATS,
+        help=f"passes per server and concurrency (default {DEFAULT_REPEATS}; two or more give the speedup an interval)",
+    )
+    p.add_argument(
+        "--vllm",
+        default=None,
+        metavar="COMMAND",
+        help="the command that starts vLLM's OpenAI server, DraftLab appends --model, --host, --port and "
+        "--speculative-config (default $DRAFTLAB_VLLM, else .vllm-venv's CPU build from "
+        "scripts/install_vllm.sh, else `python -m vllm.entrypoints.openai.api_server`)",
+    )
+    p.add_argument(
+        "--server",
+        default=None,
+        metavar="URL",
+        help="a speculative vLLM server already running (needs --baseline-server)",
+    )
+    p.add_argument(
+        "--baseline-server",
+        default=None,
+        metavar="URL",
+        help="the same model served without speculation, already running",
+    )
+    p.add_argument("--startup-timeout", type=_seconds, default=600, help="seconds a server may take to be ready")
+    p.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=300,
+        help="seconds without an answer before a request counts as timed out",
+    )
+    p.add_argument("--db", default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object (SPEC's confirm keys)")
+    return p
+
+
+def run(args) -> int:
+    return database_errors_reported(lambda args: store_command(args, _confirm), args)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the servers are stopped and the confirm is closed as interrupted."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _confirm(args, store) -> int:
+    """Measure, store, print (a table, or `--json` one JSON object); bad input raises DraftLabError before any
+    server starts; a configuration that fails is one `error:` line and exit status 1, the others kept. Ctrl-C and
+    SIGTERM are one `error:` line saying what is stored, and exit status 130 / 143 (128 + the signal)."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
+    try:
+        return _measure_and_report(args, store)
+    except KeyboardInterrupt as exc:
+        status, what = (
+            (128 + signal.SIGTERM, "terminated (SIGTERM)")
+            if isinstance(exc, Terminated)
+            else (128 + signal.SIGINT, "interrupted (Ctrl-C)")
+        )
+        print(f"error: {what}; {exc.args[0] if exc.args else 'nothing was stored'}", file=sys.stderr)
+        return status
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _measure_and_report(args, store) -> int:
+    from storage.analysis.confirm_report import confirm_document
+    from storage.jobs import liveness
+    from storage.records.confirms import start_confirm
+
+    confirm = plan(
+        store,
+        args.experiment_id,
+        args.configs,
+        concurrency=concurrency_list(args.concurrency) if args.concurrency is not None else None,
+        repeats=args.repeats,
+        vllm=args.vllm,
+        server=args.server,
+        baseline_server=args.baseline_server,
+        startup_timeout=args.startup_timeout,
+        request_timeout=args.request_timeout,
+    )
+
+    from pages.widgets.access import cli_launcher
+
+    liveness.mark_stale(store)  # a confirm killed before (its row closed, the servers it left ended), a dead worker's
+    confirm_id = start_confirm(
+        store,
+        confirm.experiment_id,
+        configs=args.configs,
+        concurrency=confirm.concurrency,
+        repeats=args.repeats,
+        launched_by=cli_launcher(),
+        requests_total=confirm.requests,
+    )
+    progress = Progress(confirm.requests)
+    started = time.monotonic()
+    try:
+        with heartbeat(store, confirm_id):
+            errors = measure(store, confirm_id, confirm, progress)
+    except KeyboardInterrupt as exc:  # measure closed the confirm and stopped its servers
+        raise type(exc)(
+            f"confirm {confirm_id} is stored as failed with the configurations measured before; its servers are stopped"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - measure stored it as the confirm's error: the same line, no traceback
+        progress.close()  # the bar's line ends before the error's
+        print(f"error: {unexpected(exc)}", file=sys.stderr)
+        return 1
+    finally:
+        progress.close()
+    for line in errors:
+        if f"error: {line}" not in progress.written:  # one line per fault: a configuration's was shown already
+            print(f"error: {line}", file=sys.stderr)
+    document = confirm_document(store, confirm_id)
+    if args.json:
+        print(json.dumps(document))
+    else:
+        print(report(document, time.monotonic() - started))
+    return 1 if errors else 0
+
+
+class Progress:
+    """Requests done of the whole confirm on stderr (tqdm, as `draftlab run` shows tokens)."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, desc="confirm")
+        self.lock = threading.Lock()
+        self.written: list[str] = []  # lines shown as they happened, not printed again at the end
+
+    def describe(self, text: str) -> None:
+        self.bar.set_description_str(text)
+
+    def request_done(self, _record) -> None:
+        with self.lock:
+            self.bar.update(1)
+
+    def write(self, line: str) -> None:
+        self.written.append(line)
+        self.bar.write(line, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@contextlib.contextmanager
+def heartbeat(store, confirm_id: int):
+    """The confirm's heartbeat while this process runs it: a sweep (storage/jobs/liveness.py) closes a confirm whose
+    process is gone, and ends the servers it left."""
+    from storage.serving.confirm_jobs import report_confirm
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_SECONDS):
+            try:
+                report_confirm(store, confirm_id, None)
+            except Exception:  # noqa: BLE001 - a refused beat: the next one, or the stale window, decides
+                pass
+
+    thread = threading.Thread(target=beat, name=f"confirm-{confirm_id}-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def report(document: dict, seconds: float) -> str:
+    """The confirm as a few lines: per configuration and concurrency, the server's speedup and acceptance next to
+    the lab's."""
+
+    def num(value, fmt="{:.3f}"):
+        return "—" if value is None else fmt.format(value)
+
+    lines = [
+        f"confirm of experiment {document['experiment_id']} in {document['engine']} "
+        f"{document['engine_version'] or '(version unknown)'}, {seconds:.0f} s"
+    ]
+    for b in document["baseline"]["per_concurrency"]:
+        lines.append(
+            f"  target-only  concurrency {b['concurrency']}: {b['tokens_per_second']:.1f} tok/s, "
+            f"TTFT p50 {num(b['ttft_seconds_p50'])} s, ITL p50 {num(b['itl_seconds_p50'])} s"
+        )
+    for config in document["configs"]:
+        for m in config["per_concurrency"]:
+            ci = m["speedup_ci"]
+            interval = f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else " (one pass: no interval)"
+            speedup = (
+                f"no speedup: {m['speedup_warning']}"
+                if m["speedup_warning"]
+                else f"speedup {num(m['speedup'], '{:.2f}')}×{interval} per generated token"
+            )
+            lines.append(
+                f"  {config['label']} k={config['k']} concurrency {m['concurrency']}: "
+                f"{m['tokens_per_second']:.1f} tok/s, {speedup}; "
+                f"acceptance server {num(m['server_draft_acceptance_rate'])} vs lab "
+                f"{num(m['lab_draft_acceptance_rate'])}; outputs = server baseline "
+                f"{num(m['outputs_match_server_baseline'], '{:.0%}')}, = lab "
+                f"{num(m['outputs_match_lab'], '{:.0%}')}"
+            )
+    return "\n".join(lines)
