@@ -19,36 +19,18 @@ prompts or more; a lab rate of 0 (a random head) can never collapse.
 
 from __future__ import annotations
 
-from sqlalchemy import text
-
 from engine.metrics.stats import wilson_interval
 from storage.db.store import Store
-from storage.records.production import clustered_ratio
-from storage.records.queries import _frame
+from storage.records import queries as q
+from storage.records.production import clustered_ratio, series_counts
 
 COLLAPSE_RATIO = 0.5  # the server below this share of the lab's rate, at the intervals' edges
-
-
-def server_counts(store: Store, series_id: int) -> dict | None:
-    """A stored series' counters: drafts, draft_tokens, accepted."""
-    with store.read() as conn:
-        row = (
-            conn.execute(
-                text("SELECT drafts, draft_tokens, accepted FROM production_series WHERE id = :s"), {"s": series_id}
-            )
-            .mappings()
-            .first()
-        )
-    return dict(row) if row is not None else None
 
 
 def lab_rate(store: Store, run_id: int) -> tuple[float, float, float, int] | None:
     """The lab run's draft acceptance rate (accepted / proposed) with its prompt-clustered 95 % interval and the
     number of prompts that proposed drafts; None when it proposed none."""
-    with store.read() as conn:
-        df = _frame(
-            conn, "SELECT accepted, proposed FROM prompt_results WHERE run_id = :r AND proposed > 0", {"r": run_id}
-        )
+    df = q.prompt_proposals(store, run_id)
     estimate = clustered_ratio(df["accepted"], df["proposed"])
     return None if estimate is None else (*estimate, int(len(df)))
 
@@ -56,7 +38,7 @@ def lab_rate(store: Store, run_id: int) -> tuple[float, float, float, int] | Non
 def collapse(store: Store, series_id: int, run_id: int) -> dict | None:
     """The server's rate (series `series_id`) against the lab run's, with both intervals and whether it collapsed
     (see the module docstring); None when either side has nothing to compare."""
-    counts = server_counts(store, series_id)
+    counts = series_counts(store, series_id)
     lab = lab_rate(store, run_id)
     if counts is None or lab is None or not counts["drafts"] or not counts["draft_tokens"]:
         return None

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import text
-
 from storage.analysis.schedule import schedule_dict
 from storage.db.store import Store
 from storage.records.confirms import (
@@ -18,6 +16,9 @@ from storage.records.confirms import (
     _num,
     beside_lab,
     comparable_positions,
+    confirm_experiment,
+    confirm_head,
+    confirm_heads,
     first_divergences,
 )
 from storage.records.production import series_document
@@ -25,10 +26,9 @@ from storage.records.production import series_document
 
 def confirm_document(store: Store, confirm_id: int) -> dict:
     """One confirm as `draftlab confirm --json` prints it (SPEC "Confirm in a serving engine"), exactly."""
-    with store.read() as conn:
-        head = conn.execute(text("SELECT * FROM server_confirms WHERE id = :c"), {"c": confirm_id}).mappings().first()
-        if head is None:
-            raise KeyError(confirm_id)
+    head = confirm_head(store, confirm_id)
+    if head is None:
+        raise KeyError(confirm_id)
     rows = _frame_rows(store, confirm_id)
     eid = int(head["experiment_id"])
     baseline = [r for r in rows if r["k"] == 0 and r["speculative_config"] is None]
@@ -103,18 +103,7 @@ def confirm_document(store: Store, confirm_id: int) -> dict:
 def confirms(store: Store, experiment_id: int) -> list[dict]:
     """Every confirm of an experiment, oldest first: its id, status, error, wall time and document (the export's
     `server_confirms`)."""
-    with store.read() as conn:
-        heads = (
-            conn.execute(
-                text(
-                    "SELECT id, status, error, wall_seconds, repeats, created FROM server_confirms "
-                    "WHERE experiment_id = :e ORDER BY id"
-                ),
-                {"e": experiment_id},
-            )
-            .mappings()
-            .all()
-        )
+    heads = confirm_heads(store, experiment_id)
     return [
         {
             "confirm_id": int(h["id"]),
@@ -133,9 +122,8 @@ def confirms(store: Store, experiment_id: int) -> list[dict]:
 def lab_schedule_beside(store: Store, confirm_id: int) -> list[dict]:
     """A schedule confirm: per batch size the lab measured, the lab schedule's k and speedup beside the k vLLM
     served at that concurrency and the server's speedup there (None where the confirm did not measure it)."""
-    with store.read() as conn:
-        eid = conn.execute(text("SELECT experiment_id FROM server_confirms WHERE id = :c"), {"c": confirm_id}).scalar()
-    lab = schedule_dict(store, int(eid)) if eid is not None else None
+    eid = confirm_experiment(store, confirm_id)
+    lab = schedule_dict(store, eid) if eid is not None else None
     if not lab:
         return []
     served = beside_lab(store, confirm_id)

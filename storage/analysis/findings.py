@@ -16,8 +16,8 @@ Each finding is a dict:
 
 Everything is computed from stored rows when called: the aggregations are the SQL GROUP BY queries of
 storage.records.queries (acceptance by position and by token type of one run, the runs' own aggregates), the verdict
-(storage/analysis/verdict.py: which run is best, which are tied, the cheaper tied choice) plus one SQL join of each run
-against its baseline here; pandas only sifts the few rows those return. A finding
+(storage/analysis/verdict.py: which run is best, which are tied, the cheaper tied choice) and the join of each run
+against its baseline (queries.sampling_mismatches); pandas only sifts the few rows those return: no SQL here. A finding
 appears only when the data supports it; below the minimum sample (MIN_VERIFIED verified draft tokens) the
 position and token-type findings are replaced by one that says the data is too thin. No torch, no streamlit.
 """
@@ -30,7 +30,6 @@ import math
 from urllib.parse import urlencode
 
 import pandas as pd
-from sqlalchemy import text
 
 from engine.config.drafter_specs import example_specs
 from engine.config.run_config import BASELINE_PARAMETERS, PARAMETERS, RunConfig
@@ -44,6 +43,7 @@ from storage.analysis.verdict import Verdict, judge, judged_runs
 from storage.db.store import Store
 from storage.records import production
 from storage.records import queries as q
+from storage.records.confirms import beside_lab, confirmed_series, latest_measured, measurement_config
 
 # --- thresholds (each rule below names the ones it uses) ------------------------------------------------------
 MIN_VERIFIED = formula.MIN_VERIFIED  # verified draft tokens below which a share or a rate is not reported
@@ -236,23 +236,12 @@ def _ks(values, sep: str = ",") -> str:
 
 # --- sampling settings differing between arms -------------------------------------------------------------------
 
-_MISMATCH_SQL = """
-SELECT s.id AS run_id, s.sweep_value, s.sweep_label, b.id AS baseline_run_id,
-       s.temperature, b.temperature AS b_temperature, s.top_k, b.top_k AS b_top_k, s.top_p, b.top_p AS b_top_p,
-       s.seed, b.seed AS b_seed, s.max_new_tokens, b.max_new_tokens AS b_max_new_tokens,
-       s.batch_size, b.batch_size AS b_batch_size
-FROM runs s JOIN runs b ON b.id = s.baseline_run_id
-WHERE s.experiment_id = :eid AND s.kind = 'speculative'
-  AND (s.temperature <> b.temperature OR s.top_k <> b.top_k OR s.top_p <> b.top_p OR s.seed <> b.seed
-       OR s.max_new_tokens <> b.max_new_tokens OR s.batch_size <> b.batch_size)
-ORDER BY s.id"""
-
 
 def _sampling_mismatch(ctx: _Context) -> list[dict]:
     """Rule: any speculative run whose temperature/top_k/top_p/seed/max_new_tokens differ from its own baseline's
-    (SQL join of each run with its baseline). Every arm of a comparison must decode alike, so this is an error."""
-    with ctx.store.read() as conn:
-        rows = conn.execute(text(_MISMATCH_SQL), {"eid": ctx.experiment_id}).mappings().all()
+    (storage/records/queries.py's sampling_mismatches: SQL join of each run with its baseline). Every arm of a
+    comparison must decode alike, so this is an error."""
+    rows = q.sampling_mismatches(ctx.store, ctx.experiment_id)
     if not rows:
         return []
     parts, data = [], []
@@ -897,7 +886,9 @@ def _production(ctx: _Context) -> list[dict]:
     draft acceptance rate when the server counts no positions) against the lab run's prompt-clustered 95 %
     interval; outside it, the traffic differs from the prompts tuned on (a warning); inside, the lab holds (info)."""
     found = []
-    confirmed = _confirm_series(ctx)  # a confirm's counters are production series too: its own rule reads them
+    confirmed = confirmed_series(
+        ctx.store, ctx.experiment_id
+    )  # a confirm's counters are production series too: its own rule reads them
     for item in production.comparison(ctx.store, ctx.experiment_id):
         if item.get("metric") is None or item["series_id"] in confirmed:
             continue
@@ -956,17 +947,6 @@ def _production(ctx: _Context) -> list[dict]:
 # --- confirmed in the serving engine -------------------------------------------------------------------------------
 
 
-def _confirm_series(ctx: _Context) -> set[int]:
-    with ctx.store.read() as conn:
-        return {
-            int(i)
-            for i in conn.execute(
-                text("SELECT series_id FROM server_measurements WHERE experiment_id = :e AND series_id IS NOT NULL"),
-                {"e": ctx.experiment_id},
-            ).scalars()
-        }
-
-
 def _confirm(ctx: _Context) -> list[dict]:
     """Rule: the newest confirm with speculative measurements (storage/records/confirms.py), per configuration and
     concurrency: greedy outputs with speculation that differ from the server's own target-only outputs (an error:
@@ -975,8 +955,6 @@ def _confirm(ctx: _Context) -> list[dict]:
     conditional acceptance lies outside the lab run's 95 % interval (same prompts, so the engines draft
     differently, not the traffic); or, beyond that, the server's acceptance COLLAPSED against the lab's
     (`_collapse`: what to check instead)."""
-    from storage.records.confirms import beside_lab, latest_measured
-
     confirm_id = latest_measured(ctx.store, ctx.experiment_id)
     if confirm_id is None:
         return []
@@ -1187,13 +1165,7 @@ def _collapse(ctx: _Context, r, where: str, data: dict) -> list[dict]:
     server drafts with something else than the lab measured."""
     if r.series_id is None or r.series_id != r.series_id or r.run_id is None or r.run_id != r.run_id:
         return []
-    with ctx.store.read() as conn:
-        config = json.loads(
-            conn.execute(
-                text("SELECT speculative_config FROM server_measurements WHERE id = :m"), {"m": int(r.measurement_id)}
-            ).scalar()
-            or "{}"
-        )
+    config = measurement_config(ctx.store, int(r.measurement_id))
     if config.get("num_speculative_tokens_per_batch_size"):
         return []  # a schedule's k varies with the batch: its rate is not one k's
     result = collapse(ctx.store, int(r.series_id), int(r.run_id))

@@ -6,11 +6,11 @@
     α = Σ accepted / Σ (accepted + rejected)   (every verified draft token of those runs counts once)
     c = the mean of the runs' c                (target step / draft step, each against its own baseline)
 
-pooled in SQL (`pooled_inputs`), and not reported under MIN_VERIFIED verified draft tokens. A run's own
-`predicted_speedup` column (SPEC: the formula at that run's α, k and c) is a different figure and is always
+pooled in SQL (storage/records/queries.py's `pooled_runs`, read by `pooled_inputs`), and not reported under
+MIN_VERIFIED verified draft tokens. A run's own `predicted_speedup` column (SPEC: the formula at that run's α, k and c) is a different figure and is always
 labelled "at the run's own α, c". The cost-aware prediction's best k (`cost_aware_best`) is the detail page's,
 the findings' and the Theory page's.
-Plain pandas + SQL, no torch.
+Plain pandas over stored rows (no SQL here), no torch.
 """
 
 from __future__ import annotations
@@ -18,25 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
-from sqlalchemy import text
 
 from engine.config.drafter_specs import SPECS
 from engine.metrics import theory
 from storage.db.store import Store
+from storage.records import queries as q
 
 MIN_VERIFIED = 30  # verified draft tokens below which a pooled α (and so the formula) is not reported
 K_MAX_SHOWN = 8  # the curve reaches at least this k (and one past the formula's best)
 
 _CONSTANT_K = tuple(name for name, spec in SPECS.items() if spec.constant_k)
-
-_POOLED_SQL = """
-SELECT COUNT(*) AS runs, SUM(r.accepted) AS accepted, SUM(r.accepted + r.rejected) AS verified,
-       AVG(b.target_step_seconds / r.draft_step_seconds) AS c
-FROM runs r JOIN runs b ON b.id = r.baseline_run_id
-WHERE r.experiment_id = :eid AND r.kind = 'speculative' AND r.status = 'done'
-  AND (r.drafter IS NULL OR r.drafter IN ({constant}))
-  AND b.status = 'done' AND b.target_step_seconds > 0 AND r.draft_step_seconds > 0
-  AND r.accepted IS NOT NULL AND r.rejected IS NOT NULL{at_batch}"""
 
 
 @dataclass(frozen=True)
@@ -65,13 +56,7 @@ def pooled_inputs(store: Store, experiment_id: int, batch_size: int | None = Non
     """The experiment's pooled α and c (see the module doc), or None when fewer than MIN_VERIFIED draft tokens
     were verified by finished constant-k runs with a measured c. batch_size: only that batch size's runs (a grid's
     α and c differ per batch size: never pooled across them)."""
-    params = {"eid": experiment_id, "bs": batch_size, **{f"d{i}": name for i, name in enumerate(_CONSTANT_K)}}
-    sql = _POOLED_SQL.format(
-        constant=", ".join(f":d{i}" for i in range(len(_CONSTANT_K))),
-        at_batch=" AND r.batch_size = :bs" if batch_size is not None else "",
-    )
-    with store.read() as conn:
-        row = conn.execute(text(sql), params).mappings().first()
+    row = q.pooled_runs(store, experiment_id, _CONSTANT_K, batch_size)
     if (
         row is None
         or not row["runs"]
@@ -108,7 +93,6 @@ def cost_aware_best(store: Store, experiment_id: int) -> tuple[int, float] | Non
     verdict can choose from (storage/analysis/verdict.py's candidates: finished, usable; a grid's at its smallest batch
     size)."""
     from storage.analysis.verdict import verdict
-    from storage.records import queries as q
 
     chosen = {c.run_id for c in verdict(store, experiment_id).candidates}
     runs = q.runs(store, experiment_id)

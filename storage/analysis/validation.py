@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import pandas as pd
-from sqlalchemy import text
 
 from engine.config.run_config import RUN_PARAMETERS, RunConfig
 from engine.metrics.stats import clustered_ratio_se
@@ -118,19 +117,12 @@ class AlphaEstimate:
 def alpha_estimate(store: Store, run_id: int) -> AlphaEstimate | None:
     """The run's α and its prompt-level standard error (engine/metrics/stats.py's clustered_ratio_se over the run's
     per-prompt rollups); None without verified draft tokens."""
-    with store.read() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT accepted, accepted + rejected AS verified FROM prompt_results "
-                "WHERE run_id = :rid AND accepted IS NOT NULL AND rejected IS NOT NULL"
-            ),
-            {"rid": int(run_id)},
-        ).all()
-    estimate = clustered_ratio_se([r.accepted for r in rows], [r.verified for r in rows])
+    rows = q.prompt_verified(store, run_id)
+    estimate = clustered_ratio_se([accepted for accepted, _ in rows], [verified for _, verified in rows])
     if estimate is None:
         return None
     alpha, se, prompts = estimate
-    return AlphaEstimate(alpha, se, prompts, int(sum(r.verified for r in rows)))
+    return AlphaEstimate(alpha, se, prompts, int(sum(verified for _, verified in rows)))
 
 
 def alpha_drop_z(tune: AlphaEstimate, held_out: AlphaEstimate) -> float | None:

@@ -463,3 +463,55 @@ def latest_measured(store: Store, experiment_id: int) -> int | None:
             ),
             {"e": experiment_id},
         ).scalar()
+
+
+def confirm_head(store: Store, confirm_id: int) -> dict | None:
+    """The confirm's own row (server_confirms: experiment, engine and its version, status, ...); None for none."""
+    with store.read() as conn:
+        head = conn.execute(text("SELECT * FROM server_confirms WHERE id = :c"), {"c": confirm_id}).mappings().first()
+    return dict(head) if head is not None else None
+
+
+def confirm_experiment(store: Store, confirm_id: int) -> int | None:
+    """The experiment a confirm measured; None for no such confirm."""
+    with store.read() as conn:
+        eid = conn.execute(text("SELECT experiment_id FROM server_confirms WHERE id = :c"), {"c": confirm_id}).scalar()
+    return int(eid) if eid is not None else None
+
+
+def confirm_heads(store: Store, experiment_id: int) -> list[dict]:
+    """Every confirm of an experiment, oldest first: id, status, error, wall_seconds, repeats, created."""
+    with store.read() as conn:
+        return [
+            dict(row)
+            for row in conn.execute(
+                text(
+                    "SELECT id, status, error, wall_seconds, repeats, created FROM server_confirms "
+                    "WHERE experiment_id = :e ORDER BY id"
+                ),
+                {"e": experiment_id},
+            )
+            .mappings()
+            .all()
+        ]
+
+
+def confirmed_series(store: Store, experiment_id: int) -> set[int]:
+    """The production series the experiment's confirms stored (a confirm's counters are series too)."""
+    with store.read() as conn:
+        return {
+            int(i)
+            for i in conn.execute(
+                text("SELECT series_id FROM server_measurements WHERE experiment_id = :e AND series_id IS NOT NULL"),
+                {"e": experiment_id},
+            ).scalars()
+        }
+
+
+def measurement_config(store: Store, measurement_id: int) -> dict:
+    """A server measurement's speculative_config, decoded ({} for the target alone or no such measurement)."""
+    with store.read() as conn:
+        config = conn.execute(
+            text("SELECT speculative_config FROM server_measurements WHERE id = :m"), {"m": measurement_id}
+        ).scalar()
+    return json.loads(config or "{}")

@@ -280,3 +280,16 @@ def comparison(store: Store, experiment_id: int) -> list[dict]:
                     break
         out.append(item)
     return out
+
+
+def series_counts(store: Store, series_id: int) -> dict | None:
+    """A stored series' counters: drafts, draft_tokens, accepted; None for no such series."""
+    with store.read() as conn:
+        row = (
+            conn.execute(
+                text("SELECT drafts, draft_tokens, accepted FROM production_series WHERE id = :s"), {"s": series_id}
+            )
+            .mappings()
+            .first()
+        )
+    return dict(row) if row is not None else None

@@ -723,3 +723,80 @@ def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
         "queued_training_jobs": int(queued_jobs or 0),
         "running_runs": sum(int(r["runs"]) for r in running),
     }
+
+
+# --- reads for the analysis (storage/analysis/: the verdict, formula, findings and validation compute from these) ---
+
+_POOLED_SQL = """
+SELECT COUNT(*) AS runs, SUM(r.accepted) AS accepted, SUM(r.accepted + r.rejected) AS verified,
+       AVG(b.target_step_seconds / r.draft_step_seconds) AS c
+FROM runs r JOIN runs b ON b.id = r.baseline_run_id
+WHERE r.experiment_id = :eid AND r.kind = 'speculative' AND r.status = 'done'
+  AND (r.drafter IS NULL OR r.drafter IN ({drafters}))
+  AND b.status = 'done' AND b.target_step_seconds > 0 AND r.draft_step_seconds > 0
+  AND r.accepted IS NOT NULL AND r.rejected IS NOT NULL{at_batch}"""
+
+
+def pooled_runs(
+    store: Store, experiment_id: int, drafters: tuple[str, ...], batch_size: int | None = None
+) -> dict | None:
+    """runs, accepted (Σ), verified (Σ accepted + rejected) and c (the mean of target step / draft step, each run
+    against its own baseline) over the experiment's finished speculative runs drafted by one of `drafters` (or no
+    drafter recorded) with a measured c; batch_size: only that batch size's runs. storage/analysis/formula.py's
+    pooled α and c."""
+    params = {"eid": experiment_id, "bs": batch_size, **{f"d{i}": name for i, name in enumerate(drafters)}}
+    sql = _POOLED_SQL.format(
+        drafters=", ".join(f":d{i}" for i in range(len(drafters))),
+        at_batch=" AND r.batch_size = :bs" if batch_size is not None else "",
+    )
+    with store.read() as conn:
+        row = conn.execute(text(sql), params).mappings().first()
+    return dict(row) if row is not None else None
+
+
+_MISMATCH_SQL = """
+SELECT s.id AS run_id, s.sweep_value, s.sweep_label, b.id AS baseline_run_id,
+       s.temperature, b.temperature AS b_temperature, s.top_k, b.top_k AS b_top_k, s.top_p, b.top_p AS b_top_p,
+       s.seed, b.seed AS b_seed, s.max_new_tokens, b.max_new_tokens AS b_max_new_tokens,
+       s.batch_size, b.batch_size AS b_batch_size
+FROM runs s JOIN runs b ON b.id = s.baseline_run_id
+WHERE s.experiment_id = :eid AND s.kind = 'speculative'
+  AND (s.temperature <> b.temperature OR s.top_k <> b.top_k OR s.top_p <> b.top_p OR s.seed <> b.seed
+       OR s.max_new_tokens <> b.max_new_tokens OR s.batch_size <> b.batch_size)
+ORDER BY s.id"""
+
+
+def sampling_mismatches(store: Store, experiment_id: int) -> list[dict]:
+    """The experiment's speculative runs that decoded with other sampling settings than their own baseline (SQL join
+    of each run with its baseline), in run order: run_id, sweep_value, sweep_label, baseline_run_id and each of
+    temperature, top_k, top_p, seed, max_new_tokens, batch_size beside the baseline's (`b_temperature`, ...)."""
+    with store.read() as conn:
+        return [dict(row) for row in conn.execute(text(_MISMATCH_SQL), {"eid": experiment_id}).mappings().all()]
+
+
+def run_row(store: Store, run_id: int) -> dict:
+    """Every column the runs table has for this run (draft / drafter exist only in newer schemas); {} when none."""
+    with store.read() as conn:
+        row = conn.execute(text("SELECT * FROM runs WHERE id = :rid"), {"rid": run_id}).mappings().first()
+    return dict(row) if row is not None else {}
+
+
+def prompt_proposals(store: Store, run_id: int) -> pd.DataFrame:
+    """accepted, proposed: the run's per-prompt rollups of the prompts that proposed drafts."""
+    with store.read() as conn:
+        return _frame(
+            conn, "SELECT accepted, proposed FROM prompt_results WHERE run_id = :r AND proposed > 0", {"r": run_id}
+        )
+
+
+def prompt_verified(store: Store, run_id: int) -> list[tuple[int, int]]:
+    """(accepted, verified = accepted + rejected) of each of the run's prompts with both counted."""
+    with store.read() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT accepted, accepted + rejected AS verified FROM prompt_results "
+                "WHERE run_id = :rid AND accepted IS NOT NULL AND rejected IS NOT NULL"
+            ),
+            {"rid": int(run_id)},
+        ).all()
+    return [(row.accepted, row.verified) for row in rows]

@@ -766,15 +766,6 @@ def caveats(v, run_id: int, measured: tuple | None = None) -> list[str]:
     return out
 
 
-def _stored_run_columns(store, run_id: int) -> dict:
-    """Every column the runs table has for this run (draft / drafter exist only in newer schemas)."""
-    from sqlalchemy import text
-
-    with store.read() as conn:
-        row = conn.execute(text("SELECT * FROM runs WHERE id = :rid"), {"rid": run_id}).mappings().first()
-    return dict(row) if row is not None else {}
-
-
 def _grid_schedule(experiment_id: int, experiment: dict, run_id: int | None, grid) -> dict | None:
     """A k grid's schedule to deploy (storage/analysis/schedule.py), None when not a grid, not over k, or a run is named. A
     DeployError when every batch size measured is served without speculation: there is nothing to deploy."""
@@ -833,7 +824,7 @@ def deploy_document(
     vllm_grid = _grid_schedule(experiment_id, experiment, run_id, grid)
     row, chosen_by = _chosen_run(store, experiment_id, run_id, v, batch_size, grid)
     rid = int(row["run_id"])
-    stored = {key: value for key, value in _stored_run_columns(store, rid).items() if key != "id"}
+    stored = {key: value for key, value in q.run_row(store, rid).items() if key != "id"}
     run = plain({**stored, **row.to_dict()})
     cfg = configuration(run, experiment, with_max_new_tokens)
     ci = [run.get("speedup_ci_lo"), run.get("speedup_ci_hi")]
