@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The drafter comparison of benchmarks/bench_eagle3.py confirmed in vLLM (the README's "EAGLE-3 heads" figure):
+# The drafter comparison of benchmarks/bench_eagle3.py confirmed in vLLM (benchmarks/bench_eagle3.md's vLLM figure):
 # one lab experiment per draft on code:validation (greedy, 48 tokens, k 2,3,4, 2 repeats), then `draftlab confirm`
 # of each experiment's chosen configuration in vLLM's server at concurrency 1 (2 passes per server), three times per
 # draft, interleaved (1 2 3, 1 2 3, 1 2 3): one confirm's interval resamples its passes within one pair of server starts,
-# and on this CPU the speedup moves by more than that from one confirm to the next (README). Suffix decoding
+# and on this CPU the speedup moves by more than that from one confirm to the next (benchmarks/bench_eagle3.md). Suffix decoding
 # is left out: vLLM's needs arctic-inference, which does not install on a CPU-only machine.
 #
 #   ./benchmarks/bench_eagle3_vllm.sh [OUT_DIR]     # the JSON documents go to OUT_DIR (default: a temporary one)

@@ -51,7 +51,7 @@ def _set_choice(spec: str) -> str:
 
 
 # The form starts from the recipe that made the shipped demo-draft-distilled (its distill.json, the command the
-# README gives), not from the first version's settings, which made a weak draft.
+# benchmarks/bench_distilled.md gives), not from the first version's settings, which made a weak draft.
 _RECIPE = zoo.recipe("demo-draft-distilled")
 DEFAULTS = {
     "train_target": zoo.DEMO_TARGET,

@@ -190,20 +190,6 @@ def test_every_cli_number_parser_gives_a_bounded_value_or_one_line(index, text):
     assert isinstance(value, float) or abs(value) <= DB_INT_MAX, (where, value)  # fits every database column
 
 
-def test_every_limit_is_documented_in_the_readme_with_its_default():
-    from pathlib import Path
-
-    from engine.config.limits import LIMITS
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    rows = {
-        line.split("`")[-2]: line for line in readme.splitlines() if line.startswith("|") and "`DRAFTLAB_LIMIT_" in line
-    }
-    for item in LIMITS.values():
-        assert item.env in rows, f"README's limits table lacks {item.env}"
-        assert f"| {item.default} |" in rows[item.env], rows[item.env]
-
-
 def test_a_non_ascii_space_around_a_number_is_refused():
     """str.strip() also removes U+00A0 and U+3000: '0\\xa0' was read as 0 (found by the fuzz test above)."""
     for text in ("0\xa0", "\u30004", "1.5\u2009"):

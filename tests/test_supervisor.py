@@ -246,13 +246,15 @@ def test_the_experiments_page_draws_the_workers_expander(tmp_path, model_dirs, m
     assert list(at.dataframe[1].value["device"]) == ["cpu:0"]  # the experiments table stays the first dataframe
 
 
-# --- compose.yaml and the README's team setup ------------------------------------------------------------------
+# --- compose.yaml and the docs' team setup ----------------------------------------------------------------------
 
 
 def _team_setup_section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("### Team setup")
-    return readme[start : readme.index("\n### ", start + 1)]
+    """docs/team-setup.md's compose section, up to the next section."""
+    page = (ROOT / "docs" / "team-setup.md").read_text()
+    start = page.index("## PostgreSQL, the dashboard and GPU workers")
+    end = page.find("\n## ", start + 1)
+    return page[start : end if end > 0 else len(page)]
 
 
 def test_compose_file_has_postgres_dashboard_and_a_gpu_worker_on_shared_volumes():
@@ -280,7 +282,7 @@ def test_compose_file_has_postgres_dashboard_and_a_gpu_worker_on_shared_volumes(
     assert services["worker"]["stop_grace_period"]  # SIGTERM: the children end their runs interrupted
 
 
-def test_readme_compose_command_and_service_names_match_the_file():
+def test_team_setup_docs_compose_command_and_service_names_match_the_file():
     import re
 
     import yaml

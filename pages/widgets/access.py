@@ -97,7 +97,7 @@ THROTTLE = LoginThrottle()  # one per dashboard process: every session's login g
 
 def client_address() -> str:
     """The browser's address as Streamlit sees it (behind a proxy: the proxy's). Streamlit gives None for a browser
-    on this machine (127.0.0.1 or ::1): that is "localhost", what README's `local ADDRESS` then reads; "unknown"
+    on this machine (127.0.0.1 or ::1): that is "localhost", what the docs' `local ADDRESS` then reads; "unknown"
     only outside a browser session, where Streamlit cannot be asked."""
     import streamlit as st
 
