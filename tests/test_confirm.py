@@ -23,6 +23,7 @@ from storage.records.confirms import (
     start_confirm,
     summarize,
 )
+from tests.meaning import missing
 
 
 def _sse(*chunks) -> list[bytes]:
@@ -67,7 +68,7 @@ def test_a_server_without_token_ids_is_counted_by_its_usage():
 
 def test_a_stream_cut_before_done_or_an_error_chunk_is_a_failed_request():
     cut = _sse({"choices": [{"text": "a", "token_ids": [1]}]})[:-2]
-    with pytest.raises(RequestFailed, match="prompt 3: the stream ended without \\[DONE\\]"):
+    with pytest.raises(RequestFailed, match=r"prompt 3\b.*\[DONE\]"):
         read_stream(cut, RequestRecord(prompt_index=3, sent=0.0), _clock(1.0), 0.0)
     with pytest.raises(RequestFailed, match="mid-stream: out of memory"):
         read_stream(
@@ -119,7 +120,7 @@ def test_speedup_of_equal_work_is_baseline_wall_over_speculative_wall_with_passe
 def test_outputs_match_gives_the_share_equal_and_the_first_divergence():
     share, first = outputs_match({0: [1, 2, 3], 1: [4, 5], 2: [6]}, {0: [1, 2, 3], 1: [4, 9], 2: [6]}, "the lab")
     assert share == pytest.approx(2 / 3)
-    assert first == "prompt 1 differs from the lab at token 1 (server 5, the lab 9)"
+    assert not missing(first, "prompt 1", "token 1", "server 5", "the lab 9"), first
     assert outputs_match({0: [1]}, {}, "the lab") == (None, None)
 
 
@@ -198,7 +199,7 @@ def test_confirm_refuses_half_a_pair_of_servers_in_one_line(tmp_path, capsys):
     open_store(f"sqlite:///{tmp_path / 'x.db'}").dispose()  # a database that is there (confirm never creates one)
     assert main(["confirm", "1", "--server", "http://127.0.0.1:9", "--db", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --server and --baseline-server go together") and "\n" not in err
+    assert err.startswith("error: --server ") and "--baseline-server" in err and "\n" not in err
     assert main(["confirm", "1", "--concurrency", "1,0", "--db", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
     assert "is not a concurrency" in capsys.readouterr().err
 
@@ -216,7 +217,7 @@ def test_a_server_that_exits_before_it_is_ready_is_one_line_with_its_last_error(
     err = capsys.readouterr().err
     assert status == 1
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
-    assert "exited with status 3 before it was ready: RuntimeError: no CPU backend" in line
+    assert not missing(line, "status 3", "RuntimeError: no CPU backend"), line  # its exit status, its log's error
     from storage import open_store
     from storage.analysis.confirm_report import confirms
 
