@@ -18,7 +18,7 @@ import pytest
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
-# Screenshots land in a temp dir; `DRAFTLAB_SCREENSHOTS=docs/screenshots` regenerates the README's images.
+# Screenshots land in a temp dir; `DRAFTLAB_SCREENSHOTS=docs/screenshots` regenerates docs/dashboard.md's images.
 SCREENSHOTS = Path(os.environ.get("DRAFTLAB_SCREENSHOTS") or Path(tempfile.gettempdir()) / "draftlab-screenshots")
 needs_chromium = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)"

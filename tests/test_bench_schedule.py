@@ -1,5 +1,5 @@
 """benchmarks/bench_schedule.py runs: a tiny batch x k grid through the CLI (a separate process), and every figure it
-prints per batch size is the run document's (the README quotes its output)."""
+prints per batch size is the run document's (benchmarks/bench_schedule.md quotes its output)."""
 
 from __future__ import annotations
 

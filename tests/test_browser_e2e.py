@@ -2,7 +2,7 @@
 launched from the New-experiment page (and a smaller second sweep queued behind it), run by the local worker that
 `ui` starts, then its detail page checked against storage's queries, a token click in the round explorer selecting
 its round, Compare's legend and line labels naming both experiments, with screenshots of the real app saved for the
-README.
+docs (docs/dashboard.md).
 
 Needs Debian's chromium at /usr/bin/chromium (driven by Playwright); skipped, with that reason, without it.
 """
@@ -28,7 +28,7 @@ from tests.browser import settle as _settle
 
 TARGET, DRAFT = os.environ.get("DRAFTLAB_E2E_TARGET", "demo-target"), os.environ.get("DRAFTLAB_E2E_DRAFT", "demo-draft")
 PROMPTS = ["def fibonacci(n):", "The capital of France is"]
-# Small by default (about a minute on a shared 2-core CPU); the README's screenshots come from a larger run:
+# Small by default (about a minute on a shared 2-core CPU); the docs' screenshots come from a larger run:
 #   DRAFTLAB_E2E_PROMPT_FILE=engine/prompts/code/validation.jsonl DRAFTLAB_E2E_MAX_NEW_TOKENS=64 \
 #     pytest tests/test_browser_e2e.py
 PROMPT_FILE = os.environ.get("DRAFTLAB_E2E_PROMPT_FILE")
@@ -230,7 +230,7 @@ def test_launch_watch_and_diagnose_a_demo_experiment_in_the_browser(dashboard, b
     assert by_type["rate"].tolist() == pytest.approx(expected["rate"].tolist(), nan_ok=True)
     assert by_type["verified"].tolist() == expected["verified"].tolist()
 
-    # The other views of the same experiment, for the README.
+    # The other views of the same experiment, for the docs.
     page.goto(f"{dashboard['url']}/rounds?experiment={experiment_id}&run={best_run}&prompt=0")
     page.get_by_text("the draft's proposals").wait_for()
     _settle(page)

@@ -11,7 +11,8 @@ registered, so nothing launched here runs). Then:
   says so under both the α and the tokens-per-round chart.
 - Time to charts on the detail page of the k sweep, first visit (a fresh server, nothing cached) and second (a new
   tab): from the navigation's start until every chart the page ends with is drawn. Reported on stderr with the
-  load average (run with -s to see it), never asserted: the machine is shared. README quotes the figures.
+  load average (run with -s to see it), never asserted: the machine is shared. benchmarks/bench_pages.md quotes
+  the figures.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from tests.browser import (
 
 pytestmark = needs_chromium
 CORPUS = ["def add(a, b):\n", "for i in range(10):\n", "The capital of France is"]
-# Four steps by default (the job, not the gain, is under test); the README's screenshot comes from a longer one:
+# Four steps by default (the job, not the gain, is under test); docs/dashboard.md's screenshot comes from a longer one:
 #   DRAFTLAB_SCREENSHOTS=docs/screenshots DRAFTLAB_E2E_TRAIN_STEPS=120 \
 #   DRAFTLAB_E2E_TRAIN_CORPUS=engine/prompts/code/tune.jsonl pytest tests/test_browser_train.py
 CORPUS_FILE = os.environ.get("DRAFTLAB_E2E_TRAIN_CORPUS")
