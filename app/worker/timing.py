@@ -1,5 +1,5 @@
-"""The timing executor: one experiment's claimed runs timed together, prompt-major (timing protocol v2, README
-"Timing protocol"), on the job's models, each prompt's rows committed in one transaction fenced to the worker
+"""The timing executor: one experiment's claimed runs timed together, prompt-major (timing protocol v2,
+docs/metrics.md), on the job's models, each prompt's rows committed in one transaction fenced to the worker
 that owns the runs. The Worker (app/worker/worker.py) claims the runs, calls time_group, and closes them.
 """
 

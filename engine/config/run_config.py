@@ -38,7 +38,7 @@ RUN_PARAMETERS = tuple(name for name in PARAMETERS if name != "repeats")
 BASELINE_PARAMETERS = tuple(name for name in RUN_PARAMETERS if name in SETTINGS or VARIABLES[name].per_value_baseline)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEFAULT_REPEATS = 3  # README "Timing protocol": what the demo pair needs to meet the spread goal
+DEFAULT_REPEATS = 3  # benchmarks/bench_protocol.md: what the demo pair needs to meet the spread goal
 # Link and command-line keys that are not a described parameter: what the run decodes with, and the sweep.
 URL_KEYS = ("target", "prompts", "device", "dtype", "sweep", "values", "batch_sizes", "k_auto")
 
