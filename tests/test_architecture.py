@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,12 @@ FORBIDDEN = [
         "storage.records.columns -> storage.analysis.verdict",
     ),
     (
+        "storage/analysis/catalog.py",
+        "def _f():\n    from sqlalchemy import text",
+        "the analysis speaks no SQL: it reads through storage.records",
+        "storage.analysis.catalog -> sqlalchemy",
+    ),
+    (
         "pages/widgets/charts.py",
         "def _f():\n    from pages.panels import advice",
         "pages: a page > panels > widgets",
@@ -175,3 +182,46 @@ def test_importing_the_dashboard_imports_no_torch():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
+# The analysis computes from stored rows: every read is a named function of storage/records (the import contract
+# "the analysis speaks no SQL" forbids sqlalchemy; this finds what an import cannot show: a statement in a string, a
+# connection opened). The serving engines' vocabulary (deploy's flag mapping, the export's documents) likewise.
+NO_SQL = (
+    *sorted((ROOT / "storage" / "analysis").glob("*.py")),
+    ROOT / "storage" / "serving" / "deploy.py",
+    ROOT / "storage" / "serving" / "export.py",
+)
+SQL_STATEMENT = re.compile(r"\b(SELECT|INSERT INTO|UPDATE|DELETE FROM)\s")
+DATABASE_CALLS = ("read", "write", "execute", "begin", "connect")  # Store.read/write, a connection's execute ...
+
+
+def sql_in(source: str, filename: str = "<source>") -> list[str]:
+    """`line: what` for each string literal (f-strings' parts too) holding a SQL statement, and each call of a
+    database method (`store.read()`, `conn.execute(...)`), in a module's source."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL_STATEMENT.search(node.value):
+            found.append(f"{node.lineno}: {node.value.strip()[:60]!r}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DATABASE_CALLS:
+            found.append(f"{node.lineno}: .{node.func.attr}()")
+    return found
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'def f(store):\n    with store.read() as conn:\n        return conn.execute(text("SELECT 1"))\n',
+        'SQL = """\nSELECT s.id FROM runs s\nWHERE s.kind = 1"""\n',
+        'def f(table):\n    return f"DELETE FROM {table} WHERE id = 1"\n',
+        "def f(conn):\n    conn.execute(q)\n",
+    ],
+)
+def test_the_sql_check_finds_a_statement_or_a_connection(source):
+    assert sql_in(source)
+
+
+@pytest.mark.parametrize("path", NO_SQL, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_analysis_holds_no_sql(path):
+    assert path.exists()
+    assert sql_in(path.read_text(), str(path)) == [], f"{path.relative_to(ROOT)}: read through storage/records"
