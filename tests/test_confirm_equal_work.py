@@ -18,6 +18,7 @@ import pytest
 from app.cli import main
 from app.serving.completions_load import PassRecord
 from engine.metrics.sampled_outputs import ALPHA, MIN_PROMPTS, compare_sampled
+from tests.meaning import missing
 
 FAKE = shlex.join([sys.executable, str(Path(__file__).with_name("fake_vllm.py"))])
 
@@ -50,7 +51,8 @@ def test_a_speedup_above_the_servers_tokens_per_step_or_over_changed_outputs_is_
 
     greedy_same = {"outputs_match_server_baseline": 1.0}
     # the figures: 1.57× (1.35–1.89) from a server emitting 1.09 tokens per step
-    assert "exceeds the server's 1.09 tokens per step" in withheld(1.57, [1.35, 1.89], 1.09, greedy_same, None)
+    why = withheld(1.57, [1.35, 1.89], 1.09, greedy_same, None)
+    assert not missing(why, "1.57", "1.09 tokens per step", "--repeats"), why  # the bound, and the fix
     assert withheld(1.15, [1.02, 1.3], 1.09, greedy_same, None) is None  # the interval reaches the bound: noise
     assert withheld(1.15, None, 1.09, greedy_same, None) is not None  # one pass: its figure is the bound
     assert withheld(1.5, [1.4, 1.6], None, greedy_same, None) is None  # no counters, no bound
