@@ -28,6 +28,7 @@ from sqlalchemy import text
 
 from app.cli import main
 from tests.fault_tools import ConfirmProcess, FakeServers, wait_until
+from tests.meaning import missing
 
 FAKE = shlex.join([sys.executable, str(Path(__file__).with_name("fake_vllm.py"))])
 LOG = r" \(log: (\S+\.log)\)"
@@ -218,13 +219,10 @@ def test_a_port_taken_every_time_is_one_line_and_the_other_configuration_is_kept
         status, lines, stored, rows, series = _confirm(lab, capsys, monkeypatch, "")
     assert status == 1
     (line,) = lines
-    name = f"run {runs[1]} \\(k=1\\)"
-    assert re.fullmatch(
-        f"error: {name}: the vLLM server for {name} could not bind 127.0.0.1:{port} \\(Address already in use\\), "
-        f"the last of 3 free ports DraftLab chose; another program takes loopback ports as they free up: stop it, "
-        f"or start vLLM yourself and pass --server / --baseline-server{LOG}",
-        line,
-    ), line
+    # the configuration, the port, the OS's reason, the tries, the way out (servers of your own), and the log
+    assert line.startswith(f"error: run {runs[1]} (k=1): ") and re.search(f"{LOG}$", line), line
+    tried = (f"127.0.0.1:{port}", "Address already in use", f"{BIND_ATTEMPTS} free ports", " --server", "--baseline")
+    assert not missing(line, *tried), line
     _kept(stored, rows, series, 2, runs[2])
 
 
@@ -346,7 +344,7 @@ def test_the_next_confirm_ends_the_servers_a_killed_confirm_and_its_watchdogs_le
         == 0
     )
     first, second = _stored_confirms(db)
-    assert first["status"] == "interrupted" and "2 vLLM server process(es) it left running were ended" in first["error"]
+    assert first["status"] == "interrupted" and not missing(first["error"], "2 vLLM server process", "ended")
     assert second["status"] == "done" and fakes.alive() == []
 
 
@@ -363,22 +361,24 @@ def test_the_error_quoted_from_a_server_log_is_the_real_one_not_a_warning():
         'INFO:     127.0.0.1:34228 - "POST /v1/completions HTTP/1.1" 200 OK',
     ]
     # a server killed mid-pass (vLLM's log as it was): no error in it, and no warning quoted as one
-    assert last_error("\n".join([ulimit, *served])).startswith("its log names no error (its last line: INFO:")
+    said = last_error("\n".join([ulimit, *served]))
+    assert "no error" in said and served[-1] in said and "ulimit" not in said, said
     core = "(EngineCore_DP0 pid=20) ERROR 12-06 16:36:30 [core.py:700] "
+    cause = "ValueError: the draft's vocabulary differs from the target's"  # the root cause, above vLLM's wrapper
     crashed = [
         ulimit,
         f"{core}EngineCore failed to start.",
         f"{core}Traceback (most recent call last):",
         f'{core}  File "core.py", line 3, in run',
         f"{core}    raise ValueError(",
-        f"{core}ValueError: the draft's vocabulary differs from the target's",
+        f"{core}{cause}",
         "Traceback (most recent call last):",
         '  File "api_server.py", line 9, in <module>',
         "    raise RuntimeError(",
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
         "/x/y.py:3: FutureWarning: this error will become an Error",
     ]
-    assert last_error("\n".join(crashed)).endswith("ValueError: the draft's vocabulary differs from the target's")
+    assert last_error("\n".join(crashed)).endswith(cause)
     assert last_error("\n".join([ulimit, "api_server.py: error: unrecognized arguments: --foo"])).endswith(
         "unrecognized arguments: --foo"
     )
