@@ -404,8 +404,8 @@ def main(argv=None) -> int:
                     f"SQLite writes refused {outage:g} s mid-run, bound {bound:g} s",
                     f"sqlite:///{path}",
                     models,
-                    lambda: setattr(fault, "on", True),
-                    lambda: setattr(fault, "on", False),
+                    lambda fault=fault: setattr(fault, "on", True),
+                    lambda fault=fault: setattr(fault, "on", False),
                     outage,
                     bound,
                 )
@@ -460,8 +460,8 @@ def main(argv=None) -> int:
                     "soak, SQLite: 30 runs, writes refused 3 times",
                     f"sqlite:///{path}",
                     models,
-                    lambda: setattr(fault, "on", True),
-                    lambda: setattr(fault, "on", False),
+                    lambda fault=fault: setattr(fault, "on", True),
+                    lambda fault=fault: setattr(fault, "on", False),
                 )
             finally:
                 fault.__exit__()

@@ -176,7 +176,7 @@ def main(argv=None) -> int:
         print("| trial | run | requeued | claimed by a worker | next prompt committed |")
         print("|---|---|---|---|---|")
         for i, t in enumerate(trials, 1):
-            cell = lambda k: f"{t[k]:.2f}" if k in t else "—"  # noqa: E731
+            cell = lambda k, t=t: f"{t[k]:.2f}" if k in t else "—"  # noqa: E731
             print(f"| {i} | {t['run']} | {cell('requeued')} | {cell('resumed')} | {cell('committed')} |")
     return 0
 

@@ -10,7 +10,9 @@ from streamlit.testing.v1 import AppTest
 
 from app.cli import main
 from storage.analysis import catalog
-from tests.test_pages import TIMEOUT, app, assert_clean, page_text, populated, populated_template  # noqa: F401
+from tests.test_pages import TIMEOUT, app, assert_clean, page_text
+from tests.test_pages import populated as populated  # fixtures, found by name
+from tests.test_pages import populated_template as populated_template
 
 PASSWORD = "correct horse battery staple ünïcode"
 OIDC = {

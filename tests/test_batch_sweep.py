@@ -94,7 +94,7 @@ def test_a_batch_size_sweep_runs_through_the_worker(store, model_dirs):
                     slots.setdefault((prompt // 4, repeat), set()).add(slot)
                 assert all(len(s) == 1 for s in slots.values())
     # The median repeat of each batch is recorded, all its rows from that one repeat (2 repeats: the lower one).
-    for (kind, size), rid in by.items():
+    for (_kind, size), rid in by.items():
         recorded, repeats = worker.results[rid], worker.repeats[rid]
         for first in range(0, len(PROMPTS), size):
             rows = range(first, min(first + size, len(PROMPTS)))

@@ -1,5 +1,5 @@
-"""`draftlab distill` (engine/training/distill.py + app/cli.py): distillation lowers held-out KL, --focus-from weights the
-loss toward what an experiment rejected, the output directory loads by path and speculates losslessly, and bad
+"""`draftlab distill` (engine/training/distill.py + app/cli.py): distillation lowers held-out KL, --focus-from weights
+the loss toward what an experiment rejected, the output directory loads by path and speculates losslessly, and bad
 input ends in one error line (exit 2)."""
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def test_postgres_statement_bugs_are_not_outages(scratch):
             ("SELECT 1 / 0", "22012"),
             ("SELECT 2147483647 + 1", "22003"),
         ]:
-            exc = _raised(lambda: _execute(engine, statement))
+            exc = _raised(lambda statement=statement: _execute(engine, statement))
             assert sqlstate(exc) == state and not transient_db_error(exc), (statement, exc)
     finally:
         engine.dispose()

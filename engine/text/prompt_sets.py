@@ -188,7 +188,9 @@ def _read_text(path: Path, display: str) -> str:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise DraftLabError(f"{display}: cannot read the prompt file ({exc.strerror or exc}): check its permissions")
+        raise DraftLabError(
+            f"{display}: cannot read the prompt file ({exc.strerror or exc}): check its permissions"
+        ) from exc
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -196,7 +198,7 @@ def _read_text(path: Path, display: str) -> str:
         raise DraftLabError(
             f"{display}: line {line}: undecodable bytes ({data[exc.start : exc.start + 4]!r} at byte "
             f"{exc.start}): save the file as UTF-8"
-        )
+        ) from exc
     if not text.strip():
         raise DraftLabError(f"{display}: the prompt file is empty: add at least one prompt")
     return text
@@ -232,7 +234,7 @@ def _parse_jsonl(text: str, display: str) -> list[str]:
             raise DraftLabError(
                 f"{display}: line {lineno}: invalid JSON ({exc.msg} at column {exc.colno}): "
                 f'write one JSON object per line, e.g. {{"prompt": "..."}}'
-            )
+            ) from exc
         except RecursionError:
             raise DraftLabError(
                 f"{display}: line {lineno}: JSON nested too deeply to read: write one flat object "
@@ -266,7 +268,9 @@ def _parse_csv(text: str, display: str) -> list[str]:
         reader = csv.DictReader(io.StringIO(text, newline=""))
         header = reader.fieldnames or []
     except csv.Error as exc:
-        raise DraftLabError(f"{display}: line 1: malformed CSV header ({exc}): the first row must name the columns")
+        raise DraftLabError(
+            f"{display}: line 1: malformed CSV header ({exc}): the first row must name the columns"
+        ) from exc
     if "prompt" not in [h.strip() for h in header]:
         shown = ", ".join(repr(h)[1:-1] for h in header)[:200]  # escaped: a quoted header may hold a line break
         raise DraftLabError(
@@ -288,7 +292,7 @@ def _parse_csv(text: str, display: str) -> list[str]:
         raise DraftLabError(
             f"{display}: line {reader.line_num}: malformed CSV ({exc}): quote fields that "
             f"contain commas, quotes or newlines"
-        )
+        ) from exc
     return prompts
 
 
