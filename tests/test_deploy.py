@@ -478,6 +478,40 @@ def test_deploy_panel_draws_one_tab_per_engine(tmp_path):
         assert note in captions
     assert len(at.get("download_button")) == 1
     assert not math.isnan(expected["measured"]["speedup"])
+    assert "no experiment 424242" in captions and f"no experiment {eid}" not in captions
+
+
+def test_deploy_panel_shows_a_bug_in_the_mapping_as_a_bug_not_as_a_missing_experiment(tmp_path):
+    """A KeyError raised inside deploy (a mapping without an engine's entry) is an exception on the page, never
+    "no experiment N" (the panel checks that the experiment exists instead of catching KeyError)."""
+    from streamlit.testing.v1 import AppTest
+
+    from storage import open_store
+
+    url = f"sqlite:///{tmp_path / 'panel.db'}"
+    store = open_store(url)
+    eid, _, _ = fill_experiment(store, ks=(2, 4), prompts=3)
+    store.dispose()
+
+    def script(url, eid):
+        import storage.serving.deploy as deploy
+        from pages.panels.deploy_panel import render_deploy_panel
+        from storage import open_store
+
+        original = deploy.configuration
+
+        def broken(*args, **kwargs):
+            raise KeyError("vllm")
+
+        deploy.configuration = broken
+        try:
+            render_deploy_panel(open_store(url), eid, None, expanded=True)
+        finally:
+            deploy.configuration = original
+
+    at = AppTest.from_function(script, args=(url, eid), default_timeout=60).run()
+    assert len(at.exception) == 1 and at.exception[0].message == "'vllm'", at.exception  # the KeyError, as raised
+    assert not any("no experiment" in c.value for c in at.caption)
 
 
 @pytest.mark.parametrize("drafter", ["confidence:0.4", "prompt-lookup:3"])

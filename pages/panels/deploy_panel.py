@@ -47,7 +47,8 @@ def render_deploy_panel(store, experiment_id: int, run_id: int | None = None, ex
             help="The experiment stopped every prompt at its max new tokens to measure; that "
             "is not a serving length, so it is left out unless checked.",
         )
-        sizes = q.grid_sizes(q.experiment(store, experiment_id) or {}) if run_id is None else None
+        experiment = q.experiment(store, experiment_id)
+        sizes = q.grid_sizes(experiment or {}) if run_id is None else None
         batch_size = (
             st.selectbox(
                 "For batch size",
@@ -59,11 +60,13 @@ def render_deploy_panel(store, experiment_id: int, run_id: int | None = None, ex
             if sizes
             else None
         )
+        if experiment is None:  # checked, not caught: a KeyError from deploy is a bug, never "no experiment"
+            st.caption(f"No settings to carry to production yet: no experiment {experiment_id}.")
+            return
         try:
             doc = deploy_document(store, experiment_id, run_id, with_length, batch_size)
-        except (DeployError, KeyError) as exc:
-            reason = str(exc) if isinstance(exc, DeployError) else f"no experiment {experiment_id}"
-            st.caption(f"No settings to carry to production yet: {reason}.")
+        except DeployError as exc:
+            st.caption(f"No settings to carry to production yet: {exc}.")
             return
         st.caption(_summary(doc))
         for caveat in doc["caveats"]:
