@@ -21,7 +21,7 @@ if ! python -c "import torch" 2>/dev/null; then
       || pip install -q torch --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
-if ! python -c "import app, engine, storage, pages, pytest, scipy, playwright, hypothesis, importlinter, prometheus_client" 2>/dev/null \
+if ! python -c "import app, engine, storage, pages, pytest, scipy, playwright, hypothesis, importlinter, ruff, mypy, prometheus_client" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.draftlab-installed ]; then
   say "installing DraftLab and its dependencies into .venv (pip install -e \".[dev]\") …"
   pip install -q -e ".[dev]"
