@@ -3,11 +3,24 @@ rule that turns a verified round into its emitted tokens and draft outcomes.
 
 Nothing here knows about torch, a database or a UI; storage and metrics consume these as they are.
 Names follow ../shared/SPEC.md.
+
+These dataclasses are the one description of what a run stores: every field of a plain type (int, float, str) is
+a column of its record's table under the field's name (DraftToken: draft_tokens, Round: rounds, PromptResult:
+prompt_results), and a Round field declared with `metadata=PER_PROMPT_SUM` is also summed into its prompt's row.
+storage/db/schema.py declares, storage/db/migrations.py adds and storage/records/recording.py fills those columns
+from `stored_fields` and `summed_fields`, so a new measurement is a field here (and the code that measures it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+import types
+import typing
+from dataclasses import dataclass, field, fields
+
+# dataclasses.field metadata of a Round measurement that adds up over a prompt (its prompt row holds the sum).
+PER_PROMPT_SUM = types.MappingProxyType({"per_prompt": "sum"})
+STORED_TYPES = (int, float, str)  # a field of one of these (or None) is a column; lists and nested records are not
 
 # Outcomes of a proposed draft token. Draft i owns output slot i of its round (itself when accepted, else the
 # correction that replaced it). When an EOS or max_new_tokens cuts the round, only drafts whose slot was emitted
@@ -43,9 +56,9 @@ class Round:
     accepted: int  # a_r: accepted draft tokens that were emitted (a cut round counts none past the cut)
     emitted_ids: list[int]  # tokens this round appended to the output (a_r + 1 unless cut by EOS/max_new_tokens)
     emitted_kinds: list[str]  # accepted / correction / bonus, parallel to emitted_ids
-    draft_seconds: float
-    verify_seconds: float
-    draft_forwards: int  # single-step draft forwards taken while drafting (for c)
+    draft_seconds: float = field(metadata=PER_PROMPT_SUM)
+    verify_seconds: float = field(metadata=PER_PROMPT_SUM)
+    draft_forwards: int = field(metadata=PER_PROMPT_SUM)  # single-step draft forwards taken while drafting (for c)
     draft_tokens: list[DraftToken] = field(default_factory=list)
 
     @property
@@ -74,6 +87,27 @@ class PromptResult:
     @property
     def new_tokens(self) -> int:
         return len(self.output_ids)
+
+
+@functools.cache
+def stored_fields(record: type) -> dict[str, type]:
+    """A record class's stored fields, name -> int, float or str, in declaration order: its table's columns (a
+    field that may be None is a column that may be NULL)."""
+    hints = typing.get_type_hints(record)
+    stored = {}
+    for f in fields(record):
+        hint = hints[f.name]
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        kinds = [k for k in (typing.get_args(hint) if union else (hint,)) if k is not type(None)]
+        if len(kinds) == 1 and kinds[0] in STORED_TYPES:
+            stored[f.name] = kinds[0]
+    return stored
+
+
+@functools.cache
+def summed_fields(record: type = Round) -> list[str]:
+    """The round measurements a prompt's row totals (declared with `metadata=PER_PROMPT_SUM`), in declaration order."""
+    return [f.name for f in fields(record) if f.metadata.get("per_prompt") == "sum" and f.name in stored_fields(record)]
 
 
 def settle_round(drafted: list[int], accepted: int, next_token: int, eos_ids: set[int], budget: int):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, inspect, text
 
-from storage.db.schema import SCHEMA_VERSION, Base, schema_info, variable_columns
+from storage.db.schema import SCHEMA_VERSION, Base, record_columns, schema_info, variable_columns
 
 
 class SchemaTooNew(RuntimeError):
@@ -21,12 +21,16 @@ class SchemaTooNew(RuntimeError):
 def _add_columns(conn: Connection, columns) -> None:
     """ALTER TABLE ... ADD COLUMN for each (table, column, SQL type) not there yet (steps may be re-run); a table
     an older version did not have yet is left to create_all, which creates it with every column."""
+    found: dict[str, set[str] | None] = {}  # each table's columns, read once (None: no such table yet)
     for table, column, sql_type in columns:
-        if not inspect(conn).has_table(table):
-            continue
-        existing = {c["name"] for c in inspect(conn).get_columns(table)}
-        if column not in existing:
+        if table not in found:
+            found[table] = (
+                {c["name"] for c in inspect(conn).get_columns(table)} if inspect(conn).has_table(table) else None
+            )
+        existing = found[table]
+        if existing is not None and column not in existing:
             conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+            existing.add(column)
 
 
 def _v1_to_v2(conn: Connection) -> None:
@@ -205,6 +209,13 @@ def add_variable_columns(conn: Connection) -> None:
     _add_columns(conn, variable_columns())
 
 
+def add_record_columns(conn: Connection) -> None:
+    """Every open: each column the engine's records store (storage/db/schema.py's record_columns, from the fields of
+    engine/decoding/records.py), so a new measurement needs no step of its own. Older rows keep NULL there (a
+    measurement they were not taken with)."""
+    _add_columns(conn, record_columns())
+
+
 STEPS: dict[int, Callable[[Connection], None]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
@@ -252,6 +263,7 @@ def ensure_schema(engine) -> int:
         for version in range(found, SCHEMA_VERSION):
             STEPS[version](conn)
         add_variable_columns(conn)  # a variable described since this database's version (no step of its own)
+        add_record_columns(conn)  # a measurement the engine's records gained since (no step of its own either)
         # New tables and indexes of later versions (create_all skips what exists).
         Base.metadata.create_all(conn)
         if found < SCHEMA_VERSION:

@@ -551,6 +551,45 @@ def _declare_variable_columns() -> None:
 
 _declare_variable_columns()
 
+# What a run stores is described once, by the engine's records (engine/decoding/records.py): each stored field of
+# a DraftToken, Round or PromptResult is a column of its table, and each round measurement summed per prompt is a
+# column of prompt_results too. Those written out above keep their declaration; a field added since gets its column
+# here, NULL-able and typed from the field, and migrations.py's add_record_columns adds it to an older database.
+_PY_TYPES = {int: (Integer, "INTEGER"), float: (Double, "DOUBLE PRECISION"), str: (Text, "TEXT")}
+
+
+def _record_columns() -> list[tuple[type, str, type, object]]:
+    """(model, column, Python type, default) of every column the engine's records store."""
+    from dataclasses import MISSING, fields
+
+    from engine.decoding import records
+
+    found = []
+    for record, model in (
+        (records.DraftToken, DraftTokenRow),
+        (records.Round, RoundRow),
+        (records.PromptResult, PromptResult),
+    ):
+        defaults = {f.name: None if f.default is MISSING else f.default for f in fields(record)}
+        found += [(model, name, kind, defaults[name]) for name, kind in records.stored_fields(record).items()]
+    kinds = records.stored_fields(records.Round)
+    found += [(PromptResult, name, kinds[name], 0) for name in records.summed_fields(records.Round)]
+    return found
+
+
+def record_columns() -> list[tuple[str, str, str]]:
+    """(table, column, SQL type) of every column the engine's records store (draft_tokens, rounds, prompt_results)."""
+    return [(model.__tablename__, name, _PY_TYPES[kind][1]) for model, name, kind, _ in _record_columns()]
+
+
+def _declare_record_columns() -> None:
+    for model, name, kind, default in _record_columns():
+        if name not in model.__table__.c:
+            setattr(model, name, mapped_column(_PY_TYPES[kind][0], nullable=True, default=default))
+
+
+_declare_record_columns()
+
 schema_info = SchemaInfo.__table__
 experiments = Experiment.__table__
 experiment_prompts = ExperimentPrompt.__table__

@@ -1,19 +1,20 @@
 """Writing a run's records: one transaction per prompt, bulk inserts, SQL rollups.
 
 A prompt's rounds, draft tokens and emitted tokens are inserted with executemany (plain dicts, no ORM
-objects), then its `prompt_results` row is built by INSERT ... SELECT over those rows and the run's
-aggregates by UPDATE ... FROM over its prompt rows, so every stored figure is a SQL aggregate and a prompt
-is either fully stored or not at all.
+objects; a record's columns are its dataclass's stored fields, engine/decoding/records.py), then its
+`prompt_results` row is built by INSERT ... SELECT over those rows and the run's aggregates by UPDATE ... FROM over
+its prompt rows, so every stored figure is a SQL aggregate and a prompt is either fully stored or not at all.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
 from sqlalchemy import Connection, insert, text
 
-from engine.decoding.records import PromptResult
+from engine.decoding.records import PromptResult, Round, stored_fields, summed_fields
 from engine.metrics import stats
 from engine.metrics.theory import expected_round_length, refined_speedup
 from storage.db.schema import (
@@ -65,27 +66,60 @@ def _output_rows(run_id: int, kind: str, result: PromptResult, texts: list[str])
     ]
 
 
-def _finite_or_none(value: float) -> float | None:
-    return None if value is None or math.isnan(value) else float(value)
+@functools.cache
+def _columns(record: type, table) -> list[tuple[str, type, bool]]:
+    """(column, Python type, NULL allowed) of each stored field of `record` (engine/decoding/records.py's
+    stored_fields: the column of the same name)."""
+    return [(name, kind, table.c[name].nullable) for name, kind in stored_fields(record).items()]
 
 
-_PROMPT_ROLLUP = """
-INSERT INTO prompt_results (run_id, prompt_index, prompt, output_ids, text, new_tokens, wall_seconds,
-    decode_steps, decode_seconds, finished, rounds, proposed, emitted, max_k, draft_seconds, verify_seconds,
-    draft_forwards, accepted, rejected, verified, beta_sum, kl_sum, kl_count)
-SELECT :run_id, :prompt_index, :prompt, :output_ids, :text, :new_tokens, :wall_seconds,
-    :decode_steps, :decode_seconds, :finished, r.rounds, r.proposed, r.emitted, r.max_k, r.draft_seconds,
-    r.verify_seconds, r.draft_forwards, t.accepted, t.rejected, t.verified, t.beta_sum, t.kl_sum, t.kl_count
-FROM (SELECT COUNT(*) AS rounds, COALESCE(SUM(k), 0) AS proposed, COALESCE(SUM(emitted), 0) AS emitted,
-             COALESCE(MAX(k), 0) AS max_k, COALESCE(SUM(draft_seconds), 0) AS draft_seconds,
-             COALESCE(SUM(verify_seconds), 0) AS verify_seconds, COALESCE(SUM(draft_forwards), 0) AS draft_forwards
+def _row(record, table, **extra) -> dict:
+    """`table`'s row of an engine record: its stored fields as plain Python values (a numpy or torch scalar as the
+    int or float every driver takes), a NaN as NULL where the column allows it; then `extra`."""
+    row = {}
+    for name, kind, nullable in _columns(type(record), table):
+        value = getattr(record, name)
+        if value is not None:
+            value = kind(value)
+            if nullable and kind is float and math.isnan(value):
+                value = None
+        row[name] = value
+    row.update(extra)
+    return row
+
+
+# A prompt's row: its record's stored fields (passed in) and SQL aggregates of its rounds and draft tokens, every
+# round measurement summed per prompt (records.summed_fields) under its own name.
+_PROMPT_FIELDS = [*stored_fields(PromptResult), "output_ids", "new_tokens", "finished"]
+_ROUND_AGGREGATES = {
+    "rounds": "COUNT(*)",
+    "proposed": "COALESCE(SUM(k), 0)",
+    "emitted": "COALESCE(SUM(emitted), 0)",
+    "max_k": "COALESCE(MAX(k), 0)",
+    **{name: f"COALESCE(SUM({name}), 0)" for name in summed_fields(Round)},
+}
+_TOKEN_AGGREGATES = {
+    "accepted": "COALESCE(SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END), 0)",
+    "rejected": "COALESCE(SUM(CASE WHEN outcome = 'rejected' THEN 1 ELSE 0 END), 0)",
+    "verified": "COALESCE(SUM(CASE WHEN outcome <> 'discarded' THEN 1 ELSE 0 END), 0)",
+    "beta_sum": "COALESCE(SUM(CASE WHEN outcome <> 'discarded' THEN beta END), 0)",
+    "kl_sum": "COALESCE(SUM(CASE WHEN outcome <> 'discarded' THEN kl END), 0)",
+    "kl_count": "COUNT(CASE WHEN outcome <> 'discarded' THEN kl END)",
+}
+
+
+def _aggregates(columns: dict[str, str]) -> str:
+    return ", ".join(f"{sql} AS {name}" for name, sql in columns.items())
+
+
+_PROMPT_ROLLUP = f"""
+INSERT INTO prompt_results (run_id, {", ".join(_PROMPT_FIELDS)}, {", ".join(_ROUND_AGGREGATES)},
+    {", ".join(_TOKEN_AGGREGATES)})
+SELECT :run_id, {", ".join(":" + name for name in _PROMPT_FIELDS)}, {", ".join("r." + n for n in _ROUND_AGGREGATES)},
+    {", ".join("t." + name for name in _TOKEN_AGGREGATES)}
+FROM (SELECT {_aggregates(_ROUND_AGGREGATES)}
       FROM rounds WHERE run_id = :run_id AND prompt_index = :prompt_index) r,
-     (SELECT COALESCE(SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END), 0) AS accepted,
-             COALESCE(SUM(CASE WHEN outcome = 'rejected' THEN 1 ELSE 0 END), 0) AS rejected,
-             COALESCE(SUM(CASE WHEN outcome <> 'discarded' THEN 1 ELSE 0 END), 0) AS verified,
-             COALESCE(SUM(CASE WHEN outcome <> 'discarded' THEN beta END), 0) AS beta_sum,
-             COALESCE(SUM(CASE WHEN outcome <> 'discarded' THEN kl END), 0) AS kl_sum,
-             COUNT(CASE WHEN outcome <> 'discarded' THEN kl END) AS kl_count
+     (SELECT {_aggregates(_TOKEN_AGGREGATES)}
       FROM draft_tokens WHERE run_id = :run_id AND prompt_index = :prompt_index) t
 """
 
@@ -100,7 +134,8 @@ WHERE pr.run_id = :run_id GROUP BY pr.prompt_index / COALESCE(NULLIF(rr.batch_si
 _RUN_ROLLUP = f"""
 UPDATE runs SET
     prompts_done = a.prompts_done,
-    progress = CASE WHEN runs.prompts_total > 0 THEN CAST(a.prompts_done AS {F}) / runs.prompts_total ELSE runs.progress END,
+    progress = CASE WHEN runs.prompts_total > 0 THEN CAST(a.prompts_done AS {F}) / runs.prompts_total
+        ELSE runs.progress END,
     new_tokens = a.new_tokens,
     wall_seconds = w.wall_seconds,
     tokens_per_second = CAST(a.new_tokens AS {F}) / NULLIF(w.wall_seconds, 0),
@@ -146,36 +181,19 @@ def record_prompt(
     round_rows, token_rows = [], []
     for r in result.rounds:
         round_rows.append(
-            {
-                "run_id": run_id,
-                "prompt_index": result.prompt_index,
-                "round_index": r.round_index,
-                "k": r.k,
-                "accepted": r.accepted,
-                "rejected": r.rejected,
-                "emitted": len(r.emitted_ids),
-                "draft_seconds": r.draft_seconds,
-                "verify_seconds": r.verify_seconds,
-                "draft_forwards": r.draft_forwards,
-            }
-        )
-        for t in r.draft_tokens:
-            token_rows.append(
-                {
-                    "run_id": run_id,
-                    "prompt_index": result.prompt_index,
-                    "round_index": r.round_index,
-                    "position": t.position,
-                    "token_id": int(t.token_id),
-                    "text": t.text,
-                    "token_type": t.token_type,
-                    "p_draft": float(t.p_draft),
-                    "p_target": float(t.p_target),
-                    "beta": float(t.beta),
-                    "kl": _finite_or_none(t.kl),
-                    "outcome": t.outcome,
-                }
+            _row(
+                r,
+                rounds,
+                run_id=run_id,
+                prompt_index=result.prompt_index,
+                rejected=r.rejected,
+                emitted=len(r.emitted_ids),
             )
+        )
+        token_rows += [
+            _row(t, draft_tokens, run_id=run_id, prompt_index=result.prompt_index, round_index=r.round_index)
+            for t in r.draft_tokens
+        ]
     insert_rows(conn, round_rows, token_rows, _output_rows(run_id, kind, result, output_texts))
     timed = repeats or [result]
     bulk_insert(
@@ -199,18 +217,14 @@ def record_prompt(
     )
     conn.execute(
         text(_PROMPT_ROLLUP),
-        {
-            "run_id": run_id,
-            "prompt_index": result.prompt_index,
-            "prompt": result.prompt,
-            "output_ids": encode_ids(result.output_ids),
-            "text": result.text,
-            "new_tokens": result.new_tokens,
-            "wall_seconds": result.wall_seconds,
-            "decode_steps": result.decode_steps,
-            "decode_seconds": result.decode_seconds,
-            "finished": utcnow(),
-        },
+        _row(
+            result,
+            prompt_results,
+            run_id=run_id,
+            output_ids=encode_ids(result.output_ids),
+            new_tokens=result.new_tokens,
+            finished=utcnow(),
+        ),
     )
     refresh_run(conn, run_id)
 
