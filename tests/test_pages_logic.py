@@ -283,6 +283,35 @@ def test_validate_passes_repeats_and_auto_k_and_checks_them():
         assert launch.kwargs == {} and any(words in e for e in launch.errors), launch.errors
 
 
+def test_pair_check_shows_a_bad_file_inline_and_raises_a_bug(tokenizer_dirs, tmp_path, monkeypatch):
+    """A file the loaders cannot parse (a KeyError inside transformers for a malformed tokenizer.json) is the
+    user's to fix, shown inline; the same KeyError raised by DraftLab's own code is a bug and raised as it is, never
+    reworded as "check the HF model id" (the tokenizer path and the EAGLE-3 head path alike)."""
+    import json
+    import shutil
+
+    import engine.config.head_format as head_format
+    import pages.widgets.pair_check as pair_check
+
+    bad = tmp_path / "bad-tokenizer"
+    shutil.copytree(tokenizer_dirs["draft"], bad)
+    (bad / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "Nope"}}))
+    shown = pair_check.check_pair_names(tokenizer_dirs["target"], str(bad))
+    assert not shown.ok and shown.message.startswith("cannot load the draft tokenizer"), shown.message
+
+    def bug(*args, **kwargs):
+        raise KeyError("width")
+
+    monkeypatch.setattr(pair_check, "_tokenizer_and_width", bug)
+    with pytest.raises(KeyError, match="width"):
+        pair_check.check_pair_names(tokenizer_dirs["target"], str(tmp_path / "any-draft"))
+    monkeypatch.setattr(pair_check, "_tokenizer_and_width", lambda name, files=(): (None, 64))
+    monkeypatch.setattr(head_format, "is_head", lambda name: True)
+    monkeypatch.setattr(head_format, "head_spec", bug)
+    with pytest.raises(KeyError, match="width"):
+        pair_check.check_pair_names(tokenizer_dirs["target"], str(tmp_path / "any-head"))
+
+
 def test_pair_check_rechecks_a_directory_whose_files_changed(tokenizer_dirs, tmp_path):
     import shutil
     from pathlib import Path

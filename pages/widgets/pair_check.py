@@ -123,6 +123,27 @@ def _hub_reachable(repo_id: str) -> None:
         raise OSError(first) from exc
 
 
+# What loading a tokenizer or a config can fail with because of the input (a path or id that is no model, a file it
+# cannot parse, a tokenizer needing a package that is not installed) ...
+INPUT_ERRORS = (OSError, ValueError, ImportError)
+# ... and the libraries that read the files: whatever they raise (a KeyError for a malformed tokenizer.json, a
+# validation error for a malformed config.json) is about the files given.
+LOADERS = ("transformers", "tokenizers", "huggingface_hub", "safetensors")
+
+
+def _about_the_input(exc: BaseException) -> bool:
+    """Whether a loader failure is the user's input to fix (shown inline) rather than a bug (raised as it is): one
+    of INPUT_ERRORS, or raised inside one of the LOADERS. A KeyError, TypeError, AttributeError ... raised by this
+    project's own code is never reworded as "check the model id"."""
+    if isinstance(exc, INPUT_ERRORS):
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = str(tb.tb_frame.f_globals.get("__name__", "")) if tb is not None else ""
+    return module.split(".")[0] in LOADERS
+
+
 def _is_hub_id(name: str) -> bool:
     return not fingerprint(name) and name.count("/") == 1 and not name.startswith((".", "/", "~"))
 
@@ -222,7 +243,9 @@ def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple
             return PairCheck(False, str(exc))
         except _Unreachable as exc:
             raise _Unreachable(str(exc), role, name) from exc  # not cached: the next check asks again
-        except Exception as exc:  # noqa: BLE001 - any loader failure is the user's input to fix, shown inline
+        except Exception as exc:  # noqa: BLE001 - the input's failures shown inline, a bug raised (_about_the_input)
+            if not _about_the_input(exc):
+                raise
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             return PairCheck(
                 False,
@@ -254,7 +277,9 @@ def _check_head(target: str, draft: str, target_files: tuple) -> PairCheck:
         )
     except DraftLabError as exc:
         return PairCheck(False, str(exc))
-    except Exception as exc:  # noqa: BLE001 - any loader failure is the user's input to fix, shown inline
+    except Exception as exc:  # noqa: BLE001 - the input's failures shown inline, a bug raised (_about_the_input)
+        if not _about_the_input(exc):
+            raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         return PairCheck(False, f"cannot read the target {target!r} ({first}); check the HF model id or local path")
     return PairCheck(
