@@ -23,6 +23,8 @@ server samples it from the target's prefill, before any draft.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 ALPHA = 0.01  # family-wise, per configuration and concurrency
@@ -76,7 +78,9 @@ def _tokens_p(spec_ids: list[list[list[int]]], base_ids: list[list[list[int]]], 
     spec_total, total = counts[:n].sum(0), counts.sum(0)
     swap = counts[n:] - counts[:n]  # what a prompt's swap moves onto the speculative side
 
-    def statistic(x, y, axis=-1):  # x: unit indices the test put on the speculative side (prompts swapped or not)
+    def statistic(
+        x: np.ndarray, y: np.ndarray, axis: int = -1
+    ) -> np.ndarray:  # x: unit indices the test put on the speculative side (prompts swapped or not)
         spec_side = spec_total + (np.moveaxis(x, axis, -1) >= n).astype(float) @ swap
         return _distance(spec_side, total - spec_side)
 
@@ -102,7 +106,7 @@ def compare_sampled(
     spec_ids: list[list[list[int]]] | None,
     base_ids: list[list[list[int]]] | None,
     seed: int = 0,
-) -> dict:
+) -> dict[str, Any]:
     """The two tests over the prompts both sides answered (see the module docstring); each argument holds one list
     per prompt (its answers' lengths, or token ids, over the passes). `*_ids` None (a server without token ids):
     lengths only. `differs`: True when either p-value is under ALPHA / 2, False when neither is, None under
@@ -110,7 +114,7 @@ def compare_sampled(
     n = min(len(spec_lengths), len(base_lengths))
     spec, base = _means(spec_lengths[:n]), _means(base_lengths[:n])
     pooled = [[x for lengths in side[:n] for x in lengths] for side in (spec_lengths, base_lengths)]
-    out = {
+    out: dict[str, Any] = {
         "tests": TESTS,
         "alpha": ALPHA,
         "prompts": n,

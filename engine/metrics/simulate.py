@@ -8,6 +8,7 @@ the simulated α̂ should match the formulas of SPEC.md (engine/metrics/theory.p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -34,7 +35,9 @@ def overlap(draft: np.ndarray, target: np.ndarray) -> float:
     return float(np.minimum(draft, target).sum())
 
 
-def simulate_rounds(draft: np.ndarray, target: np.ndarray, k: int, rounds: int, rng: np.random.Generator):
+def simulate_rounds(
+    draft: np.ndarray, target: np.ndarray, k: int, rounds: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Accepted drafts a_r per round and the token each round emits at its first position.
 
     Draft token i is accepted with probability min(1, p_t/p_d) while all before it were accepted; at a rejection
@@ -51,7 +54,7 @@ def simulate_rounds(draft: np.ndarray, target: np.ndarray, k: int, rounds: int, 
     return accepted, first_emitted
 
 
-def simulate(setup: SimulationSetup, ks: list[int]) -> tuple[pd.DataFrame, dict]:
+def simulate(setup: SimulationSetup, ks: list[int]) -> tuple[pd.DataFrame, dict[str, Any]]:
     """One row per k: simulated counts and metrics next to the formula's prediction from β.
 
     Speedup uses SPEC's cost model: a round costs one target step plus k draft steps of 1/c each.

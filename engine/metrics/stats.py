@@ -9,8 +9,13 @@ timings together, so drift that hits both arms of a prompt cancels instead of wi
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterable, Mapping
+from typing import TypeVar
 
 import numpy as np
+from numpy.typing import ArrayLike
+
+Key = TypeVar("Key")
 
 BOOTSTRAP_SAMPLES = 2000
 CONFIDENCE = 0.95
@@ -18,7 +23,9 @@ CONFIDENCE = 0.95
 TOO_WIDE = 1.25
 
 
-def paired_speedup(base_tokens, base_seconds, run_tokens, run_seconds) -> float | None:
+def paired_speedup(
+    base_tokens: ArrayLike, base_seconds: ArrayLike, run_tokens: ArrayLike, run_seconds: ArrayLike
+) -> float | None:
     """(Σ run tokens / Σ run seconds) / (Σ baseline tokens / Σ baseline seconds) over paired prompts. With
     equal token counts (greedy) this is SPEC's Σ median baseline time / Σ median run time."""
     bt, bs, rt, rs = (np.asarray(v, dtype=float) for v in (base_tokens, base_seconds, run_tokens, run_seconds))
@@ -28,10 +35,10 @@ def paired_speedup(base_tokens, base_seconds, run_tokens, run_seconds) -> float 
 
 
 def paired_bootstrap_ci(
-    base_tokens,
-    base_seconds,
-    run_tokens,
-    run_seconds,
+    base_tokens: ArrayLike,
+    base_seconds: ArrayLike,
+    run_tokens: ArrayLike,
+    run_seconds: ArrayLike,
     samples: int = BOOTSTRAP_SAMPLES,
     confidence: float = CONFIDENCE,
     seed: int = 0,
@@ -52,13 +59,15 @@ def paired_bootstrap_ci(
     return float(lo), float(hi)
 
 
-def tied_with(best: tuple[float, float], others: dict) -> list:
+def tied_with(best: tuple[float, float], others: Mapping[Key, tuple[float, float]]) -> list[Key]:
     """Keys of `others` ({key: (lo, hi)}) whose interval overlaps the best configuration's (lo, hi)."""
     lo, hi = best
     return [key for key, (o_lo, o_hi) in others.items() if o_lo <= hi and o_hi >= lo]
 
 
-def clustered_ratio_se(numerators, denominators) -> tuple[float, float | None, int] | None:
+def clustered_ratio_se(
+    numerators: Iterable[float], denominators: Iterable[float | None]
+) -> tuple[float, float | None, int] | None:
     """(Σnum / Σden, its standard error, prompts) treating each pair (a prompt) as one independent draw: the ratio
     estimator's sqrt(n / (n - 1) · Σ (num_i − r·den_i)²) / Σden. Tokens of one prompt are not independent draws (they
     share its text and its drafts), so this is the error of α, not √(α(1 − α)/N). Pairs without a denominator are
@@ -74,7 +83,7 @@ def clustered_ratio_se(numerators, denominators) -> tuple[float, float | None, i
     return ratio, math.sqrt(n / (n - 1) * sum((a - ratio * b) ** 2 for a, b in pairs)) / total, n
 
 
-def percentile(values, q: float) -> float | None:
+def percentile(values: Collection[float] | np.ndarray, q: float) -> float | None:
     """The q-th percentile of the values, linearly interpolated between the two nearest ranks (numpy's default
     method: rank (n - 1) * q / 100 from 0); None for no values."""
     if len(values) == 0:
