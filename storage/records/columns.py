@@ -1,9 +1,11 @@
 """One table of the figures shown about runs and experiments: each column's name (the query's column, the export's
-key), its header, its help and its one number format. The runs query (storage/records/queries.py), the `run --json` keys
-(storage/serving/export.py) and every page's tables (pages/widgets/common.py's `column_config`, `show`) read it, so a metric reads
-the same on every page (α was 0.635 in one table and 0.636 in another), no header is blank or a raw name, and a
-new metric is one entry here: its SQL (`sql`, selected by the runs query) and the tables it shows in (`tables`,
-`json`) included.
+key), its header, its help and its one number format. The runs query (storage/records/queries.py), the `run --json`
+keys (storage/serving/export.py), every page's tables (pages/widgets/common.py's `column_config`, `show`) and the
+metric tables of docs/metrics.md (`metric_definitions`) read it, so a metric reads the same on every page (α was
+0.635 in one table and 0.636 in another), no header is blank or a raw name, and a new metric is one entry here: its
+SQL (`sql`, selected by the runs query: over stored rows, or over a measurement the engine's records store, e.g.
+`SUM(p.x) FROM prompt_results p`), the tables it shows in (`tables`, `json`) and its definition (`section`, `doc`)
+included.
 
 `fmt` is a printf format ("%.3f"): Streamlit's grid formats numbers with it and `show` formats text with it, so
 a figure in a sentence or a metric tile and the same figure in a table agree to the last digit shown.
@@ -26,10 +28,15 @@ class Column:
     width: str | None = None  # the grid's "small", "medium", "large"; None lets it size the column
     json: bool = False  # one of a speculative run's keys in `draftlab run --json`, in this table's order (SPEC)
     # A per-run metric computed where it is listed: an SQL expression over the run `r` (a runs row; subqueries over
-    # its rounds, prompt_results or draft_tokens by `r.id`), selected by storage/records/queries.py's runs() as this name.
-    # None: the runs query selects the column itself.
+    # its rounds, prompt_results or draft_tokens by `r.id`), selected by storage/records/queries.py's runs() as this
+    # name. None: the runs query selects the column itself.
     sql: str | None = None
     tables: tuple[str, ...] = ()  # the detail page's tables it shows in besides their own list: "runs", "cost"
+    # Its definition in docs/metrics.md: the section's table it is a row of (metric_definitions), the definition,
+    # and the row's name cell when it names more than this column (a p50 row naming its p95 too).
+    section: str | None = None  # "counts", "times", "serving"; None: not a row of those tables
+    doc: str = ""
+    doc_label: str | None = None
 
 
 def _c(*args, **kwargs) -> Column:
@@ -39,7 +46,8 @@ def _c(*args, **kwargs) -> Column:
 SPEEDUP = "%.2f×"
 RATE = "%.3f"
 
-# Runs: storage.records.queries.runs() returns these columns in this order; `json` marks the SPEC keys of a speculative run.
+# Runs: storage.records.queries.runs() returns these columns in this order; `json` marks the SPEC keys of a
+# speculative run.
 RUN = [
     _c("run_id", "run", "the run's id (draftlab list, ?run= in links)", "%d"),
     _c("kind", "kind", "baseline: the target alone; speculative: a draft proposes, the target verifies", kind="text"),
@@ -59,18 +67,52 @@ RUN = [
     _c("finished", "finished", kind="datetime"),
     _c("new_tokens", "new tokens", "tokens generated over every prompt (one repeat)", "%d", json=True),
     _c("wall_seconds", "wall (s)", "decoding time over every prompt (median repeat)", "%.2f", json=True),
-    _c("tokens_per_second", "tokens/s", "new tokens / wall seconds", "%.1f", json=True),
-    _c("rounds", "rounds", "draft-and-verify rounds", "%d", json=True),
-    _c("proposed", "proposed", "draft tokens proposed", "%d", json=True),
-    _c("accepted", "accepted", "draft tokens the target accepted", "%d", json=True),
-    _c("rejected", "rejected", "draft tokens the target rejected", "%d", json=True),
-    _c("draft_acceptance_rate", "acceptance rate", "accepted / proposed draft tokens", RATE, json=True),
+    _c(
+        "tokens_per_second",
+        "tokens/s",
+        "new tokens / wall seconds",
+        "%.1f",
+        json=True,
+        section="serving",
+        doc="throughput over the batch: Σ new tokens / Σ batch wall times (above)",
+    ),
+    _c("rounds", "rounds", "draft-and-verify rounds", "%d", json=True, section="counts", doc="number of rounds"),
+    _c("proposed", "proposed", "draft tokens proposed", "%d", json=True, section="counts", doc="Σ k_r"),
+    _c(
+        "accepted",
+        "accepted",
+        "draft tokens the target accepted",
+        "%d",
+        json=True,
+        section="counts",
+        doc="Σ a_r (emitted accepted drafts)",
+    ),
+    _c(
+        "rejected",
+        "rejected",
+        "draft tokens the target rejected",
+        "%d",
+        json=True,
+        section="counts",
+        doc="rounds with a_r < k_r that verified and refused a draft token (one each)",
+    ),
+    _c(
+        "draft_acceptance_rate",
+        "acceptance rate",
+        "accepted / proposed draft tokens",
+        RATE,
+        json=True,
+        section="counts",
+        doc='accepted / proposed (vLLM\'s "draft acceptance rate")',
+    ),
     _c(
         "alpha",
         "α",
         "accepted / (accepted + rejected): per verified draft token, the α of the formulas",
         RATE,
         json=True,
+        section="counts",
+        doc="accepted / (accepted + rejected): per verified draft token, the α of the formulas",
     ),
     _c(
         "tokens_per_round",
@@ -78,6 +120,8 @@ RUN = [
         "tokens emitted per round: accepted drafts plus the target's own",
         "%.2f",
         json=True,
+        section="counts",
+        doc='tokens emitted by rounds / rounds (vLLM\'s "mean acceptance length")',
     ),
     _c(
         "full_accept_share",
@@ -89,6 +133,10 @@ RUN = [
         sql="SELECT CAST(SUM(CASE WHEN rd.accepted = rd.k THEN 1 ELSE 0 END) AS DOUBLE PRECISION) "
         "/ NULLIF(COUNT(*), 0) FROM rounds rd WHERE rd.run_id = r.id AND rd.k > 0",
         tables=("runs",),
+        section="counts",
+        doc="rounds with a_r = k_r > 0 / rounds with k_r > 0: the share of rounds that proposed drafts and had every "
+        "one accepted, ending in a bonus token (how often k was too short; the heuristic drafter's +2 trigger). A"
+        " round cut by `max_new_tokens` or EOS before its last draft is not a full accept; baselines have none",
     ),
     _c(
         "expected_alpha",
@@ -96,19 +144,55 @@ RUN = [
         "mean over verified positions of β = Σ min(p_d, p_t): the acceptance the two distributions predict",
         RATE,
         json=True,
+        section="counts",
+        doc="mean over verified positions of β = Σ_x min(p_d(x), p_t(x)); E[accept] = β under sampling",
     ),
-    _c("kl", "KL", "KL(p_t ‖ p_d) in nats per verified token", RATE, json=True),
+    _c(
+        "kl",
+        "KL",
+        "KL(p_t ‖ p_d) in nats per verified token",
+        RATE,
+        json=True,
+        section="counts",
+        doc="D_KL(p_t ‖ p_d) on the raw (temperature 1, unfiltered) distributions at verified positions",
+    ),
     _c(
         "per_position_acceptance",
         "acceptance by position",
         "conditional acceptance at draft positions 1..k",
         kind="list",
         json=True,
+        section="counts",
+        doc="draft position i = 1..k: accepted at i / rounds that reached i (conditional)",
+        doc_label="`per_position_acceptance[i]`",
     ),
     _c("acceptance_by_type", "acceptance by token type", kind="list", json=True),
-    _c("draft_step_seconds", "draft step (s)", "one single-token draft forward", "%.5f", json=True),
-    _c("target_step_seconds", "target step (s)", "one single-token target forward (the run's baseline)", "%.5f"),
-    _c("c", "c", "target step / draft step: how much cheaper a draft forward is", "%.2f", json=True),
+    _c(
+        "draft_step_seconds",
+        "draft step (s)",
+        "one single-token draft forward",
+        "%.5f",
+        json=True,
+        section="times",
+        doc="drafting time / draft forwards, measured while drafting",
+    ),
+    _c(
+        "target_step_seconds",
+        "target step (s)",
+        "one single-token target forward (the run's baseline)",
+        "%.5f",
+        section="times",
+        doc="mean time of one single-token target forward, measured in the baseline (target-only) run",
+    ),
+    _c(
+        "c",
+        "c",
+        "target step / draft step: how much cheaper a draft forward is",
+        "%.2f",
+        json=True,
+        section="times",
+        doc="target_step_seconds / draft_step_seconds",
+    ),
     _c(
         "predicted_speedup",
         "formula at run's α, c",
@@ -116,6 +200,8 @@ RUN = [
         "(1 + k/c)) at this run's own α, k and c; the speedup chart's grey curve pools α and c over the sweep instead",
         SPEEDUP,
         json=True,
+        section="times",
+        doc="the article's formula: (1 − α^(k+1)) / ((1 − α)(1 + k/c)), with measured α, c and the run's largest k",
     ),
     _c(
         "speedup",
@@ -123,8 +209,22 @@ RUN = [
         "this run's tokens/s over its baseline's, over the prompts both finished (median repeats)",
         SPEEDUP,
         json=True,
+        section="times",
+        doc="over the prompts both the run and its baseline finished: (Σ run tokens / Σ run seconds) / (Σ baseline "
+        "tokens / Σ baseline seconds), each prompt's seconds the median of its repeats. With equal token counts "
+        "(greedy) this is Σ baseline time / Σ run time. A failed or cancelled baseline gives no speedup "
+        "(`speedup_note` says why)",
     ),
-    _c("speedup_ci", "speedup 95 % interval", kind="list", json=True),
+    _c(
+        "speedup_ci",
+        "speedup 95 % interval",
+        kind="list",
+        json=True,
+        section="times",
+        doc="95 % paired bootstrap interval of `speedup`: 2,000 resamples of the prompts with replacement, each "
+        "prompt's two timings kept together, percentile interval",
+        doc_label="`speedup_ci` (`speedup_ci_lo`, `speedup_ci_hi`)",
+    ),
     _c("speedup_ci_lo", "95 % low", "lower end of the speedup's 95 % interval (paired bootstrap over prompts)", "%.2f"),
     _c(
         "speedup_ci_hi", "95 % high", "upper end of the speedup's 95 % interval (paired bootstrap over prompts)", "%.2f"
@@ -142,6 +242,9 @@ RUN = [
         "a measured speedup no tokens per round allow: never picked as the best",
         kind="text",
         json=True,
+        section="times",
+        doc="set when `speedup` > `tokens_per_round`, which no real speedup can exceed (every round costs at least "
+        "one target forward); such a run is never reported as the best",
     ),
     _c(
         "verify_cost",
@@ -149,6 +252,8 @@ RUN = [
         "one verify forward over a round's tokens, in target steps (the formula assumes 1)",
         "%.2f",
         json=True,
+        section="times",
+        doc="mean verify time per round / target_step_seconds: a verify forward over k+1 tokens in target steps",
     ),
     _c(
         "predicted_speedup_refined",
@@ -156,6 +261,11 @@ RUN = [
         "E[L]·t / (k·t_d + verify) from the run's own round times",
         SPEEDUP,
         json=True,
+        section="times",
+        doc="E[L] · target_step_seconds / (draft time per round + verify time per round), E[L] = 1 + Σ_i Π_{j≤i} "
+        "per_position_acceptance[j]: the formula with the verify pass at its measured cost. Computed from the "
+        "run's own round times it decomposes the measurement (it lands within a few % of `speedup`); it does not "
+        "predict one",
     ),
     # Serving metrics (docs/metrics.md "Serving metrics"): over the median repeat of each batch.
     _c(
@@ -164,6 +274,8 @@ RUN = [
         "requests decoded together per forward (prompts grouped in order into batches)",
         "%d",
         json=True,
+        section="serving",
+        doc="requests (prompts) decoded together per forward",
     ),
     _c(
         "ttft_seconds_p50",
@@ -172,6 +284,11 @@ RUN = [
         "request's first token reaching the host",
         "%.4f",
         json=True,
+        section="serving",
+        doc="time to first token: per request, the arrival of its first new token (a speculative run's first token "
+        "arrives with its first round, which also verifies the prefill; the baseline's with the prefill); p50 and"
+        " p95 over requests",
+        doc_label="`ttft_seconds_p50`, `ttft_seconds_p95`",
     ),
     _c("ttft_seconds_p95", "TTFT p95 (s)", "time to first token, 95th percentile over requests", "%.4f", json=True),
     _c(
@@ -181,6 +298,11 @@ RUN = [
         "tokens (a speculative round's tokens arrive together: gaps of 0 inside a round)",
         "%.4f",
         json=True,
+        section="serving",
+        doc="inter-token latency: every gap between consecutive tokens of a request, pooled over requests; gaps "
+        "inside a speculative round are 0, so p50 can be 0 while p95 shows the stall between rounds a streaming "
+        "user feels",
+        doc_label="`itl_seconds_p50`, `itl_seconds_p95`",
     ),
     _c(
         "itl_seconds_p95",
@@ -195,6 +317,10 @@ RUN = [
         "per-request latency, median: from the batch's start to the request's last token",
         "%.4f",
         json=True,
+        section="serving",
+        doc="per-request latency: from the batch's start to the request's last token (its `wall_seconds`); every "
+        "request of a batch starts together",
+        doc_label="`request_latency_seconds_p50`, `request_latency_seconds_p95`",
     ),
     _c(
         "request_latency_seconds_p95",
@@ -210,7 +336,15 @@ RUN = [
         "token for token (speculative decoding is lossless); blank when sampling, where outputs differ by design",
         kind="checkbox",
     ),
-    _c("peak_memory_mb", "peak memory (MB)", "as the worker measured it", "%.0f"),
+    _c(
+        "peak_memory_mb",
+        "peak memory (MB)",
+        "as the worker measured it",
+        "%.0f",
+        section="times",
+        doc="CUDA: torch's peak allocation during the run's decodes (reset before each decode); CPU: the bytes of the"
+        " models the run uses plus its peak KV caches",
+    ),
     _c(
         "check",
         "⚠ check",
@@ -285,6 +419,19 @@ def shown_in(table: str) -> list[str]:
 
 
 SPECULATIVE_KEYS = [c.name for c in RUN if c.json]  # a speculative run's metrics in `draftlab run --json`
+
+
+DOC_SECTIONS = ("counts", "times", "serving")  # docs/metrics.md's tables of run metrics: counts and rates, times
+# and speedups, serving metrics
+
+
+def metric_definitions(section: str) -> str:
+    """docs/metrics.md's table of one section's run metrics (Markdown), read from their entries above: a new metric's
+    definition is its entry's `doc`."""
+    if section not in DOC_SECTIONS:
+        raise ValueError(f"no metrics section {section!r}; one of {', '.join(DOC_SECTIONS)}")
+    rows = [f"| {c.doc_label or f'`{c.name}`'} | {c.doc} |" for c in RUN if c.section == section]
+    return "\n".join(["| name | definition |", "|---|---|", *rows])
 
 
 def show(name: str, value, columns: dict[str, Column] | None = None) -> str:
