@@ -1,6 +1,7 @@
 """Fuzz tests (hypothesis) of what users type or upload: the number parsers every input shares
 (engine/numbers.py), the swept variables' and drafter specs' parsers (engine/config/variables.py,
-engine/config/drafter_specs.py) and the prompt-file loaders (engine/text/prompt_sets.py). Whatever the input, the answer
+engine/config/drafter_specs.py), the prompt-file loaders (engine/text/prompt_sets.py) and a link's prefill
+(pages/widgets/prefill.py). Whatever the input, the answer
 is a value inside the documented bounds or one DraftLabError line — never another exception. Bounded: a fixed number of
 examples per test, no deadline flakiness on a loaded machine."""
 
@@ -18,6 +19,7 @@ from engine.config.variables import VARIABLES
 from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
 from engine.text.prompt_sets import load_prompt_file
+from pages.widgets.prefill import KNOWN, parse_prefill
 
 FUZZ = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
@@ -195,3 +197,18 @@ def test_a_non_ascii_space_around_a_number_is_refused():
     for text in ("0\xa0", "\u30004", "1.5\u2009"):
         assert ascii_float(text) is None and ascii_int(text) is None
     assert ascii_float(" 0.5\t") == 0.5 and ascii_int("\n4 ") == 4
+
+
+@FUZZ
+@given(
+    st.dictionaries(
+        st.one_of(st.sampled_from(sorted(KNOWN)), typed),
+        st.one_of(typed, st.lists(typed, max_size=3)),
+        max_size=8,
+    )
+)
+def test_a_links_parameters_are_read_or_noted_never_raised(params):
+    """pages/widgets/prefill.parse_prefill promises "nothing here raises": the New-experiment page calls it without
+    a try (an exception there is a bug, never "the link could not be read"); a note is one line."""
+    values, notes = parse_prefill(params, ["code:tune", "code:validation"])
+    assert isinstance(values, dict) and all(isinstance(note, str) and "\n" not in note for note in notes)

@@ -312,6 +312,38 @@ def test_pair_check_shows_a_bad_file_inline_and_raises_a_bug(tokenizer_dirs, tmp
         pair_check.check_pair_names(tokenizer_dirs["target"], str(tmp_path / "any-head"))
 
 
+def test_a_bug_reading_a_link_is_raised_not_noted_as_a_bad_link():
+    """The New-experiment page reads a link's parameters without catching: a bug in reading them is the page's
+    exception, not the note "the link's parameters could not be read"; a bad parameter is still a note."""
+    from streamlit.testing.v1 import AppTest
+
+    def script(broken):
+        import streamlit as st
+
+        import pages.new_experiment as page
+
+        original = page.parse_prefill
+
+        def bug(*args, **kwargs):
+            raise KeyError("sweep")
+
+        page.parse_prefill = bug if broken else original
+        try:
+            page._apply_link()
+        finally:
+            page.parse_prefill = original
+        st.text(" | ".join(st.session_state[page.LINK_NOTES]))
+
+    at = AppTest.from_function(script, args=(True,), default_timeout=60)
+    at.query_params["k"] = "2"
+    at.run()
+    assert len(at.exception) == 1 and at.exception[0].message == "'sweep'", at.exception
+    at = AppTest.from_function(script, args=(False,), default_timeout=60)
+    at.query_params["nosuchfield"] = "1"
+    at.run()
+    assert not at.exception and "nosuchfield" in at.text[0].value, at.text
+
+
 def test_pair_check_rechecks_a_directory_whose_files_changed(tokenizer_dirs, tmp_path):
     import shutil
     from pathlib import Path
