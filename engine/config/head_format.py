@@ -31,10 +31,17 @@ SpecForge ignore unknown keys), so a round trip keeps it.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from engine.errors import DraftLabError
+
+# A head's directory, or a shipped demo's name: anything str() makes a path of.
+PathName = str | os.PathLike[str]
+# A config.json read as a JSON object.
+Config = dict[str, Any]
 
 SPECULATORS, SGLANG = "speculators", "sglang"
 LAYOUTS = (SPECULATORS, SGLANG)
@@ -71,7 +78,7 @@ class HeadSpec:
     i), None when the file names none (then every engine reads [2, L/2, L-3] of an L-layer target)."""
 
     layout: str
-    layer: dict  # the Llama decoder layer's config keys (not NOT_LAYER_KEYS)
+    layer: Config  # the Llama decoder layer's config keys (not NOT_LAYER_KEYS)
     draft_vocab_size: int
     target_hidden_size: int | None
     aux_layers: tuple[int, ...] | None
@@ -81,7 +88,7 @@ class HeadSpec:
     speculative_tokens: int | None = None  # speculators' proposal_methods (what vLLM drafts by default)
 
 
-def local_dir(name) -> Path:
+def local_dir(name: PathName) -> Path:
     """The directory a draft name points at: a shipped demo model's, else the path as given (~ expanded)."""
     from engine import zoo
 
@@ -89,7 +96,7 @@ def local_dir(name) -> Path:
     return zoo.resolve(text) or Path(text).expanduser()
 
 
-def read_config(path) -> dict | None:
+def read_config(path: PathName) -> Config | None:
     """The config.json of directory `path` as a dict, or None when there is none (or it is not a JSON object)."""
     file = local_dir(path) / "config.json"
     try:
@@ -99,7 +106,7 @@ def read_config(path) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
-def config_layout(config: dict | None) -> str | None:
+def config_layout(config: Config | None) -> str | None:
     """Which head layout a config.json is in (SPECULATORS or SGLANG), None when it is not an EAGLE-3 head's."""
     if not isinstance(config, dict):
         return None
@@ -110,30 +117,30 @@ def config_layout(config: dict | None) -> str | None:
     return None
 
 
-def head_layout(path) -> str | None:
+def head_layout(path: PathName) -> str | None:
     """The layout of the EAGLE-3 head in directory `path`, None when it holds no head (a causal LM, nothing)."""
     return config_layout(read_config(path))
 
 
-def is_head(path) -> bool:
+def is_head(path: PathName) -> bool:
     """Whether `path` is an EAGLE-3 head directory (either layout), not a causal LM."""
     return head_layout(path) is not None
 
 
-def is_causal_lm_dir(path) -> bool:
+def is_causal_lm_dir(path: PathName) -> bool:
     """Whether `path` is a local model directory (or a shipped demo) that is not an EAGLE-3 head: an HF id that is
     not on disk is neither (nothing can be said of it before it loads)."""
     config = read_config(path)
     return config is not None and config_layout(config) is None
 
 
-def sglang_dir(head) -> Path:
+def sglang_dir(head: PathName) -> Path:
     """Where the SGLang-layout copy of the head in directory (or shipped name) `head` goes: its `sglang`
     subdirectory (what train-head and `draftlab convert-head --to sglang` write, and what the deploy tab serves)."""
     return local_dir(head) / SGLANG
 
 
-def serving_dir(head_name, layout: str) -> tuple[Path, bool]:
+def serving_dir(head_name: PathName, layout: str) -> tuple[Path, bool]:
     """Where the head of `head_dir` is in `layout`, and whether it is there yet: the head itself when it is in that
     layout (a directory not readable here counts as the speculators layout, the one DraftLab runs and writes), else
     its `<layout>` subdirectory (sglang_dir for SGLang), present once it holds a head in that layout."""
@@ -144,11 +151,11 @@ def serving_dir(head_name, layout: str) -> tuple[Path, bool]:
     return converted, head_layout(converted) == layout
 
 
-def _refuse(path, why: str, fix: str) -> DraftLabError:
+def _refuse(path: PathName, why: str, fix: str) -> DraftLabError:
     return DraftLabError(f"EAGLE-3 head {str(path)!r} {why}; {fix}")
 
 
-def _ids(raw, path, where: str) -> tuple[int, ...] | None:
+def _ids(raw: object, path: PathName, where: str) -> tuple[int, ...] | None:
     if raw is None:
         return None
     if not isinstance(raw, list) or not raw or not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
@@ -156,7 +163,7 @@ def _ids(raw, path, where: str) -> tuple[int, ...] | None:
     return tuple(raw)
 
 
-def _layer(source: dict) -> dict:
+def _layer(source: Config) -> Config:
     """The layer's keys of a config; transformers 5's `rope_parameters` also spelled as rope_theta / rope_scaling,
     which is what SGLang and older readers take."""
     layer = {key: value for key, value in source.items() if key not in NOT_LAYER_KEYS}
@@ -169,7 +176,7 @@ def _layer(source: dict) -> dict:
     return layer
 
 
-def spec_from_config(config: dict, path="the head") -> HeadSpec:
+def spec_from_config(config: Config, path: PathName = "the head") -> HeadSpec:
     """The HeadSpec of a head's config.json (either layout); a DraftLabError says in one line what is missing."""
     layout = config_layout(config)
     if layout == SPECULATORS:
@@ -221,7 +228,7 @@ def spec_from_config(config: dict, path="the head") -> HeadSpec:
     )
 
 
-def head_spec(path) -> HeadSpec:
+def head_spec(path: PathName) -> HeadSpec:
     """The HeadSpec of the head in directory `path` (either layout); a DraftLabError when it holds none."""
     config = read_config(path)
     if config is None:
@@ -231,14 +238,14 @@ def head_spec(path) -> HeadSpec:
     return spec_from_config(config, path)
 
 
-def speculators_config(spec: HeadSpec, speculative_tokens: int | None = None) -> dict:
+def speculators_config(spec: HeadSpec, speculative_tokens: int | None = None) -> Config:
     """The speculators-format config.json of a head (SPEC "EAGLE-3 heads"; vLLM's convention for aux ids)."""
     layer = {key: value for key, value in spec.layer.items() if key != "torch_dtype"}
     layer.update(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1)
     if "torch_dtype" in spec.layer:
         layer["torch_dtype"] = spec.layer["torch_dtype"]
     tokens = speculative_tokens or spec.speculative_tokens or 3
-    config = {
+    config: Config = {
         "speculators_model_type": SPECULATORS_TYPE,
         "architectures": ["Eagle3Speculator"],
         "transformer_layer_config": layer,
@@ -285,17 +292,17 @@ def sglang_problem(spec: HeadSpec) -> str | None:
     return None
 
 
-def sglang_config(spec: HeadSpec) -> dict:
+def sglang_config(spec: HeadSpec) -> Config:
     """The SGLang / SpecForge config.json of a head: aux ids one lower than DraftLab's (SGLang's convention). A
     DraftLabError when SGLang cannot compute this head (sglang_problem)."""
     problem = sglang_problem(spec)
     if problem is not None:
         raise DraftLabError(f"this EAGLE-3 head {problem}; serve it with vLLM (the speculators directory)")
     layer = {key: value for key, value in spec.layer.items()}
-    eagle = {"use_aux_hidden_state": True}
+    eagle: Config = {"use_aux_hidden_state": True}
     if spec.aux_layers is not None:
         eagle = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in spec.aux_layers], **eagle}
-    config = {
+    config: Config = {
         "architectures": [SGLANG_ARCHITECTURE],
         "model_type": "llama",
         **layer,
@@ -311,7 +318,7 @@ def sglang_config(spec: HeadSpec) -> dict:
     return config
 
 
-def layout_config(spec: HeadSpec, layout: str) -> dict:
+def layout_config(spec: HeadSpec, layout: str) -> Config:
     """The config.json of `spec` in `layout` (SPECULATORS or SGLANG)."""
     if layout == SGLANG:
         return sglang_config(spec)
@@ -332,7 +339,7 @@ def _same_model(a: str, b: str) -> bool:
     return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
 
 
-def check_verifier(path, verifier: str | None, target_names: list[str], required: bool = True) -> None:
+def check_verifier(path: PathName, verifier: str | None, target_names: list[str], required: bool = True) -> None:
     """Refuse a head trained for another target: its verifier must be the run's target, by the name the run gave
     (a demo name, an HF id) or the same directory. `required=False` (the SGLang layout names no target): a head
     without a verifier is checked by its shapes alone."""
@@ -354,7 +361,7 @@ def check_verifier(path, verifier: str | None, target_names: list[str], required
 
 
 def check_for_target(
-    spec: HeadSpec, path, target_names: list[str], num_layers: int, hidden_size: int, vocab_size: int
+    spec: HeadSpec, path: PathName, target_names: list[str], num_layers: int, hidden_size: int, vocab_size: int
 ) -> tuple[int, ...]:
     """Check that the head can draft for a target of `num_layers` decoder layers, hidden states `hidden_size` wide
     and `vocab_size` output ids (its verifier, aux ids, widths); return its aux ids in DraftLab's convention (the

@@ -36,8 +36,9 @@ def parse_aux_layers(text: str | None, said: str = "--aux-layers") -> list[int] 
     field)."""
     if text is None or str(text).strip().lower() in ("", AUTO):
         return None
-    ids = [ascii_int(part) for part in str(text).split(",")]
-    if any(i is None for i in ids):
+    read = [ascii_int(part) for part in str(text).split(",")]
+    ids = [i for i in read if i is not None]
+    if len(ids) < len(read):
         raise DraftLabError(f"{said} {str(text)[:40]!r} is not a list of layer ids; use auto or e.g. 2,6,9")
     if len(set(ids)) != len(ids) or not all(0 <= i <= MAX_LAYER_ID for i in ids):
         raise DraftLabError(f"{said} {str(text)[:40]!r} must be distinct non-negative layer ids, e.g. 2,6,9")
@@ -49,14 +50,14 @@ def aux_layers_text(ids: list[int] | None) -> str | None:
     return None if ids is None else ",".join(map(str, ids))
 
 
-def check_ttt_steps(value, said: str = "--ttt-steps") -> int:
+def check_ttt_steps(value: object, said: str = "--ttt-steps") -> int:
     """The TTT step count S, 1 to MAX_TTT_STEPS (a DraftLabError otherwise)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TTT_STEPS:
         raise DraftLabError(f"{said} must be 1 to {MAX_TTT_STEPS} (got {value!r}); use e.g. {DEFAULTS['ttt_steps']}")
     return value
 
 
-def check_draft_vocab_size(value, said: str = "--draft-vocab-size") -> int:
+def check_draft_vocab_size(value: object, said: str = "--draft-vocab-size") -> int:
     """The draft vocabulary size: a whole number >= 1, or 0 for the whole target vocabulary (at most 32000 ids)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise DraftLabError(

@@ -20,8 +20,9 @@ Plain Python, no torch: storage and pages import it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from engine.config.drafter_specs import DEFAULT_DRAFTER, SPECS, canonical_drafter, drafter_spec, needs_draft_model
 from engine.config.head_format import is_causal_lm_dir, is_head
@@ -43,7 +44,7 @@ DEFAULT_REPEATS = 3  # benchmarks/bench_protocol.md: what the demo pair needs to
 URL_KEYS = ("target", "prompts", "device", "dtype", "sweep", "values", "batch_sizes", "k_auto")
 
 
-def _default(v: Variable):
+def _default(v: Variable) -> Any:
     if v.name == "repeats":
         return DEFAULT_REPEATS
     return None if v.default is None else v.parse(v.default)
@@ -52,7 +53,7 @@ def _default(v: Variable):
 DEFAULTS = {name: _default(v) for name, v in PARAMETERS.items()}
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     """A value as its parser reads it back: shortest exact text of a number (0.7, 1e-05), a name as it is."""
     if isinstance(value, bool):
         raise DraftLabError(f"{value!r} is not a setting's value")
@@ -61,7 +62,7 @@ def _text(value) -> str:
     return str(value)
 
 
-def _one(v: Variable, value, form: bool, stored: bool = False):
+def _one(v: Variable, value: object, form: bool, stored: bool = False) -> Any:
     """One given value of a parameter (text from a flag, a field or a link, or a number from a script), parsed and
     bounded by its description; an empty draft is no draft (a drafter without a model). A stored number was
     checked when it was queued: read as it is (a workload cap lowered since must not make a stored run unreadable)."""
@@ -83,7 +84,7 @@ class RunConfig:
     prompts: str
     settings: tuple[tuple[str, object], ...]
     sweep: str = DEFAULT_VARIABLE
-    values: tuple = ()
+    values: tuple[Any, ...] = ()
     k_auto: int | None = None
     batch_sizes: tuple[int, ...] | None = None
     device: str = "auto"
@@ -93,9 +94,9 @@ class RunConfig:
     # A draft sweep whose drafts draft with different drafters (EAGLE-3 heads and causal LMs, no drafter named):
     # each swept draft's own drafter, in the sweep's order; None when every run drafts with settings' drafter.
     drafters: tuple[str, ...] | None = None
-    _index: dict = field(init=False, compare=False, hash=False, repr=False)
+    _index: dict[str, Any] = field(init=False, compare=False, hash=False, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "_index", dict(self.settings))
 
     # --- building ---------------------------------------------------------------------------------------------
@@ -107,17 +108,17 @@ class RunConfig:
         target: str,
         prompts: str,
         sweep: str | None = None,
-        values=None,
-        k_auto=None,
-        batch_sizes=None,
+        values: str | Sequence[Any] | None = None,
+        k_auto: int | str | None = None,
+        batch_sizes: str | Sequence[Any] | None = None,
         device: str = "auto",
         dtype: str = "auto",
         trust_remote_code: bool = False,
         chat_template: str | None = "auto",
         form: bool = False,
         stored: bool = False,
-        drafters=None,
-        **given,
+        drafters: Sequence[str] | None = None,
+        **given: Any,
     ) -> RunConfig:
         """A configuration from given values (text or numbers; missing ones take their defaults), each parsed and
         bounded by its description; `values` a list or comma-separated text of the swept variable's values (none:
@@ -132,9 +133,9 @@ class RunConfig:
             for name in PARAMETERS
         }
         settings["draft"] = settings["draft"] or ""
-        if k_auto is not None:
-            k_auto = _k_auto(k_auto)
-            sweep, values = "k", [k_auto]
+        auto = None if k_auto is None else _k_auto(k_auto)
+        if auto is not None:
+            sweep, values = "k", [auto]
         swept = VARIABLES.get(sweep or DEFAULT_VARIABLE)
         if swept is None:
             raise DraftLabError(f"cannot sweep {sweep!r}; sweep one of {', '.join(VARIABLES)}")
@@ -160,7 +161,7 @@ class RunConfig:
             else:
                 drafters = None
                 check_drafters(listed if swept.name == "drafter" else [settings["drafter"]], drafts)
-        sizes = None
+        sizes: tuple[int, ...] | None = None
         if batch_sizes is not None and not (isinstance(batch_sizes, str) and not batch_sizes.strip()):
             if swept.name == "batch_size":
                 raise DraftLabError(
@@ -171,7 +172,8 @@ class RunConfig:
                 tuple(int(b) for b in batch_sizes)
                 if stored
                 else tuple(
-                    VARIABLES["batch_size"].parse_list(
+                    int(b)
+                    for b in VARIABLES["batch_size"].parse_list(
                         batch_sizes if isinstance(batch_sizes, str) else [_text(v) for v in batch_sizes], form
                     )
                 )
@@ -187,7 +189,7 @@ class RunConfig:
             settings=tuple(settings.items()),
             sweep=swept.name,
             values=tuple(listed),
-            k_auto=k_auto,
+            k_auto=auto,
             batch_sizes=sizes,
             device=device,
             dtype=dtype,
@@ -197,10 +199,12 @@ class RunConfig:
         )
 
     @classmethod
-    def from_args(cls, args, sweep, chat_template: str | None = None) -> RunConfig:
+    def from_args(cls, args: Any, sweep: Any, chat_template: str | None = None) -> RunConfig:
         """`draftlab run`'s configuration: its parsed arguments and app/sweep.py's Sweep of the listed option
         (chat_template: the --chat-template FILE's text, engine/text/chat.py's resolve_option, when read)."""
-        fixed = {name: value for name, value in sweep.fixed.items() if not (name == "draft" and value == "-")}
+        fixed: dict[str, Any] = {
+            name: value for name, value in sweep.fixed.items() if not (name == "draft" and value == "-")
+        }
         return cls.make(
             target=args.target,
             prompts=args.prompts,
@@ -222,6 +226,7 @@ class RunConfig:
         DraftLabError (pages/widgets/prefill.py reads links leniently, one parameter at a time, through `url_value`)."""
         sweep = params.get("sweep") or DEFAULT_VARIABLE
         k_auto = params.get("k_auto") if sweep == "auto" else None
+        given: dict[str, Any] = {name: params[name] for name in PARAMETERS if name in params}
         return cls.make(
             target=params.get("target", ""),
             prompts=params.get("prompts", ""),
@@ -232,11 +237,11 @@ class RunConfig:
             device=params.get("device", "auto"),
             dtype=params.get("dtype", "auto"),
             form=form,
-            **{name: params[name] for name in PARAMETERS if name in params},
+            **given,
         )
 
     @classmethod
-    def from_enqueue(cls, kwargs: Mapping) -> RunConfig:
+    def from_enqueue(cls, kwargs: Mapping[str, Any]) -> RunConfig:
         """The configuration of enqueue_experiment's keyword arguments (storage/jobs/experiments.py): `sampling` holds
         any fixed parameter by name, the others are keywords of their own."""
         given = {name: kwargs[name] for name in PARAMETERS if kwargs.get(name) is not None}
@@ -260,18 +265,24 @@ class RunConfig:
         )
 
     @classmethod
-    def from_experiment(cls, row: Mapping) -> RunConfig:
+    def from_experiment(cls, row: Mapping[str, Any]) -> RunConfig:
         """What a stored experiment row runs (the inverse of `experiment_columns`); columns an older database
         lacks (NULL) take their defaults."""
         values = row["sweep_values"]
         values = json.loads(values) if isinstance(values, str) else list(values)
-        sizes = row.get("batch_sizes")
-        sizes = json.loads(sizes) if isinstance(sizes, str) else None if not _present(sizes) else list(sizes)
+        stored_sizes: Any = row.get("batch_sizes")  # JSON text, a list, or NULL
+        sizes = (
+            json.loads(stored_sizes)
+            if isinstance(stored_sizes, str)
+            else None
+            if not _present(stored_sizes)
+            else list(stored_sizes)
+        )
         sweep = row.get("sweep_variable") or DEFAULT_VARIABLE
-        given = {name: row.get(name) for name in PARAMETERS if _present(row.get(name))}
+        given: dict[str, Any] = {name: row.get(name) for name in PARAMETERS if _present(row.get(name))}
         if sweep == "draft":
             given["draft"] = values[0] if values else ""
-        k_auto = row.get("k_auto")
+        k_auto: Any = row.get("k_auto")
         drafters = row.get("draft_drafters")
         return cls.make(
             target=row["target"],
@@ -290,10 +301,10 @@ class RunConfig:
         )
 
     @classmethod
-    def of_run(cls, run: Mapping, experiment: Mapping) -> RunConfig:
+    def of_run(cls, run: Mapping[str, Any], experiment: Mapping[str, Any]) -> RunConfig:
         """One stored run's own configuration (its swept value fixed): the run's columns, else the experiment's
         (runs stored before a column existed), else the defaults. A run whose drafter needs no model has no draft."""
-        given = {}
+        given: dict[str, Any] = {}
         for name in PARAMETERS:
             value = run.get(name)
             given[name] = value if _present(value) else experiment.get(name)
@@ -315,7 +326,7 @@ class RunConfig:
 
     # --- reading ----------------------------------------------------------------------------------------------
 
-    def value(self, name: str):
+    def value(self, name: str) -> Any:
         """A parameter's one value (the swept variable's first)."""
         return self._index[name]
 
@@ -323,7 +334,7 @@ class RunConfig:
     def swept(self) -> Variable:
         return VARIABLES[self.sweep]
 
-    def with_values(self, **changes) -> RunConfig:
+    def with_values(self, **changes: Any) -> RunConfig:
         """The same configuration with some parameters changed (checked where they were given: the queue, the
         grid); a changed batch size is one batch size, no grid."""
         given = {**self._index, **changes}
@@ -343,7 +354,7 @@ class RunConfig:
             **given,
         )
 
-    def run_settings(self, value=None, baseline: bool = False) -> dict:
+    def run_settings(self, value: Any = None, baseline: bool = False) -> dict[str, Any]:
         """What a run of swept value `value` stores of each parameter (runs' columns, storage/db/schema.py): a baseline
         only what the target's own decoding depends on; a run whose drafter needs no model no draft (None); a draft
         sweep's run its draft's own drafter when they differ (`drafters`)."""
@@ -358,11 +369,11 @@ class RunConfig:
             settings["draft"] = None
         return settings
 
-    def runs(self) -> list[dict]:
+    def runs(self) -> list[dict[str, Any]]:
         """Each swept value's run settings, in the sweep's order."""
         return [self.run_settings(value) for value in self.values]
 
-    def experiment_columns(self) -> dict:
+    def experiment_columns(self) -> dict[str, Any]:
         """The experiments row (storage/db/schema.py's columns) that stores this configuration: every parameter's one
         value, the sweep (values as JSON), a grid's batch sizes; a draft sweep's drafts joined by commas, and each
         one's drafter (JSON) when they differ."""
@@ -384,7 +395,7 @@ class RunConfig:
             "batch_sizes": None if self.batch_sizes is None else json.dumps(list(self.batch_sizes)),
         }
 
-    def enqueue(self) -> dict:
+    def enqueue(self) -> dict[str, Any]:
         """enqueue_experiment's keyword arguments for this configuration (labels such as name and notes apart): the
         names (draft, drafter, ...) as keywords of their own, the numbers under `sampling`."""
         names = {name: value for name, value in self.settings if PARAMETERS[name].categorical}
@@ -410,13 +421,13 @@ class RunConfig:
             **({"batch_sizes": list(self.batch_sizes)} if self.batch_sizes else {}),
         }  # a grid only
 
-    def sampling(self, value=None):
+    def sampling(self, value: Any = None) -> SamplingConfig:
         """The engine's SamplingConfig (engine/decoding/sampling.py) of a run of swept value `value`: every parameter
         that is one of its fields."""
         settings = self.run_settings(value)
         return SamplingConfig(**{f.name: settings[f.name] for f in fields(SamplingConfig) if f.name in settings})
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[Any, ...]:
         """What makes two launches the same experiment (a second Launch of it links to the first): everything
         but its labels."""
         return (
@@ -498,7 +509,7 @@ def default_drafter(draft: str) -> str:
     return next(spec.name for spec in SPECS.values() if spec.needs_hidden_states)
 
 
-def _stored_drafters(drafters, sweep: str, drafts) -> tuple[str, ...] | None:
+def _stored_drafters(drafters: Sequence[str] | None, sweep: str, drafts: Sequence[Any]) -> tuple[str, ...] | None:
     """A stored draft sweep's drafter per draft (experiments.draft_drafters, read back), checked against its drafts;
     None for any other sweep or when there is none."""
     if not drafters:
@@ -511,7 +522,7 @@ def _stored_drafters(drafters, sweep: str, drafts) -> tuple[str, ...] | None:
     return tuple(canonical_drafter(d) for d in drafters)
 
 
-def check_drafters(specs, drafts) -> None:
+def check_drafters(specs: Iterable[str], drafts: Iterable[str]) -> None:
     """Refuse, before anything loads, a drafter named for a draft of the other kind: a causal-LM drafter (model,
     heuristic, confidence) with an EAGLE-3 head, or a hidden-state drafter (eagle3) with a local causal LM."""
     readers = ", ".join(spec.name for spec in SPECS.values() if spec.needs_hidden_states)
@@ -533,7 +544,7 @@ def check_drafters(specs, drafts) -> None:
                 )
 
 
-def exact_text(v: Variable, value) -> str:
+def exact_text(v: Variable, value: Any) -> str:
     """A value as text that its parser reads back as the same value: show's `%g` where it is exact (0.7, 4),
     else the float's shortest exact text (0.1234567: %g keeps 6 digits)."""
     shown = v.show(value)
@@ -542,7 +553,7 @@ def exact_text(v: Variable, value) -> str:
     return shown
 
 
-def _k_auto(value) -> int:
+def _k_auto(value: object) -> int:
     from engine.config.variables import MAX_K
 
     text = str(value).strip()
@@ -551,7 +562,7 @@ def _k_auto(value) -> int:
     return int(text)
 
 
-def _present(value) -> bool:
+def _present(value: object) -> bool:
     """A value a stored cell really holds: not None, NaN or pandas.NA."""
     if value is None:
         return False

@@ -26,7 +26,7 @@ class SamplingConfig:
     # distribution the draft sampled from, so any value is lossless; only acceptance changes.
     draft_temperature: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.draft_sampling not in DRAFT_SAMPLING:
             raise DraftLabError(
                 f"draft sampling must be one of {', '.join(DRAFT_SAMPLING)} (got {str(self.draft_sampling)[:40]!r})"
