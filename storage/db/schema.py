@@ -9,8 +9,9 @@ fast at millions of draft tokens. Bump SCHEMA_VERSION and add a step to `migrati
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import cast
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA_VERSION = 19
@@ -405,10 +406,10 @@ class TrainingPoint(Base):
 
 
 class TrainingAccuracy(Base):
-    """A head's held-out acceptance by draft position at each eval point (engine/training/head_training.py, teacher-forced
-    on the target's greedy continuations): `acceptance` = conditional acceptance at `position` (1..S) given every
-    position before it accepted, `accuracy` = the head's step position-1 argmax equal to the target's, over every
-    root. NULL where no root reached the position. One row per (job, step, position), so a query can group by
+    """A head's held-out acceptance by draft position at each eval point (engine/training/head_training.py,
+    teacher-forced on the target's greedy continuations): `acceptance` = conditional acceptance at `position` (1..S)
+    given every position before it accepted, `accuracy` = the head's step position-1 argmax equal to the target's, over
+    every root. NULL where no root reached the position. One row per (job, step, position), so a query can group by
     either."""
 
     __tablename__ = "training_accuracy"
@@ -558,13 +559,13 @@ _declare_variable_columns()
 _PY_TYPES = {int: (Integer, "INTEGER"), float: (Double, "DOUBLE PRECISION"), str: (Text, "TEXT")}
 
 
-def _record_columns() -> list[tuple[type, str, type, object]]:
+def _record_columns() -> list[tuple[type[Base], str, type, object]]:
     """(model, column, Python type, default) of every column the engine's records store."""
     from dataclasses import MISSING, fields
 
     from engine.decoding import records
 
-    found = []
+    found: list[tuple[type[Base], str, type, object]] = []
     for record, model in (
         (records.DraftToken, DraftTokenRow),
         (records.Round, RoundRow),
@@ -590,24 +591,30 @@ def _declare_record_columns() -> None:
 
 _declare_record_columns()
 
-schema_info = SchemaInfo.__table__
-experiments = Experiment.__table__
-experiment_prompts = ExperimentPrompt.__table__
-workers = Worker.__table__
-runs = Run.__table__
-prompt_results = PromptResult.__table__
-rounds = RoundRow.__table__
-output_tokens = OutputToken.__table__
-draft_tokens = DraftTokenRow.__table__
-timings = Timing.__table__
-device_leases = DeviceLease.__table__
-verify_profile = VerifyProfile.__table__
-batch_verify_profile = BatchVerifyProfile.__table__
-training_jobs = TrainingJob.__table__
-training_points = TrainingPoint.__table__
-training_accuracy = TrainingAccuracy.__table__
-production_series = ProductionSeries.__table__
-production_positions = ProductionPosition.__table__
-server_confirms = ServerConfirm.__table__
-server_measurements = ServerMeasurement.__table__
-server_passes = ServerPass.__table__
+
+def _table(model: type[Base]) -> Table:
+    """A model's table, typed as the Table it is (SQLAlchemy types `__table__` as any FromClause)."""
+    return cast(Table, model.__table__)
+
+
+schema_info = _table(SchemaInfo)
+experiments = _table(Experiment)
+experiment_prompts = _table(ExperimentPrompt)
+workers = _table(Worker)
+runs = _table(Run)
+prompt_results = _table(PromptResult)
+rounds = _table(RoundRow)
+output_tokens = _table(OutputToken)
+draft_tokens = _table(DraftTokenRow)
+timings = _table(Timing)
+device_leases = _table(DeviceLease)
+verify_profile = _table(VerifyProfile)
+batch_verify_profile = _table(BatchVerifyProfile)
+training_jobs = _table(TrainingJob)
+training_points = _table(TrainingPoint)
+training_accuracy = _table(TrainingAccuracy)
+production_series = _table(ProductionSeries)
+production_positions = _table(ProductionPosition)
+server_confirms = _table(ServerConfirm)
+server_measurements = _table(ServerMeasurement)
+server_passes = _table(ServerPass)
