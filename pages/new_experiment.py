@@ -39,7 +39,7 @@ from engine.text.prompt_sets import (
 )
 from engine.wording import plural
 from pages.panels.estimate import decode_speed, duration
-from pages.widgets.common import cached, nav_page, store
+from pages.widgets.common import NO_DATABASE, cached, nav_page, store
 from pages.widgets.prefill import (
     AUTO_K,
     DEFAULT_DRAFTER_SWEEP,
@@ -618,7 +618,7 @@ def _trained_drafts() -> dict[str, str]:
 
     try:
         drafts = training.trained_drafts(store())
-    except Exception:  # noqa: BLE001 - the form works without the database (it opens it to launch)
+    except NO_DATABASE:  # the form works without the database (it opens it to launch); a bug is raised
         logging.getLogger("draftlab.dashboard").warning("could not list trained drafts", exc_info=True)
         return {}
     return {

@@ -27,7 +27,17 @@ from engine.text.prompt_sets import (
 )
 from engine.wording import plural
 from pages.widgets import charts
-from pages.widgets.common import csv_download, draw, nav_page, number, parse_id, select_id, store, table
+from pages.widgets.common import (
+    NO_DATABASE,
+    csv_download,
+    draw,
+    nav_page,
+    number,
+    parse_id,
+    select_id,
+    store,
+    table,
+)
 from pages.widgets.prefill import md_text
 from storage.analysis import catalog
 from storage.db.errors import QueueError
@@ -362,17 +372,22 @@ def _estimate(shape_args: dict) -> None:
         "train_prompts": _count(shape_args.pop("prompts")),
         "validation_prompts": _count(shape_args.pop("validation")),
     }
-    try:
-        timings = training.job_timings(store())
-    except Exception:  # noqa: BLE001 - no database to ask: the form still queues (it opens it then)
-        timings = pd.DataFrame(columns=training.TIMING_COLUMNS)
-    estimate = training_estimate(Shape(**shape_args, **counts), timings, _count)
+    estimate = training_estimate(Shape(**shape_args, **counts), _timings(), _count)
     if estimate is None:
         st.caption(
             "No duration estimate: no training job of this kind has finished here and no shipped run of it is recorded."
         )
     else:
         st.caption(md_text(f"{estimate.text()[0].upper()}{estimate.text()[1:]}, on one worker."))
+
+
+def _timings() -> pd.DataFrame:
+    """The finished jobs' timings (storage.jobs.training.job_timings); none when there is no database to ask (the form
+    still queues: it opens it then). A bug is raised, never read as "no job finished here"."""
+    try:
+        return training.job_timings(store())
+    except NO_DATABASE:
+        return pd.DataFrame(columns=training.TIMING_COLUMNS)
 
 
 @st.cache_data(ttl=60, show_spinner=False)

@@ -344,6 +344,41 @@ def test_a_bug_reading_a_link_is_raised_not_noted_as_a_bad_link():
     assert not at.exception and "nosuchfield" in at.text[0].value, at.text
 
 
+@pytest.mark.parametrize("site", ["trained drafts", "training timings", "uploads to keep"])
+def test_a_form_goes_on_without_a_database_but_raises_a_bug(site, monkeypatch, tmp_path):
+    """The extras a form reads from the database (pages/widgets/common.NO_DATABASE): without one to ask the form
+    goes on (no trained drafts listed, no timings, no upload pruned); a KeyError from the code reading them is the
+    bug it is, never "no job finished here"."""
+    from sqlalchemy.exc import OperationalError
+
+    import pages.new_experiment as new_experiment
+    import pages.train as train
+    import pages.widgets.uploads as uploads
+    from storage.jobs import training
+
+    monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path))
+    target, call, fallback = {
+        "trained drafts": ("trained_drafts", new_experiment._trained_drafts, {}),
+        "training timings": ("job_timings", train._timings, list(training.TIMING_COLUMNS)),
+        "uploads to keep": ("unfinished_job_files", uploads.prune_uploads, []),
+    }[site]
+    for module in (new_experiment, train, uploads):
+        monkeypatch.setattr(module, "store", lambda: None)
+
+    def unavailable(*args, **kwargs):
+        raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    def bug(*args, **kwargs):
+        raise KeyError("out")
+
+    monkeypatch.setattr(training, target, unavailable)
+    got = call()
+    assert (list(got.columns) if site == "training timings" else got) == fallback
+    monkeypatch.setattr(training, target, bug)
+    with pytest.raises(KeyError, match="out"):
+        call()
+
+
 def test_pair_check_rechecks_a_directory_whose_files_changed(tokenizer_dirs, tmp_path):
     import shutil
     from pathlib import Path

@@ -9,10 +9,17 @@ import re
 import altair as alt
 import pandas as pd
 import streamlit as st
+from sqlalchemy.exc import SQLAlchemyError
 
 from engine.config.variables import value_labels, variable
 from pages.widgets.nav import page
 from storage import open_store
+from storage.db.migrations import SchemaTooNew
+
+# What opening or reading the database fails with when there is none to use (a server down, a file that cannot be
+# opened, a driver not installed, a database newer than this DraftLab): a form that only shows extras from it (the
+# trained drafts, a duration estimate, which uploads to keep) goes on without them. Anything else is a bug: raised.
+NO_DATABASE = (SQLAlchemyError, OSError, ImportError, SchemaTooNew)
 
 
 @st.cache_resource(show_spinner=False)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from engine.text import prompt_sets
-from pages.widgets.common import store
+from pages.widgets.common import NO_DATABASE, store
 
 UPLOAD_TYPES = ["jsonl", "csv", "txt", "parquet", "arrow", "feather"]
 
@@ -42,7 +42,7 @@ def prune_uploads(keep: set[Path] = frozenset(), now: float | None = None) -> li
     cutoff = (now if now is not None else time.time()) - limit("upload_days") * 86400
     try:
         needed = {Path(p).resolve() for p in unfinished_job_files(store())} | {Path(p).resolve() for p in keep}
-    except Exception:  # noqa: BLE001 - no database to ask: keep everything rather than guess
+    except NO_DATABASE:  # no database to ask: keep everything rather than guess (a bug is raised)
         return []
     removed = []
     for path in upload_dir().glob("*"):
