@@ -23,7 +23,7 @@ TABLES = ((DraftToken, draft_tokens), (Round, rounds), (PromptResult, prompt_res
 def test_every_stored_field_is_a_column_of_its_table():
     for record, table in TABLES:
         assert set(stored_fields(record)) <= set(table.c.keys()), record.__name__
-    assert summed_fields() == ["draft_seconds", "verify_seconds", "draft_forwards"]
+    assert {"draft_seconds", "verify_seconds", "draft_forwards"} <= set(summed_fields())
     assert set(summed_fields()) <= set(prompt_results.c.keys())
     assert ("rounds", "draft_seconds", "DOUBLE PRECISION") in record_columns()
     assert ("prompt_results", "draft_forwards", "INTEGER") in record_columns()
