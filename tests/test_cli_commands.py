@@ -97,6 +97,15 @@ def test_every_swept_variable_has_its_declared_help():
             assert helps[variable.flag] == variable.help, variable.flag
 
 
+def test_the_prompts_help_lists_every_built_in_set_and_file_type():
+    from engine.text.prompt_sets import BUILTIN_SETS, FILE_EXTENSIONS
+
+    run = dict(command_parsers())["run"]
+    text = next(a.help for a in run._actions if "--prompts" in a.option_strings)
+    for name in (*BUILTIN_SETS, *FILE_EXTENSIONS):
+        assert name in text, (name, text)
+
+
 def test_cli_only_assembles_one_module_per_command():
     parsers = list(command_parsers())
     assert [name for name, _ in parsers] == [command.NAME for command in COMMANDS]

@@ -128,8 +128,13 @@ def run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repor
 
 
 def _stop_quietly(worker) -> None:
-    """worker.stop(), whose only failure left is a database that refuses: the worker's log said so already."""
+    """worker.stop(), whose only failure left is a database that refuses: the worker's log said so already (any
+    other exception is a bug, and surfaces as one)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.db_errors import DatabaseUnavailable
+
     try:
         worker.stop()
-    except Exception:  # noqa: BLE001
+    except (SQLAlchemyError, DatabaseUnavailable):
         pass

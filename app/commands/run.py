@@ -31,6 +31,20 @@ def _listed(items: list[str], last: str) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {last} {items[-1]}"
 
 
+def prompts_help() -> str:
+    """--prompts' help, from the prompt sets' declarations (engine/text/prompt_sets.py: the built-in sets, the
+    conversation sets, the file types)."""
+    from engine.text.prompt_sets import CHAT_SETS, FILE_EXTENSIONS, PROMPT_SETS, SPLITS, UNION
+
+    chats = f"; {', '.join(CHAT_SETS)}: conversations" if CHAT_SETS else ""
+    first, second = PROMPT_SETS[0], PROMPT_SETS[1 % len(PROMPT_SETS)]
+    return (
+        f"NAME[:SPLIT] ({', '.join(PROMPT_SETS)}{chats}), a {'/'.join(FILE_EXTENSIONS)} file (a prompt, or a "
+        f"conversation: OpenAI messages or ShareGPT conversations), or several joined with {UNION} "
+        f"({first}:{SPLITS[-1]}{UNION}{second}:{SPLITS[-1]})"
+    )
+
+
 def variable_help(variable) -> str:
     """A swept variable's help: its declaration's (engine/config/variables.py), the drafter's from SPECS."""
     return drafter_help() if variable.name == "drafter" else variable.help
@@ -47,9 +61,7 @@ def add_parser(sub):
     p.add_argument(
         "--prompts",
         required=True,
-        help="NAME[:SPLIT] (code, english, chinese, math, mixed; chat: conversations), a .jsonl/.csv/.txt/.parquet/"
-        ".arrow file (a prompt, or a conversation: OpenAI messages or ShareGPT conversations), or several joined "
-        "with + (code:validation+english:validation)",
+        help=prompts_help(),
     )
     p.add_argument("--chat-template", default="auto", help=CHAT_TEMPLATE_HELP)
     for setting in SETTINGS.values():  # --seed, --repeats, --max-new-tokens: engine/config/variables.py's settings

@@ -1,4 +1,4 @@
-"""The one distillation driver, shared by `draftlab distill` (app/cli.py) and the worker's training jobs
+"""The one distillation driver, shared by `draftlab distill` (app/commands/distill.py) and the worker's training jobs
 (app/training/training.py): the settings and their command line, the focus weights' effect on the config, the Distiller
 with its checkpoint (prepared data once, then training state between two steps), the sequence of records
 (prepare, checkpoint of the prepared data, train), and the end: save the trained draft, reload it, measure it on

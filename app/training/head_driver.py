@@ -1,8 +1,9 @@
-"""The one EAGLE-3 head-training driver, shared by `draftlab train-head` (app/cli.py) and the worker's training jobs
-of kind "head" (app/training/training.py), as app/training/distill_driver.py is for distillation: the settings and their command
-line, the HeadTrainer with its checkpoint, and the end: save the head in the speculators format (and SGLang's
-layout beside it), reload it as a run's draft would be, measure greedy speculation through the engine's loop on
-the held-out prompts, and write its model card (MODEL_CARD.md + train_head.json).
+"""The one EAGLE-3 head-training driver, shared by `draftlab train-head` (app/commands/train_head.py) and the
+worker's training jobs of kind "head" (app/training/training.py), as app/training/distill_driver.py is for
+distillation: the settings and their command line, the HeadTrainer with its checkpoint, and the end: save the head in
+the speculators format (and SGLang's layout beside it), reload it as a run's draft would be, measure greedy
+speculation through the engine's loop on the held-out prompts, and write its model card (MODEL_CARD.md +
+train_head.json).
 """
 
 from __future__ import annotations

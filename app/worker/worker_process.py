@@ -1,4 +1,4 @@
-"""The worker process: `draftlab worker` (app/cli.py) and each child of `draftlab worker --devices`
+"""The worker process: `draftlab worker` (app/commands/worker.py) and each child of `draftlab worker --devices`
 (app/worker/supervisor.py) run this.
 
     python -m app.worker.worker_process --db sqlite:///draftlab.db [--until-idle] [--device cuda:1]
