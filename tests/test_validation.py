@@ -9,6 +9,7 @@ import pytest
 from storage.analysis.validation import ValidationError, held_out_prompts, validation_plan, validation_result
 from storage.jobs import run_state
 from storage.jobs.experiments import enqueue_experiment, get_experiment
+from tests.meaning import missing
 from tests.test_storage import run_ids
 from tests.test_timing_protocol import _base_prompt, _fill, _spec_prompt
 
@@ -217,7 +218,7 @@ def test_a_done_validation_experiment_has_its_finding(store):
     same = _experiment(store, {2: TUNE[2]}, prompts="code:validation", validates=tune)
     found = [f for f in findings(store, same) if f["kind"] == "validation"]
     assert len(found) == 1 and found[0]["severity"] == "info" and found[0]["data"]["holds"] is True
-    assert found[0]["title"] == f"The gain of experiment #{tune} holds on code:validation"
+    assert not missing(found[0]["title"], f"experiment #{tune} ", "holds", "code:validation"), found[0]["title"]
     worse = _experiment(store, {2: [[0, 0, 1, 0, 2, 0, 0, 0] * 3]}, prompts="code:validation", validates=tune)
     found = next(f for f in findings(store, worse) if f["kind"] == "validation")
     assert found["severity"] == "warning" and "beyond sampling error" in found["detail"]
