@@ -90,7 +90,7 @@ def test_a_dispatched_model_that_spilled_to_the_cpu_is_refused_and_accelerate_is
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(DraftLabError, match="needs accelerate; pip install accelerate$"):
+    with pytest.raises(DraftLabError, match=r"'demo-target'.*GPUs.*pip install accelerate$"):
         load_model("demo-target", torch.device("cuda", 0), torch.float32, max_memory={0: GB, 1: GB})
 
 
