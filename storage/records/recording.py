@@ -8,11 +8,10 @@ its prompt rows, so every stored figure is a SQL aggregate and a prompt is eithe
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 
-from sqlalchemy import Connection, insert, text
+from sqlalchemy import Connection, Table, insert, text
 
 from engine.decoding.records import PromptResult, Round, stored_fields, summed_fields
 from engine.metrics import stats
@@ -21,6 +20,7 @@ from storage.db.schema import (
     BASELINE,
     FIRST,
     TARGET,
+    Base,
     draft_tokens,
     output_tokens,
     prompt_results,
@@ -66,18 +66,23 @@ def _output_rows(run_id: int, kind: str, result: PromptResult, texts: list[str])
     ]
 
 
-@functools.cache
-def _columns(record: type, table) -> list[tuple[str, type, bool]]:
+_COLUMNS: dict[tuple[type, str], list[tuple[str, type, bool]]] = {}
+
+
+def _columns(record: type, table: str) -> list[tuple[str, type, bool]]:
     """(column, Python type, NULL allowed) of each stored field of `record` (engine/decoding/records.py's
-    stored_fields: the column of the same name)."""
-    return [(name, kind, table.c[name].nullable) for name, kind in stored_fields(record).items()]
+    stored_fields: the column of the same name in `table`), read once."""
+    if (record, table) not in _COLUMNS:
+        columns = Base.metadata.tables[table].c
+        _COLUMNS[record, table] = [(n, kind, bool(columns[n].nullable)) for n, kind in stored_fields(record).items()]
+    return _COLUMNS[record, table]
 
 
-def _row(record, table, **extra) -> dict:
+def _row(record: object, table: Table, **extra: object) -> dict[str, object]:
     """`table`'s row of an engine record: its stored fields as plain Python values (a numpy or torch scalar as the
     int or float every driver takes), a NaN as NULL where the column allows it; then `extra`."""
-    row = {}
-    for name, kind, nullable in _columns(type(record), table):
+    row: dict[str, object] = {}
+    for name, kind, nullable in _columns(type(record), table.name):
         value = getattr(record, name)
         if value is not None:
             value = kind(value)
