@@ -265,7 +265,7 @@ class RunConfig:
         )
 
     @classmethod
-    def from_experiment(cls, row: Mapping[str, Any]) -> RunConfig:
+    def from_experiment(cls, row: Mapping[Any, Any]) -> RunConfig:
         """What a stored experiment row runs (the inverse of `experiment_columns`); columns an older database
         lacks (NULL) take their defaults."""
         values = row["sweep_values"]
@@ -301,7 +301,7 @@ class RunConfig:
         )
 
     @classmethod
-    def of_run(cls, run: Mapping[str, Any], experiment: Mapping[str, Any]) -> RunConfig:
+    def of_run(cls, run: Mapping[Any, Any], experiment: Mapping[Any, Any]) -> RunConfig:
         """One stored run's own configuration (its swept value fixed): the run's columns, else the experiment's
         (runs stored before a column existed), else the defaults. A run whose drafter needs no model has no draft."""
         given: dict[str, Any] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, inspect, text
+from sqlalchemy import Connection, Engine, inspect, text
 
 from storage.db.schema import SCHEMA_VERSION, Base, record_columns, schema_info, variable_columns
 
@@ -245,7 +245,7 @@ def current_version(conn: Connection) -> int | None:
     return conn.execute(text("SELECT MAX(version) FROM schema_info")).scalar()
 
 
-def ensure_schema(engine) -> int:
+def ensure_schema(engine: Engine) -> int | None:
     """Create or upgrade the schema; return the version found before (None for a new database)."""
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":

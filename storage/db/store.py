@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, CursorResult, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -164,3 +165,11 @@ def _check_existing(engine: Engine, url: str) -> None:
     if found is None:
         engine.dispose()
         raise NoDatabase(f"no DraftLab database at {safe_url(url)} (it holds none of DraftLab's tables)")
+
+
+def new_id(result: CursorResult[Any]) -> int:
+    """The primary key an INSERT of one row gave it (every table here has an integer one)."""
+    key = result.inserted_primary_key
+    if key is None:
+        raise RuntimeError("the INSERT returned no primary key")
+    return int(key[0])

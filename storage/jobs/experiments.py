@@ -9,6 +9,7 @@ import inspect
 import json
 import numbers
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from sqlalchemy import insert, select, text
 
@@ -129,7 +130,7 @@ def enqueue_experiment(
     swept = VARIABLES.get(sweep_variable)  # engine/config/variables.py: the one description of each swept variable
     if swept is None:
         raise QueueError(f"cannot sweep {sweep_variable!r}; sweep one of {', '.join(VARIABLES)}")
-    values = list(sweep_values)
+    values: list[Any] = list(sweep_values)  # numbers, or a categorical variable's names
     if not values:
         raise QueueError("sweep_values is empty; give at least one value, e.g. k = 1, 2, 4")
     unknown = (set(sampling) | set(settings)) - set(RUN_PARAMETERS)
@@ -330,6 +331,8 @@ def add_k_runs(store: Store, experiment_id: int, ks: Sequence[int], batch_size: 
     it (the confirmation step of `--k auto`), at `batch_size` (default: the experiment's); reserved like the
     experiment's first runs. Returns run ids."""
     exp = get_experiment(store, experiment_id)
+    if exp is None:
+        raise QueueError(f"no experiment {experiment_id}")
     with store.read() as conn:
         reserved = conn.execute(
             text("SELECT reserved_for FROM runs WHERE experiment_id = :eid ORDER BY id LIMIT 1"), {"eid": experiment_id}

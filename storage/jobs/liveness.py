@@ -73,7 +73,7 @@ def live_workers(store: Store, max_age_seconds: float = 30) -> int:
             conn.execute(
                 text("SELECT COUNT(*) FROM workers WHERE heartbeat >= :cutoff"),
                 {"cutoff": utcnow() - timedelta(seconds=max_age_seconds)},
-            ).scalar()
+            ).scalar_one()
         )
 
 

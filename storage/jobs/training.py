@@ -38,7 +38,7 @@ from storage.db.schema import (
     training_points,
     utcnow,
 )
-from storage.db.store import Store
+from storage.db.store import Store, new_id
 
 MODELS_ENV, DEFAULT_MODELS_DIR = "DRAFTLAB_MODELS", "models"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -172,33 +172,35 @@ def enqueue_training(
         ).scalar()
         if taken is not None:
             raise QueueError(f"training job {taken} already writes {out}; pick another name")
-        return conn.execute(
-            insert(training_jobs).values(
-                name=name,
-                out=str(out),
-                created=utcnow(),
-                notes=notes or "",
-                kind=kind,
-                target=target.strip(),
-                draft=str(draft or "").strip(),
-                prompts=prompts.strip(),
-                validation=validation.strip(),
-                steps=steps,
-                lr=lr,
-                batch_size=batch_size,
-                max_new_tokens=max_new_tokens,
-                samples=samples,
-                seed=int(seed),
-                focus_from=focus_from,
-                device=device,
-                status=QUEUED,
-                step=0,
-                progress=0.0,
-                cancel_requested=False,
-                launched_by=launched_by[:200] if launched_by else None,
-                **head,
+        return new_id(
+            conn.execute(
+                insert(training_jobs).values(
+                    name=name,
+                    out=str(out),
+                    created=utcnow(),
+                    notes=notes or "",
+                    kind=kind,
+                    target=target.strip(),
+                    draft=str(draft or "").strip(),
+                    prompts=prompts.strip(),
+                    validation=validation.strip(),
+                    steps=steps,
+                    lr=lr,
+                    batch_size=batch_size,
+                    max_new_tokens=max_new_tokens,
+                    samples=samples,
+                    seed=int(seed),
+                    focus_from=focus_from,
+                    device=device,
+                    status=QUEUED,
+                    step=0,
+                    progress=0.0,
+                    cancel_requested=False,
+                    launched_by=launched_by[:200] if launched_by else None,
+                    **head,
+                )
             )
-        ).inserted_primary_key[0]
+        )
 
 
 def _head_settings(kind: str, draft: str | None, ttt_steps, draft_vocab_size, aux_layers) -> dict:

@@ -10,11 +10,12 @@ Per server configuration and concurrency (one `server_measurements` row, its pas
 - speedup = the speculative server's tokens per second / the target-only server's over the same passes (Σ new
   tokens / Σ pass wall each side), the passes paired by index (A B A B: the two servers' pass i ran back to back):
   equal work per generated token, the lab's own definition (engine/metrics/stats.py's paired_speedup), so a server that
-  stops early is not faster for it; its 95 % interval is engine/metrics/stats.py's paired bootstrap, resampling passes (so
-  it needs two passes or more; None with one). It is stored only when it is a result (`withheld`): not when the
-  outputs differ (greedy: not equal to the server's own target-only outputs; sampled: engine/metrics/sampled_outputs.py's
-  tests), nor when its interval lies wholly above the server's tokens per step (1 + accepted / drafts of its
-  counters over the same passes), which no real speedup can exceed; `speedup_warning` says why instead;
+  stops early is not faster for it; its 95 % interval is engine/metrics/stats.py's paired bootstrap, resampling passes
+  (so it needs two passes or more; None with one). It is stored only when it is a result (`withheld`): not when the
+  outputs differ (greedy: not equal to the server's own target-only outputs; sampled:
+  engine/metrics/sampled_outputs.py's tests), nor when its interval lies wholly above the server's tokens per step
+  (1 + accepted / drafts of its counters over the same passes), which no real speedup can exceed; `speedup_warning`
+  says why instead;
 - the server's acceptance: the counters' difference over the configuration's passes, stored as a production
   series (storage/records/production.py) linked to the lab run, read with its definitions (conditional per position).
 """
@@ -22,6 +23,7 @@ Per server configuration and concurrency (one `server_measurements` row, its pas
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,7 +31,7 @@ from sqlalchemy import insert, text, update
 
 from engine.metrics.stats import paired_bootstrap_ci, paired_speedup, percentile
 from storage.db.schema import DONE, FAILED, RUNNING, server_confirms, server_measurements, server_passes, utcnow
-from storage.db.store import Store
+from storage.db.store import Store, new_id
 from storage.records.production import add_series, lab_positions, series
 from storage.records.queries import _frame
 from storage.records.workers import confirm_processes
@@ -94,8 +96,9 @@ def pass_speedup(baseline, speculative) -> tuple[float | None, list[float] | Non
 def withheld(speedup: float | None, ci, steps: float | None, matches: dict, outputs_test: dict | None) -> str | None:
     """Why a measured server speedup is not a result, in a sentence, or None: the outputs differ (speculation
     changed them, so it is not the same work), or its interval lies wholly above `steps`, the server's tokens per
-    step (every step costs a target forward, so no real speedup exceeds it; the lab's guard, storage/records/recording.py,
-    with the interval as slack: one pass has none, its figure is the bound; no counters, no bound)."""
+    step (every step costs a target forward, so no real speedup exceeds it; the lab's guard,
+    storage/records/recording.py, with the interval as slack: one pass has none, its figure is the bound; no counters,
+    no bound)."""
     if speedup is None:
         return None
     measured = f"{speedup:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else "")
@@ -176,26 +179,28 @@ def start_confirm(
     launched_by: str | None = None,
     requests_total: int | None = None,
 ) -> int:
-    """A confirm the CLI runs itself, stored running (the dashboard's are queued: storage/serving/confirm_jobs.py), held by
-    this process: its heartbeat (the CLI's) and `processes` let a sweep close it if the process dies."""
+    """A confirm the CLI runs itself, stored running (the dashboard's are queued: storage/serving/confirm_jobs.py), held
+    by this process: its heartbeat (the CLI's) and `processes` let a sweep close it if the process dies."""
     with store.write() as conn:
         if conn.execute(text("SELECT 1 FROM experiments WHERE id = :e"), {"e": experiment_id}).first() is None:
             raise KeyError(experiment_id)
         return int(
-            conn.execute(
-                insert(server_confirms).values(
-                    experiment_id=experiment_id,
-                    engine=engine,
-                    configs=configs,
-                    repeats=repeats,
-                    launched_by=launched_by,
-                    concurrency=",".join(map(str, concurrency)),
-                    phase="running in `draftlab confirm`",
-                    requests_total=requests_total,
-                    heartbeat=utcnow(),
-                    processes=confirm_processes(),
+            new_id(
+                conn.execute(
+                    insert(server_confirms).values(
+                        experiment_id=experiment_id,
+                        engine=engine,
+                        configs=configs,
+                        repeats=repeats,
+                        launched_by=launched_by,
+                        concurrency=",".join(map(str, concurrency)),
+                        phase="running in `draftlab confirm`",
+                        requests_total=requests_total,
+                        heartbeat=utcnow(),
+                        processes=confirm_processes(),
+                    )
                 )
-            ).inserted_primary_key[0]
+            )
         )
 
 
@@ -219,9 +224,9 @@ def add_measurement(
 ) -> int:
     """Store one configuration at one concurrency, all at once: its figures (`summarize`), its passes, its paired
     speedup (`pass_speedup`) unless `withheld` says why not (then that sentence instead), its counters' difference
-    (a production series, app/production_scrape.SpecCounters), its output comparisons {"outputs_match_server_baseline",
-    "outputs_match_lab", "first_divergence"} (greedy) or `outputs_test` (sampled: engine/metrics/sampled_outputs.py) and the
-    paired target-only passes' tokens per second."""
+    (a production series, app/production_scrape.SpecCounters), its output comparisons
+    {"outputs_match_server_baseline", "outputs_match_lab", "first_divergence"} (greedy) or `outputs_test` (sampled:
+    engine/metrics/sampled_outputs.py) and the paired target-only passes' tokens per second."""
     series_id = None
     if counters is not None and counters.drafts > 0 and counters.draft_tokens > 0:
         series_id = add_series(
@@ -245,26 +250,28 @@ def add_measurement(
     if warning is not None:
         value, ci = None, None
     with store.write() as conn:
-        mid = conn.execute(
-            insert(server_measurements).values(
-                confirm_id=confirm_id,
-                experiment_id=experiment_id,
-                run_id=run_id,
-                series_id=series_id,
-                label=label,
-                k=k,
-                speculative_config=speculative_config,
-                concurrency=concurrency,
-                speedup=value,
-                speedup_ci_lo=ci[0] if ci else None,
-                speedup_ci_hi=ci[1] if ci else None,
-                speedup_warning=warning,
-                outputs_test=json.dumps(outputs_test) if outputs_test is not None else None,
-                baseline_tokens_per_second=baseline_tokens_per_second,
-                **(matches or {}),
-                **figures,
+        mid = new_id(
+            conn.execute(
+                insert(server_measurements).values(
+                    confirm_id=confirm_id,
+                    experiment_id=experiment_id,
+                    run_id=run_id,
+                    series_id=series_id,
+                    label=label,
+                    k=k,
+                    speculative_config=speculative_config,
+                    concurrency=concurrency,
+                    speedup=value,
+                    speedup_ci_lo=ci[0] if ci else None,
+                    speedup_ci_hi=ci[1] if ci else None,
+                    speedup_warning=warning,
+                    outputs_test=json.dumps(outputs_test) if outputs_test is not None else None,
+                    baseline_tokens_per_second=baseline_tokens_per_second,
+                    **(matches or {}),
+                    **figures,
+                )
             )
-        ).inserted_primary_key[0]
+        )
         conn.execute(
             insert(server_passes),
             [
@@ -328,7 +335,7 @@ def _lab(store: Store, run_id: int | None, cache: dict) -> tuple[float | None, l
     return cache[run_id]
 
 
-def _int(value):
+def _int(value: Any) -> int | None:
     return int(value) if value is not None and value == value else None
 
 
@@ -449,7 +456,7 @@ def beside_lab(store: Store, confirm_id: int) -> pd.DataFrame:
     return df[BESIDE_COLUMNS].reset_index(drop=True)
 
 
-def _num(value):
+def _num(value: Any) -> float | None:
     return None if value is None or value != value else float(value)
 
 

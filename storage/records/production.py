@@ -20,7 +20,7 @@ from sqlalchemy import insert, text
 
 from engine.metrics.stats import clustered_ratio_se
 from storage.db.schema import DONE, SPECULATIVE, production_positions, production_series
-from storage.db.store import Store
+from storage.db.store import Store, new_id
 from storage.records.queries import F, _frame
 
 Z95 = 1.959964
@@ -55,7 +55,8 @@ def lab_run_for(store: Store, experiment_id: int, k: int, run_id: int | None = N
             r.id
             for r in conn.execute(
                 text(
-                    "SELECT id FROM runs WHERE experiment_id = :e AND kind = :kind AND status = :done AND k = :k ORDER BY id"
+                    "SELECT id FROM runs WHERE experiment_id = :e AND kind = :kind AND status = :done AND k = :k "
+                    "ORDER BY id"
                 ),
                 {"e": experiment_id, "kind": SPECULATIVE, "done": DONE, "k": k},
             )
@@ -100,19 +101,21 @@ def add_series(
     k = production_k(drafts, draft_tokens, per_position)
     run_id = lab_run_for(store, experiment_id, k, run_id)
     with store.write() as conn:
-        series_id = conn.execute(
-            insert(production_series).values(
-                experiment_id=experiment_id,
-                run_id=run_id,
-                label=label,
-                source=source,
-                engine=engine,
-                seconds=seconds,
-                drafts=drafts,
-                draft_tokens=draft_tokens,
-                accepted=accepted,
+        series_id = new_id(
+            conn.execute(
+                insert(production_series).values(
+                    experiment_id=experiment_id,
+                    run_id=run_id,
+                    label=label,
+                    source=source,
+                    engine=engine,
+                    seconds=seconds,
+                    drafts=drafts,
+                    draft_tokens=draft_tokens,
+                    accepted=accepted,
+                )
             )
-        ).inserted_primary_key[0]
+        )
         if per_position:
             conn.execute(
                 insert(production_positions),
@@ -184,8 +187,8 @@ def positions(store: Store, experiment_id: int) -> pd.DataFrame:
 
 
 def clustered_ratio(numerators, denominators) -> tuple[float, float, float] | None:
-    """Σnum / Σden with a 95 % interval that treats each pair (a prompt) as one independent draw (engine/metrics/stats.py's
-    clustered_ratio_se). None without a denominator."""
+    """Σnum / Σden with a 95 % interval that treats each pair (a prompt) as one independent draw
+    (engine/metrics/stats.py's clustered_ratio_se). None without a denominator."""
     estimate = clustered_ratio_se(numerators, denominators)
     if estimate is None:
         return None
@@ -238,7 +241,7 @@ def lab_positions(store: Store, run_id: int) -> pd.DataFrame:
 def comparison(store: Store, experiment_id: int) -> list[dict]:
     """Per series: production α (or draft acceptance rate when the server counts no positions) against the lab
     run's value and interval, and the first position where production falls outside the lab's interval."""
-    out = []
+    out: list[dict] = []
     table = series(store, experiment_id)
     if table.empty:
         return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from typing import Any
 
 import pandas as pd
 from sqlalchemy import select, text
@@ -26,7 +27,8 @@ F = "DOUBLE PRECISION"  # float division in both SQLite (REAL affinity) and Post
 
 RUN_COLUMNS = RUN_QUERY  # runs()' columns, in order: storage/records/columns.py's table (headers, help, formats too)
 
-# Each run's own settings: every parameter a run stores (engine/config/run_config.py), beside k and batch size (metrics).
+# Each run's own settings: every parameter a run stores (engine/config/run_config.py), beside k and batch size
+# (metrics).
 _SETTINGS = ", ".join(f"r.{name}" for name in RUN_PARAMETERS if name not in ("k", "batch_size"))
 # The metrics whose SQL is their storage/records/columns.py entry's, computed over the run `r`.
 _COMPUTED = "".join(f",\n       ({c.sql}) AS {c.name}" for c in COMPUTED)
@@ -186,11 +188,11 @@ def sweep_curve(store: Store, experiment_id: int) -> pd.DataFrame:
     return df[cols].sort_values(["sweep_value", "run_id"]).reset_index(drop=True)
 
 
-# The one rule of which runs can be chosen as an experiment's best (storage/analysis/verdict.py; the listing, the schedule,
-# findings and deploy read the verdict): a speculative run `s` that finished, with its baseline `b` finished, a measured speedup with its
-# interval, no timing warning (a run timed faster than its tokens per round allow is never crowned), and lossless (a
-# greedy run whose outputs differ from its baseline's, `lossy`, is never chosen). RANK: the highest measured speedup
-# first; on equal speedups the smaller swept value, then the older run.
+# The one rule of which runs can be chosen as an experiment's best (storage/analysis/verdict.py; the listing, the
+# schedule, findings and deploy read the verdict): a speculative run `s` that finished, with its baseline `b` finished,
+# a measured speedup with its interval, no timing warning (a run timed faster than its tokens per round allow is never
+# crowned), and lossless (a greedy run whose outputs differ from its baseline's, `lossy`, is never chosen). RANK: the
+# highest measured speedup first; on equal speedups the smaller swept value, then the older run.
 CHOOSABLE = (
     "s.kind = 'speculative' AND s.status = 'done' AND b.status = 'done' AND s.speedup IS NOT NULL "
     "AND s.speedup_ci_lo IS NOT NULL AND s.speedup_ci_hi IS NOT NULL AND s.timing_warning IS NULL "
@@ -252,8 +254,8 @@ EXPERIMENT_ROW_COLUMNS = [
 def experiment_rows(
     store: Store, tag: str | None = None, model: str | None = None, status: str | None = None
 ) -> pd.DataFrame:
-    """All experiments, newest first, with their status and progress (storage/analysis/catalog.py's `experiments` adds the
-    best run, from the verdict)."""
+    """All experiments, newest first, with their status and progress (storage/analysis/catalog.py's `experiments` adds
+    the best run, from the verdict)."""
     # Filters are added only when given: PostgreSQL cannot type a bare `:param IS NULL`.
     conditions = ["1 = 1"]
     if tag:
@@ -328,8 +330,9 @@ def grid_sizes(experiment: dict) -> list[int] | None:
 
 
 def predicted_curves(experiment: dict) -> dict[int, tuple[dict[int, float], list[int]]]:
-    """{batch size: (predicted curve {k: speedup}, confirmed k values)} of a `--k auto` experiment (storage.records.queries
-    .experiment's dict); a curve stored without batch sizes is the experiment's batch size's. Empty before."""
+    """{batch size: (predicted curve {k: speedup}, confirmed k values)} of a `--k auto` experiment
+    (storage.records.queries.experiment's dict); a curve stored without batch sizes is the experiment's batch size's.
+    Empty before."""
     auto = experiment.get("predicted_curve") or {}
     if isinstance(auto, str):
         auto = json.loads(auto)
@@ -440,7 +443,8 @@ def verdict_rows(store: Store, experiment_id: int | None = None) -> pd.DataFrame
 
 
 def choosable(store: Store, experiment_id: int) -> list[int]:
-    """The ids of the runs a verdict may choose from (CHOOSABLE), best first (RANK): storage/analysis/verdict.py reads them."""
+    """The ids of the runs a verdict may choose from (CHOOSABLE), best first (RANK): storage/analysis/verdict.py reads
+    them."""
     sql = f"""SELECT s.id FROM runs s JOIN runs b ON b.id = s.baseline_run_id
               WHERE s.experiment_id = :eid AND {CHOOSABLE} ORDER BY {RANK}"""
     with store.read() as conn:
@@ -483,7 +487,8 @@ def top_rejected_tokens(store: Store, run_id: int, limit: int = 20) -> pd.DataFr
     top AS (SELECT * FROM counted WHERE rejected > 0 ORDER BY rejected DESC, token_id LIMIT :limit)
     SELECT top.token_id,
            (SELECT d.text FROM draft_tokens d WHERE d.run_id = :rid AND d.token_id = top.token_id LIMIT 1) AS text,
-           (SELECT d.token_type FROM draft_tokens d WHERE d.run_id = :rid AND d.token_id = top.token_id LIMIT 1) AS token_type,
+           (SELECT d.token_type FROM draft_tokens d WHERE d.run_id = :rid AND d.token_id = top.token_id LIMIT 1)
+             AS token_type,
            top.rejected, top.verified, CAST(top.rejected AS {F}) / top.verified AS rejection_rate
     FROM top ORDER BY top.rejected DESC, top.token_id"""
     with store.read() as conn:
@@ -583,8 +588,10 @@ def experiment_version(store: Store, experiment_id: int | None = None) -> tuple:
     `runs` (no draft tokens read)."""
     where = "WHERE experiment_id = :eid" if experiment_id is not None else ""
     sql = f"""SELECT COUNT(*), COALESCE(SUM(prompts_done), 0), MAX(heartbeat), MAX(finished), MAX(started),
-                     SUM(CASE WHEN status = 'done' THEN 1 ELSE 0 END), SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END),
-                     SUM(CASE WHEN status = 'queued' THEN 1 ELSE 0 END), SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END),
+                     SUM(CASE WHEN status = 'done' THEN 1 ELSE 0 END),
+                     SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END),
+                     SUM(CASE WHEN status = 'queued' THEN 1 ELSE 0 END),
+                     SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END),
                      SUM(CASE WHEN status = 'cancelled' THEN 1 ELSE 0 END),
                      SUM(CASE WHEN timing_warning IS NULL THEN 0 ELSE 1 END),
                      CAST(COALESCE(SUM(speedup), 0) AS {F}), CAST(COALESCE(SUM(speedup_ci_lo), 0) AS {F}),
@@ -592,16 +599,17 @@ def experiment_version(store: Store, experiment_id: int | None = None) -> tuple:
               FROM runs {where}"""
     with store.read() as conn:
         row = conn.execute(text(sql), {"eid": experiment_id} if experiment_id is not None else {}).one()
+        extra: tuple[Any, ...]
         if experiment_id is None:
-            extra = conn.execute(text("SELECT COUNT(*), MAX(id) FROM experiments")).one()
+            extra = tuple(conn.execute(text("SELECT COUNT(*), MAX(id) FROM experiments")).one())
         else:
-            extra = conn.execute(
+            labels = conn.execute(
                 text("SELECT name, tags, notes, validates, predicted_curve FROM experiments WHERE id = :eid"),
                 {"eid": experiment_id},
             ).one_or_none()
             # production series imported later (`draftlab import-metrics`) change the findings too
             extra = (
-                *(extra or ()),
+                *(labels or ()),
                 *conn.execute(
                     text("SELECT COUNT(*), MAX(id) FROM production_series WHERE experiment_id = :eid"),
                     {"eid": experiment_id},
@@ -662,7 +670,7 @@ def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
     with store.read() as conn:
         rows = conn.execute(select(schema.workers)).mappings().all()
         dead = set(liveness.dead_workers(conn, now - timedelta(seconds=seconds)))
-        leases = dict(conn.execute(text("SELECT worker_id, device FROM device_leases")).all())
+        leases: dict[str, str] = dict(conn.execute(text("SELECT worker_id, device FROM device_leases")).all())
         running = (
             conn.execute(
                 text(f"""SELECT worker_id, MIN(experiment_id) AS experiment_id, COUNT(*) AS runs,
@@ -675,7 +683,7 @@ def worker_health(store: Store, stale_seconds: float | None = None) -> dict:
         queued = conn.execute(
             text("SELECT COUNT(*), COUNT(DISTINCT experiment_id) FROM runs WHERE status = 'queued'")
         ).one()
-        training = dict(
+        training: dict[str, int] = dict(
             conn.execute(
                 text("SELECT worker_id, MIN(id) FROM training_jobs WHERE status = 'running' GROUP BY worker_id")
             ).all()

@@ -19,7 +19,7 @@ from sqlalchemy import insert, text
 
 from storage.db.errors import QueueError
 from storage.db.schema import QUEUED, RUNNING, server_confirms, utcnow
-from storage.db.store import Store
+from storage.db.store import Store, new_id
 from storage.jobs.liveness import confirm_processes
 
 CONFIGS = ("chosen", "schedule", "all")
@@ -138,19 +138,21 @@ def enqueue_confirm(
             )
         check_launcher_cap(conn, launched_by, 1)
         return int(
-            conn.execute(
-                insert(server_confirms).values(
-                    experiment_id=experiment_id,
-                    engine="vllm",
-                    configs=configs,
-                    repeats=repeats,
-                    status=QUEUED,
-                    concurrency=",".join(map(str, sorted(concurrency))),
-                    phase="queued",
-                    requests_done=0,
-                    launched_by=launched_by[:200] if launched_by else None,
+            new_id(
+                conn.execute(
+                    insert(server_confirms).values(
+                        experiment_id=experiment_id,
+                        engine="vllm",
+                        configs=configs,
+                        repeats=repeats,
+                        status=QUEUED,
+                        concurrency=",".join(map(str, sorted(concurrency))),
+                        phase="queued",
+                        requests_done=0,
+                        launched_by=launched_by[:200] if launched_by else None,
+                    )
                 )
-            ).inserted_primary_key[0]
+            )
         )
 
 
