@@ -4,6 +4,8 @@ headline, deploy and the CLI name the same best run and the same ties. No torch,
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from storage.analysis.verdict import verdicts
@@ -23,17 +25,17 @@ def experiments(
     df = q.experiment_rows(store, tag, model, status)
     rows = q.verdict_rows(store)
     judged = verdicts(rows)
-    best = {column: [] for column in BEST_COLUMNS}
+    best: dict[str, list[Any]] = {column: [] for column in BEST_COLUMNS}
     by_id = rows.set_index("run_id")
     for eid in df["experiment_id"]:
         v = judged.get(int(eid))
         b = v.best if v is not None else None
         run = by_id.loc[b.run_id] if b is not None else None
         for column, value in (
-            ("best_value", run["sweep_value"] if b else None),
-            ("best_label", run["sweep_label"] if b else None),
+            ("best_value", run["sweep_value"] if run is not None else None),
+            ("best_label", run["sweep_label"] if run is not None else None),
             ("best_speedup", b.speedup if b else None),
-            ("alpha", run["alpha"] if b else None),
+            ("alpha", run["alpha"] if run is not None else None),
             ("best_ci_lo", b.ci[0] if b else None),
             ("best_ci_hi", b.ci[1] if b else None),
             ("n_tied", len(v.tied) if v is not None else 0),

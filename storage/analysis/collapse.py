@@ -19,6 +19,8 @@ prompts or more; a lab rate of 0 (a random head) can never collapse.
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.metrics.stats import wilson_interval
 from storage.db.store import Store
 from storage.records import queries as q
@@ -35,7 +37,7 @@ def lab_rate(store: Store, run_id: int) -> tuple[float, float, float, int] | Non
     return None if estimate is None else (*estimate, int(len(df)))
 
 
-def collapse(store: Store, series_id: int, run_id: int) -> dict | None:
+def collapse(store: Store, series_id: int, run_id: int) -> dict[str, Any] | None:
     """The server's rate (series `series_id`) against the lab run's, with both intervals and whether it collapsed
     (see the module docstring); None when either side has nothing to compare."""
     counts = series_counts(store, series_id)
@@ -44,7 +46,9 @@ def collapse(store: Store, series_id: int, run_id: int) -> dict | None:
         return None
     drafts, tokens, accepted = int(counts["drafts"]), int(counts["draft_tokens"]), int(counts["accepted"])
     server = accepted / tokens
-    lo, hi = wilson_interval(server * drafts, drafts)
+    interval = wilson_interval(server * drafts, drafts)
+    assert interval is not None  # drafts > 0
+    lo, hi = interval
     lab_value, lab_lo, lab_hi, prompts = lab
     known = lab_lo == lab_lo  # NaN under two prompts: no interval, no verdict
     collapsed = bool(known and lab_lo > 0 and server < COLLAPSE_RATIO * lab_value and hi < COLLAPSE_RATIO * lab_lo)

@@ -5,6 +5,7 @@ put together with the lab's judgement of them (storage/analysis/schedule.py)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from storage.analysis.schedule import schedule_dict
 from storage.db.store import Store
@@ -24,7 +25,7 @@ from storage.records.confirms import (
 from storage.records.production import series_document
 
 
-def confirm_document(store: Store, confirm_id: int) -> dict:
+def confirm_document(store: Store, confirm_id: int) -> dict[str, Any]:
     """One confirm as `draftlab confirm --json` prints it (SPEC "Confirm in a serving engine"), exactly."""
     head = confirm_head(store, confirm_id)
     if head is None:
@@ -48,8 +49,8 @@ def confirm_document(store: Store, confirm_id: int) -> dict:
         },
         "configs": [],
     }
-    lab_cache: dict = {}
-    configs: dict[str, dict] = {}
+    lab_cache: dict[int, tuple[float | None, list[float] | None]] = {}
+    configs: dict[str, dict[str, Any]] = {}
     for r in rows:
         if r["speculative_config"] is None:
             continue
@@ -100,7 +101,7 @@ def confirm_document(store: Store, confirm_id: int) -> dict:
     return doc
 
 
-def confirms(store: Store, experiment_id: int) -> list[dict]:
+def confirms(store: Store, experiment_id: int) -> list[dict[str, Any]]:
     """Every confirm of an experiment, oldest first: its id, status, error, wall time and document (the export's
     `server_confirms`)."""
     heads = confirm_heads(store, experiment_id)
@@ -119,7 +120,7 @@ def confirms(store: Store, experiment_id: int) -> list[dict]:
     ]
 
 
-def lab_schedule_beside(store: Store, confirm_id: int) -> list[dict]:
+def lab_schedule_beside(store: Store, confirm_id: int) -> list[dict[str, Any]]:
     """A schedule confirm: per batch size the lab measured, the lab schedule's k and speedup beside the k vLLM
     served at that concurrency and the server's speedup there (None where the confirm did not measure it)."""
     eid = confirm_experiment(store, confirm_id)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlencode
 
 import pandas as pd
@@ -38,7 +40,7 @@ from engine.metrics import theory
 from storage.analysis import formula
 from storage.analysis import validation as val
 from storage.analysis.collapse import collapse
-from storage.analysis.schedule import schedule
+from storage.analysis.schedule import Schedule, schedule
 from storage.analysis.verdict import Verdict, judge, judged_runs
 from storage.db.store import Store
 from storage.records import production
@@ -88,7 +90,7 @@ MODEL_FREE_DRAFTERS = tuple(example_specs(needs_model=False))
 _log = logging.getLogger(__name__)
 
 
-def findings(store: Store, experiment_id: int) -> list[dict]:
+def findings(store: Store, experiment_id: int) -> list[dict[str, Any]]:
     """The findings of one experiment, most severe first (empty for an unknown experiment or one without data)."""
     experiment = q.experiment(store, experiment_id)
     if experiment is None:
@@ -98,7 +100,7 @@ def findings(store: Store, experiment_id: int) -> list[dict]:
     judged = judged_runs(experiment, runs)
     verdict = judge(experiment_id, experiment.get("sweep_variable") or "k", judged, q.choosable(store, experiment_id))
     ctx = _Context(store, experiment, judged, verdict, grid, runs)
-    found: list[dict] = []
+    found: list[dict[str, Any]] = []
     for rule in (
         _sampling_mismatch,
         _timing_warnings,
@@ -122,20 +124,20 @@ def findings(store: Store, experiment_id: int) -> list[dict]:
 # --- links to the next experiment -------------------------------------------------------------------------------
 
 
-def prefill_query(prefill: dict) -> tuple[str, dict[str, str]]:
+def prefill_query(prefill: dict[str, Any]) -> tuple[str, dict[str, str]]:
     """(page URL path, query parameters as strings) of a finding's prefill."""
     page = str(prefill.get("page") or NEW_PAGE)
     return page, {key: _param(value) for key, value in prefill.items() if key != "page" and value is not None}
 
 
-def prefill_url(prefill: dict) -> str:
+def prefill_url(prefill: dict[str, Any]) -> str:
     """A relative URL (`new?target=...&sweep=k&values=1%2C2`) that opens the page with the form prefilled; relative,
     so it works under any base URL path."""
     page, params = prefill_query(prefill)
     return f"{page}?{urlencode(params)}" if params else page
 
 
-def _param(value) -> str:
+def _param(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
@@ -150,12 +152,12 @@ class _Context:
     def __init__(
         self,
         store: Store,
-        experiment: dict,
+        experiment: dict[str, Any],
         runs: pd.DataFrame,
         verdict: Verdict,
-        grid=None,
+        grid: Schedule | None = None,
         every_run: pd.DataFrame | None = None,
-    ):
+    ) -> None:
         self.store, self.experiment, self.runs, self.verdict = store, experiment, runs, verdict
         self.grid = grid  # a grid's storage/analysis/schedule.py Schedule (then `runs` are its smallest batch size's)
         self.every_run = runs if every_run is None else every_run
@@ -167,19 +169,19 @@ class _Context:
         # What the verdict chooses from (queries.CHOOSABLE): finished, usable, never warned.
         self.done = spec[spec["run_id"].isin([c.run_id for c in verdict.candidates])]
 
-    def value(self, v):
+    def value(self, v: Any) -> int | float | str:
         """A swept value (a stored number, or a name) as the variable's type."""
         return self.swept.coerce(v)
 
-    def show(self, v) -> str:
+    def show(self, v: Any) -> str:
         return self.swept.show(v)
 
-    def label(self, row) -> str:
+    def label(self, row: Any) -> str:
         """`k = 4` (a k sweep), `temperature = 0.7` or `drafter = prompt-lookup:3`."""
         value = self.swept.run_value(row)
         return f"run {row.run_id}" if value is None else f"{self.variable} = {self.show(value)}"
 
-    def prefill(self, title: str, **fields) -> dict:
+    def prefill(self, title: str, **fields: Any) -> dict[str, Any]:
         """The experiment's own configuration as a link (RunConfig.to_url: every parameter, a grid's batch sizes)
         with `fields` changed (a None value drops that field), so a follow-up measures where this one did."""
         base = {
@@ -189,7 +191,7 @@ class _Context:
         base.update(fields)
         return {key: value for key, value in base.items() if value is not None}
 
-    def run_sampling(self, row) -> dict:
+    def run_sampling(self, row: Any) -> dict[str, Any]:
         """A run's own sampling settings (in a sampling sweep they differ from the experiment's defaults)."""
         return {key: PARAMETERS[key].coerce(row[key]) for key in SAMPLING_KEYS}
 
@@ -197,7 +199,17 @@ class _Context:
         return max(MORE_REPEATS, 2 * int(self.experiment.get("repeats") or 1))
 
 
-def _finding(kind, severity, title, detail, chart, next_, prefill, data, alternatives=()) -> dict:
+def _finding(
+    kind: str,
+    severity: str,
+    title: str,
+    detail: str,
+    chart: str,
+    next_: str,
+    prefill: dict[str, Any] | None,
+    data: dict[str, Any],
+    alternatives: Iterable[Any] = (),
+) -> dict[str, Any]:
     assert kind in KINDS and chart in CHARTS, (kind, chart)
     return {
         "kind": kind,
@@ -229,7 +241,7 @@ def _join(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _ks(values, sep: str = ",") -> str:
+def _ks(values: Iterable[Any], sep: str = ",") -> str:
     """Distinct k values in order: "1,2" for a form field, "1, 2" (sep=", ") for a sentence."""
     return sep.join(str(int(v)) for v in sorted(set(int(v) for v in values)))
 
@@ -237,7 +249,7 @@ def _ks(values, sep: str = ",") -> str:
 # --- sampling settings differing between arms -------------------------------------------------------------------
 
 
-def _sampling_mismatch(ctx: _Context) -> list[dict]:
+def _sampling_mismatch(ctx: _Context) -> list[dict[str, Any]]:
     """Rule: any speculative run whose temperature/top_k/top_p/seed/max_new_tokens differ from its own baseline's
     (storage/records/queries.py's sampling_mismatches: SQL join of each run with its baseline). Every arm of a
     comparison must decode alike, so this is an error."""
@@ -280,7 +292,7 @@ def _sampling_mismatch(ctx: _Context) -> list[dict]:
 # --- timing warnings --------------------------------------------------------------------------------------------
 
 
-def _timing_warnings(ctx: _Context) -> list[dict]:
+def _timing_warnings(ctx: _Context) -> list[dict[str, Any]]:
     """Rule: any run with a timing_warning (its measured speedup exceeds its tokens per round)."""
     spec = ctx.every_run[ctx.every_run["kind"] == "speculative"]
     warned = spec[spec["timing_warning"].notna()]
@@ -313,7 +325,7 @@ def _timing_warnings(ctx: _Context) -> list[dict]:
 # --- a validation experiment: does the gain hold on held-out prompts ---------------------------------------------
 
 
-def _validation(ctx: _Context) -> list[dict]:
+def _validation(ctx: _Context) -> list[dict[str, Any]]:
     """Rule (a validation experiment whose run finished): storage/analysis/validation.py's result, the tuning run against
     the held-out one. Holds: info; does not hold (α dropped beyond sampling error, one-sided, or the speedup
     interval fell wholly below the tuning run's): a warning, and the next step tunes again on the held-out set."""
@@ -355,14 +367,16 @@ def _validation(ctx: _Context) -> list[dict]:
 # --- a grid: the k schedule across batch sizes --------------------------------------------------------------------
 
 
-def _schedule(ctx: _Context) -> list[dict]:
+def _schedule(ctx: _Context) -> list[dict[str, Any]]:
     """Rule (a grid with two or more judged batch sizes, storage/analysis/schedule.py): where the schedule serves the target
     alone (speculation measurably slower, or not measurably faster) and from which batch size to switch it off,
     with a follow-up grid between the last batch size that gains and the first that does not; else the k to serve
     at each batch size. Separately, a warning for the batch sizes where no configuration is measurably faster or
     slower than the target alone (served without speculation; more --repeats could show a gain)."""
     grid = ctx.grid
-    known = [step for step in (grid.steps if grid else ()) if step.k is not None]
+    if grid is None:
+        return []
+    known = [step for step in grid.steps if step.k is not None]
     if len(known) < 2:
         return []
     out = []
@@ -431,13 +445,14 @@ def _schedule(ctx: _Context) -> list[dict]:
             "num_speculative_tokens_per_batch_size); measure larger batch sizes to find where it stops paying."
         )
         larger = [known[-1].batch_size * 2, known[-1].batch_size * 4]
-        prefill = ctx.prefill(title, batch_sizes=",".join(str(b) for b in larger if b <= variable("batch_size").upper))
+        most = variable("batch_size").upper  # batch size's bound (engine/config/limits.py): always set
+        prefill = ctx.prefill(title, batch_sizes=",".join(str(b) for b in larger if most is not None and b <= most))
         out.append(_finding("schedule", "info", title, detail, "schedule", next_, prefill, data))
     unsure = [st for st in known if not st.loses and not st.gains]
     if unsure:
         repeats = ctx.more_repeats()
-        sizes = [str(st.batch_size) for st in unsure]
-        title = f"No measurable gain at batch {_join(sizes)}"
+        unsure_sizes = [str(st.batch_size) for st in unsure]
+        title = f"No measurable gain at batch {_join(unsure_sizes)}"
         detail = _cap("; ".join(st.text for st in unsure)) + "."
         out.append(
             _finding(
@@ -448,7 +463,7 @@ def _schedule(ctx: _Context) -> list[dict]:
                 "schedule",
                 f"Rerun those batch sizes with more --repeats ({repeats}) or more prompts to decide "
                 f"between speculating and serving the target alone.",
-                ctx.prefill(title, repeats=repeats, batch_sizes=",".join(sizes)),
+                ctx.prefill(title, repeats=repeats, batch_sizes=",".join(unsure_sizes)),
                 {"batch_sizes": [st.batch_size for st in unsure], "repeats": repeats},
             )
         )
@@ -458,7 +473,7 @@ def _schedule(ctx: _Context) -> list[dict]:
 # --- why drafts are rejected: positions and token types ---------------------------------------------------------
 
 
-def _focus_run(ctx: _Context):
+def _focus_run(ctx: _Context) -> tuple[Any, str | None]:
     """The run the rejection findings look at: the verdict's best, else (no best yet) the speculative run with
     the most verified draft tokens. (row, why) or (None, None)."""
     best = ctx.verdict.run(ctx.spec, "best")
@@ -470,7 +485,7 @@ def _focus_run(ctx: _Context):
     return ctx.spec.loc[verified.idxmax()], "the run with the most verified drafts; no best run yet"
 
 
-def _positions_and_types(ctx: _Context) -> list[dict]:
+def _positions_and_types(ctx: _Context) -> list[dict[str, Any]]:
     row, why = _focus_run(ctx)
     if row is None:
         return []
@@ -496,7 +511,7 @@ def _positions_and_types(ctx: _Context) -> list[dict]:
     return _positions(ctx, row, where) + _token_type(ctx, row, where)
 
 
-def _positions(ctx: _Context, row, where: str) -> list[dict]:
+def _positions(ctx: _Context, row: Any, where: str) -> list[dict[str, Any]]:
     """Rule (conditional acceptance by draft position of the focus run, SQL GROUP BY position): the first position
     i with at least MIN_VERIFIED drafts reaching it that accepts under LOW_ACCEPTANCE, the positions from i on
     pooled also under it. Then k above i - 1 mostly wastes draft steps: try k up to i - 1 or a drafter that stops
@@ -570,7 +585,7 @@ def _positions(ctx: _Context, row, where: str) -> list[dict]:
     return [_finding("positions", "info", title, detail, "by-position", next_, prefill, data, drafters)]
 
 
-def _token_type(ctx: _Context, row, where: str) -> list[dict]:
+def _token_type(ctx: _Context, row: Any, where: str) -> list[dict[str, Any]]:
     """Rule (acceptance by token type of the focus run, SQL GROUP BY token_type): per type, its share of the run's
     rejections over its share of verified drafts. Blamed: the type with the highest ratio, at least
     OVER_REPRESENTED, with at least MIN_TYPE_REJECTIONS rejections (of at least MIN_REJECTIONS in the run) and
@@ -636,7 +651,7 @@ def _token_type(ctx: _Context, row, where: str) -> list[dict]:
 # --- statistically tied best configurations ---------------------------------------------------------------------
 
 
-def _tie(ctx: _Context) -> list[dict]:
+def _tie(ctx: _Context) -> list[dict[str, Any]]:
     """Rule: the verdict ties other configurations with the best (95 % intervals overlapping the best one's); the
     next step takes the verdict's cheaper tied choice when there is one (what deploy carries)."""
     v = ctx.verdict
@@ -658,8 +673,8 @@ def _tie(ctx: _Context) -> list[dict]:
         )
     else:
         next_ = f"Add prompts or --repeats ({repeats}) to separate them."
-    values = [c.value for c in shown]
-    values = ",".join(ctx.show(value) for value in (values if ctx.swept.categorical else sorted(values)))
+    tied_values: list[Any] = [c.value for c in shown]
+    values = ",".join(ctx.show(value) for value in (tied_values if ctx.swept.categorical else sorted(tied_values)))
     prefill = ctx.prefill(
         title,
         sweep=ctx.variable,
@@ -698,20 +713,19 @@ def _k_runs(ctx: _Context) -> pd.DataFrame:
     return done if done["k"].nunique() >= 2 else done.iloc[:0]
 
 
-def _prediction(ctx: _Context) -> list[dict]:
+def _prediction(ctx: _Context) -> list[dict[str, Any]]:
     """Rule (k sweeps with two or more finished k): the k with the highest predicted_speedup_refined against the
     measured best k (the verdict's); the same k, or one tied with it, is agreement."""
     done = _k_runs(ctx)
     done = done[done["predicted_speedup_refined"].notna()]
     if done["k"].nunique() < 2:
         return []
-    best = int(ctx.verdict.best.value)
     measured = ctx.verdict.run(done)
-    if measured is None:  # the best has no cost-aware prediction
+    top_k = formula.cost_aware_top(done)  # storage/analysis/formula.py: the one cost-aware best k (the Theory page's)
+    if ctx.verdict.best is None or measured is None or top_k is None:  # the best has no cost-aware prediction
         return []
-    k_ref = formula.cost_aware_top(done)[
-        0
-    ]  # storage/analysis/formula.py: the one cost-aware best k (the Theory page's too)
+    best = int(ctx.verdict.best.value)  # type: ignore[arg-type]  # a k sweep: the value is a k
+    k_ref = top_k[0]
     top = done[done["k"] == k_ref].sort_values("predicted_speedup_refined", ascending=False).iloc[0]
     data = {
         "measured_best": best,
@@ -748,7 +762,7 @@ def _prediction(ctx: _Context) -> list[dict]:
     return [_finding("prediction", "info", title, detail, "predictions", next_, prefill, data)]
 
 
-def _formula(ctx: _Context) -> list[dict]:
+def _formula(ctx: _Context) -> list[dict[str, Any]]:
     """Rule (k sweeps with two or more finished k): the article's formula (storage/analysis/formula.py: α and c pooled over
     the finished constant-k runs, a grid's at its judged batch size only) picks its best k and predicts the measured best k's speedup from the same curve.
     Said when its best k differs from the measured one or it is off by FORMULA_OFF or more; the mean verify_cost
@@ -761,8 +775,10 @@ def _formula(ctx: _Context) -> list[dict]:
     pooled = formula.pooled_inputs(ctx.store, ctx.experiment_id, at)
     if pooled is None:
         return []
-    best = int(ctx.verdict.best.value)
     measured = ctx.verdict.run(done)
+    if ctx.verdict.best is None or measured is None:
+        return []
+    best = int(ctx.verdict.best.value)  # type: ignore[arg-type]  # a k sweep: the value is a k
     alpha, c = pooled.alpha, pooled.c
     k_f, s_f = pooled.best_k()
     at_best = pooled.speedup(best)
@@ -826,7 +842,7 @@ def _c_needed(alpha: float, goal: float = WORTH_IT) -> float | None:
     return math.ceil(hi * 100) / 100  # rounded up: the c returned does reach the goal
 
 
-def _low_c(ctx: _Context) -> list[dict]:
+def _low_c(ctx: _Context) -> list[dict[str, Any]]:
     """Rule: over the finished speculative runs with at least MIN_VERIFIED verified drafts and a measured c, the
     highest speedup the formula predicts at its best k (theory.best_k with the run's α and c) is under LOW_SPEEDUP.
     The formula is the optimistic bound (it ignores the verify pass's cost), so the draft cannot pay."""
@@ -881,7 +897,7 @@ def _low_c(ctx: _Context) -> list[dict]:
 # --- production against the lab ----------------------------------------------------------------------------------
 
 
-def _production(ctx: _Context) -> list[dict]:
+def _production(ctx: _Context) -> list[dict[str, Any]]:
     """Rule: per imported production series (storage/records/production.py) with a lab run of its k, production α (or the
     draft acceptance rate when the server counts no positions) against the lab run's prompt-clustered 95 %
     interval; outside it, the traffic differs from the prompts tuned on (a warning); inside, the lab holds (info)."""
@@ -947,7 +963,7 @@ def _production(ctx: _Context) -> list[dict]:
 # --- confirmed in the serving engine -------------------------------------------------------------------------------
 
 
-def _confirm(ctx: _Context) -> list[dict]:
+def _confirm(ctx: _Context) -> list[dict[str, Any]]:
     """Rule: the newest confirm with speculative measurements (storage/records/confirms.py), per configuration and
     concurrency: greedy outputs with speculation that differ from the server's own target-only outputs (an error:
     the server's speculation is not lossless there); the server's speedup interval wholly above 1 (gains) or
@@ -1082,7 +1098,7 @@ VLLM_CPU_SAMPLING_CAUSE = (
 )
 
 
-def _withheld(r, where: str, data: dict) -> list[dict]:
+def _withheld(r: Any, where: str, data: dict[str, Any]) -> list[dict[str, Any]]:
     """Rule: a measurement whose speedup is withheld (storage/records/confirms.py's `withheld`): sampled outputs that differ
     from the server's own target-only ones (an error: the server's speculation changed the output distribution), or
     a speedup above the server's tokens per step (a warning: the timing, not a result). Greedy outputs that differ
@@ -1158,7 +1174,7 @@ HEAD_CHECKS = (
 )
 
 
-def _collapse(ctx: _Context, r, where: str, data: dict) -> list[dict]:
+def _collapse(ctx: _Context, r: Any, where: str, data: dict[str, Any]) -> list[dict[str, Any]]:
     """Rule (storage/analysis/collapse.py): a confirmed constant-k configuration whose server acceptance collapsed against
     its lab run's (the server's upper bound under half the lab's lower bound, on the same prompts). For an EAGLE-3
     head the finding names the head directory and what to check (HEAD_CHECKS); for any other drafter, that the

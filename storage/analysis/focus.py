@@ -6,15 +6,18 @@ Domain logic on stored results: torch-free, read by app/training/distill_driver.
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.errors import DraftLabError
 from storage.analysis.verdict import verdict
+from storage.db.store import Store
 from storage.records import queries as q
 
 FOCUS_FLOOR = 0.05  # a type or position the target always accepted still weighs a little (1 - acceptance floor)
 FOCUS_CLIP = (0.25, 4.0)  # focus weights are clipped to this range after normalising to mean 1
 
 
-def focus_profile_weights(profile: dict) -> dict:
+def focus_profile_weights(profile: dict[Any, tuple[Any, Any]]) -> dict[Any, float]:
     """{key: (acceptance, count)} -> {key: weight}: (1 - acceptance), floored at FOCUS_FLOOR, normalised to a
     count-weighted mean of 1, clipped to FOCUS_CLIP. Keys with no count or no acceptance are left out (weight 1)."""
     rows = {key: (float(acc), int(n)) for key, (acc, n) in profile.items() if n and acc is not None and acc == acc}
@@ -27,7 +30,7 @@ def focus_profile_weights(profile: dict) -> dict:
     return {key: min(hi, max(lo, w / mean)) for key, w in raw.items()}
 
 
-def focus_weights(store, experiment_id: int) -> dict:
+def focus_weights(store: Store, experiment_id: int) -> dict[str, Any]:
     """The --focus-from weights of a stored experiment: read from its best run (storage/analysis/verdict.py; without one,
     the speculative run with the most verified draft tokens). Keys: experiment_id, run_id, k, how,
     type_weights {type: w}, position_weights {position: w}, acceptance_by_type, acceptance_by_position."""

@@ -15,7 +15,9 @@ Plain pandas over stored rows (no SQL here), no torch.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -70,7 +72,7 @@ def pooled_inputs(store: Store, experiment_id: int, batch_size: int | None = Non
     )
 
 
-def formula_curve(pooled: Pooled, k_values=()) -> pd.DataFrame:
+def formula_curve(pooled: Pooled, k_values: Iterable[Any] = ()) -> pd.DataFrame:
     """k = 1 .. max(K_MAX_SHOWN, the given k values, the formula's best k + 1) with the formula's speedup."""
     k_max = max([K_MAX_SHOWN, *(int(k) for k in k_values), pooled.best_k()[0] + 1])
     ks = list(range(1, k_max + 1))

@@ -24,6 +24,7 @@ choice per batch size (its `value`). No torch, no streamlit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -52,11 +53,11 @@ class Step:
         return self.k == 0
 
     @property
-    def value(self):
+    def value(self) -> int | float | str | None:
         """The served swept value (a k, a drafter, ...); None when off or nothing finished."""
         return None if self.served is None else self.served.value
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         best, shown = self.verdict.best, self.served or self.verdict.best
         return {
             "batch_size": self.batch_size,
@@ -100,10 +101,11 @@ class Schedule:
         known = [s for s in self.steps if s.k is not None]
         if self.variable != "k" or not known:  # (known: k is the served k, 0 when off)
             return []
-        out = []
+        out: list[list[int]] = []
         for i, step in enumerate(known):
             start = 1 if i == 0 else step.batch_size
             end = known[i + 1].batch_size - 1 if i + 1 < len(known) else step.batch_size
+            assert step.k is not None  # known
             if out and out[-1][2] == step.k:  # the same k as the range before: one range
                 out[-1][1] = end
             else:
@@ -129,13 +131,14 @@ class Schedule:
         parts = []
         for s in self.steps:
             best = s.verdict.best
-            if s.k is None:
+            if s.k is None or best is None:  # (best is None: k is None)
                 parts.append(f"batch {s.batch_size}: {s.verdict.text}")
             elif s.loses:
                 parts.append(f"batch {s.batch_size}: off (slower: {_interval(best)} at best)")
             elif s.off:
                 parts.append(f"batch {s.batch_size}: off (not measurably faster: {_interval(best)} at best)")
             else:
+                assert s.served is not None  # served: neither off nor undecided
                 parts.append(
                     f"batch {s.batch_size}: {swept.name} = {swept.show(s.served.value)} ({_interval(s.served)})"
                 )
@@ -145,13 +148,13 @@ class Schedule:
             text += f". Switch speculation off from batch {off}"
         return text
 
-    def k_schedule(self) -> list[dict]:
+    def k_schedule(self) -> list[dict[str, Any]]:
         """SPEC's `k_schedule` of a grid's run JSON: per batch size the k served (0: the target alone), its speedup
         and interval (null when off), the values tied with the best, and a sentence where it is off or undecided."""
         out = []
         for step in self.steps:
             served = step.served
-            entry = {
+            entry: dict[str, Any] = {
                 "batch_size": step.batch_size,
                 "k": step.k,
                 "speedup": served.speedup if served else None,
@@ -163,7 +166,7 @@ class Schedule:
             out.append(entry)
         return out
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "variable": self.variable,
             "steps": [s.as_dict() for s in self.steps],
@@ -188,7 +191,7 @@ def schedule(store: Store, experiment_id: int) -> Schedule | None:
     )
 
 
-def schedule_dict(store: Store, experiment_id: int) -> dict | None:
+def schedule_dict(store: Store, experiment_id: int) -> dict[str, Any] | None:
     s = schedule(store, experiment_id)
     return None if s is None else s.as_dict()
 
@@ -244,5 +247,5 @@ def _step(size: int, v: Verdict, sweep_variable: str) -> Step:
     return Step(size, v, served, int(served.k) if served.k is not None else None, False, True, text)
 
 
-def _interval(c) -> str:
+def _interval(c: Choice) -> str:
     return f"{c.speedup:.2f}× ({c.ci[0]:.2f}–{c.ci[1]:.2f})"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from statistics import NormalDist
+from typing import Any
 
 import pandas as pd
 
@@ -71,7 +72,7 @@ def _chosen_run(store: Store, experiment_id: int) -> pd.Series:
     return row
 
 
-def validation_plan(store: Store, experiment_id: int, prompts: str | None = None) -> dict:
+def validation_plan(store: Store, experiment_id: int, prompts: str | None = None) -> dict[str, Any]:
     """Keyword arguments for experiments.enqueue_experiment that rerun the chosen configuration on held-out prompts."""
     exp = q.experiment(store, experiment_id)
     if exp is None:
@@ -157,13 +158,13 @@ def _tuning_run(store: Store, tuned_id: int, validation: pd.Series) -> pd.Series
 def _same_configuration(a: pd.Series, b: pd.Series) -> bool:
     """Whether two runs decoded alike: every parameter a run stores (engine/config/run_config.py's RUN_PARAMETERS)."""
 
-    def norm(value):
+    def norm(value: Any) -> Any:
         return None if value is None or (not isinstance(value, str) and pd.isna(value)) else value
 
     return all(norm(a.get(key)) == norm(b.get(key)) for key in RUN_PARAMETERS)
 
 
-def validation_result(store: Store, validation_id: int) -> dict:
+def validation_result(store: Store, validation_id: int) -> dict[str, Any]:
     """{experiment_id, validates, configuration, tune, validation (runs rows), tune_set, validation_set (names),
     alpha {tune, tune_se, validation, validation_se, z, critical, test}, holds (True/False/None), reason}."""
     exp = q.experiment(store, validation_id)

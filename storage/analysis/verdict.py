@@ -24,10 +24,11 @@ draft or drafter sweep, the number otherwise). No torch, no streamlit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pandas as pd
 
-from engine.config.variables import variable
+from engine.config.variables import Variable, variable
 from engine.metrics.stats import TOO_WIDE, tied_with
 from engine.wording import plural
 from storage.db.store import Store
@@ -39,13 +40,13 @@ class Choice:
     """One choosable run: its swept value and what it measured."""
 
     run_id: int
-    value: int | float | str
+    value: int | float | str | None  # None: a run without a swept value (engine/config/variables.py's run_value)
     speedup: float
     ci: tuple[float, float]
     k: int | None
     cost: float | None  # engine/config/variables.py's cost of serving its value (None: not comparable)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
             "value": self.value,
@@ -89,7 +90,7 @@ class Verdict:
             else None
         )
 
-    def show(self, value) -> str:
+    def show(self, value: Any) -> str:
         """A swept value as the verdict's sentences write it: 2, 0.7, demo-draft, prompt-lookup:3."""
         return variable(self.variable).show(value)
 
@@ -101,7 +102,7 @@ class Verdict:
         rows = runs[runs["run_id"] == choice.run_id]
         return rows.iloc[0] if len(rows) else None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """best, speedup, speedup_ci, tied_with (values), too_wide, text, and best_run_id, chosen (the value to
         deploy; None: the target alone), chosen_run_id, k (the k to serve, 0: the target alone), cheaper (the
         cheaper tied value or None), cheaper_because, variable, pending."""
@@ -140,7 +141,7 @@ def verdicts(rows: pd.DataFrame) -> dict[int, Verdict]:
     }
 
 
-def _judged(experiment_id: int, experiment: dict, rows: pd.DataFrame) -> Verdict:
+def _judged(experiment_id: int, experiment: dict[str, Any], rows: pd.DataFrame) -> Verdict:
     """The verdict from queries.verdict_rows (choosable runs first, best first) of one experiment."""
     judged = judged_runs(experiment, rows)
     ranked = [int(rid) for rid in judged.loc[judged["choosable"] == 1, "run_id"]]
@@ -149,14 +150,14 @@ def _judged(experiment_id: int, experiment: dict, rows: pd.DataFrame) -> Verdict
     return replace(v, text=f"at batch {min(sizes)}: {v.text}") if sizes else v
 
 
-def judged_runs(experiment: dict, runs: pd.DataFrame) -> pd.DataFrame:
+def judged_runs(experiment: dict[str, Any], runs: pd.DataFrame) -> pd.DataFrame:
     """The runs an experiment's one verdict judges: all of them, or a grid's at its smallest batch size
     (storage/analysis/schedule.py judges each batch size)."""
     sizes = q.grid_sizes(experiment)
     return runs[runs["batch_size"] == min(sizes)] if sizes else runs
 
 
-def verdict_dict(store: Store, experiment_id: int) -> dict:
+def verdict_dict(store: Store, experiment_id: int) -> dict[str, Any]:
     """verdict(...).as_dict(): what the pages cache and the exports carry."""
     return verdict(store, experiment_id).as_dict()
 
@@ -208,7 +209,7 @@ def judge(experiment_id: int, sweep_variable: str, runs: pd.DataFrame, ranked: l
     return Verdict(experiment_id, swept.name, best, tied, bool(too_wide), chosen, pending, text, candidates)
 
 
-def _lossy(swept, spec: pd.DataFrame) -> str:
+def _lossy(swept: Variable, spec: pd.DataFrame) -> str:
     """The sentence naming finished runs that are not lossless (queries.lossy: CHOOSABLE leaves them out), or ""."""
     if "outputs_match_baseline" not in spec:
         return ""
@@ -250,7 +251,7 @@ def _cheaper(choice: Choice, than: Choice) -> bool:
     return choice.cost is not None and than.cost is not None and choice.cost < than.cost
 
 
-def _choice(swept, row) -> Choice:
+def _choice(swept: Variable, row: Any) -> Choice:
     k = row.get("k")
     return Choice(
         int(row["run_id"]),
@@ -262,7 +263,7 @@ def _choice(swept, row) -> Choice:
     )
 
 
-def _order(value):
+def _order(value: int | float | str | None) -> tuple[int, int | float, str]:
     return (0, value, "") if isinstance(value, (int, float)) else (1, 0, str(value))
 
 
