@@ -19,6 +19,7 @@ from storage.db.errors import QueueError
 from storage.jobs import experiments, run_state
 from storage.records import queries as q
 from storage.serving.export import run_document
+from tests.meaning import missing
 
 OPTIONS = {
     "k": "4",
@@ -149,7 +150,7 @@ def test_where_no_k_is_measurably_faster_the_target_alone_is_served(store):
     # At batch 2 the cheaper tied k = 1 reaches 1×: k = 3, measurably faster, is served, and the verdict at batch 2
     # chooses the same (one rule: storage/analysis/verdict.py's `serve`).
     assert two.verdict.chosen.run_id == two.served.run_id == ids[(2, 3)] and two.verdict.k == two.k == 3
-    assert "k = 1 also tied with the best but not measurably faster than the target alone" in two.text
+    assert not missing(two.text, "k = 1", "tied", "not measurably faster"), two.text
     assert eight.served is None and eight.value is None and "serve the target alone there" in eight.text
     assert s.ranges == [[1, 7, 3], [8, 8, 0]] and s.off_from == 8
     assert "batch 8: off (not measurably faster: 1.01× (0.95–1.07) at best)" in s.text
@@ -181,7 +182,7 @@ def test_a_pending_batch_size_is_left_out_of_the_ranges(store):
         )
     s = schedule(store, eid)
     assert [(step.batch_size, step.k) for step in s.steps] == [(1, 1), (4, None)]
-    assert s.ranges == [[1, 1, 1]] and s.steps[1].text == "at batch 4: no finished run to choose from yet"
+    assert s.ranges == [[1, 1, 1]] and not missing(s.steps[1].text, "batch 4", "no finished run"), s.steps[1].text
 
 
 def test_bad_grids_are_refused_before_anything_is_stored(store):
@@ -273,9 +274,7 @@ def test_deploy_refuses_a_grid_where_speculation_loses_everywhere(store):
         eid,
         {(1, 1): (0.9, 0.85, 0.95), (1, 2): (0.8, 0.7, 0.9), (4, 1): (0.7, 0.6, 0.8), (4, 2): (0.6, 0.5, 0.7)},
     )
-    with pytest.raises(
-        DeployError, match=r"not measurably faster at any batch size measured \(1, 4\): serve the target alone"
-    ):
+    with pytest.raises(DeployError, match=r"not measurably faster.*\(1, 4\).*target alone"):
         deploy_document(store, eid)
 
 
@@ -301,7 +300,7 @@ def test_findings_say_where_to_switch_speculation_off_and_which_batch_sizes_are_
     assert [f["title"] for f in found] == ["Switch speculation off from batch 16"]
     detail = found[0]["detail"]
     assert detail.startswith("At batch 16 speculation costs 8 % (0.92× (0.88–0.96) at the best k, 1)")
-    assert "Where it pays: serve k = 2 at 1.40× (1.32–1.48)" in detail and "serve k = 1 at 1.10×" in detail
+    assert not missing(detail, "serve k = 2 at 1.40× (1.32–1.48)", "serve k = 1 at 1.10×"), detail  # where it pays
     assert found[0]["prefill"]["batch_sizes"] == "4,7,10,13,16" and found[0]["data"]["off_from"] == 16
     assert "batch_sizes=4%2C7%2C10%2C13%2C16" in prefill_url(found[0]["prefill"])
     # Batch 8 neither gains nor loses: a warning naming it, with more repeats.
@@ -443,5 +442,5 @@ def test_one_answer_the_verdict_schedule_findings_and_every_deploy_tab_serve_the
     assert (two["run_id"], two["batch_size"], two["configuration"]["k"]) == (ids[(2, 1)], 2, 1)
     assert two["verdict"]["chosen_run_id"] == s.at(2).served.run_id == ids[(2, 1)]
     assert any("schedule's entry for batch 2" in n for n in two["engines"]["llama_cpp"]["notes"])
-    with pytest.raises(DeployError, match="measured no batch size 4; pick one of 1, 2"):
+    with pytest.raises(DeployError, match=r"no batch size 4\b.*\b1, 2$"):  # the size asked, the sizes measured
         deploy_document(store, eid, batch_size=4)
