@@ -1,5 +1,5 @@
-"""The loop only talks to the Drafter protocol (engine/decoding/drafting.py): a model-free drafter (one-hot proposals) and a
-dynamic-k policy plug in without touching engine/decoding/speculative.py, and stay lossless."""
+"""The loop only talks to the Drafter protocol (engine/decoding/drafting.py): a model-free drafter (one-hot proposals)
+and a dynamic-k policy plug in without touching engine/decoding/speculative.py, and stay lossless."""
 
 import math
 

@@ -691,3 +691,12 @@ def test_draftlab_run_with_a_model_free_drafter_and_no_draft_loads_the_target_al
         None,
         True,
     )
+
+
+def test_the_drafter_help_lists_every_declaration(monkeypatch):
+    from engine.config import variables
+
+    assert all(spec.usage in variables.VARIABLES["drafter"].help for spec in DRAFTER_SPECS.values())
+    spec = DrafterSpec("repeat-last", "the last token, k times", needs_model=False, serving=_nowhere())
+    monkeypatch.setitem(DRAFTER_SPECS, "repeat-last", spec)
+    assert "repeat-last" in variables._drafter_help()

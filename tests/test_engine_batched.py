@@ -1,5 +1,6 @@
-"""Batched decoding (engine/decoding/speculative.py, engine/decoding/baseline.py: one loop, batch 1 its one-row case) is lossless per
-row: greedy rows equal the target-only decoding of that prompt alone token for token, and yield the records a
+"""Batched decoding (engine/decoding/speculative.py, engine/decoding/baseline.py: one loop, batch 1 its one-row case) is
+lossless per row: greedy rows equal the target-only decoding of that prompt alone token for token, and yield the records
+a
 one-row decode of it yields (Llama-style and GPT-2-style pairs,
 every drafter, batch 1, 3 and 8, prompts of different lengths); sampled rows follow the target's exact
 distribution at batch 8 (chi-squared, T 1 / top-p 0.95 and top-k); rows finishing at different times leave the
@@ -266,8 +267,8 @@ def test_sampled_row_draws_as_the_batch1_loop_does(sampled_pair):
     batch-1 loop's output, whatever decodes beside it (exactly, as long as the batched forward's float rounding
     flips no draw: none does for these tiny models)."""
     ids = runs.encode_prompts(sampled_pair, SAMPLED_PROMPTS, NEW_S)
-    for drafter, drafting in (("model", "probabilistic"), ("prompt-lookup:1", "probabilistic"), ("model", "greedy")):
-        cfg = SamplingConfig(temperature=1.0, top_k=4, max_new_tokens=NEW_S, seed=5, draft_sampling=drafting)
+    for drafter, sampling in (("model", "probabilistic"), ("prompt-lookup:1", "probabilistic"), ("model", "greedy")):
+        cfg = SamplingConfig(temperature=1.0, top_k=4, max_new_tokens=NEW_S, seed=5, draft_sampling=sampling)
         single = runs.speculative_decoder(sampled_pair, cfg, 2, drafter=drafter)
         alone = [single.generate(SAMPLED_PROMPTS[i % 2], ids[i % 2], i).output_ids for i in range(16)]
         decoder = runs.speculative_decoder(sampled_pair, cfg, 2, drafter=drafter)
@@ -322,7 +323,7 @@ def test_broken_row_drop_is_detected(eos_pair, monkeypatch):
         layers = [(layer, layer.keys, layer.values) for layer in self.cache.layers]
         original(self, rows)
         wrong = rows[1:] + rows[:1]
-        for (layer, keys, values), new in zip(layers, self.cache.layers):
+        for (_layer, keys, values), new in zip(layers, self.cache.layers):
             index = torch.tensor(wrong)
             new.keys = keys.index_select(0, index)[:, :, keys.shape[2] - new.keys.shape[2] :]
             new.values = values.index_select(0, index)[:, :, values.shape[2] - new.values.shape[2] :]

@@ -67,9 +67,9 @@ def test_cuda_path_records_events_and_reads_them_after_the_round_transfer(pair, 
     device = FakeDevice()
     real_to_host = speculative.rows_to_host
 
-    def to_host(*args):
+    def to_host(*args, **kwargs):
         device.transfers += 1
-        out = real_to_host(*args)
+        out = real_to_host(*args, **kwargs)
         device.wait()  # .tolist() waits for everything queued before it
         return out
 

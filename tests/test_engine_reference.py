@@ -34,21 +34,19 @@ def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos
         t_logits = full(target, cur)[-(k_r + 1) :]
         p_t = probabilities(t_logits, cfg)
         n, nxt = verify_rows(tokens[None], probs[None], [k_r], None, p_t[None], cfg, [g])
-        host = rows_to_host(tokens[None], probs[None], raw[None], [k_r], p_t[None], t_logits[None], n, nxt)["rows"][0]
-        emitted = host["tokens"][: host["accepted"]] + [host["next"]]
+        row = rows_to_host(tokens[None], probs[None], raw[None], [k_r], p_t[None], t_logits[None], n, nxt).rows[0]
+        emitted = row.drafted[: row.accepted] + [row.next_token]
         for j, tok in enumerate(emitted):
             if tok in eos_ids:
                 emitted = emitted[: j + 1]
                 break
         emitted = emitted[: cfg.max_new_tokens - len(out)]
-        accepted = min(host["accepted"], len(emitted))  # EOS and budget cuts alike: only emitted drafts count
+        accepted = min(row.accepted, len(emitted))  # EOS and budget cuts alike: only emitted drafts count
         outcomes = [
-            "accepted" if i < accepted else "rejected" if i == host["accepted"] < len(emitted) else "discarded"
+            "accepted" if i < accepted else "rejected" if i == row.accepted < len(emitted) else "discarded"
             for i in range(k_r)
         ]
-        rounds.append(
-            (host["tokens"], accepted, emitted, outcomes, host["p_draft"], host["p_target"], host["beta"], host["kl"])
-        )
+        rounds.append((row.drafted, accepted, emitted, outcomes, row.p_draft, row.p_target, row.beta, row.kl))
         out += emitted
         seq = torch.cat([seq, torch.tensor([emitted])], 1)
     return out, rounds

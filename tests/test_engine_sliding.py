@@ -106,7 +106,7 @@ def test_sampled_rounds_match_full_recompute_past_the_window(family):
     got = runs.speculative_decoder(p, cfg, 3).generate(prompt, prompt_ids, 0)
     out, ref = reference_rounds(target, p.draft.model, p.vocab_size, cfg, prompt_ids, 0, 3, runs.eos_ids(p))
     assert got.output_ids == out and len(got.rounds) == len(ref)
-    for r, (drafted, accepted, emitted, outcomes, p_d, p_t, *_) in zip(got.rounds, ref):
+    for r, (drafted, _accepted, emitted, outcomes, _p_d, p_t, *_) in zip(got.rounds, ref):
         assert [t.token_id for t in r.draft_tokens] == drafted and r.emitted_ids == emitted
         assert [t.outcome for t in r.draft_tokens] == outcomes
         assert [t.p_target for t in r.draft_tokens] == pytest.approx(p_t, rel=1e-3, abs=1e-5)

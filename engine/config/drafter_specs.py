@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.errors import DraftLabError
 from engine.numbers import ascii_float, ascii_int
@@ -41,11 +42,11 @@ class Parameter:
     low_open: bool = False
     default: float | int | None = None  # the form's starting value
 
-    def valid(self, value) -> bool:
+    def valid(self, value: float) -> bool:
         above = value > self.low if self.low_open else value >= self.low
-        return above and value < self.high
+        return bool(above and value < self.high)
 
-    def parse(self, raw: str):
+    def parse(self, raw: str) -> int | float | None:
         """The parameter from its text, or None when it is not a valid one."""
         value = ascii_int(raw) if self.kind is int else ascii_float(raw)
         return value if value is not None and self.valid(value) else None
@@ -64,12 +65,13 @@ class Serving:
     notes the engine takes at temperature > 0 for the run's draft sampling, where they differ from deploy's own."""
 
     how: str | None
-    settings: Callable = lambda p, k: {}
+    # (p, k) -> a dict of keys, or (flag, value) pairs: each engine's own shape (deploy reads it per engine)
+    settings: Callable[[Any, int], Any] = lambda p, k: {}
     notes: tuple[str, ...] = ()
     draft_layout: str | None = None
-    sampled: Callable | None = None
+    sampled: Callable[[str], tuple[list[tuple[str, str | None]], tuple[str, ...]]] | None = None
 
-    def texts(self, p, k) -> list[str]:
+    def texts(self, p: int | float | None, k: int) -> list[str]:
         return [note.format(k=k, p=p) for note in self.notes]
 
 
@@ -283,7 +285,7 @@ _SUFFIX = {
 # model runner (eagle_config.eagle_aux_hidden_state_layer_ids of the draft's config), the EAGLE verify path
 # (target-only verification of argmax drafts, or chain speculative sampling of sampled drafts with
 # --speculative-use-rejection-sampling, EAGLE/EAGLE3 only). The layouts: engine/config/head_format.py.
-def _sglang_eagle3_sampled(draft_sampling: str) -> tuple[list, tuple[str, ...]]:
+def _sglang_eagle3_sampled(draft_sampling: str) -> tuple[list[tuple[str, str | None]], tuple[str, ...]]:
     if draft_sampling == "greedy":
         return [], (
             "SGLang's EAGLE3 drafts the head's argmax and verifies target-only, as DraftLab measured with "
@@ -380,7 +382,7 @@ class DrafterSpec:
         """`model` or `confidence:T`."""
         return self.name if self.parameter is None else f"{self.name}:{self.parameter.symbol}"
 
-    def spec(self, value=None) -> str:
+    def spec(self, value: int | float | None = None) -> str:
         """The canonical spec string of this drafter with `value` as its parameter."""
         return self.name if self.parameter is None or value is None else f"{self.name}:{value!r}"
 
@@ -446,7 +448,7 @@ DRAFT_SAMPLING = ("probabilistic", "greedy")
 DEFAULT_DRAFT_SAMPLING = "probabilistic"
 
 
-def example_specs(**capabilities) -> list[str]:
+def example_specs(**capabilities: bool) -> list[str]:
     """A valid spec of every drafter whose declaration has these capabilities (`needs_model=False`,
     `constant_k=False`, ...), in declaration order: what findings suggest trying, by capability, never by name."""
     return [
@@ -461,7 +463,7 @@ def drafter_usage() -> str:
     return ", ".join(spec.usage + (f" ({spec.parameter.meaning})" if spec.parameter else "") for spec in SPECS.values())
 
 
-def parse_drafter(text) -> tuple[str, int | float | None]:
+def parse_drafter(text: object) -> tuple[str, int | float | None]:
     """(name, parameter) of a drafter spec such as "model" or "confidence:0.5"; the parameter is None for a drafter
     that takes none. A DraftLabError names the problem and the fix on one line."""
     if not isinstance(text, str) or not text.strip():
@@ -491,17 +493,17 @@ def parse_drafter(text) -> tuple[str, int | float | None]:
     return name, value
 
 
-def drafter_spec(text) -> DrafterSpec:
+def drafter_spec(text: object) -> DrafterSpec:
     """The description of the drafter a spec names (the spec checked as parse_drafter does)."""
     return SPECS[parse_drafter(text)[0]]
 
 
-def canonical_drafter(text) -> str:
+def canonical_drafter(text: object) -> str:
     """One spelling per drafter configuration ("confidence:0.50 " -> "confidence:0.5"), for records and keys."""
     name, value = parse_drafter(text)
     return SPECS[name].spec(value)  # repr: the shortest spelling that reads back exactly
 
 
-def needs_draft_model(text) -> bool:
+def needs_draft_model(text: object) -> bool:
     """Whether the drafter drafts with the draft model (False: a run needs no draft model at all)."""
     return drafter_spec(text).needs_model

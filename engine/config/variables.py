@@ -8,13 +8,13 @@ a drafter spec: `sweep_value` then stores the value's index and `sweep_label` th
 target-only baseline depends on it (a sampling setting: one baseline per value; k, draft, drafter: one shared),
 and what serving a value costs (a smaller k, a smaller draft, no draft model: the verdict's cheaper tied choice).
 
-A new swept variable is one entry in VARIABLES plus what the engine does with it. engine/config/run_config.py's RunConfig
-carries every entry to the CLI (a flag), the form (a number field from title/step/help; a named one needs its own
-widget), its link, the queue (storage/db/schema.py declares its columns from `kind`, storage/db/migrations.py adds them
-to an older database), the worker (a SamplingConfig field of the same name reaches the engine), validation, deploy
+A new swept variable is one entry in VARIABLES plus what the engine does with it. engine/config/run_config.py's
+RunConfig carries every entry to the CLI (a flag), the form (a number field from title/step/help; a named one needs its
+own widget), its link, the queue (storage/db/schema.py declares its columns from `kind`, storage/db/migrations.py adds
+them to an older database), the worker (a SamplingConfig field of the same name reaches the engine), validation, deploy
 (`serving_note`) and findings. draft_sampling took 11 files; draft_temperature took 3 (this entry,
-engine/config/sampling_config.py's field, engine/decoding/drafting.py's use) besides its test and docs. Plain Python, no torch:
-storage and pages import it.
+engine/config/sampling_config.py's field, engine/decoding/drafting.py's use) besides its test and docs. Plain Python, no
+torch: storage and pages import it.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
+from typing import Any
 
 from engine import zoo
 from engine.config.drafter_specs import (
     DEFAULT_DRAFT_SAMPLING,
     DEFAULT_DRAFTER,
     DRAFT_SAMPLING,
+    SPECS,
     canonical_drafter,
     needs_draft_model,
 )
@@ -43,9 +45,11 @@ MAX_TEMPERATURE = 100.0
 # by it overflow or divide by zero (1e-300 is 0 in float32). 0 is greedy decoding, anything from this up samples.
 MIN_TEMPERATURE = 1e-3
 MAX_NAME = 300  # characters of a model name
-# The largest batch size anyone sweeps: requests decoded together per forward (a server's running batch). Whether
-# a batch fits is checked per run before it decodes (engine/decoding/memory.py's batch estimate), this is only the bound.
+# The largest batch size anyone sweeps: requests decoded together per forward (a server's running batch). Whether a
+# batch fits is checked per run before it decodes (engine/decoding/memory.py's batch estimate), this is only the bound.
 MAX_BATCH_SIZE = 256
+# A stored run's column getter, `get(name, default=None)` (a runs row as a mapping or a pandas row).
+Getter = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,11 @@ class Variable:
     # What serving a value costs, to choose among statistically tied values (storage/analysis/verdict.py deploys the
     # cheapest): (value, the run's column getter) -> a number, lower is cheaper; None when unknown. No cost: no
     # value is cheaper than another (a sampling setting changes what is generated, not what it costs).
-    cost: Callable[[object, Callable], float | None] | None = None
+    cost: Callable[[Any, Getter], float | None] | None = None
     cheaper_because: str = ""  # why a lower cost is cheaper, for the verdict's and the findings' sentences
     # What serving engines do differently with a value (storage/serving/deploy.py adds it to every engine's notes):
     # (value, the run's settings by name) -> a sentence, or None when they do as measured.
-    serving_note: Callable[[object, dict], str | None] | None = None
+    serving_note: Callable[[Any, dict[str, Any]], str | None] | None = None
 
     @property
     def meaning(self) -> str:
@@ -103,7 +107,7 @@ class Variable:
         """An error's fix: `use e.g. --k 1,2,4,8` for the CLI, `enter e.g. 1,2,4,8` in the form."""
         return f"enter e.g. {example}" if form else f"use e.g. {self.flag} {example}"
 
-    def parse(self, text, form: bool = False) -> int | float | str:
+    def parse(self, text: object, form: bool = False) -> int | float | str:
         """One value from its text (a DraftLabError names the problem and the fix, worded for the CLI's flags or,
         with form, for the New-experiment form's fields: the same bounds, the user's own words)."""
         raw = str(text).strip()
@@ -113,7 +117,8 @@ class Variable:
                 raise DraftLabError(f"{said} has an empty value; {self.for_example(self.example, form)}")
             return self.check_name(raw) if self.check_name else raw
         value = ascii_int(raw) if self.kind is int else ascii_float(raw)
-        if value is not None and self.limit and value > self.upper:
+        upper = self.upper
+        if value is not None and self.limit and upper is not None and value > upper:
             raise DraftLabError(
                 f"{said} {raw[:40]} is more than the limit of {self.upper} "
                 f"{LIMITS[self.limit].meaning.split(' (')[0]}: use fewer, or raise it with "
@@ -137,14 +142,14 @@ class Variable:
         """The largest value: the limit in force (engine/config/limits.py) when it has one, else `high`."""
         return limit(self.limit) if self.limit else self.high
 
-    def in_range(self, value) -> bool:
+    def in_range(self, value: float) -> bool:
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
         if self.min_positive is not None and 0 < value < self.min_positive:
             return False
         return self.upper is None or value <= self.upper
 
-    def parse_list(self, text, form: bool = False) -> list:
+    def parse_list(self, text: object, form: bool = False) -> list[int | float | str]:
         """Comma-separated values, each once: numbers sorted, names in the order given (errors worded as parse's)."""
         items = (
             [item.strip() for item in str(text).split(",")]
@@ -164,20 +169,20 @@ class Variable:
             seen.add(value)
         return values if self.categorical else sorted(values)
 
-    def coerce(self, value) -> int | float | str:
+    def coerce(self, value: Any) -> int | float | str:
         """A stored or programmatic value as this variable's type (numbers from a float column, names stripped)."""
         if self.categorical:
             return str(value).strip()
         return int(value) if self.kind is int else float(value)
 
-    def show(self, value) -> str:
+    def show(self, value: Any) -> str:
         """How a value reads on a page or in a sentence: 4, 0.7, demo-draft, confidence:0.5."""
         if self.categorical:
             return str(value)
         value = self.coerce(value)
         return str(value) if self.kind is int else f"{value:g}"
 
-    def run_value(self, run) -> int | float | str | None:
+    def run_value(self, run: Any) -> int | float | str | None:
         """A stored run's swept value (a runs row: a mapping or a pandas row with sweep_value and sweep_label);
         None for a baseline of a shared-baseline sweep."""
         get = run.get if hasattr(run, "get") else lambda key, default=None: getattr(run, key, default)
@@ -189,7 +194,7 @@ class Variable:
             return None
         return self.coerce(value)
 
-    def run_cost(self, run) -> float | None:
+    def run_cost(self, run: Any) -> float | None:
         """What serving this run's swept value costs (lower is cheaper; `cost` above), None when not comparable."""
         if self.cost is None:
             return None
@@ -199,7 +204,7 @@ class Variable:
         get = run.get if hasattr(run, "get") else lambda key, default=None: getattr(run, key, default)
         return self.cost(value, get)
 
-    def sweep_value(self, value, index: int) -> float:
+    def sweep_value(self, value: Any, index: int) -> float:
         """What a run stores as sweep_value: the number, or a name's index in the sweep."""
         return float(index) if self.categorical else value
 
@@ -213,10 +218,20 @@ def _model_name(text: str) -> str:
     return name
 
 
-def _draft_size(value, get) -> float | None:
+def _draft_size(value: Any, get: Getter) -> float | None:
     """A draft's cost: the parameters of the model the run loaded (unknown for runs stored before they were)."""
     size = get("draft_parameters")
-    return float(size) if isinstance(size, Real) and size == size and size > 0 else None
+    return float(size) if isinstance(size, Real) and size == size and float(size) > 0 else None
+
+
+def _drafter_help() -> str:
+    """The drafter variable's help, read from the declarations (engine/config/drafter_specs.py): 'model (the
+    default; eagle3 when the draft is an EAGLE-3 head), heuristic, confidence:T, ... or eagle3; a comma list ...'."""
+    heads = [s.name for s in SPECS.values() if s.needs_hidden_states]
+    default = f"{DEFAULT_DRAFTER} (the default" + (f"; {heads[0]} when the draft is an EAGLE-3 head)" if heads else ")")
+    others = [s.usage for s in SPECS.values() if s.name != DEFAULT_DRAFTER]
+    listed = f"{', '.join(others[:-1])} or {others[-1]}" if len(others) > 1 else "".join(others)
+    return f"{default}, {listed}; a comma list compares them"
 
 
 def _draft_sampling(text: str) -> str:
@@ -309,7 +324,8 @@ VARIABLES: dict[str, Variable] = {
             "demo-draft,demo-draft-distilled",
             None,
             f"{zoo.model_help('draft')}; a comma list compares drafts, EAGLE-3 heads beside causal LMs (each "
-            "drafts with its own drafter when none is named; not needed when every drafter is prompt-lookup)",
+            "drafts with its own drafter when none is named; not needed when every drafter drafts without one: "
+            f"{', '.join(s.usage for s in SPECS.values() if not s.needs_model)})",
             label="draft (compare drafts)",
             check_name=_model_name,
             cost=_draft_size,
@@ -321,8 +337,7 @@ VARIABLES: dict[str, Variable] = {
             "a drafter spec",
             "model,heuristic,prompt-lookup:3",
             DEFAULT_DRAFTER,
-            "model (the default; eagle3 when the draft is an EAGLE-3 head), heuristic, confidence:T, prompt-lookup:N, "
-            "suffix:D or eagle3; a comma list compares them",
+            _drafter_help(),
             label="drafter (drafting strategy)",
             check_name=canonical_drafter,
             cost=lambda value, get: 1.0 if needs_draft_model(str(value)) else 0.0,
@@ -426,7 +441,7 @@ def variable(name: str | None) -> Variable:
     return v
 
 
-def value_labels(sweep: str, values: list, drafters: list) -> list:
+def value_labels(sweep: str, values: list[Any], drafters: list[Any]) -> list[Any]:
     """How runs' swept values read side by side (the run listing's, the detail page's): `values` each run's
     run_value (None: a shared baseline) as they are, except in a draft sweep whose runs draft with different
     drafters (EAGLE-3 heads beside causal LMs: `drafters`, each run's), where each names its drafter too:

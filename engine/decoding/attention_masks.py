@@ -1,5 +1,5 @@
-"""Attention masks counted in each row's REAL tokens, for the batched cache (engine/decoding/batched_cache.py), and the one
-rule for which models that cache can decode exactly at batch > 1 (`batch_support`).
+"""Attention masks counted in each row's REAL tokens, for the batched cache (engine/decoding/batched_cache.py), and
+the one rule for which models that cache can decode exactly at batch > 1 (`batch_support`).
 
 Why. The batched cache holds B rows in shared columns: left padding and the holes rollback leaves (rejected drafts'
 columns) sit between a row's real tokens. transformers builds sliding-window and chunked-attention masks from
@@ -20,18 +20,21 @@ layers (benchmarks/bench_sliding_batch.py measures it against compacting the hol
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
+
+from engine.decoding.torch_types import Model
 
 WINDOWED = ("sliding_attention", "chunked_attention")
 MASKABLE = ("sdpa", "eager")  # attention implementations that read a 4-D per-token mask
 
 
-def _text_config(config):
+def _text_config(config: Any) -> Any:
     return config.get_text_config(decoder=True)
 
 
-def layer_types(config) -> list[str]:
+def layer_types(config: Any) -> list[str]:
     """Each decoder layer's attention kind; configs without `layer_types` (Mistral) put every layer in its
     window when `sliding_window` is set, as their forward does."""
     text = _text_config(config)
@@ -42,14 +45,14 @@ def layer_types(config) -> list[str]:
     return [kind] * int(getattr(text, "num_hidden_layers", 0) or 0)
 
 
-def layer_windows(config) -> dict[str, tuple[str, int]] | None:
+def layer_windows(config: Any) -> dict[str, tuple[str, int | None]] | None:
     """{layer type: (rule, size)} for every layer type the model has, or None when no layer is windowed (full
     attention: transformers' own column masks are exact and nothing is built)."""
     types = set(layer_types(config))
     if not types & set(WINDOWED):
         return None
     text = _text_config(config)
-    rules = {
+    rules: dict[str, tuple[str, int | None]] = {
         "full_attention": ("full", 0),
         "sliding_attention": ("sliding", getattr(text, "sliding_window", None)),
         "chunked_attention": ("chunked", getattr(text, "attention_chunk_size", None)),
@@ -57,11 +60,11 @@ def layer_windows(config) -> dict[str, tuple[str, int]] | None:
     return {t: rules[t] for t in types}
 
 
-def _name(model) -> str:
-    return model.config.name_or_path or model.config.model_type
+def _name(model: Model) -> str:
+    return str(model.config.name_or_path or model.config.model_type)
 
 
-def _uses_alibi(config) -> bool:
+def _uses_alibi(config: Any) -> bool:
     text = _text_config(config)
     attn = getattr(text, "attn_config", None)
     attn_alibi = attn.get("alibi") if isinstance(attn, dict) else getattr(attn, "alibi", False)
@@ -79,7 +82,7 @@ def _uses_alibi(config) -> bool:
 ALIBI_FROM_MASK = ("bloom", "falcon")
 
 
-def _takes_mask_dict(model) -> bool:
+def _takes_mask_dict(model: Model) -> bool:
     """Whether the decoder's forward takes a prepared {layer type: mask} dict (transformers 5 models with mixed
     layer types check `isinstance(attention_mask, dict)` before building their own)."""
     for module in (model, *model.children()):  # the decoder is the CausalLM's direct child (`model.model`)
@@ -92,7 +95,7 @@ def _takes_mask_dict(model) -> bool:
     return False
 
 
-def batch_support(model) -> str | None:
+def batch_support(model: Model) -> str | None:
     """None when the batched cache decodes `model` exactly at batch > 1 (every row as it decodes alone), else the
     one-line reason and what to do."""
     config = model.config
@@ -130,13 +133,13 @@ def batch_support(model) -> str | None:
 class PositionMasks:
     """The per-forward masks of one windowed model (built once per BatchCache from `layer_windows`)."""
 
-    def __init__(self, model, windows: dict[str, tuple[str, int]]):
+    def __init__(self, model: Model, windows: dict[str, tuple[str, int | None]]) -> None:
         self.windows = windows
         self.eager = model.config._attn_implementation == "eager"
         self.dtype = next(model.parameters()).dtype
         self.as_dict = len(windows) > 1
 
-    def __call__(self, real: torch.Tensor, width: int):
+    def __call__(self, real: torch.Tensor, width: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """The attention_mask for a forward whose cache (old columns + the `width` new ones) has real-token
         mask `real` [B, C]: a 4-D [B, 1, width, C] mask, or a dict of them by layer type."""
         pos = real.long().cumsum(1) - 1  # a real column's position in its row

@@ -16,6 +16,9 @@ final norm, no layer's input) is read through output_hidden_states instead: `aux
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -23,7 +26,7 @@ from torch import nn
 def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
     """The model's decoder layers (`.layers` of its decoder, base model or `.model`, as long as the text config's
     num_hidden_layers), or None."""
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     count = getattr(text, "num_hidden_layers", None)
     candidates = [getattr(model, "model", None), getattr(model, "base_model", None)]
@@ -41,40 +44,40 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
 class AuxStates:
     """Capture `hidden_states[i]` for i in `ids` during the forwards inside the `with` (the last forward's)."""
 
-    def __init__(self, model: nn.Module, ids: list[int]):
+    def __init__(self, model: nn.Module, ids: list[int]) -> None:
         self.model, self.ids = model, list(ids)
         layers = decoder_layers(model)
         self.layers = layers if layers is not None and all(0 <= i < len(layers) for i in self.ids) else None
         self._captured: dict[int, torch.Tensor] = {}
-        self._handles: list = []
+        self._handles: list[Any] = []  # torch's RemovableHandle of each hook
 
     @property
     def hooked(self) -> bool:
         return self.layers is not None
 
     @property
-    def kwargs(self) -> dict:
+    def kwargs(self) -> dict[str, bool]:
         """What the forward needs besides: nothing when hooked; output_hidden_states otherwise."""
         return {} if self.hooked else {"output_hidden_states": True}
 
     def __enter__(self) -> AuxStates:
-        if self.hooked:
+        if self.layers is not None:
             for i in sorted(set(self.ids)):
                 self._handles.append(self.layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True))
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
 
-    def _hook(self, i: int):
-        def hook(module, args, kwargs):
+    def _hook(self, i: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self._captured[i] = args[0] if args else kwargs["hidden_states"]
 
         return hook
 
-    def states(self, out=None) -> torch.Tensor:
+    def states(self, out: Any = None) -> torch.Tensor:
         """[B, T, len(ids) x hidden]: the captured inputs, or `out.hidden_states` when not hooked."""
         if self.hooked:
             return torch.cat([self._captured[i] for i in self.ids], -1)

@@ -1,8 +1,8 @@
 """Target-only autoregressive decoding: the denominator of every speedup.
 
-Same logits processing, same per-prompt generator, same KV cache path (engine/decoding/batched_cache.py) and stopping rules
-as the speculative loop (engine/decoding/speculative.py), so the two differ only in drafting; B prompts decode together and
-a single prompt is the one-row case.
+Same logits processing, same per-prompt generator, same KV cache path (engine/decoding/batched_cache.py) and
+stopping rules as the speculative loop (engine/decoding/speculative.py), so the two differ only in drafting; B prompts
+decode together and a single prompt is the one-row case.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from engine.decoding.clock import RoundClock
 from engine.decoding.records import PromptResult
 from engine.decoding.rows import OneRow, Rows
 from engine.decoding.sampling import SamplingConfig, probabilities, sample_rows
+from engine.decoding.torch_types import Model, Tokenizer, inference_mode
 
 
 class TargetOnlyDecoder(OneRow):
@@ -23,14 +24,16 @@ class TargetOnlyDecoder(OneRow):
     running row; a row leaves the batch when it finishes (one cache gather). One host read per token (the EOS
     check, as any generate() loop)."""
 
-    def __init__(self, target_model, vocab_size: int, cfg: SamplingConfig, tokenizer, eos_ids: set[int]):
+    def __init__(
+        self, target_model: Model, vocab_size: int, cfg: SamplingConfig, tokenizer: Tokenizer, eos_ids: set[int]
+    ) -> None:
         self.target = BatchCache(target_model, vocab_size)
         self.clock = RoundClock(self.target.device)
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
 
-    @torch.inference_mode()
+    @inference_mode
     def generate_batch(
         self,
         prompts: list[str],

@@ -26,8 +26,9 @@ round feeds each row only its new tokens (no re-feeding of accepted ones). Then
   - `select(rows)` drops finished rows (an index_select per layer, and the leading columns no kept row uses are
     sliced off);
   - `compact()` realigns the rows (a stable gather per layer that moves each row's real tokens to the right,
-    left-padding the rest) when the width exceeds compact_ratio x the longest row + a slack (engine/decoding/speculative.py:
-    2x + 16). Moving a column is exact: cached keys already carry their rotary position and GPT-2 keys none.
+    left-padding the rest) when the width exceeds compact_ratio x the longest row + a slack
+    (engine/decoding/speculative.py: 2x + 16). Moving a column is exact: cached keys already carry their rotary position
+    and GPT-2 keys none.
 What holes cost: memory and attention over masked columns (at most compact_ratio x the longest row between
 compactions) plus the compaction copies; benchmarks/bench_batch.py prints the mean hole share and the time
 select and compact took. The alternative (crop to the shortest accepted length and re-feed the rest) costs forward
@@ -41,17 +42,24 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from engine.decoding.attention_masks import PositionMasks, batch_support, layer_windows
 from engine.decoding.aux_states import AuxStates
 from engine.decoding.memory import cache_bytes
+from engine.decoding.torch_types import Model
 from engine.errors import DraftLabError
 from engine.models.cached_model import max_positions, rollback_cache
 
 
-def to_device(values: list, device: torch.device, dtype=torch.long) -> torch.Tensor:
+def to_device(
+    values: Sequence[int | float | bool] | Sequence[Sequence[int]],
+    device: torch.device,
+    dtype: torch.dtype = torch.long,
+) -> torch.Tensor:
     """A small host list as a device tensor without a host/device sync (pinned, non-blocking on CUDA)."""
     t = torch.tensor(values, dtype=dtype)
     if device.type == "cuda":
@@ -59,7 +67,7 @@ def to_device(values: list, device: torch.device, dtype=torch.long) -> torch.Ten
     return t.to(device)
 
 
-def left_pad(rows: list[torch.Tensor], device: torch.device, pad_id: int = 0):
+def left_pad(rows: list[torch.Tensor], device: torch.device, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids [B, W], valid [B, W]) for 1-D token tensors of different lengths, right-aligned."""
     widths = [int(t.shape[0]) for t in rows]
     width = max(widths, default=0)
@@ -73,7 +81,7 @@ def left_pad(rows: list[torch.Tensor], device: torch.device, pad_id: int = 0):
 
 
 class BatchCache:
-    def __init__(self, model, vocab_size: int):
+    def __init__(self, model: Model, vocab_size: int) -> None:
         self.model = model
         self.vocab_size = vocab_size
         params = inspect.signature(model.forward).parameters
@@ -82,13 +90,13 @@ class BatchCache:
         self.device = next(model.parameters()).device
         self.max_positions = max_positions(model.config) or sys.maxsize
         self.peak_cells = 0  # most (row, column) slots held since reset_peak, holes included
-        self._cell_bytes = None
+        self._cell_bytes: int | None = None
         self.compactions = 0
         windows = layer_windows(model.config)
         # Sliding-window / chunked layers: masks counted in each row's real tokens (engine/decoding/attention_masks.py);
         # full attention keeps transformers' own masks (a 2-D mask, nothing built per forward).
         self._position_masks = PositionMasks(model, windows) if windows is not None else None
-        self._support = None  # batch_support(model), asked the first time a batch has several rows
+        self._support: str | None = None  # batch_support(model), asked the first time a batch has several rows
         self.reset(0)
 
     def reset(self, batch: int) -> None:
@@ -104,11 +112,11 @@ class BatchCache:
 
     @property
     def width(self) -> int:
-        return self.mask.shape[1]
+        return int(self.mask.shape[1])
 
     @property
     def batch(self) -> int:
-        return self.mask.shape[0]
+        return int(self.mask.shape[0])
 
     def forward(
         self,
@@ -116,8 +124,8 @@ class BatchCache:
         valid: torch.Tensor,
         keep: int | None = None,
         hidden_layers: list[int] | None = None,
-        inputs: dict | None = None,
-    ):
+        inputs: dict[str, torch.Tensor] | None = None,
+    ) -> Any:
         """Logits [B, W, V] for ids [B, W] (or the last `keep` columns); valid [B, W] marks real tokens.
 
         hidden_layers: also return, from the same forward, the model's `hidden_states[i]` for those i concatenated

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from engine.decoding.torch_types import Mark
+
 
 class RoundClock:
     def __init__(
@@ -23,7 +25,7 @@ class RoundClock:
         device: torch.device,
         event: Callable[[], Any] | None = None,
         synchronize: Callable[[], None] | None = None,
-    ):
+    ) -> None:
         """`event` (a recorded event with `elapsed_time` in ms) and `synchronize` replace torch.cuda's in tests."""
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"
@@ -41,13 +43,13 @@ class RoundClock:
         round's tokens) reached the host, since the transfer itself waited for the work queued before it."""
         return time.perf_counter()
 
-    def mark(self):
+    def mark(self) -> Mark:
         """A point in the device's work queue, taken without waiting for it."""
         return self._event() if self.on_cuda else time.perf_counter()
 
-    def seconds(self, start, end) -> float:
+    def seconds(self, start: Mark, end: Mark) -> float:
         """Seconds between two marks; on CUDA only after a host transfer queued behind `end` returned."""
-        return start.elapsed_time(end) / 1000.0 if self.on_cuda else end - start
+        return float(start.elapsed_time(end) / 1000.0 if self.on_cuda else end - start)
 
     def _cuda_event(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)

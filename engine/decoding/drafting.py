@@ -32,21 +32,24 @@ of that prompt draws them, so a row never depends on the rows beside it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
 from engine.config.drafter_specs import SPECS, DeclarationError, DrafterSpec, parse_drafter
 from engine.decoding.batched_cache import BatchCache, left_pad, to_device
 from engine.decoding.sampling import SamplingConfig, probabilities, sample_rows
-from engine.decoding.suffix_tree import SuffixCache
+from engine.decoding.suffix_tree import Request, SuffixCache
+from engine.decoding.torch_types import Model
 from engine.errors import DraftLabError
 
 # Realign a drafter's cache when its width exceeds this many times its longest row plus the slack (holes from
 # rejected drafts; engine/decoding/batched_cache.py). The loop applies the same rule to the target's cache.
 COMPACT_SLACK = 16
+# A drafter's parameter, as engine.config.drafter_specs.parse_drafter reads it from the spec (`confidence:0.5`).
+DrafterParameter = int | float | None
 
 
 @dataclass
@@ -61,13 +64,13 @@ class Proposal:
     forwards: int  # batched draft forwards spent on this proposal
 
     @classmethod
-    def empty(cls, batch: int, vocab_size: int, device) -> Proposal:
+    def empty(cls, batch: int, vocab_size: int, device: torch.device) -> Proposal:
         """No drafts in any row: the round is one plain target step."""
         rows = torch.empty(batch, 0, vocab_size, device=device)
         return cls(torch.empty(batch, 0, dtype=torch.long, device=device), rows, rows, [0] * batch, None, 0)
 
     @classmethod
-    def point_masses(cls, follows: list[list[int]], vocab_size: int, device) -> Proposal:
+    def point_masses(cls, follows: list[list[int]], vocab_size: int, device: torch.device) -> Proposal:
         """Tokens proposed without a distribution (row r proposes follows[r]): p_d is a one-hot row per token, so
         verification accepts token x with probability p_t(x) and corrects from p_t with x removed."""
         ks = [len(f) for f in follows]
@@ -82,7 +85,7 @@ class Proposal:
         return cls(tokens, probs, None, ks, slots, forwards=0)
 
 
-def slot_mask(ks: list[int], width: int, device) -> torch.Tensor | None:
+def slot_mask(ks: list[int], width: int, device: torch.device) -> torch.Tensor | None:
     """[b, width] True for row r's first ks[r] slots; None when every row fills the width."""
     if all(k == width for k in ks):
         return None
@@ -106,12 +109,14 @@ class Drafter(Protocol):
     responses keeps them there). The first round's verify forward is the target's prefill: its states are the
     first a drafter reading them gets."""
 
-    spec: DrafterSpec
+    spec: ClassVar[DrafterSpec]  # its declaration (@drafter sets it)
     # hidden_layers: list[int]   only when spec.needs_hidden_states: the target's hidden_states indices it reads
 
     def start(self, seqs: list[torch.Tensor], history: list[list[int]], prompt_indices: list[int]) -> None: ...
 
-    def propose(self, seqs, history, generators, caps: list[int]) -> Proposal: ...
+    def propose(
+        self, seqs: list[torch.Tensor], history: list[list[int]], generators: list[torch.Generator], caps: list[int]
+    ) -> Proposal: ...
 
     def rollback(self, kept: torch.Tensor) -> None: ...
 
@@ -126,6 +131,20 @@ class Drafter(Protocol):
     def maybe_compact(self, ratio: float) -> None: ...
 
     def finish(self, prompt_indices: list[int], outputs: list[list[int]]) -> None: ...
+
+    @classmethod
+    def from_spec(
+        cls,
+        param: DrafterParameter,
+        *,
+        draft_model: Model | None,
+        vocab_size: int,
+        k: int,
+        cfg: SamplingConfig,
+        eos_ids: Iterable[int],
+    ) -> Drafter:
+        """The drafter of a spec whose parameter is `param` (how make_drafter builds a registered class)."""
+        ...
 
 
 @dataclass
@@ -148,7 +167,7 @@ class TargetStates:
 # --- the registry: engine/config/drafter_specs.py declares each drafter, @drafter(name) registers its class -------
 
 DRAFTERS: dict[str, type[Drafter]] = {}  # the class of every declared drafter, by name (complete: checked at import)
-_Class = TypeVar("_Class", bound=type)
+_Class = TypeVar("_Class", bound="type[Drafter]")
 
 
 def drafter(name: str) -> Callable[[_Class], _Class]:
@@ -184,7 +203,9 @@ class ModelDrafter:
     fed: its continuation is only needed if it is accepted. Subclasses change the policy through `next_ks` (k for
     the next round) and `stop_rows` (end a row's round early)."""
 
-    def __init__(self, model, vocab_size: int, k: int, cfg: SamplingConfig):
+    spec: ClassVar[DrafterSpec]  # set by @drafter
+
+    def __init__(self, model: Model, vocab_size: int, k: int, cfg: SamplingConfig) -> None:
         self.lm = BatchCache(model, vocab_size)
         self.k = k  # each row's k at the start of a prompt
         self.cfg = cfg
@@ -193,10 +214,19 @@ class ModelDrafter:
         self.proposed: list[int] = []
 
     @classmethod
-    def from_spec(cls, param, *, draft_model, vocab_size: int, k: int, cfg: SamplingConfig, eos_ids):
+    def from_spec(
+        cls,
+        param: DrafterParameter,
+        *,
+        draft_model: Model | None,
+        vocab_size: int,
+        k: int,
+        cfg: SamplingConfig,
+        eos_ids: Iterable[int],
+    ) -> Drafter:
         return cls(draft_model, vocab_size, k, cfg)
 
-    def start(self, seqs, history, prompt_indices) -> None:
+    def start(self, seqs: list[torch.Tensor], history: list[list[int]], prompt_indices: list[int]) -> None:
         self.lm.reset(len(seqs))
         self.ks = [self.k] * len(seqs)
         self.cached = [0] * len(seqs)
@@ -205,7 +235,9 @@ class ModelDrafter:
             self.lm.forward(ids, valid, keep=1)
             self.cached = [s.shape[0] - 1 for s in seqs]
 
-    def propose(self, seqs, history, generators, caps: list[int]) -> Proposal:
+    def propose(
+        self, seqs: list[torch.Tensor], history: list[list[int]], generators: list[torch.Generator], caps: list[int]
+    ) -> Proposal:
         lm, cfg = self.lm, self.cfg.for_draft()  # the draft's own temperature, when set (lossless: see below)
         # Draft i (1-based) of a row of length L is predicted at draft position L + i - 2, which must exist.
         ks = [max(0, min(k, cap, lm.max_positions - s.shape[0] + 1)) for k, cap, s in zip(self.ks, caps, seqs)]
@@ -244,7 +276,7 @@ class ModelDrafter:
             probs = probs.masked_fill(~slots[..., None], 0.0)
         return Proposal(tokens, probs, raw, ks, slots, forwards=width)
 
-    def draft_inputs(self, seqs) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_inputs(self, seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, valid) of a round's first draft forward: what each row's cache lacks, left-padded."""
         return left_pad([s[c:] for s, c in zip(seqs, self.cached)], self.lm.device)
 
@@ -284,7 +316,7 @@ class ModelDrafter:
         if self.lm.width > ratio * max(self.cached, default=0) + COMPACT_SLACK:
             self.lm.compact()
 
-    def finish(self, prompt_indices, outputs) -> None:
+    def finish(self, prompt_indices: list[int], outputs: list[list[int]]) -> None:
         pass
 
     # Optional for a Drafter: the decoder adds this to its own peak (engine/decoding/memory.py).
@@ -303,7 +335,7 @@ class HeuristicDrafter(ModelDrafter):
     (transformers' "heuristic_transient"; plain "heuristic" carries k over to the next generate() call, which would
     make a prompt depend on its predecessors, on resumes and on the warm-up)."""
 
-    def next_ks(self, ks, proposed, accepted):
+    def next_ks(self, ks: list[int], proposed: list[int], accepted: list[int]) -> list[int]:
         return [heuristic_next_k(k, p, a) for k, p, a in zip(ks, proposed, accepted)]
 
 
@@ -321,15 +353,24 @@ class ConfidenceDrafter(ModelDrafter):
     token, keeps the loop lossless. One host read of the top probabilities per step that can continue. T is fixed
     (transformers re-fits it during generation when scikit-learn is installed)."""
 
-    def __init__(self, model, vocab_size: int, k: int, cfg: SamplingConfig, threshold: float):
+    def __init__(self, model: Model, vocab_size: int, k: int, cfg: SamplingConfig, threshold: float) -> None:
         super().__init__(model, vocab_size, k, cfg)
         self.threshold = threshold
 
     @classmethod
-    def from_spec(cls, param, *, draft_model, vocab_size: int, k: int, cfg: SamplingConfig, eos_ids):
-        return cls(draft_model, vocab_size, k, cfg, param)
+    def from_spec(
+        cls,
+        param: DrafterParameter,
+        *,
+        draft_model: Model | None,
+        vocab_size: int,
+        k: int,
+        cfg: SamplingConfig,
+        eos_ids: Iterable[int],
+    ) -> Drafter:
+        return cls(draft_model, vocab_size, k, cfg, float(_given(param)))
 
-    def stop_rows(self, p, step, ks):
+    def stop_rows(self, p: torch.Tensor, step: int, ks: list[int]) -> list[int]:
         if not any(step + 1 < k for k in ks):
             return ks
         low = (p.max(-1).values < self.threshold).tolist()
@@ -349,22 +390,24 @@ class Eagle3Drafter(ModelDrafter):
     and the next round feeds the accepted positions again with the target's states (vLLM overwrites them too).
     With a draft vocabulary smaller than the target's the head gives no raw logits (KL is NaN: it is infinite)."""
 
-    def __init__(self, head, vocab_size: int, k: int, cfg: SamplingConfig):
+    def __init__(self, head: Model, vocab_size: int, k: int, cfg: SamplingConfig) -> None:
         super().__init__(head, vocab_size, k, cfg)
         self.head = head
         self.hidden_layers = list(head.aux_layers)
         self.full_vocabulary = head.covers_target()
         self.pending: list[list[torch.Tensor]] = []  # per row: target states not yet fed to the head, in order
         self.base: list[int] = []  # per row: head entries fed with the target's states
-        self.state = None  # [b, W, hidden]: the head states of the next draft forward's columns
+        self.state: torch.Tensor | None = None  # [b, W, hidden]: the head states of the next draft forward's columns
 
-    def start(self, seqs, history, prompt_indices) -> None:
+    def start(self, seqs: list[torch.Tensor], history: list[list[int]], prompt_indices: list[int]) -> None:
         self.lm.reset(len(seqs))
         self.ks = [self.k] * len(seqs)
         self.cached = [0] * len(seqs)
         self.pending = [[] for _ in seqs]
 
-    def propose(self, seqs, history, generators, caps: list[int]) -> Proposal:
+    def propose(
+        self, seqs: list[torch.Tensor], history: list[list[int]], generators: list[torch.Generator], caps: list[int]
+    ) -> Proposal:
         if not all(self.pending):  # the prefill has not run: no target states yet
             self.proposed = [0] * len(seqs)
             return Proposal.empty(len(seqs), self.lm.vocab_size, self.lm.device)
@@ -375,7 +418,7 @@ class Eagle3Drafter(ModelDrafter):
             proposal.raw_logits = None
         return proposal
 
-    def draft_inputs(self, seqs):
+    def draft_inputs(self, seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         states = [torch.cat(p) for p in self.pending]
         tokens = [s[c + 1 :] for s, c in zip(seqs, self.cached)]  # entry t: token t + 1 with the states at t
         if any(t.shape[0] != h.shape[0] for t, h in zip(tokens, states)):
@@ -393,16 +436,20 @@ class Eagle3Drafter(ModelDrafter):
         self.base = [s.shape[0] - 1 for s in seqs]
         return ids, valid
 
-    def draft_forward(self, ids, valid):
+    def draft_forward(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         logits, prenorm = self.lm.forward(ids, valid, keep=1, hidden_layers=[1], inputs={"hidden_states": self.state})
         self.state = prenorm[:, -1:]
         return logits[:, 0]
 
-    def rollback(self, kept) -> None:
+    def rollback(self, kept: torch.Tensor) -> None:
         self.lm.rollback(to_device(self.cached, self.lm.device))
 
-    def settle(self, lengths, accepted, trailing, states=None) -> None:
+    def settle(
+        self, lengths: list[int], accepted: list[int], trailing: int | None, states: TargetStates | None = None
+    ) -> None:
         super().settle(lengths, accepted, trailing)
+        if states is None:
+            raise RuntimeError("the EAGLE-3 drafter was settled without the target's hidden states")
         for r, a in enumerate(accepted):
             self.pending[r].append(states.committed(r, a))
 
@@ -419,33 +466,47 @@ class HostDrafter:
     reads nothing from the device and the device-cache steps of the protocol do nothing. A subclass implements
     `begin_row(history, prompt_index)` (the row's state) and `follow(state, history, max_tokens)` (its drafts)."""
 
-    def __init__(self, vocab_size: int, k: int, eos_ids=()):
+    spec: ClassVar[DrafterSpec]  # set by @drafter
+
+    def __init__(self, vocab_size: int, k: int, eos_ids: Iterable[int] = ()) -> None:
         self.vocab_size = vocab_size
         self.k = k
         self.eos_ids = set(eos_ids)
-        self.rows: list = []
+        self.rows: list[Any] = []  # each row's state (begin_row's)
 
-    def start(self, seqs, history, prompt_indices) -> None:
+    def start(self, seqs: list[torch.Tensor], history: list[list[int]], prompt_indices: list[int]) -> None:
         self.rows = [self.begin_row(h, i) for h, i in zip(history, prompt_indices)]
 
-    def propose(self, seqs, history, generators, caps: list[int]) -> Proposal:
+    def propose(
+        self, seqs: list[torch.Tensor], history: list[list[int]], generators: list[torch.Generator], caps: list[int]
+    ) -> Proposal:
         follows = [
             self.cut(self.follow(state, h, min(self.k, cap))) if cap > 0 else []
             for state, h, cap in zip(self.rows, history, caps)
         ]
         return Proposal.point_masses(follows, self.vocab_size, seqs[0].device)
 
+    def begin_row(self, history: list[int], prompt_index: int) -> Any:
+        """A new row's state, from its prompt (`history`) and its prompt's index."""
+        raise NotImplementedError
+
+    def follow(self, state: Any, history: list[int], max_tokens: int) -> list[int]:
+        """The row's drafts (at most max_tokens) after its committed tokens `history`."""
+        raise NotImplementedError
+
     def cut(self, follow: list[int]) -> list[int]:
         """A proposal ends before its first EOS (a draft past the end would never be emitted)."""
         return next((follow[:i] for i, t in enumerate(follow) if t in self.eos_ids), follow)
 
-    def rollback(self, kept) -> None:
+    def rollback(self, kept: torch.Tensor) -> None:
         pass
 
-    def trailing_holes(self):
+    def trailing_holes(self) -> torch.Tensor | None:
         return None
 
-    def settle(self, lengths, accepted, trailing, states=None) -> None:
+    def settle(
+        self, lengths: list[int], accepted: list[int], trailing: int | None, states: TargetStates | None = None
+    ) -> None:
         pass  # the accepted tokens and the correction arrive with the next round's history
 
     def select(self, rows: list[int]) -> None:
@@ -454,7 +515,7 @@ class HostDrafter:
     def maybe_compact(self, ratio: float) -> None:
         pass
 
-    def finish(self, prompt_indices, outputs) -> None:
+    def finish(self, prompt_indices: list[int], outputs: list[list[int]]) -> None:
         pass
 
 
@@ -467,13 +528,22 @@ class PromptLookupDrafter(HostDrafter):
     of even the last token: no drafts, and the round is one plain target step. Per row, an index of each n-gram's
     first occurrence: a round costs O(N^2) dictionary work."""
 
-    def __init__(self, max_ngram: int, vocab_size: int, k: int, eos_ids=()):
+    def __init__(self, max_ngram: int, vocab_size: int, k: int, eos_ids: Iterable[int] = ()) -> None:
         super().__init__(vocab_size, k, eos_ids)
         self.max_ngram = max_ngram
 
     @classmethod
-    def from_spec(cls, param, *, draft_model, vocab_size: int, k: int, cfg: SamplingConfig, eos_ids):
-        return cls(param, vocab_size, k, eos_ids)
+    def from_spec(
+        cls,
+        param: DrafterParameter,
+        *,
+        draft_model: Model | None,
+        vocab_size: int,
+        k: int,
+        cfg: SamplingConfig,
+        eos_ids: Iterable[int],
+    ) -> Drafter:
+        return cls(int(_given(param)), vocab_size, k, eos_ids)
 
     def begin_row(self, history: list[int], prompt_index: int) -> NgramIndex:
         return NgramIndex(self.max_ngram)
@@ -486,7 +556,7 @@ class PromptLookupDrafter(HostDrafter):
 class NgramIndex:
     """One row's committed tokens and the index of each n-gram's (n <= N) earliest occurrence."""
 
-    def __init__(self, max_ngram: int):
+    def __init__(self, max_ngram: int) -> None:
         self.max_ngram = max_ngram
         self.history: list[int] = []
         self.first: dict[tuple[int, ...], int] = {}
@@ -517,23 +587,39 @@ class SuffixDrafter(HostDrafter):
     context, at most k tokens, at most as many as the match is long, stopping where its estimated probability falls
     below MIN_TOKEN_PROB (vLLM's defaults: max_spec_factor 1, min_token_prob 0.1)."""
 
-    def __init__(self, depth: int, vocab_size: int, k: int, eos_ids=()):
+    def __init__(self, depth: int, vocab_size: int, k: int, eos_ids: Iterable[int] = ()) -> None:
         super().__init__(vocab_size, k, eos_ids)
         self.cache = SuffixCache(depth)
 
     @classmethod
-    def from_spec(cls, param, *, draft_model, vocab_size: int, k: int, cfg: SamplingConfig, eos_ids):
-        return cls(param, vocab_size, k, eos_ids)
+    def from_spec(
+        cls,
+        param: DrafterParameter,
+        *,
+        draft_model: Model | None,
+        vocab_size: int,
+        k: int,
+        cfg: SamplingConfig,
+        eos_ids: Iterable[int],
+    ) -> Drafter:
+        return cls(int(_given(param)), vocab_size, k, eos_ids)
 
-    def begin_row(self, history: list[int], prompt_index: int):
+    def begin_row(self, history: list[int], prompt_index: int) -> Request:
         return self.cache.start_request(prompt_index, history)
 
-    def follow(self, request, history: list[int], max_tokens: int) -> list[int]:
+    def follow(self, request: Request, history: list[int], max_tokens: int) -> list[int]:
         return self.cache.speculate(request, history, max_tokens)
 
-    def finish(self, prompt_indices, outputs) -> None:
+    def finish(self, prompt_indices: list[int], outputs: list[list[int]]) -> None:
         for index, output in zip(prompt_indices, outputs):
             self.cache.add_response(index, output)
+
+
+def _given(param: DrafterParameter) -> int | float:
+    """The parameter of a drafter whose spec takes one (parse_drafter gives every such spec its value)."""
+    if param is None:
+        raise ValueError("this drafter's spec takes a parameter, and parse_drafter gives it one")
+    return param
 
 
 def drafter_class(name: str) -> type[Drafter]:
@@ -554,7 +640,15 @@ def _check_registry() -> None:
 _check_registry()
 
 
-def make_drafter(spec: str, *, draft_model, vocab_size: int, k: int, cfg: SamplingConfig, eos_ids=()) -> Drafter:
+def make_drafter(
+    spec: str,
+    *,
+    draft_model: Model | None,
+    vocab_size: int,
+    k: int,
+    cfg: SamplingConfig,
+    eos_ids: Iterable[int] = (),
+) -> Drafter:
     """The drafter a spec names, proposing up to k tokens a round (its starting k for `heuristic`).
     draft_model may be None for a drafter that needs none; eos_ids end a model-free proposal."""
     name, value = parse_drafter(spec)

@@ -9,8 +9,12 @@ its old and new tensors, so the allocator's true peak can exceed the cache figur
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
+from typing import Any
 
 import torch
+
+from engine.decoding.torch_types import Model
 
 
 def model_bytes(model: torch.nn.Module) -> int:
@@ -26,7 +30,7 @@ def model_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def cache_bytes(cache) -> int:
+def cache_bytes(cache: Any) -> int:
     """Bytes of the tensors a transformers cache holds now (keys, values and any other per-layer state)."""
     total = 0
     for layer in getattr(cache, "layers", []):
@@ -39,7 +43,7 @@ def cache_bytes(cache) -> int:
 def kv_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes one token's keys and values take in the model's KV cache, from its config: 2 (K and V) x layers x
     KV heads x head size x the element size of its weights. 0 when the config does not say (an unknown layout)."""
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
     try:
         layers = int(config.num_hidden_layers)
@@ -49,7 +53,7 @@ def kv_bytes_per_token(model: torch.nn.Module) -> int:
     except (AttributeError, TypeError, ValueError, ZeroDivisionError):
         return 0
     element = next(model.parameters()).element_size()
-    return 2 * layers * kv_heads * head_dim * element
+    return 2 * layers * kv_heads * head_dim * int(element)
 
 
 def available_bytes(device: torch.device) -> int:
@@ -69,7 +73,7 @@ def available_bytes(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def batch_kv_bytes(models, batch_size: int, prompt_tokens: int, max_new_tokens: int, k: int) -> int:
+def batch_kv_bytes(models: Iterable[Model], batch_size: int, prompt_tokens: int, max_new_tokens: int, k: int) -> int:
     """The KV-cache bytes a batch needs at its longest: every model's bytes per token x (longest prompt + new
     tokens + k drafts in flight) x B rows. A lower bound: rejected drafts leave holes a cache compacts only past
     2x its longest row (engine/batched.py), and activations are not counted."""
@@ -78,7 +82,7 @@ def batch_kv_bytes(models, batch_size: int, prompt_tokens: int, max_new_tokens: 
 
 
 def check_batch_fits(
-    models, device: torch.device, batch_size: int, prompt_tokens: int, max_new_tokens: int, k: int
+    models: Iterable[Model], device: torch.device, batch_size: int, prompt_tokens: int, max_new_tokens: int, k: int
 ) -> None:
     """Refuse a batch whose KV caches cannot fit in what the device has free (a DraftLabError naming the fix),
     before it runs."""

@@ -14,6 +14,7 @@ import torch
 
 from engine.decoding.batched_cache import BatchCache, left_pad
 from engine.decoding.sampling import SamplingConfig, probabilities
+from engine.decoding.torch_types import Model, inference_mode
 
 
 def _clock(device: torch.device) -> float:
@@ -23,7 +24,12 @@ def _clock(device: torch.device) -> float:
 
 
 def verify_profile(
-    model, vocab_size: int, prompt_ids: torch.Tensor, n_max: int, cfg: SamplingConfig | None = None, repeats: int = 9
+    model: Model,
+    vocab_size: int,
+    prompt_ids: torch.Tensor,
+    n_max: int,
+    cfg: SamplingConfig | None = None,
+    repeats: int = 9,
 ) -> dict[int, float]:
     """Seconds of one verify step over n = 1..n_max new tokens after prompt_ids [1, L]: the one-row case of
     `batched_verify_profile` (the target forward, the processed distributions of its n rows and one host sync, as
@@ -43,9 +49,9 @@ def non_decreasing(values: list[float]) -> list[float]:
     return [m for m, c in blocks for _ in range(int(c))]
 
 
-@torch.inference_mode()
+@inference_mode
 def batched_verify_profile(
-    model,
+    model: Model,
     vocab_size: int,
     prompt_ids: list[torch.Tensor],
     batch_sizes: list[int],

@@ -110,7 +110,9 @@ def summed_fields(record: type = Round) -> list[str]:
     return [f.name for f in fields(record) if f.metadata.get("per_prompt") == "sum" and f.name in stored_fields(record)]
 
 
-def settle_round(drafted: list[int], accepted: int, next_token: int, eos_ids: set[int], budget: int):
+def settle_round(
+    drafted: list[int], accepted: int, next_token: int, eos_ids: set[int], budget: int
+) -> tuple[list[int], list[str], int, list[str]]:
     """(emitted ids, their kinds, a_r, each draft's outcome) of a round whose verification accepted
     `accepted` drafts and drew `next_token`. An EOS or the token budget may cut the round: the drafts past the
     cut are discarded, whether verification accepted or refused them, so a_r counts emitted drafts only. (The

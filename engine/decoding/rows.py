@@ -14,6 +14,19 @@ from engine.decoding.sampling import SamplingConfig, prompt_generator
 class OneRow:
     """`generate`: one prompt decoded as the one-row batch of a decoder's `generate_batch` (no second loop)."""
 
+    cfg: SamplingConfig
+
+    def generate_batch(
+        self,
+        prompts: list[str],
+        prompt_ids: list[torch.Tensor],
+        prompt_indices: list[int],
+        on_progress: Callable[[int, int], None] | None = None,
+        max_new_tokens: int | None = None,
+    ) -> list[PromptResult]:
+        """Decode prompts together (prompt_ids[i] is [1, n_i]); one PromptResult per prompt, in input order."""
+        raise NotImplementedError
+
     def generate(
         self,
         prompt: str,
@@ -30,7 +43,9 @@ class OneRow:
 class Rows:
     """Row r of the batch (r indexes what is still running) is input prompt `live[r]`."""
 
-    def __init__(self, prompt_ids: list[torch.Tensor], prompt_indices: list[int], cfg: SamplingConfig, device):
+    def __init__(
+        self, prompt_ids: list[torch.Tensor], prompt_indices: list[int], cfg: SamplingConfig, device: torch.device
+    ) -> None:
         self.live = list(range(len(prompt_ids)))
         self.seqs = [ids[0] for ids in prompt_ids]  # committed tokens per row, on the device
         self.history = [ids[0].tolist() for ids in prompt_ids]  # the same on the host (read once per batch)

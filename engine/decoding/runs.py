@@ -1,5 +1,5 @@
-"""Building the decoders of a run (engine/decoding/speculative.py, engine/decoding/baseline.py: one loop each, B prompts at a time, a
-single prompt the one-row case) and running them over a list of prompts, following SPEC's timing protocol:
+"""Building the decoders of a run (engine/decoding/speculative.py, engine/decoding/baseline.py: one loop each, B prompts
+at a time, a single prompt the one-row case) and running them over a list of prompts, following SPEC's timing protocol:
 tokenization outside the clock, one untimed warm-up generation first, wall time of generation per prompt."""
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ def baseline_decoder(pair: ModelPair, cfg: SamplingConfig) -> TargetOnlyDecoder:
 def speculative_decoder(
     pair: ModelPair, cfg: SamplingConfig, k: int, typer: TokenTyper | None = None, drafter: str = DEFAULT_DRAFTER
 ) -> SpeculativeDecoder:
-    """A decoder drafting with the strategy `drafter` names (engine/config/drafter_specs.py, engine/decoding/drafting.py) and k (the
-    most drafts a round proposes; the starting k for heuristic). The pair may lack a draft model when the drafter
-    needs none (engine.config.drafter_specs.needs_draft_model)."""
+    """A decoder drafting with the strategy `drafter` names (engine/config/drafter_specs.py,
+    engine/decoding/drafting.py) and k (the most drafts a round proposes; the starting k for heuristic). The pair may
+    lack a draft model when the drafter needs none (engine.config.drafter_specs.needs_draft_model)."""
     check_k(pair, k)
     eos = eos_ids(pair)
     strategy = make_drafter(
@@ -94,7 +94,7 @@ def speculative_decoder(
 
 
 def run_prompts(
-    decoder,
+    decoder: TargetOnlyDecoder | SpeculativeDecoder,
     prompts: list[str],
     prompt_ids: list[torch.Tensor],
     start: int = 0,
@@ -115,8 +115,12 @@ def run_prompts(
 
 
 def run_batches(
-    decoder, prompts: list[str], prompt_ids: list[torch.Tensor], batch_size: int, warmup_tokens: int = WARMUP_TOKENS
-):
+    decoder: TargetOnlyDecoder | SpeculativeDecoder,
+    prompts: list[str],
+    prompt_ids: list[torch.Tensor],
+    batch_size: int,
+    warmup_tokens: int = WARMUP_TOKENS,
+) -> Iterator[list[PromptResult]]:
     """Yield one list of PromptResults per batch of `batch_size` consecutive prompts (the last batch may be
     smaller: it holds what is left), after one untimed warm-up batch of the first prompts."""
     if not prompts:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.config.sampling_config import SamplingConfig  # noqa: F401 - the settings these functions apply (torch-free)
+from engine.config.sampling_config import SamplingConfig as SamplingConfig  # the settings applied (torch-free)
 
 
 def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

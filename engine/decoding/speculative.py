@@ -8,16 +8,18 @@ Per round, for the rows still running:
   2. ONE target forward scores every row: row r feeds [its pending tokens (left-padded), its drafts (right-padded
      to K)], so slot i of every row scores draft i. The first round starts from the prompt: the target's prefill
      pass verifies the first drafts;
-  3. ONE vectorised verify (engine/decoding/verification.py) gives per-row accepted counts a_r and correction / bonus tokens;
+  3. ONE vectorised verify (engine/decoding/verification.py) gives a Verdict: per-row accepted counts a_r and
+     correction / bonus tokens, on the device;
   4. both caches roll back on the device (the rejected columns become holes; a one-row cache crops them) and
-     everything the round records moves to the host in ONE transfer (`.tolist()`), which also carries the hole
-     counts `trim` needs. Draft and verify are timed by device events read after it (engine/decoding/clock.py), and the
-     round's tokens arrive together right after it (PromptResult.token_seconds).
+     everything the round records moves to the host in ONE transfer (`.tolist()`): a VerifiedRound, one
+     VerifiedRow per row plus the hole counts `trim` needs. Draft and verify are timed by device events read after
+     it (engine/decoding/clock.py), and the round's tokens arrive together right after it
+     (PromptResult.token_seconds).
 A drafter that reads the target's hidden states (an EAGLE-3 head: DrafterSpec.needs_hidden_states) gets them from
 step 2's forward itself, the layers it names returned beside the logits, and `settle` hands it those of the
 positions each row committed (TargetStates): no extra target forward. The first round's forward is the prefill.
-Then each row's Round is settled (engine.decoding.verification.round_record), so a row yields the same records (per round,
-per draft token) as that prompt decoded alone, and storage logs them unchanged.
+Then each row's VerifiedRow is settled into its Round (engine.decoding.verification.round_record), so a row yields
+the same records (per round, per draft token) as that prompt decoded alone, and storage logs them unchanged.
 
 Invariant between rounds: each row's target cache holds a prefix of its committed tokens (all but the last after
 the first round), and so does the drafter's.
@@ -46,9 +48,10 @@ import torch
 from engine.decoding.batched_cache import BatchCache, left_pad, to_device
 from engine.decoding.clock import RoundClock
 from engine.decoding.drafting import COMPACT_SLACK, Drafter, TargetStates
-from engine.decoding.records import PromptResult
+from engine.decoding.records import PromptResult, Round
 from engine.decoding.rows import OneRow, Rows
 from engine.decoding.sampling import SamplingConfig, probabilities
+from engine.decoding.torch_types import Model, inference_mode
 from engine.decoding.verification import round_record, rows_to_host, verify_rows
 from engine.text.token_types import TokenTyper
 
@@ -59,18 +62,20 @@ COMPACT_RATIO = 2.0
 class SpeculativeDecoder(OneRow):
     def __init__(
         self,
-        target_model,
+        target_model: Model,
         drafter: Drafter,
         vocab_size: int,
         cfg: SamplingConfig,
         typer: TokenTyper,
         eos_ids: set[int],
         compact_ratio: float | None = COMPACT_RATIO,
-    ):
+    ) -> None:
         spec = getattr(drafter, "spec", None)
         # A drafter that reads the target's hidden states (EAGLE-3 heads) names the layers; each verify forward
         # returns them beside its logits and `settle` hands the drafter those of the committed positions.
-        self.hidden_layers = drafter.hidden_layers if spec is not None and spec.needs_hidden_states else None
+        self.hidden_layers: list[int] | None = (
+            getattr(drafter, "hidden_layers", None) if spec is not None and spec.needs_hidden_states else None
+        )
         self.target = BatchCache(target_model, vocab_size)
         self.clock = RoundClock(self.target.device)
         self.drafter = drafter
@@ -81,7 +86,7 @@ class SpeculativeDecoder(OneRow):
         self.rounds = 0  # batched rounds of the last generate_batch
         self.hole_share = 0.0  # mean share of the target cache's columns that were holes, over its rounds
 
-    @torch.inference_mode()
+    @inference_mode
     def generate_batch(
         self,
         prompts: list[str],
@@ -100,10 +105,12 @@ class SpeculativeDecoder(OneRow):
         target.reset(count)
         self.drafter.start(state.seqs, state.history, list(prompt_indices))
         cached = [0] * count  # real tokens in each row's target cache
-        outputs = [[] for _ in range(count)]
-        rounds = [[] for _ in range(count)]
+        outputs: list[list[int]] = [[] for _ in range(count)]
+        rounds: list[list[Round]] = [[] for _ in range(count)]
         walls = [0.0] * count
-        arrivals = [[] for _ in range(count)]  # each row's token arrival times (seconds from the batch's start)
+        arrivals: list[list[float]] = [
+            [] for _ in range(count)
+        ]  # each row's token arrival times (seconds from the batch's start)
         contexts = [self.typer.context(i, p) for i, p in zip(prompt_indices, prompts)]  # code or not: token types
         self.rounds, holes = 0, 0.0
         while state.live:
@@ -132,10 +139,10 @@ class SpeculativeDecoder(OneRow):
             else:
                 states = None
             p_target = probabilities(logits, cfg)
-            n, next_tokens = verify_rows(
+            verdict = verify_rows(
                 proposal.tokens, proposal.probs, proposal.ks, proposal.valid, p_target, cfg, state.generators
             )
-            kept = to_device(lengths, target.device) + n
+            kept = to_device(lengths, target.device) + verdict.accepted
             target.rollback(kept)
             self.drafter.rollback(kept)
             t_done = clock.mark()
@@ -146,15 +153,16 @@ class SpeculativeDecoder(OneRow):
                 proposal.ks,
                 p_target,
                 logits,
-                n,
-                next_tokens,
-                [target.trailing_holes(), self.drafter.trailing_holes()],
+                verdict.accepted,
+                verdict.next_tokens,
+                target_holes=target.trailing_holes(),
+                drafter_holes=self.drafter.trailing_holes(),
             )
             draft_s, verify_s = clock.seconds(t_draft, t_verify), clock.seconds(t_verify, t_done)
             arrived = clock.now() - start  # the round's tokens reached the host together, with the transfer
             self.rounds += 1
             finished, keep = [], []
-            for r, (o, row) in enumerate(zip(state.live, host["rows"])):
+            for r, (o, row) in enumerate(zip(state.live, host.rows)):
                 round_ = round_record(
                     self.typer,
                     self.eos_ids,
@@ -170,10 +178,10 @@ class SpeculativeDecoder(OneRow):
                 rounds[o].append(round_)
                 outputs[o] += round_.emitted_ids
                 arrivals[o] += [arrived] * len(round_.emitted_ids)
-                a = row["accepted"]
+                a = row.accepted
                 cached[r] = lengths[r] + a
                 # Built from device tensors: a host-to-device copy would be a second sync.
-                emitted = torch.cat([proposal.tokens[r, :a], next_tokens[r : r + 1]])[: len(round_.emitted_ids)]
+                emitted = torch.cat([proposal.tokens[r, :a], verdict.next_tokens[r : r + 1]])[: len(round_.emitted_ids)]
                 state.seqs[r] = torch.cat([state.seqs[r], emitted])
                 state.history[r] = state.history[r] + round_.emitted_ids
                 if len(outputs[o]) >= limit or outputs[o][-1] in self.eos_ids:
@@ -182,9 +190,9 @@ class SpeculativeDecoder(OneRow):
                     keep.append(r)
                 if on_progress is not None:
                     on_progress(prompt_indices[o], len(outputs[o]))
-            accepted = [row["accepted"] for row in host["rows"]]
-            target.trim(host["trailing"][0])
-            self.drafter.settle(lengths, accepted, host["trailing"][1], states)
+            accepted = [row.accepted for row in host.rows]
+            target.trim(host.target_holes or 0)
+            self.drafter.settle(lengths, accepted, host.drafter_holes, states)
             holes += 1 - sum(n + a for n, a in zip(lengths, accepted)) / max(1, target.batch * target.width)
             if finished:
                 for o in finished:

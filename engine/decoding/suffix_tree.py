@@ -32,7 +32,7 @@ MAX_CACHED_TOKENS = 65_536  # response tokens the global tree holds at most
 class Node:
     __slots__ = ("count", "children")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.count = 0
         self.children: dict[int, Node] = {}
 
@@ -40,7 +40,7 @@ class Node:
 class SuffixTree:
     """Every substring of length <= depth of the sequences added, with occurrence counts."""
 
-    def __init__(self, depth: int):
+    def __init__(self, depth: int) -> None:
         self.depth = depth
         self.root = Node()
 
@@ -90,18 +90,21 @@ class SuffixTree:
         min_token_prob: float = MIN_TOKEN_PROB,
         max_spec_factor: float = MAX_SPEC_FACTOR,
         max_spec_offset: float = MAX_SPEC_OFFSET,
-    ):
+    ) -> tuple[list[int], float]:
         """(tokens, score) of the best path continuing the context's suffix (module docstring)."""
         context = context[-self.depth :]
-        best, best_score = [], 0.0
+        best: list[int] = []
+        best_score = 0.0
         for m in range(1, len(context)):
             node = self.root
             for token in context[len(context) - m :]:
-                node = node.children.get(token)
-                if node is None:
+                found = node.children.get(token)
+                if found is None:
                     return best, best_score
+                node = found
             budget = min(max_tokens, int(m * max_spec_factor + max_spec_offset + 1e-6))
-            path, prob, score = [], 1.0, 0.0
+            path: list[int] = []
+            prob, score = 1.0, 0.0
             while len(path) < budget and node.children:
                 token, child = max(node.children.items(), key=lambda item: item[1].count)  # first of equals
                 prob *= child.count / node.count
@@ -118,7 +121,7 @@ class SuffixTree:
 class Request:
     """One prompt being decoded: its own tree over the prompt and the output so far."""
 
-    def __init__(self, index: int, depth: int, prompt: list[int]):
+    def __init__(self, index: int, depth: int, prompt: list[int]) -> None:
         self.index = index
         self.tree = SuffixTree(depth)
         self.active = self.tree.start()
@@ -132,7 +135,7 @@ class Request:
 
 
 class SuffixCache:
-    def __init__(self, depth: int, max_cached_tokens: int = MAX_CACHED_TOKENS):
+    def __init__(self, depth: int, max_cached_tokens: int = MAX_CACHED_TOKENS) -> None:
         self.depth = depth
         self.max_cached_tokens = max_cached_tokens
         self.responses: dict[int, list[int]] = {}  # prompt index -> its response, oldest first

@@ -11,11 +11,45 @@ target's argmax; the next token is the argmax at the first mismatch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 
 from engine.decoding.records import DraftToken, Round, settle_round
 from engine.decoding.sampling import SamplingConfig, sample_rows
 from engine.text.token_types import CodeContext, TokenTyper
+
+
+class Verdict(NamedTuple):
+    """What verification decided for B rows, on the device (no host sync yet)."""
+
+    accepted: torch.Tensor  # [B] drafts each row accepted, in order until its first rejection
+    next_tokens: torch.Tensor  # [B] each row's correction (at its first rejection) or bonus (after its last draft)
+
+
+@dataclass(frozen=True)
+class VerifiedRow:
+    """One row's verified round on the host (one row of `rows_to_host`): what `round_record` settles into a Round.
+    The per-draft lists hold the row's k_r proposed drafts, in order."""
+
+    accepted: int  # drafts verification accepted (an EOS or the budget may cut the round shorter: round_record)
+    next_token: int  # the correction at the first rejection, or the bonus token after the last draft
+    drafted: list[int]  # the proposed token ids
+    p_draft: list[float]  # each draft's probability under the draft's processed distribution
+    p_target: list[float]  # ... under the target's
+    beta: list[float]  # sum_x min(p_d(x), p_t(x)) at each draft's slot
+    kl: list[float]  # KL(p_t || p_d) of the raw logits at each slot (NaN without draft logits)
+
+
+@dataclass(frozen=True)
+class VerifiedRound:
+    """A verified round of B rows, moved to the host in one transfer: each row's VerifiedRow, and the trailing hole
+    counts of the target's and the drafter's caches read with it (None where no cache was read)."""
+
+    rows: list[VerifiedRow]
+    target_holes: int | None = None
+    drafter_holes: int | None = None
 
 
 def verify_rows(
@@ -26,11 +60,11 @@ def verify_rows(
     p_target: torch.Tensor,
     cfg: SamplingConfig,
     generators: list[torch.Generator],
-):
-    """Verification of one round for B rows at once: tokens [B, K] and draft_probs [B, K, V], row r proposing its first ks[r] (valid [B, K] marks them; None when every row proposed K, and
-    draft_probs is zero past ks[r]); p_target [B, K+1, V], row r's slot i scoring draft i. Row r draws its ks[r]
-    uniforms and its correction / bonus from generators[r], as a one-row decode of it would. Returns (accepted
-    counts [B], next tokens [B]) on the device, without a host sync."""
+) -> Verdict:
+    """Verification of one round for B rows at once: tokens [B, K] and draft_probs [B, K, V], row r proposing its
+    first ks[r] (valid [B, K] marks them; None when every row proposed K, and draft_probs is zero past ks[r]);
+    p_target [B, K+1, V], row r's slot i scoring draft i. Row r draws its ks[r] uniforms and its correction / bonus
+    from generators[r], as a one-row decode of it would. The Verdict stays on the device (no host sync)."""
     batch, k = tokens.shape
     if cfg.greedy:
         best = p_target.argmax(-1)  # the target's token at every slot [B, K+1]: drafts' checks and the next token
@@ -45,12 +79,12 @@ def verify_rows(
         ok = ok & valid
     n = ok.long().cumprod(1).sum(1)
     if cfg.greedy:
-        return n, best.gather(1, n[:, None])[:, 0]
+        return Verdict(n, best.gather(1, n[:, None])[:, 0])
     rows = torch.arange(batch, device=p_target.device)
     target_row = p_target[rows, n]
     draft_row = torch.cat([draft_probs, torch.zeros_like(target_row)[:, None]], 1)[rows, n]
     residual = residual_distribution(target_row, draft_row)  # at n == k draft_row is 0: plain p_t (bonus)
-    return n, sample_rows(residual, cfg, generators)
+    return Verdict(n, sample_rows(residual, cfg, generators))
 
 
 def residual_distribution(p_target: torch.Tensor, p_draft: torch.Tensor) -> torch.Tensor:
@@ -66,7 +100,7 @@ def draft_stats(
     draft_logits: torch.Tensor | None,
     p_target: torch.Tensor,
     target_logits: torch.Tensor,
-):
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """What a round records per draft token, on the device, for tokens [..., k] with their distributions
     [..., k, V] (the target's scoring each draft's slot): (p_draft of the token, p_target of the token,
     beta = sum min(p_d, p_t), KL(p_t || p_d) of the raw logits, NaN without draft logits), each [..., k]."""
@@ -88,17 +122,17 @@ def round_record(
     eos_ids: set[int],
     prompt_index: int,
     round_index: int,
-    host: dict,
+    row: VerifiedRow,
     budget: int,
     draft_s: float,
     verify_s: float,
     forwards: int,
     context: CodeContext | None = None,
 ) -> Round:
-    """The Round a verified row's host fields (one of `rows_to_host`'s rows) settle into. `context`: the prompt's
-    code context (engine/text/token_types.py), which types the drafts and moves past what the round emits."""
-    drafted = host["tokens"]
-    emitted, kinds, accepted, outcomes = settle_round(drafted, host["accepted"], host["next"], eos_ids, budget)
+    """The Round a verified row settles into. `context`: the prompt's code context (engine/text/token_types.py),
+    which types the drafts and moves past what the round emits."""
+    drafted = row.drafted
+    emitted, kinds, accepted, outcomes = settle_round(drafted, row.accepted, row.next_token, eos_ids, budget)
     context = context if context is not None else CodeContext(False)
     tokens = []
     for i, (token, outcome, (text, kind)) in enumerate(zip(drafted, outcomes, typer.drafts(drafted, context))):
@@ -108,10 +142,10 @@ def round_record(
                 token,
                 text,
                 kind,
-                host["p_draft"][i],
-                host["p_target"][i],
-                host["beta"][i],
-                host["kl"][i],
+                row.p_draft[i],
+                row.p_target[i],
+                row.beta[i],
+                row.kl[i],
                 outcome,
             )
         )
@@ -128,16 +162,16 @@ def rows_to_host(
     target_logits: torch.Tensor,
     n: torch.Tensor,
     next_tokens: torch.Tensor,
-    extras: list = (),
-) -> dict:
+    target_holes: torch.Tensor | None = None,
+    drafter_holes: torch.Tensor | None = None,
+) -> VerifiedRound:
     """What a round records for B rows (tokens [B, K] and the rest as `verify_rows` takes them, n and next_tokens
-    [B]), computed on the device and moved to the host in ONE transfer (`.tolist()`, the round's one sync), with
-    the 0-d integer tensors `extras` (None allowed). Returns {"rows": per row {"accepted", "next", "tokens",
-    "p_draft", "p_target", "beta", "kl"}, cut to the row's ks[r], "trailing": the extras as ints (None where
-    None)}."""
+    [B]), computed on the device and moved to the host in ONE transfer (`.tolist()`, the round's one sync), with the
+    caches' 0-d trailing hole counts (None: not read). Each row's lists are cut to its ks[r]."""
     batch, width = tokens.shape
     stats = torch.stack(draft_stats(tokens, draft_probs, draft_logits, p_target[:, :width], target_logits[:, :width]))
-    present = [e.reshape(1) for e in extras if e is not None]
+    holes = [target_holes, drafter_holes]
+    present = [h.reshape(1) for h in holes if h is not None]
     ints = [n, next_tokens, tokens.reshape(-1), *present]  # row r's tokens at 2 * batch + r * width
     flat = torch.cat([torch.cat(ints).double(), stats.reshape(-1).double()]).tolist()
     head = batch * (2 + width) + len(present)
@@ -146,15 +180,16 @@ def rows_to_host(
         at = 2 * batch + r * width
         cols = [flat[head + (i * batch + r) * width : head + (i * batch + r) * width + k] for i in range(4)]
         rows.append(
-            {
-                "accepted": int(flat[r]),
-                "next": int(flat[batch + r]),
-                "tokens": [int(t) for t in flat[at : at + k]],
-                "p_draft": cols[0],
-                "p_target": cols[1],
-                "beta": cols[2],
-                "kl": cols[3],
-            }
+            VerifiedRow(
+                accepted=int(flat[r]),
+                next_token=int(flat[batch + r]),
+                drafted=[int(t) for t in flat[at : at + k]],
+                p_draft=cols[0],
+                p_target=cols[1],
+                beta=cols[2],
+                kl=cols[3],
+            )
         )
     tail = iter(int(v) for v in flat[batch * (2 + width) : head])
-    return {"rows": rows, "trailing": [None if e is None else next(tail) for e in extras]}
+    target_read, drafter_read = (None if h is None else next(tail) for h in holes)
+    return VerifiedRound(rows, target_read, drafter_read)
