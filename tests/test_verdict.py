@@ -17,6 +17,7 @@ from storage.analysis.verdict import verdict, verdict_dict
 from storage.jobs import experiments, run_state
 from storage.records import queries as q
 from storage.serving.deploy import DeployError, deploy_document
+from tests.meaning import missing
 
 
 def _experiment(store, sweep_variable="k", values=(1, 2, 4), **kw):
@@ -67,10 +68,7 @@ def test_the_cheaper_tied_k_is_chosen_and_said(store):
     v = verdict(store, eid)
     assert (v.best.value, v.best.run_id) == (2, ids[2]) and [c.value for c in v.tied] == [1]
     assert (v.chosen.value, v.chosen.run_id, v.cheaper.value) == (1, ids[1], 1) and not v.too_wide
-    assert v.text == (
-        "best k 2 at 1.31× (1.22–1.40), tied with 1; take the cheaper tied k = 1 (fewer draft steps, "
-        "a smaller KV cache)"
-    )
+    assert not missing(v.text, "best k 2 at 1.31× (1.22–1.40)", "tied with 1", "cheaper tied k = 1"), v.text
     d = verdict_dict(store, eid)
     assert (d["best"], d["best_run_id"], d["chosen"], d["chosen_run_id"], d["cheaper"], d["tied_with"]) == (
         2,
@@ -105,13 +103,13 @@ def test_a_drafter_sweep_deploys_by_name_and_prefers_no_draft_model_when_tied(st
     ids = _measured(store, eid, {"model": (1.40, 1.30, 1.50), "prompt-lookup:3": (1.35, 1.28, 1.44)})
     v = verdict(store, eid)
     assert (v.best.value, v.chosen.value) == ("model", "prompt-lookup:3")
-    assert "take the cheaper tied drafter = prompt-lookup:3 (no draft model to load or run)" in v.text
+    assert not missing(v.text, "cheaper tied drafter = prompt-lookup:3", "no draft model"), v.text  # and why
     assert main(["export", str(eid), "--format", "deploy", "--db", db_url]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["run_id"], doc["chosen"]) == (ids["prompt-lookup:3"], "cheaper tied")
     assert doc["configuration"]["drafter"] == "prompt-lookup:3" and doc["configuration"]["k"] == 2
     assert json.loads(doc["engines"]["vllm"]["speculative_config"])["method"] == "ngram"
-    assert any("statistically tied with the best, drafter = model" in c for c in doc["caveats"])
+    assert any(not missing(c, "tied", "drafter = model") for c in doc["caveats"]), doc["caveats"]
     # Not tied: the measured best, named by its label, is deployed.
     eid = _experiment(store, "drafter", ("model", "prompt-lookup:3"), k=2)
     ids = _measured(store, eid, {"model": (1.60, 1.55, 1.65), "prompt-lookup:3": (1.35, 1.28, 1.44)})
@@ -176,7 +174,7 @@ def test_deploy_states_ties_and_a_too_wide_interval_and_never_copies_the_test_le
     for engine in ("vllm", "sglang"):
         assert "max_tokens" not in doc["engines"][engine]["request"]
     assert "max_new_tokens" not in doc["engines"]["transformers"]["generate_kwargs"]
-    assert any("No length is set: the test stopped at 64" in n for n in doc["engines"]["vllm"]["notes"])
+    assert any(not missing(n, "No length", "64") for n in doc["engines"]["vllm"]["notes"]), doc["engines"]["vllm"]
     asked = deploy_document(store, eid, with_max_new_tokens=True)
     assert asked["configuration"]["max_new_tokens"] == 64
     assert (
@@ -184,9 +182,7 @@ def test_deploy_states_ties_and_a_too_wide_interval_and_never_copies_the_test_le
     )
     assert asked["engines"]["transformers"]["generate_kwargs"]["max_new_tokens"] == 64
     named = deploy_document(store, eid, ids[4])
-    assert (
-        named["chosen"] == "given" and f"Run {ids[4]} was named; the verdict would deploy k = 1" in named["caveats"][0]
-    )
+    assert named["chosen"] == "given" and not missing(named["caveats"][0], f"Run {ids[4]} ", "named", "k = 1")
 
 
 def test_cli_export_takes_with_max_new_tokens_for_deploy_only(store, db_url, capsys):
@@ -199,7 +195,7 @@ def test_cli_export_takes_with_max_new_tokens_for_deploy_only(store, db_url, cap
     assert doc["engines"]["vllm"]["request"]["max_tokens"] == 64
     assert main(["export", str(eid), "--format", "json", "--with-max-new-tokens", "--db", db_url]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--with-max-new-tokens applies to --format deploy only" in err
+    assert err.count("\n") == 1 and not missing(err, "--with-max-new-tokens", "--format deploy"), err
 
 
 def test_findings_take_the_cheaper_tied_choice_and_the_focus_run_is_the_verdicts(store):
@@ -207,7 +203,7 @@ def test_findings_take_the_cheaper_tied_choice_and_the_focus_run_is_the_verdicts
     ids = _measured(store, eid, {"model": (1.40, 1.30, 1.50), "prompt-lookup:3": (1.35, 1.28, 1.44)})
     tie = next(f for f in fd.findings(store, eid) if f["kind"] == "tie")
     assert tie["data"]["cheaper"] == "prompt-lookup:3" and tie["data"]["best"] == "model"
-    assert "Take the cheaper drafter = prompt-lookup:3 (no draft model to load or run" in tie["next"]
+    assert not missing(tie["next"], "cheaper drafter = prompt-lookup:3", "no draft model"), tie["next"]
     assert "drafter = model at 1.40×" in tie["detail"]
     from storage.analysis.findings import _Context, _focus_run
 
@@ -281,7 +277,7 @@ def test_a_greedy_run_whose_outputs_differ_fails_as_not_lossless_and_is_never_ju
         worker._finish(rid, "done", None, None, None, f"run {rid}")
     after = q.runs(store, eid).set_index("run_id")
     assert after.loc[ids[2], "status"] == "failed"
-    assert after.loc[ids[2], "error"] == "not lossless: prompt 1 differs at token 5"
+    assert not missing(after.loc[ids[2], "error"], "not lossless", "prompt 1", "token 5"), after.loc[ids[2], "error"]
     assert (after.loc[ids[1], "status"], after.loc[base_id, "status"]) == ("done", "done")
     with store.write() as conn:  # k = 2 measured fastest: it must still never be judged
         for k, speed in ((1, (1.2, 1.1, 1.3)), (2, (1.9, 1.8, 2.0))):
@@ -292,5 +288,5 @@ def test_a_greedy_run_whose_outputs_differ_fails_as_not_lossless_and_is_never_ju
     v = verdict(store, eid)
     assert [c.run_id for c in v.candidates] == [ids[1]] and v.chosen.run_id == ids[1]
     assert deploy_document(store, eid)["run_id"] == ids[1]
-    with pytest.raises(DeployError, match="not lossless: prompt 1 differs at token 5"):
+    with pytest.raises(DeployError, match=r"not lossless\b.*prompt 1\b.*token 5\b"):
         deploy_document(store, eid, ids[2])
