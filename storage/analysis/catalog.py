@@ -1,6 +1,6 @@
-"""The experiments catalog (the listing): each experiment's status and progress (queries.experiment_rows, SQL) with its best run
-taken from its verdict (storage/analysis/verdict.py's `verdicts`, one query for all), so the listing, the detail page's
-headline, deploy and the CLI name the same best run and the same ties. No torch, no streamlit."""
+"""The experiments catalog (the listing): each experiment's status and progress (queries.experiment_rows, SQL) with its
+best run taken from its verdict (storage/analysis/verdict.py's `verdicts`, one query for all), so the listing, the
+detail page's headline, deploy and the CLI name the same best run and the same ties. No torch, no streamlit."""
 
 from __future__ import annotations
 

@@ -59,7 +59,8 @@ LOW_SPEEDUP = 1.05  # the formula's best speedup under which a draft cannot pay
 WORTH_IT = 1.2  # the speedup a faster draft is asked to reach (the c it would need is reported)
 MORE_REPEATS = 5  # the least --repeats suggested when a measurement has to be repeated
 
-# What every arm must share with its own baseline: what the target's own decoding depends on (engine/config/run_config.py).
+# What every arm must share with its own baseline: what the target's own decoding depends on
+# (engine/config/run_config.py).
 MISMATCH_KEYS = BASELINE_PARAMETERS
 SAMPLING_KEYS = tuple(key for key in BASELINE_PARAMETERS if key != "batch_size")  # a run's sampling, for a link
 KINDS = (
@@ -82,8 +83,8 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production", "schedule", "confirm")
 NEW_PAGE = "new"  # pages/widgets/nav.py's URL path of the New-experiment page
 DISTILL_PAGE = "train"  # pages/widgets/nav.py's Train-a-draft page: `focus_from` preselects the experiment to focus on
-# Drafters to suggest, by their declared capabilities (engine/config/drafter_specs.py): those that draft with the model but
-# fewer when unsure (k varies), and those that need no draft model at all.
+# Drafters to suggest, by their declared capabilities (engine/config/drafter_specs.py): those that draft with the model
+# but fewer when unsure (k varies), and those that need no draft model at all.
 ALTERNATIVE_DRAFTERS = tuple(example_specs(needs_model=True, constant_k=False))
 MODEL_FREE_DRAFTERS = tuple(example_specs(needs_model=False))
 
@@ -326,8 +327,8 @@ def _timing_warnings(ctx: _Context) -> list[dict[str, Any]]:
 
 
 def _validation(ctx: _Context) -> list[dict[str, Any]]:
-    """Rule (a validation experiment whose run finished): storage/analysis/validation.py's result, the tuning run against
-    the held-out one. Holds: info; does not hold (α dropped beyond sampling error, one-sided, or the speedup
+    """Rule (a validation experiment whose run finished): storage/analysis/validation.py's result, the tuning run
+    against the held-out one. Holds: info; does not hold (α dropped beyond sampling error, one-sided, or the speedup
     interval fell wholly below the tuning run's): a warning, and the next step tunes again on the held-out set."""
     if not ctx.experiment.get("validates"):
         return []
@@ -368,8 +369,8 @@ def _validation(ctx: _Context) -> list[dict[str, Any]]:
 
 
 def _schedule(ctx: _Context) -> list[dict[str, Any]]:
-    """Rule (a grid with two or more judged batch sizes, storage/analysis/schedule.py): where the schedule serves the target
-    alone (speculation measurably slower, or not measurably faster) and from which batch size to switch it off,
+    """Rule (a grid with two or more judged batch sizes, storage/analysis/schedule.py): where the schedule serves the
+    target alone (speculation measurably slower, or not measurably faster) and from which batch size to switch it off,
     with a follow-up grid between the last batch size that gains and the first that does not; else the k to serve
     at each batch size. Separately, a warning for the batch sizes where no configuration is measurably faster or
     slower than the target alone (served without speculation; more --repeats could show a gain)."""
@@ -763,10 +764,10 @@ def _prediction(ctx: _Context) -> list[dict[str, Any]]:
 
 
 def _formula(ctx: _Context) -> list[dict[str, Any]]:
-    """Rule (k sweeps with two or more finished k): the article's formula (storage/analysis/formula.py: α and c pooled over
-    the finished constant-k runs, a grid's at its judged batch size only) picks its best k and predicts the measured best k's speedup from the same curve.
-    Said when its best k differs from the measured one or it is off by FORMULA_OFF or more; the mean verify_cost
-    says why (the formula assumes a verify pass costs 1 target step)."""
+    """Rule (k sweeps with two or more finished k): the article's formula (storage/analysis/formula.py: α and c pooled
+    over the finished constant-k runs, a grid's at its judged batch size only) picks its best k and predicts the
+    measured best k's speedup from the same curve. Said when its best k differs from the measured one or it is off by
+    FORMULA_OFF or more; the mean verify_cost says why (the formula assumes a verify pass costs 1 target step)."""
     done = _k_runs(ctx)
     if done.empty:
         return []
@@ -898,8 +899,8 @@ def _low_c(ctx: _Context) -> list[dict[str, Any]]:
 
 
 def _production(ctx: _Context) -> list[dict[str, Any]]:
-    """Rule: per imported production series (storage/records/production.py) with a lab run of its k, production α (or the
-    draft acceptance rate when the server counts no positions) against the lab run's prompt-clustered 95 %
+    """Rule: per imported production series (storage/records/production.py) with a lab run of its k, production α (or
+    the draft acceptance rate when the server counts no positions) against the lab run's prompt-clustered 95 %
     interval; outside it, the traffic differs from the prompts tuned on (a warning); inside, the lab holds (info)."""
     found = []
     confirmed = confirmed_series(
@@ -991,8 +992,8 @@ def _confirm(ctx: _Context) -> list[dict[str, Any]]:
                     "error",
                     f"In vLLM, {where} changes the outputs",
                     f"Greedy, only {_pct(r.outputs_match_server_baseline)} of the prompts decode as the server's own "
-                    f"target-only outputs ({r.first_divergence or 'no divergence stored'}): the server's speculation is "
-                    f"not lossless here.",
+                    f"target-only outputs ({r.first_divergence or 'no divergence stored'}): the server's speculation "
+                    f"is not lossless here.",
                     "confirm",
                     "Report it to the engine with the speculative config; serve without speculation until it is fixed.",
                     None,
@@ -1010,8 +1011,8 @@ def _confirm(ctx: _Context) -> list[dict[str, Any]]:
                     "warning",
                     f"In vLLM, {where} does not gain what the lab measured",
                     f"The server's speedup is {_x(r.speedup)} ({lo:.2f}–{hi:.2f}, over passes), tied with the target "
-                    f"alone; the lab measured {_x(r.lab_speedup)} ({r.lab_speedup_ci_lo:.2f}–{r.lab_speedup_ci_hi:.2f}) "
-                    f"at batch size {r.concurrency}.",
+                    f"alone; the lab measured {_x(r.lab_speedup)} "
+                    f"({r.lab_speedup_ci_lo:.2f}–{r.lab_speedup_ci_hi:.2f}) at batch size {r.concurrency}.",
                     "confirm",
                     "Confirm again with more passes, or serve the target alone at this concurrency.",
                     None,
@@ -1077,7 +1078,8 @@ def _confirm(ctx: _Context) -> list[dict[str, Any]]:
                     f"In vLLM, {where} accepts differently at position {p['position']}",
                     f"The server accepts {p['production']:.3f} at position {p['position']}, the lab {p['lab']:.3f} "
                     f"({p['lo']:.3f}–{p['hi']:.3f}, run {item['run_id']}): on the same prompts, the two engines draft "
-                    f"differently (draft sampling, the prompt's rendering or numerics; this confirm does not tell which).",
+                    f"differently (draft sampling, the prompt's rendering or numerics; this confirm does not tell "
+                    f"which).",
                     "confirm",
                     "Compare the draft's sampling (vLLM drafts greedily by default) and the prompts' rendering "
                     "with the lab's; serve by the server's figures.",
@@ -1099,9 +1101,9 @@ VLLM_CPU_SAMPLING_CAUSE = (
 
 
 def _withheld(r: Any, where: str, data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rule: a measurement whose speedup is withheld (storage/records/confirms.py's `withheld`): sampled outputs that differ
-    from the server's own target-only ones (an error: the server's speculation changed the output distribution), or
-    a speedup above the server's tokens per step (a warning: the timing, not a result). Greedy outputs that differ
+    """Rule: a measurement whose speedup is withheld (storage/records/confirms.py's `withheld`): sampled outputs that
+    differ from the server's own target-only ones (an error: the server's speculation changed the output distribution),
+    or a speedup above the server's tokens per step (a warning: the timing, not a result). Greedy outputs that differ
     are the "changes the outputs" error already."""
     warning = r.speedup_warning if isinstance(r.speedup_warning, str) else None
     test = json.loads(r.outputs_test) if isinstance(r.outputs_test, str) else None
@@ -1175,9 +1177,9 @@ HEAD_CHECKS = (
 
 
 def _collapse(ctx: _Context, r: Any, where: str, data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rule (storage/analysis/collapse.py): a confirmed constant-k configuration whose server acceptance collapsed against
-    its lab run's (the server's upper bound under half the lab's lower bound, on the same prompts). For an EAGLE-3
-    head the finding names the head directory and what to check (HEAD_CHECKS); for any other drafter, that the
+    """Rule (storage/analysis/collapse.py): a confirmed constant-k configuration whose server acceptance collapsed
+    against its lab run's (the server's upper bound under half the lab's lower bound, on the same prompts). For an
+    EAGLE-3 head the finding names the head directory and what to check (HEAD_CHECKS); for any other drafter, that the
     server drafts with something else than the lab measured."""
     if r.series_id is None or r.series_id != r.series_id or r.run_id is None or r.run_id != r.run_id:
         return []

@@ -31,8 +31,8 @@ def focus_profile_weights(profile: dict[Any, tuple[Any, Any]]) -> dict[Any, floa
 
 
 def focus_weights(store: Store, experiment_id: int) -> dict[str, Any]:
-    """The --focus-from weights of a stored experiment: read from its best run (storage/analysis/verdict.py; without one,
-    the speculative run with the most verified draft tokens). Keys: experiment_id, run_id, k, how,
+    """The --focus-from weights of a stored experiment: read from its best run (storage/analysis/verdict.py; without
+    one, the speculative run with the most verified draft tokens). Keys: experiment_id, run_id, k, how,
     type_weights {type: w}, position_weights {position: w}, acceptance_by_type, acceptance_by_position."""
     exp = q.experiment(store, experiment_id)
     if exp is None:

@@ -7,9 +7,9 @@
     c = the mean of the runs' c                (target step / draft step, each against its own baseline)
 
 pooled in SQL (storage/records/queries.py's `pooled_runs`, read by `pooled_inputs`), and not reported under
-MIN_VERIFIED verified draft tokens. A run's own `predicted_speedup` column (SPEC: the formula at that run's α, k and c) is a different figure and is always
-labelled "at the run's own α, c". The cost-aware prediction's best k (`cost_aware_best`) is the detail page's,
-the findings' and the Theory page's.
+MIN_VERIFIED verified draft tokens. A run's own `predicted_speedup` column (SPEC: the formula at that run's α, k and c)
+is a different figure and is always labelled "at the run's own α, c". The cost-aware prediction's best k
+(`cost_aware_best`) is the detail page's, the findings' and the Theory page's.
 Plain pandas over stored rows (no SQL here), no torch.
 """
 
@@ -81,8 +81,8 @@ def formula_curve(pooled: Pooled, k_values: Iterable[Any] = ()) -> pd.DataFrame:
 
 def cost_aware_top(runs: pd.DataFrame) -> tuple[int, float] | None:
     """(k, speedup) of the cost-aware prediction's best among `runs` (queries.runs rows, the caller's choice of which
-    count): the highest predicted_speedup_refined (engine/metrics/theory.py cost_aware_speedup at each run's own E[L], draft
-    and verify cost), the smaller k on a tie; None when no run has one."""
+    count): the highest predicted_speedup_refined (engine/metrics/theory.py cost_aware_speedup at each run's own E[L],
+    draft and verify cost), the smaller k on a tie; None when no run has one."""
     done = runs[runs["k"].notna() & runs["predicted_speedup_refined"].notna()]
     if done.empty:
         return None

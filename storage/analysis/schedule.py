@@ -1,8 +1,8 @@
 """The k schedule of a grid experiment (`--batch-size 1,4,16 --k 1,2,3,4`): at each batch size, the verdict among
 that batch size's runs (storage/analysis/verdict.py's one rule: best, ties, too wide), and what to serve there.
 
-What to serve is the verdict's `chosen` at that batch size (storage/analysis/verdict.py's `serve`, the one rule of SPEC "One
-answer", which "Use these settings", findings and deploy read too):
+What to serve is the verdict's `chosen` at that batch size (storage/analysis/verdict.py's `serve`, the one rule of SPEC
+"One answer", which "Use these settings", findings and deploy read too):
 - the cheapest configuration among the best and those tied with it that is itself measurably faster than the
   target alone (`gains`: its whole 95 % interval above 1; a tied k whose interval reaches 1 is tied with the target
   alone too, which is cheaper still);
@@ -208,8 +208,8 @@ def judge_schedule(
 
 
 def _step(size: int, v: Verdict, sweep_variable: str) -> Step:
-    """What to serve at one batch size: the verdict's `chosen` (storage/analysis/verdict.py's `serve`, the one rule), with its
-    sentence."""
+    """What to serve at one batch size: the verdict's `chosen` (storage/analysis/verdict.py's `serve`, the one rule),
+    with its sentence."""
     swept = variable(sweep_variable)
     best, served = v.best, v.chosen
     if best is None:

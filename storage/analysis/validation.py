@@ -4,8 +4,8 @@ step), as a new experiment linked to the first, and say in words whether the gai
 
 It does not hold when
   - α drops beyond sampling error: a one-sided test at 5 % (z > Z_ONE_SIDED) of the tuning α against the held-out α,
-    each with a prompt-level standard error (prompts are the sampled units: engine/metrics/stats.py's clustered_ratio_se,
-    the one production comparisons use too), or
+    each with a prompt-level standard error (prompts are the sampled units: engine/metrics/stats.py's
+    clustered_ratio_se, the one production comparisons use too), or
   - the held-out speedup's 95 % interval lies wholly below the tuning run's.
 A rise of α is reported as a rise (the test looks for a drop only). Sets are named by their names
 (engine/text/prompt_sets.py's set_name: `code:validation`, an uploaded file's own name).

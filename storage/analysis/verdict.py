@@ -17,8 +17,9 @@ settings" panel), the Theory page's default run, focus weights and the CLI all r
 Which runs can be chosen and their order is one SQL rule, queries.CHOOSABLE and queries.RANK (a run that failed,
 and a greedy one that is not lossless, queries.lossy, even one stored as done, are never among them; the text names
 the latter); the k schedule (storage/analysis/schedule.py) is this
-verdict at each batch size of a grid and the experiments listing takes its best columns from `verdicts`; a run's swept value is engine/config/variables.py's `run_value` (the name for a
-draft or drafter sweep, the number otherwise). No torch, no streamlit.
+verdict at each batch size of a grid and the experiments listing takes its best columns from `verdicts`; a run's swept
+value is engine/config/variables.py's `run_value` (the name for a draft or drafter sweep, the number otherwise). No
+torch, no streamlit.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ class Verdict:
 
 def verdict(store: Store, experiment_id: int) -> Verdict:
     """The experiment's verdict (an unknown experiment, or one with nothing finished: no best, a sentence why).
-    A grid's is the verdict at its smallest batch size; its schedule (storage/analysis/schedule.py) has one per batch size."""
+    A grid's is the verdict at its smallest batch size; its schedule (storage/analysis/schedule.py) has one per batch
+    size."""
     exp = q.experiment(store, experiment_id) or {}
     return _judged(experiment_id, exp, q.verdict_rows(store, experiment_id))
 

@@ -3,8 +3,8 @@
 `deploy_settings(run, experiment)` turns one stored speculative run (target, draft, k, drafter spec, sampling) into
 what vLLM, SGLang, llama.cpp and transformers take, each as a string to paste (a command line or a Python
 snippet) plus `notes`: what the engine cannot express and what to check. `deploy_document(store, eid, run_id)`
-picks the run (the verdict's choice, storage/analysis/verdict.py's one rule: the cheapest configuration tied with the best
-that is measurably faster than the target alone, unless one is named; a grid's: the schedule's entry for the batch
+picks the run (the verdict's choice, storage/analysis/verdict.py's one rule: the cheapest configuration tied with the
+best that is measurably faster than the target alone, unless one is named; a grid's: the schedule's entry for the batch
 size asked, default the smallest) and wraps the settings with what was measured and the verdict's caveats (ties, an
 interval too wide to choose by). A test's max_new_tokens is a measurement budget, not a serving setting: it is
 carried only when asked (`with_max_new_tokens`, `--with-max-new-tokens`, the panel's checkbox). Pure: no torch, no
@@ -15,12 +15,12 @@ Every flag below was checked against the engine's own source or documentation (s
 upstream repositories; the files and commits are named next to each mapping). Engines change their flags between
 releases; the notes say where a flag is recent.
 
-Drafter specs are described once in engine/config/drafter_specs.py: `model` (constant k), `heuristic` (transformers' +2/-1
-schedule, k restarting at every prompt), `confidence:T` (a round stops after the first draft whose top probability
+Drafter specs are described once in engine/config/drafter_specs.py: `model` (constant k), `heuristic` (transformers'
++2/-1 schedule, k restarting at every prompt), `confidence:T` (a round stops after the first draft whose top probability
 is below T, that draft kept), `prompt-lookup:N` (longest n-gram n <= N ending the sequence, continuation of its
 earliest occurrence; no draft model), `suffix:D` (suffix decoding, no draft model), `eagle3` (an EAGLE-3 head: each
-engine is given the head in the layout it loads, engine/config/head_format.py, or the `draftlab convert-head` command that
-writes it, `prepare`). Each declaration carries its
+engine is given the head in the layout it loads, engine/config/head_format.py, or the `draftlab convert-head` command
+that writes it, `prepare`). Each declaration carries its
 mapping per engine (`DrafterSpec.serving`: the engine's name for the drafting, its settings, what differs); the
 engine functions below assemble a command from it and never look at a drafter's name. An engine that cannot express
 a drafter gets a tab that says so.
@@ -60,8 +60,8 @@ class NoChosenRun(DeployError):
 
 
 def parse_drafter(spec) -> tuple[str, float | int | None]:
-    """(name, parameter) of a stored drafter spec, read as the engine reads it (engine/config/drafter_specs.py). Empty/None
-    means `model` (runs stored before drafters existed); a spec no engine mapping knows is a DeployError."""
+    """(name, parameter) of a stored drafter spec, read as the engine reads it (engine/config/drafter_specs.py).
+    Empty/None means `model` (runs stored before drafters existed); a spec no engine mapping knows is a DeployError."""
     text = str(spec).strip() if _present(spec) else ""
     if not text:
         return DEFAULT_DRAFTER, None
@@ -680,9 +680,10 @@ def deployable_runs(store, experiment_id: int) -> list[int]:
 
 
 def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: int | None = None, grid=None):
-    """(the runs row to deploy, why): the named run ("given"), else the verdict's chosen one (storage/analysis/verdict.py's
-    `serve`: "best", or "cheaper tied" when a cheaper configuration tied with the best is measurably faster than the
-    target alone). A DeployError when the verdict serves the target alone, or the run fails `refusal`."""
+    """(the runs row to deploy, why): the named run ("given"), else the verdict's chosen one
+    (storage/analysis/verdict.py's `serve`: "best", or "cheaper tied" when a cheaper configuration tied with the best is
+    measurably faster than the target alone). A DeployError when the verdict serves the target alone, or the run fails
+    `refusal`."""
     from storage.records import queries as q
 
     runs = q.runs(store, experiment_id)
@@ -720,8 +721,8 @@ def _chosen_run(store, experiment_id: int, run_id: int | None, v, batch_size: in
 
 
 def caveats(v, run_id: int, measured: tuple | None = None) -> list[str]:
-    """What the verdict (storage/analysis/verdict.py) says about the deployed run, in sentences: the cheaper tied choice,
-    the other ties, an interval too wide to choose by, a named run that is not the verdict's choice, and (from
+    """What the verdict (storage/analysis/verdict.py) says about the deployed run, in sentences: the cheaper tied
+    choice, the other ties, an interval too wide to choose by, a named run that is not the verdict's choice, and (from
     `measured`: the deployed run's speedup and interval) a run not measured faster than the target alone."""
     from engine.config.variables import variable
 
@@ -767,8 +768,8 @@ def caveats(v, run_id: int, measured: tuple | None = None) -> list[str]:
 
 
 def _grid_schedule(experiment_id: int, experiment: dict, run_id: int | None, grid) -> dict | None:
-    """A k grid's schedule to deploy (storage/analysis/schedule.py), None when not a grid, not over k, or a run is named. A
-    DeployError when every batch size measured is served without speculation: there is nothing to deploy."""
+    """A k grid's schedule to deploy (storage/analysis/schedule.py), None when not a grid, not over k, or a run is
+    named. A DeployError when every batch size measured is served without speculation: there is nothing to deploy."""
     if run_id is not None or grid is None or (experiment.get("sweep_variable") or "k") != "k":
         return None
     known = [step for step in grid.steps if step.k is not None]

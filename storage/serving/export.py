@@ -20,8 +20,9 @@ from storage.db.store import Store
 from storage.records import columns
 from storage.records import queries as q
 
-# Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics/metrics_oracle.py's speculative_metrics):
-# the column table's `json` entries (storage/records/columns.py), where each key's header, help and format live too.
+# Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics/metrics_oracle.py's
+# speculative_metrics): the column table's `json` entries (storage/records/columns.py), where each key's header, help
+# and format live too.
 SPECULATIVE_KEYS = columns.SPECULATIVE_KEYS
 # A baseline's serving figures in the JSON, as a speculative run's (docs/metrics.md "Serving metrics").
 SERVING_KEYS = (
@@ -61,9 +62,9 @@ def _outputs(store: Store, run_id: int) -> list[dict]:
 
 def run_document(store: Store, experiment_id: int, with_outputs: bool = True) -> dict:
     """The SPEC `draftlab run --json` object for a stored experiment, plus timing protocol v2's keys:
-    `repeats`, the `verdict` (storage/analysis/verdict.py: best configuration, `tied_with`, too wide to choose, the cheaper
-    tied `chosen`), for a grid its `batch_sizes`, SPEC's `k_schedule` and the whole `schedule` (storage/analysis/schedule.py)
-    and, for `--k auto`,
+    `repeats`, the `verdict` (storage/analysis/verdict.py: best configuration, `tied_with`, too wide to choose, the
+    cheaper tied `chosen`), for a grid its `batch_sizes`, SPEC's `k_schedule` and the whole `schedule`
+    (storage/analysis/schedule.py) and, for `--k auto`,
     `predicted_curve`, `confirmed` and each confirmed run's `prediction_error`."""
     runs = q.runs(store, experiment_id)
     experiment = q.experiment(store, experiment_id) or {}
