@@ -274,8 +274,9 @@ def test_deploy_refuses_a_grid_where_speculation_loses_everywhere(store):
         eid,
         {(1, 1): (0.9, 0.85, 0.95), (1, 2): (0.8, 0.7, 0.9), (4, 1): (0.7, 0.6, 0.8), (4, 2): (0.6, 0.5, 0.7)},
     )
-    with pytest.raises(DeployError, match=r"not measurably faster.*\(1, 4\).*target alone"):
+    with pytest.raises(DeployError) as err:
         deploy_document(store, eid)
+    assert not missing(str(err.value), "not measurably faster", "(1, 4)", "target alone"), err.value
 
 
 def test_a_grid_with_one_k_everywhere_needs_no_schedule_key(store):
