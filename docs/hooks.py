@@ -264,6 +264,17 @@ def layers_list() -> str:
     return "\n".join(out).rstrip()
 
 
+def metric_definitions(section: str):
+    """docs/metrics.md's table of one section's run metrics, from storage/records/columns.py's entries."""
+
+    def table() -> str:
+        from storage.records.columns import metric_definitions as definitions
+
+        return definitions(section)
+
+    return table
+
+
 GENERATORS = {
     "cli-reference": cli_reference,
     "drafters": drafters_table,
@@ -273,6 +284,9 @@ GENERATORS = {
     "limits": limits_table,
     "parts": parts_list,
     "layers": layers_list,
+    "metrics-counts": metric_definitions("counts"),
+    "metrics-times": metric_definitions("times"),
+    "metrics-serving": metric_definitions("serving"),
 }
 
 
