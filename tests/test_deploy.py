@@ -99,6 +99,27 @@ def inexpressible(engine: dict) -> str:
     return " ".join(note for note in engine["notes"] if note.startswith("Not expressible"))
 
 
+# The drafters whose every engine's settings the test below pins; another (a new drafter) is checked against its
+# declaration (engine/config/drafter_specs.py) by `declared_settings_are_served`.
+PINNED = ("model", "heuristic", "confidence", "prompt-lookup", "suffix", "eagle3")
+
+
+def declared_settings_are_served(doc: dict, drafter: str) -> None:
+    """Each engine serves what the drafter's declaration maps it to: an engine that cannot run it has no command and
+    says why (its notes), one that can carries every setting its declaration names; every declared note is said."""
+    spec = SPECS[drafter.split(":")[0]]
+    param = parse_drafter(drafter)[1]
+    for engine, serving in spec.serving.items():
+        served = doc[engine]
+        assert all(note in served["notes"] for note in serving.texts(param, 4)), engine
+        if serving.how is None:
+            assert not served.get("command") and inexpressible(served), engine
+            continue
+        declared = serving.settings(param, 4)
+        text = json.dumps(served)
+        assert all(str(key) in text for key in (declared if isinstance(declared, dict) else dict(declared))), engine
+
+
 @pytest.mark.parametrize("sampling", [{}, SAMPLING], ids=["greedy", "sampling"])
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_every_engine_parses_back(drafter, sampling):
@@ -109,6 +130,9 @@ def test_every_engine_parses_back(drafter, sampling):
     json.dumps(doc, allow_nan=False)  # strict JSON all the way down
     for engine in doc.values():
         assert engine["notes"] and all(isinstance(n, str) and n for n in engine["notes"])
+    declared_settings_are_served(doc, drafter)
+    if name not in PINNED:
+        return
     if name == "suffix":  # vLLM runs suffix decoding; the other engines have none and say so, with no command
         assert json.loads(doc["vllm"]["speculative_config"]) == {
             "method": "suffix",
