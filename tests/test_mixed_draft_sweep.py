@@ -194,15 +194,12 @@ def test_what_cannot_draft_is_still_refused_in_one_line(tmp_path, model_dirs, he
         verifier="someone/else",
         aux=[0, 1, 1],
     )
+    capsys.readouterr()  # the bar transformers printed loading the target above: not the commands' output
     db = f"sqlite:///{tmp_path / 'refused.db'}"
     (tmp_path / "prompts.txt").write_text("t5 t6 t7\n")
     for draft, extra, says in (
-        (f"{other},{model_dirs['draft']}", [], "was trained for target 'someone/else'"),
-        (
-            f"{head_dir},{model_dirs['draft']}",
-            ["--drafter", "heuristic"],
-            "leave the drafter out (a head drafts as eagle3)",
-        ),
+        (f"{other},{model_dirs['draft']}", [], ("'someone/else'", "--target someone/else")),  # its target, the fix
+        (f"{head_dir},{model_dirs['draft']}", ["--drafter", "heuristic"], ("drafter 'heuristic'", "eagle3")),
     ):
         code = main(
             [
@@ -222,7 +219,8 @@ def test_what_cannot_draft_is_still_refused_in_one_line(tmp_path, model_dirs, he
             ]
         )
         out, err = capsys.readouterr()
-        assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and says in err, err
+        assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, err
+        assert not missing(err, *says), err
     assert q.experiment_rows(open_store(db)).empty
 
 
