@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
@@ -89,6 +90,9 @@ ALTERNATIVE_DRAFTERS = tuple(example_specs(needs_model=True, constant_k=False))
 MODEL_FREE_DRAFTERS = tuple(example_specs(needs_model=False))
 
 _log = logging.getLogger(__name__)
+# Set by the test suite (tests/conftest.py): a rule that raises fails the test instead of being logged and left out,
+# so a bug in a rule cannot pass as "nothing to report".
+STRICT_ENV = "DRAFTLAB_STRICT_RULES"
 
 
 def findings(store: Store, experiment_id: int) -> list[dict[str, Any]]:
@@ -118,6 +122,8 @@ def findings(store: Store, experiment_id: int) -> list[dict[str, Any]]:
         try:
             found += rule(ctx)
         except Exception:  # one rule's surprise (a label where a number was expected) must not hide the others
+            if os.environ.get(STRICT_ENV) == "1":
+                raise
             _log.exception("finding rule %s failed on experiment %s", rule.__name__, experiment_id)
     return sorted(found, key=lambda f: SEVERITY_ORDER[f["severity"]])  # stable: rule order within a severity
 
