@@ -15,9 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `streamlit run` puts app/ on the path, not the project root
-    sys.path.insert(0, str(ROOT))
+PROJECT = Path(__file__).resolve().parent.parent
+if str(PROJECT) not in sys.path:  # `streamlit run` puts app/ on the path, not the project root
+    sys.path.insert(0, str(PROJECT))
 
 import logging  # noqa: E402
 

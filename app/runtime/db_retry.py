@@ -42,9 +42,8 @@ class DbRetry:
         """Note a refused write or connection; the first of an outage is logged. Returns the outage's start."""
         with self._lock:
             first = self._since is None
-            if first:
-                self._since = time.monotonic()
-            since = self._since
+            since = time.monotonic() if self._since is None else self._since
+            self._since = since
         if first:
             what = "is locked by another process's write transaction" if locked(exc) else "does not accept writes"
             self.log(

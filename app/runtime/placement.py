@@ -149,7 +149,7 @@ def acquire_leases(
 ) -> None | tuple[str, str]:
     """Take every lease in `keys` (index order) or none: on the first held by another live worker, give back those
     taken here and return (that lease, its holder); None when all are this worker's."""
-    taken = []
+    taken: list[str] = []
     for key in keys:
         holder = db.retry(acquire_lease, store, key, worker_id, experiment_id, stale_seconds)
         if holder is not None:

@@ -102,6 +102,8 @@ def read_stream(lines, record: RequestRecord, clock, start: float) -> None:
 def _post_stream(url: str, body: dict, timeout: float, record: RequestRecord, clock, start: float) -> None:
     parts = urllib.parse.urlsplit(url)
     connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    if parts.hostname is None:
+        raise DraftLabError(f"{url}: no host name in the server's URL")
     connection = connection_class(parts.hostname, parts.port, timeout=timeout)
     try:
         connection.request(

@@ -206,6 +206,7 @@ class VllmServer:
     def _watch(self) -> None:
         """Start the watchdog (engine/serving/process_tree.py) that ends this server's tree when `stop` closes the pipe
         to it or this process dies; without one (it could not start), `stop` ends the tree itself."""
+        assert self.process is not None, "the server is started before its watchdog"
         read, write = os.pipe()
         try:
             self.watchdog = subprocess.Popen(
@@ -256,6 +257,7 @@ class VllmServer:
         return cls(name, base, model)
 
     def _wait_ready(self, timeout: float) -> None:
+        assert self.process is not None, "the server is started before it is waited for"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             code = self.process.poll()

@@ -191,6 +191,7 @@ def finish_distilled(
     """Save pair.draft (in the dtype its source directory records) to `out`, measure the saved weights (KL, alpha,
     tokens/round, lossless) and write the card; return the card's record. `done` is the Distiller's "trained"
     record, `prepared` its "prepared" one; `started` the perf_counter time the whole job began."""
+    assert pair.draft is not None, "distillation trains a draft model"
     dtype = ds.saved_dtype(pair.draft.source)
     params = pair.draft.parameters
     ds.save_model(pair.draft.model, pair.draft.tokenizer, out, dtype)

@@ -166,6 +166,7 @@ def finish_head(
     """Save the trained head (pair.draft) to `out` in the dtype the target's directory records, reload it through
     `--draft OUT` (engine/loading.with_draft), measure greedy speculation at k on the held-out prompts and write the
     card; return the card's record (SPEC's `--json` keys among it)."""
+    assert pair.draft is not None, "head training trains a draft head"
     head = pair.draft.model
     dtype = ds.saved_dtype(pair.target.source)
     dtype = dtype if dtype != torch.float32 else torch.float16  # a head is served beside a 16-bit target
@@ -239,9 +240,28 @@ def render_card(c: dict) -> str:
         if focus
         else "None: every continuation token weighs 1."
     )
+    sglang_aux = ", ".join(str(i - 1) for i in c["aux_layers"])
+    norm_before_fc = str(c.get("norm_before_fc", False)).lower()
+    objective = (
+        f"forward KL(p_target ‖ p_head) on the draft vocabulary, training-time test over {c['ttt_steps']} steps, "
+        "step j weighted 0.8^j"
+    )
+    optimizer = (
+        f"AdamW lr {c['lr']:g} ({c['warmup_steps']} warm-up steps, cosine to {c['lr'] * c['min_lr_ratio']:.2g}), "
+        f"betas (0.9, 0.95), grad clip {c['grad_clip']}, seed {c['seed']}"
+    )
+    wall_time = (
+        f"{ds.duration(c['train_seconds'])} training, {ds.duration(c['total_seconds'])} in all, "
+        f"on {c['hardware']}, finished {c['finished']}"
+    )
+    positions_before = _positions(c["per_position_acceptance_before"])
+    positions_after = _positions(c["per_position_acceptance_after"])
+    length_before = _fmt(c["acceptance_length_before"], ".2f")
+    length_after = _fmt(c["acceptance_length_after"], ".2f")
     return f"""# {c["name"]}
 
-An EAGLE-3 head for `{c["target"]}` trained by `draftlab train-head` (engine/training/head_training.py): one Llama decoder
+An EAGLE-3 head for `{c["target"]}` trained by `draftlab train-head` (engine/training/head_training.py): \
+one Llama decoder
 layer ({c["parameters"]:,} parameters besides the target's shared embedding) reading the target's hidden states at
 aux layers {aux} and predicting over a {c["draft_vocab_size"]:,}-token draft vocabulary.
 
@@ -251,9 +271,10 @@ aux layers {aux} and predicting over a {c["draft_vocab_size"]:,}-token draft voc
   `{{"method": "eagle3", "model": "<this directory>", "num_speculative_tokens": k}}`; the embedding is not saved
   (the server shares the target's).
 - Aux-layer ids `[{aux}]` in vLLM's convention: id i = the input of decoder layer i = transformers'
-  `hidden_states[i]`. SGLang/SpecForge count one lower (id j = the output of layer j): `[{", ".join(str(i - 1) for i in c["aux_layers"])}]`.
+  `hidden_states[i]`. SGLang/SpecForge count one lower (id j = the output of layer j): `[{sglang_aux}]`.
   SGLang's layout of this head (those ids, `midlayer.*` weights): {c.get("sglang_copy")}.
-- `norm_before_fc`: {str(c.get("norm_before_fc", False)).lower()} (an RMSNorm over the aux states before `fc`: vLLM 0.32 applies it, SGLang never does).
+- `norm_before_fc`: {norm_before_fc} (an RMSNorm over the aux states before `fc`: \
+vLLM 0.32 applies it, SGLang never does).
 - Draft vocabulary: the {c["draft_vocab_size"]:,} target ids most frequent in the training continuations
   (`d2t[d]` = target id − d, `t2d` = membership mask).
 
@@ -271,11 +292,11 @@ aux layers {aux} and predicting over a {c["draft_vocab_size"]:,}-token draft voc
 
 | | |
 |---|---|
-| objective | forward KL(p_target ‖ p_head) on the draft vocabulary, training-time test over {c["ttt_steps"]} steps, step j weighted 0.8^j |
+| objective | {objective} |
 | target features | online: one target forward per step (no stored hidden states) |
 | steps | {c["steps"]} x {c["batch_size"]} sequences |
-| optimizer | AdamW lr {c["lr"]:g} ({c["warmup_steps"]} warm-up steps, cosine to {c["lr"] * c["min_lr_ratio"]:.2g}), betas (0.9, 0.95), grad clip {c["grad_clip"]}, seed {c["seed"]} |
-| wall time | {ds.duration(c["train_seconds"])} training, {ds.duration(c["total_seconds"])} in all, on {c["hardware"]}, finished {c["finished"]} |
+| optimizer | {optimizer} |
+| wall time | {wall_time} |
 | weights | {c["dtype"]} safetensors |
 
 Curve (held-out, teacher-forced on the target's greedy continuations; acceptance per draft position is
@@ -297,8 +318,8 @@ token, often right after a rejection, where drafting is harder, so the loop's fi
 | | fresh head (first {ht.BEFORE_PROMPTS} prompts) | trained head |
 |---|---|---|
 | alpha | {_fmt(c["alpha_before"])} | {_fmt(c["alpha_after"])} |
-| acceptance by position | {_positions(c["per_position_acceptance_before"])} | {_positions(c["per_position_acceptance_after"])} |
-| acceptance length (1 + accepted per drafting round) | {_fmt(c["acceptance_length_before"], ".2f")} | {_fmt(c["acceptance_length_after"], ".2f")} |
+| acceptance by position | {positions_before} | {positions_after} |
+| acceptance length (1 + accepted per drafting round) | {length_before} | {length_after} |
 | tokens per round | {_fmt(c["tokens_per_round_before"], ".2f")} | {_fmt(c["tokens_per_round_after"], ".2f")} |
 | output == target-only | - | {c["lossless_after"]} |
 

@@ -110,15 +110,15 @@ def _train(job_ctx: JobContext, job: dict, kind: DistillJob, label: str) -> tupl
         kind.focus_on(cfg, focus)
     out = ds.check_out_dir(job["out"])
     ckpt = driver.checkpoint_of(out)
-    train_prompts, val_prompts = load_prompts(job["prompts"]), load_prompts(job["validation"])
+    train_set, val_set = load_prompts(job["prompts"]), load_prompts(job["validation"])
     device = load_device(place(job["device"], job_ctx.device))
     # The GPU count the worker leased for this job (its placement plan), so the load spreads over exactly those; a
     # plan that found no set of GPUs holding the pair raises its DraftLabError here.
     spread = job_ctx.spread(device)
     pair = job_ctx.models.loader(job["target"], kind.draft, device, "float32", False, **spread)
     # conversations (a chat JSONL captured from production) through the target's own chat template
-    train_prompts = render(train_prompts, pair.tokenizer, AUTO, what=job["prompts"])
-    val_prompts = render(val_prompts, pair.tokenizer, AUTO, what=job["validation"])
+    train_prompts = render(train_set, pair.tokenizer, AUTO, what=job["prompts"])
+    val_prompts = render(val_set, pair.tokenizer, AUTO, what=job["validation"])
     encode_prompts(pair, train_prompts, cfg.max_new_tokens)
     encode_prompts(pair, val_prompts, cfg.max_new_tokens)
     report(device_name=device_name(pair.device, job_ctx.device, job_ctx.leased), eval_k=cfg.k)
@@ -181,6 +181,8 @@ def _train(job_ctx: JobContext, job: dict, kind: DistillJob, label: str) -> tupl
             if answer["cancel"]:
                 return CANCELLED, {"phase": f"cancelled at step {run.step}; resume continues from its checkpoint"}
     report(pending, step=run.step, phase=f"saving and measuring the trained {kind.made}")
+    if done is None:
+        raise RuntimeError(f"the {kind.made}'s training ended without its final record")
 
     validation_note = " — the same prompts as training: not held out" if job["validation"] == job["prompts"] else ""
     record = kind.finish(

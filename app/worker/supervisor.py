@@ -80,13 +80,13 @@ def parse_devices(spec: str, count: Callable[[], int] | None = None) -> list[str
             f"--devices group {'+'.join(mixed[0])} mixes cuda and cpu; a group is GPUs "
             f"(cuda:0+cuda:1) or CPU slots (cpu:0+cpu:1)"
         )
-    n = None
+    gpus: int | None = None
     for m in members:
         if m.startswith("cuda:"):
-            n = count() if n is None else n
-            if int(m.split(":")[1]) >= n:
+            gpus = count() if gpus is None else gpus
+            if int(m.split(":")[1]) >= gpus:
                 raise DevicesError(
-                    f"--devices {m}: torch sees {plural(n, 'CUDA GPU')} here; use --devices all, or cpu:N"
+                    f"--devices {m}: torch sees {plural(gpus, 'CUDA GPU')} here; use --devices all, or cpu:N"
                 )
     return ["+".join(sorted(item, key=lambda m: int(m.split(":")[1]))) for item in items]
 
@@ -114,7 +114,7 @@ class Supervisor:
     backoff_start: float = BACKOFF_START
     env: dict | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.children = [Child(d, backoff=self.backoff_start) for d in self.devices]
         self._stopping: int | None = None  # the signal that asked us to stop
 
@@ -262,21 +262,22 @@ class Supervisor:
 
     def _shutdown(self) -> int:
         signum = self._stopping
+        assert signum is not None, "shutdown follows a stop signal"
         for child in self.children:  # a child that died since the last poll: its death is reported and swept too
             if child.proc is not None and (code := child.proc.poll()) is not None:
                 self._reap(child, code)
-        live = [c for c in self.children if c.proc is not None]
+        live = [(c, c.proc) for c in self.children if c.proc is not None]
         self.log(f"stopping {plural(len(live), 'worker')} ({signal.Signals(signum).name}); their runs end interrupted")
-        for child in live:
-            child.proc.send_signal(signal.SIGTERM)
+        for _, proc in live:
+            proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
-        for child in live:
+        for child, proc in live:
             try:
-                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.log(f"{child.device}: worker did not stop in {STOP_GRACE_SECONDS:g}s; killing it")
-                child.proc.kill()
-                child.proc.wait()
+                proc.kill()
+                proc.wait()
                 self._requeue_or_interrupt(child)
         return 128 + signum
 

@@ -15,12 +15,14 @@ from app.runtime.placement import device_name, gpus_of
 from engine.config.drafter_specs import DEFAULT_DRAFTER, needs_draft_model
 from engine.config.run_config import RunConfig
 from engine.decoding.attention_masks import batch_support
+from engine.decoding.baseline import TargetOnlyDecoder
 from engine.decoding.memory import check_batch_fits, model_bytes
 from engine.decoding.profile import batched_verify_profile, verify_profile
 from engine.decoding.protocol import interleaved_order
 from engine.decoding.records import PromptResult
 from engine.decoding.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts, speculative_decoder
 from engine.decoding.sampling import SamplingConfig
+from engine.decoding.speculative import SpeculativeDecoder
 from engine.errors import DraftLabError, RunCancelled
 from engine.models.loading import ModelPair
 from engine.text.chat import render
@@ -115,7 +117,8 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
     typer = loaded.typer.with_code_prompts(_code_prompts(experiment))
     repeats = int(experiment["repeats"] or 1)
     batched = is_batched(experiment, group)
-    decoders, budgets = {}, {}
+    decoders: dict[int, TargetOnlyDecoder | SpeculativeDecoder] = {}
+    budgets = {}
     for rid, run in group.items():
         try:  # the run's own configuration (engine/config/run_config.py): every parameter the engine's sampling takes
             cfg = RunConfig.of_run(run, experiment).sampling()

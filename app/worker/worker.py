@@ -174,7 +174,8 @@ class Worker:
         """Heartbeats (worker, its runs, its device lease), the running runs' progress and their cancel flags:
         written from this thread so no database I/O happens inside a timed generation. A database that refuses
         them is one log line per outage (shared with the main thread), not one per beat."""
-        last_beat, reported = time.monotonic(), {}
+        last_beat = time.monotonic()
+        reported: dict[int, object] = {}
         while not self._stop.wait(min(self.progress_seconds, self.heartbeat_seconds)):
             try:
                 wrote = False
@@ -401,7 +402,7 @@ class Worker:
         self.current_run, self._group = None, []
         if db_failure is not None:
             raise db_failure
-        if experiment["k_auto"] and experiment["predicted_curve"] is None:
+        if experiment is not None and experiment["k_auto"] and experiment["predicted_curve"] is None:
             from app.autok import plan_confirmation
 
             try:  # one attempt: it writes in several transactions, a blind retry could queue its runs twice

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {message} (see `draftlab worker --help`)", file=sys.stderr)
         raise SystemExit(2)
 
-    parser.error = one_line
+    parser.error = one_line  # type: ignore[method-assign]  # one line instead of argparse's usage block
     parser.add_argument("--db", default=None)
     parser.add_argument("--until-idle", action="store_true", help="exit when no queued run is left")
     parser.add_argument("--heartbeat", type=positive_number, default=5.0, help="heartbeat interval, seconds")

@@ -10,11 +10,14 @@ identical across repeats because every prompt draws from its own seeded generato
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import TypeVar
 
 from engine.decoding.records import PromptResult
 
+Arm = TypeVar("Arm", bound=Hashable)
 
-def interleaved_order(arms: Sequence[Hashable], prompt_index: int, repeats: int) -> list[tuple[int, Hashable]]:
+
+def interleaved_order(arms: Sequence[Arm], prompt_index: int, repeats: int) -> list[tuple[int, Arm]]:
     """(repeat, arm) pairs in the order they decode one prompt: every arm once per repeat, the arm order
     rotated by one place per (prompt, repeat) so each arm takes every slot equally often."""
     arms = list(arms)
