@@ -7,6 +7,7 @@ job."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 NASTY = 'it\'s "quoted" <b>x</b> & 中文 é'  # one string that closes a quote of either kind and opens a tag
 NAMES = {
@@ -142,7 +143,7 @@ def seed(store, models_dir) -> dict:
     from storage.jobs import training
     from storage.jobs.experiments import add_k_runs, enqueue_experiment, set_predicted_curve
 
-    common = dict(
+    common: dict[str, Any] = dict(
         target=TARGET,
         prompts=PROMPTS_NAME,
         sampling={"max_new_tokens": 16},
@@ -191,7 +192,9 @@ def seed(store, models_dir) -> dict:
     for kind in ("k", "validation", "draft", "drafter", "temperature", "grid"):
         _fill(store, ids[kind], varying_k=kind == "drafter")
     # Predicted curves per batch size, as `--k auto --batch-size 1,2,4` stores them: the k schedule draws them dashed.
-    by_size = {b: ({k: 1.6 - 0.2 * b - 0.05 * k for k in range(1, 5)}, []) for b in (1, 2, 4)}
+    by_size: dict[int, tuple[dict[int, float], list[int]]] = {
+        b: ({k: 1.6 - 0.2 * b - 0.05 * k for k in range(1, 5)}, []) for b in (1, 2, 4)
+    }
     set_predicted_curve(store, ids["grid"], by_size[1][0], [], by_batch_size=by_size)
     # `--k auto`: k = 4 measured first, the predicted curve, then the confirmations at k = 2 and 3.
     ids["auto"] = enqueue_experiment(store, **common, name=NAMES["auto"], draft=DRAFT, sweep_values=[4], k_auto=4)

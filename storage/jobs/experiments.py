@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import insert, select, text
@@ -91,7 +91,7 @@ def enqueue_experiment(
     device: str = "auto",
     dtype: str = "auto",
     sweep_variable: str = "k",
-    sweep_values: Sequence[float] = (1, 2, 4),
+    sweep_values: Sequence[float | str] = (1, 2, 4),  # numbers, or a categorical variable's names
     k: int = 4,
     notes: str = "",
     tags: Iterable[str] | str = (),
@@ -366,7 +366,7 @@ def set_predicted_curve(
     experiment_id: int,
     curve: dict,
     confirmed: Sequence[int],
-    by_batch_size: dict[int, tuple[dict, Sequence[int]]] | None = None,
+    by_batch_size: Mapping[int, tuple[Mapping[int, float], Sequence[int]]] | None = None,
 ) -> None:
     """Store `--k auto`'s predicted curve and the k values queued to confirm it. A grid (or any batch size above
     1) passes by_batch_size {B: (curve, confirmed)}: stored under "by_batch_size" {"B": {"curve", "confirmed"}},
