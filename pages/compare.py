@@ -227,7 +227,7 @@ def _sweep_charts(curve: pd.DataFrame, swept) -> None:
             st.caption(md_text(note))
 
 
-def _runs(runs_by_experiment: dict[int, pd.DataFrame], sweeps: dict[int, str]) -> None:
+def _runs(runs_by_experiment: dict[int, pd.DataFrame], sweeps: dict[int, str | None]) -> None:
     everything = pd.concat(runs_by_experiment.values(), ignore_index=True) if runs_by_experiment else pd.DataFrame()
     if everything.empty:
         return

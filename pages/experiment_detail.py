@@ -502,6 +502,8 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict) -> None:
     run_id = select_id(
         "Run (the best one unless chosen)", "run", ids, run_label(runs, sweep_variable), default=default
     )  # a grid's labels name each run's batch size
+    if run_id is None:
+        return
     stamp = run_stamp(runs, run_id)  # a finished run's breakdowns are read once, not on every refresh
     breakdowns = (
         (
@@ -589,7 +591,7 @@ def _not_yet() -> None:
 
 def _verdict_section(d: Detail) -> None:
     """The answer: the speedup chart (a grid: its k schedule), a validation's result, the findings."""
-    if d.grid:
+    if d.schedule is not None:  # a grid
         render_schedule(d.schedule, d.runs, d.sweep_variable, {**d.experiment, "experiment_id": d.experiment_id})
     elif d.measured:
         _speedup_chart(d)
@@ -624,7 +626,7 @@ def _predictions_section(d: Detail) -> None:
 def _serving_section(d: Detail) -> None:
     """What to carry to a server: a grid's vLLM setting, the serving metrics, the engines' settings, production's
     counters against the lab."""
-    if d.grid:
+    if d.schedule is not None:  # a grid
         render_vllm_schedule(d.schedule)
     _serving(d.runs, d.sweep_variable)
     if d.verdict["best"] is not None:

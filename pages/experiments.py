@@ -197,6 +197,8 @@ def render() -> None:
     st.subheader("Selected experiment")
     ids = [int(i) for i in everything["experiment_id"]]
     experiment_id = select_id("Experiment", "experiment", ids, experiment_label(everything))
+    if experiment_id is None:
+        return
     row = everything.set_index("experiment_id").loc[experiment_id]
     c1, c2, c3, c4 = st.columns(4)
     c1.page_link(

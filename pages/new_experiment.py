@@ -33,6 +33,7 @@ from engine.errors import DraftLabError
 from engine.text.prompt_sets import (
     DEFAULT_SPLIT,
     PROMPT_SET_DESCRIPTIONS,
+    Prompt,
     list_prompt_sets,
     load_prompt_file,
     load_prompts,
@@ -156,7 +157,7 @@ def validate(
     target: str,
     draft: str,
     pair_ok: bool,
-    pair_message: str,
+    pair_message: str | None,
     prompts: str | None,
     prompt_error: str | None,
     temperature: float,
@@ -172,7 +173,7 @@ def validate(
     name: str,
     notes: str,
     tags_text: str,
-    prompt_texts: list[str] | None = None,
+    prompt_texts: list[Prompt] | None = None,
     repeats: int = DEFAULT_REPEATS,
     k_auto: int | None = None,
     drafter: str | None = "model",
@@ -239,8 +240,8 @@ def validate(
     values: list = []
     if k_auto is not None:
         sweep_variable, values, k = "k", [k_auto], k_auto
-        if k_auto_error(k_auto):
-            launch.errors.append(k_auto_error(k_auto))
+        if problem := k_auto_error(k_auto):
+            launch.errors.append(problem)
     elif sweep_error:
         launch.errors.append(sweep_error)
     elif sweep_variable in SWEEP_VARIABLES:
@@ -251,8 +252,8 @@ def validate(
                 values = parse_sweep_values(sweep_text, sweep_variable)
         except ValueError as exc:
             launch.errors.append(str(exc))
-    if number_error("k", k):
-        launch.errors.append(number_error("k", k))
+    if problem := number_error("k", k):
+        launch.errors.append(problem)
     sizes = None  # a grid's batch sizes
     if sweep_variable != "batch_size":  # k auto too: predicted, then confirmed at each
         sizes, problem = parse_grid(grid_text)
@@ -266,6 +267,7 @@ def validate(
         )
     if launch.errors:
         return launch
+    assert prompts, "no prompts is an error above"
     tags = tuple(dict.fromkeys(t.strip() for t in tags_text.split(",") if t.strip()))
     if sweep_variable == "draft":
         draft = values[0]
@@ -515,7 +517,7 @@ def _workload(
     st.caption(md_text(text))
 
 
-def _prompt_source() -> tuple[str | None, str | None, list[str] | None]:
+def _prompt_source() -> tuple[str | None, str | None, list[Prompt] | None]:
     """(prompt set spec or saved file path, error, the uploaded prompts) from the prompt-set widgets."""
     _seed("prompt_source")
     source = st.radio("Prompt set", ["Built-in", "Upload a file"], horizontal=True, key="prompt_source")
@@ -710,7 +712,8 @@ def render() -> None:
         checks = None
         if choice == "draft":
             candidates, checks = _draft_candidates(target)
-            draft, check_ok, check_message = (candidates[0] if candidates else ""), True, ""
+            draft, check_ok = (candidates[0] if candidates else ""), True
+            check_message: str | None = ""
         else:
             _seed("draft")
             trained = _trained_drafts()

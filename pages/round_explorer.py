@@ -131,6 +131,8 @@ def render() -> None:
     run_id = select_id(
         "Run", "run", [int(i) for i in speculative["run_id"]], run_label(runs, sweep_variable), container=c2
     )
+    if run_id is None:
+        return
     stamp = run_stamp(runs, run_id)  # a finished run's rounds are read once, then every slider move is a cache hit
     per_prompt = cached("per_prompt", run_id, stamp=stamp)
     if per_prompt.empty:

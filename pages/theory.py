@@ -28,7 +28,9 @@ def cost_aware_speedup(alpha: float, k: int, c: float, verify_cost: float) -> fl
     """E[L_k] / (k/c + verify_cost): engine/metrics/theory.py's cost_aware_speedup (the detail page's cost-aware
     prediction) at a geometric E[L_k] from α, k draft steps of 1/c and the verify forward at `verify_cost` target steps;
     verify_cost = 1 gives back predicted_speedup."""
-    return theory.cost_aware_speedup(theory.expected_tokens_per_round(alpha, k), k / c, verify_cost)
+    speedup = theory.cost_aware_speedup(theory.expected_tokens_per_round(alpha, k), k / c, verify_cost)
+    assert speedup is not None, "a round costs k/c + verify_cost > 0 target steps"
+    return speedup
 
 
 def formula_frame(
@@ -101,10 +103,14 @@ def _loader() -> Loaded | None:
         return None
     judged = verdict(store(), experiment_id)
     best = judged.best  # the verdict's best run, first
-    best = [best.run_id] if best is not None and best.run_id in runs.index else []
+    first = [best.run_id] if best is not None and best.run_id in runs.index else []
     options = [int(i) for i in runs["run_id"]]
     run_id = c2.selectbox(
-        "Run", options, key="theory_run", format_func=run_label(runs), index=options.index(int(best[0])) if best else 0
+        "Run",
+        options,
+        key="theory_run",
+        format_func=run_label(runs),
+        index=options.index(int(first[0])) if first else 0,
     )
     if st.session_state.get("theory_loaded") != (experiment_id, run_id):  # a new choice: fill the sliders once
         st.session_state.update(measured_settings(runs.loc[run_id]), theory_loaded=(experiment_id, run_id))

@@ -251,6 +251,7 @@ def _form() -> None:
         key="train_launch",
         help="; ".join(problems) or None,
     ):
+        assert spec is not None and val is not None, "the button is disabled without prompts"
         try:
             job_id = training.enqueue_training(
                 store(),
@@ -647,7 +648,8 @@ def _jobs() -> None:
         st.caption(f"Refreshing every {REFRESH_SECONDS:g} s while a job is queued or running.")
     ids = [int(i) for i in frame["id"]]
     job_id = select_id("Job", "job", ids, lambda i: f"job {i} · {frame.set_index('id').loc[i, 'name']}")
-    _job_view(job_id)
+    if job_id is not None:
+        _job_view(job_id)
 
 
 def render() -> None:

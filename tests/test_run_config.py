@@ -95,7 +95,7 @@ def configs(draw, form_only: bool = False):
     if form_only and sweep == "drafter":  # the form lists drafters by kind, in the registry's order
         from pages.widgets.prefill import drafter_specs, split_drafter_specs
 
-        values = drafter_specs(*split_drafter_specs(values))  # (kinds, {name: listed values})
+        values = list(drafter_specs(*split_drafter_specs(map(str, values or []))))  # (kinds, {name: listed values})
     if sweep != "batch_size" and draw(st.booleans()):
         grid = draw(st.lists(st.integers(1, 256), min_size=2, max_size=3, unique=True))
     try:

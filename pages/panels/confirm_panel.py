@@ -147,6 +147,7 @@ def _queue(experiment_id: int) -> None:
     """The button's callback, before the page is drawn again: queue the confirm as the form says, so the panel
     drawn next already shows it (and its button disabled while it is unfinished)."""
     state = st.session_state
+    outcome: int | str  # the queued confirm's id, or why it was refused
     try:
         outcome = confirm_jobs.enqueue_confirm(
             store(),

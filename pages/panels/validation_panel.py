@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.errors import DraftLabError
-from engine.text.prompt_sets import set_name
+from engine.text.prompt_sets import Prompt, set_name
 from pages.widgets.common import nav_page, store, table
 from pages.widgets.prefill import md_text
 from pages.widgets.uploads import UPLOAD_TYPES
@@ -19,7 +19,7 @@ from storage.jobs.experiments import enqueue_experiment
 _COLUMNS = ["k", "speedup", "speedup_ci_lo", "speedup_ci_hi", "alpha", "tokens_per_round", "accepted", "rejected", "c"]
 
 
-def _held_out_file(upload) -> tuple[str, list[str]]:
+def _held_out_file(upload) -> tuple[str, list[Prompt]]:
     """(saved path, prompts) of an uploaded held-out file, saved where the worker can read it."""
     from engine.text.prompt_sets import load_prompt_file  # pure Python: no model, no torch
     from pages.widgets.uploads import save_upload
@@ -66,12 +66,12 @@ def render_validation(experiment: dict, verdict: dict) -> None:
                 texts = None
                 spec = default
                 if upload is not None:
-                    spec, texts = _held_out_file(upload)
+                    spec, uploaded = _held_out_file(upload)
                 plan = validation_plan(store(), eid, spec)
-                if texts is not None:  # conversations: rendered as the tuning experiment's were, then frozen
+                if upload is not None:  # conversations: rendered as the tuning experiment's were, then frozen
                     from pages.widgets.pair_check import render_prompts
 
-                    texts = render_prompts(plan["target"], texts, plan["chat_template"])
+                    texts = render_prompts(plan["target"], uploaded, plan["chat_template"])
                 from pages.widgets.access import launcher
 
                 vid = enqueue_experiment(store(), **plan, prompt_texts=texts, launched_by=launcher())

@@ -5,6 +5,8 @@ Each builder takes exactly the frame a page offers for download, so what is draw
 
 from __future__ import annotations
 
+from typing import Any
+
 import altair as alt
 import numpy as np
 import pandas as pd
@@ -560,7 +562,7 @@ def coinciding(frame: pd.DataFrame, x: str, y: str, series: str) -> list[list[st
     valid = frame.dropna(subset=[x, y])
     if series not in valid or valid.empty:
         return []
-    points = {}
+    points: dict[Any, Any] = {}
     for name, rows in valid.groupby(series, sort=True):
         key = tuple((float(a), round(float(b), 9)) for a, b in sorted(zip(rows[x], rows[y])))
         points.setdefault(key, []).append(str(name))
@@ -592,7 +594,7 @@ def end_labels(
     last = last[list(dict.fromkeys([series, label, x, y]))].sort_values(y, ascending=False).reset_index(drop=True)
     low, high = y_domain if y_domain else (min(0.0, float(valid[y].min())), float(valid[y].max()))
     gap = END_LABEL_GAP * ((high - low) or 1.0)
-    placed = []
+    placed: list[float] = []
     for value in last[y].astype(float):
         placed.append(value if not placed else min(value, placed[-1] - gap))
     return last.assign(label_y=placed, label_x=float(valid[x].max()))

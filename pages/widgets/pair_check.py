@@ -44,6 +44,7 @@ def wait_warm() -> None:
     """Block until the warm-up finished, starting it if no page has yet: transformers' lazy imports are not safe
     from two threads at once, so every import of them goes through that one thread."""
     warm_up()
+    assert _warming is not None, "warm_up started it"
     _warming.join()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from engine.config.drafter_specs import SPECS, parse_drafter
 from engine.config.run_config import DEVICES, DTYPES, PARAMETERS, URL_KEYS, RunConfig
@@ -77,7 +77,7 @@ def check_model_name(text) -> str:
     if "," in name:
         raise ValueError(f"model name {name[:60]!r} holds a comma; give one name per entry")
     try:
-        return VARIABLES["draft"].parse(name, form=True)
+        return str(VARIABLES["draft"].parse(name, form=True))
     except DraftLabError as exc:
         raise ValueError(str(exc)) from None
 
@@ -114,7 +114,7 @@ def parse_names(items: Iterable[str], variable: str) -> list[str]:
             value = canonical_drafter(item)
         else:  # another categorical variable (draft sampling): its own description parses it
             try:
-                value = VARIABLES[variable].parse(item, form=True)
+                value = str(VARIABLES[variable].parse(item, form=True))  # a categorical variable's name
             except DraftLabError as exc:
                 raise ValueError(str(exc)) from None
         if value in values:
@@ -154,7 +154,8 @@ def drafter_specs(kinds: Iterable[str], listed: dict[str, str]) -> list[str]:
 def split_drafter_specs(specs: Iterable[str]) -> tuple[list[str], dict[str, str]]:
     """The inverse of drafter_specs: (kinds in registry order, {name: its listed parameter values}) of canonical
     specs (a name listed only bare lists none)."""
-    kinds, params = [], {name: [] for name in DRAFTER_PARAMETERS}
+    kinds: list[str] = []
+    params: dict[str, list[str]] = {name: [] for name in DRAFTER_PARAMETERS}
     for spec in specs:
         name, value = parse_drafter_spec(spec)
         if name not in kinds:
@@ -181,7 +182,7 @@ class _Bounded(NamedTuple):
     meaning: str
 
 
-NUMBERS = {
+NUMBERS: dict[str, tuple[str, Variable | _Bounded]] = {
     **{name: (WIDGETS[name], v) for name, v in PARAMETERS.items() if not v.categorical},
     "k_auto": ("k_auto", _Bounded(int, 2, MAX_K, f"a whole number from 2 to {MAX_K}")),
 }
@@ -261,13 +262,13 @@ def parse_prefill(
             values["notes"] = text
     if "drafter" in raw:
         try:
-            name, value = parse_drafter_spec(raw["drafter"])
+            name, parameter = parse_drafter_spec(raw["drafter"])
         except ValueError as exc:
             bad("drafter", str(exc))
         else:
             values["drafter"] = name
             if name in DRAFTER_WIDGETS:
-                values[DRAFTER_WIDGETS[name]] = value
+                values[DRAFTER_WIDGETS[name]] = parameter
 
     sweep = None
     if "sweep" in raw:
@@ -291,9 +292,9 @@ def parse_prefill(
             if variable == "draft":
                 values["draft_candidates"] = parsed
             elif variable == "drafter":
-                kinds, listed = split_drafter_specs(parsed)
+                kinds, by_name = split_drafter_specs(parsed)
                 values["drafter_sweep"] = kinds
-                values.update({DRAFTER_SWEEP_WIDGETS[name]: text for name, text in listed.items()})
+                values.update({DRAFTER_SWEEP_WIDGETS[name]: text for name, text in by_name.items()})
             elif variable in NAMED:  # the form compares every value of a named variable (draft sampling)
                 if parsed != list(VARIABLES[variable].parse_list(VARIABLES[variable].example)):
                     notes.append(f"values={_shown(listed)}: the form compares {VARIABLES[variable].example}")
@@ -329,7 +330,7 @@ def form_values(cfg: RunConfig, default_split: str = "tune") -> dict:
     """The form's widget values that show `cfg` (widget key -> value): what a link to it fills in
     (`parse_prefill(cfg.to_url(), ...)` gives exactly these for a built-in prompt set), and what form_config reads
     back. A drafter parameter the form has no field for (suffix's depth) is its default there."""
-    values = {
+    values: dict[str, Any] = {
         "target": cfg.target,
         "device": cfg.device,
         "dtype": cfg.dtype,

@@ -4,6 +4,7 @@ takes, saved under a content-addressed name for the worker to read, and pruned a
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from engine.text import prompt_sets
@@ -30,7 +31,7 @@ def save_upload(name: str, data: bytes) -> Path:
     return path
 
 
-def prune_uploads(keep: set[Path] = frozenset(), now: float | None = None) -> list[Path]:
+def prune_uploads(keep: Collection[Path] = frozenset(), now: float | None = None) -> list[Path]:
     """Remove uploads last written more than limit("upload_days") days ago, except `keep` and the files an
     unfinished training job still reads (an experiment freezes its uploaded prompts in the database at launch,
     so its file is not needed afterwards). Returns what was removed."""
