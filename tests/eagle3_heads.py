@@ -43,13 +43,15 @@ def stand_in(out: Path) -> str:
 
     from engine.models.eagle3 import default_aux_layers, new_head, save_head
     from engine.models.head_check import _continuations
+    from engine.text.chat import render
     from engine.text.prompt_sets import load_prompts
     from engine.zoo import resolve
 
     source = str(resolve("demo-target"))
     target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(source)
-    data = _continuations(target, tokenizer, load_prompts("code:tune")[:PROMPTS], NEW_TOKENS, torch.device("cpu"))
+    prompts = render(load_prompts("code:tune")[:PROMPTS], tokenizer)  # plain texts: as they are
+    data = _continuations(target, tokenizer, prompts, NEW_TOKENS, torch.device("cpu"))
     layers = target.config.num_hidden_layers
     torch.manual_seed(0)
     head = new_head(

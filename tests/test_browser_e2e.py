@@ -94,7 +94,7 @@ def _wait_done(db: str, experiment_id: int, log: Path) -> None:
 def _shown_round(page) -> int:
     """The round whose proposals the round explorer shows (its heading: `Round 3: the draft's proposals`)."""
     heading = page.get_by_text(re.compile(r"^Round \d+: the draft's proposals$"))
-    return int(re.search(r"\d+", heading.inner_text()).group())
+    return int(re.findall(r"\d+", heading.inner_text())[0])
 
 
 def _token_boxes(page) -> dict[int, object]:
@@ -103,10 +103,10 @@ def _token_boxes(page) -> dict[int, object]:
     element's aria-label."""
     boxes = page.locator('[data-testid="stVegaLiteChart"] path[aria-label*="round (-1: prefill): "]')
     boxes.first.wait_for()
-    found = {}
+    found: dict[int, object] = {}
     for i in range(boxes.count()):
         label = boxes.nth(i).get_attribute("aria-label")
-        found.setdefault(int(re.search(r"round \(-1: prefill\): (-?\d+)", label).group(1)), boxes.nth(i))
+        found.setdefault(int(re.findall(r"round \(-1: prefill\): (-?\d+)", label)[0]), boxes.nth(i))
     return found
 
 

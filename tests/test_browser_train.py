@@ -42,10 +42,11 @@ def _wait_trained(db: str, job_id: int, log: Path) -> dict:
     deadline, job = time.time() + TRAIN_TIMEOUT_S, None
     while time.time() < deadline:
         job = training.get_job(store, job_id)
-        if job["status"] not in ("queued", "running"):
+        if job is None or job["status"] not in ("queued", "running"):
             break
         time.sleep(1)
     store.dispose()
+    assert job is not None, f"no training job {job_id}"
     assert job["status"] == "done", f"job ended {job['status']!r}: {job['error']}\nui log tail:\n{log_tail(log)}"
     return job
 
@@ -68,7 +69,7 @@ def _queue(page, db: str) -> int:
             page.get_by_role("button", name="Queue training job").click()
             try:
                 page.wait_for_url(re.compile(r"[?&]job=\d+"), timeout=30_000)
-                return int(re.search(r"job=(\d+)", page.url).group(1))
+                return int(re.findall(r"job=(\d+)", page.url)[0])
             except PlaywrightTimeout:
                 jobs = training.jobs(store)
                 if len(jobs):

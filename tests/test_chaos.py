@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 
@@ -79,7 +80,7 @@ def figures(store) -> dict:
                 "r.new_tokens FROM runs r JOIN experiments e ON e.id = r.experiment_id"
             )
         ).all()
-        outputs = {}
+        outputs: dict[int, Any] = {}
         for rid, out in conn.execute(
             text("SELECT run_id, output_ids FROM prompt_results ORDER BY run_id, prompt_index")
         ):

@@ -38,7 +38,7 @@ def _one_error_line(capsys) -> str:
 def _nothing_there(url: str) -> bool:
     """No SQLite file; no DraftLab table in the PostgreSQL schema."""
     if url.startswith("sqlite"):
-        return not Path(make_url(url).database).exists()
+        return not Path(str(make_url(url).database)).exists()
     from sqlalchemy import create_engine
 
     engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
@@ -76,9 +76,9 @@ def _hold_lock(url: str):
     """Another connection holding the database locked (SQLite: a write transaction; PostgreSQL: schema_info locked
     against writes); returns it (rollback and close it to let go)."""
     if url.startswith("sqlite"):
-        holder = sqlite3.connect(make_url(url).database, isolation_level=None)
-        holder.execute("BEGIN IMMEDIATE")
-        return holder
+        lite = sqlite3.connect(str(make_url(url).database), isolation_level=None)
+        lite.execute("BEGIN IMMEDIATE")
+        return lite
     import psycopg
 
     holder = psycopg.connect(url)

@@ -11,6 +11,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -156,7 +157,7 @@ def _confirm(eid, db, capsys, monkeypatch, fault: str, repeats: int = 2) -> tupl
     try:
         found = [f for f in findings(store, eid) if f["kind"] == "confirm"]
         with store.read() as conn:
-            walls = dict(
+            walls: dict[Any, Any] = dict(
                 conn.execute(
                     text(
                         "SELECT m.k, SUM(p.wall_seconds) FROM server_measurements m JOIN "

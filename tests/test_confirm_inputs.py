@@ -34,7 +34,7 @@ def _count(db: str, table: str) -> int:
     store = open_store(db)
     try:
         with store.read() as conn:
-            return int(conn.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar())
+            return int(conn.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar_one())
     finally:
         store.dispose()
 

@@ -7,6 +7,7 @@ distribution at batch 8 (chi-squared, T 1 / top-p 0.95 and top-k); rows finishin
 batch. Broken rollback, compaction or correction rule is detected."""
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ def family(request):
     return pair, cfg, ids, [alone.generate(p, i, n).output_ids for n, (p, i) in enumerate(zip(PROMPTS, ids))]
 
 
-_batch1_cache = {}
+_batch1_cache: dict[Any, Any] = {}
 
 
 def batch1_rounds(family, drafter):

@@ -2,6 +2,8 @@
 speculative decoding equals target-only decoding and transformers' own generate() (which keeps only the
 window), with prompts and outputs well past it. A model whose cache cannot roll back is refused by name."""
 
+from typing import Any
+
 import pytest
 import torch
 import transformers
@@ -15,7 +17,7 @@ from tests.test_engine_reference import reference_rounds
 
 WINDOW = 16
 ALTERNATE = None  # sliding, full, sliding, ... as many as the model has layers
-FAMILIES = {
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": WINDOW}),
     "qwen2": (
         "Qwen2Config",

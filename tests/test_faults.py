@@ -49,7 +49,7 @@ def outage_at_prompt(fault_on, fault_off, prompt_index: int, seconds: float):
             fault_on()
             threading.Timer(seconds, fault_off).start()
 
-    hook.fired = fired
+    hook.fired = fired  # type: ignore[attr-defined]  # what the test waits on
     return hook
 
 

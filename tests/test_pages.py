@@ -594,6 +594,7 @@ def _headline(store, experiment_id: int) -> dict[str, str]:
     v = verdict(store, experiment_id)
     name = v.variable
     if v.chosen is None:
+        assert v.best is not None
         best = q.runs(store, experiment_id).set_index("run_id").loc[v.best.run_id]
         return {
             f"{name} to serve": "0 (target alone)" if name == "k" else "none (target alone)",
@@ -1477,7 +1478,9 @@ def _launched(url: str) -> dict:
     store = open_store(url)
     listing = catalog.experiments(store)
     assert len(listing) == 1, listing
-    return q.experiment(store, int(listing["experiment_id"].iloc[0]))
+    experiment = q.experiment(store, int(listing["experiment_id"].iloc[0]))
+    assert experiment is not None
+    return experiment
 
 
 def test_new_experiment_link_from_a_finding_fills_the_form(empty_db, model_dirs):

@@ -15,7 +15,8 @@ from tests import tiny_models as tm
 
 def substring_stats(seqs: list[list[int]], depth: int):
     """(occurrences, first-seen order) of every substring of length <= depth, in insertion order."""
-    counts, first = {}, {}
+    counts: dict[tuple[int, ...], int] = {}
+    first: dict[tuple[int, ...], int] = {}
     for seq in seqs:
         for start in range(len(seq)):
             for end in range(start + 1, min(start + depth, len(seq)) + 1):

@@ -51,6 +51,7 @@ def _experiment(store, accepts_by_k: dict, prompts="code:tune", verify=0.010, va
         ]
         rows[("speculative", k)] = spec
         base = base or [_base_prompt(i, s.new_tokens, 0.010) for i, s in enumerate(spec)]
+    assert base is not None, "at least one k"
     rows[("baseline", None)] = base
     ids = _fill(store, eid, rows)
     for rid in ids.values():

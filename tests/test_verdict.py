@@ -37,7 +37,9 @@ def _experiment(store, sweep_variable="k", values=(1, 2, 4), **kw):
 
 def _measured(store, eid, speedups: dict, warned=(), status="done", **columns) -> dict:
     """Finish every run and give the speculative ones (keyed by their swept value) speedup and interval."""
-    swept = variable(q.experiment(store, eid)["sweep_variable"])
+    experiment = q.experiment(store, eid)
+    assert experiment is not None
+    swept = variable(experiment["sweep_variable"])
     runs = q.runs(store, eid)
     ids = {}
     for r in runs.itertuples():

@@ -25,6 +25,7 @@ prompt, each prompt one draw) lies above 0.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -118,7 +119,8 @@ def convention_check(
     num_layers = target_model.config.get_text_config(decoder=True).num_hidden_layers
     data = _continuations(target_model, tokenizer, prompts, max_new_tokens, device)
     norm = configured.input_norm is not None
-    rows, base = [], None
+    rows: list[dict[str, Any]] = []
+    base: list[tuple[int, int]] | None = None
     for name, aux, norm_fc in variants(configured.aux_layers, norm, num_layers):
         head = (
             configured
@@ -148,6 +150,7 @@ def convention_check(
             }
         )
     verdict, suggested = _verdict(rows)
+    assert base is not None, "the configured head is always the first variant"
     return {
         "head": str(head_dir),
         "aux_layers": configured.aux_layers,

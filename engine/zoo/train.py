@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -440,4 +439,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
