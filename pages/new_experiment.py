@@ -92,6 +92,9 @@ SWEEP_VARIABLES = tuple(
 # description (title, step, help) under Sampling, and reaches validate() by name.
 OWN_FIELDS = ("k", "temperature", "top_k", "top_p", "batch_size", "draft", "drafter", "draft_sampling")
 EXTRA_FIELDS = tuple(name for name, v in VARIABLES.items() if not v.categorical and name not in OWN_FIELDS)
+# Any other variable whose values are names from a fixed list (Variable.choices) gets a choice field from its
+# description (its label, help and choices), and a sweep of it compares every choice.
+CHOICE_FIELDS = tuple(name for name, v in VARIABLES.items() if v.choices and name not in OWN_FIELDS)
 DEFAULT_K_AUTO = 8
 LINK_NOTES = "new_experiment_link_notes"  # session key: what the link's parameters left out
 # Each widget's first value: the page seeds st.session_state with these (or the link's values) and creates the
@@ -214,7 +217,7 @@ def validate(
         ("top_k", top_k),
         ("top_p", top_p),
         ("batch_size", batch_size),
-        *settings.items(),
+        *((name, value) for name, value in settings.items() if not VARIABLES[name].categorical),
         ("seed", seed),
         ("max_new_tokens", max_new_tokens),
         ("repeats", repeats),
@@ -834,6 +837,12 @@ def render() -> None:
                 "(verified as a point mass: what a server that drafts by argmax sees), one shared baseline."
             )
             sweep_list = list(DRAFT_SAMPLING)
+        elif choice in CHOICE_FIELDS:
+            c2.caption(
+                f"One speculative run per {VARIABLES[choice].name.replace('_', ' ')}: "
+                + ", ".join(VARIABLES[choice].choices)
+            )
+            sweep_list = list(VARIABLES[choice].choices)
         grid_text = ""
         if choice != "batch_size":  # a grid: the sweep (or k auto's prediction) at each of several batch sizes
             _seed("grid_batch_sizes")
@@ -858,6 +867,17 @@ def render() -> None:
                 persist_state="page",
                 help=VARIABLES["draft_sampling"].help,
             )
+        named = {}  # CHOICE_FIELDS: each not swept is one choice for every run
+        for setting in CHOICE_FIELDS:
+            if choice != setting:
+                _seed(WIDGETS[setting])
+                named[setting] = st.selectbox(
+                    VARIABLES[setting].name.replace("_", " ").capitalize(),
+                    VARIABLES[setting].choices,
+                    key=WIDGETS[setting],
+                    persist_state="page",
+                    help=VARIABLES[setting].help,
+                )
         if sweep_variable != "k":
             _seed("fixed_k")
             k = st.number_input(
@@ -933,6 +953,7 @@ def render() -> None:
             grid_text=grid_text,
             prompt_count=_prompt_count(prompts, prompt_texts),
             **{setting: fixed[setting] for setting in EXTRA_FIELDS},
+            **named,
         )
         if launch.errors:
             st.error("Not launched:\n" + "\n".join(f"- {md_text(e)}" for e in launch.errors), icon=":material/error:")

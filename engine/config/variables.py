@@ -72,6 +72,7 @@ class Variable:
     )
     per_value_baseline: bool = False  # the target's own decoding depends on it: one baseline per value
     check_name: Callable[[str], str] | None = None  # names: the value as stored, or a DraftLabError
+    choices: tuple[str, ...] = ()  # names from a fixed list (draft sampling): the form offers them, a sweep takes all
     # What serving a value costs, to choose among statistically tied values (storage/analysis/verdict.py deploys the
     # cheapest): (value, the run's column getter) -> a number, lower is cheaper; None when unknown. No cost: no
     # value is cheaper than another (a sampling setting changes what is generated, not what it costs).
@@ -354,6 +355,7 @@ VARIABLES: dict[str, Variable] = {
             "compares them",
             label="draft sampling (probabilistic or greedy)",
             check_name=_draft_sampling,
+            choices=DRAFT_SAMPLING,
         ),
         # The draft's own temperature: a cooler draft proposes likelier tokens, a warmer one covers more of the
         # target's mass. Lossless at any value: the target verifies against the distribution the draft sampled from.
