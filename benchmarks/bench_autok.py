@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the imports below (noqa: E402) come from the repository root
@@ -63,6 +64,7 @@ def old_curve(store, probe, baseline, profile: dict[int, float]) -> dict[int, fl
 
 def scaled_curve(store, probe, baseline, profile: dict[int, float]) -> dict[int, float]:
     model = cost_model(store, probe)
+    assert model is not None, "the probe run has rounds"
     seconds = modelled_seconds(k_max=int(probe["k"]), verify_shape=profile, **model)
     return {k: float(baseline["wall_seconds"]) / t for k, t in seconds.items()}
 
@@ -85,7 +87,9 @@ def evaluate(db: Path) -> list[dict]:
     store = open_store(f"sqlite:///{db}")
     eid = int(catalog.experiments(store)["experiment_id"].iloc[0])
     runs = q.runs(store, eid)
-    k_max = int(q.experiment(store, eid)["k_auto"])
+    experiment = q.experiment(store, eid)
+    assert experiment is not None
+    k_max = int(experiment["k_auto"])
     by_batch = profiles(store, eid)
     rows = []
     spec = runs[runs["kind"] == "speculative"]
@@ -94,7 +98,11 @@ def evaluate(db: Path) -> list[dict]:
         probe = at[at["k"] == k_max].iloc[0]
         baseline = runs[runs["run_id"] == probe["baseline_run_id"]].iloc[0]
         profile = by_batch.get(size) or by_batch.get(1)
-        curves = {"new": predict_curve(store, probe, profile), "scaled": scaled_curve(store, probe, baseline, profile)}
+        assert profile is not None, "the experiment stored a verify profile"
+        curves: dict[str, Any] = {
+            "new": predict_curve(store, probe, profile),
+            "scaled": scaled_curve(store, probe, baseline, profile),
+        }
         if size == 1 or len(by_batch) == 1:
             curves["old"] = old_curve(store, probe, baseline, profile)
         print(f"  batch {size}: k={k_max} measured {probe['speedup']:.3f} (the anchor)")

@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,7 +101,7 @@ def main() -> int:
         print(json.dumps(child(args)))
         return 0
     passed = [a for a in sys.argv[1:] if not a.startswith("--json")]
-    rows = {"hooks": [], "all": []}
+    rows: dict[str, list[Any]] = {"hooks": [], "all": []}
     for repeat in range(args.repeats):
         for mode in ("hooks", "all") if repeat % 2 == 0 else ("all", "hooks"):
             out = subprocess.run(

@@ -32,6 +32,7 @@ import argparse
 import functools
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -39,6 +40,7 @@ from engine.decoding.batched_cache import BatchCache, left_pad
 from engine.decoding.runs import baseline_decoder, encode_prompts, eos_ids, speculative_decoder
 from engine.decoding.sampling import SamplingConfig
 from engine.models.loading import load_pair
+from engine.text.chat import render
 from engine.text.prompt_sets import load_prompts
 
 
@@ -50,7 +52,7 @@ def interleaved(arms: dict, units: list, repeats: int, sync, cpu: dict | None = 
     """{arm: [total wall per repeat]}: each unit runs under every arm, A B then B A on alternate repeats. With a
     dict `cpu`, it receives {arm: [process CPU seconds per repeat]} too (a figure other jobs on the machine
     disturb less than wall time; meaningful on CPU only)."""
-    walls = {name: [] for name in arms}
+    walls: dict[str, list[float]] = {name: [] for name in arms}
     for rep in range(repeats):
         order = list(arms) if rep % 2 == 0 else list(reversed(arms))
         totals, cpus = dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0.0)
@@ -73,7 +75,8 @@ def forward_split(arms: dict, units: list, models: dict, repeats: int, sync) -> 
     """Where each arm's time goes, over `repeats` more interleaved passes with every model forward clocked
     (functools.wraps keeps each forward's signature, which generate() inspects): ({arm: [wall per pass]},
     {arm: [(forwards per model, seconds inside them) per pass]})."""
-    current, inside = [None], {}
+    current: list[Any] = [None]
+    inside: dict[Any, dict[str, tuple[int, float]]] = {}
 
     def clocked(name, forward):
         @functools.wraps(forward)
@@ -98,8 +101,8 @@ def forward_split(arms: dict, units: list, models: dict, repeats: int, sync) -> 
     for name, model in models.items():
         model.forward = clocked(name, model.forward)
     try:
-        passes = {arm: [] for arm in arms}
-        walls = {arm: [] for arm in arms}
+        passes: dict[str, list[Any]] = {arm: [] for arm in arms}
+        walls: dict[str, list[float]] = {arm: [] for arm in arms}
         for _ in range(repeats):
             inside.clear()
             inside.update({arm: {} for arm in arms})
@@ -129,8 +132,10 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
 
     pair = load_pair(args.target, args.draft, args.device, args.dtype)
-    prompts = load_prompts(args.prompts)[: args.num_prompts]
+    prompts = render(load_prompts(args.prompts)[: args.num_prompts], pair.tokenizer)
     ids = encode_prompts(pair, prompts, args.max_new_tokens)
+    assert pair.draft is not None, "a pair to speculate with"
+    draft = pair.draft
     cfg = SamplingConfig(temperature=0, max_new_tokens=args.max_new_tokens)
     eos = sorted(eos_ids(pair))
     pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
@@ -138,8 +143,8 @@ def main() -> None:
     sync = torch.cuda.synchronize if pair.device.type == "cuda" else (lambda: None)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     print(
-        f"pair: {pair.target.name} ({pair.target.parameters / 1e6:.1f}M) / {pair.draft.name} "
-        f"({pair.draft.parameters / 1e6:.1f}M) on {pair.device.type} {str(pair.dtype).removeprefix('torch.')}, "
+        f"pair: {pair.target.name} ({pair.target.parameters / 1e6:.1f}M) / {draft.name} "
+        f"({draft.parameters / 1e6:.1f}M) on {pair.device.type} {str(pair.dtype).removeprefix('torch.')}, "
         f"torch threads {torch.get_num_threads()}; {len(prompts)} prompts from {args.prompts}, "
         f"max_new_tokens {args.max_new_tokens}, greedy, {args.repeats} interleaved repeats"
     )
@@ -197,7 +202,7 @@ def main() -> None:
         # --- 2. batch-1 speculative vs assisted generation ----------------------------------------------------------
         if "speculative" not in skip:
             loop = speculative_decoder(pair, cfg, args.k)
-            gc = pair.draft.model.generation_config
+            gc = draft.model.generation_config
             gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = args.k, "constant"
             gc.assistant_confidence_threshold = 0.0
 
@@ -208,7 +213,7 @@ def main() -> None:
                 out = target.generate(
                     ids[i],
                     attention_mask=torch.ones_like(ids[i]),
-                    assistant_model=pair.draft.model,
+                    assistant_model=draft.model,
                     do_sample=False,
                     max_new_tokens=args.max_new_tokens,
                     eos_token_id=eos,
@@ -221,7 +226,7 @@ def main() -> None:
                 fn(0)
             same = sum(spec_loop(i) == assisted(i) for i in units)
             arms = {"loop": spec_loop, "assisted": assisted}
-            cpu = {}
+            cpu: dict[str, list[float]] = {}
             walls = interleaved(arms, units, args.repeats, sync, cpu)
             print(
                 f"\n2. batch-1 speculative decoding, k={args.k} constant, vs assisted generation "
@@ -238,7 +243,7 @@ def main() -> None:
                     print(f"{name:>9} / assisted CPU-time ratio: {spread(ratios)}")
             # Where the time goes: more interleaved passes with every model forward clocked (not in the ratios above).
             split_walls, split = forward_split(
-                arms, units, {"target": target, "draft": pair.draft.model}, args.repeats, sync
+                arms, units, {"target": target, "draft": draft.model}, args.repeats, sync
             )
             print("   where a pass's wall goes (as many passes again, every model forward clocked):")
             for name, passes in split.items():
@@ -276,7 +281,8 @@ def main() -> None:
             )
             for size in [s for s in sizes if s > 1] or sizes:
                 units = batches(size)
-                hole, comps = [], 0
+                hole: list[float] = []
+                comps = 0
 
                 def spec_run(rows, hole=hole):
                     nonlocal comps

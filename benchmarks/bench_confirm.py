@@ -79,7 +79,7 @@ def main() -> int:
         )
         lab_seconds = time.monotonic() - started
         load["after_lab"] = os.getloadavg()[0]
-        if status != 0:
+        if status != 0 or lab is None:
             print(f"error: the lab run exited with status {status}", file=sys.stderr)
             return 1
         confirm_args = [
@@ -101,6 +101,9 @@ def main() -> int:
         status, confirm = _cli(confirm_args)
         confirm_seconds = time.monotonic() - started
         load["after_confirm"] = os.getloadavg()[0]
+    if confirm is None:
+        print(f"error: the confirm printed no JSON document (exit {status})", file=sys.stderr)
+        return 1
     runs = {r["run_id"]: r for r in lab["runs"]}
     print(
         f"lab: {lab_seconds:.0f} s; confirm: {confirm_seconds:.0f} s (exit {status}); load average (1 min) "

@@ -106,7 +106,9 @@ def run_browser(
         trees = {"this tree": ROOT}
         if against:
             trees[f"git {against}"] = extract(against, Path(tmp))
-        times = {name: {"first": [], "warm": [], "first done": [], "warm done": []} for name in trees}
+        times: dict[str, dict[str, list[float]]] = {
+            name: {"first": [], "warm": [], "first done": [], "warm done": []} for name in trees
+        }
         load = os.getloadavg()
         with chromium() as browser:
             for repeat in range(repeats):

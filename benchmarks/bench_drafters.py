@@ -19,6 +19,7 @@ import json
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -27,6 +28,7 @@ from engine.decoding.runs import WARMUP_TOKENS, baseline_decoder, encode_prompts
 from engine.decoding.sampling import SamplingConfig
 from engine.metrics.metrics_oracle import outputs_match, speculative_metrics
 from engine.models.loading import load_pair
+from engine.text.chat import render
 from engine.text.prompt_sets import load_prompts
 
 BASELINE = ("baseline", 0)
@@ -34,7 +36,7 @@ BASELINE = ("baseline", 0)
 
 def measure(pair, prompts: list[str], arms: list[tuple[str, int]], cfg: SamplingConfig, repeats: int) -> dict:
     """{arm: (results of the first repeat, per-prompt median seconds)} for the baseline and every (spec, k)."""
-    decoders = {BASELINE: baseline_decoder(pair, cfg)}
+    decoders: dict[Any, Any] = {BASELINE: baseline_decoder(pair, cfg)}
     decoders.update({arm: speculative_decoder(pair, cfg, arm[1], drafter=arm[0]) for arm in arms})
     return measure_decoders(decoders, prompts, encode_prompts(pair, prompts, cfg.max_new_tokens), cfg, repeats)
 
@@ -47,8 +49,8 @@ def measure_decoders(decoders: dict, prompts: list[str], ids: list, cfg: Samplin
     with torch.inference_mode():
         for decoder in decoders.values():  # untimed warm-up, as run_prompts does
             decoder.generate(prompts[0], ids[0], 0, max_new_tokens=min(WARMUP_TOKENS, cfg.max_new_tokens))
-        results = {arm: [] for arm in arms}
-        seconds = {arm: [[] for _ in prompts] for arm in arms}
+        results: dict[Any, list[Any]] = {arm: [] for arm in arms}
+        seconds: dict[Any, list[list[float]]] = {arm: [[] for _ in prompts] for arm in arms}
         slot = 0
         for i, (prompt, prompt_ids) in enumerate(zip(prompts, ids)):
             for repeat in range(repeats):
@@ -99,7 +101,7 @@ def print_table(title: str, table: list[dict], base_tps: float) -> None:
             f"{r['drafter']:<16} {r['k']:>2} {fmt(r['alpha']):>6} {fmt(r['tokens_per_round']):>9} "
             f"{fmt(r['mean_k'], '.2f'):>8} {fmt(r['draft_rounds'], '.2f'):>7} {fmt(r['speedup']):>7}  {r['match']}"
         )
-    best = {}
+    best: dict[Any, Any] = {}
     for r in table:
         if r["drafter"] not in best or r["speedup"] > best[r["drafter"]]["speedup"]:
             best[r["drafter"]] = r
@@ -139,7 +141,7 @@ def main(argv=None) -> int:
     report = {}
 
     def section(prompt_spec: str, drafters: list[str], title: str) -> None:
-        prompts = load_prompts(prompt_spec)[: args.limit or None]
+        prompts = render(load_prompts(prompt_spec)[: args.limit or None], pair.tokenizer)
         t0 = time.perf_counter()
         # A drafter that needs no draft model runs on a pair without one, as a run with only --target would.
         used = pair if any(needs_draft_model(d) for d in drafters) else dataclasses.replace(pair, draft=None)

@@ -20,6 +20,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,6 +32,7 @@ from engine.decoding.sampling import SamplingConfig  # noqa: E402
 from engine.metrics.metrics_oracle import outputs_match, speculative_metrics  # noqa: E402
 from engine.metrics.stats import paired_bootstrap_ci, paired_speedup  # noqa: E402
 from engine.models.loading import load_pair, with_draft  # noqa: E402
+from engine.text.chat import render  # noqa: E402
 from engine.text.prompt_sets import load_prompts  # noqa: E402
 
 
@@ -78,8 +80,8 @@ def main(argv=None) -> int:
     cfg = SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens)
     ks = [int(k) for k in args.k.split(",")]
     pair = load_pair(args.target, None, "cpu", "auto")  # sets 1 torch thread for small models
-    prompts = load_prompts(args.prompts)[: args.limit or None]
-    decoders = {BASELINE: baseline_decoder(pair, cfg)}
+    prompts = render(load_prompts(args.prompts)[: args.limit or None], pair.tokenizer)
+    decoders: dict[Any, Any] = {BASELINE: baseline_decoder(pair, cfg)}
     for item in args.drafts.split(","):
         if "@" in item:
             name, drafter = item.split("@", 1)
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
             f"{r['draft']:<22} {r['k']:>2} {fmt(r['alpha']):>6} {fmt(r['acceptance_length'], '.2f'):>7} "
             f"{fmt(r['speedup']):>7} {(f'{ci[0]:.2f}–{ci[1]:.2f}' if ci else '-'):>14}  {per:<28} {r['match']}"
         )
-    best = {}
+    best: dict[Any, Any] = {}
     for r in rows:
         if r["speedup"] is not None and (r["draft"] not in best or r["speedup"] > best[r["draft"]]["speedup"]):
             best[r["draft"]] = r

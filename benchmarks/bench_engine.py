@@ -18,11 +18,12 @@ import time
 
 import torch
 
-from engine.decoding import speculative
+from engine.decoding import speculative, verification
 from engine.decoding.batched_cache import BatchCache
 from engine.decoding.runs import encode_prompts, eos_ids, speculative_decoder
 from engine.decoding.sampling import SamplingConfig
 from engine.models.loading import LoadedModel, ModelPair, load_pair, resolve_device, resolve_dtype
+from engine.text.chat import render
 from engine.text.prompt_sets import load_prompts
 
 
@@ -104,32 +105,35 @@ def main() -> None:
         pair = random_pair(args, device, resolve_dtype(args.dtype, device))
     else:
         pair = load_pair(args.target, args.draft, args.device, args.dtype)
-    prompts = load_prompts(args.prompts)[: args.num_prompts]
+    prompts = render(load_prompts(args.prompts)[: args.num_prompts], pair.tokenizer)
     ids = encode_prompts(pair, prompts, args.max_new_tokens)
     cfg = SamplingConfig(temperature=0, max_new_tokens=args.max_new_tokens)
     decoder = speculative_decoder(pair, cfg, args.k)
     eos = sorted(eos_ids(pair))
 
-    # Instrumentation: time model forwards, and the record-keeping (device stats + transfer + records).
+    # Instrumentation: time model forwards, and the record-keeping (the round's one transfer to the host, and its
+    # records), as the loop looks them up in engine.decoding.speculative.
     forwards, logging = Stopwatch(pair.device), Stopwatch(pair.device)
-    BatchCache.forward = forwards.wrap(BatchCache.forward)
-    speculative.to_host = logging.wrap(speculative.to_host)
-    decoder._record = logging.wrap(decoder._record)
+    BatchCache.forward = forwards.wrap(BatchCache.forward)  # type: ignore[method-assign]
+    for name in ("rows_to_host", "round_record"):  # engine.decoding.verification's, imported by the loop's module
+        setattr(speculative, name, logging.wrap(getattr(verification, name)))
+    assert pair.draft is not None, "a pair to speculate with"
+    draft = pair.draft
 
     def draftlab(i):
         return decoder.generate(prompts[i], ids[i], i).output_ids
 
     # transformers 5 reads the assistant's schedule from the draft's own generation_config (arguments passed to
     # generate() are ignored for these three), so set them there: constant k, no confidence stop.
-    pair.draft.model.generation_config.num_assistant_tokens = args.k
-    pair.draft.model.generation_config.num_assistant_tokens_schedule = "constant"
-    pair.draft.model.generation_config.assistant_confidence_threshold = 0.0
+    draft.model.generation_config.num_assistant_tokens = args.k
+    draft.model.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.model.generation_config.assistant_confidence_threshold = 0.0
 
     def transformers_assisted(i):
         out = pair.target.model.generate(
             ids[i],
             attention_mask=torch.ones_like(ids[i]),
-            assistant_model=pair.draft.model,
+            assistant_model=draft.model,
             do_sample=False,
             num_assistant_tokens=args.k,
             num_assistant_tokens_schedule="constant",
@@ -154,7 +158,7 @@ def main() -> None:
         for fn in fn_names.values():  # untimed warm-up
             fn(0)
         mismatches = sum(draftlab(i) != transformers_assisted(i) for i in range(len(prompts)))
-        walls = {name: [] for name in fn_names}
+        walls: dict[str, list[float]] = {name: [] for name in fn_names}
         overhead, log_share = [], []
         for rep in range(args.repeats):
             order = list(fn_names) if rep % 2 == 0 else list(reversed(fn_names))  # A B, then B A
@@ -173,8 +177,8 @@ def main() -> None:
     ratios = [a / b for a, b in zip(walls["draftlab"], walls["transformers"])]
     med = statistics.median
     print(
-        f"pair: {pair.target.name} ({pair.target.parameters / 1e6:.1f}M) / {pair.draft.name} "
-        f"({pair.draft.parameters / 1e6:.1f}M) on {pair.device.type} {str(pair.dtype).removeprefix('torch.')}, "
+        f"pair: {pair.target.name} ({pair.target.parameters / 1e6:.1f}M) / {draft.name} "
+        f"({draft.parameters / 1e6:.1f}M) on {pair.device.type} {str(pair.dtype).removeprefix('torch.')}, "
         f"torch threads {torch.get_num_threads()}"
     )
     print(

@@ -246,6 +246,7 @@ def killed(fault: str, url: str, models, base: Path, sig: int) -> None:
     wait_rows(store, proc)
     proc.send_signal(sig)
     code = proc.wait(60)
+    assert proc.stderr is not None, "start_run pipes stderr"
     err = proc.stderr.read()
     proc.stderr.close()
     listed = cli("list", "--db", url).stdout
@@ -277,6 +278,7 @@ def starved_cli(fault: str, url: str, path: Path, models, base: Path, on, off) -
         code = proc.wait(120)
     finally:
         off()
+    assert proc.stderr is not None, "start_run pipes stderr"
     err = proc.stderr.read()
     proc.stderr.close()
     tracebacks = err.count("Traceback")
@@ -302,7 +304,7 @@ def shorten(text: str, base: Path) -> str:
 # --- part 2: bad input ----------------------------------------------------------------------------------------
 
 
-def bad_inputs(models, base: Path) -> list[tuple[str, str, int, str]]:
+def bad_inputs(models, base: Path) -> list[tuple[str, str, int | str, str]]:
     good = base / "good.txt"
     good.write_text("t3 t4 t5\nt9 t10\n")
     bad = base / "bad.jsonl"
@@ -350,7 +352,7 @@ def bad_inputs(models, base: Path) -> list[tuple[str, str, int, str]]:
     if os.geteuid() != 0:
         chmod_read_only(chmod_path, True)
         cases.append(("read-only database file (chmod 444)", run(db_url=f"sqlite:///{chmod_path}"), None))
-    out = []
+    out: list[tuple[str, str, int | str, str]] = []  # (case, command, exit status or "-", error line)
     for name, argv, extra_env in cases:
         done = cli(*argv, env={**ENV, **(extra_env or {})})
         line = error_line(done.stderr)

@@ -62,7 +62,10 @@ def main(argv=None) -> int:
                 warnings += bool(r.get("timing_warning"))
                 print(
                     f"  k={r['k']}: speedup {r['speedup']:.3f} ({ci[0]:.3f}-{ci[1]:.3f})  tok/round "
-                    f"{r['tokens_per_round']:.2f}  refined {refined:.3f} ({100 * error:+.1f} %)  formula "
+                    f"{r['tokens_per_round']:.2f}  refined "
+                    + ("-" if refined is None else f"{refined:.3f}")
+                    + ("" if error is None else f" ({100 * error:+.1f} %)")
+                    + "  formula "
                     f"{r['predicted_speedup']:.3f}  verify_cost {r['verify_cost']:.2f}  c {r['c']:.2f}  "
                     f"alpha {r['alpha']:.3f}" + ("  WARNING" if r.get("timing_warning") else "")
                 )

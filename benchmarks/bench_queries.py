@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = fill(store, args.tokens)
     fill_seconds = time.perf_counter() - t0
     with store.read() as conn:
-        n_tokens = conn.execute(text("SELECT COUNT(*) FROM draft_tokens")).scalar()
-        n_rounds = conn.execute(text("SELECT COUNT(*) FROM rounds")).scalar()
+        n_tokens = conn.execute(text("SELECT COUNT(*) FROM draft_tokens")).scalar_one()
+        n_rounds = conn.execute(text("SELECT COUNT(*) FROM rounds")).scalar_one()
     with store.engine.connect() as conn:  # fold the WAL into the file so the size below is real
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     print(

@@ -116,7 +116,7 @@ def kill_to_resume(url: str, models: dict, trials: int) -> list[dict]:
                 break
             os.kill(victim.pid, signal.SIGKILL)
             killed = time.monotonic()
-            marks = {}
+            marks: dict[str, float] = {}
             while "committed" not in marks and time.monotonic() - killed < 300:
                 with store.read() as conn:
                     row = conn.execute(
