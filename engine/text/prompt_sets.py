@@ -35,6 +35,9 @@ from engine.config.limits import limit, over
 from engine.errors import DraftLabError
 from engine.text.chat import Chat, conversation, is_conversation
 
+# One prompt: a text, or a conversation (engine.text.chat.render gives its text).
+Prompt = str | Chat
+
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
 PROMPT_SETS: tuple[str, ...] = ("code", "english", "chinese", "math", "mixed")  # plain text
 CHAT_SETS: tuple[str, ...] = ("chat",)  # conversations (OpenAI `messages`): rendered by the target's chat template
@@ -82,7 +85,7 @@ def union_parts(spec: str) -> list[str]:
     return [part.strip() for part in spec.split(UNION)]
 
 
-def load_prompts(spec: str) -> list[str | Chat]:
+def load_prompts(spec: str) -> list[Prompt]:
     """The prompts of a built-in set (`NAME` or `NAME:SPLIT`), of a .jsonl / .csv / .txt file, or of several
     joined with '+' (`code:tune+english:tune`: the first set's prompts, then the next's)."""
     if not isinstance(spec, str) or not spec.strip():
@@ -111,7 +114,7 @@ def load_prompts(spec: str) -> list[str | Chat]:
     )
 
 
-def load_prompt_file(path: str | Path) -> list[str]:
+def load_prompt_file(path: str | Path) -> list[Prompt]:
     p = Path(path)
     if p.suffix.lower() not in FILE_EXTENSIONS:
         raise DraftLabError(
@@ -157,7 +160,7 @@ def _checked_chat(chat: Chat, where: str) -> Chat:
     return chat
 
 
-def check_prompts(prompts: list, display: str) -> list:
+def check_prompts(prompts: list[Prompt], display: str) -> list[Prompt]:
     """Every prompt checked (check_prompt; a conversation: every turn's text, and its turns together) and their
     count bounded by limit("prompts")."""
     if len(prompts) > limit("prompts"):
@@ -204,8 +207,9 @@ def _read_text(path: Path, display: str) -> str:
     return text
 
 
-def _load_file(path: Path, display: str) -> list:
+def _load_file(path: Path, display: str) -> list[Prompt]:
     ext = path.suffix.lower()
+    prompts: list[Prompt]
     if ext in TABLE_EXTENSIONS:
         prompts = _load_table(path, display)
         if not prompts:
@@ -215,7 +219,7 @@ def _load_file(path: Path, display: str) -> list:
     if ext == ".jsonl":
         prompts = _parse_jsonl(text, display)
     elif ext == ".csv":
-        prompts = _parse_csv(text, display)
+        prompts = list(_parse_csv(text, display))
     else:
         prompts = [line.rstrip("\r") for line in text.split("\n") if line.strip()]
     if not prompts:
@@ -223,8 +227,8 @@ def _load_file(path: Path, display: str) -> list:
     return check_prompts(prompts, display)
 
 
-def _parse_jsonl(text: str, display: str) -> list[str]:
-    prompts = []
+def _parse_jsonl(text: str, display: str) -> list[Prompt]:
+    prompts: list[Prompt] = []
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -296,7 +300,7 @@ def _parse_csv(text: str, display: str) -> list[str]:
     return prompts
 
 
-def _load_table(path: Path, display: str) -> list:
+def _load_table(path: Path, display: str) -> list[Prompt]:
     """A dataset export (Parquet, Arrow IPC / Feather): a `prompt` column of text, or a `messages` /
     `conversations` column of turns (one conversation a row)."""
     _check_size(path, display)
@@ -322,7 +326,7 @@ def _load_table(path: Path, display: str) -> list:
             f'{display}: no "prompt", "messages" or "conversations" column (columns: '
             f"{', '.join(repr(str(c))[1:-1] for c in frame.columns)[:200] or 'none'}): name one of them so"
         )
-    prompts = []
+    prompts: list[Prompt] = []
     for row, value in enumerate(frame[column], start=1):
         where = f"{display}: row {row}"
         if column == "prompt":

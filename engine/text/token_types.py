@@ -65,7 +65,8 @@ def code_prompts(spec: str) -> frozenset[int]:
     is_code = [part.strip().partition(":")[0] in CODE_SETS for part in parts]
     if not any(is_code):
         return frozenset()
-    indices, start = set(), 0
+    indices: set[int] = set()
+    start = 0
     for part, code in zip(parts, is_code):
         size = len(load_prompts(part))
         indices.update(range(start, start + size) if code else ())
