@@ -5,7 +5,8 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download; an unknown id must fail fast
-os.environ.setdefault("DRAFTLAB_STRICT_RULES", "1")  # a finding rule that raises fails the test (storage/analysis/findings.py)
+# a finding rule that raises fails the test (storage/analysis/findings.py)
+os.environ.setdefault("DRAFTLAB_STRICT_RULES", "1")
 
 try:
     import torch
