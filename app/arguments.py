@@ -1,7 +1,7 @@
 """argparse types for the CLI's numbers: ASCII digits only, finite, within the bounds of their one description
-(engine/config/variables.py's VARIABLES and SETTINGS, engine/config/limits.py's caps) or of the database columns that hold them
-(engine/numbers.DB_INT_MAX). A bad value ends in argparse's one `error:` line, exit 2, before anything is loaded or
-stored. Each type carries `accepts(value)`, what tests/test_fuzz_inputs.py holds every parsed value to.
+(engine/config/variables.py's VARIABLES and SETTINGS, engine/config/limits.py's caps) or of the database columns that
+hold them (engine/numbers.DB_INT_MAX). A bad value ends in argparse's one `error:` line, exit 2, before anything is
+loaded or stored. Each type carries `accepts(value)`, what tests/test_fuzz_inputs.py holds every parsed value to.
 
 Plain Python (no torch, no database).
 """
@@ -40,7 +40,8 @@ def whole(low: int, high: int | None = None, what: str = "a whole number", fix: 
             raise argparse.ArgumentTypeError(f"{str(text)[:40]!r} is not {what} from {low} to {top}{fix}")
         return value
 
-    parse.__name__, parse.accepts = what, lambda value: isinstance(value, int) and low <= value <= top
+    parse.__name__ = what
+    parse.accepts = lambda value: isinstance(value, int) and low <= value <= top  # type: ignore[attr-defined]
     return parse
 
 
@@ -54,7 +55,7 @@ def positive_number(text):
     return value
 
 
-positive_number.accepts = lambda value: isinstance(value, float) and 0 < value < float("inf")
+positive_number.accepts = lambda value: isinstance(value, float) and 0 < value < float("inf")  # type: ignore[attr-defined]
 
 
 # Ids: a stored id is at most engine/numbers.DB_INT_MAX (the INTEGER column); a larger one, a sign or a non-ASCII

@@ -47,8 +47,8 @@ def row_acceptance(store: Store, run_id: int, k_max: int) -> dict[int, tuple[lis
 
 
 def cost_model(store: Store, probe) -> dict | None:
-    """The k_max run's inputs to engine.metrics.theory.modelled_seconds (None when it has no rounds): its prompts grouped
-    into its batches, and its per-batch-round draft, verify (past the first round) and other seconds, and what
+    """The k_max run's inputs to engine.metrics.theory.modelled_seconds (None when it has no rounds): its prompts
+    grouped into its batches, and its per-batch-round draft, verify (past the first round) and other seconds, and what
     its first rounds' verify (the prefill) cost beyond a steady round's."""
     run_id, batch = int(probe["run_id"]), batch_size_of(probe)
     costs = q.batch_round_costs(store, run_id)
@@ -75,8 +75,9 @@ def cost_model(store: Store, probe) -> dict | None:
 
 
 def predict_curve(store: Store, probe, profile: dict[int, float]) -> dict[int, float] | None:
-    """The predicted speedup of every k = 1..k_max from the run at k_max (`probe`, a row of storage.records.queries.runs,
-    finished with its speedup) and the verify-cost profile at its batch size; None without what it needs."""
+    """The predicted speedup of every k = 1..k_max from the run at k_max (`probe`, a row of
+    storage.records.queries.runs, finished with its speedup) and the verify-cost profile at its batch size; None without
+    what it needs."""
     model = cost_model(store, probe)
     speedup = probe.get("speedup")
     if model is None or speedup is None or pd.isna(speedup) or not profile:
@@ -112,12 +113,13 @@ def plan_confirmation(store: Store, experiment_id: int, confirm: int = CONFIRM) 
         curve = predict_curve(store, probe, profiles[size])
         if not curve:
             continue
-        best = sorted(curve, key=lambda k: -curve[k])[:confirm]
+        predicted: dict[int, float] = curve
+        best = sorted(predicted, key=lambda k: -predicted[k])[:confirm]
         curves[size] = (curve, sorted(k for k in best if k != k_max))
     if not curves:
         return None
     queued = []
-    for size, (curve, to_measure) in curves.items():
+    for size, (_curve, to_measure) in curves.items():
         if to_measure:
             add_k_runs(store, experiment_id, to_measure, batch_size=size)
             queued += to_measure

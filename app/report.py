@@ -65,7 +65,8 @@ def format_table(doc: dict) -> str:
             )
             + (
                 f"  batch {r['batch_size']}: TTFT p50 {fmt(r.get('ttft_seconds_p50'), '.3f')} s, ITL p95 "
-                f"{fmt(r.get('itl_seconds_p95'), '.3f')} s, latency p95 {fmt(r.get('request_latency_seconds_p95'), '.3f')} s"
+                f"{fmt(r.get('itl_seconds_p95'), '.3f')} s, latency p95 "
+                f"{fmt(r.get('request_latency_seconds_p95'), '.3f')} s"
                 if batched
                 else ""
             )

@@ -1,11 +1,11 @@
 """One variable at a time: which of `draftlab run`'s options is swept, and with which values.
 
 The article's rule for tuning a draft: change one variable per sweep, so a difference in speedup has one
-cause. Each swept variable's option (engine/config/variables.py: `--k`, `--temperature`, `--top-k`, `--top-p`, `--draft`,
-`--drafter`, `--batch-size`, ...) takes one value or a comma-separated list; at most one of them may be a list,
-except that `--batch-size` may list values next to another list: a grid (`--batch-size 1,4,16 --k 1,2,3,4`), the
-other variable swept at each batch size, each with its own target-only baseline at that batch size. Batch size is
-the one allowed outer axis: what serves best changes with it (the k schedule, storage/analysis/schedule.py).
+cause. Each swept variable's option (engine/config/variables.py: `--k`, `--temperature`, `--top-k`, `--top-p`,
+`--draft`, `--drafter`, `--batch-size`, ...) takes one value or a comma-separated list; at most one of them may be a
+list, except that `--batch-size` may list values next to another list: a grid (`--batch-size 1,4,16 --k 1,2,3,4`), the
+other variable swept at each batch size, each with its own target-only baseline at that batch size. Batch size is the
+one allowed outer axis: what serves best changes with it (the k schedule, storage/analysis/schedule.py).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def parse_sweep(options: dict) -> Sweep:
             raise DraftLabError(f"--k auto takes a largest k like auto:8 (got {options['k']!r})") from None
         if k_auto < 2:
             raise DraftLabError(f"--k auto needs a largest k of at least 2 (got {options['k']!r}); use e.g. --k auto:8")
-    # An option not given (None: --drafter, whose default engine/config/run_config.py derives from the draft) is fixed None.
+    # An option not given (None: --drafter, whose default engine/config/run_config.py derives from the draft) is fixed
+    # None.
     parsed = {
         name: [None] if text is None else [k_auto] if name == "k" and k_auto else _values(name, text)
         for name, text in options.items()

@@ -21,7 +21,7 @@ def _seconds(raw: str) -> float:
     return value
 
 
-_seconds.accepts = lambda value: isinstance(value, float) and 0 < value <= 86_400
+_seconds.accepts = lambda value: isinstance(value, float) and 0 < value <= 86_400  # type: ignore[attr-defined]
 
 
 def _check_url(source: str) -> None:

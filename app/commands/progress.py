@@ -16,7 +16,8 @@ class ProgressBar:
 
         self.per_prompt, self.per_run = max_new_tokens, prompts * max_new_tokens * repeats
         self.bar = tqdm(total=self.per_run * runs, unit="tok", file=sys.stderr, dynamic_ncols=True)
-        self.expected_runs, self.runs_seen = runs, set()
+        self.expected_runs = runs
+        self.runs_seen: set[int] = set()
         self.decodes: dict[tuple, int] = {}
 
     def update(self, run: dict, prompt_index: int, tokens: int, repeat: int = 0) -> None:
