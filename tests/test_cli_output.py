@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from tests.meaning import missing
-from tests.test_cli_errors import run_cli  # noqa: F401 - the fixture
+from tests.test_cli_errors import run_cli as run_cli  # a fixture, found by name
 
 
 def _segments(err: str) -> list[str]:
