@@ -664,6 +664,22 @@ def render_card(c: dict) -> str:
     else:
         focus_text = "None: every continuation token weighs 1.\n"
     eff = "\n".join(f"| {ty} | {v['tokens']} | {v['mean_weight']:.2f} |" for ty, v in c["weights"]["by_type"].items())
+    sequences = (
+        f"{noun(c.get('samples', 1), 'continuation')} of each prompt ({c['train_sequences']} sequences of up to "
+        f"{c['max_new_tokens']} new tokens,"
+    )
+    held_out = (
+        f"`{c['validation']}` ({plural(c['validation_prompts'], 'prompt')}, "
+        f"{plural(c['validation_tokens'], 'target token', thousands=True)}){c.get('validation_note', '')}"
+    )
+    optimizer = (
+        f"AdamW lr {c['lr']:g} ({c['warmup_steps']} warm-up steps, cosine to {c['lr'] * c['min_lr_ratio']:.2g}), "
+        f"betas (0.9, 0.95), grad clip {c['grad_clip']}, seed {c['seed']}"
+    )
+    wall_time = (
+        f"{duration(c['train_seconds'])} training, {duration(c['total_seconds'])} in all (generation, evaluation "
+        f"and saving included), on {c['hardware']}" + (", finished " + c["finished"] if c.get("finished") else "")
+    )
     return f"""# {c["name"]}
 
 A draft distilled toward `{c["target"]}` from `{c["draft"]}` by `draftlab distill` (engine/training/distill.py): same
@@ -672,19 +688,19 @@ architecture and size as `{c["draft"]}` ({c["parameters"]:,} parameters), same t
 ## Data
 
 - prompts: `{c["prompts"]}` ({plural(c["train_prompts"], "prompt")}); continuations: the target's {c["continuations"]}
-  {noun(c.get("samples", 1), "continuation")} of each prompt ({c["train_sequences"]} sequences of up to {c["max_new_tokens"]} new tokens,
+  {sequences}
   {c["train_tokens"]:,} tokens in all), generated once and cached with the target's top-{c["top_k"]} next-token
   distribution at every continuation position
 - loss: forward KL(p_target || p_draft) over the target's top-{c["top_k"]} (renormalised), per continuation token
-- held-out: `{c["validation"]}` ({plural(c["validation_prompts"], "prompt")}, {plural(c["validation_tokens"], "target token", thousands=True)}){c.get("validation_note", "")}
+- held-out: {held_out}
 
 ## Training
 
 | | |
 |---|---|
 | steps | {c["steps"]} x {c["batch_size"]} sequences |
-| optimizer | AdamW lr {c["lr"]:g} ({c["warmup_steps"]} warm-up steps, cosine to {c["lr"] * c["min_lr_ratio"]:.2g}), betas (0.9, 0.95), grad clip {c["grad_clip"]}, seed {c["seed"]} |
-| wall time | {duration(c["train_seconds"])} training, {duration(c["total_seconds"])} in all (generation, evaluation and saving included), on {c["hardware"]}{", finished " + c["finished"] if c.get("finished") else ""} |
+| optimizer | {optimizer} |
+| wall time | {wall_time} |
 | weights | {c["dtype"]} safetensors |
 
 Loss curve (train: weighted top-k KL, mean since the previous row; held-out: full-vocabulary KL, nats/token):
