@@ -27,6 +27,7 @@ import pytest
 from sqlalchemy import text
 
 from app.cli import main
+from app.worker.sweep import sweep
 from tests.fault_tools import ConfirmProcess, FakeServers, wait_until
 from tests.meaning import missing
 
@@ -288,7 +289,6 @@ def test_ctrl_c_or_sigterm_mid_confirm_is_one_line_and_its_exit_status(lab, fake
 
 def test_a_killed_confirm_leaves_no_server_and_the_next_sweep_closes_its_row(lab, fakes, tmp_path):
     from storage import open_store
-    from storage.jobs import liveness
 
     confirm = _signalled_confirm(lab, fakes, tmp_path)
     confirm.proc.kill()
@@ -299,7 +299,7 @@ def test_a_killed_confirm_leaves_no_server_and_the_next_sweep_closes_its_row(lab
     assert row["status"] == "running"  # nobody closed it: the process was killed
     store = open_store(lab[2])
     try:
-        liveness.mark_stale(store)  # a worker's, `draftlab list`'s or the next confirm's sweep
+        sweep(store)  # a worker's, `draftlab list`'s or the next confirm's sweep
     finally:
         store.dispose()
     (row,) = _stored_confirms(lab[2])

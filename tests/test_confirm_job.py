@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.worker.sweep import sweep
 from storage.db.errors import QueueError
 from storage.serving.confirm_jobs import claim_confirm, confirm_jobs, enqueue_confirm, get_confirm, report_confirm
 from tests.meaning import missing
@@ -113,7 +114,7 @@ def test_a_confirm_whose_worker_died_is_swept_as_interrupted_and_progress_is_fen
     assert claim_confirm(store, cid, "ghost") and not claim_confirm(store, cid, "other")
     assert report_confirm(store, cid, "ghost", phase="passes", requests_done=3)
     assert not report_confirm(store, cid, "someone else", requests_done=9)
-    liveness.mark_stale(store, stale_seconds=3600)
+    sweep(store, stale_seconds=3600)
     job = get_confirm(store, cid)
     assert job["status"] == "interrupted" and "its worker stopped" in job["error"] and job["requests_done"] == 3
     assert not report_confirm(store, cid, "ghost", requests_done=4)  # swept: no longer the ghost's
@@ -169,7 +170,7 @@ def test_the_queue_and_the_reads_beside_the_lab_on_sqlite_and_postgresql(store):
     beside = beside_lab(store, cid).set_index("concurrency")
     assert beside.loc[1, "lab_run_id"] == spec and beside.loc[1, "lab_speedup"] == 1.3
     assert beside.loc[4, "lab_speedup"] != beside.loc[4, "lab_speedup"]  # the lab never ran batch 4: NaN
-    liveness.mark_stale(store, stale_seconds=3600)  # the worker's process is gone
+    sweep(store, stale_seconds=3600)  # the worker's process is gone
     assert get_confirm(store, cid)["status"] == "interrupted"
     assert not finish_confirm(store, cid, engine_version="x", wall_seconds=1.0, errors=[], worker_id="w")
 
@@ -217,7 +218,7 @@ def test_a_live_workers_heartbeat_keeps_its_confirm_through_a_long_server_start(
     assert claim_confirm(store, cid, "alive")
     _age(store, cid, 120)
     liveness.heartbeat(store, "alive", None)
-    liveness.mark_stale(store, stale_seconds=60)
+    sweep(store, stale_seconds=60)
     assert get_confirm(store, cid)["status"] == "running"
 
 
@@ -246,7 +247,7 @@ def test_a_cli_confirm_whose_process_is_gone_is_swept_as_interrupted(store):
     elsewhere_fresh = confirm(processes=json.dumps({**here, "host": "elsewhere"}))
     elsewhere_stale = confirm(age=120, processes=json.dumps({**here, "host": "elsewhere"}))
     before_heartbeats = confirm(age=120, processes=None)
-    liveness.mark_stale(store, stale_seconds=60)
+    sweep(store, stale_seconds=60)
     status = {
         cid: get_confirm(store, cid)
         for cid in (running, dead_here, elsewhere_fresh, elsewhere_stale, before_heartbeats)

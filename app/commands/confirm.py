@@ -16,6 +16,7 @@ from app.arguments import ID as _id
 from app.arguments import whole
 from app.commands.common import database_errors_reported, store_command
 from app.serving.confirm import DEFAULT_REPEATS, measure, plan, unexpected
+from app.worker.sweep import sweep
 from engine.errors import DraftLabError
 
 NAME = "confirm"
@@ -131,7 +132,6 @@ def _confirm(args, store) -> int:
 
 def _measure_and_report(args, store) -> int:
     from storage.analysis.confirm_report import confirm_document
-    from storage.jobs import liveness
     from storage.records.confirms import start_confirm
 
     confirm = plan(
@@ -149,7 +149,7 @@ def _measure_and_report(args, store) -> int:
 
     from pages.widgets.access import cli_launcher
 
-    liveness.mark_stale(store)  # a confirm killed before (its row closed, the servers it left ended), a dead worker's
+    sweep(store)  # a confirm killed before (its row closed, the servers it left ended), a dead worker's
     confirm_id = start_confirm(
         store,
         confirm.experiment_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from app.commands.common import database_errors_reported, open_store_or_fail, stale_window_or_fail
+from app.worker.sweep import sweep
 from storage.db.settings import STALE_HELP
 
 NAME = "list"
@@ -30,7 +31,6 @@ def _list(args) -> int:
 
     from engine.config.variables import variable
     from storage.analysis import catalog
-    from storage.jobs import liveness
     from storage.records import queries as q
     from storage.serving.export import plain
 
@@ -41,7 +41,7 @@ def _list(args) -> int:
     if isinstance(store, int):
         return store
     try:  # runs whose worker is gone show as interrupted, not `running` forever (a read-only database: as stored)
-        liveness.mark_stale(store, stale)
+        sweep(store, stale)
     except SQLAlchemyError:
         pass
     experiments = catalog.experiments(store)

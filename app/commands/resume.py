@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app.arguments import ID
 from app.commands.common import database_errors_reported, experiment_missing, open_store_or_fail, stale_window_or_fail
+from app.worker.sweep import sweep
 from engine.wording import noun, plural
 from storage.db.settings import STALE_HELP
 
@@ -27,7 +28,7 @@ def run(args) -> int:
 
 
 def _resume(args) -> int:
-    from storage.jobs import liveness, run_state
+    from storage.jobs import run_state
     from storage.records import queries as q
 
     stale = stale_window_or_fail()
@@ -39,7 +40,7 @@ def _resume(args) -> int:
     missing = experiment_missing(store, args.experiment_id)
     if missing is not None:
         return missing
-    liveness.mark_stale(store, stale)  # a dead owner's runs (process gone here, or no heartbeat) are requeued too
+    sweep(store, stale)  # a dead owner's runs (process gone here, or no heartbeat) are requeued too
     n = run_state.resume_experiment(store, args.experiment_id)
     print(
         f"requeued {plural(n, 'run')} of experiment {args.experiment_id}; a worker continues each from its first "

@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.worker.sweep import sweep
 from engine.serving import process_tree
 from engine.wording import noun, plural
 
@@ -188,11 +189,11 @@ class Supervisor:
         `draftlab resume`."""
         from sqlalchemy import text
 
-        from storage.jobs import liveness, run_state
+        from storage.jobs import run_state
 
         store = self._store()
         try:
-            liveness.mark_stale(store)
+            sweep(store)
             with store.write() as conn:
                 ids = (
                     conn.execute(
@@ -283,10 +284,9 @@ class Supervisor:
 
     def _requeue_or_interrupt(self, child: Child) -> None:
         """A child killed at shutdown: its runs become interrupted (resumable), its lease goes."""
-        from storage.jobs import liveness
 
         try:
-            liveness.mark_stale(self._store())
+            sweep(self._store())
         except Exception:  # noqa: BLE001 - the next sweep does it
             pass
 

@@ -35,6 +35,7 @@ from app.runtime.db_retry import DbRetry, db_retry_window
 from app.runtime.job_context import JobContext, ProgressHook
 from app.runtime.model_cache import ModelCache, SetupError
 from app.runtime.placement import acquire_leases, lease_devices, lease_key, place, release_device_lease
+from app.worker.sweep import sweep
 from app.worker.timing import LOST, primary_draft, run_label, time_group
 from app.worker.timing import record as record_rows
 from engine.models import placement
@@ -148,7 +149,7 @@ class Worker:
         return interrupted
 
     def _sweep(self) -> list[int]:
-        interrupted = self.db.retry(liveness.mark_stale, self.store, self.stale_seconds)
+        interrupted = self.db.retry(sweep, self.store, self.stale_seconds)
         for run_id in interrupted:
             self.log(
                 f"run {run_id}: its worker is gone (process ended or no heartbeat for {self.stale_seconds:g}s); "

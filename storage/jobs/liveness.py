@@ -4,13 +4,15 @@ sweep (mark_stale: run by workers, `draftlab resume`, `draftlab list` and `draft
 
 A confirm holds the same kind of lease: a worker's is the worker's; `draftlab confirm`'s own heartbeats from its
 process, which the row names (`processes`, with the vLLM servers it started). A confirm whose process is gone is
-swept to `interrupted` too, and on this host the servers it left running are ended (engine/serving/process_tree.py).
+swept to `interrupted` too. Storage signals no process: the sweep hands the servers such a confirm left running on
+this host to its caller's `end_servers` (app/worker/sweep.py ends their process trees) and records how many were
+ended.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from sqlalchemy import select, text
@@ -120,7 +122,6 @@ CONFIRM_ORPHANED_ERROR = (
     "measured before are kept: run the confirm again for the rest"
 )
 SERVERS_ENDED = "; {n} vLLM server process(es) it left running were ended"
-SWEEP_GRACE_SECONDS = 5.0  # a left server's SIGTERM, before SIGKILL (its owner is gone: nothing waits on it)
 
 
 def _owner_gone(processes: str | None) -> bool:
@@ -154,15 +155,6 @@ def left_servers(conn, ids) -> dict[int, list]:
         select(server_confirms.c.id, server_confirms.c.processes).where(server_confirms.c.id.in_([int(i) for i in ids]))
     ).all()
     return {r.id: json.loads(r.processes).get("servers") or [] for r in rows if _owner_gone(r.processes)}
-
-
-def end_servers(left: dict[int, list]) -> dict[int, int]:
-    """End each confirm's left servers (engine/serving/process_tree.py: the group and its descendants); {confirm id: how
-    many processes were still alive}."""
-    return {
-        cid: sum(process_tree.Tree(int(pid), start).end(SWEEP_GRACE_SECONDS) for pid, start in servers)
-        for cid, servers in left.items()
-    }
 
 
 def stale_confirms(conn, cutoff, dead) -> list[int]:
@@ -200,12 +192,17 @@ def _interrupt_confirms_ending(conn, ids, error: str, ended: dict[int, int]) -> 
         )
 
 
-def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
+EndServers = Callable[[dict[int, list]], dict[int, int]]  # {confirm id: [[pid, start], ...]} -> {confirm id: ended}
+
+
+def mark_stale(store: Store, stale_seconds: float | None = None, *, end_servers: EndServers | None = None) -> list[int]:
     """Runs left `running` by a worker that is gone (killed, crashed, machine gone) become `interrupted`,
     keeping every committed row; so do queued runs reserved for a dead worker. A worker is gone when it sent
     no heartbeat for the stale window (see stale_window()), or at once when it ran on this host and its
     process no longer exists; training jobs and confirms of such workers too. Looks first and writes only when there is
-    something to sweep. Returns run ids."""
+    something to sweep. Returns run ids.
+    end_servers: what ends the vLLM servers a swept confirm left running here, before its row closes (app/worker/
+    sweep.py's, which every command and worker uses); None leaves them running and the rows say nothing of them."""
     seconds = stale_window(stale_seconds)
     cutoff = utcnow() - timedelta(seconds=seconds)
     with store.read() as conn:
@@ -219,7 +216,7 @@ def mark_stale(store: Store, stale_seconds: float | None = None) -> list[int]:
         if not (dead or stale or jobs or leases):
             return []
         left = left_servers(conn, confirms)
-    ended = end_servers(left)  # before the rows close: a sweep cut short here finds them again
+    ended = end_servers(left) if end_servers else {}  # before the rows close: a sweep cut short here finds them again
     params = {
         "cutoff": cutoff,
         "interrupted": INTERRUPTED,
