@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # the imports below (noqa: E402) come from the repository root
 
 from sqlalchemy import text  # noqa: E402
 
 from engine.metrics.stats import paired_bootstrap_ci, paired_speedup  # noqa: E402
 from storage import open_store  # noqa: E402
-from storage.records import queries
+from storage.records import queries  # noqa: E402
 
 DRAFTS = ("demo-draft", "demo-draft-distilled")
 
