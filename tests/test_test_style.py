@@ -34,7 +34,9 @@ def literal(node: ast.AST) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        return "".join(
+            v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else "{}" for v in node.values
+        )
     return None
 
 
@@ -75,7 +77,7 @@ def pinned(tree: ast.AST):
 
 def sentences(source: str, name: str = "<test>") -> list[str]:
     """`name:line: text` of each long sentence an assert in `source` pins."""
-    found = {(node.lineno, literal(node)) for node in pinned(ast.parse(source))}
+    found = {(node.lineno, text) for node in pinned(ast.parse(source)) if (text := literal(node)) is not None}
     return [f"{name}:{line}: {text!r}" for line, text in sorted(found) if is_prose(text)]
 
 

@@ -22,8 +22,12 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.errors import DraftLabError
+
+if TYPE_CHECKING:
+    from app.serving.production_scrape import SpecCounters
 
 DEFAULT_REPEATS = 3  # passes per server and concurrency: the fewest that give the paired speedup an interval
 DIED_WAIT_SECONDS = 5.0  # a request cut off mid-answer is seen before its server's exit is: wait this long for it
@@ -46,7 +50,7 @@ class Measured:
     """One server's passes at one concurrency, with the speculative server's counters summed over them."""
 
     passes: list = field(default_factory=list)
-    counters: object = None
+    counters: SpecCounters | None = None
 
 
 def configurations(store, experiment_id: int, which: str) -> list[Config]:
@@ -178,7 +182,7 @@ def _measure_pass(
         raise DraftLabError(server.died(wait=DIED_WAIT_SECONDS) or f"{server.name} server: {exc}") from None
     except DraftLabError as exc:  # a scrape: the server died, or it has no counters
         raise DraftLabError(server.died() or str(exc)) from None
-    if counted:
+    if before is not None and after is not None:  # counted
         delta = after.minus(before, server.metrics_url())
         if measured.counters is None:
             measured.counters = delta
@@ -232,7 +236,11 @@ def _store_config(
 ) -> None:
     from storage.records.confirms import add_measurement, lab_outputs, outputs_match, pass_speedup, summarize
 
-    matches = {"outputs_match_server_baseline": None, "outputs_match_lab": None, "first_divergence": None}
+    matches: dict[str, float | str | None] = {
+        "outputs_match_server_baseline": None,
+        "outputs_match_lab": None,
+        "first_divergence": None,
+    }
     outputs_test = None if greedy else _sampled_comparison(base, spec)
     if greedy:
         server, lab = _outputs(spec.passes), lab_outputs(store, config.run_id)
@@ -311,7 +319,7 @@ def plan(
     if server is not None and vllm is not None:
         raise DraftLabError("--vllm starts servers, --server attaches to running ones: give one of them")
     command_line = vllm if vllm is not None else default_command()
-    if server is not None:
+    if server is not None and baseline_server is not None:  # attach (the check above: both or neither)
         http_url(server, "--server")
         http_url(baseline_server, "--baseline-server")
     else:  # the command that will start the servers splits into a program and its arguments

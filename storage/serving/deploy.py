@@ -161,7 +161,7 @@ def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False
     notes = [
         note
         for key, value in settings.items()
-        if PARAMETERS[key].serving_note and (note := PARAMETERS[key].serving_note(value, settings))
+        if (serving_note := PARAMETERS[key].serving_note) is not None and (note := serving_note(value, settings))
     ]
     return {
         "run_id": int(run["run_id"]) if _present(run.get("run_id")) else None,
@@ -392,7 +392,8 @@ def _sglang(cfg: dict) -> dict:
         ["--model-path", _model_ref(cfg["target"])],
         ["--speculative-algorithm", serving.how],
     ]
-    prepare, notes = None, []
+    prepare: str | None = None
+    notes: list[str] = []
     if drafter.needs_model:
         draft, prepare, notes = _draft_for(cfg, serving)
         groups.append(["--speculative-draft-model-path", draft])
