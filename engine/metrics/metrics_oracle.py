@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Any
 
 from engine.decoding.records import ACCEPTED, DISCARDED, REJECTED, PromptResult
 from engine.metrics.theory import predicted_speedup
@@ -25,13 +26,13 @@ def target_step_seconds(baseline: list[PromptResult]) -> float | None:
     return _ratio(sum(p.decode_seconds for p in baseline), sum(p.decode_steps for p in baseline))
 
 
-def throughput(results: list[PromptResult]) -> dict:
+def throughput(results: list[PromptResult]) -> dict[str, Any]:
     new_tokens = sum(p.new_tokens for p in results)
     wall = sum(p.wall_seconds for p in results)
     return {"new_tokens": new_tokens, "wall_seconds": wall, "tokens_per_second": _ratio(new_tokens, wall)}
 
 
-def speculative_metrics(results: list[PromptResult], baseline: list[PromptResult] | None = None) -> dict:
+def speculative_metrics(results: list[PromptResult], baseline: list[PromptResult] | None = None) -> dict[str, Any]:
     """Round, acceptance, timing and speedup metrics of one speculative run (SPEC names)."""
     rounds = [r for p in results for r in p.rounds]
     tokens = [t for r in rounds for t in r.draft_tokens]
@@ -41,7 +42,7 @@ def speculative_metrics(results: list[PromptResult], baseline: list[PromptResult
     rejected = sum(t.outcome == REJECTED for t in tokens)
     k_max = max((r.k for r in rounds), default=0)
     reached, hits = [0] * k_max, [0] * k_max
-    by_type = defaultdict(lambda: [0, 0])
+    by_type: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])  # token type -> [accepted, verified]
     for t in verified:
         reached[t.position - 1] += 1
         hits[t.position - 1] += t.outcome == ACCEPTED
@@ -49,7 +50,7 @@ def speculative_metrics(results: list[PromptResult], baseline: list[PromptResult
         by_type[t.token_type][1] += 1
     kls = [t.kl for t in verified if not math.isnan(t.kl)]
     draft_forwards = sum(r.draft_forwards for r in rounds)
-    m = {
+    m: dict[str, Any] = {
         **throughput(results),
         "rounds": len(rounds),
         "proposed": proposed,

@@ -34,6 +34,8 @@ class Sequence:
     topk_logp: torch.Tensor | None = None
     positions: list[int] = field(default_factory=list)
     weights: torch.Tensor | None = None
+    # filled by head training's prepare() with a focus profile: the loss weight [steps, roots] of each (step, root)
+    head_weights: torch.Tensor | None = None
 
     @property
     def ids(self) -> list[int]:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
 
@@ -73,6 +74,30 @@ class DistillConfig:
             raise DraftLabError(f"--samples must be >= 1 (got {self.samples}); 1 = the greedy continuation only")
         if self.batch_size <= 0 or self.top_k <= 0:
             raise DraftLabError("batch size and top-k must be positive")
+
+
+class TrainingConfig(Protocol):
+    """The settings Distiller's shared stages, lr_at and config_record read: DistillConfig's, and those of
+    engine/training/head_training.py's HeadConfig (a dataclass with these fields and its own)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # a dataclass: asdict() gives the record's and fingerprint's
+    steps: int
+    lr: float
+    max_new_tokens: int
+    batch_size: int
+    warmup_steps: int
+    min_lr_ratio: float
+    weight_decay: float
+    grad_clip: float
+    seed: int
+    eval_points: int
+    samples: int
+    generation_batch: int
+    k: int
+    profile_k: int
+
+
+C = TypeVar("C", bound=TrainingConfig)
 
 
 # --- teacher and draft figures over the data ----------------------------------------------------------------
@@ -131,7 +156,9 @@ def assign_weights(
     normalised to mean 1 over all training tokens. Types/positions missing from the dicts weigh 1.
     Returns a summary: the mean weight and token count per type and per position."""
     type_weights, position_weights = type_weights or {}, {int(k): v for k, v in (position_weights or {}).items()}
-    raw, by_type, by_pos = [], {}, {}
+    raw: list[tuple[list[float], list[str]]] = []  # per sequence: its tokens' raw weights and types
+    by_type: dict[str, list[float]] = {}
+    by_pos: dict[int, list[float]] = {}
     for s in seqs:
         types = [typer.describe(t)[1] for t in s.continuation]
         w = [
@@ -158,6 +185,10 @@ def batch_loss(draft_model, seqs: list[Sequence], vocab: int, device) -> torch.T
     num, den = 0.0, 0
     for s, logits in zip(seqs, _continuation_logits(draft_model, seqs, vocab, device)):
         logp_d = logits.float().log_softmax(-1)
+        if s.topk_ids is None or s.topk_logp is None:
+            raise RuntimeError(
+                "batch_loss() on a sequence without its teacher distributions (cache_teacher fills them)"
+            )
         ids, logp_t = s.topk_ids.to(device), s.topk_logp.to(device)
         kl = (logp_t.exp() * (logp_t - logp_d.gather(-1, ids))).sum(-1)
         w = s.weights.to(device) if s.weights is not None else torch.ones_like(kl)
@@ -210,7 +241,7 @@ def greedy_alpha(
 # --- training ------------------------------------------------------------------------------------------------
 
 
-def lr_at(step: int, cfg: DistillConfig) -> float:
+def lr_at(step: int, cfg: TrainingConfig) -> float:
     warm = cfg.warmup_steps or min(50, max(1, cfg.steps // 10))
     if step < warm:
         return cfg.lr * (step + 1) / warm
@@ -259,7 +290,7 @@ def checkpoint_changes(saved: dict, now: dict) -> list[str]:
     return changes
 
 
-class Distiller:
+class Distiller(Generic[C]):
     """One distillation run, in stages the caller drives: `prepare()` (the target's continuations, teacher
     distributions, focus weights, held-out figures before), then `train()` (optimiser steps from `self.step + 1`).
     Between any two records the caller may `save_checkpoint(dir)`; `load_checkpoint(dir)` restores the prepared
@@ -274,6 +305,8 @@ class Distiller:
     {"kind": "step", "step", "loss", "lr", "seconds"}      after every optimiser step (step counts from 1)
     {"kind": "eval", "step", "kl", "train_loss"}           held-out KL along the run (the loss curve)
     {"kind": "trained", "seconds", "curve": [...], ...}    the end of training (weights still in memory)
+
+    Generic in its settings C: a Distiller's are DistillConfig, head_training.HeadTrainer's its HeadConfig.
     """
 
     DATA, STATE = "data.pt", "state.pt"
@@ -283,7 +316,7 @@ class Distiller:
         pair: ModelPair,
         train_prompts: list[str],
         val_prompts: list[str],
-        cfg: DistillConfig,
+        cfg: C,
         type_weights: dict | None = None,
         position_weights: dict | None = None,
     ):
@@ -301,15 +334,15 @@ class Distiller:
         self.curve: list[dict] = []
         self.window: list[float] = []  # train losses since the last eval point
         self.seconds = 0.0  # training time so far (over every resumed session)
-        self.opt = None
+        self.opt: torch.optim.Optimizer | None = None  # made with the sampler by _optimizer(), both or neither
         self.gen: torch.Generator | None = None
 
     # --- stages ---
 
-    def prepare(self) -> Iterator[dict]:
+    def prepare(self: Distiller[DistillConfig]) -> Iterator[dict]:
         cfg, pair = self.cfg, self.pair
         torch.manual_seed(cfg.seed)
-        target, draft, device, vocab = pair.target.model, pair.draft.model, pair.device, pair.vocab_size
+        target, draft, device, vocab = pair.target.model, self.draft.model, pair.device, pair.vocab_size
         target.eval()
         yield {"kind": "phase", "phase": "target continuations (train)"}
         train: list[Sequence] = []
@@ -355,15 +388,24 @@ class Distiller:
         yield {"kind": "before", "kl": self.kl_before, **self.before}
 
     @property
-    def model(self):
+    def draft(self) -> LoadedModel:
+        """The pair's draft: a Distiller's is given (__init__ refuses a pair without one), a HeadTrainer's head is
+        built by prepare() or load_checkpoint(), before anything reads it."""
+        if self.pair.draft is None:
+            raise RuntimeError("the trainer's draft was read before prepare() or load_checkpoint() made it")
+        return self.pair.draft
+
+    @property
+    def model(self) -> torch.nn.Module:
         """The module trained in place (the pair's draft)."""
-        return self.pair.draft.model
+        return self.draft.model
 
     def _loss(self, seqs: list[Sequence]) -> torch.Tensor:
         """The training objective on one batch of sequences (a scalar to minimise)."""
         return batch_loss(self.model, seqs, self.pair.vocab_size, self.pair.device)
 
-    def _optimizer(self) -> None:
+    def _optimizer(self) -> tuple[torch.optim.Optimizer, torch.Generator]:
+        """A new optimiser and batch sampler (kept as self.opt and self.gen), returned."""
         draft, cfg = self.model, self.cfg
         draft.float().train()
         decay = [p for p in draft.parameters() if p.dim() >= 2 and p.requires_grad]
@@ -374,13 +416,19 @@ class Distiller:
             betas=(0.9, 0.95),
         )
         self.gen = torch.Generator().manual_seed(cfg.seed)
+        return self.opt, self.gen
+
+    def _training_state(self) -> tuple[torch.optim.Optimizer, torch.Generator]:
+        """The optimiser and batch sampler, made on first use."""
+        if self.opt is None or self.gen is None:
+            return self._optimizer()
+        return self.opt, self.gen
 
     def train(self) -> Iterator[dict]:
         if self.prepared is None:
             raise RuntimeError("Distiller.train() before prepare() or load_checkpoint()")
         cfg, draft = self.cfg, self.model
-        if self.opt is None:
-            self._optimizer()
+        opt, gen = self._training_state()
         draft.train()
         every = max(1, math.ceil(cfg.steps / max(1, cfg.eval_points)))
         start = time.perf_counter() - self.seconds
@@ -389,15 +437,15 @@ class Distiller:
         while self.step < cfg.steps:
             step = self.step + 1
             lr = lr_at(step - 1, cfg)
-            for g in self.opt.param_groups:
+            for g in opt.param_groups:
                 g["lr"] = lr
-            pick = torch.randperm(len(self.train_seqs), generator=self.gen)[: cfg.batch_size].tolist()
+            pick = torch.randperm(len(self.train_seqs), generator=gen)[: cfg.batch_size].tolist()
             loss = self._loss([self.train_seqs[i] for i in pick])
-            self.opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
-            self.opt.step()
+            opt.step()
             value = loss.item()
             self.window.append(value)
             self.step, self.seconds = step, time.perf_counter() - start
@@ -417,10 +465,10 @@ class Distiller:
 
     def _eval(self, start: float) -> dict:
         """Held-out KL after `self.step` steps: the curve's next point (train loss: mean since the last one)."""
-        pair = self.pair
-        pair.draft.model.eval()
-        kl = mean_kl(pair.target.model, pair.draft.model, self.val_seqs, pair.vocab_size, pair.device)
-        pair.draft.model.train()
+        pair, draft = self.pair, self.model
+        draft.eval()
+        kl = mean_kl(pair.target.model, draft, self.val_seqs, pair.vocab_size, pair.device)
+        draft.train()
         point = {
             "step": self.step,
             "train_loss": sum(self.window) / len(self.window) if self.window else None,
@@ -440,8 +488,7 @@ class Distiller:
         path.mkdir(parents=True, exist_ok=True)
         if not (path / self.DATA).exists():
             _atomic_save(path / self.DATA, {"fingerprint": self._fingerprint(), **self._data()})
-        if self.opt is None:
-            self._optimizer()
+        opt, gen = self._training_state()
         _atomic_save(
             path / self.STATE,
             {
@@ -450,8 +497,8 @@ class Distiller:
                 "window": self.window,
                 "seconds": self.seconds,
                 "draft": self.model.state_dict(),
-                "optimizer": self.opt.state_dict(),
-                "sampler": self.gen.get_state(),
+                "optimizer": opt.state_dict(),
+                "sampler": gen.get_state(),
                 "torch_rng": torch.get_rng_state(),
             },
         )
@@ -476,12 +523,12 @@ class Distiller:
                 f"({'; '.join(changes)}); {fix}"
             )
         self._restore(saved)
-        self._optimizer()
+        opt, gen = self._optimizer()
         if (path / self.STATE).exists():
             state = torch.load(path / self.STATE, weights_only=True)
             self.model.load_state_dict(state["draft"])
-            self.opt.load_state_dict(state["optimizer"])
-            self.gen.set_state(state["sampler"])
+            opt.load_state_dict(state["optimizer"])
+            gen.set_state(state["sampler"])
             torch.set_rng_state(state["torch_rng"])
             self.step, self.curve, self.window = int(state["step"]), list(state["curve"]), list(state["window"])
             self.seconds = float(state["seconds"])
@@ -510,7 +557,7 @@ class Distiller:
         return {
             "config": asdict(self.cfg),
             "target": self.pair.target.name,
-            "draft": self.pair.draft.name,
+            "draft": self.draft.name,
             "train": self.train_prompts,
             "validation": self.val_prompts,
             "type_weights": self.type_weights or {},
@@ -737,7 +784,7 @@ Mean loss weight per token type over the training tokens:
 """
 
 
-def config_record(cfg: DistillConfig) -> dict:
+def config_record(cfg: TrainingConfig) -> dict:
     d = asdict(cfg)
     d["warmup_steps"] = cfg.warmup_steps or min(50, max(1, cfg.steps // 10))
     return d

@@ -166,7 +166,7 @@ def ttt_logits(head: eagle3.Eagle3Head, ids: torch.Tensor, states: torch.Tensor,
         cos, sin = head.rotary_emb(x, position_ids=positions)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        if j == 0:
+        if keys0 is None or values0 is None:  # step 0 (j == 0): every step attends causally to its keys and values
             keys0, values0 = k, v
         else:
             chain.append((k, v))
@@ -261,7 +261,7 @@ def focus_weights(seqs: list[Sequence], j: int, w: int, device) -> torch.Tensor:
     """The focus weight [B, W] of step j at each root (1 where a sequence has none)."""
     out = torch.ones(len(seqs), w, device=device)
     for row, s in enumerate(seqs):
-        table = getattr(s, "head_weights", None)
+        table = s.head_weights
         if table is not None:
             values = table[j].to(device)[:w]
             out[row, : values.shape[0]] = values
@@ -323,7 +323,7 @@ def focus_tables(
     return [t / mean for t in tables], summary
 
 
-class HeadTrainer(ds.Distiller):
+class HeadTrainer(ds.Distiller[HeadConfig]):
     """One head-training run, in the stages and records of ds.Distiller (prepare, train, checkpoints), with the
     head built in prepare() once the draft vocabulary is known. Extra record fields: "eval" carries
     `acceptance_length`, `per_position` and `accuracy` (held-out, teacher-forced); "prepared" the draft vocabulary
@@ -356,7 +356,7 @@ class HeadTrainer(ds.Distiller):
 
     @property
     def head(self) -> eagle3.Eagle3Head:
-        return self.pair.draft.model
+        return self.draft.model
 
     def _build_head(self, draft_ids: torch.Tensor) -> None:
         target = self.pair.target
@@ -396,7 +396,8 @@ class HeadTrainer(ds.Distiller):
         if not train:
             raise DraftLabError("the target generated nothing for any training prompt (EOS first); use other prompts")
         yield {"kind": "phase", "phase": "draft vocabulary and focus"}
-        self._build_head(draft_vocabulary(train, pair.vocab_size, cfg.draft_vocab_size))
+        draft_ids = draft_vocabulary(train, pair.vocab_size, cfg.draft_vocab_size)
+        self._build_head(draft_ids)
         summary = self._assign_focus(train)
         self.train_seqs, self.val_seqs = train, val
         self.prepared = {
@@ -406,7 +407,7 @@ class HeadTrainer(ds.Distiller):
             "validation_sequences": len(val),
             "validation_tokens": sum(len(s.continuation) for s in val),
             "weights": summary,
-            "draft_vocab_size": int(self.draft_ids.numel()),
+            "draft_vocab_size": int(draft_ids.numel()),
             "aux_layers": self.aux_layers,
         }
         yield self.prepared
@@ -494,7 +495,7 @@ class HeadTrainer(ds.Distiller):
     def _data(self) -> dict:
         saved = super()._data()
         saved["draft_ids"] = self.draft_ids
-        saved["head_weights"] = [getattr(s, "head_weights", None) for s in self.train_seqs]
+        saved["head_weights"] = [s.head_weights for s in self.train_seqs]
         saved["curve0"] = self.curve[:1]
         return saved
 

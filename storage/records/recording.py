@@ -42,14 +42,15 @@ def encode_ids(ids: list[int]) -> str:
 
 def _output_rows(run_id: int, kind: str, result: PromptResult, texts: list[str]) -> list[dict]:
     if kind == BASELINE:
-        kinds, owners = [TARGET] * len(result.output_ids), [None] * len(result.output_ids)
+        kinds = [TARGET] * len(result.output_ids)
+        owners: list[int | None] = [None] * len(result.output_ids)  # a baseline has no rounds
     else:
         leading = len(result.output_ids) - sum(len(r.emitted_ids) for r in result.rounds)
         kinds, owners = [FIRST] * leading, [None] * leading  # tokens no round emitted (a prefill-only first token)
         for r in result.rounds:
             kinds += r.emitted_kinds
             owners += [r.round_index] * len(r.emitted_ids)
-    arrivals = (
+    arrivals: list[float] | list[None] = (
         result.token_seconds
         if result.token_seconds is not None and len(result.token_seconds) == len(result.output_ids)
         else [None] * len(result.output_ids)
@@ -63,9 +64,9 @@ def _output_rows(run_id: int, kind: str, result: PromptResult, texts: list[str])
             "text": texts[i],
             "kind": kinds[i],
             "round_index": owners[i],
-            "seconds": None if arrivals[i] is None else float(arrivals[i]),
+            "seconds": None if arrival is None else float(arrival),
         }
-        for i, token in enumerate(result.output_ids)
+        for i, (token, arrival) in enumerate(zip(result.output_ids, arrivals))
     ]
 
 
@@ -257,8 +258,10 @@ def bulk_insert(conn: Connection, table, rows: list[dict]) -> None:
     which costs more than SQLite's insert itself at a few thousand rows per prompt."""
     keys = list(rows[0])
     compiled = insert(table).compile(dialect=conn.dialect, column_keys=keys)
+    params: list[tuple[Any, ...]] | list[dict[str, Any]]
     if compiled.positional:
         order = compiled.positiontup
+        assert order is not None, "a positional compile lists its parameters in order"
         params = [tuple(row[key] for key in order) for row in rows]
     else:
         params = rows
@@ -336,9 +339,14 @@ def refresh_paired(conn: Connection, run_id: int) -> None:
     `predicted_speedup_refined` from its own round times, and `timing_warning` when the measured speedup is
     physically impossible (above tokens per round)."""
     pairs = conn.execute(text(_PAIRS), {"rid": run_id}).all()
-    columns = list(zip(*pairs)) if pairs else [[], [], [], []]
-    speedup = stats.paired_speedup(*columns)
-    interval = stats.paired_bootstrap_ci(*columns, seed=run_id) if speedup is not None else None
+    # _PAIRS selects four columns, so there are always four (empty when no prompt is paired)
+    base_tokens, base_seconds, run_tokens, run_seconds = list(zip(*pairs)) if pairs else [(), (), (), ()]
+    speedup = stats.paired_speedup(base_tokens, base_seconds, run_tokens, run_seconds)
+    interval = (
+        stats.paired_bootstrap_ci(base_tokens, base_seconds, run_tokens, run_seconds, seed=run_id)
+        if speedup is not None
+        else None
+    )
     rounds_, tokens_per_round, t_target, draft_s, verify_s = conn.execute(text(_COSTS), {"rid": run_id}).one()
     verify_cost = refined = None
     if rounds_ and t_target:
