@@ -65,7 +65,9 @@ def run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repor
         experiment_id = enqueue_experiment(
             store, **enqueue, prompt_texts=prompts, reserved_for=worker.id, launched_by=cli_launcher()
         )
-        worker.adopt(pair, get_experiment(store, experiment_id), others)
+        experiment = get_experiment(store, experiment_id)
+        assert experiment is not None  # enqueued just above, reserved for this worker
+        worker.adopt(pair, experiment, others)
         worker.work(until_idle=True, experiment_id=experiment_id)
     except KeyboardInterrupt as exc:
         status, what = (
@@ -108,6 +110,7 @@ def run_here(args, store, pair, others, prompts, enqueue: dict, arms: int, repor
             f"it accepts writes. Continue with {continue_with(experiment_id)}",
             EXIT_RUN_FAILED,
         )
+    assert experiment_id is not None  # the try above enqueued it, or returned (failure and no experiment: above)
     try:
         doc = run_document(store, experiment_id)
     except SQLAlchemyError as exc:

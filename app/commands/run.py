@@ -131,8 +131,8 @@ def run(args) -> int:
             raise DraftLabError(_draft_missing())
         for value in config.values:
             config.sampling(value)
-        prompts = load_prompts(args.prompts)
-        _check_batch_rows(sweep, len(prompts))  # before any model loads
+        prompt_set = load_prompts(args.prompts)
+        _check_batch_rows(sweep, len(prompt_set))  # before any model loads
         model_drafts = [d for d, spec in zip(drafts * len(drafters), drafters * len(drafts)) if needs_draft_model(spec)]
         first = model_drafts[0] if model_drafts else None
         pair = load_pair(args.target, first, args.device, args.dtype, args.trust_remote_code)
@@ -142,7 +142,7 @@ def run(args) -> int:
         for k in sweep.ks:
             for p in [pair, *others.values()]:
                 check_k(p, k)
-        prompts = render(prompts, pair.tokenizer, chat_template, what=args.prompts)
+        prompts = render(prompt_set, pair.tokenizer, chat_template, what=args.prompts)
         encoded = encode_prompts(pair, prompts, config.value("max_new_tokens"))
         _check_batch_sizes(sweep, pair, others, encoded, args.max_new_tokens)
     except DraftLabError as exc:

@@ -53,17 +53,20 @@ def show_training(
                 else:
                     print(f"{label}: {rec['phase']}", file=sys.stderr, flush=True)
             elif kind == "generated":
+                assert bar is not None  # the "target continuations" phase opened it
                 bar.update(1)
             elif kind == "before":
                 print(f"{label}: before: held-out alpha {rec['alpha']:.3f}", file=sys.stderr, flush=True)
                 bar = tqdm(total=cfg.steps, desc=label, unit="step", file=sys.stderr, dynamic_ncols=True, mininterval=1)
             elif kind == "step":
+                assert bar is not None  # "before" (or the continued run) opened it
                 bar.update(1)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", refresh=False)
                 if time.monotonic() - last_checkpoint >= driver.CHECKPOINT_SECONDS and run.step < cfg.steps:
                     saved = driver.checkpoint(run, ckpt)  # between two steps: a resume repeats none and skips none
                     last_checkpoint = time.monotonic()
             elif kind == "eval":
+                assert bar is not None  # an eval comes between two steps
                 bar.write(f"{label}: step {rec['step']}: {eval_line(rec)}", file=sys.stderr)
             elif kind == "prepared":
                 prepared = rec
@@ -89,6 +92,7 @@ def show_training(
     finally:
         if bar is not None:
             bar.close()
+    assert prepared is not None and done is not None  # a fresh run's records hold "prepared", every run's "trained"
     return prepared, done
 
 
@@ -118,11 +122,11 @@ def training_inputs(args, cfg, draft: str | None, focus_on):
         focus_on(cfg, focus)
     try:
         val_spec, val_note = held_out_split(args.prompts)
-        train_prompts, val_prompts = load_prompts(args.prompts), load_prompts(val_spec)
+        train_set, val_set = load_prompts(args.prompts), load_prompts(val_spec)
         pair = load_pair(args.target, draft, args.device, "float32")
         chat_template = resolve_option(args.chat_template)
-        train_prompts = render(train_prompts, pair.tokenizer, chat_template, what=args.prompts)
-        val_prompts = render(val_prompts, pair.tokenizer, chat_template, what=val_spec)
+        train_prompts = render(train_set, pair.tokenizer, chat_template, what=args.prompts)
+        val_prompts = render(val_set, pair.tokenizer, chat_template, what=val_spec)
         encode_prompts(pair, train_prompts, cfg.max_new_tokens)
         encode_prompts(pair, val_prompts, cfg.max_new_tokens)
     except DraftLabError as exc:

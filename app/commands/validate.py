@@ -48,7 +48,7 @@ def _validate(args) -> int:
         return store
     try:
         plan = validation_plan(store, args.experiment_id, args.prompts)
-        prompts = load_prompts(plan["prompts"])
+        prompt_set = load_prompts(plan["prompts"])
         draft = plan["draft"] or None
         from engine.config.drafter_specs import needs_draft_model
 
@@ -59,7 +59,7 @@ def _validate(args) -> int:
             plan["dtype"],
             plan["trust_remote_code"],
         )
-        prompts = render(prompts, pair.tokenizer, plan["chat_template"], what=plan["prompts"])
+        prompts = render(prompt_set, pair.tokenizer, plan["chat_template"], what=plan["prompts"])
         encode_prompts(pair, prompts, plan["sampling"]["max_new_tokens"])
     except (ValidationError, DraftLabError) as exc:
         return fail(str(exc))
