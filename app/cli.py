@@ -1,4 +1,4 @@
-"""`draftlab` command line: run, worker, list, export, ui, … (the CLI contract: README, docs/metrics.md).
+"""`draftlab` command line: run, worker, list, export, ui, … (the CLI contract: docs/cli.md, docs/metrics.md).
 
 This module only assembles the commands: each is a module of app/commands/ with `NAME`, `add_parser(subparsers)`
 and `run(args) -> int`, listed in COMMANDS in the order `draftlab --help` shows them. Bad input ends in exactly one

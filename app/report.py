@@ -1,5 +1,5 @@
-"""The human-readable table of a `draftlab run` document (storage/export.run_document: the CLI contract, README,
-docs/metrics.md)."""
+"""The human-readable table of a `draftlab run` document (storage/serving/export.run_document: the CLI contract,
+docs/cli.md, docs/metrics.md)."""
 
 from __future__ import annotations
 

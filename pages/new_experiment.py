@@ -380,7 +380,7 @@ def _pair_check(target: str, draft: str) -> _CheckOnPage:
 
 
 def _model_error(name: str) -> str | None:
-    """Under a model field, as it is typed: a path-looking name with no folder there (engine/zoo.py's
+    """Under a model field, as it is typed: a path-looking name with no folder there (engine/zoo/__init__.py's
     missing_folder, the rule the engine loads by), never the hub's complaint about a repo id; None when fine."""
     problem = zoo.missing_folder(str(name or "").strip())
     if problem:

@@ -15,8 +15,8 @@ MAX_TTT_STEPS = 16  # draft positions a head may be trained for (the training-ti
 MAX_LAYER_ID = 9999  # an aux-layer id above any decoder's layer count (the target's own count is checked on load)
 AUTO = "auto"  # aux layers: vLLM's default (2, L/2, L-3) for the target
 
-# `draftlab train-head`'s defaults (app/cli.py; tests/test_training_heads.py checks they agree), the form's first
-# values. draft_vocab_size 0: the whole target vocabulary, at most 32000 ids.
+# `draftlab train-head`'s defaults (app/commands/train_head.py; tests/test_training_heads.py checks they agree), the
+# form's first values. draft_vocab_size 0: the whole target vocabulary, at most 32000 ids.
 DEFAULTS = {
     "steps": 600,
     "lr": 1e-3,

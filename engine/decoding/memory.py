@@ -76,7 +76,7 @@ def available_bytes(device: torch.device) -> int:
 def batch_kv_bytes(models: Iterable[Model], batch_size: int, prompt_tokens: int, max_new_tokens: int, k: int) -> int:
     """The KV-cache bytes a batch needs at its longest: every model's bytes per token x (longest prompt + new
     tokens + k drafts in flight) x B rows. A lower bound: rejected drafts leave holes a cache compacts only past
-    2x its longest row (engine/batched.py), and activations are not counted."""
+    2x its longest row (engine/decoding/batched_cache.py), and activations are not counted."""
     per_token = sum(kv_bytes_per_token(m) for m in models)
     return per_token * (int(prompt_tokens) + int(max_new_tokens) + int(k)) * int(batch_size)
 

@@ -693,7 +693,7 @@ def _fmt(value, spec=".4f") -> str:
 
 
 def render_card(c: dict) -> str:
-    """MODEL_CARD.md of a distilled draft from the run's record (see app/cli.py cmd_distill)."""
+    """MODEL_CARD.md of a distilled draft from the run's record (see app/commands/distill.py)."""
     curve = "\n".join(f"| {p['step']} | {_fmt(p['train_loss'])} | {_fmt(p['kl'])} |" for p in c["curve"])
     focus = c.get("focus")
     if focus:
