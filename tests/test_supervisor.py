@@ -281,6 +281,32 @@ def test_compose_file_has_postgres_dashboard_and_a_gpu_worker_on_shared_volumes(
     assert services["worker"]["stop_grace_period"]  # SIGTERM: the children end their runs interrupted
 
 
+def test_the_worker_healthcheck_is_healthy_exactly_while_a_worker_beats(tmp_path):
+    """compose.yaml's worker healthcheck, run as written against a database: unhealthy (exit 1) with no worker,
+    healthy (exit 0) once one is registered and heartbeating. (It once imported a module that did not exist, so the
+    worker never became healthy and the dashboard, which waits on it, never started.)"""
+    import yaml
+
+    from storage import open_store
+    from storage.jobs import liveness
+
+    check = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["worker"]["healthcheck"]["test"]
+    assert check[:3] == ["CMD", "python", "-c"]
+    url = f"sqlite:///{tmp_path / 'health.db'}"
+    store = open_store(url)
+    env = {**os.environ, "DRAFTLAB_DB": url, "PYTHONPATH": str(ROOT)}
+
+    def probe() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", check[3]], env=env, cwd=tmp_path, capture_output=True, text=True)
+
+    alone = probe()
+    assert alone.returncode == 1 and not alone.stderr, alone.stderr
+    liveness.register_worker(store, "box:1:aaaaaa@cuda:0", liveness.host_identity(), os.getpid())
+    liveness.heartbeat(store, "box:1:aaaaaa@cuda:0", None)
+    beating = probe()
+    assert beating.returncode == 0 and not beating.stderr, beating.stderr
+
+
 def test_team_setup_docs_compose_command_and_service_names_match_the_file():
     import re
 
