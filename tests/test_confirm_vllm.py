@@ -112,10 +112,15 @@ def test_confirm_serves_the_demo_pair_in_vllm_losslessly(tmp_path, capsys, vllm_
     assert len(m["server_per_position_acceptance"]) == 3
     assert all(0 <= a <= 1 for a in m["server_per_position_acceptance"])
     assert m["lab_draft_acceptance_rate"] == lab["runs"][0]["draft_acceptance_rate"]
-    assert m["speedup"] > 0 and m["speedup_ci"] is None  # one pass: no interval
-    # equal work per generated token (greedy: the same tokens), within the server's own tokens per step
-    assert m["speedup"] == pytest.approx(m["tokens_per_second"] / m["baseline_tokens_per_second"])
-    assert m["speedup"] <= m["server_tokens_per_step"] and m["speedup_warning"] is None and m["outputs_test"] is None
+    assert m["speedup_ci"] is None and m["outputs_test"] is None  # one pass: no interval; greedy: no sampled test
+    # equal work per generated token (greedy: the same tokens): the tokens-per-second ratio, a result only within the
+    # server's own tokens per step. One pass on a busy machine can measure a slow baseline and exceed it: then the
+    # speedup is withheld and the warning names the bound (the physics guard), never shown as a result.
+    ratio = m["tokens_per_second"] / m["baseline_tokens_per_second"]
+    if ratio <= m["server_tokens_per_step"]:
+        assert m["speedup"] == pytest.approx(ratio) and m["speedup"] > 0 and m["speedup_warning"] is None
+    else:
+        assert m["speedup"] is None and "tokens per step" in m["speedup_warning"], m
 
     assert main(["export", str(lab["experiment_id"]), "--format", "json", "--db", db]) == 0
     (stored,) = json.loads(capsys.readouterr().out)["server_confirms"]
