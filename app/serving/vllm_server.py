@@ -218,6 +218,8 @@ class VllmServer:
                     str(self.started_at or ""),
                     str(STOP_GRACE_SECONDS),
                     str(self.log_path),
+                    str(os.getpid()),
+                    str(process_tree.start_time(os.getpid()) or 0),
                 ],
                 stdin=read,
                 stdout=subprocess.DEVNULL,

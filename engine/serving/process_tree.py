@@ -7,12 +7,13 @@ and start time plus every descendant seen while it ran; `end()` sends SIGTERM to
 alive, SIGKILL after a grace period. A pid is signalled only while its start time is the one recorded (a pid the kernel
 has given to another process since is left alone); a group id is never reused while a member is alive.
 
-Run as a script (`python -I process_tree.py LEADER START GRACE LOG`), it is the watchdog app/serving/vllm_server.py
-starts beside each server, in a session of its own: it records the tree's descendants every WATCH_SECONDS and ends the
-tree when its stdin reaches end of file, which happens when the owner closes the pipe (VllmServer.stop) and when the
-owner dies, even by SIGKILL (the kernel closes the owner's end). A watchdog whose owner died also removes the server's
-log, unless the owner wrote KEEP_LOG first (the log holds a failure the user was pointed to). Standard library only: the
-script runs without the project on its path.
+Run as a script (`python -I process_tree.py LEADER START GRACE LOG OWNER OWNER_START`), it is the watchdog
+app/serving/vllm_server.py starts beside each server, in a session of its own: it records the tree's descendants every
+WATCH_SECONDS and ends the tree when its stdin reaches end of file, which happens when the owner closes the pipe
+(VllmServer.stop) and when the owner dies, even by SIGKILL (the kernel closes the owner's end). A watchdog whose owner
+died also removes the server's log, unless the owner wrote KEEP_LOG first (the log holds a failure the user was pointed
+to). The owner is named on the command line (pid and start time), never read from getppid(): an owner killed before
+the script's first line ran would look alive. Standard library only: the script runs without the project on its path.
 """
 
 from __future__ import annotations
@@ -167,9 +168,9 @@ class Tree:
         return len(first)
 
 
-def watchdog(leader: int, start: int | None, grace: float, log: str) -> None:
-    """Record the tree until stdin closes, then end it (see the module's docstring)."""
-    owner = os.getppid()
+def watchdog(leader: int, start: int | None, grace: float, log: str, owner: int, owner_start: int | None) -> None:
+    """Record the tree until stdin closes, then end it (see the module's docstring). The owner (pid and start time)
+    is passed in, not read from getppid(): an owner killed before this script's first line would look alive."""
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     stopped = []
@@ -187,7 +188,7 @@ def watchdog(leader: int, start: int | None, grace: float, log: str) -> None:
             keep = keep or KEEP_LOG in data
         tree.watch()
     tree.end(grace)
-    if log and not keep and os.getppid() != owner:  # the owner died: nobody will remove it, or read it
+    if log and not keep and not running(owner, owner_start):  # the owner died: nobody will remove it, or read it
         try:
             os.unlink(log)
         except OSError:
@@ -195,4 +196,5 @@ def watchdog(leader: int, start: int | None, grace: float, log: str) -> None:
 
 
 if __name__ == "__main__":
-    watchdog(int(sys.argv[1]), int(sys.argv[2]) if sys.argv[2] else None, float(sys.argv[3]), sys.argv[4])
+    leader, start, grace, log, owner, owner_start = sys.argv[1:7]
+    watchdog(int(leader), int(start) if start else None, float(grace), log, int(owner), int(owner_start) or None)
