@@ -19,6 +19,7 @@ from app.commands import (
     export,
     import_metrics,
     listing,
+    profile,
     resume,
     run,
     train_head,
@@ -41,6 +42,7 @@ COMMANDS = (
     export,
     import_metrics,
     confirm,
+    profile,
     convert_head,
     check_head,
 )

@@ -6,11 +6,13 @@ Greedy and lossless by construction: a prompt's output ids depend on the prompt 
 speculation). Sampled (temperature > 0): each answer is drawn from a distribution that depends on the prompt alone
 (an end of text after 4 tokens with probability 0.02 a token, ids near the greedy ones), from a random stream of
 its own per server and request (with a `seed`, per server and seed, whatever the prompt, as vLLM seeds a request's
-generator), so both servers sample the same distribution. With a speculative config of k tokens
-each step streams up to k + 1 tokens as one chunk and counts a round whose first draft is always accepted and whose
-others are accepted at every other step, in vLLM's counters (per position: unconditional, 0-based).
+generator), so both servers sample the same distribution. Each answer's first token is the prefill's, one chunk and no
+round; after it, with a speculative config of k tokens, each step streams up to k + 1 tokens as one chunk and counts a
+round whose first draft is always accepted and whose others are accepted at every other step, in vLLM's counters (per
+position: unconditional, 0-based).
 $FAKE_VLLM_STEP_SECONDS (default 0): each step (chunk) of the target-only server takes this long, each of a
-speculative server 1 + k / 2 times as long (drafting, a wider verify), so a pass's wall follows its steps.
+speculative server 1 + k / 2 times as long (drafting, a wider verify), the prefill as long as a target step, so a
+pass's wall follows its steps and a profile measures t_k / t_0 = 1 + k / 2.
 
 Like vLLM, it forks an engine process (the stand-in for its EngineCore) that names itself `VLLM::EngineCor` (the
 15 characters Linux keeps), stays in the server's process group and outlives the server process when that is
@@ -159,12 +161,13 @@ def make_handler(model: str, counters: Counters, fault: Fault):
             )  # a speculative step drafts k tokens and verifies k + 1
             step, sent = 0, 0
             while sent < len(ids):
-                accepted = min(counters.k, 1 + (step % 2) * (counters.k - 1)) if counters.k else 0
+                # step 0 is the prefill: one token, no draft verified yet (vLLM drafts after it, verifies next step)
+                accepted = min(counters.k, 1 + ((step - 1) % 2) * (counters.k - 1)) if counters.k and step else 0
                 if short:
                     accepted = int(step == 2)  # one draft accepted an answer: about 1.1 tokens a step
-                time.sleep(delay)
+                time.sleep(delay if step else delay / (1 + counters.k / 2))
                 chunk = ids[sent : sent + accepted + 1]
-                if counters.k:
+                if counters.k and step:
                     counters.round(accepted)
                 sent += len(chunk)
                 step += 1

@@ -113,10 +113,16 @@ def _confirm(args, store) -> int:
     """Measure, store, print (a table, or `--json` one JSON object); bad input raises DraftLabError before any
     server starts; a configuration that fails is one `error:` line and exit status 1, the others kept. Ctrl-C and
     SIGTERM are one `error:` line saying what is stored, and exit status 130 / 143 (128 + the signal)."""
+    return signalled(lambda: _measure_and_report(args, store))
+
+
+def signalled(body) -> int:
+    """body()'s exit status, Ctrl-C and SIGTERM one `error:` line (what is stored: the KeyboardInterrupt's words)
+    and exit status 130 / 143 (128 + the signal)."""
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
     try:
-        return _measure_and_report(args, store)
+        return body()
     except KeyboardInterrupt as exc:
         status, what = (
             (128 + signal.SIGTERM, "terminated (SIGTERM)")
@@ -131,9 +137,6 @@ def _confirm(args, store) -> int:
 
 
 def _measure_and_report(args, store) -> int:
-    from storage.analysis.confirm_report import confirm_document
-    from storage.records.confirms import start_confirm
-
     confirm = plan(
         store,
         args.experiment_id,
@@ -147,19 +150,35 @@ def _measure_and_report(args, store) -> int:
         request_timeout=args.request_timeout,
     )
 
+    return measure_and_print(
+        store, confirm, args.configs, lambda confirm_id, seconds: _printed(args, store, confirm_id, seconds)
+    )
+
+
+def _printed(args, store, confirm_id: int, seconds: float) -> str:
+    from storage.analysis.confirm_report import confirm_document
+
+    document = confirm_document(store, confirm_id)
+    return json.dumps(document) if args.json else report(document, seconds)
+
+
+def measure_and_print(store, confirm, configs: str, render) -> int:
+    """Store the planned confirm (`configs`: chosen, schedule, all, or profile), measure it with a progress bar and
+    this process's heartbeat, print render(confirm id, seconds); 1 when a configuration failed."""
     from pages.widgets.access import cli_launcher
+    from storage.records.confirms import start_confirm
 
     sweep(store)  # a confirm killed before (its row closed, the servers it left ended), a dead worker's
     confirm_id = start_confirm(
         store,
         confirm.experiment_id,
-        configs=args.configs,
+        configs=configs,
         concurrency=confirm.concurrency,
-        repeats=args.repeats,
+        repeats=confirm.repeats,
         launched_by=cli_launcher(),
         requests_total=confirm.requests,
     )
-    progress = Progress(confirm.requests)
+    progress = Progress(confirm.requests, configs if configs == "profile" else "confirm")
     started = time.monotonic()
     try:
         with heartbeat(store, confirm_id):
@@ -177,21 +196,17 @@ def _measure_and_report(args, store) -> int:
     for line in errors:
         if f"error: {line}" not in progress.written:  # one line per fault: a configuration's was shown already
             print(f"error: {line}", file=sys.stderr)
-    document = confirm_document(store, confirm_id)
-    if args.json:
-        print(json.dumps(document))
-    else:
-        print(report(document, time.monotonic() - started))
+    print(render(confirm_id, time.monotonic() - started))
     return 1 if errors else 0
 
 
 class Progress:
     """Requests done of the whole confirm on stderr (tqdm, as `draftlab run` shows tokens)."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, what: str = "confirm"):
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, desc="confirm")
+        self.bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, desc=what)
         self.lock = threading.Lock()
         self.written: list[str] = []  # lines shown as they happened, not printed again at the end
 

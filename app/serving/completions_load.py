@@ -43,10 +43,17 @@ class PassRecord:
     concurrency: int
     wall_seconds: float
     requests: list[RequestRecord]
+    decode_steps: int | None = None  # the engine steps after each request's first chunk (`decode`), once known
 
     @property
     def new_tokens(self) -> int:
         return sum(r.new_tokens for r in self.requests)
+
+    def decode(self) -> tuple[float, int]:
+        """(seconds, tokens) of every request's steps after its first chunk (the prefill's): from the first chunk's
+        arrival to the last's, and the tokens the later chunks carried, summed over the requests."""
+        seconds = sum(r.arrivals[-1] - r.arrivals[0] for r in self.requests if r.arrivals)
+        return seconds, sum(sum(r.counts[1:]) for r in self.requests)
 
 
 class RequestFailed(DraftLabError):

@@ -39,10 +39,12 @@ class Config:
 
     label: str
     k: int
-    run_id: int
+    run_id: int  # the lab run its drafter is (its outputs: the same at any k, speculation being lossless)
     speculative_config: str
     request: dict
     target: str
+    target_name: str = ""  # as the experiment names it (a profile's `target`): the demo name, HF id or folder
+    lab_k: int | None = None  # a profile's: the run's own k (another k is stored without the run: no lab figure)
 
 
 @dataclass
@@ -74,6 +76,7 @@ def configurations(store, experiment_id: int, which: str) -> list[Config]:
             speculative_config=vllm["speculative_config"],
             request=request,
             target=str(path) if path is not None else target,
+            target_name=target,
         )
 
     # Checked, not caught: a KeyError from the deploy mapping (a drafter without one) is a bug, never "no experiment".
@@ -182,8 +185,12 @@ def _measure_pass(
         raise DraftLabError(server.died(wait=DIED_WAIT_SECONDS) or f"{server.name} server: {exc}") from None
     except DraftLabError as exc:  # a scrape: the server died, or it has no counters
         raise DraftLabError(server.died() or str(exc)) from None
+    # the pass's engine steps after the first token: the drafts counter (one a request and step) when speculative,
+    # one a token for the target alone (a profile's step cost: storage/serving/profiles.py)
+    record.decode_steps = record.decode()[1] if not counted else None
     if before is not None and after is not None:  # counted
         delta = after.minus(before, server.metrics_url())
+        record.decode_steps = delta.drafts
         if measured.counters is None:
             measured.counters = delta
         else:
@@ -257,7 +264,7 @@ def _store_config(
         eid,
         label=config.label,
         k=config.k,
-        run_id=config.run_id,
+        run_id=config.run_id if config.lab_k in (None, config.k) else None,  # beside the lab at the run's own k only
         speculative_config=config.speculative_config,
         concurrency=concurrency,
         passes=spec.passes,
@@ -304,8 +311,10 @@ def plan(
     baseline_server: str | None = None,
     startup_timeout: float = 600.0,
     request_timeout: float = 300.0,
+    chosen: list[Config] | None = None,
 ) -> Plan:
-    """The confirm's configurations, prompts and concurrency; bad input raises DraftLabError (one line)."""
+    """The confirm's configurations (`which`'s, or `chosen`: a profile's, app/serving/profile.py), prompts and
+    concurrency; bad input raises DraftLabError (one line)."""
     from app.serving.urls import http_url
     from app.serving.vllm_server import command_argv, default_command
     from storage.jobs.experiments import load_experiment_prompts
@@ -334,7 +343,7 @@ def plan(
             f"experiment {eid} has no stored prompts yet (it never ran): run it first, e.g. "
             f"`draftlab worker` or `draftlab resume {eid}`"
         )
-    configs = configurations(store, eid, which)
+    configs = chosen if chosen is not None else configurations(store, eid, which)
     if server is not None and len(configs) > 1:
         raise DraftLabError(
             f"--server is one speculative server; --configs {which} names {len(configs)} "
@@ -377,8 +386,9 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
     describe(text), request_done(record) and write(line). KeyboardInterrupt (Ctrl-C, SIGTERM, a stopped worker)
     and any exception no check foresaw (`unexpected`) close the confirm as failed with what was measured and are
     raised again."""
+    from app.serving.hardware import local_hardware
     from app.serving.vllm_server import VllmServer
-    from storage.records.confirms import add_measurement, finish_confirm, summarize
+    from storage.records.confirms import add_measurement, describe_confirm, finish_confirm, summarize
 
     eid, configs, prompts = plan.experiment_id, plan.configs, plan.prompts
     errors: list[str] = []
@@ -387,6 +397,13 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
     version = ""
     started = time.monotonic()
     record = _recorder(store, confirm_id)
+    attached = plan.baseline_server is not None
+    describe_confirm(
+        store,
+        confirm_id,
+        hardware=f"the servers at {plan.baseline_server}" if attached else local_hardware(),
+        target=configs[0].target_name or configs[0].target,
+    )
     try:
         progress.describe("starting the target-only server")
         if plan.baseline_server is not None:

@@ -202,6 +202,22 @@ def _v18_to_v19(conn: Connection) -> None:
     _add_columns(conn, (("server_confirms", "processes", "TEXT"),))
 
 
+def _v19_to_v20(conn: Connection) -> None:
+    """v20: each pass's engine steps and their seconds, and what a confirm's costs hold for (hardware, target,
+    drafter fingerprint): a confirm or a `draftlab profile` is a server cost profile (storage/serving/profiles.py)."""
+    _add_columns(
+        conn,
+        (
+            ("server_passes", "decode_seconds", "DOUBLE PRECISION"),
+            ("server_passes", "decode_tokens", "BIGINT"),
+            ("server_passes", "decode_steps", "BIGINT"),
+            ("server_confirms", "hardware", "TEXT"),
+            ("server_confirms", "target", "TEXT"),
+            ("server_measurements", "drafter_fingerprint", "TEXT"),
+        ),
+    )
+
+
 def add_variable_columns(conn: Connection) -> None:
     """v15, and every open after: each swept variable's column on experiments and runs (storage/db/schema.py's
     variable_columns, typed from engine/config/variables.py), so a new variable needs no step of its own. Older rows
@@ -235,6 +251,7 @@ STEPS: dict[int, Callable[[Connection], None]] = {
     16: _v16_to_v17,
     17: _v17_to_v18,
     18: _v18_to_v19,
+    19: _v19_to_v20,
 }
 assert all(v in STEPS for v in range(1, SCHEMA_VERSION)), "every version below SCHEMA_VERSION needs an upgrade step"
 

@@ -14,7 +14,7 @@ from typing import cast
 from sqlalchemy import BigInteger, Boolean, DateTime, Double, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 NAME_CHARS = 200  # an experiment's name: a varchar(200) on PostgreSQL (SQLite would take more; both refuse it)
 
 # Run kinds and statuses.
@@ -474,6 +474,11 @@ class ServerConfirm(Base):
     # v19: the process running it and the vLLM servers it started, JSON {"host", "pid", "start", "servers": [[pid,
     # start], ...]} (storage/jobs/liveness.py): a sweep ends the servers of a confirm whose process died on this host.
     processes: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # v20: what its step costs hold for, so a confirm or a `draftlab profile` (configs = "profile") is a server cost
+    # profile for every run it fits (storage/serving/profiles.py): the machine the servers ran on and the target
+    # served (each measurement holds its drafter's fingerprint)
+    hardware: Mapped[str | None] = mapped_column(Text, nullable=True)
+    target: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ServerMeasurement(Base):
@@ -513,6 +518,9 @@ class ServerMeasurement(Base):
     baseline_tokens_per_second: Mapped[float | None] = mapped_column(Double, nullable=True)
     speedup_warning: Mapped[str | None] = mapped_column(Text, nullable=True)
     outputs_test: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # v20: the drafter's fingerprint (storage/serving/profiles.py: its method and settings, a draft model or head by
+    # its shape, never its weights or its k): which lab runs this measurement's step costs fit
+    drafter_fingerprint: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ServerPass(Base):
@@ -525,6 +533,13 @@ class ServerPass(Base):
     pass_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     wall_seconds: Mapped[float] = mapped_column(Double)
     new_tokens: Mapped[int] = mapped_column(BigInteger)
+    # v20: the pass's engine steps after each request's first token, summed over its requests: their seconds (last
+    # token's arrival less the first's), the tokens they produced, and the steps (the speculative server's drafts
+    # counter over the pass; one a token for the target alone). decode_seconds / decode_steps is the server's step
+    # cost t_k at this k and concurrency (storage/serving/profiles.py)
+    decode_seconds: Mapped[float | None] = mapped_column(Double, nullable=True)
+    decode_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    decode_steps: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 # A swept variable (engine/config/variables.py) is a column of experiments (its one value) and of runs (each run's own).

@@ -34,6 +34,7 @@ from storage.db.schema import DONE, FAILED, RUNNING, server_confirms, server_mea
 from storage.db.store import Store, new_id
 from storage.records.production import add_series, lab_positions, series
 from storage.records.queries import _frame
+from storage.records.server_costs import drafter_fingerprint
 from storage.records.workers import confirm_processes
 
 LATENCY_KEYS = (
@@ -267,6 +268,7 @@ def add_measurement(
                     speedup_warning=warning,
                     outputs_test=json.dumps(outputs_test) if outputs_test is not None else None,
                     baseline_tokens_per_second=baseline_tokens_per_second,
+                    drafter_fingerprint=drafter_fingerprint(speculative_config) if speculative_config else None,
                     **(matches or {}),
                     **figures,
                 )
@@ -275,11 +277,26 @@ def add_measurement(
         conn.execute(
             insert(server_passes),
             [
-                {"measurement_id": mid, "pass_index": i, "wall_seconds": p.wall_seconds, "new_tokens": p.new_tokens}
+                {
+                    "measurement_id": mid,
+                    "pass_index": i,
+                    "wall_seconds": p.wall_seconds,
+                    "new_tokens": p.new_tokens,
+                    **_decode(p),
+                }
                 for i, p in enumerate(passes)
             ],
         )
     return int(mid)
+
+
+def _decode(record) -> dict:
+    """A pass's decode figures (app/serving/completions_load.PassRecord.decode and its steps), NULL where unknown."""
+    steps = getattr(record, "decode_steps", None)
+    if steps is None or not hasattr(record, "decode"):
+        return {"decode_seconds": None, "decode_tokens": None, "decode_steps": None}
+    seconds, tokens = record.decode()
+    return {"decode_seconds": float(seconds), "decode_tokens": int(tokens), "decode_steps": int(steps)}
 
 
 def _tokens_per_step(store: Store, experiment_id: int, series_id: int | None) -> float:
@@ -288,6 +305,17 @@ def _tokens_per_step(store: Store, experiment_id: int, series_id: int | None) ->
     if series_id is None:
         return 1.0
     return float(series(store, experiment_id).set_index("series_id").loc[series_id, "tokens_per_round"])
+
+
+def describe_confirm(store: Store, confirm_id: int, *, hardware: str | None, target: str) -> None:
+    """What a confirm's step costs hold for (a server cost profile, storage/serving/profiles.py): the machine its
+    servers run on and the target they serve."""
+    with store.write() as conn:
+        conn.execute(
+            update(server_confirms)
+            .where(server_confirms.c.id == confirm_id)
+            .values(hardware=hardware[:500] if hardware else None, target=target)
+        )
 
 
 def finish_confirm(
