@@ -56,7 +56,10 @@ def test_a_profile_measures_each_k_and_predicts_every_run_from_its_acceptance(la
     assert costs[0]["passes"] == 9 and all(costs[k]["passes"] == 3 for k in (1, 2, 3))  # k 0 beside every k
     for k in (1, 2, 3):  # the stand-in's own cost: t_k / t_0 = 1 + k / 2 (a busy machine adds a little to both)
         assert costs[k]["step_seconds"] / costs[0]["step_seconds"] == pytest.approx(1 + k / 2, rel=0.2)
+        lo, hi = costs[k]["cost_ratio_ci"]
+        assert lo <= costs[k]["cost_ratio"] <= hi and costs[k]["cost_ratio"] == pytest.approx(1 + k / 2, rel=0.2)
         assert 1 < costs[k]["tokens_per_step"] <= k + 1
+    assert costs[0]["cost_ratio"] is None
     assert costs[0]["tokens_per_step"] == 1.0
 
     store = open_store(db)
@@ -86,7 +89,8 @@ def test_a_profile_measures_each_k_and_predicts_every_run_from_its_acceptance(la
         store.dispose()
     lines = report(doc, 12.0).splitlines()
     assert lines[0].startswith(f"profile {doc['profile_id']} of experiment {eid}")
-    assert any(re.search(r"concurrency 1 k=2: step [\d.]+ ms over 3 passes, t_k/t_0 [\d.]+", x) for x in lines)
+    cost_line = r"concurrency 1 k=2: step [\d.]+ ms over 3 passes, t_k/t_0 [\d.]+ \([\d.]+–[\d.]+\)"
+    assert any(re.search(cost_line, x) for x in lines)
     assert any(re.search(rf"run {runs[2]} concurrency 1: k=1 [\d.]+× \([\d.]+–[\d.]+\), k=2", x) for x in lines)
 
 

@@ -104,8 +104,8 @@ def profile_document(store, experiment_id: int, profile_id: int, speculative_con
     """`draftlab profile --json`: the profile's head, its costs per concurrency and k, and each run of the experiment
     predicted from it ({run id: server_predicted}, or {"reason"} where it does not fit)."""
     from storage.records import queries as q
-    from storage.records.server_costs import drafter_fingerprint, profile_summary
-    from storage.serving.profiles import run_prediction
+    from storage.records.server_costs import drafter_fingerprint
+    from storage.serving.profiles import profile_table, run_prediction
 
     runs = q.runs(store, experiment_id)
     predictions = {}
@@ -118,7 +118,7 @@ def profile_document(store, experiment_id: int, profile_id: int, speculative_con
         "profile_id": profile_id,
         "experiment_id": experiment_id,
         "drafter_fingerprint": drafter_fingerprint(speculative_config),
-        "costs": profile_summary(store, profile_id, drafter_fingerprint(speculative_config)),
+        "costs": profile_table(store, profile_id, drafter_fingerprint(speculative_config)),
         "server_predicted": predictions,
     }
 
@@ -132,9 +132,9 @@ def report(document: dict, seconds: float) -> str:
     """The profile as a few lines: each concurrency's step cost per k (and t_k / t_0), then each run's predicted
     server speedup per k with its interval, and the k to serve at each concurrency."""
     lines = [f"profile {document['profile_id']} of experiment {document['experiment_id']}, {seconds:.0f} s"]
-    base = {c["concurrency"]: c["step_seconds"] for c in document["costs"] if c["k"] == 0}
     for c in document["costs"]:
-        ratio = f", t_k/t_0 {c['step_seconds'] / base[c['concurrency']]:.2f}" if c["concurrency"] in base else ""
+        ci = c["cost_ratio_ci"]
+        ratio = f", t_k/t_0 {c['cost_ratio']:.2f} ({ci[0]:.2f}–{ci[1]:.2f})" if c["cost_ratio"] is not None else ""
         lines.append(
             f"  concurrency {c['concurrency']} k={c['k']}: step {c['step_seconds'] * 1000:.2f} ms over "
             f"{c['passes']} passes{ratio}, {c['tokens_per_step']:.2f} tokens/step in the server"

@@ -171,6 +171,26 @@ def predict_server_speedups(
     return out
 
 
+def cost_ratios(
+    profile: CostProfile, *, samples: int = BOOTSTRAP_SAMPLES, confidence: float = CONFIDENCE, seed: int = 0
+) -> dict[int, dict[int, tuple[float, float, float]]]:
+    """{concurrency: {k: (t_k / t_0, lo, hi)}} of a server cost profile's measured ks (k ≥ 1): the ratio of the
+    mean steps and its percentile bootstrap interval over the passes (resampled as the predictions resample them)."""
+    rng = np.random.default_rng(seed)
+    tail = (1 - confidence) / 2 * 100
+    out: dict[int, dict[int, tuple[float, float, float]]] = {}
+    for concurrency, passes in sorted(_profile(profile).items()):
+        boot = _resampled_means(passes, samples, rng)
+        base = float(passes[0].mean())
+        out[concurrency] = {}
+        for k in sorted(passes):
+            if k == 0:
+                continue
+            lo, hi = np.percentile(boot[k] / boot[0], [tail, 100 - tail])
+            out[concurrency][k] = (float(passes[k].mean()) / base, float(lo), float(hi))
+    return out
+
+
 def server_schedule(predictions: Iterable[Prediction]) -> dict[int, int]:
     """{concurrency: k}: the k to serve at each concurrency, the shape vLLM's `num_speculative_tokens_per_batch_size`
     is built from (storage/analysis/schedule.py's `ranges` turns such a per-batch-size choice into its [start, end, k]

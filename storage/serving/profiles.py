@@ -23,7 +23,13 @@ from typing import Any
 
 from engine.errors import DraftLabError
 from storage.db.store import Store
-from storage.records.server_costs import drafter_fingerprint, fitting_profiles, profile_costs, short_fingerprint
+from storage.records.server_costs import (
+    drafter_fingerprint,
+    fitting_profiles,
+    profile_costs,
+    profile_summary,
+    short_fingerprint,
+)
 
 
 def run_fit(store: Store, experiment_id: int, run_id: int) -> tuple[str, str] | str:
@@ -82,3 +88,18 @@ def run_prediction(
     if profile_id is not None:
         raise DraftLabError(reason)
     return {"profile": None, "reason": reason}
+
+
+def profile_table(store: Store, profile_id: int, fingerprint: str) -> list[dict[str, Any]]:
+    """The profile's costs per concurrency and k (storage/records/server_costs.profile_summary's rows), each k ≥ 1
+    with its step cost over the target's, t_k / t_0, and that ratio's bootstrap interval over the passes
+    (`cost_ratio`, `cost_ratio_ci`; None for k = 0 and where the target alone was not measured)."""
+    from engine.metrics.server_prediction import cost_ratios
+
+    ratios = cost_ratios(profile_costs(store, profile_id, fingerprint))
+    rows = profile_summary(store, profile_id, fingerprint)
+    for row in rows:
+        found = ratios.get(row["concurrency"], {}).get(row["k"])
+        row["cost_ratio"] = found[0] if found else None
+        row["cost_ratio_ci"] = [found[1], found[2]] if found else None
+    return rows
