@@ -11,8 +11,8 @@ round; after it, with a speculative config of k tokens, each step streams up to 
 round whose first draft is always accepted and whose others are accepted at every other step, in vLLM's counters (per
 position: unconditional, 0-based).
 $FAKE_VLLM_STEP_SECONDS (default 0): each step (chunk) of the target-only server takes this long, each of a
-speculative server 1 + k / 2 times as long (drafting, a wider verify), the prefill as long as a target step, so a
-pass's wall follows its steps and a profile measures t_k / t_0 = 1 + k / 2.
+speculative server 1 + k · $FAKE_VLLM_DRAFT_COST (default 0.5) times as long (drafting, a wider verify), the prefill
+as long as a target step, so a pass's wall follows its steps and a profile measures t_k / t_0 = 1 + k / 2.
 
 Like vLLM, it forks an engine process (the stand-in for its EngineCore) that names itself `VLLM::EngineCor` (the
 15 characters Linux keeps), stays in the server's process group and outlives the server process when that is
@@ -20,6 +20,11 @@ killed, as vLLM's does (parent PID 1); on SIGTERM it ends. $FAKE_VLLM_ESCAPE=1 h
 its own) as well, and $FAKE_VLLM_SLOW_STOP=K:S has the engine of the server whose k is K take S seconds to end on
 SIGTERM. With $FAKE_VLLM_PIDS (a folder), each server writes {"server": pid, "engine": pid, "k": k} to
 SERVER_PID.json there, so the tests can look for both after DraftLab stopped the server.
+
+One device: with $FAKE_VLLM_DEVICE (a file), each server holds it as a GPU's memory is held (an exclusive flock,
+taken before it loads and inherited by its engine, so it is free only once both have exited); a server that finds it
+held says so on its log ("device busy"), appends its k to FILE.overlap and exits (status 5) before it is ready, as a
+second vLLM on a full GPU fails with out of memory.
 
 Faults, for the confirm's fault tests: $FAKE_VLLM_FAULT = "MODE:K:N" makes the server whose k is K (0: the one
 without speculation) misbehave from its N-th completion request on (the warm-up is request 1):
@@ -44,6 +49,7 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 VOCAB = 97
+DRAFT_COST = float(os.environ.get("FAKE_VLLM_DRAFT_COST") or 0.5)  # a speculative step: 1 + k · this target steps
 
 
 class Counters:
@@ -157,7 +163,7 @@ def make_handler(model: str, counters: Counters, fault: Fault):
             delay = (
                 0.0
                 if fault.mode == "fast"
-                else float(os.environ.get("FAKE_VLLM_STEP_SECONDS") or 0) * (1 + counters.k / 2)
+                else float(os.environ.get("FAKE_VLLM_STEP_SECONDS") or 0) * (1 + counters.k * DRAFT_COST)
             )  # a speculative step drafts k tokens and verifies k + 1
             step, sent = 0, 0
             while sent < len(ids):
@@ -165,7 +171,7 @@ def make_handler(model: str, counters: Counters, fault: Fault):
                 accepted = min(counters.k, 1 + ((step - 1) % 2) * (counters.k - 1)) if counters.k and step else 0
                 if short:
                     accepted = int(step == 2)  # one draft accepted an answer: about 1.1 tokens a step
-                time.sleep(delay if step else delay / (1 + counters.k / 2))
+                time.sleep(delay if step else delay / (1 + counters.k * DRAFT_COST))
                 chunk = ids[sent : sent + accepted + 1]
                 if counters.k and step:
                     counters.round(accepted)
@@ -204,9 +210,32 @@ while True:
 """
 
 
-def start_engine(k: int) -> None:
-    """The EngineCore stand-in (see the module's docstring), and the pid file."""
-    engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(k)], stdin=subprocess.DEVNULL)
+def hold_device(k: int) -> int | None:
+    """$FAKE_VLLM_DEVICE held for this server and its engine (the module's docstring): the lock's file descriptor,
+    None without one; exits (status 5) when another server holds it."""
+    import fcntl
+
+    path = os.environ.get("FAKE_VLLM_DEVICE")
+    if not path:
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        with open(f"{path}.overlap", "a") as f:
+            f.write(f"{k}\n")
+        print(f"RuntimeError: device busy: another server holds {path} (out of memory)", flush=True)
+        os._exit(5)
+    return fd
+
+
+def start_engine(k: int, device: int | None = None) -> None:
+    """The EngineCore stand-in (see the module's docstring), and the pid file; `device`: the lock it holds too."""
+    engine = subprocess.Popen(
+        [sys.executable, "-c", ENGINE, str(k)],
+        stdin=subprocess.DEVNULL,
+        pass_fds=(device,) if device is not None else (),
+    )
     folder = os.environ.get("FAKE_VLLM_PIDS")
     if folder:
         with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
@@ -223,7 +252,7 @@ def main() -> None:
     k = int(json.loads(args.speculative_config)["num_speculative_tokens"]) if args.speculative_config else 0
     print(f"fake vLLM for {args.model} on {args.port}, k={k}", flush=True)
     fault = Fault(k, os.environ.get("FAKE_VLLM_FAULT", ""))
-    start_engine(k)
+    start_engine(k, hold_device(k))
     ThreadingHTTPServer((args.host, args.port), make_handler(args.model, Counters(k), fault)).serve_forever()
 
 

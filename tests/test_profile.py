@@ -164,3 +164,60 @@ def test_a_drafters_fingerprint_is_its_shape_and_settings_never_its_weights_or_k
     assert drafter_fingerprint({**ngram, "num_speculative_tokens": 2}) == drafter_fingerprint(ngram)
     assert drafter_fingerprint({**ngram, "prompt_lookup_max": 5}) != drafter_fingerprint(ngram)
     assert model_shape("org/some-hub-draft") == "org/some-hub-draft"  # no folder: the id stands for itself
+
+
+def test_deploy_takes_vllms_k_per_concurrency_from_the_server_where_a_profile_fits(lab, capsys, monkeypatch):
+    from storage.serving.deploy import NoChosenRun, deploy_document
+
+    monkeypatch.setenv("FAKE_VLLM_DRAFT_COST", "0.1")  # a cheap drafter: t_k / t_0 = 1 + k / 10, the lab's α gains
+    eid, runs, db = lab
+    store = open_store(db)
+    try:
+        before = deploy_document(store, eid, runs[2])  # a run named: its own settings, the lab's figures
+        assert before["answer"]["from"] == "lab" and "server_predicted" not in before
+        try:
+            chosen = deploy_document(store, eid)
+        except NoChosenRun:  # tiny models on a CPU: the lab's own loop is rarely faster than the target alone
+            pass
+        else:
+            assert chosen["answer"]["from"] == "lab" and "no server cost profile fits" in chosen["answer"]["reason"]
+    finally:
+        store.dispose()
+    assert main([*_profile(db, eid, "--ks", "1,2", "--repeats", "2"), "--concurrency", "1,2"]) == 0
+    capsys.readouterr()
+    store = open_store(db)
+    try:
+        after = deploy_document(store, eid, runs[2])
+        assert after["engines"]["vllm"]["speculative_config"] == before["engines"]["vllm"]["speculative_config"]
+        served = deploy_document(store, eid)
+    finally:
+        store.dispose()
+    predicted = served["server_predicted"]
+    assert served["chosen"] == "server" and served["run_id"] in runs.values()
+    assert served["caveats"][0].startswith(f"Chosen from the server's side ({predicted['profile']['label']})")
+    assert served["answer"] == {
+        "from": "server",
+        "label": predicted["profile"]["label"],
+        "profile_id": predicted["profile"]["profile_id"],
+    }
+    spec = json.loads(served["engines"]["vllm"]["speculative_config"])
+    schedule = {int(c): k for c, k in predicted["schedule"].items()}
+    assert sorted(schedule) == [1, 2]
+    note = next(n for n in served["engines"]["vllm"]["notes"] if predicted["profile"]["label"] in n)
+    if any(schedule.values()):
+        assert spec["num_speculative_tokens"] == max(schedule.values())
+        assert ("num_speculative_tokens_per_batch_size" in spec) == (len(set(schedule.values())) > 1)
+        assert "k per concurrency is the server's answer" in note
+    else:  # no k's interval above 1: the lab's k stays, and the note says the server's answer is against it
+        assert spec["num_speculative_tokens"] == served["configuration"]["k"]
+        assert "serve the target alone" in note
+    for c, k in schedule.items():
+        assert (f"concurrency {c}: k={k} (" if k else f"concurrency {c}: off") in note
+
+
+def test_a_concurrency_schedule_becomes_vllms_batch_size_ranges():
+    from storage.serving.deploy import server_ranges
+
+    assert server_ranges({1: 2, 4: 1, 16: 0}) == [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
+    assert server_ranges({2: 3, 8: 3, 32: 1}) == [[1, 31, 3], [32, 32, 1]]
+    assert server_ranges({1: 2}) == [[1, 1, 2]]

@@ -270,7 +270,7 @@ def _vllm(cfg: dict) -> dict:
                 "(verified as one-hot), still lossless but with a different acceptance rate than measured: "
                 "measure that with --draft-sampling greedy."
             )
-    notes += _vllm_schedule(cfg, spec)
+    notes += _vllm_server_schedule(cfg, spec) if cfg.get("_server") else _vllm_schedule(cfg, spec)
     config_json = json.dumps(spec)
     groups = [["vllm", "serve", _model_ref(cfg["target"])], ["--speculative-config", config_json]]
     if cfg["dtype"] != "auto":
@@ -339,6 +339,58 @@ def _vllm_schedule(cfg: dict, spec: dict) -> list[str]:
         "against vLLM's spec-decode metrics at your traffic."
     )
     return notes
+
+
+def server_ranges(schedule: dict[int, int]) -> list[list[int]]:
+    """{concurrency: k} as vLLM's `num_speculative_tokens_per_batch_size` entries [start_bs, end_bs, k]: the first
+    from 1, each concurrency's k until the next one's, equal neighbours joined (storage/analysis/schedule.py's rule)."""
+    known = sorted(schedule.items())
+    out: list[list[int]] = []
+    for i, (c, k) in enumerate(known):
+        start = 1 if i == 0 else c
+        end = known[i + 1][0] - 1 if i + 1 < len(known) else c
+        if out and out[-1][2] == k:
+            out[-1][1] = end
+        else:
+            out.append([start, end, k])
+    return out
+
+
+def _vllm_server_schedule(cfg: dict, spec: dict) -> list[str]:
+    """The k to serve at each concurrency, predicted for the server from the run's acceptance and a server cost
+    profile (storage/serving/profiles.py): vLLM's num_speculative_tokens (the largest k) and, where the k changes
+    with concurrency, num_speculative_tokens_per_batch_size. Where no concurrency's prediction gains, the run's own
+    k stays, with the prediction's word against it."""
+    predicted = cfg["_server"]["predicted"]
+    schedule = {int(c): int(k) for c, k in predicted["schedule"].items()}
+
+    def cell(c: int, k: int) -> str:
+        if k == 0:
+            return f"concurrency {c}: off"
+        p = predicted["concurrency"][str(c)][str(k)]
+        return f"concurrency {c}: k={k} ({p['speedup']:.2f}×, {p['speedup_ci'][0]:.2f}–{p['speedup_ci'][1]:.2f})"
+
+    said = "; ".join(cell(c, k) for c, k in sorted(schedule.items()))
+    source = f"{predicted['profile']['label']}, from run {predicted['run_id']}'s acceptance and the server's step costs"
+    if all(k == 0 for k in schedule.values()):
+        return [
+            f"The server's answer ({source}): no k's predicted speedup has its interval above 1 at any concurrency "
+            f"profiled ({said}). These settings keep the lab's k={cfg['k']}; serve the target alone, or confirm "
+            f"(`draftlab confirm`) before serving it."
+        ]
+    ranges = server_ranges(schedule)
+    spec["num_speculative_tokens"] = max(k for _, _, k in ranges)
+    if len(ranges) > 1:
+        spec["num_speculative_tokens_per_batch_size"] = ranges
+    return [
+        f"k per concurrency is the server's answer, {source}: {said}. "
+        + (
+            f"num_speculative_tokens_per_batch_size carries it ([start_bs, end_bs, k]; k = 0 turns speculation off "
+            f"there), num_speculative_tokens={spec['num_speculative_tokens']} is its largest k."
+            if len(ranges) > 1
+            else f"One k at every concurrency profiled: num_speculative_tokens={spec['num_speculative_tokens']}."
+        )
+    ]
 
 
 def _schedule_note(cfg: dict, engine: str) -> list[str]:
@@ -599,6 +651,7 @@ def deploy_settings(
     with_max_new_tokens: bool = False,
     schedule: dict | None = None,
     for_batch: int | None = None,
+    server: dict | None = None,
 ) -> dict:
     """{"vllm": ..., "sglang": ..., "llama_cpp": ..., "transformers": ...} for one speculative run.
 
@@ -610,8 +663,11 @@ def deploy_settings(
     with_max_new_tokens: carry the test's max_new_tokens (a measurement budget) as the length. schedule: a k
     grid's storage/analysis/schedule.py Schedule.as_dict() (vLLM takes it as num_speculative_tokens_per_batch_size, the
     other engines say they cannot); for_batch: the batch size whose entry the one-k engines take (default the
-    smallest)."""
+    smallest). server: a run's prediction for the server (storage/serving/profiles.run_prediction, with a profile):
+    vLLM's k per concurrency comes from it instead of the lab's grid (the other engines keep the lab's figures)."""
     cfg = configuration(run, experiment or {}, with_max_new_tokens)
+    if server is not None:
+        cfg["_server"] = {"predicted": server}
     if schedule and schedule.get("num_speculative_tokens_per_batch_size"):
         sizes = [step["batch_size"] for step in schedule["steps"] if step["k"] is not None]
         cfg["_schedule"] = {
@@ -789,17 +845,25 @@ def deploy_document(
     run_id: int | None = None,
     with_max_new_tokens: bool = False,
     batch_size: int | None = None,
+    predict: bool = True,
 ) -> dict:
     """The deploy settings of an experiment's run — the verdict's choice (storage/analysis/verdict.py's one rule) unless
     `run_id` names one — with the configuration they came from, what that run measured, the verdict and its
     `caveats` (the cheaper tied choice, ties, an interval too wide to choose by). A grid's one-k settings are the
     schedule's entry for `batch_size` (default: the smallest), named in `batch_size`; vLLM's carry the whole
     schedule. The test's max_new_tokens only `with_max_new_tokens`. KeyError: no such experiment; DeployError: no
-    run to choose, the target alone to serve, a baseline, or a batch size the grid did not measure."""
+    run to choose, the target alone to serve, a baseline, or a batch size the grid did not measure.
+
+    The server first: without `run_id` (and with `predict`), where a server cost profile fits a deployable run
+    (storage/serving/profiles.server_choice: the run whose predicted server speedup is surely above 1 and highest),
+    that run is chosen ("chosen": "server"), vLLM's k per concurrency is its prediction's schedule, `answer` says
+    {"from": "server", "label": "predicted for vLLM … on …, profile N"} and `server_predicted` holds the
+    prediction; otherwise {"from": "lab", "reason": why the server gave no answer} and the lab's verdict, as before."""
     from storage.analysis.schedule import schedule
     from storage.analysis.verdict import verdict
     from storage.records import queries as q
     from storage.serving.export import plain
+    from storage.serving.profiles import server_choice
 
     experiment = q.experiment(store, experiment_id)
     if experiment is None:
@@ -823,8 +887,16 @@ def deploy_document(
         v, batch_size = step.verdict, step.batch_size
     else:
         v = verdict(store, experiment_id)
-    vllm_grid = _grid_schedule(experiment_id, experiment, run_id, grid)
-    row, chosen_by = _chosen_run(store, experiment_id, run_id, v, batch_size, grid)
+    server, reason = server_choice(store, experiment_id) if predict and run_id is None else (None, None)
+    if server is not None:  # the server's answer: its run, vLLM's k per concurrency from its prediction
+        vllm_grid = None
+        row, _ = _chosen_run(store, experiment_id, int(server["run_id"]), v)
+        chosen_by = "server"
+        answer = {"from": "server", "label": server["profile"]["label"], "profile_id": server["profile"]["profile_id"]}
+    else:
+        vllm_grid = _grid_schedule(experiment_id, experiment, run_id, grid)
+        row, chosen_by = _chosen_run(store, experiment_id, run_id, v, batch_size, grid)
+        answer = {"from": "lab", "reason": reason or "a run named: its own settings"}
     rid = int(row["run_id"])
     stored = {key: value for key, value in q.run_row(store, rid).items() if key != "id"}
     run = plain({**stored, **row.to_dict()})
@@ -837,7 +909,14 @@ def deploy_document(
             "chosen": chosen_by,
             **({"batch_size": batch_size} if grid is not None else {}),
             "verdict": v.as_dict(),
-            "caveats": caveats(v, rid, (run.get("speedup"), run.get("speedup_ci_lo"), run.get("speedup_ci_hi")))
+            "caveats": (
+                [
+                    f"Chosen from the server's side ({answer['label']}): run {rid}'s acceptance with the server's "
+                    f"step costs; the lab's own verdict, timed in DraftLab's loop, says: {v.text}"
+                ]
+                if server is not None
+                else caveats(v, rid, (run.get("speedup"), run.get("speedup_ci_lo"), run.get("speedup_ci_hi")))
+            )
             + (
                 [
                     f"A grid: {grid.text}; these settings are the schedule's entry for batch {batch_size}"
@@ -858,6 +937,8 @@ def deploy_document(
                 "timing_warning": run.get("timing_warning"),
                 "max_new_tokens": cfg["_measured_max_new_tokens"],
             },
-            "engines": deploy_settings(run, experiment, with_max_new_tokens, vllm_grid, batch_size),
+            "answer": answer,
+            **({"server_predicted": server} if server is not None else {}),
+            "engines": deploy_settings(run, experiment, with_max_new_tokens, vllm_grid, batch_size, server),
         }
     )
