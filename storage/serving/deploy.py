@@ -839,6 +839,22 @@ def _grid_schedule(experiment_id: int, experiment: dict, run_id: int | None, gri
     return grid.as_dict()
 
 
+def run_vllm_settings(store, experiment_id: int, run_id: int) -> tuple[str, dict]:
+    """(the target as the experiment names it, vLLM's deploy settings) of one named run, without the verdict or the
+    grid (what a server cost profile is fitted by: storage/serving/profiles.py). KeyError: no such experiment;
+    DeployError: deploy_document's refusal of a named run."""
+    from storage.records import queries as q
+    from storage.serving.export import plain
+
+    experiment = q.experiment(store, experiment_id)
+    if experiment is None:
+        raise KeyError(experiment_id)
+    row, _ = _chosen_run(store, experiment_id, run_id, None)
+    stored = {key: value for key, value in q.run_row(store, run_id).items() if key != "id"}
+    cfg = configuration(plain({**stored, **row.to_dict()}), experiment)
+    return str(cfg["target"]), _vllm(cfg)
+
+
 def deploy_document(
     store,
     experiment_id: int,

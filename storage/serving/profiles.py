@@ -35,16 +35,15 @@ from storage.records.server_costs import (
 def run_fit(store: Store, experiment_id: int, run_id: int) -> tuple[str, str] | str:
     """(target, drafter fingerprint) a profile must hold for `run_id` (its deploy document's vLLM settings), or why
     no profile can fit it, one line (vLLM cannot serve its drafter, deploy refuses the run)."""
-    from storage.serving.deploy import DeployError, deploy_document
+    from storage.serving.deploy import DeployError, run_vllm_settings
 
     try:
-        document = deploy_document(store, experiment_id, run_id, predict=False)
+        target, vllm = run_vllm_settings(store, experiment_id, run_id)
     except DeployError as exc:
         return str(exc)
-    vllm = document["engines"]["vllm"]
     if not vllm.get("speculative_config"):
         return f"vLLM cannot serve run {run_id}'s drafter ({vllm['notes'][0]})"
-    return str(document["configuration"]["target"]), drafter_fingerprint(vllm["speculative_config"])
+    return target, drafter_fingerprint(vllm["speculative_config"])
 
 
 def run_prediction(
