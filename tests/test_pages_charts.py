@@ -305,6 +305,17 @@ CASES = {
             }
         )
     ),
+    "cost_ratio_curve": lambda: charts.cost_ratio_curve(
+        pd.DataFrame(
+            {
+                "concurrency": [1, 1, 4, 4],
+                "k": [1, 2, 1, 2],
+                "cost_ratio": [1.4, 1.9, 1.1, None],
+                "lo": [1.3, 1.7, 1.0, None],
+                "hi": [1.5, 2.1, 1.2, None],
+            }
+        )
+    ),
     "k_distribution": lambda: charts.k_distribution(
         pd.DataFrame(
             {

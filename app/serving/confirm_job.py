@@ -1,6 +1,7 @@
 """A worker's confirm job ("Confirm in vLLM" on the experiment detail page): a queued confirm
 (storage/serving/confirm_jobs.py) run by app/serving/confirm.py's one measuring loop, exactly as `draftlab confirm` runs
-it.
+it. A queued server cost profile ("Server cost profile", configs = "profile") is run exactly as `draftlab profile`
+runs it: its run's drafter at each of its ks (app/serving/profile.py's profile_configs) through the same loop.
 
 The worker starts the servers with its own vLLM command ($DRAFTLAB_VLLM, else .vllm-venv's CPU build: never a
 command typed into the dashboard, which would run anything on the worker's machine). Its loaded pair is freed
@@ -15,7 +16,8 @@ import traceback
 
 from app.db_errors import DatabaseUnavailable
 from app.runtime.job_context import JobContext
-from app.serving.confirm import measure, plan
+from app.serving.confirm import Config, measure, plan
+from app.serving.profile import DEFAULT_KS, profile_configs
 from engine.errors import DraftLabError
 from storage.db.schema import DONE, FAILED
 from storage.records.confirms import finish_confirm
@@ -76,6 +78,16 @@ class JobProgress:
         self._thread.join(timeout=5)
 
 
+def _profiled(store, experiment_id: int, job: dict) -> list[Config] | None:
+    """A queued profile's configurations (`draftlab profile`'s: its run's drafter at each of its ks); None for a
+    confirm (its `configs` name them). DraftLabError (one line) where the run can no longer be served."""
+    if job["configs"] != confirm_jobs.PROFILE:
+        return None
+    ks = [int(k) for k in str(job["profile_ks"]).split(",")] if job.get("profile_ks") else list(DEFAULT_KS)
+    run_id = job.get("profile_run_id")
+    return profile_configs(store, experiment_id, int(run_id) if run_id is not None else None, ks)
+
+
 def execute(job_ctx: JobContext, confirm_id: int) -> str:
     """Run a claimed confirm to its end (done / failed, or left interrupted when stopped); return its status."""
     store = job_ctx.store
@@ -89,6 +101,7 @@ def execute(job_ctx: JobContext, confirm_id: int) -> str:
             job["configs"],
             concurrency=[int(c) for c in str(job["concurrency"]).split(",")],
             repeats=int(job["repeats"]),
+            chosen=_profiled(store, eid, job),
         )
     except DraftLabError as exc:  # the experiment changed since it was queued (runs deleted, ...)
         finish_confirm(

@@ -424,6 +424,33 @@ def confirm_speedup(frame: pd.DataFrame) -> alt.LayerChart:
     return alt.layer(one, intervals, points).properties(height=HEIGHT)
 
 
+def cost_ratio_curve(frame: pd.DataFrame) -> alt.LayerChart:
+    """A server cost profile: a speculative step's cost over the target alone's, t_k / t_0, against k, one colour per
+    concurrency, each point with its 95 % interval over passes; the dashed rule is 1 (a step of the target alone).
+    frame: concurrency, k, cost_ratio, lo, hi."""
+    x = alt.X("k:O", title="k (draft tokens per step)", axis=alt.Axis(labelAngle=0))
+    offset = alt.XOffset("concurrency:N")
+    color = alt.Color("concurrency:N", title="concurrency", legend=BOTTOM)
+    tooltip = [
+        "concurrency:N",
+        "k:O",
+        alt.Tooltip("cost_ratio:Q", format=".2f", title="t_k / t_0"),
+        alt.Tooltip("lo:Q", format=".2f"),
+        alt.Tooltip("hi:Q", format=".2f"),
+    ]
+    base = alt.Chart(frame)
+    intervals = (
+        base.transform_filter(is_valid("lo"))
+        .mark_rule(strokeWidth=2)
+        .encode(x, offset, color, alt.Y("lo:Q", title="t_k / t_0"), alt.Y2("hi:Q"), tooltip=tooltip)
+    )
+    points = base.mark_point(filled=True, size=80).encode(
+        x, offset, color, alt.Y("cost_ratio:Q", title="t_k / t_0", scale=alt.Scale(zero=False)), tooltip=tooltip
+    )
+    one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color="#757575").encode(y="y:Q")
+    return alt.layer(one, intervals, points).properties(height=HEIGHT)
+
+
 def acceptance_by_type(frame: pd.DataFrame) -> alt.LayerChart:
     """Acceptance rate per token type, bars sorted by how many were verified, each labelled with its n; fewer than
     MIN_SAMPLE verified tokens: faded and starred. frame: token_type, verified, accepted, rate."""

@@ -204,7 +204,9 @@ def _v18_to_v19(conn: Connection) -> None:
 
 def _v19_to_v20(conn: Connection) -> None:
     """v20: each pass's engine steps and their seconds, and what a confirm's costs hold for (hardware, target,
-    drafter fingerprint): a confirm or a `draftlab profile` is a server cost profile (storage/serving/profiles.py)."""
+    drafter fingerprint): a confirm or a `draftlab profile` is a server cost profile (storage/serving/profiles.py).
+    How a confirm's servers ran (starts, one at a time), the runs a served configuration stands for, and each cell's
+    prediction beside its measurement (issue 37, "Confirm closes the loop")."""
     _add_columns(
         conn,
         (
@@ -213,7 +215,18 @@ def _v19_to_v20(conn: Connection) -> None:
             ("server_passes", "decode_steps", "BIGINT"),
             ("server_confirms", "hardware", "TEXT"),
             ("server_confirms", "target", "TEXT"),
+            ("server_confirms", "profile_run_id", "INTEGER"),
+            ("server_confirms", "profile_ks", "TEXT"),
             ("server_measurements", "drafter_fingerprint", "TEXT"),
+            ("server_confirms", "server_starts", "INTEGER"),
+            ("server_confirms", "one_server_at_a_time", "BOOLEAN"),
+            ("server_measurements", "run_ids", "TEXT"),
+            ("server_measurements", "predicted_speedup", "DOUBLE PRECISION"),
+            ("server_measurements", "predicted_speedup_ci_lo", "DOUBLE PRECISION"),
+            ("server_measurements", "predicted_speedup_ci_hi", "DOUBLE PRECISION"),
+            ("server_measurements", "predicted_profile_id", "INTEGER"),
+            ("server_measurements", "predicted_tokens_per_step", "DOUBLE PRECISION"),
+            ("server_measurements", "predicted_cost_ratio", "DOUBLE PRECISION"),
         ),
     )
 

@@ -479,6 +479,15 @@ class ServerConfirm(Base):
     # served (each measurement holds its drafter's fingerprint)
     hardware: Mapped[str | None] = mapped_column(Text, nullable=True)
     target: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # v20 too: how its servers ran: the vLLM servers it started (every start and restart; NULL: attached to running
+    # ones, or stored before v20) and whether one at a time (`--one-server-at-a-time`: the target-only and the
+    # speculative server restarted in turn, never both up) rather than both up while a configuration is measured
+    server_starts: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    one_server_at_a_time: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    # v20: a profile queued from the dashboard (configs = "profile", storage/serving/confirm_jobs.py): the lab run whose
+    # drafter it serves and its ks, comma-separated (NULL for a confirm, and for a profile the CLI runs itself)
+    profile_run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    profile_ks: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ServerMeasurement(Base):
@@ -521,6 +530,20 @@ class ServerMeasurement(Base):
     # v20: the drafter's fingerprint (storage/serving/profiles.py: its method and settings, a draft model or head by
     # its shape, never its weights or its k): which lab runs this measurement's step costs fit
     drafter_fingerprint: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # v20 too: every lab run this one served configuration stands for (comma-separated ids; `run_id` is the first):
+    # runs with the same speculative config and request (k 1 at batch 1 and at batch 4) are served once per confirm
+    run_ids: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # v20 too: the server speedup predicted for this k and concurrency before it was measured, from a server cost
+    # profile other than this confirm (storage/serving/profiles.py) and the lab run's acceptance: its interval, the
+    # profile, and the two halves of the prediction (the lab's tokens per step at k, the profile's t_k / t_0), which
+    # say which side moved when the measurement falls outside it (storage/analysis/prediction_check.py). NULL: no
+    # profile fitted
+    predicted_speedup: Mapped[float | None] = mapped_column(Double, nullable=True)
+    predicted_speedup_ci_lo: Mapped[float | None] = mapped_column(Double, nullable=True)
+    predicted_speedup_ci_hi: Mapped[float | None] = mapped_column(Double, nullable=True)
+    predicted_profile_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    predicted_tokens_per_step: Mapped[float | None] = mapped_column(Double, nullable=True)
+    predicted_cost_ratio: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class ServerPass(Base):

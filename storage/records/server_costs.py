@@ -153,3 +153,16 @@ def profile_summary(store: Store, profile_id: int, fingerprint: str) -> list[dic
         }
         for r in rows
     ]
+
+
+def profile_drafters(store: Store, profile_id: int) -> list[str]:
+    """The drafter fingerprints a profile (or any confirm) measured step costs for: its speculative measurements'."""
+    with store.read() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT DISTINCT drafter_fingerprint FROM server_measurements WHERE confirm_id = :c AND k > 0 "
+                "AND drafter_fingerprint IS NOT NULL ORDER BY drafter_fingerprint"
+            ),
+            {"c": int(profile_id)},
+        ).scalars()
+        return [str(r) for r in rows]

@@ -10,9 +10,15 @@ Everything a confirm needs is checked when it is queued, with the CLI's words: t
 stored), the configurations exist (the verdict chose one; a k grid has a schedule; a lossless run for `all`),
 concurrency and repeats are in range, no other confirm of the experiment is unfinished, and the launcher's cap
 (a queued confirm counts as one unfinished run, storage/jobs/experiments.py's check_launcher_cap).
+
+A server cost profile (`draftlab profile`, configs = "profile") is queued the same way, with the lab run whose drafter
+it serves and its ks on the row (`profile_runs` chooses and checks the run as app/serving/profile.py does; the worker
+builds its configurations there, exactly as the CLI).
 """
 
 from __future__ import annotations
+
+import re
 
 import pandas as pd
 from sqlalchemy import insert, text
@@ -23,6 +29,10 @@ from storage.db.store import Store, new_id
 from storage.jobs.liveness import confirm_processes
 
 CONFIGS = ("chosen", "schedule", "all")
+PROFILE = "profile"  # a server cost profile: one run's drafter at each k of a list (storage/serving/profiles.py)
+DEFAULT_PROFILE_KS = (1, 2, 3, 4)  # `draftlab profile --ks`'s default
+DEFAULT_PROFILE_REPEATS = 5  # `draftlab profile --repeats`'s default: a profile's interval narrows with passes
+MAX_K = 64  # `draftlab profile --ks`'s bound
 ACTIVE = (QUEUED, RUNNING)
 MAX_CONCURRENCY = 4096  # the CLI's --concurrency bound (app/serving/confirm.py)
 MAX_REPEATS = 1000  # the CLI's --repeats bound
@@ -91,6 +101,66 @@ def configurations_refusal(store: Store, experiment_id: int, configs: str) -> st
     return None
 
 
+def profile_ks(ks) -> list[int]:
+    """A profile's ks, from "1,2,3,4" or a list: each a whole number from 1 to MAX_K, each once; sorted. QueueError
+    (one line) otherwise."""
+    parts = [p.strip() for p in ks.split(",")] if isinstance(ks, str) else list(ks)
+    values = []
+    for part in parts:
+        value = int(part) if isinstance(part, str) and re.fullmatch("[0-9]{1,6}", part) else part
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_K:
+            raise QueueError(
+                f"ks {str(ks)[:40]!r}: {str(part)[:20]!r} is not a whole number from 1 to {MAX_K}; list the ks to "
+                f"serve, e.g. 1,2,3,4 (k = 0, the target alone, is always measured)"
+            )
+        values.append(value)
+    if not values:
+        raise QueueError("no k chosen; list the ks to serve, e.g. 1,2,3,4")
+    if len(set(values)) != len(values):
+        raise QueueError(f"ks {str(ks)[:40]!r} repeats a value; list each once, e.g. 1,2,3,4")
+    return sorted(values)
+
+
+def profile_runs(store: Store, experiment_id: int) -> list[int]:
+    """The lab runs whose drafter a profile may serve, the default first (app/serving/profile.py's choice: the
+    verdict's run, else the first finished lossless speculative run). QueueError (one line, the confirm's words) where
+    there is none, or where vLLM cannot serve one of them (`draftlab profile` refuses the experiment then too)."""
+    from storage.serving.deploy import DeployError
+
+    try:
+        runs = [int(document["run_id"]) for _, document in confirm_documents(store, experiment_id, "all")]
+    except DeployError as exc:
+        raise QueueError(str(exc)) from None
+    try:
+        ((_, chosen),) = confirm_documents(store, experiment_id, "chosen")
+    except (QueueError, DeployError):  # the verdict serves the target alone, or chose none: the first servable run
+        return runs
+    first = int(chosen["run_id"])
+    return [first, *(r for r in runs if r != first)] if first in runs else runs
+
+
+def profile_run(store: Store, experiment_id: int, run_id: int | None) -> int:
+    """The run a profile serves: `run_id` checked (one of `profile_runs`), or the default. QueueError (one line)."""
+    runs = profile_runs(store, experiment_id)
+    if run_id is None:
+        return runs[0]
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or run_id not in runs:
+        raise QueueError(
+            f"run {str(run_id)[:20]} is not a finished lossless speculative run of experiment {experiment_id} that "
+            f"vLLM can serve (those: {', '.join(map(str, runs))}); profile one of them"
+        )
+    return run_id
+
+
+def profile_refusal(store: Store, experiment_id: int) -> str | None:
+    """Why no profile of the experiment can be queued (`profile_runs`' one line), None when one can."""
+    try:
+        profile_runs(store, experiment_id)
+    except QueueError as exc:
+        return str(exc)
+    return None
+
+
 def enqueue_confirm(
     store: Store,
     experiment_id: int,
@@ -99,9 +169,16 @@ def enqueue_confirm(
     concurrency,
     repeats: int = DEFAULT_REPEATS,
     launched_by: str | None = None,
+    run_id: int | None = None,
+    ks=None,
 ) -> int:
     """Queue a confirm of the experiment for a worker; return its id. Refused (QueueError, nothing stored) as the
-    module docstring lists."""
+    module docstring lists. configs = PROFILE queues a server cost profile of `run_id`'s drafter (default: as
+    `profile_runs` orders them) at each k of `ks` (default DEFAULT_PROFILE_KS); the row holds the run and the ks."""
+    profile = configs == PROFILE
+    if not profile and (run_id is not None or ks is not None):
+        raise QueueError(f"a run and ks are a profile's; configurations {configs!r} serve what the lab chose")
+    chosen_ks = profile_ks(DEFAULT_PROFILE_KS if ks is None else ks) if profile else None
     concurrency = list(concurrency or [])
     if not concurrency:
         raise QueueError("no concurrency chosen; pick one or more, e.g. 1 and 4")
@@ -120,7 +197,10 @@ def enqueue_confirm(
             is None
         ):
             raise QueueError(f"experiment {experiment_id} has no stored prompts yet (it never ran): let it run first")
-    check_configurations(store, experiment_id, configs)
+    if profile:
+        run_id = profile_run(store, experiment_id, run_id)
+    else:
+        check_configurations(store, experiment_id, configs)
     with store.write() as conn:
         from storage.jobs.experiments import check_launcher_cap
 
@@ -150,6 +230,8 @@ def enqueue_confirm(
                         phase="queued",
                         requests_done=0,
                         launched_by=launched_by[:200] if launched_by else None,
+                        profile_run_id=run_id if profile else None,
+                        profile_ks=",".join(map(str, chosen_ks)) if chosen_ks else None,
                     )
                 )
             )
@@ -240,6 +322,8 @@ JOB_COLUMNS = [
     "wall_seconds",
     "launched_by",
     "created",
+    "profile_run_id",
+    "profile_ks",
     "measurements",
 ]
 
@@ -253,11 +337,12 @@ def confirm_jobs(store: Store, experiment_id: int) -> pd.DataFrame:
             conn,
             """
             SELECT c.id AS confirm_id, c.status, c.configs, c.concurrency, c.repeats, c.phase, c.requests_done,
-                   c.requests_total, c.error, c.wall_seconds, c.launched_by, c.created, COUNT(m.id) AS measurements
+                   c.requests_total, c.error, c.wall_seconds, c.launched_by, c.created, c.profile_run_id,
+                   c.profile_ks, COUNT(m.id) AS measurements
             FROM server_confirms c LEFT JOIN server_measurements m ON m.confirm_id = c.id
             WHERE c.experiment_id = :e
             GROUP BY c.id, c.status, c.configs, c.concurrency, c.repeats, c.phase, c.requests_done, c.requests_total,
-                     c.error, c.wall_seconds, c.launched_by, c.created
+                     c.error, c.wall_seconds, c.launched_by, c.created, c.profile_run_id, c.profile_ks
             ORDER BY c.id DESC""",
             {"e": experiment_id},
             columns=JOB_COLUMNS,
