@@ -20,6 +20,7 @@ from urllib.parse import quote
 import pandas as pd
 import pytest
 from playwright.sync_api import expect
+from sqlalchemy import text
 
 from tests.browser import (
     chromium,
@@ -226,3 +227,28 @@ def test_a_finished_profile_draws_its_table_and_chart_and_the_form_queues_anothe
     listed = confirm_jobs(store, eid)
     store.dispose()
     assert listed["status"].tolist() == ["queued", "done"] and listed["profile_ks"].tolist() == ["1,2", "1,2"]
+
+
+def test_with_no_run_vllm_can_serve_the_button_is_disabled_and_says_why(served):
+    from storage import open_store
+
+    ids, db = served["ids"], served["db"]
+    eid = ids["temperature"]
+    store = open_store(db)
+    try:
+        with store.write() as conn:
+            conn.execute(
+                text("UPDATE runs SET status = 'failed', error = 'seeded' WHERE experiment_id = :e AND kind = :k"),
+                {"e": eid, "k": "speculative"},
+            )
+    finally:
+        store.dispose()
+    with chromium() as browser:
+        page, messages = new_page(browser)
+        _open(page, served["url"], eid)
+        disabled = page.get_by_role("button", name="Queue profile").is_disabled()
+        reasons = page.get_by_text("Nothing to queue now").all_inner_texts()  # the confirm panel's, then this one's
+        problems, _ = page_problems(page, "no run to profile", messages, charted=False)
+    assert disabled and len(reasons) == 2, reasons
+    assert not missing(reasons[-1], "no finished lossless speculative run"), reasons
+    assert not problems, "\n".join(problems)

@@ -113,15 +113,21 @@ def _progress(job) -> None:
         st.info(md_text(what), icon=":material/hourglass:")
 
 
+def profile_offer(store, experiment_id: int) -> list[int] | str:
+    """The runs a profile may serve, the default first (confirm_jobs.profile_runs), or why none (its one line): a
+    value either way, so the answer is cached until the experiment's runs change."""
+    try:
+        return confirm_jobs.profile_runs(store, experiment_id)
+    except QueueError as exc:
+        return str(exc)
+
+
 def _form(experiment_id: int, experiment: dict, sizes: list[int] | None, jobs: pd.DataFrame, run_label) -> None:
     """The form: the runs a profile may serve (storage/serving/confirm_jobs.py's profile_runs, the check pressing the
     button runs), the ks, the concurrency and the passes; its button disabled with the reason beside it when nothing
     can be queued now (no run vLLM can serve, or a confirm or profile of the experiment is unfinished)."""
-    try:
-        runs = cached(confirm_jobs.profile_runs, experiment_id, experiment_id=experiment_id)
-        refused = None
-    except QueueError as exc:
-        runs, refused = [], str(exc)
+    offer = cached(profile_offer, experiment_id, experiment_id=experiment_id)
+    runs, refused = (offer, None) if isinstance(offer, list) else ([], offer)
     busy = jobs[jobs["status"].isin(confirm_jobs.ACTIVE)]
     why_not = (
         f"{'profile' if busy['configs'].iloc[0] == confirm_jobs.PROFILE else 'confirm'} "
