@@ -6,8 +6,6 @@ same figures.
 
 from __future__ import annotations
 
-import math
-from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +17,7 @@ from storage.analysis.verdict import verdict_dict
 from storage.db.store import Store
 from storage.records import columns
 from storage.records import queries as q
+from storage.serving.plain import plain
 
 # Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics/metrics_oracle.py's
 # speculative_metrics): the column table's `json` entries (storage/records/columns.py), where each key's header, help
@@ -36,23 +35,6 @@ SERVING_KEYS = (
 )
 
 
-def plain(value):
-    """A JSON-ready Python value: numpy scalars unwrapped, NaN/NA as None, timestamps as ISO strings."""
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if value is None or value is pd.NA or value is pd.NaT:
-        return None
-    if isinstance(value, datetime):  # pd.Timestamp included
-        return value.isoformat()
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
 def _outputs(store: Store, run_id: int) -> list[dict]:
     return [
         {"prompt_index": int(r.prompt_index), "token_ids": list(r.token_ids), "text": r.text}
@@ -65,8 +47,13 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
     `repeats`, the `verdict` (storage/analysis/verdict.py: best configuration, `tied_with`, too wide to choose, the
     cheaper tied `chosen`), for a grid its `batch_sizes`, SPEC's `k_schedule` and the whole `schedule`
     (storage/analysis/schedule.py) and, for `--k auto`,
-    `predicted_curve`, `confirmed` and each confirmed run's `prediction_error`."""
+    `predicted_curve`, `confirmed` and each confirmed run's `prediction_error`; every speculative run's
+    `server_predicted` (storage/serving/run_predictions.py: its predicted speedup in the server per concurrency and
+    k from the newest server cost profile that fits it, or {"profile": null, "reason": why none does})."""
+    from storage.serving.run_predictions import experiment_predictions
+
     runs = q.runs(store, experiment_id)
+    predicted = experiment_predictions(store, experiment_id)
     experiment = q.experiment(store, experiment_id) or {}
     sweep_variable = experiment.get("sweep_variable", "k")
     swept = variable(sweep_variable)
@@ -136,6 +123,7 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
             entry["prediction_error"] = (
                 (at_size[int(r.k)] / r.speedup - 1) if pd.notna(r.speedup) and r.speedup else None
             )
+        entry["server_predicted"] = predicted.get(run_id)
         if with_outputs:
             entry["outputs"] = _outputs(store, run_id)
         doc["runs"].append(plain(entry))
@@ -158,7 +146,10 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
 
 
 def export_json(store: Store, experiment_id: int) -> dict:
-    """An experiment, its runs with every metric, and every draft token."""
+    """An experiment, its runs with every metric, every draft token, its confirms and each speculative run's
+    `server_predicted` ({run id: the run JSON's document}, storage/serving/run_predictions.py)."""
+    from storage.serving.run_predictions import experiment_predictions
+
     experiment = q.experiment(store, experiment_id)
     if experiment is None:
         raise KeyError(experiment_id)
@@ -178,6 +169,9 @@ def export_json(store: Store, experiment_id: int) -> dict:
             "timings": timings,
             "draft_tokens": tokens.to_dict(orient="records"),
             "server_confirms": confirms(store, experiment_id),
+            "server_predicted": {
+                str(run_id): doc for run_id, doc in experiment_predictions(store, experiment_id).items()
+            },
         }
     )
 
