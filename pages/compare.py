@@ -7,6 +7,7 @@ import streamlit as st
 
 from engine.config.variables import variable
 from engine.text.prompt_sets import set_name
+from pages.panels.server_predicted_panel import predictions
 from pages.widgets import charts
 from pages.widgets.common import (
     cached,
@@ -76,6 +77,43 @@ RUN_METRICS = [
     "timing_warning",
 ]
 INTERVAL = {"lo": "speedup_ci_lo", "hi": "speedup_ci_hi"}  # the speedup chart's error bars
+SERVER_ROWS = ("predicted in the server (95 %)", "server cost profile")  # the runs table's rows below the metrics
+
+
+def server_cells(doc: dict | None, k) -> dict:
+    """A run's predicted server speedup for the runs table (storage/serving/run_predictions.py): at the smallest
+    concurrency profiled and the run's own k (the deepest k predicted where the profile stops short of it), with its
+    95 % interval, and the profile's label; where no profile fits, no figure and why not."""
+    if not doc or not doc.get("profile"):
+        reason = (doc or {}).get("reason") or "not predicted"
+        return {
+            "server_speedup": None,
+            "server_lo": None,
+            "server_hi": None,
+            "server_concurrency": None,
+            "server_k": None,
+            "server_profile": f"none: {reason}",
+        }
+    c = min(doc["concurrency"], key=int)
+    by_k = doc["concurrency"][c]
+    at = str(int(k)) if pd.notna(k) and str(int(k)) in by_k else max(by_k, key=int)
+    cell = by_k[at]
+    return {
+        "server_speedup": cell["speedup"],
+        "server_lo": cell["speedup_ci"][0],
+        "server_hi": cell["speedup_ci"][1],
+        "server_concurrency": int(c),
+        "server_k": int(at),
+        "server_profile": doc["profile"]["label"],
+    }
+
+
+def server_text(cells: dict) -> str:
+    """`1.42× (1.30–1.55) at k=3, concurrency 1`, or `—` where no profile fits."""
+    if cells["server_speedup"] is None or pd.isna(cells["server_speedup"]):
+        return "—"
+    speedup = charts.speedup_text(cells["server_speedup"], cells["server_lo"], cells["server_hi"])
+    return f"{speedup} at k={int(cells['server_k'])}, concurrency {int(cells['server_concurrency'])}"
 
 
 def _show(value) -> str:
@@ -249,10 +287,30 @@ def _runs(runs_by_experiment: dict[int, pd.DataFrame], sweeps: dict[int, str | N
         {run: [show(m, v) for m, v in row.items()] for run, row in table.iterrows()},
         index=[COLUMNS[m].header if m in COLUMNS else m for m in metrics],
     )
-    st.dataframe(side_by_side, width="stretch", key="compare_runs_table")
-    csv_download(table.reset_index(names="run"), "compare_runs.csv")
-    positions, types = [], []
     experiment_of = {int(r): e for e, runs in runs_by_experiment.items() for r in runs["run_id"]}
+    docs = {e: predictions(e, version(e)) for e in dict.fromkeys(experiment_of[r] for r in chosen)}
+    ks = dict(zip(everything["run_id"].astype(int), everything["k"]))
+    server = pd.DataFrame([server_cells(docs[experiment_of[r]].get(r), ks[r]) for r in chosen], index=table.index)
+    server = server.astype({"server_k": "Int64", "server_concurrency": "Int64"})
+    after = metrics.index("speedup_ci_hi") + 1 if "speedup_ci_hi" in metrics else len(metrics)  # the lab's interval
+    side_by_side = pd.concat(
+        [
+            side_by_side.iloc[:after],
+            pd.DataFrame(
+                {run: [server_text(row), row["server_profile"]] for run, row in server.iterrows()},
+                index=list(SERVER_ROWS),
+            ),
+            side_by_side.iloc[after:],
+        ]
+    )
+    st.dataframe(side_by_side, width="stretch", key="compare_runs_table")
+    csv_download(pd.concat([table, server], axis=1).reset_index(names="run"), "compare_runs.csv")
+    st.caption(
+        "Predicted in the server: from each run's own acceptance and the newest server cost profile that fits it "
+        "(`draftlab profile`), at the smallest concurrency profiled; the detail page's Predictions section has "
+        "every k and concurrency."
+    )
+    positions, types = [], []
     for run_id in chosen:
         positions.append(
             cached("acceptance_by_position", run_id, experiment_id=experiment_of[run_id]).assign(

@@ -23,7 +23,9 @@ from pages.panels.deploy_panel import render_deploy_panel
 from pages.panels.drafting_panel import render_k_distribution
 from pages.panels.findings_panel import render_findings
 from pages.panels.production_panel import render_production
+from pages.panels.profile_panel import render_profile
 from pages.panels.schedule_panel import batch_name, headline, render_schedule, render_vllm_schedule
+from pages.panels.server_predicted_panel import render_server_predicted
 from pages.panels.validation_panel import render_validation
 from pages.widgets import charts
 from pages.widgets.common import (
@@ -620,6 +622,10 @@ def _predictions_section(d: Detail) -> None:
         _predictions(d.curve, d.experiment, d.sweep_variable)
     else:
         _not_yet()
+    if not d.active:  # a server prediction reads every run's draft tokens: once the runs are done
+        render_server_predicted(
+            d.experiment_id, d.runs, d.verdict, d.stamp, d.sweep_variable, run_label(d.runs, d.sweep_variable)
+        )
     _cost(d.runs, d.sweep_variable, d.grid)
 
 
@@ -641,6 +647,7 @@ def _confirm_section(d: Detail) -> None:
         st.caption("A confirm serves what the finished runs chose: it can be queued once this experiment is done.")
     else:
         render_confirm(d.experiment_id, d.experiment, q.grid_sizes(d.experiment))
+        render_profile(d.experiment_id, d.experiment, q.grid_sizes(d.experiment), run_label(d.runs, d.sweep_variable))
 
 
 def _runs_section(d: Detail) -> None:
