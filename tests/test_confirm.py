@@ -170,8 +170,16 @@ def test_a_stored_confirm_reads_back_as_specs_json(store):
     )
     finish_confirm(store, cid, engine_version="0.32.0", wall_seconds=60.0, errors=[])
     doc = confirm_document(store, cid)
-    assert set(doc) == {"experiment_id", "engine", "engine_version", "baseline", "configs"}
-    assert doc["engine_version"] == "0.32.0"
+    assert set(doc) == {
+        "experiment_id",
+        "engine",
+        "engine_version",
+        "baseline",
+        "configs",
+        "server_starts",
+        "one_server_at_a_time",
+    }
+    assert doc["engine_version"] == "0.32.0" and doc["server_starts"] is None  # stored here, not started
     (b,) = doc["baseline"]["per_concurrency"]
     assert set(b) == {"concurrency", "tokens_per_second", *LATENCY_KEYS} and b["tokens_per_second"] == pytest.approx(
         8 / 6

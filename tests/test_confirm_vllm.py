@@ -28,6 +28,11 @@ PER_CONCURRENCY_KEYS = {
     "server_tokens_per_step",
     "speedup_warning",
     "outputs_test",
+    "predicted_speedup",
+    "predicted_speedup_ci",
+    "predicted_profile_id",
+    "prediction_check",
+    "server_spread",
 }
 
 
@@ -97,12 +102,22 @@ def test_confirm_serves_the_demo_pair_in_vllm_losslessly(tmp_path, capsys, vllm_
     out, err = capsys.readouterr()
     assert status == 0, err[-2000:]
     doc = json.loads(out)
-    assert set(doc) == {"experiment_id", "engine", "engine_version", "baseline", "configs"}
+    assert set(doc) == {
+        "experiment_id",
+        "engine",
+        "engine_version",
+        "baseline",
+        "configs",
+        "server_starts",
+        "one_server_at_a_time",
+    }
     assert doc["engine"] == "vllm" and doc["engine_version"]
+    assert doc["server_starts"] == 2 and doc["one_server_at_a_time"] is False  # the target alone, one speculative
     (base,) = doc["baseline"]["per_concurrency"]
     assert set(base) == {"concurrency", "tokens_per_second", *LATENCY_KEYS} and base["tokens_per_second"] > 0
     (config,) = doc["configs"]
-    assert set(config) == {"label", "k", "lab_run_id", "speculative_config", "per_concurrency"}
+    assert set(config) == {"label", "k", "lab_run_id", "runs", "speculative_config", "per_concurrency"}
+    assert config["runs"] == [run_id]
     assert config["speculative_config"] == deploy_config  # exactly what the deploy export holds
     assert config["lab_run_id"] == run_id and config["k"] == 3
     (m,) = config["per_concurrency"]

@@ -85,6 +85,14 @@ def add_parser(sub):
         metavar="URL",
         help="the same model served without speculation, already running",
     )
+    p.add_argument(
+        "--one-server-at-a-time",
+        action="store_true",
+        default=None,
+        help="where the target-only and the speculative server cannot both fit on the device: only one up at a "
+        "time, restarted in turn pass by pass (A B B A …), the same passes and storage (default "
+        "$DRAFTLAB_ONE_SERVER_AT_A_TIME=1, else both up together)",
+    )
     p.add_argument("--startup-timeout", type=_seconds, default=600, help="seconds a server may take to be ready")
     p.add_argument(
         "--request-timeout",
@@ -148,6 +156,7 @@ def _measure_and_report(args, store) -> int:
         baseline_server=args.baseline_server,
         startup_timeout=args.startup_timeout,
         request_timeout=args.request_timeout,
+        one_at_a_time=args.one_server_at_a_time,
     )
 
     return measure_and_print(
@@ -250,15 +259,24 @@ def heartbeat(store, confirm_id: int):
 
 
 def report(document: dict, seconds: float) -> str:
-    """The confirm as a few lines: per configuration and concurrency, the server's speedup and acceptance next to
-    the lab's."""
+    """The confirm as a few lines: per configuration (and the lab runs it stands for) and concurrency, the server's
+    speedup and acceptance next to the lab's, the speedup predicted for it and which side moved where the
+    measurement falls outside that prediction, and the server's own spread where the configuration was served more
+    than once."""
 
     def num(value, fmt="{:.3f}"):
         return "—" if value is None else fmt.format(value)
 
+    starts = document.get("server_starts")
+    how = (
+        f"; {starts} server start{'s' if starts != 1 else ''}"
+        + (", one at a time" if document.get("one_server_at_a_time") else "")
+        if starts is not None
+        else ""
+    )
     lines = [
         f"confirm of experiment {document['experiment_id']} in {document['engine']} "
-        f"{document['engine_version'] or '(version unknown)'}, {seconds:.0f} s"
+        f"{document['engine_version'] or '(version unknown)'}, {seconds:.0f} s{how}"
     ]
     for b in document["baseline"]["per_concurrency"]:
         lines.append(
@@ -266,6 +284,12 @@ def report(document: dict, seconds: float) -> str:
             f"TTFT p50 {num(b['ttft_seconds_p50'])} s, ITL p50 {num(b['itl_seconds_p50'])} s"
         )
     for config in document["configs"]:
+        runs = config.get("runs") or []
+        if len(runs) > 1:
+            lines.append(
+                f"  {config['label']} k={config['k']}: one server for runs {', '.join(map(str, runs))} (the same "
+                f"speculative config), measured once for all of them"
+            )
         for m in config["per_concurrency"]:
             ci = m["speedup_ci"]
             interval = f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else " (one pass: no interval)"
@@ -282,4 +306,40 @@ def report(document: dict, seconds: float) -> str:
                 f"{num(m['outputs_match_server_baseline'], '{:.0%}')}, = lab "
                 f"{num(m['outputs_match_lab'], '{:.0%}')}"
             )
+            lines += _prediction_line(m) + _spread_line(config, m)
     return "\n".join(lines)
+
+
+def _prediction_line(m: dict) -> list[str]:
+    """`predicted 1.18× (1.10–1.25) from profile 4: …`, and outside it which side moved; nothing without one."""
+    from storage.analysis.prediction_check import moved_words
+
+    if m.get("predicted_speedup") is None:
+        return []
+    lo, hi = m["predicted_speedup_ci"]
+    line = f"    predicted {m['predicted_speedup']:.2f}× ({lo:.2f}–{hi:.2f}) from profile {m['predicted_profile_id']}"
+    check = m.get("prediction_check")
+    if check is None:
+        line += ": no measured speedup to hold against it"
+    elif check["outside"]:
+        line += f": measured {check['direction']} it; {moved_words(check)}"
+    else:
+        line += ": measured within it"
+    return [line]
+
+
+def _spread_line(config: dict, m: dict) -> list[str]:
+    """The server's own spread where this configuration was served more than once at this concurrency."""
+    spread = m.get("server_spread")
+    if not spread:
+        return []
+    servings = spread["servings"]
+    confirms = sorted({s["confirm_id"] for s in servings})
+    relative = spread["relative"]
+    measured = ", ".join(f"{s['speedup']:.2f}×" for s in servings)
+    return [
+        f"    server's own spread: served {len(servings)} times (confirm{'s' if len(confirms) > 1 else ''} "
+        f"{', '.join(map(str, confirms))}): {measured}"
+        + (f", {relative:.0%} apart" if relative is not None else "")
+        + ": between server starts of the same configuration, not between the lab and the server"
+    ]

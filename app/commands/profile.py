@@ -63,6 +63,13 @@ def add_parser(sub):
         help="the command that starts vLLM's OpenAI server (as `draftlab confirm --vllm`; default $DRAFTLAB_VLLM, "
         "else .vllm-venv's CPU build)",
     )
+    p.add_argument(
+        "--one-server-at-a-time",
+        action="store_true",
+        default=None,
+        help="only one server up at a time, restarted in turn pass by pass (as `draftlab confirm "
+        "--one-server-at-a-time`; default $DRAFTLAB_ONE_SERVER_AT_A_TIME=1, else both up together)",
+    )
     p.add_argument("--startup-timeout", type=_seconds, default=600, help="seconds a server may take to be ready")
     p.add_argument(
         "--request-timeout", type=_seconds, default=300, help="seconds without an answer before a request times out"
@@ -88,6 +95,7 @@ def _profile(args, store) -> int:
         startup_timeout=args.startup_timeout,
         request_timeout=args.request_timeout,
         chosen=profile_configs(store, args.experiment_id, args.run, ks),
+        one_at_a_time=args.one_server_at_a_time,
     )
     fingerprint = the_plan.configs[0].speculative_config
     return signalled(

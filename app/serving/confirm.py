@@ -2,27 +2,35 @@
 lab's figures (SPEC "Confirm in a serving engine"); run by `draftlab confirm` (app/commands/confirm.py) and by a worker
 for a confirm queued from the dashboard (app/serving/confirm_job.py).
 
-One target-only server and one server per configuration, each started with exactly the `--speculative-config` that
-`draftlab export --format deploy` holds (storage/serving/deploy.py), or attached to with --server / --baseline-server.
-Both stay up while a configuration is measured, and the passes alternate: at each concurrency, baseline pass,
-speculative pass, baseline pass, … (A B A B), every pass sending each of the experiment's stored prompts (the lab's
-rendered texts) once as a streaming completion with the experiment's sampling settings and max new tokens, closed loop
-(app/serving/completions_load.py). The speculative server's /metrics is scraped around every pass
-(app/serving/production_scrape.py). Each configuration is stored when all its passes are done
-(storage/records/confirms.py); one that fails (the server does not start, dies, a request times out, no counters) is
-reported in one line and the others are kept.
+One target-only server and one server per distinct configuration, each started with exactly the
+`--speculative-config` that `draftlab export --format deploy` holds (storage/serving/deploy.py), or attached to with
+--server / --baseline-server. Runs whose configurations are identical (the same target, speculative config and
+request: k 1 at batch 1 and k 1 at batch 4) are served once, the one measurement standing for each of them
+(`served_once`). Both servers stay up while a configuration is measured, and the passes alternate: at each
+concurrency, baseline pass, speculative pass, baseline pass, … (A B A B), every pass sending each of the experiment's
+stored prompts (the lab's rendered texts) once as a streaming completion with the experiment's sampling settings and
+max new tokens, closed loop (app/serving/completions_load.py). Where the two servers cannot both fit on the device
+(`one_at_a_time`: `--one-server-at-a-time`, or $DRAFTLAB_ONE_SERVER_AT_A_TIME=1 for a worker's queued confirms), only
+one is up at a time: per pass, the target-only server, then restarted as the speculative one, in the order A B B A
+A B … (each server's pass i beside the other's; a server that ends one pass and begins the next stays up), every
+concurrency's pass i on each start, the same passes and storage. The speculative server's /metrics is scraped around
+every pass (app/serving/production_scrape.py). Each configuration is stored when all its passes are done
+(storage/records/confirms.py), with the speedup predicted for each of its cells from a server cost profile other
+than this confirm (storage/serving/cell_predictions.py) beside it; one that fails (the server does not
+start, dies, a request times out, no counters) is reported in one line and the others are kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import DraftLabError
 
@@ -31,6 +39,7 @@ if TYPE_CHECKING:
 
 DEFAULT_REPEATS = 3  # passes per server and concurrency: the fewest that give the paired speedup an interval
 DIED_WAIT_SECONDS = 5.0  # a request cut off mid-answer is seen before its server's exit is: wait this long for it
+ONE_AT_A_TIME_ENV = "DRAFTLAB_ONE_SERVER_AT_A_TIME"  # "1": a worker's confirms serve one server at a time
 
 
 @dataclass
@@ -45,6 +54,11 @@ class Config:
     target: str
     target_name: str = ""  # as the experiment names it (a profile's `target`): the demo name, HF id or folder
     lab_k: int | None = None  # a profile's: the run's own k (another k is stored without the run: no lab figure)
+    run_ids: list[int] = field(default_factory=list)  # every run it stands for (`served_once`); empty: run_id's alone
+
+    @property
+    def runs(self) -> list[int]:
+        return self.run_ids or [self.run_id]
 
 
 @dataclass
@@ -83,11 +97,41 @@ def configurations(store, experiment_id: int, which: str) -> list[Config]:
     if q.experiment(store, experiment_id) is None:
         raise DraftLabError(f"no experiment {experiment_id}; `draftlab list` shows the ids")
     try:
-        return [config(doc, label) for label, doc in confirm_documents(store, experiment_id, which)]
+        return served_once([config(doc, label) for label, doc in confirm_documents(store, experiment_id, which)])
     except QueueError as exc:
         raise DraftLabError(str(exc)) from None
     except DeployError as exc:
         raise DraftLabError(_refusal(exc)) from None
+
+
+def served_once(configs: list[Config]) -> list[Config]:
+    """Identical configurations served once: those with the same target, speculative config (as JSON) and request
+    (sampling, max tokens) are one server, the first one's, standing for every run of them in order (`run_ids`; a
+    `run N` label becomes `runs N, M`). k 1 at batch 1 and k 1 at batch 4 are one configuration: the batch size is
+    the concurrency the server is measured at, not a server setting."""
+    merged: dict[tuple[str, str, str], Config] = {}
+    for c in configs:
+        key = (
+            c.target,
+            json.dumps(json.loads(c.speculative_config), sort_keys=True),
+            json.dumps(c.request, sort_keys=True),
+        )
+        if key in merged:
+            merged[key].run_ids.append(c.run_id)
+        else:
+            merged[key] = replace(c, run_ids=[c.run_id])
+    out = list(merged.values())
+    for c in out:
+        if len(c.run_ids) > 1 and c.label == f"run {c.run_id}":
+            c.label = runs_label(c.run_ids)
+    return out
+
+
+def runs_label(run_ids: list[int]) -> str:
+    """`runs 3, 5` (six at most by number, then how many more: a label is at most 200 characters, and the first id
+    alone keeps it unique, each run being served by one configuration)."""
+    shown = ", ".join(str(r) for r in run_ids[:6])
+    return f"runs {shown}" + (f" and {len(run_ids) - 6} more" if len(run_ids) > 6 else "")
 
 
 def _refusal(exc) -> str:
@@ -239,7 +283,15 @@ def _sampled_comparison(base: Measured, spec: Measured) -> dict:
 
 
 def _store_config(
-    store, confirm_id, eid, config: Config, concurrency: int, base: Measured, spec: Measured, greedy: bool
+    store,
+    confirm_id,
+    eid,
+    config: Config,
+    concurrency: int,
+    base: Measured,
+    spec: Measured,
+    greedy: bool,
+    predicted: dict | None = None,
 ) -> None:
     from storage.records.confirms import add_measurement, lab_outputs, outputs_match, pass_speedup, summarize
 
@@ -274,7 +326,45 @@ def _store_config(
         matches=matches,
         outputs_test=outputs_test,
         baseline_tokens_per_second=summarize(base.passes)["tokens_per_second"],
+        run_ids=config.runs if config.lab_k in (None, config.k) else None,
+        predicted=predicted,
     )
+
+
+class _Predictions:
+    """Each confirmed cell's prediction, read before the cell is stored (storage/serving/cell_predictions.py): from a
+    profile other than this confirm, with the acceptance of the covered run measured at a batch size equal to the
+    concurrency (else the configuration's first run), at the k vLLM serves there. A schedule whose k changes below
+    the concurrency (the batch drains from it to 1) is one no single k predicts: None."""
+
+    def __init__(self, store, experiment_id: int, confirm_id: int):
+        from storage.records import queries as q
+
+        self.store, self.confirm_id = store, confirm_id
+        self.cache: dict = {}
+        runs = q.runs(store, experiment_id)
+        self.batch = {int(r): int(b) for r, b in zip(runs["run_id"], runs["batch_size"]) if b == b and b is not None}
+
+    def __call__(self, config: Config, concurrency: int) -> dict | None:
+        from storage.records.confirms import comparable_positions, server_k
+        from storage.records.server_costs import drafter_fingerprint
+        from storage.serving.cell_predictions import cell_prediction
+
+        spec = json.loads(config.speculative_config)
+        k = server_k(spec, concurrency)
+        if k < 1 or comparable_positions(spec, concurrency) != k:
+            return None
+        run = next((r for r in config.runs if self.batch.get(r) == concurrency), config.run_id)
+        return cell_prediction(
+            self.store,
+            run,
+            config.target_name or config.target,
+            drafter_fingerprint(config.speculative_config),
+            k,
+            concurrency,
+            exclude=self.confirm_id,
+            cache=self.cache,
+        )
 
 
 @dataclass
@@ -292,6 +382,7 @@ class Plan:
     baseline_server: str | None = None
     startup_timeout: float = 600.0
     request_timeout: float = 300.0
+    one_at_a_time: bool = False  # the two servers never up together: restarted in turn (the module's docstring)
 
     @property
     def requests(self) -> int:
@@ -312,9 +403,11 @@ def plan(
     startup_timeout: float = 600.0,
     request_timeout: float = 300.0,
     chosen: list[Config] | None = None,
+    one_at_a_time: bool | None = None,
 ) -> Plan:
     """The confirm's configurations (`which`'s, or `chosen`: a profile's, app/serving/profile.py), prompts and
-    concurrency; bad input raises DraftLabError (one line)."""
+    concurrency; bad input raises DraftLabError (one line). `one_at_a_time` None: $DRAFTLAB_ONE_SERVER_AT_A_TIME
+    ("1": on; a worker's queued confirms read it, the machine's device deciding whether two servers fit)."""
     from app.serving.urls import http_url
     from app.serving.vllm_server import command_argv, default_command
     from storage.jobs.experiments import load_experiment_prompts
@@ -327,6 +420,13 @@ def plan(
         )
     if server is not None and vllm is not None:
         raise DraftLabError("--vllm starts servers, --server attaches to running ones: give one of them")
+    if one_at_a_time is None:
+        one_at_a_time = _one_at_a_time_env(server is not None)
+    if one_at_a_time and server is not None:
+        raise DraftLabError(
+            "--one-server-at-a-time restarts the servers DraftLab starts; --server and --baseline-server attach to "
+            "servers of yours: give one or the other"
+        )
     command_line = vllm if vllm is not None else default_command()
     if server is not None and baseline_server is not None:  # attach (the check above: both or neither)
         http_url(server, "--server")
@@ -361,7 +461,17 @@ def plan(
         baseline_server=baseline_server,
         startup_timeout=startup_timeout,
         request_timeout=request_timeout,
+        one_at_a_time=one_at_a_time,
     )
+
+
+def _one_at_a_time_env(attached: bool) -> bool:
+    """$DRAFTLAB_ONE_SERVER_AT_A_TIME: "1" on, "0" or unset off (servers attached to: off, they are not ours);
+    anything else is one line naming it."""
+    value = os.environ.get(ONE_AT_A_TIME_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise DraftLabError(f"${ONE_AT_A_TIME_ENV} is {value[:40]!r}; set it to 1 (one server at a time) or 0")
+    return value == "1" and not attached
 
 
 def unexpected(exc: BaseException) -> str:
@@ -378,25 +488,156 @@ def unexpected(exc: BaseException) -> str:
     )
 
 
+class _Servers:
+    """The servers of one confirm: started (or attached to) and warmed up, counted, and stopped, with the passes of
+    one configuration measured on them. Together: the target-only server stays up through the confirm and each
+    configuration's server beside it. One at a time: only one is ever up, restarted in the order A B B A A B …"""
+
+    def __init__(self, plan: Plan, record, progress):
+        self.plan, self.record, self.progress = plan, record, progress
+        self.live: list = []  # started (or attached) and not yet stopped
+        self.starts = 0  # VllmServer.start calls, restarts included (a port retried inside one start: one)
+        self.version = ""
+        self.baseline: Any = None  # the target-only server while it is up
+        self.baseline_lost = False  # it failed (died, did not start): no target-only server for what is left
+
+    def _up(self, config: Config, speculative: bool):
+        """A server for `config` (speculative: with its config; else the target alone), started and warmed up."""
+        from app.serving.vllm_server import VllmServer
+
+        name = f"{config.label} (k={config.k})" if speculative else "target-only"
+        self.progress.describe(f"starting the {name} server")
+        url = self.plan.server if speculative else self.plan.baseline_server
+        if url is not None:
+            server = (
+                VllmServer.attach(config.label, url)
+                if speculative
+                else VllmServer.attach("target-only", url, "--baseline-server")
+            )
+        else:
+            self.starts += 1
+            server = VllmServer.start(
+                name,
+                self.plan.command_line,
+                config.target,
+                config.speculative_config if speculative else None,
+                startup_timeout=self.plan.startup_timeout,
+                on_launch=self.record,
+            )
+        self.live.append(server)
+        if not speculative:
+            self.baseline = server
+        if not self.version:
+            self.version = server.version()
+        try:
+            _warm_up(server, self.plan.prompts, config.request, self.plan.request_timeout)
+        except DraftLabError:
+            self.stop(server)  # never left up beside the next one
+            raise
+        return server
+
+    def stop(self, server) -> None:
+        if server is None or server not in self.live:
+            return
+        with _signals_deferred():
+            server.stop()
+            self.live.remove(server)
+        if server is self.baseline:
+            self.baseline = None
+
+    def stop_all(self) -> None:
+        for server in list(self.live):
+            self.stop(server)
+
+    def target_only(self, config: Config):
+        """Together: the target-only server, started once for the whole confirm (its failure is the confirm's)."""
+        return self._up(config, speculative=False)
+
+    def measure(self, config: Config) -> list[tuple[int, Measured, Measured]]:
+        """Every concurrency's passes of one configuration on both servers: [(concurrency, target-only passes,
+        speculative passes)]. A DraftLabError (one line) when a server fails; `baseline_lost` says whether it was
+        the target-only one."""
+        if self.plan.one_at_a_time:
+            return self._one_at_a_time(config)
+        spec = None
+        try:
+            spec = self._up(config, speculative=True)
+            results = []
+            for c in self.plan.concurrency:
+                base, measured = Measured(), Measured()
+                for repeat in range(self.plan.repeats):
+                    self.progress.describe(f"{config.label} concurrency {c} pass {repeat + 1}/{self.plan.repeats}")
+                    self._pass(self.baseline, config, c, repeat, base, speculative=False)
+                    self._pass(spec, config, c, repeat, measured, speculative=True)
+                results.append((c, base, measured))
+            return results
+        except DraftLabError:
+            self.baseline_lost = self.baseline is None or bool(self.baseline.died())
+            raise
+        finally:
+            self.stop(spec)
+
+    def _one_at_a_time(self, config: Config) -> list[tuple[int, Measured, Measured]]:
+        """Pass by pass, one server up: A B, then B A (the one up stays for the next pass), every concurrency's pass
+        on each, so each server's pass i runs beside the other's, across restarts."""
+        bases = {c: Measured() for c in self.plan.concurrency}
+        specs = {c: Measured() for c in self.plan.concurrency}
+        spec = None  # this configuration's server while it is up
+        speculative = False  # the side starting or measuring now
+        try:
+            for repeat in range(self.plan.repeats):
+                for speculative in (False, True) if spec is None else (True, False):
+                    if speculative and spec is None:
+                        self.stop(self.baseline)
+                        spec = self._up(config, speculative=True)
+                    elif not speculative and self.baseline is None:
+                        self.stop(spec)
+                        spec = None
+                        self._up(config, speculative=False)
+                    server = spec if speculative else self.baseline
+                    for c in self.plan.concurrency:
+                        self.progress.describe(
+                            f"{config.label} concurrency {c} pass {repeat + 1}/{self.plan.repeats} "
+                            f"({'speculative' if speculative else 'target-only'}, one server at a time)"
+                        )
+                        self._pass(server, config, c, repeat, specs[c] if speculative else bases[c], speculative)
+        except DraftLabError:
+            self.baseline_lost = not speculative  # it failed while the target-only server was the side
+            raise
+        finally:
+            self.stop(spec)  # this configuration's alone; the target-only server, if up, stays for the next
+        return [(c, bases[c], specs[c]) for c in self.plan.concurrency]
+
+    def _pass(self, server, config: Config, c: int, repeat: int, measured: Measured, speculative: bool) -> None:
+        _measure_pass(
+            server,
+            self.plan.prompts,
+            config.request,
+            c,
+            self.plan.request_timeout,
+            self.progress,
+            speculative,
+            measured,
+            pass_seeds(config.request, len(self.plan.prompts), c, repeat, speculative),
+        )
+
+
 def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None = None) -> list[str]:
-    """Run the confirm `confirm_id` (already stored, storage/confirms.start_confirm or a claimed queued one): both
-    servers up per configuration, A B A B passes at each concurrency, each configuration stored once all its passes
-    are done, the target-only passes stored at the end, the confirm closed (`worker_id`: only while it is that
-    worker's). Returns the errors, one line each (a failed configuration; the others are kept). `progress` has
-    describe(text), request_done(record) and write(line). KeyboardInterrupt (Ctrl-C, SIGTERM, a stopped worker)
-    and any exception no check foresaw (`unexpected`) close the confirm as failed with what was measured and are
-    raised again."""
+    """Run the confirm `confirm_id` (already stored, storage/confirms.start_confirm or a claimed queued one): per
+    configuration both servers (together, or one at a time), A B A B passes at each concurrency, each configuration
+    stored once all its passes are done with each cell's prediction beside it, the target-only passes stored at the
+    end, the confirm closed with its server starts (`worker_id`: only while it is that worker's). Returns the
+    errors, one line each (a failed configuration; the others are kept). `progress` has describe(text),
+    request_done(record) and write(line). KeyboardInterrupt (Ctrl-C, SIGTERM, a stopped worker) and any exception no
+    check foresaw (`unexpected`) close the confirm as failed with what was measured and are raised again."""
     from app.serving.hardware import local_hardware
-    from app.serving.vllm_server import VllmServer
     from storage.records.confirms import add_measurement, describe_confirm, finish_confirm, summarize
 
-    eid, configs, prompts = plan.experiment_id, plan.configs, plan.prompts
+    eid, configs = plan.experiment_id, plan.configs
     errors: list[str] = []
     baseline_passes: dict[int, list] = {c: [] for c in plan.concurrency}
-    servers: list = []
-    version = ""
     started = time.monotonic()
-    record = _recorder(store, confirm_id)
+    servers = _Servers(plan, _recorder(store, confirm_id), progress)
     attached = plan.baseline_server is not None
     describe_confirm(
         store,
@@ -405,78 +646,20 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
         target=configs[0].target_name or configs[0].target,
     )
     try:
-        progress.describe("starting the target-only server")
-        if plan.baseline_server is not None:
-            baseline = VllmServer.attach("target-only", plan.baseline_server, "--baseline-server")
-        else:
-            baseline = VllmServer.start(
-                "target-only",
-                plan.command_line,
-                configs[0].target,
-                startup_timeout=plan.startup_timeout,
-                on_launch=record,
-            )
-        servers.append(baseline)
-        version = baseline.version()
-        _warm_up(baseline, prompts, configs[0].request, plan.request_timeout)
+        predicted = _Predictions(store, eid, confirm_id)
+        if not plan.one_at_a_time:
+            servers.target_only(configs[0])
         for config in configs:
-            spec = None
             try:
-                progress.describe(f"starting the {config.label} server (k={config.k})")
-                if plan.server is not None:
-                    spec = VllmServer.attach(config.label, plan.server)
-                else:
-                    spec = VllmServer.start(
-                        f"{config.label} (k={config.k})",
-                        plan.command_line,
-                        config.target,
-                        config.speculative_config,
-                        startup_timeout=plan.startup_timeout,
-                        on_launch=record,
-                    )
-                servers.append(spec)
-                _warm_up(spec, prompts, config.request, plan.request_timeout)
-                results = []
-                for c in plan.concurrency:
-                    base, measured = Measured(), Measured()
-                    for repeat in range(plan.repeats):
-                        progress.describe(f"{config.label} concurrency {c} pass {repeat + 1}/{plan.repeats}")
-                        _measure_pass(
-                            baseline,
-                            prompts,
-                            config.request,
-                            c,
-                            plan.request_timeout,
-                            progress,
-                            False,
-                            base,
-                            pass_seeds(config.request, len(prompts), c, repeat, False),
-                        )
-                        _measure_pass(
-                            spec,
-                            prompts,
-                            config.request,
-                            c,
-                            plan.request_timeout,
-                            progress,
-                            True,
-                            measured,
-                            pass_seeds(config.request, len(prompts), c, repeat, True),
-                        )
-                    results.append((c, base, measured))
+                results = servers.measure(config)
                 for c, base, measured in results:  # stored only once every pass of the configuration is done
-                    _store_config(store, confirm_id, eid, config, c, base, measured, plan.greedy)
+                    _store_config(store, confirm_id, eid, config, c, base, measured, plan.greedy, predicted(config, c))
                     baseline_passes[c] += base.passes
             except DraftLabError as exc:
                 errors.append(f"{config.label} (k={config.k}): {exc}")
                 progress.write(f"error: {errors[-1]}")
-                if baseline.died():  # no target-only server for the configurations left: one line, then stop
+                if servers.baseline_lost:  # no target-only server for the configurations left: one line, then stop
                     break
-            finally:
-                if spec is not None and spec in servers:
-                    with _signals_deferred():
-                        spec.stop()
-                        servers.remove(spec)
     except DraftLabError as exc:
         errors.append(str(exc))
     except KeyboardInterrupt:
@@ -487,8 +670,7 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
         raise
     finally:
         with _signals_deferred():
-            for server in servers:
-                server.stop()
+            servers.stop_all()
             progress.describe("storing the target-only passes")  # also the last requests-done count a worker reports
             for c, passes in baseline_passes.items():
                 if passes:
@@ -507,9 +689,11 @@ def measure(store, confirm_id: int, plan: Plan, progress, worker_id: str | None 
             finish_confirm(
                 store,
                 confirm_id,
-                engine_version=version,
+                engine_version=servers.version,
                 wall_seconds=time.monotonic() - started,
                 errors=errors,
                 worker_id=worker_id,
+                server_starts=None if attached else servers.starts,
+                one_server_at_a_time=plan.one_at_a_time,
             )
     return errors

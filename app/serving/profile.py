@@ -6,6 +6,7 @@ the same servers, the same interleaved passes, the same faults and the same stor
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from app.serving.confirm import Config, configurations
 from engine.errors import DraftLabError
@@ -26,13 +27,13 @@ def profile_configs(store, experiment_id: int, run_id: int | None, ks: list[int]
         except DraftLabError:  # the verdict serves the target alone, or chose none: the first servable run
             base = servable[0]
     else:
-        matching = [c for c in servable if c.run_id == run_id]
+        matching = [c for c in servable if run_id in c.runs]  # a configuration serves every run identical to it
         if not matching:
             raise DraftLabError(
                 f"run {run_id} is not a finished lossless speculative run of experiment {experiment_id} that vLLM "
-                f"can serve (those: {', '.join(str(c.run_id) for c in servable)}); give one of them with --run"
+                f"can serve (those: {', '.join(str(r) for c in servable for r in c.runs)}); give one of them with --run"
             )
-        base = matching[0]
+        base = replace(matching[0], run_id=run_id)
     spec = json.loads(base.speculative_config)
     spec.pop("num_speculative_tokens_per_batch_size", None)
     configs = []

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from storage.analysis.prediction_check import prediction_check
 from storage.analysis.schedule import schedule_dict
 from storage.db.store import Store
+from storage.records.confirm_checks import predicted_cells, servings
 from storage.records.confirms import (
     LATENCY_KEYS,
     _frame_rows,
@@ -48,7 +50,13 @@ def confirm_document(store: Store, confirm_id: int) -> dict[str, Any]:
             ]
         },
         "configs": [],
+        "server_starts": _int(head.get("server_starts")),
+        "one_server_at_a_time": bool(head["one_server_at_a_time"])
+        if head.get("one_server_at_a_time") is not None
+        else None,
     }
+    predicted = {cell["measurement_id"]: cell for cell in predicted_cells(store, confirm_id)}
+    served = servings(store, eid)
     lab_cache: dict[int, tuple[float | None, list[float] | None]] = {}
     configs: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -60,6 +68,7 @@ def confirm_document(store: Store, confirm_id: int) -> dict[str, Any]:
                 "label": r["label"],
                 "k": int(r["k"]),
                 "lab_run_id": _int(r["run_id"]),
+                "runs": _runs(r),
                 "speculative_config": json.loads(r["speculative_config"]),
                 "per_concurrency": [],
             }
@@ -96,9 +105,48 @@ def confirm_document(store: Store, confirm_id: int) -> dict[str, Any]:
                 "server_tokens_per_step": steps,
                 "speedup_warning": r.get("speedup_warning"),
                 "outputs_test": json.loads(r["outputs_test"]) if r.get("outputs_test") else None,
+                **_predicted(predicted.get(int(r["id"]))),
+                "server_spread": spread(served.get((r["speculative_config"], int(r["concurrency"])))),
             }
         )
     return doc
+
+
+def _runs(row: dict[str, Any]) -> list[int]:
+    """The lab runs a served configuration stands for (`run_ids`; before v20's, its one run)."""
+    if row.get("run_ids"):
+        return [int(x) for x in str(row["run_ids"]).split(",")]
+    return [int(row["run_id"])] if _int(row["run_id"]) is not None else []
+
+
+def _predicted(cell: dict[str, Any] | None) -> dict[str, Any]:
+    """A cell's prediction keys: predicted_speedup, predicted_speedup_ci, predicted_profile_id (None where no profile
+    other than this confirm fitted) and prediction_check (storage/analysis/prediction_check.py; None where the
+    speedup is withheld or there is no prediction)."""
+    if cell is None:
+        return {
+            "predicted_speedup": None,
+            "predicted_speedup_ci": None,
+            "predicted_profile_id": None,
+            "prediction_check": None,
+        }
+    return {
+        "predicted_speedup": cell["predicted_speedup"],
+        "predicted_speedup_ci": cell["predicted_speedup_ci"],
+        "predicted_profile_id": cell["predicted_profile_id"],
+        "prediction_check": prediction_check(cell),
+    }
+
+
+def spread(found: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The server's own spread of one configuration at one concurrency, served more than once (storage/records/
+    confirm_checks.py's servings): {"servings": [{confirm_id, measurement_id, speedup, speedup_ci}], "lo", "hi",
+    "relative": hi / lo − 1}; None when it was served once. Between server starts, not between the lab and the
+    server: no one confirm's interval covers it."""
+    if not found or len(found) < 2:
+        return None
+    lo, hi = min(s["speedup"] for s in found), max(s["speedup"] for s in found)
+    return {"servings": found, "lo": lo, "hi": hi, "relative": hi / lo - 1 if lo > 0 else None}
 
 
 def confirms(store: Store, experiment_id: int) -> list[dict[str, Any]]:

@@ -41,11 +41,13 @@ from engine.metrics import theory
 from storage.analysis import formula
 from storage.analysis import validation as val
 from storage.analysis.collapse import collapse
+from storage.analysis.prediction_check import moved_words, prediction_check
 from storage.analysis.schedule import Schedule, schedule
 from storage.analysis.verdict import Verdict, judge, judged_runs
 from storage.db.store import Store
 from storage.records import production
 from storage.records import queries as q
+from storage.records.confirm_checks import predicted_cells, servings
 from storage.records.confirms import beside_lab, confirmed_series, latest_measured, measurement_config
 
 # --- thresholds (each rule below names the ones it uses) ------------------------------------------------------
@@ -59,6 +61,7 @@ FORMULA_OFF = 0.10  # |formula / measured - 1| from which the formula is said to
 LOW_SPEEDUP = 1.05  # the formula's best speedup under which a draft cannot pay
 WORTH_IT = 1.2  # the speedup a faster draft is asked to reach (the c it would need is reported)
 MORE_REPEATS = 5  # the least --repeats suggested when a measurement has to be repeated
+SPREAD_NOTED = 0.05  # servings of one configuration this far apart (highest / lowest − 1) are the server's own spread
 
 # What every arm must share with its own baseline: what the target's own decoding depends on
 # (engine/config/run_config.py).
@@ -118,6 +121,8 @@ def findings(store: Store, experiment_id: int) -> list[dict[str, Any]]:
         _low_c,
         _production,
         _confirm,
+        _confirm_prediction,
+        _server_spread,
     ):
         try:
             found += rule(ctx)
@@ -984,7 +989,11 @@ def _confirm(ctx: _Context) -> list[dict[str, Any]]:
     found = []
     rows = beside_lab(ctx.store, confirm_id)
     by_series = {item["series_id"]: item for item in production.comparison(ctx.store, ctx.experiment_id)}
+    seen: set[tuple[str, int]] = set()
     for r in rows.itertuples(index=False):
+        if (r.speculative_config, int(r.concurrency)) in seen:
+            continue  # the same configuration served twice in one confirm (before v20): `_server_spread` says it
+        seen.add((r.speculative_config, int(r.concurrency)))
         where = f"{r.label} (k={r.k}) at concurrency {r.concurrency}"
         data = {"confirm_id": int(confirm_id), "label": r.label, "k": int(r.k), "concurrency": int(r.concurrency)}
         if (
@@ -1093,6 +1102,117 @@ def _confirm(ctx: _Context) -> list[dict[str, Any]]:
                     {**data, "series_id": int(r.series_id), "position": p},
                 )
             )
+    return found
+
+
+def _confirm_prediction(ctx: _Context) -> list[dict[str, Any]]:
+    """Rule: a cell of the newest confirm whose measured speedup falls outside the interval predicted for it before it
+    was measured (storage/records/confirm_checks.py: a server cost profile other than this confirm and the lab run's
+    acceptance), naming which side moved (storage/analysis/prediction_check.py): acceptance (the lab's tokens per
+    step against the server's counters' over the same passes) or cost (the profile's step ratio t_k / t_0 against
+    this confirm's own), both, or neither (the time outside the decode steps)."""
+    confirm_id = latest_measured(ctx.store, ctx.experiment_id)
+    if confirm_id is None:
+        return []
+    found = []
+    for cell in predicted_cells(ctx.store, confirm_id):
+        check = prediction_check(cell)
+        if check is None or not check["outside"]:
+            continue
+        where = f"{cell['label']} (k={cell['k']}) at concurrency {cell['concurrency']}"
+        lo, hi = cell["predicted_speedup_ci"]
+        ci = cell["speedup_ci"]
+        measured = _x(cell["speedup"]) + (f" ({ci[0]:.2f}–{ci[1]:.2f}, over passes)" if ci else " (one pass)")
+        profile = cell["predicted_profile_id"]
+        elsewhere = [
+            f"{what} {theirs or 'unknown'} against this confirm's {ours or 'unknown'}"
+            for what, theirs, ours in (
+                ("hardware", cell["profile_hardware"], cell["hardware"]),
+                ("vLLM", cell["profile_engine_version"], cell["engine_version"]),
+            )
+            if theirs != ours
+        ]
+        steps = (
+            f"Profile again where this confirm ran (`draftlab profile {ctx.experiment_id}`): the server's step costs "
+            f"are not profile {profile}'s"
+            + (f" ({'; '.join(elsewhere)})" if elsewhere else " (the same machine and vLLM: its load changed)")
+            + "."
+        )
+        drafts = (
+            "The server accepts differently from the lab on the same prompts (see this confirm's acceptance "
+            "findings): predictions take the lab's acceptance, so check that the server drafts what the lab measured."
+        )
+        next_ = " ".join({"acceptance": drafts, "cost": steps}[side] for side in check["moved"]) or (
+            "Confirm again with more passes (--repeats) on a quieter machine: the time outside the decode steps "
+            "(prefill, queueing) and the spread between server starts are not in the prediction."
+        )
+        found.append(
+            _finding(
+                "confirm",
+                "warning",
+                f"In vLLM, {where} measured outside its prediction",
+                f"The server measured {measured}, {check['direction']} the {_x(cell['predicted_speedup'])} "
+                f"({lo:.2f}–{hi:.2f}) predicted from profile {profile} and the lab's acceptance: {moved_words(check)}.",
+                "confirm",
+                next_,
+                None,
+                {
+                    "confirm_id": int(confirm_id),
+                    "label": cell["label"],
+                    "k": cell["k"],
+                    "concurrency": cell["concurrency"],
+                    "speedup": cell["speedup"],
+                    "predicted_speedup": cell["predicted_speedup"],
+                    "predicted_speedup_ci": [lo, hi],
+                    "predicted_profile_id": profile,
+                    **check,
+                },
+            )
+        )
+    return found
+
+
+def _server_spread(ctx: _Context) -> list[dict[str, Any]]:
+    """Rule: a configuration of the newest confirm that the experiment served more than once at one concurrency (in
+    two confirms, or twice in one before identical configurations were served once), its speedups SPREAD_NOTED or
+    more apart: the server's own spread between starts, reported as that and not as a difference between the lab
+    and the server (info)."""
+    confirm_id = latest_measured(ctx.store, ctx.experiment_id)
+    if confirm_id is None:
+        return []
+    found = []
+    for (config, concurrency), servings_of in servings(ctx.store, ctx.experiment_id).items():
+        mine = [s for s in servings_of if s["confirm_id"] == confirm_id]
+        lo, hi = min(s["speedup"] for s in servings_of), max(s["speedup"] for s in servings_of)
+        if not mine or lo <= 0 or hi / lo - 1 < SPREAD_NOTED:
+            continue
+        confirms = sorted({s["confirm_id"] for s in servings_of})
+        where = f"{mine[0]['label']} (k={mine[0]['k']}) at concurrency {concurrency}"
+        found.append(
+            _finding(
+                "confirm",
+                "info",
+                f"In vLLM, {where} measured {_x(lo)} to {_x(hi)} over {len(servings_of)} servings",
+                f"The same speculative configuration, served {len(servings_of)} times at concurrency {concurrency} "
+                f"(confirm{'s' if len(confirms) > 1 else ''} {', '.join(map(str, confirms))}), measured "
+                f"{', '.join(_x(s['speedup']) for s in servings_of)}: {_pct(hi / lo - 1)} apart, the server's own "
+                f"spread between starts (no lab figure enters it); one confirm's interval covers its own passes only.",
+                "confirm",
+                "Judge the lab's figure against the range of the servings, not one of them; confirm again to see "
+                "how wide the range runs on this machine.",
+                None,
+                {
+                    "confirm_id": int(confirm_id),
+                    "label": mine[0]["label"],
+                    "k": mine[0]["k"],
+                    "concurrency": int(concurrency),
+                    "speculative_config": config,
+                    "servings": servings_of,
+                    "lo": lo,
+                    "hi": hi,
+                },
+            )
+        )
     return found
 
 

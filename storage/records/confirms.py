@@ -222,12 +222,17 @@ def add_measurement(
     matches: dict | None = None,
     outputs_test: dict | None = None,
     baseline_tokens_per_second: float | None = None,
+    run_ids: list[int] | None = None,
+    predicted: dict | None = None,
 ) -> int:
     """Store one configuration at one concurrency, all at once: its figures (`summarize`), its passes, its paired
     speedup (`pass_speedup`) unless `withheld` says why not (then that sentence instead), its counters' difference
     (a production series, app/production_scrape.SpecCounters), its output comparisons
     {"outputs_match_server_baseline", "outputs_match_lab", "first_divergence"} (greedy) or `outputs_test` (sampled:
-    engine/metrics/sampled_outputs.py) and the paired target-only passes' tokens per second."""
+    engine/metrics/sampled_outputs.py), the paired target-only passes' tokens per second, every lab run the served
+    configuration stands for (`run_ids`, `run_id` first) and the speedup predicted for it before it was measured
+    (`predicted`: storage/serving/cell_predictions.py, {"speedup", "speedup_ci", "profile_id",
+    "tokens_per_step", "step_seconds_ratio"})."""
     series_id = None
     if counters is not None and counters.drafts > 0 and counters.draft_tokens > 0:
         series_id = add_series(
@@ -269,6 +274,8 @@ def add_measurement(
                     outputs_test=json.dumps(outputs_test) if outputs_test is not None else None,
                     baseline_tokens_per_second=baseline_tokens_per_second,
                     drafter_fingerprint=drafter_fingerprint(speculative_config) if speculative_config else None,
+                    run_ids=",".join(str(int(r)) for r in run_ids) if run_ids else None,
+                    **_predicted_columns(predicted),
                     **(matches or {}),
                     **figures,
                 )
@@ -288,6 +295,21 @@ def add_measurement(
             ],
         )
     return int(mid)
+
+
+def _predicted_columns(predicted: dict | None) -> dict:
+    """A cell's prediction (add_measurement's `predicted`) as server_measurements' predicted_* columns."""
+    if predicted is None:
+        return {}
+    lo, hi = predicted["speedup_ci"]
+    return {
+        "predicted_speedup": float(predicted["speedup"]),
+        "predicted_speedup_ci_lo": float(lo),
+        "predicted_speedup_ci_hi": float(hi),
+        "predicted_profile_id": int(predicted["profile_id"]),
+        "predicted_tokens_per_step": float(predicted["tokens_per_step"]),
+        "predicted_cost_ratio": float(predicted["step_seconds_ratio"]),
+    }
 
 
 def _decode(record) -> dict:
@@ -326,9 +348,12 @@ def finish_confirm(
     wall_seconds: float,
     errors: list[str],
     worker_id: str | None = None,
+    server_starts: int | None = None,
+    one_server_at_a_time: bool | None = None,
 ) -> bool:
-    """Close a confirm: done, or failed with one line per error. With worker_id only while that worker runs it
-    (a confirm swept as interrupted stays so). Returns whether it was closed."""
+    """Close a confirm: done, or failed with one line per error, with how its servers ran (the starts, restarts
+    included; one at a time or together). With worker_id only while that worker runs it (a confirm swept as
+    interrupted stays so). Returns whether it was closed."""
     query = update(server_confirms).where(server_confirms.c.id == confirm_id)
     if worker_id is not None:
         query = query.where(server_confirms.c.worker_id == worker_id, server_confirms.c.status == RUNNING)
@@ -341,6 +366,8 @@ def finish_confirm(
                     status=FAILED if errors else DONE,
                     phase=FAILED if errors else DONE,
                     error="\n".join(errors) or None,
+                    server_starts=server_starts,
+                    one_server_at_a_time=one_server_at_a_time,
                 )
             ).rowcount
             == 1
@@ -417,6 +444,7 @@ def comparable_positions(speculative_config: dict, concurrency: int) -> int:
 BESIDE_COLUMNS = [
     "measurement_id",
     "label",
+    "speculative_config",
     "concurrency",
     "k",
     "positions",
