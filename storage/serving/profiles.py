@@ -35,7 +35,7 @@ from storage.records.server_costs import (
 def run_fit(store: Store, experiment_id: int, run_id: int) -> tuple[str, str] | str:
     """(target, drafter fingerprint) a profile must hold for `run_id` (its deploy document's vLLM settings), or why
     no profile can fit it, one line (vLLM cannot serve its drafter, deploy refuses the run)."""
-    from storage.serving.deploy import DeployError, run_vllm_settings
+    from storage.serving.engine_settings import DeployError, run_vllm_settings
 
     try:
         target, vllm = run_vllm_settings(store, experiment_id, run_id)
@@ -110,7 +110,7 @@ def server_choice(store: Store, experiment_id: int) -> tuple[dict[str, Any] | No
     speedup's interval lies above 1 at the smallest concurrency profiled, highest lower bound first (then the
     larger point estimate). None, with one line, when no profile fits any run or no run's prediction gains
     (then the lab's verdict answers, and says the server could not)."""
-    from storage.serving.deploy import deployable_runs
+    from storage.serving.engine_settings import deployable_runs
 
     best: tuple[float, float] | None = None
     chosen: dict[str, Any] | None = None

@@ -75,7 +75,7 @@ def _fit(store: Store, experiment_id: int, row, experiment: dict, fits: dict) ->
     """profiles.run_fit for this run, read once per distinct configuration but k (`fits`: {configuration: (the run
     it was read for, its fit)}); a run deploy refuses (a baseline, not finished, not lossless, no settings) says why
     as run_fit does, naming this run."""
-    from storage.serving.deploy import DeployError, configuration, refusal
+    from storage.serving.engine_settings import DeployError, configuration, refusal
     from storage.serving.profiles import run_fit
 
     run_id = int(row["run_id"])
