@@ -221,3 +221,29 @@ def test_a_concurrency_schedule_becomes_vllms_batch_size_ranges():
     assert server_ranges({1: 2, 4: 1, 16: 0}) == [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
     assert server_ranges({2: 3, 8: 3, 32: 1}) == [[1, 31, 3], [32, 32, 1]]
     assert server_ranges({1: 2}) == [[1, 1, 2]]
+
+
+def test_confirm_serves_the_servers_answer_as_its_schedule_or_its_one_k():
+    from storage.db.errors import QueueError
+    from storage.serving.confirm_jobs import _server_documents
+
+    def document(spec: dict) -> dict:
+        vllm = {"speculative_config": json.dumps(spec), "notes": []}
+        answer = {"from": "server", "label": "predicted for vLLM 0.32 on CPU, profile 4", "profile_id": 4}
+        return {"experiment_id": 3, "run_id": 7, "answer": answer, "engines": {"vllm": vllm}}
+
+    scheduled = {"method": "draft_model", "num_speculative_tokens": 3}
+    scheduled["num_speculative_tokens_per_batch_size"] = [[1, 3, 0], [4, 15, 3], [16, 16, 1]]
+    ((label, doc),) = _server_documents(document(scheduled), "schedule")
+    assert label == "schedule" and json.loads(doc["engines"]["vllm"]["speculative_config"]) == scheduled
+    ((label, doc),) = _server_documents(document(scheduled), "chosen")  # one k: the first concurrency that drafts
+    assert json.loads(doc["engines"]["vllm"]["speculative_config"]) == {
+        "method": "draft_model",
+        "num_speculative_tokens": 3,
+    }
+    one_k = {"method": "draft_model", "num_speculative_tokens": 2}
+    assert json.loads(_server_documents(document(one_k), "chosen")[0][1]["engines"]["vllm"]["speculative_config"]) == (
+        one_k
+    )
+    with pytest.raises(QueueError, match=r"one k at every concurrency profiled \(k=2\); confirm `chosen`"):
+        _server_documents(document(one_k), "schedule")

@@ -18,6 +18,7 @@ builds its configurations there, exactly as the CLI).
 
 from __future__ import annotations
 
+import json
 import re
 
 import pandas as pd
@@ -63,6 +64,8 @@ def confirm_documents(store: Store, experiment_id: int, configs: str) -> list[tu
         documents = [(f"run {r}", deploy_document(store, experiment_id, r)) for r in runs]
     else:
         document = deploy_document(store, experiment_id)
+        if document["answer"]["from"] == "server":  # the server's answer: its k per concurrency, or its one k
+            return _server_documents(document, configs)
         if configs == "schedule" and "schedule" not in document:
             raise QueueError(
                 f"experiment {experiment_id} has no k schedule (not a batch size × k grid, or one k "
@@ -78,6 +81,26 @@ def confirm_documents(store: Store, experiment_id: int, configs: str) -> list[tu
                 f"run {document['run_id']}: vLLM cannot serve its drafter ({vllm['notes'][0]}); confirm another run"
             )
     return documents
+
+
+def _server_documents(document: dict, configs: str) -> list[tuple[str, dict]]:
+    """`chosen` / `schedule` where the server answered (storage/serving/deploy.py: a server cost profile fits):
+    `schedule` serves its k per concurrency (num_speculative_tokens_per_batch_size), `chosen` one k, the one it
+    serves at the smallest concurrency that speculates. QueueError for a schedule the server's answer does not
+    have (one k everywhere)."""
+    vllm = document["engines"]["vllm"]
+    spec = json.loads(vllm["speculative_config"])
+    ranges = spec.pop("num_speculative_tokens_per_batch_size", None)
+    if configs == "schedule" and not ranges:
+        raise QueueError(
+            f"experiment {document['experiment_id']}: the server's answer ({document['answer']['label']}) is one k "
+            f"at every concurrency profiled (k={spec['num_speculative_tokens']}); confirm `chosen` instead"
+        )
+    if configs == "chosen" and ranges:
+        spec["num_speculative_tokens"] = next(k for _, _, k in ranges if k)
+        vllm = {**vllm, "speculative_config": json.dumps(spec)}
+        document = {**document, "engines": {**document["engines"], "vllm": vllm}}
+    return [(configs, document)]
 
 
 def check_configurations(store: Store, experiment_id: int, configs: str) -> None:
