@@ -25,7 +25,7 @@ from pages.panels.findings_panel import render_findings
 from pages.panels.production_panel import render_production
 from pages.panels.profile_panel import render_profile
 from pages.panels.schedule_panel import batch_name, headline, render_schedule, render_vllm_schedule
-from pages.panels.server_predicted_panel import render_server_predicted
+from pages.panels.server_predicted_panel import predictions, render_server_predicted
 from pages.panels.validation_panel import render_validation
 from pages.widgets import charts
 from pages.widgets.common import (
@@ -53,6 +53,8 @@ from storage.analysis.verdict import verdict_dict
 from storage.records import columns
 from storage.records import queries as q
 from storage.records.columns import shown_in
+from storage.serving.engine_settings import deployable_runs, schedule_text
+from storage.serving.run_predictions import server_answer
 
 ACTIVE = ("queued", "running")
 REFRESH_SECONDS = 2.0
@@ -276,6 +278,28 @@ def _header(experiment: dict, row: pd.Series, runs: pd.DataFrame, verdict: dict,
     say(
         f"**Verdict:** {md_text(browser_advice(verdict['text']))}.",
         icon=":material/warning:" if verdict["too_wide"] else ":material/gavel:",
+    )
+
+
+def _server_answer(d: Detail) -> None:
+    """The server's answer under the lab's verdict, where a server cost profile fits a run: the run and the k per
+    concurrency that storage/serving/deploy.py serves (storage/serving/run_predictions.server_answer over the
+    deployable runs), or why the server gives none. Nothing where no profile fits any run (the "In the server
+    (predicted)" panel says why)."""
+    if d.runs.empty or not (d.runs["kind"] == "speculative").any():
+        return
+    docs = predictions(d.experiment_id, d.stamp)
+    if not any(doc.get("profile") for doc in docs.values()):
+        return
+    chosen, reason = server_answer(docs, cached(deployable_runs, d.experiment_id, stamp=d.stamp))
+    if chosen is None:
+        st.info(f"**In the server:** {md_text(reason)}: the lab's verdict stands.", icon=":material/dns:")
+        return
+    st.info(
+        f"**In the server** ({md_text(chosen['profile']['label'])}): serve run {chosen['run_id']}, "
+        f"{md_text(schedule_text(chosen))}. What `draftlab export {d.experiment_id} --format deploy` and "
+        f'"Use these settings" serve.',
+        icon=":material/dns:",
     )
 
 
@@ -690,6 +714,7 @@ def _body(experiment_id: int, listing: pd.DataFrame | None = None) -> None:
     schedule = cached(schedule_dict, experiment_id, stamp=stamp) if grid else None
     d = Detail(experiment_id, stamp, experiment, row, runs, verdict, schedule)
     _header(experiment, row, runs, verdict, schedule)
+    _server_answer(d)
     for failure in runs[runs["status"] == "failed"].itertuples():
         st.error(f"run {failure.run_id} ({failure.kind}) failed: {failure.error}", icon=":material/error:")
     _warnings(runs, d.sweep_variable)

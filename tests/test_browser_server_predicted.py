@@ -41,10 +41,30 @@ def served(tmp_path_factory):
     unfitted, other = filled_sweep(store, (1, 2), prompts=3, target="another-target")
     store_profile(store, fitted, ids[("speculative", 3)], concurrency=(1, 4))
     documents = {eid: run_document(store, eid, with_outputs=False) for eid in (fitted, unfitted)}
+    answer = _deploy_answer(store, fitted)
     idle_worker(store)
     store.dispose()
     with dashboard(tmp) as running:
-        yield {**running, "fitted": fitted, "unfitted": unfitted, "ids": ids, "other": other, "docs": documents}
+        yield {
+            **running,
+            "fitted": fitted,
+            "unfitted": unfitted,
+            "ids": ids,
+            "other": other,
+            "docs": documents,
+            "answer": answer,
+        }
+
+
+def _deploy_answer(store, experiment_id: int) -> dict:
+    """What `draftlab export --format deploy` serves: its answer, run and server prediction (or the refusal)."""
+    from storage.serving.deploy import DeployError, deploy_document
+
+    try:
+        doc = deploy_document(store, experiment_id)
+    except DeployError as exc:
+        return {"refused": str(exc)}
+    return {"answer": doc["answer"], "run_id": doc["run_id"], "predicted": doc.get("server_predicted")}
 
 
 def _speedup(value, lo=None, hi=None) -> str:
@@ -109,6 +129,20 @@ def test_the_panel_draws_the_run_jsons_prediction_or_says_why_there_is_none(serv
             assert f"concurrency {c}: k={k} at {_speedup(cell['speedup'], *cell['speedup_ci'])}" in served_line
         else:
             assert f"concurrency {c}: off" in served_line, served_line
+
+    # the headline under the verdict: the server's answer, the run and k per concurrency deploy serves
+    headline = next(x for x in text.splitlines() if x.startswith("In the server") and x.strip() != PANEL)
+    answer = served["answer"]
+    if answer.get("answer", {}).get("from") == "server":
+        chosen = answer["predicted"]
+        assert headline.startswith(f"In the server ({chosen['profile']['label']}): serve run {answer['run_id']}, ")
+        for c, k in chosen["schedule"].items():
+            assert f"concurrency {c}: " + (f"k={k} (" if k else "off") in headline, headline
+    else:  # no run's prediction surely gains: the lab's verdict stands, and the headline says why
+        assert headline.endswith(": the lab's verdict stands."), headline
+        assert "no k's predicted server speedup lies surely above 1" in headline, headline
+    no_profile = [x for x in text_without.splitlines() if x.startswith("In the server") and x.strip() != PANEL]
+    assert no_profile == [], no_profile  # no profile: no headline
 
     assert charts_without == [], charts_without  # no profile: no chart
     line = next(x for x in text_without.splitlines() if x.startswith("No server prediction for run"))

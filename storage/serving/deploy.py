@@ -1,7 +1,7 @@
 """Carry a measured configuration to production: which run to deploy, and its settings for the serving engines users
 deploy on, with what was measured and why it was chosen.
 
-`deploy_document(store, eid, run_id)` picks the run — the server's answer first (storage/serving/profiles.py's
+`deploy_document(store, eid, run_id)` picks the run — the server's answer first (storage/serving/run_predictions.py's
 server_choice, where a server cost profile fits), else the verdict's choice (storage/analysis/verdict.py's one rule:
 the cheapest configuration tied with the best that is measurably faster than the target alone, unless one is named; a
 grid's: the schedule's entry for the batch size asked, default the smallest) — and wraps its engine settings
@@ -159,7 +159,8 @@ def deploy_document(
     run to choose, the target alone to serve, a baseline, or a batch size the grid did not measure.
 
     The server first: without `run_id` (and with `predict`), where a server cost profile fits a deployable run
-    (storage/serving/profiles.server_choice: the run whose predicted server speedup is surely above 1 and highest),
+    (storage/serving/run_predictions.server_choice: the run whose predicted server speedup is surely above 1 and
+    highest),
     that run is chosen ("chosen": "server"), vLLM's k per concurrency is its prediction's schedule, `answer` says
     {"from": "server", "label": "predicted for vLLM … on …, profile N"} and `server_predicted` holds the
     prediction; otherwise {"from": "lab", "reason": why the server gave no answer} and the lab's verdict, as before."""
@@ -167,7 +168,7 @@ def deploy_document(
     from storage.analysis.verdict import verdict
     from storage.records import queries as q
     from storage.serving.plain import plain
-    from storage.serving.profiles import server_choice
+    from storage.serving.run_predictions import server_choice
 
     experiment = q.experiment(store, experiment_id)
     if experiment is None:

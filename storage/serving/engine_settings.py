@@ -350,13 +350,9 @@ def server_ranges(schedule: dict[int, int]) -> list[list[int]]:
     return out
 
 
-def _vllm_server_schedule(cfg: dict, spec: dict) -> list[str]:
-    """The k to serve at each concurrency, predicted for the server from the run's acceptance and a server cost
-    profile (storage/serving/profiles.py): vLLM's num_speculative_tokens (the largest k) and, where the k changes
-    with concurrency, num_speculative_tokens_per_batch_size. Where no concurrency's prediction gains, the run's own
-    k stays, with the prediction's word against it."""
-    predicted = cfg["_server"]["predicted"]
-    schedule = {int(c): int(k) for c, k in predicted["schedule"].items()}
+def schedule_text(predicted: dict) -> str:
+    """A prediction's k to serve per concurrency in words, each with its predicted speedup and interval:
+    "concurrency 1: k=2 (1.31×, 1.20–1.44); concurrency 4: off"."""
 
     def cell(c: int, k: int) -> str:
         if k == 0:
@@ -364,7 +360,17 @@ def _vllm_server_schedule(cfg: dict, spec: dict) -> list[str]:
         p = predicted["concurrency"][str(c)][str(k)]
         return f"concurrency {c}: k={k} ({p['speedup']:.2f}×, {p['speedup_ci'][0]:.2f}–{p['speedup_ci'][1]:.2f})"
 
-    said = "; ".join(cell(c, k) for c, k in sorted(schedule.items()))
+    return "; ".join(cell(int(c), int(k)) for c, k in sorted(predicted["schedule"].items(), key=lambda x: int(x[0])))
+
+
+def _vllm_server_schedule(cfg: dict, spec: dict) -> list[str]:
+    """The k to serve at each concurrency, predicted for the server from the run's acceptance and a server cost
+    profile (storage/serving/profiles.py): vLLM's num_speculative_tokens (the largest k) and, where the k changes
+    with concurrency, num_speculative_tokens_per_batch_size. Where no concurrency's prediction gains, the run's own
+    k stays, with the prediction's word against it."""
+    predicted = cfg["_server"]["predicted"]
+    schedule = {int(c): int(k) for c, k in predicted["schedule"].items()}
+    said = schedule_text(predicted)
     source = f"{predicted['profile']['label']}, from run {predicted['run_id']}'s acceptance and the server's step costs"
     if all(k == 0 for k in schedule.values()):
         return [

@@ -102,36 +102,3 @@ def profile_table(store: Store, profile_id: int, fingerprint: str) -> list[dict[
         row["cost_ratio"] = found[0] if found else None
         row["cost_ratio_ci"] = [found[1], found[2]] if found else None
     return rows
-
-
-def server_choice(store: Store, experiment_id: int) -> tuple[dict[str, Any] | None, str]:
-    """(the prediction of the run to serve, why) from the server's side: among the experiment's deployable runs
-    that a profile fits (storage/serving/deploy.py's refusal lets them through), the one whose best predicted
-    speedup's interval lies above 1 at the smallest concurrency profiled, highest lower bound first (then the
-    larger point estimate). None, with one line, when no profile fits any run or no run's prediction gains
-    (then the lab's verdict answers, and says the server could not)."""
-    from storage.serving.engine_settings import deployable_runs
-
-    best: tuple[float, float] | None = None
-    chosen: dict[str, Any] | None = None
-    reasons: list[str] = []
-    for run_id in deployable_runs(store, experiment_id):
-        predicted = run_prediction(store, experiment_id, run_id)
-        if predicted["profile"] is None:
-            reasons.append(predicted["reason"])
-            continue
-        smallest = min(predicted["concurrency"], key=int)
-        cells = predicted["concurrency"][smallest].values()
-        score = max((cell["speedup_ci"][0], cell["speedup"]) for cell in cells)
-        if score[0] > 1 and (best is None or score > best):
-            best, chosen = score, predicted
-        else:
-            reasons.append(
-                f"run {run_id}: no k's predicted server speedup lies surely above 1 at concurrency {smallest} "
-                f"({predicted['profile']['label']})"
-            )
-    if chosen is not None:
-        return chosen, ""
-    return None, (reasons[0] if len(reasons) == 1 else "; ".join(dict.fromkeys(reasons))[:600]) or (
-        f"experiment {experiment_id} has no deployable run"
-    )

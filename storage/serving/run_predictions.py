@@ -94,3 +94,41 @@ def _fit(store: Store, experiment_id: int, row, experiment: dict, fits: dict) ->
     if isinstance(fit, str) and read_for != run_id:  # why vLLM cannot serve the drafter, said of this run
         return re.sub(rf"\brun {read_for}\b", f"run {run_id}", fit)
     return fit
+
+
+def server_answer(predictions: dict[int, dict[str, Any]], runs: list[int]) -> tuple[dict[str, Any] | None, str]:
+    """(the prediction of the run to serve, why) from the server's side, among `runs` (the deployable ones) and
+    their `predictions` (experiment_predictions'): the run whose best predicted speedup's interval lies above 1 at
+    the smallest concurrency profiled, highest lower bound first (then the larger point estimate). None, with one
+    line, when no profile fits any of them or no prediction gains (then the lab's verdict answers, and says why)."""
+    best: tuple[float, float] | None = None
+    chosen: dict[str, Any] | None = None
+    reasons: list[str] = []
+    for run_id in runs:
+        predicted = predictions.get(run_id)
+        if predicted is None:
+            continue
+        if predicted.get("profile") is None:
+            reasons.append(predicted["reason"])
+            continue
+        smallest = min(predicted["concurrency"], key=int)
+        score = max((cell["speedup_ci"][0], cell["speedup"]) for cell in predicted["concurrency"][smallest].values())
+        if score[0] > 1 and (best is None or score > best):
+            best, chosen = score, predicted
+        else:
+            reasons.append(
+                f"run {run_id}: no k's predicted server speedup lies surely above 1 at concurrency {smallest} "
+                f"({predicted['profile']['label']})"
+            )
+    if chosen is not None:
+        return chosen, ""
+    return None, "; ".join(dict.fromkeys(reasons))[:600] or "no deployable run"
+
+
+def server_choice(store: Store, experiment_id: int) -> tuple[dict[str, Any] | None, str]:
+    """server_answer over the experiment's deployable runs (storage/serving/engine_settings.deployable_runs):
+    what storage/serving/deploy.py serves first."""
+    from storage.serving.engine_settings import deployable_runs
+
+    runs = deployable_runs(store, experiment_id)
+    return server_answer(experiment_predictions(store, experiment_id) if runs else {}, runs)
