@@ -65,8 +65,11 @@ def test_a_profile_measures_each_k_and_predicts_every_run_from_its_acceptance(la
     store = open_store(db)
     try:
         with store.read() as conn:
-            row = conn.execute(text("SELECT configs, hardware, target, status FROM server_confirms")).one()
+            row = conn.execute(
+                text("SELECT configs, hardware, target, status, profile_run_id, profile_ks FROM server_confirms")
+            ).one()
         assert row.configs == "profile" and row.status == "done" and row.target.endswith("target")
+        assert row.profile_run_id == runs[2] and row.profile_ks == "1,2,3"  # as a queued profile names them
         assert row.hardware and ("CPU" in row.hardware or "×" in row.hardware)
         for k, run_id in runs.items():  # both runs fit (same target, same draft): each predicted from its own α
             predicted = doc["server_predicted"][str(run_id)]
@@ -247,3 +250,19 @@ def test_confirm_serves_the_servers_answer_as_its_schedule_or_its_one_k():
     )
     with pytest.raises(QueueError, match=r"one k at every concurrency profiled \(k=2\); confirm `chosen`"):
         _server_documents(document(one_k), "schedule")
+
+
+def test_a_profile_beside_a_batch_size_grid_stores_every_k(tmp_path, model_dirs, capsys, monkeypatch):
+    from tests.cli_runs import run_json
+
+    servers = FakeServers(tmp_path / "pids")
+    monkeypatch.setenv("FAKE_VLLM_PIDS", str(servers.folder))
+    doc, db = run_json(tmp_path, model_dirs, capsys, "--k", "1,2", "--batch-size", "1,2", "--repeats", "1")
+    eid = doc["experiment_id"]
+    run = next(r for r in doc["runs"] if r["k"] == 1)
+    # k 2 is served beside two lab runs at k 2 (batch 1 and 2), none of them the profiled run
+    status = main([*_profile(db, eid, "--ks", "1,2", "--repeats", "1", "--run", str(run["run_id"])), "--json"])
+    out, err = capsys.readouterr()
+    assert status == 0, err[-2000:]
+    assert sorted({c["k"] for c in json.loads(out)["costs"]}) == [0, 1, 2]
+    assert servers.alive() == []

@@ -171,9 +171,10 @@ def _printed(args, store, confirm_id: int, seconds: float) -> str:
     return json.dumps(document) if args.json else report(document, seconds)
 
 
-def measure_and_print(store, confirm, configs: str, render) -> int:
+def measure_and_print(store, confirm, configs: str, render, **row) -> int:
     """Store the planned confirm (`configs`: chosen, schedule, all, or profile), measure it with a progress bar and
-    this process's heartbeat, print render(confirm id, seconds); 1 when a configuration failed."""
+    this process's heartbeat, print render(confirm id, seconds); 1 when a configuration failed. `row`: more of the
+    stored row (a profile's run and ks)."""
     from pages.widgets.access import cli_launcher
     from storage.records.confirms import start_confirm
 
@@ -186,6 +187,7 @@ def measure_and_print(store, confirm, configs: str, render) -> int:
         repeats=confirm.repeats,
         launched_by=cli_launcher(),
         requests_total=confirm.requests,
+        **row,
     )
     progress = Progress(confirm.requests, configs if configs == "profile" else "confirm")
     started = time.monotonic()

@@ -104,6 +104,8 @@ def _profile(args, store) -> int:
             the_plan,
             "profile",
             lambda profile_id, seconds: _printed(args, store, profile_id, fingerprint, seconds),
+            profile_run_id=the_plan.configs[0].run_id,
+            profile_ks=sorted(c.k for c in the_plan.configs),
         )
     )
 

@@ -179,9 +179,12 @@ def start_confirm(
     engine: str = "vllm",
     launched_by: str | None = None,
     requests_total: int | None = None,
+    profile_run_id: int | None = None,
+    profile_ks: list[int] | None = None,
 ) -> int:
     """A confirm the CLI runs itself, stored running (the dashboard's are queued: storage/serving/confirm_jobs.py), held
-    by this process: its heartbeat (the CLI's) and `processes` let a sweep close it if the process dies."""
+    by this process: its heartbeat (the CLI's) and `processes` let a sweep close it if the process dies. A profile
+    (`configs` = "profile") names the run whose drafter it serves and its ks, as a queued one does."""
     with store.write() as conn:
         if conn.execute(text("SELECT 1 FROM experiments WHERE id = :e"), {"e": experiment_id}).first() is None:
             raise KeyError(experiment_id)
@@ -199,6 +202,8 @@ def start_confirm(
                         requests_total=requests_total,
                         heartbeat=utcnow(),
                         processes=confirm_processes(),
+                        profile_run_id=profile_run_id,
+                        profile_ks=",".join(map(str, profile_ks)) if profile_ks else None,
                     )
                 )
             )
@@ -247,6 +252,7 @@ def add_measurement(
             engine=",".join(counters.engines),
             seconds=figures["wall_seconds"],
             run_id=run_id,
+            several_ok=True,  # a profile's other k beside a grid: several lab runs at that k, none named
         )["series_id"]
     value, ci = speedup or (None, None)
     warning = None

@@ -82,9 +82,12 @@ def add_series(
     engine: str = "",
     seconds: float | None = None,
     run_id: int | None = None,
+    several_ok: bool = False,
 ) -> dict:
     """Store one window of counters; returns {"series_id", "run_id", "k"}. Refused before anything is stored:
-    an empty window, counts that contradict each other, a label too long."""
+    an empty window, counts that contradict each other, a label too long. Without `run_id` the lab run is the one
+    at the server's k (lab_run_for); `several_ok` stores the series without one where several share that k (a
+    profile's k served beside a batch-size grid) instead of refusing."""
     if drafts <= 0 or draft_tokens <= 0:
         raise ProductionError(
             "no drafts in this window (the server speculated 0 times): send it traffic between "
@@ -99,7 +102,12 @@ def add_series(
     if not label or len(label) > 200:
         raise ProductionError(f"--label must be 1 to 200 characters (got {len(label)})")
     k = production_k(drafts, draft_tokens, per_position)
-    run_id = lab_run_for(store, experiment_id, k, run_id)
+    try:
+        run_id = lab_run_for(store, experiment_id, k, run_id)
+    except ProductionError:
+        if run_id is not None or not several_ok:
+            raise
+        run_id = None
     with store.write() as conn:
         series_id = new_id(
             conn.execute(
