@@ -53,8 +53,9 @@ from storage.analysis.verdict import verdict_dict
 from storage.records import columns
 from storage.records import queries as q
 from storage.records.columns import shown_in
+from storage.records.profile_version import profiles_version
 from storage.serving.engine_settings import deployable_runs, schedule_text
-from storage.serving.run_predictions import server_answer
+from storage.serving.run_predictions import server_answer, server_verdict
 
 ACTIVE = ("queued", "running")
 REFRESH_SECONDS = 2.0
@@ -625,7 +626,10 @@ def _verdict_section(d: Detail) -> None:
         _not_yet()
     render_validation(d.experiment, d.verdict)
     if not d.active:  # findings read every draft token: once the runs are done, cached per version
-        render_findings(store(), d.experiment_id, cached(findings, d.experiment_id, experiment_id=d.experiment_id))
+        server = cached(server_verdict, d.experiment_id, stamp=(*d.stamp, *profiles_version(store())))
+        render_findings(
+            store(), d.experiment_id, cached(findings, d.experiment_id, server, experiment_id=d.experiment_id)
+        )
 
 
 def _rejected_section(d: Detail) -> None:

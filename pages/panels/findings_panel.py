@@ -33,6 +33,7 @@ HEADING_ANCHORS = {
     "production": "production-against-the-lab",
     "schedule": "k-schedule",
     "confirm": "confirm-in-vllm",
+    "server": "in-the-server",
 }
 CHART_NAMES = {
     "speedup": "the speedup chart",
@@ -44,6 +45,7 @@ CHART_NAMES = {
     "production": "production against the lab",
     "schedule": "the k schedule",
     "confirm": "Confirm in vLLM",
+    "server": "In the server (predicted)",
 }
 BOXES = {"error": (st.error, ":material/error:"), "warning": (st.warning, ":material/warning:")}
 

@@ -35,6 +35,7 @@ CHART_SECTIONS = {
     "runs": RUNS,
     "production": SERVING,
     "confirm": CONFIRM,
+    "server": PREDICTIONS,
 }
 
 

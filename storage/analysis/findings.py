@@ -81,10 +81,22 @@ KINDS = (
     "production",
     "schedule",
     "confirm",
+    "server",
 )
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # The experiment-detail page's charts a finding can point at (the panel maps each to its anchor on the page).
-CHARTS = ("speedup", "predictions", "cost", "by-position", "by-type", "runs", "production", "schedule", "confirm")
+CHARTS = (
+    "speedup",
+    "predictions",
+    "cost",
+    "by-position",
+    "by-type",
+    "runs",
+    "production",
+    "schedule",
+    "confirm",
+    "server",
+)
 NEW_PAGE = "new"  # pages/widgets/nav.py's URL path of the New-experiment page
 DISTILL_PAGE = "train"  # pages/widgets/nav.py's Train-a-draft page: `focus_from` preselects the experiment to focus on
 # Drafters to suggest, by their declared capabilities (engine/config/drafter_specs.py): those that draft with the model
@@ -98,8 +110,10 @@ _log = logging.getLogger(__name__)
 STRICT_ENV = "DRAFTLAB_STRICT_RULES"
 
 
-def findings(store: Store, experiment_id: int) -> list[dict[str, Any]]:
-    """The findings of one experiment, most severe first (empty for an unknown experiment or one without data)."""
+def findings(store: Store, experiment_id: int, server: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The findings of one experiment, most severe first (empty for an unknown experiment or one without data).
+    `server`: the server's answer where a server cost profile fits (storage/serving/run_predictions.server_verdict,
+    computed by the caller: the analysis reads no profile fit itself), for the `server` rule."""
     experiment = q.experiment(store, experiment_id)
     if experiment is None:
         return []
@@ -108,6 +122,7 @@ def findings(store: Store, experiment_id: int) -> list[dict[str, Any]]:
     judged = judged_runs(experiment, runs)
     verdict = judge(experiment_id, experiment.get("sweep_variable") or "k", judged, q.choosable(store, experiment_id))
     ctx = _Context(store, experiment, judged, verdict, grid, runs)
+    ctx.server = server
     found: list[dict[str, Any]] = []
     for rule in (
         _sampling_mismatch,
@@ -123,6 +138,7 @@ def findings(store: Store, experiment_id: int) -> list[dict[str, Any]]:
         _confirm,
         _confirm_prediction,
         _server_spread,
+        _server_answer,
     ):
         try:
             found += rule(ctx)
@@ -173,6 +189,7 @@ class _Context:
         self.store, self.experiment, self.runs, self.verdict = store, experiment, runs, verdict
         self.grid = grid  # a grid's storage/analysis/schedule.py Schedule (then `runs` are its smallest batch size's)
         self.every_run = runs if every_run is None else every_run
+        self.server: dict[str, Any] | None = None  # the server's answer, where a profile fits (findings' `server`)
         self.experiment_id = int(experiment["experiment_id"])
         self.variable = verdict.variable
         self.swept = variable(self.variable)
@@ -1214,6 +1231,72 @@ def _server_spread(ctx: _Context) -> list[dict[str, Any]]:
             )
         )
     return found
+
+
+def _server_answer(ctx: _Context) -> list[dict[str, Any]]:
+    """Rule: where a server cost profile fits the experiment's runs, the server's answer (what deploy serves: the run
+    and its k per concurrency predicted from its acceptance and the server's step costs), beside the lab's verdict,
+    whose speedups time DraftLab's own loop. A warning where the two disagree (the lab serves the target alone and
+    the server gains, or the server's k at its smallest concurrency is not the lab's choice), info where they agree;
+    info too where a profile fits but no k is predicted surely faster in the server."""
+    server = ctx.server
+    if not server or not server.get("fitted"):
+        return []
+    eid = ctx.experiment_id
+    chosen = server.get("chosen")
+    if chosen is None:
+        return [
+            _finding(
+                "server",
+                "info",
+                "In vLLM, no configuration is predicted surely faster",
+                f"From the stored server cost profiles: {server['reason']}. The lab's verdict stands: "
+                f"{ctx.verdict.text}.",
+                "server",
+                f"Profile more passes (`draftlab profile {eid} --repeats 10`) for narrower intervals, or confirm a "
+                f"configuration in the server (`draftlab confirm {eid}`).",
+                None,
+                {"chosen": None, "reason": server["reason"]},
+            )
+        ]
+    label, run_id = chosen["profile"]["label"], int(chosen["run_id"])
+    # the k it serves at the smallest concurrency that speculates (server_answer chose a run that gains somewhere)
+    concurrency, server_k = next(
+        (int(c), int(k)) for c, k in sorted(chosen["schedule"].items(), key=lambda x: int(x[0])) if int(k)
+    )
+    lab_chosen = ctx.verdict.chosen
+    value = lab_chosen.value if lab_chosen is not None else None
+    if ctx.variable == "k":  # a k sweep: the same k, whichever run of it
+        agree = isinstance(value, (int, float)) and int(value) == server_k
+    else:  # another variable: the same run
+        agree = lab_chosen is not None and lab_chosen.run_id == run_id
+    lab_says = (
+        f"the lab's own loop chose {ctx.swept.name} {ctx.swept.show(lab_chosen.value)} (run {lab_chosen.run_id})"
+        if lab_chosen is not None
+        else "the lab's own loop serves the target alone"
+    )
+    return [
+        _finding(
+            "server",
+            "info" if agree else "warning",
+            f"In vLLM, serve k={server_k} at concurrency {concurrency} (predicted)"
+            + ("" if agree else ", not the lab's choice"),
+            f"{_cap(label)}, from run {run_id}'s acceptance and the server's step costs: {server['said']}; "
+            f"{lab_says} ({ctx.verdict.text}). The lab times DraftLab's transformers loop, the prediction the "
+            f"server's own steps: deploy and confirm serve the server's answer.",
+            "server",
+            f"Confirm it in the server: `draftlab confirm {eid}` (chosen, one k) or `--configs schedule` (its k per "
+            f"concurrency, where it changes).",
+            None,
+            {
+                "chosen_run_id": run_id,
+                "profile_id": chosen["profile"]["profile_id"],
+                "schedule": chosen["schedule"],
+                "lab_run_id": lab_chosen.run_id if lab_chosen is not None else None,
+                "agree": agree,
+            },
+        )
+    ]
 
 
 # Why a sampled server's outputs can differ with speculation, read in vLLM 0.32.0's CPU build and reproduced by calling

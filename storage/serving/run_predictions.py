@@ -132,3 +132,20 @@ def server_choice(store: Store, experiment_id: int) -> tuple[dict[str, Any] | No
 
     runs = deployable_runs(store, experiment_id)
     return server_answer(experiment_predictions(store, experiment_id) if runs else {}, runs)
+
+
+def server_verdict(store: Store, experiment_id: int) -> dict[str, Any]:
+    """The server's answer as storage/analysis/findings.py's `server` rule reads it: {"fitted": whether a profile
+    fits any deployable run, "chosen": server_answer's prediction or None, "reason", "said": its k per concurrency
+    in words (engine_settings.schedule_text) or None}."""
+    from storage.serving.engine_settings import deployable_runs, schedule_text
+
+    runs = deployable_runs(store, experiment_id)
+    predictions = experiment_predictions(store, experiment_id) if runs else {}
+    chosen, reason = server_answer(predictions, runs)
+    return {
+        "fitted": any(predictions.get(r, {}).get("profile") for r in runs),
+        "chosen": chosen,
+        "reason": reason,
+        "said": schedule_text(chosen) if chosen is not None else None,
+    }
