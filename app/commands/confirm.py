@@ -27,15 +27,21 @@ _concurrency_value = whole(1, 4096, what="a concurrency (requests in flight)", f
 HEARTBEAT_SECONDS = 5.0  # `draftlab confirm`'s heartbeat on its row (a worker's confirm has the worker's)
 
 
+def whole_list(text: str, flag: str, value, example: str) -> list[int]:
+    """`FLAG 1,4,16`: each part checked by `value` (an app/arguments.whole checker), each once; a DraftLabError
+    names the bad one, or the repeat."""
+    try:
+        values = [value(part.strip()) for part in str(text).split(",")]
+    except argparse.ArgumentTypeError as exc:
+        raise DraftLabError(f"{flag}: {exc}") from None
+    if len(set(values)) != len(values):
+        raise DraftLabError(f"{flag} {text[:40]!r} repeats a value; list each once, e.g. {example}")
+    return values
+
+
 def concurrency_list(text: str) -> list[int]:
     """`--concurrency 1,4,16`: each a whole number from 1 to 4096, each once (a DraftLabError names the bad one)."""
-    try:
-        values = [_concurrency_value(part.strip()) for part in str(text).split(",")]
-    except argparse.ArgumentTypeError as exc:
-        raise DraftLabError(f"--concurrency: {exc}") from None
-    if len(set(values)) != len(values):
-        raise DraftLabError(f"--concurrency {text[:40]!r} repeats a value; list each once, e.g. 1,4,16")
-    return values
+    return whole_list(text, "--concurrency", _concurrency_value, "1,4,16")
 
 
 def add_parser(sub):

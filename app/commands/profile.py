@@ -6,13 +6,12 @@ interleaved passes, the same progress bar, heartbeat, Ctrl-C / SIGTERM handling 
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from app.arguments import ID as _id
 from app.arguments import whole
 from app.commands.common import database_errors_reported, store_command
-from app.commands.confirm import _repeats, _seconds, concurrency_list, measure_and_print, signalled
+from app.commands.confirm import _repeats, _seconds, concurrency_list, measure_and_print, signalled, whole_list
 from app.serving.confirm import plan
 from app.serving.profile import DEFAULT_KS, profile_configs
 from engine.errors import DraftLabError
@@ -24,13 +23,7 @@ _k_value = whole(1, 64, what="a k (draft tokens per step)", fix="; e.g. --ks 1,2
 
 def ks_list(text: str) -> list[int]:
     """`--ks 1,2,3,4`: each a whole number from 1 to 64, each once."""
-    try:
-        values = [_k_value(part.strip()) for part in str(text).split(",")]
-    except argparse.ArgumentTypeError as exc:
-        raise DraftLabError(f"--ks: {exc}") from None
-    if len(set(values)) != len(values):
-        raise DraftLabError(f"--ks {text[:40]!r} repeats a value; list each once, e.g. 1,2,3,4")
-    return values
+    return whole_list(text, "--ks", _k_value, "1,2,3,4")
 
 
 def add_parser(sub):
