@@ -25,6 +25,11 @@ class SamplingConfig:
     # The temperature a draft model proposes at (engine/decoding/drafting.py): 0 = the target's. Verification uses the
     # distribution the draft sampled from, so any value is lossless; only acceptance changes.
     draft_temperature: float = 0.0
+    # Token trees (engine/decoding/token_trees.py): branches per node (1 = a chain, SGLang's --speculative-eagle-topk;
+    # not the sampling top_k) and tree nodes verified per round, root included (SGLang's
+    # --speculative-num-draft-tokens; 0 = every node the expansion makes).
+    tree_topk: int = 1
+    tree_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.draft_sampling not in DRAFT_SAMPLING:
@@ -47,6 +52,10 @@ class SamplingConfig:
             raise DraftLabError(f"top-k must be >= 0 (got {self.top_k}); use 0 to disable it")
         if not 0 < self.top_p <= 1:
             raise DraftLabError(f"top-p must be in (0, 1] (got {self.top_p}); use 1.0 to disable it")
+        if self.tree_topk < 1:
+            raise DraftLabError(f"tree topk must be >= 1 (got {self.tree_topk}); use 1 for a chain")
+        if self.tree_tokens < 0 or self.tree_tokens == 1:
+            raise DraftLabError(f"tree tokens must be 0 or >= 2 (got {self.tree_tokens}); use 0 for the whole tree")
         if self.max_new_tokens <= 0:
             raise DraftLabError(f"max-new-tokens must be > 0 (got {self.max_new_tokens})")
 

@@ -44,6 +44,9 @@ class DraftToken:
     beta: float  # sum_x min(p_d(x), p_t(x)) at this position (processed distributions)
     kl: float  # D_KL(p_t || p_d) at this position, raw temperature-1 distributions (nan if the drafter has none)
     outcome: str  # accepted / rejected / discarded
+    # Token trees: a tree round's rows are the path verification walked, one per depth (position = depth).
+    sibling_rank: int | None = None  # 0 = the drafter's top-ranked child at this depth; None for chains
+    siblings: int | None = None  # children verified at this depth under the accepted parent; None for chains
 
 
 @dataclass
@@ -60,6 +63,7 @@ class Round:
     verify_seconds: float = field(metadata=PER_PROMPT_SUM)
     draft_forwards: int = field(metadata=PER_PROMPT_SUM)  # single-step draft forwards taken while drafting (for c)
     draft_tokens: list[DraftToken] = field(default_factory=list)
+    tree_nodes: int | None = None  # draft nodes the target verified this round (token trees); None for chains
 
     @property
     def rejected(self) -> int:
