@@ -26,6 +26,7 @@ from pages.panels.production_panel import render_production
 from pages.panels.profile_panel import render_profile
 from pages.panels.schedule_panel import batch_name, headline, render_schedule, render_vllm_schedule
 from pages.panels.server_predicted_panel import predictions, render_server_predicted
+from pages.panels.tree_panel import render_tree
 from pages.panels.validation_panel import render_validation
 from pages.widgets import charts
 from pages.widgets.common import (
@@ -550,6 +551,7 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict) -> None:
             else:
                 chart_with_csv(chart(frame), frame, f"run{run_id}_{name}.csv")
                 st.caption(charts.SMALL_SAMPLE_NOTE)
+    render_tree(runs, run_id, stamp)  # a token tree's acceptance by depth and sibling rank
     # One above the other, each the page's width: side by side, both tables' last columns were cut off.
     with st.container():
         st.subheader("Top rejected tokens")

@@ -316,6 +316,17 @@ CASES = {
             }
         )
     ),
+    "acceptance_by_sibling_rank": lambda: charts.acceptance_by_sibling_rank(
+        pd.DataFrame(
+            {
+                "depth": [1, 1, 2, 3],
+                "sibling_rank": [0, 2, 0, 1],
+                "accepted": [50, 10, 20, 3],
+                "reached": [100, 100, 60, 20],
+                "share": [0.5, 0.1, 0.333, 0.15],
+            }
+        )
+    ),
     "k_distribution": lambda: charts.k_distribution(
         pd.DataFrame(
             {

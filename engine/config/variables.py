@@ -35,6 +35,7 @@ from engine.config.drafter_specs import (
     needs_draft_model,
 )
 from engine.config.limits import LIMITS, limit, over
+from engine.config.tree_shape import MAX_TREE_TOKENS, MAX_TREE_TOPK, verified_nodes
 from engine.errors import DraftLabError
 from engine.numbers import DB_INT_MAX, ascii_float, ascii_int
 
@@ -225,6 +226,20 @@ def _draft_size(value: Any, get: Getter) -> float | None:
     return float(size) if isinstance(size, Real) and size == size and float(size) > 0 else None
 
 
+def _tree_cost(value: Any, get: Getter) -> float | None:
+    """A tree's serving cost: the nodes the target verifies per round (a larger tree, more verify compute), from
+    the run's k, tree_topk and tree_tokens (the swept one's value given)."""
+
+    def whole(key: str, default: int) -> int | None:
+        got = get(key)
+        if isinstance(got, Real) and got == got:
+            return int(float(got))
+        return default if default >= 0 else None
+
+    k = whole("k", -1)
+    return None if k is None else float(verified_nodes(k, whole("tree_topk", 1) or 1, whole("tree_tokens", 0) or 0))
+
+
 def _drafter_help() -> str:
     """The drafter variable's help, read from the declarations (engine/config/drafter_specs.py): 'model (the
     default; eagle3 when the draft is an EAGLE-3 head), heuristic, confidence:T, ... or eagle3; a comma list ...'."""
@@ -383,6 +398,44 @@ VARIABLES: dict[str, Variable] = {
                     f"temperature; measure that too (draft_temperature 0)."
                 )
             ),
+        ),
+        # Token trees (engine/config/tree_shape.py, SPEC "Token trees"): k stays the depth.
+        Variable(
+            "tree_topk",
+            int,
+            f"a whole number from 1 to {MAX_TREE_TOPK} (1 drafts a chain)",
+            "1,2,4",
+            "1",
+            "tree branches per node (not the sampling top-k): 1 drafts a chain, 2 or more a token tree of depth k "
+            "(SGLang's --speculative-eagle-topk); a comma list sweeps it",
+            label="tree_topk (tree branches per node, not the sampling top-k)",
+            low=1,
+            high=MAX_TREE_TOPK,
+            title="Tree branches per node (not the sampling top-k)",
+            step=1,
+            cost=lambda value, get: _tree_cost(
+                value, lambda key, default=None: value if key == "tree_topk" else get(key)
+            ),
+            cheaper_because="a smaller tree: fewer nodes to verify per round",
+        ),
+        Variable(
+            "tree_tokens",
+            int,
+            f"0 (the whole tree) or a whole number from 2 to {MAX_TREE_TOKENS}",
+            "0,8,16",
+            "0",
+            "tree nodes verified per round, the root included (SGLang's --speculative-num-draft-tokens): 0 verifies "
+            "every node the tree's expansion makes; with tree branches above 1 it must be at least k + 1; a chain "
+            "verifies k + 1 whatever it says; a comma list sweeps it",
+            label="tree_tokens (tree nodes verified per round)",
+            low=0,
+            high=MAX_TREE_TOKENS,
+            title="Tree nodes verified per round",
+            step=1,
+            cost=lambda value, get: _tree_cost(
+                value, lambda key, default=None: value if key == "tree_tokens" else get(key)
+            ),
+            cheaper_because="a smaller tree: fewer nodes to verify per round",
         ),
     )
 }

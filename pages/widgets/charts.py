@@ -359,6 +359,36 @@ def acceptance_by_position(frame: pd.DataFrame) -> alt.LayerChart:
     return alt.layer(bars, labels).properties(height=HEIGHT)
 
 
+def acceptance_by_sibling_rank(frame: pd.DataFrame) -> alt.Chart:
+    """A token tree's acceptance by depth, each bar split by the sibling rank of the accepted node (rank 0: the draft's
+    top-1 child; above 0: the tree's other branches won). A bar's height is the depth's accepted / reached.
+    frame: depth, sibling_rank, accepted, reached, share (storage/records/tree_breakdowns.py)."""
+    ranks = frame.assign(rank=frame["sibling_rank"].map(lambda r: "0 (top-1)" if int(r) == 0 else str(int(r))))
+    return (
+        alt.Chart(ranks)
+        .mark_bar()
+        .encode(
+            alt.X("depth:O", title="depth (draft position)", axis=alt.Axis(labelAngle=0)),
+            alt.Y(
+                "share:Q",
+                stack="zero",
+                title="accepted / reached",
+                scale=alt.Scale(domain=[0, 1]),
+            ),
+            alt.Color("rank:N", title="sibling rank", legend=BOTTOM),
+            alt.Order("sibling_rank:Q"),
+            tooltip=[
+                "depth:O",
+                alt.Tooltip("rank:N", title="sibling rank"),
+                "accepted:Q",
+                alt.Tooltip("reached:Q", title="n (reached)"),
+                alt.Tooltip("share:Q", format=".3f"),
+            ],
+        )
+        .properties(height=HEIGHT)
+    )
+
+
 def production_positions(frame: pd.DataFrame, points_title: str = "production") -> alt.LayerChart:
     """Conditional acceptance per draft position: the lab run's estimate with its 95 % interval (grey bar and rule)
     and each production series as a point (`points_title`: their legend's title, "server" for a confirm's).

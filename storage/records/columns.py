@@ -139,6 +139,22 @@ RUN = [
         " round cut by `max_new_tokens` or EOS before its last draft is not a full accept; baselines have none",
     ),
     _c(
+        "accepted_off_chain_share",
+        "off-chain accepts",
+        "token trees: share of rounds (with drafts) whose accepted path left the draft's top-1 chain (an accepted "
+        "node that was not its parent's top-ranked child); none for chains",
+        RATE,
+        json=True,
+        sql="CASE WHEN COALESCE(r.tree_topk, 1) > 1 THEN CAST((SELECT COUNT(*) FROM rounds rd WHERE rd.run_id = r.id "
+        "AND rd.k > 0 AND EXISTS (SELECT 1 FROM draft_tokens d WHERE d.run_id = rd.run_id AND d.prompt_index = "
+        "rd.prompt_index AND d.round_index = rd.round_index AND d.outcome = 'accepted' AND d.sibling_rank > 0)) "
+        "AS DOUBLE PRECISION) / NULLIF((SELECT COUNT(*) FROM rounds rd WHERE rd.run_id = r.id AND rd.k > 0), 0) END",
+        section="counts",
+        doc="token trees (`tree_topk` > 1): rounds with k_r > 0 whose accepted path holds a node of sibling rank > 0 "
+        "(not its parent's top-1 child) / rounds with k_r > 0: how often the tree's other branches won; null for "
+        "chains",
+    ),
+    _c(
         "expected_alpha",
         "expected α",
         "mean over verified positions of β = Σ min(p_d, p_t): the acceptance the two distributions predict",

@@ -548,9 +548,10 @@ def outputs(store: Store, run_id: int) -> pd.DataFrame:
 
 
 def draft_token_rows(store: Store, experiment_id: int) -> pd.DataFrame:
-    """Every draft token of an experiment's runs, with the run's k (for exports)."""
+    """Every draft token of an experiment's runs, with the run's k (for exports); token trees: its `depth` (= position,
+    one row per depth) and `sibling_rank` (0 = the draft's top-1; null for chains)."""
     sql = """SELECT d.run_id, r.k, d.prompt_index, d.round_index, d.position, d.token_id, d.text, d.token_type,
-                    d.p_draft, d.p_target, d.beta, d.kl, d.outcome
+                    d.p_draft, d.p_target, d.beta, d.kl, d.outcome, d.position AS depth, d.sibling_rank
              FROM draft_tokens d JOIN runs r ON r.id = d.run_id
              WHERE r.experiment_id = :eid ORDER BY d.run_id, d.prompt_index, d.round_index, d.position"""
     with store.read() as conn:

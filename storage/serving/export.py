@@ -17,6 +17,7 @@ from storage.analysis.verdict import verdict_dict
 from storage.db.store import Store
 from storage.records import columns
 from storage.records import queries as q
+from storage.records.tree_breakdowns import acceptance_by_sibling_rank, by_rank_document
 from storage.serving.plain import plain
 
 # Keys of a speculative run in the `run --json` object, in SPEC order (engine/metrics/metrics_oracle.py's
@@ -42,6 +43,17 @@ def _outputs(store: Store, run_id: int) -> list[dict]:
     ]
 
 
+def _tree(store: Store, run: pd.Series) -> dict:
+    """A run's token-tree keys (SPEC "Token trees"): tree_topk and tree_tokens (a chain: 1 and 0) and, for a tree,
+    acceptance by depth and sibling rank (storage/records/tree_breakdowns.py)."""
+    topk = int(run.tree_topk) if "tree_topk" in run.index and pd.notna(run.tree_topk) else 1
+    tokens = int(run.tree_tokens) if "tree_tokens" in run.index and pd.notna(run.tree_tokens) else 0
+    keys: dict = {"tree_topk": topk, "tree_tokens": tokens}
+    if topk > 1:
+        keys["acceptance_by_sibling_rank"] = by_rank_document(acceptance_by_sibling_rank(store, int(run.run_id)))
+    return keys
+
+
 def run_document(store: Store, experiment_id: int, with_outputs: bool = True) -> dict:
     """The SPEC `draftlab run --json` object for a stored experiment, plus timing protocol v2's keys:
     `repeats`, the `verdict` (storage/analysis/verdict.py: best configuration, `tied_with`, too wide to choose, the
@@ -49,7 +61,8 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
     (storage/analysis/schedule.py) and, for `--k auto`,
     `predicted_curve`, `confirmed` and each confirmed run's `prediction_error`; every speculative run's
     `server_predicted` (storage/serving/run_predictions.py: its predicted speedup in the server per concurrency and
-    k from the newest server cost profile that fits it, or {"profile": null, "reason": why none does})."""
+    k from the newest server cost profile that fits it, or {"profile": null, "reason": why none does}); and its tree
+    (`tree_topk`, `tree_tokens`; a tree's `acceptance_by_sibling_rank`, SPEC "Token trees")."""
     from storage.serving.run_predictions import experiment_predictions
 
     runs = q.runs(store, experiment_id)
@@ -124,6 +137,7 @@ def run_document(store: Store, experiment_id: int, with_outputs: bool = True) ->
                 (at_size[int(r.k)] / r.speedup - 1) if pd.notna(r.speedup) and r.speedup else None
             )
         entry["server_predicted"] = predicted.get(run_id)
+        entry.update(_tree(store, r))
         if with_outputs:
             entry["outputs"] = _outputs(store, run_id)
         doc["runs"].append(plain(entry))

@@ -1,0 +1,55 @@
+"""The detail page of a token-tree sweep under Streamlit's AppTest (no model loads): the tree run's breakdowns show
+its acceptance by depth split by sibling rank, drawn from exactly the query's rows, and its off-chain share; a chain
+run of the same sweep shows neither."""
+
+from __future__ import annotations
+
+import pytest
+
+from pages.panels.tree_panel import TITLE
+from storage import open_store
+from storage.records import queries as q
+from storage.records.columns import show
+from storage.records.tree_breakdowns import acceptance_by_sibling_rank
+from tests.test_pages import app, assert_clean, chart_data
+from tests.test_tree_breakdowns import TOPK, fill_tree_experiment
+
+
+@pytest.fixture
+def tree_db(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'draftlab.db'}"
+    monkeypatch.setenv("DRAFTLAB_DB", url)
+    store = open_store(url)
+    eid, by_topk, _ = fill_tree_experiment(store)
+    return store, eid, by_topk
+
+
+def _rank_datasets(at):
+    return [d for datasets in chart_data(at) for d in datasets if {"depth", "sibling_rank", "share"} <= set(d.columns)]
+
+
+def test_a_tree_run_shows_acceptance_by_depth_and_rank_and_its_off_chain_share(tree_db):
+    store, eid, by_topk = tree_db
+    tree = by_topk[TOPK]
+    at = app("experiment", experiment=eid, section="Why drafts are rejected", run=tree)
+    assert_clean(at)
+    assert TITLE in [s.value for s in at.subheader]
+    drawn = _rank_datasets(at)
+    assert len(drawn) == 1
+    expected = acceptance_by_sibling_rank(store, tree)
+    got = drawn[0].sort_values(["depth", "sibling_rank"]).reset_index(drop=True)
+    assert got["depth"].tolist() == expected["depth"].tolist()
+    assert got["sibling_rank"].tolist() == expected["sibling_rank"].tolist()
+    assert got["share"].tolist() == pytest.approx(expected["share"].tolist())
+    assert (got["sibling_rank"] > 0).any()  # the chart shows the branches that won, not only the chain
+    share = q.runs(store, eid).set_index("run_id").loc[tree, "accepted_off_chain_share"]
+    text = " ".join(m.value for m in at.markdown)
+    assert show("accepted_off_chain_share", share) in text and f"tree_topk {TOPK}" in text
+
+
+def test_a_chain_run_of_the_sweep_shows_no_tree_chart(tree_db):
+    _, eid, by_topk = tree_db
+    at = app("experiment", experiment=eid, section="Why drafts are rejected", run=by_topk[1])
+    assert_clean(at)
+    assert TITLE not in [s.value for s in at.subheader]
+    assert not _rank_datasets(at)
