@@ -212,6 +212,9 @@ class ModelDrafter:
         self.ks: list[int] = []  # each row's k for the next round
         self.cached: list[int] = []  # real tokens in each row's cache (host)
         self.proposed: list[int] = []
+        # A draft scoring only part of the target's vocabulary (another tokenizer's intersection,
+        # engine/models/vocab_bridge.py) gives no raw logits: KL(p_t || p_d) is infinite, recorded NaN.
+        self.full_vocabulary = bool(getattr(model, "covers_target", lambda: True)())
 
     @classmethod
     def from_spec(
@@ -274,7 +277,7 @@ class ModelDrafter:
         if slots is not None:
             tokens = tokens.masked_fill(~slots, 0)
             probs = probs.masked_fill(~slots[..., None], 0.0)
-        return Proposal(tokens, probs, raw, ks, slots, forwards=width)
+        return Proposal(tokens, probs, raw if self.full_vocabulary else None, ks, slots, forwards=width)
 
     def draft_inputs(self, seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, valid) of a round's first draft forward: what each row's cache lacks, left-padded."""

@@ -15,6 +15,7 @@ from engine.config import head_format
 from engine.errors import DraftLabError
 from engine.models import eagle3, placement, weight_files
 from engine.models.cached_model import rollback_cache
+from engine.models.vocab_bridge import VocabBridge, VocabMapping, intersect, least_shared
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,7 +39,16 @@ class ModelPair:
     draft: LoadedModel | None  # None: drafting needs no model (prompt lookup)
     device: torch.device
     dtype: torch.dtype
-    vocab_size: int  # shared tokenizer vocabulary; logits beyond it (padding) are ignored
+    vocab_size: int  # the target tokenizer's vocabulary; logits beyond it (padding) are ignored
+    # "shared": one tokenizer; "intersection": the draft's differs and drafts over the tokens both share
+    # (engine/models/vocab_bridge.py, vLLM's use_heterogeneous_vocab), `mapping` its intersection.
+    vocab: str = "shared"
+    mapping: VocabMapping | None = None
+
+    @property
+    def vocab_coverage(self) -> float:
+        """Share of the target's vocabulary the draft can propose (1.0 with one tokenizer)."""
+        return 1.0 if self.mapping is None else self.mapping.coverage
 
     @property
     def tokenizer(self):
@@ -158,24 +168,57 @@ def check_pair(target_tokenizer, draft_tokenizer, target_width: int, draft_width
 
     Embedding/output matrices padded past the vocabulary (width > vocabulary) are fine.
     """
-    tv, dv = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-    t_by_id = {i: t for t, i in tv.items()}
-    d_by_id = {i: t for t, i in dv.items()}
-    differ = sorted(i for i in t_by_id.keys() | d_by_id.keys() if t_by_id.get(i) != d_by_id.get(i))
+    differ, t_by_id, d_by_id = _differing_ids(target_tokenizer, draft_tokenizer)
     if differ:
-        examples = ", ".join(f"id {i}: {t_by_id.get(i)!r} vs {d_by_id.get(i)!r}" for i in differ[:3])
-        raise DraftLabError(
-            f"target and draft tokenizers disagree on {len(differ)} of {len(t_by_id | d_by_id)} token ids "
-            f"(target vs draft: {examples}); pick a draft that shares the target's tokenizer"
-        )
+        raise DraftLabError(f"{_disagree(differ, t_by_id, d_by_id)}; pick a draft that shares the target's tokenizer")
     vocab = max(t_by_id) + 1 if t_by_id else 0
     for role, width in (("target", target_width), ("draft", draft_width)):
-        if width < vocab:
-            raise DraftLabError(
-                f"the {role} model scores {width} tokens but its tokenizer has {vocab}; "
-                "the checkpoint does not match its tokenizer"
-            )
+        _check_width(role, width, vocab)
     return vocab
+
+
+def pair_vocabulary(
+    target_tokenizer, draft_tokenizer, target_width: int, draft_width: int
+) -> tuple[int, VocabMapping | None]:
+    """(the target's vocabulary size, None) when both tokenizers map every token to the same id (`check_pair`); else
+    (that size, the token-level intersection the draft drafts over: engine/models/vocab_bridge.py, vLLM's
+    use_heterogeneous_vocab), refused in one line when they share too little."""
+    differ, t_by_id, d_by_id = _differing_ids(target_tokenizer, draft_tokenizer)
+    if not differ:
+        return check_pair(target_tokenizer, draft_tokenizer, target_width, draft_width), None
+    vocab = max(t_by_id) + 1 if t_by_id else 0
+    _check_width("target", target_width, vocab)
+    mapping = intersect(target_tokenizer, draft_tokenizer, target_width, draft_width)
+    if mapping.shared < least_shared(mapping.target_vocabulary):
+        raise DraftLabError(
+            f"{_disagree(differ, t_by_id, d_by_id)} and share {mapping.shared} of the target's "
+            f"{mapping.target_vocabulary} tokens, too few to draft over (at least "
+            f"{least_shared(mapping.target_vocabulary)}); pick a draft whose vocabulary overlaps the target's, or "
+            "one that shares its tokenizer"
+        )
+    return vocab, mapping
+
+
+def _disagree(differ: list[int], t_by_id: dict[int, str], d_by_id: dict[int, str]) -> str:
+    examples = ", ".join(f"id {i}: {t_by_id.get(i)!r} vs {d_by_id.get(i)!r}" for i in differ[:3])
+    return (
+        f"target and draft tokenizers disagree on {len(differ)} of {len(t_by_id | d_by_id)} token ids "
+        f"(target vs draft: {examples})"
+    )
+
+
+def _differing_ids(target_tokenizer, draft_tokenizer) -> tuple[list[int], dict[int, str], dict[int, str]]:
+    t_by_id = {i: t for t, i in target_tokenizer.get_vocab().items()}
+    d_by_id = {i: t for t, i in draft_tokenizer.get_vocab().items()}
+    return sorted(i for i in t_by_id.keys() | d_by_id.keys() if t_by_id.get(i) != d_by_id.get(i)), t_by_id, d_by_id
+
+
+def _check_width(role: str, width: int, vocab: int) -> None:
+    if width < vocab:
+        raise DraftLabError(
+            f"the {role} model scores {width} tokens but its tokenizer has {vocab}; "
+            "the checkpoint does not match its tokenizer"
+        )
 
 
 def _check_dispatched(name: str, model) -> None:
@@ -270,9 +313,28 @@ def with_draft(pair: ModelPair, draft: str | None, trust_remote_code: bool = Fal
         )
     # On the target's first device (pair.device), where the inputs go and a dispatched target returns its logits.
     d = load_model(draft, pair.device, pair.dtype, trust_remote_code)
-    vocab = check_pair(pair.target.tokenizer, d.tokenizer, _output_width(pair.target.model), _output_width(d.model))
+    width = _output_width(pair.target.model)
+    vocab, mapping = pair_vocabulary(pair.target.tokenizer, d.tokenizer, width, _output_width(d.model))
     rollback_cache(d.model)
-    return ModelPair(target=pair.target, draft=d, device=pair.device, dtype=pair.dtype, vocab_size=vocab)
+    return bridged(ModelPair(pair.target, d, pair.device, pair.dtype, vocab), mapping)
+
+
+def bridged(pair: ModelPair, mapping: VocabMapping | None) -> ModelPair:
+    """The pair as it drafts: with `mapping` (a draft whose tokenizer differs), its draft model seen in the target's
+    vocabulary (VocabBridge) and the pair an "intersection" one; without, the pair as it is."""
+    if mapping is None or pair.draft is None:
+        return pair
+    d = pair.draft
+    model = VocabBridge(d.model, mapping, _output_width(pair.target.model))
+    return ModelPair(
+        pair.target,
+        LoadedModel(d.name, d.source, model, d.tokenizer),
+        pair.device,
+        pair.dtype,
+        pair.vocab_size,
+        vocab="intersection",
+        mapping=mapping,
+    )
 
 
 SMALL_MODEL_PARAMETERS = 100_000_000
