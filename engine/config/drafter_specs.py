@@ -91,8 +91,8 @@ _DRAFT_MODEL = {
             ("--speculative-num-draft-tokens", k + 1),
         ],
         (
-            "STANDALONE with topk 1 drafts one chain of k={k} tokens; SGLang requires num-draft-tokens = "
-            "num-steps + 1 when topk is 1.",
+            "STANDALONE drafts k={k} steps deep (--speculative-num-steps); --speculative-num-draft-tokens counts the "
+            "root (the last verified token): a chain (topk 1) verifies k + 1, which SGLang requires at topk 1.",
         ),
     ),
     "llama_cpp": Serving(
@@ -314,8 +314,8 @@ _EAGLE3 = {
         "EAGLE3",
         _DRAFT_MODEL["sglang"].settings,
         (
-            "EAGLE3 with topk 1 drafts one chain of k={k} tokens; SGLang requires num-draft-tokens = num-steps + 1 "
-            "when topk is 1.",
+            "EAGLE3 drafts k={k} steps deep (--speculative-num-steps); --speculative-num-draft-tokens counts the root "
+            "(the last verified token): a chain (topk 1) verifies k + 1, which SGLang requires at topk 1.",
             'SGLang loads EAGLE-3 heads in its own layout (architectures ["LlamaForCausalLMEagle3"], `midlayer.*` '
             "weights, eagle_config.eagle_aux_hidden_state_layer_ids), whose aux ids are one LOWER than vLLM's: "
             "SGLang's id j = the output of decoder layer j = vLLM's id j + 1. The speculators directory itself would "

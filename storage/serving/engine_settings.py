@@ -31,6 +31,7 @@ from engine.config.drafter_specs import parse_drafter as _parse_spec
 from engine.config.head_format import serving_dir
 from engine.config.run_config import PARAMETERS, RunConfig
 from engine.errors import DraftLabError
+from storage.serving.tree_settings import no_tree_note, sglang_tree
 
 ENGINES = ("vllm", "sglang", "llama_cpp", "transformers")
 DRAFTER_NAMES = tuple(SPECS)  # each declares its mapping per engine (DrafterSpec.serving; tests/test_deploy.py)
@@ -265,6 +266,7 @@ def _vllm(cfg: dict) -> dict:
                 "measure that with --draft-sampling greedy."
             )
     notes += _vllm_server_schedule(cfg, spec) if cfg.get("_server") else _vllm_schedule(cfg, spec)
+    notes += no_tree_note(cfg, "vllm")
     config_json = json.dumps(spec)
     groups = [["vllm", "serve", _model_ref(cfg["target"])], ["--speculative-config", config_json]]
     if cfg["dtype"] != "auto":
@@ -449,8 +451,9 @@ def _sglang(cfg: dict) -> dict:
     if drafter.needs_model:
         draft, prepare, notes = _draft_for(cfg, serving)
         groups.append(["--speculative-draft-model-path", draft])
-    groups += [[flag, str(value)] for flag, value in serving.settings(param, cfg["k"])]
-    notes = serving.texts(param, cfg["k"]) + notes
+    shaped, tree_notes = sglang_tree(cfg, serving.settings(param, cfg["k"]))  # a token tree's topk and nodes
+    groups += [[flag, str(value)] for flag, value in shaped]
+    notes = serving.texts(param, cfg["k"]) + tree_notes + notes
     if drafter.needs_model and not cfg["greedy"] and serving.sampled is not None:
         flags, sampled_notes = serving.sampled(cfg["draft_sampling"])
         groups += [[flag] if value is None else [flag, str(value)] for flag, value in flags]
@@ -545,6 +548,7 @@ def _llama_cpp(cfg: dict) -> dict:
     )
     notes += _same_distribution_note(cfg)
     notes += _schedule_note(cfg, "llama.cpp")
+    notes += no_tree_note(cfg, "llama_cpp")
     return {"language": "bash", "command": command, "snippet": snippet, "notes": notes}
 
 
@@ -632,6 +636,7 @@ def _transformers(cfg: dict) -> dict:
             f"transformers' assisted generation decodes one request at a time: these settings take the "
             f"schedule's batch {cfg['_schedule']['for_batch']} entry (k={cfg['k']})."
         )
+    notes += no_tree_note(cfg, "transformers")
     generate_kwargs = {key: value for key, value in kwargs.items() if key != "assistant_model"}
     return {
         "language": "python",

@@ -1,0 +1,51 @@
+"""A token-tree run carried to production (storage/serving/tree_settings.py through engine_settings): SGLang's three
+flags (depth, topk, nodes verified with the root; the whole tree when tree_tokens is 0), and the engines that draft
+chains only (vLLM 0.32, llama.cpp, transformers) saying so in one note each while serving the depth-k chain; a chain
+run's settings carry no tree note."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.config.tree_shape import full_tree_nodes
+from tests.meaning import missing
+from tests.test_deploy import flags, inexpressible, settings
+
+CHAIN_ONLY = ("vllm", "llama_cpp", "transformers")
+
+
+@pytest.mark.parametrize(("tree_tokens", "nodes"), [(6, 6), (0, full_tree_nodes(3, 2))])
+@pytest.mark.parametrize("drafter", ["model", "eagle3"])
+def test_sglang_takes_the_tree_as_measured(drafter, tree_tokens, nodes):
+    doc = settings(drafter, k=3, tree_topk=2, tree_tokens=tree_tokens)
+    sglang = flags(doc["sglang"], 3)
+    assert (
+        sglang["--speculative-num-steps"],
+        sglang["--speculative-eagle-topk"],
+        sglang["--speculative-num-draft-tokens"],
+    ) == ("3", "2", str(nodes))
+    notes = " ".join(doc["sglang"]["notes"])
+    assert not missing(notes, "Token tree", f"--speculative-num-draft-tokens {nodes}", "per round"), notes
+    assert inexpressible(doc["sglang"]) == ""
+
+
+def test_engines_that_draft_chains_say_so_and_serve_the_chain():
+    doc = settings("model", k=3, tree_topk=4, tree_tokens=9)
+    spec = json.loads(doc["vllm"]["speculative_config"])
+    assert spec["num_speculative_tokens"] == 3 and not any("tree" in key for key in spec)
+    assert not missing(inexpressible(doc["vllm"]), "speculative_token_tree", "static", "per round"), doc["vllm"]
+    for engine in CHAIN_ONLY:
+        note = inexpressible(doc[engine])
+        assert not missing(note, "tree", "tree_topk 1", "k=3"), (engine, note)
+    assert flags(doc["llama_cpp"], 1)["--draft-max"] == "3"
+    assert doc["transformers"]["assistant_generation_config"]["num_assistant_tokens"] == 3
+
+
+def test_a_chain_run_carries_no_tree_note():
+    doc = settings("model", k=3, tree_topk=1, tree_tokens=16)
+    sglang = flags(doc["sglang"], 3)
+    assert (sglang["--speculative-eagle-topk"], sglang["--speculative-num-draft-tokens"]) == ("1", "4")
+    for engine in ("sglang", *CHAIN_ONLY):
+        assert "Token tree" not in " ".join(doc[engine]["notes"]) and "tree_topk" not in inexpressible(doc[engine])
