@@ -26,7 +26,7 @@ from pages.panels.production_panel import render_production
 from pages.panels.profile_panel import render_profile
 from pages.panels.schedule_panel import batch_name, headline, render_schedule, render_vllm_schedule
 from pages.panels.server_predicted_panel import predictions, render_server_predicted
-from pages.panels.tree_panel import render_tree
+from pages.panels.tree_panel import formula_note, render_tree
 from pages.panels.validation_panel import render_validation
 from pages.widgets import charts
 from pages.widgets.common import (
@@ -191,9 +191,10 @@ def tokens_frame(curve: pd.DataFrame, sweep_variable: str) -> pd.DataFrame:
     frame = by_swept_value(curve, sweep_variable)[
         list(dict.fromkeys([sweep_variable, "k", "run_id", "alpha", "tokens_per_round"]))
     ].copy()
-    frame["expected_tokens_per_round"] = [
-        theory.expected_tokens_per_round(a, int(k)) if pd.notna(a) and pd.notna(k) else np.nan
-        for a, k in zip(frame["alpha"], frame["k"])
+    trees = curve["draws_tree"] if "draws_tree" in curve else pd.Series(False, index=curve.index)
+    frame["expected_tokens_per_round"] = [  # the chain formula's: none for a token tree (tree_topk > 1)
+        theory.expected_tokens_per_round(a, int(k)) if pd.notna(a) and pd.notna(k) and not tree else np.nan
+        for a, k, tree in zip(frame["alpha"], frame["k"], trees)
     ]
     return frame
 
@@ -398,6 +399,8 @@ def _speedup_chart(d: Detail) -> None:
     if pooled:
         k_best, s_best = pooled.best_k()
         st.caption(f"Dashed grey: {charts.FORMULA}, with {pooled.describe()}; its best k is {k_best} at {s_best:.2f}×.")
+    if note := formula_note(d.runs):
+        st.caption(note)
 
 
 def _cost_aware_best(d: Detail) -> str:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 
 from pages.panels.tree_panel import TITLE
+from pages.widgets import charts
 from storage import open_store
 from storage.records import queries as q
 from storage.records.columns import show
 from storage.records.tree_breakdowns import acceptance_by_sibling_rank
+from tests.meaning import missing
 from tests.test_pages import app, assert_clean, chart_data
 from tests.test_tree_breakdowns import TOPK, fill_tree_experiment
 
@@ -53,3 +55,17 @@ def test_a_chain_run_of_the_sweep_shows_no_tree_chart(tree_db):
     assert_clean(at)
     assert TITLE not in [s.value for s in at.subheader]
     assert not _rank_datasets(at)
+
+
+def test_the_speedup_chart_draws_no_chain_formula_for_a_tree(tree_db):
+    store, eid, by_topk = tree_db
+    at = app("experiment", experiment=eid)
+    assert_clean(at)
+    captions = " ".join(c.value for c in at.caption)
+    assert not missing(captions, "does not model token trees", f"tree_topk {TOPK}"), captions
+    runs = q.runs(store, eid).set_index("run_id")
+    drawn = [d for datasets in chart_data(at) for d in datasets if {"series", "value", "x"} <= set(d.columns)]
+    formula = [d[d["series"] == charts.FORMULA] for d in drawn]
+    xs = {float(x) for f in formula for x in f["x"]}
+    assert float(runs.loc[by_topk[1], "sweep_value"]) in xs  # the chain's own formula point is drawn ...
+    assert float(runs.loc[by_topk[TOPK], "sweep_value"]) not in xs  # ... the tree's is not

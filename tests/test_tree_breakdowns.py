@@ -38,9 +38,10 @@ def tree_experiment(store):
     return fill_tree_experiment(store)
 
 
-def fill_tree_experiment(store):
+def fill_tree_experiment(store, speedups: tuple[float, float] | None = None):
     """A tree_topk sweep (1: a chain, TOPK: a tree) at k = K, every run done with synthetic records: (experiment id,
-    {tree_topk: run id}, {run id: its PromptResults})."""
+    {tree_topk: run id}, {run id: its PromptResults}). speedups: (the chain's, the tree's) on every prompt, times a
+    little noise, instead of random wall times."""
     rng = random.Random(7)
     eid = enqueue_experiment(
         store,
@@ -66,6 +67,10 @@ def fill_tree_experiment(store):
             _as_tree(rng, synthetic_prompt(rng, i, K, rounds=6, follow=b.output_ids)) for i, b in enumerate(baseline)
         ],
     }
+    if speedups is not None:
+        for topk, speedup in zip((1, TOPK), speedups):
+            for row, base in zip(results[by_topk[topk]], baseline):
+                row.wall_seconds = base.wall_seconds / (speedup * rng.uniform(0.98, 1.02))
     run_state.claim_group(store, eid, "test-worker")
     for rid in (baseline_id, by_topk[1], by_topk[TOPK]):
         run_state.start_run(store, rid, PROMPTS, "cpu")

@@ -30,6 +30,20 @@ def off_chain_sentence(run: pd.Series) -> str:
     )
 
 
+def formula_note(runs: pd.DataFrame) -> str | None:
+    """Why the speedup chart draws no formula for an experiment's token-tree runs (None when it has none): the
+    formula, (1 − α^(k+1)) / ((1 − α)(1 + k/c)), models a chain of k drafts, one verified per depth."""
+    trees = [int(r["tree_topk"]) for _, r in runs[runs["kind"] == "speculative"].iterrows() if is_tree(r)]
+    if not trees:
+        return None
+    return (
+        f"The article's formula (dashed grey, and each run's formula prediction) models a chain of k drafts: it does "
+        f"not model token trees, so the tree runs (tree_topk {', '.join(map(str, sorted(set(trees))))}) have none and "
+        f"are left out of its pooled α and c. Their cost-aware prediction (dashed purple) reads the run's own tokens "
+        f"per round and round times, so it stands."
+    )
+
+
 def render_tree(runs: pd.DataFrame, run_id: int, stamp: tuple) -> None:
     """The chart and the off-chain share of run `run_id` when it drafted a tree (tree_topk above 1)."""
     rows = runs[runs["run_id"] == run_id]

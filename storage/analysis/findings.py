@@ -36,6 +36,7 @@ import pandas as pd
 
 from engine.config.drafter_specs import example_specs
 from engine.config.run_config import BASELINE_PARAMETERS, PARAMETERS, RunConfig
+from engine.config.tree_shape import MAX_TREE_TOKENS, full_tree_nodes
 from engine.config.variables import variable
 from engine.metrics import theory
 from storage.analysis import formula
@@ -43,6 +44,7 @@ from storage.analysis import validation as val
 from storage.analysis.collapse import collapse
 from storage.analysis.prediction_check import moved_words, prediction_check
 from storage.analysis.schedule import Schedule, schedule
+from storage.analysis.tree_findings import tree_against_chain
 from storage.analysis.verdict import Verdict, judge, judged_runs
 from storage.db.store import Store
 from storage.records import production
@@ -82,6 +84,7 @@ KINDS = (
     "schedule",
     "confirm",
     "server",
+    "tree",
 )
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # The experiment-detail page's charts a finding can point at (the panel maps each to its anchor on the page).
@@ -139,6 +142,7 @@ def findings(store: Store, experiment_id: int, server: dict[str, Any] | None = N
         _confirm_prediction,
         _server_spread,
         _server_answer,
+        _tree,
     ):
         try:
             found += rule(ctx)
@@ -729,6 +733,55 @@ def _tie(ctx: _Context) -> list[dict[str, Any]]:
             },
         )
     ]
+
+
+def _tree(ctx: _Context) -> list[dict[str, Any]]:
+    """Rule (token trees): each finished tree run against the chain at the same k with every other setting equal
+    (storage/analysis/tree_findings.py): which gained in speedup (95 % intervals apart, else neither) and what the
+    tree's branches bought in tokens per round for the nodes it verified. The chain formula does not model trees:
+    tree runs have no formula prediction (storage/records/queries.py)."""
+    found = []
+    for pair in tree_against_chain(ctx.done):
+        tree, chain, k = pair.tree, pair.chain, pair.k
+        shape = f"tree_topk {pair.topk}, {tree.nodes} nodes verified per round"
+        title = (
+            f"The token tree ({shape}) beats the chain at k = {k}"
+            if pair.gained == "tree"
+            else f"The chain beats the token tree ({shape}) at k = {k}"
+            if pair.gained == "chain"
+            else f"The token tree ({shape}) and the chain at k = {k} are tied"
+        )
+        detail = (
+            f"Tree {tree.text()}; chain {chain.text()}: the branches bought {pair.extra_tokens:+.2f} tokens per "
+            f"round for {tree.nodes} verified nodes against the chain's {chain.nodes}"
+            + (
+                "."
+                if pair.gained != "neither"
+                else f" and the speedup intervals {'overlap' if tree.ci and chain.ci else 'are not both measured'}."
+            )
+        )
+        if pair.gained == "tree":
+            sizes = sorted({0, k + 1, min(2 * (k + 1), full_tree_nodes(k, pair.topk), MAX_TREE_TOKENS)})
+            next_ = (
+                "Serve the tree (SGLang takes it: see deploy); sweep --tree-tokens for the smallest tree that keeps it."
+            )
+            prefill = ctx.prefill(
+                title,
+                sweep="tree_tokens",
+                values=",".join(map(str, sizes)),
+                k_auto=None,
+                k=k,
+                tree_topk=pair.topk,
+                tree_tokens=None,
+            )
+        else:
+            next_ = (
+                "Keep the chain (--tree-topk 1, what every engine serves), or try a smaller tree (--tree-tokens) "
+                "whose verify costs less."
+            )
+            prefill = None
+        found.append(_finding("tree", "info", title, detail, "speedup", next_, prefill, pair.as_dict()))
+    return found
 
 
 # --- predictions against the measurement (k sweeps) -------------------------------------------------------------

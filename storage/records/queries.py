@@ -18,6 +18,7 @@ from sqlalchemy import select, text
 
 from engine.config.drafter_specs import SPECS
 from engine.config.run_config import RUN_PARAMETERS
+from engine.config.tree_shape import is_tree
 from engine.metrics.theory import predicted_speedup as _predicted_speedup
 from storage.db import schema
 from storage.db.store import Store
@@ -125,11 +126,15 @@ def _nullable_bool(df: pd.DataFrame, column: str) -> None:
 
 def _with_predicted(df: pd.DataFrame) -> pd.DataFrame:
     """predicted_speedup from the measured alpha, the run's largest k and c (engine/metrics/theory.py's formula). The
-    formula assumes a constant k: runs whose drafter varies k per round (heuristic, confidence, prompt lookup)
-    get none rather than a number that means nothing."""
+    formula assumes a constant-k chain: runs whose drafter varies k per round (heuristic, confidence, prompt lookup)
+    and token-tree runs (tree_topk > 1: several branches verified per round) get none rather than a number that
+    means nothing."""
     constant = [
-        d is None or (isinstance(d, float) and pd.isna(d)) or _constant_k(d)
-        for d in (df["drafter"] if "drafter" in df else [None] * len(df))
+        (d is None or (isinstance(d, float) and pd.isna(d)) or _constant_k(d)) and not is_tree({"tree_topk": t})
+        for d, t in zip(
+            df["drafter"] if "drafter" in df else [None] * len(df),
+            df["tree_topk"] if "tree_topk" in df else [None] * len(df),
+        )
     ]
     df["predicted_speedup"] = [
         _predicted_speedup(a, int(k), c) if ok and pd.notna(a) and pd.notna(c) and c and pd.notna(k) and k else None
@@ -184,7 +189,9 @@ def sweep_curve(store: Store, experiment_id: int) -> pd.DataFrame:
         "run_id",
         "status",
         "timing_warning",
+        "draws_tree",
     ]
+    df = df.assign(draws_tree=[is_tree(row) for _, row in df.iterrows()])  # a token tree: the chain formula's none
     return df[cols].sort_values(["sweep_value", "run_id"]).reset_index(drop=True)
 
 
@@ -467,11 +474,14 @@ def acceptance_by_position(store: Store, run_id: int) -> pd.DataFrame:
 
 
 def acceptance_by_type(store: Store, run_id: int) -> pd.DataFrame:
-    """Per token type (SPEC's table): verified draft tokens, accepted, and the acceptance rate."""
+    """Per token type (SPEC's table): verified draft tokens, accepted, and the acceptance rate; `outside_vocab`: the
+    rejections a draft with another vocabulary could not have avoided (the target's token lies outside the vocabulary
+    both share; 0 with one tokenizer)."""
     sql = f"""
     SELECT token_type, COUNT(*) AS verified,
            SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END) AS accepted,
-           CAST(SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END) AS {F}) / COUNT(*) AS rate
+           CAST(SUM(CASE WHEN outcome = 'accepted' THEN 1 ELSE 0 END) AS {F}) / COUNT(*) AS rate,
+           SUM(CASE WHEN outside_vocab = 1 THEN 1 ELSE 0 END) AS outside_vocab
     FROM draft_tokens WHERE run_id = :rid AND outcome <> 'discarded'
     GROUP BY token_type ORDER BY token_type"""
     with store.read() as conn:
@@ -743,7 +753,7 @@ FROM runs r JOIN runs b ON b.id = r.baseline_run_id
 WHERE r.experiment_id = :eid AND r.kind = 'speculative' AND r.status = 'done'
   AND (r.drafter IS NULL OR r.drafter IN ({drafters}))
   AND b.status = 'done' AND b.target_step_seconds > 0 AND r.draft_step_seconds > 0
-  AND r.accepted IS NOT NULL AND r.rejected IS NOT NULL{at_batch}"""
+  AND r.accepted IS NOT NULL AND r.rejected IS NOT NULL AND COALESCE(r.tree_topk, 1) <= 1{at_batch}"""
 
 
 def pooled_runs(
@@ -751,8 +761,8 @@ def pooled_runs(
 ) -> dict | None:
     """runs, accepted (Σ), verified (Σ accepted + rejected) and c (the mean of target step / draft step, each run
     against its own baseline) over the experiment's finished speculative runs drafted by one of `drafters` (or no
-    drafter recorded) with a measured c; batch_size: only that batch size's runs. storage/analysis/formula.py's
-    pooled α and c."""
+    drafter recorded) with a measured c, chains only (the formula does not model token trees); batch_size: only that
+    batch size's runs. storage/analysis/formula.py's pooled α and c."""
     params = {"eid": experiment_id, "bs": batch_size, **{f"d{i}": name for i, name in enumerate(drafters)}}
     sql = _POOLED_SQL.format(
         drafters=", ".join(f":d{i}" for i in range(len(drafters))),
