@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 import pandas as pd
 import streamlit as st
@@ -93,6 +94,12 @@ def _pair_check(target: str, draft: str):
     slot = st.empty()
     slot.caption("Checking that the two tokenizers match…")
     check = check_pair_names(target.strip(), draft.strip())
+    if check.ok and check.vocab == "intersection":  # distillation compares the two distributions in one vocabulary
+        check = replace(
+            check,
+            ok=False,
+            message=f"{check.message}; distillation needs a draft that shares the target's tokenizer",
+        )
     if check.ok:
         slot.success(f"Pair check: {md_text(check.message)}", icon=":material/check_circle:")
     else:

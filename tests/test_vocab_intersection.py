@@ -239,3 +239,38 @@ def test_a_draft_tokenizer_without_unk_or_eos_is_one_line():
 def test_one_tokenizer_stays_a_shared_pair():
     size, mapping = pair_vocabulary(tm.tokenizer(BIG), tm.tokenizer(BIG), BIG, 80)
     assert (size, mapping) == (BIG, None)
+
+
+# --- end to end: `draftlab run --json` carries the vocabulary; the by-type breakdown counts its cost -------------
+
+
+def test_a_run_reports_its_vocabulary_and_the_rejections_it_could_not_avoid(tmp_path_factory, capsys):
+    from storage import open_store
+    from storage.records import queries as q
+    from tests.cli_runs import run_json
+
+    base = tmp_path_factory.mktemp("othervocab")
+    target = tm.llama(0, layers=2, sharpness=4.0)
+    words = draft_words(BIG, shared=48, extras=12, seed=3)
+    dirs = {"target": str(base / "target"), "draft": str(base / "draft")}
+    target.save_pretrained(dirs["target"])
+    tm.tokenizer(BIG).save_pretrained(dirs["target"])
+    reindexed_copy(target, words, 5).save_pretrained(dirs["draft"])
+    word_tokenizer(words, "x0", "t1").save_pretrained(dirs["draft"])
+    doc, db = run_json(base, dirs, capsys, "--k", "3", "--max-new-tokens", "24")
+    run = doc["runs"][0]
+    assert run["vocab"] == "intersection" and run["vocab_coverage"] == pytest.approx(48 / BIG)
+    assert run["outputs_match_baseline"] is True
+    by_type = q.acceptance_by_type(open_store(db), run["run_id"])
+    rejected = by_type["verified"].sum() - by_type["accepted"].sum()
+    # the re-indexed copy is only ever refused for a target token it could not propose (or after reading one)
+    assert 0 < by_type["outside_vocab"].sum() <= rejected
+
+
+def test_prompts_outside_the_intersection_are_warned_about():
+    words = draft_words(BIG, shared=48, extras=12, seed=3)
+    _, mapping = pair_vocabulary(tm.tokenizer(BIG), word_tokenizer(words, "x0", "t1"), BIG, len(words))
+    assert vocab_bridge.prompt_warning(mapping, [[3, 4, 5], [9, 10]]) is None
+    warning = vocab_bridge.prompt_warning(mapping, [[3, 50, 5], [9, 60]])
+    assert warning is not None and not missing(warning, "40.0%", "outside", "unk"), warning
+    assert not missing(vocab_bridge.describe(mapping), "48", "75.0%", "intersection"), vocab_bridge.describe(mapping)

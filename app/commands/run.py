@@ -4,6 +4,8 @@ printed as a table or one JSON object."""
 
 from __future__ import annotations
 
+import sys
+
 from app.arguments import described
 from app.commands.common import CHAT_TEMPLATE_HELP, fail, open_store_or_fail
 from app.runtime.db_retry import DB_RETRY_HELP  # torch-free, as a command module's top must be
@@ -145,6 +147,7 @@ def run(args) -> int:
         prompts = render(prompt_set, pair.tokenizer, chat_template, what=args.prompts)
         encoded = encode_prompts(pair, prompts, config.value("max_new_tokens"))
         _check_batch_sizes(sweep, pair, others, encoded, args.max_new_tokens)
+        _warn_outside_vocab([pair, *others.values()], encoded)
     except DraftLabError as exc:
         return fail(str(exc))
     store = open_store_or_fail(args.db, write=True, create=True)  # a bad --db or a read-only database: exit 2
@@ -154,6 +157,21 @@ def run(args) -> int:
     arms = 1 + len(sweep.values) + (len(sweep.values) - 1 if VARIABLES[sweep.variable].per_value_baseline else 0)
     arms *= len(sweep.batch_sizes or [None])
     return run_here(args, store, pair, others, prompts, enqueue, arms)
+
+
+def _warn_outside_vocab(pairs: list, encoded: list) -> None:
+    """One line on stderr per draft with another vocabulary (engine/models/vocab_bridge.py): its coverage, and the
+    share of the prompts' tokens outside it."""
+    from engine.models.vocab_bridge import describe, prompt_warning
+
+    ids = [e[0].tolist() for e in encoded]
+    for p in pairs:
+        if p.mapping is not None:
+            warning = prompt_warning(p.mapping, ids)
+            print(
+                f"draft {p.draft.name}: {describe(p.mapping)}" + (f"; warning: {warning}" if warning else ""),
+                file=sys.stderr,
+            )
 
 
 def _draft_missing() -> str:

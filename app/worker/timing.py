@@ -25,6 +25,7 @@ from engine.decoding.sampling import SamplingConfig
 from engine.decoding.speculative import SpeculativeDecoder
 from engine.errors import DraftLabError, RunCancelled
 from engine.models.loading import ModelPair
+from engine.models.vocab_bridge import stamp
 from engine.text.chat import render
 from engine.text.prompt_sets import load_prompts
 from engine.text.token_types import TokenTyper, code_prompts
@@ -72,6 +73,14 @@ def _draft_parameters(decoder) -> int | None:
     """Parameters of the draft model a decoder drafts with (None: a baseline, or a drafter with no model)."""
     lm = getattr(getattr(decoder, "drafter", None), "lm", None)
     return sum(p.numel() for p in lm.model.parameters()) if lm is not None else None
+
+
+def _with_vocab(decoder, results: list[PromptResult]) -> list[PromptResult]:
+    """A speculative decoder's results stamped with its pair's vocabulary (engine/models/vocab_bridge.py's `stamp`)."""
+    if not isinstance(decoder, SpeculativeDecoder):
+        return results
+    lm = getattr(decoder.drafter, "lm", None)
+    return stamp(results, lm.model if lm is not None else None)
 
 
 def _drafter_of(run: dict, experiment: dict) -> str:
@@ -268,7 +277,7 @@ def _time_units(
                         warmed.add(rid)
                     tick = _unit_progress(job, group[rid], first, last, repeat, repeats, total, budget)
                     _reset_peak(loaded.pair, decoder)
-                    timed[rid].append(decoder.generate_batch(*unit_args, on_progress=tick))
+                    timed[rid].append(_with_vocab(decoder, decoder.generate_batch(*unit_args, on_progress=tick)))
                     memory[rid] = max(memory.get(rid, 0.0), _peak_mb(loaded.pair, decoder))
                     slots[rid].append(slot)
                 except RunCancelled:

@@ -47,6 +47,9 @@ class DraftToken:
     # Token trees: a tree round's rows are the path verification walked, one per depth (position = depth).
     sibling_rank: int | None = None  # 0 = the drafter's top-ranked child at this depth; None for chains
     siblings: int | None = None  # children verified at this depth under the accepted parent; None for chains
+    # A draft with another vocabulary (engine/models/vocab_bridge.py): 1 when this draft was rejected for a token
+    # outside the vocabulary both share (one the draft could not have proposed), 0 for one inside; None otherwise.
+    outside_vocab: int | None = None
 
 
 @dataclass
@@ -87,6 +90,10 @@ class PromptResult:
     # When each output token reached the host, seconds from the decode's start (a batch's start for the batched
     # decoders; a speculative round's tokens share its time); None from a decoder that reports no arrivals.
     token_seconds: list[float] | None = None
+    # The pair's vocabulary (SPEC "Drafts with another vocabulary"): "shared" or "intersection", and the share of
+    # the target's vocabulary the draft can propose; None for a target-only run.
+    vocab: str | None = None
+    vocab_coverage: float | None = None
 
     @property
     def new_tokens(self) -> int:

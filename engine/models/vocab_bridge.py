@@ -162,3 +162,55 @@ class VocabBridge(torch.nn.Module):
 
     def get_output_embeddings(self):
         return self.draft.get_output_embeddings()
+
+
+def outside_share(mapping: VocabMapping, prompts: list[list[int]]) -> float:
+    """Share of the prompts' tokens (target ids) outside the intersection: what the draft reads as its unk."""
+    shared = mapping.target_to_draft
+    total = sum(len(p) for p in prompts)
+    outside = sum(1 for p in prompts for t in p if t >= len(shared) or shared[t] < 0)
+    return outside / total if total else 0.0
+
+
+def describe(mapping: VocabMapping | None) -> str:
+    """The pair check's words for a pair's vocabulary."""
+    if mapping is None:
+        return "tokenizers match: the draft proposes every target token (vocab shared)"
+    return (
+        f"tokenizers differ: the draft drafts over the {mapping.shared:,} tokens both share, "
+        f"{mapping.coverage:.1%} of the target's {mapping.target_vocabulary:,} (vocab intersection, vLLM's "
+        "use_heterogeneous_vocab)"
+    )
+
+
+def prompt_warning(mapping: VocabMapping | None, prompts: list[list[int]], limit: float = 0.0) -> str | None:
+    """A warning when more than `limit` of the prompts' tokens lie outside the intersection, else None."""
+    if mapping is None:
+        return None
+    share = outside_share(mapping, prompts)
+    if share <= limit:
+        return None
+    return (
+        f"{share:.1%} of the prompts' tokens (target tokenization) are outside the vocabulary the draft shares with "
+        "the target: the draft reads each as its unk token and cannot propose them, which costs acceptance"
+    )
+
+
+def stamp(results: list, draft_model: torch.nn.Module | None) -> list:
+    """A speculative run's PromptResults (engine/decoding/records.py) with their pair's vocabulary: `vocab` and
+    `vocab_coverage`, and for a draft with another vocabulary each rejected draft's `outside_vocab` (1 when the
+    correction that replaced it is a token the draft could not have proposed). `draft_model`: the one the run drafted
+    with (None: a drafter without a model, which proposes target ids: one vocabulary)."""
+    mapping = draft_model.mapping if isinstance(draft_model, VocabBridge) else None
+    for result in results:
+        result.vocab = "shared" if mapping is None else "intersection"
+        result.vocab_coverage = 1.0 if mapping is None else mapping.coverage
+        if mapping is None:
+            continue
+        for r in result.rounds:
+            for t in r.draft_tokens:
+                if t.outcome == "rejected" and t.position - 1 < len(r.emitted_ids):
+                    correction = r.emitted_ids[t.position - 1]
+                    known = correction < len(mapping.target_to_draft) and mapping.target_to_draft[correction] >= 0
+                    t.outside_vocab = int(not known)
+    return results

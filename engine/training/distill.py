@@ -322,6 +322,11 @@ class Distiller(Generic[C]):
     ):
         if pair.draft is None:
             raise DraftLabError("distillation needs a draft model; pass --draft MODEL")
+        if pair.vocab != "shared":  # the loss compares both distributions token by token, in one vocabulary
+            raise DraftLabError(
+                f"distillation needs a draft that shares the target's tokenizer; {pair.draft.name!r} has another "
+                "vocabulary (it drafts over their intersection); distil a draft with the target's tokenizer"
+            )
         self.pair, self.cfg = pair, cfg
         self.train_prompts, self.val_prompts = list(train_prompts), list(val_prompts)
         self.type_weights, self.position_weights = type_weights, position_weights

@@ -481,9 +481,15 @@ def cost_ratio_curve(frame: pd.DataFrame) -> alt.LayerChart:
     return alt.layer(one, intervals, points).properties(height=HEIGHT)
 
 
+OUTSIDE_VOCAB = "rejected: target token outside the shared vocab"
+
+
 def acceptance_by_type(frame: pd.DataFrame) -> alt.LayerChart:
     """Acceptance rate per token type, bars sorted by how many were verified, each labelled with its n; fewer than
-    MIN_SAMPLE verified tokens: faded and starred. frame: token_type, verified, accepted, rate."""
+    MIN_SAMPLE verified tokens: faded and starred. frame: token_type, verified, accepted, rate (and outside_vocab: a
+    draft with another vocabulary's rejections for a target token outside the shared vocabulary, drawn as a grey tick
+    at the rate those would have added: where the intersection costs acceptance)."""
+    outside = "outside_vocab" in frame and bool(frame["outside_vocab"].fillna(0).sum() > 0)
     base = (
         alt.Chart(frame)
         .transform_calculate(**count_labels("verified"))
@@ -500,6 +506,8 @@ def acceptance_by_type(frame: pd.DataFrame) -> alt.LayerChart:
                 alt.Tooltip("verified:Q", title="n (verified)"),
                 "accepted:Q",
                 alt.Tooltip("rate:Q", format=".3f"),
+                # a draft with another vocabulary: rejections for a target token outside the shared vocabulary
+                *([alt.Tooltip("outside_vocab:Q", title=OUTSIDE_VOCAB)] if outside else []),
             ],
         )
     )
@@ -508,6 +516,11 @@ def acceptance_by_type(frame: pd.DataFrame) -> alt.LayerChart:
         opacity=alt.condition(is_value("small", True), alt.value(0.45), alt.value(1.0)),
     )
     labels = base.mark_text(align="left", dx=3, fontSize=10, color="#424242").encode(text="n_label:N")
+    if outside:
+        ceiling = base.transform_calculate(rate="(datum.accepted + datum.outside_vocab) / datum.verified").mark_tick(
+            color="#9e9e9e", thickness=3
+        )
+        return alt.layer(bars, ceiling, labels).properties(height=HEIGHT)
     return alt.layer(bars, labels).properties(height=HEIGHT)
 
 

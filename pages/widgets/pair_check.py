@@ -53,6 +53,10 @@ class PairCheck:
     ok: bool
     message: str  # what the user reads: the shared vocabulary, or the problem and the fix
     vocab_size: int | None = None
+    # SPEC "Drafts with another vocabulary": "shared" (one tokenizer) or "intersection" (the draft's differs and
+    # drafts over the tokens both share), and the share of the target's vocabulary the draft can propose.
+    vocab: str | None = None
+    vocab_coverage: float | None = None
 
 
 def model_source(name: str) -> str:
@@ -226,7 +230,7 @@ def check_pair_names(target: str, draft: str) -> PairCheck:
 def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple) -> PairCheck:
     wait_warm()
     from engine.errors import DraftLabError
-    from engine.models.loading import check_pair
+    from engine.models.loading import describe, pair_vocabulary
 
     if not target or not draft:
         return PairCheck(
@@ -255,10 +259,12 @@ def _check_pair(target: str, draft: str, target_files: tuple, draft_files: tuple
             )
     (t_tok, t_width), (d_tok, d_width) = loaded["target"], loaded["draft"]
     try:
-        vocab = check_pair(t_tok, d_tok, t_width, d_width)
+        vocab, mapping = pair_vocabulary(t_tok, d_tok, t_width, d_width)
     except DraftLabError as exc:
         return PairCheck(False, str(exc))
-    return PairCheck(True, f"tokenizers match: {vocab:,} shared token ids", vocab)
+    if mapping is None:
+        return PairCheck(True, f"tokenizers match: {vocab:,} shared token ids (vocab shared)", vocab, "shared", 1.0)
+    return PairCheck(True, describe(mapping), vocab, "intersection", mapping.coverage)
 
 
 def _check_head(target: str, draft: str, target_files: tuple) -> PairCheck:

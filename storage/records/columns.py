@@ -346,6 +346,23 @@ RUN = [
         json=True,
     ),
     _c(
+        "vocab",
+        "vocab",
+        "shared: the draft has the target's tokenizer; intersection: another one, drafting over the tokens both "
+        "share (vLLM's use_heterogeneous_vocab)",
+        kind="text",
+        json=True,
+        sql="SELECT MAX(p.vocab) FROM prompt_results p WHERE p.run_id = r.id",
+    ),
+    _c(
+        "vocab_coverage",
+        "vocab coverage",
+        "share of the target's vocabulary the draft can propose (1 with one tokenizer)",
+        RATE,
+        json=True,
+        sql="SELECT MAX(p.vocab_coverage) FROM prompt_results p WHERE p.run_id = r.id",
+    ),
+    _c(
         "outputs_match_baseline",
         "same output",
         "greedy runs only: every prompt's output equals the baseline's "
