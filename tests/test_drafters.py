@@ -405,7 +405,7 @@ def verify_one(proposal, p_target, cfg, generator):
     """The verification of a one-row proposal against p_target [k + 1, V]: (accepted, next token)."""
     n, next_token = verification.verify_rows(
         proposal.tokens, proposal.probs, proposal.ks, proposal.valid, p_target[None], cfg, [generator]
-    )
+    )[:2]
     return n[0], next_token[0]
 
 

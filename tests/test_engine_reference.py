@@ -33,7 +33,7 @@ def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos
             cur = torch.cat([cur, t.view(1, 1)], 1)
         t_logits = full(target, cur)[-(k_r + 1) :]
         p_t = probabilities(t_logits, cfg)
-        n, nxt = verify_rows(tokens[None], probs[None], [k_r], None, p_t[None], cfg, [g])
+        n, nxt = verify_rows(tokens[None], probs[None], [k_r], None, p_t[None], cfg, [g])[:2]
         row = rows_to_host(tokens[None], probs[None], raw[None], [k_r], p_t[None], t_logits[None], n, nxt).rows[0]
         emitted = row.drafted[: row.accepted] + [row.next_token]
         for j, tok in enumerate(emitted):

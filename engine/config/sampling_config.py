@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from engine.config.drafter_specs import DRAFT_SAMPLING
-from engine.config.variables import MIN_TEMPERATURE
+from engine.config.variables import DEFAULT_VERIFY, MIN_TEMPERATURE, VERIFY_RULES
 from engine.errors import DraftLabError
 
 
@@ -25,6 +25,9 @@ class SamplingConfig:
     # The temperature a draft model proposes at (engine/decoding/drafting.py): 0 = the target's. Verification uses the
     # distribution the draft sampled from, so any value is lossless; only acceptance changes.
     draft_temperature: float = 0.0
+    # How the target verifies the drafts (engine/decoding/verification.py): "standard" token by token, or "block"
+    # (engine/decoding/block_verification.py). Both lossless; block accepts at least as many in expectation.
+    verify: str = DEFAULT_VERIFY
     # Token trees (engine/decoding/token_trees.py): branches per node (1 = a chain, SGLang's --speculative-eagle-topk;
     # not the sampling top_k) and tree nodes verified per round, root included (SGLang's
     # --speculative-num-draft-tokens; 0 = every node the expansion makes).
@@ -36,6 +39,8 @@ class SamplingConfig:
             raise DraftLabError(
                 f"draft sampling must be one of {', '.join(DRAFT_SAMPLING)} (got {str(self.draft_sampling)[:40]!r})"
             )
+        if self.verify not in VERIFY_RULES:
+            raise DraftLabError(f"verify must be one of {', '.join(VERIFY_RULES)} (got {str(self.verify)[:40]!r})")
         if self.temperature < 0:
             raise DraftLabError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy decoding")
         if 0 < self.temperature < MIN_TEMPERATURE:

@@ -45,6 +45,10 @@ MAX_TEMPERATURE = 100.0
 # The smallest temperature above 0: below it sampling is greedy in all but exact ties, and float32 logits divided
 # by it overflow or divide by zero (1e-300 is 0 in float32). 0 is greedy decoding, anything from this up samples.
 MIN_TEMPERATURE = 1e-3
+# How the target verifies a round's drafts (engine/decoding/verification.py): the standard rule, token by token, or
+# block verification (Sun et al. 2024; vLLM's rejection_sample_method "block"); both lossless.
+VERIFY_RULES = ("standard", "block")
+DEFAULT_VERIFY = "standard"
 MAX_NAME = 300  # characters of a model name
 # The largest batch size anyone sweeps: requests decoded together per forward (a server's running batch). Whether a
 # batch fits is checked per run before it decodes (engine/decoding/memory.py's batch estimate), this is only the bound.

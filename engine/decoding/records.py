@@ -67,6 +67,9 @@ class Round:
     draft_forwards: int = field(metadata=PER_PROMPT_SUM)  # single-step draft forwards taken while drafting (for c)
     draft_tokens: list[DraftToken] = field(default_factory=list)
     tree_nodes: int | None = None  # draft nodes the target verified this round (token trees); None for chains
+    # Block verification: what the standard rule would have accepted on the same drafts with the same uniforms (cut
+    # where the round was cut, as `accepted` is); None under the standard rule.
+    accepted_standard: int | None = None
 
     @property
     def rejected(self) -> int:

@@ -61,6 +61,13 @@ def sample_rows(
     return (probs / torch.stack(noise)).argmax(-1)
 
 
+def row_uniforms(ks: list[int], generators: list[torch.Generator], width: int, device: torch.device) -> torch.Tensor:
+    """[B, width] uniforms on [0, 1) for a verification's acceptance tests: row r draws its first ks[r] from
+    generators[r] (what a one-row decode of it draws), 1 past them. No host sync."""
+    draws = [torch.rand(k, generator=g, device=device) for k, g in zip(ks, generators)]
+    return torch.stack([torch.nn.functional.pad(d, (0, width - d.shape[0]), value=1.0) for d in draws])
+
+
 def prompt_generator(seed: int, prompt_index: int, device: torch.device | str) -> torch.Generator:
     """The generator prompt i of a run draws from, seeded by (seed, i): reproducible per prompt, any order."""
     g = torch.Generator(device=device)

@@ -157,6 +157,7 @@ class SpeculativeDecoder(OneRow):
                 verdict.next_tokens,
                 target_holes=target.trailing_holes(),
                 drafter_holes=self.drafter.trailing_holes(),
+                accepted_standard=verdict.accepted_standard,
             )
             draft_s, verify_s = clock.seconds(t_draft, t_verify), clock.seconds(t_verify, t_done)
             arrived = clock.now() - start  # the round's tokens reached the host together, with the transfer

@@ -12,20 +12,14 @@ target's argmax; the next token is the argmax at the first mismatch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
+from engine.decoding.block_verification import verify_block
 from engine.decoding.records import DraftToken, Round, settle_round
-from engine.decoding.sampling import SamplingConfig, sample_rows
+from engine.decoding.sampling import SamplingConfig, row_uniforms, sample_rows
+from engine.decoding.verdict import Verdict as Verdict  # re-exported: the rules and their callers share it
 from engine.text.token_types import CodeContext, TokenTyper
-
-
-class Verdict(NamedTuple):
-    """What verification decided for B rows, on the device (no host sync yet)."""
-
-    accepted: torch.Tensor  # [B] drafts each row accepted, in order until its first rejection
-    next_tokens: torch.Tensor  # [B] each row's correction (at its first rejection) or bonus (after its last draft)
 
 
 @dataclass(frozen=True)
@@ -40,6 +34,7 @@ class VerifiedRow:
     p_target: list[float]  # ... under the target's
     beta: list[float]  # sum_x min(p_d(x), p_t(x)) at each draft's slot
     kl: list[float]  # KL(p_t || p_d) of the raw logits at each slot (NaN without draft logits)
+    accepted_standard: int | None = None  # block verification: what the standard rule accepted on the same uniforms
 
 
 @dataclass(frozen=True)
@@ -64,22 +59,25 @@ def verify_rows(
     """Verification of one round for B rows at once: tokens [B, K] and draft_probs [B, K, V], row r proposing its
     first ks[r] (valid [B, K] marks them; None when every row proposed K, and draft_probs is zero past ks[r]);
     p_target [B, K+1, V], row r's slot i scoring draft i. Row r draws its ks[r] uniforms and its correction / bonus
-    from generators[r], as a one-row decode of it would. The Verdict stays on the device (no host sync)."""
+    from generators[r], as a one-row decode of it would. The Verdict stays on the device (no host sync).
+    cfg.verify picks the rule: "block" is engine/decoding/block_verification.py's when sampling (greedy, it is this
+    argmax rule, and its Verdict says the standard rule accepted as much)."""
     batch, k = tokens.shape
+    if cfg.verify == "block" and not cfg.greedy:
+        return verify_block(tokens, draft_probs, ks, valid, p_target, cfg, generators)
     if cfg.greedy:
         best = p_target.argmax(-1)  # the target's token at every slot [B, K+1]: drafts' checks and the next token
         ok = tokens == best[:, :k]
     else:
         p_t = p_target[:, :k].gather(-1, tokens[..., None])[..., 0]
         p_d = draft_probs.gather(-1, tokens[..., None])[..., 0]
-        draws = [torch.rand(kr, generator=g, device=p_target.device) for kr, g in zip(ks, generators)]
-        u = torch.stack([torch.nn.functional.pad(d, (0, k - d.shape[0]), value=1.0) for d in draws])
+        u = row_uniforms(ks, generators, k, p_target.device)
         ok = u * p_d < p_t  # u < min(1, p_t / p_d) without dividing by zero
     if valid is not None:
         ok = ok & valid
     n = ok.long().cumprod(1).sum(1)
     if cfg.greedy:
-        return Verdict(n, best.gather(1, n[:, None])[:, 0])
+        return Verdict(n, best.gather(1, n[:, None])[:, 0], n if cfg.verify == "block" else None)
     rows = torch.arange(batch, device=p_target.device)
     target_row = p_target[rows, n]
     draft_row = torch.cat([draft_probs, torch.zeros_like(target_row)[:, None]], 1)[rows, n]
@@ -133,6 +131,9 @@ def round_record(
     which types the drafts and moves past what the round emits."""
     drafted = row.drafted
     emitted, kinds, accepted, outcomes = settle_round(drafted, row.accepted, row.next_token, eos_ids, budget)
+    standard = row.accepted_standard
+    if standard is not None and len(emitted) < row.accepted + 1:  # the round was cut: both counts stop at the cut
+        standard = min(standard, len(emitted))
     context = context if context is not None else CodeContext(False)
     tokens = []
     for i, (token, outcome, (text, kind)) in enumerate(zip(drafted, outcomes, typer.drafts(drafted, context))):
@@ -150,7 +151,19 @@ def round_record(
             )
         )
     typer.emitted(emitted, context)
-    return Round(prompt_index, round_index, len(drafted), accepted, emitted, kinds, draft_s, verify_s, forwards, tokens)
+    return Round(
+        prompt_index,
+        round_index,
+        len(drafted),
+        accepted,
+        emitted,
+        kinds,
+        draft_s,
+        verify_s,
+        forwards,
+        tokens,
+        accepted_standard=standard,
+    )
 
 
 def rows_to_host(
@@ -164,17 +177,21 @@ def rows_to_host(
     next_tokens: torch.Tensor,
     target_holes: torch.Tensor | None = None,
     drafter_holes: torch.Tensor | None = None,
+    accepted_standard: torch.Tensor | None = None,
 ) -> VerifiedRound:
     """What a round records for B rows (tokens [B, K] and the rest as `verify_rows` takes them, n and next_tokens
     [B]), computed on the device and moved to the host in ONE transfer (`.tolist()`, the round's one sync), with the
-    caches' 0-d trailing hole counts (None: not read). Each row's lists are cut to its ks[r]."""
+    caches' 0-d trailing hole counts (None: not read) and the Verdict's accepted_standard [B] (None: the standard
+    rule's round). Each row's lists are cut to its ks[r]."""
     batch, width = tokens.shape
     stats = torch.stack(draft_stats(tokens, draft_probs, draft_logits, p_target[:, :width], target_logits[:, :width]))
     holes = [target_holes, drafter_holes]
     present = [h.reshape(1) for h in holes if h is not None]
-    ints = [n, next_tokens, tokens.reshape(-1), *present]  # row r's tokens at 2 * batch + r * width
+    standard = [] if accepted_standard is None else [accepted_standard]
+    ints = [n, next_tokens, tokens.reshape(-1), *present, *standard]  # row r's tokens at 2 * batch + r * width
     flat = torch.cat([torch.cat(ints).double(), stats.reshape(-1).double()]).tolist()
-    head = batch * (2 + width) + len(present)
+    head = batch * (2 + width + len(standard)) + len(present)
+    standards = [int(v) for v in flat[head - batch : head]] if standard else [None] * batch
     rows = []
     for r, k in enumerate(ks):
         at = 2 * batch + r * width
@@ -188,8 +205,9 @@ def rows_to_host(
                 p_target=cols[1],
                 beta=cols[2],
                 kl=cols[3],
+                accepted_standard=standards[r],
             )
         )
-    tail = iter(int(v) for v in flat[batch * (2 + width) : head])
+    tail = iter(int(v) for v in flat[batch * (2 + width) : batch * (2 + width) + len(present)])
     target_read, drafter_read = (None if h is None else next(tail) for h in holes)
     return VerifiedRound(rows, target_read, drafter_read)
