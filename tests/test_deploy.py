@@ -690,3 +690,28 @@ def test_eagle3_tabs_serve_the_head_in_the_layout_each_engine_loads(tmp_path, ca
     sglang = flags(doc["sglang"], 3)
     assert (sglang["--speculative-num-steps"], sglang["--speculative-num-draft-tokens"]) == ("4", "5")
     assert "schedule's entry for batch 4" in inexpressible(doc["sglang"])
+
+
+def test_a_draft_of_another_vocabulary_maps_to_each_engine():
+    """vocab "intersection": vLLM's use_heterogeneous_vocab with method draft_model and greedy drafts (vLLM refuses
+    probabilistic ones with it), transformers' assistant_tokenizer (text re-tokenized when greedy: said), SGLang and
+    llama.cpp say they do not draft over the intersection; a shared run carries none of it."""
+    experiment = {"target": "demo-target", "draft": "demo-draft-othervocab", "drafter": "model", "dtype": "auto"}
+    base = {"run_id": 1, "k": 3, "drafter": "model", "draft": "demo-draft-othervocab", "vocab": "intersection"}
+    sampled = {**base, "temperature": 0.8, "top_k": 0, "top_p": 1.0, "seed": 0, "draft_sampling": "probabilistic"}
+    doc = deploy_settings({**sampled, "vocab_coverage": 0.49}, experiment)
+    spec = json.loads(doc["vllm"]["speculative_config"])
+    assert spec["use_heterogeneous_vocab"] is True and spec["method"] == "draft_model"
+    assert spec["draft_sample_method"] == "greedy"
+    assert any(not meaning.missing(n, "greedy draft sampling", "--draft-sampling greedy") for n in doc["vllm"]["notes"])
+    assert any("49.0%" in n for n in doc["vllm"]["notes"])
+    assert "assistant_tokenizer=assistant_tokenizer" in doc["transformers"]["snippet"]
+    assert "tokenizer=tokenizer" in doc["transformers"]["snippet"]
+    assert any("UniversalSpeculativeDecodingGenerator" in n for n in doc["transformers"]["notes"])
+    greedy = deploy_settings(base, experiment)
+    assert any(not meaning.missing(n, "text", "re-tokenizes") for n in greedy["transformers"]["notes"])
+    assert any("vocabulary" in n for n in greedy["sglang"]["notes"])
+    assert any(not meaning.missing(n, "llama.cpp", "text") for n in greedy["llama_cpp"]["notes"])
+    shared = deploy_settings({**base, "vocab": "shared"}, experiment)
+    assert "use_heterogeneous_vocab" not in json.loads(shared["vllm"]["speculative_config"])
+    assert "assistant_tokenizer" not in shared["transformers"]["snippet"]

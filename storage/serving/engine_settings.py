@@ -32,6 +32,8 @@ from engine.config.head_format import serving_dir
 from engine.config.run_config import PARAMETERS, RunConfig
 from engine.errors import DraftLabError
 from storage.serving.tree_settings import no_tree_note, sglang_tree
+from storage.serving.verify_settings import no_block_note, vllm_verify
+from storage.serving.vocab_settings import no_intersection_note, transformers_vocab, vllm_vocab
 
 ENGINES = ("vllm", "sglang", "llama_cpp", "transformers")
 DRAFTER_NAMES = tuple(SPECS)  # each declares its mapping per engine (DrafterSpec.serving; tests/test_deploy.py)
@@ -170,6 +172,9 @@ def configuration(run: dict, experiment: dict, with_max_new_tokens: bool = False
         "dtype": str(experiment.get("dtype") or "auto"),
         "trust_remote_code": bool(experiment.get("trust_remote_code") or False),
         "greedy": settings["temperature"] <= 0,
+        # SPEC "Drafts with another vocabulary": "intersection" when the draft has another tokenizer
+        "vocab": run.get("vocab") if isinstance(run.get("vocab"), str) else None,
+        "vocab_coverage": float(run["vocab_coverage"]) if _present(run.get("vocab_coverage")) else None,
         "_drafter": (name, param),
         "_notes": notes,
     }
@@ -248,6 +253,9 @@ def _vllm(cfg: dict) -> dict:
     spec["num_speculative_tokens"] = cfg["k"]
     spec.update(serving.settings(param, cfg["k"]))
     notes += serving.texts(param, cfg["k"])
+    verify_spec, verify_notes = vllm_verify(cfg)  # a block run's rejection_sample_method
+    spec.update(verify_spec)
+    notes += verify_notes
     if drafter.needs_model:
         if not cfg["greedy"] and cfg["draft_sampling"] == "greedy":
             spec["draft_sample_method"] = "greedy"
@@ -265,6 +273,7 @@ def _vllm(cfg: dict) -> dict:
                 "(verified as one-hot), still lossless but with a different acceptance rate than measured: "
                 "measure that with --draft-sampling greedy."
             )
+    notes += vllm_vocab(cfg, spec)
     notes += _vllm_server_schedule(cfg, spec) if cfg.get("_server") else _vllm_schedule(cfg, spec)
     notes += no_tree_note(cfg, "vllm")
     config_json = json.dumps(spec)
@@ -476,6 +485,8 @@ def _sglang(cfg: dict) -> dict:
     notes += _length_note(cfg, "Send max_tokens with each request")
     notes += _same_distribution_note(cfg)
     notes += _schedule_note(cfg, "SGLang (--speculative-adaptive moves k on the accept length, not the batch size)")
+    notes += no_block_note(cfg, "sglang")
+    notes += no_intersection_note(cfg, "sglang")
     return _with_prepare(
         {
             "language": "bash",
@@ -549,6 +560,8 @@ def _llama_cpp(cfg: dict) -> dict:
     notes += _same_distribution_note(cfg)
     notes += _schedule_note(cfg, "llama.cpp")
     notes += no_tree_note(cfg, "llama_cpp")
+    notes += no_block_note(cfg, "llama_cpp")
+    notes += no_intersection_note(cfg, "llama_cpp")
     return {"language": "bash", "command": command, "snippet": snippet, "notes": notes}
 
 
@@ -562,6 +575,9 @@ def _llama_cpp(cfg: dict) -> dict:
 # installed; PromptLookupCandidateGenerator takes prompt_lookup_num_tokens / max_matching_ngram_size from the
 # call), generation/stopping_criteria.py (ConfidenceCriteria: stop after a drafted token whose probability < T,
 # the token kept), generation/utils.py (the criterion only when the threshold > 0).
+
+
+OBJECTS = ("assistant_model", "tokenizer", "assistant_tokenizer")  # generate() arguments the snippet names, not values
 
 
 def _transformers(cfg: dict) -> dict:
@@ -599,6 +615,7 @@ def _transformers(cfg: dict) -> dict:
         lines.append("# assisted generation reads these from the draft's generation_config, not from generate()")
         lines += [f"draft.generation_config.{key} = {value!r}" for key, value in assistant.items()]
         kwargs["assistant_model"] = "draft"
+        notes += transformers_vocab(cfg, lines, kwargs)
         notes.append(
             "num_assistant_tokens, num_assistant_tokens_schedule and assistant_confidence_threshold are "
             "set on draft.generation_config: transformers' AssistedCandidateGenerator reads them there "
@@ -620,9 +637,7 @@ def _transformers(cfg: dict) -> dict:
         "Pass max_new_tokens to generate() (without it the model's generation_config "
         "decides, 20 tokens in total by default)",
     )
-    rendered = ", ".join(
-        f"{key}={value}" if key == "assistant_model" else f"{key}={value!r}" for key, value in kwargs.items()
-    )
+    rendered = ", ".join(f"{key}={value}" if key in OBJECTS else f"{key}={value!r}" for key, value in kwargs.items())
     lines += [
         "",
         f"torch.manual_seed({cfg['seed']})",
@@ -637,7 +652,8 @@ def _transformers(cfg: dict) -> dict:
             f"schedule's batch {cfg['_schedule']['for_batch']} entry (k={cfg['k']})."
         )
     notes += no_tree_note(cfg, "transformers")
-    generate_kwargs = {key: value for key, value in kwargs.items() if key != "assistant_model"}
+    notes += no_block_note(cfg, "transformers")
+    generate_kwargs = {key: value for key, value in kwargs.items() if key not in OBJECTS}
     return {
         "language": "python",
         "snippet": "\n".join(lines) + "\n",
