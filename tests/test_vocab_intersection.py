@@ -274,3 +274,16 @@ def test_prompts_outside_the_intersection_are_warned_about():
     warning = vocab_bridge.prompt_warning(mapping, [[3, 50, 5], [9, 60]])
     assert warning is not None and not missing(warning, "40.0%", "outside", "unk"), warning
     assert not missing(vocab_bridge.describe(mapping), "48", "75.0%", "intersection"), vocab_bridge.describe(mapping)
+
+
+def test_the_shipped_draft_of_another_vocabulary_runs_losslessly_with_demo_target():
+    from engine.models.loading import load_pair
+
+    p = load_pair("demo-target", "demo-draft-othervocab", "cpu")
+    assert p.vocab == "intersection" and 0.3 < p.vocab_coverage < 0.7  # its own, smaller vocabulary
+    prompts = ["def fibonacci(n):", "import os\nfor name in"]
+    cfg = SamplingConfig(temperature=0, max_new_tokens=16)
+    ids = runs.encode_prompts(p, prompts, 16)
+    alone = [runs.baseline_decoder(p, cfg).generate(q, i, n).output_ids for n, (q, i) in enumerate(zip(prompts, ids))]
+    rows = decode_in_batches(runs.speculative_decoder(p, cfg, 3), prompts, ids, 2)
+    assert [r.output_ids for r in rows] == alone and speculative_metrics(rows)["accepted"] > 0

@@ -7,8 +7,10 @@ from pathlib import Path
 
 ZOO_DIR = Path(__file__).resolve().parent
 DEMO_TARGET = "demo-target"
-DEMO_DRAFTS = ("demo-draft", "demo-draft-distilled", "demo-eagle3")  # every shipped draft (demo-eagle3: an EAGLE-3
-# head, engine/models/eagle3.py): the form's choices, --draft's help
+# every shipped draft (demo-eagle3: an EAGLE-3 head, engine/models/eagle3.py; demo-draft-othervocab: a draft with its
+# own tokenizer, drafting over the vocabulary it shares with demo-target, engine/models/vocab_bridge.py): the form's
+# choices, --draft's help
+DEMO_DRAFTS = ("demo-draft", "demo-draft-distilled", "demo-eagle3", "demo-draft-othervocab")
 DEMO_MODELS = (DEMO_TARGET, *DEMO_DRAFTS)
 RECIPE_KEYS = ("prompts", "steps", "lr", "batch_size", "samples", "max_new_tokens", "seed")
 

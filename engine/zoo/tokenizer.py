@@ -4,6 +4,10 @@
 
 Byte-level: every string (Chinese, emoji, any bytes of UTF-8) encodes and decodes back exactly.
 `<|endoftext|>` (id 0) is bos, eos and pad. Deterministic for a given corpus.
+
+demo-draft-othervocab has its own (OTHER_VOCAB): OTHER_VOCAB_SIZE tokens trained on every other document of the
+corpus (`other_documents`), so its vocabulary, merges and ids differ from the shared one's: a draft with another
+vocabulary, drafting over the intersection (engine/models/vocab_bridge.py).
 """
 
 from __future__ import annotations
@@ -15,6 +19,13 @@ from engine.zoo.corpus import EOT, documents, text_iterator
 
 VOCAB_SIZE = 4096
 DEFAULT_OUT = Path("checkpoints") / "tokenizer"
+OTHER_VOCAB = "tokenizer-othervocab"  # the checkpoints/ folder of demo-draft-othervocab's tokenizer
+OTHER_VOCAB_SIZE = 2048
+
+
+def other_documents() -> list[tuple[str, str]]:
+    """The documents demo-draft-othervocab's tokenizer is trained on: every other one of the corpus."""
+    return documents()[1::2]
 
 
 def train_tokenizer(vocab_size: int = VOCAB_SIZE, docs=None):
@@ -44,12 +55,12 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE, docs=None):
     return fast
 
 
-def load_or_train(out: Path = DEFAULT_OUT, vocab_size: int = VOCAB_SIZE):
+def load_or_train(out: Path = DEFAULT_OUT, vocab_size: int = VOCAB_SIZE, docs=None):
     from transformers import PreTrainedTokenizerFast
 
     if (out / "tokenizer.json").exists():
         return PreTrainedTokenizerFast.from_pretrained(str(out))
-    fast = train_tokenizer(vocab_size)
+    fast = train_tokenizer(vocab_size, docs)
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))
     return fast

@@ -67,9 +67,18 @@ SHAPES = {
     "demo-target": ModelShape(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=512),
     # draft: 2 thin layers
     "demo-draft": ModelShape(hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=512),
+    # a draft with another vocabulary: demo-draft's shape over its own 2048-token tokenizer (engine/zoo/tokenizer.py)
+    "demo-draft-othervocab": ModelShape(
+        hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=512, vocab_size=2048
+    ),
     # demo-draft-distilled is not trained here: `draftlab distill` makes it from demo-draft (see its MODEL_CARD.md)
 }
-DEFAULT_LR = {"demo-target": 1.5e-3, "demo-draft": 3e-3}
+DEFAULT_LR = {"demo-target": 1.5e-3, "demo-draft": 3e-3, "demo-draft-othervocab": 3e-3}
+SHARED_TOKENIZER = "byte-level BPE, 4096 tokens, shared by all demo models (`python -m engine.zoo.tokenizer`)"
+OTHER_TOKENIZER = (
+    "byte-level BPE, 2048 tokens of its own, trained on every other corpus document (engine/zoo/tokenizer.py "
+    "`other_documents`): another vocabulary than demo-target's, drafting over their intersection"
+)
 
 
 def build_model(shape: ModelShape, tokenizer):
@@ -200,7 +209,7 @@ it is not a useful general model.
 |---|---|
 | architecture | {architecture} |
 | parameters | {c["parameters"]:,} |
-| tokenizer | byte-level BPE, {s["vocab_size"]} tokens, shared by all demo models (`python -m engine.zoo.tokenizer`) |
+| tokenizer | {c.get("tokenizer", SHARED_TOKENIZER)} |
 | weights | float16 safetensors |
 | training | {training} |
 | optimizer | {optimizer} |
@@ -249,10 +258,14 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    from engine.zoo.tokenizer import load_or_train
+    from engine.zoo.tokenizer import OTHER_VOCAB, OTHER_VOCAB_SIZE, load_or_train, other_documents
 
-    tokenizer = load_or_train(CKPT_ROOT / "tokenizer")
-    train, val, meta = load_data(tokenizer, CKPT_ROOT / "data.pt")
+    if args.model == "demo-draft-othervocab":
+        tokenizer = load_or_train(CKPT_ROOT / OTHER_VOCAB, OTHER_VOCAB_SIZE, other_documents())
+        train, val, meta = load_data(tokenizer, CKPT_ROOT / f"data-{OTHER_VOCAB}.pt")
+    else:
+        tokenizer = load_or_train(CKPT_ROOT / "tokenizer")
+        train, val, meta = load_data(tokenizer, CKPT_ROOT / "data.pt")
     print(
         f"corpus: {meta['documents']} documents, {meta['train_tokens']:,} train / {meta['val_tokens']:,} "
         f"held-out tokens",
@@ -429,6 +442,8 @@ def main(argv=None) -> None:
         "python": platform.python_version(),
         "command": " ".join(shlex.quote(c) for c in cmd),
     }
+    if args.model == "demo-draft-othervocab":
+        card["tokenizer"] = OTHER_TOKENIZER
     if interim:
         card["interim"] = interim
     if teacher is not None:
