@@ -192,7 +192,7 @@ def prompt_warning(mapping: VocabMapping | None, prompts: list[list[int]], limit
         return None
     return (
         f"{share:.1%} of the prompts' tokens (target tokenization) are outside the vocabulary the draft shares with "
-        "the target: the draft reads each as its unk token and cannot propose them, which costs acceptance"
+        "the target: the draft reads each as its unk (or EOS) token and cannot propose them, which costs acceptance"
     )
 
 
