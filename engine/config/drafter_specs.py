@@ -358,6 +358,7 @@ class DrafterSpec:
     constant_k: bool = True  # every round proposes k drafts (until the budget ends): the formula's assumption
     needs_hidden_states: bool = False  # drafts from the target's hidden states (EAGLE-style heads)
     default_parameter: bool = False  # the bare name is the spec with the parameter's default (`suffix` = `suffix:24`)
+    branches: bool = False  # drafts a token tree when tree_topk > 1 (engine/decoding/token_trees.py); else one chain
     serving: dict[str, Serving] = field(default_factory=dict)  # engine (SERVING_ENGINES) -> Serving
 
     def __post_init__(self) -> None:
@@ -390,7 +391,7 @@ class DrafterSpec:
 SPECS: dict[str, DrafterSpec] = {
     spec.name: spec
     for spec in (
-        DrafterSpec("model", "the draft model, a constant k per round", serving=_DRAFT_MODEL),
+        DrafterSpec("model", "the draft model, a constant k per round", branches=True, serving=_DRAFT_MODEL),
         DrafterSpec(
             "heuristic",
             "the draft model; k starts at k, +2 after a fully accepted round, -1 (min 1) otherwise (transformers)",
@@ -438,6 +439,7 @@ SPECS: dict[str, DrafterSpec] = {
             "an EAGLE-3 head (--draft: its directory, vLLM's speculators or SGLang's layout; the drafter a head "
             "runs with when none is named) drafting from the target's own hidden states, a constant k per round",
             needs_hidden_states=True,
+            branches=True,
             serving=_EAGLE3,
         ),
     )

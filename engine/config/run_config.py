@@ -27,6 +27,7 @@ from typing import Any
 from engine.config.drafter_specs import DEFAULT_DRAFTER, SPECS, canonical_drafter, drafter_spec, needs_draft_model
 from engine.config.head_format import is_causal_lm_dir, is_head
 from engine.config.sampling_config import SamplingConfig
+from engine.config.tree_shape import check_tree
 from engine.config.variables import DEFAULT_VARIABLE, SETTINGS, VARIABLES, Variable
 from engine.errors import DraftLabError
 
@@ -179,6 +180,10 @@ class RunConfig:
                 )
             )
             settings["batch_size"] = sizes[0]
+        if not stored:  # each run's tree fits its k and drafter (engine/config/tree_shape.py)
+            for i, value in enumerate(listed):
+                drafter_of: Any = drafters[i] if drafters and swept.name == "draft" else settings["drafter"]
+                check_tree({**settings, "drafter": drafter_of, swept.name: value}, form)
         if device not in DEVICES:
             raise DraftLabError(f"device {str(device)[:40]!r} is not one of {', '.join(DEVICES)}")
         if dtype not in DTYPES:
