@@ -49,3 +49,20 @@ def test_a_chain_run_carries_no_tree_note():
     assert (sglang["--speculative-eagle-topk"], sglang["--speculative-num-draft-tokens"]) == ("1", "4")
     for engine in ("sglang", *CHAIN_ONLY):
         assert "Token tree" not in " ".join(doc[engine]["notes"]) and "tree_topk" not in inexpressible(doc[engine])
+
+
+def test_confirm_in_vllm_leaves_tree_runs_out_and_refuses_a_chosen_tree(store):
+    from storage.db.errors import QueueError
+    from storage.serving.confirm_jobs import confirm_documents
+    from storage.serving.deploy import deploy_document
+    from tests.test_tree_breakdowns import TOPK, fill_tree_experiment
+
+    eid, by_topk, _ = fill_tree_experiment(store, (1.1, 1.8))  # the tree is the verdict's choice
+    chosen = deploy_document(store, eid)
+    assert int(chosen["run_id"]) == by_topk[TOPK]
+    assert flags(chosen["engines"]["sglang"], 3)["--speculative-eagle-topk"] == str(TOPK)
+    with pytest.raises(QueueError) as err:
+        confirm_documents(store, eid, "chosen")
+    assert not missing(str(err.value), f"run {by_topk[TOPK]}", f"tree_topk {TOPK}", "--tree-topk 1"), err.value
+    every = confirm_documents(store, eid, "all")
+    assert [int(doc["run_id"]) for _, doc in every] == [by_topk[1]]  # the chain alone: vLLM serves it as measured

@@ -28,6 +28,7 @@ from storage.db.errors import QueueError
 from storage.db.schema import QUEUED, RUNNING, server_confirms, utcnow
 from storage.db.store import Store, new_id
 from storage.jobs.liveness import confirm_processes
+from storage.serving.tree_settings import confirm_refusal
 
 CONFIGS = ("chosen", "schedule", "all")
 PROFILE = "profile"  # a server cost profile: one run's drafter at each k of a list (storage/serving/profiles.py)
@@ -74,13 +75,23 @@ def confirm_documents(store: Store, experiment_id: int, configs: str) -> list[tu
         if configs == "chosen" and "schedule" in document:  # a grid's chosen run alone: one k, not the schedule
             document = deploy_document(store, experiment_id, int(document["run_id"]))
         documents = [(configs, document)]
+    if configs == "all":  # vLLM serves chains: every token-tree run is left out (tree_settings.confirm_refusal)
+        documents = [(label, d) for label, d in documents if confirm_refusal(d) is None] or _only_trees(documents)
     for _, document in documents:
         vllm = document["engines"]["vllm"]
         if not vllm.get("speculative_config"):
             raise QueueError(
                 f"run {document['run_id']}: vLLM cannot serve its drafter ({vllm['notes'][0]}); confirm another run"
             )
+        if why := confirm_refusal(document):
+            raise QueueError(why)
     return documents
+
+
+def _only_trees(documents: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """`all` over runs that all draft token trees: nothing vLLM serves as measured (QueueError, the first's reason)."""
+    reason = confirm_refusal(documents[0][1]) if documents else None
+    raise QueueError(f"every run drafts a token tree: {reason}" if reason else "no run to confirm")
 
 
 def _server_documents(document: dict, configs: str) -> list[tuple[str, dict]]:
