@@ -69,3 +69,16 @@ def test_the_speedup_chart_draws_no_chain_formula_for_a_tree(tree_db):
     xs = {float(x) for f in formula for x in f["x"]}
     assert float(runs.loc[by_topk[1], "sweep_value"]) in xs  # the chain's own formula point is drawn ...
     assert float(runs.loc[by_topk[TOPK], "sweep_value"]) not in xs  # ... the tree's is not
+
+
+def test_compare_plots_a_tree_sweep_against_its_own_variable(tree_db):
+    store, eid, by_topk = tree_db
+    at = app("compare", experiments=eid)
+    assert_clean(at)
+    specs = " ".join(chart.proto.spec for chart in at.get("vega_lite_chart"))
+    assert "tree branches per node" in specs  # the x axis names the tree's branches, not the sampling top-k
+    runs = q.runs(store, eid)
+    drawn = [d for datasets in chart_data(at) for d in datasets if "sweep_value" in d.columns and "speedup" in d]
+    assert drawn, "no sweep chart"
+    xs = sorted({float(x) for d in drawn for x in d["sweep_value"].dropna()})
+    assert xs == sorted(float(v) for v in runs[runs["kind"] == "speculative"]["sweep_value"])
