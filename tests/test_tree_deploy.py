@@ -66,3 +66,16 @@ def test_confirm_in_vllm_leaves_tree_runs_out_and_refuses_a_chosen_tree(store):
     assert not missing(str(err.value), f"run {by_topk[TOPK]}", f"tree_topk {TOPK}", "--tree-topk 1"), err.value
     every = confirm_documents(store, eid, "all")
     assert [int(doc["run_id"]) for _, doc in every] == [by_topk[1]]  # the chain alone: vLLM serves it as measured
+
+
+def test_a_tree_run_gets_no_vllm_server_prediction_and_says_why(store):
+    from storage.serving.export import run_document
+    from storage.serving.profiles import run_fit
+    from tests.test_tree_breakdowns import TOPK, fill_tree_experiment
+
+    eid, by_topk, _ = fill_tree_experiment(store, (1.1, 1.3))
+    why = run_fit(store, eid, by_topk[TOPK])
+    assert isinstance(why, str) and not missing(why, "token tree", "predict the chain", "--tree-topk 1"), why
+    assert not isinstance(run_fit(store, eid, by_topk[1]), str)  # the chain fits as before
+    doc = {r["run_id"]: r for r in run_document(store, eid, with_outputs=False)["runs"]}
+    assert doc[by_topk[TOPK]]["server_predicted"] == {"profile": None, "reason": why}

@@ -35,12 +35,16 @@ from storage.records.server_costs import (
 def run_fit(store: Store, experiment_id: int, run_id: int) -> tuple[str, str] | str:
     """(target, drafter fingerprint) a profile must hold for `run_id` (its deploy document's vLLM settings), or why
     no profile can fit it, one line (vLLM cannot serve its drafter, deploy refuses the run)."""
+    from storage.records.queries import run_row
     from storage.serving.engine_settings import DeployError, run_vllm_settings
+    from storage.serving.tree_settings import confirm_refusal
 
     try:
         target, vllm = run_vllm_settings(store, experiment_id, run_id)
     except DeployError as exc:
         return str(exc)
+    if tree := confirm_refusal({"configuration": run_row(store, run_id), "run_id": run_id}, "predict"):
+        return tree  # vLLM serves chains: a profile would predict the chain's cost for the tree's acceptance
     if not vllm.get("speculative_config"):
         return f"vLLM cannot serve run {run_id}'s drafter ({vllm['notes'][0]})"
     return target, drafter_fingerprint(vllm["speculative_config"])

@@ -75,15 +75,16 @@ def no_tree_note(cfg: dict[str, Any], engine: str) -> list[str]:
     return [_NO_TREE[engine].format(k=cfg["k"], engine=ENGINE_NAMES[engine])]
 
 
-def confirm_refusal(document: dict[str, Any]) -> str | None:
-    """Why `draftlab confirm` (vLLM) cannot confirm a deploy document's run, one line with the fix: it drafts a token
-    tree, which vLLM would serve as the depth-k chain (so the server's acceptance would not be this run's); None for a
-    chain."""
+def confirm_refusal(document: dict[str, Any], what: str = "confirm") -> str | None:
+    """Why vLLM cannot `what` (`draftlab confirm`, or a server cost profile's prediction) a deploy document's run,
+    one line with the fix: it drafts a token tree, which vLLM would serve as the depth-k chain (so the server's
+    acceptance would not be this run's); None for a chain. `document`: {"configuration": engine_settings'
+    configuration, "run_id"}."""
     cfg = document.get("configuration") or {}
     if tree_nodes(cfg) is None:
         return None
     return (
         f"run {document.get('run_id')} drafts a token tree (tree_topk {int(cfg['tree_topk'])}), which vLLM cannot "
-        f"serve (it drafts chains): confirm the chain at k={cfg['k']} (a --tree-topk 1 run), or serve the tree with "
+        f"serve (it drafts chains): {what} the chain at k={cfg['k']} (a --tree-topk 1 run), or serve the tree with "
         f"SGLang (`draftlab export --format deploy`)"
     )
