@@ -408,8 +408,9 @@ def plan(
     """The confirm's configurations (`which`'s, or `chosen`: a profile's, app/serving/profile.py), prompts and
     concurrency; bad input raises DraftLabError (one line). `one_at_a_time` None: $DRAFTLAB_ONE_SERVER_AT_A_TIME
     ("1": on; a worker's queued confirms read it, the machine's device deciding whether two servers fit)."""
+    from app.serving.cpu_block import refuse_block_on_cpu_build
     from app.serving.urls import http_url
-    from app.serving.vllm_server import command_argv, default_command
+    from app.serving.vllm_server import LOCAL_VENV_PYTHON, command_argv, default_command
     from storage.jobs.experiments import load_experiment_prompts
     from storage.records import queries as q
 
@@ -444,6 +445,10 @@ def plan(
             f"`draftlab worker` or `draftlab resume {eid}`"
         )
     configs = chosen if chosen is not None else configurations(store, eid, which)
+    if (
+        server is None
+    ):  # a sampled block run on the CPU build would measure the standard rule (app/serving/cpu_block.py)
+        refuse_block_on_cpu_build(command_argv(command_line), configs, LOCAL_VENV_PYTHON)
     if server is not None and len(configs) > 1:
         raise DraftLabError(
             f"--server is one speculative server; --configs {which} names {len(configs)} "

@@ -264,6 +264,15 @@ def _draft_sampling(text: str) -> str:
     return mode
 
 
+def _verify_rule(text: str) -> str:
+    rule = text.strip().lower()
+    if rule not in VERIFY_RULES:
+        raise DraftLabError(
+            f"--verify {text[:40]!r} is not one of {', '.join(VERIFY_RULES)}; use e.g. --verify standard,block"
+        )
+    return rule
+
+
 VARIABLES: dict[str, Variable] = {
     v.name: v
     for v in (
@@ -440,6 +449,22 @@ VARIABLES: dict[str, Variable] = {
                 value, lambda key, default=None: value if key == "tree_tokens" else get(key)
             ),
             cheaper_because="a smaller tree: fewer nodes to verify per round",
+        ),
+        # How the target verifies the drafts (engine/decoding/verification.py). The target-only baseline verifies
+        # nothing: one baseline serves both rules.
+        Variable(
+            "verify",
+            str,
+            "standard or block",
+            "standard,block",
+            DEFAULT_VERIFY,
+            "how the target verifies the drafts: standard (token by token) or block (block verification, Sun et al. "
+            "2024; vLLM's rejection_sample_method block): both lossless, block accepts at least as many in "
+            "expectation, and a block run also records what the standard rule would have accepted on its drafts; a "
+            "comma list compares them",
+            label="verify (standard or block verification)",
+            check_name=_verify_rule,
+            choices=VERIFY_RULES,
         ),
     )
 }

@@ -363,6 +363,26 @@ RUN = [
         sql="SELECT MAX(p.vocab_coverage) FROM prompt_results p WHERE p.run_id = r.id",
     ),
     _c(
+        "verify",
+        "verify",
+        "how the target verified the drafts: standard (token by token) or block (block verification, vLLM's "
+        "rejection_sample_method block)",
+        kind="text",
+        json=True,
+    ),
+    _c(
+        "accepted_standard",
+        "accepted (standard)",
+        "block runs: the draft tokens the standard rule would have accepted on the same drafts and uniforms",
+        "%d",
+        json=True,
+        sql="SELECT SUM(rd.accepted_standard) FROM rounds rd WHERE rd.run_id = r.id",
+        section="counts",
+        doc="block runs only (null under the standard rule): Σ over rounds of what the standard rule would have "
+        "accepted on the round's drafts with the same uniforms; accepted − accepted_standard is what block "
+        "verification gained on these very drafts",
+    ),
+    _c(
         "outputs_match_baseline",
         "same output",
         "greedy runs only: every prompt's output equals the baseline's "
