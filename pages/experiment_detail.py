@@ -18,6 +18,7 @@ from engine.text.prompt_sets import set_name
 from engine.wording import plural
 from pages.panels import sections
 from pages.panels.advice import browser_advice
+from pages.panels.block_panel import render_block
 from pages.panels.confirm_panel import render_confirm
 from pages.panels.deploy_panel import render_deploy_panel
 from pages.panels.drafting_panel import render_k_distribution
@@ -555,6 +556,7 @@ def _breakdowns(runs: pd.DataFrame, sweep_variable: str, verdict: dict) -> None:
                 chart_with_csv(chart(frame), frame, f"run{run_id}_{name}.csv")
                 st.caption(charts.SMALL_SAMPLE_NOTE)
     render_tree(runs, run_id, stamp)  # a token tree's acceptance by depth and sibling rank
+    render_block(runs, run_id, stamp)  # a block run: what it accepted that the standard rule rejected, per position
     # One above the other, each the page's width: side by side, both tables' last columns were cut off.
     with st.container():
         st.subheader("Top rejected tokens")
