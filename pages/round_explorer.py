@@ -190,6 +190,8 @@ def render() -> None:
     if proposals.empty:
         st.caption("No proposals were recorded for this round.")
         return
+    if proposals["sibling_rank"].isna().all():  # a chain: no ranks (a token tree's path has one per depth)
+        proposals = proposals.drop(columns="sibling_rank")
     shown = proposals.assign(token=proposals["text"].map(lambda t: repr(t)[1:-1] if isinstance(t, str) else t))
     shown = shown[["position", "token", *[c for c in proposals if c not in ("position", "text")]]]
     # Sized to its content: every row shown (no inner scroll), every column at its width (the outcome never cut).

@@ -82,3 +82,18 @@ def test_compare_plots_a_tree_sweep_against_its_own_variable(tree_db):
     assert drawn, "no sweep chart"
     xs = sorted({float(x) for d in drawn for x in d["sweep_value"].dropna()})
     assert xs == sorted(float(v) for v in runs[runs["kind"] == "speculative"]["sweep_value"])
+
+
+def test_the_round_explorer_shows_each_depths_sibling_rank_for_a_tree_only(tree_db):
+    store, eid, by_topk = tree_db
+    for topk, run in by_topk.items():
+        at = app("rounds", experiment=eid, run=run, prompt=0)
+        assert_clean(at)
+        shown = next(d.value for d in at.dataframe if "p_draft" in d.value)
+        if topk == 1:
+            assert "sibling_rank" not in shown  # a chain has no ranks to show
+            continue
+        first = int(q.prompt_output(store, run, 0)["round_index"].dropna().min())
+        expected = q.round_proposals(store, run, 0, first)
+        assert shown["sibling_rank"].tolist() == expected["sibling_rank"].tolist()
+        assert shown["position"].tolist() == expected["position"].tolist()  # one row per depth

@@ -538,8 +538,10 @@ def prompt_output(store: Store, run_id: int, prompt_index: int) -> pd.DataFrame:
 
 
 def round_proposals(store: Store, run_id: int, prompt_index: int, round_index: int) -> pd.DataFrame:
-    """The k draft tokens of one round, with both models' probabilities and the outcome."""
-    sql = """SELECT position, token_id, text, token_type, p_draft, p_target, beta, kl, outcome FROM draft_tokens
+    """The k draft tokens of one round, with both models' probabilities and the outcome; a token tree's round: the
+    path verification walked, one per depth, each node's sibling_rank (0 = the draft's top-1; null for chains)."""
+    sql = """SELECT position, token_id, text, token_type, p_draft, p_target, beta, kl, outcome, sibling_rank
+             FROM draft_tokens
              WHERE run_id = :rid AND prompt_index = :pi AND round_index = :ri ORDER BY position"""
     with store.read() as conn:
         return _frame(conn, sql, {"rid": run_id, "pi": prompt_index, "ri": round_index})
