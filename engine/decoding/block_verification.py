@@ -53,17 +53,20 @@ def verify_block(
     standard = ((u * p_d < p_t) & live).long().cumprod(1).sum(1)
     ratio = torch.where(live & (p_d > 0), p_t / p_d.clamp(min=torch.finfo(p_d.dtype).tiny), 0.0)
     weights = block_weights(ratio)  # [B, K+1]: p_0..p_K
-    drafts = torch.cat([draft_probs, torch.zeros_like(p_target[:, :1])], 1)  # slot K has no draft: p_d = 0
-    mass = (weights[..., None] * p_target - drafts).clamp(min=0).sum(-1)  # r_0..r_K [B, K+1]
-    denominator = mass + 1 - weights
+    # r_1..r_{K-1} (slot 0's test is never made; slot k_r's h is p_{k_r}); one [B, K-1, V] pass, in place
+    mass = (p_target[:, 1:k] * weights[:, 1:k, None]).sub_(draft_probs[:, 1:]).clamp_(min=0).sum(-1)
+    denominator = mass + 1 - weights[:, 1:k]
     h = torch.where(denominator > 0, mass / denominator.clamp(min=torch.finfo(mass.dtype).tiny), 1.0)
-    last = live.sum(1)  # k_r
-    h = torch.where(torch.arange(k + 1, device=device)[None, :] == last[:, None], weights, h)
-    passed = (u < h[:, 1:]) & live
+    h = torch.cat([h, weights[:, k:]], 1)  # h_1..h_K, h_K = p_K
+    last = live.sum(1)  # k_r: its test is h = p_{k_r}
+    h = torch.where(torch.arange(1, k + 1, device=device)[None, :] == last[:, None], weights[:, 1:], h)
+    passed = (u < h) & live
     positions = torch.arange(1, k + 1, device=device)
     tau = (passed.long() * positions).amax(1) if k else torch.zeros(batch, dtype=torch.long, device=device)
     rows = torch.arange(batch, device=device)
-    residual = block_residual(weights[rows, tau], p_target[rows, tau], drafts[rows, tau])
+    stop = tau.clamp(max=max(k - 1, 0))
+    drafted = draft_probs[rows, stop] * (tau < k)[:, None] if k else torch.zeros_like(p_target[:, 0])  # 0: bonus
+    residual = block_residual(weights[rows, tau], p_target[rows, tau], drafted)
     return Verdict(tau, sample_rows(residual, cfg, generators), standard)
 
 
