@@ -163,8 +163,28 @@ class PositionMasks:
         return masks if self.as_dict else next(iter(masks.values()))
 
     def _format(self, allowed: torch.Tensor) -> torch.Tensor:
-        """sdpa reads a boolean mask (True = attend); eager adds the mask to its scores."""
-        if not self.eager:
-            return allowed
-        zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
-        return torch.where(allowed, zero, torch.finfo(self.dtype).min)
+        return model_mask(allowed, self.eager, self.dtype)
+
+
+def model_mask(allowed: torch.Tensor, eager: bool, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean 4-D mask (True = attend) as the model reads it: sdpa takes it as it is; eager adds it to its
+    scores."""
+    if not eager:
+        return allowed
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)
+
+
+def tree_support(model: Model) -> str | None:
+    """None when a forward can take a token tree's mask (every node attends to the committed prefix and its own
+    ancestors: engine/decoding/token_trees.py), else the one-line reason and what to do."""
+    impl = model.config._attn_implementation
+    if impl not in MASKABLE:
+        why = f"uses attention implementation {impl!r}, which takes no per-token mask (load it with sdpa or eager)"
+    elif layer_windows(model.config) is not None:
+        why = "has sliding-window/chunked layers, whose windows a token tree's mask does not count yet"
+    elif (batch := batch_support(model)) is not None:
+        return batch.replace("; run it at batch size 1", "; token trees need per-token positions: use --tree-topk 1")
+    else:
+        return None
+    return f"{_name(model)} {why}; use --tree-topk 1 (a chain)"

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from engine.decoding.attention_masks import PositionMasks, batch_support, layer_windows
+from engine.decoding.attention_masks import PositionMasks, batch_support, layer_windows, model_mask, tree_support
 from engine.decoding.aux_states import AuxStates
 from engine.decoding.memory import cache_bytes
 from engine.decoding.torch_types import Model
@@ -97,6 +97,7 @@ class BatchCache:
         # full attention keeps transformers' own masks (a 2-D mask, nothing built per forward).
         self._position_masks = PositionMasks(model, windows) if windows is not None else None
         self._support: str | None = None  # batch_support(model), asked the first time a batch has several rows
+        self._tree_support: str | None = None  # tree_support(model), asked at the first token tree's forward
         self.reset(0)
 
     def reset(self, batch: int) -> None:
@@ -107,6 +108,7 @@ class BatchCache:
             if self._support:
                 raise DraftLabError(self._support)
         self.cache = rollback_cache(self.model)
+        self.holes_inside = False  # a one-row cache with holes before its last real token (`forget`)
         self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)  # real tokens per row
 
@@ -125,6 +127,8 @@ class BatchCache:
         keep: int | None = None,
         hidden_layers: list[int] | None = None,
         inputs: dict[str, torch.Tensor] | None = None,
+        attend: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> Any:
         """Logits [B, W, V] for ids [B, W] (or the last `keep` columns); valid [B, W] marks real tokens.
 
@@ -135,14 +139,26 @@ class BatchCache:
 
         One row is dense: it has no padding, and its only holes are trailing ones, which the decoders `trim` before
         the next forward, so every column is a real token at its own position. It goes through the model's own
-        causal path (no attention mask, positions from the cache's length), as a plain generate() step does."""
+        causal path (no attention mask, positions from the cache's length), as a plain generate() step does, unless
+        `forget` left holes inside it (a token tree's round): then it takes the masked path until `compact`.
+
+        attend [B, W, C + W] and positions [B, W]: a token tree's forward (engine/decoding/token_trees.py) says which
+        columns each new token attends to and at which position it sits, at any batch size (`tree_support`)."""
         mask = torch.cat([self.mask, valid], 1)
         kwargs = {self._cache_kw: self.cache, "use_cache": True, **(inputs or {})}
         aux = AuxStates(self.model, hidden_layers) if hidden_layers else None
         if aux is not None:
             kwargs.update(aux.kwargs)
-        if (
-            mask.shape[0] > 1
+        if attend is not None:  # a token tree: the caller's mask and positions
+            if self._tree_support is None:
+                self._tree_support = tree_support(self.model) or ""
+            if self._tree_support:
+                raise DraftLabError(self._tree_support)
+            eager = self.model.config._attn_implementation == "eager"
+            kwargs["attention_mask"] = model_mask(attend[:, None], eager, next(self.model.parameters()).dtype)
+            kwargs["position_ids"] = positions
+        elif (
+            mask.shape[0] > 1 or self.holes_inside
         ):  # sliding / chunked windows counted in each row's real tokens (engine/decoding/attention_masks.py)
             kwargs["attention_mask"] = (
                 self._position_masks(mask, ids.shape[1]) if self._position_masks is not None else mask.long()
@@ -174,6 +190,14 @@ class BatchCache:
         real = self.mask.long().cumsum(1)  # 1-based index of each real token in its row
         self.mask = self.mask & (real <= lengths[:, None])
         self.lengths = torch.minimum(self.lengths, lengths)
+
+    def forget(self, columns: torch.Tensor) -> None:
+        """Turn the real tokens at columns [B, C] (True) into holes, wherever they sit (a token tree's nodes off the
+        accepted path: engine/decoding/tree_verification.py; no sync). Until the next `compact`, even a one-row
+        cache then takes its forwards through the mask (holes inside a row are no longer only trailing)."""
+        self.mask = self.mask & ~columns
+        self.lengths = self.mask.sum(1)
+        self.holes_inside = True
 
     def trailing_holes(self) -> torch.Tensor:
         """How many last columns are holes in every row (a 0-d device tensor: read it with the round's transfer)."""
@@ -226,6 +250,7 @@ class BatchCache:
                 setattr(layer, name, t.gather(2, gather))
         self.mask = mask.gather(1, order)
         self.lengths = lengths
+        self.holes_inside = False
         self.compactions += 1
 
     @property

@@ -42,6 +42,7 @@ from engine.config.drafter_specs import SPECS, DeclarationError, DrafterSpec, pa
 from engine.decoding.batched_cache import BatchCache, left_pad, to_device
 from engine.decoding.sampling import SamplingConfig, probabilities, sample_rows
 from engine.decoding.suffix_tree import Request, SuffixCache
+from engine.decoding.token_trees import DraftTree, draft_tree
 from engine.decoding.torch_types import Model
 from engine.errors import DraftLabError
 
@@ -62,6 +63,9 @@ class Proposal:
     ks: list[int]  # drafts each row proposed (host)
     valid: torch.Tensor | None  # [b, K] True for the first ks[r] slots of row r; None when every ks[r] == K
     forwards: int  # batched draft forwards spent on this proposal
+    # A token tree (engine/decoding/token_trees.py; SamplingConfig.tree_topk > 1): tokens/probs/raw_logits/valid are
+    # its nodes [b, N], each scored at its parent, and ks each row's depth. None: a chain.
+    tree: DraftTree | None = None
 
     @classmethod
     def empty(cls, batch: int, vocab_size: int, device: torch.device) -> Proposal:
@@ -248,6 +252,16 @@ class ModelDrafter:
             self.proposed = ks
             return Proposal.empty(len(seqs), lm.vocab_size, lm.device)
         ids, valid = self.draft_inputs(seqs)
+        if self.cfg.tree_topk > 1:  # a token tree: the top tree_topk children per node (deterministic)
+            root = self.draft_forward(ids, valid)
+            topk, size = self.cfg.tree_topk, self.cfg.tree_tokens
+            drafted = draft_tree(lm, root, ks, topk, size, cfg, self.tree_step)
+            self.cached, self.proposed = [s.shape[0] for s in seqs], ks  # the draft's cache: the committed prefix
+            if drafted is None:
+                return Proposal.empty(len(seqs), lm.vocab_size, lm.device)
+            tree = drafted.tree
+            raw = drafted.raw if self.full_vocabulary else None
+            return Proposal(tree.tokens, drafted.probs, raw, ks, tree.valid, drafted.forwards, tree)
         tokens, probs, raw = [], [], []
         # probs are the distribution each draft was drawn from (at the draft's temperature): the target's
         # acceptance test min(1, p_t / p_d) and its residual use exactly these, which keeps any draft temperature
@@ -286,6 +300,17 @@ class ModelDrafter:
     def draft_forward(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """One draft forward: the logits [b, V] that predict each row's next draft."""
         return self.lm.forward(ids, valid, keep=1)[:, 0]
+
+    def tree_step(
+        self,
+        ids: torch.Tensor,
+        valid: torch.Tensor,
+        attend: torch.Tensor,
+        positions: torch.Tensor,
+        parent_slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """One token-tree step (engine/decoding/token_trees.py TreeStep): the logits [b, topk, V] of the fed nodes."""
+        return self.lm.forward(ids, valid, keep=ids.shape[1], attend=attend, positions=positions)
 
     def stop_rows(self, p: torch.Tensor, step: int, ks: list[int]) -> list[int]:
         """Each row's number of drafts this round, after draft `step` (0-based) was drawn from p [b, V] (a policy
@@ -443,6 +468,30 @@ class Eagle3Drafter(ModelDrafter):
         logits, prenorm = self.lm.forward(ids, valid, keep=1, hidden_layers=[1], inputs={"hidden_states": self.state})
         self.state = prenorm[:, -1:]
         return logits[:, 0]
+
+    def tree_step(
+        self,
+        ids: torch.Tensor,
+        valid: torch.Tensor,
+        attend: torch.Tensor,
+        positions: torch.Tensor,
+        parent_slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """A token-tree step: each node is fed with its parent's own output state (the chain's rule, per branch)."""
+        if self.state is None:
+            raise RuntimeError("the EAGLE-3 drafter stepped a tree before its root's forward")
+        state = self.state.gather(1, parent_slots[..., None].expand(-1, -1, self.state.shape[-1]))
+        logits, prenorm = self.lm.forward(
+            ids,
+            valid,
+            keep=ids.shape[1],
+            hidden_layers=[1],
+            inputs={"hidden_states": state},
+            attend=attend,
+            positions=positions,
+        )
+        self.state = prenorm[:, -ids.shape[1] :]
+        return logits
 
     def rollback(self, kept: torch.Tensor) -> None:
         self.lm.rollback(to_device(self.cached, self.lm.device))
@@ -676,6 +725,17 @@ def make_drafter(
         )
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
         raise DraftLabError(f"k must be a positive integer (got {k!r}); use e.g. --k 4 or --k 1,2,4,8")
+    if cfg.tree_topk > 1 and not SPECS[name].branches:
+        trees = ", ".join(s.usage for s in SPECS.values() if s.branches)
+        raise DraftLabError(
+            f"drafter {name!r} drafts one chain, so it cannot draft a token tree (tree topk {cfg.tree_topk}); "
+            f"use --tree-topk 1, or a drafter that branches ({trees})"
+        )
+    if cfg.tree_topk > 1 and cfg.verify != "standard":
+        raise DraftLabError(
+            f"verify {cfg.verify!r} verifies one chain; a token tree (tree topk {cfg.tree_topk}) verifies with its "
+            "own rule; use --verify standard with --tree-topk above 1, or --tree-topk 1"
+        )
     return drafter_class(name).from_spec(
         value, draft_model=draft_model, vocab_size=vocab_size, k=k, cfg=cfg, eos_ids=eos_ids
     )

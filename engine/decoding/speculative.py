@@ -52,7 +52,18 @@ from engine.decoding.records import PromptResult, Round
 from engine.decoding.rows import OneRow, Rows
 from engine.decoding.sampling import SamplingConfig, probabilities
 from engine.decoding.torch_types import Model, inference_mode
-from engine.decoding.verification import round_record, rows_to_host, verify_rows
+from engine.decoding.tree_verification import (
+    TreeRound,
+    TreeRow,
+    TreeVerdict,
+    keep_path,
+    path_states,
+    record_round,
+    tree_forward,
+    tree_rows_to_host,
+    verify_tree,
+)
+from engine.decoding.verification import Verdict, VerifiedRound, VerifiedRow, rows_to_host, verify_rows
 from engine.text.token_types import TokenTyper
 
 # Realign a cache when its width exceeds this many times its longest row (+ COMPACT_SLACK): holes from rejections.
@@ -124,47 +135,79 @@ class SpeculativeDecoder(OneRow):
             for k, cap in zip(proposal.ks, caps):
                 if k > cap:
                     raise ValueError(f"{type(self.drafter).__name__} proposed {k} tokens; this round allows {cap}")
-            width = proposal.tokens.shape[1]
             pending, pending_valid = left_pad([s[c:] for s, c in zip(state.seqs, cached)], target.device)
-            slots = proposal.valid if proposal.valid is not None else torch.ones_like(proposal.tokens, dtype=torch.bool)
-            logits = target.forward(
-                torch.cat([pending, proposal.tokens], 1),
-                torch.cat([pending_valid, slots], 1),
-                keep=width + 1,
-                hidden_layers=self.hidden_layers,
-            )
-            if self.hidden_layers:
-                logits, hidden = logits
-                states = TargetStates(hidden, [n - c for n, c in zip(lengths, cached)], pending.shape[1])
-            else:
+            tree = proposal.tree
+            verdict: Verdict | TreeVerdict
+            host: VerifiedRound | TreeRound
+            if tree is not None:  # a token tree (engine/decoding/tree_verification.py): one forward, its own rule
+                logits = tree_forward(target, pending, pending_valid, tree, self.hidden_layers)
+                if self.hidden_layers:
+                    logits, hidden = logits
                 states = None
-            p_target = probabilities(logits, cfg)
-            verdict = verify_rows(
-                proposal.tokens, proposal.probs, proposal.ks, proposal.valid, p_target, cfg, state.generators
-            )
-            kept = to_device(lengths, target.device) + verdict.accepted
-            target.rollback(kept)
-            self.drafter.rollback(kept)
-            t_done = clock.mark()
-            host = rows_to_host(
-                proposal.tokens,
-                proposal.probs,
-                proposal.raw_logits,
-                proposal.ks,
-                p_target,
-                logits,
-                verdict.accepted,
-                verdict.next_tokens,
-                target_holes=target.trailing_holes(),
-                drafter_holes=self.drafter.trailing_holes(),
-                accepted_standard=verdict.accepted_standard,
-            )
+                p_target = probabilities(logits, cfg)
+                verdict = verify_tree(tree, p_target, cfg, state.generators)
+                if self.hidden_layers:
+                    fed = [n - c for n, c in zip(lengths, cached)]
+                    states = TargetStates(path_states(hidden, pending.shape[1], verdict.path), fed, pending.shape[1])
+                keep_path(target, tree, verdict.path)  # the prefix and the accepted path's columns
+                self.drafter.rollback(to_device(lengths, target.device) + verdict.accepted)
+                t_done = clock.mark()
+                host = tree_rows_to_host(
+                    tree,
+                    proposal.probs,
+                    proposal.raw_logits,
+                    p_target,
+                    logits,
+                    verdict,
+                    target_holes=target.trailing_holes(),
+                    drafter_holes=self.drafter.trailing_holes(),
+                )
+                drafted = verdict.path_tokens
+            else:
+                width = proposal.tokens.shape[1]
+                slots = (
+                    proposal.valid if proposal.valid is not None else torch.ones_like(proposal.tokens, dtype=torch.bool)
+                )
+                logits = target.forward(
+                    torch.cat([pending, proposal.tokens], 1),
+                    torch.cat([pending_valid, slots], 1),
+                    keep=width + 1,
+                    hidden_layers=self.hidden_layers,
+                )
+                if self.hidden_layers:
+                    logits, hidden = logits
+                    states = TargetStates(hidden, [n - c for n, c in zip(lengths, cached)], pending.shape[1])
+                else:
+                    states = None
+                p_target = probabilities(logits, cfg)
+                verdict = verify_rows(
+                    proposal.tokens, proposal.probs, proposal.ks, proposal.valid, p_target, cfg, state.generators
+                )
+                kept = to_device(lengths, target.device) + verdict.accepted
+                target.rollback(kept)
+                self.drafter.rollback(kept)
+                t_done = clock.mark()
+                host = rows_to_host(
+                    proposal.tokens,
+                    proposal.probs,
+                    proposal.raw_logits,
+                    proposal.ks,
+                    p_target,
+                    logits,
+                    verdict.accepted,
+                    verdict.next_tokens,
+                    target_holes=target.trailing_holes(),
+                    drafter_holes=self.drafter.trailing_holes(),
+                    accepted_standard=verdict.accepted_standard,
+                )
+                drafted = proposal.tokens
             draft_s, verify_s = clock.seconds(t_draft, t_verify), clock.seconds(t_verify, t_done)
             arrived = clock.now() - start  # the round's tokens reached the host together, with the transfer
             self.rounds += 1
             finished, keep = [], []
-            for r, (o, row) in enumerate(zip(state.live, host.rows)):
-                round_ = round_record(
+            verified: list[VerifiedRow | TreeRow] = list(host.rows)
+            for r, (o, row) in enumerate(zip(state.live, verified)):
+                round_ = record_round(
                     self.typer,
                     self.eos_ids,
                     prompt_indices[o],
@@ -182,7 +225,7 @@ class SpeculativeDecoder(OneRow):
                 a = row.accepted
                 cached[r] = lengths[r] + a
                 # Built from device tensors: a host-to-device copy would be a second sync.
-                emitted = torch.cat([proposal.tokens[r, :a], verdict.next_tokens[r : r + 1]])[: len(round_.emitted_ids)]
+                emitted = torch.cat([drafted[r, :a], verdict.next_tokens[r : r + 1]])[: len(round_.emitted_ids)]
                 state.seqs[r] = torch.cat([state.seqs[r], emitted])
                 state.history[r] = state.history[r] + round_.emitted_ids
                 if len(outputs[o]) >= limit or outputs[o][-1] in self.eos_ids:
@@ -191,10 +234,10 @@ class SpeculativeDecoder(OneRow):
                     keep.append(r)
                 if on_progress is not None:
                     on_progress(prompt_indices[o], len(outputs[o]))
-            accepted = [row.accepted for row in host.rows]
+            accepted = [row.accepted for row in verified]
             target.trim(host.target_holes or 0)
             self.drafter.settle(lengths, accepted, host.drafter_holes, states)
-            holes += 1 - sum(n + a for n, a in zip(lengths, accepted)) / max(1, target.batch * target.width)
+            holes += 1 - sum(cached) / max(1, target.batch * target.width)
             if finished:
                 for o in finished:
                     walls[o] = arrived
