@@ -65,7 +65,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     args = ap.parse_args(argv)
-    prompts = [p for name in args.sets.split(",") for p in load_prompts(name)]
+    prompts = [p for name in args.sets.split(",") for p in load_prompts(name) if isinstance(p, str)]  # plain sets
     draft_sampling = "greedy" if args.temperature > 0 else "probabilistic"
     cfg = SamplingConfig(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0, draft_sampling=draft_sampling

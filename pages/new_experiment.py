@@ -362,6 +362,7 @@ class _CheckOnPage:
     ok: bool
     message: str
     slot: object = None
+    vocab: str | None = None  # "intersection": the draft has another tokenizer (pages/widgets/pair_check.PairCheck)
 
 
 def _pair_check(target: str, draft: str) -> _CheckOnPage:
@@ -376,7 +377,18 @@ def _pair_check(target: str, draft: str) -> _CheckOnPage:
         slot = st.empty()
         slot.info(f"Pair check: {CHECKING}", icon=":material/hourglass_top:")
         check = check_pair_names(target, draft)
-    return _CheckOnPage(check.ok, check.message, slot)
+    return _CheckOnPage(check.ok, check.message, slot, check.vocab)
+
+
+def _vocab_warning(target: str, draft: str, prompts: str, prompt_texts) -> None:
+    """Under the prompts: the share of their tokens outside the vocabulary a draft of another tokenizer shares with
+    the target (pages/widgets/pair_check.prompt_vocab_warning), when any are."""
+    from pages.widgets.pair_check import prompt_vocab_warning
+
+    texts = prompt_texts if prompt_texts is not None else load_prompts(prompts)
+    warning = prompt_vocab_warning(target.strip(), draft.strip(), texts)
+    if warning:
+        st.warning(md_text(warning), icon=":material/translate:")
 
 
 def _model_error(name: str) -> str | None:
@@ -713,6 +725,7 @@ def render() -> None:
         target = st.text_input("Target model", key="target", help=zoo.model_help("target"))
         unfound = _model_error(target)  # a path with no folder there, said under its field
         checks = None
+        check = None  # the one draft's pair check (a draft sweep checks each candidate)
         if choice == "draft":
             candidates, checks = _draft_candidates(target)
             draft, check_ok = (candidates[0] if candidates else ""), True
@@ -742,6 +755,8 @@ def render() -> None:
         prompts, prompt_error, prompt_texts = _prompt_source()
         if prompt_error:
             st.error(md_text(prompt_error), icon=":material/error:")
+        elif check is not None and check.ok and check.vocab == "intersection" and prompts:
+            _vocab_warning(target, draft, prompts, prompt_texts)
     with right:
         st.subheader("Sampling")
         for key in ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "device", "dtype"):

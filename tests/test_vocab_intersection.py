@@ -287,3 +287,26 @@ def test_the_shipped_draft_of_another_vocabulary_runs_losslessly_with_demo_targe
     alone = [runs.baseline_decoder(p, cfg).generate(q, i, n).output_ids for n, (q, i) in enumerate(zip(prompts, ids))]
     rows = decode_in_batches(runs.speculative_decoder(p, cfg, 3), prompts, ids, 2)
     assert [r.output_ids for r in rows] == alone and speculative_metrics(rows)["accepted"] > 0
+
+
+def test_the_forms_pair_check_reports_the_vocabulary_and_warns_about_the_prompts(tmp_path):
+    from transformers import LlamaConfig
+
+    from pages.widgets.pair_check import check_pair_names, prompt_vocab_warning, wait_warm
+
+    wait_warm()
+    words = draft_words(BIG, shared=48, extras=12, seed=3)
+    for name, tok in (("target", tm.tokenizer(BIG)), ("draft", word_tokenizer(words, "x0", "t1"))):
+        tok.save_pretrained(tmp_path / name)
+        config = LlamaConfig(
+            vocab_size=len(tok), hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
+        )
+        config.save_pretrained(tmp_path / name)
+    target, draft = str(tmp_path / "target"), str(tmp_path / "draft")
+    check = check_pair_names(target, draft)
+    assert check.ok and check.vocab == "intersection" and check.vocab_coverage == pytest.approx(0.75)
+    assert not missing(check.message, "48", "75.0%", "intersection"), check.message
+    assert prompt_vocab_warning(target, draft, ["t3 t4 t5", "t9 t10"]) is None
+    warning = prompt_vocab_warning(target, draft, ["t3 t50 t5", "t9 t60"])
+    assert warning is not None and "40.0%" in warning
+    assert prompt_vocab_warning(target, target, ["t3 t50"]) is None  # one tokenizer: nothing to warn about

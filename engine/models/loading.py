@@ -17,6 +17,7 @@ from engine.models import eagle3, placement, weight_files
 from engine.models.cached_model import rollback_cache
 from engine.models.vocab_bridge import VocabBridge, VocabMapping, intersect, least_shared
 from engine.models.vocab_bridge import describe as describe  # the pair check's words (the page imports them here)
+from engine.models.vocab_bridge import prompt_warning as prompt_warning  # the form's warning, the same way
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -169,6 +169,37 @@ def _tokenizer_and_width(name: str, files: tuple = ()):
     return tokenizer, int(width) if width else len(tokenizer.get_vocab())
 
 
+def prompt_vocab_warning(target: str, draft: str, prompts: list) -> str | None:
+    """A draft with another vocabulary (SPEC "Drafts with another vocabulary"): the share of the prompts' tokens (the
+    target's tokenization) outside the tokens both share, as `draftlab run` warns; None for one tokenizer, or when a
+    tokenizer cannot be read (the pair check says why)."""
+    try:
+        mapping = _mapping(target, draft, fingerprint(target), fingerprint(draft))
+    except Exception as exc:  # noqa: BLE001 - the input's failures are the pair check's to show (_about_the_input)
+        if not _about_the_input(exc):
+            raise
+        return None
+    if mapping is None:
+        return None
+    from engine.models.loading import prompt_warning
+
+    tokenizer, _ = _tokenizer_and_width(target, fingerprint(target))
+    texts = render_prompts(target, list(prompts))
+    return prompt_warning(mapping, [tokenizer(t).input_ids for t in texts])
+
+
+@lru_cache(maxsize=8)
+def _mapping(target: str, draft: str, target_files: tuple, draft_files: tuple):
+    """The pair's token-level intersection (None: one tokenizer); keyed on both names' files, as the check is."""
+    from engine.models.loading import pair_vocabulary
+
+    (t_tok, t_width), (d_tok, d_width) = (
+        _tokenizer_and_width(target, target_files),
+        _tokenizer_and_width(draft, draft_files),
+    )
+    return pair_vocabulary(t_tok, d_tok, t_width, d_width)[1]
+
+
 def render_prompts(target: str, prompts: list, chat_template: str = "auto") -> list[str]:
     """An upload's prompts as the target will see them: conversations through `chat_template` (engine/text/chat.py:
     auto = its tokenizer's, none, or a template's text), plain prompts as they are. The tokenizer is the pair
