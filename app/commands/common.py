@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 from app.db_errors import LOCKED_FIX, db_error_reason, locked
 
@@ -23,8 +24,19 @@ CHAT_TEMPLATE_HELP = (
 )
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, never wrapped inside a hyphenated word: a model name (demo-draft-othervocab) stays whole."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, whose bad input is one `error:` line (exit 2) instead of the usage block."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise SystemExit(fail(f"{message} (see `{self.prog} --help`)"))
