@@ -21,6 +21,9 @@ target's hidden states, constant k or not, its mapping per serving engine) and r
 
     make_drafter("confidence:0.5", draft_model=m, vocab_size=V, k=4, cfg=cfg)
 
+With SamplingConfig.tree_topk > 1, a drafter whose spec `branches` (model, eagle3) drafts a token tree instead of
+one chain (engine/decoding/token_trees.py; the target verifies it with engine/decoding/tree_verification.py).
+
 Every drafter is lossless through the same verification (engine/decoding/verification.py); a drafter without a
 distribution proposes point masses (p_d = 1 on its token) and no logits (KL is NaN). With
 SamplingConfig.draft_sampling = "greedy" a model drafter proposes its argmax as a point mass too (its logits still

@@ -15,6 +15,9 @@ Per round, for the rows still running:
      VerifiedRow per row plus the hole counts `trim` needs. Draft and verify are timed by device events read after
      it (engine/decoding/clock.py), and the round's tokens arrive together right after it
      (PromptResult.token_seconds).
+A token tree (SamplingConfig.tree_topk > 1: Proposal.tree) changes steps 2-4 only: the forward feeds every node
+with a tree mask, the rule is engine/decoding/tree_verification.py's, and the target's cache keeps the accepted
+path's columns (the other nodes' become holes); the round records the path it walked, one draft row per depth.
 A drafter that reads the target's hidden states (an EAGLE-3 head: DrafterSpec.needs_hidden_states) gets them from
 step 2's forward itself, the layers it names returned beside the logits, and `settle` hands it those of the
 positions each row committed (TargetStates): no extra target forward. The first round's forward is the prefill.
