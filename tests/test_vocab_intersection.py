@@ -265,6 +265,12 @@ def test_a_run_reports_its_vocabulary_and_the_rejections_it_could_not_avoid(tmp_
     rejected = by_type["verified"].sum() - by_type["accepted"].sum()
     # the re-indexed copy is only ever refused for a target token it could not propose (or after reading one)
     assert 0 < by_type["outside_vocab"].sum() <= rejected
+    # findings name the intersection's cost, from the same GROUP BY
+    from storage.analysis.findings import findings
+
+    found = [f for f in findings(open_store(db), doc["experiment_id"]) if f["kind"] == "vocab"]
+    assert len(found) == 1 and found[0]["data"]["outside_vocab"] == by_type["outside_vocab"].sum(), found
+    assert found[0]["data"]["vocab_coverage"] == pytest.approx(48 / BIG)
 
 
 def test_prompts_outside_the_intersection_are_warned_about():

@@ -85,6 +85,7 @@ KINDS = (
     "confirm",
     "server",
     "tree",
+    "vocab",
 )
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # The experiment-detail page's charts a finding can point at (the panel maps each to its anchor on the page).
@@ -541,7 +542,53 @@ def _positions_and_types(ctx: _Context) -> list[dict[str, Any]]:
                 {"run_id": int(row.run_id), "verified": verified, "minimum": MIN_VERIFIED},
             )
         ]
-    return _positions(ctx, row, where) + _token_type(ctx, row, where)
+    return _positions(ctx, row, where) + _token_type(ctx, row, where) + _vocab(ctx, row, where)
+
+
+def _vocab(ctx: _Context, row: Any, where: str) -> list[dict[str, Any]]:
+    """Rule (a draft of another vocabulary, SQL GROUP BY token_type's `outside_vocab`): how much of the target's
+    vocabulary the focus run's draft can propose, and what share of its rejections were target tokens outside it
+    (rejections no draft over that intersection could avoid; the rest are the draft's own misses)."""
+    if getattr(row, "vocab", None) != "intersection":
+        return []
+    types = q.acceptance_by_type(ctx.store, int(row.run_id))
+    verified = int(types["verified"].sum()) if not types.empty else 0
+    rejected = verified - int(types["accepted"].sum()) if verified else 0
+    if verified < MIN_VERIFIED or rejected == 0:
+        return []
+    outside = int(types["outside_vocab"].fillna(0).sum())
+    coverage = float(row.vocab_coverage) if pd.notna(getattr(row, "vocab_coverage", None)) else math.nan
+    shared = f"{_pct(coverage)} of the target's vocabulary" if math.isfinite(coverage) else "part of the vocabulary"
+    title = f"The draft can propose {shared}; {_pct(outside / rejected)} of its rejections lie outside it"
+    detail = (
+        f"In {where}, the draft's tokenizer differs from the target's: it drafts over the tokens both share (vLLM's "
+        f"use_heterogeneous_vocab serves the same). {outside} of its {rejected} rejections were target tokens outside "
+        f"that set, which no draft over it could have proposed; the other {rejected - outside} are the draft's own."
+    )
+    next_ = (
+        "A draft with the target's tokenizer avoids the first kind: sweep `draft` over it and this one; distilling "
+        "needs one tokenizer."
+        if outside
+        else "The intersection costs nothing here: every rejection is the draft's own."
+    )
+    return [
+        _finding(
+            "vocab",
+            "info",
+            title,
+            detail,
+            "by-type",
+            next_,
+            None,
+            {
+                "run_id": int(row.run_id),
+                "vocab_coverage": coverage if math.isfinite(coverage) else None,
+                "outside_vocab": outside,
+                "rejected": rejected,
+                "verified": verified,
+            },
+        )
+    ]
 
 
 def _positions(ctx: _Context, row: Any, where: str) -> list[dict[str, Any]]:
@@ -650,13 +697,17 @@ def _token_type(ctx: _Context, row: Any, where: str) -> list[dict[str, Any]]:
         f"({int(t.verified)} of {verified}): the target refuses {_pct(t.rejected / t.verified)} of them against "
         f"{_pct(rate)} overall."
     )
-    prefill = {
+    prefill: dict[str, Any] | None = {
         "page": DISTILL_PAGE,
         "focus_from": ctx.experiment_id,
         "focus": str(t.token_type),
         "target": ctx.experiment["target"],
         "draft": ctx.experiment["draft"],
     }
+    distil = f"Distil the draft with a focus on {t.token_type} tokens."
+    if getattr(row, "vocab", None) == "intersection":  # distillation needs the target's tokenizer
+        prefill = None
+        distil = f"Distil a draft with the target's tokenizer, focused on {t.token_type} tokens."
     return [
         _finding(
             "token_type",
@@ -664,7 +715,7 @@ def _token_type(ctx: _Context, row: Any, where: str) -> list[dict[str, Any]]:
             title,
             detail,
             "by-type",
-            f"Distil the draft with a focus on {t.token_type} tokens.",
+            distil,
             prefill,
             {
                 "run_id": int(row.run_id),
