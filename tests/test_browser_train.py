@@ -214,6 +214,7 @@ def test_queue_an_eagle3_head_job_watch_it_finish_and_pick_the_head(tmp_path):
         page.get_by_text("Trained EAGLE-3 head saved:").wait_for()
         settle(page)
         charts = page.locator('[data-testid="stVegaLiteChart"]')
+        charts.nth(2).wait_for()  # a loaded machine draws them after the saved line (seen in the full suite)
         assert charts.count() == 3  # the loss, the acceptance by position, the acceptance length
         for i in range(3):
             charts.nth(i).locator("canvas, svg").first.wait_for()
