@@ -278,13 +278,10 @@ def record_round(
     """The Round a verified row settles into: a chain row's round_record; a tree row's is round_record's over the
     walked path, each draft token with its sibling rank and siblings, k the depth drafted and tree_nodes the nodes
     verified."""
+    path = row if isinstance(row, VerifiedRow) else row.row
+    round_ = round_record(typer, eos_ids, prompt_index, round_index, path, budget, draft_s, verify_s, forwards, context)
     if isinstance(row, VerifiedRow):
-        return round_record(
-            typer, eos_ids, prompt_index, round_index, row, budget, draft_s, verify_s, forwards, context
-        )
-    round_ = round_record(
-        typer, eos_ids, prompt_index, round_index, row.row, budget, draft_s, verify_s, forwards, context
-    )
+        return round_
     round_.draft_tokens = [
         replace(t, sibling_rank=rank, siblings=siblings)
         for t, rank, siblings in zip(round_.draft_tokens, row.sibling_ranks, row.siblings)
