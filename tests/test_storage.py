@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from benchmarks.bench_queries import synthetic_baseline, synthetic_prompt
+from engine.decoding.records import REJECTED
 from engine.metrics.metrics_oracle import outputs_match, speculative_metrics, target_step_seconds, throughput
 from storage import open_store
 from storage.analysis import catalog
@@ -242,6 +243,39 @@ def test_full_accept_share_is_the_share_of_rounds_with_every_draft_accepted(stor
             ],
         )
     assert q.runs(store, eid).set_index("run_id").loc[rid].full_accept_share == pytest.approx(1 / 3)
+
+
+def test_zero_accept_share_is_the_share_of_rounds_whose_first_draft_was_rejected(store):
+    """storage/records/columns.py's SQL for zero_accept_share (empty rounds) equals the count over the engine's own
+    rounds, on every database; the run JSON carries it, a baseline has none, and a round cut before its first draft
+    is not an empty round."""
+    eid, ids, results = fill_experiment(store, ks=(1, 3, 5), prompts=4, same_outputs_for=3)
+    frame = q.runs(store, eid).set_index("run_id")
+    assert math.isnan(frame.loc[ids[("baseline", None)]].zero_accept_share)
+    shares = []
+    for k in (1, 3, 5):
+        rounds = [r for p in results[ids[("speculative", k)]] for r in p.rounds if r.k > 0]
+        first_rejected = [r.draft_tokens[0].outcome == REJECTED for r in rounds]
+        expected = sum(first_rejected) / len(rounds)
+        assert_close(frame.loc[ids[("speculative", k)]].zero_accept_share, expected, f"k={k} empty rounds")
+        shares.append(expected)
+    assert len(set(shares)) > 1 and 0 < max(shares) < 1  # the records hold both kinds of round
+    (entry,) = [r for r in run_document(store, eid)["runs"] if r["k"] == 3]
+    assert entry["zero_accept_share"] == pytest.approx(shares[1], rel=REL)
+    rid = ids[("speculative", 3)]
+    with store.write() as conn:
+        conn.execute(text("DELETE FROM rounds WHERE run_id = :r"), {"r": rid})
+        conn.execute(
+            text(
+                "INSERT INTO rounds (run_id, prompt_index, round_index, k, accepted, rejected, emitted, "
+                "draft_seconds, verify_seconds, draft_forwards) VALUES (:r, 0, :i, :k, :a, :j, 1, 0, 0, 0)"
+            ),
+            [  # rejected first, full accept, rejected later, cut before the first draft, nothing proposed
+                {"r": rid, "i": i, "k": k, "a": a, "j": j}
+                for i, (k, a, j) in enumerate([(3, 0, 1), (3, 3, 0), (3, 1, 1), (3, 0, 0), (0, 0, 0)])
+            ],
+        )
+    assert q.runs(store, eid).set_index("run_id").loc[rid].zero_accept_share == pytest.approx(1 / 4)
 
 
 def test_run_document_has_the_cli_shape_and_the_engine_figures(store):

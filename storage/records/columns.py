@@ -139,6 +139,21 @@ RUN = [
         " round cut by `max_new_tokens` or EOS before its last draft is not a full accept; baselines have none",
     ),
     _c(
+        "zero_accept_share",
+        "empty rounds",
+        "share of rounds (with drafts) whose first draft was rejected: the round emitted only the target's own "
+        "token, so its draft steps were pure cost (what a shorter k or a better first draft would save)",
+        RATE,
+        json=True,
+        sql="SELECT CAST(SUM(CASE WHEN rd.accepted = 0 AND rd.rejected > 0 THEN 1 ELSE 0 END) AS DOUBLE PRECISION) "
+        "/ NULLIF(COUNT(*), 0) FROM rounds rd WHERE rd.run_id = r.id AND rd.k > 0",
+        tables=("runs",),
+        section="counts",
+        doc="rounds with k_r > 0 whose first draft was verified and rejected (a_r = 0) / rounds with k_r > 0: the "
+        "rounds that bought nothing over the target alone, paying every draft step (the mirror of full accepts). A "
+        "round cut by `max_new_tokens` or EOS before its first draft is not counted as one; baselines have none",
+    ),
+    _c(
         "accepted_off_chain_share",
         "off-chain accepts",
         "token trees: share of rounds (with drafts) whose accepted path left the draft's top-1 chain (an accepted "
