@@ -43,7 +43,7 @@ from engine.decoding.batched_cache import BatchCache
 from engine.decoding.records import Round
 from engine.decoding.sampling import SamplingConfig, sample_rows
 from engine.decoding.token_trees import DraftTree
-from engine.decoding.verification import VerifiedRow, draft_stats, round_record
+from engine.decoding.verification import STATS, VerifiedRow, draft_stats, round_record
 from engine.text.token_types import CodeContext, TokenTyper
 
 
@@ -247,10 +247,8 @@ def tree_rows_to_host(
                     accepted=a,
                     next_token=int(nexts[r]),
                     drafted=[int(tokens[r * count + j]) for j in walked],
-                    p_draft=column(0),
-                    p_target=column(1),
-                    beta=column(2),
-                    kl=column(3),
+                    accepted_standard=None,  # the standard rule's round: trees verify with their own rule
+                    **{name: column(i) for i, name in enumerate(STATS)},
                 ),
                 sibling_ranks=[row_ranks[j] for j in walked],
                 siblings=[len(kids[row_parents[j]]) for j in walked],

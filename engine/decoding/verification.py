@@ -21,6 +21,10 @@ from engine.decoding.sampling import SamplingConfig, row_uniforms, sample_rows
 from engine.decoding.verdict import Verdict as Verdict  # re-exported: the rules and their callers share it
 from engine.text.token_types import CodeContext, TokenTyper
 
+# What draft_stats computes per draft token, in its order: each is a VerifiedRow list and a DraftToken field of the
+# same name, so a new per-draft measurement is its line in draft_stats, its name here and its two fields.
+STATS = ("p_draft", "p_target", "beta", "kl")
+
 
 @dataclass(frozen=True)
 class VerifiedRow:
@@ -98,10 +102,10 @@ def draft_stats(
     draft_logits: torch.Tensor | None,
     p_target: torch.Tensor,
     target_logits: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
     """What a round records per draft token, on the device, for tokens [..., k] with their distributions
-    [..., k, V] (the target's scoring each draft's slot): (p_draft of the token, p_target of the token,
-    beta = sum min(p_d, p_t), KL(p_t || p_d) of the raw logits, NaN without draft logits), each [..., k]."""
+    [..., k, V] (the target's scoring each draft's slot), in STATS' order: (p_draft of the token, p_target of the
+    token, beta = sum min(p_d, p_t), KL(p_t || p_d) of the raw logits, NaN without draft logits), each [..., k]."""
     idx = tokens[..., None]
     p_d = draft_probs.gather(-1, idx)[..., 0]
     p_t = p_target.gather(-1, idx)[..., 0]
@@ -137,19 +141,8 @@ def round_record(
     context = context if context is not None else CodeContext(False)
     tokens = []
     for i, (token, outcome, (text, kind)) in enumerate(zip(drafted, outcomes, typer.drafts(drafted, context))):
-        tokens.append(
-            DraftToken(
-                i + 1,
-                token,
-                text,
-                kind,
-                row.p_draft[i],
-                row.p_target[i],
-                row.beta[i],
-                row.kl[i],
-                outcome,
-            )
-        )
+        stats = {name: getattr(row, name)[i] for name in STATS}
+        tokens.append(DraftToken(i + 1, token, text, kind, outcome=outcome, **stats))
     typer.emitted(emitted, context)
     return Round(
         prompt_index,
@@ -195,17 +188,17 @@ def rows_to_host(
     rows = []
     for r, k in enumerate(ks):
         at = 2 * batch + r * width
-        cols = [flat[head + (i * batch + r) * width : head + (i * batch + r) * width + k] for i in range(4)]
+        cols = {
+            name: flat[head + (i * batch + r) * width : head + (i * batch + r) * width + k]
+            for i, name in enumerate(STATS)
+        }
         rows.append(
             VerifiedRow(
                 accepted=int(flat[r]),
                 next_token=int(flat[batch + r]),
                 drafted=[int(t) for t in flat[at : at + k]],
-                p_draft=cols[0],
-                p_target=cols[1],
-                beta=cols[2],
-                kl=cols[3],
                 accepted_standard=standards[r],
+                **cols,
             )
         )
     tail = iter(int(v) for v in flat[batch * (2 + width) : batch * (2 + width) + len(present)])
