@@ -64,6 +64,7 @@ def synthetic_prompt(
                     rng.random(),
                     float("nan") if rng.random() < nan_kl else rng.random() * 2,
                     outcome,
+                    target_entropy=rng.random() * 3,
                 )
             )
         last = [] if accepted == room else [target[accepted] if follow else rng.randrange(vocab)]

@@ -12,7 +12,8 @@ from tests import tiny_models as tm
 
 @torch.no_grad()
 def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos_ids):
-    """(drafted ids, accepted, next token, p_draft, p_target) per round, recomputing every prefix."""
+    """(drafted ids, accepted, emitted, outcomes, p_draft, p_target, beta, kl, target entropy) per round, recomputing
+    every prefix; the target's entropy straight from its logits (H = -sum p log p), not through the loop's code."""
     g = prompt_generator(cfg.seed, prompt_index, "cpu")
     full = lambda model, seq: model(seq).logits[0, :, :vocab]  # noqa: E731
     seq, out, rounds = prompt_ids, [], []
@@ -46,7 +47,9 @@ def reference_rounds(target, draft, vocab, cfg, prompt_ids, prompt_index, k, eos
             "accepted" if i < accepted else "rejected" if i == row.accepted < len(emitted) else "discarded"
             for i in range(k_r)
         ]
-        rounds.append((row.drafted, accepted, emitted, outcomes, row.p_draft, row.p_target, row.beta, row.kl))
+        log_t = t_logits[:k_r].float().log_softmax(-1)
+        entropy = (-(log_t.exp() * log_t).sum(-1)).tolist()
+        rounds.append((row.drafted, accepted, emitted, outcomes, row.p_draft, row.p_target, row.beta, row.kl, entropy))
         out += emitted
         seq = torch.cat([seq, torch.tensor([emitted])], 1)
     return out, rounds
@@ -67,13 +70,15 @@ def test_cached_loop_matches_full_recompute(family, temperature):
         out, ref = reference_rounds(target, p.draft.model, p.vocab_size, cfg, prompt_ids, i, 3, runs.eos_ids(p))
         assert got.output_ids == out
         assert len(got.rounds) == len(ref)
-        for r, (drafted, accepted, emitted, outcomes, p_d, p_t, beta, kl) in zip(got.rounds, ref):
+        for r, (drafted, accepted, emitted, outcomes, p_d, p_t, beta, kl, entropy) in zip(got.rounds, ref):
             assert [t.token_id for t in r.draft_tokens] == drafted
             assert r.emitted_ids == emitted
             assert r.accepted == accepted
             assert [t.outcome for t in r.draft_tokens] == outcomes
-            for t, *expected in zip(r.draft_tokens, p_d, p_t, beta, kl):
-                assert [t.p_draft, t.p_target, t.beta, t.kl] == pytest.approx(expected, rel=1e-3, abs=1e-5)
+            for t, *expected in zip(r.draft_tokens, p_d, p_t, beta, kl, entropy):
+                got_stats = [t.p_draft, t.p_target, t.beta, t.kl, t.target_entropy]
+                assert got_stats == pytest.approx(expected, rel=1e-3, abs=1e-5)
+            assert all(t.target_entropy is not None and t.target_entropy > 0.01 for t in r.draft_tokens)
         total_rounds += len(ref)
         rejections += sum(r.rejected for r in got.rounds)
     assert total_rounds >= 8 and rejections >= 2  # rollbacks really happened

@@ -193,6 +193,7 @@ def test_stored_metrics_equal_engine_metrics(store):
             "tokens_per_round",
             "expected_alpha",
             "kl",
+            "target_entropy",
             "draft_step_seconds",
             "c",
             "predicted_speedup",

@@ -50,6 +50,10 @@ class DraftToken:
     # A draft with another vocabulary (engine/models/vocab_bridge.py): 1 when this draft was rejected for a token
     # outside the vocabulary both share (one the draft could not have proposed), 0 for one inside; None otherwise.
     outside_vocab: int | None = None
+    # The entropy of the target's raw (temperature 1, unfiltered) distribution at this position, in nats: how unsure
+    # the target itself was where this draft was verified (a rejection where it is high is the target's doubt, one
+    # where it is low the draft's miss). None in records made before it was measured.
+    target_entropy: float | None = None
 
 
 @dataclass

@@ -23,7 +23,7 @@ from engine.text.token_types import CodeContext, TokenTyper
 
 # What draft_stats computes per draft token, in its order: each is a VerifiedRow list and a DraftToken field of the
 # same name, so a new per-draft measurement is its line in draft_stats, its name here and its two fields.
-STATS = ("p_draft", "p_target", "beta", "kl")
+STATS = ("p_draft", "p_target", "beta", "kl", "target_entropy")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class VerifiedRow:
     p_target: list[float]  # ... under the target's
     beta: list[float]  # sum_x min(p_d(x), p_t(x)) at each draft's slot
     kl: list[float]  # KL(p_t || p_d) of the raw logits at each slot (NaN without draft logits)
+    target_entropy: list[float]  # the entropy of the target's raw logits at each slot, in nats
     accepted_standard: int | None = None  # block verification: what the standard rule accepted on the same uniforms
 
 
@@ -105,18 +106,20 @@ def draft_stats(
 ) -> tuple[torch.Tensor, ...]:
     """What a round records per draft token, on the device, for tokens [..., k] with their distributions
     [..., k, V] (the target's scoring each draft's slot), in STATS' order: (p_draft of the token, p_target of the
-    token, beta = sum min(p_d, p_t), KL(p_t || p_d) of the raw logits, NaN without draft logits), each [..., k]."""
+    token, beta = sum min(p_d, p_t), KL(p_t || p_d) of the raw logits, NaN without draft logits, the entropy of the
+    target's raw logits: how unsure the target itself was there), each [..., k]."""
     idx = tokens[..., None]
     p_d = draft_probs.gather(-1, idx)[..., 0]
     p_t = p_target.gather(-1, idx)[..., 0]
     beta = torch.minimum(draft_probs, p_target).sum(-1)
+    log_t = target_logits.float().log_softmax(-1)
+    entropy = -torch.where(log_t > float("-inf"), log_t.exp() * log_t, 0.0).sum(-1)  # a masked token adds 0
     if draft_logits is not None:
-        log_t = target_logits.float().log_softmax(-1)
         log_d = draft_logits.float().log_softmax(-1)
         kl = (log_t.exp() * (log_t - log_d)).sum(-1)
     else:
         kl = torch.full(tokens.shape, float("nan"), device=p_t.device)
-    return p_d, p_t, beta, kl
+    return p_d, p_t, beta, kl, entropy
 
 
 def round_record(

@@ -49,6 +49,7 @@ def speculative_metrics(results: list[PromptResult], baseline: list[PromptResult
         by_type[t.token_type][0] += t.outcome == ACCEPTED
         by_type[t.token_type][1] += 1
     kls = [t.kl for t in verified if not math.isnan(t.kl)]
+    entropies = [t.target_entropy for t in verified if t.target_entropy is not None]
     draft_forwards = sum(r.draft_forwards for r in rounds)
     m: dict[str, Any] = {
         **throughput(results),
@@ -61,6 +62,7 @@ def speculative_metrics(results: list[PromptResult], baseline: list[PromptResult
         "tokens_per_round": _ratio(sum(len(r.emitted_ids) for r in rounds), len(rounds)),
         "expected_alpha": _ratio(sum(t.beta for t in verified), len(verified)),
         "kl": _ratio(sum(kls), len(kls)),
+        "target_entropy": _ratio(sum(entropies), len(entropies)),
         "per_position_acceptance": [_ratio(h, n) for h, n in zip(hits, reached)],
         "acceptance_by_type": {k: v[0] / v[1] for k, v in sorted(by_type.items())},
         "draft_step_seconds": _ratio(sum(r.draft_seconds for r in rounds), draft_forwards),

@@ -188,6 +188,19 @@ RUN = [
         doc="D_KL(p_t ‖ p_d) on the raw (temperature 1, unfiltered) distributions at verified positions",
     ),
     _c(
+        "target_entropy",
+        "target entropy",
+        "mean entropy of the target's own distribution (raw logits) where drafts were verified, in nats: high means "
+        "the target itself was unsure, so rejections there are its doubt more than the draft's miss",
+        RATE,
+        json=True,
+        sql="SELECT AVG(d.target_entropy) FROM draft_tokens d WHERE d.run_id = r.id AND d.outcome <> 'discarded'",
+        tables=("runs",),
+        section="counts",
+        doc="mean over verified positions of H(p_t) = −Σ_x p_t(x) ln p_t(x), on the raw (temperature 1, unfiltered) "
+        "target distribution, in nats; measured by the engine at each draft's slot of the verify forward",
+    ),
+    _c(
         "per_position_acceptance",
         "acceptance by position",
         "conditional acceptance at draft positions 1..k",
