@@ -3,7 +3,7 @@ sweep (k, k auto, a sampling setting, the draft or the drafting strategy), optio
 grid, whose detail page gives a k schedule); Launch enqueues it.
 
 A link can fill the form: `new?target=...&draft=...&sweep=k&values=1,2,4&drafter=confidence:0.5` (the parameters
-storage/analysis/findings.py's prefill_query writes; pages/widgets/prefill.py parses them strictly), and
+storage/analysis/findings/links.py's prefill_query writes; pages/widgets/prefill.py parses them strictly), and
 `batch_sizes=1,4,16` for a grid: the sweep at each batch size (the "At batch sizes" field). They are put into the
 widgets when the form is first drawn; a bad one is left out with a short note.
 

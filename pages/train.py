@@ -212,7 +212,7 @@ def _form() -> None:
     c1, c2 = st.columns([1, 2])
     device = c1.selectbox("Device", DEVICES, key="train_device")
     ids, labels = _focus_options()
-    wanted = parse_id(st.query_params.get("focus_from"))  # a finding's "Try it" link (storage/analysis/findings.py)
+    wanted = parse_id(st.query_params.get("focus_from"))  # a finding's "Try it" link (storage/analysis/findings/)
     if wanted in ids and st.session_state.get("train_focus_from_link") != wanted:
         st.session_state["train_focus"] = wanted  # once per link, so the user can still change it
         st.session_state["train_focus_from_link"] = wanted

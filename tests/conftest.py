@@ -5,7 +5,7 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download; an unknown id must fail fast
-# a finding rule that raises fails the test (storage/analysis/findings.py)
+# a finding rule that raises fails the test (storage/analysis/findings/__init__.py, STRICT_ENV)
 os.environ.setdefault("DRAFTLAB_STRICT_RULES", "1")
 
 try:

@@ -32,7 +32,8 @@ without speculation) misbehave from its N-th completion request on (the warm-up 
 - hang: it sends that request's headers and never a token;
 - no-counters (N unused): its /metrics holds no speculative-decoding counters;
 - short (sampled requests only): it answers 6-10 tokens drawn uniformly over the vocabulary and accepts one draft
-  an answer, as vLLM 0.32's CPU build does under sampling (storage/analysis/findings.py's VLLM_CPU_SAMPLING_CAUSE);
+  an answer, as vLLM 0.32's CPU build does under sampling (storage/analysis/findings/withheld.py's
+  VLLM_CPU_SAMPLING_CAUSE);
 - fast: its steps take no time (whatever $FAKE_VLLM_STEP_SECONDS says), a speedup above its tokens per step."""
 
 from __future__ import annotations

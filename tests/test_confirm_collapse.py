@@ -1,8 +1,8 @@
-"""The collapse finding (storage/analysis/collapse.py, storage/analysis/findings.py's `_collapse`): a confirmed EAGLE-3
-head whose server acceptance is under half the lab's with both intervals making it certain names the head directory and
-what to check (aux-layer ids, norm_before_fc, d2t, chat template); the same low rate over too few drafts to be certain,
-or a server that accepts like the lab, says nothing. Counters are stored as a confirm stores them, beside a tiny lab
-experiment's run (tests/test_confirm_job's `lab`)."""
+"""The collapse finding (storage/analysis/collapse.py, storage/analysis/findings/acceptance_collapse.py): a confirmed
+EAGLE-3 head whose server acceptance is under half the lab's with both intervals making it certain names the head
+directory and what to check (aux-layer ids, norm_before_fc, d2t, chat template); the same low rate over too few drafts
+to be certain, or a server that accepts like the lab, says nothing. Counters are stored as a confirm stores them, beside
+a tiny lab experiment's run (tests/test_confirm_job's `lab`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Findings from a stored confirm (storage/analysis/findings.py's `_confirm`): in the server, a configuration that gains
+"""Findings from a stored confirm (storage/analysis/findings/confirm.py): in the server, a configuration that gains
 or loses at a concurrency, beside the lab's figure at the same batch size (a lab gain the server does not show is a
 warning); greedy outputs that speculation changed in the server (an error); the first draft position where the server's
 acceptance lies outside the lab run's interval. And a confirm's counters are not also reported as "production" (they are

@@ -1,4 +1,4 @@
-"""Findings (storage/analysis/findings.py) on crafted databases, SQLite and PostgreSQL: each rule names the right
+"""Findings (storage/analysis/findings/) on crafted databases, SQLite and PostgreSQL: each rule names the right
 position, token type, tie, formula gap, slow draft, sampling mismatch and timing drift, and stays silent when the data
 does not support it; the panel (pages/panels/findings_panel.py) escapes user text and links to the chart and the New
 form."""

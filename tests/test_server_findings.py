@@ -1,7 +1,7 @@
-"""The findings' `server` rule (storage/analysis/findings.py) on SQLite and PostgreSQL: where a server cost profile
-fits, the server's answer (storage/serving/run_predictions.server_verdict: what deploy serves) stands beside the lab's
-verdict, a warning where they choose different ks; where a profile fits but predicts no gain, one info line saying
-the lab's verdict stands; without a profile, nothing."""
+"""The findings' `server` rule (storage/analysis/findings/server_answer.py) on SQLite and PostgreSQL: where a server
+cost profile fits, the server's answer (storage/serving/run_predictions.server_verdict: what deploy serves) stands
+beside the lab's verdict, a warning where they choose different ks; where a profile fits but predicts no gain, one info
+line saying the lab's verdict stands; without a profile, nothing."""
 
 from __future__ import annotations
 

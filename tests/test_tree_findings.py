@@ -1,4 +1,4 @@
-"""The `tree` finding (storage/analysis/tree_findings.py through storage/analysis/findings.py) on SQLite and
+"""The `tree` finding (storage/analysis/findings/tree.py) on SQLite and
 PostgreSQL: a tree run against the chain at the same k says which gained by the verdict's 95 % intervals, with both
 runs' figures as stored; tree runs get no chain-formula prediction and stay out of the formula's pooled α."""
 

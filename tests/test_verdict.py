@@ -207,7 +207,8 @@ def test_findings_take_the_cheaper_tied_choice_and_the_focus_run_is_the_verdicts
     assert tie["data"]["cheaper"] == "prompt-lookup:3" and tie["data"]["best"] == "model"
     assert not missing(tie["next"], "cheaper drafter = prompt-lookup:3", "no draft model"), tie["next"]
     assert "drafter = model at 1.40×" in tie["detail"]
-    from storage.analysis.findings import _Context, _focus_run
+    from storage.analysis.findings.base import _Context
+    from storage.analysis.findings.rejections import _focus_run
 
     ctx = _Context(store, q.experiment(store, eid), q.runs(store, eid), verdict(store, eid))
     row, why = _focus_run(ctx)

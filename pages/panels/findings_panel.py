@@ -1,4 +1,4 @@
-"""Findings on the experiment-detail page: what the stored data says (storage/analysis/findings.py), each with its
+"""Findings on the experiment-detail page: what the stored data says (storage/analysis/findings/), each with its
 numbers, a link to the chart that shows it, and a "Try it" link to the New-experiment form prefilled for the next step.
 
     render_findings(store, experiment_id)   # in the Verdict section of pages/experiment_detail.py

@@ -24,7 +24,7 @@ VERDICT, REJECTED, PREDICTIONS, SERVING, CONFIRM, RUNS = (
     "Runs",
 )
 ORDER = (VERDICT, REJECTED, PREDICTIONS, SERVING, CONFIRM, RUNS)
-# A finding's chart key (storage/analysis/findings.py CHARTS) -> the section that draws it.
+# A finding's chart key (storage/analysis/findings/base.py CHARTS) -> the section that draws it.
 CHART_SECTIONS = {
     "speedup": VERDICT,
     "schedule": VERDICT,

@@ -5,7 +5,7 @@ engine/config/drafter_specs.py: plain Python, no torch).
     values, notes = parse_prefill(params, prompt_sets)  # widget key -> value; one short note per ignored parameter
 
 Plain Python, no streamlit: the page puts `values` into its widgets on the first draw and shows `notes` as a
-caption (escaped with md_text). The parameters are those storage/analysis/findings.py's prefill_query() writes.
+caption (escaped with md_text). The parameters are those storage/analysis/findings/links.py's prefill_query() writes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Whether a served configuration's acceptance COLLAPSED against the lab's: the server accepts under half of what
 the lab measured on the same prompts, and the counts make that certain, not noise (the `confirm` finding that
-names what to check, storage/analysis/findings.py).
+names what to check, storage/analysis/findings/acceptance_collapse.py).
 
     collapse(store, series_id, run_id) -> dict | None
 

@@ -135,9 +135,9 @@ def server_choice(store: Store, experiment_id: int) -> tuple[dict[str, Any] | No
 
 
 def server_verdict(store: Store, experiment_id: int) -> dict[str, Any]:
-    """The server's answer as storage/analysis/findings.py's `server` rule reads it: {"fitted": whether a profile
-    fits any deployable run, "chosen": server_answer's prediction or None, "reason", "said": its k per concurrency
-    in words (engine_settings.schedule_text) or None}."""
+    """The server's answer as storage/analysis/findings/server_answer.py's `server` rule reads it: {"fitted":
+    whether a profile fits any deployable run, "chosen": server_answer's prediction or None, "reason", "said": its k
+    per concurrency in words (engine_settings.schedule_text) or None}."""
     from storage.serving.engine_settings import deployable_runs, schedule_text
 
     runs = deployable_runs(store, experiment_id)

@@ -1,6 +1,9 @@
-"""A token-tree run against the chain at the same k (storage/analysis/findings.py's `tree` rule): which one gained,
-in speedup with the verdict's 95 % intervals (each run's paired bootstrap over prompts) and in tokens per round (what
-the tree's extra branches buy), and the verify nodes the tree paid for it.
+"""The `tree` rule: each finished token-tree run against the chain at the same k, which one gained, in speedup with
+the verdict's 95 % intervals (each run's paired bootstrap over prompts) and in tokens per round (what the tree's extra
+branches buy), and the verify nodes the tree paid for it.
+
+It fires (info) per tree run with a chain partner: a tree that gains is served (a --tree-tokens sweep finds the
+smallest that keeps it); a chain that gains, or a tie, keeps the chain.
 
 A run's partner is the finished chain run (tree_topk 1) of the same experiment with every other run parameter equal
 (engine/config/run_config.py's RUN_PARAMETERS but the tree's two): in a tree_topk sweep, the topk-1 run at the same k;
@@ -16,7 +19,8 @@ from typing import Any
 import pandas as pd
 
 from engine.config.run_config import RUN_PARAMETERS
-from engine.config.tree_shape import is_tree, verified_nodes
+from engine.config.tree_shape import MAX_TREE_TOKENS, full_tree_nodes, is_tree, verified_nodes
+from storage.analysis.findings.base import _Context, _finding
 
 TREE_KEYS = ("tree_topk", "tree_tokens")
 _SAME = tuple(name for name in RUN_PARAMETERS if name not in TREE_KEYS)
@@ -128,4 +132,53 @@ def tree_against_chain(runs: pd.DataFrame) -> list[TreeAgainstChain]:
                 int(tree["k"]), int(tree["tree_topk"]), _whole(tree.get("tree_tokens")), t, c, _gained(t, c)
             )
         )
+    return found
+
+
+def _tree(ctx: _Context) -> list[dict[str, Any]]:
+    """Rule (token trees): each finished tree run against the chain at the same k with every other setting equal
+    (tree_against_chain, above): which gained in speedup (95 % intervals apart, else neither) and what the
+    tree's branches bought in tokens per round for the nodes it verified. The chain formula does not model trees:
+    tree runs have no formula prediction (storage/records/queries.py)."""
+    found = []
+    for pair in tree_against_chain(ctx.done):
+        tree, chain, k = pair.tree, pair.chain, pair.k
+        shape = f"tree_topk {pair.topk}, {tree.nodes} nodes verified per round"
+        title = (
+            f"The token tree ({shape}) beats the chain at k = {k}"
+            if pair.gained == "tree"
+            else f"The chain beats the token tree ({shape}) at k = {k}"
+            if pair.gained == "chain"
+            else f"The token tree ({shape}) and the chain at k = {k} are tied"
+        )
+        detail = (
+            f"Tree {tree.text()}; chain {chain.text()}: the branches bought {pair.extra_tokens:+.2f} tokens per "
+            f"round for {tree.nodes} verified nodes against the chain's {chain.nodes}"
+            + (
+                "."
+                if pair.gained != "neither"
+                else f" and the speedup intervals {'overlap' if tree.ci and chain.ci else 'are not both measured'}."
+            )
+        )
+        if pair.gained == "tree":
+            sizes = sorted({0, k + 1, min(2 * (k + 1), full_tree_nodes(k, pair.topk), MAX_TREE_TOKENS)})
+            next_ = (
+                "Serve the tree (SGLang takes it: see deploy); sweep --tree-tokens for the smallest tree that keeps it."
+            )
+            prefill = ctx.prefill(
+                title,
+                sweep="tree_tokens",
+                values=",".join(map(str, sizes)),
+                k_auto=None,
+                k=k,
+                tree_topk=pair.topk,
+                tree_tokens=None,
+            )
+        else:
+            next_ = (
+                "Keep the chain (--tree-topk 1, what every engine serves), or try a smaller tree (--tree-tokens) "
+                "whose verify costs less."
+            )
+            prefill = None
+        found.append(_finding("tree", "info", title, detail, "speedup", next_, prefill, pair.as_dict()))
     return found
