@@ -69,10 +69,10 @@ FORBIDDEN = [
         "engine.models.loading -> torch",
     ),
     (
-        "pages/widgets/charts.py",
+        "pages/widgets/charts/speedup.py",
         "from engine.decoding import speculative",
         "the pages load no model",
-        "pages.widgets.charts -> engine.decoding.speculative",
+        "pages.widgets.charts.speedup -> engine.decoding.speculative",
     ),
     # a cycle hidden in a function-level import (storage.records.queries imports storage.records.columns at its top)
     (
@@ -106,10 +106,10 @@ FORBIDDEN = [
         "storage.analysis.catalog -> sqlalchemy",
     ),
     (
-        "pages/widgets/charts.py",
+        "pages/widgets/charts/speedup.py",
         "def _f():\n    from pages.panels import advice",
         "pages: a page > panels > widgets",
-        "pages.widgets.charts -> pages.panels.advice",
+        "pages.widgets.charts.speedup -> pages.panels.advice",
     ),
     (
         "app/runtime/placement.py",
