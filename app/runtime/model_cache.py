@@ -1,17 +1,20 @@
 """The worker's model cache: the one target/draft pair it holds, reused across experiments that need the same
-models (and for a draft sweep, the other drafts on the same target), released before another is loaded.
+models (and for a draft sweep, the other drafts on the same target; for a draft_dtype sweep, the draft in each
+precision), released before another is loaded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from app.runtime.placement import load_device, place
+from engine.config.head_format import is_head
+from engine.config.variables import DEFAULT_DRAFT_DTYPE
 from engine.errors import DraftLabError
-from engine.models.loading import ModelPair, with_draft
+from engine.models.loading import ModelPair, resolve_dtype, with_draft
 from engine.text.token_types import TokenTyper
 
 
@@ -25,7 +28,9 @@ class LoadedPair:
     pair: ModelPair
     typer: TokenTyper
     encoded: dict = field(default_factory=dict)  # (experiment_id, max_new_tokens) -> prompt ids
-    others: dict = field(default_factory=dict)  # draft name (None: no draft model) -> a pair on the same target
+    # draft name (None: no draft model) -> a pair on the same target; (draft name, dtype) for a draft loaded in a
+    # precision of its own (a run's draft_dtype other than the target's)
+    others: dict = field(default_factory=dict)
 
 
 class ModelCache:
@@ -75,20 +80,39 @@ class ModelCache:
         self.loaded = LoadedPair(key + (experiment["id"],), pair, TokenTyper(pair.tokenizer))
         return self.loaded
 
-    def pair_for(self, loaded: LoadedPair, draft: str | None, experiment: dict) -> ModelPair:
+    def pair_for(
+        self, loaded: LoadedPair, draft: str | None, experiment: dict, draft_dtype: str = DEFAULT_DRAFT_DTYPE
+    ) -> ModelPair:
         """The loaded target with `draft` (another candidate of a draft sweep, or None for drafters that need
-        no model), loaded once and pair-checked."""
-        if draft == loaded.key[1]:
+        no model) in `draft_dtype` (a run's; "same": the target's dtype), loaded once and pair-checked. A draft
+        dtype other than the target's loads a copy of its own, cached under (draft, dtype): a sweep's runs never
+        share a draft of the wrong precision. Without a draft model the dtype changes nothing."""
+        same = draft is None or draft_dtype == DEFAULT_DRAFT_DTYPE
+        dtype = loaded.pair.dtype if same else resolve_dtype(draft_dtype, loaded.pair.device)
+        if dtype == loaded.pair.dtype and draft == loaded.key[1]:
             return loaded.pair
-        if draft not in loaded.others:
-            self.log(f"loading draft {draft}" if draft else "drafting without a draft model")
-            try:
-                loaded.others[draft] = with_draft(loaded.pair, draft, bool(experiment["trust_remote_code"]))
+        key = draft if dtype == loaded.pair.dtype else (draft, draft_dtype)
+        if key not in loaded.others:
+            if key != draft and is_head(str(draft)):  # it reads the target's hidden states, shares its embedding
+                raise DraftLabError(
+                    f"draft dtype {draft_dtype} cannot load the EAGLE-3 head {draft}: a head runs in the target's "
+                    f"dtype; use --draft-dtype same (or the experiment's --dtype for both)"
+                )
+            self.log(
+                (f"loading draft {draft}" + (f" in {draft_dtype}" if key != draft else ""))
+                if draft
+                else "drafting without a draft model"
+            )
+            trust = bool(experiment["trust_remote_code"])
+            try:  # the draft loaded in its own dtype (with_draft loads in the pair's), the pair keeping the target's
+                loaded.others[key] = replace(
+                    with_draft(replace(loaded.pair, dtype=dtype), draft, trust), dtype=loaded.pair.dtype
+                )
             except torch.cuda.OutOfMemoryError as exc:
                 raise DraftLabError(
                     f"CUDA out of memory loading draft {draft}; use dtype bfloat16/float16 or a smaller draft"
                 ) from exc
-        return loaded.others[draft]
+        return loaded.others[key]
 
     def adopt(self, pair: ModelPair, experiment: dict, others: dict | None = None) -> None:
         """Use already loaded pairs for this experiment's runs (the CLI loads them first to report bad input):

@@ -130,7 +130,8 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
     budgets = {}
     for rid, run in group.items():
         try:  # the run's own configuration (engine/config/run_config.py): every parameter the engine's sampling takes
-            cfg = RunConfig.of_run(run, experiment).sampling()
+            config = RunConfig.of_run(run, experiment)
+            cfg, draft_dtype = config.sampling(), config.value("draft_dtype")  # the draft's precision: how it loads
         except DraftLabError as exc:
             outcome[rid] = (FAILED, str(exc), None)
             continue
@@ -142,12 +143,12 @@ def time_group(job: JobContext, experiment: dict, group: dict[int, dict], outcom
                 raise SetupError(str(exc)) from exc
         try:
             if batched:
-                _check_batch(loaded, job, experiment, run, prompts, loaded.encoded[encoded_key], cfg)
+                _check_batch(loaded, job, experiment, run, prompts, loaded.encoded[encoded_key], cfg, draft_dtype)
             if run["kind"] == BASELINE:
                 decoders[rid] = baseline_decoder(loaded.pair, cfg)
             else:
                 drafter = _drafter_of(run, experiment)
-                pair = job.models.pair_for(loaded, _draft_of(run, experiment), experiment)
+                pair = job.models.pair_for(loaded, _draft_of(run, experiment), experiment, draft_dtype)
                 decoders[rid] = speculative_decoder(pair, cfg, run["k"], typer, drafter=drafter)
         except DraftLabError as exc:
             outcome[rid] = (FAILED, str(exc), None)
@@ -207,6 +208,7 @@ def _check_batch(
     prompts: list[str],
     prompt_ids: list,
     cfg: SamplingConfig,
+    draft_dtype: str,
 ) -> None:
     """Refuse a batch size before it runs: more rows than prompts (never silently a smaller batch), a model the
     batched cache cannot decode exactly (engine/decoding/attention_masks.py), or KV caches that cannot fit in what the
@@ -219,7 +221,7 @@ def _check_batch(
         )
     models = [loaded.pair.target.model]
     if run["kind"] != BASELINE and needs_draft_model(_drafter_of(run, experiment)):
-        draft = job.models.pair_for(loaded, _draft_of(run, experiment), experiment).draft
+        draft = job.models.pair_for(loaded, _draft_of(run, experiment), experiment, draft_dtype).draft
         if draft is not None:
             models.append(draft.model)
     for model in models if size > 1 else ():

@@ -13,8 +13,10 @@ RunConfig carries every entry to the CLI (a flag), the form (a number field from
 own widget), its link, the queue (storage/db/schema.py declares its columns from `kind`, storage/db/migrations.py adds
 them to an older database), the worker (a SamplingConfig field of the same name reaches the engine), validation, deploy
 (`serving_note`) and findings. draft_sampling took 11 files; draft_temperature took 3 (this entry,
-engine/config/sampling_config.py's field, engine/decoding/drafting.py's use) besides its test and docs. Plain Python, no
-torch: storage and pages import it.
+engine/config/sampling_config.py's field, engine/decoding/drafting.py's use) besides its test and docs; draft_dtype, a
+loading setting rather than a sampling one, took 4 (this entry, app/runtime/model_cache.py loading each run's draft in
+its dtype, app/worker/timing.py handing the run's value over, storage/records/queries.py giving the verdict's cost the
+experiment's dtype). Plain Python, no torch: storage and pages import it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ MIN_TEMPERATURE = 1e-3
 # block verification (Sun et al. 2024; vLLM's rejection_sample_method "block"); both lossless.
 VERIFY_RULES = ("standard", "block")
 DEFAULT_VERIFY = "standard"
+# The precision the draft model is loaded and run in (app/runtime/model_cache.py loads each run's draft at its own):
+# "same" is the experiment's dtype (what runs stored before the variable read as), the others a dtype of their own;
+# the target always runs at the experiment's. Bytes per parameter order the verdict's cheaper tied choice.
+DRAFT_DTYPES = ("same", "float32", "bfloat16", "float16")
+DEFAULT_DRAFT_DTYPE = "same"
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_NAME = 300  # characters of a model name
 # The largest batch size anyone sweeps: requests decoded together per forward (a server's running batch). Whether a
 # batch fits is checked per run before it decodes (engine/decoding/memory.py's batch estimate), this is only the bound.
@@ -273,6 +281,45 @@ def _verify_rule(text: str) -> str:
     return rule
 
 
+def _draft_dtype(text: str) -> str:
+    name = text.strip().lower()
+    if name not in DRAFT_DTYPES:
+        raise DraftLabError(
+            f"--draft-dtype {text[:40]!r} is not one of {', '.join(DRAFT_DTYPES)}; use e.g. --draft-dtype "
+            f"same,bfloat16 (same: the experiment's --dtype)"
+        )
+    return name
+
+
+def _draft_dtype_cost(value: Any, get: Getter) -> float | None:
+    """A draft precision's cost: its bytes per parameter times the draft's parameters (the weights read per draft
+    step); "same" at the experiment's dtype (auto: float32 on a CPU, bfloat16 on a GPU, as the engine resolves it,
+    from the run's device_name). None for a run with no draft model (the variable changes nothing there) or a dtype
+    the row does not say."""
+    size = _draft_size(value, get)
+    name = str(value)
+    if name == DEFAULT_DRAFT_DTYPE:
+        name = dtype if isinstance(dtype := get("dtype"), str) else ""
+        if name == "auto":
+            device = get("device_name")
+            name = "" if not isinstance(device, str) else "float32" if device.startswith("cpu") else "bfloat16"
+    per = DTYPE_BYTES.get(name)
+    return None if size is None or per is None else per * size
+
+
+def _draft_dtype_note(value: Any, run: dict[str, Any]) -> str | None:
+    """What serving engines do with a draft precision of its own (None for "same" and for runs with no draft)."""
+    if value == DEFAULT_DRAFT_DTYPE or not run.get("draft"):
+        return None
+    return (
+        f"Check: this run's draft ran in {value}, the target in the experiment's dtype. vLLM (speculative_config) "
+        f"and SGLang load the draft in the target's --dtype, with only a quantization of its own (vLLM's "
+        f"speculative_config quantization, SGLang's --speculative-draft-model-quantization): unless the target "
+        f"serves in {value} too, measure draft_dtype same, which is what they run. llama.cpp takes a separately "
+        f"quantized GGUF draft (-md); transformers takes the assistant_model in whatever torch_dtype you load it."
+    )
+
+
 VARIABLES: dict[str, Variable] = {
     v.name: v
     for v in (
@@ -411,6 +458,26 @@ VARIABLES: dict[str, Variable] = {
                     f"temperature; measure that too (draft_temperature 0)."
                 )
             ),
+        ),
+        # The draft model's precision, the target's staying at the experiment's dtype: a lower precision drafts
+        # cheaper (c falls) and may propose a little worse (alpha). Lossless at any value: the target verifies against
+        # the probabilities the draft proposed with. The target-only baseline loads no draft: one serves every value.
+        Variable(
+            "draft_dtype",
+            str,
+            ", ".join(DRAFT_DTYPES[:-1]) + f" or {DRAFT_DTYPES[-1]}",
+            "same,bfloat16",
+            DEFAULT_DRAFT_DTYPE,
+            "the precision the draft model is loaded and run in: same (the experiment's --dtype, the default), "
+            "float32, bfloat16 or float16 (all three run on a CPU too, at the CPU's speed for them); the target "
+            "stays at --dtype; no effect on drafters without a draft model, and an EAGLE-3 head takes only same; a "
+            "comma list compares them",
+            label="draft dtype (the draft model's precision)",
+            check_name=_draft_dtype,
+            choices=DRAFT_DTYPES,
+            cost=_draft_dtype_cost,
+            cheaper_because="a lower-precision draft: fewer bytes per parameter",
+            serving_note=_draft_dtype_note,
         ),
         # Token trees (engine/config/tree_shape.py, SPEC "Token trees"): k stays the depth.
         Variable(

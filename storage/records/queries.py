@@ -427,9 +427,9 @@ def timings(store: Store, run_id: int) -> pd.DataFrame:
 
 _VERDICT_ROWS_SQL = f"""
 SELECT s.id AS run_id, s.experiment_id, s.kind, s.status, s.k, s.sweep_value, s.sweep_label, s.draft_parameters,
-       s.batch_size, s.alpha, s.speedup, s.speedup_ci_lo, s.speedup_ci_hi,
+       s.device_name, s.batch_size, s.alpha, s.speedup, s.speedup_ci_lo, s.speedup_ci_hi,
        CASE WHEN {CHOOSABLE} THEN 1 ELSE 0 END AS choosable, {outputs_match("s")} AS outputs_match_baseline,
-       e.sweep_variable, e.batch_sizes
+       e.sweep_variable, e.batch_sizes, e.dtype
 FROM runs s LEFT JOIN runs b ON b.id = s.baseline_run_id JOIN experiments e ON e.id = s.experiment_id
 WHERE s.kind = 'speculative' AND {{where}}
 ORDER BY s.experiment_id, CASE WHEN {CHOOSABLE} THEN 0 ELSE 1 END, {RANK}"""
@@ -437,7 +437,8 @@ ORDER BY s.experiment_id, CASE WHEN {CHOOSABLE} THEN 0 ELSE 1 END, {RANK}"""
 
 def verdict_rows(store: Store, experiment_id: int | None = None) -> pd.DataFrame:
     """What verdicts judge, of one experiment or of all (the listing: one query): every speculative run with its
-    swept value, cost inputs, speedup and interval, `choosable` (CHOOSABLE), outputs_match_baseline (as runs()) and
+    swept value, cost inputs (the draft's parameters, the device and the experiment's dtype: a draft_dtype of "same"
+    costs that dtype's bytes), speedup and interval, `choosable` (CHOOSABLE), outputs_match_baseline (as runs()) and
     the experiment's sweep_variable and batch_sizes; per experiment the choosable runs come first, best first
     (RANK)."""
     where, params = ("s.experiment_id = :eid", {"eid": experiment_id}) if experiment_id is not None else ("1 = 1", {})
