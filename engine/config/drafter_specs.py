@@ -7,6 +7,8 @@ New-experiment form and its link prefill, the queue, the findings and the deploy
     prompt-lookup:N  no model: the continuation of the longest earlier n-gram (n <= N) ending the sequence
     suffix:D         no model: suffix decoding over suffix trees of depth D (`suffix` = `suffix:24`, vLLM's default)
     eagle3           an EAGLE-3 head (the "draft model" is its directory) drafting from the target's hidden states
+    early-exit:L     the draft model's first L decoder layers, then its final norm and LM head (LayerSkip: the target
+                     itself as --draft is self-speculation), a constant k per round
 
 A new drafter is one entry in SPECS plus its class in engine/decoding/drafting.py, decorated `@drafter(name)` (the
 registry there holds the class; a declaration without a class, or a class without a declaration, fails at import).
@@ -62,7 +64,10 @@ class Serving:
     sampling caveats from deploy itself; nothing here names a model. `draft_layout`: the EAGLE-3 head layout the
     engine loads (engine/config/head_format.py: "speculators" or "sglang"; deploy points it at the head in that
     layout, or says how to write it). `sampled(draft_sampling)`: the (flag, value) pairs (value None: a switch) and
-    notes the engine takes at temperature > 0 for the run's draft sampling, where they differ from deploy's own."""
+    notes the engine takes at temperature > 0 for the run's draft sampling, where they differ from deploy's own.
+    `call(p, k)`: the engine drafts with the target itself, no draft model loaded (transformers' assistant_early_exit):
+    these are its generate() arguments, and `settings` go on the target's own generation_config (the assistant's,
+    the target being its own assistant)."""
 
     how: str | None
     # (p, k) -> a dict of keys, or (flag, value) pairs: each engine's own shape (deploy reads it per engine)
@@ -70,6 +75,7 @@ class Serving:
     notes: tuple[str, ...] = ()
     draft_layout: str | None = None
     sampled: Callable[[str], tuple[list[tuple[str, str | None]], tuple[str, ...]]] | None = None
+    call: Callable[[Any, int], dict[str, Any]] | None = None
 
     def texts(self, p: int | float | None, k: int) -> list[str]:
         return [note.format(k=k, p=p) for note in self.notes]
@@ -341,6 +347,47 @@ _EAGLE3 = {
 }
 
 
+# vLLM 0.32: vllm/config/speculative.py (SpeculativeMethod: ngram, medusa, mlp_speculator, draft_model, suffix,
+# custom_class, the EAGLE/EAGLE-3/MTP/DFlash heads; nothing skips the target's own layers). SGLang:
+# python/sglang/srt/speculative/spec_info.py (SpeculativeAlgorithm: EAGLE, EAGLE3, DFLASH, FROZEN_KV_MTP, STANDALONE,
+# NGRAM). llama.cpp: common/speculative.cpp (--spec-type: draft, eagle3, mtp, the ngram-* lookups). transformers 5:
+# generation/candidate_generator.py EarlyExitCandidateGenerator (an AssistedCandidateGenerator whose assistant is the
+# target: it lowers the base model's config.num_hidden_layers to assistant_early_exit while drafting, so the drafts
+# are the first L layers + the final norm + the LM head, with the assistant's own cache); the schedule and threshold
+# come from the target's generation_config (verified on a tiny Llama: given to generate() they are ignored; an
+# assistant_early_exit on the generation_config re-enters early exit inside the assistant's own generate()).
+def _truncated_copy(served_as: str) -> str:
+    return (
+        f"has no early-exit (layer-skip) drafting: nothing drafts with the target's own first layers. The same drafts "
+        f"come from the draft's first {{p}} decoder layers with its final norm and LM head saved as a model of their "
+        f"own (num_hidden_layers={{p}}) and served {served_as}; unlike self-speculation it holds a second copy of "
+        f"those weights and its own KV cache."
+    )
+
+
+_EARLY_EXIT = {
+    "vllm": _cannot("vLLM", _truncated_copy('with method "draft_model"')),
+    "sglang": _cannot("SGLang", _truncated_copy("with --speculative-algorithm STANDALONE")),
+    "llama_cpp": _cannot("llama.cpp", _truncated_copy("converted to GGUF as -md (--spec-type draft)")),
+    "transformers": Serving(
+        "assistant early exit",
+        lambda p, k: {
+            "num_assistant_tokens": k,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0,
+        },
+        (
+            "assistant_early_exit={p} drafts with the target's first {p} decoder layers, its final norm and LM head, "
+            "k={k} per round (assistant_confidence_threshold=0.0 turns off the default early stop at 0.4).",
+            "transformers cuts the layers by lowering config.num_hidden_layers while drafting, which only a forward "
+            "that runs layers[:num_hidden_layers] honours (Llama, Mistral, Qwen2/3, Gemma, Phi-3, ...); GPT-2, "
+            "GPT-NeoX, OPT and Falcon run every layer, so there the assistant is the whole target.",
+        ),
+        call=lambda p, k: {"assistant_early_exit": int(p)},
+    ),
+}
+
+
 # The serving engines every drafter declares a mapping for (storage/serving/deploy.py writes each one's settings).
 SERVING_ENGINES = ("vllm", "sglang", "llama_cpp", "transformers")
 
@@ -441,6 +488,21 @@ SPECS: dict[str, DrafterSpec] = {
             needs_hidden_states=True,
             branches=True,
             serving=_EAGLE3,
+        ),
+        DrafterSpec(
+            "early-exit",
+            "the draft model's first L decoder layers, then its own final norm and LM head, a constant k per round "
+            "(LayerSkip's self-speculation with the target as --draft; transformers' assistant_early_exit)",
+            Parameter(
+                int,
+                "L",
+                "the number of draft layers L, an integer from 1 to 9999 below the draft's layer count",
+                "early-exit:4",
+                1,
+                10**4,
+                default=4,
+            ),
+            serving=_EARLY_EXIT,
         ),
     )
 }

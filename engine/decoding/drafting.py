@@ -18,6 +18,9 @@ target's hidden states, constant k or not, its mapping per serving engine) and r
                      longest match of the context's suffix in suffix trees of depth D (vLLM's suffix decoding)
     eagle3           Eagle3Drafter: an EAGLE-3 head (engine/models/eagle3.py) as the draft model, fed the target's own
                      hidden states from each verify forward (TargetStates); a constant k per round
+    early-exit:L     EarlyExitDrafter: the draft model cut to its first L decoder layers, then its final norm and LM
+                     head (`early_exit`, a copy sharing the weights); LayerSkip's self-speculation with the target as
+                     its own draft; a constant k per round
 
     make_drafter("confidence:0.5", draft_model=m, vocab_size=V, k=4, cfg=cfg)
 
@@ -35,6 +38,7 @@ of that prompt draws them, so a row never depends on the rows beside it.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -42,12 +46,14 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import torch
 
 from engine.config.drafter_specs import SPECS, DeclarationError, DrafterSpec, parse_drafter
+from engine.decoding.aux_states import decoder_layers
 from engine.decoding.batched_cache import BatchCache, left_pad, to_device
 from engine.decoding.sampling import SamplingConfig, probabilities, sample_rows
 from engine.decoding.suffix_tree import Request, SuffixCache
 from engine.decoding.token_trees import DraftTree, draft_tree
 from engine.decoding.torch_types import Model
 from engine.errors import DraftLabError
+from engine.models.vocab_bridge import VocabBridge
 
 # Realign a drafter's cache when its width exceeds this many times its longest row plus the slack (holes from
 # rejected drafts; engine/decoding/batched_cache.py). The loop applies the same rule to the target's cache.
@@ -406,6 +412,97 @@ class ConfidenceDrafter(ModelDrafter):
             return ks
         low = (p.max(-1).values < self.threshold).tolist()
         return [step + 1 if low[r] and step + 1 < k else k for r, k in enumerate(ks)]
+
+
+@drafter("early-exit")
+class EarlyExitDrafter(ModelDrafter):
+    """LayerSkip's self-speculation (Elhoushi et al. 2024; transformers' generate(assistant_early_exit=L)): the draft
+    model cut to its first L decoder layers, then its own final norm and LM head, drafting as `model` does (a constant
+    k per round). With the target as --draft it drafts with the target's own first layers, what LayerSkip checkpoints
+    are trained for; any causal LM cut to L layers drafts too. The cut is a copy sharing the weights (`early_exit`):
+    the draft model itself is never changed, so the very object verifying may be passed as its own draft."""
+
+    @classmethod
+    def from_spec(
+        cls,
+        param: DrafterParameter,
+        *,
+        draft_model: Model | None,
+        vocab_size: int,
+        k: int,
+        cfg: SamplingConfig,
+        eos_ids: Iterable[int],
+    ) -> Drafter:
+        return cls(early_exit(draft_model, int(_given(param))), vocab_size, k, cfg)
+
+
+def early_exit(model: Model, layers: int) -> Model:
+    """`model` cut to its first `layers` decoder layers, then its own final norm and LM head. A structural copy: the
+    modules from the root down to the one holding the decoder layer list are copied (their parameters, buffers and
+    every other submodule shared), that one gets a new list of the first `layers` layers, and each copied module's
+    config is a copy counting `layers` layers (num_hidden_layers, GPT-2's n_layer, layer_types), so a KV cache is
+    sized for them. `model` itself is left as it is. The layer list is the one aux_states.decoder_layers finds
+    (Llama-style `model.layers`), else the model's only ModuleList as long as its layer count (GPT-2's `transformer.h`).
+    A draft seen through another tokenizer (VocabBridge) is cut inside its bridge."""
+    if isinstance(model, VocabBridge):
+        return VocabBridge(early_exit(model.draft, layers), model.mapping, model.target_width)
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    count = int(getattr(text, "num_hidden_layers", 0) or 0)
+    name = config.name_or_path or config.model_type
+    lists = [
+        (path, module)
+        for path, module in model.named_modules()
+        if isinstance(module, torch.nn.ModuleList) and count > 0 and len(module) == count
+    ]
+    found = decoder_layers(model)
+    paths = [path for path, module in lists if module is found] or [path for path, _ in lists]
+    if len(paths) != 1 or not paths[0]:
+        raise DraftLabError(
+            f"drafter early-exit:{layers} cannot find the decoder layers of the draft {name} (one list as long as "
+            f"its config's num_hidden_layers); use --drafter model, or a Llama- or GPT-2-style draft"
+        )
+    if layers >= count:
+        fix = (
+            f"use early-exit:L with L below {count}, e.g. early-exit:{max(1, count // 4)}"
+            if count > 1
+            else "use a draft with more layers, or --drafter model"
+        )
+        raise DraftLabError(
+            f"drafter early-exit:{layers} drafts with the first {layers} decoder layers, but the draft {name} has "
+            f"{count}; {fix}"
+        )
+    cut = copy.copy(text)
+    cut.num_hidden_layers = layers  # GPT-2's n_layer too (its attribute_map)
+    if getattr(text, "layer_types", None) is not None:
+        cut.layer_types = list(text.layer_types[:layers])
+    configs = {id(text): cut}
+    if text is not config:  # a config holding the decoder's (text_config): the copy holds the cut one
+        outer = copy.copy(config)
+        for key, value in vars(config).items():
+            if value is text:
+                setattr(outer, key, cut)
+        configs[id(config)] = outer
+
+    def copied(module: torch.nn.Module) -> torch.nn.Module:
+        if "forward" in vars(module):  # a wrapper (accelerate's dispatch hook) bound to the original module
+            raise DraftLabError(
+                f"drafter early-exit:{layers} cannot cut the draft {name}: its forward is wrapped (dispatched over "
+                f"devices); load the draft on one device"
+            )
+        twin = copy.copy(module)
+        twin._modules = copy.copy(module._modules)  # its own submodule table: replacing one leaves `module`'s
+        if id(getattr(module, "config", None)) in configs:
+            twin.config = configs[id(module.config)]
+        return twin
+
+    *route, attribute = paths[0].split(".")
+    root = holder = copied(model)
+    for part in route:
+        holder._modules[part] = copied(holder._modules[part])
+        holder = holder._modules[part]
+    holder._modules[attribute] = torch.nn.ModuleList(list(holder._modules[attribute])[:layers])
+    return root
 
 
 @drafter("eagle3")

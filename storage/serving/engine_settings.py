@@ -14,7 +14,8 @@ Drafter specs are described once in engine/config/drafter_specs.py: `model` (con
 is below T, that draft kept), `prompt-lookup:N` (longest n-gram n <= N ending the sequence, continuation of its
 earliest occurrence; no draft model), `suffix:D` (suffix decoding, no draft model), `eagle3` (an EAGLE-3 head: each
 engine is given the head in the layout it loads, engine/config/head_format.py, or the `draftlab convert-head` command
-that writes it, `prepare`). Each declaration carries its
+that writes it, `prepare`), `early-exit:L` (the draft's first L layers: transformers runs it with the target as its
+own assistant, `Serving.call`). Each declaration carries its
 mapping per engine (`DrafterSpec.serving`: the engine's name for the drafting, its settings, what differs); the
 engine functions below assemble a command from it and never look at a drafter's name. An engine that cannot express
 a drafter gets a tab that says so.
@@ -574,10 +575,23 @@ def _llama_cpp(cfg: dict) -> dict:
 # target.generate() does nothing, verified on the demo pair — and re-fits the threshold by ROC when scikit-learn is
 # installed; PromptLookupCandidateGenerator takes prompt_lookup_num_tokens / max_matching_ngram_size from the
 # call), generation/stopping_criteria.py (ConfidenceCriteria: stop after a drafted token whose probability < T,
-# the token kept), generation/utils.py (the criterion only when the threshold > 0).
+# the token kept), generation/utils.py (the criterion only when the threshold > 0); transformers 5.25
+# EarlyExitCandidateGenerator: generate(assistant_early_exit=L) makes the target its own assistant, so the schedule
+# and threshold are read from the TARGET's generation_config (checked on a tiny Llama: k per round as set there).
 
 
 OBJECTS = ("assistant_model", "tokenizer", "assistant_tokenizer")  # generate() arguments the snippet names, not values
+
+
+def _greedy_drafts_note(cfg: dict) -> list[str]:
+    """What transformers cannot do with a run that drafted the argmax under sampling (--draft-sampling greedy)."""
+    if cfg["greedy"] or cfg["draft_sampling"] != "greedy":
+        return []
+    return [
+        "Not expressible: transformers' assisted generation samples the assistant's drafts from "
+        "its distribution when do_sample=True; DraftLab measured argmax drafts "
+        "(--draft-sampling greedy), so expect the acceptance of a probabilistic run instead."
+    ]
 
 
 def _transformers(cfg: dict) -> dict:
@@ -602,13 +616,21 @@ def _transformers(cfg: dict) -> dict:
     if not drafter.needs_model:  # a model-free drafter: its settings are generate() arguments
         kwargs.update(serving.settings(param, cfg["k"]))
         notes += serving.texts(param, cfg["k"])
-    else:
-        if not cfg["greedy"] and cfg["draft_sampling"] == "greedy":
+    elif serving.call is not None:  # the target drafts for itself (assistant_early_exit): no assistant model
+        notes += _greedy_drafts_note(cfg)
+        assistant = serving.settings(param, cfg["k"])
+        lines.append("# the target is its own assistant: assisted generation reads these from its generation_config")
+        lines += [f"target.generation_config.{key} = {value!r}" for key, value in assistant.items()]
+        kwargs.update(serving.call(param, cfg["k"]))
+        notes += serving.texts(param, cfg["k"])
+        if _model_ref(cfg["draft"]) != target:
             notes.append(
-                "Not expressible: transformers' assisted generation samples the assistant's drafts from "
-                "its distribution when do_sample=True; DraftLab measured argmax drafts "
-                "(--draft-sampling greedy), so expect the acceptance of a probabilistic run instead."
+                f"Not expressible: transformers drafts with the target's own layers; this run drafted with another "
+                f"model's ({cfg['draft']}), so the served drafts differ from those measured: measure the drafter "
+                f"with --draft {cfg['target']} to serve it here."
             )
+    else:
+        notes += _greedy_drafts_note(cfg)
         assistant = serving.settings(param, cfg["k"])
         draft = _model_ref(cfg["draft"])
         lines.append(f"draft = AutoModelForCausalLM.from_pretrained({draft!r}, {load_args})")
