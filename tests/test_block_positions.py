@@ -1,7 +1,8 @@
 """What block verification accepted that the standard rule rejected, per draft position: the storage query
 (storage/records/block_positions.py, SQLite and PostgreSQL) against a count over the engine's own rounds of a real
-block decode recorded through storage, and the detail page's chart (pages/panels/block_panel.py) drawn from exactly
-the query's rows; a standard run of the same sweep has neither."""
+block decode recorded through storage, and the detail page's chart (built by pages/widgets/charts/acceptance.py,
+placed by pages/panels/block_panel.py) drawn from exactly the query's rows; a standard run of the same sweep has
+neither."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 from engine.decoding import runs as decoding
 from engine.decoding.sampling import SamplingConfig
-from pages.panels.block_panel import BLOCK_ONLY, STANDARD_ONLY, TITLE
+from pages.panels.block_panel import TITLE
+from pages.widgets.charts import BLOCK_ONLY, STANDARD_ONLY
 from storage import open_store
 from storage.jobs import run_state
 from storage.jobs.experiments import enqueue_experiment

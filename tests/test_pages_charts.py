@@ -1,4 +1,4 @@
-"""Names reach Vega as data, never as code: every chart builder of pages/widgets/charts.py, fed frames whose names,
+"""Names reach Vega as data, never as code: every chart builder of pages/widgets/charts/, fed frames whose names,
 labels and texts hold quotes, apostrophes, `<`, `&` and non-ASCII (tests/chart_data.py), builds a spec (to_dict(), which
 also validates it against Vega-Lite's schema) in which no expression holds any of those names, nor any string of the
 chart's own data. An expression that did (a series name pasted into a quoted Vega expression) stops Vega from parsing
@@ -165,8 +165,8 @@ def _grid() -> tuple[pd.DataFrame, pd.DataFrame]:
     return points, served
 
 
-# One case per builder: (the call, what it is). A builder added to pages/widgets/charts.py without a case fails
-# test_every_builder_is_covered.
+# One case per builder: (the call, what it is). A builder added to a module of pages/widgets/charts/ without a case
+# fails test_every_builder_is_covered.
 CASES = {
     "speedup_curve": lambda: charts.speedup_curve(_sweep(), "k", 2, None),
     "speedup_curve by label": lambda: charts.speedup_curve(_sweep("draft"), "draft", 1, f"serve draft = {DRAFTS[0]}"),
@@ -327,6 +327,30 @@ CASES = {
             }
         )
     ),
+    "block_gain_by_position": lambda: charts.block_gain_by_position(
+        pd.DataFrame(
+            {
+                "position": [1, 2, 3],
+                "drafted": [100, 80, 0],
+                "block": [70, 40, 0],
+                "standard": [65, 38, 0],
+                "block_only": [8, 4, 0],
+                "standard_only": [3, 2, 0],
+            }
+        )
+    ),
+    "server_predicted_curve": lambda: charts.server_predicted_curve(
+        pd.DataFrame(
+            {
+                "concurrency": [4, 4, 16, 16],
+                "k": [1, 2, 1, 2],
+                "predicted_speedup": [1.3, 1.4, 0.9, 0.8],
+                "predicted_lo": [1.2, 1.25, 0.8, 0.7],
+                "predicted_hi": [1.4, 1.5, 1.0, 0.9],
+                "serve": [False, True, False, False],
+            }
+        )
+    ),
     "k_distribution": lambda: charts.k_distribution(
         pd.DataFrame(
             {
@@ -361,12 +385,17 @@ CASES = {
 }
 
 
-def builders() -> set[str]:
-    """The public functions of pages/widgets/charts.py that return a chart."""
+def builders() -> dict[str, object]:
+    """The public functions of the modules of pages/widgets/charts/ that return a chart, by name."""
+    modules = [
+        m for _, m in inspect.getmembers(charts, inspect.ismodule) if m.__name__.startswith(f"{charts.__name__}.")
+    ]
+    assert {m.__name__.rsplit(".", 1)[1] for m in modules} >= {"look", "speedup", "acceptance", "rounds"}
     return {
-        name
-        for name, function in inspect.getmembers(charts, inspect.isfunction)
-        if function.__module__ == charts.__name__
+        name: function
+        for module in modules
+        for name, function in inspect.getmembers(module, inspect.isfunction)
+        if function.__module__ == module.__name__
         and not name.startswith("_")
         and re.search(r"alt\.\w*Chart", str(inspect.signature(function).return_annotation))
     }
@@ -374,7 +403,13 @@ def builders() -> set[str]:
 
 def test_every_builder_is_covered():
     covered = {name.split(" ")[0] for name in CASES}
-    assert builders() - covered == set(), "add a case to CASES for each new chart builder"
+    assert set(builders()) - covered == set(), "add a case to CASES for each new chart builder"
+
+
+def test_the_package_re_exports_every_builder():
+    """`charts.NAME` is how the pages reach a builder (pages/widgets/charts/__init__.py re-exports them)."""
+    assert {"speedup_curve", "block_gain_by_position", "token_chart"} <= set(builders())
+    assert [name for name, function in builders().items() if getattr(charts, name, None) is not function] == []
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from pages.compare import server_cells, server_text
-from pages.panels.server_predicted_panel import default_run, no_prediction, predicted_chart, prediction_frame
+from pages.panels.server_predicted_panel import default_run, no_prediction, prediction_frame
+from pages.widgets import charts
 from tests.meaning import missing
 
 
@@ -75,12 +76,12 @@ def test_each_prediction_stands_beside_the_lab_run_of_its_k_and_batch_size():
 
 def test_the_chart_is_valid_vega_lite_with_one_line_per_concurrency():
     frame = prediction_frame(DOC, RUNS, 12)
-    spec = predicted_chart(frame).to_dict()  # validates against Vega-Lite's schema
+    spec = charts.server_predicted_curve(frame).to_dict()  # validates against Vega-Lite's schema
     rows = next(rows for rows in spec["datasets"].values() if "series" in rows[0])  # not the 1× rule's
     assert sorted({r["series"] for r in rows}) == ["concurrency 16", "concurrency 4"]
     assert {(r["k"], round(r["x"] - r["k"], 3)) for r in rows} == {(1, -0.03), (2, -0.03), (1, 0.03), (2, 0.03)}
     one_k = prediction_frame({**DOC, "concurrency": {"4": {"1": _cell(1.3, 1.2, 1.4)}}, "schedule": {"4": 1}}, RUNS, 12)
-    datasets = predicted_chart(one_k).to_dict()["datasets"].values()
+    datasets = charts.server_predicted_curve(one_k).to_dict()["datasets"].values()
     assert [len(rows) for rows in datasets if "series" in rows[0]] == [1]
 
 

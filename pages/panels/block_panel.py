@@ -5,7 +5,6 @@ A standard run shows nothing here. Read from storage only (storage/records/block
 
 from __future__ import annotations
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
@@ -14,8 +13,6 @@ from pages.widgets.common import cached, chart_with_csv
 from storage.records.block_positions import block_gain_by_position
 
 TITLE = "Block verification: what it accepted that the standard rule rejected"
-BLOCK_ONLY = "accepted by block, rejected by standard"
-STANDARD_ONLY = "accepted by standard, rejected by block"
 
 
 def is_block(run: pd.Series) -> bool:
@@ -36,43 +33,6 @@ def gain_sentence(run: pd.Series) -> str | None:
     )
 
 
-def gain_chart(frame: pd.DataFrame) -> alt.Chart:
-    """Per position, the share of rounds drafting there that one rule accepted and the other rejected, side by side.
-    frame: storage/records/block_positions.py's COLUMNS."""
-    long = pd.concat(
-        [
-            frame.assign(which=BLOCK_ONLY, rounds=frame["block_only"]),
-            frame.assign(which=STANDARD_ONLY, rounds=frame["standard_only"]),
-        ],
-        ignore_index=True,
-    )
-    long["share"] = long["rounds"] / long["drafted"].where(long["drafted"] > 0)
-    return (
-        alt.Chart(long[["position", "which", "rounds", "drafted", "share"]])
-        .mark_bar()
-        .encode(
-            alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0)),
-            alt.XOffset("which:N", sort=[BLOCK_ONLY, STANDARD_ONLY]),
-            alt.Y("share:Q", title="share of rounds drafting there"),
-            alt.Color(
-                "which:N",
-                title=None,
-                sort=[BLOCK_ONLY, STANDARD_ONLY],
-                scale=alt.Scale(domain=[BLOCK_ONLY, STANDARD_ONLY], range=["#2e7d32", "#c62828"]),
-                legend=charts.BOTTOM,
-            ),
-            tooltip=[
-                "position:O",
-                alt.Tooltip("which:N", title="verdicts"),
-                "rounds:Q",
-                alt.Tooltip("drafted:Q", title="n (rounds drafting there)"),
-                alt.Tooltip("share:Q", format=".3f"),
-            ],
-        )
-        .properties(height=charts.HEIGHT)
-    )
-
-
 def render_block(runs: pd.DataFrame, run_id: int, stamp: tuple) -> None:
     """The chart and the acceptance-length line of run `run_id` when it verified with block verification."""
     rows = runs[runs["run_id"] == run_id]
@@ -86,7 +46,7 @@ def render_block(runs: pd.DataFrame, run_id: int, stamp: tuple) -> None:
     if frame.empty:
         st.caption("No round recorded yet.")
         return
-    chart_with_csv(gain_chart(frame), frame, f"run{run_id}_block_gain_by_position.csv")
+    chart_with_csv(charts.block_gain_by_position(frame), frame, f"run{run_id}_block_gain_by_position.csv")
     st.caption(
         "Both verdicts come from the same round: the standard rule's is what it would have accepted on the drafts "
         "block verification judged, with the same uniforms. Block looks at the whole block: a draft the standard "

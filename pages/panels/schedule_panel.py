@@ -2,7 +2,7 @@
 batch size (storage/analysis/schedule.py: the one verdict rule per batch size, k = 0 where no k is measurably faster),
 as a chart (speedup vs k, one line per batch size), a table (the served k with its interval, its ties, throughput
 and latency) and vLLM's num_speculative_tokens_per_batch_size. Reads storage's schedule and runs, draws with
-pages/widgets/charts.py."""
+pages/widgets/charts/ (speedup.py)."""
 
 from __future__ import annotations
 

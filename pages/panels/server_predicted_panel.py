@@ -7,11 +7,11 @@ fits, one line says why and which command measures one."""
 
 from __future__ import annotations
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
-from pages.widgets.charts import BOTTOM, HEIGHT, speedup_text
+from pages.widgets import charts
+from pages.widgets.charts import speedup_text
 from pages.widgets.common import cached, chart_with_csv, select_id, store, table
 from pages.widgets.prefill import md_text
 from storage.records.profile_version import profiles_version
@@ -33,7 +33,6 @@ FRAME_COLUMNS = [
     "lab_lo",
     "lab_hi",
 ]
-OFFSET = 0.06  # of a k: how far apart the concurrencies' points stand at one k, so their bars do not cover each other
 
 
 def predictions(experiment_id: int, stamp: tuple) -> dict[int, dict]:
@@ -128,48 +127,6 @@ def schedule_text(doc: dict) -> str:
     return " · ".join(said)
 
 
-def predicted_chart(frame: pd.DataFrame) -> alt.LayerChart:
-    """Predicted server speedup against k, one line per concurrency, each point with its 95 % interval (a bar), the
-    k to serve at each concurrency ringed, the target alone (1×) a dashed rule. frame: prediction_frame's."""
-    ks = sorted({int(k) for k in frame["k"]})
-    concurrencies = sorted({int(c) for c in frame["concurrency"]})
-    names = [f"concurrency {c}" for c in concurrencies]
-    middle = (len(concurrencies) - 1) / 2
-    shift = {c: (i - middle) * OFFSET for i, c in enumerate(concurrencies)}
-    data = frame.assign(
-        series=[f"concurrency {int(c)}" for c in frame["concurrency"]],
-        x=[int(k) + shift[int(c)] for k, c in zip(frame["k"], frame["concurrency"])],
-    )[["series", "concurrency", "k", "x", "predicted_speedup", "predicted_lo", "predicted_hi", "serve"]]
-    x = alt.X(
-        "x:Q",
-        title="k (draft tokens per step)",
-        axis=alt.Axis(values=ks, format="d"),
-        scale=alt.Scale(domain=[min(ks) - 0.5, max(ks) + 0.5], nice=False, zero=False),
-    )
-    y = alt.Y("predicted_speedup:Q", title="server speedup (×)", scale=alt.Scale(zero=False))
-    color = alt.Color(
-        "series:N", title=None, legend=BOTTOM, sort=names, scale=alt.Scale(domain=names, scheme="tableau10")
-    )
-    tooltip = [
-        "series:N",
-        alt.Tooltip("k:Q", title="k"),
-        alt.Tooltip("predicted_speedup:Q", title="predicted", format=".2f"),
-        alt.Tooltip("predicted_lo:Q", title="95 % low", format=".2f"),
-        alt.Tooltip("predicted_hi:Q", title="95 % high", format=".2f"),
-        alt.Tooltip("serve:N", title="the k to serve"),
-    ]
-    base = alt.Chart(data).encode(x, color, tooltip=tooltip)
-    line = base.mark_line(point=alt.OverlayMarkDef(filled=True, size=50)).encode(y)
-    bars = base.mark_rule(strokeWidth=2).encode(
-        alt.Y("predicted_lo:Q", title="server speedup (×)"), alt.Y2("predicted_hi:Q")
-    )
-    served = base.transform_filter(alt.FieldEqualPredicate(field="serve", equal=True)).mark_point(
-        size=220, strokeWidth=2, filled=False
-    )
-    one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color="#757575").encode(y="y:Q")
-    return alt.layer(one, bars, line, served.encode(y)).properties(height=HEIGHT)
-
-
 def _reason_markdown(reason: str) -> str:
     """A reason as markdown: its words literal (md_text), its `commands` as code."""
     parts = reason.split("`")
@@ -235,7 +192,7 @@ def render_server_predicted(
         )
     )
     frame = prediction_frame(doc, runs, run_id, sweep_variable)
-    chart_with_csv(predicted_chart(frame), frame, f"run{run_id}_server_predicted.csv")
+    chart_with_csv(charts.server_predicted_curve(frame), frame, f"run{run_id}_server_predicted.csv")
     shown = frame.assign(
         predicted=[speedup_text(s, lo, hi) for s, lo, hi in zip(*(frame[c] for c in FRAME_COLUMNS[2:5]))],
         lab=[speedup_text(s, lo, hi) for s, lo, hi in zip(frame["lab_speedup"], frame["lab_lo"], frame["lab_hi"])],
