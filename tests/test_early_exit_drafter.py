@@ -175,3 +175,34 @@ def test_transformers_serves_it_with_the_target_as_its_own_assistant():
     assert not missing(said, "demo-draft", "--draft demo-target"), said
     for engine in ("vllm", "sglang", "llama_cpp"):  # none drafts with the target's own layers
         assert not other[engine].get("command") and other[engine]["notes"][0].startswith("Not expressible")
+
+
+@pytest.mark.parametrize("drafters", ["early-exit:2", "model,early-exit:5"])
+def test_the_cli_refuses_an_exit_past_a_local_drafts_depth_before_storing_anything(
+    model_dirs, tmp_path, capsys, drafters
+):
+    """A local draft's layer count is read from its config.json before anything queues (engine/config/run_config's
+    check_drafters): exit 2, one line naming the drafter, both depths and the fix, no database written."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("t3 t4 t5\n")
+    db = tmp_path / "refused.db"
+    target = model_dirs["target"]  # two layers
+    code = main(
+        ["run", "--target", target, "--draft", target, "--prompts", str(prompts), "--db", f"sqlite:///{db}"]
+        + ["--drafter", drafters]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    bad = drafters.split(",")[-1]
+    assert not missing(err, repr(bad), f"keeps {bad.split(':')[1]}", "has 2", "below 2"), err
+    assert not db.exists()
+
+
+def test_the_forms_default_drafter_comparison_leaves_early_exit_out():
+    """The New-experiment form compares strategies for ONE draft model by default; early exit makes another draft of
+    it (and fails outright on a draft no deeper than its default L), so it is offered, not preselected."""
+    from engine.config.drafter_specs import SPECS
+    from pages.widgets.prefill import DEFAULT_DRAFTER_SWEEP
+
+    assert "early-exit" not in DEFAULT_DRAFTER_SWEEP and "early-exit" in SPECS
+    assert {"model", "heuristic", "prompt-lookup", "suffix"} <= set(DEFAULT_DRAFTER_SWEEP)

@@ -43,6 +43,9 @@ class Parameter:
     high: float
     low_open: bool = False
     default: float | int | None = None  # the form's starting value
+    # The value counts the draft's decoder layers (early-exit:L): it must be below their number, checked from a local
+    # draft's config.json before anything queues (engine/config/run_config.check_drafters).
+    below_draft_layers: bool = False
 
     def valid(self, value: float) -> bool:
         above = value > self.low if self.low_open else value >= self.low
@@ -406,6 +409,9 @@ class DrafterSpec:
     needs_hidden_states: bool = False  # drafts from the target's hidden states (EAGLE-style heads)
     default_parameter: bool = False  # the bare name is the spec with the parameter's default (`suffix` = `suffix:24`)
     branches: bool = False  # drafts a token tree when tree_topk > 1 (engine/decoding/token_trees.py); else one chain
+    # In the New-experiment form's default drafter comparison (pages/widgets/prefill.py), which compares strategies for
+    # one draft model; False for a drafter that makes a different draft of it (early exit cuts it to L layers).
+    default_sweep: bool = True
     serving: dict[str, Serving] = field(default_factory=dict)  # engine (SERVING_ENGINES) -> Serving
 
     def __post_init__(self) -> None:
@@ -501,7 +507,9 @@ SPECS: dict[str, DrafterSpec] = {
                 1,
                 10**4,
                 default=4,
+                below_draft_layers=True,
             ),
+            default_sweep=False,
             serving=_EARLY_EXIT,
         ),
     )

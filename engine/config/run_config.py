@@ -24,8 +24,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engine.config.drafter_specs import DEFAULT_DRAFTER, SPECS, canonical_drafter, drafter_spec, needs_draft_model
-from engine.config.head_format import is_causal_lm_dir, is_head
+from engine.config.drafter_specs import (
+    DEFAULT_DRAFTER,
+    SPECS,
+    DrafterSpec,
+    canonical_drafter,
+    drafter_spec,
+    needs_draft_model,
+    parse_drafter,
+)
+from engine.config.head_format import is_causal_lm_dir, is_head, read_config
 from engine.config.sampling_config import SamplingConfig
 from engine.config.tree_shape import check_tree
 from engine.config.variables import DEFAULT_VARIABLE, SETTINGS, VARIABLES, Variable
@@ -536,6 +544,7 @@ def check_drafters(specs: Iterable[str], drafts: Iterable[str]) -> None:
         if not spec.needs_model:
             continue
         for draft in drafts:
+            _check_draft_layers(text, spec, draft)
             if not spec.needs_hidden_states and is_head(draft):
                 raise DraftLabError(
                     f"drafter {text!r} drafts with a causal LM, but the draft {draft!r} is an EAGLE-3 "
@@ -547,6 +556,23 @@ def check_drafters(specs: Iterable[str], drafts: Iterable[str]) -> None:
                     f"causal LM; pass a head directory (vLLM's speculators or SGLang's layout) as "
                     f"the draft, or leave the drafter out (a causal LM drafts as {DEFAULT_DRAFTER})"
                 )
+
+
+def _check_draft_layers(text: str, spec: DrafterSpec, draft: str) -> None:
+    """Refuse a drafter whose parameter counts the draft's decoder layers (Parameter.below_draft_layers) at or above
+    their number, read from a local draft's config.json (an HF id not on disk is checked when it loads)."""
+    if spec.parameter is None or not spec.parameter.below_draft_layers:
+        return
+    config = read_config(draft)
+    layers = None if config is None else config.get("num_hidden_layers", config.get("n_layer"))
+    value = parse_drafter(text)[1]
+    if isinstance(layers, int) and isinstance(value, int) and value >= layers:
+        symbol = spec.parameter.symbol
+        raise DraftLabError(
+            f"drafter {text!r} keeps {value} decoder layers, but the draft {draft!r} has {layers}; use "
+            f"{spec.name}:{symbol} with {symbol} below {layers}, or a deeper draft (the target itself for self-"
+            "speculation)"
+        )
 
 
 def exact_text(v: Variable, value: Any) -> str:

@@ -44,7 +44,7 @@ DRAFTER_WIDGETS = {name: f"drafter_param_{name}" for name in DRAFTER_PARAMETERS}
 DRAFTER_SWEEP_WIDGETS = {name: f"drafter_sweep_param_{name}" for name in DRAFTER_PARAMETERS}
 # A drafter sweep compares every drafter that runs on the pair's draft model or none (a hidden-state drafter needs a
 # head of its own as the draft).
-DEFAULT_DRAFTER_SWEEP = [name for name, spec in SPECS.items() if not spec.needs_hidden_states]
+DEFAULT_DRAFTER_SWEEP = [name for name, spec in SPECS.items() if spec.default_sweep and not spec.needs_hidden_states]
 
 
 def parse_drafter_spec(spec) -> tuple[str, int | float | None]:
