@@ -10,7 +10,7 @@ import pytest
 from tests.browser import chromium, commit, dashboard, field, needs_chromium, new_page, page_problems, settle
 
 pytestmark = needs_chromium
-ESTIMATE = "Launch decodes at most"  # pages/new_experiment.py's _workload
+ESTIMATE = "Launch decodes at most"  # pages/panels/experiment_estimate.py's show_workload
 
 
 @pytest.fixture(scope="module")

@@ -351,18 +351,18 @@ def test_a_form_goes_on_without_a_database_but_raises_a_bug(site, monkeypatch, t
     bug it is, never "no job finished here"."""
     from sqlalchemy.exc import OperationalError
 
-    import pages.new_experiment as new_experiment
+    import pages.panels.experiment_form_models as form_models
     import pages.train as train
     import pages.widgets.uploads as uploads
     from storage.jobs import training
 
     monkeypatch.setenv("DRAFTLAB_UPLOAD_DIR", str(tmp_path))
     target, call, fallback = {
-        "trained drafts": ("trained_drafts", new_experiment._trained_drafts, {}),
+        "trained drafts": ("trained_drafts", form_models.trained_drafts, {}),
         "training timings": ("job_timings", train._timings, list(training.TIMING_COLUMNS)),
         "uploads to keep": ("unfinished_job_files", uploads.prune_uploads, []),
     }[site]
-    for module in (new_experiment, train, uploads):
+    for module in (form_models, train, uploads):
         monkeypatch.setattr(module, "store", lambda: None)
 
     def unavailable(*args, **kwargs):

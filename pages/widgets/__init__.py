@@ -1,1 +1,2 @@
-"""What every page draws with: charts, links between pages, the login, form parsing, uploads and the pair check."""
+"""What every page draws with: charts, links between pages, the login, form parsing, the New-experiment form's checks
+and defaults, uploads and the pair check."""

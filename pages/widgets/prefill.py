@@ -367,7 +367,7 @@ def form_values(cfg: RunConfig, default_split: str = "tune") -> dict:
 
 
 def form_config(values: dict, prompts: str) -> RunConfig:
-    """The run configuration the form's widget values describe: what Launch queues (pages/new_experiment.py's
+    """The run configuration the form's widget values describe: what Launch queues (pages/widgets/form_checks.py's
     validate). `sweep_list`, when given, is a named sweep's values as checked on the page (drafts each pair-checked,
     drafter specs built from their fields); `drafter_spec` the fixed drafter as one spec. A DraftLabError (or the
     ValueError of a drafter field) names the problem in the form's words."""
