@@ -6,7 +6,7 @@
     α = Σ accepted / Σ (accepted + rejected)   (every verified draft token of those runs counts once)
     c = the mean of the runs' c                (target step / draft step, each against its own baseline)
 
-pooled in SQL (storage/records/queries.py's `pooled_runs`, read by `pooled_inputs`), and not reported under
+pooled in SQL (storage/records/acceptance.py's `pooled_runs`, read by `pooled_inputs`), and not reported under
 MIN_VERIFIED verified draft tokens. A run's own `predicted_speedup` column (SPEC: the formula at that run's α, k and c)
 is a different figure and is always labelled "at the run's own α, c". The cost-aware prediction's best k
 (`cost_aware_best`) is the detail page's, the findings' and the Theory page's.

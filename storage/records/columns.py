@@ -1,5 +1,5 @@
 """One table of the figures shown about runs and experiments: each column's name (the query's column, the export's
-key), its header, its help and its one number format. The runs query (storage/records/queries.py), the `run --json`
+key), its header, its help and its one number format. The runs query (storage/records/run_rows.py), the `run --json`
 keys (storage/serving/export.py), every page's tables (pages/widgets/common.py's `column_config`, `show`) and the
 metric tables of docs/metrics.md (`metric_definitions`) read it, so a metric reads the same on every page (α was
 0.635 in one table and 0.636 in another), no header is blank or a raw name, and a new metric is one entry here: its
@@ -28,7 +28,7 @@ class Column:
     width: str | None = None  # the grid's "small", "medium", "large"; None lets it size the column
     json: bool = False  # one of a speculative run's keys in `draftlab run --json`, in this table's order (SPEC)
     # A per-run metric computed where it is listed: an SQL expression over the run `r` (a runs row; subqueries over
-    # its rounds, prompt_results or draft_tokens by `r.id`), selected by storage/records/queries.py's runs() as this
+    # its rounds, prompt_results or draft_tokens by `r.id`), selected by storage/records/run_rows.py's runs() as this
     # name. None: the runs query selects the column itself.
     sql: str | None = None
     tables: tuple[str, ...] = ()  # the detail page's tables it shows in besides their own list: "runs", "cost"

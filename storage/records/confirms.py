@@ -32,8 +32,8 @@ from sqlalchemy import insert, text, update
 from engine.metrics.stats import paired_bootstrap_ci, paired_speedup, percentile
 from storage.db.schema import DONE, FAILED, RUNNING, server_confirms, server_measurements, server_passes, utcnow
 from storage.db.store import Store, new_id
+from storage.records.frames import _frame
 from storage.records.production import add_series, lab_positions, series
-from storage.records.queries import _frame
 from storage.records.server_costs import drafter_fingerprint
 from storage.records.workers import confirm_processes
 

@@ -21,7 +21,7 @@ from sqlalchemy import insert, text
 from engine.metrics.stats import clustered_ratio_se
 from storage.db.schema import DONE, SPECULATIVE, production_positions, production_series
 from storage.db.store import Store, new_id
-from storage.records.queries import F, _frame
+from storage.records.frames import F, _frame
 
 Z95 = 1.959964
 

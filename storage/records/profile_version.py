@@ -1,5 +1,5 @@
 """A cheap stamp of the stored server cost profiles: what the dashboard caches a run's server prediction on, beside
-the experiment's own version (storage/records/queries.experiment_version, which reads only `runs`)."""
+the experiment's own version (storage/records/experiment_version.py, which reads only `runs`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Who holds what: this process's identity (host and PID namespace), whether a registered worker is gone, and the
 `processes` a confirm row records of its owner, read by the job queue (storage/jobs/liveness.py) and the dashboard's
-worker listing (storage/records/queries.py)."""
+worker listing (storage/records/worker_health.py)."""
 
 from __future__ import annotations
 

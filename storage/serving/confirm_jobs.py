@@ -364,7 +364,7 @@ JOB_COLUMNS = [
 
 def confirm_jobs(store: Store, experiment_id: int) -> pd.DataFrame:
     """The experiment's confirms, newest first, with how many measurements each stored (SQL GROUP BY)."""
-    from storage.records.queries import _frame
+    from storage.records.frames import _frame
 
     with store.read() as conn:
         return _frame(

@@ -2,7 +2,7 @@
 settings (engine/config/run_config.py's BASELINE_PARAMETERS: its sampling, max_new_tokens, ...) differ from its own
 baseline's is an error.
 
-It fires for any such run, one finding naming them all (storage/records/queries.py's sampling_mismatches: the SQL
+It fires for any such run, one finding naming them all (storage/records/run_rows.py's sampling_mismatches: the SQL
 join of each run with its baseline); the next step is to queue the experiment again and report a bug."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from storage.records import queries as q
 
 def _sampling_mismatch(ctx: _Context) -> list[dict[str, Any]]:
     """Rule: any speculative run whose temperature/top_k/top_p/seed/max_new_tokens differ from its own baseline's
-    (storage/records/queries.py's sampling_mismatches: SQL join of each run with its baseline). Every arm of a
+    (storage/records/run_rows.py's sampling_mismatches: SQL join of each run with its baseline). Every arm of a
     comparison must decode alike, so this is an error."""
     rows = q.sampling_mismatches(ctx.store, ctx.experiment_id)
     if not rows:

@@ -139,7 +139,7 @@ def _tree(ctx: _Context) -> list[dict[str, Any]]:
     """Rule (token trees): each finished tree run against the chain at the same k with every other setting equal
     (tree_against_chain, above): which gained in speedup (95 % intervals apart, else neither) and what the
     tree's branches bought in tokens per round for the nodes it verified. The chain formula does not model trees:
-    tree runs have no formula prediction (storage/records/queries.py)."""
+    tree runs have no formula prediction (storage/records/run_rows.py)."""
     found = []
     for pair in tree_against_chain(ctx.done):
         tree, chain, k = pair.tree, pair.chain, pair.k
