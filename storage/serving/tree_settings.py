@@ -1,5 +1,5 @@
 """How each serving engine takes a token-tree run (SPEC "Token trees": k = the depth, tree_topk, tree_tokens), for
-storage/serving/engine_settings.py's tabs.
+the engines' tabs (storage/serving/engines/).
 
     SGLang        --speculative-num-steps k --speculative-eagle-topk tree_topk --speculative-num-draft-tokens N,
                   N the nodes verified with the root (tree_tokens, or the whole tree: 1 + topk + (k - 1) topk²,

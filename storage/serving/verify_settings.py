@@ -1,5 +1,5 @@
 """How each serving engine takes a run's verification rule (SPEC "Verification rule": `--verify standard|block`), for
-storage/serving/engine_settings.py's tabs. A standard run needs nothing anywhere (every engine verifies token by
+the engines' tabs (storage/serving/engines/). A standard run needs nothing anywhere (every engine verifies token by
 token); a block run:
 
     vLLM          speculative_config "rejection_sample_method": "block" (vllm 0.32 vllm/config/speculative.py:
