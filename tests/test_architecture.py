@@ -192,6 +192,7 @@ NO_SQL = (
     *sorted((ROOT / "storage" / "analysis").rglob("*.py")),  # the findings package's rule modules too
     ROOT / "storage" / "serving" / "deploy.py",
     ROOT / "storage" / "serving" / "export.py",
+    *sorted((ROOT / "storage" / "serving" / "engines").rglob("*.py")),  # each engine's settings for a run
 )
 SQL_STATEMENT = re.compile(r"\b(SELECT|INSERT INTO|UPDATE|DELETE FROM)\s")
 DATABASE_CALLS = ("read", "write", "execute", "begin", "connect")  # Store.read/write, a connection's execute ...
