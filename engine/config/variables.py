@@ -460,8 +460,9 @@ VARIABLES: dict[str, Variable] = {
             ),
         ),
         # The draft model's precision, the target's staying at the experiment's dtype: a lower precision drafts
-        # cheaper (c falls) and may propose a little worse (alpha). Lossless at any value: the target verifies against
-        # the probabilities the draft proposed with. The target-only baseline loads no draft: one serves every value.
+        # cheaper (c = target step / draft step rises) and may propose a little worse (alpha). Lossless at any value:
+        # the target verifies against the probabilities the draft proposed with. The target-only baseline loads no
+        # draft: one serves every value.
         Variable(
             "draft_dtype",
             str,
