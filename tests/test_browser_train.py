@@ -51,12 +51,40 @@ def _wait_trained(db: str, job_id: int, log: Path) -> dict:
     return job
 
 
-def _queue(page, db: str) -> int:
+def _enabled(page, corpus: Path | None) -> None:
+    """Wait until "Queue training job" can be pressed. In full suite runs it has stayed disabled for minutes while
+    passing alone (under load too): when the uploaded corpus's count is gone from the page, the corpus is uploaded
+    again (said on stdout); a button still disabled fails with what keeps it so (its help lists the form's problems)
+    and what the page shows, instead of a bare click timeout."""
+    button = page.get_by_role("button", name="Queue training job")
+    if not button.is_disabled():
+        return
+    if corpus is not None and not page.get_by_text(f"prompts from {corpus.name}").count():
+        print(f"the uploaded corpus {corpus.name} is gone from the Train form; uploading it again")
+        again = corpus.parent / f"again-{corpus.name}"  # the browser sends no change for the same file twice
+        again.write_bytes(corpus.read_bytes())
+        upload_prompts(page, str(again), corpus.parent, [])
+        settle(page)
+    deadline = time.time() + 60
+    while button.is_disabled() and time.time() < deadline:
+        time.sleep(1)
+    if button.is_disabled():
+        alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()
+        button.hover(force=True)  # its help, the form's problems, is a tooltip
+        time.sleep(2)
+        why = page.locator('[data-testid="stTooltipContent"]').all_inner_texts()
+        raise AssertionError(
+            f"Queue training job stays disabled: its help says {why}, alerts {alerts}; the page shows: "
+            + page.inner_text("body")[:6000]
+        )
+
+
+def _queue(page, db: str, corpus: Path | None = None) -> int:
     """Press "Queue training job" and return the job it queued (read from the database). The page normally opens
     the job itself (?job=ID); on a busy machine that rerun has been seen to be dropped, so a job found in the
     database is opened by its URL instead, and a press that queued nothing is repeated (a second press of a queued
     job is refused, "already writes", so a job is never queued twice). No job after three presses fails with what
-    the page shows."""
+    the page shows. `corpus`: the uploaded prompt file (`_enabled`)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     from storage import open_store
@@ -66,6 +94,7 @@ def _queue(page, db: str) -> int:
     try:
         for _ in range(3):
             settle(page)
+            _enabled(page, corpus)
             page.get_by_role("button", name="Queue training job").click()
             try:
                 page.wait_for_url(re.compile(r"[?&]job=\d+"), timeout=30_000)
@@ -119,7 +148,7 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
         page.get_by_text("tokenizers match").wait_for()  # demo-target / demo-draft preselected
         page.get_by_text("Upload a corpus").click()
         settle(page)
-        upload_prompts(page, CORPUS_FILE, tmp_path, CORPUS)
+        corpus = upload_prompts(page, CORPUS_FILE, tmp_path, CORPUS)
         settle(page)
         # every setting the job depends on is typed, the learning rate too: once in a full run the page queued the
         # recipe's untouched 1.0e-3 as 0.0 ("learning rate must be a positive number"), cause not yet found
@@ -135,7 +164,7 @@ def test_queue_a_training_job_watch_it_finish_and_use_the_trained_draft(tmp_path
             settle(page)
         out = models / "browser-draft"
         page.get_by_text(str(out), exact=True).wait_for()  # where it will be written, from $DRAFTLAB_MODELS
-        job_id = _queue(page, served["db"])
+        job_id = _queue(page, served["db"], corpus)
 
         page.goto("about:blank")  # an idle browser while the job trains: the CPU is small and shared
         job = _wait_trained(served["db"], job_id, served["log"])
@@ -187,7 +216,7 @@ def test_queue_an_eagle3_head_job_watch_it_finish_and_pick_the_head(tmp_path):
         assert field(page, "Aux layers").input_value() == "auto"
         page.get_by_text("Upload a corpus").click()
         settle(page)
-        upload_prompts(page, None, tmp_path, CORPUS)
+        corpus = upload_prompts(page, None, tmp_path, CORPUS)
         settle(page)
         for label, value in (
             ("Steps", "3"),
@@ -202,7 +231,7 @@ def test_queue_an_eagle3_head_job_watch_it_finish_and_pick_the_head(tmp_path):
             settle(page)
         out = models / "browser-head"
         page.get_by_text(str(out), exact=True).wait_for()
-        job_id = _queue(page, served["db"])
+        job_id = _queue(page, served["db"], corpus)
 
         page.goto("about:blank")
         job = _wait_trained(served["db"], job_id, served["log"])
