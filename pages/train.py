@@ -244,12 +244,16 @@ def _form() -> None:
             **{key: settings[key] for key in ("steps", "batch_size", "max_new_tokens", "samples")},
         }
     )
+    if not target.strip():
+        problems.append("no target model")
+    if kind == DISTILL and not draft.strip():
+        problems.append("no draft to start from")
     if check is not None and not check.ok:
         problems.append("the pair check failed")
     if spec is None:
         problems.append("no training prompts")
     ready = check is not None if kind == DISTILL else bool(target.strip())
-    disabled = bool(problems) or not ready
+    disabled = bool(problems) or not ready  # the button's help lists the problems: never disabled without one
     if st.button(
         "Queue training job",
         type="primary",

@@ -420,3 +420,18 @@ def test_a_finished_head_job_shows_its_figures_and_is_offered_as_a_head(train_db
     assert any("EAGLE-3 head (speculators layout) for this target" in s.value for s in at.success)
     at.text_input(key="target").set_value(model_dirs["draft"]).run()  # another target: refused, saying why
     assert any(f"was trained for target {model_dirs['target']!r}" in e.value for e in at.error)
+
+
+def test_an_empty_model_field_disables_queue_and_its_help_says_which(train_db):
+    """The Queue button is never disabled without saying why: an emptied Target model (or, distilling, Draft to start
+    from) is named in its help, as the other problems are."""
+    _store, model_dirs, _ = train_db
+    at = _fill_head(app("train"), model_dirs)
+    assert not at.button(key="train_launch").disabled
+    at.text_input(key="train_target").set_value("").run()
+    button = at.button(key="train_launch")
+    assert button.disabled and not missing(button.help or "", "no target model"), button.help
+    at = app("train")
+    at.text_input(key="train_draft").set_value("").run()
+    button = at.button(key="train_launch")
+    assert button.disabled and not missing(button.help or "", "no draft to start from"), button.help
